@@ -1,0 +1,602 @@
+//! The heap: policies over blocks (segments) that a [`MemorySource`] hands out.
+//!
+//! A request is served from an existing block when one fits; otherwise a new block is reserved — of
+//! `block_size_bytes`, or halved down to what the request needs when the budget or device has less room
+//! (VMA's fallback) — and requests at or above `dedicated_threshold_bytes` get a block of their own, sized
+//! to them. Blocks that become empty are released by the [`ReleaseRule`]. When neither a block nor the
+//! source can serve a request, cached empty blocks are released and the reservation retried (PyTorch's
+//! `release_cached_blocks`); after that the request fails with an [`OomVerdict`] that says whether the
+//! memory was exhausted or fragmented.
+//!
+//! Offsets are aligned relative to their block; blocks are aligned to the source's
+//! `block_alignment_bytes`.
+
+use std::collections::HashMap;
+
+use crate::oom::{OomCause, OomVerdict};
+use crate::report::RangeReport;
+use crate::request::align_up;
+use crate::source::{MemorySource, SourceBlock, SourceError};
+use crate::{Allocation, AllocationId, Error, OwnerId, Policy, PolicyConfig, PolicyKind, PolicyReport, Request, Result, Totals};
+
+/// When empty blocks go back to the source.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum ReleaseRule {
+    /// As soon as they are empty.
+    Immediately,
+    /// Keep one empty block cached (gpu-allocator keeps its last block); release the others.
+    #[default]
+    KeepOne,
+    /// Cache every empty block; release them only when a reservation fails (PyTorch's caching allocator).
+    OnPressure,
+    /// Never.
+    Never,
+}
+
+impl ReleaseRule {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Immediately => "immediately",
+            Self::KeepOne => "keep-one",
+            Self::OnPressure => "on-pressure",
+            Self::Never => "never",
+        }
+    }
+}
+
+impl std::fmt::Display for ReleaseRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ReleaseRule {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        [Self::Immediately, Self::KeepOne, Self::OnPressure, Self::Never]
+            .into_iter()
+            .find(|rule| rule.name() == text)
+            .ok_or_else(|| format!("unknown release rule {text:?}: expected immediately, keep-one, on-pressure or never"))
+    }
+}
+
+/// How a heap reserves and releases blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct HeapConfig {
+    /// The policy inside each block.
+    pub policy: PolicyKind,
+    /// Its settings.
+    pub policy_config: PolicyConfig,
+    /// Preferred size of a shared block (VMA and gpu-allocator use 256 MiB).
+    pub block_size_bytes: u64,
+    /// Requests of at least this many bytes get a block of their own.
+    pub dedicated_threshold_bytes: u64,
+    /// When empty blocks are released.
+    pub release: ReleaseRule,
+    /// A budget: at most this many bytes reserved at once.
+    pub capacity_bytes: Option<u64>,
+}
+
+impl HeapConfig {
+    /// The default rules (256 MiB blocks, dedicated blocks from 128 MiB, keep one empty block, no budget)
+    /// with `policy` inside the blocks.
+    pub fn new(policy: PolicyKind) -> Self {
+        Self {
+            policy,
+            policy_config: PolicyConfig::default(),
+            block_size_bytes: 256 << 20,
+            dedicated_threshold_bytes: 128 << 20,
+            release: ReleaseRule::default(),
+            capacity_bytes: None,
+        }
+    }
+}
+
+/// A live allocation of a heap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HeapAllocation {
+    owner: OwnerId,
+    block: u32,
+    allocation: Allocation,
+    address: u64,
+}
+
+impl HeapAllocation {
+    /// Index of the block holding it.
+    pub fn block(&self) -> u32 {
+        self.block
+    }
+
+    /// The allocation inside the block.
+    pub fn allocation(&self) -> &Allocation {
+        &self.allocation
+    }
+
+    /// Offset inside the block.
+    pub fn offset(&self) -> u64 {
+        self.allocation.offset()
+    }
+
+    /// Block base address plus offset.
+    pub fn address(&self) -> u64 {
+        self.address
+    }
+
+    /// Bytes requested.
+    pub fn size_bytes(&self) -> u64 {
+        self.allocation.size_bytes()
+    }
+}
+
+/// Counters of a heap's life.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct HeapStats {
+    /// Bytes reserved now.
+    pub reserved_bytes: u64,
+    /// The most bytes reserved at once.
+    pub peak_reserved_bytes: u64,
+    /// Bytes requested by live allocations now.
+    pub live_bytes: u64,
+    /// The most live bytes at once.
+    pub peak_live_bytes: u64,
+    /// Blocks reserved from the source so far (PyTorch's `num_device_alloc`).
+    pub blocks_reserved: u64,
+    /// Blocks released so far (`num_device_free`).
+    pub blocks_released: u64,
+    /// Allocations served.
+    pub allocations: u64,
+    /// Requests that failed with out of memory.
+    pub ooms: u64,
+}
+
+/// One block in a heap report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct BlockReport {
+    /// The block's index (stable while it lives).
+    pub index: u32,
+    /// Its base address.
+    pub base_address: u64,
+    /// Its size.
+    pub size_bytes: u64,
+    /// Whether it was reserved for one large request.
+    pub dedicated: bool,
+    /// Its layout, with labels.
+    pub layout: PolicyReport,
+}
+
+/// A heap's layout and totals.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct HeapReport {
+    /// The policy inside the blocks.
+    pub policy: &'static str,
+    /// The memory source.
+    pub source: String,
+    /// The budget, if any.
+    pub capacity_bytes: Option<u64>,
+    /// Blocks by address.
+    pub blocks: Vec<BlockReport>,
+    /// Totals over all blocks (`reserved_bytes` = the sum of block sizes).
+    pub totals: Totals,
+    /// Counters.
+    pub stats: HeapStats,
+}
+
+#[derive(Debug)]
+struct Block {
+    source: SourceBlock,
+    policy: Box<dyn Policy>,
+    dedicated: bool,
+}
+
+/// Policies over blocks from a memory source. See the module documentation.
+#[derive(Debug)]
+pub struct Heap<S: MemorySource> {
+    owner: OwnerId,
+    config: HeapConfig,
+    source: S,
+    blocks: Vec<Option<Block>>,
+    vacant: Vec<u32>,
+    labels: HashMap<(u32, AllocationId), String>,
+    stats: HeapStats,
+}
+
+impl<S: MemorySource> Heap<S> {
+    /// A heap drawing blocks from `source`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for invalid settings.
+    pub fn new(config: HeapConfig, source: S) -> Result<Self> {
+        config.policy_config.validate()?;
+        if config.block_size_bytes == 0 {
+            return Err(Error::InvalidConfig { what: "block_size_bytes must be positive".into() });
+        }
+        if !source.block_alignment_bytes().is_power_of_two() {
+            return Err(Error::InvalidConfig {
+                what: format!(
+                    "source {} has block alignment {}, not a power of two",
+                    source.name(),
+                    source.block_alignment_bytes()
+                ),
+            });
+        }
+        Ok(Self {
+            owner: OwnerId::fresh(),
+            config,
+            source,
+            blocks: Vec::new(),
+            vacant: Vec::new(),
+            labels: HashMap::new(),
+            stats: HeapStats::default(),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &HeapConfig {
+        &self.config
+    }
+
+    /// The memory source.
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &HeapStats {
+        &self.stats
+    }
+
+    /// Live allocations.
+    pub fn live_allocations(&self) -> usize {
+        self.blocks.iter().flatten().map(|block| block.policy.live_allocations()).sum()
+    }
+
+    /// Serves `request`, remembering `label` for reports.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] with the verdict, or [`Error::Source`] when the source fails otherwise.
+    pub fn allocate(&mut self, request: Request, label: Option<&str>) -> Result<HeapAllocation> {
+        let dedicated = request.size_bytes() >= self.config.dedicated_threshold_bytes;
+        if let Some(allocation) = self.allocate_in_blocks(request, dedicated) {
+            return Ok(self.served(allocation, request, label));
+        }
+        for attempt in 0..2 {
+            if attempt == 1 && (self.config.release == ReleaseRule::Never || self.release_empty_blocks() == 0) {
+                break;
+            }
+            if let Some(index) = self.reserve_block(request, dedicated)? {
+                let block = self.blocks[index as usize].as_mut().expect("just reserved");
+                if let Some(allocation) = block.policy.allocate(request) {
+                    let allocation = self.heap_allocation(index, allocation);
+                    return Ok(self.served(allocation, request, label));
+                }
+            }
+        }
+        self.stats.ooms += 1;
+        Err(Error::OutOfMemory(Box::new(self.verdict(request))))
+    }
+
+    /// Frees an allocation made by this heap.
+    ///
+    /// # Errors
+    /// [`Error::DoubleFree`] or [`Error::ForeignAllocation`]; nothing changes then.
+    pub fn free(&mut self, allocation: HeapAllocation) -> Result<()> {
+        if allocation.owner != self.owner {
+            return Err(Error::ForeignAllocation { offset: allocation.offset(), owner: "heap" });
+        }
+        let stale = || Error::DoubleFree { offset: allocation.offset(), id: allocation.allocation.id().0, owner: "heap" };
+        let block = self.blocks.get_mut(allocation.block as usize).and_then(Option::as_mut).ok_or_else(stale)?;
+        block.policy.free(allocation.allocation).map_err(|error| match error {
+            // The handle's block was released and its slot reused by a new block.
+            Error::ForeignAllocation { .. } => stale(),
+            other => other,
+        })?;
+        let now_empty = block.policy.live_allocations() == 0;
+        self.labels.remove(&(allocation.block, allocation.allocation.id()));
+        self.stats.live_bytes -= allocation.size_bytes();
+        if now_empty {
+            let release = match self.config.release {
+                ReleaseRule::Immediately => true,
+                ReleaseRule::KeepOne => self.blocks.iter().enumerate().any(|(index, block)| {
+                    index != allocation.block as usize && block.as_ref().is_some_and(|b| b.policy.live_allocations() == 0)
+                }),
+                ReleaseRule::OnPressure | ReleaseRule::Never => false,
+            };
+            if release {
+                self.release_block(allocation.block);
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases every empty block; returns how many.
+    pub fn release_empty_blocks(&mut self) -> usize {
+        let empty: Vec<u32> = (0..)
+            .zip(&self.blocks)
+            .filter(|(_, block)| block.as_ref().is_some_and(|block| block.policy.live_allocations() == 0))
+            .map(|(index, _)| index)
+            .collect();
+        for &index in &empty {
+            self.release_block(index);
+        }
+        empty.len()
+    }
+
+    /// The layout of every block, with labels, and the totals.
+    pub fn report(&self) -> HeapReport {
+        let mut blocks: Vec<BlockReport> = (0..)
+            .zip(&self.blocks)
+            .filter_map(|(index, block)| {
+                let block = block.as_ref()?;
+                let mut layout = block.policy.report();
+                for range in &mut layout.ranges {
+                    range.label = range.allocation.and_then(|id| self.labels.get(&(index, id)).cloned());
+                }
+                Some(BlockReport {
+                    index,
+                    base_address: block.source.base_address,
+                    size_bytes: block.source.size_bytes,
+                    dedicated: block.dedicated,
+                    layout,
+                })
+            })
+            .collect();
+        blocks.sort_by_key(|block| block.base_address);
+        let mut totals = Totals::default();
+        for block in &blocks {
+            totals.merge(&Totals::from_ranges(block.size_bytes, &block.layout.ranges));
+        }
+        HeapReport {
+            policy: self.config.policy.name(),
+            source: self.source.name().to_owned(),
+            capacity_bytes: self.config.capacity_bytes,
+            blocks,
+            totals,
+            stats: self.stats.clone(),
+        }
+    }
+
+    fn allocate_in_blocks(&mut self, request: Request, dedicated: bool) -> Option<HeapAllocation> {
+        let (index, allocation) = self.blocks.iter_mut().zip(0..).find_map(|(block, index)| {
+            let block = block.as_mut()?;
+            let empty = block.policy.live_allocations() == 0;
+            if !(empty || (!dedicated && !block.dedicated)) {
+                return None;
+            }
+            let allocation = block.policy.allocate(request)?;
+            if empty {
+                block.dedicated = dedicated;
+            }
+            Some((index, allocation))
+        })?;
+        Some(self.heap_allocation(index, allocation))
+    }
+
+    fn heap_allocation(&self, block: u32, allocation: Allocation) -> HeapAllocation {
+        let base = self.blocks[block as usize].as_ref().expect("live block").source.base_address;
+        HeapAllocation { owner: self.owner, block, allocation, address: base + allocation.offset() }
+    }
+
+    fn served(&mut self, allocation: HeapAllocation, request: Request, label: Option<&str>) -> HeapAllocation {
+        if let Some(label) = label {
+            self.labels.insert((allocation.block, allocation.allocation.id()), label.to_owned());
+        }
+        self.stats.allocations += 1;
+        self.stats.live_bytes += request.size_bytes();
+        self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(self.stats.live_bytes);
+        allocation
+    }
+
+    /// Reserves a block for `request`; `Ok(None)` when the budget or the device has no room.
+    fn reserve_block(&mut self, request: Request, dedicated: bool) -> Result<Option<u32>> {
+        let alignment = self.source.block_alignment_bytes();
+        let Some(needed) =
+            self.config.policy.dedicated_bytes(request, &self.config.policy_config).and_then(|bytes| align_up(bytes, alignment))
+        else {
+            return Ok(None);
+        };
+        let headroom = self.config.capacity_bytes.map_or(u64::MAX, |cap| cap.saturating_sub(self.stats.reserved_bytes));
+        let mut size = if dedicated { needed } else { self.config.block_size_bytes.max(needed) };
+        loop {
+            let candidate = align_up(size, alignment).unwrap_or(u64::MAX).max(needed);
+            if candidate <= headroom {
+                match self.source.allocate_block(candidate) {
+                    Ok(source_block) => return self.add_block(source_block, dedicated).map(Some),
+                    Err(SourceError::OutOfMemory { .. }) => {}
+                    Err(SourceError::Failed(message)) => return Err(Error::Source(message)),
+                }
+            }
+            if candidate <= needed {
+                return Ok(None);
+            }
+            size = (size / 2).max(needed);
+        }
+    }
+
+    fn add_block(&mut self, source_block: SourceBlock, dedicated: bool) -> Result<u32> {
+        let policy = match self.config.policy.build(source_block.size_bytes, &self.config.policy_config) {
+            Ok(policy) => policy,
+            Err(error) => {
+                self.source.free_block(source_block);
+                return Err(error);
+            }
+        };
+        let block = Block { source: source_block, policy, dedicated };
+        let index = match self.vacant.pop() {
+            Some(index) => {
+                self.blocks[index as usize] = Some(block);
+                index
+            }
+            None => {
+                self.blocks.push(Some(block));
+                u32::try_from(self.blocks.len() - 1).expect("fewer than 2^32 blocks")
+            }
+        };
+        self.stats.blocks_reserved += 1;
+        self.stats.reserved_bytes += source_block.size_bytes;
+        self.stats.peak_reserved_bytes = self.stats.peak_reserved_bytes.max(self.stats.reserved_bytes);
+        Ok(index)
+    }
+
+    fn release_block(&mut self, index: u32) {
+        if let Some(block) = self.blocks[index as usize].take() {
+            self.stats.reserved_bytes -= block.source.size_bytes;
+            self.stats.blocks_released += 1;
+            self.source.free_block(block.source);
+            self.vacant.push(index);
+        }
+    }
+
+    fn verdict(&self, request: Request) -> OomVerdict {
+        let report = self.report();
+        let totals = &report.totals;
+        let budget_left = self.config.capacity_bytes.map(|cap| cap.saturating_sub(totals.reserved_bytes));
+        let unreserved_bytes = match (budget_left, self.source.available_bytes()) {
+            (Some(budget), Some(device)) => budget.min(device),
+            (Some(left), None) | (None, Some(left)) => left,
+            (None, None) => 0,
+        };
+        OomVerdict {
+            policy: self.config.policy.name(),
+            requested_bytes: request.size_bytes(),
+            align_bytes: request.align_bytes(),
+            reserved_bytes: totals.reserved_bytes,
+            live_bytes: totals.live_bytes,
+            padding_bytes: totals.internal_waste_bytes(),
+            free_in_blocks_bytes: totals.free_bytes,
+            largest_free_run_bytes: totals.largest_free_run_bytes,
+            retired_bytes: totals.retired_bytes,
+            unreserved_bytes,
+            capacity_bytes: self.config.capacity_bytes,
+            cause: OomCause::judge(request.size_bytes(), totals.free_bytes, unreserved_bytes),
+        }
+    }
+}
+
+/// The labelled ranges of every block, flattened, for callers that do not care about blocks.
+pub fn labelled_ranges(report: &HeapReport) -> impl Iterator<Item = (&BlockReport, &RangeReport)> {
+    report.blocks.iter().flat_map(|block| block.layout.ranges.iter().map(move |range| (block, range)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SimulatedSource;
+    use crate::units::MIB;
+
+    fn heap(policy: PolicyKind, release: ReleaseRule, device_bytes: u64) -> Heap<SimulatedSource> {
+        let config = HeapConfig { release, ..HeapConfig::new(policy) };
+        Heap::new(config, SimulatedSource::new(device_bytes, 2 * MIB)).unwrap()
+    }
+
+    fn mib(size: u64) -> Request {
+        Request::new(size * MIB, 256).unwrap()
+    }
+
+    #[test]
+    fn shared_and_dedicated_blocks() {
+        let mut heap = heap(PolicyKind::Tlsf, ReleaseRule::Immediately, 4096 * MIB);
+        let small: Vec<_> = (0..3).map(|_| heap.allocate(mib(100), Some("activation")).unwrap()).collect();
+        assert_eq!(small.iter().map(HeapAllocation::block).collect::<Vec<_>>(), [0, 0, 1], "two 100 MiB fit a 256 MiB block");
+        let big = heap.allocate(mib(150), None).unwrap();
+        assert_eq!(big.block(), 2);
+        let report = heap.report();
+        assert_eq!(
+            report.blocks.iter().map(|b| (b.size_bytes / MIB, b.dedicated)).collect::<Vec<_>>(),
+            [(256, false), (256, false), (150, true)]
+        );
+        assert_eq!(report.totals.live_bytes, 450 * MIB);
+        assert_eq!(report.blocks[0].layout.ranges[0].label.as_deref(), Some("activation"));
+        heap.free(big).unwrap();
+        assert_eq!(heap.stats().reserved_bytes, 512 * MIB, "the dedicated block went back at once");
+        assert!(matches!(heap.free(big), Err(Error::DoubleFree { .. })));
+    }
+
+    #[test]
+    fn release_rules_table() {
+        // Allocate two dedicated 150 MiB blocks, free both: reserved bytes left per rule.
+        let cases = [
+            (ReleaseRule::Immediately, 0),
+            (ReleaseRule::KeepOne, 150),
+            (ReleaseRule::OnPressure, 300),
+            (ReleaseRule::Never, 300),
+        ];
+        for (rule, reserved_mib) in cases {
+            let mut heap = heap(PolicyKind::BestFit, rule, 4096 * MIB);
+            let a = heap.allocate(mib(150), None).unwrap();
+            let b = heap.allocate(mib(150), None).unwrap();
+            heap.free(a).unwrap();
+            heap.free(b).unwrap();
+            assert_eq!(heap.stats().reserved_bytes, reserved_mib * MIB, "{rule:?}");
+        }
+    }
+
+    #[test]
+    fn fragmentation_verdict_then_release_on_pressure() {
+        // The frag_oom story: 20 x 150 MiB freed (cached), 20 x 100 MiB reuse the cached blocks, 1 GiB fails.
+        let mut heap = heap(PolicyKind::BestFit, ReleaseRule::OnPressure, 3584 * MIB);
+        let big: Vec<_> = (0..20).map(|_| heap.allocate(mib(150), None).unwrap()).collect();
+        for allocation in big {
+            heap.free(allocation).unwrap();
+        }
+        for _ in 0..20 {
+            heap.allocate(mib(100), None).unwrap();
+        }
+        let Err(Error::OutOfMemory(verdict)) = heap.allocate(mib(1024), None) else {
+            panic!("1 GiB must fail");
+        };
+        assert_eq!(verdict.cause, OomCause::Fragmentation);
+        assert_eq!((verdict.reserved_bytes, verdict.live_bytes), (3000 * MIB, 2000 * MIB));
+        assert_eq!((verdict.free_in_blocks_bytes, verdict.largest_free_run_bytes), (1000 * MIB, 50 * MIB));
+        assert_eq!(verdict.unreserved_bytes, 584 * MIB);
+        assert!(verdict.to_string().contains("Fragmentation"), "{verdict}");
+        assert_eq!(heap.stats().ooms, 1);
+    }
+
+    #[test]
+    fn exhaustion_verdict_and_budget_cap() {
+        let config = HeapConfig {
+            capacity_bytes: Some(512 * MIB),
+            dedicated_threshold_bytes: 1 << 30,
+            ..HeapConfig::new(PolicyKind::Tlsf)
+        };
+        let mut heap = Heap::new(config, SimulatedSource::new(4096 * MIB, 2 * MIB)).unwrap();
+        heap.allocate(mib(200), None).unwrap();
+        heap.allocate(mib(200), None).unwrap();
+        // 512 MiB budget: blocks of 256 MiB hold one 200 MiB each; the halving fallback cannot go below 200.
+        let Err(Error::OutOfMemory(verdict)) = heap.allocate(mib(200), None) else {
+            panic!("the budget must stop the third block");
+        };
+        assert_eq!(verdict.cause, OomCause::Exhaustion);
+        assert_eq!(verdict.capacity_bytes, Some(512 * MIB));
+        assert_eq!(heap.stats().reserved_bytes, 512 * MIB);
+        // A smaller request fits the room left in the blocks.
+        assert!(heap.allocate(mib(50), None).is_ok());
+    }
+
+    #[test]
+    fn halving_fallback_near_the_budget() {
+        let config = HeapConfig { capacity_bytes: Some(384 * MIB), ..HeapConfig::new(PolicyKind::Tlsf) };
+        let mut heap = Heap::new(config, SimulatedSource::new(4096 * MIB, 2 * MIB)).unwrap();
+        heap.allocate(mib(200), None).unwrap();
+        let second = heap.allocate(mib(100), None).unwrap();
+        assert_eq!(second.block(), 1, "256 MiB block 0 has 56 MiB left");
+        assert_eq!(heap.report().blocks[1].size_bytes, 128 * MIB, "256 MiB does not fit the 128 MiB left, 128 does");
+    }
+
+    #[test]
+    fn foreign_heap_allocation_is_refused() {
+        let mut one = heap(PolicyKind::Tlsf, ReleaseRule::KeepOne, 1024 * MIB);
+        let mut two = heap(PolicyKind::Tlsf, ReleaseRule::KeepOne, 1024 * MIB);
+        let allocation = one.allocate(mib(1), None).unwrap();
+        assert!(matches!(two.free(allocation), Err(Error::ForeignAllocation { .. })));
+        one.free(allocation).unwrap();
+    }
+}

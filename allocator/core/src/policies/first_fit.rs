@@ -1,0 +1,240 @@
+//! First fit: the lowest-addressed free run that holds the request. The runs sit in a treap keyed by offset
+//! where every node knows the largest run in its subtree, so the leftmost large-enough run is found in
+//! O(log n) expected time instead of a linear scan.
+
+use super::free_ranges::{FitIndex, FreeRangePolicy, free_range_policy};
+
+const NIL: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug)]
+struct TreapNode {
+    offset: u64,
+    size: u64,
+    /// The largest `size` in this subtree.
+    max_size: u64,
+    priority: u32,
+    left: u32,
+    right: u32,
+}
+
+/// Free runs in a treap ordered by offset, augmented with the largest run per subtree.
+#[derive(Clone, Debug)]
+pub struct ByAddress {
+    nodes: Vec<TreapNode>,
+    vacant: Vec<u32>,
+    root: u32,
+    /// xorshift state for priorities (deterministic).
+    rng: u32,
+}
+
+impl Default for ByAddress {
+    fn default() -> Self {
+        Self { nodes: Vec::new(), vacant: Vec::new(), root: NIL, rng: 0x9e37_79b9 }
+    }
+}
+
+impl ByAddress {
+    fn node(&self, index: u32) -> &TreapNode {
+        &self.nodes[index as usize]
+    }
+
+    fn max_size(&self, index: u32) -> u64 {
+        if index == NIL { 0 } else { self.node(index).max_size }
+    }
+
+    fn update(&mut self, index: u32) {
+        let TreapNode { size, left, right, .. } = *self.node(index);
+        let max_size = size.max(self.max_size(left)).max(self.max_size(right));
+        self.nodes[index as usize].max_size = max_size;
+    }
+
+    /// Splits `tree` into (offsets < `offset`, offsets >= `offset`).
+    fn split(&mut self, tree: u32, offset: u64) -> (u32, u32) {
+        if tree == NIL {
+            return (NIL, NIL);
+        }
+        let node = *self.node(tree);
+        if node.offset < offset {
+            let (low, high) = self.split(node.right, offset);
+            self.nodes[tree as usize].right = low;
+            self.update(tree);
+            (tree, high)
+        } else {
+            let (low, high) = self.split(node.left, offset);
+            self.nodes[tree as usize].left = high;
+            self.update(tree);
+            (low, tree)
+        }
+    }
+
+    /// Joins two trees where every offset of `low` is below every offset of `high`.
+    fn merge(&mut self, low: u32, high: u32) -> u32 {
+        if low == NIL {
+            return high;
+        }
+        if high == NIL {
+            return low;
+        }
+        if self.node(low).priority > self.node(high).priority {
+            let right = self.merge(self.node(low).right, high);
+            self.nodes[low as usize].right = right;
+            self.update(low);
+            low
+        } else {
+            let left = self.merge(low, self.node(high).left);
+            self.nodes[high as usize].left = left;
+            self.update(high);
+            high
+        }
+    }
+
+    /// Inserts node `index` into `tree` in one descent: below the nodes of higher priority, splitting the
+    /// subtree it lands on.
+    fn insert_node(&mut self, tree: u32, index: u32) -> u32 {
+        if tree == NIL {
+            return index;
+        }
+        let (offset, priority) = (self.node(index).offset, self.node(index).priority);
+        if priority > self.node(tree).priority {
+            let (low, high) = self.split(tree, offset);
+            let node = &mut self.nodes[index as usize];
+            node.left = low;
+            node.right = high;
+            self.update(index);
+            return index;
+        }
+        if offset < self.node(tree).offset {
+            let left = self.insert_node(self.node(tree).left, index);
+            self.nodes[tree as usize].left = left;
+        } else {
+            let right = self.insert_node(self.node(tree).right, index);
+            self.nodes[tree as usize].right = right;
+        }
+        let max_size = self.node(tree).max_size.max(self.node(index).max_size);
+        self.nodes[tree as usize].max_size = max_size;
+        tree
+    }
+
+    /// Removes the node at `offset` from `tree` in one descent, joining its children in its place.
+    fn remove_node(&mut self, tree: u32, offset: u64) -> u32 {
+        if tree == NIL {
+            return NIL;
+        }
+        let node = *self.node(tree);
+        if offset == node.offset {
+            self.vacant.push(tree);
+            return self.merge(node.left, node.right);
+        }
+        if offset < node.offset {
+            let left = self.remove_node(node.left, offset);
+            self.nodes[tree as usize].left = left;
+        } else {
+            let right = self.remove_node(node.right, offset);
+            self.nodes[tree as usize].right = right;
+        }
+        self.update(tree);
+        tree
+    }
+
+    /// The leftmost node of `tree` with offset >= `from` and size >= `size`.
+    fn leftmost(&self, tree: u32, size: u64, from: u64) -> Option<u32> {
+        if tree == NIL || self.node(tree).max_size < size {
+            return None;
+        }
+        let node = self.node(tree);
+        if node.offset >= from {
+            if let Some(found) = self.leftmost(node.left, size, from) {
+                return Some(found);
+            }
+            if node.size >= size {
+                return Some(tree);
+            }
+        }
+        self.leftmost(node.right, size, from)
+    }
+}
+
+impl FitIndex for ByAddress {
+    const NAME: &'static str = "first-fit";
+
+    fn with_config(_config: &crate::PolicyConfig) -> Self {
+        Self::default()
+    }
+
+    fn insert(&mut self, offset: u64, size: u64) {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 17;
+        self.rng ^= self.rng << 5;
+        let node = TreapNode { offset, size, max_size: size, priority: self.rng, left: NIL, right: NIL };
+        let index = match self.vacant.pop() {
+            Some(index) => {
+                self.nodes[index as usize] = node;
+                index
+            }
+            None => {
+                self.nodes.push(node);
+                u32::try_from(self.nodes.len() - 1).expect("fewer than 2^32 free runs")
+            }
+        };
+        self.root = self.insert_node(self.root, index);
+    }
+
+    fn remove(&mut self, offset: u64, _size: u64) {
+        self.root = self.remove_node(self.root, offset);
+    }
+
+    fn find(&self, size: u64, mut place: impl FnMut(u64, u64) -> Option<u64>) -> Option<(u64, u64, u64)> {
+        let mut from = 0;
+        loop {
+            let node = self.node(self.leftmost(self.root, size, from)?);
+            if let Some(offset) = place(node.offset, node.size) {
+                return Some((node.offset, node.size, offset));
+            }
+            from = node.offset + 1;
+        }
+    }
+}
+
+/// The first-fit policy.
+pub type FirstFit = FreeRangePolicy<ByAddress>;
+
+free_range_policy!(ByAddress);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Policy, Request};
+
+    #[test]
+    fn lowest_address_wins() {
+        // Holes of 3 KiB at 0, 1 KiB at 4 KiB, 1 KiB at 6 KiB, 2 KiB at 8 KiB (as in the best-fit test).
+        let cases = [(1024, Some(0)), (2048, Some(0)), (3072, Some(0)), (3073, None)];
+        for (size, expected) in cases {
+            let mut policy = FirstFit::new(10 << 10);
+            let blocks: Vec<_> = (0..10).map(|_| policy.allocate(Request::new(1024, 1).unwrap()).unwrap()).collect();
+            for index in [0, 1, 2, 4, 6, 8, 9] {
+                policy.free(blocks[index]).unwrap();
+            }
+            let placed = policy.allocate(Request::new(size, 1).unwrap()).map(|a| a.offset());
+            assert_eq!(placed, expected, "size {size}");
+        }
+    }
+
+    #[test]
+    fn treap_finds_leftmost_large_enough() {
+        let mut index = ByAddress::default();
+        let runs = [(0, 10), (100, 50), (200, 20), (300, 80), (400, 5)];
+        for (offset, size) in runs {
+            index.insert(offset, size);
+        }
+        let any = |offset: u64, _size: u64| Some(offset);
+        let cases = [(5, Some(0)), (11, Some(100)), (51, Some(300)), (81, None)];
+        for (size, expected) in cases {
+            assert_eq!(index.find(size, any).map(|found| found.0), expected, "size {size}");
+        }
+        // A placement that refuses the first candidate moves on to the next one to the right.
+        assert_eq!(index.find(11, |offset, _| (offset > 100).then_some(offset)).map(|found| found.0), Some(200));
+        index.remove(100, 50);
+        assert_eq!(index.find(11, any).map(|found| found.0), Some(200));
+    }
+}

@@ -1,0 +1,544 @@
+//! Two-level segregated fit (Masmano et al., ECRTS 2004): O(1) allocate and free, immediate coalescing.
+//!
+//! Free blocks sit in segregated lists: the first level is the power of two of the size (in units of
+//! `min_align_bytes`), the second splits each power of two into 32 linear steps, so a list's blocks differ
+//! in size by at most 1/32. Two bitmaps (one bit per first level, one word of bits per second level) find
+//! the first non-empty list at or above a size with two `trailing_zeros`.
+//!
+//! Allocation first searches the list *above* the request's own ("good fit"): every block there holds the
+//! request plus its worst-case alignment padding, so the head of that list is taken without looking at any
+//! other block. Only when no such list exists does it scan the lists holding blocks that *may* fit (the
+//! request's own list, and those the alignment padding skipped), so a request fails only when no free block
+//! can hold it. Blocks are split at the allocation's ends; freeing merges a block with its free physical
+//! neighbours at once. Metadata lives out of band in a node array (the managed memory is never touched);
+//! a handle carries its node index and the node's generation, so a stale or repeated free is refused in
+//! O(1).
+
+use crate::granularity::{self, GranularityGuard};
+use crate::policy::{check_owner, not_live, rounded};
+use crate::report::allocation_ranges;
+use crate::request::align_down;
+use crate::{
+    Allocation, AllocationId, OwnerId, Policy, PolicyConfig, PolicyReport, RangeReport, RangeState, Request, ResourceKind, Result,
+};
+
+const SL_LOG2: u32 = 5;
+const SL_COUNT: u32 = 1 << SL_LOG2;
+const FL_COUNT: usize = 64;
+const NIL: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NodeState {
+    Free,
+    Used,
+    /// Not part of the layout: waiting in `vacant` for reuse.
+    Vacant,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Node {
+    offset: u64,
+    size: u64,
+    prev_phys: u32,
+    next_phys: u32,
+    prev_free: u32,
+    next_free: u32,
+    /// Incremented every time a used node is freed, so that old handles no longer match.
+    generation: u32,
+    /// The free list holding the node (free nodes).
+    list: u16,
+    state: NodeState,
+    kind: ResourceKind,
+}
+
+impl Node {
+    fn free(offset: u64, size: u64, prev_phys: u32, next_phys: u32) -> Self {
+        Self {
+            offset,
+            size,
+            prev_phys,
+            next_phys,
+            prev_free: NIL,
+            next_free: NIL,
+            generation: 0,
+            list: 0,
+            state: NodeState::Free,
+            kind: ResourceKind::Linear,
+        }
+    }
+}
+
+/// The TLSF policy. See the module documentation.
+#[derive(Clone, Debug)]
+pub struct Tlsf {
+    owner: OwnerId,
+    capacity_bytes: u64,
+    min_align: u64,
+    unit_shift: u32,
+    fl_bitmap: u64,
+    sl_bitmaps: [u32; FL_COUNT],
+    heads: Box<[u32]>,
+    /// Block metadata, 40 bytes a node (kept small: the lists walk it).
+    nodes: Vec<Node>,
+    /// Bytes the caller asked for, per used node (read only by reports).
+    requested: Vec<u64>,
+    /// Head of the vacant nodes, linked through `next_free`.
+    vacant: u32,
+    /// Above every generation handed out so far: where new nodes start.
+    next_generation: u32,
+    live: usize,
+    guard: Option<GranularityGuard>,
+}
+
+/// The list holding blocks of `units`: (first level, second level).
+#[inline]
+fn mapping(units: u64) -> (usize, u32) {
+    if units < u64::from(SL_COUNT) {
+        (0, units as u32)
+    } else {
+        let log = 63 - units.leading_zeros();
+        ((log - SL_LOG2 + 1) as usize, (units >> (log - SL_LOG2)) as u32 & (SL_COUNT - 1))
+    }
+}
+
+/// The first list whose every block holds `units`; `None` when rounding overflows.
+#[inline]
+fn mapping_round_up(units: u64) -> Option<(usize, u32)> {
+    if units < u64::from(SL_COUNT) {
+        return Some(mapping(units));
+    }
+    let log = 63 - units.leading_zeros();
+    Some(mapping(units.checked_add((1u64 << (log - SL_LOG2)) - 1)?))
+}
+
+#[inline]
+fn list(fl: usize, sl: u32) -> usize {
+    fl * SL_COUNT as usize + sl as usize
+}
+
+impl Tlsf {
+    /// A TLSF policy over `[0, capacity_bytes)` with the default settings.
+    pub fn new(capacity_bytes: u64) -> Self {
+        Self::with_config(capacity_bytes, &PolicyConfig::default()).expect("the default configuration is valid")
+    }
+
+    /// A TLSF policy over `[0, capacity_bytes)`; the capacity is rounded down to `min_align_bytes`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for invalid settings.
+    pub fn with_config(capacity_bytes: u64, config: &PolicyConfig) -> Result<Self> {
+        config.validate()?;
+        let min_align = config.min_align_bytes;
+        let capacity_bytes = align_down(capacity_bytes, min_align);
+        let mut tlsf = Self {
+            owner: OwnerId::fresh(),
+            capacity_bytes,
+            min_align,
+            unit_shift: min_align.trailing_zeros(),
+            fl_bitmap: 0,
+            sl_bitmaps: [0; FL_COUNT],
+            heads: vec![NIL; FL_COUNT * SL_COUNT as usize].into_boxed_slice(),
+            nodes: Vec::with_capacity(64),
+            requested: Vec::with_capacity(64),
+            vacant: NIL,
+            next_generation: 0,
+            live: 0,
+            guard: config.granularity().map(GranularityGuard::new),
+        };
+        if capacity_bytes > 0 {
+            let first = tlsf.new_node(Node::free(0, capacity_bytes, NIL, NIL));
+            tlsf.insert_free(first);
+        }
+        Ok(tlsf)
+    }
+
+    #[inline]
+    fn new_node(&mut self, node: Node) -> u32 {
+        let index = self.vacant;
+        if index != NIL {
+            let slot = &mut self.nodes[index as usize];
+            self.vacant = slot.next_free;
+            *slot = Node { generation: slot.generation, ..node };
+            index
+        } else {
+            let index = u32::try_from(self.nodes.len()).expect("fewer than 2^32 blocks");
+            assert!(index != NIL, "fewer than 2^32 - 1 blocks");
+            self.nodes.push(Node { generation: self.next_generation, ..node });
+            self.requested.push(0);
+            index
+        }
+    }
+
+    #[inline]
+    /// Forgets every node and starts over with one free block; generations continue above every one
+    /// handed out, so no old handle matches a new node.
+    fn restart(&mut self) {
+        self.nodes.clear();
+        self.requested.clear();
+        self.vacant = NIL;
+        let first = self.new_node(Node { generation: self.next_generation, ..Node::free(0, self.capacity_bytes, NIL, NIL) });
+        self.insert_free(first);
+    }
+
+    #[inline]
+    fn vacate(&mut self, index: u32) {
+        let node = &mut self.nodes[index as usize];
+        node.state = NodeState::Vacant;
+        node.next_free = self.vacant;
+        self.vacant = index;
+    }
+
+    #[inline]
+    fn insert_free(&mut self, index: u32) {
+        let (fl, sl) = mapping(self.nodes[index as usize].size >> self.unit_shift);
+        let slot = list(fl, sl);
+        let head = self.heads[slot];
+        let node = &mut self.nodes[index as usize];
+        node.list = slot as u16;
+        node.state = NodeState::Free;
+        node.prev_free = NIL;
+        node.next_free = head;
+        if head != NIL {
+            self.nodes[head as usize].prev_free = index;
+        }
+        self.heads[slot] = index;
+        self.fl_bitmap |= 1 << fl;
+        self.sl_bitmaps[fl] |= 1 << sl;
+    }
+
+    #[inline]
+    fn remove_free(&mut self, index: u32) {
+        let Node { list, prev_free, next_free, .. } = self.nodes[index as usize];
+        if next_free != NIL {
+            self.nodes[next_free as usize].prev_free = prev_free;
+        }
+        if prev_free != NIL {
+            self.nodes[prev_free as usize].next_free = next_free;
+        } else {
+            self.heads[usize::from(list)] = next_free;
+            if next_free == NIL {
+                self.clear_list_bit(usize::from(list));
+            }
+        }
+    }
+
+    /// Takes the head off the non-empty list `slot`.
+    #[inline]
+    fn pop_head(&mut self, slot: usize) -> u32 {
+        let index = self.heads[slot];
+        let next_free = self.nodes[index as usize].next_free;
+        self.heads[slot] = next_free;
+        if next_free != NIL {
+            self.nodes[next_free as usize].prev_free = NIL;
+        } else {
+            self.clear_list_bit(slot);
+        }
+        index
+    }
+
+    #[inline]
+    fn clear_list_bit(&mut self, slot: usize) {
+        let (fl, sl) = (slot / SL_COUNT as usize, slot % SL_COUNT as usize);
+        self.sl_bitmaps[fl] &= !(1 << sl);
+        if self.sl_bitmaps[fl] == 0 {
+            self.fl_bitmap &= !(1 << fl);
+        }
+    }
+
+    /// The first non-empty list at or after `(fl, sl)`.
+    #[inline]
+    fn find_non_empty(&self, fl: usize, sl: u32) -> Option<(usize, u32)> {
+        let sl_map = self.sl_bitmaps[fl] & (u32::MAX << sl);
+        if sl_map != 0 {
+            return Some((fl, sl_map.trailing_zeros()));
+        }
+        let fl_map = self.fl_bitmap & u64::MAX.checked_shl(fl as u32 + 1).unwrap_or(0);
+        if fl_map == 0 {
+            return None;
+        }
+        let fl = fl_map.trailing_zeros() as usize;
+        Some((fl, self.sl_bitmaps[fl].trailing_zeros()))
+    }
+
+    #[inline]
+    fn fit(&self, index: u32, size: u64, align: u64, kind: ResourceKind) -> Option<u64> {
+        let node = &self.nodes[index as usize];
+        granularity::place(self.guard.as_ref(), node.offset, node.offset + node.size, size, align, kind)
+    }
+
+    /// Turns the free block `index`, already off its list, into the allocation `[offset, offset + size)`,
+    /// returning its ends to the free lists.
+    #[inline]
+    fn take(&mut self, index: u32, offset: u64, size: u64, request: Request) -> Allocation {
+        let Node { offset: block_offset, prev_phys, .. } = self.nodes[index as usize];
+        if offset > block_offset {
+            let gap = self.new_node(Node::free(block_offset, offset - block_offset, prev_phys, index));
+            if prev_phys != NIL {
+                self.nodes[prev_phys as usize].next_phys = gap;
+            }
+            let node = &mut self.nodes[index as usize];
+            node.prev_phys = gap;
+            node.size -= offset - block_offset;
+            node.offset = offset;
+            self.insert_free(gap);
+        }
+        let Node { size: block_size, next_phys, .. } = self.nodes[index as usize];
+        if block_size > size {
+            let tail = self.new_node(Node::free(offset + size, block_size - size, index, next_phys));
+            if next_phys != NIL {
+                self.nodes[next_phys as usize].prev_phys = tail;
+            }
+            let node = &mut self.nodes[index as usize];
+            node.next_phys = tail;
+            node.size = size;
+            self.insert_free(tail);
+        }
+        self.requested[index as usize] = request.size_bytes();
+        let node = &mut self.nodes[index as usize];
+        node.state = NodeState::Used;
+        node.kind = request.kind();
+        let generation = node.generation;
+        if let Some(guard) = &mut self.guard {
+            guard.insert(offset, size, request.kind());
+        }
+        self.live += 1;
+        Allocation::from_parts(
+            self.owner,
+            AllocationId::from_slot(index, generation),
+            offset,
+            request.size_bytes(),
+            (offset, size),
+            request.kind(),
+        )
+    }
+
+    /// Scans every list from the one holding `size` upwards, block by block: the complete (slow) search.
+    fn scan(&mut self, size: u64, align: u64, request: Request) -> Option<Allocation> {
+        let (mut fl, mut sl) = mapping(size >> self.unit_shift);
+        loop {
+            let (found_fl, found_sl) = self.find_non_empty(fl, sl)?;
+            let mut index = self.heads[list(found_fl, found_sl)];
+            while index != NIL {
+                if let Some(offset) = self.fit(index, size, align, request.kind()) {
+                    self.remove_free(index);
+                    return Some(self.take(index, offset, size, request));
+                }
+                index = self.nodes[index as usize].next_free;
+            }
+            (fl, sl) = if found_sl + 1 < SL_COUNT {
+                (found_fl, found_sl + 1)
+            } else if found_fl + 1 < FL_COUNT {
+                (found_fl + 1, 0)
+            } else {
+                return None;
+            };
+        }
+    }
+}
+
+impl Policy for Tlsf {
+    fn name(&self) -> &'static str {
+        "tlsf"
+    }
+
+    fn capacity_bytes(&self) -> u64 {
+        self.capacity_bytes
+    }
+
+    #[inline]
+    fn allocate(&mut self, request: Request) -> Option<Allocation> {
+        let (size, align) = rounded(request, self.min_align)?;
+        // Fast path: the head of the first list whose blocks all hold the size plus worst-case padding.
+        let good_fit = size
+            .checked_add(align - self.min_align)
+            .and_then(|worst| mapping_round_up(worst >> self.unit_shift))
+            .and_then(|(fl, sl)| self.find_non_empty(fl, sl));
+        if let Some((fl, sl)) = good_fit {
+            let slot = list(fl, sl);
+            let index = self.heads[slot];
+            // Without a granularity guard every block of this list holds the request: no check needed when
+            // the alignment is the unit's.
+            let offset = if self.guard.is_none() && align == self.min_align {
+                Some(self.nodes[index as usize].offset)
+            } else {
+                self.fit(index, size, align, request.kind())
+            };
+            if let Some(offset) = offset {
+                self.pop_head(slot);
+                return Some(self.take(index, offset, size, request));
+            }
+        }
+        self.scan(size, align, request)
+    }
+
+    #[inline]
+    fn free(&mut self, allocation: Allocation) -> Result<()> {
+        check_owner(self.owner, &allocation, self.name())?;
+        let mut index = allocation.id().slot();
+        let matches = self.nodes.get(index as usize).is_some_and(|node| {
+            node.state == NodeState::Used && node.generation == allocation.id().generation() && node.offset == allocation.offset()
+        });
+        if !matches {
+            return Err(not_live(self.owner, &allocation, self.name()));
+        }
+        let node = &mut self.nodes[index as usize];
+        node.generation = node.generation.wrapping_add(1);
+        self.next_generation = self.next_generation.max(node.generation);
+        node.state = NodeState::Free;
+        let Node { offset, size, next_phys, .. } = *node;
+        if let Some(guard) = &mut self.guard {
+            guard.remove(offset, size);
+        }
+        self.live -= 1;
+        if next_phys != NIL && self.nodes[next_phys as usize].state == NodeState::Free {
+            self.remove_free(next_phys);
+            let Node { size: next_size, next_phys: after, .. } = self.nodes[next_phys as usize];
+            let node = &mut self.nodes[index as usize];
+            node.size += next_size;
+            node.next_phys = after;
+            if after != NIL {
+                self.nodes[after as usize].prev_phys = index;
+            }
+            self.vacate(next_phys);
+        }
+        let prev_phys = self.nodes[index as usize].prev_phys;
+        if prev_phys != NIL && self.nodes[prev_phys as usize].state == NodeState::Free {
+            self.remove_free(prev_phys);
+            let Node { size, next_phys: after, .. } = self.nodes[index as usize];
+            let prev = &mut self.nodes[prev_phys as usize];
+            prev.size += size;
+            prev.next_phys = after;
+            if after != NIL {
+                self.nodes[after as usize].prev_phys = prev_phys;
+            }
+            self.vacate(index);
+            index = prev_phys;
+        }
+        if self.live == 0 {
+            // Empty again: one free block spans the range. Restart the node array so new blocks are laid
+            // out in order (locality) instead of along the vacant list.
+            self.restart();
+        } else {
+            self.insert_free(index);
+        }
+        Ok(())
+    }
+
+    fn live_allocations(&self) -> usize {
+        self.live
+    }
+
+    fn report(&self) -> PolicyReport {
+        let mut nodes: Vec<(u32, &Node)> = (0..).zip(&self.nodes).filter(|(_, node)| node.state != NodeState::Vacant).collect();
+        nodes.sort_unstable_by_key(|(_, node)| node.offset);
+        let mut ranges = Vec::with_capacity(nodes.len() + self.live);
+        for (index, node) in nodes {
+            match node.state {
+                NodeState::Used => allocation_ranges(
+                    AllocationId::from_slot(index, node.generation),
+                    (node.offset, node.size),
+                    (node.offset, self.requested[index as usize]),
+                    &mut ranges,
+                ),
+                _ => ranges.push(RangeReport::unowned(node.offset, node.size, RangeState::Free)),
+            }
+        }
+        PolicyReport { policy: self.name(), capacity_bytes: self.capacity_bytes, ranges }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Error;
+
+    fn request(size: u64, align: u64) -> Request {
+        Request::new(size, align).unwrap()
+    }
+
+    #[test]
+    fn mapping_table() {
+        // units -> (fl, sl), and the round-up list
+        let cases = [
+            (0, (0, 0), (0, 0)),
+            (31, (0, 31), (0, 31)),
+            (32, (1, 0), (1, 0)),
+            (33, (1, 1), (1, 1)),
+            (63, (1, 31), (1, 31)),
+            (64, (2, 0), (2, 0)),
+            (65, (2, 0), (2, 1)),
+            (127, (2, 31), (3, 0)),
+            (u64::MAX, (59, 31), (59, 31)),
+        ];
+        for (units, exact, up) in cases {
+            assert_eq!(mapping(units), exact, "mapping({units})");
+            if units != u64::MAX {
+                assert_eq!(mapping_round_up(units), Some(up), "round_up({units})");
+            }
+        }
+        assert_eq!(mapping_round_up(u64::MAX), None);
+    }
+
+    #[test]
+    fn allocation_table() {
+        // Each case: allocations made in order on a 64 KiB range, then the expected offsets.
+        // (size, align) requests in order -> their offsets
+        type Case = (&'static [(u64, u64)], &'static [Option<u64>]);
+        let cases: [Case; 5] = [
+            (&[(1000, 1), (1000, 1)], &[Some(0), Some(1024)]),
+            (&[(256, 1), (256, 4096)], &[Some(0), Some(4096)]),
+            (&[(65536, 1), (1, 1)], &[Some(0), None]),
+            (&[(65537, 1)], &[None]),
+            (&[(30000, 1), (30000, 1), (5536, 1), (1, 1)], &[Some(0), Some(30208), None, Some(60416)]),
+        ];
+        for (requests, expected) in cases {
+            let mut tlsf = Tlsf::new(64 << 10);
+            let offsets: Vec<_> =
+                requests.iter().map(|&(size, align)| tlsf.allocate(request(size, align)).map(|a| a.offset())).collect();
+            assert_eq!(offsets, expected, "{requests:?}");
+        }
+    }
+
+    #[test]
+    fn alignment_gap_is_reused_and_coalesced() {
+        let mut tlsf = Tlsf::new(1 << 20);
+        let a = tlsf.allocate(request(256, 1)).unwrap();
+        let b = tlsf.allocate(request(1024, 65536)).unwrap();
+        assert_eq!(b.offset(), 65536);
+        // The gap [256, 65536) went back to the free lists and serves the next request.
+        let c = tlsf.allocate(request(60000, 1)).unwrap();
+        assert_eq!(c.offset(), 256);
+        for allocation in [a, b, c] {
+            tlsf.free(allocation).unwrap();
+        }
+        let report = tlsf.report();
+        assert_eq!(report.ranges, [RangeReport::unowned(0, 1 << 20, RangeState::Free)]);
+    }
+
+    #[test]
+    fn slow_path_finds_a_block_the_good_fit_list_skips() {
+        // 40 units and a 41-unit request: the round-up list is above every free block, the scan finds it.
+        let mut tlsf = Tlsf::new(64 << 10);
+        let left = tlsf.allocate(request(41 * 256, 1)).unwrap();
+        let _wall = tlsf.allocate(request(256, 1)).unwrap();
+        let _rest = tlsf.allocate(request((64 << 10) - 42 * 256, 1)).unwrap();
+        tlsf.free(left).unwrap();
+        assert_eq!(tlsf.allocate(request(41 * 256, 1)).map(|a| a.offset()), Some(0));
+    }
+
+    #[test]
+    fn misuse_is_refused() {
+        let mut tlsf = Tlsf::new(1 << 20);
+        let mut other = Tlsf::new(1 << 20);
+        let a = tlsf.allocate(request(100, 1)).unwrap();
+        let foreign = other.allocate(request(100, 1)).unwrap();
+        assert!(matches!(tlsf.free(foreign), Err(Error::ForeignAllocation { .. })));
+        tlsf.free(a).unwrap();
+        assert!(matches!(tlsf.free(a), Err(Error::DoubleFree { .. })));
+        // The node is reused; the old handle still does not free the new allocation.
+        let b = tlsf.allocate(request(100, 1)).unwrap();
+        assert!(matches!(tlsf.free(a), Err(Error::DoubleFree { .. })));
+        assert_eq!(tlsf.live_allocations(), 1);
+        tlsf.free(b).unwrap();
+    }
+}

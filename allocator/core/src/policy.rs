@@ -1,0 +1,266 @@
+//! The `Policy` trait: sub-allocation of one contiguous range of abstract `u64` offsets, and the catalogue
+//! of policies this crate implements.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::policies::{BestFit, Buddy, FirstFit, Linear, LinearMode, Slab, Tlsf};
+use crate::request::align_up;
+use crate::{Allocation, Error, OwnerId, PolicyReport, Request, Result};
+
+/// Sub-allocates one contiguous range `[0, capacity_bytes)`.
+///
+/// Contract, checked for every policy by the property tests (`tests/properties.rs`):
+/// - a returned allocation lies inside the range, is aligned as requested and overlaps no other live one;
+/// - with a granularity, resources of different [`ResourceKind`](crate::ResourceKind)s never share a page;
+/// - `report()` covers the range exactly and its totals match the live allocations;
+/// - freeing everything restores the initial layout;
+/// - misuse (double free, a foreign handle) returns an error and changes nothing.
+pub trait Policy: Send + fmt::Debug {
+    /// The policy's name (as in [`PolicyKind::name`]).
+    fn name(&self) -> &'static str;
+
+    /// Bytes managed (the capacity given at construction, rounded down to the policy's unit).
+    fn capacity_bytes(&self) -> u64;
+
+    /// Sets aside memory for `request`, or `None` when it does not fit.
+    fn allocate(&mut self, request: Request) -> Option<Allocation>;
+
+    /// Returns an allocation's memory.
+    ///
+    /// # Errors
+    /// [`Error::DoubleFree`] when it is not live here any more, [`Error::ForeignAllocation`] when another
+    /// instance made it. Either way nothing changes.
+    fn free(&mut self, allocation: Allocation) -> Result<()>;
+
+    /// Number of live allocations.
+    fn live_allocations(&self) -> usize;
+
+    /// What every byte of the range is doing.
+    fn report(&self) -> PolicyReport;
+}
+
+/// Settings shared by the policies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct PolicyConfig {
+    /// Every offset and size is a multiple of this (a power of two); requests are rounded up to it.
+    /// It is also the buddy policy's smallest block.
+    pub min_align_bytes: u64,
+    /// Vulkan's `bufferImageGranularity` (a power of two); 1 disables the rule.
+    pub granularity_bytes: u64,
+    /// Best fit: choose the exact smallest run (`true`), or the lowest-addressed run of the smallest size
+    /// class that fits, classes being eighths of a power of two (`false`, the default: packs toward low
+    /// addresses, which fragments less; see `policies/best_fit.rs`).
+    pub best_fit_exact: bool,
+    /// Slab: the smallest size class (a power of two; `min_align_bytes` when that is larger).
+    pub slab_min_class_bytes: u64,
+    /// Slab: the largest size class (a power of two); larger requests are placed by TLSF directly.
+    pub slab_max_class_bytes: u64,
+    /// Slab: bytes per slab page (a power of two, at least the largest class).
+    pub slab_page_bytes: u64,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            min_align_bytes: 256,
+            granularity_bytes: 1,
+            best_fit_exact: false,
+            slab_min_class_bytes: 256,
+            slab_max_class_bytes: 64 << 10,
+            slab_page_bytes: 1 << 20,
+        }
+    }
+}
+
+impl PolicyConfig {
+    /// Checks the settings.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the setting.
+    pub fn validate(&self) -> Result<()> {
+        let powers = [
+            ("min_align_bytes", self.min_align_bytes),
+            ("granularity_bytes", self.granularity_bytes),
+            ("slab_min_class_bytes", self.slab_min_class_bytes),
+            ("slab_max_class_bytes", self.slab_max_class_bytes),
+            ("slab_page_bytes", self.slab_page_bytes),
+        ];
+        for (name, value) in powers {
+            if !value.is_power_of_two() {
+                return Err(Error::InvalidConfig { what: format!("{name} = {value} is not a power of two") });
+            }
+        }
+        let ordered = self.slab_min_class_bytes <= self.slab_max_class_bytes && self.slab_max_class_bytes <= self.slab_page_bytes;
+        if !ordered {
+            return Err(Error::InvalidConfig {
+                what: format!(
+                    "slab sizes must satisfy slab_min_class_bytes ({}) <= slab_max_class_bytes ({}) <= slab_page_bytes ({})",
+                    self.slab_min_class_bytes, self.slab_max_class_bytes, self.slab_page_bytes
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The granularity guard page size, when the rule is on.
+    pub(crate) fn granularity(&self) -> Option<u64> {
+        (self.granularity_bytes > 1).then_some(self.granularity_bytes)
+    }
+}
+
+/// Every policy of this crate, by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum PolicyKind {
+    /// Two-level segregated fit: O(1) allocate and free, immediate coalescing.
+    Tlsf,
+    /// The smallest free run that fits, lowest address on ties.
+    BestFit,
+    /// The lowest-addressed free run that fits.
+    FirstFit,
+    /// Power-of-two blocks split in halves and merged with their buddies.
+    Buddy,
+    /// A bump pointer in one of three modes.
+    Linear(LinearMode),
+    /// Fixed size classes in slab pages for small requests, TLSF for the rest.
+    Slab,
+}
+
+impl PolicyKind {
+    /// All policies, in the order reports list them.
+    pub const ALL: [Self; 8] = [
+        Self::Tlsf,
+        Self::BestFit,
+        Self::FirstFit,
+        Self::Buddy,
+        Self::Linear(LinearMode::Bump),
+        Self::Linear(LinearMode::Stack),
+        Self::Linear(LinearMode::Ring),
+        Self::Slab,
+    ];
+
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Tlsf => "tlsf",
+            Self::BestFit => "best-fit",
+            Self::FirstFit => "first-fit",
+            Self::Buddy => "buddy",
+            Self::Linear(LinearMode::Bump) => "linear-bump",
+            Self::Linear(LinearMode::Stack) => "linear-stack",
+            Self::Linear(LinearMode::Ring) => "linear-ring",
+            Self::Slab => "slab",
+        }
+    }
+
+    /// A policy of this kind over `[0, capacity_bytes)`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for invalid settings.
+    pub fn build(self, capacity_bytes: u64, config: &PolicyConfig) -> Result<Box<dyn Policy>> {
+        Ok(match self {
+            Self::Tlsf => Box::new(Tlsf::with_config(capacity_bytes, config)?),
+            Self::BestFit => Box::new(BestFit::with_config(capacity_bytes, config)?),
+            Self::FirstFit => Box::new(FirstFit::with_config(capacity_bytes, config)?),
+            Self::Buddy => Box::new(Buddy::with_config(capacity_bytes, config)?),
+            Self::Linear(mode) => Box::new(Linear::with_config(capacity_bytes, mode, config)?),
+            Self::Slab => Box::new(Slab::with_config(capacity_bytes, config)?),
+        })
+    }
+
+    /// The smallest range a policy of this kind needs to serve `request` alone (a dedicated block):
+    /// the request rounded up to `min_align_bytes`, or to a power of two for the buddy policy.
+    pub fn dedicated_bytes(self, request: Request, config: &PolicyConfig) -> Option<u64> {
+        let (size, align) = rounded(request, config.min_align_bytes)?;
+        let size = align_up(size, config.granularity_bytes)?;
+        match self {
+            Self::Buddy => size.max(align).checked_next_power_of_two(),
+            _ => Some(size),
+        }
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for PolicyKind {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|kind| kind.name() == text).ok_or_else(|| {
+            let names: Vec<_> = Self::ALL.iter().map(|kind| kind.name()).collect();
+            format!("unknown policy {text:?}: expected one of {}", names.join(", "))
+        })
+    }
+}
+
+/// A request's size rounded up to `min_align` and its alignment raised to `min_align`; `None` when the
+/// rounding overflows (such a request fits nowhere).
+#[inline]
+pub(crate) fn rounded(request: Request, min_align: u64) -> Option<(u64, u64)> {
+    Some((align_up(request.size_bytes(), min_align)?, request.align_bytes().max(min_align)))
+}
+
+/// The error for freeing `allocation` in the policy or heap `owner` named `name`, when it is not live there.
+pub(crate) fn not_live(owner: OwnerId, allocation: &Allocation, name: &'static str) -> Error {
+    if allocation.owner() == owner {
+        Error::DoubleFree { offset: allocation.offset(), id: allocation.id().0, owner: name }
+    } else {
+        Error::ForeignAllocation { offset: allocation.offset(), owner: name }
+    }
+}
+
+/// Refuses a handle made by another instance.
+pub(crate) fn check_owner(owner: OwnerId, allocation: &Allocation, name: &'static str) -> Result<()> {
+    if allocation.owner() == owner { Ok(()) } else { Err(not_live(owner, allocation, name)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for kind in PolicyKind::ALL {
+            assert_eq!(kind.name().parse::<PolicyKind>(), Ok(kind));
+            let policy = kind.build(1 << 20, &PolicyConfig::default()).unwrap();
+            assert_eq!(policy.name(), kind.name());
+            assert_eq!(policy.capacity_bytes(), 1 << 20);
+        }
+        assert!("nope".parse::<PolicyKind>().unwrap_err().contains("tlsf, best-fit"));
+    }
+
+    #[test]
+    fn config_validation_table() {
+        let ok = PolicyConfig::default();
+        let cases = [
+            (PolicyConfig { min_align_bytes: 0, ..ok.clone() }, Some("min_align_bytes")),
+            (PolicyConfig { granularity_bytes: 3, ..ok.clone() }, Some("granularity_bytes")),
+            (PolicyConfig { slab_page_bytes: 1024, ..ok.clone() }, Some("slab sizes")),
+            (PolicyConfig { granularity_bytes: 4096, ..ok.clone() }, None),
+            (ok, None),
+        ];
+        for (config, expected) in cases {
+            match (config.validate(), expected) {
+                (Ok(()), None) => {}
+                (Err(error), Some(needle)) => assert!(error.to_string().contains(needle), "{error}"),
+                (result, _) => panic!("{config:?}: {result:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn dedicated_bytes_table() {
+        let config = PolicyConfig::default();
+        let request = Request::new(150 << 20, 1).unwrap();
+        assert_eq!(PolicyKind::Tlsf.dedicated_bytes(request, &config), Some(150 << 20));
+        assert_eq!(PolicyKind::Buddy.dedicated_bytes(request, &config), Some(256 << 20));
+        let odd = Request::new(1000, 1).unwrap();
+        assert_eq!(PolicyKind::BestFit.dedicated_bytes(odd, &config), Some(1024));
+    }
+}

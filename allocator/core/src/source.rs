@@ -1,0 +1,151 @@
+//! Where a heap gets its blocks (segments): the `MemorySource` trait, and a simulated source that hands out
+//! address ranges the way `cudaMalloc` or `vkAllocateMemory` would. Device memory sources implement the same
+//! trait in the backend crates.
+
+use std::fmt;
+
+/// A block of memory from a source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct SourceBlock {
+    /// The source's own handle for it.
+    pub handle: u64,
+    /// Address of the first byte (device address, or simulated).
+    pub base_address: u64,
+    /// Its size.
+    pub size_bytes: u64,
+}
+
+/// Why a source could not hand out a block.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SourceError {
+    /// The device (or simulated device) has no memory left for a block of this size.
+    #[error("out of device memory for a block of {requested_bytes} bytes")]
+    OutOfMemory {
+        /// The block size asked for.
+        requested_bytes: u64,
+    },
+    /// Anything else (device lost, a driver error).
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Hands out and takes back blocks of memory.
+pub trait MemorySource: fmt::Debug {
+    /// What the source is, for reports (`simulated`, a device name).
+    fn name(&self) -> &str;
+
+    /// Block sizes are multiples of this, and block addresses aligned to it.
+    fn block_alignment_bytes(&self) -> u64;
+
+    /// A new block of `size_bytes` (a multiple of `block_alignment_bytes`).
+    ///
+    /// # Errors
+    /// [`SourceError::OutOfMemory`] when the device has no room, [`SourceError::Failed`] otherwise.
+    fn allocate_block(&mut self, size_bytes: u64) -> Result<SourceBlock, SourceError>;
+
+    /// Returns a block.
+    fn free_block(&mut self, block: SourceBlock);
+
+    /// Bytes the source could still hand out, when it knows.
+    fn available_bytes(&self) -> Option<u64>;
+}
+
+/// A device of `capacity_bytes`, simulated: blocks get increasing addresses (never reused, like virtual
+/// addresses) and fail once the capacity is used up.
+#[derive(Clone, Debug)]
+pub struct SimulatedSource {
+    capacity_bytes: u64,
+    alignment_bytes: u64,
+    used_bytes: u64,
+    next_address: u64,
+    next_handle: u64,
+    /// Blocks handed out so far.
+    pub blocks_allocated: u64,
+    /// Blocks returned so far.
+    pub blocks_freed: u64,
+}
+
+impl SimulatedSource {
+    /// The base of the first block: an address in the range CUDA and Vulkan drivers use on Linux.
+    pub const BASE_ADDRESS: u64 = 0x7f00_0000_0000;
+
+    /// A device of `capacity_bytes` handing out blocks in multiples of `alignment_bytes` (a power of two).
+    pub fn new(capacity_bytes: u64, alignment_bytes: u64) -> Self {
+        assert!(alignment_bytes.is_power_of_two(), "block alignment must be a power of two");
+        Self {
+            capacity_bytes,
+            alignment_bytes,
+            used_bytes: 0,
+            next_address: Self::BASE_ADDRESS,
+            next_handle: 1,
+            blocks_allocated: 0,
+            blocks_freed: 0,
+        }
+    }
+
+    /// Bytes handed out and not returned.
+    pub fn used_bytes(&self) -> u64 {
+        self.used_bytes
+    }
+}
+
+impl MemorySource for SimulatedSource {
+    fn name(&self) -> &str {
+        "simulated"
+    }
+
+    fn block_alignment_bytes(&self) -> u64 {
+        self.alignment_bytes
+    }
+
+    fn allocate_block(&mut self, size_bytes: u64) -> Result<SourceBlock, SourceError> {
+        if size_bytes == 0 || !size_bytes.is_multiple_of(self.alignment_bytes) {
+            return Err(SourceError::Failed(format!(
+                "block size {size_bytes} is not a positive multiple of {}",
+                self.alignment_bytes
+            )));
+        }
+        if size_bytes > self.capacity_bytes - self.used_bytes {
+            return Err(SourceError::OutOfMemory { requested_bytes: size_bytes });
+        }
+        let block = SourceBlock { handle: self.next_handle, base_address: self.next_address, size_bytes };
+        self.next_handle += 1;
+        self.next_address = self.next_address.saturating_add(size_bytes);
+        self.used_bytes += size_bytes;
+        self.blocks_allocated += 1;
+        Ok(block)
+    }
+
+    fn free_block(&mut self, block: SourceBlock) {
+        self.used_bytes -= block.size_bytes;
+        self.blocks_freed += 1;
+    }
+
+    fn available_bytes(&self) -> Option<u64> {
+        Some(self.capacity_bytes - self.used_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_and_alignment_table() {
+        let mut source = SimulatedSource::new(10 << 20, 2 << 20);
+        let cases = [
+            (4 << 20, Ok(SimulatedSource::BASE_ADDRESS)),
+            (1 << 20, Err(())),
+            (8 << 20, Err(())),
+            (6 << 20, Ok(SimulatedSource::BASE_ADDRESS + (4 << 20))),
+            (2 << 20, Err(())),
+        ];
+        for (size, expected) in cases {
+            let got = source.allocate_block(size).map(|block| block.base_address).map_err(|_| ());
+            assert_eq!(got, expected, "size {size}");
+        }
+        assert_eq!(source.available_bytes(), Some(0));
+        assert!(matches!(source.allocate_block(2 << 20), Err(SourceError::OutOfMemory { .. })));
+    }
+}

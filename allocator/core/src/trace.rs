@@ -1,0 +1,201 @@
+//! The trace model: a stream of allocations and frees, and heapscope's compact CSV form of it.
+//!
+//! ```text
+//! # heapscope trace v1: one event a line; '#' starts a comment
+//! a,<id>,<size_bytes>      allocate size_bytes under the caller's id
+//! f,<id>                   free the allocation with that id
+//! ```
+//!
+//! Ids are the recorder's (an address, a counter); an id may be reused after its free. The parser maps them
+//! to dense slots so a replay can keep its handles in a vector.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::{Error, Result};
+
+/// One step of a trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum Event {
+    /// Allocate `size_bytes`; the allocation is known as `slot` until freed.
+    Alloc {
+        /// Dense index of the allocation in the trace.
+        slot: u32,
+        /// Bytes requested.
+        size_bytes: u64,
+    },
+    /// Free the allocation in `slot`.
+    Free {
+        /// Dense index of the allocation in the trace.
+        slot: u32,
+    },
+}
+
+/// A named stream of events in which every free follows its allocation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Trace {
+    /// Where it came from.
+    pub name: String,
+    events: Vec<Event>,
+    slots: u32,
+}
+
+/// Builds a [`Trace`], checking that frees match live allocations.
+#[derive(Debug, Default)]
+pub struct TraceBuilder {
+    trace: Trace,
+    live: HashMap<u64, u32>,
+}
+
+impl TraceBuilder {
+    /// An empty trace called `name`.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self { trace: Trace { name: name.into(), ..Trace::default() }, live: HashMap::new() }
+    }
+
+    /// Appends an allocation of `size_bytes` under `id`.
+    ///
+    /// # Errors
+    /// A message when `id` is already live or the size is 0.
+    pub fn alloc(&mut self, id: u64, size_bytes: u64) -> Result<(), String> {
+        if size_bytes == 0 {
+            return Err(format!("allocation {id} has size 0"));
+        }
+        let slot = self.trace.slots;
+        if self.live.insert(id, slot).is_some() {
+            return Err(format!("allocation {id} is already live (allocated twice without a free)"));
+        }
+        self.trace.slots = slot.checked_add(1).ok_or("more than 2^32 allocations")?;
+        self.trace.events.push(Event::Alloc { slot, size_bytes });
+        Ok(())
+    }
+
+    /// Appends the free of the live allocation `id`.
+    ///
+    /// # Errors
+    /// A message when `id` is not live.
+    pub fn free(&mut self, id: u64) -> Result<(), String> {
+        let slot = self.live.remove(&id).ok_or_else(|| format!("free of allocation {id}, which is not live"))?;
+        self.trace.events.push(Event::Free { slot });
+        Ok(())
+    }
+
+    /// The trace.
+    pub fn finish(self) -> Trace {
+        self.trace
+    }
+}
+
+impl Trace {
+    /// The events in order.
+    pub fn events(&self) -> &[Event] {
+        &self.events
+    }
+
+    /// Number of allocations (slots) in the trace.
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// Parses the compact CSV form; `name` names the input in errors.
+    ///
+    /// # Errors
+    /// [`Error::Trace`] naming the line and what is wrong with it.
+    pub fn parse_csv(name: &str, text: &str) -> Result<Self> {
+        let mut builder = TraceBuilder::new(name);
+        for (index, raw) in text.lines().enumerate() {
+            let line = index as u64 + 1;
+            let fail = |what: String| Error::Trace { file: name.to_owned(), line, what };
+            let content = raw.split('#').next().unwrap_or_default().trim();
+            if content.is_empty() {
+                continue;
+            }
+            let fields: Vec<&str> = content.split(',').map(str::trim).collect();
+            let number = |position: usize, what: &str| -> Result<u64> {
+                let field = fields.get(position).ok_or_else(|| fail(format!("missing {what} in {content:?}")))?;
+                field.parse().map_err(|_| fail(format!("{what} {field:?} is not a non-negative integer")))
+            };
+            match (fields[0], fields.len()) {
+                ("a", 3) => builder.alloc(number(1, "id")?, number(2, "size_bytes")?).map_err(fail)?,
+                ("f", 2) => builder.free(number(1, "id")?).map_err(fail)?,
+                ("a" | "f", count) => {
+                    return Err(fail(format!("{count} fields in {content:?}: expected a,<id>,<size_bytes> or f,<id>")));
+                }
+                (other, _) => return Err(fail(format!("unknown event {other:?}: expected 'a' (alloc) or 'f' (free)"))),
+            }
+        }
+        Ok(builder.finish())
+    }
+
+    /// Reads a compact CSV trace file.
+    ///
+    /// # Errors
+    /// [`Error::Trace`] naming the file (and the line, for bad content).
+    pub fn read_csv(path: &Path) -> Result<Self> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|error| Error::Trace {
+            file: name.clone(),
+            line: 0,
+            what: format!("cannot read: {error}"),
+        })?;
+        Self::parse_csv(&name, &text)
+    }
+
+    /// The compact CSV form (slots as ids).
+    pub fn to_csv(&self) -> String {
+        let mut text = format!("# heapscope trace v1: {}\n", self.name);
+        for event in &self.events {
+            match event {
+                Event::Alloc { slot, size_bytes } => text.push_str(&format!("a,{slot},{size_bytes}\n")),
+                Event::Free { slot } => text.push_str(&format!("f,{slot}\n")),
+            }
+        }
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_round_trip() {
+        let text = "# comment\na,100,4096\na,7,1 # trailing comment\n\nf,100\na,100,512\nf,7\n";
+        let trace = Trace::parse_csv("t.csv", text).unwrap();
+        assert_eq!(
+            trace.events(),
+            [
+                Event::Alloc { slot: 0, size_bytes: 4096 },
+                Event::Alloc { slot: 1, size_bytes: 1 },
+                Event::Free { slot: 0 },
+                Event::Alloc { slot: 2, size_bytes: 512 },
+                Event::Free { slot: 1 },
+            ]
+        );
+        assert_eq!(trace.slots(), 3);
+        let again = Trace::parse_csv("t.csv", &trace.to_csv()).unwrap();
+        assert_eq!(again.events(), trace.events());
+    }
+
+    #[test]
+    fn errors_name_file_line_and_problem() {
+        let cases = [
+            ("a,1,10\nx,2\n", 2, "unknown event \"x\""),
+            ("a,1\n", 1, "2 fields"),
+            ("a,1,ten\n", 1, "size_bytes \"ten\""),
+            ("a,1,0\n", 1, "size 0"),
+            ("a,1,10\na,1,10\n", 2, "already live"),
+            ("f,9\n", 1, "not live"),
+            ("a,-1,10\n", 1, "id \"-1\""),
+        ];
+        for (text, line, needle) in cases {
+            let error = Trace::parse_csv("bad.csv", text).unwrap_err();
+            let message = error.to_string();
+            assert!(message.starts_with(&format!("bad.csv:{line}: ")) && message.contains(needle), "{text:?}: {message}");
+        }
+        let missing = Trace::read_csv(Path::new("/nonexistent/trace.csv")).unwrap_err().to_string();
+        assert!(missing.contains("/nonexistent/trace.csv") && missing.contains("cannot read"), "{missing}");
+    }
+}

@@ -1,0 +1,100 @@
+//! Byte sizes for people: `3584MiB` in, `1000.00 MiB` out.
+
+use std::fmt;
+
+/// 1 KiB.
+pub const KIB: u64 = 1 << 10;
+/// 1 MiB.
+pub const MIB: u64 = 1 << 20;
+/// 1 GiB.
+pub const GIB: u64 = 1 << 30;
+
+/// Formats a byte count the way PyTorch's OOM message does: binary units, two decimals (`1000.00 MiB`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bytes(pub u64);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [(&str, u64); 5] = [("TiB", 1 << 40), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB), ("B", 1)];
+        let bytes = self.0;
+        for (name, scale) in UNITS {
+            if bytes >= scale && scale > 1 {
+                return write!(f, "{:.2} {name}", bytes as f64 / scale as f64);
+            }
+        }
+        write!(f, "{bytes} B")
+    }
+}
+
+/// Parses a size such as `3584MiB`, `3.5 GiB`, `64k`, `1G` or `4096`.
+///
+/// Binary suffixes (`KiB`, `MiB`, `GiB`, `TiB`, and the short `k`, `m`, `g`, `t`) scale by 1024; decimal
+/// ones (`KB`, `MB`, `GB`, `TB`) by 1000; `B` or none means bytes. Fractions are allowed and rounded to the
+/// nearest byte.
+///
+/// # Errors
+/// A message naming the text and what is wrong with it.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_')).unwrap_or(trimmed.len());
+    let (number, suffix) = trimmed.split_at(split);
+    let number = number.replace('_', "");
+    let scale: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => KIB,
+        "m" | "mib" => MIB,
+        "g" | "gib" => GIB,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        other => return Err(format!("size {text:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)")),
+    };
+    if number.is_empty() {
+        return Err(format!("size {text:?}: no number"));
+    }
+    if let Ok(whole) = number.parse::<u64>() {
+        return whole.checked_mul(scale).ok_or_else(|| format!("size {text:?}: larger than 2^64 bytes"));
+    }
+    let value: f64 = number.parse().map_err(|_| format!("size {text:?}: {number:?} is not a number"))?;
+    let bytes = (value * scale as f64).round();
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        return Err(format!("size {text:?}: larger than 2^64 bytes"));
+    }
+    Ok(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_table() {
+        let cases: [(&str, Result<u64, ()>); 12] = [
+            ("4096", Ok(4096)),
+            ("3584MiB", Ok(3584 * MIB)),
+            ("3584 MiB", Ok(3584 * MIB)),
+            ("3.5GiB", Ok(3584 * MIB)),
+            ("64k", Ok(64 * KIB)),
+            ("1G", Ok(GIB)),
+            ("2GB", Ok(2_000_000_000)),
+            ("1_024", Ok(1024)),
+            ("", Err(())),
+            ("MiB", Err(())),
+            ("12 parsecs", Err(())),
+            ("99999999999TiB", Err(())),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(parse_size(text).map_err(|_| ()), expected, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn display_table() {
+        let cases = [(0, "0 B"), (512, "512 B"), (1536, "1.50 KiB"), (1000 * MIB, "1000.00 MiB"), (GIB, "1.00 GiB")];
+        for (bytes, text) in cases {
+            assert_eq!(Bytes(bytes).to_string(), text);
+        }
+    }
+}

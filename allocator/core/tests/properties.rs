@@ -1,0 +1,161 @@
+//! Property tests: every policy against the reference model of `heapscope_core::check`, and the heap's
+//! accounting and verdicts under random operations.
+#![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
+
+use heapscope_core::check::{Checker, Op};
+use heapscope_core::{Error, Heap, HeapConfig, OomCause, PolicyConfig, PolicyKind, ReleaseRule, Request, SimulatedSource};
+use proptest::prelude::*;
+
+fn size() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        8 => 1u64..4096,
+        6 => 4096u64..(1 << 20),
+        3 => (1u64 << 20)..(64 << 20),
+        1 => Just(0u64),
+        1 => (u64::MAX - 4096)..=u64::MAX,
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        5 => (size(), 0u8..21, any::<bool>()).prop_map(|(size_bytes, align_log2, optimal)| Op::Alloc { size_bytes, align_log2, optimal }),
+        4 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::FreeAgain { pick }),
+        1 => Just(Op::FreeForeign),
+    ]
+}
+
+fn capacity() -> impl Strategy<Value = u64> {
+    prop_oneof![0u64..8192, 8192u64..(4 << 20), (4u64 << 20)..(512 << 20)]
+}
+
+fn config() -> impl Strategy<Value = PolicyConfig> {
+    (0u32..9, prop_oneof![3 => Just(1u64), 1 => Just(1024u64), 1 => Just(65536u64)], any::<bool>()).prop_map(
+        |(align_log2, granularity_bytes, best_fit_exact)| PolicyConfig {
+            min_align_bytes: 1 << align_log2,
+            granularity_bytes,
+            best_fit_exact,
+            ..PolicyConfig::default()
+        },
+    )
+}
+
+/// Cases per property: `PROPTEST_CASES` when set (for long local runs), else `default`.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|cases| cases.parse().ok()).unwrap_or(default)
+}
+
+fn run(kind: PolicyKind, capacity: u64, config: PolicyConfig, ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut checker = Checker::new(kind, capacity, config).map_err(|error| TestCaseError::fail(error.to_string()))?;
+    for (step, op) in ops.iter().enumerate() {
+        checker.apply(*op).map_err(|violation| TestCaseError::fail(format!("step {step} {op:?}: {violation}")))?;
+    }
+    checker.finish().map_err(TestCaseError::fail)
+}
+
+macro_rules! policy_properties {
+    ($($test:ident => $kind:expr),* $(,)?) => {$(
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(cases(128)))]
+            #[test]
+            fn $test(capacity in capacity(), config in config(), ops in prop::collection::vec(op(), 1..300)) {
+                run($kind, capacity, config, &ops)?;
+            }
+        }
+    )*};
+}
+
+policy_properties! {
+    tlsf_keeps_the_contract => PolicyKind::Tlsf,
+    best_fit_keeps_the_contract => PolicyKind::BestFit,
+    first_fit_keeps_the_contract => PolicyKind::FirstFit,
+    buddy_keeps_the_contract => PolicyKind::Buddy,
+    linear_bump_keeps_the_contract => PolicyKind::Linear(heapscope_core::LinearMode::Bump),
+    linear_stack_keeps_the_contract => PolicyKind::Linear(heapscope_core::LinearMode::Stack),
+    linear_ring_keeps_the_contract => PolicyKind::Linear(heapscope_core::LinearMode::Ring),
+    slab_keeps_the_contract => PolicyKind::Slab,
+}
+
+#[derive(Clone, Debug)]
+enum HeapOp {
+    Alloc(u64),
+    Free(usize),
+}
+
+fn heap_op() -> impl Strategy<Value = HeapOp> {
+    prop_oneof![
+        3 => prop_oneof![1u64..(1 << 20), (1u64 << 20)..(300 << 20)].prop_map(HeapOp::Alloc),
+        2 => any::<usize>().prop_map(HeapOp::Free),
+    ]
+}
+
+fn release_rule() -> impl Strategy<Value = ReleaseRule> {
+    prop_oneof![
+        Just(ReleaseRule::Immediately),
+        Just(ReleaseRule::KeepOne),
+        Just(ReleaseRule::OnPressure),
+        Just(ReleaseRule::Never)
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases(48)))]
+    #[test]
+    fn heap_accounting_and_verdicts(
+        kind in prop::sample::select(PolicyKind::ALL.to_vec()),
+        release in release_rule(),
+        device_mib in 64u64..2048,
+        budget_mib in prop::option::of(64u64..2048),
+        ops in prop::collection::vec(heap_op(), 1..120),
+    ) {
+        let config = HeapConfig {
+            release,
+            capacity_bytes: budget_mib.map(|mib| mib << 20),
+            ..HeapConfig::new(kind)
+        };
+        let mut heap = Heap::new(config, SimulatedSource::new(device_mib << 20, 2 << 20)).unwrap();
+        let mut live = Vec::new();
+        for op in ops {
+            match op {
+                HeapOp::Alloc(size) => match heap.allocate(Request::new(size, 256).unwrap(), None) {
+                    Ok(allocation) => live.push(allocation),
+                    Err(Error::OutOfMemory(verdict)) => {
+                        let total_free = verdict.free_in_blocks_bytes + verdict.unreserved_bytes;
+                        prop_assert_eq!(verdict.cause == OomCause::Fragmentation, total_free >= size, "{}", verdict);
+                        prop_assert!(verdict.largest_free_run_bytes <= verdict.free_in_blocks_bytes);
+                    }
+                    Err(other) => prop_assert!(false, "unexpected error {other}"),
+                },
+                HeapOp::Free(pick) if !live.is_empty() => {
+                    let allocation = live.swap_remove(pick % live.len());
+                    heap.free(allocation).unwrap();
+                    prop_assert!(heap.free(allocation).is_err(), "double free must be refused");
+                }
+                HeapOp::Free(_) => {}
+            }
+            let report = heap.report();
+            let stats = heap.stats();
+            let live_bytes: u64 = live.iter().map(heapscope_core::HeapAllocation::size_bytes).sum();
+            prop_assert_eq!(report.totals.live_bytes, live_bytes);
+            prop_assert_eq!(stats.live_bytes, live_bytes);
+            prop_assert_eq!(report.totals.reserved_bytes, stats.reserved_bytes);
+            prop_assert_eq!(heap.source().used_bytes(), stats.reserved_bytes);
+            prop_assert!(stats.reserved_bytes <= device_mib << 20);
+            if let Some(budget) = budget_mib {
+                prop_assert!(stats.reserved_bytes <= budget << 20);
+            }
+            for block in &report.blocks {
+                let end: u64 = block.layout.ranges.last().map_or(0, heapscope_core::RangeReport::end);
+                prop_assert_eq!(end, block.layout.capacity_bytes);
+            }
+        }
+        for allocation in live {
+            heap.free(allocation).unwrap();
+        }
+        if release == ReleaseRule::Immediately {
+            prop_assert_eq!(heap.stats().reserved_bytes, 0);
+        }
+        heap.release_empty_blocks();
+        prop_assert_eq!(heap.stats().reserved_bytes, 0);
+    }
+}

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Runs exactly what CI runs: installs what is missing on a fresh Debian machine, then
+# `cargo fmt --check`, `cargo clippy --workspace --all-targets -- -D warnings`, a check that the fuzz target
+# still compiles, and `cargo test --workspace`.
+#
+# System packages (only when missing): the Vulkan loader, Mesa's lavapipe from bookworm-backports
+# (Mesa 25.x: sparse binding; bookworm's own Mesa 22 has none), vulkan-tools, the Khronos validation
+# layers and Xvfb. Where lavapipe is present afterwards, HEAPSCOPE_REQUIRE_GPU=1 is exported so that tests
+# needing Vulkan fail instead of skipping. Set HEAPSCOPE_SKIP_INSTALL=1 to install nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '[test.sh] %s\n' "$*" >&2; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"
+    elif command -v sudo >/dev/null 2>&1; then sudo "$@"
+    else return 1
+    fi
+}
+
+debian_codename() {
+    # shellcheck disable=SC1091
+    (. /etc/os-release 2>/dev/null && printf '%s' "${VERSION_CODENAME:-}")
+}
+
+missing_packages() {
+    local pkg
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || printf '%s\n' "$pkg"
+    done
+}
+
+lavapipe_present() {
+    compgen -G '/usr/share/vulkan/icd.d/lvp_icd*.json' >/dev/null
+}
+
+# Mesa from backports is new enough for sparse binding once its version is 23 or later.
+mesa_vulkan_new_enough() {
+    local version
+    version=$(dpkg-query -W -f='${Version}' mesa-vulkan-drivers 2>/dev/null) || return 1
+    [ "${version%%.*}" -ge 23 ] 2>/dev/null
+}
+
+install_system_packages() {
+    if [ "${HEAPSCOPE_SKIP_INSTALL:-0}" = 1 ]; then
+        log "HEAPSCOPE_SKIP_INSTALL=1: installing nothing"
+        return
+    fi
+    if ! command -v apt-get >/dev/null 2>&1; then
+        log "no apt-get: install libvulkan1, mesa-vulkan-drivers (Mesa >= 23), vulkan-tools, vulkan-validationlayers and xvfb by hand"
+        return
+    fi
+    local base=(libvulkan1 vulkan-tools vulkan-validationlayers xvfb)
+    local missing
+    missing=$(missing_packages "${base[@]}")
+    if [ -z "$missing" ] && mesa_vulkan_new_enough; then
+        return
+    fi
+    local codename
+    codename=$(debian_codename)
+    local backports=()
+    if [ "$codename" = bookworm ]; then
+        if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+            log "adding the bookworm-backports suite to apt sources"
+            printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+                | as_root tee /etc/apt/sources.list.d/heapscope-backports.sources >/dev/null \
+                || { log "cannot write apt sources (not root, no sudo): skipping system packages"; return; }
+        fi
+        backports=(-t bookworm-backports)
+    fi
+    log "installing system packages: ${base[*]} mesa-vulkan-drivers ${backports[*]}"
+    as_root apt-get update -qq || { log "apt-get update failed: skipping system packages"; return; }
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${backports[@]}" mesa-vulkan-drivers "${base[@]}" >/dev/null \
+        || log "apt-get install failed: tests that need Vulkan will skip"
+}
+
+install_rust_components() {
+    local component
+    for component in rustfmt clippy; do
+        if ! rustup component list --installed 2>/dev/null | grep -q "^${component}"; then
+            log "adding rustup component ${component}"
+            rustup component add "$component"
+        fi
+    done
+}
+
+main() {
+    if [ "${1:-}" = --install-only ]; then
+        install_system_packages
+        return
+    fi
+    install_system_packages
+    install_rust_components
+    if lavapipe_present && mesa_vulkan_new_enough; then
+        export HEAPSCOPE_REQUIRE_GPU=1
+        log "lavapipe found: HEAPSCOPE_REQUIRE_GPU=1 (Vulkan tests fail instead of skipping)"
+    else
+        log "no lavapipe with sparse support: Vulkan tests skip"
+    fi
+    cargo fmt --all --check
+    cargo fmt --manifest-path allocator/core/fuzz/Cargo.toml --check
+    cargo clippy --workspace --all-targets --locked -- -D warnings
+    # The fuzz target is its own workspace (cargo-fuzz runs it by hand); keep it compiling.
+    cargo check --manifest-path allocator/core/fuzz/Cargo.toml --locked
+    cargo test --workspace --locked
+}
+
+main "$@"

@@ -1,0 +1,182 @@
+//! `heapscope demo`: the fragmentation out-of-memory story through every policy, headless: once with the
+//! whole device as one range, once in a heap of blocks, so the part the block structure plays shows.
+
+use anyhow::Result;
+use clap::Args;
+use heapscope_core::replay::replay_heap;
+use heapscope_core::story::{self, Story};
+use heapscope_core::trace::Event;
+use heapscope_core::units::{Bytes, MIB};
+use heapscope_core::{Heap, HeapConfig, OomVerdict, PolicyKind, ReleaseRule, SimulatedSource};
+use serde_json::json;
+
+use crate::options::HeapArgs;
+
+/// Arguments of `heapscope demo`.
+#[derive(Debug, Default, Args)]
+pub struct DemoArgs {
+    #[command(flatten)]
+    pub heap: HeapArgs,
+    /// Print one JSON object per policy and layout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How the device is carved up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// One block spanning the device.
+    Range,
+    /// Blocks by the heap rules.
+    Blocks,
+}
+
+impl Layout {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Range => "range",
+            Self::Blocks => "blocks",
+        }
+    }
+}
+
+/// How one policy fared in a story.
+struct Outcome {
+    policy: PolicyKind,
+    layout: Layout,
+    served: bool,
+    failed_before: u64,
+    reserved_bytes: u64,
+    live_bytes: u64,
+    free_bytes: u64,
+    largest_free_run_bytes: u64,
+    blocks: usize,
+    verdict: Option<OomVerdict>,
+}
+
+fn heap_config(story: &Story, heap_args: &HeapArgs, policy: PolicyKind, layout: Layout) -> HeapConfig {
+    let config = heap_args.heap_config(policy);
+    match layout {
+        Layout::Blocks => config,
+        Layout::Range => HeapConfig {
+            block_size_bytes: story.device_bytes,
+            dedicated_threshold_bytes: u64::MAX,
+            release: ReleaseRule::Never,
+            ..config
+        },
+    }
+}
+
+/// Replays `story` through a heap of `policy` on a simulated device of the story's size.
+fn outcome(story: &Story, heap_args: &HeapArgs, policy: PolicyKind, layout: Layout) -> Result<Outcome> {
+    let source = SimulatedSource::new(story.device_bytes, 2 * MIB);
+    let mut heap = Heap::new(heap_config(story, heap_args, policy, layout), source)?;
+    let replay = replay_heap(&story.trace, &mut heap, heap_args.min_align)?;
+    let report = heap.report();
+    let served = replay.stats.last_event_ok;
+    Ok(Outcome {
+        policy,
+        layout,
+        served,
+        failed_before: replay.stats.failed_allocations - u64::from(!served),
+        reserved_bytes: report.totals.reserved_bytes,
+        live_bytes: report.totals.live_bytes,
+        free_bytes: report.totals.free_bytes,
+        largest_free_run_bytes: report.totals.largest_free_run_bytes,
+        blocks: report.blocks.len(),
+        verdict: if served { None } else { replay.last_oom },
+    })
+}
+
+fn result_word(outcome: &Outcome) -> String {
+    match &outcome.verdict {
+        None => "served".to_owned(),
+        Some(verdict) => format!("OOM ({:?})", verdict.cause).to_lowercase(),
+    }
+}
+
+/// Runs the demo.
+pub fn run(args: &DemoArgs) -> Result<()> {
+    let story = story::frag_oom();
+    let last_request_bytes = match story.trace.events().last() {
+        Some(Event::Alloc { size_bytes, .. }) => *size_bytes,
+        _ => 0,
+    };
+    let mut rows = Vec::new();
+    for policy in args.heap.policies() {
+        rows.push((outcome(&story, &args.heap, policy, Layout::Range)?, outcome(&story, &args.heap, policy, Layout::Blocks)?));
+    }
+    if args.json {
+        for outcome in rows.iter().flat_map(|(range, blocks)| [range, blocks]) {
+            let line = json!({
+                "story": story.name,
+                "policy": outcome.policy.name(),
+                "layout": outcome.layout.name(),
+                "last_request_bytes": last_request_bytes,
+                "served": outcome.served,
+                "failed_before": outcome.failed_before,
+                "reserved_bytes": outcome.reserved_bytes,
+                "live_bytes": outcome.live_bytes,
+                "free_bytes": outcome.free_bytes,
+                "largest_free_run_bytes": outcome.largest_free_run_bytes,
+                "blocks": outcome.blocks,
+                "verdict": outcome.verdict,
+            });
+            println!("{line}");
+        }
+        return Ok(());
+    }
+    println!("heapscope demo: {} — {}", story.name, story.summary);
+    println!("device: {} (simulated)", Bytes(story.device_bytes));
+    println!("one range: the whole device is one block; blocks: {}", args.heap.describe());
+    println!();
+    println!(
+        "{:<13} | {:<20} {:>11} {:>10} | {:<20} {:>11} {:>11} {:>17} {:>6}",
+        "",
+        format!("one range: {}", Bytes(last_request_bytes)),
+        "reserved",
+        "failures",
+        format!("blocks: {}", Bytes(last_request_bytes)),
+        "reserved",
+        "live",
+        "largest free run",
+        "blocks"
+    );
+    for (range, blocks) in &rows {
+        println!(
+            "{:<13} | {:<20} {:>11} {:>10} | {:<20} {:>11} {:>11} {:>17} {:>6}",
+            range.policy.name(),
+            result_word(range),
+            Bytes(range.reserved_bytes).to_string(),
+            range.failed_before,
+            result_word(blocks),
+            Bytes(blocks.reserved_bytes).to_string(),
+            Bytes(blocks.live_bytes).to_string(),
+            Bytes(blocks.largest_free_run_bytes).to_string(),
+            blocks.blocks
+        );
+    }
+    print_verdicts(&rows);
+    Ok(())
+}
+
+/// The verdicts of the failed final requests, one line per distinct verdict with the policies that met it.
+fn print_verdicts(rows: &[(Outcome, Outcome)]) {
+    let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+    for outcome in rows.iter().flat_map(|(range, blocks)| [range, blocks]) {
+        let Some(verdict) = &outcome.verdict else { continue };
+        let who = format!("{} ({})", outcome.policy.name(), outcome.layout.name());
+        let words = verdict.describe();
+        match groups.iter_mut().find(|(text, _)| *text == words) {
+            Some((_, policies)) => policies.push(who),
+            None => groups.push((words, vec![who])),
+        }
+    }
+    if groups.is_empty() {
+        return;
+    }
+    println!("\nwhy the last request failed:");
+    for (words, policies) in groups {
+        println!("  {}: {words}", policies.join(", "));
+    }
+}

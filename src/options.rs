@@ -1,0 +1,89 @@
+//! Arguments shared by the commands: policy selection and heap rules.
+
+use clap::Args;
+use heapscope_core::units::{Bytes, parse_size};
+use heapscope_core::{HeapConfig, PolicyConfig, PolicyKind, ReleaseRule};
+
+/// Which policies to run and how the heap reserves blocks.
+#[derive(Debug, Clone, Args)]
+pub struct HeapArgs {
+    /// Policies to run (repeat the flag; default: all). See `heapscope policies`.
+    #[arg(long = "policy", value_name = "NAME")]
+    pub policies: Vec<PolicyKind>,
+    /// Preferred size of a shared block.
+    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_size)]
+    pub block_size: u64,
+    /// Requests of at least this size get a block of their own.
+    #[arg(long, value_name = "SIZE", default_value = "128MiB", value_parser = parse_size)]
+    pub dedicated_threshold: u64,
+    /// When empty blocks go back to the device: immediately, keep-one, on-pressure or never.
+    #[arg(long, value_name = "RULE", default_value = "keep-one")]
+    pub release: ReleaseRule,
+    /// A budget: the most bytes reserved at once.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub budget: Option<u64>,
+    /// Every offset and size is a multiple of this.
+    #[arg(long, value_name = "SIZE", default_value = "256", value_parser = parse_size)]
+    pub min_align: u64,
+}
+
+impl Default for HeapArgs {
+    fn default() -> Self {
+        let config = HeapConfig::new(PolicyKind::Tlsf);
+        Self {
+            policies: Vec::new(),
+            block_size: config.block_size_bytes,
+            dedicated_threshold: config.dedicated_threshold_bytes,
+            release: config.release,
+            budget: None,
+            min_align: PolicyConfig::default().min_align_bytes,
+        }
+    }
+}
+
+impl HeapArgs {
+    /// The selected policies, all when none was named.
+    pub fn policies(&self) -> Vec<PolicyKind> {
+        if self.policies.is_empty() { PolicyKind::ALL.to_vec() } else { self.policies.clone() }
+    }
+
+    /// The heap settings for `policy`.
+    pub fn heap_config(&self, policy: PolicyKind) -> HeapConfig {
+        HeapConfig {
+            policy,
+            policy_config: PolicyConfig { min_align_bytes: self.min_align, ..PolicyConfig::default() },
+            block_size_bytes: self.block_size,
+            dedicated_threshold_bytes: self.dedicated_threshold,
+            release: self.release,
+            capacity_bytes: self.budget,
+        }
+    }
+
+    /// The heap rules in one line.
+    pub fn describe(&self) -> String {
+        let budget = self.budget.map_or_else(|| "no budget".to_owned(), |budget| format!("budget {}", Bytes(budget)));
+        format!(
+            "blocks of {}, dedicated blocks from {}, release {}, {budget}",
+            Bytes(self.block_size),
+            Bytes(self.dedicated_threshold),
+            self.release
+        )
+    }
+}
+
+/// Prints the policies with a line each.
+pub fn print_policies() {
+    for kind in PolicyKind::ALL {
+        let what = match kind {
+            PolicyKind::Tlsf => "two-level segregated fit: O(1) allocate and free, immediate coalescing",
+            PolicyKind::BestFit => "tightest size class, lowest address (exact best fit with best_fit_exact)",
+            PolicyKind::FirstFit => "lowest-addressed free run that fits",
+            PolicyKind::Buddy => "power-of-two blocks split in halves, merged with their buddies",
+            PolicyKind::Linear(heapscope_core::LinearMode::Bump) => "bump pointer, reset when everything is freed",
+            PolicyKind::Linear(heapscope_core::LinearMode::Stack) => "bump pointer, frees pop the top (LIFO)",
+            PolicyKind::Linear(heapscope_core::LinearMode::Ring) => "bump pointer wrapping around, frees oldest first (FIFO)",
+            PolicyKind::Slab => "power-of-two size classes in 1 MiB slab pages for requests up to 64 KiB, TLSF beyond",
+        };
+        println!("{:<13} {what}", kind.name());
+    }
+}
