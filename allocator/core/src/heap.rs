@@ -14,7 +14,6 @@
 use std::collections::HashMap;
 
 use crate::oom::{OomCause, OomVerdict};
-use crate::report::RangeReport;
 use crate::request::align_up;
 use crate::source::{MemorySource, SourceBlock, SourceError};
 use crate::{Allocation, AllocationId, Error, OwnerId, Policy, PolicyConfig, PolicyKind, PolicyReport, Request, Result, Totals};
@@ -478,11 +477,6 @@ impl<S: MemorySource> Heap<S> {
             cause: OomCause::judge(request.size_bytes(), totals.free_bytes, unreserved_bytes),
         }
     }
-}
-
-/// The labelled ranges of every block, flattened, for callers that do not care about blocks.
-pub fn labelled_ranges(report: &HeapReport) -> impl Iterator<Item = (&BlockReport, &RangeReport)> {
-    report.blocks.iter().flat_map(|block| block.layout.ranges.iter().map(move |range| (block, range)))
 }
 
 #[cfg(test)]

@@ -44,7 +44,7 @@ pub mod units;
 
 pub use allocation::{Allocation, AllocationId, OwnerId};
 pub use error::{Error, Result};
-pub use heap::{BlockReport, Heap, HeapAllocation, HeapConfig, HeapReport, HeapStats, ReleaseRule, labelled_ranges};
+pub use heap::{BlockReport, Heap, HeapAllocation, HeapConfig, HeapReport, HeapStats, ReleaseRule};
 pub use oom::{OomCause, OomVerdict};
 pub use policies::{BestFit, Buddy, FirstFit, Linear, LinearMode, Slab, Tlsf};
 pub use policy::{Policy, PolicyConfig, PolicyKind};

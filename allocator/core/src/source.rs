@@ -2,6 +2,7 @@
 //! address ranges the way `cudaMalloc` or `vkAllocateMemory` would. Device memory sources implement the same
 //! trait in the backend crates.
 
+use std::collections::HashMap;
 use std::fmt;
 
 /// A block of memory from a source.
@@ -44,7 +45,7 @@ pub trait MemorySource: fmt::Debug {
     /// [`SourceError::OutOfMemory`] when the device has no room, [`SourceError::Failed`] otherwise.
     fn allocate_block(&mut self, size_bytes: u64) -> Result<SourceBlock, SourceError>;
 
-    /// Returns a block.
+    /// Returns a block. A block the source did not hand out, or already took back, is ignored.
     fn free_block(&mut self, block: SourceBlock);
 
     /// Bytes the source could still hand out, when it knows.
@@ -58,6 +59,8 @@ pub struct SimulatedSource {
     capacity_bytes: u64,
     alignment_bytes: u64,
     used_bytes: u64,
+    /// Live blocks by handle, with their sizes.
+    live: HashMap<u64, u64>,
     next_address: u64,
     next_handle: u64,
     /// Blocks handed out so far.
@@ -77,6 +80,7 @@ impl SimulatedSource {
             capacity_bytes,
             alignment_bytes,
             used_bytes: 0,
+            live: HashMap::new(),
             next_address: Self::BASE_ADDRESS,
             next_handle: 1,
             blocks_allocated: 0,
@@ -113,13 +117,16 @@ impl MemorySource for SimulatedSource {
         self.next_handle += 1;
         self.next_address = self.next_address.saturating_add(size_bytes);
         self.used_bytes += size_bytes;
+        self.live.insert(block.handle, size_bytes);
         self.blocks_allocated += 1;
         Ok(block)
     }
 
     fn free_block(&mut self, block: SourceBlock) {
-        self.used_bytes -= block.size_bytes;
-        self.blocks_freed += 1;
+        if let Some(size_bytes) = self.live.remove(&block.handle) {
+            self.used_bytes -= size_bytes;
+            self.blocks_freed += 1;
+        }
     }
 
     fn available_bytes(&self) -> Option<u64> {
@@ -147,5 +154,8 @@ mod tests {
         }
         assert_eq!(source.available_bytes(), Some(0));
         assert!(matches!(source.allocate_block(2 << 20), Err(SourceError::OutOfMemory { .. })));
+        let stranger = SourceBlock { handle: 99, base_address: 0, size_bytes: 4 << 20 };
+        source.free_block(stranger);
+        assert_eq!((source.used_bytes(), source.blocks_freed), (10 << 20, 0), "unknown blocks are ignored");
     }
 }

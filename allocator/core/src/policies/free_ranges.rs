@@ -159,6 +159,16 @@ impl<I: FitIndex> FreeRangePolicy<I> {
     }
 }
 
+/// Test layout shared by the fit policies: ten 1 KiB blocks in a 10 KiB range, then frees that leave holes of
+/// 3 KiB at 0, 1 KiB at 4 KiB, 1 KiB at 6 KiB and 2 KiB at 8 KiB.
+#[cfg(test)]
+pub(crate) fn punch_holes(policy: &mut dyn crate::Policy) {
+    let blocks: Vec<_> = (0..10).map(|_| policy.allocate(Request::new(1024, 1).expect("valid")).expect("fits")).collect();
+    for index in [0, 1, 2, 4, 6, 8, 9] {
+        policy.free(blocks[index]).expect("live");
+    }
+}
+
 /// Implements [`Policy`](crate::Policy) for a `FreeRangePolicy` alias.
 macro_rules! free_range_policy {
     ($index:ty) => {

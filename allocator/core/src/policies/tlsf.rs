@@ -222,6 +222,19 @@ impl Tlsf {
         }
     }
 
+    /// Merges block `right` into its physical predecessor `left` (neither on a free list).
+    #[inline]
+    fn join(&mut self, left: u32, right: u32) {
+        let Node { size, next_phys: after, .. } = self.nodes[right as usize];
+        let node = &mut self.nodes[left as usize];
+        node.size += size;
+        node.next_phys = after;
+        if after != NIL {
+            self.nodes[after as usize].prev_phys = left;
+        }
+        self.vacate(right);
+    }
+
     /// Takes the head off the non-empty list `slot`.
     #[inline]
     fn pop_head(&mut self, slot: usize) -> u32 {
@@ -392,26 +405,12 @@ impl Policy for Tlsf {
         self.live -= 1;
         if next_phys != NIL && self.nodes[next_phys as usize].state == NodeState::Free {
             self.remove_free(next_phys);
-            let Node { size: next_size, next_phys: after, .. } = self.nodes[next_phys as usize];
-            let node = &mut self.nodes[index as usize];
-            node.size += next_size;
-            node.next_phys = after;
-            if after != NIL {
-                self.nodes[after as usize].prev_phys = index;
-            }
-            self.vacate(next_phys);
+            self.join(index, next_phys);
         }
         let prev_phys = self.nodes[index as usize].prev_phys;
         if prev_phys != NIL && self.nodes[prev_phys as usize].state == NodeState::Free {
             self.remove_free(prev_phys);
-            let Node { size, next_phys: after, .. } = self.nodes[index as usize];
-            let prev = &mut self.nodes[prev_phys as usize];
-            prev.size += size;
-            prev.next_phys = after;
-            if after != NIL {
-                self.nodes[after as usize].prev_phys = prev_phys;
-            }
-            self.vacate(index);
+            self.join(prev_phys, index);
             index = prev_phys;
         }
         if self.live == 0 {
