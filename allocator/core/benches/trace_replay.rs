@@ -8,8 +8,9 @@
 //!
 //! `cargo bench -p heapscope-core --bench trace_replay` prints (and writes to
 //! `target/heapscope-bench/trace_replay.md`) a table of:
-//! - median ns per event over 101 whole replays on a warm instance (what the trace left live is freed,
-//!   untimed, after each replay), and the ratio to offset-allocator's;
+//! - median ns per event of whole replays on a warm instance (what the trace left live is freed, untimed,
+//!   after each replay), measured in blocks that alternate with offset-allocator's, and the median of the
+//!   per-block ratios (robust to the machine's speed drifting during the run);
 //! - per-operation latency: each operation's best time over repeated replays on a warm instance
 //!   (filters preemption and timer noise), then the median, 99th percentile and maximum over operations,
 //!   timer overhead (~20 ns) included;
@@ -26,8 +27,10 @@ use heapscope_core::{Allocation, BestFit, Buddy, FirstFit, Linear, LinearMode, P
 
 const UNIT_BYTES: u64 = 512;
 const CAPACITY_BYTES: u64 = 32 << 30;
-const WARM_UP_REPLAYS: usize = 10;
-const REPLAYS: usize = 101;
+/// Replays per block (the first one warms the caches and is not counted).
+const BLOCK: usize = 6;
+/// Blocks per contender.
+const BLOCKS: usize = 21;
 const LATENCY_REPLAYS: usize = 15;
 
 /// What the replay loop needs from an allocator. The loop stores each contender's native handle as
@@ -113,13 +116,19 @@ struct Memory {
     failed: u64,
 }
 
-/// Replays `trace`; with `op_nanos`, times every operation into it (by event index).
+/// Replays `trace`; with `TIMED`, times every operation into `op_nanos` (by event index). A constant, so the
+/// untimed loop carries no timing code at all.
 #[inline]
-fn replay<C: Contender>(trace: &Trace, contender: &mut C, handles: &mut Handles<C>, mut op_nanos: Option<&mut [u32]>) -> Memory {
+fn replay<C: Contender, const TIMED: bool>(
+    trace: &Trace,
+    contender: &mut C,
+    handles: &mut Handles<C>,
+    op_nanos: &mut [u32],
+) -> Memory {
     let mut memory = Memory::default();
     let mut live_bytes = 0;
     for (index, event) in trace.events().iter().enumerate() {
-        let started = op_nanos.is_some().then(Instant::now);
+        let started = TIMED.then(Instant::now);
         match *event {
             Event::Alloc { slot, size_bytes } => {
                 let slot = slot as usize;
@@ -141,8 +150,8 @@ fn replay<C: Contender>(trace: &Trace, contender: &mut C, handles: &mut Handles<
                 }
             }
         }
-        if let (Some(started), Some(nanos)) = (started, op_nanos.as_deref_mut()) {
-            nanos[index] = u32::try_from(started.elapsed().as_nanos()).unwrap_or(u32::MAX);
+        if let Some(started) = started {
+            op_nanos[index] = u32::try_from(started.elapsed().as_nanos()).unwrap_or(u32::MAX);
         }
     }
     memory
@@ -170,6 +179,7 @@ fn drain<C: Contender>(contender: &mut C, handles: &mut Handles<C>) {
 struct Row {
     name: &'static str,
     ns_per_event: f64,
+    ratio_to_peer: f64,
     op_p50_ns: u32,
     op_p99_ns: u32,
     op_max_ns: u32,
@@ -197,12 +207,12 @@ fn prepare<'t, C: Contender + 't>(name: &'static str, make: &dyn Fn() -> C, trac
     let events = trace.events().len();
     let mut handles = Handles::new(trace);
     let mut contender = make();
-    let memory = replay(trace, &mut contender, &mut handles, None);
+    let memory = replay::<C, false>(trace, &mut contender, &mut handles, &mut []);
     drain(&mut contender, &mut handles);
     let mut best = vec![u32::MAX; events];
     let mut nanos = vec![0; events];
     for _ in 0..LATENCY_REPLAYS {
-        replay(trace, &mut contender, &mut handles, Some(&mut nanos));
+        replay::<C, true>(trace, &mut contender, &mut handles, &mut nanos);
         drain(&mut contender, &mut handles);
         for (best, &now) in best.iter_mut().zip(&nanos) {
             *best = (*best).min(now);
@@ -214,7 +224,7 @@ fn prepare<'t, C: Contender + 't>(name: &'static str, make: &dyn Fn() -> C, trac
         memory,
         replay_once: Box::new(move || {
             let started = Instant::now();
-            black_box(replay(trace, &mut contender, &mut handles, None));
+            black_box(replay::<C, false>(trace, &mut contender, &mut handles, &mut []));
             let nanos = started.elapsed().as_nanos() as f64;
             drain(&mut contender, &mut handles);
             nanos / events as f64
@@ -223,20 +233,42 @@ fn prepare<'t, C: Contender + 't>(name: &'static str, make: &dyn Fn() -> C, trac
     }
 }
 
-/// Whole replays, one contender after the other (each on its own warm caches, as an allocator called in a
-/// loop); the median per contender.
-fn measure(prepared: Vec<Prepared<'_>>) -> Vec<Row> {
+/// Whole replays in alternating blocks: `BLOCK` replays of a contender, then `BLOCK` of the peer
+/// (offset-allocator), each block's first replay discarded so both run on warm caches; the ratio is the median
+/// over blocks of (contender's block median / peer's block median), robust to the machine's speed drifting.
+fn measure(mut prepared: Vec<Prepared<'_>>) -> Vec<Row> {
+    let peer =
+        prepared.iter().position(|contender| contender.name.starts_with("offset-allocator")).expect("the peer is measured");
+    let block = |contender: &mut Prepared<'_>| {
+        (contender.replay_once)();
+        let mut samples: Vec<f64> = (1..BLOCK).map(|_| (contender.replay_once)()).collect();
+        median(&mut samples)
+    };
+    let mut peer_samples = Vec::new();
+    let mut results = Vec::new();
+    for index in 0..prepared.len() {
+        let mut samples = Vec::with_capacity(BLOCKS);
+        let mut ratios = Vec::with_capacity(BLOCKS);
+        for _ in 0..BLOCKS {
+            let ns = block(&mut prepared[index]);
+            let peer_ns = block(&mut prepared[peer]);
+            samples.push(ns);
+            ratios.push(ns / peer_ns);
+            peer_samples.push(peer_ns);
+        }
+        results.push((median(&mut samples), median(&mut ratios)));
+    }
+    let peer_ns = median(&mut peer_samples);
     prepared
         .into_iter()
-        .map(|mut contender| {
-            for _ in 0..WARM_UP_REPLAYS {
-                (contender.replay_once)();
-            }
-            let mut samples: Vec<f64> = (0..REPLAYS).map(|_| (contender.replay_once)()).collect();
+        .zip(results)
+        .enumerate()
+        .map(|(index, (contender, (ns_per_event, ratio)))| {
             let best = &contender.latencies;
             Row {
                 name: contender.name,
-                ns_per_event: median(&mut samples),
+                ns_per_event: if index == peer { peer_ns } else { ns_per_event },
+                ratio_to_peer: if index == peer { 1.0 } else { ratio },
                 op_p50_ns: best[best.len() / 2],
                 op_p99_ns: best[best.len() * 99 / 100],
                 op_max_ns: best[best.len() - 1],
@@ -298,7 +330,7 @@ fn table(trace: &Trace, rows: &[Row]) -> String {
             "| {} | {:.1} | {:.2} | {} | {} | {} | {:.4} | {:.4} | {} |\n",
             row.name,
             row.ns_per_event,
-            row.ns_per_event / peer.ns_per_event,
+            row.ratio_to_peer,
             row.op_p50_ns,
             row.op_p99_ns,
             row.op_max_ns,
@@ -323,7 +355,7 @@ fn criterion_bench<C: Contender>(
             let mut total = Duration::ZERO;
             for _ in 0..iterations {
                 let started = Instant::now();
-                black_box(replay(trace, &mut contender, &mut handles, None));
+                black_box(replay::<C, false>(trace, &mut contender, &mut handles, &mut []));
                 total += started.elapsed();
                 drain(&mut contender, &mut handles);
             }

@@ -15,7 +15,7 @@
 //! O(1).
 
 use crate::granularity::{self, GranularityGuard};
-use crate::policy::{check_owner, not_live, rounded};
+use crate::policy::{not_live, rounded};
 use crate::report::allocation_ranges;
 use crate::request::align_down;
 use crate::{
@@ -39,6 +39,8 @@ enum NodeState {
 struct Node {
     offset: u64,
     size: u64,
+    /// Bytes the caller asked for (used nodes).
+    requested: u64,
     prev_phys: u32,
     next_phys: u32,
     prev_free: u32,
@@ -56,6 +58,7 @@ impl Node {
         Self {
             offset,
             size,
+            requested: 0,
             prev_phys,
             next_phys,
             prev_free: NIL,
@@ -78,10 +81,8 @@ pub struct Tlsf {
     fl_bitmap: u64,
     sl_bitmaps: [u32; FL_COUNT],
     heads: Box<[u32]>,
-    /// Block metadata, 40 bytes a node (kept small: the lists walk it).
+    /// Block metadata, out of band.
     nodes: Vec<Node>,
-    /// Bytes the caller asked for, per used node (read only by reports).
-    requested: Vec<u64>,
     /// Head of the vacant nodes, linked through `next_free`.
     vacant: u32,
     /// Above every generation handed out so far: where new nodes start.
@@ -139,7 +140,6 @@ impl Tlsf {
             sl_bitmaps: [0; FL_COUNT],
             heads: vec![NIL; FL_COUNT * SL_COUNT as usize].into_boxed_slice(),
             nodes: Vec::with_capacity(64),
-            requested: Vec::with_capacity(64),
             vacant: NIL,
             next_generation: 0,
             live: 0,
@@ -164,7 +164,6 @@ impl Tlsf {
             let index = u32::try_from(self.nodes.len()).expect("fewer than 2^32 blocks");
             assert!(index != NIL, "fewer than 2^32 - 1 blocks");
             self.nodes.push(Node { generation: self.next_generation, ..node });
-            self.requested.push(0);
             index
         }
     }
@@ -174,7 +173,6 @@ impl Tlsf {
     /// handed out, so no old handle matches a new node.
     fn restart(&mut self) {
         self.nodes.clear();
-        self.requested.clear();
         self.vacant = NIL;
         let first = self.new_node(Node { generation: self.next_generation, ..Node::free(0, self.capacity_bytes, NIL, NIL) });
         self.insert_free(first);
@@ -220,6 +218,13 @@ impl Tlsf {
                 self.clear_list_bit(usize::from(list));
             }
         }
+    }
+
+    /// The error for freeing a handle that is not live here (kept out of the hot path).
+    #[cold]
+    #[inline(never)]
+    fn refuse(&self, allocation: &Allocation) -> crate::Error {
+        not_live(self.owner, allocation, self.name())
     }
 
     /// Merges block `right` into its physical predecessor `left` (neither on a free list).
@@ -306,8 +311,8 @@ impl Tlsf {
             node.size = size;
             self.insert_free(tail);
         }
-        self.requested[index as usize] = request.size_bytes();
         let node = &mut self.nodes[index as usize];
+        node.requested = request.size_bytes();
         node.state = NodeState::Used;
         node.kind = request.kind();
         let generation = node.generation;
@@ -386,13 +391,15 @@ impl Policy for Tlsf {
 
     #[inline]
     fn free(&mut self, allocation: Allocation) -> Result<()> {
-        check_owner(self.owner, &allocation, self.name())?;
         let mut index = allocation.id().slot();
-        let matches = self.nodes.get(index as usize).is_some_and(|node| {
-            node.state == NodeState::Used && node.generation == allocation.id().generation() && node.offset == allocation.offset()
-        });
+        let matches = allocation.owner() == self.owner
+            && self.nodes.get(index as usize).is_some_and(|node| {
+                node.state == NodeState::Used
+                    && node.generation == allocation.id().generation()
+                    && node.offset == allocation.offset()
+            });
         if !matches {
-            return Err(not_live(self.owner, &allocation, self.name()));
+            return Err(self.refuse(&allocation));
         }
         let node = &mut self.nodes[index as usize];
         node.generation = node.generation.wrapping_add(1);
@@ -436,7 +443,7 @@ impl Policy for Tlsf {
                 NodeState::Used => allocation_ranges(
                     AllocationId::from_slot(index, node.generation),
                     (node.offset, node.size),
-                    (node.offset, self.requested[index as usize]),
+                    (node.offset, node.requested),
                     &mut ranges,
                 ),
                 _ => ranges.push(RangeReport::unowned(node.offset, node.size, RangeState::Free)),
