@@ -131,7 +131,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     println!("one range: the whole device is one block; blocks: {}", args.heap.describe());
     println!();
     println!(
-        "{:<13} | {:<20} {:>11} {:>10} | {:<20} {:>11} {:>11} {:>17} {:>6}",
+        "{:<13} | {:<20} {:>11} {:>9} | {:<20} {:>11} {:>11} {:>17} {:>6} {:>9}",
         "",
         format!("one range: {}", Bytes(last_request_bytes)),
         "reserved",
@@ -140,11 +140,12 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         "reserved",
         "live",
         "largest free run",
-        "blocks"
+        "blocks",
+        "failures"
     );
     for (range, blocks) in &rows {
         println!(
-            "{:<13} | {:<20} {:>11} {:>10} | {:<20} {:>11} {:>11} {:>17} {:>6}",
+            "{:<13} | {:<20} {:>11} {:>9} | {:<20} {:>11} {:>11} {:>17} {:>6} {:>9}",
             range.policy.name(),
             result_word(range),
             Bytes(range.reserved_bytes).to_string(),
@@ -153,7 +154,8 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             Bytes(blocks.reserved_bytes).to_string(),
             Bytes(blocks.live_bytes).to_string(),
             Bytes(blocks.largest_free_run_bytes).to_string(),
-            blocks.blocks
+            blocks.blocks,
+            blocks.failed_before
         );
     }
     print_verdicts(&rows);
