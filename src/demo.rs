@@ -6,7 +6,7 @@ use clap::Args;
 use heapscope_core::replay::replay_heap;
 use heapscope_core::story::{self, Story};
 use heapscope_core::trace::Event;
-use heapscope_core::units::{Bytes, MIB};
+use heapscope_core::units::Bytes;
 use heapscope_core::{Heap, HeapConfig, OomVerdict, PolicyKind, ReleaseRule, SimulatedSource};
 use serde_json::json;
 
@@ -59,7 +59,7 @@ fn heap_config(story: &Story, heap_args: &HeapArgs, policy: PolicyKind, layout: 
     match layout {
         Layout::Blocks => config,
         Layout::Range => HeapConfig {
-            block_size_bytes: story.device_bytes,
+            block_size_bytes: story.device_bytes.min(heap_args.budget.unwrap_or(u64::MAX)),
             dedicated_threshold_bytes: u64::MAX,
             release: ReleaseRule::Never,
             ..config
@@ -69,7 +69,7 @@ fn heap_config(story: &Story, heap_args: &HeapArgs, policy: PolicyKind, layout: 
 
 /// Replays `story` through a heap of `policy` on a simulated device of the story's size.
 fn outcome(story: &Story, heap_args: &HeapArgs, policy: PolicyKind, layout: Layout) -> Result<Outcome> {
-    let source = SimulatedSource::new(story.device_bytes, 2 * MIB);
+    let source = SimulatedSource::new(story.device_bytes, SimulatedSource::DEFAULT_ALIGNMENT_BYTES);
     let mut heap = Heap::new(heap_config(story, heap_args, policy, layout), source)?;
     let replay = replay_heap(&story.trace, &mut heap, heap_args.min_align)?;
     let report = heap.report();
@@ -128,7 +128,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     }
     println!("heapscope demo: {} — {}", story.name, story.summary);
     println!("device: {} (simulated)", Bytes(story.device_bytes));
-    println!("one range: the whole device is one block; blocks: {}", args.heap.describe());
+    println!("one range: the whole device (or budget) is one block; blocks: {}", args.heap.describe());
     println!();
     println!(
         "{:<13} | {:<20} {:>11} {:>9} | {:<20} {:>11} {:>11} {:>17} {:>6} {:>9}",

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use heapscope_core::replay::{replay_heap, replay_policy};
-use heapscope_core::units::{Bytes, MIB, parse_size};
+use heapscope_core::units::{Bytes, parse_size};
 use heapscope_core::{Heap, PolicyConfig, SimulatedSource, Trace};
 use serde_json::json;
 
@@ -49,7 +49,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
     }
     for policy in args.heap_args.policies() {
         let (stats, peak_reserved, verdict) = if args.heap {
-            let source = SimulatedSource::new(args.capacity, 2 * MIB);
+            let source = SimulatedSource::new(args.capacity, SimulatedSource::DEFAULT_ALIGNMENT_BYTES);
             let mut heap = Heap::new(args.heap_args.heap_config(policy), source)?;
             let replay = replay_heap(&trace, &mut heap, args.align).with_context(|| format!("replaying through {policy}"))?;
             (replay.stats, heap.stats().peak_reserved_bytes, replay.first_oom)

@@ -146,17 +146,38 @@ fn bad_input_gets_a_clear_error() {
     let bad = dir.join("bad.csv");
     std::fs::write(&bad, "a,1,4096\nf,2\n").unwrap();
     let bad_path = bad.to_str().unwrap().to_owned();
-    let cases: [(Vec<&str>, &str); 5] = [
+    let good = asset("gpt2_train_fixed-default.csv");
+    let good_path = good.to_str().unwrap();
+    let cases: [(Vec<&str>, &str); 9] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
+        (vec!["replay", good_path, "--align", "3"], "align_bytes = 3 is not a power of two"),
+        (vec!["replay", good_path, "--heap", "--align", "0"], "align_bytes = 0 is not a power of two"),
+        (vec!["replay", good_path, "--min-align", "3"], "min_align_bytes = 3 is not a power of two"),
         (vec!["demo", "--policy", "nope"], "unknown policy \"nope\""),
         (vec!["demo", "--block-size", "12 parsecs"], "unknown unit"),
         (vec!["demo", "--release", "sometimes"], "unknown release rule"),
+        (vec!["demo", "--min-align", "48"], "min_align_bytes = 48 is not a power of two"),
     ];
     for (args, needle) in cases {
         let output = heapscope(&args);
         assert!(!output.status.success(), "{args:?} must fail");
         assert!(stderr(&output).contains(needle), "{args:?}: {}", stderr(&output));
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn sizes_that_fit_nowhere_are_failed_allocations_in_both_modes() {
+    let dir = std::env::temp_dir().join(format!("heapscope-cli-huge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let huge = dir.join("huge.csv");
+    std::fs::write(&huge, format!("a,1,{}\na,2,4096\nf,2\n", u64::MAX)).unwrap();
+    for mode in [&[][..], &["--heap"][..]] {
+        let mut args = vec!["replay", huge.to_str().unwrap(), "--json", "--policy", "tlsf"];
+        args.extend_from_slice(mode);
+        let lines = json_lines(&heapscope(&args));
+        assert_eq!((lines[0]["allocations"].as_u64(), lines[0]["failed_allocations"].as_u64()), (Some(1), Some(1)), "{mode:?}");
     }
     std::fs::remove_dir_all(dir).ok();
 }

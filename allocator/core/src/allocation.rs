@@ -58,7 +58,7 @@ pub struct Allocation {
 
 impl Allocation {
     /// Assembles a handle. For policy implementations (including ones outside this crate); a forged handle
-    /// is refused on free, never undefined behaviour.
+    /// is refused on free, never undefined behaviour. Ends past `u64::MAX` saturate.
     pub fn from_parts(
         owner: OwnerId,
         id: AllocationId,
@@ -67,7 +67,11 @@ impl Allocation {
         footprint: (u64, u64),
         kind: ResourceKind,
     ) -> Self {
-        debug_assert!(footprint.0 <= offset && offset + size_bytes <= footprint.0 + footprint.1);
+        debug_assert!(
+            footprint.0 <= offset
+                && offset.checked_add(size_bytes).is_some_and(|end| end <= footprint.0.saturating_add(footprint.1)),
+            "the footprint holds the allocation"
+        );
         Self { owner, id, offset, size_bytes, footprint_offset: footprint.0, footprint_bytes: footprint.1, kind }
     }
 
@@ -93,7 +97,7 @@ impl Allocation {
 
     /// One past the caller's last byte.
     pub fn end(&self) -> u64 {
-        self.offset + self.size_bytes
+        self.offset.saturating_add(self.size_bytes)
     }
 
     /// First byte the policy set aside.
@@ -108,7 +112,7 @@ impl Allocation {
 
     /// One past the last byte set aside.
     pub fn footprint_end(&self) -> u64 {
-        self.footprint_offset + self.footprint_bytes
+        self.footprint_offset.saturating_add(self.footprint_bytes)
     }
 
     /// The resource kind it was requested for.

@@ -5,12 +5,14 @@
 //! Checked after every step:
 //! - allocations lie inside the range, are aligned, and no two live footprints overlap;
 //! - with a granularity, resources of different kinds share no page;
-//! - a refused request fits no free run of the policy's own report (no granularity);
+//! - a refused request fits no free run of the policy's own report (with a granularity rule, for the
+//!   policies that place at any offset);
 //! - the report covers the range exactly, its live runs are the model's allocations and its totals match
 //!   the model;
 //! - double frees and foreign handles are refused and change nothing;
 //! - freeing everything restores the initial layout.
 
+use crate::granularity::GranularityGuard;
 use crate::request::align_up;
 use crate::{Allocation, Error, Policy, PolicyConfig, PolicyKind, PolicyReport, RangeState, Request, ResourceKind};
 
@@ -130,7 +132,7 @@ impl Checker {
                 self.check_allocation(&allocation, request)?;
                 self.live.push(allocation);
             }
-            None if self.config.granularity_bytes <= 1 => {
+            None => {
                 let report = self.policy.report();
                 if let Some(run) =
                     report.ranges.iter().find(|run| run.state == RangeState::Free && self.fits(run.offset, run.end(), request))
@@ -138,16 +140,32 @@ impl Checker {
                     return Err(format!("{request:?} was refused but fits the free run {run:?}"));
                 }
             }
-            None => {}
         }
         Ok(())
     }
 
+    /// Whether the policy must be able to serve `request` from the free run `[start, end)`. Without a
+    /// granularity rule: the policy's own rounding decides. With it, the policies that place at any offset
+    /// (TLSF, best fit, first fit, linear) must find the lowest placement the rule allows; buddy and slab keep
+    /// kinds apart by construction (whole pages, one kind per slab page) and are exempt.
     fn fits(&self, start: u64, end: u64, request: Request) -> bool {
+        let align = request.align_bytes().max(self.config.min_align_bytes);
+        if self.config.granularity_bytes > 1 {
+            if matches!(self.kind, PolicyKind::Buddy | PolicyKind::Slab) {
+                return false;
+            }
+            let Some(size) = align_up(request.size_bytes(), self.config.min_align_bytes) else {
+                return false;
+            };
+            let mut guard = GranularityGuard::new(self.config.granularity_bytes);
+            for live in &self.live {
+                guard.insert(live.offset(), live.footprint_end() - live.offset(), live.kind());
+            }
+            return guard.place(start, end, size, align, request.kind()).is_some();
+        }
         let Some(needed) = self.kind.dedicated_bytes(request, &self.config) else {
             return false;
         };
-        let align = request.align_bytes().max(self.config.min_align_bytes);
         align_up(start, align).is_some_and(|offset| end.checked_sub(offset).is_some_and(|room| room >= needed))
     }
 

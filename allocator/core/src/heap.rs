@@ -195,6 +195,11 @@ struct Block {
     dedicated: bool,
 }
 
+/// Whether a block slot holds a block with no live allocation.
+fn is_empty(block: &Option<Block>) -> bool {
+    block.as_ref().is_some_and(|block| block.policy.live_allocations() == 0)
+}
+
 /// Policies over blocks from a memory source. See the module documentation.
 #[derive(Debug)]
 pub struct Heap<S: MemorySource> {
@@ -278,6 +283,10 @@ impl<S: MemorySource> Heap<S> {
                 }
             }
         }
+        // A large request that got no block of its own may still fit in a shared one (VMA's last resort).
+        if dedicated && let Some(allocation) = self.allocate_in_blocks(request, false) {
+            return Ok(self.served(allocation, request, label));
+        }
         self.stats.ooms += 1;
         Err(Error::OutOfMemory(Box::new(self.verdict(request))))
     }
@@ -303,9 +312,9 @@ impl<S: MemorySource> Heap<S> {
         if now_empty {
             let release = match self.config.release {
                 ReleaseRule::Immediately => true,
-                ReleaseRule::KeepOne => self.blocks.iter().enumerate().any(|(index, block)| {
-                    index != allocation.block as usize && block.as_ref().is_some_and(|b| b.policy.live_allocations() == 0)
-                }),
+                ReleaseRule::KeepOne => {
+                    self.blocks.iter().enumerate().any(|(index, block)| index != allocation.block as usize && is_empty(block))
+                }
                 ReleaseRule::OnPressure | ReleaseRule::Never => false,
             };
             if release {
@@ -317,11 +326,7 @@ impl<S: MemorySource> Heap<S> {
 
     /// Releases every empty block; returns how many.
     pub fn release_empty_blocks(&mut self) -> usize {
-        let empty: Vec<u32> = (0..)
-            .zip(&self.blocks)
-            .filter(|(_, block)| block.as_ref().is_some_and(|block| block.policy.live_allocations() == 0))
-            .map(|(index, _)| index)
-            .collect();
+        let empty: Vec<u32> = (0..).zip(&self.blocks).filter(|(_, block)| is_empty(block)).map(|(index, _)| index).collect();
         for &index in &empty {
             self.release_block(index);
         }
@@ -395,7 +400,8 @@ impl<S: MemorySource> Heap<S> {
 
     /// Reserves a block for `request`; `Ok(None)` when the budget or the device has no room.
     fn reserve_block(&mut self, request: Request, dedicated: bool) -> Result<Option<u32>> {
-        let alignment = self.source.block_alignment_bytes();
+        // Blocks are whole multiples of the source's unit and of the policy's, so no byte is unaccounted for.
+        let alignment = self.source.block_alignment_bytes().max(self.config.policy_config.min_align_bytes);
         let Some(needed) =
             self.config.policy.dedicated_bytes(request, &self.config.policy_config).and_then(|bytes| align_up(bytes, alignment))
         else {
@@ -404,8 +410,9 @@ impl<S: MemorySource> Heap<S> {
         let headroom = self.config.capacity_bytes.map_or(u64::MAX, |cap| cap.saturating_sub(self.stats.reserved_bytes));
         let mut size = if dedicated { needed } else { self.config.block_size_bytes.max(needed) };
         loop {
-            let candidate = align_up(size, alignment).unwrap_or(u64::MAX).max(needed);
-            if candidate <= headroom {
+            // A size that overflows once aligned is too large for any source: halve it.
+            let candidate = align_up(size, alignment).map_or(u64::MAX, |aligned| aligned.max(needed));
+            if candidate <= headroom && candidate != u64::MAX {
                 match self.source.allocate_block(candidate) {
                     Ok(source_block) => return self.add_block(source_block, dedicated).map(Some),
                     Err(SourceError::OutOfMemory { .. }) => {}
@@ -420,6 +427,11 @@ impl<S: MemorySource> Heap<S> {
     }
 
     fn add_block(&mut self, source_block: SourceBlock, dedicated: bool) -> Result<u32> {
+        if source_block.base_address.checked_add(source_block.size_bytes).is_none() {
+            let source = self.source.name().to_owned();
+            self.source.free_block(source_block);
+            return Err(Error::Source(format!("source {source} handed out a block that ends past the 64-bit address space")));
+        }
         let policy = match self.config.policy.build(source_block.size_bytes, &self.config.policy_config) {
             Ok(policy) => policy,
             Err(error) => {
@@ -453,9 +465,16 @@ impl<S: MemorySource> Heap<S> {
         }
     }
 
+    /// Why `request` failed. Free runs count only in blocks the request could use: a dedicated block that holds
+    /// its allocation serves nobody else.
     fn verdict(&self, request: Request) -> OomVerdict {
         let report = self.report();
         let totals = &report.totals;
+        let mut usable = Totals::default();
+        for block in report.blocks.iter().filter(|block| !block.dedicated || block.layout.totals().live_allocations == 0) {
+            usable.merge(&Totals::from_ranges(block.size_bytes, &block.layout.ranges));
+        }
+        let needed_bytes = self.config.policy.dedicated_bytes(request, &self.config.policy_config).unwrap_or(u64::MAX);
         let budget_left = self.config.capacity_bytes.map(|cap| cap.saturating_sub(totals.reserved_bytes));
         let unreserved_bytes = match (budget_left, self.source.available_bytes()) {
             (Some(budget), Some(device)) => budget.min(device),
@@ -465,16 +484,17 @@ impl<S: MemorySource> Heap<S> {
         OomVerdict {
             policy: self.config.policy.name(),
             requested_bytes: request.size_bytes(),
+            needed_bytes,
             align_bytes: request.align_bytes(),
             reserved_bytes: totals.reserved_bytes,
             live_bytes: totals.live_bytes,
             padding_bytes: totals.internal_waste_bytes(),
-            free_in_blocks_bytes: totals.free_bytes,
-            largest_free_run_bytes: totals.largest_free_run_bytes,
+            free_in_blocks_bytes: usable.free_bytes,
+            largest_free_run_bytes: usable.largest_free_run_bytes,
             retired_bytes: totals.retired_bytes,
             unreserved_bytes,
             capacity_bytes: self.config.capacity_bytes,
-            cause: OomCause::judge(request.size_bytes(), totals.free_bytes, unreserved_bytes),
+            cause: OomCause::judge(needed_bytes, usable.free_bytes, unreserved_bytes),
         }
     }
 }
@@ -583,6 +603,43 @@ mod tests {
         let second = heap.allocate(mib(100), None).unwrap();
         assert_eq!(second.block(), 1, "256 MiB block 0 has 56 MiB left");
         assert_eq!(heap.report().blocks[1].size_bytes, 128 * MIB, "256 MiB does not fit the 128 MiB left, 128 does");
+    }
+
+    #[test]
+    fn a_large_request_without_room_for_its_own_block_uses_a_shared_one() {
+        let config = HeapConfig { capacity_bytes: Some(256 * MIB), ..HeapConfig::new(PolicyKind::Tlsf) };
+        let mut heap = Heap::new(config, SimulatedSource::new(4096 * MIB, 2 * MIB)).unwrap();
+        let small = heap.allocate(mib(100), None).unwrap();
+        let large = heap.allocate(mib(130), None).unwrap();
+        assert_eq!((small.block(), large.block()), (0, 0), "the budget leaves no room for a dedicated block");
+        // Now nothing fits: the verdict counts only blocks the request could use, so it is honest.
+        let Err(Error::OutOfMemory(verdict)) = heap.allocate(mib(130), None) else { panic!("no room left") };
+        assert_eq!((verdict.free_in_blocks_bytes, verdict.cause), (26 * MIB, OomCause::Exhaustion));
+    }
+
+    #[test]
+    fn rounding_by_the_policy_is_not_fragmentation() {
+        // Buddy needs a 1 GiB block for 600 MiB; an empty 800 MiB device cannot give it.
+        let mut heap = heap(PolicyKind::Buddy, ReleaseRule::KeepOne, 800 * MIB);
+        let Err(Error::OutOfMemory(verdict)) = heap.allocate(mib(600), None) else { panic!("600 MiB rounds to 1 GiB") };
+        assert_eq!((verdict.needed_bytes, verdict.cause), (1024 * MIB, OomCause::Exhaustion));
+        assert!(verdict.to_string().contains("1.00 GiB once rounded by the policy"), "{verdict}");
+    }
+
+    #[test]
+    fn blocks_are_whole_multiples_of_the_policy_unit() {
+        // 10 MiB blocks with a 4 MiB unit would leave 2 MiB nobody accounts for: blocks round to 12 MiB.
+        let config = HeapConfig {
+            block_size_bytes: 10 * MIB,
+            policy_config: PolicyConfig { min_align_bytes: 4 * MIB, ..PolicyConfig::default() },
+            ..HeapConfig::new(PolicyKind::Tlsf)
+        };
+        let mut heap = Heap::new(config, SimulatedSource::new(4096 * MIB, 2 * MIB)).unwrap();
+        heap.allocate(mib(1), None).unwrap();
+        let report = heap.report();
+        assert_eq!(report.blocks[0].size_bytes, 12 * MIB);
+        let totals = &report.totals;
+        assert_eq!(totals.rounded_bytes + totals.free_bytes + totals.retired_bytes, totals.reserved_bytes);
     }
 
     #[test]

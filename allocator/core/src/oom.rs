@@ -9,8 +9,9 @@ use crate::units::Bytes;
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum OomCause {
-    /// Enough bytes were free in total (inside reserved blocks plus what the budget and device still allow),
-    /// but no run was large enough: a policy that compacts or pages would have succeeded.
+    /// Enough bytes were free in total (in the blocks the request could use, plus what the budget and device
+    /// still allow) for what the policy needed, but no run was large enough: moving allocations (compaction)
+    /// or mapping pages where they are needed would have served it.
     Fragmentation,
     /// Not enough bytes were free in total.
     Exhaustion,
@@ -24,6 +25,9 @@ pub struct OomVerdict {
     pub policy: &'static str,
     /// Bytes requested.
     pub requested_bytes: u64,
+    /// Bytes the policy needs to serve the request alone (rounded to its unit, or to a power of two for the
+    /// buddy policy).
+    pub needed_bytes: u64,
     /// Alignment requested.
     pub align_bytes: u64,
     /// Bytes reserved in blocks.
@@ -32,9 +36,10 @@ pub struct OomVerdict {
     pub live_bytes: u64,
     /// Padding inside live allocations (internal waste).
     pub padding_bytes: u64,
-    /// Free bytes inside reserved blocks ("reserved but unallocated").
+    /// Free bytes inside the reserved blocks the request could use ("reserved but unallocated"; a dedicated
+    /// block holding its allocation serves nobody else).
     pub free_in_blocks_bytes: u64,
-    /// The largest free run inside reserved blocks.
+    /// The largest free run inside those blocks.
     pub largest_free_run_bytes: u64,
     /// Freed bytes the policy cannot reuse yet.
     pub retired_bytes: u64,
@@ -47,13 +52,10 @@ pub struct OomVerdict {
 }
 
 impl OomCause {
-    /// Fragmentation when the free bytes in blocks plus the reservable bytes cover the request.
-    pub fn judge(requested_bytes: u64, free_in_blocks_bytes: u64, unreserved_bytes: u64) -> Self {
-        if free_in_blocks_bytes.saturating_add(unreserved_bytes) >= requested_bytes {
-            Self::Fragmentation
-        } else {
-            Self::Exhaustion
-        }
+    /// Fragmentation when the free bytes in usable blocks plus the reservable bytes cover what the policy
+    /// needs for the request.
+    pub fn judge(needed_bytes: u64, free_in_blocks_bytes: u64, unreserved_bytes: u64) -> Self {
+        if free_in_blocks_bytes.saturating_add(unreserved_bytes) >= needed_bytes { Self::Fragmentation } else { Self::Exhaustion }
     }
 }
 
@@ -70,10 +72,13 @@ impl OomVerdict {
     }
 
     fn write_words(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tried to allocate {}", Bytes(self.requested_bytes))?;
+        if self.needed_bytes != self.requested_bytes {
+            write!(f, " ({} once rounded by the policy)", Bytes(self.needed_bytes))?;
+        }
         write!(
             f,
-            "tried to allocate {}; {} reserved, {} live ({} padding), {} free inside reserved blocks (largest free run {})",
-            Bytes(self.requested_bytes),
+            "; {} reserved, {} live ({} padding), {} free inside usable blocks (largest free run {})",
             Bytes(self.reserved_bytes),
             Bytes(self.live_bytes),
             Bytes(self.padding_bytes),

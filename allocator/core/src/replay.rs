@@ -51,24 +51,86 @@ impl ReplayStats {
     }
 }
 
-/// Replays `trace` through `policy`, every request aligned to `align_bytes`.
-///
-/// # Errors
-/// An error from the policy's `free` (a policy bug: the trace frees only what it allocated), or
-/// [`Error::AlignmentNotPowerOfTwo`].
-pub fn replay_policy<P: Policy + ?Sized>(trace: &Trace, policy: &mut P, align_bytes: u64) -> Result<ReplayStats> {
-    let mut handles: Vec<Option<Allocation>> = vec![None; trace.slots() as usize];
+/// Where a replay sends its requests: a policy or a heap.
+trait Target {
+    type Handle: Copy;
+
+    /// Serves `request` for trace slot `slot`: the handle and its footprint `(bytes, end)`, or `None` when
+    /// it does not fit.
+    fn allocate(&mut self, request: Request, slot: u32) -> Result<Option<(Self::Handle, u64, u64)>>;
+
+    fn free(&mut self, handle: Self::Handle) -> Result<()>;
+
+    fn size_bytes(handle: &Self::Handle) -> u64;
+}
+
+struct PolicyTarget<'a, P: Policy + ?Sized>(&'a mut P);
+
+impl<P: Policy + ?Sized> Target for PolicyTarget<'_, P> {
+    type Handle = Allocation;
+
+    fn allocate(&mut self, request: Request, _slot: u32) -> Result<Option<(Allocation, u64, u64)>> {
+        Ok(self.0.allocate(request).map(|allocation| (allocation, allocation.footprint_bytes(), allocation.footprint_end())))
+    }
+
+    fn free(&mut self, handle: Allocation) -> Result<()> {
+        self.0.free(handle)
+    }
+
+    fn size_bytes(handle: &Allocation) -> u64 {
+        handle.size_bytes()
+    }
+}
+
+struct HeapTarget<'a, S: MemorySource> {
+    heap: &'a mut Heap<S>,
+    first_oom: Option<OomVerdict>,
+    last_oom: Option<OomVerdict>,
+}
+
+impl<S: MemorySource> Target for HeapTarget<'_, S> {
+    type Handle = HeapAllocation;
+
+    fn allocate(&mut self, request: Request, slot: u32) -> Result<Option<(HeapAllocation, u64, u64)>> {
+        match self.heap.allocate(request, Some(&format!("#{slot}"))) {
+            Ok(allocation) => Ok(Some((allocation, 0, 0))),
+            Err(Error::OutOfMemory(verdict)) => {
+                self.first_oom.get_or_insert_with(|| (*verdict).clone());
+                self.last_oom = Some(*verdict);
+                Ok(None)
+            }
+            Err(other) => Err(other),
+        }
+    }
+
+    fn free(&mut self, handle: HeapAllocation) -> Result<()> {
+        self.heap.free(handle)
+    }
+
+    fn size_bytes(handle: &HeapAllocation) -> u64 {
+        handle.size_bytes()
+    }
+}
+
+/// The one replay loop. A size that overflows once aligned fits nowhere: it counts as a failed allocation.
+fn replay<T: Target>(trace: &Trace, target: &mut T, align_bytes: u64) -> Result<ReplayStats> {
+    // Validates the alignment once, before any event.
+    Request::new(1, align_bytes)?;
+    let mut handles: Vec<Option<T::Handle>> = vec![None; trace.slots() as usize];
     let mut stats = ReplayStats::default();
     let mut footprint_now = 0;
     for (index, event) in (0..).zip(trace.events()) {
         stats.events += 1;
         let ok = match *event {
             Event::Alloc { slot, size_bytes } => {
-                let allocation = Request::new(size_bytes, align_bytes).ok().and_then(|request| policy.allocate(request));
-                match allocation {
-                    Some(allocation) => {
-                        stats.allocated(size_bytes, allocation.footprint_bytes(), allocation.footprint_end(), &mut footprint_now);
-                        handles[slot as usize] = Some(allocation);
+                let served = match Request::new(size_bytes, align_bytes) {
+                    Ok(request) => target.allocate(request, slot)?,
+                    Err(_) => None,
+                };
+                match served {
+                    Some((handle, footprint_bytes, footprint_end)) => {
+                        stats.allocated(size_bytes, footprint_bytes, footprint_end, &mut footprint_now);
+                        handles[slot as usize] = Some(handle);
                         true
                     }
                     None => {
@@ -78,10 +140,9 @@ pub fn replay_policy<P: Policy + ?Sized>(trace: &Trace, policy: &mut P, align_by
                 }
             }
             Event::Free { slot } => {
-                if let Some(allocation) = handles[slot as usize].take() {
-                    policy.free(allocation)?;
-                    stats.live_bytes -= allocation.size_bytes();
-                    footprint_now -= allocation.footprint_bytes();
+                if let Some(handle) = handles[slot as usize].take() {
+                    target.free(handle)?;
+                    stats.live_bytes -= T::size_bytes(&handle);
                 }
                 true
             }
@@ -89,6 +150,15 @@ pub fn replay_policy<P: Policy + ?Sized>(trace: &Trace, policy: &mut P, align_by
         stats.last_event_ok = ok;
     }
     Ok(stats)
+}
+
+/// Replays `trace` through `policy`, every request aligned to `align_bytes`.
+///
+/// # Errors
+/// [`Error::AlignmentNotPowerOfTwo`] for a bad alignment, or an error from the policy's `free` (a policy
+/// bug: the trace frees only what it allocated).
+pub fn replay_policy<P: Policy + ?Sized>(trace: &Trace, policy: &mut P, align_bytes: u64) -> Result<ReplayStats> {
+    replay(trace, &mut PolicyTarget(policy), align_bytes)
 }
 
 /// What a heap replay measured, with the verdicts of its failures.
@@ -107,42 +177,12 @@ pub struct HeapReplay {
 /// its trace slot.
 ///
 /// # Errors
-/// A source failure other than out of memory, or a heap bug on free.
+/// [`Error::AlignmentNotPowerOfTwo`] for a bad alignment, a source failure other than out of memory, or a heap
+/// bug on free.
 pub fn replay_heap<S: MemorySource>(trace: &Trace, heap: &mut Heap<S>, align_bytes: u64) -> Result<HeapReplay> {
-    let mut handles: Vec<Option<HeapAllocation>> = vec![None; trace.slots() as usize];
-    let mut replay = HeapReplay::default();
-    let mut footprint_now = 0;
-    for (index, event) in (0..).zip(trace.events()) {
-        replay.stats.events += 1;
-        let ok = match *event {
-            Event::Alloc { slot, size_bytes } => {
-                let request = Request::new(size_bytes, align_bytes)?;
-                match heap.allocate(request, Some(&format!("#{slot}"))) {
-                    Ok(allocation) => {
-                        replay.stats.allocated(size_bytes, 0, 0, &mut footprint_now);
-                        handles[slot as usize] = Some(allocation);
-                        true
-                    }
-                    Err(Error::OutOfMemory(verdict)) => {
-                        replay.stats.failed(index);
-                        replay.first_oom.get_or_insert_with(|| (*verdict).clone());
-                        replay.last_oom = Some(*verdict);
-                        false
-                    }
-                    Err(other) => return Err(other),
-                }
-            }
-            Event::Free { slot } => {
-                if let Some(allocation) = handles[slot as usize].take() {
-                    heap.free(allocation)?;
-                    replay.stats.live_bytes -= allocation.size_bytes();
-                }
-                true
-            }
-        };
-        replay.stats.last_event_ok = ok;
-    }
-    Ok(replay)
+    let mut target = HeapTarget { heap, first_oom: None, last_oom: None };
+    let stats = replay(trace, &mut target, align_bytes)?;
+    Ok(HeapReplay { stats, first_oom: target.first_oom, last_oom: target.last_oom })
 }
 
 #[cfg(test)]
@@ -160,6 +200,22 @@ mod tests {
         assert_eq!((stats.allocations, stats.failed_allocations, stats.last_event_ok), (41, 0, true));
         assert_eq!(stats.peak_live_bytes, 3024 * MIB);
         assert_eq!(stats.peak_end_bytes, 3024 * MIB, "the 100 MiB blocks reuse the start of the range");
+    }
+
+    #[test]
+    fn bad_alignment_is_an_error_and_huge_sizes_fail_alike() {
+        let mut builder = crate::TraceBuilder::new("huge");
+        builder.alloc(1, u64::MAX).unwrap();
+        builder.alloc(2, 4096).unwrap();
+        let trace = builder.finish();
+        let mut policy = Tlsf::new(1 << 20);
+        assert!(matches!(replay_policy(&trace, &mut policy, 3), Err(Error::AlignmentNotPowerOfTwo { align_bytes: 3 })));
+        let stats = replay_policy(&trace, &mut policy, 256).unwrap();
+        assert_eq!((stats.allocations, stats.failed_allocations, stats.first_failure), (1, 1, Some(0)));
+        let mut heap = Heap::new(HeapConfig::new(PolicyKind::Tlsf), SimulatedSource::new(1 << 30, 2 * MIB)).unwrap();
+        assert!(matches!(replay_heap(&trace, &mut heap, 0), Err(Error::AlignmentNotPowerOfTwo { align_bytes: 0 })));
+        let replay = replay_heap(&trace, &mut heap, 256).unwrap();
+        assert_eq!((replay.stats.allocations, replay.stats.failed_allocations), (1, 1));
     }
 
     #[test]

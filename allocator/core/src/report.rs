@@ -104,13 +104,17 @@ pub struct HistogramBucket {
 
 impl FreeRunHistogram {
     fn add(&mut self, size_bytes: u64) {
-        let min_bytes = 1u64 << (63 - size_bytes.leading_zeros());
-        match self.buckets.binary_search_by_key(&min_bytes, |bucket| bucket.min_bytes) {
+        self.add_bucket(HistogramBucket { min_bytes: 1 << (63 - size_bytes.leading_zeros()), runs: 1, bytes: size_bytes });
+    }
+
+    /// Adds `runs` runs of `bytes` in total to the bucket starting at `min_bytes`.
+    fn add_bucket(&mut self, added: HistogramBucket) {
+        match self.buckets.binary_search_by_key(&added.min_bytes, |bucket| bucket.min_bytes) {
             Ok(index) => {
-                self.buckets[index].runs += 1;
-                self.buckets[index].bytes += size_bytes;
+                self.buckets[index].runs += added.runs;
+                self.buckets[index].bytes += added.bytes;
             }
-            Err(index) => self.buckets.insert(index, HistogramBucket { min_bytes, runs: 1, bytes: size_bytes }),
+            Err(index) => self.buckets.insert(index, added),
         }
     }
 }
@@ -178,14 +182,7 @@ impl Totals {
         self.live_allocations += other.live_allocations;
         self.free_runs += other.free_runs;
         for bucket in &other.free_run_histogram.buckets {
-            let histogram = &mut self.free_run_histogram.buckets;
-            match histogram.binary_search_by_key(&bucket.min_bytes, |b| b.min_bytes) {
-                Ok(index) => {
-                    histogram[index].runs += bucket.runs;
-                    histogram[index].bytes += bucket.bytes;
-                }
-                Err(index) => histogram.insert(index, *bucket),
-            }
+            self.free_run_histogram.add_bucket(*bucket);
         }
     }
 

@@ -56,6 +56,26 @@ impl<T> SlotTable<T> {
         Some(value)
     }
 
+    /// Removes the entry of `allocation`, checking that this instance (`owner`, named `name`) made it and that
+    /// it is still live at the offset the entry records.
+    ///
+    /// # Errors
+    /// [`Error::ForeignAllocation`](crate::Error::ForeignAllocation) or [`Error::DoubleFree`](crate::Error::DoubleFree);
+    /// nothing changes then.
+    pub(crate) fn take_live(
+        &mut self,
+        owner: crate::OwnerId,
+        allocation: &crate::Allocation,
+        name: &'static str,
+        offset_of: impl Fn(&T) -> u64,
+    ) -> crate::Result<T> {
+        crate::policy::check_owner(owner, allocation, name)?;
+        if self.get(allocation.id()).is_none_or(|entry| offset_of(entry) != allocation.offset()) {
+            return Err(crate::policy::not_live(owner, allocation, name));
+        }
+        Ok(self.remove(allocation.id()).expect("checked live above"))
+    }
+
     /// Live entries.
     pub(crate) fn len(&self) -> usize {
         self.live

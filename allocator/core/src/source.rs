@@ -39,7 +39,7 @@ pub trait MemorySource: fmt::Debug {
     /// Block sizes are multiples of this, and block addresses aligned to it.
     fn block_alignment_bytes(&self) -> u64;
 
-    /// A new block of `size_bytes` (a multiple of `block_alignment_bytes`).
+    /// A new block of `size_bytes` (a multiple of `block_alignment_bytes`), ending at or below `u64::MAX`.
     ///
     /// # Errors
     /// [`SourceError::OutOfMemory`] when the device has no room, [`SourceError::Failed`] otherwise.
@@ -73,7 +73,13 @@ impl SimulatedSource {
     /// The base of the first block: an address in the range CUDA and Vulkan drivers use on Linux.
     pub const BASE_ADDRESS: u64 = 0x7f00_0000_0000;
 
-    /// A device of `capacity_bytes` handing out blocks in multiples of `alignment_bytes` (a power of two).
+    /// The block unit of `cudaMalloc` segments (2 MiB), a sensible default for simulated devices.
+    pub const DEFAULT_ALIGNMENT_BYTES: u64 = 2 << 20;
+
+    /// A device of `capacity_bytes` handing out blocks in multiples of `alignment_bytes`.
+    ///
+    /// # Panics
+    /// When `alignment_bytes` is not a power of two (a programming error: it is a constant of the caller).
     pub fn new(capacity_bytes: u64, alignment_bytes: u64) -> Self {
         assert!(alignment_bytes.is_power_of_two(), "block alignment must be a power of two");
         Self {
@@ -110,12 +116,13 @@ impl MemorySource for SimulatedSource {
                 self.alignment_bytes
             )));
         }
-        if size_bytes > self.capacity_bytes - self.used_bytes {
+        let fits_address_space = self.next_address.checked_add(size_bytes).is_some();
+        if size_bytes > self.capacity_bytes - self.used_bytes || !fits_address_space {
             return Err(SourceError::OutOfMemory { requested_bytes: size_bytes });
         }
         let block = SourceBlock { handle: self.next_handle, base_address: self.next_address, size_bytes };
         self.next_handle += 1;
-        self.next_address = self.next_address.saturating_add(size_bytes);
+        self.next_address += size_bytes;
         self.used_bytes += size_bytes;
         self.live.insert(block.handle, size_bytes);
         self.blocks_allocated += 1;
@@ -130,7 +137,9 @@ impl MemorySource for SimulatedSource {
     }
 
     fn available_bytes(&self) -> Option<u64> {
-        Some(self.capacity_bytes - self.used_bytes)
+        // Bytes left on the device, and in the simulated address space after the last block.
+        let address_space_left = (u64::MAX - self.next_address).saturating_add(1) & !(self.alignment_bytes - 1);
+        Some((self.capacity_bytes - self.used_bytes).min(address_space_left))
     }
 }
 
@@ -154,6 +163,10 @@ mod tests {
         }
         assert_eq!(source.available_bytes(), Some(0));
         assert!(matches!(source.allocate_block(2 << 20), Err(SourceError::OutOfMemory { .. })));
+        let mut near_the_end = SimulatedSource::new(u64::MAX, 2 << 20);
+        let largest_aligned = u64::MAX - (2 << 20) + 1;
+        let overflowing = near_the_end.allocate_block(largest_aligned);
+        assert!(matches!(overflowing, Err(SourceError::OutOfMemory { .. })), "a block must end inside the address space");
         let stranger = SourceBlock { handle: 99, base_address: 0, size_bytes: 4 << 20 };
         source.free_block(stranger);
         assert_eq!((source.used_bytes(), source.blocks_freed), (10 << 20, 0), "unknown blocks are ignored");

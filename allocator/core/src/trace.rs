@@ -58,16 +58,18 @@ impl TraceBuilder {
     /// Appends an allocation of `size_bytes` under `id`.
     ///
     /// # Errors
-    /// A message when `id` is already live or the size is 0.
+    /// A message when `id` is already live or the size is 0; the builder is unchanged then.
     pub fn alloc(&mut self, id: u64, size_bytes: u64) -> Result<(), String> {
         if size_bytes == 0 {
             return Err(format!("allocation {id} has size 0"));
         }
         let slot = self.trace.slots;
-        if self.live.insert(id, slot).is_some() {
+        if self.live.contains_key(&id) {
             return Err(format!("allocation {id} is already live (allocated twice without a free)"));
         }
-        self.trace.slots = slot.checked_add(1).ok_or("more than 2^32 allocations")?;
+        let next = slot.checked_add(1).ok_or("more than 2^32 allocations")?;
+        self.live.insert(id, slot);
+        self.trace.slots = next;
         self.trace.events.push(Event::Alloc { slot, size_bytes });
         Ok(())
     }
@@ -195,6 +197,25 @@ mod tests {
             let message = error.to_string();
             assert!(message.starts_with(&format!("bad.csv:{line}: ")) && message.contains(needle), "{text:?}: {message}");
         }
+        let missing = Trace::read_csv(Path::new("/nonexistent/trace.csv")).unwrap_err().to_string();
+        assert!(missing.contains("/nonexistent/trace.csv") && missing.contains("cannot read"), "{missing}");
+    }
+
+    #[test]
+    fn a_refused_event_leaves_the_builder_unchanged() {
+        let mut builder = TraceBuilder::new("t");
+        builder.alloc(1, 10).unwrap();
+        assert!(builder.alloc(1, 20).is_err());
+        assert!(builder.alloc(2, 0).is_err());
+        assert!(builder.free(7).is_err());
+        builder.free(1).unwrap();
+        let trace = builder.finish();
+        assert_eq!(trace.events(), [Event::Alloc { slot: 0, size_bytes: 10 }, Event::Free { slot: 0 }]);
+        assert_eq!(trace.slots(), 1);
+    }
+
+    #[test]
+    fn missing_file_is_named() {
         let missing = Trace::read_csv(Path::new("/nonexistent/trace.csv")).unwrap_err().to_string();
         assert!(missing.contains("/nonexistent/trace.csv") && missing.contains("cannot read"), "{missing}");
     }

@@ -26,7 +26,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn capacity() -> impl Strategy<Value = u64> {
-    prop_oneof![0u64..8192, 8192u64..(4 << 20), (4u64 << 20)..(512 << 20)]
+    prop_oneof![4 => 0u64..8192, 4 => 8192u64..(4 << 20), 4 => (4u64 << 20)..(512 << 20), 1 => (1u64 << 40)..=u64::MAX]
 }
 
 fn config() -> impl Strategy<Value = PolicyConfig> {
@@ -106,11 +106,18 @@ proptest! {
         release in release_rule(),
         device_mib in 64u64..2048,
         budget_mib in prop::option::of(64u64..2048),
+        block_mib in 1u64..512,
+        dedicated_mib in 1u64..1024,
+        policy_config in config(),
         ops in prop::collection::vec(heap_op(), 1..120),
     ) {
+        let granularity_bytes = policy_config.granularity_bytes;
         let config = HeapConfig {
             release,
             capacity_bytes: budget_mib.map(|mib| mib << 20),
+            block_size_bytes: block_mib << 20,
+            dedicated_threshold_bytes: dedicated_mib << 20,
+            policy_config,
             ..HeapConfig::new(kind)
         };
         let mut heap = Heap::new(config, SimulatedSource::new(device_mib << 20, 2 << 20)).unwrap();
@@ -121,7 +128,12 @@ proptest! {
                     Ok(allocation) => live.push(allocation),
                     Err(Error::OutOfMemory(verdict)) => {
                         let total_free = verdict.free_in_blocks_bytes + verdict.unreserved_bytes;
-                        prop_assert_eq!(verdict.cause == OomCause::Fragmentation, total_free >= size, "{}", verdict);
+                        prop_assert!(verdict.needed_bytes >= size, "{}", verdict);
+                        prop_assert_eq!(verdict.cause == OomCause::Fragmentation, total_free >= verdict.needed_bytes, "{}", verdict);
+                        // The heap tried every block it could use: none had a run that holds the request (allowing
+                        // for alignment padding and a granularity page at each end).
+                        let slack = 255 + 2 * granularity_bytes;
+                        prop_assert!(verdict.largest_free_run_bytes < verdict.needed_bytes + slack, "{}", verdict);
                         prop_assert!(verdict.largest_free_run_bytes <= verdict.free_in_blocks_bytes);
                     }
                     Err(other) => prop_assert!(false, "unexpected error {other}"),
@@ -140,6 +152,8 @@ proptest! {
             prop_assert_eq!(stats.live_bytes, live_bytes);
             prop_assert_eq!(report.totals.reserved_bytes, stats.reserved_bytes);
             prop_assert_eq!(heap.source().used_bytes(), stats.reserved_bytes);
+            let accounted = report.totals.rounded_bytes + report.totals.free_bytes + report.totals.retired_bytes;
+            prop_assert_eq!(accounted, stats.reserved_bytes, "every reserved byte is live, padding, free or retired");
             prop_assert!(stats.reserved_bytes <= device_mib << 20);
             if let Some(budget) = budget_mib {
                 prop_assert!(stats.reserved_bytes <= budget << 20);
@@ -147,6 +161,7 @@ proptest! {
             for block in &report.blocks {
                 let end: u64 = block.layout.ranges.last().map_or(0, heapscope_core::RangeReport::end);
                 prop_assert_eq!(end, block.layout.capacity_bytes);
+                prop_assert_eq!(block.layout.capacity_bytes, block.size_bytes);
             }
         }
         for allocation in live {

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::policy::{check_owner, not_live, rounded};
+use crate::policy::rounded;
 use crate::report::allocation_ranges;
 use crate::request::align_down;
 use crate::slots::SlotTable;
@@ -123,11 +123,7 @@ impl Policy for Buddy {
     }
 
     fn free(&mut self, allocation: Allocation) -> Result<()> {
-        check_owner(self.owner, &allocation, self.name())?;
-        if self.live.get(allocation.id()).is_none_or(|live| live.offset != allocation.offset()) {
-            return Err(not_live(self.owner, &allocation, self.name()));
-        }
-        let Live { mut offset, mut order, .. } = self.live.remove(allocation.id()).expect("checked live above");
+        let Live { mut offset, mut order, .. } = self.live.take_live(self.owner, &allocation, self.name(), |live| live.offset)?;
         let top_order = self.top_order(offset);
         while order < top_order && self.take_free(offset ^ (1 << order), order) {
             offset &= !(1 << order);

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::granularity::{self, GranularityGuard};
-use crate::policy::{check_owner, not_live, rounded};
+use crate::policy::rounded;
 use crate::report::allocation_ranges;
 use crate::request::align_down;
 use crate::slots::SlotTable;
@@ -128,11 +128,7 @@ impl<I: FitIndex> FreeRangePolicy<I> {
     }
 
     pub(crate) fn free_to_runs(&mut self, allocation: Allocation) -> Result<()> {
-        check_owner(self.owner, &allocation, I::NAME)?;
-        if self.live.get(allocation.id()).is_none_or(|live| live.offset != allocation.offset()) {
-            return Err(not_live(self.owner, &allocation, I::NAME));
-        }
-        let live = self.live.remove(allocation.id()).expect("checked live above");
+        let live = self.live.take_live(self.owner, &allocation, I::NAME, |live| live.offset)?;
         if let Some(guard) = &mut self.guard {
             guard.remove(live.offset, live.footprint_bytes);
         }

@@ -12,6 +12,7 @@
 
 use std::collections::VecDeque;
 
+use crate::PolicyKind;
 use crate::granularity::{self, GranularityGuard};
 use crate::policy::{check_owner, not_live, rounded};
 use crate::report::allocation_ranges;
@@ -130,11 +131,7 @@ impl Linear {
 
 impl Policy for Linear {
     fn name(&self) -> &'static str {
-        match self.mode {
-            LinearMode::Bump => "linear-bump",
-            LinearMode::Stack => "linear-stack",
-            LinearMode::Ring => "linear-ring",
-        }
+        PolicyKind::Linear(self.mode).name()
     }
 
     fn capacity_bytes(&self) -> u64 {
@@ -175,8 +172,11 @@ impl Policy for Linear {
     fn free(&mut self, allocation: Allocation) -> Result<()> {
         check_owner(self.owner, &allocation, self.name())?;
         let seq = allocation.id().0;
-        let position =
-            self.entries.binary_search_by_key(&seq, |entry| entry.seq).ok().filter(|&position| self.entries[position].live);
+        let position = self
+            .entries
+            .binary_search_by_key(&seq, |entry| entry.seq)
+            .ok()
+            .filter(|&position| self.entries[position].live && self.entries[position].offset == allocation.offset());
         let Some(position) = position else {
             return Err(not_live(self.owner, &allocation, self.name()));
         };

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::Tlsf;
-use crate::policy::{check_owner, not_live, rounded};
+use crate::policy::rounded;
 use crate::report::allocation_ranges;
 use crate::slots::SlotTable;
 use crate::{
@@ -210,11 +210,7 @@ impl Policy for Slab {
     }
 
     fn free(&mut self, allocation: Allocation) -> Result<()> {
-        check_owner(self.owner, &allocation, self.name())?;
-        if self.live.get(allocation.id()).is_none_or(|live| live.offset != allocation.offset()) {
-            return Err(not_live(self.owner, &allocation, self.name()));
-        }
-        let live = self.live.remove(allocation.id()).expect("checked live above");
+        let live = self.live.take_live(self.owner, &allocation, self.name(), |live| live.offset)?;
         match live.placement {
             Placement::Large(inner) => self.inner.free(inner)?,
             Placement::Slot { page: page_offset, slot, .. } => {

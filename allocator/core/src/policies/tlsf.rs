@@ -12,7 +12,8 @@
 //! can hold it. Blocks are split at the allocation's ends; freeing merges a block with its free physical
 //! neighbours at once. Metadata lives out of band in a node array (the managed memory is never touched);
 //! a handle carries its node index and the node's generation, so a stale or repeated free is refused in
-//! O(1).
+//! O(1). A node's generation is a 32-bit counter bumped on every free of it: a handle kept across 2^32 reuses
+//! of the same node would match again.
 
 use crate::granularity::{self, GranularityGuard};
 use crate::policy::{not_live, rounded};
@@ -85,8 +86,6 @@ pub struct Tlsf {
     nodes: Vec<Node>,
     /// Head of the vacant nodes, linked through `next_free`.
     vacant: u32,
-    /// Above every generation handed out so far: where new nodes start.
-    next_generation: u32,
     live: usize,
     guard: Option<GranularityGuard>,
 }
@@ -141,7 +140,6 @@ impl Tlsf {
             heads: vec![NIL; FL_COUNT * SL_COUNT as usize].into_boxed_slice(),
             nodes: Vec::with_capacity(64),
             vacant: NIL,
-            next_generation: 0,
             live: 0,
             guard: config.granularity().map(GranularityGuard::new),
         };
@@ -163,19 +161,9 @@ impl Tlsf {
         } else {
             let index = u32::try_from(self.nodes.len()).expect("fewer than 2^32 blocks");
             assert!(index != NIL, "fewer than 2^32 - 1 blocks");
-            self.nodes.push(Node { generation: self.next_generation, ..node });
+            self.nodes.push(node);
             index
         }
-    }
-
-    #[inline]
-    /// Forgets every node and starts over with one free block; generations continue above every one
-    /// handed out, so no old handle matches a new node.
-    fn restart(&mut self) {
-        self.nodes.clear();
-        self.vacant = NIL;
-        let first = self.new_node(Node { generation: self.next_generation, ..Node::free(0, self.capacity_bytes, NIL, NIL) });
-        self.insert_free(first);
     }
 
     #[inline]
@@ -403,7 +391,6 @@ impl Policy for Tlsf {
         }
         let node = &mut self.nodes[index as usize];
         node.generation = node.generation.wrapping_add(1);
-        self.next_generation = self.next_generation.max(node.generation);
         node.state = NodeState::Free;
         let Node { offset, size, next_phys, .. } = *node;
         if let Some(guard) = &mut self.guard {
@@ -420,13 +407,7 @@ impl Policy for Tlsf {
             self.join(prev_phys, index);
             index = prev_phys;
         }
-        if self.live == 0 {
-            // Empty again: one free block spans the range. Restart the node array so new blocks are laid
-            // out in order (locality) instead of along the vacant list.
-            self.restart();
-        } else {
-            self.insert_free(index);
-        }
+        self.insert_free(index);
         Ok(())
     }
 
