@@ -27,6 +27,7 @@ const SL_LOG2: u32 = 5;
 const SL_COUNT: u32 = 1 << SL_LOG2;
 const FL_COUNT: usize = 64;
 const NIL: u32 = u32::MAX;
+const LISTS: usize = FL_COUNT * SL_COUNT as usize;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum NodeState {
@@ -81,7 +82,7 @@ pub struct Tlsf {
     unit_shift: u32,
     fl_bitmap: u64,
     sl_bitmaps: [u32; FL_COUNT],
-    heads: Box<[u32]>,
+    heads: [u32; LISTS],
     /// Block metadata, out of band.
     nodes: Vec<Node>,
     /// Head of the vacant nodes, linked through `next_free`.
@@ -113,7 +114,7 @@ fn mapping_round_up(units: u64) -> Option<(usize, u32)> {
 
 #[inline]
 fn list(fl: usize, sl: u32) -> usize {
-    fl * SL_COUNT as usize + sl as usize
+    (fl * SL_COUNT as usize + sl as usize) & (LISTS - 1)
 }
 
 impl Tlsf {
@@ -137,7 +138,7 @@ impl Tlsf {
             unit_shift: min_align.trailing_zeros(),
             fl_bitmap: 0,
             sl_bitmaps: [0; FL_COUNT],
-            heads: vec![NIL; FL_COUNT * SL_COUNT as usize].into_boxed_slice(),
+            heads: [NIL; LISTS],
             nodes: Vec::with_capacity(64),
             vacant: NIL,
             live: 0,
