@@ -55,13 +55,16 @@ impl ReplayStats {
 trait Target {
     type Handle: Copy;
 
-    /// Serves `request` for trace slot `slot`: the handle and its footprint `(bytes, end)`, or `None` when
-    /// it does not fit.
-    fn allocate(&mut self, request: Request, slot: u32) -> Result<Option<(Self::Handle, u64, u64)>>;
+    /// Serves `request` for trace slot `slot`, or `None` when it does not fit.
+    fn allocate(&mut self, request: Request, slot: u32) -> Result<Option<Self::Handle>>;
 
     fn free(&mut self, handle: Self::Handle) -> Result<()>;
 
-    fn size_bytes(handle: &Self::Handle) -> u64;
+    /// The allocation it stands for.
+    fn allocation(handle: &Self::Handle) -> &Allocation;
+
+    /// One past the last byte set aside, in one address space across allocations (0 when there is none).
+    fn footprint_end(handle: &Self::Handle) -> u64;
 }
 
 struct PolicyTarget<'a, P: Policy + ?Sized>(&'a mut P);
@@ -69,16 +72,20 @@ struct PolicyTarget<'a, P: Policy + ?Sized>(&'a mut P);
 impl<P: Policy + ?Sized> Target for PolicyTarget<'_, P> {
     type Handle = Allocation;
 
-    fn allocate(&mut self, request: Request, _slot: u32) -> Result<Option<(Allocation, u64, u64)>> {
-        Ok(self.0.allocate(request).map(|allocation| (allocation, allocation.footprint_bytes(), allocation.footprint_end())))
+    fn allocate(&mut self, request: Request, _slot: u32) -> Result<Option<Allocation>> {
+        Ok(self.0.allocate(request))
     }
 
     fn free(&mut self, handle: Allocation) -> Result<()> {
         self.0.free(handle)
     }
 
-    fn size_bytes(handle: &Allocation) -> u64 {
-        handle.size_bytes()
+    fn allocation(handle: &Allocation) -> &Allocation {
+        handle
+    }
+
+    fn footprint_end(handle: &Allocation) -> u64 {
+        handle.footprint_end()
     }
 }
 
@@ -91,9 +98,9 @@ struct HeapTarget<'a, S: MemorySource> {
 impl<S: MemorySource> Target for HeapTarget<'_, S> {
     type Handle = HeapAllocation;
 
-    fn allocate(&mut self, request: Request, slot: u32) -> Result<Option<(HeapAllocation, u64, u64)>> {
+    fn allocate(&mut self, request: Request, slot: u32) -> Result<Option<HeapAllocation>> {
         match self.heap.allocate(request, Some(&format!("#{slot}"))) {
-            Ok(allocation) => Ok(Some((allocation, 0, 0))),
+            Ok(allocation) => Ok(Some(allocation)),
             Err(Error::OutOfMemory(verdict)) => {
                 self.first_oom.get_or_insert_with(|| (*verdict).clone());
                 self.last_oom = Some(*verdict);
@@ -107,8 +114,13 @@ impl<S: MemorySource> Target for HeapTarget<'_, S> {
         self.heap.free(handle)
     }
 
-    fn size_bytes(handle: &HeapAllocation) -> u64 {
-        handle.size_bytes()
+    fn allocation(handle: &HeapAllocation) -> &Allocation {
+        handle.allocation()
+    }
+
+    /// Offsets are per block: a heap has no single range whose end means anything.
+    fn footprint_end(_handle: &HeapAllocation) -> u64 {
+        0
     }
 }
 
@@ -128,8 +140,9 @@ fn replay<T: Target>(trace: &Trace, target: &mut T, align_bytes: u64) -> Result<
                     Err(_) => None,
                 };
                 match served {
-                    Some((handle, footprint_bytes, footprint_end)) => {
-                        stats.allocated(size_bytes, footprint_bytes, footprint_end, &mut footprint_now);
+                    Some(handle) => {
+                        let footprint_bytes = T::allocation(&handle).footprint_bytes();
+                        stats.allocated(size_bytes, footprint_bytes, T::footprint_end(&handle), &mut footprint_now);
                         handles[slot as usize] = Some(handle);
                         true
                     }
@@ -142,7 +155,9 @@ fn replay<T: Target>(trace: &Trace, target: &mut T, align_bytes: u64) -> Result<
             Event::Free { slot } => {
                 if let Some(handle) = handles[slot as usize].take() {
                     target.free(handle)?;
-                    stats.live_bytes -= T::size_bytes(&handle);
+                    let allocation = T::allocation(&handle);
+                    stats.live_bytes -= allocation.size_bytes();
+                    footprint_now -= allocation.footprint_bytes();
                 }
                 true
             }
@@ -165,7 +180,7 @@ pub fn replay_policy<P: Policy + ?Sized>(trace: &Trace, policy: &mut P, align_by
 #[derive(Clone, Debug, Default, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct HeapReplay {
-    /// Counts and peaks (`peak_end_bytes` and footprints stay 0: see the heap's own stats for reserved bytes).
+    /// Counts and peaks (`peak_end_bytes` stays 0: see the heap's own stats for reserved bytes).
     pub stats: ReplayStats,
     /// The first out-of-memory verdict.
     pub first_oom: Option<OomVerdict>,
@@ -200,6 +215,21 @@ mod tests {
         assert_eq!((stats.allocations, stats.failed_allocations, stats.last_event_ok), (41, 0, true));
         assert_eq!(stats.peak_live_bytes, 3024 * MIB);
         assert_eq!(stats.peak_end_bytes, 3024 * MIB, "the 100 MiB blocks reuse the start of the range");
+    }
+
+    #[test]
+    fn footprints_are_returned_on_free() {
+        let mut builder = crate::TraceBuilder::new("churn");
+        for id in 0..4 {
+            builder.alloc(id, 1000).unwrap();
+            builder.free(id).unwrap();
+        }
+        let trace = builder.finish();
+        let stats = replay_policy(&trace, &mut Tlsf::new(1 << 20), 256).unwrap();
+        assert_eq!((stats.peak_live_bytes, stats.peak_footprint_bytes), (1000, 1024), "one allocation at a time");
+        let mut heap = Heap::new(HeapConfig::new(PolicyKind::Tlsf), SimulatedSource::new(1 << 30, 2 * MIB)).unwrap();
+        let replay = replay_heap(&trace, &mut heap, 256).unwrap();
+        assert_eq!(replay.stats.peak_footprint_bytes, 1024);
     }
 
     #[test]
