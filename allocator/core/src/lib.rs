@@ -32,6 +32,7 @@ pub mod granularity;
 mod heap;
 mod oom;
 pub mod policies;
+pub mod pytorch;
 mod policy;
 pub mod replay;
 mod report;

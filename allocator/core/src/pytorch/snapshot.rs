@@ -1,0 +1,205 @@
+//! The in-memory model of a PyTorch memory snapshot (`torch.cuda.memory._snapshot()`), as plain data.
+//!
+//! Field names follow PyTorch's keys so the schema reads alike on both sides; sizes and addresses are
+//! `u64` bytes. Stack frames are interned: every distinct frame list is stored once in
+//! [`Snapshot::frame_stacks`] and referred to by a [`StackId`] (a 1 GB file shares its frame lists through
+//! the pickle memo; expanding them would explode in memory).
+
+/// Index of an interned frame list in [`Snapshot::frame_stacks`]. `StackId::NONE` (index 0, always the
+/// empty list) for "no frames".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct StackId(pub u32);
+
+impl StackId {
+    /// The empty frame list.
+    pub const NONE: StackId = StackId(0);
+}
+
+/// One Python stack frame.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Frame {
+    /// Source file.
+    pub filename: String,
+    /// Line number.
+    pub line: i64,
+    /// Function name.
+    pub name: String,
+}
+
+/// The pool a segment or block belongs to (`segment_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum Pool {
+    /// Requests of at most 1 MiB (`kSmallSize`), served from 2 MiB segments.
+    Small,
+    /// Everything else.
+    Large,
+}
+
+/// State of a block in a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum BlockState {
+    /// `active_allocated`: handed out.
+    ActiveAllocated,
+    /// `active_pending_free`: freed by the caller, waiting for stream events.
+    ActivePendingFree,
+    /// `inactive`: free, cached.
+    Inactive,
+}
+
+/// A block (an allocation or a cached free range) inside a segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Block {
+    /// Device address.
+    pub address: u64,
+    /// Bytes (rounded).
+    pub size: u64,
+    /// Bytes the caller asked for (`size` when the file does not say).
+    pub requested_size: u64,
+    /// State.
+    pub state: BlockState,
+    /// Where it was allocated.
+    pub frames: StackId,
+}
+
+/// A segment (one `cudaMalloc`, or the mapped part of an expandable segment) at the end of the recording.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Segment {
+    /// CUDA device index.
+    pub device: u32,
+    /// Base address.
+    pub address: u64,
+    /// Bytes reserved (mapped, for an expandable segment).
+    pub total_size: u64,
+    /// Bytes in `active_allocated` blocks.
+    pub allocated_size: u64,
+    /// Bytes in active blocks.
+    pub active_size: u64,
+    /// Bytes requested by the active blocks' callers.
+    pub requested_size: u64,
+    /// CUDA stream (the pointer value, 0 for the default stream).
+    pub stream: u64,
+    /// Pool.
+    pub segment_type: Pool,
+    /// Memory pool id (`(0, 0)` for the default pool; CUDA graphs use others).
+    pub segment_pool_id: (i64, i64),
+    /// Part of an expandable segment.
+    pub is_expandable: bool,
+    /// Where the segment was allocated.
+    pub frames: StackId,
+    /// Blocks in address order, tiling the segment.
+    pub blocks: Vec<Block>,
+}
+
+/// What a trace entry records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum Action {
+    /// A block was handed out at `addr`; `size` is the requested (unrounded) size.
+    Alloc,
+    /// The caller freed the block; the memory is not reusable yet.
+    FreeRequested,
+    /// The block went back to the pool.
+    FreeCompleted,
+    /// `cudaMalloc` of a segment.
+    SegmentAlloc,
+    /// `cudaFree` of a segment.
+    SegmentFree,
+    /// Pages mapped into an expandable segment.
+    SegmentMap,
+    /// Pages unmapped from an expandable segment.
+    SegmentUnmap,
+    /// `_snapshot()` was called.
+    Snapshot,
+    /// An out-of-memory error; `size` is the request, `device_free` the driver's free bytes.
+    Oom,
+}
+
+impl Action {
+    /// PyTorch's name of the action.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::SegmentMap => "segment_map",
+            Action::SegmentUnmap => "segment_unmap",
+            Action::Snapshot => "snapshot",
+            Action::Oom => "oom",
+        }
+    }
+
+    /// The action PyTorch calls `name`.
+    pub fn from_name(name: &str) -> Option<Action> {
+        Some(match name {
+            "alloc" => Action::Alloc,
+            "free_requested" => Action::FreeRequested,
+            "free_completed" => Action::FreeCompleted,
+            "segment_alloc" => Action::SegmentAlloc,
+            "segment_free" => Action::SegmentFree,
+            "segment_map" => Action::SegmentMap,
+            "segment_unmap" => Action::SegmentUnmap,
+            "snapshot" => Action::Snapshot,
+            "oom" => Action::Oom,
+            _ => return None,
+        })
+    }
+}
+
+/// One entry of a device's trace.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct TraceEntry {
+    /// What happened.
+    pub action: Action,
+    /// Address (0 for `oom` and `snapshot`).
+    pub addr: u64,
+    /// Bytes: requested size for alloc and free entries, segment bytes for segment entries, the request for
+    /// `oom`.
+    pub size: u64,
+    /// CUDA stream.
+    pub stream: u64,
+    /// Microseconds since the epoch (absent before PyTorch 2.1).
+    pub time_us: Option<i64>,
+    /// Driver's free bytes, for `oom`.
+    pub device_free: Option<u64>,
+    /// Where it happened.
+    pub frames: StackId,
+}
+
+/// The allocator settings recorded in the file (`allocator_settings`).
+#[derive(Clone, Debug, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct RecordedSettings {
+    /// `PYTORCH_CUDA_ALLOC_CONF` as the process saw it.
+    pub alloc_conf: String,
+    /// `max_split_size` in bytes; `None` for unlimited (-1 or `SIZE_MAX` in the file).
+    pub max_split_size: Option<u64>,
+    /// `garbage_collection_threshold` (0 = off).
+    pub garbage_collection_threshold: f64,
+    /// `expandable_segments`.
+    pub expandable_segments: bool,
+    /// `roundup_power2_divisions`: (interval start in MiB, divisions), in the file's order; 0 = off.
+    pub roundup_power2_divisions: Vec<(u64, u64)>,
+}
+
+/// A whole snapshot.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Snapshot {
+    /// Segments at the end of the recording.
+    pub segments: Vec<Segment>,
+    /// One trace per device (outer index = device).
+    pub device_traces: Vec<Vec<TraceEntry>>,
+    /// Allocator settings; `None` in files that predate them.
+    pub settings: Option<RecordedSettings>,
+    /// Interned frame lists; index 0 is the empty list.
+    pub frame_stacks: Vec<Vec<Frame>>,
+}
