@@ -27,13 +27,16 @@
 
 mod allocation;
 pub mod check;
+pub mod compare;
 mod error;
 pub mod granularity;
 mod heap;
+pub mod native_trace;
 mod oom;
+pub mod paged;
 pub mod policies;
-pub mod pytorch;
 mod policy;
+pub mod pytorch;
 pub mod replay;
 mod report;
 mod request;
@@ -47,6 +50,7 @@ pub use allocation::{Allocation, AllocationId, OwnerId};
 pub use error::{Error, Result};
 pub use heap::{BlockReport, Heap, HeapAllocation, HeapConfig, HeapReport, HeapStats, ReleaseRule};
 pub use oom::{OomCause, OomVerdict};
+pub use paged::{PagedConfig, PagedHeap, PagedStats};
 pub use policies::{BestFit, Buddy, FirstFit, Linear, LinearMode, Slab, Tlsf};
 pub use policy::{Policy, PolicyConfig, PolicyKind};
 pub use report::{FreeRunHistogram, HistogramBucket, PolicyReport, RangeReport, RangeState, Totals};

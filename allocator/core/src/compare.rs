@@ -1,0 +1,323 @@
+//! Side-by-side replays: one recording through several contenders, each summed up in the same
+//! [`Outcome`] (the numbers `heapscope replay --json` and `heapscope compare` print).
+//!
+//! A contender is PyTorch's caching allocator (emulated), a [`Heap`] of blocks with one of the core
+//! policies inside, or a [`PagedHeap`]. Heaps draw blocks from a simulated device of the capacity given
+//! (unlimited when none is), so every contender meets the same device limit. Timing covers the
+//! contender's own allocate and free calls over events parsed beforehand.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Instant;
+
+use crate::replay::{HeapReplay, replay_heap, replay_paged};
+use crate::trace::Trace;
+use crate::units::Bytes;
+use crate::{Heap, HeapConfig, OomCause, OomVerdict, PagedConfig, PagedHeap, PolicyKind, Result, SimulatedSource};
+
+/// Who replays a recording.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum Contender {
+    /// The emulation of PyTorch's CUDA caching allocator.
+    Pytorch,
+    /// A heap of blocks with this policy inside each.
+    Heap(PolicyKind),
+    /// A virtual range backed by pages mapped on demand.
+    Paged,
+}
+
+impl Contender {
+    /// The contenders a replay runs when none is named.
+    pub const DEFAULT: [Contender; 6] = [
+        Contender::Pytorch,
+        Contender::Heap(PolicyKind::Tlsf),
+        Contender::Heap(PolicyKind::BestFit),
+        Contender::Heap(PolicyKind::FirstFit),
+        Contender::Heap(PolicyKind::Buddy),
+        Contender::Paged,
+    ];
+
+    /// The name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Contender::Pytorch => "pytorch",
+            Contender::Heap(kind) => kind.name(),
+            Contender::Paged => "paged",
+        }
+    }
+}
+
+impl fmt::Display for Contender {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Contender {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "pytorch" => Ok(Contender::Pytorch),
+            "paged" => Ok(Contender::Paged),
+            other => other.parse().map(Contender::Heap).map_err(|_| {
+                let names: Vec<_> =
+                    ["pytorch", "paged"].into_iter().chain(PolicyKind::ALL.iter().map(|kind| kind.name())).collect();
+                format!("unknown policy {other:?}: expected one of {}", names.join(", "))
+            }),
+        }
+    }
+}
+
+/// The first request a contender could not serve.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct FirstOom {
+    /// Index of the event in the recording (for a PyTorch file: in the device's trace).
+    pub event_index: u64,
+    /// Bytes requested.
+    pub request_bytes: u64,
+    /// Bytes reserved from the device at that moment.
+    pub reserved_bytes: u64,
+    /// Free bytes inside reserved memory.
+    pub free_bytes: u64,
+    /// The largest free run inside reserved memory.
+    pub largest_free_bytes: u64,
+    /// `fragmentation` or `exhaustion`.
+    pub verdict: OomCause,
+    /// The verdict in words.
+    pub message: String,
+}
+
+impl FirstOom {
+    /// From a core verdict at `event_index`.
+    pub fn from_verdict(event_index: u64, verdict: &OomVerdict) -> Self {
+        Self {
+            event_index,
+            request_bytes: verdict.requested_bytes,
+            reserved_bytes: verdict.reserved_bytes,
+            free_bytes: verdict.free_in_blocks_bytes,
+            largest_free_bytes: verdict.largest_free_run_bytes,
+            verdict: verdict.cause,
+            message: verdict.describe(),
+        }
+    }
+}
+
+/// How the emulated caching allocator's decisions compare with the ones the file recorded.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Fidelity {
+    /// Segment events (alloc, free, map, unmap) the file recorded.
+    pub recorded: u64,
+    /// Those the emulation produced alike, in order (same action, size and causing event).
+    pub matched: u64,
+    /// The first difference, in words.
+    pub first_mismatch: Option<String>,
+    /// Allocations in the trace.
+    pub allocs: u64,
+    /// Allocations the emulation placed at the recorded address.
+    pub placement_matched: u64,
+}
+
+/// A replay summed up.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Outcome {
+    /// The contender's name.
+    pub policy: String,
+    /// Events replayed (allocations and frees).
+    pub events: u64,
+    /// Allocations served.
+    pub allocs: u64,
+    /// Frees.
+    pub frees: u64,
+    /// The most requested bytes live at once.
+    pub peak_live_bytes: u64,
+    /// The most bytes reserved from the device at once.
+    pub peak_reserved_bytes: u64,
+    /// Device allocations: blocks (segments) reserved, or map calls for paging.
+    pub device_allocs: u64,
+    /// Device frees: blocks released, or unmap calls.
+    pub device_frees: u64,
+    /// Requests that could not be served.
+    pub ooms: u64,
+    /// The first of them.
+    pub first_oom: Option<FirstOom>,
+    /// The contender's own time per event, in nanoseconds (parsing excluded).
+    pub ns_per_event: f64,
+    /// For `pytorch` on a PyTorch file: how its decisions compare with the recorded ones.
+    pub fidelity: Option<Fidelity>,
+}
+
+impl Outcome {
+    /// Peak reserved over peak live (1.0 is no waste).
+    pub fn reserved_over_live(&self) -> f64 {
+        self.peak_reserved_bytes as f64 / self.peak_live_bytes.max(1) as f64
+    }
+}
+
+/// Settings shared by the contenders of one comparison.
+#[derive(Clone, Debug)]
+pub struct CompareConfig {
+    /// Device memory available; `None` for no limit.
+    pub capacity_bytes: Option<u64>,
+    /// Page size of the `paged` contender.
+    pub page_bytes: u64,
+    /// Alignment of every request (PyTorch rounds to 512 B).
+    pub align_bytes: u64,
+    /// The heap rules for heap contenders (the policy field is replaced by the contender's).
+    pub heap: HeapConfig,
+}
+
+impl Default for CompareConfig {
+    fn default() -> Self {
+        Self {
+            capacity_bytes: None,
+            page_bytes: PagedConfig::DEFAULT_PAGE_BYTES,
+            align_bytes: 512,
+            heap: HeapConfig::new(PolicyKind::Tlsf),
+        }
+    }
+}
+
+/// A simulated device with no practical limit.
+const UNLIMITED_DEVICE_BYTES: u64 = 1 << 56;
+
+fn summed(policy: &str, trace: &Trace, replay: &HeapReplay, event_of: &dyn Fn(u64) -> u64, nanos: u128) -> Outcome {
+    let stats = &replay.stats;
+    let frees = trace.events().len() as u64 - stats.allocations - stats.failed_allocations;
+    Outcome {
+        policy: policy.to_owned(),
+        events: stats.events,
+        allocs: stats.allocations,
+        frees,
+        peak_live_bytes: stats.peak_live_bytes,
+        peak_reserved_bytes: 0,
+        device_allocs: 0,
+        device_frees: 0,
+        ooms: stats.failed_allocations,
+        first_oom: stats
+            .first_failure
+            .zip(replay.first_oom.as_ref())
+            .map(|(index, verdict)| FirstOom::from_verdict(event_of(index), verdict)),
+        ns_per_event: nanos as f64 / stats.events.max(1) as f64,
+        fidelity: None,
+    }
+}
+
+/// Replays `trace` through a heap of `kind` or a paged heap. `event_of` maps an event index of `trace` to
+/// the recording's own numbering.
+///
+/// # Errors
+/// Invalid settings, or a contender bug on free.
+pub fn replay_contender(
+    trace: &Trace,
+    contender: Contender,
+    config: &CompareConfig,
+    event_of: &dyn Fn(u64) -> u64,
+) -> Result<Outcome> {
+    match contender {
+        Contender::Heap(kind) => {
+            let source = SimulatedSource::new(
+                config.capacity_bytes.unwrap_or(UNLIMITED_DEVICE_BYTES),
+                SimulatedSource::DEFAULT_ALIGNMENT_BYTES,
+            );
+            let mut heap = Heap::new(HeapConfig { policy: kind, ..config.heap.clone() }, source)?;
+            let started = Instant::now();
+            let replay = replay_heap(trace, &mut heap, config.align_bytes)?;
+            let nanos = started.elapsed().as_nanos();
+            let stats = heap.stats();
+            Ok(Outcome {
+                peak_reserved_bytes: stats.peak_reserved_bytes,
+                device_allocs: stats.blocks_reserved,
+                device_frees: stats.blocks_released,
+                ..summed(kind.name(), trace, &replay, event_of, nanos)
+            })
+        }
+        Contender::Paged => {
+            let paged = PagedConfig { page_bytes: config.page_bytes, ..PagedConfig::new(config.capacity_bytes) };
+            let mut heap = PagedHeap::new(paged)?;
+            let started = Instant::now();
+            let replay = replay_paged(trace, &mut heap, config.align_bytes)?;
+            let nanos = started.elapsed().as_nanos();
+            let stats = heap.stats();
+            Ok(Outcome {
+                peak_reserved_bytes: stats.peak_mapped_bytes,
+                device_allocs: stats.map_calls,
+                device_frees: stats.unmap_calls,
+                ..summed("paged", trace, &replay, event_of, nanos)
+            })
+        }
+        Contender::Pytorch => Err(crate::Error::InvalidConfig {
+            what: "the pytorch contender replays PyTorch recordings: use crate::pytorch".into(),
+        }),
+    }
+}
+
+/// The verdict of a comparison in one sentence, when the reference contender ran out of memory: what was
+/// free and which contenders would have succeeded.
+pub fn verdict_sentence(failed: &Outcome, outcomes: &[Outcome], extra_successes: &[String]) -> Option<String> {
+    let oom = failed.first_oom.as_ref()?;
+    let mut survivors: Vec<String> =
+        outcomes.iter().filter(|outcome| outcome.ooms == 0).map(|outcome| format!("`{}`", outcome.policy)).collect();
+    survivors.extend(extra_successes.iter().cloned());
+    let head = format!(
+        "`{}` ran out of memory on a {} request: {} free in reserved memory but the largest free run is {}",
+        failed.policy,
+        Bytes(oom.request_bytes),
+        Bytes(oom.free_bytes),
+        Bytes(oom.largest_free_bytes)
+    );
+    Some(match survivors.len() {
+        0 => format!("{head}; no contender would have succeeded."),
+        1 => format!("{head}; {} would have succeeded.", survivors[0]),
+        _ => {
+            let last = survivors.pop().unwrap_or_default();
+            format!("{head}; {} and {last} would have succeeded.", survivors.join(", "))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::story::frag_oom;
+    use crate::units::MIB;
+
+    #[test]
+    fn names_round_trip() {
+        for contender in Contender::DEFAULT.into_iter().chain(PolicyKind::ALL.map(Contender::Heap)) {
+            assert_eq!(contender.name().parse::<Contender>(), Ok(contender));
+        }
+        assert!("tlfs".parse::<Contender>().unwrap_err().contains("expected one of pytorch, paged, tlsf"));
+    }
+
+    #[test]
+    fn frag_oom_heap_fails_and_paging_survives() {
+        let story = frag_oom();
+        let config = CompareConfig {
+            capacity_bytes: Some(story.device_bytes),
+            heap: HeapConfig { release: crate::ReleaseRule::OnPressure, ..HeapConfig::new(PolicyKind::BestFit) },
+            ..CompareConfig::default()
+        };
+        let identity = |index| index;
+        let heap = replay_contender(&story.trace, Contender::Heap(PolicyKind::BestFit), &config, &identity).unwrap();
+        let paged = replay_contender(&story.trace, Contender::Paged, &config, &identity).unwrap();
+        assert_eq!((heap.ooms, paged.ooms), (1, 0));
+        assert_eq!((heap.allocs, heap.frees, heap.events), (40, 20, 61));
+        let oom = heap.first_oom.as_ref().unwrap();
+        assert_eq!(
+            (oom.event_index, oom.request_bytes, oom.free_bytes, oom.verdict),
+            (60, 1024 * MIB, 1000 * MIB, OomCause::Fragmentation)
+        );
+        assert_eq!(paged.peak_reserved_bytes, 3024 * MIB);
+        let sentence = verdict_sentence(&heap, &[heap.clone(), paged], &["`pytorch` with expandable segments".into()]).unwrap();
+        assert!(
+            sentence.contains("1000.00 MiB free in reserved memory but the largest free run is 50.00 MiB")
+                && sentence.ends_with("`paged` and `pytorch` with expandable segments would have succeeded."),
+            "{sentence}"
+        );
+    }
+}

@@ -1,0 +1,290 @@
+//! heapscope's native trace format: a compact binary form of a [`Trace`], for traces that do not come
+//! from PyTorch.
+//!
+//! ```text
+//! magic     8 bytes   "HSTRACE\0"
+//! version   1 byte    1
+//! name      varint length, then that many bytes of UTF-8
+//! events    varint count, then each event:
+//!             0x00 varint(size_bytes)   allocate; the allocation takes the next slot (0, 1, 2, ...)
+//!             0x01 varint(slot)         free the live allocation in that slot
+//! ```
+//!
+//! Varints are unsigned LEB128 (7 bits a byte, low bits first, at most 10 bytes). Slots are implicit on
+//! allocation, so a typical event takes 2 to 5 bytes: the 12,355-event GPT-2 trace is 40 KB against
+//! 250 KB of CSV. Nothing may follow the last event. Every error names the file and the byte offset.
+
+use std::path::Path;
+
+use crate::trace::{Event, Trace, TraceBuilder};
+use crate::{Error, Result};
+
+/// The first bytes of a native trace.
+pub const MAGIC: &[u8; 8] = b"HSTRACE\0";
+/// The version this build writes and reads.
+pub const VERSION: u8 = 1;
+
+const ALLOC: u8 = 0;
+const FREE: u8 = 1;
+
+fn push_varint(out: &mut Vec<u8>, mut value: u64) {
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+/// Reads through a byte slice, failing with the offset.
+struct Cursor<'a> {
+    file: &'a str,
+    bytes: &'a [u8],
+    offset: usize,
+}
+
+impl Cursor<'_> {
+    fn fail(&self, offset: usize, what: impl Into<String>) -> Error {
+        Error::Trace { file: self.file.to_owned(), line: 0, what: format!("byte {offset}: {}", what.into()) }
+    }
+
+    fn byte(&mut self, what: &str) -> Result<u8> {
+        let byte = *self.bytes.get(self.offset).ok_or_else(|| self.fail(self.offset, format!("truncated: expected {what}")))?;
+        self.offset += 1;
+        Ok(byte)
+    }
+
+    fn varint(&mut self, what: &str) -> Result<u64> {
+        let start = self.offset;
+        let mut value = 0u64;
+        for shift in (0..70).step_by(7) {
+            let byte = self.byte(what)?;
+            let bits = u64::from(byte & 0x7f);
+            if shift == 63 && bits > 1 {
+                return Err(self.fail(start, format!("{what} does not fit in 64 bits")));
+            }
+            value |= bits << shift;
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err(self.fail(start, format!("{what} does not fit in 64 bits")))
+    }
+}
+
+impl Trace {
+    /// Whether `bytes` start like a native trace.
+    pub fn is_native(bytes: &[u8]) -> bool {
+        bytes.starts_with(MAGIC)
+    }
+
+    /// The native binary form.
+    pub fn to_native(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + self.name.len() + self.events().len() * 4);
+        out.extend_from_slice(MAGIC);
+        out.push(VERSION);
+        push_varint(&mut out, self.name.len() as u64);
+        out.extend_from_slice(self.name.as_bytes());
+        push_varint(&mut out, self.events().len() as u64);
+        for event in self.events() {
+            match *event {
+                Event::Alloc { size_bytes, .. } => {
+                    out.push(ALLOC);
+                    push_varint(&mut out, size_bytes);
+                }
+                Event::Free { slot } => {
+                    out.push(FREE);
+                    push_varint(&mut out, u64::from(slot));
+                }
+            }
+        }
+        out
+    }
+
+    /// Parses the native binary form; `file` names the input in errors.
+    ///
+    /// # Errors
+    /// [`Error::Trace`] naming the file and the byte offset of what is wrong.
+    pub fn parse_native(file: &str, bytes: &[u8]) -> Result<Self> {
+        let mut cursor = Cursor { file, bytes, offset: 0 };
+        if !Self::is_native(bytes) {
+            return Err(cursor.fail(0, "not a heapscope native trace (no HSTRACE magic)"));
+        }
+        cursor.offset = MAGIC.len();
+        let version = cursor.byte("the version")?;
+        if version != VERSION {
+            return Err(cursor.fail(MAGIC.len(), format!("version {version}; this build reads version {VERSION}")));
+        }
+        let name_offset = cursor.offset;
+        let name_len = cursor.varint("the name length")?;
+        let name_end =
+            usize::try_from(name_len).ok().and_then(|len| cursor.offset.checked_add(len)).filter(|&end| end <= bytes.len());
+        let Some(name_end) = name_end else {
+            return Err(cursor.fail(name_offset, format!("truncated: a name of {name_len} bytes")));
+        };
+        let name = std::str::from_utf8(&bytes[cursor.offset..name_end])
+            .map_err(|_| cursor.fail(cursor.offset, "the name is not UTF-8"))?
+            .to_owned();
+        cursor.offset = name_end;
+        let count = cursor.varint("the event count")?;
+        let mut builder = TraceBuilder::new(name);
+        let mut slots = 0u64;
+        for _ in 0..count {
+            let offset = cursor.offset;
+            match cursor.byte("an event")? {
+                ALLOC => {
+                    let size_bytes = cursor.varint("an allocation size")?;
+                    builder.alloc(slots, size_bytes).map_err(|what| cursor.fail(offset, what))?;
+                    slots += 1;
+                }
+                FREE => {
+                    let slot = cursor.varint("a slot")?;
+                    builder.free(slot).map_err(|what| cursor.fail(offset, what))?;
+                }
+                tag => {
+                    return Err(
+                        cursor.fail(offset, format!("unknown event tag 0x{tag:02x}: expected 0x00 (alloc) or 0x01 (free)"))
+                    );
+                }
+            }
+        }
+        if cursor.offset != bytes.len() {
+            return Err(cursor.fail(cursor.offset, format!("{} bytes after the last event", bytes.len() - cursor.offset)));
+        }
+        Ok(builder.finish())
+    }
+
+    /// Reads a trace file in the native form or the compact CSV, told apart by the magic.
+    ///
+    /// # Errors
+    /// [`Error::Trace`] naming the file and what is wrong.
+    pub fn read(path: &Path) -> Result<Self> {
+        let file = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|error| Error::Trace {
+            file: file.clone(),
+            line: 0,
+            what: format!("cannot read: {error}"),
+        })?;
+        if Self::is_native(&bytes) {
+            return Self::parse_native(&file, &bytes);
+        }
+        let text = String::from_utf8(bytes).map_err(|error| Error::Trace {
+            file: file.clone(),
+            line: 0,
+            what: format!("neither a native trace nor a CSV trace (not UTF-8 at byte {})", error.utf8_error().valid_up_to()),
+        })?;
+        Self::parse_csv(&file, &text)
+    }
+
+    /// Writes the native form to `path`.
+    ///
+    /// # Errors
+    /// [`Error::Trace`] when the file cannot be written.
+    pub fn write_native(&self, path: &Path) -> Result<()> {
+        std::fs::write(path, self.to_native()).map_err(|error| Error::Trace {
+            file: path.display().to_string(),
+            line: 0,
+            what: format!("cannot write: {error}"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Trace {
+        let mut builder = TraceBuilder::new("sample ✓");
+        builder.alloc(10, 4096).unwrap();
+        builder.alloc(20, u64::MAX).unwrap();
+        builder.free(10).unwrap();
+        builder.alloc(10, 127).unwrap();
+        builder.alloc(30, 128).unwrap();
+        builder.free(20).unwrap();
+        builder.finish()
+    }
+
+    #[test]
+    fn varint_table() {
+        let cases: [(u64, &[u8]); 5] = [
+            (0, &[0]),
+            (127, &[0x7f]),
+            (128, &[0x80, 1]),
+            (300, &[0xac, 2]),
+            (u64::MAX, &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 1]),
+        ];
+        for (value, bytes) in cases {
+            let mut out = Vec::new();
+            push_varint(&mut out, value);
+            assert_eq!(out, bytes, "{value}");
+            let mut cursor = Cursor { file: "t", bytes, offset: 0 };
+            assert_eq!(cursor.varint("v").unwrap(), value);
+        }
+    }
+
+    #[test]
+    fn round_trip_keeps_name_and_events() {
+        let trace = sample();
+        let bytes = trace.to_native();
+        let again = Trace::parse_native("t.hst", &bytes).unwrap();
+        assert_eq!(again, trace);
+    }
+
+    #[test]
+    fn every_truncation_is_an_error_naming_the_offset() {
+        let bytes = sample().to_native();
+        for len in 0..bytes.len() {
+            let message = Trace::parse_native("cut.hst", &bytes[..len]).unwrap_err().to_string();
+            assert!(message.starts_with("cut.hst:0: byte "), "{len}: {message}");
+        }
+    }
+
+    #[test]
+    fn bad_content_is_named() {
+        let valid = sample().to_native();
+        let header = MAGIC.len() + 1 + 1 + "sample ✓".len() + 1;
+        let mut extra = valid.clone();
+        extra.push(0);
+        let mut bad_tag = valid.clone();
+        bad_tag[header] = 7;
+        let mut bad_version = valid.clone();
+        bad_version[MAGIC.len()] = 9;
+        let mut double_free = Trace::parse_native("t", &valid).unwrap().to_native();
+        double_free.truncate(double_free.len() - 2);
+        double_free.extend_from_slice(&[FREE, 0]);
+        let cases: [(&[u8], &str); 6] = [
+            (b"a,1,10\n", "no HSTRACE magic"),
+            (&extra, "1 bytes after the last event"),
+            (&bad_tag, "unknown event tag 0x07"),
+            (&bad_version, "version 9"),
+            (&double_free, "not live"),
+            (
+                &[b'H', b'S', b'T', b'R', b'A', b'C', b'E', 0, 1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f],
+                "64 bits",
+            ),
+        ];
+        for (bytes, needle) in cases {
+            let message = Trace::parse_native("bad.hst", bytes).unwrap_err().to_string();
+            assert!(message.contains(needle), "{needle}: {message}");
+        }
+    }
+
+    #[test]
+    fn read_tells_the_formats_apart() {
+        let dir = std::env::temp_dir().join(format!("heapscope-native-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let native = dir.join("t.hst");
+        let csv = dir.join("t.csv");
+        let trace = sample();
+        trace.write_native(&native).unwrap();
+        std::fs::write(&csv, trace.to_csv()).unwrap();
+        assert_eq!(Trace::read(&native).unwrap().events(), trace.events());
+        assert_eq!(Trace::read(&csv).unwrap().events(), trace.events());
+        std::fs::write(&csv, [0xffu8, 0xfe]).unwrap();
+        assert!(Trace::read(&csv).unwrap_err().to_string().contains("neither a native trace nor a CSV trace"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

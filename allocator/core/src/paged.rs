@@ -1,0 +1,308 @@
+//! Virtual paging: one large virtual range, physical pages mapped on demand.
+//!
+//! The simulated twin of CUDA virtual memory (PyTorch's `expandable_segments`) and of Vulkan sparse
+//! binding. A policy (TLSF by default) places allocations in a virtual range far larger than the device;
+//! only the pages an allocation touches are backed by physical memory, mapped when the first allocation
+//! touches them and unmapped as soon as no live allocation does. Reserved memory is therefore the mapped
+//! pages, and fragmentation of the virtual range costs nothing: a free run split by a live allocation is
+//! still served by mapping pages around it. What remains is the waste inside partly used pages.
+//!
+//! Counters follow the driver calls a real backend makes: one map call per run of contiguous pages that an
+//! allocation needs mapped (sparse binds are coalesced the same way), one unmap call per run released.
+
+use std::collections::HashMap;
+
+use crate::report::Totals;
+use crate::units::GIB;
+use crate::{Allocation, Error, OomCause, OomVerdict, Policy, PolicyConfig, PolicyKind, PolicyReport, Request, Result};
+
+/// Settings of a [`PagedHeap`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct PagedConfig {
+    /// The policy placing allocations in the virtual range.
+    pub policy: PolicyKind,
+    /// Its settings.
+    pub policy_config: PolicyConfig,
+    /// Bytes per physical page (2 MiB, CUDA's granularity; lavapipe's sparse pages are 4 KiB, discrete
+    /// GPUs' usually 64 KiB). A power of two.
+    pub page_bytes: u64,
+    /// Size of the virtual range.
+    pub virtual_bytes: u64,
+    /// The most bytes mapped at once (the device's memory); `None` for no limit.
+    pub capacity_bytes: Option<u64>,
+}
+
+impl PagedConfig {
+    /// The default page size: 2 MiB.
+    pub const DEFAULT_PAGE_BYTES: u64 = 2 << 20;
+
+    /// TLSF in a virtual range of four times `capacity_bytes` (at least 1 TiB), 2 MiB pages.
+    pub fn new(capacity_bytes: Option<u64>) -> Self {
+        let virtual_bytes = capacity_bytes.map_or(1024 * GIB, |capacity| capacity.saturating_mul(4).max(1024 * GIB));
+        Self {
+            policy: PolicyKind::Tlsf,
+            policy_config: PolicyConfig::default(),
+            page_bytes: Self::DEFAULT_PAGE_BYTES,
+            virtual_bytes,
+            capacity_bytes,
+        }
+    }
+}
+
+/// Counters of a paged heap's life.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct PagedStats {
+    /// Bytes mapped now (the reserved memory).
+    pub mapped_bytes: u64,
+    /// The most bytes mapped at once.
+    pub peak_mapped_bytes: u64,
+    /// Bytes requested by live allocations now.
+    pub live_bytes: u64,
+    /// The most live bytes at once.
+    pub peak_live_bytes: u64,
+    /// Map calls (one per run of contiguous pages newly mapped).
+    pub map_calls: u64,
+    /// Unmap calls (one per run of contiguous pages released).
+    pub unmap_calls: u64,
+    /// Pages mapped so far.
+    pub pages_mapped: u64,
+    /// Pages unmapped so far.
+    pub pages_unmapped: u64,
+    /// Allocations served.
+    pub allocations: u64,
+    /// Requests refused for lack of physical memory or virtual range.
+    pub ooms: u64,
+}
+
+/// A policy over a virtual range, backed by physical pages on demand. See the module documentation.
+#[derive(Debug)]
+pub struct PagedHeap {
+    config: PagedConfig,
+    policy: Box<dyn Policy>,
+    /// Live allocations touching each mapped page, by page index.
+    pages: HashMap<u64, u32>,
+    /// Footprint bytes of the live allocations.
+    footprint_bytes: u64,
+    stats: PagedStats,
+}
+
+/// Pages `[first, last]` covered by `[offset, offset + size)` (size > 0).
+fn page_span(offset: u64, size_bytes: u64, page_bytes: u64) -> (u64, u64) {
+    (offset / page_bytes, (offset + size_bytes - 1) / page_bytes)
+}
+
+/// Number of runs of consecutive `true` in `flags`.
+fn runs(flags: impl Iterator<Item = bool>) -> u64 {
+    let mut count = 0;
+    let mut previous = false;
+    for flag in flags {
+        count += u64::from(flag && !previous);
+        previous = flag;
+    }
+    count
+}
+
+impl PagedHeap {
+    /// A paged heap with nothing mapped.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a page size that is not a power of two, or invalid policy settings.
+    pub fn new(config: PagedConfig) -> Result<Self> {
+        if !config.page_bytes.is_power_of_two() {
+            return Err(Error::InvalidConfig { what: format!("page size {} B is not a power of two", config.page_bytes) });
+        }
+        let policy = config.policy.build(config.virtual_bytes, &config.policy_config)?;
+        Ok(Self { config, policy, pages: HashMap::new(), footprint_bytes: 0, stats: PagedStats::default() })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &PagedConfig {
+        &self.config
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &PagedStats {
+        &self.stats
+    }
+
+    /// Live allocations.
+    pub fn live_allocations(&self) -> usize {
+        self.policy.live_allocations()
+    }
+
+    /// Serves `request`, mapping the pages it needs.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when the virtual range has no room or the pages to map exceed the capacity.
+    pub fn allocate(&mut self, request: Request) -> Result<Allocation> {
+        let Some(allocation) = self.policy.allocate(request) else {
+            return Err(self.out_of_memory(request, request.size_bytes()));
+        };
+        let page = self.config.page_bytes;
+        let (first, last) = page_span(allocation.footprint_offset(), allocation.footprint_bytes(), page);
+        let new_pages = (first..=last).filter(|index| !self.pages.contains_key(index)).count() as u64;
+        let new_bytes = new_pages * page;
+        if self.config.capacity_bytes.is_some_and(|capacity| self.stats.mapped_bytes + new_bytes > capacity) {
+            self.policy.free(allocation)?;
+            return Err(self.out_of_memory(request, new_bytes));
+        }
+        self.stats.map_calls += runs((first..=last).map(|index| !self.pages.contains_key(&index)));
+        for index in first..=last {
+            *self.pages.entry(index).or_insert(0) += 1;
+        }
+        self.stats.pages_mapped += new_pages;
+        self.stats.mapped_bytes += new_bytes;
+        self.stats.peak_mapped_bytes = self.stats.peak_mapped_bytes.max(self.stats.mapped_bytes);
+        self.stats.allocations += 1;
+        self.stats.live_bytes += allocation.size_bytes();
+        self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(self.stats.live_bytes);
+        self.footprint_bytes += allocation.footprint_bytes();
+        Ok(allocation)
+    }
+
+    /// Frees `allocation`, unmapping the pages no live allocation touches any more.
+    ///
+    /// # Errors
+    /// [`Error::DoubleFree`] or [`Error::ForeignAllocation`]; nothing changes then.
+    pub fn free(&mut self, allocation: Allocation) -> Result<()> {
+        self.policy.free(allocation)?;
+        let page = self.config.page_bytes;
+        let (first, last) = page_span(allocation.footprint_offset(), allocation.footprint_bytes(), page);
+        let mut released = Vec::new();
+        for index in first..=last {
+            let count = self.pages.get_mut(&index).expect("a live allocation's pages are mapped");
+            *count -= 1;
+            released.push(*count == 0);
+            if *count == 0 {
+                self.pages.remove(&index);
+            }
+        }
+        let released_pages = released.iter().filter(|&&released| released).count() as u64;
+        self.stats.unmap_calls += runs(released.into_iter());
+        self.stats.pages_unmapped += released_pages;
+        self.stats.mapped_bytes -= released_pages * page;
+        self.stats.live_bytes -= allocation.size_bytes();
+        self.footprint_bytes -= allocation.footprint_bytes();
+        Ok(())
+    }
+
+    /// The mapped pages as runs `(offset, size_bytes)` in the virtual range, by address.
+    pub fn mapped_runs(&self) -> Vec<(u64, u64)> {
+        let mut pages: Vec<u64> = self.pages.keys().copied().collect();
+        pages.sort_unstable();
+        let page = self.config.page_bytes;
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for index in pages {
+            match runs.last_mut() {
+                Some((offset, size)) if *offset + *size == index * page => *size += page,
+                _ => runs.push((index * page, page)),
+            }
+        }
+        runs
+    }
+
+    /// The layout of the virtual range (live and free ranges; see [`PagedHeap::mapped_runs`] for what is
+    /// backed).
+    pub fn report(&self) -> PolicyReport {
+        self.policy.report()
+    }
+
+    /// The verdict for a request that needed `needed_bytes` more (virtual range or mapped pages).
+    fn out_of_memory(&mut self, request: Request, needed_bytes: u64) -> Error {
+        self.stats.ooms += 1;
+        // Free memory inside mapped pages: what live footprints leave of them, and its largest run.
+        let report = self.policy.report();
+        let mapped = self.mapped_runs();
+        let mut largest_free_run_bytes = 0;
+        for range in report.ranges.iter().filter(|range| range.state == crate::RangeState::Free) {
+            for &(offset, size) in &mapped {
+                let start = range.offset.max(offset);
+                let end = (range.offset + range.size_bytes).min(offset + size);
+                largest_free_run_bytes = largest_free_run_bytes.max(end.saturating_sub(start));
+            }
+        }
+        let totals = Totals::from_ranges(self.config.virtual_bytes, &report.ranges);
+        let unreserved_bytes = self.config.capacity_bytes.map_or(u64::MAX, |capacity| capacity - self.stats.mapped_bytes);
+        let free_in_blocks_bytes = self.stats.mapped_bytes - self.footprint_bytes.min(self.stats.mapped_bytes);
+        Error::OutOfMemory(Box::new(OomVerdict {
+            policy: "paged",
+            requested_bytes: request.size_bytes(),
+            needed_bytes,
+            align_bytes: request.align_bytes(),
+            reserved_bytes: self.stats.mapped_bytes,
+            live_bytes: self.stats.live_bytes,
+            padding_bytes: totals.internal_waste_bytes(),
+            free_in_blocks_bytes,
+            largest_free_run_bytes,
+            retired_bytes: totals.retired_bytes,
+            unreserved_bytes,
+            capacity_bytes: self.config.capacity_bytes,
+            // Pages map wherever they are needed: only too few free bytes can refuse a request.
+            cause: OomCause::Exhaustion,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::MIB;
+
+    fn request(size_bytes: u64) -> Request {
+        Request::new(size_bytes, 256).unwrap()
+    }
+
+    #[test]
+    fn runs_table() {
+        let cases: [(&[bool], u64); 5] =
+            [(&[], 0), (&[false, false], 0), (&[true], 1), (&[true, true, false, true], 2), (&[false, true, true], 1)];
+        for (flags, expected) in cases {
+            assert_eq!(runs(flags.iter().copied()), expected, "{flags:?}");
+        }
+    }
+
+    #[test]
+    fn pages_are_mapped_on_demand_and_unmapped_when_wholly_free() {
+        let mut heap = PagedHeap::new(PagedConfig::new(Some(64 * MIB))).unwrap();
+        // 3 MiB touches two 2 MiB pages; a 512 KiB neighbour shares the second page.
+        let a = heap.allocate(request(3 * MIB)).unwrap();
+        assert_eq!((heap.stats().mapped_bytes, heap.stats().map_calls), (4 * MIB, 1));
+        let b = heap.allocate(request(MIB / 2)).unwrap();
+        assert_eq!(b.offset(), 3 * MIB);
+        assert_eq!((heap.stats().mapped_bytes, heap.stats().map_calls), (4 * MIB, 1), "the page is already mapped");
+        heap.free(a).unwrap();
+        assert_eq!(heap.stats().mapped_bytes, 2 * MIB, "the first page is released, the shared one stays");
+        assert_eq!(heap.mapped_runs(), [(2 * MIB, 2 * MIB)]);
+        heap.free(b).unwrap();
+        assert_eq!((heap.stats().mapped_bytes, heap.stats().peak_mapped_bytes, heap.stats().unmap_calls), (0, 4 * MIB, 2));
+        assert!(matches!(heap.free(b), Err(Error::DoubleFree { .. })));
+    }
+
+    #[test]
+    fn fragmented_virtual_range_costs_nothing() {
+        // The frag_oom story in 3584 MiB: a one-range policy fails the 1 GiB request, paging serves it.
+        let mut heap = PagedHeap::new(PagedConfig::new(Some(3584 * MIB))).unwrap();
+        let big: Vec<_> = (0..20).map(|_| heap.allocate(request(150 * MIB)).unwrap()).collect();
+        for allocation in big {
+            heap.free(allocation).unwrap();
+        }
+        let _small: Vec<_> = (0..20).map(|_| heap.allocate(request(100 * MIB)).unwrap()).collect();
+        let huge = heap.allocate(request(1024 * MIB)).unwrap();
+        assert_eq!(huge.size_bytes(), 1024 * MIB);
+        assert_eq!(heap.stats().peak_mapped_bytes, 3024 * MIB);
+        // Now the device is full: the next request is refused with the numbers.
+        let Err(Error::OutOfMemory(verdict)) = heap.allocate(request(600 * MIB)) else { panic!("expected an OOM") };
+        assert_eq!((verdict.reserved_bytes, verdict.needed_bytes, verdict.unreserved_bytes), (3024 * MIB, 600 * MIB, 560 * MIB));
+        assert_eq!(verdict.cause, OomCause::Exhaustion);
+        assert_eq!(heap.stats().ooms, 1);
+        assert_eq!(heap.live_allocations(), 21, "the refused request left nothing behind");
+    }
+
+    #[test]
+    fn bad_page_size_is_refused() {
+        let config = PagedConfig { page_bytes: 3 * MIB, ..PagedConfig::new(None) };
+        assert!(matches!(PagedHeap::new(config), Err(Error::InvalidConfig { .. })));
+    }
+}
