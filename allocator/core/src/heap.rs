@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 
+use crate::device_event::{DeviceEvent, DeviceLog};
 use crate::oom::{OomCause, OomVerdict};
 use crate::request::align_up;
 use crate::source::{MemorySource, SourceBlock, SourceError};
@@ -210,6 +211,7 @@ pub struct Heap<S: MemorySource> {
     vacant: Vec<u32>,
     labels: HashMap<(u32, AllocationId), String>,
     stats: HeapStats,
+    device_log: DeviceLog,
 }
 
 impl<S: MemorySource> Heap<S> {
@@ -239,6 +241,7 @@ impl<S: MemorySource> Heap<S> {
             vacant: Vec::new(),
             labels: HashMap::new(),
             stats: HeapStats::default(),
+            device_log: DeviceLog::default(),
         })
     }
 
@@ -255,6 +258,16 @@ impl<S: MemorySource> Heap<S> {
     /// Counters.
     pub fn stats(&self) -> &HeapStats {
         &self.stats
+    }
+
+    /// Switches the log of blocks reserved and released on (emptied) or off.
+    pub fn record_device_events(&mut self, on: bool) {
+        self.device_log.set_recording(on);
+    }
+
+    /// The blocks reserved and released since the last call, while recording is on.
+    pub fn take_device_events(&mut self) -> Vec<DeviceEvent> {
+        self.device_log.take()
     }
 
     /// Live allocations.
@@ -452,6 +465,8 @@ impl<S: MemorySource> Heap<S> {
         };
         self.stats.blocks_reserved += 1;
         self.stats.reserved_bytes += source_block.size_bytes;
+        self.device_log
+            .push(|| DeviceEvent::Reserved { address: source_block.base_address, size_bytes: source_block.size_bytes });
         self.stats.peak_reserved_bytes = self.stats.peak_reserved_bytes.max(self.stats.reserved_bytes);
         Ok(index)
     }
@@ -460,6 +475,8 @@ impl<S: MemorySource> Heap<S> {
         if let Some(block) = self.blocks[index as usize].take() {
             self.stats.reserved_bytes -= block.source.size_bytes;
             self.stats.blocks_released += 1;
+            self.device_log
+                .push(|| DeviceEvent::Released { address: block.source.base_address, size_bytes: block.source.size_bytes });
             self.source.free_block(block.source);
             self.vacant.push(index);
         }

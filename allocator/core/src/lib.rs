@@ -28,6 +28,7 @@
 mod allocation;
 pub mod check;
 pub mod compare;
+mod device_event;
 mod error;
 pub mod granularity;
 mod heap;
@@ -37,6 +38,7 @@ pub mod paged;
 pub mod policies;
 mod policy;
 pub mod pytorch;
+pub mod recording;
 pub mod replay;
 mod report;
 mod request;
@@ -47,6 +49,7 @@ pub mod trace;
 pub mod units;
 
 pub use allocation::{Allocation, AllocationId, OwnerId};
+pub use device_event::DeviceEvent;
 pub use error::{Error, Result};
 pub use heap::{BlockReport, Heap, HeapAllocation, HeapConfig, HeapReport, HeapStats, ReleaseRule};
 pub use oom::{OomCause, OomVerdict};

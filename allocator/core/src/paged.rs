@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 
+use crate::device_event::{DeviceEvent, DeviceLog};
 use crate::report::Totals;
 use crate::units::GIB;
 use crate::{Allocation, Error, OomCause, OomVerdict, Policy, PolicyConfig, PolicyKind, PolicyReport, Request, Result};
@@ -86,6 +87,7 @@ pub struct PagedHeap {
     /// Footprint bytes of the live allocations.
     footprint_bytes: u64,
     stats: PagedStats,
+    device_log: DeviceLog,
 }
 
 /// Pages `[first, last]` covered by `[offset, offset + size)` (size > 0).
@@ -93,15 +95,20 @@ fn page_span(offset: u64, size_bytes: u64, page_bytes: u64) -> (u64, u64) {
     (offset / page_bytes, (offset + size_bytes - 1) / page_bytes)
 }
 
-/// Number of runs of consecutive `true` in `flags`.
-fn runs(flags: impl Iterator<Item = bool>) -> u64 {
-    let mut count = 0;
+/// The runs of consecutive pages whose flag is `true`, as `(first page, pages)`, from pages
+/// `first, first + 1, ...`.
+fn runs(first: u64, flags: impl Iterator<Item = bool>) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
     let mut previous = false;
-    for flag in flags {
-        count += u64::from(flag && !previous);
+    for (index, flag) in (first..).zip(flags) {
+        match (flag, previous, runs.last_mut()) {
+            (true, true, Some((_, pages))) => *pages += 1,
+            (true, _, _) => runs.push((index, 1)),
+            (false, _, _) => {}
+        }
         previous = flag;
     }
-    count
+    runs
 }
 
 impl PagedHeap {
@@ -114,7 +121,14 @@ impl PagedHeap {
             return Err(Error::InvalidConfig { what: format!("page size {} B is not a power of two", config.page_bytes) });
         }
         let policy = config.policy.build(config.virtual_bytes, &config.policy_config)?;
-        Ok(Self { config, policy, pages: HashMap::new(), footprint_bytes: 0, stats: PagedStats::default() })
+        Ok(Self {
+            config,
+            policy,
+            pages: HashMap::new(),
+            footprint_bytes: 0,
+            stats: PagedStats::default(),
+            device_log: DeviceLog::default(),
+        })
     }
 
     /// The settings.
@@ -125,6 +139,17 @@ impl PagedHeap {
     /// Counters.
     pub fn stats(&self) -> &PagedStats {
         &self.stats
+    }
+
+    /// Switches the log of page runs mapped and unmapped on (emptied) or off. Addresses are offsets in
+    /// the virtual range.
+    pub fn record_device_events(&mut self, on: bool) {
+        self.device_log.set_recording(on);
+    }
+
+    /// The page runs mapped and unmapped since the last call, while recording is on.
+    pub fn take_device_events(&mut self) -> Vec<DeviceEvent> {
+        self.device_log.take()
     }
 
     /// Live allocations.
@@ -148,7 +173,11 @@ impl PagedHeap {
             self.policy.free(allocation)?;
             return Err(self.out_of_memory(request, new_bytes));
         }
-        self.stats.map_calls += runs((first..=last).map(|index| !self.pages.contains_key(&index)));
+        let mapped = runs(first, (first..=last).map(|index| !self.pages.contains_key(&index)));
+        self.stats.map_calls += mapped.len() as u64;
+        for (index, pages) in mapped {
+            self.device_log.push(|| DeviceEvent::Mapped { address: index * page, size_bytes: pages * page });
+        }
         for index in first..=last {
             *self.pages.entry(index).or_insert(0) += 1;
         }
@@ -180,7 +209,11 @@ impl PagedHeap {
             }
         }
         let released_pages = released.iter().filter(|&&released| released).count() as u64;
-        self.stats.unmap_calls += runs(released.into_iter());
+        let unmapped = runs(first, released.into_iter());
+        self.stats.unmap_calls += unmapped.len() as u64;
+        for (index, pages) in unmapped {
+            self.device_log.push(|| DeviceEvent::Unmapped { address: index * page, size_bytes: pages * page });
+        }
         self.stats.pages_unmapped += released_pages;
         self.stats.mapped_bytes -= released_pages * page;
         self.stats.live_bytes -= allocation.size_bytes();
@@ -256,16 +289,23 @@ mod tests {
 
     #[test]
     fn runs_table() {
-        let cases: [(&[bool], u64); 5] =
-            [(&[], 0), (&[false, false], 0), (&[true], 1), (&[true, true, false, true], 2), (&[false, true, true], 1)];
+        type Case = (&'static [bool], &'static [(u64, u64)]);
+        let cases: [Case; 5] = [
+            (&[], &[]),
+            (&[false, false], &[]),
+            (&[true], &[(10, 1)]),
+            (&[true, true, false, true], &[(10, 2), (13, 1)]),
+            (&[false, true, true], &[(11, 2)]),
+        ];
         for (flags, expected) in cases {
-            assert_eq!(runs(flags.iter().copied()), expected, "{flags:?}");
+            assert_eq!(runs(10, flags.iter().copied()), expected, "{flags:?}");
         }
     }
 
     #[test]
     fn pages_are_mapped_on_demand_and_unmapped_when_wholly_free() {
         let mut heap = PagedHeap::new(PagedConfig::new(Some(64 * MIB))).unwrap();
+        heap.record_device_events(true);
         // 3 MiB touches two 2 MiB pages; a 512 KiB neighbour shares the second page.
         let a = heap.allocate(request(3 * MIB)).unwrap();
         assert_eq!((heap.stats().mapped_bytes, heap.stats().map_calls), (4 * MIB, 1));
@@ -277,6 +317,14 @@ mod tests {
         assert_eq!(heap.mapped_runs(), [(2 * MIB, 2 * MIB)]);
         heap.free(b).unwrap();
         assert_eq!((heap.stats().mapped_bytes, heap.stats().peak_mapped_bytes, heap.stats().unmap_calls), (0, 4 * MIB, 2));
+        assert_eq!(
+            heap.take_device_events(),
+            [
+                DeviceEvent::Mapped { address: 0, size_bytes: 4 * MIB },
+                DeviceEvent::Unmapped { address: 0, size_bytes: 2 * MIB },
+                DeviceEvent::Unmapped { address: 2 * MIB, size_bytes: 2 * MIB },
+            ]
+        );
         assert!(matches!(heap.free(b), Err(Error::DoubleFree { .. })));
     }
 
