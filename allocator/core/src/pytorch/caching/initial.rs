@@ -7,10 +7,11 @@
 //! Free blocks are the gaps between live blocks (free neighbours always merge). A live block known only
 //! from its free entry carries the requested size; its block size is `round_size` of it, grown to the next
 //! boundary where PyTorch would not have split the remainder (`should_split`: a large-pool remainder of at
-//! most 1 MiB, or an oversize block). A recording that starts from an empty allocator rebuilds to empty.
+//! most 1 MiB, or an oversize block) — unless the trace shows where it ends: the first allocation placed
+//! after it while it is still live takes the front of the free block that follows it. A recording that starts from an empty allocator rebuilds to empty.
 //! Counters start at the rebuilt values (peak = current, nothing freed yet).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::emulate::LiveMap;
 use super::{
@@ -28,6 +29,8 @@ struct LiveBlock {
     requested: u64,
     /// Freed by the caller but not yet completed.
     pending: bool,
+    /// Where the trace shows it ends (possibly past its segment: checked when laid out).
+    observed_end: Option<u64>,
 }
 
 /// A group of expandable mapped ranges: one virtual segment.
@@ -74,7 +77,12 @@ pub(super) fn rebuild_start_state(
         for b in s.blocks.iter().filter(|b| b.state != BlockState::Inactive) {
             live.insert(
                 b.address,
-                LiveBlock { size: Some(b.size), requested: b.requested_size, pending: b.state == BlockState::ActivePendingFree },
+                LiveBlock {
+                    size: Some(b.size),
+                    requested: b.requested_size,
+                    pending: b.state == BlockState::ActivePendingFree,
+                    observed_end: None,
+                },
             );
         }
     }
@@ -92,7 +100,7 @@ pub(super) fn rebuild_start_state(
                 live.remove(&e.addr);
             }
             Action::FreeCompleted => {
-                live.insert(e.addr, LiveBlock { size: None, requested: e.size, pending: true });
+                live.insert(e.addr, LiveBlock { size: None, requested: e.size, pending: true, observed_end: None });
             }
             Action::FreeRequested => {
                 if let Some(b) = live.get_mut(&e.addr) {
@@ -121,6 +129,29 @@ pub(super) fn rebuild_start_state(
                 }
             }
             _ => {}
+        }
+    }
+    // Where a block of unknown size ends: the first allocation placed after it while it is still live
+    // takes the front of the free block that follows it.
+    let mut first_free: HashMap<u64, usize> = HashMap::new();
+    for (i, e) in trace.iter().enumerate() {
+        if e.action == Action::FreeCompleted {
+            first_free.entry(e.addr).or_insert(i);
+        }
+    }
+    let mut observed_end: HashMap<u64, u64> = HashMap::new();
+    for (i, e) in trace.iter().enumerate().filter(|(_, e)| e.action == Action::Alloc) {
+        if let Some((&x, b)) = live.range(..e.addr).next_back()
+            && b.size.is_none()
+            && first_free.get(&x).is_some_and(|&f| i < f)
+        {
+            let end = observed_end.entry(x).or_insert(e.addr);
+            *end = (*end).min(e.addr);
+        }
+    }
+    for (addr, end) in observed_end {
+        if let Some(b) = live.get_mut(&addr) {
+            b.observed_end = Some(end);
         }
     }
     // Pending frees at the start are completed by the trace; blocks whose free was never requested before
@@ -227,7 +258,8 @@ fn lay_out(
             ids.push(alloc.new_node(Node { addr: cursor, size: addr - cursor, ..template.clone() }));
         }
         let boundary = blocks.get(k + 1).map_or(end, |n| n.0);
-        let size = b.size.unwrap_or_else(|| {
+        let observed = b.observed_end.filter(|&e| e <= boundary).map(|e| e - addr);
+        let size = b.size.or(observed).unwrap_or_else(|| {
             let rounded = round_size(b.requested, &alloc.conf).min(boundary - addr);
             let gap = boundary - addr - rounded;
             if pool == Pool::Large && expandable.is_none() && (gap <= SMALL_SIZE_BYTES || rounded >= max_split) {
