@@ -1,5 +1,11 @@
 //! PyTorch's world: memory snapshot files (`torch.cuda.memory._dump_snapshot`) read and written, and an
 //! emulation of the CUDA caching allocator that replays them decision by decision.
+//!
+//! - [`snapshot`]: the snapshot data model.
+//! - [`alloc_conf`]: the allocator settings (`PYTORCH_CUDA_ALLOC_CONF`).
+//! - [`caching`]: the emulated `CUDACachingAllocator` ([`CachingAllocator`], step by step) and [`emulate`],
+//!   which replays a trace and measures how exactly it reproduces PyTorch's recorded decisions.
+//! - [`memory_stats`]: `torch.cuda.memory_stats()` counters and the `memory_summary()` table.
 
 pub mod alloc_conf;
 pub mod caching;
@@ -9,6 +15,6 @@ pub mod memory_stats;
 pub mod snapshot;
 
 pub use alloc_conf::{AllocConf, AllocConfError};
-pub use caching::{CachingAllocator, Emulation, Fidelity, OomReport, emulate};
+pub use caching::{CachingAllocator, Emulation, Fidelity, OomEvent, OomReport, emulate};
 pub use memory_stats::{MemoryStats, Stat, StatArray};
 pub use snapshot::{Action, Block, BlockState, Frame, Pool, RecordedSettings, Segment, Snapshot, StackId, TraceEntry};

@@ -51,6 +51,22 @@ pub struct EventStats {
     pub active_bytes: i64,
     /// `requested_bytes.all.current`.
     pub requested_bytes: i64,
+    /// `num_device_alloc` so far.
+    pub num_device_alloc: i64,
+    /// `num_device_free` so far.
+    pub num_device_free: i64,
+    /// `num_ooms` so far.
+    pub num_ooms: i64,
+}
+
+/// An out-of-memory error of the emulation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct OomEvent {
+    /// Index of the trace entry (`alloc` or `oom`) whose request failed.
+    pub event_index: usize,
+    /// The verdict.
+    pub report: OomReport,
 }
 
 /// The first place where the emulated segment events differ from the recorded ones.
@@ -111,8 +127,8 @@ pub struct Emulation {
     pub timeline: Vec<EventStats>,
     /// `memory_stats()` at the end.
     pub stats: MemoryStats,
-    /// The first out-of-memory error: trace index and verdict.
-    pub first_oom: Option<(usize, OomReport)>,
+    /// The first out-of-memory error.
+    pub first_oom: Option<OomEvent>,
     /// Comparison with the recording.
     pub fidelity: Fidelity,
     /// Segments at the end, in the snapshot's layout.
@@ -170,7 +186,7 @@ pub fn emulate(snapshot: &Snapshot, device: usize, conf: &AllocConf, capacity_by
                             fidelity.first_misplacement =
                                 Some(Misplacement { event_index: i, recorded_addr: e.addr, emulated_addr: None });
                         }
-                        out.first_oom.get_or_insert((i, report));
+                        out.first_oom.get_or_insert(OomEvent { event_index: i, report });
                     }
                 }
             }
@@ -186,7 +202,7 @@ pub fn emulate(snapshot: &Snapshot, device: usize, conf: &AllocConf, capacity_by
             }
             Action::Oom => {
                 if let Err(report) = attempt_recorded_oom(&mut alloc, e, capacity_bytes) {
-                    out.first_oom.get_or_insert((i, report));
+                    out.first_oom.get_or_insert(OomEvent { event_index: i, report });
                 }
                 push_events(&mut out.segment_events, alloc.take_events(), i);
             }
@@ -206,6 +222,9 @@ pub fn emulate(snapshot: &Snapshot, device: usize, conf: &AllocConf, capacity_by
             reserved_bytes: s.reserved_bytes.all().current,
             active_bytes: s.active_bytes.all().current,
             requested_bytes: s.requested_bytes.all().current,
+            num_device_alloc: s.num_device_alloc,
+            num_device_free: s.num_device_free,
+            num_ooms: s.num_ooms,
         });
     }
     for (k, r) in recorded.iter().enumerate() {

@@ -28,11 +28,11 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-pub use emulate::{Emulation, EventStats, Fidelity, Mismatch, Misplacement, SegmentEvent, emulate};
+pub use emulate::{Emulation, EventStats, Fidelity, Mismatch, Misplacement, OomEvent, SegmentEvent, emulate};
 
 use super::alloc_conf::AllocConf;
 use super::memory_stats::MemoryStats;
-use super::snapshot::{Action, Block, BlockState, Pool, Segment, StackId};
+use super::snapshot::{Action, Block, BlockState, Pool, Segment, Snapshot, StackId};
 
 /// `kMinBlockSize`: every size is a multiple of 512 bytes.
 pub const MIN_BLOCK_BYTES: u64 = 512;
@@ -210,6 +210,17 @@ impl CachingAllocator {
             total_allocated_memory: 0,
             events: Vec::new(),
         }
+    }
+
+    /// The allocator as it stood when the recording of device `device` in `snapshot` started (empty for a
+    /// recording that began at CUDA initialisation); see the `initial` module.
+    pub fn at_recording_start(
+        snapshot: &Snapshot,
+        device: usize,
+        conf: &AllocConf,
+        capacity_bytes: Option<u64>,
+    ) -> CachingAllocator {
+        initial::rebuild_start_state(snapshot, device, conf, capacity_bytes).0
     }
 
     /// The settings.

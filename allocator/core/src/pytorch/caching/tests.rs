@@ -52,8 +52,8 @@ fn strip(s: &Segment) -> Segment {
 #[test]
 fn frag_oom_default_ooms_at_3584_mib_like_pytorch() {
     let Some((em, truth, _)) = run("frag_oom-default", Some(3584 * MIB)) else { return };
-    let (index, report) = em.first_oom.expect("an OOM");
-    assert_eq!(index, 100, "the recorded oom entry");
+    let OomEvent { event_index, report } = em.first_oom.expect("an OOM");
+    assert_eq!(event_index, 100, "the recorded oom entry");
     assert_eq!(report.request_bytes, 1 << 30);
     assert_eq!(report.allocated_bytes, truth["before_big"]["allocated"].as_u64().unwrap());
     assert_eq!(report.reserved_bytes, truth["before_big"]["reserved"].as_u64().unwrap());
