@@ -3,8 +3,11 @@
 //!
 //! [`AllocConf::from_recorded`] takes the settings a snapshot recorded (`allocator_settings`);
 //! [`AllocConf::parse_overrides`] applies a `PYTORCH_CUDA_ALLOC_CONF` string on top, with PyTorch's syntax
-//! and range checks (`max_split_size_mb` must exceed 20, `garbage_collection_threshold` lies in (0, 1),
-//! `roundup_power2_divisions` takes powers of two, alone or as `[interval_mb:divisions,...,>:divisions]`).
+//! and range checks as in `AllocatorConfig::parseArgs` (`c10/core/AllocatorConfig.cpp`):
+//! `max_split_size_mb` / `max_non_split_rounding_mb` at least 20, `garbage_collection_threshold` in
+//! (0, 1), `roundup_power2_divisions` a power of two, or a list `[interval_mb:divisions,...,>:divisions]`
+//! (divisions a power of two or 0). Like PyTorch, `>` fills from the last named interval *inclusive*, so
+//! `[256:1,512:2,>:4]` ends with 4 divisions from 512 MiB on.
 
 use super::snapshot::RecordedSettings;
 
@@ -109,15 +112,15 @@ impl AllocConf {
             match key {
                 "max_split_size_mb" => {
                     let mb = parse_u64(key, value)?;
-                    if mb <= LARGE_BUFFER_BYTES / MIB {
-                        return Err(bad(key, value, "must be > 20 (MiB)"));
+                    if mb < LARGE_BUFFER_BYTES / MIB {
+                        return Err(bad(key, value, "must be >= 20 (MiB)"));
                     }
                     self.max_split_size = Some(mb.saturating_mul(MIB));
                 }
                 "max_non_split_rounding_mb" => {
                     let mb = parse_u64(key, value)?;
-                    if mb <= LARGE_BUFFER_BYTES / MIB {
-                        return Err(bad(key, value, "must be > 20 (MiB)"));
+                    if mb < LARGE_BUFFER_BYTES / MIB {
+                        return Err(bad(key, value, "must be >= 20 (MiB)"));
                     }
                     self.max_non_split_rounding = mb.saturating_mul(MIB);
                 }
@@ -138,6 +141,8 @@ impl AllocConf {
                 "roundup_power2_divisions" => self.parse_roundup(key, value)?,
                 "backend"
                 | "release_lock_on_cudamalloc"
+                | "release_lock_on_hipmalloc"
+                | "pinned_use_hip_host_register"
                 | "pinned_use_cuda_host_register"
                 | "pinned_num_register_threads"
                 | "pinned_reserve_segment_size_mb"
@@ -165,9 +170,13 @@ impl AllocConf {
             let Some((interval, divisions)) = entry.split_once(':') else {
                 return Err(bad(key, value, "expected `interval_mb:divisions` entries"));
             };
-            let n = parse_pow2(key, divisions.trim())?;
+            let n = parse_u64(key, divisions.trim())?;
+            if n != 0 && !n.is_power_of_two() {
+                return Err(bad(key, value, "divisions must be a power of two or 0"));
+            }
             if interval.trim() == ">" {
-                let from = last_index.map_or(0, |i| i + 1);
+                // PyTorch fills from the last named interval, that one included.
+                let from = last_index.unwrap_or(0);
                 for d in &mut self.roundup_power2_divisions[from.min(ROUNDUP_INTERVALS)..] {
                     *d = n;
                 }
@@ -245,11 +254,14 @@ mod tests {
         assert_eq!(conf.garbage_collection_threshold, 0.6);
         assert_eq!(conf.roundup_power2_divisions[0], 1);
         assert_eq!(conf.roundup_power2_divisions[8], 1);
-        assert_eq!(conf.roundup_power2_divisions[9], 2);
+        assert_eq!(conf.roundup_power2_divisions[9], 4, "PyTorch's `>` overwrites the last named interval");
         assert_eq!(conf.roundup_power2_divisions[10], 4);
         assert_eq!(conf.roundup_power2_divisions[15], 4);
         assert_eq!(conf.divisions_for(300 << 20), 1);
-        assert_eq!(conf.divisions_for(600 << 20), 2);
+        assert_eq!(conf.divisions_for(600 << 20), 4);
+        conf.parse_overrides("roundup_power2_divisions:[64:8,128:0]").unwrap();
+        assert_eq!(conf.roundup_power2_divisions[6], 8);
+        assert_eq!(conf.roundup_power2_divisions[7], 0);
         assert_eq!(conf.divisions_for(2000 << 20), 4);
     }
 
@@ -257,7 +269,7 @@ mod tests {
     fn refuses_bad_input_naming_key_and_value() {
         let cases = [
             ("colour:blue", "colour"),
-            ("max_split_size_mb:20", "`20`"),
+            ("max_split_size_mb:19", "`19`"),
             ("max_split_size_mb:lots", "`lots`"),
             ("garbage_collection_threshold:1.5", "`1.5`"),
             ("expandable_segments:yes", "`yes`"),
