@@ -378,3 +378,88 @@ fn traces_without_addresses_get_increasing_bases() {
     assert!(bases.windows(2).all(|w| w[0] < w[1]), "{bases:?}");
     assert_eq!(em.stats.num_device_alloc, 3);
 }
+
+#[test]
+fn free_is_two_steps_allocated_then_active() {
+    let mut a = CachingAllocator::new(conf(), None);
+    let x = a.malloc(4 * MIB, 0, None).unwrap();
+    assert!(a.free_requested(x));
+    assert_eq!(a.stats().allocated_bytes.all().current, 0);
+    assert_eq!(a.stats().active_bytes.all().current, 4 * MIB as i64);
+    assert_eq!(a.report()[0].blocks[0].state, BlockState::ActivePendingFree);
+    assert_eq!(a.malloc(4 * MIB, 0, None).map(|y| y == x), Ok(false), "a pending block is not reused");
+    assert!(a.free_completed(x));
+    assert_eq!(a.stats().active_bytes.all().current, 4 * MIB as i64);
+}
+
+/// Random requests on two streams, with and without expandable segments and a capacity: the counters
+/// always agree with the blocks the allocator reports.
+#[test]
+fn counters_agree_with_the_layout_under_random_requests() {
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for (overrides, capacity) in [
+        ("", None),
+        ("expandable_segments:True", None),
+        ("max_split_size_mb:64", Some(600 * MIB)),
+        ("expandable_segments:True", Some(300 * MIB)),
+        ("garbage_collection_threshold:0.5,roundup_power2_divisions:4", Some(400 * MIB)),
+    ] {
+        let mut a = CachingAllocator::new(conf_with(overrides), capacity);
+        let mut live: Vec<u64> = Vec::new();
+        for step in 0..3000 {
+            if live.is_empty() || next() % 3 != 0 {
+                let size = match next() % 4 {
+                    0 => next() % (64 * 1024),
+                    1 => next() % (2 * MIB),
+                    2 => next() % (30 * MIB),
+                    _ => next() % (120 * MIB),
+                };
+                if let Ok(addr) = a.malloc(size, next() % 2, None) {
+                    live.push(addr);
+                }
+            } else {
+                let addr = live.swap_remove((next() % live.len() as u64) as usize);
+                assert!(a.free(addr));
+            }
+            if step % 500 == 0 {
+                a.empty_cache();
+            }
+            let report = a.report();
+            let s = a.stats();
+            let total: u64 = report.iter().map(|g| g.total_size).sum();
+            let allocated: u64 = report.iter().map(|g| g.allocated_size).sum();
+            let requested: u64 = report.iter().map(|g| g.requested_size).sum();
+            assert_eq!(s.reserved_bytes.all().current, total as i64, "{overrides} step {step}");
+            assert_eq!(a.reserved_bytes(), total);
+            assert_eq!(s.allocated_bytes.all().current, allocated as i64);
+            assert_eq!(s.requested_bytes.all().current, requested as i64);
+            assert_eq!(s.allocation.all().current, live.len() as i64);
+            if let Some(cap) = capacity {
+                assert!(total <= cap);
+            }
+            if !a.conf().expandable_segments {
+                let split_free: u64 = report
+                    .iter()
+                    .filter(|g| g.blocks.len() > 1)
+                    .flat_map(|g| g.blocks.iter().filter(|b| b.state == BlockState::Inactive))
+                    .map(|b| b.size)
+                    .sum();
+                assert_eq!(s.inactive_split_bytes.all().current, split_free as i64, "{overrides} step {step}");
+                assert_eq!(s.segment.all().current, report.len() as i64);
+            }
+            for g in &report {
+                let mut at = g.address;
+                for b in &g.blocks {
+                    assert_eq!(b.address, at, "blocks tile the segment");
+                    at += b.size;
+                }
+            }
+        }
+    }
+}
