@@ -1,8 +1,23 @@
 //! PyTorch's world: memory snapshot files (`torch.cuda.memory._dump_snapshot`) read and written, and an
 //! emulation of the CUDA caching allocator that replays them decision by decision.
+//!
+//! - [`snapshot`]: the snapshot data model.
+//! - [`alloc_conf`]: the allocator settings (`PYTORCH_CUDA_ALLOC_CONF`).
+//! - [`caching`]: the emulated `CUDACachingAllocator` ([`CachingAllocator`], step by step) and [`emulate`],
+//!   which replays a trace and measures how exactly it reproduces PyTorch's recorded decisions.
+//! - [`memory_stats`]: `torch.cuda.memory_stats()` counters and the `memory_summary()` table.
+//! - [`replayed`]: the snapshot a heap or paged contender would have recorded, for export.
 
+pub mod alloc_conf;
+pub mod caching;
+#[cfg(test)]
+mod json_fixture;
+pub mod memory_stats;
 pub mod replayed;
 pub mod snapshot;
 
+pub use alloc_conf::{AllocConf, AllocConfError};
+pub use caching::{CachingAllocator, Emulation, Fidelity, OomEvent, OomReport, emulate};
+pub use memory_stats::{MemoryStats, Stat, StatArray};
 pub use snapshot::{Action, Block, BlockState, Frame, Pool, RecordedSettings, Segment, Snapshot, StackId, TraceEntry};
 

@@ -1,0 +1,299 @@
+//! The caching allocator's settings (`PYTORCH_CUDA_ALLOC_CONF`), as PyTorch's `CUDAAllocatorConfig` holds
+//! them (`c10/cuda/CUDAAllocatorConfig.cpp`, `c10/core/AllocatorConfig.cpp`).
+//!
+//! [`AllocConf::from_recorded`] takes the settings a snapshot recorded (`allocator_settings`);
+//! [`AllocConf::parse_overrides`] applies a `PYTORCH_CUDA_ALLOC_CONF` string on top, with PyTorch's syntax
+//! and range checks as in `AllocatorConfig::parseArgs` (`c10/core/AllocatorConfig.cpp`):
+//! `max_split_size_mb` / `max_non_split_rounding_mb` at least 20, `garbage_collection_threshold` in
+//! (0, 1), `roundup_power2_divisions` a power of two, or a list `[interval_mb:divisions,...,>:divisions]`
+//! (divisions a power of two or 0). Like PyTorch, `>` fills from the last named interval *inclusive*, so
+//! `[256:1,512:2,>:4]` ends with 4 divisions from 512 MiB on.
+
+use super::snapshot::RecordedSettings;
+
+/// One MiB.
+const MIB: u64 = 1 << 20;
+
+/// Number of `roundup_power2_divisions` intervals (`kRoundUpPowerOfTwoIntervals`): 1 MiB .. 64 GiB.
+pub const ROUNDUP_INTERVALS: usize = 16;
+
+/// `kLargeBuffer`, the default `max_non_split_rounding` and the floor of `max_split_size`.
+const LARGE_BUFFER_BYTES: u64 = 20 * MIB;
+
+/// Settings of the caching allocator that change its decisions.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct AllocConf {
+    /// `max_split_size`: blocks at least this large are never split (`None` = unlimited, the default).
+    pub max_split_size: Option<u64>,
+    /// `roundup_power2_divisions` per interval: index 0 for sizes below 2 MiB, index `i` for
+    /// `[2^i MiB, 2^(i+1) MiB)`, the last for everything above. 0 or 1 = off.
+    pub roundup_power2_divisions: [u64; ROUNDUP_INTERVALS],
+    /// `garbage_collection_threshold` (0 = off); acts only with a memory fraction (here: a capacity).
+    pub garbage_collection_threshold: f64,
+    /// `expandable_segments`.
+    pub expandable_segments: bool,
+    /// `max_non_split_rounding`: an oversize block serves a request only when it exceeds it by less than
+    /// this (20 MiB by default, `max_non_split_rounding_mb`).
+    pub max_non_split_rounding: u64,
+}
+
+impl Default for AllocConf {
+    fn default() -> Self {
+        AllocConf {
+            max_split_size: None,
+            roundup_power2_divisions: [0; ROUNDUP_INTERVALS],
+            garbage_collection_threshold: 0.0,
+            expandable_segments: false,
+            max_non_split_rounding: LARGE_BUFFER_BYTES,
+        }
+    }
+}
+
+/// A `PYTORCH_CUDA_ALLOC_CONF` string that PyTorch would refuse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AllocConfError {
+    /// The key is not one of PyTorch's.
+    #[error("unknown PYTORCH_CUDA_ALLOC_CONF key `{key}`")]
+    UnknownKey {
+        /// The key.
+        key: String,
+    },
+    /// The value does not fit the key.
+    #[error("bad value `{value}` for PYTORCH_CUDA_ALLOC_CONF key `{key}`: {why}")]
+    BadValue {
+        /// The key.
+        key: String,
+        /// The value as written.
+        value: String,
+        /// What PyTorch requires.
+        why: &'static str,
+    },
+}
+
+impl AllocConf {
+    /// The settings a snapshot recorded.
+    pub fn from_recorded(settings: &RecordedSettings) -> AllocConf {
+        let mut conf = AllocConf {
+            max_split_size: settings.max_split_size,
+            garbage_collection_threshold: settings.garbage_collection_threshold,
+            expandable_segments: settings.expandable_segments,
+            ..AllocConf::default()
+        };
+        for &(interval_mb, divisions) in &settings.roundup_power2_divisions {
+            if let Some(index) = interval_index(interval_mb) {
+                conf.roundup_power2_divisions[index] = divisions;
+            }
+        }
+        conf
+    }
+
+    /// `roundup_power2_divisions(size)` of `CUDAAllocatorConfig`: the divisions for the interval holding
+    /// `size_bytes`.
+    pub fn divisions_for(&self, size_bytes: u64) -> u64 {
+        let log_size = u64::from(63 - size_bytes.max(1).leading_zeros());
+        let index = log_size.saturating_sub(20).min(ROUNDUP_INTERVALS as u64 - 1);
+        self.roundup_power2_divisions[index as usize]
+    }
+
+    /// Applies a `PYTORCH_CUDA_ALLOC_CONF` string (`key:value,key:value`) on top of these settings.
+    /// Keys PyTorch knows but that do not change placement decisions (`backend`, `pinned_*`,
+    /// `release_lock_on_cudamalloc`, ...) are accepted and ignored.
+    pub fn parse_overrides(&mut self, s: &str) -> Result<(), AllocConfError> {
+        for item in split_top_level(s) {
+            let item = item.trim();
+            if item.is_empty() {
+                continue;
+            }
+            let (key, value) = match item.split_once(':') {
+                Some((k, v)) => (k.trim(), v.trim()),
+                None => return Err(bad(item, "", "expected `key:value`")),
+            };
+            match key {
+                "max_split_size_mb" => {
+                    let mb = parse_u64(key, value)?;
+                    if mb < LARGE_BUFFER_BYTES / MIB {
+                        return Err(bad(key, value, "must be >= 20 (MiB)"));
+                    }
+                    self.max_split_size = Some(mb.saturating_mul(MIB));
+                }
+                "max_non_split_rounding_mb" => {
+                    let mb = parse_u64(key, value)?;
+                    if mb < LARGE_BUFFER_BYTES / MIB {
+                        return Err(bad(key, value, "must be >= 20 (MiB)"));
+                    }
+                    self.max_non_split_rounding = mb.saturating_mul(MIB);
+                }
+                "garbage_collection_threshold" => {
+                    let t: f64 = value.parse().map_err(|_| bad(key, value, "expected a number"))?;
+                    if !(t > 0.0 && t < 1.0) {
+                        return Err(bad(key, value, "must lie in (0.0, 1.0)"));
+                    }
+                    self.garbage_collection_threshold = t;
+                }
+                "expandable_segments" => {
+                    self.expandable_segments = match value {
+                        "True" => true,
+                        "False" => false,
+                        _ => return Err(bad(key, value, "expected True or False")),
+                    };
+                }
+                "roundup_power2_divisions" => self.parse_roundup(key, value)?,
+                "backend"
+                | "release_lock_on_cudamalloc"
+                | "release_lock_on_hipmalloc"
+                | "pinned_use_hip_host_register"
+                | "pinned_use_cuda_host_register"
+                | "pinned_num_register_threads"
+                | "pinned_reserve_segment_size_mb"
+                | "pinned_use_background_threads"
+                | "per_process_memory_fraction"
+                | "graph_capture_record_stream_reuse" => {}
+                _ => return Err(AllocConfError::UnknownKey { key: key.to_string() }),
+            }
+        }
+        Ok(())
+    }
+
+    /// `roundup_power2_divisions:N` or `[interval_mb:N,...,>:N]` (`parseRoundUpPower2Divisions`).
+    fn parse_roundup(&mut self, key: &str, value: &str) -> Result<(), AllocConfError> {
+        let Some(list) = value.strip_prefix('[') else {
+            let n = parse_pow2(key, value)?;
+            self.roundup_power2_divisions = [n; ROUNDUP_INTERVALS];
+            return Ok(());
+        };
+        let Some(list) = list.strip_suffix(']') else {
+            return Err(bad(key, value, "missing `]`"));
+        };
+        let mut last_index: Option<usize> = None;
+        for entry in list.split(',') {
+            let Some((interval, divisions)) = entry.split_once(':') else {
+                return Err(bad(key, value, "expected `interval_mb:divisions` entries"));
+            };
+            let n = parse_u64(key, divisions.trim())?;
+            if n != 0 && !n.is_power_of_two() {
+                return Err(bad(key, value, "divisions must be a power of two or 0"));
+            }
+            if interval.trim() == ">" {
+                // PyTorch fills from the last named interval, that one included.
+                let from = last_index.unwrap_or(0);
+                for d in &mut self.roundup_power2_divisions[from.min(ROUNDUP_INTERVALS)..] {
+                    *d = n;
+                }
+            } else {
+                let mb = parse_u64(key, interval.trim())?;
+                if !mb.is_power_of_two() {
+                    return Err(bad(key, value, "intervals must be powers of two (MiB)"));
+                }
+                let index = (mb.trailing_zeros() as usize).min(ROUNDUP_INTERVALS - 1);
+                if last_index.is_none() {
+                    for d in &mut self.roundup_power2_divisions[..index] {
+                        *d = n;
+                    }
+                }
+                self.roundup_power2_divisions[index] = n;
+                last_index = Some(index);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Index of the interval that starts at `interval_mb` MiB (the recorded dictionary's keys).
+fn interval_index(interval_mb: u64) -> Option<usize> {
+    interval_mb.is_power_of_two().then(|| (interval_mb.trailing_zeros() as usize).min(ROUNDUP_INTERVALS - 1))
+}
+
+/// Splits at commas outside brackets.
+fn split_top_level(s: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut depth = 0usize;
+    let mut start = 0;
+    for (i, c) in s.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&s[start..]);
+    parts
+}
+
+fn bad(key: &str, value: &str, why: &'static str) -> AllocConfError {
+    AllocConfError::BadValue { key: key.to_string(), value: value.to_string(), why }
+}
+
+fn parse_u64(key: &str, value: &str) -> Result<u64, AllocConfError> {
+    value.parse().map_err(|_| bad(key, value, "expected a non-negative integer"))
+}
+
+fn parse_pow2(key: &str, value: &str) -> Result<u64, AllocConfError> {
+    let n = parse_u64(key, value)?;
+    if n.is_power_of_two() { Ok(n) } else { Err(bad(key, value, "divisions must be a power of two")) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_pytorch_syntax() {
+        let mut conf = AllocConf::default();
+        conf.parse_overrides("expandable_segments:True,max_split_size_mb:128,roundup_power2_divisions:4").unwrap();
+        assert!(conf.expandable_segments);
+        assert_eq!(conf.max_split_size, Some(128 << 20));
+        assert_eq!(conf.roundup_power2_divisions, [4; ROUNDUP_INTERVALS]);
+
+        let mut conf = AllocConf::default();
+        conf.parse_overrides("roundup_power2_divisions:[256:1,512:2,>:4],garbage_collection_threshold:0.6").unwrap();
+        assert_eq!(conf.garbage_collection_threshold, 0.6);
+        assert_eq!(conf.roundup_power2_divisions[0], 1);
+        assert_eq!(conf.roundup_power2_divisions[8], 1);
+        assert_eq!(conf.roundup_power2_divisions[9], 4, "PyTorch's `>` overwrites the last named interval");
+        assert_eq!(conf.roundup_power2_divisions[10], 4);
+        assert_eq!(conf.roundup_power2_divisions[15], 4);
+        assert_eq!(conf.divisions_for(300 << 20), 1);
+        assert_eq!(conf.divisions_for(600 << 20), 4);
+        conf.parse_overrides("roundup_power2_divisions:[64:8,128:0]").unwrap();
+        assert_eq!(conf.roundup_power2_divisions[6], 8);
+        assert_eq!(conf.roundup_power2_divisions[7], 0);
+        assert_eq!(conf.divisions_for(2000 << 20), 4);
+    }
+
+    #[test]
+    fn refuses_bad_input_naming_key_and_value() {
+        let cases = [
+            ("colour:blue", "colour"),
+            ("max_split_size_mb:19", "`19`"),
+            ("max_split_size_mb:lots", "`lots`"),
+            ("garbage_collection_threshold:1.5", "`1.5`"),
+            ("expandable_segments:yes", "`yes`"),
+            ("roundup_power2_divisions:3", "`3`"),
+        ];
+        for (input, needle) in cases {
+            let err = AllocConf::default().parse_overrides(input).unwrap_err().to_string();
+            assert!(err.contains(needle), "{input}: {err}");
+        }
+    }
+
+    #[test]
+    fn from_recorded_reads_the_dictionary() {
+        let settings = RecordedSettings {
+            alloc_conf: String::new(),
+            max_split_size: Some(256 << 20),
+            garbage_collection_threshold: 0.0,
+            expandable_segments: true,
+            roundup_power2_divisions: vec![(1, 0), (2, 4), (32768, 8)],
+        };
+        let conf = AllocConf::from_recorded(&settings);
+        assert_eq!(conf.max_split_size, Some(256 << 20));
+        assert!(conf.expandable_segments);
+        assert_eq!(conf.roundup_power2_divisions[1], 4);
+        assert_eq!(conf.roundup_power2_divisions[15], 8);
+    }
+}
