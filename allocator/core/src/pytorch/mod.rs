@@ -1,7 +1,8 @@
 //! PyTorch's world: memory snapshot files (`torch.cuda.memory._dump_snapshot`) read and written, and an
 //! emulation of the CUDA caching allocator that replays them decision by decision.
 //!
-//! - [`snapshot`]: the snapshot data model.
+//! - [`snapshot`]: the snapshot data model; [`import`] reads files (a streaming pickle reader), [`export`]
+//!   writes them (pickle protocol 4).
 //! - [`alloc_conf`]: the allocator settings (`PYTORCH_CUDA_ALLOC_CONF`).
 //! - [`caching`]: the emulated `CUDACachingAllocator` ([`CachingAllocator`], step by step) and [`emulate`],
 //!   which replays a trace and measures how exactly it reproduces PyTorch's recorded decisions.
@@ -10,14 +11,20 @@
 
 pub mod alloc_conf;
 pub mod caching;
+pub mod export;
+pub mod import;
 #[cfg(test)]
 mod json_fixture;
 pub mod memory_stats;
+mod pickle_read;
+mod pickle_write;
 pub mod replayed;
 pub mod snapshot;
 
 pub use alloc_conf::{AllocConf, AllocConfError};
 pub use caching::{CachingAllocator, Emulation, Fidelity, OomEvent, OomReport, emulate};
+pub use export::write_snapshot;
+pub use import::{DeviceTrace, SnapshotError, parse_snapshot, read_snapshot};
 pub use memory_stats::{MemoryStats, Stat, StatArray};
 pub use snapshot::{Action, Block, BlockState, Frame, Pool, RecordedSettings, Segment, Snapshot, StackId, TraceEntry};
 

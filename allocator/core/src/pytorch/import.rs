@@ -1,0 +1,1078 @@
+//! Reading snapshot files: gzip or raw pickle, PyTorch ≥ 2.1 and legacy (≤ 2.0) schemas, into [`Snapshot`].
+//!
+//! The pickle is decoded by [`pickle_read`](super::pickle_read); this module is its sink: it takes each
+//! trace entry as the pickle appends it to a device's trace list, converts it to a [`TraceEntry`] and
+//! interns its frames, then converts the rest (segments, settings) from the generic values at the end.
+//!
+//! Frames are interned twice over: each frame dict becomes an entry of a frame table (deduplicated by
+//! content), each frame list a list of frame ids deduplicated by content into a [`StackId`]; and the memo
+//! slot of a converted frame list is replaced by the `StackId`, so a list shared through the memo by every
+//! event is decoded once.
+//!
+//! Missing keys default as PyTorch's MemoryViz does: `frames` = [], a block's `requested_size` = its
+//! `size`, legacy blocks (`history` instead of `frames`) take the first history entry's `frames` and
+//! `real_size`, a block's missing `address` follows the previous block. Keys the model does not hold
+//! (`compile_context`, `user_metadata`, `external_annotations`, pinned-memory settings) are ignored.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read};
+use std::path::Path;
+use std::rc::Rc;
+
+use flate2::bufread::MultiGzDecoder;
+
+use super::pickle_read::{self, Dict, Place, ReadError, Sink, Value};
+use super::snapshot::{Action, Block, BlockState, Frame, Pool, RecordedSettings, Segment, Snapshot, StackId, TraceEntry};
+use crate::trace::{Trace, TraceBuilder};
+
+/// Why a snapshot file could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotError {
+    /// The file could not be opened or read (or its gzip stream is corrupt).
+    #[error("{file}: cannot read: {source}")]
+    Io {
+        /// The file.
+        file: String,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The bytes are not a pickle this reader understands.
+    #[error("{file}: not a valid pickle: at byte {offset} of the pickle stream: {what}")]
+    Pickle {
+        /// The file.
+        file: String,
+        /// Offset in the (decompressed) pickle stream.
+        offset: u64,
+        /// What is wrong, e.g. `unknown or unsupported opcode 0x50`.
+        what: String,
+    },
+    /// The pickle is fine but does not hold a memory snapshot.
+    #[error("{file}: not a PyTorch memory snapshot: {path}: {what}")]
+    Schema {
+        /// The file.
+        file: String,
+        /// Where, e.g. `device_traces[0][17].action`.
+        path: String,
+        /// What is wrong, e.g. `expected str, found int`.
+        what: String,
+    },
+}
+
+/// Reads a snapshot file (`torch.cuda.memory._dump_snapshot`), gzip-compressed or not.
+///
+/// # Errors
+/// [`SnapshotError`] naming the file and what is wrong where.
+pub fn read_snapshot(path: &Path) -> Result<Snapshot, SnapshotError> {
+    let name = path.display().to_string();
+    let file = File::open(path).map_err(|source| SnapshotError::Io { file: name.clone(), source })?;
+    parse_snapshot(file, &name)
+}
+
+/// Parses a snapshot from `reader` (gzip detected by its magic bytes, else raw pickle); `name` names the
+/// input in errors.
+///
+/// # Errors
+/// [`SnapshotError`] naming `name` and what is wrong where.
+pub fn parse_snapshot(reader: impl Read, name: &str) -> Result<Snapshot, SnapshotError> {
+    let mut reader = BufReader::with_capacity(256 * 1024, reader);
+    let head = reader.fill_buf().map_err(|source| SnapshotError::Io { file: name.to_owned(), source })?;
+    let result = if head.starts_with(&[0x1f, 0x8b]) {
+        let mut decoder = MultiGzDecoder::new(reader);
+        pickle_read::read_pickle(&mut decoder, Decoder::default()).and_then(|result| {
+            // Read the rest so that the gzip trailer (CRC, length) is checked: a cut file is an error.
+            io::copy(&mut decoder, &mut io::sink()).map_err(|error| ReadError::Io { offset: None, error })?;
+            Ok(result)
+        })
+    } else {
+        pickle_read::read_pickle(reader, Decoder::default())
+    };
+    let convert_error = |error: ReadError| match error {
+        ReadError::Malformed { offset, what } => SnapshotError::Pickle { file: name.to_owned(), offset, what },
+        ReadError::Io { offset, error } => SnapshotError::Io {
+            file: name.to_owned(),
+            source: match offset {
+                Some(offset) => io::Error::new(error.kind(), format!("at byte {offset} of the pickle stream: {error}")),
+                None => io::Error::new(error.kind(), format!("after the pickle's end: {error}")),
+            },
+        },
+        ReadError::Schema { path, what } => SnapshotError::Schema { file: name.to_owned(), path, what },
+    };
+    let (root, decoder) = result.map_err(convert_error)?;
+    decoder.finish(&root).map_err(|Issue { path, what }| SnapshotError::Schema { file: name.to_owned(), path, what })
+}
+
+/// A schema problem: where and what.
+#[derive(Debug)]
+struct Issue {
+    path: String,
+    what: String,
+}
+
+impl Issue {
+    fn new(path: impl Into<String>, what: impl Into<String>) -> Self {
+        Self { path: path.into(), what: what.into() }
+    }
+
+    fn expected(path: impl Into<String>, expected: &str, found: &Value) -> Self {
+        Self::new(path, format!("expected {expected}, found {}", found.type_name()))
+    }
+}
+
+impl From<Issue> for ReadError {
+    fn from(Issue { path, what }: Issue) -> Self {
+        ReadError::Schema { path, what }
+    }
+}
+
+const TAG_ROOT: u32 = 1;
+const TAG_DEVICE_TRACES: u32 = 2;
+/// Tags from here on name a device trace list: `TAG_TRACE_BASE + index into Decoder::traces`.
+const TAG_TRACE_BASE: u32 = 16;
+
+/// A frame as the pickle holds it (strings shared with the pickle's memo).
+type RawFrame = (Rc<str>, i64, Rc<str>);
+
+/// Interns frames and frame lists.
+#[derive(Debug)]
+struct Frames {
+    frame_ids: HashMap<RawFrame, u32>,
+    frames: Vec<RawFrame>,
+    stack_ids: HashMap<Vec<u32>, u32>,
+    stacks: Vec<Vec<u32>>,
+    scratch: Vec<u32>,
+}
+
+impl Default for Frames {
+    fn default() -> Self {
+        Self {
+            frame_ids: HashMap::new(),
+            frames: Vec::new(),
+            stack_ids: HashMap::from([(Vec::new(), 0)]),
+            stacks: vec![Vec::new()],
+            scratch: Vec::new(),
+        }
+    }
+}
+
+impl Frames {
+    /// Interns the frame list `value` found at `path`; replaces converted memo entries (see the module doc).
+    fn intern(&mut self, value: &Value, memo: &mut [Value], path: &dyn Fn() -> String) -> Result<StackId, Issue> {
+        let list = match value {
+            Value::Stack(id) => return Ok(StackId(*id)),
+            Value::List(list) => list,
+            Value::None => return Ok(StackId::NONE),
+            other => return Err(Issue::expected(path(), "list", other)),
+        };
+        let list = list.borrow();
+        self.scratch.clear();
+        for (index, item) in list.items.iter().enumerate() {
+            let id = match item {
+                Value::Frame(id) => *id,
+                Value::Dict(dict) => {
+                    let dict = dict.borrow();
+                    let frame_path = || format!("{}[{index}]", path());
+                    let text = |key: &str| -> Result<Rc<str>, Issue> {
+                        match dict.get(key) {
+                            Some(Value::Str(text)) => Ok(Rc::clone(text)),
+                            Some(other) => Err(Issue::expected(format!("{}.{key}", frame_path()), "str", other)),
+                            None => Ok(Rc::from("")),
+                        }
+                    };
+                    let line = match dict.get("line") {
+                        Some(value) => value
+                            .as_i128()
+                            .and_then(|line| i64::try_from(line).ok())
+                            .ok_or_else(|| Issue::expected(format!("{}.line", frame_path()), "int", value))?,
+                        None => 0,
+                    };
+                    let raw = (text("filename")?, line, text("name")?);
+                    let id = match self.frame_ids.get(&raw) {
+                        Some(&id) => id,
+                        None => {
+                            let id = u32::try_from(self.frames.len()).map_err(|_| Issue::new(path(), "too many frames"))?;
+                            self.frames.push(raw.clone());
+                            self.frame_ids.insert(raw, id);
+                            id
+                        }
+                    };
+                    if let Some(entry) = dict.memo_slot.and_then(|slot| memo.get_mut(slot as usize)) {
+                        *entry = Value::Frame(id);
+                    }
+                    id
+                }
+                other => return Err(Issue::expected(format!("{}[{index}]", path()), "dict", other)),
+            };
+            self.scratch.push(id);
+        }
+        let id = match self.stack_ids.get(self.scratch.as_slice()) {
+            Some(&id) => id,
+            None => {
+                let id = u32::try_from(self.stacks.len()).map_err(|_| Issue::new(path(), "too many frame lists"))?;
+                self.stacks.push(self.scratch.clone());
+                self.stack_ids.insert(self.scratch.clone(), id);
+                id
+            }
+        };
+        if let Some(entry) = list.memo_slot.and_then(|slot| memo.get_mut(slot as usize)) {
+            *entry = Value::Stack(id);
+        }
+        Ok(StackId(id))
+    }
+
+    fn into_stacks(self) -> Vec<Vec<Frame>> {
+        let frames: Vec<Frame> = self
+            .frames
+            .into_iter()
+            .map(|(filename, line, name)| Frame { filename: filename.to_string(), line, name: name.to_string() })
+            .collect();
+        self.stacks.into_iter().map(|ids| ids.into_iter().map(|id| frames[id as usize].clone()).collect()).collect()
+    }
+}
+
+/// The sink: takes trace entries as they stream by, converts the rest at the end.
+#[derive(Debug, Default)]
+struct Decoder {
+    /// (device index, entries) for every list tagged as a device trace.
+    traces: Vec<(usize, Vec<TraceEntry>)>,
+    frames: Frames,
+}
+
+impl Sink for Decoder {
+    fn tag(&mut self, place: Place<'_>) -> u32 {
+        match place {
+            Place::Root => TAG_ROOT,
+            Place::Key { parent: TAG_ROOT, key: "device_traces" } => TAG_DEVICE_TRACES,
+            Place::Index { parent: TAG_DEVICE_TRACES, index } => match u32::try_from(self.traces.len()) {
+                Ok(id) if id < u32::MAX - TAG_TRACE_BASE => {
+                    self.traces.push((index, Vec::new()));
+                    TAG_TRACE_BASE + id
+                }
+                _ => 0,
+            },
+            _ => 0,
+        }
+    }
+
+    fn append(&mut self, list_tag: u32, index: usize, item: Value, memo: &mut [Value]) -> Result<Option<Value>, ReadError> {
+        let Some(slot) = list_tag.checked_sub(TAG_TRACE_BASE) else { return Ok(Some(item)) };
+        let Some(&(device, _)) = self.traces.get(slot as usize) else { return Ok(Some(item)) };
+        let entry = convert_entry(&item, device, index, &mut self.frames, memo)?;
+        self.traces[slot as usize].1.push(entry);
+        Ok(None)
+    }
+}
+
+/// An int in `0..2^64` at `path`.
+fn to_u64(value: &Value, path: &dyn Fn() -> String) -> Result<u64, Issue> {
+    match value.as_i128() {
+        Some(number) => {
+            u64::try_from(number).map_err(|_| Issue::new(path(), format!("expected an int in 0..2^64, found {number}")))
+        }
+        None => Err(Issue::expected(path(), "int", value)),
+    }
+}
+
+/// An int in `i64` at `path`.
+fn to_i64(value: &Value, path: &dyn Fn() -> String) -> Result<i64, Issue> {
+    match value.as_i128() {
+        Some(number) => {
+            i64::try_from(number).map_err(|_| Issue::new(path(), format!("expected an int in the range of i64, found {number}")))
+        }
+        None => Err(Issue::expected(path(), "int", value)),
+    }
+}
+
+/// Converts one trace entry (element `index` of device `device`'s trace).
+fn convert_entry(
+    item: &Value,
+    device: usize,
+    index: usize,
+    frames: &mut Frames,
+    memo: &mut [Value],
+) -> Result<TraceEntry, Issue> {
+    let here = || format!("device_traces[{device}][{index}]");
+    let dict = match item {
+        Value::Dict(dict) => dict,
+        other => return Err(Issue::expected(here(), "dict", other)),
+    };
+    let dict = dict.borrow();
+    let mut action = None;
+    let mut addr = None;
+    let mut size = None;
+    let mut stream = 0;
+    let mut time_us = None;
+    let mut device_free = None;
+    let mut stack = StackId::NONE;
+    for (key, value) in &dict.items {
+        let Value::Str(key) = key else { continue };
+        let key: &str = key;
+        let path = || format!("{}.{key}", here());
+        match key {
+            "action" => {
+                let Value::Str(name) = value else { return Err(Issue::expected(path(), "str", value)) };
+                action = Some(Action::from_name(name).ok_or_else(|| Issue::new(path(), format!("unknown action {name:?}")))?);
+            }
+            "addr" => addr = Some(to_u64(value, &path)?),
+            "size" => size = Some(to_u64(value, &path)?),
+            "stream" => stream = to_u64(value, &path)?,
+            "time_us" => time_us = if matches!(value, Value::None) { None } else { Some(to_i64(value, &path)?) },
+            "device_free" => device_free = if matches!(value, Value::None) { None } else { Some(to_u64(value, &path)?) },
+            "frames" => stack = frames.intern(value, memo, &path)?,
+            _ => {}
+        }
+    }
+    let action = action.ok_or_else(|| Issue::new(format!("{}.action", here()), "missing key"))?;
+    let optional_addr = matches!(action, Action::Oom | Action::Snapshot);
+    let addr = match addr {
+        Some(addr) => addr,
+        None if optional_addr => 0,
+        None => return Err(Issue::new(format!("{}.addr", here()), "missing key")),
+    };
+    let size = match size {
+        Some(size) => size,
+        None if action == Action::Snapshot => 0,
+        None => return Err(Issue::new(format!("{}.size", here()), "missing key")),
+    };
+    if let Some(entry) = dict.memo_slot.and_then(|slot| memo.get_mut(slot as usize)) {
+        *entry = Value::Consumed;
+    }
+    Ok(TraceEntry { action, addr, size, stream, time_us, device_free, frames: stack })
+}
+
+/// A dict's fields with the dict's path, for the end-of-file conversion.
+struct Fields<'a> {
+    dict: std::cell::Ref<'a, Dict>,
+    path: &'a str,
+}
+
+impl<'a> Fields<'a> {
+    fn of(value: &'a Value, path: &'a str) -> Result<Self, Issue> {
+        match value {
+            Value::Dict(dict) => Ok(Self { dict: dict.borrow(), path }),
+            other => Err(Issue::expected(path, "dict", other)),
+        }
+    }
+
+    fn key_path(&self, key: &str) -> String {
+        if self.path.is_empty() { key.to_owned() } else { format!("{}.{key}", self.path) }
+    }
+
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.dict.get(key)
+    }
+
+    fn required(&self, key: &str) -> Result<&Value, Issue> {
+        self.get(key).ok_or_else(|| Issue::new(self.key_path(key), "missing key"))
+    }
+
+    fn u64(&self, key: &str) -> Result<Option<u64>, Issue> {
+        self.get(key).map(|value| to_u64(value, &|| self.key_path(key))).transpose()
+    }
+
+    fn required_u64(&self, key: &str) -> Result<u64, Issue> {
+        to_u64(self.required(key)?, &|| self.key_path(key))
+    }
+
+    fn str(&self, key: &str) -> Result<Option<&str>, Issue> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Str(text)) => Ok(Some(text)),
+            Some(other) => Err(Issue::expected(self.key_path(key), "str", other)),
+        }
+    }
+
+    fn bool(&self, key: &str) -> Result<Option<bool>, Issue> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(value)) => Ok(Some(*value)),
+            Some(Value::Int(value)) => Ok(Some(*value != 0)),
+            Some(other) => Err(Issue::expected(self.key_path(key), "bool", other)),
+        }
+    }
+
+    fn list(&self, key: &str) -> Result<Option<Vec<Value>>, Issue> {
+        match self.get(key) {
+            None | Some(Value::None) => Ok(None),
+            Some(Value::List(list)) => Ok(Some(list.borrow().items.clone())),
+            Some(Value::Tuple(items)) => Ok(Some(items.to_vec())),
+            Some(other) => Err(Issue::expected(self.key_path(key), "list", other)),
+        }
+    }
+}
+
+impl Decoder {
+    /// Converts the top-level value, with the trace entries already taken.
+    fn finish(mut self, root: &Value) -> Result<Snapshot, Issue> {
+        let top = match root {
+            Value::Dict(_) => Fields::of(root, "")?,
+            other => return Err(Issue::expected("<top level>", "dict (a snapshot)", other)),
+        };
+        let segments_value = top.list("segments")?.ok_or_else(|| Issue::new("segments", "missing key"))?;
+        let mut segments = Vec::with_capacity(segments_value.len());
+        for (index, value) in segments_value.iter().enumerate() {
+            segments.push(self.segment(value, &format!("segments[{index}]"))?);
+        }
+        let mut device_traces = Vec::new();
+        let mut placed: HashMap<u32, usize> = HashMap::new();
+        for (device, value) in top.list("device_traces")?.unwrap_or_default().iter().enumerate() {
+            let path = format!("device_traces[{device}]");
+            let list = match value {
+                Value::List(list) => list.borrow(),
+                other => return Err(Issue::expected(path, "list", other)),
+            };
+            let mut entries = match list.tag.checked_sub(TAG_TRACE_BASE) {
+                Some(slot) if (slot as usize) < self.traces.len() => match placed.get(&slot) {
+                    Some(&earlier) => device_traces.get(earlier).cloned().unwrap_or_default(),
+                    None => {
+                        placed.insert(slot, device);
+                        std::mem::take(&mut self.traces[slot as usize].1)
+                    }
+                },
+                _ => Vec::new(),
+            };
+            let taken = entries.len();
+            for (offset, item) in list.items.iter().enumerate() {
+                entries.push(convert_entry(item, device, taken + offset, &mut self.frames, &mut [])?);
+            }
+            device_traces.push(entries);
+        }
+        let settings = match top.get("allocator_settings") {
+            None | Some(Value::None) => None,
+            Some(value) => Some(settings(value)?),
+        };
+        Ok(Snapshot { segments, device_traces, settings, frame_stacks: self.frames.into_stacks() })
+    }
+
+    fn segment(&mut self, value: &Value, path: &str) -> Result<Segment, Issue> {
+        let fields = Fields::of(value, path)?;
+        let address = fields.required_u64("address")?;
+        let total_size = fields.required_u64("total_size")?;
+        let blocks_value = fields.list("blocks")?.unwrap_or_default();
+        let mut blocks = Vec::with_capacity(blocks_value.len());
+        let mut next_address = address;
+        for (index, block) in blocks_value.iter().enumerate() {
+            let block = self.block(block, &format!("{path}.blocks[{index}]"), next_address)?;
+            next_address = block.address.saturating_add(block.size);
+            blocks.push(block);
+        }
+        let sum = |keep: fn(&Block) -> bool, size: fn(&Block) -> u64| blocks.iter().filter(|b| keep(b)).map(size).sum::<u64>();
+        let allocated = |block: &Block| block.state == BlockState::ActiveAllocated;
+        let active = |block: &Block| block.state != BlockState::Inactive;
+        let segment_type = match fields.str("segment_type")? {
+            None | Some("large") => Pool::Large,
+            Some("small") => Pool::Small,
+            Some(other) => {
+                return Err(Issue::new(fields.key_path("segment_type"), format!("expected 'large' or 'small', found {other:?}")));
+            }
+        };
+        let segment_pool_id = match fields.get("segment_pool_id") {
+            None | Some(Value::None) => (0, 0),
+            Some(value) => {
+                let pool_path = || fields.key_path("segment_pool_id");
+                let items = match value {
+                    Value::Tuple(items) => items.to_vec(),
+                    Value::List(list) => list.borrow().items.clone(),
+                    other => return Err(Issue::expected(pool_path(), "tuple", other)),
+                };
+                match items.as_slice() {
+                    [first, second] => (to_i64(first, &pool_path)?, to_i64(second, &pool_path)?),
+                    _ => return Err(Issue::new(pool_path(), format!("expected a pair, found {} items", items.len()))),
+                }
+            }
+        };
+        let frames = match fields.get("frames") {
+            None => StackId::NONE,
+            Some(value) => self.frames.intern(value, &mut [], &|| fields.key_path("frames"))?,
+        };
+        Ok(Segment {
+            device: match fields.u64("device")? {
+                Some(device) => {
+                    u32::try_from(device).map_err(|_| Issue::new(fields.key_path("device"), "device index too large"))?
+                }
+                None => 0,
+            },
+            address,
+            total_size,
+            allocated_size: fields.u64("allocated_size")?.unwrap_or_else(|| sum(allocated, |b| b.size)),
+            active_size: fields.u64("active_size")?.unwrap_or_else(|| sum(active, |b| b.size)),
+            requested_size: fields.u64("requested_size")?.unwrap_or_else(|| sum(active, |b| b.requested_size)),
+            stream: fields.u64("stream")?.unwrap_or(0),
+            segment_type,
+            segment_pool_id,
+            is_expandable: fields.bool("is_expandable")?.unwrap_or(false),
+            frames,
+            blocks,
+        })
+    }
+
+    fn block(&mut self, value: &Value, path: &str, default_address: u64) -> Result<Block, Issue> {
+        let fields = Fields::of(value, path)?;
+        let size = fields.required_u64("size")?;
+        let state = match fields.str("state")? {
+            Some("active_allocated") => BlockState::ActiveAllocated,
+            Some("active_pending_free") => BlockState::ActivePendingFree,
+            Some("inactive") => BlockState::Inactive,
+            Some(other) => return Err(Issue::new(fields.key_path("state"), format!("unknown block state {other:?}"))),
+            None => return Err(Issue::new(fields.key_path("state"), "missing key")),
+        };
+        let mut requested_size = fields.u64("requested_size")?.filter(|&requested| requested != 0);
+        let frames = match (fields.get("frames"), fields.list("history")?) {
+            (Some(frames), _) => self.frames.intern(frames, &mut [], &|| fields.key_path("frames"))?,
+            // Legacy (≤ 2.0): the first history entry holds the frames and the requested size.
+            (None, Some(history)) if !history.is_empty() => {
+                let history_path = format!("{path}.history[0]");
+                let first = Fields::of(&history[0], &history_path)?;
+                if requested_size.is_none() {
+                    requested_size = first.u64("real_size")?;
+                }
+                match first.get("frames") {
+                    Some(frames) => self.frames.intern(frames, &mut [], &|| first.key_path("frames"))?,
+                    None => StackId::NONE,
+                }
+            }
+            (None, _) => StackId::NONE,
+        };
+        Ok(Block {
+            address: fields.u64("address")?.unwrap_or(default_address),
+            size,
+            requested_size: requested_size.unwrap_or(size),
+            state,
+            frames,
+        })
+    }
+}
+
+/// Converts `allocator_settings`.
+fn settings(value: &Value) -> Result<RecordedSettings, Issue> {
+    let fields = Fields::of(value, "allocator_settings")?;
+    let max_split_size =
+        match fields.get("max_split_size") {
+            None | Some(Value::None) => None,
+            Some(value) => match value.as_i128() {
+                Some(-1) => None,
+                Some(number) if number >= i128::from(u64::MAX) => None,
+                Some(number) => Some(u64::try_from(number).map_err(|_| {
+                    Issue::new(fields.key_path("max_split_size"), format!("expected -1 or a size, found {number}"))
+                })?),
+                None => return Err(Issue::expected(fields.key_path("max_split_size"), "int", value)),
+            },
+        };
+    let garbage_collection_threshold = match fields.get("garbage_collection_threshold") {
+        None => 0.0,
+        Some(Value::Float(value)) => *value,
+        Some(value) => match value.as_i128() {
+            Some(number) => number as f64,
+            None => return Err(Issue::expected(fields.key_path("garbage_collection_threshold"), "float", value)),
+        },
+    };
+    let divisions_path = || fields.key_path("roundup_power2_divisions");
+    let roundup_power2_divisions = match fields.get("roundup_power2_divisions") {
+        None | Some(Value::None) => Vec::new(),
+        Some(Value::Dict(dict)) => {
+            let dict = dict.borrow();
+            let mut pairs = Vec::with_capacity(dict.items.len());
+            for (key, value) in &dict.items {
+                let start = match key {
+                    Value::Str(text) => text
+                        .parse::<u64>()
+                        .map_err(|_| Issue::new(divisions_path(), format!("key {text:?} is not an interval start in MiB")))?,
+                    other => to_u64(other, &divisions_path)?,
+                };
+                pairs.push((start, to_u64(value, &|| format!("{}[{key:?}]", divisions_path()))?));
+            }
+            pairs
+        }
+        // Older files: a list, element i for the interval starting at 2^i MiB.
+        Some(Value::List(list)) => {
+            let list = list.borrow();
+            let mut pairs = Vec::with_capacity(list.items.len());
+            for (index, value) in list.items.iter().enumerate() {
+                let start = 1u64
+                    .checked_shl(index as u32)
+                    .filter(|_| index < 64)
+                    .ok_or_else(|| Issue::new(divisions_path(), "list too long"))?;
+                pairs.push((start, to_u64(value, &|| format!("{}[{index}]", divisions_path()))?));
+            }
+            pairs
+        }
+        Some(other) => return Err(Issue::expected(divisions_path(), "dict", other)),
+    };
+    Ok(RecordedSettings {
+        alloc_conf: fields.str("PYTORCH_CUDA_ALLOC_CONF")?.unwrap_or_default().to_owned(),
+        max_split_size,
+        garbage_collection_threshold,
+        expandable_segments: fields.bool("expandable_segments")?.unwrap_or(false),
+        roundup_power2_divisions,
+    })
+}
+
+/// One device's trace as a [`Trace`] for the generic policies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceTrace {
+    /// `alloc` → allocation of the requested size, `free_completed` → free, keyed by address.
+    pub trace: Trace,
+    /// `free_completed` entries of addresses the trace never allocated (the recording started mid-run).
+    pub skipped_frees: u64,
+    /// `alloc` entries of zero bytes (no allocation in a [`Trace`]); their frees are skipped too.
+    pub skipped_empty_allocs: u64,
+}
+
+impl Snapshot {
+    /// Converts device `device`'s `alloc` / `free_completed` entries into a [`Trace`] named
+    /// `device <device>` (rename it through [`Trace::name`]).
+    ///
+    /// # Errors
+    /// [`crate::Error::Trace`] (line = 1-based entry index) when `device` has no trace or an address is
+    /// allocated twice without a free.
+    pub fn device_trace_to_trace(&self, device: usize) -> crate::Result<DeviceTrace> {
+        let file = format!("device_traces[{device}]");
+        let entries = self.device_traces.get(device).ok_or_else(|| crate::Error::Trace {
+            file: file.clone(),
+            line: 0,
+            what: format!("no such device: the snapshot has {} device traces", self.device_traces.len()),
+        })?;
+        let mut builder = TraceBuilder::new(format!("device {device}"));
+        let mut skipped_frees = 0;
+        let mut skipped_empty_allocs = 0;
+        let mut empty_live = std::collections::HashSet::new();
+        for (index, entry) in entries.iter().enumerate() {
+            let fail = |what: String| crate::Error::Trace { file: file.clone(), line: index as u64 + 1, what };
+            match entry.action {
+                Action::Alloc if entry.size == 0 => {
+                    skipped_empty_allocs += 1;
+                    empty_live.insert(entry.addr);
+                }
+                Action::Alloc => builder.alloc(entry.addr, entry.size).map_err(fail)?,
+                // The guard performs the free; it only fails for addresses the trace never allocated.
+                Action::FreeCompleted if builder.free(entry.addr).is_err() && !empty_live.remove(&entry.addr) => {
+                    skipped_frees += 1;
+                }
+                _ => {}
+            }
+        }
+        Ok(DeviceTrace { trace: builder.finish(), skipped_frees, skipped_empty_allocs })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::io::Read as _;
+    use std::path::PathBuf;
+    use std::process::Command;
+
+    use super::*;
+
+    /// A committed real snapshot (PyTorch 2.11, H200).
+    pub(crate) fn asset(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch").join(name)
+    }
+
+    pub(crate) const ASSETS: [&str; 4] = [
+        "frag_oom-default.pickle.gz",
+        "frag_oom-expandable.pickle.gz",
+        "gpt2_train_fixed-default.pickle.gz",
+        "gpt2_train_fixed-expandable.pickle.gz",
+    ];
+
+    /// The decompressed pickle of an asset.
+    pub(crate) fn raw_pickle(name: &str) -> Vec<u8> {
+        let file = File::open(asset(name)).unwrap();
+        let mut bytes = Vec::new();
+        flate2::read::GzDecoder::new(file).read_to_end(&mut bytes).unwrap();
+        bytes
+    }
+
+    /// A fresh temporary directory for one test.
+    pub(crate) fn temp_dir(test: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("heapscope-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Whether python3 runs here (tests that need it skip, saying so, when it does not).
+    pub(crate) fn python3() -> bool {
+        let found = Command::new("python3").arg("--version").output().is_ok_and(|output| output.status.success());
+        if !found {
+            eprintln!("python3 not found: skipping");
+        }
+        found
+    }
+
+    /// Runs a python3 script with `args`; panics with its stderr when it fails.
+    pub(crate) fn run_python(script: &str, args: &[&str]) -> String {
+        let output = Command::new("python3").arg("-c").arg(script).args(args).output().unwrap();
+        assert!(output.status.success(), "python3 failed: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).unwrap()
+    }
+
+    #[test]
+    fn reads_the_real_snapshots() {
+        // (file, entries of device 0, segments, blocks, distinct frame lists incl. empty, expandable,
+        //  allocs, oom entries, total reserved bytes)
+        let cases = [
+            ("frag_oom-default.pickle.gz", 141, 20, 20, 6, false, 40, 1, 3_145_728_000u64),
+            ("frag_oom-expandable.pickle.gz", 144, 1, 1, 7, true, 41, 0, 3_187_671_040),
+            ("gpt2_train_fixed-default.pickle.gz", 18685, 154, 158, 1, false, 6179, 0, 15_286_140_928),
+            ("gpt2_train_fixed-expandable.pickle.gz", 18684, 2, 8, 1, true, 6179, 0, 14_543_749_120),
+        ];
+        for (file, entries, segments, blocks, stacks, expandable, allocs, ooms, reserved) in cases {
+            let snapshot = read_snapshot(&asset(file)).unwrap();
+            assert_eq!(snapshot.device_traces.len(), 1, "{file}");
+            let trace = &snapshot.device_traces[0];
+            assert_eq!(trace.len(), entries, "{file}");
+            assert_eq!(snapshot.segments.len(), segments, "{file}");
+            assert_eq!(snapshot.segments.iter().map(|s| s.blocks.len()).sum::<usize>(), blocks, "{file}");
+            assert_eq!(snapshot.frame_stacks.len(), stacks, "{file}");
+            assert!(snapshot.frame_stacks[0].is_empty(), "{file}");
+            assert_eq!(snapshot.segments.iter().map(|s| s.total_size).sum::<u64>(), reserved, "{file}");
+            assert!(snapshot.segments.iter().all(|s| s.is_expandable == expandable), "{file}");
+            assert_eq!(trace.iter().filter(|e| e.action == Action::Alloc).count(), allocs, "{file}");
+            assert_eq!(trace.iter().filter(|e| e.action == Action::Oom).count(), ooms, "{file}");
+            assert!(trace.iter().all(|e| e.time_us.is_some()), "{file}");
+            let settings = snapshot.settings.as_ref().unwrap();
+            assert_eq!(settings.expandable_segments, expandable, "{file}");
+            assert_eq!(settings.max_split_size, None, "{file}");
+            assert_eq!(settings.roundup_power2_divisions.len(), 16, "{file}");
+            assert_eq!(settings.roundup_power2_divisions[0], (1, 0), "{file}");
+            assert_eq!(settings.roundup_power2_divisions[15], (32768, 0), "{file}");
+            // Tiling: blocks cover their segment exactly.
+            for segment in &snapshot.segments {
+                assert_eq!(segment.blocks.iter().map(|b| b.size).sum::<u64>(), segment.total_size, "{file}");
+                assert_eq!(segment.blocks[0].address, segment.address, "{file}");
+            }
+        }
+    }
+
+    #[test]
+    fn frag_oom_details() {
+        let snapshot = read_snapshot(&asset("frag_oom-default.pickle.gz")).unwrap();
+        let trace = &snapshot.device_traces[0];
+        let first = &trace[0];
+        assert_eq!(first.action, Action::SegmentAlloc);
+        assert_eq!((first.addr, first.size, first.stream), (140_333_560_102_912, 157_286_400, 0));
+        assert_eq!(first.time_us, Some(1_795_981_013_729_460));
+        let frames = &snapshot.frame_stacks[first.frames.0 as usize];
+        assert_eq!(
+            frames,
+            &vec![
+                Frame { filename: "capture.py".into(), line: 83, name: "wl_frag_oom".into() },
+                Frame { filename: "capture.py".into(), line: 166, name: "<module>".into() },
+            ]
+        );
+        // The alloc right after shares the same (equal) frame list: one StackId.
+        assert_eq!(trace[1].frames, first.frames);
+        let oom = trace.iter().find(|e| e.action == Action::Oom).unwrap();
+        assert_eq!((oom.addr, oom.size, oom.device_free), (0, 1_073_741_824, Some(611_450_880)));
+        let segment = &snapshot.segments[0];
+        assert_eq!(segment.segment_type, Pool::Large);
+        assert_eq!(segment.segment_pool_id, (0, 0));
+        assert_eq!(segment.blocks[0].state, BlockState::Inactive);
+        assert_eq!(segment.blocks[0].requested_size, 104_857_600);
+    }
+
+    /// Builds snapshots in Python (legacy and current schemas, several devices, big streams), dumps each with
+    /// every protocol from 2 to 5, and checks what we read.
+    #[test]
+    fn reads_python_written_files_in_every_protocol_and_schema() {
+        if !python3() {
+            return;
+        }
+        let dir = temp_dir("protocols");
+        let script = r#"
+import pickle, sys, gzip, os
+out = sys.argv[1]
+frames = [{"filename": "a.py", "line": 3, "name": "f"}, {"filename": "b.py", "line": 70000, "name": "g"}]
+legacy = {"segments": [{"device": 0, "address": 4096, "total_size": 3072, "allocated_size": 1024, "active_size": 1024,
+           "stream": 0, "segment_type": "small",
+           "blocks": [{"size": 1024, "state": "active_allocated", "history": [{"addr": 4096, "real_size": 1000, "frames": frames}]},
+                      {"size": 2048, "state": "inactive"}]}],
+          "device_traces": [[{"action": "alloc", "addr": 4096, "size": 1000, "stream": 0, "frames": frames},
+                             {"action": "free_completed", "addr": 4096, "size": 1000, "stream": 0, "frames": frames}]]}
+legacy_no_traces = {"segments": []}
+current = {"segments": [], "device_traces": [
+              [{"action": "alloc", "addr": 2**47, "size": 512, "stream": 2**63 + 5, "time_us": 17, "frames": frames}],
+              [{"action": "oom", "device_free": 2**40, "size": 2**31, "stream": 0, "time_us": 18},
+               {"action": "snapshot", "addr": 0, "size": 0, "stream": 0, "time_us": 19, "frames": []}]],
+           "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:256", "max_split_size": 268435456,
+              "garbage_collection_threshold": 0.5, "expandable_segments": True,
+              "roundup_power2_divisions": {"1": 4, "2": 8}}}
+old_settings = {"segments": [], "device_traces": [], "allocator_settings": {"max_split_size": 2**64 - 1,
+              "roundup_power2_divisions": [1, 2, 4]}}
+for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("current", current), ("old_settings", old_settings)]:
+    for protocol in range(2, 6):
+        with open(os.path.join(out, f"{name}-{protocol}.pickle"), "wb") as f:
+            pickle.dump(obj, f, protocol=protocol)
+        with gzip.open(os.path.join(out, f"{name}-{protocol}.pickle.gz"), "wb") as f:
+            pickle.dump(obj, f, protocol=protocol)
+"#;
+        run_python(script, &[dir.to_str().unwrap()]);
+        let stack = vec![
+            Frame { filename: "a.py".into(), line: 3, name: "f".into() },
+            Frame { filename: "b.py".into(), line: 70000, name: "g".into() },
+        ];
+        let legacy = Snapshot {
+            segments: vec![Segment {
+                device: 0,
+                address: 4096,
+                total_size: 3072,
+                allocated_size: 1024,
+                active_size: 1024,
+                requested_size: 1000,
+                stream: 0,
+                segment_type: Pool::Small,
+                segment_pool_id: (0, 0),
+                is_expandable: false,
+                frames: StackId::NONE,
+                blocks: vec![
+                    Block {
+                        address: 4096,
+                        size: 1024,
+                        requested_size: 1000,
+                        state: BlockState::ActiveAllocated,
+                        frames: StackId(1),
+                    },
+                    Block { address: 5120, size: 2048, requested_size: 2048, state: BlockState::Inactive, frames: StackId::NONE },
+                ],
+            }],
+            device_traces: vec![vec![
+                TraceEntry {
+                    action: Action::Alloc,
+                    addr: 4096,
+                    size: 1000,
+                    stream: 0,
+                    time_us: None,
+                    device_free: None,
+                    frames: StackId(1),
+                },
+                TraceEntry {
+                    action: Action::FreeCompleted,
+                    addr: 4096,
+                    size: 1000,
+                    stream: 0,
+                    time_us: None,
+                    device_free: None,
+                    frames: StackId(1),
+                },
+            ]],
+            settings: None,
+            frame_stacks: vec![Vec::new(), stack.clone()],
+        };
+        let legacy_no_traces = Snapshot { frame_stacks: vec![Vec::new()], ..Snapshot::default() };
+        let current = Snapshot {
+            segments: Vec::new(),
+            device_traces: vec![
+                vec![TraceEntry {
+                    action: Action::Alloc,
+                    addr: 1 << 47,
+                    size: 512,
+                    stream: (1 << 63) + 5,
+                    time_us: Some(17),
+                    device_free: None,
+                    frames: StackId(1),
+                }],
+                vec![
+                    TraceEntry {
+                        action: Action::Oom,
+                        addr: 0,
+                        size: 1 << 31,
+                        stream: 0,
+                        time_us: Some(18),
+                        device_free: Some(1 << 40),
+                        frames: StackId::NONE,
+                    },
+                    TraceEntry {
+                        action: Action::Snapshot,
+                        addr: 0,
+                        size: 0,
+                        stream: 0,
+                        time_us: Some(19),
+                        device_free: None,
+                        frames: StackId::NONE,
+                    },
+                ],
+            ],
+            settings: Some(RecordedSettings {
+                alloc_conf: "max_split_size_mb:256".into(),
+                max_split_size: Some(268_435_456),
+                garbage_collection_threshold: 0.5,
+                expandable_segments: true,
+                roundup_power2_divisions: vec![(1, 4), (2, 8)],
+            }),
+            frame_stacks: vec![Vec::new(), stack],
+        };
+        let old_settings = Snapshot {
+            settings: Some(RecordedSettings {
+                max_split_size: None,
+                roundup_power2_divisions: vec![(1, 1), (2, 2), (4, 4)],
+                ..RecordedSettings::default()
+            }),
+            frame_stacks: vec![Vec::new()],
+            ..Snapshot::default()
+        };
+        let cases =
+            [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("current", current), ("old_settings", old_settings)];
+        for (name, expected) in &cases {
+            for protocol in 2..=5 {
+                for suffix in ["pickle", "pickle.gz"] {
+                    let path = dir.join(format!("{name}-{protocol}.{suffix}"));
+                    let snapshot = read_snapshot(&path).unwrap_or_else(|error| panic!("{error}"));
+                    assert_eq!(&snapshot, expected, "{}", path.display());
+                }
+            }
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn rejects_foreign_and_mistyped_files() {
+        let pickle = |body: &[u8]| [b"\x80\x04".as_slice(), body, b"."].concat();
+        // (bytes, expected fragment of the message)
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec(), "unknown or unsupported opcode 0x50"),
+            (b"{\"segments\": []}".to_vec(), "at byte 0 of the pickle stream: unknown or unsupported opcode 0x7b"),
+            (Vec::new(), "truncated"),
+            (vec![0x1f, 0x8b, 8, 0, 0, 0], "cannot read"),
+            (pickle(b"]K\x01a"), "<top level>: expected dict (a snapshot), found list"),
+            (pickle(b"}\x8c\x01aK\x01s"), "segments: missing key"),
+            (pickle(b"}\x8c\x08segmentsK\x01s"), "segments: expected list, found int"),
+            (
+                pickle(b"}(\x8c\x08segments]\x8c\x0ddevice_traces]]}\x8c\x06actionK\x01saau"),
+                "device_traces[0][0].action: expected str, found int",
+            ),
+            (
+                pickle(b"}(\x8c\x08segments]\x8c\x0ddevice_traces]](}\x8c\x06action\x8c\x08snapshots}\x8c\x06action\x8c\x04nopeseau"),
+                "device_traces[0][1].action: unknown action \"nope\"",
+            ),
+            (
+                pickle(b"}(\x8c\x08segments]\x8c\x0ddevice_traces]]}\x8c\x06action\x8c\x05allocsaau"),
+                "device_traces[0][0].addr: missing key",
+            ),
+            (
+                pickle(b"}(\x8c\x08segments]\x8c\x0ddevice_traces]]}(\x8c\x06action\x8c\x05alloc\x8c\x04addrJ\xff\xff\xff\xff\x8c\x04sizeK\x01uaau"),
+                "device_traces[0][0].addr: expected an int in 0..2^64, found -1",
+            ),
+            (pickle(b"}\x8c\x08segments]}\x8c\x07addressK\x01sas"), "segments[0].total_size: missing key"),
+            (
+                pickle(b"}\x8c\x08segments]}(\x8c\x07addressK\x01\x8c\x0atotal_sizeK\x01\x8c\x06blocks]}\x8c\x04sizeK\x01sauas"),
+                "segments[0].blocks[0].state: missing key",
+            ),
+            (pickle(b"}(\x8c\x08segments]\x8c\x12allocator_settingsK\x01u"), "allocator_settings: expected dict, found int"),
+        ];
+        for (bytes, expected) in cases {
+            let error = parse_snapshot(bytes.as_slice(), "input.pickle").err().unwrap_or_else(|| panic!("{bytes:?} parsed"));
+            let message = error.to_string();
+            assert!(message.starts_with("input.pickle: "), "{message}");
+            assert!(message.contains(expected), "{bytes:?}: {message:?} lacks {expected:?}");
+        }
+    }
+
+    #[test]
+    fn every_truncation_is_an_error() {
+        // (file, prefixes of the raw pickle to try)
+        for (name, prefixes) in [("frag_oom-default.pickle.gz", 3000), ("gpt2_train_fixed-expandable.pickle.gz", 120)] {
+            let raw = raw_pickle(name);
+            let stride = (raw.len() / prefixes).max(1);
+            for length in (0..raw.len()).step_by(stride).chain([raw.len() - 1]) {
+                let error = parse_snapshot(&raw[..length], name).expect_err("a truncated pickle parsed");
+                assert!(matches!(error, SnapshotError::Pickle { .. }), "{length}: {error}");
+            }
+            let compressed = std::fs::read(asset(name)).unwrap();
+            let stride = (compressed.len() / 300).max(1);
+            for length in (0..compressed.len()).step_by(stride) {
+                assert!(parse_snapshot(&compressed[..length], name).is_err(), "{name}: gzip prefix of {length} bytes parsed");
+            }
+        }
+    }
+
+    #[test]
+    fn corrupted_bytes_never_panic() {
+        let raw = raw_pickle("frag_oom-default.pickle.gz");
+        let mut errors = 0;
+        let mut parsed = 0;
+        // A small deterministic generator: every run corrupts the same bytes.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..3000 {
+            let mut bytes = raw.clone();
+            for _ in 0..1 + next() % 3 {
+                let at = (next() % bytes.len() as u64) as usize;
+                bytes[at] = next() as u8;
+            }
+            match parse_snapshot(bytes.as_slice(), "corrupt") {
+                Ok(_) => parsed += 1,
+                Err(_) => errors += 1,
+            }
+        }
+        assert_eq!(errors + parsed, 3000);
+        assert!(errors > 100, "{errors} errors of 3000 corruptions");
+    }
+
+    #[test]
+    fn device_trace_becomes_a_trace() {
+        let snapshot = read_snapshot(&asset("gpt2_train_fixed-default.pickle.gz")).unwrap();
+        let converted = snapshot.device_trace_to_trace(0).unwrap();
+        assert_eq!(converted.trace.slots(), 6179);
+        assert_eq!(converted.trace.events().len(), 6179 + 6176);
+        assert_eq!(converted.skipped_frees, 0);
+        // The committed CSV was made from the same file by scripts/pytorch_snapshot_to_csv.py.
+        let csv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/gpt2_train_fixed-default.csv");
+        let expected = Trace::read_csv(&csv).unwrap();
+        assert_eq!(converted.trace.events(), expected.events());
+        assert!(snapshot.device_trace_to_trace(1).is_err());
+    }
+
+    #[test]
+    fn device_trace_skips_frees_from_before_the_recording() {
+        let entry = |action, addr, size| TraceEntry {
+            action,
+            addr,
+            size,
+            stream: 0,
+            time_us: None,
+            device_free: None,
+            frames: StackId::NONE,
+        };
+        // (entries, allocations, events, skipped frees, skipped empty allocs, ok)
+        let cases = [
+            (
+                vec![entry(Action::FreeCompleted, 8, 4), entry(Action::Alloc, 8, 4), entry(Action::FreeCompleted, 8, 4)],
+                1,
+                2,
+                1,
+                0,
+                true,
+            ),
+            (vec![entry(Action::Alloc, 8, 0), entry(Action::FreeCompleted, 8, 0)], 0, 0, 0, 1, true),
+            (
+                vec![entry(Action::Alloc, 8, 4), entry(Action::FreeRequested, 8, 4), entry(Action::SegmentAlloc, 0, 64)],
+                1,
+                1,
+                0,
+                0,
+                true,
+            ),
+            (vec![entry(Action::Alloc, 8, 4), entry(Action::Alloc, 8, 4)], 0, 0, 0, 0, false),
+        ];
+        for (entries, slots, events, skipped_frees, skipped_empty, ok) in cases {
+            let snapshot = Snapshot { device_traces: vec![entries.clone()], ..Snapshot::default() };
+            match snapshot.device_trace_to_trace(0) {
+                Ok(converted) => {
+                    assert!(ok, "{entries:?} converted");
+                    assert_eq!(converted.trace.slots(), slots, "{entries:?}");
+                    assert_eq!(converted.trace.events().len(), events, "{entries:?}");
+                    assert_eq!(converted.skipped_frees, skipped_frees, "{entries:?}");
+                    assert_eq!(converted.skipped_empty_allocs, skipped_empty, "{entries:?}");
+                }
+                Err(error) => assert!(!ok && error.to_string().contains("device_traces[0]:2:"), "{entries:?}: {error}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,793 @@
+//! A purpose-built, streaming reader for the pickles that hold PyTorch memory snapshots.
+//!
+//! # Why not a general pickle crate
+//!
+//! A snapshot is plain builtin data (dicts, lists, tuples, str, int, float, bool, None) but large: a
+//! 400 000-event trace is ~30 MB of pickle, and python's own `pickle.load` needs ~1.2 s for it. A generic
+//! value tree of that file costs ~250 bytes a trace entry (a dict of eight key/value pairs), several times
+//! the file. This reader runs the pickle machine over a small [`Value`] type, and lets a [`Sink`] take the
+//! items appended to lists it recognises (a device's trace list) as they arrive: each trace entry's dict is
+//! converted to a typed `TraceEntry` (~64 bytes) and dropped at once, so memory stays near the typed
+//! model's size. Everything else (segments, settings) stays generic and is converted at the end.
+//!
+//! # Sharing
+//!
+//! Memo'd objects are `Rc`s, so an object the pickle refers to many times (a key string, a frame list
+//! shared through the memo) exists once. A sink may replace a memo entry with an already converted form
+//! ([`Value::Stack`], [`Value::Frame`]) so a frame list shared by every event is decoded and interned once,
+//! or with [`Value::Consumed`] once it has taken the object.
+//!
+//! # Where a container sits
+//!
+//! The pickler pushes an empty container, then its items, then `SETITEMS`/`APPENDS` (or the one-item
+//! `SETITEM`/`APPEND`). So when a container is created its parent is known from the stack: the container
+//! just below the latest mark (with the key on top, for a dict), or, without an open mark, the list on top
+//! of the stack (`APPEND` form) or the dict below the key (`SETITEM` form). The sink tags containers from
+//! their parent's tag and the key or index; tags only decide what is taken early, the final conversion
+//! checks the whole schema either way.
+//!
+//! Opcodes: protocols 2 to 5 as Python 3.8 to 3.14 write plain builtin data (PROTO, FRAME, MEMOIZE,
+//! BINPUT/LONG_BINPUT, BINGET/LONG_BINGET, EMPTY_DICT/LIST/TUPLE, MARK, SETITEM(S), APPEND(S), TUPLE/1/2/3,
+//! LIST, DICT, POP, POP_MARK, DUP, BININT/1/2, LONG1/LONG4 (up to 128 bits), BINUNICODE/SHORT_BINUNICODE/
+//! BINUNICODE8, BINFLOAT, NEWTRUE/NEWFALSE, NONE, STOP). Anything else (classes, bytes, sets, protocol 0
+//! text opcodes) is an error naming the opcode and its byte offset.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::io::{self, Read};
+use std::rc::Rc;
+
+/// A decoded pickle value.
+#[derive(Clone, Debug)]
+pub(crate) enum Value {
+    /// `None`.
+    None,
+    /// `True` / `False`.
+    Bool(bool),
+    /// An int that fits `i64`.
+    Int(i64),
+    /// An int that needs up to 128 bits.
+    BigInt(Box<i128>),
+    /// A float.
+    Float(f64),
+    /// A str.
+    Str(Rc<str>),
+    /// A list.
+    List(Rc<RefCell<List>>),
+    /// A dict, as its items in insertion order (a later duplicate key wins).
+    Dict(Rc<RefCell<Dict>>),
+    /// A tuple.
+    Tuple(Rc<[Value]>),
+    /// A frame list already interned by the sink (a `StackId`).
+    Stack(u32),
+    /// A frame dict already converted by the sink (an index into its frame table).
+    Frame(u32),
+    /// An object the sink has taken (its memo entry, if referenced again).
+    Consumed,
+    /// A memo slot never written.
+    Hole,
+}
+
+impl Value {
+    /// Python's name of the value's type, for error messages.
+    pub(crate) fn type_name(&self) -> &'static str {
+        match self {
+            Value::None => "None",
+            Value::Bool(_) => "bool",
+            Value::Int(_) | Value::BigInt(_) => "int",
+            Value::Float(_) => "float",
+            Value::Str(_) => "str",
+            Value::List(_) | Value::Stack(_) => "list",
+            Value::Dict(_) | Value::Frame(_) => "dict",
+            Value::Tuple(_) => "tuple",
+            Value::Consumed => "trace entry taken earlier (shared through the memo)",
+            Value::Hole => "missing memo entry",
+        }
+    }
+
+    /// The integer, if the value is one.
+    pub(crate) fn as_i128(&self) -> Option<i128> {
+        match self {
+            Value::Int(value) => Some(i128::from(*value)),
+            Value::BigInt(value) => Some(**value),
+            Value::Bool(value) => Some(i128::from(*value)),
+            _ => None,
+        }
+    }
+}
+
+/// A list under construction or done.
+#[derive(Debug, Default)]
+pub(crate) struct List {
+    /// Items not taken by the sink.
+    pub(crate) items: Vec<Value>,
+    /// Items ever appended (taken or not): the index of the next one.
+    pub(crate) appended: usize,
+    /// The sink's tag (0 = nothing special).
+    pub(crate) tag: u32,
+    /// The memo slot that refers to it, if any.
+    pub(crate) memo_slot: Option<u32>,
+}
+
+/// A dict under construction or done.
+#[derive(Debug, Default)]
+pub(crate) struct Dict {
+    /// Key/value pairs in insertion order.
+    pub(crate) items: Vec<(Value, Value)>,
+    /// The sink's tag (0 = nothing special).
+    pub(crate) tag: u32,
+    /// The memo slot that refers to it, if any.
+    pub(crate) memo_slot: Option<u32>,
+}
+
+impl Dict {
+    /// The value under the str key `key` (the last one, as Python keeps it).
+    pub(crate) fn get(&self, key: &str) -> Option<&Value> {
+        self.items.iter().rev().find(|(k, _)| matches!(k, Value::Str(s) if &**s == key)).map(|(_, v)| v)
+    }
+}
+
+/// Where a new container sits in its parent.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Place<'a> {
+    /// The pickle's top-level object.
+    Root,
+    /// The value of `key` in a dict tagged `parent`.
+    Key {
+        /// The dict's tag.
+        parent: u32,
+        /// The key.
+        key: &'a str,
+    },
+    /// Element `index` of a list tagged `parent`.
+    Index {
+        /// The list's tag.
+        parent: u32,
+        /// The index.
+        index: usize,
+    },
+}
+
+/// A problem while reading: the pickle is malformed, the stream failed, or the sink refused an item.
+#[derive(Debug)]
+pub(crate) enum ReadError {
+    /// Malformed pickle at a byte offset (of the decompressed stream).
+    Malformed {
+        /// Offset of the opcode or field.
+        offset: u64,
+        /// What is wrong.
+        what: String,
+    },
+    /// The underlying reader failed.
+    Io {
+        /// Offset reached in the pickle stream, if inside it.
+        offset: Option<u64>,
+        /// The error.
+        error: io::Error,
+    },
+    /// The sink found an item that does not fit the schema.
+    Schema {
+        /// Where, e.g. `device_traces[0][17].action`.
+        path: String,
+        /// What is wrong.
+        what: String,
+    },
+}
+
+impl fmt::Display for ReadError {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadError::Malformed { offset, what } => write!(formatter, "malformed pickle at byte {offset}: {what}"),
+            ReadError::Io { offset: Some(offset), error } => write!(formatter, "read failed at byte {offset}: {error}"),
+            ReadError::Io { offset: None, error } => write!(formatter, "read failed after the pickle: {error}"),
+            ReadError::Schema { path, what } => write!(formatter, "{path}: {what}"),
+        }
+    }
+}
+
+/// Takes items out of the stream as they arrive.
+pub(crate) trait Sink {
+    /// The tag of a container created at `place` (0 = nothing special).
+    fn tag(&mut self, place: Place<'_>) -> u32;
+
+    /// `item` is appended as element `index` of a list tagged `list_tag`: take it (`Ok(None)`) or hand it
+    /// back to be stored (`Ok(Some(item))`). `memo` may be updated (see the module doc).
+    ///
+    /// # Errors
+    /// A [`ReadError::Schema`] when the item does not fit.
+    fn append(&mut self, list_tag: u32, index: usize, item: Value, memo: &mut [Value]) -> Result<Option<Value>, ReadError>;
+}
+
+/// A sink that takes nothing: a plain generic decode.
+#[cfg(test)]
+#[derive(Debug, Default)]
+pub(crate) struct KeepAll;
+
+#[cfg(test)]
+impl Sink for KeepAll {
+    fn tag(&mut self, _place: Place<'_>) -> u32 {
+        0
+    }
+
+    fn append(&mut self, _list_tag: u32, _index: usize, item: Value, _memo: &mut [Value]) -> Result<Option<Value>, ReadError> {
+        Ok(Some(item))
+    }
+}
+
+const CHUNK_BYTES: usize = 64 * 1024;
+
+/// A byte source with its own buffer, so single opcodes cost a bounds check.
+struct Input<R> {
+    reader: R,
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
+    /// Stream offset of `buf[0]`.
+    base: u64,
+}
+
+impl<R: Read> Input<R> {
+    fn new(reader: R) -> Self {
+        Self { reader, buf: vec![0; CHUNK_BYTES], pos: 0, end: 0, base: 0 }
+    }
+
+    fn offset(&self) -> u64 {
+        self.base + self.pos as u64
+    }
+
+    /// Makes `n` bytes available at `pos`, or fails with "truncated".
+    #[cold]
+    fn fill(&mut self, n: usize, what: &str) -> Result<(), ReadError> {
+        if self.pos > 0 {
+            self.buf.copy_within(self.pos..self.end, 0);
+            self.base += self.pos as u64;
+            self.end -= self.pos;
+            self.pos = 0;
+        }
+        while self.end < n {
+            if self.end == self.buf.len() {
+                // Grow with the data actually present, never by a length the file merely claims.
+                let grown = (self.buf.len() * 2).min(n.max(CHUNK_BYTES)).max(self.buf.len() + CHUNK_BYTES);
+                self.buf.resize(grown, 0);
+            }
+            match self.reader.read(&mut self.buf[self.end..]) {
+                Ok(0) => {
+                    return Err(ReadError::Malformed {
+                        offset: self.base + self.end as u64,
+                        what: format!("truncated: the stream ends inside {what} ({n} bytes needed, {} left)", self.end),
+                    });
+                }
+                Ok(read) => self.end += read,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(ReadError::Io { offset: Some(self.base + self.end as u64), error }),
+            }
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn byte(&mut self, what: &str) -> Result<u8, ReadError> {
+        if self.pos >= self.end {
+            self.fill(1, what)?;
+        }
+        let byte = self.buf[self.pos];
+        self.pos += 1;
+        Ok(byte)
+    }
+
+    #[inline]
+    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], ReadError> {
+        if self.end - self.pos < n {
+            self.fill(n, what)?;
+        }
+        let start = self.pos;
+        self.pos += n;
+        Ok(&self.buf[start..start + n])
+    }
+
+    #[inline]
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], ReadError> {
+        let bytes = self.take(N, what)?;
+        let mut array = [0; N];
+        array.copy_from_slice(bytes);
+        Ok(array)
+    }
+}
+
+/// The pickle machine.
+struct Machine<S> {
+    stack: Vec<Value>,
+    marks: Vec<usize>,
+    memo: Vec<Value>,
+    sink: S,
+}
+
+/// Reads one pickle from `reader`, handing list items to `sink` as they arrive; returns the top-level
+/// value and the sink.
+///
+/// # Errors
+/// [`ReadError`] for malformed or truncated input, a failing reader, or an item the sink refuses.
+pub(crate) fn read_pickle<R: Read, S: Sink>(reader: R, sink: S) -> Result<(Value, S), ReadError> {
+    let mut input = Input::new(reader);
+    let mut machine = Machine { stack: Vec::with_capacity(64), marks: Vec::with_capacity(16), memo: Vec::new(), sink };
+    let value = machine.run(&mut input)?;
+    Ok((value, machine.sink))
+}
+
+fn malformed(offset: u64, what: impl Into<String>) -> ReadError {
+    ReadError::Malformed { offset, what: what.into() }
+}
+
+/// Decodes a little-endian two's complement integer of `bytes.len()` bytes (at most 16).
+fn decode_long(bytes: &[u8], offset: u64) -> Result<Value, ReadError> {
+    if bytes.is_empty() {
+        return Ok(Value::Int(0));
+    }
+    if bytes.len() > 16 {
+        return Err(malformed(offset, format!("integer of {} bytes is wider than 128 bits", bytes.len())));
+    }
+    let negative = bytes[bytes.len() - 1] & 0x80 != 0;
+    let mut array = if negative { [0xff; 16] } else { [0; 16] };
+    array[..bytes.len()].copy_from_slice(bytes);
+    let value = i128::from_le_bytes(array);
+    Ok(match i64::try_from(value) {
+        Ok(small) => Value::Int(small),
+        Err(_) => Value::BigInt(Box::new(value)),
+    })
+}
+
+impl<S: Sink> Machine<S> {
+    fn run<R: Read>(&mut self, input: &mut Input<R>) -> Result<Value, ReadError> {
+        loop {
+            let at = input.offset();
+            let opcode = input.byte("an opcode")?;
+            match opcode {
+                // PROTO
+                0x80 => {
+                    let version = input.byte("PROTO")?;
+                    if version > 5 {
+                        return Err(malformed(at, format!("unsupported pickle protocol {version} (2 to 5 are)")));
+                    }
+                }
+                // FRAME: framing is a hint for buffered readers; ours buffers anyway.
+                0x95 => {
+                    input.take(8, "FRAME")?;
+                }
+                // STOP
+                b'.' => {
+                    let value = self.pop(at, "STOP")?;
+                    if !self.stack.is_empty() || !self.marks.is_empty() {
+                        return Err(malformed(at, "STOP with more than one object on the stack"));
+                    }
+                    return Ok(value);
+                }
+                // NONE, NEWTRUE, NEWFALSE
+                b'N' => self.stack.push(Value::None),
+                0x88 => self.stack.push(Value::Bool(true)),
+                0x89 => self.stack.push(Value::Bool(false)),
+                // BININT, BININT1, BININT2
+                b'J' => {
+                    let value = i32::from_le_bytes(input.array("BININT")?);
+                    self.stack.push(Value::Int(i64::from(value)));
+                }
+                b'K' => {
+                    let value = input.byte("BININT1")?;
+                    self.stack.push(Value::Int(i64::from(value)));
+                }
+                b'M' => {
+                    let value = u16::from_le_bytes(input.array("BININT2")?);
+                    self.stack.push(Value::Int(i64::from(value)));
+                }
+                // LONG1, LONG4
+                0x8a => {
+                    let length = usize::from(input.byte("LONG1")?);
+                    let value = decode_long(input.take(length, "LONG1")?, at)?;
+                    self.stack.push(value);
+                }
+                0x8b => {
+                    let length = i32::from_le_bytes(input.array("LONG4")?);
+                    let length = usize::try_from(length).map_err(|_| malformed(at, "LONG4 with a negative length"))?;
+                    if length > 16 {
+                        return Err(malformed(at, format!("integer of {length} bytes is wider than 128 bits")));
+                    }
+                    let value = decode_long(input.take(length, "LONG4")?, at)?;
+                    self.stack.push(value);
+                }
+                // BINFLOAT
+                b'G' => {
+                    let value = f64::from_be_bytes(input.array("BINFLOAT")?);
+                    self.stack.push(Value::Float(value));
+                }
+                // SHORT_BINUNICODE, BINUNICODE, BINUNICODE8
+                0x8c => {
+                    let length = usize::from(input.byte("SHORT_BINUNICODE")?);
+                    self.push_str(input, length, at, "SHORT_BINUNICODE")?;
+                }
+                b'X' => {
+                    let length = u32::from_le_bytes(input.array("BINUNICODE")?);
+                    self.push_str(input, length as usize, at, "BINUNICODE")?;
+                }
+                0x8d => {
+                    let length = u64::from_le_bytes(input.array("BINUNICODE8")?);
+                    let length = usize::try_from(length).map_err(|_| malformed(at, "BINUNICODE8 length overflows"))?;
+                    self.push_str(input, length, at, "BINUNICODE8")?;
+                }
+                // EMPTY_DICT, EMPTY_LIST, EMPTY_TUPLE
+                b'}' => {
+                    let tag = self.new_tag();
+                    self.stack.push(Value::Dict(Rc::new(RefCell::new(Dict { items: Vec::new(), tag, memo_slot: None }))));
+                }
+                b']' => {
+                    let tag = self.new_tag();
+                    self.stack.push(Value::List(Rc::new(RefCell::new(List { tag, ..List::default() }))));
+                }
+                b')' => self.stack.push(Value::Tuple(Rc::from(Vec::new()))),
+                // MARK
+                b'(' => self.marks.push(self.stack.len()),
+                // TUPLE1, TUPLE2, TUPLE3, TUPLE
+                0x85..=0x87 => {
+                    let count = usize::from(opcode - 0x84);
+                    if self.stack.len() < count + self.marks.last().copied().unwrap_or(0) {
+                        return Err(malformed(at, format!("TUPLE{count} with fewer than {count} objects on the stack")));
+                    }
+                    let items = self.stack.split_off(self.stack.len() - count);
+                    self.stack.push(Value::Tuple(Rc::from(items)));
+                }
+                b't' => {
+                    let mark = self.pop_mark(at, "TUPLE")?;
+                    let items = self.stack.split_off(mark);
+                    self.stack.push(Value::Tuple(Rc::from(items)));
+                }
+                // LIST, DICT (mark-based constructors)
+                b'l' => {
+                    let mark = self.pop_mark(at, "LIST")?;
+                    let items = self.stack.split_off(mark);
+                    let tag = self.new_tag();
+                    let appended = items.len();
+                    self.stack.push(Value::List(Rc::new(RefCell::new(List { items, appended, tag, memo_slot: None }))));
+                }
+                b'd' => {
+                    let mark = self.pop_mark(at, "DICT")?;
+                    let items = self.stack.split_off(mark);
+                    let tag = self.new_tag();
+                    let dict = Dict { items: pairs(items, at, "DICT")?, tag, memo_slot: None };
+                    self.stack.push(Value::Dict(Rc::new(RefCell::new(dict))));
+                }
+                // SETITEM, SETITEMS
+                b's' => {
+                    if self.stack.len() < 3 + self.marks.last().copied().unwrap_or(0) {
+                        return Err(malformed(at, "SETITEM with fewer than three objects on the stack"));
+                    }
+                    let items = self.stack.split_off(self.stack.len() - 2);
+                    self.set_items(items, at, "SETITEM")?;
+                }
+                b'u' => {
+                    let mark = self.pop_mark(at, "SETITEMS")?;
+                    let items = self.stack.split_off(mark);
+                    self.set_items(items, at, "SETITEMS")?;
+                }
+                // APPEND, APPENDS
+                b'a' => {
+                    if self.stack.len() < 2 + self.marks.last().copied().unwrap_or(0) {
+                        return Err(malformed(at, "APPEND with fewer than two objects on the stack"));
+                    }
+                    let item = self.stack.split_off(self.stack.len() - 1);
+                    self.append(item, at, "APPEND")?;
+                }
+                b'e' => {
+                    let mark = self.pop_mark(at, "APPENDS")?;
+                    let items = self.stack.split_off(mark);
+                    self.append(items, at, "APPENDS")?;
+                }
+                // MEMOIZE, BINPUT, LONG_BINPUT
+                0x94 => {
+                    let slot = self.memo.len();
+                    self.put(slot, at, "MEMOIZE")?;
+                }
+                b'q' => {
+                    let slot = usize::from(input.byte("BINPUT")?);
+                    self.put(slot, at, "BINPUT")?;
+                }
+                b'r' => {
+                    let slot = u32::from_le_bytes(input.array("LONG_BINPUT")?) as usize;
+                    self.put(slot, at, "LONG_BINPUT")?;
+                }
+                // BINGET, LONG_BINGET
+                b'h' => {
+                    let slot = usize::from(input.byte("BINGET")?);
+                    self.get(slot, at)?;
+                }
+                b'j' => {
+                    let slot = u32::from_le_bytes(input.array("LONG_BINGET")?) as usize;
+                    self.get(slot, at)?;
+                }
+                // POP, POP_MARK, DUP
+                b'0' => {
+                    self.pop(at, "POP")?;
+                }
+                b'1' => {
+                    let mark = self.pop_mark(at, "POP_MARK")?;
+                    self.stack.truncate(mark);
+                }
+                b'2' => {
+                    let top = self.stack.last().cloned().ok_or_else(|| malformed(at, "DUP on an empty stack"))?;
+                    self.stack.push(top);
+                }
+                b'c' | 0x93 | b'R' | 0x81 | 0x92 | b'i' | b'o' | b'b' => {
+                    return Err(malformed(
+                        at,
+                        format!("opcode 0x{opcode:02x} builds an object of a class; a snapshot holds only builtin data"),
+                    ));
+                }
+                _ => return Err(malformed(at, format!("unknown or unsupported opcode 0x{opcode:02x}"))),
+            }
+        }
+    }
+
+    fn pop(&mut self, at: u64, what: &str) -> Result<Value, ReadError> {
+        if self.stack.len() <= self.marks.last().copied().unwrap_or(0) && !self.marks.is_empty() {
+            return Err(malformed(at, format!("{what} with a mark on top of the stack")));
+        }
+        self.stack.pop().ok_or_else(|| malformed(at, format!("{what} on an empty stack")))
+    }
+
+    fn pop_mark(&mut self, at: u64, what: &str) -> Result<usize, ReadError> {
+        self.marks.pop().ok_or_else(|| malformed(at, format!("{what} without a mark")))
+    }
+
+    fn push_str<R: Read>(&mut self, input: &mut Input<R>, length: usize, at: u64, what: &str) -> Result<(), ReadError> {
+        let bytes = input.take(length, what)?;
+        let text = std::str::from_utf8(bytes).map_err(|error| malformed(at, format!("{what}: invalid UTF-8 ({error})")))?;
+        self.stack.push(Value::Str(Rc::from(text)));
+        Ok(())
+    }
+
+    /// The tag of a container about to be pushed (see the module doc).
+    fn new_tag(&mut self) -> u32 {
+        let len = self.stack.len();
+        let mark = self.marks.last().copied();
+        if len == 0 && mark.is_none() {
+            return self.sink.tag(Place::Root);
+        }
+        if let Some(mark) = mark.filter(|&mark| mark > 0 && mark <= len) {
+            let after = len - mark;
+            match &self.stack[mark - 1] {
+                Value::List(list) => {
+                    let (parent, index) = {
+                        let list = list.borrow();
+                        (list.tag, list.appended + after)
+                    };
+                    return self.sink.tag(Place::Index { parent, index });
+                }
+                Value::Dict(dict) if after % 2 == 1 => {
+                    let parent = dict.borrow().tag;
+                    return match &self.stack[len - 1] {
+                        Value::Str(key) => {
+                            let key = Rc::clone(key);
+                            self.sink.tag(Place::Key { parent, key: &key })
+                        }
+                        _ => 0,
+                    };
+                }
+                _ => {}
+            }
+        }
+        let floor = mark.unwrap_or(0);
+        if len > floor
+            && let Value::List(list) = &self.stack[len - 1]
+        {
+            let (parent, index) = {
+                let list = list.borrow();
+                (list.tag, list.appended)
+            };
+            return self.sink.tag(Place::Index { parent, index });
+        }
+        if len >= floor + 2
+            && let (Value::Dict(dict), Value::Str(key)) = (&self.stack[len - 2], &self.stack[len - 1])
+        {
+            let parent = dict.borrow().tag;
+            let key = Rc::clone(key);
+            return self.sink.tag(Place::Key { parent, key: &key });
+        }
+        0
+    }
+
+    fn set_items(&mut self, items: Vec<Value>, at: u64, what: &str) -> Result<(), ReadError> {
+        let pairs = pairs(items, at, what)?;
+        match self.stack.last() {
+            Some(Value::Dict(dict)) if self.stack.len() > self.marks.last().copied().unwrap_or(0) => {
+                dict.borrow_mut().items.extend(pairs);
+                Ok(())
+            }
+            Some(other) => Err(malformed(at, format!("{what} on a {}, not a dict", other.type_name()))),
+            None => Err(malformed(at, format!("{what} without a dict"))),
+        }
+    }
+
+    fn append(&mut self, items: Vec<Value>, at: u64, what: &str) -> Result<(), ReadError> {
+        let list = match self.stack.last() {
+            Some(Value::List(list)) if self.stack.len() > self.marks.last().copied().unwrap_or(0) => Rc::clone(list),
+            Some(other) => return Err(malformed(at, format!("{what} on a {}, not a list", other.type_name()))),
+            None => return Err(malformed(at, format!("{what} without a list"))),
+        };
+        let (tag, mut index) = {
+            let list = list.borrow();
+            (list.tag, list.appended)
+        };
+        if tag == 0 {
+            let mut list = list.borrow_mut();
+            list.appended += items.len();
+            list.items.extend(items);
+            return Ok(());
+        }
+        let mut kept = Vec::new();
+        for item in items {
+            if let Some(item) = self.sink.append(tag, index, item, &mut self.memo)? {
+                kept.push(item);
+            }
+            index += 1;
+        }
+        let mut list = list.borrow_mut();
+        list.appended = index;
+        list.items.extend(kept);
+        Ok(())
+    }
+
+    fn put(&mut self, slot: usize, at: u64, what: &str) -> Result<(), ReadError> {
+        let top = match self.stack.last() {
+            Some(top) if self.stack.len() > self.marks.last().copied().unwrap_or(0) => top.clone(),
+            _ => return Err(malformed(at, format!("{what} with no object on top of the stack"))),
+        };
+        let slot_u32 = u32::try_from(slot).map_err(|_| malformed(at, "memo slot overflows"))?;
+        match &top {
+            Value::List(list) => list.borrow_mut().memo_slot = Some(slot_u32),
+            Value::Dict(dict) => dict.borrow_mut().memo_slot = Some(slot_u32),
+            _ => {}
+        }
+        if slot == self.memo.len() {
+            self.memo.push(top);
+        } else if slot < self.memo.len() {
+            self.memo[slot] = top;
+        } else if slot - self.memo.len() > (1 << 20) {
+            // A sparse memo from a corrupt BINPUT index: refuse rather than allocate gigabytes.
+            return Err(malformed(at, format!("{what} to memo slot {slot}, far beyond the {} in use", self.memo.len())));
+        } else {
+            self.memo.resize(slot, Value::Hole);
+            self.memo.push(top);
+        }
+        Ok(())
+    }
+
+    fn get(&mut self, slot: usize, at: u64) -> Result<(), ReadError> {
+        match self.memo.get(slot) {
+            Some(Value::Hole) | None => Err(malformed(at, format!("memo slot {slot} was never written"))),
+            Some(value) => {
+                self.stack.push(value.clone());
+                Ok(())
+            }
+        }
+    }
+}
+
+fn pairs(items: Vec<Value>, at: u64, what: &str) -> Result<Vec<(Value, Value)>, ReadError> {
+    if !items.len().is_multiple_of(2) {
+        return Err(malformed(at, format!("{what} with an odd number of objects ({})", items.len())));
+    }
+    let mut pairs = Vec::with_capacity(items.len() / 2);
+    let mut iter = items.into_iter();
+    while let (Some(key), Some(value)) = (iter.next(), iter.next()) {
+        pairs.push((key, value));
+    }
+    Ok(pairs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(bytes: &[u8]) -> Result<Value, ReadError> {
+        read_pickle(bytes, KeepAll).map(|(value, _)| value)
+    }
+
+    fn render(value: &Value) -> String {
+        match value {
+            Value::None => "None".into(),
+            Value::Bool(value) => if *value { "True" } else { "False" }.into(),
+            Value::Int(value) => value.to_string(),
+            Value::BigInt(value) => value.to_string(),
+            Value::Float(value) => format!("{value:?}"),
+            Value::Str(value) => format!("{value:?}"),
+            Value::List(list) => format!("[{}]", list.borrow().items.iter().map(render).collect::<Vec<_>>().join(", ")),
+            Value::Dict(dict) => format!(
+                "{{{}}}",
+                dict.borrow().items.iter().map(|(k, v)| format!("{}: {}", render(k), render(v))).collect::<Vec<_>>().join(", ")
+            ),
+            Value::Tuple(items) if items.len() == 1 => format!("({},)", render(&items[0])),
+            Value::Tuple(items) => format!("({})", items.iter().map(render).collect::<Vec<_>>().join(", ")),
+            other => other.type_name().into(),
+        }
+    }
+
+    #[test]
+    fn decodes_hand_made_pickles() {
+        // (bytes, expected rendering) — what Python writes for small builtin objects.
+        let cases: &[(&[u8], &str)] = &[
+            (b"\x80\x04N.", "None"),
+            (b"\x80\x02K\x05.", "5"),
+            (b"\x80\x02M\xe8\x03.", "1000"),
+            (b"\x80\x02J\xff\xff\xff\xff.", "-1"),
+            (b"\x80\x02\x8a\x05\x00\x00\x00\x00\x01.", "4294967296"),
+            (b"\x80\x02\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\x00.", "18446744073709551615"),
+            (b"\x80\x02\x8a\x00.", "0"),
+            (b"\x80\x02\x8a\x01\xff.", "-1"),
+            (b"\x80\x02\x8b\x02\x00\x00\x00\x00\x01.", "256"),
+            (b"\x80\x04\x88.", "True"),
+            (b"\x80\x04\x89.", "False"),
+            (b"\x80\x04G?\xf8\x00\x00\x00\x00\x00\x00.", "1.5"),
+            (b"\x80\x04\x8c\x02hi\x94.", "\"hi\""),
+            (b"\x80\x02X\x02\x00\x00\x00hi.", "\"hi\""),
+            (b"\x80\x04\x8d\x02\x00\x00\x00\x00\x00\x00\x00hi.", "\"hi\""),
+            (b"\x80\x04]\x94(K\x01K\x02e.", "[1, 2]"),
+            (b"\x80\x04]\x94K\x01a.", "[1]"),
+            (b"\x80\x04}\x94(\x8c\x01a\x94K\x01\x8c\x01b\x94h\x01u.", "{\"a\": 1, \"b\": \"a\"}"),
+            (b"\x80\x04}\x94\x8c\x01a\x94K\x01s.", "{\"a\": 1}"),
+            (b"\x80\x04K\x01K\x02\x86\x94.", "(1, 2)"),
+            (b"\x80\x04K\x01\x85.", "(1,)"),
+            (b"\x80\x04K\x01K\x02K\x03\x87.", "(1, 2, 3)"),
+            (b"\x80\x04(K\x01K\x02K\x03K\x04t.", "(1, 2, 3, 4)"),
+            (b"\x80\x04).", "()"),
+            (b"\x80\x02]q\x00(]q\x01h\x01e.", "[[], []]"),
+            (b"\x80\x02]r\x00\x01\x00\x00(]r\x01\x00\x00\x00j\x01\x00\x00\x00e.", "[[], []]"),
+            (b"\x95\x05\x00\x00\x00\x00\x00\x00\x00\x80\x04K\x07.", "7"),
+            (b"(K\x01K\x02l.", "[1, 2]"),
+            (b"(\x8c\x01kK\x02d.", "{\"k\": 2}"),
+            (b"K\x01K\x020.", "1"),
+            (b"K\x01(K\x02K\x031.", "1"),
+        ];
+        for (bytes, expected) in cases {
+            let value = decode(bytes).unwrap_or_else(|error| panic!("{bytes:?}: {error}"));
+            assert_eq!(render(&value), *expected, "{bytes:?}");
+        }
+    }
+
+    #[test]
+    fn rejects_malformed_pickles_with_offsets() {
+        // (bytes, expected fragment of the message)
+        let cases: &[(&[u8], &str)] = &[
+            (b"", "at byte 0: truncated"),
+            (b"\x80\x04", "at byte 2: truncated"),
+            (b"\x80\x04K", "truncated"),
+            (b"\x80\x04\xff.", "at byte 2: unknown or unsupported opcode 0xff"),
+            (b"\x80\x06N.", "unsupported pickle protocol 6"),
+            (b"\x80\x04.", "STOP on an empty stack"),
+            (b"\x80\x04K\x01K\x02.", "STOP with more than one object"),
+            (b"\x80\x04e.", "APPENDS without a mark"),
+            (b"\x80\x04K\x01(K\x02e.", "APPENDS on a int, not a list"),
+            (b"\x80\x04}(K\x01u.", "odd number"),
+            (b"\x80\x04h\x03.", "memo slot 3 was never written"),
+            (b"\x80\x04\x8c\x02\xff\xfe.", "invalid UTF-8"),
+            (b"\x80\x04\x8a\x11\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00.", "wider than 128 bits"),
+            (b"\x80\x04c__builtin__\nset\n.", "class"),
+            (b"\x80\x04X\xff\xff\xff\x7fab", "truncated"),
+            (b"\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x7fab", "truncated"),
+            (b"\x80\x04Nr\xff\xff\xff\x7f.", "far beyond"),
+            (b"\x80\x04\x94.", "MEMOIZE with no object"),
+        ];
+        for (bytes, expected) in cases {
+            let error = decode(bytes).err().unwrap_or_else(|| panic!("{bytes:?} decoded"));
+            let message = error.to_string();
+            assert!(message.contains(expected), "{bytes:?}: {message:?} lacks {expected:?}");
+        }
+    }
+
+    #[test]
+    fn memo_shares_objects() {
+        // [l, l] where l = [1]: both elements are the same Rc.
+        let value = decode(b"\x80\x04]\x94(]\x94K\x01ah\x01e.").unwrap();
+        let Value::List(outer) = value else { panic!("not a list") };
+        let outer = outer.borrow();
+        let (Value::List(first), Value::List(second)) = (&outer.items[0], &outer.items[1]) else { panic!("not lists") };
+        assert!(Rc::ptr_eq(first, second));
+        assert_eq!(first.borrow().items.len(), 1);
+    }
+}
