@@ -55,11 +55,11 @@ struct Outcome {
 }
 
 fn heap_config(story: &Story, heap_args: &HeapArgs, policy: PolicyKind, layout: Layout) -> HeapConfig {
-    let config = heap_args.heap_config(policy);
+    let config = heap_args.rules.heap_config(policy);
     match layout {
         Layout::Blocks => config,
         Layout::Range => HeapConfig {
-            block_size_bytes: story.device_bytes.min(heap_args.budget.unwrap_or(u64::MAX)),
+            block_size_bytes: story.device_bytes.min(heap_args.rules.budget.unwrap_or(u64::MAX)),
             dedicated_threshold_bytes: u64::MAX,
             release: ReleaseRule::Never,
             ..config
@@ -71,7 +71,7 @@ fn heap_config(story: &Story, heap_args: &HeapArgs, policy: PolicyKind, layout: 
 fn outcome(story: &Story, heap_args: &HeapArgs, policy: PolicyKind, layout: Layout) -> Result<Outcome> {
     let source = SimulatedSource::new(story.device_bytes, SimulatedSource::DEFAULT_ALIGNMENT_BYTES);
     let mut heap = Heap::new(heap_config(story, heap_args, policy, layout), source)?;
-    let replay = replay_heap(&story.trace, &mut heap, heap_args.min_align)?;
+    let replay = replay_heap(&story.trace, &mut heap, heap_args.rules.min_align)?;
     let report = heap.report();
     let served = replay.stats.last_event_ok;
     Ok(Outcome {
@@ -128,7 +128,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     }
     println!("heapscope demo: {} — {}", story.name, story.summary);
     println!("device: {} (simulated)", Bytes(story.device_bytes));
-    println!("one range: the whole device (or budget) is one block; blocks: {}", args.heap.describe());
+    println!("one range: the whole device (or budget) is one block; blocks: {}", args.heap.rules.describe());
     println!();
     println!(
         "{:<13} | {:<20} {:>11} {:>9} | {:<20} {:>11} {:>11} {:>17} {:>6} {:>9}",

@@ -1,7 +1,11 @@
 //! `heapscope`: the command line. Thin by design: the work happens in `heapscope-core` (and, in later
 //! issues, the backend and GUI crates); this file parses arguments and prints.
 
+mod compare;
+mod convert;
 mod demo;
+mod export;
+mod input;
 mod options;
 mod replay;
 
@@ -22,8 +26,16 @@ struct Cli {
 enum Command {
     /// Replay a built-in story through every policy and say who survives (the default command).
     Demo(demo::DemoArgs),
-    /// Replay a heapscope trace (compact CSV) through policies.
+    /// Replay a recording (PyTorch snapshot, native or CSV trace) through the contenders.
     Replay(replay::ReplayArgs),
+    /// Compare every contender on a recording: a table and, on out of memory, the verdict.
+    Compare(compare::CompareArgs),
+    /// Print a replay's statistics in the layout of PyTorch's `torch.cuda.memory_summary()`.
+    Summary(export::SummaryArgs),
+    /// Write a replay as a PyTorch memory snapshot, for PyTorch's memory_viz.
+    Export(export::ExportArgs),
+    /// Convert a recording to heapscope's native trace format.
+    Convert(convert::ConvertArgs),
     /// List the allocation policies.
     Policies,
 }
@@ -33,6 +45,10 @@ fn main() -> ExitCode {
     let result = match cli.command.unwrap_or(Command::Demo(demo::DemoArgs::default())) {
         Command::Demo(args) => demo::run(&args),
         Command::Replay(args) => replay::run(&args),
+        Command::Compare(args) => compare::run(&args),
+        Command::Summary(args) => export::run_summary(&args),
+        Command::Export(args) => export::run_export(&args),
+        Command::Convert(args) => convert::run(&args),
         Command::Policies => {
             options::print_policies();
             Ok(())

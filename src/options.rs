@@ -5,11 +5,18 @@ use heapscope_core::units::{Bytes, parse_size};
 use heapscope_core::{HeapConfig, PolicyConfig, PolicyKind, ReleaseRule};
 
 /// Which policies to run and how the heap reserves blocks.
-#[derive(Debug, Clone, Args)]
+#[derive(Debug, Clone, Default, Args)]
 pub struct HeapArgs {
     /// Policies to run (repeat the flag; default: all). See `heapscope policies`.
     #[arg(long = "policy", value_name = "NAME")]
     pub policies: Vec<PolicyKind>,
+    #[command(flatten)]
+    pub rules: HeapRules,
+}
+
+/// How a heap reserves blocks.
+#[derive(Debug, Clone, Args)]
+pub struct HeapRules {
     /// Preferred size of a shared block.
     #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_size)]
     pub block_size: u64,
@@ -27,11 +34,10 @@ pub struct HeapArgs {
     pub min_align: u64,
 }
 
-impl Default for HeapArgs {
+impl Default for HeapRules {
     fn default() -> Self {
         let config = HeapConfig::new(PolicyKind::Tlsf);
         Self {
-            policies: Vec::new(),
             block_size: config.block_size_bytes,
             dedicated_threshold: config.dedicated_threshold_bytes,
             release: config.release,
@@ -46,7 +52,9 @@ impl HeapArgs {
     pub fn policies(&self) -> Vec<PolicyKind> {
         if self.policies.is_empty() { PolicyKind::ALL.to_vec() } else { self.policies.clone() }
     }
+}
 
+impl HeapRules {
     /// The heap settings for `policy`.
     pub fn heap_config(&self, policy: PolicyKind) -> HeapConfig {
         HeapConfig {

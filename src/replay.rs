@@ -1,95 +1,139 @@
-//! `heapscope replay`: a heapscope trace through policies, on one range or in a heap of blocks.
+//! `heapscope replay`: a recording (PyTorch snapshot, native or CSV trace) through the contenders, a table
+//! or one JSON object per line and contender.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use heapscope_core::replay::{replay_heap, replay_policy};
+use heapscope_core::PolicyKind;
+use heapscope_core::compare::{CompareConfig, Contender, Outcome, alloc_conf, replay_contender, replay_pytorch};
+use heapscope_core::recording::Recording;
 use heapscope_core::units::{Bytes, parse_size};
-use heapscope_core::{Heap, PolicyConfig, SimulatedSource, Trace};
-use serde_json::json;
 
-use crate::options::HeapArgs;
+use crate::input;
+use crate::options::HeapRules;
+
+/// What every command that replays a recording accepts.
+#[derive(Debug, Clone, Args)]
+pub struct RecordingArgs {
+    /// A PyTorch memory snapshot (`torch.cuda.memory._dump_snapshot`, gzip or not), a native heapscope
+    /// trace or a compact CSV trace.
+    pub file: PathBuf,
+    /// Device memory available to the allocator (e.g. `3584MiB`, `14GiB`); unlimited by default.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub capacity: Option<u64>,
+    /// PyTorch allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, over the file's own
+    /// (e.g. `expandable_segments:True,max_split_size_mb:128`).
+    #[arg(long, value_name = "STR")]
+    pub alloc_conf: Option<String>,
+    /// Page size of the `paged` contender.
+    #[arg(long, value_name = "SIZE", default_value = "2MiB", value_parser = parse_size)]
+    pub page_size: u64,
+    /// Which device's trace of a PyTorch snapshot.
+    #[arg(long, value_name = "N", default_value = "0")]
+    pub device: usize,
+    /// Alignment of every request for the core's contenders (PyTorch rounds to 512 B).
+    #[arg(long, value_name = "SIZE", default_value = "512", value_parser = parse_size)]
+    pub align: u64,
+    #[command(flatten)]
+    pub heap: HeapRules,
+}
+
+impl RecordingArgs {
+    /// Opens the recording.
+    pub fn open(&self) -> Result<Recording> {
+        input::open(&self.file, self.device)
+    }
+
+    /// The settings shared by the contenders.
+    pub fn compare_config(&self) -> CompareConfig {
+        CompareConfig {
+            capacity_bytes: self.capacity,
+            page_bytes: self.page_size,
+            align_bytes: self.align,
+            heap: self.heap.heap_config(PolicyKind::Tlsf),
+        }
+    }
+
+    /// Replays `recording` through `contender`.
+    pub fn outcome(&self, recording: &Recording, contender: Contender) -> Result<Outcome> {
+        if !self.page_size.is_power_of_two() {
+            anyhow::bail!("--page-size {} is not a power of two", self.page_size);
+        }
+        let outcome = match contender {
+            Contender::Pytorch => replay_pytorch(recording, &alloc_conf(recording, self.alloc_conf.as_deref())?, self.capacity),
+            other => replay_contender(&recording.trace, other, &self.compare_config(), &|event| recording.entry_of(event))?,
+        };
+        Ok(outcome)
+    }
+}
 
 /// Arguments of `heapscope replay`.
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
-    /// A heapscope trace: compact CSV (`a,<id>,<size_bytes>` / `f,<id>` lines).
-    pub file: PathBuf,
-    /// Replay through a heap of blocks drawn from a simulated device instead of one contiguous range.
-    #[arg(long)]
-    pub heap: bool,
-    /// The range (or, with --heap, the simulated device) size.
-    #[arg(long, value_name = "SIZE", default_value = "32GiB", value_parser = parse_size)]
-    pub capacity: u64,
-    /// Alignment of every request.
-    #[arg(long, value_name = "SIZE", default_value = "512", value_parser = parse_size)]
-    pub align: u64,
     #[command(flatten)]
-    pub heap_args: HeapArgs,
-    /// Print one JSON object per policy instead of a table.
+    pub recording: RecordingArgs,
+    /// Contenders to run (repeat the flag): pytorch, tlsf, best-fit, first-fit, buddy, paged (the
+    /// default set), or any other policy of `heapscope policies`.
+    #[arg(long = "policy", value_name = "NAME")]
+    pub policies: Vec<Contender>,
+    /// Print one JSON object per line and contender instead of a table.
     #[arg(long)]
     pub json: bool,
 }
 
+/// The named contenders, or the default set.
+pub fn contenders(named: &[Contender]) -> Vec<Contender> {
+    if named.is_empty() { Contender::DEFAULT.to_vec() } else { named.to_vec() }
+}
+
 /// Runs the replay.
 pub fn run(args: &ReplayArgs) -> Result<()> {
-    let trace = Trace::read_csv(&args.file)?;
+    let recording = args.recording.open()?;
     if !args.json {
-        let mode = if args.heap {
-            format!("heap on a simulated device of {} ({})", Bytes(args.capacity), args.heap_args.describe())
-        } else {
-            format!("one range of {}", Bytes(args.capacity))
-        };
-        println!("{}: {} events, {mode}, requests aligned to {} B", trace.name, trace.events().len(), args.align);
-        println!(
-            "{:<13} {:>9} {:>7} {:>14} {:>14} {:>17}",
-            "policy", "allocs", "failed", "peak live", "peak reserved", "reserved / live"
-        );
+        let capacity = args.recording.capacity.map_or_else(|| "unlimited".to_owned(), |bytes| Bytes(bytes).to_string());
+        println!("{}: {} events, device capacity {capacity}", recording.name, recording.trace.events().len());
+        print_header();
     }
-    for policy in args.heap_args.policies() {
-        let (stats, peak_reserved, verdict) = if args.heap {
-            let source = SimulatedSource::new(args.capacity, SimulatedSource::DEFAULT_ALIGNMENT_BYTES);
-            let mut heap = Heap::new(args.heap_args.heap_config(policy), source)?;
-            let replay = replay_heap(&trace, &mut heap, args.align).with_context(|| format!("replaying through {policy}"))?;
-            (replay.stats, heap.stats().peak_reserved_bytes, replay.first_oom)
-        } else {
-            let config = PolicyConfig { min_align_bytes: args.heap_args.min_align, ..PolicyConfig::default() };
-            let mut range = policy.build(args.capacity, &config)?;
-            let stats =
-                replay_policy(&trace, range.as_mut(), args.align).with_context(|| format!("replaying through {policy}"))?;
-            let peak_end = stats.peak_end_bytes;
-            (stats, peak_end, None)
-        };
-        let ratio = peak_reserved as f64 / stats.peak_live_bytes.max(1) as f64;
+    for contender in contenders(&args.policies) {
+        let outcome = args.recording.outcome(&recording, contender).with_context(|| format!("replaying through {contender}"))?;
         if args.json {
-            let line = json!({
-                "trace": trace.name,
-                "policy": policy.name(),
-                "mode": if args.heap { "heap" } else { "range" },
-                "allocations": stats.allocations,
-                "failed_allocations": stats.failed_allocations,
-                "first_failure_event": stats.first_failure,
-                "peak_live_bytes": stats.peak_live_bytes,
-                "peak_reserved_bytes": peak_reserved,
-                "reserved_over_live": ratio,
-                "first_verdict": verdict,
-            });
-            println!("{line}");
+            println!("{}", serde_json::to_string(&outcome)?);
         } else {
-            println!(
-                "{:<13} {:>9} {:>7} {:>14} {:>14} {:>17.4}",
-                policy.name(),
-                stats.allocations,
-                stats.failed_allocations,
-                Bytes(stats.peak_live_bytes).to_string(),
-                Bytes(peak_reserved).to_string(),
-                ratio
-            );
-            if let Some(verdict) = verdict {
-                println!("{:<13} first failure: {verdict}", "");
-            }
+            print_row(&outcome);
         }
     }
     Ok(())
+}
+
+/// The table header of [`print_row`].
+pub fn print_header() {
+    println!(
+        "{:<12} {:>8} {:>12} {:>14} {:>8} {:>9} {:>5} {:>10}  fidelity",
+        "policy", "allocs", "peak live", "peak reserved", "ratio", "segments", "OOMs", "ns/event"
+    );
+}
+
+/// One contender's row.
+pub fn print_row(outcome: &Outcome) {
+    let fidelity = outcome.fidelity.as_ref().map_or_else(String::new, |fidelity| {
+        format!(
+            "segments {}/{}, placements {}/{}",
+            fidelity.matched, fidelity.recorded, fidelity.placement_matched, fidelity.allocs
+        )
+    });
+    println!(
+        "{:<12} {:>8} {:>12} {:>14} {:>8.4} {:>9} {:>5} {:>10.1}  {fidelity}",
+        outcome.policy,
+        outcome.allocs,
+        Bytes(outcome.peak_live_bytes).to_string(),
+        Bytes(outcome.peak_reserved_bytes).to_string(),
+        outcome.reserved_over_live(),
+        outcome.device_allocs,
+        outcome.ooms,
+        outcome.ns_per_event,
+    );
+    if let Some(oom) = &outcome.first_oom {
+        println!("{:<12} first OOM at entry {}: {}", "", oom.event_index, oom.message);
+    }
 }

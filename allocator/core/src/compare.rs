@@ -10,6 +10,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Instant;
 
+use crate::pytorch::caching::{CachingAllocator, OomReport};
+use crate::pytorch::{AllocConf, Fidelity, MemoryStats, emulate};
+use crate::recording::Recording;
 use crate::replay::{HeapReplay, replay_heap, replay_paged};
 use crate::trace::Trace;
 use crate::units::Bytes;
@@ -105,22 +108,6 @@ impl FirstOom {
     }
 }
 
-/// How the emulated caching allocator's decisions compare with the ones the file recorded.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct Fidelity {
-    /// Segment events (alloc, free, map, unmap) the file recorded.
-    pub recorded: u64,
-    /// Those the emulation produced alike, in order (same action, size and causing event).
-    pub matched: u64,
-    /// The first difference, in words.
-    pub first_mismatch: Option<String>,
-    /// Allocations in the trace.
-    pub allocs: u64,
-    /// Allocations the emulation placed at the recorded address.
-    pub placement_matched: u64,
-}
-
 /// A replay summed up.
 #[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -149,6 +136,9 @@ pub struct Outcome {
     pub ns_per_event: f64,
     /// For `pytorch` on a PyTorch file: how its decisions compare with the recorded ones.
     pub fidelity: Option<Fidelity>,
+    /// For `pytorch`: PyTorch's own counters (`torch.cuda.memory_stats()`).
+    #[cfg_attr(feature = "serde", serde(skip))]
+    pub memory_stats: Option<MemoryStats>,
 }
 
 impl Outcome {
@@ -204,6 +194,7 @@ fn summed(policy: &str, trace: &Trace, replay: &HeapReplay, event_of: &dyn Fn(u6
             .map(|(index, verdict)| FirstOom::from_verdict(event_of(index), verdict)),
         ns_per_event: nanos as f64 / stats.events.max(1) as f64,
         fidelity: None,
+        memory_stats: None,
     }
 }
 
@@ -250,9 +241,119 @@ pub fn replay_contender(
                 ..summed("paged", trace, &replay, event_of, nanos)
             })
         }
-        Contender::Pytorch => Err(crate::Error::InvalidConfig {
-            what: "the pytorch contender replays PyTorch recordings: use crate::pytorch".into(),
-        }),
+        Contender::Pytorch => {
+            Err(crate::Error::InvalidConfig { what: "the pytorch contender replays recordings: use replay_pytorch".into() })
+        }
+    }
+}
+
+/// The allocator settings for the `pytorch` contender: the recording's own (PyTorch's defaults for a plain
+/// trace), then `overrides` in `PYTORCH_CUDA_ALLOC_CONF` syntax.
+///
+/// # Errors
+/// [`crate::Error::InvalidConfig`] naming the bad key or value.
+pub fn alloc_conf(recording: &Recording, overrides: Option<&str>) -> Result<AllocConf> {
+    let mut conf = recording
+        .snapshot
+        .as_ref()
+        .and_then(|snapshot| snapshot.settings.as_ref())
+        .map_or_else(AllocConf::default, AllocConf::from_recorded);
+    if let Some(overrides) = overrides {
+        conf.parse_overrides(overrides)
+            .map_err(|error| crate::Error::InvalidConfig { what: format!("--alloc-conf: {error}") })?;
+    }
+    Ok(conf)
+}
+
+/// PyTorch's out-of-memory message for `report`, in its words ("Tried to allocate ...").
+fn pytorch_message(report: &OomReport, unreserved_bytes: Option<u64>) -> String {
+    let mut message = format!("Tried to allocate {}.", Bytes(report.request_bytes));
+    if let Some(unreserved) = unreserved_bytes {
+        message.push_str(&format!(" {} left on the device.", Bytes(unreserved)));
+    }
+    message.push_str(&format!(
+        " Of the allocated memory {} is allocated by PyTorch, and {} is reserved by PyTorch but unallocated \
+         (largest free block {}).",
+        Bytes(report.allocated_bytes),
+        Bytes(report.free_in_reserved_bytes),
+        Bytes(report.largest_free_block_bytes)
+    ));
+    message
+}
+
+fn pytorch_first_oom(event_index: u64, report: &OomReport, unreserved_bytes: Option<u64>) -> FirstOom {
+    FirstOom {
+        event_index,
+        request_bytes: report.request_bytes,
+        reserved_bytes: report.reserved_bytes,
+        free_bytes: report.free_in_reserved_bytes,
+        largest_free_bytes: report.largest_free_block_bytes,
+        verdict: OomCause::judge(report.request_bytes, report.free_in_reserved_bytes, unreserved_bytes.unwrap_or(0)),
+        message: pytorch_message(report, unreserved_bytes),
+    }
+}
+
+/// Replays `recording` through the emulation of PyTorch's caching allocator with `conf`, on a device of
+/// `capacity_bytes` (unlimited when `None`; a recorded `oom` is then refused as the device refused it).
+///
+/// A PyTorch recording replays entry by entry, starting from the state at the start of the recording,
+/// with the fidelity of every decision measured; a plain trace replays on one stream, segments at
+/// increasing addresses.
+pub fn replay_pytorch(recording: &Recording, conf: &AllocConf, capacity_bytes: Option<u64>) -> Outcome {
+    let events = recording.trace.events().len() as u64;
+    let started = Instant::now();
+    let (stats, first_oom, fidelity) = match &recording.snapshot {
+        Some(snapshot) => {
+            let emulation = emulate(snapshot, recording.device, conf, capacity_bytes);
+            let first_oom = emulation.first_oom.as_ref().map(|oom| {
+                let entry = snapshot.device_traces.get(recording.device).and_then(|trace| trace.get(oom.event_index));
+                let unreserved = match capacity_bytes {
+                    Some(capacity) => Some(capacity.saturating_sub(oom.report.reserved_bytes)),
+                    None => entry.and_then(|entry| entry.device_free),
+                };
+                pytorch_first_oom(oom.event_index as u64, &oom.report, unreserved)
+            });
+            (emulation.stats, first_oom, Some(emulation.fidelity))
+        }
+        None => {
+            let mut allocator = CachingAllocator::new(conf.clone(), capacity_bytes);
+            let mut addresses = vec![None; recording.trace.slots() as usize];
+            let mut first_oom = None;
+            for (index, event) in (0..).zip(recording.trace.events()) {
+                match *event {
+                    crate::Event::Alloc { slot, size_bytes } => match allocator.malloc(size_bytes, 0, None) {
+                        Ok(address) => addresses[slot as usize] = Some(address),
+                        Err(report) => {
+                            let unreserved = capacity_bytes.map(|capacity| capacity.saturating_sub(report.reserved_bytes));
+                            first_oom.get_or_insert_with(|| pytorch_first_oom(recording.entry_of(index), &report, unreserved));
+                        }
+                    },
+                    crate::Event::Free { slot } => {
+                        if let Some(address) = addresses[slot as usize].take() {
+                            allocator.free(address);
+                        }
+                    }
+                }
+            }
+            (allocator.stats().clone(), first_oom, None)
+        }
+    };
+    let nanos = started.elapsed().as_nanos();
+    let count = |value: i64| u64::try_from(value).unwrap_or(0);
+    Outcome {
+        policy: "pytorch".to_owned(),
+        events,
+        allocs: count(stats.allocation.all().allocated),
+        frees: count(stats.allocation.all().freed),
+        peak_live_bytes: count(stats.requested_bytes.all().peak),
+        peak_reserved_bytes: count(stats.reserved_bytes.all().peak),
+        device_allocs: count(stats.num_device_alloc),
+        device_frees: count(stats.num_device_free),
+        ooms: count(stats.num_ooms),
+        first_oom,
+        ns_per_event: nanos as f64 / events.max(1) as f64,
+        fidelity,
+        memory_stats: Some(stats),
     }
 }
 

@@ -9,7 +9,10 @@
 //! segments list the heap's blocks (a paged heap's mapped runs, marked expandable) tiled by their blocks.
 
 use crate::compare::{CompareConfig, Contender};
-use crate::pytorch::{Action, Block, BlockState, Pool, Segment, Snapshot, StackId, TraceEntry};
+use crate::pytorch::{
+    Action, AllocConf, Block, BlockState, CachingAllocator, MemoryStats, Pool, RecordedSettings, Segment, Snapshot, StackId,
+    TraceEntry, emulate,
+};
 use crate::recording::Recording;
 use crate::report::RangeReport;
 use crate::trace::Event;
@@ -108,6 +111,119 @@ fn segment(address: u64, total_size: u64, blocks: Vec<Block>, is_expandable: boo
     }
 }
 
+/// `torch.cuda.memory_stats()` counters kept along a heap or paged replay. Pools follow PyTorch's rule
+/// (requests up to 1 MiB are small-pool); blocks (a paged heap: its mapped pages, as one block) up to
+/// 2 MiB count as small-pool segments. "Non-releasable" (`inactive_split`) is the free memory inside
+/// blocks that hold a live allocation, counted once per such block with free bytes.
+#[derive(Default)]
+struct StatsRecorder {
+    stats: MemoryStats,
+    /// Block base -> (size, live footprint bytes, live allocations).
+    blocks: std::collections::HashMap<u64, (u64, u64, u64)>,
+}
+
+const SMALL_REQUEST_BYTES: u64 = 1 << 20;
+
+impl StatsRecorder {
+    fn non_releasable(block: (u64, u64, u64)) -> (u64, u64) {
+        let (size, footprint, live) = block;
+        let free = size.saturating_sub(footprint);
+        if live > 0 && free > 0 { (free, 1) } else { (0, 0) }
+    }
+
+    /// Applies `change` to block `base`, keeping the non-releasable counters in step.
+    fn update_block(&mut self, base: u64, change: impl FnOnce(&mut (u64, u64, u64))) {
+        let block = self.blocks.entry(base).or_default();
+        let (before_bytes, before_count) = Self::non_releasable(*block);
+        change(block);
+        let (after_bytes, after_count) = Self::non_releasable(*block);
+        let small = block.0 <= SMALL_SEGMENT_BYTES;
+        let stats = &mut self.stats;
+        if after_bytes > before_bytes {
+            stats.inactive_split_bytes.increase(small, after_bytes - before_bytes);
+        } else if before_bytes > after_bytes {
+            stats.inactive_split_bytes.decrease(small, before_bytes - after_bytes);
+        }
+        if before_count != after_count {
+            if after_count > before_count {
+                stats.inactive_split.increase(small, 1);
+            } else {
+                stats.inactive_split.decrease(small, 1);
+            }
+        }
+    }
+
+    fn allocated(&mut self, base: u64, footprint_bytes: u64, requested_bytes: u64) {
+        let small = requested_bytes <= SMALL_REQUEST_BYTES;
+        let stats = &mut self.stats;
+        stats.allocation.increase(small, 1);
+        stats.active.increase(small, 1);
+        stats.allocated_bytes.increase(small, footprint_bytes);
+        stats.active_bytes.increase(small, footprint_bytes);
+        stats.requested_bytes.increase(small, requested_bytes);
+        self.update_block(base, |block| {
+            block.1 += footprint_bytes;
+            block.2 += 1;
+        });
+    }
+
+    fn freed(&mut self, base: u64, footprint_bytes: u64, requested_bytes: u64) {
+        let small = requested_bytes <= SMALL_REQUEST_BYTES;
+        let stats = &mut self.stats;
+        stats.allocation.decrease(small, 1);
+        stats.active.decrease(small, 1);
+        stats.allocated_bytes.decrease(small, footprint_bytes);
+        stats.active_bytes.decrease(small, footprint_bytes);
+        stats.requested_bytes.decrease(small, requested_bytes);
+        self.update_block(base, |block| {
+            block.1 -= footprint_bytes;
+            block.2 -= 1;
+        });
+    }
+
+    /// A device event; `block_of` maps it to the block whose size it changes (paged: one block).
+    fn device(&mut self, event: DeviceEvent, paged: bool) {
+        let stats = &mut self.stats;
+        match event {
+            DeviceEvent::Reserved { address, size_bytes } => {
+                let small = size_bytes <= SMALL_SEGMENT_BYTES;
+                stats.segment.increase(small, 1);
+                stats.reserved_bytes.increase(small, size_bytes);
+                stats.num_device_alloc += 1;
+                self.update_block(address, |block| block.0 = size_bytes);
+            }
+            DeviceEvent::Released { address, size_bytes } => {
+                let small = size_bytes <= SMALL_SEGMENT_BYTES;
+                stats.segment.decrease(small, 1);
+                stats.reserved_bytes.decrease(small, size_bytes);
+                stats.num_device_free += 1;
+                self.update_block(address, |block| block.0 = 0);
+                self.blocks.remove(&address);
+            }
+            DeviceEvent::Mapped { size_bytes, .. } => {
+                stats.reserved_bytes.increase(false, size_bytes);
+                stats.num_device_alloc += 1;
+                self.update_block(0, |block| block.0 += size_bytes);
+            }
+            DeviceEvent::Unmapped { size_bytes, .. } => {
+                stats.reserved_bytes.decrease(false, size_bytes);
+                stats.num_device_free += 1;
+                self.update_block(0, |block| block.0 -= size_bytes);
+            }
+        }
+        debug_assert!(paged == matches!(event, DeviceEvent::Mapped { .. } | DeviceEvent::Unmapped { .. }));
+    }
+}
+
+/// A replay written down: the snapshot it would have recorded and PyTorch's counters for it.
+#[derive(Clone, Debug)]
+pub struct Replayed {
+    /// The snapshot, in PyTorch's schema.
+    pub snapshot: Snapshot,
+    /// `torch.cuda.memory_stats()` at the end of the replay.
+    pub stats: MemoryStats,
+}
+
 /// The contender's side of one allocation attempt.
 enum Served {
     Yes { address: u64 },
@@ -120,7 +236,8 @@ enum Served {
 /// # Errors
 /// [`Error::InvalidConfig`] for the `pytorch` contender (its own emulation exports itself) or invalid
 /// settings; a contender bug on free.
-pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &CompareConfig) -> Result<Snapshot> {
+pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &CompareConfig) -> Result<Replayed> {
+    let mut recorder = StatsRecorder::default();
     let mut writer = Writer { recording, entries: Vec::with_capacity(recording.trace.events().len() * 2) };
     let frame_stacks = recording.snapshot.as_ref().map_or_else(|| vec![Vec::new()], |snapshot| snapshot.frame_stacks.clone());
     let device = recording.device;
@@ -132,25 +249,36 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
             let mut handles = vec![None; recording.trace.slots() as usize];
             replay_events(recording, config, &mut writer, |writer, index, event| match event {
                 Operation::Alloc(request, slot) => {
-                    let served = match heap.allocate(request, None) {
+                    let result = heap.allocate(request, None);
+                    let events = heap.take_device_events();
+                    events.iter().for_each(|&event| recorder.device(event, false));
+                    writer.device_events(events, 0, index);
+                    match result {
                         Ok(allocation) => {
                             let address = allocation.address();
+                            let base = address - allocation.offset();
+                            recorder.allocated(base, allocation.allocation().footprint_bytes(), allocation.size_bytes());
                             handles[slot as usize] = Some(allocation);
-                            Served::Yes { address }
+                            Ok(Served::Yes { address })
                         }
-                        Err(Error::OutOfMemory(verdict)) => Served::No { device_free: verdict.unreserved_bytes },
-                        Err(other) => return Err(other),
-                    };
-                    writer.device_events(heap.take_device_events(), 0, index);
-                    Ok(served)
+                        Err(Error::OutOfMemory(verdict)) => {
+                            recorder.stats.num_ooms += 1;
+                            Ok(Served::No { device_free: verdict.unreserved_bytes })
+                        }
+                        Err(other) => Err(other),
+                    }
                 }
                 Operation::Free(slot) => {
                     if let Some(allocation) = handles[slot as usize].take() {
                         heap.free(allocation)?;
+                        let base = allocation.address() - allocation.offset();
+                        recorder.freed(base, allocation.allocation().footprint_bytes(), allocation.size_bytes());
                         writer.push(Action::FreeRequested, allocation.address(), allocation.size_bytes(), index, None);
                         writer.push(Action::FreeCompleted, allocation.address(), allocation.size_bytes(), index, None);
                     }
-                    writer.device_events(heap.take_device_events(), 0, index);
+                    let events = heap.take_device_events();
+                    events.iter().for_each(|&event| recorder.device(event, false));
+                    writer.device_events(events, 0, index);
                     Ok(Served::Yes { address: 0 })
                 }
             })?;
@@ -170,25 +298,34 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
             let mut handles = vec![None; recording.trace.slots() as usize];
             replay_events(recording, config, &mut writer, |writer, index, event| match event {
                 Operation::Alloc(request, slot) => {
-                    let served = match heap.allocate(request) {
+                    let result = heap.allocate(request);
+                    let events = heap.take_device_events();
+                    events.iter().for_each(|&event| recorder.device(event, true));
+                    writer.device_events(events, PAGED_BASE_ADDRESS, index);
+                    match result {
                         Ok(allocation) => {
+                            recorder.allocated(0, allocation.footprint_bytes(), allocation.size_bytes());
                             handles[slot as usize] = Some(allocation);
-                            Served::Yes { address: PAGED_BASE_ADDRESS + allocation.offset() }
+                            Ok(Served::Yes { address: PAGED_BASE_ADDRESS + allocation.offset() })
                         }
-                        Err(Error::OutOfMemory(verdict)) => Served::No { device_free: verdict.unreserved_bytes },
-                        Err(other) => return Err(other),
-                    };
-                    writer.device_events(heap.take_device_events(), PAGED_BASE_ADDRESS, index);
-                    Ok(served)
+                        Err(Error::OutOfMemory(verdict)) => {
+                            recorder.stats.num_ooms += 1;
+                            Ok(Served::No { device_free: verdict.unreserved_bytes })
+                        }
+                        Err(other) => Err(other),
+                    }
                 }
                 Operation::Free(slot) => {
                     if let Some(allocation) = handles[slot as usize].take() {
                         heap.free(allocation)?;
+                        recorder.freed(0, allocation.footprint_bytes(), allocation.size_bytes());
                         let address = PAGED_BASE_ADDRESS + allocation.offset();
                         writer.push(Action::FreeRequested, address, allocation.size_bytes(), index, None);
                         writer.push(Action::FreeCompleted, address, allocation.size_bytes(), index, None);
                     }
-                    writer.device_events(heap.take_device_events(), PAGED_BASE_ADDRESS, index);
+                    let events = heap.take_device_events();
+                    events.iter().for_each(|&event| recorder.device(event, true));
+                    writer.device_events(events, PAGED_BASE_ADDRESS, index);
                     Ok(Served::Yes { address: 0 })
                 }
             })?;
@@ -207,7 +344,141 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
     };
     let mut device_traces = vec![Vec::new(); device + 1];
     device_traces[device] = writer.entries;
-    Ok(Snapshot { segments, device_traces, settings: None, frame_stacks })
+    Ok(Replayed { snapshot: Snapshot { segments, device_traces, settings: None, frame_stacks }, stats: recorder.stats })
+}
+
+/// The settings as a snapshot records them.
+fn recorded_settings(conf: &AllocConf, alloc_conf: &str) -> RecordedSettings {
+    RecordedSettings {
+        alloc_conf: alloc_conf.to_owned(),
+        max_split_size: conf.max_split_size,
+        garbage_collection_threshold: conf.garbage_collection_threshold,
+        expandable_segments: conf.expandable_segments,
+        roundup_power2_divisions: (0..)
+            .zip(conf.roundup_power2_divisions)
+            .map(|(log, divisions)| (1u64 << log, divisions))
+            .collect(),
+    }
+}
+
+/// The snapshot the emulation of PyTorch's caching allocator would have recorded for `recording` with
+/// `conf` on a device of `capacity_bytes`: the recording's entries with the emulation's addresses, its
+/// own segment events in place of the recorded ones, and its final segments. `alloc_conf` is the
+/// settings string to record.
+pub fn emulated_snapshot(recording: &Recording, conf: &AllocConf, alloc_conf: &str, capacity_bytes: Option<u64>) -> Replayed {
+    let device = recording.device;
+    let mut entries = Vec::new();
+    let (segments, frame_stacks, stats) = match &recording.snapshot {
+        Some(snapshot) => {
+            let emulation = emulate(snapshot, device, conf, capacity_bytes);
+            let original = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
+            let mut events = emulation.segment_events.iter().peekable();
+            // Recorded address -> emulated address, for the frees.
+            let mut live = std::collections::HashMap::new();
+            for (index, entry) in original.iter().enumerate() {
+                while let Some(event) = events.next_if(|event| event.cause <= index) {
+                    entries.push(TraceEntry {
+                        action: event.action,
+                        addr: event.addr,
+                        size: event.size_bytes,
+                        device_free: None,
+                        ..entry.clone()
+                    });
+                }
+                let addr = match entry.action {
+                    Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => continue,
+                    Action::Alloc => match emulation.placements.get(index).copied().flatten() {
+                        Some(addr) => {
+                            live.insert(entry.addr, addr);
+                            addr
+                        }
+                        None => {
+                            // Refused: PyTorch would have recorded an out-of-memory error instead.
+                            entries.push(TraceEntry { action: Action::Oom, addr: 0, device_free: Some(0), ..entry.clone() });
+                            continue;
+                        }
+                    },
+                    Action::FreeRequested => live.get(&entry.addr).copied().unwrap_or(entry.addr),
+                    Action::FreeCompleted => live.remove(&entry.addr).unwrap_or(entry.addr),
+                    _ => entry.addr,
+                };
+                entries.push(TraceEntry { addr, ..entry.clone() });
+            }
+            let last = original.last().cloned();
+            for event in events {
+                let template = last.clone().unwrap_or(TraceEntry {
+                    action: event.action,
+                    addr: 0,
+                    size: 0,
+                    stream: 0,
+                    time_us: None,
+                    device_free: None,
+                    frames: StackId::NONE,
+                });
+                entries.push(TraceEntry {
+                    action: event.action,
+                    addr: event.addr,
+                    size: event.size_bytes,
+                    device_free: None,
+                    ..template
+                });
+            }
+            (emulation.final_segments, snapshot.frame_stacks.clone(), emulation.stats)
+        }
+        None => {
+            let mut allocator = CachingAllocator::new(conf.clone(), capacity_bytes);
+            let mut addresses = vec![None; recording.trace.slots() as usize];
+            let entry = |action, addr, size| TraceEntry {
+                action,
+                addr,
+                size,
+                stream: 0,
+                time_us: None,
+                device_free: None,
+                frames: StackId::NONE,
+            };
+            for event in recording.trace.events() {
+                match *event {
+                    Event::Alloc { slot, size_bytes } => {
+                        let result = allocator.malloc(size_bytes, 0, None);
+                        entries.extend(
+                            allocator
+                                .take_events()
+                                .into_iter()
+                                .map(|device| entry(device.action, device.addr, device.size_bytes)),
+                        );
+                        match result {
+                            Ok(addr) => {
+                                addresses[slot as usize] = Some((addr, size_bytes));
+                                entries.push(entry(Action::Alloc, addr, size_bytes));
+                            }
+                            Err(_) => entries.push(TraceEntry { device_free: Some(0), ..entry(Action::Oom, 0, size_bytes) }),
+                        }
+                    }
+                    Event::Free { slot } => {
+                        if let Some((addr, size_bytes)) = addresses[slot as usize].take() {
+                            allocator.free(addr);
+                            entries.push(entry(Action::FreeRequested, addr, size_bytes));
+                            entries.push(entry(Action::FreeCompleted, addr, size_bytes));
+                            entries.extend(
+                                allocator
+                                    .take_events()
+                                    .into_iter()
+                                    .map(|device| entry(device.action, device.addr, device.size_bytes)),
+                            );
+                        }
+                    }
+                }
+            }
+            (allocator.report(), vec![Vec::new()], allocator.stats().clone())
+        }
+    };
+    let mut device_traces = vec![Vec::new(); device + 1];
+    device_traces[device] = entries;
+    Replayed {
+        snapshot: Snapshot { segments, device_traces, settings: Some(recorded_settings(conf, alloc_conf)), frame_stacks },
+        stats,
+    }
 }
 
 /// One step for a contender.
@@ -264,10 +535,11 @@ mod tests {
             heap: HeapConfig { release: ReleaseRule::OnPressure, ..HeapConfig::new(PolicyKind::BestFit) },
             ..CompareConfig::default()
         };
-        let snapshot = replayed_snapshot(&recording, Contender::Heap(PolicyKind::BestFit), &config).unwrap();
-        assert_eq!((count(&snapshot, Action::Alloc), count(&snapshot, Action::Oom)), (40, 1));
-        assert_eq!(count(&snapshot, Action::FreeCompleted), 20);
-        let reserved = count(&snapshot, Action::SegmentAlloc) - count(&snapshot, Action::SegmentFree);
+        let replayed = replayed_snapshot(&recording, Contender::Heap(PolicyKind::BestFit), &config).unwrap();
+        let snapshot = &replayed.snapshot;
+        assert_eq!((count(snapshot, Action::Alloc), count(snapshot, Action::Oom)), (40, 1));
+        assert_eq!(count(snapshot, Action::FreeCompleted), 20);
+        let reserved = count(snapshot, Action::SegmentAlloc) - count(snapshot, Action::SegmentFree);
         assert_eq!(reserved, snapshot.segments.len());
         for segment in &snapshot.segments {
             // Blocks tile the segment, and what is allocated sums up.
@@ -276,6 +548,23 @@ mod tests {
         }
         let allocated: u64 = snapshot.segments.iter().map(|segment| segment.requested_size).sum();
         assert_eq!(allocated, 20 * 100 * MIB, "the 100 MiB tensors are still live");
+        // The counters agree with the layout and with the plain replay.
+        let stats = &replayed.stats;
+        let outcome =
+            crate::compare::replay_contender(&recording.trace, Contender::Heap(PolicyKind::BestFit), &config, &|index| index)
+                .unwrap();
+        assert_eq!(stats.reserved_bytes.all().peak as u64, outcome.peak_reserved_bytes);
+        assert_eq!((stats.num_device_alloc as u64, stats.num_ooms), (outcome.device_allocs, 1));
+        assert_eq!((stats.allocation.all().current, stats.requested_bytes.all().current as u64), (20, allocated));
+        let reserved: u64 = snapshot.segments.iter().map(|segment| segment.total_size).sum();
+        assert_eq!(stats.reserved_bytes.all().current as u64, reserved);
+        let non_releasable: u64 = snapshot
+            .segments
+            .iter()
+            .filter(|segment| segment.allocated_size > 0)
+            .map(|segment| segment.total_size - segment.allocated_size)
+            .sum();
+        assert_eq!(stats.inactive_split_bytes.all().current as u64, non_releasable);
         // Every alloc sits inside a segment that was reserved before it.
         let mut open = Vec::new();
         for entry in &snapshot.device_traces[0] {
@@ -289,13 +578,27 @@ mod tests {
     }
 
     #[test]
+    fn emulated_snapshot_of_a_plain_trace_records_segments() {
+        let story = frag_oom();
+        let recording = Recording::from_trace(story.trace);
+        let replayed = emulated_snapshot(&recording, &AllocConf::default(), "", Some(story.device_bytes));
+        let snapshot = &replayed.snapshot;
+        assert_eq!(replayed.stats.num_ooms, 1);
+        // 20 segments of 150 MiB, the 100 MiB tensors reuse them, the 1 GiB request is refused.
+        assert_eq!((count(snapshot, Action::SegmentAlloc), count(snapshot, Action::Oom)), (20, 1));
+        assert_eq!(snapshot.segments.len(), 20);
+        assert!(snapshot.segments.iter().all(|segment| segment.total_size == 150 * MIB));
+    }
+
+    #[test]
     fn paged_replay_maps_and_unmaps() {
         let story = frag_oom();
         let recording = Recording::from_trace(story.trace);
         let config = CompareConfig { capacity_bytes: Some(story.device_bytes), ..CompareConfig::default() };
-        let snapshot = replayed_snapshot(&recording, Contender::Paged, &config).unwrap();
-        assert_eq!((count(&snapshot, Action::Alloc), count(&snapshot, Action::Oom)), (41, 0));
-        assert!(count(&snapshot, Action::SegmentUnmap) > 0);
+        let replayed = replayed_snapshot(&recording, Contender::Paged, &config).unwrap();
+        let snapshot = &replayed.snapshot;
+        assert_eq!((count(snapshot, Action::Alloc), count(snapshot, Action::Oom)), (41, 0));
+        assert!(count(snapshot, Action::SegmentUnmap) > 0);
         let mapped: u64 = snapshot.segments.iter().map(|segment| segment.total_size).sum();
         assert_eq!(mapped, 3024 * MIB);
         assert!(snapshot.segments.iter().all(|segment| segment.is_expandable));

@@ -133,6 +133,9 @@ pub struct Emulation {
     pub fidelity: Fidelity,
     /// Segments at the end, in the snapshot's layout.
     pub final_segments: Vec<Segment>,
+    /// Where the emulation placed each `alloc` entry, by entry index (`None` for other entries and refused
+    /// requests).
+    pub placements: Vec<Option<u64>>,
 }
 
 fn is_segment_action(a: Action) -> bool {
@@ -165,6 +168,7 @@ pub fn emulate(snapshot: &Snapshot, device: usize, conf: &AllocConf, capacity_by
     let mut out = Emulation::default();
     let mut fidelity = Fidelity { recorded: recorded.len(), ..Fidelity::default() };
     let mut empty_cache_checked_until = 0;
+    out.placements = vec![None; trace.len()];
     for (i, e) in trace.iter().enumerate() {
         match e.action {
             Action::Alloc => {
@@ -173,6 +177,7 @@ pub fn emulate(snapshot: &Snapshot, device: usize, conf: &AllocConf, capacity_by
                 push_events(&mut out.segment_events, alloc.take_events(), i);
                 match result {
                     Ok(addr) => {
+                        out.placements[i] = Some(addr);
                         if addr == e.addr {
                             fidelity.placement_matched += 1;
                         } else if fidelity.first_misplacement.is_none() {

@@ -1,0 +1,35 @@
+//! `heapscope convert`: any recording to heapscope's native trace format.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use crate::input;
+
+/// Arguments of `heapscope convert`.
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// A PyTorch snapshot, a native trace or a CSV trace.
+    pub file: PathBuf,
+    /// Where to write the native trace.
+    #[arg(long, value_name = "OUT")]
+    pub out: PathBuf,
+    /// Which device's trace of a PyTorch snapshot.
+    #[arg(long, value_name = "N", default_value = "0")]
+    pub device: usize,
+}
+
+/// Runs the conversion.
+pub fn run(args: &ConvertArgs) -> Result<()> {
+    let recording = input::open(&args.file, args.device)?;
+    recording.trace.write_native(&args.out).with_context(|| format!("converting {}", args.file.display()))?;
+    eprintln!(
+        "{}: {} events ({} frees of allocations made before the recording skipped) -> {}",
+        recording.name,
+        recording.trace.events().len(),
+        recording.frees_before_recording,
+        args.out.display()
+    );
+    Ok(())
+}
