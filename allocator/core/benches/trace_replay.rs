@@ -1,5 +1,5 @@
 //! Replays the real PyTorch trace `gpt2_train_fixed-default` (GPT-2 124M training on an H200, 12,355
-//! alloc/free events; `assets/traces/`, converted by `scripts/pytorch_snapshot_to_csv.py`) through every
+//! alloc/free events; `assets/traces/`, converted from the PyTorch snapshot by `heapscope convert`) through every
 //! heapscope policy and, in the same run, through offset-allocator 0.2 and range-alloc 0.1.5.
 //!
 //! Every contender manages one range of 32 GiB in 512-byte units (PyTorch's `kMinBlockSize`, and the unit
@@ -366,8 +366,8 @@ fn criterion_bench<C: Contender>(
 }
 
 fn main() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/traces/gpt2_train_fixed-default.csv");
-    let mut trace = Trace::read_csv(std::path::Path::new(path)).expect("the committed trace reads");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/traces/gpt2_train_fixed-default.hst");
+    let mut trace = Trace::read(std::path::Path::new(path)).expect("the committed trace reads");
     trace.name = "gpt2_train_fixed-default".into();
 
     let rows = measure(for_each_contender!(prepare, &trace));

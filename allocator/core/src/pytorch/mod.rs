@@ -13,8 +13,6 @@ pub mod alloc_conf;
 pub mod caching;
 pub mod export;
 pub mod import;
-#[cfg(test)]
-mod json_fixture;
 pub mod memory_stats;
 mod pickle_read;
 mod pickle_write;

@@ -50,6 +50,9 @@ pub const LARGE_BUFFER_BYTES: u64 = 20 << 20;
 /// base matters for placement, so a fixed size that stays below the gap between real reservations is used.
 pub const EXPANDABLE_VIRTUAL_BYTES: u64 = 128 << 30;
 
+/// Requests above this (1 EiB) fit no device: refused as out of memory, so sizes stay far from overflow.
+pub const MAX_REQUEST_BYTES: u64 = 1 << 60;
+
 /// `round_size`: 512 B multiples, or `roundup_power2_divisions` steps between powers of two.
 pub fn round_size(size_bytes: u64, conf: &AllocConf) -> u64 {
     if size_bytes < MIN_BLOCK_BYTES {
@@ -369,6 +372,11 @@ impl CachingAllocator {
     /// `malloc`: serves a request of `size_bytes` on `stream`; `base_hint` is where the driver would put a
     /// new segment (an address input from the trace). Returns the block's address.
     pub fn malloc(&mut self, size_bytes: u64, stream: u64, base_hint: Option<u64>) -> Result<u64, OomReport> {
+        if size_bytes > MAX_REQUEST_BYTES {
+            // No device holds it (cudaMalloc fails); refused before any rounding could overflow.
+            self.stats.num_ooms += 1;
+            return Err(self.oom_report(size_bytes));
+        }
         let size = round_size(size_bytes, &self.conf);
         let pool = get_pool(size);
         let alloc_size = get_allocation_size(size);

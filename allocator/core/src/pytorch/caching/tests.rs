@@ -1,30 +1,28 @@
 //! Tests: the four shared PyTorch 2.11 traces replayed exactly, and each rule on small hand-made traces.
 
 use super::*;
-use crate::pytorch::json_fixture;
 use crate::pytorch::snapshot::{Snapshot, TraceEntry};
 
 const MIB: u64 = 1 << 20;
 
-fn load(name: &str) -> Option<(Snapshot, serde_json::Value)> {
-    let snap = json_fixture::load(std::path::Path::new(&format!("/tmp/heapscope-json/{name}.json")))?;
-    let truth_text = std::fs::read_to_string(format!("/work/shared/traces/pytorch-2.11-h200/{name}.json")).ok()?;
-    Some((snap, serde_json::from_str(&truth_text).unwrap()))
+/// A real snapshot from `assets/traces/pytorch/` and PyTorch's own statistics of the same run.
+fn load(name: &str) -> (Snapshot, serde_json::Value) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch");
+    let snap = crate::pytorch::read_snapshot(&dir.join(format!("{name}.pickle.gz"))).unwrap();
+    let truth_text = std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap();
+    (snap, serde_json::from_str(&truth_text).unwrap())
 }
 
-fn run(name: &str, capacity: Option<u64>) -> Option<(Emulation, serde_json::Value, Snapshot)> {
-    let (snap, truth) = load(name)?;
+fn run(name: &str, capacity: Option<u64>) -> (Emulation, serde_json::Value, Snapshot) {
+    let (snap, truth) = load(name);
     let conf = AllocConf::from_recorded(snap.settings.as_ref().unwrap());
-    Some((emulate(&snap, 0, &conf, capacity), truth, snap))
+    (emulate(&snap, 0, &conf, capacity), truth, snap)
 }
 
 #[test]
 fn shared_traces_replay_exactly() {
     for name in ["frag_oom-default", "frag_oom-expandable", "gpt2_train_fixed-default", "gpt2_train_fixed-expandable"] {
-        let Some((em, truth, snap)) = run(name, None) else {
-            eprintln!("skipping {name}: fixture missing");
-            continue;
-        };
+        let (em, truth, snap) = run(name, None);
         let f = em.fidelity;
         eprintln!("{name}: {f:?}");
         assert!(f.is_exact(), "{name}: {f:?}");
@@ -51,7 +49,7 @@ fn strip(s: &Segment) -> Segment {
 
 #[test]
 fn frag_oom_default_ooms_at_3584_mib_like_pytorch() {
-    let Some((em, truth, _)) = run("frag_oom-default", Some(3584 * MIB)) else { return };
+    let (em, truth, _) = run("frag_oom-default", Some(3584 * MIB));
     let OomEvent { event_index, report } = em.first_oom.expect("an OOM");
     assert_eq!(event_index, 100, "the recorded oom entry");
     assert_eq!(report.request_bytes, 1 << 30);
@@ -67,7 +65,7 @@ fn frag_oom_default_ooms_at_3584_mib_like_pytorch() {
 
 #[test]
 fn frag_oom_expandable_succeeds_at_3584_mib() {
-    let Some((em, truth, _)) = run("frag_oom-expandable", Some(3584 * MIB)) else { return };
+    let (em, truth, _) = run("frag_oom-expandable", Some(3584 * MIB));
     assert_eq!(em.first_oom, None);
     assert!(em.fidelity.is_exact(), "{:?}", em.fidelity);
     let grow = em.segment_events.iter().find(|e| e.cause == 101).expect("the 1 GiB request maps pages");
@@ -81,7 +79,7 @@ fn frag_oom_expandable_succeeds_at_3584_mib() {
 #[test]
 fn recordings_cut_mid_run_replay_exactly() {
     for name in ["frag_oom-default", "frag_oom-expandable", "gpt2_train_fixed-default", "gpt2_train_fixed-expandable"] {
-        let Some((snap, _)) = load(name) else { continue };
+        let (snap, _) = load(name);
         let conf = AllocConf::from_recorded(snap.settings.as_ref().unwrap());
         let trace = &snap.device_traces[0];
         // 23 cuts spread over the trace, at any kind of entry (also between a free's two halves).
