@@ -22,7 +22,7 @@ pub struct CompareArgs {
 pub fn run(args: &CompareArgs) -> Result<()> {
     let recording = args.recording.open()?;
     let capacity = args.recording.capacity.map_or_else(|| "unlimited".to_owned(), |bytes| Bytes(bytes).to_string());
-    println!("{}: {} events, device capacity {capacity}", recording.name, recording.trace.events().len());
+    outln!("{}: {} events, device capacity {capacity}", recording.name, recording.trace.events().len());
     let mut outcomes: Vec<Outcome> = Vec::new();
     for contender in contenders(&args.policies) {
         outcomes.push(args.recording.outcome(&recording, contender).with_context(|| format!("replaying through {contender}"))?);
@@ -33,7 +33,7 @@ pub fn run(args: &CompareArgs) -> Result<()> {
     }
     // The verdict of the first contender that failed (PyTorch's, when it did), with who would have coped.
     let Some(failed) = outcomes.iter().find(|outcome| outcome.ooms > 0) else {
-        println!("\nEvery contender served every request.");
+        outln!("\nEvery contender served every request.");
         return Ok(());
     };
     let mut extra = Vec::new();
@@ -48,7 +48,7 @@ pub fn run(args: &CompareArgs) -> Result<()> {
         }
     }
     if let Some(sentence) = verdict_sentence(failed, &outcomes, &extra) {
-        println!("\n{sentence}");
+        outln!("\n{sentence}");
     }
     Ok(())
 }

@@ -22,7 +22,12 @@ pub struct ConvertArgs {
 
 /// Runs the conversion.
 pub fn run(args: &ConvertArgs) -> Result<()> {
-    let recording = input::open(&args.file, args.device)?;
+    let mut recording = input::open(&args.file, args.device)?;
+    // The trace remembers where it came from: the file's name (not the path it was read through).
+    let file_name =
+        args.file.file_name().map_or_else(|| args.file.display().to_string(), |name| name.to_string_lossy().into_owned());
+    recording.trace.name =
+        if recording.snapshot.is_some() { format!("{file_name} (device {})", args.device) } else { recording.trace.name.clone() };
     recording.trace.write_native(&args.out).with_context(|| format!("converting {}", args.file.display()))?;
     eprintln!(
         "{}: {} events ({} frees of allocations made before the recording skipped) -> {}",

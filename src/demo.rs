@@ -122,15 +122,15 @@ pub fn run(args: &DemoArgs) -> Result<()> {
                 "blocks": outcome.blocks,
                 "verdict": outcome.verdict,
             });
-            println!("{line}");
+            outln!("{line}");
         }
         return Ok(());
     }
-    println!("heapscope demo: {} — {}", story.name, story.summary);
-    println!("device: {} (simulated)", Bytes(story.device_bytes));
-    println!("one range: the whole device (or budget) is one block; blocks: {}", args.heap.rules.describe());
-    println!();
-    println!(
+    outln!("heapscope demo: {} — {}", story.name, story.summary);
+    outln!("device: {} (simulated)", Bytes(story.device_bytes));
+    outln!("one range: the whole device (or budget) is one block; blocks: {}", args.heap.rules.describe());
+    outln!();
+    outln!(
         "{:<13} | {:<20} {:>11} {:>9} | {:<20} {:>11} {:>11} {:>17} {:>6} {:>9}",
         "",
         format!("one range: {}", Bytes(last_request_bytes)),
@@ -144,7 +144,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         "failures"
     );
     for (range, blocks) in &rows {
-        println!(
+        outln!(
             "{:<13} | {:<20} {:>11} {:>9} | {:<20} {:>11} {:>11} {:>17} {:>6} {:>9}",
             range.policy.name(),
             result_word(range),
@@ -177,8 +177,8 @@ fn print_verdicts(rows: &[(Outcome, Outcome)]) {
     if groups.is_empty() {
         return;
     }
-    println!("\nwhy the last request failed:");
+    outln!("\nwhy the last request failed:");
     for (words, policies) in groups {
-        println!("  {}: {words}", policies.join(", "));
+        outln!("  {}: {words}", policies.join(", "));
     }
 }

@@ -80,6 +80,6 @@ pub fn run_summary(args: &SummaryArgs) -> Result<()> {
     let recording = args.recording.open()?;
     let replayed =
         replayed(&args.recording, &recording, args.policy).with_context(|| format!("replaying through {}", args.policy))?;
-    print!("{}", replayed.stats.summary_table(recording.device));
+    out!("{}", replayed.stats.summary_table(recording.device));
     Ok(())
 }

@@ -1,6 +1,9 @@
 //! `heapscope`: the command line. Thin by design: the work happens in `heapscope-core` (and, in later
 //! issues, the backend and GUI crates); this file parses arguments and prints.
 
+#[macro_use]
+mod output;
+
 mod compare;
 mod convert;
 mod demo;

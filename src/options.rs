@@ -92,6 +92,6 @@ pub fn print_policies() {
             PolicyKind::Linear(heapscope_core::LinearMode::Ring) => "bump pointer wrapping around, frees oldest first (FIFO)",
             PolicyKind::Slab => "power-of-two size classes in 1 MiB slab pages for requests up to 64 KiB, TLSF beyond",
         };
-        println!("{:<13} {what}", kind.name());
+        outln!("{:<13} {what}", kind.name());
     }
 }

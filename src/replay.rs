@@ -92,13 +92,13 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
     let recording = args.recording.open()?;
     if !args.json {
         let capacity = args.recording.capacity.map_or_else(|| "unlimited".to_owned(), |bytes| Bytes(bytes).to_string());
-        println!("{}: {} events, device capacity {capacity}", recording.name, recording.trace.events().len());
+        outln!("{}: {} events, device capacity {capacity}", recording.name, recording.trace.events().len());
         print_header();
     }
     for contender in contenders(&args.policies) {
         let outcome = args.recording.outcome(&recording, contender).with_context(|| format!("replaying through {contender}"))?;
         if args.json {
-            println!("{}", serde_json::to_string(&outcome)?);
+            outln!("{}", serde_json::to_string(&outcome)?);
         } else {
             print_row(&outcome);
         }
@@ -108,9 +108,16 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
 
 /// The table header of [`print_row`].
 pub fn print_header() {
-    println!(
+    outln!(
         "{:<12} {:>8} {:>12} {:>14} {:>8} {:>9} {:>5} {:>10}  fidelity",
-        "policy", "allocs", "peak live", "peak reserved", "ratio", "segments", "OOMs", "ns/event"
+        "policy",
+        "allocs",
+        "peak live",
+        "peak reserved",
+        "ratio",
+        "segments",
+        "OOMs",
+        "ns/event"
     );
 }
 
@@ -122,7 +129,7 @@ pub fn print_row(outcome: &Outcome) {
             fidelity.matched, fidelity.recorded, fidelity.placement_matched, fidelity.allocs
         )
     });
-    println!(
+    outln!(
         "{:<12} {:>8} {:>12} {:>14} {:>8.4} {:>9} {:>5} {:>10.1}  {fidelity}",
         outcome.policy,
         outcome.allocs,
@@ -134,6 +141,6 @@ pub fn print_row(outcome: &Outcome) {
         outcome.ns_per_event,
     );
     if let Some(oom) = &outcome.first_oom {
-        println!("{:<12} first OOM at entry {}: {}", "", oom.event_index, oom.message);
+        outln!("{:<12} first OOM at entry {}: {}", "", oom.event_index, oom.message);
     }
 }

@@ -7,6 +7,11 @@
 //! pages, and fragmentation of the virtual range costs nothing: a free run split by a live allocation is
 //! still served by mapping pages around it. What remains is the waste inside partly used pages.
 //!
+//! Allocations never overlap, so only the first and last page of an allocation can be shared with another
+//! one: those two carry a count of the live allocations touching them, the pages between belong to one
+//! allocation alone and are mapped and unmapped with it. Allocating or freeing costs O(1) whatever the
+//! size, not one step per page.
+//!
 //! Counters follow the driver calls a real backend makes: one map call per run of contiguous pages that an
 //! allocation needs mapped (sparse binds are coalesced the same way), one unmap call per run released.
 
@@ -82,8 +87,9 @@ pub struct PagedStats {
 pub struct PagedHeap {
     config: PagedConfig,
     policy: Box<dyn Policy>,
-    /// Live allocations touching each mapped page, by page index.
-    pages: HashMap<u64, u32>,
+    /// Live allocations touching each shared (first or last) page, by page index; pages between an
+    /// allocation's first and last belong to it alone and are not listed.
+    edge_pages: HashMap<u64, u32>,
     /// Footprint bytes of the live allocations.
     footprint_bytes: u64,
     stats: PagedStats,
@@ -95,20 +101,16 @@ fn page_span(offset: u64, size_bytes: u64, page_bytes: u64) -> (u64, u64) {
     (offset / page_bytes, (offset + size_bytes - 1) / page_bytes)
 }
 
-/// The runs of consecutive pages whose flag is `true`, as `(first page, pages)`, from pages
-/// `first, first + 1, ...`.
-fn runs(first: u64, flags: impl Iterator<Item = bool>) -> Vec<(u64, u64)> {
-    let mut runs: Vec<(u64, u64)> = Vec::new();
-    let mut previous = false;
-    for (index, flag) in (first..).zip(flags) {
-        match (flag, previous, runs.last_mut()) {
-            (true, true, Some((_, pages))) => *pages += 1,
-            (true, _, _) => runs.push((index, 1)),
-            (false, _, _) => {}
-        }
-        previous = flag;
+/// The runs of pages that change state when an allocation spanning pages `[first, last]` comes or goes,
+/// as `(first page, pages)`: the pages between its ends always do, each end page when `first_changes` /
+/// `last_changes` says so (a single page: `first_changes`).
+fn runs(first: u64, last: u64, first_changes: bool, last_changes: bool) -> Vec<(u64, u64)> {
+    if first == last {
+        return if first_changes { vec![(first, 1)] } else { Vec::new() };
     }
-    runs
+    let start = if first_changes { first } else { first + 1 };
+    let end = if last_changes { last } else { last - 1 };
+    if end >= start { vec![(start, end - start + 1)] } else { Vec::new() }
 }
 
 impl PagedHeap {
@@ -124,7 +126,7 @@ impl PagedHeap {
         Ok(Self {
             config,
             policy,
-            pages: HashMap::new(),
+            edge_pages: HashMap::new(),
             footprint_bytes: 0,
             stats: PagedStats::default(),
             device_log: DeviceLog::default(),
@@ -167,19 +169,20 @@ impl PagedHeap {
         };
         let page = self.config.page_bytes;
         let (first, last) = page_span(allocation.footprint_offset(), allocation.footprint_bytes(), page);
-        let new_pages = (first..=last).filter(|index| !self.pages.contains_key(index)).count() as u64;
+        let mapped = runs(first, last, !self.edge_pages.contains_key(&first), !self.edge_pages.contains_key(&last));
+        let new_pages: u64 = mapped.iter().map(|&(_, pages)| pages).sum();
         let new_bytes = new_pages * page;
         if self.config.capacity_bytes.is_some_and(|capacity| self.stats.mapped_bytes + new_bytes > capacity) {
             self.policy.free(allocation)?;
             return Err(self.out_of_memory(request, new_bytes));
         }
-        let mapped = runs(first, (first..=last).map(|index| !self.pages.contains_key(&index)));
         self.stats.map_calls += mapped.len() as u64;
         for (index, pages) in mapped {
             self.device_log.push(|| DeviceEvent::Mapped { address: index * page, size_bytes: pages * page });
         }
-        for index in first..=last {
-            *self.pages.entry(index).or_insert(0) += 1;
+        *self.edge_pages.entry(first).or_insert(0) += 1;
+        if last != first {
+            *self.edge_pages.entry(last).or_insert(0) += 1;
         }
         self.stats.pages_mapped += new_pages;
         self.stats.mapped_bytes += new_bytes;
@@ -199,17 +202,19 @@ impl PagedHeap {
         self.policy.free(allocation)?;
         let page = self.config.page_bytes;
         let (first, last) = page_span(allocation.footprint_offset(), allocation.footprint_bytes(), page);
-        let mut released = Vec::new();
-        for index in first..=last {
-            let count = self.pages.get_mut(&index).expect("a live allocation's pages are mapped");
+        let mut release = |index: u64| {
+            let count = self.edge_pages.get_mut(&index).expect("a live allocation's end pages are counted");
             *count -= 1;
-            released.push(*count == 0);
-            if *count == 0 {
-                self.pages.remove(&index);
+            let released = *count == 0;
+            if released {
+                self.edge_pages.remove(&index);
             }
-        }
-        let released_pages = released.iter().filter(|&&released| released).count() as u64;
-        let unmapped = runs(first, released.into_iter());
+            released
+        };
+        let first_released = release(first);
+        let last_released = if last == first { first_released } else { release(last) };
+        let unmapped = runs(first, last, first_released, last_released);
+        let released_pages: u64 = unmapped.iter().map(|&(_, pages)| pages).sum();
         self.stats.unmap_calls += unmapped.len() as u64;
         for (index, pages) in unmapped {
             self.device_log.push(|| DeviceEvent::Unmapped { address: index * page, size_bytes: pages * page });
@@ -221,16 +226,20 @@ impl PagedHeap {
         Ok(())
     }
 
-    /// The mapped pages as runs `(offset, size_bytes)` in the virtual range, by address.
+    /// The mapped pages as runs `(offset, size_bytes)` in the virtual range, by address: the pages the live
+    /// allocations touch.
     pub fn mapped_runs(&self) -> Vec<(u64, u64)> {
-        let mut pages: Vec<u64> = self.pages.keys().copied().collect();
-        pages.sort_unstable();
         let page = self.config.page_bytes;
         let mut runs: Vec<(u64, u64)> = Vec::new();
-        for index in pages {
+        let report = self.policy.report();
+        for range in
+            report.ranges.iter().filter(|range| matches!(range.state, crate::RangeState::Live | crate::RangeState::Padding))
+        {
+            let (first, last) = page_span(range.offset, range.size_bytes, page);
+            let (start, end) = (first * page, (last + 1) * page);
             match runs.last_mut() {
-                Some((offset, size)) if *offset + *size == index * page => *size += page,
-                _ => runs.push((index * page, page)),
+                Some((offset, size)) if *offset + *size >= start => *size = (*size).max(end - *offset),
+                _ => runs.push((start, end - start)),
             }
         }
         runs
@@ -289,17 +298,67 @@ mod tests {
 
     #[test]
     fn runs_table() {
-        type Case = (&'static [bool], &'static [(u64, u64)]);
-        let cases: [Case; 5] = [
-            (&[], &[]),
-            (&[false, false], &[]),
-            (&[true], &[(10, 1)]),
-            (&[true, true, false, true], &[(10, 2), (13, 1)]),
-            (&[false, true, true], &[(11, 2)]),
+        // (first, last, first changes, last changes) -> runs
+        let cases: [((u64, u64, bool, bool), &[(u64, u64)]); 8] = [
+            ((10, 10, true, true), &[(10, 1)]),
+            ((10, 10, false, false), &[]),
+            ((10, 11, false, false), &[]),
+            ((10, 11, true, false), &[(10, 1)]),
+            ((10, 11, false, true), &[(11, 1)]),
+            ((10, 13, true, true), &[(10, 4)]),
+            ((10, 13, false, true), &[(11, 3)]),
+            ((10, 13, false, false), &[(11, 2)]),
         ];
-        for (flags, expected) in cases {
-            assert_eq!(runs(10, flags.iter().copied()), expected, "{flags:?}");
+        for ((first, last, first_changes, last_changes), expected) in cases {
+            assert_eq!(runs(first, last, first_changes, last_changes), expected, "{first} {last} {first_changes} {last_changes}");
         }
+    }
+
+    /// Mapped bytes and map calls against a page-by-page model, under random allocations and frees.
+    #[test]
+    fn counters_match_a_page_by_page_model() {
+        let mut heap = PagedHeap::new(PagedConfig { page_bytes: 4096, ..PagedConfig::new(None) }).unwrap();
+        let mut model: HashMap<u64, u32> = HashMap::new();
+        let mut live = Vec::new();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..5000 {
+            if live.is_empty() || next() % 3 != 0 {
+                let size = 1 + next() % 40_000;
+                let calls_before = heap.stats().map_calls;
+                let allocation = heap.allocate(Request::new(size, 256).unwrap()).unwrap();
+                let (first, last) = page_span(allocation.footprint_offset(), allocation.footprint_bytes(), 4096);
+                let mut new_runs = 0;
+                let mut previous_new = false;
+                for index in first..=last {
+                    let new = !model.contains_key(&index);
+                    new_runs += u64::from(new && !previous_new);
+                    previous_new = new;
+                    *model.entry(index).or_insert(0) += 1;
+                }
+                assert_eq!(heap.stats().map_calls - calls_before, new_runs, "one map call per run of new pages");
+                live.push(allocation);
+            } else {
+                let allocation = live.swap_remove((next() % live.len() as u64) as usize);
+                heap.free(allocation).unwrap();
+                let (first, last) = page_span(allocation.footprint_offset(), allocation.footprint_bytes(), 4096);
+                for index in first..=last {
+                    let count = model.get_mut(&index).unwrap();
+                    *count -= 1;
+                    if *count == 0 {
+                        model.remove(&index);
+                    }
+                }
+            }
+            assert_eq!(heap.stats().mapped_bytes, model.len() as u64 * 4096);
+        }
+        let mapped: u64 = heap.mapped_runs().iter().map(|&(_, size)| size).sum();
+        assert_eq!(mapped, heap.stats().mapped_bytes);
     }
 
     #[test]

@@ -1,0 +1,29 @@
+//! Standard output that tolerates a closed pipe: `heapscope replay ... | head` ends quietly instead of
+//! panicking the way `println!` does when the reader has gone.
+
+use std::fmt;
+use std::io::{ErrorKind, Write};
+
+/// Writes `args` to standard output; exits with success when the reader closed the pipe, with failure on
+/// any other write error.
+pub fn write(args: fmt::Arguments<'_>) {
+    let mut stdout = std::io::stdout().lock();
+    if let Err(error) = stdout.write_fmt(args) {
+        if error.kind() == ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("heapscope: cannot write to standard output: {error}");
+        std::process::exit(1);
+    }
+}
+
+/// `println!` through [`write`].
+macro_rules! outln {
+    () => { $crate::output::write(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::output::write(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+/// `print!` through [`write`].
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::output::write(format_args!($($arg)*)) };
+}
