@@ -299,7 +299,8 @@ mod tests {
     #[test]
     fn runs_table() {
         // (first, last, first changes, last changes) -> runs
-        let cases: [((u64, u64, bool, bool), &[(u64, u64)]); 8] = [
+        type Case = ((u64, u64, bool, bool), &'static [(u64, u64)]);
+        let cases: [Case; 8] = [
             ((10, 10, true, true), &[(10, 1)]),
             ((10, 10, false, false), &[]),
             ((10, 11, false, false), &[]),
