@@ -194,11 +194,23 @@ struct Block {
     source: SourceBlock,
     policy: Box<dyn Policy>,
     dedicated: bool,
+    /// The policy's live allocations and `largest_free_bound_bytes`, cached after every change so the
+    /// search for a block reads this vector only, not each policy behind its box.
+    live: usize,
+    free_bound_bytes: u64,
+}
+
+impl Block {
+    /// Refreshes the cached counters after an allocation or a free.
+    fn refresh(&mut self) {
+        self.live = self.policy.live_allocations();
+        self.free_bound_bytes = self.policy.largest_free_bound_bytes();
+    }
 }
 
 /// Whether a block slot holds a block with no live allocation.
 fn is_empty(block: &Option<Block>) -> bool {
-    block.as_ref().is_some_and(|block| block.policy.live_allocations() == 0)
+    block.as_ref().is_some_and(|block| block.live == 0)
 }
 
 /// Policies over blocks from a memory source. See the module documentation.
@@ -291,6 +303,7 @@ impl<S: MemorySource> Heap<S> {
             if let Some(index) = self.reserve_block(request, dedicated)? {
                 let block = self.blocks[index as usize].as_mut().expect("just reserved");
                 if let Some(allocation) = block.policy.allocate(request) {
+                    block.refresh();
                     let allocation = self.heap_allocation(index, allocation);
                     return Ok(self.served(allocation, request, label));
                 }
@@ -319,8 +332,11 @@ impl<S: MemorySource> Heap<S> {
             Error::ForeignAllocation { .. } => stale(),
             other => other,
         })?;
-        let now_empty = block.policy.live_allocations() == 0;
-        self.labels.remove(&(allocation.block, allocation.allocation.id()));
+        block.refresh();
+        let now_empty = block.live == 0;
+        if !self.labels.is_empty() {
+            self.labels.remove(&(allocation.block, allocation.allocation.id()));
+        }
         self.stats.live_bytes -= allocation.size_bytes();
         if now_empty {
             let release = match self.config.release {
@@ -383,11 +399,12 @@ impl<S: MemorySource> Heap<S> {
     fn allocate_in_blocks(&mut self, request: Request, dedicated: bool) -> Option<HeapAllocation> {
         let (index, allocation) = self.blocks.iter_mut().zip(0..).find_map(|(block, index)| {
             let block = block.as_mut()?;
-            let empty = block.policy.live_allocations() == 0;
-            if !(empty || (!dedicated && !block.dedicated)) {
+            let empty = block.live == 0;
+            if block.free_bound_bytes < request.size_bytes() || !(empty || (!dedicated && !block.dedicated)) {
                 return None;
             }
             let allocation = block.policy.allocate(request)?;
+            block.refresh();
             if empty {
                 block.dedicated = dedicated;
             }
@@ -452,7 +469,8 @@ impl<S: MemorySource> Heap<S> {
                 return Err(error);
             }
         };
-        let block = Block { source: source_block, policy, dedicated };
+        let mut block = Block { source: source_block, policy, dedicated, live: 0, free_bound_bytes: 0 };
+        block.refresh();
         let index = match self.vacant.pop() {
             Some(index) => {
                 self.blocks[index as usize] = Some(block);

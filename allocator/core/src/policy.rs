@@ -36,6 +36,12 @@ pub trait Policy: Send + fmt::Debug {
     /// Number of live allocations.
     fn live_allocations(&self) -> usize;
 
+    /// An upper bound on the largest request this policy could serve now, in O(1): a heap skips blocks
+    /// that cannot help without asking them. The default says nothing (`u64::MAX`).
+    fn largest_free_bound_bytes(&self) -> u64 {
+        u64::MAX
+    }
+
     /// What every byte of the range is doing.
     fn report(&self) -> PolicyReport;
 }

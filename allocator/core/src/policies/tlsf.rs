@@ -416,6 +416,16 @@ impl Policy for Tlsf {
         self.live
     }
 
+    /// Blocks in the highest non-empty first-level list are below `2^(fl + SL_LOG2)` units.
+    #[inline]
+    fn largest_free_bound_bytes(&self) -> u64 {
+        if self.fl_bitmap == 0 {
+            return 0;
+        }
+        let fl = 63 - self.fl_bitmap.leading_zeros();
+        1u64.checked_shl(fl + SL_LOG2 + self.unit_shift).unwrap_or(u64::MAX)
+    }
+
     fn report(&self) -> PolicyReport {
         let mut nodes: Vec<(u32, &Node)> = (0..).zip(&self.nodes).filter(|(_, node)| node.state != NodeState::Vacant).collect();
         nodes.sort_unstable_by_key(|(_, node)| node.offset);
@@ -512,6 +522,18 @@ mod tests {
         let _rest = tlsf.allocate(request((64 << 10) - 42 * 256, 1)).unwrap();
         tlsf.free(left).unwrap();
         assert_eq!(tlsf.allocate(request(41 * 256, 1)).map(|a| a.offset()), Some(0));
+    }
+
+    #[test]
+    fn largest_free_bound_covers_every_free_block() {
+        let mut tlsf = Tlsf::new(1 << 20);
+        assert!(tlsf.largest_free_bound_bytes() >= 1 << 20);
+        let whole = tlsf.allocate(request(1 << 20, 1)).unwrap();
+        assert_eq!(tlsf.largest_free_bound_bytes(), 0, "nothing free");
+        tlsf.free(whole).unwrap();
+        let _small = tlsf.allocate(request((1 << 20) - 4096, 1)).unwrap();
+        let bound = tlsf.largest_free_bound_bytes();
+        assert!((4096..=8192).contains(&bound), "{bound}");
     }
 
     #[test]
