@@ -1,6 +1,6 @@
 //! Reading snapshot files: gzip or raw pickle, PyTorch ≥ 2.1 and legacy (≤ 2.0) schemas, into [`Snapshot`].
 //!
-//! The pickle is decoded by [`pickle_read`](super::pickle_read); this module is its sink: it takes each
+//! The pickle is decoded by the crate-private streaming reader (`pickle_read.rs`); this module is its sink: it takes each
 //! trace entry as the pickle appends it to a device's trace list, converts it to a [`TraceEntry`] and
 //! interns its frames, then converts the rest (segments, settings) from the generic values at the end.
 //!
@@ -133,7 +133,7 @@ const TAG_DEVICE_TRACES: u32 = 2;
 const TAG_TRACE_BASE: u32 = 16;
 
 /// A frame as the pickle holds it (strings shared with the pickle's memo).
-type RawFrame = (Rc<str>, i64, Rc<str>);
+type RawFrame = (Rc<String>, i64, Rc<String>);
 
 /// Interns frames and frame lists.
 #[derive(Debug)]
@@ -174,11 +174,11 @@ impl Frames {
                 Value::Dict(dict) => {
                     let dict = dict.borrow();
                     let frame_path = || format!("{}[{index}]", path());
-                    let text = |key: &str| -> Result<Rc<str>, Issue> {
+                    let text = |key: &str| -> Result<Rc<String>, Issue> {
                         match dict.get(key) {
                             Some(Value::Str(text)) => Ok(Rc::clone(text)),
                             Some(other) => Err(Issue::expected(format!("{}.{key}", frame_path()), "str", other)),
-                            None => Ok(Rc::from("")),
+                            None => Ok(Rc::new(String::new())),
                         }
                     };
                     let line = match dict.get("line") {

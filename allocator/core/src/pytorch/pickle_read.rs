@@ -4,8 +4,8 @@
 //!
 //! A snapshot is plain builtin data (dicts, lists, tuples, str, int, float, bool, None) but large: a
 //! 400 000-event trace is ~30 MB of pickle, and python's own `pickle.load` needs ~1.2 s for it. A generic
-//! value tree of that file costs ~250 bytes a trace entry (a dict of eight key/value pairs), several times
-//! the file. This reader runs the pickle machine over a small [`Value`] type, and lets a [`Sink`] take the
+//! value tree of that file costs ~450 bytes a trace entry (an `Rc` dict of eight key/value pairs), several
+//! times the file. This reader runs the pickle machine over a small [`Value`] type, and lets a [`Sink`] take the
 //! items appended to lists it recognises (a device's trace list) as they arrive: each trace entry's dict is
 //! converted to a typed `TraceEntry` (~64 bytes) and dropped at once, so memory stays near the typed
 //! model's size. Everything else (segments, settings) stays generic and is converted at the end.
@@ -15,7 +15,19 @@
 //! Memo'd objects are `Rc`s, so an object the pickle refers to many times (a key string, a frame list
 //! shared through the memo) exists once. A sink may replace a memo entry with an already converted form
 //! ([`Value::Stack`], [`Value::Frame`]) so a frame list shared by every event is decoded and interned once,
-//! or with [`Value::Consumed`] once it has taken the object.
+//! or with [`Value::Consumed`] once it has taken the object (so the memo does not keep every event alive).
+//!
+//! # Measured (release, 2-core Firecracker VM, `tests/snapshot_import_speed.rs`)
+//!
+//! | input | import | peak RSS |
+//! |---|---|---|
+//! | `scripts/synthetic_snapshot.py`, 400 000 events, 35.0 MB pickle | 330–370 ms | 74 MiB (2.1× the file) |
+//! | the same gzipped, 5.5 MB | ~390 ms | 74 MiB |
+//! | `gpt2_train_fixed-default.pickle.gz`, 18 685 events | 15 ms | 8.5 MiB |
+//!
+//! Python's `pickle.loads` of the 35 MB pickle takes 0.80 s on the same machine. The profile is dominated
+//! by building each event's generic dict (SETITEMS ~25 %, memo gets ~13 %, malloc/free ~15 %); the next
+//! step towards the 150 ms goal is to convert an event's pairs at SETITEMS time instead of storing them.
 //!
 //! # Where a container sits
 //!
@@ -51,13 +63,13 @@ pub(crate) enum Value {
     /// A float.
     Float(f64),
     /// A str.
-    Str(Rc<str>),
+    Str(Rc<String>),
     /// A list.
     List(Rc<RefCell<List>>),
     /// A dict, as its items in insertion order (a later duplicate key wins).
     Dict(Rc<RefCell<Dict>>),
     /// A tuple.
-    Tuple(Rc<[Value]>),
+    Tuple(Rc<Vec<Value>>),
     /// A frame list already interned by the sink (a `StackId`).
     Stack(u32),
     /// A frame dict already converted by the sink (an index into its frame table).
@@ -123,7 +135,7 @@ pub(crate) struct Dict {
 impl Dict {
     /// The value under the str key `key` (the last one, as Python keeps it).
     pub(crate) fn get(&self, key: &str) -> Option<&Value> {
-        self.items.iter().rev().find(|(k, _)| matches!(k, Value::Str(s) if &**s == key)).map(|(_, v)| v)
+        self.items.iter().rev().find(|(k, _)| matches!(k, Value::Str(s) if **s == key)).map(|(_, v)| v)
     }
 }
 
@@ -421,7 +433,7 @@ impl<S: Sink> Machine<S> {
                     let tag = self.new_tag();
                     self.stack.push(Value::List(Rc::new(RefCell::new(List { tag, ..List::default() }))));
                 }
-                b')' => self.stack.push(Value::Tuple(Rc::from(Vec::new()))),
+                b')' => self.stack.push(Value::Tuple(Rc::new(Vec::new()))),
                 // MARK
                 b'(' => self.marks.push(self.stack.len()),
                 // TUPLE1, TUPLE2, TUPLE3, TUPLE
@@ -431,12 +443,12 @@ impl<S: Sink> Machine<S> {
                         return Err(malformed(at, format!("TUPLE{count} with fewer than {count} objects on the stack")));
                     }
                     let items = self.stack.split_off(self.stack.len() - count);
-                    self.stack.push(Value::Tuple(Rc::from(items)));
+                    self.stack.push(Value::Tuple(Rc::new(items)));
                 }
                 b't' => {
                     let mark = self.pop_mark(at, "TUPLE")?;
                     let items = self.stack.split_off(mark);
-                    self.stack.push(Value::Tuple(Rc::from(items)));
+                    self.stack.push(Value::Tuple(Rc::new(items)));
                 }
                 // LIST, DICT (mark-based constructors)
                 b'l' => {
@@ -458,26 +470,22 @@ impl<S: Sink> Machine<S> {
                     if self.stack.len() < 3 + self.marks.last().copied().unwrap_or(0) {
                         return Err(malformed(at, "SETITEM with fewer than three objects on the stack"));
                     }
-                    let items = self.stack.split_off(self.stack.len() - 2);
-                    self.set_items(items, at, "SETITEM")?;
+                    self.set_items(self.stack.len() - 2, at, "SETITEM")?;
                 }
                 b'u' => {
                     let mark = self.pop_mark(at, "SETITEMS")?;
-                    let items = self.stack.split_off(mark);
-                    self.set_items(items, at, "SETITEMS")?;
+                    self.set_items(mark, at, "SETITEMS")?;
                 }
                 // APPEND, APPENDS
                 b'a' => {
                     if self.stack.len() < 2 + self.marks.last().copied().unwrap_or(0) {
                         return Err(malformed(at, "APPEND with fewer than two objects on the stack"));
                     }
-                    let item = self.stack.split_off(self.stack.len() - 1);
-                    self.append(item, at, "APPEND")?;
+                    self.append(self.stack.len() - 1, at, "APPEND")?;
                 }
                 b'e' => {
                     let mark = self.pop_mark(at, "APPENDS")?;
-                    let items = self.stack.split_off(mark);
-                    self.append(items, at, "APPENDS")?;
+                    self.append(mark, at, "APPENDS")?;
                 }
                 // MEMOIZE, BINPUT, LONG_BINPUT
                 0x94 => {
@@ -538,7 +546,7 @@ impl<S: Sink> Machine<S> {
     fn push_str<R: Read>(&mut self, input: &mut Input<R>, length: usize, at: u64, what: &str) -> Result<(), ReadError> {
         let bytes = input.take(length, what)?;
         let text = std::str::from_utf8(bytes).map_err(|error| malformed(at, format!("{what}: invalid UTF-8 ({error})")))?;
-        self.stack.push(Value::Str(Rc::from(text)));
+        self.stack.push(Value::Str(Rc::new(text.to_owned())));
         Ok(())
     }
 
@@ -592,45 +600,57 @@ impl<S: Sink> Machine<S> {
         0
     }
 
-    fn set_items(&mut self, items: Vec<Value>, at: u64, what: &str) -> Result<(), ReadError> {
-        let pairs = pairs(items, at, what)?;
-        match self.stack.last() {
-            Some(Value::Dict(dict)) if self.stack.len() > self.marks.last().copied().unwrap_or(0) => {
-                dict.borrow_mut().items.extend(pairs);
-                Ok(())
-            }
-            Some(other) => Err(malformed(at, format!("{what} on a {}, not a dict", other.type_name()))),
-            None => Err(malformed(at, format!("{what} without a dict"))),
+    /// Moves the pairs from `start` to the top of the stack into the dict just below `start`.
+    fn set_items(&mut self, start: usize, at: u64, what: &str) -> Result<(), ReadError> {
+        let count = self.stack.len() - start;
+        if !count.is_multiple_of(2) {
+            return Err(malformed(at, format!("{what} with an odd number of objects ({count})")));
         }
+        let dict = match start.checked_sub(1).map(|below| &self.stack[below]) {
+            Some(Value::Dict(dict)) if start > self.marks.last().copied().unwrap_or(0) => Rc::clone(dict),
+            Some(other) => return Err(malformed(at, format!("{what} on a {}, not a dict", other.type_name()))),
+            None => return Err(malformed(at, format!("{what} without a dict"))),
+        };
+        let mut dict = dict.borrow_mut();
+        dict.items.reserve(count / 2);
+        let mut drain = self.stack.drain(start..);
+        while let (Some(key), Some(value)) = (drain.next(), drain.next()) {
+            dict.items.push((key, value));
+        }
+        Ok(())
     }
 
-    fn append(&mut self, items: Vec<Value>, at: u64, what: &str) -> Result<(), ReadError> {
-        let list = match self.stack.last() {
-            Some(Value::List(list)) if self.stack.len() > self.marks.last().copied().unwrap_or(0) => Rc::clone(list),
+    /// Moves the items from `start` to the top of the stack into the list just below `start` (or to the sink).
+    fn append(&mut self, start: usize, at: u64, what: &str) -> Result<(), ReadError> {
+        let list = match start.checked_sub(1).map(|below| &self.stack[below]) {
+            Some(Value::List(list)) if start > self.marks.last().copied().unwrap_or(0) => Rc::clone(list),
             Some(other) => return Err(malformed(at, format!("{what} on a {}, not a list", other.type_name()))),
             None => return Err(malformed(at, format!("{what} without a list"))),
         };
-        let (tag, mut index) = {
-            let list = list.borrow();
-            (list.tag, list.appended)
-        };
+        let mut list = list.borrow_mut();
+        let tag = list.tag;
         if tag == 0 {
-            let mut list = list.borrow_mut();
-            list.appended += items.len();
-            list.items.extend(items);
+            list.appended += self.stack.len() - start;
+            list.items.extend(self.stack.drain(start..));
             return Ok(());
         }
-        let mut kept = Vec::new();
-        for item in items {
-            if let Some(item) = self.sink.append(tag, index, item, &mut self.memo)? {
-                kept.push(item);
+        let mut index = list.appended;
+        let mut items = std::mem::take(&mut self.stack);
+        let mut result = Ok(());
+        for item in items.drain(start..) {
+            match self.sink.append(tag, index, item, &mut self.memo) {
+                Ok(Some(item)) => list.items.push(item),
+                Ok(None) => {}
+                Err(error) => {
+                    result = Err(error);
+                    break;
+                }
             }
             index += 1;
         }
-        let mut list = list.borrow_mut();
         list.appended = index;
-        list.items.extend(kept);
-        Ok(())
+        self.stack = items;
+        result
     }
 
     fn put(&mut self, slot: usize, at: u64, what: &str) -> Result<(), ReadError> {

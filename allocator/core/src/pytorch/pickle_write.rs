@@ -175,7 +175,7 @@ mod tests {
             writer.str(text).unwrap();
             let bytes = writer.finish().unwrap();
             let (decoded, _) = read_pickle(bytes.as_slice(), KeepAll).unwrap();
-            assert!(matches!(decoded, Value::Str(ref s) if &**s == text), "{text:?}");
+            assert!(matches!(decoded, Value::Str(ref s) if **s == text), "{text:?}");
         }
     }
 }
