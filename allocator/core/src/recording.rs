@@ -122,6 +122,8 @@ mod tests {
                 entry(Action::FreeCompleted, 1 << 40, 7), // allocated before the recording
                 entry(Action::FreeRequested, 4096, 100),
                 entry(Action::FreeCompleted, 4096, 100),
+                entry(Action::Alloc, 64, 0), // zero bytes: nothing to allocate, nor to free
+                entry(Action::FreeCompleted, 64, 0),
                 entry(Action::Oom, 0, 1 << 30),
             ]],
             ..Snapshot::default()
@@ -136,9 +138,9 @@ mod tests {
                 Event::Free { slot: 1 },
             ]
         );
-        assert_eq!(recording.entry_index, [1, 4, 5, 5]);
+        assert_eq!(recording.entry_index, [1, 4, 7, 7]);
         assert_eq!(recording.frees_before_recording, 1);
-        assert_eq!(recording.entry_of(2), 5);
+        assert_eq!(recording.entry_of(2), 7);
     }
 
     #[test]

@@ -24,7 +24,6 @@ use flate2::bufread::MultiGzDecoder;
 
 use super::pickle_read::{self, Dict, Place, ReadError, Sink, Value};
 use super::snapshot::{Action, Block, BlockState, Frame, Pool, RecordedSettings, Segment, Snapshot, StackId, TraceEntry};
-use crate::trace::{Trace, TraceBuilder};
 
 /// Why a snapshot file could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -609,54 +608,6 @@ fn settings(value: &Value) -> Result<RecordedSettings, Issue> {
     })
 }
 
-/// One device's trace as a [`Trace`] for the generic policies.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceTrace {
-    /// `alloc` → allocation of the requested size, `free_completed` → free, keyed by address.
-    pub trace: Trace,
-    /// `free_completed` entries of addresses the trace never allocated (the recording started mid-run).
-    pub skipped_frees: u64,
-    /// `alloc` entries of zero bytes (no allocation in a [`Trace`]); their frees are skipped too.
-    pub skipped_empty_allocs: u64,
-}
-
-impl Snapshot {
-    /// Converts device `device`'s `alloc` / `free_completed` entries into a [`Trace`] named
-    /// `device <device>` (rename it through [`Trace::name`]).
-    ///
-    /// # Errors
-    /// [`crate::Error::Trace`] (line = 1-based entry index) when `device` has no trace or an address is
-    /// allocated twice without a free.
-    pub fn device_trace_to_trace(&self, device: usize) -> crate::Result<DeviceTrace> {
-        let file = format!("device_traces[{device}]");
-        let entries = self.device_traces.get(device).ok_or_else(|| crate::Error::Trace {
-            file: file.clone(),
-            line: 0,
-            what: format!("no such device: the snapshot has {} device traces", self.device_traces.len()),
-        })?;
-        let mut builder = TraceBuilder::new(format!("device {device}"));
-        let mut skipped_frees = 0;
-        let mut skipped_empty_allocs = 0;
-        let mut empty_live = std::collections::HashSet::new();
-        for (index, entry) in entries.iter().enumerate() {
-            let fail = |what: String| crate::Error::Trace { file: file.clone(), line: index as u64 + 1, what };
-            match entry.action {
-                Action::Alloc if entry.size == 0 => {
-                    skipped_empty_allocs += 1;
-                    empty_live.insert(entry.addr);
-                }
-                Action::Alloc => builder.alloc(entry.addr, entry.size).map_err(fail)?,
-                // The guard performs the free; it only fails for addresses the trace never allocated.
-                Action::FreeCompleted if builder.free(entry.addr).is_err() && !empty_live.remove(&entry.addr) => {
-                    skipped_frees += 1;
-                }
-                _ => {}
-            }
-        }
-        Ok(DeviceTrace { trace: builder.finish(), skipped_frees, skipped_empty_allocs })
-    }
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use std::io::Read as _;
@@ -1015,64 +966,4 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         assert!(errors > 100, "{errors} errors of 3000 corruptions");
     }
 
-    #[test]
-    fn device_trace_becomes_a_trace() {
-        let snapshot = read_snapshot(&asset("gpt2_train_fixed-default.pickle.gz")).unwrap();
-        let converted = snapshot.device_trace_to_trace(0).unwrap();
-        assert_eq!(converted.trace.slots(), 6179);
-        assert_eq!(converted.trace.events().len(), 6179 + 6176);
-        assert_eq!(converted.skipped_frees, 0);
-        // The committed CSV was made from the same file by scripts/pytorch_snapshot_to_csv.py.
-        let csv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/gpt2_train_fixed-default.csv");
-        let expected = Trace::read_csv(&csv).unwrap();
-        assert_eq!(converted.trace.events(), expected.events());
-        assert!(snapshot.device_trace_to_trace(1).is_err());
-    }
-
-    #[test]
-    fn device_trace_skips_frees_from_before_the_recording() {
-        let entry = |action, addr, size| TraceEntry {
-            action,
-            addr,
-            size,
-            stream: 0,
-            time_us: None,
-            device_free: None,
-            frames: StackId::NONE,
-        };
-        // (entries, allocations, events, skipped frees, skipped empty allocs, ok)
-        let cases = [
-            (
-                vec![entry(Action::FreeCompleted, 8, 4), entry(Action::Alloc, 8, 4), entry(Action::FreeCompleted, 8, 4)],
-                1,
-                2,
-                1,
-                0,
-                true,
-            ),
-            (vec![entry(Action::Alloc, 8, 0), entry(Action::FreeCompleted, 8, 0)], 0, 0, 0, 1, true),
-            (
-                vec![entry(Action::Alloc, 8, 4), entry(Action::FreeRequested, 8, 4), entry(Action::SegmentAlloc, 0, 64)],
-                1,
-                1,
-                0,
-                0,
-                true,
-            ),
-            (vec![entry(Action::Alloc, 8, 4), entry(Action::Alloc, 8, 4)], 0, 0, 0, 0, false),
-        ];
-        for (entries, slots, events, skipped_frees, skipped_empty, ok) in cases {
-            let snapshot = Snapshot { device_traces: vec![entries.clone()], ..Snapshot::default() };
-            match snapshot.device_trace_to_trace(0) {
-                Ok(converted) => {
-                    assert!(ok, "{entries:?} converted");
-                    assert_eq!(converted.trace.slots(), slots, "{entries:?}");
-                    assert_eq!(converted.trace.events().len(), events, "{entries:?}");
-                    assert_eq!(converted.skipped_frees, skipped_frees, "{entries:?}");
-                    assert_eq!(converted.skipped_empty_allocs, skipped_empty, "{entries:?}");
-                }
-                Err(error) => assert!(!ok && error.to_string().contains("device_traces[0]:2:"), "{entries:?}: {error}"),
-            }
-        }
-    }
 }

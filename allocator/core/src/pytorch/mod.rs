@@ -22,6 +22,6 @@ pub mod snapshot;
 pub use alloc_conf::{AllocConf, AllocConfError};
 pub use caching::{CachingAllocator, Emulation, Fidelity, OomEvent, OomReport, emulate};
 pub use export::write_snapshot;
-pub use import::{DeviceTrace, SnapshotError, parse_snapshot, read_snapshot};
+pub use import::{SnapshotError, parse_snapshot, read_snapshot};
 pub use memory_stats::{MemoryStats, Stat, StatArray};
 pub use snapshot::{Action, Block, BlockState, Frame, Pool, RecordedSettings, Segment, Snapshot, StackId, TraceEntry};
