@@ -174,18 +174,22 @@ impl Default for CompareConfig {
 
 /// Runs of a replay for its timing: up to this many ...
 const TIMING_RUNS: u32 = 5;
-/// ... while they take less than this in total.
-const TIMING_BUDGET: Duration = Duration::from_millis(200);
+/// ... while they take less than this in total ...
+const TIMING_BUDGET: Duration = Duration::from_millis(50);
+/// ... and only when the first run was shorter than this.
+const TIMING_REPEAT_BELOW: Duration = Duration::from_millis(10);
 
-/// Runs `replay` (which builds its contender afresh) up to [`TIMING_RUNS`] times within [`TIMING_BUDGET`]
+/// Runs `replay` (which builds its contender afresh) up to [`TIMING_RUNS`] times within [`TIMING_BUDGET`] when
+/// the first run is short,
 /// and returns the first run's result with the best run's time in nanoseconds: one cold run of a short
-/// trace mostly measures page faults and cold caches, not the allocator. Replays are deterministic, so
-/// every run computes the same result.
+/// trace mostly measures page faults and cold caches, not the allocator, while a long one is its own
+/// warm-up. Replays are deterministic, so every run computes the same result.
 fn best_time<T>(mut replay: impl FnMut() -> Result<T>) -> Result<(T, u128)> {
     let started = Instant::now();
     let first = replay()?;
     let mut best = started.elapsed();
-    for _ in 1..TIMING_RUNS {
+    let runs = if best < TIMING_REPEAT_BELOW { TIMING_RUNS } else { 1 };
+    for _ in 1..runs {
         if started.elapsed() >= TIMING_BUDGET {
             break;
         }

@@ -7,7 +7,7 @@
 //! last page is recorded with the other kind. Placing at the lowest feasible offset of a free run is optimal:
 //! the run's neighbours are the only resources its pages can meet.
 
-use std::collections::HashMap;
+use crate::hash::FastMap;
 
 use crate::ResourceKind;
 use crate::request::align_up;
@@ -16,14 +16,14 @@ use crate::request::align_up;
 #[derive(Clone, Debug)]
 pub struct GranularityGuard {
     page_bytes: u64,
-    boundary_pages: HashMap<u64, (ResourceKind, u32)>,
+    boundary_pages: FastMap<u64, (ResourceKind, u32)>,
 }
 
 impl GranularityGuard {
     /// A guard for pages of `page_bytes` (a power of two).
     pub fn new(page_bytes: u64) -> Self {
         debug_assert!(page_bytes.is_power_of_two());
-        Self { page_bytes, boundary_pages: HashMap::new() }
+        Self { page_bytes, boundary_pages: FastMap::default() }
     }
 
     /// The page size.

@@ -31,6 +31,7 @@ pub mod compare;
 mod device_event;
 mod error;
 pub mod granularity;
+mod hash;
 mod heap;
 pub mod native_trace;
 mod oom;

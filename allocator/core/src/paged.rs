@@ -15,7 +15,7 @@
 //! Counters follow the driver calls a real backend makes: one map call per run of contiguous pages that an
 //! allocation needs mapped (sparse binds are coalesced the same way), one unmap call per run released.
 
-use std::collections::HashMap;
+use crate::hash::FastMap;
 
 use crate::device_event::{DeviceEvent, DeviceLog};
 use crate::report::Totals;
@@ -89,7 +89,7 @@ pub struct PagedHeap {
     policy: Box<dyn Policy>,
     /// Live allocations touching each shared (first or last) page, by page index; pages between an
     /// allocation's first and last belong to it alone and are not listed.
-    edge_pages: HashMap<u64, u32>,
+    edge_pages: FastMap<u64, u32>,
     /// Footprint bytes of the live allocations.
     footprint_bytes: u64,
     stats: PagedStats,
@@ -126,7 +126,7 @@ impl PagedHeap {
         Ok(Self {
             config,
             policy,
-            edge_pages: HashMap::new(),
+            edge_pages: FastMap::default(),
             footprint_bytes: 0,
             stats: PagedStats::default(),
             device_log: DeviceLog::default(),
@@ -319,7 +319,7 @@ mod tests {
     #[test]
     fn counters_match_a_page_by_page_model() {
         let mut heap = PagedHeap::new(PagedConfig { page_bytes: 4096, ..PagedConfig::new(None) }).unwrap();
-        let mut model: HashMap<u64, u32> = HashMap::new();
+        let mut model: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
         let mut live = Vec::new();
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move || {

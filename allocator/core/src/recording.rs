@@ -55,7 +55,7 @@ impl Recording {
         let mut builder = TraceBuilder::new(format!("{name} (device {device})"));
         let mut entry_index = Vec::with_capacity(entries.len());
         let mut frees_before_recording = 0;
-        let mut live = std::collections::HashSet::new();
+        let mut live = crate::hash::FastSet::default();
         // Ids for refused requests, clear of any address.
         let mut probe_id = u64::MAX;
         for (index, entry) in (0..).zip(entries) {

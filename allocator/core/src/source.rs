@@ -2,7 +2,7 @@
 //! address ranges the way `cudaMalloc` or `vkAllocateMemory` would. Device memory sources implement the same
 //! trait in the backend crates.
 
-use std::collections::HashMap;
+use crate::hash::FastMap;
 use std::fmt;
 
 /// A block of memory from a source.
@@ -60,7 +60,7 @@ pub struct SimulatedSource {
     alignment_bytes: u64,
     used_bytes: u64,
     /// Live blocks by handle, with their sizes.
-    live: HashMap<u64, u64>,
+    live: FastMap<u64, u64>,
     next_address: u64,
     next_handle: u64,
     /// Blocks handed out so far.
@@ -86,7 +86,7 @@ impl SimulatedSource {
             capacity_bytes,
             alignment_bytes,
             used_bytes: 0,
-            live: HashMap::new(),
+            live: FastMap::default(),
             next_address: Self::BASE_ADDRESS,
             next_handle: 1,
             blocks_allocated: 0,

@@ -9,7 +9,7 @@
 //! Ids are the recorder's (an address, a counter); an id may be reused after its free. The parser maps them
 //! to dense slots so a replay can keep its handles in a vector.
 
-use std::collections::HashMap;
+use crate::hash::FastMap;
 use std::path::Path;
 
 use crate::{Error, Result};
@@ -46,13 +46,13 @@ pub struct Trace {
 #[derive(Debug, Default)]
 pub struct TraceBuilder {
     trace: Trace,
-    live: HashMap<u64, u32>,
+    live: FastMap<u64, u32>,
 }
 
 impl TraceBuilder {
     /// An empty trace called `name`.
     pub fn new(name: impl Into<String>) -> Self {
-        Self { trace: Trace { name: name.into(), ..Trace::default() }, live: HashMap::new() }
+        Self { trace: Trace { name: name.into(), ..Trace::default() }, live: FastMap::default() }
     }
 
     /// Appends an allocation of `size_bytes` under `id`.

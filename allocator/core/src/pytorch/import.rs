@@ -965,5 +965,4 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         assert_eq!(errors + parsed, 3000);
         assert!(errors > 100, "{errors} errors of 3000 corruptions");
     }
-
 }
