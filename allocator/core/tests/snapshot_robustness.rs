@@ -136,20 +136,31 @@ proptest! {
         if !overrides.is_empty() {
             conf.parse_overrides(overrides).unwrap();
         }
-        // The emulation on the snapshot itself (addresses and segments as mutated).
+        // The emulation on the snapshot itself (addresses and segments as mutated). A snapshot it cannot replay
+        // (overlapping segments, blocks that do not tile their segment, ranges that overflow) is an error
+        // naming the segment, block or entry.
         let emulation = heapscope_core::pytorch::emulate(&snapshot, 0, &conf, capacity);
-        prop_assert!(emulation.fidelity.matched <= emulation.fidelity.recorded);
+        match &emulation {
+            Ok(emulation) => prop_assert!(emulation.fidelity.matched <= emulation.fidelity.recorded),
+            Err(error) => {
+                let message = error.to_string();
+                prop_assert!(message.starts_with("segments[") || message.starts_with("device_traces[0]["), "{message}");
+            }
+        }
         // A mutation may make the trace contradict itself (an address allocated twice): that is an error.
         if let Ok(recording) = Recording::from_snapshot(name, snapshot, 0) {
             let outcome = replay_pytorch(&recording, &conf, capacity);
-            prop_assert!(outcome.peak_reserved_bytes >= outcome.peak_live_bytes || outcome.ooms > 0 || outcome.peak_live_bytes > 0);
+            prop_assert_eq!(outcome.is_ok(), emulation.is_ok());
+            if let Ok(outcome) = outcome {
+                prop_assert!(outcome.peak_reserved_bytes >= outcome.peak_live_bytes || outcome.ooms > 0 || outcome.peak_live_bytes > 0);
+            }
             let config = CompareConfig { capacity_bytes: capacity, ..CompareConfig::default() };
             for contender in [Contender::Heap(heapscope_core::PolicyKind::Tlsf), Contender::Paged] {
                 let outcome = replay_contender(&recording.trace, contender, &config, &|index| index).unwrap();
                 prop_assert!(outcome.peak_reserved_bytes >= outcome.peak_live_bytes.min(1));
                 replayed_snapshot(&recording, contender, &config).unwrap();
             }
-            emulated_snapshot(&recording, &conf, overrides, capacity);
+            prop_assert_eq!(emulated_snapshot(&recording, &conf, overrides, capacity).is_ok(), emulation.is_ok());
         }
     }
 }
