@@ -202,9 +202,12 @@ pub(super) fn rebuild_start_state(
     }
     for g in groups.into_iter().filter(|g| !g.mapped.is_empty()) {
         let page_bytes = if g.pool == Pool::Small { SMALL_BUFFER_BYTES } else { LARGE_BUFFER_BYTES };
-        alloc.expandable.push(Some(ExpandableSegment { base: g.base, size: EXPANDABLE_VIRTUAL_BYTES, page_bytes }));
+        // Mapped ranges spread wider than the usual reservation widen it, so that nothing is placed over them.
+        let span = g.mapped.values().next_back().map_or(0, |&last| last - g.base);
+        let size = EXPANDABLE_VIRTUAL_BYTES.max(span);
+        alloc.expandable.push(Some(ExpandableSegment { base: g.base, size, page_bytes }));
         let index = alloc.expandable.len() - 1;
-        let end = g.base + EXPANDABLE_VIRTUAL_BYTES;
+        let end = g.base + size;
         let mut ids: Vec<BlockId> = Vec::new();
         let mut cursor = g.base;
         for (&a, &b) in &g.mapped {
