@@ -278,7 +278,7 @@ mod tests {
 
     #[test]
     fn odd_but_valid_snapshots_replay() {
-        use Action::{Alloc, FreeCompleted, FreeRequested, Oom, SegmentFree, SegmentUnmap};
+        use Action::{Alloc, FreeCompleted, FreeRequested, Oom, SegmentAlloc, SegmentFree, SegmentUnmap};
         use BlockState::{ActiveAllocated, Inactive};
         let tiled = segment(BASE, 2 * MIB, &[(BASE, MIB, ActiveAllocated), (BASE + MIB, MIB, Inactive)]);
         let oom = TraceEntry { device_free: None, ..entry(Oom, 0, 1 << 40) };
@@ -300,10 +300,55 @@ mod tests {
             ("a recorded oom without device_free", snapshot(vec![], vec![oom])),
             ("an oom of any size", snapshot(vec![], vec![entry(Oom, 0, u64::MAX)])),
             ("an unmap of no expandable segment", snapshot(vec![], vec![entry(SegmentUnmap, BASE, 20 * MIB)])),
+            (
+                "streams and requests at the edge of u64",
+                snapshot(
+                    vec![],
+                    vec![
+                        TraceEntry { stream: u64::MAX, ..entry(Alloc, BASE, MAX_REQUEST_BYTES) },
+                        TraceEntry { stream: u64::MAX, ..entry(Alloc, BASE + 4 * MIB, MAX_REQUEST_BYTES) },
+                        TraceEntry { device_free: Some(u64::MAX), ..entry(Oom, 0, MAX_REQUEST_BYTES) },
+                        entry(FreeCompleted, BASE, MAX_REQUEST_BYTES),
+                    ],
+                ),
+            ),
+            (
+                "a live block that asked for more than it holds",
+                snapshot(
+                    vec![Segment {
+                        blocks: vec![Block { requested_size: u64::MAX, ..block(BASE, 2 * MIB, ActiveAllocated) }],
+                        ..whole(BASE)
+                    }],
+                    vec![entry(Alloc, BASE + 8 * MIB, 512)],
+                ),
+            ),
+            (
+                "a segment on another device and trace entries of no segment",
+                snapshot(
+                    vec![Segment { device: 1, ..whole(u64::MAX - 1) }],
+                    vec![entry(FreeCompleted, BASE, 512), entry(FreeRequested, BASE, 512), entry(SegmentAlloc, BASE, 2 * MIB)],
+                ),
+            ),
         ];
+        let mut confs = vec![AllocConf::default()];
+        for overrides in [
+            "expandable_segments:True",
+            "max_split_size_mb:20",
+            "garbage_collection_threshold:0.5",
+            "roundup_power2_divisions:16",
+        ] {
+            let mut conf = AllocConf::default();
+            conf.parse_overrides(overrides).unwrap();
+            confs.push(conf);
+        }
+        confs.push(AllocConf { roundup_power2_divisions: [u64::MAX; _], ..AllocConf::default() });
         for (case, snap) in table {
-            if let Err(message) = emulated(&snap) {
-                panic!("{case}: {message}");
+            for conf in &confs {
+                for capacity in [None, Some(0), Some(8 * MIB), Some(u64::MAX)] {
+                    if let Err(error) = emulate(&snap, 0, conf, capacity) {
+                        panic!("{case} ({conf:?}, {capacity:?}): {error}");
+                    }
+                }
             }
         }
     }
