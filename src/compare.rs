@@ -42,7 +42,7 @@ pub fn run(args: &CompareArgs) -> Result<()> {
             Some(conf) => format!("{conf},expandable_segments:True"),
             None => "expandable_segments:True".to_owned(),
         };
-        let expandable = replay_pytorch(&recording, &alloc_conf(&recording, Some(&conf))?, args.recording.capacity);
+        let expandable = replay_pytorch(&recording, &alloc_conf(&recording, Some(&conf))?, args.recording.capacity)?;
         if expandable.ooms == 0 {
             extra.push("`pytorch` with expandable segments".to_owned());
         }

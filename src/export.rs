@@ -51,7 +51,7 @@ fn replayed(args: &RecordingArgs, recording: &Recording, contender: Contender) -
                 (_, Some(extra)) => extra.to_owned(),
                 (recorded, None) => recorded.unwrap_or_default().to_owned(),
             };
-            emulated_snapshot(recording, &conf, &text, args.capacity)
+            emulated_snapshot(recording, &conf, &text, args.capacity)?
         }
         other => replayed_snapshot(recording, other, &args.compare_config())?,
     })

@@ -61,7 +61,7 @@ impl RecordingArgs {
             anyhow::bail!("--page-size {} is not a power of two", self.page_size);
         }
         let outcome = match contender {
-            Contender::Pytorch => replay_pytorch(recording, &alloc_conf(recording, self.alloc_conf.as_deref())?, self.capacity),
+            Contender::Pytorch => replay_pytorch(recording, &alloc_conf(recording, self.alloc_conf.as_deref())?, self.capacity)?,
             other => replay_contender(&recording.trace, other, &self.compare_config(), &|event| recording.entry_of(event))?,
         };
         Ok(outcome)

@@ -330,12 +330,18 @@ fn pytorch_first_oom(event_index: u64, report: &OomReport, unreserved_bytes: Opt
 /// A PyTorch recording replays entry by entry, starting from the state at the start of the recording,
 /// with the fidelity of every decision measured; a plain trace replays on one stream, segments at
 /// increasing addresses.
-pub fn replay_pytorch(recording: &Recording, conf: &AllocConf, capacity_bytes: Option<u64>) -> Outcome {
+///
+/// # Errors
+///
+/// [`crate::Error::Trace`] naming the recording and the segment, block or trace entry of its snapshot
+/// that the emulation cannot replay ([`crate::pytorch::EmulationError`]).
+pub fn replay_pytorch(recording: &Recording, conf: &AllocConf, capacity_bytes: Option<u64>) -> Result<Outcome> {
     let events = recording.trace.events().len() as u64;
     let started = Instant::now();
     let (stats, first_oom, fidelity) = match &recording.snapshot {
         Some(snapshot) => {
-            let emulation = emulate(snapshot, recording.device, conf, capacity_bytes);
+            let emulation =
+                emulate(snapshot, recording.device, conf, capacity_bytes).map_err(|e| emulation_error(recording, &e))?;
             let first_oom = emulation.first_oom.as_ref().map(|oom| {
                 let entry = snapshot.device_traces.get(recording.device).and_then(|trace| trace.get(oom.event_index));
                 let unreserved = match capacity_bytes {
@@ -371,7 +377,7 @@ pub fn replay_pytorch(recording: &Recording, conf: &AllocConf, capacity_bytes: O
     };
     let nanos = started.elapsed().as_nanos();
     let count = |value: i64| u64::try_from(value).unwrap_or(0);
-    Outcome {
+    Ok(Outcome {
         policy: "pytorch".to_owned(),
         events,
         allocs: count(stats.allocation.all().allocated),
@@ -385,7 +391,12 @@ pub fn replay_pytorch(recording: &Recording, conf: &AllocConf, capacity_bytes: O
         ns_per_event: nanos as f64 / events.max(1) as f64,
         fidelity,
         memory_stats: Some(stats),
-    }
+    })
+}
+
+/// An emulation error as an error of the recording's file.
+pub(crate) fn emulation_error(recording: &Recording, error: &crate::pytorch::EmulationError) -> crate::Error {
+    crate::Error::Trace { file: recording.name.clone(), line: 0, what: error.to_string() }
 }
 
 /// The verdict of a comparison in one sentence, when the reference contender ran out of memory: what was

@@ -1,5 +1,6 @@
 //! Bad snapshots never panic: a real snapshot, mutated at random (entries with other actions, addresses
-//! and sizes; segments and blocks that overlap, shrink or vanish), goes through the importer's output
+//! and sizes; segments and blocks that overlap, shrink or vanish; entries duplicated or moved to another
+//! entry's address, blocks in another state, segments turned expandable or not), goes through the importer's output
 //! model, the recording, the caching-allocator emulation and every core contender without a panic.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
@@ -7,7 +8,7 @@ use std::path::Path;
 
 use heapscope_core::compare::{CompareConfig, Contender, replay_contender, replay_pytorch};
 use heapscope_core::pytorch::replayed::{emulated_snapshot, replayed_snapshot};
-use heapscope_core::pytorch::{Action, AllocConf, Snapshot, read_snapshot};
+use heapscope_core::pytorch::{Action, AllocConf, BlockState, Snapshot, read_snapshot};
 use heapscope_core::recording::Recording;
 use proptest::prelude::*;
 
@@ -40,6 +41,11 @@ enum Mutation {
     SegmentSize { pick: usize, size: u64 },
     BlockSize { pick: usize, size: u64 },
     DropSegment { pick: usize },
+    // Odd but valid: what the emulation must replay rather than refuse.
+    EntryAddrOf { pick: usize, from: usize },
+    DuplicateEntry { pick: usize, to: usize },
+    BlockState { pick: usize, state: usize },
+    SegmentExpandable { pick: usize },
 }
 
 fn value() -> impl Strategy<Value = u64> {
@@ -57,6 +63,10 @@ fn mutation() -> impl Strategy<Value = Mutation> {
         (any::<usize>(), value()).prop_map(|(pick, size)| Mutation::SegmentSize { pick, size }),
         (any::<usize>(), value()).prop_map(|(pick, size)| Mutation::BlockSize { pick, size }),
         any::<usize>().prop_map(|pick| Mutation::DropSegment { pick }),
+        (any::<usize>(), any::<usize>()).prop_map(|(pick, from)| Mutation::EntryAddrOf { pick, from }),
+        (any::<usize>(), any::<usize>()).prop_map(|(pick, to)| Mutation::DuplicateEntry { pick, to }),
+        (any::<usize>(), 0usize..3).prop_map(|(pick, state)| Mutation::BlockState { pick, state }),
+        any::<usize>().prop_map(|pick| Mutation::SegmentExpandable { pick }),
     ]
 }
 
@@ -111,6 +121,31 @@ fn apply(snapshot: &mut Snapshot, mutation: &Mutation) {
                 snapshot.segments.remove(pick % segments);
             }
         }
+        Mutation::EntryAddrOf { pick, from } => {
+            if let Some(addr) = trace.get(from % entries).map(|entry| entry.addr)
+                && let Some(entry) = trace.get_mut(pick % entries)
+            {
+                entry.addr = addr;
+            }
+        }
+        Mutation::DuplicateEntry { pick, to } => {
+            if let Some(entry) = trace.get(pick % entries).cloned() {
+                trace.insert(to % entries, entry);
+            }
+        }
+        Mutation::BlockState { pick, state } => {
+            if let Some(segment) = snapshot.segments.get_mut(pick % segments) {
+                let blocks = segment.blocks.len().max(1);
+                if let Some(block) = segment.blocks.get_mut(pick / segments % blocks) {
+                    block.state = [BlockState::ActiveAllocated, BlockState::ActivePendingFree, BlockState::Inactive][state];
+                }
+            }
+        }
+        Mutation::SegmentExpandable { pick } => {
+            if let Some(segment) = snapshot.segments.get_mut(pick % segments) {
+                segment.is_expandable = !segment.is_expandable;
+            }
+        }
     }
 }
 
@@ -136,20 +171,31 @@ proptest! {
         if !overrides.is_empty() {
             conf.parse_overrides(overrides).unwrap();
         }
-        // The emulation on the snapshot itself (addresses and segments as mutated).
+        // The emulation on the snapshot itself (addresses and segments as mutated). A snapshot it cannot replay
+        // (overlapping segments, blocks that do not tile their segment, ranges that overflow) is an error
+        // naming the segment, block or entry.
         let emulation = heapscope_core::pytorch::emulate(&snapshot, 0, &conf, capacity);
-        prop_assert!(emulation.fidelity.matched <= emulation.fidelity.recorded);
+        match &emulation {
+            Ok(emulation) => prop_assert!(emulation.fidelity.matched <= emulation.fidelity.recorded),
+            Err(error) => {
+                let message = error.to_string();
+                prop_assert!(message.starts_with("segments[") || message.starts_with("device_traces[0]["), "{message}");
+            }
+        }
         // A mutation may make the trace contradict itself (an address allocated twice): that is an error.
         if let Ok(recording) = Recording::from_snapshot(name, snapshot, 0) {
             let outcome = replay_pytorch(&recording, &conf, capacity);
-            prop_assert!(outcome.peak_reserved_bytes >= outcome.peak_live_bytes || outcome.ooms > 0 || outcome.peak_live_bytes > 0);
+            prop_assert_eq!(outcome.is_ok(), emulation.is_ok());
+            if let Ok(outcome) = outcome {
+                prop_assert!(outcome.peak_reserved_bytes >= outcome.peak_live_bytes || outcome.ooms > 0 || outcome.peak_live_bytes > 0);
+            }
             let config = CompareConfig { capacity_bytes: capacity, ..CompareConfig::default() };
             for contender in [Contender::Heap(heapscope_core::PolicyKind::Tlsf), Contender::Paged] {
                 let outcome = replay_contender(&recording.trace, contender, &config, &|index| index).unwrap();
                 prop_assert!(outcome.peak_reserved_bytes >= outcome.peak_live_bytes.min(1));
                 replayed_snapshot(&recording, contender, &config).unwrap();
             }
-            emulated_snapshot(&recording, &conf, overrides, capacity);
+            prop_assert_eq!(emulated_snapshot(&recording, &conf, overrides, capacity).is_ok(), emulation.is_ok());
         }
     }
 }

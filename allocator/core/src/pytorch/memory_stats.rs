@@ -25,16 +25,16 @@ impl Stat {
     /// `increase_stat`.
     pub fn increase(&mut self, amount: u64) {
         let amount = i64::try_from(amount).unwrap_or(i64::MAX);
-        self.current += amount;
+        self.current = self.current.saturating_add(amount);
         self.peak = self.peak.max(self.current);
-        self.allocated += amount;
+        self.allocated = self.allocated.saturating_add(amount);
     }
 
     /// `decrease_stat`.
     pub fn decrease(&mut self, amount: u64) {
         let amount = i64::try_from(amount).unwrap_or(i64::MAX);
-        self.current -= amount;
-        self.freed += amount;
+        self.current = self.current.saturating_sub(amount);
+        self.freed = self.freed.saturating_add(amount);
     }
 }
 

@@ -20,7 +20,7 @@ pub mod replayed;
 pub mod snapshot;
 
 pub use alloc_conf::{AllocConf, AllocConfError};
-pub use caching::{CachingAllocator, Emulation, Fidelity, OomEvent, OomReport, emulate};
+pub use caching::{CachingAllocator, Emulation, EmulationError, Fidelity, OomEvent, OomReport, emulate};
 pub use export::write_snapshot;
 pub use import::{SnapshotError, parse_snapshot, read_snapshot};
 pub use memory_stats::{MemoryStats, Stat, StatArray};

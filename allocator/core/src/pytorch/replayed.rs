@@ -365,12 +365,23 @@ fn recorded_settings(conf: &AllocConf, alloc_conf: &str) -> RecordedSettings {
 /// `conf` on a device of `capacity_bytes`: the recording's entries with the emulation's addresses, its
 /// own segment events in place of the recorded ones, and its final segments. `alloc_conf` is the
 /// settings string to record.
-pub fn emulated_snapshot(recording: &Recording, conf: &AllocConf, alloc_conf: &str, capacity_bytes: Option<u64>) -> Replayed {
+///
+/// # Errors
+///
+/// [`Error::Trace`] naming the recording and the segment, block or trace entry of its snapshot that the
+/// emulation cannot replay.
+pub fn emulated_snapshot(
+    recording: &Recording,
+    conf: &AllocConf,
+    alloc_conf: &str,
+    capacity_bytes: Option<u64>,
+) -> Result<Replayed> {
     let device = recording.device;
     let mut entries = Vec::new();
     let (segments, frame_stacks, stats) = match &recording.snapshot {
         Some(snapshot) => {
-            let emulation = emulate(snapshot, device, conf, capacity_bytes);
+            let emulation =
+                emulate(snapshot, device, conf, capacity_bytes).map_err(|e| crate::compare::emulation_error(recording, &e))?;
             let original = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
             let mut events = emulation.segment_events.iter().peekable();
             // Recorded address -> emulated address, for the frees.
@@ -475,10 +486,10 @@ pub fn emulated_snapshot(recording: &Recording, conf: &AllocConf, alloc_conf: &s
     };
     let mut device_traces = vec![Vec::new(); device + 1];
     device_traces[device] = entries;
-    Replayed {
+    Ok(Replayed {
         snapshot: Snapshot { segments, device_traces, settings: Some(recorded_settings(conf, alloc_conf)), frame_stacks },
         stats,
-    }
+    })
 }
 
 /// One step for a contender.
@@ -581,7 +592,7 @@ mod tests {
     fn emulated_snapshot_of_a_plain_trace_records_segments() {
         let story = frag_oom();
         let recording = Recording::from_trace(story.trace);
-        let replayed = emulated_snapshot(&recording, &AllocConf::default(), "", Some(story.device_bytes));
+        let replayed = emulated_snapshot(&recording, &AllocConf::default(), "", Some(story.device_bytes)).unwrap();
         let snapshot = &replayed.snapshot;
         assert_eq!(replayed.stats.num_ooms, 1);
         // 20 segments of 150 MiB, the 100 MiB tensors reuse them, the 1 GiB request is refused.

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 
 use super::initial::rebuild_start_state;
+use super::validate::{EmulationError, validate};
 use super::{CachingAllocator, DeviceEvent, OomReport};
 use crate::pytorch::alloc_conf::AllocConf;
 use crate::pytorch::memory_stats::MemoryStats;
@@ -160,10 +161,22 @@ pub(super) fn recorded_segment_events(trace: &[TraceEntry]) -> Vec<SegmentEvent>
 /// Replays device `device`'s trace of `snapshot` through the emulated caching allocator with settings
 /// `conf` and `capacity_bytes` of device memory (`None` = unlimited; recorded `oom` entries then use the
 /// driver's free bytes they recorded), starting from the state at the start of the recording.
-pub fn emulate(snapshot: &Snapshot, device: usize, conf: &AllocConf, capacity_bytes: Option<u64>) -> Emulation {
+///
+/// # Errors
+///
+/// [`EmulationError`] naming the segment, block or trace entry the emulation cannot replay (see the
+/// `validate` module for what it relies on); entries that are merely odd (frees of unknown addresses, an
+/// address allocated twice) replay.
+pub fn emulate(
+    snapshot: &Snapshot,
+    device: usize,
+    conf: &AllocConf,
+    capacity_bytes: Option<u64>,
+) -> Result<Emulation, EmulationError> {
+    validate(snapshot, device)?;
     let empty = Vec::new();
     let trace = snapshot.device_traces.get(device).unwrap_or(&empty);
-    let (mut alloc, mut live) = rebuild_start_state(snapshot, device, conf, capacity_bytes);
+    let (mut alloc, mut live) = rebuild_start_state(snapshot, device, conf, capacity_bytes)?;
     let recorded = recorded_segment_events(trace);
     let mut out = Emulation::default();
     let mut fidelity = Fidelity { recorded: recorded.len(), ..Fidelity::default() };
@@ -252,7 +265,7 @@ pub fn emulate(snapshot: &Snapshot, device: usize, conf: &AllocConf, capacity_by
     out.fidelity = fidelity;
     out.stats = alloc.stats().clone();
     out.final_segments = alloc.report();
-    out
+    Ok(out)
 }
 
 fn push_events(out: &mut Vec<SegmentEvent>, events: Vec<DeviceEvent>, cause: usize) {

@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::emulate::LiveMap;
+use super::validate::{EmulationError, Origin};
 use super::{
     BlockId, CachingAllocator, EXPANDABLE_VIRTUAL_BYTES, ExpandableSegment, LARGE_BUFFER_BYTES, Node, SMALL_BUFFER_BYTES,
 };
@@ -31,6 +32,8 @@ struct LiveBlock {
     pending: bool,
     /// Where the trace shows it ends (possibly past its segment: checked when laid out).
     observed_end: Option<u64>,
+    /// The final block or trace entry it comes from.
+    origin: Origin,
 }
 
 /// A group of expandable mapped ranges: one virtual segment.
@@ -45,21 +48,27 @@ struct Group {
 
 /// The allocator at the start of device `device`'s recording, and the live allocations (recorded address
 /// -> emulated address, equal here).
+///
+/// Expects a snapshot that passed `validate` (every range ends by `ADDRESS_LIMIT`); reserved ranges that
+/// overlap at the start, or a live block of known size that runs into the next live block or past its
+/// segment, are errors naming where they come from.
 pub(super) fn rebuild_start_state(
     snapshot: &Snapshot,
     device: usize,
     conf: &AllocConf,
     capacity_bytes: Option<u64>,
-) -> (CachingAllocator, LiveMap) {
+) -> Result<(CachingAllocator, LiveMap), EmulationError> {
     let mut alloc = CachingAllocator::new(conf.clone(), capacity_bytes);
     let mut live_map = LiveMap::new();
     let empty = Vec::new();
     let trace = snapshot.device_traces.get(device).unwrap_or(&empty);
 
-    let mut segments: BTreeMap<u64, (u64, u64, Pool)> = BTreeMap::new();
+    let mut segments: BTreeMap<u64, (u64, u64, Pool, Origin)> = BTreeMap::new();
     let mut groups: Vec<Group> = Vec::new();
     let mut live: BTreeMap<u64, LiveBlock> = BTreeMap::new();
-    for s in snapshot.segments.iter().filter(|s| s.device as usize == device) {
+    // Expandable mapped ranges: start -> origin, for errors.
+    let mut mapped_origin: BTreeMap<u64, Origin> = BTreeMap::new();
+    for (i, s) in snapshot.segments.iter().enumerate().filter(|(_, s)| s.device as usize == device) {
         if s.is_expandable {
             let gi = match groups.iter().position(|g| g.stream == s.stream && g.pool == s.segment_type) {
                 Some(i) => i,
@@ -70,11 +79,18 @@ pub(super) fn rebuild_start_state(
             };
             let g = &mut groups[gi];
             g.base = g.base.min(s.address);
+            if let Some(&other) = mapped_origin.get(&s.address) {
+                return Err(overlap(device, Origin::Segment(i), s.address, other));
+            }
+            mapped_origin.insert(s.address, Origin::Segment(i));
             g.mapped.insert(s.address, s.address + s.total_size);
         } else {
-            segments.insert(s.address, (s.total_size, s.stream, s.segment_type));
+            if let Some(&(_, _, _, other)) = segments.get(&s.address) {
+                return Err(overlap(device, Origin::Segment(i), s.address, other));
+            }
+            segments.insert(s.address, (s.total_size, s.stream, s.segment_type, Origin::Segment(i)));
         }
-        for b in s.blocks.iter().filter(|b| b.state != BlockState::Inactive) {
+        for (j, b) in s.blocks.iter().enumerate().filter(|(_, b)| b.state != BlockState::Inactive) {
             live.insert(
                 b.address,
                 LiveBlock {
@@ -82,6 +98,7 @@ pub(super) fn rebuild_start_state(
                     requested: b.requested_size,
                     pending: b.state == BlockState::ActivePendingFree,
                     observed_end: None,
+                    origin: Origin::Block(i, j),
                 },
             );
         }
@@ -94,13 +111,16 @@ pub(super) fn rebuild_start_state(
             .max_by_key(|(_, g)| g.base)
             .map(|(i, _)| i)
     };
-    for e in trace.iter().rev() {
+    for (k, e) in trace.iter().enumerate().rev() {
         match e.action {
             Action::Alloc => {
                 live.remove(&e.addr);
             }
             Action::FreeCompleted => {
-                live.insert(e.addr, LiveBlock { size: None, requested: e.size, pending: true, observed_end: None });
+                live.insert(
+                    e.addr,
+                    LiveBlock { size: None, requested: e.size, pending: true, observed_end: None, origin: Origin::Entry(k) },
+                );
             }
             Action::FreeRequested => {
                 if let Some(b) = live.get_mut(&e.addr) {
@@ -112,7 +132,7 @@ pub(super) fn rebuild_start_state(
             }
             Action::SegmentFree => {
                 let pool = if e.size == SMALL_BUFFER_BYTES { Pool::Small } else { Pool::Large };
-                segments.insert(e.addr, (e.size, e.stream, pool));
+                segments.insert(e.addr, (e.size, e.stream, pool, Origin::Entry(k)));
             }
             Action::SegmentMap => {
                 if let Some(gi) = group_of(&groups, e.addr) {
@@ -126,6 +146,7 @@ pub(super) fn rebuild_start_state(
                     let g = &mut groups[gi];
                     g.base = g.base.min(e.addr);
                     add_range(&mut g.mapped, e.addr, e.addr + e.size);
+                    mapped_origin.entry(e.addr).or_insert(Origin::Entry(k));
                 }
             }
             _ => {}
@@ -154,10 +175,11 @@ pub(super) fn rebuild_start_state(
             b.observed_end = Some(end);
         }
     }
+    check_disjoint(device, &segments, &groups, &mapped_origin)?;
     // Pending frees at the start are completed by the trace; blocks whose free was never requested before
     // the start stay allocated.
     let max_split = conf.max_split_size.unwrap_or(u64::MAX);
-    for (&base, &(size, stream, pool)) in &segments {
+    for (&base, &(size, stream, pool, _)) in &segments {
         alloc.segments.insert(base, size);
         let small = pool == Pool::Small;
         alloc.stats.segment.increase(small, 1);
@@ -166,7 +188,7 @@ pub(super) fn rebuild_start_state(
             alloc.stats.oversize_segments.increase(1);
         }
         alloc.total_allocated_memory += size;
-        let ids = lay_out(&mut alloc, &live, &mut live_map, base, base + size, stream, pool, None);
+        let ids = lay_out(&mut alloc, &live, &mut live_map, base, base + size, stream, pool, None, device)?;
         if ids.len() > 1 {
             for id in ids {
                 let n = alloc.node(id);
@@ -180,9 +202,12 @@ pub(super) fn rebuild_start_state(
     }
     for g in groups.into_iter().filter(|g| !g.mapped.is_empty()) {
         let page_bytes = if g.pool == Pool::Small { SMALL_BUFFER_BYTES } else { LARGE_BUFFER_BYTES };
-        alloc.expandable.push(Some(ExpandableSegment { base: g.base, size: EXPANDABLE_VIRTUAL_BYTES, page_bytes }));
+        // Mapped ranges spread wider than the usual reservation widen it, so that nothing is placed over them.
+        let span = g.mapped.values().next_back().map_or(0, |&last| last - g.base);
+        let size = EXPANDABLE_VIRTUAL_BYTES.max(span);
+        alloc.expandable.push(Some(ExpandableSegment { base: g.base, size, page_bytes }));
         let index = alloc.expandable.len() - 1;
-        let end = g.base + EXPANDABLE_VIRTUAL_BYTES;
+        let end = g.base + size;
         let mut ids: Vec<BlockId> = Vec::new();
         let mut cursor = g.base;
         for (&a, &b) in &g.mapped {
@@ -191,7 +216,7 @@ pub(super) fn rebuild_start_state(
             }
             alloc.total_allocated_memory += b - a;
             alloc.stats.reserved_bytes.increase(g.pool == Pool::Small, b - a);
-            ids.extend(lay_out(&mut alloc, &live, &mut live_map, a, b, g.stream, g.pool, Some(index)));
+            ids.extend(lay_out(&mut alloc, &live, &mut live_map, a, b, g.stream, g.pool, Some(index), device)?);
             cursor = b;
         }
         if cursor < end {
@@ -199,7 +224,45 @@ pub(super) fn rebuild_start_state(
         }
         link(&mut alloc, &ids);
     }
-    (alloc, live_map)
+    Ok((alloc, live_map))
+}
+
+fn overlap(device: usize, origin: Origin, address: u64, other: Origin) -> EmulationError {
+    origin.error(device, format!("the range at {address:#x} overlaps {}", other.path(device)))
+}
+
+/// Reserved ranges at the start (whole segments and expandable mapped ranges) must not overlap.
+fn check_disjoint(
+    device: usize,
+    segments: &BTreeMap<u64, (u64, u64, Pool, Origin)>,
+    groups: &[Group],
+    mapped_origin: &BTreeMap<u64, Origin>,
+) -> Result<(), EmulationError> {
+    let mut ranges: Vec<(u64, u64, Origin)> =
+        segments.iter().map(|(&base, &(size, _, _, origin))| (base, base + size, origin)).collect();
+    for g in groups {
+        for (&a, &b) in &g.mapped {
+            // A range merged from several (or cut by a `segment_map`): named by the last final segment or
+            // `segment_unmap` that starts before its end; every mapped range has one.
+            if let Some((_, &origin)) = mapped_origin.range(..b).next_back() {
+                ranges.push((a, b, origin));
+            }
+        }
+    }
+    ranges.sort_by_key(|&(a, b, _)| (a, b));
+    for w in ranges.windows(2) {
+        let ((_, end, first), (start, _, second)) = (w[0], w[1]);
+        if start < end {
+            return Err(second.error(
+                device,
+                format!(
+                    "the range at {start:#x} overlaps {} (which ends at {end:#x}) at the start of the recording",
+                    first.path(device)
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn unmapped_node(alloc: &mut CachingAllocator, start: u64, end: u64, stream: u64, pool: Pool, index: usize) -> BlockId {
@@ -233,7 +296,8 @@ fn lay_out(
     stream: u64,
     pool: Pool,
     expandable: Option<usize>,
-) -> Vec<BlockId> {
+    device: usize,
+) -> Result<Vec<BlockId>, EmulationError> {
     let max_split = alloc.max_split_size();
     let small = pool == Pool::Small;
     let blocks: Vec<(u64, LiveBlock)> = live.range(start..end).map(|(&a, &b)| (a, b)).collect();
@@ -259,6 +323,17 @@ fn lay_out(
         }
         let boundary = blocks.get(k + 1).map_or(end, |n| n.0);
         let observed = b.observed_end.filter(|&e| e <= boundary).map(|e| e - addr);
+        if let Some(size) = b.size
+            && size > boundary - addr
+        {
+            return Err(b.origin.error(
+                device,
+                format!(
+                    "the live block at {addr:#x} of {size} bytes runs past {boundary:#x} (the next live block or the end of \
+                     its segment at the start of the recording)"
+                ),
+            ));
+        }
         let size = b.size.or(observed).unwrap_or_else(|| {
             let rounded = round_size(b.requested, &alloc.conf).min(boundary - addr);
             let gap = boundary - addr - rounded;
@@ -297,7 +372,7 @@ fn lay_out(
     if expandable.is_none() {
         link(alloc, &ids);
     }
-    ids
+    Ok(ids)
 }
 
 fn link(alloc: &mut CachingAllocator, ids: &[BlockId]) {

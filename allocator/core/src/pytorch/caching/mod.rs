@@ -25,10 +25,12 @@ mod initial;
 mod release;
 #[cfg(test)]
 mod tests;
+mod validate;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 pub use emulate::{Emulation, EventStats, Fidelity, Mismatch, Misplacement, OomEvent, SegmentEvent, emulate};
+pub use validate::EmulationError;
 
 use super::alloc_conf::AllocConf;
 use super::memory_stats::MemoryStats;
@@ -53,13 +55,17 @@ pub const EXPANDABLE_VIRTUAL_BYTES: u64 = 128 << 30;
 /// Requests above this (1 EiB) fit no device: refused as out of memory, so sizes stay far from overflow.
 pub const MAX_REQUEST_BYTES: u64 = 1 << 60;
 
+/// Addresses and ranges end by this (4 EiB), far above any device's virtual address space: sums of
+/// addresses and sizes stay exact. Also the most the emulation ever reserves, whatever the capacity.
+pub const ADDRESS_LIMIT: u64 = 1 << 62;
+
 /// `round_size`: 512 B multiples, or `roundup_power2_divisions` steps between powers of two.
 pub fn round_size(size_bytes: u64, conf: &AllocConf) -> u64 {
     if size_bytes < MIN_BLOCK_BYTES {
         return MIN_BLOCK_BYTES;
     }
     let divisions = conf.divisions_for(size_bytes);
-    if divisions > 1 && size_bytes > MIN_BLOCK_BYTES * divisions {
+    if divisions > 1 && size_bytes > MIN_BLOCK_BYTES.saturating_mul(divisions) {
         roundup_power2_next_division(size_bytes, divisions)
     } else {
         size_bytes.div_ceil(MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
@@ -217,13 +223,18 @@ impl CachingAllocator {
 
     /// The allocator as it stood when the recording of device `device` in `snapshot` started (empty for a
     /// recording that began at CUDA initialisation); see the `initial` module.
+    ///
+    /// # Errors
+    ///
+    /// [`EmulationError`] naming the segment, block or trace entry the emulation cannot replay.
     pub fn at_recording_start(
         snapshot: &Snapshot,
         device: usize,
         conf: &AllocConf,
         capacity_bytes: Option<u64>,
-    ) -> CachingAllocator {
-        initial::rebuild_start_state(snapshot, device, conf, capacity_bytes).0
+    ) -> Result<CachingAllocator, EmulationError> {
+        validate::validate(snapshot, device)?;
+        Ok(initial::rebuild_start_state(snapshot, device, conf, capacity_bytes)?.0)
     }
 
     /// The settings.
@@ -255,14 +266,16 @@ impl CachingAllocator {
         self.capacity_bytes.is_some() && self.conf.garbage_collection_threshold > 0.0
     }
 
-    /// The driver refuses to reserve beyond this.
+    /// The driver refuses to reserve beyond this (never beyond [`ADDRESS_LIMIT`], so reserved bytes and
+    /// segment ends stay far from overflow).
     fn device_limit(&self) -> u64 {
-        match (self.capacity_bytes, self.request_limit_bytes) {
+        let limit = match (self.capacity_bytes, self.request_limit_bytes) {
             (Some(c), Some(r)) => c.min(r),
             (Some(c), None) => c,
             (None, Some(r)) => r,
             (None, None) => u64::MAX,
-        }
+        };
+        limit.min(ADDRESS_LIMIT)
     }
 
     fn node(&self, id: BlockId) -> &Node {
@@ -340,11 +353,12 @@ impl CachingAllocator {
         self.pool_mut(pool).unmapped.remove(&key);
     }
 
-    /// A base address for a new reservation of `size_bytes`: the hint when it overlaps nothing, else past
-    /// everything reserved so far (2 MiB aligned).
+    /// A base address for a new reservation of `size_bytes`: the hint when it overlaps nothing (and ends by
+    /// [`ADDRESS_LIMIT`]), else past everything reserved so far (2 MiB aligned).
     fn choose_base(&self, hint: Option<u64>, size_bytes: u64) -> u64 {
         if let Some(h) = hint
             && h != 0
+            && h.checked_add(size_bytes).is_some_and(|end| end <= ADDRESS_LIMIT)
             && !self.overlaps(h, size_bytes)
         {
             return h;
@@ -736,7 +750,8 @@ impl CachingAllocator {
                     }
                     if n.active {
                         s.active_size += n.size;
-                        s.requested_size += n.requested;
+                        // A live block known from a free entry may record any requested size.
+                        s.requested_size = s.requested_size.saturating_add(n.requested);
                     }
                     s.blocks.push(Block {
                         address: n.addr,

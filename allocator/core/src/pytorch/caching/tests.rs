@@ -16,7 +16,7 @@ fn load(name: &str) -> (Snapshot, serde_json::Value) {
 fn run(name: &str, capacity: Option<u64>) -> (Emulation, serde_json::Value, Snapshot) {
     let (snap, truth) = load(name);
     let conf = AllocConf::from_recorded(snap.settings.as_ref().unwrap());
-    (emulate(&snap, 0, &conf, capacity), truth, snap)
+    (emulate(&snap, 0, &conf, capacity).unwrap(), truth, snap)
 }
 
 #[test]
@@ -87,7 +87,7 @@ fn recordings_cut_mid_run_replay_exactly() {
             let cut = trace.len() * k / 24 + k % 3;
             let mut cut_snap = snap.clone();
             cut_snap.device_traces[0] = trace[cut..].to_vec();
-            let em = emulate(&cut_snap, 0, &conf, None);
+            let em = emulate(&cut_snap, 0, &conf, None).unwrap();
             assert!(em.fidelity.is_exact(), "{name} cut at {cut}: {:?}", em.fidelity);
             let want: Vec<Segment> = snap.segments.iter().map(strip).collect();
             assert_eq!(em.final_segments.len(), want.len(), "{name} cut at {cut}");
@@ -361,7 +361,7 @@ fn empty_cache_is_taken_from_unexplained_segment_frees() {
         entry(Action::Alloc, b, 30 * MIB),
     ];
     let snap = Snapshot { device_traces: vec![trace], ..Snapshot::default() };
-    let em = emulate(&snap, 0, &conf(), None);
+    let em = emulate(&snap, 0, &conf(), None).unwrap();
     assert!(em.fidelity.is_exact(), "{:?}", em.fidelity);
     assert_eq!(em.fidelity.recorded, 3);
     assert_eq!(em.stats.num_device_free, 1);
@@ -371,7 +371,7 @@ fn empty_cache_is_taken_from_unexplained_segment_frees() {
 fn traces_without_addresses_get_increasing_bases() {
     let trace = vec![entry(Action::Alloc, 0, 30 * MIB), entry(Action::Alloc, 0, 4096), entry(Action::Alloc, 0, 40 * MIB)];
     let snap = Snapshot { device_traces: vec![trace], ..Snapshot::default() };
-    let em = emulate(&snap, 0, &conf(), None);
+    let em = emulate(&snap, 0, &conf(), None).unwrap();
     let bases: Vec<u64> = em.segment_events.iter().map(|e| e.addr).collect();
     assert!(bases.windows(2).all(|w| w[0] < w[1]), "{bases:?}");
     assert_eq!(em.stats.num_device_alloc, 3);
