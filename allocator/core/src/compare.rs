@@ -337,8 +337,32 @@ fn pytorch_first_oom(event_index: u64, report: &OomReport, unreserved_bytes: Opt
 /// that the emulation cannot replay ([`crate::pytorch::EmulationError`]).
 pub fn replay_pytorch(recording: &Recording, conf: &AllocConf, capacity_bytes: Option<u64>) -> Result<Outcome> {
     let events = recording.trace.events().len() as u64;
-    let started = Instant::now();
-    let (stats, first_oom, fidelity) = match &recording.snapshot {
+    let ((stats, first_oom, fidelity), nanos) = best_time(|| emulate_recording(recording, conf, capacity_bytes))?;
+    let count = |value: i64| u64::try_from(value).unwrap_or(0);
+    Ok(Outcome {
+        policy: "pytorch".to_owned(),
+        events,
+        allocs: count(stats.allocation.all().allocated),
+        frees: count(stats.allocation.all().freed),
+        peak_live_bytes: count(stats.requested_bytes.all().peak),
+        peak_reserved_bytes: count(stats.reserved_bytes.all().peak),
+        device_allocs: count(stats.num_device_alloc),
+        device_frees: count(stats.num_device_free),
+        ooms: count(stats.num_ooms),
+        first_oom,
+        ns_per_event: nanos as f64 / events.max(1) as f64,
+        fidelity,
+        memory_stats: Some(stats),
+    })
+}
+
+/// One emulation of `recording`: counters, first out of memory, fidelity (PyTorch recordings).
+fn emulate_recording(
+    recording: &Recording,
+    conf: &AllocConf,
+    capacity_bytes: Option<u64>,
+) -> Result<(MemoryStats, Option<FirstOom>, Option<Fidelity>)> {
+    Ok(match &recording.snapshot {
         Some(snapshot) => {
             let emulation =
                 emulate(snapshot, recording.device, conf, capacity_bytes).map_err(|e| emulation_error(recording, &e))?;
@@ -374,23 +398,6 @@ pub fn replay_pytorch(recording: &Recording, conf: &AllocConf, capacity_bytes: O
             }
             (allocator.stats().clone(), first_oom, None)
         }
-    };
-    let nanos = started.elapsed().as_nanos();
-    let count = |value: i64| u64::try_from(value).unwrap_or(0);
-    Ok(Outcome {
-        policy: "pytorch".to_owned(),
-        events,
-        allocs: count(stats.allocation.all().allocated),
-        frees: count(stats.allocation.all().freed),
-        peak_live_bytes: count(stats.requested_bytes.all().peak),
-        peak_reserved_bytes: count(stats.reserved_bytes.all().peak),
-        device_allocs: count(stats.num_device_alloc),
-        device_frees: count(stats.num_device_free),
-        ooms: count(stats.num_ooms),
-        first_oom,
-        ns_per_event: nanos as f64 / events.max(1) as f64,
-        fidelity,
-        memory_stats: Some(stats),
     })
 }
 
