@@ -44,7 +44,7 @@
 //! | input | import | peak RSS |
 //! |---|---|---|
 //! | `scripts/synthetic_snapshot.py`, 400 000 events, 35.0 MB pickle | ~100 ms | 49 MiB (1.4× the file) |
-//! | the same gzipped, 5.5 MB | ~140 ms | 49 MiB |
+//! | the same gzipped, 5.5 MB | 140–145 ms | 49 MiB |
 //! | `gpt2_train_fixed-default.pickle.gz`, 18 685 events (1.4 MB pickle) | 4 ms | 6.7 MiB |
 //!
 //! Before the fast path, on the same VM the same day: 475 ms / 74 MiB, 560 ms / 74 MiB, and 19 ms / 8.4 MiB
@@ -499,6 +499,7 @@ impl<'a> Scan<'a, '_> {
 
     /// After an `EMPTY_DICT`/`EMPTY_LIST`: takes a following memo put, reserving the slot (a hole until
     /// [`Scan::set_memo`]).
+    #[inline(always)]
     pub(crate) fn put_container(&mut self) -> Option<Option<usize>> {
         self.put_next(Value::Hole, 0)
     }
