@@ -2,12 +2,15 @@
 //!
 //! ```text
 //! scripts/synthetic_snapshot.py /tmp/syn400k.pickle              # 400 000 events, ~35 MB
+//! scripts/synthetic_snapshot.py /tmp/syn400k.pickle.gz --gzip    # the same, 5.5 MB gzipped
 //! HEAPSCOPE_SNAPSHOT=/tmp/syn400k.pickle cargo test --release -p heapscope-core \
 //!     --test snapshot_import_speed -- --ignored --nocapture
 //! ```
 //!
 //! Without `HEAPSCOPE_SNAPSHOT` it generates the 400 000-event file with python3 into a temporary
-//! directory. It prints the best of five imports and the process's peak resident memory (VmHWM).
+//! directory. It prints the best of five imports and the process's peak resident memory (VmHWM). A
+//! relative `HEAPSCOPE_SNAPSHOT` is relative to `allocator/core` (the test's working directory). The
+//! numbers measured are in the module doc of `src/pytorch/pickle_read.rs`.
 
 use std::path::PathBuf;
 use std::process::Command;

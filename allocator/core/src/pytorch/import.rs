@@ -22,7 +22,7 @@ use std::rc::Rc;
 
 use flate2::bufread::MultiGzDecoder;
 
-use super::pickle_read::{self, Dict, Place, ReadError, Sink, Value};
+use super::pickle_read::{self, Dict, Place, ReadError, Scan, Sink, Token, Value};
 use super::snapshot::{Action, Block, BlockState, Frame, Pool, RecordedSettings, Segment, Snapshot, StackId, TraceEntry};
 
 /// Why a snapshot file could not be read.
@@ -66,8 +66,36 @@ pub enum SnapshotError {
 /// [`SnapshotError`] naming the file and what is wrong where.
 pub fn read_snapshot(path: &Path) -> Result<Snapshot, SnapshotError> {
     let name = path.display().to_string();
-    let file = File::open(path).map_err(|source| SnapshotError::Io { file: name.clone(), source })?;
-    parse_snapshot(file, &name)
+    let mut file = File::open(path).map_err(|source| SnapshotError::Io { file: name.clone(), source })?;
+    let hint = pickle_size_hint(&mut file).map_err(|source| SnapshotError::Io { file: name.clone(), source })?;
+    parse(file, &name, Decoder::with_size_hint(hint))
+}
+
+/// The size of the file's pickle, if it can tell: a regular file's length, or a gzip file's recorded
+/// length of its (last member's) data, at least the file's. Leaves the file at its start (an error if it
+/// cannot).
+fn pickle_size_hint(file: &mut File) -> io::Result<Option<u64>> {
+    use std::io::{Seek, SeekFrom};
+    let Some(len) = file.metadata().ok().filter(std::fs::Metadata::is_file).map(|metadata| metadata.len()) else {
+        return Ok(None); // a pipe or the like: nothing read, nothing to rewind
+    };
+    let mut probe = || -> io::Result<u64> {
+        let mut head = [0; 2];
+        if len < 18 {
+            return Ok(len);
+        }
+        file.read_exact(&mut head)?;
+        if head != [0x1f, 0x8b] {
+            return Ok(len);
+        }
+        let mut size = [0; 4];
+        file.seek(SeekFrom::End(-4))?;
+        file.read_exact(&mut size)?;
+        Ok(u64::from(u32::from_le_bytes(size)).max(len))
+    };
+    let hint = probe().ok();
+    file.rewind()?;
+    Ok(hint)
 }
 
 /// Parses a snapshot from `reader` (gzip detected by its magic bytes, else raw pickle); `name` names the
@@ -76,17 +104,23 @@ pub fn read_snapshot(path: &Path) -> Result<Snapshot, SnapshotError> {
 /// # Errors
 /// [`SnapshotError`] naming `name` and what is wrong where.
 pub fn parse_snapshot(reader: impl Read, name: &str) -> Result<Snapshot, SnapshotError> {
+    parse(reader, name, Decoder::default())
+}
+
+/// [`parse_snapshot`] with a given sink.
+fn parse(reader: impl Read, name: &str, decoder: Decoder) -> Result<Snapshot, SnapshotError> {
     let mut reader = BufReader::with_capacity(256 * 1024, reader);
     let head = reader.fill_buf().map_err(|source| SnapshotError::Io { file: name.to_owned(), source })?;
     let result = if head.starts_with(&[0x1f, 0x8b]) {
+        let decoder_sink = decoder;
         let mut decoder = MultiGzDecoder::new(reader);
-        pickle_read::read_pickle(&mut decoder, Decoder::default()).and_then(|result| {
+        pickle_read::read_pickle(&mut decoder, decoder_sink).and_then(|result| {
             // Read the rest so that the gzip trailer (CRC, length) is checked: a cut file is an error.
             io::copy(&mut decoder, &mut io::sink()).map_err(|error| ReadError::Io { offset: None, error })?;
             Ok(result)
         })
     } else {
-        pickle_read::read_pickle(reader, Decoder::default())
+        pickle_read::read_pickle(reader, decoder)
     };
     let convert_error = |error: ReadError| match error {
         ReadError::Malformed { offset, what } => SnapshotError::Pickle { file: name.to_owned(), offset, what },
@@ -134,12 +168,61 @@ const TAG_TRACE_BASE: u32 = 16;
 /// A frame as the pickle holds it (strings shared with the pickle's memo).
 type RawFrame = (Rc<String>, i64, Rc<String>);
 
+/// A fast non-cryptographic hasher (the `FxHash` mix) for the interning tables: their keys come from
+/// the file, but a collision costs time only, and the tables are small (distinct frames and stacks).
+#[derive(Default)]
+struct FxHasher(u64);
+
+impl std::hash::Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut word = [0; 8];
+            word.copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut word = [0; 8];
+            word[..rest.len()].copy_from_slice(rest);
+            self.write_u64(u64::from_le_bytes(word) ^ ((rest.len() as u64) << 56));
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, value: u8) {
+        self.write_u64(u64::from(value));
+    }
+
+    #[inline]
+    fn write_u32(&mut self, value: u32) {
+        self.write_u64(u64::from(value));
+    }
+
+    #[inline]
+    fn write_usize(&mut self, value: usize) {
+        self.write_u64(value as u64);
+    }
+
+    #[inline]
+    fn write_u64(&mut self, value: u64) {
+        self.0 = (self.0.rotate_left(5) ^ value).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FxMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
+
 /// Interns frames and frame lists.
 #[derive(Debug)]
 struct Frames {
-    frame_ids: HashMap<RawFrame, u32>,
+    frame_ids: FxMap<RawFrame, u32>,
     frames: Vec<RawFrame>,
-    stack_ids: HashMap<Vec<u32>, u32>,
+    stack_ids: FxMap<Vec<u32>, u32>,
     stacks: Vec<Vec<u32>>,
     scratch: Vec<u32>,
 }
@@ -147,9 +230,9 @@ struct Frames {
 impl Default for Frames {
     fn default() -> Self {
         Self {
-            frame_ids: HashMap::new(),
+            frame_ids: FxMap::default(),
             frames: Vec::new(),
-            stack_ids: HashMap::from([(Vec::new(), 0)]),
+            stack_ids: FxMap::from_iter([(Vec::new(), 0)]),
             stacks: vec![Vec::new()],
             scratch: Vec::new(),
         }
@@ -170,43 +253,56 @@ impl Frames {
         for (index, item) in list.items.iter().enumerate() {
             let id = match item {
                 Value::Frame(id) => *id,
-                Value::Dict(dict) => {
-                    let dict = dict.borrow();
-                    let frame_path = || format!("{}[{index}]", path());
-                    let text = |key: &str| -> Result<Rc<String>, Issue> {
-                        match dict.get(key) {
-                            Some(Value::Str(text)) => Ok(Rc::clone(text)),
-                            Some(other) => Err(Issue::expected(format!("{}.{key}", frame_path()), "str", other)),
-                            None => Ok(Rc::new(String::new())),
-                        }
-                    };
-                    let line = match dict.get("line") {
-                        Some(value) => value
-                            .as_i128()
-                            .and_then(|line| i64::try_from(line).ok())
-                            .ok_or_else(|| Issue::expected(format!("{}.line", frame_path()), "int", value))?,
-                        None => 0,
-                    };
-                    let raw = (text("filename")?, line, text("name")?);
-                    let id = match self.frame_ids.get(&raw) {
-                        Some(&id) => id,
-                        None => {
-                            let id = u32::try_from(self.frames.len()).map_err(|_| Issue::new(path(), "too many frames"))?;
-                            self.frames.push(raw.clone());
-                            self.frame_ids.insert(raw, id);
-                            id
-                        }
-                    };
-                    if let Some(entry) = dict.memo_slot.and_then(|slot| memo.get_mut(slot as usize)) {
-                        *entry = Value::Frame(id);
-                    }
-                    id
-                }
+                Value::Dict(dict) => self.frame_of_dict(&dict.borrow(), memo, &|| format!("{}[{index}]", path()))?,
                 other => return Err(Issue::expected(format!("{}[{index}]", path()), "dict", other)),
             };
             self.scratch.push(id);
         }
-        let id = match self.stack_ids.get(self.scratch.as_slice()) {
+        let id = self.stack_of_scratch(path)?;
+        if let Some(entry) = list.memo_slot.and_then(|slot| memo.get_mut(slot as usize)) {
+            *entry = Value::Stack(id);
+        }
+        Ok(StackId(id))
+    }
+
+    /// Interns the frame dict `dict` found at `frame_path`; replaces its memo entry.
+    fn frame_of_dict(&mut self, dict: &Dict, memo: &mut [Value], frame_path: &dyn Fn() -> String) -> Result<u32, Issue> {
+        let text = |key: &str| -> Result<Rc<String>, Issue> {
+            match dict.get(key) {
+                Some(Value::Str(text)) => Ok(Rc::clone(text)),
+                Some(other) => Err(Issue::expected(format!("{}.{key}", frame_path()), "str", other)),
+                None => Ok(Rc::new(String::new())),
+            }
+        };
+        let line = match dict.get("line") {
+            Some(value) => value
+                .as_i128()
+                .and_then(|line| i64::try_from(line).ok())
+                .ok_or_else(|| Issue::expected(format!("{}.line", frame_path()), "int", value))?,
+            None => 0,
+        };
+        let id = self.frame_id((text("filename")?, line, text("name")?), frame_path)?;
+        if let Some(entry) = dict.memo_slot.and_then(|slot| memo.get_mut(slot as usize)) {
+            *entry = Value::Frame(id);
+        }
+        Ok(id)
+    }
+
+    fn frame_id(&mut self, raw: RawFrame, path: &dyn Fn() -> String) -> Result<u32, Issue> {
+        Ok(match self.frame_ids.get(&raw) {
+            Some(&id) => id,
+            None => {
+                let id = u32::try_from(self.frames.len()).map_err(|_| Issue::new(path(), "too many frames"))?;
+                self.frames.push(raw.clone());
+                self.frame_ids.insert(raw, id);
+                id
+            }
+        })
+    }
+
+    /// Interns the frame list in `scratch`.
+    fn stack_of_scratch(&mut self, path: &dyn Fn() -> String) -> Result<u32, Issue> {
+        Ok(match self.stack_ids.get(self.scratch.as_slice()) {
             Some(&id) => id,
             None => {
                 let id = u32::try_from(self.stacks.len()).map_err(|_| Issue::new(path(), "too many frame lists"))?;
@@ -214,11 +310,7 @@ impl Frames {
                 self.stack_ids.insert(self.scratch.clone(), id);
                 id
             }
-        };
-        if let Some(entry) = list.memo_slot.and_then(|slot| memo.get_mut(slot as usize)) {
-            *entry = Value::Stack(id);
-        }
-        Ok(StackId(id))
+        })
     }
 
     fn into_stacks(self) -> Vec<Vec<Frame>> {
@@ -237,6 +329,21 @@ struct Decoder {
     /// (device index, entries) for every list tagged as a device trace.
     traces: Vec<(usize, Vec<TraceEntry>)>,
     frames: Frames,
+    /// Entries to reserve for the first trace list.
+    reserve: usize,
+    /// Never read trace entries directly (tests: the generic path is the reference).
+    generic_only: bool,
+}
+
+impl Decoder {
+    /// A decoder for a pickle of `pickle_bytes` bytes, if known. Every trace entry takes at least ~30
+    /// bytes of pickle, typically 70 to 90: room for the entries a pickle of this size holds is reserved
+    /// (address space only until used) so the trace never moves while it grows; beyond it, it grows as
+    /// usual.
+    fn with_size_hint(pickle_bytes: Option<u64>) -> Self {
+        let reserve = pickle_bytes.map_or(0, |bytes| usize::try_from(bytes / 48).unwrap_or(0));
+        Self { reserve, ..Self::default() }
+    }
 }
 
 impl Sink for Decoder {
@@ -246,7 +353,10 @@ impl Sink for Decoder {
             Place::Key { parent: TAG_ROOT, key: "device_traces" } => TAG_DEVICE_TRACES,
             Place::Index { parent: TAG_DEVICE_TRACES, index } => match u32::try_from(self.traces.len()) {
                 Ok(id) if id < u32::MAX - TAG_TRACE_BASE => {
-                    self.traces.push((index, Vec::new()));
+                    let mut entries = Vec::new();
+                    // Address space only: a failure is no error, the list then grows as it goes.
+                    let _ = entries.try_reserve_exact(std::mem::take(&mut self.reserve));
+                    self.traces.push((index, entries));
                     TAG_TRACE_BASE + id
                 }
                 _ => 0,
@@ -259,8 +369,257 @@ impl Sink for Decoder {
         let Some(slot) = list_tag.checked_sub(TAG_TRACE_BASE) else { return Ok(Some(item)) };
         let Some(&(device, _)) = self.traces.get(slot as usize) else { return Ok(Some(item)) };
         let entry = convert_entry(&item, device, index, &mut self.frames, memo)?;
-        self.traces[slot as usize].1.push(entry);
+        self.take_entry(slot as usize, index, entry);
         Ok(None)
+    }
+
+    fn atom(text: &str) -> u8 {
+        match text {
+            "action" => KEY_ACTION,
+            "addr" => KEY_ADDR,
+            "size" => KEY_SIZE,
+            "stream" => KEY_STREAM,
+            "time_us" => KEY_TIME_US,
+            "device_free" => KEY_DEVICE_FREE,
+            "frames" => KEY_FRAMES,
+            "filename" => KEY_FILENAME,
+            "line" => KEY_LINE,
+            "name" => KEY_NAME,
+            _ => match Action::from_name(text).and_then(|action| ACTIONS.iter().position(|&known| known == action)) {
+                Some(index) => ATOM_ACTION + index as u8,
+                None => 0,
+            },
+        }
+    }
+
+    fn reads_items(&self, list_tag: u32) -> bool {
+        !self.generic_only && list_tag.checked_sub(TAG_TRACE_BASE).is_some_and(|slot| (slot as usize) < self.traces.len())
+    }
+
+    fn read_item(&mut self, list_tag: u32, index: usize, scan: &mut Scan<'_, '_>) -> bool {
+        let slot = (list_tag - TAG_TRACE_BASE) as usize;
+        match fast_entry(scan, &mut self.frames) {
+            Some(entry) => {
+                self.take_entry(slot, index, entry);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Decoder {
+    /// Stores element `index` of trace list `slot`. Entries read directly arrive at once, ones built
+    /// generically (a fast-path fallback) at the list's `APPENDS`, after later entries of the same batch:
+    /// every index below theirs is there by then, so their index is their position.
+    fn take_entry(&mut self, slot: usize, index: usize, entry: TraceEntry) {
+        let entries = &mut self.traces[slot].1;
+        if index < entries.len() {
+            entries.insert(index, entry);
+        } else {
+            entries.push(entry);
+        }
+    }
+}
+
+// Atoms (`Sink::atom`): keys of trace entries and frames, and action names.
+const KEY_ACTION: u8 = 1;
+const KEY_ADDR: u8 = 2;
+const KEY_SIZE: u8 = 3;
+const KEY_STREAM: u8 = 4;
+const KEY_TIME_US: u8 = 5;
+const KEY_DEVICE_FREE: u8 = 6;
+const KEY_FRAMES: u8 = 7;
+const KEY_FILENAME: u8 = 8;
+const KEY_LINE: u8 = 9;
+const KEY_NAME: u8 = 10;
+/// `ATOM_ACTION + i` is the name of `ACTIONS[i]`.
+const ATOM_ACTION: u8 = 32;
+const ACTIONS: [Action; 9] = [
+    Action::Alloc,
+    Action::FreeRequested,
+    Action::FreeCompleted,
+    Action::SegmentAlloc,
+    Action::SegmentFree,
+    Action::SegmentMap,
+    Action::SegmentUnmap,
+    Action::Snapshot,
+    Action::Oom,
+];
+
+fn no_path() -> String {
+    String::new()
+}
+
+/// Reads a dict's pairs (after its `EMPTY_DICT` and memo put): `MARK` pairs `SETITEMS`, or one pair and
+/// `SETITEM`; keys must be strs. `None` to give up.
+#[inline(always)]
+fn scan_pairs<'a, 'm>(scan: &mut Scan<'a, 'm>, mut pair: impl FnMut(&mut Scan<'a, 'm>, u8, Token) -> Option<()>) -> Option<()> {
+    match scan.next() {
+        Token::Mark => loop {
+            match scan.next() {
+                Token::SetItems => return Some(()),
+                Token::Str { atom, .. } => {
+                    let value = scan.next();
+                    pair(scan, atom, value)?;
+                }
+                _ => return None,
+            }
+        },
+        Token::Str { atom, .. } => {
+            let value = scan.next();
+            pair(scan, atom, value)?;
+            matches!(scan.next(), Token::SetItem).then_some(())
+        }
+        _ => None,
+    }
+}
+
+/// A value the fast path ignores: a plain one (containers make it give up).
+fn plain(value: Token) -> Option<()> {
+    matches!(value, Token::Str { .. } | Token::Int(_) | Token::None | Token::Float | Token::Memo(_)).then_some(())
+}
+
+fn u64_of(value: Token) -> Option<u64> {
+    match value {
+        Token::Int(number) => u64::try_from(number).ok(),
+        _ => None,
+    }
+}
+
+/// The fast path for a trace entry (see `Sink::read_item`): the dict's keys matched as atoms, values
+/// decoded straight into a [`TraceEntry`]. Gives up (`None`) on anything `convert_entry` would reject or
+/// that is not plain, so that errors come from the generic path.
+fn fast_entry(scan: &mut Scan<'_, '_>, frames: &mut Frames) -> Option<TraceEntry> {
+    let memo_slot = scan.put_container()?;
+    let mut action = None;
+    let mut addr = None;
+    let mut size = None;
+    let mut stream = 0;
+    let mut time_us = None;
+    let mut device_free = None;
+    let mut stack = StackId::NONE;
+    scan_pairs(scan, |scan, key, value| {
+        match key {
+            KEY_ACTION => match value {
+                Token::Str { atom, .. } if atom >= ATOM_ACTION => action = Some(*ACTIONS.get(usize::from(atom - ATOM_ACTION))?),
+                _ => return None,
+            },
+            KEY_ADDR => addr = Some(u64_of(value)?),
+            KEY_SIZE => size = Some(u64_of(value)?),
+            KEY_STREAM => stream = u64_of(value)?,
+            KEY_TIME_US => {
+                time_us = match value {
+                    Token::None => None,
+                    Token::Int(number) => Some(number),
+                    _ => return None,
+                }
+            }
+            KEY_DEVICE_FREE => device_free = if matches!(value, Token::None) { None } else { Some(u64_of(value)?) },
+            KEY_FRAMES => stack = fast_frames(scan, frames, value)?,
+            _ => plain(value)?,
+        }
+        Some(())
+    })?;
+    // The dict is complete only if nothing more is set on it: the next opcode starts the next entry or
+    // appends.
+    if !scan.next_is(b"}ea") {
+        return None;
+    }
+    let action = action?;
+    let addr = match addr {
+        Some(addr) => addr,
+        None if matches!(action, Action::Oom | Action::Snapshot) => 0,
+        None => return None,
+    };
+    let size = match size {
+        Some(size) => size,
+        None if action == Action::Snapshot => 0,
+        None => return None,
+    };
+    if let Some(slot) = memo_slot {
+        scan.set_memo(slot, Value::Consumed);
+    }
+    Some(TraceEntry { action, addr, size, stream, time_us, device_free, frames: stack })
+}
+
+/// An entry's `frames` value: `None`, a memo'd frame list, or a new list of frame dicts.
+fn fast_frames(scan: &mut Scan<'_, '_>, frames: &mut Frames, value: Token) -> Option<StackId> {
+    match value {
+        Token::None => Some(StackId::NONE),
+        Token::Memo(slot) => match scan.memo_mut().get(slot)? {
+            Value::Stack(id) => Some(StackId(*id)),
+            list @ Value::List(_) => {
+                let list = list.clone();
+                frames.intern(&list, scan.memo_mut(), &no_path).ok()
+            }
+            _ => None,
+        },
+        Token::EmptyList => {
+            let list_slot = scan.put_container()?;
+            frames.scratch.clear();
+            if scan.next_is(b"(") {
+                scan.next();
+                loop {
+                    match scan.next() {
+                        Token::Appends => break,
+                        item => {
+                            let id = fast_frame(scan, frames, item)?;
+                            frames.scratch.push(id);
+                        }
+                    }
+                }
+            } else if scan.next_is(b"}hj") {
+                let item = scan.next();
+                let id = fast_frame(scan, frames, item)?;
+                frames.scratch.push(id);
+                if !matches!(scan.next(), Token::Append) {
+                    return None;
+                }
+            }
+            let id = frames.stack_of_scratch(&no_path).ok()?;
+            if let Some(slot) = list_slot {
+                scan.set_memo(slot, Value::Stack(id));
+            }
+            Some(StackId(id))
+        }
+        _ => None,
+    }
+}
+
+/// An element of a new frame list: a new frame dict or a memo'd one.
+fn fast_frame(scan: &mut Scan<'_, '_>, frames: &mut Frames, item: Token) -> Option<u32> {
+    match item {
+        Token::Memo(slot) => match scan.memo_mut().get(slot)? {
+            Value::Frame(id) => Some(*id),
+            Value::Dict(dict) => {
+                let dict = Rc::clone(dict);
+                frames.frame_of_dict(&dict.borrow(), scan.memo_mut(), &no_path).ok()
+            }
+            _ => None,
+        },
+        Token::EmptyDict => {
+            let slot = scan.put_container()?;
+            let mut filename = None;
+            let mut name = None;
+            let mut line = 0;
+            scan_pairs(scan, |scan, key, value| {
+                match (key, value) {
+                    (KEY_FILENAME, Token::Str { at, .. }) => filename = Some(scan.text(at)),
+                    (KEY_NAME, Token::Str { at, .. }) => name = Some(scan.text(at)),
+                    (KEY_LINE, Token::Int(number)) => line = number,
+                    (KEY_FILENAME | KEY_NAME | KEY_LINE, _) => return None,
+                    _ => plain(value)?,
+                }
+                Some(())
+            })?;
+            let id = frames.frame_id((filename.unwrap_or_default(), line, name.unwrap_or_default()), &no_path).ok()?;
+            if let Some(slot) = slot {
+                scan.set_memo(slot, Value::Frame(id));
+            }
+            Some(id)
+        }
+        _ => None,
     }
 }
 
@@ -436,6 +795,7 @@ impl Decoder {
             for (offset, item) in list.items.iter().enumerate() {
                 entries.push(convert_entry(item, device, taken + offset, &mut self.frames, &mut [])?);
             }
+            entries.shrink_to_fit();
             device_traces.push(entries);
         }
         let settings = match top.get("allocator_settings") {
@@ -695,6 +1055,56 @@ pub(crate) mod tests {
                 assert_eq!(segment.blocks[0].address, segment.address, "{file}");
             }
         }
+    }
+
+    /// The fast path for trace entries decodes exactly what the generic path does, on every protocol,
+    /// with shared, copied and missing frame lists, and with entries the fast path leaves to the generic
+    /// path (a big stream id, a non-str key, a nested value) in the middle of a batch.
+    #[test]
+    fn fast_path_matches_the_generic_path() {
+        if !python3() {
+            return;
+        }
+        let dir = temp_dir("fast-path");
+        let generator = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/synthetic_snapshot.py");
+        let odd = r#"
+import pickle, sys
+frames = [{"filename": "a.py", "line": 3, "name": "f"}, {"filename": "b.py", "line": 70000, "name": "g"}]
+entry = lambda i: {"action": "alloc", "addr": 4096 * i, "size": 512, "stream": 0, "time_us": i, "frames": frames}
+trace = [entry(i) for i in range(2500)]
+trace[5]["stream"] = 2**63 + 5
+trace[1200][7] = "int key"
+trace[1201]["user_metadata"] = {"nested": [1, 2]}
+trace[1202]["frames"] = [dict(f) for f in frames]
+trace[1203]["frames"] = [frames[0]]
+trace[1204]["frames"] = []
+trace[1205]["frames"] = None
+trace[1206] = {"action": "snapshot"}
+for protocol in range(2, 6):
+    with open(f"{sys.argv[1]}/odd-{protocol}.pickle", "wb") as f:
+        pickle.dump({"segments": [], "device_traces": [trace, [entry(i) for i in range(3)]]}, f, protocol=protocol)
+"#;
+        run_python(odd, &[dir.to_str().unwrap()]);
+        let mut files: Vec<PathBuf> = (2..=5).map(|protocol| dir.join(format!("odd-{protocol}.pickle"))).collect();
+        for protocol in [2, 4, 5] {
+            let path = dir.join(format!("syn-{protocol}.pickle"));
+            let status = Command::new("python3")
+                .arg(generator)
+                .arg(&path)
+                .args(["--events", "3000", "--protocol", &protocol.to_string()])
+                .status()
+                .unwrap();
+            assert!(status.success());
+            files.push(path);
+        }
+        for path in &files {
+            let bytes = std::fs::read(path).unwrap();
+            let fast = parse(bytes.as_slice(), "input", Decoder::default()).unwrap_or_else(|error| panic!("{error}"));
+            let generic = parse(bytes.as_slice(), "input", Decoder { generic_only: true, ..Decoder::default() }).unwrap();
+            assert_eq!(fast, generic, "{}", path.display());
+            assert!(fast.device_traces[0].len() >= 2500, "{}", path.display());
+        }
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

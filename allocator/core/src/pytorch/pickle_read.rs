@@ -3,12 +3,34 @@
 //! # Why not a general pickle crate
 //!
 //! A snapshot is plain builtin data (dicts, lists, tuples, str, int, float, bool, None) but large: a
-//! 400 000-event trace is ~30 MB of pickle, and python's own `pickle.load` needs ~1.2 s for it. A generic
+//! 400 000-event trace is ~35 MB of pickle, and python's own `pickle.loads` needs 0.8 s for it. A generic
 //! value tree of that file costs ~450 bytes a trace entry (an `Rc` dict of eight key/value pairs), several
-//! times the file. This reader runs the pickle machine over a small [`Value`] type, and lets a [`Sink`] take the
-//! items appended to lists it recognises (a device's trace list) as they arrive: each trace entry's dict is
-//! converted to a typed `TraceEntry` (~64 bytes) and dropped at once, so memory stays near the typed
-//! model's size. Everything else (segments, settings) stays generic and is converted at the end.
+//! times the file. This reader runs the pickle machine over a small [`Value`] type, and lets a [`Sink`]
+//! take the items appended to lists it recognises (a device's trace list) as they arrive, so memory stays
+//! near the typed model's size (a `TraceEntry` is 64 bytes). Everything else (segments, settings) stays
+//! generic and is converted at the end.
+//!
+//! # The fast path for trace entries
+//!
+//! Building each event's generic dict and converting it was most of the time (SETITEMS, memo gets and
+//! malloc/free of `Rc`s and `String`s). So when a dict is about to become an item of a list the sink reads
+//! directly ([`Sink::reads_items`]), the machine first offers the sink a [`Scan`] over the buffered input
+//! ([`Sink::read_item`]): a schema-directed reader of plain [`Token`]s that decodes the dict straight into
+//! a `TraceEntry`, with no `Value`, no `Rc` and no allocation per event:
+//!
+//! - keys and action names are matched as small integers: [`Sink::atom`] maps a str to an id once, when
+//!   it is memo'd, and the machine keeps the ids beside the memo, so a key that is a memo get (every key
+//!   after the first event) costs an array load and an integer compare;
+//! - a new str that is memo'd (a per-event `compile_context` such as `"N/A"`) is kept inline in its memo
+//!   slot ([`Value::Short`], up to 14 bytes), decoded to an `Rc<str>` only if read back generically;
+//! - an entry's dict slot becomes [`Value::Consumed`], a frame list's [`Value::Stack`], a frame dict's
+//!   [`Value::Frame`], as the generic path leaves them.
+//!
+//! The fast path never reports an error: on anything unexpected (a malformed or truncated opcode, a
+//! wrong type, a missing key, an int beyond 64 bits, a nested value, an item longer than the 64 KiB
+//! window) it gives up, the machine rewinds the input and the memo, and the generic path builds and
+//! converts that dict, with its error messages and byte offsets. An item so taken stands in the list as
+//! [`Value::Taken`] until its `APPENDS`.
 //!
 //! # Sharing
 //!
@@ -17,17 +39,21 @@
 //! ([`Value::Stack`], [`Value::Frame`]) so a frame list shared by every event is decoded and interned once,
 //! or with [`Value::Consumed`] once it has taken the object (so the memo does not keep every event alive).
 //!
-//! # Measured (release, 2-core Firecracker VM, `tests/snapshot_import_speed.rs`)
+//! # Measured (release, 2-core Firecracker VM, `tests/snapshot_import_speed.rs`, best of 5)
 //!
 //! | input | import | peak RSS |
 //! |---|---|---|
-//! | `scripts/synthetic_snapshot.py`, 400 000 events, 35.0 MB pickle | 330–370 ms | 74 MiB (2.1× the file) |
-//! | the same gzipped, 5.5 MB | ~390 ms | 74 MiB |
-//! | `gpt2_train_fixed-default.pickle.gz`, 18 685 events | 15 ms | 8.5 MiB |
+//! | `scripts/synthetic_snapshot.py`, 400 000 events, 35.0 MB pickle | ~100 ms | 49 MiB (1.4× the file) |
+//! | the same gzipped, 5.5 MB | 140–145 ms | 49 MiB |
+//! | `gpt2_train_fixed-default.pickle.gz`, 18 685 events (1.4 MB pickle) | 4 ms | 6.7 MiB |
 //!
-//! Python's `pickle.loads` of the 35 MB pickle takes 0.80 s on the same machine. The profile is dominated
-//! by building each event's generic dict (SETITEMS ~25 %, memo gets ~13 %, malloc/free ~15 %); the next
-//! step towards the 150 ms goal is to convert an event's pairs at SETITEMS time instead of storing them.
+//! Before the fast path, on the same VM the same day: 475 ms / 74 MiB, 560 ms / 74 MiB, and 19 ms / 8.4 MiB
+//! for the gpt2 pickle decompressed (now 3.7 ms / 6.3 MiB); the VM ran ~1.35× slower that day than when
+//! 330–370 ms was measured for the first, so ~100 ms here is ~75 ms there. Python's
+//! `pickle.loads` of the 35 MB pickle takes 0.80 s. What remains: decoding tokens (~45 %), page faults
+//! and the kernel's copy of the file (~25 %), and for gzip the inflate (miniz_oxide; flate2's `zlib-rs`
+//! backend would be faster). Reading ahead: the input is read in 1 MiB chunks, never whole; `read_snapshot`
+//! reserves the trace from the file's (or the gzip trailer's) size so it is never copied while it grows.
 //!
 //! # Where a container sits
 //!
@@ -76,6 +102,11 @@ pub(crate) enum Value {
     Frame(u32),
     /// An object the sink has taken (its memo entry, if referenced again).
     Consumed,
+    /// A trace entry the sink read directly from the input (see [`Sink::read_item`]); stands in the list
+    /// being built until `APPENDS` counts it.
+    Taken,
+    /// A short memo'd str kept inline (see [`Scan`]); becomes a `Str` when the machine reads it back.
+    Short(ShortStr),
     /// A memo slot never written.
     Hole,
 }
@@ -88,11 +119,11 @@ impl Value {
             Value::Bool(_) => "bool",
             Value::Int(_) | Value::BigInt(_) => "int",
             Value::Float(_) => "float",
-            Value::Str(_) => "str",
+            Value::Str(_) | Value::Short(_) => "str",
             Value::List(_) | Value::Stack(_) => "list",
             Value::Dict(_) | Value::Frame(_) => "dict",
             Value::Tuple(_) => "tuple",
-            Value::Consumed => "trace entry taken earlier (shared through the memo)",
+            Value::Consumed | Value::Taken => "trace entry taken earlier (shared through the memo)",
             Value::Hole => "missing memo entry",
         }
     }
@@ -107,6 +138,28 @@ impl Value {
         }
     }
 }
+
+/// A str of up to 14 bytes, inline.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ShortStr {
+    len: u8,
+    bytes: [u8; 14],
+}
+
+impl ShortStr {
+    fn new(text: &str) -> Option<Self> {
+        let mut bytes = [0; 14];
+        bytes.get_mut(..text.len())?.copy_from_slice(text.as_bytes());
+        Some(Self { len: text.len() as u8, bytes })
+    }
+
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+// A memo entry stays two words.
+const _: () = assert!(size_of::<Value>() == 16);
 
 /// A list under construction or done.
 #[derive(Debug, Default)]
@@ -208,6 +261,283 @@ pub(crate) trait Sink {
     /// # Errors
     /// A [`ReadError::Schema`] when the item does not fit.
     fn append(&mut self, list_tag: u32, index: usize, item: Value, memo: &mut [Value]) -> Result<Option<Value>, ReadError>;
+
+    /// The sink's small id for a memo'd str (0 = nothing special), computed once per memo slot so that a
+    /// fast path matches a key or a name by an integer compare.
+    fn atom(_text: &str) -> u8
+    where
+        Self: Sized,
+    {
+        0
+    }
+
+    /// Whether [`Sink::read_item`] may be tried for dicts appended to a list tagged `list_tag`.
+    fn reads_items(&self, _list_tag: u32) -> bool {
+        false
+    }
+
+    /// A dict (its `EMPTY_DICT` just read) is about to become element `index` of the list tagged
+    /// `list_tag`: the sink may read it from `scan` through its closing `SETITEMS` and take it (`true`), or
+    /// give up (`false`) at any point: the machine then rewinds the input and the memo and builds the dict
+    /// generically, so errors are reported there, by the generic path.
+    fn read_item(&mut self, _list_tag: u32, _index: usize, _scan: &mut Scan<'_, '_>) -> bool {
+        false
+    }
+}
+
+/// What [`Scan::next`] found.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Token {
+    /// A str (new, or from the memo) with the sink's atom for it.
+    Str {
+        /// [`Sink::atom`] of the text.
+        atom: u8,
+        /// Where the text is.
+        at: StrAt,
+    },
+    /// An int that fits `i64` (bools count as 0 and 1, as `Value::as_i128` has them).
+    Int(i64),
+    /// `None`.
+    None,
+    /// A float.
+    Float,
+    /// A memo'd object other than a str (a memo slot).
+    Memo(usize),
+    /// `EMPTY_DICT`.
+    EmptyDict,
+    /// `EMPTY_LIST`.
+    EmptyList,
+    /// `MARK`.
+    Mark,
+    /// `SETITEM`.
+    SetItem,
+    /// `SETITEMS`.
+    SetItems,
+    /// `APPEND`.
+    Append,
+    /// `APPENDS`.
+    Appends,
+    /// Anything else, a truncated or invalid item: the fast path gives up.
+    Other,
+}
+
+/// Where a str's text is: its memo slot, or (`NOT_MEMOED`) the str just read.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StrAt(u32);
+
+const NOT_MEMOED: u32 = u32::MAX;
+
+/// A sink's fast path over the input ([`Sink::read_item`]): reads plain items and memo puts, never fails
+/// (an [`Token::Other`] or a `None` tells the sink to give up). New memo'd strs are stored as
+/// [`Value::Lazy`] (no allocation) and decoded only if something asks for their text.
+pub(crate) struct Scan<'a, 'm> {
+    buf: &'a [u8],
+    pos: usize,
+    memo: &'m mut Vec<Value>,
+    atoms: &'m mut Vec<u8>,
+    atom: fn(&str) -> u8,
+    /// Offset and length of the latest str read that was not memo'd.
+    last_str: (usize, usize),
+}
+
+impl<'a> Scan<'a, '_> {
+    #[inline]
+    fn bytes(&mut self, n: usize) -> Option<&'a [u8]> {
+        let buf = self.buf;
+        let bytes = buf.get(self.pos..self.pos.checked_add(n)?)?;
+        self.pos += n;
+        Some(bytes)
+    }
+
+    #[inline]
+    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let mut array = [0; N];
+        array.copy_from_slice(self.bytes(N)?);
+        Some(array)
+    }
+
+    /// Skips `FRAME` opcodes; the next opcode, not consumed.
+    #[inline]
+    fn peek(&mut self) -> Option<u8> {
+        loop {
+            let op = *self.buf.get(self.pos)?;
+            if op != 0x95 {
+                return Some(op);
+            }
+            self.bytes(9)?;
+        }
+    }
+
+    /// Whether the next opcode is one of `ops` (not consumed).
+    pub(crate) fn next_is(&mut self, ops: &[u8]) -> bool {
+        self.peek().is_some_and(|op| ops.contains(&op))
+    }
+
+    /// The next item.
+    #[inline(always)]
+    pub(crate) fn next(&mut self) -> Token {
+        self.next_item().unwrap_or(Token::Other)
+    }
+
+    #[inline(always)]
+    fn next_item(&mut self) -> Option<Token> {
+        let op = self.peek()?;
+        self.pos += 1;
+        Some(match op {
+            b'K' => Token::Int(i64::from(self.array::<1>()?[0])),
+            b'M' => Token::Int(i64::from(u16::from_le_bytes(self.array()?))),
+            b'J' => Token::Int(i64::from(i32::from_le_bytes(self.array()?))),
+            0x8a => {
+                let len = usize::from(self.array::<1>()?[0]);
+                if len > 8 {
+                    return None;
+                }
+                let start = self.pos;
+                let bytes = self.bytes(len)?;
+                if len == 0 {
+                    return Some(Token::Int(0));
+                }
+                // A whole word when the input has one (no variable-length copy), else byte by byte.
+                let word = match self.buf.get(start..start + 8) {
+                    Some(word) => u64::from_le_bytes(word.try_into().ok()?),
+                    None => bytes.iter().rev().fold(0, |word, &byte| (word << 8) | u64::from(byte)),
+                };
+                // Keep the low `len` bytes and extend their sign.
+                let shift = 64 - 8 * len as u32;
+                Token::Int(((word << shift) as i64) >> shift)
+            }
+            b'N' => Token::None,
+            0x88 => Token::Int(1),
+            0x89 => Token::Int(0),
+            b'G' => {
+                self.bytes(8)?;
+                Token::Float
+            }
+            0x8c => {
+                let len = usize::from(self.array::<1>()?[0]);
+                self.new_str(len)?
+            }
+            b'X' => {
+                let len = u32::from_le_bytes(self.array()?) as usize;
+                self.new_str(len)?
+            }
+            b'h' => {
+                let slot = usize::from(self.array::<1>()?[0]);
+                self.memo_item(slot)?
+            }
+            b'j' => {
+                let slot = u32::from_le_bytes(self.array()?) as usize;
+                self.memo_item(slot)?
+            }
+            b'}' => Token::EmptyDict,
+            b']' => Token::EmptyList,
+            b'(' => Token::Mark,
+            b's' => Token::SetItem,
+            b'u' => Token::SetItems,
+            b'a' => Token::Append,
+            b'e' => Token::Appends,
+            _ => Token::Other,
+        })
+    }
+
+    fn new_str(&mut self, len: usize) -> Option<Token> {
+        let start = self.pos;
+        let text = std::str::from_utf8(self.bytes(len)?).ok()?;
+        let atom = (self.atom)(text);
+        let value = match ShortStr::new(text) {
+            Some(short) => Value::Short(short),
+            None => Value::Str(Rc::new(text.to_owned())),
+        };
+        let slot = match self.put_next(value, atom)? {
+            Some(slot) => u32::try_from(slot).ok().filter(|&slot| slot != NOT_MEMOED)?,
+            None => {
+                self.last_str = (start, len);
+                NOT_MEMOED
+            }
+        };
+        Some(Token::Str { atom, at: StrAt(slot) })
+    }
+
+    #[inline]
+    fn memo_item(&mut self, slot: usize) -> Option<Token> {
+        match self.memo.get(slot)? {
+            Value::Str(_) | Value::Short(_) => Some(Token::Str {
+                atom: self.atoms[slot],
+                at: StrAt(u32::try_from(slot).ok().filter(|&slot| slot != NOT_MEMOED)?),
+            }),
+            Value::Hole => None,
+            _ => Some(Token::Memo(slot)),
+        }
+    }
+
+    /// Puts `value` in the memo if a memo put comes next: `Some(Some(slot))`, `Some(None)` when none does,
+    /// `None` (give up) for a put anywhere but the memo's end.
+    #[inline(always)]
+    fn put_next(&mut self, value: Value, atom: u8) -> Option<Option<usize>> {
+        let slot = match self.peek() {
+            Some(0x94) => {
+                self.pos += 1;
+                self.memo.len()
+            }
+            Some(b'q') => {
+                self.pos += 1;
+                usize::from(self.array::<1>()?[0])
+            }
+            Some(b'r') => {
+                self.pos += 1;
+                u32::from_le_bytes(self.array()?) as usize
+            }
+            _ => return Some(None),
+        };
+        if slot != self.memo.len() || self.atoms.len() != slot {
+            return None;
+        }
+        self.memo.push(value);
+        self.atoms.push(atom);
+        Some(Some(slot))
+    }
+
+    /// After an `EMPTY_DICT`/`EMPTY_LIST`: takes a following memo put, reserving the slot (a hole until
+    /// [`Scan::set_memo`]).
+    #[inline(always)]
+    pub(crate) fn put_container(&mut self) -> Option<Option<usize>> {
+        self.put_next(Value::Hole, 0)
+    }
+
+    /// The memo (for interning).
+    pub(crate) fn memo_mut(&mut self) -> &mut [Value] {
+        self.memo
+    }
+
+    /// Replaces a memo entry.
+    #[inline]
+    pub(crate) fn set_memo(&mut self, slot: usize, value: Value) {
+        if let Some(entry) = self.memo.get_mut(slot) {
+            *entry = value;
+        }
+    }
+
+    /// The text of a str item, shared with its memo entry.
+    pub(crate) fn text(&mut self, at: StrAt) -> Rc<String> {
+        let (start, len, slot) = match at.0 {
+            NOT_MEMOED => (self.last_str.0, self.last_str.1, None),
+            slot => match self.memo.get(slot as usize) {
+                Some(Value::Str(text)) => return Rc::clone(text),
+                Some(Value::Short(short)) => {
+                    let text = Rc::new(short.as_str().to_owned());
+                    self.set_memo(slot as usize, Value::Str(Rc::clone(&text)));
+                    return text;
+                }
+                _ => return Rc::default(),
+            },
+        };
+        let text =
+            Rc::new(self.buf.get(start..start + len).and_then(|b| std::str::from_utf8(b).ok()).unwrap_or_default().to_owned());
+        if let Some(slot) = slot {
+            self.set_memo(slot, Value::Str(Rc::clone(&text)));
+        }
+        text
+    }
 }
 
 /// A sink that takes nothing: a plain generic decode.
@@ -226,9 +556,12 @@ impl Sink for KeepAll {
     }
 }
 
-const CHUNK_BYTES: usize = 64 * 1024;
+const CHUNK_BYTES: usize = 1 << 20;
+/// What a sink's fast path may look ahead ([`Sink::read_item`]); an item longer than this is read generically.
+const WINDOW_BYTES: usize = 64 * 1024;
 
-/// A byte source with its own buffer, so single opcodes cost a bounds check.
+/// A byte source with its own buffer, so single opcodes cost a bounds check and a sink's fast path can
+/// scan a window of the input and back off.
 struct Input<R> {
     reader: R,
     buf: Vec<u8>,
@@ -236,44 +569,80 @@ struct Input<R> {
     end: usize,
     /// Stream offset of `buf[0]`.
     base: u64,
+    /// The reader reported the end of the stream.
+    eof: bool,
 }
 
 impl<R: Read> Input<R> {
     fn new(reader: R) -> Self {
-        Self { reader, buf: vec![0; CHUNK_BYTES], pos: 0, end: 0, base: 0 }
+        Self { reader, buf: vec![0; CHUNK_BYTES], pos: 0, end: 0, base: 0, eof: false }
     }
 
     fn offset(&self) -> u64 {
         self.base + self.pos as u64
     }
 
-    /// Makes `n` bytes available at `pos`, or fails with "truncated".
-    #[cold]
-    fn fill(&mut self, n: usize, what: &str) -> Result<(), ReadError> {
+    /// Moves the unread bytes to the start of the buffer.
+    fn compact(&mut self) {
         if self.pos > 0 {
             self.buf.copy_within(self.pos..self.end, 0);
             self.base += self.pos as u64;
             self.end -= self.pos;
             self.pos = 0;
         }
+    }
+
+    /// Reads once into the free part of the buffer; `Ok(false)` at the end of the stream.
+    fn read_more(&mut self) -> Result<bool, ReadError> {
+        loop {
+            match self.reader.read(&mut self.buf[self.end..]) {
+                Ok(0) => {
+                    self.eof = true;
+                    return Ok(false);
+                }
+                Ok(read) => {
+                    self.end += read;
+                    return Ok(true);
+                }
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(ReadError::Io { offset: Some(self.base + self.end as u64), error }),
+            }
+        }
+    }
+
+    /// Makes `n` bytes available at `pos`, or fails with "truncated".
+    #[cold]
+    fn fill(&mut self, n: usize, what: &str) -> Result<(), ReadError> {
+        self.compact();
         while self.end < n {
             if self.end == self.buf.len() {
                 // Grow with the data actually present, never by a length the file merely claims.
                 let grown = (self.buf.len() * 2).min(n.max(CHUNK_BYTES)).max(self.buf.len() + CHUNK_BYTES);
                 self.buf.resize(grown, 0);
             }
-            match self.reader.read(&mut self.buf[self.end..]) {
-                Ok(0) => {
-                    return Err(ReadError::Malformed {
-                        offset: self.base + self.end as u64,
-                        what: format!("truncated: the stream ends inside {what} ({n} bytes needed, {} left)", self.end),
-                    });
-                }
-                Ok(read) => self.end += read,
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(error) => return Err(ReadError::Io { offset: Some(self.base + self.end as u64), error }),
+            if !self.read_more()? {
+                return Err(ReadError::Malformed {
+                    offset: self.base + self.end as u64,
+                    what: format!("truncated: the stream ends inside {what} ({n} bytes needed, {} left)", self.end),
+                });
             }
         }
+        Ok(())
+    }
+
+    /// Makes [`WINDOW_BYTES`] available at `pos` (fewer only at the end of the stream).
+    #[inline]
+    fn window(&mut self) -> Result<(), ReadError> {
+        if self.end - self.pos >= WINDOW_BYTES || self.eof {
+            return Ok(());
+        }
+        self.refill_window()
+    }
+
+    #[cold]
+    fn refill_window(&mut self) -> Result<(), ReadError> {
+        self.compact();
+        while self.end < WINDOW_BYTES && self.read_more()? {}
         Ok(())
     }
 
@@ -311,6 +680,8 @@ struct Machine<S> {
     stack: Vec<Value>,
     marks: Vec<usize>,
     memo: Vec<Value>,
+    /// The sink's atom of each memo'd str (0 for anything else), parallel to `memo`.
+    atoms: Vec<u8>,
     sink: S,
 }
 
@@ -321,7 +692,8 @@ struct Machine<S> {
 /// [`ReadError`] for malformed or truncated input, a failing reader, or an item the sink refuses.
 pub(crate) fn read_pickle<R: Read, S: Sink>(reader: R, sink: S) -> Result<(Value, S), ReadError> {
     let mut input = Input::new(reader);
-    let mut machine = Machine { stack: Vec::with_capacity(64), marks: Vec::with_capacity(16), memo: Vec::new(), sink };
+    let mut machine =
+        Machine { stack: Vec::with_capacity(64), marks: Vec::with_capacity(16), memo: Vec::new(), atoms: Vec::new(), sink };
     let value = machine.run(&mut input)?;
     Ok((value, machine.sink))
 }
@@ -426,6 +798,27 @@ impl<S: Sink> Machine<S> {
                 }
                 // EMPTY_DICT, EMPTY_LIST, EMPTY_TUPLE
                 b'}' => {
+                    if let Some((list_tag, index)) = self.list_parent()
+                        && self.sink.reads_items(list_tag)
+                    {
+                        input.window()?;
+                        let memo_len = self.memo.len();
+                        let mut scan = Scan {
+                            buf: &input.buf[..input.end],
+                            pos: input.pos,
+                            memo: &mut self.memo,
+                            atoms: &mut self.atoms,
+                            atom: S::atom,
+                            last_str: (0, 0),
+                        };
+                        if self.sink.read_item(list_tag, index, &mut scan) {
+                            input.pos = scan.pos;
+                            self.stack.push(Value::Taken);
+                            continue;
+                        }
+                        self.memo.truncate(memo_len);
+                        self.atoms.truncate(memo_len);
+                    }
                     let tag = self.new_tag();
                     self.stack.push(Value::Dict(Rc::new(RefCell::new(Dict { items: Vec::new(), tag, memo_slot: None }))));
                 }
@@ -550,6 +943,30 @@ impl<S: Sink> Machine<S> {
         Ok(())
     }
 
+    /// The tag of the list and the index a container about to be pushed will have, if its parent is a list.
+    #[inline]
+    fn list_parent(&self) -> Option<(u32, usize)> {
+        let len = self.stack.len();
+        let mark = self.marks.last().copied();
+        if let Some(mark) = mark.filter(|&mark| mark > 0 && mark <= len) {
+            match &self.stack[mark - 1] {
+                Value::List(list) => {
+                    let list = list.borrow();
+                    return Some((list.tag, list.appended + len - mark));
+                }
+                Value::Dict(_) if (len - mark) % 2 == 1 => return None,
+                _ => {}
+            }
+        }
+        match self.stack.last() {
+            Some(Value::List(list)) if len > mark.unwrap_or(0) => {
+                let list = list.borrow();
+                Some((list.tag, list.appended))
+            }
+            _ => None,
+        }
+    }
+
     /// The tag of a container about to be pushed (see the module doc).
     fn new_tag(&mut self) -> u32 {
         let len = self.stack.len();
@@ -638,6 +1055,10 @@ impl<S: Sink> Machine<S> {
         let mut items = std::mem::take(&mut self.stack);
         let mut result = Ok(());
         for item in items.drain(start..) {
+            if matches!(item, Value::Taken) {
+                index += 1;
+                continue;
+            }
             match self.sink.append(tag, index, item, &mut self.memo) {
                 Ok(Some(item)) => list.items.push(item),
                 Ok(None) => {}
@@ -664,6 +1085,10 @@ impl<S: Sink> Machine<S> {
             Value::Dict(dict) => dict.borrow_mut().memo_slot = Some(slot_u32),
             _ => {}
         }
+        let atom = match &top {
+            Value::Str(text) => S::atom(text),
+            _ => 0,
+        };
         if slot == self.memo.len() {
             self.memo.push(top);
         } else if slot < self.memo.len() {
@@ -675,12 +1100,20 @@ impl<S: Sink> Machine<S> {
             self.memo.resize(slot, Value::Hole);
             self.memo.push(top);
         }
+        self.atoms.resize(self.memo.len(), 0);
+        self.atoms[slot] = atom;
         Ok(())
     }
 
     fn get(&mut self, slot: usize, at: u64) -> Result<(), ReadError> {
         match self.memo.get(slot) {
             Some(Value::Hole) | None => Err(malformed(at, format!("memo slot {slot} was never written"))),
+            Some(Value::Short(short)) => {
+                let value = Value::Str(Rc::new(short.as_str().to_owned()));
+                self.memo[slot] = value.clone();
+                self.stack.push(value);
+                Ok(())
+            }
             Some(value) => {
                 self.stack.push(value.clone());
                 Ok(())
