@@ -87,7 +87,12 @@ fn main() {
     let (import, snapshot) = best_of(|| read_snapshot(&path).expect("the snapshot reads"));
     let entries: usize = snapshot.device_traces.iter().map(Vec::len).sum();
     let (serde_pickle, _) = best_of(|| {
-        let bytes = std::fs::read(&path).expect("the file reads");
+        let mut bytes = std::fs::read(&path).expect("the file reads");
+        if bytes.starts_with(&[0x1f, 0x8b]) {
+            let mut raw = Vec::new();
+            std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut raw).expect("the gzip stream reads");
+            bytes = raw;
+        }
         // Without this option serde-pickle refuses the file (`Syntax(Recursive)`): it resolves memo references
         // by moving values out of its memo, and a frame list shared through the memo trips it up.
         serde_pickle::value_from_slice(&bytes, serde_pickle::DeOptions::new().replace_recursive_structures())
@@ -95,7 +100,11 @@ fn main() {
     });
     let python = Command::new("python3")
         .arg("-c")
-        .arg("import pickle,sys,time\nbest=1e9\nfor _ in range(3):\n t=time.perf_counter(); pickle.load(open(sys.argv[1],'rb')); best=min(best,time.perf_counter()-t)\nprint(best)")
+        .arg(
+            "import gzip,pickle,sys,time\nbest=1e9\nfor _ in range(3):\n t=time.perf_counter()\n f=open(sys.argv[1],'rb')\n \
+             gz=f.read(2)==b'\\x1f\\x8b'; f.seek(0)\n pickle.load(gzip.GzipFile(fileobj=f) if gz else f)\n \
+             best=min(best,time.perf_counter()-t)\nprint(best)",
+        )
         .arg(&path)
         .output()
         .ok()
