@@ -29,6 +29,7 @@ mod allocation;
 pub mod check;
 pub mod compare;
 mod device_event;
+mod device_heap;
 mod error;
 pub mod granularity;
 mod hash;
@@ -51,6 +52,7 @@ pub mod units;
 
 pub use allocation::{Allocation, AllocationId, OwnerId};
 pub use device_event::DeviceEvent;
+pub use device_heap::DeviceHeap;
 pub use error::{Error, Result};
 pub use heap::{BlockReport, Heap, HeapAllocation, HeapConfig, HeapReport, HeapStats, ReleaseRule};
 pub use oom::{OomCause, OomVerdict};

@@ -4,7 +4,7 @@
 use crate::oom::OomVerdict;
 use crate::source::MemorySource;
 use crate::trace::{Event, Trace};
-use crate::{Allocation, Error, Heap, HeapAllocation, PagedHeap, Policy, Request, Result};
+use crate::{Allocation, DeviceHeap, Error, Heap, PagedHeap, Policy, Request, Result};
 
 /// What a replay measured.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -89,19 +89,19 @@ impl<P: Policy + ?Sized> Target for PolicyTarget<'_, P> {
     }
 }
 
-struct HeapTarget<'a, S: MemorySource> {
-    heap: &'a mut Heap<S>,
+/// A heap of blocks or a paged heap: failures are out-of-memory verdicts, kept.
+struct DeviceHeapTarget<'a, H: DeviceHeap> {
+    heap: &'a mut H,
     first_oom: Option<OomVerdict>,
     last_oom: Option<OomVerdict>,
 }
 
-impl<S: MemorySource> Target for HeapTarget<'_, S> {
-    type Handle = HeapAllocation;
+impl<H: DeviceHeap> Target for DeviceHeapTarget<'_, H> {
+    type Handle = H::Handle;
 
-    fn allocate(&mut self, request: Request, _slot: u32) -> Result<Option<HeapAllocation>> {
-        // No label: a replay measures the allocator, not string formatting; a report names ranges by slot.
-        match self.heap.allocate(request, None) {
-            Ok(allocation) => Ok(Some(allocation)),
+    fn allocate(&mut self, request: Request, _slot: u32) -> Result<Option<H::Handle>> {
+        match self.heap.allocate_request(request) {
+            Ok(handle) => Ok(Some(handle)),
             Err(Error::OutOfMemory(verdict)) => {
                 self.first_oom.get_or_insert_with(|| (*verdict).clone());
                 self.last_oom = Some(*verdict);
@@ -111,51 +111,18 @@ impl<S: MemorySource> Target for HeapTarget<'_, S> {
         }
     }
 
-    fn free(&mut self, handle: HeapAllocation) -> Result<()> {
-        self.heap.free(handle)
+    fn free(&mut self, handle: H::Handle) -> Result<()> {
+        self.heap.free_handle(handle)
     }
 
-    fn allocation(handle: &HeapAllocation) -> &Allocation {
-        handle.allocation()
+    fn allocation(handle: &H::Handle) -> &Allocation {
+        H::allocation(handle)
     }
 
-    /// Offsets are per block: a heap has no single range whose end means anything.
-    fn footprint_end(_handle: &HeapAllocation) -> u64 {
+    /// Offsets are per block in a heap, and a paged heap's peak is its mapped bytes: no single range end
+    /// means anything.
+    fn footprint_end(_handle: &H::Handle) -> u64 {
         0
-    }
-}
-
-struct PagedTarget<'a> {
-    heap: &'a mut PagedHeap,
-    first_oom: Option<OomVerdict>,
-    last_oom: Option<OomVerdict>,
-}
-
-impl Target for PagedTarget<'_> {
-    type Handle = Allocation;
-
-    fn allocate(&mut self, request: Request, _slot: u32) -> Result<Option<Allocation>> {
-        match self.heap.allocate(request) {
-            Ok(allocation) => Ok(Some(allocation)),
-            Err(Error::OutOfMemory(verdict)) => {
-                self.first_oom.get_or_insert_with(|| (*verdict).clone());
-                self.last_oom = Some(*verdict);
-                Ok(None)
-            }
-            Err(other) => Err(other),
-        }
-    }
-
-    fn free(&mut self, handle: Allocation) -> Result<()> {
-        self.heap.free(handle)
-    }
-
-    fn allocation(handle: &Allocation) -> &Allocation {
-        handle
-    }
-
-    fn footprint_end(handle: &Allocation) -> u64 {
-        handle.footprint_end()
     }
 }
 
@@ -229,7 +196,7 @@ pub struct HeapReplay {
 /// [`Error::AlignmentNotPowerOfTwo`] for a bad alignment, a source failure other than out of memory, or a heap
 /// bug on free.
 pub fn replay_heap<S: MemorySource>(trace: &Trace, heap: &mut Heap<S>, align_bytes: u64) -> Result<HeapReplay> {
-    let mut target = HeapTarget { heap, first_oom: None, last_oom: None };
+    let mut target = DeviceHeapTarget { heap, first_oom: None, last_oom: None };
     let stats = replay(trace, &mut target, align_bytes)?;
     Ok(HeapReplay { stats, first_oom: target.first_oom, last_oom: target.last_oom })
 }
@@ -240,7 +207,7 @@ pub fn replay_heap<S: MemorySource>(trace: &Trace, heap: &mut Heap<S>, align_byt
 /// # Errors
 /// [`Error::AlignmentNotPowerOfTwo`] for a bad alignment, or a paged-heap bug on free.
 pub fn replay_paged(trace: &Trace, heap: &mut PagedHeap, align_bytes: u64) -> Result<HeapReplay> {
-    let mut target = PagedTarget { heap, first_oom: None, last_oom: None };
+    let mut target = DeviceHeapTarget { heap, first_oom: None, last_oom: None };
     let stats = replay(trace, &mut target, align_bytes)?;
     Ok(HeapReplay { stats, first_oom: target.first_oom, last_oom: target.last_oom })
 }

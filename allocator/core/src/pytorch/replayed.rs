@@ -16,7 +16,9 @@ use crate::pytorch::{
 use crate::recording::Recording;
 use crate::report::RangeReport;
 use crate::trace::Event;
-use crate::{DeviceEvent, Error, Heap, HeapConfig, PagedConfig, PagedHeap, RangeState, Request, Result, SimulatedSource};
+use crate::{
+    DeviceEvent, DeviceHeap, Error, Heap, HeapConfig, PagedConfig, PagedHeap, RangeState, Request, Result, SimulatedSource,
+};
 
 /// Where a paged heap's virtual range starts in exported addresses.
 pub const PAGED_BASE_ADDRESS: u64 = 0x7e00_0000_0000;
@@ -181,8 +183,8 @@ impl StatsRecorder {
         });
     }
 
-    /// A device event; `block_of` maps it to the block whose size it changes (paged: one block).
-    fn device(&mut self, event: DeviceEvent, paged: bool) {
+    /// A device event: blocks change their own entry, page runs the one block of a paged heap (base 0).
+    fn device(&mut self, event: DeviceEvent) {
         let stats = &mut self.stats;
         match event {
             DeviceEvent::Reserved { address, size_bytes } => {
@@ -211,7 +213,6 @@ impl StatsRecorder {
                 self.update_block(0, |block| block.0 -= size_bytes);
             }
         }
-        debug_assert!(paged == matches!(event, DeviceEvent::Mapped { .. } | DeviceEvent::Unmapped { .. }));
     }
 }
 
@@ -237,51 +238,15 @@ enum Served {
 /// [`Error::InvalidConfig`] for the `pytorch` contender (its own emulation exports itself) or invalid
 /// settings; a contender bug on free.
 pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &CompareConfig) -> Result<Replayed> {
-    let mut recorder = StatsRecorder::default();
     let mut writer = Writer { recording, entries: Vec::with_capacity(recording.trace.events().len() * 2) };
+    let mut recorder = StatsRecorder::default();
     let frame_stacks = recording.snapshot.as_ref().map_or_else(|| vec![Vec::new()], |snapshot| snapshot.frame_stacks.clone());
     let device = recording.device;
     let segments = match contender {
         Contender::Heap(kind) => {
             let source = SimulatedSource::new(config.capacity_bytes.unwrap_or(1 << 56), SimulatedSource::DEFAULT_ALIGNMENT_BYTES);
             let mut heap = Heap::new(HeapConfig { policy: kind, ..config.heap.clone() }, source)?;
-            heap.record_device_events(true);
-            let mut handles = vec![None; recording.trace.slots() as usize];
-            replay_events(recording, config, &mut writer, |writer, index, event| match event {
-                Operation::Alloc(request, slot) => {
-                    let result = heap.allocate(request, None);
-                    let events = heap.take_device_events();
-                    events.iter().for_each(|&event| recorder.device(event, false));
-                    writer.device_events(events, 0, index);
-                    match result {
-                        Ok(allocation) => {
-                            let address = allocation.address();
-                            let base = address - allocation.offset();
-                            recorder.allocated(base, allocation.allocation().footprint_bytes(), allocation.size_bytes());
-                            handles[slot as usize] = Some(allocation);
-                            Ok(Served::Yes { address })
-                        }
-                        Err(Error::OutOfMemory(verdict)) => {
-                            recorder.stats.num_ooms += 1;
-                            Ok(Served::No { device_free: verdict.unreserved_bytes })
-                        }
-                        Err(other) => Err(other),
-                    }
-                }
-                Operation::Free(slot) => {
-                    if let Some(allocation) = handles[slot as usize].take() {
-                        heap.free(allocation)?;
-                        let base = allocation.address() - allocation.offset();
-                        recorder.freed(base, allocation.allocation().footprint_bytes(), allocation.size_bytes());
-                        writer.push(Action::FreeRequested, allocation.address(), allocation.size_bytes(), index, None);
-                        writer.push(Action::FreeCompleted, allocation.address(), allocation.size_bytes(), index, None);
-                    }
-                    let events = heap.take_device_events();
-                    events.iter().for_each(|&event| recorder.device(event, false));
-                    writer.device_events(events, 0, index);
-                    Ok(Served::Yes { address: 0 })
-                }
-            })?;
+            replay_device_heap(&mut heap, 0, recording, config, &mut writer, &mut recorder)?;
             heap.report()
                 .blocks
                 .iter()
@@ -294,41 +259,7 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
         Contender::Paged => {
             let paged = PagedConfig { page_bytes: config.page_bytes, ..PagedConfig::new(config.capacity_bytes) };
             let mut heap = PagedHeap::new(paged)?;
-            heap.record_device_events(true);
-            let mut handles = vec![None; recording.trace.slots() as usize];
-            replay_events(recording, config, &mut writer, |writer, index, event| match event {
-                Operation::Alloc(request, slot) => {
-                    let result = heap.allocate(request);
-                    let events = heap.take_device_events();
-                    events.iter().for_each(|&event| recorder.device(event, true));
-                    writer.device_events(events, PAGED_BASE_ADDRESS, index);
-                    match result {
-                        Ok(allocation) => {
-                            recorder.allocated(0, allocation.footprint_bytes(), allocation.size_bytes());
-                            handles[slot as usize] = Some(allocation);
-                            Ok(Served::Yes { address: PAGED_BASE_ADDRESS + allocation.offset() })
-                        }
-                        Err(Error::OutOfMemory(verdict)) => {
-                            recorder.stats.num_ooms += 1;
-                            Ok(Served::No { device_free: verdict.unreserved_bytes })
-                        }
-                        Err(other) => Err(other),
-                    }
-                }
-                Operation::Free(slot) => {
-                    if let Some(allocation) = handles[slot as usize].take() {
-                        heap.free(allocation)?;
-                        recorder.freed(0, allocation.footprint_bytes(), allocation.size_bytes());
-                        let address = PAGED_BASE_ADDRESS + allocation.offset();
-                        writer.push(Action::FreeRequested, address, allocation.size_bytes(), index, None);
-                        writer.push(Action::FreeCompleted, address, allocation.size_bytes(), index, None);
-                    }
-                    let events = heap.take_device_events();
-                    events.iter().for_each(|&event| recorder.device(event, true));
-                    writer.device_events(events, PAGED_BASE_ADDRESS, index);
-                    Ok(Served::Yes { address: 0 })
-                }
-            })?;
+            replay_device_heap(&mut heap, PAGED_BASE_ADDRESS, recording, config, &mut writer, &mut recorder)?;
             let layout = heap.report();
             heap.mapped_runs()
                 .into_iter()
@@ -345,6 +276,53 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
     let mut device_traces = vec![Vec::new(); device + 1];
     device_traces[device] = writer.entries;
     Ok(Replayed { snapshot: Snapshot { segments, device_traces, settings: None, frame_stacks }, stats: recorder.stats })
+}
+
+/// Replays the recording through `heap`, writing its entries (addresses shifted by `address_base`) and
+/// keeping its counters.
+fn replay_device_heap<H: DeviceHeap>(
+    heap: &mut H,
+    address_base: u64,
+    recording: &Recording,
+    config: &CompareConfig,
+    writer: &mut Writer<'_>,
+    recorder: &mut StatsRecorder,
+) -> Result<()> {
+    heap.record_device_events(true);
+    let mut handles: Vec<Option<H::Handle>> = vec![None; recording.trace.slots() as usize];
+    replay_events(recording, config, writer, |writer, index, operation| {
+        let served = match operation {
+            Operation::Alloc(request, slot) => match heap.allocate_request(request) {
+                Ok(handle) => {
+                    recorder.allocated(H::block_base(&handle), H::allocation(&handle).footprint_bytes(), request.size_bytes());
+                    handles[slot as usize] = Some(handle);
+                    Served::Yes { address: address_base + H::address(&handle) }
+                }
+                Err(Error::OutOfMemory(verdict)) => {
+                    recorder.stats.num_ooms += 1;
+                    Served::No { device_free: verdict.unreserved_bytes }
+                }
+                Err(other) => return Err(other),
+            },
+            Operation::Free(slot) => {
+                if let Some(handle) = handles[slot as usize].take() {
+                    heap.free_handle(handle)?;
+                    let size_bytes = H::allocation(&handle).size_bytes();
+                    recorder.freed(H::block_base(&handle), H::allocation(&handle).footprint_bytes(), size_bytes);
+                    let address = address_base + H::address(&handle);
+                    writer.push(Action::FreeRequested, address, size_bytes, index, None);
+                    writer.push(Action::FreeCompleted, address, size_bytes, index, None);
+                }
+                Served::Yes { address: 0 }
+            }
+        };
+        // After the frees written above, before the alloc entry `replay_events` writes: a segment is
+        // reserved before the allocation placed in it and released after the free that emptied it.
+        let events = heap.take_device_events();
+        events.iter().for_each(|&event| recorder.device(event));
+        writer.device_events(events, address_base, index);
+        Ok(served)
+    })
 }
 
 /// The settings as a snapshot records them.

@@ -61,20 +61,7 @@ impl CachingAllocator {
         let base = self.choose_base(base_hint, EXPANDABLE_VIRTUAL_BYTES);
         self.expandable.push(Some(ExpandableSegment { base, size: EXPANDABLE_VIRTUAL_BYTES, page_bytes }));
         let index = self.expandable.len() - 1;
-        let id = self.new_node(Node {
-            addr: base,
-            size: EXPANDABLE_VIRTUAL_BYTES,
-            requested: 0,
-            stream,
-            pool,
-            allocated: false,
-            active: false,
-            mapped: false,
-            prev: None,
-            next: None,
-            expandable: Some(index),
-            gc_base: 0,
-        });
+        let id = self.new_node(Node::free(base, EXPANDABLE_VIRTUAL_BYTES, stream, pool, false, Some(index)));
         self.insert_unmapped(id);
         id
     }

@@ -266,20 +266,7 @@ fn check_disjoint(
 }
 
 fn unmapped_node(alloc: &mut CachingAllocator, start: u64, end: u64, stream: u64, pool: Pool, index: usize) -> BlockId {
-    let id = alloc.new_node(Node {
-        addr: start,
-        size: end - start,
-        requested: 0,
-        stream,
-        pool,
-        allocated: false,
-        active: false,
-        mapped: false,
-        prev: None,
-        next: None,
-        expandable: Some(index),
-        gc_base: 0,
-    });
+    let id = alloc.new_node(Node::free(start, end - start, stream, pool, false, Some(index)));
     alloc.insert_unmapped(id);
     id
 }
@@ -303,20 +290,7 @@ fn lay_out(
     let blocks: Vec<(u64, LiveBlock)> = live.range(start..end).map(|(&a, &b)| (a, b)).collect();
     let mut ids = Vec::new();
     let mut cursor = start;
-    let template = Node {
-        addr: start,
-        size: 0,
-        requested: 0,
-        stream,
-        pool,
-        allocated: false,
-        active: false,
-        mapped: true,
-        prev: None,
-        next: None,
-        expandable,
-        gc_base: 0,
-    };
+    let template = Node::free(start, 0, stream, pool, true, expandable);
     for (k, &(addr, b)) in blocks.iter().enumerate() {
         if addr > cursor {
             ids.push(alloc.new_node(Node { addr: cursor, size: addr - cursor, ..template.clone() }));

@@ -159,6 +159,26 @@ struct Node {
     gc_base: i64,
 }
 
+impl Node {
+    /// A free block of `[addr, addr + size)` on `stream` in `pool`, not linked to neighbours yet.
+    fn free(addr: u64, size: u64, stream: u64, pool: Pool, mapped: bool, expandable: Option<usize>) -> Node {
+        Node {
+            addr,
+            size,
+            requested: 0,
+            stream,
+            pool,
+            allocated: false,
+            active: false,
+            mapped,
+            prev: None,
+            next: None,
+            expandable,
+            gc_base: 0,
+        }
+    }
+}
+
 /// `BlockPool`: cached free blocks and unmapped expandable ranges.
 #[derive(Clone, Debug, Default)]
 struct BlockPool {
@@ -507,20 +527,7 @@ impl CachingAllocator {
         }
         let base = self.choose_base(base_hint, alloc_size);
         self.total_allocated_memory += alloc_size;
-        let id = self.new_node(Node {
-            addr: base,
-            size: alloc_size,
-            requested: 0,
-            stream,
-            pool,
-            allocated: false,
-            active: false,
-            mapped: true,
-            prev: None,
-            next: None,
-            expandable: None,
-            gc_base: 0,
-        });
+        let id = self.new_node(Node::free(base, alloc_size, stream, pool, true, None));
         self.segments.insert(base, alloc_size);
         let small = pool == Pool::Small;
         self.stats.segment.increase(small, 1);

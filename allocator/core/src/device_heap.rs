@@ -1,0 +1,105 @@
+//! What a heap of blocks ([`Heap`]) and a paged heap ([`PagedHeap`]) have in common for replays and
+//! exports: they serve a request or refuse it with an out-of-memory verdict, and can log what they ask of
+//! the device. One replay loop and one exporter serve both through this trait.
+
+use crate::{Allocation, DeviceEvent, Heap, HeapAllocation, MemorySource, PagedHeap, Request, Result};
+
+/// A heap that reserves device memory on its own.
+pub trait DeviceHeap {
+    /// What an allocation hands back.
+    type Handle: Copy;
+
+    /// Serves `request`.
+    ///
+    /// # Errors
+    /// [`crate::Error::OutOfMemory`] with the verdict when it cannot; other errors are failures.
+    fn allocate_request(&mut self, request: Request) -> Result<Self::Handle>;
+
+    /// Frees an allocation it made.
+    ///
+    /// # Errors
+    /// A double free or a foreign handle.
+    fn free_handle(&mut self, handle: Self::Handle) -> Result<()>;
+
+    /// The allocation behind a handle.
+    fn allocation(handle: &Self::Handle) -> &Allocation;
+
+    /// Where the allocation sits: a device address (a heap), or an offset in the virtual range (a paged
+    /// heap).
+    fn address(handle: &Self::Handle) -> u64;
+
+    /// Where the unit of memory holding it starts: its block's base (a heap), or 0 (the one virtual range
+    /// of a paged heap).
+    fn block_base(handle: &Self::Handle) -> u64;
+
+    /// Switches the log of device events on (emptied) or off.
+    fn record_device_events(&mut self, on: bool);
+
+    /// The device events since the last call.
+    fn take_device_events(&mut self) -> Vec<DeviceEvent>;
+}
+
+impl<S: MemorySource> DeviceHeap for Heap<S> {
+    type Handle = HeapAllocation;
+
+    fn allocate_request(&mut self, request: Request) -> Result<HeapAllocation> {
+        // No label: a replay measures the allocator, not string formatting; a report names ranges by slot.
+        self.allocate(request, None)
+    }
+
+    fn free_handle(&mut self, handle: HeapAllocation) -> Result<()> {
+        self.free(handle)
+    }
+
+    fn allocation(handle: &HeapAllocation) -> &Allocation {
+        handle.allocation()
+    }
+
+    fn address(handle: &HeapAllocation) -> u64 {
+        handle.address()
+    }
+
+    fn block_base(handle: &HeapAllocation) -> u64 {
+        handle.address() - handle.offset()
+    }
+
+    fn record_device_events(&mut self, on: bool) {
+        Heap::record_device_events(self, on);
+    }
+
+    fn take_device_events(&mut self) -> Vec<DeviceEvent> {
+        Heap::take_device_events(self)
+    }
+}
+
+impl DeviceHeap for PagedHeap {
+    type Handle = Allocation;
+
+    fn allocate_request(&mut self, request: Request) -> Result<Allocation> {
+        self.allocate(request)
+    }
+
+    fn free_handle(&mut self, handle: Allocation) -> Result<()> {
+        self.free(handle)
+    }
+
+    fn allocation(handle: &Allocation) -> &Allocation {
+        handle
+    }
+
+    fn address(handle: &Allocation) -> u64 {
+        handle.offset()
+    }
+
+    fn block_base(_handle: &Allocation) -> u64 {
+        0
+    }
+
+    fn record_device_events(&mut self, on: bool) {
+        PagedHeap::record_device_events(self, on);
+    }
+
+    fn take_device_events(&mut self) -> Vec<DeviceEvent> {
+        PagedHeap::take_device_events(self)
+    }
+}
