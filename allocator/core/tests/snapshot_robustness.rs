@@ -17,17 +17,7 @@ fn real(name: &str) -> Snapshot {
     read_snapshot(&path).unwrap()
 }
 
-const ACTIONS: [Action; 9] = [
-    Action::Alloc,
-    Action::FreeRequested,
-    Action::FreeCompleted,
-    Action::SegmentAlloc,
-    Action::SegmentFree,
-    Action::SegmentMap,
-    Action::SegmentUnmap,
-    Action::Snapshot,
-    Action::Oom,
-];
+const ACTIONS: [Action; 9] = Action::ALL;
 
 /// One change to a snapshot.
 #[derive(Clone, Debug)]

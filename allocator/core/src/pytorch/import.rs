@@ -435,17 +435,7 @@ const KEY_LINE: u8 = 9;
 const KEY_NAME: u8 = 10;
 /// `ATOM_ACTION + i` is the name of `ACTIONS[i]`.
 const ATOM_ACTION: u8 = 32;
-const ACTIONS: [Action; 9] = [
-    Action::Alloc,
-    Action::FreeRequested,
-    Action::FreeCompleted,
-    Action::SegmentAlloc,
-    Action::SegmentFree,
-    Action::SegmentMap,
-    Action::SegmentUnmap,
-    Action::Snapshot,
-    Action::Oom,
-];
+const ACTIONS: [Action; 9] = Action::ALL;
 
 fn no_path() -> String {
     String::new()
@@ -492,31 +482,27 @@ fn u64_of(value: Token) -> Option<u64> {
 /// that is not plain, so that errors come from the generic path.
 fn fast_entry(scan: &mut Scan<'_, '_>, frames: &mut Frames) -> Option<TraceEntry> {
     let memo_slot = scan.put_container()?;
-    let mut action = None;
-    let mut addr = None;
-    let mut size = None;
-    let mut stream = 0;
-    let mut time_us = None;
-    let mut device_free = None;
-    let mut stack = StackId::NONE;
+    let mut fields = EntryFields::default();
     scan_pairs(scan, |scan, key, value| {
         match key {
             KEY_ACTION => match value {
-                Token::Str { atom, .. } if atom >= ATOM_ACTION => action = Some(*ACTIONS.get(usize::from(atom - ATOM_ACTION))?),
+                Token::Str { atom, .. } if atom >= ATOM_ACTION => {
+                    fields.action = Some(*ACTIONS.get(usize::from(atom - ATOM_ACTION))?);
+                }
                 _ => return None,
             },
-            KEY_ADDR => addr = Some(u64_of(value)?),
-            KEY_SIZE => size = Some(u64_of(value)?),
-            KEY_STREAM => stream = u64_of(value)?,
+            KEY_ADDR => fields.addr = Some(u64_of(value)?),
+            KEY_SIZE => fields.size = Some(u64_of(value)?),
+            KEY_STREAM => fields.stream = u64_of(value)?,
             KEY_TIME_US => {
-                time_us = match value {
+                fields.time_us = match value {
                     Token::None => None,
                     Token::Int(number) => Some(number),
                     _ => return None,
                 }
             }
-            KEY_DEVICE_FREE => device_free = if matches!(value, Token::None) { None } else { Some(u64_of(value)?) },
-            KEY_FRAMES => stack = fast_frames(scan, frames, value)?,
+            KEY_DEVICE_FREE => fields.device_free = if matches!(value, Token::None) { None } else { Some(u64_of(value)?) },
+            KEY_FRAMES => fields.frames = fast_frames(scan, frames, value)?,
             _ => plain(value)?,
         }
         Some(())
@@ -526,21 +512,11 @@ fn fast_entry(scan: &mut Scan<'_, '_>, frames: &mut Frames) -> Option<TraceEntry
     if !scan.next_is(b"}ea") {
         return None;
     }
-    let action = action?;
-    let addr = match addr {
-        Some(addr) => addr,
-        None if matches!(action, Action::Oom | Action::Snapshot) => 0,
-        None => return None,
-    };
-    let size = match size {
-        Some(size) => size,
-        None if action == Action::Snapshot => 0,
-        None => return None,
-    };
+    let entry = fields.finish().ok()?;
     if let Some(slot) = memo_slot {
         scan.set_memo(slot, Value::Consumed);
     }
-    Some(TraceEntry { action, addr, size, stream, time_us, device_free, frames: stack })
+    Some(entry)
 }
 
 /// An entry's `frames` value: `None`, a memo'd frame list, or a new list of frame dicts.
@@ -657,13 +633,7 @@ fn convert_entry(
         other => return Err(Issue::expected(here(), "dict", other)),
     };
     let dict = dict.borrow();
-    let mut action = None;
-    let mut addr = None;
-    let mut size = None;
-    let mut stream = 0;
-    let mut time_us = None;
-    let mut device_free = None;
-    let mut stack = StackId::NONE;
+    let mut fields = EntryFields::default();
     for (key, value) in &dict.items {
         let Value::Str(key) = key else { continue };
         let key: &str = key;
@@ -671,33 +641,55 @@ fn convert_entry(
         match key {
             "action" => {
                 let Value::Str(name) = value else { return Err(Issue::expected(path(), "str", value)) };
-                action = Some(Action::from_name(name).ok_or_else(|| Issue::new(path(), format!("unknown action {name:?}")))?);
+                fields.action =
+                    Some(Action::from_name(name).ok_or_else(|| Issue::new(path(), format!("unknown action {name:?}")))?);
             }
-            "addr" => addr = Some(to_u64(value, &path)?),
-            "size" => size = Some(to_u64(value, &path)?),
-            "stream" => stream = to_u64(value, &path)?,
-            "time_us" => time_us = if matches!(value, Value::None) { None } else { Some(to_i64(value, &path)?) },
-            "device_free" => device_free = if matches!(value, Value::None) { None } else { Some(to_u64(value, &path)?) },
-            "frames" => stack = frames.intern(value, memo, &path)?,
+            "addr" => fields.addr = Some(to_u64(value, &path)?),
+            "size" => fields.size = Some(to_u64(value, &path)?),
+            "stream" => fields.stream = to_u64(value, &path)?,
+            "time_us" => fields.time_us = if matches!(value, Value::None) { None } else { Some(to_i64(value, &path)?) },
+            "device_free" => fields.device_free = if matches!(value, Value::None) { None } else { Some(to_u64(value, &path)?) },
+            "frames" => fields.frames = frames.intern(value, memo, &path)?,
             _ => {}
         }
     }
-    let action = action.ok_or_else(|| Issue::new(format!("{}.action", here()), "missing key"))?;
-    let optional_addr = matches!(action, Action::Oom | Action::Snapshot);
-    let addr = match addr {
-        Some(addr) => addr,
-        None if optional_addr => 0,
-        None => return Err(Issue::new(format!("{}.addr", here()), "missing key")),
-    };
-    let size = match size {
-        Some(size) => size,
-        None if action == Action::Snapshot => 0,
-        None => return Err(Issue::new(format!("{}.size", here()), "missing key")),
-    };
-    if let Some(entry) = dict.memo_slot.and_then(|slot| memo.get_mut(slot as usize)) {
-        *entry = Value::Consumed;
+    let entry = fields.finish().map_err(|key| Issue::new(format!("{}.{key}", here()), "missing key"))?;
+    if let Some(slot) = dict.memo_slot.and_then(|slot| memo.get_mut(slot as usize)) {
+        *slot = Value::Consumed;
     }
-    Ok(TraceEntry { action, addr, size, stream, time_us, device_free, frames: stack })
+    Ok(entry)
+}
+
+/// A trace entry's fields as they are read, by either path.
+#[derive(Default)]
+struct EntryFields {
+    action: Option<Action>,
+    addr: Option<u64>,
+    size: Option<u64>,
+    stream: u64,
+    time_us: Option<i64>,
+    device_free: Option<u64>,
+    frames: StackId,
+}
+
+impl EntryFields {
+    /// The entry, or the key it lacks: `addr` may be missing from `oom` and `snapshot` entries (MemoryViz's
+    /// default 0), `size` from `snapshot` entries.
+    fn finish(self) -> Result<TraceEntry, &'static str> {
+        let action = self.action.ok_or("action")?;
+        let addr = match self.addr {
+            Some(addr) => addr,
+            None if matches!(action, Action::Oom | Action::Snapshot) => 0,
+            None => return Err("addr"),
+        };
+        let size = match self.size {
+            Some(size) => size,
+            None if action == Action::Snapshot => 0,
+            None => return Err("size"),
+        };
+        let Self { stream, time_us, device_free, frames, .. } = self;
+        Ok(TraceEntry { action, addr, size, stream, time_us, device_free, frames })
+    }
 }
 
 /// A dict's fields with the dict's path, for the end-of-file conversion.

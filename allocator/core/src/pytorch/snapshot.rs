@@ -121,6 +121,19 @@ pub enum Action {
 }
 
 impl Action {
+    /// Every action.
+    pub const ALL: [Action; 9] = [
+        Action::Alloc,
+        Action::FreeRequested,
+        Action::FreeCompleted,
+        Action::SegmentAlloc,
+        Action::SegmentFree,
+        Action::SegmentMap,
+        Action::SegmentUnmap,
+        Action::Snapshot,
+        Action::Oom,
+    ];
+
     /// PyTorch's name of the action.
     pub fn as_str(self) -> &'static str {
         match self {
