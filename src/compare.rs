@@ -20,11 +20,13 @@ pub struct CompareArgs {
 
 /// Runs the comparison.
 pub fn run(args: &CompareArgs) -> Result<()> {
+    let contenders = contenders(&args.policies);
+    args.recording.check(&contenders)?;
     let recording = args.recording.open()?;
     let capacity = args.recording.capacity.map_or_else(|| "unlimited".to_owned(), |bytes| Bytes(bytes).to_string());
     outln!("{}: {} events, device capacity {capacity}", recording.name, recording.trace.events().len());
     let mut outcomes: Vec<Outcome> = Vec::new();
-    for contender in contenders(&args.policies) {
+    for contender in contenders {
         outcomes.push(args.recording.outcome(&recording, contender).with_context(|| format!("replaying through {contender}"))?);
     }
     print_header();

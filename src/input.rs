@@ -46,7 +46,14 @@ pub fn format_of(path: &Path) -> Result<Format> {
 /// Opens the recording at `path` (device `device` of a PyTorch snapshot).
 pub fn open(path: &Path, device: usize) -> Result<Recording> {
     let name = path.display().to_string();
-    match format_of(path)? {
+    if std::fs::metadata(path).with_context(|| format!("cannot read {name}"))?.len() == 0 {
+        anyhow::bail!("{name}: the file is empty");
+    }
+    let format = format_of(path)?;
+    if device != 0 && format != Format::PytorchSnapshot {
+        anyhow::bail!("{name}: --device {device} applies to PyTorch snapshots only; a heapscope trace has one device");
+    }
+    match format {
         Format::PytorchSnapshot => {
             let snapshot = with_spinner(path, "reading", || Ok(read_snapshot(path)?))?;
             Ok(Recording::from_snapshot(&name, snapshot, device)?)

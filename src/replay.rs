@@ -55,11 +55,16 @@ impl RecordingArgs {
         }
     }
 
-    /// Replays `recording` through `contender`.
-    pub fn outcome(&self, recording: &Recording, contender: Contender) -> Result<Outcome> {
-        if !self.page_size.is_power_of_two() {
+    /// Checks the flags that matter to `contenders` before anything runs.
+    pub fn check(&self, contenders: &[Contender]) -> Result<()> {
+        if contenders.contains(&Contender::Paged) && !self.page_size.is_power_of_two() {
             anyhow::bail!("--page-size {} is not a power of two", self.page_size);
         }
+        Ok(())
+    }
+
+    /// Replays `recording` through `contender`.
+    pub fn outcome(&self, recording: &Recording, contender: Contender) -> Result<Outcome> {
         let outcome = match contender {
             Contender::Pytorch => replay_pytorch(recording, &alloc_conf(recording, self.alloc_conf.as_deref())?, self.capacity)?,
             other => replay_contender(&recording.trace, other, &self.compare_config(), &|event| recording.entry_of(event))?,
@@ -89,13 +94,15 @@ pub fn contenders(named: &[Contender]) -> Vec<Contender> {
 
 /// Runs the replay.
 pub fn run(args: &ReplayArgs) -> Result<()> {
+    let contenders = contenders(&args.policies);
+    args.recording.check(&contenders)?;
     let recording = args.recording.open()?;
     if !args.json {
         let capacity = args.recording.capacity.map_or_else(|| "unlimited".to_owned(), |bytes| Bytes(bytes).to_string());
         outln!("{}: {} events, device capacity {capacity}", recording.name, recording.trace.events().len());
         print_header();
     }
-    for contender in contenders(&args.policies) {
+    for contender in contenders {
         let outcome = args.recording.outcome(&recording, contender).with_context(|| format!("replaying through {contender}"))?;
         if args.json {
             outln!("{}", serde_json::to_string(&outcome)?);

@@ -166,6 +166,10 @@ fn the_fragmentation_oom_happens_where_pytorch_had_it() {
     assert_eq!(oom["verdict"], "fragmentation");
     assert_eq!(oom["event_index"], 100, "the recorded oom entry");
     assert_eq!(find(&default, "paged")["ooms"], 0);
+    // Frees count real frees: the refused request has none, and the run frees everything it allocated.
+    for line in &default {
+        assert_eq!(line["frees"], line["allocs"], "{line}");
+    }
     let expandable = json_lines(&heapscope(&[
         "replay",
         snapshot("frag_oom-expandable").to_str().unwrap(),
@@ -295,7 +299,10 @@ fn bad_input_gets_a_clear_error() {
         (bad.to_str().unwrap().to_owned(), truncated.to_str().unwrap().to_owned(), foreign.to_str().unwrap().to_owned());
     let good = snapshot("frag_oom-default");
     let good_path = good.to_str().unwrap();
-    let cases: [(Vec<&str>, &str); 14] = [
+    let empty = dir.join("empty.csv");
+    std::fs::write(&empty, "").unwrap();
+    let empty_path = empty.to_str().unwrap().to_owned();
+    let cases: [(Vec<&str>, &str); 16] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
         (vec!["replay", &truncated_path], "truncated.pickle.gz"),
@@ -306,6 +313,8 @@ fn bad_input_gets_a_clear_error() {
         (vec!["replay", good_path, "--alloc-conf", "expandable_segmnts:True"], "expandable_segmnts"),
         (vec!["replay", good_path, "--page-size", "3MiB"], "--page-size 3145728 is not a power of two"),
         (vec!["replay", good_path, "--device", "3"], "no device 3"),
+        (vec!["replay", &bad_path, "--device", "1"], "applies to PyTorch snapshots only"),
+        (vec!["replay", &empty_path, "--json"], "the file is empty"),
         (vec!["demo", "--policy", "nope"], "unknown policy \"nope\""),
         (vec!["demo", "--block-size", "12 parsecs"], "unknown unit"),
         (vec!["demo", "--release", "sometimes"], "unknown release rule"),

@@ -161,6 +161,26 @@ pub struct CompareConfig {
     pub heap: HeapConfig,
 }
 
+impl CompareConfig {
+    /// The heap a heap contender with `kind` inside runs in: blocks from a simulated device of the capacity.
+    ///
+    /// # Errors
+    /// Invalid heap settings.
+    pub fn heap(&self, kind: PolicyKind) -> Result<Heap<SimulatedSource>> {
+        let source =
+            SimulatedSource::new(self.capacity_bytes.unwrap_or(UNLIMITED_DEVICE_BYTES), SimulatedSource::DEFAULT_ALIGNMENT_BYTES);
+        Heap::new(HeapConfig { policy: kind, ..self.heap.clone() }, source)
+    }
+
+    /// The paged contender.
+    ///
+    /// # Errors
+    /// Invalid paging settings (a page size that is not a power of two or exceeds the virtual range).
+    pub fn paged_heap(&self) -> Result<PagedHeap> {
+        PagedHeap::new(PagedConfig { page_bytes: self.page_bytes, ..PagedConfig::new(self.capacity_bytes) })
+    }
+}
+
 impl Default for CompareConfig {
     fn default() -> Self {
         Self {
@@ -203,14 +223,13 @@ fn best_time<T>(mut replay: impl FnMut() -> Result<T>) -> Result<(T, u128)> {
 /// A simulated device with no practical limit.
 const UNLIMITED_DEVICE_BYTES: u64 = 1 << 56;
 
-fn summed(policy: &str, trace: &Trace, replay: &HeapReplay, event_of: &dyn Fn(u64) -> u64, nanos: u128) -> Outcome {
+fn summed(policy: &str, replay: &HeapReplay, event_of: &dyn Fn(u64) -> u64, nanos: u128) -> Outcome {
     let stats = &replay.stats;
-    let frees = trace.events().len() as u64 - stats.allocations - stats.failed_allocations;
     Outcome {
         policy: policy.to_owned(),
         events: stats.events,
         allocs: stats.allocations,
-        frees,
+        frees: stats.frees,
         peak_live_bytes: stats.peak_live_bytes,
         peak_reserved_bytes: 0,
         device_allocs: 0,
@@ -239,13 +258,8 @@ pub fn replay_contender(
 ) -> Result<Outcome> {
     match contender {
         Contender::Heap(kind) => {
-            let source = SimulatedSource::new(
-                config.capacity_bytes.unwrap_or(UNLIMITED_DEVICE_BYTES),
-                SimulatedSource::DEFAULT_ALIGNMENT_BYTES,
-            );
-            let config_for = || HeapConfig { policy: kind, ..config.heap.clone() };
             let ((heap, replay), nanos) = best_time(|| {
-                let mut heap = Heap::new(config_for(), source.clone())?;
+                let mut heap = config.heap(kind)?;
                 let replay = replay_heap(trace, &mut heap, config.align_bytes)?;
                 Ok((heap, replay))
             })?;
@@ -254,13 +268,12 @@ pub fn replay_contender(
                 peak_reserved_bytes: stats.peak_reserved_bytes,
                 device_allocs: stats.blocks_reserved,
                 device_frees: stats.blocks_released,
-                ..summed(kind.name(), trace, &replay, event_of, nanos)
+                ..summed(kind.name(), &replay, event_of, nanos)
             })
         }
         Contender::Paged => {
-            let paged = PagedConfig { page_bytes: config.page_bytes, ..PagedConfig::new(config.capacity_bytes) };
             let ((heap, replay), nanos) = best_time(|| {
-                let mut heap = PagedHeap::new(paged.clone())?;
+                let mut heap = config.paged_heap()?;
                 let replay = replay_paged(trace, &mut heap, config.align_bytes)?;
                 Ok((heap, replay))
             })?;
@@ -269,7 +282,7 @@ pub fn replay_contender(
                 peak_reserved_bytes: stats.peak_mapped_bytes,
                 device_allocs: stats.map_calls,
                 device_frees: stats.unmap_calls,
-                ..summed("paged", trace, &replay, event_of, nanos)
+                ..summed("paged", &replay, event_of, nanos)
             })
         }
         Contender::Pytorch => {
@@ -413,13 +426,21 @@ pub fn verdict_sentence(failed: &Outcome, outcomes: &[Outcome], extra_successes:
     let mut survivors: Vec<String> =
         outcomes.iter().filter(|outcome| outcome.ooms == 0).map(|outcome| format!("`{}`", outcome.policy)).collect();
     survivors.extend(extra_successes.iter().cloned());
-    let head = format!(
-        "`{}` ran out of memory on a {} request: {} free in reserved memory but the largest free run is {}",
-        failed.policy,
-        Bytes(oom.request_bytes),
-        Bytes(oom.free_bytes),
-        Bytes(oom.largest_free_bytes)
-    );
+    let head = match oom.verdict {
+        OomCause::Fragmentation => format!(
+            "`{}` ran out of memory on a {} request: {} free in reserved memory but the largest free run is {}",
+            failed.policy,
+            Bytes(oom.request_bytes),
+            Bytes(oom.free_bytes),
+            Bytes(oom.largest_free_bytes)
+        ),
+        OomCause::Exhaustion => format!(
+            "`{}` ran out of memory on a {} request: only {} free in reserved memory and too little left on the device",
+            failed.policy,
+            Bytes(oom.request_bytes),
+            Bytes(oom.free_bytes)
+        ),
+    };
     Some(match survivors.len() {
         0 => format!("{head}; no contender would have succeeded."),
         1 => format!("{head}; {} would have succeeded.", survivors[0]),

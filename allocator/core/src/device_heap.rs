@@ -2,7 +2,7 @@
 //! exports: they serve a request or refuse it with an out-of-memory verdict, and can log what they ask of
 //! the device. One replay loop and one exporter serve both through this trait.
 
-use crate::{Allocation, DeviceEvent, Heap, HeapAllocation, MemorySource, PagedHeap, Request, Result};
+use crate::{Allocation, DeviceEvent, Heap, HeapAllocation, MemorySource, OomCause, OomVerdict, PagedHeap, Request, Result};
 
 /// A heap that reserves device memory on its own.
 pub trait DeviceHeap {
@@ -37,6 +37,37 @@ pub trait DeviceHeap {
 
     /// The device events since the last call.
     fn take_device_events(&mut self) -> Vec<DeviceEvent>;
+
+    /// The policy's name, for verdicts.
+    fn policy_name(&self) -> &'static str;
+
+    /// Bytes reserved from the device now, and requested by live allocations now.
+    fn reserved_and_live_bytes(&self) -> (u64, u64);
+
+    /// The verdict for a request of `size_bytes` that overflows once aligned to `align_bytes`: no device
+    /// holds it (exhaustion), whatever the state. It counts as an out-of-memory error.
+    fn oversized_verdict(&mut self, size_bytes: u64, align_bytes: u64) -> OomVerdict {
+        self.count_oom();
+        let (reserved_bytes, live_bytes) = self.reserved_and_live_bytes();
+        OomVerdict {
+            policy: self.policy_name(),
+            requested_bytes: size_bytes,
+            needed_bytes: u64::MAX,
+            align_bytes,
+            reserved_bytes,
+            live_bytes,
+            padding_bytes: 0,
+            free_in_blocks_bytes: 0,
+            largest_free_run_bytes: 0,
+            retired_bytes: 0,
+            unreserved_bytes: 0,
+            capacity_bytes: None,
+            cause: OomCause::Exhaustion,
+        }
+    }
+
+    /// Counts a refused request in the heap's own statistics.
+    fn count_oom(&mut self);
 }
 
 impl<S: MemorySource> DeviceHeap for Heap<S> {
@@ -70,6 +101,18 @@ impl<S: MemorySource> DeviceHeap for Heap<S> {
     fn take_device_events(&mut self) -> Vec<DeviceEvent> {
         Heap::take_device_events(self)
     }
+
+    fn policy_name(&self) -> &'static str {
+        self.config().policy.name()
+    }
+
+    fn reserved_and_live_bytes(&self) -> (u64, u64) {
+        (self.stats().reserved_bytes, self.stats().live_bytes)
+    }
+
+    fn count_oom(&mut self) {
+        self.count_refused();
+    }
 }
 
 impl DeviceHeap for PagedHeap {
@@ -101,5 +144,17 @@ impl DeviceHeap for PagedHeap {
 
     fn take_device_events(&mut self) -> Vec<DeviceEvent> {
         PagedHeap::take_device_events(self)
+    }
+
+    fn policy_name(&self) -> &'static str {
+        "paged"
+    }
+
+    fn reserved_and_live_bytes(&self) -> (u64, u64) {
+        (self.stats().mapped_bytes, self.stats().live_bytes)
+    }
+
+    fn count_oom(&mut self) {
+        self.count_refused();
     }
 }

@@ -282,6 +282,12 @@ impl<S: MemorySource> Heap<S> {
         self.device_log.take()
     }
 
+    /// Counts a request refused before it reached the heap (a size no device holds) among the
+    /// out-of-memory errors.
+    pub fn count_refused(&mut self) {
+        self.stats.ooms += 1;
+    }
+
     /// Live allocations.
     pub fn live_allocations(&self) -> usize {
         self.blocks.iter().flatten().map(|block| block.policy.live_allocations()).sum()

@@ -119,8 +119,13 @@ impl PagedHeap {
     /// # Errors
     /// [`Error::InvalidConfig`] for a page size that is not a power of two, or invalid policy settings.
     pub fn new(config: PagedConfig) -> Result<Self> {
-        if !config.page_bytes.is_power_of_two() {
-            return Err(Error::InvalidConfig { what: format!("page size {} B is not a power of two", config.page_bytes) });
+        if !config.page_bytes.is_power_of_two() || config.page_bytes > config.virtual_bytes {
+            return Err(Error::InvalidConfig {
+                what: format!(
+                    "page size {} B: must be a power of two no larger than the virtual range ({} B)",
+                    config.page_bytes, config.virtual_bytes
+                ),
+            });
         }
         let policy = config.policy.build(config.virtual_bytes, &config.policy_config)?;
         Ok(Self {
@@ -152,6 +157,12 @@ impl PagedHeap {
     /// The page runs mapped and unmapped since the last call, while recording is on.
     pub fn take_device_events(&mut self) -> Vec<DeviceEvent> {
         self.device_log.take()
+    }
+
+    /// Counts a request refused before it reached the heap (a size no device holds) among the
+    /// out-of-memory errors.
+    pub fn count_refused(&mut self) {
+        self.stats.ooms += 1;
     }
 
     /// Live allocations.
@@ -229,9 +240,13 @@ impl PagedHeap {
     /// The mapped pages as runs `(offset, size_bytes)` in the virtual range, by address: the pages the live
     /// allocations touch.
     pub fn mapped_runs(&self) -> Vec<(u64, u64)> {
+        self.mapped_runs_of(&self.policy.report())
+    }
+
+    /// The mapped runs of the layout `report`.
+    fn mapped_runs_of(&self, report: &PolicyReport) -> Vec<(u64, u64)> {
         let page = self.config.page_bytes;
         let mut runs: Vec<(u64, u64)> = Vec::new();
-        let report = self.policy.report();
         for range in
             report.ranges.iter().filter(|range| matches!(range.state, crate::RangeState::Live | crate::RangeState::Padding))
         {
@@ -256,7 +271,7 @@ impl PagedHeap {
         self.stats.ooms += 1;
         // Free memory inside mapped pages: what live footprints leave of them, and its largest run.
         let report = self.policy.report();
-        let mapped = self.mapped_runs();
+        let mapped = self.mapped_runs_of(&report);
         let mut largest_free_run_bytes = 0;
         for range in report.ranges.iter().filter(|range| range.state == crate::RangeState::Free) {
             for &(offset, size) in &mapped {
@@ -410,7 +425,9 @@ mod tests {
 
     #[test]
     fn bad_page_size_is_refused() {
-        let config = PagedConfig { page_bytes: 3 * MIB, ..PagedConfig::new(None) };
-        assert!(matches!(PagedHeap::new(config), Err(Error::InvalidConfig { .. })));
+        for page_bytes in [0, 3 * MIB, 1 << 63] {
+            let config = PagedConfig { page_bytes, ..PagedConfig::new(None) };
+            assert!(matches!(PagedHeap::new(config), Err(Error::InvalidConfig { .. })), "{page_bytes}");
+        }
     }
 }

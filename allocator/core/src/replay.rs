@@ -16,6 +16,8 @@ pub struct ReplayStats {
     pub allocations: u64,
     /// Allocations that did not fit (their frees are skipped).
     pub failed_allocations: u64,
+    /// Frees of served allocations.
+    pub frees: u64,
     /// Index of the first event that failed.
     pub first_failure: Option<u64>,
     /// Whether the last event succeeded.
@@ -65,6 +67,9 @@ trait Target {
 
     /// One past the last byte set aside, in one address space across allocations (0 when there is none).
     fn footprint_end(handle: &Self::Handle) -> u64;
+
+    /// A request of `size_bytes` that overflows once aligned to `align_bytes`: no device holds it.
+    fn oversized(&mut self, _size_bytes: u64, _align_bytes: u64) {}
 }
 
 struct PolicyTarget<'a, P: Policy + ?Sized>(&'a mut P);
@@ -115,6 +120,12 @@ impl<H: DeviceHeap> Target for DeviceHeapTarget<'_, H> {
         self.heap.free_handle(handle)
     }
 
+    fn oversized(&mut self, size_bytes: u64, align_bytes: u64) {
+        let verdict = self.heap.oversized_verdict(size_bytes, align_bytes);
+        self.first_oom.get_or_insert_with(|| verdict.clone());
+        self.last_oom = Some(verdict);
+    }
+
     fn allocation(handle: &H::Handle) -> &Allocation {
         H::allocation(handle)
     }
@@ -139,7 +150,10 @@ fn replay<T: Target>(trace: &Trace, target: &mut T, align_bytes: u64) -> Result<
             Event::Alloc { slot, size_bytes } => {
                 let served = match Request::new(size_bytes, align_bytes) {
                     Ok(request) => target.allocate(request, slot)?,
-                    Err(_) => None,
+                    Err(_) => {
+                        target.oversized(size_bytes, align_bytes);
+                        None
+                    }
                 };
                 match served {
                     Some(handle) => {
@@ -157,6 +171,7 @@ fn replay<T: Target>(trace: &Trace, target: &mut T, align_bytes: u64) -> Result<
             Event::Free { slot } => {
                 if let Some(handle) = handles[slot as usize].take() {
                     target.free(handle)?;
+                    stats.frees += 1;
                     let allocation = T::allocation(&handle);
                     stats.live_bytes -= allocation.size_bytes();
                     footprint_now -= allocation.footprint_bytes();

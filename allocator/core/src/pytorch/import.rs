@@ -30,13 +30,12 @@ use super::snapshot::{Action, Block, BlockState, Frame, Pool, RecordedSettings, 
 #[non_exhaustive]
 pub enum SnapshotError {
     /// The file could not be opened or read (or its gzip stream is corrupt).
-    #[error("{file}: cannot read: {source}")]
+    #[error("{file}: cannot read: {error}")]
     Io {
         /// The file.
         file: String,
-        /// The I/O error.
-        #[source]
-        source: io::Error,
+        /// The I/O error (in the message, so not repeated as a source).
+        error: io::Error,
     },
     /// The bytes are not a pickle this reader understands.
     #[error("{file}: not a valid pickle: at byte {offset} of the pickle stream: {what}")]
@@ -66,8 +65,8 @@ pub enum SnapshotError {
 /// [`SnapshotError`] naming the file and what is wrong where.
 pub fn read_snapshot(path: &Path) -> Result<Snapshot, SnapshotError> {
     let name = path.display().to_string();
-    let mut file = File::open(path).map_err(|source| SnapshotError::Io { file: name.clone(), source })?;
-    let hint = pickle_size_hint(&mut file).map_err(|source| SnapshotError::Io { file: name.clone(), source })?;
+    let mut file = File::open(path).map_err(|error| SnapshotError::Io { file: name.clone(), error })?;
+    let hint = pickle_size_hint(&mut file).map_err(|error| SnapshotError::Io { file: name.clone(), error })?;
     parse(file, &name, Decoder::with_size_hint(hint))
 }
 
@@ -110,7 +109,7 @@ pub fn parse_snapshot(reader: impl Read, name: &str) -> Result<Snapshot, Snapsho
 /// [`parse_snapshot`] with a given sink.
 fn parse(reader: impl Read, name: &str, decoder: Decoder) -> Result<Snapshot, SnapshotError> {
     let mut reader = BufReader::with_capacity(256 * 1024, reader);
-    let head = reader.fill_buf().map_err(|source| SnapshotError::Io { file: name.to_owned(), source })?;
+    let head = reader.fill_buf().map_err(|error| SnapshotError::Io { file: name.to_owned(), error })?;
     let result = if head.starts_with(&[0x1f, 0x8b]) {
         let decoder_sink = decoder;
         let mut decoder = MultiGzDecoder::new(reader);
@@ -126,7 +125,7 @@ fn parse(reader: impl Read, name: &str, decoder: Decoder) -> Result<Snapshot, Sn
         ReadError::Malformed { offset, what } => SnapshotError::Pickle { file: name.to_owned(), offset, what },
         ReadError::Io { offset, error } => SnapshotError::Io {
             file: name.to_owned(),
-            source: match offset {
+            error: match offset {
                 Some(offset) => io::Error::new(error.kind(), format!("at byte {offset} of the pickle stream: {error}")),
                 None => io::Error::new(error.kind(), format!("after the pickle's end: {error}")),
             },

@@ -9,22 +9,19 @@
 //! segments list the heap's blocks (a paged heap's mapped runs, marked expandable) tiled by their blocks.
 
 use crate::compare::{CompareConfig, Contender};
+use crate::hash::FastMap;
+use crate::pytorch::caching::{SMALL_BUFFER_BYTES, SMALL_SIZE_BYTES};
 use crate::pytorch::{
     Action, AllocConf, Block, BlockState, CachingAllocator, MemoryStats, Pool, RecordedSettings, Segment, Snapshot, StackId,
-    TraceEntry, emulate,
+    StatArray, TraceEntry, emulate,
 };
 use crate::recording::Recording;
 use crate::report::RangeReport;
 use crate::trace::Event;
-use crate::{
-    DeviceEvent, DeviceHeap, Error, Heap, HeapConfig, PagedConfig, PagedHeap, RangeState, Request, Result, SimulatedSource,
-};
+use crate::{DeviceEvent, DeviceHeap, Error, RangeState, Request, Result};
 
 /// Where a paged heap's virtual range starts in exported addresses.
 pub const PAGED_BASE_ADDRESS: u64 = 0x7e00_0000_0000;
-
-/// PyTorch's small-pool bound (`kSmallSize`): segments up to this size are reported in the small pool.
-const SMALL_SEGMENT_BYTES: u64 = 2 << 20;
 
 /// Writes entries in PyTorch's schema, borrowing stream, time and frames from the recording.
 struct Writer<'a> {
@@ -62,8 +59,8 @@ impl Writer<'_> {
     }
 }
 
-/// Blocks tiling `[segment_offset, segment_offset + size)` from a layout whose offsets are relative to
-/// `layout_base`, addresses shifted by `address_base`.
+/// Blocks tiling the `window` `[start, end)` of a layout (offsets in the layout's own range), at addresses
+/// shifted by `address_base`.
 fn blocks_of(ranges: &[RangeReport], window: (u64, u64), address_base: u64) -> Vec<Block> {
     let (start, end) = window;
     let mut blocks: Vec<Block> = Vec::new();
@@ -105,7 +102,7 @@ fn segment(address: u64, total_size: u64, blocks: Vec<Block>, is_expandable: boo
         active_size: allocated_size,
         requested_size,
         stream: 0,
-        segment_type: if total_size <= SMALL_SEGMENT_BYTES && !is_expandable { Pool::Small } else { Pool::Large },
+        segment_type: if total_size <= SMALL_BUFFER_BYTES && !is_expandable { Pool::Small } else { Pool::Large },
         segment_pool_id: (0, 0),
         is_expandable,
         frames: StackId::NONE,
@@ -113,73 +110,79 @@ fn segment(address: u64, total_size: u64, blocks: Vec<Block>, is_expandable: boo
     }
 }
 
-/// `torch.cuda.memory_stats()` counters kept along a heap or paged replay. Pools follow PyTorch's rule
-/// (requests up to 1 MiB are small-pool); blocks (a paged heap: its mapped pages, as one block) up to
-/// 2 MiB count as small-pool segments. "Non-releasable" (`inactive_split`) is the free memory inside
-/// blocks that hold a live allocation, counted once per such block with free bytes.
+/// `torch.cuda.memory_stats()` counters kept along a heap or paged replay. Pools follow PyTorch's rules:
+/// requests up to 1 MiB (`kSmallSize`) are small-pool, blocks up to 2 MiB (`kSmallBuffer`) small-pool
+/// segments, a paged heap's mapped pages one large-pool block. "Non-releasable" (`inactive_split`) is the
+/// free memory inside blocks that hold a live allocation, counted once per such block with free bytes.
 #[derive(Default)]
 struct StatsRecorder {
     stats: MemoryStats,
-    /// Block base -> (size, live footprint bytes, live allocations).
-    blocks: std::collections::HashMap<u64, (u64, u64, u64)>,
+    /// Block base -> its use.
+    blocks: FastMap<u64, BlockUse>,
 }
 
-const SMALL_REQUEST_BYTES: u64 = 1 << 20;
+/// One block's size and what lives in it.
+#[derive(Clone, Copy, Default)]
+struct BlockUse {
+    size_bytes: u64,
+    footprint_bytes: u64,
+    live: u64,
+    /// Its pool, fixed when it is reserved.
+    small: bool,
+}
+
+impl BlockUse {
+    /// Non-releasable bytes and count.
+    fn non_releasable(self) -> (u64, u64) {
+        let free = self.size_bytes.saturating_sub(self.footprint_bytes);
+        if self.live > 0 && free > 0 { (free, 1) } else { (0, 0) }
+    }
+}
+
+/// Moves `stat` from `before` to `after`, so its totals count the change once.
+fn step_to(stat: &mut StatArray, small: bool, before: u64, after: u64) {
+    if after > before {
+        stat.increase(small, after - before);
+    } else if before > after {
+        stat.decrease(small, before - after);
+    }
+}
 
 impl StatsRecorder {
-    fn non_releasable(block: (u64, u64, u64)) -> (u64, u64) {
-        let (size, footprint, live) = block;
-        let free = size.saturating_sub(footprint);
-        if live > 0 && free > 0 { (free, 1) } else { (0, 0) }
-    }
-
     /// Applies `change` to block `base`, keeping the non-releasable counters in step.
-    fn update_block(&mut self, base: u64, change: impl FnOnce(&mut (u64, u64, u64))) {
+    fn update_block(&mut self, base: u64, change: impl FnOnce(&mut BlockUse)) {
         let block = self.blocks.entry(base).or_default();
-        let (before_bytes, before_count) = Self::non_releasable(*block);
+        let (before_bytes, before_count) = block.non_releasable();
         change(block);
-        let (after_bytes, after_count) = Self::non_releasable(*block);
-        let small = block.0 <= SMALL_SEGMENT_BYTES;
+        let (after_bytes, after_count) = block.non_releasable();
+        let small = block.small;
+        step_to(&mut self.stats.inactive_split_bytes, small, before_bytes, after_bytes);
+        step_to(&mut self.stats.inactive_split, small, before_count, after_count);
+    }
+
+    /// An allocation of `requested_bytes` (`footprint_bytes` set aside) in block `base` (`served`), or
+    /// its free.
+    fn allocation(&mut self, base: u64, footprint_bytes: u64, requested_bytes: u64, served: bool) {
+        let small = requested_bytes <= SMALL_SIZE_BYTES;
         let stats = &mut self.stats;
-        if after_bytes > before_bytes {
-            stats.inactive_split_bytes.increase(small, after_bytes - before_bytes);
-        } else if before_bytes > after_bytes {
-            stats.inactive_split_bytes.decrease(small, before_bytes - after_bytes);
+        let arrays = [
+            (&mut stats.allocation, 1),
+            (&mut stats.active, 1),
+            (&mut stats.allocated_bytes, footprint_bytes),
+            (&mut stats.active_bytes, footprint_bytes),
+            (&mut stats.requested_bytes, requested_bytes),
+        ];
+        for (array, amount) in arrays {
+            if served { array.increase(small, amount) } else { array.decrease(small, amount) }
         }
-        if before_count != after_count {
-            if after_count > before_count {
-                stats.inactive_split.increase(small, 1);
+        self.update_block(base, |block| {
+            if served {
+                block.footprint_bytes += footprint_bytes;
+                block.live += 1;
             } else {
-                stats.inactive_split.decrease(small, 1);
+                block.footprint_bytes -= footprint_bytes;
+                block.live -= 1;
             }
-        }
-    }
-
-    fn allocated(&mut self, base: u64, footprint_bytes: u64, requested_bytes: u64) {
-        let small = requested_bytes <= SMALL_REQUEST_BYTES;
-        let stats = &mut self.stats;
-        stats.allocation.increase(small, 1);
-        stats.active.increase(small, 1);
-        stats.allocated_bytes.increase(small, footprint_bytes);
-        stats.active_bytes.increase(small, footprint_bytes);
-        stats.requested_bytes.increase(small, requested_bytes);
-        self.update_block(base, |block| {
-            block.1 += footprint_bytes;
-            block.2 += 1;
-        });
-    }
-
-    fn freed(&mut self, base: u64, footprint_bytes: u64, requested_bytes: u64) {
-        let small = requested_bytes <= SMALL_REQUEST_BYTES;
-        let stats = &mut self.stats;
-        stats.allocation.decrease(small, 1);
-        stats.active.decrease(small, 1);
-        stats.allocated_bytes.decrease(small, footprint_bytes);
-        stats.active_bytes.decrease(small, footprint_bytes);
-        stats.requested_bytes.decrease(small, requested_bytes);
-        self.update_block(base, |block| {
-            block.1 -= footprint_bytes;
-            block.2 -= 1;
         });
     }
 
@@ -188,29 +191,29 @@ impl StatsRecorder {
         let stats = &mut self.stats;
         match event {
             DeviceEvent::Reserved { address, size_bytes } => {
-                let small = size_bytes <= SMALL_SEGMENT_BYTES;
+                let small = size_bytes <= SMALL_BUFFER_BYTES;
                 stats.segment.increase(small, 1);
                 stats.reserved_bytes.increase(small, size_bytes);
                 stats.num_device_alloc += 1;
-                self.update_block(address, |block| block.0 = size_bytes);
+                self.update_block(address, |block| *block = BlockUse { size_bytes, small, ..*block });
             }
             DeviceEvent::Released { address, size_bytes } => {
-                let small = size_bytes <= SMALL_SEGMENT_BYTES;
+                let small = size_bytes <= SMALL_BUFFER_BYTES;
                 stats.segment.decrease(small, 1);
                 stats.reserved_bytes.decrease(small, size_bytes);
                 stats.num_device_free += 1;
-                self.update_block(address, |block| block.0 = 0);
+                self.update_block(address, |block| block.size_bytes = 0);
                 self.blocks.remove(&address);
             }
             DeviceEvent::Mapped { size_bytes, .. } => {
                 stats.reserved_bytes.increase(false, size_bytes);
                 stats.num_device_alloc += 1;
-                self.update_block(0, |block| block.0 += size_bytes);
+                self.update_block(0, |block| block.size_bytes += size_bytes);
             }
             DeviceEvent::Unmapped { size_bytes, .. } => {
                 stats.reserved_bytes.decrease(false, size_bytes);
                 stats.num_device_free += 1;
-                self.update_block(0, |block| block.0 -= size_bytes);
+                self.update_block(0, |block| block.size_bytes -= size_bytes);
             }
         }
     }
@@ -244,8 +247,7 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
     let device = recording.device;
     let segments = match contender {
         Contender::Heap(kind) => {
-            let source = SimulatedSource::new(config.capacity_bytes.unwrap_or(1 << 56), SimulatedSource::DEFAULT_ALIGNMENT_BYTES);
-            let mut heap = Heap::new(HeapConfig { policy: kind, ..config.heap.clone() }, source)?;
+            let mut heap = config.heap(kind)?;
             replay_device_heap(&mut heap, 0, recording, config, &mut writer, &mut recorder)?;
             heap.report()
                 .blocks
@@ -257,8 +259,7 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
                 .collect()
         }
         Contender::Paged => {
-            let paged = PagedConfig { page_bytes: config.page_bytes, ..PagedConfig::new(config.capacity_bytes) };
-            let mut heap = PagedHeap::new(paged)?;
+            let mut heap = config.paged_heap()?;
             replay_device_heap(&mut heap, PAGED_BASE_ADDRESS, recording, config, &mut writer, &mut recorder)?;
             let layout = heap.report();
             heap.mapped_runs()
@@ -292,9 +293,10 @@ fn replay_device_heap<H: DeviceHeap>(
     let mut handles: Vec<Option<H::Handle>> = vec![None; recording.trace.slots() as usize];
     replay_events(recording, config, writer, |writer, index, operation| {
         let served = match operation {
-            Operation::Alloc(request, slot) => match heap.allocate_request(request) {
+            Operation::Alloc(request, slot) => match allocate_recorded(heap, request, address_base, index, writer, recorder) {
                 Ok(handle) => {
-                    recorder.allocated(H::block_base(&handle), H::allocation(&handle).footprint_bytes(), request.size_bytes());
+                    let footprint_bytes = H::allocation(&handle).footprint_bytes();
+                    recorder.allocation(H::block_base(&handle), footprint_bytes, request.size_bytes(), true);
                     handles[slot as usize] = Some(handle);
                     Served::Yes { address: address_base + H::address(&handle) }
                 }
@@ -304,11 +306,16 @@ fn replay_device_heap<H: DeviceHeap>(
                 }
                 Err(other) => return Err(other),
             },
+            Operation::Oversized => {
+                heap.count_oom();
+                recorder.stats.num_ooms += 1;
+                Served::No { device_free: 0 }
+            }
             Operation::Free(slot) => {
                 if let Some(handle) = handles[slot as usize].take() {
                     heap.free_handle(handle)?;
                     let size_bytes = H::allocation(&handle).size_bytes();
-                    recorder.freed(H::block_base(&handle), H::allocation(&handle).footprint_bytes(), size_bytes);
+                    recorder.allocation(H::block_base(&handle), H::allocation(&handle).footprint_bytes(), size_bytes, false);
                     let address = address_base + H::address(&handle);
                     writer.push(Action::FreeRequested, address, size_bytes, index, None);
                     writer.push(Action::FreeCompleted, address, size_bytes, index, None);
@@ -316,13 +323,38 @@ fn replay_device_heap<H: DeviceHeap>(
                 Served::Yes { address: 0 }
             }
         };
-        // After the frees written above, before the alloc entry `replay_events` writes: a segment is
-        // reserved before the allocation placed in it and released after the free that emptied it.
-        let events = heap.take_device_events();
-        events.iter().for_each(|&event| recorder.device(event));
-        writer.device_events(events, address_base, index);
+        // After the frees written above: a segment is released after the free that emptied it.
+        device_events(heap, address_base, index, writer, recorder);
         Ok(served)
     })
+}
+
+/// Serves `request` and records the device events it caused first: a segment is reserved before the
+/// allocation placed in it (whose entry `replay_events` writes after).
+fn allocate_recorded<H: DeviceHeap>(
+    heap: &mut H,
+    request: Request,
+    address_base: u64,
+    index: usize,
+    writer: &mut Writer<'_>,
+    recorder: &mut StatsRecorder,
+) -> Result<H::Handle> {
+    let result = heap.allocate_request(request);
+    device_events(heap, address_base, index, writer, recorder);
+    result
+}
+
+/// Writes and counts the device events since the last call.
+fn device_events<H: DeviceHeap>(
+    heap: &mut H,
+    address_base: u64,
+    index: usize,
+    writer: &mut Writer<'_>,
+    recorder: &mut StatsRecorder,
+) {
+    let events = heap.take_device_events();
+    events.iter().for_each(|&event| recorder.device(event));
+    writer.device_events(events, address_base, index);
 }
 
 /// The settings as a snapshot records them.
@@ -362,8 +394,19 @@ pub fn emulated_snapshot(
                 emulate(snapshot, device, conf, capacity_bytes).map_err(|e| crate::compare::emulation_error(recording, &e))?;
             let original = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
             let mut events = emulation.segment_events.iter().peekable();
-            // Recorded address -> emulated address, for the frees.
-            let mut live = std::collections::HashMap::new();
+            // Recorded address -> emulated address, for the frees; recorded addresses of refused requests,
+            // whose frees never happen in the emulated run.
+            let mut live = FastMap::default();
+            let mut refused = crate::hash::FastSet::default();
+            // What the device had left when the emulation refused entry `index`.
+            let device_free = |index: usize, entry: &TraceEntry| match capacity_bytes {
+                Some(capacity) => {
+                    let reserved =
+                        emulation.timeline.get(index).map_or(0, |stats| u64::try_from(stats.reserved_bytes).unwrap_or(0));
+                    Some(capacity.saturating_sub(reserved))
+                }
+                None => Some(entry.device_free.unwrap_or(0)),
+            };
             for (index, entry) in original.iter().enumerate() {
                 while let Some(event) = events.next_if(|event| event.cause <= index) {
                     entries.push(TraceEntry {
@@ -374,21 +417,46 @@ pub fn emulated_snapshot(
                         ..entry.clone()
                     });
                 }
+                let placed = emulation.placements.get(index).copied().flatten();
                 let addr = match entry.action {
                     Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => continue,
-                    Action::Alloc => match emulation.placements.get(index).copied().flatten() {
+                    Action::Alloc => match placed {
                         Some(addr) => {
                             live.insert(entry.addr, addr);
                             addr
                         }
                         None => {
                             // Refused: PyTorch would have recorded an out-of-memory error instead.
-                            entries.push(TraceEntry { action: Action::Oom, addr: 0, device_free: Some(0), ..entry.clone() });
+                            refused.insert(entry.addr);
+                            entries.push(TraceEntry {
+                                action: Action::Oom,
+                                addr: 0,
+                                device_free: device_free(index, entry),
+                                ..entry.clone()
+                            });
                             continue;
                         }
                     },
+                    Action::FreeRequested | Action::FreeCompleted if refused.contains(&entry.addr) => {
+                        if entry.action == Action::FreeCompleted {
+                            refused.remove(&entry.addr);
+                        }
+                        continue;
+                    }
                     Action::FreeRequested => live.get(&entry.addr).copied().unwrap_or(entry.addr),
                     Action::FreeCompleted => live.remove(&entry.addr).unwrap_or(entry.addr),
+                    Action::Oom => {
+                        match placed {
+                            // Served after all (and given back at once: the program never had it).
+                            Some(addr) => {
+                                for action in [Action::Alloc, Action::FreeRequested, Action::FreeCompleted] {
+                                    entries.push(TraceEntry { action, addr, device_free: None, ..entry.clone() });
+                                }
+                            }
+                            None => entries.push(TraceEntry { device_free: device_free(index, entry), ..entry.clone() }),
+                        }
+                        continue;
+                    }
                     _ => entry.addr,
                 };
                 entries.push(TraceEntry { addr, ..entry.clone() });
@@ -441,7 +509,12 @@ pub fn emulated_snapshot(
                                 addresses[slot as usize] = Some((addr, size_bytes));
                                 entries.push(entry(Action::Alloc, addr, size_bytes));
                             }
-                            Err(_) => entries.push(TraceEntry { device_free: Some(0), ..entry(Action::Oom, 0, size_bytes) }),
+                            Err(report) => {
+                                // What the device had left: the capacity less what was reserved then.
+                                let device_free =
+                                    capacity_bytes.map_or(0, |capacity| capacity.saturating_sub(report.reserved_bytes));
+                                entries.push(TraceEntry { device_free: Some(device_free), ..entry(Action::Oom, 0, size_bytes) });
+                            }
                         }
                     }
                     Event::Free { slot } => {
@@ -473,6 +546,8 @@ pub fn emulated_snapshot(
 /// One step for a contender.
 enum Operation {
     Alloc(Request, u32),
+    /// A request whose size overflows once aligned.
+    Oversized,
     Free(u32),
 }
 
@@ -489,7 +564,8 @@ fn replay_events(
             Event::Alloc { slot, size_bytes } => {
                 let served = match Request::new(size_bytes, config.align_bytes) {
                     Ok(request) => step(writer, index, Operation::Alloc(request, slot))?,
-                    Err(_) => Served::No { device_free: 0 },
+                    // A size no device holds once aligned: refused like any out-of-memory request.
+                    Err(_) => step(writer, index, Operation::Oversized)?,
                 };
                 match served {
                     Served::Yes { address } => writer.push(Action::Alloc, address, size_bytes, index, None),
@@ -509,7 +585,7 @@ mod tests {
     use super::*;
     use crate::story::frag_oom;
     use crate::units::MIB;
-    use crate::{PolicyKind, ReleaseRule};
+    use crate::{HeapConfig, PolicyKind, ReleaseRule, TraceBuilder};
 
     fn count(snapshot: &Snapshot, action: Action) -> usize {
         snapshot.device_traces[0].iter().filter(|entry| entry.action == action).count()
@@ -577,6 +653,45 @@ mod tests {
         assert_eq!((count(snapshot, Action::SegmentAlloc), count(snapshot, Action::Oom)), (20, 1));
         assert_eq!(snapshot.segments.len(), 20);
         assert!(snapshot.segments.iter().all(|segment| segment.total_size == 150 * MIB));
+    }
+
+    #[test]
+    fn paged_counters_stay_in_their_pool() {
+        // 1 MiB then 3 MiB: the mapped pages grow past 2 MiB and shrink again; every counter ends at 0.
+        let mut builder = TraceBuilder::new("pool");
+        builder.alloc(1, MIB).unwrap();
+        builder.alloc(2, 3 * MIB).unwrap();
+        builder.free(2).unwrap();
+        builder.free(1).unwrap();
+        let recording = Recording::from_trace(builder.finish());
+        let stats = replayed_snapshot(&recording, Contender::Paged, &CompareConfig::default()).unwrap().stats;
+        for array in [&stats.inactive_split_bytes, &stats.inactive_split, &stats.reserved_bytes, &stats.allocated_bytes] {
+            assert!(array.0.iter().all(|stat| stat.current == 0), "{array:?}");
+        }
+        assert_eq!(stats.inactive_split_bytes.get(crate::pytorch::memory_stats::StatType::SmallPool).allocated, 0);
+    }
+
+    #[test]
+    fn refused_requests_leave_no_frees_and_say_what_was_left() {
+        let story = frag_oom();
+        let recording = Recording::from_trace(story.trace);
+        // A device of 1 GiB: six 150 MiB tensors fit, the rest are refused and their frees vanish.
+        let replayed = emulated_snapshot(&recording, &AllocConf::default(), "", Some(1 << 30)).unwrap();
+        let entries = &replayed.snapshot.device_traces[0];
+        let allocated: std::collections::HashSet<u64> =
+            entries.iter().filter(|entry| entry.action == Action::Alloc).map(|entry| entry.addr).collect();
+        assert!(
+            entries.iter().filter(|entry| entry.action == Action::FreeCompleted).all(|entry| allocated.contains(&entry.addr))
+        );
+        let ooms: Vec<_> = entries.iter().filter(|entry| entry.action == Action::Oom).collect();
+        assert_eq!(ooms.len() as i64, replayed.stats.num_ooms);
+        assert!(ooms.iter().all(|entry| entry.device_free.is_some_and(|free| free < 150 * MIB)), "{ooms:?}");
+        // An oversized request counts as an out-of-memory error in the summary as in the replay.
+        let mut builder = TraceBuilder::new("huge");
+        builder.alloc(1, u64::MAX).unwrap();
+        let recording = Recording::from_trace(builder.finish());
+        let stats = replayed_snapshot(&recording, Contender::Heap(PolicyKind::Tlsf), &CompareConfig::default()).unwrap().stats;
+        assert_eq!(stats.num_ooms, 1);
     }
 
     #[test]

@@ -134,8 +134,8 @@ pub struct Emulation {
     pub fidelity: Fidelity,
     /// Segments at the end, in the snapshot's layout.
     pub final_segments: Vec<Segment>,
-    /// Where the emulation placed each `alloc` entry, by entry index (`None` for other entries and refused
-    /// requests).
+    /// Where the emulation placed each `alloc` entry, and each recorded `oom` request it served after all
+    /// (given back at once), by entry index; `None` for other entries and refused requests.
     pub placements: Vec<Option<u64>>,
 }
 
@@ -219,8 +219,11 @@ pub fn emulate(
                 }
             }
             Action::Oom => {
-                if let Err(report) = attempt_recorded_oom(&mut alloc, e, capacity_bytes) {
-                    out.first_oom.get_or_insert(OomEvent { event_index: i, report });
+                match attempt_recorded_oom(&mut alloc, e, capacity_bytes) {
+                    Ok(addr) => out.placements[i] = Some(addr),
+                    Err(report) => {
+                        out.first_oom.get_or_insert(OomEvent { event_index: i, report });
+                    }
                 }
                 push_events(&mut out.segment_events, alloc.take_events(), i);
             }
@@ -275,7 +278,7 @@ fn push_events(out: &mut Vec<SegmentEvent>, events: Vec<DeviceEvent>, cause: usi
 /// A recorded `oom`: PyTorch refused `e.size` bytes with `device_free` bytes left on the device. The
 /// request is attempted with that much room (or the capacity, when one is given); were it served, it is
 /// given back at once (the program never received it).
-fn attempt_recorded_oom(alloc: &mut CachingAllocator, e: &TraceEntry, capacity_bytes: Option<u64>) -> Result<(), OomReport> {
+fn attempt_recorded_oom(alloc: &mut CachingAllocator, e: &TraceEntry, capacity_bytes: Option<u64>) -> Result<u64, OomReport> {
     if capacity_bytes.is_none() {
         alloc.request_limit_bytes = Some(alloc.reserved_bytes().saturating_add(e.device_free.unwrap_or(0)));
     }
@@ -284,7 +287,7 @@ fn attempt_recorded_oom(alloc: &mut CachingAllocator, e: &TraceEntry, capacity_b
     match result {
         Ok(addr) => {
             alloc.free(addr);
-            Ok(())
+            Ok(addr)
         }
         Err(report) => Err(report),
     }
