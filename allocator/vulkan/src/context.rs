@@ -131,9 +131,10 @@ impl VulkanContext {
         let entry = unsafe { ash::Entry::load() }.map_err(|error| VulkanError::NoLoader(error.to_string()))?;
         let validation_log = ValidationLog::default();
         let (instance, debug) = create_instance(&entry, options.validation, &validation_log)?;
-        // From here on, a failure must destroy the instance: `Partial` does so on drop.
-        let partial = Partial { instance, debug };
-        partial.device(entry, options, validation_log)
+        // From here on, a failure must destroy the instance (before the loader is unloaded and the log freed):
+        // `Partial` does so on drop.
+        let partial = Partial { entry, instance, debug, validation_log };
+        partial.device(options)
     }
 
     /// `ash`'s instance.
@@ -243,10 +244,13 @@ impl Drop for VulkanContext {
     }
 }
 
-/// An instance (and messenger) not yet owned by a context: destroyed on drop unless turned into one.
+/// An instance (and messenger) not yet owned by a context: destroyed on drop unless turned into one. It owns the
+/// loader and the log too, so that both outlive the instance whatever the path out.
 struct Partial {
+    entry: ash::Entry,
     instance: ash::Instance,
     debug: Option<Debug>,
+    validation_log: ValidationLog,
 }
 
 impl Drop for Partial {
@@ -278,10 +282,8 @@ fn create_instance(
     validation: bool,
     log: &ValidationLog,
 ) -> Result<(ash::Instance, Option<Debug>), VulkanError> {
-    let application = vk::ApplicationInfo::default()
-        .application_name(c"heapscope")
-        .engine_name(c"heapscope")
-        .api_version(vk::API_VERSION_1_3);
+    let application =
+        vk::ApplicationInfo::default().application_name(c"heapscope").engine_name(c"heapscope").api_version(vk::API_VERSION_1_3);
     let mut layers = Vec::new();
     let mut extensions = Vec::new();
     if validation {
@@ -323,7 +325,7 @@ fn create_instance(
 
 impl Partial {
     /// Chooses the physical device and creates the logical device; the context takes the instance over.
-    fn device(self, entry: ash::Entry, options: &ContextOptions, validation_log: ValidationLog) -> Result<VulkanContext, VulkanError> {
+    fn device(self, options: &ContextOptions) -> Result<VulkanContext, VulkanError> {
         let instance = &self.instance;
         // SAFETY: a query of the live instance.
         let physical_devices =
@@ -334,7 +336,9 @@ impl Partial {
                 // SAFETY: the physical device was just enumerated from this instance.
                 let properties = unsafe { instance.get_physical_device_properties(physical_device) };
                 DeviceCandidate {
-                    name: properties.device_name_as_c_str().map_or_else(|_| String::new(), |name| name.to_string_lossy().into_owned()),
+                    name: properties
+                        .device_name_as_c_str()
+                        .map_or_else(|_| String::new(), |name| name.to_string_lossy().into_owned()),
                     vendor_id: properties.vendor_id,
                     device_type: properties.device_type,
                 }
@@ -372,7 +376,10 @@ impl Partial {
         let properties = properties::device_properties(&raw_properties, &raw_memory, &families, supported);
 
         let family_with = |flag: vk::QueueFlags| {
-            (0..).zip(&families).find(|(_, family)| family.queue_flags.contains(flag) && family.queue_count > 0).map(|(index, _)| index)
+            (0..)
+                .zip(&families)
+                .find(|(_, family)| family.queue_flags.contains(flag) && family.queue_count > 0)
+                .map(|(index, _)| index)
         };
         let compute_family = family_with(vk::QueueFlags::COMPUTE)
             .ok_or_else(|| VulkanError::Unsupported(format!("{} has no compute queue family", properties.name)))?;
@@ -416,8 +423,8 @@ impl Partial {
             .push_next(&mut enabled_features);
         // SAFETY: the physical device is this instance's; every feature and extension enabled was reported
         // supported above; all pointers in `device_info` outlive the call.
-        let device = unsafe { instance.create_device(physical_device, &device_info, None) }
-            .map_err(VulkanError::vk("vkCreateDevice"))?;
+        let device =
+            unsafe { instance.create_device(physical_device, &device_info, None) }.map_err(VulkanError::vk("vkCreateDevice"))?;
         // SAFETY: one queue of each family was created with the device.
         let compute_queue = unsafe { device.get_device_queue(compute_family, 0) };
         // SAFETY: as above.
@@ -425,7 +432,14 @@ impl Partial {
 
         let this = std::mem::ManuallyDrop::new(self);
         // SAFETY: `this` is never dropped, so each field moves into the context exactly once.
-        let (instance, debug) = unsafe { (std::ptr::read(&this.instance), std::ptr::read(&this.debug)) };
+        let (entry, instance, debug, validation_log) = unsafe {
+            (
+                std::ptr::read(&this.entry),
+                std::ptr::read(&this.instance),
+                std::ptr::read(&this.debug),
+                std::ptr::read(&this.validation_log),
+            )
+        };
         Ok(VulkanContext {
             _entry: entry,
             instance,
@@ -440,5 +454,53 @@ impl Partial {
             sparse_queue,
             live_allocations: AtomicU32::new(0),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A selector matching no device fails cleanly: the instance is destroyed while the loader is still loaded
+    /// (it once crashed here).
+    #[test]
+    fn no_matching_device_is_an_error_not_a_crash() {
+        let options = ContextOptions { validation: true, device_selector: Some("no such device".into()) };
+        match VulkanContext::new(&options) {
+            Err(VulkanError::NoMatchingDevice { selector, devices }) => {
+                assert_eq!(selector, "no such device");
+                assert!(devices.starts_with("0: "), "{devices}");
+            }
+            Err(error @ (VulkanError::NoLoader(_) | VulkanError::NoDevice | VulkanError::MissingLayer(_))) => {
+                eprintln!("skipped: {error}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The log is not empty by accident: an invalid call (a buffer with no usage) is recorded.
+    #[test]
+    fn validation_log_records_an_invalid_call() {
+        let context = match VulkanContext::new(&ContextOptions::from_env().with_validation(true)) {
+            Ok(context) => context,
+            Err(error @ (VulkanError::NoLoader(_) | VulkanError::NoDevice | VulkanError::MissingLayer(_)))
+                if std::env::var("HEAPSCOPE_REQUIRE_GPU").as_deref() != Ok("1") =>
+            {
+                eprintln!("skipped: {error}");
+                return;
+            }
+            Err(error) => panic!("{error}"),
+        };
+        assert!(context.validation_messages().is_empty(), "{:?}", context.validation_messages());
+        let info = vk::BufferCreateInfo::default().size(256).usage(vk::BufferUsageFlags::empty());
+        // SAFETY: invalid usage on purpose (no usage bit), which the layer reports and drivers tolerate; the
+        // buffer is destroyed at once, never bound.
+        unsafe {
+            if let Ok(buffer) = context.device().create_buffer(&info, None) {
+                context.device().destroy_buffer(buffer, None);
+            }
+        }
+        let messages = context.validation_messages();
+        assert!(messages.iter().any(|message| message.starts_with("[ERROR]") && message.contains("usage")), "{messages:?}");
     }
 }

@@ -143,7 +143,8 @@ pub(crate) fn device_properties(
     queue_families: &[vk::QueueFamilyProperties],
     supported_features: DeviceFeatures,
 ) -> DeviceProperties {
-    let name = properties.device_name_as_c_str().map_or_else(|_| "<unnamed>".to_owned(), |name| name.to_string_lossy().into_owned());
+    let name =
+        properties.device_name_as_c_str().map_or_else(|_| "<unnamed>".to_owned(), |name| name.to_string_lossy().into_owned());
     let (memory_types, memory_heaps) = memory_layout(memory);
     let limits = &properties.limits;
     let sparse = &properties.sparse_properties;

@@ -1,7 +1,8 @@
 //! [`DeviceMemorySource`]: `vkAllocateMemory` blocks of one memory type as a heapscope [`MemorySource`].
 //!
-//! Blocks get addresses in a synthetic address space (increasing, never reused, aligned to the block
-//! alignment), like [`heapscope_core::SimulatedSource`]: Vulkan memory has no address of its own.
+//! Blocks get addresses in a synthetic address space (increasing, never reused, aligned to
+//! [`DeviceMemorySource::ADDRESS_ALIGNMENT_BYTES`] or the block alignment, whichever is larger, so that an
+//! allocation's address is as aligned as its offset in the block), like [`heapscope_core::SimulatedSource`]: Vulkan memory has no address of its own.
 //! [`DeviceMemorySource::locate`] turns an address back into a block and an offset, and
 //! [`DeviceMemorySource::write_bytes`] / [`DeviceMemorySource::read_bytes`] reach host-visible memory through
 //! the block's persistent mapping.
@@ -154,6 +155,9 @@ impl DeviceMemorySource {
     /// The synthetic address of the first block.
     pub const BASE_ADDRESS: u64 = 0x4000_0000_0000;
 
+    /// Synthetic block addresses are multiples of this (or of the block alignment when larger).
+    pub const ADDRESS_ALIGNMENT_BYTES: u64 = 64 << 10;
+
     /// A source of memory for `config.usage` on `context`'s device.
     ///
     /// The memory type is the one [`select_memory_type`] picks among those a buffer of
@@ -165,10 +169,8 @@ impl DeviceMemorySource {
     /// memory type fits the usage.
     pub fn new(context: Arc<VulkanContext>, config: DeviceSourceConfig) -> Result<Self, VulkanError> {
         let device = context.device();
-        let buffer_info = vk::BufferCreateInfo::default()
-            .size(64 << 10)
-            .usage(BLOCK_BUFFER_USAGE)
-            .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        let buffer_info =
+            vk::BufferCreateInfo::default().size(64 << 10).usage(BLOCK_BUFFER_USAGE).sharing_mode(vk::SharingMode::EXCLUSIVE);
         // SAFETY: a valid create info on a live device; the buffer is destroyed below, never bound.
         let buffer = unsafe { device.create_buffer(&buffer_info, None) }.map_err(VulkanError::vk("vkCreateBuffer"))?;
         // SAFETY: the buffer was just created on this device.
@@ -177,12 +179,13 @@ impl DeviceMemorySource {
         unsafe { device.destroy_buffer(buffer, None) };
 
         let properties = context.properties();
-        let index = select_memory_type(&properties.memory_types, requirements.memory_type_bits, config.usage).ok_or_else(|| {
-            VulkanError::Unsupported(format!(
-                "{} has no memory type for {:?} among type bits {:#b}",
-                properties.name, config.usage, requirements.memory_type_bits
-            ))
-        })?;
+        let index =
+            select_memory_type(&properties.memory_types, requirements.memory_type_bits, config.usage).ok_or_else(|| {
+                VulkanError::Unsupported(format!(
+                    "{} has no memory type for {:?} among type bits {:#b}",
+                    properties.name, config.usage, requirements.memory_type_bits
+                ))
+            })?;
         let memory_type = properties
             .memory_types
             .iter()
@@ -385,16 +388,22 @@ impl DeviceMemorySource {
     }
 
     /// Allocates `allocation_size_bytes` (dedicated to `buffer` when given), maps it and registers the block.
-    fn allocate(&mut self, size_bytes: u64, allocation_size_bytes: u64, buffer: Option<vk::Buffer>) -> Result<SourceBlock, SourceError> {
+    fn allocate(
+        &mut self,
+        size_bytes: u64,
+        allocation_size_bytes: u64,
+        buffer: Option<vk::Buffer>,
+    ) -> Result<SourceBlock, SourceError> {
         if let Some(cap) = self.config.budget_cap_bytes
             && self.used_bytes.saturating_add(allocation_size_bytes) > cap
         {
             return Err(SourceError::OutOfMemory { requested_bytes: size_bytes });
         }
-        let span_bytes = allocation_size_bytes.max(size_bytes).div_ceil(self.alignment_bytes) * self.alignment_bytes;
-        if self.next_address.checked_add(span_bytes).is_none() {
+        let address_alignment = self.alignment_bytes.max(Self::ADDRESS_ALIGNMENT_BYTES);
+        let span_bytes = allocation_size_bytes.max(size_bytes).checked_next_multiple_of(address_alignment);
+        let Some(span_bytes) = span_bytes.filter(|&span| self.next_address.checked_add(span).is_some()) else {
             return Err(SourceError::OutOfMemory { requested_bytes: size_bytes });
-        }
+        };
         self.take_allocation_slot()?;
         let device = self.context.device();
         let mut dedicated = vk::MemoryDedicatedAllocateInfo::default();
