@@ -354,7 +354,8 @@ impl DeviceMemorySource {
             self.allocate(size_bytes, requirements.size, Some(buffer))
         };
         if result.is_err() {
-            // SAFETY: the buffer is unbound (binding is the last step of `allocate`, and undone on failure).
+            // SAFETY: `allocate` failed, so the buffer is unused; its memory, if it was bound, is already freed
+            // (destroying a buffer whose memory was freed is valid).
             unsafe { self.context.device().destroy_buffer(buffer, None) };
         }
         result

@@ -224,3 +224,12 @@ fn leak_report_and_drop_free_live_blocks() {
     assert_eq!(context.live_allocation_count(), 0);
     common::finish(context);
 }
+
+#[test]
+fn sources_move_between_threads_and_contexts_are_shared() {
+    fn send<T: Send>() {}
+    fn send_sync<T: Send + Sync>() {}
+    send::<DeviceMemorySource>();
+    send::<Heap<DeviceMemorySource>>();
+    send_sync::<VulkanContext>();
+}
