@@ -121,7 +121,8 @@ impl VulkanContext {
     /// Loads `libvulkan`, creates an instance and a device following `options`.
     ///
     /// # Errors
-    /// [`VulkanError::NoLoader`] / [`VulkanError::NoDevice`] when there is no Vulkan,
+    /// [`VulkanError::NoLoader`] / [`VulkanError::NoDriver`] / [`VulkanError::NoDevice`] when there is no Vulkan
+    /// ([`VulkanError::means_no_vulkan`]),
     /// [`VulkanError::NoMatchingDevice`] for a selector that matches nothing, [`VulkanError::MissingLayer`] when
     /// validation is asked for but the layer is missing, [`VulkanError::Unsupported`] for a device without a
     /// compute queue, and
@@ -306,7 +307,10 @@ fn create_instance(
         info = info.push_next(&mut instance_messenger);
     }
     // SAFETY: every pointer in `info` (names, application info, messenger info) outlives the call.
-    let instance = unsafe { entry.create_instance(&info, None) }.map_err(VulkanError::vk("vkCreateInstance"))?;
+    let instance = unsafe { entry.create_instance(&info, None) }.map_err(|result| match result {
+        vk::Result::ERROR_INCOMPATIBLE_DRIVER => VulkanError::NoDriver(format!("vkCreateInstance failed: {result}")),
+        _ => VulkanError::Vk { call: "vkCreateInstance", result },
+    })?;
     if !validation {
         return Ok((instance, None));
     }
@@ -328,8 +332,12 @@ impl Partial {
     fn device(self, options: &ContextOptions) -> Result<VulkanContext, VulkanError> {
         let instance = &self.instance;
         // SAFETY: a query of the live instance.
-        let physical_devices =
-            unsafe { instance.enumerate_physical_devices() }.map_err(VulkanError::vk("vkEnumeratePhysicalDevices"))?;
+        let physical_devices = unsafe { instance.enumerate_physical_devices() }.map_err(|result| match result {
+            vk::Result::ERROR_INITIALIZATION_FAILED => {
+                VulkanError::NoDriver(format!("vkEnumeratePhysicalDevices failed: {result}"))
+            }
+            _ => VulkanError::Vk { call: "vkEnumeratePhysicalDevices", result },
+        })?;
         let candidates: Vec<DeviceCandidate> = physical_devices
             .iter()
             .map(|&physical_device| {
@@ -471,7 +479,7 @@ mod tests {
                 assert_eq!(selector, "no such device");
                 assert!(devices.starts_with("0: "), "{devices}");
             }
-            Err(error @ (VulkanError::NoLoader(_) | VulkanError::NoDevice | VulkanError::MissingLayer(_))) => {
+            Err(error) if error.means_no_vulkan() || matches!(error, VulkanError::MissingLayer(_)) => {
                 eprintln!("skipped: {error}");
             }
             other => panic!("{other:?}"),
@@ -483,8 +491,9 @@ mod tests {
     fn validation_log_records_an_invalid_call() {
         let context = match VulkanContext::new(&ContextOptions::from_env().with_validation(true)) {
             Ok(context) => context,
-            Err(error @ (VulkanError::NoLoader(_) | VulkanError::NoDevice | VulkanError::MissingLayer(_)))
-                if std::env::var("HEAPSCOPE_REQUIRE_GPU").as_deref() != Ok("1") =>
+            Err(error)
+                if (error.means_no_vulkan() || matches!(error, VulkanError::MissingLayer(_)))
+                    && std::env::var("HEAPSCOPE_REQUIRE_GPU").as_deref() != Ok("1") =>
             {
                 eprintln!("skipped: {error}");
                 return;

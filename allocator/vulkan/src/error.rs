@@ -9,6 +9,9 @@ pub enum VulkanError {
     /// `libvulkan` could not be loaded.
     #[error("no Vulkan loader: {0}")]
     NoLoader(String),
+    /// The loader found no driver (`vkCreateInstance` or `vkEnumeratePhysicalDevices` say so).
+    #[error("no Vulkan driver: {0}")]
+    NoDriver(String),
     /// The loader lists no physical device.
     #[error("no Vulkan device: the loader lists no physical device")]
     NoDevice,
@@ -37,6 +40,11 @@ pub enum VulkanError {
 }
 
 impl VulkanError {
+    /// Whether the machine has no usable Vulkan (no loader, no driver, no device): what tests skip on.
+    pub fn means_no_vulkan(&self) -> bool {
+        matches!(self, Self::NoLoader(_) | Self::NoDriver(_) | Self::NoDevice)
+    }
+
     /// A closure turning a `vk::Result` into [`VulkanError::Vk`] for `call`, for `map_err`.
     pub(crate) fn vk(call: &'static str) -> impl FnOnce(vk::Result) -> Self {
         move |result| Self::Vk { call, result }
