@@ -1,0 +1,55 @@
+//! Shared by the integration tests: a validated context, or a skip when the machine has no Vulkan.
+#![allow(dead_code, reason = "each test binary uses a part")]
+
+use std::sync::Arc;
+
+use heapscope_vulkan::{ContextOptions, ValidationLog, VulkanContext, VulkanError};
+
+/// A context with the validation layer on (and `HEAPSCOPE_DEVICE` honoured); `None` (the test is skipped) when
+/// the machine has no Vulkan loader, device or validation layer, unless `HEAPSCOPE_REQUIRE_GPU=1`: then it
+/// panics, so a green CI run means the device tests ran.
+pub fn context() -> Option<VulkanContext> {
+    let options = ContextOptions::from_env().with_validation(true);
+    let required = std::env::var("HEAPSCOPE_REQUIRE_GPU").is_ok_and(|value| value.trim() == "1");
+    match VulkanContext::new(&options) {
+        Ok(context) => {
+            assert!(context.validation_enabled());
+            Some(context)
+        }
+        Err(error) if !required && (error.means_no_vulkan() || matches!(error, VulkanError::MissingLayer(_))) => {
+            eprintln!("skipped: no Vulkan device to test on ({error}); set HEAPSCOPE_REQUIRE_GPU=1 to fail instead");
+            None
+        }
+        Err(error) => panic!("Vulkan bring-up failed: {error}"),
+    }
+}
+
+/// Drops the last handle of the context (device and instance destroyed, leaks reported by the layer) and
+/// asserts the validation layer said nothing.
+pub fn finish(context: Arc<VulkanContext>) {
+    let log: ValidationLog = context.validation_log();
+    let context = Arc::into_inner(context).expect("every source was dropped before finish()");
+    drop(context);
+    let messages = log.messages();
+    assert!(messages.is_empty(), "validation messages:\n{}", messages.join("\n"));
+}
+
+/// splitmix64: a small deterministic generator.
+#[derive(Debug)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `low..=high`.
+    pub fn range(&mut self, low: u64, high: u64) -> u64 {
+        low + self.next_u64() % (high - low + 1)
+    }
+}
