@@ -100,6 +100,9 @@ pub struct VulkanContext {
     compute_queue_family: u32,
     compute_queue: vk::Queue,
     sparse_queue: Option<(u32, vk::Queue)>,
+    /// Held around every submission to the compute or sparse queue: they may be the same `VkQueue`, which
+    /// Vulkan requires to be externally synchronised.
+    queue_lock: Mutex<()>,
     /// Live `vkAllocateMemory` allocations of every source on this device, for `maxMemoryAllocationCount`.
     pub(crate) live_allocations: AtomicU32,
 }
@@ -171,6 +174,13 @@ impl VulkanContext {
     /// The queue family with sparse binding (may be the compute family), when `sparseBinding` is enabled.
     pub fn sparse_queue(&self) -> Option<(u32, vk::Queue)> {
         self.sparse_queue
+    }
+
+    /// Holds the lock every submission to [`VulkanContext::compute_queue`] or [`VulkanContext::sparse_queue`]
+    /// takes (`vkQueueSubmit`, `vkQueueBindSparse`): the two may be one `VkQueue`, which must not be used from
+    /// two threads at once. A poisoned lock is taken over (it guards no data).
+    pub fn lock_queues(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.queue_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The sparse-binding queue family's index.
@@ -460,6 +470,7 @@ impl Partial {
             compute_queue_family: compute_family,
             compute_queue,
             sparse_queue,
+            queue_lock: Mutex::new(()),
             live_allocations: AtomicU32::new(0),
         })
     }
