@@ -636,7 +636,6 @@ pub fn measure_bind_latency(context: &Arc<VulkanContext>, pages: u32, contiguous
     let span_pages = if contiguous { pages_u64 } else { 2 * pages_u64 };
     let mut config = SparseConfig::new(span_pages * page_bytes);
     config.pages_per_chunk = pages.clamp(1, 4096);
-    config.max_live_mappings = config.max_live_mappings.max(pages_u64 + 1);
     let mut buffer = SparseBuffer::new(Arc::clone(context), config)?;
     let runs: Vec<(u64, u64)> = if contiguous {
         vec![(0, pages_u64 * page_bytes)]
