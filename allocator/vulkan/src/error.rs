@@ -48,11 +48,13 @@ pub enum VulkanError {
         /// The pool's capacity (`u64::MAX` when uncapped).
         capacity_bytes: u64,
     },
-    /// Binding would leave more scattered sparse mappings live than the limit (each costs the driver a host
-    /// mapping on software drivers, bounded by `vm.max_map_count`).
-    #[error("too many sparse mappings: {needed} live mappings needed, the limit is {limit}")]
+    /// Binding would leave more scattered sparse mappings (plus memory chunks) live than the limit (each may cost
+    /// the driver a host mapping, bounded by the process's `vm.max_map_count`).
+    #[error(
+        "too many sparse mappings: {needed} live mappings and memory chunks needed, the limit is {limit} (vm.max_map_count bounds them; bind contiguous runs)"
+    )]
     TooManyMappings {
-        /// Live mappings after the bind.
+        /// Live mappings plus memory chunks after the bind.
         needed: u64,
         /// The limit ([`crate::SparseConfig::max_live_mappings`]).
         limit: u64,

@@ -10,8 +10,9 @@
 //! - Batches are ordered by a timeline semaphore: batch `n` waits for value `n - 1` and signals `n`. The host
 //!   waits for the last value ([`SparseBuffer::wait_binds`]) before reading or writing through other queues.
 //! - Every live mapping (a maximal run of pages contiguous in the buffer and in one chunk) may cost the driver a
-//!   host mapping (lavapipe: an `mmap`, bounded by `vm.max_map_count`); binds that would leave more than
-//!   [`SparseConfig::max_live_mappings`] live fail with [`VulkanError::TooManyMappings`], touching nothing.
+//!   host mapping (lavapipe: an `mmap`, bounded by `vm.max_map_count`), and so may every memory chunk; binds
+//!   that would leave more than [`SparseConfig::max_live_mappings`] of both together live fail with
+//!   [`VulkanError::TooManyMappings`], touching nothing.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -33,7 +34,7 @@ pub struct SparseConfig {
     pub pool_capacity_bytes: Option<u64>,
     /// Pages per `VkDeviceMemory` chunk of the pool.
     pub pages_per_chunk: u32,
-    /// At most this many live mappings (see the module documentation).
+    /// At most this many live mappings plus memory chunks (see the module documentation).
     pub max_live_mappings: u64,
 }
 
@@ -396,7 +397,7 @@ impl SparseBuffer {
             delta += self.mapping_delta(index, page);
             self.bound.insert(index, page);
         }
-        let needed = self.stats.live_mappings.saturating_add_signed(delta);
+        let needed = self.stats.live_mappings.saturating_add_signed(delta) + self.pool.chunk_count() as u64;
         let binds = self.coalesced_binds(pages);
         let result = if needed > self.max_live_mappings {
             Err(VulkanError::TooManyMappings { needed, limit: self.max_live_mappings })
@@ -511,7 +512,7 @@ impl SparseBuffer {
         self.bound.remove(&from);
         let delta = -self.mapping_delta(from, page) + self.mapping_delta(to, page);
         self.bound.insert(to, page);
-        let needed = self.stats.live_mappings.saturating_add_signed(delta);
+        let needed = self.stats.live_mappings.saturating_add_signed(delta) + self.pool.chunk_count() as u64;
         let mut binds = self.unbind_entries(&[from]);
         binds.extend(self.coalesced_binds(&[to]));
         let result = if needed > self.max_live_mappings {

@@ -112,18 +112,20 @@ fn pool_cap_and_mapping_limit_fail_cleanly() {
         let page = probe.page_bytes();
         drop(probe);
         let mut config = SparseConfig::new(4 * MIB).with_pool_capacity(Some(10 * page));
-        config.max_live_mappings = 4;
+        // Mappings plus memory chunks: the pool is one chunk of 10 pages.
+        config.max_live_mappings = 5;
         let mut buffer = SparseBuffer::new(Arc::clone(&context), config).unwrap();
         buffer.bind(&[(0, 8 * page)]).unwrap();
         let error = buffer.bind(&[(20 * page, 3 * page)]).unwrap_err();
         assert!(error.is_out_of_memory(), "{error}");
         assert!(error.to_string().contains("out of device memory"), "{error}");
         assert_eq!(buffer.stats().pages_bound, 8);
-        // Five scattered pages fit the pool but not the limit of four live mappings.
+        // Five scattered pages fit the pool but not the limit: 5 mappings + 1 chunk > 5.
         buffer.unbind(&[(0, 8 * page)]).unwrap();
         let scattered: Vec<(u64, u64)> = (0..5).map(|index| (2 * index * page, page)).collect();
         let error = buffer.bind(&scattered).unwrap_err();
-        assert!(matches!(error, VulkanError::TooManyMappings { needed: 5, limit: 4 }), "{error}");
+        assert!(matches!(error, VulkanError::TooManyMappings { needed: 6, limit: 5 }), "{error}");
+        assert!(error.to_string().contains("too many sparse mappings"), "{error}");
         assert_eq!(buffer.stats().pages_bound, 0);
         assert_eq!(buffer.pool().used_pages(), 0, "refused pages went back to the pool");
         assert_eq!(buffer.bind(&scattered[..4]).unwrap(), 4);
