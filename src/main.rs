@@ -10,6 +10,7 @@ mod demo;
 mod export;
 mod input;
 mod options;
+mod probe;
 mod replay;
 
 use std::process::ExitCode;
@@ -41,6 +42,8 @@ enum Command {
     Convert(convert::ConvertArgs),
     /// List the allocation policies.
     Policies,
+    /// List every Vulkan adapter: heaps, memory types, budget, sparse support and measured bind latencies.
+    Probe(probe::ProbeArgs),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         Command::Summary(args) => export::run_summary(&args),
         Command::Export(args) => export::run_export(&args),
         Command::Convert(args) => convert::run(&args),
+        Command::Probe(args) => probe::run(&args),
         Command::Policies => {
             options::print_policies();
             Ok(())

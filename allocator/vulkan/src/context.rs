@@ -100,6 +100,9 @@ pub struct VulkanContext {
     compute_queue_family: u32,
     compute_queue: vk::Queue,
     sparse_queue: Option<(u32, vk::Queue)>,
+    /// Held around every submission to the compute or sparse queue: they may be the same `VkQueue`, which
+    /// Vulkan requires to be externally synchronised.
+    queue_lock: Mutex<()>,
     /// Live `vkAllocateMemory` allocations of every source on this device, for `maxMemoryAllocationCount`.
     pub(crate) live_allocations: AtomicU32,
 }
@@ -138,6 +141,21 @@ impl VulkanContext {
         partial.device(options)
     }
 
+    /// Every physical device the loader lists, in order (the indices `HEAPSCOPE_DEVICE` and
+    /// [`ContextOptions::device_selector`] take), from a short-lived instance without validation.
+    ///
+    /// # Errors
+    /// [`VulkanError::NoLoader`] / [`VulkanError::NoDriver`] when there is no Vulkan, [`VulkanError::Vk`] when
+    /// a call fails. No device is an empty list.
+    pub fn enumerate_devices() -> Result<Vec<DeviceCandidate>, VulkanError> {
+        // SAFETY: loading libvulkan runs its initialisers; the Vulkan loader is designed to be loaded so.
+        let entry = unsafe { ash::Entry::load() }.map_err(|error| VulkanError::NoLoader(error.to_string()))?;
+        let validation_log = ValidationLog::default();
+        let (instance, debug) = create_instance(&entry, false, &validation_log)?;
+        let partial = Partial { entry, instance, debug, validation_log };
+        partial.candidates().map(|(_, candidates)| candidates)
+    }
+
     /// `ash`'s instance.
     pub fn instance(&self) -> &ash::Instance {
         &self.instance
@@ -171,6 +189,13 @@ impl VulkanContext {
     /// The queue family with sparse binding (may be the compute family), when `sparseBinding` is enabled.
     pub fn sparse_queue(&self) -> Option<(u32, vk::Queue)> {
         self.sparse_queue
+    }
+
+    /// Holds the lock every submission to [`VulkanContext::compute_queue`] or [`VulkanContext::sparse_queue`]
+    /// takes (`vkQueueSubmit`, `vkQueueBindSparse`): the two may be one `VkQueue`, which must not be used from
+    /// two threads at once. A poisoned lock is taken over (it guards no data).
+    pub fn lock_queues(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.queue_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The sparse-binding queue family's index.
@@ -328,8 +353,8 @@ fn create_instance(
 }
 
 impl Partial {
-    /// Chooses the physical device and creates the logical device; the context takes the instance over.
-    fn device(self, options: &ContextOptions) -> Result<VulkanContext, VulkanError> {
+    /// The physical devices and what the selection knows about them.
+    fn candidates(&self) -> Result<(Vec<vk::PhysicalDevice>, Vec<DeviceCandidate>), VulkanError> {
         let instance = &self.instance;
         // SAFETY: a query of the live instance.
         let physical_devices = unsafe { instance.enumerate_physical_devices() }.map_err(|result| match result {
@@ -352,6 +377,13 @@ impl Partial {
                 }
             })
             .collect();
+        Ok((physical_devices, candidates))
+    }
+
+    /// Chooses the physical device and creates the logical device; the context takes the instance over.
+    fn device(self, options: &ContextOptions) -> Result<VulkanContext, VulkanError> {
+        let (physical_devices, candidates) = self.candidates()?;
+        let instance = &self.instance;
         let physical_device = physical_devices[select_device(&candidates, options.device_selector.as_deref())?];
 
         // SAFETY: the physical device belongs to this live instance (and so for the queries below).
@@ -460,6 +492,7 @@ impl Partial {
             compute_queue_family: compute_family,
             compute_queue,
             sparse_queue,
+            queue_lock: Mutex::new(()),
             live_allocations: AtomicU32::new(0),
         })
     }

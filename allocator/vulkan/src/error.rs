@@ -34,6 +34,37 @@ pub enum VulkanError {
     /// A Vulkan layer asked for (the validation layer) is not installed.
     #[error("the Vulkan layer {0} is not installed")]
     MissingLayer(String),
+    /// A sparse buffer's page pool has no page left under its capacity (or the device refused a new chunk).
+    #[error(
+        "out of device memory: {requested_pages} page(s) of {page_bytes} B needed, {available_pages} left under the pool's capacity of {capacity_bytes} B"
+    )]
+    OutOfPages {
+        /// Pages the operation needed.
+        requested_pages: u64,
+        /// Pages still available (free pages plus pages the cap allows to allocate).
+        available_pages: u64,
+        /// The page size.
+        page_bytes: u64,
+        /// The pool's capacity (`u64::MAX` when uncapped).
+        capacity_bytes: u64,
+    },
+    /// Binding would leave more scattered sparse mappings (plus memory chunks) live than the limit (each may cost
+    /// the driver a host mapping, bounded by the process's `vm.max_map_count`).
+    #[error(
+        "too many sparse mappings: {needed} live mappings and memory chunks needed, the limit is {limit} (vm.max_map_count bounds them; bind contiguous runs)"
+    )]
+    TooManyMappings {
+        /// Live mappings plus memory chunks after the bind.
+        needed: u64,
+        /// The limit ([`crate::SparseConfig::max_live_mappings`]).
+        limit: u64,
+    },
+    /// An argument is out of range or misaligned (a page run outside the buffer, a page bound twice, ...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The heap over a sparse buffer refused an operation (out of memory, double free, ...).
+    #[error(transparent)]
+    Heap(#[from] heapscope_core::Error),
     /// The device or the instance lacks something heapscope needs (a layer, a queue, a memory type).
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -43,6 +74,12 @@ impl VulkanError {
     /// Whether the machine has no usable Vulkan (no loader, no driver, no device): what tests skip on.
     pub fn means_no_vulkan(&self) -> bool {
         matches!(self, Self::NoLoader(_) | Self::NoDriver(_) | Self::NoDevice)
+    }
+
+    /// Whether this is an out-of-memory refusal: the pool ran out of pages, or the heap out of capacity or
+    /// virtual range.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Self::OutOfPages { .. } | Self::Heap(heapscope_core::Error::OutOfMemory(_)))
     }
 
     /// A closure turning a `vk::Result` into [`VulkanError::Vk`] for `call`, for `map_err`.

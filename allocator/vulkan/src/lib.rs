@@ -7,6 +7,10 @@
 //! - [`DeviceProperties`] (`properties`): the device, its memory types, heaps, limits and budget as plain data.
 //! - [`DeviceMemorySource`] (`source`): `vkAllocateMemory` blocks as a [`heapscope_core::MemorySource`], so a
 //!   [`heapscope_core::Heap`] runs any policy over real device memory.
+//! - [`SparseBuffer`] (`sparse`): a sparse-residency buffer whose pages are bound on demand from a [`PagePool`]
+//!   with `vkQueueBindSparse`, and [`measure_bind_latency`].
+//! - [`DevicePagedHeap`] (`paged`): a [`heapscope_core::PagedHeap`] whose mapped pages are bound in a sparse buffer.
+//! - [`Transfer`] (`transfer`): staging copies into and out of device buffers on the compute queue.
 //! - [`memory_types`]: the choice of a memory type for a use.
 //!
 //! All of heapscope's `unsafe` lives in this crate; every block carries a `// SAFETY:` comment.
@@ -17,15 +21,21 @@
 mod context;
 mod error;
 pub mod memory_types;
+mod paged;
 mod properties;
 mod selection;
 mod source;
+mod sparse;
+mod transfer;
 
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};
 pub use error::VulkanError;
+pub use paged::{DevicePagedConfig, DevicePagedHeap, DevicePagedStats};
 pub use properties::{DeviceFeatures, DeviceLimits, DeviceProperties, HeapBudget, QueueFamilyInfo, SparseProperties};
 pub use selection::{DeviceCandidate, VENDORS, select_device};
 pub use source::{BLOCK_BUFFER_USAGE, BlockInfo, DeviceMemorySource, DeviceSourceConfig, LeakReport, LeakedBlock};
+pub use sparse::{BindLatency, BindLayout, PagePool, PageRef, SparseBuffer, SparseConfig, SparseStats, measure_bind_latency};
+pub use transfer::Transfer;
 
 /// `ash`, re-exported so users name the same `vk` types.
 pub use ash;

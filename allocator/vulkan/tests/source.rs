@@ -232,4 +232,7 @@ fn sources_move_between_threads_and_contexts_are_shared() {
     send::<DeviceMemorySource>();
     send::<Heap<DeviceMemorySource>>();
     send_sync::<VulkanContext>();
+    send::<heapscope_vulkan::SparseBuffer>();
+    send::<heapscope_vulkan::DevicePagedHeap>();
+    send::<heapscope_vulkan::Transfer>();
 }

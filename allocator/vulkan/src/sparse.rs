@@ -1,0 +1,659 @@
+//! [`SparseBuffer`]: one sparse-residency `VkBuffer` whose pages are bound on demand to physical pages of a
+//! [`PagePool`] with `vkQueueBindSparse`.
+//!
+//! - The page size is the alignment of the buffer's memory requirements (4 KiB on lavapipe, usually 64 KiB on
+//!   discrete GPUs), never a constant.
+//! - Physical pages are carved from `VkDeviceMemory` chunks of [`SparseConfig::pages_per_chunk`] pages; free
+//!   pages are handed out lowest first, so pages taken together are usually contiguous in one chunk.
+//! - A bind or unbind is one `vkQueueBindSparse` batch. Pages contiguous in the buffer *and* in one chunk are
+//!   coalesced into one `VkSparseMemoryBind` (a "bind entry"); an unbind needs only buffer contiguity.
+//! - Batches are ordered by a timeline semaphore: batch `n` waits for value `n - 1` and signals `n`. The host
+//!   waits for the last value ([`SparseBuffer::wait_binds`]) before reading or writing through other queues.
+//! - Every live mapping (a maximal run of pages contiguous in the buffer and in one chunk) may cost the driver a
+//!   host mapping (lavapipe: an `mmap`, bounded by `vm.max_map_count`), and so may every memory chunk; binds
+//!   that would leave more than [`SparseConfig::max_live_mappings`] of both together live fail with
+//!   [`VulkanError::TooManyMappings`], touching nothing.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ash::vk;
+
+use crate::memory_types::MemoryUsage;
+use crate::source::BLOCK_BUFFER_USAGE;
+use crate::{VulkanContext, VulkanError};
+
+/// How a [`SparseBuffer`] is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SparseConfig {
+    /// The buffer's size (rounded up to whole pages); at most `sparseAddressSpaceSize`.
+    pub size_bytes: u64,
+    /// At most this many bytes of physical pages (a multiple of the page size is used); `None`: no cap.
+    pub pool_capacity_bytes: Option<u64>,
+    /// Pages per `VkDeviceMemory` chunk of the pool.
+    pub pages_per_chunk: u32,
+    /// At most this many live mappings plus memory chunks (see the module documentation).
+    pub max_live_mappings: u64,
+}
+
+impl SparseConfig {
+    /// Pages per chunk by default.
+    pub const DEFAULT_PAGES_PER_CHUNK: u32 = 64;
+    /// The default limit of live mappings: well below Linux's default `vm.max_map_count` (65530), which the
+    /// whole process shares.
+    pub const DEFAULT_MAX_LIVE_MAPPINGS: u64 = 16_384;
+
+    /// A buffer of `size_bytes`, uncapped pool, 64 pages per chunk, the default mapping limit.
+    pub fn new(size_bytes: u64) -> Self {
+        Self {
+            size_bytes,
+            pool_capacity_bytes: None,
+            pages_per_chunk: Self::DEFAULT_PAGES_PER_CHUNK,
+            max_live_mappings: Self::DEFAULT_MAX_LIVE_MAPPINGS,
+        }
+    }
+
+    /// The same with a pool capacity.
+    #[must_use]
+    pub fn with_pool_capacity(self, pool_capacity_bytes: Option<u64>) -> Self {
+        Self { pool_capacity_bytes, ..self }
+    }
+}
+
+/// A physical page: its chunk and its index in the chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PageRef {
+    /// The chunk's index in the pool.
+    pub chunk: u32,
+    /// The page's index in the chunk.
+    pub page: u32,
+}
+
+/// Physical pages carved from `VkDeviceMemory` chunks of one memory type, with a free set and a capacity cap.
+pub struct PagePool {
+    context: Arc<VulkanContext>,
+    memory_type_index: u32,
+    page_bytes: u64,
+    pages_per_chunk: u32,
+    capacity_pages: u64,
+    chunks: Vec<vk::DeviceMemory>,
+    /// Pages of the chunks, allocated so far.
+    allocated_pages: u64,
+    free: BTreeSet<PageRef>,
+}
+
+impl fmt::Debug for PagePool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PagePool")
+            .field("memory_type_index", &self.memory_type_index)
+            .field("page_bytes", &self.page_bytes)
+            .field("pages_per_chunk", &self.pages_per_chunk)
+            .field("capacity_pages", &self.capacity_pages)
+            .field("chunks", &self.chunks.len())
+            .field("free_pages", &self.free.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PagePool {
+    /// Pages in use (taken and not given back).
+    pub fn used_pages(&self) -> u64 {
+        self.allocated_pages - self.free.len() as u64
+    }
+
+    /// Chunks allocated so far.
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// Pages that can still be taken: free ones plus those the cap allows to allocate.
+    pub fn available_pages(&self) -> u64 {
+        self.free.len() as u64 + (self.capacity_pages - self.allocated_pages)
+    }
+
+    /// The memory of a chunk.
+    fn memory(&self, chunk: u32) -> vk::DeviceMemory {
+        self.chunks[chunk as usize]
+    }
+
+    /// Takes `count` pages, lowest first, allocating chunks as needed; all or nothing.
+    fn take(&mut self, count: u64) -> Result<Vec<PageRef>, VulkanError> {
+        let out_of_pages = |pool: &Self| VulkanError::OutOfPages {
+            requested_pages: count,
+            available_pages: pool.available_pages(),
+            page_bytes: pool.page_bytes,
+            capacity_bytes: pool.capacity_pages.saturating_mul(pool.page_bytes),
+        };
+        if count > self.available_pages() {
+            return Err(out_of_pages(self));
+        }
+        while (self.free.len() as u64) < count {
+            let pages = u64::from(self.pages_per_chunk).min(self.capacity_pages - self.allocated_pages);
+            let info = vk::MemoryAllocateInfo::default()
+                .allocation_size(pages * self.page_bytes)
+                .memory_type_index(self.memory_type_index);
+            // SAFETY: a valid allocate info for a memory type of this device; the memory is freed on drop.
+            let memory = match unsafe { self.context.device().allocate_memory(&info, None) } {
+                Ok(memory) => memory,
+                Err(vk::Result::ERROR_OUT_OF_DEVICE_MEMORY | vk::Result::ERROR_OUT_OF_HOST_MEMORY) => {
+                    return Err(out_of_pages(self));
+                }
+                Err(result) => return Err(VulkanError::Vk { call: "vkAllocateMemory", result }),
+            };
+            let chunk =
+                u32::try_from(self.chunks.len()).map_err(|_| VulkanError::InvalidArgument("more than u32::MAX chunks".into()))?;
+            self.chunks.push(memory);
+            self.allocated_pages += pages;
+            // `pages` is at most `pages_per_chunk`, a u32.
+            self.free.extend((0..pages as u32).map(|page| PageRef { chunk, page }));
+        }
+        Ok((0..count).filter_map(|_| self.free.pop_first()).collect())
+    }
+
+    /// Gives pages back.
+    fn give_back(&mut self, pages: impl IntoIterator<Item = PageRef>) {
+        self.free.extend(pages);
+    }
+}
+
+impl Drop for PagePool {
+    fn drop(&mut self) {
+        for &memory in &self.chunks {
+            // SAFETY: the buffer using these pages was destroyed first (`SparseBuffer::drop`) after the queue
+            // went idle; the memory is ours.
+            unsafe { self.context.device().free_memory(memory, None) };
+        }
+    }
+}
+
+/// Counters of a [`SparseBuffer`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SparseStats {
+    /// `vkQueueBindSparse` batches submitted.
+    pub batches: u64,
+    /// `VkSparseMemoryBind` entries binding memory.
+    pub bind_entries: u64,
+    /// `VkSparseMemoryBind` entries unbinding (memory null).
+    pub unbind_entries: u64,
+    /// Pages bound now.
+    pub pages_bound: u64,
+    /// The most pages bound at once.
+    pub peak_pages_bound: u64,
+    /// Live mappings now (runs of pages contiguous in the buffer and in one chunk).
+    pub live_mappings: u64,
+    /// The most live mappings at once.
+    pub peak_live_mappings: u64,
+}
+
+/// A sparse-residency buffer with a page pool. See the module documentation.
+pub struct SparseBuffer {
+    context: Arc<VulkanContext>,
+    queue: vk::Queue,
+    buffer: vk::Buffer,
+    size_bytes: u64,
+    page_bytes: u64,
+    pool: PagePool,
+    /// The physical page behind each bound buffer page, by buffer page index.
+    bound: HashMap<u64, PageRef>,
+    semaphore: vk::Semaphore,
+    timeline_value: u64,
+    max_live_mappings: u64,
+    stats: SparseStats,
+}
+
+// SAFETY: the buffer owns its handles; Vulkan handles may be used from any thread, every mutation goes through
+// `&mut self`, and queue submissions take the context's queue lock.
+unsafe impl Send for SparseBuffer {}
+
+impl fmt::Debug for SparseBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SparseBuffer")
+            .field("size_bytes", &self.size_bytes)
+            .field("page_bytes", &self.page_bytes)
+            .field("pool", &self.pool)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether physical page `b` follows `a` in the same chunk.
+fn follows(a: PageRef, b: PageRef) -> bool {
+    a.chunk == b.chunk && a.page + 1 == b.page
+}
+
+impl SparseBuffer {
+    /// A sparse buffer of `config.size_bytes` (usage storage and transfers both ways) on `context`'s device.
+    ///
+    /// # Errors
+    /// [`VulkanError::Unsupported`] without `sparseBinding`, `sparseResidencyBuffer` or `timelineSemaphore`, or
+    /// without a device-local memory type for the buffer; [`VulkanError::InvalidArgument`] for a size of zero or
+    /// beyond `sparseAddressSpaceSize`; [`VulkanError::Vk`] when a call fails.
+    pub fn new(context: Arc<VulkanContext>, config: SparseConfig) -> Result<Self, VulkanError> {
+        let features = context.enabled_features();
+        let name = context.properties().name.clone();
+        if !features.sparse_binding || !features.sparse_residency_buffer || !features.timeline_semaphore {
+            return Err(VulkanError::Unsupported(format!(
+                "{name} lacks sparseBinding, sparseResidencyBuffer or timelineSemaphore ({features:?})"
+            )));
+        }
+        let (_, queue) = context.sparse_queue().ok_or_else(|| VulkanError::Unsupported(format!("{name}: no sparse queue")))?;
+        let address_space_bytes = context.properties().limits.sparse_address_space_size_bytes;
+        if config.size_bytes == 0 || config.size_bytes > address_space_bytes {
+            return Err(VulkanError::InvalidArgument(format!(
+                "sparse buffer of {} B: must be above 0 and at most sparseAddressSpaceSize ({address_space_bytes} B)",
+                config.size_bytes
+            )));
+        }
+        if config.pages_per_chunk == 0 {
+            return Err(VulkanError::InvalidArgument("pages_per_chunk must be above 0".into()));
+        }
+        let mut flags = vk::BufferCreateFlags::SPARSE_BINDING | vk::BufferCreateFlags::SPARSE_RESIDENCY;
+        if features.sparse_residency_aliased {
+            flags |= vk::BufferCreateFlags::SPARSE_ALIASED;
+        }
+        let info = vk::BufferCreateInfo::default()
+            .size(config.size_bytes)
+            .flags(flags)
+            .usage(BLOCK_BUFFER_USAGE)
+            .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        let device = context.device();
+        // SAFETY: a valid create info on a live device with the sparse features enabled; destroyed on drop (or
+        // below on failure).
+        let buffer = unsafe { device.create_buffer(&info, None) }.map_err(VulkanError::vk("vkCreateBuffer"))?;
+        // SAFETY: the buffer was just created on this device.
+        let requirements = unsafe { device.get_buffer_memory_requirements(buffer) };
+        let destroy = |error: VulkanError| {
+            // SAFETY: the buffer is unused, nothing is bound to it.
+            unsafe { device.destroy_buffer(buffer, None) };
+            error
+        };
+        let page_bytes = requirements.alignment.max(1);
+        let memory_type_index = context
+            .properties()
+            .memory_properties()
+            .select_memory_type(requirements.memory_type_bits, MemoryUsage::DeviceLocal)
+            .ok_or_else(|| {
+                destroy(VulkanError::Unsupported(format!(
+                    "{name}: no memory type for a sparse buffer among type bits {:#b}",
+                    requirements.memory_type_bits
+                )))
+            })?;
+        let capacity_pages = config.pool_capacity_bytes.map_or(u64::MAX, |capacity| capacity / page_bytes);
+        let mut timeline = vk::SemaphoreTypeCreateInfo::default().semaphore_type(vk::SemaphoreType::TIMELINE).initial_value(0);
+        let semaphore_info = vk::SemaphoreCreateInfo::default().push_next(&mut timeline);
+        // SAFETY: timelineSemaphore is enabled (checked above); destroyed on drop.
+        let semaphore = unsafe { device.create_semaphore(&semaphore_info, None) }
+            .map_err(|result| destroy(VulkanError::Vk { call: "vkCreateSemaphore", result }))?;
+        let pool = PagePool {
+            context: Arc::clone(&context),
+            memory_type_index,
+            page_bytes,
+            pages_per_chunk: config.pages_per_chunk,
+            capacity_pages,
+            chunks: Vec::new(),
+            allocated_pages: 0,
+            free: BTreeSet::new(),
+        };
+        Ok(Self {
+            context,
+            queue,
+            buffer,
+            size_bytes: requirements.size.max(config.size_bytes),
+            page_bytes,
+            pool,
+            bound: HashMap::new(),
+            semaphore,
+            timeline_value: 0,
+            max_live_mappings: config.max_live_mappings,
+            stats: SparseStats::default(),
+        })
+    }
+
+    /// The buffer.
+    pub fn buffer(&self) -> vk::Buffer {
+        self.buffer
+    }
+
+    /// Its size.
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    /// The sparse page size (the buffer's memory alignment).
+    pub fn page_bytes(&self) -> u64 {
+        self.page_bytes
+    }
+
+    /// The page pool.
+    pub fn pool(&self) -> &PagePool {
+        &self.pool
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> SparseStats {
+        self.stats
+    }
+
+    /// The physical page bound at the buffer page holding `offset`, if any.
+    pub fn page_at(&self, offset: u64) -> Option<PageRef> {
+        self.bound.get(&(offset / self.page_bytes)).copied()
+    }
+
+    /// The pages of the runs `(offset, size_bytes)`, checked to be page-aligned and inside the buffer.
+    fn pages_of(&self, runs: &[(u64, u64)]) -> Result<Vec<u64>, VulkanError> {
+        let mut pages = Vec::new();
+        for &(offset, size_bytes) in runs {
+            let end = offset.checked_add(size_bytes);
+            if offset % self.page_bytes != 0 || size_bytes % self.page_bytes != 0 || end.is_none_or(|end| end > self.size_bytes) {
+                return Err(VulkanError::InvalidArgument(format!(
+                    "run at {offset:#x} of {size_bytes} B: must be whole {} B pages inside the buffer of {} B",
+                    self.page_bytes, self.size_bytes
+                )));
+            }
+            pages.extend(offset / self.page_bytes..(offset + size_bytes) / self.page_bytes);
+        }
+        Ok(pages)
+    }
+
+    /// The change in live mappings when buffer page `index` gets (or loses) physical page `physical`.
+    fn mapping_delta(&self, index: u64, physical: PageRef) -> i64 {
+        let joins_left = index.checked_sub(1).and_then(|left| self.bound.get(&left)).is_some_and(|&left| follows(left, physical));
+        let joins_right = self.bound.get(&(index + 1)).is_some_and(|&right| follows(physical, right));
+        1 - i64::from(joins_left) - i64::from(joins_right)
+    }
+
+    fn set_live_mappings(&mut self, delta: i64) {
+        self.stats.live_mappings = self.stats.live_mappings.saturating_add_signed(delta);
+        self.stats.peak_live_mappings = self.stats.peak_live_mappings.max(self.stats.live_mappings);
+    }
+
+    /// Binds physical pages to every page of `runs` (page-aligned `(offset, size_bytes)` in the buffer, none
+    /// bound yet), in one batch; returns the bind entries it took.
+    ///
+    /// # Errors
+    /// [`VulkanError::InvalidArgument`] for a run outside the buffer, misaligned, or over a bound page;
+    /// [`VulkanError::OutOfPages`] when the pool is exhausted; [`VulkanError::TooManyMappings`]; a failed
+    /// `vkQueueBindSparse`. Nothing changes on error.
+    pub fn bind(&mut self, runs: &[(u64, u64)]) -> Result<u64, VulkanError> {
+        let mut pages = self.pages_of(runs)?;
+        pages.sort_unstable();
+        if pages.windows(2).any(|pair| pair[0] == pair[1]) || pages.iter().any(|page| self.bound.contains_key(page)) {
+            return Err(VulkanError::InvalidArgument("bind over a page already bound (or listed twice)".into()));
+        }
+        if pages.is_empty() {
+            return Ok(0);
+        }
+        let physical = self.pool.take(pages.len() as u64)?;
+        self.bind_pages(&pages, &physical)
+    }
+
+    /// Binds `physical[i]` at buffer page `pages[i]` (sorted, unbound), giving the physical pages back to the
+    /// pool on error.
+    fn bind_pages(&mut self, pages: &[u64], physical: &[PageRef]) -> Result<u64, VulkanError> {
+        let mut delta = 0;
+        for (&index, &page) in pages.iter().zip(physical) {
+            delta += self.mapping_delta(index, page);
+            self.bound.insert(index, page);
+        }
+        let needed = self.stats.live_mappings.saturating_add_signed(delta) + self.pool.chunk_count() as u64;
+        let binds = self.coalesced_binds(pages);
+        let result = if needed > self.max_live_mappings {
+            Err(VulkanError::TooManyMappings { needed, limit: self.max_live_mappings })
+        } else {
+            self.submit(&binds)
+        };
+        if let Err(error) = result {
+            for index in pages {
+                self.bound.remove(index);
+            }
+            self.pool.give_back(physical.iter().copied());
+            return Err(error);
+        }
+        self.set_live_mappings(delta);
+        self.stats.bind_entries += binds.len() as u64;
+        self.stats.pages_bound += pages.len() as u64;
+        self.stats.peak_pages_bound = self.stats.peak_pages_bound.max(self.stats.pages_bound);
+        Ok(binds.len() as u64)
+    }
+
+    /// One `VkSparseMemoryBind` per run of `pages` (sorted, bound in `self.bound`) contiguous in the buffer and
+    /// in one chunk.
+    fn coalesced_binds(&self, pages: &[u64]) -> Vec<vk::SparseMemoryBind> {
+        let mut binds: Vec<vk::SparseMemoryBind> = Vec::new();
+        let mut previous: Option<(u64, PageRef)> = None;
+        for &index in pages {
+            let Some(&page) = self.bound.get(&index) else { continue };
+            let extends = previous.is_some_and(|(last_index, last_page)| last_index + 1 == index && follows(last_page, page));
+            match binds.last_mut() {
+                Some(bind) if extends => bind.size += self.page_bytes,
+                _ => binds.push(
+                    vk::SparseMemoryBind::default()
+                        .resource_offset(index * self.page_bytes)
+                        .size(self.page_bytes)
+                        .memory(self.pool.memory(page.chunk))
+                        .memory_offset(u64::from(page.page) * self.page_bytes),
+                ),
+            }
+            previous = Some((index, page));
+        }
+        binds
+    }
+
+    /// Unbinds every page of `runs` (all bound), in one batch, and gives their physical pages back; returns
+    /// the unbind entries it took (one per run of pages contiguous in the buffer).
+    ///
+    /// # Errors
+    /// [`VulkanError::InvalidArgument`] for a run outside the buffer, misaligned, or over an unbound page; a
+    /// failed `vkQueueBindSparse`. Nothing changes on error.
+    pub fn unbind(&mut self, runs: &[(u64, u64)]) -> Result<u64, VulkanError> {
+        let mut pages = self.pages_of(runs)?;
+        pages.sort_unstable();
+        pages.dedup();
+        if pages.iter().any(|page| !self.bound.contains_key(page)) {
+            return Err(VulkanError::InvalidArgument("unbind of a page not bound".into()));
+        }
+        let binds = self.unbind_entries(&pages);
+        if binds.is_empty() {
+            return Ok(0);
+        }
+        self.submit(&binds)?;
+        let entries = binds.len() as u64;
+        self.release(&pages);
+        self.stats.unbind_entries += entries;
+        Ok(entries)
+    }
+
+    /// Null-memory binds covering `pages` (sorted), one per buffer-contiguous run.
+    fn unbind_entries(&self, pages: &[u64]) -> Vec<vk::SparseMemoryBind> {
+        let mut binds: Vec<vk::SparseMemoryBind> = Vec::new();
+        let mut previous: Option<u64> = None;
+        for &index in pages {
+            match binds.last_mut() {
+                Some(bind) if previous.is_some_and(|last| last + 1 == index) => bind.size += self.page_bytes,
+                _ => binds.push(vk::SparseMemoryBind::default().resource_offset(index * self.page_bytes).size(self.page_bytes)),
+            }
+            previous = Some(index);
+        }
+        binds
+    }
+
+    /// Forgets the bindings of `pages` (bound) and gives their physical pages back.
+    fn release(&mut self, pages: &[u64]) {
+        for &index in pages {
+            if let Some(page) = self.bound.remove(&index) {
+                // With the page gone, its mapping delta is the inverse of what adding it back would be.
+                let delta = self.mapping_delta(index, page);
+                self.set_live_mappings(-delta);
+                self.pool.give_back([page]);
+                self.stats.pages_bound -= 1;
+            }
+        }
+    }
+
+    /// Moves the physical page bound at `from_offset` to the unbound page at `to_offset`, in one batch (an
+    /// unbind and a bind of the same memory): the contents move with it.
+    ///
+    /// # Errors
+    /// [`VulkanError::InvalidArgument`] when `from_offset` is not bound or `to_offset` is, or either is not a
+    /// page inside the buffer; [`VulkanError::TooManyMappings`]; a failed `vkQueueBindSparse`.
+    pub fn remap(&mut self, from_offset: u64, to_offset: u64) -> Result<(), VulkanError> {
+        let from = self.pages_of(&[(from_offset, self.page_bytes)])?[0];
+        let to = self.pages_of(&[(to_offset, self.page_bytes)])?[0];
+        let page = self
+            .bound
+            .get(&from)
+            .copied()
+            .ok_or_else(|| VulkanError::InvalidArgument(format!("remap from {from_offset:#x}: not bound")))?;
+        if self.bound.contains_key(&to) {
+            return Err(VulkanError::InvalidArgument(format!("remap to {to_offset:#x}: already bound")));
+        }
+        self.bound.remove(&from);
+        let delta = -self.mapping_delta(from, page) + self.mapping_delta(to, page);
+        self.bound.insert(to, page);
+        let needed = self.stats.live_mappings.saturating_add_signed(delta) + self.pool.chunk_count() as u64;
+        let mut binds = self.unbind_entries(&[from]);
+        binds.extend(self.coalesced_binds(&[to]));
+        let result = if needed > self.max_live_mappings {
+            Err(VulkanError::TooManyMappings { needed, limit: self.max_live_mappings })
+        } else {
+            self.submit(&binds)
+        };
+        if let Err(error) = result {
+            self.bound.remove(&to);
+            self.bound.insert(from, page);
+            return Err(error);
+        }
+        self.set_live_mappings(delta);
+        self.stats.unbind_entries += 1;
+        self.stats.bind_entries += 1;
+        Ok(())
+    }
+
+    /// Submits one batch of `binds` on the sparse queue, waiting for the previous batch and signalling the next
+    /// timeline value.
+    fn submit(&mut self, binds: &[vk::SparseMemoryBind]) -> Result<(), VulkanError> {
+        let wait_values = [self.timeline_value];
+        let signal_values = [self.timeline_value + 1];
+        let semaphores = [self.semaphore];
+        let buffer_binds = [vk::SparseBufferMemoryBindInfo::default().buffer(self.buffer).binds(binds)];
+        let mut timeline = vk::TimelineSemaphoreSubmitInfo::default()
+            .wait_semaphore_values(&wait_values)
+            .signal_semaphore_values(&signal_values);
+        let info = vk::BindSparseInfo::default()
+            .wait_semaphores(&semaphores)
+            .buffer_binds(&buffer_binds)
+            .signal_semaphores(&semaphores)
+            .push_next(&mut timeline);
+        let _queue = self.context.lock_queues();
+        // SAFETY: the queue is the device's sparse queue, held under the context's queue lock; every bind names
+        // memory of this device's pool at an offset and size that are multiples of the buffer's alignment,
+        // inside the chunk and the buffer; all pointers in `info` outlive the call.
+        unsafe { self.context.device().queue_bind_sparse(self.queue, &[info], vk::Fence::null()) }
+            .map_err(VulkanError::vk("vkQueueBindSparse"))?;
+        self.timeline_value += 1;
+        self.stats.batches += 1;
+        Ok(())
+    }
+
+    /// Waits on the host until every batch submitted so far has completed.
+    ///
+    /// # Errors
+    /// A failed `vkWaitSemaphores`.
+    pub fn wait_binds(&self) -> Result<(), VulkanError> {
+        let semaphores = [self.semaphore];
+        let values = [self.timeline_value];
+        let info = vk::SemaphoreWaitInfo::default().semaphores(&semaphores).values(&values);
+        // SAFETY: the semaphore is this buffer's timeline semaphore on this device.
+        unsafe { self.context.device().wait_semaphores(&info, u64::MAX) }.map_err(VulkanError::vk("vkWaitSemaphores"))
+    }
+
+    /// The timeline semaphore and the value the last batch signals, for a submission that waits on the device.
+    pub fn timeline(&self) -> (vk::Semaphore, u64) {
+        (self.semaphore, self.timeline_value)
+    }
+}
+
+impl Drop for SparseBuffer {
+    fn drop(&mut self) {
+        // A lost device cannot be waited on; destruction proceeds either way.
+        let _ = self.wait_binds();
+        let _queue = self.context.lock_queues();
+        // SAFETY: every bind batch has completed and no other work uses the buffer (callers wait for their
+        // copies); the pool's memory is freed after the buffer (the pool is dropped after this body).
+        unsafe {
+            let device = self.context.device();
+            let _ = device.queue_wait_idle(self.queue);
+            device.destroy_buffer(self.buffer, None);
+            device.destroy_semaphore(self.semaphore, None);
+        }
+    }
+}
+
+/// How the pages of a latency measurement lie.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BindLayout {
+    /// One run of pages, contiguous in the buffer and in memory: one bind entry.
+    Contiguous,
+    /// Every other page of the buffer: one bind entry per page.
+    Scattered,
+}
+
+impl BindLayout {
+    /// `"contiguous"` or `"scattered"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Contiguous => "contiguous",
+            Self::Scattered => "scattered",
+        }
+    }
+}
+
+/// One measurement of [`measure_bind_latency`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BindLatency {
+    /// Pages bound.
+    pub pages: u32,
+    /// How they lay.
+    pub layout: BindLayout,
+    /// Microseconds from submitting the bind batch to its completion seen on the host.
+    pub bind_us: f64,
+    /// The same for the unbind batch.
+    pub unbind_us: f64,
+}
+
+/// Measures binding and unbinding `pages` pages in one batch each, laid out contiguously (one entry) or
+/// scattered (every other page, one entry per page), on a fresh sparse buffer whose pool chunks are allocated
+/// beforehand (so only the binding is timed).
+///
+/// # Errors
+/// What [`SparseBuffer::new`], [`SparseBuffer::bind`] and [`SparseBuffer::unbind`] return.
+pub fn measure_bind_latency(context: &Arc<VulkanContext>, pages: u32, contiguous: bool) -> Result<BindLatency, VulkanError> {
+    let probe = SparseBuffer::new(Arc::clone(context), SparseConfig::new(1))?;
+    let page_bytes = probe.page_bytes();
+    drop(probe);
+    let pages_u64 = u64::from(pages.max(1));
+    let span_pages = if contiguous { pages_u64 } else { 2 * pages_u64 };
+    let mut config = SparseConfig::new(span_pages * page_bytes);
+    config.pages_per_chunk = pages.clamp(1, 4096);
+    let mut buffer = SparseBuffer::new(Arc::clone(context), config)?;
+    let runs: Vec<(u64, u64)> = if contiguous {
+        vec![(0, pages_u64 * page_bytes)]
+    } else {
+        (0..pages_u64).map(|page| (2 * page * page_bytes, page_bytes)).collect()
+    };
+    // Allocate the chunks first: take and give back every page.
+    let warm = buffer.pool.take(pages_u64)?;
+    buffer.pool.give_back(warm);
+    let start = Instant::now();
+    buffer.bind(&runs)?;
+    buffer.wait_binds()?;
+    let bind_us = start.elapsed().as_secs_f64() * 1e6;
+    let start = Instant::now();
+    buffer.unbind(&runs)?;
+    buffer.wait_binds()?;
+    let unbind_us = start.elapsed().as_secs_f64() * 1e6;
+    let layout = if contiguous { BindLayout::Contiguous } else { BindLayout::Scattered };
+    Ok(BindLatency { pages, layout, bind_us, unbind_us })
+}

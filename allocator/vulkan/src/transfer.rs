@@ -1,0 +1,209 @@
+//! [`Transfer`]: a host-visible staging buffer and one-time command buffers on the compute queue, to write
+//! bytes into and read bytes out of device buffers (`vkCmdCopyBuffer`), waiting for each copy on the host.
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use ash::vk;
+
+use crate::memory_types::MemoryUsage;
+use crate::source::BLOCK_BUFFER_USAGE;
+use crate::{VulkanContext, VulkanError};
+
+/// A staging buffer and a command pool for synchronous copies. See the module documentation.
+pub struct Transfer {
+    context: Arc<VulkanContext>,
+    queue: vk::Queue,
+    command_pool: vk::CommandPool,
+    fence: vk::Fence,
+    staging: vk::Buffer,
+    memory: vk::DeviceMemory,
+    mapped: NonNull<u8>,
+    staging_bytes: u64,
+    coherent: bool,
+}
+
+// SAFETY: the handles and the mapping are owned; every use goes through `&mut self`; submissions take the
+// context's queue lock.
+unsafe impl Send for Transfer {}
+
+impl fmt::Debug for Transfer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transfer").field("staging_bytes", &self.staging_bytes).field("coherent", &self.coherent).finish()
+    }
+}
+
+impl Transfer {
+    /// A transfer helper with a staging buffer of `staging_bytes` in host-visible memory.
+    ///
+    /// # Errors
+    /// [`VulkanError::Unsupported`] without a host-visible memory type for the staging buffer;
+    /// [`VulkanError::Vk`] when a call fails.
+    pub fn new(context: Arc<VulkanContext>, staging_bytes: u64) -> Result<Self, VulkanError> {
+        let (family, queue) = context.compute_queue();
+        let device = context.device().clone();
+        let pool_info = vk::CommandPoolCreateInfo::default()
+            .queue_family_index(family)
+            .flags(vk::CommandPoolCreateFlags::TRANSIENT | vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
+        // SAFETY: a valid create info for a queue family of this device; destroyed on drop.
+        let command_pool =
+            unsafe { device.create_command_pool(&pool_info, None) }.map_err(VulkanError::vk("vkCreateCommandPool"))?;
+        let mut this = Self {
+            context,
+            queue,
+            command_pool,
+            fence: vk::Fence::null(),
+            staging: vk::Buffer::null(),
+            memory: vk::DeviceMemory::null(),
+            mapped: NonNull::dangling(),
+            staging_bytes: staging_bytes.max(1),
+            coherent: true,
+        };
+        // From here `this` owns what exists; `Drop` destroys whatever is not null.
+        // SAFETY: a valid create info on this device; destroyed on drop.
+        this.fence =
+            unsafe { device.create_fence(&vk::FenceCreateInfo::default(), None) }.map_err(VulkanError::vk("vkCreateFence"))?;
+        let buffer_info = vk::BufferCreateInfo::default()
+            .size(this.staging_bytes)
+            .usage(BLOCK_BUFFER_USAGE)
+            .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        // SAFETY: as above.
+        this.staging = unsafe { device.create_buffer(&buffer_info, None) }.map_err(VulkanError::vk("vkCreateBuffer"))?;
+        // SAFETY: the buffer was just created on this device.
+        let requirements = unsafe { device.get_buffer_memory_requirements(this.staging) };
+        let properties = this.context.properties();
+        let index = properties
+            .memory_properties()
+            .select_memory_type(requirements.memory_type_bits, MemoryUsage::Readback)
+            .ok_or_else(|| VulkanError::Unsupported(format!("{}: no host-visible memory for staging", properties.name)))?;
+        this.coherent = properties
+            .memory_types
+            .iter()
+            .find(|info| info.index == index)
+            .is_some_and(|info| info.property_flags.contains(vk::MemoryPropertyFlags::HOST_COHERENT));
+        let allocate = vk::MemoryAllocateInfo::default().allocation_size(requirements.size).memory_type_index(index);
+        // SAFETY: a valid allocate info for a memory type the buffer accepts; freed on drop.
+        this.memory = unsafe { device.allocate_memory(&allocate, None) }.map_err(VulkanError::vk("vkAllocateMemory"))?;
+        // SAFETY: the memory is fresh, of a type the buffer accepts, large enough; offset 0 is aligned.
+        unsafe { device.bind_buffer_memory(this.staging, this.memory, 0) }.map_err(VulkanError::vk("vkBindBufferMemory"))?;
+        // SAFETY: host-visible memory, not yet mapped; unmapped by freeing it on drop.
+        let pointer = unsafe { device.map_memory(this.memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()) }
+            .map_err(VulkanError::vk("vkMapMemory"))?;
+        this.mapped = NonNull::new(pointer.cast::<u8>())
+            .ok_or_else(|| VulkanError::Unsupported("vkMapMemory returned a null pointer".into()))?;
+        Ok(this)
+    }
+
+    /// Copies `bytes` into `buffer` at `offset`, waiting for the copy.
+    ///
+    /// # Errors
+    /// A failed Vulkan call.
+    pub fn upload(&mut self, buffer: vk::Buffer, offset: u64, bytes: &[u8]) -> Result<(), VulkanError> {
+        for (index, piece) in bytes.chunks(self.chunk_len()).enumerate() {
+            // SAFETY: the mapping covers `staging_bytes` >= `piece.len()`; no copy is in flight (each waits).
+            unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), self.mapped.as_ptr(), piece.len()) };
+            self.flush(false)?;
+            let at = offset + (index * self.chunk_len()) as u64;
+            self.copy(self.staging, 0, buffer, at, piece.len() as u64)?;
+        }
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes of `buffer` at `offset` into `out`, waiting for the copy.
+    ///
+    /// # Errors
+    /// A failed Vulkan call.
+    pub fn download(&mut self, buffer: vk::Buffer, offset: u64, out: &mut [u8]) -> Result<(), VulkanError> {
+        let chunk_len = self.chunk_len();
+        for (index, piece) in out.chunks_mut(chunk_len).enumerate() {
+            let at = offset + (index * chunk_len) as u64;
+            self.copy(buffer, at, self.staging, 0, piece.len() as u64)?;
+            self.flush(true)?;
+            // SAFETY: the copy has completed (waited on its fence); the mapping covers `piece.len()` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(self.mapped.as_ptr(), piece.as_mut_ptr(), piece.len()) };
+        }
+        Ok(())
+    }
+
+    fn chunk_len(&self) -> usize {
+        usize::try_from(self.staging_bytes).unwrap_or(usize::MAX)
+    }
+
+    /// Flushes (before a device read) or invalidates (after a device write) non-coherent staging memory.
+    fn flush(&self, invalidate: bool) -> Result<(), VulkanError> {
+        if self.coherent {
+            return Ok(());
+        }
+        let range = [vk::MappedMemoryRange::default().memory(self.memory).offset(0).size(vk::WHOLE_SIZE)];
+        let device = self.context.device();
+        // SAFETY: the whole of mapped memory of this device, with no copy in flight.
+        unsafe {
+            if invalidate {
+                device.invalidate_mapped_memory_ranges(&range).map_err(VulkanError::vk("vkInvalidateMappedMemoryRanges"))
+            } else {
+                device.flush_mapped_memory_ranges(&range).map_err(VulkanError::vk("vkFlushMappedMemoryRanges"))
+            }
+        }
+    }
+
+    /// Records and submits one `vkCmdCopyBuffer` and waits for it on the host.
+    ///
+    /// # Errors
+    /// A failed Vulkan call.
+    pub fn copy(
+        &mut self,
+        source: vk::Buffer,
+        source_offset: u64,
+        destination: vk::Buffer,
+        destination_offset: u64,
+        size_bytes: u64,
+    ) -> Result<(), VulkanError> {
+        let device = self.context.device();
+        let allocate = vk::CommandBufferAllocateInfo::default()
+            .command_pool(self.command_pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        // SAFETY: the pool is ours, used from `&mut self` only.
+        let buffers =
+            unsafe { device.allocate_command_buffers(&allocate) }.map_err(VulkanError::vk("vkAllocateCommandBuffers"))?;
+        let command_buffer = buffers[0];
+        let region = [vk::BufferCopy::default().src_offset(source_offset).dst_offset(destination_offset).size(size_bytes)];
+        let begin = vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+        let submit = [vk::SubmitInfo::default().command_buffers(&buffers)];
+        // SAFETY: the command buffer is fresh; both buffers are live buffers of this device with TRANSFER usage,
+        // the caller keeps the ranges inside them (and bound, for a sparse buffer, after waiting for its binds);
+        // the submission holds the queue lock and is waited for before the command buffer is freed.
+        let result = unsafe {
+            device
+                .begin_command_buffer(command_buffer, &begin)
+                .and_then(|()| {
+                    device.cmd_copy_buffer(command_buffer, source, destination, &region);
+                    device.end_command_buffer(command_buffer)
+                })
+                .and_then(|()| {
+                    let _queue = self.context.lock_queues();
+                    device.queue_submit(self.queue, &submit, self.fence)
+                })
+                .and_then(|()| device.wait_for_fences(&[self.fence], true, u64::MAX))
+                .and_then(|()| device.reset_fences(&[self.fence]))
+        };
+        // SAFETY: the command buffer is not in flight (waited for, or never submitted).
+        unsafe { device.free_command_buffers(self.command_pool, &buffers) };
+        result.map_err(VulkanError::vk("vkCmdCopyBuffer submission"))
+    }
+}
+
+impl Drop for Transfer {
+    fn drop(&mut self) {
+        let device = self.context.device();
+        // SAFETY: every copy was waited for; destroying null handles is a no-op; the memory is unmapped by
+        // freeing it, after the buffer using it is destroyed.
+        unsafe {
+            device.destroy_buffer(self.staging, None);
+            device.free_memory(self.memory, None);
+            device.destroy_fence(self.fence, None);
+            device.destroy_command_pool(self.command_pool, None);
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! End-to-end test of `heapscope probe --json` on a real Vulkan device (lavapipe in CI): the keys of every
+//! adapter, and lavapipe's 4 KiB sparse pages. Skipped without a device unless `HEAPSCOPE_REQUIRE_GPU=1`.
+#![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
+
+use std::process::Command;
+
+use serde_json::Value;
+
+#[test]
+fn probe_json_lists_every_adapter_with_its_memory_and_sparse_latencies() {
+    let output = Command::new(env!("CARGO_BIN_EXE_heapscope")).args(["probe", "--json"]).output().expect("the binary runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let required = std::env::var("HEAPSCOPE_REQUIRE_GPU").is_ok_and(|value| value.trim() == "1");
+    if !output.status.success() && stderr.contains("no Vulkan") && !required {
+        eprintln!("skipped: {stderr}");
+        return;
+    }
+    assert!(output.status.success(), "stderr: {stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let adapters: Vec<Value> = stdout.lines().map(|line| serde_json::from_str(line).expect("one JSON object per line")).collect();
+    assert!(!adapters.is_empty());
+    for adapter in &adapters {
+        for key in [
+            "name",
+            "vendor_id",
+            "device_type",
+            "api_version",
+            "heaps",
+            "memory_types",
+            "sparse_binding",
+            "sparse_residency_buffer",
+            "sparse_residency_aliased",
+            "sparse_page_bytes",
+            "bind_latency_us",
+        ] {
+            assert!(adapter.get(key).is_some(), "{key} missing from {adapter}");
+        }
+        let heaps = adapter["heaps"].as_array().unwrap();
+        assert!(!heaps.is_empty());
+        for heap in heaps {
+            assert!(heap["size_bytes"].as_u64().unwrap() > 0);
+            assert!(heap["flags"].is_array());
+            assert!(heap.get("budget_bytes").is_some() && heap.get("usage_bytes").is_some());
+        }
+        for memory_type in adapter["memory_types"].as_array().unwrap() {
+            assert!(memory_type["index"].is_u64() && memory_type["heap"].is_u64() && memory_type["flags"].is_array());
+        }
+        if adapter["sparse_residency_buffer"] == true {
+            let latencies = adapter["bind_latency_us"].as_array().unwrap();
+            assert_eq!(latencies.len(), 6, "1, 64 and 1024 pages, contiguous and scattered");
+            for latency in latencies {
+                assert!([1, 64, 1024].contains(&latency["pages"].as_u64().unwrap()));
+                assert!(["contiguous", "scattered"].contains(&latency["layout"].as_str().unwrap()));
+                assert!(latency["bind_us"].as_f64().unwrap() > 0.0 && latency["unbind_us"].as_f64().unwrap() > 0.0);
+            }
+        }
+        if adapter["name"].as_str().unwrap().starts_with("llvmpipe") {
+            assert_eq!(adapter["sparse_page_bytes"], 4096, "lavapipe's sparse pages are 4 KiB");
+        }
+    }
+}
