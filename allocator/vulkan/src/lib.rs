@@ -7,6 +7,8 @@
 //! - [`DeviceProperties`] (`properties`): the device, its memory types, heaps, limits and budget as plain data.
 //! - [`DeviceMemorySource`] (`source`): `vkAllocateMemory` blocks as a [`heapscope_core::MemorySource`], so a
 //!   [`heapscope_core::Heap`] runs any policy over real device memory.
+//! - [`GpuAllocatorHeap`] (`gpu_allocator_heap`): gpu-allocator 0.28 as a [`heapscope_core::DeviceHeap`], a
+//!   contender on the same device.
 //! - [`memory_types`]: the choice of a memory type for a use.
 //!
 //! All of heapscope's `unsafe` lives in this crate; every block carries a `// SAFETY:` comment.
@@ -16,6 +18,7 @@
 
 mod context;
 mod error;
+mod gpu_allocator_heap;
 pub mod memory_types;
 mod properties;
 mod selection;
@@ -23,9 +26,13 @@ mod source;
 
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};
 pub use error::VulkanError;
+pub use gpu_allocator_heap::{GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocatorHeap};
 pub use properties::{DeviceFeatures, DeviceLimits, DeviceProperties, HeapBudget, QueueFamilyInfo, SparseProperties};
 pub use selection::{DeviceCandidate, VENDORS, select_device};
 pub use source::{BLOCK_BUFFER_USAGE, BlockInfo, DeviceMemorySource, DeviceSourceConfig, LeakReport, LeakedBlock};
+
+/// gpu-allocator, re-exported for its report types.
+pub use gpu_allocator;
 
 /// `ash`, re-exported so users name the same `vk` types.
 pub use ash;
