@@ -4,6 +4,7 @@
 //! - heapscope: `Heap<DeviceMemorySource>` with TLSF in 256 MiB blocks (dedicated blocks from 128 MiB, one
 //!   empty block kept: `HeapConfig::new(PolicyKind::Tlsf)`), device-local memory;
 //! - gpu-allocator 0.28 through [`GpuAllocatorHeap`] (`MemoryLocation::GpuOnly`, 256 MiB blocks, linear);
+//! - gpu-allocator called directly, to show what the `DeviceHeap` wrapper costs;
 //! - heapscope again with gpu-allocator's rule for dedicated blocks (only requests above 256 MiB), a variant row;
 //! - VMA (vk-mem 0.5): `vmaAllocateMemory` with requirements {size, alignment 512, every memory type},
 //!   `MemoryUsage::Unknown` with DEVICE_LOCAL required (on lavapipe the one type has it), default block sizes.
@@ -64,6 +65,35 @@ impl<H: DeviceHeap> Contender for AsDeviceHeap<H> {
 
     fn reserved_bytes(&self) -> u64 {
         self.0.reserved_and_live_bytes().0
+    }
+}
+
+/// gpu-allocator called directly, without the `DeviceHeap` wrapper: what the wrapper costs.
+struct RawGpuAllocator(gpu_allocator::vulkan::Allocator);
+
+impl Contender for RawGpuAllocator {
+    type Handle = gpu_allocator::vulkan::Allocation;
+
+    #[inline]
+    fn alloc(&mut self, size_bytes: u64) -> Option<Self::Handle> {
+        self.0
+            .allocate(&gpu_allocator::vulkan::AllocationCreateDesc {
+                name: "",
+                requirements: vk::MemoryRequirements { size: size_bytes, alignment: ALIGN_BYTES, memory_type_bits: !0 },
+                location: gpu_allocator::MemoryLocation::GpuOnly,
+                linear: true,
+                allocation_scheme: gpu_allocator::vulkan::AllocationScheme::GpuAllocatorManaged,
+            })
+            .ok()
+    }
+
+    #[inline]
+    fn free(&mut self, handle: Self::Handle) {
+        self.0.free(handle).expect("the trace frees only live allocations");
+    }
+
+    fn reserved_bytes(&self) -> u64 {
+        self.0.capacity()
     }
 }
 
@@ -178,14 +208,17 @@ struct Row {
     name: &'static str,
     ns_per_event: f64,
     ratio: f64,
+    /// Against gpu-allocator called directly.
+    ratio_direct: f64,
     memory: Memory,
 }
 
-/// Rounds of one block per contender, the order rotating each round; ratios against `peer` per round.
-fn measure(mut prepared: Vec<Prepared<'_>>, peer: usize) -> Vec<Row> {
+/// Rounds of one block per contender, the order rotating each round; ratios against `peer` and `direct` per round.
+fn measure(mut prepared: Vec<Prepared<'_>>, peer: usize, direct: usize) -> Vec<Row> {
     let count = prepared.len();
     let mut samples = vec![Vec::new(); count];
     let mut ratios = vec![Vec::new(); count];
+    let mut ratios_direct = vec![Vec::new(); count];
     for round in 0..ROUNDS {
         let mut block_medians = vec![0.0; count];
         for step in 0..count {
@@ -198,6 +231,7 @@ fn measure(mut prepared: Vec<Prepared<'_>>, peer: usize) -> Vec<Row> {
         }
         for index in 0..count {
             ratios[index].push(block_medians[index] / block_medians[peer]);
+            ratios_direct[index].push(block_medians[index] / block_medians[direct]);
         }
     }
     prepared
@@ -207,13 +241,14 @@ fn measure(mut prepared: Vec<Prepared<'_>>, peer: usize) -> Vec<Row> {
             name: contender.name,
             ns_per_event: median(&mut samples[index]),
             ratio: median(&mut ratios[index]),
+            ratio_direct: median(&mut ratios_direct[index]),
             memory: contender.memory,
         })
         .collect()
 }
 
-fn gib(bytes: u64) -> f64 {
-    bytes as f64 / f64::from(1u32 << 30)
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1u32 << 20)
 }
 
 fn table(trace: &Trace, device: &str, rows: &[Row], peer: usize, notes: &[String]) -> String {
@@ -221,21 +256,22 @@ fn table(trace: &Trace, device: &str, rows: &[Row], peer: usize, notes: &[String
     let mut text = format!(
         "Trace `{}`: {} events, requests aligned to {ALIGN_BYTES} bytes, on {device}; {ROUNDS} rounds of {} timed \
          replays per contender, order rotating.\n\n\
-         | contender | ns/event (median) | time vs gpu-allocator (median of per-round ratios) | peak reserved GiB | \
-         peak reserved vs gpu-allocator | peak live GiB | failed allocs |\n|---|---|---|---|---|---|---|\n",
+         | contender | ns/event (median) | time vs gpu-allocator (median of per-round ratios) | vs gpu-allocator direct | peak reserved MiB | \
+         peak reserved vs gpu-allocator | peak live MiB | failed allocs |\n|---|---|---|---|---|---|---|---|\n",
         trace.name,
         trace.events().len(),
         BLOCK - 1
     );
     for row in rows {
         text.push_str(&format!(
-            "| {} | {:.1} | {:.3} | {:.3} | {:.4} | {:.3} | {} |\n",
+            "| {} | {:.1} | {:.3} | {:.3} | {:.1} | {:.4} | {:.1} | {} |\n",
             row.name,
             row.ns_per_event,
             row.ratio,
-            gib(row.memory.peak_reserved_bytes),
+            row.ratio_direct,
+            mib(row.memory.peak_reserved_bytes),
             row.memory.peak_reserved_bytes as f64 / peer_reserved,
-            gib(row.memory.peak_live_bytes),
+            mib(row.memory.peak_live_bytes),
             row.memory.failed
         ));
     }
@@ -243,10 +279,11 @@ fn table(trace: &Trace, device: &str, rows: &[Row], peer: usize, notes: &[String
     let time_met = ours.ratio <= 0.5;
     let memory_met = ours.memory.peak_reserved_bytes <= rows[peer].memory.peak_reserved_bytes;
     text.push_str(&format!(
-        "\nTargets (issue): heapscope time <= 0.5x gpu-allocator: {} ({:.3}x); peak device memory <= gpu-allocator's: {} \
-         ({:.4}x).\n",
+        "\nTargets (issue): heapscope time <= 0.5x gpu-allocator: {} ({:.3}x; {:.3}x against gpu-allocator called directly); \
+         peak device memory <= gpu-allocator's: {} ({:.4}x).\n",
         if time_met { "met" } else { "NOT met" },
         ours.ratio,
+        ours.ratio_direct,
         if memory_met { "met" } else { "NOT met" },
         ours.memory.peak_reserved_bytes as f64 / peer_reserved
     ));
@@ -281,6 +318,18 @@ fn main() {
     let gpu_allocator =
         GpuAllocatorHeap::new(Arc::clone(&context), GpuAllocatorConfig::default()).expect("gpu-allocator brings up");
 
+    let mut debug_settings = gpu_allocator::AllocatorDebugSettings::default();
+    debug_settings.log_leaks_on_shutdown = false;
+    let raw_gpu_allocator = gpu_allocator::vulkan::Allocator::new(&gpu_allocator::vulkan::AllocatorCreateDesc {
+        instance: context.instance().clone(),
+        device: context.device().clone(),
+        physical_device: context.physical_device(),
+        debug_settings,
+        buffer_device_address: false,
+        allocation_sizes: gpu_allocator::AllocationSizes::new(256 << 20, 256 << 20),
+    })
+    .expect("gpu-allocator brings up");
+
     let mut create_info = vk_mem::AllocatorCreateInfo::new(context.instance(), context.device(), context.physical_device());
     create_info.preferred_large_heap_block_size = 256 << 20;
     // SAFETY: the instance, device and physical device are live for as long as the context, which outlives the
@@ -310,13 +359,14 @@ fn main() {
     let mut prepared = vec![
         prepare("heapscope Heap<DeviceMemorySource> TLSF", AsDeviceHeap(heapscope), &trace),
         prepare("gpu-allocator 0.28", AsDeviceHeap(gpu_allocator), &trace),
+        prepare("gpu-allocator 0.28, called directly (no DeviceHeap wrapper)", RawGpuAllocator(raw_gpu_allocator), &trace),
         prepare("heapscope TLSF, dedicated above 256 MiB (not default)", AsDeviceHeap(heapscope_dedicated_256), &trace),
     ];
     if let Some(vma) = vma {
         prepared.push(prepare("VMA (vk-mem 0.5)", vma, &trace));
     }
     let peer = 1;
-    let rows = measure(prepared, peer);
+    let rows = measure(prepared, peer, 2);
     let text = table(&trace, &device, &rows, peer, &notes);
     println!("\n{text}");
     let out = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/heapscope-bench");
