@@ -8,6 +8,9 @@
 //! lands in a handle not seen live before, and released when gpu-allocator's capacity drops on the free of its
 //! last allocation (gpu-allocator keeps its last general block even when empty).
 //!
+//! Its blocks count in [`VulkanContext::live_allocation_count`] alongside every source's, after the fact:
+//! gpu-allocator calls `vkAllocateMemory` itself, so heapscope cannot refuse past `maxMemoryAllocationCount`.
+//!
 //! A budget cap ([`GpuAllocatorConfig::budget_cap_bytes`]) is checked after gpu-allocator allocates: an
 //! allocation that made the reserved bytes exceed the cap is freed again (its new block with it, unless it is
 //! gpu-allocator's last general block) and the request fails with [`Error::OutOfMemory`].
@@ -15,6 +18,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use ash::vk;
 use gpu_allocator::vulkan::{AllocationCreateDesc, AllocationScheme, Allocator, AllocatorCreateDesc};
@@ -255,6 +259,7 @@ impl GpuAllocatorHeap {
             if capacity < self.reserved_bytes {
                 let block = *block;
                 self.blocks.remove(&memory);
+                self.context.live_allocations.fetch_sub(1, Ordering::AcqRel);
                 self.reserved_bytes = capacity;
                 self.push_event(DeviceEvent::Released { address: block.base_address, size_bytes: block.size_bytes });
             }
@@ -294,6 +299,7 @@ impl DeviceHeap for GpuAllocatorHeap {
                 self.next_address += size_bytes.max(1).next_multiple_of(Self::ADDRESS_ALIGNMENT_BYTES);
                 self.reserved_bytes = capacity;
                 self.peak_reserved_bytes = self.peak_reserved_bytes.max(capacity);
+                self.context.live_allocations.fetch_add(1, Ordering::AcqRel);
                 self.push_event(DeviceEvent::Reserved { address: base_address, size_bytes });
                 self.blocks.entry(memory).or_insert(Block { base_address, size_bytes, live_allocations: 0 })
             }
@@ -389,5 +395,8 @@ impl Drop for GpuAllocatorHeap {
         for live in self.slots.iter_mut().filter_map(Option::take) {
             let _ = self.allocator.free(live.inner);
         }
+        // Every block left (gpu-allocator's last general block, blocks of failed frees) goes with the allocator.
+        let blocks = u32::try_from(self.blocks.len()).unwrap_or(u32::MAX);
+        self.context.live_allocations.fetch_sub(blocks, Ordering::AcqRel);
     }
 }

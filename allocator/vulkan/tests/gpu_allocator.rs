@@ -81,9 +81,17 @@ fn random_allocs_and_frees_do_not_overlap() {
         assert!(matches!(heap.free_handle(any), Err(Error::DoubleFree { .. })));
         apply(&mut blocks, heap.take_device_events());
         assert!(blocks.len() <= 1, "at most gpu-allocator's last general block stays: {blocks:?}");
+        assert_eq!(context.live_allocation_count() as usize, blocks.len(), "its blocks count on the device");
         assert_eq!(heap.reserved_and_live_bytes(), (blocks.values().sum(), 0));
     }
+    assert_eq!(context.live_allocation_count(), 0, "dropping the heap gave its blocks back");
     common::finish(context);
+}
+
+#[test]
+fn heaps_move_between_threads() {
+    fn send<T: Send>() {}
+    send::<GpuAllocatorHeap>();
 }
 
 #[test]
