@@ -227,6 +227,18 @@ pub fn replay_paged(trace: &Trace, heap: &mut PagedHeap, align_bytes: u64) -> Re
     Ok(HeapReplay { stats, first_oom: target.first_oom, last_oom: target.last_oom })
 }
 
+/// Replays `trace` through any [`DeviceHeap`] (a heap of another crate, another allocator wrapped as one),
+/// every request aligned to `align_bytes`; what [`replay_heap`] and [`replay_paged`] do for heapscope's own.
+///
+/// # Errors
+/// [`Error::AlignmentNotPowerOfTwo`] for a bad alignment, a failure other than out of memory, or an error on
+/// free.
+pub fn replay_device_heap<H: DeviceHeap>(trace: &Trace, heap: &mut H, align_bytes: u64) -> Result<HeapReplay> {
+    let mut target = DeviceHeapTarget { heap, first_oom: None, last_oom: None };
+    let stats = replay(trace, &mut target, align_bytes)?;
+    Ok(HeapReplay { stats, first_oom: target.first_oom, last_oom: target.last_oom })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,8 @@
 //!   with `vkQueueBindSparse`, and [`measure_bind_latency`].
 //! - [`DevicePagedHeap`] (`paged`): a [`heapscope_core::PagedHeap`] whose mapped pages are bound in a sparse buffer.
 //! - [`Transfer`] (`transfer`): staging copies into and out of device buffers on the compute queue.
+//! - [`GpuAllocatorHeap`] (`gpu_allocator_heap`): gpu-allocator 0.28 as a [`heapscope_core::DeviceHeap`], a
+//!   contender on the same device.
 //! - [`memory_types`]: the choice of a memory type for a use.
 //!
 //! All of heapscope's `unsafe` lives in this crate; every block carries a `// SAFETY:` comment.
@@ -20,6 +22,7 @@
 
 mod context;
 mod error;
+mod gpu_allocator_heap;
 pub mod memory_types;
 mod paged;
 mod properties;
@@ -30,12 +33,16 @@ mod transfer;
 
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};
 pub use error::VulkanError;
+pub use gpu_allocator_heap::{GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocatorHeap};
 pub use paged::{DevicePagedConfig, DevicePagedHeap, DevicePagedStats};
 pub use properties::{DeviceFeatures, DeviceLimits, DeviceProperties, HeapBudget, QueueFamilyInfo, SparseProperties};
 pub use selection::{DeviceCandidate, VENDORS, select_device};
 pub use source::{BLOCK_BUFFER_USAGE, BlockInfo, DeviceMemorySource, DeviceSourceConfig, LeakReport, LeakedBlock};
 pub use sparse::{BindLatency, BindLayout, PagePool, PageRef, SparseBuffer, SparseConfig, SparseStats, measure_bind_latency};
 pub use transfer::Transfer;
+
+/// gpu-allocator, re-exported for its report types.
+pub use gpu_allocator;
 
 /// `ash`, re-exported so users name the same `vk` types.
 pub use ash;

@@ -1,0 +1,402 @@
+//! [`GpuAllocatorHeap`]: gpu-allocator 0.28 (`gpu_allocator::vulkan::Allocator`) as a heapscope [`DeviceHeap`], a
+//! contender on the same device as heapscope's own `Heap<DeviceMemorySource>`.
+//!
+//! Every request is a linear resource in [`MemoryLocation::GpuOnly`] memory, with the request's alignment and
+//! every memory type allowed. gpu-allocator's blocks (`VkDeviceMemory`) get synthetic base addresses, like
+//! [`crate::DeviceMemorySource`]'s (increasing, never reused), so [`DeviceHeap::address`] is `base + offset`.
+//! Blocks are told apart by their `VkDeviceMemory` handle; a block is taken to be reserved when an allocation
+//! lands in a handle not seen live before, and released when gpu-allocator's capacity drops on the free of its
+//! last allocation (gpu-allocator keeps its last general block even when empty).
+//!
+//! Its blocks count in [`VulkanContext::live_allocation_count`] alongside every source's, after the fact:
+//! gpu-allocator calls `vkAllocateMemory` itself, so heapscope cannot refuse past `maxMemoryAllocationCount`.
+//!
+//! A budget cap ([`GpuAllocatorConfig::budget_cap_bytes`]) is checked after gpu-allocator allocates: an
+//! allocation that made the reserved bytes exceed the cap is freed again (its new block with it, unless it is
+//! gpu-allocator's last general block) and the request fails with [`Error::OutOfMemory`].
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use ash::vk;
+use gpu_allocator::vulkan::{AllocationCreateDesc, AllocationScheme, Allocator, AllocatorCreateDesc};
+use gpu_allocator::{AllocationError, AllocationSizes, AllocatorDebugSettings, MemoryLocation};
+use heapscope_core::{
+    Allocation, AllocationId, DeviceEvent, DeviceHeap, Error, OomCause, OomVerdict, OwnerId, Request, ResourceKind, Result,
+};
+
+use crate::VulkanContext;
+
+/// How a [`GpuAllocatorHeap`] is set up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuAllocatorConfig {
+    /// gpu-allocator's device block size (it clamps to 4..=256 MiB, a multiple of 4 MiB); larger requests get
+    /// a block of their own.
+    pub block_size_bytes: u64,
+    /// At most this many bytes reserved at once; beyond, [`Error::OutOfMemory`].
+    pub budget_cap_bytes: Option<u64>,
+}
+
+impl Default for GpuAllocatorConfig {
+    /// 256 MiB blocks (gpu-allocator's default), no cap.
+    fn default() -> Self {
+        Self { block_size_bytes: 256 << 20, budget_cap_bytes: None }
+    }
+}
+
+/// A live allocation of a [`GpuAllocatorHeap`]: `Copy`, like heapscope's own handles; gpu-allocator's
+/// allocation stays inside the heap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuAllocatorHandle {
+    allocation: Allocation,
+    block_base: u64,
+}
+
+impl GpuAllocatorHandle {
+    /// The allocation: offset and size in its block.
+    pub fn allocation(&self) -> &Allocation {
+        &self.allocation
+    }
+
+    /// The synthetic base address of its block.
+    pub fn block_base(&self) -> u64 {
+        self.block_base
+    }
+
+    /// Its synthetic address: block base plus offset.
+    pub fn address(&self) -> u64 {
+        self.block_base + self.allocation.offset()
+    }
+}
+
+/// A live gpu-allocator block, keyed by its memory handle.
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    base_address: u64,
+    size_bytes: u64,
+    live_allocations: u64,
+}
+
+/// A live allocation kept in the heap.
+#[derive(Debug)]
+struct Live {
+    inner: gpu_allocator::vulkan::Allocation,
+    memory: vk::DeviceMemory,
+    generation: u32,
+}
+
+/// gpu-allocator as a heapscope [`DeviceHeap`]. See the module documentation.
+pub struct GpuAllocatorHeap {
+    // Declared before the context: dropped (its blocks freed) while the device is alive.
+    allocator: Allocator,
+    context: Arc<VulkanContext>,
+    config: GpuAllocatorConfig,
+    owner: OwnerId,
+    slots: Vec<Option<Live>>,
+    generations: Vec<u32>,
+    free_slots: Vec<u32>,
+    blocks: HashMap<vk::DeviceMemory, Block>,
+    next_address: u64,
+    reserved_bytes: u64,
+    peak_reserved_bytes: u64,
+    live_bytes: u64,
+    ooms: u64,
+    events: Option<Vec<DeviceEvent>>,
+}
+
+impl fmt::Debug for GpuAllocatorHeap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuAllocatorHeap")
+            .field("config", &self.config)
+            .field("blocks", &self.blocks.len())
+            .field("reserved_bytes", &self.reserved_bytes)
+            .field("live_bytes", &self.live_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A gpu-allocator failure other than out of memory.
+fn failure(what: &str, error: &AllocationError) -> Error {
+    Error::Source(format!("gpu-allocator {what}: {error}"))
+}
+
+impl GpuAllocatorHeap {
+    /// The synthetic address of the first block (apart from [`crate::DeviceMemorySource::BASE_ADDRESS`]).
+    pub const BASE_ADDRESS: u64 = 0x5000_0000_0000;
+
+    /// Block addresses are multiples of this.
+    pub const ADDRESS_ALIGNMENT_BYTES: u64 = 64 << 10;
+
+    /// A gpu-allocator on `context`'s device.
+    ///
+    /// # Errors
+    /// [`Error::Source`] when gpu-allocator refuses the device.
+    pub fn new(context: Arc<VulkanContext>, config: GpuAllocatorConfig) -> Result<Self> {
+        let mut debug_settings = AllocatorDebugSettings::default();
+        debug_settings.log_leaks_on_shutdown = false;
+        let allocator = Allocator::new(&AllocatorCreateDesc {
+            instance: context.instance().clone(),
+            device: context.device().clone(),
+            physical_device: context.physical_device(),
+            debug_settings,
+            buffer_device_address: false,
+            allocation_sizes: AllocationSizes::new(config.block_size_bytes, config.block_size_bytes),
+        })
+        .map_err(|error| failure("bring-up", &error))?;
+        Ok(Self {
+            allocator,
+            context,
+            config,
+            owner: OwnerId::fresh(),
+            slots: Vec::new(),
+            generations: Vec::new(),
+            free_slots: Vec::new(),
+            blocks: HashMap::new(),
+            next_address: Self::BASE_ADDRESS,
+            reserved_bytes: 0,
+            peak_reserved_bytes: 0,
+            live_bytes: 0,
+            ooms: 0,
+            events: None,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &GpuAllocatorConfig {
+        &self.config
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<VulkanContext> {
+        &self.context
+    }
+
+    /// Bytes reserved in gpu-allocator's blocks now.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.reserved_bytes
+    }
+
+    /// The most bytes reserved at once.
+    pub fn peak_reserved_bytes(&self) -> u64 {
+        self.peak_reserved_bytes
+    }
+
+    /// Live blocks.
+    pub fn live_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Live allocations.
+    pub fn live_allocations(&self) -> usize {
+        self.slots.len() - self.free_slots.len()
+    }
+
+    /// Refused requests.
+    pub fn ooms(&self) -> u64 {
+        self.ooms
+    }
+
+    /// gpu-allocator's own report (allocations and blocks).
+    pub fn report(&self) -> gpu_allocator::AllocatorReport {
+        self.allocator.generate_report()
+    }
+
+    /// The verdict for a refused request, from gpu-allocator's report.
+    fn verdict(&mut self, request: Request) -> OomVerdict {
+        self.ooms += 1;
+        let report = self.allocator.generate_report();
+        let mut largest_free_run_bytes = 0;
+        for block in &report.blocks {
+            let mut taken: Vec<(u64, u64)> =
+                report.allocations[block.allocations.clone()].iter().map(|a| (a.offset, a.offset + a.size)).collect();
+            taken.sort_unstable();
+            let mut cursor = 0;
+            for (start, end) in taken {
+                largest_free_run_bytes = largest_free_run_bytes.max(start.saturating_sub(cursor));
+                cursor = cursor.max(end);
+            }
+            largest_free_run_bytes = largest_free_run_bytes.max(block.size.saturating_sub(cursor));
+        }
+        let free_in_blocks_bytes = report.total_capacity_bytes.saturating_sub(report.total_allocated_bytes);
+        let device_left: u64 = self.context.heap_budgets().iter().map(crate::HeapBudget::available_bytes).max().unwrap_or(0);
+        let cap_left = self.config.budget_cap_bytes.map_or(u64::MAX, |cap| cap.saturating_sub(report.total_capacity_bytes));
+        let unreserved_bytes = device_left.min(cap_left);
+        let needed_bytes = request.size_bytes().next_multiple_of(request.align_bytes());
+        OomVerdict {
+            policy: "gpu-allocator",
+            requested_bytes: request.size_bytes(),
+            needed_bytes,
+            align_bytes: request.align_bytes(),
+            reserved_bytes: report.total_capacity_bytes,
+            live_bytes: self.live_bytes,
+            padding_bytes: report.total_allocated_bytes.saturating_sub(self.live_bytes),
+            free_in_blocks_bytes,
+            largest_free_run_bytes,
+            retired_bytes: 0,
+            unreserved_bytes,
+            capacity_bytes: self.config.budget_cap_bytes,
+            cause: OomCause::judge(needed_bytes, free_in_blocks_bytes, unreserved_bytes),
+        }
+    }
+
+    fn push_event(&mut self, event: DeviceEvent) {
+        if let Some(events) = &mut self.events {
+            events.push(event);
+        }
+    }
+
+    /// Frees `inner` in gpu-allocator, and records the release of its block when gpu-allocator destroyed it.
+    fn free_inner(&mut self, inner: gpu_allocator::vulkan::Allocation, memory: vk::DeviceMemory) -> Result<()> {
+        self.allocator.free(inner).map_err(|error| failure("free", &error))?;
+        let Some(block) = self.blocks.get_mut(&memory) else {
+            return Err(Error::Source("gpu-allocator freed an allocation in a block heapscope never saw".into()));
+        };
+        block.live_allocations -= 1;
+        if block.live_allocations == 0 {
+            let capacity = self.allocator.capacity();
+            if capacity < self.reserved_bytes {
+                let block = *block;
+                self.blocks.remove(&memory);
+                self.context.live_allocations.fetch_sub(1, Ordering::AcqRel);
+                self.reserved_bytes = capacity;
+                self.push_event(DeviceEvent::Released { address: block.base_address, size_bytes: block.size_bytes });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl DeviceHeap for GpuAllocatorHeap {
+    type Handle = GpuAllocatorHandle;
+
+    fn allocate_request(&mut self, request: Request) -> Result<GpuAllocatorHandle> {
+        let desc = AllocationCreateDesc {
+            name: "",
+            requirements: vk::MemoryRequirements {
+                size: request.size_bytes(),
+                alignment: request.align_bytes(),
+                memory_type_bits: !0,
+            },
+            location: MemoryLocation::GpuOnly,
+            linear: true,
+            allocation_scheme: AllocationScheme::GpuAllocatorManaged,
+        };
+        let inner = match self.allocator.allocate(&desc) {
+            Ok(inner) => inner,
+            Err(AllocationError::OutOfMemory) => return Err(Error::OutOfMemory(Box::new(self.verdict(request)))),
+            Err(error) => return Err(failure("allocate", &error)),
+        };
+        // SAFETY: the handle is only used as a key to tell blocks apart; it is never bound, mapped or freed here.
+        let memory = unsafe { inner.memory() };
+        let block = match self.blocks.get_mut(&memory) {
+            Some(block) => block,
+            None => {
+                let capacity = self.allocator.capacity();
+                let size_bytes = capacity.saturating_sub(self.reserved_bytes);
+                let base_address = self.next_address;
+                self.next_address += size_bytes.max(1).next_multiple_of(Self::ADDRESS_ALIGNMENT_BYTES);
+                self.reserved_bytes = capacity;
+                self.peak_reserved_bytes = self.peak_reserved_bytes.max(capacity);
+                self.context.live_allocations.fetch_add(1, Ordering::AcqRel);
+                self.push_event(DeviceEvent::Reserved { address: base_address, size_bytes });
+                self.blocks.entry(memory).or_insert(Block { base_address, size_bytes, live_allocations: 0 })
+            }
+        };
+        block.live_allocations += 1;
+        let block_base = block.base_address;
+        if let Some(cap) = self.config.budget_cap_bytes
+            && self.reserved_bytes > cap
+        {
+            self.free_inner(inner, memory)?;
+            return Err(Error::OutOfMemory(Box::new(self.verdict(request))));
+        }
+        let slot = match self.free_slots.pop() {
+            Some(slot) => slot,
+            None => {
+                let slot =
+                    u32::try_from(self.slots.len()).map_err(|_| Error::Source("more than 2^32 live allocations".into()))?;
+                self.slots.push(None);
+                self.generations.push(0);
+                slot
+            }
+        };
+        let generation = self.generations[slot as usize];
+        let (offset, size_bytes) = (inner.offset(), request.size_bytes());
+        self.slots[slot as usize] = Some(Live { inner, memory, generation });
+        self.live_bytes += size_bytes;
+        let allocation = Allocation::from_parts(
+            self.owner,
+            AllocationId::from_slot(slot, generation),
+            offset,
+            size_bytes,
+            (offset, size_bytes),
+            ResourceKind::Linear,
+        );
+        Ok(GpuAllocatorHandle { allocation, block_base })
+    }
+
+    fn free_handle(&mut self, handle: GpuAllocatorHandle) -> Result<()> {
+        let allocation = handle.allocation;
+        if allocation.owner() != self.owner {
+            return Err(Error::ForeignAllocation { offset: allocation.offset(), owner: "gpu-allocator" });
+        }
+        let (slot, generation) = (allocation.id().slot() as usize, allocation.id().generation());
+        let double_free = Error::DoubleFree { offset: allocation.offset(), id: allocation.id().0, owner: "gpu-allocator" };
+        let Some(entry) = self.slots.get_mut(slot) else { return Err(double_free) };
+        if entry.as_ref().is_none_or(|live| live.generation != generation) {
+            return Err(double_free);
+        }
+        let Some(live) = entry.take() else { return Err(double_free) };
+        self.generations[slot] = generation.wrapping_add(1);
+        self.free_slots.push(slot as u32);
+        self.live_bytes -= allocation.size_bytes();
+        self.free_inner(live.inner, live.memory)
+    }
+
+    fn allocation(handle: &GpuAllocatorHandle) -> &Allocation {
+        &handle.allocation
+    }
+
+    fn address(handle: &GpuAllocatorHandle) -> u64 {
+        handle.address()
+    }
+
+    fn block_base(handle: &GpuAllocatorHandle) -> u64 {
+        handle.block_base
+    }
+
+    fn record_device_events(&mut self, on: bool) {
+        self.events = on.then(Vec::new);
+    }
+
+    fn take_device_events(&mut self) -> Vec<DeviceEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn policy_name(&self) -> &'static str {
+        "gpu-allocator"
+    }
+
+    fn reserved_and_live_bytes(&self) -> (u64, u64) {
+        (self.reserved_bytes, self.live_bytes)
+    }
+
+    fn count_oom(&mut self) {
+        self.ooms += 1;
+    }
+}
+
+impl Drop for GpuAllocatorHeap {
+    fn drop(&mut self) {
+        // Frees what is still live so gpu-allocator destroys its blocks cleanly; the allocator itself frees the
+        // rest when dropped, before the context (field order).
+        for live in self.slots.iter_mut().filter_map(Option::take) {
+            let _ = self.allocator.free(live.inner);
+        }
+        // Every block left (gpu-allocator's last general block, blocks of failed frees) goes with the allocator.
+        let blocks = u32::try_from(self.blocks.len()).unwrap_or(u32::MAX);
+        self.context.live_allocations.fetch_sub(blocks, Ordering::AcqRel);
+    }
+}
