@@ -14,6 +14,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
+pub mod compute;
 mod context;
 mod error;
 pub mod memory_types;
