@@ -122,11 +122,11 @@ impl Params {
         [self.src_word, self.dst_word, self.len_words, self.id, self.index_base, self.slot, 0, 0]
     }
 
-    /// The push constant block's bytes (little-endian words; every Vulkan device heapscope targets is).
+    /// The push constant block's bytes: the words in the host's byte order, as `vkCmdPushConstants` takes them.
     pub fn bytes(&self) -> [u8; 32] {
         let mut bytes = [0; 32];
         for (chunk, word) in bytes.chunks_exact_mut(4).zip(self.words()) {
-            chunk.copy_from_slice(&word.to_le_bytes());
+            chunk.copy_from_slice(&word.to_ne_bytes());
         }
         bytes
     }
@@ -352,10 +352,11 @@ mod tests {
     }
 
     #[test]
-    fn params_bytes_are_little_endian_words() {
+    fn params_bytes_are_the_words_in_order() {
         let params = Params { src_word: 1, dst_word: 2, len_words: 3, id: 4, index_base: 5, slot: 6 };
         let bytes = params.bytes();
-        assert_eq!(&bytes[..8], &[1, 0, 0, 0, 2, 0, 0, 0]);
+        let words: Vec<u32> = bytes.chunks_exact(4).map(|chunk| u32::from_ne_bytes(chunk.try_into().unwrap())).collect();
+        assert_eq!(words, [1, 2, 3, 4, 5, 6, 0, 0]);
         assert_eq!(bytes.len() as u32, crate::PARAMS_BYTES);
     }
 }

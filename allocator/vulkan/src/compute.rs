@@ -36,6 +36,8 @@ pub enum ComputeError {
 /// A storage buffer the kernels may use, and its size; valid for `'a`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ComputeBuffer<'a> {
+    /// The device the buffer belongs to; null for [`ComputeBuffer::from_raw`] (the caller vouches for it).
+    device: vk::Device,
     buffer: vk::Buffer,
     size_bytes: u64,
     _lifetime: PhantomData<&'a ()>,
@@ -49,7 +51,7 @@ impl ComputeBuffer<'_> {
     /// `size_bytes` long, bound to live memory, and stay so (and not be used by anything else in a conflicting
     /// way) for as long as the returned value, or a copy, is passed to [`ComputeKernels`].
     pub unsafe fn from_raw(buffer: vk::Buffer, size_bytes: u64) -> ComputeBuffer<'static> {
-        ComputeBuffer { buffer, size_bytes, _lifetime: PhantomData }
+        ComputeBuffer { device: vk::Device::null(), buffer, size_bytes, _lifetime: PhantomData }
     }
 
     /// The buffer.
@@ -124,7 +126,12 @@ impl<'a> BlockBuffer<'a> {
 
     /// The buffer, for the kernels.
     pub fn as_compute(&self) -> ComputeBuffer<'_> {
-        ComputeBuffer { buffer: self.buffer, size_bytes: self.size_bytes, _lifetime: PhantomData }
+        ComputeBuffer {
+            device: self.context.device().handle(),
+            buffer: self.buffer,
+            size_bytes: self.size_bytes,
+            _lifetime: PhantomData,
+        }
     }
 
     /// Its size: the block's.
@@ -415,11 +422,20 @@ impl ComputeKernels {
     /// [`ComputeKernels::DISPATCHES_PER_SUBMIT`] dispatches per submit; each submit is waited for.
     ///
     /// # Errors
-    /// [`ComputeError::Kernel`] for an invalid op; [`ComputeError::Vulkan`] when a call fails (then the device may
-    /// be lost).
+    /// [`ComputeError::Kernel`] for an invalid op (or a [`BlockBuffer`] of another device); [`ComputeError::Vulkan`]
+    /// when a call fails (then the device may be lost).
     pub fn run(&mut self, ops: &[Op<ComputeBuffer<'_>>]) -> Result<Vec<VerifyResult>, ComputeError> {
+        let device = self.context.device().handle();
+        let foreign = |buffer: &ComputeBuffer<'_>| buffer.device != device && buffer.device != vk::Device::null();
         let mut planned = Vec::with_capacity(ops.len());
         for op in ops {
+            let buffers = match op {
+                Op::Fill { target, .. } | Op::Verify { target, .. } => [target, target],
+                Op::Copy { src, dst, .. } => [src, dst],
+            };
+            if buffers.into_iter().any(foreign) {
+                return Err(KernelError::InvalidOp("a buffer of another device than the kernels'".into()).into());
+            }
             planned.push(heapscope_kernels::plan(op, 0, self.limits)?);
         }
         let verifies = ops.iter().filter(|op| matches!(op, Op::Verify { .. })).count();
@@ -580,8 +596,9 @@ impl ComputeKernels {
         let command_buffers = [command_buffer];
         let submit = [vk::SubmitInfo::default().command_buffers(&command_buffers)];
         // SAFETY: the command buffer is recording (begun by `begin`); the fence is unsignalled (reset after each
-        // wait); the queue is used by this runner only while it is waited for (the context has one compute queue,
-        // used by `&mut self` here).
+        // wait). The queue needs external synchronisation: heapscope submits to the context's compute queue only
+        // here, under `&mut self` (a context has no queue lock yet: code that submits to it elsewhere, in its own
+        // unsafe block, must not run at the same time).
         unsafe {
             device.cmd_pipeline_barrier(
                 command_buffer,
