@@ -233,3 +233,35 @@ fn tlsf_heap_integrity_under_random_allocs_and_frees() {
     drop((kernels, heap));
     common::finish(context);
 }
+
+/// A range longer than the device's `maxStorageBufferRange` (128 MiB on lavapipe) is split at the real limit.
+/// Skipped on devices whose limit is above 256 MiB (the block would be too large for a quick test).
+#[test]
+fn a_range_past_the_device_binding_limit_is_split() {
+    let Some((context, mut source, mut kernels)) = setup() else { return };
+    let max_range = kernels.binding_limits().max_range_bytes;
+    if max_range > 256 * MIB {
+        eprintln!("skipped: maxStorageBufferRange is {max_range} bytes");
+        drop((kernels, source));
+        common::finish(context);
+        return;
+    }
+    let size = (max_range + 8 * MIB).next_multiple_of(MIB);
+    let block = source.allocate_block(size).unwrap();
+    {
+        let buffer = BlockBuffer::new(&source, block.handle).unwrap();
+        let started = Instant::now();
+        let (_, before) = kernels.counts();
+        kernels.fill(buffer.as_compute(), 4, size - 8, 11).unwrap();
+        let filled = started.elapsed();
+        assert!(kernels.verify(buffer.as_compute(), 4, size - 8, 11).unwrap().is_clean());
+        let (_, after) = kernels.counts();
+        assert_eq!(after - before, 4, "two dispatches each for fill and verify");
+        let last = ((size - 8) / 4 - 1) as u32;
+        assert_eq!(read_words(&source, block.base_address + 4 + u64::from(last) * 4, 1), [pattern_word(11, last)]);
+        eprintln!("{} MiB: fill {filled:.2?}, fill + verify {:.2?}", size / MIB, started.elapsed());
+    }
+    source.free_block(block);
+    drop((kernels, source));
+    common::finish(context);
+}
