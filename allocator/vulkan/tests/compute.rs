@@ -265,3 +265,21 @@ fn a_range_past_the_device_binding_limit_is_split() {
     drop((kernels, source));
     common::finish(context);
 }
+
+/// A block buffer of another context's device is refused before anything is recorded.
+#[test]
+fn a_buffer_of_another_device_is_refused() {
+    let Some((context, source, mut kernels)) = setup() else { return };
+    let Some((other, mut other_source, other_kernels)) = setup() else { return };
+    let block = other_source.allocate_block(64 * KIB).unwrap();
+    {
+        let buffer = BlockBuffer::new(&other_source, block.handle).unwrap();
+        let refused = kernels.fill(buffer.as_compute(), 0, 64 * KIB, 1);
+        assert!(matches!(refused, Err(ComputeError::Kernel(_))), "{refused:?}");
+        assert_eq!(kernels.counts(), (0, 0));
+    }
+    other_source.free_block(block);
+    drop((kernels, source, other_kernels, other_source));
+    common::finish(context);
+    common::finish(other);
+}
