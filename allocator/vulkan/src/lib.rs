@@ -20,6 +20,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
+pub mod compute;
 mod context;
 mod error;
 mod gpu_allocator_heap;

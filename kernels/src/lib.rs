@@ -1,0 +1,243 @@
+//! # heapscope-kernels
+//!
+//! heapscope's GPU compute kernels, as data: WGSL sources (fill, verify, copy), their compilation to SPIR-V
+//! words with naga (parsed, validated, written; no external compiler), the CPU twin of the fill pattern, and the
+//! pure description of a workload ([`Op`]) and of the dispatches that run it ([`plan`]: ranges split to fit a
+//! storage buffer binding). No Vulkan here: `heapscope_vulkan::compute` runs the dispatches on a device.
+//!
+//! ## The pattern
+//! Word `index` of allocation `id` holds [`pattern_word`]`(id, index)`:
+//! `h = ((id + 1) * 0x9E3779B1) ^ (index * 0x85EBCA77)` (wrapping), then murmur3's `fmix32` finaliser
+//! (`h ^= h >> 16; h *= 0x85EBCA6B; h ^= h >> 13; h *= 0xC2B2AE35; h ^= h >> 16`). Neighbouring words and
+//! neighbouring allocations differ, so a fill that lands on another allocation's bytes is seen by its verify.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod plan;
+
+pub use plan::{Binding, BindingLimits, Dispatch, MAX_WORKGROUPS, Op, Params, SizedBuffer, VerifyResult, plan, verify_words};
+
+use std::fmt;
+
+/// Threads per workgroup of every kernel (`@workgroup_size(64)`).
+pub const WORKGROUP_SIZE: u32 = 64;
+
+/// The push constant block's size in bytes ([`Params`]: 8 words).
+pub const PARAMS_BYTES: u32 = 32;
+
+/// The entry point of every kernel.
+pub const ENTRY_POINT: &str = "main";
+
+const COMMON_WGSL: &str = include_str!("wgsl/common.wgsl");
+
+/// A compute kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// Writes the pattern of an allocation id into a range (binding 0, read-write).
+    Fill,
+    /// Counts the words of a range (binding 0, read) that differ from the pattern into a result slot (binding 1,
+    /// read-write, `{mismatches, first_mismatch}` pairs of `u32`).
+    Verify,
+    /// Copies a range (binding 0, read) to another (binding 1, read-write).
+    Copy,
+}
+
+impl Kernel {
+    /// Every kernel.
+    pub const ALL: [Kernel; 3] = [Kernel::Fill, Kernel::Verify, Kernel::Copy];
+
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Fill => "fill",
+            Kernel::Verify => "verify",
+            Kernel::Copy => "copy",
+        }
+    }
+
+    /// Its own WGSL source (without the shared part: [`Kernel::full_source`]).
+    pub fn wgsl(self) -> &'static str {
+        match self {
+            Kernel::Fill => include_str!("wgsl/fill.wgsl"),
+            Kernel::Verify => include_str!("wgsl/verify.wgsl"),
+            Kernel::Copy => include_str!("wgsl/copy.wgsl"),
+        }
+    }
+
+    /// The WGSL naga compiles: the shared part (`common.wgsl`: push constants, pattern) then the kernel.
+    pub fn full_source(self) -> String {
+        format!("{COMMON_WGSL}\n{}", self.wgsl())
+    }
+
+    /// Its storage buffer bindings in set 0 (bindings `0..n`).
+    pub fn storage_bindings(self) -> u32 {
+        match self {
+            Kernel::Fill => 1,
+            Kernel::Verify | Kernel::Copy => 2,
+        }
+    }
+
+    /// Whether binding `binding` is written by the kernel.
+    pub fn binding_writable(self, binding: u32) -> bool {
+        match self {
+            Kernel::Fill => binding == 0,
+            Kernel::Verify | Kernel::Copy => binding == 1,
+        }
+    }
+}
+
+impl fmt::Display for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a kernel could not be compiled, or a workload not planned.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// naga could not parse the WGSL.
+    #[error("{kernel}: WGSL parse error: {message}")]
+    Parse {
+        /// The kernel.
+        kernel: Kernel,
+        /// naga's message, with the source location.
+        message: String,
+    },
+    /// naga's validator refused the module.
+    #[error("{kernel}: validation error: {message}")]
+    Validation {
+        /// The kernel.
+        kernel: Kernel,
+        /// naga's message.
+        message: String,
+    },
+    /// naga could not write SPIR-V.
+    #[error("{kernel}: SPIR-V output error: {message}")]
+    SpirV {
+        /// The kernel.
+        kernel: Kernel,
+        /// naga's message.
+        message: String,
+    },
+    /// A workload that cannot run as asked (misaligned, out of the buffer, too long, overlapping copy).
+    #[error("invalid workload: {0}")]
+    InvalidOp(String),
+}
+
+/// The kernel's SPIR-V words (SPIR-V 1.0, entry point [`ENTRY_POINT`]): WGSL parsed and validated by naga
+/// (with the push-constant capability, `immediate` in naga's WGSL), written with bounds checks: out of the bound
+/// range, fill and copy read zero and skip writes, verify clamps indices into the binding (naga cannot skip
+/// atomics).
+///
+/// # Errors
+/// [`KernelError::Parse`], [`KernelError::Validation`] or [`KernelError::SpirV`] with naga's message: a bug in
+/// the sources, which the unit tests catch.
+pub fn spirv(kernel: Kernel) -> Result<Vec<u32>, KernelError> {
+    let source = kernel.full_source();
+    let module = naga::front::wgsl::parse_str(&source)
+        .map_err(|error| KernelError::Parse { kernel, message: error.emit_to_string(&source) })?;
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::IMMEDIATES)
+        .validate(&module)
+        .map_err(|error| KernelError::Validation { kernel, message: error.emit_to_string(&source) })?;
+    // naga cannot skip atomics out of range: the verify kernel (whose only writes are its atomics) clamps indices
+    // into the binding instead; fill and copy skip writes and read zero out of range.
+    let checks = match kernel {
+        Kernel::Verify => naga::proc::BoundsCheckPolicy::Restrict,
+        Kernel::Fill | Kernel::Copy => naga::proc::BoundsCheckPolicy::ReadZeroSkipWrite,
+    };
+    let mut flags = naga::back::spv::WriterFlags::empty();
+    if cfg!(debug_assertions) {
+        flags |= naga::back::spv::WriterFlags::DEBUG;
+    }
+    let options = naga::back::spv::Options {
+        lang_version: (1, 0),
+        flags,
+        // Bindings as the WGSL declares them (`@group(0) @binding(n)`).
+        fake_missing_bindings: true,
+        bounds_check_policies: naga::proc::BoundsCheckPolicies { index: checks, buffer: checks, ..Default::default() },
+        ..Default::default()
+    };
+    let pipeline = naga::back::spv::PipelineOptions { shader_stage: naga::ShaderStage::Compute, entry_point: ENTRY_POINT.into() };
+    naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
+        .map_err(|error| KernelError::SpirV { kernel, message: error.to_string() })
+}
+
+/// The CPU twin of the WGSL `pattern_word`: the word `index` of allocation `id` (see the crate documentation).
+pub fn pattern_word(id: u32, index: u32) -> u32 {
+    let mut h = id.wrapping_add(1).wrapping_mul(0x9E37_79B1) ^ index.wrapping_mul(0x85EB_CA77);
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85EB_CA6B);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xC2B2_AE35);
+    h ^= h >> 16;
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_compiles_and_validates() {
+        for kernel in Kernel::ALL {
+            let words = spirv(kernel).unwrap_or_else(|error| panic!("{error}"));
+            assert_eq!(words[0], 0x0723_0203, "{kernel}: SPIR-V magic");
+            assert!(words.len() > 50, "{kernel}: {} words", words.len());
+        }
+    }
+
+    /// The kernels' bindings are what [`Kernel::storage_bindings`] says: every binding is used in the source.
+    #[test]
+    fn bindings_match_the_sources() {
+        for kernel in Kernel::ALL {
+            for binding in 0..kernel.storage_bindings() {
+                assert!(kernel.wgsl().contains(&format!("@binding({binding})")), "{kernel} binding {binding}");
+            }
+            assert!(!kernel.wgsl().contains(&format!("@binding({})", kernel.storage_bindings())));
+            let writable = (0..kernel.storage_bindings()).filter(|&binding| kernel.binding_writable(binding)).count();
+            assert_eq!(writable, kernel.wgsl().matches("read_write").count(), "{kernel}");
+        }
+    }
+
+    /// A table computed by hand from the formula (and shared with the WGSL through the same constants).
+    #[test]
+    fn cpu_pattern_matches_a_table() {
+        let table: [(u32, u32, u32); 6] = [
+            (0, 0, fmix32(0x9E37_79B1)),
+            (0, 1, fmix32(0x9E37_79B1 ^ 0x85EB_CA77)),
+            (1, 0, fmix32(0x9E37_79B1_u32.wrapping_mul(2))),
+            (7, 3, fmix32(0x9E37_79B1_u32.wrapping_mul(8) ^ 0x85EB_CA77_u32.wrapping_mul(3))),
+            (u32::MAX, 5, fmix32(0x85EB_CA77_u32.wrapping_mul(5))),
+            (0x1234, u32::MAX, fmix32(0x9E37_79B1_u32.wrapping_mul(0x1235) ^ 0x85EB_CA77_u32.wrapping_mul(u32::MAX))),
+        ];
+        for (id, index, expected) in table {
+            assert_eq!(pattern_word(id, index), expected, "id {id} index {index}");
+        }
+        // Literal values, so a change of formula is seen here and in the WGSL review.
+        assert_eq!(pattern_word(0, 0), fmix32(0x9E37_79B1));
+        let literals = [pattern_word(0, 0), pattern_word(0, 1), pattern_word(1, 0), pattern_word(42, 1000)];
+        assert_eq!(literals, LITERALS);
+    }
+
+    const LITERALS: [u32; 4] = [0x11fd_02eb, 0xc01a_3282, 0xbb2a_afde, 0xa60f_24fa]; // computed independently (Python)
+
+    fn fmix32(mut h: u32) -> u32 {
+        h ^= h >> 16;
+        h = h.wrapping_mul(0x85EB_CA6B);
+        h ^= h >> 13;
+        h = h.wrapping_mul(0xC2B2_AE35);
+        h ^ (h >> 16)
+    }
+
+    #[test]
+    fn pattern_differs_between_neighbours() {
+        for id in 0..64 {
+            for index in 0..256 {
+                let word = pattern_word(id, index);
+                assert_ne!(word, pattern_word(id, index + 1));
+                assert_ne!(word, pattern_word(id + 1, index));
+            }
+        }
+        assert_ne!(pattern_word(0, 0), 0);
+    }
+}
