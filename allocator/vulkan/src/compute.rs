@@ -595,10 +595,11 @@ impl ComputeKernels {
             .dst_access_mask(vk::AccessFlags::HOST_READ)];
         let command_buffers = [command_buffer];
         let submit = [vk::SubmitInfo::default().command_buffers(&command_buffers)];
+        // The compute queue may also be the sparse-binding queue: every submission holds the context's queue lock.
+        let _queue = self.context.lock_queues();
         // SAFETY: the command buffer is recording (begun by `begin`); the fence is unsignalled (reset after each
-        // wait). The queue needs external synchronisation: heapscope submits to the context's compute queue only
-        // here, under `&mut self` (a context has no queue lock yet: code that submits to it elsewhere, in its own
-        // unsafe block, must not run at the same time).
+        // wait). The queue's external synchronisation is the context's queue lock, held above by every heapscope
+        // submission (compute, transfer, sparse binding).
         unsafe {
             device.cmd_pipeline_barrier(
                 command_buffer,
