@@ -6,26 +6,13 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Rng, context, finish};
+use common::{Rng, finish, sparse_context};
 use heapscope_core::Request;
 use heapscope_vulkan::{
-    BindLayout, DevicePagedConfig, DevicePagedHeap, SparseBuffer, SparseConfig, Transfer, VulkanContext, VulkanError,
-    measure_bind_latency,
+    BindLayout, DevicePagedConfig, DevicePagedHeap, SparseBuffer, SparseConfig, Transfer, VulkanError, measure_bind_latency,
 };
 
 const MIB: u64 = 1 << 20;
-
-/// A validated context with sparse residency for buffers, or `None` (skipped) without one.
-fn sparse_context() -> Option<Arc<VulkanContext>> {
-    let context = context()?;
-    let features = context.enabled_features();
-    if !(features.sparse_binding && features.sparse_residency_buffer && features.timeline_semaphore) {
-        assert!(std::env::var("HEAPSCOPE_REQUIRE_GPU").as_deref() != Ok("1"), "no sparse residency: {features:?}");
-        eprintln!("skipped: {} has no sparse residency for buffers", context.properties().name);
-        return None;
-    }
-    Some(Arc::new(context))
-}
 
 /// Bytes of a pattern that depends on `seed` and the position (no period: every page of it differs).
 fn pattern(seed: u64, len: usize) -> Vec<u8> {

@@ -1,6 +1,8 @@
 //! Shared by the integration tests: a validated context, or a skip when the machine has no Vulkan.
 #![allow(dead_code, reason = "each test binary uses a part")]
 
+pub mod bind_cost;
+
 use std::sync::Arc;
 
 use heapscope_vulkan::{ContextOptions, ValidationLog, VulkanContext, VulkanError};
@@ -22,6 +24,19 @@ pub fn context() -> Option<VulkanContext> {
         }
         Err(error) => panic!("Vulkan bring-up failed: {error}"),
     }
+}
+
+/// A validated context with sparse residency for buffers (and timeline semaphores), or `None` (skipped) without
+/// one; with `HEAPSCOPE_REQUIRE_GPU=1` a device without them is a failure.
+pub fn sparse_context() -> Option<Arc<VulkanContext>> {
+    let context = context()?;
+    let features = context.enabled_features();
+    if !(features.sparse_binding && features.sparse_residency_buffer && features.timeline_semaphore) {
+        assert!(std::env::var("HEAPSCOPE_REQUIRE_GPU").as_deref() != Ok("1"), "no sparse residency: {features:?}");
+        eprintln!("skipped: {} has no sparse residency for buffers", context.properties().name);
+        return None;
+    }
+    Some(Arc::new(context))
 }
 
 /// Drops the last handle of the context (device and instance destroyed, leaks reported by the layer) and
