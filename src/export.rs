@@ -4,12 +4,13 @@
 use std::io::BufWriter;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
-use heapscope_core::compare::{Contender, alloc_conf};
+use heapscope_core::compare::{Contender, alloc_conf, final_heap_report};
 use heapscope_core::pytorch::replayed::{Replayed, emulated_snapshot, replayed_snapshot};
 use heapscope_core::pytorch::write_snapshot;
 use heapscope_core::recording::Recording;
+use heapscope_core::vma_json::{VmaDeviceInfo, heap_report_to_vma_json};
 
 use crate::replay::RecordingArgs;
 
@@ -24,6 +25,10 @@ pub struct ExportArgs {
     /// Where to write the snapshot (pickle protocol 4, like `torch.cuda.memory._dump_snapshot`).
     #[arg(long, value_name = "OUT.pickle")]
     pub out: PathBuf,
+    /// Also write the heap's final state as VMA's detailed JSON statistics (what `vmaBuildStatsString` writes
+    /// and VMA's GpuMemDumpVis.py draws); heap contenders only.
+    #[arg(long = "vma-json", value_name = "OUT.json")]
+    pub vma_json: Option<PathBuf>,
 }
 
 /// Arguments of `heapscope summary`.
@@ -59,6 +64,9 @@ fn replayed(args: &RecordingArgs, recording: &Recording, contender: Contender) -
 
 /// Runs the export.
 pub fn run_export(args: &ExportArgs) -> Result<()> {
+    if args.vma_json.is_some() && !matches!(args.policy, Contender::Heap(_)) {
+        bail!("--vma-json needs a heap contender (a core policy such as tlsf), not {}", args.policy);
+    }
     let recording = args.recording.open()?;
     let replayed =
         replayed(&args.recording, &recording, args.policy).with_context(|| format!("replaying through {}", args.policy))?;
@@ -72,6 +80,16 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
         replayed.snapshot.segments.len(),
         args.out.display()
     );
+    if let (Some(path), Contender::Heap(kind)) = (&args.vma_json, args.policy) {
+        let config = args.recording.compare_config();
+        let report =
+            final_heap_report(&recording, kind, &config).with_context(|| format!("replaying through {}", args.policy))?;
+        // The simulated device: the capacity given, else as large as the most the heap ever reserved.
+        let mut device = VmaDeviceInfo::simulated(args.recording.capacity.unwrap_or(report.stats.peak_reserved_bytes));
+        device.preferred_block_size = config.heap.block_size_bytes;
+        std::fs::write(path, heap_report_to_vma_json(&report, &device)).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("{} through {}: {} blocks -> {} (VMA JSON)", recording.name, args.policy, report.blocks.len(), path.display());
+    }
     Ok(())
 }
 

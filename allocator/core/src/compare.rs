@@ -192,6 +192,17 @@ impl Default for CompareConfig {
     }
 }
 
+/// The layout a heap contender with `kind` inside leaves once `recording` has been replayed through it (with
+/// `config`'s capacity, alignment and heap rules): the heap's final [`HeapReport`](crate::HeapReport).
+///
+/// # Errors
+/// Invalid heap settings or alignment, or a heap bug on free.
+pub fn final_heap_report(recording: &Recording, kind: PolicyKind, config: &CompareConfig) -> Result<crate::HeapReport> {
+    let mut heap = config.heap(kind)?;
+    replay_heap(&recording.trace, &mut heap, config.align_bytes)?;
+    Ok(heap.report())
+}
+
 /// Runs of a replay for its timing: up to this many ...
 const TIMING_RUNS: u32 = 5;
 /// ... while they take less than this in total ...

@@ -49,6 +49,7 @@ pub mod source;
 pub mod story;
 pub mod trace;
 pub mod units;
+pub mod vma_json;
 
 pub use allocation::{Allocation, AllocationId, OwnerId};
 pub use device_event::DeviceEvent;
