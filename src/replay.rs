@@ -10,6 +10,10 @@ use heapscope_core::compare::{CompareConfig, Contender, Outcome, alloc_conf, rep
 use heapscope_core::recording::Recording;
 use heapscope_core::units::{Bytes, parse_size};
 
+use std::sync::Arc;
+
+use heapscope_vulkan::{ContextOptions, DeviceContender, VulkanContext, replay_on_device};
+
 use crate::input;
 use crate::options::HeapRules;
 
@@ -56,8 +60,8 @@ impl RecordingArgs {
     }
 
     /// Checks the flags that matter to `contenders` before anything runs.
-    pub fn check(&self, contenders: &[Contender]) -> Result<()> {
-        if contenders.contains(&Contender::Paged) && !self.page_size.is_power_of_two() {
+    pub fn check(&self, contenders: &[Named]) -> Result<()> {
+        if contenders.contains(&Named::Core(Contender::Paged)) && !self.page_size.is_power_of_two() {
             anyhow::bail!("--page-size {} is not a power of two", self.page_size);
         }
         Ok(())
@@ -73,37 +77,112 @@ impl RecordingArgs {
     }
 }
 
+/// A contender named on the command line: one of the core's, or gpu-allocator (on a Vulkan device).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Named {
+    /// `pytorch`, `paged` or a policy of `heapscope policies`.
+    Core(Contender),
+    /// gpu-allocator 0.28, with `--vulkan`.
+    GpuAllocator,
+}
+
+impl std::str::FromStr for Named {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        if text == "gpu-allocator" {
+            return Ok(Named::GpuAllocator);
+        }
+        text.parse().map(Named::Core).map_err(|error| format!("{error}, gpu-allocator (with --vulkan)"))
+    }
+}
+
+impl std::fmt::Display for Named {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Named::Core(contender) => contender.fmt(f),
+            Named::GpuAllocator => f.write_str("gpu-allocator"),
+        }
+    }
+}
+
+/// Where the contenders run: simulated devices, or (`--vulkan`) heaps and gpu-allocator on a Vulkan device.
+pub struct Runner {
+    context: Option<Arc<VulkanContext>>,
+}
+
+impl Runner {
+    /// Brings up the Vulkan device (`HEAPSCOPE_DEVICE`, `HEAPSCOPE_VALIDATION`) when `vulkan` is set.
+    pub fn new(vulkan: bool) -> Result<Self> {
+        let context = if vulkan {
+            Some(Arc::new(VulkanContext::new(&ContextOptions::from_env()).context("--vulkan: bringing up the Vulkan device")?))
+        } else {
+            None
+        };
+        Ok(Self { context })
+    }
+
+    /// Replays `recording` through `named`: heap contenders and gpu-allocator on the device when there is one;
+    /// `pytorch` and `paged` always simulated.
+    pub fn outcome(&self, args: &RecordingArgs, recording: &Recording, named: Named) -> Result<Outcome> {
+        let event_of = |event| recording.entry_of(event);
+        match (named, &self.context) {
+            (Named::Core(Contender::Heap(kind)), Some(context)) => {
+                Ok(replay_on_device(context, &recording.trace, DeviceContender::Heap(kind), &args.compare_config(), &event_of)?)
+            }
+            (Named::GpuAllocator, Some(context)) => {
+                Ok(replay_on_device(context, &recording.trace, DeviceContender::GpuAllocator, &args.compare_config(), &event_of)?)
+            }
+            (Named::GpuAllocator, None) => anyhow::bail!("gpu-allocator runs on a Vulkan device: add --vulkan"),
+            (Named::Core(contender), _) => args.outcome(recording, contender),
+        }
+    }
+}
+
 /// Arguments of `heapscope replay`.
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
     #[command(flatten)]
     pub recording: RecordingArgs,
     /// Contenders to run (repeat the flag): pytorch, tlsf, best-fit, first-fit, buddy, paged (the
-    /// default set), or any other policy of `heapscope policies`.
+    /// default set), any other policy of `heapscope policies`, or gpu-allocator (with --vulkan).
     #[arg(long = "policy", value_name = "NAME")]
-    pub policies: Vec<Contender>,
+    pub policies: Vec<Named>,
+    /// Run the heap contenders (and gpu-allocator, added to the default set) on a Vulkan device
+    /// (`HEAPSCOPE_DEVICE` chooses it); `pytorch` and `paged` stay simulated.
+    #[arg(long)]
+    pub vulkan: bool,
     /// Print one JSON object per line and contender instead of a table.
     #[arg(long)]
     pub json: bool,
 }
 
-/// The named contenders, or the default set.
-pub fn contenders(named: &[Contender]) -> Vec<Contender> {
-    if named.is_empty() { Contender::DEFAULT.to_vec() } else { named.to_vec() }
+/// The named contenders, or the default set (with gpu-allocator when on a Vulkan device).
+pub fn contenders(named: &[Named], vulkan: bool) -> Vec<Named> {
+    if !named.is_empty() {
+        return named.to_vec();
+    }
+    let mut all: Vec<Named> = Contender::DEFAULT.into_iter().map(Named::Core).collect();
+    if vulkan {
+        all.push(Named::GpuAllocator);
+    }
+    all
 }
 
 /// Runs the replay.
 pub fn run(args: &ReplayArgs) -> Result<()> {
-    let contenders = contenders(&args.policies);
+    let contenders = contenders(&args.policies, args.vulkan);
     args.recording.check(&contenders)?;
     let recording = args.recording.open()?;
+    let runner = Runner::new(args.vulkan)?;
     if !args.json {
         let capacity = args.recording.capacity.map_or_else(|| "unlimited".to_owned(), |bytes| Bytes(bytes).to_string());
         outln!("{}: {} events, device capacity {capacity}", recording.name, recording.trace.events().len());
         print_header();
     }
     for contender in contenders {
-        let outcome = args.recording.outcome(&recording, contender).with_context(|| format!("replaying through {contender}"))?;
+        let outcome =
+            runner.outcome(&args.recording, &recording, contender).with_context(|| format!("replaying through {contender}"))?;
         if args.json {
             outln!("{}", serde_json::to_string(&outcome)?);
         } else {
@@ -116,7 +195,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
 /// The table header of [`print_row`].
 pub fn print_header() {
     outln!(
-        "{:<12} {:>8} {:>12} {:>14} {:>8} {:>9} {:>5} {:>10}  fidelity",
+        "{:<22} {:>8} {:>12} {:>14} {:>8} {:>9} {:>5} {:>10}  fidelity",
         "policy",
         "allocs",
         "peak live",
@@ -137,7 +216,7 @@ pub fn print_row(outcome: &Outcome) {
         )
     });
     outln!(
-        "{:<12} {:>8} {:>12} {:>14} {:>8.4} {:>9} {:>5} {:>10.1}  {fidelity}",
+        "{:<22} {:>8} {:>12} {:>14} {:>8.4} {:>9} {:>5} {:>10.1}  {fidelity}",
         outcome.policy,
         outcome.allocs,
         Bytes(outcome.peak_live_bytes).to_string(),
@@ -148,6 +227,6 @@ pub fn print_row(outcome: &Outcome) {
         outcome.ns_per_event,
     );
     if let Some(oom) = &outcome.first_oom {
-        outln!("{:<12} first OOM at entry {}: {}", "", oom.event_index, oom.message);
+        outln!("{:<22} first OOM at entry {}: {}", "", oom.event_index, oom.message);
     }
 }

@@ -215,7 +215,7 @@ const TIMING_REPEAT_BELOW: Duration = Duration::from_millis(10);
 /// and returns the first run's result with the best run's time in nanoseconds: one cold run of a short
 /// trace mostly measures page faults and cold caches, not the allocator, while a long one is its own
 /// warm-up. Replays are deterministic, so every run computes the same result.
-fn best_time<T>(mut replay: impl FnMut() -> Result<T>) -> Result<(T, u128)> {
+pub fn best_time<T, E>(mut replay: impl FnMut() -> Result<T, E>) -> Result<(T, u128), E> {
     let started = Instant::now();
     let first = replay()?;
     let mut best = started.elapsed();
@@ -234,7 +234,9 @@ fn best_time<T>(mut replay: impl FnMut() -> Result<T>) -> Result<(T, u128)> {
 /// A simulated device with no practical limit.
 const UNLIMITED_DEVICE_BYTES: u64 = 1 << 56;
 
-fn summed(policy: &str, replay: &HeapReplay, event_of: &dyn Fn(u64) -> u64, nanos: u128) -> Outcome {
+/// The outcome of a heap replay by `policy` that took `nanos`, with the device counters left at 0 for the
+/// caller to fill in (they depend on the heap). `event_of` maps an event index to the recording's numbering.
+pub fn summed(policy: &str, replay: &HeapReplay, event_of: &dyn Fn(u64) -> u64, nanos: u128) -> Outcome {
     let stats = &replay.stats;
     Outcome {
         policy: policy.to_owned(),

@@ -21,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod compute;
+mod contenders;
 mod context;
 mod error;
 mod gpu_allocator_heap;
@@ -33,6 +34,7 @@ mod source;
 mod sparse;
 mod transfer;
 
+pub use contenders::{DeviceContender, replay_on_device};
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};
 pub use error::VulkanError;
 pub use gpu_allocator_heap::{GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocatorHeap};
