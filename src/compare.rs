@@ -4,32 +4,22 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use heapscope_core::compare::{Outcome, alloc_conf, replay_pytorch, verdict_sentence};
-use heapscope_core::units::Bytes;
 
-use crate::replay::{Named, RecordingArgs, Runner, contenders, print_header, print_row};
+use crate::replay::{ContenderArgs, RecordingArgs, print_header, print_row, print_title};
 
 /// Arguments of `heapscope compare`.
 #[derive(Debug, Args)]
 pub struct CompareArgs {
     #[command(flatten)]
     pub recording: RecordingArgs,
-    /// Contenders (repeat the flag; default: pytorch, tlsf, best-fit, first-fit, buddy, paged, and gpu-allocator
-    /// with --vulkan).
-    #[arg(long = "policy", value_name = "NAME")]
-    pub policies: Vec<Named>,
-    /// Run the heap contenders and gpu-allocator on a Vulkan device; `pytorch` and `paged` stay simulated.
-    #[arg(long)]
-    pub vulkan: bool,
+    #[command(flatten)]
+    pub contenders: ContenderArgs,
 }
 
 /// Runs the comparison.
 pub fn run(args: &CompareArgs) -> Result<()> {
-    let contenders = contenders(&args.policies, args.vulkan);
-    args.recording.check(&contenders)?;
-    let recording = args.recording.open()?;
-    let runner = Runner::new(args.vulkan)?;
-    let capacity = args.recording.capacity.map_or_else(|| "unlimited".to_owned(), |bytes| Bytes(bytes).to_string());
-    outln!("{}: {} events, device capacity {capacity}", recording.name, recording.trace.events().len());
+    let (contenders, recording, runner) = args.contenders.prepare(&args.recording)?;
+    print_title(&recording, args.recording.capacity);
     let mut outcomes: Vec<Outcome> = Vec::new();
     for contender in contenders {
         outcomes.push(

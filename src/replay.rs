@@ -144,6 +144,16 @@ impl Runner {
 pub struct ReplayArgs {
     #[command(flatten)]
     pub recording: RecordingArgs,
+    #[command(flatten)]
+    pub contenders: ContenderArgs,
+    /// Print one JSON object per line and contender instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Which contenders run, and where (shared by `replay` and `compare`).
+#[derive(Debug, Args)]
+pub struct ContenderArgs {
     /// Contenders to run (repeat the flag): pytorch, tlsf, best-fit, first-fit, buddy, paged (the
     /// default set), any other policy of `heapscope policies`, or gpu-allocator (with --vulkan).
     #[arg(long = "policy", value_name = "NAME")]
@@ -152,32 +162,42 @@ pub struct ReplayArgs {
     /// (`HEAPSCOPE_DEVICE` chooses it); `pytorch` and `paged` stay simulated.
     #[arg(long)]
     pub vulkan: bool,
-    /// Print one JSON object per line and contender instead of a table.
-    #[arg(long)]
-    pub json: bool,
 }
 
-/// The named contenders, or the default set (with gpu-allocator when on a Vulkan device).
-pub fn contenders(named: &[Named], vulkan: bool) -> Vec<Named> {
-    if !named.is_empty() {
-        return named.to_vec();
+impl ContenderArgs {
+    /// The named contenders, or the default set (with gpu-allocator when on a Vulkan device).
+    pub fn list(&self) -> Vec<Named> {
+        if !self.policies.is_empty() {
+            return self.policies.clone();
+        }
+        let mut all: Vec<Named> = Contender::DEFAULT.into_iter().map(Named::Core).collect();
+        if self.vulkan {
+            all.push(Named::GpuAllocator);
+        }
+        all
     }
-    let mut all: Vec<Named> = Contender::DEFAULT.into_iter().map(Named::Core).collect();
-    if vulkan {
-        all.push(Named::GpuAllocator);
+
+    /// Checks the flags, opens the recording, brings up the device if asked: what a replay needs, in that order
+    /// (bad flags fail before any file is read).
+    pub fn prepare(&self, recording_args: &RecordingArgs) -> Result<(Vec<Named>, Recording, Runner)> {
+        let contenders = self.list();
+        recording_args.check(&contenders)?;
+        let recording = recording_args.open()?;
+        Ok((contenders, recording, Runner::new(self.vulkan)?))
     }
-    all
+}
+
+/// The line that names what is replayed and on how much memory.
+pub fn print_title(recording: &Recording, capacity_bytes: Option<u64>) {
+    let capacity = capacity_bytes.map_or_else(|| "unlimited".to_owned(), |bytes| Bytes(bytes).to_string());
+    outln!("{}: {} events, device capacity {capacity}", recording.name, recording.trace.events().len());
 }
 
 /// Runs the replay.
 pub fn run(args: &ReplayArgs) -> Result<()> {
-    let contenders = contenders(&args.policies, args.vulkan);
-    args.recording.check(&contenders)?;
-    let recording = args.recording.open()?;
-    let runner = Runner::new(args.vulkan)?;
+    let (contenders, recording, runner) = args.contenders.prepare(&args.recording)?;
     if !args.json {
-        let capacity = args.recording.capacity.map_or_else(|| "unlimited".to_owned(), |bytes| Bytes(bytes).to_string());
-        outln!("{}: {} events, device capacity {capacity}", recording.name, recording.trace.events().len());
+        print_title(&recording, args.recording.capacity);
         print_header();
     }
     for contender in contenders {

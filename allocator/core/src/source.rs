@@ -100,6 +100,17 @@ impl SimulatedSource {
     }
 }
 
+/// What every source checks first: a block size must be a positive multiple of the source's block alignment.
+///
+/// # Errors
+/// [`SourceError::Failed`] saying so.
+pub fn check_block_size(size_bytes: u64, alignment_bytes: u64) -> Result<(), SourceError> {
+    if size_bytes == 0 || !size_bytes.is_multiple_of(alignment_bytes) {
+        return Err(SourceError::Failed(format!("block size {size_bytes} is not a positive multiple of {alignment_bytes}")));
+    }
+    Ok(())
+}
+
 impl MemorySource for SimulatedSource {
     fn name(&self) -> &str {
         "simulated"
@@ -110,12 +121,7 @@ impl MemorySource for SimulatedSource {
     }
 
     fn allocate_block(&mut self, size_bytes: u64) -> Result<SourceBlock, SourceError> {
-        if size_bytes == 0 || !size_bytes.is_multiple_of(self.alignment_bytes) {
-            return Err(SourceError::Failed(format!(
-                "block size {size_bytes} is not a positive multiple of {}",
-                self.alignment_bytes
-            )));
-        }
+        check_block_size(size_bytes, self.alignment_bytes)?;
         let fits_address_space = self.next_address.checked_add(size_bytes).is_some();
         if size_bytes > self.capacity_bytes - self.used_bytes || !fits_address_space {
             return Err(SourceError::OutOfMemory { requested_bytes: size_bytes });

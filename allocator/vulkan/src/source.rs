@@ -517,12 +517,7 @@ impl MemorySource for DeviceMemorySource {
     }
 
     fn allocate_block(&mut self, size_bytes: u64) -> Result<SourceBlock, SourceError> {
-        if size_bytes == 0 || !size_bytes.is_multiple_of(self.alignment_bytes) {
-            return Err(SourceError::Failed(format!(
-                "block size {size_bytes} is not a positive multiple of {}",
-                self.alignment_bytes
-            )));
-        }
+        heapscope_core::source::check_block_size(size_bytes, self.alignment_bytes)?;
         self.allocate(size_bytes, size_bytes, None)
     }
 
