@@ -15,6 +15,7 @@
 
 mod plan;
 
+pub use naga;
 pub use plan::{Binding, BindingLimits, Dispatch, MAX_WORKGROUPS, Op, Params, SizedBuffer, VerifyResult, plan, verify_words};
 
 use std::fmt;
@@ -29,6 +30,27 @@ pub const PARAMS_BYTES: u32 = 32;
 pub const ENTRY_POINT: &str = "main";
 
 const COMMON_WGSL: &str = include_str!("wgsl/common.wgsl");
+
+/// The declaration of the parameters in `common.wgsl` (push constants), which [`ParamsBinding::Uniform`] replaces.
+const IMMEDIATE_PARAMS: &str = "var<immediate> params: Params;";
+
+/// The bind group of the uniform parameter block in [`ParamsBinding::Uniform`] sources (binding 0 of it).
+pub const UNIFORM_PARAMS_GROUP: u32 = 1;
+
+/// How a kernel receives its [`Params`]: the same WGSL, only the declaration of `params` differs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ParamsBinding {
+    /// Push constants (`var<immediate>`): the Vulkan runner.
+    PushConstants,
+    /// A uniform buffer at `@group(1) @binding(0)` ([`UNIFORM_PARAMS_GROUP`]), bound with a dynamic offset per
+    /// dispatch: portable to every wgpu backend (push constants are an optional wgpu feature).
+    Uniform,
+}
+
+impl ParamsBinding {
+    /// Both ways.
+    pub const ALL: [ParamsBinding; 2] = [ParamsBinding::PushConstants, ParamsBinding::Uniform];
+}
 
 /// A compute kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -66,7 +88,19 @@ impl Kernel {
 
     /// The WGSL naga compiles: the shared part (`common.wgsl`: push constants, pattern) then the kernel.
     pub fn full_source(self) -> String {
-        format!("{COMMON_WGSL}\n{}", self.wgsl())
+        self.source(ParamsBinding::PushConstants)
+    }
+
+    /// The whole WGSL with the parameters declared as `params` says: [`Kernel::full_source`] for push
+    /// constants; for a uniform buffer, the `var<immediate>` declaration of `common.wgsl` replaced by
+    /// `@group(1) @binding(0) var<uniform>` (the rest is the same text).
+    pub fn source(self, params: ParamsBinding) -> String {
+        let common = match params {
+            ParamsBinding::PushConstants => COMMON_WGSL.to_owned(),
+            ParamsBinding::Uniform => COMMON_WGSL
+                .replace(IMMEDIATE_PARAMS, &format!("@group({UNIFORM_PARAMS_GROUP}) @binding(0) var<uniform> params: Params;")),
+        };
+        format!("{common}\n{}", self.wgsl())
     }
 
     /// Its storage buffer bindings in set 0 (bindings `0..n`).
@@ -133,12 +167,7 @@ pub enum KernelError {
 /// [`KernelError::Parse`], [`KernelError::Validation`] or [`KernelError::SpirV`] with naga's message: a bug in
 /// the sources, which the unit tests catch.
 pub fn spirv(kernel: Kernel) -> Result<Vec<u32>, KernelError> {
-    let source = kernel.full_source();
-    let module = naga::front::wgsl::parse_str(&source)
-        .map_err(|error| KernelError::Parse { kernel, message: error.emit_to_string(&source) })?;
-    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::IMMEDIATES)
-        .validate(&module)
-        .map_err(|error| KernelError::Validation { kernel, message: error.emit_to_string(&source) })?;
+    let (module, info) = validate(kernel, ParamsBinding::PushConstants)?;
     // naga cannot skip atomics out of range: the verify kernel (whose only writes are its atomics) clamps indices
     // into the binding instead; fill and copy skip writes and read zero out of range.
     let checks = match kernel {
@@ -162,6 +191,25 @@ pub fn spirv(kernel: Kernel) -> Result<Vec<u32>, KernelError> {
         .map_err(|error| KernelError::SpirV { kernel, message: error.to_string() })
 }
 
+/// The kernel's WGSL ([`Kernel::source`]) parsed and validated by naga (all validation flags; the push-constant
+/// capability only for [`ParamsBinding::PushConstants`]): what any backend gets is checked here, on the CPU.
+///
+/// # Errors
+/// [`KernelError::Parse`] or [`KernelError::Validation`] with naga's message.
+pub fn validate(kernel: Kernel, params: ParamsBinding) -> Result<(naga::Module, naga::valid::ModuleInfo), KernelError> {
+    let source = kernel.source(params);
+    let module = naga::front::wgsl::parse_str(&source)
+        .map_err(|error| KernelError::Parse { kernel, message: error.emit_to_string(&source) })?;
+    let capabilities = match params {
+        ParamsBinding::PushConstants => naga::valid::Capabilities::IMMEDIATES,
+        ParamsBinding::Uniform => naga::valid::Capabilities::empty(),
+    };
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities)
+        .validate(&module)
+        .map_err(|error| KernelError::Validation { kernel, message: error.emit_to_string(&source) })?;
+    Ok((module, info))
+}
+
 /// The CPU twin of the WGSL `pattern_word`: the word `index` of allocation `id` (see the crate documentation).
 pub fn pattern_word(id: u32, index: u32) -> u32 {
     let mut h = id.wrapping_add(1).wrapping_mul(0x9E37_79B1) ^ index.wrapping_mul(0x85EB_CA77);
@@ -183,6 +231,22 @@ mod tests {
             let words = spirv(kernel).unwrap_or_else(|error| panic!("{error}"));
             assert_eq!(words[0], 0x0723_0203, "{kernel}: SPIR-V magic");
             assert!(words.len() > 50, "{kernel}: {} words", words.len());
+        }
+    }
+
+    /// The uniform variant is the same text with one declaration changed, and validates without the push-constant
+    /// capability (so it runs on any wgpu backend).
+    #[test]
+    fn every_params_binding_validates() {
+        assert_eq!(COMMON_WGSL.matches(IMMEDIATE_PARAMS).count(), 1, "common.wgsl declares the push constants once");
+        for kernel in Kernel::ALL {
+            for params in ParamsBinding::ALL {
+                validate(kernel, params).unwrap_or_else(|error| panic!("{kernel} {params:?}: {error}"));
+            }
+            let uniform = kernel.source(ParamsBinding::Uniform);
+            assert!(!uniform.contains("var<immediate>"), "{kernel}");
+            assert!(uniform.contains("@group(1) @binding(0) var<uniform> params: Params;"), "{kernel}");
+            assert_eq!(uniform.lines().count(), kernel.full_source().lines().count(), "{kernel}: one line differs");
         }
     }
 

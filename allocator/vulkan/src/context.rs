@@ -87,10 +87,45 @@ struct Debug {
     messenger: vk::DebugUtilsMessengerEXT,
 }
 
+/// What heapscope asks of a device, for a [`DeviceHook`] that creates it instead (wgpu interop). `timelineSemaphore`
+/// is not in it: the hook's library enables it where the device has it (wgpu-hal does).
+pub(crate) struct DeviceRequest<'a> {
+    /// The queues: one of the compute family, one of the sparse family when it differs.
+    pub queue_infos: &'a [vk::DeviceQueueCreateInfo<'a>],
+    /// The core features heapscope enables (the sparse bits).
+    pub core_features: vk::PhysicalDeviceFeatures,
+    /// The device extensions heapscope enables (`VK_EXT_memory_budget` when present).
+    pub extensions: &'a [&'static CStr],
+}
+
+/// Another library's needs merged into heapscope's bring-up: more instance extensions, and the device created
+/// with that library's extensions and features as well as heapscope's ([`DeviceRequest`]).
+pub(crate) trait DeviceHook {
+    /// Instance extensions to enable beyond heapscope's own (each one available).
+    fn instance_extensions(&mut self, entry: &ash::Entry) -> Result<Vec<&'static CStr>, VulkanError>;
+
+    /// Creates the device on `physical_device` with at least what `request` asks; returns it and every device
+    /// extension it enabled.
+    fn create_device(
+        &mut self,
+        entry: &ash::Entry,
+        instance: &ash::Instance,
+        instance_extensions: &[&'static CStr],
+        physical_device: vk::PhysicalDevice,
+        request: &DeviceRequest<'_>,
+    ) -> Result<(ash::Device, Vec<&'static CStr>), VulkanError>;
+}
+
 /// A Vulkan instance and logical device, with what heapscope needs to know about them.
 pub struct VulkanContext {
-    _entry: ash::Entry,
+    entry: ash::Entry,
     instance: ash::Instance,
+    /// The instance extensions enabled (for wgpu interop, which must be told).
+    instance_extensions: Vec<&'static CStr>,
+    /// The device extensions enabled.
+    device_extensions: Vec<&'static CStr>,
+    /// Whether a [`DeviceHook`] created the device (with wgpu-hal's extensions and features).
+    hooked: bool,
     debug: Option<Debug>,
     validation_log: ValidationLog,
     physical_device: vk::PhysicalDevice,
@@ -131,14 +166,23 @@ impl VulkanContext {
     /// compute queue, and
     /// [`VulkanError::Vk`] when a call fails.
     pub fn new(options: &ContextOptions) -> Result<Self, VulkanError> {
+        Self::create(options, None)
+    }
+
+    /// [`VulkanContext::new`], with `hook` adding instance extensions and creating the device.
+    pub(crate) fn create(options: &ContextOptions, mut hook: Option<&mut dyn DeviceHook>) -> Result<Self, VulkanError> {
         // SAFETY: loading libvulkan runs its initialisers; the Vulkan loader is designed to be loaded so.
         let entry = unsafe { ash::Entry::load() }.map_err(|error| VulkanError::NoLoader(error.to_string()))?;
+        let extra = match hook.as_deref_mut() {
+            Some(hook) => hook.instance_extensions(&entry)?,
+            None => Vec::new(),
+        };
         let validation_log = ValidationLog::default();
-        let (instance, debug) = create_instance(&entry, options.validation, &validation_log)?;
+        let (instance, debug, instance_extensions) = create_instance(&entry, options.validation, &validation_log, &extra)?;
         // From here on, a failure must destroy the instance (before the loader is unloaded and the log freed):
         // `Partial` does so on drop.
-        let partial = Partial { entry, instance, debug, validation_log };
-        partial.device(options)
+        let partial = Partial { entry, instance, debug, validation_log, instance_extensions };
+        partial.device(options, hook)
     }
 
     /// Every physical device the loader lists, in order (the indices `HEAPSCOPE_DEVICE` and
@@ -151,14 +195,34 @@ impl VulkanContext {
         // SAFETY: loading libvulkan runs its initialisers; the Vulkan loader is designed to be loaded so.
         let entry = unsafe { ash::Entry::load() }.map_err(|error| VulkanError::NoLoader(error.to_string()))?;
         let validation_log = ValidationLog::default();
-        let (instance, debug) = create_instance(&entry, false, &validation_log)?;
-        let partial = Partial { entry, instance, debug, validation_log };
+        let (instance, debug, instance_extensions) = create_instance(&entry, false, &validation_log, &[])?;
+        let partial = Partial { entry, instance, debug, validation_log, instance_extensions };
         partial.candidates().map(|(_, candidates)| candidates)
     }
 
     /// `ash`'s instance.
     pub fn instance(&self) -> &ash::Instance {
         &self.instance
+    }
+
+    /// The loader's entry points.
+    pub fn entry(&self) -> &ash::Entry {
+        &self.entry
+    }
+
+    /// The instance extensions enabled.
+    pub fn instance_extensions(&self) -> &[&'static CStr] {
+        &self.instance_extensions
+    }
+
+    /// The device extensions enabled.
+    pub fn device_extensions(&self) -> &[&'static CStr] {
+        &self.device_extensions
+    }
+
+    /// Whether the device was created for wgpu interop (with wgpu-hal's extensions and features).
+    pub fn is_prepared_for_wgpu(&self) -> bool {
+        self.hooked
     }
 
     /// `ash`'s device.
@@ -277,6 +341,7 @@ struct Partial {
     instance: ash::Instance,
     debug: Option<Debug>,
     validation_log: ValidationLog,
+    instance_extensions: Vec<&'static CStr>,
 }
 
 impl Drop for Partial {
@@ -303,15 +368,18 @@ fn messenger_info(log: &ValidationLog) -> vk::DebugUtilsMessengerCreateInfoEXT<'
         .user_data(Arc::as_ptr(&log.messages).cast_mut().cast())
 }
 
+/// An instance (Vulkan 1.3 asked for) with `extra` extensions, and the validation layer and a messenger when
+/// `validation`; returns the extensions enabled too.
 fn create_instance(
     entry: &ash::Entry,
     validation: bool,
     log: &ValidationLog,
-) -> Result<(ash::Instance, Option<Debug>), VulkanError> {
+    extra: &[&'static CStr],
+) -> Result<(ash::Instance, Option<Debug>, Vec<&'static CStr>), VulkanError> {
     let application =
         vk::ApplicationInfo::default().application_name(c"heapscope").engine_name(c"heapscope").api_version(vk::API_VERSION_1_3);
     let mut layers = Vec::new();
-    let mut extensions = Vec::new();
+    let mut names: Vec<&'static CStr> = extra.to_vec();
     if validation {
         // SAFETY: a global query of the loaded entry.
         let available = unsafe { entry.enumerate_instance_layer_properties() }
@@ -320,8 +388,11 @@ fn create_instance(
             return Err(VulkanError::MissingLayer(VALIDATION_LAYER.to_string_lossy().into_owned()));
         }
         layers.push(VALIDATION_LAYER.as_ptr());
-        extensions.push(ash::ext::debug_utils::NAME.as_ptr());
+        if !names.contains(&ash::ext::debug_utils::NAME) {
+            names.push(ash::ext::debug_utils::NAME);
+        }
     }
+    let extensions: Vec<*const std::ffi::c_char> = names.iter().map(|name| name.as_ptr()).collect();
     let mut instance_messenger = messenger_info(log);
     let mut info = vk::InstanceCreateInfo::default()
         .application_info(&application)
@@ -337,13 +408,13 @@ fn create_instance(
         _ => VulkanError::Vk { call: "vkCreateInstance", result },
     })?;
     if !validation {
-        return Ok((instance, None));
+        return Ok((instance, None, names));
     }
     let loader = ash::ext::debug_utils::Instance::new(entry, &instance);
     // SAFETY: the instance enabled VK_EXT_debug_utils; `user_data` points into the log's `Arc`, which the
     // caller keeps alive until after the messenger is destroyed.
     match unsafe { loader.create_debug_utils_messenger(&messenger_info(log), None) } {
-        Ok(messenger) => Ok((instance, Some(Debug { loader, messenger }))),
+        Ok(messenger) => Ok((instance, Some(Debug { loader, messenger }), names)),
         Err(result) => {
             // SAFETY: nothing else was created from the instance.
             unsafe { instance.destroy_instance(None) };
@@ -381,7 +452,7 @@ impl Partial {
     }
 
     /// Chooses the physical device and creates the logical device; the context takes the instance over.
-    fn device(self, options: &ContextOptions) -> Result<VulkanContext, VulkanError> {
+    fn device(self, options: &ContextOptions, hook: Option<&mut dyn DeviceHook>) -> Result<VulkanContext, VulkanError> {
         let (physical_devices, candidates) = self.candidates()?;
         let instance = &self.instance;
         let physical_device = physical_devices[select_device(&candidates, options.device_selector.as_deref())?];
@@ -456,15 +527,24 @@ impl Partial {
         if has_vulkan_1_2 {
             enabled_features = enabled_features.push_next(&mut enabled_1_2);
         }
-        let extension_names = if memory_budget { vec![ash::ext::memory_budget::NAME.as_ptr()] } else { Vec::new() };
-        let device_info = vk::DeviceCreateInfo::default()
-            .queue_create_infos(&queue_infos)
-            .enabled_extension_names(&extension_names)
-            .push_next(&mut enabled_features);
-        // SAFETY: the physical device is this instance's; every feature and extension enabled was reported
-        // supported above; all pointers in `device_info` outlive the call.
-        let device =
-            unsafe { instance.create_device(physical_device, &device_info, None) }.map_err(VulkanError::vk("vkCreateDevice"))?;
+        let extensions: Vec<&'static CStr> = if memory_budget { vec![ash::ext::memory_budget::NAME] } else { Vec::new() };
+        let hooked = hook.is_some();
+        let (device, device_extensions) = if let Some(hook) = hook {
+            let request = DeviceRequest { queue_infos: &queue_infos, core_features: enabled_core, extensions: &extensions };
+            hook.create_device(&self.entry, instance, &self.instance_extensions, physical_device, &request)?
+        } else {
+            let extension_names: Vec<*const std::ffi::c_char> = extensions.iter().map(|name| name.as_ptr()).collect();
+            let device_info = vk::DeviceCreateInfo::default()
+                .queue_create_infos(&queue_infos)
+                .enabled_extension_names(&extension_names)
+                .push_next(&mut enabled_features);
+            // SAFETY: the physical device is this instance's; every feature and extension enabled was reported
+            // supported above; all pointers in `device_info` outlive the call.
+            let device = unsafe { instance.create_device(physical_device, &device_info, None) }
+                .map_err(VulkanError::vk("vkCreateDevice"))?;
+            (device, extensions)
+        };
+
         // SAFETY: one queue of each family was created with the device.
         let compute_queue = unsafe { device.get_device_queue(compute_family, 0) };
         // SAFETY: as above.
@@ -472,17 +552,21 @@ impl Partial {
 
         let this = std::mem::ManuallyDrop::new(self);
         // SAFETY: `this` is never dropped, so each field moves into the context exactly once.
-        let (entry, instance, debug, validation_log) = unsafe {
+        let (entry, instance, debug, validation_log, instance_extensions) = unsafe {
             (
                 std::ptr::read(&this.entry),
                 std::ptr::read(&this.instance),
                 std::ptr::read(&this.debug),
                 std::ptr::read(&this.validation_log),
+                std::ptr::read(&this.instance_extensions),
             )
         };
         Ok(VulkanContext {
-            _entry: entry,
+            entry,
             instance,
+            instance_extensions,
+            device_extensions,
+            hooked,
             debug,
             validation_log,
             physical_device,

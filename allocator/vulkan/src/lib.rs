@@ -14,6 +14,8 @@
 //! - [`GpuAllocatorHeap`] (`gpu_allocator_heap`): gpu-allocator 0.28 as a [`heapscope_core::DeviceHeap`], a
 //!   contender on the same device.
 //! - [`memory_types`]: the choice of a memory type for a use.
+//! - [`wgpu_interop`] (feature `wgpu`): wgpu 30 on heapscope's own device (sparse features and all), and
+//!   heapscope's device-memory blocks and sparse buffers as `wgpu::Buffer`s, binds ordered before wgpu's work.
 //!
 //! All of heapscope's `unsafe` lives in this crate; every block carries a `// SAFETY:` comment.
 #![allow(unsafe_code, reason = "the Vulkan backend: every unsafe block says why it is sound")]
@@ -33,6 +35,8 @@ mod selection;
 mod source;
 mod sparse;
 mod transfer;
+#[cfg(feature = "wgpu")]
+pub mod wgpu_interop;
 
 pub use contenders::{DeviceContender, replay_on_device};
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};

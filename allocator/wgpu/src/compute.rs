@@ -1,0 +1,499 @@
+//! [`WgpuKernels`]: heapscope's WGSL kernels (`heapscope_kernels`) on a wgpu device.
+//!
+//! One compute pipeline per [`Kernel`], from the kernel's [`ParamsBinding::Uniform`] source: the same WGSL as the
+//! Vulkan runner's, with the parameter block a uniform buffer at `@group(1) @binding(0)` instead of push
+//! constants (an optional wgpu feature). Each dispatch's [`heapscope_kernels::Params`] take one slot of a uniform
+//! buffer, chosen by a dynamic offset, so one bind group serves every dispatch. Storage bindings are group 0, one
+//! bind group per dispatch (buffer, offset, size from [`heapscope_kernels::plan`]).
+//!
+//! [`WgpuKernels::run`] plans every op first (ranges split to fit `max_storage_buffer_binding_size` and start at
+//! multiples of `min_storage_buffer_offset_alignment`), then records up to
+//! [`WgpuKernels::DISPATCHES_PER_SUBMIT`] dispatches per compute pass and submit (wgpu orders dispatches that
+//! share a buffer), copies verify results to a readback buffer, and waits for each submit. Every submit runs
+//! inside wgpu error scopes: a validation, out-of-memory or internal error is returned as [`WgpuError::Device`].
+
+use std::fmt;
+use std::num::NonZeroU64;
+use std::sync::{Arc, Mutex};
+
+use heapscope_kernels::{
+    BindingLimits, Dispatch, Kernel, KernelError, Op, PARAMS_BYTES, ParamsBinding, SizedBuffer, VerifyResult,
+};
+
+use crate::{WgpuDevice, WgpuError};
+
+/// A buffer the kernels may use: any `wgpu::Buffer` with `STORAGE` usage, of the runner's device.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelBuffer<'a> {
+    buffer: &'a wgpu::Buffer,
+}
+
+impl<'a> KernelBuffer<'a> {
+    /// `buffer`, for the kernels.
+    pub fn new(buffer: &'a wgpu::Buffer) -> Self {
+        Self { buffer }
+    }
+
+    /// The buffer.
+    pub fn buffer(&self) -> &'a wgpu::Buffer {
+        self.buffer
+    }
+}
+
+impl PartialEq for KernelBuffer<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.buffer == other.buffer
+    }
+}
+
+impl SizedBuffer for KernelBuffer<'_> {
+    fn size_bytes(&self) -> u64 {
+        self.buffer.size()
+    }
+}
+
+/// A kernel's pipeline.
+#[derive(Debug)]
+struct KernelPipeline {
+    kernel: Kernel,
+    layout: wgpu::BindGroupLayout,
+    pipeline: wgpu::ComputePipeline,
+}
+
+/// A verify op's result being gathered: its index in the output, and its slot in the current submit.
+#[derive(Clone, Copy, Debug)]
+struct PendingVerify {
+    output: usize,
+    slot: u32,
+}
+
+/// Runs heapscope's kernels on a [`WgpuDevice`]. See the module documentation.
+pub struct WgpuKernels {
+    device: Arc<WgpuDevice>,
+    pipelines: Vec<KernelPipeline>,
+    params_buffer: wgpu::Buffer,
+    params_group: wgpu::BindGroup,
+    params_stride_bytes: u64,
+    results_buffer: wgpu::Buffer,
+    readback_buffer: wgpu::Buffer,
+    limits: BindingLimits,
+    device_limits: BindingLimits,
+    submits: u64,
+    dispatches: u64,
+}
+
+impl fmt::Debug for WgpuKernels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WgpuKernels")
+            .field("limits", &self.limits)
+            .field("submits", &self.submits)
+            .field("dispatches", &self.dispatches)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether binding `binding` of `kernel` is writable on wgpu. Copy's source is too: a copy within one arena binds
+/// it twice in one dispatch, and wgpu refuses a buffer both read-only and writable in one usage scope.
+fn layout_writable(kernel: Kernel, binding: u32) -> bool {
+    kernel.binding_writable(binding) || kernel == Kernel::Copy
+}
+
+/// The WGSL wgpu compiles for `kernel`: its [`ParamsBinding::Uniform`] source, with copy's read-only source
+/// binding declared `read_write` (see [`layout_writable`]; the kernel never writes it).
+pub(crate) fn wgsl(kernel: Kernel) -> String {
+    let source = kernel.source(ParamsBinding::Uniform);
+    if kernel == Kernel::Copy { source.replace("var<storage, read> ", "var<storage, read_write> ") } else { source }
+}
+
+/// naga's verdict on [`wgsl`] (what wgpu compiles), checked on the CPU before any pipeline is made.
+pub(crate) fn validate_wgsl(kernel: Kernel) -> Result<(), KernelError> {
+    use heapscope_kernels::naga;
+    let source = wgsl(kernel);
+    let module = naga::front::wgsl::parse_str(&source)
+        .map_err(|error| KernelError::Parse { kernel, message: error.emit_to_string(&source) })?;
+    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty())
+        .validate(&module)
+        .map_err(|error| KernelError::Validation { kernel, message: error.emit_to_string(&source) })?;
+    Ok(())
+}
+
+impl WgpuKernels {
+    /// Dispatches recorded into one submit at most; also the number of verify result slots and uniform slots.
+    pub const DISPATCHES_PER_SUBMIT: u32 = 256;
+
+    /// Builds a pipeline per kernel and the uniform, result and readback buffers.
+    ///
+    /// # Errors
+    /// [`WgpuError::Kernel`] when naga refuses a kernel's source (checked before wgpu sees it);
+    /// [`WgpuError::Device`] when wgpu refuses a pipeline or a buffer.
+    pub fn new(device: Arc<WgpuDevice>) -> Result<Self, WgpuError> {
+        for kernel in Kernel::ALL {
+            validate_wgsl(kernel)?;
+        }
+        let limits = device.limits();
+        let device_limits = BindingLimits {
+            max_range_bytes: limits.max_storage_buffer_binding_size,
+            offset_alignment_bytes: u64::from(limits.min_storage_buffer_offset_alignment).max(4),
+        };
+        let params_stride_bytes = u64::from(limits.min_uniform_buffer_offset_alignment).max(u64::from(PARAMS_BYTES));
+        let wgpu_device = device.device();
+        let built = device.checked("creating the kernel pipelines", || {
+            let params_layout = wgpu_device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some("heapscope params"),
+                entries: &[wgpu::BindGroupLayoutEntry {
+                    binding: 0,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: true,
+                        min_binding_size: NonZeroU64::new(u64::from(PARAMS_BYTES)),
+                    },
+                    count: None,
+                }],
+            });
+            let pipelines: Vec<KernelPipeline> =
+                Kernel::ALL.into_iter().map(|kernel| Self::pipeline(wgpu_device, kernel, &params_layout)).collect();
+            let params_buffer = wgpu_device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("heapscope params"),
+                size: params_stride_bytes * u64::from(Self::DISPATCHES_PER_SUBMIT),
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let params_group = wgpu_device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("heapscope params"),
+                layout: &params_layout,
+                entries: &[wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &params_buffer,
+                        offset: 0,
+                        size: NonZeroU64::new(u64::from(PARAMS_BYTES)),
+                    }),
+                }],
+            });
+            let results_bytes = u64::from(Self::DISPATCHES_PER_SUBMIT) * 8;
+            let results_buffer = wgpu_device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("heapscope verify results"),
+                size: results_bytes,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let readback_buffer = wgpu_device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("heapscope verify readback"),
+                size: results_bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            (pipelines, params_buffer, params_group, results_buffer, readback_buffer)
+        })?;
+        let (pipelines, params_buffer, params_group, results_buffer, readback_buffer) = built;
+        Ok(Self {
+            device,
+            pipelines,
+            params_buffer,
+            params_group,
+            params_stride_bytes,
+            results_buffer,
+            readback_buffer,
+            limits: device_limits,
+            device_limits,
+            submits: 0,
+            dispatches: 0,
+        })
+    }
+
+    fn pipeline(device: &wgpu::Device, kernel: Kernel, params_layout: &wgpu::BindGroupLayout) -> KernelPipeline {
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(kernel.name()),
+            source: wgpu::ShaderSource::Wgsl(wgsl(kernel).into()),
+        });
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..kernel.storage_bindings())
+            .map(|binding| wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only: !layout_writable(kernel, binding) },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect();
+        let layout =
+            device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(kernel.name()), entries: &entries });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(kernel.name()),
+            bind_group_layouts: &[Some(&layout), Some(params_layout)],
+            immediate_size: 0,
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(kernel.name()),
+            layout: Some(&pipeline_layout),
+            module: &module,
+            entry_point: Some(heapscope_kernels::ENTRY_POINT),
+            compilation_options: wgpu::PipelineCompilationOptions::default(),
+            cache: None,
+        });
+        KernelPipeline { kernel, layout, pipeline }
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<WgpuDevice> {
+        &self.device
+    }
+
+    /// The binding limits ranges are split by (the device's, unless lowered).
+    pub fn binding_limits(&self) -> BindingLimits {
+        self.limits
+    }
+
+    /// Splits ranges as if bindings could cover at most `max_range_bytes` (at most the device's limit, at least the
+    /// offset alignment plus a word): to exercise the splitting with small buffers.
+    pub fn set_max_binding_bytes(&mut self, max_range_bytes: u64) {
+        let floor = self.device_limits.offset_alignment_bytes + 4;
+        self.limits.max_range_bytes = max_range_bytes.clamp(floor, self.device_limits.max_range_bytes.max(floor));
+    }
+
+    /// Submits and dispatches so far.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.submits, self.dispatches)
+    }
+
+    /// Runs `ops` in order (each sees the writes of those before it) and returns one [`VerifyResult`] per
+    /// [`Op::Verify`], in order. Ops are planned first (none runs if one is invalid); each submit is waited for.
+    ///
+    /// # Errors
+    /// [`WgpuError::Kernel`] for an invalid op or a buffer without `STORAGE` usage; [`WgpuError::Device`] for an
+    /// error wgpu reports (a buffer of another device, a destroyed buffer, ...); [`WgpuError::Wait`] when waiting
+    /// or reading results back fails.
+    pub fn run(&mut self, ops: &[Op<KernelBuffer<'_>>]) -> Result<Vec<VerifyResult>, WgpuError> {
+        let mut planned = Vec::with_capacity(ops.len());
+        for op in ops {
+            let buffers = match op {
+                Op::Fill { target, .. } | Op::Verify { target, .. } => [target, target],
+                Op::Copy { src, dst, .. } => [src, dst],
+            };
+            if let Some(buffer) = buffers.into_iter().find(|buffer| !buffer.buffer.usage().contains(wgpu::BufferUsages::STORAGE))
+            {
+                return Err(KernelError::InvalidOp(format!(
+                    "a buffer of {} B without STORAGE usage ({:?})",
+                    buffer.buffer.size(),
+                    buffer.buffer.usage()
+                ))
+                .into());
+            }
+            planned.push(heapscope_kernels::plan(op, 0, self.limits)?);
+        }
+        let verifies = ops.iter().filter(|op| matches!(op, Op::Verify { .. })).count();
+        let mut results = vec![VerifyResult::default(); verifies];
+        let mut batch: Vec<(Dispatch<KernelBuffer<'_>>, u32)> = Vec::new();
+        let mut pending: Vec<PendingVerify> = Vec::new();
+        let mut next_output = 0;
+        for (op, dispatches) in ops.iter().zip(&planned) {
+            let output = matches!(op, Op::Verify { .. }).then(|| {
+                next_output += 1;
+                next_output - 1
+            });
+            for dispatch in dispatches {
+                if batch.len() == Self::DISPATCHES_PER_SUBMIT as usize {
+                    self.submit_and_wait(&batch, &pending, &mut results)?;
+                    batch.clear();
+                    pending.clear();
+                }
+                let slot = match output {
+                    Some(output) => match pending.last() {
+                        Some(last) if last.output == output => last.slot,
+                        _ => {
+                            let slot = u32::try_from(pending.len()).unwrap_or(u32::MAX);
+                            pending.push(PendingVerify { output, slot });
+                            slot
+                        }
+                    },
+                    None => 0,
+                };
+                batch.push((*dispatch, slot));
+            }
+        }
+        if !batch.is_empty() {
+            self.submit_and_wait(&batch, &pending, &mut results)?;
+        }
+        Ok(results)
+    }
+
+    /// Writes allocation `id`'s pattern into `len_bytes` at `offset_bytes` of `buffer`.
+    ///
+    /// # Errors
+    /// As [`WgpuKernels::run`].
+    pub fn fill(&mut self, buffer: KernelBuffer<'_>, offset_bytes: u64, len_bytes: u64, id: u32) -> Result<(), WgpuError> {
+        self.run(&[Op::Fill { target: buffer, offset_bytes, len_bytes, id }]).map(drop)
+    }
+
+    /// Compares `len_bytes` at `offset_bytes` of `buffer` with allocation `id`'s pattern.
+    ///
+    /// # Errors
+    /// As [`WgpuKernels::run`].
+    pub fn verify(
+        &mut self,
+        buffer: KernelBuffer<'_>,
+        offset_bytes: u64,
+        len_bytes: u64,
+        id: u32,
+    ) -> Result<VerifyResult, WgpuError> {
+        let results = self.run(&[Op::Verify { target: buffer, offset_bytes, len_bytes, id }])?;
+        Ok(results.first().copied().unwrap_or_default())
+    }
+
+    fn pipeline_of(&self, kernel: Kernel) -> Result<&KernelPipeline, WgpuError> {
+        self.pipelines
+            .iter()
+            .find(|pipeline| pipeline.kernel == kernel)
+            .ok_or_else(|| KernelError::InvalidOp(format!("no pipeline for kernel {kernel}")).into())
+    }
+
+    fn submit_and_wait(
+        &mut self,
+        batch: &[(Dispatch<KernelBuffer<'_>>, u32)],
+        pending: &[PendingVerify],
+        results: &mut [VerifyResult],
+    ) -> Result<(), WgpuError> {
+        let stride = self.params_stride_bytes;
+        let mut params = vec![0u8; usize::try_from(stride * batch.len() as u64).unwrap_or(0)];
+        for ((dispatch, slot), chunk) in batch.iter().zip(params.chunks_exact_mut(stride as usize)) {
+            let words = heapscope_kernels::Params { slot: *slot, ..dispatch.params }.words();
+            // WGSL reads buffers little-endian, whatever the host.
+            for (bytes, word) in chunk.chunks_exact_mut(4).zip(words) {
+                bytes.copy_from_slice(&word.to_le_bytes());
+            }
+        }
+        let verify_slots = pending.len() as u64;
+        let mut groups = Vec::with_capacity(batch.len());
+        for (dispatch, _) in batch {
+            groups.push(self.storage_group(dispatch)?);
+        }
+        let device = Arc::clone(&self.device);
+        let submission = device.checked("running kernels", || -> Result<wgpu::SubmissionIndex, WgpuError> {
+            let queue = device.queue();
+            queue.write_buffer(&self.params_buffer, 0, &params);
+            if verify_slots > 0 {
+                let reset: Vec<u8> = (0..verify_slots).flat_map(|_| [0u32, u32::MAX]).flat_map(u32::to_le_bytes).collect();
+                queue.write_buffer(&self.results_buffer, 0, &reset);
+            }
+            let mut encoder =
+                device.device().create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("heapscope kernels") });
+            {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("heapscope kernels"),
+                    timestamp_writes: None,
+                });
+                for (index, ((dispatch, _), group)) in batch.iter().zip(&groups).enumerate() {
+                    let pipeline = self.pipeline_of(dispatch.kernel)?;
+                    let offset = u32::try_from(index as u64 * stride)
+                        .map_err(|_| KernelError::InvalidOp("uniform offset past u32".into()))?;
+                    pass.set_pipeline(&pipeline.pipeline);
+                    pass.set_bind_group(0, group, &[]);
+                    pass.set_bind_group(1, &self.params_group, &[offset]);
+                    pass.dispatch_workgroups(dispatch.workgroups, 1, 1);
+                }
+            }
+            if verify_slots > 0 {
+                encoder.copy_buffer_to_buffer(&self.results_buffer, 0, &self.readback_buffer, 0, verify_slots * 8);
+            }
+            Ok(device.submit([encoder.finish()]))
+        })??;
+        device.wait(Some(submission))?;
+        self.submits += 1;
+        self.dispatches += batch.len() as u64;
+        if verify_slots == 0 {
+            return Ok(());
+        }
+        let words = self.read_results(verify_slots * 8)?;
+        for verify in pending {
+            let at = verify.slot as usize * 2;
+            let found = VerifyResult::from_counters(words[at], words[at + 1]);
+            if let Some(result) = results.get_mut(verify.output) {
+                result.mismatches = result.mismatches.saturating_add(found.mismatches);
+                result.first_mismatch = match (result.first_mismatch, found.first_mismatch) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+        }
+        Ok(())
+    }
+
+    /// The storage bind group of a dispatch: binding 0 the data (or copy source), binding 1 the copy destination
+    /// or the verify results.
+    fn storage_group(&self, dispatch: &Dispatch<KernelBuffer<'_>>) -> Result<wgpu::BindGroup, WgpuError> {
+        let pipeline = self.pipeline_of(dispatch.kernel)?;
+        fn binding(buffer: &wgpu::Buffer, offset: u64, size: u64) -> wgpu::BindingResource<'_> {
+            wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer, offset, size: NonZeroU64::new(size) })
+        }
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: binding(dispatch.data.buffer.buffer, dispatch.data.offset_bytes, dispatch.data.size_bytes),
+        }];
+        match (dispatch.kernel, dispatch.dst) {
+            (Kernel::Verify, _) => {
+                entries.push(wgpu::BindGroupEntry { binding: 1, resource: self.results_buffer.as_entire_binding() });
+            }
+            (_, Some(dst)) => {
+                entries.push(wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: binding(dst.buffer.buffer, dst.offset_bytes, dst.size_bytes),
+                });
+            }
+            (_, None) => {}
+        }
+        self.device.checked("binding kernel buffers", || {
+            self.device.device().create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(dispatch.kernel.name()),
+                layout: &pipeline.layout,
+                entries: &entries,
+            })
+        })
+    }
+
+    /// Maps the readback buffer's first `size_bytes` and returns them as words.
+    fn read_results(&self, size_bytes: u64) -> Result<Vec<u32>, WgpuError> {
+        let slice = self.readback_buffer.slice(..size_bytes);
+        let outcome: Arc<Mutex<Option<Result<(), wgpu::BufferAsyncError>>>> = Arc::default();
+        let sender = Arc::clone(&outcome);
+        slice.map_async(wgpu::MapMode::Read, move |result| {
+            if let Ok(mut slot) = sender.lock() {
+                *slot = Some(result);
+            }
+        });
+        self.device.wait(None)?;
+        let mapped = outcome.lock().map_err(|_| WgpuError::Wait("the map callback panicked".into()))?.take();
+        match mapped {
+            Some(Ok(())) => {}
+            Some(Err(error)) => return Err(WgpuError::Wait(format!("mapping verify results: {error}"))),
+            None => return Err(WgpuError::Wait("mapping verify results did not complete".into())),
+        }
+        let words = {
+            let view = slice.get_mapped_range().map_err(|error| WgpuError::Wait(format!("reading verify results: {error}")))?;
+            view.chunks_exact(4).map(|chunk| u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]])).collect()
+        };
+        self.readback_buffer.unmap();
+        Ok(words)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every WGSL variant wgpu gets is validated by naga on the CPU, and its storage access matches the layout
+    /// (wgpu requires it exactly).
+    #[test]
+    fn every_wgpu_variant_validates_and_matches_its_layout() {
+        for kernel in Kernel::ALL {
+            validate_wgsl(kernel).unwrap_or_else(|error| panic!("{error}"));
+            let source = wgsl(kernel);
+            assert!(source.contains("var<uniform> params: Params;"), "{kernel}");
+            let writable = (0..kernel.storage_bindings()).filter(|&binding| layout_writable(kernel, binding)).count();
+            assert_eq!(source.matches("var<storage, read_write>").count(), writable, "{kernel}");
+            assert_eq!(source.matches("var<storage, read>").count(), kernel.storage_bindings() as usize - writable, "{kernel}");
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! # heapscope-wgpu
+//!
+//! heapscope's wgpu 30 backend: every heapscope policy inside `wgpu::Buffer` arenas, the WGSL kernels run through
+//! wgpu, and Vulkan interop with heapscope's own device.
+//!
+//! ## Design
+//!
+//! - **Device** ([`WgpuDevice`], `device`): the adapter `HEAPSCOPE_DEVICE` names (index, vendor or name
+//!   substring: the Vulkan crate's [`heapscope_vulkan::select_device`] rules on wgpu's adapter list), else the
+//!   first discrete GPU; the device asks for all the adapter's limits. Every error wgpu reports outside an error
+//!   scope is recorded ([`ErrorLog`], `Device::on_uncaptured_error`); heapscope's own operations run inside error
+//!   scopes and return wgpu's errors as [`WgpuError::Device`]. Futures are blocked on with pollster.
+//! - **Arenas** ([`ArenaSource`], [`ArenaHeap`], `arena`): wgpu exposes no raw memory, so a heap block is a large
+//!   `wgpu::Buffer` (storage, copies both ways) and the core [`heapscope_core::Heap`] runs any policy inside the
+//!   arenas, with its block-size, dedicated-block, release and budget rules. Allocations are aligned to
+//!   `min_storage_buffer_offset_alignment` at least and never exceed the storage binding limit, so each one is a
+//!   valid [`wgpu::BufferBinding`] (arena, offset, size rounded to 4) and [`wgpu::BufferSlice`]. Arenas are at
+//!   most `max_buffer_size`; an arena released by the heap is destroyed.
+//! - **Kernels** ([`WgpuKernels`], `compute`): a pipeline for every [`heapscope_kernels::Kernel`], from the same
+//!   WGSL as the Vulkan runner with the parameters in a uniform buffer chosen by dynamic offset (portable: push
+//!   constants are optional in wgpu); ops planned by [`heapscope_kernels::plan`] to fit a binding;
+//!   [`WgpuKernels::run`] returns one [`heapscope_kernels::VerifyResult`] per verify, like the Vulkan runner.
+//! - **Vulkan interop** (feature `vulkan`, on by default; `vulkan` module): [`WgpuDevice::from_vulkan`] puts wgpu on
+//!   heapscope's own ash device, created with wgpu-hal's extensions and features plus the sparse ones; then
+//!   [`WgpuDevice::block_buffer`] wraps a `DeviceMemorySource` block and [`WgpuDevice::paged_heap`] a sparse
+//!   `DevicePagedHeap` as `wgpu::Buffer`s, so the same kernels run on arena, device-memory and paged allocations.
+//!   Submissions take the Vulkan context's queue lock (one queue may serve compute and sparse binding), sparse
+//!   binds are ordered before wgpu's submissions by their timeline semaphore, and unbinds wait for wgpu's work.
+//!   All the `unsafe` is in `heapscope_vulkan::wgpu_interop`; this crate has none.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod arena;
+mod compute;
+mod device;
+mod error;
+#[cfg(feature = "vulkan")]
+mod vulkan;
+
+pub use arena::{ARENA_USAGE, ArenaAllocation, ArenaConfig, ArenaHeap, ArenaSource};
+pub use compute::{KernelBuffer, WgpuKernels};
+pub use device::{DeviceOptions, ErrorLog, WgpuDevice, select_adapter};
+pub use error::WgpuError;
+#[cfg(feature = "vulkan")]
+pub use vulkan::{VulkanBlockBuffer, VulkanPagedHeap};
+
+/// wgpu, re-exported so users name the same types.
+pub use wgpu;

@@ -1,0 +1,120 @@
+//! Shared by the integration tests: a wgpu device with validation on (plain wgpu, or wgpu on heapscope's Vulkan
+//! device), or a skip when the machine has none; and the check that nothing was reported.
+#![allow(dead_code, reason = "each test binary uses a part")]
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use heapscope_wgpu::{DeviceOptions, WgpuDevice, WgpuError};
+
+/// Records what wgpu-hal logs at warning level or above (the Vulkan validation layer's messages among them).
+struct Capture {
+    messages: Mutex<Vec<String>>,
+}
+
+impl log::Log for Capture {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.level() <= log::Level::Warn && metadata.target().starts_with("wgpu_hal")
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if self.enabled(record.metadata()) {
+            let message = format!("[{}] {}: {}", record.level(), record.target(), record.args());
+            self.messages.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(message);
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+fn capture() -> &'static Capture {
+    static CAPTURE: OnceLock<&'static Capture> = OnceLock::new();
+    CAPTURE.get_or_init(|| {
+        let capture: &'static Capture = Box::leak(Box::new(Capture { messages: Mutex::new(Vec::new()) }));
+        if log::set_logger(capture).is_ok() {
+            log::set_max_level(log::LevelFilter::Warn);
+        }
+        capture
+    })
+}
+
+fn required() -> bool {
+    std::env::var("HEAPSCOPE_REQUIRE_GPU").is_ok_and(|value| value.trim() == "1")
+}
+
+fn skip_or_panic(error: &WgpuError) -> Option<Arc<WgpuDevice>> {
+    if !required() && error.means_no_device() {
+        eprintln!("skipped: no device to test on ({error}); set HEAPSCOPE_REQUIRE_GPU=1 to fail instead");
+        return None;
+    }
+    panic!("device bring-up failed: {error}");
+}
+
+/// Plain wgpu (the adapter `HEAPSCOPE_DEVICE` names) with wgpu's backend validation on; `None` (skipped) without
+/// an adapter unless `HEAPSCOPE_REQUIRE_GPU=1`.
+pub fn device() -> Option<Arc<WgpuDevice>> {
+    capture();
+    let options = DeviceOptions { validation: true, ..DeviceOptions::from_env() };
+    match WgpuDevice::new(&options) {
+        Ok(device) => Some(Arc::new(device)),
+        Err(error) => skip_or_panic(&error),
+    }
+}
+
+/// wgpu on heapscope's Vulkan device, the validation layer on (heapscope's messenger records it).
+pub fn vulkan_device() -> Option<Arc<WgpuDevice>> {
+    let options = heapscope_vulkan::ContextOptions::from_env().with_validation(true);
+    match WgpuDevice::from_vulkan(&options) {
+        Ok(device) => Some(Arc::new(device)),
+        Err(error) => skip_or_panic(&error),
+    }
+}
+
+/// Both: every device test runs on each.
+pub fn devices() -> Vec<(&'static str, Arc<WgpuDevice>)> {
+    let mut devices = Vec::new();
+    if let Some(device) = device() {
+        devices.push(("wgpu", device));
+    }
+    if let Some(device) = vulkan_device() {
+        devices.push(("wgpu on heapscope's Vulkan device", device));
+    }
+    devices
+}
+
+/// Drops the last handle of the device and asserts that wgpu reported no uncaptured error, the validation layer
+/// nothing (heapscope's log for interop, wgpu-hal's log otherwise), and that nothing kept the Vulkan context.
+pub fn finish(device: Arc<WgpuDevice>) {
+    let errors = device.errors().clone();
+    let validation = device.vulkan_context().map(|context| (context.validation_log(), Arc::downgrade(context)));
+    let device = Arc::into_inner(device).expect("every heap and runner was dropped before finish()");
+    drop(device);
+    let errors = errors.messages();
+    assert!(errors.is_empty(), "wgpu errors:\n{}", errors.join("\n"));
+    if let Some((log, context)) = validation {
+        assert!(context.upgrade().is_none(), "wgpu kept the Vulkan context alive");
+        let messages = log.messages();
+        assert!(messages.is_empty(), "validation messages:\n{}", messages.join("\n"));
+    }
+    let logged = capture().messages.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+    assert!(logged.is_empty(), "wgpu-hal logged:\n{}", logged.join("\n"));
+}
+
+/// splitmix64: a small deterministic generator.
+#[derive(Debug)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `low..=high`.
+    pub fn range(&mut self, low: u64, high: u64) -> u64 {
+        low + self.next_u64() % (high - low + 1)
+    }
+}
