@@ -89,6 +89,7 @@ struct Debug {
 
 /// What heapscope asks of a device, for a [`DeviceHook`] that creates it instead (wgpu interop). `timelineSemaphore`
 /// is not in it: the hook's library enables it where the device has it (wgpu-hal does).
+#[cfg_attr(not(feature = "wgpu"), expect(dead_code, reason = "read by the hook of `wgpu_interop` only"))]
 pub(crate) struct DeviceRequest<'a> {
     /// The queues: one of the compute family, one of the sparse family when it differs.
     pub queue_infos: &'a [vk::DeviceQueueCreateInfo<'a>],

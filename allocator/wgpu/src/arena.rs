@@ -355,6 +355,7 @@ impl ArenaHeap {
     ///
     /// # Errors
     /// [`WgpuError::Heap`] for a double free or another heap's allocation.
+    #[expect(clippy::needless_pass_by_value, reason = "the handle (and its clone of the arena) is used up by the free")]
     pub fn free(&mut self, allocation: ArenaAllocation) -> Result<(), WgpuError> {
         self.heap.free(allocation.heap)?;
         Ok(())

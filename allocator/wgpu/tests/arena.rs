@@ -1,6 +1,7 @@
 //! Arenas on a device: every policy under random traffic verified by the kernels, the binding and alignment
 //! rules, the release of arenas, and wgpu errors surfacing as test failures. Each test runs on plain wgpu and on
 //! wgpu over heapscope's Vulkan device, validation on (skipped without a device unless `HEAPSCOPE_REQUIRE_GPU=1`).
+#![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
 mod common;
 
@@ -26,7 +27,7 @@ fn check_placement(heap: &ArenaHeap, allocation: &ArenaAllocation, align: u64) {
     assert_eq!(offset % align, 0, "offset {offset} not aligned to {align}");
     assert_eq!(offset % heap.offset_alignment_bytes(), 0, "offset {offset} not a storage offset");
     assert!(allocation.binding_bytes() <= heap.binding_limit_bytes());
-    assert!(allocation.binding_bytes() >= allocation.size_bytes() && allocation.binding_bytes() % 4 == 0);
+    assert!(allocation.binding_bytes() >= allocation.size_bytes() && allocation.binding_bytes().is_multiple_of(4));
     assert!(offset + allocation.binding_bytes() <= allocation.buffer().size(), "past the end of its arena");
     let binding = allocation.binding();
     assert_eq!((binding.offset, binding.size.map(u64::from)), (offset, Some(allocation.binding_bytes())));
