@@ -366,12 +366,9 @@ impl WgpuKernels {
             }
         }
         let verify_slots = pending.len() as u64;
-        let mut groups = Vec::with_capacity(batch.len());
-        for (dispatch, _) in batch {
-            groups.push(self.storage_group(dispatch)?);
-        }
         let device = Arc::clone(&self.device);
         let submission = device.checked("running kernels", || -> Result<wgpu::SubmissionIndex, WgpuError> {
+            let groups = batch.iter().map(|(dispatch, _)| self.storage_group(dispatch)).collect::<Result<Vec<_>, _>>()?;
             let queue = device.queue();
             queue.write_buffer(&self.params_buffer, 0, &params);
             if verify_slots > 0 {
@@ -422,7 +419,7 @@ impl WgpuKernels {
     }
 
     /// The storage bind group of a dispatch: binding 0 the data (or copy source), binding 1 the copy destination
-    /// or the verify results.
+    /// or the verify results. Called inside the submit's error scopes.
     fn storage_group(&self, dispatch: &Dispatch<KernelBuffer<'_>>) -> Result<wgpu::BindGroup, WgpuError> {
         let pipeline = self.pipeline_of(dispatch.kernel)?;
         fn binding(buffer: &wgpu::Buffer, offset: u64, size: u64) -> wgpu::BindingResource<'_> {
@@ -444,13 +441,11 @@ impl WgpuKernels {
             }
             (_, None) => {}
         }
-        self.device.checked("binding kernel buffers", || {
-            self.device.device().create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(dispatch.kernel.name()),
-                layout: &pipeline.layout,
-                entries: &entries,
-            })
-        })
+        Ok(self.device.device().create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(dispatch.kernel.name()),
+            layout: &pipeline.layout,
+            entries: &entries,
+        }))
     }
 
     /// Maps the readback buffer's first `size_bytes` and returns them as words.
