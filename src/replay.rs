@@ -5,10 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use heapscope_core::PolicyKind;
 use heapscope_core::compare::{CompareConfig, Contender, Outcome, alloc_conf, replay_contender, replay_pytorch};
 use heapscope_core::recording::Recording;
 use heapscope_core::units::{Bytes, parse_size};
+use heapscope_core::{PolicyKind, UnmapRule};
 
 use std::sync::Arc;
 
@@ -30,9 +30,13 @@ pub struct RecordingArgs {
     /// (e.g. `expandable_segments:True,max_split_size_mb:128`).
     #[arg(long, value_name = "STR")]
     pub alloc_conf: Option<String>,
-    /// Page size of the `paged` contender.
+    /// Page size of the `paged` contender (simulated; on a Vulkan device the sparse page size is used).
     #[arg(long, value_name = "SIZE", default_value = "2MiB", value_parser = parse_size)]
     pub page_size: u64,
+    /// When the `paged` contender unmaps pages no allocation touches: `eager` (at once) or `pressure` (kept
+    /// mapped for reuse until a request needs the room).
+    #[arg(long, value_name = "RULE", default_value = "eager")]
+    pub paged_unmap: UnmapRule,
     /// Which device's trace of a PyTorch snapshot.
     #[arg(long, value_name = "N", default_value = "0")]
     pub device: usize,
@@ -54,6 +58,7 @@ impl RecordingArgs {
         CompareConfig {
             capacity_bytes: self.capacity,
             page_bytes: self.page_size,
+            paged_unmap: self.paged_unmap,
             align_bytes: self.align,
             heap: self.heap.heap_config(PolicyKind::Tlsf),
         }
