@@ -12,7 +12,7 @@
 //! - [`DevicePagedHeap`] (`paged`): a [`heapscope_core::PagedHeap`] whose mapped pages are bound in a sparse buffer.
 //! - [`Transfer`] (`transfer`): staging copies into and out of device buffers on the compute queue.
 //! - [`GpuAllocatorHeap`] (`gpu_allocator_heap`): gpu-allocator 0.28 as a [`heapscope_core::DeviceHeap`], a
-//!   contender on the same device.
+//!   contender on the same device; [`VmaHeap`] (`vma_heap`): VMA (vk-mem 0.5) the same way.
 //! - [`memory_types`]: the choice of a memory type for a use.
 //!
 //! All of heapscope's `unsafe` lives in this crate; every block carries a `// SAFETY:` comment.
@@ -33,6 +33,7 @@ mod selection;
 mod source;
 mod sparse;
 mod transfer;
+mod vma_heap;
 
 pub use contenders::{DeviceContender, replay_on_device};
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};
@@ -45,9 +46,13 @@ pub use selection::{DeviceCandidate, VENDORS, select_device};
 pub use source::{BLOCK_BUFFER_USAGE, BlockInfo, DeviceMemorySource, DeviceSourceConfig, LeakReport, LeakedBlock};
 pub use sparse::{BindLatency, BindLayout, PagePool, PageRef, SparseBuffer, SparseConfig, SparseStats, measure_bind_latency};
 pub use transfer::Transfer;
+pub use vma_heap::{VmaConfig, VmaHandle, VmaHeap};
 
 /// gpu-allocator, re-exported for its report types.
 pub use gpu_allocator;
+
+/// vk-mem (VMA), re-exported so users name the same types.
+pub use vk_mem;
 
 /// `ash`, re-exported so users name the same `vk` types.
 pub use ash;
