@@ -35,7 +35,7 @@ mod sparse;
 mod transfer;
 mod vma_heap;
 
-pub use contenders::{DeviceContender, replay_on_device};
+pub use contenders::{DeviceContender, paged_virtual_bytes, peak_live_footprint_bytes, replay_on_device};
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};
 pub use error::VulkanError;
 pub use gpu_allocator_heap::{GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocatorHeap};
