@@ -12,7 +12,7 @@ use heapscope_core::{PolicyKind, UnmapRule};
 
 use std::sync::Arc;
 
-use heapscope_vulkan::{ContextOptions, DeviceContender, VulkanContext, replay_on_device};
+use heapscope_vulkan::{ContextOptions, DeviceContender, VulkanContext, paged_range_for, replay_on_device};
 
 use crate::input;
 use crate::options::HeapRules;
@@ -207,7 +207,14 @@ impl ContenderArgs {
             anyhow::bail!("{device_only} runs on a Vulkan device: add --vulkan");
         }
         let recording = recording_args.open()?;
-        Ok((contenders, recording, Runner::new(self.vulkan)?))
+        let runner = Runner::new(self.vulkan)?;
+        // `paged` on the device needs a sparse buffer for the trace: say so before anything runs.
+        if let Some(context) = &runner.context
+            && contenders.contains(&Named::Core(Contender::Paged))
+        {
+            paged_range_for(context, &recording.trace, &recording_args.compare_config()).context("replaying through paged")?;
+        }
+        Ok((contenders, recording, runner))
     }
 }
 

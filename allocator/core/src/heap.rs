@@ -409,7 +409,7 @@ impl<S: MemorySource> Heap<S> {
         let (index, allocation) = self.blocks.iter_mut().zip(0..).find_map(|(block, index)| {
             let block = block.as_mut()?;
             let empty = block.live == 0;
-            if block.free_bound_bytes < request.size_bytes() || !(empty || !block.dedicated) {
+            if block.free_bound_bytes < request.size_bytes() || (!empty && block.dedicated) {
                 return None;
             }
             let allocation = block.policy.allocate(request)?;

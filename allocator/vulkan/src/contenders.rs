@@ -98,6 +98,18 @@ pub fn paged_virtual_bytes(limits: &DeviceLimits, needed_bytes: u64) -> Result<u
     Ok(needed_bytes.max(1).saturating_mul(4).min(limit_bytes))
 }
 
+/// The bytes `trace` needs at once in `paged`'s virtual range under `config` (its live allocations at their
+/// peak, or the capacity when that is less), and the virtual range for that on `context`'s device.
+///
+/// # Errors
+/// [`VulkanError::VirtualRangeTooSmall`] when the device's sparse buffers cannot hold the need: callers check
+/// this before replaying anything.
+pub fn paged_range_for(context: &VulkanContext, trace: &Trace, config: &CompareConfig) -> Result<(u64, u64), VulkanError> {
+    let peak_bytes = peak_live_footprint_bytes(trace, config.align_bytes);
+    let needed_bytes = config.capacity_bytes.map_or(peak_bytes, |capacity| capacity.min(peak_bytes));
+    Ok((needed_bytes, paged_virtual_bytes(&context.properties().limits, needed_bytes)?))
+}
+
 /// Replays `trace` through `contender` on `context`'s device, with `config`'s capacity as the budget cap.
 /// `event_of` maps an event index of `trace` to the recording's numbering. Each run starts from a fresh heap
 /// (every block of the previous run freed), so the device holds one run's memory at a time.
@@ -137,9 +149,7 @@ pub fn replay_on_device(
             })
         }
         DeviceContender::Paged => {
-            let peak_bytes = peak_live_footprint_bytes(trace, config.align_bytes);
-            let needed_bytes = config.capacity_bytes.map_or(peak_bytes, |capacity| capacity.min(peak_bytes));
-            let virtual_bytes = paged_virtual_bytes(&context.properties().limits, needed_bytes)?;
+            let (needed_bytes, virtual_bytes) = paged_range_for(context, trace, config)?;
             let mut paged = DevicePagedConfig::new(virtual_bytes, config.capacity_bytes);
             paged.unmap = config.paged_unmap;
             // About a thousand chunks at the trace's peak: few memory objects, few mappings.

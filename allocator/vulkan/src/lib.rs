@@ -9,10 +9,14 @@
 //!   [`heapscope_core::Heap`] runs any policy over real device memory.
 //! - [`SparseBuffer`] (`sparse`): a sparse-residency buffer whose pages are bound on demand from a [`PagePool`]
 //!   with `vkQueueBindSparse`, and [`measure_bind_latency`].
-//! - [`DevicePagedHeap`] (`paged`): a [`heapscope_core::PagedHeap`] whose mapped pages are bound in a sparse buffer.
+//! - [`DevicePagedHeap`] (`paged`): a [`heapscope_core::PagedHeap`] whose mapped pages are bound in a sparse buffer
+//!   (cached pages stay bound under [`heapscope_core::UnmapRule::UnderPressure`]); a [`heapscope_core::DeviceHeap`].
 //! - [`Transfer`] (`transfer`): staging copies into and out of device buffers on the compute queue.
 //! - [`GpuAllocatorHeap`] (`gpu_allocator_heap`): gpu-allocator 0.28 as a [`heapscope_core::DeviceHeap`], a
 //!   contender on the same device; [`VmaHeap`] (`vma_heap`): VMA (vk-mem 0.5) the same way.
+//! - [`replay_on_device`] (`contenders`): a trace through a [`DeviceContender`] — a heap of device-memory blocks,
+//!   `paged` on a sparse buffer sized by [`paged_virtual_bytes`], gpu-allocator or VMA — summed up in the core's
+//!   `Outcome` (what `heapscope replay --vulkan` prints).
 //! - [`memory_types`]: the choice of a memory type for a use.
 //!
 //! All of heapscope's `unsafe` lives in this crate; every block carries a `// SAFETY:` comment.
@@ -35,7 +39,7 @@ mod sparse;
 mod transfer;
 mod vma_heap;
 
-pub use contenders::{DeviceContender, paged_virtual_bytes, peak_live_footprint_bytes, replay_on_device};
+pub use contenders::{DeviceContender, paged_range_for, paged_virtual_bytes, peak_live_footprint_bytes, replay_on_device};
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};
 pub use error::VulkanError;
 pub use gpu_allocator_heap::{GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocatorHeap};
