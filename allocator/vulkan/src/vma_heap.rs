@@ -163,9 +163,7 @@ pub struct VmaHeap {
     events: Option<Vec<DeviceEvent>>,
 }
 
-// SAFETY: the allocator is `Send` (vk-mem says so); the create info's user-data pointer is always null and the
-// pool handle null (the default pool); the callback log is `Sync`. Every mutation goes through `&mut self`.
-unsafe impl Send for VmaHeap {}
+
 
 impl fmt::Debug for VmaHeap {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
