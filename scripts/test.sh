@@ -5,8 +5,9 @@
 #
 # System packages (only when missing): the Vulkan loader, Mesa's lavapipe from bookworm-backports
 # (Mesa 25.x: sparse binding; bookworm's own Mesa 22 has none), vulkan-tools, the Khronos validation
-# layers and Xvfb. Where lavapipe is present afterwards, HEAPSCOPE_REQUIRE_GPU=1 is exported so that tests
-# needing Vulkan fail instead of skipping. Set HEAPSCOPE_SKIP_INSTALL=1 to install nothing.
+# layers, Xvfb, and a C++ compiler (g++: vk-mem builds VMA's C++ for heapscope-vulkan's `vma` contender).
+# Where lavapipe is present afterwards, HEAPSCOPE_REQUIRE_GPU=1 is exported so that tests needing Vulkan
+# fail instead of skipping. Set HEAPSCOPE_SKIP_INSTALL=1 to install nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,10 +49,10 @@ install_system_packages() {
         return
     fi
     if ! command -v apt-get >/dev/null 2>&1; then
-        log "no apt-get: install libvulkan1, mesa-vulkan-drivers (Mesa >= 23), vulkan-tools, vulkan-validationlayers and xvfb by hand"
+        log "no apt-get: install libvulkan1, mesa-vulkan-drivers (Mesa >= 23), vulkan-tools, vulkan-validationlayers, xvfb and g++ by hand"
         return
     fi
-    local base=(libvulkan1 vulkan-tools vulkan-validationlayers xvfb)
+    local base=(libvulkan1 vulkan-tools vulkan-validationlayers xvfb g++)
     local missing
     missing=$(missing_packages "${base[@]}")
     if [ -z "$missing" ] && mesa_vulkan_new_enough; then
@@ -73,7 +74,7 @@ install_system_packages() {
     as_root apt-get update -qq || { log "apt-get update failed: skipping system packages"; return; }
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${backports[@]}" mesa-vulkan-drivers "${base[@]}" >/dev/null \
-        || log "apt-get install failed: tests that need Vulkan will skip"
+        || log "apt-get install failed: tests that need Vulkan will skip (and without g++ heapscope-vulkan does not build)"
 }
 
 install_rust_components() {

@@ -20,7 +20,7 @@ pub struct HeapRules {
     /// Preferred size of a shared block.
     #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_size)]
     pub block_size: u64,
-    /// Requests of at least this size get a block of their own.
+    /// Requests of at least this size that no reserved block has room for get a block of their own.
     #[arg(long, value_name = "SIZE", default_value = "128MiB", value_parser = parse_size)]
     pub dedicated_threshold: u64,
     /// When empty blocks go back to the device: immediately, keep-one, on-pressure or never.

@@ -103,6 +103,7 @@ fn probe_adapter(index: usize) -> Result<Value> {
         "sparse_residency_buffer": supported.sparse_residency_buffer,
         "sparse_residency_aliased": supported.sparse_residency_aliased,
         "sparse_address_space_bytes": properties.limits.sparse_address_space_size_bytes,
+        "max_buffer_bytes": properties.limits.max_buffer_size_bytes,
         "residency_non_resident_strict": properties.sparse.residency_non_resident_strict,
         "sparse_page_bytes": sparse_page_bytes,
         "bind_latency_us": latencies.iter().map(latency).collect::<Vec<_>>(),

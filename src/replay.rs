@@ -5,14 +5,14 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use heapscope_core::PolicyKind;
 use heapscope_core::compare::{CompareConfig, Contender, Outcome, alloc_conf, replay_contender, replay_pytorch};
 use heapscope_core::recording::Recording;
 use heapscope_core::units::{Bytes, parse_size};
+use heapscope_core::{PolicyKind, UnmapRule};
 
 use std::sync::Arc;
 
-use heapscope_vulkan::{ContextOptions, DeviceContender, VulkanContext, replay_on_device};
+use heapscope_vulkan::{ContextOptions, DeviceContender, VulkanContext, paged_range_for, replay_on_device};
 
 use crate::input;
 use crate::options::HeapRules;
@@ -30,9 +30,13 @@ pub struct RecordingArgs {
     /// (e.g. `expandable_segments:True,max_split_size_mb:128`).
     #[arg(long, value_name = "STR")]
     pub alloc_conf: Option<String>,
-    /// Page size of the `paged` contender.
+    /// Page size of the `paged` contender (simulated; on a Vulkan device the sparse page size is used).
     #[arg(long, value_name = "SIZE", default_value = "2MiB", value_parser = parse_size)]
     pub page_size: u64,
+    /// When the `paged` contender unmaps pages no allocation touches: `eager` (at once) or `pressure` (kept
+    /// mapped for reuse until a request needs the room).
+    #[arg(long, value_name = "RULE", default_value = "eager")]
+    pub paged_unmap: UnmapRule,
     /// Which device's trace of a PyTorch snapshot.
     #[arg(long, value_name = "N", default_value = "0")]
     pub device: usize,
@@ -54,6 +58,7 @@ impl RecordingArgs {
         CompareConfig {
             capacity_bytes: self.capacity,
             page_bytes: self.page_size,
+            paged_unmap: self.paged_unmap,
             align_bytes: self.align,
             heap: self.heap.heap_config(PolicyKind::Tlsf),
         }
@@ -77,23 +82,31 @@ impl RecordingArgs {
     }
 }
 
-/// A contender named on the command line: one of the core's, or gpu-allocator (on a Vulkan device).
+/// A contender named on the command line: one of the core's, or an allocator of today on a Vulkan device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Named {
     /// `pytorch`, `paged` or a policy of `heapscope policies`.
     Core(Contender),
     /// gpu-allocator 0.28, with `--vulkan`.
     GpuAllocator,
+    /// VMA (vk-mem 0.5), with `--vulkan`.
+    Vma,
+}
+
+impl Named {
+    /// The allocators that exist only on a Vulkan device.
+    const DEVICE_ONLY: [Named; 2] = [Named::GpuAllocator, Named::Vma];
 }
 
 impl std::str::FromStr for Named {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        if text == "gpu-allocator" {
-            return Ok(Named::GpuAllocator);
+        match text {
+            "gpu-allocator" => Ok(Named::GpuAllocator),
+            "vma" => Ok(Named::Vma),
+            _ => text.parse().map(Named::Core).map_err(|error| format!("{error}, gpu-allocator or vma (with --vulkan)")),
         }
-        text.parse().map(Named::Core).map_err(|error| format!("{error}, gpu-allocator (with --vulkan)"))
     }
 }
 
@@ -102,11 +115,13 @@ impl std::fmt::Display for Named {
         match self {
             Named::Core(contender) => contender.fmt(f),
             Named::GpuAllocator => f.write_str("gpu-allocator"),
+            Named::Vma => f.write_str("vma"),
         }
     }
 }
 
-/// Where the contenders run: simulated devices, or (`--vulkan`) heaps and gpu-allocator on a Vulkan device.
+/// Where the contenders run: simulated devices, or (`--vulkan`) heaps, `paged`, gpu-allocator and VMA on a
+/// Vulkan device.
 pub struct Runner {
     context: Option<Arc<VulkanContext>>,
 }
@@ -122,19 +137,23 @@ impl Runner {
         Ok(Self { context })
     }
 
-    /// Replays `recording` through `named`: heap contenders and gpu-allocator on the device when there is one;
-    /// `pytorch` and `paged` always simulated.
+    /// Replays `recording` through `named`: heap contenders, `paged`, gpu-allocator and VMA on the device when
+    /// there is one; `pytorch` always simulated.
     pub fn outcome(&self, args: &RecordingArgs, recording: &Recording, named: Named) -> Result<Outcome> {
         let event_of = |event| recording.entry_of(event);
-        match (named, &self.context) {
-            (Named::Core(Contender::Heap(kind)), Some(context)) => {
-                Ok(replay_on_device(context, &recording.trace, DeviceContender::Heap(kind), &args.compare_config(), &event_of)?)
+        let on_device = match named {
+            Named::Core(Contender::Heap(kind)) => Some(DeviceContender::Heap(kind)),
+            Named::Core(Contender::Paged) => Some(DeviceContender::Paged),
+            Named::Core(Contender::Pytorch) => None,
+            Named::GpuAllocator => Some(DeviceContender::GpuAllocator),
+            Named::Vma => Some(DeviceContender::Vma),
+        };
+        match (on_device, &self.context, named) {
+            (Some(contender), Some(context), _) => {
+                Ok(replay_on_device(context, &recording.trace, contender, &args.compare_config(), &event_of)?)
             }
-            (Named::GpuAllocator, Some(context)) => {
-                Ok(replay_on_device(context, &recording.trace, DeviceContender::GpuAllocator, &args.compare_config(), &event_of)?)
-            }
-            (Named::GpuAllocator, None) => anyhow::bail!("gpu-allocator runs on a Vulkan device: add --vulkan"),
-            (Named::Core(contender), _) => args.outcome(recording, contender),
+            (_, _, Named::Core(contender)) => args.outcome(recording, contender),
+            (_, _, device_only) => anyhow::bail!("{device_only} runs on a Vulkan device: add --vulkan"),
         }
     }
 }
@@ -155,24 +174,24 @@ pub struct ReplayArgs {
 #[derive(Debug, Args)]
 pub struct ContenderArgs {
     /// Contenders to run (repeat the flag): pytorch, tlsf, best-fit, first-fit, buddy, paged (the
-    /// default set), any other policy of `heapscope policies`, or gpu-allocator (with --vulkan).
+    /// default set), any other policy of `heapscope policies`, or gpu-allocator and vma (with --vulkan).
     #[arg(long = "policy", value_name = "NAME")]
     pub policies: Vec<Named>,
-    /// Run the heap contenders (and gpu-allocator, added to the default set) on a Vulkan device
-    /// (`HEAPSCOPE_DEVICE` chooses it); `pytorch` and `paged` stay simulated.
+    /// Run the heap contenders and `paged` (on a sparse buffer) on a Vulkan device, with gpu-allocator and
+    /// vma added to the default set (`HEAPSCOPE_DEVICE` chooses the device); `pytorch` stays simulated.
     #[arg(long)]
     pub vulkan: bool,
 }
 
 impl ContenderArgs {
-    /// The named contenders, or the default set (with gpu-allocator when on a Vulkan device).
+    /// The named contenders, or the default set (with gpu-allocator and vma when on a Vulkan device).
     pub fn list(&self) -> Vec<Named> {
         if !self.policies.is_empty() {
             return self.policies.clone();
         }
         let mut all: Vec<Named> = Contender::DEFAULT.into_iter().map(Named::Core).collect();
         if self.vulkan {
-            all.push(Named::GpuAllocator);
+            all.extend(Named::DEVICE_ONLY);
         }
         all
     }
@@ -182,8 +201,20 @@ impl ContenderArgs {
     pub fn prepare(&self, recording_args: &RecordingArgs) -> Result<(Vec<Named>, Recording, Runner)> {
         let contenders = self.list();
         recording_args.check(&contenders)?;
+        if !self.vulkan
+            && let Some(device_only) = contenders.iter().find(|named| Named::DEVICE_ONLY.contains(named))
+        {
+            anyhow::bail!("{device_only} runs on a Vulkan device: add --vulkan");
+        }
         let recording = recording_args.open()?;
-        Ok((contenders, recording, Runner::new(self.vulkan)?))
+        let runner = Runner::new(self.vulkan)?;
+        // `paged` on the device needs a sparse buffer for the trace: say so before anything runs.
+        if let Some(context) = &runner.context
+            && contenders.contains(&Named::Core(Contender::Paged))
+        {
+            paged_range_for(context, &recording.trace, &recording_args.compare_config()).context("replaying through paged")?;
+        }
+        Ok((contenders, recording, runner))
     }
 }
 

@@ -16,7 +16,7 @@ use crate::recording::Recording;
 use crate::replay::{HeapReplay, replay_heap, replay_paged};
 use crate::trace::Trace;
 use crate::units::Bytes;
-use crate::{Heap, HeapConfig, OomCause, OomVerdict, PagedConfig, PagedHeap, PolicyKind, Result, SimulatedSource};
+use crate::{Heap, HeapConfig, OomCause, OomVerdict, PagedConfig, PagedHeap, PolicyKind, Result, SimulatedSource, UnmapRule};
 
 /// Who replays a recording.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -155,6 +155,8 @@ pub struct CompareConfig {
     pub capacity_bytes: Option<u64>,
     /// Page size of the `paged` contender.
     pub page_bytes: u64,
+    /// When the `paged` contender unmaps wholly free pages.
+    pub paged_unmap: UnmapRule,
     /// Alignment of every request (PyTorch rounds to 512 B).
     pub align_bytes: u64,
     /// The heap rules for heap contenders (the policy field is replaced by the contender's).
@@ -177,7 +179,11 @@ impl CompareConfig {
     /// # Errors
     /// Invalid paging settings (a page size that is not a power of two or exceeds the virtual range).
     pub fn paged_heap(&self) -> Result<PagedHeap> {
-        PagedHeap::new(PagedConfig { page_bytes: self.page_bytes, ..PagedConfig::new(self.capacity_bytes) })
+        PagedHeap::new(PagedConfig {
+            page_bytes: self.page_bytes,
+            unmap: self.paged_unmap,
+            ..PagedConfig::new(self.capacity_bytes)
+        })
     }
 }
 
@@ -186,6 +192,7 @@ impl Default for CompareConfig {
         Self {
             capacity_bytes: None,
             page_bytes: PagedConfig::DEFAULT_PAGE_BYTES,
+            paged_unmap: UnmapRule::Eager,
             align_bytes: 512,
             heap: HeapConfig::new(PolicyKind::Tlsf),
         }
@@ -503,5 +510,26 @@ mod tests {
                 && sentence.ends_with("`paged` and `pytorch` with expandable segments would have succeeded."),
             "{sentence}"
         );
+    }
+
+    #[test]
+    fn frag_oom_paged_under_pressure_reuses_pages_then_releases_them() {
+        let story = frag_oom();
+        let identity = |index| index;
+        let eager = CompareConfig { capacity_bytes: Some(story.device_bytes), ..CompareConfig::default() };
+        let pressure = CompareConfig { paged_unmap: UnmapRule::UnderPressure, ..eager.clone() };
+        let eager = replay_contender(&story.trace, Contender::Paged, &eager, &identity).unwrap();
+        let pressure = replay_contender(&story.trace, Contender::Paged, &pressure, &identity).unwrap();
+        assert_eq!((eager.ooms, pressure.ooms), (0, 0), "both serve the 1 GiB request");
+        // Eager unmaps the 150 MiB pages and maps them again for the 100 MiB ones; under pressure those are
+        // served from the cache, which is unmapped only when the 1 GiB request needs the room.
+        assert!(pressure.device_allocs < eager.device_allocs, "{} < {}", pressure.device_allocs, eager.device_allocs);
+        assert_eq!((eager.peak_reserved_bytes, pressure.peak_reserved_bytes), (3024 * MIB, 3024 * MIB));
+        let mut heap = CompareConfig { paged_unmap: UnmapRule::UnderPressure, ..CompareConfig::default() }.paged_heap().unwrap();
+        replay_paged(&story.trace, &mut heap, 512).unwrap();
+        // Without a capacity nothing is released: the 100 MiB allocations reuse 2000 MiB of cached pages and the
+        // 1 GiB one, placed after them, the last 1000 MiB of the cache.
+        assert_eq!(heap.stats().pages_reused * PagedConfig::DEFAULT_PAGE_BYTES, 3000 * MIB);
+        assert_eq!((heap.stats().cache_releases, heap.stats().peak_mapped_bytes), (0, 3024 * MIB));
     }
 }

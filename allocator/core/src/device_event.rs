@@ -59,4 +59,16 @@ impl DeviceLog {
     pub(crate) fn take(&mut self) -> Vec<DeviceEvent> {
         self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
+
+    /// Events logged and not yet taken (0 while recording is off).
+    pub(crate) fn len(&self) -> usize {
+        self.events.as_ref().map_or(0, Vec::len)
+    }
+
+    /// Forgets the events logged after the first `len`.
+    pub(crate) fn truncate(&mut self, len: usize) {
+        if let Some(events) = &mut self.events {
+            events.truncate(len);
+        }
+    }
 }

@@ -57,7 +57,7 @@ pub use device_heap::DeviceHeap;
 pub use error::{Error, Result};
 pub use heap::{BlockReport, Heap, HeapAllocation, HeapConfig, HeapReport, HeapStats, ReleaseRule};
 pub use oom::{OomCause, OomVerdict};
-pub use paged::{PagedConfig, PagedHeap, PagedStats};
+pub use paged::{PagedConfig, PagedHeap, PagedStats, UnmapRule};
 pub use policies::{BestFit, Buddy, FirstFit, Linear, LinearMode, Slab, Tlsf};
 pub use policy::{Policy, PolicyConfig, PolicyKind};
 pub use report::{FreeRunHistogram, HistogramBucket, PolicyReport, RangeReport, RangeState, Totals};

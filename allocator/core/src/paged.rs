@@ -3,9 +3,16 @@
 //! The simulated twin of CUDA virtual memory (PyTorch's `expandable_segments`) and of Vulkan sparse
 //! binding. A policy (TLSF by default) places allocations in a virtual range far larger than the device;
 //! only the pages an allocation touches are backed by physical memory, mapped when the first allocation
-//! touches them and unmapped as soon as no live allocation does. Reserved memory is therefore the mapped
+//! touches them and unmapped when no live allocation does. Reserved memory is therefore the mapped
 //! pages, and fragmentation of the virtual range costs nothing: a free run split by a live allocation is
 //! still served by mapping pages around it. What remains is the waste inside partly used pages.
+//!
+//! When wholly free pages are unmapped is the [`UnmapRule`]: at once ([`UnmapRule::Eager`], the default:
+//! mapped bytes follow the live pages exactly), or under pressure ([`UnmapRule::UnderPressure`]): they stay
+//! mapped in a cache, a later allocation landing on them reuses them without a map call, and only when a
+//! request needs more new pages than the capacity leaves are all cached pages unmapped, before the request
+//! is refused — PyTorch's "release cached blocks, then retry", for pages. Cached pages count as mapped
+//! (reserved) bytes.
 //!
 //! Allocations never overlap, so only the first and last page of an allocation can be shared with another
 //! one: those two carry a count of the live allocations touching them, the pages between belong to one
@@ -15,12 +22,56 @@
 //! Counters follow the driver calls a real backend makes: one map call per run of contiguous pages that an
 //! allocation needs mapped (sparse binds are coalesced the same way), one unmap call per run released.
 
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
 use crate::hash::FastMap;
 
 use crate::device_event::{DeviceEvent, DeviceLog};
 use crate::report::Totals;
 use crate::units::GIB;
 use crate::{Allocation, Error, OomCause, OomVerdict, Policy, PolicyConfig, PolicyKind, PolicyReport, Request, Result};
+
+/// When a [`PagedHeap`] unmaps pages that no live allocation touches any more.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum UnmapRule {
+    /// As soon as they are wholly free.
+    #[default]
+    Eager,
+    /// Keep them mapped (cached) for later allocations; unmap every cached page only when a request needs more
+    /// new pages than the capacity leaves, before refusing it.
+    UnderPressure,
+}
+
+impl UnmapRule {
+    /// The name on the command line: `eager` or `pressure`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Eager => "eager",
+            Self::UnderPressure => "pressure",
+        }
+    }
+}
+
+impl fmt::Display for UnmapRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for UnmapRule {
+    type Err = String;
+
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        [Self::Eager, Self::UnderPressure]
+            .into_iter()
+            .find(|rule| rule.name() == text)
+            .ok_or_else(|| format!("unknown unmap rule {text:?}: expected eager or pressure"))
+    }
+}
 
 /// Settings of a [`PagedHeap`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,13 +88,15 @@ pub struct PagedConfig {
     pub virtual_bytes: u64,
     /// The most bytes mapped at once (the device's memory); `None` for no limit.
     pub capacity_bytes: Option<u64>,
+    /// When wholly free pages are unmapped.
+    pub unmap: UnmapRule,
 }
 
 impl PagedConfig {
     /// The default page size: 2 MiB.
     pub const DEFAULT_PAGE_BYTES: u64 = 2 << 20;
 
-    /// TLSF in a virtual range of four times `capacity_bytes` (at least 1 TiB), 2 MiB pages.
+    /// TLSF in a virtual range of four times `capacity_bytes` (at least 1 TiB), 2 MiB pages, eager unmapping.
     pub fn new(capacity_bytes: Option<u64>) -> Self {
         let virtual_bytes = capacity_bytes.map_or(1024 * GIB, |capacity| capacity.saturating_mul(4).max(1024 * GIB));
         Self {
@@ -52,6 +105,7 @@ impl PagedConfig {
             page_bytes: Self::DEFAULT_PAGE_BYTES,
             virtual_bytes,
             capacity_bytes,
+            unmap: UnmapRule::Eager,
         }
     }
 }
@@ -60,7 +114,7 @@ impl PagedConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PagedStats {
-    /// Bytes mapped now (the reserved memory).
+    /// Bytes mapped now (the reserved memory), cached pages included.
     pub mapped_bytes: u64,
     /// The most bytes mapped at once.
     pub peak_mapped_bytes: u64,
@@ -80,6 +134,14 @@ pub struct PagedStats {
     pub allocations: u64,
     /// Requests refused for lack of physical memory or virtual range.
     pub ooms: u64,
+    /// Bytes of pages mapped now that no live allocation touches ([`UnmapRule::UnderPressure`]'s cache).
+    pub cached_bytes: u64,
+    /// Pages kept mapped in the cache when they became wholly free, so far.
+    pub pages_cached: u64,
+    /// Cached pages taken by a later allocation, so far: each one a page map (bind) avoided.
+    pub pages_reused: u64,
+    /// Times the cache was unmapped because a request needed more pages than the capacity left.
+    pub cache_releases: u64,
 }
 
 /// A policy over a virtual range, backed by physical pages on demand. See the module documentation.
@@ -92,6 +154,8 @@ pub struct PagedHeap {
     edge_pages: FastMap<u64, u32>,
     /// Footprint bytes of the live allocations.
     footprint_bytes: u64,
+    /// Mapped pages no live allocation touches, as runs: first page -> pages (disjoint, never adjacent).
+    cached: BTreeMap<u64, u64>,
     stats: PagedStats,
     device_log: DeviceLog,
 }
@@ -111,6 +175,22 @@ fn runs(first: u64, last: u64, first_changes: bool, last_changes: bool) -> Vec<(
     let start = if first_changes { first } else { first + 1 };
     let end = if last_changes { last } else { last - 1 };
     if end >= start { vec![(start, end - start + 1)] } else { Vec::new() }
+}
+
+/// The runs of `[start, end)` not covered by `covered` (runs `(first, pages)` inside it, by address).
+fn gaps(start: u64, end: u64, covered: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut gaps = Vec::new();
+    let mut cursor = start;
+    for &(run, pages) in covered {
+        if run > cursor {
+            gaps.push((cursor, run - cursor));
+        }
+        cursor = run + pages;
+    }
+    if end > cursor {
+        gaps.push((cursor, end - cursor));
+    }
+    gaps
 }
 
 impl PagedHeap {
@@ -133,6 +213,7 @@ impl PagedHeap {
             policy,
             edge_pages: FastMap::default(),
             footprint_bytes: 0,
+            cached: BTreeMap::new(),
             stats: PagedStats::default(),
             device_log: DeviceLog::default(),
         })
@@ -170,20 +251,39 @@ impl PagedHeap {
         self.policy.live_allocations()
     }
 
-    /// Serves `request`, mapping the pages it needs.
+    /// Serves `request`, mapping the pages it needs (reusing cached ones first).
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`] when the virtual range has no room or the pages to map exceed the capacity.
+    /// [`Error::OutOfMemory`] when the virtual range has no room or the pages to map exceed the capacity (under
+    /// [`UnmapRule::UnderPressure`]: even once every cached page is unmapped).
     pub fn allocate(&mut self, request: Request) -> Result<Allocation> {
         let Some(allocation) = self.policy.allocate(request) else {
             return Err(self.out_of_memory(request, request.size_bytes()));
         };
         let page = self.config.page_bytes;
         let (first, last) = page_span(allocation.footprint_offset(), allocation.footprint_bytes(), page);
-        let mapped = runs(first, last, !self.edge_pages.contains_key(&first), !self.edge_pages.contains_key(&last));
+        let mut mapped = runs(first, last, !self.edge_pages.contains_key(&first), !self.edge_pages.contains_key(&last));
+        // Cached pages under the allocation are taken back from the cache; only the gaps between them are mapped.
+        let reused = match mapped.first() {
+            Some(&(start, pages)) if !self.cached.is_empty() => {
+                let reused = self.take_cached(start, start + pages);
+                mapped = gaps(start, start + pages, &reused);
+                reused
+            }
+            _ => Vec::new(),
+        };
+        let reused_pages: u64 = reused.iter().map(|&(_, pages)| pages).sum();
         let new_pages: u64 = mapped.iter().map(|&(_, pages)| pages).sum();
         let new_bytes = new_pages * page;
-        if self.config.capacity_bytes.is_some_and(|capacity| self.stats.mapped_bytes + new_bytes > capacity) {
+        let over =
+            |heap: &Self| heap.config.capacity_bytes.is_some_and(|capacity| heap.stats.mapped_bytes + new_bytes > capacity);
+        if over(self) && !self.cached.is_empty() {
+            self.release_cache();
+        }
+        if over(self) {
+            for &(start, pages) in &reused {
+                self.insert_cached(start, pages);
+            }
             self.policy.free(allocation)?;
             return Err(self.out_of_memory(request, new_bytes));
         }
@@ -196,6 +296,7 @@ impl PagedHeap {
             *self.edge_pages.entry(last).or_insert(0) += 1;
         }
         self.stats.pages_mapped += new_pages;
+        self.stats.pages_reused += reused_pages;
         self.stats.mapped_bytes += new_bytes;
         self.stats.peak_mapped_bytes = self.stats.peak_mapped_bytes.max(self.stats.mapped_bytes);
         self.stats.allocations += 1;
@@ -205,7 +306,8 @@ impl PagedHeap {
         Ok(allocation)
     }
 
-    /// Frees `allocation`, unmapping the pages no live allocation touches any more.
+    /// Frees `allocation`; the pages no live allocation touches any more are unmapped, or cached under
+    /// [`UnmapRule::UnderPressure`].
     ///
     /// # Errors
     /// [`Error::DoubleFree`] or [`Error::ForeignAllocation`]; nothing changes then.
@@ -224,21 +326,108 @@ impl PagedHeap {
         };
         let first_released = release(first);
         let last_released = if last == first { first_released } else { release(last) };
-        let unmapped = runs(first, last, first_released, last_released);
-        let released_pages: u64 = unmapped.iter().map(|&(_, pages)| pages).sum();
-        self.stats.unmap_calls += unmapped.len() as u64;
-        for (index, pages) in unmapped {
-            self.device_log.push(|| DeviceEvent::Unmapped { address: index * page, size_bytes: pages * page });
+        let released = runs(first, last, first_released, last_released);
+        match self.config.unmap {
+            UnmapRule::Eager => self.unmap(&released),
+            UnmapRule::UnderPressure => {
+                for &(start, pages) in &released {
+                    self.insert_cached(start, pages);
+                    self.stats.pages_cached += pages;
+                }
+            }
         }
-        self.stats.pages_unmapped += released_pages;
-        self.stats.mapped_bytes -= released_pages * page;
         self.stats.live_bytes -= allocation.size_bytes();
         self.footprint_bytes -= allocation.footprint_bytes();
         Ok(())
     }
 
+    /// Takes back `allocation`, just served, after the device failed to map the page runs it newly needed
+    /// (`mapped_runs`: offsets and sizes as its `Mapped` events logged them): the allocation is freed, the
+    /// pages of `mapped_runs` count as never mapped, the cached pages it reused go back to the cache, and
+    /// nothing of this is logged. Counters of calls and pages keep the attempt.
+    ///
+    /// # Errors
+    /// [`Error::DoubleFree`] or [`Error::ForeignAllocation`]; nothing changes then.
+    pub fn undo_allocate(&mut self, allocation: Allocation, mapped_runs: &[(u64, u64)]) -> Result<()> {
+        let logged = self.device_log.len();
+        self.free(allocation)?;
+        self.device_log.truncate(logged);
+        // Eager: the free unmapped exactly those pages. Under pressure it cached them with the reused ones.
+        let page = self.config.page_bytes;
+        for &(offset, size_bytes) in mapped_runs {
+            let start = offset / page;
+            let taken: u64 = self.take_cached(start, start + size_bytes.div_ceil(page)).iter().map(|&(_, pages)| pages).sum();
+            self.stats.mapped_bytes -= taken * page;
+        }
+        Ok(())
+    }
+
+    /// Unmaps page runs `(first page, pages)`, logging and counting them.
+    fn unmap(&mut self, released: &[(u64, u64)]) {
+        let page = self.config.page_bytes;
+        let released_pages: u64 = released.iter().map(|&(_, pages)| pages).sum();
+        self.stats.unmap_calls += released.len() as u64;
+        for &(index, pages) in released {
+            self.device_log.push(|| DeviceEvent::Unmapped { address: index * page, size_bytes: pages * page });
+        }
+        self.stats.pages_unmapped += released_pages;
+        self.stats.mapped_bytes -= released_pages * page;
+    }
+
+    /// Unmaps every cached page (pressure).
+    fn release_cache(&mut self) {
+        let cached: Vec<(u64, u64)> = std::mem::take(&mut self.cached).into_iter().collect();
+        self.stats.cached_bytes = 0;
+        self.stats.cache_releases += 1;
+        self.unmap(&cached);
+    }
+
+    /// Adds the run of `pages` pages from `start` (mapped, touched by no live allocation) to the cache,
+    /// merging it with adjacent cached runs.
+    fn insert_cached(&mut self, start: u64, pages: u64) {
+        let (mut start, mut end) = (start, start + pages);
+        if let Some((&before, &before_pages)) = self.cached.range(..start).next_back()
+            && before + before_pages == start
+        {
+            self.cached.remove(&before);
+            start = before;
+        }
+        if let Some(after_pages) = self.cached.remove(&end) {
+            end += after_pages;
+        }
+        self.cached.insert(start, end - start);
+        self.stats.cached_bytes += pages * self.config.page_bytes;
+    }
+
+    /// Removes the cached pages in `[start, end)` from the cache and returns them as runs, by address.
+    fn take_cached(&mut self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut overlapping: Vec<(u64, u64)> = Vec::new();
+        if let Some((&before, &pages)) = self.cached.range(..start).next_back()
+            && before + pages > start
+        {
+            overlapping.push((before, pages));
+        }
+        overlapping.extend(self.cached.range(start..end).map(|(&run, &pages)| (run, pages)));
+        let mut taken = Vec::with_capacity(overlapping.len());
+        for (run, pages) in overlapping {
+            self.cached.remove(&run);
+            let run_end = run + pages;
+            if run < start {
+                self.cached.insert(run, start - run);
+            }
+            if run_end > end {
+                self.cached.insert(end, run_end - end);
+            }
+            let (from, to) = (run.max(start), run_end.min(end));
+            taken.push((from, to - from));
+        }
+        let taken_pages: u64 = taken.iter().map(|&(_, pages)| pages).sum();
+        self.stats.cached_bytes -= taken_pages * self.config.page_bytes;
+        taken
+    }
+
     /// The mapped pages as runs `(offset, size_bytes)` in the virtual range, by address: the pages the live
-    /// allocations touch.
+    /// allocations touch, and the cached ones.
     pub fn mapped_runs(&self) -> Vec<(u64, u64)> {
         self.mapped_runs_of(&self.policy.report())
     }
@@ -251,13 +440,19 @@ impl PagedHeap {
             report.ranges.iter().filter(|range| matches!(range.state, crate::RangeState::Live | crate::RangeState::Padding))
         {
             let (first, last) = page_span(range.offset, range.size_bytes, page);
-            let (start, end) = (first * page, (last + 1) * page);
-            match runs.last_mut() {
+            runs.push((first * page, (last + 1) * page - first * page));
+        }
+        runs.extend(self.cached.iter().map(|(&start, &pages)| (start * page, pages * page)));
+        runs.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(runs.len());
+        for (start, size) in runs {
+            let end = start + size;
+            match merged.last_mut() {
                 Some((offset, size)) if *offset + *size >= start => *size = (*size).max(end - *offset),
-                _ => runs.push((start, end - start)),
+                _ => merged.push((start, size)),
             }
         }
-        runs
+        merged
     }
 
     /// The layout of the virtual range (live and free ranges; see [`PagedHeap::mapped_runs`] for what is
@@ -421,6 +616,144 @@ mod tests {
         assert_eq!(verdict.cause, OomCause::Exhaustion);
         assert_eq!(heap.stats().ooms, 1);
         assert_eq!(heap.live_allocations(), 21, "the refused request left nothing behind");
+    }
+
+    #[test]
+    fn unmap_rule_names_round_trip() {
+        for rule in [UnmapRule::Eager, UnmapRule::UnderPressure] {
+            assert_eq!(rule.name().parse::<UnmapRule>(), Ok(rule));
+        }
+        assert_eq!(UnmapRule::default(), UnmapRule::Eager);
+        assert!("lazy".parse::<UnmapRule>().unwrap_err().contains("expected eager or pressure"));
+    }
+
+    fn pressure_heap(capacity_bytes: Option<u64>) -> PagedHeap {
+        let mut heap =
+            PagedHeap::new(PagedConfig { unmap: UnmapRule::UnderPressure, ..PagedConfig::new(capacity_bytes) }).unwrap();
+        heap.record_device_events(true);
+        heap
+    }
+
+    #[test]
+    fn under_pressure_freed_pages_stay_mapped_and_are_reused_without_a_map() {
+        let mut heap = pressure_heap(Some(64 * MIB));
+        let a = heap.allocate(request(6 * MIB)).unwrap();
+        heap.free(a).unwrap();
+        let stats = heap.stats().clone();
+        assert_eq!((stats.mapped_bytes, stats.cached_bytes, stats.pages_cached, stats.unmap_calls), (6 * MIB, 6 * MIB, 3, 0));
+        assert_eq!(heap.mapped_runs(), [(0, 6 * MIB)], "cached pages are mapped");
+        // 3 MiB at offset 0 lands on two cached pages: no map call.
+        let b = heap.allocate(request(3 * MIB)).unwrap();
+        assert_eq!(b.offset(), 0);
+        let stats = heap.stats().clone();
+        assert_eq!((stats.map_calls, stats.pages_reused, stats.cached_bytes, stats.mapped_bytes), (1, 2, 2 * MIB, 6 * MIB));
+        // 6 MiB more: the last cached page, then two new pages (one map call for the gap after the cache).
+        let c = heap.allocate(request(6 * MIB)).unwrap();
+        assert_eq!(c.offset(), 3 * MIB);
+        let stats = heap.stats().clone();
+        assert_eq!((stats.map_calls, stats.pages_mapped, stats.pages_reused, stats.cached_bytes), (2, 5, 3, 0));
+        assert_eq!(stats.mapped_bytes, 10 * MIB);
+        assert_eq!(
+            heap.take_device_events(),
+            [
+                DeviceEvent::Mapped { address: 0, size_bytes: 6 * MIB },
+                DeviceEvent::Mapped { address: 6 * MIB, size_bytes: 4 * MIB }
+            ]
+        );
+        heap.free(b).unwrap();
+        heap.free(c).unwrap();
+        assert_eq!((heap.stats().cached_bytes, heap.stats().mapped_bytes), (10 * MIB, 10 * MIB));
+        assert_eq!(heap.mapped_runs(), [(0, 10 * MIB)], "adjacent cached runs merge");
+        assert!(heap.take_device_events().is_empty(), "nothing was unmapped");
+    }
+
+    #[test]
+    fn pressure_unmaps_the_cache_before_refusing() {
+        // 20 MiB capacity, 16 MiB mapped of which 12 MiB cached; a 14 MiB request cannot land on the cache (a
+        // 12 MiB hole between live allocations) and needs 14 MiB of new pages: 16 + 14 > 20, so the cache is
+        // unmapped first and the request fits (4 + 14 <= 20).
+        let mut heap = pressure_heap(Some(20 * MIB));
+        let keep = heap.allocate(request(2 * MIB)).unwrap();
+        let freed: Vec<_> = (0..3).map(|_| heap.allocate(request(4 * MIB)).unwrap()).collect();
+        let pin = heap.allocate(request(2 * MIB)).unwrap();
+        for allocation in freed {
+            heap.free(allocation).unwrap();
+        }
+        heap.take_device_events();
+        assert_eq!((heap.stats().mapped_bytes, heap.stats().cached_bytes), (16 * MIB, 12 * MIB));
+        let big = heap.allocate(request(14 * MIB)).unwrap();
+        assert!(big.offset() >= 16 * MIB, "placed past the pin: {big:?}");
+        let stats = heap.stats().clone();
+        assert_eq!((stats.cache_releases, stats.cached_bytes, stats.mapped_bytes), (1, 0, 18 * MIB));
+        assert_eq!(
+            heap.take_device_events(),
+            [
+                DeviceEvent::Unmapped { address: 2 * MIB, size_bytes: 12 * MIB },
+                DeviceEvent::Mapped { address: big.offset(), size_bytes: 14 * MIB }
+            ],
+            "the cache is unmapped before the new pages are mapped"
+        );
+        // Past the capacity with no cache left: refused, with the numbers.
+        let Err(Error::OutOfMemory(verdict)) = heap.allocate(request(4 * MIB)) else { panic!("expected an OOM") };
+        assert_eq!((verdict.reserved_bytes, verdict.unreserved_bytes), (18 * MIB, 2 * MIB));
+        assert_eq!(heap.stats().cache_releases, 1, "nothing to release the second time");
+        for allocation in [keep, pin, big] {
+            heap.free(allocation).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_refused_request_keeps_the_pages_it_would_have_reused_cached() {
+        let mut heap = pressure_heap(Some(8 * MIB));
+        let a = heap.allocate(request(4 * MIB)).unwrap();
+        let b = heap.allocate(request(4 * MIB)).unwrap();
+        heap.free(a).unwrap();
+        heap.free(b).unwrap();
+        assert_eq!(heap.stats().cached_bytes, 8 * MIB);
+        // 10 MiB from offset 0 would reuse the four cached pages and need one more: 10 MiB > 8 MiB.
+        let Err(Error::OutOfMemory(verdict)) = heap.allocate(request(10 * MIB)) else { panic!("expected an OOM") };
+        assert_eq!(verdict.needed_bytes, 2 * MIB, "only the new page is needed");
+        let stats = heap.stats().clone();
+        assert_eq!((stats.cache_releases, stats.cached_bytes, stats.mapped_bytes), (0, 8 * MIB, 8 * MIB));
+        assert_eq!(heap.mapped_runs(), [(0, 8 * MIB)]);
+        // What fits is served from the cache.
+        let c = heap.allocate(request(8 * MIB)).unwrap();
+        assert_eq!((heap.stats().pages_reused, heap.stats().map_calls), (4, 2), "a and b took one map call each, c none");
+        heap.free(c).unwrap();
+    }
+
+    #[test]
+    fn undo_allocate_restores_the_state_before() {
+        for unmap in [UnmapRule::Eager, UnmapRule::UnderPressure] {
+            let mut heap = PagedHeap::new(PagedConfig { unmap, ..PagedConfig::new(Some(64 * MIB)) }).unwrap();
+            heap.record_device_events(true);
+            let a = heap.allocate(request(5 * MIB)).unwrap();
+            let b = heap.allocate(request(MIB)).unwrap();
+            heap.free(a).unwrap();
+            heap.take_device_events();
+            let (mapped_before, cached_before, runs_before) =
+                (heap.stats().mapped_bytes, heap.stats().cached_bytes, heap.mapped_runs());
+            // 9 MiB from 0: under pressure it reuses a's cached pages and maps the rest.
+            let c = heap.allocate(request(9 * MIB)).unwrap();
+            let mapped: Vec<(u64, u64)> = heap
+                .take_device_events()
+                .into_iter()
+                .map(|event| match event {
+                    DeviceEvent::Mapped { address, size_bytes } => (address, size_bytes),
+                    other => panic!("{unmap}: unexpected {other:?}"),
+                })
+                .collect();
+            assert!(!mapped.is_empty(), "{unmap}");
+            heap.undo_allocate(c, &mapped).unwrap();
+            assert!(heap.take_device_events().is_empty(), "{unmap}: the undo logs nothing");
+            assert_eq!(
+                (heap.stats().mapped_bytes, heap.stats().cached_bytes, heap.mapped_runs()),
+                (mapped_before, cached_before, runs_before),
+                "{unmap}"
+            );
+            assert_eq!(heap.live_allocations(), 1);
+            heap.free(b).unwrap();
+        }
     }
 
     #[test]

@@ -521,7 +521,7 @@ mod tests {
             dedicated: 1,
         },
         Case { name: "two shared blocks", sizes_kib: &[400, 400, 400, 3], frees: &[], blocks: 2, dedicated: 0 },
-        Case { name: "freed dedicated stays an empty block", sizes_kib: &[50, 700], frees: &[1], blocks: 2, dedicated: 0 },
+        Case { name: "freed dedicated stays an empty block", sizes_kib: &[400, 700], frees: &[1], blocks: 2, dedicated: 0 },
     ];
 
     fn heap_report(case: &Case) -> HeapReport {

@@ -3,7 +3,10 @@
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
 use heapscope_core::check::{Checker, Op};
-use heapscope_core::{Error, Heap, HeapConfig, OomCause, PolicyConfig, PolicyKind, ReleaseRule, Request, SimulatedSource};
+use heapscope_core::{
+    DeviceEvent, Error, Heap, HeapConfig, OomCause, PagedConfig, PagedHeap, PolicyConfig, PolicyKind, ReleaseRule, Request,
+    SimulatedSource, UnmapRule,
+};
 use proptest::prelude::*;
 
 fn size() -> impl Strategy<Value = u64> {
@@ -172,5 +175,156 @@ proptest! {
         }
         heap.release_empty_blocks();
         prop_assert_eq!(heap.stats().reserved_bytes, 0);
+    }
+}
+
+/// A page-by-page model of a paged heap: the pages live allocations touch (with counts) and the cached ones.
+#[derive(Default)]
+struct PageModel {
+    live: std::collections::HashMap<u64, u32>,
+    cached: std::collections::BTreeSet<u64>,
+}
+
+impl PageModel {
+    fn pages(allocation: &heapscope_core::Allocation, page_bytes: u64) -> std::ops::RangeInclusive<u64> {
+        let offset = allocation.footprint_offset();
+        offset / page_bytes..=(offset + allocation.footprint_bytes() - 1) / page_bytes
+    }
+
+    fn mapped_pages(&self) -> u64 {
+        (self.live.len() + self.cached.len()) as u64
+    }
+}
+
+fn unmap_rule() -> impl Strategy<Value = UnmapRule> {
+    prop_oneof![Just(UnmapRule::Eager), Just(UnmapRule::UnderPressure)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases(64)))]
+    /// A paged heap under either unmap rule against a page-by-page model: mapped and cached bytes, which pages
+    /// are mapped, the device events (applied to a set of pages: never a page mapped twice or unmapped while
+    /// not mapped), the capacity never exceeded, and a refusal exactly when the model cannot find the pages
+    /// even with the cache unmapped.
+    #[test]
+    fn paged_heap_matches_a_page_model_under_both_unmap_rules(
+        unmap in unmap_rule(),
+        page_log2 in 12u32..22,
+        capacity_pages in prop::option::of(1u64..64),
+        ops in prop::collection::vec(heap_op(), 1..160),
+    ) {
+        let page = 1u64 << page_log2;
+        let capacity_bytes = capacity_pages.map(|pages| pages * page);
+        let config = PagedConfig { page_bytes: page, unmap, ..PagedConfig::new(capacity_bytes) };
+        let mut heap = PagedHeap::new(config).unwrap();
+        heap.record_device_events(true);
+        let mut model = PageModel::default();
+        let mut device: std::collections::BTreeSet<u64> = std::collections::BTreeSet::new();
+        let mut live = Vec::new();
+        for op in ops {
+            match op {
+                HeapOp::Alloc(size) => {
+                    // Sizes scaled to the page so that requests span from part of a page to many pages.
+                    let size = (size % (page * 8)).max(1);
+                    let releases_before = heap.stats().cache_releases;
+                    match heap.allocate(Request::new(size, 256).unwrap()) {
+                        Ok(allocation) => {
+                            let span = PageModel::pages(&allocation, page);
+                            let new = span.clone().filter(|p| !model.live.contains_key(p) && !model.cached.contains(p)).count() as u64;
+                            let reused: Vec<u64> = span.clone().filter(|p| model.cached.contains(p)).collect();
+                            if let Some(capacity) = capacity_pages
+                                && model.mapped_pages() + new > capacity
+                            {
+                                // Only by unmapping the cache (all but the pages it reuses) could it fit.
+                                prop_assert_eq!(unmap, UnmapRule::UnderPressure);
+                                model.cached.retain(|p| reused.contains(p));
+                                prop_assert!(model.mapped_pages() + new <= capacity);
+                            }
+                            for p in span {
+                                model.cached.remove(&p);
+                                *model.live.entry(p).or_insert(0) += 1;
+                            }
+                            live.push(allocation);
+                        }
+                        Err(Error::OutOfMemory(verdict)) => {
+                            // The virtual range (1 TiB) never runs out here: only the capacity refuses, and
+                            // `needed_bytes` is then the new pages the placement needed.
+                            prop_assert_eq!(verdict.policy, "paged");
+                            let capacity = capacity_pages.expect("without a capacity every request fits") * page;
+                            let cached_after: std::collections::BTreeSet<u64> = heap
+                                .mapped_runs()
+                                .iter()
+                                .flat_map(|&(offset, size)| offset / page..(offset + size) / page)
+                                .filter(|p| !model.live.contains_key(p))
+                                .collect();
+                            prop_assert!(cached_after.is_subset(&model.cached), "a refusal caches nothing");
+                            if heap.stats().cache_releases > releases_before {
+                                // Under pressure the cache went (all but the pages the placement would have
+                                // reused), and still the new pages did not fit.
+                                prop_assert_eq!(unmap, UnmapRule::UnderPressure);
+                                model.cached = cached_after;
+                            } else {
+                                prop_assert_eq!(&cached_after, &model.cached);
+                            }
+                            prop_assert!(model.mapped_pages() * page + verdict.needed_bytes > capacity, "{}", verdict);
+                            prop_assert_eq!(verdict.reserved_bytes, model.mapped_pages() * page);
+                        }
+                        Err(other) => prop_assert!(false, "unexpected error {other}"),
+                    }
+                }
+                HeapOp::Free(pick) if !live.is_empty() => {
+                    let allocation = live.swap_remove(pick % live.len());
+                    heap.free(allocation).unwrap();
+                    prop_assert!(heap.free(allocation).is_err(), "double free must be refused");
+                    for p in PageModel::pages(&allocation, page) {
+                        let count = model.live.get_mut(&p).unwrap();
+                        *count -= 1;
+                        if *count == 0 {
+                            model.live.remove(&p);
+                            if unmap == UnmapRule::UnderPressure {
+                                model.cached.insert(p);
+                            }
+                        }
+                    }
+                }
+                HeapOp::Free(_) => {}
+            }
+            for event in heap.take_device_events() {
+                match event {
+                    DeviceEvent::Mapped { address, size_bytes } => {
+                        for p in address / page..(address + size_bytes) / page {
+                            prop_assert!(device.insert(p), "page {} mapped twice", p);
+                        }
+                    }
+                    DeviceEvent::Unmapped { address, size_bytes } => {
+                        for p in address / page..(address + size_bytes) / page {
+                            prop_assert!(device.remove(&p), "page {} unmapped while not mapped", p);
+                        }
+                    }
+                    other => prop_assert!(false, "unexpected {other:?}"),
+                }
+            }
+            let stats = heap.stats();
+            prop_assert_eq!(stats.mapped_bytes, model.mapped_pages() * page);
+            prop_assert_eq!(stats.cached_bytes, model.cached.len() as u64 * page);
+            prop_assert_eq!(device.len() as u64 * page, stats.mapped_bytes, "the device holds what the heap maps");
+            let mapped: std::collections::BTreeSet<u64> =
+                heap.mapped_runs().iter().flat_map(|&(offset, size)| offset / page..(offset + size) / page).collect();
+            prop_assert_eq!(&mapped, &device);
+            if let Some(capacity) = capacity_bytes {
+                prop_assert!(stats.mapped_bytes <= capacity);
+            }
+            if unmap == UnmapRule::Eager {
+                prop_assert_eq!((stats.cached_bytes, stats.pages_reused), (0, 0));
+            }
+        }
+        for allocation in live {
+            heap.free(allocation).unwrap();
+        }
+        let stats = heap.stats();
+        prop_assert_eq!(stats.mapped_bytes, stats.cached_bytes);
+        if unmap == UnmapRule::Eager {
+            prop_assert_eq!(stats.mapped_bytes, 0);
+        }
     }
 }

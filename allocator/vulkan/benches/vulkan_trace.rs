@@ -1,8 +1,9 @@
 //! Replays the real PyTorch trace `gpt2_train_fixed-default` (GPT-2 124M training, 12,355 alloc/free events,
 //! ~13 GiB live at peak) through three allocators of real `VkDeviceMemory`, on the same device in the same run:
 //!
-//! - heapscope: `Heap<DeviceMemorySource>` with TLSF in 256 MiB blocks (dedicated blocks from 128 MiB, one
-//!   empty block kept: `HeapConfig::new(PolicyKind::Tlsf)`), device-local memory;
+//! - heapscope: `Heap<DeviceMemorySource>` with TLSF in 256 MiB blocks (requests from 128 MiB get a block of
+//!   their own, sized to them, when no reserved block has room; one empty block kept:
+//!   `HeapConfig::new(PolicyKind::Tlsf)`), device-local memory;
 //! - gpu-allocator 0.28 through [`GpuAllocatorHeap`] (`MemoryLocation::GpuOnly`, 256 MiB blocks, linear);
 //! - gpu-allocator called directly, to show what the `DeviceHeap` wrapper costs;
 //! - heapscope again with gpu-allocator's rule for dedicated blocks (only requests above 256 MiB), a variant row;

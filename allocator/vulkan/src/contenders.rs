@@ -1,24 +1,40 @@
 //! Contenders on a real device, summed up like the simulated ones (`heapscope_core::compare::Outcome`):
-//! a core policy inside a heap of `vkAllocateMemory` blocks, or gpu-allocator 0.28 itself, so `heapscope
-//! replay --vulkan` and `compare --vulkan` put the allocator users have today beside heapscope's on the same
-//! device.
+//! a core policy inside a heap of `vkAllocateMemory` blocks, `paged` on a sparse buffer whose pages are bound on
+//! demand ([`DevicePagedHeap`]), or the allocators users have today — gpu-allocator 0.28 and VMA (vk-mem 0.5) —
+//! so `heapscope replay --vulkan` and `compare --vulkan` put them beside heapscope's on the same device.
+//!
+//! `paged`'s virtual range is one sparse buffer: four times what the trace needs at once (its live allocations
+//! at their peak, each aligned, or the capacity when that is less), at most what the device allows one sparse
+//! buffer (`sparseAddressSpaceSize`, `maxBufferSize`); a trace that needs more than that fails with
+//! [`VulkanError::VirtualRangeTooSmall`] before anything is bound. Its page size is the buffer's sparse page
+//! size (the simulated contender's `page_bytes` does not apply), its reserved bytes the pages bound (cached ones
+//! included), its device allocations and frees the sparse bind and unbind entries.
 
 use std::sync::Arc;
 
 use heapscope_core::compare::{CompareConfig, Outcome, best_time, summed};
 use heapscope_core::replay::replay_device_heap;
-use heapscope_core::{DeviceEvent, DeviceHeap, Heap, HeapConfig, PolicyKind, Trace};
+use heapscope_core::trace::Event;
+use heapscope_core::units::Bytes;
+use heapscope_core::{DeviceEvent, DeviceHeap, Heap, HeapConfig, PolicyConfig, PolicyKind, Trace};
 
 use crate::memory_types::MemoryUsage;
-use crate::{DeviceMemorySource, DeviceSourceConfig, GpuAllocatorConfig, GpuAllocatorHeap, VulkanContext, VulkanError};
+use crate::{
+    DeviceLimits, DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, DeviceSourceConfig, GpuAllocatorConfig,
+    GpuAllocatorHeap, SparseBuffer, VmaConfig, VmaHeap, VulkanContext, VulkanError,
+};
 
 /// Who replays a trace on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceContender {
     /// A core policy inside device-local `vkAllocateMemory` blocks (the heap rules of the comparison).
     Heap(PolicyKind),
+    /// TLSF in one sparse buffer, pages bound on demand ([`DevicePagedHeap`], the comparison's unmap rule).
+    Paged,
     /// gpu-allocator 0.28 (`MemoryLocation::GpuOnly`, 256 MiB blocks).
     GpuAllocator,
+    /// VMA through vk-mem 0.5 (`MemoryUsage::Unknown`, `DEVICE_LOCAL` required, 256 MiB preferred blocks).
+    Vma,
 }
 
 impl DeviceContender {
@@ -26,7 +42,9 @@ impl DeviceContender {
     pub fn name(self) -> &'static str {
         match self {
             Self::Heap(kind) => kind.name(),
+            Self::Paged => "paged",
             Self::GpuAllocator => "gpu-allocator",
+            Self::Vma => "vma",
         }
     }
 }
@@ -39,12 +57,66 @@ fn count_device_events(events: &[DeviceEvent]) -> (u64, u64) {
     })
 }
 
+/// The most bytes `trace`'s live allocations take at once, each size rounded up to `align_bytes` (at least the
+/// policies' default unit); sizes no device holds are left out (they fail anyway).
+pub fn peak_live_footprint_bytes(trace: &Trace, align_bytes: u64) -> u64 {
+    let unit = align_bytes.max(PolicyConfig::default().min_align_bytes).max(1);
+    let mut sizes = vec![0_u64; trace.slots() as usize];
+    let (mut live, mut peak) = (0_u64, 0_u64);
+    for event in trace.events() {
+        match *event {
+            Event::Alloc { slot, size_bytes } => {
+                let footprint = size_bytes.checked_next_multiple_of(unit).unwrap_or(0);
+                sizes[slot as usize] = footprint;
+                live = live.saturating_add(footprint);
+                peak = peak.max(live);
+            }
+            Event::Free { slot } => live -= std::mem::take(&mut sizes[slot as usize]),
+        }
+    }
+    peak
+}
+
+/// The virtual range for `needed_bytes` at once on a device with `limits`: four times the need, at most the
+/// largest sparse buffer the limits allow.
+///
+/// # Errors
+/// [`VulkanError::VirtualRangeTooSmall`] when the need itself exceeds that.
+pub fn paged_virtual_bytes(limits: &DeviceLimits, needed_bytes: u64) -> Result<u64, VulkanError> {
+    let address_space = limits.sparse_address_space_size_bytes;
+    let limit_bytes = limits.max_buffer_size_bytes.map_or(address_space, |max| max.min(address_space));
+    if needed_bytes > limit_bytes {
+        let max_buffer = limits
+            .max_buffer_size_bytes
+            .map_or_else(|| "maxBufferSize unknown".to_owned(), |max| format!("maxBufferSize {}", Bytes(max)));
+        return Err(VulkanError::VirtualRangeTooSmall {
+            needed_bytes,
+            limit_bytes,
+            limit: format!("sparseAddressSpaceSize {}, {max_buffer}", Bytes(address_space)),
+        });
+    }
+    Ok(needed_bytes.max(1).saturating_mul(4).min(limit_bytes))
+}
+
+/// The bytes `trace` needs at once in `paged`'s virtual range under `config` (its live allocations at their
+/// peak, or the capacity when that is less), and the virtual range for that on `context`'s device.
+///
+/// # Errors
+/// [`VulkanError::VirtualRangeTooSmall`] when the device's sparse buffers cannot hold the need: callers check
+/// this before replaying anything.
+pub fn paged_range_for(context: &VulkanContext, trace: &Trace, config: &CompareConfig) -> Result<(u64, u64), VulkanError> {
+    let peak_bytes = peak_live_footprint_bytes(trace, config.align_bytes);
+    let needed_bytes = config.capacity_bytes.map_or(peak_bytes, |capacity| capacity.min(peak_bytes));
+    Ok((needed_bytes, paged_virtual_bytes(&context.properties().limits, needed_bytes)?))
+}
+
 /// Replays `trace` through `contender` on `context`'s device, with `config`'s capacity as the budget cap.
 /// `event_of` maps an event index of `trace` to the recording's numbering. Each run starts from a fresh heap
 /// (every block of the previous run freed), so the device holds one run's memory at a time.
 ///
 /// # Errors
-/// A Vulkan failure other than running out of memory (which is an out-of-memory outcome), or invalid settings.
+/// A Vulkan failure other than running out of memory (which is an out-of-memory outcome), invalid settings, or
+/// (`paged`) a trace that needs a larger virtual range than the device allows.
 pub fn replay_on_device(
     context: &Arc<VulkanContext>,
     trace: &Trace,
@@ -76,6 +148,26 @@ pub fn replay_on_device(
                 ..summed(&format!("{} (vulkan)", kind.name()), &replay, event_of, nanos)
             })
         }
+        DeviceContender::Paged => {
+            let (needed_bytes, virtual_bytes) = paged_range_for(context, trace, config)?;
+            let mut paged = DevicePagedConfig::new(virtual_bytes, config.capacity_bytes);
+            paged.unmap = config.paged_unmap;
+            // About a thousand chunks at the trace's peak: few memory objects, few mappings.
+            let peak_pages = needed_bytes.div_ceil(SparseBuffer::page_bytes_on(context)?);
+            paged.pages_per_chunk = u32::try_from((peak_pages / 1024).clamp(64, 1 << 16)).unwrap_or(1 << 16);
+            let ((replay, stats), nanos) = best_time(|| {
+                let mut heap = DevicePagedHeap::new(Arc::clone(context), paged)?;
+                let replay = replay_device_heap(trace, &mut heap, config.align_bytes)?;
+                heap.wait_binds()?;
+                Ok::<_, VulkanError>((replay, heap.stats()))
+            })?;
+            Ok(Outcome {
+                peak_reserved_bytes: stats.heap.peak_mapped_bytes,
+                device_allocs: stats.sparse.bind_entries,
+                device_frees: stats.sparse.unbind_entries,
+                ..summed("paged (vulkan)", &replay, event_of, nanos)
+            })
+        }
         DeviceContender::GpuAllocator => {
             let ((replay, peak_reserved_bytes, events), nanos) = best_time(|| {
                 let gpu_config = GpuAllocatorConfig { budget_cap_bytes: config.capacity_bytes, ..GpuAllocatorConfig::default() };
@@ -93,5 +185,78 @@ pub fn replay_on_device(
                 ..summed("gpu-allocator (vulkan)", &replay, event_of, nanos)
             })
         }
+        DeviceContender::Vma => {
+            let ((replay, peak_reserved_bytes, events), nanos) = best_time(|| {
+                let mut heap = VmaHeap::new(
+                    Arc::clone(context),
+                    VmaConfig { budget_cap_bytes: config.capacity_bytes, ..VmaConfig::default() },
+                )?;
+                heap.record_device_events(true);
+                let replay = replay_device_heap(trace, &mut heap, config.align_bytes)?;
+                let events = heap.take_device_events();
+                Ok::<_, VulkanError>((replay, heap.peak_reserved_bytes(), events))
+            })?;
+            let (device_allocs, device_frees) = count_device_events(&events);
+            Ok(Outcome { peak_reserved_bytes, device_allocs, device_frees, ..summed("vma (vulkan)", &replay, event_of, nanos) })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use heapscope_core::TraceBuilder;
+
+    const GIB: u64 = 1 << 30;
+
+    fn limits(address_space: u64, max_buffer: Option<u64>) -> DeviceLimits {
+        DeviceLimits {
+            max_memory_allocation_count: 4096,
+            buffer_image_granularity_bytes: 1,
+            non_coherent_atom_size_bytes: 1,
+            sparse_address_space_size_bytes: address_space,
+            max_buffer_size_bytes: max_buffer,
+        }
+    }
+
+    #[test]
+    fn virtual_range_table() {
+        // (address space, maxBufferSize, need) -> range, or the limit named in the error
+        let lavapipe = limits(2 * GIB, Some(4 * GIB - 1));
+        let nvidia = limits(1 << 40, Some(1 << 40));
+        let old = limits(1 << 40, None);
+        let small = limits(1 << 40, Some(GIB));
+        let cases: [(&DeviceLimits, u64, Result<u64, &str>); 7] = [
+            (&lavapipe, 256 << 20, Ok(GIB)),
+            (&lavapipe, GIB, Ok(2 * GIB)),
+            (&lavapipe, 2 * GIB, Ok(2 * GIB)),
+            (&lavapipe, 13 * GIB, Err("sparseAddressSpaceSize 2.00 GiB, maxBufferSize 4.00 GiB")),
+            (&nvidia, 13 * GIB, Ok(52 * GIB)),
+            (&old, 0, Ok(4)),
+            (&small, 2 * GIB, Err("sparseAddressSpaceSize 1.00 TiB, maxBufferSize 1.00 GiB")),
+        ];
+        for (limits, need, expected) in cases {
+            match (paged_virtual_bytes(limits, need), expected) {
+                (Ok(range), Ok(expected)) => assert_eq!(range, expected, "{limits:?} {need}"),
+                (Err(error), Err(named)) => {
+                    let text = error.to_string();
+                    assert!(text.contains(named) && text.contains("needs a virtual range of at least"), "{text}");
+                }
+                (got, expected) => panic!("{limits:?} {need}: {got:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn peak_footprint_aligns_and_follows_frees() {
+        let mut builder = TraceBuilder::new("peak");
+        builder.alloc(1, 1000).unwrap();
+        builder.alloc(2, 3000).unwrap();
+        builder.free(1).unwrap();
+        builder.alloc(3, 512).unwrap();
+        builder.alloc(4, u64::MAX).unwrap();
+        let trace = builder.finish();
+        assert_eq!(peak_live_footprint_bytes(&trace, 512), 1024 + 3072);
+        assert_eq!(peak_live_footprint_bytes(&trace, 4096), 8192, "1000 and 3000 B take a 4 KiB unit each");
     }
 }

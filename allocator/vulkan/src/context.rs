@@ -485,7 +485,14 @@ impl Partial {
             timeline_semaphore: has_vulkan_1_2 && features_1_2.timeline_semaphore == vk::TRUE,
             memory_budget,
         };
-        let properties = properties::device_properties(&raw_properties, &raw_memory, &families, supported);
+        let max_buffer_size_bytes = (raw_properties.api_version >= vk::API_VERSION_1_3).then(|| {
+            let mut maintenance4 = vk::PhysicalDeviceMaintenance4Properties::default();
+            let mut properties2 = vk::PhysicalDeviceProperties2::default().push_next(&mut maintenance4);
+            // SAFETY: as above; the chain holds a structure core in Vulkan 1.3, which this device supports.
+            unsafe { instance.get_physical_device_properties2(physical_device, &mut properties2) };
+            maintenance4.max_buffer_size
+        });
+        let properties = properties::device_properties(&raw_properties, max_buffer_size_bytes, &raw_memory, &families, supported);
 
         let family_with = |flag: vk::QueueFlags| {
             (0..)

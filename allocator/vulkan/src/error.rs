@@ -1,6 +1,7 @@
 //! The crate's error type.
 
 use ash::vk;
+use heapscope_core::units::Bytes;
 
 /// What went wrong bringing up Vulkan or creating a memory source.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +59,22 @@ pub enum VulkanError {
         needed: u64,
         /// The limit ([`crate::SparseConfig::max_live_mappings`]).
         limit: u64,
+    },
+    /// A trace needs a larger virtual range than one sparse buffer on this device can be (the `paged` contender).
+    #[error(
+        "the paged contender needs a virtual range of at least {} for this trace (its live allocations at their peak, or the capacity if less), \
+         but one sparse buffer on this device holds at most {} ({limit}): replay a smaller trace or with a lower --capacity, \
+         or without --vulkan for the simulated paged contender",
+        Bytes(*.needed_bytes),
+        Bytes(*.limit_bytes)
+    )]
+    VirtualRangeTooSmall {
+        /// The bytes the trace needs at once.
+        needed_bytes: u64,
+        /// The largest sparse buffer the device allows.
+        limit_bytes: u64,
+        /// Which device limits say so, with their values.
+        limit: String,
     },
     /// An argument is out of range or misaligned (a page run outside the buffer, a page bound twice, ...).
     #[error("invalid argument: {0}")]

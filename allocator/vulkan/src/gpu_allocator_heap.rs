@@ -11,9 +11,14 @@
 //! Its blocks count in [`VulkanContext::live_allocation_count`] alongside every source's, after the fact:
 //! gpu-allocator calls `vkAllocateMemory` itself, so heapscope cannot refuse past `maxMemoryAllocationCount`.
 //!
-//! A budget cap ([`GpuAllocatorConfig::budget_cap_bytes`]) is checked after gpu-allocator allocates: an
-//! allocation that made the reserved bytes exceed the cap is freed again (its new block with it, unless it is
-//! gpu-allocator's last general block) and the request fails with [`Error::OutOfMemory`].
+//! A budget cap ([`GpuAllocatorConfig::budget_cap_bytes`]) is checked before gpu-allocator allocates, so its
+//! reserved bytes never exceed the cap: gpu-allocator 0.28's block rule is known (a request larger than the
+//! block size gets a block of exactly its size, any other one a free run of an existing block or else a new
+//! block of the block size, clamped to 4..=256 MiB in multiples of 4 MiB). When the block a request could
+//! need would cross the cap, the request goes to gpu-allocator only if a free run of a live block holds it
+//! (read from gpu-allocator's report, with the request's alignment); otherwise it fails with
+//! [`Error::OutOfMemory`] and nothing is allocated. Should gpu-allocator still create a block past the cap (a
+//! rule of another version), the allocation is freed again and the request refused.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -32,10 +37,11 @@ use crate::VulkanContext;
 /// How a [`GpuAllocatorHeap`] is set up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GpuAllocatorConfig {
-    /// gpu-allocator's device block size (it clamps to 4..=256 MiB, a multiple of 4 MiB); larger requests get
-    /// a block of their own.
+    /// gpu-allocator's block size (it clamps to 4..=256 MiB, a multiple of 4 MiB); larger requests get a block
+    /// of their own.
     pub block_size_bytes: u64,
-    /// At most this many bytes reserved at once; beyond, [`Error::OutOfMemory`].
+    /// At most this many bytes reserved at once, checked before gpu-allocator allocates; a request that would
+    /// need more fails with [`Error::OutOfMemory`].
     pub budget_cap_bytes: Option<u64>,
 }
 
@@ -115,6 +121,31 @@ impl fmt::Debug for GpuAllocatorHeap {
             .field("live_bytes", &self.live_bytes)
             .finish_non_exhaustive()
     }
+}
+
+/// The block size gpu-allocator 0.28 uses for `requested_bytes` (`AllocationSizes::adjust_memblock_size`): clamped
+/// to 4..=256 MiB, rounded up to a multiple of 4 MiB.
+pub(crate) fn effective_block_bytes(requested_bytes: u64) -> u64 {
+    const FOUR_MIB: u64 = 4 << 20;
+    requested_bytes.clamp(FOUR_MIB, 256 << 20).next_multiple_of(FOUR_MIB)
+}
+
+/// Whether some block of `report` has a free run (a gap between its allocations, whose report sizes include
+/// their alignment padding) that holds `size_bytes` at an offset aligned to `align_bytes`, the test of
+/// gpu-allocator's free-list allocator for linear resources.
+fn report_has_room(report: &gpu_allocator::AllocatorReport, size_bytes: u64, align_bytes: u64) -> bool {
+    report.blocks.iter().any(|block| {
+        let mut taken: Vec<(u64, u64)> =
+            report.allocations[block.allocations.clone()].iter().map(|a| (a.offset, a.offset + a.size)).collect();
+        taken.sort_unstable();
+        taken.push((block.size, block.size));
+        let mut cursor: u64 = 0;
+        taken.into_iter().any(|(start, end)| {
+            let fits = cursor.next_multiple_of(align_bytes).checked_add(size_bytes).is_some_and(|end_of_it| end_of_it <= start);
+            cursor = cursor.max(end);
+            fits
+        })
+    })
 }
 
 /// A gpu-allocator failure other than out of memory.
@@ -272,6 +303,18 @@ impl DeviceHeap for GpuAllocatorHeap {
     type Handle = GpuAllocatorHandle;
 
     fn allocate_request(&mut self, request: Request) -> Result<GpuAllocatorHandle> {
+        if let Some(cap) = self.config.budget_cap_bytes {
+            let block_bytes = effective_block_bytes(self.config.block_size_bytes);
+            let size = request.size_bytes();
+            let personal = size > block_bytes;
+            let new_block_bytes = if personal { size } else { block_bytes };
+            // Only near the cap is gpu-allocator's report read (it lists every allocation).
+            if self.reserved_bytes.saturating_add(new_block_bytes) > cap
+                && (personal || !report_has_room(&self.allocator.generate_report(), size, request.align_bytes()))
+            {
+                return Err(Error::OutOfMemory(Box::new(self.verdict(request))));
+            }
+        }
         let desc = AllocationCreateDesc {
             name: "",
             requirements: vk::MemoryRequirements {
@@ -306,6 +349,7 @@ impl DeviceHeap for GpuAllocatorHeap {
         };
         block.live_allocations += 1;
         let block_base = block.base_address;
+        // A block past the cap despite the check above (another gpu-allocator block rule): undo it.
         if let Some(cap) = self.config.budget_cap_bytes
             && self.reserved_bytes > cap
         {
@@ -398,5 +442,56 @@ impl Drop for GpuAllocatorHeap {
         // Every block left (gpu-allocator's last general block, blocks of failed frees) goes with the allocator.
         let blocks = u32::try_from(self.blocks.len()).unwrap_or(u32::MAX);
         self.context.live_allocations.fetch_sub(blocks, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpu_allocator::{AllocationReport, AllocatorReport, MemoryBlockReport};
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn block_sizes_follow_gpu_allocator() {
+        for (requested, effective) in
+            [(0, 4 * MIB), (MIB, 4 * MIB), (5 * MIB, 8 * MIB), (256 * MIB, 256 * MIB), (1 << 40, 256 * MIB)]
+        {
+            assert_eq!(effective_block_bytes(requested), effective, "{requested}");
+        }
+    }
+
+    /// Blocks of `size` holding allocations `(offset, size)`.
+    fn report(blocks: &[(u64, &[(u64, u64)])]) -> AllocatorReport {
+        let mut allocations = Vec::new();
+        let mut block_reports = Vec::new();
+        for &(size, taken) in blocks {
+            let first = allocations.len();
+            allocations.extend(taken.iter().map(|&(offset, size)| AllocationReport { name: String::new(), offset, size }));
+            block_reports.push(MemoryBlockReport { size, allocations: first..allocations.len() });
+        }
+        AllocatorReport { allocations, blocks: block_reports, total_allocated_bytes: 0, total_capacity_bytes: 0 }
+    }
+
+    #[test]
+    fn room_in_a_block_table() {
+        // (blocks, size, align) -> room
+        type Case = (&'static [(u64, &'static [(u64, u64)])], u64, u64, bool);
+        let cases: [Case; 8] = [
+            (&[], MIB, 256, false),
+            (&[(4 * MIB, &[])], 4 * MIB, 256, true),
+            (&[(4 * MIB, &[])], 4 * MIB + 1, 256, false),
+            // A 1 MiB hole between allocations (listed out of order, as gpu-allocator's report may list them).
+            (&[(4 * MIB, &[(2 * MIB, 2 * MIB), (0, MIB)])], MIB, 256, true),
+            (&[(4 * MIB, &[(2 * MIB, 2 * MIB), (0, MIB)])], MIB + 1, 256, false),
+            // The hole starts at 1 MiB + 100: aligned to 1 MiB the request no longer fits it.
+            (&[(4 * MIB, &[(0, MIB + 100), (2 * MIB + 100, 2 * MIB - 100)])], MIB, MIB, false),
+            (&[(4 * MIB, &[(0, MIB + 100), (2 * MIB + 100, 2 * MIB - 100)])], MIB, 4, true),
+            // The tail of the second block.
+            (&[(4 * MIB, &[(0, 4 * MIB)]), (8 * MIB, &[(0, 5 * MIB)])], 3 * MIB, 256, true),
+        ];
+        for (blocks, size, align, room) in cases {
+            assert_eq!(report_has_room(&report(blocks), size, align), room, "{blocks:?} {size} {align}");
+        }
     }
 }

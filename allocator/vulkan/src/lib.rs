@@ -9,10 +9,14 @@
 //!   [`heapscope_core::Heap`] runs any policy over real device memory.
 //! - [`SparseBuffer`] (`sparse`): a sparse-residency buffer whose pages are bound on demand from a [`PagePool`]
 //!   with `vkQueueBindSparse`, and [`measure_bind_latency`].
-//! - [`DevicePagedHeap`] (`paged`): a [`heapscope_core::PagedHeap`] whose mapped pages are bound in a sparse buffer.
+//! - [`DevicePagedHeap`] (`paged`): a [`heapscope_core::PagedHeap`] whose mapped pages are bound in a sparse buffer
+//!   (cached pages stay bound under [`heapscope_core::UnmapRule::UnderPressure`]); a [`heapscope_core::DeviceHeap`].
 //! - [`Transfer`] (`transfer`): staging copies into and out of device buffers on the compute queue.
 //! - [`GpuAllocatorHeap`] (`gpu_allocator_heap`): gpu-allocator 0.28 as a [`heapscope_core::DeviceHeap`], a
-//!   contender on the same device.
+//!   contender on the same device; [`VmaHeap`] (`vma_heap`): VMA (vk-mem 0.5) the same way.
+//! - [`replay_on_device`] (`contenders`): a trace through a [`DeviceContender`] — a heap of device-memory blocks,
+//!   `paged` on a sparse buffer sized by [`paged_virtual_bytes`], gpu-allocator or VMA — summed up in the core's
+//!   `Outcome` (what `heapscope replay --vulkan` prints).
 //! - [`memory_types`]: the choice of a memory type for a use.
 //! - [`wgpu_interop`] (feature `wgpu`): wgpu 30 on heapscope's own device (sparse features and all), and
 //!   heapscope's device-memory blocks and sparse buffers as `wgpu::Buffer`s, binds ordered before wgpu's work.
@@ -35,10 +39,11 @@ mod selection;
 mod source;
 mod sparse;
 mod transfer;
+mod vma_heap;
 #[cfg(feature = "wgpu")]
 pub mod wgpu_interop;
 
-pub use contenders::{DeviceContender, replay_on_device};
+pub use contenders::{DeviceContender, paged_range_for, paged_virtual_bytes, peak_live_footprint_bytes, replay_on_device};
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};
 pub use error::VulkanError;
 pub use gpu_allocator_heap::{GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocatorHeap};
@@ -49,9 +54,13 @@ pub use selection::{DeviceCandidate, VENDORS, select_device};
 pub use source::{BLOCK_BUFFER_USAGE, BlockInfo, DeviceMemorySource, DeviceSourceConfig, LeakReport, LeakedBlock};
 pub use sparse::{BindLatency, BindLayout, PagePool, PageRef, SparseBuffer, SparseConfig, SparseStats, measure_bind_latency};
 pub use transfer::Transfer;
+pub use vma_heap::{VmaConfig, VmaHandle, VmaHeap};
 
 /// gpu-allocator, re-exported for its report types.
 pub use gpu_allocator;
+
+/// vk-mem (VMA), re-exported so users name the same types.
+pub use vk_mem;
 
 /// `ash`, re-exported so users name the same `vk` types.
 pub use ash;

@@ -1,14 +1,26 @@
 //! [`DevicePagedHeap`]: heapscope's [`PagedHeap`] over a real [`SparseBuffer`]. The heap places allocations
 //! in the buffer (TLSF by default) and says which page runs it maps and unmaps; each run becomes a sparse bind
-//! or unbind, so the buffer's resident pages are exactly the heap's mapped pages.
+//! or unbind, so the buffer's resident pages are exactly the heap's mapped pages — cached ones included under
+//! [`UnmapRule::UnderPressure`]: those stay bound (their contents with them) until the heap unmaps them under
+//! pressure, in the same allocate call that then binds what the request needs (unbinds first, so the pool has
+//! the pages back).
+//!
+//! It is a [`DeviceHeap`] too, so a trace replays through it like through any heap
+//! ([`heapscope_core::replay::replay_device_heap`]): the pool running dry is an out-of-memory verdict, other
+//! Vulkan failures (a bind refused, too many mappings) are [`heapscope_core::Error::Source`] naming them.
 
 use std::sync::Arc;
 
 use ash::vk;
-use heapscope_core::{Allocation, DeviceEvent, PagedConfig, PagedHeap, PagedStats, PolicyKind, Request};
+use heapscope_core::{
+    Allocation, DeviceEvent, DeviceHeap, OomCause, OomVerdict, PagedConfig, PagedHeap, PagedStats, PolicyKind, Request, UnmapRule,
+};
 
 use crate::sparse::{SparseBuffer, SparseConfig, SparseStats};
 use crate::{VulkanContext, VulkanError};
+
+/// A run of pages in the buffer: `(offset, size_bytes)`.
+type Run = (u64, u64);
 
 /// How a [`DevicePagedHeap`] is made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,10 +35,13 @@ pub struct DevicePagedConfig {
     pub pages_per_chunk: u32,
     /// At most this many live sparse mappings.
     pub max_live_mappings: u64,
+    /// When pages no allocation touches are unbound.
+    pub unmap: UnmapRule,
 }
 
 impl DevicePagedConfig {
-    /// TLSF over `virtual_bytes`, capped at `capacity_bytes`, the sparse buffer's default chunking and limit.
+    /// TLSF over `virtual_bytes`, capped at `capacity_bytes`, the sparse buffer's default chunking and limit,
+    /// eager unbinding.
     pub fn new(virtual_bytes: u64, capacity_bytes: Option<u64>) -> Self {
         Self {
             virtual_bytes,
@@ -34,6 +49,7 @@ impl DevicePagedConfig {
             policy: PolicyKind::Tlsf,
             pages_per_chunk: SparseConfig::DEFAULT_PAGES_PER_CHUNK,
             max_live_mappings: SparseConfig::DEFAULT_MAX_LIVE_MAPPINGS,
+            unmap: UnmapRule::Eager,
         }
     }
 }
@@ -52,6 +68,9 @@ pub struct DevicePagedStats {
 pub struct DevicePagedHeap {
     heap: PagedHeap,
     sparse: SparseBuffer,
+    /// The device events for [`DeviceHeap::take_device_events`], while recording (the heap's own log feeds the
+    /// binds).
+    events: Option<Vec<DeviceEvent>>,
 }
 
 impl DevicePagedHeap {
@@ -72,61 +91,77 @@ impl DevicePagedHeap {
         let page_bytes = sparse.page_bytes();
         let mut paged = PagedConfig::new(config.capacity_bytes);
         paged.policy = config.policy;
+        paged.unmap = config.unmap;
         paged.page_bytes = page_bytes;
         paged.virtual_bytes = config.virtual_bytes / page_bytes * page_bytes;
         // The heap refuses before the pool runs dry: its capacity is the pool's, in whole pages.
         paged.capacity_bytes = config.capacity_bytes.map(|capacity| capacity / page_bytes * page_bytes);
         let mut heap = PagedHeap::new(paged)?;
         heap.record_device_events(true);
-        Ok(Self { heap, sparse })
+        Ok(Self { heap, sparse, events: None })
     }
 
-    /// Serves `request` and binds the pages it newly needs; the allocation's offsets are offsets in
-    /// [`DevicePagedHeap::buffer`].
+    /// Serves `request` and binds the pages it newly needs (unbinding the cached pages first when the heap
+    /// released them under pressure); the allocation's offsets are offsets in [`DevicePagedHeap::buffer`].
     ///
     /// # Errors
     /// [`VulkanError::Heap`] with an out-of-memory verdict when the heap has no room or capacity (see
-    /// [`VulkanError::is_out_of_memory`]); what [`SparseBuffer::bind`] returns, after which the allocation is
-    /// undone and the heap is as before (its counters aside).
+    /// [`VulkanError::is_out_of_memory`]); what [`SparseBuffer::bind`] or [`SparseBuffer::unbind`] return, after
+    /// which the allocation is undone: the heap keeps no page the buffer lacks (its counters aside; after a
+    /// failed unbind — a lost device — the buffer may still hold cached pages the heap released).
     pub fn allocate(&mut self, request: Request) -> Result<Allocation, VulkanError> {
-        let allocation = self.heap.allocate(request)?;
-        if let Err(error) = self.apply_events() {
-            // The failed bind changed nothing on the device: undo the allocation and drop its unmap events.
-            self.heap.free(allocation)?;
-            let _ = self.heap.take_device_events();
+        let result = self.heap.allocate(request);
+        let (mapped, unmapped) = self.take_runs();
+        // The cache released under pressure goes first, even when the request is refused after all.
+        let unbound = if unmapped.is_empty() { Ok(0) } else { self.sparse.unbind(&unmapped) };
+        let allocation = match result {
+            Ok(allocation) => allocation,
+            Err(refused) => {
+                unbound?;
+                return Err(refused.into());
+            }
+        };
+        let bound = unbound.and_then(|_| if mapped.is_empty() { Ok(0) } else { self.sparse.bind(&mapped) });
+        if let Err(error) = bound {
+            // The failed batch changed nothing on the device: the heap forgets the pages it could not bind.
+            self.heap.undo_allocate(allocation, &mapped)?;
             return Err(error);
         }
         Ok(allocation)
     }
 
-    /// Frees `allocation` and unbinds the pages no live allocation touches any more.
+    /// Frees `allocation` and unbinds the pages no live allocation touches any more (under
+    /// [`UnmapRule::UnderPressure`] they stay bound, cached).
     ///
     /// # Errors
     /// [`VulkanError::Heap`] for a double or foreign free (nothing changes then); a failed unbind.
     pub fn free(&mut self, allocation: Allocation) -> Result<(), VulkanError> {
         self.heap.free(allocation)?;
-        self.apply_events()
+        let (mapped, unmapped) = self.take_runs();
+        debug_assert!(mapped.is_empty(), "a free maps nothing");
+        if !unmapped.is_empty() {
+            self.sparse.unbind(&unmapped)?;
+        }
+        Ok(())
     }
 
-    /// Binds and unbinds the runs the heap recorded, each kind in one batch.
-    fn apply_events(&mut self) -> Result<(), VulkanError> {
+    /// The runs the heap mapped and unmapped since the last call, as `(offset, size_bytes)`, kept for
+    /// [`DeviceHeap::take_device_events`] while recording.
+    fn take_runs(&mut self) -> (Vec<Run>, Vec<Run>) {
         let mut mapped = Vec::new();
         let mut unmapped = Vec::new();
-        for event in self.heap.take_device_events() {
+        let events = self.heap.take_device_events();
+        for &event in &events {
             match event {
                 DeviceEvent::Mapped { address, size_bytes } => mapped.push((address, size_bytes)),
                 DeviceEvent::Unmapped { address, size_bytes } => unmapped.push((address, size_bytes)),
                 DeviceEvent::Reserved { .. } | DeviceEvent::Released { .. } => {}
             }
         }
-        // A paged heap maps only on allocate and unmaps only on free: one of the lists is empty.
-        if !unmapped.is_empty() {
-            self.sparse.unbind(&unmapped)?;
+        if let Some(log) = &mut self.events {
+            log.extend(events);
         }
-        if !mapped.is_empty() {
-            self.sparse.bind(&mapped)?;
-        }
-        Ok(())
+        (mapped, unmapped)
     }
 
     /// The sparse buffer holding the allocations.
@@ -155,5 +190,87 @@ impl DevicePagedHeap {
     /// The heap's and the buffer's counters.
     pub fn stats(&self) -> DevicePagedStats {
         DevicePagedStats { heap: self.heap.stats().clone(), sparse: self.sparse.stats() }
+    }
+}
+
+impl DevicePagedHeap {
+    /// The verdict for a request the pool could not give pages for (the device refused a chunk).
+    fn pool_verdict(&mut self, request: Request, requested_pages: u64) -> OomVerdict {
+        self.heap.count_refused();
+        let stats = self.heap.stats();
+        let page_bytes = self.sparse.page_bytes();
+        OomVerdict {
+            policy: "paged",
+            requested_bytes: request.size_bytes(),
+            needed_bytes: requested_pages.saturating_mul(page_bytes),
+            align_bytes: request.align_bytes(),
+            reserved_bytes: stats.mapped_bytes,
+            live_bytes: stats.live_bytes,
+            padding_bytes: 0,
+            free_in_blocks_bytes: 0,
+            largest_free_run_bytes: 0,
+            retired_bytes: 0,
+            unreserved_bytes: 0,
+            capacity_bytes: self.heap.config().capacity_bytes,
+            cause: OomCause::Exhaustion,
+        }
+    }
+}
+
+/// A Vulkan failure as the core's error: the heap's own errors as they are, anything else a source failure.
+fn core_error(error: VulkanError) -> heapscope_core::Error {
+    match error {
+        VulkanError::Heap(error) => error,
+        other => heapscope_core::Error::Source(other.to_string()),
+    }
+}
+
+impl DeviceHeap for DevicePagedHeap {
+    type Handle = Allocation;
+
+    fn allocate_request(&mut self, request: Request) -> heapscope_core::Result<Allocation> {
+        match self.allocate(request) {
+            Ok(allocation) => Ok(allocation),
+            Err(VulkanError::OutOfPages { requested_pages, .. }) => {
+                Err(heapscope_core::Error::OutOfMemory(Box::new(self.pool_verdict(request, requested_pages))))
+            }
+            Err(other) => Err(core_error(other)),
+        }
+    }
+
+    fn free_handle(&mut self, handle: Allocation) -> heapscope_core::Result<()> {
+        self.free(handle).map_err(core_error)
+    }
+
+    fn allocation(handle: &Allocation) -> &Allocation {
+        handle
+    }
+
+    fn address(handle: &Allocation) -> u64 {
+        handle.offset()
+    }
+
+    fn block_base(_handle: &Allocation) -> u64 {
+        0
+    }
+
+    fn record_device_events(&mut self, on: bool) {
+        self.events = on.then(Vec::new);
+    }
+
+    fn take_device_events(&mut self) -> Vec<DeviceEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn policy_name(&self) -> &'static str {
+        "paged"
+    }
+
+    fn reserved_and_live_bytes(&self) -> (u64, u64) {
+        (self.heap.stats().mapped_bytes, self.heap.stats().live_bytes)
+    }
+
+    fn count_oom(&mut self) {
+        self.heap.count_refused();
     }
 }

@@ -15,6 +15,9 @@ pub struct DeviceLimits {
     pub non_coherent_atom_size_bytes: u64,
     /// `sparseAddressSpaceSize`: the most bytes of sparse resources at once.
     pub sparse_address_space_size_bytes: u64,
+    /// `maxBufferSize` (Vulkan 1.3, `VkPhysicalDeviceMaintenance4Properties`): the largest buffer; `None` on
+    /// devices below Vulkan 1.3.
+    pub max_buffer_size_bytes: Option<u64>,
 }
 
 /// `VkPhysicalDeviceSparseProperties`.
@@ -129,6 +132,7 @@ impl HeapBudget {
 /// Plain-data properties from the raw Vulkan structures.
 pub(crate) fn device_properties(
     properties: &vk::PhysicalDeviceProperties,
+    max_buffer_size_bytes: Option<u64>,
     memory: &vk::PhysicalDeviceMemoryProperties,
     queue_families: &[vk::QueueFamilyProperties],
     supported_features: DeviceFeatures,
@@ -152,6 +156,7 @@ pub(crate) fn device_properties(
             buffer_image_granularity_bytes: limits.buffer_image_granularity,
             non_coherent_atom_size_bytes: limits.non_coherent_atom_size,
             sparse_address_space_size_bytes: limits.sparse_address_space_size,
+            max_buffer_size_bytes,
         },
         sparse: SparseProperties {
             residency_standard_2d_block_shape: sparse.residency_standard2_d_block_shape == vk::TRUE,

@@ -311,6 +311,14 @@ impl SparseBuffer {
         })
     }
 
+    /// The sparse page size of buffers on `context`'s device: that of a one-byte buffer, created and dropped.
+    ///
+    /// # Errors
+    /// What [`SparseBuffer::new`] returns.
+    pub fn page_bytes_on(context: &Arc<VulkanContext>) -> Result<u64, VulkanError> {
+        Ok(Self::new(Arc::clone(context), SparseConfig::new(1))?.page_bytes())
+    }
+
     /// The buffer.
     pub fn buffer(&self) -> vk::Buffer {
         self.buffer
@@ -630,9 +638,7 @@ pub struct BindLatency {
 /// # Errors
 /// What [`SparseBuffer::new`], [`SparseBuffer::bind`] and [`SparseBuffer::unbind`] return.
 pub fn measure_bind_latency(context: &Arc<VulkanContext>, pages: u32, contiguous: bool) -> Result<BindLatency, VulkanError> {
-    let probe = SparseBuffer::new(Arc::clone(context), SparseConfig::new(1))?;
-    let page_bytes = probe.page_bytes();
-    drop(probe);
+    let page_bytes = SparseBuffer::page_bytes_on(context)?;
     let pages_u64 = u64::from(pages.max(1));
     let span_pages = if contiguous { pages_u64 } else { 2 * pages_u64 };
     let mut config = SparseConfig::new(span_pages * page_bytes);

@@ -65,6 +65,8 @@ fn lavapipe_reports_sparse_binding() {
     assert!(enabled.timeline_semaphore && enabled.memory_budget, "{enabled:?}");
     assert_eq!(context.sparse_queue_family(), Some(context.compute_queue().0), "lavapipe has one queue family for all");
     assert!(properties.limits.sparse_address_space_size_bytes > 0);
+    // Mesa 25's lavapipe is a Vulkan 1.4 device: maxBufferSize is reported.
+    assert!(properties.limits.max_buffer_size_bytes.is_some_and(|bytes| bytes >= 1 << 30), "{:?}", properties.limits);
     assert!(properties.memory_types.iter().all(|t| t.property_flags.contains(vk::MemoryPropertyFlags::HOST_VISIBLE)));
     common::finish(Arc::new(context));
 }

@@ -127,6 +127,53 @@ fn budget_cap_refuses_with_a_verdict() {
     common::finish(context);
 }
 
+/// The cap is checked before gpu-allocator allocates: under random traffic near the cap (shared 4 MiB blocks,
+/// blocks of their own for larger requests) the peak of reserved bytes never exceeds it, every refusal is an
+/// out-of-memory verdict, and requests that fit a free run of a live block are still served at the cap.
+#[test]
+fn budget_cap_is_never_crossed() {
+    let Some(context) = common::context() else { return };
+    let context = Arc::new(context);
+    {
+        let cap = 26 * MIB;
+        let mut heap = heap(&context, GpuAllocatorConfig { block_size_bytes: 4 * MIB, budget_cap_bytes: Some(cap) });
+        let mut rng = Rng(0x0cab);
+        let mut live: Vec<GpuAllocatorHandle> = Vec::new();
+        let (mut refused, mut served_at_the_cap) = (0, 0);
+        for step in 0..3000 {
+            if !live.is_empty() && rng.range(0, 99) < 40 {
+                heap.free_handle(live.swap_remove(rng.range(0, live.len() as u64 - 1) as usize)).unwrap();
+            } else {
+                let size = if rng.range(0, 19) == 0 { rng.range(4 * MIB + 1, 9 * MIB) } else { rng.range(1, 2 * MIB) };
+                let near_the_cap = heap.reserved_bytes() + 4 * MIB > cap;
+                match heap.allocate_request(Request::new(size, 1 << rng.range(0, 12)).unwrap()) {
+                    Ok(handle) => {
+                        served_at_the_cap += u32::from(near_the_cap);
+                        live.push(handle);
+                    }
+                    Err(Error::OutOfMemory(verdict)) => {
+                        refused += 1;
+                        assert_eq!((verdict.policy, verdict.capacity_bytes), ("gpu-allocator", Some(cap)), "step {step}");
+                        assert!(verdict.reserved_bytes <= cap, "step {step}: {verdict}");
+                    }
+                    Err(other) => panic!("step {step}: {other}"),
+                }
+            }
+            assert!(heap.peak_reserved_bytes() <= cap, "step {step}: peak {} > cap {cap}", heap.peak_reserved_bytes());
+        }
+        assert!(
+            refused > 0 && served_at_the_cap > 0,
+            "the cap bit ({refused} refused) and free runs were reused ({served_at_the_cap})"
+        );
+        assert_eq!(heap.ooms(), refused);
+        eprintln!("cap {cap}: peak {} B, {refused} refused, {served_at_the_cap} served near the cap", heap.peak_reserved_bytes());
+        for handle in live {
+            heap.free_handle(handle).unwrap();
+        }
+    }
+    common::finish(context);
+}
+
 #[test]
 fn gpt2_trace_replays_through_gpu_allocator() {
     let Some(context) = common::context() else { return };

@@ -1,0 +1,457 @@
+//! [`VmaHeap`]: AMD's Vulkan Memory Allocator (VMA 3, through vk-mem 0.5) as a heapscope [`DeviceHeap`], a
+//! contender on the same device as heapscope's own `Heap<DeviceMemorySource>` and gpu-allocator.
+//!
+//! Every request is `vmaAllocateMemory` with requirements {size, the request's alignment, every memory type} and
+//! `MemoryUsage::Unknown` with `DEVICE_LOCAL` required (when the device has such a type), VMA's default
+//! algorithm and block sizes (`preferredLargeHeapBlockSize` from [`VmaConfig::block_size_bytes`]).
+//!
+//! VMA's blocks (`VkDeviceMemory`) are followed exactly through its device-memory callbacks
+//! (`VmaDeviceMemoryCallbacks`: one call per `vkAllocateMemory` and `vkFreeMemory` it makes), so the heap knows
+//! when VMA creates a block, which block an empty one it frees is (VMA keeps one empty block and may free
+//! another one on any free), and its reserved bytes at every moment. Blocks get synthetic base addresses like
+//! [`crate::DeviceMemorySource`]'s (increasing, never reused); [`DeviceHeap::address`] is `base + offset`.
+//!
+//! A budget cap ([`VmaConfig::budget_cap_bytes`]) is VMA's own heap size limit (`pHeapSizeLimit`, on every
+//! heap): VMA refuses a block that would cross it before allocating it (falling back to smaller blocks as it
+//! does on a small heap), so the reserved bytes never exceed the cap, and the request fails with
+//! [`Error::OutOfMemory`] and a verdict from VMA's statistics (reserved, allocated, largest free range).
+//! `VK_ERROR_OUT_OF_DEVICE_MEMORY` and `VK_ERROR_OUT_OF_HOST_MEMORY` from the device are out-of-memory verdicts too.
+//!
+//! Its blocks count in [`VulkanContext::live_allocation_count`] alongside every source's, after the fact (VMA
+//! calls `vkAllocateMemory` itself).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ash::vk;
+use heapscope_core::{
+    Allocation, AllocationId, DeviceEvent, DeviceHeap, Error, OomCause, OomVerdict, OwnerId, Request, ResourceKind, Result,
+};
+use vk_mem::Alloc;
+
+use crate::VulkanContext;
+
+/// How a [`VmaHeap`] is set up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VmaConfig {
+    /// `preferredLargeHeapBlockSize`: VMA's block size on heaps above 1 GiB (smaller heaps get an eighth of
+    /// their size; VMA starts with smaller blocks and grows to this).
+    pub block_size_bytes: u64,
+    /// At most this many bytes reserved at once (VMA's heap size limit); beyond, [`Error::OutOfMemory`].
+    pub budget_cap_bytes: Option<u64>,
+}
+
+impl Default for VmaConfig {
+    /// 256 MiB blocks (VMA's default), no cap.
+    fn default() -> Self {
+        Self { block_size_bytes: 256 << 20, budget_cap_bytes: None }
+    }
+}
+
+/// A live allocation of a [`VmaHeap`]: `Copy`, like heapscope's own handles; VMA's allocation stays inside.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VmaHandle {
+    allocation: Allocation,
+    block_base: u64,
+}
+
+impl VmaHandle {
+    /// The allocation: offset and size in its block.
+    pub fn allocation(&self) -> &Allocation {
+        &self.allocation
+    }
+
+    /// The synthetic base address of its block.
+    pub fn block_base(&self) -> u64 {
+        self.block_base
+    }
+
+    /// Its synthetic address: block base plus offset.
+    pub fn address(&self) -> u64 {
+        self.block_base + self.allocation.offset()
+    }
+}
+
+/// One `vkAllocateMemory` (true) or `vkFreeMemory` (false) VMA made, with the memory and its size.
+type MemoryCall = (bool, vk::DeviceMemory, u64);
+
+/// What VMA's device-memory callbacks write: boxed, so its address (VMA's `pUserData`) never moves.
+#[derive(Debug, Default)]
+struct CallbackLog {
+    /// Set by a callback: `calls` has something (read without the lock on every operation).
+    pending: AtomicBool,
+    calls: Mutex<Vec<MemoryCall>>,
+}
+
+impl CallbackLog {
+    fn push(&self, call: MemoryCall) {
+        self.calls.lock().unwrap_or_else(PoisonError::into_inner).push(call);
+        self.pending.store(true, Ordering::Release);
+    }
+
+    fn take(&self) -> Vec<MemoryCall> {
+        if !self.pending.swap(false, Ordering::Acquire) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.calls.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// VMA's device-memory callback: `(allocator, memory type, memory, size, user data)`.
+type MemoryCallback = unsafe extern "C" fn(*mut c_void, u32, vk::DeviceMemory, u64, *mut c_void);
+
+/// `VmaDeviceMemoryCallbacks`, field for field (VMA's C header: two nullable function pointers and a user-data
+/// pointer). vk-mem 0.5 takes that structure in `AllocatorCreateInfo::device_memory_callbacks` but keeps its
+/// type in a private module, so heapscope declares the same `repr(C)` layout and passes it by pointer.
+#[repr(C)]
+struct DeviceMemoryCallbacks {
+    pfn_allocate: Option<MemoryCallback>,
+    pfn_free: Option<MemoryCallback>,
+    user_data: *mut c_void,
+}
+
+/// VMA's `pfnAllocate`: called after each `vkAllocateMemory` it makes.
+unsafe extern "C" fn on_allocate(_: *mut c_void, _: u32, memory: vk::DeviceMemory, size: u64, user: *mut c_void) {
+    // SAFETY: `user` is the `CallbackLog` boxed in the `VmaHeap` that created this allocator; the box lives until
+    // after the allocator is destroyed (field order), and VMA calls back only from calls the heap makes.
+    let log = unsafe { &*user.cast::<CallbackLog>() };
+    log.push((true, memory, size));
+}
+
+/// VMA's `pfnFree`: called before each `vkFreeMemory` it makes.
+unsafe extern "C" fn on_free(_: *mut c_void, _: u32, memory: vk::DeviceMemory, size: u64, user: *mut c_void) {
+    // SAFETY: as in `on_allocate`.
+    let log = unsafe { &*user.cast::<CallbackLog>() };
+    log.push((false, memory, size));
+}
+
+/// A live VMA block, keyed by its memory handle.
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    base_address: u64,
+    size_bytes: u64,
+}
+
+/// A live allocation kept in the heap.
+#[derive(Debug)]
+struct Live {
+    inner: vk_mem::Allocation,
+    generation: u32,
+}
+
+/// VMA as a heapscope [`DeviceHeap`]. See the module documentation.
+pub struct VmaHeap {
+    // Declared first: dropped (its blocks freed) while the device and the callback log are alive.
+    allocator: vk_mem::Allocator,
+    callbacks: Box<CallbackLog>,
+    context: Arc<VulkanContext>,
+    config: VmaConfig,
+    create_info: vk_mem::AllocationCreateInfo,
+    owner: OwnerId,
+    slots: Vec<Option<Live>>,
+    generations: Vec<u32>,
+    free_slots: Vec<u32>,
+    blocks: HashMap<vk::DeviceMemory, Block>,
+    next_address: u64,
+    reserved_bytes: u64,
+    peak_reserved_bytes: u64,
+    live_bytes: u64,
+    ooms: u64,
+    events: Option<Vec<DeviceEvent>>,
+}
+
+
+
+impl fmt::Debug for VmaHeap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VmaHeap")
+            .field("config", &self.config)
+            .field("blocks", &self.blocks.len())
+            .field("reserved_bytes", &self.reserved_bytes)
+            .field("live_bytes", &self.live_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A VMA failure other than out of memory.
+fn failure(what: &str, result: vk::Result) -> Error {
+    Error::Source(format!("VMA {what}: {result}"))
+}
+
+impl VmaHeap {
+    /// The synthetic address of the first block (apart from the other contenders' spaces).
+    pub const BASE_ADDRESS: u64 = 0x6000_0000_0000;
+
+    /// Block addresses are multiples of this.
+    pub const ADDRESS_ALIGNMENT_BYTES: u64 = 64 << 10;
+
+    /// A VMA allocator on `context`'s device.
+    ///
+    /// # Errors
+    /// [`Error::Source`] when `vmaCreateAllocator` fails.
+    pub fn new(context: Arc<VulkanContext>, config: VmaConfig) -> Result<Self> {
+        let callbacks = Box::new(CallbackLog::default());
+        let device_callbacks = DeviceMemoryCallbacks {
+            pfn_allocate: Some(on_allocate),
+            pfn_free: Some(on_free),
+            user_data: std::ptr::from_ref::<CallbackLog>(&callbacks).cast_mut().cast(),
+        };
+        let heap_count = context.properties().memory_heaps.len();
+        let limits = vec![config.budget_cap_bytes.unwrap_or(vk::WHOLE_SIZE); heap_count];
+        let mut create_info = vk_mem::AllocatorCreateInfo::new(context.instance(), context.device(), context.physical_device());
+        create_info.preferred_large_heap_block_size = config.block_size_bytes;
+        // SAFETY: `DeviceMemoryCallbacks` has the layout of `VmaDeviceMemoryCallbacks` (the target type, inferred:
+        // vk-mem does not export it): `repr(C)`, two `Option<extern "C" fn>` (nullable function pointers whose
+        // allocator parameter, a `VmaAllocator` pointer, is taken as `*mut c_void`) and a `void*`. The reference
+        // lives until `vmaCreateAllocator` has copied it.
+        create_info.device_memory_callbacks = Some(unsafe { &*std::ptr::from_ref(&device_callbacks).cast() });
+        if config.budget_cap_bytes.is_some() {
+            create_info.heap_size_limits = &limits;
+        }
+        // SAFETY: the instance, device and physical device are the context's, alive for as long as the `Arc` this
+        // heap keeps, which outlives the allocator (field order); VMA copies the callbacks and the limits, and the
+        // callbacks' user data (the boxed log) lives as long as the allocator.
+        let allocator = unsafe { vk_mem::Allocator::new(create_info) }.map_err(|result| failure("vmaCreateAllocator", result))?;
+        let has_device_local = context
+            .properties()
+            .memory_types
+            .iter()
+            .any(|info| info.property_flags.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL));
+        let create_info = vk_mem::AllocationCreateInfo {
+            usage: vk_mem::MemoryUsage::Unknown,
+            required_flags: if has_device_local {
+                vk::MemoryPropertyFlags::DEVICE_LOCAL
+            } else {
+                vk::MemoryPropertyFlags::empty()
+            },
+            ..Default::default()
+        };
+        Ok(Self {
+            allocator,
+            callbacks,
+            context,
+            config,
+            create_info,
+            owner: OwnerId::fresh(),
+            slots: Vec::new(),
+            generations: Vec::new(),
+            free_slots: Vec::new(),
+            blocks: HashMap::new(),
+            next_address: Self::BASE_ADDRESS,
+            reserved_bytes: 0,
+            peak_reserved_bytes: 0,
+            live_bytes: 0,
+            ooms: 0,
+            events: None,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &VmaConfig {
+        &self.config
+    }
+
+    /// Bytes reserved in VMA's blocks now.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.reserved_bytes
+    }
+
+    /// The most bytes reserved at once.
+    pub fn peak_reserved_bytes(&self) -> u64 {
+        self.peak_reserved_bytes
+    }
+
+    /// Live blocks.
+    pub fn live_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Live allocations.
+    pub fn live_allocations(&self) -> usize {
+        self.slots.len() - self.free_slots.len()
+    }
+
+    /// Refused requests.
+    pub fn ooms(&self) -> u64 {
+        self.ooms
+    }
+
+    /// From VMA's own statistics (`vmaCalculateStatistics`): bytes allocated in its blocks (alignment padding
+    /// included), and the largest free range; `None` when VMA fails to say.
+    pub fn allocated_and_largest_free_bytes(&self) -> Option<(u64, u64)> {
+        let total = self.allocator.calculate_statistics().ok()?.total;
+        Some((total.statistics.allocationBytes, total.unusedRangeSizeMax))
+    }
+
+    /// Applies the `vkAllocateMemory` / `vkFreeMemory` calls VMA made since the last time.
+    fn apply_memory_calls(&mut self) {
+        for (allocated, memory, size_bytes) in self.callbacks.take() {
+            if allocated {
+                let base_address = self.next_address;
+                self.next_address += size_bytes.max(1).next_multiple_of(Self::ADDRESS_ALIGNMENT_BYTES);
+                self.blocks.insert(memory, Block { base_address, size_bytes });
+                self.reserved_bytes += size_bytes;
+                self.peak_reserved_bytes = self.peak_reserved_bytes.max(self.reserved_bytes);
+                self.context.live_allocations.fetch_add(1, Ordering::AcqRel);
+                self.push_event(DeviceEvent::Reserved { address: base_address, size_bytes });
+            } else if let Some(block) = self.blocks.remove(&memory) {
+                self.reserved_bytes -= block.size_bytes;
+                self.context.live_allocations.fetch_sub(1, Ordering::AcqRel);
+                self.push_event(DeviceEvent::Released { address: block.base_address, size_bytes: block.size_bytes });
+            }
+        }
+    }
+
+    fn push_event(&mut self, event: DeviceEvent) {
+        if let Some(events) = &mut self.events {
+            events.push(event);
+        }
+    }
+
+    /// The verdict for a refused request, from VMA's statistics.
+    fn verdict(&mut self, request: Request) -> OomVerdict {
+        self.ooms += 1;
+        let (allocated_bytes, largest_free_run_bytes) = self.allocated_and_largest_free_bytes().unwrap_or((self.live_bytes, 0));
+        let free_in_blocks_bytes = self.reserved_bytes.saturating_sub(allocated_bytes);
+        let device_left: u64 = self.context.heap_budgets().iter().map(crate::HeapBudget::available_bytes).max().unwrap_or(0);
+        let cap_left = self.config.budget_cap_bytes.map_or(u64::MAX, |cap| cap.saturating_sub(self.reserved_bytes));
+        let unreserved_bytes = device_left.min(cap_left);
+        let needed_bytes = request.size_bytes().next_multiple_of(request.align_bytes());
+        OomVerdict {
+            policy: "vma",
+            requested_bytes: request.size_bytes(),
+            needed_bytes,
+            align_bytes: request.align_bytes(),
+            reserved_bytes: self.reserved_bytes,
+            live_bytes: self.live_bytes,
+            padding_bytes: allocated_bytes.saturating_sub(self.live_bytes),
+            free_in_blocks_bytes,
+            largest_free_run_bytes: largest_free_run_bytes.min(free_in_blocks_bytes),
+            retired_bytes: 0,
+            unreserved_bytes,
+            capacity_bytes: self.config.budget_cap_bytes,
+            cause: OomCause::judge(needed_bytes, free_in_blocks_bytes, unreserved_bytes),
+        }
+    }
+}
+
+impl DeviceHeap for VmaHeap {
+    type Handle = VmaHandle;
+
+    fn allocate_request(&mut self, request: Request) -> Result<VmaHandle> {
+        let requirements =
+            vk::MemoryRequirements { size: request.size_bytes(), alignment: request.align_bytes(), memory_type_bits: !0 };
+        // SAFETY: valid requirements (size above 0, power-of-two alignment) and create info (no pool, no user data)
+        // on a live allocator; the allocation is freed by `free_handle` or on drop.
+        let result = unsafe { self.allocator.allocate_memory(&requirements, &self.create_info) };
+        self.apply_memory_calls();
+        let inner = match result {
+            Ok(inner) => inner,
+            Err(vk::Result::ERROR_OUT_OF_DEVICE_MEMORY | vk::Result::ERROR_OUT_OF_HOST_MEMORY) => {
+                return Err(Error::OutOfMemory(Box::new(self.verdict(request))));
+            }
+            Err(result) => return Err(failure("vmaAllocateMemory", result)),
+        };
+        let info = self.allocator.get_allocation_info(&inner);
+        let Some(block) = self.blocks.get(&info.device_memory) else {
+            // SAFETY: the allocation was just made by this allocator and is bound to nothing.
+            unsafe { self.allocator.free_memory(&mut { inner }) };
+            self.apply_memory_calls();
+            return Err(Error::Source("VMA placed an allocation in memory its callbacks never reported".into()));
+        };
+        let block_base = block.base_address;
+        let slot = match self.free_slots.pop() {
+            Some(slot) => slot,
+            None => {
+                let slot =
+                    u32::try_from(self.slots.len()).map_err(|_| Error::Source("more than 2^32 live allocations".into()))?;
+                self.slots.push(None);
+                self.generations.push(0);
+                slot
+            }
+        };
+        let generation = self.generations[slot as usize];
+        let (offset, size_bytes) = (info.offset, request.size_bytes());
+        self.slots[slot as usize] = Some(Live { inner, generation });
+        self.live_bytes += size_bytes;
+        let allocation = Allocation::from_parts(
+            self.owner,
+            AllocationId::from_slot(slot, generation),
+            offset,
+            size_bytes,
+            (offset, size_bytes),
+            ResourceKind::Linear,
+        );
+        Ok(VmaHandle { allocation, block_base })
+    }
+
+    fn free_handle(&mut self, handle: VmaHandle) -> Result<()> {
+        let allocation = handle.allocation;
+        if allocation.owner() != self.owner {
+            return Err(Error::ForeignAllocation { offset: allocation.offset(), owner: "vma" });
+        }
+        let (slot, generation) = (allocation.id().slot() as usize, allocation.id().generation());
+        let double_free = Error::DoubleFree { offset: allocation.offset(), id: allocation.id().0, owner: "vma" };
+        let Some(entry) = self.slots.get_mut(slot) else { return Err(double_free) };
+        if entry.as_ref().is_none_or(|live| live.generation != generation) {
+            return Err(double_free);
+        }
+        let Some(mut live) = entry.take() else { return Err(double_free) };
+        self.generations[slot] = generation.wrapping_add(1);
+        self.free_slots.push(slot as u32);
+        self.live_bytes -= allocation.size_bytes();
+        // SAFETY: the allocation is live (checked by slot and generation), made by this allocator, bound to nothing.
+        unsafe { self.allocator.free_memory(&mut live.inner) };
+        self.apply_memory_calls();
+        Ok(())
+    }
+
+    fn allocation(handle: &VmaHandle) -> &Allocation {
+        &handle.allocation
+    }
+
+    fn address(handle: &VmaHandle) -> u64 {
+        handle.address()
+    }
+
+    fn block_base(handle: &VmaHandle) -> u64 {
+        handle.block_base
+    }
+
+    fn record_device_events(&mut self, on: bool) {
+        self.events = on.then(Vec::new);
+    }
+
+    fn take_device_events(&mut self) -> Vec<DeviceEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn policy_name(&self) -> &'static str {
+        "vma"
+    }
+
+    fn reserved_and_live_bytes(&self) -> (u64, u64) {
+        (self.reserved_bytes, self.live_bytes)
+    }
+
+    fn count_oom(&mut self) {
+        self.ooms += 1;
+    }
+}
+
+impl Drop for VmaHeap {
+    fn drop(&mut self) {
+        // Frees what is still live so VMA destroys its blocks cleanly (it asserts there is nothing left); the
+        // allocator itself frees the empty blocks it kept when dropped, before the context (field order).
+        for mut live in self.slots.iter_mut().filter_map(Option::take).collect::<Vec<_>>() {
+            // SAFETY: each allocation is live, made by this allocator, bound to nothing.
+            unsafe { self.allocator.free_memory(&mut live.inner) };
+        }
+        self.apply_memory_calls();
+        let blocks = u32::try_from(self.blocks.len()).unwrap_or(u32::MAX);
+        self.context.live_allocations.fetch_sub(blocks, Ordering::AcqRel);
+    }
+}
