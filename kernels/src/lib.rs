@@ -15,7 +15,10 @@
 
 mod plan;
 
-pub use plan::{Binding, BindingLimits, Dispatch, MAX_WORKGROUPS, Op, Params, SizedBuffer, VerifyResult, plan, verify_words};
+pub use plan::{
+    Binding, BindingLimits, Dispatch, MAX_WORKGROUPS, MatVecIds, MatVecParams, Op, Params, SizedBuffer, VerifyResult, plan,
+    verify_words,
+};
 
 use std::fmt;
 
@@ -29,6 +32,7 @@ pub const PARAMS_BYTES: u32 = 32;
 pub const ENTRY_POINT: &str = "main";
 
 const COMMON_WGSL: &str = include_str!("wgsl/common.wgsl");
+const PARAMS_WGSL: &str = include_str!("wgsl/params.wgsl");
 
 /// A compute kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -40,11 +44,14 @@ pub enum Kernel {
     Verify,
     /// Copies a range (binding 0, read) to another (binding 1, read-write).
     Copy,
+    /// The compute payload: one step of `y = A x` over u32 words, A (binding 0) and x (binding 1) read, y
+    /// (binding 2) written, the result folded into y's pattern (see [`matvec_words`]).
+    MatVec,
 }
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 3] = [Kernel::Fill, Kernel::Verify, Kernel::Copy];
+    pub const ALL: [Kernel; 4] = [Kernel::Fill, Kernel::Verify, Kernel::Copy, Kernel::MatVec];
 
     /// Its name.
     pub fn name(self) -> &'static str {
@@ -52,6 +59,7 @@ impl Kernel {
             Kernel::Fill => "fill",
             Kernel::Verify => "verify",
             Kernel::Copy => "copy",
+            Kernel::MatVec => "matvec",
         }
     }
 
@@ -61,12 +69,17 @@ impl Kernel {
             Kernel::Fill => include_str!("wgsl/fill.wgsl"),
             Kernel::Verify => include_str!("wgsl/verify.wgsl"),
             Kernel::Copy => include_str!("wgsl/copy.wgsl"),
+            Kernel::MatVec => include_str!("wgsl/matvec.wgsl"),
         }
     }
 
-    /// The WGSL naga compiles: the shared part (`common.wgsl`: push constants, pattern) then the kernel.
+    /// The WGSL naga compiles: the range kernels' push constants (`params.wgsl`; matvec declares its own), the
+    /// shared part (`common.wgsl`: workgroup size, pattern), then the kernel.
     pub fn full_source(self) -> String {
-        format!("{COMMON_WGSL}\n{}", self.wgsl())
+        match self {
+            Kernel::Fill | Kernel::Verify | Kernel::Copy => format!("{PARAMS_WGSL}\n{COMMON_WGSL}\n{}", self.wgsl()),
+            Kernel::MatVec => format!("{COMMON_WGSL}\n{}", self.wgsl()),
+        }
     }
 
     /// Its storage buffer bindings in set 0 (bindings `0..n`).
@@ -74,6 +87,7 @@ impl Kernel {
         match self {
             Kernel::Fill => 1,
             Kernel::Verify | Kernel::Copy => 2,
+            Kernel::MatVec => 3,
         }
     }
 
@@ -82,6 +96,7 @@ impl Kernel {
         match self {
             Kernel::Fill => binding == 0,
             Kernel::Verify | Kernel::Copy => binding == 1,
+            Kernel::MatVec => binding == 2,
         }
     }
 }
@@ -143,7 +158,7 @@ pub fn spirv(kernel: Kernel) -> Result<Vec<u32>, KernelError> {
     // into the binding instead; fill and copy skip writes and read zero out of range.
     let checks = match kernel {
         Kernel::Verify => naga::proc::BoundsCheckPolicy::Restrict,
-        Kernel::Fill | Kernel::Copy => naga::proc::BoundsCheckPolicy::ReadZeroSkipWrite,
+        Kernel::Fill | Kernel::Copy | Kernel::MatVec => naga::proc::BoundsCheckPolicy::ReadZeroSkipWrite,
     };
     let mut flags = naga::back::spv::WriterFlags::empty();
     if cfg!(debug_assertions) {
@@ -171,6 +186,31 @@ pub fn pattern_word(id: u32, index: u32) -> u32 {
     h = h.wrapping_mul(0xC2B2_AE35);
     h ^= h >> 16;
     h
+}
+
+/// The CPU twin of the matvec kernel: the `rows` words of y that `y = A x` writes, given A's words (`rows x
+/// cols`, row-major, `matrix.len() >= rows * cols`) and x's (`input.len() >= cols`) as they are in memory, with
+/// `row_base` the global index of the first row (0 for a whole matrix):
+/// `y[r] = pattern_word(output_id, row) + (sum_j A[r][j] * x[j] - sum_j pattern_word(matrix_id, row * cols + j) *
+/// pattern_word(input_id, j))`, `row = row_base + r`, all wrapping. With A and x holding their patterns, y is
+/// exactly `output_id`'s pattern.
+pub fn matvec_words(matrix: &[u32], input: &[u32], cols: u32, row_base: u32, ids: MatVecIds) -> Vec<u32> {
+    let cols_usize = cols as usize;
+    let rows = matrix.len().checked_div(cols_usize).unwrap_or(0);
+    (0..rows)
+        .map(|r| {
+            let row = row_base.wrapping_add(r as u32);
+            let mut dot = 0u32;
+            let mut expected = 0u32;
+            for j in 0..cols {
+                let a = matrix[r * cols_usize + j as usize];
+                dot = dot.wrapping_add(a.wrapping_mul(input[j as usize]));
+                let pattern_a = pattern_word(ids.matrix, row.wrapping_mul(cols).wrapping_add(j));
+                expected = expected.wrapping_add(pattern_a.wrapping_mul(pattern_word(ids.input, j)));
+            }
+            pattern_word(ids.output, row).wrapping_add(dot.wrapping_sub(expected))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -227,6 +267,26 @@ mod tests {
         h ^= h >> 13;
         h = h.wrapping_mul(0xC2B2_AE35);
         h ^ (h >> 16)
+    }
+
+    /// The CPU twin by hand: a 2 x 2 matrix, the dot product and its expected value written out.
+    #[test]
+    fn matvec_twin_by_hand() {
+        let ids = MatVecIds { matrix: 1, input: 2, output: 3 };
+        let (matrix, input) = ([1_u32, 2, 3, 4], [5_u32, u32::MAX]);
+        let p = pattern_word;
+        let y = matvec_words(&matrix, &input, 2, 10, ids);
+        // Rows 10 and 11: A's pattern indices 20, 21 and 22, 23.
+        let row = |r: u32, dot: u32| {
+            let expected = p(1, 2 * r).wrapping_mul(p(2, 0)).wrapping_add(p(1, 2 * r + 1).wrapping_mul(p(2, 1)));
+            p(3, r).wrapping_add(dot.wrapping_sub(expected))
+        };
+        assert_eq!(y, [row(10, 5_u32.wrapping_sub(2)), row(11, 15_u32.wrapping_sub(4))]);
+        // Inputs holding their patterns give the output's pattern.
+        let a: Vec<u32> = (0..12).map(|index| p(1, index)).collect();
+        let x: Vec<u32> = (0..4).map(|index| p(2, index)).collect();
+        assert_eq!(matvec_words(&a, &x, 4, 0, ids), [p(3, 0), p(3, 1), p(3, 2)]);
+        assert!(matvec_words(&[], &x, 4, 0, ids).is_empty());
     }
 
     #[test]
