@@ -13,7 +13,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod bench;
 mod plan;
+pub mod workload;
 
 pub use plan::{
     Binding, BindingLimits, Dispatch, MAX_WORKGROUPS, MatVecIds, MatVecParams, Op, Params, SizedBuffer, VerifyResult, plan,
