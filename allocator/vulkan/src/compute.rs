@@ -59,6 +59,12 @@ impl ComputeBuffer<'_> {
     pub fn buffer(&self) -> vk::Buffer {
         self.buffer
     }
+
+    /// A buffer of `context`'s device that lives (bound to live memory, or sparse with only live ranges handed to
+    /// the kernels) for `'a`, the borrow of its owner: for the crate's own heaps.
+    pub(crate) fn borrowed<'a>(context: &VulkanContext, buffer: vk::Buffer, size_bytes: u64) -> ComputeBuffer<'a> {
+        ComputeBuffer { device: context.device().handle(), buffer, size_bytes, _lifetime: PhantomData }
+    }
 }
 
 impl SizedBuffer for ComputeBuffer<'_> {

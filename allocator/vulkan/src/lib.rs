@@ -20,6 +20,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
+mod bench_target;
 pub mod compute;
 mod contenders;
 mod context;
@@ -29,11 +30,13 @@ mod margins;
 pub mod memory_types;
 mod paged;
 mod properties;
+mod pytorch_heap;
 mod selection;
 mod source;
 mod sparse;
 mod transfer;
 
+pub use bench_target::{VulkanHandle, VulkanTarget};
 pub use contenders::{DeviceContender, replay_on_device};
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};
 pub use error::VulkanError;
@@ -41,6 +44,7 @@ pub use gpu_allocator_heap::{GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocato
 pub use margins::{Corruption, GuardedAllocation, GuardedHeap, MAGIC, MarginError, MarginLayout, Side};
 pub use paged::{DevicePagedConfig, DevicePagedHeap, DevicePagedStats};
 pub use properties::{DeviceFeatures, DeviceLimits, DeviceProperties, HeapBudget, QueueFamilyInfo, SparseProperties};
+pub use pytorch_heap::{PytorchDeviceConfig, PytorchDeviceHeap};
 pub use selection::{DeviceCandidate, VENDORS, select_device};
 pub use source::{BLOCK_BUFFER_USAGE, BlockInfo, DeviceMemorySource, DeviceSourceConfig, LeakReport, LeakedBlock};
 pub use sparse::{BindLatency, BindLayout, PagePool, PageRef, SparseBuffer, SparseConfig, SparseStats, measure_bind_latency};

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use ash::vk;
 use heapscope_core::{Allocation, DeviceEvent, PagedConfig, PagedHeap, PagedStats, PolicyKind, Request};
 
+use crate::compute::ComputeBuffer;
 use crate::sparse::{SparseBuffer, SparseConfig, SparseStats};
 use crate::{VulkanContext, VulkanError};
 
@@ -23,6 +24,9 @@ pub struct DevicePagedConfig {
     pub pages_per_chunk: u32,
     /// At most this many live sparse mappings.
     pub max_live_mappings: u64,
+    /// The heap's page size, a multiple of the sparse page size (a larger page maps whole runs of sparse pages);
+    /// `None`: the sparse page size.
+    pub page_bytes: Option<u64>,
 }
 
 impl DevicePagedConfig {
@@ -34,6 +38,7 @@ impl DevicePagedConfig {
             policy: PolicyKind::Tlsf,
             pages_per_chunk: SparseConfig::DEFAULT_PAGES_PER_CHUNK,
             max_live_mappings: SparseConfig::DEFAULT_MAX_LIVE_MAPPINGS,
+            page_bytes: None,
         }
     }
 }
@@ -55,10 +60,12 @@ pub struct DevicePagedHeap {
 }
 
 impl DevicePagedHeap {
-    /// A heap over a new sparse buffer of `config.virtual_bytes`, pages of the buffer's sparse page size.
+    /// A heap over a new sparse buffer of `config.virtual_bytes`, pages of the buffer's sparse page size (or of
+    /// `config.page_bytes`, a multiple of it).
     ///
     /// # Errors
-    /// What [`SparseBuffer::new`] returns; [`VulkanError::Heap`] for settings the heap refuses.
+    /// What [`SparseBuffer::new`] returns; [`VulkanError::InvalidArgument`] for a page size that is not a
+    /// multiple of the sparse page size; [`VulkanError::Heap`] for settings the heap refuses.
     pub fn new(context: Arc<VulkanContext>, config: DevicePagedConfig) -> Result<Self, VulkanError> {
         let sparse = SparseBuffer::new(
             context,
@@ -69,7 +76,13 @@ impl DevicePagedHeap {
                 max_live_mappings: config.max_live_mappings,
             },
         )?;
-        let page_bytes = sparse.page_bytes();
+        let sparse_page_bytes = sparse.page_bytes();
+        let page_bytes = config.page_bytes.unwrap_or(sparse_page_bytes);
+        if page_bytes == 0 || !page_bytes.is_multiple_of(sparse_page_bytes) {
+            return Err(VulkanError::InvalidArgument(format!(
+                "page size {page_bytes} B: must be a multiple of the sparse page size ({sparse_page_bytes} B)"
+            )));
+        }
         let mut paged = PagedConfig::new(config.capacity_bytes);
         paged.policy = config.policy;
         paged.page_bytes = page_bytes;
@@ -132,6 +145,12 @@ impl DevicePagedHeap {
     /// The sparse buffer holding the allocations.
     pub fn buffer(&self) -> vk::Buffer {
         self.sparse.buffer()
+    }
+
+    /// The sparse buffer as a kernel target: an allocation's bytes are at its offset. Only the ranges of live
+    /// allocations are resident; call [`DevicePagedHeap::wait_binds`] before the kernels run.
+    pub fn compute_buffer(&self) -> ComputeBuffer<'_> {
+        ComputeBuffer::borrowed(self.sparse.context(), self.sparse.buffer(), self.sparse.size_bytes())
     }
 
     /// The sparse buffer (its page size, pool, timeline).

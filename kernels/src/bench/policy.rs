@@ -86,14 +86,19 @@ pub struct BenchSettings {
     pub alloc_conf: AllocConf,
     /// Alignment of every request (PyTorch's 512 B).
     pub align_bytes: u64,
+    /// Block sizes of the heap policies are multiples of this on every backend (a device's own block alignment
+    /// is usually smaller), so simulated and device runs reserve the same blocks.
+    pub block_alignment_bytes: u64,
 }
 
 impl BenchSettings {
     /// The default page size of `paged`: 64 KiB, the sparse page of discrete GPUs (a multiple of lavapipe's 4 KiB).
     pub const DEFAULT_PAGE_BYTES: u64 = 64 << 10;
+    /// The default block alignment of the heap policies: 64 KiB.
+    pub const DEFAULT_BLOCK_ALIGNMENT_BYTES: u64 = 64 << 10;
 
-    /// Defaults under `budget_bytes`: the core's heap rules, 64 KiB pages in a virtual range of four times the
-    /// budget (1 GiB without one), PyTorch's default settings, 512-byte alignment.
+    /// Defaults under `budget_bytes`: the core's heap rules in blocks aligned to 64 KiB, 64 KiB pages in a virtual
+    /// range of four times the budget (1 GiB without one), PyTorch's default settings, 512-byte alignment.
     pub fn new(budget_bytes: Option<u64>) -> Self {
         Self {
             budget_bytes,
@@ -102,6 +107,7 @@ impl BenchSettings {
             virtual_bytes: budget_bytes.map_or(1 << 30, |budget| budget.saturating_mul(4)),
             alloc_conf: AllocConf::default(),
             align_bytes: 512,
+            block_alignment_bytes: Self::DEFAULT_BLOCK_ALIGNMENT_BYTES,
         }
     }
 
@@ -134,7 +140,7 @@ pub fn run_simulated(workload: &Workload, policy: BenchPolicy, settings: &BenchS
     match policy {
         BenchPolicy::Heap(kind) => {
             let device = settings.budget_bytes.unwrap_or(UNLIMITED_DEVICE_BYTES);
-            let source = SimulatedSource::new(device, SimulatedSource::DEFAULT_ALIGNMENT_BYTES);
+            let source = SimulatedSource::new(device, settings.block_alignment_bytes);
             let heap = Heap::new(settings.heap_config(kind), source).map_err(invalid)?;
             run(workload, &mut SimTarget::new(heap, align))
         }
