@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use heapscope_kernels::bench::{BenchPolicy, BenchSettings, RunReport, run, run_simulated};
 use heapscope_kernels::workload::{ChurnConfig, KvLayout, ServeConfig, ServeModel, Workload, churn, serve};
 use heapscope_vulkan::VulkanTarget;
