@@ -382,6 +382,7 @@ fn json_line(policy: BenchPolicy, workload: &Workload, device: &Device, budget: 
         "bytes_verified": report.ops.bytes_verified,
         "matvecs": report.ops.matvecs,
         "copies": report.ops.copies,
+        "batches": report.batches,
         "allocs_per_sec": report.allocs_per_sec(),
         "wall_ms": report.wall.as_secs_f64() * 1000.0,
     })

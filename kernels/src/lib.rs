@@ -1,15 +1,30 @@
 //! # heapscope-kernels
 //!
-//! heapscope's GPU compute kernels, as data: WGSL sources (fill, verify, copy), their compilation to SPIR-V
-//! words with naga (parsed, validated, written; no external compiler), the CPU twin of the fill pattern, and the
-//! pure description of a workload ([`Op`]) and of the dispatches that run it ([`plan`]: ranges split to fit a
-//! storage buffer binding). No Vulkan here: `heapscope_vulkan::compute` runs the dispatches on a device.
+//! heapscope's GPU compute kernels as data, the workloads that use them, and the device-free bench runner.
+//!
+//! - **Kernels**: WGSL sources (fill, verify, copy, and the matvec compute payload), their compilation to SPIR-V
+//!   words with naga (parsed, validated, written; no external compiler), the CPU twins ([`pattern_word`],
+//!   [`verify_words`], [`matvec_words`]), and the pure description of a workload ([`Op`]) and of the dispatches that
+//!   run it ([`plan`]: ranges split to fit a storage buffer binding). No device here: `heapscope_vulkan::compute`
+//!   runs the dispatches.
+//! - **Workloads** ([`workload`]): deterministic streams of alloc / free / compute steps that behave like GPU
+//!   programs — `train`, `serve`, `churn`, `replay` of a recording — with their knobs and default budgets.
+//! - **Bench runner** ([`bench`]): plays a workload on a [`bench::Target`] (allocate, free, run ops on handles,
+//!   say what is reserved; no device types), filling every allocation with its pattern, running the payload,
+//!   verifying before each free, in batches ordered so that no memory is freed or unmapped under a pending kernel;
+//!   the simulated target runs the core's heaps with no device.
 //!
 //! ## The pattern
 //! Word `index` of allocation `id` holds [`pattern_word`]`(id, index)`:
 //! `h = ((id + 1) * 0x9E3779B1) ^ (index * 0x85EBCA77)` (wrapping), then murmur3's `fmix32` finaliser
 //! (`h ^= h >> 16; h *= 0x85EBCA6B; h ^= h >> 13; h *= 0xC2B2AE35; h ^= h >> 16`). Neighbouring words and
 //! neighbouring allocations differ, so a fill that lands on another allocation's bytes is seen by its verify.
+//!
+//! ## The payload
+//! The matvec kernel computes one step of `y = A x` over u32 words (wrapping) and folds the result into y's own
+//! pattern: `y[row] = pattern_word(y, row) + (sum_j A[row][j] x[j] - sum_j pattern_word(A, row * cols + j)
+//! pattern_word(x, j))`. With A and x intact, y holds exactly its pattern, so the verify kernel checks the result
+//! like any fill; a word of A or x overwritten by an overlapping allocation shows up in y.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -10,6 +10,10 @@
 //! - [`SparseBuffer`] (`sparse`): a sparse-residency buffer whose pages are bound on demand from a [`PagePool`]
 //!   with `vkQueueBindSparse`, and [`measure_bind_latency`].
 //! - [`DevicePagedHeap`] (`paged`): a [`heapscope_core::PagedHeap`] whose mapped pages are bound in a sparse buffer.
+//! - [`PytorchDeviceHeap`] (`pytorch_heap`): PyTorch's caching allocator (the core's `CachingHeap`) with each
+//!   segment a dedicated `vkAllocateMemory` block and each expandable segment a sparse buffer.
+//! - [`VulkanTarget`] (`bench_target`): the bench runner's `Target` on the device, every contender's allocations
+//!   filled, computed on and verified by the kernels.
 //! - [`Transfer`] (`transfer`): staging copies into and out of device buffers on the compute queue.
 //! - [`GpuAllocatorHeap`] (`gpu_allocator_heap`): gpu-allocator 0.28 as a [`heapscope_core::DeviceHeap`], a
 //!   contender on the same device.

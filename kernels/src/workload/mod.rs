@@ -176,9 +176,9 @@ impl fmt::Display for Workload {
     }
 }
 
-/// Columns and rows of a matvec at most: 64 Ki multiply-adds a step, real work that stays quick on a CPU
+/// Columns and rows of a matvec at most: 16 Ki multiply-adds a step, real work that stays quick on a CPU
 /// device.
-pub const MATVEC_MAX_SIDE: u32 = 256;
+pub const MATVEC_MAX_SIDE: u32 = 128;
 
 /// Builds a stream: fresh ids, sizes remembered for matvec shapes.
 #[derive(Debug, Default)]

@@ -94,7 +94,7 @@ impl TrainModel {
     }
 }
 
-/// One layer's activations: input, qkv, scores, attention output, MLP up, MLP activation.
+/// One layer's activations: qkv, attention scores, attention output, MLP up, MLP activation.
 #[derive(Clone, Copy, Debug)]
 struct Activations {
     qkv: u32,
