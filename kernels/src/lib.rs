@@ -9,7 +9,7 @@
 //!   runs the dispatches.
 //! - **Workloads** ([`workload`]): deterministic streams of alloc / free / compute steps that behave like GPU
 //!   programs — `train`, `serve`, `churn`, `replay` of a recording — with their knobs and default budgets.
-//! - **Bench runner** ([`bench`]): plays a workload on a [`bench::Target`] (allocate, free, run ops on handles,
+//! - **Bench runner** ([`mod@bench`]): plays a workload on a [`bench::Target`] (allocate, free, run ops on handles,
 //!   say what is reserved; no device types), filling every allocation with its pattern, running the payload,
 //!   verifying before each free, in batches ordered so that no memory is freed or unmapped under a pending kernel;
 //!   the simulated target runs the core's heaps with no device.
