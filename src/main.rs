@@ -4,6 +4,7 @@
 #[macro_use]
 mod output;
 
+mod bench;
 mod compare;
 mod convert;
 mod demo;
@@ -44,6 +45,9 @@ enum Command {
     Policies,
     /// List every Vulkan adapter: heaps, memory types, budget, sparse support and measured bind latencies.
     Probe(probe::ProbeArgs),
+    /// Run a workload (train, serve, churn, replay FILE) through the contenders on a device, kernels verifying
+    /// every allocation: peak memory, out-of-memory verdicts, mismatches, speed.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +60,7 @@ fn main() -> ExitCode {
         Command::Export(args) => export::run_export(&args),
         Command::Convert(args) => convert::run(&args),
         Command::Probe(args) => probe::run(&args),
+        Command::Bench(args) => bench::run_bench(&args),
         Command::Policies => {
             options::print_policies();
             Ok(())

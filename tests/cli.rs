@@ -31,7 +31,7 @@ fn asset(name: &str) -> PathBuf {
 fn help_and_version() {
     let help = heapscope(&["--help"]);
     assert!(help.status.success());
-    for command in ["demo", "replay", "compare", "summary", "export", "convert", "policies", "probe"] {
+    for command in ["demo", "replay", "compare", "summary", "export", "convert", "policies", "probe", "bench"] {
         assert!(stdout(&help).contains(command), "--help lists {command}: {}", stdout(&help));
     }
     let version = heapscope(&["--version"]);

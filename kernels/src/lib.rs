@@ -1,22 +1,42 @@
 //! # heapscope-kernels
 //!
-//! heapscope's GPU compute kernels, as data: WGSL sources (fill, verify, copy), their compilation to SPIR-V
-//! words with naga (parsed, validated, written; no external compiler), the CPU twin of the fill pattern, and the
-//! pure description of a workload ([`Op`]) and of the dispatches that run it ([`plan`]: ranges split to fit a
-//! storage buffer binding). No Vulkan here: `heapscope_vulkan::compute` runs the dispatches on a device.
+//! heapscope's GPU compute kernels as data, the workloads that use them, and the device-free bench runner.
+//!
+//! - **Kernels**: WGSL sources (fill, verify, copy, and the matvec compute payload), their compilation to SPIR-V
+//!   words with naga (parsed, validated, written; no external compiler), the CPU twins ([`pattern_word`],
+//!   [`verify_words`], [`matvec_words`]), and the pure description of a workload ([`Op`]) and of the dispatches that
+//!   run it ([`plan`]: ranges split to fit a storage buffer binding). No device here: `heapscope_vulkan::compute`
+//!   runs the dispatches.
+//! - **Workloads** ([`workload`]): deterministic streams of alloc / free / compute steps that behave like GPU
+//!   programs — `train`, `serve`, `churn`, `replay` of a recording — with their knobs and default budgets.
+//! - **Bench runner** ([`mod@bench`]): plays a workload on a [`bench::Target`] (allocate, free, run ops on handles,
+//!   say what is reserved; no device types), filling every allocation with its pattern, running the payload,
+//!   verifying before each free, in batches ordered so that no memory is freed or unmapped under a pending kernel;
+//!   the simulated target runs the core's heaps with no device.
 //!
 //! ## The pattern
 //! Word `index` of allocation `id` holds [`pattern_word`]`(id, index)`:
 //! `h = ((id + 1) * 0x9E3779B1) ^ (index * 0x85EBCA77)` (wrapping), then murmur3's `fmix32` finaliser
 //! (`h ^= h >> 16; h *= 0x85EBCA6B; h ^= h >> 13; h *= 0xC2B2AE35; h ^= h >> 16`). Neighbouring words and
 //! neighbouring allocations differ, so a fill that lands on another allocation's bytes is seen by its verify.
+//!
+//! ## The payload
+//! The matvec kernel computes one step of `y = A x` over u32 words (wrapping) and folds the result into y's own
+//! pattern: `y[row] = pattern_word(y, row) + (sum_j A[row][j] x[j] - sum_j pattern_word(A, row * cols + j)
+//! pattern_word(x, j))`. With A and x intact, y holds exactly its pattern, so the verify kernel checks the result
+//! like any fill; a word of A or x overwritten by an overlapping allocation shows up in y.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod bench;
 mod plan;
+pub mod workload;
 
 pub use naga;
-pub use plan::{Binding, BindingLimits, Dispatch, MAX_WORKGROUPS, Op, Params, SizedBuffer, VerifyResult, plan, verify_words};
+pub use plan::{
+    Binding, BindingLimits, Dispatch, MAX_WORKGROUPS, MatVecIds, MatVecParams, Op, Params, SizedBuffer, VerifyResult, plan,
+    verify_words,
+};
 
 use std::fmt;
 
@@ -30,9 +50,10 @@ pub const PARAMS_BYTES: u32 = 32;
 pub const ENTRY_POINT: &str = "main";
 
 const COMMON_WGSL: &str = include_str!("wgsl/common.wgsl");
+const PARAMS_WGSL: &str = include_str!("wgsl/params.wgsl");
 
-/// The declaration of the parameters in `common.wgsl` (push constants), which [`ParamsBinding::Uniform`] replaces.
-const IMMEDIATE_PARAMS: &str = "var<immediate> params: Params;";
+/// How a kernel's source declares its parameters as push constants, which [`ParamsBinding::Uniform`] replaces.
+const IMMEDIATE: &str = "var<immediate> ";
 
 /// The bind group of the uniform parameter block in [`ParamsBinding::Uniform`] sources (binding 0 of it).
 pub const UNIFORM_PARAMS_GROUP: u32 = 1;
@@ -62,11 +83,14 @@ pub enum Kernel {
     Verify,
     /// Copies a range (binding 0, read) to another (binding 1, read-write).
     Copy,
+    /// The compute payload: one step of `y = A x` over u32 words, A (binding 0) and x (binding 1) read, y
+    /// (binding 2) written, the result folded into y's pattern (see [`matvec_words`]).
+    MatVec,
 }
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 3] = [Kernel::Fill, Kernel::Verify, Kernel::Copy];
+    pub const ALL: [Kernel; 4] = [Kernel::Fill, Kernel::Verify, Kernel::Copy, Kernel::MatVec];
 
     /// Its name.
     pub fn name(self) -> &'static str {
@@ -74,6 +98,7 @@ impl Kernel {
             Kernel::Fill => "fill",
             Kernel::Verify => "verify",
             Kernel::Copy => "copy",
+            Kernel::MatVec => "matvec",
         }
     }
 
@@ -83,24 +108,31 @@ impl Kernel {
             Kernel::Fill => include_str!("wgsl/fill.wgsl"),
             Kernel::Verify => include_str!("wgsl/verify.wgsl"),
             Kernel::Copy => include_str!("wgsl/copy.wgsl"),
+            Kernel::MatVec => include_str!("wgsl/matvec.wgsl"),
         }
     }
 
-    /// The WGSL naga compiles: the shared part (`common.wgsl`: push constants, pattern) then the kernel.
+    /// The WGSL naga compiles: the range kernels' push constants (`params.wgsl`; matvec declares its own), the
+    /// shared part (`common.wgsl`: workgroup size, pattern), then the kernel.
     pub fn full_source(self) -> String {
         self.source(ParamsBinding::PushConstants)
     }
 
     /// The whole WGSL with the parameters declared as `params` says: [`Kernel::full_source`] for push
-    /// constants; for a uniform buffer, the `var<immediate>` declaration of `common.wgsl` replaced by
-    /// `@group(1) @binding(0) var<uniform>` (the rest is the same text).
+    /// constants; for a uniform buffer, the one `var<immediate>` declaration (of [`Params`] in `params.wgsl` for
+    /// the range kernels, of [`MatVecParams`] in `matvec.wgsl`) replaced by `@group(1) @binding(0) var<uniform>`
+    /// (the rest is the same text).
     pub fn source(self, params: ParamsBinding) -> String {
-        let common = match params {
-            ParamsBinding::PushConstants => COMMON_WGSL.to_owned(),
-            ParamsBinding::Uniform => COMMON_WGSL
-                .replace(IMMEDIATE_PARAMS, &format!("@group({UNIFORM_PARAMS_GROUP}) @binding(0) var<uniform> params: Params;")),
+        let text = match self {
+            Kernel::Fill | Kernel::Verify | Kernel::Copy => format!("{PARAMS_WGSL}\n{COMMON_WGSL}\n{}", self.wgsl()),
+            Kernel::MatVec => format!("{COMMON_WGSL}\n{}", self.wgsl()),
         };
-        format!("{common}\n{}", self.wgsl())
+        match params {
+            ParamsBinding::PushConstants => text,
+            ParamsBinding::Uniform => {
+                text.replacen(IMMEDIATE, &format!("@group({UNIFORM_PARAMS_GROUP}) @binding(0) var<uniform> "), 1)
+            }
+        }
     }
 
     /// Its storage buffer bindings in set 0 (bindings `0..n`).
@@ -108,6 +140,7 @@ impl Kernel {
         match self {
             Kernel::Fill => 1,
             Kernel::Verify | Kernel::Copy => 2,
+            Kernel::MatVec => 3,
         }
     }
 
@@ -116,6 +149,7 @@ impl Kernel {
         match self {
             Kernel::Fill => binding == 0,
             Kernel::Verify | Kernel::Copy => binding == 1,
+            Kernel::MatVec => binding == 2,
         }
     }
 }
@@ -172,7 +206,7 @@ pub fn spirv(kernel: Kernel) -> Result<Vec<u32>, KernelError> {
     // into the binding instead; fill and copy skip writes and read zero out of range.
     let checks = match kernel {
         Kernel::Verify => naga::proc::BoundsCheckPolicy::Restrict,
-        Kernel::Fill | Kernel::Copy => naga::proc::BoundsCheckPolicy::ReadZeroSkipWrite,
+        Kernel::Fill | Kernel::Copy | Kernel::MatVec => naga::proc::BoundsCheckPolicy::ReadZeroSkipWrite,
     };
     let mut flags = naga::back::spv::WriterFlags::empty();
     if cfg!(debug_assertions) {
@@ -221,6 +255,31 @@ pub fn pattern_word(id: u32, index: u32) -> u32 {
     h
 }
 
+/// The CPU twin of the matvec kernel: the `rows` words of y that `y = A x` writes, given A's words (`rows x
+/// cols`, row-major, `matrix.len() >= rows * cols`) and x's (`input.len() >= cols`) as they are in memory, with
+/// `row_base` the global index of the first row (0 for a whole matrix):
+/// `y[r] = pattern_word(output_id, row) + (sum_j A[r][j] * x[j] - sum_j pattern_word(matrix_id, row * cols + j) *
+/// pattern_word(input_id, j))`, `row = row_base + r`, all wrapping. With A and x holding their patterns, y is
+/// exactly `output_id`'s pattern.
+pub fn matvec_words(matrix: &[u32], input: &[u32], cols: u32, row_base: u32, ids: MatVecIds) -> Vec<u32> {
+    let cols_usize = cols as usize;
+    let rows = matrix.len().checked_div(cols_usize).unwrap_or(0);
+    (0..rows)
+        .map(|r| {
+            let row = row_base.wrapping_add(r as u32);
+            let mut dot = 0u32;
+            let mut expected = 0u32;
+            for j in 0..cols {
+                let a = matrix[r * cols_usize + j as usize];
+                dot = dot.wrapping_add(a.wrapping_mul(input[j as usize]));
+                let pattern_a = pattern_word(ids.matrix, row.wrapping_mul(cols).wrapping_add(j));
+                expected = expected.wrapping_add(pattern_a.wrapping_mul(pattern_word(ids.input, j)));
+            }
+            pattern_word(ids.output, row).wrapping_add(dot.wrapping_sub(expected))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,14 +297,18 @@ mod tests {
     /// capability (so it runs on any wgpu backend).
     #[test]
     fn every_params_binding_validates() {
-        assert_eq!(COMMON_WGSL.matches(IMMEDIATE_PARAMS).count(), 1, "common.wgsl declares the push constants once");
         for kernel in Kernel::ALL {
+            assert_eq!(kernel.full_source().matches(IMMEDIATE).count(), 1, "{kernel} declares its push constants once");
             for params in ParamsBinding::ALL {
                 validate(kernel, params).unwrap_or_else(|error| panic!("{kernel} {params:?}: {error}"));
             }
             let uniform = kernel.source(ParamsBinding::Uniform);
             assert!(!uniform.contains("var<immediate>"), "{kernel}");
-            assert!(uniform.contains("@group(1) @binding(0) var<uniform> params: Params;"), "{kernel}");
+            let declaration = match kernel {
+                Kernel::MatVec => "@group(1) @binding(0) var<uniform> mv: MatVecParams;",
+                _ => "@group(1) @binding(0) var<uniform> params: Params;",
+            };
+            assert!(uniform.contains(declaration), "{kernel}");
             assert_eq!(uniform.lines().count(), kernel.full_source().lines().count(), "{kernel}: one line differs");
         }
     }
@@ -291,6 +354,26 @@ mod tests {
         h ^= h >> 13;
         h = h.wrapping_mul(0xC2B2_AE35);
         h ^ (h >> 16)
+    }
+
+    /// The CPU twin by hand: a 2 x 2 matrix, the dot product and its expected value written out.
+    #[test]
+    fn matvec_twin_by_hand() {
+        let ids = MatVecIds { matrix: 1, input: 2, output: 3 };
+        let (matrix, input) = ([1_u32, 2, 3, 4], [5_u32, u32::MAX]);
+        let p = pattern_word;
+        let y = matvec_words(&matrix, &input, 2, 10, ids);
+        // Rows 10 and 11: A's pattern indices 20, 21 and 22, 23.
+        let row = |r: u32, dot: u32| {
+            let expected = p(1, 2 * r).wrapping_mul(p(2, 0)).wrapping_add(p(1, 2 * r + 1).wrapping_mul(p(2, 1)));
+            p(3, r).wrapping_add(dot.wrapping_sub(expected))
+        };
+        assert_eq!(y, [row(10, 5_u32.wrapping_sub(2)), row(11, 15_u32.wrapping_sub(4))]);
+        // Inputs holding their patterns give the output's pattern.
+        let a: Vec<u32> = (0..12).map(|index| p(1, index)).collect();
+        let x: Vec<u32> = (0..4).map(|index| p(2, index)).collect();
+        assert_eq!(matvec_words(&a, &x, 4, 0, ids), [p(3, 0), p(3, 1), p(3, 2)]);
+        assert!(matvec_words(&[], &x, 4, 0, ids).is_empty());
     }
 
     #[test]

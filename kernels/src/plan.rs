@@ -52,6 +52,41 @@ pub enum Op<B> {
         /// The length.
         len_bytes: u64,
     },
+    /// The compute payload, one step of `y = A x` over u32 words ([`crate::matvec_words`] is its CPU twin): A is
+    /// `rows x cols` words row-major at `matrix_offset_bytes` of `matrix`, x `cols` words at `input_offset_bytes`
+    /// of `input`, y `rows` words at `output_offset_bytes` of `output` (y must not overlap A or x). With A and x
+    /// holding the patterns of `ids.matrix` and `ids.input`, y gets exactly `ids.output`'s pattern.
+    MatVec {
+        /// The buffer holding A.
+        matrix: B,
+        /// Where A starts.
+        matrix_offset_bytes: u64,
+        /// The buffer holding x.
+        input: B,
+        /// Where x starts.
+        input_offset_bytes: u64,
+        /// The buffer holding y.
+        output: B,
+        /// Where y starts.
+        output_offset_bytes: u64,
+        /// Rows of A (words of y).
+        rows: u32,
+        /// Columns of A (words of x).
+        cols: u32,
+        /// The pattern ids of A, x and y.
+        ids: MatVecIds,
+    },
+}
+
+/// The allocation ids whose patterns a matvec's A, x and y hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MatVecIds {
+    /// A's id.
+    pub matrix: u32,
+    /// x's id.
+    pub input: u32,
+    /// y's id.
+    pub output: u32,
 }
 
 impl<B> Op<B> {
@@ -61,6 +96,68 @@ impl<B> Op<B> {
             Op::Fill { .. } => Kernel::Fill,
             Op::Verify { .. } => Kernel::Verify,
             Op::Copy { .. } => Kernel::Copy,
+            Op::MatVec { .. } => Kernel::MatVec,
+        }
+    }
+
+    /// The same op on other buffers: `place` turns each buffer into a buffer and the offset its bytes start at
+    /// there (an allocation handle into its block's buffer and its offset in the block), added to the op's offsets.
+    pub fn placed<C>(self, mut place: impl FnMut(B) -> (C, u64)) -> Op<C> {
+        match self {
+            Op::Fill { target, offset_bytes, len_bytes, id } => {
+                let (target, base) = place(target);
+                Op::Fill { target, offset_bytes: base + offset_bytes, len_bytes, id }
+            }
+            Op::Verify { target, offset_bytes, len_bytes, id } => {
+                let (target, base) = place(target);
+                Op::Verify { target, offset_bytes: base + offset_bytes, len_bytes, id }
+            }
+            Op::Copy { src, src_offset_bytes, dst, dst_offset_bytes, len_bytes } => {
+                let (src, src_base) = place(src);
+                let (dst, dst_base) = place(dst);
+                Op::Copy {
+                    src,
+                    src_offset_bytes: src_base + src_offset_bytes,
+                    dst,
+                    dst_offset_bytes: dst_base + dst_offset_bytes,
+                    len_bytes,
+                }
+            }
+            Op::MatVec {
+                matrix,
+                matrix_offset_bytes,
+                input,
+                input_offset_bytes,
+                output,
+                output_offset_bytes,
+                rows,
+                cols,
+                ids,
+            } => {
+                let (matrix, matrix_base) = place(matrix);
+                let (input, input_base) = place(input);
+                let (output, output_base) = place(output);
+                Op::MatVec {
+                    matrix,
+                    matrix_offset_bytes: matrix_base + matrix_offset_bytes,
+                    input,
+                    input_offset_bytes: input_base + input_offset_bytes,
+                    output,
+                    output_offset_bytes: output_base + output_offset_bytes,
+                    rows,
+                    cols,
+                    ids,
+                }
+            }
+        }
+    }
+
+    /// The buffers it reads or writes, in binding order.
+    pub fn buffers(&self) -> Vec<&B> {
+        match self {
+            Op::Fill { target, .. } | Op::Verify { target, .. } => vec![target],
+            Op::Copy { src, dst, .. } => vec![src, dst],
+            Op::MatVec { matrix, input, output, .. } => vec![matrix, input, output],
         }
     }
 }
@@ -124,12 +221,45 @@ impl Params {
 
     /// The push constant block's bytes: the words in the host's byte order, as `vkCmdPushConstants` takes them.
     pub fn bytes(&self) -> [u8; 32] {
-        let mut bytes = [0; 32];
-        for (chunk, word) in bytes.chunks_exact_mut(4).zip(self.words()) {
-            chunk.copy_from_slice(&word.to_ne_bytes());
-        }
-        bytes
+        words_to_bytes(self.words())
     }
+}
+
+/// The push constants of a matvec dispatch (`MatVecParams` in `matvec.wgsl`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MatVecParams {
+    /// First word of A in binding 0 (below 1024).
+    pub matrix_word: u32,
+    /// First word of x in binding 1 (below 1024).
+    pub input_word: u32,
+    /// First word of y in binding 2 (below 1024).
+    pub output_word: u32,
+    /// Rows in this dispatch.
+    pub rows: u32,
+    /// Columns.
+    pub cols: u32,
+    /// The global index of the dispatch's first row.
+    pub row_base: u32,
+    /// The pattern ids.
+    pub ids: MatVecIds,
+}
+
+impl MatVecParams {
+    /// The 8 words of the push constant block: the three leads packed 10 bits each, then rows, cols, row base
+    /// and the ids.
+    pub fn words(&self) -> [u32; 8] {
+        let leads = (self.matrix_word & 0x3FF) | (self.input_word & 0x3FF) << 10 | (self.output_word & 0x3FF) << 20;
+        [leads, self.rows, self.cols, self.row_base, self.ids.matrix, self.ids.input, self.ids.output, 0]
+    }
+}
+
+/// The words of a push constant block in the host's byte order, as `vkCmdPushConstants` takes them.
+fn words_to_bytes(words: [u32; 8]) -> [u8; 32] {
+    let mut bytes = [0; 32];
+    for (chunk, word) in bytes.chunks_exact_mut(4).zip(words) {
+        chunk.copy_from_slice(&word.to_ne_bytes());
+    }
+    bytes
 }
 
 /// What a storage buffer binding may cover on the device.
@@ -157,14 +287,28 @@ pub struct Binding<B> {
 pub struct Dispatch<B> {
     /// The kernel.
     pub kernel: Kernel,
-    /// Binding 0 (fill, verify: the data; copy: the source).
+    /// Binding 0 (fill, verify: the data; copy: the source; matvec: A).
     pub data: Binding<B>,
-    /// Binding 1 for a copy (the destination); a verify binds its result buffer there itself.
+    /// Binding 1 for a copy (the destination) or a matvec (x); a verify binds its result buffer there itself.
     pub dst: Option<Binding<B>>,
-    /// The push constants (`slot` as given to [`plan`]).
+    /// Binding 2 for a matvec (y).
+    pub output: Option<Binding<B>>,
+    /// The push constants of a range kernel (`slot` as given to [`plan`]); unused by a matvec.
     pub params: Params,
-    /// Workgroups along x: enough for one word per thread, at most [`MAX_WORKGROUPS`].
+    /// The push constants of a matvec.
+    pub matvec: Option<MatVecParams>,
+    /// Workgroups along x: enough for one word (matvec: one row) per thread, at most [`MAX_WORKGROUPS`].
     pub workgroups: u32,
+}
+
+impl<B> Dispatch<B> {
+    /// The push constant block to record, with the verify result slot `slot` (the runner's own numbering).
+    pub fn push_constant_bytes(&self, slot: u32) -> [u8; 32] {
+        match self.matvec {
+            Some(matvec) => words_to_bytes(matvec.words()),
+            None => Params { slot, ..self.params }.bytes(),
+        }
+    }
 }
 
 fn check_range(what: &str, size_bytes: u64, offset_bytes: u64, len_bytes: u64) -> Result<(), KernelError> {
@@ -188,13 +332,14 @@ fn bind_start(at: u64, alignment: u64) -> (u64, u64) {
 }
 
 /// The dispatches that run `op`, in order: the range split so that every binding starts at a multiple of
-/// `limits.offset_alignment_bytes` and covers at most `limits.max_range_bytes`. A verify's dispatches all add to
-/// result slot `slot`. An empty range needs no dispatch.
+/// `limits.offset_alignment_bytes` and covers at most `limits.max_range_bytes` (a matvec is split by rows, its
+/// input bound whole). A verify's dispatches all add to result slot `slot`. An empty range needs no dispatch.
 ///
 /// # Errors
 /// [`KernelError::InvalidOp`] for an offset or length not a multiple of 4, a range past the end of its buffer,
-/// a range of more than `u32::MAX` words, overlapping copy ranges in one buffer, or limits that leave no room
-/// (`max_range_bytes < offset_alignment_bytes + 4`).
+/// a range of more than `u32::MAX` words, overlapping copy ranges in one buffer, limits that leave no room
+/// (`max_range_bytes < offset_alignment_bytes + 4`); for a matvec, an output overlapping its matrix or input, an
+/// input or a row longer than a binding, or an offset alignment above 4 KiB.
 pub fn plan<B: SizedBuffer + Copy + PartialEq>(
     op: &Op<B>,
     slot: u32,
@@ -221,6 +366,17 @@ pub fn plan<B: SizedBuffer + Copy + PartialEq>(
                 )));
             }
             (src, src_offset_bytes, Some((dst, dst_offset_bytes)), len_bytes, 0)
+        }
+        Op::MatVec { matrix, matrix_offset_bytes, input, input_offset_bytes, output, output_offset_bytes, rows, cols, ids } => {
+            let operands = MatVecOperands {
+                matrix: (matrix, matrix_offset_bytes),
+                input: (input, input_offset_bytes),
+                output: (output, output_offset_bytes),
+                rows,
+                cols,
+                ids,
+            };
+            return plan_matvec(operands, limits, alignment);
         }
     };
     let total_words = u32::try_from(len_bytes / 4)
@@ -254,8 +410,100 @@ pub fn plan<B: SizedBuffer + Copy + PartialEq>(
             slot,
         };
         let workgroups = count.div_ceil(WORKGROUP_SIZE).clamp(1, MAX_WORKGROUPS);
-        dispatches.push(Dispatch { kernel: op.kernel(), data, dst: dst_binding, params, workgroups });
+        dispatches.push(Dispatch { kernel: op.kernel(), data, dst: dst_binding, output: None, params, matvec: None, workgroups });
         done += count;
+    }
+    Ok(dispatches)
+}
+
+/// A matvec's operands: buffers and byte offsets of A, x and y.
+#[derive(Clone, Copy)]
+struct MatVecOperands<B> {
+    matrix: (B, u64),
+    input: (B, u64),
+    output: (B, u64),
+    rows: u32,
+    cols: u32,
+    ids: MatVecIds,
+}
+
+/// Whether `[a, a + a_len)` and `[b, b + b_len)` share a byte.
+fn overlaps(a: u64, a_len: u64, b: u64, b_len: u64) -> bool {
+    a < b.saturating_add(b_len) && b < a.saturating_add(a_len)
+}
+
+/// The dispatches of a matvec: rows split so that each piece of A and y fits a binding; x is bound whole.
+fn plan_matvec<B: SizedBuffer + Copy + PartialEq>(
+    op: MatVecOperands<B>,
+    limits: BindingLimits,
+    alignment: u64,
+) -> Result<Vec<Dispatch<B>>, KernelError> {
+    if alignment > 4096 {
+        return Err(KernelError::InvalidOp(format!(
+            "matvec: binding offsets aligned to {alignment} bytes leave leads above the 10 bits its push constants hold"
+        )));
+    }
+    let (rows, cols) = (u64::from(op.rows), u64::from(op.cols));
+    let matrix_words = rows
+        .checked_mul(cols)
+        .filter(|&words| words <= u64::from(u32::MAX))
+        .ok_or_else(|| KernelError::InvalidOp(format!("matvec of {rows} x {cols}: more than u32::MAX words in the matrix")))?;
+    let (matrix, matrix_offset) = op.matrix;
+    let (input, input_offset) = op.input;
+    let (output, output_offset) = op.output;
+    check_range("matvec matrix", matrix.size_bytes(), matrix_offset, matrix_words * 4)?;
+    check_range("matvec input", input.size_bytes(), input_offset, cols * 4)?;
+    check_range("matvec output", output.size_bytes(), output_offset, rows * 4)?;
+    let y_overlaps = |(buffer, offset, len): (B, u64, u64)| buffer == output && overlaps(offset, len, output_offset, rows * 4);
+    if y_overlaps((matrix, matrix_offset, matrix_words * 4)) || y_overlaps((input, input_offset, cols * 4)) {
+        return Err(KernelError::InvalidOp("matvec: the output overlaps the matrix or the input".into()));
+    }
+    if rows == 0 || cols == 0 {
+        return Ok(Vec::new());
+    }
+    let max_range = limits.max_range_bytes;
+    let (input_start, input_lead) = bind_start(input_offset, alignment);
+    if input_lead + cols * 4 > max_range {
+        return Err(KernelError::InvalidOp(format!(
+            "matvec: an input of {cols} words does not fit one binding of {max_range} bytes"
+        )));
+    }
+    let input_binding = Binding { buffer: input, offset_bytes: input_start, size_bytes: input_lead + cols * 4 };
+    let word_of = |lead: u64| u32::try_from(lead / 4).unwrap_or(u32::MAX);
+    let mut dispatches = Vec::new();
+    let mut done: u64 = 0;
+    while done < rows {
+        let (matrix_start, matrix_lead) = bind_start(matrix_offset + done * cols * 4, alignment);
+        let (output_start, output_lead) = bind_start(output_offset + done * 4, alignment);
+        let room = ((max_range - matrix_lead) / 4 / cols).min((max_range - output_lead) / 4).min(rows - done);
+        if room == 0 {
+            return Err(KernelError::InvalidOp(format!(
+                "matvec: a row of {cols} words does not fit one binding of {max_range} bytes"
+            )));
+        }
+        let data = Binding { buffer: matrix, offset_bytes: matrix_start, size_bytes: matrix_lead + room * cols * 4 };
+        let output_binding = Binding { buffer: output, offset_bytes: output_start, size_bytes: output_lead + room * 4 };
+        // `rows`, `done` and `room` are at most `op.rows`, a u32.
+        let (room_u32, done_u32) = (room as u32, done as u32);
+        let matvec = MatVecParams {
+            matrix_word: word_of(matrix_lead),
+            input_word: word_of(input_lead),
+            output_word: word_of(output_lead),
+            rows: room_u32,
+            cols: op.cols,
+            row_base: done_u32,
+            ids: op.ids,
+        };
+        dispatches.push(Dispatch {
+            kernel: Kernel::MatVec,
+            data,
+            dst: Some(input_binding),
+            output: Some(output_binding),
+            params: Params::default(),
+            matvec: Some(matvec),
+            workgroups: room_u32.div_ceil(WORKGROUP_SIZE).clamp(1, MAX_WORKGROUPS),
+        });
+        done += room;
     }
     Ok(dispatches)
 }
@@ -275,9 +523,38 @@ mod tests {
 
     const LIMITS: BindingLimits = BindingLimits { max_range_bytes: 1024, offset_alignment_bytes: 64 };
 
+    /// Checks a binding against the limits and returns its words' start in the buffer.
+    fn bound(binding: Binding<Buf>) -> usize {
+        assert_eq!(binding.offset_bytes % LIMITS.offset_alignment_bytes, 0);
+        assert!(binding.size_bytes <= LIMITS.max_range_bytes);
+        assert!(binding.offset_bytes + binding.size_bytes <= binding.buffer.1);
+        (binding.offset_bytes / 4) as usize
+    }
+
+    /// Runs a matvec dispatch on CPU buffers through the CPU twin.
+    fn simulate_matvec(dispatch: &Dispatch<Buf>, memory: &mut [Vec<u32>]) {
+        let p = dispatch.matvec.unwrap();
+        let (input, output) = (dispatch.dst.unwrap(), dispatch.output.unwrap());
+        let (rows, cols) = (p.rows as usize, p.cols as usize);
+        assert!(u64::from(p.matrix_word) * 4 + (rows * cols * 4) as u64 <= dispatch.data.size_bytes);
+        assert!(u64::from(p.input_word) * 4 + (cols * 4) as u64 <= input.size_bytes);
+        assert!(u64::from(p.output_word) * 4 + (rows * 4) as u64 <= output.size_bytes);
+        let a = bound(dispatch.data) + p.matrix_word as usize;
+        let x = bound(input) + p.input_word as usize;
+        let y = bound(output) + p.output_word as usize;
+        let matrix = memory[dispatch.data.buffer.0 as usize][a..a + rows * cols].to_vec();
+        let vector = memory[input.buffer.0 as usize][x..x + cols].to_vec();
+        let words = crate::matvec_words(&matrix, &vector, p.cols, p.row_base, p.ids);
+        memory[output.buffer.0 as usize][y..y + rows].copy_from_slice(&words);
+    }
+
     /// Runs the dispatches on CPU buffers, as the kernels would.
     fn simulate(dispatches: &[Dispatch<Buf>], memory: &mut [Vec<u32>], results: &mut [(u32, u32)]) {
         for dispatch in dispatches {
+            if dispatch.kernel == Kernel::MatVec {
+                simulate_matvec(dispatch, memory);
+                continue;
+            }
             assert_eq!(dispatch.data.offset_bytes % LIMITS.offset_alignment_bytes, 0);
             assert!(dispatch.data.size_bytes <= LIMITS.max_range_bytes);
             assert!(dispatch.data.offset_bytes + dispatch.data.size_bytes <= dispatch.data.buffer.1);
@@ -304,6 +581,7 @@ mod tests {
                         let word = memory[dispatch.data.buffer.0 as usize][at];
                         memory[dst.buffer.0 as usize][to] = word;
                     }
+                    Kernel::MatVec => unreachable!("simulated above"),
                 }
             }
         }
@@ -332,6 +610,97 @@ mod tests {
         assert_eq!(VerifyResult::from_counters(0, u32::MAX), VerifyResult::default());
     }
 
+    /// A matvec whose matrix needs several bindings computes what one pass of the CPU twin does: with A and x
+    /// holding their patterns, y is exactly its own pattern; a word of x overwritten shows up in y.
+    #[test]
+    fn split_matvec_computes_like_one_pass() {
+        let (a, b) = (Buf(0, 8192), Buf(1, 8192));
+        let mut memory = vec![vec![0u32; 2048], vec![0u32; 2048]];
+        let mut results = vec![(0, u32::MAX); 1];
+        let (rows, cols) = (40_u32, 20_u32);
+        let ids = MatVecIds { matrix: 5, input: 6, output: 7 };
+        let fills = [
+            Op::Fill { target: a, offset_bytes: 100, len_bytes: u64::from(rows * cols) * 4, id: ids.matrix },
+            Op::Fill { target: b, offset_bytes: 12, len_bytes: u64::from(cols) * 4, id: ids.input },
+            Op::Fill { target: b, offset_bytes: 4000, len_bytes: u64::from(rows) * 4, id: 99 },
+        ];
+        for op in &fills {
+            simulate(&plan(op, 0, LIMITS).unwrap(), &mut memory, &mut results);
+        }
+        let matvec = Op::MatVec {
+            matrix: a,
+            matrix_offset_bytes: 100,
+            input: b,
+            input_offset_bytes: 12,
+            output: b,
+            output_offset_bytes: 4000,
+            rows,
+            cols,
+            ids,
+        };
+        let dispatches = plan(&matvec, 0, LIMITS).unwrap();
+        assert!(dispatches.len() >= 4, "3200 bytes of matrix in 1 KiB bindings: {} dispatches", dispatches.len());
+        assert_eq!(dispatches.iter().map(|dispatch| dispatch.matvec.unwrap().rows).sum::<u32>(), rows);
+        simulate(&dispatches, &mut memory, &mut results);
+        assert_eq!(verify_words(ids.output, &memory[1][1000..1040]), VerifyResult::default());
+        // One word of x overwritten: every row of y differs (no pattern word of A here is a multiple of 2^32 / delta).
+        memory[1][3 + 7] ^= 0x10;
+        let expected = crate::matvec_words(&memory[0][25..25 + 800], &memory[1][3..3 + 20], cols, 0, ids);
+        simulate(&dispatches, &mut memory, &mut results);
+        assert_eq!(memory[1][1000..1040], expected[..]);
+        let damaged = verify_words(ids.output, &memory[1][1000..1040]);
+        assert_eq!((damaged.mismatches, damaged.first_mismatch), (rows, Some(0)));
+    }
+
+    #[test]
+    fn invalid_matvecs_are_refused() {
+        let (a, b) = (Buf(0, 4096), Buf(1, 4096));
+        let ids = MatVecIds::default();
+        let matvec = |output_offset_bytes, rows, cols| Op::MatVec {
+            matrix: a,
+            matrix_offset_bytes: 0,
+            input: b,
+            input_offset_bytes: 0,
+            output: a,
+            output_offset_bytes,
+            rows,
+            cols,
+            ids,
+        };
+        assert_eq!(plan(&matvec(2048, 16, 16), 0, LIMITS).unwrap().len(), 1);
+        for (op, why) in [
+            (matvec(512, 16, 16), "overlap"),
+            (matvec(2048, 2, 512), "input"),
+            (matvec(2048, 16, 1024), "past the end"),
+            (matvec(2050, 16, 16), "multiples of 4"),
+        ] {
+            let error = plan(&op, 0, LIMITS).unwrap_err().to_string();
+            assert!(error.contains(why) || (why == "input" && error.contains("binding")), "{op:?}: {error}");
+        }
+        let wide = BindingLimits { max_range_bytes: 1 << 20, offset_alignment_bytes: 8192 };
+        assert!(plan(&matvec(2048, 16, 16), 0, wide).unwrap_err().to_string().contains("10 bits"));
+        assert!(plan(&matvec(2048, 0, 16), 0, LIMITS).unwrap().is_empty());
+    }
+
+    #[test]
+    fn placed_ops_add_their_base() {
+        let op = Op::Copy { src: 1_u8, src_offset_bytes: 4, dst: 2_u8, dst_offset_bytes: 8, len_bytes: 16 };
+        let placed = op.placed(|handle| (Buf(u32::from(handle), 1 << 20), u64::from(handle) * 1000));
+        assert_eq!(
+            placed,
+            Op::Copy {
+                src: Buf(1, 1 << 20),
+                src_offset_bytes: 1004,
+                dst: Buf(2, 1 << 20),
+                dst_offset_bytes: 2008,
+                len_bytes: 16
+            }
+        );
+        let fill = Op::Fill { target: 3_u8, offset_bytes: 0, len_bytes: 4, id: 1 }.placed(|handle| (handle, 64));
+        assert_eq!(fill, Op::Fill { target: 3, offset_bytes: 64, len_bytes: 4, id: 1 });
+        assert_eq!(fill.buffers(), [&3]);
+    }
+
     #[test]
     fn invalid_ops_are_refused() {
         let a = Buf(0, 4096);
@@ -358,5 +727,15 @@ mod tests {
         let words: Vec<u32> = bytes.chunks_exact(4).map(|chunk| u32::from_ne_bytes(chunk.try_into().unwrap())).collect();
         assert_eq!(words, [1, 2, 3, 4, 5, 6, 0, 0]);
         assert_eq!(bytes.len() as u32, crate::PARAMS_BYTES);
+        let matvec = MatVecParams {
+            matrix_word: 3,
+            input_word: 1023,
+            output_word: 1,
+            rows: 7,
+            cols: 8,
+            row_base: 9,
+            ids: MatVecIds { matrix: 10, input: 11, output: 12 },
+        };
+        assert_eq!(matvec.words(), [3 | 1023 << 10 | 1 << 20, 7, 8, 9, 10, 11, 12, 0]);
     }
 }

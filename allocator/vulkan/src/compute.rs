@@ -1,4 +1,5 @@
-//! [`ComputeKernels`]: heapscope's WGSL kernels (fill, verify, copy; `heapscope_kernels`) run on the device.
+//! [`ComputeKernels`]: heapscope's WGSL kernels (fill, verify, copy, the matvec payload; `heapscope_kernels`) run
+//! on the device.
 //!
 //! One compute pipeline per kernel (SPIR-V from naga, push constants [`heapscope_kernels::Params`], storage
 //! buffers in set 0), a command buffer and a fence on the compute queue. [`ComputeKernels::run`] records a list
@@ -57,6 +58,12 @@ impl ComputeBuffer<'_> {
     /// The buffer.
     pub fn buffer(&self) -> vk::Buffer {
         self.buffer
+    }
+
+    /// A buffer of `context`'s device that lives (bound to live memory, or sparse with only live ranges handed to
+    /// the kernels) for `'a`, the borrow of its owner: for the crate's own heaps.
+    pub(crate) fn borrowed<'a>(context: &VulkanContext, buffer: vk::Buffer, size_bytes: u64) -> ComputeBuffer<'a> {
+        ComputeBuffer { device: context.device().handle(), buffer, size_bytes, _lifetime: PhantomData }
     }
 }
 
@@ -161,7 +168,7 @@ struct KernelPipeline {
 /// Runs heapscope's kernels on a [`VulkanContext`]'s compute queue. See the module documentation.
 pub struct ComputeKernels {
     context: Arc<VulkanContext>,
-    pipelines: [KernelPipeline; 3],
+    pipelines: [KernelPipeline; Kernel::ALL.len()],
     descriptor_pool: vk::DescriptorPool,
     command_pool: vk::CommandPool,
     command_buffer: vk::CommandBuffer,
@@ -195,6 +202,7 @@ fn index_of(kernel: Kernel) -> usize {
         Kernel::Fill => 0,
         Kernel::Verify => 1,
         Kernel::Copy => 2,
+        Kernel::MatVec => 3,
     }
 }
 
@@ -224,7 +232,7 @@ impl ComputeKernels {
         };
         let mut this = Self {
             context,
-            pipelines: [KernelPipeline::default(); 3],
+            pipelines: [KernelPipeline::default(); Kernel::ALL.len()],
             descriptor_pool: vk::DescriptorPool::null(),
             command_pool: vk::CommandPool::null(),
             command_buffer: vk::CommandBuffer::null(),
@@ -291,7 +299,7 @@ impl ComputeKernels {
         let (family, _) = self.context.compute_queue();
         let sizes = [vk::DescriptorPoolSize::default()
             .ty(vk::DescriptorType::STORAGE_BUFFER)
-            .descriptor_count(2 * Self::DISPATCHES_PER_SUBMIT)];
+            .descriptor_count(3 * Self::DISPATCHES_PER_SUBMIT)];
         let pool_info = vk::DescriptorPoolCreateInfo::default().max_sets(Self::DISPATCHES_PER_SUBMIT).pool_sizes(&sizes);
         // SAFETY: valid create infos on a live device (and below).
         self.descriptor_pool =
@@ -429,11 +437,7 @@ impl ComputeKernels {
         let foreign = |buffer: &ComputeBuffer<'_>| buffer.device != device && buffer.device != vk::Device::null();
         let mut planned = Vec::with_capacity(ops.len());
         for op in ops {
-            let buffers = match op {
-                Op::Fill { target, .. } | Op::Verify { target, .. } => [target, target],
-                Op::Copy { src, dst, .. } => [src, dst],
-            };
-            if buffers.into_iter().any(foreign) {
+            if op.buffers().into_iter().any(foreign) {
                 return Err(KernelError::InvalidOp("a buffer of another device than the kernels'".into()).into());
             }
             planned.push(heapscope_kernels::plan(op, 0, self.limits)?);
@@ -523,7 +527,7 @@ impl ComputeKernels {
         let pipeline = self.pipelines[index_of(dispatch.kernel)];
         let layouts = [pipeline.set_layout];
         let allocate = vk::DescriptorSetAllocateInfo::default().descriptor_pool(self.descriptor_pool).set_layouts(&layouts);
-        // SAFETY: the pool is live and has room: at most DISPATCHES_PER_SUBMIT sets of at most 2 buffers per reset.
+        // SAFETY: the pool is live and has room: at most DISPATCHES_PER_SUBMIT sets of at most 3 buffers per reset.
         let sets = unsafe { device.allocate_descriptor_sets(&allocate) }.map_err(VulkanError::vk("vkAllocateDescriptorSets"))?;
         let set = sets.first().copied().unwrap_or_default();
         let data = [vk::DescriptorBufferInfo::default()
@@ -540,6 +544,12 @@ impl ComputeKernels {
             (_, None) => None,
         };
         let second = second.map(|info| [info]);
+        let third = dispatch.output.map(|output| {
+            [vk::DescriptorBufferInfo::default()
+                .buffer(output.buffer.buffer)
+                .offset(output.offset_bytes)
+                .range(output.size_bytes)]
+        });
         let mut writes = vec![
             vk::WriteDescriptorSet::default()
                 .dst_set(set)
@@ -556,7 +566,16 @@ impl ComputeKernels {
                     .buffer_info(info),
             );
         }
-        let params = heapscope_kernels::Params { slot, ..dispatch.params }.bytes();
+        if let Some(info) = &third {
+            writes.push(
+                vk::WriteDescriptorSet::default()
+                    .dst_set(set)
+                    .dst_binding(2)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .buffer_info(info),
+            );
+        }
+        let params = dispatch.push_constant_bytes(slot);
         let command_buffer = self.command_buffer;
         // SAFETY: the set was just allocated with the kernel's layout; the buffers are live for the call's
         // lifetime (`ComputeBuffer<'_>`) and the plan keeps every binding inside its buffer, aligned and within

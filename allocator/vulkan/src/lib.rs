@@ -11,6 +11,10 @@
 //!   with `vkQueueBindSparse`, and [`measure_bind_latency`].
 //! - [`DevicePagedHeap`] (`paged`): a [`heapscope_core::PagedHeap`] whose mapped pages are bound in a sparse buffer
 //!   (cached pages stay bound under [`heapscope_core::UnmapRule::UnderPressure`]); a [`heapscope_core::DeviceHeap`].
+//! - [`PytorchDeviceHeap`] (`pytorch_heap`): PyTorch's caching allocator (the core's `CachingHeap`) with each
+//!   segment a dedicated `vkAllocateMemory` block and each expandable segment a sparse buffer.
+//! - [`VulkanTarget`] (`bench_target`): the bench runner's `Target` on the device, every contender's allocations
+//!   filled, computed on and verified by the kernels.
 //! - [`Transfer`] (`transfer`): staging copies into and out of device buffers on the compute queue.
 //! - [`GpuAllocatorHeap`] (`gpu_allocator_heap`): gpu-allocator 0.28 as a [`heapscope_core::DeviceHeap`], a
 //!   contender on the same device; [`VmaHeap`] (`vma_heap`): VMA (vk-mem 0.5) the same way.
@@ -26,6 +30,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
+mod bench_target;
 pub mod compute;
 mod contenders;
 mod context;
@@ -35,6 +40,7 @@ mod margins;
 pub mod memory_types;
 mod paged;
 mod properties;
+mod pytorch_heap;
 mod selection;
 mod source;
 mod sparse;
@@ -43,6 +49,7 @@ mod vma_heap;
 #[cfg(feature = "wgpu")]
 pub mod wgpu_interop;
 
+pub use bench_target::{VulkanHandle, VulkanTarget};
 pub use contenders::{DeviceContender, paged_range_for, paged_virtual_bytes, peak_live_footprint_bytes, replay_on_device};
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};
 pub use error::VulkanError;
@@ -50,6 +57,7 @@ pub use gpu_allocator_heap::{GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocato
 pub use margins::{Corruption, GuardedAllocation, GuardedHeap, MAGIC, MarginError, MarginLayout, Side};
 pub use paged::{DevicePagedConfig, DevicePagedHeap, DevicePagedStats};
 pub use properties::{DeviceFeatures, DeviceLimits, DeviceProperties, HeapBudget, QueueFamilyInfo, SparseProperties};
+pub use pytorch_heap::{PytorchDeviceConfig, PytorchDeviceHeap};
 pub use selection::{DeviceCandidate, VENDORS, select_device};
 pub use source::{BLOCK_BUFFER_USAGE, BlockInfo, DeviceMemorySource, DeviceSourceConfig, LeakReport, LeakedBlock};
 pub use sparse::{BindLatency, BindLayout, PagePool, PageRef, SparseBuffer, SparseConfig, SparseStats, measure_bind_latency};

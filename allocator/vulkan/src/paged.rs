@@ -16,6 +16,7 @@ use heapscope_core::{
     Allocation, DeviceEvent, DeviceHeap, OomCause, OomVerdict, PagedConfig, PagedHeap, PagedStats, PolicyKind, Request, UnmapRule,
 };
 
+use crate::compute::ComputeBuffer;
 use crate::sparse::{SparseBuffer, SparseConfig, SparseStats};
 use crate::{VulkanContext, VulkanError};
 
@@ -37,6 +38,9 @@ pub struct DevicePagedConfig {
     pub max_live_mappings: u64,
     /// When pages no allocation touches are unbound.
     pub unmap: UnmapRule,
+    /// The heap's page size, a multiple of the sparse page size (a larger page maps whole runs of sparse pages);
+    /// `None`: the sparse page size.
+    pub page_bytes: Option<u64>,
 }
 
 impl DevicePagedConfig {
@@ -50,6 +54,7 @@ impl DevicePagedConfig {
             pages_per_chunk: SparseConfig::DEFAULT_PAGES_PER_CHUNK,
             max_live_mappings: SparseConfig::DEFAULT_MAX_LIVE_MAPPINGS,
             unmap: UnmapRule::Eager,
+            page_bytes: None,
         }
     }
 }
@@ -74,10 +79,12 @@ pub struct DevicePagedHeap {
 }
 
 impl DevicePagedHeap {
-    /// A heap over a new sparse buffer of `config.virtual_bytes`, pages of the buffer's sparse page size.
+    /// A heap over a new sparse buffer of `config.virtual_bytes`, pages of the buffer's sparse page size (or of
+    /// `config.page_bytes`, a multiple of it).
     ///
     /// # Errors
-    /// What [`SparseBuffer::new`] returns; [`VulkanError::Heap`] for settings the heap refuses.
+    /// What [`SparseBuffer::new`] returns; [`VulkanError::InvalidArgument`] for a page size that is not a
+    /// multiple of the sparse page size; [`VulkanError::Heap`] for settings the heap refuses.
     pub fn new(context: Arc<VulkanContext>, config: DevicePagedConfig) -> Result<Self, VulkanError> {
         let sparse = SparseBuffer::new(
             context,
@@ -88,7 +95,13 @@ impl DevicePagedHeap {
                 max_live_mappings: config.max_live_mappings,
             },
         )?;
-        let page_bytes = sparse.page_bytes();
+        let sparse_page_bytes = sparse.page_bytes();
+        let page_bytes = config.page_bytes.unwrap_or(sparse_page_bytes);
+        if page_bytes == 0 || !page_bytes.is_multiple_of(sparse_page_bytes) {
+            return Err(VulkanError::InvalidArgument(format!(
+                "page size {page_bytes} B: must be a multiple of the sparse page size ({sparse_page_bytes} B)"
+            )));
+        }
         let mut paged = PagedConfig::new(config.capacity_bytes);
         paged.policy = config.policy;
         paged.unmap = config.unmap;
@@ -167,6 +180,12 @@ impl DevicePagedHeap {
     /// The sparse buffer holding the allocations.
     pub fn buffer(&self) -> vk::Buffer {
         self.sparse.buffer()
+    }
+
+    /// The sparse buffer as a kernel target: an allocation's bytes are at its offset. Only the ranges of live
+    /// allocations are resident; call [`DevicePagedHeap::wait_binds`] before the kernels run.
+    pub fn compute_buffer(&self) -> ComputeBuffer<'_> {
+        ComputeBuffer::borrowed(self.sparse.context(), self.sparse.buffer(), self.sparse.size_bytes())
     }
 
     /// The sparse buffer (its page size, pool, timeline).

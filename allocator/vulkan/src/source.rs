@@ -39,12 +39,22 @@ pub struct DeviceSourceConfig {
     pub max_blocks: Option<u32>,
     /// Print a line to stderr when the source is dropped with live blocks (it frees them either way).
     pub report_leaks_on_drop: bool,
+    /// Block sizes and addresses are multiples of at least this (a power of two): the same block granularity as
+    /// another source, such as a simulated one in a side-by-side run.
+    pub min_block_alignment_bytes: u64,
 }
 
 impl DeviceSourceConfig {
     /// Memory for `usage`, mapped when host-visible, no cap, leaks reported on drop.
     pub fn new(usage: MemoryUsage) -> Self {
-        Self { usage, persistent_mapping: true, budget_cap_bytes: None, max_blocks: None, report_leaks_on_drop: true }
+        Self {
+            usage,
+            persistent_mapping: true,
+            budget_cap_bytes: None,
+            max_blocks: None,
+            report_leaks_on_drop: true,
+            min_block_alignment_bytes: 1,
+        }
     }
 }
 
@@ -163,7 +173,8 @@ impl DeviceMemorySource {
     /// The memory type is the one [`MemoryProperties::select_memory_type`](crate::memory_types::MemoryProperties::select_memory_type)
     /// picks (heap sizes known: a large BAR may serve uploads) among those a buffer of
     /// [`BLOCK_BUFFER_USAGE`] accepts; the block alignment is the largest of that buffer's alignment,
-    /// `bufferImageGranularity` and (for host-visible, non-coherent types) `nonCoherentAtomSize`.
+    /// `bufferImageGranularity`, (for host-visible, non-coherent types) `nonCoherentAtomSize` and
+    /// [`DeviceSourceConfig::min_block_alignment_bytes`].
     ///
     /// # Errors
     /// [`VulkanError::Vk`] when the throwaway buffer cannot be created, [`VulkanError::Unsupported`] when no
@@ -202,6 +213,7 @@ impl DeviceMemorySource {
             .alignment
             .max(limits.buffer_image_granularity_bytes)
             .max(non_coherent_atom_bytes.unwrap_or(1))
+            .max(config.min_block_alignment_bytes)
             .max(1)
             .next_power_of_two();
         let name = format!("{} memory type {index} ({flags:?})", properties.name);

@@ -324,6 +324,11 @@ impl SparseBuffer {
         self.buffer
     }
 
+    /// The context.
+    pub fn context(&self) -> &Arc<VulkanContext> {
+        &self.context
+    }
+
     /// Its size.
     pub fn size_bytes(&self) -> u64 {
         self.size_bytes

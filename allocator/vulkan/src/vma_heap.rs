@@ -163,8 +163,6 @@ pub struct VmaHeap {
     events: Option<Vec<DeviceEvent>>,
 }
 
-
-
 impl fmt::Debug for VmaHeap {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("VmaHeap")

@@ -11,7 +11,7 @@ use std::time::Instant;
 use common::Rng;
 use heapscope_core::units::{KIB, MIB};
 use heapscope_core::{Heap, HeapAllocation, HeapConfig, MemorySource, PolicyKind, ReleaseRule, Request};
-use heapscope_kernels::{Op, VerifyResult, pattern_word};
+use heapscope_kernels::{MatVecIds, Op, VerifyResult, matvec_words, pattern_word};
 use heapscope_vulkan::compute::{BlockBuffer, ComputeError, ComputeKernels};
 use heapscope_vulkan::memory_types::MemoryUsage;
 use heapscope_vulkan::{DeviceMemorySource, DeviceSourceConfig, VulkanContext};
@@ -132,6 +132,65 @@ fn batches_span_several_submits() {
         assert_eq!(results[400], VerifyResult { mismatches: 256, first_mismatch: Some(0) });
     }
     source.free_block(block);
+    drop((kernels, source));
+    common::finish(context);
+}
+
+/// The matvec payload on the device: A (in 1 KiB-aligned pieces of a 64 KiB binding limit, so the rows are split)
+/// and x filled with their patterns, y computed, then y is exactly its own pattern (checked by the verify kernel
+/// and, through the host mapping, against the CPU twin); a word of x overwritten through the mapping changes y as
+/// the CPU twin says.
+#[test]
+fn matvec_on_the_device_matches_the_cpu_twin() {
+    let Some((context, mut source, mut kernels)) = setup() else { return };
+    let (a, b) = (source.allocate_block(MIB).unwrap(), source.allocate_block(64 * KIB).unwrap());
+    {
+        let (matrix, vectors) = (BlockBuffer::new(&source, a.handle).unwrap(), BlockBuffer::new(&source, b.handle).unwrap());
+        kernels.set_max_binding_bytes(64 * KIB);
+        let (rows, cols) = (300_u32, 200_u32);
+        let ids = MatVecIds { matrix: 21, input: 22, output: 23 };
+        let (a_offset, x_offset, y_offset) = (4100, 12, 8192);
+        let fills = [
+            Op::Fill {
+                target: matrix.as_compute(),
+                offset_bytes: a_offset,
+                len_bytes: u64::from(rows * cols) * 4,
+                id: ids.matrix,
+            },
+            Op::Fill { target: vectors.as_compute(), offset_bytes: x_offset, len_bytes: u64::from(cols) * 4, id: ids.input },
+            Op::Fill { target: vectors.as_compute(), offset_bytes: y_offset, len_bytes: u64::from(rows) * 4, id: 99 },
+        ];
+        kernels.run(&fills).unwrap();
+        let matvec = Op::MatVec {
+            matrix: matrix.as_compute(),
+            matrix_offset_bytes: a_offset,
+            input: vectors.as_compute(),
+            input_offset_bytes: x_offset,
+            output: vectors.as_compute(),
+            output_offset_bytes: y_offset,
+            rows,
+            cols,
+            ids,
+        };
+        let (_, before) = kernels.counts();
+        kernels.run(&[matvec]).unwrap();
+        let (_, after) = kernels.counts();
+        assert!(after - before >= 4, "240,000 bytes of A in 64 KiB bindings: {} dispatches", after - before);
+        assert!(kernels.verify(vectors.as_compute(), y_offset, u64::from(rows) * 4, ids.output).unwrap().is_clean());
+        let y = read_words(&source, b.base_address + y_offset, rows as usize);
+        assert_eq!(y, (0..rows).map(|row| pattern_word(ids.output, row)).collect::<Vec<_>>());
+        // x damaged through the mapping: y is what the CPU twin computes from the memory as it is.
+        source.write_bytes(b.base_address + x_offset + 40, &[0xff; 4]).unwrap();
+        let a_words = read_words(&source, a.base_address + a_offset, (rows * cols) as usize);
+        let x_words = read_words(&source, b.base_address + x_offset, cols as usize);
+        kernels.run(&[matvec]).unwrap();
+        let expected = matvec_words(&a_words, &x_words, cols, 0, ids);
+        assert_eq!(read_words(&source, b.base_address + y_offset, rows as usize), expected);
+        let damaged = kernels.verify(vectors.as_compute(), y_offset, u64::from(rows) * 4, ids.output).unwrap();
+        assert!(damaged.mismatches > rows / 2, "{damaged:?}");
+    }
+    source.free_block(a);
+    source.free_block(b);
     drop((kernels, source));
     common::finish(context);
 }

@@ -92,17 +92,22 @@ impl fmt::Debug for WgpuKernels {
     }
 }
 
-/// Whether binding `binding` of `kernel` is writable on wgpu. Copy's source is too: a copy within one arena binds
-/// it twice in one dispatch, and wgpu refuses a buffer both read-only and writable in one usage scope.
+/// Whether binding `binding` of `kernel` is writable on wgpu. Copy's source and matvec's inputs are too: a copy
+/// within one arena, or a matvec whose A, x and y share an arena, binds one buffer several times in one dispatch,
+/// and wgpu refuses a buffer both read-only and writable in one usage scope.
 fn layout_writable(kernel: Kernel, binding: u32) -> bool {
-    kernel.binding_writable(binding) || kernel == Kernel::Copy
+    kernel.binding_writable(binding) || matches!(kernel, Kernel::Copy | Kernel::MatVec)
 }
 
-/// The WGSL wgpu compiles for `kernel`: its [`ParamsBinding::Uniform`] source, with copy's read-only source
-/// binding declared `read_write` (see [`layout_writable`]; the kernel never writes it).
+/// The WGSL wgpu compiles for `kernel`: its [`ParamsBinding::Uniform`] source, with copy's and matvec's read-only
+/// bindings declared `read_write` (see [`layout_writable`]; the kernels never write them).
 pub(crate) fn wgsl(kernel: Kernel) -> String {
     let source = kernel.source(ParamsBinding::Uniform);
-    if kernel == Kernel::Copy { source.replace("var<storage, read> ", "var<storage, read_write> ") } else { source }
+    if matches!(kernel, Kernel::Copy | Kernel::MatVec) {
+        source.replace("var<storage, read> ", "var<storage, read_write> ")
+    } else {
+        source
+    }
 }
 
 /// naga's verdict on [`wgsl`] (what wgpu compiles), checked on the CPU before any pipeline is made.
@@ -269,11 +274,8 @@ impl WgpuKernels {
     pub fn run(&mut self, ops: &[Op<KernelBuffer<'_>>]) -> Result<Vec<VerifyResult>, WgpuError> {
         let mut planned = Vec::with_capacity(ops.len());
         for op in ops {
-            let buffers = match op {
-                Op::Fill { target, .. } | Op::Verify { target, .. } => [target, target],
-                Op::Copy { src, dst, .. } => [src, dst],
-            };
-            if let Some(buffer) = buffers.into_iter().find(|buffer| !buffer.buffer.usage().contains(wgpu::BufferUsages::STORAGE))
+            if let Some(buffer) =
+                op.buffers().into_iter().find(|buffer| !buffer.buffer.usage().contains(wgpu::BufferUsages::STORAGE))
             {
                 return Err(KernelError::InvalidOp(format!(
                     "a buffer of {} B without STORAGE usage ({:?})",
@@ -359,7 +361,10 @@ impl WgpuKernels {
         let stride = self.params_stride_bytes;
         let mut params = vec![0u8; usize::try_from(stride * batch.len() as u64).unwrap_or(0)];
         for ((dispatch, slot), chunk) in batch.iter().zip(params.chunks_exact_mut(stride as usize)) {
-            let words = heapscope_kernels::Params { slot: *slot, ..dispatch.params }.words();
+            let words = match dispatch.matvec {
+                Some(matvec) => matvec.words(),
+                None => heapscope_kernels::Params { slot: *slot, ..dispatch.params }.words(),
+            };
             // WGSL reads buffers little-endian, whatever the host.
             for (bytes, word) in chunk.chunks_exact_mut(4).zip(words) {
                 bytes.copy_from_slice(&word.to_le_bytes());
@@ -441,6 +446,12 @@ impl WgpuKernels {
             }
             (_, None) => {}
         }
+        if let Some(output) = dispatch.output {
+            entries.push(wgpu::BindGroupEntry {
+                binding: 2,
+                resource: binding(output.buffer.buffer, output.offset_bytes, output.size_bytes),
+            });
+        }
         Ok(self.device.device().create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(dispatch.kernel.name()),
             layout: &pipeline.layout,
@@ -485,7 +496,9 @@ mod tests {
         for kernel in Kernel::ALL {
             validate_wgsl(kernel).unwrap_or_else(|error| panic!("{error}"));
             let source = wgsl(kernel);
-            assert!(source.contains("var<uniform> params: Params;"), "{kernel}");
+            let uniform =
+                if kernel == Kernel::MatVec { "var<uniform> mv: MatVecParams;" } else { "var<uniform> params: Params;" };
+            assert!(source.contains(uniform), "{kernel}");
             let writable = (0..kernel.storage_bindings()).filter(|&binding| layout_writable(kernel, binding)).count();
             assert_eq!(source.matches("var<storage, read_write>").count(), writable, "{kernel}");
             assert_eq!(source.matches("var<storage, read>").count(), kernel.storage_bindings() as usize - writable, "{kernel}");

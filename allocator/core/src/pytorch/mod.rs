@@ -4,8 +4,9 @@
 //! - [`snapshot`]: the snapshot data model; [`import`] reads files (a streaming pickle reader), [`export`]
 //!   writes them (pickle protocol 4).
 //! - [`alloc_conf`]: the allocator settings (`PYTORCH_CUDA_ALLOC_CONF`).
-//! - [`caching`]: the emulated `CUDACachingAllocator` ([`CachingAllocator`], step by step) and [`emulate`],
-//!   which replays a trace and measures how exactly it reproduces PyTorch's recorded decisions.
+//! - [`caching`]: the emulated `CUDACachingAllocator` ([`CachingAllocator`], step by step; [`CachingHeap`], the
+//!   same as a `DeviceHeap`) and [`emulate`], which replays a trace and measures how exactly it reproduces
+//!   PyTorch's recorded decisions.
 //! - [`memory_stats`]: `torch.cuda.memory_stats()` counters and the `memory_summary()` table.
 //! - [`replayed`]: the snapshot a heap or paged contender would have recorded, for export.
 
@@ -20,7 +21,9 @@ pub mod replayed;
 pub mod snapshot;
 
 pub use alloc_conf::{AllocConf, AllocConfError};
-pub use caching::{CachingAllocator, Emulation, EmulationError, Fidelity, OomEvent, OomReport, emulate};
+pub use caching::{
+    CachingAllocation, CachingAllocator, CachingHeap, Emulation, EmulationError, Fidelity, OomEvent, OomReport, emulate,
+};
 pub use export::write_snapshot;
 pub use import::{SnapshotError, parse_snapshot, read_snapshot};
 pub use memory_stats::{MemoryStats, Stat, StatArray};

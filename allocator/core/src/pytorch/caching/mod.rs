@@ -15,12 +15,17 @@
 //! - The only inputs that are not allocator decisions: where the driver puts a new segment (a base address
 //!   hint, taken by [`emulate`] from the recorded `alloc` that opens the segment; without one, bases simply
 //!   increase), the device's capacity, and user `empty_cache()` calls.
+//! - [`CachingHeap`] (`heap`) wraps the allocator as a [`crate::DeviceHeap`]: generation-checked handles, its
+//!   segment operations as core device events (blocks reserved and released, expandable pages mapped and
+//!   unmapped), out of memory as a core [`OomVerdict`] ([`OomReport::verdict`]); the bench runner and the Vulkan
+//!   backend drive PyTorch's rules through it.
 //! - [`emulate`] drives the allocator through a trace and compares what it decided with what PyTorch
 //!   recorded ([`Fidelity`]); `initial` rebuilds the allocator state at the start of a recording that began
 //!   mid-run, as MemoryViz does.
 
 mod emulate;
 mod expandable;
+mod heap;
 mod initial;
 mod release;
 #[cfg(test)]
@@ -30,11 +35,13 @@ mod validate;
 use std::collections::{BTreeMap, BTreeSet};
 
 pub use emulate::{Emulation, EventStats, Fidelity, Mismatch, Misplacement, OomEvent, SegmentEvent, emulate};
+pub use heap::{CachingAllocation, CachingHeap};
 pub use validate::EmulationError;
 
 use super::alloc_conf::AllocConf;
 use super::memory_stats::MemoryStats;
 use super::snapshot::{Action, Block, BlockState, Pool, Segment, Snapshot, StackId};
+use crate::{OomCause, OomVerdict};
 
 /// `kMinBlockSize`: every size is a multiple of 512 bytes.
 pub const MIN_BLOCK_BYTES: u64 = 512;
@@ -132,6 +139,43 @@ pub struct OomReport {
     pub largest_free_block_bytes: u64,
     /// `num_alloc_retries` so far.
     pub num_alloc_retries: i64,
+}
+
+/// An allocated block ([`CachingAllocator::live_block`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveBlock {
+    /// Its address.
+    pub address: u64,
+    /// Its size: the request rounded (`round_size`), or a whole block too small to split.
+    pub size_bytes: u64,
+    /// Bytes the caller asked for.
+    pub requested_bytes: u64,
+    /// The base of the segment holding it.
+    pub segment_base: u64,
+}
+
+impl OomReport {
+    /// The report as a core verdict for `policy` under `capacity_bytes`: fragmentation when the free bytes in
+    /// reserved memory plus what the capacity still allows cover `needed_bytes` (the request as the allocator
+    /// rounds it), else exhaustion. `live_bytes` are the bytes callers asked for and hold.
+    pub fn verdict(&self, policy: &'static str, needed_bytes: u64, live_bytes: u64, capacity_bytes: Option<u64>) -> OomVerdict {
+        let unreserved_bytes = capacity_bytes.map_or(u64::MAX, |capacity| capacity.saturating_sub(self.reserved_bytes));
+        OomVerdict {
+            policy,
+            requested_bytes: self.request_bytes,
+            needed_bytes,
+            align_bytes: MIN_BLOCK_BYTES,
+            reserved_bytes: self.reserved_bytes,
+            live_bytes,
+            padding_bytes: self.allocated_bytes.saturating_sub(live_bytes),
+            free_in_blocks_bytes: self.free_in_reserved_bytes,
+            largest_free_run_bytes: self.largest_free_block_bytes,
+            retired_bytes: 0,
+            unreserved_bytes,
+            capacity_bytes,
+            cause: OomCause::judge(needed_bytes, self.free_in_reserved_bytes, unreserved_bytes),
+        }
+    }
 }
 
 /// Index of a block in the arena.
@@ -275,6 +319,37 @@ impl CachingAllocator {
     /// Device operations performed since the last call.
     pub fn take_events(&mut self) -> Vec<DeviceEvent> {
         std::mem::take(&mut self.events)
+    }
+
+    /// The allocated block starting at `address`: its size (the request rounded, or the whole block when it
+    /// was not split) and the base of the segment holding it.
+    pub fn live_block(&self, address: u64) -> Option<LiveBlock> {
+        let &id = self.active.get(&address)?;
+        let node = self.node(id);
+        if !node.allocated {
+            return None;
+        }
+        let mut head = id;
+        while let Some(prev) = self.node(head).prev {
+            head = prev;
+        }
+        Some(LiveBlock { address, size_bytes: node.size, requested_bytes: node.requested, segment_base: self.node(head).addr })
+    }
+
+    /// The segment (a `cudaMalloc` block, or an expandable segment's whole virtual range) holding `address`:
+    /// its base and size.
+    pub fn segment_at(&self, address: u64) -> Option<(u64, u64)> {
+        if let Some((&base, &size)) = self.segments.range(..=address).next_back()
+            && address - base < size
+        {
+            return Some((base, size));
+        }
+        self.expandable.iter().flatten().find(|e| e.base <= address && address - e.base < e.size).map(|e| (e.base, e.size))
+    }
+
+    /// The expandable segments reserved now: base and virtual size of each.
+    pub fn expandable_segments(&self) -> Vec<(u64, u64)> {
+        self.expandable.iter().flatten().map(|e| (e.base, e.size)).collect()
     }
 
     fn max_split_size(&self) -> u64 {

@@ -1,0 +1,206 @@
+//! [`VulkanTarget`]: the bench runner's [`Target`] on a Vulkan device. Each contender allocates real memory — a
+//! core policy in a `Heap<DeviceMemorySource>`, `paged` in a [`DevicePagedHeap`] (sparse binding), `pytorch` and
+//! `pytorch-expandable` in a [`PytorchDeviceHeap`] — and [`ComputeKernels`] runs the ops on it: fills, verifies,
+//! copies and the matvec payload, in one call per batch.
+//!
+//! Order on the device: `ComputeKernels::run` waits for its submits, so when [`Target::run`] returns no kernel
+//! touches the memory any more and the runner may free it (a block released, pages unbound). Sparse binds are
+//! waited for before the kernels run, since the compute submits do not wait on the bind timeline. Memory
+//! reserved is counted as the simulated heaps count it (blocks, mapped pages, segments), so the same stream gives
+//! the same numbers with and without a device.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use heapscope_core::pytorch::CachingAllocation;
+use heapscope_core::{Allocation, Heap, HeapAllocation, Request};
+use heapscope_kernels::bench::{BenchPolicy, BenchSettings, Target, TargetError};
+use heapscope_kernels::{Op, VerifyResult};
+
+use crate::compute::{BlockBuffer, ComputeBuffer, ComputeKernels};
+use crate::memory_types::MemoryUsage;
+use crate::{
+    DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, DeviceSourceConfig, PytorchDeviceConfig, PytorchDeviceHeap,
+    VulkanContext, VulkanError,
+};
+
+/// The heap behind a [`VulkanTarget`].
+#[derive(Debug)]
+enum Backend {
+    Heap(Heap<DeviceMemorySource>),
+    Paged(DevicePagedHeap),
+    Pytorch(Box<PytorchDeviceHeap>),
+}
+
+/// An allocation of a [`VulkanTarget`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VulkanHandle {
+    /// In a heap of device-memory blocks.
+    Heap(HeapAllocation),
+    /// In the sparse buffer of the paged heap.
+    Paged(Allocation),
+    /// In a PyTorch segment.
+    Pytorch(CachingAllocation),
+}
+
+/// A bench contender on a Vulkan device. See the module documentation.
+#[derive(Debug)]
+pub struct VulkanTarget {
+    backend: Backend,
+    kernels: ComputeKernels,
+    align_bytes: u64,
+}
+
+/// The key of a handle in a batch's placements: its address (its offset for the paged heap's one buffer).
+fn key(handle: VulkanHandle) -> u64 {
+    match handle {
+        VulkanHandle::Heap(allocation) => allocation.address(),
+        VulkanHandle::Paged(allocation) => allocation.offset(),
+        VulkanHandle::Pytorch(allocation) => allocation.address(),
+    }
+}
+
+/// A Vulkan failure as a target error (out of memory keeps its verdict).
+fn target_error(error: VulkanError) -> TargetError {
+    match error {
+        VulkanError::Heap(error) => error.into(),
+        other => TargetError::Failed(other.to_string()),
+    }
+}
+
+impl VulkanTarget {
+    /// `policy` under `settings` on `context`'s device, with its own kernels.
+    ///
+    /// # Errors
+    /// A Vulkan failure bringing up the heap or the kernels; settings the heap refuses; `paged` and
+    /// `pytorch-expandable` on a device without sparse residency for buffers.
+    pub fn new(context: &Arc<VulkanContext>, policy: BenchPolicy, settings: &BenchSettings) -> Result<Self, VulkanError> {
+        let kernels = ComputeKernels::new(Arc::clone(context)).map_err(|error| VulkanError::Unsupported(error.to_string()))?;
+        let backend = match policy {
+            BenchPolicy::Heap(kind) => {
+                let source = DeviceMemorySource::new(
+                    Arc::clone(context),
+                    DeviceSourceConfig {
+                        persistent_mapping: false,
+                        budget_cap_bytes: settings.budget_bytes,
+                        report_leaks_on_drop: false,
+                        min_block_alignment_bytes: settings.block_alignment_bytes,
+                        ..DeviceSourceConfig::new(MemoryUsage::DeviceLocal)
+                    },
+                )?;
+                Backend::Heap(Heap::new(settings.heap_config(kind), source)?)
+            }
+            BenchPolicy::Paged => {
+                let address_space = context.properties().limits.sparse_address_space_size_bytes;
+                let mut config = DevicePagedConfig::new(settings.virtual_bytes.min(address_space), settings.budget_bytes);
+                config.page_bytes = Some(settings.page_bytes);
+                config.pages_per_chunk = 4096;
+                Backend::Paged(DevicePagedHeap::new(Arc::clone(context), config)?)
+            }
+            BenchPolicy::Pytorch | BenchPolicy::PytorchExpandable => {
+                let conf = settings.caching_conf(policy == BenchPolicy::PytorchExpandable);
+                let config = PytorchDeviceConfig::new(conf, settings.budget_bytes);
+                Backend::Pytorch(Box::new(PytorchDeviceHeap::new(Arc::clone(context), config)?))
+            }
+        };
+        Ok(Self { backend, kernels, align_bytes: settings.align_bytes })
+    }
+
+    /// Submits and dispatches of its kernels so far.
+    pub fn kernel_counts(&self) -> (u64, u64) {
+        self.kernels.counts()
+    }
+
+    /// Bytes of device memory its heap holds now (blocks, bound pages).
+    pub fn device_bytes(&self) -> u64 {
+        match &self.backend {
+            Backend::Heap(heap) => heap.source().used_bytes(),
+            Backend::Paged(heap) => heap.stats().sparse.pages_bound * heap.sparse().page_bytes(),
+            Backend::Pytorch(heap) => heap.device_bytes(),
+        }
+    }
+
+    fn mismatched(handle: VulkanHandle) -> TargetError {
+        TargetError::Failed(format!("{handle:?} belongs to another kind of heap"))
+    }
+}
+
+impl Target for VulkanTarget {
+    type Handle = VulkanHandle;
+
+    fn allocate(&mut self, size_bytes: u64) -> Result<VulkanHandle, TargetError> {
+        let request = Request::new(size_bytes, self.align_bytes)?;
+        match &mut self.backend {
+            Backend::Heap(heap) => Ok(VulkanHandle::Heap(heap.allocate(request, None)?)),
+            Backend::Paged(heap) => heap.allocate(request).map(VulkanHandle::Paged).map_err(target_error),
+            Backend::Pytorch(heap) => heap.allocate(size_bytes).map(VulkanHandle::Pytorch).map_err(target_error),
+        }
+    }
+
+    fn free(&mut self, handle: VulkanHandle) -> Result<(), TargetError> {
+        match (&mut self.backend, handle) {
+            (Backend::Heap(heap), VulkanHandle::Heap(allocation)) => Ok(heap.free(allocation)?),
+            (Backend::Paged(heap), VulkanHandle::Paged(allocation)) => heap.free(allocation).map_err(target_error),
+            (Backend::Pytorch(heap), VulkanHandle::Pytorch(allocation)) => heap.free(allocation).map_err(target_error),
+            (_, handle) => Err(Self::mismatched(handle)),
+        }
+    }
+
+    fn run(&mut self, ops: &[Op<VulkanHandle>]) -> Result<Vec<VerifyResult>, TargetError> {
+        let handles: Vec<VulkanHandle> = ops.iter().flat_map(Op::buffers).copied().collect();
+        // For the heap of blocks, a buffer over each block the ops touch, for this batch (they borrow the source).
+        let mut block_buffers: HashMap<u64, BlockBuffer<'_>> = HashMap::new();
+        if let Backend::Heap(heap) = &self.backend {
+            for handle in &handles {
+                let VulkanHandle::Heap(allocation) = *handle else { return Err(Self::mismatched(*handle)) };
+                let (block, _) = heap
+                    .source()
+                    .locate(allocation.address())
+                    .ok_or_else(|| TargetError::Failed(format!("{allocation:?} is in no live block")))?;
+                if let std::collections::hash_map::Entry::Vacant(entry) = block_buffers.entry(block.handle) {
+                    entry.insert(BlockBuffer::new(heap.source(), block.handle).map_err(target_error)?);
+                }
+            }
+        }
+        // Where each allocation's bytes are: its buffer and offset, by handle key.
+        let mut places: HashMap<u64, (ComputeBuffer<'_>, u64)> = HashMap::new();
+        for &handle in &handles {
+            let place = match (&self.backend, handle) {
+                (Backend::Heap(heap), VulkanHandle::Heap(allocation)) => heap
+                    .source()
+                    .locate(allocation.address())
+                    .and_then(|(block, offset)| block_buffers.get(&block.handle).map(|buffer| (buffer.as_compute(), offset))),
+                (Backend::Paged(heap), VulkanHandle::Paged(allocation)) => Some((heap.compute_buffer(), allocation.offset())),
+                (Backend::Pytorch(heap), VulkanHandle::Pytorch(allocation)) => heap.compute_target(&allocation),
+                (_, handle) => return Err(Self::mismatched(handle)),
+            };
+            let place = place.ok_or_else(|| TargetError::Failed(format!("{handle:?} has no device memory behind it")))?;
+            places.insert(key(handle), place);
+        }
+        let mut placed = Vec::with_capacity(ops.len());
+        for op in ops {
+            if let Some(&(buffer, _)) = op.buffers().first().and_then(|handle| places.get(&key(**handle))) {
+                placed.push(op.placed(|handle| places.get(&key(handle)).copied().unwrap_or((buffer, 0))));
+            }
+        }
+        // Binds are queued on the sparse queue; the compute submits do not wait for them.
+        match &self.backend {
+            Backend::Paged(heap) => heap.wait_binds().map_err(target_error)?,
+            Backend::Pytorch(heap) => heap.wait_binds().map_err(target_error)?,
+            Backend::Heap(_) => {}
+        }
+        self.kernels.run(&placed).map_err(|error| TargetError::Failed(error.to_string()))
+    }
+
+    fn reserved_bytes(&self) -> u64 {
+        match &self.backend {
+            Backend::Heap(heap) => heap.stats().reserved_bytes,
+            Backend::Paged(heap) => heap.heap().stats().mapped_bytes,
+            Backend::Pytorch(heap) => heap.caching().allocator().reserved_bytes(),
+        }
+    }
+
+    fn runs_kernels(&self) -> bool {
+        true
+    }
+}

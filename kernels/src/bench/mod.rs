@@ -1,0 +1,15 @@
+//! The bench runner, device-free: a [`Workload`](crate::workload::Workload) played on a [`Target`] ([`run`]),
+//! the contenders ([`BenchPolicy`]) and their shared rules ([`BenchSettings`]), and the simulated target
+//! ([`SimTarget`], [`run_simulated`]). Device backends implement [`Target`]: the Vulkan crate's runs the
+//! kernels with `ComputeKernels`.
+
+mod policy;
+mod run;
+mod target;
+
+pub use policy::{BenchPolicy, BenchSettings, run_simulated};
+pub use run::{MAX_PENDING_OPS, OpCounts, RunError, RunReport, run};
+pub use target::{SimTarget, Target, TargetError};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,336 @@
+//! [`run`]: a workload played on a [`Target`].
+//!
+//! Every allocation is filled with its id's pattern as soon as it exists; matvec and copy steps become kernel ops;
+//! before an allocation is freed it is verified. The runner tracks what each allocation should hold as regions
+//! `(offset, length, id)`, each holding `id`'s pattern from its own start: one region after the fill; a copy puts
+//! the source's regions at the front of the destination and refills the rest with the destination's own pattern;
+//! a matvec writes exactly the output's pattern when its inputs are intact. A verify checks every region.
+//!
+//! Ops are batched: they go to the target in one [`Target::run`] when a free needs them done (a run of frees is
+//! verified in one batch, then freed in order), when [`MAX_PENDING_OPS`] are waiting, and at the end. A step on an
+//! allocation the target refused (out of memory) is skipped. Allocations still live at the end (those meant to
+//! live forever) are verified and freed last.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use heapscope_core::OomVerdict;
+
+use super::target::{Target, TargetError};
+use crate::workload::{Step, Workload};
+use crate::{MatVecIds, Op, VerifyResult};
+
+/// Ops waiting at most before the runner hands them to the target.
+pub const MAX_PENDING_OPS: usize = 512;
+
+/// What a run measured.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunReport {
+    /// Steps played.
+    pub steps: u64,
+    /// Allocations served.
+    pub allocs: u64,
+    /// Frees.
+    pub frees: u64,
+    /// Allocations refused (out of memory).
+    pub ooms: u64,
+    /// The first refusal: its step and verdict.
+    pub first_oom: Option<(u64, OomVerdict)>,
+    /// Steps skipped because they use an allocation that was refused.
+    pub skipped_steps: u64,
+    /// The most bytes live at once (requested sizes of the allocations served).
+    pub peak_live_bytes: u64,
+    /// The most bytes the target had reserved at once (sampled after every allocation).
+    pub peak_reserved_bytes: u64,
+    /// Whether the target ran the kernels (a simulated one does not: no mismatch by construction).
+    pub kernels_ran: bool,
+    /// Kernel ops: fills, verifies, matvecs, copies.
+    pub ops: OpCounts,
+    /// Words that differed from what they should hold, over every verify.
+    pub mismatches: u64,
+    /// The first allocation found damaged: its id, the step of its verify, what the verify found.
+    pub first_mismatch: Option<(u32, u64, VerifyResult)>,
+    /// Batches of ops handed to the target.
+    pub batches: u64,
+    /// Time of the whole run.
+    pub wall: Duration,
+}
+
+impl RunReport {
+    /// Allocations served per second of the whole run.
+    pub fn allocs_per_sec(&self) -> f64 {
+        self.allocs as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+
+    /// Peak reserved over peak live (1.0 is no waste).
+    pub fn reserved_over_live(&self) -> f64 {
+        self.peak_reserved_bytes as f64 / self.peak_live_bytes.max(1) as f64
+    }
+}
+
+/// Kernel ops of a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpCounts {
+    /// Fills (one per allocation, one per copy that leaves a tail).
+    pub fills: u64,
+    /// Verify ops (one per region of a freed allocation).
+    pub verifies: u64,
+    /// Matvecs.
+    pub matvecs: u64,
+    /// Copies.
+    pub copies: u64,
+    /// Bytes verified.
+    pub bytes_verified: u64,
+}
+
+/// Why a run stopped.
+#[derive(Debug, thiserror::Error)]
+#[error("step {step}: {message}")]
+pub struct RunError {
+    /// The step (the number of steps for the final verification).
+    pub step: u64,
+    /// What failed.
+    pub message: String,
+}
+
+/// Bytes of an allocation that hold `id`'s pattern from `offset_bytes` on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Region {
+    offset_bytes: u64,
+    len_bytes: u64,
+    id: u32,
+}
+
+#[derive(Debug)]
+struct Live<H> {
+    handle: H,
+    size_bytes: u64,
+    regions: Vec<Region>,
+}
+
+struct Runner<'a, T: Target> {
+    target: &'a mut T,
+    live: HashMap<u32, Live<T::Handle>>,
+    refused: HashSet<u32>,
+    pending: Vec<Op<T::Handle>>,
+    /// For each pending verify, in order: the allocation and the step.
+    checks: Vec<(u32, u64)>,
+    live_bytes: u64,
+    report: RunReport,
+}
+
+/// Plays `workload` on `target`. See the module documentation.
+///
+/// # Errors
+/// [`RunError`] when the target fails for another reason than running out of memory.
+pub fn run<T: Target>(workload: &Workload, target: &mut T) -> Result<RunReport, RunError> {
+    let started = Instant::now();
+    let kernels_ran = target.runs_kernels();
+    let mut runner = Runner {
+        target,
+        live: HashMap::new(),
+        refused: HashSet::new(),
+        pending: Vec::new(),
+        checks: Vec::new(),
+        live_bytes: 0,
+        report: RunReport { kernels_ran, ..RunReport::default() },
+    };
+    let steps = &workload.steps;
+    let mut index = 0;
+    while index < steps.len() {
+        let at = index as u64;
+        match steps[index] {
+            Step::Free { .. } => {
+                let end = index + steps[index..].iter().take_while(|step| matches!(step, Step::Free { .. })).count();
+                let ids: Vec<u32> = steps[index..end]
+                    .iter()
+                    .filter_map(|step| if let Step::Free { id } = *step { Some(id) } else { None })
+                    .collect();
+                for (offset, &id) in (0..).zip(&ids) {
+                    runner.queue_verify(id, at + offset);
+                }
+                runner.flush(at)?;
+                for (offset, &id) in (0..).zip(&ids) {
+                    runner.free(id, at + offset)?;
+                }
+                index = end;
+                continue;
+            }
+            Step::Alloc { id, size_bytes, .. } => runner.alloc(id, size_bytes, at)?,
+            Step::MatVec { matrix, input, output, rows, cols } => runner.matvec([matrix, input, output], rows, cols),
+            Step::Copy { src, dst, len_bytes } => runner.copy(src, dst, len_bytes),
+        }
+        if runner.pending.len() >= MAX_PENDING_OPS {
+            runner.flush(at)?;
+        }
+        index += 1;
+    }
+    // What lives forever is verified and freed last.
+    let end = steps.len() as u64;
+    let mut remaining: Vec<u32> = runner.live.keys().copied().collect();
+    remaining.sort_unstable();
+    for &id in &remaining {
+        runner.queue_verify(id, end);
+    }
+    runner.flush(end)?;
+    for id in remaining {
+        if let Some(live) = runner.live.remove(&id) {
+            runner.target.free(live.handle).map_err(|error| RunError { step: end, message: error.to_string() })?;
+        }
+    }
+    runner.report.steps = end;
+    runner.report.wall = started.elapsed();
+    Ok(runner.report)
+}
+
+impl<T: Target> Runner<'_, T> {
+    fn alloc(&mut self, id: u32, size_bytes: u64, at: u64) -> Result<(), RunError> {
+        match self.target.allocate(size_bytes) {
+            Ok(handle) => {
+                self.live_bytes += size_bytes;
+                self.report.allocs += 1;
+                self.report.peak_live_bytes = self.report.peak_live_bytes.max(self.live_bytes);
+                self.report.peak_reserved_bytes = self.report.peak_reserved_bytes.max(self.target.reserved_bytes());
+                let words_bytes = size_bytes / 4 * 4;
+                let mut regions = Vec::new();
+                if words_bytes > 0 {
+                    self.pending.push(Op::Fill { target: handle, offset_bytes: 0, len_bytes: words_bytes, id });
+                    self.report.ops.fills += 1;
+                    regions.push(Region { offset_bytes: 0, len_bytes: words_bytes, id });
+                }
+                self.live.insert(id, Live { handle, size_bytes, regions });
+                Ok(())
+            }
+            Err(TargetError::OutOfMemory(verdict)) => {
+                self.report.ooms += 1;
+                self.report.first_oom.get_or_insert((at, *verdict));
+                self.refused.insert(id);
+                Ok(())
+            }
+            Err(TargetError::Failed(message)) => Err(RunError { step: at, message }),
+        }
+    }
+
+    /// Queues the verifies of every region of allocation `id` (freed at step `at`).
+    fn queue_verify(&mut self, id: u32, at: u64) {
+        let Some(live) = self.live.get(&id) else { return };
+        for region in &live.regions {
+            self.pending.push(Op::Verify {
+                target: live.handle,
+                offset_bytes: region.offset_bytes,
+                len_bytes: region.len_bytes,
+                id: region.id,
+            });
+            self.checks.push((id, at));
+            self.report.ops.verifies += 1;
+            self.report.ops.bytes_verified += region.len_bytes;
+        }
+    }
+
+    /// Hands the pending ops to the target and sums up their verifies.
+    fn flush(&mut self, at: u64) -> Result<(), RunError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let results = self.target.run(&self.pending).map_err(|error| RunError { step: at, message: error.to_string() })?;
+        if results.len() != self.checks.len() {
+            return Err(RunError {
+                step: at,
+                message: format!("the target returned {} verify results for {} verifies", results.len(), self.checks.len()),
+            });
+        }
+        for (&(id, step), result) in self.checks.iter().zip(&results) {
+            self.report.mismatches += u64::from(result.mismatches);
+            if !result.is_clean() && self.report.first_mismatch.is_none() {
+                self.report.first_mismatch = Some((id, step, *result));
+            }
+        }
+        self.pending.clear();
+        self.checks.clear();
+        self.report.batches += 1;
+        Ok(())
+    }
+
+    fn free(&mut self, id: u32, at: u64) -> Result<(), RunError> {
+        if self.refused.remove(&id) {
+            self.report.skipped_steps += 1;
+            return Ok(());
+        }
+        let Some(live) = self.live.remove(&id) else {
+            return Err(RunError { step: at, message: format!("free of allocation {id}, which is not live") });
+        };
+        self.target.free(live.handle).map_err(|error| RunError { step: at, message: error.to_string() })?;
+        self.live_bytes -= live.size_bytes;
+        self.report.frees += 1;
+        Ok(())
+    }
+
+    /// `output = matrix x input` over what the three hold in their first regions.
+    fn matvec(&mut self, [matrix, input, output]: [u32; 3], rows: u32, cols: u32) {
+        let first = |id: u32| self.live.get(&id).map(|live| (live.handle, live.regions.first().copied()));
+        let (Some(a), Some(x), Some(y)) = (first(matrix), first(input), first(output)) else {
+            self.report.skipped_steps += 1;
+            return;
+        };
+        let (Some(a_region), Some(x_region), Some(y_region)) = (a.1, x.1, y.1) else { return };
+        let words = |region: Region| u32::try_from(region.len_bytes / 4).unwrap_or(u32::MAX);
+        let cols = cols.min(words(x_region));
+        let rows = rows.min(words(y_region)).min(words(a_region).checked_div(cols).unwrap_or(0));
+        if rows == 0 || cols == 0 {
+            return;
+        }
+        self.pending.push(Op::MatVec {
+            matrix: a.0,
+            matrix_offset_bytes: 0,
+            input: x.0,
+            input_offset_bytes: 0,
+            output: y.0,
+            output_offset_bytes: 0,
+            rows,
+            cols,
+            ids: MatVecIds { matrix: a_region.id, input: x_region.id, output: y_region.id },
+        });
+        self.report.ops.matvecs += 1;
+    }
+
+    /// Copies the front of `src` into `dst`; the rest of `dst` is refilled with its own pattern.
+    fn copy(&mut self, src: u32, dst: u32, len_bytes: u64) {
+        let (Some(from), Some(to)) = (self.live.get(&src), self.live.get(&dst)) else {
+            self.report.skipped_steps += 1;
+            return;
+        };
+        let (src_handle, dst_handle) = (from.handle, to.handle);
+        let dst_words_bytes = to.size_bytes / 4 * 4;
+        let len = len_bytes.min(from.size_bytes).min(to.size_bytes) / 4 * 4;
+        let mut regions: Vec<Region> = from
+            .regions
+            .iter()
+            .filter(|region| region.offset_bytes < len)
+            .map(|region| Region { len_bytes: region.len_bytes.min(len - region.offset_bytes), ..*region })
+            .collect();
+        if len > 0 {
+            self.pending.push(Op::Copy {
+                src: src_handle,
+                src_offset_bytes: 0,
+                dst: dst_handle,
+                dst_offset_bytes: 0,
+                len_bytes: len,
+            });
+            self.report.ops.copies += 1;
+        }
+        if dst_words_bytes > len {
+            let tail = Region { offset_bytes: len, len_bytes: dst_words_bytes - len, id: dst };
+            self.pending.push(Op::Fill {
+                target: dst_handle,
+                offset_bytes: tail.offset_bytes,
+                len_bytes: tail.len_bytes,
+                id: dst,
+            });
+            self.report.ops.fills += 1;
+            regions.push(tail);
+        }
+        if let Some(to) = self.live.get_mut(&dst) {
+            to.regions = regions;
+        }
+    }
+}

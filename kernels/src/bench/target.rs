@@ -1,0 +1,108 @@
+//! [`Target`]: what the bench runner needs of a device — allocate, free, run kernel ops on allocations, say how
+//! much memory is reserved. No device types appear in it: the Vulkan backend, a wgpu backend and the simulated
+//! [`SimTarget`] implement it alike.
+
+use heapscope_core::{DeviceHeap, OomVerdict, Request};
+
+use crate::{Op, VerifyResult};
+
+/// Why a target refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// The allocation does not fit: the verdict, in numbers. The run goes on.
+    #[error("out of memory: {0}")]
+    OutOfMemory(Box<OomVerdict>),
+    /// Anything else (a device call failed, a handle was refused): the run stops.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<heapscope_core::Error> for TargetError {
+    fn from(error: heapscope_core::Error) -> Self {
+        match error {
+            heapscope_core::Error::OutOfMemory(verdict) => Self::OutOfMemory(verdict),
+            other => Self::Failed(other.to_string()),
+        }
+    }
+}
+
+/// A device (real or simulated) a workload runs on.
+///
+/// The runner keeps the order safe on a real device: every op that uses an allocation is passed to
+/// [`Target::run`] — which must return only once the ops have completed — before the allocation is freed, so no
+/// memory is freed, reused or unmapped while a kernel may still touch it. A target whose memory is bound
+/// asynchronously (sparse binding) makes its binds visible to the kernels inside `run`.
+pub trait Target {
+    /// An allocation.
+    type Handle: Copy;
+
+    /// Allocates `size_bytes`.
+    ///
+    /// # Errors
+    /// [`TargetError::OutOfMemory`] with the verdict when it does not fit (the device refusing too);
+    /// [`TargetError::Failed`] otherwise.
+    fn allocate(&mut self, size_bytes: u64) -> Result<Self::Handle, TargetError>;
+
+    /// Frees an allocation (no op that uses it is pending).
+    ///
+    /// # Errors
+    /// [`TargetError::Failed`] for a handle the target refuses, or a device failure.
+    fn free(&mut self, handle: Self::Handle) -> Result<(), TargetError>;
+
+    /// Runs `ops` in order, each seeing the writes of those before it; offsets are relative to each handle's
+    /// first byte. Returns one [`VerifyResult`] per [`Op::Verify`], in order, once everything has completed.
+    ///
+    /// # Errors
+    /// [`TargetError::Failed`] when an op cannot run (the run stops).
+    fn run(&mut self, ops: &[Op<Self::Handle>]) -> Result<Vec<VerifyResult>, TargetError>;
+
+    /// Bytes of device memory reserved now (blocks, segments, mapped pages).
+    fn reserved_bytes(&self) -> u64;
+
+    /// Whether [`Target::run`] really runs the kernels (a simulated target skips them).
+    fn runs_kernels(&self) -> bool;
+}
+
+/// A core [`DeviceHeap`] with no device: kernels are skipped, so a verify finds nothing by construction.
+#[derive(Debug)]
+pub struct SimTarget<H: DeviceHeap> {
+    heap: H,
+    align_bytes: u64,
+}
+
+impl<H: DeviceHeap> SimTarget<H> {
+    /// `heap`, every request aligned to `align_bytes`.
+    pub fn new(heap: H, align_bytes: u64) -> Self {
+        Self { heap, align_bytes }
+    }
+
+    /// The heap.
+    pub fn heap(&self) -> &H {
+        &self.heap
+    }
+}
+
+impl<H: DeviceHeap> Target for SimTarget<H> {
+    type Handle = H::Handle;
+
+    fn allocate(&mut self, size_bytes: u64) -> Result<H::Handle, TargetError> {
+        let request = Request::new(size_bytes, self.align_bytes)?;
+        Ok(self.heap.allocate_request(request)?)
+    }
+
+    fn free(&mut self, handle: H::Handle) -> Result<(), TargetError> {
+        Ok(self.heap.free_handle(handle)?)
+    }
+
+    fn run(&mut self, ops: &[Op<H::Handle>]) -> Result<Vec<VerifyResult>, TargetError> {
+        Ok(vec![VerifyResult::default(); ops.iter().filter(|op| matches!(op, Op::Verify { .. })).count()])
+    }
+
+    fn reserved_bytes(&self) -> u64 {
+        self.heap.reserved_and_live_bytes().0
+    }
+
+    fn runs_kernels(&self) -> bool {
+        false
+    }
+}

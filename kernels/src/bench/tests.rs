@@ -1,0 +1,196 @@
+//! The runner on a CPU target that really keeps the words (each allocation its own buffer, ops executed by the
+//! kernels' CPU twins), and on the simulated heaps.
+
+use std::collections::HashMap;
+
+use heapscope_core::OomCause;
+
+use super::*;
+use crate::workload::{
+    ChurnConfig, KvLayout, ServeConfig, ServeModel, Step, TrainConfig, TrainModel, Workload, churn, serve, train,
+};
+use crate::{Op, VerifyResult, matvec_words, pattern_word, verify_words};
+
+/// Words on the CPU. With `alias_every = Some(n)`, every n-th allocation is handed the words of the previous one
+/// still live (a broken allocator: two live allocations overlap). An op on a freed allocation is a failure, so
+/// the tests see the runner's order.
+#[derive(Debug, Default)]
+struct CpuTarget {
+    buffers: HashMap<usize, Vec<u32>>,
+    /// Allocation handle -> buffer.
+    handles: HashMap<usize, (usize, u64)>,
+    next: usize,
+    alias_every: Option<usize>,
+    reserved_bytes: u64,
+    runs: u64,
+}
+
+impl CpuTarget {
+    fn words(&mut self, handle: usize) -> Result<&mut Vec<u32>, TargetError> {
+        let (buffer, _) =
+            *self.handles.get(&handle).ok_or_else(|| TargetError::Failed(format!("op on freed allocation {handle}")))?;
+        self.buffers.get_mut(&buffer).ok_or_else(|| TargetError::Failed(format!("buffer {buffer} is gone")))
+    }
+}
+
+impl Target for CpuTarget {
+    type Handle = usize;
+
+    fn allocate(&mut self, size_bytes: u64) -> Result<usize, TargetError> {
+        let handle = self.next;
+        self.next += 1;
+        let words = (size_bytes / 4) as usize;
+        let alias = self.alias_every.is_some_and(|n| handle % n == n - 1);
+        let shared = alias
+            .then(|| {
+                self.handles.values().filter(|(buffer, _)| self.buffers[buffer].len() >= words).map(|&(buffer, _)| buffer).max()
+            })
+            .flatten();
+        let buffer = shared.unwrap_or_else(|| {
+            self.buffers.insert(handle, vec![0; words]);
+            handle
+        });
+        self.handles.insert(handle, (buffer, size_bytes));
+        self.reserved_bytes += size_bytes;
+        Ok(handle)
+    }
+
+    fn free(&mut self, handle: usize) -> Result<(), TargetError> {
+        let (buffer, size) =
+            self.handles.remove(&handle).ok_or_else(|| TargetError::Failed(format!("double free of {handle}")))?;
+        if !self.handles.values().any(|&(other, _)| other == buffer) {
+            self.buffers.remove(&buffer);
+        }
+        self.reserved_bytes -= size;
+        Ok(())
+    }
+
+    fn run(&mut self, ops: &[Op<usize>]) -> Result<Vec<VerifyResult>, TargetError> {
+        self.runs += 1;
+        let mut results = Vec::new();
+        for op in ops {
+            match *op {
+                Op::Fill { target, offset_bytes, len_bytes, id } => {
+                    let at = (offset_bytes / 4) as usize;
+                    let words = self.words(target)?;
+                    for (index, word) in (0..).zip(&mut words[at..at + (len_bytes / 4) as usize]) {
+                        *word = pattern_word(id, index);
+                    }
+                }
+                Op::Verify { target, offset_bytes, len_bytes, id } => {
+                    let at = (offset_bytes / 4) as usize;
+                    let words = self.words(target)?;
+                    results.push(verify_words(id, &words[at..at + (len_bytes / 4) as usize]));
+                }
+                Op::Copy { src, src_offset_bytes, dst, dst_offset_bytes, len_bytes } => {
+                    let (from, len) = ((src_offset_bytes / 4) as usize, (len_bytes / 4) as usize);
+                    let copied = self.words(src)?[from..from + len].to_vec();
+                    let to = (dst_offset_bytes / 4) as usize;
+                    self.words(dst)?[to..to + len].copy_from_slice(&copied);
+                }
+                Op::MatVec { matrix, input, output, rows, cols, ids, .. } => {
+                    let a = self.words(matrix)?[..(rows * cols) as usize].to_vec();
+                    let x = self.words(input)?[..cols as usize].to_vec();
+                    let y = matvec_words(&a, &x, cols, 0, ids);
+                    self.words(output)?[..rows as usize].copy_from_slice(&y);
+                }
+            }
+        }
+        Ok(results)
+    }
+
+    fn reserved_bytes(&self) -> u64 {
+        self.reserved_bytes
+    }
+
+    fn runs_kernels(&self) -> bool {
+        true
+    }
+}
+
+fn small_serve(kv: KvLayout) -> Workload {
+    let model = ServeModel { weights_bytes: 1 << 20, kv_bytes_per_token: 1024, vocab: 512, hidden: 64, ..ServeModel::default() };
+    serve(&ServeConfig { steps: 120, kv, seed: 3, model })
+}
+
+fn small_train(checkpointing: bool) -> Workload {
+    let model = TrainModel { layers: 2, hidden: 32, heads: 2, vocab: 256, seq_range: (16, 48), element_bytes: 4 };
+    train(&TrainConfig { steps: 2, batch: 2, checkpointing, seed: 4, model })
+}
+
+/// Every workload kind on real words: nothing damaged, every allocation verified before its free, copies and
+/// matvecs checked through what they leave behind.
+#[test]
+fn workloads_on_the_cpu_target_verify_clean() {
+    let churned = churn(&ChurnConfig { steps: 300, size_range: (256, 64 << 10), ..ChurnConfig::new(2) });
+    for workload in
+        [small_serve(KvLayout::Paged), small_serve(KvLayout::Contiguous), small_train(false), small_train(true), churned]
+    {
+        let stats = workload.check().unwrap();
+        let mut target = CpuTarget::default();
+        let report = run(&workload, &mut target).unwrap();
+        assert_eq!(report.mismatches, 0, "{}: {:?}", workload.name, report.first_mismatch);
+        assert!(report.kernels_ran);
+        assert_eq!((report.allocs, report.frees, report.ooms), (stats.allocs, stats.frees, 0), "{}", workload.name);
+        assert_eq!(report.peak_live_bytes, stats.peak_live_bytes);
+        assert_eq!(report.ops.matvecs, stats.matvecs, "{}", workload.name);
+        assert_eq!(report.ops.copies, stats.copies, "{}", workload.name);
+        // One fill per allocation, one more per copy that leaves a tail; at least one verify per allocation.
+        assert_eq!(report.ops.fills, stats.allocs + stats.copies, "{}", workload.name);
+        assert!(report.ops.verifies >= stats.allocs, "{}", workload.name);
+        assert!(target.handles.is_empty() && target.buffers.is_empty(), "{}: everything freed", workload.name);
+        assert!(report.batches < report.allocs, "{}: batched ({} batches)", workload.name, report.batches);
+    }
+}
+
+/// A broken allocator (two live allocations share words) is caught by the verifies.
+#[test]
+fn overlapping_allocations_are_caught() {
+    let workload = small_serve(KvLayout::Contiguous);
+    let mut target = CpuTarget { alias_every: Some(7), ..CpuTarget::default() };
+    let report = run(&workload, &mut target).unwrap();
+    assert!(report.mismatches > 0, "{report:?}");
+    let (id, step, result) = report.first_mismatch.unwrap();
+    assert!(!result.is_clean());
+    assert!(matches!(workload.steps[step as usize], Step::Free { .. }) || step == workload.steps.len() as u64, "{id} at {step}");
+}
+
+/// Simulated heaps: the same stream through every contender; no kernels, so no mismatch, said as such.
+#[test]
+fn simulated_runs_skip_the_kernels() {
+    let workload = small_train(false);
+    let stats = workload.check().unwrap();
+    for policy in BenchPolicy::DEFAULT {
+        let report = run_simulated(&workload, policy, &BenchSettings::new(None)).unwrap();
+        assert!(!report.kernels_ran && report.mismatches == 0, "{policy}");
+        assert_eq!((report.allocs, report.ooms, report.peak_live_bytes), (stats.allocs, 0, stats.peak_live_bytes), "{policy}");
+        assert!(report.peak_reserved_bytes >= report.peak_live_bytes, "{policy}: {report:?}");
+    }
+}
+
+/// Under a budget too small, allocations are refused with a verdict, the steps on them skipped, the run goes on.
+#[test]
+fn refused_allocations_are_counted_and_skipped() {
+    let workload = small_serve(KvLayout::Paged);
+    let peak = workload.check().unwrap().peak_live_bytes;
+    let settings = BenchSettings::new(Some(peak / 2));
+    let report = run_simulated(&workload, BenchPolicy::Heap(heapscope_core::PolicyKind::Tlsf), &settings).unwrap();
+    assert!(report.ooms > 0 && report.skipped_steps >= report.ooms, "{report:?}");
+    let (step, verdict) = report.first_oom.as_ref().unwrap();
+    assert!(matches!(workload.steps[*step as usize], Step::Alloc { .. }));
+    assert!(verdict.reserved_bytes <= peak / 2, "{verdict}");
+}
+
+/// The serve story under its default budget, without a device: `pytorch` runs out of memory from fragmentation,
+/// `paged` completes.
+#[test]
+fn serve_default_budget_tells_its_story() {
+    let workload = serve(&ServeConfig::new(1));
+    let settings = BenchSettings::new(Some(ServeConfig::DEFAULT_BUDGET_BYTES));
+    let pytorch = run_simulated(&workload, BenchPolicy::Pytorch, &settings).unwrap();
+    let paged = run_simulated(&workload, BenchPolicy::Paged, &settings).unwrap();
+    assert!(pytorch.ooms > 0, "{pytorch:?}");
+    assert_eq!(pytorch.first_oom.as_ref().unwrap().1.cause, OomCause::Fragmentation, "{:?}", pytorch.first_oom);
+    assert_eq!(paged.ooms, 0, "{:?}", paged.first_oom);
+    assert!(paged.peak_reserved_bytes <= ServeConfig::DEFAULT_BUDGET_BYTES);
+}

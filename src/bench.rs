@@ -1,0 +1,390 @@
+//! `heapscope bench`: a workload that behaves like a GPU program (training, LLM serving, churn, or a recording)
+//! through each contender, on a Vulkan device (every allocation filled, computed on and verified by the kernels)
+//! or simulated; per contender, peak live and reserved bytes, out-of-memory verdicts under the budget, kernel
+//! mismatches, allocations per second and wall time, as a table or one JSON object per line.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use heapscope_core::compare::FirstOom;
+use heapscope_core::units::{Bytes, parse_size};
+use heapscope_core::{OomCause, PolicyKind};
+use heapscope_kernels::bench::{BenchPolicy, BenchSettings, RunReport, run, run_simulated};
+use heapscope_kernels::workload::{
+    ChurnConfig, KvLayout, ServeConfig, StreamStats, TrainConfig, Workload, churn, replay, serve, train,
+};
+use heapscope_vulkan::{ContextOptions, VulkanContext, VulkanError, VulkanTarget};
+
+use crate::options::HeapRules;
+
+/// A workload of `heapscope bench`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WorkloadName {
+    /// Transformer training steps: activations, backward frees in reverse, gradients, optimizer state.
+    Train,
+    /// LLM serving: requests arrive and finish, a KV cache grows per token.
+    Serve,
+    /// Random sizes and lifetimes.
+    Churn,
+    /// A recording (PyTorch snapshot, native or CSV trace): FILE.
+    Replay,
+}
+
+/// Where the contenders run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendName {
+    /// A Vulkan device (`HEAPSCOPE_DEVICE` chooses it): real memory, kernels run.
+    Vulkan,
+    /// No device: the same stream through the simulated heaps, kernels skipped.
+    Sim,
+}
+
+/// Arguments of `heapscope bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// The workload.
+    #[arg(long, value_name = "NAME")]
+    pub workload: WorkloadName,
+    /// The recording for `--workload replay`.
+    pub file: Option<PathBuf>,
+    /// Contenders (repeat the flag): pytorch, pytorch-expandable, tlsf, best-fit, first-fit, buddy, paged (the
+    /// default set), or any policy of `heapscope policies`.
+    #[arg(long = "policy", value_name = "NAME")]
+    pub policies: Vec<BenchPolicy>,
+    /// vulkan or sim; default: vulkan where a device exists, else sim.
+    #[arg(long, value_name = "BACKEND")]
+    pub backend: Option<BackendName>,
+    /// Steps of the workload (training steps, engine steps, allocations; for replay, events).
+    #[arg(long, value_name = "N")]
+    pub steps: Option<u32>,
+    /// The seed of the generated workloads.
+    #[arg(long, value_name = "N", default_value = "1")]
+    pub seed: u64,
+    /// train: sequences per batch (8 by default).
+    #[arg(long, value_name = "N")]
+    pub batch: Option<u32>,
+    /// train: gradient checkpointing (keep each layer's input, recompute the rest in backward).
+    #[arg(long)]
+    pub checkpointing: bool,
+    /// serve: the KV cache layout, contiguous or paged (vLLM's blocks of 16 tokens; the default).
+    #[arg(long, value_name = "LAYOUT")]
+    pub kv: Option<KvLayout>,
+    /// Page size of `paged`.
+    #[arg(long, value_name = "SIZE", default_value = "64KiB", value_parser = parse_size)]
+    pub page_size: u64,
+    /// PyTorch allocator settings for the pytorch contenders, in PYTORCH_CUDA_ALLOC_CONF syntax.
+    #[arg(long, value_name = "STR")]
+    pub alloc_conf: Option<String>,
+    /// replay: divide every size by this (a recording from a large GPU on a small device).
+    #[arg(long, value_name = "N")]
+    pub scale: Option<u64>,
+    /// replay: which device's trace of a PyTorch snapshot.
+    #[arg(long, value_name = "N", default_value = "0")]
+    pub device: usize,
+    /// Print one JSON object per line and contender instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub heap: HeapRules,
+}
+
+/// The workload to run, its default budget and what that budget shows.
+struct Chosen {
+    workload: Workload,
+    stats: StreamStats,
+    default_budget: Option<u64>,
+    story: &'static str,
+}
+
+impl BenchArgs {
+    /// Knobs given to a workload that has no such knob are errors, as are a missing or stray FILE.
+    fn check(&self) -> Result<()> {
+        let name = self.workload;
+        if self.batch.is_some() && name != WorkloadName::Train {
+            bail!("--batch is a knob of --workload train");
+        }
+        if self.checkpointing && name != WorkloadName::Train {
+            bail!("--checkpointing is a knob of --workload train");
+        }
+        if self.kv.is_some() && name != WorkloadName::Serve {
+            bail!("--kv is a knob of --workload serve");
+        }
+        if self.scale.is_some() && name != WorkloadName::Replay {
+            bail!("--scale is a knob of --workload replay");
+        }
+        if self.scale == Some(0) {
+            bail!("--scale 0: sizes are divided by it");
+        }
+        match (name, &self.file) {
+            (WorkloadName::Replay, None) => bail!("--workload replay needs a FILE: a PyTorch snapshot, native or CSV trace"),
+            (WorkloadName::Replay, Some(_)) | (_, None) => {}
+            (_, Some(file)) => bail!("{}: only --workload replay takes a FILE", file.display()),
+        }
+        if self.steps == Some(0) {
+            bail!("--steps 0: a workload needs at least one step");
+        }
+        if self.batch == Some(0) {
+            bail!("--batch 0: a batch needs at least one sequence");
+        }
+        if !self.page_size.is_power_of_two() || self.page_size < 4096 {
+            bail!("--page-size {}: must be a power of two of at least 4 KiB", self.page_size);
+        }
+        if self.heap.budget == Some(0) {
+            bail!("--budget 0: nothing could be allocated");
+        }
+        Ok(())
+    }
+
+    fn choose(&self) -> Result<Chosen> {
+        let (workload, default_budget, story) = match self.workload {
+            WorkloadName::Train => {
+                let base = TrainConfig::new(self.seed);
+                let config = TrainConfig {
+                    steps: self.steps.unwrap_or(base.steps),
+                    batch: self.batch.unwrap_or(base.batch),
+                    checkpointing: self.checkpointing,
+                    ..base
+                };
+                (train(&config), Some(TrainConfig::DEFAULT_BUDGET_BYTES), TrainConfig::STORY)
+            }
+            WorkloadName::Serve => {
+                let base = ServeConfig::new(self.seed);
+                let config = ServeConfig { steps: self.steps.unwrap_or(base.steps), kv: self.kv.unwrap_or(base.kv), ..base };
+                (serve(&config), Some(ServeConfig::DEFAULT_BUDGET_BYTES), ServeConfig::STORY)
+            }
+            WorkloadName::Churn => {
+                let base = ChurnConfig::new(self.seed);
+                let config = ChurnConfig { steps: self.steps.unwrap_or(base.steps), ..base };
+                (churn(&config), Some(ChurnConfig::DEFAULT_BUDGET_BYTES), ChurnConfig::STORY)
+            }
+            WorkloadName::Replay => {
+                let file = self.file.as_ref().context("--workload replay needs a FILE")?;
+                let recording = crate::input::open(file, self.device)?;
+                (
+                    replay(&recording, self.steps.map(u64::from), self.scale.unwrap_or(1)),
+                    None,
+                    "no budget: every allocation of the recording filled and verified",
+                )
+            }
+        };
+        let stats = workload.check().with_context(|| format!("{}: the generated stream is not well formed", workload.name))?;
+        Ok(Chosen { workload, stats, default_budget, story })
+    }
+
+    fn settings(&self, budget: Option<u64>) -> Result<BenchSettings> {
+        let mut settings = BenchSettings::new(budget);
+        settings.heap = self.heap.heap_config(PolicyKind::Tlsf);
+        settings.page_bytes = self.page_size;
+        if let Some(overrides) = &self.alloc_conf {
+            settings.alloc_conf.parse_overrides(overrides).map_err(|error| anyhow::anyhow!("--alloc-conf: {error}"))?;
+        }
+        Ok(settings)
+    }
+
+    fn policies(&self) -> Vec<BenchPolicy> {
+        if self.policies.is_empty() { BenchPolicy::DEFAULT.to_vec() } else { self.policies.clone() }
+    }
+}
+
+/// The backend that runs, and why.
+enum Device {
+    Vulkan(Arc<VulkanContext>),
+    Sim { why: String },
+}
+
+impl Device {
+    fn open(asked: Option<BackendName>) -> Result<Self> {
+        match asked {
+            Some(BackendName::Sim) => Ok(Device::Sim { why: "asked".into() }),
+            Some(BackendName::Vulkan) => {
+                let context =
+                    VulkanContext::new(&ContextOptions::from_env()).context("--backend vulkan: bringing up the device")?;
+                Ok(Device::Vulkan(Arc::new(context)))
+            }
+            None => match VulkanContext::new(&ContextOptions::from_env()) {
+                Ok(context) => Ok(Device::Vulkan(Arc::new(context))),
+                Err(error) => Ok(Device::Sim { why: format!("no Vulkan device: {error}") }),
+            },
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Device::Vulkan(_) => "vulkan",
+            Device::Sim { .. } => "sim",
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Device::Vulkan(context) => format!(
+                "vulkan on {}{}: every allocation filled, computed on, copied and verified by the kernels",
+                context.properties().name,
+                if context.validation_enabled() { ", validation on" } else { "" }
+            ),
+            Device::Sim { why } => format!("sim ({why}): no device, kernels skipped, so mismatches are 0 by construction"),
+        }
+    }
+
+    /// Runs `workload` through `policy`; `Ok(None)` when the device cannot host the contender (`paged` and
+    /// `pytorch-expandable` without sparse residency): it is skipped with a note.
+    fn run(&self, workload: &Workload, policy: BenchPolicy, settings: &BenchSettings) -> Result<Option<RunReport>> {
+        Ok(Some(match self {
+            Device::Vulkan(context) => {
+                let mut target = match VulkanTarget::new(context, policy, settings) {
+                    Ok(target) => target,
+                    Err(VulkanError::Unsupported(why)) => {
+                        eprintln!("heapscope: {policy} skipped: unsupported on this device: {why}");
+                        return Ok(None);
+                    }
+                    Err(error) => return Err(error).with_context(|| format!("{policy}: setting up on the device")),
+                };
+                run(workload, &mut target).with_context(|| format!("{policy} on the device"))?
+            }
+            Device::Sim { .. } => run_simulated(workload, policy, settings).with_context(|| format!("{policy}"))?,
+        }))
+    }
+}
+
+/// Runs the bench.
+pub fn run_bench(args: &BenchArgs) -> Result<()> {
+    args.check()?;
+    let chosen = args.choose()?;
+    let budget = args.heap.budget.or(chosen.default_budget);
+    let settings = args.settings(budget)?;
+    let device = Device::open(args.backend)?;
+    if !args.json {
+        print_title(&chosen, budget, args.heap.budget.is_none(), &device);
+    }
+    let mut reports = Vec::new();
+    for policy in args.policies() {
+        let Some(report) = device.run(&chosen.workload, policy, &settings)? else { continue };
+        if args.json {
+            outln!("{}", json_line(policy, &chosen.workload, &device, budget, &report));
+        } else {
+            print_row(policy, &report);
+        }
+        reports.push((policy, report));
+    }
+    if !args.json {
+        print_verdicts(&reports, &chosen.workload);
+    }
+    let messages = match &device {
+        Device::Vulkan(context) => context.validation_messages(),
+        Device::Sim { .. } => Vec::new(),
+    };
+    if let Device::Vulkan(context) = &device
+        && context.validation_enabled()
+        && !args.json
+    {
+        outln!("validation: {} message(s)", messages.len());
+    }
+    if !messages.is_empty() {
+        bail!("the validation layer reported {} message(s):\n{}", messages.len(), messages.join("\n"));
+    }
+    if reports.is_empty() {
+        bail!("no contender could run");
+    }
+    Ok(())
+}
+
+fn print_title(chosen: &Chosen, budget: Option<u64>, default: bool, device: &Device) {
+    let stats = &chosen.stats;
+    outln!(
+        "workload: {}: {} allocations ({} allocated), peak live {}, {} matvecs, {} copies",
+        chosen.workload.name,
+        stats.allocs,
+        Bytes(stats.allocated_bytes),
+        Bytes(stats.peak_live_bytes),
+        stats.matvecs,
+        stats.copies
+    );
+    outln!("backend: {}", device.describe());
+    let budget = budget.map_or_else(|| "none".to_owned(), |bytes| Bytes(bytes).to_string());
+    if default {
+        outln!("budget: {budget} (the default: {})", chosen.story);
+    } else {
+        outln!("budget: {budget}");
+    }
+    outln!(
+        "{:<20} {:>13} {:>14} {:>8} {:>5} {:>10} {:>11} {:>9}",
+        "policy",
+        "peak live",
+        "peak reserved",
+        "ratio",
+        "OOMs",
+        "mismatches",
+        "allocs/s",
+        "wall ms"
+    );
+}
+
+fn print_row(policy: BenchPolicy, report: &RunReport) {
+    let mismatches = if report.kernels_ran { report.mismatches.to_string() } else { "-".to_owned() };
+    outln!(
+        "{:<20} {:>13} {:>14} {:>8.4} {:>5} {:>10} {:>11.0} {:>9.1}",
+        policy.name(),
+        Bytes(report.peak_live_bytes).to_string(),
+        Bytes(report.peak_reserved_bytes).to_string(),
+        report.reserved_over_live(),
+        report.ooms,
+        mismatches,
+        report.allocs_per_sec(),
+        report.wall.as_secs_f64() * 1000.0
+    );
+}
+
+/// The first out-of-memory of each contender that had one, and who completed.
+fn print_verdicts(reports: &[(BenchPolicy, RunReport)], workload: &Workload) {
+    let failed: Vec<_> = reports.iter().filter(|(_, report)| report.ooms > 0).collect();
+    if failed.is_empty() {
+        return;
+    }
+    outln!("first out of memory:");
+    for (policy, report) in &failed {
+        if let Some((step, verdict)) = &report.first_oom {
+            outln!("  {policy} at step {step} of {}: {}", workload.steps.len(), verdict.describe());
+        }
+    }
+    let completed: Vec<&str> = reports.iter().filter(|(_, report)| report.ooms == 0).map(|(policy, _)| policy.name()).collect();
+    let fragmented: Vec<&str> = failed
+        .iter()
+        .filter(|(_, report)| report.first_oom.as_ref().is_some_and(|(_, verdict)| verdict.cause == OomCause::Fragmentation))
+        .map(|(policy, _)| policy.name())
+        .collect();
+    if !completed.is_empty() && !fragmented.is_empty() {
+        outln!("{} ran out of memory from fragmentation where {} completed.", fragmented.join(", "), completed.join(", "));
+    }
+}
+
+fn json_line(policy: BenchPolicy, workload: &Workload, device: &Device, budget: Option<u64>, report: &RunReport) -> String {
+    let first_oom = report.first_oom.as_ref().map(|(step, verdict)| FirstOom::from_verdict(*step, verdict));
+    let first_mismatch = report.first_mismatch.map(|(id, step, result)| {
+        serde_json::json!({ "allocation": id, "step": step, "mismatches": result.mismatches, "first_word": result.first_mismatch })
+    });
+    serde_json::json!({
+        "policy": policy.name(),
+        "workload": workload.name,
+        "backend": device.name(),
+        "budget_bytes": budget,
+        "peak_live_bytes": report.peak_live_bytes,
+        "peak_reserved_bytes": report.peak_reserved_bytes,
+        "reserved_over_live": report.reserved_over_live(),
+        "allocs": report.allocs,
+        "frees": report.frees,
+        "ooms": report.ooms,
+        "first_oom": first_oom,
+        "kernels_ran": report.kernels_ran,
+        "mismatches": report.mismatches,
+        "first_mismatch": first_mismatch,
+        "bytes_verified": report.ops.bytes_verified,
+        "matvecs": report.ops.matvecs,
+        "copies": report.ops.copies,
+        "batches": report.batches,
+        "allocs_per_sec": report.allocs_per_sec(),
+        "wall_ms": report.wall.as_secs_f64() * 1000.0,
+    })
+    .to_string()
+}

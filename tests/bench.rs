@@ -1,0 +1,204 @@
+//! `heapscope bench` end to end, through the built binary. On a Vulkan device (lavapipe in CI, validation layer
+//! on: any message fails the command) the kernels fill, compute on and verify every allocation; without one the
+//! command falls back to the simulated backend, unless `HEAPSCOPE_REQUIRE_GPU=1` makes that a failure.
+#![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn heapscope(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_heapscope")).args(args).env("HEAPSCOPE_VALIDATION", "1").output().expect("the binary runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// One JSON object per contender, by policy name.
+fn json_lines(output: &Output) -> Vec<Value> {
+    assert!(output.status.success(), "stderr: {}", stderr(output));
+    stdout(output).lines().map(|line| serde_json::from_str(line).expect("one JSON object per line")).collect()
+}
+
+fn by_policy<'a>(lines: &'a [Value], policy: &str) -> &'a Value {
+    lines.iter().find(|line| line["policy"] == policy).unwrap_or_else(|| panic!("no line for {policy}: {lines:?}"))
+}
+
+fn gpu_required() -> bool {
+    std::env::var("HEAPSCOPE_REQUIRE_GPU").is_ok_and(|value| value.trim() == "1")
+}
+
+const KEYS: [&str; 10] = [
+    "policy",
+    "workload",
+    "backend",
+    "peak_live_bytes",
+    "peak_reserved_bytes",
+    "ooms",
+    "first_oom",
+    "mismatches",
+    "allocs_per_sec",
+    "wall_ms",
+];
+
+/// Every key of the issue, and numbers that agree with each other.
+fn check_line(line: &Value) {
+    for key in KEYS {
+        assert!(line.get(key).is_some(), "{key} missing: {line}");
+    }
+    let (live, reserved) = (line["peak_live_bytes"].as_u64().unwrap(), line["peak_reserved_bytes"].as_u64().unwrap());
+    assert!(live > 0 && reserved >= live, "{line}");
+    if let Some(budget) = line["budget_bytes"].as_u64() {
+        assert!(reserved <= budget, "{line}");
+    }
+    let ratio = line["reserved_over_live"].as_f64().unwrap();
+    assert!((ratio - reserved as f64 / live as f64).abs() < 1e-9, "{line}");
+    let ooms = line["ooms"].as_u64().unwrap();
+    assert_eq!(ooms == 0, line["first_oom"].is_null(), "{line}");
+    let (allocs, wall_ms) = (line["allocs"].as_f64().unwrap(), line["wall_ms"].as_f64().unwrap());
+    let rate = line["allocs_per_sec"].as_f64().unwrap();
+    assert!(wall_ms > 0.0 && (rate * wall_ms / 1000.0 - allocs).abs() <= allocs * 1e-6 + 1e-6, "{line}");
+    assert_eq!(line["mismatches"], 0, "{line}");
+}
+
+/// The acceptance test of the issue: `serve` with paged KV blocks (the default) under its default budget — on
+/// lavapipe with validation on — `paged` completes where `pytorch` runs out of memory from fragmentation, with no
+/// kernel mismatch; `--backend sim` agrees on who runs out of memory, when, and on every byte count.
+#[test]
+fn serve_paged_completes_where_pytorch_fragments() {
+    let device = json_lines(&heapscope(&["bench", "--workload", "serve", "--policy", "pytorch", "--policy", "paged", "--json"]));
+    let sim = json_lines(&heapscope(&[
+        "bench",
+        "--workload",
+        "serve",
+        "--policy",
+        "pytorch",
+        "--policy",
+        "paged",
+        "--backend",
+        "sim",
+        "--json",
+    ]));
+    assert_eq!((device.len(), sim.len()), (2, 2));
+    let backend = device[0]["backend"].as_str().unwrap();
+    assert!(backend == "vulkan" || !gpu_required(), "HEAPSCOPE_REQUIRE_GPU=1 but the bench ran on {backend}");
+    for line in device.iter().chain(&sim) {
+        check_line(line);
+        assert!(line["workload"].as_str().unwrap().starts_with("serve (paged KV, 16 tokens a block"), "{line}");
+        assert_eq!(line["budget_bytes"], 160 << 20, "the serve default budget");
+    }
+    for lines in [&device, &sim] {
+        let (pytorch, paged) = (by_policy(lines, "pytorch"), by_policy(lines, "paged"));
+        assert!(pytorch["ooms"].as_u64().unwrap() > 0, "{pytorch}");
+        assert_eq!(pytorch["first_oom"]["verdict"], "fragmentation", "{pytorch}");
+        assert_eq!(paged["ooms"], 0, "{paged}");
+    }
+    if backend == "vulkan" {
+        for line in &device {
+            assert_eq!(line["kernels_ran"], true, "{line}");
+            assert!(line["bytes_verified"].as_u64().unwrap() > 500 << 20, "{line}");
+        }
+    }
+    assert!(sim.iter().all(|line| line["backend"] == "sim" && line["kernels_ran"] == false));
+    for policy in ["pytorch", "paged"] {
+        let (on_device, simulated) = (by_policy(&device, policy), by_policy(&sim, policy));
+        for key in ["ooms", "allocs", "frees", "peak_live_bytes", "peak_reserved_bytes", "first_oom"] {
+            assert_eq!(on_device[key], simulated[key], "{policy}: {key}");
+        }
+    }
+}
+
+/// The table says what ran where, the budget and its story, and the verdict in one sentence.
+#[test]
+fn the_table_tells_the_story() {
+    let output = heapscope(&["bench", "--workload", "serve", "--backend", "sim", "--policy", "pytorch", "--policy", "paged"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    for expected in [
+        "workload: serve (paged KV",
+        "backend: sim (asked): no device, kernels skipped, so mismatches are 0 by construction",
+        "budget: 160.00 MiB (the default: with paged KV blocks, pytorch fragments",
+        "first out of memory:",
+        "Fragmentation:",
+        "pytorch ran out of memory from fragmentation where paged completed.",
+    ] {
+        assert!(text.contains(expected), "{expected:?} in:\n{text}");
+    }
+    assert!(text.lines().any(|line| line.starts_with("paged ") && line.contains(" 0 ")), "{text}");
+}
+
+/// The two remedies of `train`, simulated: batch 8 runs out of memory under the default budget; checkpointing or
+/// batch 4 fit, with a lower peak.
+#[test]
+fn train_knobs_change_the_outcome() {
+    let run = |extra: &[&str]| {
+        let mut args = vec!["bench", "--workload", "train", "--backend", "sim", "--policy", "pytorch", "--json"];
+        args.extend_from_slice(extra);
+        json_lines(&heapscope(&args)).remove(0)
+    };
+    let default = run(&[]);
+    let checkpointed = run(&["--checkpointing"]);
+    let half = run(&["--batch", "4"]);
+    assert!(default["ooms"].as_u64().unwrap() > 0, "{default}");
+    for line in [&checkpointed, &half] {
+        check_line(line);
+        assert_eq!(line["ooms"], 0, "{line}");
+        assert!(line["peak_live_bytes"].as_u64() < default["peak_live_bytes"].as_u64(), "{line}");
+    }
+    assert!(checkpointed["workload"].as_str().unwrap().contains("checkpointing"));
+    assert!(half["workload"].as_str().unwrap().starts_with("train (batch 4"));
+}
+
+/// A PyTorch snapshot replayed (sizes / 16), every allocation filled and verified on the device.
+#[test]
+fn replay_a_snapshot_on_the_device() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/traces/pytorch/frag_oom-default.pickle.gz");
+    let output = heapscope(&[
+        "bench",
+        "--workload",
+        "replay",
+        file.to_str().unwrap(),
+        "--scale",
+        "16",
+        "--policy",
+        "tlsf",
+        "--policy",
+        "pytorch",
+        "--json",
+    ]);
+    let lines = json_lines(&output);
+    for line in &lines {
+        check_line(line);
+        assert_eq!((line["allocs"].as_u64(), line["ooms"].as_u64()), (Some(41), Some(0)), "{line}");
+        assert!(line["workload"].as_str().unwrap().ends_with("sizes / 16"), "{line}");
+        assert!(line["budget_bytes"].is_null());
+    }
+}
+
+#[test]
+fn bad_bench_input_is_refused() {
+    let cases: [(&[&str], &str); 10] = [
+        (&["bench", "--workload", "replay"], "needs a FILE"),
+        (&["bench", "--workload", "serve", "x.pickle"], "only --workload replay takes a FILE"),
+        (&["bench", "--workload", "serve", "--batch", "4"], "--batch is a knob of --workload train"),
+        (&["bench", "--workload", "train", "--kv", "paged"], "--kv is a knob of --workload serve"),
+        (&["bench", "--workload", "churn", "--checkpointing"], "--checkpointing is a knob of --workload train"),
+        (&["bench", "--workload", "train", "--steps", "0"], "--steps 0"),
+        (&["bench", "--workload", "serve", "--kv", "pages"], "expected contiguous or paged"),
+        (&["bench", "--workload", "serve", "--policy", "tlfs"], "pytorch-expandable"),
+        (&["bench", "--workload", "serve", "--backend", "cuda"], "possible values: vulkan, sim"),
+        (&["bench", "--workload", "replay", "/nonexistent/trace.csv", "--backend", "sim"], "/nonexistent/trace.csv"),
+    ];
+    for (args, expected) in cases {
+        let output = heapscope(args);
+        assert!(!output.status.success(), "{args:?} succeeded");
+        assert!(stderr(&output).contains(expected), "{args:?}: {expected:?} in {}", stderr(&output));
+        assert!(!stderr(&output).contains("panicked"), "{args:?}: {}", stderr(&output));
+    }
+}
