@@ -549,4 +549,41 @@ mod tests {
         assert_eq!(tlsf.live_allocations(), 1);
         tlsf.free(b).unwrap();
     }
+
+    #[test]
+    fn forged_handles_are_refused() {
+        let mut tlsf = Tlsf::new(1 << 20);
+        let live = tlsf.allocate(request(100, 1)).unwrap();
+        let before = tlsf.report();
+        let forge = |slot, generation, offset| {
+            Allocation::from_parts(
+                live.owner(),
+                AllocationId::from_slot(slot, generation),
+                offset,
+                100,
+                (offset, 256),
+                ResourceKind::Linear,
+            )
+        };
+        let id = live.id();
+        // (slot, generation, offset): the sentinel node, a free node, past the node array, a wrong generation,
+        // a wrong offset.
+        let cases = [
+            (0, 0, 0),
+            (id.slot() + 1, 0, 256),
+            (u32::MAX, 0, 0),
+            (id.slot(), id.generation() + 1, live.offset()),
+            (id.slot(), id.generation(), live.offset() + 256),
+        ];
+        for (slot, generation, offset) in cases {
+            let result = tlsf.free(forge(slot, generation, offset));
+            assert!(
+                matches!(result, Err(Error::DoubleFree { .. })),
+                "slot {slot} generation {generation} offset {offset}: {result:?}"
+            );
+            assert_eq!(tlsf.report(), before, "slot {slot}: nothing changes");
+        }
+        tlsf.free(live).unwrap();
+        assert_eq!(tlsf.report().ranges, [RangeReport::unowned(0, 1 << 20, RangeState::Free)]);
+    }
 }
