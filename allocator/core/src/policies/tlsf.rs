@@ -14,6 +14,12 @@
 //! a handle carries its node index and the node's generation, so a stale or repeated free is refused in
 //! O(1). A node's generation is a 32-bit counter bumped on every free of it: a handle kept across 2^32 reuses
 //! of the same node would match again.
+//!
+//! The hot path is written to avoid data-dependent branches, which cost more than the arithmetic on a
+//! replay's unpredictable mix of sizes: node 0 is a sentinel that stands for "no node" (a link update to a
+//! missing neighbour writes into it instead of being skipped, and it is never free, so it never merges), a
+//! size's list is computed without a branch for small sizes, and a list's bitmap bits are cleared by masks
+//! rather than tests. The requested size, read only by reports, sits beside the node array.
 
 use crate::granularity::{self, GranularityGuard};
 use crate::policy::{not_live, rounded};
@@ -26,23 +32,25 @@ use crate::{
 const SL_LOG2: u32 = 5;
 const SL_COUNT: u32 = 1 << SL_LOG2;
 const FL_COUNT: usize = 64;
-const NIL: u32 = u32::MAX;
 const LISTS: usize = FL_COUNT * SL_COUNT as usize;
+/// Node 0 is a sentinel, never part of the layout: a link to "no node" points at it, so updating a
+/// neighbour's link needs no test (the sentinel absorbs the write), and it is never `Free`, so it never merges.
+const NIL: u32 = 0;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum NodeState {
     Free,
     Used,
-    /// Not part of the layout: waiting in `vacant` for reuse.
+    /// Not part of the layout: waiting in `vacant` for reuse (and the sentinel).
     Vacant,
 }
 
+/// A block of the layout. What only reports read (the requested size) lives in `Tlsf::requested`, so a node
+/// takes 40 bytes.
 #[derive(Clone, Copy, Debug)]
 struct Node {
     offset: u64,
     size: u64,
-    /// Bytes the caller asked for (used nodes).
-    requested: u64,
     prev_phys: u32,
     next_phys: u32,
     prev_free: u32,
@@ -56,21 +64,18 @@ struct Node {
 }
 
 impl Node {
-    fn free(offset: u64, size: u64, prev_phys: u32, next_phys: u32) -> Self {
-        Self {
-            offset,
-            size,
-            requested: 0,
-            prev_phys,
-            next_phys,
-            prev_free: NIL,
-            next_free: NIL,
-            generation: 0,
-            list: 0,
-            state: NodeState::Free,
-            kind: ResourceKind::Linear,
-        }
-    }
+    const SENTINEL: Self = Self {
+        offset: 0,
+        size: 0,
+        prev_phys: NIL,
+        next_phys: NIL,
+        prev_free: NIL,
+        next_free: NIL,
+        generation: 0,
+        list: 0,
+        state: NodeState::Vacant,
+        kind: ResourceKind::Linear,
+    };
 }
 
 /// The TLSF policy. See the module documentation.
@@ -83,33 +88,32 @@ pub struct Tlsf {
     fl_bitmap: u64,
     sl_bitmaps: [u32; FL_COUNT],
     heads: [u32; LISTS],
-    /// Block metadata, out of band.
+    /// Block metadata, out of band; `nodes[0]` is the sentinel.
     nodes: Vec<Node>,
+    /// Bytes the caller asked for, by node (used nodes; read by reports only).
+    requested: Vec<u64>,
     /// Head of the vacant nodes, linked through `next_free`.
     vacant: u32,
     live: usize,
     guard: Option<GranularityGuard>,
 }
 
-/// The list holding blocks of `units`: (first level, second level).
+/// The list holding blocks of `units`: (first level, second level). Below `SL_COUNT` units the first level is
+/// 0 and the second the size itself; computed without branches.
 #[inline]
 fn mapping(units: u64) -> (usize, u32) {
-    if units < u64::from(SL_COUNT) {
-        (0, units as u32)
-    } else {
-        let log = 63 - units.leading_zeros();
-        ((log - SL_LOG2 + 1) as usize, (units >> (log - SL_LOG2)) as u32 & (SL_COUNT - 1))
-    }
+    // floor(log2(units)), or SL_LOG2 - 1 below SL_COUNT.
+    let log = 63 - (units | u64::from(SL_COUNT - 1)).leading_zeros();
+    let shift = log.max(SL_LOG2) - SL_LOG2;
+    ((log + 1 - SL_LOG2) as usize, (units >> shift) as u32 & (SL_COUNT - 1))
 }
 
 /// The first list whose every block holds `units`; `None` when rounding overflows.
 #[inline]
 fn mapping_round_up(units: u64) -> Option<(usize, u32)> {
-    if units < u64::from(SL_COUNT) {
-        return Some(mapping(units));
-    }
-    let log = 63 - units.leading_zeros();
-    Some(mapping(units.checked_add((1u64 << (log - SL_LOG2)) - 1)?))
+    let log = 63 - (units | u64::from(SL_COUNT - 1)).leading_zeros();
+    let shift = log.max(SL_LOG2) - SL_LOG2;
+    Some(mapping(units.checked_add((1u64 << shift) - 1)?))
 }
 
 #[inline]
@@ -131,6 +135,8 @@ impl Tlsf {
         config.validate()?;
         let min_align = config.min_align_bytes;
         let capacity_bytes = align_down(capacity_bytes, min_align);
+        let mut nodes = Vec::with_capacity(64);
+        nodes.push(Node::SENTINEL);
         let mut tlsf = Self {
             owner: OwnerId::fresh(),
             capacity_bytes,
@@ -139,30 +145,36 @@ impl Tlsf {
             fl_bitmap: 0,
             sl_bitmaps: [0; FL_COUNT],
             heads: [NIL; LISTS],
-            nodes: Vec::with_capacity(64),
+            nodes,
+            requested: vec![0],
             vacant: NIL,
             live: 0,
             guard: config.granularity().map(GranularityGuard::new),
         };
         if capacity_bytes > 0 {
-            let first = tlsf.new_node(Node::free(0, capacity_bytes, NIL, NIL));
-            tlsf.insert_free(first);
+            let first = tlsf.new_node(0, capacity_bytes, NIL, NIL);
+            tlsf.insert_free(first, capacity_bytes);
         }
         Ok(tlsf)
     }
 
+    /// A node for the block `[offset, offset + size)` between `prev_phys` and `next_phys`; its free-list
+    /// fields are set by [`Tlsf::insert_free`].
     #[inline]
-    fn new_node(&mut self, node: Node) -> u32 {
+    fn new_node(&mut self, offset: u64, size: u64, prev_phys: u32, next_phys: u32) -> u32 {
         let index = self.vacant;
         if index != NIL {
-            let slot = &mut self.nodes[index as usize];
-            self.vacant = slot.next_free;
-            *slot = Node { generation: slot.generation, ..node };
+            let node = &mut self.nodes[index as usize];
+            self.vacant = node.next_free;
+            node.offset = offset;
+            node.size = size;
+            node.prev_phys = prev_phys;
+            node.next_phys = next_phys;
             index
         } else {
             let index = u32::try_from(self.nodes.len()).expect("fewer than 2^32 blocks");
-            assert!(index != NIL, "fewer than 2^32 - 1 blocks");
-            self.nodes.push(node);
+            self.nodes.push(Node { offset, size, prev_phys, next_phys, ..Node::SENTINEL });
+            self.requested.push(0);
             index
         }
     }
@@ -175,9 +187,10 @@ impl Tlsf {
         self.vacant = index;
     }
 
+    /// Puts node `index`, of `size` bytes, at the head of its free list.
     #[inline]
-    fn insert_free(&mut self, index: u32) {
-        let (fl, sl) = mapping(self.nodes[index as usize].size >> self.unit_shift);
+    fn insert_free(&mut self, index: u32, size: u64) {
+        let (fl, sl) = mapping(size >> self.unit_shift);
         let slot = list(fl, sl);
         let head = self.heads[slot];
         let node = &mut self.nodes[index as usize];
@@ -185,9 +198,7 @@ impl Tlsf {
         node.state = NodeState::Free;
         node.prev_free = NIL;
         node.next_free = head;
-        if head != NIL {
-            self.nodes[head as usize].prev_free = index;
-        }
+        self.nodes[head as usize].prev_free = index;
         self.heads[slot] = index;
         self.fl_bitmap |= 1 << fl;
         self.sl_bitmaps[fl] |= 1 << sl;
@@ -196,16 +207,12 @@ impl Tlsf {
     #[inline]
     fn remove_free(&mut self, index: u32) {
         let Node { list, prev_free, next_free, .. } = self.nodes[index as usize];
-        if next_free != NIL {
-            self.nodes[next_free as usize].prev_free = prev_free;
-        }
-        if prev_free != NIL {
-            self.nodes[prev_free as usize].next_free = next_free;
-        } else {
-            self.heads[usize::from(list)] = next_free;
-            if next_free == NIL {
-                self.clear_list_bit(usize::from(list));
-            }
+        let list = usize::from(list);
+        self.nodes[next_free as usize].prev_free = prev_free;
+        self.nodes[prev_free as usize].next_free = next_free;
+        if prev_free == NIL {
+            self.heads[list] = next_free;
+            self.clear_list_bit_if_empty(list);
         }
     }
 
@@ -223,9 +230,7 @@ impl Tlsf {
         let node = &mut self.nodes[left as usize];
         node.size += size;
         node.next_phys = after;
-        if after != NIL {
-            self.nodes[after as usize].prev_phys = left;
-        }
+        self.nodes[after as usize].prev_phys = left;
         self.vacate(right);
     }
 
@@ -235,21 +240,19 @@ impl Tlsf {
         let index = self.heads[slot];
         let next_free = self.nodes[index as usize].next_free;
         self.heads[slot] = next_free;
-        if next_free != NIL {
-            self.nodes[next_free as usize].prev_free = NIL;
-        } else {
-            self.clear_list_bit(slot);
-        }
+        self.nodes[next_free as usize].prev_free = NIL;
+        self.clear_list_bit_if_empty(slot);
         index
     }
 
+    /// Clears the bitmap bits of list `slot` when it is empty, without branches.
     #[inline]
-    fn clear_list_bit(&mut self, slot: usize) {
+    fn clear_list_bit_if_empty(&mut self, slot: usize) {
         let (fl, sl) = (slot / SL_COUNT as usize, slot % SL_COUNT as usize);
-        self.sl_bitmaps[fl] &= !(1 << sl);
-        if self.sl_bitmaps[fl] == 0 {
-            self.fl_bitmap &= !(1 << fl);
-        }
+        let empty = u32::from(self.heads[slot] == NIL);
+        self.sl_bitmaps[fl] &= !(empty << sl);
+        let fl_empty = u64::from(self.sl_bitmaps[fl] == 0);
+        self.fl_bitmap &= !(fl_empty << fl);
     }
 
     /// The first non-empty list at or after `(fl, sl)`.
@@ -277,34 +280,28 @@ impl Tlsf {
     /// returning its ends to the free lists.
     #[inline]
     fn take(&mut self, index: u32, offset: u64, size: u64, request: Request) -> Allocation {
-        let Node { offset: block_offset, prev_phys, .. } = self.nodes[index as usize];
+        let Node { offset: block_offset, size: block_size, prev_phys, next_phys, .. } = self.nodes[index as usize];
         if offset > block_offset {
-            let gap = self.new_node(Node::free(block_offset, offset - block_offset, prev_phys, index));
-            if prev_phys != NIL {
-                self.nodes[prev_phys as usize].next_phys = gap;
-            }
-            let node = &mut self.nodes[index as usize];
-            node.prev_phys = gap;
-            node.size -= offset - block_offset;
-            node.offset = offset;
-            self.insert_free(gap);
+            let gap_size = offset - block_offset;
+            let gap = self.new_node(block_offset, gap_size, prev_phys, index);
+            self.nodes[prev_phys as usize].next_phys = gap;
+            self.nodes[index as usize].prev_phys = gap;
+            self.insert_free(gap, gap_size);
         }
-        let Node { size: block_size, next_phys, .. } = self.nodes[index as usize];
-        if block_size > size {
-            let tail = self.new_node(Node::free(offset + size, block_size - size, index, next_phys));
-            if next_phys != NIL {
-                self.nodes[next_phys as usize].prev_phys = tail;
-            }
-            let node = &mut self.nodes[index as usize];
-            node.next_phys = tail;
-            node.size = size;
-            self.insert_free(tail);
+        let tail_size = block_offset + block_size - (offset + size);
+        if tail_size > 0 {
+            let tail = self.new_node(offset + size, tail_size, index, next_phys);
+            self.nodes[next_phys as usize].prev_phys = tail;
+            self.nodes[index as usize].next_phys = tail;
+            self.insert_free(tail, tail_size);
         }
         let node = &mut self.nodes[index as usize];
-        node.requested = request.size_bytes();
+        node.offset = offset;
+        node.size = size;
         node.state = NodeState::Used;
         node.kind = request.kind();
         let generation = node.generation;
+        self.requested[index as usize] = request.size_bytes();
         if let Some(guard) = &mut self.guard {
             guard.insert(offset, size, request.kind());
         }
@@ -393,22 +390,23 @@ impl Policy for Tlsf {
         let node = &mut self.nodes[index as usize];
         node.generation = node.generation.wrapping_add(1);
         node.state = NodeState::Free;
-        let Node { offset, size, next_phys, .. } = *node;
+        let Node { offset, size, prev_phys, next_phys, .. } = *node;
         if let Some(guard) = &mut self.guard {
             guard.remove(offset, size);
         }
         self.live -= 1;
-        if next_phys != NIL && self.nodes[next_phys as usize].state == NodeState::Free {
+        // The sentinel is never free, so no test for a missing neighbour.
+        if self.nodes[next_phys as usize].state == NodeState::Free {
             self.remove_free(next_phys);
             self.join(index, next_phys);
         }
-        let prev_phys = self.nodes[index as usize].prev_phys;
-        if prev_phys != NIL && self.nodes[prev_phys as usize].state == NodeState::Free {
+        if self.nodes[prev_phys as usize].state == NodeState::Free {
             self.remove_free(prev_phys);
             self.join(prev_phys, index);
             index = prev_phys;
         }
-        self.insert_free(index);
+        let size = self.nodes[index as usize].size;
+        self.insert_free(index, size);
         Ok(())
     }
 
@@ -435,7 +433,7 @@ impl Policy for Tlsf {
                 NodeState::Used => allocation_ranges(
                     AllocationId::from_slot(index, node.generation),
                     (node.offset, node.size),
-                    (node.offset, node.requested),
+                    (node.offset, self.requested[index as usize]),
                     &mut ranges,
                 ),
                 _ => ranges.push(RangeReport::unowned(node.offset, node.size, RangeState::Free)),
@@ -550,5 +548,42 @@ mod tests {
         assert!(matches!(tlsf.free(a), Err(Error::DoubleFree { .. })));
         assert_eq!(tlsf.live_allocations(), 1);
         tlsf.free(b).unwrap();
+    }
+
+    #[test]
+    fn forged_handles_are_refused() {
+        let mut tlsf = Tlsf::new(1 << 20);
+        let live = tlsf.allocate(request(100, 1)).unwrap();
+        let before = tlsf.report();
+        let forge = |slot, generation, offset| {
+            Allocation::from_parts(
+                live.owner(),
+                AllocationId::from_slot(slot, generation),
+                offset,
+                100,
+                (offset, 256),
+                ResourceKind::Linear,
+            )
+        };
+        let id = live.id();
+        // (slot, generation, offset): the sentinel node, a free node, past the node array, a wrong generation,
+        // a wrong offset.
+        let cases = [
+            (0, 0, 0),
+            (id.slot() + 1, 0, 256),
+            (u32::MAX, 0, 0),
+            (id.slot(), id.generation() + 1, live.offset()),
+            (id.slot(), id.generation(), live.offset() + 256),
+        ];
+        for (slot, generation, offset) in cases {
+            let result = tlsf.free(forge(slot, generation, offset));
+            assert!(
+                matches!(result, Err(Error::DoubleFree { .. })),
+                "slot {slot} generation {generation} offset {offset}: {result:?}"
+            );
+            assert_eq!(tlsf.report(), before, "slot {slot}: nothing changes");
+        }
+        tlsf.free(live).unwrap();
+        assert_eq!(tlsf.report().ranges, [RangeReport::unowned(0, 1 << 20, RangeState::Free)]);
     }
 }
