@@ -38,6 +38,7 @@ mod error;
 mod gpu_allocator_heap;
 mod margins;
 pub mod memory_types;
+mod page_runs;
 mod paged;
 mod properties;
 mod pytorch_heap;

@@ -308,20 +308,8 @@ impl PytorchDeviceHeap {
         if !undoing {
             return sparse.unbind(&[(offset, size_bytes)]).map(drop);
         }
-        // Only the pages that were bound: runs of them.
-        let page = sparse.page_bytes();
-        let end = (offset + size_bytes).min(sparse.size_bytes());
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        let mut at = offset;
-        while at < end {
-            if sparse.page_at(at).is_some() {
-                match runs.last_mut() {
-                    Some((start, len)) if *start + *len == at => *len += page,
-                    _ => runs.push((at, page)),
-                }
-            }
-            at += page;
-        }
+        // Only the pages that were bound.
+        let runs = sparse.bound_runs_within(offset, size_bytes);
         if runs.is_empty() { Ok(()) } else { sparse.unbind(&runs).map(drop) }
     }
 }
