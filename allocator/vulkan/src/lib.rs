@@ -8,7 +8,8 @@
 //! - [`DeviceMemorySource`] (`source`): `vkAllocateMemory` blocks as a [`heapscope_core::MemorySource`], so a
 //!   [`heapscope_core::Heap`] runs any policy over real device memory.
 //! - [`SparseBuffer`] (`sparse`): a sparse-residency buffer whose pages are bound on demand from a [`PagePool`]
-//!   with `vkQueueBindSparse`, and [`measure_bind_latency`].
+//!   with `vkQueueBindSparse`, and [`measure_bind_latency`]; its bookkeeping is kept in runs of pages
+//!   (`page_runs`), so binding a large range costs as much as its runs, not its pages.
 //! - [`DevicePagedHeap`] (`paged`): a [`heapscope_core::PagedHeap`] whose mapped pages are bound in a sparse buffer
 //!   (cached pages stay bound under [`heapscope_core::UnmapRule::UnderPressure`]); a [`heapscope_core::DeviceHeap`].
 //! - [`PytorchDeviceHeap`] (`pytorch_heap`): PyTorch's caching allocator (the core's `CachingHeap`) with each
