@@ -43,6 +43,7 @@ mod page_runs;
 mod paged;
 mod properties;
 mod pytorch_heap;
+mod segment_memory;
 mod selection;
 mod source;
 mod sparse;
@@ -60,6 +61,7 @@ pub use margins::{Corruption, GuardedAllocation, GuardedHeap, MAGIC, MarginError
 pub use paged::{DevicePagedConfig, DevicePagedHeap, DevicePagedStats};
 pub use properties::{DeviceFeatures, DeviceLimits, DeviceProperties, HeapBudget, QueueFamilyInfo, SparseProperties};
 pub use pytorch_heap::{PytorchDeviceConfig, PytorchDeviceHeap};
+pub use segment_memory::{SegmentCounts, SegmentMemory};
 pub use selection::{DeviceCandidate, VENDORS, select_device};
 pub use source::{BLOCK_BUFFER_USAGE, BlockInfo, DeviceMemorySource, DeviceSourceConfig, LeakReport, LeakedBlock};
 pub use sparse::{BindLatency, BindLayout, PagePool, PageRef, SparseBuffer, SparseConfig, SparseStats, measure_bind_latency};
