@@ -6,13 +6,14 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use heapscope_core::compare::{CompareConfig, Contender, Outcome, alloc_conf, replay_contender, replay_pytorch};
+use heapscope_core::pytorch::AllocConf;
 use heapscope_core::recording::Recording;
 use heapscope_core::units::{Bytes, parse_size};
 use heapscope_core::{PolicyKind, UnmapRule};
 
 use std::sync::Arc;
 
-use heapscope_vulkan::{ContextOptions, DeviceContender, VulkanContext, paged_range_for, replay_on_device};
+use heapscope_vulkan::{ContextOptions, DeviceContender, VulkanContext, replay_on_device};
 
 use crate::input;
 use crate::options::HeapRules;
@@ -75,10 +76,15 @@ impl RecordingArgs {
     /// Replays `recording` through `contender`.
     pub fn outcome(&self, recording: &Recording, contender: Contender) -> Result<Outcome> {
         let outcome = match contender {
-            Contender::Pytorch => replay_pytorch(recording, &alloc_conf(recording, self.alloc_conf.as_deref())?, self.capacity)?,
+            Contender::Pytorch => replay_pytorch(recording, &self.pytorch_conf(recording)?, self.capacity)?,
             other => replay_contender(&recording.trace, other, &self.compare_config(), &|event| recording.entry_of(event))?,
         };
         Ok(outcome)
+    }
+
+    /// PyTorch's allocator settings for `recording`: the recording's own, then `--alloc-conf`.
+    pub fn pytorch_conf(&self, recording: &Recording) -> Result<AllocConf> {
+        Ok(alloc_conf(recording, self.alloc_conf.as_deref())?)
     }
 }
 
@@ -120,8 +126,8 @@ impl std::fmt::Display for Named {
     }
 }
 
-/// Where the contenders run: simulated devices, or (`--vulkan`) heaps, `paged`, gpu-allocator and VMA on a
-/// Vulkan device.
+/// Where the contenders run: simulated devices, or (`--vulkan`) `pytorch`, heaps, `paged`, gpu-allocator and VMA
+/// on a Vulkan device.
 pub struct Runner {
     context: Option<Arc<VulkanContext>>,
 }
@@ -137,23 +143,41 @@ impl Runner {
         Ok(Self { context })
     }
 
-    /// Replays `recording` through `named`: heap contenders, `paged`, gpu-allocator and VMA on the device when
-    /// there is one; `pytorch` always simulated.
+    /// Whether the contenders run on a Vulkan device.
+    pub fn on_device(&self) -> bool {
+        self.context.is_some()
+    }
+
+    /// Replays `recording` through `named`: every contender on the device when there is one, else simulated.
+    /// A contender the device cannot run (a limit it exceeds, a feature it lacks) is an outcome that says why
+    /// ([`Outcome::not_run`]), so the others still run.
     pub fn outcome(&self, args: &RecordingArgs, recording: &Recording, named: Named) -> Result<Outcome> {
-        let event_of = |event| recording.entry_of(event);
         let on_device = match named {
-            Named::Core(Contender::Heap(kind)) => Some(DeviceContender::Heap(kind)),
-            Named::Core(Contender::Paged) => Some(DeviceContender::Paged),
-            Named::Core(Contender::Pytorch) => None,
-            Named::GpuAllocator => Some(DeviceContender::GpuAllocator),
-            Named::Vma => Some(DeviceContender::Vma),
+            Named::Core(Contender::Pytorch) => DeviceContender::Pytorch(args.pytorch_conf(recording)?),
+            Named::Core(Contender::Heap(kind)) => DeviceContender::Heap(kind),
+            Named::Core(Contender::Paged) => DeviceContender::Paged,
+            Named::GpuAllocator => DeviceContender::GpuAllocator,
+            Named::Vma => DeviceContender::Vma,
         };
-        match (on_device, &self.context, named) {
-            (Some(contender), Some(context), _) => {
-                Ok(replay_on_device(context, &recording.trace, contender, &args.compare_config(), &event_of)?)
+        match (&self.context, named) {
+            (Some(_), _) => self.device_outcome(args, recording, &on_device),
+            (None, Named::Core(contender)) => args.outcome(recording, contender),
+            (None, device_only) => anyhow::bail!("{device_only} runs on a Vulkan device: add --vulkan"),
+        }
+    }
+
+    /// Replays `recording` through `contender` on the device (a device limit: an outcome saying so).
+    ///
+    /// # Errors
+    /// No device; any other failure of the replay.
+    pub fn device_outcome(&self, args: &RecordingArgs, recording: &Recording, contender: &DeviceContender) -> Result<Outcome> {
+        let context = self.context.as_ref().context("no Vulkan device: add --vulkan")?;
+        match replay_on_device(context, recording, contender, &args.compare_config()) {
+            Ok(outcome) => Ok(outcome),
+            Err(error) if error.is_device_limit() => {
+                Ok(Outcome::not_run(&format!("{} (vulkan)", contender.name()), format!("not run on this device: {error}")))
             }
-            (_, _, Named::Core(contender)) => args.outcome(recording, contender),
-            (_, _, device_only) => anyhow::bail!("{device_only} runs on a Vulkan device: add --vulkan"),
+            Err(error) => Err(error.into()),
         }
     }
 }
@@ -177,8 +201,9 @@ pub struct ContenderArgs {
     /// default set), any other policy of `heapscope policies`, or gpu-allocator and vma (with --vulkan).
     #[arg(long = "policy", value_name = "NAME")]
     pub policies: Vec<Named>,
-    /// Run the heap contenders and `paged` (on a sparse buffer) on a Vulkan device, with gpu-allocator and
-    /// vma added to the default set (`HEAPSCOPE_DEVICE` chooses the device); `pytorch` stays simulated.
+    /// Run the contenders on a Vulkan device (`HEAPSCOPE_DEVICE` chooses it): `pytorch` on device memory, the
+    /// heap contenders in device blocks, `paged` on a sparse buffer, with gpu-allocator and vma added to the
+    /// default set. A contender the device cannot run (a limit it exceeds) is reported as not run, with why.
     #[arg(long)]
     pub vulkan: bool,
 }
@@ -208,13 +233,18 @@ impl ContenderArgs {
         }
         let recording = recording_args.open()?;
         let runner = Runner::new(self.vulkan)?;
-        // `paged` on the device needs a sparse buffer for the trace: say so before anything runs.
-        if let Some(context) = &runner.context
-            && contenders.contains(&Named::Core(Contender::Paged))
-        {
-            paged_range_for(context, &recording.trace, &recording_args.compare_config()).context("replaying through paged")?;
-        }
         Ok((contenders, recording, runner))
+    }
+
+    /// `outcome` as the command shows it: when the user named one contender only and the device cannot run it,
+    /// the reason is the command's error; otherwise a contender that did not run is a row that says why.
+    pub fn checked(&self, outcome: Outcome) -> Result<Outcome> {
+        let mut named = self.policies.clone();
+        named.dedup();
+        match &outcome.not_run {
+            Some(reason) if named.len() == 1 => anyhow::bail!("{reason}"),
+            _ => Ok(outcome),
+        }
     }
 }
 
@@ -227,16 +257,19 @@ pub fn print_title(recording: &Recording, capacity_bytes: Option<u64>) {
 /// Runs the replay.
 pub fn run(args: &ReplayArgs) -> Result<()> {
     let (contenders, recording, runner) = args.contenders.prepare(&args.recording)?;
-    if !args.json {
-        print_title(&recording, args.recording.capacity);
-        print_header();
-    }
-    for contender in contenders {
-        let outcome =
-            runner.outcome(&args.recording, &recording, contender).with_context(|| format!("replaying through {contender}"))?;
+    for (index, contender) in contenders.into_iter().enumerate() {
+        let outcome = runner
+            .outcome(&args.recording, &recording, contender)
+            .and_then(|outcome| args.contenders.checked(outcome))
+            .with_context(|| format!("replaying through {contender}"))?;
         if args.json {
             outln!("{}", serde_json::to_string(&outcome)?);
         } else {
+            // The title once the first contender ran: a lone contender the device cannot run prints nothing.
+            if index == 0 {
+                print_title(&recording, args.recording.capacity);
+                print_header();
+            }
             print_row(&outcome);
         }
     }
@@ -258,8 +291,12 @@ pub fn print_header() {
     );
 }
 
-/// One contender's row.
+/// One contender's row (what stopped it, for a contender that did not run).
 pub fn print_row(outcome: &Outcome) {
+    if let Some(reason) = &outcome.not_run {
+        outln!("{:<22} {reason}", outcome.policy);
+        return;
+    }
     let fidelity = outcome.fidelity.as_ref().map_or_else(String::new, |fidelity| {
         format!(
             "segments {}/{}, placements {}/{}",

@@ -1,6 +1,7 @@
 //! End-to-end tests of `heapscope replay --vulkan` and `compare --vulkan` on a real Vulkan device (lavapipe in
-//! CI): heap contenders, `paged` on a sparse buffer, gpu-allocator and VMA replay traces on device memory,
-//! beside the simulated contenders. Skipped without a device unless `HEAPSCOPE_REQUIRE_GPU=1`.
+//! CI): `pytorch`, heap contenders, `paged` on a sparse buffer, gpu-allocator and VMA replay traces on device
+//! memory; a contender the device cannot run is a row that says why. Skipped without a device unless
+//! `HEAPSCOPE_REQUIRE_GPU=1`.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
 use std::path::{Path, PathBuf};
@@ -44,14 +45,20 @@ fn heaps_gpu_allocator_and_vma_replay_on_the_device() {
     let Some(output) = on_device(&args) else { return };
     let on_device = lines(&output);
     let policies: Vec<&str> = on_device.iter().map(|line| line["policy"].as_str().unwrap()).collect();
-    assert_eq!(policies, ["tlsf (vulkan)", "gpu-allocator (vulkan)", "vma (vulkan)", "pytorch"]);
+    assert_eq!(policies, ["tlsf (vulkan)", "gpu-allocator (vulkan)", "vma (vulkan)", "pytorch (vulkan)"]);
     // The same requests as the simulated replay: every allocation served, the same peak of live bytes.
-    let simulated = lines(&heapscope(&["replay", &trace, "--json", "--policy", "tlsf"]));
-    for line in &on_device[..3] {
+    let simulated = lines(&heapscope(&["replay", &trace, "--json", "--policy", "tlsf", "--policy", "pytorch"]));
+    for line in &on_device {
         assert_eq!((line["allocs"].as_u64(), line["ooms"].as_u64()), (Some(6179), Some(0)), "{line}");
         assert_eq!(line["peak_live_bytes"], simulated[0]["peak_live_bytes"], "{line}");
         assert!(line["peak_reserved_bytes"].as_u64() >= line["peak_live_bytes"].as_u64(), "{line}");
         assert!(line["device_allocs"].as_u64().unwrap() > 0, "{line}");
+        assert!(line["not_run"].is_null(), "{line}");
+    }
+    // PyTorch's allocator on device memory: the simulated contender's numbers, reserved bytes and device
+    // allocations measured on the device.
+    for key in ["peak_reserved_bytes", "device_allocs", "device_frees", "frees"] {
+        assert_eq!(on_device[3][key], simulated[1][key], "{key}");
     }
     // The allocators of today need the device, and say so before reading anything.
     for name in ["gpu-allocator", "vma"] {
@@ -74,6 +81,7 @@ fn paged_on_the_device_names_the_limit_a_trace_exceeds() {
         let line = &lines(&output)[0];
         assert_eq!((line["policy"].as_str(), line["ooms"].as_u64()), (Some("paged (vulkan)"), Some(0)), "{line}");
     } else {
+        // Asked for `paged` alone: the reason is the command's error, and nothing is printed.
         assert!(
             stderr.contains("the paged contender needs a virtual range of at least 12.")
                 && stderr.contains("sparseAddressSpaceSize")
@@ -81,7 +89,89 @@ fn paged_on_the_device_names_the_limit_a_trace_exceeds() {
             "{stderr}"
         );
         assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(output.stdout.is_empty(), "{}", String::from_utf8_lossy(&output.stdout));
     }
+}
+
+/// The default set on the device, on a trace `paged` cannot take on a small device (the GPT-2 trace, 12.7 GiB
+/// live at once, against lavapipe's 2 GiB of sparse address space): every other contender's row is there, and
+/// `paged`'s says why it did not run — the limit, and what to do — in the table and in `--json` (`not_run`);
+/// the command succeeds.
+#[test]
+fn the_default_set_runs_the_others_when_paged_cannot() {
+    let trace = gpt2();
+    let Some(json) = on_device(&["replay", &trace, "--json"]) else { return };
+    let replays = lines(&json);
+    let policies: Vec<&str> = replays.iter().map(|line| line["policy"].as_str().unwrap()).collect();
+    assert_eq!(
+        policies,
+        [
+            "pytorch (vulkan)",
+            "tlsf (vulkan)",
+            "best-fit (vulkan)",
+            "first-fit (vulkan)",
+            "buddy (vulkan)",
+            "paged (vulkan)",
+            "gpu-allocator (vulkan)",
+            "vma (vulkan)"
+        ]
+    );
+    let paged = &replays[5];
+    let ran: Vec<&Value> = replays.iter().filter(|line| line["not_run"].is_null()).collect();
+    if paged["not_run"].is_null() {
+        // A device with room for the range runs it like the others.
+        assert_eq!(ran.len(), 8);
+    } else {
+        let reason = paged["not_run"].as_str().unwrap();
+        for expected in
+            ["needs a virtual range of at least 12.", "sparseAddressSpaceSize", "--capacity", "more sparse address space"]
+        {
+            assert!(reason.contains(expected), "{expected:?} in {reason}");
+        }
+        assert_eq!((paged["events"].as_u64(), paged["allocs"].as_u64()), (Some(0), Some(0)), "{paged}");
+        assert_eq!(ran.len(), 7);
+    }
+    for line in ran {
+        assert_eq!((line["allocs"].as_u64(), line["ooms"].as_u64()), (Some(6179), Some(0)), "{line}");
+    }
+    // The table: a row per contender, `paged`'s with the reason.
+    let table = on_device(&["replay", &trace]).unwrap();
+    assert!(table.status.success(), "{}", String::from_utf8_lossy(&table.stderr));
+    let stdout = String::from_utf8_lossy(&table.stdout);
+    for policy in policies {
+        assert!(stdout.lines().any(|line| line.starts_with(policy)), "{policy}: {stdout}");
+    }
+    if !paged["not_run"].is_null() {
+        let row = stdout.lines().find(|line| line.starts_with("paged (vulkan)")).unwrap();
+        assert!(row.contains("not run on this device: the paged contender needs a virtual range"), "{row}");
+    }
+}
+
+/// A recorded PyTorch snapshot through `pytorch` on device memory: the out-of-memory PyTorch had (entry 100, a
+/// 1 GiB request, fragmentation) with every segment event and placement as recorded, the same numbers as the
+/// simulated contender; `compare` names it in its verdict.
+#[test]
+fn pytorch_on_the_device_reproduces_a_snapshot() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/traces/pytorch/frag_oom-default.pickle.gz");
+    let file = file.to_str().unwrap();
+    let args = ["replay", file, "--capacity", "3584MiB", "--json", "--policy", "pytorch"];
+    let Some(output) = on_device(&args) else { return };
+    let on_device = &lines(&output)[0];
+    let simulated = &lines(&heapscope(&args))[0];
+    assert_eq!(on_device["policy"], "pytorch (vulkan)");
+    for key in ["allocs", "ooms", "peak_live_bytes", "peak_reserved_bytes", "device_allocs", "first_oom", "fidelity"] {
+        assert_eq!(on_device[key], simulated[key], "{key}");
+    }
+    let oom = &on_device["first_oom"];
+    assert_eq!((oom["event_index"].as_u64(), oom["verdict"].as_str()), (Some(100), Some("fragmentation")), "{oom}");
+    let compare = on_device_compare(file);
+    assert!(compare.contains("`pytorch (vulkan)` ran out of memory on a 1.00 GiB request"), "{compare}");
+}
+
+fn on_device_compare(file: &str) -> String {
+    let output = on_device(&["compare", file, "--capacity", "3584MiB", "--policy", "pytorch", "--policy", "tlsf"]).unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// The frag_oom story at a quarter of its size (20 x 37.5 MiB allocated and freed, 20 x 25 MiB, then 256 MiB,

@@ -5,13 +5,18 @@
 //! policies inside, or a [`PagedHeap`]. Heaps draw blocks from a simulated device of the capacity given
 //! (unlimited when none is), so every contender meets the same device limit. Timing covers the
 //! contender's own allocate and free calls over events parsed beforehand.
+//!
+//! [`emulate_pytorch`] is the `pytorch` contender's replay with memory under the allocator (a
+//! [`SegmentBacking`]: the Vulkan backend's device memory), the same decisions and numbers. A contender that
+//! cannot run where it was asked to (a device limit) is an [`Outcome::not_run`] with the reason, so a table or a
+//! comparison still shows the others.
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use crate::pytorch::caching::{CachingAllocator, OomReport};
-use crate::pytorch::{AllocConf, Fidelity, MemoryStats, emulate};
+use crate::pytorch::caching::{CachingAllocator, OomReport, SegmentBacking, Unbacked, apply_pending};
+use crate::pytorch::{AllocConf, Fidelity, MemoryStats, emulate_backed};
 use crate::recording::Recording;
 use crate::replay::{HeapReplay, replay_heap, replay_paged};
 use crate::trace::Trace;
@@ -139,9 +144,37 @@ pub struct Outcome {
     /// For `pytorch`: PyTorch's own counters (`torch.cuda.memory_stats()`).
     #[cfg_attr(feature = "serde", serde(skip))]
     pub memory_stats: Option<MemoryStats>,
+    /// Why the contender did not run (it cannot on this device: a limit, a missing feature), with what to do;
+    /// `None` when it ran. A contender that did not run has every count at 0.
+    pub not_run: Option<String>,
 }
 
 impl Outcome {
+    /// The outcome of `policy` that did not run, because of `reason`.
+    pub fn not_run(policy: &str, reason: impl Into<String>) -> Self {
+        Self {
+            policy: policy.to_owned(),
+            events: 0,
+            allocs: 0,
+            frees: 0,
+            peak_live_bytes: 0,
+            peak_reserved_bytes: 0,
+            device_allocs: 0,
+            device_frees: 0,
+            ooms: 0,
+            first_oom: None,
+            ns_per_event: 0.0,
+            fidelity: None,
+            memory_stats: None,
+            not_run: Some(reason.into()),
+        }
+    }
+
+    /// Whether the contender ran (see [`Outcome::not_run`]).
+    pub fn ran(&self) -> bool {
+        self.not_run.is_none()
+    }
+
     /// Peak reserved over peak live (1.0 is no waste).
     pub fn reserved_over_live(&self) -> f64 {
         self.peak_reserved_bytes as f64 / self.peak_live_bytes.max(1) as f64
@@ -262,6 +295,7 @@ pub fn summed(policy: &str, replay: &HeapReplay, event_of: &dyn Fn(u64) -> u64, 
         ns_per_event: nanos as f64 / stats.events.max(1) as f64,
         fidelity: None,
         memory_stats: None,
+        not_run: None,
     }
 }
 
@@ -369,36 +403,66 @@ fn pytorch_first_oom(event_index: u64, report: &OomReport, unreserved_bytes: Opt
 /// [`crate::Error::Trace`] naming the recording and the segment, block or trace entry of its snapshot
 /// that the emulation cannot replay ([`crate::pytorch::EmulationError`]).
 pub fn replay_pytorch(recording: &Recording, conf: &AllocConf, capacity_bytes: Option<u64>) -> Result<Outcome> {
-    let events = recording.trace.events().len() as u64;
-    let ((stats, first_oom, fidelity), nanos) = best_time(|| emulate_recording(recording, conf, capacity_bytes))?;
-    let count = |value: i64| u64::try_from(value).unwrap_or(0);
-    Ok(Outcome {
-        policy: "pytorch".to_owned(),
-        events,
-        allocs: count(stats.allocation.all().allocated),
-        frees: count(stats.allocation.all().freed),
-        peak_live_bytes: count(stats.requested_bytes.all().peak),
-        peak_reserved_bytes: count(stats.reserved_bytes.all().peak),
-        device_allocs: count(stats.num_device_alloc),
-        device_frees: count(stats.num_device_free),
-        ooms: count(stats.num_ooms),
-        first_oom,
-        ns_per_event: nanos as f64 / events.max(1) as f64,
-        fidelity,
-        memory_stats: Some(stats),
-    })
+    let (replay, nanos) = best_time(|| emulate_pytorch(recording, conf, capacity_bytes, &mut Unbacked))?;
+    Ok(replay.outcome("pytorch", recording, nanos))
 }
 
-/// One emulation of `recording`: counters, first out of memory, fidelity (PyTorch recordings).
-fn emulate_recording(
+/// One replay of a recording through the emulation of PyTorch's caching allocator: what an [`Outcome`] of it
+/// is made of.
+#[derive(Clone, Debug)]
+pub struct PytorchReplay {
+    /// PyTorch's counters at the end (`torch.cuda.memory_stats()`).
+    pub stats: MemoryStats,
+    /// The first request refused.
+    pub first_oom: Option<FirstOom>,
+    /// For a PyTorch recording: how the decisions compare with the recorded ones.
+    pub fidelity: Option<Fidelity>,
+}
+
+impl PytorchReplay {
+    /// The outcome, named `policy`, of a replay of `recording` that took `nanos`.
+    pub fn outcome(self, policy: &str, recording: &Recording, nanos: u128) -> Outcome {
+        let events = recording.trace.events().len() as u64;
+        let count = |value: i64| u64::try_from(value).unwrap_or(0);
+        let stats = self.stats;
+        Outcome {
+            policy: policy.to_owned(),
+            events,
+            allocs: count(stats.allocation.all().allocated),
+            frees: count(stats.allocation.all().freed),
+            peak_live_bytes: count(stats.requested_bytes.all().peak),
+            peak_reserved_bytes: count(stats.reserved_bytes.all().peak),
+            device_allocs: count(stats.num_device_alloc),
+            device_frees: count(stats.num_device_free),
+            ooms: count(stats.num_ooms),
+            first_oom: self.first_oom,
+            ns_per_event: nanos as f64 / events.max(1) as f64,
+            fidelity: self.fidelity,
+            memory_stats: Some(stats),
+            not_run: None,
+        }
+    }
+}
+
+/// One replay of `recording` through the emulation of PyTorch's caching allocator (as [`replay_pytorch`]
+/// replays it), every segment operation applied to `backing` as it is made: what the allocator holds at the
+/// start of a PyTorch recording first, then each `cudaMalloc` / `cudaFree` of a segment and each map / unmap
+/// of expandable pages ([`SegmentBacking`]; [`Unbacked`] for none).
+///
+/// # Errors
+///
+/// What [`replay_pytorch`] returns; [`crate::Error::Source`] naming the entry whose segment operation
+/// `backing` refused.
+pub fn emulate_pytorch(
     recording: &Recording,
     conf: &AllocConf,
     capacity_bytes: Option<u64>,
-) -> Result<(MemoryStats, Option<FirstOom>, Option<Fidelity>)> {
+    backing: &mut dyn SegmentBacking,
+) -> Result<PytorchReplay> {
     Ok(match &recording.snapshot {
         Some(snapshot) => {
-            let emulation =
-                emulate(snapshot, recording.device, conf, capacity_bytes).map_err(|e| emulation_error(recording, &e))?;
+            let emulation = emulate_backed(snapshot, recording.device, conf, capacity_bytes, backing)
+                .map_err(|e| emulation_error(recording, &e))?;
             let first_oom = emulation.first_oom.as_ref().map(|oom| {
                 let entry = snapshot.device_traces.get(recording.device).and_then(|trace| trace.get(oom.event_index));
                 let unreserved = match capacity_bytes {
@@ -407,44 +471,59 @@ fn emulate_recording(
                 };
                 pytorch_first_oom(oom.event_index as u64, &oom.report, unreserved)
             });
-            (emulation.stats, first_oom, Some(emulation.fidelity))
+            PytorchReplay { stats: emulation.stats, first_oom, fidelity: Some(emulation.fidelity) }
         }
         None => {
             let mut allocator = CachingAllocator::new(conf.clone(), capacity_bytes);
             let mut addresses = vec![None; recording.trace.slots() as usize];
             let mut first_oom = None;
+            let refused =
+                |index: u64| move |what: String| crate::Error::Source(format!("{}: event {index}: {what}", recording.name));
             for (index, event) in (0..).zip(recording.trace.events()) {
                 match *event {
-                    crate::Event::Alloc { slot, size_bytes } => match allocator.malloc(size_bytes, 0, None) {
-                        Ok(address) => addresses[slot as usize] = Some(address),
-                        Err(report) => {
-                            let unreserved = capacity_bytes.map(|capacity| capacity.saturating_sub(report.reserved_bytes));
-                            first_oom.get_or_insert_with(|| pytorch_first_oom(recording.entry_of(index), &report, unreserved));
+                    crate::Event::Alloc { slot, size_bytes } => {
+                        let result = allocator.malloc(size_bytes, 0, None);
+                        apply_pending(&mut allocator, backing).map_err(refused(recording.entry_of(index)))?;
+                        match result {
+                            Ok(address) => addresses[slot as usize] = Some(address),
+                            Err(report) => {
+                                let unreserved = capacity_bytes.map(|capacity| capacity.saturating_sub(report.reserved_bytes));
+                                first_oom
+                                    .get_or_insert_with(|| pytorch_first_oom(recording.entry_of(index), &report, unreserved));
+                            }
                         }
-                    },
+                    }
                     crate::Event::Free { slot } => {
                         if let Some(address) = addresses[slot as usize].take() {
                             allocator.free(address);
+                            apply_pending(&mut allocator, backing).map_err(refused(recording.entry_of(index)))?;
                         }
                     }
                 }
             }
-            (allocator.stats().clone(), first_oom, None)
+            PytorchReplay { stats: allocator.stats().clone(), first_oom, fidelity: None }
         }
     })
 }
 
-/// An emulation error as an error of the recording's file.
+/// An emulation error as an error of the recording's file (a refusal of the memory under the allocator as the
+/// source's failure: the file is fine).
 pub(crate) fn emulation_error(recording: &Recording, error: &crate::pytorch::EmulationError) -> crate::Error {
-    crate::Error::Trace { file: recording.name.clone(), line: 0, what: error.to_string() }
+    match error {
+        crate::pytorch::EmulationError::Backing { .. } => crate::Error::Source(format!("{}: {error}", recording.name)),
+        _ => crate::Error::Trace { file: recording.name.clone(), line: 0, what: error.to_string() },
+    }
 }
 
 /// The verdict of a comparison in one sentence, when the reference contender ran out of memory: what was
 /// free and which contenders would have succeeded.
 pub fn verdict_sentence(failed: &Outcome, outcomes: &[Outcome], extra_successes: &[String]) -> Option<String> {
     let oom = failed.first_oom.as_ref()?;
-    let mut survivors: Vec<String> =
-        outcomes.iter().filter(|outcome| outcome.ooms == 0).map(|outcome| format!("`{}`", outcome.policy)).collect();
+    let mut survivors: Vec<String> = outcomes
+        .iter()
+        .filter(|outcome| outcome.ran() && outcome.ooms == 0)
+        .map(|outcome| format!("`{}`", outcome.policy))
+        .collect();
     survivors.extend(extra_successes.iter().cloned());
     let head = match oom.verdict {
         OomCause::Fragmentation => format!(
@@ -504,7 +583,11 @@ mod tests {
             (60, 1024 * MIB, 1000 * MIB, OomCause::Fragmentation)
         );
         assert_eq!(paged.peak_reserved_bytes, 3024 * MIB);
-        let sentence = verdict_sentence(&heap, &[heap.clone(), paged], &["`pytorch` with expandable segments".into()]).unwrap();
+        // A contender that did not run (a device limit) served nothing: it is no survivor.
+        let not_run = Outcome::not_run("vma (vulkan)", "no device");
+        assert!(!not_run.ran() && not_run.ooms == 0);
+        let sentence =
+            verdict_sentence(&heap, &[heap.clone(), paged, not_run], &["`pytorch` with expandable segments".into()]).unwrap();
         assert!(
             sentence.contains("1000.00 MiB free in reserved memory but the largest free run is 50.00 MiB")
                 && sentence.ends_with("`paged` and `pytorch` with expandable segments would have succeeded."),

@@ -1,7 +1,18 @@
 //! Contenders on a real device, summed up like the simulated ones (`heapscope_core::compare::Outcome`):
 //! a core policy inside a heap of `vkAllocateMemory` blocks, `paged` on a sparse buffer whose pages are bound on
-//! demand ([`DevicePagedHeap`]), or the allocators users have today — gpu-allocator 0.28 and VMA (vk-mem 0.5) —
-//! so `heapscope replay --vulkan` and `compare --vulkan` put them beside heapscope's on the same device.
+//! demand ([`DevicePagedHeap`]), PyTorch's caching allocator on device memory, or the allocators users have today —
+//! gpu-allocator 0.28 and VMA (vk-mem 0.5) — so `heapscope replay --vulkan` and `compare --vulkan` put them beside
+//! heapscope's on the same device.
+//!
+//! `pytorch` replays the recording through the core's emulation of PyTorch's allocator (the simulated
+//! contender's replay: a PyTorch snapshot entry by entry, from the state at its start) with a [`SegmentMemory`]
+//! under it: every segment a dedicated `vkAllocateMemory` block, every expandable segment a sparse buffer whose
+//! pages are bound as PyTorch maps them. Its decisions, peaks and out-of-memory verdicts are the simulated ones;
+//! its peak reserved bytes and device allocations and frees are measured on the device. Expandable segments are
+//! first replayed without a device to learn how far into its range each maps; a buffer that large must fit the
+//! device (half the sparse address space, `maxBufferSize`), else [`VulkanError::VirtualRangeTooSmall`] before
+//! anything is allocated. The device refusing memory the allocator reserved below its capacity stops the replay
+//! ([`VulkanError::Unsupported`] saying so): the emulation cannot take a decision back.
 //!
 //! `paged`'s virtual range is one sparse buffer: four times what the trace needs at once (its live allocations
 //! at their peak, each aligned, or the capacity when that is less), at most what the device allows one sparse
@@ -12,7 +23,10 @@
 
 use std::sync::Arc;
 
-use heapscope_core::compare::{CompareConfig, Outcome, best_time, summed};
+use heapscope_core::compare::{CompareConfig, Outcome, best_time, emulate_pytorch, summed};
+use heapscope_core::pytorch::caching::SMALL_BUFFER_BYTES;
+use heapscope_core::pytorch::{AllocConf, CachingAllocator, SegmentBacking};
+use heapscope_core::recording::Recording;
 use heapscope_core::replay::replay_device_heap;
 use heapscope_core::trace::Event;
 use heapscope_core::units::Bytes;
@@ -21,12 +35,15 @@ use heapscope_core::{DeviceEvent, DeviceHeap, Heap, HeapConfig, PolicyConfig, Po
 use crate::memory_types::MemoryUsage;
 use crate::{
     DeviceLimits, DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, DeviceSourceConfig, GpuAllocatorConfig,
-    GpuAllocatorHeap, SparseBuffer, VmaConfig, VmaHeap, VulkanContext, VulkanError,
+    GpuAllocatorHeap, PytorchDeviceConfig, SegmentMemory, SparseBuffer, VmaConfig, VmaHeap, VulkanContext, VulkanError,
 };
 
-/// Who replays a trace on the device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Who replays a recording on the device.
+#[derive(Clone, Debug, PartialEq)]
 pub enum DeviceContender {
+    /// PyTorch's caching allocator with these settings, on device memory ([`SegmentMemory`] under the core's
+    /// emulation; see the module documentation).
+    Pytorch(AllocConf),
     /// A core policy inside device-local `vkAllocateMemory` blocks (the heap rules of the comparison).
     Heap(PolicyKind),
     /// TLSF in one sparse buffer, pages bound on demand ([`DevicePagedHeap`], the comparison's unmap rule).
@@ -39,8 +56,9 @@ pub enum DeviceContender {
 
 impl DeviceContender {
     /// The name in reports.
-    pub fn name(self) -> &'static str {
+    pub fn name(&self) -> &'static str {
         match self {
+            Self::Pytorch(_) => "pytorch",
             Self::Heap(kind) => kind.name(),
             Self::Paged => "paged",
             Self::GpuAllocator => "gpu-allocator",
@@ -90,6 +108,8 @@ pub fn paged_virtual_bytes(limits: &DeviceLimits, needed_bytes: u64) -> Result<u
             .max_buffer_size_bytes
             .map_or_else(|| "maxBufferSize unknown".to_owned(), |max| format!("maxBufferSize {}", Bytes(max)));
         return Err(VulkanError::VirtualRangeTooSmall {
+            contender: "paged",
+            need: "its live allocations at their peak, or the capacity if less",
             needed_bytes,
             limit_bytes,
             limit: format!("sparseAddressSpaceSize {}, {max_buffer}", Bytes(address_space)),
@@ -110,21 +130,119 @@ pub fn paged_range_for(context: &VulkanContext, trace: &Trace, config: &CompareC
     Ok((needed_bytes, paged_virtual_bytes(&context.properties().limits, needed_bytes)?))
 }
 
-/// Replays `trace` through `contender` on `context`'s device, with `config`'s capacity as the budget cap.
-/// `event_of` maps an event index of `trace` to the recording's numbering. Each run starts from a fresh heap
-/// (every block of the previous run freed), so the device holds one run's memory at a time.
+/// How far into their virtual range PyTorch's expandable segments map (the end of the highest page mapped, from
+/// the segment's base), learned from a replay without a device.
+#[derive(Debug, Default)]
+struct ExpandableReach {
+    reach_bytes: u64,
+}
+
+impl SegmentBacking for ExpandableReach {
+    fn apply(&mut self, events: &[DeviceEvent], allocator: &CachingAllocator) -> Result<(), String> {
+        for event in events {
+            if let DeviceEvent::Mapped { address, size_bytes } = *event
+                && let Some((base, _)) = allocator.segment_at(address)
+            {
+                self.reach_bytes = self.reach_bytes.max(address - base + size_bytes);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The virtual range each expandable segment's sparse buffer needs for `recording` under `conf` (how far the
+/// allocator maps into a segment, in whole 2 MiB pages; at least one page).
 ///
 /// # Errors
-/// A Vulkan failure other than running out of memory (which is an out-of-memory outcome), invalid settings, or
-/// (`paged`) a trace that needs a larger virtual range than the device allows.
+/// [`VulkanError::VirtualRangeTooSmall`] when that exceeds what one buffer may be on `context`'s device: half the
+/// sparse address space (the small and the large pool have a segment each), at most `maxBufferSize`;
+/// [`VulkanError::Heap`] when the recording does not replay.
+fn expandable_virtual_bytes(
+    context: &VulkanContext,
+    recording: &Recording,
+    conf: &AllocConf,
+    capacity_bytes: Option<u64>,
+) -> Result<u64, VulkanError> {
+    let mut reach = ExpandableReach::default();
+    emulate_pytorch(recording, conf, capacity_bytes, &mut reach)?;
+    let needed_bytes = reach.reach_bytes.max(1).next_multiple_of(SMALL_BUFFER_BYTES);
+    let limits = &context.properties().limits;
+    let half = limits.sparse_address_space_size_bytes / 2;
+    let limit_bytes = limits.max_buffer_size_bytes.map_or(half, |max| max.min(half));
+    if needed_bytes > limit_bytes {
+        let max_buffer = limits
+            .max_buffer_size_bytes
+            .map_or_else(|| "maxBufferSize unknown".to_owned(), |max| format!("maxBufferSize {}", Bytes(max)));
+        return Err(VulkanError::VirtualRangeTooSmall {
+            contender: "pytorch",
+            need: "how far PyTorch maps into an expandable segment",
+            needed_bytes,
+            limit_bytes,
+            limit: format!(
+                "half of sparseAddressSpaceSize {} for each of the small and the large pool's segments, {max_buffer}",
+                Bytes(limits.sparse_address_space_size_bytes)
+            ),
+        });
+    }
+    Ok(needed_bytes)
+}
+
+/// `pytorch` on the device: the core's emulation with a [`SegmentMemory`] under it (see the module
+/// documentation).
+fn replay_pytorch_on_device(
+    context: &Arc<VulkanContext>,
+    recording: &Recording,
+    conf: &AllocConf,
+    capacity_bytes: Option<u64>,
+) -> Result<Outcome, VulkanError> {
+    let mut device_config = PytorchDeviceConfig::new(conf.clone(), capacity_bytes);
+    if conf.expandable_segments {
+        device_config.expandable_virtual_bytes = expandable_virtual_bytes(context, recording, conf, capacity_bytes)?;
+    }
+    let ((replay, counts), nanos) = best_time(|| {
+        let mut memory = SegmentMemory::new(Arc::clone(context), &device_config)?;
+        let replay =
+            emulate_pytorch(recording, conf, capacity_bytes, &mut memory).map_err(|error| match memory.take_error() {
+                Some(refused) if refused.is_out_of_memory() => VulkanError::Unsupported(format!(
+                    "the device refused memory PyTorch's allocator reserved below its capacity ({error}); pytorch on the \
+                 device makes PyTorch's decisions, so the device must hold what PyTorch reserves: replay with a \
+                 --capacity the device holds"
+                )),
+                Some(refused) => refused,
+                None => VulkanError::Heap(error),
+            })?;
+        memory.wait_binds()?;
+        Ok::<_, VulkanError>((replay, memory.counts()))
+    })?;
+    Ok(Outcome {
+        peak_reserved_bytes: counts.peak_device_bytes,
+        device_allocs: counts.device_allocs,
+        device_frees: counts.device_frees,
+        ..replay.outcome("pytorch (vulkan)", recording, nanos)
+    })
+}
+
+/// Replays `recording` through `contender` on `context`'s device, with `config`'s capacity as the budget cap
+/// (the allocator's capacity for `pytorch`). Each run starts from a fresh heap (every block of the previous run
+/// freed), so the device holds one run's memory at a time.
+///
+/// # Errors
+/// A Vulkan failure other than running out of memory (which is an out-of-memory outcome), invalid settings;
+/// [`VulkanError::is_device_limit`] errors when the contender cannot run on this device: `paged` or `pytorch`'s
+/// expandable segments needing a larger virtual range than the device allows
+/// ([`VulkanError::VirtualRangeTooSmall`]), a missing feature, or (`pytorch`) the device refusing memory the
+/// allocator reserved below its capacity.
 pub fn replay_on_device(
     context: &Arc<VulkanContext>,
-    trace: &Trace,
-    contender: DeviceContender,
+    recording: &Recording,
+    contender: &DeviceContender,
     config: &CompareConfig,
-    event_of: &dyn Fn(u64) -> u64,
 ) -> Result<Outcome, VulkanError> {
-    match contender {
+    let trace = &recording.trace;
+    let event_of = |event| recording.entry_of(event);
+    let event_of: &dyn Fn(u64) -> u64 = &event_of;
+    match *contender {
+        DeviceContender::Pytorch(ref conf) => replay_pytorch_on_device(context, recording, conf, config.capacity_bytes),
         DeviceContender::Heap(kind) => {
             let ((replay, peak_reserved_bytes, blocks_reserved, blocks_released), nanos) = best_time(|| {
                 let source = DeviceMemorySource::new(

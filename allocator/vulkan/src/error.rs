@@ -60,18 +60,23 @@ pub enum VulkanError {
         /// The limit ([`crate::SparseConfig::max_live_mappings`]).
         limit: u64,
     },
-    /// A trace needs a larger virtual range than one sparse buffer on this device can be (the `paged` contender).
+    /// A trace needs a larger virtual range than one sparse buffer on this device can be (`paged`'s range, the
+    /// expandable segments of `pytorch`): the contender cannot run on this device.
     #[error(
-        "the paged contender needs a virtual range of at least {} for this trace (its live allocations at their peak, or the capacity if less), \
+        "the {contender} contender needs a virtual range of at least {} for this trace ({need}), \
          but one sparse buffer on this device holds at most {} ({limit}): replay a smaller trace or with a lower --capacity, \
-         or without --vulkan for the simulated paged contender",
+         use a device with more sparse address space, or run without --vulkan for the simulated {contender} contender",
         Bytes(*.needed_bytes),
         Bytes(*.limit_bytes)
     )]
     VirtualRangeTooSmall {
+        /// The contender (`paged`, `pytorch`).
+        contender: &'static str,
+        /// What the range must hold, in words.
+        need: &'static str,
         /// The bytes the trace needs at once.
         needed_bytes: u64,
-        /// The largest sparse buffer the device allows.
+        /// The largest sparse buffer the device allows the contender.
         limit_bytes: u64,
         /// Which device limits say so, with their values.
         limit: String,
@@ -97,6 +102,13 @@ impl VulkanError {
     /// virtual range.
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, Self::OutOfPages { .. } | Self::Heap(heapscope_core::Error::OutOfMemory(_)))
+    }
+
+    /// Whether this says that a contender cannot run on this device at all (a virtual range beyond its sparse
+    /// limits, a missing feature, memory it cannot hold): the others can, so `replay --vulkan` reports this one
+    /// as not run and goes on.
+    pub fn is_device_limit(&self) -> bool {
+        matches!(self, Self::VirtualRangeTooSmall { .. } | Self::Unsupported(_))
     }
 
     /// A closure turning a `vk::Result` into [`VulkanError::Vk`] for `call`, for `map_err`.

@@ -8,19 +8,24 @@
 //! - [`DeviceMemorySource`] (`source`): `vkAllocateMemory` blocks as a [`heapscope_core::MemorySource`], so a
 //!   [`heapscope_core::Heap`] runs any policy over real device memory.
 //! - [`SparseBuffer`] (`sparse`): a sparse-residency buffer whose pages are bound on demand from a [`PagePool`]
-//!   with `vkQueueBindSparse`, and [`measure_bind_latency`].
+//!   with `vkQueueBindSparse`, and [`measure_bind_latency`]; its bookkeeping is kept in runs of pages
+//!   (`page_runs`), so binding a large range costs as much as its runs, not its pages.
 //! - [`DevicePagedHeap`] (`paged`): a [`heapscope_core::PagedHeap`] whose mapped pages are bound in a sparse buffer
 //!   (cached pages stay bound under [`heapscope_core::UnmapRule::UnderPressure`]); a [`heapscope_core::DeviceHeap`].
-//! - [`PytorchDeviceHeap`] (`pytorch_heap`): PyTorch's caching allocator (the core's `CachingHeap`) with each
-//!   segment a dedicated `vkAllocateMemory` block and each expandable segment a sparse buffer.
+//! - [`SegmentMemory`] (`segment_memory`): device memory under PyTorch's caching allocator — each segment a
+//!   dedicated `vkAllocateMemory` block, each expandable segment a sparse buffer — applying its segment events;
+//!   the core's `SegmentBacking`, so the emulation of a recording runs on it.
+//! - [`PytorchDeviceHeap`] (`pytorch_heap`): PyTorch's caching allocator (the core's `CachingHeap`) over a
+//!   [`SegmentMemory`], a device refusal undone.
 //! - [`VulkanTarget`] (`bench_target`): the bench runner's `Target` on the device, every contender's allocations
 //!   filled, computed on and verified by the kernels.
 //! - [`Transfer`] (`transfer`): staging copies into and out of device buffers on the compute queue.
 //! - [`GpuAllocatorHeap`] (`gpu_allocator_heap`): gpu-allocator 0.28 as a [`heapscope_core::DeviceHeap`], a
 //!   contender on the same device; [`VmaHeap`] (`vma_heap`): VMA (vk-mem 0.5) the same way.
-//! - [`replay_on_device`] (`contenders`): a trace through a [`DeviceContender`] — a heap of device-memory blocks,
-//!   `paged` on a sparse buffer sized by [`paged_virtual_bytes`], gpu-allocator or VMA — summed up in the core's
-//!   `Outcome` (what `heapscope replay --vulkan` prints).
+//! - [`replay_on_device`] (`contenders`): a recording through a [`DeviceContender`] — PyTorch's allocator on
+//!   device memory, a heap of device-memory blocks, `paged` on a sparse buffer sized by [`paged_virtual_bytes`],
+//!   gpu-allocator or VMA — summed up in the core's `Outcome` (what `heapscope replay --vulkan` prints); a
+//!   contender the device cannot run is an error with [`VulkanError::is_device_limit`].
 //! - [`memory_types`]: the choice of a memory type for a use.
 //! - [`wgpu_interop`] (feature `wgpu`): wgpu 30 on heapscope's own device (sparse features and all), and
 //!   heapscope's device-memory blocks and sparse buffers as `wgpu::Buffer`s, binds ordered before wgpu's work.
@@ -38,9 +43,11 @@ mod error;
 mod gpu_allocator_heap;
 mod margins;
 pub mod memory_types;
+mod page_runs;
 mod paged;
 mod properties;
 mod pytorch_heap;
+mod segment_memory;
 mod selection;
 mod source;
 mod sparse;
@@ -58,6 +65,7 @@ pub use margins::{Corruption, GuardedAllocation, GuardedHeap, MAGIC, MarginError
 pub use paged::{DevicePagedConfig, DevicePagedHeap, DevicePagedStats};
 pub use properties::{DeviceFeatures, DeviceLimits, DeviceProperties, HeapBudget, QueueFamilyInfo, SparseProperties};
 pub use pytorch_heap::{PytorchDeviceConfig, PytorchDeviceHeap};
+pub use segment_memory::{SegmentCounts, SegmentMemory};
 pub use selection::{DeviceCandidate, VENDORS, select_device};
 pub use source::{BLOCK_BUFFER_USAGE, BlockInfo, DeviceMemorySource, DeviceSourceConfig, LeakReport, LeakedBlock};
 pub use sparse::{BindLatency, BindLayout, PagePool, PageRef, SparseBuffer, SparseConfig, SparseStats, measure_bind_latency};

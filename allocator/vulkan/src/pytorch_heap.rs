@@ -1,14 +1,14 @@
 //! [`PytorchDeviceHeap`]: PyTorch's CUDA caching allocator on real Vulkan memory.
 //!
 //! The core's [`CachingHeap`] decides everything — pools, rounding, best fit, splits and merges, segment sizes,
-//! cache release, expandable segments — by PyTorch's exact rules; this heap applies what it asks of the device,
-//! the way [`crate::DevicePagedHeap`] applies a `PagedHeap`'s page runs:
+//! cache release, expandable segments — by PyTorch's exact rules; this heap applies what it asks of the device
+//! through a [`SegmentMemory`], the way [`crate::DevicePagedHeap`] applies a `PagedHeap`'s page runs:
 //!
 //! - **Segments** (`cudaMalloc` / `cudaFree`): each reserved segment becomes a `vkAllocateMemory` block of its
-//!   size from a [`DeviceMemorySource`], dedicated to a storage buffer of its own (a segment is one allocation,
+//!   size from a [`crate::DeviceMemorySource`], dedicated to a storage buffer of its own (a segment is one allocation,
 //!   like PyTorch's), freed when the allocator releases the segment. An allocation's bytes are at its offset in
 //!   its segment's buffer.
-//! - **Expandable segments** (`expandable_segments:True`): each segment's virtual range is a [`SparseBuffer`]
+//! - **Expandable segments** (`expandable_segments:True`): each segment's virtual range is a [`crate::SparseBuffer`]
 //!   (PyTorch reserves 128 GiB of address space per segment; the buffer covers the first
 //!   [`PytorchDeviceConfig::expandable_virtual_bytes`], which the lowest-first mapping stays within); the 2 MiB
 //!   and 20 MiB pages PyTorch maps and unmaps are sparse binds and unbinds of whole runs of device pages. A
@@ -19,19 +19,14 @@
 //!   emptied, as PyTorch does before it gives up — and refused with an exhaustion verdict; the allocator's state
 //!   then differs from the simulated one (its cache was emptied).
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use heapscope_core::pytorch::caching::{EXPANDABLE_VIRTUAL_BYTES, MIN_BLOCK_BYTES, SMALL_BUFFER_BYTES, round_size};
+use heapscope_core::pytorch::caching::{MIN_BLOCK_BYTES, round_size};
 use heapscope_core::pytorch::{AllocConf, CachingAllocation, CachingHeap};
-use heapscope_core::{
-    Allocation, DeviceEvent, DeviceHeap, Error, MemorySource, OomCause, OomVerdict, Request, SourceBlock, SourceError,
-};
+use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Error, OomCause, OomVerdict, Request};
 
 use crate::compute::ComputeBuffer;
-use crate::memory_types::MemoryUsage;
-use crate::sparse::{SparseBuffer, SparseConfig};
-use crate::{DeviceMemorySource, DeviceSourceConfig, VulkanContext, VulkanError};
+use crate::{SegmentMemory, VulkanContext, VulkanError};
 
 /// How a [`PytorchDeviceHeap`] is made.
 #[derive(Clone, Debug, PartialEq)]
@@ -65,12 +60,7 @@ impl PytorchDeviceConfig {
 pub struct PytorchDeviceHeap {
     heap: CachingHeap,
     capacity_bytes: Option<u64>,
-    source: DeviceMemorySource,
-    /// Segment base (the allocator's address) -> its block.
-    segments: HashMap<u64, SourceBlock>,
-    /// Expandable segment base -> its sparse buffer.
-    expandable: BTreeMap<u64, SparseBuffer>,
-    sparse_config: SparseConfig,
+    memory: SegmentMemory,
     device_refusals: u64,
     /// What the device was asked, for `DeviceHeap::take_device_events` (`None` while off).
     exported: Option<Vec<DeviceEvent>>,
@@ -80,45 +70,12 @@ impl PytorchDeviceHeap {
     /// An empty allocator on `context`'s device.
     ///
     /// # Errors
-    /// What [`DeviceMemorySource::new`] returns; [`VulkanError::Unsupported`] for expandable segments on a device
-    /// without sparse residency for buffers.
+    /// What [`SegmentMemory::new`] returns.
     pub fn new(context: Arc<VulkanContext>, config: PytorchDeviceConfig) -> Result<Self, VulkanError> {
-        if config.conf.expandable_segments {
-            let features = context.enabled_features();
-            if !(features.sparse_binding && features.sparse_residency_buffer && features.timeline_semaphore) {
-                return Err(VulkanError::Unsupported(format!(
-                    "{}: expandable segments need sparse residency for buffers ({features:?})",
-                    context.properties().name
-                )));
-            }
-        }
-        let address_space = context.properties().limits.sparse_address_space_size_bytes;
-        let virtual_bytes = config.expandable_virtual_bytes.min(address_space / 2).max(MIN_BLOCK_BYTES);
-        let mut sparse_config = SparseConfig::new(virtual_bytes).with_pool_capacity(config.device_cap_bytes);
-        if config.conf.expandable_segments {
-            // Whole PyTorch pages (2 MiB at least) per memory chunk: few chunks, contiguous runs.
-            let page_bytes = SparseBuffer::new(Arc::clone(&context), SparseConfig::new(SMALL_BUFFER_BYTES))?.page_bytes();
-            sparse_config.pages_per_chunk = u32::try_from(SMALL_BUFFER_BYTES / page_bytes).unwrap_or(u32::MAX).max(1);
-        }
-        let source_config = DeviceSourceConfig {
-            persistent_mapping: false,
-            budget_cap_bytes: config.device_cap_bytes,
-            report_leaks_on_drop: false,
-            ..DeviceSourceConfig::new(MemoryUsage::DeviceLocal)
-        };
-        let source = DeviceMemorySource::new(context, source_config)?;
+        let memory = SegmentMemory::new(context, &config)?;
         let mut heap = CachingHeap::new(config.conf, config.capacity_bytes);
         heap.record_device_events(true);
-        Ok(Self {
-            heap,
-            capacity_bytes: config.capacity_bytes,
-            source,
-            segments: HashMap::new(),
-            expandable: BTreeMap::new(),
-            sparse_config,
-            device_refusals: 0,
-            exported: None,
-        })
+        Ok(Self { heap, capacity_bytes: config.capacity_bytes, memory, device_refusals: 0, exported: None })
     }
 
     /// The allocator (its statistics and segments).
@@ -128,13 +85,17 @@ impl PytorchDeviceHeap {
 
     /// Segments backed by device memory now: blocks, and expandable segments' sparse buffers.
     pub fn live_segments(&self) -> (usize, usize) {
-        (self.segments.len(), self.expandable.len())
+        self.memory.live_segments()
     }
 
     /// Bytes of device memory held: the segments' blocks and the pages bound in expandable segments.
     pub fn device_bytes(&self) -> u64 {
-        self.source.used_bytes()
-            + self.expandable.values().map(|sparse| sparse.stats().pages_bound * sparse.page_bytes()).sum::<u64>()
+        self.memory.device_bytes()
+    }
+
+    /// The device memory under the allocator (its counters).
+    pub fn memory(&self) -> &SegmentMemory {
+        &self.memory
     }
 
     /// Requests the device refused below the allocator's capacity.
@@ -191,15 +152,8 @@ impl PytorchDeviceHeap {
     /// allocation of another heap or already freed segment. Call [`PytorchDeviceHeap::wait_binds`] before the
     /// kernels run on expandable segments.
     pub fn compute_target(&self, allocation: &CachingAllocation) -> Option<(ComputeBuffer<'_>, u64)> {
-        let base = allocation.segment_base();
-        if let Some(block) = self.segments.get(&base) {
-            let info = self.source.block(block.handle)?;
-            let buffer = info.dedicated_buffer?;
-            return Some((ComputeBuffer::borrowed(self.source.context(), buffer, info.size_bytes), allocation.offset()));
-        }
-        let sparse = self.expandable.get(&base)?;
-        (allocation.offset() + allocation.size_bytes() <= sparse.size_bytes())
-            .then(|| (ComputeBuffer::borrowed(sparse.context(), sparse.buffer(), sparse.size_bytes()), allocation.offset()))
+        let buffer = self.memory.compute_target(allocation.segment_base(), allocation.offset(), allocation.size_bytes())?;
+        Some((buffer, allocation.offset()))
     }
 
     /// Waits until every sparse bind and unbind so far has completed.
@@ -207,7 +161,7 @@ impl PytorchDeviceHeap {
     /// # Errors
     /// A failed `vkWaitSemaphores`.
     pub fn wait_binds(&self) -> Result<(), VulkanError> {
-        self.expandable.values().try_for_each(SparseBuffer::wait_binds)
+        self.memory.wait_binds()
     }
 
     /// The verdict when the device refused below the allocator's capacity.
@@ -234,95 +188,11 @@ impl PytorchDeviceHeap {
     /// `undoing`: events of a request being undone after a refusal, where some of the released segments or
     /// unmapped pages were never backed (skipped).
     fn apply_events(&mut self, undoing: bool) -> Result<(), VulkanError> {
-        for event in self.heap.take_device_events() {
-            if let Some(exported) = &mut self.exported {
-                exported.push(event);
-            }
-            match event {
-                DeviceEvent::Reserved { address, size_bytes } => {
-                    let block = self.source.allocate_dedicated_block(size_bytes).map_err(|error| match error {
-                        SourceError::OutOfMemory { requested_bytes } => VulkanError::OutOfPages {
-                            requested_pages: 1,
-                            available_pages: 0,
-                            page_bytes: requested_bytes,
-                            capacity_bytes: self.capacity_bytes.unwrap_or(u64::MAX),
-                        },
-                        SourceError::Failed(message) => VulkanError::Unsupported(message),
-                    })?;
-                    self.segments.insert(address, block);
-                }
-                DeviceEvent::Released { address, .. } => {
-                    if let Some(block) = self.segments.remove(&address) {
-                        self.source.free_block(block);
-                    }
-                }
-                DeviceEvent::Mapped { address, size_bytes } => self.bind(address, size_bytes)?,
-                DeviceEvent::Unmapped { address, size_bytes } => self.unbind(address, size_bytes, undoing)?,
-            }
+        let events = self.heap.take_device_events();
+        if let Some(exported) = &mut self.exported {
+            exported.extend_from_slice(&events);
         }
-        // Sparse buffers of expandable segments the allocator dropped.
-        let live: Vec<u64> = self.heap.allocator().expandable_segments().iter().map(|&(base, _)| base).collect();
-        self.expandable.retain(|base, _| live.contains(base));
-        Ok(())
-    }
-
-    /// The expandable segment holding `address`, and the offset in it: one this heap backs (it may have been
-    /// dropped by the allocator in the same call that unmapped its pages), else a new one of the allocator's.
-    fn segment_of(&self, address: u64) -> Result<(u64, u64), VulkanError> {
-        if let Some((&base, _)) = self.expandable.range(..=address).next_back()
-            && address - base < EXPANDABLE_VIRTUAL_BYTES
-        {
-            return Ok((base, address - base));
-        }
-        let (base, _) = self
-            .heap
-            .allocator()
-            .segment_at(address)
-            .ok_or_else(|| VulkanError::InvalidArgument(format!("pages mapped at {address:#x}, in no expandable segment")))?;
-        Ok((base, address - base))
-    }
-
-    fn bind(&mut self, address: u64, size_bytes: u64) -> Result<(), VulkanError> {
-        let (base, offset) = self.segment_of(address)?;
-        if !self.expandable.contains_key(&base) {
-            let sparse = SparseBuffer::new(Arc::clone(self.source.context()), self.sparse_config)?;
-            self.expandable.insert(base, sparse);
-        }
-        let Some(sparse) = self.expandable.get_mut(&base) else { return Ok(()) };
-        if offset + size_bytes > sparse.size_bytes() {
-            return Err(VulkanError::OutOfPages {
-                requested_pages: size_bytes.div_ceil(sparse.page_bytes()),
-                available_pages: 0,
-                page_bytes: sparse.page_bytes(),
-                capacity_bytes: sparse.size_bytes(),
-            });
-        }
-        sparse.bind(&[(offset, size_bytes)]).map(drop)
-    }
-
-    fn unbind(&mut self, address: u64, size_bytes: u64, undoing: bool) -> Result<(), VulkanError> {
-        let (base, offset) = self.segment_of(address)?;
-        let Some(sparse) = self.expandable.get_mut(&base) else {
-            return if undoing { Ok(()) } else { Err(VulkanError::InvalidArgument(format!("unmap at {address:#x}: no buffer"))) };
-        };
-        if !undoing {
-            return sparse.unbind(&[(offset, size_bytes)]).map(drop);
-        }
-        // Only the pages that were bound: runs of them.
-        let page = sparse.page_bytes();
-        let end = (offset + size_bytes).min(sparse.size_bytes());
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        let mut at = offset;
-        while at < end {
-            if sparse.page_at(at).is_some() {
-                match runs.last_mut() {
-                    Some((start, len)) if *start + *len == at => *len += page,
-                    _ => runs.push((at, page)),
-                }
-            }
-            at += page;
-        }
-        if runs.is_empty() { Ok(()) } else { sparse.unbind(&runs).map(drop) }
+        self.memory.apply_events(&events, self.heap.allocator(), undoing)
     }
 }
 

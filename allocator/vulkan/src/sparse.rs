@@ -13,8 +13,8 @@
 //!   host mapping (lavapipe: an `mmap`, bounded by `vm.max_map_count`), and so may every memory chunk; binds
 //!   that would leave more than [`SparseConfig::max_live_mappings`] of both together live fail with
 //!   [`VulkanError::TooManyMappings`], touching nothing.
-
-use std::collections::{BTreeSet, HashMap};
+//! - The bookkeeping (which physical pages back which buffer pages, which pages of the pool are free) is kept in
+//!   runs (`page_runs`): an operation costs in proportion to the runs it touches, not to its pages.
 use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,6 +22,7 @@ use std::time::Instant;
 use ash::vk;
 
 use crate::memory_types::MemoryUsage;
+use crate::page_runs::{BoundRun, BoundRuns, FreeRuns, PhysicalRun, pair};
 use crate::source::BLOCK_BUFFER_USAGE;
 use crate::{VulkanContext, VulkanError};
 
@@ -71,7 +72,7 @@ pub struct PageRef {
     pub page: u32,
 }
 
-/// Physical pages carved from `VkDeviceMemory` chunks of one memory type, with a free set and a capacity cap.
+/// Physical pages carved from `VkDeviceMemory` chunks of one memory type, with free runs and a capacity cap.
 pub struct PagePool {
     context: Arc<VulkanContext>,
     memory_type_index: u32,
@@ -81,7 +82,7 @@ pub struct PagePool {
     chunks: Vec<vk::DeviceMemory>,
     /// Pages of the chunks, allocated so far.
     allocated_pages: u64,
-    free: BTreeSet<PageRef>,
+    free: FreeRuns,
 }
 
 impl fmt::Debug for PagePool {
@@ -92,7 +93,7 @@ impl fmt::Debug for PagePool {
             .field("pages_per_chunk", &self.pages_per_chunk)
             .field("capacity_pages", &self.capacity_pages)
             .field("chunks", &self.chunks.len())
-            .field("free_pages", &self.free.len())
+            .field("free_pages", &self.free.pages())
             .finish_non_exhaustive()
     }
 }
@@ -100,7 +101,7 @@ impl fmt::Debug for PagePool {
 impl PagePool {
     /// Pages in use (taken and not given back).
     pub fn used_pages(&self) -> u64 {
-        self.allocated_pages - self.free.len() as u64
+        self.allocated_pages - self.free.pages()
     }
 
     /// Chunks allocated so far.
@@ -110,7 +111,7 @@ impl PagePool {
 
     /// Pages that can still be taken: free ones plus those the cap allows to allocate.
     pub fn available_pages(&self) -> u64 {
-        self.free.len() as u64 + (self.capacity_pages - self.allocated_pages)
+        self.free.pages() + (self.capacity_pages - self.allocated_pages)
     }
 
     /// The memory of a chunk.
@@ -118,8 +119,8 @@ impl PagePool {
         self.chunks[chunk as usize]
     }
 
-    /// Takes `count` pages, lowest first, allocating chunks as needed; all or nothing.
-    fn take(&mut self, count: u64) -> Result<Vec<PageRef>, VulkanError> {
+    /// Takes `count` pages, lowest first, as runs of one chunk, allocating chunks as needed; all or nothing.
+    fn take(&mut self, count: u64) -> Result<Vec<PhysicalRun>, VulkanError> {
         let out_of_pages = |pool: &Self| VulkanError::OutOfPages {
             requested_pages: count,
             available_pages: pool.available_pages(),
@@ -129,7 +130,7 @@ impl PagePool {
         if count > self.available_pages() {
             return Err(out_of_pages(self));
         }
-        while (self.free.len() as u64) < count {
+        while self.free.pages() < count {
             let pages = u64::from(self.pages_per_chunk).min(self.capacity_pages - self.allocated_pages);
             let info = vk::MemoryAllocateInfo::default()
                 .allocation_size(pages * self.page_bytes)
@@ -147,14 +148,16 @@ impl PagePool {
             self.chunks.push(memory);
             self.allocated_pages += pages;
             // `pages` is at most `pages_per_chunk`, a u32.
-            self.free.extend((0..pages as u32).map(|page| PageRef { chunk, page }));
+            self.free.add(PhysicalRun { first: PageRef { chunk, page: 0 }, pages: pages as u32 });
         }
-        Ok((0..count).filter_map(|_| self.free.pop_first()).collect())
+        self.free.take(count).ok_or_else(|| out_of_pages(self))
     }
 
     /// Gives pages back.
-    fn give_back(&mut self, pages: impl IntoIterator<Item = PageRef>) {
-        self.free.extend(pages);
+    fn give_back(&mut self, runs: impl IntoIterator<Item = PhysicalRun>) {
+        for run in runs {
+            self.free.add(run);
+        }
     }
 }
 
@@ -195,8 +198,8 @@ pub struct SparseBuffer {
     size_bytes: u64,
     page_bytes: u64,
     pool: PagePool,
-    /// The physical page behind each bound buffer page, by buffer page index.
-    bound: HashMap<u64, PageRef>,
+    /// The physical pages behind the bound buffer pages, in runs (the live mappings).
+    bound: BoundRuns,
     semaphore: vk::Semaphore,
     timeline_value: u64,
     max_live_mappings: u64,
@@ -216,11 +219,6 @@ impl fmt::Debug for SparseBuffer {
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
-}
-
-/// Whether physical page `b` follows `a` in the same chunk.
-fn follows(a: PageRef, b: PageRef) -> bool {
-    a.chunk == b.chunk && a.page + 1 == b.page
 }
 
 impl SparseBuffer {
@@ -294,7 +292,7 @@ impl SparseBuffer {
             capacity_pages,
             chunks: Vec::new(),
             allocated_pages: 0,
-            free: BTreeSet::new(),
+            free: FreeRuns::default(),
         };
         Ok(Self {
             context,
@@ -303,7 +301,7 @@ impl SparseBuffer {
             size_bytes: requirements.size.max(config.size_bytes),
             page_bytes,
             pool,
-            bound: HashMap::new(),
+            bound: BoundRuns::default(),
             semaphore,
             timeline_value: 0,
             max_live_mappings: config.max_live_mappings,
@@ -351,12 +349,29 @@ impl SparseBuffer {
 
     /// The physical page bound at the buffer page holding `offset`, if any.
     pub fn page_at(&self, offset: u64) -> Option<PageRef> {
-        self.bound.get(&(offset / self.page_bytes)).copied()
+        self.bound.at(offset / self.page_bytes)
     }
 
-    /// The pages of the runs `(offset, size_bytes)`, checked to be page-aligned and inside the buffer.
-    fn pages_of(&self, runs: &[(u64, u64)]) -> Result<Vec<u64>, VulkanError> {
-        let mut pages = Vec::new();
+    /// The bound parts of `offset .. offset + size_bytes` (clipped to the buffer), as page-aligned runs
+    /// `(offset, size_bytes)`: what [`SparseBuffer::unbind`] accepts to free whatever of a range is bound.
+    pub fn bound_runs_within(&self, offset: u64, size_bytes: u64) -> Vec<(u64, u64)> {
+        let first = offset / self.page_bytes;
+        let end = offset.saturating_add(size_bytes).min(self.size_bytes).div_ceil(self.page_bytes);
+        if end <= first {
+            return Vec::new();
+        }
+        self.bound
+            .bound_within(first, end - first)
+            .into_iter()
+            .map(|(start, pages)| (start * self.page_bytes, pages * self.page_bytes))
+            .collect()
+    }
+
+    /// The runs `(offset, size_bytes)` as page runs `(first page, pages)`, checked to be page-aligned and inside
+    /// the buffer, sorted, empty ones dropped and adjacent ones merged. Overlapping runs are merged when
+    /// `overlap_allowed`, else refused.
+    fn page_runs(&self, runs: &[(u64, u64)], overlap_allowed: bool) -> Result<Vec<(u64, u64)>, VulkanError> {
+        let mut pages = Vec::with_capacity(runs.len());
         for &(offset, size_bytes) in runs {
             let end = offset.checked_add(size_bytes);
             if offset % self.page_bytes != 0 || size_bytes % self.page_bytes != 0 || end.is_none_or(|end| end > self.size_bytes) {
@@ -365,21 +380,33 @@ impl SparseBuffer {
                     self.page_bytes, self.size_bytes
                 )));
             }
-            pages.extend(offset / self.page_bytes..(offset + size_bytes) / self.page_bytes);
+            if size_bytes > 0 {
+                pages.push((offset / self.page_bytes, size_bytes / self.page_bytes));
+            }
         }
-        Ok(pages)
+        pages.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(pages.len());
+        for (start, count) in pages {
+            match merged.last_mut() {
+                Some((last, last_count)) if *last + *last_count > start && !overlap_allowed => {
+                    return Err(VulkanError::InvalidArgument(format!(
+                        "page {start} of the buffer is listed twice (runs overlap; page {last} starts another)"
+                    )));
+                }
+                Some((last, last_count)) if *last + *last_count >= start => {
+                    *last_count = (*last_count).max(start + count - *last);
+                }
+                _ => merged.push((start, count)),
+            }
+        }
+        Ok(merged)
     }
 
-    /// The change in live mappings when buffer page `index` gets (or loses) physical page `physical`.
-    fn mapping_delta(&self, index: u64, physical: PageRef) -> i64 {
-        let joins_left = index.checked_sub(1).and_then(|left| self.bound.get(&left)).is_some_and(|&left| follows(left, physical));
-        let joins_right = self.bound.get(&(index + 1)).is_some_and(|&right| follows(physical, right));
-        1 - i64::from(joins_left) - i64::from(joins_right)
-    }
-
-    fn set_live_mappings(&mut self, delta: i64) {
-        self.stats.live_mappings = self.stats.live_mappings.saturating_add_signed(delta);
+    fn set_live_mappings(&mut self) {
+        self.stats.live_mappings = self.bound.len();
         self.stats.peak_live_mappings = self.stats.peak_live_mappings.max(self.stats.live_mappings);
+        self.stats.pages_bound = self.bound.pages();
+        self.stats.peak_pages_bound = self.stats.peak_pages_bound.max(self.stats.pages_bound);
     }
 
     /// Binds physical pages to every page of `runs` (page-aligned `(offset, size_bytes)` in the buffer, none
@@ -390,68 +417,61 @@ impl SparseBuffer {
     /// [`VulkanError::OutOfPages`] when the pool is exhausted; [`VulkanError::TooManyMappings`]; a failed
     /// `vkQueueBindSparse`. Nothing changes on error.
     pub fn bind(&mut self, runs: &[(u64, u64)]) -> Result<u64, VulkanError> {
-        let mut pages = self.pages_of(runs)?;
-        pages.sort_unstable();
-        if pages.windows(2).any(|pair| pair[0] == pair[1]) || pages.iter().any(|page| self.bound.contains_key(page)) {
+        let runs = self.page_runs(runs, false)?;
+        if runs.iter().any(|&(start, count)| self.bound.any_bound(start, count)) {
             return Err(VulkanError::InvalidArgument("bind over a page already bound (or listed twice)".into()));
         }
-        if pages.is_empty() {
+        let pages: u64 = runs.iter().map(|&(_, count)| count).sum();
+        if pages == 0 {
             return Ok(0);
         }
-        let physical = self.pool.take(pages.len() as u64)?;
-        self.bind_pages(&pages, &physical)
+        let physical = self.pool.take(pages)?;
+        self.bind_runs(&runs, physical)
     }
 
-    /// Binds `physical[i]` at buffer page `pages[i]` (sorted, unbound), giving the physical pages back to the
-    /// pool on error.
-    fn bind_pages(&mut self, pages: &[u64], physical: &[PageRef]) -> Result<u64, VulkanError> {
-        let mut delta = 0;
-        for (&index, &page) in pages.iter().zip(physical) {
-            delta += self.mapping_delta(index, page);
-            self.bound.insert(index, page);
+    /// Binds `physical` (as many pages as `runs` holds, lowest buffer page first) at the buffer page runs
+    /// `runs` (sorted, unbound), giving the physical pages back to the pool on error.
+    fn bind_runs(&mut self, runs: &[(u64, u64)], physical: Vec<PhysicalRun>) -> Result<u64, VulkanError> {
+        let bound = pair(runs, &physical);
+        for &run in &bound {
+            self.bound.insert(run);
         }
-        let needed = self.stats.live_mappings.saturating_add_signed(delta) + self.pool.chunk_count() as u64;
-        let binds = self.coalesced_binds(pages);
+        let needed = self.bound.len() + self.pool.chunk_count() as u64;
+        let binds: Vec<vk::SparseMemoryBind> = bound
+            .iter()
+            .map(|run| {
+                vk::SparseMemoryBind::default()
+                    .resource_offset(run.start * self.page_bytes)
+                    .size(u64::from(run.pages) * self.page_bytes)
+                    .memory(self.pool.memory(run.physical.chunk))
+                    .memory_offset(u64::from(run.physical.page) * self.page_bytes)
+            })
+            .collect();
         let result = if needed > self.max_live_mappings {
             Err(VulkanError::TooManyMappings { needed, limit: self.max_live_mappings })
         } else {
             self.submit(&binds)
         };
         if let Err(error) = result {
-            for index in pages {
-                self.bound.remove(index);
+            // The runs are canonical: removing what was inserted restores them.
+            for &(start, count) in runs {
+                self.bound.remove(start, count);
             }
-            self.pool.give_back(physical.iter().copied());
+            self.pool.give_back(physical);
             return Err(error);
         }
-        self.set_live_mappings(delta);
+        self.set_live_mappings();
         self.stats.bind_entries += binds.len() as u64;
-        self.stats.pages_bound += pages.len() as u64;
-        self.stats.peak_pages_bound = self.stats.peak_pages_bound.max(self.stats.pages_bound);
         Ok(binds.len() as u64)
     }
 
-    /// One `VkSparseMemoryBind` per run of `pages` (sorted, bound in `self.bound`) contiguous in the buffer and
-    /// in one chunk.
-    fn coalesced_binds(&self, pages: &[u64]) -> Vec<vk::SparseMemoryBind> {
-        let mut binds: Vec<vk::SparseMemoryBind> = Vec::new();
-        let mut previous: Option<(u64, PageRef)> = None;
-        for &index in pages {
-            let Some(&page) = self.bound.get(&index) else { continue };
-            let extends = previous.is_some_and(|(last_index, last_page)| last_index + 1 == index && follows(last_page, page));
-            match binds.last_mut() {
-                Some(bind) if extends => bind.size += self.page_bytes,
-                _ => binds.push(
-                    vk::SparseMemoryBind::default()
-                        .resource_offset(index * self.page_bytes)
-                        .size(self.page_bytes)
-                        .memory(self.pool.memory(page.chunk))
-                        .memory_offset(u64::from(page.page) * self.page_bytes),
-                ),
-            }
-            previous = Some((index, page));
-        }
-        binds
+    /// Null-memory binds covering the page runs `runs` (sorted, merged): one per run.
+    fn unbind_entries(&self, runs: &[(u64, u64)]) -> Vec<vk::SparseMemoryBind> {
+        runs.iter()
+            .map(|&(start, count)| {
+                vk::SparseMemoryBind::default().resource_offset(start * self.page_bytes).size(count * self.page_bytes)
+            })
+            .collect()
     }
 
     /// Unbinds every page of `runs` (all bound), in one batch, and gives their physical pages back; returns
@@ -461,48 +481,23 @@ impl SparseBuffer {
     /// [`VulkanError::InvalidArgument`] for a run outside the buffer, misaligned, or over an unbound page; a
     /// failed `vkQueueBindSparse`. Nothing changes on error.
     pub fn unbind(&mut self, runs: &[(u64, u64)]) -> Result<u64, VulkanError> {
-        let mut pages = self.pages_of(runs)?;
-        pages.sort_unstable();
-        pages.dedup();
-        if pages.iter().any(|page| !self.bound.contains_key(page)) {
+        let runs = self.page_runs(runs, true)?;
+        if !runs.iter().all(|&(start, count)| self.bound.all_bound(start, count)) {
             return Err(VulkanError::InvalidArgument("unbind of a page not bound".into()));
         }
-        let binds = self.unbind_entries(&pages);
+        let binds = self.unbind_entries(&runs);
         if binds.is_empty() {
             return Ok(0);
         }
         self.submit(&binds)?;
+        for &(start, count) in &runs {
+            let freed = self.bound.remove(start, count);
+            self.pool.give_back(freed);
+        }
+        self.set_live_mappings();
         let entries = binds.len() as u64;
-        self.release(&pages);
         self.stats.unbind_entries += entries;
         Ok(entries)
-    }
-
-    /// Null-memory binds covering `pages` (sorted), one per buffer-contiguous run.
-    fn unbind_entries(&self, pages: &[u64]) -> Vec<vk::SparseMemoryBind> {
-        let mut binds: Vec<vk::SparseMemoryBind> = Vec::new();
-        let mut previous: Option<u64> = None;
-        for &index in pages {
-            match binds.last_mut() {
-                Some(bind) if previous.is_some_and(|last| last + 1 == index) => bind.size += self.page_bytes,
-                _ => binds.push(vk::SparseMemoryBind::default().resource_offset(index * self.page_bytes).size(self.page_bytes)),
-            }
-            previous = Some(index);
-        }
-        binds
-    }
-
-    /// Forgets the bindings of `pages` (bound) and gives their physical pages back.
-    fn release(&mut self, pages: &[u64]) {
-        for &index in pages {
-            if let Some(page) = self.bound.remove(&index) {
-                // With the page gone, its mapping delta is the inverse of what adding it back would be.
-                let delta = self.mapping_delta(index, page);
-                self.set_live_mappings(-delta);
-                self.pool.give_back([page]);
-                self.stats.pages_bound -= 1;
-            }
-        }
     }
 
     /// Moves the physical page bound at `from_offset` to the unbound page at `to_offset`, in one batch (an
@@ -512,33 +507,36 @@ impl SparseBuffer {
     /// [`VulkanError::InvalidArgument`] when `from_offset` is not bound or `to_offset` is, or either is not a
     /// page inside the buffer; [`VulkanError::TooManyMappings`]; a failed `vkQueueBindSparse`.
     pub fn remap(&mut self, from_offset: u64, to_offset: u64) -> Result<(), VulkanError> {
-        let from = self.pages_of(&[(from_offset, self.page_bytes)])?[0];
-        let to = self.pages_of(&[(to_offset, self.page_bytes)])?[0];
-        let page = self
-            .bound
-            .get(&from)
-            .copied()
-            .ok_or_else(|| VulkanError::InvalidArgument(format!("remap from {from_offset:#x}: not bound")))?;
-        if self.bound.contains_key(&to) {
+        let from = self.page_runs(&[(from_offset, self.page_bytes)], false)?[0].0;
+        let to = self.page_runs(&[(to_offset, self.page_bytes)], false)?[0].0;
+        let page =
+            self.bound.at(from).ok_or_else(|| VulkanError::InvalidArgument(format!("remap from {from_offset:#x}: not bound")))?;
+        if self.bound.at(to).is_some() {
             return Err(VulkanError::InvalidArgument(format!("remap to {to_offset:#x}: already bound")));
         }
-        self.bound.remove(&from);
-        let delta = -self.mapping_delta(from, page) + self.mapping_delta(to, page);
-        self.bound.insert(to, page);
-        let needed = self.stats.live_mappings.saturating_add_signed(delta) + self.pool.chunk_count() as u64;
-        let mut binds = self.unbind_entries(&[from]);
-        binds.extend(self.coalesced_binds(&[to]));
+        let moved = BoundRun { start: to, pages: 1, physical: page };
+        self.bound.remove(from, 1);
+        self.bound.insert(moved);
+        let needed = self.bound.len() + self.pool.chunk_count() as u64;
+        let mut binds = self.unbind_entries(&[(from, 1)]);
+        binds.push(
+            vk::SparseMemoryBind::default()
+                .resource_offset(to * self.page_bytes)
+                .size(self.page_bytes)
+                .memory(self.pool.memory(page.chunk))
+                .memory_offset(u64::from(page.page) * self.page_bytes),
+        );
         let result = if needed > self.max_live_mappings {
             Err(VulkanError::TooManyMappings { needed, limit: self.max_live_mappings })
         } else {
             self.submit(&binds)
         };
         if let Err(error) = result {
-            self.bound.remove(&to);
-            self.bound.insert(from, page);
+            self.bound.remove(to, 1);
+            self.bound.insert(BoundRun { start: from, pages: 1, physical: page });
             return Err(error);
         }
-        self.set_live_mappings(delta);
+        self.set_live_mappings();
         self.stats.unbind_entries += 1;
         self.stats.bind_entries += 1;
         Ok(())

@@ -1,6 +1,7 @@
 //! PyTorch's caching allocator on the device (`PytorchDeviceHeap`), validation on: segments are real blocks the
 //! kernels fill and verify, out of memory is PyTorch's verdict, the device refusing is undone cleanly, segments go
-//! back to the device, and expandable segments map pages of sparse buffers.
+//! back to the device, and expandable segments map pages of sparse buffers. `SegmentMemory` under the core's
+//! emulation stops the replay at the first refusal, its typed error kept.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
 mod common;
@@ -13,7 +14,7 @@ use heapscope_core::units::{KIB, MIB};
 use heapscope_core::{Error, OomCause};
 use heapscope_kernels::Op;
 use heapscope_vulkan::compute::ComputeKernels;
-use heapscope_vulkan::{PytorchDeviceConfig, PytorchDeviceHeap, VulkanError};
+use heapscope_vulkan::{PytorchDeviceConfig, PytorchDeviceHeap, SegmentMemory, VulkanError};
 
 fn conf(expandable: bool) -> AllocConf {
     AllocConf { expandable_segments: expandable, ..AllocConf::default() }
@@ -183,6 +184,34 @@ fn expandable_segments_map_pages_of_sparse_buffers() {
         assert_eq!((heap.live_segments(), heap.device_bytes()), ((0, 0), 0));
         heap.wait_binds().unwrap();
         drop((kernels, heap));
+    }
+    finish(context);
+}
+
+/// Under the core's emulation nothing can be undone: with the device capped at 100 MiB below the allocator's
+/// 448 MiB, the sixth 20 MiB segment is refused and the replay stops at its event, the typed refusal kept and
+/// the five segments before it on the device.
+#[test]
+fn segment_memory_under_the_emulation_stops_at_the_first_refusal() {
+    let Some(context) = common::context() else { return };
+    let context = Arc::new(context);
+    {
+        let mut builder = heapscope_core::TraceBuilder::new("20 MiB segments");
+        for id in 0..10 {
+            builder.alloc(id, 19 * MIB).unwrap();
+        }
+        let recording = heapscope_core::recording::Recording::from_trace(builder.finish());
+        let mut config = PytorchDeviceConfig::new(conf(false), Some(448 * MIB));
+        config.device_cap_bytes = Some(100 * MIB);
+        let mut memory = SegmentMemory::new(Arc::clone(&context), &config).unwrap();
+        let error =
+            heapscope_core::compare::emulate_pytorch(&recording, &config.conf, config.capacity_bytes, &mut memory).unwrap_err();
+        assert!(error.to_string().contains("event 5: out of device memory"), "{error}");
+        let refused = memory.take_error().unwrap();
+        assert!(refused.is_out_of_memory(), "{refused}");
+        let counts = memory.counts();
+        assert_eq!((counts.device_allocs, counts.device_frees, counts.peak_device_bytes), (5, 0, 100 * MIB), "{counts:?}");
+        assert_eq!(memory.live_segments(), (5, 0));
     }
     finish(context);
 }

@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 
+use super::backing::{SegmentBacking, Unbacked, apply_pending, held_now};
 use super::initial::rebuild_start_state;
 use super::validate::{EmulationError, validate};
 use super::{CachingAllocator, DeviceEvent, OomReport};
@@ -173,10 +174,33 @@ pub fn emulate(
     conf: &AllocConf,
     capacity_bytes: Option<u64>,
 ) -> Result<Emulation, EmulationError> {
+    emulate_backed(snapshot, device, conf, capacity_bytes, &mut Unbacked)
+}
+
+/// [`emulate`] with memory under the allocator: `backing` first receives what the allocator holds at the start
+/// of the recording (a `Reserved` per segment, a `Mapped` per mapped expandable range), then every segment
+/// operation as the emulation makes it. See [`SegmentBacking`].
+///
+/// # Errors
+///
+/// What [`emulate`] returns; [`EmulationError::Backing`] naming the trace entry whose segment operation the
+/// backing refused (the replay stops there).
+pub fn emulate_backed(
+    snapshot: &Snapshot,
+    device: usize,
+    conf: &AllocConf,
+    capacity_bytes: Option<u64>,
+    backing: &mut dyn SegmentBacking,
+) -> Result<Emulation, EmulationError> {
     validate(snapshot, device)?;
     let empty = Vec::new();
     let trace = snapshot.device_traces.get(device).unwrap_or(&empty);
     let (mut alloc, mut live) = rebuild_start_state(snapshot, device, conf, capacity_bytes)?;
+    let refused = |entry: usize| move |what: String| EmulationError::Backing { device, entry, what };
+    let start = held_now(&alloc);
+    if !start.is_empty() {
+        backing.apply(&start, &alloc).map_err(refused(0))?;
+    }
     let recorded = recorded_segment_events(trace);
     let mut out = Emulation::default();
     let mut fidelity = Fidelity { recorded: recorded.len(), ..Fidelity::default() };
@@ -187,7 +211,7 @@ pub fn emulate(
             Action::Alloc => {
                 fidelity.allocs += 1;
                 let result = alloc.malloc(e.size, e.stream, Some(e.addr));
-                push_events(&mut out.segment_events, alloc.take_events(), i);
+                push_events(&mut out.segment_events, apply_pending(&mut alloc, backing).map_err(refused(i))?, i);
                 match result {
                     Ok(addr) => {
                         out.placements[i] = Some(addr);
@@ -225,14 +249,14 @@ pub fn emulate(
                         out.first_oom.get_or_insert(OomEvent { event_index: i, report });
                     }
                 }
-                push_events(&mut out.segment_events, alloc.take_events(), i);
+                push_events(&mut out.segment_events, apply_pending(&mut alloc, backing).map_err(refused(i))?, i);
             }
             Action::SegmentFree | Action::SegmentUnmap if i >= empty_cache_checked_until => {
                 let next = trace[i..].iter().position(|t| !is_segment_action(t.action)).map_or(trace.len(), |p| i + p);
                 empty_cache_checked_until = next;
                 if !allocator_would_release(&alloc, trace.get(next), capacity_bytes) {
                     alloc.empty_cache();
-                    push_events(&mut out.segment_events, alloc.take_events(), next);
+                    push_events(&mut out.segment_events, apply_pending(&mut alloc, backing).map_err(refused(i))?, next);
                 }
             }
             _ => {}

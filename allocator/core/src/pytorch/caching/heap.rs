@@ -9,11 +9,11 @@
 //! address in the allocator's address space. A backend applies them to real memory the way `DevicePagedHeap`
 //! applies a `PagedHeap`'s.
 
-use super::{CachingAllocator, DeviceEvent as SegmentEvent, MIN_BLOCK_BYTES, round_size};
+use super::backing::device_event;
+use super::{CachingAllocator, MIN_BLOCK_BYTES, round_size};
 use crate::device_event::DeviceLog;
 use crate::hash::FastMap;
 use crate::pytorch::AllocConf;
-use crate::pytorch::snapshot::Action;
 use crate::{Allocation, AllocationId, DeviceEvent, DeviceHeap, Error, OwnerId, Request, ResourceKind, Result};
 
 /// A live allocation of a [`CachingHeap`].
@@ -167,14 +167,7 @@ impl CachingHeap {
 
     /// Moves the allocator's segment operations into the device log (or drops them when it is off).
     fn log_events(&mut self) {
-        for SegmentEvent { action, addr: address, size_bytes } in self.allocator.take_events() {
-            let event = match action {
-                Action::SegmentAlloc => DeviceEvent::Reserved { address, size_bytes },
-                Action::SegmentFree => DeviceEvent::Released { address, size_bytes },
-                Action::SegmentMap => DeviceEvent::Mapped { address, size_bytes },
-                Action::SegmentUnmap => DeviceEvent::Unmapped { address, size_bytes },
-                _ => continue,
-            };
+        for event in self.allocator.take_events().iter().filter_map(device_event) {
             self.device_log.push(|| event);
         }
     }

@@ -21,8 +21,11 @@
 //!   backend drive PyTorch's rules through it.
 //! - [`emulate`] drives the allocator through a trace and compares what it decided with what PyTorch
 //!   recorded ([`Fidelity`]); `initial` rebuilds the allocator state at the start of a recording that began
-//!   mid-run, as MemoryViz does.
+//!   mid-run, as MemoryViz does. [`emulate_backed`] does the same with memory under the allocator
+//!   ([`SegmentBacking`], `backing`): every segment operation applied as it is made (the Vulkan backend puts
+//!   device memory there).
 
+mod backing;
 mod emulate;
 mod expandable;
 mod heap;
@@ -34,7 +37,9 @@ mod validate;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-pub use emulate::{Emulation, EventStats, Fidelity, Mismatch, Misplacement, OomEvent, SegmentEvent, emulate};
+pub(crate) use backing::apply_pending;
+pub use backing::{SegmentBacking, Unbacked};
+pub use emulate::{Emulation, EventStats, Fidelity, Mismatch, Misplacement, OomEvent, SegmentEvent, emulate, emulate_backed};
 pub use heap::{CachingAllocation, CachingHeap};
 pub use validate::EmulationError;
 

@@ -50,6 +50,16 @@ pub enum EmulationError {
         /// What is wrong.
         what: String,
     },
+    /// The memory under the allocator ([`super::SegmentBacking`]) refused a segment operation of this entry.
+    #[error("device_traces[{device}][{entry}]: the memory under the allocator refused: {what}")]
+    Backing {
+        /// Device.
+        device: usize,
+        /// Index in the device's trace (0 for what the allocator held at the start of the recording).
+        entry: usize,
+        /// What the memory said.
+        what: String,
+    },
 }
 
 /// Where a range or block of the rebuilt start state comes from, for errors.
