@@ -121,6 +121,11 @@ impl PytorchDeviceHeap {
         })
     }
 
+    /// The Vulkan context the segments live on.
+    pub fn context(&self) -> &Arc<VulkanContext> {
+        self.source.context()
+    }
+
     /// The allocator (its statistics and segments).
     pub fn caching(&self) -> &CachingHeap {
         &self.heap

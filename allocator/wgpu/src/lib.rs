@@ -31,18 +31,22 @@
 #![warn(missing_docs)]
 
 mod arena;
+mod bench_target;
 mod compute;
 mod device;
 mod error;
+mod pytorch;
 #[cfg(feature = "vulkan")]
 mod vulkan;
 
 pub use arena::{ARENA_USAGE, ArenaAllocation, ArenaConfig, ArenaHeap, ArenaSource};
+pub use bench_target::{WgpuHandle, WgpuTarget, sparse_refusal};
 pub use compute::{KernelBuffer, WgpuKernels};
 pub use device::{DeviceOptions, ErrorLog, WgpuDevice, select_adapter};
 pub use error::WgpuError;
+pub use pytorch::PytorchHeap;
 #[cfg(feature = "vulkan")]
-pub use vulkan::{VulkanBlockBuffer, VulkanPagedHeap};
+pub use vulkan::{VulkanBlockBuffer, VulkanPagedHeap, VulkanSegmentBuffer, vulkan_device_index};
 
 /// wgpu, re-exported so users name the same types.
 pub use wgpu;
