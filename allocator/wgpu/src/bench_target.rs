@@ -32,6 +32,10 @@ use crate::{ArenaAllocation, ArenaConfig, ArenaHeap, KernelBuffer, PytorchHeap, 
 
 /// The heap behind a [`WgpuTarget`].
 #[derive(Debug)]
+#[cfg_attr(
+    not(feature = "vulkan"),
+    expect(clippy::large_enum_variant, reason = "a target holds one heap for its whole life: the size costs nothing")
+)]
 enum Backend<'a> {
     /// Arena allocations by address (the handle is the heap's, the allocation holds the arena).
     Arenas {
@@ -108,6 +112,7 @@ pub struct WgpuTarget<'a> {
     // The heap first: it goes (arenas destroyed, wrapped buffers unwrapped) before the kernels.
     backend: Backend<'a>,
     kernels: WgpuKernels,
+    #[cfg_attr(not(feature = "vulkan"), expect(dead_code, reason = "wraps PyTorch segments for wgpu (feature vulkan)"))]
     device: &'a Arc<WgpuDevice>,
     align_bytes: u64,
 }
