@@ -1,7 +1,13 @@
 //! `heapscope bench`: a workload that behaves like a GPU program (training, LLM serving, churn, or a recording)
-//! through each contender, on a Vulkan device (every allocation filled, computed on and verified by the kernels)
-//! or simulated; per contender, peak live and reserved bytes, out-of-memory verdicts under the budget, kernel
-//! mismatches, allocations per second and wall time, as a table or one JSON object per line.
+//! through each contender, on a Vulkan device or through wgpu (every allocation filled, computed on and verified
+//! by the kernels) or simulated; per contender, peak live and reserved bytes, out-of-memory verdicts under the
+//! budget, kernel mismatches, allocations per second and wall time, as a table or one JSON object per line.
+//!
+//! `--backend wgpu` opens the adapter `HEAPSCOPE_DEVICE` selects among wgpu's. When it is a Vulkan adapter, wgpu
+//! runs on heapscope's own Vulkan device for it (`WgpuDevice::from_vulkan_adapter`): the same kernels and arenas,
+//! and sparse binding reaches wgpu, so `paged` and `pytorch-expandable` run too. Otherwise (Metal, DX12, the
+//! interop failing, or `--plain-wgpu`) plain wgpu runs every other contender and reports those two as not run,
+//! saying why.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,6 +22,7 @@ use heapscope_kernels::workload::{
     ChurnConfig, KvLayout, ServeConfig, StreamStats, TrainConfig, Workload, churn, replay, serve, train,
 };
 use heapscope_vulkan::{ContextOptions, VulkanContext, VulkanError, VulkanTarget};
+use heapscope_wgpu::{DeviceOptions, WgpuDevice, WgpuError, WgpuTarget};
 
 use crate::options::HeapRules;
 
@@ -37,6 +44,9 @@ pub enum WorkloadName {
 pub enum BackendName {
     /// A Vulkan device (`HEAPSCOPE_DEVICE` chooses it): real memory, kernels run.
     Vulkan,
+    /// wgpu on the adapter `HEAPSCOPE_DEVICE` chooses among wgpu's (on heapscope's own Vulkan device when it is a
+    /// Vulkan adapter): arenas, buffers per segment, kernels run.
+    Wgpu,
     /// No device: the same stream through the simulated heaps, kernels skipped.
     Sim,
 }
@@ -53,9 +63,13 @@ pub struct BenchArgs {
     /// default set), or any policy of `heapscope policies`.
     #[arg(long = "policy", value_name = "NAME")]
     pub policies: Vec<BenchPolicy>,
-    /// vulkan or sim; default: vulkan where a device exists, else sim.
+    /// vulkan, wgpu or sim; default: vulkan where a device exists, else sim.
     #[arg(long, value_name = "BACKEND")]
     pub backend: Option<BackendName>,
+    /// --backend wgpu: plain wgpu even on a Vulkan adapter (not heapscope's Vulkan device; paged and
+    /// pytorch-expandable then do not run).
+    #[arg(long)]
+    pub plain_wgpu: bool,
     /// Steps of the workload (training steps, engine steps, allocations; for replay, events).
     #[arg(long, value_name = "N")]
     pub steps: Option<u32>,
@@ -134,6 +148,9 @@ impl BenchArgs {
         if self.heap.budget == Some(0) {
             bail!("--budget 0: nothing could be allocated");
         }
+        if self.plain_wgpu && self.backend != Some(BackendName::Wgpu) {
+            bail!("--plain-wgpu is a knob of --backend wgpu");
+        }
         Ok(())
     }
 
@@ -191,11 +208,25 @@ impl BenchArgs {
 /// The backend that runs, and why.
 enum Device {
     Vulkan(Arc<VulkanContext>),
-    Sim { why: String },
+    Wgpu {
+        device: Arc<WgpuDevice>,
+        /// Why wgpu is not on heapscope's Vulkan device (`None`: it is).
+        plain: Option<String>,
+    },
+    Sim {
+        why: String,
+    },
+}
+
+/// What became of a contender.
+enum Outcome {
+    Ran(Box<RunReport>),
+    /// The device cannot host it (sparse binding missing): why.
+    NotRun(String),
 }
 
 impl Device {
-    fn open(asked: Option<BackendName>) -> Result<Self> {
+    fn open(asked: Option<BackendName>, plain_wgpu: bool) -> Result<Self> {
         match asked {
             Some(BackendName::Sim) => Ok(Device::Sim { why: "asked".into() }),
             Some(BackendName::Vulkan) => {
@@ -203,6 +234,7 @@ impl Device {
                     VulkanContext::new(&ContextOptions::from_env()).context("--backend vulkan: bringing up the device")?;
                 Ok(Device::Vulkan(Arc::new(context)))
             }
+            Some(BackendName::Wgpu) => Self::open_wgpu(plain_wgpu),
             None => match VulkanContext::new(&ContextOptions::from_env()) {
                 Ok(context) => Ok(Device::Vulkan(Arc::new(context))),
                 Err(error) => Ok(Device::Sim { why: format!("no Vulkan device: {error}") }),
@@ -210,41 +242,124 @@ impl Device {
         }
     }
 
+    /// wgpu on heapscope's own Vulkan device when the selected adapter is a Vulkan one (unless `plain`), else plain
+    /// wgpu; a failed interop falls back to plain wgpu and says why.
+    fn open_wgpu(plain: bool) -> Result<Self> {
+        let options = DeviceOptions::from_env();
+        let adapter = WgpuDevice::selected_adapter(&options).context("--backend wgpu: choosing the adapter")?;
+        let why_plain = if plain {
+            "--plain-wgpu".to_owned()
+        } else if adapter.backend != heapscope_wgpu::wgpu::Backend::Vulkan {
+            format!("a {} adapter", adapter.backend)
+        } else {
+            match WgpuDevice::from_vulkan_adapter(&options) {
+                Ok(device) => return Ok(Device::Wgpu { device: Arc::new(device), plain: None }),
+                Err(error) => format!("heapscope's Vulkan device could not be used: {error}"),
+            }
+        };
+        if options.validation {
+            crate::wgpu_log::install();
+        }
+        let device = WgpuDevice::new(&options).context("--backend wgpu: bringing up the device")?;
+        Ok(Device::Wgpu { device: Arc::new(device), plain: Some(why_plain) })
+    }
+
     fn name(&self) -> &'static str {
         match self {
             Device::Vulkan(_) => "vulkan",
+            Device::Wgpu { .. } => "wgpu",
             Device::Sim { .. } => "sim",
         }
     }
 
+    /// The adapter, for JSON: its name, its API, and whether it is heapscope's own Vulkan device.
+    fn adapter(&self) -> serde_json::Value {
+        match self {
+            Device::Vulkan(context) => {
+                serde_json::json!({ "name": context.properties().name, "api": "vulkan", "heapscope_vulkan_device": true })
+            }
+            Device::Wgpu { device, plain } => serde_json::json!({
+                "name": device.info().name,
+                "api": device.info().backend.to_str(),
+                "heapscope_vulkan_device": plain.is_none(),
+            }),
+            Device::Sim { .. } => serde_json::Value::Null,
+        }
+    }
+
     fn describe(&self) -> String {
+        const KERNELS: &str = "every allocation filled, computed on, copied and verified by the kernels";
         match self {
             Device::Vulkan(context) => format!(
-                "vulkan on {}{}: every allocation filled, computed on, copied and verified by the kernels",
+                "vulkan on {}{}: {KERNELS}",
                 context.properties().name,
                 if context.validation_enabled() { ", validation on" } else { "" }
             ),
+            Device::Wgpu { device, plain } => {
+                let info = device.info();
+                let validation = device.vulkan_context().is_some_and(|context| context.validation_enabled())
+                    || (plain.is_some() && DeviceOptions::from_env().validation);
+                let route = match plain {
+                    None => "on heapscope's own Vulkan device (sparse binding: paged and pytorch-expandable run)".to_owned(),
+                    Some(why) => format!("plain wgpu ({why}: paged and pytorch-expandable do not run)"),
+                };
+                format!(
+                    "wgpu on {} ({}), {route}{}: {KERNELS}",
+                    info.name,
+                    info.backend,
+                    if validation { ", validation on" } else { "" }
+                )
+            }
             Device::Sim { why } => format!("sim ({why}): no device, kernels skipped, so mismatches are 0 by construction"),
         }
     }
 
-    /// Runs `workload` through `policy`; `Ok(None)` when the device cannot host the contender (`paged` and
-    /// `pytorch-expandable` without sparse residency): it is skipped with a note.
-    fn run(&self, workload: &Workload, policy: BenchPolicy, settings: &BenchSettings) -> Result<Option<RunReport>> {
-        Ok(Some(match self {
+    /// Runs `workload` through `policy`; [`Outcome::NotRun`] when the device cannot host the contender (`paged` and
+    /// `pytorch-expandable` without sparse residency, or on wgpu that is not heapscope's Vulkan device).
+    fn run(&self, workload: &Workload, policy: BenchPolicy, settings: &BenchSettings) -> Result<Outcome> {
+        Ok(Outcome::Ran(Box::new(match self {
             Device::Vulkan(context) => {
                 let mut target = match VulkanTarget::new(context, policy, settings) {
                     Ok(target) => target,
                     Err(VulkanError::Unsupported(why)) => {
-                        eprintln!("heapscope: {policy} skipped: unsupported on this device: {why}");
-                        return Ok(None);
+                        return Ok(Outcome::NotRun(format!("unsupported on this device: {why}")));
                     }
                     Err(error) => return Err(error).with_context(|| format!("{policy}: setting up on the device")),
                 };
                 run(workload, &mut target).with_context(|| format!("{policy} on the device"))?
             }
+            Device::Wgpu { device, .. } => {
+                let mut target = match WgpuTarget::new(device, policy, settings) {
+                    Ok(target) => target,
+                    Err(WgpuError::Unsupported(why)) => return Ok(Outcome::NotRun(why)),
+                    Err(error) => return Err(error).with_context(|| format!("{policy}: setting up on wgpu")),
+                };
+                run(workload, &mut target).with_context(|| format!("{policy} on wgpu"))?
+            }
             Device::Sim { .. } => run_simulated(workload, policy, settings).with_context(|| format!("{policy}"))?,
-        }))
+        })))
+    }
+
+    /// What the validation layer (or wgpu) reported, and whether validation was on.
+    fn messages(&self) -> (bool, Vec<String>) {
+        match self {
+            Device::Vulkan(context) => (context.validation_enabled(), context.validation_messages()),
+            Device::Wgpu { device, plain } => {
+                let mut messages = device.errors().messages();
+                let validation = match device.vulkan_context() {
+                    Some(context) => {
+                        messages.extend(context.validation_messages());
+                        context.validation_enabled()
+                    }
+                    None => {
+                        messages.extend(crate::wgpu_log::messages());
+                        plain.is_some() && DeviceOptions::from_env().validation
+                    }
+                };
+                (validation, messages)
+            }
+            Device::Sim { .. } => (false, Vec::new()),
+        }
     }
 }
 
@@ -254,35 +369,39 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
     let chosen = args.choose()?;
     let budget = args.heap.budget.or(chosen.default_budget);
     let settings = args.settings(budget)?;
-    let device = Device::open(args.backend)?;
+    let device = Device::open(args.backend, args.plain_wgpu)?;
     if !args.json {
         print_title(&chosen, budget, args.heap.budget.is_none(), &device);
     }
     let mut reports = Vec::new();
     for policy in args.policies() {
-        let Some(report) = device.run(&chosen.workload, policy, &settings)? else { continue };
-        if args.json {
-            outln!("{}", json_line(policy, &chosen.workload, &device, budget, &report));
-        } else {
-            print_row(policy, &report);
+        match device.run(&chosen.workload, policy, &settings)? {
+            Outcome::Ran(report) => {
+                if args.json {
+                    outln!("{}", json_line(policy, &chosen.workload, &device, budget, &report));
+                } else {
+                    print_row(policy, &report);
+                }
+                reports.push((policy, *report));
+            }
+            Outcome::NotRun(why) => {
+                if args.json {
+                    outln!("{}", not_run_line(policy, &chosen.workload, &device, budget, &why));
+                } else {
+                    outln!("{:<20} not run: {why}", policy.name());
+                }
+            }
         }
-        reports.push((policy, report));
     }
     if !args.json {
         print_verdicts(&reports, &chosen.workload);
     }
-    let messages = match &device {
-        Device::Vulkan(context) => context.validation_messages(),
-        Device::Sim { .. } => Vec::new(),
-    };
-    if let Device::Vulkan(context) = &device
-        && context.validation_enabled()
-        && !args.json
-    {
+    let (validation, messages) = device.messages();
+    if validation && !args.json {
         outln!("validation: {} message(s)", messages.len());
     }
     if !messages.is_empty() {
-        bail!("the validation layer reported {} message(s):\n{}", messages.len(), messages.join("\n"));
+        bail!("the validation layer or wgpu reported {} message(s):\n{}", messages.len(), messages.join("\n"));
     }
     if reports.is_empty() {
         bail!("no contender could run");
@@ -368,6 +487,7 @@ fn json_line(policy: BenchPolicy, workload: &Workload, device: &Device, budget: 
         "policy": policy.name(),
         "workload": workload.name,
         "backend": device.name(),
+        "adapter": device.adapter(),
         "budget_bytes": budget,
         "peak_live_bytes": report.peak_live_bytes,
         "peak_reserved_bytes": report.peak_reserved_bytes,
@@ -385,6 +505,19 @@ fn json_line(policy: BenchPolicy, workload: &Workload, device: &Device, budget: 
         "batches": report.batches,
         "allocs_per_sec": report.allocs_per_sec(),
         "wall_ms": report.wall.as_secs_f64() * 1000.0,
+    })
+    .to_string()
+}
+
+/// A contender the device cannot host: who, where, and why.
+fn not_run_line(policy: BenchPolicy, workload: &Workload, device: &Device, budget: Option<u64>, why: &str) -> String {
+    serde_json::json!({
+        "policy": policy.name(),
+        "workload": workload.name,
+        "backend": device.name(),
+        "adapter": device.adapter(),
+        "budget_bytes": budget,
+        "not_run": why,
     })
     .to_string()
 }

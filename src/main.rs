@@ -13,6 +13,7 @@ mod input;
 mod options;
 mod probe;
 mod replay;
+mod wgpu_log;
 
 use std::process::ExitCode;
 

@@ -1,6 +1,7 @@
 //! `heapscope bench` end to end, through the built binary. On a Vulkan device (lavapipe in CI, validation layer
-//! on: any message fails the command) the kernels fill, compute on and verify every allocation; without one the
-//! command falls back to the simulated backend, unless `HEAPSCOPE_REQUIRE_GPU=1` makes that a failure.
+//! on: any message fails the command), directly or through wgpu, the kernels fill, compute on and verify every
+//! allocation; without one the command falls back to the simulated backend (or `--backend wgpu` fails and its
+//! tests skip), unless `HEAPSCOPE_REQUIRE_GPU=1` makes that a failure.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
 use std::path::Path;
@@ -67,51 +68,114 @@ fn check_line(line: &Value) {
     assert_eq!(line["mismatches"], 0, "{line}");
 }
 
-/// The acceptance test of the issue: `serve` with paged KV blocks (the default) under its default budget — on
-/// lavapipe with validation on — `paged` completes where `pytorch` runs out of memory from fragmentation, with no
-/// kernel mismatch; `--backend sim` agrees on who runs out of memory, when, and on every byte count.
-#[test]
-fn serve_paged_completes_where_pytorch_fragments() {
-    let device = json_lines(&heapscope(&["bench", "--workload", "serve", "--policy", "pytorch", "--policy", "paged", "--json"]));
-    let sim = json_lines(&heapscope(&[
-        "bench",
-        "--workload",
-        "serve",
-        "--policy",
-        "pytorch",
-        "--policy",
-        "paged",
-        "--backend",
-        "sim",
-        "--json",
-    ]));
+/// The serve story: `pytorch` runs out of memory from fragmentation, `paged` completes, no kernel mismatch, and
+/// `sim` agrees with `device` on who runs out of memory, when, and on every byte count.
+fn check_serve_story(device: &[Value], sim: &[Value]) {
     assert_eq!((device.len(), sim.len()), (2, 2));
-    let backend = device[0]["backend"].as_str().unwrap();
-    assert!(backend == "vulkan" || !gpu_required(), "HEAPSCOPE_REQUIRE_GPU=1 but the bench ran on {backend}");
-    for line in device.iter().chain(&sim) {
+    for line in device.iter().chain(sim) {
         check_line(line);
         assert!(line["workload"].as_str().unwrap().starts_with("serve (paged KV, 16 tokens a block"), "{line}");
         assert_eq!(line["budget_bytes"], 160 << 20, "the serve default budget");
     }
-    for lines in [&device, &sim] {
+    for lines in [device, sim] {
         let (pytorch, paged) = (by_policy(lines, "pytorch"), by_policy(lines, "paged"));
         assert!(pytorch["ooms"].as_u64().unwrap() > 0, "{pytorch}");
         assert_eq!(pytorch["first_oom"]["verdict"], "fragmentation", "{pytorch}");
         assert_eq!(paged["ooms"], 0, "{paged}");
     }
-    if backend == "vulkan" {
-        for line in &device {
+    if device[0]["backend"] != "sim" {
+        for line in device {
             assert_eq!(line["kernels_ran"], true, "{line}");
             assert!(line["bytes_verified"].as_u64().unwrap() > 500 << 20, "{line}");
         }
     }
-    assert!(sim.iter().all(|line| line["backend"] == "sim" && line["kernels_ran"] == false));
+    assert!(sim.iter().all(|line| line["backend"] == "sim" && line["kernels_ran"] == false && line["adapter"].is_null()));
     for policy in ["pytorch", "paged"] {
-        let (on_device, simulated) = (by_policy(&device, policy), by_policy(&sim, policy));
+        let (on_device, simulated) = (by_policy(device, policy), by_policy(sim, policy));
         for key in ["ooms", "allocs", "frees", "peak_live_bytes", "peak_reserved_bytes", "first_oom"] {
             assert_eq!(on_device[key], simulated[key], "{policy}: {key}");
         }
     }
+}
+
+const SERVE: [&str; 8] = ["bench", "--workload", "serve", "--policy", "pytorch", "--policy", "paged", "--json"];
+
+fn serve_with(extra: &[&str]) -> Output {
+    heapscope(&[&SERVE[..], extra].concat())
+}
+
+/// The acceptance test of the issue: `serve` with paged KV blocks (the default) under its default budget — on
+/// lavapipe with validation on — `paged` completes where `pytorch` runs out of memory from fragmentation, with no
+/// kernel mismatch; `--backend sim` agrees on who runs out of memory, when, and on every byte count.
+#[test]
+fn serve_paged_completes_where_pytorch_fragments() {
+    let device = json_lines(&serve_with(&[]));
+    let sim = json_lines(&serve_with(&["--backend", "sim"]));
+    let backend = device[0]["backend"].as_str().unwrap();
+    assert!(backend == "vulkan" || !gpu_required(), "HEAPSCOPE_REQUIRE_GPU=1 but the bench ran on {backend}");
+    if backend == "vulkan" {
+        assert_eq!(device[0]["adapter"]["api"], "vulkan", "{}", device[0]);
+    }
+    check_serve_story(&device, &sim);
+}
+
+/// The same story through wgpu: on a Vulkan adapter wgpu runs on heapscope's own Vulkan device, so `paged` (sparse
+/// binding) runs there too, the kernels verify everything through wgpu, and the numbers are the simulation's.
+#[test]
+fn serve_through_wgpu_agrees_with_the_simulation() {
+    let output = serve_with(&["--backend", "wgpu"]);
+    if !output.status.success() && !gpu_required() {
+        eprintln!("skipped: no wgpu device ({})", stderr(&output));
+        return;
+    }
+    let device = json_lines(&output);
+    for line in &device {
+        assert_eq!(line["backend"], "wgpu", "{line}");
+        assert!(line["adapter"]["name"].as_str().is_some_and(|name| !name.is_empty()), "{line}");
+    }
+    let sim = json_lines(&serve_with(&["--backend", "sim"]));
+    if device[0]["adapter"]["api"] != "vulkan" {
+        // Metal, DX12: no sparse binding reaches wgpu, so paged is reported as not run; pytorch still agrees.
+        assert!(by_policy(&device, "paged")["not_run"].as_str().unwrap().contains("sparse binding"));
+        let (on_device, simulated) = (by_policy(&device, "pytorch"), by_policy(&sim, "pytorch"));
+        check_line(on_device);
+        for key in ["ooms", "allocs", "frees", "peak_live_bytes", "peak_reserved_bytes", "first_oom"] {
+            assert_eq!(on_device[key], simulated[key], "pytorch: {key}");
+        }
+        return;
+    }
+    for line in &device {
+        assert_eq!(line["adapter"]["heapscope_vulkan_device"], true, "a Vulkan adapter: wgpu on heapscope's device: {line}");
+    }
+    check_serve_story(&device, &sim);
+}
+
+/// Plain wgpu (`--plain-wgpu`): the contenders that need sparse binding are reported as not run, with the reason
+/// and what to use instead; the others run and verify clean. The table says so too.
+#[test]
+fn plain_wgpu_reports_paged_as_not_run() {
+    let args = ["bench", "--workload", "churn", "--steps", "300", "--backend", "wgpu", "--plain-wgpu", "--policy", "tlsf"];
+    let output = heapscope(&[&args[..], &["--policy", "paged", "--json"]].concat());
+    if !output.status.success() && !gpu_required() {
+        eprintln!("skipped: no wgpu device ({})", stderr(&output));
+        return;
+    }
+    let lines = json_lines(&output);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let (tlsf, paged) = (by_policy(&lines, "tlsf"), by_policy(&lines, "paged"));
+    check_line(tlsf);
+    assert_eq!((tlsf["kernels_ran"].as_bool(), tlsf["adapter"]["heapscope_vulkan_device"].as_bool()), (Some(true), Some(false)));
+    let why = paged["not_run"].as_str().unwrap();
+    assert!(why.contains("sparse binding") && why.contains("--backend vulkan"), "{why}");
+    assert!(paged.get("peak_live_bytes").is_none(), "{paged}");
+    // Nothing runs: an error, not an empty success.
+    let output =
+        heapscope(&["bench", "--workload", "churn", "--steps", "50", "--backend", "wgpu", "--plain-wgpu", "--policy", "paged"]);
+    assert!(!output.status.success());
+    let text = stdout(&output);
+    assert!(text.contains("plain wgpu (--plain-wgpu: paged and pytorch-expandable do not run)"), "{text}");
+    assert!(text.lines().any(|line| line.starts_with("paged ") && line.contains("not run: paged maps pages")), "{text}");
+    assert!(stderr(&output).contains("no contender could run"), "{}", stderr(&output));
 }
 
 /// The table says what ran where, the budget and its story, and the verdict in one sentence.
@@ -183,7 +247,7 @@ fn replay_a_snapshot_on_the_device() {
 
 #[test]
 fn bad_bench_input_is_refused() {
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 11] = [
         (&["bench", "--workload", "replay"], "needs a FILE"),
         (&["bench", "--workload", "serve", "x.pickle"], "only --workload replay takes a FILE"),
         (&["bench", "--workload", "serve", "--batch", "4"], "--batch is a knob of --workload train"),
@@ -192,7 +256,8 @@ fn bad_bench_input_is_refused() {
         (&["bench", "--workload", "train", "--steps", "0"], "--steps 0"),
         (&["bench", "--workload", "serve", "--kv", "pages"], "expected contiguous or paged"),
         (&["bench", "--workload", "serve", "--policy", "tlfs"], "pytorch-expandable"),
-        (&["bench", "--workload", "serve", "--backend", "cuda"], "possible values: vulkan, sim"),
+        (&["bench", "--workload", "serve", "--backend", "cuda"], "possible values: vulkan, wgpu, sim"),
+        (&["bench", "--workload", "serve", "--plain-wgpu"], "--plain-wgpu is a knob of --backend wgpu"),
         (&["bench", "--workload", "replay", "/nonexistent/trace.csv", "--backend", "sim"], "/nonexistent/trace.csv"),
     ];
     for (args, expected) in cases {

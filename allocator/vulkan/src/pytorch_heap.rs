@@ -78,6 +78,11 @@ impl PytorchDeviceHeap {
         Ok(Self { heap, capacity_bytes: config.capacity_bytes, memory, device_refusals: 0, exported: None })
     }
 
+    /// The Vulkan context the segments live on.
+    pub fn context(&self) -> &Arc<VulkanContext> {
+        self.memory.context()
+    }
+
     /// The allocator (its statistics and segments).
     pub fn caching(&self) -> &CachingHeap {
         &self.heap

@@ -18,6 +18,9 @@
 //!   (`vulkan::Buffer::from_raw_externally_owned` + `Device::create_buffer_from_hal`): wgpu never destroys them.
 //!   On drop the `wgpu::Buffer` is destroyed first (wgpu refuses any further use of a clone), wgpu's work is
 //!   waited for, then heapscope destroys the `VkBuffer`.
+//!   A [`WgpuSegmentBuffer`] is a [`PytorchDeviceHeap`] segment's `VkBuffer` (a dedicated block's, or an expandable
+//!   segment's sparse buffer) wrapped the same way; it borrows the heap, so no segment is released and no page
+//!   unbound while it lives.
 //! - **Ordering.** Sparse binds are `vkQueueBindSparse` batches ordered by the sparse buffer's timeline
 //!   semaphore. After [`WgpuPagedHeap::allocate`] binds pages, the next wgpu submission waits for the last bind's
 //!   timeline value (`vulkan::Queue::add_wait_semaphore`), so no wgpu work sees a page before it is bound. Before
@@ -33,9 +36,14 @@ use heapscope_core::{Allocation, Request};
 use wgpu::hal;
 use wgpu::hal::api::Vulkan;
 
+use heapscope_core::pytorch::CachingAllocation;
+use heapscope_kernels::SizedBuffer;
+
 use crate::compute::BlockBuffer;
 use crate::context::{DeviceHook, DeviceRequest};
-use crate::{ContextOptions, DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, VulkanContext, VulkanError};
+use crate::{
+    ContextOptions, DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, PytorchDeviceHeap, VulkanContext, VulkanError,
+};
 
 /// The usage every wrapped buffer has in wgpu: what [`crate::BLOCK_BUFFER_USAGE`] gives it in Vulkan.
 pub const WGPU_BUFFER_USAGE: wgpu::BufferUsages =
@@ -343,6 +351,60 @@ impl<'a> WgpuBlockBuffer<'a> {
 }
 
 impl Drop for WgpuBlockBuffer<'_> {
+    fn drop(&mut self) {
+        self.wgpu.unwrap_buffer(&self.buffer);
+    }
+}
+
+/// The segment of a [`PytorchDeviceHeap`] allocation — a dedicated block's `VkBuffer`, or an expandable segment's
+/// sparse buffer — as a `wgpu::Buffer` (see the module documentation). The allocation's bytes are at
+/// `CachingAllocation::offset` in it. It borrows the heap, so the segment cannot be released, nor a page of it
+/// unbound, while it lives; wait for the heap's binds ([`PytorchDeviceHeap::wait_binds`]) before wgpu's kernels
+/// read pages bound since.
+pub struct WgpuSegmentBuffer<'a> {
+    wgpu: &'a WgpuVulkan,
+    buffer: wgpu::Buffer,
+    _heap: std::marker::PhantomData<&'a PytorchDeviceHeap>,
+}
+
+impl fmt::Debug for WgpuSegmentBuffer<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WgpuSegmentBuffer").field("size_bytes", &self.buffer.size()).finish_non_exhaustive()
+    }
+}
+
+impl<'a> WgpuSegmentBuffer<'a> {
+    /// The segment holding `allocation` (an allocation of `heap`) as a wgpu buffer of `wgpu`'s device.
+    ///
+    /// # Errors
+    /// [`VulkanError::InvalidArgument`] when the heap is on another context than `wgpu`'s, or `allocation` is not
+    /// a live allocation of it with device memory behind it.
+    pub fn new(wgpu: &'a WgpuVulkan, heap: &'a PytorchDeviceHeap, allocation: &CachingAllocation) -> Result<Self, VulkanError> {
+        if !Arc::ptr_eq(heap.context(), &wgpu.context) {
+            return Err(VulkanError::InvalidArgument("the PyTorch heap belongs to another context than wgpu's".into()));
+        }
+        let (segment, _) = heap.compute_target(allocation).ok_or_else(|| {
+            VulkanError::InvalidArgument(format!(
+                "no segment with device memory holds the allocation at {:#x}",
+                allocation.address()
+            ))
+        })?;
+        // SAFETY: the buffer is of wgpu's device (same context), made with BLOCK_BUFFER_USAGE (a dedicated block's
+        // buffer, bound to its memory, or a sparse buffer, whose unbound pages may be used: reads give zero or
+        // undefined values, never a fault), `size_bytes()` long; `self` borrows the heap, which releases a segment
+        // or unbinds pages only through `&mut` methods, and `drop` destroys the wgpu buffer and waits for wgpu's
+        // work before that borrow ends.
+        let buffer = unsafe { wgpu.wrap(segment.buffer(), segment.size_bytes(), "heapscope PyTorch segment") };
+        Ok(Self { wgpu, buffer, _heap: std::marker::PhantomData })
+    }
+
+    /// The buffer, for wgpu.
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+}
+
+impl Drop for WgpuSegmentBuffer<'_> {
     fn drop(&mut self) {
         self.wgpu.unwrap_buffer(&self.buffer);
     }

@@ -64,11 +64,17 @@ impl ArenaSource {
     /// their addresses.
     pub const ALIGNMENT_BYTES: u64 = 64 << 10;
 
-    /// A source of arenas on `device`.
+    /// A source of arenas on `device`, sizes multiples of [`ArenaSource::ALIGNMENT_BYTES`].
     pub fn new(device: Arc<WgpuDevice>) -> Self {
+        Self::with_block_alignment(device, Self::ALIGNMENT_BYTES)
+    }
+
+    /// A source of arenas on `device` whose sizes (and addresses) are multiples of `min_alignment_bytes` (a power
+    /// of two), or of `min_storage_buffer_offset_alignment` when larger: to reserve the same blocks as another
+    /// source (a simulated one, or Vulkan's).
+    pub fn with_block_alignment(device: Arc<WgpuDevice>, min_alignment_bytes: u64) -> Self {
         let limits = device.limits();
-        let alignment_bytes =
-            Self::ALIGNMENT_BYTES.max(u64::from(limits.min_storage_buffer_offset_alignment).next_power_of_two());
+        let alignment_bytes = min_alignment_bytes.max(u64::from(limits.min_storage_buffer_offset_alignment).next_power_of_two());
         let max_buffer_bytes = limits.max_buffer_size / alignment_bytes * alignment_bytes;
         let name = format!("wgpu arenas on {} ({:?})", device.info().name, device.info().backend);
         Self {
@@ -187,12 +193,15 @@ pub struct ArenaConfig {
     /// A lower cap on the binding size than the device's `max_storage_buffer_binding_size` (to exercise the limit
     /// with small buffers, or to match another device).
     pub max_binding_bytes: Option<u64>,
+    /// Arena sizes are multiples of this (a power of two; raised to the storage offset alignment): by default
+    /// [`ArenaSource::ALIGNMENT_BYTES`].
+    pub min_block_alignment_bytes: u64,
 }
 
 impl ArenaConfig {
     /// The core's default heap rules for `policy`, the device's binding limit.
     pub fn new(policy: heapscope_core::PolicyKind) -> Self {
-        Self { heap: HeapConfig::new(policy), max_binding_bytes: None }
+        Self { heap: HeapConfig::new(policy), max_binding_bytes: None, min_block_alignment_bytes: ArenaSource::ALIGNMENT_BYTES }
     }
 }
 
@@ -276,8 +285,9 @@ impl ArenaHeap {
     /// A heap of arenas on `device`.
     ///
     /// # Errors
-    /// [`WgpuError::InvalidConfig`] for a binding cap that holds no word, or a device whose largest buffer is
-    /// smaller than one block unit; [`WgpuError::Heap`] for invalid heap settings.
+    /// [`WgpuError::InvalidConfig`] for a binding cap that holds no word, a block alignment that is not a power of
+    /// two, or a device whose largest buffer is smaller than one block unit; [`WgpuError::Heap`] for invalid heap
+    /// settings.
     pub fn new(device: Arc<WgpuDevice>, config: ArenaConfig) -> Result<Self, WgpuError> {
         let limits = device.limits();
         let offset_alignment_bytes = u64::from(limits.min_storage_buffer_offset_alignment).max(4);
@@ -289,7 +299,13 @@ impl ArenaHeap {
                 config.max_binding_bytes
             )));
         }
-        let source = ArenaSource::new(device);
+        if !config.min_block_alignment_bytes.is_power_of_two() {
+            return Err(WgpuError::InvalidConfig(format!(
+                "a block alignment of {} B is not a power of two",
+                config.min_block_alignment_bytes
+            )));
+        }
+        let source = ArenaSource::with_block_alignment(device, config.min_block_alignment_bytes);
         let max_arena = source.max_arena_bytes();
         if max_arena == 0 {
             return Err(WgpuError::InvalidConfig(format!(

@@ -119,15 +119,7 @@ impl WgpuDevice {
     /// # Errors
     /// [`WgpuError::NoAdapter`], [`WgpuError::NoMatchingAdapter`], [`WgpuError::RequestDevice`].
     pub fn new(options: &DeviceOptions) -> Result<Self, WgpuError> {
-        // Validation without `DEBUG`: with it wgpu writes the WGSL into the SPIR-V (`OpSource` language 10), which
-        // validation layers older than that language value reject as invalid SPIR-V.
-        let mut flags = if options.validation { wgpu::InstanceFlags::VALIDATION } else { wgpu::InstanceFlags::empty() };
-        flags = flags.with_env();
-        let descriptor = wgpu::InstanceDescriptor { flags, ..wgpu::InstanceDescriptor::new_without_display_handle() };
-        let instance = wgpu::Instance::new(descriptor);
-        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
-        let infos: Vec<wgpu::AdapterInfo> = adapters.iter().map(wgpu::Adapter::get_info).collect();
-        let index = select_adapter(&infos, options.selector.as_deref())?;
+        let (instance, adapters, index) = Self::enumerate(options)?;
         let adapter = adapters.into_iter().nth(index).ok_or(WgpuError::NoAdapter)?;
         let limits = adapter.limits();
         let descriptor = wgpu::DeviceDescriptor {
@@ -139,6 +131,30 @@ impl WgpuDevice {
         let (device, queue) = pollster::block_on(adapter.request_device(&descriptor))
             .map_err(|error| WgpuError::RequestDevice { adapter: adapter.get_info().name, message: error.to_string() })?;
         Ok(Self::assemble(Some(instance), adapter, device, queue))
+    }
+
+    /// The adapter [`WgpuDevice::new`] would open for `options` (its name, vendor and backend), without opening a
+    /// device.
+    ///
+    /// # Errors
+    /// [`WgpuError::NoAdapter`], [`WgpuError::NoMatchingAdapter`].
+    pub fn selected_adapter(options: &DeviceOptions) -> Result<wgpu::AdapterInfo, WgpuError> {
+        let (_, adapters, index) = Self::enumerate(options)?;
+        adapters.get(index).map(wgpu::Adapter::get_info).ok_or(WgpuError::NoAdapter)
+    }
+
+    /// An instance for `options`, its adapters, and the index of the one `options` select.
+    pub(crate) fn enumerate(options: &DeviceOptions) -> Result<(wgpu::Instance, Vec<wgpu::Adapter>, usize), WgpuError> {
+        // Validation without `DEBUG`: with it wgpu writes the WGSL into the SPIR-V (`OpSource` language 10), which
+        // validation layers older than that language value reject as invalid SPIR-V.
+        let mut flags = if options.validation { wgpu::InstanceFlags::VALIDATION } else { wgpu::InstanceFlags::empty() };
+        flags = flags.with_env();
+        let descriptor = wgpu::InstanceDescriptor { flags, ..wgpu::InstanceDescriptor::new_without_display_handle() };
+        let instance = wgpu::Instance::new(descriptor);
+        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        let infos: Vec<wgpu::AdapterInfo> = adapters.iter().map(wgpu::Adapter::get_info).collect();
+        let index = select_adapter(&infos, options.selector.as_deref())?;
+        Ok((instance, adapters, index))
     }
 
     /// The adapters wgpu lists, in the order `HEAPSCOPE_DEVICE` indices count them.

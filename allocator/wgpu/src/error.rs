@@ -51,6 +51,10 @@ pub enum WgpuError {
     /// An arena setting that cannot work (zero sizes, alignments that are not powers of two).
     #[error("invalid arena configuration: {0}")]
     InvalidConfig(String),
+    /// What was asked cannot run on this device or backend: why, and what to use instead (a bench contender that
+    /// needs sparse binding on a wgpu device that is not heapscope's Vulkan device).
+    #[error("{0}")]
+    Unsupported(String),
     /// The heap of arenas refused (out of memory with its verdict, a double free, a foreign allocation).
     #[error(transparent)]
     Heap(#[from] heapscope_core::Error),

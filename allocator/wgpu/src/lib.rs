@@ -1,7 +1,8 @@
 //! # heapscope-wgpu
 //!
-//! heapscope's wgpu 30 backend: every heapscope policy inside `wgpu::Buffer` arenas, the WGSL kernels run through
-//! wgpu, and Vulkan interop with heapscope's own device.
+//! heapscope's wgpu 30 backend: every heapscope policy inside `wgpu::Buffer` arenas, PyTorch's caching allocator
+//! over wgpu buffers, the WGSL kernels run through wgpu, Vulkan interop with heapscope's own device, and the bench
+//! runner's target on all of it.
 //!
 //! ## Design
 //!
@@ -26,23 +27,40 @@
 //!   `DevicePagedHeap` as `wgpu::Buffer`s, so the same kernels run on arena, device-memory and paged allocations.
 //!   Submissions take the Vulkan context's queue lock (one queue may serve compute and sparse binding), sparse
 //!   binds are ordered before wgpu's submissions by their timeline semaphore, and unbinds wait for wgpu's work.
+//!   [`WgpuDevice::segment_buffer`] does the same for a `heapscope_vulkan::PytorchDeviceHeap` segment (a dedicated
+//!   block, or an expandable segment's sparse buffer). [`WgpuDevice::from_vulkan_adapter`] opens heapscope's device
+//!   for the very adapter [`WgpuDevice::new`] would open ([`vulkan_device_index`]: name, vendor, order).
 //!   All the `unsafe` is in `heapscope_vulkan::wgpu_interop`; this crate has none.
+//! - **PyTorch on wgpu** ([`PytorchHeap`], `pytorch`): the core's `CachingHeap` (PyTorch's caching allocator,
+//!   emulated exactly) with each segment it reserves a `wgpu::Buffer` of its own, destroyed when released; a
+//!   refusal by wgpu below the budget is undone and becomes an exhaustion verdict. Expandable segments need sparse
+//!   binding and are refused ([`WgpuError::Unsupported`]).
+//! - **Bench** ([`WgpuTarget`], `bench_target`): the bench runner's `heapscope_kernels::bench::Target` on wgpu —
+//!   core policies in an [`ArenaHeap`], `pytorch` in a [`PytorchHeap`], on any backend; `paged` ([`VulkanPagedHeap`])
+//!   and `pytorch-expandable` (a `PytorchDeviceHeap` whose segments are wrapped per batch) only on wgpu over
+//!   heapscope's Vulkan device, refused elsewhere with [`sparse_refusal`]'s reason and what to use instead. Reserved
+//!   bytes are counted as the simulated heaps count them, so `heapscope bench --backend wgpu` and `--backend sim`
+//!   report the same refusals and peaks.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod arena;
+mod bench_target;
 mod compute;
 mod device;
 mod error;
+mod pytorch;
 #[cfg(feature = "vulkan")]
 mod vulkan;
 
 pub use arena::{ARENA_USAGE, ArenaAllocation, ArenaConfig, ArenaHeap, ArenaSource};
+pub use bench_target::{WgpuHandle, WgpuTarget, sparse_refusal};
 pub use compute::{KernelBuffer, WgpuKernels};
 pub use device::{DeviceOptions, ErrorLog, WgpuDevice, select_adapter};
 pub use error::WgpuError;
+pub use pytorch::PytorchHeap;
 #[cfg(feature = "vulkan")]
-pub use vulkan::{VulkanBlockBuffer, VulkanPagedHeap};
+pub use vulkan::{VulkanBlockBuffer, VulkanPagedHeap, VulkanSegmentBuffer, vulkan_device_index};
 
 /// wgpu, re-exported so users name the same types.
 pub use wgpu;

@@ -17,7 +17,7 @@ use heapscope_wgpu::{ArenaAllocation, ArenaConfig, ArenaHeap, KernelBuffer, Wgpu
 /// Small arenas, so that traffic makes and releases many of them.
 fn config(policy: PolicyKind, release: ReleaseRule) -> ArenaConfig {
     let heap = HeapConfig { block_size_bytes: 4 * MIB, dedicated_threshold_bytes: 2 * MIB, release, ..HeapConfig::new(policy) };
-    ArenaConfig { heap, max_binding_bytes: None }
+    ArenaConfig { heap, ..ArenaConfig::new(policy) }
 }
 
 /// What every allocation must satisfy: aligned as asked and to the storage offset alignment, inside its arena,
@@ -165,7 +165,8 @@ fn bad_requests_are_refused_clearly() {
             assert!(align.to_string().contains("not a power of two"), "{align}");
             let budget =
                 HeapConfig { capacity_bytes: Some(8 * MIB), block_size_bytes: 4 * MIB, ..HeapConfig::new(PolicyKind::Tlsf) };
-            let mut capped = ArenaHeap::new(Arc::clone(&device), ArenaConfig { heap: budget, max_binding_bytes: None }).unwrap();
+            let mut capped =
+                ArenaHeap::new(Arc::clone(&device), ArenaConfig { heap: budget, ..ArenaConfig::new(PolicyKind::Tlsf) }).unwrap();
             let first = capped.allocate(3 * MIB, 256, None).unwrap();
             let second = capped.allocate(3 * MIB, 256, None).unwrap();
             let oom = capped.allocate(3 * MIB, 256, None).unwrap_err();

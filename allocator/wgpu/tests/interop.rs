@@ -15,8 +15,11 @@ use heapscope_core::units::MIB;
 use heapscope_core::{Allocation, Heap, HeapConfig, PolicyKind, Request};
 use heapscope_kernels::{Op, VerifyResult};
 use heapscope_vulkan::memory_types::MemoryUsage;
-use heapscope_vulkan::{ContextOptions, DeviceMemorySource, DevicePagedConfig, DeviceSourceConfig, VulkanContext};
-use heapscope_wgpu::{ArenaConfig, ArenaHeap, KernelBuffer, WgpuDevice, WgpuError, WgpuKernels};
+use heapscope_vulkan::{
+    ContextOptions, DeviceMemorySource, DevicePagedConfig, DeviceSourceConfig, PytorchDeviceConfig, PytorchDeviceHeap,
+    VulkanContext,
+};
+use heapscope_wgpu::{ArenaConfig, ArenaHeap, DeviceOptions, KernelBuffer, WgpuDevice, WgpuError, WgpuKernels};
 
 /// A buffer and an offset in it.
 type At<'a> = (KernelBuffer<'a>, u64);
@@ -164,8 +167,8 @@ fn paged_allocations_are_bound_before_wgpu_uses_them_and_unbound_after() {
     finish(device);
 }
 
-/// Interop refuses what it cannot do safely: a context made without wgpu's extensions, a block of another
-/// context, a plain wgpu device asked for Vulkan buffers.
+/// Interop refuses what it cannot do safely: a context made without wgpu's extensions, a block or a PyTorch heap
+/// of another context, a released segment, a plain wgpu device asked for Vulkan buffers.
 #[test]
 fn interop_refuses_what_it_cannot_do() {
     let Some(device) = vulkan_device() else { return };
@@ -180,6 +183,24 @@ fn interop_refuses_what_it_cannot_do() {
         let error = device.block_buffer(&foreign, block.handle).unwrap_err();
         assert!(error.to_string().contains("another context"), "{error}");
         heapscope_core::MemorySource::free_block(&mut foreign, block);
+        // A PyTorch heap of another context, and an allocation whose segment is gone.
+        let conf = heapscope_core::pytorch::AllocConf::default();
+        let mut foreign_pytorch =
+            PytorchDeviceHeap::new(Arc::clone(&plain), PytorchDeviceConfig::new(conf.clone(), None)).unwrap();
+        let allocation = foreign_pytorch.allocate(MIB).unwrap();
+        let error = device.segment_buffer(&foreign_pytorch, &allocation).unwrap_err();
+        assert!(error.to_string().contains("another context"), "{error}");
+        foreign_pytorch.free(allocation).unwrap();
+        drop(foreign_pytorch);
+        let context = Arc::clone(device.vulkan_context().unwrap());
+        let mut pytorch = PytorchDeviceHeap::new(context, PytorchDeviceConfig::new(conf, None)).unwrap();
+        let allocation = pytorch.allocate(MIB).unwrap();
+        assert!(device.segment_buffer(&pytorch, &allocation).unwrap().buffer().size() >= MIB);
+        pytorch.free(allocation).unwrap();
+        pytorch.empty_cache().unwrap();
+        let error = device.segment_buffer(&pytorch, &allocation).unwrap_err();
+        assert!(error.to_string().contains("no segment"), "{error}");
+        drop(pytorch);
         drop(foreign);
         drop(plain);
         assert!(log.messages().is_empty(), "{:?}", log.messages());
@@ -188,6 +209,30 @@ fn interop_refuses_what_it_cannot_do() {
         let error = plain.paged_heap(DevicePagedConfig::new(16 * MIB, None)).unwrap_err();
         assert!(matches!(error, WgpuError::Vulkan(_)) && error.to_string().contains("from_vulkan"), "{error}");
         finish(plain);
+    }
+    finish(device);
+}
+
+/// `from_vulkan_adapter` opens heapscope's Vulkan device for the very adapter plain wgpu would open.
+#[test]
+fn the_interop_device_is_the_adapter_wgpu_selects() {
+    let options = DeviceOptions { validation: true, ..DeviceOptions::from_env() };
+    let selected = match WgpuDevice::selected_adapter(&options) {
+        Ok(selected) => selected,
+        Err(error) if error.means_no_device() && !common::required() => return,
+        Err(error) => panic!("{error}"),
+    };
+    if selected.backend != wgpu::Backend::Vulkan {
+        let error = WgpuDevice::from_vulkan_adapter(&options).unwrap_err();
+        assert!(matches!(error, WgpuError::Unsupported(_)), "{error}");
+        return;
+    }
+    let device = Arc::new(WgpuDevice::from_vulkan_adapter(&options).unwrap());
+    {
+        assert!(device.is_vulkan_interop());
+        let info = device.info();
+        assert_eq!((info.name.as_str(), info.vendor, info.backend), (selected.name.as_str(), selected.vendor, selected.backend));
+        assert!(device.vulkan_context().unwrap().validation_enabled());
     }
     finish(device);
 }

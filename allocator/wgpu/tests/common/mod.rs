@@ -37,7 +37,7 @@ fn capture() -> &'static Capture {
     })
 }
 
-fn required() -> bool {
+pub fn required() -> bool {
     std::env::var("HEAPSCOPE_REQUIRE_GPU").is_ok_and(|value| value.trim() == "1")
 }
 

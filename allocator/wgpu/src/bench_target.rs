@@ -1,0 +1,315 @@
+//! [`WgpuTarget`]: the bench runner's [`Target`] on a wgpu device. Each contender allocates real memory and
+//! [`WgpuKernels`] runs the ops on it — fills, verifies, copies and the matvec payload, in one call per batch:
+//!
+//! - **Core policies** (`tlsf`, `best-fit`, ...): an [`ArenaHeap`], the policy inside `wgpu::Buffer` arenas, on
+//!   any backend wgpu reaches.
+//! - **`pytorch`**: a [`PytorchHeap`], PyTorch's caching allocator with a `wgpu::Buffer` per segment, on any
+//!   backend.
+//! - **`paged`** and **`pytorch-expandable`** map pages into a reserved virtual range: sparse binding, which wgpu
+//!   does not expose. On wgpu over heapscope's own Vulkan device ([`WgpuDevice::from_vulkan`]) they run there:
+//!   `paged` as a [`VulkanPagedHeap`] (the sparse buffer a `wgpu::Buffer`, binds ordered before wgpu's submits),
+//!   `pytorch-expandable` as a `heapscope_vulkan::PytorchDeviceHeap` whose segments (dedicated blocks, sparse
+//!   buffers) become `wgpu::Buffer`s for each batch ([`WgpuDevice::segment_buffer`]; binds waited for before the
+//!   kernels). On any other wgpu device, [`WgpuTarget::new`] refuses them with [`WgpuError::Unsupported`], saying
+//!   why and what to use instead.
+//!
+//! Order on the device: `WgpuKernels::run` waits for its submits, so when [`Target::run`] returns no kernel
+//! touches the memory any more and the runner may free it (an arena or segment destroyed, pages unbound). Memory
+//! reserved is counted as the simulated heaps count it (arenas, segments, mapped pages), so the same stream gives
+//! the same numbers with and without a device.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use heapscope_core::pytorch::CachingAllocation;
+use heapscope_core::{Allocation, HeapAllocation};
+use heapscope_kernels::bench::{BenchPolicy, BenchSettings, Target, TargetError};
+use heapscope_kernels::{Op, VerifyResult};
+
+#[cfg(feature = "vulkan")]
+use crate::VulkanPagedHeap;
+use crate::{ArenaAllocation, ArenaConfig, ArenaHeap, KernelBuffer, PytorchHeap, WgpuDevice, WgpuError, WgpuKernels};
+
+/// The heap behind a [`WgpuTarget`].
+#[derive(Debug)]
+#[cfg_attr(
+    not(feature = "vulkan"),
+    expect(clippy::large_enum_variant, reason = "a target holds one heap for its whole life: the size costs nothing")
+)]
+enum Backend<'a> {
+    /// Arena allocations by address (the handle is the heap's, the allocation holds the arena).
+    Arenas {
+        heap: ArenaHeap,
+        live: HashMap<u64, ArenaAllocation>,
+    },
+    Pytorch(Box<PytorchHeap>),
+    #[cfg(feature = "vulkan")]
+    Paged(VulkanPagedHeap<'a>),
+    #[cfg(feature = "vulkan")]
+    Expandable(Box<heapscope_vulkan::PytorchDeviceHeap>),
+    /// Without the `vulkan` feature nothing borrows the device.
+    #[cfg(not(feature = "vulkan"))]
+    _Unused(std::marker::PhantomData<&'a ()>),
+}
+
+/// An allocation of a [`WgpuTarget`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgpuHandle {
+    /// In an arena.
+    Arena(HeapAllocation),
+    /// In the paged heap's sparse buffer.
+    Paged(Allocation),
+    /// In a PyTorch segment.
+    Pytorch(CachingAllocation),
+}
+
+/// The key of a handle in a batch's placements: its address (its offset for the paged heap's one buffer).
+fn key(handle: WgpuHandle) -> u64 {
+    match handle {
+        WgpuHandle::Arena(allocation) => allocation.address(),
+        WgpuHandle::Paged(allocation) => allocation.offset(),
+        WgpuHandle::Pytorch(allocation) => allocation.address(),
+    }
+}
+
+/// A wgpu failure as a target error (out of memory keeps its verdict).
+fn target_error(error: WgpuError) -> TargetError {
+    match error {
+        WgpuError::Heap(error) => error.into(),
+        #[cfg(feature = "vulkan")]
+        WgpuError::Vulkan(heapscope_vulkan::VulkanError::Heap(error)) => error.into(),
+        other => TargetError::Failed(other.to_string()),
+    }
+}
+
+/// Why `policy` (which maps pages: `paged`, `pytorch-expandable`) cannot run on `device`, and what to use instead.
+pub fn sparse_refusal(policy: BenchPolicy, device: &WgpuDevice) -> String {
+    let what = match policy {
+        BenchPolicy::Paged => "paged maps pages on demand into one virtual range",
+        _ => "pytorch-expandable maps PyTorch's pages into each segment's virtual range",
+    };
+    let info = device.info();
+    if cfg!(not(feature = "vulkan")) {
+        format!(
+            "{what}, which needs Vulkan sparse binding: wgpu does not expose it, and heapscope-wgpu was built without its vulkan feature"
+        )
+    } else if info.backend == wgpu::Backend::Vulkan {
+        format!(
+            "{what}, which needs Vulkan sparse binding: wgpu does not expose it, and this wgpu device on {} is not heapscope's own Vulkan device; run it on wgpu over heapscope's Vulkan device (what `heapscope bench --backend wgpu` uses on a Vulkan adapter unless --plain-wgpu) or with --backend vulkan",
+            info.name
+        )
+    } else {
+        format!(
+            "{what}, which needs sparse binding: wgpu does not expose it, and heapscope reaches it only through Vulkan, while {} is a {} adapter; run it with --backend vulkan on a Vulkan device, or --backend sim",
+            info.name, info.backend
+        )
+    }
+}
+
+/// A bench contender on a wgpu device. See the module documentation.
+#[derive(Debug)]
+pub struct WgpuTarget<'a> {
+    // The heap first: it goes (arenas destroyed, wrapped buffers unwrapped) before the kernels.
+    backend: Backend<'a>,
+    kernels: WgpuKernels,
+    #[cfg_attr(not(feature = "vulkan"), expect(dead_code, reason = "wraps PyTorch segments for wgpu (feature vulkan)"))]
+    device: &'a Arc<WgpuDevice>,
+    align_bytes: u64,
+}
+
+impl<'a> WgpuTarget<'a> {
+    /// `policy` under `settings` on `device`, with its own kernels.
+    ///
+    /// # Errors
+    /// [`WgpuError::Unsupported`] for `paged` and `pytorch-expandable` on a device that is not heapscope's Vulkan
+    /// device ([`sparse_refusal`] says why); settings a heap refuses; a wgpu or Vulkan failure bringing up the heap
+    /// or the kernels.
+    pub fn new(device: &'a Arc<WgpuDevice>, policy: BenchPolicy, settings: &BenchSettings) -> Result<Self, WgpuError> {
+        let backend = match policy {
+            BenchPolicy::Heap(kind) => {
+                let config = ArenaConfig {
+                    heap: settings.heap_config(kind),
+                    max_binding_bytes: None,
+                    min_block_alignment_bytes: settings.block_alignment_bytes,
+                };
+                Backend::Arenas { heap: ArenaHeap::new(Arc::clone(device), config)?, live: HashMap::new() }
+            }
+            BenchPolicy::Pytorch => Backend::Pytorch(Box::new(PytorchHeap::new(
+                Arc::clone(device),
+                settings.caching_conf(false),
+                settings.budget_bytes,
+            )?)),
+            BenchPolicy::Paged | BenchPolicy::PytorchExpandable => Self::sparse_backend(device, policy, settings)?,
+        };
+        let kernels = WgpuKernels::new(Arc::clone(device))?;
+        Ok(Self { backend, kernels, device, align_bytes: settings.align_bytes })
+    }
+
+    #[cfg(feature = "vulkan")]
+    fn sparse_backend(
+        device: &'a Arc<WgpuDevice>,
+        policy: BenchPolicy,
+        settings: &BenchSettings,
+    ) -> Result<Backend<'a>, WgpuError> {
+        let Some(context) = device.vulkan_context() else {
+            return Err(WgpuError::Unsupported(sparse_refusal(policy, device)));
+        };
+        if policy == BenchPolicy::Paged {
+            let address_space = context.properties().limits.sparse_address_space_size_bytes;
+            let mut config =
+                heapscope_vulkan::DevicePagedConfig::new(settings.virtual_bytes.min(address_space), settings.budget_bytes);
+            config.page_bytes = Some(settings.page_bytes);
+            config.pages_per_chunk = 4096;
+            return Ok(Backend::Paged(device.paged_heap(config)?));
+        }
+        let config = heapscope_vulkan::PytorchDeviceConfig::new(settings.caching_conf(true), settings.budget_bytes);
+        Ok(Backend::Expandable(Box::new(heapscope_vulkan::PytorchDeviceHeap::new(Arc::clone(context), config)?)))
+    }
+
+    #[cfg(not(feature = "vulkan"))]
+    fn sparse_backend(device: &'a Arc<WgpuDevice>, policy: BenchPolicy, _: &BenchSettings) -> Result<Backend<'a>, WgpuError> {
+        Err(WgpuError::Unsupported(sparse_refusal(policy, device)))
+    }
+
+    /// Submits and dispatches of its kernels so far.
+    pub fn kernel_counts(&self) -> (u64, u64) {
+        self.kernels.counts()
+    }
+
+    /// Bytes of device memory its heap holds now (arenas, segments, bound pages).
+    pub fn device_bytes(&self) -> u64 {
+        match &self.backend {
+            Backend::Arenas { heap, .. } => heap.heap().source().used_bytes(),
+            Backend::Pytorch(heap) => heap.device_bytes(),
+            #[cfg(feature = "vulkan")]
+            Backend::Paged(heap) => heap.paged().stats().sparse.pages_bound * heap.paged().sparse().page_bytes(),
+            #[cfg(feature = "vulkan")]
+            Backend::Expandable(heap) => heap.device_bytes(),
+            #[cfg(not(feature = "vulkan"))]
+            Backend::_Unused(_) => 0,
+        }
+    }
+
+    fn mismatched(handle: WgpuHandle) -> TargetError {
+        TargetError::Failed(format!("{handle:?} belongs to another kind of heap"))
+    }
+}
+
+impl Target for WgpuTarget<'_> {
+    type Handle = WgpuHandle;
+
+    fn allocate(&mut self, size_bytes: u64) -> Result<WgpuHandle, TargetError> {
+        match &mut self.backend {
+            Backend::Arenas { heap, live } => match heap.allocate(size_bytes, self.align_bytes, None) {
+                Ok(allocation) => {
+                    let handle = *allocation.heap_allocation();
+                    live.insert(handle.address(), allocation);
+                    Ok(WgpuHandle::Arena(handle))
+                }
+                Err(error @ WgpuError::TooLargeToBind { .. }) => Err(TargetError::Failed(format!(
+                    "{error}: arena allocations are bindable whole (--backend vulkan takes larger ones; --scale makes a recording smaller)"
+                ))),
+                Err(error) => Err(target_error(error)),
+            },
+            Backend::Pytorch(heap) => heap.allocate(size_bytes).map(WgpuHandle::Pytorch).map_err(target_error),
+            #[cfg(feature = "vulkan")]
+            Backend::Paged(heap) => {
+                let request = heapscope_core::Request::new(size_bytes, self.align_bytes)?;
+                heap.allocate(request).map(WgpuHandle::Paged).map_err(|error| target_error(error.into()))
+            }
+            #[cfg(feature = "vulkan")]
+            Backend::Expandable(heap) => {
+                heap.allocate(size_bytes).map(WgpuHandle::Pytorch).map_err(|error| target_error(error.into()))
+            }
+            #[cfg(not(feature = "vulkan"))]
+            Backend::_Unused(_) => Err(TargetError::Failed("no heap".into())),
+        }
+    }
+
+    fn free(&mut self, handle: WgpuHandle) -> Result<(), TargetError> {
+        match (&mut self.backend, handle) {
+            (Backend::Arenas { heap, live }, WgpuHandle::Arena(allocation)) => {
+                let allocation = live
+                    .remove(&allocation.address())
+                    .ok_or_else(|| TargetError::Failed(format!("{allocation:?} is not a live allocation")))?;
+                heap.free(allocation).map_err(target_error)
+            }
+            (Backend::Pytorch(heap), WgpuHandle::Pytorch(allocation)) => heap.free(allocation).map_err(target_error),
+            #[cfg(feature = "vulkan")]
+            (Backend::Paged(heap), WgpuHandle::Paged(allocation)) => {
+                heap.free(allocation).map_err(|error| target_error(error.into()))
+            }
+            #[cfg(feature = "vulkan")]
+            (Backend::Expandable(heap), WgpuHandle::Pytorch(allocation)) => {
+                heap.free(allocation).map_err(|error| target_error(error.into()))
+            }
+            (_, handle) => Err(Self::mismatched(handle)),
+        }
+    }
+
+    fn run(&mut self, ops: &[Op<WgpuHandle>]) -> Result<Vec<VerifyResult>, TargetError> {
+        let handles: Vec<WgpuHandle> = ops.iter().flat_map(Op::buffers).copied().collect();
+        // Expandable segments: binds done, and each segment the ops touch a wgpu buffer for this batch (they borrow
+        // the heap, so nothing is released under them).
+        #[cfg(feature = "vulkan")]
+        let mut segments: HashMap<u64, crate::VulkanSegmentBuffer<'_>> = HashMap::new();
+        #[cfg(feature = "vulkan")]
+        if let Backend::Expandable(heap) = &self.backend {
+            heap.wait_binds().map_err(|error| target_error(error.into()))?;
+            for handle in &handles {
+                let WgpuHandle::Pytorch(allocation) = *handle else { return Err(Self::mismatched(*handle)) };
+                if let std::collections::hash_map::Entry::Vacant(entry) = segments.entry(allocation.segment_base()) {
+                    entry.insert(self.device.segment_buffer(heap, &allocation).map_err(target_error)?);
+                }
+            }
+        }
+        // Where each allocation's bytes are: its buffer and offset, by handle key.
+        let mut places: HashMap<u64, (KernelBuffer<'_>, u64)> = HashMap::new();
+        for &handle in &handles {
+            let place = match (&self.backend, handle) {
+                (Backend::Arenas { live, .. }, WgpuHandle::Arena(allocation)) => {
+                    live.get(&allocation.address()).map(|live| (live.kernel_buffer(), live.offset_bytes()))
+                }
+                (Backend::Pytorch(heap), WgpuHandle::Pytorch(allocation)) => {
+                    heap.segment(&allocation).map(|buffer| (KernelBuffer::new(buffer), allocation.offset()))
+                }
+                #[cfg(feature = "vulkan")]
+                (Backend::Paged(heap), WgpuHandle::Paged(allocation)) => {
+                    Some((KernelBuffer::new(heap.buffer()), allocation.offset()))
+                }
+                #[cfg(feature = "vulkan")]
+                (Backend::Expandable(_), WgpuHandle::Pytorch(allocation)) => segments
+                    .get(&allocation.segment_base())
+                    .map(|segment| (KernelBuffer::new(segment.buffer()), allocation.offset())),
+                (_, handle) => return Err(Self::mismatched(handle)),
+            };
+            let place = place.ok_or_else(|| TargetError::Failed(format!("{handle:?} has no buffer behind it")))?;
+            places.insert(key(handle), place);
+        }
+        let mut placed = Vec::with_capacity(ops.len());
+        for op in ops {
+            // Every handle was placed above; the fallback is never taken.
+            if let Some(&(buffer, _)) = op.buffers().first().and_then(|handle| places.get(&key(**handle))) {
+                placed.push(op.placed(|handle| places.get(&key(handle)).copied().unwrap_or((buffer, 0))));
+            }
+        }
+        self.kernels.run(&placed).map_err(|error| TargetError::Failed(error.to_string()))
+    }
+
+    fn reserved_bytes(&self) -> u64 {
+        match &self.backend {
+            Backend::Arenas { heap, .. } => heap.stats().reserved_bytes,
+            Backend::Pytorch(heap) => heap.caching().allocator().reserved_bytes(),
+            #[cfg(feature = "vulkan")]
+            Backend::Paged(heap) => heap.paged().heap().stats().mapped_bytes,
+            #[cfg(feature = "vulkan")]
+            Backend::Expandable(heap) => heap.caching().allocator().reserved_bytes(),
+            #[cfg(not(feature = "vulkan"))]
+            Backend::_Unused(_) => 0,
+        }
+    }
+
+    fn runs_kernels(&self) -> bool {
+        true
+    }
+}
