@@ -277,6 +277,17 @@ impl CachingAllocator {
         std::mem::take(&mut self.events)
     }
 
+    /// Bytes of the live block that starts at `addr` (the request's footprint: rounded, or a whole unsplit
+    /// block), when one does.
+    pub fn block_bytes(&self, addr: u64) -> Option<u64> {
+        self.active.get(&addr).map(|&id| self.node(id).size)
+    }
+
+    /// The virtual ranges `(base, bytes)` of the expandable segments reserved so far, by index.
+    pub fn expandable_ranges(&self) -> Vec<(u64, u64)> {
+        self.expandable.iter().flatten().map(|segment| (segment.base, segment.size)).collect()
+    }
+
     fn max_split_size(&self) -> u64 {
         self.conf.max_split_size.unwrap_or(u64::MAX)
     }
