@@ -171,7 +171,7 @@ fn pytorch_alloc(conf: &AllocConf, facts: &StepFacts, (span, run): &(super::Span
         ));
     } else if span.footprint_bytes > rounded {
         text.push_str(&format!(
-            "; not split: the remainder {} is too small to cache (≤ 1 MiB, or the block is oversize), so the allocation \
+            "; not split: the remainder {} is too small to cache (1 MiB or less, or the block is oversize), so the allocation \
              takes the whole {} block.",
             Bytes(span.footprint_bytes - rounded),
             Bytes(span.footprint_bytes)
