@@ -232,7 +232,11 @@ impl HeapscopeApp {
             if let Err(error) = session.poll_live() {
                 self.error = Some(error.to_string());
             }
-            self.series = session.panes.iter().map(|pane| Series::of(&pane.timeline)).collect();
+            for (pane, series) in session.panes.iter().zip(self.series.iter_mut()) {
+                if series.steps != pane.timeline.steps() {
+                    *series = Series::of(&pane.timeline);
+                }
+            }
             if following {
                 self.playback.seek(session.steps());
             }
@@ -253,7 +257,9 @@ impl HeapscopeApp {
         let Some(session) = &self.session else { return Vec::new() };
         let shown = self.playback.shown_steps();
         let progress = self.playback.progress();
-        if progress >= 1.0 || shown == 0 {
+        // Faster than this, a step lasts less than a few frames: nothing to see grow or fade.
+        let too_fast = self.playback.playing && self.playback.steps_per_second() > 20.0;
+        if progress >= 1.0 || shown == 0 || too_fast {
             return vec![None; session.panes.len()];
         }
         let step = shown - 1;
@@ -397,7 +403,7 @@ impl HeapscopeApp {
         let names: Vec<String> =
             self.session.iter().flat_map(|session| session.panes.iter().map(|pane| pane.name().to_owned())).collect();
         let series: Vec<(&str, &Series)> = names.iter().map(String::as_str).zip(self.series.iter()).collect();
-        if let Some(step) = plot::show(ui, &series, self.playback.position, 150.0) {
+        if let Some(step) = plot::show(ui, &series, self.playback.position, 210.0) {
             self.playback.seek(step);
         }
     }

@@ -165,7 +165,7 @@ impl Rows {
     pub fn address_at(&self, offset: Vec2, width: f32) -> Option<u64> {
         let (index, row) = self.row_at(offset.y)?;
         let band = &self.bands[index];
-        let within = row * self.row_bytes + ((offset.x / width).clamp(0.0, 1.0) as f64 * self.row_bytes as f64) as u64;
+        let within = row * self.row_bytes + (f64::from((offset.x / width).clamp(0.0, 1.0)) * self.row_bytes as f64) as u64;
         (within < band.shown_bytes).then_some(band.address + within)
     }
 
@@ -284,7 +284,7 @@ pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f32, out
             let mut painter = RowPainter { out, pending: None, top, bottom };
             match band.kind {
                 RegionKind::Block => {
-                    painter.out.push(Shape::rect_filled(row_rect, CornerRadius::ZERO, palette::faded(palette::FREE, alpha)))
+                    painter.out.push(Shape::rect_filled(row_rect, CornerRadius::ZERO, palette::faded(palette::FREE, alpha)));
                 }
                 RegionKind::Virtual => {
                     painter.out.push(Shape::rect_filled(row_rect, CornerRadius::ZERO, palette::UNMAPPED));

@@ -53,7 +53,11 @@ pub fn why_it_failed(ui: &mut Ui, session: &Session, focused: usize, shown_steps
     }
     ui.label(format!("{} refused {} request(s):", pane.name(), refusals.len()));
     for (step, refusal) in refusals.iter().take(50) {
-        let text = format!("step {step}: {} ({:?})", Bytes(refusal.requested_bytes), refusal.cause).to_lowercase();
+        let cause = match refusal.cause {
+            OomCause::Fragmentation => "fragmentation",
+            OomCause::Exhaustion => "exhaustion",
+        };
+        let text = format!("step {step}: {} ({cause})", Bytes(refusal.requested_bytes));
         if ui.selectable_label(shown_steps == step + 1, text).clicked() {
             actions.seek_to = Some(step + 1);
         }
@@ -75,7 +79,7 @@ pub fn why_it_failed(ui: &mut Ui, session: &Session, focused: usize, shown_steps
         .panes
         .iter()
         .filter(|other| other.timeline.refusal_at(shown_steps - 1).is_none() && other.timeline.steps() >= shown_steps)
-        .map(|other| other.name())
+        .map(crate::session::Pane::name)
         .collect();
     if !survivors.is_empty() {
         ui.label(format!("Served at the same step by: {}.", survivors.join(", ")));

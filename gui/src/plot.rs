@@ -77,7 +77,7 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
         .include_x(steps as f64)
         .link_axis(link, [true, false])
         .y_axis_label("GiB")
-        .legend(egui_plot::Legend::default())
+        .legend(egui_plot::Legend::default().position(egui_plot::Corner::LeftTop))
         .show(ui, |plot| {
             for (index, (name, series)) in series.iter().enumerate() {
                 let colour = PANE_COLOURS[index % PANE_COLOURS.len()];
@@ -89,14 +89,14 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
                 }
                 if !series.refusals.is_empty() {
                     plot.points(
-                        Points::new(format!("{name} OOM"), PlotPoints::from(series.refusals.clone()))
+                        Points::new("OOM", PlotPoints::from(series.refusals.clone()))
                             .shape(MarkerShape::Cross)
                             .radius(6.0)
                             .color(Color32::from_rgb(230, 60, 60)),
                     );
                 }
             }
-            plot.vline(VLine::new("now", position).color(Color32::WHITE).width(1.0));
+            plot.vline(VLine::new("", position).color(Color32::WHITE).width(1.0));
             plot.pointer_coordinate().map(|point| point.x)
         });
     seek_from(&bytes.response, bytes.inner);
@@ -119,7 +119,7 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
                     Line::new(format!("{name} fragmentation"), PlotPoints::from(series.fragmentation.clone())).color(colour),
                 );
             }
-            plot.vline(VLine::new("now", position).color(Color32::WHITE).width(1.0));
+            plot.vline(VLine::new("", position).color(Color32::WHITE).width(1.0));
             plot.pointer_coordinate().map(|point| point.x)
         });
     seek_from(&fragmentation.response, fragmentation.inner);

@@ -39,7 +39,7 @@ pub fn title(session: &Session, shown_steps: u64) -> String {
         .panes
         .iter()
         .filter(|pane| shown_steps.checked_sub(1).and_then(|step| pane.timeline.refusal_at(step)).is_some())
-        .map(|pane| pane.name())
+        .map(crate::session::Pane::name)
         .collect();
     if !refused.is_empty() {
         title.push_str(&format!(" · out of memory: {} (free runs too small in red)", refused.join(", ")));

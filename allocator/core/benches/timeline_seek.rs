@@ -38,8 +38,9 @@ fn trace(live: usize) -> Recording {
     let mut alive: Vec<u64> = Vec::new();
     let mut next_id = 0;
     for _ in 0..EVENTS {
-        let allocate =
-            alive.is_empty() || (alive.len() < live && rng.next() % 4 != 0) || (alive.len() >= live && rng.next() % 2 == 0);
+        let allocate = alive.is_empty()
+            || (alive.len() < live && !rng.next().is_multiple_of(4))
+            || (alive.len() >= live && rng.next().is_multiple_of(2));
         if allocate {
             // log-uniform from 512 B (2^9) to 64 MiB (2^26)
             let class = 9 + rng.next() % 18;

@@ -159,11 +159,8 @@ fn pytorch_alloc(conf: &AllocConf, facts: &StepFacts, (span, run): &(super::Span
     }
     let remainder = run.1 - span.footprint_bytes;
     if remainder > 0 {
-        let rule = if small || conf.expandable_segments {
-            format!("is at least {} B", MIN_BLOCK_BYTES)
-        } else {
-            "is > 1 MiB".to_owned()
-        };
+        let rule =
+            if small || conf.expandable_segments { format!("is at least {MIN_BLOCK_BYTES} B") } else { "is > 1 MiB".to_owned() };
         text.push_str(&format!(
             "; split: the remainder {rule}, so the {} block keeps a {} free tail.",
             Bytes(run.1),
