@@ -171,3 +171,32 @@ pub fn show(
     }
     actions
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use heapscope_core::timeline::record::Contender;
+
+    #[test]
+    fn hover_details_name_size_offset_and_lifetime() {
+        let mut session = Session::story_named("frag_oom", &[Contender::Pytorch { expandable: false }]).unwrap();
+        session.seek(45);
+        let pane = &session.panes[0];
+        let span = *pane.layout.spans().find(|span| span.slot == 21).unwrap();
+        let region = pane.layout.region_of(span.address).unwrap().address;
+        let text = describe_hit(&session, region, &Hit::Allocation(span), 45);
+        assert!(
+            text.starts_with("allocation #21: 100.00 MiB requested, 100.00 MiB set aside (0 B padding and rounding)"),
+            "{text}"
+        );
+        assert!(text.contains("offset 0x0 in the region at"), "{text}");
+        assert!(text.contains("lifetime: from step 41, never freed (4 steps so far)"), "{text}");
+        let (run, bytes) = pane.layout.free_runs().next().unwrap();
+        let region = pane.layout.region_of(run).unwrap().address;
+        assert_eq!(
+            describe_hit(&session, region, &Hit::Free(run, bytes), 45),
+            format!("free run of 50.00 MiB at offset {:#x}", run - region)
+        );
+        assert!(header_text(pane).starts_with("reserved 2.93 GiB · live 500.00 MiB"), "{}", header_text(pane));
+    }
+}

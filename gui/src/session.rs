@@ -280,6 +280,47 @@ mod tests {
         assert!(session.frames(0).is_empty(), "a story records no frames");
     }
 
+    /// The real GPT-2 snapshot through the four side-by-side contenders: every pane replays it, frames are
+    /// known per allocation, and seeking anywhere gives the layout replayed from the start.
+    #[test]
+    fn a_real_snapshot_opens_in_every_pane() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/gpt2_train_fixed-default.pickle.gz");
+        let mut session = Session::open(&path, &Contender::SIDE_BY_SIDE).unwrap();
+        let steps = session.steps();
+        assert!(steps > 10_000, "{steps}");
+        for position in [steps / 2, 17, steps] {
+            session.seek(position);
+            for pane in &session.panes {
+                assert_eq!(pane.timeline.steps(), steps, "{}", pane.name());
+                assert_eq!(pane.layout, pane.timeline.layout_at(position), "{} at {position}", pane.name());
+                assert!(pane.timeline.refusals().is_empty(), "{}: an unlimited device serves everything", pane.name());
+            }
+        }
+    }
+
+    #[test]
+    fn stack_frames_of_a_snapshot_name_each_allocation() {
+        use heapscope_core::pytorch::{Action, Frame, Snapshot, StackId, TraceEntry};
+        let frame = |name: &str, line| Frame { filename: "model.py".into(), line, name: name.into() };
+        let entry =
+            |action, addr, frames| TraceEntry { action, addr, size: 4096, stream: 0, time_us: None, device_free: None, frames };
+        let snapshot = Snapshot {
+            device_traces: vec![vec![
+                entry(Action::Alloc, 1 << 20, StackId(1)),
+                entry(Action::Alloc, 2 << 20, StackId(2)),
+                entry(Action::FreeCompleted, 1 << 20, StackId(1)),
+            ]],
+            frame_stacks: vec![Vec::new(), vec![frame("forward", 10), frame("main", 3)], vec![frame("backward", 20)]],
+            ..Snapshot::default()
+        };
+        let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
+        let session = Session::new(recording, CompareConfig::default(), &[Contender::Pytorch { expandable: false }]).unwrap();
+        assert_eq!(session.groups, [1, 2], "colour groups by stack");
+        assert_eq!(session.frames(0), ["forward (model.py:10)", "main (model.py:3)"]);
+        assert_eq!(session.frames(1), ["backward (model.py:20)"]);
+        assert_eq!(session.slots[0], SlotInfo { alloc_step: 0, free_step: Some(2), stack: 1 });
+    }
+
     #[test]
     fn bad_requests_are_errors() {
         assert!(Session::story_named("nope", &[Contender::Paged]).unwrap_err().to_string().contains("frag_oom"));
