@@ -64,6 +64,37 @@ impl Region {
             RegionKind::Virtual => self.mapped.values().sum(),
         }
     }
+
+    /// Adds `[address, address + size_bytes)` (mapped nowhere yet) to the mapped runs, joining neighbours.
+    fn map_pages(&mut self, address: u64, size_bytes: u64) {
+        let end = address + size_bytes;
+        let mut start = address;
+        let mut bytes = size_bytes;
+        if let Some((&before, &before_bytes)) = self.mapped.range(..address).next_back()
+            && before + before_bytes == address
+        {
+            self.mapped.remove(&before);
+            start = before;
+            bytes += before_bytes;
+        }
+        if let Some(after_bytes) = self.mapped.remove(&end) {
+            bytes += after_bytes;
+        }
+        self.mapped.insert(start, bytes);
+    }
+
+    /// Takes `[address, address + size_bytes)` (inside one mapped run) out of the mapped runs.
+    fn unmap_pages(&mut self, address: u64, size_bytes: u64) {
+        let Some((&start, &bytes)) = self.mapped.range(..=address).next_back() else { return };
+        let end = address + size_bytes;
+        self.mapped.remove(&start);
+        if start < address {
+            self.mapped.insert(start, address - start);
+        }
+        if start + bytes > end {
+            self.mapped.insert(end, start + bytes - end);
+        }
+    }
 }
 
 /// Totals of a layout.
@@ -105,6 +136,11 @@ pub struct Effect {
     pub freed: Option<Span>,
     /// The region a release removed, `(address, bytes)`.
     pub removed_region: Option<(u64, u64)>,
+}
+
+/// The region of `regions` holding `address`, to change.
+fn region_at(regions: &mut BTreeMap<u64, Region>, address: u64) -> Option<&mut Region> {
+    regions.range_mut(..=address).next_back().map(|(_, region)| region).filter(|region| address < region.end())
 }
 
 /// Regions, live allocations and free runs. See the module documentation.
@@ -178,7 +214,12 @@ impl Layout {
     /// The layout of `regions` holding `spans` (by address, as [`Layout::parts`] gives them): free runs are
     /// the gaps of reserved memory between the spans, in one pass.
     pub fn from_parts(regions: BTreeMap<u64, Region>, spans: &[Span]) -> Self {
-        let mut layout = Self { spans: spans.iter().map(|span| (span.address, *span)).collect(), ..Self::default() };
+        Self::from_maps(regions, spans.iter().map(|span| (span.address, *span)).collect())
+    }
+
+    /// [`Layout::from_parts`] with the spans already by address.
+    fn from_maps(regions: BTreeMap<u64, Region>, spans: BTreeMap<u64, Span>) -> Self {
+        let mut layout = Self { spans, ..Self::default() };
         let mut runs = Vec::new();
         for region in regions.values() {
             layout.totals.reserved_bytes += region.reserved_bytes();
@@ -202,11 +243,11 @@ impl Layout {
             }
         }
         layout.regions = regions;
-        for span in spans {
+        for span in layout.spans.values() {
             layout.totals.live_bytes += span.requested_bytes;
             layout.totals.footprint_bytes += span.footprint_bytes;
         }
-        layout.totals.live_allocations = spans.len() as u64;
+        layout.totals.live_allocations = layout.spans.len() as u64;
         let mut sizes: Vec<u64> = runs.iter().map(|run| run.1).collect();
         sizes.sort_unstable();
         for chunk in sizes.chunk_by(|a, b| a == b) {
@@ -216,6 +257,42 @@ impl Layout {
         layout.totals.free_runs = runs.len() as u64;
         layout.free_runs = runs.into_iter().collect();
         layout
+    }
+
+    /// The layout of `regions` and `spans` (as [`Layout::parts`] gives them) after `changes`, which were
+    /// recorded on it: only regions and allocations are updated change by change, and the free runs are
+    /// built once at the end. Much cheaper than applying many changes one by one (a seek); a change that
+    /// does not fit is skipped (a recorded stream fits by construction).
+    pub fn replayed<'a>(regions: BTreeMap<u64, Region>, spans: &[Span], changes: impl IntoIterator<Item = &'a Change>) -> Self {
+        let mut regions = regions;
+        let mut spans: BTreeMap<u64, Span> = spans.iter().map(|span| (span.address, *span)).collect();
+        for change in changes {
+            match *change {
+                Change::RegionAdded { address, size_bytes, kind } => {
+                    regions.insert(address, Region { address, size_bytes, kind, mapped: BTreeMap::new() });
+                }
+                Change::RegionRemoved { address } => {
+                    regions.remove(&address);
+                }
+                Change::PagesMapped { address, size_bytes } => {
+                    if let Some(region) = region_at(&mut regions, address) {
+                        region.map_pages(address, size_bytes);
+                    }
+                }
+                Change::PagesUnmapped { address, size_bytes } => {
+                    if let Some(region) = region_at(&mut regions, address) {
+                        region.unmap_pages(address, size_bytes);
+                    }
+                }
+                Change::Allocated(span) => {
+                    spans.insert(span.address, span);
+                }
+                Change::Freed { address } => {
+                    spans.remove(&address);
+                }
+            }
+        }
+        Self::from_maps(regions, spans)
     }
 
     /// Applies `change`.
@@ -281,20 +358,7 @@ impl Layout {
         if overlaps {
             return Err(LayoutError::Region { address, what: "pages mapped twice" });
         }
-        // Join adjacent mapped runs.
-        let mut start = address;
-        let mut bytes = size_bytes;
-        if let Some((&before, &before_bytes)) = region.mapped.range(..address).next_back()
-            && before + before_bytes == address
-        {
-            region.mapped.remove(&before);
-            start = before;
-            bytes += before_bytes;
-        }
-        if let Some(after_bytes) = region.mapped.remove(&end) {
-            bytes += after_bytes;
-        }
-        region.mapped.insert(start, bytes);
+        region.map_pages(address, size_bytes);
         self.totals.reserved_bytes += size_bytes;
         let run = self.release(address, size_bytes);
         Ok(Effect { merged_into: Some(run), ..Effect::default() })
@@ -308,15 +372,7 @@ impl Layout {
         }
         let run = self.containing_free_run(address, size_bytes).ok_or(not_free)?;
         let region = self.regions.range_mut(..=address).next_back().map(|(_, region)| region).expect("checked above");
-        let (&start, &bytes) = region.mapped.range(..=address).next_back().expect("free runs lie in mapped runs");
-        let end = address + size_bytes;
-        region.mapped.remove(&start);
-        if start < address {
-            region.mapped.insert(start, address - start);
-        }
-        if start + bytes > end {
-            region.mapped.insert(end, start + bytes - end);
-        }
+        region.unmap_pages(address, size_bytes);
         self.carve(run, address, size_bytes);
         self.totals.reserved_bytes -= size_bytes;
         Ok(Effect::default())

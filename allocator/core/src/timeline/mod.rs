@@ -14,9 +14,9 @@
 //!   known after every step at O(log n) per change. Splits and merges are what [`Layout::apply`] reports
 //!   ([`Effect`]) when an allocation is carved from a larger free run or a free joins its neighbours.
 //! - The timeline keeps a [`Sample`] per step (what its plot draws) and a copy of the layout every so many
-//!   steps (a checkpoint: its regions and live allocations; the free runs are rebuilt in one pass):
-//!   [`Timeline::layout_at`] starts from the nearest checkpoint before the moment asked for and applies at
-//!   most one interval of changes. The interval is at least [`MIN_CHECKPOINT_INTERVAL`] steps and a quarter
+//!   steps (a checkpoint: its regions and live allocations): [`Timeline::layout_at`] starts from the
+//!   nearest checkpoint before the moment asked for, applies at most one interval of changes to the
+//!   allocations and regions alone, and rebuilds the free runs once. The interval is at least [`MIN_CHECKPOINT_INTERVAL`] steps and a quarter
 //!   of the live allocations, so checkpoints cost at most a few allocations' worth of memory per step, and a
 //!   seek costs a rebuild of the layout plus at most that many changes.
 //! - [`explain`] says in one sentence what each step decided and why, by the contender's rules.
@@ -177,14 +177,13 @@ impl Timeline {
     }
 
     /// The layout after the first `position` steps (clamped to the steps recorded): the nearest checkpoint
-    /// at or before it, then the changes since.
+    /// at or before it, then the changes since, applied in bulk ([`Layout::replayed`]).
     pub fn layout_at(&self, position: u64) -> Layout {
         let position = position.min(self.steps());
         let index = self.checkpoints.partition_point(|checkpoint| checkpoint.position <= position) - 1;
         let checkpoint = &self.checkpoints[index];
-        let mut layout = Layout::from_parts(checkpoint.regions.clone(), &checkpoint.spans);
-        self.advance(&mut layout, checkpoint.position, position);
-        layout
+        let changes = self.step_starts[checkpoint.position as usize]..self.step_starts[position as usize];
+        Layout::replayed(checkpoint.regions.clone(), &checkpoint.spans, &self.changes[changes])
     }
 
     /// Moves `layout`, the layout after `from` steps, forward to `to` steps. Cheaper than
