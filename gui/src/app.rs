@@ -49,6 +49,8 @@ pub struct HeapscopeApp {
     sentences: Vec<Option<(u64, String)>>,
     /// Per pane: the step animated and its animation (without progress).
     animations: Vec<Option<(u64, StepAnimation)>>,
+    /// A file being opened on another thread: its name and the worker.
+    pending: Option<(String, std::thread::JoinHandle<anyhow::Result<Session>>)>,
 }
 
 impl Default for HeapscopeApp {
@@ -74,6 +76,7 @@ impl HeapscopeApp {
             series: Vec::new(),
             sentences: Vec::new(),
             animations: Vec::new(),
+            pending: None,
         };
         app.open_story("frag_oom");
         app
@@ -104,14 +107,46 @@ impl HeapscopeApp {
         self.focused = self.focused.min(panes.saturating_sub(1));
     }
 
-    /// Opens the recording at `path` with the current contenders; an error is kept for display.
+    /// Opens the recording at `path` with the current contenders, at once; an error is kept for display.
     pub fn open_path(&mut self, path: &Path) {
-        match Session::open(path, &self.contenders()) {
+        let opened = Session::open(path, &self.contenders());
+        self.opened(opened);
+    }
+
+    /// Starts opening the recording at `path` on another thread (reading and replaying a large file takes
+    /// seconds); the window stays live and shows it once ready ([`HeapscopeApp::loading`]).
+    pub fn open_path_in_background(&mut self, path: PathBuf) {
+        let contenders = self.contenders();
+        let name = path.display().to_string();
+        let worker = std::thread::spawn(move || Session::open(&path, &contenders));
+        self.pending = Some((name, worker));
+    }
+
+    /// The file being opened in the background, if any.
+    pub fn loading(&self) -> Option<&str> {
+        self.pending.as_ref().map(|(name, _)| name.as_str())
+    }
+
+    fn opened(&mut self, opened: anyhow::Result<Session>) {
+        match opened {
             Ok(session) => {
                 self.set_session(session);
                 self.error = None;
             }
             Err(error) => self.error = Some(format!("{error:#}")),
+        }
+    }
+
+    /// Takes the session opened in the background, once it is ready.
+    fn poll_pending(&mut self, ui: &Ui) {
+        let Some((_, worker)) = &self.pending else { return };
+        if !worker.is_finished() {
+            ui.ctx().request_repaint_after(std::time::Duration::from_millis(50));
+            return;
+        }
+        if let Some((name, worker)) = self.pending.take() {
+            let opened = worker.join().unwrap_or_else(|_| Err(anyhow::anyhow!("opening {name} failed (the reader panicked)")));
+            self.opened(opened);
         }
     }
 
@@ -213,8 +248,8 @@ impl HeapscopeApp {
     fn dropped_files(&mut self, ui: &Ui) {
         let dropped: Vec<PathBuf> =
             ui.input(|input| input.raw.dropped_files.iter().map(|file| file.path().to_path_buf()).collect());
-        if let Some(path) = dropped.first() {
-            self.open_path(path);
+        if let Some(path) = dropped.into_iter().next() {
+            self.open_path_in_background(path);
         }
     }
 
@@ -324,8 +359,11 @@ impl HeapscopeApp {
             );
             let enter = path_box.lost_focus() && ui.input(|input| input.key_pressed(Key::Enter));
             if (ui.button("Open").clicked() || enter) && !self.path_input.trim().is_empty() {
-                let path = PathBuf::from(self.path_input.trim());
-                self.open_path(&path);
+                self.open_path_in_background(PathBuf::from(self.path_input.trim()));
+            }
+            if let Some(name) = self.loading() {
+                ui.spinner();
+                ui.label(format!("opening {name}"));
             }
             ui.menu_button("Stories", |ui| {
                 for story in heapscope_core::story::all() {
@@ -410,6 +448,7 @@ impl HeapscopeApp {
 
     /// The whole UI, in `ui` (the window, or a test harness).
     pub fn show(&mut self, ui: &mut Ui) {
+        self.poll_pending(ui);
         self.dropped_files(ui);
         self.keyboard(ui);
         self.advance(ui);

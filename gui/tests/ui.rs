@@ -35,6 +35,19 @@ fn drop_file(harness: &mut Harness<'static, HeapscopeApp>, path: std::path::Path
     harness.input_mut().dropped_files.push(std::sync::Arc::new(Dropped(path)));
 }
 
+/// Steps the harness until the file opening in the background is in (a few seconds at most).
+fn wait_for_open(harness: &mut Harness<'static, HeapscopeApp>) {
+    for _ in 0..500 {
+        harness.run_steps(1);
+        if harness.state().loading().is_none() {
+            harness.run_steps(1);
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("the file did not open within 5 s");
+}
+
 fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("heapscope-gui-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -61,7 +74,12 @@ fn open_a_trace_press_play_and_seek() {
     harness.get_by_role(egui::accesskit::Role::TextInput).type_text(path.to_str().unwrap());
     harness.run_steps(1);
     harness.get_by_label("Open").click();
-    harness.run_steps(2);
+    harness.run_steps(1);
+    assert!(
+        harness.state().loading().is_some_and(|name| name.ends_with("opened.csv"))
+            || harness.state().session.as_ref().unwrap().name.ends_with("opened.csv")
+    );
+    wait_for_open(&mut harness);
     let app = harness.state();
     assert!(app.error.is_none(), "{:?}", app.error);
     let session = app.session.as_ref().unwrap();
@@ -110,14 +128,16 @@ fn dropped_files_open_and_bad_files_say_why() {
     harness.run_steps(1);
     let bad = temp_file("bad.csv", "a,1,100\nx,2\n");
     drop_file(&mut harness, bad);
-    harness.run_steps(2);
+    harness.run_steps(1);
+    wait_for_open(&mut harness);
     let error = harness.state().error.clone().unwrap();
     assert!(error.contains("bad.csv") && error.contains("unknown event \"x\""), "{error}");
     assert!(harness.query_by_label_contains("unknown event").is_some(), "the error shows");
     assert_eq!(harness.state().session.as_ref().unwrap().name, "frag_oom", "the story stays open");
     let good = temp_file("good.csv", "a,1,100\na,2,200\nf,1\n");
     drop_file(&mut harness, good);
-    harness.run_steps(2);
+    harness.run_steps(1);
+    wait_for_open(&mut harness);
     assert_eq!(harness.state().session.as_ref().unwrap().steps(), 3);
     assert!(harness.state().error.is_none());
 }
