@@ -118,8 +118,11 @@ impl HeapscopeApp {
     pub fn open_path_in_background(&mut self, path: PathBuf) {
         let contenders = self.contenders();
         let name = path.display().to_string();
-        let worker = std::thread::spawn(move || Session::open(&path, &contenders));
-        self.pending = Some((name, worker));
+        let worker = std::thread::Builder::new().name("heapscope-open".into()).spawn(move || Session::open(&path, &contenders));
+        match worker {
+            Ok(worker) => self.pending = Some((name, worker)),
+            Err(error) => self.error = Some(format!("cannot open {name}: no thread to read it on ({error})")),
+        }
     }
 
     /// The file being opened in the background, if any.
