@@ -79,8 +79,10 @@ impl FromStr for Contender {
 /// step per trace event.
 ///
 /// The PyTorch contenders replay the recording's trace from an empty allocator, on the stream each
-/// allocation was recorded on and with the recorded address as the hint for a new segment (what
-/// `compare` does for a plain trace); `compare` measures the fidelity of the full emulation.
+/// allocation was recorded on, with the recorded address as the hint for a new segment, and a request
+/// PyTorch refused (an `oom` entry) with the driver's free bytes recorded then (without a capacity); what
+/// the full emulation of `compare` adds (the state when a recording started mid-run, `empty_cache()` calls)
+/// is left out.
 ///
 /// # Errors
 /// Invalid settings, or a contender bug (a change that contradicts the layout).
@@ -234,7 +236,16 @@ fn record_pytorch(recording: &Recording, conf: AllocConf, capacity_bytes: Option
                 let entry = entries
                     .and_then(|entries| usize::try_from(recording.entry_of(step)).ok().and_then(|index| entries.get(index)));
                 let (stream, hint) = entry.map_or((0, None), |entry| (entry.stream, (entry.addr != 0).then_some(entry.addr)));
+                // A request PyTorch refused is tried with the room the driver reported then (as `emulate` does),
+                // unless a capacity is given.
+                let recorded_free = entry.filter(|entry| entry.action == Action::Oom).and_then(|entry| entry.device_free);
+                if capacity_bytes.is_none()
+                    && let Some(free) = recorded_free
+                {
+                    allocator.request_limit_bytes = Some(allocator.reserved_bytes().saturating_add(free));
+                }
                 let result = allocator.malloc(size_bytes, stream, hint);
+                allocator.request_limit_bytes = None;
                 pytorch_changes(&mut allocator, &mut known_virtual, &mut changes);
                 match result {
                     Ok(address) => {
@@ -250,7 +261,8 @@ fn record_pytorch(recording: &Recording, conf: AllocConf, capacity_bytes: Option
                         addresses[slot as usize] = Some(address);
                     }
                     Err(report) => {
-                        let unreserved = capacity_bytes.map(|capacity| capacity.saturating_sub(report.reserved_bytes));
+                        let unreserved =
+                            capacity_bytes.map(|capacity| capacity.saturating_sub(report.reserved_bytes)).or(recorded_free);
                         let FirstOom { request_bytes, reserved_bytes, free_bytes, largest_free_bytes, verdict, message, .. } =
                             pytorch_first_oom(recording.entry_of(step), &report, unreserved);
                         refusal = Some(Refusal {
@@ -380,5 +392,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The real frag_oom snapshot: on an unlimited device the recorded `oom` is tried with the room the
+    /// driver had, so the timeline refuses it where PyTorch did, with PyTorch's numbers.
+    #[test]
+    fn a_recorded_oom_is_refused_where_pytorch_refused_it() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch/frag_oom-default.pickle.gz");
+        let recording = Recording::open(&path, 0).unwrap();
+        let timeline = record(&recording, Contender::Pytorch { expandable: false }, &CompareConfig::default(), None).unwrap();
+        let [(step, refusal)] = timeline.refusals() else { panic!("one refusal: {:?}", timeline.refusals()) };
+        assert_eq!(recording.entry_of(*step), 100, "the recorded oom entry");
+        assert_eq!((refusal.requested_bytes, refusal.free_bytes, refusal.reserved_bytes), (1024 * MIB, 1000 * MIB, 3000 * MIB));
+        assert_eq!(refusal.cause, OomCause::Fragmentation);
+        let paged = record(&recording, Contender::Paged, &CompareConfig::default(), None).unwrap();
+        assert!(paged.refusals().is_empty());
     }
 }
