@@ -20,7 +20,13 @@ pub struct DemoArgs {
     /// Print one JSON object per policy and layout instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Also draw the story's heap at its end (PyTorch in both modes, TLSF, paging) into this PNG.
+    #[arg(long, value_name = "PNG")]
+    pub png: Option<std::path::PathBuf>,
 }
+
+/// Where `heapscope` with no command (and no display) draws the heap.
+pub const DEFAULT_PNG: &str = "heapscope-demo.png";
 
 /// How the device is carved up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,6 +165,13 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         );
     }
     print_verdicts(&rows);
+    if let Some(path) = &args.png {
+        // The table is the demo; the picture is a bonus that needs a graphics adapter (lavapipe will do).
+        match crate::gui::demo_png(path) {
+            Ok(()) => outln!("\nthe heap at the end of the story: {}", path.display()),
+            Err(error) => eprintln!("heapscope: no picture of the heap: {error:#}"),
+        }
+    }
     Ok(())
 }
 

@@ -1,5 +1,5 @@
-//! `heapscope`: the command line. Thin by design: the work happens in `heapscope-core` (and, in later
-//! issues, the backend and GUI crates); this file parses arguments and prints.
+//! `heapscope`: the command line. Thin by design: the work happens in `heapscope-core`, the Vulkan backend
+//! and the GUI crate; this file parses arguments and prints.
 
 #[macro_use]
 mod output;
@@ -9,6 +9,7 @@ mod compare;
 mod convert;
 mod demo;
 mod export;
+mod gui;
 mod input;
 mod options;
 mod probe;
@@ -49,11 +50,23 @@ enum Command {
     /// Run a workload (train, serve, churn, replay FILE) through the contenders on a device, kernels verifying
     /// every allocation: peak memory, out-of-memory verdicts, mismatches, speed.
     Bench(bench::BenchArgs),
+    /// Open the animated heap in a window (the default command where a display exists).
+    Gui(gui::GuiArgs),
+    /// Draw the heap map of a recording at one event into a PNG, without a window.
+    Render(gui::RenderArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command.unwrap_or(Command::Demo(demo::DemoArgs::default())) {
+    // No command: the window where a display exists, else the headless demo, which also draws the heap.
+    let command = cli.command.unwrap_or_else(|| {
+        if gui::display_available() {
+            Command::Gui(gui::GuiArgs::default())
+        } else {
+            Command::Demo(demo::DemoArgs { png: Some(demo::DEFAULT_PNG.into()), ..demo::DemoArgs::default() })
+        }
+    });
+    let result = match command {
         Command::Demo(args) => demo::run(&args),
         Command::Replay(args) => replay::run(&args),
         Command::Compare(args) => compare::run(&args),
@@ -62,6 +75,8 @@ fn main() -> ExitCode {
         Command::Convert(args) => convert::run(&args),
         Command::Probe(args) => probe::run(&args),
         Command::Bench(args) => bench::run_bench(&args),
+        Command::Gui(args) => gui::run_gui(&args),
+        Command::Render(args) => gui::run_render(&args),
         Command::Policies => {
             options::print_policies();
             Ok(())

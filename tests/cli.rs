@@ -31,16 +31,37 @@ fn asset(name: &str) -> PathBuf {
 fn help_and_version() {
     let help = heapscope(&["--help"]);
     assert!(help.status.success());
-    for command in ["demo", "replay", "compare", "summary", "export", "convert", "policies", "probe", "bench"] {
+    for command in ["demo", "replay", "compare", "summary", "export", "convert", "policies", "probe", "bench", "gui", "render"] {
         assert!(stdout(&help).contains(command), "--help lists {command}: {}", stdout(&help));
     }
     let version = heapscope(&["--version"]);
     assert_eq!(stdout(&version).trim(), format!("heapscope {}", env!("CARGO_PKG_VERSION")));
 }
 
+/// Runs the binary with no display (so that no window opens), in `dir`.
+fn heapscope_headless(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_heapscope"))
+        .args(args)
+        .env_remove("DISPLAY")
+        .env_remove("WAYLAND_DISPLAY")
+        .current_dir(dir)
+        .output()
+        .expect("the binary runs")
+}
+
+/// Whether pictures must render: CI sets `HEAPSCOPE_REQUIRE_GPU=1` where lavapipe is installed.
+fn rendering_required() -> bool {
+    std::env::var("HEAPSCOPE_REQUIRE_GPU").as_deref() == Ok("1")
+}
+
+fn is_png(path: &Path) -> bool {
+    std::fs::read(path).is_ok_and(|bytes| bytes.starts_with(b"\x89PNG\r\n\x1a\n"))
+}
+
 #[test]
-fn no_arguments_runs_the_demo_table() {
-    let output = heapscope(&[]);
+fn no_arguments_runs_the_demo_table_and_draws_the_heap() {
+    let dir = temp_dir("no-arguments");
+    let output = heapscope_headless(&[], &dir);
     assert!(output.status.success(), "{}", stderr(&output));
     let text = stdout(&output);
     assert!(text.starts_with("heapscope demo: frag_oom"), "{text}");
@@ -48,6 +69,65 @@ fn no_arguments_runs_the_demo_table() {
         assert!(text.lines().any(|line| line.starts_with(policy)), "a row for {policy}: {text}");
     }
     assert!(text.contains("why the last request failed"), "{text}");
+    let png = dir.join("heapscope-demo.png");
+    if rendering_required() || is_png(&png) {
+        assert!(is_png(&png), "the demo draws the heap: {}", stderr(&output));
+        assert!(text.contains("the heap at the end of the story: heapscope-demo.png"), "{text}");
+    } else {
+        assert!(stderr(&output).contains("no picture of the heap"), "{}", stderr(&output));
+    }
+}
+
+#[test]
+fn render_draws_a_recording_or_a_story_into_a_png() {
+    let dir = temp_dir("render");
+    let story = dir.join("story.png");
+    let story_args =
+        ["render", "--story", "frag_oom", "--policy", "pytorch", "--policy", "paged", "--at", "61", "--out", "story.png"];
+    let output = heapscope_headless(&story_args, &dir);
+    let file = dir.join("gpt2.png");
+    let gpt2 = snapshot("gpt2_train_fixed-default");
+    let file_args = [
+        "render",
+        gpt2.to_str().unwrap(),
+        "--policy",
+        "tlsf",
+        "--at",
+        "5000",
+        "--width",
+        "640",
+        "--height",
+        "240",
+        "--out",
+        "gpt2.png",
+    ];
+    let from_file = heapscope_headless(&file_args, &dir);
+    if !rendering_required() && !output.status.success() {
+        assert!(stderr(&output).contains("cannot render") || stderr(&output).contains("adapter"), "{}", stderr(&output));
+        return;
+    }
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stdout(&output).contains("wrote story.png (frag_oom, step 61 of 61)"), "{}", stdout(&output));
+    assert!(is_png(&story));
+    assert!(from_file.status.success(), "{}", stderr(&from_file));
+    assert!(is_png(&file));
+}
+
+#[test]
+fn render_and_gui_refuse_bad_requests_clearly() {
+    let dir = temp_dir("render-bad");
+    // (arguments, words the error holds)
+    let cases: [(&[&str], &str); 4] = [
+        (&["render", "--story", "nope", "--out", "x.png"], "no built-in story \"nope\""),
+        (&["render", "--out", "x.png"], "required"),
+        (&["render", "--story", "frag_oom", "--policy", "tlfs", "--out", "x.png"], "pytorch-expandable"),
+        (&["gui"], "no display"),
+    ];
+    for (args, words) in cases {
+        let output = heapscope_headless(args, &dir);
+        assert!(!output.status.success(), "{args:?}");
+        assert!(stderr(&output).contains(words), "{args:?}: {}", stderr(&output));
+    }
 }
 
 #[test]

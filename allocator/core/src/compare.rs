@@ -379,7 +379,7 @@ fn pytorch_message(report: &OomReport, unreserved_bytes: Option<u64>) -> String 
     message
 }
 
-fn pytorch_first_oom(event_index: u64, report: &OomReport, unreserved_bytes: Option<u64>) -> FirstOom {
+pub(crate) fn pytorch_first_oom(event_index: u64, report: &OomReport, unreserved_bytes: Option<u64>) -> FirstOom {
     FirstOom {
         event_index,
         request_bytes: report.request_bytes,

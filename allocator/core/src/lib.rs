@@ -19,7 +19,9 @@
 //!   run large enough) or exhaustion.
 //! - Reports are plain data ([`PolicyReport`], [`HeapReport`], [`Totals`]): every byte is live, padding,
 //!   free or retired; drawing is the GUI's business.
-//! - A [`Trace`] is a stream of allocations and frees; [`replay`] runs one through a policy or a heap.
+//! - A [`Trace`] is a stream of allocations and frees; [`replay`] runs one through a policy or a heap, and
+//!   [`timeline`] writes a replay down step by step (layout changes, totals, checkpoints for seeking,
+//!   one sentence per decision) for the GUI.
 //!   [`check`] verifies the policy contract after every step of any operation sequence; the property tests
 //!   and the fuzzer both use it.
 #![forbid(unsafe_code)]
@@ -47,6 +49,7 @@ mod request;
 mod slots;
 pub mod source;
 pub mod story;
+pub mod timeline;
 pub mod trace;
 pub mod units;
 pub mod vma_json;

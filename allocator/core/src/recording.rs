@@ -7,9 +7,65 @@
 //! have served it. Frees of allocations made before the recording started are skipped and counted.
 //! Every event remembers the index of the entry it came from, so verdicts point into the file.
 
-use crate::pytorch::{Action, Snapshot};
+use std::io::Read;
+use std::path::Path;
+
+use crate::pytorch::{Action, Snapshot, SnapshotError, read_snapshot};
 use crate::trace::{Trace, TraceBuilder};
 use crate::{Error, Result};
+
+/// What a recording file holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// `torch.cuda.memory._dump_snapshot` output, gzip-compressed or not.
+    PytorchSnapshot,
+    /// heapscope's native binary trace.
+    Native,
+    /// heapscope's compact CSV trace.
+    Csv,
+}
+
+/// The format of a file starting with `head`.
+pub fn sniff(head: &[u8]) -> Format {
+    match head {
+        [0x1f, 0x8b, ..] | [0x80, 2..=5, ..] => Format::PytorchSnapshot,
+        _ if Trace::is_native(head) => Format::Native,
+        _ => Format::Csv,
+    }
+}
+
+/// Why a recording file could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The file cannot be read.
+    #[error("cannot read {file}: {error}")]
+    Io {
+        /// The file.
+        file: String,
+        /// What the system said.
+        error: std::io::Error,
+    },
+    /// The file is empty.
+    #[error("{file}: the file is empty")]
+    Empty {
+        /// The file.
+        file: String,
+    },
+    /// A device other than 0 asked of a trace, which has one.
+    #[error("{file}: --device {device} applies to PyTorch snapshots only; a heapscope trace has one device")]
+    NoSuchDevice {
+        /// The file.
+        file: String,
+        /// The device asked for.
+        device: usize,
+    },
+    /// A bad snapshot.
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    /// A bad trace, or a snapshot whose entries contradict each other.
+    #[error(transparent)]
+    Recording(#[from] Error),
+}
 
 /// A recording ready for replay.
 #[derive(Clone, Debug)]
@@ -97,6 +153,27 @@ impl Recording {
         })
     }
 
+    /// Opens the recording at `path`: a PyTorch snapshot (gzip-compressed or not; device `device` of it), a
+    /// native or a CSV trace, told apart by their first bytes.
+    ///
+    /// # Errors
+    /// [`OpenError`] naming the file and what is wrong with it.
+    pub fn open(path: &Path, device: usize) -> Result<Self, OpenError> {
+        let file = path.display().to_string();
+        let io = |error| OpenError::Io { file: file.clone(), error };
+        let mut head = [0u8; 8];
+        let mut reader = std::fs::File::open(path).map_err(io)?;
+        let read = reader.read(&mut head).map_err(io)?;
+        if read == 0 {
+            return Err(OpenError::Empty { file });
+        }
+        match sniff(&head[..read]) {
+            Format::PytorchSnapshot => Ok(Self::from_snapshot(&file, read_snapshot(path)?, device)?),
+            _ if device != 0 => Err(OpenError::NoSuchDevice { file, device }),
+            Format::Native | Format::Csv => Ok(Self::from_trace(Trace::read(path)?)),
+        }
+    }
+
     /// The file's entry index for event `event` of the trace.
     pub fn entry_of(&self, event: u64) -> u64 {
         usize::try_from(event).ok().and_then(|event| self.entry_index.get(event)).copied().unwrap_or(event)
@@ -111,6 +188,36 @@ mod tests {
 
     fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
         TraceEntry { action, addr, size, stream: 0, time_us: None, device_free: None, frames: StackId::NONE }
+    }
+
+    #[test]
+    fn sniff_table() {
+        let cases: [(&[u8], Format); 6] = [
+            (&[0x1f, 0x8b, 8, 0], Format::PytorchSnapshot),
+            (&[0x80, 4, 0x95], Format::PytorchSnapshot),
+            (&[0x80, 2, b'}'], Format::PytorchSnapshot),
+            (b"HSTRACE\0", Format::Native),
+            (b"a,1,10\n", Format::Csv),
+            (&[], Format::Csv),
+        ];
+        for (head, format) in cases {
+            assert_eq!(sniff(head), format, "{head:?}");
+        }
+    }
+
+    #[test]
+    fn open_names_the_file_and_the_problem() {
+        let dir = std::env::temp_dir().join(format!("heapscope-open-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let empty = dir.join("empty.csv");
+        std::fs::write(&empty, "").unwrap();
+        let csv = dir.join("t.csv");
+        std::fs::write(&csv, "a,1,100\nf,1\n").unwrap();
+        assert!(matches!(Recording::open(&empty, 0), Err(OpenError::Empty { .. })));
+        assert!(matches!(Recording::open(&csv, 1), Err(OpenError::NoSuchDevice { device: 1, .. })));
+        assert!(Recording::open(&dir.join("missing.csv"), 0).unwrap_err().to_string().contains("missing.csv"));
+        assert_eq!(Recording::open(&csv, 0).unwrap().trace.events().len(), 2);
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

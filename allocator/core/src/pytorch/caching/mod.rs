@@ -254,7 +254,7 @@ pub struct CachingAllocator {
     /// Bytes of device memory the driver lets PyTorch reserve (`None` = unlimited).
     capacity_bytes: Option<u64>,
     /// A temporary limit for one request (the driver's free memory recorded with an `oom` event).
-    request_limit_bytes: Option<u64>,
+    pub(crate) request_limit_bytes: Option<u64>,
     nodes: Vec<Option<Node>>,
     free_ids: Vec<BlockId>,
     small: BlockPool,

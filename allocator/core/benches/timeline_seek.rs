@@ -1,0 +1,120 @@
+//! Seeking in the timeline of a 1,000,000-event trace: the < 50 ms target of the GUI's scrubbing.
+//!
+//! `cargo bench -p heapscope-core --bench timeline_seek` builds synthetic traces of 1,000,000 events that
+//! keep about 1,000 and about 100,000 allocations live (sizes log-uniform from 512 B to 64 MiB, frees of
+//! random live allocations), records their timelines through a TLSF heap and through the PyTorch
+//! emulation, and measures `Timeline::layout_at` at 200 pseudo-random positions (the worst and the median
+//! count: scrubbing must stay smooth everywhere), then criterion on the same seeks. It prints a table and
+//! writes it to `target/heapscope-bench/timeline_seek.md`.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::Criterion;
+use heapscope_core::compare::CompareConfig;
+use heapscope_core::recording::Recording;
+use heapscope_core::timeline::Timeline;
+use heapscope_core::timeline::record::{Contender, record};
+use heapscope_core::{PolicyKind, TraceBuilder};
+
+const EVENTS: u64 = 1_000_000;
+
+/// xorshift64: deterministic and dependency-free.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// `EVENTS` events keeping about `live` allocations live.
+fn trace(live: usize) -> Recording {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut builder = TraceBuilder::new(format!("synthetic, ~{live} live"));
+    let mut alive: Vec<u64> = Vec::new();
+    let mut next_id = 0;
+    for _ in 0..EVENTS {
+        let allocate = alive.is_empty()
+            || (alive.len() < live && !rng.next().is_multiple_of(4))
+            || (alive.len() >= live && rng.next().is_multiple_of(2));
+        if allocate {
+            // log-uniform from 512 B (2^9) to 64 MiB (2^26)
+            let class = 9 + rng.next() % 18;
+            let size = (1u64 << class) + rng.next() % (1u64 << class);
+            builder.alloc(next_id, size).expect("fresh id");
+            alive.push(next_id);
+            next_id += 1;
+        } else {
+            let index = (rng.next() % alive.len() as u64) as usize;
+            builder.free(alive.swap_remove(index)).expect("live id");
+        }
+    }
+    Recording::from_trace(builder.finish())
+}
+
+fn positions(steps: u64) -> Vec<u64> {
+    let mut rng = Rng(42);
+    (0..200).map(|_| rng.next() % (steps + 1)).collect()
+}
+
+fn ms(duration: Duration) -> String {
+    format!("{:.2}", duration.as_secs_f64() * 1e3)
+}
+
+fn main() {
+    let config = CompareConfig::default();
+    let mut lines = vec![
+        "| trace | contender | record s | checkpoints | live at end | seek median ms | seek max ms |".to_owned(),
+        "|---|---|---|---|---|---|---|".to_owned(),
+    ];
+    let mut timelines: Vec<(String, Timeline)> = Vec::new();
+    for live in [1_000, 100_000] {
+        let recording = trace(live);
+        for contender in [Contender::Heap(PolicyKind::Tlsf), Contender::Pytorch { expandable: false }] {
+            let started = Instant::now();
+            let timeline = record(&recording, contender, &config, None).expect("the synthetic trace records");
+            let record_time = started.elapsed();
+            let mut seeks: Vec<Duration> = positions(timeline.steps())
+                .into_iter()
+                .map(|position| {
+                    let started = Instant::now();
+                    black_box(timeline.layout_at(position));
+                    started.elapsed()
+                })
+                .collect();
+            seeks.sort();
+            let line = format!(
+                "| {} | {contender} | {:.2} | {} | {} | {} | {} |",
+                recording.trace.name,
+                record_time.as_secs_f64(),
+                timeline.checkpoints(),
+                timeline.head().totals().live_allocations,
+                ms(seeks[seeks.len() / 2]),
+                ms(seeks[seeks.len() - 1]),
+            );
+            println!("{line}");
+            lines.push(line);
+            timelines.push((format!("seek {} {contender}", recording.trace.name), timeline));
+        }
+    }
+    let text = lines.join("\n");
+    println!("\n{text}");
+    let out = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/heapscope-bench");
+    if std::fs::create_dir_all(out).is_ok() {
+        std::fs::write(format!("{out}/timeline_seek.md"), &text).ok();
+    }
+
+    let mut criterion = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(3)).configure_from_args();
+    for (name, timeline) in &timelines {
+        let positions = positions(timeline.steps());
+        let mut next = positions.iter().cycle();
+        criterion.bench_function(name, |bench| {
+            bench.iter(|| black_box(timeline.layout_at(*next.next().expect("cycles"))));
+        });
+    }
+    criterion.final_summary();
+}

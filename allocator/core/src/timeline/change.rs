@@ -1,0 +1,106 @@
+//! What happens to a heap's layout at one step, as plain data: the changes a timeline records, the
+//! animation plays and a live source sends.
+
+use crate::OomCause;
+
+/// How a region of address space is backed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum RegionKind {
+    /// A block (segment) reserved whole from the device: every byte is reserved.
+    Block,
+    /// A virtual range backed by pages mapped on demand (a paged heap, PyTorch's expandable segments,
+    /// Vulkan sparse binding): only its mapped runs are reserved.
+    Virtual,
+}
+
+/// A live allocation where it sits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Span {
+    /// Address of the first byte set aside for it (its footprint).
+    pub address: u64,
+    /// Bytes set aside: the requested bytes plus padding (alignment, rounding, a whole unsplit block).
+    pub footprint_bytes: u64,
+    /// Padding before the requested bytes (alignment).
+    pub lead_bytes: u64,
+    /// Bytes requested.
+    pub requested_bytes: u64,
+    /// The trace slot of the allocation.
+    pub slot: u32,
+    /// The step that allocated it.
+    pub born: u64,
+}
+
+impl Span {
+    /// One past the footprint's last byte.
+    pub fn end(&self) -> u64 {
+        self.address + self.footprint_bytes
+    }
+
+    /// Padding and rounding: footprint bytes not requested.
+    pub fn waste_bytes(&self) -> u64 {
+        self.footprint_bytes - self.requested_bytes
+    }
+}
+
+/// One change to a layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum Change {
+    /// A region was reserved: a block (all of it free) or a virtual range (nothing mapped yet).
+    RegionAdded {
+        /// Base address.
+        address: u64,
+        /// Bytes.
+        size_bytes: u64,
+        /// How it is backed.
+        kind: RegionKind,
+    },
+    /// The region at `address`, which holds no live allocation, was released.
+    RegionRemoved {
+        /// Base address.
+        address: u64,
+    },
+    /// Pages of a virtual region were mapped; they become free memory.
+    PagesMapped {
+        /// Address of the first page.
+        address: u64,
+        /// Bytes.
+        size_bytes: u64,
+    },
+    /// Free mapped pages were unmapped.
+    PagesUnmapped {
+        /// Address of the first page.
+        address: u64,
+        /// Bytes.
+        size_bytes: u64,
+    },
+    /// An allocation was placed in free memory.
+    Allocated(Span),
+    /// The allocation whose footprint starts at `address` was freed.
+    Freed {
+        /// Footprint address.
+        address: u64,
+    },
+}
+
+/// A request the contender refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Refusal {
+    /// Bytes requested.
+    pub requested_bytes: u64,
+    /// Fragmentation or exhaustion.
+    pub cause: OomCause,
+    /// Bytes reserved then.
+    pub reserved_bytes: u64,
+    /// Free bytes inside reserved memory the request could use.
+    pub free_bytes: u64,
+    /// The largest free run among them.
+    pub largest_free_bytes: u64,
+    /// The verdict in words.
+    pub message: String,
+}

@@ -1,0 +1,546 @@
+//! The app: a session of panes, the transport (play / pause / step / speed), the timeline plot, the side
+//! panels, opening files (command line, drag and drop, a path box) and the keyboard.
+//!
+//! Keys: Space play / pause, → next step (animated), ← previous step, Home / End the start / the end,
+//! `[` / `]` slower / faster, O the next refused request, T "Teach me". On a map: wheel scrolls, ctrl +
+//! wheel (or pinch) zooms around the pointer, drag scrolls, double-click fits the whole heap.
+
+use std::path::{Path, PathBuf};
+
+use egui::{Color32, Key, RichText, Ui};
+use heapscope_core::timeline::explain::explain;
+use heapscope_core::timeline::record::Contender;
+
+use crate::heap_map::StepAnimation;
+use crate::live::LiveSource;
+use crate::palette::ColourBy;
+use crate::panels;
+use crate::panes::{self, PaneStyle};
+use crate::playback::{Clock, Playback, SPEEDS, SystemClock};
+use crate::plot::{self, Series};
+use crate::session::Session;
+
+/// What "Live" says while no live workload can be plugged in.
+pub const LIVE_UNAVAILABLE: &str = "Live mode shows a workload's heap on a real GPU as it runs; no live workload is \
+    available in this build (it needs a device workload source). Showing the built-in stories instead.";
+
+/// The heapscope app. See the module documentation.
+#[derive(Debug)]
+pub struct HeapscopeApp {
+    /// What is shown (`None` until something opens).
+    pub session: Option<Session>,
+    /// Position and play state, shared by every pane.
+    pub playback: Playback,
+    /// How allocations are coloured.
+    pub colour_by: ColourBy,
+    /// Whether the "Teach me" panel shows.
+    pub teach: bool,
+    /// The pane the side panels and the `O` key follow.
+    pub focused: usize,
+    /// The last error (a file that would not open), shown until dismissed.
+    pub error: Option<String>,
+    /// A message for the user (live mode unavailable).
+    pub notice: Option<String>,
+    clock: Box<dyn Clock>,
+    last_seconds: Option<f64>,
+    path_input: String,
+    series: Vec<Series>,
+    /// Per pane: the step explained and its sentence.
+    sentences: Vec<Option<(u64, String)>>,
+    /// Per pane: the step animated and its animation (without progress).
+    animations: Vec<Option<(u64, StepAnimation)>>,
+    /// A file being opened on another thread: its name and the worker.
+    pending: Option<(String, std::thread::JoinHandle<anyhow::Result<Session>>)>,
+}
+
+impl Default for HeapscopeApp {
+    fn default() -> Self {
+        Self::new(Box::new(SystemClock::default()))
+    }
+}
+
+impl HeapscopeApp {
+    /// An app on `clock` showing the frag_oom story through PyTorch (default and expandable), TLSF and paging.
+    pub fn new(clock: Box<dyn Clock>) -> Self {
+        let mut app = Self {
+            session: None,
+            playback: Playback::default(),
+            colour_by: ColourBy::default(),
+            teach: false,
+            focused: 0,
+            error: None,
+            notice: None,
+            clock,
+            last_seconds: None,
+            path_input: String::new(),
+            series: Vec::new(),
+            sentences: Vec::new(),
+            animations: Vec::new(),
+            pending: None,
+        };
+        app.open_story("frag_oom");
+        app
+    }
+
+    /// The contenders a newly opened recording gets: the panes open now, or the side-by-side four.
+    fn contenders(&self) -> Vec<Contender> {
+        let open: Vec<Contender> =
+            self.session.iter().flat_map(|session| session.panes.iter().filter_map(|pane| pane.contender)).collect();
+        if open.is_empty() { Contender::SIDE_BY_SIDE.to_vec() } else { open }
+    }
+
+    fn set_session(&mut self, session: Session) {
+        self.session = Some(session);
+        let speed = self.playback.speed;
+        self.playback = Playback::default();
+        self.playback.speed = speed;
+        self.focused = 0;
+        self.refresh_caches();
+    }
+
+    fn refresh_caches(&mut self) {
+        let panes = self.session.as_ref().map_or(0, |session| session.panes.len());
+        self.series =
+            self.session.iter().flat_map(|session| session.panes.iter().map(|pane| Series::of(&pane.timeline))).collect();
+        self.sentences = vec![None; panes];
+        self.animations = vec![None; panes];
+        self.focused = self.focused.min(panes.saturating_sub(1));
+    }
+
+    /// Opens the recording at `path` with the current contenders, at once; an error is kept for display.
+    pub fn open_path(&mut self, path: &Path) {
+        let opened = Session::open(path, &self.contenders());
+        self.opened(opened);
+    }
+
+    /// Starts opening the recording at `path` on another thread (reading and replaying a large file takes
+    /// seconds); the window stays live and shows it once ready ([`HeapscopeApp::loading`]).
+    pub fn open_path_in_background(&mut self, path: PathBuf) {
+        let contenders = self.contenders();
+        let name = path.display().to_string();
+        let worker = std::thread::Builder::new().name("heapscope-open".into()).spawn(move || Session::open(&path, &contenders));
+        match worker {
+            Ok(worker) => self.pending = Some((name, worker)),
+            Err(error) => self.error = Some(format!("cannot open {name}: no thread to read it on ({error})")),
+        }
+    }
+
+    /// The file being opened in the background, if any.
+    pub fn loading(&self) -> Option<&str> {
+        self.pending.as_ref().map(|(name, _)| name.as_str())
+    }
+
+    fn opened(&mut self, opened: anyhow::Result<Session>) {
+        match opened {
+            Ok(session) => {
+                self.set_session(session);
+                self.error = None;
+            }
+            Err(error) => self.error = Some(format!("{error:#}")),
+        }
+    }
+
+    /// Takes the session opened in the background, once it is ready.
+    fn poll_pending(&mut self, ui: &Ui) {
+        let Some((_, worker)) = &self.pending else { return };
+        if !worker.is_finished() {
+            ui.ctx().request_repaint_after(std::time::Duration::from_millis(50));
+            return;
+        }
+        if let Some((name, worker)) = self.pending.take() {
+            let opened = worker.join().unwrap_or_else(|_| Err(anyhow::anyhow!("opening {name} failed (the reader panicked)")));
+            self.opened(opened);
+        }
+    }
+
+    /// Opens the built-in story `name`.
+    pub fn open_story(&mut self, name: &str) {
+        match Session::story_named(name, &self.contenders()) {
+            Ok(session) => {
+                self.set_session(session);
+                self.error = None;
+            }
+            Err(error) => self.error = Some(format!("{error:#}")),
+        }
+    }
+
+    /// Shows what `source` reports, live, in one pane.
+    pub fn attach_live(&mut self, name: &str, source: Box<dyn LiveSource>) {
+        self.set_session(Session::live(name, source));
+    }
+
+    /// Replaces pane `index`'s contender.
+    pub fn switch_contender(&mut self, index: usize, contender: Contender) {
+        if let Some(session) = &mut self.session {
+            match session.set_contender(index, contender) {
+                Ok(()) => self.refresh_caches(),
+                Err(error) => self.error = Some(format!("{error:#}")),
+            }
+        }
+    }
+
+    /// Adds a pane (the first contender not shown yet).
+    pub fn add_pane(&mut self) {
+        let Some(session) = &mut self.session else { return };
+        let shown: Vec<Contender> = session.panes.iter().filter_map(|pane| pane.contender).collect();
+        let Some(next) = Contender::SIDE_BY_SIDE.into_iter().chain(Contender::all()).find(|contender| !shown.contains(contender))
+        else {
+            return;
+        };
+        match session.add_pane(next) {
+            Ok(()) => {
+                let steps = self.playback.shown_steps();
+                session.seek(steps);
+                self.refresh_caches();
+            }
+            Err(error) => self.error = Some(format!("{error:#}")),
+        }
+    }
+
+    /// Steps of the session.
+    pub fn steps(&self) -> u64 {
+        self.session.as_ref().map_or(0, Session::steps)
+    }
+
+    /// Jumps just past the next refused request of the focused pane (wrapping around).
+    pub fn next_refusal(&mut self) {
+        let Some(pane) = self.session.as_ref().and_then(|session| session.panes.get(self.focused)) else { return };
+        let shown = self.playback.shown_steps();
+        let refusals = pane.timeline.refusals();
+        let next = refusals.iter().find(|(step, _)| step + 1 > shown).or(refusals.first());
+        if let Some((step, _)) = next {
+            self.playback.seek(step + 1);
+        }
+    }
+
+    fn keyboard(&mut self, ui: &Ui) {
+        if ui.ctx().egui_wants_keyboard_input() {
+            return;
+        }
+        let steps = self.steps();
+        let pressed = |key| ui.input(|input| input.key_pressed(key));
+        if pressed(Key::Space) {
+            self.playback.toggle(steps);
+        }
+        if pressed(Key::ArrowRight) {
+            self.playback.step(steps);
+        }
+        if pressed(Key::ArrowLeft) {
+            self.playback.back();
+        }
+        if pressed(Key::Home) {
+            self.playback.seek(0);
+        }
+        if pressed(Key::End) {
+            self.playback.seek(steps);
+        }
+        if pressed(Key::OpenBracket) {
+            self.playback.change_speed(false);
+        }
+        if pressed(Key::CloseBracket) {
+            self.playback.change_speed(true);
+        }
+        if pressed(Key::O) {
+            self.next_refusal();
+        }
+        if pressed(Key::T) {
+            self.teach = !self.teach;
+        }
+    }
+
+    fn dropped_files(&mut self, ui: &Ui) {
+        let dropped: Vec<PathBuf> =
+            ui.input(|input| input.raw.dropped_files.iter().map(|file| file.path().to_path_buf()).collect());
+        if let Some(path) = dropped.into_iter().next() {
+            self.open_path_in_background(path);
+        }
+    }
+
+    /// Moves time on: the clock drives the playback, live sources report, every pane follows.
+    fn advance(&mut self, ui: &Ui) {
+        let now = self.clock.seconds();
+        // A stall (a long load, a debugger) does not jump the playback by more than a second.
+        let elapsed = self.last_seconds.map_or(0.0, |last| (now - last).clamp(0.0, 1.0));
+        self.last_seconds = Some(now);
+        if let Some(session) = &mut self.session
+            && session.live.is_some()
+        {
+            // Following the newest step (the default) keeps following it as steps arrive.
+            let following = self.playback.position >= session.steps() as f64;
+            if let Err(error) = session.poll_live() {
+                self.error = Some(error.to_string());
+            }
+            for (pane, series) in session.panes.iter().zip(self.series.iter_mut()) {
+                if series.steps != pane.timeline.steps() {
+                    *series = Series::of(&pane.timeline);
+                }
+            }
+            if following {
+                self.playback.seek(session.steps());
+            }
+        }
+        let steps = self.steps();
+        self.playback.tick(elapsed, steps);
+        let shown = self.playback.shown_steps();
+        if let Some(session) = &mut self.session {
+            session.seek(shown);
+        }
+        if self.playback.moving() || self.session.as_ref().is_some_and(|session| session.live.is_some()) {
+            ui.ctx().request_repaint();
+        }
+    }
+
+    /// The animation of the step being shown, per pane (cached by step).
+    fn current_animations(&mut self) -> Vec<Option<StepAnimation>> {
+        let Some(session) = &self.session else { return Vec::new() };
+        let shown = self.playback.shown_steps();
+        let progress = self.playback.progress();
+        // Faster than this, a step lasts less than a few frames: nothing to see grow or fade.
+        let too_fast = self.playback.playing && self.playback.steps_per_second() > 20.0;
+        if progress >= 1.0 || shown == 0 || too_fast {
+            return vec![None; session.panes.len()];
+        }
+        let step = shown - 1;
+        let mut out = Vec::new();
+        for (pane, cached) in session.panes.iter().zip(self.animations.iter_mut()) {
+            if cached.as_ref().is_none_or(|(at, _)| *at != step) {
+                let before = pane.timeline.layout_at(step);
+                *cached = Some((step, panes::step_animation(pane, &before, step, progress)));
+            }
+            out.push(cached.as_ref().map(|(_, animation)| StepAnimation { progress, ..animation.clone() }));
+        }
+        out
+    }
+
+    /// The sentence explaining the step just shown, per pane (cached by step).
+    fn current_sentences(&mut self) -> Vec<String> {
+        let Some(session) = &self.session else { return Vec::new() };
+        let shown = self.playback.shown_steps();
+        let Some(step) = shown.checked_sub(1) else { return Vec::new() };
+        session
+            .panes
+            .iter()
+            .zip(self.sentences.iter_mut())
+            .map(|(pane, cached)| {
+                if cached.as_ref().is_none_or(|(at, _)| *at != step) {
+                    let text = if step < pane.timeline.steps() {
+                        explain(&pane.timeline, &pane.timeline.layout_at(step), step)
+                    } else {
+                        "(this contender's replay has ended)".to_owned()
+                    };
+                    *cached = Some((step, text));
+                }
+                cached.as_ref().map(|(_, text)| text.clone()).unwrap_or_default()
+            })
+            .collect()
+    }
+
+    /// The request whose too-small free runs each pane highlights: its refusal at the step shown.
+    fn too_small(&self) -> Vec<Option<u64>> {
+        let Some(session) = &self.session else { return Vec::new() };
+        let shown = self.playback.shown_steps();
+        session
+            .panes
+            .iter()
+            .map(|pane| {
+                shown.checked_sub(1).and_then(|step| pane.timeline.refusal_at(step)).map(|refusal| refusal.requested_bytes)
+            })
+            .collect()
+    }
+
+    fn top_bar(&mut self, ui: &mut Ui) {
+        ui.horizontal_wrapped(|ui| {
+            ui.label(RichText::new("heapscope").strong());
+            if let Some(session) = &self.session {
+                ui.label(RichText::new(&session.name).monospace());
+            }
+            ui.separator();
+            let path_box = ui.add(
+                egui::TextEdit::singleline(&mut self.path_input)
+                    .hint_text("file to open (or drop one here)")
+                    .desired_width(220.0),
+            );
+            let enter = path_box.lost_focus() && ui.input(|input| input.key_pressed(Key::Enter));
+            if (ui.button("Open").clicked() || enter) && !self.path_input.trim().is_empty() {
+                self.open_path_in_background(PathBuf::from(self.path_input.trim()));
+            }
+            if let Some(name) = self.loading() {
+                ui.spinner();
+                ui.label(format!("opening {name}"));
+            }
+            ui.menu_button("Stories", |ui| {
+                for story in heapscope_core::story::all() {
+                    if ui.button(story.name).on_hover_text(story.summary).clicked() {
+                        self.open_story(story.name);
+                    }
+                }
+            });
+            if ui.button("Live").clicked() {
+                self.notice = Some(LIVE_UNAVAILABLE.to_owned());
+            }
+            ui.separator();
+            ui.toggle_value(&mut self.teach, "Teach me");
+            ui.menu_button(format!("colour: {}", self.colour_by.name()), |ui| {
+                for mode in ColourBy::ALL {
+                    ui.selectable_value(&mut self.colour_by, mode, mode.name());
+                }
+            });
+            let panes = self.session.as_ref().map_or(0, |session| session.panes.len());
+            if ui.add_enabled(panes < crate::session::MAX_PANES, egui::Button::new("+ pane")).clicked() {
+                self.add_pane();
+            }
+        });
+        if let Some(error) = self.error.clone() {
+            ui.horizontal(|ui| {
+                ui.label(RichText::new(error).color(Color32::from_rgb(240, 100, 90)));
+                if ui.small_button("dismiss").clicked() {
+                    self.error = None;
+                }
+            });
+        }
+        if let Some(notice) = self.notice.clone() {
+            ui.horizontal(|ui| {
+                ui.label(RichText::new(notice).italics());
+                if ui.small_button("ok").clicked() {
+                    self.notice = None;
+                }
+            });
+        }
+    }
+
+    fn transport(&mut self, ui: &mut Ui) {
+        let steps = self.steps();
+        ui.horizontal(|ui| {
+            if ui.button("Start").clicked() {
+                self.playback.seek(0);
+            }
+            if ui.button("Back").clicked() {
+                self.playback.back();
+            }
+            let label = if self.playback.playing { "Pause" } else { "Play" };
+            if ui.button(label).clicked() {
+                self.playback.toggle(steps);
+            }
+            if ui.button("Step").clicked() {
+                self.playback.step(steps);
+            }
+            if ui.button("End").clicked() {
+                self.playback.seek(steps);
+            }
+            ui.separator();
+            if ui.button("Slower").clicked() {
+                self.playback.change_speed(false);
+            }
+            ui.label(format!("{} steps/s", SPEEDS[self.playback.speed]));
+            if ui.button("Faster").clicked() {
+                self.playback.change_speed(true);
+            }
+            ui.separator();
+            ui.label(format!("step {} / {steps}", self.playback.shown_steps()));
+            if ui.button("Next OOM").clicked() {
+                self.next_refusal();
+            }
+        });
+        let names: Vec<String> =
+            self.session.iter().flat_map(|session| session.panes.iter().map(|pane| pane.name().to_owned())).collect();
+        let series: Vec<(&str, &Series)> = names.iter().map(String::as_str).zip(self.series.iter()).collect();
+        if let Some(step) = plot::show(ui, &series, self.playback.position, 210.0) {
+            self.playback.seek(step);
+        }
+    }
+
+    /// The whole UI, in `ui` (the window, or a test harness).
+    pub fn show(&mut self, ui: &mut Ui) {
+        self.poll_pending(ui);
+        self.dropped_files(ui);
+        self.keyboard(ui);
+        self.advance(ui);
+        egui::Panel::top("top").show(ui, |ui| self.top_bar(ui));
+        egui::Panel::bottom("transport").resizable(false).show(ui, |ui| self.transport(ui));
+        let shown = self.playback.shown_steps();
+        let sentences = if self.teach { self.current_sentences() } else { Vec::new() };
+        let has_refusals =
+            self.session.as_ref().is_some_and(|session| session.panes.iter().any(|pane| !pane.timeline.refusals().is_empty()));
+        if self.teach || has_refusals {
+            egui::Panel::right("side").default_size(320.0).show(ui, |ui| {
+                egui::ScrollArea::vertical().show(ui, |ui| {
+                    let Some(session) = &self.session else { return };
+                    if self.teach {
+                        let actions = panels::teach_me(ui, session, &sentences, shown);
+                        if let Some(story) = actions.story {
+                            self.open_story(story);
+                            self.teach = true;
+                            return;
+                        }
+                        if actions.step {
+                            self.playback.step(session.steps());
+                        }
+                        if actions.back {
+                            self.playback.back();
+                        }
+                        ui.separator();
+                    }
+                    if has_refusals && let Some(step) = panels::why_it_failed(ui, session, self.focused, shown).seek_to {
+                        self.playback.seek(step);
+                    }
+                });
+            });
+        }
+        let animations = self.current_animations();
+        let too_small = self.too_small();
+        let style =
+            PaneStyle { shown_steps: shown, progress: self.playback.progress(), colour_by: self.colour_by, interactive: true };
+        let mut actions = panes::PaneActions::default();
+        egui::CentralPanel::default_margins().show(ui, |ui| {
+            let hovering_files = ui.input(|input| !input.raw.hovered_files.is_empty());
+            match &mut self.session {
+                Some(session) if !hovering_files => actions = panes::show(ui, session, style, &animations, &too_small),
+                _ => {
+                    ui.centered_and_justified(|ui| ui.heading("Drop a PyTorch snapshot or a heapscope trace to open it"));
+                }
+            }
+        });
+        if let Some(index) = actions.hovered_pane {
+            self.focused = index;
+        }
+        if let Some((index, contender)) = actions.switch {
+            self.switch_contender(index, contender);
+        }
+        if let Some(index) = actions.close
+            && let Some(session) = &mut self.session
+            && session.panes.len() > 1
+        {
+            session.panes.remove(index);
+            self.refresh_caches();
+        }
+    }
+}
+
+impl eframe::App for HeapscopeApp {
+    fn ui(&mut self, ui: &mut Ui, _frame: &mut eframe::Frame) {
+        self.show(ui);
+    }
+}
+
+/// Opens the app in a window, with the file at `path` when given (else the frag_oom story).
+///
+/// # Errors
+/// The window cannot be created (no display, no graphics adapter).
+pub fn run(path: Option<&Path>) -> anyhow::Result<()> {
+    let mut app = HeapscopeApp::default();
+    if let Some(path) = path {
+        app.open_path(path);
+        if let Some(error) = app.error.take() {
+            anyhow::bail!(error);
+        }
+    }
+    let options = eframe::NativeOptions {
+        viewport: egui::ViewportBuilder::default()
+            .with_title("heapscope")
+            .with_inner_size([1400.0, 900.0])
+            .with_drag_and_drop(true),
+        ..eframe::NativeOptions::default()
+    };
+    eframe::run_native("heapscope", options, Box::new(|_| Ok(Box::new(app))))
+        .map_err(|error| anyhow::anyhow!("cannot open the window: {error}"))
+}

@@ -1,0 +1,592 @@
+//! The heap map: every region (block, segment, virtual range) as a band of rows, allocations as coloured
+//! spans, free runs, padding and rounding waste, and the resident pages of virtual ranges.
+//!
+//! All regions share one scale, `row_bytes` bytes per row of full width, and a region's bytes wrap from row
+//! to row, so areas compare at a glance: a 1 GiB block is four rows of 256 MiB where a 20 MiB segment is
+//! part of one. Zooming changes `row_bytes` (down to single allocations), panning scrolls the rows. A
+//! virtual range shows up to the highest page it ever mapped.
+//!
+//! Building the shapes touches only the visible rows ([`Rows`] finds them by binary search), and within a
+//! row every allocation once; allocations narrower than a pixel that touch merge into one shape, so the
+//! number of shapes is bounded by the visible pixels, whatever the number of allocations.
+
+use egui::{Color32, CornerRadius, Pos2, Rect, Sense, Shape, Stroke, StrokeKind, Ui, Vec2, pos2};
+use heapscope_core::timeline::{Layout, RegionKind, Span, Timeline};
+
+use crate::palette::{self, ColourBy};
+
+/// Height of one row in points (fitting many regions in little height shrinks it, down to
+/// [`MIN_ROW_HEIGHT`]).
+pub const ROW_HEIGHT: f32 = 16.0;
+/// The least height of a row when fitting.
+pub const MIN_ROW_HEIGHT: f32 = 3.0;
+/// Space between two regions' bands, in points (1 when rows are thin).
+pub const REGION_GAP: f32 = 5.0;
+/// The most a view zooms in: bytes per row.
+pub const MIN_ROW_BYTES: u64 = 64;
+/// Height of the strip marking resident pages along the top of a virtual region's rows.
+const MAPPED_STRIP: f32 = 3.0;
+
+/// The scale of a map: bytes per row and how tall rows and the gaps between regions are.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scale {
+    /// Bytes per row of full width.
+    pub row_bytes: u64,
+    /// Height of a row.
+    pub row_height: f32,
+    /// Space between regions.
+    pub gap: f32,
+}
+
+impl Scale {
+    /// `row_bytes` per row at the full row height.
+    pub fn new(row_bytes: u64) -> Self {
+        Self { row_bytes: row_bytes.max(1), row_height: ROW_HEIGHT, gap: REGION_GAP }
+    }
+}
+
+/// Zoom and scroll of one map.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MapView {
+    /// The scale; `None` fits the whole heap in the height available.
+    pub scale: Option<Scale>,
+    /// Points scrolled down from the first row.
+    pub scroll: f32,
+}
+
+impl MapView {
+    /// Zooms by `factor` (above 1 zooms in) from `row_bytes`, clamped to sensible scales.
+    pub fn zoomed(row_bytes: u64, factor: f32, widest_region_bytes: u64) -> u64 {
+        let zoomed = (row_bytes as f64 / f64::from(factor)).round() as u64;
+        zoomed.clamp(MIN_ROW_BYTES, widest_region_bytes.max(MIN_ROW_BYTES))
+    }
+}
+
+/// One region's band.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Band {
+    /// Base address of the region.
+    pub address: u64,
+    /// Bytes shown (a virtual region: up to its highest page ever mapped).
+    pub shown_bytes: u64,
+    /// How it is backed.
+    pub kind: RegionKind,
+    /// Top of its first row, in points from the top of the map.
+    pub top: f32,
+    /// Rows it takes.
+    pub rows: u64,
+}
+
+/// Where every region's rows are at one scale.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rows {
+    /// Bytes per row.
+    pub row_bytes: u64,
+    /// Height of a row.
+    pub row_height: f32,
+    /// Space between regions.
+    pub gap: f32,
+    /// The bands, by address.
+    pub bands: Vec<Band>,
+    /// Height of all rows and gaps.
+    pub height: f32,
+}
+
+impl Rows {
+    /// The bands of `layout`'s regions at `scale`.
+    pub fn new(layout: &Layout, timeline: &Timeline, scale: Scale) -> Self {
+        let Scale { row_bytes, row_height, gap } = scale;
+        let row_bytes = row_bytes.max(1);
+        let mut top = 0.0;
+        let mut bands = Vec::with_capacity(layout.regions().len());
+        for region in layout.regions() {
+            let shown_bytes = timeline.shown_bytes(region);
+            let rows = shown_bytes.div_ceil(row_bytes);
+            bands.push(Band { address: region.address, shown_bytes, kind: region.kind, top, rows });
+            top += rows as f32 * row_height + gap;
+        }
+        Self { row_bytes, row_height, gap, bands, height: (top - gap).max(0.0) }
+    }
+
+    /// The scale that makes every band fit in `height` points: full-height rows as narrow as fit, or, when
+    /// even one row per region does not fit, thinner rows (down to [`MIN_ROW_HEIGHT`], past which the map
+    /// scrolls).
+    pub fn fit(layout: &Layout, timeline: &Timeline, height: f32) -> Scale {
+        let shown: Vec<u64> = layout.regions().map(|region| timeline.shown_bytes(region)).collect();
+        let widest = shown.iter().copied().max().unwrap_or(MIN_ROW_BYTES).max(MIN_ROW_BYTES);
+        let regions = shown.len().max(1) as f32;
+        let (mut row_height, mut gap) = (ROW_HEIGHT, REGION_GAP);
+        if regions * row_height + (regions - 1.0) * gap > height {
+            gap = if (height - (regions - 1.0) * gap) / regions >= 8.0 { gap } else { 1.0 };
+            row_height = ((height - (regions - 1.0) * gap) / regions).floor().clamp(MIN_ROW_HEIGHT, ROW_HEIGHT);
+        }
+        let fits = |row_bytes: u64| {
+            let rows: u64 = shown.iter().map(|bytes| bytes.div_ceil(row_bytes)).sum();
+            rows as f32 * row_height + (regions - 1.0) * gap <= height
+        };
+        // The smallest row size that fits: rows only get fewer as they get wider.
+        let (mut low, mut high) = (MIN_ROW_BYTES, widest);
+        if fits(low) {
+            high = low;
+        }
+        while high - low > 1 {
+            let middle = low + (high - low) / 2;
+            if fits(middle) { high = middle } else { low = middle }
+        }
+        Scale { row_bytes: high, row_height, gap }
+    }
+
+    /// The scale these rows were laid out at.
+    pub fn scale(&self) -> Scale {
+        Scale { row_bytes: self.row_bytes, row_height: self.row_height, gap: self.gap }
+    }
+
+    /// The widest band's bytes (the zoom-out limit).
+    pub fn widest_bytes(&self) -> u64 {
+        self.bands.iter().map(|band| band.shown_bytes).max().unwrap_or(MIN_ROW_BYTES)
+    }
+
+    /// Index of the first band whose rows end below `y`.
+    fn first_band_below(&self, y: f32) -> usize {
+        self.bands.partition_point(|band| band.top + band.rows as f32 * self.row_height <= y)
+    }
+
+    /// The band and row at `y` points from the top of the map (`None` in a gap or past the end).
+    pub fn row_at(&self, y: f32) -> Option<(usize, u64)> {
+        let index = self.first_band_below(y);
+        let band = self.bands.get(index)?;
+        if y < band.top {
+            return None;
+        }
+        Some((index, ((y - band.top) / self.row_height) as u64))
+    }
+
+    /// The address at `offset` from the top-left of the map (scroll applied) in a map `width` points wide.
+    pub fn address_at(&self, offset: Vec2, width: f32) -> Option<u64> {
+        let (index, row) = self.row_at(offset.y)?;
+        let band = &self.bands[index];
+        let within = row * self.row_bytes + (f64::from((offset.x / width).clamp(0.0, 1.0)) * self.row_bytes as f64) as u64;
+        (within < band.shown_bytes).then_some(band.address + within)
+    }
+
+    /// The y (from the top of the map) of the row holding `address`.
+    pub fn y_of(&self, address: u64) -> Option<f32> {
+        let index = self.bands.partition_point(|band| band.address <= address).checked_sub(1)?;
+        let band = &self.bands[index];
+        let within = address.checked_sub(band.address).filter(|within| *within < band.shown_bytes)?;
+        Some(band.top + (within / self.row_bytes) as f32 * self.row_height)
+    }
+}
+
+/// The step being animated: what it added fades and grows in, what it removed fades out.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepAnimation {
+    /// How far the step has played, 0 to 1.
+    pub progress: f32,
+    /// Footprint addresses of the allocations it made.
+    pub born: Vec<u64>,
+    /// The allocations it freed.
+    pub dying: Vec<Span>,
+    /// Base addresses of the regions it reserved.
+    pub new_regions: Vec<u64>,
+}
+
+/// What the map shows.
+#[derive(Clone, Copy, Debug)]
+pub struct Scene<'a> {
+    /// The layout now.
+    pub layout: &'a Layout,
+    /// Its timeline (how much of virtual regions to show, the trace length for ages).
+    pub timeline: &'a Timeline,
+    /// Steps played (for ages).
+    pub position: u64,
+    /// How allocations are coloured.
+    pub colour_by: ColourBy,
+    /// Stack group per trace slot (empty: one group).
+    pub groups: &'a [u32],
+    /// The step playing, if any.
+    pub animation: Option<&'a StepAnimation>,
+    /// Free runs smaller than this many bytes are highlighted (the request that failed).
+    pub too_small_below: Option<u64>,
+    /// Footprint address of the allocation to outline.
+    pub hovered: Option<u64>,
+}
+
+impl Scene<'_> {
+    fn colour(&self, span: &Span) -> Color32 {
+        match self.colour_by {
+            ColourBy::SizeClass => palette::size_class(span.requested_bytes),
+            ColourBy::Age => palette::age(self.position.saturating_sub(span.born), self.timeline.steps()),
+            ColourBy::StackGroup => palette::group(self.groups.get(span.slot as usize).copied().unwrap_or(0)),
+        }
+    }
+}
+
+/// Collects rectangles for one row, merging neighbours narrower than a pixel.
+struct RowPainter<'a> {
+    out: &'a mut Vec<Shape>,
+    /// The rectangle being grown: x range and colour.
+    pending: Option<(f32, f32, Color32)>,
+    top: f32,
+    bottom: f32,
+}
+
+impl RowPainter<'_> {
+    fn push(&mut self, x0: f32, x1: f32, colour: Color32) {
+        if let Some((start, end, pending_colour)) = &mut self.pending {
+            // Sub-pixel pieces that touch the pending one join it, whatever their colour.
+            if x0 <= *end + 0.5 && (x1 - x0 < 1.0 || *end - *start < 1.0) && x1 - *start < 2.0 {
+                *end = end.max(x1);
+                return;
+            }
+            if x0 <= *end && x1 <= *end && colour == *pending_colour {
+                return;
+            }
+        }
+        self.flush();
+        self.pending = Some((x0, x1, colour));
+    }
+
+    fn flush(&mut self) {
+        if let Some((x0, x1, colour)) = self.pending.take() {
+            let rect = Rect::from_min_max(pos2(x0, self.top), pos2(x1.max(x0 + 0.5), self.bottom));
+            self.out.push(Shape::rect_filled(rect, CornerRadius::ZERO, colour));
+        }
+    }
+}
+
+/// Appends the shapes of the rows of `scene` visible in `rect`, scrolled down by `scroll` points, to `out`.
+pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f32, out: &mut Vec<Shape>) {
+    let width = rect.width().max(1.0);
+    let row_bytes = rows.row_bytes;
+    let x_of = |row_start: u64, address: u64| rect.left() + ((address - row_start) as f64 / row_bytes as f64) as f32 * width;
+    let progress = scene.animation.map_or(1.0, |animation| animation.progress);
+    let born = |address: u64| scene.animation.is_some_and(|animation| animation.born.binary_search(&address).is_ok());
+    for band in &rows.bands[rows.first_band_below(scroll)..] {
+        let band_top = rect.top() + band.top - scroll;
+        if band_top > rect.bottom() {
+            break;
+        }
+        let region = scene.layout.region_of(band.address);
+        let first_row = ((scroll - band.top) / rows.row_height).floor().max(0.0) as u64;
+        let appearing = scene.animation.is_some_and(|animation| animation.new_regions.contains(&band.address));
+        let alpha = if appearing { progress } else { 1.0 };
+        for row in first_row..band.rows {
+            let top = band_top + row as f32 * rows.row_height;
+            if top > rect.bottom() {
+                break;
+            }
+            let bottom = top + (rows.row_height - 1.0).max(1.0);
+            let start = band.address + row * row_bytes;
+            let end = (start + row_bytes).min(band.address + band.shown_bytes);
+            let row_rect = Rect::from_min_max(pos2(rect.left(), top), pos2(x_of(start, end), bottom));
+            // Reserved memory is free unless an allocation holds it; a virtual range only where mapped.
+            let mut painter = RowPainter { out, pending: None, top, bottom };
+            match band.kind {
+                RegionKind::Block => {
+                    painter.out.push(Shape::rect_filled(row_rect, CornerRadius::ZERO, palette::faded(palette::FREE, alpha)));
+                }
+                RegionKind::Virtual => {
+                    painter.out.push(Shape::rect_filled(row_rect, CornerRadius::ZERO, palette::UNMAPPED));
+                    for (address, bytes) in mapped_in(region, start, end) {
+                        let (x0, x1) = (x_of(start, address), x_of(start, address + bytes));
+                        painter.out.push(Shape::rect_filled(
+                            Rect::from_min_max(pos2(x0, top), pos2(x1.max(x0 + 0.5), bottom)),
+                            CornerRadius::ZERO,
+                            palette::FREE,
+                        ));
+                    }
+                }
+            }
+            if let Some(needed) = scene.too_small_below {
+                for (address, bytes) in scene.layout.free_runs_in(start, end) {
+                    if bytes < needed {
+                        let (x0, x1) = (x_of(start, address.max(start)), x_of(start, (address + bytes).min(end)));
+                        painter.push(x0, x1, palette::FREE_TOO_SMALL);
+                    }
+                }
+                painter.flush();
+            }
+            for span in scene.layout.spans_in(start, end) {
+                let colour = palette::faded(scene.colour(span), alpha);
+                let grow = if born(span.address) { progress } else { 1.0 };
+                let x0 = x_of(start, span.address.max(start));
+                let x1 = x_of(start, span.end().min(end));
+                let x1 = x0 + (x1 - x0) * grow;
+                if x1 - x0 < 2.0 || span.waste_bytes() == 0 {
+                    painter.push(x0, x1, colour);
+                    continue;
+                }
+                // Waste shaded darker around the requested bytes.
+                let live_start = span.address + span.lead_bytes;
+                let live_end = live_start + span.requested_bytes;
+                painter.push(x0, x1, palette::waste(colour));
+                let (l0, l1) = (x_of(start, live_start.clamp(start, end)), x_of(start, live_end.clamp(start, end)));
+                if l1 > l0 {
+                    painter.flush();
+                    painter.push(l0.min(x1), l1.min(x1), colour);
+                }
+            }
+            painter.flush();
+            if let Some(animation) = scene.animation {
+                for span in animation.dying.iter().filter(|span| span.address < end && span.end() > start) {
+                    let (x0, x1) = (x_of(start, span.address.max(start)), x_of(start, span.end().min(end)));
+                    let colour = palette::faded(scene.colour(span), 1.0 - progress);
+                    out.push(Shape::rect_filled(Rect::from_min_max(pos2(x0, top), pos2(x1.max(x0 + 0.5), bottom)), 0.0, colour));
+                }
+            }
+            if band.kind == RegionKind::Virtual {
+                for (address, bytes) in mapped_in(region, start, end) {
+                    let (x0, x1) = (x_of(start, address), x_of(start, address + bytes));
+                    out.push(Shape::rect_filled(
+                        Rect::from_min_max(pos2(x0, top), pos2(x1.max(x0 + 0.5), top + MAPPED_STRIP)),
+                        0.0,
+                        palette::MAPPED,
+                    ));
+                }
+            }
+            if let Some(hovered) = scene.hovered.and_then(|address| scene.layout.span_at(address))
+                && hovered.address < end
+                && hovered.end() > start
+            {
+                let (x0, x1) = (x_of(start, hovered.address.max(start)), x_of(start, hovered.end().min(end)));
+                let outline = Rect::from_min_max(pos2(x0, top), pos2(x1.max(x0 + 1.0), bottom));
+                out.push(Shape::rect_stroke(outline, 0.0, Stroke::new(1.5, palette::HOVER), StrokeKind::Inside));
+            }
+        }
+        // The band's outline, around its rows.
+        if rows.row_height >= 6.0 {
+            let bottom = band_top + band.rows as f32 * rows.row_height - 1.0;
+            let outline = Rect::from_min_max(pos2(rect.left(), band_top), pos2(rect.right(), bottom));
+            out.push(Shape::rect_stroke(outline, 2.0, Stroke::new(1.0, palette::REGION_EDGE), StrokeKind::Outside));
+        }
+    }
+}
+
+/// The mapped runs of `region` within `[start, end)`, clipped.
+fn mapped_in(region: Option<&heapscope_core::timeline::Region>, start: u64, end: u64) -> Vec<(u64, u64)> {
+    let Some(region) = region else { return Vec::new() };
+    let first = region.mapped.range(..start).next_back().filter(|(a, b)| *a + *b > start).map(|(a, _)| *a).unwrap_or(start);
+    region
+        .mapped
+        .range(first..end)
+        .map(|(&address, &bytes)| {
+            let clipped_start = address.max(start);
+            (clipped_start, (address + bytes).min(end) - clipped_start)
+        })
+        .collect()
+}
+
+/// What is under the pointer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hit {
+    /// A live allocation.
+    Allocation(Span),
+    /// A free run `(address, bytes)`.
+    Free(u64, u64),
+    /// Address space of a virtual region with no page mapped.
+    Unmapped(u64),
+}
+
+/// The region base and what lies at `address` of `layout`.
+pub fn hit_at(layout: &Layout, address: u64) -> Option<(u64, Hit)> {
+    let region = layout.region_of(address)?;
+    let hit = if let Some(span) = layout.span_at(address) {
+        Hit::Allocation(*span)
+    } else if let Some(run) = layout.free_runs_in(address, address + 1).next() {
+        Hit::Free(run.0, run.1)
+    } else {
+        Hit::Unmapped(address)
+    };
+    Some((region.address, hit))
+}
+
+/// What the map widget reports.
+#[derive(Debug)]
+pub struct MapResponse {
+    /// The widget's response (tooltips attach here).
+    pub response: egui::Response,
+    /// The region base and what is under the pointer.
+    pub hovered: Option<(u64, Hit)>,
+    /// The rows as drawn.
+    pub rows: Rows,
+}
+
+/// Shows the heap map of `scene` filling the space available, with zoom (ctrl + wheel, pinch), scroll
+/// (wheel, drag) and double-click to fit; `view` keeps the zoom and scroll between frames.
+pub fn show(ui: &mut Ui, scene: &Scene<'_>, view: &mut MapView) -> MapResponse {
+    let size = ui.available_size().max(Vec2::new(64.0, ROW_HEIGHT * 2.0));
+    let (rect, response) = ui.allocate_exact_size(size, Sense::click_and_drag());
+    let fit = Rows::fit(scene.layout, scene.timeline, rect.height());
+    let mut rows = Rows::new(scene.layout, scene.timeline, view.scale.unwrap_or(fit));
+    let pointer = response.hover_pos();
+    let offset_of = |pos: Pos2, scroll: f32| pos - rect.min + Vec2::new(0.0, scroll);
+    if let Some(pos) = pointer {
+        let (zoom, scroll_delta) = ui.input(|input| (input.zoom_delta(), input.smooth_scroll_delta.y));
+        if zoom != 1.0 {
+            let anchor = rows.address_at(offset_of(pos, view.scroll), rect.width());
+            let scale = Scale { row_bytes: MapView::zoomed(rows.row_bytes, zoom, rows.widest_bytes()), ..rows.scale() };
+            view.scale = Some(scale);
+            rows = Rows::new(scene.layout, scene.timeline, scale);
+            // Keep the address under the pointer where it was.
+            if let Some(y) = anchor.and_then(|address| rows.y_of(address)) {
+                view.scroll = y + rows.row_height / 2.0 - (pos.y - rect.top());
+            }
+        } else if scroll_delta != 0.0 {
+            view.scroll -= scroll_delta;
+        }
+    }
+    if response.dragged() {
+        view.scroll -= response.drag_delta().y;
+    }
+    if response.double_clicked() {
+        *view = MapView::default();
+        rows = Rows::new(scene.layout, scene.timeline, fit);
+    }
+    view.scroll = view.scroll.clamp(0.0, (rows.height - rect.height()).max(0.0));
+    let hovered = pointer
+        .and_then(|pos| rows.address_at(offset_of(pos, view.scroll), rect.width()))
+        .and_then(|address| hit_at(scene.layout, address));
+    let hovered_address = match hovered {
+        Some((_, Hit::Allocation(span))) => Some(span.address),
+        _ => scene.hovered,
+    };
+    let painter = ui.painter_at(rect);
+    painter.rect_filled(rect, 0.0, palette::BACKGROUND);
+    let mut shapes = Vec::new();
+    build_shapes(&Scene { hovered: hovered_address, ..*scene }, &rows, rect, view.scroll, &mut shapes);
+    painter.extend(shapes);
+    MapResponse { response, hovered, rows }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use heapscope_core::timeline::Change;
+
+    fn timeline_of(changes: &[Change]) -> Timeline {
+        timeline(changes)
+    }
+
+    fn timeline(changes: &[Change]) -> Timeline {
+        let mut timeline = Timeline::new("test");
+        for change in changes {
+            timeline.push(std::slice::from_ref(change), None).unwrap();
+        }
+        timeline
+    }
+
+    fn block(address: u64, size_bytes: u64) -> Change {
+        Change::RegionAdded { address, size_bytes, kind: RegionKind::Block }
+    }
+
+    fn span(address: u64, footprint_bytes: u64, requested_bytes: u64) -> Change {
+        Change::Allocated(Span { address, footprint_bytes, lead_bytes: 0, requested_bytes, slot: 0, born: 0 })
+    }
+
+    #[test]
+    fn rows_wrap_each_region_and_find_addresses() {
+        let timeline = timeline(&[block(0, 1000), block(4096, 250)]);
+        let rows = Rows::new(timeline.head(), &timeline, Scale::new(300));
+        let shape: Vec<(u64, u64, f32)> = rows.bands.iter().map(|band| (band.address, band.rows, band.top)).collect();
+        assert_eq!(shape, [(0, 4, 0.0), (4096, 1, 4.0 * ROW_HEIGHT + REGION_GAP)]);
+        assert_eq!(rows.height, 5.0 * ROW_HEIGHT + REGION_GAP);
+        // (offset in the map, address)
+        let cases = [
+            (Vec2::new(0.0, 0.0), Some(0)),
+            (Vec2::new(50.0, 1.5 * ROW_HEIGHT), Some(450)),
+            (Vec2::new(99.0, 3.5 * ROW_HEIGHT), None), // past the end of the 1000-byte block
+            (Vec2::new(0.0, 4.0 * ROW_HEIGHT + 1.0), None), // in the gap
+            (Vec2::new(10.0, 4.0 * ROW_HEIGHT + REGION_GAP + 1.0), Some(4096 + 30)),
+        ];
+        for (offset, address) in cases {
+            assert_eq!(rows.address_at(offset, 100.0), address, "{offset:?}");
+        }
+        assert_eq!(rows.y_of(950), Some(3.0 * ROW_HEIGHT));
+        assert_eq!(rows.y_of(2000), None);
+    }
+
+    #[test]
+    fn fit_makes_everything_visible() {
+        let timeline = timeline(&[block(0, 1 << 30), block(1 << 31, 20 << 20)]);
+        for height in [40.0, 100.0, 1000.0] {
+            let scale = Rows::fit(timeline.head(), &timeline, height);
+            let rows = Rows::new(timeline.head(), &timeline, scale);
+            assert!(rows.height <= height, "height {height}: {rows:?}");
+            // One byte less per row would not fit.
+            let tighter = Rows::new(timeline.head(), &timeline, Scale { row_bytes: scale.row_bytes - 1, ..scale });
+            assert!(scale.row_bytes == MIN_ROW_BYTES || tighter.height > height, "height {height}");
+        }
+        // Forty regions in 100 points: thinner rows, one per region.
+        let many: Vec<Change> = (0..40).map(|index| block(index << 30, 20 << 20)).collect();
+        let timeline = timeline_of(&many);
+        let scale = Rows::fit(timeline.head(), &timeline, 100.0);
+        assert_eq!((scale.row_height, scale.gap, scale.row_bytes), (MIN_ROW_HEIGHT, 1.0, 20 << 20));
+        assert!(Rows::new(timeline.head(), &timeline, scale).height > 100.0, "past the least height the map scrolls");
+    }
+
+    #[test]
+    fn shapes_show_spans_waste_and_too_small_runs() {
+        let timeline = timeline(&[block(0, 1000), span(0, 500, 250), span(600, 100, 100)]);
+        let scene = Scene {
+            layout: timeline.head(),
+            timeline: &timeline,
+            position: timeline.steps(),
+            colour_by: ColourBy::SizeClass,
+            groups: &[],
+            animation: None,
+            too_small_below: Some(200),
+            hovered: None,
+        };
+        let rows = Rows::new(timeline.head(), &timeline, Scale::new(1000));
+        let rect = Rect::from_min_size(Pos2::ZERO, Vec2::new(1000.0, 100.0));
+        let mut shapes = Vec::new();
+        build_shapes(&scene, &rows, rect, 0.0, &mut shapes);
+        let fills: Vec<(f32, f32, Color32)> = shapes
+            .iter()
+            .filter_map(|shape| match shape {
+                Shape::Rect(rect) if rect.fill != Color32::TRANSPARENT => Some((rect.rect.left(), rect.rect.right(), rect.fill)),
+                _ => None,
+            })
+            .collect();
+        let red = palette::FREE_TOO_SMALL;
+        let colour = palette::size_class(250);
+        assert!(fills.contains(&(0.0, 1000.0, palette::FREE)), "the block's free background: {fills:?}");
+        assert!(fills.contains(&(500.0, 600.0, red)), "the 100-byte run is too small: {fills:?}");
+        assert!(fills.contains(&(700.0, 1000.0, palette::FREE)) || !fills.contains(&(700.0, 1000.0, red)), "300 bytes fit");
+        assert!(fills.contains(&(0.0, 500.0, palette::waste(colour))), "the footprint, shaded: {fills:?}");
+        assert!(fills.contains(&(0.0, 250.0, colour)), "the requested bytes: {fills:?}");
+    }
+
+    #[test]
+    fn sub_pixel_spans_merge() {
+        let mut changes = vec![block(0, 1 << 20)];
+        changes.extend((0..1000).map(|index| span(index * 1024, 1024, 1024)));
+        let timeline = timeline(&changes);
+        let scene = Scene {
+            layout: timeline.head(),
+            timeline: &timeline,
+            position: 0,
+            colour_by: ColourBy::Age,
+            groups: &[],
+            animation: None,
+            too_small_below: None,
+            hovered: None,
+        };
+        let rows = Rows::new(timeline.head(), &timeline, Scale::new(1 << 20));
+        let mut shapes = Vec::new();
+        build_shapes(&scene, &rows, Rect::from_min_size(Pos2::ZERO, Vec2::new(100.0, 40.0)), 0.0, &mut shapes);
+        assert!(shapes.len() < 120, "1000 allocations over 100 pixels: {} shapes", shapes.len());
+    }
+
+    #[test]
+    fn hits_name_what_is_under_the_pointer() {
+        let mut timeline = timeline(&[block(0, 1000), span(100, 50, 50)]);
+        timeline.push(&[Change::RegionAdded { address: 4096, size_bytes: 4096, kind: RegionKind::Virtual }], None).unwrap();
+        let layout = timeline.head();
+        assert!(matches!(hit_at(layout, 120), Some((0, Hit::Allocation(span))) if span.address == 100));
+        assert_eq!(hit_at(layout, 10), Some((0, Hit::Free(0, 100))));
+        assert_eq!(hit_at(layout, 5000), Some((4096, Hit::Unmapped(5000))));
+        assert_eq!(hit_at(layout, 2000), None);
+    }
+}

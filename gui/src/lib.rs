@@ -1,0 +1,42 @@
+//! # heapscope-gui
+//!
+//! The face of heapscope: an egui / eframe app that animates a heap as a trace plays, scrubs to any
+//! moment, puts 2 to 4 allocators side by side on the same trace, says why a request failed, and steps
+//! through the built-in stories one allocator decision at a time.
+//!
+//! ## Design
+//!
+//! - The model is the core's [`heapscope_core::timeline`]: each contender's replay as plain layout changes
+//!   per step, with totals and checkpoints, so seeking anywhere is a checkpoint plus a few thousand changes
+//!   and the app never replays from zero. A [`session::Session`] holds the recording and one
+//!   [`session::Pane`] per contender, all at one position; a [`live::LiveSource`] (a channel today, a device
+//!   workload later) feeds a pane step by step instead of a recording.
+//! - [`heap_map`] draws a layout: regions as bands of rows at one bytes-per-row scale, allocations as spans
+//!   coloured by size class, age or stack frames ([`palette`]), padding and rounding shaded, free runs
+//!   distinct (red when too small for the request that failed), resident pages of virtual ranges marked.
+//!   Only visible rows are built and sub-pixel spans merge, so a frame costs the pixels shown, not the
+//!   allocations live (`benches/heap_map.rs`: 100,000 live allocations).
+//! - [`playback`] turns an injectable [`playback::Clock`] into a position (fractional while a step
+//!   animates: new spans grow in, freed ones fade out, new regions fade in); tests drive a
+//!   [`playback::ManualClock`].
+//! - [`app`] is the window: transport, the timeline [`plot`] (click or drag to seek), the panes
+//!   ([`panes`]), "Why it failed" and "Teach me" ([`panels`]), files opened from the command line, by drag
+//!   and drop or by path.
+//! - [`render`] draws the same panes headless through egui_kittest's wgpu renderer into a PNG:
+//!   `heapscope render`, the demo's picture, and the snapshot tests.
+#![warn(missing_docs)]
+
+pub mod app;
+pub mod heap_map;
+pub mod live;
+pub mod palette;
+pub mod panels;
+pub mod panes;
+pub mod playback;
+pub mod plot;
+pub mod render;
+pub mod session;
+
+pub use app::{HeapscopeApp, run};
+pub use render::{RenderOptions, render, render_png};
+pub use session::Session;

@@ -1,0 +1,159 @@
+//! The side panels: "Why it failed" (the out-of-memory verdict in plain words, with the free runs that were
+//! too small highlighted on the map) and "Teach me" (one sentence per allocator decision).
+
+use egui::{Color32, RichText, Ui};
+use heapscope_core::OomCause;
+use heapscope_core::timeline::Refusal;
+use heapscope_core::units::Bytes;
+
+use crate::session::Session;
+
+/// The verdict of `refusal` in plain words: a headline and what would have helped.
+pub fn verdict_words(refusal: &Refusal, too_small_runs: usize) -> (String, String) {
+    let request = Bytes(refusal.requested_bytes);
+    match refusal.cause {
+        OomCause::Fragmentation => (
+            format!(
+                "Fragmentation: {} were free, but the largest free run was only {}, so no run could hold {request}.",
+                Bytes(refusal.free_bytes),
+                Bytes(refusal.largest_free_bytes)
+            ),
+            format!(
+                "The {too_small_runs} free run(s) in red are each smaller than {request}. Moving allocations together, \
+                 or mapping pages where they are needed (paging, expandable segments), would have served it."
+            ),
+        ),
+        OomCause::Exhaustion => (
+            format!(
+                "Exhaustion: only {} were free in {} reserved, and the device could not give more: {request} do not fit anywhere.",
+                Bytes(refusal.free_bytes),
+                Bytes(refusal.reserved_bytes)
+            ),
+            "Less memory live at once, or a larger device, is the only way out; no placement would have served it.".to_owned(),
+        ),
+    }
+}
+
+/// What the "Why it failed" panel asks for.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct OomActions {
+    /// Seek to just after this step (a refusal).
+    pub seek_to: Option<u64>,
+}
+
+/// The "Why it failed" panel for pane `focused` at `shown_steps` steps.
+pub fn why_it_failed(ui: &mut Ui, session: &Session, focused: usize, shown_steps: u64) -> OomActions {
+    let mut actions = OomActions::default();
+    ui.heading("Why it failed");
+    let Some(pane) = session.panes.get(focused) else { return actions };
+    let refusals = pane.timeline.refusals();
+    if refusals.is_empty() {
+        ui.label(format!("{} served every request.", pane.name()));
+        return actions;
+    }
+    ui.label(format!("{} refused {} request(s):", pane.name(), refusals.len()));
+    for (step, refusal) in refusals.iter().take(50) {
+        let cause = match refusal.cause {
+            OomCause::Fragmentation => "fragmentation",
+            OomCause::Exhaustion => "exhaustion",
+        };
+        let text = format!("step {step}: {} ({cause})", Bytes(refusal.requested_bytes));
+        if ui.selectable_label(shown_steps == step + 1, text).clicked() {
+            actions.seek_to = Some(step + 1);
+        }
+    }
+    if refusals.len() > 50 {
+        ui.label(format!("... and {} more", refusals.len() - 50));
+    }
+    ui.separator();
+    let current = shown_steps.checked_sub(1).and_then(|step| pane.timeline.refusal_at(step));
+    let Some(refusal) = current else {
+        ui.label("Pick one above (or press O) to see the heap when it failed.");
+        return actions;
+    };
+    let too_small = pane.layout.free_runs().filter(|run| run.1 < refusal.requested_bytes).count();
+    let (headline, advice) = verdict_words(refusal, too_small);
+    ui.label(RichText::new(headline).strong().color(Color32::from_rgb(240, 120, 110)));
+    ui.label(advice);
+    let survivors: Vec<&str> = session
+        .panes
+        .iter()
+        .filter(|other| other.timeline.refusal_at(shown_steps - 1).is_none() && other.timeline.steps() >= shown_steps)
+        .map(crate::session::Pane::name)
+        .collect();
+    if !survivors.is_empty() {
+        ui.label(format!("Served at the same step by: {}.", survivors.join(", ")));
+    }
+    ui.collapsing("The numbers", |ui| {
+        ui.label(RichText::new(&refusal.message).small());
+    });
+    actions
+}
+
+/// What the "Teach me" panel asks for.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct TeachActions {
+    /// Open this built-in story.
+    pub story: Option<&'static str>,
+    /// One step forward.
+    pub step: bool,
+    /// One step back.
+    pub back: bool,
+}
+
+/// The "Teach me" panel: the story, and for each pane the sentence explaining the step just shown.
+pub fn teach_me(ui: &mut Ui, session: &Session, sentences: &[String], shown_steps: u64) -> TeachActions {
+    let mut actions = TeachActions::default();
+    ui.heading("Teach me");
+    ui.horizontal_wrapped(|ui| {
+        for story in ["frag_oom", "training_step", "llm_serving_contiguous", "llm_serving_paged"] {
+            if ui.selectable_label(session.name == story, story).clicked() && session.name != story {
+                actions.story = Some(story);
+            }
+        }
+    });
+    if !session.summary.is_empty() {
+        ui.label(RichText::new(&session.summary).italics());
+    }
+    ui.horizontal(|ui| {
+        actions.back = ui.button("Previous decision").clicked();
+        actions.step = ui.button("Next decision").clicked();
+        ui.label(format!("step {shown_steps} of {}", session.steps()));
+    });
+    ui.separator();
+    if shown_steps == 0 {
+        ui.label("Nothing has happened yet: press \"Next decision\" (or the right arrow key) to watch the first one.");
+        return actions;
+    }
+    for (pane, sentence) in session.panes.iter().zip(sentences) {
+        ui.label(RichText::new(pane.name()).strong());
+        ui.label(sentence);
+        ui.add_space(4.0);
+    }
+    actions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts_in_plain_words() {
+        let refusal = Refusal {
+            requested_bytes: 1 << 30,
+            cause: OomCause::Fragmentation,
+            reserved_bytes: 3000 << 20,
+            free_bytes: 1000 << 20,
+            largest_free_bytes: 50 << 20,
+            message: String::new(),
+        };
+        let (headline, advice) = verdict_words(&refusal, 20);
+        assert_eq!(
+            headline,
+            "Fragmentation: 1000.00 MiB were free, but the largest free run was only 50.00 MiB, so no run could hold 1.00 GiB."
+        );
+        assert!(advice.starts_with("The 20 free run(s) in red"), "{advice}");
+        let (headline, _) = verdict_words(&Refusal { cause: OomCause::Exhaustion, ..refusal }, 0);
+        assert!(headline.starts_with("Exhaustion: only 1000.00 MiB were free in 2.93 GiB reserved"), "{headline}");
+    }
+}

@@ -1,0 +1,202 @@
+//! The panes side by side: a header per contender (name, reserved / live, OOMs) above its heap map, and the
+//! details of what the pointer is over. Used by the app and by headless rendering alike.
+
+use egui::{Color32, RichText, Ui};
+use heapscope_core::timeline::{Change, Layout, Span};
+use heapscope_core::units::Bytes;
+
+use crate::heap_map::{self, Hit, Scene, StepAnimation};
+use crate::palette::ColourBy;
+use crate::session::{Pane, Session};
+
+/// How the panes are drawn this frame.
+#[derive(Clone, Copy, Debug)]
+pub struct PaneStyle {
+    /// Steps shown.
+    pub shown_steps: u64,
+    /// Progress of the step animating (1 when none).
+    pub progress: f32,
+    /// How allocations are coloured.
+    pub colour_by: ColourBy,
+    /// Whether headers offer a contender menu (the app) or only name it (rendering).
+    pub interactive: bool,
+}
+
+/// What the user did in the panes.
+#[derive(Debug, Default)]
+pub struct PaneActions {
+    /// Pane `index` should replay with another contender.
+    pub switch: Option<(usize, heapscope_core::timeline::record::Contender)>,
+    /// Pane `index` should close.
+    pub close: Option<usize>,
+    /// The pane the pointer is over.
+    pub hovered_pane: Option<usize>,
+}
+
+/// What step `step` of `pane` animates: allocations born, allocations dying, regions appearing.
+pub fn step_animation(pane: &Pane, before: &Layout, step: u64, progress: f32) -> StepAnimation {
+    let mut animation = StepAnimation { progress, ..StepAnimation::default() };
+    for change in pane.timeline.changes(step) {
+        match *change {
+            Change::Allocated(span) => animation.born.push(span.address),
+            Change::Freed { address } => animation.dying.extend(before.span_at(address).copied()),
+            Change::RegionAdded { address, .. } => animation.new_regions.push(address),
+            _ => {}
+        }
+    }
+    animation.born.sort_unstable();
+    animation
+}
+
+/// The reserved / live line of a pane's header at its current layout.
+pub fn header_text(pane: &Pane) -> String {
+    let totals = pane.layout.totals();
+    let ratio = if totals.live_bytes == 0 {
+        "-".to_owned()
+    } else {
+        format!("{:.2}", totals.reserved_bytes as f64 / totals.live_bytes as f64)
+    };
+    let ooms_so_far = pane.timeline.refusals().iter().filter(|(step, _)| *step < pane.layout_steps).count();
+    format!(
+        "reserved {} · live {} · reserved/live {ratio} · OOMs {ooms_so_far}/{}",
+        Bytes(totals.reserved_bytes),
+        Bytes(totals.live_bytes),
+        pane.timeline.refusals().len()
+    )
+}
+
+/// The tooltip text for `hit` in `pane`'s region at `region`.
+pub fn describe_hit(session: &Session, region: u64, hit: &Hit, shown_steps: u64) -> String {
+    match hit {
+        Hit::Allocation(span) => describe_span(session, region, span, shown_steps),
+        Hit::Free(address, bytes) => format!("free run of {} at offset {:#x}", Bytes(*bytes), address - region),
+        Hit::Unmapped(address) => format!("virtual address space, no page mapped (offset {:#x})", address - region),
+    }
+}
+
+fn describe_span(session: &Session, region: u64, span: &Span, shown_steps: u64) -> String {
+    let mut text = format!(
+        "allocation #{}: {} requested, {} set aside ({} padding and rounding)\noffset {:#x} in the region at {:#x}",
+        span.slot,
+        Bytes(span.requested_bytes),
+        Bytes(span.footprint_bytes),
+        Bytes(span.waste_bytes()),
+        span.address - region,
+        region,
+    );
+    let free_step = session.slots.get(span.slot as usize).and_then(|slot| slot.free_step);
+    match free_step {
+        Some(free) => text.push_str(&format!("\nlifetime: step {} to {free} ({} steps)", span.born, free - span.born)),
+        None => text.push_str(&format!(
+            "\nlifetime: from step {}, never freed ({} steps so far)",
+            span.born,
+            shown_steps.saturating_sub(span.born)
+        )),
+    }
+    let frames = session.frames(span.slot);
+    if !frames.is_empty() {
+        text.push_str("\nstack:");
+        for frame in frames.iter().take(8) {
+            text.push_str(&format!("\n  {frame}"));
+        }
+        if frames.len() > 8 {
+            text.push_str(&format!("\n  ... {} more", frames.len() - 8));
+        }
+    }
+    text
+}
+
+/// Draws every pane of `session` side by side in `ui`, at `style`; `animations` holds each pane's step
+/// animation and `too_small` the request to highlight free runs against, per pane.
+pub fn show(
+    ui: &mut Ui,
+    session: &mut Session,
+    style: PaneStyle,
+    animations: &[Option<StepAnimation>],
+    too_small: &[Option<u64>],
+) -> PaneActions {
+    let mut actions = PaneActions::default();
+    let count = session.panes.len().max(1);
+    let groups = std::mem::take(&mut session.groups);
+    let mut hovered_text = None;
+    ui.columns(count, |columns| {
+        for (index, (column, pane)) in columns.iter_mut().zip(session.panes.iter_mut()).enumerate() {
+            column.horizontal(|ui| {
+                let colour = crate::plot::PANE_COLOURS[index % crate::plot::PANE_COLOURS.len()];
+                if style.interactive
+                    && let Some(current) = pane.contender
+                {
+                    ui.menu_button(RichText::new(pane.name()).strong().color(colour), |ui| {
+                        for contender in heapscope_core::timeline::record::Contender::all() {
+                            if ui.selectable_label(contender == current, contender.name()).clicked() && contender != current {
+                                actions.switch = Some((index, contender));
+                            }
+                        }
+                    })
+                    .response
+                    .on_hover_text("replay with another allocator");
+                    if ui.small_button("x").on_hover_text("close this pane").clicked() {
+                        actions.close = Some(index);
+                    }
+                } else {
+                    ui.label(RichText::new(pane.name()).strong().color(colour));
+                }
+            });
+            column.label(RichText::new(header_text(pane)).small());
+            let scene = Scene {
+                layout: &pane.layout,
+                timeline: &pane.timeline,
+                position: style.shown_steps,
+                colour_by: style.colour_by,
+                groups: &groups,
+                animation: animations.get(index).and_then(Option::as_ref),
+                too_small_below: too_small.get(index).copied().flatten(),
+                hovered: None,
+            };
+            let response = heap_map::show(column, &scene, &mut pane.view);
+            if response.response.hovered() {
+                actions.hovered_pane = Some(index);
+            }
+            if let Some((region, hit)) = response.hovered {
+                hovered_text = Some((index, region, hit, response.response));
+            }
+        }
+    });
+    session.groups = groups;
+    if let Some((_, region, hit, response)) = hovered_text {
+        let text = describe_hit(session, region, &hit, style.shown_steps);
+        response.on_hover_ui_at_pointer(|ui| {
+            ui.label(RichText::new(text).monospace().color(Color32::LIGHT_GRAY));
+        });
+    }
+    actions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use heapscope_core::timeline::record::Contender;
+
+    #[test]
+    fn hover_details_name_size_offset_and_lifetime() {
+        let mut session = Session::story_named("frag_oom", &[Contender::Pytorch { expandable: false }]).unwrap();
+        session.seek(45);
+        let pane = &session.panes[0];
+        let span = *pane.layout.spans().find(|span| span.slot == 21).unwrap();
+        let region = pane.layout.region_of(span.address).unwrap().address;
+        let text = describe_hit(&session, region, &Hit::Allocation(span), 45);
+        assert!(
+            text.starts_with("allocation #21: 100.00 MiB requested, 100.00 MiB set aside (0 B padding and rounding)"),
+            "{text}"
+        );
+        assert!(text.contains("offset 0x0 in the region at"), "{text}");
+        assert!(text.contains("lifetime: from step 41, never freed (4 steps so far)"), "{text}");
+        let (run, bytes) = pane.layout.free_runs().next().unwrap();
+        let region = pane.layout.region_of(run).unwrap().address;
+        assert_eq!(
+            describe_hit(&session, region, &Hit::Free(run, bytes), 45),
+            format!("free run of 50.00 MiB at offset {:#x}", run - region)
+        );
+        assert!(header_text(pane).starts_with("reserved 2.93 GiB · live 500.00 MiB"), "{}", header_text(pane));
+    }
+}

@@ -1,0 +1,170 @@
+//! The timeline plot (egui_plot): live and reserved bytes of every pane, fragmentation below, markers where
+//! a request was refused, and the current position; clicking or dragging on it seeks.
+
+use egui::{Color32, Ui};
+use egui_plot::{Line, MarkerShape, Plot, PlotPoints, Points, VLine};
+use heapscope_core::timeline::Timeline;
+
+/// Points per series at most: long timelines are reduced to the highest value per bucket of steps.
+pub const MAX_POINTS: usize = 2000;
+
+/// A timeline's series, reduced for drawing.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Series {
+    /// Steps the series was built from.
+    pub steps: u64,
+    /// `[step, GiB]` of live bytes.
+    pub live: Vec<[f64; 2]>,
+    /// `[step, GiB]` of reserved bytes.
+    pub reserved: Vec<[f64; 2]>,
+    /// `[step, 0..1]` of fragmentation.
+    pub fragmentation: Vec<[f64; 2]>,
+    /// `[step, GiB reserved]` where a request was refused.
+    pub refusals: Vec<[f64; 2]>,
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+impl Series {
+    /// The series of `timeline`, at most [`MAX_POINTS`] points each (the maximum of each bucket, so peaks
+    /// survive the reduction). Step `s` is drawn at x = s + 1: the totals after it.
+    pub fn of(timeline: &Timeline) -> Self {
+        let samples = timeline.samples();
+        let bucket = samples.len().div_ceil(MAX_POINTS).max(1);
+        let mut series = Series { steps: timeline.steps(), ..Series::default() };
+        for (index, chunk) in samples.chunks(bucket).enumerate() {
+            let x = ((index * bucket + chunk.len()) as f64).min(samples.len() as f64);
+            let max = |value: &dyn Fn(&heapscope_core::timeline::Sample) -> f64| chunk.iter().map(value).fold(0.0, f64::max);
+            series.live.push([x, max(&|sample| sample.live_bytes as f64 / GIB)]);
+            series.reserved.push([x, max(&|sample| sample.reserved_bytes as f64 / GIB)]);
+            series.fragmentation.push([x, max(&|sample| f64::from(sample.fragmentation))]);
+        }
+        series.refusals =
+            timeline.refusals().iter().map(|(step, refusal)| [*step as f64 + 1.0, refusal.reserved_bytes as f64 / GIB]).collect();
+        series
+    }
+}
+
+/// Colours of the panes' lines.
+pub const PANE_COLOURS: [Color32; 4] = [
+    Color32::from_rgb(242, 142, 43),
+    Color32::from_rgb(78, 161, 207),
+    Color32::from_rgb(118, 203, 98),
+    Color32::from_rgb(206, 122, 191),
+];
+
+/// Shows the plots of `series` (one per pane, with its name) at `position` steps; returns the step to
+/// seek to when the user clicked or dragged on them.
+pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32) -> Option<u64> {
+    let steps = series.iter().map(|(_, series)| series.steps).max().unwrap_or(0);
+    let link = ui.scope_id().with("timeline");
+    let mut seek = None;
+    let mut seek_from = |response: &egui::Response, x: Option<f64>| {
+        if (response.clicked() || response.dragged())
+            && let Some(x) = x
+        {
+            seek = Some(x.round().clamp(0.0, steps as f64) as u64);
+        }
+    };
+    let bytes = Plot::new("bytes")
+        .height(height * 0.65)
+        .allow_drag(false)
+        .allow_zoom(false)
+        .allow_scroll(false)
+        .allow_boxed_zoom(false)
+        .include_y(0.0)
+        .include_x(0.0)
+        .include_x(steps as f64)
+        .link_axis(link, [true, false])
+        .y_axis_label("GiB")
+        .legend(egui_plot::Legend::default().position(egui_plot::Corner::LeftTop))
+        .show(ui, |plot| {
+            for (index, (name, series)) in series.iter().enumerate() {
+                let colour = PANE_COLOURS[index % PANE_COLOURS.len()];
+                plot.line(
+                    Line::new(format!("{name} reserved"), PlotPoints::from(series.reserved.clone())).color(colour).width(1.5),
+                );
+                if index == 0 {
+                    plot.line(Line::new("live", PlotPoints::from(series.live.clone())).color(Color32::GRAY).width(1.0));
+                }
+                if !series.refusals.is_empty() {
+                    plot.points(
+                        Points::new("OOM", PlotPoints::from(series.refusals.clone()))
+                            .shape(MarkerShape::Cross)
+                            .radius(6.0)
+                            .color(Color32::from_rgb(230, 60, 60)),
+                    );
+                }
+            }
+            plot.vline(VLine::new("", position).color(Color32::WHITE).width(1.0));
+            plot.pointer_coordinate().map(|point| point.x)
+        });
+    seek_from(&bytes.response, bytes.inner);
+    let fragmentation = Plot::new("fragmentation")
+        .height(height * 0.35)
+        .allow_drag(false)
+        .allow_zoom(false)
+        .allow_scroll(false)
+        .allow_boxed_zoom(false)
+        .include_y(0.0)
+        .include_y(1.0)
+        .include_x(0.0)
+        .include_x(steps as f64)
+        .link_axis(link, [true, false])
+        .y_axis_label("frag.")
+        .show(ui, |plot| {
+            for (index, (name, series)) in series.iter().enumerate() {
+                let colour = PANE_COLOURS[index % PANE_COLOURS.len()];
+                plot.line(
+                    Line::new(format!("{name} fragmentation"), PlotPoints::from(series.fragmentation.clone())).color(colour),
+                );
+            }
+            plot.vline(VLine::new("", position).color(Color32::WHITE).width(1.0));
+            plot.pointer_coordinate().map(|point| point.x)
+        });
+    seek_from(&fragmentation.response, fragmentation.inner);
+    seek
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use heapscope_core::timeline::{Change, Refusal, RegionKind, Span};
+
+    #[test]
+    fn long_timelines_are_reduced_keeping_peaks() {
+        let mut timeline = Timeline::new("t");
+        timeline.push(&[Change::RegionAdded { address: 0, size_bytes: 1 << 40, kind: RegionKind::Block }], None).unwrap();
+        for step in 1..10_000u64 {
+            let change = if step % 2 == 1 {
+                let size = if step == 5001 { 1 << 30 } else { 1 << 20 };
+                Change::Allocated(Span {
+                    address: 0,
+                    footprint_bytes: size,
+                    lead_bytes: 0,
+                    requested_bytes: size,
+                    slot: 0,
+                    born: step,
+                })
+            } else {
+                Change::Freed { address: 0 }
+            };
+            timeline.push(&[change], None).unwrap();
+        }
+        let refusal = Refusal {
+            requested_bytes: 1,
+            cause: heapscope_core::OomCause::Exhaustion,
+            reserved_bytes: 1 << 30,
+            free_bytes: 0,
+            largest_free_bytes: 0,
+            message: String::new(),
+        };
+        timeline.push(&[], Some(refusal)).unwrap();
+        let series = Series::of(&timeline);
+        assert!(series.live.len() <= MAX_POINTS, "{}", series.live.len());
+        assert_eq!(series.live.iter().map(|point| point[1]).fold(0.0, f64::max), 1.0, "the 1 GiB peak survives");
+        assert_eq!(series.live.last().map(|point| point[0]), Some(10_001.0));
+        assert_eq!(series.refusals, [[10_001.0, 1.0]]);
+        assert_eq!(series.steps, 10_001);
+    }
+}

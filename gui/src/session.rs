@@ -1,0 +1,331 @@
+//! What the app shows: a recording (a file, a built-in story, or a live source) replayed by 1 to 4
+//! contenders, each in a pane with its own timeline, layout and view, all at one position.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use heapscope_core::compare::CompareConfig;
+use heapscope_core::recording::Recording;
+use heapscope_core::story::{self, Story};
+use heapscope_core::timeline::record::{Contender, record};
+use heapscope_core::timeline::{Layout, Timeline};
+use heapscope_core::trace::Event;
+
+use crate::heap_map::MapView;
+use crate::live::LiveSource;
+
+/// The most panes side by side.
+pub const MAX_PANES: usize = 4;
+/// Moves forward by at most this many steps replay changes from the current layout; longer ones (and
+/// moves back) seek from the nearest checkpoint.
+const SHORT_MOVE_STEPS: u64 = 2048;
+
+/// What the trace knows about one allocation (one slot).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotInfo {
+    /// The step that allocates it.
+    pub alloc_step: u64,
+    /// The step that frees it, if the trace does.
+    pub free_step: Option<u64>,
+    /// Its stack frames (an index into the snapshot's frame lists; 0 when none were recorded).
+    pub stack: u32,
+}
+
+/// One contender's view of the recording.
+#[derive(Debug)]
+pub struct Pane {
+    /// Who replays; `None` for a live source.
+    pub contender: Option<Contender>,
+    /// Its replay, step by step.
+    pub timeline: Timeline,
+    /// The layout after `layout_steps` steps.
+    pub layout: Layout,
+    /// Steps `layout` has seen.
+    pub layout_steps: u64,
+    /// Zoom and scroll of its map.
+    pub view: MapView,
+}
+
+impl Pane {
+    fn new(contender: Option<Contender>, timeline: Timeline) -> Self {
+        Self { contender, layout: timeline.layout_at(0), timeline, layout_steps: 0, view: MapView::default() }
+    }
+
+    /// The name in its header.
+    pub fn name(&self) -> &str {
+        &self.timeline.contender
+    }
+
+    /// Moves the layout to `steps` steps: forward by replaying when the move is short, else from a checkpoint.
+    pub fn seek(&mut self, steps: u64) {
+        let steps = steps.min(self.timeline.steps());
+        if steps == self.layout_steps {
+            return;
+        }
+        if steps > self.layout_steps && steps - self.layout_steps <= SHORT_MOVE_STEPS {
+            self.timeline.advance(&mut self.layout, self.layout_steps, steps);
+        } else {
+            self.layout = self.timeline.layout_at(steps);
+        }
+        self.layout_steps = steps;
+    }
+}
+
+/// A recording and its panes.
+#[derive(Debug)]
+pub struct Session {
+    /// What to call it (the file or the story).
+    pub name: String,
+    /// One sentence about it (a story's summary).
+    pub summary: String,
+    /// The recording (empty for a live source).
+    pub recording: Recording,
+    /// Settings shared by the contenders.
+    pub config: CompareConfig,
+    /// Per trace slot.
+    pub slots: Vec<SlotInfo>,
+    /// Stack group per slot, for colouring.
+    pub groups: Vec<u32>,
+    /// The panes, left to right.
+    pub panes: Vec<Pane>,
+    /// A live source feeding the first pane, if any.
+    pub live: Option<Box<dyn LiveSource>>,
+}
+
+impl Session {
+    /// `recording` replayed by `contenders` (1 to 4) with `config`.
+    ///
+    /// # Errors
+    /// No contender or more than [`MAX_PANES`], or a replay that fails (bad settings).
+    pub fn new(recording: Recording, config: CompareConfig, contenders: &[Contender]) -> Result<Self> {
+        if contenders.is_empty() || contenders.len() > MAX_PANES {
+            bail!("{} contenders: a session shows 1 to {MAX_PANES}", contenders.len());
+        }
+        let slots = slot_infos(&recording);
+        let groups = slots.iter().map(|slot| slot.stack).collect();
+        let mut session = Self {
+            name: recording.name.clone(),
+            summary: String::new(),
+            recording,
+            config,
+            slots,
+            groups,
+            panes: Vec::new(),
+            live: None,
+        };
+        for &contender in contenders {
+            session.add_pane(contender)?;
+        }
+        Ok(session)
+    }
+
+    /// The built-in story `story` on a device of its size, the heap contenders in 256 MiB blocks.
+    ///
+    /// # Errors
+    /// A replay that fails.
+    pub fn story(story: Story, contenders: &[Contender]) -> Result<Self> {
+        let config = CompareConfig { capacity_bytes: Some(story.device_bytes), ..CompareConfig::default() };
+        let summary = story.summary.to_owned();
+        let mut session = Self::new(Recording::from_trace(story.trace), config, contenders)?;
+        session.name = story.name.to_owned();
+        session.summary = summary;
+        Ok(session)
+    }
+
+    /// The built-in story called `name`.
+    ///
+    /// # Errors
+    /// No story of that name, or a replay that fails.
+    pub fn story_named(name: &str, contenders: &[Contender]) -> Result<Self> {
+        let Some(story) = story::named(name) else {
+            let names: Vec<&str> = story::all().iter().map(|story| story.name).collect();
+            bail!("no built-in story {name:?}: the stories are {}", names.join(", "));
+        };
+        Self::story(story, contenders)
+    }
+
+    /// The recording in the file at `path` (device 0 of a PyTorch snapshot), unlimited device.
+    ///
+    /// # Errors
+    /// The file cannot be read or parsed (the error names it), or a replay fails.
+    pub fn open(path: &Path, contenders: &[Contender]) -> Result<Self> {
+        let recording = Recording::open(path, 0).with_context(|| format!("cannot open {}", path.display()))?;
+        Self::new(recording, CompareConfig::default(), contenders)
+    }
+
+    /// A session fed by `source`, in one pane, growing as it reports.
+    pub fn live(name: &str, source: Box<dyn LiveSource>) -> Self {
+        Self {
+            name: name.to_owned(),
+            summary: String::new(),
+            recording: Recording::from_trace(heapscope_core::Trace::default()),
+            config: CompareConfig::default(),
+            slots: Vec::new(),
+            groups: Vec::new(),
+            panes: vec![Pane::new(None, Timeline::new(name))],
+            live: Some(source),
+        }
+    }
+
+    /// Adds a pane replaying with `contender` (no more than [`MAX_PANES`]).
+    ///
+    /// # Errors
+    /// A replay that fails, or too many panes.
+    pub fn add_pane(&mut self, contender: Contender) -> Result<()> {
+        if self.panes.len() >= MAX_PANES {
+            bail!("at most {MAX_PANES} panes side by side");
+        }
+        let timeline = record(&self.recording, contender, &self.config, None)?;
+        self.panes.push(Pane::new(Some(contender), timeline));
+        Ok(())
+    }
+
+    /// Replaces pane `index`'s contender.
+    ///
+    /// # Errors
+    /// A replay that fails; the pane is unchanged then.
+    pub fn set_contender(&mut self, index: usize, contender: Contender) -> Result<()> {
+        let timeline = record(&self.recording, contender, &self.config, None)?;
+        let Some(pane) = self.panes.get_mut(index) else { bail!("no pane {index}") };
+        let steps = pane.layout_steps;
+        *pane = Pane::new(Some(contender), timeline);
+        pane.seek(steps);
+        Ok(())
+    }
+
+    /// Steps of the longest timeline.
+    pub fn steps(&self) -> u64 {
+        self.panes.iter().map(|pane| pane.timeline.steps()).max().unwrap_or(0)
+    }
+
+    /// Moves every pane to `steps` steps.
+    pub fn seek(&mut self, steps: u64) {
+        for pane in &mut self.panes {
+            pane.seek(steps);
+        }
+    }
+
+    /// Takes what the live source reported into the first pane.
+    ///
+    /// # Errors
+    /// A report that contradicts the layout so far (the source is then dropped).
+    pub fn poll_live(&mut self) -> Result<()> {
+        let Some(source) = &mut self.live else { return Ok(()) };
+        let steps = source.poll();
+        let pane = &mut self.panes[0];
+        for step in steps {
+            if let Err(error) = pane.timeline.push(&step.changes, step.refusal) {
+                self.live = None;
+                bail!("live source: {error}");
+            }
+        }
+        Ok(())
+    }
+
+    /// The stack frames of the allocation in `slot`, innermost first, as `function (file:line)`.
+    pub fn frames(&self, slot: u32) -> Vec<String> {
+        let stack = self.slots.get(slot as usize).map_or(0, |slot| slot.stack) as usize;
+        let Some(snapshot) = &self.recording.snapshot else { return Vec::new() };
+        snapshot
+            .frame_stacks
+            .get(stack)
+            .map(|frames| frames.iter().map(|frame| format!("{} ({}:{})", frame.name, frame.filename, frame.line)).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Allocation and free steps, and stack frames, per slot of `recording`.
+pub fn slot_infos(recording: &Recording) -> Vec<SlotInfo> {
+    let mut slots = vec![SlotInfo::default(); recording.trace.slots() as usize];
+    let entries = recording.snapshot.as_ref().and_then(|snapshot| snapshot.device_traces.get(recording.device));
+    for (step, event) in (0..).zip(recording.trace.events()) {
+        match *event {
+            Event::Alloc { slot, .. } => {
+                let stack = entries
+                    .and_then(|entries| usize::try_from(recording.entry_of(step)).ok().and_then(|index| entries.get(index)))
+                    .map_or(0, |entry| entry.frames.0);
+                slots[slot as usize] = SlotInfo { alloc_step: step, free_step: None, stack };
+            }
+            Event::Free { slot } => slots[slot as usize].free_step = Some(step),
+        }
+    }
+    slots
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use heapscope_core::PolicyKind;
+
+    #[test]
+    fn panes_seek_together_and_short_moves_match_seeks() {
+        let mut session = Session::story_named("frag_oom", &Contender::SIDE_BY_SIDE).unwrap();
+        assert_eq!((session.panes.len(), session.steps()), (4, 61));
+        for steps in [10, 45, 3, 61, 61, 0] {
+            session.seek(steps);
+            for pane in &session.panes {
+                assert_eq!(pane.layout, pane.timeline.layout_at(steps), "{} at {steps}", pane.name());
+            }
+        }
+        assert!(session.add_pane(Contender::Paged).is_err(), "four panes at most");
+        session.set_contender(2, Contender::Heap(PolicyKind::Buddy)).unwrap();
+        assert_eq!(session.panes[2].name(), "buddy");
+    }
+
+    #[test]
+    fn slots_know_their_lifetimes() {
+        let session = Session::story_named("frag_oom", &[Contender::Paged]).unwrap();
+        assert_eq!(session.slots[0], SlotInfo { alloc_step: 0, free_step: Some(20), stack: 0 });
+        assert_eq!(session.slots[40], SlotInfo { alloc_step: 60, free_step: None, stack: 0 });
+        assert!(session.frames(0).is_empty(), "a story records no frames");
+    }
+
+    /// The real GPT-2 snapshot through the four side-by-side contenders: every pane replays it, frames are
+    /// known per allocation, and seeking anywhere gives the layout replayed from the start.
+    #[test]
+    fn a_real_snapshot_opens_in_every_pane() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/gpt2_train_fixed-default.pickle.gz");
+        let mut session = Session::open(&path, &Contender::SIDE_BY_SIDE).unwrap();
+        let steps = session.steps();
+        assert!(steps > 10_000, "{steps}");
+        for position in [steps / 2, 17, steps] {
+            session.seek(position);
+            for pane in &session.panes {
+                assert_eq!(pane.timeline.steps(), steps, "{}", pane.name());
+                assert_eq!(pane.layout, pane.timeline.layout_at(position), "{} at {position}", pane.name());
+                assert!(pane.timeline.refusals().is_empty(), "{}: an unlimited device serves everything", pane.name());
+            }
+        }
+    }
+
+    #[test]
+    fn stack_frames_of_a_snapshot_name_each_allocation() {
+        use heapscope_core::pytorch::{Action, Frame, Snapshot, StackId, TraceEntry};
+        let frame = |name: &str, line| Frame { filename: "model.py".into(), line, name: name.into() };
+        let entry =
+            |action, addr, frames| TraceEntry { action, addr, size: 4096, stream: 0, time_us: None, device_free: None, frames };
+        let snapshot = Snapshot {
+            device_traces: vec![vec![
+                entry(Action::Alloc, 1 << 20, StackId(1)),
+                entry(Action::Alloc, 2 << 20, StackId(2)),
+                entry(Action::FreeCompleted, 1 << 20, StackId(1)),
+            ]],
+            frame_stacks: vec![Vec::new(), vec![frame("forward", 10), frame("main", 3)], vec![frame("backward", 20)]],
+            ..Snapshot::default()
+        };
+        let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
+        let session = Session::new(recording, CompareConfig::default(), &[Contender::Pytorch { expandable: false }]).unwrap();
+        assert_eq!(session.groups, [1, 2], "colour groups by stack");
+        assert_eq!(session.frames(0), ["forward (model.py:10)", "main (model.py:3)"]);
+        assert_eq!(session.frames(1), ["backward (model.py:20)"]);
+        assert_eq!(session.slots[0], SlotInfo { alloc_step: 0, free_step: Some(2), stack: 1 });
+    }
+
+    #[test]
+    fn bad_requests_are_errors() {
+        assert!(Session::story_named("nope", &[Contender::Paged]).unwrap_err().to_string().contains("frag_oom"));
+        assert!(Session::story_named("frag_oom", &[]).is_err());
+        let missing = Session::open(Path::new("/nonexistent/trace.hst"), &[Contender::Paged]).unwrap_err();
+        assert!(format!("{missing:#}").contains("/nonexistent/trace.hst"), "{missing:#}");
+    }
+}

@@ -1,0 +1,85 @@
+//! Image snapshots of the heap map, rendered headless through egui_kittest's wgpu renderer (lavapipe here
+//! and in CI; the CPU adapter is preferred, so images match across machines). `UPDATE_SNAPSHOTS=1` rewrites
+//! the PNGs in `tests/snapshots/`. Without any adapter the tests skip, unless `HEAPSCOPE_REQUIRE_GPU=1`.
+#![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
+
+use egui_kittest::Harness;
+use heapscope_core::timeline::record::Contender;
+use heapscope_gui::palette::ColourBy;
+use heapscope_gui::panes::{self, PaneStyle};
+use heapscope_gui::{RenderOptions, Session};
+
+/// Whether a wgpu adapter renders here; panics when none does and `HEAPSCOPE_REQUIRE_GPU=1`.
+fn renderer_available() -> bool {
+    let probe = std::panic::catch_unwind(|| {
+        let mut session = Session::story_named("frag_oom", &[Contender::Paged]).unwrap();
+        heapscope_gui::render(&mut session, RenderOptions { width: 64, height: 64, ..RenderOptions::default() }).is_ok()
+    });
+    let available = probe.unwrap_or(false);
+    assert!(
+        available || std::env::var("HEAPSCOPE_REQUIRE_GPU").as_deref() != Ok("1"),
+        "HEAPSCOPE_REQUIRE_GPU=1 but nothing renders"
+    );
+    if !available {
+        eprintln!("skipped: no wgpu adapter renders here");
+    }
+    available
+}
+
+/// The maps of `contenders` on `story` after `steps` steps, `width` x `height`, as a snapshot called `name`.
+fn snapshot(name: &str, story: &str, contenders: &[Contender], steps: u64, colour_by: ColourBy) {
+    let mut session = Session::story_named(story, contenders).unwrap();
+    session.seek(steps);
+    let too_small: Vec<Option<u64>> = session
+        .panes
+        .iter()
+        .map(|pane| steps.checked_sub(1).and_then(|step| pane.timeline.refusal_at(step)).map(|refusal| refusal.requested_bytes))
+        .collect();
+    let style = PaneStyle { shown_steps: steps, progress: 1.0, colour_by, interactive: false };
+    let mut harness = Harness::builder().with_size([640.0, 220.0]).with_pixels_per_point(1.0).wgpu().build_ui(|ui| {
+        panes::show(ui, &mut session, style, &[], &too_small);
+    });
+    harness.run_steps(2);
+    harness.snapshot(name);
+}
+
+#[test]
+fn frag_oom_when_pytorch_fails_and_paging_does_not() {
+    if renderer_available() {
+        snapshot(
+            "frag_oom_oom",
+            "frag_oom",
+            &[Contender::Pytorch { expandable: false }, Contender::Paged],
+            61,
+            ColourBy::SizeClass,
+        );
+    }
+}
+
+#[test]
+fn frag_oom_halfway_by_age_in_blocks() {
+    if renderer_available() {
+        snapshot("frag_oom_halfway_age", "frag_oom", &[Contender::Heap(heapscope_core::PolicyKind::Tlsf)], 45, ColourBy::Age);
+    }
+}
+
+#[test]
+fn rendering_writes_a_png() {
+    if !renderer_available() {
+        return;
+    }
+    let mut session = Session::story_named("frag_oom", &Contender::SIDE_BY_SIDE).unwrap();
+    let path = std::env::temp_dir().join(format!("heapscope-render-{}.png", std::process::id()));
+    heapscope_gui::render_png(
+        &mut session,
+        RenderOptions { width: 800, height: 300, at: Some(61), ..RenderOptions::default() },
+        &path,
+    )
+    .unwrap();
+    let image = image::open(&path).unwrap().to_rgba8();
+    assert_eq!(image.dimensions(), (800, 300));
+    // The red of free runs too small for the refused request is there.
+    let red = heapscope_gui::palette::FREE_TOO_SMALL;
+    assert!(image.pixels().any(|pixel| pixel.0[..3] == [red.r(), red.g(), red.b()]), "too-small free runs drawn");
+    std::fs::remove_file(&path).ok();
+}

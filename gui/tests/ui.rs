@@ -1,0 +1,249 @@
+//! The app driven like a person would, headless with egui_kittest: open a trace, press play, seek, switch
+//! policy, read the OOM panel, step through a story, watch a live source. Time comes from a manual clock.
+#![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
+
+use egui::Key;
+use egui_kittest::Harness;
+use egui_kittest::kittest::Queryable;
+use heapscope_core::timeline::record::Contender;
+use heapscope_core::timeline::{Change, RegionKind, Span};
+use heapscope_core::{OomCause, PolicyKind};
+use heapscope_gui::HeapscopeApp;
+use heapscope_gui::live::{ChannelSource, LiveStep};
+use heapscope_gui::playback::ManualClock;
+
+fn harness(clock: &ManualClock) -> Harness<'static, HeapscopeApp> {
+    let app = HeapscopeApp::new(Box::new(clock.clone()));
+    Harness::builder().with_size([1400.0, 900.0]).build_ui_state(|ui, app: &mut HeapscopeApp| app.show(ui), app)
+}
+
+/// A file dropped on the window, as an integration hands it over.
+#[derive(Debug)]
+struct Dropped(std::path::PathBuf);
+
+impl egui::DroppedFile for Dropped {
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+
+    fn bytes(&self) -> Result<Vec<u8>, String> {
+        std::fs::read(&self.0).map_err(|error| error.to_string())
+    }
+}
+
+fn drop_file(harness: &mut Harness<'static, HeapscopeApp>, path: std::path::PathBuf) {
+    harness.input_mut().dropped_files.push(std::sync::Arc::new(Dropped(path)));
+}
+
+/// Steps the harness until the file opening in the background is in (a few seconds at most).
+fn wait_for_open(harness: &mut Harness<'static, HeapscopeApp>) {
+    for _ in 0..500 {
+        harness.run_steps(1);
+        if harness.state().loading().is_none() {
+            harness.run_steps(1);
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("the file did not open within 5 s");
+}
+
+fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("heapscope-gui-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn open_a_trace_press_play_and_seek() {
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(2);
+    assert_eq!(harness.state().session.as_ref().unwrap().name, "frag_oom", "the app opens on the story");
+
+    // Open a CSV trace by typing its path.
+    let trace: String = (0..50)
+        .map(|id| format!("a,{id},{}\n", (id + 1) * 1_000_000))
+        .chain((0..50).step_by(2).map(|id| format!("f,{id}\n")))
+        .collect();
+    let path = temp_file("opened.csv", &trace);
+    harness.get_by_role(egui::accesskit::Role::TextInput).focus();
+    harness.run_steps(1);
+    harness.get_by_role(egui::accesskit::Role::TextInput).type_text(path.to_str().unwrap());
+    harness.run_steps(1);
+    harness.get_by_label("Open").click();
+    harness.run_steps(1);
+    assert!(
+        harness.state().loading().is_some_and(|name| name.ends_with("opened.csv"))
+            || harness.state().session.as_ref().unwrap().name.ends_with("opened.csv")
+    );
+    wait_for_open(&mut harness);
+    let app = harness.state();
+    assert!(app.error.is_none(), "{:?}", app.error);
+    let session = app.session.as_ref().unwrap();
+    assert!(session.name.ends_with("opened.csv"), "{}", session.name);
+    assert_eq!((session.steps(), session.panes.len()), (75, 4));
+
+    // Play: one second of the manual clock at 2 steps per second.
+    harness.get_by_label("Play").click();
+    harness.run_steps(1);
+    clock.advance(0.2);
+    harness.run_steps(1);
+    clock.advance(0.2);
+    harness.run_steps(1);
+    let position = harness.state().playback.position;
+    assert!(harness.state().playback.playing && position > 0.5 && position < 1.5, "{position}");
+    assert!(harness.query_by_label("Pause").is_some(), "the button now pauses");
+    harness.get_by_label("Pause").click();
+    harness.run_steps(1);
+    assert!(!harness.state().playback.playing);
+
+    // Seek with the keyboard, then a step animates over the next frames.
+    harness.key_press(Key::End);
+    harness.run_steps(1);
+    assert_eq!(harness.state().playback.shown_steps(), 75);
+    for pane in &harness.state().session.as_ref().unwrap().panes {
+        assert_eq!(pane.layout_steps, 75, "{} follows", pane.name());
+        assert_eq!(pane.layout.totals().live_allocations, 25, "{}", pane.name());
+    }
+    harness.key_press(Key::Home);
+    harness.run_steps(1);
+    harness.get_by_label("Step").click();
+    harness.run_steps(1);
+    clock.advance(0.2);
+    harness.run_steps(1);
+    let playback = &harness.state().playback;
+    assert_eq!((playback.shown_steps(), playback.progress() < 1.0), (1, true), "{playback:?}");
+    clock.advance(1.0);
+    harness.run_steps(2);
+    assert_eq!(harness.state().playback.position, 1.0);
+}
+
+#[test]
+fn dropped_files_open_and_bad_files_say_why() {
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(1);
+    let bad = temp_file("bad.csv", "a,1,100\nx,2\n");
+    drop_file(&mut harness, bad);
+    harness.run_steps(1);
+    wait_for_open(&mut harness);
+    let error = harness.state().error.clone().unwrap();
+    assert!(error.contains("bad.csv") && error.contains("unknown event \"x\""), "{error}");
+    assert!(harness.query_by_label_contains("unknown event").is_some(), "the error shows");
+    assert_eq!(harness.state().session.as_ref().unwrap().name, "frag_oom", "the story stays open");
+    let good = temp_file("good.csv", "a,1,100\na,2,200\nf,1\n");
+    drop_file(&mut harness, good);
+    harness.run_steps(1);
+    wait_for_open(&mut harness);
+    assert_eq!(harness.state().session.as_ref().unwrap().steps(), 3);
+    assert!(harness.state().error.is_none());
+}
+
+#[test]
+fn switch_policy_and_add_panes() {
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(1);
+    // The first pane's menu: pick buddy.
+    harness.get_by_label("pytorch").click();
+    harness.run_steps(2);
+    harness.get_by_label("buddy").click();
+    harness.run_steps(2);
+    let session = harness.state().session.as_ref().unwrap();
+    assert_eq!(session.panes[0].contender, Some(Contender::Heap(PolicyKind::Buddy)));
+    assert_eq!(session.panes.len(), 4);
+    // Close one, add one back.
+    harness.get_all_by_label("x").next().unwrap().click();
+    harness.run_steps(2);
+    assert_eq!(harness.state().session.as_ref().unwrap().panes.len(), 3);
+    harness.get_by_label("+ pane").click();
+    harness.run_steps(2);
+    assert_eq!(harness.state().session.as_ref().unwrap().panes.len(), 4);
+}
+
+#[test]
+fn the_oom_panel_says_why_in_plain_words() {
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(1);
+    assert!(harness.query_by_label("Why it failed").is_some());
+    harness.key_press(Key::O);
+    harness.run_steps(2);
+    assert_eq!(harness.state().playback.shown_steps(), 61, "O jumps to the refused 1 GiB request");
+    assert!(
+        harness
+            .query_by_label(
+                "Fragmentation: 1000.00 MiB were free, but the largest free run was only 50.00 MiB, so no run could hold 1.00 GiB."
+            )
+            .is_some(),
+        "the verdict in plain words"
+    );
+    assert!(harness.query_by_label_contains("The 20 free run(s) in red").is_some());
+    assert!(
+        harness.query_by_label("Served at the same step by: pytorch-expandable, paged.").is_some(),
+        "tlsf in 256 MiB blocks fails too"
+    );
+    let refusal = harness.state().session.as_ref().unwrap().panes[0].timeline.refusal_at(60).unwrap().clone();
+    assert_eq!(refusal.cause, OomCause::Fragmentation);
+}
+
+#[test]
+fn teach_me_explains_each_decision() {
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(1);
+    harness.get_by_label("Teach me").click();
+    harness.run_steps(1);
+    assert!(harness.query_by_label_contains("Nothing has happened yet").is_some());
+    harness.get_by_label("Next decision").click();
+    harness.run_steps(1);
+    clock.advance(1.0);
+    harness.run_steps(2);
+    assert_eq!(harness.state().playback.position, 1.0);
+    assert!(harness.query_by_label_contains("cudaMalloc reserves a new 150.00 MiB segment").is_some());
+    assert!(harness.query_by_label_contains("maps 75 pages (150.00 MiB)").is_some(), "paging explains itself too");
+    // Another story from the panel.
+    harness.get_by_label("llm_serving_paged").click();
+    harness.run_steps(2);
+    let app = harness.state();
+    assert_eq!(app.session.as_ref().unwrap().name, "llm_serving_paged");
+    assert!(app.teach, "teach mode stays on");
+}
+
+#[test]
+fn a_live_source_grows_its_pane() {
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    let (source, sender) = ChannelSource::new();
+    harness.state_mut().attach_live("device 0", Box::new(source));
+    sender
+        .send(LiveStep {
+            changes: vec![Change::RegionAdded { address: 0, size_bytes: 1 << 20, kind: RegionKind::Block }],
+            refusal: None,
+        })
+        .unwrap();
+    harness.run_steps(1);
+    for slot in 0..4u32 {
+        let span =
+            Span { address: u64::from(slot) * 4096, footprint_bytes: 4096, lead_bytes: 0, requested_bytes: 4000, slot, born: 0 };
+        sender.send(LiveStep { changes: vec![Change::Allocated(span)], refusal: None }).unwrap();
+    }
+    clock.advance(0.25);
+    harness.run_steps(1);
+    clock.advance(0.25);
+    harness.run_steps(1);
+    let pane = &harness.state().session.as_ref().unwrap().panes[0];
+    assert_eq!(pane.timeline.steps(), 5);
+    assert_eq!(pane.layout.totals().live_allocations, 4, "the view follows the newest step");
+    // Nonsense from the source is an error on screen, not a crash.
+    sender.send(LiveStep { changes: vec![Change::Freed { address: 12345 }], refusal: None }).unwrap();
+    harness.run_steps(1);
+    assert!(harness.state().error.as_deref().unwrap_or_default().contains("no live allocation starts at 0x3039"));
+    // "Live" says what it needs.
+    harness.get_by_label("Live").click();
+    harness.run_steps(1);
+    assert!(harness.query_by_label_contains("no live workload is available").is_some());
+}

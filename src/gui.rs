@@ -1,0 +1,110 @@
+//! `heapscope gui` (the window), `heapscope render` (the heap map to a PNG, headless), and what the
+//! command line does with no command: the window where a display exists, else the headless demo.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use heapscope_core::compare::CompareConfig;
+use heapscope_core::timeline::record::Contender;
+use heapscope_core::units::parse_size;
+use heapscope_gui::palette::ColourBy;
+use heapscope_gui::{RenderOptions, Session};
+
+/// Arguments of `heapscope gui`.
+#[derive(Debug, Default, Args)]
+pub struct GuiArgs {
+    /// A recording to open: PyTorch snapshot, native or CSV trace (default: the frag_oom story).
+    pub file: Option<PathBuf>,
+}
+
+/// Arguments of `heapscope render`.
+#[derive(Debug, Args)]
+pub struct RenderArgs {
+    /// The recording: PyTorch snapshot, native or CSV trace.
+    #[arg(required_unless_present = "story")]
+    pub file: Option<PathBuf>,
+    /// A built-in story instead of a file: frag_oom, training_step, llm_serving_contiguous, llm_serving_paged.
+    #[arg(long, conflicts_with = "file")]
+    pub story: Option<String>,
+    /// Who replays, one pane each, side by side (repeat, up to 4; default: pytorch): pytorch,
+    /// pytorch-expandable, paged or any policy of `heapscope policies`.
+    #[arg(long = "policy", value_name = "NAME")]
+    pub policies: Vec<Contender>,
+    /// Show the heap after this many events (default: all of them).
+    #[arg(long, value_name = "EVENT")]
+    pub at: Option<u64>,
+    /// The PNG to write.
+    #[arg(long, value_name = "PNG")]
+    pub out: PathBuf,
+    /// Image width in pixels.
+    #[arg(long, default_value_t = 1280)]
+    pub width: u32,
+    /// Image height in pixels.
+    #[arg(long, default_value_t = 480)]
+    pub height: u32,
+    /// Colour allocations by size class, age or stack frames.
+    #[arg(long, value_name = "MODE", default_value = "size-class", value_parser = parse_colour)]
+    pub colour: ColourBy,
+    /// Device memory for a file's replay (unlimited by default; a story brings its own).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub capacity: Option<u64>,
+    /// The device of a PyTorch snapshot.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+}
+
+fn parse_colour(text: &str) -> Result<ColourBy, String> {
+    match text {
+        "size-class" => Ok(ColourBy::SizeClass),
+        "age" => Ok(ColourBy::Age),
+        "stack" => Ok(ColourBy::StackGroup),
+        other => Err(format!("unknown colour mode {other:?}: expected size-class, age or stack")),
+    }
+}
+
+/// Whether a window can open here: an X11 or Wayland display is named.
+pub fn display_available() -> bool {
+    ["DISPLAY", "WAYLAND_DISPLAY"].iter().any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty()))
+}
+
+/// Runs `heapscope gui`.
+pub fn run_gui(args: &GuiArgs) -> Result<()> {
+    if !display_available() {
+        anyhow::bail!("no display (DISPLAY and WAYLAND_DISPLAY are unset): use `heapscope render` for a PNG of the heap");
+    }
+    heapscope_gui::run(args.file.as_deref())
+}
+
+/// Runs `heapscope render`.
+pub fn run_render(args: &RenderArgs) -> Result<()> {
+    let contenders =
+        if args.policies.is_empty() { vec![Contender::Pytorch { expandable: false }] } else { args.policies.clone() };
+    let mut session = match (&args.file, &args.story) {
+        (Some(file), _) => {
+            let recording = crate::input::open(file, args.device)?;
+            let config = CompareConfig { capacity_bytes: args.capacity, ..CompareConfig::default() };
+            Session::new(recording, config, &contenders)?
+        }
+        (None, Some(story)) => Session::story_named(story, &contenders)?,
+        (None, None) => anyhow::bail!("name a recording FILE or a --story"),
+    };
+    let options = RenderOptions { width: args.width, height: args.height, at: args.at, colour_by: args.colour };
+    heapscope_gui::render_png(&mut session, options, &args.out)?;
+    outln!(
+        "wrote {} ({}, step {} of {})",
+        args.out.display(),
+        session.name,
+        args.at.unwrap_or(session.steps()).min(session.steps()),
+        session.steps()
+    );
+    Ok(())
+}
+
+/// The demo's picture: the frag_oom story at its end through PyTorch (both modes), TLSF and paging, to `path`.
+pub fn demo_png(path: &std::path::Path) -> Result<()> {
+    let mut session = Session::story_named("frag_oom", &Contender::SIDE_BY_SIDE)?;
+    let options = RenderOptions { width: 1600, height: 520, ..RenderOptions::default() };
+    heapscope_gui::render_png(&mut session, options, path)
+        .with_context(|| format!("cannot draw the heap into {}", path.display()))
+}
