@@ -5,17 +5,40 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use heapscope_core::PolicyKind;
 use heapscope_core::compare::CompareConfig;
 use heapscope_core::timeline::record::Contender;
 use heapscope_core::units::parse_size;
+use heapscope_gui::device_live::{LiveConfig, LiveWorkload};
 use heapscope_gui::palette::ColourBy;
 use heapscope_gui::{RenderOptions, Session};
+use heapscope_kernels::bench::BenchPolicy;
 
 /// Arguments of `heapscope gui`.
-#[derive(Debug, Default, Args)]
+#[derive(Debug, Args)]
 pub struct GuiArgs {
     /// A recording to open: PyTorch snapshot, native or CSV trace (default: the frag_oom story).
     pub file: Option<PathBuf>,
+    /// Start live mode: run this workload (serve, train or churn) on the Vulkan device and watch its heap as it
+    /// runs (the window says so when there is no device).
+    #[arg(long, value_name = "WORKLOAD", conflicts_with = "file")]
+    pub live: Option<LiveWorkload>,
+    /// The contender of the live run: pytorch, pytorch-expandable, paged or a policy of `heapscope policies`.
+    #[arg(long, value_name = "NAME", default_value = "tlsf", requires = "live")]
+    pub policy: BenchPolicy,
+    /// The live run's budget (default: the workload's, as in `heapscope bench`).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "live")]
+    pub budget: Option<u64>,
+    /// Steps of the live workload (default: its own).
+    #[arg(long, value_name = "N", requires = "live")]
+    pub steps: Option<u32>,
+}
+
+impl Default for GuiArgs {
+    /// The window on the frag_oom story.
+    fn default() -> Self {
+        Self { file: None, live: None, policy: BenchPolicy::Heap(PolicyKind::Tlsf), budget: None, steps: None }
+    }
 }
 
 /// Arguments of `heapscope render`.
@@ -73,7 +96,18 @@ pub fn run_gui(args: &GuiArgs) -> Result<()> {
     if !display_available() {
         anyhow::bail!("no display (DISPLAY and WAYLAND_DISPLAY are unset): use `heapscope render` for a PNG of the heap");
     }
-    heapscope_gui::run(args.file.as_deref())
+    if args.budget == Some(0) {
+        anyhow::bail!("--budget 0: nothing could be allocated");
+    }
+    if args.steps == Some(0) {
+        anyhow::bail!("--steps 0: a workload needs at least one step");
+    }
+    let live = args.live.map(|workload| LiveConfig {
+        budget_bytes: args.budget,
+        steps: args.steps,
+        ..LiveConfig::new(workload, args.policy)
+    });
+    heapscope_gui::run(args.file.as_deref(), live)
 }
 
 /// Runs `heapscope render`.

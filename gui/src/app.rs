@@ -6,23 +6,23 @@
 //! wheel (or pinch) zooms around the pointer, drag scrolls, double-click fits the whole heap.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use egui::{Color32, Key, RichText, Ui};
 use heapscope_core::timeline::explain::explain;
 use heapscope_core::timeline::record::Contender;
+use heapscope_vulkan::{ContextOptions, VulkanContext};
 
+use crate::device_live::{self, LiveConfig};
 use crate::heap_map::StepAnimation;
 use crate::live::LiveSource;
+use crate::live_panel::{LiveAction, LivePanel};
 use crate::palette::ColourBy;
 use crate::panels;
 use crate::panes::{self, PaneStyle};
 use crate::playback::{Clock, Playback, SPEEDS, SystemClock};
 use crate::plot::{self, Series};
 use crate::session::Session;
-
-/// What "Live" says while no live workload can be plugged in.
-pub const LIVE_UNAVAILABLE: &str = "Live mode shows a workload's heap on a real GPU as it runs; no live workload is \
-    available in this build (it needs a device workload source). Showing the built-in stories instead.";
 
 /// The heapscope app. See the module documentation.
 #[derive(Debug)]
@@ -39,8 +39,10 @@ pub struct HeapscopeApp {
     pub focused: usize,
     /// The last error (a file that would not open), shown until dismissed.
     pub error: Option<String>,
-    /// A message for the user (live mode unavailable).
+    /// A message for the user.
     pub notice: Option<String>,
+    /// The "Live" bar and its run on the device.
+    pub live: LivePanel,
     clock: Box<dyn Clock>,
     last_seconds: Option<f64>,
     path_input: String,
@@ -70,6 +72,7 @@ impl HeapscopeApp {
             focused: 0,
             error: None,
             notice: None,
+            live: LivePanel::default(),
             clock,
             last_seconds: None,
             path_input: String::new(),
@@ -167,6 +170,40 @@ impl HeapscopeApp {
     /// Shows what `source` reports, live, in one pane.
     pub fn attach_live(&mut self, name: &str, source: Box<dyn LiveSource>) {
         self.set_session(Session::live(name, source));
+    }
+
+    /// Runs `config` live on the Vulkan device (`HEAPSCOPE_DEVICE`, `HEAPSCOPE_VALIDATION` honoured) in one pane;
+    /// without a device the bar says `no GPU/Vulkan device: …` and the stories stay.
+    pub fn start_live(&mut self, config: LiveConfig) {
+        self.start_live_with(&ContextOptions::from_env(), config);
+    }
+
+    /// [`HeapscopeApp::start_live`] on the device `options` select.
+    pub fn start_live_with(&mut self, options: &ContextOptions, config: LiveConfig) {
+        match device_live::open_device(options) {
+            Ok(context) => self.start_live_on(&context, config),
+            Err(why) => {
+                self.live.open = true;
+                self.live.unavailable = Some(why);
+            }
+        }
+    }
+
+    /// Runs `config` live on `context`'s device in one pane (what [`HeapscopeApp::start_live`] does once the device
+    /// is open); a contender the device cannot host is an error on screen.
+    pub fn start_live_on(&mut self, context: &Arc<VulkanContext>, config: LiveConfig) {
+        self.live.open = true;
+        self.live.unavailable = None;
+        self.live.run = None;
+        let title = config.title();
+        match device_live::start(context, config) {
+            Ok((source, run)) => {
+                self.attach_live(&title, Box::new(source));
+                self.live.run = Some(run);
+                self.error = None;
+            }
+            Err(error) => self.error = Some(format!("live: {error}")),
+        }
     }
 
     /// Replaces pane `index`'s contender.
@@ -375,9 +412,7 @@ impl HeapscopeApp {
                     }
                 }
             });
-            if ui.button("Live").clicked() {
-                self.notice = Some(LIVE_UNAVAILABLE.to_owned());
-            }
+            ui.toggle_value(&mut self.live.open, "Live").on_hover_text("run a workload on the GPU and watch its heap");
             ui.separator();
             ui.toggle_value(&mut self.teach, "Teach me");
             ui.menu_button(format!("colour: {}", self.colour_by.name()), |ui| {
@@ -390,6 +425,18 @@ impl HeapscopeApp {
                 self.add_pane();
             }
         });
+        if self.live.open {
+            match self.live.show(ui) {
+                Some(Ok(LiveAction::Start(config))) => self.start_live(config),
+                Some(Ok(LiveAction::Stop)) => {
+                    if let Some(run) = &self.live.run {
+                        run.stop();
+                    }
+                }
+                Some(Err(error)) => self.error = Some(error),
+                None => {}
+            }
+        }
         if let Some(error) = self.error.clone() {
             ui.horizontal(|ui| {
                 ui.label(RichText::new(error).color(Color32::from_rgb(240, 100, 90)));
@@ -522,17 +569,22 @@ impl eframe::App for HeapscopeApp {
     }
 }
 
-/// Opens the app in a window, with the file at `path` when given (else the frag_oom story).
+/// Opens the app in a window, with the file at `path` when given (else the frag_oom story), and `live` running on
+/// the device when given.
 ///
 /// # Errors
 /// The window cannot be created (no display, no graphics adapter).
-pub fn run(path: Option<&Path>) -> anyhow::Result<()> {
+pub fn run(path: Option<&Path>, live: Option<LiveConfig>) -> anyhow::Result<()> {
     let mut app = HeapscopeApp::default();
     if let Some(path) = path {
         app.open_path(path);
         if let Some(error) = app.error.take() {
             anyhow::bail!(error);
         }
+    }
+    if let Some(config) = live {
+        // No device is said in the Live bar, over the stories: the window still opens.
+        app.start_live(config);
     }
     let options = eframe::NativeOptions {
         viewport: egui::ViewportBuilder::default()

@@ -27,8 +27,10 @@
 #![warn(missing_docs)]
 
 pub mod app;
+pub mod device_live;
 pub mod heap_map;
 pub mod live;
+pub mod live_panel;
 pub mod palette;
 pub mod panels;
 pub mod panes;

@@ -9,8 +9,11 @@ use heapscope_core::timeline::record::Contender;
 use heapscope_core::timeline::{Change, RegionKind, Span};
 use heapscope_core::{OomCause, PolicyKind};
 use heapscope_gui::HeapscopeApp;
+use heapscope_gui::device_live::{LiveConfig, LiveWorkload};
 use heapscope_gui::live::{ChannelSource, LiveStep};
 use heapscope_gui::playback::ManualClock;
+use heapscope_kernels::bench::BenchPolicy;
+use heapscope_vulkan::ContextOptions;
 
 fn harness(clock: &ManualClock) -> Harness<'static, HeapscopeApp> {
     let app = HeapscopeApp::new(Box::new(clock.clone()));
@@ -242,8 +245,20 @@ fn a_live_source_grows_its_pane() {
     sender.send(LiveStep { changes: vec![Change::Freed { address: 12345 }], refusal: None }).unwrap();
     harness.run_steps(1);
     assert!(harness.state().error.as_deref().unwrap_or_default().contains("no live allocation starts at 0x3039"));
-    // "Live" says what it needs.
+    // "Live" opens its bar: a workload, a contender, a budget and "Start run".
     harness.get_by_label("Live").click();
     harness.run_steps(1);
-    assert!(harness.query_by_label_contains("no live workload is available").is_some());
+    assert!(harness.query_by_label("budget MiB").is_some() && harness.query_by_label("Start run").is_some());
+    // A budget that is no number is named, not started.
+    harness.state_mut().live.budget_mib = "lots".into();
+    harness.get_by_label("Start run").click();
+    harness.run_steps(1);
+    assert!(harness.state().error.as_deref().unwrap_or_default().contains("budget \"lots\""));
+    // Without the device asked for, the bar says so and points at the stories; what is shown stays.
+    let nowhere = ContextOptions { validation: false, device_selector: Some("no-such-gpu-anywhere".into()) };
+    harness.state_mut().start_live_with(&nowhere, LiveConfig::new(LiveWorkload::Serve, BenchPolicy::Paged));
+    harness.run_steps(1);
+    assert!(harness.query_by_label_contains("no GPU/Vulkan device: ").is_some());
+    assert!(harness.query_by_label_contains("the built-in stories").is_some());
+    assert!(harness.state().live.run.is_none());
 }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use heapscope_core::pytorch::CachingAllocation;
-use heapscope_core::{Allocation, Heap, HeapAllocation, Request};
+use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Heap, HeapAllocation, Request};
 use heapscope_kernels::bench::{BenchPolicy, BenchSettings, Target, TargetError};
 use heapscope_kernels::{Op, VerifyResult};
 
@@ -49,6 +49,22 @@ pub struct VulkanTarget {
     backend: Backend,
     kernels: ComputeKernels,
     align_bytes: u64,
+}
+
+impl VulkanHandle {
+    /// Where its footprint sits, as `(address, footprint_bytes, lead_bytes)`: the address in the space of
+    /// [`VulkanTarget::take_device_events`] (a block's or segment's base plus the footprint's offset; an offset in
+    /// the sparse buffer for the paged heap), the bytes set aside, and the alignment padding before the bytes
+    /// asked for.
+    pub fn footprint(&self) -> (u64, u64, u64) {
+        let (base, allocation) = match self {
+            VulkanHandle::Heap(handle) => (Heap::<DeviceMemorySource>::block_base(handle), handle.allocation()),
+            VulkanHandle::Paged(handle) => (0, handle),
+            VulkanHandle::Pytorch(handle) => (handle.segment_base(), handle.allocation()),
+        };
+        let lead_bytes = allocation.offset() - allocation.footprint_offset();
+        (base + allocation.footprint_offset(), allocation.footprint_bytes(), lead_bytes)
+    }
 }
 
 /// The key of a handle in a batch's placements: its address (its offset for the paged heap's one buffer).
@@ -117,6 +133,35 @@ impl VulkanTarget {
             Backend::Heap(heap) => heap.source().used_bytes(),
             Backend::Paged(heap) => heap.stats().sparse.pages_bound * heap.sparse().page_bytes(),
             Backend::Pytorch(heap) => heap.device_bytes(),
+        }
+    }
+
+    /// Switches the log of what the heap asks of the device on (emptied) or off: blocks and segments reserved and
+    /// released, page runs mapped and unmapped (offsets in the sparse buffer for the paged heap).
+    pub fn record_device_events(&mut self, on: bool) {
+        match &mut self.backend {
+            Backend::Heap(heap) => heap.record_device_events(on),
+            Backend::Paged(heap) => DeviceHeap::record_device_events(heap, on),
+            Backend::Pytorch(heap) => DeviceHeap::record_device_events(heap.as_mut(), on),
+        }
+    }
+
+    /// What the heap asked of the device since the last call, while recording is on.
+    pub fn take_device_events(&mut self) -> Vec<DeviceEvent> {
+        match &mut self.backend {
+            Backend::Heap(heap) => heap.take_device_events(),
+            Backend::Paged(heap) => DeviceHeap::take_device_events(heap),
+            Backend::Pytorch(heap) => DeviceHeap::take_device_events(heap.as_mut()),
+        }
+    }
+
+    /// The virtual ranges whose pages are mapped on demand, as `(base, size_bytes)`: the paged heap's sparse buffer,
+    /// PyTorch's expandable segments; none for a heap of blocks.
+    pub fn virtual_ranges(&self) -> Vec<(u64, u64)> {
+        match &self.backend {
+            Backend::Heap(_) => Vec::new(),
+            Backend::Paged(heap) => vec![(0, heap.heap().config().virtual_bytes)],
+            Backend::Pytorch(heap) => heap.caching().allocator().expandable_segments(),
         }
     }
 

@@ -1,0 +1,459 @@
+//! Live mode on a real device: a workload of the kernels crate (train, serve, churn) runs through one contender
+//! on the Vulkan device ([`VulkanTarget`]) on a worker thread, and every allocation, free, block reserved or
+//! released and page run mapped or unmapped it makes arrives in the app as one [`LiveStep`] of a
+//! [`ChannelSource`], with the offsets the heap really used.
+//!
+//! ## Design
+//!
+//! - [`Observed`] wraps the target as the bench runner sees it ([`Target`]): each allocate and free is passed on,
+//!   then the device events the target logged since ([`VulkanTarget::take_device_events`]) and the allocation's
+//!   footprint ([`heapscope_vulkan::VulkanHandle::footprint`]) become timeline [`Change`]s ([`RegionTracker`]); an
+//!   out-of-memory verdict becomes the step's [`Refusal`]. The runner itself is the bench's ([`run`]): the same
+//!   fills, verifies, copies and matvecs, so the kernels check the memory the map shows.
+//! - What is not a layout change — kernel mismatches, refusals so far, the run's end or failure — goes to a shared
+//!   [`LiveProgress`] the app reads each frame.
+//! - Stopping sets a flag the wrapper checks before each allocation or free: the runner stops at once with an
+//!   error, the target is dropped on the worker (its memory released), and the map keeps what arrived.
+//! - The kernels and device crates know nothing of this module; it only uses their public API.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use heapscope_core::timeline::{Change, Refusal, RegionKind, Span};
+use heapscope_core::{DeviceEvent, OomVerdict};
+use heapscope_kernels::bench::{BenchPolicy, BenchSettings, RunReport, Target, TargetError, run};
+use heapscope_kernels::workload::{ChurnConfig, ServeConfig, TrainConfig, Workload, churn, serve, train};
+use heapscope_kernels::{Op, VerifyResult};
+use heapscope_vulkan::{ContextOptions, VulkanContext, VulkanHandle, VulkanTarget};
+
+use crate::live::{ChannelSource, LiveStep};
+
+/// The message a stopped run ends with.
+pub const STOPPED: &str = "stopped";
+
+/// A workload live mode can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LiveWorkload {
+    /// Training steps: weights, activations, gradients.
+    Train,
+    /// An inference server: KV caches growing and moving.
+    Serve,
+    /// Random sizes and lifetimes.
+    Churn,
+}
+
+impl LiveWorkload {
+    /// Every workload, in menu order.
+    pub const ALL: [LiveWorkload; 3] = [LiveWorkload::Serve, LiveWorkload::Train, LiveWorkload::Churn];
+
+    /// The name in menus and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            LiveWorkload::Train => "train",
+            LiveWorkload::Serve => "serve",
+            LiveWorkload::Churn => "churn",
+        }
+    }
+
+    /// Its default budget (the one `heapscope bench` uses).
+    pub fn default_budget_bytes(self) -> u64 {
+        match self {
+            LiveWorkload::Train => TrainConfig::DEFAULT_BUDGET_BYTES,
+            LiveWorkload::Serve => ServeConfig::DEFAULT_BUDGET_BYTES,
+            LiveWorkload::Churn => ChurnConfig::DEFAULT_BUDGET_BYTES,
+        }
+    }
+
+    /// The stream of `steps` steps (the workload's default when `None`) from `seed`.
+    pub fn build(self, steps: Option<u32>, seed: u64) -> Workload {
+        match self {
+            LiveWorkload::Train => {
+                let base = TrainConfig::new(seed);
+                train(&TrainConfig { steps: steps.unwrap_or(base.steps), ..base })
+            }
+            LiveWorkload::Serve => {
+                let base = ServeConfig::new(seed);
+                serve(&ServeConfig { steps: steps.unwrap_or(base.steps), ..base })
+            }
+            LiveWorkload::Churn => {
+                let base = ChurnConfig::new(seed);
+                churn(&ChurnConfig { steps: steps.unwrap_or(base.steps), ..base })
+            }
+        }
+    }
+}
+
+impl fmt::Display for LiveWorkload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for LiveWorkload {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|workload| workload.name() == text).ok_or_else(|| {
+            format!("unknown live workload {text:?}: expected one of serve, train, churn (replay runs through `heapscope bench`)")
+        })
+    }
+}
+
+/// What a live run runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LiveConfig {
+    /// The workload.
+    pub workload: LiveWorkload,
+    /// The contender.
+    pub policy: BenchPolicy,
+    /// The budget; `None`: the workload's default.
+    pub budget_bytes: Option<u64>,
+    /// Steps of the workload; `None`: its default.
+    pub steps: Option<u32>,
+    /// The workload's seed.
+    pub seed: u64,
+}
+
+impl LiveConfig {
+    /// `workload` through `policy` with the defaults (budget, steps, seed 1).
+    pub fn new(workload: LiveWorkload, policy: BenchPolicy) -> Self {
+        Self { workload, policy, budget_bytes: None, steps: None, seed: 1 }
+    }
+
+    /// What the pane is called: `serve · tlsf · 160 MiB`.
+    pub fn title(&self) -> String {
+        let budget = self.budget_bytes.unwrap_or_else(|| self.workload.default_budget_bytes());
+        format!("live {} · {} · {} MiB", self.workload, self.policy, budget >> 20)
+    }
+}
+
+/// The Vulkan device for live mode, opened with `options` (`ContextOptions::from_env()`: `HEAPSCOPE_DEVICE` and
+/// `HEAPSCOPE_VALIDATION` honoured).
+///
+/// # Errors
+/// `no GPU/Vulkan device: …` with the reason, for the app to show.
+pub fn open_device(options: &ContextOptions) -> Result<Arc<VulkanContext>, String> {
+    VulkanContext::new(options).map(Arc::new).map_err(|error| format!("no GPU/Vulkan device: {error}"))
+}
+
+/// How a live run is going, shared between the worker and the app.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LiveProgress {
+    /// Steps sent (allocations and frees).
+    pub steps: u64,
+    /// Words the kernels found different from what they should hold, so far.
+    pub mismatches: u64,
+    /// Allocations refused (out of memory) so far.
+    pub ooms: u64,
+    /// The run's end: its report, or why it stopped.
+    pub finished: Option<Result<RunReport, String>>,
+}
+
+impl LiveProgress {
+    /// One line for the app: steps, OOMs, mismatches, and the end.
+    pub fn describe(&self) -> String {
+        let state = match &self.finished {
+            None => "running".to_owned(),
+            Some(Ok(report)) => format!(
+                "finished in {:.1} s: {} allocs, peak reserved {} MiB over peak live {} MiB",
+                report.wall.as_secs_f64(),
+                report.allocs,
+                report.peak_reserved_bytes >> 20,
+                report.peak_live_bytes >> 20
+            ),
+            Some(Err(message)) if message.ends_with(STOPPED) => "stopped".to_owned(),
+            Some(Err(message)) => format!("failed: {message}"),
+        };
+        format!("{state} · {} steps · OOMs {} · kernel mismatches {}", self.steps, self.ooms, self.mismatches)
+    }
+}
+
+/// A live run on a worker thread: its progress, and the way to stop it. Dropping it stops the run.
+#[derive(Debug)]
+pub struct LiveRun {
+    /// The configuration it runs.
+    pub config: LiveConfig,
+    progress: Arc<Mutex<LiveProgress>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl LiveRun {
+    /// A copy of the progress now.
+    pub fn progress(&self) -> LiveProgress {
+        self.progress.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Whether the run has ended (finished, failed or stopped).
+    pub fn finished(&self) -> bool {
+        self.progress.lock().unwrap_or_else(PoisonError::into_inner).finished.is_some()
+    }
+
+    /// Asks the run to stop before its next allocation or free.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for LiveRun {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Starts `config` on `context`'s device: the source the app shows, and the run.
+///
+/// # Errors
+/// A workload that is not well formed, or a contender the device cannot host (no sparse binding for `paged`).
+pub fn start(context: &Arc<VulkanContext>, config: LiveConfig) -> Result<(ChannelSource, LiveRun), String> {
+    let workload = config.workload.build(config.steps, config.seed);
+    workload.check().map_err(|error| format!("{}: {error}", workload.name))?;
+    let budget = config.budget_bytes.unwrap_or_else(|| config.workload.default_budget_bytes());
+    let settings = BenchSettings::new(Some(budget));
+    let mut target = VulkanTarget::new(context, config.policy, &settings)
+        .map_err(|error| format!("{} on the device: {error}", config.policy))?;
+    target.record_device_events(true);
+    let (source, sender) = ChannelSource::new();
+    let progress = Arc::new(Mutex::new(LiveProgress::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (worker_progress, worker_stop) = (Arc::clone(&progress), Arc::clone(&stop));
+    std::thread::Builder::new()
+        .name("heapscope-live".into())
+        .spawn(move || {
+            let mut observed = Observed::new(&mut target, sender, Arc::clone(&worker_progress), worker_stop);
+            let result = run(&workload, &mut observed).map_err(|error| error.to_string());
+            drop(observed);
+            // The device memory goes back before the run is said to be over.
+            drop(target);
+            worker_progress.lock().unwrap_or_else(PoisonError::into_inner).finished = Some(result);
+        })
+        .map_err(|error| format!("cannot start the live worker: {error}"))?;
+    Ok((source, LiveRun { config, progress, stop }))
+}
+
+/// The regions a live heap has shown so far, to turn device events into layout changes.
+#[derive(Clone, Debug, Default)]
+pub struct RegionTracker {
+    /// Virtual ranges already shown, `(base, size_bytes)`.
+    known_virtual: Vec<(u64, u64)>,
+}
+
+impl RegionTracker {
+    /// Appends the changes of `events` to `changes`; `virtual_ranges` are the target's ranges mapped on demand: a
+    /// range reserved whole becomes a virtual region, and the first page run mapped in a range not shown yet adds
+    /// its region first.
+    pub fn changes(&mut self, events: &[DeviceEvent], virtual_ranges: &[(u64, u64)], changes: &mut Vec<Change>) {
+        for &event in events {
+            match event {
+                DeviceEvent::Reserved { address, size_bytes } => {
+                    let kind = if virtual_ranges.contains(&(address, size_bytes)) {
+                        self.known_virtual.push((address, size_bytes));
+                        RegionKind::Virtual
+                    } else {
+                        RegionKind::Block
+                    };
+                    changes.push(Change::RegionAdded { address, size_bytes, kind });
+                }
+                DeviceEvent::Released { address, .. } => {
+                    self.known_virtual.retain(|&(base, _)| base != address);
+                    changes.push(Change::RegionRemoved { address });
+                }
+                DeviceEvent::Mapped { address, size_bytes } => {
+                    let inside = |&(base, bytes): &(u64, u64)| base <= address && address < base + bytes;
+                    if !self.known_virtual.iter().any(inside)
+                        && let Some(&range) = virtual_ranges.iter().find(|range| inside(range))
+                    {
+                        self.known_virtual.push(range);
+                        changes.push(Change::RegionAdded { address: range.0, size_bytes: range.1, kind: RegionKind::Virtual });
+                    }
+                    changes.push(Change::PagesMapped { address, size_bytes });
+                }
+                DeviceEvent::Unmapped { address, size_bytes } => changes.push(Change::PagesUnmapped { address, size_bytes }),
+            }
+        }
+    }
+}
+
+/// A refused request as the timeline shows it.
+pub fn refusal_of(verdict: &OomVerdict) -> Refusal {
+    Refusal {
+        requested_bytes: verdict.requested_bytes,
+        cause: verdict.cause,
+        reserved_bytes: verdict.reserved_bytes,
+        free_bytes: verdict.free_in_blocks_bytes,
+        largest_free_bytes: verdict.largest_free_run_bytes,
+        message: verdict.describe(),
+    }
+}
+
+/// The span of an allocation served at `step`: its footprint `(address, footprint_bytes, lead_bytes)` and the bytes
+/// asked for.
+pub fn span_of(footprint: (u64, u64, u64), requested_bytes: u64, slot: u32, step: u64) -> Span {
+    let (address, footprint_bytes, lead_bytes) = footprint;
+    Span { address, footprint_bytes, lead_bytes, requested_bytes, slot, born: step }
+}
+
+/// A [`VulkanTarget`] that reports what it does to a live source. See the module documentation.
+#[derive(Debug)]
+pub struct Observed<'a> {
+    target: &'a mut VulkanTarget,
+    sender: Sender<LiveStep>,
+    progress: Arc<Mutex<LiveProgress>>,
+    stop: Arc<AtomicBool>,
+    regions: RegionTracker,
+    steps: u64,
+    slots: u32,
+}
+
+impl<'a> Observed<'a> {
+    /// `target` (recording its device events) reporting through `sender`.
+    pub fn new(
+        target: &'a mut VulkanTarget,
+        sender: Sender<LiveStep>,
+        progress: Arc<Mutex<LiveProgress>>,
+        stop: Arc<AtomicBool>,
+    ) -> Self {
+        target.record_device_events(true);
+        Self { target, sender, progress, stop, regions: RegionTracker::default(), steps: 0, slots: 0 }
+    }
+
+    fn check_stop(&self) -> Result<(), TargetError> {
+        if self.stop.load(Ordering::Relaxed) { Err(TargetError::Failed(STOPPED.to_owned())) } else { Ok(()) }
+    }
+
+    /// Sends one step: the device events since the last, then `last` (the allocation or free itself).
+    fn send(&mut self, leading: Option<Change>, trailing: Option<Change>, refusal: Option<Refusal>) -> Result<(), TargetError> {
+        let mut changes: Vec<Change> = leading.into_iter().collect();
+        let events = self.target.take_device_events();
+        self.regions.changes(&events, &self.target.virtual_ranges(), &mut changes);
+        changes.extend(trailing);
+        let refused = refusal.is_some();
+        self.sender
+            .send(LiveStep { changes, refusal })
+            .map_err(|_| TargetError::Failed(format!("the live view closed; {STOPPED}")))?;
+        self.steps += 1;
+        let mut progress = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
+        progress.steps = self.steps;
+        progress.ooms += u64::from(refused);
+        Ok(())
+    }
+}
+
+impl Target for Observed<'_> {
+    type Handle = VulkanHandle;
+
+    fn allocate(&mut self, size_bytes: u64) -> Result<VulkanHandle, TargetError> {
+        self.check_stop()?;
+        match self.target.allocate(size_bytes) {
+            Ok(handle) => {
+                let span = span_of(handle.footprint(), size_bytes, self.slots, self.steps);
+                self.slots += 1;
+                self.send(None, Some(Change::Allocated(span)), None)?;
+                Ok(handle)
+            }
+            Err(TargetError::OutOfMemory(verdict)) => {
+                self.send(None, None, Some(refusal_of(&verdict)))?;
+                Err(TargetError::OutOfMemory(verdict))
+            }
+            Err(other) => Err(other),
+        }
+    }
+
+    fn free(&mut self, handle: VulkanHandle) -> Result<(), TargetError> {
+        self.check_stop()?;
+        self.target.free(handle)?;
+        self.send(Some(Change::Freed { address: handle.footprint().0 }), None, None)
+    }
+
+    fn run(&mut self, ops: &[Op<VulkanHandle>]) -> Result<Vec<VerifyResult>, TargetError> {
+        let results = self.target.run(ops)?;
+        let mismatches: u64 = results.iter().map(|result| u64::from(result.mismatches)).sum();
+        self.progress.lock().unwrap_or_else(PoisonError::into_inner).mismatches += mismatches;
+        Ok(results)
+    }
+
+    fn reserved_bytes(&self) -> u64 {
+        self.target.reserved_bytes()
+    }
+
+    fn runs_kernels(&self) -> bool {
+        self.target.runs_kernels()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use heapscope_core::timeline::Timeline;
+
+    /// Device events as a live pane receives them: (events, virtual ranges, the changes expected).
+    #[test]
+    fn device_events_become_layout_changes() {
+        let mapped = DeviceEvent::Mapped { address: 4096, size_bytes: 8192 };
+        type Case = (Vec<DeviceEvent>, Vec<(u64, u64)>, Vec<Change>);
+        let cases: Vec<Case> = vec![
+            // A block reserved and released.
+            (
+                vec![
+                    DeviceEvent::Reserved { address: 1 << 20, size_bytes: 2 << 20 },
+                    DeviceEvent::Released { address: 1 << 20, size_bytes: 2 << 20 },
+                ],
+                vec![],
+                vec![
+                    Change::RegionAdded { address: 1 << 20, size_bytes: 2 << 20, kind: RegionKind::Block },
+                    Change::RegionRemoved { address: 1 << 20 },
+                ],
+            ),
+            // The first run mapped in a virtual range shows the range first; the second does not again.
+            (
+                vec![mapped, DeviceEvent::Unmapped { address: 4096, size_bytes: 4096 }, mapped],
+                vec![(0, 1 << 30)],
+                vec![
+                    Change::RegionAdded { address: 0, size_bytes: 1 << 30, kind: RegionKind::Virtual },
+                    Change::PagesMapped { address: 4096, size_bytes: 8192 },
+                    Change::PagesUnmapped { address: 4096, size_bytes: 4096 },
+                    Change::PagesMapped { address: 4096, size_bytes: 8192 },
+                ],
+            ),
+            // A virtual range reserved whole is a virtual region.
+            (
+                vec![DeviceEvent::Reserved { address: 0, size_bytes: 1 << 30 }, mapped],
+                vec![(0, 1 << 30)],
+                vec![
+                    Change::RegionAdded { address: 0, size_bytes: 1 << 30, kind: RegionKind::Virtual },
+                    Change::PagesMapped { address: 4096, size_bytes: 8192 },
+                ],
+            ),
+        ];
+        for (events, ranges, expected) in cases {
+            let mut changes = Vec::new();
+            RegionTracker::default().changes(&events, &ranges, &mut changes);
+            assert_eq!(changes, expected, "{events:?}");
+        }
+    }
+
+    /// The changes of a block, an allocation in it and its free make a timeline that grows and shrinks.
+    #[test]
+    fn changes_apply_to_a_timeline() {
+        let mut tracker = RegionTracker::default();
+        let mut changes = Vec::new();
+        tracker.changes(&[DeviceEvent::Reserved { address: 0, size_bytes: 1 << 20 }], &[], &mut changes);
+        changes.push(Change::Allocated(span_of((256, 4096, 0), 4000, 0, 0)));
+        let mut timeline = Timeline::new("live");
+        timeline.push(&changes, None).unwrap();
+        let grown = timeline.layout_at(1).totals();
+        assert_eq!((grown.reserved_bytes, grown.live_bytes), (1 << 20, 4000));
+        timeline.push(&[Change::Freed { address: 256 }], None).unwrap();
+        assert_eq!(timeline.layout_at(2).totals().live_bytes, 0);
+    }
+
+    #[test]
+    fn workloads_parse_and_unknown_ones_are_named() {
+        for workload in LiveWorkload::ALL {
+            assert_eq!(workload.name().parse::<LiveWorkload>(), Ok(workload));
+        }
+        assert!("replay".parse::<LiveWorkload>().unwrap_err().contains("\"replay\""));
+    }
+}

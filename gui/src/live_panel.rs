@@ -1,0 +1,124 @@
+//! The "Live" bar: pick a workload, a contender and a budget, start and stop the run on the device, and read how
+//! it goes ([`crate::device_live`]). Without a Vulkan device it says so and points at the stories.
+
+use egui::{RichText, Ui};
+use heapscope_kernels::bench::BenchPolicy;
+
+use crate::device_live::{LiveConfig, LiveRun, LiveWorkload};
+
+/// What the user asked of the bar this frame.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LiveAction {
+    /// Start this run.
+    Start(LiveConfig),
+    /// Stop the run.
+    Stop,
+}
+
+/// The bar's state: the form, the run, and why live mode cannot run here (if it cannot).
+#[derive(Debug)]
+pub struct LivePanel {
+    /// Whether the bar shows.
+    pub open: bool,
+    /// The workload picked.
+    pub workload: LiveWorkload,
+    /// The contender picked.
+    pub policy: BenchPolicy,
+    /// The budget typed, in MiB (empty: the workload's default).
+    pub budget_mib: String,
+    /// The run started last (running or over).
+    pub run: Option<LiveRun>,
+    /// Why the last start failed (`no GPU/Vulkan device: …`).
+    pub unavailable: Option<String>,
+}
+
+impl Default for LivePanel {
+    fn default() -> Self {
+        Self {
+            open: false,
+            workload: LiveWorkload::Serve,
+            policy: BenchPolicy::Heap(heapscope_core::PolicyKind::Tlsf),
+            budget_mib: String::new(),
+            run: None,
+            unavailable: None,
+        }
+    }
+}
+
+impl LivePanel {
+    /// The run the form describes.
+    ///
+    /// # Errors
+    /// A budget that is not a positive whole number of MiB, named.
+    pub fn config(&self) -> Result<LiveConfig, String> {
+        let mut config = LiveConfig::new(self.workload, self.policy);
+        let typed = self.budget_mib.trim();
+        if !typed.is_empty() {
+            let mib: u64 = typed
+                .parse()
+                .ok()
+                .filter(|&mib| mib > 0 && mib < 1 << 40)
+                .ok_or_else(|| format!("budget {typed:?}: expected a whole number of MiB above 0"))?;
+            config.budget_bytes = Some(mib << 20);
+        }
+        Ok(config)
+    }
+
+    /// Whether a run is going.
+    pub fn running(&self) -> bool {
+        self.run.as_ref().is_some_and(|run| !run.finished())
+    }
+
+    /// Draws the bar; returns what was asked, or an error in the form.
+    pub fn show(&mut self, ui: &mut Ui) -> Option<Result<LiveAction, String>> {
+        let mut action = None;
+        ui.horizontal(|ui| {
+            ui.label(RichText::new("Live").strong());
+            let running = self.running();
+            ui.add_enabled_ui(!running, |ui| {
+                egui::ComboBox::from_id_salt("live workload").selected_text(format!("workload: {}", self.workload)).show_ui(
+                    ui,
+                    |ui| {
+                        for workload in LiveWorkload::ALL {
+                            ui.selectable_value(&mut self.workload, workload, workload.name());
+                        }
+                    },
+                );
+                egui::ComboBox::from_id_salt("live contender").selected_text(format!("contender: {}", self.policy)).show_ui(
+                    ui,
+                    |ui| {
+                        for policy in BenchPolicy::DEFAULT {
+                            ui.selectable_value(&mut self.policy, policy, policy.name());
+                        }
+                    },
+                );
+                ui.label("budget MiB");
+                ui.add(
+                    egui::TextEdit::singleline(&mut self.budget_mib)
+                        .hint_text((self.workload.default_budget_bytes() >> 20).to_string())
+                        .desired_width(60.0),
+                );
+            });
+            if running {
+                if ui.button("Stop run").clicked() {
+                    action = Some(Ok(LiveAction::Stop));
+                }
+                ui.spinner();
+            } else if ui.button("Start run").clicked() {
+                action = Some(self.config().map(LiveAction::Start));
+            }
+            if let Some(run) = &self.run {
+                ui.label(run.progress().describe());
+            }
+        });
+        if let Some(why) = &self.unavailable {
+            ui.label(
+                RichText::new(format!(
+                    "{why}. Live mode needs one; the built-in stories (menu \"Stories\") show the same allocators without it."
+                ))
+                .italics(),
+            );
+        }
+        action
+    }
+}
