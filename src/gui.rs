@@ -93,14 +93,14 @@ pub fn display_available() -> bool {
 
 /// Runs `heapscope gui`.
 pub fn run_gui(args: &GuiArgs) -> Result<()> {
-    if !display_available() {
-        anyhow::bail!("no display (DISPLAY and WAYLAND_DISPLAY are unset): use `heapscope render` for a PNG of the heap");
-    }
     if args.budget == Some(0) {
         anyhow::bail!("--budget 0: nothing could be allocated");
     }
     if args.steps == Some(0) {
         anyhow::bail!("--steps 0: a workload needs at least one step");
+    }
+    if !display_available() {
+        anyhow::bail!("no display (DISPLAY and WAYLAND_DISPLAY are unset): use `heapscope render` for a PNG of the heap");
     }
     let live = args.live.map(|workload| LiveConfig {
         budget_bytes: args.budget,

@@ -117,11 +117,17 @@ fn render_draws_a_recording_or_a_story_into_a_png() {
 fn render_and_gui_refuse_bad_requests_clearly() {
     let dir = temp_dir("render-bad");
     // (arguments, words the error holds)
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 10] = [
         (&["render", "--story", "nope", "--out", "x.png"], "no built-in story \"nope\""),
         (&["render", "--out", "x.png"], "required"),
         (&["render", "--story", "frag_oom", "--policy", "tlfs", "--out", "x.png"], "pytorch-expandable"),
         (&["gui"], "no display"),
+        (&["gui", "--live", "serve"], "no display"),
+        (&["gui", "--live", "replay"], "unknown live workload \"replay\""),
+        (&["gui", "--live", "serve", "--budget", "0"], "--budget 0"),
+        (&["gui", "--live", "serve", "--steps", "0"], "--steps 0"),
+        (&["gui", "--live", "serve", "--policy", "tlfs"], "pytorch-expandable"),
+        (&["gui", "--budget", "1G"], "--live"),
     ];
     for (args, words) in cases {
         let output = heapscope_headless(args, &dir);
