@@ -9,8 +9,9 @@
 //! - The model is the core's [`heapscope_core::timeline`]: each contender's replay as plain layout changes
 //!   per step, with totals and checkpoints, so seeking anywhere is a checkpoint plus a few thousand changes
 //!   and the app never replays from zero. A [`session::Session`] holds the recording and one
-//!   [`session::Pane`] per contender, all at one position; a [`live::LiveSource`] (a channel today, a device
-//!   workload later) feeds a pane step by step instead of a recording.
+//!   [`session::Pane`] per contender, all at one position; a [`live::LiveSource`] feeds a pane step by step
+//!   instead of a recording: [`device_live`] runs a workload on the Vulkan device and streams what its heap does
+//!   ([`live_panel`] is its bar; `heapscope gui --live serve` starts it).
 //! - [`heap_map`] draws a layout: regions as bands of rows at one bytes-per-row scale, allocations as spans
 //!   coloured by size class, age or stack frames ([`palette`]), padding and rounding shaded, free runs
 //!   distinct (red when too small for the request that failed), resident pages of virtual ranges marked.
