@@ -7,39 +7,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::Rng;
-use heapscope_core::replay::replay_device_heap;
-use heapscope_core::trace::Trace;
+use common::external::{apply, insert_checked, replay_gpt2};
 use heapscope_core::units::{KIB, MIB};
-use heapscope_core::{DeviceEvent, DeviceHeap, Error, Request};
+use heapscope_core::{DeviceHeap, Error, Request};
 use heapscope_vulkan::{GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocatorHeap};
 
 fn heap(context: &Arc<heapscope_vulkan::VulkanContext>, config: GpuAllocatorConfig) -> GpuAllocatorHeap {
     GpuAllocatorHeap::new(Arc::clone(context), config).unwrap()
-}
-
-/// Live allocations by address; panics on an overlap or an allocation outside its block.
-fn insert_checked(live: &mut BTreeMap<u64, GpuAllocatorHandle>, blocks: &BTreeMap<u64, u64>, handle: GpuAllocatorHandle) {
-    let size = handle.allocation().size_bytes();
-    let (start, end) = (handle.address(), handle.address() + size);
-    if let Some((_, before)) = live.range(..start).next_back() {
-        assert!(before.address() + before.allocation().size_bytes() <= start, "{before:?} overlaps {handle:?}");
-    }
-    if let Some((_, after)) = live.range(start..).next() {
-        assert!(end <= after.address(), "{handle:?} overlaps {after:?}");
-    }
-    let block_size = blocks.get(&handle.block_base()).copied().expect("the allocation lies in a reserved block");
-    assert!(handle.allocation().offset() + size <= block_size, "{handle:?} runs past its block of {block_size}");
-    live.insert(start, handle);
-}
-
-fn apply(blocks: &mut BTreeMap<u64, u64>, events: Vec<DeviceEvent>) {
-    for event in events {
-        match event {
-            DeviceEvent::Reserved { address, size_bytes } => assert!(blocks.insert(address, size_bytes).is_none()),
-            DeviceEvent::Released { address, size_bytes } => assert_eq!(blocks.remove(&address), Some(size_bytes)),
-            other => panic!("unexpected {other:?}"),
-        }
-    }
 }
 
 #[test]
@@ -66,7 +40,7 @@ fn random_allocs_and_frees_do_not_overlap() {
                 assert_eq!(handle.address() % align, 0);
                 apply(&mut blocks, heap.take_device_events());
                 order.push(handle.address());
-                insert_checked(&mut live, &blocks, handle);
+                insert_checked::<GpuAllocatorHeap>(&mut live, &blocks, handle);
             }
             apply(&mut blocks, heap.take_device_events());
             assert_eq!(heap.reserved_and_live_bytes().0, blocks.values().sum::<u64>());
@@ -179,25 +153,8 @@ fn gpt2_trace_replays_through_gpu_allocator() {
     let Some(context) = common::context() else { return };
     let context = Arc::new(context);
     {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/traces/gpt2_train_fixed-default.hst");
-        let trace = Trace::read(std::path::Path::new(path)).unwrap();
         let mut heap = heap(&context, GpuAllocatorConfig::default());
-        let replay = replay_device_heap(&trace, &mut heap, 512).unwrap();
-        assert_eq!(replay.stats.events, trace.events().len() as u64);
-        // The trace needs ~13.1 GiB at once; a device with less memory refuses some requests, with verdicts.
-        let largest_heap = context.heap_budgets().iter().map(heapscope_vulkan::HeapBudget::available_bytes).max().unwrap();
-        if largest_heap >= 14 << 30 {
-            assert_eq!(replay.stats.failed_allocations, 0, "{:?}", replay.first_oom);
-            assert!(heap.peak_reserved_bytes() >= replay.stats.peak_live_bytes);
-        } else if replay.stats.failed_allocations > 0 {
-            assert_eq!(replay.first_oom.unwrap().policy, "gpu-allocator");
-        }
-        eprintln!(
-            "gpt2 through gpu-allocator: peak live {} MiB, peak reserved {} MiB, {} blocks left",
-            replay.stats.peak_live_bytes >> 20,
-            heap.peak_reserved_bytes() >> 20,
-            heap.live_blocks()
-        );
+        replay_gpt2(&context, &mut heap, "gpu-allocator", GpuAllocatorHeap::peak_reserved_bytes, GpuAllocatorHeap::live_blocks);
     }
     common::finish(context);
 }

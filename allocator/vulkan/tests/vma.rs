@@ -7,39 +7,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::Rng;
-use heapscope_core::replay::replay_device_heap;
-use heapscope_core::trace::Trace;
+use common::external::{apply, insert_checked, replay_gpt2};
 use heapscope_core::units::{KIB, MIB};
 use heapscope_core::{DeviceEvent, DeviceHeap, Error, OomCause, Request};
 use heapscope_vulkan::{VmaConfig, VmaHandle, VmaHeap, VulkanContext};
 
 fn heap(context: &Arc<VulkanContext>, config: VmaConfig) -> VmaHeap {
     VmaHeap::new(Arc::clone(context), config).unwrap()
-}
-
-/// Live allocations by address; panics on an overlap or an allocation outside its block.
-fn insert_checked(live: &mut BTreeMap<u64, VmaHandle>, blocks: &BTreeMap<u64, u64>, handle: VmaHandle) {
-    let size = handle.allocation().size_bytes();
-    let (start, end) = (handle.address(), handle.address() + size);
-    if let Some((_, before)) = live.range(..start).next_back() {
-        assert!(before.address() + before.allocation().size_bytes() <= start, "{before:?} overlaps {handle:?}");
-    }
-    if let Some((_, after)) = live.range(start..).next() {
-        assert!(end <= after.address(), "{handle:?} overlaps {after:?}");
-    }
-    let block_size = blocks.get(&handle.block_base()).copied().expect("the allocation lies in a reserved block");
-    assert!(handle.allocation().offset() + size <= block_size, "{handle:?} runs past its block of {block_size}");
-    live.insert(start, handle);
-}
-
-fn apply(blocks: &mut BTreeMap<u64, u64>, events: Vec<DeviceEvent>) {
-    for event in events {
-        match event {
-            DeviceEvent::Reserved { address, size_bytes } => assert!(blocks.insert(address, size_bytes).is_none()),
-            DeviceEvent::Released { address, size_bytes } => assert_eq!(blocks.remove(&address), Some(size_bytes)),
-            other => panic!("unexpected {other:?}"),
-        }
-    }
 }
 
 /// 2,000 random allocations and frees (1 B to 256 KiB, one in ten 3 to 40 MiB; alignments to 4 KiB) with 16 MiB
@@ -69,7 +43,7 @@ fn random_allocs_and_frees_do_not_overlap() {
                 assert_eq!(handle.address() % align, 0);
                 apply(&mut blocks, heap.take_device_events());
                 order.push(handle.address());
-                insert_checked(&mut live, &blocks, handle);
+                insert_checked::<VmaHeap>(&mut live, &blocks, handle);
             }
             let events = heap.take_device_events();
             released += events.iter().filter(|event| matches!(event, DeviceEvent::Released { .. })).count();
@@ -155,24 +129,8 @@ fn gpt2_trace_replays_through_vma() {
     let Some(context) = common::context() else { return };
     let context = Arc::new(context);
     {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/traces/gpt2_train_fixed-default.hst");
-        let trace = Trace::read(std::path::Path::new(path)).unwrap();
         let mut heap = heap(&context, VmaConfig::default());
-        let replay = replay_device_heap(&trace, &mut heap, 512).unwrap();
-        assert_eq!(replay.stats.events, trace.events().len() as u64);
-        let largest_heap = context.heap_budgets().iter().map(heapscope_vulkan::HeapBudget::available_bytes).max().unwrap();
-        if largest_heap >= 14 << 30 {
-            assert_eq!(replay.stats.failed_allocations, 0, "{:?}", replay.first_oom);
-            assert!(heap.peak_reserved_bytes() >= replay.stats.peak_live_bytes);
-        } else if replay.stats.failed_allocations > 0 {
-            assert_eq!(replay.first_oom.unwrap().policy, "vma");
-        }
-        eprintln!(
-            "gpt2 through VMA: peak live {} MiB, peak reserved {} MiB, {} blocks left",
-            replay.stats.peak_live_bytes >> 20,
-            heap.peak_reserved_bytes() >> 20,
-            heap.live_blocks()
-        );
+        replay_gpt2(&context, &mut heap, "vma", VmaHeap::peak_reserved_bytes, VmaHeap::live_blocks);
     }
     common::finish(context);
 }
