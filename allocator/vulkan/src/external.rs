@@ -1,6 +1,7 @@
 //! [`ExternalBook`]: the bookkeeping every external allocator wrapped as a heapscope [`DeviceHeap`] shares
 //! ([`crate::GpuAllocatorHeap`], [`crate::VmaHeap`]), so each wrapper keeps only what talks to its allocator.
 //!
+//! - [`ExternalHandle`], the handle both heaps give out (an allocation and its block's synthetic address);
 //! - a generation-checked slot table of the allocator's live allocations (`L`), which hands out heapscope
 //!   [`Allocation`]s and refuses foreign handles and double frees with the heap's policy name;
 //! - the allocator's blocks (`VkDeviceMemory`) keyed by handle, with synthetic base addresses (increasing from the
@@ -18,6 +19,36 @@ use ash::vk;
 use heapscope_core::{Allocation, AllocationId, DeviceEvent, Error, OwnerId, ResourceKind, Result};
 
 use crate::VulkanContext;
+
+/// A live allocation of an external allocator's heap ([`crate::VmaHandle`], [`crate::GpuAllocatorHandle`]): `Copy`,
+/// like heapscope's own handles; the allocator's own allocation stays inside the heap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExternalHandle {
+    allocation: Allocation,
+    block_base: u64,
+}
+
+impl ExternalHandle {
+    /// `allocation` in the block at synthetic address `block_base`.
+    pub(crate) fn new(allocation: Allocation, block_base: u64) -> Self {
+        Self { allocation, block_base }
+    }
+
+    /// The allocation: offset and size in its block.
+    pub fn allocation(&self) -> &Allocation {
+        &self.allocation
+    }
+
+    /// The synthetic base address of its block.
+    pub fn block_base(&self) -> u64 {
+        self.block_base
+    }
+
+    /// Its synthetic address: block base plus offset.
+    pub fn address(&self) -> u64 {
+        self.block_base + self.allocation.offset()
+    }
+}
 
 /// A live block of the external allocator, keyed by its memory handle.
 #[derive(Clone, Copy, Debug)]

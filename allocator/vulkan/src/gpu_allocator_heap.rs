@@ -29,7 +29,7 @@ use gpu_allocator::{AllocationError, AllocationSizes, AllocatorDebugSettings, Me
 use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Error, OomCause, OomVerdict, Request, Result};
 
 use crate::VulkanContext;
-use crate::external::ExternalBook;
+use crate::external::{ExternalBook, ExternalHandle};
 
 /// How a [`GpuAllocatorHeap`] is set up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,30 +49,8 @@ impl Default for GpuAllocatorConfig {
     }
 }
 
-/// A live allocation of a [`GpuAllocatorHeap`]: `Copy`, like heapscope's own handles; gpu-allocator's
-/// allocation stays inside the heap.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GpuAllocatorHandle {
-    allocation: Allocation,
-    block_base: u64,
-}
-
-impl GpuAllocatorHandle {
-    /// The allocation: offset and size in its block.
-    pub fn allocation(&self) -> &Allocation {
-        &self.allocation
-    }
-
-    /// The synthetic base address of its block.
-    pub fn block_base(&self) -> u64 {
-        self.block_base
-    }
-
-    /// Its synthetic address: block base plus offset.
-    pub fn address(&self) -> u64 {
-        self.block_base + self.allocation.offset()
-    }
-}
+/// A live allocation of a [`GpuAllocatorHeap`]: the handle every external allocator's heap gives out.
+pub type GpuAllocatorHandle = ExternalHandle;
 
 /// A live allocation kept in the heap, with the block it lies in.
 #[derive(Debug)]
@@ -310,16 +288,16 @@ impl DeviceHeap for GpuAllocatorHeap {
         }
         let offset = inner.offset();
         let allocation = self.book.insert(Live { inner, memory }, offset, request.size_bytes())?;
-        Ok(GpuAllocatorHandle { allocation, block_base })
+        Ok(GpuAllocatorHandle::new(allocation, block_base))
     }
 
     fn free_handle(&mut self, handle: GpuAllocatorHandle) -> Result<()> {
-        let live = self.book.remove(&handle.allocation)?;
+        let live = self.book.remove(handle.allocation())?;
         self.free_inner(live.inner, live.memory)
     }
 
     fn allocation(handle: &GpuAllocatorHandle) -> &Allocation {
-        &handle.allocation
+        handle.allocation()
     }
 
     fn address(handle: &GpuAllocatorHandle) -> u64 {
@@ -327,7 +305,7 @@ impl DeviceHeap for GpuAllocatorHeap {
     }
 
     fn block_base(handle: &GpuAllocatorHandle) -> u64 {
-        handle.block_base
+        handle.block_base()
     }
 
     fn record_device_events(&mut self, on: bool) {

@@ -23,7 +23,8 @@
 //! - [`GpuAllocatorHeap`] (`gpu_allocator_heap`): gpu-allocator 0.28 as a [`heapscope_core::DeviceHeap`], a
 //!   contender on the same device; [`VmaHeap`] (`vma_heap`): VMA (vk-mem 0.5) the same way. Both keep their
 //!   books in one shared type (`external`: slot table, blocks and their synthetic addresses, reserved / live
-//!   bytes, device events, refusals), so each wrapper holds only what talks to its allocator.
+//!   bytes, device events, refusals) and give out one handle type, [`ExternalHandle`], so each wrapper holds only
+//!   what talks to its allocator.
 //! - [`replay_on_device`] (`contenders`): a recording through a [`DeviceContender`] — PyTorch's allocator on
 //!   device memory, a heap of device-memory blocks, `paged` on a sparse buffer sized by [`paged_virtual_bytes`],
 //!   gpu-allocator or VMA — summed up in the core's `Outcome` (what `heapscope replay --vulkan` prints); a
@@ -63,6 +64,7 @@ pub use bench_target::{VulkanHandle, VulkanTarget};
 pub use contenders::{DeviceContender, paged_range_for, paged_virtual_bytes, peak_live_footprint_bytes, replay_on_device};
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};
 pub use error::VulkanError;
+pub use external::ExternalHandle;
 pub use gpu_allocator_heap::{GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocatorHeap};
 pub use margins::{Corruption, GuardedAllocation, GuardedHeap, MAGIC, MarginError, MarginLayout, Side};
 pub use paged::{DevicePagedConfig, DevicePagedHeap, DevicePagedStats};

@@ -30,7 +30,7 @@ use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Error, OomCause, OomVe
 use vk_mem::Alloc;
 
 use crate::VulkanContext;
-use crate::external::ExternalBook;
+use crate::external::{ExternalBook, ExternalHandle};
 
 /// How a [`VmaHeap`] is set up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,29 +49,8 @@ impl Default for VmaConfig {
     }
 }
 
-/// A live allocation of a [`VmaHeap`]: `Copy`, like heapscope's own handles; VMA's allocation stays inside.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct VmaHandle {
-    allocation: Allocation,
-    block_base: u64,
-}
-
-impl VmaHandle {
-    /// The allocation: offset and size in its block.
-    pub fn allocation(&self) -> &Allocation {
-        &self.allocation
-    }
-
-    /// The synthetic base address of its block.
-    pub fn block_base(&self) -> u64 {
-        self.block_base
-    }
-
-    /// Its synthetic address: block base plus offset.
-    pub fn address(&self) -> u64 {
-        self.block_base + self.allocation.offset()
-    }
-}
+/// A live allocation of a [`VmaHeap`]: the handle every external allocator's heap gives out.
+pub type VmaHandle = ExternalHandle;
 
 /// One `vkAllocateMemory` (true) or `vkFreeMemory` (false) VMA made, with the memory and its size.
 type MemoryCall = (bool, vk::DeviceMemory, u64);
@@ -313,11 +292,11 @@ impl DeviceHeap for VmaHeap {
         };
         let block_base = block.base_address;
         let allocation = self.book.insert(inner, info.offset, request.size_bytes())?;
-        Ok(VmaHandle { allocation, block_base })
+        Ok(VmaHandle::new(allocation, block_base))
     }
 
     fn free_handle(&mut self, handle: VmaHandle) -> Result<()> {
-        let mut inner = self.book.remove(&handle.allocation)?;
+        let mut inner = self.book.remove(handle.allocation())?;
         // SAFETY: the allocation is live (checked by slot and generation), made by this allocator, bound to nothing.
         unsafe { self.allocator.free_memory(&mut inner) };
         self.apply_memory_calls();
@@ -325,7 +304,7 @@ impl DeviceHeap for VmaHeap {
     }
 
     fn allocation(handle: &VmaHandle) -> &Allocation {
-        &handle.allocation
+        handle.allocation()
     }
 
     fn address(handle: &VmaHandle) -> u64 {
@@ -333,7 +312,7 @@ impl DeviceHeap for VmaHeap {
     }
 
     fn block_base(handle: &VmaHandle) -> u64 {
-        handle.block_base
+        handle.block_base()
     }
 
     fn record_device_events(&mut self, on: bool) {
