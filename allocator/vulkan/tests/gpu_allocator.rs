@@ -3,12 +3,11 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::Rng;
-use common::external::{apply, insert_checked, replay_gpt2};
-use heapscope_core::units::{KIB, MIB};
+use common::external::{free_all, random_traffic, replay_gpt2};
+use heapscope_core::units::MIB;
 use heapscope_core::{DeviceHeap, Error, Request};
 use heapscope_vulkan::{GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocatorHeap};
 
@@ -23,37 +22,10 @@ fn random_allocs_and_frees_do_not_overlap() {
     {
         // 4 MiB blocks (gpu-allocator's smallest), so that many blocks come and go.
         let mut heap = heap(&context, GpuAllocatorConfig { block_size_bytes: 4 * MIB, budget_cap_bytes: None });
-        heap.record_device_events(true);
-        let mut rng = Rng(7);
-        let mut live = BTreeMap::new();
-        let mut blocks = BTreeMap::new();
-        let mut order: Vec<u64> = Vec::new();
-        for _ in 0..1000 {
-            if !order.is_empty() && rng.range(0, 99) < 45 {
-                let address = order.swap_remove(rng.range(0, order.len() as u64 - 1) as usize);
-                heap.free_handle(live.remove(&address).unwrap()).unwrap();
-            } else {
-                let size = if rng.range(0, 9) == 0 { rng.range(4 * MIB, 6 * MIB) } else { rng.range(1, 256 * KIB) };
-                let align = 1 << rng.range(0, 12);
-                let handle = heap.allocate_request(Request::new(size, align).unwrap()).unwrap();
-                assert_eq!(handle.allocation().offset() % align, 0);
-                assert_eq!(handle.address() % align, 0);
-                apply(&mut blocks, heap.take_device_events());
-                order.push(handle.address());
-                insert_checked::<GpuAllocatorHeap>(&mut live, &blocks, handle);
-            }
-            apply(&mut blocks, heap.take_device_events());
-            assert_eq!(heap.reserved_and_live_bytes().0, blocks.values().sum::<u64>());
-        }
-        let live_bytes: u64 = live.values().map(|handle| handle.allocation().size_bytes()).sum();
-        assert_eq!(heap.reserved_and_live_bytes().1, live_bytes);
+        let traffic = random_traffic(&mut heap, &mut Rng(7), 1000, 4 * MIB..=6 * MIB, |_, _| {});
+        assert_eq!(heap.reserved_and_live_bytes().1, traffic.live_bytes());
         assert_eq!(heap.report().total_capacity_bytes, heap.reserved_bytes());
-        let any = *live.values().next().unwrap();
-        for handle in live.into_values() {
-            heap.free_handle(handle).unwrap();
-        }
-        assert!(matches!(heap.free_handle(any), Err(Error::DoubleFree { .. })));
-        apply(&mut blocks, heap.take_device_events());
+        let blocks = free_all(&mut heap, traffic);
         assert!(blocks.len() <= 1, "at most gpu-allocator's last general block stays: {blocks:?}");
         assert_eq!(context.live_allocation_count() as usize, blocks.len(), "its blocks count on the device");
         assert_eq!(heap.reserved_and_live_bytes(), (blocks.values().sum(), 0));

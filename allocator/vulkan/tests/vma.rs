@@ -3,13 +3,12 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::Rng;
-use common::external::{apply, insert_checked, replay_gpt2};
-use heapscope_core::units::{KIB, MIB};
-use heapscope_core::{DeviceEvent, DeviceHeap, Error, OomCause, Request};
+use common::external::{free_all, random_traffic, replay_gpt2};
+use heapscope_core::units::MIB;
+use heapscope_core::{DeviceHeap, Error, OomCause, Request};
 use heapscope_vulkan::{VmaConfig, VmaHandle, VmaHeap, VulkanContext};
 
 fn heap(context: &Arc<VulkanContext>, config: VmaConfig) -> VmaHeap {
@@ -25,44 +24,15 @@ fn random_allocs_and_frees_do_not_overlap() {
     let context = Arc::new(context);
     {
         let mut heap = heap(&context, VmaConfig { block_size_bytes: 16 * MIB, budget_cap_bytes: None });
-        heap.record_device_events(true);
-        let mut rng = Rng(0x0e3a);
-        let mut live = BTreeMap::new();
-        let mut blocks = BTreeMap::new();
-        let mut order: Vec<u64> = Vec::new();
-        let mut released = 0;
-        for _ in 0..2000 {
-            if !order.is_empty() && rng.range(0, 99) < 45 {
-                let address = order.swap_remove(rng.range(0, order.len() as u64 - 1) as usize);
-                heap.free_handle(live.remove(&address).unwrap()).unwrap();
-            } else {
-                let size = if rng.range(0, 9) == 0 { rng.range(3 * MIB, 40 * MIB) } else { rng.range(1, 256 * KIB) };
-                let align = 1 << rng.range(0, 12);
-                let handle = heap.allocate_request(Request::new(size, align).unwrap()).unwrap();
-                assert_eq!(handle.allocation().offset() % align, 0);
-                assert_eq!(handle.address() % align, 0);
-                apply(&mut blocks, heap.take_device_events());
-                order.push(handle.address());
-                insert_checked::<VmaHeap>(&mut live, &blocks, handle);
-            }
-            let events = heap.take_device_events();
-            released += events.iter().filter(|event| matches!(event, DeviceEvent::Released { .. })).count();
-            apply(&mut blocks, events);
-            let reserved: u64 = blocks.values().sum();
-            assert_eq!(heap.reserved_and_live_bytes().0, reserved);
+        let traffic = random_traffic(&mut heap, &mut Rng(0x0e3a), 2000, 3 * MIB..=40 * MIB, |_, blocks| {
             assert_eq!(context.live_allocation_count() as usize, blocks.len(), "its blocks count on the device");
-        }
-        assert!(released > 0, "blocks came and went");
-        let live_bytes: u64 = live.values().map(|handle| handle.allocation().size_bytes()).sum();
+        });
+        assert!(traffic.released > 0, "blocks came and went");
+        let live_bytes = traffic.live_bytes();
         assert_eq!(heap.reserved_and_live_bytes().1, live_bytes);
         let (allocated, _) = heap.allocated_and_largest_free_bytes().unwrap();
         assert!(allocated >= live_bytes && allocated <= heap.reserved_bytes(), "{allocated} {live_bytes}");
-        let any = *live.values().next().unwrap();
-        for handle in live.into_values() {
-            heap.free_handle(handle).unwrap();
-        }
-        assert!(matches!(heap.free_handle(any), Err(Error::DoubleFree { .. })));
-        apply(&mut blocks, heap.take_device_events());
+        let blocks = free_all(&mut heap, traffic);
         assert!(blocks.len() <= 1, "at most the empty block VMA keeps stays: {blocks:?}");
         assert_eq!(heap.reserved_and_live_bytes(), (blocks.values().sum(), 0));
     }

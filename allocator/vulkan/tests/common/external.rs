@@ -1,14 +1,15 @@
-//! Shared by the tests of the external allocators as heapscope heaps (gpu-allocator, VMA): the checks their random
-//! traffic and their GPT-2 replay make, for any [`DeviceHeap`].
+//! Shared by the tests of the external allocators as heapscope heaps (gpu-allocator, VMA): their random traffic
+//! and its checks, and their GPT-2 replay, for any [`DeviceHeap`].
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
+use std::ops::RangeInclusive;
 
-use heapscope_core::DeviceEvent;
-use heapscope_core::DeviceHeap;
 use heapscope_core::replay::replay_device_heap;
 use heapscope_core::trace::Trace;
+use heapscope_core::units::KIB;
+use heapscope_core::{DeviceEvent, DeviceHeap, Error, Request};
 use heapscope_vulkan::VulkanContext;
 
 /// Live allocations by address; panics on an overlap or an allocation outside its block (`blocks`: base address
@@ -71,4 +72,72 @@ pub fn replay_gpt2<H: DeviceHeap>(
         peak_reserved_bytes(heap) >> 20,
         live_blocks(heap)
     );
+}
+
+/// What [`random_traffic`] leaves: the live allocations by address, the blocks (base address to size) the device
+/// events reserved and did not release, and how many blocks were released on the way.
+pub struct Traffic<H: DeviceHeap> {
+    pub live: BTreeMap<u64, H::Handle>,
+    pub blocks: BTreeMap<u64, u64>,
+    pub released: usize,
+}
+
+impl<H: DeviceHeap> Traffic<H> {
+    /// Bytes asked for by the live allocations.
+    pub fn live_bytes(&self) -> u64 {
+        self.live.values().map(|handle| H::allocation(handle).size_bytes()).sum()
+    }
+}
+
+/// `steps` random allocations and frees on `heap` (recording its device events): 45 in 100 a free of a random live
+/// allocation (when there is one), else a request of 1 B to 256 KiB (one in ten of a size in `large`) aligned to
+/// 1 B to 4 KiB. Checks each allocation's alignment, that none overlaps another or leaves its block, and after
+/// every step that the heap's reserved bytes are the sum of its blocks; then calls `after_step` with the blocks.
+pub fn random_traffic<H: DeviceHeap>(
+    heap: &mut H,
+    rng: &mut super::Rng,
+    steps: usize,
+    large: RangeInclusive<u64>,
+    mut after_step: impl FnMut(&H, &BTreeMap<u64, u64>),
+) -> Traffic<H>
+where
+    H::Handle: Debug,
+{
+    heap.record_device_events(true);
+    let mut traffic = Traffic { live: BTreeMap::new(), blocks: BTreeMap::new(), released: 0 };
+    let mut order: Vec<u64> = Vec::new();
+    for _ in 0..steps {
+        if !order.is_empty() && rng.range(0, 99) < 45 {
+            let address = order.swap_remove(rng.range(0, order.len() as u64 - 1) as usize);
+            heap.free_handle(traffic.live.remove(&address).unwrap()).unwrap();
+        } else {
+            let size = if rng.range(0, 9) == 0 { rng.range(*large.start(), *large.end()) } else { rng.range(1, 256 * KIB) };
+            let align = 1 << rng.range(0, 12);
+            let handle = heap.allocate_request(Request::new(size, align).unwrap()).unwrap();
+            assert_eq!(H::allocation(&handle).offset() % align, 0);
+            assert_eq!(H::address(&handle) % align, 0);
+            apply(&mut traffic.blocks, heap.take_device_events());
+            order.push(H::address(&handle));
+            insert_checked::<H>(&mut traffic.live, &traffic.blocks, handle);
+        }
+        let events = heap.take_device_events();
+        traffic.released += events.iter().filter(|event| matches!(event, DeviceEvent::Released { .. })).count();
+        apply(&mut traffic.blocks, events);
+        assert_eq!(heap.reserved_and_live_bytes().0, traffic.blocks.values().sum::<u64>());
+        after_step(heap, &traffic.blocks);
+    }
+    traffic
+}
+
+/// Frees every live allocation of `traffic`, checks that freeing one again is a double free, and returns the
+/// blocks left after the device events.
+pub fn free_all<H: DeviceHeap>(heap: &mut H, traffic: Traffic<H>) -> BTreeMap<u64, u64> {
+    let Traffic { live, mut blocks, .. } = traffic;
+    let any = *live.values().next().unwrap();
+    for handle in live.into_values() {
+        heap.free_handle(handle).unwrap();
+    }
+    assert!(matches!(heap.free_handle(any), Err(Error::DoubleFree { .. })));
+    apply(&mut blocks, heap.take_device_events());
+    blocks
 }
