@@ -6,7 +6,9 @@
 //! of [`Op`]s, each split into dispatches whose bindings fit `maxStorageBufferRange` (and start at multiples of
 //! `minStorageBufferOffsetAlignment`), with a memory barrier between dispatches, up to
 //! [`ComputeKernels::DISPATCHES_PER_SUBMIT`] dispatches per submit, and waits for each submit's fence. Verify
-//! results go to slots of a host-visible, coherent buffer of the runner's own.
+//! results go to slots of a host-visible, coherent buffer of the runner's own. The planning, the verify result
+//! slots and their merging are [`heapscope_kernels::RunPlan`] and [`heapscope_kernels::VerifySlots`], shared with
+//! the wgpu runner.
 //!
 //! Buffers are [`ComputeBuffer`]s: a [`BlockBuffer`] wraps a [`DeviceMemorySource`] block in a `VkBuffer` (or
 //! lends a dedicated block's own buffer); [`ComputeBuffer::from_raw`] takes any buffer.
@@ -18,7 +20,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use ash::vk;
-use heapscope_kernels::{BindingLimits, Dispatch, Kernel, KernelError, Op, PARAMS_BYTES, SizedBuffer, VerifyResult};
+use heapscope_kernels::{
+    BindingLimits, Dispatch, Kernel, KernelError, Op, PARAMS_BYTES, RunPlan, SizedBuffer, VerifyResult, VerifySlots,
+};
 
 use crate::{BLOCK_BUFFER_USAGE, DeviceMemorySource, VulkanContext, VulkanError};
 
@@ -206,13 +210,6 @@ fn index_of(kernel: Kernel) -> usize {
     }
 }
 
-/// A verify op's result being gathered: its index in the output, and its slot in the current submit.
-#[derive(Clone, Copy, Debug)]
-struct PendingVerify {
-    output: usize,
-    slot: u32,
-}
-
 impl ComputeKernels {
     /// Dispatches (and descriptor sets) recorded into one submit at most; also the number of verify result slots.
     pub const DISPATCHES_PER_SUBMIT: u32 = 256;
@@ -226,10 +223,10 @@ impl ComputeKernels {
     pub fn new(context: Arc<VulkanContext>) -> Result<Self, ComputeError> {
         // SAFETY: the physical device belongs to the context's live instance.
         let raw = unsafe { context.instance().get_physical_device_properties(context.physical_device()) };
-        let device_limits = BindingLimits {
-            max_range_bytes: u64::from(raw.limits.max_storage_buffer_range),
-            offset_alignment_bytes: raw.limits.min_storage_buffer_offset_alignment.max(4),
-        };
+        let device_limits = BindingLimits::of_device(
+            u64::from(raw.limits.max_storage_buffer_range),
+            raw.limits.min_storage_buffer_offset_alignment,
+        );
         let mut this = Self {
             context,
             pipelines: [KernelPipeline::default(); Kernel::ALL.len()],
@@ -378,8 +375,7 @@ impl ComputeKernels {
     /// `maxStorageBufferRange`, at least the offset alignment plus a word): to exercise the splitting with small
     /// buffers.
     pub fn set_max_binding_bytes(&mut self, max_range_bytes: u64) {
-        let floor = self.device_limits.offset_alignment_bytes + 4;
-        self.limits.max_range_bytes = max_range_bytes.clamp(floor, self.device_limits.max_range_bytes.max(floor));
+        self.limits = self.device_limits.lowered(max_range_bytes);
     }
 
     /// Submits and dispatches so far.
@@ -435,52 +431,26 @@ impl ComputeKernels {
     pub fn run(&mut self, ops: &[Op<ComputeBuffer<'_>>]) -> Result<Vec<VerifyResult>, ComputeError> {
         let device = self.context.device().handle();
         let foreign = |buffer: &ComputeBuffer<'_>| buffer.device != device && buffer.device != vk::Device::null();
-        let mut planned = Vec::with_capacity(ops.len());
-        for op in ops {
+        let run = RunPlan::new(ops, self.limits, |op| {
             if op.buffers().into_iter().any(foreign) {
-                return Err(KernelError::InvalidOp("a buffer of another device than the kernels'".into()).into());
+                return Err(KernelError::InvalidOp("a buffer of another device than the kernels'".into()));
             }
-            planned.push(heapscope_kernels::plan(op, 0, self.limits)?);
-        }
-        let verifies = ops.iter().filter(|op| matches!(op, Op::Verify { .. })).count();
-        let mut results = vec![VerifyResult::default(); verifies];
-        let mut pending: Vec<PendingVerify> = Vec::new();
-        let mut recorded: u32 = 0;
-        let mut next_output = 0;
-        for (op, dispatches) in ops.iter().zip(&planned) {
-            let output = matches!(op, Op::Verify { .. }).then(|| {
-                next_output += 1;
-                next_output - 1
-            });
-            for dispatch in dispatches {
-                if recorded == Self::DISPATCHES_PER_SUBMIT {
-                    self.submit_and_wait(&pending, &mut results)?;
-                    pending.clear();
-                    recorded = 0;
+            Ok(())
+        })?;
+        let mut slots = VerifySlots::new(run.verifies());
+        for batch in run.batches(Self::DISPATCHES_PER_SUBMIT) {
+            self.begin()?;
+            for (index, planned) in batch.iter().enumerate() {
+                let (slot, fresh) = slots.slot_for(planned.verify);
+                if fresh {
+                    self.reset_slot(slot);
                 }
-                if recorded == 0 {
-                    self.begin()?;
-                }
-                let slot = match output {
-                    Some(output) => match pending.last() {
-                        Some(last) if last.output == output => last.slot,
-                        _ => {
-                            let slot = u32::try_from(pending.len()).unwrap_or(u32::MAX);
-                            self.reset_slot(slot);
-                            pending.push(PendingVerify { output, slot });
-                            slot
-                        }
-                    },
-                    None => 0,
-                };
-                self.record(dispatch, slot, recorded > 0)?;
-                recorded += 1;
+                self.record(&planned.dispatch, slot, index > 0)?;
             }
+            self.submit_and_wait()?;
+            slots.merge(|slot| self.read_slot(slot));
         }
-        if recorded > 0 {
-            self.submit_and_wait(&pending, &mut results)?;
-        }
-        Ok(results)
+        Ok(slots.into_results())
     }
 
     /// Sets result slot `slot` to "nothing found" (no GPU work is in flight: every submit is waited for).
@@ -605,7 +575,7 @@ impl ComputeKernels {
         Ok(())
     }
 
-    fn submit_and_wait(&mut self, pending: &[PendingVerify], results: &mut [VerifyResult]) -> Result<(), ComputeError> {
+    fn submit_and_wait(&mut self) -> Result<(), ComputeError> {
         let device = self.context.device();
         let (_, queue) = self.context.compute_queue();
         let command_buffer = self.command_buffer;
@@ -635,16 +605,6 @@ impl ComputeKernels {
             device.reset_fences(&[self.fence]).map_err(VulkanError::vk("vkResetFences"))?;
         }
         self.submits += 1;
-        for verify in pending {
-            let found = self.read_slot(verify.slot);
-            if let Some(result) = results.get_mut(verify.output) {
-                result.mismatches = result.mismatches.saturating_add(found.mismatches);
-                result.first_mismatch = match (result.first_mismatch, found.first_mismatch) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-            }
-        }
         Ok(())
     }
 }

@@ -102,20 +102,50 @@ pub fn peak_live_footprint_bytes(trace: &Trace, align_bytes: u64) -> u64 {
 /// [`VulkanError::VirtualRangeTooSmall`] when the need itself exceeds that.
 pub fn paged_virtual_bytes(limits: &DeviceLimits, needed_bytes: u64) -> Result<u64, VulkanError> {
     let address_space = limits.sparse_address_space_size_bytes;
-    let limit_bytes = limits.max_buffer_size_bytes.map_or(address_space, |max| max.min(address_space));
-    if needed_bytes > limit_bytes {
+    let limit_bytes = sparse_buffer_limit(
+        limits,
+        VirtualNeed { contender: "paged", need: "its live allocations at their peak, or the capacity if less", needed_bytes },
+        address_space,
+        || format!("sparseAddressSpaceSize {}", Bytes(address_space)),
+    )?;
+    Ok(needed_bytes.max(1).saturating_mul(4).min(limit_bytes))
+}
+
+/// What a contender needs of one sparse buffer's virtual range, for [`sparse_buffer_limit`].
+#[derive(Clone, Copy, Debug)]
+struct VirtualNeed {
+    contender: &'static str,
+    /// What the bytes are, in words.
+    need: &'static str,
+    needed_bytes: u64,
+}
+
+/// The largest sparse buffer on a device with `limits` when it may take `space_bytes` of the sparse address
+/// space (and at most `maxBufferSize`).
+///
+/// # Errors
+/// [`VulkanError::VirtualRangeTooSmall`] when `need` exceeds it, its limit named by `space` (what `space_bytes`
+/// is) and `maxBufferSize`.
+fn sparse_buffer_limit(
+    limits: &DeviceLimits,
+    need: VirtualNeed,
+    space_bytes: u64,
+    space: impl FnOnce() -> String,
+) -> Result<u64, VulkanError> {
+    let limit_bytes = limits.max_buffer_size_bytes.map_or(space_bytes, |max| max.min(space_bytes));
+    if need.needed_bytes > limit_bytes {
         let max_buffer = limits
             .max_buffer_size_bytes
             .map_or_else(|| "maxBufferSize unknown".to_owned(), |max| format!("maxBufferSize {}", Bytes(max)));
         return Err(VulkanError::VirtualRangeTooSmall {
-            contender: "paged",
-            need: "its live allocations at their peak, or the capacity if less",
-            needed_bytes,
+            contender: need.contender,
+            need: need.need,
+            needed_bytes: need.needed_bytes,
             limit_bytes,
-            limit: format!("sparseAddressSpaceSize {}, {max_buffer}", Bytes(address_space)),
+            limit: format!("{}, {max_buffer}", space()),
         });
     }
-    Ok(needed_bytes.max(1).saturating_mul(4).min(limit_bytes))
+    Ok(limit_bytes)
 }
 
 /// The bytes `trace` needs at once in `paged`'s virtual range under `config` (its live allocations at their
@@ -167,23 +197,17 @@ fn expandable_virtual_bytes(
     emulate_pytorch(recording, conf, capacity_bytes, &mut reach)?;
     let needed_bytes = reach.reach_bytes.max(1).next_multiple_of(SMALL_BUFFER_BYTES);
     let limits = &context.properties().limits;
-    let half = limits.sparse_address_space_size_bytes / 2;
-    let limit_bytes = limits.max_buffer_size_bytes.map_or(half, |max| max.min(half));
-    if needed_bytes > limit_bytes {
-        let max_buffer = limits
-            .max_buffer_size_bytes
-            .map_or_else(|| "maxBufferSize unknown".to_owned(), |max| format!("maxBufferSize {}", Bytes(max)));
-        return Err(VulkanError::VirtualRangeTooSmall {
-            contender: "pytorch",
-            need: "how far PyTorch maps into an expandable segment",
-            needed_bytes,
-            limit_bytes,
-            limit: format!(
-                "half of sparseAddressSpaceSize {} for each of the small and the large pool's segments, {max_buffer}",
+    sparse_buffer_limit(
+        limits,
+        VirtualNeed { contender: "pytorch", need: "how far PyTorch maps into an expandable segment", needed_bytes },
+        limits.sparse_address_space_size_bytes / 2,
+        || {
+            format!(
+                "half of sparseAddressSpaceSize {} for each of the small and the large pool's segments",
                 Bytes(limits.sparse_address_space_size_bytes)
-            ),
-        });
-    }
+            )
+        },
+    )?;
     Ok(needed_bytes)
 }
 

@@ -20,19 +20,16 @@
 //! [`Error::OutOfMemory`] and nothing is allocated. Should gpu-allocator still create a block past the cap (a
 //! rule of another version), the allocation is freed again and the request refused.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use ash::vk;
 use gpu_allocator::vulkan::{AllocationCreateDesc, AllocationScheme, Allocator, AllocatorCreateDesc};
 use gpu_allocator::{AllocationError, AllocationSizes, AllocatorDebugSettings, MemoryLocation};
-use heapscope_core::{
-    Allocation, AllocationId, DeviceEvent, DeviceHeap, Error, OomCause, OomVerdict, OwnerId, Request, ResourceKind, Result,
-};
+use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Error, OomCause, OomVerdict, Request, Result};
 
 use crate::VulkanContext;
+use crate::external::{ExternalBook, ExternalHandle};
 
 /// How a [`GpuAllocatorHeap`] is set up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,73 +49,31 @@ impl Default for GpuAllocatorConfig {
     }
 }
 
-/// A live allocation of a [`GpuAllocatorHeap`]: `Copy`, like heapscope's own handles; gpu-allocator's
-/// allocation stays inside the heap.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GpuAllocatorHandle {
-    allocation: Allocation,
-    block_base: u64,
-}
+/// A live allocation of a [`GpuAllocatorHeap`]: the handle every external allocator's heap gives out.
+pub type GpuAllocatorHandle = ExternalHandle;
 
-impl GpuAllocatorHandle {
-    /// The allocation: offset and size in its block.
-    pub fn allocation(&self) -> &Allocation {
-        &self.allocation
-    }
-
-    /// The synthetic base address of its block.
-    pub fn block_base(&self) -> u64 {
-        self.block_base
-    }
-
-    /// Its synthetic address: block base plus offset.
-    pub fn address(&self) -> u64 {
-        self.block_base + self.allocation.offset()
-    }
-}
-
-/// A live gpu-allocator block, keyed by its memory handle.
-#[derive(Clone, Copy, Debug)]
-struct Block {
-    base_address: u64,
-    size_bytes: u64,
-    live_allocations: u64,
-}
-
-/// A live allocation kept in the heap.
+/// A live allocation kept in the heap, with the block it lies in.
 #[derive(Debug)]
 struct Live {
     inner: gpu_allocator::vulkan::Allocation,
     memory: vk::DeviceMemory,
-    generation: u32,
 }
 
 /// gpu-allocator as a heapscope [`DeviceHeap`]. See the module documentation.
 pub struct GpuAllocatorHeap {
-    // Declared before the context: dropped (its blocks freed) while the device is alive.
+    // Declared before the books (which hold the context): dropped (its blocks freed) while the device is alive.
     allocator: Allocator,
-    context: Arc<VulkanContext>,
+    book: ExternalBook<Live>,
     config: GpuAllocatorConfig,
-    owner: OwnerId,
-    slots: Vec<Option<Live>>,
-    generations: Vec<u32>,
-    free_slots: Vec<u32>,
-    blocks: HashMap<vk::DeviceMemory, Block>,
-    next_address: u64,
-    reserved_bytes: u64,
-    peak_reserved_bytes: u64,
-    live_bytes: u64,
-    ooms: u64,
-    events: Option<Vec<DeviceEvent>>,
 }
 
 impl fmt::Debug for GpuAllocatorHeap {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GpuAllocatorHeap")
             .field("config", &self.config)
-            .field("blocks", &self.blocks.len())
-            .field("reserved_bytes", &self.reserved_bytes)
-            .field("live_bytes", &self.live_bytes)
+            .field("blocks", &self.book.live_blocks())
+            .field("reserved_bytes", &self.book.reserved_bytes())
+            .field("live_bytes", &self.book.live_bytes())
             .finish_non_exhaustive()
     }
 }
@@ -178,19 +133,8 @@ impl GpuAllocatorHeap {
         .map_err(|error| failure("bring-up", &error))?;
         Ok(Self {
             allocator,
-            context,
+            book: ExternalBook::new(context, "gpu-allocator", Self::BASE_ADDRESS, Self::ADDRESS_ALIGNMENT_BYTES),
             config,
-            owner: OwnerId::fresh(),
-            slots: Vec::new(),
-            generations: Vec::new(),
-            free_slots: Vec::new(),
-            blocks: HashMap::new(),
-            next_address: Self::BASE_ADDRESS,
-            reserved_bytes: 0,
-            peak_reserved_bytes: 0,
-            live_bytes: 0,
-            ooms: 0,
-            events: None,
         })
     }
 
@@ -201,32 +145,32 @@ impl GpuAllocatorHeap {
 
     /// The context.
     pub fn context(&self) -> &Arc<VulkanContext> {
-        &self.context
+        self.book.context()
     }
 
     /// Bytes reserved in gpu-allocator's blocks now.
     pub fn reserved_bytes(&self) -> u64 {
-        self.reserved_bytes
+        self.book.reserved_bytes()
     }
 
     /// The most bytes reserved at once.
     pub fn peak_reserved_bytes(&self) -> u64 {
-        self.peak_reserved_bytes
+        self.book.peak_reserved_bytes()
     }
 
     /// Live blocks.
     pub fn live_blocks(&self) -> usize {
-        self.blocks.len()
+        self.book.live_blocks()
     }
 
     /// Live allocations.
     pub fn live_allocations(&self) -> usize {
-        self.slots.len() - self.free_slots.len()
+        self.book.live_allocations()
     }
 
     /// Refused requests.
     pub fn ooms(&self) -> u64 {
-        self.ooms
+        self.book.ooms()
     }
 
     /// gpu-allocator's own report (allocations and blocks).
@@ -236,7 +180,8 @@ impl GpuAllocatorHeap {
 
     /// The verdict for a refused request, from gpu-allocator's report.
     fn verdict(&mut self, request: Request) -> OomVerdict {
-        self.ooms += 1;
+        self.book.count_oom();
+        let live_bytes = self.book.live_bytes();
         let report = self.allocator.generate_report();
         let mut largest_free_run_bytes = 0;
         for block in &report.blocks {
@@ -251,7 +196,8 @@ impl GpuAllocatorHeap {
             largest_free_run_bytes = largest_free_run_bytes.max(block.size.saturating_sub(cursor));
         }
         let free_in_blocks_bytes = report.total_capacity_bytes.saturating_sub(report.total_allocated_bytes);
-        let device_left: u64 = self.context.heap_budgets().iter().map(crate::HeapBudget::available_bytes).max().unwrap_or(0);
+        let device_left: u64 =
+            self.book.context().heap_budgets().iter().map(crate::HeapBudget::available_bytes).max().unwrap_or(0);
         let cap_left = self.config.budget_cap_bytes.map_or(u64::MAX, |cap| cap.saturating_sub(report.total_capacity_bytes));
         let unreserved_bytes = device_left.min(cap_left);
         let needed_bytes = request.size_bytes().next_multiple_of(request.align_bytes());
@@ -261,8 +207,8 @@ impl GpuAllocatorHeap {
             needed_bytes,
             align_bytes: request.align_bytes(),
             reserved_bytes: report.total_capacity_bytes,
-            live_bytes: self.live_bytes,
-            padding_bytes: report.total_allocated_bytes.saturating_sub(self.live_bytes),
+            live_bytes,
+            padding_bytes: report.total_allocated_bytes.saturating_sub(live_bytes),
             free_in_blocks_bytes,
             largest_free_run_bytes,
             retired_bytes: 0,
@@ -272,27 +218,18 @@ impl GpuAllocatorHeap {
         }
     }
 
-    fn push_event(&mut self, event: DeviceEvent) {
-        if let Some(events) = &mut self.events {
-            events.push(event);
-        }
-    }
-
     /// Frees `inner` in gpu-allocator, and records the release of its block when gpu-allocator destroyed it.
     fn free_inner(&mut self, inner: gpu_allocator::vulkan::Allocation, memory: vk::DeviceMemory) -> Result<()> {
         self.allocator.free(inner).map_err(|error| failure("free", &error))?;
-        let Some(block) = self.blocks.get_mut(&memory) else {
+        let Some(block) = self.book.block_mut(memory) else {
             return Err(Error::Source("gpu-allocator freed an allocation in a block heapscope never saw".into()));
         };
         block.live_allocations -= 1;
         if block.live_allocations == 0 {
             let capacity = self.allocator.capacity();
-            if capacity < self.reserved_bytes {
-                let block = *block;
-                self.blocks.remove(&memory);
-                self.context.live_allocations.fetch_sub(1, Ordering::AcqRel);
-                self.reserved_bytes = capacity;
-                self.push_event(DeviceEvent::Released { address: block.base_address, size_bytes: block.size_bytes });
+            if capacity < self.book.reserved_bytes() {
+                self.book.release_block(memory);
+                self.book.set_reserved_bytes(capacity);
             }
         }
         Ok(())
@@ -309,7 +246,7 @@ impl DeviceHeap for GpuAllocatorHeap {
             let personal = size > block_bytes;
             let new_block_bytes = if personal { size } else { block_bytes };
             // Only near the cap is gpu-allocator's report read (it lists every allocation).
-            if self.reserved_bytes.saturating_add(new_block_bytes) > cap
+            if self.book.reserved_bytes().saturating_add(new_block_bytes) > cap
                 && (personal || !report_has_room(&self.allocator.generate_report(), size, request.align_bytes()))
             {
                 return Err(Error::OutOfMemory(Box::new(self.verdict(request))));
@@ -333,74 +270,34 @@ impl DeviceHeap for GpuAllocatorHeap {
         };
         // SAFETY: the handle is only used as a key to tell blocks apart; it is never bound, mapped or freed here.
         let memory = unsafe { inner.memory() };
-        let block = match self.blocks.get_mut(&memory) {
+        let block = match self.book.block_mut(memory) {
             Some(block) => block,
             None => {
-                let capacity = self.allocator.capacity();
-                let size_bytes = capacity.saturating_sub(self.reserved_bytes);
-                let base_address = self.next_address;
-                self.next_address += size_bytes.max(1).next_multiple_of(Self::ADDRESS_ALIGNMENT_BYTES);
-                self.reserved_bytes = capacity;
-                self.peak_reserved_bytes = self.peak_reserved_bytes.max(capacity);
-                self.context.live_allocations.fetch_add(1, Ordering::AcqRel);
-                self.push_event(DeviceEvent::Reserved { address: base_address, size_bytes });
-                self.blocks.entry(memory).or_insert(Block { base_address, size_bytes, live_allocations: 0 })
+                let size_bytes = self.allocator.capacity().saturating_sub(self.book.reserved_bytes());
+                self.book.reserve_block(memory, size_bytes)
             }
         };
         block.live_allocations += 1;
         let block_base = block.base_address;
         // A block past the cap despite the check above (another gpu-allocator block rule): undo it.
         if let Some(cap) = self.config.budget_cap_bytes
-            && self.reserved_bytes > cap
+            && self.book.reserved_bytes() > cap
         {
             self.free_inner(inner, memory)?;
             return Err(Error::OutOfMemory(Box::new(self.verdict(request))));
         }
-        let slot = match self.free_slots.pop() {
-            Some(slot) => slot,
-            None => {
-                let slot =
-                    u32::try_from(self.slots.len()).map_err(|_| Error::Source("more than 2^32 live allocations".into()))?;
-                self.slots.push(None);
-                self.generations.push(0);
-                slot
-            }
-        };
-        let generation = self.generations[slot as usize];
-        let (offset, size_bytes) = (inner.offset(), request.size_bytes());
-        self.slots[slot as usize] = Some(Live { inner, memory, generation });
-        self.live_bytes += size_bytes;
-        let allocation = Allocation::from_parts(
-            self.owner,
-            AllocationId::from_slot(slot, generation),
-            offset,
-            size_bytes,
-            (offset, size_bytes),
-            ResourceKind::Linear,
-        );
-        Ok(GpuAllocatorHandle { allocation, block_base })
+        let offset = inner.offset();
+        let allocation = self.book.insert(Live { inner, memory }, offset, request.size_bytes())?;
+        Ok(GpuAllocatorHandle::new(allocation, block_base))
     }
 
     fn free_handle(&mut self, handle: GpuAllocatorHandle) -> Result<()> {
-        let allocation = handle.allocation;
-        if allocation.owner() != self.owner {
-            return Err(Error::ForeignAllocation { offset: allocation.offset(), owner: "gpu-allocator" });
-        }
-        let (slot, generation) = (allocation.id().slot() as usize, allocation.id().generation());
-        let double_free = Error::DoubleFree { offset: allocation.offset(), id: allocation.id().0, owner: "gpu-allocator" };
-        let Some(entry) = self.slots.get_mut(slot) else { return Err(double_free) };
-        if entry.as_ref().is_none_or(|live| live.generation != generation) {
-            return Err(double_free);
-        }
-        let Some(live) = entry.take() else { return Err(double_free) };
-        self.generations[slot] = generation.wrapping_add(1);
-        self.free_slots.push(slot as u32);
-        self.live_bytes -= allocation.size_bytes();
+        let live = self.book.remove(handle.allocation())?;
         self.free_inner(live.inner, live.memory)
     }
 
     fn allocation(handle: &GpuAllocatorHandle) -> &Allocation {
-        &handle.allocation
+        handle.allocation()
     }
 
     fn address(handle: &GpuAllocatorHandle) -> u64 {
@@ -408,15 +305,15 @@ impl DeviceHeap for GpuAllocatorHeap {
     }
 
     fn block_base(handle: &GpuAllocatorHandle) -> u64 {
-        handle.block_base
+        handle.block_base()
     }
 
     fn record_device_events(&mut self, on: bool) {
-        self.events = on.then(Vec::new);
+        self.book.record_device_events(on);
     }
 
     fn take_device_events(&mut self) -> Vec<DeviceEvent> {
-        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+        self.book.take_device_events()
     }
 
     fn policy_name(&self) -> &'static str {
@@ -424,24 +321,22 @@ impl DeviceHeap for GpuAllocatorHeap {
     }
 
     fn reserved_and_live_bytes(&self) -> (u64, u64) {
-        (self.reserved_bytes, self.live_bytes)
+        self.book.reserved_and_live_bytes()
     }
 
     fn count_oom(&mut self) {
-        self.ooms += 1;
+        self.book.count_oom();
     }
 }
 
 impl Drop for GpuAllocatorHeap {
     fn drop(&mut self) {
         // Frees what is still live so gpu-allocator destroys its blocks cleanly; the allocator itself frees the
-        // rest when dropped, before the context (field order).
-        for live in self.slots.iter_mut().filter_map(Option::take) {
+        // rest when dropped, before the context (field order). Every block left (gpu-allocator's last general
+        // block, blocks of failed frees) goes with the allocator, and the books take it off the device's count.
+        for live in self.book.take_all_live() {
             let _ = self.allocator.free(live.inner);
         }
-        // Every block left (gpu-allocator's last general block, blocks of failed frees) goes with the allocator.
-        let blocks = u32::try_from(self.blocks.len()).unwrap_or(u32::MAX);
-        self.context.live_allocations.fetch_sub(blocks, Ordering::AcqRel);
     }
 }
 

@@ -21,7 +21,10 @@
 //!   filled, computed on and verified by the kernels.
 //! - [`Transfer`] (`transfer`): staging copies into and out of device buffers on the compute queue.
 //! - [`GpuAllocatorHeap`] (`gpu_allocator_heap`): gpu-allocator 0.28 as a [`heapscope_core::DeviceHeap`], a
-//!   contender on the same device; [`VmaHeap`] (`vma_heap`): VMA (vk-mem 0.5) the same way.
+//!   contender on the same device; [`VmaHeap`] (`vma_heap`): VMA (vk-mem 0.5) the same way. Both keep their
+//!   books in one shared type (`external`: slot table, blocks and their synthetic addresses, reserved / live
+//!   bytes, device events, refusals) and give out one handle type, [`ExternalHandle`], so each wrapper holds only
+//!   what talks to its allocator.
 //! - [`replay_on_device`] (`contenders`): a recording through a [`DeviceContender`] — PyTorch's allocator on
 //!   device memory, a heap of device-memory blocks, `paged` on a sparse buffer sized by [`paged_virtual_bytes`],
 //!   gpu-allocator or VMA — summed up in the core's `Outcome` (what `heapscope replay --vulkan` prints); a
@@ -40,6 +43,7 @@ pub mod compute;
 mod contenders;
 mod context;
 mod error;
+mod external;
 mod gpu_allocator_heap;
 mod margins;
 pub mod memory_types;
@@ -60,6 +64,7 @@ pub use bench_target::{VulkanHandle, VulkanTarget};
 pub use contenders::{DeviceContender, paged_range_for, paged_virtual_bytes, peak_live_footprint_bytes, replay_on_device};
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};
 pub use error::VulkanError;
+pub use external::ExternalHandle;
 pub use gpu_allocator_heap::{GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocatorHeap};
 pub use margins::{Corruption, GuardedAllocation, GuardedHeap, MAGIC, MarginError, MarginLayout, Side};
 pub use paged::{DevicePagedConfig, DevicePagedHeap, DevicePagedStats};

@@ -21,9 +21,9 @@
 
 use std::sync::Arc;
 
-use heapscope_core::pytorch::caching::{MIN_BLOCK_BYTES, round_size};
+use heapscope_core::pytorch::caching::MIN_BLOCK_BYTES;
 use heapscope_core::pytorch::{AllocConf, CachingAllocation, CachingHeap};
-use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Error, OomCause, OomVerdict, Request};
+use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Error, Request};
 
 use crate::compute::ComputeBuffer;
 use crate::{SegmentMemory, VulkanContext, VulkanError};
@@ -59,7 +59,6 @@ impl PytorchDeviceConfig {
 #[derive(Debug)]
 pub struct PytorchDeviceHeap {
     heap: CachingHeap,
-    capacity_bytes: Option<u64>,
     memory: SegmentMemory,
     device_refusals: u64,
     /// What the device was asked, for `DeviceHeap::take_device_events` (`None` while off).
@@ -75,7 +74,7 @@ impl PytorchDeviceHeap {
         let memory = SegmentMemory::new(context, &config)?;
         let mut heap = CachingHeap::new(config.conf, config.capacity_bytes);
         heap.record_device_events(true);
-        Ok(Self { heap, capacity_bytes: config.capacity_bytes, memory, device_refusals: 0, exported: None })
+        Ok(Self { heap, memory, device_refusals: 0, exported: None })
     }
 
     /// The Vulkan context the segments live on.
@@ -126,10 +125,9 @@ impl PytorchDeviceHeap {
             Ok(()) => Ok(allocation),
             Err(error) if error.is_out_of_memory() => {
                 self.device_refusals += 1;
-                self.heap.free(allocation)?;
-                self.heap.empty_cache();
+                let verdict = self.heap.undo_device_refusal(allocation)?;
                 self.apply_events(true)?;
-                Err(Error::OutOfMemory(Box::new(self.device_verdict(size_bytes))).into())
+                Err(Error::OutOfMemory(Box::new(verdict)).into())
             }
             Err(error) => Err(error),
         }
@@ -167,26 +165,6 @@ impl PytorchDeviceHeap {
     /// A failed `vkWaitSemaphores`.
     pub fn wait_binds(&self) -> Result<(), VulkanError> {
         self.memory.wait_binds()
-    }
-
-    /// The verdict when the device refused below the allocator's capacity.
-    fn device_verdict(&self, size_bytes: u64) -> OomVerdict {
-        let (reserved_bytes, live_bytes) = self.heap.reserved_and_live_bytes();
-        OomVerdict {
-            policy: self.heap.name(),
-            requested_bytes: size_bytes,
-            needed_bytes: round_size(size_bytes, self.heap.allocator().conf()),
-            align_bytes: MIN_BLOCK_BYTES,
-            reserved_bytes,
-            live_bytes,
-            padding_bytes: 0,
-            free_in_blocks_bytes: reserved_bytes.saturating_sub(live_bytes),
-            largest_free_run_bytes: 0,
-            retired_bytes: 0,
-            unreserved_bytes: 0,
-            capacity_bytes: self.capacity_bytes,
-            cause: OomCause::Exhaustion,
-        }
     }
 
     /// Applies the allocator's device events: blocks for reserved segments, binds for mapped pages, and back.

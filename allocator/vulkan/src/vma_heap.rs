@@ -20,19 +20,17 @@
 //! Its blocks count in [`VulkanContext::live_allocation_count`] alongside every source's, after the fact (VMA
 //! calls `vkAllocateMemory` itself).
 
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ash::vk;
-use heapscope_core::{
-    Allocation, AllocationId, DeviceEvent, DeviceHeap, Error, OomCause, OomVerdict, OwnerId, Request, ResourceKind, Result,
-};
+use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Error, OomCause, OomVerdict, Request, Result};
 use vk_mem::Alloc;
 
 use crate::VulkanContext;
+use crate::external::{ExternalBook, ExternalHandle};
 
 /// How a [`VmaHeap`] is set up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,29 +49,8 @@ impl Default for VmaConfig {
     }
 }
 
-/// A live allocation of a [`VmaHeap`]: `Copy`, like heapscope's own handles; VMA's allocation stays inside.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct VmaHandle {
-    allocation: Allocation,
-    block_base: u64,
-}
-
-impl VmaHandle {
-    /// The allocation: offset and size in its block.
-    pub fn allocation(&self) -> &Allocation {
-        &self.allocation
-    }
-
-    /// The synthetic base address of its block.
-    pub fn block_base(&self) -> u64 {
-        self.block_base
-    }
-
-    /// Its synthetic address: block base plus offset.
-    pub fn address(&self) -> u64 {
-        self.block_base + self.allocation.offset()
-    }
-}
+/// A live allocation of a [`VmaHeap`]: the handle every external allocator's heap gives out.
+pub type VmaHandle = ExternalHandle;
 
 /// One `vkAllocateMemory` (true) or `vkFreeMemory` (false) VMA made, with the memory and its size.
 type MemoryCall = (bool, vk::DeviceMemory, u64);
@@ -128,48 +105,24 @@ unsafe extern "C" fn on_free(_: *mut c_void, _: u32, memory: vk::DeviceMemory, s
     log.push((false, memory, size));
 }
 
-/// A live VMA block, keyed by its memory handle.
-#[derive(Clone, Copy, Debug)]
-struct Block {
-    base_address: u64,
-    size_bytes: u64,
-}
-
-/// A live allocation kept in the heap.
-#[derive(Debug)]
-struct Live {
-    inner: vk_mem::Allocation,
-    generation: u32,
-}
-
 /// VMA as a heapscope [`DeviceHeap`]. See the module documentation.
 pub struct VmaHeap {
     // Declared first: dropped (its blocks freed) while the device and the callback log are alive.
     allocator: vk_mem::Allocator,
     callbacks: Box<CallbackLog>,
-    context: Arc<VulkanContext>,
+    // Holds the context: dropped after the allocator.
+    book: ExternalBook<vk_mem::Allocation>,
     config: VmaConfig,
     create_info: vk_mem::AllocationCreateInfo,
-    owner: OwnerId,
-    slots: Vec<Option<Live>>,
-    generations: Vec<u32>,
-    free_slots: Vec<u32>,
-    blocks: HashMap<vk::DeviceMemory, Block>,
-    next_address: u64,
-    reserved_bytes: u64,
-    peak_reserved_bytes: u64,
-    live_bytes: u64,
-    ooms: u64,
-    events: Option<Vec<DeviceEvent>>,
 }
 
 impl fmt::Debug for VmaHeap {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("VmaHeap")
             .field("config", &self.config)
-            .field("blocks", &self.blocks.len())
-            .field("reserved_bytes", &self.reserved_bytes)
-            .field("live_bytes", &self.live_bytes)
+            .field("blocks", &self.book.live_blocks())
+            .field("reserved_bytes", &self.book.reserved_bytes())
+            .field("live_bytes", &self.book.live_bytes())
             .finish_non_exhaustive()
     }
 }
@@ -230,20 +183,9 @@ impl VmaHeap {
         Ok(Self {
             allocator,
             callbacks,
-            context,
+            book: ExternalBook::new(context, "vma", Self::BASE_ADDRESS, Self::ADDRESS_ALIGNMENT_BYTES),
             config,
             create_info,
-            owner: OwnerId::fresh(),
-            slots: Vec::new(),
-            generations: Vec::new(),
-            free_slots: Vec::new(),
-            blocks: HashMap::new(),
-            next_address: Self::BASE_ADDRESS,
-            reserved_bytes: 0,
-            peak_reserved_bytes: 0,
-            live_bytes: 0,
-            ooms: 0,
-            events: None,
         })
     }
 
@@ -254,27 +196,27 @@ impl VmaHeap {
 
     /// Bytes reserved in VMA's blocks now.
     pub fn reserved_bytes(&self) -> u64 {
-        self.reserved_bytes
+        self.book.reserved_bytes()
     }
 
     /// The most bytes reserved at once.
     pub fn peak_reserved_bytes(&self) -> u64 {
-        self.peak_reserved_bytes
+        self.book.peak_reserved_bytes()
     }
 
     /// Live blocks.
     pub fn live_blocks(&self) -> usize {
-        self.blocks.len()
+        self.book.live_blocks()
     }
 
     /// Live allocations.
     pub fn live_allocations(&self) -> usize {
-        self.slots.len() - self.free_slots.len()
+        self.book.live_allocations()
     }
 
     /// Refused requests.
     pub fn ooms(&self) -> u64 {
-        self.ooms
+        self.book.ooms()
     }
 
     /// From VMA's own statistics (`vmaCalculateStatistics`): bytes allocated in its blocks (alignment padding
@@ -288,34 +230,22 @@ impl VmaHeap {
     fn apply_memory_calls(&mut self) {
         for (allocated, memory, size_bytes) in self.callbacks.take() {
             if allocated {
-                let base_address = self.next_address;
-                self.next_address += size_bytes.max(1).next_multiple_of(Self::ADDRESS_ALIGNMENT_BYTES);
-                self.blocks.insert(memory, Block { base_address, size_bytes });
-                self.reserved_bytes += size_bytes;
-                self.peak_reserved_bytes = self.peak_reserved_bytes.max(self.reserved_bytes);
-                self.context.live_allocations.fetch_add(1, Ordering::AcqRel);
-                self.push_event(DeviceEvent::Reserved { address: base_address, size_bytes });
-            } else if let Some(block) = self.blocks.remove(&memory) {
-                self.reserved_bytes -= block.size_bytes;
-                self.context.live_allocations.fetch_sub(1, Ordering::AcqRel);
-                self.push_event(DeviceEvent::Released { address: block.base_address, size_bytes: block.size_bytes });
+                self.book.reserve_block(memory, size_bytes);
+            } else {
+                self.book.release_block(memory);
             }
-        }
-    }
-
-    fn push_event(&mut self, event: DeviceEvent) {
-        if let Some(events) = &mut self.events {
-            events.push(event);
         }
     }
 
     /// The verdict for a refused request, from VMA's statistics.
     fn verdict(&mut self, request: Request) -> OomVerdict {
-        self.ooms += 1;
-        let (allocated_bytes, largest_free_run_bytes) = self.allocated_and_largest_free_bytes().unwrap_or((self.live_bytes, 0));
-        let free_in_blocks_bytes = self.reserved_bytes.saturating_sub(allocated_bytes);
-        let device_left: u64 = self.context.heap_budgets().iter().map(crate::HeapBudget::available_bytes).max().unwrap_or(0);
-        let cap_left = self.config.budget_cap_bytes.map_or(u64::MAX, |cap| cap.saturating_sub(self.reserved_bytes));
+        self.book.count_oom();
+        let (reserved_bytes, live_bytes) = self.book.reserved_and_live_bytes();
+        let (allocated_bytes, largest_free_run_bytes) = self.allocated_and_largest_free_bytes().unwrap_or((live_bytes, 0));
+        let free_in_blocks_bytes = reserved_bytes.saturating_sub(allocated_bytes);
+        let device_left: u64 =
+            self.book.context().heap_budgets().iter().map(crate::HeapBudget::available_bytes).max().unwrap_or(0);
+        let cap_left = self.config.budget_cap_bytes.map_or(u64::MAX, |cap| cap.saturating_sub(reserved_bytes));
         let unreserved_bytes = device_left.min(cap_left);
         let needed_bytes = request.size_bytes().next_multiple_of(request.align_bytes());
         OomVerdict {
@@ -323,9 +253,9 @@ impl VmaHeap {
             requested_bytes: request.size_bytes(),
             needed_bytes,
             align_bytes: request.align_bytes(),
-            reserved_bytes: self.reserved_bytes,
-            live_bytes: self.live_bytes,
-            padding_bytes: allocated_bytes.saturating_sub(self.live_bytes),
+            reserved_bytes,
+            live_bytes,
+            padding_bytes: allocated_bytes.saturating_sub(live_bytes),
             free_in_blocks_bytes,
             largest_free_run_bytes: largest_free_run_bytes.min(free_in_blocks_bytes),
             retired_bytes: 0,
@@ -354,61 +284,27 @@ impl DeviceHeap for VmaHeap {
             Err(result) => return Err(failure("vmaAllocateMemory", result)),
         };
         let info = self.allocator.get_allocation_info(&inner);
-        let Some(block) = self.blocks.get(&info.device_memory) else {
+        let Some(block) = self.book.block_mut(info.device_memory) else {
             // SAFETY: the allocation was just made by this allocator and is bound to nothing.
             unsafe { self.allocator.free_memory(&mut { inner }) };
             self.apply_memory_calls();
             return Err(Error::Source("VMA placed an allocation in memory its callbacks never reported".into()));
         };
         let block_base = block.base_address;
-        let slot = match self.free_slots.pop() {
-            Some(slot) => slot,
-            None => {
-                let slot =
-                    u32::try_from(self.slots.len()).map_err(|_| Error::Source("more than 2^32 live allocations".into()))?;
-                self.slots.push(None);
-                self.generations.push(0);
-                slot
-            }
-        };
-        let generation = self.generations[slot as usize];
-        let (offset, size_bytes) = (info.offset, request.size_bytes());
-        self.slots[slot as usize] = Some(Live { inner, generation });
-        self.live_bytes += size_bytes;
-        let allocation = Allocation::from_parts(
-            self.owner,
-            AllocationId::from_slot(slot, generation),
-            offset,
-            size_bytes,
-            (offset, size_bytes),
-            ResourceKind::Linear,
-        );
-        Ok(VmaHandle { allocation, block_base })
+        let allocation = self.book.insert(inner, info.offset, request.size_bytes())?;
+        Ok(VmaHandle::new(allocation, block_base))
     }
 
     fn free_handle(&mut self, handle: VmaHandle) -> Result<()> {
-        let allocation = handle.allocation;
-        if allocation.owner() != self.owner {
-            return Err(Error::ForeignAllocation { offset: allocation.offset(), owner: "vma" });
-        }
-        let (slot, generation) = (allocation.id().slot() as usize, allocation.id().generation());
-        let double_free = Error::DoubleFree { offset: allocation.offset(), id: allocation.id().0, owner: "vma" };
-        let Some(entry) = self.slots.get_mut(slot) else { return Err(double_free) };
-        if entry.as_ref().is_none_or(|live| live.generation != generation) {
-            return Err(double_free);
-        }
-        let Some(mut live) = entry.take() else { return Err(double_free) };
-        self.generations[slot] = generation.wrapping_add(1);
-        self.free_slots.push(slot as u32);
-        self.live_bytes -= allocation.size_bytes();
+        let mut inner = self.book.remove(handle.allocation())?;
         // SAFETY: the allocation is live (checked by slot and generation), made by this allocator, bound to nothing.
-        unsafe { self.allocator.free_memory(&mut live.inner) };
+        unsafe { self.allocator.free_memory(&mut inner) };
         self.apply_memory_calls();
         Ok(())
     }
 
     fn allocation(handle: &VmaHandle) -> &Allocation {
-        &handle.allocation
+        handle.allocation()
     }
 
     fn address(handle: &VmaHandle) -> u64 {
@@ -416,15 +312,15 @@ impl DeviceHeap for VmaHeap {
     }
 
     fn block_base(handle: &VmaHandle) -> u64 {
-        handle.block_base
+        handle.block_base()
     }
 
     fn record_device_events(&mut self, on: bool) {
-        self.events = on.then(Vec::new);
+        self.book.record_device_events(on);
     }
 
     fn take_device_events(&mut self) -> Vec<DeviceEvent> {
-        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+        self.book.take_device_events()
     }
 
     fn policy_name(&self) -> &'static str {
@@ -432,24 +328,23 @@ impl DeviceHeap for VmaHeap {
     }
 
     fn reserved_and_live_bytes(&self) -> (u64, u64) {
-        (self.reserved_bytes, self.live_bytes)
+        self.book.reserved_and_live_bytes()
     }
 
     fn count_oom(&mut self) {
-        self.ooms += 1;
+        self.book.count_oom();
     }
 }
 
 impl Drop for VmaHeap {
     fn drop(&mut self) {
         // Frees what is still live so VMA destroys its blocks cleanly (it asserts there is nothing left); the
-        // allocator itself frees the empty blocks it kept when dropped, before the context (field order).
-        for mut live in self.slots.iter_mut().filter_map(Option::take).collect::<Vec<_>>() {
+        // allocator itself frees the empty blocks it kept when dropped, before the context (field order), and the
+        // books then take the blocks left off the device's count.
+        for mut inner in self.book.take_all_live() {
             // SAFETY: each allocation is live, made by this allocator, bound to nothing.
-            unsafe { self.allocator.free_memory(&mut live.inner) };
+            unsafe { self.allocator.free_memory(&mut inner) };
         }
         self.apply_memory_calls();
-        let blocks = u32::try_from(self.blocks.len()).unwrap_or(u32::MAX);
-        self.context.live_allocations.fetch_sub(blocks, Ordering::AcqRel);
     }
 }

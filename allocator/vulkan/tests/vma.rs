@@ -3,43 +3,16 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::Rng;
-use heapscope_core::replay::replay_device_heap;
-use heapscope_core::trace::Trace;
-use heapscope_core::units::{KIB, MIB};
-use heapscope_core::{DeviceEvent, DeviceHeap, Error, OomCause, Request};
+use common::external::{free_all, random_traffic, replay_gpt2};
+use heapscope_core::units::MIB;
+use heapscope_core::{DeviceHeap, Error, OomCause, Request};
 use heapscope_vulkan::{VmaConfig, VmaHandle, VmaHeap, VulkanContext};
 
 fn heap(context: &Arc<VulkanContext>, config: VmaConfig) -> VmaHeap {
     VmaHeap::new(Arc::clone(context), config).unwrap()
-}
-
-/// Live allocations by address; panics on an overlap or an allocation outside its block.
-fn insert_checked(live: &mut BTreeMap<u64, VmaHandle>, blocks: &BTreeMap<u64, u64>, handle: VmaHandle) {
-    let size = handle.allocation().size_bytes();
-    let (start, end) = (handle.address(), handle.address() + size);
-    if let Some((_, before)) = live.range(..start).next_back() {
-        assert!(before.address() + before.allocation().size_bytes() <= start, "{before:?} overlaps {handle:?}");
-    }
-    if let Some((_, after)) = live.range(start..).next() {
-        assert!(end <= after.address(), "{handle:?} overlaps {after:?}");
-    }
-    let block_size = blocks.get(&handle.block_base()).copied().expect("the allocation lies in a reserved block");
-    assert!(handle.allocation().offset() + size <= block_size, "{handle:?} runs past its block of {block_size}");
-    live.insert(start, handle);
-}
-
-fn apply(blocks: &mut BTreeMap<u64, u64>, events: Vec<DeviceEvent>) {
-    for event in events {
-        match event {
-            DeviceEvent::Reserved { address, size_bytes } => assert!(blocks.insert(address, size_bytes).is_none()),
-            DeviceEvent::Released { address, size_bytes } => assert_eq!(blocks.remove(&address), Some(size_bytes)),
-            other => panic!("unexpected {other:?}"),
-        }
-    }
 }
 
 /// 2,000 random allocations and frees (1 B to 256 KiB, one in ten 3 to 40 MiB; alignments to 4 KiB) with 16 MiB
@@ -51,44 +24,15 @@ fn random_allocs_and_frees_do_not_overlap() {
     let context = Arc::new(context);
     {
         let mut heap = heap(&context, VmaConfig { block_size_bytes: 16 * MIB, budget_cap_bytes: None });
-        heap.record_device_events(true);
-        let mut rng = Rng(0x0e3a);
-        let mut live = BTreeMap::new();
-        let mut blocks = BTreeMap::new();
-        let mut order: Vec<u64> = Vec::new();
-        let mut released = 0;
-        for _ in 0..2000 {
-            if !order.is_empty() && rng.range(0, 99) < 45 {
-                let address = order.swap_remove(rng.range(0, order.len() as u64 - 1) as usize);
-                heap.free_handle(live.remove(&address).unwrap()).unwrap();
-            } else {
-                let size = if rng.range(0, 9) == 0 { rng.range(3 * MIB, 40 * MIB) } else { rng.range(1, 256 * KIB) };
-                let align = 1 << rng.range(0, 12);
-                let handle = heap.allocate_request(Request::new(size, align).unwrap()).unwrap();
-                assert_eq!(handle.allocation().offset() % align, 0);
-                assert_eq!(handle.address() % align, 0);
-                apply(&mut blocks, heap.take_device_events());
-                order.push(handle.address());
-                insert_checked(&mut live, &blocks, handle);
-            }
-            let events = heap.take_device_events();
-            released += events.iter().filter(|event| matches!(event, DeviceEvent::Released { .. })).count();
-            apply(&mut blocks, events);
-            let reserved: u64 = blocks.values().sum();
-            assert_eq!(heap.reserved_and_live_bytes().0, reserved);
+        let traffic = random_traffic(&mut heap, &mut Rng(0x0e3a), 2000, 3 * MIB..=40 * MIB, |_, blocks| {
             assert_eq!(context.live_allocation_count() as usize, blocks.len(), "its blocks count on the device");
-        }
-        assert!(released > 0, "blocks came and went");
-        let live_bytes: u64 = live.values().map(|handle| handle.allocation().size_bytes()).sum();
+        });
+        assert!(traffic.released > 0, "blocks came and went");
+        let live_bytes = traffic.live_bytes();
         assert_eq!(heap.reserved_and_live_bytes().1, live_bytes);
         let (allocated, _) = heap.allocated_and_largest_free_bytes().unwrap();
         assert!(allocated >= live_bytes && allocated <= heap.reserved_bytes(), "{allocated} {live_bytes}");
-        let any = *live.values().next().unwrap();
-        for handle in live.into_values() {
-            heap.free_handle(handle).unwrap();
-        }
-        assert!(matches!(heap.free_handle(any), Err(Error::DoubleFree { .. })));
-        apply(&mut blocks, heap.take_device_events());
+        let blocks = free_all(&mut heap, traffic);
         assert!(blocks.len() <= 1, "at most the empty block VMA keeps stays: {blocks:?}");
         assert_eq!(heap.reserved_and_live_bytes(), (blocks.values().sum(), 0));
     }
@@ -155,24 +99,8 @@ fn gpt2_trace_replays_through_vma() {
     let Some(context) = common::context() else { return };
     let context = Arc::new(context);
     {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/traces/gpt2_train_fixed-default.hst");
-        let trace = Trace::read(std::path::Path::new(path)).unwrap();
         let mut heap = heap(&context, VmaConfig::default());
-        let replay = replay_device_heap(&trace, &mut heap, 512).unwrap();
-        assert_eq!(replay.stats.events, trace.events().len() as u64);
-        let largest_heap = context.heap_budgets().iter().map(heapscope_vulkan::HeapBudget::available_bytes).max().unwrap();
-        if largest_heap >= 14 << 30 {
-            assert_eq!(replay.stats.failed_allocations, 0, "{:?}", replay.first_oom);
-            assert!(heap.peak_reserved_bytes() >= replay.stats.peak_live_bytes);
-        } else if replay.stats.failed_allocations > 0 {
-            assert_eq!(replay.first_oom.unwrap().policy, "vma");
-        }
-        eprintln!(
-            "gpt2 through VMA: peak live {} MiB, peak reserved {} MiB, {} blocks left",
-            replay.stats.peak_live_bytes >> 20,
-            heap.peak_reserved_bytes() >> 20,
-            heap.live_blocks()
-        );
+        replay_gpt2(&context, &mut heap, "vma", VmaHeap::peak_reserved_bytes, VmaHeap::live_blocks);
     }
     common::finish(context);
 }

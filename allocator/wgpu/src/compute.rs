@@ -11,13 +11,16 @@
 //! [`WgpuKernels::DISPATCHES_PER_SUBMIT`] dispatches per compute pass and submit (wgpu orders dispatches that
 //! share a buffer), copies verify results to a readback buffer, and waits for each submit. Every submit runs
 //! inside wgpu error scopes: a validation, out-of-memory or internal error is returned as [`WgpuError::Device`].
+//! The planning, the verify result slots and their merging are [`heapscope_kernels::RunPlan`] and
+//! [`heapscope_kernels::VerifySlots`], shared with the Vulkan runner.
 
 use std::fmt;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
 
 use heapscope_kernels::{
-    BindingLimits, Dispatch, Kernel, KernelError, Op, PARAMS_BYTES, ParamsBinding, SizedBuffer, VerifyResult,
+    BindingLimits, Dispatch, Kernel, KernelError, Op, PARAMS_BYTES, ParamsBinding, RunPlan, SizedBuffer, VerifyResult,
+    VerifySlots,
 };
 
 use crate::{WgpuDevice, WgpuError};
@@ -58,13 +61,6 @@ struct KernelPipeline {
     kernel: Kernel,
     layout: wgpu::BindGroupLayout,
     pipeline: wgpu::ComputePipeline,
-}
-
-/// A verify op's result being gathered: its index in the output, and its slot in the current submit.
-#[derive(Clone, Copy, Debug)]
-struct PendingVerify {
-    output: usize,
-    slot: u32,
 }
 
 /// Runs heapscope's kernels on a [`WgpuDevice`]. See the module documentation.
@@ -136,10 +132,10 @@ impl WgpuKernels {
             validate_wgsl(kernel)?;
         }
         let limits = device.limits();
-        let device_limits = BindingLimits {
-            max_range_bytes: limits.max_storage_buffer_binding_size,
-            offset_alignment_bytes: u64::from(limits.min_storage_buffer_offset_alignment).max(4),
-        };
+        let device_limits = BindingLimits::of_device(
+            limits.max_storage_buffer_binding_size,
+            u64::from(limits.min_storage_buffer_offset_alignment),
+        );
         let params_stride_bytes = u64::from(limits.min_uniform_buffer_offset_alignment).max(u64::from(PARAMS_BYTES));
         let wgpu_device = device.device();
         let built = device.checked("creating the kernel pipelines", || {
@@ -255,8 +251,7 @@ impl WgpuKernels {
     /// Splits ranges as if bindings could cover at most `max_range_bytes` (at most the device's limit, at least the
     /// offset alignment plus a word): to exercise the splitting with small buffers.
     pub fn set_max_binding_bytes(&mut self, max_range_bytes: u64) {
-        let floor = self.device_limits.offset_alignment_bytes + 4;
-        self.limits.max_range_bytes = max_range_bytes.clamp(floor, self.device_limits.max_range_bytes.max(floor));
+        self.limits = self.device_limits.lowered(max_range_bytes);
     }
 
     /// Submits and dispatches so far.
@@ -272,8 +267,7 @@ impl WgpuKernels {
     /// error wgpu reports (a buffer of another device, a destroyed buffer, ...); [`WgpuError::Wait`] when waiting
     /// or reading results back fails.
     pub fn run(&mut self, ops: &[Op<KernelBuffer<'_>>]) -> Result<Vec<VerifyResult>, WgpuError> {
-        let mut planned = Vec::with_capacity(ops.len());
-        for op in ops {
+        let run = RunPlan::new(ops, self.limits, |op| {
             if let Some(buffer) =
                 op.buffers().into_iter().find(|buffer| !buffer.buffer.usage().contains(wgpu::BufferUsages::STORAGE))
             {
@@ -281,45 +275,21 @@ impl WgpuKernels {
                     "a buffer of {} B without STORAGE usage ({:?})",
                     buffer.buffer.size(),
                     buffer.buffer.usage()
-                ))
-                .into());
+                )));
             }
-            planned.push(heapscope_kernels::plan(op, 0, self.limits)?);
-        }
-        let verifies = ops.iter().filter(|op| matches!(op, Op::Verify { .. })).count();
-        let mut results = vec![VerifyResult::default(); verifies];
-        let mut batch: Vec<(Dispatch<KernelBuffer<'_>>, u32)> = Vec::new();
-        let mut pending: Vec<PendingVerify> = Vec::new();
-        let mut next_output = 0;
-        for (op, dispatches) in ops.iter().zip(&planned) {
-            let output = matches!(op, Op::Verify { .. }).then(|| {
-                next_output += 1;
-                next_output - 1
+            Ok(())
+        })?;
+        let mut slots = VerifySlots::new(run.verifies());
+        for batch in run.batches(Self::DISPATCHES_PER_SUBMIT) {
+            let slotted: Vec<(Dispatch<KernelBuffer<'_>>, u32)> =
+                batch.iter().map(|planned| (planned.dispatch, slots.slot_for(planned.verify).0)).collect();
+            let words = self.submit_and_wait(&slotted, slots.slots_in_use())?;
+            slots.merge(|slot| {
+                let at = slot as usize * 2;
+                VerifyResult::from_counters(words[at], words[at + 1])
             });
-            for dispatch in dispatches {
-                if batch.len() == Self::DISPATCHES_PER_SUBMIT as usize {
-                    self.submit_and_wait(&batch, &pending, &mut results)?;
-                    batch.clear();
-                    pending.clear();
-                }
-                let slot = match output {
-                    Some(output) => match pending.last() {
-                        Some(last) if last.output == output => last.slot,
-                        _ => {
-                            let slot = u32::try_from(pending.len()).unwrap_or(u32::MAX);
-                            pending.push(PendingVerify { output, slot });
-                            slot
-                        }
-                    },
-                    None => 0,
-                };
-                batch.push((*dispatch, slot));
-            }
         }
-        if !batch.is_empty() {
-            self.submit_and_wait(&batch, &pending, &mut results)?;
-        }
-        Ok(results)
+        Ok(slots.into_results())
     }
 
     /// Writes allocation `id`'s pattern into `len_bytes` at `offset_bytes` of `buffer`.
@@ -352,12 +322,9 @@ impl WgpuKernels {
             .ok_or_else(|| KernelError::InvalidOp(format!("no pipeline for kernel {kernel}")).into())
     }
 
-    fn submit_and_wait(
-        &mut self,
-        batch: &[(Dispatch<KernelBuffer<'_>>, u32)],
-        pending: &[PendingVerify],
-        results: &mut [VerifyResult],
-    ) -> Result<(), WgpuError> {
+    /// Records `batch` (each dispatch with its verify result slot) into one submit, waits for it, and returns the
+    /// counters of the first `verify_slots` result slots (two words each).
+    fn submit_and_wait(&mut self, batch: &[(Dispatch<KernelBuffer<'_>>, u32)], verify_slots: u32) -> Result<Vec<u32>, WgpuError> {
         let stride = self.params_stride_bytes;
         let mut params = vec![0u8; usize::try_from(stride * batch.len() as u64).unwrap_or(0)];
         for ((dispatch, slot), chunk) in batch.iter().zip(params.chunks_exact_mut(stride as usize)) {
@@ -370,7 +337,7 @@ impl WgpuKernels {
                 bytes.copy_from_slice(&word.to_le_bytes());
             }
         }
-        let verify_slots = pending.len() as u64;
+        let verify_slots = u64::from(verify_slots);
         let device = Arc::clone(&self.device);
         let submission = device.checked("running kernels", || -> Result<wgpu::SubmissionIndex, WgpuError> {
             let groups = batch.iter().map(|(dispatch, _)| self.storage_group(dispatch)).collect::<Result<Vec<_>, _>>()?;
@@ -406,21 +373,9 @@ impl WgpuKernels {
         self.submits += 1;
         self.dispatches += batch.len() as u64;
         if verify_slots == 0 {
-            return Ok(());
+            return Ok(Vec::new());
         }
-        let words = self.read_results(verify_slots * 8)?;
-        for verify in pending {
-            let at = verify.slot as usize * 2;
-            let found = VerifyResult::from_counters(words[at], words[at + 1]);
-            if let Some(result) = results.get_mut(verify.output) {
-                result.mismatches = result.mismatches.saturating_add(found.mismatches);
-                result.first_mismatch = match (result.first_mismatch, found.first_mismatch) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-            }
-        }
-        Ok(())
+        self.read_results(verify_slots * 8)
     }
 
     /// The storage bind group of a dispatch: binding 0 the data (or copy source), binding 1 the copy destination

@@ -18,9 +18,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use heapscope_core::pytorch::caching::{MIN_BLOCK_BYTES, round_size};
 use heapscope_core::pytorch::{AllocConf, CachingAllocation, CachingHeap};
-use heapscope_core::{DeviceEvent, DeviceHeap, OomCause, OomVerdict};
+use heapscope_core::{DeviceEvent, DeviceHeap};
 
 use crate::{ARENA_USAGE, WgpuDevice, WgpuError};
 
@@ -28,7 +27,6 @@ use crate::{ARENA_USAGE, WgpuDevice, WgpuError};
 pub struct PytorchHeap {
     device: Arc<WgpuDevice>,
     heap: CachingHeap,
-    capacity_bytes: Option<u64>,
     /// Segment base (the allocator's address) -> its buffer.
     segments: HashMap<u64, wgpu::Buffer>,
     device_bytes: u64,
@@ -60,7 +58,7 @@ impl PytorchHeap {
         }
         let mut heap = CachingHeap::new(conf, capacity_bytes);
         heap.record_device_events(true);
-        Ok(Self { device, heap, capacity_bytes, segments: HashMap::new(), device_bytes: 0, device_refusals: 0 })
+        Ok(Self { device, heap, segments: HashMap::new(), device_bytes: 0, device_refusals: 0 })
     }
 
     /// The allocator (its statistics and segments).
@@ -107,10 +105,9 @@ impl PytorchHeap {
         };
         if self.apply_events()? {
             self.device_refusals += 1;
-            self.heap.free(allocation)?;
-            self.heap.empty_cache();
+            let verdict = self.heap.undo_device_refusal(allocation)?;
             self.apply_events()?;
-            return Err(heapscope_core::Error::OutOfMemory(Box::new(self.device_verdict(size_bytes))).into());
+            return Err(heapscope_core::Error::OutOfMemory(Box::new(verdict)).into());
         }
         Ok(allocation)
     }
@@ -178,26 +175,6 @@ impl PytorchHeap {
             Ok(buffer) => Ok(Some(buffer)),
             Err(caught) if caught.out_of_memory => Ok(None),
             Err(caught) => Err(WgpuError::Device { during: "creating a PyTorch segment", message: caught.message }),
-        }
-    }
-
-    /// The verdict when wgpu refused below the allocator's capacity.
-    fn device_verdict(&self, size_bytes: u64) -> OomVerdict {
-        let (reserved_bytes, live_bytes) = self.heap.reserved_and_live_bytes();
-        OomVerdict {
-            policy: self.heap.name(),
-            requested_bytes: size_bytes,
-            needed_bytes: round_size(size_bytes, self.heap.allocator().conf()),
-            align_bytes: MIN_BLOCK_BYTES,
-            reserved_bytes,
-            live_bytes,
-            padding_bytes: 0,
-            free_in_blocks_bytes: reserved_bytes.saturating_sub(live_bytes),
-            largest_free_run_bytes: 0,
-            retired_bytes: 0,
-            unreserved_bytes: 0,
-            capacity_bytes: self.capacity_bytes,
-            cause: OomCause::Exhaustion,
         }
     }
 }

@@ -2,6 +2,7 @@
 #![allow(dead_code, reason = "each test binary uses a part")]
 
 pub mod bind_cost;
+pub mod external;
 
 use std::sync::Arc;
 

@@ -7,14 +7,18 @@
 //! become core [`DeviceEvent`](crate::DeviceEvent)s: `segment_alloc` / `segment_free` are blocks reserved and
 //! released, `segment_map` / `segment_unmap` (expandable segments) page runs mapped and unmapped, each at its
 //! address in the allocator's address space. A backend applies them to real memory the way `DevicePagedHeap`
-//! applies a `PagedHeap`'s.
+//! applies a `PagedHeap`'s; when its device refuses memory reserved for a request,
+//! [`CachingHeap::undo_device_refusal`] frees the request, releases the cache and gives the verdict every backend
+//! (Vulkan, wgpu) returns.
 
 use super::backing::device_event;
 use super::{CachingAllocator, MIN_BLOCK_BYTES, round_size};
 use crate::device_event::DeviceLog;
 use crate::hash::FastMap;
 use crate::pytorch::AllocConf;
-use crate::{Allocation, AllocationId, DeviceEvent, DeviceHeap, Error, OwnerId, Request, ResourceKind, Result};
+use crate::{
+    Allocation, AllocationId, DeviceEvent, DeviceHeap, Error, OomCause, OomVerdict, OwnerId, Request, ResourceKind, Result,
+};
 
 /// A live allocation of a [`CachingHeap`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -165,6 +169,35 @@ impl CachingHeap {
         Ok(())
     }
 
+    /// Undoes `allocation` after the device refused memory the allocator reserved for it (a backend's memory
+    /// runs out below the allocator's capacity): frees it and releases the cache, whose device events say what
+    /// goes back (some of it never backed), and returns the verdict: exhaustion, with the reserved and live bytes
+    /// left.
+    ///
+    /// # Errors
+    /// What [`CachingHeap::free`] returns for a foreign or already freed `allocation`.
+    pub fn undo_device_refusal(&mut self, allocation: CachingAllocation) -> Result<OomVerdict> {
+        let size_bytes = allocation.size_bytes();
+        self.free(allocation)?;
+        self.empty_cache();
+        let (reserved_bytes, live_bytes) = self.reserved_and_live_bytes();
+        Ok(OomVerdict {
+            policy: self.name(),
+            requested_bytes: size_bytes,
+            needed_bytes: round_size(size_bytes, self.allocator.conf()),
+            align_bytes: MIN_BLOCK_BYTES,
+            reserved_bytes,
+            live_bytes,
+            padding_bytes: 0,
+            free_in_blocks_bytes: reserved_bytes.saturating_sub(live_bytes),
+            largest_free_run_bytes: 0,
+            retired_bytes: 0,
+            unreserved_bytes: 0,
+            capacity_bytes: self.capacity_bytes,
+            cause: OomCause::Exhaustion,
+        })
+    }
+
     /// Moves the allocator's segment operations into the device log (or drops them when it is off).
     fn log_events(&mut self) {
         for event in self.allocator.take_events().iter().filter_map(device_event) {
@@ -237,6 +270,25 @@ mod tests {
         let mut heap = CachingHeap::new(settings, capacity_bytes);
         heap.record_device_events(true);
         heap
+    }
+
+    /// A device refusal undone: the allocation freed, the cache released (as device events), and an exhaustion
+    /// verdict with the bytes left and the allocator's capacity; the allocation cannot be undone twice.
+    #[test]
+    fn device_refusal_is_undone_with_a_verdict() {
+        let mut heap = heap("", Some(64 * MIB));
+        let kept = heap.allocate(1000).unwrap();
+        let refused = heap.allocate(3 * MIB).unwrap();
+        heap.take_device_events();
+        let verdict = heap.undo_device_refusal(refused).unwrap();
+        let released = heap.take_device_events();
+        assert_eq!(released, vec![DeviceEvent::Released { address: refused.segment_base(), size_bytes: 20 * MIB }]);
+        assert_eq!((verdict.policy, verdict.requested_bytes, verdict.needed_bytes), ("pytorch", 3 * MIB, 3 * MIB));
+        assert_eq!((verdict.align_bytes, verdict.capacity_bytes), (MIN_BLOCK_BYTES, Some(64 * MIB)));
+        assert_eq!((verdict.reserved_bytes, verdict.live_bytes, verdict.free_in_blocks_bytes), (2 * MIB, 1000, 2 * MIB - 1000));
+        assert_eq!((verdict.cause, verdict.unreserved_bytes), (OomCause::Exhaustion, 0));
+        assert!(matches!(heap.undo_device_refusal(refused), Err(Error::DoubleFree { .. })));
+        heap.free(kept).unwrap();
     }
 
     /// Segments come and go as device events; offsets are in the segment; the footprint is the block.
