@@ -261,6 +261,10 @@ impl Device {
             crate::wgpu_log::install();
         }
         let device = WgpuDevice::new(&options).context("--backend wgpu: bringing up the device")?;
+        // What wgpu-hal logged while looking for adapters is about the backends it probed, not about this
+        // device's work (e.g. the GL backend's EGL finding no display driver on a headless machine): only what
+        // follows counts as a validation message.
+        crate::wgpu_log::clear();
         Ok(Device::Wgpu { device: Arc::new(device), plain: Some(why_plain) })
     }
 

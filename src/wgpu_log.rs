@@ -37,3 +37,8 @@ pub fn install() {
 pub fn messages() -> Vec<String> {
     COLLECT.messages.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
 }
+
+/// Forgets the messages so far.
+pub fn clear() {
+    COLLECT.messages.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+}
