@@ -261,10 +261,6 @@ impl Device {
             crate::wgpu_log::install();
         }
         let device = WgpuDevice::new(&options).context("--backend wgpu: bringing up the device")?;
-        // What wgpu-hal logged while looking for adapters is about the backends it probed, not about this
-        // device's work (e.g. the GL backend's EGL finding no display driver on a headless machine): only what
-        // follows counts as a validation message.
-        crate::wgpu_log::clear();
         Ok(Device::Wgpu { device: Arc::new(device), plain: Some(why_plain) })
     }
 
@@ -356,7 +352,7 @@ impl Device {
                         context.validation_enabled()
                     }
                     None => {
-                        messages.extend(crate::wgpu_log::messages());
+                        messages.extend(crate::wgpu_log::messages(device.info().backend));
                         plain.is_some() && DeviceOptions::from_env().validation
                     }
                 };

@@ -6,7 +6,8 @@ use std::sync::Mutex;
 
 /// The collecting logger.
 struct Collect {
-    messages: Mutex<Vec<String>>,
+    /// `(target, message)`.
+    messages: Mutex<Vec<(String, String)>>,
 }
 
 static COLLECT: Collect = Collect { messages: Mutex::new(Vec::new()) };
@@ -19,7 +20,8 @@ impl log::Log for Collect {
     fn log(&self, record: &log::Record<'_>) {
         if self.enabled(record.metadata()) {
             let message = format!("[{}] {}: {}", record.level(), record.target(), record.args());
-            self.messages.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(message);
+            let entry = (record.target().to_owned(), message);
+            self.messages.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(entry);
         }
     }
 
@@ -33,12 +35,15 @@ pub fn install() {
     }
 }
 
-/// The messages so far.
-pub fn messages() -> Vec<String> {
-    COLLECT.messages.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
-}
-
-/// Forgets the messages so far.
-pub fn clear() {
-    COLLECT.messages.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+/// The messages so far that concern a device on `backend` (not those of the backends wgpu probed and did not
+/// choose: `heapscope_wgpu::foreign_backend_log`).
+pub fn messages(backend: heapscope_wgpu::wgpu::Backend) -> Vec<String> {
+    COLLECT
+        .messages
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .filter(|(target, _)| !heapscope_wgpu::foreign_backend_log(target, backend))
+        .map(|(_, message)| message.clone())
+        .collect()
 }

@@ -56,7 +56,7 @@ mod vulkan;
 pub use arena::{ARENA_USAGE, ArenaAllocation, ArenaConfig, ArenaHeap, ArenaSource};
 pub use bench_target::{WgpuHandle, WgpuTarget, sparse_refusal};
 pub use compute::{KernelBuffer, WgpuKernels};
-pub use device::{DeviceOptions, ErrorLog, WgpuDevice, select_adapter};
+pub use device::{DeviceOptions, ErrorLog, WgpuDevice, foreign_backend_log, select_adapter};
 pub use error::WgpuError;
 pub use pytorch::PytorchHeap;
 #[cfg(feature = "vulkan")]
