@@ -329,7 +329,7 @@ impl HeapscopeApp {
 
     /// The animation of the step being shown, per pane (cached by step).
     fn current_animations(&mut self) -> Vec<Option<StepAnimation>> {
-        let Some(session) = &self.session else { return Vec::new() };
+        let Some(session) = &mut self.session else { return Vec::new() };
         let shown = self.playback.shown_steps();
         let progress = self.playback.progress();
         // Faster than this, a step lasts less than a few frames: nothing to see grow or fade.
@@ -339,10 +339,10 @@ impl HeapscopeApp {
         }
         let step = shown - 1;
         let mut out = Vec::new();
-        for (pane, cached) in session.panes.iter().zip(self.animations.iter_mut()) {
+        for (pane, cached) in session.panes.iter_mut().zip(self.animations.iter_mut()) {
             if cached.as_ref().is_none_or(|(at, _)| *at != step) {
-                let before = pane.timeline.layout_at(step);
-                *cached = Some((step, panes::step_animation(pane, &before, step, progress)));
+                let (timeline, before) = pane.layout_before(step);
+                *cached = Some((step, panes::step_animation(timeline, &before, step, progress)));
             }
             out.push(cached.as_ref().map(|(_, animation)| StepAnimation { progress, ..animation.clone() }));
         }
@@ -351,17 +351,18 @@ impl HeapscopeApp {
 
     /// The sentence explaining the step just shown, per pane (cached by step).
     fn current_sentences(&mut self) -> Vec<String> {
-        let Some(session) = &self.session else { return Vec::new() };
+        let Some(session) = &mut self.session else { return Vec::new() };
         let shown = self.playback.shown_steps();
         let Some(step) = shown.checked_sub(1) else { return Vec::new() };
         session
             .panes
-            .iter()
+            .iter_mut()
             .zip(self.sentences.iter_mut())
             .map(|(pane, cached)| {
                 if cached.as_ref().is_none_or(|(at, _)| *at != step) {
                     let text = if step < pane.timeline.steps() {
-                        explain(&pane.timeline, &pane.timeline.layout_at(step), step)
+                        let (timeline, before) = pane.layout_before(step);
+                        explain(timeline, &before, step)
                     } else {
                         "(this contender's replay has ended)".to_owned()
                     };

@@ -2,7 +2,7 @@
 //! details of what the pointer is over. Used by the app and by headless rendering alike.
 
 use egui::{Color32, RichText, Ui};
-use heapscope_core::timeline::{Change, Layout, Span};
+use heapscope_core::timeline::{Change, Layout, Span, Timeline};
 use heapscope_core::units::Bytes;
 
 use crate::heap_map::{self, Hit, Scene, StepAnimation};
@@ -33,10 +33,11 @@ pub struct PaneActions {
     pub hovered_pane: Option<usize>,
 }
 
-/// What step `step` of `pane` animates: allocations born, allocations dying, regions appearing.
-pub fn step_animation(pane: &Pane, before: &Layout, step: u64, progress: f32) -> StepAnimation {
+/// What step `step` of `timeline` animates, from the layout `before` it: allocations born, allocations dying,
+/// regions appearing.
+pub fn step_animation(timeline: &Timeline, before: &Layout, step: u64, progress: f32) -> StepAnimation {
     let mut animation = StepAnimation { progress, ..StepAnimation::default() };
-    for change in pane.timeline.changes(step) {
+    for change in timeline.changes(step) {
         match *change {
             Change::Allocated(span) => animation.born.push(span.address),
             Change::Freed { address } => animation.dying.extend(before.span_at(address).copied()),

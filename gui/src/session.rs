@@ -1,6 +1,7 @@
 //! What the app shows: a recording (a file, a built-in story, or a live source) replayed by 1 to 4
 //! contenders, each in a pane with its own timeline, layout and view, all at one position.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
@@ -44,11 +45,14 @@ pub struct Pane {
     pub layout_steps: u64,
     /// Zoom and scroll of its map.
     pub view: MapView,
+    /// The layout one step before `layout` (after `layout_steps - 1` steps), once asked for: what the step shown
+    /// changed, for its animation and explanation. Kept in step with `layout` by short moves, dropped by seeks.
+    before: Option<Layout>,
 }
 
 impl Pane {
     fn new(contender: Option<Contender>, timeline: Timeline) -> Self {
-        Self { contender, layout: timeline.layout_at(0), timeline, layout_steps: 0, view: MapView::default() }
+        Self { contender, layout: timeline.layout_at(0), timeline, layout_steps: 0, view: MapView::default(), before: None }
     }
 
     /// The name in its header.
@@ -62,12 +66,33 @@ impl Pane {
         if steps == self.layout_steps {
             return;
         }
-        if steps > self.layout_steps && steps - self.layout_steps <= SHORT_MOVE_STEPS {
+        if self.is_short_move(steps) {
+            if let Some(before) = &mut self.before {
+                self.timeline.advance(before, self.layout_steps - 1, steps - 1);
+            }
             self.timeline.advance(&mut self.layout, self.layout_steps, steps);
         } else {
             self.layout = self.timeline.layout_at(steps);
+            self.before = None;
         }
         self.layout_steps = steps;
+    }
+
+    /// Whether moving to `steps` steps replays from the current layout (cheap) rather than seeking from a
+    /// checkpoint.
+    fn is_short_move(&self, steps: u64) -> bool {
+        let steps = steps.min(self.timeline.steps());
+        steps == self.layout_steps || (steps > self.layout_steps && steps - self.layout_steps <= SHORT_MOVE_STEPS)
+    }
+
+    /// The timeline, and the layout before its step `step` (after `step` steps): borrowed when `step` is the step
+    /// just shown (kept from then on as playback moves forward), else sought.
+    pub fn layout_before(&mut self, step: u64) -> (&Timeline, Cow<'_, Layout>) {
+        if step + 1 != self.layout_steps {
+            return (&self.timeline, Cow::Owned(self.timeline.layout_at(step)));
+        }
+        let timeline = &self.timeline;
+        (timeline, Cow::Borrowed(self.before.get_or_insert_with(|| timeline.layout_at(step))))
     }
 }
 
@@ -198,11 +223,21 @@ impl Session {
         self.panes.iter().map(|pane| pane.timeline.steps()).max().unwrap_or(0)
     }
 
-    /// Moves every pane to `steps` steps.
+    /// Moves every pane to `steps` steps. Panes that must seek from a checkpoint do it in parallel (each costs a
+    /// rebuild of its layout); short moves replay in place.
     pub fn seek(&mut self, steps: u64) {
-        for pane in &mut self.panes {
-            pane.seek(steps);
+        let seeking = self.panes.iter().filter(|pane| !pane.is_short_move(steps)).count();
+        if seeking < 2 {
+            for pane in &mut self.panes {
+                pane.seek(steps);
+            }
+            return;
         }
+        std::thread::scope(|scope| {
+            for pane in &mut self.panes {
+                scope.spawn(move || pane.seek(steps));
+            }
+        });
     }
 
     /// Takes what the live source reported into the first pane.
@@ -270,6 +305,27 @@ mod tests {
         assert!(session.add_pane(Contender::Paged).is_err(), "four panes at most");
         session.set_contender(2, Contender::Heap(PolicyKind::Buddy)).unwrap();
         assert_eq!(session.panes[2].name(), "buddy");
+    }
+
+    /// The layout before the step shown is kept by short moves forward, sought again after a seek, and equals
+    /// the layout sought from the timeline either way; any other step is sought.
+    #[test]
+    fn the_layout_before_the_step_shown_follows_playback() {
+        let mut session = Session::story_named("training_step", &Contender::SIDE_BY_SIDE).unwrap();
+        let steps = session.steps();
+        for position in [1, 2, 3, 7, steps / 2, steps / 2 + 1, steps, 4, 5] {
+            session.seek(position);
+            for pane in &mut session.panes {
+                let expected = pane.timeline.layout_at(position - 1);
+                let (timeline, before) = pane.layout_before(position - 1);
+                assert!(matches!(before, Cow::Borrowed(_)), "the step shown is kept");
+                assert_eq!(*before, expected, "{} at {position}", timeline.contender);
+                if position / 2 + 1 != position {
+                    let (_, other) = pane.layout_before(position / 2);
+                    assert!(matches!(other, Cow::Owned(_)), "another step is sought");
+                }
+            }
+        }
     }
 
     #[test]

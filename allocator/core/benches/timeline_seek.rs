@@ -11,54 +11,30 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
+use heapscope_core::PolicyKind;
 use heapscope_core::compare::CompareConfig;
 use heapscope_core::recording::Recording;
+use heapscope_core::synthetic::steady_churn;
 use heapscope_core::timeline::Timeline;
 use heapscope_core::timeline::record::{Contender, record};
-use heapscope_core::{PolicyKind, TraceBuilder};
 
 const EVENTS: u64 = 1_000_000;
 
-/// xorshift64: deterministic and dependency-free.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// `EVENTS` events keeping about `live` allocations live.
 fn trace(live: usize) -> Recording {
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let mut builder = TraceBuilder::new(format!("synthetic, ~{live} live"));
-    let mut alive: Vec<u64> = Vec::new();
-    let mut next_id = 0;
-    for _ in 0..EVENTS {
-        let allocate = alive.is_empty()
-            || (alive.len() < live && !rng.next().is_multiple_of(4))
-            || (alive.len() >= live && rng.next().is_multiple_of(2));
-        if allocate {
-            // log-uniform from 512 B (2^9) to 64 MiB (2^26)
-            let class = 9 + rng.next() % 18;
-            let size = (1u64 << class) + rng.next() % (1u64 << class);
-            builder.alloc(next_id, size).expect("fresh id");
-            alive.push(next_id);
-            next_id += 1;
-        } else {
-            let index = (rng.next() % alive.len() as u64) as usize;
-            builder.free(alive.swap_remove(index)).expect("live id");
-        }
-    }
-    Recording::from_trace(builder.finish())
+    Recording::from_trace(steady_churn(EVENTS, live, 0x9e37_79b9_7f4a_7c15))
 }
 
 fn positions(steps: u64) -> Vec<u64> {
-    let mut rng = Rng(42);
-    (0..200).map(|_| rng.next() % (steps + 1)).collect()
+    let mut seed = 42u64;
+    (0..200)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % (steps + 1)
+        })
+        .collect()
 }
 
 fn ms(duration: Duration) -> String {

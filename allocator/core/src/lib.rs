@@ -49,6 +49,7 @@ mod request;
 mod slots;
 pub mod source;
 pub mod story;
+pub mod synthetic;
 pub mod timeline;
 pub mod trace;
 pub mod units;

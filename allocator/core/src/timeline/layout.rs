@@ -220,7 +220,8 @@ impl Layout {
     /// [`Layout::from_parts`] with the spans already by address.
     fn from_maps(regions: BTreeMap<u64, Region>, spans: BTreeMap<u64, Span>) -> Self {
         let mut layout = Self { spans, ..Self::default() };
-        let mut runs = Vec::new();
+        // A free run before each span and one at the end of each region at most.
+        let mut runs = Vec::with_capacity(layout.spans.len() + regions.len());
         for region in regions.values() {
             layout.totals.reserved_bytes += region.reserved_bytes();
             let block = [(region.address, region.size_bytes)];
@@ -250,9 +251,7 @@ impl Layout {
         layout.totals.live_allocations = layout.spans.len() as u64;
         let mut sizes: Vec<u64> = runs.iter().map(|run| run.1).collect();
         sizes.sort_unstable();
-        for chunk in sizes.chunk_by(|a, b| a == b) {
-            layout.free_sizes.insert(chunk[0], chunk.len() as u32);
-        }
+        layout.free_sizes = sizes.chunk_by(|a, b| a == b).map(|chunk| (chunk[0], chunk.len() as u32)).collect();
         layout.totals.free_bytes = sizes.iter().sum();
         layout.totals.free_runs = runs.len() as u64;
         layout.free_runs = runs.into_iter().collect();
