@@ -1,5 +1,6 @@
 //! [`ExternalBook`]: the bookkeeping every external allocator wrapped as a heapscope [`DeviceHeap`] shares
-//! ([`crate::GpuAllocatorHeap`], [`crate::VmaHeap`]), so each wrapper keeps only what talks to its allocator.
+//! ([`crate::GpuAllocatorHeap`], [`crate::VmaHeap`]: both a [`crate::ExternalHeap`], which keeps the books), so
+//! each wrapper keeps only what talks to its allocator.
 //!
 //! - [`ExternalHandle`], the handle both heaps give out (an allocation and its block's synthetic address);
 //! - a generation-checked slot table of the allocator's live allocations (`L`), which hands out heapscope
@@ -66,9 +67,10 @@ struct Live<L> {
     generation: u32,
 }
 
-/// The shared bookkeeping of an external allocator as a heapscope heap. See the module documentation.
+/// The shared bookkeeping of an external allocator as a heapscope heap. See the module documentation. Public
+/// only as a parameter of [`crate::ExternalAllocator`]'s methods: its writers are the crate's own.
 #[derive(Debug)]
-pub(crate) struct ExternalBook<L> {
+pub struct ExternalBook<L> {
     context: Arc<VulkanContext>,
     policy: &'static str,
     owner: OwnerId,
