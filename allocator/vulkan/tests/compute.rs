@@ -11,7 +11,7 @@ use std::time::Instant;
 use common::Rng;
 use heapscope_core::units::{KIB, MIB};
 use heapscope_core::{Heap, HeapAllocation, HeapConfig, MemorySource, PolicyKind, ReleaseRule, Request};
-use heapscope_kernels::{MatVecIds, Op, VerifyResult, matvec_words, pattern_word};
+use heapscope_kernels::{KernelRunner, MatVecIds, Op, VerifyResult, matvec_words, pattern_word};
 use heapscope_vulkan::compute::{BlockBuffer, ComputeError, ComputeKernels};
 use heapscope_vulkan::memory_types::MemoryUsage;
 use heapscope_vulkan::{DeviceMemorySource, DeviceSourceConfig, VulkanContext};

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use common::{Rng, finish, sparse_context};
 use heapscope_core::units::MIB;
 use heapscope_core::{Allocation, Request, UnmapRule};
-use heapscope_kernels::Op;
+use heapscope_kernels::{KernelRunner, Op};
 use heapscope_vulkan::compute::{ComputeBuffer, ComputeKernels};
 use heapscope_vulkan::{DevicePagedConfig, DevicePagedHeap, VulkanContext};
 

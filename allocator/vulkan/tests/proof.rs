@@ -18,7 +18,7 @@ use common::bind_cost::{gpt2_trace, replay_bind_cost};
 use common::{Rng, finish, sparse_context};
 use heapscope_core::units::{GIB, MIB};
 use heapscope_core::{Allocation, Error, Heap, HeapConfig, OomCause, PolicyKind, ReleaseRule, Request};
-use heapscope_kernels::{Op, VerifyResult};
+use heapscope_kernels::{KernelRunner, Op, VerifyResult};
 use heapscope_vulkan::compute::{ComputeBuffer, ComputeKernels};
 use heapscope_vulkan::memory_types::MemoryUsage;
 use heapscope_vulkan::{DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, DeviceSourceConfig, SparseBuffer, SparseConfig};

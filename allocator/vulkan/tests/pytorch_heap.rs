@@ -12,7 +12,7 @@ use common::{Rng, finish};
 use heapscope_core::pytorch::{AllocConf, CachingAllocation};
 use heapscope_core::units::{KIB, MIB};
 use heapscope_core::{Error, OomCause};
-use heapscope_kernels::Op;
+use heapscope_kernels::{KernelRunner, Op};
 use heapscope_vulkan::compute::ComputeKernels;
 use heapscope_vulkan::{PytorchDeviceConfig, PytorchDeviceHeap, SegmentMemory, VulkanError};
 

@@ -20,7 +20,9 @@
 //! - **Kernels** ([`WgpuKernels`], `compute`): a pipeline for every [`heapscope_kernels::Kernel`], from the same
 //!   WGSL as the Vulkan runner with the parameters in a uniform buffer chosen by dynamic offset (portable: push
 //!   constants are optional in wgpu); ops planned by [`heapscope_kernels::plan`] to fit a binding;
-//!   [`WgpuKernels::run`] returns one [`heapscope_kernels::VerifyResult`] per verify, like the Vulkan runner.
+//!   like the Vulkan runner it is a [`heapscope_kernels::KernelRunner`] (the trait's `run` returns one
+//!   [`heapscope_kernels::VerifyResult`] per verify; fill, verify and copy are the trait's too), so this crate
+//!   keeps only the device code: the buffer check and one submit with its readback.
 //! - **Vulkan interop** (feature `vulkan`, on by default; `vulkan` module): [`WgpuDevice::from_vulkan`] puts wgpu on
 //!   heapscope's own ash device, created with wgpu-hal's extensions and features plus the sparse ones; then
 //!   [`WgpuDevice::block_buffer`] wraps a `DeviceMemorySource` block and [`WgpuDevice::paged_heap`] a sparse

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::{Rng, devices, finish};
 use heapscope_core::units::MIB;
 use heapscope_core::{HeapConfig, PolicyKind, ReleaseRule};
-use heapscope_kernels::{Op, VerifyResult};
+use heapscope_kernels::{KernelRunner, Op, VerifyResult};
 use heapscope_wgpu::{ArenaAllocation, ArenaConfig, ArenaHeap, KernelBuffer, WgpuDevice, WgpuError, WgpuKernels};
 
 /// Small arenas, so that traffic makes and releases many of them.

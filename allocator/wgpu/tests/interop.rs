@@ -13,7 +13,7 @@ use std::sync::Arc;
 use common::{Rng, finish, vulkan_device};
 use heapscope_core::units::MIB;
 use heapscope_core::{Allocation, Heap, HeapConfig, PolicyKind, Request};
-use heapscope_kernels::{Op, VerifyResult};
+use heapscope_kernels::{KernelRunner, Op, VerifyResult};
 use heapscope_vulkan::memory_types::MemoryUsage;
 use heapscope_vulkan::{
     ContextOptions, DeviceMemorySource, DevicePagedConfig, DeviceSourceConfig, PytorchDeviceConfig, PytorchDeviceHeap,

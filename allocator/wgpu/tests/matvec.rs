@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use common::{Rng, devices, finish};
 use heapscope_core::PolicyKind;
 use heapscope_core::units::KIB;
-use heapscope_kernels::{MatVecIds, Op, VerifyResult, matvec_words, pattern_word};
+use heapscope_kernels::{KernelRunner, MatVecIds, Op, VerifyResult, matvec_words, pattern_word};
 use heapscope_wgpu::{ArenaAllocation, ArenaConfig, ArenaHeap, KernelBuffer, WgpuDevice, WgpuKernels};
 
 /// `words` words of `buffer` from `offset_bytes`, copied to a mappable buffer and read back.
