@@ -1,6 +1,7 @@
 //! [`ExternalHeap`]: an external allocator on the device as a heapscope [`DeviceHeap`], written once for all of
 //! them; [`ExternalAllocator`] is what differs between them: talking to the allocator. Its two implementations
-//! are [`crate::VmaBackend`] ([`crate::VmaHeap`]) and [`crate::GpuAllocatorBackend`] ([`crate::GpuAllocatorHeap`]).
+//! are [`crate::VmaBackend`] ([`crate::VmaHeap`]) and [`crate::GpuAllocatorBackend`] ([`crate::GpuAllocatorHeap`]),
+//! both set up by one [`ExternalConfig`] (block size, budget cap) and brought up by [`ExternalHeap::new`].
 //!
 //! The heap owns the allocator and its books (`ExternalBook`: slots, blocks, reserved / live bytes, device events,
 //! refusals). An allocation is the allocator's ([`ExternalAllocator::allocate`], which keeps the blocks in the
@@ -17,6 +18,25 @@ use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Request, Result};
 use crate::VulkanContext;
 use crate::external::{ExternalBook, ExternalHandle};
 
+/// How an external allocator's heap is set up ([`crate::VmaConfig`], [`crate::GpuAllocatorConfig`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExternalConfig {
+    /// The allocator's block size. VMA: `preferredLargeHeapBlockSize`, its block size on heaps above 1 GiB
+    /// (smaller heaps get an eighth of their size; VMA starts with smaller blocks and grows to this).
+    /// gpu-allocator: clamped to 4..=256 MiB, a multiple of 4 MiB; larger requests get a block of their own.
+    pub block_size_bytes: u64,
+    /// At most this many bytes reserved at once (VMA: its heap size limit; gpu-allocator: checked before it
+    /// allocates); a request that would need more fails with [`heapscope_core::Error::OutOfMemory`].
+    pub budget_cap_bytes: Option<u64>,
+}
+
+impl Default for ExternalConfig {
+    /// 256 MiB blocks (both allocators' default), no cap.
+    fn default() -> Self {
+        Self { block_size_bytes: 256 << 20, budget_cap_bytes: None }
+    }
+}
+
 /// Where the allocator put an allocation: what the heap keeps of it, its offset in its block, and the block's
 /// synthetic base address.
 #[derive(Debug)]
@@ -32,12 +52,25 @@ pub struct Placed<L> {
 /// What an external allocator does for an [`ExternalHeap`]: its name, and its allocation and free calls, keeping
 /// the books' blocks up to date. Implemented by this crate's wrappers ([`crate::VmaBackend`],
 /// [`crate::GpuAllocatorBackend`]); the books' writers are the crate's own.
-pub trait ExternalAllocator {
+pub trait ExternalAllocator: Sized {
     /// What the heap keeps of a live allocation (the allocator's own allocation, and whatever its free needs).
     type Live;
 
     /// The heap's policy name, in verdicts and errors.
     const POLICY: &'static str;
+
+    /// The synthetic address of the heap's first block (each allocator its own space, apart from the other
+    /// contenders').
+    const BASE_ADDRESS: u64;
+
+    /// The allocator on `context`'s device (it keeps the context alive for as long as it lives).
+    ///
+    /// # Errors
+    /// [`heapscope_core::Error::Source`] when the allocator refuses the device.
+    fn new(context: &Arc<VulkanContext>, config: ExternalConfig) -> Result<Self>;
+
+    /// The settings.
+    fn config(&self) -> &ExternalConfig;
 
     /// Serves `request`: the allocator's allocation, every block it reserved recorded in `book` (and every block it
     /// released).
@@ -77,15 +110,25 @@ impl<A: ExternalAllocator + fmt::Debug> fmt::Debug for ExternalHeap<A> {
 }
 
 impl<A: ExternalAllocator> ExternalHeap<A> {
-    /// `allocator` on `context`'s device, with empty books: the first block at `base_address`, block addresses
-    /// multiples of `address_alignment_bytes`.
-    pub(crate) fn with_allocator(
-        context: Arc<VulkanContext>,
-        allocator: A,
-        base_address: u64,
-        address_alignment_bytes: u64,
-    ) -> Self {
-        Self { allocator, book: ExternalBook::new(context, A::POLICY, base_address, address_alignment_bytes) }
+    /// The synthetic address of the first block (apart from the other contenders' spaces).
+    pub const BASE_ADDRESS: u64 = A::BASE_ADDRESS;
+
+    /// Block addresses are multiples of this.
+    pub const ADDRESS_ALIGNMENT_BYTES: u64 = 64 << 10;
+
+    /// The allocator on `context`'s device, with empty books.
+    ///
+    /// # Errors
+    /// [`heapscope_core::Error::Source`] when the allocator refuses the device.
+    pub fn new(context: Arc<VulkanContext>, config: ExternalConfig) -> Result<Self> {
+        let allocator = A::new(&context, config)?;
+        let book = ExternalBook::new(context, A::POLICY, Self::BASE_ADDRESS, Self::ADDRESS_ALIGNMENT_BYTES);
+        Ok(Self { allocator, book })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ExternalConfig {
+        self.allocator.config()
     }
 
     /// The allocator.

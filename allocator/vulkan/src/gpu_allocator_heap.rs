@@ -36,25 +36,11 @@ use heapscope_core::{Error, OomCause, OomVerdict, Request, Result};
 
 use crate::VulkanContext;
 use crate::external::{ExternalBook, ExternalHandle};
-use crate::external_heap::{ExternalAllocator, ExternalHeap, Placed};
+use crate::external_heap::{ExternalAllocator, ExternalConfig, ExternalHeap, Placed};
 
-/// How a [`GpuAllocatorHeap`] is set up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GpuAllocatorConfig {
-    /// gpu-allocator's block size (it clamps to 4..=256 MiB, a multiple of 4 MiB); larger requests get a block
-    /// of their own.
-    pub block_size_bytes: u64,
-    /// At most this many bytes reserved at once, checked before gpu-allocator allocates; a request that would
-    /// need more fails with [`Error::OutOfMemory`].
-    pub budget_cap_bytes: Option<u64>,
-}
-
-impl Default for GpuAllocatorConfig {
-    /// 256 MiB blocks (gpu-allocator's default), no cap.
-    fn default() -> Self {
-        Self { block_size_bytes: 256 << 20, budget_cap_bytes: None }
-    }
-}
+/// How a [`GpuAllocatorHeap`] is set up: gpu-allocator's block size (clamped to 4..=256 MiB, a multiple of 4
+/// MiB; larger requests get a block of their own) and a budget cap checked before gpu-allocator allocates.
+pub type GpuAllocatorConfig = ExternalConfig;
 
 /// A live allocation of a [`GpuAllocatorHeap`]: the handle every external allocator's heap gives out.
 pub type GpuAllocatorHandle = ExternalHandle;
@@ -72,7 +58,9 @@ pub struct Live {
 
 /// What talks to gpu-allocator in a [`GpuAllocatorHeap`]: the allocator and the settings.
 pub struct GpuAllocatorBackend {
+    // Declared first: dropped (its blocks freed) while the device is alive.
     allocator: Allocator,
+    _context: Arc<VulkanContext>,
     config: GpuAllocatorConfig,
 }
 
@@ -113,37 +101,6 @@ fn failure(what: &str, error: &AllocationError) -> Error {
 }
 
 impl GpuAllocatorHeap {
-    /// The synthetic address of the first block (apart from [`crate::DeviceMemorySource::BASE_ADDRESS`]).
-    pub const BASE_ADDRESS: u64 = 0x5000_0000_0000;
-
-    /// Block addresses are multiples of this.
-    pub const ADDRESS_ALIGNMENT_BYTES: u64 = 64 << 10;
-
-    /// A gpu-allocator on `context`'s device.
-    ///
-    /// # Errors
-    /// [`Error::Source`] when gpu-allocator refuses the device.
-    pub fn new(context: Arc<VulkanContext>, config: GpuAllocatorConfig) -> Result<Self> {
-        let mut debug_settings = AllocatorDebugSettings::default();
-        debug_settings.log_leaks_on_shutdown = false;
-        let allocator = Allocator::new(&AllocatorCreateDesc {
-            instance: context.instance().clone(),
-            device: context.device().clone(),
-            physical_device: context.physical_device(),
-            debug_settings,
-            buffer_device_address: false,
-            allocation_sizes: AllocationSizes::new(config.block_size_bytes, config.block_size_bytes),
-        })
-        .map_err(|error| failure("bring-up", &error))?;
-        let backend = GpuAllocatorBackend { allocator, config };
-        Ok(Self::with_allocator(context, backend, Self::BASE_ADDRESS, Self::ADDRESS_ALIGNMENT_BYTES))
-    }
-
-    /// The settings.
-    pub fn config(&self) -> &GpuAllocatorConfig {
-        &self.allocator().config
-    }
-
     /// gpu-allocator's own report (allocations and blocks).
     pub fn report(&self) -> gpu_allocator::AllocatorReport {
         self.allocator().allocator.generate_report()
@@ -217,6 +174,29 @@ impl ExternalAllocator for GpuAllocatorBackend {
     type Live = Live;
 
     const POLICY: &'static str = "gpu-allocator";
+
+    /// Apart from [`crate::DeviceMemorySource::BASE_ADDRESS`].
+    const BASE_ADDRESS: u64 = 0x5000_0000_0000;
+
+    /// A gpu-allocator on `context`'s device; [`Error::Source`] when gpu-allocator refuses the device.
+    fn new(context: &Arc<VulkanContext>, config: ExternalConfig) -> Result<Self> {
+        let mut debug_settings = AllocatorDebugSettings::default();
+        debug_settings.log_leaks_on_shutdown = false;
+        let allocator = Allocator::new(&AllocatorCreateDesc {
+            instance: context.instance().clone(),
+            device: context.device().clone(),
+            physical_device: context.physical_device(),
+            debug_settings,
+            buffer_device_address: false,
+            allocation_sizes: AllocationSizes::new(config.block_size_bytes, config.block_size_bytes),
+        })
+        .map_err(|error| failure("bring-up", &error))?;
+        Ok(Self { allocator, _context: Arc::clone(context), config })
+    }
+
+    fn config(&self) -> &ExternalConfig {
+        &self.config
+    }
 
     fn allocate(&mut self, book: &mut ExternalBook<Live>, request: Request) -> Result<Placed<Live>> {
         if let Some(cap) = self.config.budget_cap_bytes {

@@ -23,7 +23,8 @@
 //! - [`GpuAllocatorHeap`] (`gpu_allocator_heap`): gpu-allocator 0.28 as a [`heapscope_core::DeviceHeap`], a
 //!   contender on the same device; [`VmaHeap`] (`vma_heap`): VMA (vk-mem 0.5) the same way. Both are one generic
 //!   heap, [`ExternalHeap`] (`external_heap`: the `DeviceHeap` written once), over an [`ExternalAllocator`]
-//!   ([`GpuAllocatorBackend`], [`VmaBackend`]: only what talks to the allocator); the heap keeps the books
+//!   ([`GpuAllocatorBackend`], [`VmaBackend`]: only what talks to the allocator), set up by one
+//!   [`ExternalConfig`] (block size, budget cap); the heap keeps the books
 //!   (`external`: slot table, blocks and their synthetic addresses, reserved / live bytes, device events,
 //!   refusals) and gives out one handle type, [`ExternalHandle`].
 //! - [`replay_on_device`] (`contenders`): a recording through a [`DeviceContender`] — PyTorch's allocator on
@@ -67,7 +68,7 @@ pub use contenders::{DeviceContender, paged_range_for, paged_virtual_bytes, peak
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};
 pub use error::VulkanError;
 pub use external::ExternalHandle;
-pub use external_heap::{ExternalAllocator, ExternalHeap, Placed};
+pub use external_heap::{ExternalAllocator, ExternalConfig, ExternalHeap, Placed};
 pub use gpu_allocator_heap::{GpuAllocatorBackend, GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocatorHeap};
 pub use margins::{Corruption, GuardedAllocation, GuardedHeap, MAGIC, MarginError, MarginLayout, Side};
 pub use paged::{DevicePagedConfig, DevicePagedHeap, DevicePagedStats};

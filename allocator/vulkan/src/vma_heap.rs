@@ -37,24 +37,11 @@ use vk_mem::Alloc;
 
 use crate::VulkanContext;
 use crate::external::{ExternalBook, ExternalHandle};
-use crate::external_heap::{ExternalAllocator, ExternalHeap, Placed};
+use crate::external_heap::{ExternalAllocator, ExternalConfig, ExternalHeap, Placed};
 
-/// How a [`VmaHeap`] is set up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct VmaConfig {
-    /// `preferredLargeHeapBlockSize`: VMA's block size on heaps above 1 GiB (smaller heaps get an eighth of
-    /// their size; VMA starts with smaller blocks and grows to this).
-    pub block_size_bytes: u64,
-    /// At most this many bytes reserved at once (VMA's heap size limit); beyond, [`Error::OutOfMemory`].
-    pub budget_cap_bytes: Option<u64>,
-}
-
-impl Default for VmaConfig {
-    /// 256 MiB blocks (VMA's default), no cap.
-    fn default() -> Self {
-        Self { block_size_bytes: 256 << 20, budget_cap_bytes: None }
-    }
-}
+/// How a [`VmaHeap`] is set up: block size (VMA's `preferredLargeHeapBlockSize`) and budget cap (VMA's heap size
+/// limit).
+pub type VmaConfig = ExternalConfig;
 
 /// A live allocation of a [`VmaHeap`]: the handle every external allocator's heap gives out.
 pub type VmaHandle = ExternalHandle;
@@ -118,9 +105,10 @@ unsafe extern "C" fn on_free(_: *mut c_void, _: u32, memory: vk::DeviceMemory, s
 
 /// What talks to VMA in a [`VmaHeap`]: the allocator, its device-memory callbacks' log and the allocation settings.
 pub struct VmaBackend {
-    // Declared first: dropped (its blocks freed) while the callback log is alive.
+    // Declared first: dropped (its blocks freed) while the callback log and the device are alive.
     allocator: vk_mem::Allocator,
     callbacks: Box<CallbackLog>,
+    _context: Arc<VulkanContext>,
     config: VmaConfig,
     create_info: vk_mem::AllocationCreateInfo,
 }
@@ -137,26 +125,6 @@ fn failure(what: &str, result: vk::Result) -> Error {
 }
 
 impl VmaHeap {
-    /// The synthetic address of the first block (apart from the other contenders' spaces).
-    pub const BASE_ADDRESS: u64 = 0x6000_0000_0000;
-
-    /// Block addresses are multiples of this.
-    pub const ADDRESS_ALIGNMENT_BYTES: u64 = 64 << 10;
-
-    /// A VMA allocator on `context`'s device.
-    ///
-    /// # Errors
-    /// [`Error::Source`] when `vmaCreateAllocator` fails.
-    pub fn new(context: Arc<VulkanContext>, config: VmaConfig) -> Result<Self> {
-        let backend = VmaBackend::new(&context, config)?;
-        Ok(Self::with_allocator(context, backend, Self::BASE_ADDRESS, Self::ADDRESS_ALIGNMENT_BYTES))
-    }
-
-    /// The settings.
-    pub fn config(&self) -> &VmaConfig {
-        &self.allocator().config
-    }
-
     /// From VMA's own statistics (`vmaCalculateStatistics`): bytes allocated in its blocks (alignment padding
     /// included), and the largest free range; `None` when VMA fails to say.
     pub fn allocated_and_largest_free_bytes(&self) -> Option<(u64, u64)> {
@@ -165,48 +133,6 @@ impl VmaHeap {
 }
 
 impl VmaBackend {
-    /// A VMA allocator on `context`'s device, for a [`VmaHeap`] on the same context.
-    fn new(context: &VulkanContext, config: VmaConfig) -> Result<Self> {
-        let callbacks = Box::new(CallbackLog::default());
-        let device_callbacks = DeviceMemoryCallbacks {
-            pfn_allocate: Some(on_allocate),
-            pfn_free: Some(on_free),
-            user_data: std::ptr::from_ref::<CallbackLog>(&callbacks).cast_mut().cast(),
-        };
-        let heap_count = context.properties().memory_heaps.len();
-        let limits = vec![config.budget_cap_bytes.unwrap_or(vk::WHOLE_SIZE); heap_count];
-        let mut create_info = vk_mem::AllocatorCreateInfo::new(context.instance(), context.device(), context.physical_device());
-        create_info.preferred_large_heap_block_size = config.block_size_bytes;
-        // SAFETY: `DeviceMemoryCallbacks` has the layout of `VmaDeviceMemoryCallbacks` (the target type, inferred:
-        // vk-mem does not export it): `repr(C)`, two `Option<extern "C" fn>` (nullable function pointers whose
-        // allocator parameter, a `VmaAllocator` pointer, is taken as `*mut c_void`) and a `void*`. The reference
-        // lives until `vmaCreateAllocator` has copied it.
-        create_info.device_memory_callbacks = Some(unsafe { &*std::ptr::from_ref(&device_callbacks).cast() });
-        if config.budget_cap_bytes.is_some() {
-            create_info.heap_size_limits = &limits;
-        }
-        // SAFETY: the instance, device and physical device are the context's, alive for as long as the `Arc` the
-        // heap's books keep (only `VmaHeap::new` makes a backend, for a heap on this context), which outlives the
-        // allocator (the heap's field order); VMA copies the callbacks and the limits, and the
-        // callbacks' user data (the boxed log) lives as long as the allocator.
-        let allocator = unsafe { vk_mem::Allocator::new(create_info) }.map_err(|result| failure("vmaCreateAllocator", result))?;
-        let has_device_local = context
-            .properties()
-            .memory_types
-            .iter()
-            .any(|info| info.property_flags.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL));
-        let create_info = vk_mem::AllocationCreateInfo {
-            usage: vk_mem::MemoryUsage::Unknown,
-            required_flags: if has_device_local {
-                vk::MemoryPropertyFlags::DEVICE_LOCAL
-            } else {
-                vk::MemoryPropertyFlags::empty()
-            },
-            ..Default::default()
-        };
-        Ok(Self { allocator, callbacks, config, create_info })
-    }
-
     /// See [`VmaHeap::allocated_and_largest_free_bytes`].
     fn allocated_and_largest_free_bytes(&self) -> Option<(u64, u64)> {
         let total = self.allocator.calculate_statistics().ok()?.total;
@@ -256,6 +182,53 @@ impl ExternalAllocator for VmaBackend {
     type Live = vk_mem::Allocation;
 
     const POLICY: &'static str = "vma";
+
+    const BASE_ADDRESS: u64 = 0x6000_0000_0000;
+
+    /// A VMA allocator on `context`'s device; [`Error::Source`] when `vmaCreateAllocator` fails.
+    fn new(context: &Arc<VulkanContext>, config: ExternalConfig) -> Result<Self> {
+        let callbacks = Box::new(CallbackLog::default());
+        let device_callbacks = DeviceMemoryCallbacks {
+            pfn_allocate: Some(on_allocate),
+            pfn_free: Some(on_free),
+            user_data: std::ptr::from_ref::<CallbackLog>(&callbacks).cast_mut().cast(),
+        };
+        let heap_count = context.properties().memory_heaps.len();
+        let limits = vec![config.budget_cap_bytes.unwrap_or(vk::WHOLE_SIZE); heap_count];
+        let mut create_info = vk_mem::AllocatorCreateInfo::new(context.instance(), context.device(), context.physical_device());
+        create_info.preferred_large_heap_block_size = config.block_size_bytes;
+        // SAFETY: `DeviceMemoryCallbacks` has the layout of `VmaDeviceMemoryCallbacks` (the target type, inferred:
+        // vk-mem does not export it): `repr(C)`, two `Option<extern "C" fn>` (nullable function pointers whose
+        // allocator parameter, a `VmaAllocator` pointer, is taken as `*mut c_void`) and a `void*`. The reference
+        // lives until `vmaCreateAllocator` has copied it.
+        create_info.device_memory_callbacks = Some(unsafe { &*std::ptr::from_ref(&device_callbacks).cast() });
+        if config.budget_cap_bytes.is_some() {
+            create_info.heap_size_limits = &limits;
+        }
+        // SAFETY: the instance, device and physical device are the context's, alive for as long as the `Arc` this
+        // backend keeps, which outlives the allocator (field order); VMA copies the callbacks and the limits, and the
+        // callbacks' user data (the boxed log) lives as long as the allocator.
+        let allocator = unsafe { vk_mem::Allocator::new(create_info) }.map_err(|result| failure("vmaCreateAllocator", result))?;
+        let has_device_local = context
+            .properties()
+            .memory_types
+            .iter()
+            .any(|info| info.property_flags.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL));
+        let create_info = vk_mem::AllocationCreateInfo {
+            usage: vk_mem::MemoryUsage::Unknown,
+            required_flags: if has_device_local {
+                vk::MemoryPropertyFlags::DEVICE_LOCAL
+            } else {
+                vk::MemoryPropertyFlags::empty()
+            },
+            ..Default::default()
+        };
+        Ok(Self { allocator, callbacks, _context: Arc::clone(context), config, create_info })
+    }
+
+    fn config(&self) -> &ExternalConfig {
+        &self.config
+    }
 
     fn allocate(&mut self, book: &mut ExternalBook<vk_mem::Allocation>, request: Request) -> Result<Placed<vk_mem::Allocation>> {
         let requirements =
