@@ -32,10 +32,10 @@ use std::sync::Arc;
 use ash::vk;
 use gpu_allocator::vulkan::{AllocationCreateDesc, AllocationScheme, Allocator, AllocatorCreateDesc};
 use gpu_allocator::{AllocationError, AllocationSizes, AllocatorDebugSettings, MemoryLocation};
-use heapscope_core::{Error, OomCause, OomVerdict, Request, Result};
+use heapscope_core::{Error, OomVerdict, Request, Result};
 
 use crate::VulkanContext;
-use crate::external::{ExternalBook, ExternalHandle};
+use crate::external::{BlockUsage, ExternalBook, ExternalHandle};
 use crate::external_heap::{ExternalAllocator, ExternalConfig, ExternalHeap, Placed};
 
 /// How a [`GpuAllocatorHeap`] is set up: gpu-allocator's block size (clamped to 4..=256 MiB, a multiple of 4
@@ -110,8 +110,6 @@ impl GpuAllocatorHeap {
 impl GpuAllocatorBackend {
     /// The verdict for a refused request, from gpu-allocator's report.
     fn verdict(&self, book: &mut ExternalBook<Live>, request: Request) -> OomVerdict {
-        book.count_oom();
-        let live_bytes = book.live_bytes();
         let report = self.allocator.generate_report();
         let mut largest_free_run_bytes = 0;
         for block in &report.blocks {
@@ -125,26 +123,12 @@ impl GpuAllocatorBackend {
             }
             largest_free_run_bytes = largest_free_run_bytes.max(block.size.saturating_sub(cursor));
         }
-        let free_in_blocks_bytes = report.total_capacity_bytes.saturating_sub(report.total_allocated_bytes);
-        let device_left: u64 = book.context().heap_budgets().iter().map(crate::HeapBudget::available_bytes).max().unwrap_or(0);
-        let cap_left = self.config.budget_cap_bytes.map_or(u64::MAX, |cap| cap.saturating_sub(report.total_capacity_bytes));
-        let unreserved_bytes = device_left.min(cap_left);
-        let needed_bytes = request.size_bytes().next_multiple_of(request.align_bytes());
-        OomVerdict {
-            policy: Self::POLICY,
-            requested_bytes: request.size_bytes(),
-            needed_bytes,
-            align_bytes: request.align_bytes(),
+        let usage = BlockUsage {
             reserved_bytes: report.total_capacity_bytes,
-            live_bytes,
-            padding_bytes: report.total_allocated_bytes.saturating_sub(live_bytes),
-            free_in_blocks_bytes,
+            allocated_bytes: report.total_allocated_bytes,
             largest_free_run_bytes,
-            retired_bytes: 0,
-            unreserved_bytes,
-            capacity_bytes: self.config.budget_cap_bytes,
-            cause: OomCause::judge(needed_bytes, free_in_blocks_bytes, unreserved_bytes),
-        }
+        };
+        book.verdict(request, usage, self.config.budget_cap_bytes)
     }
 
     /// Frees `inner` in gpu-allocator, and records the release of its block when gpu-allocator destroyed it.

@@ -32,11 +32,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ash::vk;
-use heapscope_core::{Error, OomCause, OomVerdict, Request, Result};
+use heapscope_core::{Error, OomVerdict, Request, Result};
 use vk_mem::Alloc;
 
 use crate::VulkanContext;
-use crate::external::{ExternalBook, ExternalHandle};
+use crate::external::{BlockUsage, ExternalBook, ExternalHandle};
 use crate::external_heap::{ExternalAllocator, ExternalConfig, ExternalHeap, Placed};
 
 /// How a [`VmaHeap`] is set up: block size (VMA's `preferredLargeHeapBlockSize`) and budget cap (VMA's heap size
@@ -152,29 +152,15 @@ impl VmaBackend {
 
     /// The verdict for a refused request, from VMA's statistics.
     fn verdict(&self, book: &mut ExternalBook<vk_mem::Allocation>, request: Request) -> OomVerdict {
-        book.count_oom();
-        let (reserved_bytes, live_bytes) = book.reserved_and_live_bytes();
-        let (allocated_bytes, largest_free_run_bytes) = self.allocated_and_largest_free_bytes().unwrap_or((live_bytes, 0));
+        let reserved_bytes = book.reserved_bytes();
+        let (allocated_bytes, largest_free_run_bytes) = self.allocated_and_largest_free_bytes().unwrap_or((book.live_bytes(), 0));
         let free_in_blocks_bytes = reserved_bytes.saturating_sub(allocated_bytes);
-        let device_left: u64 = book.context().heap_budgets().iter().map(crate::HeapBudget::available_bytes).max().unwrap_or(0);
-        let cap_left = self.config.budget_cap_bytes.map_or(u64::MAX, |cap| cap.saturating_sub(reserved_bytes));
-        let unreserved_bytes = device_left.min(cap_left);
-        let needed_bytes = request.size_bytes().next_multiple_of(request.align_bytes());
-        OomVerdict {
-            policy: Self::POLICY,
-            requested_bytes: request.size_bytes(),
-            needed_bytes,
-            align_bytes: request.align_bytes(),
+        let usage = BlockUsage {
             reserved_bytes,
-            live_bytes,
-            padding_bytes: allocated_bytes.saturating_sub(live_bytes),
-            free_in_blocks_bytes,
+            allocated_bytes,
             largest_free_run_bytes: largest_free_run_bytes.min(free_in_blocks_bytes),
-            retired_bytes: 0,
-            unreserved_bytes,
-            capacity_bytes: self.config.budget_cap_bytes,
-            cause: OomCause::judge(needed_bytes, free_in_blocks_bytes, unreserved_bytes),
-        }
+        };
+        book.verdict(request, usage, self.config.budget_cap_bytes)
     }
 }
 
