@@ -40,8 +40,8 @@ pub mod workload;
 
 pub use naga;
 pub use plan::{
-    Binding, BindingLimits, Dispatch, MAX_WORKGROUPS, MatVecIds, MatVecParams, Op, Params, SizedBuffer, VerifyResult, plan,
-    verify_words,
+    Binding, BindingLimits, Dispatch, MAX_WORKGROUPS, MatVecIds, MatVecParams, Op, Params, SizedBuffer, StorageBinding,
+    VerifyResult, plan, verify_words,
 };
 pub use run::{PlannedDispatch, RunPlan, VerifySlots};
 pub use runner::{KernelRunner, RunnerState, SlottedDispatch};

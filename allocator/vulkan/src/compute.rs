@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use ash::vk;
 use heapscope_kernels::{
     BindingLimits, Dispatch, Kernel, KernelError, KernelRunner, Op, PARAMS_BYTES, RunnerState, SizedBuffer, SlottedDispatch,
-    VerifyResult,
+    StorageBinding, VerifyResult,
 };
 
 use crate::{BLOCK_BUFFER_USAGE, DeviceMemorySource, VulkanContext, VulkanError};
@@ -402,51 +402,32 @@ impl ComputeKernels {
         // SAFETY: the pool is live and has room: at most DISPATCHES_PER_SUBMIT sets of at most 3 buffers per reset.
         let sets = unsafe { device.allocate_descriptor_sets(&allocate) }.map_err(VulkanError::vk("vkAllocateDescriptorSets"))?;
         let set = sets.first().copied().unwrap_or_default();
-        let data = [vk::DescriptorBufferInfo::default()
-            .buffer(dispatch.data.buffer.buffer)
-            .offset(dispatch.data.offset_bytes)
-            .range(dispatch.data.size_bytes)];
-        let second = match (dispatch.kernel, dispatch.dst) {
-            (Kernel::Verify, _) => {
-                Some(vk::DescriptorBufferInfo::default().buffer(self.results_buffer).offset(0).range(vk::WHOLE_SIZE))
-            }
-            (_, Some(dst)) => {
-                Some(vk::DescriptorBufferInfo::default().buffer(dst.buffer.buffer).offset(dst.offset_bytes).range(dst.size_bytes))
-            }
-            (_, None) => None,
-        };
-        let second = second.map(|info| [info]);
-        let third = dispatch.output.map(|output| {
-            [vk::DescriptorBufferInfo::default()
-                .buffer(output.buffer.buffer)
-                .offset(output.offset_bytes)
-                .range(output.size_bytes)]
-        });
-        let mut writes = vec![
-            vk::WriteDescriptorSet::default()
-                .dst_set(set)
-                .dst_binding(0)
-                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                .buffer_info(&data),
-        ];
-        if let Some(info) = &second {
-            writes.push(
+        let infos: Vec<(u32, [vk::DescriptorBufferInfo; 1])> = dispatch
+            .storage_bindings()
+            .into_iter()
+            .map(|(binding, bound)| {
+                let info = match bound {
+                    StorageBinding::Range(range) => vk::DescriptorBufferInfo::default()
+                        .buffer(range.buffer.buffer)
+                        .offset(range.offset_bytes)
+                        .range(range.size_bytes),
+                    StorageBinding::VerifyResults => {
+                        vk::DescriptorBufferInfo::default().buffer(self.results_buffer).offset(0).range(vk::WHOLE_SIZE)
+                    }
+                };
+                (binding, [info])
+            })
+            .collect();
+        let writes: Vec<vk::WriteDescriptorSet<'_>> = infos
+            .iter()
+            .map(|(binding, info)| {
                 vk::WriteDescriptorSet::default()
                     .dst_set(set)
-                    .dst_binding(1)
+                    .dst_binding(*binding)
                     .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .buffer_info(info),
-            );
-        }
-        if let Some(info) = &third {
-            writes.push(
-                vk::WriteDescriptorSet::default()
-                    .dst_set(set)
-                    .dst_binding(2)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .buffer_info(info),
-            );
-        }
+                    .buffer_info(info)
+            })
+            .collect();
         let params = dispatch.push_constant_bytes(slot);
         let command_buffer = self.command_buffer;
         // SAFETY: the set was just allocated with the kernel's layout; the buffers are live for the call's

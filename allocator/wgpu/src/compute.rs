@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use heapscope_kernels::{
     BindingLimits, Dispatch, Kernel, KernelError, KernelRunner, Op, PARAMS_BYTES, ParamsBinding, RunnerState, SizedBuffer,
-    SlottedDispatch, VerifyResult,
+    SlottedDispatch, StorageBinding, VerifyResult,
 };
 
 use crate::{WgpuDevice, WgpuError};
@@ -292,35 +292,24 @@ impl WgpuKernels {
         self.read_results(verify_slots * 8)
     }
 
-    /// The storage bind group of a dispatch: binding 0 the data (or copy source), binding 1 the copy destination
-    /// or the verify results. Called inside the submit's error scopes.
+    /// The storage bind group of a dispatch ([`Dispatch::storage_bindings`]: the verify results are the runner's
+    /// result buffer). Called inside the submit's error scopes.
     fn storage_group(&self, dispatch: &Dispatch<KernelBuffer<'_>>) -> Result<wgpu::BindGroup, WgpuError> {
         let pipeline = self.pipeline_of(dispatch.kernel)?;
         fn binding(buffer: &wgpu::Buffer, offset: u64, size: u64) -> wgpu::BindingResource<'_> {
             wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer, offset, size: NonZeroU64::new(size) })
         }
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: binding(dispatch.data.buffer.buffer, dispatch.data.offset_bytes, dispatch.data.size_bytes),
-        }];
-        match (dispatch.kernel, dispatch.dst) {
-            (Kernel::Verify, _) => {
-                entries.push(wgpu::BindGroupEntry { binding: 1, resource: self.results_buffer.as_entire_binding() });
-            }
-            (_, Some(dst)) => {
-                entries.push(wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: binding(dst.buffer.buffer, dst.offset_bytes, dst.size_bytes),
-                });
-            }
-            (_, None) => {}
-        }
-        if let Some(output) = dispatch.output {
-            entries.push(wgpu::BindGroupEntry {
-                binding: 2,
-                resource: binding(output.buffer.buffer, output.offset_bytes, output.size_bytes),
-            });
-        }
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = dispatch
+            .storage_bindings()
+            .into_iter()
+            .map(|(index, bound)| wgpu::BindGroupEntry {
+                binding: index,
+                resource: match bound {
+                    StorageBinding::Range(range) => binding(range.buffer.buffer, range.offset_bytes, range.size_bytes),
+                    StorageBinding::VerifyResults => self.results_buffer.as_entire_binding(),
+                },
+            })
+            .collect();
         Ok(self.device.device().create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(dispatch.kernel.name()),
             layout: &pipeline.layout,
