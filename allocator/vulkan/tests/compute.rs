@@ -215,7 +215,7 @@ fn tlsf_heap_integrity_under_random_allocs_and_frees() {
         ..HeapConfig::new(PolicyKind::Tlsf)
     };
     let mut heap = Heap::new(config, source).unwrap();
-    let mut rng = Rng(0x5eed);
+    let mut rng = Rng::new(0x5eed);
     let mut live: BTreeMap<u64, Live> = BTreeMap::new();
     let mut order: Vec<u64> = Vec::new();
     let mut next_id = 1_u32;

@@ -22,7 +22,7 @@ fn random_allocs_and_frees_do_not_overlap() {
     {
         // 4 MiB blocks (gpu-allocator's smallest), so that many blocks come and go.
         let mut heap = heap(&context, GpuAllocatorConfig { block_size_bytes: 4 * MIB, budget_cap_bytes: None });
-        let traffic = random_traffic(&mut heap, &mut Rng(7), 1000, 4 * MIB..=6 * MIB, |_, _| {});
+        let traffic = random_traffic(&mut heap, &mut Rng::new(7), 1000, 4 * MIB..=6 * MIB, |_, _| {});
         assert_eq!(heap.reserved_and_live_bytes().1, traffic.live_bytes());
         assert_eq!(heap.report().total_capacity_bytes, heap.reserved_bytes());
         let blocks = free_all(&mut heap, traffic);
@@ -83,7 +83,7 @@ fn budget_cap_is_never_crossed() {
     {
         let cap = 26 * MIB;
         let mut heap = heap(&context, GpuAllocatorConfig { block_size_bytes: 4 * MIB, budget_cap_bytes: Some(cap) });
-        let mut rng = Rng(0x0cab);
+        let mut rng = Rng::new(0x0cab);
         let mut live: Vec<GpuAllocatorHandle> = Vec::new();
         let (mut refused, mut served_at_the_cap) = (0, 0);
         for step in 0..3000 {

@@ -42,7 +42,7 @@ fn random_traffic_through_the_paged_heap_verified_by_the_kernels() {
         let mut kernels = ComputeKernels::new(Arc::clone(&context)).unwrap();
         let mut heap = DevicePagedHeap::new(Arc::clone(&context), DevicePagedConfig::new(512 * MIB, Some(64 * MIB))).unwrap();
         let page = heap.sparse().page_bytes();
-        let mut rng = Rng(0x9a9e);
+        let mut rng = Rng::new(0x9a9e);
         let mut live: BTreeMap<u64, (Allocation, u32)> = BTreeMap::new();
         let (mut next_id, mut ops_done, mut ooms, mut verified_bytes, mut max_live) = (1_u32, 0, 0, 0_u64, 0);
         let started = Instant::now();

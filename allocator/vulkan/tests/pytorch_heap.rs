@@ -49,7 +49,7 @@ fn segments_are_device_blocks_the_kernels_verify() {
         let mut kernels = ComputeKernels::new(Arc::clone(&context)).unwrap();
         let mut heap = PytorchDeviceHeap::new(Arc::clone(&context), PytorchDeviceConfig::new(conf(false), None)).unwrap();
         let baseline = context.live_allocation_count();
-        let mut rng = Rng(0x70c4);
+        let mut rng = Rng::new(0x70c4);
         let mut live: Vec<(CachingAllocation, u32)> = Vec::new();
         let mut next_id = 1;
         for round in 0..8 {

@@ -24,7 +24,7 @@ fn random_allocs_and_frees_do_not_overlap() {
     let context = Arc::new(context);
     {
         let mut heap = heap(&context, VmaConfig { block_size_bytes: 16 * MIB, budget_cap_bytes: None });
-        let traffic = random_traffic(&mut heap, &mut Rng(0x0e3a), 2000, 3 * MIB..=40 * MIB, |_, blocks| {
+        let traffic = random_traffic(&mut heap, &mut Rng::new(0x0e3a), 2000, 3 * MIB..=40 * MIB, |_, blocks| {
             assert_eq!(context.live_allocation_count() as usize, blocks.len(), "its blocks count on the device");
         });
         assert!(traffic.released > 0, "blocks came and went");
@@ -55,7 +55,7 @@ fn budget_cap_is_never_crossed() {
     {
         let cap = 48 * MIB;
         let mut heap = heap(&context, VmaConfig { block_size_bytes: 16 * MIB, budget_cap_bytes: Some(cap) });
-        let mut rng = Rng(0x0cab);
+        let mut rng = Rng::new(0x0cab);
         let mut live: Vec<VmaHandle> = Vec::new();
         let mut verdicts = Vec::new();
         for step in 0..3000 {

@@ -38,7 +38,7 @@ fn check_placement(heap: &ArenaHeap, allocation: &ArenaAllocation, align: u64) {
 fn random_traffic(device: &Arc<WgpuDevice>, policy: PolicyKind, seed: u64, batches: u32) -> (u64, u64) {
     let mut kernels = WgpuKernels::new(Arc::clone(device)).unwrap();
     let mut heap = ArenaHeap::new(Arc::clone(device), config(policy, ReleaseRule::KeepOne)).unwrap();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut live: BTreeMap<u32, ArenaAllocation> = BTreeMap::new();
     let (mut next_id, mut made, mut verified) = (0_u32, 0_u64, 0_u64);
     for _ in 0..batches {

@@ -1,6 +1,6 @@
 //! Shared by the integration tests: a wgpu device with validation on (plain wgpu, or wgpu on heapscope's Vulkan
 //! device), or a skip when the machine has none; and the check that nothing was reported.
-#![allow(dead_code, reason = "each test binary uses a part")]
+#![allow(dead_code, unused_imports, reason = "each test binary uses a part")]
 
 use std::sync::Arc;
 
@@ -70,22 +70,5 @@ pub fn finish(device: Arc<WgpuDevice>) {
     assert!(logged.is_empty(), "wgpu-hal logged:\n{}", logged.join("\n"));
 }
 
-/// splitmix64: a small deterministic generator.
-#[derive(Debug)]
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `low..=high`.
-    pub fn range(&mut self, low: u64, high: u64) -> u64 {
-        low + self.next_u64() % (high - low + 1)
-    }
-}
+/// The workloads' splitmix64, a small deterministic generator.
+pub use heapscope_kernels::workload::Rng;
