@@ -258,7 +258,7 @@ impl Device {
             }
         };
         if options.validation {
-            crate::wgpu_log::install();
+            heapscope_wgpu::hal_log::install();
         }
         let device = WgpuDevice::new(&options).context("--backend wgpu: bringing up the device")?;
         Ok(Device::Wgpu { device: Arc::new(device), plain: Some(why_plain) })
@@ -352,7 +352,7 @@ impl Device {
                         context.validation_enabled()
                     }
                     None => {
-                        messages.extend(crate::wgpu_log::messages(device.info().backend));
+                        messages.extend(heapscope_wgpu::hal_log::messages(device.info().backend));
                         plain.is_some() && DeviceOptions::from_env().validation
                     }
                 };

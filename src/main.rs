@@ -14,7 +14,6 @@ mod input;
 mod options;
 mod probe;
 mod replay;
-mod wgpu_log;
 
 use std::process::ExitCode;
 

@@ -6,9 +6,11 @@
 //!   words with naga (parsed, validated, written; no external compiler), the CPU twins ([`pattern_word`],
 //!   [`verify_words`], [`matvec_words`]), and the pure description of a workload ([`Op`]) and of the dispatches that
 //!   run it ([`plan`]: ranges split to fit a storage buffer binding). No device here: `heapscope_vulkan::compute`
-//!   and `heapscope_wgpu::compute` run the dispatches, sharing what needs no device (`run`): a whole run planned
-//!   before any of it runs ([`RunPlan`], in batches of one submit), the verify result slots of a submit and the
-//!   merging of their counters ([`VerifySlots`]), and lowered binding limits ([`BindingLimits::lowered`]).
+//!   and `heapscope_wgpu::compute` run the dispatches: both are a [`KernelRunner`] (`runner`), which keeps only
+//!   their device code (check an op's buffers, record and wait for one submit) and does the rest once — the op
+//!   wrappers (fill, verify, copy), a whole run planned before any of it runs ([`RunPlan`], `run`, in batches of
+//!   one submit), the verify result slots of a submit and the merging of their counters ([`VerifySlots`]), the
+//!   counts, and lowered binding limits ([`BindingLimits::lowered`]).
 //! - **Workloads** ([`workload`]): deterministic streams of alloc / free / compute steps that behave like GPU
 //!   programs — `train`, `serve`, `churn`, `replay` of a recording — with their knobs and default budgets.
 //! - **Bench runner** ([`mod@bench`]): plays a workload on a [`bench::Target`] (allocate, free, run ops on handles,
@@ -33,14 +35,16 @@
 pub mod bench;
 mod plan;
 mod run;
+mod runner;
 pub mod workload;
 
 pub use naga;
 pub use plan::{
-    Binding, BindingLimits, Dispatch, MAX_WORKGROUPS, MatVecIds, MatVecParams, Op, Params, SizedBuffer, VerifyResult, plan,
-    verify_words,
+    Binding, BindingLimits, Dispatch, MAX_WORKGROUPS, MatVecIds, MatVecParams, Op, Params, SizedBuffer, StorageBinding,
+    VerifyResult, plan, verify_words,
 };
 pub use run::{PlannedDispatch, RunPlan, VerifySlots};
+pub use runner::{KernelRunner, RunnerState, SlottedDispatch};
 
 use std::fmt;
 

@@ -309,6 +309,33 @@ impl<B> Dispatch<B> {
             None => Params { slot, ..self.params }.bytes(),
         }
     }
+
+    /// The storage bindings a runner makes for it, `(binding, what)` in binding order: 0 the data (a copy's
+    /// source, a matvec's A); 1 a copy's destination, a matvec's x or a verify's result slots; 2 a matvec's y.
+    pub fn storage_bindings(&self) -> Vec<(u32, StorageBinding<B>)>
+    where
+        B: Copy,
+    {
+        let mut bindings = vec![(0, StorageBinding::Range(self.data))];
+        match (self.kernel, self.dst) {
+            (Kernel::Verify, _) => bindings.push((1, StorageBinding::VerifyResults)),
+            (_, Some(dst)) => bindings.push((1, StorageBinding::Range(dst))),
+            (_, None) => {}
+        }
+        if let Some(output) = self.output {
+            bindings.push((2, StorageBinding::Range(output)));
+        }
+        bindings
+    }
+}
+
+/// What a dispatch binds at one storage binding ([`Dispatch::storage_bindings`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StorageBinding<B> {
+    /// A range of a buffer.
+    Range(Binding<B>),
+    /// The runner's own verify result buffer, whole (the dispatch's slot in it is in its push constants).
+    VerifyResults,
 }
 
 fn check_range(what: &str, size_bytes: u64, offset_bytes: u64, len_bytes: u64) -> Result<(), KernelError> {
@@ -522,6 +549,48 @@ mod tests {
     }
 
     const LIMITS: BindingLimits = BindingLimits { max_range_bytes: 1024, offset_alignment_bytes: 64 };
+
+    /// Each kernel's dispatch binds what its shader declares, in order: ranges of the op's buffers, and a verify's
+    /// result slots at binding 1.
+    #[test]
+    fn storage_bindings_per_kernel() {
+        let (a, b, c) = (Buf(1, 4096), Buf(2, 4096), Buf(3, 4096));
+        let range =
+            |buffer: Buf, offset_bytes: u64, size_bytes: u64| StorageBinding::Range(Binding { buffer, offset_bytes, size_bytes });
+        let ids = MatVecIds { matrix: 1, input: 2, output: 3 };
+        // (op, its first dispatch's bindings)
+        let table = [
+            (Op::Fill { target: a, offset_bytes: 64, len_bytes: 128, id: 1 }, vec![(0, range(a, 64, 128))]),
+            (
+                Op::Verify { target: a, offset_bytes: 64, len_bytes: 128, id: 1 },
+                vec![(0, range(a, 64, 128)), (1, StorageBinding::VerifyResults)],
+            ),
+            (
+                Op::Copy { src: a, src_offset_bytes: 0, dst: b, dst_offset_bytes: 128, len_bytes: 64 },
+                vec![(0, range(a, 0, 64)), (1, range(b, 128, 64))],
+            ),
+            (
+                Op::MatVec {
+                    matrix: a,
+                    matrix_offset_bytes: 0,
+                    input: b,
+                    input_offset_bytes: 0,
+                    output: c,
+                    output_offset_bytes: 0,
+                    rows: 4,
+                    cols: 4,
+                    ids,
+                },
+                vec![(0, range(a, 0, 64)), (1, range(b, 0, 16)), (2, range(c, 0, 16))],
+            ),
+        ];
+        for (op, expected) in table {
+            let dispatches = plan(&op, 0, LIMITS).unwrap();
+            let bindings = dispatches[0].storage_bindings();
+            assert_eq!(bindings.len(), op.kernel().storage_bindings() as usize, "{op:?}");
+            assert_eq!(bindings, expected, "{op:?}");
+        }
+    }
 
     /// Checks a binding against the limits and returns its words' start in the buffer.
     fn bound(binding: Binding<Buf>) -> usize {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use heapscope_core::pytorch::CachingAllocation;
 use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Heap, HeapAllocation, Request};
 use heapscope_kernels::bench::{BenchPolicy, BenchSettings, Target, TargetError};
-use heapscope_kernels::{Op, VerifyResult};
+use heapscope_kernels::{KernelRunner, Op, VerifyResult};
 
 use crate::compute::{BlockBuffer, ComputeBuffer, ComputeKernels};
 use crate::memory_types::MemoryUsage;

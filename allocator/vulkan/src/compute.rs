@@ -6,9 +6,10 @@
 //! of [`Op`]s, each split into dispatches whose bindings fit `maxStorageBufferRange` (and start at multiples of
 //! `minStorageBufferOffsetAlignment`), with a memory barrier between dispatches, up to
 //! [`ComputeKernels::DISPATCHES_PER_SUBMIT`] dispatches per submit, and waits for each submit's fence. Verify
-//! results go to slots of a host-visible, coherent buffer of the runner's own. The planning, the verify result
-//! slots and their merging are [`heapscope_kernels::RunPlan`] and [`heapscope_kernels::VerifySlots`], shared with
-//! the wgpu runner.
+//! results go to slots of a host-visible, coherent buffer of the runner's own. It is a
+//! [`heapscope_kernels::KernelRunner`], shared with the wgpu runner: the runner keeps only its device code (the
+//! buffer check, recording and submitting one batch, the result slots' memory), and the trait does the planning,
+//! the batches, the verify result slots and their merging, the counts and the fill / verify / copy wrappers.
 //!
 //! Buffers are [`ComputeBuffer`]s: a [`BlockBuffer`] wraps a [`DeviceMemorySource`] block in a `VkBuffer` (or
 //! lends a dedicated block's own buffer); [`ComputeBuffer::from_raw`] takes any buffer.
@@ -21,7 +22,8 @@ use std::sync::atomic::Ordering;
 
 use ash::vk;
 use heapscope_kernels::{
-    BindingLimits, Dispatch, Kernel, KernelError, Op, PARAMS_BYTES, RunPlan, SizedBuffer, VerifyResult, VerifySlots,
+    BindingLimits, Dispatch, Kernel, KernelError, KernelRunner, Op, PARAMS_BYTES, RunnerState, SizedBuffer, SlottedDispatch,
+    StorageBinding, VerifyResult,
 };
 
 use crate::{BLOCK_BUFFER_USAGE, DeviceMemorySource, VulkanContext, VulkanError};
@@ -181,10 +183,7 @@ pub struct ComputeKernels {
     results_memory: vk::DeviceMemory,
     results_counted: bool,
     results_ptr: Option<NonNull<u32>>,
-    limits: BindingLimits,
-    device_limits: BindingLimits,
-    submits: u64,
-    dispatches: u64,
+    state: RunnerState,
 }
 
 // SAFETY: the handles may be used from any thread; every use goes through `&mut self` (or `&self` for plain
@@ -193,11 +192,7 @@ unsafe impl Send for ComputeKernels {}
 
 impl fmt::Debug for ComputeKernels {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ComputeKernels")
-            .field("limits", &self.limits)
-            .field("submits", &self.submits)
-            .field("dispatches", &self.dispatches)
-            .finish_non_exhaustive()
+        f.debug_struct("ComputeKernels").field("state", &self.state).finish_non_exhaustive()
     }
 }
 
@@ -211,9 +206,6 @@ fn index_of(kernel: Kernel) -> usize {
 }
 
 impl ComputeKernels {
-    /// Dispatches (and descriptor sets) recorded into one submit at most; also the number of verify result slots.
-    pub const DISPATCHES_PER_SUBMIT: u32 = 256;
-
     /// Compiles the kernels (naga) and creates their pipelines, a command buffer on the compute queue, a fence and
     /// the verify result buffer.
     ///
@@ -238,10 +230,7 @@ impl ComputeKernels {
             results_memory: vk::DeviceMemory::null(),
             results_counted: false,
             results_ptr: None,
-            limits: device_limits,
-            device_limits,
-            submits: 0,
-            dispatches: 0,
+            state: RunnerState::new(device_limits),
         };
         // Every step stores its handles in `this` at once: on an error, `Drop` destroys what exists.
         for kernel in Kernel::ALL {
@@ -366,93 +355,6 @@ impl ComputeKernels {
         &self.context
     }
 
-    /// The binding limits ranges are split by (the device's, unless lowered).
-    pub fn binding_limits(&self) -> BindingLimits {
-        self.limits
-    }
-
-    /// Splits ranges as if bindings could cover at most `max_range_bytes` (at most the device's
-    /// `maxStorageBufferRange`, at least the offset alignment plus a word): to exercise the splitting with small
-    /// buffers.
-    pub fn set_max_binding_bytes(&mut self, max_range_bytes: u64) {
-        self.limits = self.device_limits.lowered(max_range_bytes);
-    }
-
-    /// Submits and dispatches so far.
-    pub fn counts(&self) -> (u64, u64) {
-        (self.submits, self.dispatches)
-    }
-
-    /// Writes allocation `id`'s pattern into `len_bytes` at `offset_bytes` of `buffer`.
-    ///
-    /// # Errors
-    /// As [`ComputeKernels::run`].
-    pub fn fill(&mut self, buffer: ComputeBuffer<'_>, offset_bytes: u64, len_bytes: u64, id: u32) -> Result<(), ComputeError> {
-        self.run(&[Op::Fill { target: buffer, offset_bytes, len_bytes, id }]).map(drop)
-    }
-
-    /// Compares `len_bytes` at `offset_bytes` of `buffer` with allocation `id`'s pattern.
-    ///
-    /// # Errors
-    /// As [`ComputeKernels::run`].
-    pub fn verify(
-        &mut self,
-        buffer: ComputeBuffer<'_>,
-        offset_bytes: u64,
-        len_bytes: u64,
-        id: u32,
-    ) -> Result<VerifyResult, ComputeError> {
-        let results = self.run(&[Op::Verify { target: buffer, offset_bytes, len_bytes, id }])?;
-        Ok(results.first().copied().unwrap_or_default())
-    }
-
-    /// Copies `len_bytes` from `src` at `src_offset_bytes` to `dst` at `dst_offset_bytes`.
-    ///
-    /// # Errors
-    /// As [`ComputeKernels::run`].
-    pub fn copy(
-        &mut self,
-        src: ComputeBuffer<'_>,
-        src_offset_bytes: u64,
-        dst: ComputeBuffer<'_>,
-        dst_offset_bytes: u64,
-        len_bytes: u64,
-    ) -> Result<(), ComputeError> {
-        self.run(&[Op::Copy { src, src_offset_bytes, dst, dst_offset_bytes, len_bytes }]).map(drop)
-    }
-
-    /// Runs `ops` in order (each sees the writes of those before it) and returns one [`VerifyResult`] per
-    /// [`Op::Verify`], in order. Ops are planned first (none runs if one is invalid), then recorded
-    /// [`ComputeKernels::DISPATCHES_PER_SUBMIT`] dispatches per submit; each submit is waited for.
-    ///
-    /// # Errors
-    /// [`ComputeError::Kernel`] for an invalid op (or a [`BlockBuffer`] of another device); [`ComputeError::Vulkan`]
-    /// when a call fails (then the device may be lost).
-    pub fn run(&mut self, ops: &[Op<ComputeBuffer<'_>>]) -> Result<Vec<VerifyResult>, ComputeError> {
-        let device = self.context.device().handle();
-        let foreign = |buffer: &ComputeBuffer<'_>| buffer.device != device && buffer.device != vk::Device::null();
-        let run = RunPlan::new(ops, self.limits, |op| {
-            if op.buffers().into_iter().any(foreign) {
-                return Err(KernelError::InvalidOp("a buffer of another device than the kernels'".into()));
-            }
-            Ok(())
-        })?;
-        let mut slots = VerifySlots::new(run.verifies());
-        for batch in run.batches(Self::DISPATCHES_PER_SUBMIT) {
-            self.begin()?;
-            for (index, planned) in batch.iter().enumerate() {
-                let (slot, fresh) = slots.slot_for(planned.verify);
-                if fresh {
-                    self.reset_slot(slot);
-                }
-                self.record(&planned.dispatch, slot, index > 0)?;
-            }
-            self.submit_and_wait()?;
-            slots.merge(|slot| self.read_slot(slot));
-        }
-        Ok(slots.into_results())
-    }
-
     /// Sets result slot `slot` to "nothing found" (no GPU work is in flight: every submit is waited for).
     fn reset_slot(&mut self, slot: u32) {
         if let Some(base) = self.results_ptr {
@@ -500,51 +402,32 @@ impl ComputeKernels {
         // SAFETY: the pool is live and has room: at most DISPATCHES_PER_SUBMIT sets of at most 3 buffers per reset.
         let sets = unsafe { device.allocate_descriptor_sets(&allocate) }.map_err(VulkanError::vk("vkAllocateDescriptorSets"))?;
         let set = sets.first().copied().unwrap_or_default();
-        let data = [vk::DescriptorBufferInfo::default()
-            .buffer(dispatch.data.buffer.buffer)
-            .offset(dispatch.data.offset_bytes)
-            .range(dispatch.data.size_bytes)];
-        let second = match (dispatch.kernel, dispatch.dst) {
-            (Kernel::Verify, _) => {
-                Some(vk::DescriptorBufferInfo::default().buffer(self.results_buffer).offset(0).range(vk::WHOLE_SIZE))
-            }
-            (_, Some(dst)) => {
-                Some(vk::DescriptorBufferInfo::default().buffer(dst.buffer.buffer).offset(dst.offset_bytes).range(dst.size_bytes))
-            }
-            (_, None) => None,
-        };
-        let second = second.map(|info| [info]);
-        let third = dispatch.output.map(|output| {
-            [vk::DescriptorBufferInfo::default()
-                .buffer(output.buffer.buffer)
-                .offset(output.offset_bytes)
-                .range(output.size_bytes)]
-        });
-        let mut writes = vec![
-            vk::WriteDescriptorSet::default()
-                .dst_set(set)
-                .dst_binding(0)
-                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                .buffer_info(&data),
-        ];
-        if let Some(info) = &second {
-            writes.push(
+        let infos: Vec<(u32, [vk::DescriptorBufferInfo; 1])> = dispatch
+            .storage_bindings()
+            .into_iter()
+            .map(|(binding, bound)| {
+                let info = match bound {
+                    StorageBinding::Range(range) => vk::DescriptorBufferInfo::default()
+                        .buffer(range.buffer.buffer)
+                        .offset(range.offset_bytes)
+                        .range(range.size_bytes),
+                    StorageBinding::VerifyResults => {
+                        vk::DescriptorBufferInfo::default().buffer(self.results_buffer).offset(0).range(vk::WHOLE_SIZE)
+                    }
+                };
+                (binding, [info])
+            })
+            .collect();
+        let writes: Vec<vk::WriteDescriptorSet<'_>> = infos
+            .iter()
+            .map(|(binding, info)| {
                 vk::WriteDescriptorSet::default()
                     .dst_set(set)
-                    .dst_binding(1)
+                    .dst_binding(*binding)
                     .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .buffer_info(info),
-            );
-        }
-        if let Some(info) = &third {
-            writes.push(
-                vk::WriteDescriptorSet::default()
-                    .dst_set(set)
-                    .dst_binding(2)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .buffer_info(info),
-            );
-        }
+                    .buffer_info(info)
+            })
+            .collect();
         let params = dispatch.push_constant_bytes(slot);
         let command_buffer = self.command_buffer;
         // SAFETY: the set was just allocated with the kernel's layout; the buffers are live for the call's
@@ -571,7 +454,6 @@ impl ComputeKernels {
             device.cmd_push_constants(command_buffer, pipeline.layout, vk::ShaderStageFlags::COMPUTE, 0, &params);
             device.cmd_dispatch(command_buffer, dispatch.workgroups, 1, 1);
         }
-        self.dispatches += 1;
         Ok(())
     }
 
@@ -604,8 +486,52 @@ impl ComputeKernels {
             device.wait_for_fences(&[self.fence], true, u64::MAX).map_err(VulkanError::vk("vkWaitForFences"))?;
             device.reset_fences(&[self.fence]).map_err(VulkanError::vk("vkResetFences"))?;
         }
-        self.submits += 1;
         Ok(())
+    }
+}
+
+/// The device code of the runner: planning, batching, result slots, counts and the one-op wrappers are the
+/// trait's ([`KernelRunner::run`]).
+impl KernelRunner for ComputeKernels {
+    type Buffer<'a> = ComputeBuffer<'a>;
+    type Error = ComputeError;
+
+    /// Dispatches (and descriptor sets) recorded into one submit at most; also the number of verify result slots.
+    const DISPATCHES_PER_SUBMIT: u32 = 256;
+
+    fn state(&self) -> &RunnerState {
+        &self.state
+    }
+
+    fn state_mut(&mut self) -> &mut RunnerState {
+        &mut self.state
+    }
+
+    /// Refuses a buffer of another device than the kernels' ([`ComputeBuffer::from_raw`] buffers are vouched for).
+    fn check(&self, op: &Op<ComputeBuffer<'_>>) -> Result<(), KernelError> {
+        let device = self.context.device().handle();
+        if op.buffers().into_iter().any(|buffer| buffer.device != device && buffer.device != vk::Device::null()) {
+            return Err(KernelError::InvalidOp("a buffer of another device than the kernels'".into()));
+        }
+        Ok(())
+    }
+
+    /// Records the batch into the command buffer (a memory barrier between dispatches, fresh result slots reset
+    /// through the mapping first), submits it, waits for its fence and reads the slots.
+    fn submit(
+        &mut self,
+        batch: &[SlottedDispatch<ComputeBuffer<'_>>],
+        verify_slots: u32,
+    ) -> Result<Vec<VerifyResult>, ComputeError> {
+        self.begin()?;
+        for (index, slotted) in batch.iter().enumerate() {
+            if slotted.fresh {
+                self.reset_slot(slotted.slot);
+            }
+            self.record(&slotted.dispatch, slotted.slot, index > 0)?;
+        }
+        self.submit_and_wait()?;
+        Ok((0..verify_slots).map(|slot| self.read_slot(slot)).collect())
     }
 }
 

@@ -1,12 +1,14 @@
 //! [`ExternalBook`]: the bookkeeping every external allocator wrapped as a heapscope [`DeviceHeap`] shares
-//! ([`crate::GpuAllocatorHeap`], [`crate::VmaHeap`]), so each wrapper keeps only what talks to its allocator.
+//! ([`crate::GpuAllocatorHeap`], [`crate::VmaHeap`]: both a [`crate::ExternalHeap`], which keeps the books), so
+//! each wrapper keeps only what talks to its allocator.
 //!
 //! - [`ExternalHandle`], the handle both heaps give out (an allocation and its block's synthetic address);
 //! - a generation-checked slot table of the allocator's live allocations (`L`), which hands out heapscope
 //!   [`Allocation`]s and refuses foreign handles and double frees with the heap's policy name;
 //! - the allocator's blocks (`VkDeviceMemory`) keyed by handle, with synthetic base addresses (increasing from the
 //!   heap's base, aligned, never reused), counted in [`VulkanContext::live_allocation_count`];
-//! - reserved (and peak reserved) and live bytes, refused requests, and the optional device-event log;
+//! - reserved (and peak reserved) and live bytes, refused requests and their verdicts from what the allocator says
+//!   of its blocks ([`BlockUsage`]), and the optional device-event log;
 //! - the parts of [`DeviceHeap`] that only read those ([`ExternalBook::record_device_events`] and the rest).
 //!
 //! [`DeviceHeap`]: heapscope_core::DeviceHeap
@@ -16,7 +18,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use ash::vk;
-use heapscope_core::{Allocation, AllocationId, DeviceEvent, Error, OwnerId, ResourceKind, Result};
+use heapscope_core::{
+    Allocation, AllocationId, DeviceEvent, Error, OomCause, OomVerdict, OwnerId, Request, ResourceKind, Result,
+};
 
 use crate::VulkanContext;
 
@@ -59,6 +63,17 @@ pub(crate) struct Block {
     pub(crate) live_allocations: u64,
 }
 
+/// What an external allocator says of its blocks when it refuses a request, for the verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BlockUsage {
+    /// Bytes in its blocks.
+    pub(crate) reserved_bytes: u64,
+    /// Bytes of its blocks allocated (alignment padding included).
+    pub(crate) allocated_bytes: u64,
+    /// The largest free range in a block.
+    pub(crate) largest_free_run_bytes: u64,
+}
+
 /// A live allocation in the slot table.
 #[derive(Debug)]
 struct Live<L> {
@@ -66,9 +81,10 @@ struct Live<L> {
     generation: u32,
 }
 
-/// The shared bookkeeping of an external allocator as a heapscope heap. See the module documentation.
+/// The shared bookkeeping of an external allocator as a heapscope heap. See the module documentation. Public
+/// only as a parameter of [`crate::ExternalAllocator`]'s methods: its writers are the crate's own.
 #[derive(Debug)]
-pub(crate) struct ExternalBook<L> {
+pub struct ExternalBook<L> {
     context: Arc<VulkanContext>,
     policy: &'static str,
     owner: OwnerId,
@@ -155,6 +171,33 @@ impl<L> ExternalBook<L> {
     /// `(reserved, live)` bytes, as [`heapscope_core::DeviceHeap::reserved_and_live_bytes`].
     pub(crate) fn reserved_and_live_bytes(&self) -> (u64, u64) {
         (self.reserved_bytes, self.live_bytes)
+    }
+
+    /// Counts a refused request of `request` and judges it from `usage`, the device's heap budgets and the
+    /// heap's cap (`budget_cap_bytes`, on the reserved bytes).
+    pub(crate) fn verdict(&mut self, request: Request, usage: BlockUsage, budget_cap_bytes: Option<u64>) -> OomVerdict {
+        self.count_oom();
+        let BlockUsage { reserved_bytes, allocated_bytes, largest_free_run_bytes } = usage;
+        let free_in_blocks_bytes = reserved_bytes.saturating_sub(allocated_bytes);
+        let device_left: u64 = self.context.heap_budgets().iter().map(crate::HeapBudget::available_bytes).max().unwrap_or(0);
+        let cap_left = budget_cap_bytes.map_or(u64::MAX, |cap| cap.saturating_sub(reserved_bytes));
+        let unreserved_bytes = device_left.min(cap_left);
+        let needed_bytes = request.size_bytes().next_multiple_of(request.align_bytes());
+        OomVerdict {
+            policy: self.policy,
+            requested_bytes: request.size_bytes(),
+            needed_bytes,
+            align_bytes: request.align_bytes(),
+            reserved_bytes,
+            live_bytes: self.live_bytes,
+            padding_bytes: allocated_bytes.saturating_sub(self.live_bytes),
+            free_in_blocks_bytes,
+            largest_free_run_bytes,
+            retired_bytes: 0,
+            unreserved_bytes,
+            capacity_bytes: budget_cap_bytes,
+            cause: OomCause::judge(needed_bytes, free_in_blocks_bytes, unreserved_bytes),
+        }
     }
 
     /// Starts (a fresh log) or stops recording device events.

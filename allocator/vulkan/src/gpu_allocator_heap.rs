@@ -19,6 +19,12 @@
 //! (read from gpu-allocator's report, with the request's alignment); otherwise it fails with
 //! [`Error::OutOfMemory`] and nothing is allocated. Should gpu-allocator still create a block past the cap (a
 //! rule of another version), the allocation is freed again and the request refused.
+//!
+//! The heap is the shared [`ExternalHeap`] (books, slots, the [`DeviceHeap`] methods) over
+//! [`GpuAllocatorBackend`], which holds only what talks to gpu-allocator.
+//!
+//! [`DeviceHeap`]: heapscope_core::DeviceHeap
+//! [`DeviceHeap::address`]: heapscope_core::DeviceHeap::address
 
 use std::fmt;
 use std::sync::Arc;
@@ -26,55 +32,41 @@ use std::sync::Arc;
 use ash::vk;
 use gpu_allocator::vulkan::{AllocationCreateDesc, AllocationScheme, Allocator, AllocatorCreateDesc};
 use gpu_allocator::{AllocationError, AllocationSizes, AllocatorDebugSettings, MemoryLocation};
-use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Error, OomCause, OomVerdict, Request, Result};
+use heapscope_core::{Error, OomVerdict, Request, Result};
 
 use crate::VulkanContext;
-use crate::external::{ExternalBook, ExternalHandle};
+use crate::external::{BlockUsage, ExternalBook, ExternalHandle};
+use crate::external_heap::{ExternalAllocator, ExternalConfig, ExternalHeap, Placed};
 
-/// How a [`GpuAllocatorHeap`] is set up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GpuAllocatorConfig {
-    /// gpu-allocator's block size (it clamps to 4..=256 MiB, a multiple of 4 MiB); larger requests get a block
-    /// of their own.
-    pub block_size_bytes: u64,
-    /// At most this many bytes reserved at once, checked before gpu-allocator allocates; a request that would
-    /// need more fails with [`Error::OutOfMemory`].
-    pub budget_cap_bytes: Option<u64>,
-}
-
-impl Default for GpuAllocatorConfig {
-    /// 256 MiB blocks (gpu-allocator's default), no cap.
-    fn default() -> Self {
-        Self { block_size_bytes: 256 << 20, budget_cap_bytes: None }
-    }
-}
+/// How a [`GpuAllocatorHeap`] is set up: gpu-allocator's block size (clamped to 4..=256 MiB, a multiple of 4
+/// MiB; larger requests get a block of their own) and a budget cap checked before gpu-allocator allocates.
+pub type GpuAllocatorConfig = ExternalConfig;
 
 /// A live allocation of a [`GpuAllocatorHeap`]: the handle every external allocator's heap gives out.
 pub type GpuAllocatorHandle = ExternalHandle;
 
+/// gpu-allocator as a heapscope [`DeviceHeap`](heapscope_core::DeviceHeap): the shared [`ExternalHeap`] over
+/// [`GpuAllocatorBackend`]. See the module documentation.
+pub type GpuAllocatorHeap = ExternalHeap<GpuAllocatorBackend>;
+
 /// A live allocation kept in the heap, with the block it lies in.
 #[derive(Debug)]
-struct Live {
+pub struct Live {
     inner: gpu_allocator::vulkan::Allocation,
     memory: vk::DeviceMemory,
 }
 
-/// gpu-allocator as a heapscope [`DeviceHeap`]. See the module documentation.
-pub struct GpuAllocatorHeap {
-    // Declared before the books (which hold the context): dropped (its blocks freed) while the device is alive.
+/// What talks to gpu-allocator in a [`GpuAllocatorHeap`]: the allocator and the settings.
+pub struct GpuAllocatorBackend {
+    // Declared first: dropped (its blocks freed) while the device is alive.
     allocator: Allocator,
-    book: ExternalBook<Live>,
+    _context: Arc<VulkanContext>,
     config: GpuAllocatorConfig,
 }
 
-impl fmt::Debug for GpuAllocatorHeap {
+impl fmt::Debug for GpuAllocatorBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GpuAllocatorHeap")
-            .field("config", &self.config)
-            .field("blocks", &self.book.live_blocks())
-            .field("reserved_bytes", &self.book.reserved_bytes())
-            .field("live_bytes", &self.book.live_bytes())
-            .finish_non_exhaustive()
+        f.debug_struct("GpuAllocatorBackend").field("config", &self.config).finish_non_exhaustive()
     }
 }
 
@@ -109,79 +101,15 @@ fn failure(what: &str, error: &AllocationError) -> Error {
 }
 
 impl GpuAllocatorHeap {
-    /// The synthetic address of the first block (apart from [`crate::DeviceMemorySource::BASE_ADDRESS`]).
-    pub const BASE_ADDRESS: u64 = 0x5000_0000_0000;
-
-    /// Block addresses are multiples of this.
-    pub const ADDRESS_ALIGNMENT_BYTES: u64 = 64 << 10;
-
-    /// A gpu-allocator on `context`'s device.
-    ///
-    /// # Errors
-    /// [`Error::Source`] when gpu-allocator refuses the device.
-    pub fn new(context: Arc<VulkanContext>, config: GpuAllocatorConfig) -> Result<Self> {
-        let mut debug_settings = AllocatorDebugSettings::default();
-        debug_settings.log_leaks_on_shutdown = false;
-        let allocator = Allocator::new(&AllocatorCreateDesc {
-            instance: context.instance().clone(),
-            device: context.device().clone(),
-            physical_device: context.physical_device(),
-            debug_settings,
-            buffer_device_address: false,
-            allocation_sizes: AllocationSizes::new(config.block_size_bytes, config.block_size_bytes),
-        })
-        .map_err(|error| failure("bring-up", &error))?;
-        Ok(Self {
-            allocator,
-            book: ExternalBook::new(context, "gpu-allocator", Self::BASE_ADDRESS, Self::ADDRESS_ALIGNMENT_BYTES),
-            config,
-        })
-    }
-
-    /// The settings.
-    pub fn config(&self) -> &GpuAllocatorConfig {
-        &self.config
-    }
-
-    /// The context.
-    pub fn context(&self) -> &Arc<VulkanContext> {
-        self.book.context()
-    }
-
-    /// Bytes reserved in gpu-allocator's blocks now.
-    pub fn reserved_bytes(&self) -> u64 {
-        self.book.reserved_bytes()
-    }
-
-    /// The most bytes reserved at once.
-    pub fn peak_reserved_bytes(&self) -> u64 {
-        self.book.peak_reserved_bytes()
-    }
-
-    /// Live blocks.
-    pub fn live_blocks(&self) -> usize {
-        self.book.live_blocks()
-    }
-
-    /// Live allocations.
-    pub fn live_allocations(&self) -> usize {
-        self.book.live_allocations()
-    }
-
-    /// Refused requests.
-    pub fn ooms(&self) -> u64 {
-        self.book.ooms()
-    }
-
     /// gpu-allocator's own report (allocations and blocks).
     pub fn report(&self) -> gpu_allocator::AllocatorReport {
-        self.allocator.generate_report()
+        self.allocator().allocator.generate_report()
     }
+}
 
+impl GpuAllocatorBackend {
     /// The verdict for a refused request, from gpu-allocator's report.
-    fn verdict(&mut self, request: Request) -> OomVerdict {
-        self.book.count_oom();
-        let live_bytes = self.book.live_bytes();
+    fn verdict(&self, book: &mut ExternalBook<Live>, request: Request) -> OomVerdict {
         let report = self.allocator.generate_report();
         let mut largest_free_run_bytes = 0;
         for block in &report.blocks {
@@ -195,61 +123,76 @@ impl GpuAllocatorHeap {
             }
             largest_free_run_bytes = largest_free_run_bytes.max(block.size.saturating_sub(cursor));
         }
-        let free_in_blocks_bytes = report.total_capacity_bytes.saturating_sub(report.total_allocated_bytes);
-        let device_left: u64 =
-            self.book.context().heap_budgets().iter().map(crate::HeapBudget::available_bytes).max().unwrap_or(0);
-        let cap_left = self.config.budget_cap_bytes.map_or(u64::MAX, |cap| cap.saturating_sub(report.total_capacity_bytes));
-        let unreserved_bytes = device_left.min(cap_left);
-        let needed_bytes = request.size_bytes().next_multiple_of(request.align_bytes());
-        OomVerdict {
-            policy: "gpu-allocator",
-            requested_bytes: request.size_bytes(),
-            needed_bytes,
-            align_bytes: request.align_bytes(),
+        let usage = BlockUsage {
             reserved_bytes: report.total_capacity_bytes,
-            live_bytes,
-            padding_bytes: report.total_allocated_bytes.saturating_sub(live_bytes),
-            free_in_blocks_bytes,
+            allocated_bytes: report.total_allocated_bytes,
             largest_free_run_bytes,
-            retired_bytes: 0,
-            unreserved_bytes,
-            capacity_bytes: self.config.budget_cap_bytes,
-            cause: OomCause::judge(needed_bytes, free_in_blocks_bytes, unreserved_bytes),
-        }
+        };
+        book.verdict(request, usage, self.config.budget_cap_bytes)
     }
 
     /// Frees `inner` in gpu-allocator, and records the release of its block when gpu-allocator destroyed it.
-    fn free_inner(&mut self, inner: gpu_allocator::vulkan::Allocation, memory: vk::DeviceMemory) -> Result<()> {
+    fn free_inner(
+        &mut self,
+        book: &mut ExternalBook<Live>,
+        inner: gpu_allocator::vulkan::Allocation,
+        memory: vk::DeviceMemory,
+    ) -> Result<()> {
         self.allocator.free(inner).map_err(|error| failure("free", &error))?;
-        let Some(block) = self.book.block_mut(memory) else {
+        let Some(block) = book.block_mut(memory) else {
             return Err(Error::Source("gpu-allocator freed an allocation in a block heapscope never saw".into()));
         };
         block.live_allocations -= 1;
         if block.live_allocations == 0 {
             let capacity = self.allocator.capacity();
-            if capacity < self.book.reserved_bytes() {
-                self.book.release_block(memory);
-                self.book.set_reserved_bytes(capacity);
+            if capacity < book.reserved_bytes() {
+                book.release_block(memory);
+                book.set_reserved_bytes(capacity);
             }
         }
         Ok(())
     }
 }
 
-impl DeviceHeap for GpuAllocatorHeap {
-    type Handle = GpuAllocatorHandle;
+impl ExternalAllocator for GpuAllocatorBackend {
+    type Live = Live;
 
-    fn allocate_request(&mut self, request: Request) -> Result<GpuAllocatorHandle> {
+    const POLICY: &'static str = "gpu-allocator";
+
+    /// Apart from [`crate::DeviceMemorySource::BASE_ADDRESS`].
+    const BASE_ADDRESS: u64 = 0x5000_0000_0000;
+
+    /// A gpu-allocator on `context`'s device; [`Error::Source`] when gpu-allocator refuses the device.
+    fn new(context: &Arc<VulkanContext>, config: ExternalConfig) -> Result<Self> {
+        let mut debug_settings = AllocatorDebugSettings::default();
+        debug_settings.log_leaks_on_shutdown = false;
+        let allocator = Allocator::new(&AllocatorCreateDesc {
+            instance: context.instance().clone(),
+            device: context.device().clone(),
+            physical_device: context.physical_device(),
+            debug_settings,
+            buffer_device_address: false,
+            allocation_sizes: AllocationSizes::new(config.block_size_bytes, config.block_size_bytes),
+        })
+        .map_err(|error| failure("bring-up", &error))?;
+        Ok(Self { allocator, _context: Arc::clone(context), config })
+    }
+
+    fn config(&self) -> &ExternalConfig {
+        &self.config
+    }
+
+    fn allocate(&mut self, book: &mut ExternalBook<Live>, request: Request) -> Result<Placed<Live>> {
         if let Some(cap) = self.config.budget_cap_bytes {
             let block_bytes = effective_block_bytes(self.config.block_size_bytes);
             let size = request.size_bytes();
             let personal = size > block_bytes;
             let new_block_bytes = if personal { size } else { block_bytes };
             // Only near the cap is gpu-allocator's report read (it lists every allocation).
-            if self.book.reserved_bytes().saturating_add(new_block_bytes) > cap
+            if book.reserved_bytes().saturating_add(new_block_bytes) > cap
                 && (personal || !report_has_room(&self.allocator.generate_report(), size, request.align_bytes()))
             {
-                return Err(Error::OutOfMemory(Box::new(self.verdict(request))));
+                return Err(Error::OutOfMemory(Box::new(self.verdict(book, request))));
             }
         }
         let desc = AllocationCreateDesc {
@@ -265,76 +208,40 @@ impl DeviceHeap for GpuAllocatorHeap {
         };
         let inner = match self.allocator.allocate(&desc) {
             Ok(inner) => inner,
-            Err(AllocationError::OutOfMemory) => return Err(Error::OutOfMemory(Box::new(self.verdict(request)))),
+            Err(AllocationError::OutOfMemory) => return Err(Error::OutOfMemory(Box::new(self.verdict(book, request)))),
             Err(error) => return Err(failure("allocate", &error)),
         };
         // SAFETY: the handle is only used as a key to tell blocks apart; it is never bound, mapped or freed here.
         let memory = unsafe { inner.memory() };
-        let block = match self.book.block_mut(memory) {
+        let block = match book.block_mut(memory) {
             Some(block) => block,
             None => {
-                let size_bytes = self.allocator.capacity().saturating_sub(self.book.reserved_bytes());
-                self.book.reserve_block(memory, size_bytes)
+                let size_bytes = self.allocator.capacity().saturating_sub(book.reserved_bytes());
+                book.reserve_block(memory, size_bytes)
             }
         };
         block.live_allocations += 1;
         let block_base = block.base_address;
         // A block past the cap despite the check above (another gpu-allocator block rule): undo it.
         if let Some(cap) = self.config.budget_cap_bytes
-            && self.book.reserved_bytes() > cap
+            && book.reserved_bytes() > cap
         {
-            self.free_inner(inner, memory)?;
-            return Err(Error::OutOfMemory(Box::new(self.verdict(request))));
+            self.free_inner(book, inner, memory)?;
+            return Err(Error::OutOfMemory(Box::new(self.verdict(book, request))));
         }
-        let offset = inner.offset();
-        let allocation = self.book.insert(Live { inner, memory }, offset, request.size_bytes())?;
-        Ok(GpuAllocatorHandle::new(allocation, block_base))
+        let offset_bytes = inner.offset();
+        Ok(Placed { live: Live { inner, memory }, offset_bytes, block_base })
     }
 
-    fn free_handle(&mut self, handle: GpuAllocatorHandle) -> Result<()> {
-        let live = self.book.remove(handle.allocation())?;
-        self.free_inner(live.inner, live.memory)
+    fn free(&mut self, book: &mut ExternalBook<Live>, live: Live) -> Result<()> {
+        self.free_inner(book, live.inner, live.memory)
     }
 
-    fn allocation(handle: &GpuAllocatorHandle) -> &Allocation {
-        handle.allocation()
-    }
-
-    fn address(handle: &GpuAllocatorHandle) -> u64 {
-        handle.address()
-    }
-
-    fn block_base(handle: &GpuAllocatorHandle) -> u64 {
-        handle.block_base()
-    }
-
-    fn record_device_events(&mut self, on: bool) {
-        self.book.record_device_events(on);
-    }
-
-    fn take_device_events(&mut self) -> Vec<DeviceEvent> {
-        self.book.take_device_events()
-    }
-
-    fn policy_name(&self) -> &'static str {
-        "gpu-allocator"
-    }
-
-    fn reserved_and_live_bytes(&self) -> (u64, u64) {
-        self.book.reserved_and_live_bytes()
-    }
-
-    fn count_oom(&mut self) {
-        self.book.count_oom();
-    }
-}
-
-impl Drop for GpuAllocatorHeap {
-    fn drop(&mut self) {
+    fn free_all(&mut self, _book: &mut ExternalBook<Live>, live: Vec<Live>) {
         // Frees what is still live so gpu-allocator destroys its blocks cleanly; the allocator itself frees the
-        // rest when dropped, before the context (field order). Every block left (gpu-allocator's last general
-        // block, blocks of failed frees) goes with the allocator, and the books take it off the device's count.
-        for live in self.book.take_all_live() {
+        // rest when dropped. Every block left (gpu-allocator's last general block, blocks of failed frees) goes
+        // with the allocator, and the books take it off the device's count.
+        for live in live {
             let _ = self.allocator.free(live.inner);
         }
     }

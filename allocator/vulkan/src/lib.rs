@@ -21,10 +21,12 @@
 //!   filled, computed on and verified by the kernels.
 //! - [`Transfer`] (`transfer`): staging copies into and out of device buffers on the compute queue.
 //! - [`GpuAllocatorHeap`] (`gpu_allocator_heap`): gpu-allocator 0.28 as a [`heapscope_core::DeviceHeap`], a
-//!   contender on the same device; [`VmaHeap`] (`vma_heap`): VMA (vk-mem 0.5) the same way. Both keep their
-//!   books in one shared type (`external`: slot table, blocks and their synthetic addresses, reserved / live
-//!   bytes, device events, refusals) and give out one handle type, [`ExternalHandle`], so each wrapper holds only
-//!   what talks to its allocator.
+//!   contender on the same device; [`VmaHeap`] (`vma_heap`): VMA (vk-mem 0.5) the same way. Both are one generic
+//!   heap, [`ExternalHeap`] (`external_heap`: the `DeviceHeap` written once), over an [`ExternalAllocator`]
+//!   ([`GpuAllocatorBackend`], [`VmaBackend`]: only what talks to the allocator), set up by one
+//!   [`ExternalConfig`] (block size, budget cap); the heap keeps the books
+//!   (`external`: slot table, blocks and their synthetic addresses, reserved / live bytes, device events,
+//!   refusals) and gives out one handle type, [`ExternalHandle`].
 //! - [`replay_on_device`] (`contenders`): a recording through a [`DeviceContender`] — PyTorch's allocator on
 //!   device memory, a heap of device-memory blocks, `paged` on a sparse buffer sized by [`paged_virtual_bytes`],
 //!   gpu-allocator or VMA — summed up in the core's `Outcome` (what `heapscope replay --vulkan` prints); a
@@ -44,6 +46,7 @@ mod contenders;
 mod context;
 mod error;
 mod external;
+mod external_heap;
 mod gpu_allocator_heap;
 mod margins;
 pub mod memory_types;
@@ -65,7 +68,8 @@ pub use contenders::{DeviceContender, paged_range_for, paged_virtual_bytes, peak
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};
 pub use error::VulkanError;
 pub use external::ExternalHandle;
-pub use gpu_allocator_heap::{GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocatorHeap};
+pub use external_heap::{ExternalAllocator, ExternalConfig, ExternalHeap, Placed};
+pub use gpu_allocator_heap::{GpuAllocatorBackend, GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocatorHeap};
 pub use margins::{Corruption, GuardedAllocation, GuardedHeap, MAGIC, MarginError, MarginLayout, Side};
 pub use paged::{DevicePagedConfig, DevicePagedHeap, DevicePagedStats};
 pub use properties::{DeviceFeatures, DeviceLimits, DeviceProperties, HeapBudget, QueueFamilyInfo, SparseProperties};
@@ -75,7 +79,7 @@ pub use selection::{DeviceCandidate, VENDORS, select_device};
 pub use source::{BLOCK_BUFFER_USAGE, BlockInfo, DeviceMemorySource, DeviceSourceConfig, LeakReport, LeakedBlock};
 pub use sparse::{BindLatency, BindLayout, PagePool, PageRef, SparseBuffer, SparseConfig, SparseStats, measure_bind_latency};
 pub use transfer::Transfer;
-pub use vma_heap::{VmaConfig, VmaHandle, VmaHeap};
+pub use vma_heap::{VmaBackend, VmaConfig, VmaHandle, VmaHeap};
 
 /// gpu-allocator, re-exported for its report types.
 pub use gpu_allocator;

@@ -19,6 +19,12 @@
 //!
 //! Its blocks count in [`VulkanContext::live_allocation_count`] alongside every source's, after the fact (VMA
 //! calls `vkAllocateMemory` itself).
+//!
+//! The heap is the shared [`ExternalHeap`] (books, slots, the [`DeviceHeap`] methods) over [`VmaBackend`], which
+//! holds only what talks to VMA.
+//!
+//! [`DeviceHeap`]: heapscope_core::DeviceHeap
+//! [`DeviceHeap::address`]: heapscope_core::DeviceHeap::address
 
 use std::ffi::c_void;
 use std::fmt;
@@ -26,31 +32,23 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ash::vk;
-use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Error, OomCause, OomVerdict, Request, Result};
+use heapscope_core::{Error, OomVerdict, Request, Result};
 use vk_mem::Alloc;
 
 use crate::VulkanContext;
-use crate::external::{ExternalBook, ExternalHandle};
+use crate::external::{BlockUsage, ExternalBook, ExternalHandle};
+use crate::external_heap::{ExternalAllocator, ExternalConfig, ExternalHeap, Placed};
 
-/// How a [`VmaHeap`] is set up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct VmaConfig {
-    /// `preferredLargeHeapBlockSize`: VMA's block size on heaps above 1 GiB (smaller heaps get an eighth of
-    /// their size; VMA starts with smaller blocks and grows to this).
-    pub block_size_bytes: u64,
-    /// At most this many bytes reserved at once (VMA's heap size limit); beyond, [`Error::OutOfMemory`].
-    pub budget_cap_bytes: Option<u64>,
-}
-
-impl Default for VmaConfig {
-    /// 256 MiB blocks (VMA's default), no cap.
-    fn default() -> Self {
-        Self { block_size_bytes: 256 << 20, budget_cap_bytes: None }
-    }
-}
+/// How a [`VmaHeap`] is set up: block size (VMA's `preferredLargeHeapBlockSize`) and budget cap (VMA's heap size
+/// limit).
+pub type VmaConfig = ExternalConfig;
 
 /// A live allocation of a [`VmaHeap`]: the handle every external allocator's heap gives out.
 pub type VmaHandle = ExternalHandle;
+
+/// VMA as a heapscope [`DeviceHeap`](heapscope_core::DeviceHeap): the shared [`ExternalHeap`] over [`VmaBackend`].
+/// See the module documentation.
+pub type VmaHeap = ExternalHeap<VmaBackend>;
 
 /// One `vkAllocateMemory` (true) or `vkFreeMemory` (false) VMA made, with the memory and its size.
 type MemoryCall = (bool, vk::DeviceMemory, u64);
@@ -92,7 +90,7 @@ struct DeviceMemoryCallbacks {
 
 /// VMA's `pfnAllocate`: called after each `vkAllocateMemory` it makes.
 unsafe extern "C" fn on_allocate(_: *mut c_void, _: u32, memory: vk::DeviceMemory, size: u64, user: *mut c_void) {
-    // SAFETY: `user` is the `CallbackLog` boxed in the `VmaHeap` that created this allocator; the box lives until
+    // SAFETY: `user` is the `CallbackLog` boxed in the `VmaBackend` that created this allocator; the box lives until
     // after the allocator is destroyed (field order), and VMA calls back only from calls the heap makes.
     let log = unsafe { &*user.cast::<CallbackLog>() };
     log.push((true, memory, size));
@@ -105,25 +103,19 @@ unsafe extern "C" fn on_free(_: *mut c_void, _: u32, memory: vk::DeviceMemory, s
     log.push((false, memory, size));
 }
 
-/// VMA as a heapscope [`DeviceHeap`]. See the module documentation.
-pub struct VmaHeap {
-    // Declared first: dropped (its blocks freed) while the device and the callback log are alive.
+/// What talks to VMA in a [`VmaHeap`]: the allocator, its device-memory callbacks' log and the allocation settings.
+pub struct VmaBackend {
+    // Declared first: dropped (its blocks freed) while the callback log and the device are alive.
     allocator: vk_mem::Allocator,
     callbacks: Box<CallbackLog>,
-    // Holds the context: dropped after the allocator.
-    book: ExternalBook<vk_mem::Allocation>,
+    _context: Arc<VulkanContext>,
     config: VmaConfig,
     create_info: vk_mem::AllocationCreateInfo,
 }
 
-impl fmt::Debug for VmaHeap {
+impl fmt::Debug for VmaBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("VmaHeap")
-            .field("config", &self.config)
-            .field("blocks", &self.book.live_blocks())
-            .field("reserved_bytes", &self.book.reserved_bytes())
-            .field("live_bytes", &self.book.live_bytes())
-            .finish_non_exhaustive()
+        f.debug_struct("VmaBackend").field("config", &self.config).finish_non_exhaustive()
     }
 }
 
@@ -133,17 +125,54 @@ fn failure(what: &str, result: vk::Result) -> Error {
 }
 
 impl VmaHeap {
-    /// The synthetic address of the first block (apart from the other contenders' spaces).
-    pub const BASE_ADDRESS: u64 = 0x6000_0000_0000;
+    /// From VMA's own statistics (`vmaCalculateStatistics`): bytes allocated in its blocks (alignment padding
+    /// included), and the largest free range; `None` when VMA fails to say.
+    pub fn allocated_and_largest_free_bytes(&self) -> Option<(u64, u64)> {
+        self.allocator().allocated_and_largest_free_bytes()
+    }
+}
 
-    /// Block addresses are multiples of this.
-    pub const ADDRESS_ALIGNMENT_BYTES: u64 = 64 << 10;
+impl VmaBackend {
+    /// See [`VmaHeap::allocated_and_largest_free_bytes`].
+    fn allocated_and_largest_free_bytes(&self) -> Option<(u64, u64)> {
+        let total = self.allocator.calculate_statistics().ok()?.total;
+        Some((total.statistics.allocationBytes, total.unusedRangeSizeMax))
+    }
 
-    /// A VMA allocator on `context`'s device.
-    ///
-    /// # Errors
-    /// [`Error::Source`] when `vmaCreateAllocator` fails.
-    pub fn new(context: Arc<VulkanContext>, config: VmaConfig) -> Result<Self> {
+    /// Applies the `vkAllocateMemory` / `vkFreeMemory` calls VMA made since the last time.
+    fn apply_memory_calls(&self, book: &mut ExternalBook<vk_mem::Allocation>) {
+        for (allocated, memory, size_bytes) in self.callbacks.take() {
+            if allocated {
+                book.reserve_block(memory, size_bytes);
+            } else {
+                book.release_block(memory);
+            }
+        }
+    }
+
+    /// The verdict for a refused request, from VMA's statistics.
+    fn verdict(&self, book: &mut ExternalBook<vk_mem::Allocation>, request: Request) -> OomVerdict {
+        let reserved_bytes = book.reserved_bytes();
+        let (allocated_bytes, largest_free_run_bytes) = self.allocated_and_largest_free_bytes().unwrap_or((book.live_bytes(), 0));
+        let free_in_blocks_bytes = reserved_bytes.saturating_sub(allocated_bytes);
+        let usage = BlockUsage {
+            reserved_bytes,
+            allocated_bytes,
+            largest_free_run_bytes: largest_free_run_bytes.min(free_in_blocks_bytes),
+        };
+        book.verdict(request, usage, self.config.budget_cap_bytes)
+    }
+}
+
+impl ExternalAllocator for VmaBackend {
+    type Live = vk_mem::Allocation;
+
+    const POLICY: &'static str = "vma";
+
+    const BASE_ADDRESS: u64 = 0x6000_0000_0000;
+
+    /// A VMA allocator on `context`'s device; [`Error::Source`] when `vmaCreateAllocator` fails.
+    fn new(context: &Arc<VulkanContext>, config: ExternalConfig) -> Result<Self> {
         let callbacks = Box::new(CallbackLog::default());
         let device_callbacks = DeviceMemoryCallbacks {
             pfn_allocate: Some(on_allocate),
@@ -163,7 +192,7 @@ impl VmaHeap {
             create_info.heap_size_limits = &limits;
         }
         // SAFETY: the instance, device and physical device are the context's, alive for as long as the `Arc` this
-        // heap keeps, which outlives the allocator (field order); VMA copies the callbacks and the limits, and the
+        // backend keeps, which outlives the allocator (field order); VMA copies the callbacks and the limits, and the
         // callbacks' user data (the boxed log) lives as long as the allocator.
         let allocator = unsafe { vk_mem::Allocator::new(create_info) }.map_err(|result| failure("vmaCreateAllocator", result))?;
         let has_device_local = context
@@ -180,171 +209,51 @@ impl VmaHeap {
             },
             ..Default::default()
         };
-        Ok(Self {
-            allocator,
-            callbacks,
-            book: ExternalBook::new(context, "vma", Self::BASE_ADDRESS, Self::ADDRESS_ALIGNMENT_BYTES),
-            config,
-            create_info,
-        })
+        Ok(Self { allocator, callbacks, _context: Arc::clone(context), config, create_info })
     }
 
-    /// The settings.
-    pub fn config(&self) -> &VmaConfig {
+    fn config(&self) -> &ExternalConfig {
         &self.config
     }
 
-    /// Bytes reserved in VMA's blocks now.
-    pub fn reserved_bytes(&self) -> u64 {
-        self.book.reserved_bytes()
-    }
-
-    /// The most bytes reserved at once.
-    pub fn peak_reserved_bytes(&self) -> u64 {
-        self.book.peak_reserved_bytes()
-    }
-
-    /// Live blocks.
-    pub fn live_blocks(&self) -> usize {
-        self.book.live_blocks()
-    }
-
-    /// Live allocations.
-    pub fn live_allocations(&self) -> usize {
-        self.book.live_allocations()
-    }
-
-    /// Refused requests.
-    pub fn ooms(&self) -> u64 {
-        self.book.ooms()
-    }
-
-    /// From VMA's own statistics (`vmaCalculateStatistics`): bytes allocated in its blocks (alignment padding
-    /// included), and the largest free range; `None` when VMA fails to say.
-    pub fn allocated_and_largest_free_bytes(&self) -> Option<(u64, u64)> {
-        let total = self.allocator.calculate_statistics().ok()?.total;
-        Some((total.statistics.allocationBytes, total.unusedRangeSizeMax))
-    }
-
-    /// Applies the `vkAllocateMemory` / `vkFreeMemory` calls VMA made since the last time.
-    fn apply_memory_calls(&mut self) {
-        for (allocated, memory, size_bytes) in self.callbacks.take() {
-            if allocated {
-                self.book.reserve_block(memory, size_bytes);
-            } else {
-                self.book.release_block(memory);
-            }
-        }
-    }
-
-    /// The verdict for a refused request, from VMA's statistics.
-    fn verdict(&mut self, request: Request) -> OomVerdict {
-        self.book.count_oom();
-        let (reserved_bytes, live_bytes) = self.book.reserved_and_live_bytes();
-        let (allocated_bytes, largest_free_run_bytes) = self.allocated_and_largest_free_bytes().unwrap_or((live_bytes, 0));
-        let free_in_blocks_bytes = reserved_bytes.saturating_sub(allocated_bytes);
-        let device_left: u64 =
-            self.book.context().heap_budgets().iter().map(crate::HeapBudget::available_bytes).max().unwrap_or(0);
-        let cap_left = self.config.budget_cap_bytes.map_or(u64::MAX, |cap| cap.saturating_sub(reserved_bytes));
-        let unreserved_bytes = device_left.min(cap_left);
-        let needed_bytes = request.size_bytes().next_multiple_of(request.align_bytes());
-        OomVerdict {
-            policy: "vma",
-            requested_bytes: request.size_bytes(),
-            needed_bytes,
-            align_bytes: request.align_bytes(),
-            reserved_bytes,
-            live_bytes,
-            padding_bytes: allocated_bytes.saturating_sub(live_bytes),
-            free_in_blocks_bytes,
-            largest_free_run_bytes: largest_free_run_bytes.min(free_in_blocks_bytes),
-            retired_bytes: 0,
-            unreserved_bytes,
-            capacity_bytes: self.config.budget_cap_bytes,
-            cause: OomCause::judge(needed_bytes, free_in_blocks_bytes, unreserved_bytes),
-        }
-    }
-}
-
-impl DeviceHeap for VmaHeap {
-    type Handle = VmaHandle;
-
-    fn allocate_request(&mut self, request: Request) -> Result<VmaHandle> {
+    fn allocate(&mut self, book: &mut ExternalBook<vk_mem::Allocation>, request: Request) -> Result<Placed<vk_mem::Allocation>> {
         let requirements =
             vk::MemoryRequirements { size: request.size_bytes(), alignment: request.align_bytes(), memory_type_bits: !0 };
         // SAFETY: valid requirements (size above 0, power-of-two alignment) and create info (no pool, no user data)
-        // on a live allocator; the allocation is freed by `free_handle` or on drop.
+        // on a live allocator; the allocation is freed by `free` or `free_all`.
         let result = unsafe { self.allocator.allocate_memory(&requirements, &self.create_info) };
-        self.apply_memory_calls();
+        self.apply_memory_calls(book);
         let inner = match result {
             Ok(inner) => inner,
             Err(vk::Result::ERROR_OUT_OF_DEVICE_MEMORY | vk::Result::ERROR_OUT_OF_HOST_MEMORY) => {
-                return Err(Error::OutOfMemory(Box::new(self.verdict(request))));
+                return Err(Error::OutOfMemory(Box::new(self.verdict(book, request))));
             }
             Err(result) => return Err(failure("vmaAllocateMemory", result)),
         };
         let info = self.allocator.get_allocation_info(&inner);
-        let Some(block) = self.book.block_mut(info.device_memory) else {
+        let Some(block) = book.block_mut(info.device_memory) else {
             // SAFETY: the allocation was just made by this allocator and is bound to nothing.
             unsafe { self.allocator.free_memory(&mut { inner }) };
-            self.apply_memory_calls();
+            self.apply_memory_calls(book);
             return Err(Error::Source("VMA placed an allocation in memory its callbacks never reported".into()));
         };
-        let block_base = block.base_address;
-        let allocation = self.book.insert(inner, info.offset, request.size_bytes())?;
-        Ok(VmaHandle::new(allocation, block_base))
+        Ok(Placed { live: inner, offset_bytes: info.offset, block_base: block.base_address })
     }
 
-    fn free_handle(&mut self, handle: VmaHandle) -> Result<()> {
-        let mut inner = self.book.remove(handle.allocation())?;
-        // SAFETY: the allocation is live (checked by slot and generation), made by this allocator, bound to nothing.
-        unsafe { self.allocator.free_memory(&mut inner) };
-        self.apply_memory_calls();
+    fn free(&mut self, book: &mut ExternalBook<vk_mem::Allocation>, mut live: vk_mem::Allocation) -> Result<()> {
+        // SAFETY: the allocation was live (checked by slot and generation), made by this allocator, bound to nothing.
+        unsafe { self.allocator.free_memory(&mut live) };
+        self.apply_memory_calls(book);
         Ok(())
     }
 
-    fn allocation(handle: &VmaHandle) -> &Allocation {
-        handle.allocation()
-    }
-
-    fn address(handle: &VmaHandle) -> u64 {
-        handle.address()
-    }
-
-    fn block_base(handle: &VmaHandle) -> u64 {
-        handle.block_base()
-    }
-
-    fn record_device_events(&mut self, on: bool) {
-        self.book.record_device_events(on);
-    }
-
-    fn take_device_events(&mut self) -> Vec<DeviceEvent> {
-        self.book.take_device_events()
-    }
-
-    fn policy_name(&self) -> &'static str {
-        "vma"
-    }
-
-    fn reserved_and_live_bytes(&self) -> (u64, u64) {
-        self.book.reserved_and_live_bytes()
-    }
-
-    fn count_oom(&mut self) {
-        self.book.count_oom();
-    }
-}
-
-impl Drop for VmaHeap {
-    fn drop(&mut self) {
+    fn free_all(&mut self, book: &mut ExternalBook<vk_mem::Allocation>, live: Vec<vk_mem::Allocation>) {
         // Frees what is still live so VMA destroys its blocks cleanly (it asserts there is nothing left); the
-        // allocator itself frees the empty blocks it kept when dropped, before the context (field order), and the
-        // books then take the blocks left off the device's count.
-        for mut inner in self.book.take_all_live() {
+        // allocator frees the empty blocks it kept when dropped.
+        for mut inner in live {
             // SAFETY: each allocation is live, made by this allocator, bound to nothing.
             unsafe { self.allocator.free_memory(&mut inner) };
         }
-        self.apply_memory_calls();
+        self.apply_memory_calls(book);
     }
 }

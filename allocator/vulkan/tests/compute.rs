@@ -11,7 +11,7 @@ use std::time::Instant;
 use common::Rng;
 use heapscope_core::units::{KIB, MIB};
 use heapscope_core::{Heap, HeapAllocation, HeapConfig, MemorySource, PolicyKind, ReleaseRule, Request};
-use heapscope_kernels::{MatVecIds, Op, VerifyResult, matvec_words, pattern_word};
+use heapscope_kernels::{KernelRunner, MatVecIds, Op, VerifyResult, matvec_words, pattern_word};
 use heapscope_vulkan::compute::{BlockBuffer, ComputeError, ComputeKernels};
 use heapscope_vulkan::memory_types::MemoryUsage;
 use heapscope_vulkan::{DeviceMemorySource, DeviceSourceConfig, VulkanContext};
@@ -215,7 +215,7 @@ fn tlsf_heap_integrity_under_random_allocs_and_frees() {
         ..HeapConfig::new(PolicyKind::Tlsf)
     };
     let mut heap = Heap::new(config, source).unwrap();
-    let mut rng = Rng(0x5eed);
+    let mut rng = Rng::new(0x5eed);
     let mut live: BTreeMap<u64, Live> = BTreeMap::new();
     let mut order: Vec<u64> = Vec::new();
     let mut next_id = 1_u32;

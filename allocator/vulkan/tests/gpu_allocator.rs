@@ -6,10 +6,10 @@ mod common;
 use std::sync::Arc;
 
 use common::Rng;
-use common::external::{free_all, random_traffic, replay_gpt2};
+use common::external::{capped_traffic, free_all, random_traffic, replay_gpt2};
 use heapscope_core::units::MIB;
 use heapscope_core::{DeviceHeap, Error, Request};
-use heapscope_vulkan::{GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocatorHeap};
+use heapscope_vulkan::{GpuAllocatorConfig, GpuAllocatorHeap};
 
 fn heap(context: &Arc<heapscope_vulkan::VulkanContext>, config: GpuAllocatorConfig) -> GpuAllocatorHeap {
     GpuAllocatorHeap::new(Arc::clone(context), config).unwrap()
@@ -22,7 +22,7 @@ fn random_allocs_and_frees_do_not_overlap() {
     {
         // 4 MiB blocks (gpu-allocator's smallest), so that many blocks come and go.
         let mut heap = heap(&context, GpuAllocatorConfig { block_size_bytes: 4 * MIB, budget_cap_bytes: None });
-        let traffic = random_traffic(&mut heap, &mut Rng(7), 1000, 4 * MIB..=6 * MIB, |_, _| {});
+        let traffic = random_traffic(&mut heap, &mut Rng::new(7), 1000, 4 * MIB..=6 * MIB, |_, _| {});
         assert_eq!(heap.reserved_and_live_bytes().1, traffic.live_bytes());
         assert_eq!(heap.report().total_capacity_bytes, heap.reserved_bytes());
         let blocks = free_all(&mut heap, traffic);
@@ -83,37 +83,14 @@ fn budget_cap_is_never_crossed() {
     {
         let cap = 26 * MIB;
         let mut heap = heap(&context, GpuAllocatorConfig { block_size_bytes: 4 * MIB, budget_cap_bytes: Some(cap) });
-        let mut rng = Rng(0x0cab);
-        let mut live: Vec<GpuAllocatorHandle> = Vec::new();
-        let (mut refused, mut served_at_the_cap) = (0, 0);
-        for step in 0..3000 {
-            if !live.is_empty() && rng.range(0, 99) < 40 {
-                heap.free_handle(live.swap_remove(rng.range(0, live.len() as u64 - 1) as usize)).unwrap();
-            } else {
-                let size = if rng.range(0, 19) == 0 { rng.range(4 * MIB + 1, 9 * MIB) } else { rng.range(1, 2 * MIB) };
-                let near_the_cap = heap.reserved_bytes() + 4 * MIB > cap;
-                match heap.allocate_request(Request::new(size, 1 << rng.range(0, 12)).unwrap()) {
-                    Ok(handle) => {
-                        served_at_the_cap += u32::from(near_the_cap);
-                        live.push(handle);
-                    }
-                    Err(Error::OutOfMemory(verdict)) => {
-                        refused += 1;
-                        assert_eq!((verdict.policy, verdict.capacity_bytes), ("gpu-allocator", Some(cap)), "step {step}");
-                        assert!(verdict.reserved_bytes <= cap, "step {step}: {verdict}");
-                    }
-                    Err(other) => panic!("step {step}: {other}"),
-                }
-            }
-            assert!(heap.peak_reserved_bytes() <= cap, "step {step}: peak {} > cap {cap}", heap.peak_reserved_bytes());
-        }
+        let traffic = capped_traffic(&mut heap, &mut Rng::new(0x0cab), 3000, 4 * MIB + 1..=9 * MIB, |rng| 1 << rng.range(0, 12));
+        let (refused, served_at_the_cap) = (traffic.verdicts.len(), traffic.served_at_the_cap);
         assert!(
             refused > 0 && served_at_the_cap > 0,
             "the cap bit ({refused} refused) and free runs were reused ({served_at_the_cap})"
         );
-        assert_eq!(heap.ooms(), refused);
         eprintln!("cap {cap}: peak {} B, {refused} refused, {served_at_the_cap} served near the cap", heap.peak_reserved_bytes());
-        for handle in live {
+        for handle in traffic.live {
             heap.free_handle(handle).unwrap();
         }
     }
@@ -126,7 +103,7 @@ fn gpt2_trace_replays_through_gpu_allocator() {
     let context = Arc::new(context);
     {
         let mut heap = heap(&context, GpuAllocatorConfig::default());
-        replay_gpt2(&context, &mut heap, "gpu-allocator", GpuAllocatorHeap::peak_reserved_bytes, GpuAllocatorHeap::live_blocks);
+        replay_gpt2(&context, &mut heap);
     }
     common::finish(context);
 }

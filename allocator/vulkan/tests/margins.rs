@@ -48,7 +48,7 @@ fn random_allocs_and_frees_with_margins_report_no_corruption() {
     let context = Arc::new(context);
     for (margin_bytes, seed) in [(16, 1), (64, 2)] {
         let mut guarded = guarded(&context, margin_bytes);
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let mut live: Vec<GuardedAllocation> = Vec::new();
         for step in 0..600 {
             if !live.is_empty() && rng.range(0, 99) < 45 {

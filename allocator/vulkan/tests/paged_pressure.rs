@@ -17,7 +17,7 @@ use std::sync::Arc;
 use common::{Rng, finish, sparse_context};
 use heapscope_core::units::MIB;
 use heapscope_core::{Allocation, Request, UnmapRule};
-use heapscope_kernels::Op;
+use heapscope_kernels::{KernelRunner, Op};
 use heapscope_vulkan::compute::{ComputeBuffer, ComputeKernels};
 use heapscope_vulkan::{DevicePagedConfig, DevicePagedHeap, VulkanContext};
 
@@ -97,7 +97,7 @@ fn cached_pages_are_reused_without_a_bind_and_keep_working() {
 
         // Random traffic: 4 KiB to 512 KiB, at most 100 live (~25 MiB), under a 24 MiB cap: the cache is
         // released under pressure from time to time, and some requests are refused.
-        let mut rng = Rng(0x5ca1e);
+        let mut rng = Rng::new(0x5ca1e);
         let mut ooms = 0;
         let mut live: BTreeMap<u64, (Allocation, u32)> = live.into_iter().map(|entry| (entry.0.offset(), entry)).collect();
         let mut next_id = 1000;

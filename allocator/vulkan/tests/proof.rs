@@ -18,7 +18,7 @@ use common::bind_cost::{gpt2_trace, replay_bind_cost};
 use common::{Rng, finish, sparse_context};
 use heapscope_core::units::{GIB, MIB};
 use heapscope_core::{Allocation, Error, Heap, HeapConfig, OomCause, PolicyKind, ReleaseRule, Request};
-use heapscope_kernels::{Op, VerifyResult};
+use heapscope_kernels::{KernelRunner, Op, VerifyResult};
 use heapscope_vulkan::compute::{ComputeBuffer, ComputeKernels};
 use heapscope_vulkan::memory_types::MemoryUsage;
 use heapscope_vulkan::{DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, DeviceSourceConfig, SparseBuffer, SparseConfig};
@@ -42,7 +42,7 @@ fn random_traffic_through_the_paged_heap_verified_by_the_kernels() {
         let mut kernels = ComputeKernels::new(Arc::clone(&context)).unwrap();
         let mut heap = DevicePagedHeap::new(Arc::clone(&context), DevicePagedConfig::new(512 * MIB, Some(64 * MIB))).unwrap();
         let page = heap.sparse().page_bytes();
-        let mut rng = Rng(0x9a9e);
+        let mut rng = Rng::new(0x9a9e);
         let mut live: BTreeMap<u64, (Allocation, u32)> = BTreeMap::new();
         let (mut next_id, mut ops_done, mut ooms, mut verified_bytes, mut max_live) = (1_u32, 0, 0, 0_u64, 0);
         let started = Instant::now();

@@ -12,7 +12,7 @@ use common::{Rng, finish};
 use heapscope_core::pytorch::{AllocConf, CachingAllocation};
 use heapscope_core::units::{KIB, MIB};
 use heapscope_core::{Error, OomCause};
-use heapscope_kernels::Op;
+use heapscope_kernels::{KernelRunner, Op};
 use heapscope_vulkan::compute::ComputeKernels;
 use heapscope_vulkan::{PytorchDeviceConfig, PytorchDeviceHeap, SegmentMemory, VulkanError};
 
@@ -49,7 +49,7 @@ fn segments_are_device_blocks_the_kernels_verify() {
         let mut kernels = ComputeKernels::new(Arc::clone(&context)).unwrap();
         let mut heap = PytorchDeviceHeap::new(Arc::clone(&context), PytorchDeviceConfig::new(conf(false), None)).unwrap();
         let baseline = context.live_allocation_count();
-        let mut rng = Rng(0x70c4);
+        let mut rng = Rng::new(0x70c4);
         let mut live: Vec<(CachingAllocation, u32)> = Vec::new();
         let mut next_id = 1;
         for round in 0..8 {

@@ -50,7 +50,7 @@ fn pattern(allocation: &HeapAllocation) -> Vec<u8> {
 
 fn random_allocs_and_frees(context: &Arc<VulkanContext>, policy: PolicyKind, seed: u64) {
     let mut heap = Heap::new(heap_config(policy), source(context, DeviceSourceConfig::new(MemoryUsage::Upload))).unwrap();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut live = BTreeMap::new();
     let mut order: Vec<u64> = Vec::new();
     for step in 0..1000 {

@@ -129,7 +129,7 @@ fn random_traffic_through_a_device_paged_heap_keeps_every_allocation_intact() {
         let mut heap = DevicePagedHeap::new(Arc::clone(&context), DevicePagedConfig::new(256 * MIB, Some(32 * MIB))).unwrap();
         let page = heap.sparse().page_bytes();
         let mut transfer = Transfer::new(Arc::clone(&context), 256 << 10).unwrap();
-        let mut rng = Rng(7);
+        let mut rng = Rng::new(7);
         let mut live: Vec<(heapscope_core::Allocation, u64)> = Vec::new();
         let mut ooms = 0;
         for step in 0..2_000_u64 {

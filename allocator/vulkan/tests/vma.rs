@@ -6,10 +6,10 @@ mod common;
 use std::sync::Arc;
 
 use common::Rng;
-use common::external::{free_all, random_traffic, replay_gpt2};
+use common::external::{Capped, capped_traffic, free_all, random_traffic, replay_gpt2};
 use heapscope_core::units::MIB;
-use heapscope_core::{DeviceHeap, Error, OomCause, Request};
-use heapscope_vulkan::{VmaConfig, VmaHandle, VmaHeap, VulkanContext};
+use heapscope_core::{DeviceHeap, OomCause, Request};
+use heapscope_vulkan::{VmaConfig, VmaHeap, VulkanContext};
 
 fn heap(context: &Arc<VulkanContext>, config: VmaConfig) -> VmaHeap {
     VmaHeap::new(Arc::clone(context), config).unwrap()
@@ -24,7 +24,7 @@ fn random_allocs_and_frees_do_not_overlap() {
     let context = Arc::new(context);
     {
         let mut heap = heap(&context, VmaConfig { block_size_bytes: 16 * MIB, budget_cap_bytes: None });
-        let traffic = random_traffic(&mut heap, &mut Rng(0x0e3a), 2000, 3 * MIB..=40 * MIB, |_, blocks| {
+        let traffic = random_traffic(&mut heap, &mut Rng::new(0x0e3a), 2000, 3 * MIB..=40 * MIB, |_, blocks| {
             assert_eq!(context.live_allocation_count() as usize, blocks.len(), "its blocks count on the device");
         });
         assert!(traffic.released > 0, "blocks came and went");
@@ -55,29 +55,12 @@ fn budget_cap_is_never_crossed() {
     {
         let cap = 48 * MIB;
         let mut heap = heap(&context, VmaConfig { block_size_bytes: 16 * MIB, budget_cap_bytes: Some(cap) });
-        let mut rng = Rng(0x0cab);
-        let mut live: Vec<VmaHandle> = Vec::new();
-        let mut verdicts = Vec::new();
-        for step in 0..3000 {
-            if !live.is_empty() && rng.range(0, 99) < 40 {
-                heap.free_handle(live.swap_remove(rng.range(0, live.len() as u64 - 1) as usize)).unwrap();
-            } else {
-                let size = if rng.range(0, 19) == 0 { rng.range(4 * MIB, 12 * MIB) } else { rng.range(1, 2 * MIB) };
-                match heap.allocate_request(Request::new(size, 256).unwrap()) {
-                    Ok(handle) => live.push(handle),
-                    Err(Error::OutOfMemory(verdict)) => {
-                        assert_eq!((verdict.policy, verdict.capacity_bytes), ("vma", Some(cap)), "step {step}");
-                        assert!(verdict.reserved_bytes <= cap && verdict.live_bytes <= verdict.reserved_bytes, "{verdict}");
-                        assert!(verdict.largest_free_run_bytes <= verdict.free_in_blocks_bytes, "{verdict}");
-                        verdicts.push(verdict);
-                    }
-                    Err(other) => panic!("step {step}: {other}"),
-                }
-            }
-            assert!(heap.peak_reserved_bytes() <= cap, "step {step}: peak {} > cap {cap}", heap.peak_reserved_bytes());
+        let Capped { live, verdicts, .. } = capped_traffic(&mut heap, &mut Rng::new(0x0cab), 3000, 4 * MIB..=12 * MIB, |_| 256);
+        for verdict in &verdicts {
+            assert!(verdict.live_bytes <= verdict.reserved_bytes, "{verdict}");
+            assert!(verdict.largest_free_run_bytes <= verdict.free_in_blocks_bytes, "{verdict}");
         }
         assert!(!verdicts.is_empty(), "the cap bit");
-        assert_eq!(heap.ooms(), verdicts.len() as u64);
         let fragmentation = verdicts.iter().filter(|verdict| verdict.cause == OomCause::Fragmentation).count();
         eprintln!(
             "vma cap {cap}: peak {} B, {} refused ({fragmentation} fragmentation); first: {}",
@@ -85,7 +68,7 @@ fn budget_cap_is_never_crossed() {
             verdicts.len(),
             verdicts[0]
         );
-        for handle in live.drain(..) {
+        for handle in live {
             heap.free_handle(handle).unwrap();
         }
         let again = heap.allocate_request(Request::new(12 * MIB, 256).unwrap()).unwrap();
@@ -100,7 +83,7 @@ fn gpt2_trace_replays_through_vma() {
     let context = Arc::new(context);
     {
         let mut heap = heap(&context, VmaConfig::default());
-        replay_gpt2(&context, &mut heap, "vma", VmaHeap::peak_reserved_bytes, VmaHeap::live_blocks);
+        replay_gpt2(&context, &mut heap);
     }
     common::finish(context);
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use heapscope_core::PolicyKind;
+use heapscope_kernels::KernelRunner;
 use heapscope_wgpu::{ArenaConfig, ArenaHeap, DeviceOptions, WgpuDevice, WgpuError, WgpuKernels};
 
 fn measure(route: &str, device: &Arc<WgpuDevice>) -> Result<(), WgpuError> {

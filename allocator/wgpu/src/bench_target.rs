@@ -24,7 +24,7 @@ use std::sync::Arc;
 use heapscope_core::pytorch::CachingAllocation;
 use heapscope_core::{Allocation, HeapAllocation};
 use heapscope_kernels::bench::{BenchPolicy, BenchSettings, Target, TargetError};
-use heapscope_kernels::{Op, VerifyResult};
+use heapscope_kernels::{KernelRunner, Op, VerifyResult};
 
 #[cfg(feature = "vulkan")]
 use crate::VulkanPagedHeap;

@@ -11,16 +11,17 @@
 //! [`WgpuKernels::DISPATCHES_PER_SUBMIT`] dispatches per compute pass and submit (wgpu orders dispatches that
 //! share a buffer), copies verify results to a readback buffer, and waits for each submit. Every submit runs
 //! inside wgpu error scopes: a validation, out-of-memory or internal error is returned as [`WgpuError::Device`].
-//! The planning, the verify result slots and their merging are [`heapscope_kernels::RunPlan`] and
-//! [`heapscope_kernels::VerifySlots`], shared with the Vulkan runner.
+//! It is a [`heapscope_kernels::KernelRunner`], shared with the Vulkan runner: the runner keeps only its device code
+//! (the buffer check, one submit and its readback), and the trait does the planning, the batches, the verify result
+//! slots and their merging, the counts and the fill / verify / copy wrappers.
 
 use std::fmt;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
 
 use heapscope_kernels::{
-    BindingLimits, Dispatch, Kernel, KernelError, Op, PARAMS_BYTES, ParamsBinding, RunPlan, SizedBuffer, VerifyResult,
-    VerifySlots,
+    BindingLimits, Dispatch, Kernel, KernelError, KernelRunner, Op, PARAMS_BYTES, ParamsBinding, RunnerState, SizedBuffer,
+    SlottedDispatch, StorageBinding, VerifyResult,
 };
 
 use crate::{WgpuDevice, WgpuError};
@@ -72,19 +73,12 @@ pub struct WgpuKernels {
     params_stride_bytes: u64,
     results_buffer: wgpu::Buffer,
     readback_buffer: wgpu::Buffer,
-    limits: BindingLimits,
-    device_limits: BindingLimits,
-    submits: u64,
-    dispatches: u64,
+    state: RunnerState,
 }
 
 impl fmt::Debug for WgpuKernels {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WgpuKernels")
-            .field("limits", &self.limits)
-            .field("submits", &self.submits)
-            .field("dispatches", &self.dispatches)
-            .finish_non_exhaustive()
+        f.debug_struct("WgpuKernels").field("state", &self.state).finish_non_exhaustive()
     }
 }
 
@@ -119,9 +113,6 @@ pub(crate) fn validate_wgsl(kernel: Kernel) -> Result<(), KernelError> {
 }
 
 impl WgpuKernels {
-    /// Dispatches recorded into one submit at most; also the number of verify result slots and uniform slots.
-    pub const DISPATCHES_PER_SUBMIT: u32 = 256;
-
     /// Builds a pipeline per kernel and the uniform, result and readback buffers.
     ///
     /// # Errors
@@ -196,10 +187,7 @@ impl WgpuKernels {
             params_stride_bytes,
             results_buffer,
             readback_buffer,
-            limits: device_limits,
-            device_limits,
-            submits: 0,
-            dispatches: 0,
+            state: RunnerState::new(device_limits),
         })
     }
 
@@ -243,78 +231,6 @@ impl WgpuKernels {
         &self.device
     }
 
-    /// The binding limits ranges are split by (the device's, unless lowered).
-    pub fn binding_limits(&self) -> BindingLimits {
-        self.limits
-    }
-
-    /// Splits ranges as if bindings could cover at most `max_range_bytes` (at most the device's limit, at least the
-    /// offset alignment plus a word): to exercise the splitting with small buffers.
-    pub fn set_max_binding_bytes(&mut self, max_range_bytes: u64) {
-        self.limits = self.device_limits.lowered(max_range_bytes);
-    }
-
-    /// Submits and dispatches so far.
-    pub fn counts(&self) -> (u64, u64) {
-        (self.submits, self.dispatches)
-    }
-
-    /// Runs `ops` in order (each sees the writes of those before it) and returns one [`VerifyResult`] per
-    /// [`Op::Verify`], in order. Ops are planned first (none runs if one is invalid); each submit is waited for.
-    ///
-    /// # Errors
-    /// [`WgpuError::Kernel`] for an invalid op or a buffer without `STORAGE` usage; [`WgpuError::Device`] for an
-    /// error wgpu reports (a buffer of another device, a destroyed buffer, ...); [`WgpuError::Wait`] when waiting
-    /// or reading results back fails.
-    pub fn run(&mut self, ops: &[Op<KernelBuffer<'_>>]) -> Result<Vec<VerifyResult>, WgpuError> {
-        let run = RunPlan::new(ops, self.limits, |op| {
-            if let Some(buffer) =
-                op.buffers().into_iter().find(|buffer| !buffer.buffer.usage().contains(wgpu::BufferUsages::STORAGE))
-            {
-                return Err(KernelError::InvalidOp(format!(
-                    "a buffer of {} B without STORAGE usage ({:?})",
-                    buffer.buffer.size(),
-                    buffer.buffer.usage()
-                )));
-            }
-            Ok(())
-        })?;
-        let mut slots = VerifySlots::new(run.verifies());
-        for batch in run.batches(Self::DISPATCHES_PER_SUBMIT) {
-            let slotted: Vec<(Dispatch<KernelBuffer<'_>>, u32)> =
-                batch.iter().map(|planned| (planned.dispatch, slots.slot_for(planned.verify).0)).collect();
-            let words = self.submit_and_wait(&slotted, slots.slots_in_use())?;
-            slots.merge(|slot| {
-                let at = slot as usize * 2;
-                VerifyResult::from_counters(words[at], words[at + 1])
-            });
-        }
-        Ok(slots.into_results())
-    }
-
-    /// Writes allocation `id`'s pattern into `len_bytes` at `offset_bytes` of `buffer`.
-    ///
-    /// # Errors
-    /// As [`WgpuKernels::run`].
-    pub fn fill(&mut self, buffer: KernelBuffer<'_>, offset_bytes: u64, len_bytes: u64, id: u32) -> Result<(), WgpuError> {
-        self.run(&[Op::Fill { target: buffer, offset_bytes, len_bytes, id }]).map(drop)
-    }
-
-    /// Compares `len_bytes` at `offset_bytes` of `buffer` with allocation `id`'s pattern.
-    ///
-    /// # Errors
-    /// As [`WgpuKernels::run`].
-    pub fn verify(
-        &mut self,
-        buffer: KernelBuffer<'_>,
-        offset_bytes: u64,
-        len_bytes: u64,
-        id: u32,
-    ) -> Result<VerifyResult, WgpuError> {
-        let results = self.run(&[Op::Verify { target: buffer, offset_bytes, len_bytes, id }])?;
-        Ok(results.first().copied().unwrap_or_default())
-    }
-
     fn pipeline_of(&self, kernel: Kernel) -> Result<&KernelPipeline, WgpuError> {
         self.pipelines
             .iter()
@@ -322,12 +238,12 @@ impl WgpuKernels {
             .ok_or_else(|| KernelError::InvalidOp(format!("no pipeline for kernel {kernel}")).into())
     }
 
-    /// Records `batch` (each dispatch with its verify result slot) into one submit, waits for it, and returns the
-    /// counters of the first `verify_slots` result slots (two words each).
-    fn submit_and_wait(&mut self, batch: &[(Dispatch<KernelBuffer<'_>>, u32)], verify_slots: u32) -> Result<Vec<u32>, WgpuError> {
+    /// Records `batch` into one submit, waits for it, and returns the counters of the first `verify_slots` result
+    /// slots (two words each).
+    fn submit_and_wait(&mut self, batch: &[SlottedDispatch<KernelBuffer<'_>>], verify_slots: u32) -> Result<Vec<u32>, WgpuError> {
         let stride = self.params_stride_bytes;
         let mut params = vec![0u8; usize::try_from(stride * batch.len() as u64).unwrap_or(0)];
-        for ((dispatch, slot), chunk) in batch.iter().zip(params.chunks_exact_mut(stride as usize)) {
+        for (SlottedDispatch { dispatch, slot, .. }, chunk) in batch.iter().zip(params.chunks_exact_mut(stride as usize)) {
             let words = match dispatch.matvec {
                 Some(matvec) => matvec.words(),
                 None => heapscope_kernels::Params { slot: *slot, ..dispatch.params }.words(),
@@ -340,7 +256,7 @@ impl WgpuKernels {
         let verify_slots = u64::from(verify_slots);
         let device = Arc::clone(&self.device);
         let submission = device.checked("running kernels", || -> Result<wgpu::SubmissionIndex, WgpuError> {
-            let groups = batch.iter().map(|(dispatch, _)| self.storage_group(dispatch)).collect::<Result<Vec<_>, _>>()?;
+            let groups = batch.iter().map(|slotted| self.storage_group(&slotted.dispatch)).collect::<Result<Vec<_>, _>>()?;
             let queue = device.queue();
             queue.write_buffer(&self.params_buffer, 0, &params);
             if verify_slots > 0 {
@@ -354,7 +270,7 @@ impl WgpuKernels {
                     label: Some("heapscope kernels"),
                     timestamp_writes: None,
                 });
-                for (index, ((dispatch, _), group)) in batch.iter().zip(&groups).enumerate() {
+                for (index, (SlottedDispatch { dispatch, .. }, group)) in batch.iter().zip(&groups).enumerate() {
                     let pipeline = self.pipeline_of(dispatch.kernel)?;
                     let offset = u32::try_from(index as u64 * stride)
                         .map_err(|_| KernelError::InvalidOp("uniform offset past u32".into()))?;
@@ -370,43 +286,30 @@ impl WgpuKernels {
             Ok(device.submit([encoder.finish()]))
         })??;
         device.wait(Some(submission))?;
-        self.submits += 1;
-        self.dispatches += batch.len() as u64;
         if verify_slots == 0 {
             return Ok(Vec::new());
         }
         self.read_results(verify_slots * 8)
     }
 
-    /// The storage bind group of a dispatch: binding 0 the data (or copy source), binding 1 the copy destination
-    /// or the verify results. Called inside the submit's error scopes.
+    /// The storage bind group of a dispatch ([`Dispatch::storage_bindings`]: the verify results are the runner's
+    /// result buffer). Called inside the submit's error scopes.
     fn storage_group(&self, dispatch: &Dispatch<KernelBuffer<'_>>) -> Result<wgpu::BindGroup, WgpuError> {
         let pipeline = self.pipeline_of(dispatch.kernel)?;
         fn binding(buffer: &wgpu::Buffer, offset: u64, size: u64) -> wgpu::BindingResource<'_> {
             wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer, offset, size: NonZeroU64::new(size) })
         }
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: binding(dispatch.data.buffer.buffer, dispatch.data.offset_bytes, dispatch.data.size_bytes),
-        }];
-        match (dispatch.kernel, dispatch.dst) {
-            (Kernel::Verify, _) => {
-                entries.push(wgpu::BindGroupEntry { binding: 1, resource: self.results_buffer.as_entire_binding() });
-            }
-            (_, Some(dst)) => {
-                entries.push(wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: binding(dst.buffer.buffer, dst.offset_bytes, dst.size_bytes),
-                });
-            }
-            (_, None) => {}
-        }
-        if let Some(output) = dispatch.output {
-            entries.push(wgpu::BindGroupEntry {
-                binding: 2,
-                resource: binding(output.buffer.buffer, output.offset_bytes, output.size_bytes),
-            });
-        }
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = dispatch
+            .storage_bindings()
+            .into_iter()
+            .map(|(index, bound)| wgpu::BindGroupEntry {
+                binding: index,
+                resource: match bound {
+                    StorageBinding::Range(range) => binding(range.buffer.buffer, range.offset_bytes, range.size_bytes),
+                    StorageBinding::VerifyResults => self.results_buffer.as_entire_binding(),
+                },
+            })
+            .collect();
         Ok(self.device.device().create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(dispatch.kernel.name()),
             layout: &pipeline.layout,
@@ -437,6 +340,44 @@ impl WgpuKernels {
         };
         self.readback_buffer.unmap();
         Ok(words)
+    }
+}
+
+/// The device code of the runner: planning, batching, result slots, counts and the one-op wrappers are the
+/// trait's ([`KernelRunner::run`]).
+impl KernelRunner for WgpuKernels {
+    type Buffer<'a> = KernelBuffer<'a>;
+    type Error = WgpuError;
+
+    /// Dispatches recorded into one submit at most; also the number of verify result slots and uniform slots.
+    const DISPATCHES_PER_SUBMIT: u32 = 256;
+
+    fn state(&self) -> &RunnerState {
+        &self.state
+    }
+
+    fn state_mut(&mut self) -> &mut RunnerState {
+        &mut self.state
+    }
+
+    /// Refuses a buffer without `STORAGE` usage.
+    fn check(&self, op: &Op<KernelBuffer<'_>>) -> Result<(), KernelError> {
+        if let Some(buffer) = op.buffers().into_iter().find(|buffer| !buffer.buffer.usage().contains(wgpu::BufferUsages::STORAGE))
+        {
+            return Err(KernelError::InvalidOp(format!(
+                "a buffer of {} B without STORAGE usage ({:?})",
+                buffer.buffer.size(),
+                buffer.buffer.usage()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes the batch's parameters to the uniform buffer and resets its result slots, records one compute pass
+    /// inside wgpu error scopes, submits, waits, and reads the slots back.
+    fn submit(&mut self, batch: &[SlottedDispatch<KernelBuffer<'_>>], verify_slots: u32) -> Result<Vec<VerifyResult>, WgpuError> {
+        let words = self.submit_and_wait(batch, verify_slots)?;
+        Ok(words.chunks_exact(2).map(|counters| VerifyResult::from_counters(counters[0], counters[1])).collect())
     }
 }
 

@@ -302,39 +302,9 @@ impl WgpuDevice {
     }
 }
 
-/// Whether wgpu-hal's log target `target` belongs to a backend other than `backend`: wgpu probes every backend it
-/// was built with when it looks for adapters, and what those log (the GL backend's EGL finding no display driver
-/// on a headless machine, say) says nothing about the work of a device on `backend`. Validation checks skip them.
-pub fn foreign_backend_log(target: &str, backend: wgpu::Backend) -> bool {
-    const BACKENDS: [(&str, wgpu::Backend); 4] = [
-        ("wgpu_hal::vulkan", wgpu::Backend::Vulkan),
-        ("wgpu_hal::gles", wgpu::Backend::Gl),
-        ("wgpu_hal::metal", wgpu::Backend::Metal),
-        ("wgpu_hal::dx12", wgpu::Backend::Dx12),
-    ];
-    BACKENDS.iter().any(|&(prefix, owner)| owner != backend && target.starts_with(prefix))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Messages of the backends wgpu probed are set apart from the device's own backend's and from wgpu-hal's
-    /// shared code.
-    #[test]
-    fn foreign_backend_logs_are_told_apart() {
-        let table = [
-            ("wgpu_hal::gles::egl", wgpu::Backend::Vulkan, true),
-            ("wgpu_hal::vulkan::instance", wgpu::Backend::Vulkan, false),
-            ("wgpu_hal::vulkan::instance", wgpu::Backend::Gl, true),
-            ("wgpu_hal::gles::egl", wgpu::Backend::Gl, false),
-            ("wgpu_hal::auxil", wgpu::Backend::Vulkan, false),
-            ("wgpu_hal::metal", wgpu::Backend::Dx12, true),
-        ];
-        for (target, backend, foreign) in table {
-            assert_eq!(foreign_backend_log(target, backend), foreign, "{target} on {backend:?}");
-        }
-    }
 
     fn info(name: &str, vendor: u32, device_type: wgpu::DeviceType) -> wgpu::AdapterInfo {
         wgpu::AdapterInfo {

@@ -20,7 +20,9 @@
 //! - **Kernels** ([`WgpuKernels`], `compute`): a pipeline for every [`heapscope_kernels::Kernel`], from the same
 //!   WGSL as the Vulkan runner with the parameters in a uniform buffer chosen by dynamic offset (portable: push
 //!   constants are optional in wgpu); ops planned by [`heapscope_kernels::plan`] to fit a binding;
-//!   [`WgpuKernels::run`] returns one [`heapscope_kernels::VerifyResult`] per verify, like the Vulkan runner.
+//!   like the Vulkan runner it is a [`heapscope_kernels::KernelRunner`] (the trait's `run` returns one
+//!   [`heapscope_kernels::VerifyResult`] per verify; fill, verify and copy are the trait's too), so this crate
+//!   keeps only the device code: the buffer check and one submit with its readback.
 //! - **Vulkan interop** (feature `vulkan`, on by default; `vulkan` module): [`WgpuDevice::from_vulkan`] puts wgpu on
 //!   heapscope's own ash device, created with wgpu-hal's extensions and features plus the sparse ones; then
 //!   [`WgpuDevice::block_buffer`] wraps a `DeviceMemorySource` block and [`WgpuDevice::paged_heap`] a sparse
@@ -41,6 +43,9 @@
 //!   heapscope's Vulkan device, refused elsewhere with [`sparse_refusal`]'s reason and what to use instead. Reserved
 //!   bytes are counted as the simulated heaps count them, so `heapscope bench --backend wgpu` and `--backend sim`
 //!   report the same refusals and peaks.
+//! - **wgpu-hal's log** ([`hal_log`]): on plain wgpu the validation layer speaks only through `log`; `hal_log`
+//!   collects wgpu-hal's warnings and errors and hands back those of the device's backend, so the tests and
+//!   `heapscope bench --backend wgpu` fail on them.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -49,6 +54,7 @@ mod bench_target;
 mod compute;
 mod device;
 mod error;
+pub mod hal_log;
 mod pytorch;
 #[cfg(feature = "vulkan")]
 mod vulkan;
@@ -56,8 +62,9 @@ mod vulkan;
 pub use arena::{ARENA_USAGE, ArenaAllocation, ArenaConfig, ArenaHeap, ArenaSource};
 pub use bench_target::{WgpuHandle, WgpuTarget, sparse_refusal};
 pub use compute::{KernelBuffer, WgpuKernels};
-pub use device::{DeviceOptions, ErrorLog, WgpuDevice, foreign_backend_log, select_adapter};
+pub use device::{DeviceOptions, ErrorLog, WgpuDevice, select_adapter};
 pub use error::WgpuError;
+pub use hal_log::foreign_backend_log;
 pub use pytorch::PytorchHeap;
 #[cfg(feature = "vulkan")]
 pub use vulkan::{VulkanBlockBuffer, VulkanPagedHeap, VulkanSegmentBuffer, vulkan_device_index};

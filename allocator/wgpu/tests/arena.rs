@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::{Rng, devices, finish};
 use heapscope_core::units::MIB;
 use heapscope_core::{HeapConfig, PolicyKind, ReleaseRule};
-use heapscope_kernels::{Op, VerifyResult};
+use heapscope_kernels::{KernelRunner, Op, VerifyResult};
 use heapscope_wgpu::{ArenaAllocation, ArenaConfig, ArenaHeap, KernelBuffer, WgpuDevice, WgpuError, WgpuKernels};
 
 /// Small arenas, so that traffic makes and releases many of them.
@@ -38,7 +38,7 @@ fn check_placement(heap: &ArenaHeap, allocation: &ArenaAllocation, align: u64) {
 fn random_traffic(device: &Arc<WgpuDevice>, policy: PolicyKind, seed: u64, batches: u32) -> (u64, u64) {
     let mut kernels = WgpuKernels::new(Arc::clone(device)).unwrap();
     let mut heap = ArenaHeap::new(Arc::clone(device), config(policy, ReleaseRule::KeepOne)).unwrap();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut live: BTreeMap<u32, ArenaAllocation> = BTreeMap::new();
     let (mut next_id, mut made, mut verified) = (0_u32, 0_u64, 0_u64);
     for _ in 0..batches {

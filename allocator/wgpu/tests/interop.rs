@@ -13,7 +13,7 @@ use std::sync::Arc;
 use common::{Rng, finish, vulkan_device};
 use heapscope_core::units::MIB;
 use heapscope_core::{Allocation, Heap, HeapConfig, PolicyKind, Request};
-use heapscope_kernels::{Op, VerifyResult};
+use heapscope_kernels::{KernelRunner, Op, VerifyResult};
 use heapscope_vulkan::memory_types::MemoryUsage;
 use heapscope_vulkan::{
     ContextOptions, DeviceMemorySource, DevicePagedConfig, DeviceSourceConfig, PytorchDeviceConfig, PytorchDeviceHeap,
@@ -118,7 +118,7 @@ fn paged_allocations_are_bound_before_wgpu_uses_them_and_unbound_after() {
         let alignment = kernels.binding_limits().offset_alignment_bytes;
         let mut paged = device.paged_heap(DevicePagedConfig::new(256 * MIB, Some(32 * MIB))).unwrap();
         let page = paged.paged().sparse().page_bytes();
-        let mut rng = Rng(0x5ba5e);
+        let mut rng = Rng::new(0x5ba5e);
         let mut live: BTreeMap<u32, Allocation> = BTreeMap::new();
         let mut reused_offsets = 0;
         let mut freed_offsets = std::collections::BTreeSet::new();

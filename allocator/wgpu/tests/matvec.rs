@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use common::{Rng, devices, finish};
 use heapscope_core::PolicyKind;
 use heapscope_core::units::KIB;
-use heapscope_kernels::{MatVecIds, Op, VerifyResult, matvec_words, pattern_word};
+use heapscope_kernels::{KernelRunner, MatVecIds, Op, VerifyResult, matvec_words, pattern_word};
 use heapscope_wgpu::{ArenaAllocation, ArenaConfig, ArenaHeap, KernelBuffer, WgpuDevice, WgpuKernels};
 
 /// `words` words of `buffer` from `offset_bytes`, copied to a mappable buffer and read back.
@@ -109,7 +109,7 @@ fn matvec_matches_the_cpu_twin_in_separate_arenas_and_in_one() {
             let mut kernels = WgpuKernels::new(Arc::clone(&device)).unwrap();
             // 240,000 bytes of A over 64 KiB bindings: the rows are split over several dispatches.
             kernels.set_max_binding_bytes(64 * KIB);
-            let mut rng = Rng(5);
+            let mut rng = Rng::new(5);
             let align = kernels.binding_limits().offset_alignment_bytes;
             let matrix_bytes = 300 * 200 * 4 + 64;
             let new_heap = || ArenaHeap::new(Arc::clone(&device), ArenaConfig::new(PolicyKind::Tlsf)).unwrap();

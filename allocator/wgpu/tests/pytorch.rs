@@ -12,6 +12,7 @@ use common::{devices, finish};
 use heapscope_core::OomCause;
 use heapscope_core::pytorch::AllocConf;
 use heapscope_core::units::MIB;
+use heapscope_kernels::KernelRunner;
 use heapscope_wgpu::{KernelBuffer, PytorchHeap, WgpuError, WgpuKernels};
 
 #[test]

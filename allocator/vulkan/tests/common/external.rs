@@ -1,5 +1,5 @@
 //! Shared by the tests of the external allocators as heapscope heaps (gpu-allocator, VMA): their random traffic
-//! and its checks, and their GPT-2 replay, for any [`DeviceHeap`].
+//! and its checks (for any [`DeviceHeap`]), their random traffic under a budget cap, and their GPT-2 replay.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
 use std::collections::BTreeMap;
@@ -9,8 +9,9 @@ use std::ops::RangeInclusive;
 use heapscope_core::replay::replay_device_heap;
 use heapscope_core::trace::Trace;
 use heapscope_core::units::KIB;
-use heapscope_core::{DeviceEvent, DeviceHeap, Error, Request};
-use heapscope_vulkan::VulkanContext;
+use heapscope_core::units::MIB;
+use heapscope_core::{DeviceEvent, DeviceHeap, Error, OomVerdict, Request};
+use heapscope_vulkan::{ExternalAllocator, ExternalHandle, ExternalHeap, VulkanContext};
 
 /// Live allocations by address; panics on an overlap or an allocation outside its block (`blocks`: base address
 /// to size, as the device events reserved them).
@@ -44,17 +45,10 @@ pub fn apply(blocks: &mut BTreeMap<u64, u64>, events: Vec<DeviceEvent>) {
     }
 }
 
-/// Replays the GPT-2 trace through `heap` (named `policy`, on `context`'s device, whose peak reserved bytes
-/// `peak_reserved_bytes` reads): every event replayed; on a device with the ~13.1 GiB the trace needs at once
-/// nothing refused and the peak reserved at least the peak live, on a smaller one every refusal a verdict of
-/// `policy`. Prints the peaks.
-pub fn replay_gpt2<H: DeviceHeap>(
-    context: &VulkanContext,
-    heap: &mut H,
-    policy: &str,
-    peak_reserved_bytes: impl Fn(&H) -> u64,
-    live_blocks: impl Fn(&H) -> usize,
-) {
+/// Replays the GPT-2 trace through `heap` (on `context`'s device): every event replayed; on a device with the
+/// ~13.1 GiB the trace needs at once nothing refused and the peak reserved at least the peak live, on a smaller one
+/// every refusal a verdict of the heap's policy. Prints the peaks.
+pub fn replay_gpt2<A: ExternalAllocator>(context: &VulkanContext, heap: &mut ExternalHeap<A>) {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/traces/gpt2_train_fixed-default.hst");
     let trace = Trace::read(std::path::Path::new(path)).unwrap();
     let replay = replay_device_heap(&trace, heap, 512).unwrap();
@@ -62,16 +56,64 @@ pub fn replay_gpt2<H: DeviceHeap>(
     let largest_heap = context.heap_budgets().iter().map(heapscope_vulkan::HeapBudget::available_bytes).max().unwrap();
     if largest_heap >= 14 << 30 {
         assert_eq!(replay.stats.failed_allocations, 0, "{:?}", replay.first_oom);
-        assert!(peak_reserved_bytes(heap) >= replay.stats.peak_live_bytes);
+        assert!(heap.peak_reserved_bytes() >= replay.stats.peak_live_bytes);
     } else if replay.stats.failed_allocations > 0 {
-        assert_eq!(replay.first_oom.unwrap().policy, policy);
+        assert_eq!(replay.first_oom.unwrap().policy, A::POLICY);
     }
     eprintln!(
-        "gpt2 through {policy}: peak live {} MiB, peak reserved {} MiB, {} blocks left",
+        "gpt2 through {}: peak live {} MiB, peak reserved {} MiB, {} blocks left",
+        A::POLICY,
         replay.stats.peak_live_bytes >> 20,
-        peak_reserved_bytes(heap) >> 20,
-        live_blocks(heap)
+        heap.peak_reserved_bytes() >> 20,
+        heap.live_blocks()
     );
+}
+
+/// What [`capped_traffic`] leaves: the live allocations, the verdicts of the refused requests, and how many
+/// requests were served near the cap (less than a block of the configured size left under it).
+pub struct Capped {
+    pub live: Vec<ExternalHandle>,
+    pub verdicts: Vec<OomVerdict>,
+    pub served_at_the_cap: u32,
+}
+
+/// `steps` random allocations and frees on `heap`, whose budget cap must be set: 40 in 100 a free of a random live
+/// allocation (when there is one), else a request of 1 B to 2 MiB (one in twenty of a size in `large`) aligned to
+/// `align(rng)`. Checks that every refusal is an out-of-memory verdict of the heap's policy and cap with reserved
+/// bytes within the cap, that the peak of reserved bytes never exceeds the cap, and that the refusals are counted.
+pub fn capped_traffic<A: ExternalAllocator>(
+    heap: &mut ExternalHeap<A>,
+    rng: &mut super::Rng,
+    steps: usize,
+    large: RangeInclusive<u64>,
+    mut align: impl FnMut(&mut super::Rng) -> u64,
+) -> Capped {
+    let cap = heap.config().budget_cap_bytes.unwrap();
+    let block_bytes = heap.config().block_size_bytes;
+    let mut capped = Capped { live: Vec::new(), verdicts: Vec::new(), served_at_the_cap: 0 };
+    for step in 0..steps {
+        if !capped.live.is_empty() && rng.range(0, 99) < 40 {
+            heap.free_handle(capped.live.swap_remove(rng.range(0, capped.live.len() as u64 - 1) as usize)).unwrap();
+        } else {
+            let size = if rng.range(0, 19) == 0 { rng.range(*large.start(), *large.end()) } else { rng.range(1, 2 * MIB) };
+            let near_the_cap = heap.reserved_bytes() + block_bytes > cap;
+            match heap.allocate_request(Request::new(size, align(rng)).unwrap()) {
+                Ok(handle) => {
+                    capped.served_at_the_cap += u32::from(near_the_cap);
+                    capped.live.push(handle);
+                }
+                Err(Error::OutOfMemory(verdict)) => {
+                    assert_eq!((verdict.policy, verdict.capacity_bytes), (A::POLICY, Some(cap)), "step {step}");
+                    assert!(verdict.reserved_bytes <= cap, "step {step}: {verdict}");
+                    capped.verdicts.push(*verdict);
+                }
+                Err(other) => panic!("step {step}: {other}"),
+            }
+        }
+        assert!(heap.peak_reserved_bytes() <= cap, "step {step}: peak {} > cap {cap}", heap.peak_reserved_bytes());
+    }
+    assert_eq!(heap.ooms(), capped.verdicts.len() as u64);
+    capped
 }
 
 /// What [`random_traffic`] leaves: the live allocations by address, the blocks (base address to size) the device

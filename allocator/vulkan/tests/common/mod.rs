@@ -1,5 +1,5 @@
 //! Shared by the integration tests: a validated context, or a skip when the machine has no Vulkan.
-#![allow(dead_code, reason = "each test binary uses a part")]
+#![allow(dead_code, unused_imports, reason = "each test binary uses a part")]
 
 pub mod bind_cost;
 pub mod external;
@@ -50,22 +50,5 @@ pub fn finish(context: Arc<VulkanContext>) {
     assert!(messages.is_empty(), "validation messages:\n{}", messages.join("\n"));
 }
 
-/// splitmix64: a small deterministic generator.
-#[derive(Debug)]
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `low..=high`.
-    pub fn range(&mut self, low: u64, high: u64) -> u64 {
-        low + self.next_u64() % (high - low + 1)
-    }
-}
+/// The workloads' splitmix64, a small deterministic generator.
+pub use heapscope_kernels::workload::Rng;

@@ -1,43 +1,10 @@
 //! Shared by the integration tests: a wgpu device with validation on (plain wgpu, or wgpu on heapscope's Vulkan
 //! device), or a skip when the machine has none; and the check that nothing was reported.
-#![allow(dead_code, reason = "each test binary uses a part")]
+#![allow(dead_code, unused_imports, reason = "each test binary uses a part")]
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
-use heapscope_wgpu::{DeviceOptions, WgpuDevice, WgpuError};
-
-/// Records what wgpu-hal logs at warning level or above (the Vulkan validation layer's messages among them).
-struct Capture {
-    /// `(target, message)`.
-    messages: Mutex<Vec<(String, String)>>,
-}
-
-impl log::Log for Capture {
-    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
-        metadata.level() <= log::Level::Warn && metadata.target().starts_with("wgpu_hal")
-    }
-
-    fn log(&self, record: &log::Record<'_>) {
-        if self.enabled(record.metadata()) {
-            let message = format!("[{}] {}: {}", record.level(), record.target(), record.args());
-            let entry = (record.target().to_owned(), message);
-            self.messages.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(entry);
-        }
-    }
-
-    fn flush(&self) {}
-}
-
-fn capture() -> &'static Capture {
-    static CAPTURE: OnceLock<&'static Capture> = OnceLock::new();
-    CAPTURE.get_or_init(|| {
-        let capture: &'static Capture = Box::leak(Box::new(Capture { messages: Mutex::new(Vec::new()) }));
-        if log::set_logger(capture).is_ok() {
-            log::set_max_level(log::LevelFilter::Warn);
-        }
-        capture
-    })
-}
+use heapscope_wgpu::{DeviceOptions, WgpuDevice, WgpuError, hal_log};
 
 pub fn required() -> bool {
     std::env::var("HEAPSCOPE_REQUIRE_GPU").is_ok_and(|value| value.trim() == "1")
@@ -54,7 +21,7 @@ fn skip_or_panic(error: &WgpuError) -> Option<Arc<WgpuDevice>> {
 /// Plain wgpu (the adapter `HEAPSCOPE_DEVICE` names) with wgpu's backend validation on; `None` (skipped) without
 /// an adapter unless `HEAPSCOPE_REQUIRE_GPU=1`.
 pub fn device() -> Option<Arc<WgpuDevice>> {
-    capture();
+    hal_log::install();
     let options = DeviceOptions { validation: true, ..DeviceOptions::from_env() };
     match WgpuDevice::new(&options) {
         Ok(device) => Some(Arc::new(device)),
@@ -98,34 +65,10 @@ pub fn finish(device: Arc<WgpuDevice>) {
         let messages = log.messages();
         assert!(messages.is_empty(), "validation messages:\n{}", messages.join("\n"));
     }
-    // What the backends wgpu probed but did not choose logged is not about this device's work.
-    let logged: Vec<String> = capture()
-        .messages
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .iter()
-        .filter(|(target, _)| !heapscope_wgpu::foreign_backend_log(target, backend))
-        .map(|(_, message)| message.clone())
-        .collect();
+    // Without what the backends wgpu probed but did not choose logged: not about this device's work.
+    let logged = hal_log::messages(backend);
     assert!(logged.is_empty(), "wgpu-hal logged:\n{}", logged.join("\n"));
 }
 
-/// splitmix64: a small deterministic generator.
-#[derive(Debug)]
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `low..=high`.
-    pub fn range(&mut self, low: u64, high: u64) -> u64 {
-        low + self.next_u64() % (high - low + 1)
-    }
-}
+/// The workloads' splitmix64, a small deterministic generator.
+pub use heapscope_kernels::workload::Rng;
