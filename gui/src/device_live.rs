@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use heapscope_core::timeline::{Change, Refusal, RegionKind, Span};
-use heapscope_core::{DeviceEvent, OomVerdict};
+use heapscope_core::OomVerdict;
+use heapscope_core::timeline::{Change, Refusal, RegionTracker, Span};
 use heapscope_kernels::bench::{BenchPolicy, BenchSettings, RunReport, Target, TargetError, run};
 use heapscope_kernels::workload::{ChurnConfig, ServeConfig, TrainConfig, Workload, churn, serve, train};
 use heapscope_kernels::{Op, VerifyResult};
@@ -233,49 +233,6 @@ pub fn start(context: &Arc<VulkanContext>, config: LiveConfig) -> Result<(Channe
     Ok((source, LiveRun { config, progress, stop }))
 }
 
-/// The regions a live heap has shown so far, to turn device events into layout changes.
-#[derive(Clone, Debug, Default)]
-pub struct RegionTracker {
-    /// Virtual ranges already shown, `(base, size_bytes)`.
-    known_virtual: Vec<(u64, u64)>,
-}
-
-impl RegionTracker {
-    /// Appends the changes of `events` to `changes`; `virtual_ranges` are the target's ranges mapped on demand: a
-    /// range reserved whole becomes a virtual region, and the first page run mapped in a range not shown yet adds
-    /// its region first.
-    pub fn changes(&mut self, events: &[DeviceEvent], virtual_ranges: &[(u64, u64)], changes: &mut Vec<Change>) {
-        for &event in events {
-            match event {
-                DeviceEvent::Reserved { address, size_bytes } => {
-                    let kind = if virtual_ranges.contains(&(address, size_bytes)) {
-                        self.known_virtual.push((address, size_bytes));
-                        RegionKind::Virtual
-                    } else {
-                        RegionKind::Block
-                    };
-                    changes.push(Change::RegionAdded { address, size_bytes, kind });
-                }
-                DeviceEvent::Released { address, .. } => {
-                    self.known_virtual.retain(|&(base, _)| base != address);
-                    changes.push(Change::RegionRemoved { address });
-                }
-                DeviceEvent::Mapped { address, size_bytes } => {
-                    let inside = |&(base, bytes): &(u64, u64)| base <= address && address < base + bytes;
-                    if !self.known_virtual.iter().any(inside)
-                        && let Some(&range) = virtual_ranges.iter().find(|range| inside(range))
-                    {
-                        self.known_virtual.push(range);
-                        changes.push(Change::RegionAdded { address: range.0, size_bytes: range.1, kind: RegionKind::Virtual });
-                    }
-                    changes.push(Change::PagesMapped { address, size_bytes });
-                }
-                DeviceEvent::Unmapped { address, size_bytes } => changes.push(Change::PagesUnmapped { address, size_bytes }),
-            }
-        }
-    }
-}
-
 /// A refused request as the timeline shows it.
 pub fn refusal_of(verdict: &OomVerdict) -> Refusal {
     Refusal {
@@ -386,53 +343,8 @@ impl Target for Observed<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use heapscope_core::DeviceEvent;
     use heapscope_core::timeline::Timeline;
-
-    /// Device events as a live pane receives them: (events, virtual ranges, the changes expected).
-    #[test]
-    fn device_events_become_layout_changes() {
-        let mapped = DeviceEvent::Mapped { address: 4096, size_bytes: 8192 };
-        type Case = (Vec<DeviceEvent>, Vec<(u64, u64)>, Vec<Change>);
-        let cases: Vec<Case> = vec![
-            // A block reserved and released.
-            (
-                vec![
-                    DeviceEvent::Reserved { address: 1 << 20, size_bytes: 2 << 20 },
-                    DeviceEvent::Released { address: 1 << 20, size_bytes: 2 << 20 },
-                ],
-                vec![],
-                vec![
-                    Change::RegionAdded { address: 1 << 20, size_bytes: 2 << 20, kind: RegionKind::Block },
-                    Change::RegionRemoved { address: 1 << 20 },
-                ],
-            ),
-            // The first run mapped in a virtual range shows the range first; the second does not again.
-            (
-                vec![mapped, DeviceEvent::Unmapped { address: 4096, size_bytes: 4096 }, mapped],
-                vec![(0, 1 << 30)],
-                vec![
-                    Change::RegionAdded { address: 0, size_bytes: 1 << 30, kind: RegionKind::Virtual },
-                    Change::PagesMapped { address: 4096, size_bytes: 8192 },
-                    Change::PagesUnmapped { address: 4096, size_bytes: 4096 },
-                    Change::PagesMapped { address: 4096, size_bytes: 8192 },
-                ],
-            ),
-            // A virtual range reserved whole is a virtual region.
-            (
-                vec![DeviceEvent::Reserved { address: 0, size_bytes: 1 << 30 }, mapped],
-                vec![(0, 1 << 30)],
-                vec![
-                    Change::RegionAdded { address: 0, size_bytes: 1 << 30, kind: RegionKind::Virtual },
-                    Change::PagesMapped { address: 4096, size_bytes: 8192 },
-                ],
-            ),
-        ];
-        for (events, ranges, expected) in cases {
-            let mut changes = Vec::new();
-            RegionTracker::default().changes(&events, &ranges, &mut changes);
-            assert_eq!(changes, expected, "{events:?}");
-        }
-    }
 
     /// The changes of a block, an allocation in it and its free make a timeline that grows and shrinks.
     #[test]

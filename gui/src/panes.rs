@@ -76,6 +76,17 @@ pub fn describe_hit(session: &Session, region: u64, hit: &Hit, shown_steps: u64)
 }
 
 fn describe_span(session: &Session, region: u64, span: &Span, shown_steps: u64) -> String {
+    if span.is_before_recording() {
+        return format!(
+            "allocated before the recording started: {} requested, {} set aside ({} padding and rounding)\noffset {:#x} in \
+             the region at {:#x}",
+            Bytes(span.requested_bytes),
+            Bytes(span.footprint_bytes),
+            Bytes(span.waste_bytes()),
+            span.address - region,
+            region,
+        );
+    }
     let mut text = format!(
         "allocation #{}: {} requested, {} set aside ({} padding and rounding)\noffset {:#x} in the region at {:#x}",
         span.slot,
@@ -199,5 +210,14 @@ mod tests {
             format!("free run of 50.00 MiB at offset {:#x}", run - region)
         );
         assert!(header_text(pane).starts_with("reserved 2.93 GiB · live 500.00 MiB"), "{}", header_text(pane));
+        // An allocation from before the recording has no slot, lifetime or stack to name.
+        let before = Span::before_recording(region + 4096, 1024, 1000);
+        assert_eq!(
+            describe_hit(&session, region, &Hit::Allocation(before), 45),
+            format!(
+                "allocated before the recording started: 1000 B requested, 1.00 KiB set aside (24 B padding and rounding)\n\
+                 offset 0x1000 in the region at {region:#x}"
+            )
+        );
     }
 }

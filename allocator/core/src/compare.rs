@@ -15,8 +15,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use crate::pytorch::caching::{CachingAllocator, OomReport, SegmentBacking, Unbacked, apply_pending};
-use crate::pytorch::{AllocConf, Fidelity, MemoryStats, emulate_backed};
+use crate::pytorch::caching::{CachingAllocator, EntryEffect, OomReport, SegmentBacking, Unbacked, apply_pending};
+use crate::pytorch::{AllocConf, Fidelity, MemoryStats, TraceEntry, emulate_backed};
 use crate::recording::Recording;
 use crate::replay::{HeapReplay, replay_heap, replay_paged};
 use crate::trace::Trace;
@@ -379,6 +379,15 @@ fn pytorch_message(report: &OomReport, unreserved_bytes: Option<u64>) -> String 
     message
 }
 
+/// The bytes the device had left when `report` was refused at `entry` (`None` for a plain trace): what the
+/// capacity leaves beside the reserved bytes, or without one what the driver reported with a recorded `oom`.
+pub(crate) fn unreserved_bytes(capacity_bytes: Option<u64>, report: &OomReport, entry: Option<&TraceEntry>) -> Option<u64> {
+    match capacity_bytes {
+        Some(capacity) => Some(capacity.saturating_sub(report.reserved_bytes)),
+        None => entry.and_then(|entry| entry.device_free),
+    }
+}
+
 pub(crate) fn pytorch_first_oom(event_index: u64, report: &OomReport, unreserved_bytes: Option<u64>) -> FirstOom {
     FirstOom {
         event_index,
@@ -447,7 +456,9 @@ impl PytorchReplay {
 /// One replay of `recording` through the emulation of PyTorch's caching allocator (as [`replay_pytorch`]
 /// replays it), every segment operation applied to `backing` as it is made: what the allocator holds at the
 /// start of a PyTorch recording first, then each `cudaMalloc` / `cudaFree` of a segment and each map / unmap
-/// of expandable pages ([`SegmentBacking`]; [`Unbacked`] for none).
+/// of expandable pages ([`SegmentBacking`]; [`Unbacked`] for none). After every entry (for a plain trace: every
+/// event) `backing` also hears what it did to the blocks ([`SegmentBacking::replayed`]): the timeline of the
+/// `pytorch` contender is written down from this very run.
 ///
 /// # Errors
 ///
@@ -465,11 +476,7 @@ pub fn emulate_pytorch(
                 .map_err(|e| emulation_error(recording, &e))?;
             let first_oom = emulation.first_oom.as_ref().map(|oom| {
                 let entry = snapshot.device_traces.get(recording.device).and_then(|trace| trace.get(oom.event_index));
-                let unreserved = match capacity_bytes {
-                    Some(capacity) => Some(capacity.saturating_sub(oom.report.reserved_bytes)),
-                    None => entry.and_then(|entry| entry.device_free),
-                };
-                pytorch_first_oom(oom.event_index as u64, &oom.report, unreserved)
+                pytorch_first_oom(oom.event_index as u64, &oom.report, unreserved_bytes(capacity_bytes, &oom.report, entry))
             });
             PytorchReplay { stats: emulation.stats, first_oom, fidelity: Some(emulation.fidelity) }
         }
@@ -479,17 +486,23 @@ pub fn emulate_pytorch(
             let mut first_oom = None;
             let refused =
                 |index: u64| move |what: String| crate::Error::Source(format!("{}: event {index}: {what}", recording.name));
+            backing.started(&allocator);
             for (index, event) in (0..).zip(recording.trace.events()) {
+                let mut effect = EntryEffect::Unchanged;
                 match *event {
                     crate::Event::Alloc { slot, size_bytes } => {
                         let result = allocator.malloc(size_bytes, 0, None);
                         apply_pending(&mut allocator, backing).map_err(refused(recording.entry_of(index)))?;
                         match result {
-                            Ok(address) => addresses[slot as usize] = Some(address),
+                            Ok(address) => {
+                                addresses[slot as usize] = Some(address);
+                                effect = EntryEffect::Placed { address };
+                            }
                             Err(report) => {
-                                let unreserved = capacity_bytes.map(|capacity| capacity.saturating_sub(report.reserved_bytes));
+                                let unreserved = unreserved_bytes(capacity_bytes, &report, None);
                                 first_oom
                                     .get_or_insert_with(|| pytorch_first_oom(recording.entry_of(index), &report, unreserved));
+                                effect = EntryEffect::Refused(report);
                             }
                         }
                     }
@@ -497,9 +510,11 @@ pub fn emulate_pytorch(
                         if let Some(address) = addresses[slot as usize].take() {
                             allocator.free(address);
                             apply_pending(&mut allocator, backing).map_err(refused(recording.entry_of(index)))?;
+                            effect = EntryEffect::Freed { address };
                         }
                     }
                 }
+                backing.replayed(index as usize, effect, &allocator);
             }
             PytorchReplay { stats: allocator.stats().clone(), first_oom, fidelity: None }
         }

@@ -27,13 +27,28 @@ pub struct Span {
     pub lead_bytes: u64,
     /// Bytes requested.
     pub requested_bytes: u64,
-    /// The trace slot of the allocation.
+    /// The trace slot of the allocation; [`Span::BEFORE_RECORDING`] for one made before the recording started.
     pub slot: u32,
     /// The step that allocated it.
     pub born: u64,
 }
 
 impl Span {
+    /// The `slot` of an allocation live before the recording started (a PyTorch recording begun mid-run): it has
+    /// no trace slot, and no trace event made it.
+    pub const BEFORE_RECORDING: u32 = u32::MAX;
+
+    /// An allocation live before the recording started, in the layout from step 0 on: `footprint_bytes` at
+    /// `address` set aside for `requested_bytes`.
+    pub fn before_recording(address: u64, footprint_bytes: u64, requested_bytes: u64) -> Self {
+        Self { address, footprint_bytes, lead_bytes: 0, requested_bytes, slot: Self::BEFORE_RECORDING, born: 0 }
+    }
+
+    /// Whether the allocation was live before the recording started (it has no trace slot).
+    pub fn is_before_recording(&self) -> bool {
+        self.slot == Self::BEFORE_RECORDING
+    }
+
     /// One past the footprint's last byte.
     pub fn end(&self) -> u64 {
         self.address + self.footprint_bytes

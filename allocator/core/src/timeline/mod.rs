@@ -6,9 +6,11 @@
 //! - A contender's replay becomes a stream of plain [`Change`]s per step (one step per trace event):
 //!   regions (blocks, virtual ranges) reserved and released, pages mapped and unmapped, allocations placed
 //!   and freed, and the requests it refused ([`Refusal`]). The changes come from the device events a heap
-//!   logs and the allocations it hands back; [`record`] turns every contender of `compare` into one.
-//!   Anything else that can describe its heap this way (a live device, another allocator) plugs in through
-//!   [`Timeline::push`].
+//!   logs ([`RegionTracker`] turns them into region and page changes) and the allocations it hands back;
+//!   [`record`] turns every contender of `compare` into one — PyTorch's by following `compare`'s own run of
+//!   the emulation, from the state at the start of the recording (allocations made before it are spans
+//!   [`Span::before_recording`]). Anything else that can describe its heap this way (a live device, another
+//!   allocator) plugs in through [`Timeline::push`].
 //! - A [`Layout`] is the heap at one moment, rebuilt from changes alone: regions, live allocations by
 //!   address, and free runs with their sizes, so live, reserved and free bytes and the largest free run are
 //!   known after every step at O(log n) per change. Splits and merges are what [`Layout::apply`] reports
@@ -25,11 +27,13 @@ mod change;
 pub mod explain;
 mod layout;
 pub mod record;
+mod regions;
 
 use std::collections::BTreeMap;
 
 pub use change::{Change, Refusal, RegionKind, Span};
 pub use layout::{Effect, Layout, LayoutError, LayoutTotals, Region};
+pub use regions::RegionTracker;
 
 /// Steps between checkpoints at least; more when many allocations are live (see [`Timeline::layout_at`]).
 pub const MIN_CHECKPOINT_INTERVAL: u64 = 4096;

@@ -5,10 +5,11 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::explain::Rules;
-use super::{Change, Refusal, RegionKind, Span, Timeline};
-use crate::compare::{CompareConfig, FirstOom, alloc_conf, pytorch_first_oom};
-use crate::pytorch::caching::CachingAllocator;
-use crate::pytorch::{Action, AllocConf};
+use super::{Change, Refusal, RegionKind, RegionTracker, Span, Timeline};
+use crate::compare::{CompareConfig, FirstOom, alloc_conf, emulate_pytorch, pytorch_first_oom, unreserved_bytes};
+use crate::hash::FastSet;
+use crate::pytorch::caching::{CachingAllocator, EntryEffect, OomReport, SegmentBacking};
+use crate::pytorch::{AllocConf, BlockState, TraceEntry};
 use crate::recording::Recording;
 use crate::trace::Event;
 use crate::{DeviceEvent, DeviceHeap, Error, OomVerdict, PolicyKind, Request, Result};
@@ -78,14 +79,17 @@ impl FromStr for Contender {
 /// `alloc_conf` overrides PyTorch's settings in `PYTORCH_CUDA_ALLOC_CONF` syntax) into a timeline of one
 /// step per trace event.
 ///
-/// The PyTorch contenders replay the recording's trace from an empty allocator, on the stream each
-/// allocation was recorded on, with the recorded address as the hint for a new segment, and a request
-/// PyTorch refused (an `oom` entry) with the driver's free bytes recorded then (without a capacity); what
-/// the full emulation of `compare` adds (the state when a recording started mid-run, `empty_cache()` calls)
-/// is left out.
+/// The PyTorch contenders are `compare`'s own run of the emulation ([`emulate_pytorch`]), written down as it
+/// goes: for a PyTorch recording, from the state when the recording started (its segments as regions, its live
+/// blocks as spans [`Span::before_recording`], all in step 0), with stream-ordered frees, user `empty_cache()`
+/// calls and recorded `oom` requests tried with the driver's free bytes (without a capacity); for a plain trace,
+/// from an empty allocator on one stream. What entries that are no trace event change (segment entries, an
+/// `empty_cache()`, the free of a block from before the recording) joins the next event's step, or the last
+/// step. Refusals carry the numbers of `compare`'s first OOM; footprints are the blocks the allocator holds.
 ///
 /// # Errors
-/// Invalid settings, or a contender bug (a change that contradicts the layout).
+/// Invalid settings, a snapshot the emulation cannot replay (as `compare` reports it), or a contender bug (a
+/// change that contradicts the layout).
 pub fn record(recording: &Recording, contender: Contender, config: &CompareConfig, overrides: Option<&str>) -> Result<Timeline> {
     let mut timeline = match contender {
         Contender::Pytorch { expandable } => {
@@ -114,15 +118,6 @@ fn inconsistent(recording: &Recording, step: u64, error: &super::LayoutError) ->
     Error::Trace { file: recording.name.clone(), line: 0, what: format!("timeline step {step}: {error}") }
 }
 
-fn device_change(event: DeviceEvent) -> Change {
-    match event {
-        DeviceEvent::Reserved { address, size_bytes } => Change::RegionAdded { address, size_bytes, kind: RegionKind::Block },
-        DeviceEvent::Released { address, .. } => Change::RegionRemoved { address },
-        DeviceEvent::Mapped { address, size_bytes } => Change::PagesMapped { address, size_bytes },
-        DeviceEvent::Unmapped { address, size_bytes } => Change::PagesUnmapped { address, size_bytes },
-    }
-}
-
 fn refusal_of(verdict: &OomVerdict) -> Refusal {
     Refusal {
         requested_bytes: verdict.requested_bytes,
@@ -148,6 +143,8 @@ fn record_device_heap<H: DeviceHeap>(
     timeline.rules = Some(rules);
     let mut handles: Vec<Option<H::Handle>> = vec![None; recording.trace.slots() as usize];
     let mut changes = initial.to_vec();
+    // The heap's virtual range, if any, is in `initial`: its events are blocks and page runs.
+    let mut regions = RegionTracker::default();
     for (step, event) in (0..).zip(recording.trace.events()) {
         let mut refusal = None;
         match *event {
@@ -166,7 +163,7 @@ fn record_device_heap<H: DeviceHeap>(
                         None
                     }
                 };
-                changes.extend(heap.take_device_events().into_iter().map(device_change));
+                regions.changes(&heap.take_device_events(), &[], &mut changes);
                 if let Some(handle) = served {
                     let allocation = H::allocation(&handle);
                     let base = H::block_base(&handle);
@@ -187,7 +184,7 @@ fn record_device_heap<H: DeviceHeap>(
                     let address = H::block_base(&handle) + allocation.footprint_offset();
                     heap.free_handle(handle)?;
                     changes.push(Change::Freed { address });
-                    changes.extend(heap.take_device_events().into_iter().map(device_change));
+                    regions.changes(&heap.take_device_events(), &[], &mut changes);
                 }
             }
         }
@@ -197,102 +194,190 @@ fn record_device_heap<H: DeviceHeap>(
     Ok(timeline)
 }
 
-/// The segment events of the caching allocator as changes; an expandable segment becomes a virtual region
-/// the first time pages are mapped in it.
-fn pytorch_changes(allocator: &mut CachingAllocator, known_virtual: &mut Vec<(u64, u64)>, changes: &mut Vec<Change>) {
-    for event in allocator.take_events() {
-        let (address, size_bytes) = (event.addr, event.size_bytes);
-        let change = match event.action {
-            Action::SegmentAlloc => Change::RegionAdded { address, size_bytes, kind: RegionKind::Block },
-            Action::SegmentFree => Change::RegionRemoved { address },
-            Action::SegmentMap => {
-                let inside = |&(base, bytes): &(u64, u64)| base <= address && address < base + bytes;
-                if !known_virtual.iter().any(inside)
-                    && let Some(range) = allocator.expandable_segments().into_iter().find(inside)
-                {
-                    known_virtual.push(range);
-                    changes.push(Change::RegionAdded { address: range.0, size_bytes: range.1, kind: RegionKind::Virtual });
-                }
-                Change::PagesMapped { address, size_bytes }
-            }
-            _ => Change::PagesUnmapped { address, size_bytes },
-        };
-        changes.push(change);
-    }
-}
-
+/// PyTorch's caching allocator: `compare`'s own replay ([`emulate_pytorch`]), written down as it runs by a
+/// [`PytorchRecorder`] following it.
 fn record_pytorch(recording: &Recording, conf: AllocConf, capacity_bytes: Option<u64>) -> Result<Timeline> {
-    let mut allocator = CachingAllocator::new(conf.clone(), capacity_bytes);
-    let mut timeline = Timeline::new("pytorch");
+    let mut recorder = PytorchRecorder::new(recording, capacity_bytes);
+    emulate_pytorch(recording, &conf, capacity_bytes, &mut recorder)?;
+    let mut timeline = recorder.finish()?;
     timeline.rules = Some(Rules::Pytorch(conf));
-    let entries = recording.snapshot.as_ref().and_then(|snapshot| snapshot.device_traces.get(recording.device));
-    let mut addresses: Vec<Option<u64>> = vec![None; recording.trace.slots() as usize];
-    let mut known_virtual = Vec::new();
-    let mut changes = Vec::new();
-    for (step, event) in (0..).zip(recording.trace.events()) {
+    Ok(timeline)
+}
+
+/// Follows the emulation of PyTorch's caching allocator (as its [`SegmentBacking`], holding no memory) and writes
+/// it down as a timeline of one step per trace event.
+///
+/// A step gathers what happened since the step before: segment operations (as region and page changes), the
+/// allocation placed, freed or refused by its event, and the changes of entries that are no events (segment
+/// entries, a `free_requested`, an `empty_cache()` call, the free of an allocation made before the recording),
+/// which join the next event's step, or the last step at the end. The state at the start of the recording goes
+/// in first: segments as regions, live blocks as spans [`Span::before_recording`].
+struct PytorchRecorder<'a> {
+    recording: &'a Recording,
+    /// The device's trace entries, for a PyTorch recording (`None`: a plain trace, whose entries are its events).
+    entries: Option<&'a [TraceEntry]>,
+    capacity_bytes: Option<u64>,
+    timeline: Timeline,
+    regions: RegionTracker,
+    /// The first event that has no step yet.
+    next_step: u64,
+    /// Changes for the next step.
+    pending: Vec<Change>,
+    /// The last step, held back until no later change can join it.
+    held: Option<(Vec<Change>, Option<Refusal>)>,
+    /// Addresses of the spans in the layout (a block whose entry is no event, a zero-byte request, has none).
+    shown: FastSet<u64>,
+    /// The first change that contradicted the layout.
+    error: Option<Error>,
+}
+
+impl<'a> PytorchRecorder<'a> {
+    fn new(recording: &'a Recording, capacity_bytes: Option<u64>) -> Self {
+        let entries = recording
+            .snapshot
+            .as_ref()
+            .map(|snapshot| snapshot.device_traces.get(recording.device).map_or(&[][..], Vec::as_slice));
+        Self {
+            recording,
+            entries,
+            capacity_bytes,
+            timeline: Timeline::new("pytorch"),
+            regions: RegionTracker::default(),
+            next_step: 0,
+            pending: Vec::new(),
+            held: None,
+            shown: FastSet::default(),
+            error: None,
+        }
+    }
+
+    /// The entry event `step` came from.
+    fn entry_of(&self, step: u64) -> u64 {
+        if self.entries.is_some() { self.recording.entry_of(step) } else { step }
+    }
+
+    /// Appends the held step to the timeline.
+    fn push_held(&mut self) {
+        let Some((changes, refusal)) = self.held.take() else { return };
+        let step = self.timeline.steps();
+        if let Err(error) = self.timeline.push(&changes, refusal)
+            && self.error.is_none()
+        {
+            self.error = Some(inconsistent(self.recording, step, &error));
+        }
+    }
+
+    /// The refusal of `report` at `entry`, with the numbers of `compare`'s first OOM.
+    fn refusal(&self, entry: usize, report: &OomReport) -> Refusal {
+        let trace_entry = self.entries.and_then(|entries| entries.get(entry));
+        let unreserved = unreserved_bytes(self.capacity_bytes, report, trace_entry);
+        let FirstOom { request_bytes, reserved_bytes, free_bytes, largest_free_bytes, verdict, message, .. } =
+            pytorch_first_oom(entry as u64, report, unreserved);
+        Refusal { requested_bytes: request_bytes, cause: verdict, reserved_bytes, free_bytes, largest_free_bytes, message }
+    }
+
+    /// The timeline, once the emulation has replayed every entry.
+    fn finish(mut self) -> Result<Timeline> {
+        if let Some((changes, _)) = &mut self.held {
+            changes.append(&mut self.pending);
+        }
+        self.push_held();
+        if let Some(error) = self.error {
+            return Err(error);
+        }
+        let events = self.recording.trace.events().len() as u64;
+        if self.next_step != events {
+            return Err(Error::Trace {
+                file: self.recording.name.clone(),
+                line: 0,
+                what: format!("the emulation replayed {} of {events} events", self.next_step),
+            });
+        }
+        Ok(self.timeline)
+    }
+}
+
+impl SegmentBacking for PytorchRecorder<'_> {
+    fn apply(&mut self, events: &[DeviceEvent], allocator: &CachingAllocator) -> Result<(), String> {
+        self.regions.changes(events, &allocator.expandable_segments(), &mut self.pending);
+        Ok(())
+    }
+
+    fn started(&mut self, allocator: &CachingAllocator) {
+        for segment in allocator.report() {
+            for block in segment.blocks.iter().filter(|block| block.state != BlockState::Inactive) {
+                // A block known only from its free entry may record more requested bytes than it holds.
+                let requested_bytes = block.requested_size.min(block.size);
+                self.pending.push(Change::Allocated(Span::before_recording(block.address, block.size, requested_bytes)));
+                self.shown.insert(block.address);
+            }
+        }
+    }
+
+    fn replayed(&mut self, entry: usize, effect: EntryEffect, allocator: &CachingAllocator) {
+        let events = self.recording.trace.events();
+        let first = self.next_step;
+        let mut steps = 0;
+        while let Some(step) = first.checked_add(steps).filter(|&step| step < events.len() as u64)
+            && self.entry_of(step) == entry as u64
+        {
+            steps += 1;
+        }
+        self.next_step += steps;
+        let alloc_event = match events.get(first as usize) {
+            Some(&Event::Alloc { slot, size_bytes }) if steps > 0 => Some((slot, size_bytes)),
+            _ => None,
+        };
+        let span = |address: u64, footprint_bytes: u64, (slot, requested_bytes): (u32, u64)| {
+            Change::Allocated(Span { address, footprint_bytes, lead_bytes: 0, requested_bytes, slot, born: first })
+        };
         let mut refusal = None;
-        match *event {
-            Event::Alloc { slot, size_bytes } => {
-                let entry = entries
-                    .and_then(|entries| usize::try_from(recording.entry_of(step)).ok().and_then(|index| entries.get(index)));
-                let (stream, hint) = entry.map_or((0, None), |entry| (entry.stream, (entry.addr != 0).then_some(entry.addr)));
-                // A request PyTorch refused is tried with the room the driver reported then (as `emulate` does),
-                // unless a capacity is given.
-                let recorded_free = entry.filter(|entry| entry.action == Action::Oom).and_then(|entry| entry.device_free);
-                if capacity_bytes.is_none()
-                    && let Some(free) = recorded_free
-                {
-                    allocator.request_limit_bytes = Some(allocator.reserved_bytes().saturating_add(free));
-                }
-                let result = allocator.malloc(size_bytes, stream, hint);
-                allocator.request_limit_bytes = None;
-                pytorch_changes(&mut allocator, &mut known_virtual, &mut changes);
-                match result {
-                    Ok(address) => {
-                        let footprint_bytes = allocator.live_block(address).map_or(size_bytes, |block| block.size_bytes);
-                        changes.push(Change::Allocated(Span {
-                            address,
-                            footprint_bytes,
-                            lead_bytes: 0,
-                            requested_bytes: size_bytes,
-                            slot,
-                            born: step,
-                        }));
-                        addresses[slot as usize] = Some(address);
-                    }
-                    Err(report) => {
-                        let unreserved =
-                            capacity_bytes.map(|capacity| capacity.saturating_sub(report.reserved_bytes)).or(recorded_free);
-                        let FirstOom { request_bytes, reserved_bytes, free_bytes, largest_free_bytes, verdict, message, .. } =
-                            pytorch_first_oom(recording.entry_of(step), &report, unreserved);
-                        refusal = Some(Refusal {
-                            requested_bytes: request_bytes,
-                            cause: verdict,
-                            reserved_bytes,
-                            free_bytes,
-                            largest_free_bytes,
-                            message,
-                        });
-                    }
+        // A change for the entry's second step (a recorded `oom` served and given back: its free).
+        let mut then = None;
+        match effect {
+            EntryEffect::Unchanged => {}
+            EntryEffect::Placed { address } => {
+                if let Some(event) = alloc_event {
+                    let footprint_bytes = allocator.live_block(address).map_or(event.1, |block| block.size_bytes);
+                    self.pending.push(span(address, footprint_bytes, event));
+                    self.shown.insert(address);
                 }
             }
-            Event::Free { slot } => {
-                if let Some(address) = addresses[slot as usize].take() {
-                    allocator.free(address);
-                    changes.push(Change::Freed { address });
-                    pytorch_changes(&mut allocator, &mut known_virtual, &mut changes);
+            EntryEffect::ServedAndReturned { address, size_bytes } => {
+                if let Some(event) = alloc_event {
+                    self.pending.push(span(address, size_bytes, event));
+                    then = Some(Change::Freed { address });
+                }
+            }
+            EntryEffect::Freed { address } => {
+                if self.shown.remove(&address) {
+                    self.pending.push(Change::Freed { address });
+                }
+            }
+            EntryEffect::Refused(report) => {
+                if steps > 0 {
+                    refusal = Some(self.refusal(entry, &report));
                 }
             }
         }
-        timeline.push(&changes, refusal).map_err(|error| inconsistent(recording, step, &error))?;
-        changes.clear();
+        for step in 0..steps {
+            self.push_held();
+            self.held = Some(if step == 0 {
+                (std::mem::take(&mut self.pending), refusal.take())
+            } else {
+                (then.take().into_iter().collect(), None)
+            });
+        }
+        if let (Some(change), Some((changes, _))) = (then, &mut self.held) {
+            changes.push(change);
+        }
     }
-    Ok(timeline)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pytorch::{Action, Snapshot};
     use crate::story::frag_oom;
     use crate::units::MIB;
     use crate::{HeapConfig, OomCause, ReleaseRule};
@@ -408,5 +493,160 @@ mod tests {
         assert_eq!(refusal.cause, OomCause::Fragmentation);
         let paged = record(&recording, Contender::Paged, &CompareConfig::default(), None).unwrap();
         assert!(paged.refusals().is_empty());
+    }
+
+    /// Replays every step's changes onto the layout before it, and seeks to a few positions, against replays
+    /// from the start.
+    fn assert_steps_and_seeks_replay(timeline: &Timeline, context: &str) {
+        let mut layout = timeline.layout_at(0);
+        for step in 0..timeline.steps() {
+            for change in timeline.changes(step) {
+                layout.apply(change).unwrap_or_else(|error| panic!("{context} step {step}: {error}"));
+            }
+        }
+        assert_eq!(&layout, timeline.head(), "{context}");
+        let steps = timeline.steps();
+        let mut layout = timeline.layout_at(0);
+        let mut at = 0;
+        for position in [1, steps / 3, steps / 2, steps - 1, steps] {
+            timeline.advance(&mut layout, at, position);
+            at = position;
+            assert_eq!(layout, timeline.layout_at(position), "{context} at {position}");
+        }
+    }
+
+    fn snapshot_recording(name: &str, cut: usize) -> Recording {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch");
+        let mut snapshot = crate::pytorch::read_snapshot(&dir.join(format!("{name}.pickle.gz"))).unwrap();
+        let trace = &mut snapshot.device_traces[0];
+        trace.drain(..cut * trace.len() / 2);
+        Recording::from_snapshot(name, snapshot, 0).unwrap()
+    }
+
+    /// The real snapshots, whole and cut half-way (a recording begun mid-run: segments and live blocks at the
+    /// start), through both PyTorch modes, unlimited and on the 3.5 GiB frag_oom had: the timeline is the
+    /// emulation's run, so its last sample holds the emulation's final reserved and requested bytes, its
+    /// refusals are the emulation's OOMs (the first with `compare`'s numbers), and it starts with what the
+    /// allocator held at the start.
+    #[test]
+    fn pytorch_timelines_are_the_emulation_of_compare() {
+        let names = ["frag_oom-default", "frag_oom-expandable", "gpt2_train_fixed-default", "gpt2_train_fixed-expandable"];
+        for name in names {
+            for cut in [0, 1] {
+                let recording = snapshot_recording(name, cut);
+                let snapshot = recording.snapshot.as_ref().unwrap();
+                for expandable in [false, true] {
+                    for capacity_bytes in [None, Some(3584 * MIB)] {
+                        let context = format!("{name} cut {cut} expandable {expandable} capacity {capacity_bytes:?}");
+                        let config = CompareConfig { capacity_bytes, ..CompareConfig::default() };
+                        let timeline = record(&recording, Contender::Pytorch { expandable }, &config, None).unwrap();
+                        let mut conf = alloc_conf(&recording, None).unwrap();
+                        conf.expandable_segments |= expandable;
+                        let emulation = crate::pytorch::emulate(snapshot, 0, &conf, capacity_bytes).unwrap();
+                        assert_eq!(timeline.steps(), recording.trace.events().len() as u64, "{context}");
+                        let last = timeline.samples().last().unwrap();
+                        let stats = &emulation.stats;
+                        assert_eq!(last.reserved_bytes as i64, stats.reserved_bytes.all().current, "{context}");
+                        assert_eq!(last.live_bytes as i64, stats.requested_bytes.all().current, "{context}");
+                        assert_eq!(timeline.refusals().len() as i64, stats.num_ooms, "{context}");
+                        let compared = emulate_pytorch(&recording, &conf, capacity_bytes, &mut crate::pytorch::Unbacked).unwrap();
+                        match (timeline.refusals().first(), compared.first_oom) {
+                            (None, None) => {}
+                            (Some((step, refusal)), Some(oom)) => {
+                                assert_eq!(recording.entry_of(*step), oom.event_index, "{context}");
+                                let numbers = (refusal.requested_bytes, refusal.reserved_bytes, refusal.free_bytes);
+                                assert_eq!(numbers, (oom.request_bytes, oom.reserved_bytes, oom.free_bytes), "{context}");
+                                assert_eq!((refusal.largest_free_bytes, refusal.cause), (oom.largest_free_bytes, oom.verdict));
+                                assert_eq!(refusal.message, oom.message, "{context}");
+                            }
+                            (timeline, compare) => panic!("{context}: timeline refused {timeline:?}, compare {compare:?}"),
+                        }
+                        // The start: every block live then is a span of step 0 with no trace slot.
+                        let start = CachingAllocator::at_recording_start(snapshot, 0, &conf, capacity_bytes).unwrap().report();
+                        let live_at_start =
+                            start.iter().flat_map(|segment| &segment.blocks).filter(|block| block.state != BlockState::Inactive);
+                        let before: Vec<&Span> = timeline
+                            .changes(0)
+                            .iter()
+                            .filter_map(|change| match change {
+                                Change::Allocated(span) if span.is_before_recording() => Some(span),
+                                _ => None,
+                            })
+                            .collect();
+                        assert_eq!(before.len(), live_at_start.count(), "{context}");
+                        assert_eq!(before.is_empty(), cut == 0, "{context}: blocks live at the start of a cut recording");
+                        assert_steps_and_seeks_replay(&timeline, &context);
+                    }
+                }
+            }
+        }
+    }
+
+    fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
+        TraceEntry { action, addr, size, stream: 0, time_us: None, device_free: None, frames: crate::pytorch::StackId::NONE }
+    }
+
+    /// What no trace event shows still reaches the layout, at the next event's step: a block live before the
+    /// recording (a span from step 0 on, freed by an entry that is no event), and a user `empty_cache()` call
+    /// (its segment released before the next request opens a new one; replaying the trace alone would reuse it).
+    #[test]
+    fn entries_that_are_no_events_join_the_next_step() {
+        const BASE: u64 = 0x7f00_0000_0000;
+        let small = 2 * MIB;
+        let later = BASE + (1 << 30);
+        let block = |address, size, requested_size, state| crate::pytorch::Block {
+            address,
+            size,
+            requested_size,
+            state,
+            frames: crate::pytorch::StackId::NONE,
+        };
+        // The segment at the end: the second request's.
+        let segment = crate::pytorch::Segment {
+            device: 0,
+            address: later,
+            total_size: small,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: 0,
+            segment_type: crate::pytorch::Pool::Small,
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            frames: crate::pytorch::StackId::NONE,
+            blocks: vec![
+                block(later, 1024, 1000, BlockState::ActiveAllocated),
+                block(later + 1024, small - 1024, 0, BlockState::Inactive),
+            ],
+        };
+        let trace = vec![
+            entry(Action::Alloc, BASE + 4096, 1000),         // event 0
+            entry(Action::FreeRequested, BASE, 2048),        // the block from before the recording ...
+            entry(Action::FreeCompleted, BASE, 2048),        // ... freed: no event
+            entry(Action::FreeRequested, BASE + 4096, 1000), //
+            entry(Action::FreeCompleted, BASE + 4096, 1000), // event 1
+            entry(Action::SegmentFree, BASE, small),         // empty_cache(): no event
+            entry(Action::SegmentAlloc, later, small),       //
+            entry(Action::Alloc, later, 1000),               // event 2
+        ];
+        let snapshot =
+            Snapshot { segments: vec![segment], device_traces: vec![trace], settings: None, frame_stacks: vec![Vec::new()] };
+        let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
+        assert_eq!(recording.entry_index, [0, 4, 7]);
+        let timeline = record(&recording, Contender::Pytorch { expandable: false }, &CompareConfig::default(), None).unwrap();
+        let region = |address| Change::RegionAdded { address, size_bytes: small, kind: RegionKind::Block };
+        let before = Span::before_recording(BASE, 4096, 2048);
+        let served = |address, slot, born| {
+            Change::Allocated(Span { address, footprint_bytes: 1024, lead_bytes: 0, requested_bytes: 1000, slot, born })
+        };
+        let expected: [&[Change]; 3] = [
+            &[region(BASE), Change::Allocated(before), served(BASE + 4096, 0, 0)],
+            &[Change::Freed { address: BASE }, Change::Freed { address: BASE + 4096 }],
+            &[Change::RegionRemoved { address: BASE }, region(later), served(later, 1, 2)],
+        ];
+        for (step, changes) in (0..).zip(expected) {
+            assert_eq!(timeline.changes(step), changes, "step {step}");
+        }
+        assert_steps_and_seeks_replay(&timeline, "t.pickle");
     }
 }

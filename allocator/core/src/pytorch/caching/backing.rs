@@ -9,8 +9,14 @@
 //!
 //! The emulation cannot take a decision back, so a refusal by the backing ends the replay with an error
 //! (a backend that must survive refusals drives a [`super::CachingHeap`] instead, which undoes a request).
+//!
+//! A backing may follow the allocator's blocks as well: [`SegmentBacking::started`] once the state at the start
+//! of the recording is applied, then [`SegmentBacking::replayed`] after every trace entry with what it did to the
+//! blocks ([`EntryEffect`]). Both do nothing by default; the timeline recorder
+//! ([`crate::timeline::record`]) writes the replay down through them, so a timeline and `compare` come from one
+//! and the same run.
 
-use super::{CachingAllocator, DeviceEvent as SegmentEvent};
+use super::{CachingAllocator, DeviceEvent as SegmentEvent, OomReport};
 use crate::DeviceEvent;
 use crate::pytorch::snapshot::Action;
 
@@ -22,6 +28,46 @@ pub trait SegmentBacking {
     /// # Errors
     /// What the memory refused, in words; the replay stops there.
     fn apply(&mut self, events: &[DeviceEvent], allocator: &CachingAllocator) -> Result<(), String>;
+
+    /// Called once before the first entry, after what the allocator holds at the start of the recording was
+    /// applied (`allocator` is that state: its live blocks are the allocations made before the recording).
+    /// Default: nothing.
+    fn started(&mut self, allocator: &CachingAllocator) {
+        let _ = allocator;
+    }
+
+    /// Called after trace entry `entry` replayed (for a plain trace: event `entry`), once per entry, with what it
+    /// did to the allocator's blocks; the segment operations it made were applied before. Default: nothing.
+    fn replayed(&mut self, entry: usize, effect: EntryEffect, allocator: &CachingAllocator) {
+        let _ = (entry, effect, allocator);
+    }
+}
+
+/// What one replayed trace entry did to the emulated allocator's blocks (see [`SegmentBacking::replayed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryEffect {
+    /// Nothing: a `free_requested`, a segment entry (an `empty_cache()` call's segment operations were applied),
+    /// a free of an address not live.
+    Unchanged,
+    /// The entry's request was served by the block at `address`.
+    Placed {
+        /// Address of the block.
+        address: u64,
+    },
+    /// The block at `address` went back to the pool (`free_completed`).
+    Freed {
+        /// Address of the block.
+        address: u64,
+    },
+    /// A recorded `oom` request served after all, by the block at `address`, given back at once.
+    ServedAndReturned {
+        /// Address of the block.
+        address: u64,
+        /// Bytes of the block while it served the request.
+        size_bytes: u64,
+    },
+    /// The entry's request was refused.
+    Refused(OomReport),
 }
 
 /// No memory under the allocator: the emulation alone.

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use super::backing::{SegmentBacking, Unbacked, apply_pending, held_now};
+use super::backing::{EntryEffect, SegmentBacking, Unbacked, apply_pending, held_now};
 use super::initial::rebuild_start_state;
 use super::validate::{EmulationError, validate};
 use super::{CachingAllocator, DeviceEvent, OomReport};
@@ -179,7 +179,8 @@ pub fn emulate(
 
 /// [`emulate`] with memory under the allocator: `backing` first receives what the allocator holds at the start
 /// of the recording (a `Reserved` per segment, a `Mapped` per mapped expandable range), then every segment
-/// operation as the emulation makes it. See [`SegmentBacking`].
+/// operation as the emulation makes it, and after each entry what it did to the blocks
+/// ([`SegmentBacking::replayed`]). See [`SegmentBacking`].
 ///
 /// # Errors
 ///
@@ -201,12 +202,14 @@ pub fn emulate_backed(
     if !start.is_empty() {
         backing.apply(&start, &alloc).map_err(refused(0))?;
     }
+    backing.started(&alloc);
     let recorded = recorded_segment_events(trace);
     let mut out = Emulation::default();
     let mut fidelity = Fidelity { recorded: recorded.len(), ..Fidelity::default() };
     let mut empty_cache_checked_until = 0;
     out.placements = vec![None; trace.len()];
     for (i, e) in trace.iter().enumerate() {
+        let mut effect = EntryEffect::Unchanged;
         match e.action {
             Action::Alloc => {
                 fidelity.allocs += 1;
@@ -215,6 +218,7 @@ pub fn emulate_backed(
                 match result {
                     Ok(addr) => {
                         out.placements[i] = Some(addr);
+                        effect = EntryEffect::Placed { address: addr };
                         if addr == e.addr {
                             fidelity.placement_matched += 1;
                         } else if fidelity.first_misplacement.is_none() {
@@ -228,6 +232,7 @@ pub fn emulate_backed(
                             fidelity.first_misplacement =
                                 Some(Misplacement { event_index: i, recorded_addr: e.addr, emulated_addr: None });
                         }
+                        effect = EntryEffect::Refused(report);
                         out.first_oom.get_or_insert(OomEvent { event_index: i, report });
                     }
                 }
@@ -238,14 +243,20 @@ pub fn emulate_backed(
                 }
             }
             Action::FreeCompleted => {
-                if let Some(addr) = live.remove(&e.addr) {
-                    alloc.free_completed(addr);
+                if let Some(addr) = live.remove(&e.addr)
+                    && alloc.free_completed(addr)
+                {
+                    effect = EntryEffect::Freed { address: addr };
                 }
             }
             Action::Oom => {
                 match attempt_recorded_oom(&mut alloc, e, capacity_bytes) {
-                    Ok(addr) => out.placements[i] = Some(addr),
+                    Ok((addr, size_bytes)) => {
+                        out.placements[i] = Some(addr);
+                        effect = EntryEffect::ServedAndReturned { address: addr, size_bytes };
+                    }
                     Err(report) => {
+                        effect = EntryEffect::Refused(report);
                         out.first_oom.get_or_insert(OomEvent { event_index: i, report });
                     }
                 }
@@ -261,6 +272,7 @@ pub fn emulate_backed(
             }
             _ => {}
         }
+        backing.replayed(i, effect, &alloc);
         let s = alloc.stats();
         out.timeline.push(EventStats {
             allocated_bytes: s.allocated_bytes.all().current,
@@ -301,8 +313,12 @@ fn push_events(out: &mut Vec<SegmentEvent>, events: Vec<DeviceEvent>, cause: usi
 
 /// A recorded `oom`: PyTorch refused `e.size` bytes with `device_free` bytes left on the device. The
 /// request is attempted with that much room (or the capacity, when one is given); were it served, it is
-/// given back at once (the program never received it).
-fn attempt_recorded_oom(alloc: &mut CachingAllocator, e: &TraceEntry, capacity_bytes: Option<u64>) -> Result<u64, OomReport> {
+/// given back at once (the program never received it): its address and block size then.
+fn attempt_recorded_oom(
+    alloc: &mut CachingAllocator,
+    e: &TraceEntry,
+    capacity_bytes: Option<u64>,
+) -> Result<(u64, u64), OomReport> {
     if capacity_bytes.is_none() {
         alloc.request_limit_bytes = Some(alloc.reserved_bytes().saturating_add(e.device_free.unwrap_or(0)));
     }
@@ -310,8 +326,9 @@ fn attempt_recorded_oom(alloc: &mut CachingAllocator, e: &TraceEntry, capacity_b
     alloc.request_limit_bytes = None;
     match result {
         Ok(addr) => {
+            let size_bytes = alloc.live_block(addr).map_or(e.size, |block| block.size_bytes);
             alloc.free(addr);
-            Ok(addr)
+            Ok((addr, size_bytes))
         }
         Err(report) => Err(report),
     }
