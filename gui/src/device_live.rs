@@ -22,7 +22,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use heapscope_core::OomVerdict;
 use heapscope_core::timeline::{Change, Refusal, RegionTracker, Span};
 use heapscope_kernels::bench::{BenchPolicy, BenchSettings, RunReport, Target, TargetError, run};
 use heapscope_kernels::workload::{ChurnConfig, ServeConfig, TrainConfig, Workload, churn, serve, train};
@@ -233,18 +232,6 @@ pub fn start(context: &Arc<VulkanContext>, config: LiveConfig) -> Result<(Channe
     Ok((source, LiveRun { config, progress, stop }))
 }
 
-/// A refused request as the timeline shows it.
-pub fn refusal_of(verdict: &OomVerdict) -> Refusal {
-    Refusal {
-        requested_bytes: verdict.requested_bytes,
-        cause: verdict.cause,
-        reserved_bytes: verdict.reserved_bytes,
-        free_bytes: verdict.free_in_blocks_bytes,
-        largest_free_bytes: verdict.largest_free_run_bytes,
-        message: verdict.describe(),
-    }
-}
-
 /// The span of an allocation served at `step`: its footprint `(address, footprint_bytes, lead_bytes)` and the bytes
 /// asked for.
 pub fn span_of(footprint: (u64, u64, u64), requested_bytes: u64, slot: u32, step: u64) -> Span {
@@ -311,7 +298,7 @@ impl Target for Observed<'_> {
                 Ok(handle)
             }
             Err(TargetError::OutOfMemory(verdict)) => {
-                self.send(None, None, Some(refusal_of(&verdict)))?;
+                self.send(None, None, Some(Refusal::from(&*verdict)))?;
                 Err(TargetError::OutOfMemory(verdict))
             }
             Err(other) => Err(other),

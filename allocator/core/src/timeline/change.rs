@@ -1,7 +1,7 @@
 //! What happens to a heap's layout at one step, as plain data: the changes a timeline records, the
 //! animation plays and a live source sends.
 
-use crate::OomCause;
+use crate::{OomCause, OomVerdict};
 
 /// How a region of address space is backed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -118,4 +118,18 @@ pub struct Refusal {
     pub largest_free_bytes: u64,
     /// The verdict in words.
     pub message: String,
+}
+
+impl From<&OomVerdict> for Refusal {
+    /// The refusal a heap's out-of-memory verdict describes.
+    fn from(verdict: &OomVerdict) -> Self {
+        Self {
+            requested_bytes: verdict.requested_bytes,
+            cause: verdict.cause,
+            reserved_bytes: verdict.reserved_bytes,
+            free_bytes: verdict.free_in_blocks_bytes,
+            largest_free_bytes: verdict.largest_free_run_bytes,
+            message: verdict.describe(),
+        }
+    }
 }

@@ -12,7 +12,7 @@ use crate::pytorch::caching::{CachingAllocator, EntryEffect, OomReport, SegmentB
 use crate::pytorch::{AllocConf, BlockState, TraceEntry};
 use crate::recording::Recording;
 use crate::trace::Event;
-use crate::{DeviceEvent, DeviceHeap, Error, OomVerdict, PolicyKind, Request, Result};
+use crate::{DeviceEvent, DeviceHeap, Error, PolicyKind, Request, Result};
 
 /// Who replays a recording into a timeline: the contenders of `compare`, with PyTorch's caching allocator in
 /// both of its modes.
@@ -118,17 +118,6 @@ fn inconsistent(recording: &Recording, step: u64, error: &super::LayoutError) ->
     Error::Trace { file: recording.name.clone(), line: 0, what: format!("timeline step {step}: {error}") }
 }
 
-fn refusal_of(verdict: &OomVerdict) -> Refusal {
-    Refusal {
-        requested_bytes: verdict.requested_bytes,
-        cause: verdict.cause,
-        reserved_bytes: verdict.reserved_bytes,
-        free_bytes: verdict.free_in_blocks_bytes,
-        largest_free_bytes: verdict.largest_free_run_bytes,
-        message: verdict.describe(),
-    }
-}
-
 /// A heap of blocks or a paged heap, whose layout starts with `initial` changes (a paged heap's virtual range).
 fn record_device_heap<H: DeviceHeap>(
     recording: &Recording,
@@ -153,13 +142,13 @@ fn record_device_heap<H: DeviceHeap>(
                     Ok(request) => match heap.allocate_request(request) {
                         Ok(handle) => Some(handle),
                         Err(Error::OutOfMemory(verdict)) => {
-                            refusal = Some(refusal_of(&verdict));
+                            refusal = Some(Refusal::from(&*verdict));
                             None
                         }
                         Err(other) => return Err(other),
                     },
                     Err(_) => {
-                        refusal = Some(refusal_of(&heap.oversized_verdict(size_bytes, align_bytes)));
+                        refusal = Some(Refusal::from(&heap.oversized_verdict(size_bytes, align_bytes)));
                         None
                     }
                 };
