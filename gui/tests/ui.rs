@@ -299,7 +299,8 @@ fn open_a_snapshot_from_the_file_browser() {
     let cwd = std::fs::canonicalize(std::env::current_dir().unwrap()).unwrap();
     assert_eq!(harness.state().file_browser.as_ref().unwrap().dir(), cwd, "nothing opened yet: the working directory");
 
-    // Go to the scratch folder by its path, select `traces` with a click and enter it with Enter.
+    // Go to the scratch folder by its path, select `traces` with a click and enter it with Enter
+    // (egui_kittest's clicks come a frame apart or more, never a double-click).
     harness.state_mut().file_browser.as_mut().unwrap().set_typed_path(root.to_str().unwrap());
     harness.get_by_label("Go").click();
     harness.run_steps(1);
