@@ -11,7 +11,8 @@ use heapscope_core::timeline::record::Contender;
 use heapscope_core::units::parse_size;
 use heapscope_gui::device_live::{LiveConfig, LiveWorkload};
 use heapscope_gui::palette::ColourBy;
-use heapscope_gui::{RenderOptions, Session};
+use heapscope_gui::render::GifOptions;
+use heapscope_gui::{RenderOptions, Session, WindowOptions};
 use heapscope_kernels::bench::BenchPolicy;
 
 /// Arguments of `heapscope gui`.
@@ -32,12 +33,26 @@ pub struct GuiArgs {
     /// Steps of the live workload (default: its own).
     #[arg(long, value_name = "N", requires = "live")]
     pub steps: Option<u32>,
+    /// Close the window by itself after this many frames (scripted runs, tests).
+    #[arg(long, value_name = "N")]
+    pub quit_after_frames: Option<u32>,
+    /// Write a screenshot of the window (PNG) once those frames are drawn, then close it (frames default to 30).
+    #[arg(long, value_name = "PNG")]
+    pub screenshot: Option<PathBuf>,
 }
 
 impl Default for GuiArgs {
     /// The window on the frag_oom story.
     fn default() -> Self {
-        Self { file: None, live: None, policy: BenchPolicy::Heap(PolicyKind::Tlsf), budget: None, steps: None }
+        Self {
+            file: None,
+            live: None,
+            policy: BenchPolicy::Heap(PolicyKind::Tlsf),
+            budget: None,
+            steps: None,
+            quit_after_frames: None,
+            screenshot: None,
+        }
     }
 }
 
@@ -54,12 +69,18 @@ pub struct RenderArgs {
     /// pytorch-expandable, paged or any policy of `heapscope policies`.
     #[arg(long = "policy", value_name = "NAME")]
     pub policies: Vec<Contender>,
-    /// Show the heap after this many events (default: all of them).
+    /// Show the heap after this many events (default: all of them; a PNG only).
     #[arg(long, value_name = "EVENT")]
     pub at: Option<u64>,
-    /// The PNG to write.
-    #[arg(long, value_name = "PNG")]
+    /// The PNG to write; a name ending in `.gif` writes an animated GIF of the story playing instead.
+    #[arg(long, value_name = "PNG|GIF")]
     pub out: PathBuf,
+    /// Frames of a GIF, evenly spaced through the events.
+    #[arg(long, value_name = "N")]
+    pub frames: Option<u32>,
+    /// How long each frame of a GIF shows, in milliseconds (the last one stays 10 times longer).
+    #[arg(long, value_name = "MS")]
+    pub frame_ms: Option<u32>,
     /// Image width in pixels.
     #[arg(long, default_value_t = 1280)]
     pub width: u32,
@@ -99,6 +120,9 @@ pub fn run_gui(args: &GuiArgs) -> Result<()> {
     if args.steps == Some(0) {
         anyhow::bail!("--steps 0: a workload needs at least one step");
     }
+    if args.quit_after_frames == Some(0) {
+        anyhow::bail!("--quit-after-frames 0: the window needs at least one frame");
+    }
     if !display_available() {
         anyhow::bail!("no display (DISPLAY and WAYLAND_DISPLAY are unset): use `heapscope render` for a PNG of the heap");
     }
@@ -107,11 +131,48 @@ pub fn run_gui(args: &GuiArgs) -> Result<()> {
         steps: args.steps,
         ..LiveConfig::new(workload, args.policy)
     });
-    heapscope_gui::run(args.file.as_deref(), live)
+    let quit_after_frames = args.quit_after_frames.or(args.screenshot.as_ref().map(|_| DEFAULT_SCREENSHOT_FRAMES));
+    let window = WindowOptions { quit_after_frames, screenshot: args.screenshot.clone() };
+    let scripted = quit_after_frames.is_some();
+    if scripted {
+        // A scripted run is a check: what the Vulkan validation layer says about the window's wgpu (on when wgpu
+        // is built with debug assertions, or with WGPU_VALIDATION=1) fails it.
+        crate::wgpu_log::install();
+    }
+    heapscope_gui::run(args.file.as_deref(), live, window)?;
+    if scripted {
+        let messages = crate::wgpu_log::messages(heapscope_wgpu::wgpu::Backend::Vulkan);
+        for message in &messages {
+            eprintln!("heapscope gui: wgpu: {message}");
+        }
+        let validation = messages.iter().filter(|message| message.contains("VALIDATION [")).count();
+        if validation > 0 {
+            anyhow::bail!("the window's run drew {validation} Vulkan validation message(s) (above)");
+        }
+    }
+    Ok(())
+}
+
+/// Frames drawn before `--screenshot` takes its picture when `--quit-after-frames` is not given.
+const DEFAULT_SCREENSHOT_FRAMES: u32 = 30;
+
+/// Whether `--out` names a GIF.
+fn is_gif(path: &std::path::Path) -> bool {
+    path.extension().is_some_and(|extension| extension.eq_ignore_ascii_case("gif"))
 }
 
 /// Runs `heapscope render`.
 pub fn run_render(args: &RenderArgs) -> Result<()> {
+    let gif = is_gif(&args.out);
+    if gif && args.at.is_some() {
+        anyhow::bail!("--at applies to a PNG: a GIF (--out {}) plays every event; use --frames", args.out.display());
+    }
+    if !gif && (args.frames.is_some() || args.frame_ms.is_some()) {
+        anyhow::bail!("--frames and --frame-ms apply to a GIF: --out {} is no .gif", args.out.display());
+    }
+    if args.frame_ms == Some(0) {
+        anyhow::bail!("--frame-ms 0: each frame needs to show for a while");
+    }
     let contenders =
         if args.policies.is_empty() { vec![Contender::Pytorch { expandable: false }] } else { args.policies.clone() };
     let mut session = match (&args.file, &args.story) {
@@ -124,6 +185,22 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
         (None, None) => anyhow::bail!("name a recording FILE or a --story"),
     };
     let options = RenderOptions { width: args.width, height: args.height, at: args.at, colour_by: args.colour };
+    if gif {
+        let defaults = GifOptions::default();
+        let frame_ms = args.frame_ms.unwrap_or(defaults.frame_ms);
+        let gif =
+            GifOptions { frames: args.frames.unwrap_or(defaults.frames), frame_ms, last_frame_ms: frame_ms.saturating_mul(10) };
+        let steps = heapscope_gui::render_gif(&mut session, options, gif, &args.out)?;
+        outln!(
+            "wrote {} ({}, {} frames from event {} to {})",
+            args.out.display(),
+            session.name,
+            steps.len(),
+            steps.first().copied().unwrap_or_default(),
+            steps.last().copied().unwrap_or_default()
+        );
+        return Ok(());
+    }
     heapscope_gui::render_png(&mut session, options, &args.out)?;
     outln!(
         "wrote {} ({}, step {} of {})",

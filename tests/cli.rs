@@ -114,10 +114,51 @@ fn render_draws_a_recording_or_a_story_into_a_png() {
 }
 
 #[test]
+fn render_animates_a_story_into_a_gif() {
+    use image::AnimationDecoder;
+    let dir = temp_dir("render-gif");
+    let args = [
+        "render",
+        "--story",
+        "frag_oom",
+        "--policy",
+        "pytorch",
+        "--policy",
+        "paged",
+        "--frames",
+        "8",
+        "--width",
+        "480",
+        "--height",
+        "200",
+        "--out",
+        "story.gif",
+    ];
+    let output = heapscope_headless(&args, &dir);
+    if !rendering_required() && !output.status.success() {
+        assert!(stderr(&output).contains("cannot render") || stderr(&output).contains("adapter"), "{}", stderr(&output));
+        return;
+    }
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stdout(&output).contains("wrote story.gif (frag_oom, 8 frames from event 7 to 61)"), "{}", stdout(&output));
+    let file = std::fs::File::open(dir.join("story.gif")).unwrap();
+    let decoder = image::codecs::gif::GifDecoder::new(std::io::BufReader::new(file)).unwrap();
+    let frames = decoder.into_frames().collect_frames().unwrap();
+    assert_eq!(frames.len(), 8);
+    let delays: Vec<u32> = frames.iter().map(|frame| frame.delay().numer_denom_ms().0).collect();
+    assert_eq!((delays[0], delays[7]), (250, 2500), "the last frame stays longer: {delays:?}");
+    for frame in &frames {
+        assert_eq!(frame.buffer().dimensions(), (480, 200));
+    }
+    // The story moves: the first frame (7 events in) and the last (the refusal) differ.
+    assert_ne!(frames[0].buffer(), frames[7].buffer());
+}
+
+#[test]
 fn render_and_gui_refuse_bad_requests_clearly() {
     let dir = temp_dir("render-bad");
     // (arguments, words the error holds)
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 15] = [
         (&["render", "--story", "nope", "--out", "x.png"], "no built-in story \"nope\""),
         (&["render", "--out", "x.png"], "required"),
         (&["render", "--story", "frag_oom", "--policy", "tlfs", "--out", "x.png"], "pytorch-expandable"),
@@ -128,6 +169,11 @@ fn render_and_gui_refuse_bad_requests_clearly() {
         (&["gui", "--live", "serve", "--steps", "0"], "--steps 0"),
         (&["gui", "--live", "serve", "--policy", "tlfs"], "pytorch-expandable"),
         (&["gui", "--budget", "1G"], "--live"),
+        (&["render", "--story", "frag_oom", "--frames", "8", "--out", "x.png"], "apply to a GIF"),
+        (&["render", "--story", "frag_oom", "--at", "8", "--out", "x.gif"], "--at applies to a PNG"),
+        (&["render", "--story", "frag_oom", "--frames", "0", "--out", "x.gif"], "--frames 0"),
+        (&["render", "--story", "frag_oom", "--frame-ms", "0", "--out", "x.gif"], "--frame-ms 0"),
+        (&["gui", "--quit-after-frames", "0"], "--quit-after-frames 0"),
     ];
     for (args, words) in cases {
         let output = heapscope_headless(args, &dir);

@@ -1,19 +1,21 @@
 //! The app: a session of panes, the transport (play / pause / step / speed), the timeline plot, the side
-//! panels, opening files (command line, drag and drop, a path box) and the keyboard.
+//! panels, opening files (command line, drag and drop, a path box, "Open…" and its [`FileBrowser`]) and the
+//! keyboard.
 //!
-//! Keys: Space play / pause, → next step (animated), ← previous step, Home / End the start / the end,
+//! Keys: Ctrl+O "Open…", Space play / pause, → next step (animated), ← previous step, Home / End the start / the end,
 //! `[` / `]` slower / faster, O the next refused request, T "Teach me". On a map: wheel scrolls, ctrl +
 //! wheel (or pinch) zooms around the pointer, drag scrolls, double-click fits the whole heap.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use egui::{Color32, Key, RichText, Ui};
+use egui::{Color32, Key, Modifiers, RichText, Ui};
 use heapscope_core::timeline::explain::explain;
 use heapscope_core::timeline::record::Contender;
 use heapscope_vulkan::{ContextOptions, VulkanContext};
 
 use crate::device_live::{self, LiveConfig};
+use crate::file_browser::{BrowserAction, FileBrowser};
 use crate::heap_map::StepAnimation;
 use crate::live::LiveSource;
 use crate::live_panel::{LiveAction, LivePanel};
@@ -23,6 +25,7 @@ use crate::panes::{self, PaneStyle};
 use crate::playback::{Clock, Playback, SPEEDS, SystemClock};
 use crate::plot::{self, Series};
 use crate::session::Session;
+use crate::window::WindowOptions;
 
 /// The heapscope app. See the module documentation.
 #[derive(Debug)]
@@ -43,6 +46,10 @@ pub struct HeapscopeApp {
     pub notice: Option<String>,
     /// The "Live" bar and its run on the device.
     pub live: LivePanel,
+    /// "Open…", while it is open.
+    pub file_browser: Option<FileBrowser>,
+    /// The file opened last (where "Open…" starts).
+    pub opened_path: Option<PathBuf>,
     clock: Box<dyn Clock>,
     last_seconds: Option<f64>,
     path_input: String,
@@ -73,6 +80,8 @@ impl HeapscopeApp {
             error: None,
             notice: None,
             live: LivePanel::default(),
+            file_browser: None,
+            opened_path: None,
             clock,
             last_seconds: None,
             path_input: String::new(),
@@ -112,6 +121,7 @@ impl HeapscopeApp {
 
     /// Opens the recording at `path` with the current contenders, at once; an error is kept for display.
     pub fn open_path(&mut self, path: &Path) {
+        self.opened_path = Some(path.to_path_buf());
         let opened = Session::open(path, &self.contenders());
         self.opened(opened);
     }
@@ -121,6 +131,7 @@ impl HeapscopeApp {
     pub fn open_path_in_background(&mut self, path: PathBuf) {
         let contenders = self.contenders();
         let name = path.display().to_string();
+        self.opened_path = Some(path.clone());
         let worker = std::thread::Builder::new().name("heapscope-open".into()).spawn(move || Session::open(&path, &contenders));
         match worker {
             Ok(worker) => self.pending = Some((name, worker)),
@@ -250,8 +261,30 @@ impl HeapscopeApp {
         }
     }
 
+    /// Opens "Open…" in the folder of the file opened last, else the working directory.
+    pub fn open_file_browser(&mut self) {
+        self.file_browser = Some(FileBrowser::starting_at(self.opened_path.as_deref()));
+    }
+
+    /// Shows "Open…" while it is open, and does what it asks.
+    fn file_browser(&mut self, ui: &Ui) {
+        let Some(browser) = &mut self.file_browser else { return };
+        match browser.show(ui.ctx()) {
+            Some(BrowserAction::Open(path)) => {
+                self.file_browser = None;
+                self.open_path_in_background(path);
+            }
+            Some(BrowserAction::Cancel) => self.file_browser = None,
+            None => {}
+        }
+    }
+
     fn keyboard(&mut self, ui: &Ui) {
-        if ui.ctx().egui_wants_keyboard_input() {
+        if ui.input_mut(|input| input.consume_key(Modifiers::COMMAND, Key::O)) {
+            self.open_file_browser();
+        }
+        // The browser's keys are its own while it is open.
+        if self.file_browser.is_some() || ui.ctx().egui_wants_keyboard_input() {
             return;
         }
         let steps = self.steps();
@@ -402,6 +435,9 @@ impl HeapscopeApp {
             if (ui.button("Open").clicked() || enter) && !self.path_input.trim().is_empty() {
                 self.open_path_in_background(PathBuf::from(self.path_input.trim()));
             }
+            if ui.button("Open…").on_hover_text("browse for a recording (Ctrl+O)").clicked() {
+                self.open_file_browser();
+            }
             if let Some(name) = self.loading() {
                 ui.spinner();
                 ui.label(format!("opening {name}"));
@@ -548,6 +584,7 @@ impl HeapscopeApp {
                 }
             }
         });
+        self.file_browser(ui);
         if let Some(index) = actions.hovered_pane {
             self.focused = index;
         }
@@ -571,11 +608,12 @@ impl eframe::App for HeapscopeApp {
 }
 
 /// Opens the app in a window, with the file at `path` when given (else the frag_oom story), and `live` running on
-/// the device when given.
+/// the device when given; `window` can make it a scripted run (see [`crate::window`]).
 ///
 /// # Errors
-/// The window cannot be created (no display, no graphics adapter).
-pub fn run(path: Option<&Path>, live: Option<LiveConfig>) -> anyhow::Result<()> {
+/// The file does not open, the window cannot be created (no display, no graphics adapter), or the scripted
+/// screenshot failed.
+pub fn run(path: Option<&Path>, live: Option<LiveConfig>, window: WindowOptions) -> anyhow::Result<()> {
     let mut app = HeapscopeApp::default();
     if let Some(path) = path {
         app.open_path(path);
@@ -587,13 +625,5 @@ pub fn run(path: Option<&Path>, live: Option<LiveConfig>) -> anyhow::Result<()> 
         // No device is said in the Live bar, over the stories: the window still opens.
         app.start_live(config);
     }
-    let options = eframe::NativeOptions {
-        viewport: egui::ViewportBuilder::default()
-            .with_title("heapscope")
-            .with_inner_size([1400.0, 900.0])
-            .with_drag_and_drop(true),
-        ..eframe::NativeOptions::default()
-    };
-    eframe::run_native("heapscope", options, Box::new(|_| Ok(Box::new(app))))
-        .map_err(|error| anyhow::anyhow!("cannot open the window: {error}"))
+    crate::window::run_window(app, window)
 }

@@ -25,13 +25,18 @@
 //!   [`playback::ManualClock`].
 //! - [`app`] is the window: transport, the timeline [`plot`] (click or drag to seek), the panes
 //!   ([`panes`]), "Why it failed" and "Teach me" ([`panels`]), files opened from the command line, by drag
-//!   and drop or by path.
-//! - [`render`] draws the same panes headless through egui_kittest's wgpu renderer into a PNG:
-//!   `heapscope render`, the demo's picture, and the snapshot tests.
+//!   and drop, by path, or with "Open…" / Ctrl+O: [`file_browser`], a small browser in plain egui over
+//!   `std::fs` (the dialog crates need GTK or a desktop portal), filtered to what heapscope opens.
+//! - [`window`] is the native window (eframe on wgpu), and its scripted run: quit after N frames, a screenshot
+//!   of the real window first (`heapscope gui --quit-after-frames N --screenshot PNG`; the root's
+//!   `tests/gui_window.rs` runs it under Xvfb).
+//! - [`render`] draws the same panes headless through egui_kittest's wgpu renderer into a PNG, or into an
+//!   animated GIF of the story playing: `heapscope render`, the demo's picture, and the snapshot tests.
 #![warn(missing_docs)]
 
 pub mod app;
 pub mod device_live;
+pub mod file_browser;
 pub mod heap_map;
 pub mod live;
 pub mod live_panel;
@@ -42,7 +47,9 @@ pub mod playback;
 pub mod plot;
 pub mod render;
 pub mod session;
+pub mod window;
 
 pub use app::{HeapscopeApp, run};
-pub use render::{RenderOptions, render, render_png};
+pub use render::{GifOptions, RenderOptions, render, render_gif, render_png};
 pub use session::Session;
+pub use window::WindowOptions;

@@ -1,13 +1,16 @@
 //! Headless rendering: the panes of a session at one step, drawn by egui into an image on the wgpu
 //! renderer of egui_kittest (no window, no display; lavapipe or any adapter wgpu finds, a CPU one preferred
-//! so that images are the same everywhere), and written as a PNG.
+//! so that images are the same everywhere), and written as a PNG, or as an animated GIF of the story playing
+//! (`heapscope render --out story.gif --frames N`: frames evenly spaced through the steps, drawn through one
+//! harness, quantised to 256 colours each).
 
 use std::path::Path;
 
 use anyhow::{Context, Result};
 use egui::RichText;
 use egui_kittest::Harness;
-use image::RgbaImage;
+use image::codecs::gif::{GifEncoder, Repeat};
+use image::{Delay, Frame, RgbaImage};
 
 use crate::palette::ColourBy;
 use crate::panes::{self, PaneStyle};
@@ -47,31 +50,68 @@ pub fn title(session: &Session, shown_steps: u64) -> String {
     title
 }
 
+/// What one frame of a render shows; the state of the harness, changed between frames of a GIF.
+#[derive(Debug)]
+struct Shown<'s> {
+    session: &'s mut Session,
+    style: PaneStyle,
+    heading: String,
+    too_small: Vec<Option<u64>>,
+}
+
+impl Shown<'_> {
+    /// Moves every pane to `steps` played (clamped to the session's).
+    fn seek(&mut self, steps: u64) {
+        let shown = steps.min(self.session.steps());
+        self.session.seek(shown);
+        self.too_small = self
+            .session
+            .panes
+            .iter()
+            .map(|pane| {
+                shown.checked_sub(1).and_then(|step| pane.timeline.refusal_at(step)).map(|refusal| refusal.requested_bytes)
+            })
+            .collect();
+        self.style.shown_steps = shown;
+        self.heading = title(self.session, shown);
+    }
+}
+
+/// Renders `session`'s panes after each of `steps` (each clamped to the session's), one image each, through
+/// one harness.
+fn render_steps(session: &mut Session, options: RenderOptions, steps: &[u64]) -> Result<Vec<RgbaImage>> {
+    let style = PaneStyle { shown_steps: 0, progress: 1.0, colour_by: options.colour_by, interactive: false };
+    let shown = Shown { session, style, heading: String::new(), too_small: Vec::new() };
+    let size = egui::vec2(options.width as f32, options.height as f32);
+    let mut harness = Harness::builder().with_size(size).with_pixels_per_point(1.0).wgpu().build_ui_state(
+        |ui, shown: &mut Shown<'_>| {
+            egui::CentralPanel::default_margins().show(ui, |ui| {
+                ui.label(RichText::new(&shown.heading).strong());
+                panes::show(ui, shown.session, shown.style, &[], &shown.too_small);
+            });
+        },
+        shown,
+    );
+    let mut images = Vec::with_capacity(steps.len());
+    for (index, &steps) in steps.iter().enumerate() {
+        harness.state_mut().seek(steps);
+        // The first frame lays out and loads the fonts; the second draws with them.
+        if index == 0 {
+            harness.step();
+        }
+        harness.step();
+        images.push(harness.render().map_err(|error| anyhow::anyhow!("cannot render the heap map: {error}"))?);
+    }
+    Ok(images)
+}
+
 /// Renders `session`'s panes at `options.at` steps.
 ///
 /// # Errors
 /// No graphics adapter, or rendering failed.
 pub fn render(session: &mut Session, options: RenderOptions) -> Result<RgbaImage> {
-    let shown = options.at.unwrap_or(u64::MAX).min(session.steps());
-    session.seek(shown);
-    let too_small: Vec<Option<u64>> = session
-        .panes
-        .iter()
-        .map(|pane| shown.checked_sub(1).and_then(|step| pane.timeline.refusal_at(step)).map(|refusal| refusal.requested_bytes))
-        .collect();
-    let style = PaneStyle { shown_steps: shown, progress: 1.0, colour_by: options.colour_by, interactive: false };
-    let heading = title(session, shown);
-    let size = egui::vec2(options.width as f32, options.height as f32);
-    let mut harness = Harness::builder().with_size(size).with_pixels_per_point(1.0).wgpu().build_ui(|ui| {
-        egui::CentralPanel::default_margins().show(ui, |ui| {
-            ui.label(RichText::new(&heading).strong());
-            panes::show(ui, session, style, &[], &too_small);
-        });
-    });
-    // The first frame lays out and loads the fonts; the second draws with them.
-    harness.step();
-    harness.step();
-    harness.render().map_err(|error| anyhow::anyhow!("cannot render the heap map: {error}"))
+    let at = options.at.unwrap_or(u64::MAX);
+    render_steps(session, options, &[at])?.pop().ok_or_else(|| anyhow::anyhow!("cannot render the heap map: no image"))
 }
 
 /// Renders `session` (see [`render`]) into the PNG at `path`.
@@ -81,4 +121,82 @@ pub fn render(session: &mut Session, options: RenderOptions) -> Result<RgbaImage
 pub fn render_png(session: &mut Session, options: RenderOptions, path: &Path) -> Result<()> {
     let image = render(session, options)?;
     image.save(path).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// How an animated GIF plays the story.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GifOptions {
+    /// Frames, evenly spaced through the steps (at most one per step).
+    pub frames: u32,
+    /// How long each frame shows, in milliseconds.
+    pub frame_ms: u32,
+    /// How long the last frame stays before the loop starts again, in milliseconds.
+    pub last_frame_ms: u32,
+}
+
+impl Default for GifOptions {
+    fn default() -> Self {
+        Self { frames: 24, frame_ms: 250, last_frame_ms: 2500 }
+    }
+}
+
+/// The steps shown by `frames` frames evenly spaced through `steps` steps: the `i`-th frame after
+/// `steps * (i + 1) / frames` steps, so the last is the end; never the same step twice, never step 0 (an empty
+/// heap), so fewer frames than asked when the story is shorter.
+pub fn gif_steps(steps: u64, frames: u32) -> Vec<u64> {
+    let frames = u64::from(frames);
+    let mut out: Vec<u64> =
+        (1..=frames).map(|frame| (u128::from(steps) * u128::from(frame) / u128::from(frames)) as u64).collect();
+    out.retain(|&step| step > 0);
+    out.dedup();
+    out
+}
+
+/// GIF frames are quantised to 256 colours per frame; 10 is the `gif` crate's balance of speed and quality.
+const GIF_QUANTISER_SPEED: i32 = 10;
+
+/// Renders `session` as the story plays (see [`gif_steps`]) into an animated GIF at `path`, looping; what it
+/// wrote: the steps each frame shows.
+///
+/// # Errors
+/// `gif.frames` is 0, the image is wider or taller than a GIF allows (65,535), the session has no steps,
+/// rendering failed, or the file cannot be written.
+pub fn render_gif(session: &mut Session, options: RenderOptions, gif: GifOptions, path: &Path) -> Result<Vec<u64>> {
+    if gif.frames == 0 {
+        anyhow::bail!("--frames 0: an animation needs at least one frame");
+    }
+    if options.width > u32::from(u16::MAX) || options.height > u32::from(u16::MAX) {
+        anyhow::bail!("a GIF is at most 65535 pixels wide and tall, not {}x{}", options.width, options.height);
+    }
+    let steps = gif_steps(session.steps(), gif.frames);
+    if steps.is_empty() {
+        anyhow::bail!("{} has no steps to animate", session.name);
+    }
+    let images = render_steps(session, options, &steps)?;
+    let file = std::fs::File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
+    let mut encoder = GifEncoder::new_with_speed(std::io::BufWriter::new(file), GIF_QUANTISER_SPEED);
+    encoder.set_repeat(Repeat::Infinite).with_context(|| format!("cannot write {}", path.display()))?;
+    let last = images.len() - 1;
+    for (index, image) in images.into_iter().enumerate() {
+        let ms = if index == last { gif.last_frame_ms } else { gif.frame_ms };
+        let delay = Delay::from_saturating_duration(std::time::Duration::from_millis(u64::from(ms)));
+        encoder
+            .encode_frame(Frame::from_parts(image, 0, 0, delay))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(steps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gif_frames_spread_evenly_to_the_end() {
+        let cases: [(u64, u32, &[u64]); 5] =
+            [(100, 4, &[25, 50, 75, 100]), (61, 3, &[20, 40, 61]), (3, 6, &[1, 2, 3]), (5, 1, &[5]), (0, 4, &[])];
+        for (steps, frames, expected) in cases {
+            assert_eq!(gif_steps(steps, frames), expected, "{steps} steps in {frames} frames");
+        }
+    }
 }

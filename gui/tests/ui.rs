@@ -2,7 +2,7 @@
 //! policy, read the OOM panel, step through a story, watch a live source. Time comes from a manual clock.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-use egui::Key;
+use egui::{Key, Modifiers};
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
 use heapscope_core::timeline::record::Contender;
@@ -261,4 +261,115 @@ fn a_live_source_grows_its_pane() {
     assert!(harness.query_by_label_contains("no GPU/Vulkan device: ").is_some());
     assert!(harness.query_by_label_contains("the built-in stories").is_some());
     assert!(harness.state().live.run.is_none());
+}
+
+/// A scratch folder of this test process, emptied.
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("heapscope-gui-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Clicks a line of the file browser's list: the pointer comes over it first (a click in a scroll area counts
+/// once the pointer was there a frame before).
+fn click_row(harness: &mut Harness<'static, HeapscopeApp>, label: &str) {
+    harness.get_by_label(label).hover();
+    harness.run_steps(1);
+    harness.get_by_label(label).click();
+    harness.run_steps(1);
+}
+
+#[test]
+fn open_a_snapshot_from_the_file_browser() {
+    let root = scratch_dir("browse");
+    let traces = root.join("traces");
+    std::fs::create_dir(&traces).unwrap();
+    let asset = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/frag_oom-default.pickle.gz");
+    std::fs::copy(&asset, traces.join("frag_oom-default.pickle.gz")).unwrap();
+    std::fs::write(traces.join("notes.txt"), "not a recording").unwrap();
+
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(1);
+    harness.key_press_modifiers(Modifiers::COMMAND, Key::O);
+    harness.run_steps(2);
+    assert!(harness.state().file_browser.is_some(), "Ctrl+O opens the browser");
+    assert!(harness.query_by_label("Open a recording").is_some());
+    let cwd = std::fs::canonicalize(std::env::current_dir().unwrap()).unwrap();
+    assert_eq!(harness.state().file_browser.as_ref().unwrap().dir(), cwd, "nothing opened yet: the working directory");
+
+    // Go to the scratch folder by its path, select `traces` with a click and enter it with Enter
+    // (egui_kittest's clicks come a frame apart or more, never a double-click).
+    harness.state_mut().file_browser.as_mut().unwrap().set_typed_path(root.to_str().unwrap());
+    harness.get_by_label("Go").click();
+    harness.run_steps(1);
+    click_row(&mut harness, "traces/");
+    assert_eq!(harness.state().file_browser.as_ref().unwrap().selected().unwrap().name, "traces", "a click selects");
+    harness.key_press(Key::Enter);
+    harness.run_steps(1);
+    let browser = harness.state().file_browser.as_ref().unwrap();
+    assert_eq!(browser.dir(), std::fs::canonicalize(&traces).unwrap(), "Enter enters the folder");
+    let names: Vec<&str> = browser.entries().iter().map(|entry| entry.name.as_str()).collect();
+    assert_eq!(names, ["..", "frag_oom-default.pickle.gz"], "folders first, only what heapscope opens");
+    harness.get_by_label("show all files").click();
+    harness.run_steps(1);
+    assert!(harness.query_by_label_contains("notes.txt").is_some(), "show all files lists the rest");
+    click_row(&mut harness, "show all files");
+    assert!(harness.query_by_label_contains("notes.txt").is_none());
+
+    // The arrows select the snapshot (the parent, then it), Enter opens it in the background.
+    harness.key_press(Key::ArrowDown);
+    harness.run_steps(1);
+    harness.key_press(Key::ArrowDown);
+    harness.run_steps(1);
+    assert_eq!(harness.state().file_browser.as_ref().unwrap().selected().unwrap().name, "frag_oom-default.pickle.gz");
+    assert_eq!(harness.state().playback.shown_steps(), 0, "the arrows move the selection, not the playback");
+    harness.key_press(Key::Enter);
+    harness.run_steps(1);
+    assert!(harness.state().file_browser.is_none(), "the browser closes on open");
+    wait_for_open(&mut harness);
+    let app = harness.state();
+    assert!(app.error.is_none(), "{:?}", app.error);
+    let session = app.session.as_ref().unwrap();
+    assert!(session.name.contains("frag_oom-default.pickle.gz"), "{}", session.name);
+    assert!(session.steps() > 0 && session.panes.len() == 4, "{} steps", session.steps());
+
+    // Opened again, the browser starts in the folder of that file; Cancel closes it.
+    harness.get_by_label("Open…").click();
+    harness.run_steps(1);
+    let expected = std::fs::canonicalize(&traces).unwrap();
+    assert_eq!(harness.state().file_browser.as_ref().unwrap().dir(), expected);
+    harness.get_by_label("Cancel").click();
+    harness.run_steps(1);
+    assert!(harness.state().file_browser.is_none());
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn the_file_browser_says_why_a_folder_does_not_list() {
+    let root = scratch_dir("browse-missing");
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(1);
+    harness.get_by_label("Open…").click();
+    // The first frame of a modal sizes it, unseen; the second shows it.
+    harness.run_steps(2);
+    let missing = root.join("no-such-folder");
+    harness.state_mut().file_browser.as_mut().unwrap().set_typed_path(missing.to_str().unwrap());
+    harness.get_by_label("Go").click();
+    harness.run_steps(1);
+    let shown = format!("cannot list {}: no such folder", missing.display());
+    assert!(harness.query_by_label(&shown).is_some(), "the error in words: {shown}");
+    // The parent entry is the way out.
+    click_row(&mut harness, ".. (parent folder)");
+    harness.key_press(Key::Enter);
+    harness.run_steps(1);
+    let browser = harness.state().file_browser.as_ref().unwrap();
+    assert_eq!((browser.dir(), browser.error()), (std::fs::canonicalize(&root).unwrap().as_path(), None));
+    harness.key_press(Key::Escape);
+    harness.run_steps(1);
+    assert!(harness.state().file_browser.is_none(), "Esc closes");
+    assert_eq!(harness.state().session.as_ref().unwrap().name, "frag_oom", "nothing else changed");
+    std::fs::remove_dir_all(&root).unwrap();
 }

@@ -1,0 +1,137 @@
+//! The native window (eframe on wgpu), and a scripted run of it: quit by itself after a number of frames, with
+//! a screenshot of the real window first when asked (`heapscope gui --quit-after-frames N --screenshot PNG`).
+//! That is how the end-to-end test (`tests/gui_window.rs` at the root, under Xvfb) checks that the window opens,
+//! draws and closes cleanly, and how a picture of the whole app is taken without a person.
+//!
+//! The screenshot is eframe's own: [`egui::ViewportCommand::Screenshot`] asks the integration to read back the
+//! next frame it renders, and hands the pixels to a callback, which writes the PNG; the window closes once it
+//! is written ([`egui::ViewportCommand::Close`]).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use egui::{Ui, ViewportCommand};
+
+use crate::app::HeapscopeApp;
+
+/// Frames waited for a screenshot after asking for it before giving up (it takes one or two).
+const SCREENSHOT_PATIENCE_FRAMES: u32 = 600;
+
+/// How the window runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WindowOptions {
+    /// Close the window after this many frames (`None`: when the user closes it).
+    pub quit_after_frames: Option<u32>,
+    /// Once those frames are drawn, write a screenshot of the window here (PNG) before closing.
+    pub screenshot: Option<PathBuf>,
+}
+
+/// What a screenshot came to: `None` until it arrives.
+type Outcome = Arc<Mutex<Option<Result<(), String>>>>;
+
+/// The app in the window, with the script of a scripted run.
+#[derive(Debug)]
+struct Windowed {
+    app: HeapscopeApp,
+    options: WindowOptions,
+    frames: u32,
+    /// The screenshot asked for, and what it came to.
+    screenshot: Option<Outcome>,
+    /// Why the scripted run failed, handed back once the window is closed.
+    failure: Arc<Mutex<Option<String>>>,
+}
+
+impl Windowed {
+    /// Counts a frame and does what the script says at it.
+    fn script(&mut self, ui: &Ui) {
+        let Some(quit_after) = self.options.quit_after_frames else { return };
+        self.frames = self.frames.saturating_add(1);
+        let ctx = ui.ctx();
+        // Frames come one after another, not only on input, until the window closes.
+        ctx.request_repaint();
+        if self.frames < quit_after {
+            return;
+        }
+        let done = match (&self.options.screenshot, &self.screenshot) {
+            (None, _) => true,
+            (Some(path), None) => {
+                let outcome: Outcome = Arc::default();
+                let slot = Arc::clone(&outcome);
+                let path = path.clone();
+                ctx.request_screenshot(move |image| {
+                    let written = save_png(&image, &path);
+                    if let Ok(mut slot) = slot.lock() {
+                        *slot = Some(written);
+                    }
+                });
+                self.screenshot = Some(outcome);
+                false
+            }
+            (Some(path), Some(outcome)) => match outcome.lock().ok().and_then(|mut slot| slot.take()) {
+                Some(Ok(())) => true,
+                Some(Err(error)) => {
+                    self.fail(error);
+                    true
+                }
+                None if self.frames - quit_after > SCREENSHOT_PATIENCE_FRAMES => {
+                    self.fail(format!("no screenshot for {} arrived within {SCREENSHOT_PATIENCE_FRAMES} frames", path.display()));
+                    true
+                }
+                None => false,
+            },
+        };
+        if done {
+            ctx.send_viewport_cmd(ViewportCommand::Close);
+        }
+    }
+
+    fn fail(&self, why: String) {
+        if let Ok(mut failure) = self.failure.lock() {
+            failure.get_or_insert(why);
+        }
+    }
+}
+
+/// Writes the window's pixels as a PNG.
+fn save_png(image: &egui::ColorImage, path: &std::path::Path) -> Result<(), String> {
+    let [width, height] = image.size;
+    let bytes: Vec<u8> = image.pixels.iter().flat_map(egui::Color32::to_srgba_unmultiplied).collect();
+    let too_large = || format!("cannot write {}: a {width}x{height} screenshot is too large", path.display());
+    let width = u32::try_from(width).map_err(|_| too_large())?;
+    let height = u32::try_from(height).map_err(|_| too_large())?;
+    let picture = image::RgbaImage::from_raw(width, height, bytes)
+        .ok_or_else(|| format!("cannot write {}: the screenshot's pixels do not fill {width}x{height}", path.display()))?;
+    picture.save(path).map_err(|error| format!("cannot write {}: {error}", path.display()))
+}
+
+impl eframe::App for Windowed {
+    fn ui(&mut self, ui: &mut Ui, _frame: &mut eframe::Frame) {
+        self.app.show(ui);
+        self.script(ui);
+    }
+}
+
+/// Shows `app` in a window run as `options` say, until it closes.
+///
+/// # Errors
+/// The window cannot be created (no display, no graphics adapter), or the scripted screenshot failed.
+pub fn run_window(app: HeapscopeApp, options: WindowOptions) -> anyhow::Result<()> {
+    if options.quit_after_frames == Some(0) {
+        anyhow::bail!("--quit-after-frames 0: the window needs at least one frame");
+    }
+    let failure = Arc::default();
+    let windowed = Windowed { app, options, frames: 0, screenshot: None, failure: Arc::clone(&failure) };
+    let native = eframe::NativeOptions {
+        viewport: egui::ViewportBuilder::default()
+            .with_title("heapscope")
+            .with_inner_size([1400.0, 900.0])
+            .with_drag_and_drop(true),
+        ..eframe::NativeOptions::default()
+    };
+    eframe::run_native("heapscope", native, Box::new(|_| Ok(Box::new(windowed))))
+        .map_err(|error| anyhow::anyhow!("cannot open the window: {error}"))?;
+    match failure.lock().ok().and_then(|mut failure| failure.take()) {
+        Some(why) => anyhow::bail!(why),
+        None => Ok(()),
+    }
+}

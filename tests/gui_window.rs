@@ -1,0 +1,70 @@
+//! The real window: `heapscope gui` on a PyTorch snapshot under Xvfb (an X server in memory), eframe on wgpu on
+//! whatever Vulkan device is there (lavapipe in CI), scripted to take a screenshot of itself and close after a
+//! few frames. Checks that it exits cleanly, that the Vulkan validation layer said nothing (the binary fails a
+//! scripted run otherwise), and that the screenshot is a real picture of the app, not a blank window.
+//!
+//! Needs `xvfb-run` (scripts/test.sh installs it): without it the test says so and passes, unless
+//! `HEAPSCOPE_REQUIRE_GPU=1` (CI), where it fails.
+#![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+fn required() -> bool {
+    std::env::var("HEAPSCOPE_REQUIRE_GPU").as_deref() == Ok("1")
+}
+
+fn xvfb_run_available() -> bool {
+    Command::new("sh").args(["-c", "command -v xvfb-run"]).output().is_ok_and(|output| output.status.success())
+}
+
+#[test]
+fn the_window_opens_draws_a_snapshot_and_closes() {
+    if !xvfb_run_available() {
+        assert!(!required(), "HEAPSCOPE_REQUIRE_GPU=1 but xvfb-run is missing (install xvfb)");
+        println!("skipped: xvfb-run is missing (install xvfb to run the real window)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("heapscope-gui-window-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let screenshot = dir.join("window.png");
+    let _ = std::fs::remove_file(&screenshot);
+    let snapshot = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/traces/pytorch/frag_oom-default.pickle.gz");
+    let started = Instant::now();
+    let output = Command::new("xvfb-run")
+        // -a: a free display number, so parallel runs do not collide.
+        .args(["-a", "-s", "-screen 0 1600x1000x24", env!("CARGO_BIN_EXE_heapscope"), "gui"])
+        .arg(&snapshot)
+        .args(["--quit-after-frames", "20", "--screenshot"])
+        .arg(&screenshot)
+        .env_remove("WAYLAND_DISPLAY")
+        // The validation layer on wgpu's instance, whatever the build; the binary fails on what it says. Without
+        // naga's debug info, as heapscope's own wgpu devices run: the OpSource it writes (language 10, WGSL) is newer
+        // than the SPIR-V checker of the validation layer that Debian ships, which calls the module invalid.
+        .env("WGPU_VALIDATION", "1")
+        .env("WGPU_DEBUG", "0")
+        .env("WGPU_BACKEND", "vulkan")
+        .output()
+        .expect("xvfb-run runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {stderr}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout)
+    );
+    assert!(!stderr.contains("VALIDATION ["), "validation messages: {stderr}");
+    println!("the window ran in {:.1} s", started.elapsed().as_secs_f64());
+
+    let bytes = std::fs::read(&screenshot).unwrap_or_else(|error| panic!("no screenshot at {}: {error}", screenshot.display()));
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG");
+    assert!(bytes.len() > 10_000, "{} bytes: too small for a 1400x900 window of the app", bytes.len());
+    let image = image::load_from_memory(&bytes).unwrap().to_rgba8();
+    let (width, height) = image.dimensions();
+    assert!((1000..=1600).contains(&width) && (600..=1000).contains(&height), "{width}x{height}: the window's size");
+    let colours: HashSet<[u8; 4]> = image.pixels().map(|pixel| pixel.0).collect();
+    assert!(colours.len() >= 16, "{} distinct colours: a blank window", colours.len());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
