@@ -137,11 +137,11 @@ pub fn run_gui(args: &GuiArgs) -> Result<()> {
     if scripted {
         // A scripted run is a check: what the Vulkan validation layer says about the window's wgpu (on when wgpu
         // is built with debug assertions, or with WGPU_VALIDATION=1) fails it.
-        crate::wgpu_log::install();
+        heapscope_wgpu::hal_log::install();
     }
     heapscope_gui::run(args.file.as_deref(), live, window)?;
     if scripted {
-        let messages = crate::wgpu_log::messages(heapscope_wgpu::wgpu::Backend::Vulkan);
+        let messages = heapscope_wgpu::hal_log::messages(heapscope_wgpu::wgpu::Backend::Vulkan);
         for message in &messages {
             eprintln!("heapscope gui: wgpu: {message}");
         }
