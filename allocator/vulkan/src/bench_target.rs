@@ -18,7 +18,6 @@ use heapscope_kernels::bench::{BenchPolicy, BenchSettings, Target, TargetError};
 use heapscope_kernels::{KernelRunner, Op, VerifyResult};
 
 use crate::compute::{BlockBuffer, ComputeBuffer, ComputeKernels};
-use crate::memory_types::MemoryUsage;
 use crate::{
     DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, DeviceSourceConfig, PytorchDeviceConfig, PytorchDeviceHeap,
     VulkanContext, VulkanError,
@@ -110,11 +109,8 @@ impl VulkanTarget {
                 let source = DeviceMemorySource::new(
                     Arc::clone(context),
                     DeviceSourceConfig {
-                        persistent_mapping: false,
-                        budget_cap_bytes: settings.budget_bytes,
-                        report_leaks_on_drop: false,
                         min_block_alignment_bytes: settings.block_alignment_bytes,
-                        ..DeviceSourceConfig::new(MemoryUsage::DeviceLocal)
+                        ..DeviceSourceConfig::device_only(settings.budget_bytes)
                     },
                 )?;
                 Backend::Heap(Heap::new(settings.heap_config(kind), source)?)

@@ -32,7 +32,6 @@ use heapscope_core::trace::Event;
 use heapscope_core::units::Bytes;
 use heapscope_core::{DeviceEvent, DeviceHeap, Heap, HeapConfig, PolicyConfig, PolicyKind, Trace};
 
-use crate::memory_types::MemoryUsage;
 use crate::{
     DeviceLimits, DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, DeviceSourceConfig, ExternalAllocator, ExternalConfig,
     ExternalHeap, GpuAllocatorBackend, PytorchDeviceConfig, SegmentMemory, SparseBuffer, VmaBackend, VulkanContext, VulkanError,
@@ -290,15 +289,8 @@ pub fn replay_on_device(
         DeviceContender::Pytorch(ref conf) => replay_pytorch_on_device(context, recording, conf, config.capacity_bytes),
         DeviceContender::Heap(kind) => {
             let ((replay, peak_reserved_bytes, blocks_reserved, blocks_released), nanos) = best_time(|| {
-                let source = DeviceMemorySource::new(
-                    Arc::clone(context),
-                    DeviceSourceConfig {
-                        persistent_mapping: false,
-                        budget_cap_bytes: config.capacity_bytes,
-                        report_leaks_on_drop: false,
-                        ..DeviceSourceConfig::new(MemoryUsage::DeviceLocal)
-                    },
-                )?;
+                let source =
+                    DeviceMemorySource::new(Arc::clone(context), DeviceSourceConfig::device_only(config.capacity_bytes))?;
                 let mut heap = Heap::new(HeapConfig { policy: kind, ..config.heap.clone() }, source)?;
                 let replay = replay_device_heap(trace, &mut heap, config.align_bytes)?;
                 let stats = heap.stats();
