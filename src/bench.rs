@@ -17,7 +17,7 @@ use clap::{Args, ValueEnum};
 use heapscope_core::compare::FirstOom;
 use heapscope_core::units::{Bytes, parse_size};
 use heapscope_core::{OomCause, PolicyKind};
-use heapscope_kernels::bench::{BenchPolicy, BenchSettings, RunReport, run, run_simulated};
+use heapscope_kernels::bench::{BenchPolicy, BenchSettings, RunReport, Target, run, run_simulated};
 use heapscope_kernels::workload::{
     ChurnConfig, KvLayout, ServeConfig, StreamStats, TrainConfig, Workload, churn, replay, serve, train,
 };
@@ -116,17 +116,14 @@ impl BenchArgs {
     /// Knobs given to a workload that has no such knob are errors, as are a missing or stray FILE.
     fn check(&self) -> Result<()> {
         let name = self.workload;
-        if self.batch.is_some() && name != WorkloadName::Train {
-            bail!("--batch is a knob of --workload train");
-        }
-        if self.checkpointing && name != WorkloadName::Train {
-            bail!("--checkpointing is a knob of --workload train");
-        }
-        if self.kv.is_some() && name != WorkloadName::Serve {
-            bail!("--kv is a knob of --workload serve");
-        }
-        if self.scale.is_some() && name != WorkloadName::Replay {
-            bail!("--scale is a knob of --workload replay");
+        let knobs = [
+            (self.batch.is_some(), "--batch", WorkloadName::Train, "train"),
+            (self.checkpointing, "--checkpointing", WorkloadName::Train, "train"),
+            (self.kv.is_some(), "--kv", WorkloadName::Serve, "serve"),
+            (self.scale.is_some(), "--scale", WorkloadName::Replay, "replay"),
+        ];
+        if let Some((_, flag, _, owner)) = knobs.iter().find(|(given, _, owner, _)| *given && name != *owner) {
+            bail!("{flag} is a knob of --workload {owner}");
         }
         if self.scale == Some(0) {
             bail!("--scale 0: sizes are divided by it");
@@ -297,8 +294,6 @@ impl Device {
             ),
             Device::Wgpu { device, plain } => {
                 let info = device.info();
-                let validation = device.vulkan_context().is_some_and(|context| context.validation_enabled())
-                    || (plain.is_some() && DeviceOptions::from_env().validation);
                 let route = match plain {
                     None => "on heapscope's own Vulkan device (sparse binding: paged and pytorch-expandable run)".to_owned(),
                     Some(why) => format!("plain wgpu ({why}: paged and pytorch-expandable do not run)"),
@@ -307,7 +302,7 @@ impl Device {
                     "wgpu on {} ({}), {route}{}: {KERNELS}",
                     info.name,
                     info.backend,
-                    if validation { ", validation on" } else { "" }
+                    if self.validation() { ", validation on" } else { "" }
                 )
             }
             Device::Sim { why } => format!("sim ({why}): no device, kernels skipped, so mismatches are 0 by construction"),
@@ -317,50 +312,61 @@ impl Device {
     /// Runs `workload` through `policy`; [`Outcome::NotRun`] when the device cannot host the contender (`paged` and
     /// `pytorch-expandable` without sparse residency, or on wgpu that is not heapscope's Vulkan device).
     fn run(&self, workload: &Workload, policy: BenchPolicy, settings: &BenchSettings) -> Result<Outcome> {
-        Ok(Outcome::Ran(Box::new(match self {
-            Device::Vulkan(context) => {
-                let mut target = match VulkanTarget::new(context, policy, settings) {
-                    Ok(target) => target,
-                    Err(VulkanError::Unsupported(why)) => {
-                        return Ok(Outcome::NotRun(format!("unsupported on this device: {why}")));
-                    }
-                    Err(error) => return Err(error).with_context(|| format!("{policy}: setting up on the device")),
-                };
-                run(workload, &mut target).with_context(|| format!("{policy} on the device"))?
+        let unsupported = match self {
+            Device::Vulkan(context) => match VulkanTarget::new(context, policy, settings) {
+                Err(VulkanError::Unsupported(why)) => format!("unsupported on this device: {why}"),
+                made => return play(workload, policy, made, "the device"),
+            },
+            Device::Wgpu { device, .. } => match WgpuTarget::new(device, policy, settings) {
+                Err(WgpuError::Unsupported(why)) => why,
+                made => return play(workload, policy, made, "wgpu"),
+            },
+            Device::Sim { .. } => {
+                let report = run_simulated(workload, policy, settings).with_context(|| format!("{policy}"))?;
+                return Ok(Outcome::Ran(Box::new(report)));
             }
-            Device::Wgpu { device, .. } => {
-                let mut target = match WgpuTarget::new(device, policy, settings) {
-                    Ok(target) => target,
-                    Err(WgpuError::Unsupported(why)) => return Ok(Outcome::NotRun(why)),
-                    Err(error) => return Err(error).with_context(|| format!("{policy}: setting up on wgpu")),
-                };
-                run(workload, &mut target).with_context(|| format!("{policy} on wgpu"))?
-            }
-            Device::Sim { .. } => run_simulated(workload, policy, settings).with_context(|| format!("{policy}"))?,
-        })))
+        };
+        Ok(Outcome::NotRun(unsupported))
+    }
+
+    /// Whether validation is on: the Vulkan layer, or on plain wgpu wgpu's own (`HEAPSCOPE_VALIDATION`).
+    fn validation(&self) -> bool {
+        match self {
+            Device::Vulkan(context) => context.validation_enabled(),
+            Device::Wgpu { device, plain } => match device.vulkan_context() {
+                Some(context) => context.validation_enabled(),
+                None => plain.is_some() && DeviceOptions::from_env().validation,
+            },
+            Device::Sim { .. } => false,
+        }
     }
 
     /// What the validation layer (or wgpu) reported, and whether validation was on.
     fn messages(&self) -> (bool, Vec<String>) {
-        match self {
-            Device::Vulkan(context) => (context.validation_enabled(), context.validation_messages()),
-            Device::Wgpu { device, plain } => {
+        let messages = match self {
+            Device::Vulkan(context) => context.validation_messages(),
+            Device::Wgpu { device, .. } => {
                 let mut messages = device.errors().messages();
-                let validation = match device.vulkan_context() {
-                    Some(context) => {
-                        messages.extend(context.validation_messages());
-                        context.validation_enabled()
-                    }
-                    None => {
-                        messages.extend(heapscope_wgpu::hal_log::messages(device.info().backend));
-                        plain.is_some() && DeviceOptions::from_env().validation
-                    }
-                };
-                (validation, messages)
+                match device.vulkan_context() {
+                    Some(context) => messages.extend(context.validation_messages()),
+                    None => messages.extend(heapscope_wgpu::hal_log::messages(device.info().backend)),
+                }
+                messages
             }
-            Device::Sim { .. } => (false, Vec::new()),
-        }
+            Device::Sim { .. } => Vec::new(),
+        };
+        (self.validation(), messages)
     }
+}
+
+/// Plays `workload` on the target made for `policy` on `device` (`the device`, `wgpu`), or fails naming both.
+fn play<T: Target, E>(workload: &Workload, policy: BenchPolicy, made: Result<T, E>, device: &str) -> Result<Outcome>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let mut target = made.with_context(|| format!("{policy}: setting up on {device}"))?;
+    let report = run(workload, &mut target).with_context(|| format!("{policy} on {device}"))?;
+    Ok(Outcome::Ran(Box::new(report)))
 }
 
 /// Runs the bench.
@@ -483,12 +489,7 @@ fn json_line(policy: BenchPolicy, workload: &Workload, device: &Device, budget: 
     let first_mismatch = report.first_mismatch.map(|(id, step, result)| {
         serde_json::json!({ "allocation": id, "step": step, "mismatches": result.mismatches, "first_word": result.first_mismatch })
     });
-    serde_json::json!({
-        "policy": policy.name(),
-        "workload": workload.name,
-        "backend": device.name(),
-        "adapter": device.adapter(),
-        "budget_bytes": budget,
+    let fields = serde_json::json!({
         "peak_live_bytes": report.peak_live_bytes,
         "peak_reserved_bytes": report.peak_reserved_bytes,
         "reserved_over_live": report.reserved_over_live(),
@@ -505,19 +506,26 @@ fn json_line(policy: BenchPolicy, workload: &Workload, device: &Device, budget: 
         "batches": report.batches,
         "allocs_per_sec": report.allocs_per_sec(),
         "wall_ms": report.wall.as_secs_f64() * 1000.0,
-    })
-    .to_string()
+    });
+    line(policy, workload, device, budget, fields)
 }
 
 /// A contender the device cannot host: who, where, and why.
 fn not_run_line(policy: BenchPolicy, workload: &Workload, device: &Device, budget: Option<u64>, why: &str) -> String {
-    serde_json::json!({
+    line(policy, workload, device, budget, serde_json::json!({ "not_run": why }))
+}
+
+/// A JSON line of a contender: who, on what, where, under which budget, then `fields` (an object).
+fn line(policy: BenchPolicy, workload: &Workload, device: &Device, budget: Option<u64>, fields: serde_json::Value) -> String {
+    let mut line = serde_json::json!({
         "policy": policy.name(),
         "workload": workload.name,
         "backend": device.name(),
         "adapter": device.adapter(),
         "budget_bytes": budget,
-        "not_run": why,
-    })
-    .to_string()
+    });
+    if let (Some(line), serde_json::Value::Object(fields)) = (line.as_object_mut(), fields) {
+        line.extend(fields);
+    }
+    line.to_string()
 }

@@ -4,35 +4,20 @@
 //! tests skip), unless `HEAPSCOPE_REQUIRE_GPU=1` makes that a failure.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
+use std::process::Output;
+
+use common::{gpu_required, json_lines, stderr, stdout};
 use serde_json::Value;
 
+/// Runs the binary with `args`, validation on.
 fn heapscope(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_heapscope")).args(args).env("HEAPSCOPE_VALIDATION", "1").output().expect("the binary runs")
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// One JSON object per contender, by policy name.
-fn json_lines(output: &Output) -> Vec<Value> {
-    assert!(output.status.success(), "stderr: {}", stderr(output));
-    stdout(output).lines().map(|line| serde_json::from_str(line).expect("one JSON object per line")).collect()
+    common::output(common::binary().args(args).env("HEAPSCOPE_VALIDATION", "1"))
 }
 
 fn by_policy<'a>(lines: &'a [Value], policy: &str) -> &'a Value {
     lines.iter().find(|line| line["policy"] == policy).unwrap_or_else(|| panic!("no line for {policy}: {lines:?}"))
-}
-
-fn gpu_required() -> bool {
-    std::env::var("HEAPSCOPE_REQUIRE_GPU").is_ok_and(|value| value.trim() == "1")
 }
 
 const KEYS: [&str; 10] = [
@@ -222,7 +207,7 @@ fn train_knobs_change_the_outcome() {
 /// A PyTorch snapshot replayed (sizes / 16), every allocation filled and verified on the device.
 #[test]
 fn replay_a_snapshot_on_the_device() {
-    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/traces/pytorch/frag_oom-default.pickle.gz");
+    let file = common::trace("pytorch/frag_oom-default.pickle.gz");
     let output = heapscope(&[
         "bench",
         "--workload",

@@ -1,31 +1,13 @@
 //! End-to-end tests of the `heapscope` binary: commands, output, and errors for bad input.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::{gpu_required, heapscope, json_lines, stderr, stdout, temp_dir, trace};
 use serde_json::Value;
-
-fn heapscope(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_heapscope")).args(args).output().expect("the binary runs")
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-fn json_lines(output: &Output) -> Vec<Value> {
-    assert!(output.status.success(), "stderr: {}", stderr(output));
-    stdout(output).lines().map(|line| serde_json::from_str(line).expect("one JSON object per line")).collect()
-}
-
-fn asset(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/traces").join(name)
-}
 
 #[test]
 fn help_and_version() {
@@ -40,18 +22,7 @@ fn help_and_version() {
 
 /// Runs the binary with no display (so that no window opens), in `dir`.
 fn heapscope_headless(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_heapscope"))
-        .args(args)
-        .env_remove("DISPLAY")
-        .env_remove("WAYLAND_DISPLAY")
-        .current_dir(dir)
-        .output()
-        .expect("the binary runs")
-}
-
-/// Whether pictures must render: CI sets `HEAPSCOPE_REQUIRE_GPU=1` where lavapipe is installed.
-fn rendering_required() -> bool {
-    std::env::var("HEAPSCOPE_REQUIRE_GPU").as_deref() == Ok("1")
+    common::output(common::binary().args(args).env_remove("DISPLAY").env_remove("WAYLAND_DISPLAY").current_dir(dir))
 }
 
 fn is_png(path: &Path) -> bool {
@@ -70,7 +41,7 @@ fn no_arguments_runs_the_demo_table_and_draws_the_heap() {
     }
     assert!(text.contains("why the last request failed"), "{text}");
     let png = dir.join("heapscope-demo.png");
-    if rendering_required() || is_png(&png) {
+    if gpu_required() || is_png(&png) {
         assert!(is_png(&png), "the demo draws the heap: {}", stderr(&output));
         assert!(text.contains("the heap at the end of the story: heapscope-demo.png"), "{text}");
     } else {
@@ -102,7 +73,7 @@ fn render_draws_a_recording_or_a_story_into_a_png() {
         "gpt2.png",
     ];
     let from_file = heapscope_headless(&file_args, &dir);
-    if !rendering_required() && !output.status.success() {
+    if !gpu_required() && !output.status.success() {
         assert!(stderr(&output).contains("cannot render") || stderr(&output).contains("adapter"), "{}", stderr(&output));
         return;
     }
@@ -225,18 +196,12 @@ fn demo_flags_change_the_heap_rules() {
 }
 
 fn snapshot(name: &str) -> PathBuf {
-    asset(&format!("pytorch/{name}.pickle.gz"))
+    trace(&format!("pytorch/{name}.pickle.gz"))
 }
 
 /// PyTorch's own `memory_stats` and `memory_summary` for a snapshot (recorded beside it).
 fn ground_truth(name: &str) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(asset(&format!("pytorch/{name}.json"))).unwrap()).unwrap()
-}
-
-fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("heapscope-cli-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    serde_json::from_str(&std::fs::read_to_string(trace(&format!("pytorch/{name}.json"))).unwrap()).unwrap()
 }
 
 const JSON_KEYS: [&str; 13] = [

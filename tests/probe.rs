@@ -2,22 +2,20 @@
 //! adapter, and lavapipe's 4 KiB sparse pages. Skipped without a device unless `HEAPSCOPE_REQUIRE_GPU=1`.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-use std::process::Command;
+mod common;
 
+use common::{gpu_required, heapscope, json_lines, stderr};
 use serde_json::Value;
 
 #[test]
 fn probe_json_lists_every_adapter_with_its_memory_and_sparse_latencies() {
-    let output = Command::new(env!("CARGO_BIN_EXE_heapscope")).args(["probe", "--json"]).output().expect("the binary runs");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let required = std::env::var("HEAPSCOPE_REQUIRE_GPU").is_ok_and(|value| value.trim() == "1");
-    if !output.status.success() && stderr.contains("no Vulkan") && !required {
+    let output = heapscope(&["probe", "--json"]);
+    let stderr = stderr(&output);
+    if !output.status.success() && stderr.contains("no Vulkan") && !gpu_required() {
         eprintln!("skipped: {stderr}");
         return;
     }
-    assert!(output.status.success(), "stderr: {stderr}");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let adapters: Vec<Value> = stdout.lines().map(|line| serde_json::from_str(line).expect("one JSON object per line")).collect();
+    let adapters: Vec<Value> = json_lines(&output);
     assert!(!adapters.is_empty());
     for adapter in &adapters {
         for key in [

@@ -1,20 +1,15 @@
 //! End-to-end: `heapscope export --vma-json` writes the heap's final state in VMA's JSON statistics format.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
+use common::{heapscope, stderr};
 use serde_json::Value;
-
-fn heapscope(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_heapscope")).args(args).output().expect("the binary runs")
-}
 
 #[test]
 fn export_vma_json_for_heap_contenders_only() {
-    let dir = std::env::temp_dir().join(format!("heapscope-vma-json-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/traces/pytorch/gpt2_train_fixed-default.pickle.gz");
+    let dir = common::temp_dir("vma-json");
+    let source = common::trace("pytorch/gpt2_train_fixed-default.pickle.gz");
     let (pickle, json_path) = (dir.join("out.pickle"), dir.join("out.json"));
     let args = |policy: &'static str| {
         ["export", source.to_str().unwrap(), "--policy", policy, "--out", pickle.to_str().unwrap()]
@@ -25,7 +20,7 @@ fn export_vma_json_for_heap_contenders_only() {
     };
     let tlsf: Vec<String> = args("tlsf");
     let output = heapscope(&tlsf.iter().map(String::as_str).collect::<Vec<_>>());
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{}", stderr(&output));
 
     let json: Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
     assert_eq!(json["General"]["API"], "Vulkan");
@@ -49,5 +44,5 @@ fn export_vma_json_for_heap_contenders_only() {
     let pytorch: Vec<String> = args("pytorch");
     let output = heapscope(&pytorch.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stderr).contains("--vma-json needs a heap contender"));
+    assert!(stderr(&output).contains("--vma-json needs a heap contender"));
 }

@@ -4,29 +4,21 @@
 //! `HEAPSCOPE_REQUIRE_GPU=1`.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use std::process::Output;
+
+use common::{gpu_required, heapscope, json_lines as lines, stderr, stdout};
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
-
-fn heapscope(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_heapscope")).args(args).output().expect("the binary runs")
-}
-
-fn lines(output: &Output) -> Vec<Value> {
-    assert!(output.status.success(), "stderr: {}", String::from_utf8_lossy(&output.stderr));
-    String::from_utf8_lossy(&output.stdout).lines().map(|line| serde_json::from_str(line).unwrap()).collect()
-}
 
 /// Runs `args` with `--vulkan`; `None` (skipped) when the machine has no Vulkan device, unless
 /// `HEAPSCOPE_REQUIRE_GPU=1`.
 fn on_device(args: &[&str]) -> Option<Output> {
     let output = heapscope(&[args, &["--vulkan"]].concat());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let required = std::env::var("HEAPSCOPE_REQUIRE_GPU").is_ok_and(|value| value.trim() == "1");
-    if !output.status.success() && stderr.contains("bringing up the Vulkan device") && !required {
+    let stderr = stderr(&output);
+    if !output.status.success() && stderr.contains("bringing up the Vulkan device") && !gpu_required() {
         eprintln!("skipped: {stderr}");
         return None;
     }
@@ -34,7 +26,7 @@ fn on_device(args: &[&str]) -> Option<Output> {
 }
 
 fn gpt2() -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/traces/gpt2_train_fixed-default.hst").to_str().unwrap().to_owned()
+    common::trace("gpt2_train_fixed-default.hst").to_str().unwrap().to_owned()
 }
 
 #[test]
@@ -64,7 +56,7 @@ fn heaps_gpu_allocator_and_vma_replay_on_the_device() {
     for name in ["gpu-allocator", "vma"] {
         let refused = heapscope(&["replay", "/nonexistent", "--policy", name]);
         assert!(!refused.status.success());
-        let stderr = String::from_utf8_lossy(&refused.stderr);
+        let stderr = stderr(&refused);
         assert!(stderr.contains(&format!("{name} runs on a Vulkan device: add --vulkan")), "{stderr}");
     }
 }
@@ -76,7 +68,7 @@ fn heaps_gpu_allocator_and_vma_replay_on_the_device() {
 fn paged_on_the_device_names_the_limit_a_trace_exceeds() {
     let trace = gpt2();
     let Some(output) = on_device(&["replay", &trace, "--json", "--policy", "paged"]) else { return };
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = stderr(&output);
     if output.status.success() {
         let line = &lines(&output)[0];
         assert_eq!((line["policy"].as_str(), line["ooms"].as_u64()), (Some("paged (vulkan)"), Some(0)), "{line}");
@@ -89,7 +81,7 @@ fn paged_on_the_device_names_the_limit_a_trace_exceeds() {
             "{stderr}"
         );
         assert!(!stderr.contains("panicked"), "{stderr}");
-        assert!(output.stdout.is_empty(), "{}", String::from_utf8_lossy(&output.stdout));
+        assert!(output.stdout.is_empty(), "{}", stdout(&output));
     }
 }
 
@@ -136,8 +128,8 @@ fn the_default_set_runs_the_others_when_paged_cannot() {
     }
     // The table: a row per contender, `paged`'s with the reason.
     let table = on_device(&["replay", &trace]).unwrap();
-    assert!(table.status.success(), "{}", String::from_utf8_lossy(&table.stderr));
-    let stdout = String::from_utf8_lossy(&table.stdout);
+    assert!(table.status.success(), "{}", stderr(&table));
+    let stdout = stdout(&table);
     for policy in policies {
         assert!(stdout.lines().any(|line| line.starts_with(policy)), "{policy}: {stdout}");
     }
@@ -152,7 +144,7 @@ fn the_default_set_runs_the_others_when_paged_cannot() {
 /// simulated contender; `compare` names it in its verdict.
 #[test]
 fn pytorch_on_the_device_reproduces_a_snapshot() {
-    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/traces/pytorch/frag_oom-default.pickle.gz");
+    let file = common::trace("pytorch/frag_oom-default.pickle.gz");
     let file = file.to_str().unwrap();
     let args = ["replay", file, "--capacity", "3584MiB", "--json", "--policy", "pytorch"];
     let Some(output) = on_device(&args) else { return };
@@ -170,8 +162,8 @@ fn pytorch_on_the_device_reproduces_a_snapshot() {
 
 fn on_device_compare(file: &str) -> String {
     let output = on_device(&["compare", file, "--capacity", "3584MiB", "--policy", "pytorch", "--policy", "tlsf"]).unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    assert!(output.status.success(), "{}", stderr(&output));
+    stdout(&output)
 }
 
 /// The frag_oom story at a quarter of its size (20 x 37.5 MiB allocated and freed, 20 x 25 MiB, then 256 MiB,
@@ -180,8 +172,7 @@ fn on_device_compare(file: &str) -> String {
 /// capacity; `compare` says so in one sentence.
 #[test]
 fn frag_oom_on_the_device_paged_serves_what_blocks_cannot() {
-    let dir: PathBuf = std::env::temp_dir().join(format!("heapscope-vulkan-replay-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::temp_dir("vulkan-replay");
     let csv = dir.join("frag_oom_quarter.csv");
     let mut text = String::new();
     for id in 0..20 {
@@ -218,7 +209,7 @@ fn frag_oom_on_the_device_paged_serves_what_blocks_cannot() {
     assert_eq!((pressure["ooms"].as_u64(), pressure["peak_reserved_bytes"].as_u64()), (Some(0), Some(756 * MIB)), "{pressure}");
     assert!(pressure["device_allocs"].as_u64() < paged["device_allocs"].as_u64(), "{pressure} vs {paged}");
     let compare = on_device(&[&["compare", csv][..], &rules, &["--policy", "best-fit", "--policy", "paged"]].concat()).unwrap();
-    let stdout = String::from_utf8_lossy(&compare.stdout);
+    let stdout = stdout(&compare);
     assert!(
         stdout.contains("`best-fit (vulkan)` ran out of memory on a 256.00 MiB request")
             && stdout.contains("`paged (vulkan)` would have succeeded"),

@@ -18,7 +18,6 @@ use heapscope_kernels::bench::{BenchPolicy, BenchSettings, Target, TargetError};
 use heapscope_kernels::{KernelRunner, Op, VerifyResult};
 
 use crate::compute::{BlockBuffer, ComputeBuffer, ComputeKernels};
-use crate::memory_types::MemoryUsage;
 use crate::{
     DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, DeviceSourceConfig, PytorchDeviceConfig, PytorchDeviceHeap,
     VulkanContext, VulkanError,
@@ -84,6 +83,19 @@ fn target_error(error: VulkanError) -> TargetError {
     }
 }
 
+impl DevicePagedConfig {
+    /// The bench's `paged` contender on `context`'s device, wherever its sparse buffer is used (this crate's
+    /// [`VulkanTarget`], wgpu over heapscope's device): `settings`' virtual range (at most the device's sparse
+    /// address space), budget and page size, 4,096 pages a chunk.
+    pub fn for_bench(context: &VulkanContext, settings: &BenchSettings) -> Self {
+        let address_space = context.properties().limits.sparse_address_space_size_bytes;
+        let mut config = DevicePagedConfig::new(settings.virtual_bytes.min(address_space), settings.budget_bytes);
+        config.page_bytes = Some(settings.page_bytes);
+        config.pages_per_chunk = 4096;
+        config
+    }
+}
+
 impl VulkanTarget {
     /// `policy` under `settings` on `context`'s device, with its own kernels.
     ///
@@ -97,21 +109,14 @@ impl VulkanTarget {
                 let source = DeviceMemorySource::new(
                     Arc::clone(context),
                     DeviceSourceConfig {
-                        persistent_mapping: false,
-                        budget_cap_bytes: settings.budget_bytes,
-                        report_leaks_on_drop: false,
                         min_block_alignment_bytes: settings.block_alignment_bytes,
-                        ..DeviceSourceConfig::new(MemoryUsage::DeviceLocal)
+                        ..DeviceSourceConfig::device_only(settings.budget_bytes)
                     },
                 )?;
                 Backend::Heap(Heap::new(settings.heap_config(kind), source)?)
             }
             BenchPolicy::Paged => {
-                let address_space = context.properties().limits.sparse_address_space_size_bytes;
-                let mut config = DevicePagedConfig::new(settings.virtual_bytes.min(address_space), settings.budget_bytes);
-                config.page_bytes = Some(settings.page_bytes);
-                config.pages_per_chunk = 4096;
-                Backend::Paged(DevicePagedHeap::new(Arc::clone(context), config)?)
+                Backend::Paged(DevicePagedHeap::new(Arc::clone(context), DevicePagedConfig::for_bench(context, settings))?)
             }
             BenchPolicy::Pytorch | BenchPolicy::PytorchExpandable => {
                 let conf = settings.caching_conf(policy == BenchPolicy::PytorchExpandable);

@@ -32,10 +32,9 @@ use heapscope_core::trace::Event;
 use heapscope_core::units::Bytes;
 use heapscope_core::{DeviceEvent, DeviceHeap, Heap, HeapConfig, PolicyConfig, PolicyKind, Trace};
 
-use crate::memory_types::MemoryUsage;
 use crate::{
-    DeviceLimits, DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, DeviceSourceConfig, GpuAllocatorConfig,
-    GpuAllocatorHeap, PytorchDeviceConfig, SegmentMemory, SparseBuffer, VmaConfig, VmaHeap, VulkanContext, VulkanError,
+    DeviceLimits, DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, DeviceSourceConfig, ExternalAllocator, ExternalConfig,
+    ExternalHeap, GpuAllocatorBackend, PytorchDeviceConfig, SegmentMemory, SparseBuffer, VmaBackend, VulkanContext, VulkanError,
 };
 
 /// Who replays a recording on the device.
@@ -246,6 +245,27 @@ fn replay_pytorch_on_device(
     })
 }
 
+/// Replays `trace` through the external allocator `A` on a fresh [`ExternalHeap`] (default blocks, `config`'s
+/// capacity as the budget cap), its device allocations and frees being its block events.
+fn replay_external<A: ExternalAllocator>(
+    context: &Arc<VulkanContext>,
+    trace: &Trace,
+    config: &CompareConfig,
+    event_of: &dyn Fn(u64) -> u64,
+) -> Result<Outcome, VulkanError> {
+    let ((replay, peak_reserved_bytes, events), nanos) = best_time(|| {
+        let external = ExternalConfig { budget_cap_bytes: config.capacity_bytes, ..ExternalConfig::default() };
+        let mut heap = ExternalHeap::<A>::new(Arc::clone(context), external)?;
+        heap.record_device_events(true);
+        let replay = replay_device_heap(trace, &mut heap, config.align_bytes)?;
+        let events = heap.take_device_events();
+        Ok::<_, VulkanError>((replay, heap.peak_reserved_bytes(), events))
+    })?;
+    let (device_allocs, device_frees) = count_device_events(&events);
+    let policy = format!("{} (vulkan)", A::POLICY);
+    Ok(Outcome { peak_reserved_bytes, device_allocs, device_frees, ..summed(&policy, &replay, event_of, nanos) })
+}
+
 /// Replays `recording` through `contender` on `context`'s device, with `config`'s capacity as the budget cap
 /// (the allocator's capacity for `pytorch`). Each run starts from a fresh heap (every block of the previous run
 /// freed), so the device holds one run's memory at a time.
@@ -269,15 +289,8 @@ pub fn replay_on_device(
         DeviceContender::Pytorch(ref conf) => replay_pytorch_on_device(context, recording, conf, config.capacity_bytes),
         DeviceContender::Heap(kind) => {
             let ((replay, peak_reserved_bytes, blocks_reserved, blocks_released), nanos) = best_time(|| {
-                let source = DeviceMemorySource::new(
-                    Arc::clone(context),
-                    DeviceSourceConfig {
-                        persistent_mapping: false,
-                        budget_cap_bytes: config.capacity_bytes,
-                        report_leaks_on_drop: false,
-                        ..DeviceSourceConfig::new(MemoryUsage::DeviceLocal)
-                    },
-                )?;
+                let source =
+                    DeviceMemorySource::new(Arc::clone(context), DeviceSourceConfig::device_only(config.capacity_bytes))?;
                 let mut heap = Heap::new(HeapConfig { policy: kind, ..config.heap.clone() }, source)?;
                 let replay = replay_device_heap(trace, &mut heap, config.align_bytes)?;
                 let stats = heap.stats();
@@ -310,37 +323,8 @@ pub fn replay_on_device(
                 ..summed("paged (vulkan)", &replay, event_of, nanos)
             })
         }
-        DeviceContender::GpuAllocator => {
-            let ((replay, peak_reserved_bytes, events), nanos) = best_time(|| {
-                let gpu_config = GpuAllocatorConfig { budget_cap_bytes: config.capacity_bytes, ..GpuAllocatorConfig::default() };
-                let mut heap = GpuAllocatorHeap::new(Arc::clone(context), gpu_config)?;
-                heap.record_device_events(true);
-                let replay = replay_device_heap(trace, &mut heap, config.align_bytes)?;
-                let events = heap.take_device_events();
-                Ok::<_, VulkanError>((replay, heap.peak_reserved_bytes(), events))
-            })?;
-            let (device_allocs, device_frees) = count_device_events(&events);
-            Ok(Outcome {
-                peak_reserved_bytes,
-                device_allocs,
-                device_frees,
-                ..summed("gpu-allocator (vulkan)", &replay, event_of, nanos)
-            })
-        }
-        DeviceContender::Vma => {
-            let ((replay, peak_reserved_bytes, events), nanos) = best_time(|| {
-                let mut heap = VmaHeap::new(
-                    Arc::clone(context),
-                    VmaConfig { budget_cap_bytes: config.capacity_bytes, ..VmaConfig::default() },
-                )?;
-                heap.record_device_events(true);
-                let replay = replay_device_heap(trace, &mut heap, config.align_bytes)?;
-                let events = heap.take_device_events();
-                Ok::<_, VulkanError>((replay, heap.peak_reserved_bytes(), events))
-            })?;
-            let (device_allocs, device_frees) = count_device_events(&events);
-            Ok(Outcome { peak_reserved_bytes, device_allocs, device_frees, ..summed("vma (vulkan)", &replay, event_of, nanos) })
-        }
+        DeviceContender::GpuAllocator => replay_external::<GpuAllocatorBackend>(context, trace, config, event_of),
+        DeviceContender::Vma => replay_external::<VmaBackend>(context, trace, config, event_of),
     }
 }
 

@@ -21,7 +21,6 @@ use heapscope_core::pytorch::{CachingAllocator, SegmentBacking};
 use heapscope_core::{DeviceEvent, MemorySource, SourceBlock, SourceError};
 
 use crate::compute::ComputeBuffer;
-use crate::memory_types::MemoryUsage;
 use crate::sparse::{SparseBuffer, SparseConfig};
 use crate::{DeviceMemorySource, DeviceSourceConfig, PytorchDeviceConfig, VulkanContext, VulkanError};
 
@@ -77,13 +76,7 @@ impl SegmentMemory {
             let page_bytes = SparseBuffer::new(Arc::clone(&context), SparseConfig::new(SMALL_BUFFER_BYTES))?.page_bytes();
             sparse_config.pages_per_chunk = u32::try_from(SMALL_BUFFER_BYTES / page_bytes).unwrap_or(u32::MAX).max(1);
         }
-        let source_config = DeviceSourceConfig {
-            persistent_mapping: false,
-            budget_cap_bytes: config.device_cap_bytes,
-            report_leaks_on_drop: false,
-            ..DeviceSourceConfig::new(MemoryUsage::DeviceLocal)
-        };
-        let source = DeviceMemorySource::new(context, source_config)?;
+        let source = DeviceMemorySource::new(context, DeviceSourceConfig::device_only(config.device_cap_bytes))?;
         Ok(Self {
             source,
             capacity_bytes: config.capacity_bytes,

@@ -56,6 +56,13 @@ impl DeviceSourceConfig {
             min_block_alignment_bytes: 1,
         }
     }
+
+    /// Device-local memory the host never maps, at most `budget_cap_bytes`, no leak report on drop (the owner frees
+    /// or drops every block): the source of heaps that only the device's kernels touch — device replays, bench
+    /// targets, PyTorch's segments.
+    pub fn device_only(budget_cap_bytes: Option<u64>) -> Self {
+        Self { persistent_mapping: false, budget_cap_bytes, report_leaks_on_drop: false, ..Self::new(MemoryUsage::DeviceLocal) }
+    }
 }
 
 /// A live block of a [`DeviceMemorySource`].

@@ -3,50 +3,37 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::Rng;
-use common::external::{capped_traffic, free_all, random_traffic, replay_gpt2};
+use common::external::{capped_traffic, free_all, random_traffic, replay_gpt2, with_heap};
 use heapscope_core::units::MIB;
-use heapscope_core::{DeviceHeap, Error, Request};
-use heapscope_vulkan::{GpuAllocatorConfig, GpuAllocatorHeap};
-
-fn heap(context: &Arc<heapscope_vulkan::VulkanContext>, config: GpuAllocatorConfig) -> GpuAllocatorHeap {
-    GpuAllocatorHeap::new(Arc::clone(context), config).unwrap()
-}
+use heapscope_core::{DeviceHeap, Error, OomCause, Request};
+use heapscope_vulkan::{GpuAllocatorBackend, GpuAllocatorConfig, GpuAllocatorHeap};
 
 #[test]
 fn random_allocs_and_frees_do_not_overlap() {
-    let Some(context) = common::context() else { return };
-    let context = Arc::new(context);
-    {
-        // 4 MiB blocks (gpu-allocator's smallest), so that many blocks come and go.
-        let mut heap = heap(&context, GpuAllocatorConfig { block_size_bytes: 4 * MIB, budget_cap_bytes: None });
-        let traffic = random_traffic(&mut heap, &mut Rng::new(7), 1000, 4 * MIB..=6 * MIB, |_, _| {});
+    // 4 MiB blocks (gpu-allocator's smallest), so that many blocks come and go.
+    let config = GpuAllocatorConfig { block_size_bytes: 4 * MIB, budget_cap_bytes: None };
+    with_heap::<GpuAllocatorBackend>(config, |context, heap| {
+        let traffic = random_traffic(heap, &mut Rng::new(7), 1000, 4 * MIB..=6 * MIB, |_, _| {});
         assert_eq!(heap.reserved_and_live_bytes().1, traffic.live_bytes());
         assert_eq!(heap.report().total_capacity_bytes, heap.reserved_bytes());
-        let blocks = free_all(&mut heap, traffic);
+        let blocks = free_all(heap, traffic);
         assert!(blocks.len() <= 1, "at most gpu-allocator's last general block stays: {blocks:?}");
         assert_eq!(context.live_allocation_count() as usize, blocks.len(), "its blocks count on the device");
         assert_eq!(heap.reserved_and_live_bytes(), (blocks.values().sum(), 0));
-    }
-    assert_eq!(context.live_allocation_count(), 0, "dropping the heap gave its blocks back");
-    common::finish(context);
+    });
 }
 
 #[test]
 fn heaps_move_between_threads() {
-    fn send<T: Send>() {}
-    send::<GpuAllocatorHeap>();
+    common::assert_send::<GpuAllocatorHeap>();
 }
 
 #[test]
 fn budget_cap_refuses_with_a_verdict() {
-    let Some(context) = common::context() else { return };
-    let context = Arc::new(context);
-    {
-        let cap = 16 * MIB;
-        let mut heap = heap(&context, GpuAllocatorConfig { block_size_bytes: 4 * MIB, budget_cap_bytes: Some(cap) });
+    let cap = 16 * MIB;
+    let config = GpuAllocatorConfig { block_size_bytes: 4 * MIB, budget_cap_bytes: Some(cap) };
+    with_heap::<GpuAllocatorBackend>(config, |_, heap| {
         let mut handles = Vec::new();
         let verdict = loop {
             match heap.allocate_request(Request::new(3 * MIB, 256).unwrap()) {
@@ -62,15 +49,14 @@ fn budget_cap_refuses_with_a_verdict() {
         assert_eq!((verdict.reserved_bytes, verdict.capacity_bytes, verdict.unreserved_bytes), (16 * MIB, Some(cap), 0));
         assert_eq!(verdict.live_bytes, 12 * MIB);
         assert_eq!(verdict.largest_free_run_bytes, MIB);
-        assert_eq!(verdict.cause, heapscope_core::OomCause::Fragmentation, "4 MiB free in blocks, in 1 MiB runs");
+        assert_eq!(verdict.cause, OomCause::Fragmentation, "4 MiB free in blocks, in 1 MiB runs");
         assert_eq!(heap.ooms(), 1);
         // Small requests still fit in the blocks' free tails.
         handles.push(heap.allocate_request(Request::new(MIB, 256).unwrap()).unwrap());
         for handle in handles {
             heap.free_handle(handle).unwrap();
         }
-    }
-    common::finish(context);
+    });
 }
 
 /// The cap is checked before gpu-allocator allocates: under random traffic near the cap (shared 4 MiB blocks,
@@ -78,12 +64,10 @@ fn budget_cap_refuses_with_a_verdict() {
 /// out-of-memory verdict, and requests that fit a free run of a live block are still served at the cap.
 #[test]
 fn budget_cap_is_never_crossed() {
-    let Some(context) = common::context() else { return };
-    let context = Arc::new(context);
-    {
-        let cap = 26 * MIB;
-        let mut heap = heap(&context, GpuAllocatorConfig { block_size_bytes: 4 * MIB, budget_cap_bytes: Some(cap) });
-        let traffic = capped_traffic(&mut heap, &mut Rng::new(0x0cab), 3000, 4 * MIB + 1..=9 * MIB, |rng| 1 << rng.range(0, 12));
+    let cap = 26 * MIB;
+    let config = GpuAllocatorConfig { block_size_bytes: 4 * MIB, budget_cap_bytes: Some(cap) };
+    with_heap::<GpuAllocatorBackend>(config, |_, heap| {
+        let traffic = capped_traffic(heap, &mut Rng::new(0x0cab), 3000, 4 * MIB + 1..=9 * MIB, |rng| 1 << rng.range(0, 12));
         let (refused, served_at_the_cap) = (traffic.verdicts.len(), traffic.served_at_the_cap);
         assert!(
             refused > 0 && served_at_the_cap > 0,
@@ -93,17 +77,10 @@ fn budget_cap_is_never_crossed() {
         for handle in traffic.live {
             heap.free_handle(handle).unwrap();
         }
-    }
-    common::finish(context);
+    });
 }
 
 #[test]
 fn gpt2_trace_replays_through_gpu_allocator() {
-    let Some(context) = common::context() else { return };
-    let context = Arc::new(context);
-    {
-        let mut heap = heap(&context, GpuAllocatorConfig::default());
-        replay_gpt2(&context, &mut heap);
-    }
-    common::finish(context);
+    with_heap::<GpuAllocatorBackend>(GpuAllocatorConfig::default(), |context, heap| replay_gpt2(context, heap));
 }

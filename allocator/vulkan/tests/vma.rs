@@ -3,28 +3,20 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::Rng;
-use common::external::{Capped, capped_traffic, free_all, random_traffic, replay_gpt2};
+use common::external::{Capped, capped_traffic, free_all, random_traffic, replay_gpt2, with_heap};
 use heapscope_core::units::MIB;
 use heapscope_core::{DeviceHeap, OomCause, Request};
-use heapscope_vulkan::{VmaConfig, VmaHeap, VulkanContext};
-
-fn heap(context: &Arc<VulkanContext>, config: VmaConfig) -> VmaHeap {
-    VmaHeap::new(Arc::clone(context), config).unwrap()
-}
+use heapscope_vulkan::{VmaBackend, VmaConfig, VmaHeap};
 
 /// 2,000 random allocations and frees (1 B to 256 KiB, one in ten 3 to 40 MiB; alignments to 4 KiB) with 16 MiB
 /// preferred blocks: no overlap, every allocation inside a block the device events reserved, reserved bytes =
 /// the sum of those blocks and = VMA's own block bytes after every step.
 #[test]
 fn random_allocs_and_frees_do_not_overlap() {
-    let Some(context) = common::context() else { return };
-    let context = Arc::new(context);
-    {
-        let mut heap = heap(&context, VmaConfig { block_size_bytes: 16 * MIB, budget_cap_bytes: None });
-        let traffic = random_traffic(&mut heap, &mut Rng::new(0x0e3a), 2000, 3 * MIB..=40 * MIB, |_, blocks| {
+    let config = VmaConfig { block_size_bytes: 16 * MIB, budget_cap_bytes: None };
+    with_heap::<VmaBackend>(config, |context, heap| {
+        let traffic = random_traffic(heap, &mut Rng::new(0x0e3a), 2000, 3 * MIB..=40 * MIB, |_, blocks| {
             assert_eq!(context.live_allocation_count() as usize, blocks.len(), "its blocks count on the device");
         });
         assert!(traffic.released > 0, "blocks came and went");
@@ -32,30 +24,24 @@ fn random_allocs_and_frees_do_not_overlap() {
         assert_eq!(heap.reserved_and_live_bytes().1, live_bytes);
         let (allocated, _) = heap.allocated_and_largest_free_bytes().unwrap();
         assert!(allocated >= live_bytes && allocated <= heap.reserved_bytes(), "{allocated} {live_bytes}");
-        let blocks = free_all(&mut heap, traffic);
+        let blocks = free_all(heap, traffic);
         assert!(blocks.len() <= 1, "at most the empty block VMA keeps stays: {blocks:?}");
         assert_eq!(heap.reserved_and_live_bytes(), (blocks.values().sum(), 0));
-    }
-    assert_eq!(context.live_allocation_count(), 0, "dropping the heap gave its blocks back");
-    common::finish(context);
+    });
 }
 
 #[test]
 fn heaps_move_between_threads() {
-    fn send<T: Send>() {}
-    send::<VmaHeap>();
+    common::assert_send::<VmaHeap>();
 }
 
 /// The cap is VMA's heap size limit: under random traffic the peak of reserved bytes never exceeds it, every
 /// refusal is an out-of-memory verdict named `vma`, and after frees the heap serves again.
 #[test]
 fn budget_cap_is_never_crossed() {
-    let Some(context) = common::context() else { return };
-    let context = Arc::new(context);
-    {
-        let cap = 48 * MIB;
-        let mut heap = heap(&context, VmaConfig { block_size_bytes: 16 * MIB, budget_cap_bytes: Some(cap) });
-        let Capped { live, verdicts, .. } = capped_traffic(&mut heap, &mut Rng::new(0x0cab), 3000, 4 * MIB..=12 * MIB, |_| 256);
+    let cap = 48 * MIB;
+    with_heap::<VmaBackend>(VmaConfig { block_size_bytes: 16 * MIB, budget_cap_bytes: Some(cap) }, |_, heap| {
+        let Capped { live, verdicts, .. } = capped_traffic(heap, &mut Rng::new(0x0cab), 3000, 4 * MIB..=12 * MIB, |_| 256);
         for verdict in &verdicts {
             assert!(verdict.live_bytes <= verdict.reserved_bytes, "{verdict}");
             assert!(verdict.largest_free_run_bytes <= verdict.free_in_blocks_bytes, "{verdict}");
@@ -73,17 +59,10 @@ fn budget_cap_is_never_crossed() {
         }
         let again = heap.allocate_request(Request::new(12 * MIB, 256).unwrap()).unwrap();
         heap.free_handle(again).unwrap();
-    }
-    common::finish(context);
+    });
 }
 
 #[test]
 fn gpt2_trace_replays_through_vma() {
-    let Some(context) = common::context() else { return };
-    let context = Arc::new(context);
-    {
-        let mut heap = heap(&context, VmaConfig::default());
-        replay_gpt2(&context, &mut heap);
-    }
-    common::finish(context);
+    with_heap::<VmaBackend>(VmaConfig::default(), |context, heap| replay_gpt2(context, heap));
 }

@@ -155,12 +155,7 @@ impl<'a> WgpuTarget<'a> {
             return Err(WgpuError::Unsupported(sparse_refusal(policy, device)));
         };
         if policy == BenchPolicy::Paged {
-            let address_space = context.properties().limits.sparse_address_space_size_bytes;
-            let mut config =
-                heapscope_vulkan::DevicePagedConfig::new(settings.virtual_bytes.min(address_space), settings.budget_bytes);
-            config.page_bytes = Some(settings.page_bytes);
-            config.pages_per_chunk = 4096;
-            return Ok(Backend::Paged(device.paged_heap(config)?));
+            return Ok(Backend::Paged(device.paged_heap(heapscope_vulkan::DevicePagedConfig::for_bench(context, settings))?));
         }
         let config = heapscope_vulkan::PytorchDeviceConfig::new(settings.caching_conf(true), settings.budget_bytes);
         Ok(Backend::Expandable(Box::new(heapscope_vulkan::PytorchDeviceHeap::new(Arc::clone(context), config)?)))

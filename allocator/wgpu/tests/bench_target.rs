@@ -9,86 +9,36 @@ mod common;
 
 use common::{devices, finish};
 use heapscope_core::PolicyKind;
-use heapscope_kernels::bench::{BenchPolicy, BenchSettings, RunReport, run, run_simulated};
-use heapscope_kernels::workload::{ChurnConfig, KvLayout, ServeConfig, ServeModel, Workload, churn, serve};
+use heapscope_kernels::bench::conformance::{check_target, small_serve};
+use heapscope_kernels::bench::{BenchPolicy, BenchSettings, run};
+use heapscope_kernels::workload::KvLayout;
 use heapscope_wgpu::{WgpuError, WgpuTarget};
-
-fn small_serve(kv: KvLayout) -> Workload {
-    let model =
-        ServeModel { weights_bytes: 2 << 20, kv_bytes_per_token: 32 << 10, hidden: 512, vocab: 4096, ..ServeModel::default() };
-    serve(&ServeConfig { steps: 150, kv, seed: 7, model })
-}
-
-/// The numbers a device run and a simulated run must share.
-fn shared(report: &RunReport) -> (u64, u64, u64, u64, u64, Option<u64>) {
-    (
-        report.allocs,
-        report.frees,
-        report.ooms,
-        report.peak_live_bytes,
-        report.peak_reserved_bytes,
-        report.first_oom.as_ref().map(|(step, _)| *step),
-    )
-}
 
 fn needs_sparse(policy: BenchPolicy) -> bool {
     matches!(policy, BenchPolicy::Paged | BenchPolicy::PytorchExpandable)
 }
 
+/// The checks every device target must pass (`heapscope_kernels::bench::conformance`), on every route; on plain
+/// wgpu the contenders that need sparse binding are refused with the reason.
 #[test]
 fn every_contender_verifies_clean_and_matches_the_simulation() {
-    let workloads = [
-        small_serve(KvLayout::Paged),
-        small_serve(KvLayout::Contiguous),
-        churn(&ChurnConfig { steps: 400, size_range: (4 << 10, 1 << 20), ..ChurnConfig::new(3) }),
-    ];
-    let mut ooms = 0;
     for (route, device) in devices() {
-        for workload in &workloads {
-            let peak = workload.check().unwrap().peak_live_bytes;
-            // A budget a little above the peak: some contenders are refused, the others fit.
-            let settings = BenchSettings::new(Some((peak + peak / 8).next_multiple_of(1 << 20)));
-            for policy in BenchPolicy::DEFAULT {
-                let mut target = match WgpuTarget::new(&device, policy, &settings) {
-                    Err(WgpuError::Unsupported(why)) if !device.is_vulkan_interop() && needs_sparse(policy) => {
-                        assert!(
-                            why.starts_with(policy.name()) && why.contains("sparse binding") && why.contains("--backend vulkan"),
-                            "{why}"
-                        );
-                        continue;
-                    }
-                    other => other.unwrap(),
-                };
-                let on_device = run(workload, &mut target).unwrap();
-                let (submits, dispatches) = target.kernel_counts();
-                drop(target);
-                let simulated = run_simulated(workload, policy, &settings).unwrap();
+        let make = |policy: BenchPolicy, settings: &BenchSettings| match WgpuTarget::new(&device, policy, settings) {
+            Err(WgpuError::Unsupported(why)) if !device.is_vulkan_interop() && needs_sparse(policy) => {
                 assert!(
-                    on_device.kernels_ran && on_device.mismatches == 0,
-                    "{route}: {policy} on {}: {:?}",
-                    workload.name,
-                    on_device.first_mismatch
+                    why.starts_with(policy.name()) && why.contains("sparse binding") && why.contains("--backend vulkan"),
+                    "{why}"
                 );
-                assert_eq!(shared(&on_device), shared(&simulated), "{route}: {policy} on {}", workload.name);
-                assert!(on_device.ops.bytes_verified > 0 && submits > 0 && dispatches >= on_device.ops.fills, "{policy}");
-                assert!(on_device.ops.matvecs > 0, "{policy}: the payload ran");
-                ooms += on_device.ooms;
-                eprintln!(
-                    "{route:<34} {:<18} {:<28} allocs {:>4} ooms {:>3} reserved/live {:.3} verified {:>4} MiB, {} submits, {:.2?}",
-                    policy.name(),
-                    workload.name.split(',').next().unwrap_or_default(),
-                    on_device.allocs,
-                    on_device.ooms,
-                    on_device.reserved_over_live(),
-                    on_device.ops.bytes_verified >> 20,
-                    submits,
-                    on_device.wall
-                );
+                Ok(None)
             }
+            other => other.map(Some),
+        };
+        let runs = check_target(make, WgpuTarget::kernel_counts).unwrap_or_else(|error| panic!("{route}: {error}"));
+        for run in runs {
+            eprintln!("{route:<34} {run}");
         }
         finish(device);
     }
-    assert!(ooms > 0, "the budgets refuse some contenders, so refusals are compared too");
 }
 
 /// A target gives its device memory back when dropped: what it held after the run (arenas, cached segments) is

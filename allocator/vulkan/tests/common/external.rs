@@ -1,5 +1,6 @@
 //! Shared by the tests of the external allocators as heapscope heaps (gpu-allocator, VMA): their random traffic
-//! and its checks (for any [`DeviceHeap`]), their random traffic under a budget cap, and their GPT-2 replay.
+//! and its checks (for any [`DeviceHeap`]), their random traffic under a budget cap, their GPT-2 replay, and the
+//! validated context and heap each test runs on ([`with_heap`]).
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
 use std::collections::BTreeMap;
@@ -11,7 +12,21 @@ use heapscope_core::trace::Trace;
 use heapscope_core::units::KIB;
 use heapscope_core::units::MIB;
 use heapscope_core::{DeviceEvent, DeviceHeap, Error, OomVerdict, Request};
-use heapscope_vulkan::{ExternalAllocator, ExternalHandle, ExternalHeap, VulkanContext};
+use std::sync::Arc;
+
+use heapscope_vulkan::{ExternalAllocator, ExternalConfig, ExternalHandle, ExternalHeap, VulkanContext};
+
+/// Runs `test` on a new heap of `A` with `config`, over a validated context ([`super::with_context`]); after the
+/// test drops the heap, checks that it gave every block back to the device and that the validation layer said
+/// nothing. Skipped where the machine has no Vulkan.
+pub fn with_heap<A: ExternalAllocator>(config: ExternalConfig, test: impl FnOnce(&Arc<VulkanContext>, &mut ExternalHeap<A>)) {
+    super::with_context(|context| {
+        let mut heap = ExternalHeap::<A>::new(Arc::clone(context), config).unwrap();
+        test(context, &mut heap);
+        drop(heap);
+        assert_eq!(context.live_allocation_count(), 0, "dropping the heap gave its blocks back");
+    });
+}
 
 /// Live allocations by address; panics on an overlap or an allocation outside its block (`blocks`: base address
 /// to size, as the device events reserved them).

@@ -50,5 +50,18 @@ pub fn finish(context: Arc<VulkanContext>) {
     assert!(messages.is_empty(), "validation messages:\n{}", messages.join("\n"));
 }
 
+/// Runs `test` with a validated context shared through an `Arc`, then [`finish`]es it: the test must have dropped
+/// every heap, source and other handle on the context by its end. Does nothing (the test is skipped) where
+/// [`context`] gives `None`.
+pub fn with_context(test: impl FnOnce(&Arc<VulkanContext>)) {
+    let Some(context) = context() else { return };
+    let context = Arc::new(context);
+    test(&context);
+    finish(context);
+}
+
+/// Compiles only where `T` may move to another thread.
+pub fn assert_send<T: Send>() {}
+
 /// The workloads' splitmix64, a small deterministic generator.
 pub use heapscope_kernels::workload::Rng;

@@ -1,0 +1,56 @@
+//! Shared by the end-to-end tests: the built binary and its output (as text, or one JSON object per line), the
+//! assets, scratch folders, and whether CI requires a device (`HEAPSCOPE_REQUIRE_GPU=1`).
+#![allow(dead_code, reason = "each test binary uses a part")]
+#![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// The built `heapscope` binary, to be given arguments, environment or a folder.
+pub fn binary() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_heapscope"))
+}
+
+/// Runs `command` to its end and returns what it wrote and its status.
+pub fn output(command: &mut Command) -> Output {
+    command.output().expect("the binary runs")
+}
+
+/// Runs the binary with `args`.
+pub fn heapscope(args: &[&str]) -> Output {
+    output(binary().args(args))
+}
+
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// The JSON objects of a successful run, one a line.
+pub fn json_lines(output: &Output) -> Vec<Value> {
+    assert!(output.status.success(), "stderr: {}", stderr(output));
+    stdout(output).lines().map(|line| serde_json::from_str(line).expect("one JSON object per line")).collect()
+}
+
+/// A file of `assets/traces/` (`name` may name a subfolder: `pytorch/frag_oom-default.pickle.gz`).
+pub fn trace(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/traces").join(name)
+}
+
+/// A scratch folder of this test process, named by `tag`, created.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("heapscope-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Whether the device tests must run (and pictures render): CI sets `HEAPSCOPE_REQUIRE_GPU=1` where lavapipe is
+/// installed.
+pub fn gpu_required() -> bool {
+    std::env::var("HEAPSCOPE_REQUIRE_GPU").is_ok_and(|value| value.trim() == "1")
+}
