@@ -8,13 +8,10 @@
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
 use std::collections::HashSet;
-use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-fn required() -> bool {
-    std::env::var("HEAPSCOPE_REQUIRE_GPU").as_deref() == Ok("1")
-}
+mod common;
 
 fn xvfb_run_available() -> bool {
     Command::new("sh").args(["-c", "command -v xvfb-run"]).output().is_ok_and(|output| output.status.success())
@@ -23,15 +20,14 @@ fn xvfb_run_available() -> bool {
 #[test]
 fn the_window_opens_draws_a_snapshot_and_closes() {
     if !xvfb_run_available() {
-        assert!(!required(), "HEAPSCOPE_REQUIRE_GPU=1 but xvfb-run is missing (install xvfb)");
+        assert!(!common::gpu_required(), "HEAPSCOPE_REQUIRE_GPU=1 but xvfb-run is missing (install xvfb)");
         println!("skipped: xvfb-run is missing (install xvfb to run the real window)");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("heapscope-gui-window-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::temp_dir("gui-window");
     let screenshot = dir.join("window.png");
     let _ = std::fs::remove_file(&screenshot);
-    let snapshot = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/traces/pytorch/frag_oom-default.pickle.gz");
+    let snapshot = common::trace("pytorch/frag_oom-default.pickle.gz");
     let started = Instant::now();
     let output = Command::new("xvfb-run")
         // -a: a free display number, so parallel runs do not collide.
