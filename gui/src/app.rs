@@ -194,6 +194,7 @@ impl HeapscopeApp {
         match device_live::open_device(options) {
             Ok(context) => self.start_live_on(&context, config),
             Err(why) => {
+                self.live.set_config(&config);
                 self.live.open = true;
                 self.live.unavailable = Some(why);
             }
@@ -206,6 +207,8 @@ impl HeapscopeApp {
         self.live.open = true;
         self.live.unavailable = None;
         self.live.run = None;
+        // The bar shows what runs, and "Start run" starts it again.
+        self.live.set_config(&config);
         let title = config.title();
         match device_live::start(context, config) {
             Ok((source, run)) => {
@@ -227,9 +230,12 @@ impl HeapscopeApp {
         }
     }
 
-    /// Adds a pane (the first contender not shown yet).
+    /// Adds a pane (the first contender not shown yet); not to a live session (its one pane is the device's).
     pub fn add_pane(&mut self) {
         let Some(session) = &mut self.session else { return };
+        if session.live.is_some() {
+            return;
+        }
         let shown: Vec<Contender> = session.panes.iter().filter_map(|pane| pane.contender).collect();
         let Some(next) = Contender::SIDE_BY_SIDE.into_iter().chain(Contender::all()).find(|contender| !shown.contains(contender))
         else {
@@ -458,7 +464,12 @@ impl HeapscopeApp {
                 }
             });
             let panes = self.session.as_ref().map_or(0, |session| session.panes.len());
-            if ui.add_enabled(panes < crate::session::MAX_PANES, egui::Button::new("+ pane")).clicked() {
+            // A live session records one contender on the device: another pane would replay an empty recording.
+            let live = self.session.as_ref().is_some_and(|session| session.live.is_some());
+            let add = ui
+                .add_enabled(panes < crate::session::MAX_PANES && !live, egui::Button::new("+ pane"))
+                .on_disabled_hover_text(if live { "a live run feeds one pane" } else { "4 panes at most" });
+            if add.clicked() {
                 self.add_pane();
             }
         });

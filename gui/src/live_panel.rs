@@ -1,4 +1,4 @@
-//! The "Live" bar: pick a workload, a contender and a budget, start and stop the run on the device, and read how
+//! The "Live" bar: pick a workload, a contender, a budget and the steps, start and stop the run on the device, and read how
 //! it goes ([`crate::device_live`]). Without a Vulkan device it says so and points at the stories.
 
 use egui::{RichText, Ui};
@@ -26,6 +26,10 @@ pub struct LivePanel {
     pub policy: BenchPolicy,
     /// The budget typed, in MiB (empty: the workload's default).
     pub budget_mib: String,
+    /// The steps typed (empty: the workload's default).
+    pub steps: String,
+    /// The workload's seed (from the command line, else 1).
+    pub seed: u64,
     /// The run started last (running or over).
     pub run: Option<LiveRun>,
     /// Why the last start failed (`no GPU/Vulkan device: …`).
@@ -39,6 +43,8 @@ impl Default for LivePanel {
             workload: LiveWorkload::Serve,
             policy: BenchPolicy::Heap(heapscope_core::PolicyKind::Tlsf),
             budget_mib: String::new(),
+            steps: String::new(),
+            seed: 1,
             run: None,
             unavailable: None,
         }
@@ -46,12 +52,34 @@ impl Default for LivePanel {
 }
 
 impl LivePanel {
+    /// Fills the form with `config` (the run started from the command line or by the app), so that the bar
+    /// shows what runs and "Start run" starts it again. The form holds whole MiB: a budget in between is
+    /// rounded up.
+    pub fn set_config(&mut self, config: &LiveConfig) {
+        self.workload = config.workload;
+        self.policy = config.policy;
+        self.budget_mib = config.budget_bytes.map(|bytes| bytes.div_ceil(1 << 20).to_string()).unwrap_or_default();
+        self.steps = config.steps.map(|steps| steps.to_string()).unwrap_or_default();
+        self.seed = config.seed;
+    }
+
     /// The run the form describes.
     ///
     /// # Errors
-    /// A budget that is not a positive whole number of MiB, named.
+    /// A budget that is not a positive whole number of MiB, or steps that are not a positive whole number,
+    /// named.
     pub fn config(&self) -> Result<LiveConfig, String> {
         let mut config = LiveConfig::new(self.workload, self.policy);
+        config.seed = self.seed;
+        let typed = self.steps.trim();
+        if !typed.is_empty() {
+            let steps: u32 = typed
+                .parse()
+                .ok()
+                .filter(|&steps| steps > 0)
+                .ok_or_else(|| format!("steps {typed:?}: expected a whole number above 0"))?;
+            config.steps = Some(steps);
+        }
         let typed = self.budget_mib.trim();
         if !typed.is_empty() {
             let mib: u64 = typed
@@ -98,6 +126,8 @@ impl LivePanel {
                         .hint_text((self.workload.default_budget_bytes() >> 20).to_string())
                         .desired_width(60.0),
                 );
+                ui.label("steps");
+                ui.add(egui::TextEdit::singleline(&mut self.steps).hint_text("default").desired_width(60.0));
             });
             if running {
                 if ui.button("Stop run").clicked() {

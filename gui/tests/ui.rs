@@ -241,6 +241,11 @@ fn a_live_source_grows_its_pane() {
     let pane = &harness.state().session.as_ref().unwrap().panes[0];
     assert_eq!(pane.timeline.steps(), 5);
     assert_eq!(pane.layout.totals().live_allocations, 4, "the view follows the newest step");
+    // "+ pane" has nothing to replay in a live session: it is disabled.
+    harness.get_by_label("+ pane").click();
+    harness.run_steps(1);
+    harness.state_mut().add_pane();
+    assert_eq!(harness.state().session.as_ref().unwrap().panes.len(), 1, "a live session keeps its one pane");
     // Nonsense from the source is an error on screen, not a crash.
     sender.send(LiveStep { changes: vec![Change::Freed { address: 12345 }], refusal: None }).unwrap();
     harness.run_steps(1);
@@ -261,6 +266,32 @@ fn a_live_source_grows_its_pane() {
     assert!(harness.query_by_label_contains("no GPU/Vulkan device: ").is_some());
     assert!(harness.query_by_label_contains("the built-in stories").is_some());
     assert!(harness.state().live.run.is_none());
+}
+
+#[test]
+fn the_live_bar_shows_the_run_started_from_the_command_line() {
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(1);
+    // `gui --live churn --policy paged --budget 112M --steps 40`, on a device that is not there.
+    let config = LiveConfig {
+        budget_bytes: Some(112 << 20),
+        steps: Some(40),
+        seed: 7,
+        ..LiveConfig::new(LiveWorkload::Churn, BenchPolicy::Paged)
+    };
+    let nowhere = ContextOptions { validation: false, device_selector: Some("no-such-gpu-anywhere".into()) };
+    harness.state_mut().start_live_with(&nowhere, config.clone());
+    harness.run_steps(1);
+    let shown = |text: &str| harness.query_by_label(text).is_some() || harness.query_by_value(text).is_some();
+    assert!(shown("workload: churn"), "the bar names the workload that runs: {:?}", harness.root());
+    assert!(shown("contender: paged"));
+    let live = &harness.state().live;
+    assert_eq!((live.budget_mib.as_str(), live.steps.as_str()), ("112", "40"));
+    assert_eq!(live.config(), Ok(config), "\"Start run\" starts the same run again");
+    // Steps that are no number are named.
+    harness.state_mut().live.steps = "many".into();
+    assert_eq!(harness.state().live.config(), Err("steps \"many\": expected a whole number above 0".to_owned()));
 }
 
 /// A scratch folder of this test process, emptied.
