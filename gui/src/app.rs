@@ -3,8 +3,10 @@
 //! keyboard.
 //!
 //! Keys: Ctrl+O "Open…", Space play / pause, → next step (animated), ← previous step, Home / End the start / the end,
-//! `[` / `]` slower / faster, O the next refused request, T "Teach me". On a map: wheel scrolls, ctrl +
-//! wheel (or pinch) zooms around the pointer, drag scrolls, double-click fits the whole heap.
+//! `[` / `]` slower / faster, O the next refused request (of the focused pane, else of any), T "Teach me". A
+//! click on a pane (its name or its map) focuses it: "Why it failed", O and "Next OOM" follow the focused pane,
+//! never the pointer's last crossing. On a map: wheel scrolls, ctrl + wheel (or pinch) zooms around the pointer,
+//! drag scrolls, double-click fits the whole heap.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -38,7 +40,8 @@ pub struct HeapscopeApp {
     pub colour_by: ColourBy,
     /// Whether the "Teach me" panel shows.
     pub teach: bool,
-    /// The pane the side panels and the `O` key follow.
+    /// The pane "Why it failed", "Next OOM" and the `O` key follow: the one clicked last (its name or its map),
+    /// outlined on screen.
     pub focused: usize,
     /// The last error (a file that would not open), shown until dismissed.
     pub error: Option<String>,
@@ -256,13 +259,26 @@ impl HeapscopeApp {
         self.session.as_ref().map_or(0, Session::steps)
     }
 
-    /// Jumps just past the next refused request of the focused pane (wrapping around).
+    /// Jumps just past the next refused request of the focused pane (wrapping around); when that pane refused
+    /// nothing, to the next refused request of any pane, and focuses that pane.
     pub fn next_refusal(&mut self) {
-        let Some(pane) = self.session.as_ref().and_then(|session| session.panes.get(self.focused)) else { return };
+        let Some(session) = &self.session else { return };
         let shown = self.playback.shown_steps();
-        let refusals = pane.timeline.refusals();
-        let next = refusals.iter().find(|(step, _)| step + 1 > shown).or(refusals.first());
-        if let Some((step, _)) = next {
+        // A pane's next refusal after the step shown, else its first (wrapping around).
+        let next_of = |pane: &crate::session::Pane| {
+            let refusals = pane.timeline.refusals();
+            refusals.iter().find(|(step, _)| step + 1 > shown).or(refusals.first()).map(|(step, _)| *step)
+        };
+        let target = session.panes.get(self.focused).and_then(next_of).map(|step| (self.focused, step)).or_else(|| {
+            session
+                .panes
+                .iter()
+                .enumerate()
+                .filter_map(|(index, pane)| next_of(pane).map(|step| (index, step)))
+                .min_by_key(|&(index, step)| (step < shown, step, index))
+        });
+        if let Some((index, step)) = target {
+            self.focused = index;
             self.playback.seek(step + 1);
         }
     }
@@ -575,8 +591,15 @@ impl HeapscopeApp {
                         }
                         ui.separator();
                     }
-                    if has_refusals && let Some(step) = panels::why_it_failed(ui, session, self.focused, shown).seek_to {
-                        self.playback.seek(step);
+                    if has_refusals {
+                        let asked = panels::why_it_failed(ui, session, self.focused, shown);
+                        if let Some(step) = asked.seek_to {
+                            self.playback.seek(step);
+                        }
+                        if let Some(index) = asked.focus {
+                            self.focused = index;
+                            self.next_refusal();
+                        }
                     }
                 });
             });
@@ -586,17 +609,32 @@ impl HeapscopeApp {
         let style =
             PaneStyle { shown_steps: shown, progress: self.playback.progress(), colour_by: self.colour_by, interactive: true };
         let mut actions = panes::PaneActions::default();
+        let focused = self.focused;
         egui::CentralPanel::default_margins().show(ui, |ui| {
             let hovering_files = ui.input(|input| !input.raw.hovered_files.is_empty());
             match &mut self.session {
-                Some(session) if !hovering_files => actions = panes::show(ui, session, style, &animations, &too_small),
+                Some(session) if !hovering_files => {
+                    actions = panes::show(ui, session, style, &animations, &too_small);
+                    // The focused pane is outlined in its colour when there is more than one.
+                    if actions.pane_rects.len() > 1
+                        && let Some(rect) = actions.pane_rects.get(focused)
+                    {
+                        let colour = plot::PANE_COLOURS[focused % plot::PANE_COLOURS.len()];
+                        ui.painter().rect_stroke(
+                            rect.expand(3.0),
+                            4.0,
+                            egui::Stroke::new(2.0, colour),
+                            egui::StrokeKind::Outside,
+                        );
+                    }
+                }
                 _ => {
                     ui.centered_and_justified(|ui| ui.heading("Drop a PyTorch snapshot or a heapscope trace to open it"));
                 }
             }
         });
         self.file_browser(ui);
-        if let Some(index) = actions.hovered_pane {
+        if let Some(index) = actions.clicked_pane {
             self.focused = index;
         }
         if let Some((index, contender)) = actions.switch {

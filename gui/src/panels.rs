@@ -39,13 +39,34 @@ pub fn verdict_words(refusal: &Refusal, too_small_runs: usize) -> (String, Strin
 pub struct OomActions {
     /// Seek to just after this step (a refusal).
     pub seek_to: Option<u64>,
+    /// Focus this pane (and go to its next refusal).
+    pub focus: Option<usize>,
 }
 
-/// The "Why it failed" panel for pane `focused` at `shown_steps` steps.
+/// The "Why it failed" panel for pane `focused` at `shown_steps` steps, with buttons to the other panes that
+/// refused requests.
 pub fn why_it_failed(ui: &mut Ui, session: &Session, focused: usize, shown_steps: u64) -> OomActions {
     let mut actions = OomActions::default();
     ui.heading("Why it failed");
     let Some(pane) = session.panes.get(focused) else { return actions };
+    ui.label(RichText::new(format!("about {} (click a pane to pick another)", pane.name())).small());
+    let others: Vec<(usize, &str, usize)> = session
+        .panes
+        .iter()
+        .enumerate()
+        .filter(|&(index, other)| index != focused && !other.timeline.refusals().is_empty())
+        .map(|(index, other)| (index, other.name(), other.timeline.refusals().len()))
+        .collect();
+    if !others.is_empty() {
+        ui.horizontal_wrapped(|ui| {
+            ui.label("also refused in:");
+            for (index, name, count) in others {
+                if ui.button(format!("{name} ({count})")).on_hover_text("show this pane's refusals").clicked() {
+                    actions.focus = Some(index);
+                }
+            }
+        });
+    }
     let refusals = pane.timeline.refusals();
     if refusals.is_empty() {
         ui.label(format!("{} served every request.", pane.name()));

@@ -31,6 +31,10 @@ pub struct PaneActions {
     pub close: Option<usize>,
     /// The pane the pointer is over.
     pub hovered_pane: Option<usize>,
+    /// The pane clicked (its map or its name): the app focuses it.
+    pub clicked_pane: Option<usize>,
+    /// Where each pane (header and map) was drawn, for the app to mark the focused one.
+    pub pane_rects: Vec<egui::Rect>,
 }
 
 /// What step `step` of `timeline` animates, from the layout `before` it: allocations born, allocations dying,
@@ -138,15 +142,16 @@ pub fn show(
                 if style.interactive
                     && let Some(current) = pane.contender
                 {
-                    ui.menu_button(RichText::new(pane.name()).strong().color(colour), |ui| {
+                    let menu = ui.menu_button(RichText::new(pane.name()).strong().color(colour), |ui| {
                         for contender in heapscope_core::timeline::record::Contender::all() {
                             if ui.selectable_label(contender == current, contender.name()).clicked() && contender != current {
                                 actions.switch = Some((index, contender));
                             }
                         }
-                    })
-                    .response
-                    .on_hover_text("replay with another allocator");
+                    });
+                    if menu.response.on_hover_text("replay with another allocator").clicked() {
+                        actions.clicked_pane = Some(index);
+                    }
                     if ui.small_button("x").on_hover_text("close this pane").clicked() {
                         actions.close = Some(index);
                     }
@@ -169,6 +174,10 @@ pub fn show(
             if response.response.hovered() {
                 actions.hovered_pane = Some(index);
             }
+            if response.response.clicked() {
+                actions.clicked_pane = Some(index);
+            }
+            actions.pane_rects.push(column.min_rect());
             if let Some((region, hit)) = response.hovered {
                 hovered_text = Some((index, region, hit, response.response));
             }

@@ -194,6 +194,40 @@ fn the_oom_panel_says_why_in_plain_words() {
 }
 
 #[test]
+fn the_oom_panel_follows_the_pane_clicked_not_the_pointer() {
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(2);
+    // frag_oom: pytorch and tlsf refuse the 1 GiB request, pytorch-expandable and paged serve it.
+    assert_eq!(harness.state().focused, 0);
+    assert!(harness.query_by_label("pytorch refused 1 request(s):").is_some());
+    // On its way to the side panel the pointer crosses paged's map: the panel stays on pytorch.
+    let paged_map = harness.get_by_label("paged").rect().center() + egui::vec2(0.0, 150.0);
+    harness.hover_at(paged_map);
+    harness.run_steps(2);
+    assert_eq!(harness.state().focused, 0, "hovering does not focus");
+    assert!(harness.query_by_label("pytorch refused 1 request(s):").is_some());
+    // A click on paged's map focuses it: the panel says so and offers the panes that refused.
+    harness.drag_at(paged_map);
+    harness.run_steps(1);
+    harness.drop_at(paged_map);
+    harness.run_steps(2);
+    assert_eq!(harness.state().focused, 3, "a click focuses");
+    assert!(harness.query_by_label("paged served every request.").is_some());
+    assert!(harness.query_by_label("pytorch (1)").is_some() && harness.query_by_label("tlsf (1)").is_some());
+    // O, with a pane focused that refused nothing, finds pytorch's refusal and focuses pytorch.
+    harness.key_press(Key::O);
+    harness.run_steps(2);
+    assert_eq!((harness.state().playback.shown_steps(), harness.state().focused), (61, 0));
+    assert!(harness.query_by_label_contains("Fragmentation: 1000.00 MiB were free").is_some());
+    // The button of another pane that refused focuses it.
+    harness.get_by_label("tlsf (1)").click();
+    harness.run_steps(2);
+    assert_eq!((harness.state().playback.shown_steps(), harness.state().focused), (61, 2));
+    assert!(harness.query_by_label("tlsf refused 1 request(s):").is_some());
+}
+
+#[test]
 fn teach_me_explains_each_decision() {
     let clock = ManualClock::default();
     let mut harness = harness(&clock);
