@@ -478,6 +478,9 @@ impl HeapscopeApp {
                 for mode in ColourBy::ALL {
                     ui.selectable_value(&mut self.colour_by, mode, mode.name());
                 }
+                ui.separator();
+                ui.label(RichText::new("Legend").strong());
+                crate::palette::legend_ui(ui, self.colour_by);
             });
             let panes = self.session.as_ref().map_or(0, |session| session.panes.len());
             // A live session records one contender on the device: another pane would replay an empty recording.

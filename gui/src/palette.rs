@@ -1,4 +1,6 @@
-//! Colours of the heap map: what each kind of byte looks like, and the three ways to colour allocations.
+//! Colours of the heap map: what each kind of byte looks like, the three ways to colour allocations, and their
+//! [`legend`]. Red is reserved for free runs too small for a refused request and grey for free space: no
+//! allocation colour comes near either (a unit test holds every class, group and age to it).
 
 use egui::Color32;
 
@@ -43,20 +45,22 @@ pub const REGION_EDGE: Color32 = Color32::from_rgb(120, 126, 136);
 /// The outline of the hovered allocation.
 pub const HOVER: Color32 = Color32::WHITE;
 
-/// Twelve distinct hues, for classes and groups.
+/// Twelve distinct hues, for classes and groups: no red (red means "too small" on the map) and no grey (grey is
+/// free space), at least 100 apart (RGB) from both; neighbours alternate across the colour wheel, so that
+/// adjacent size classes contrast.
 const HUES: [Color32; 12] = [
-    Color32::from_rgb(78, 121, 167),
-    Color32::from_rgb(242, 142, 43),
-    Color32::from_rgb(89, 161, 79),
-    Color32::from_rgb(237, 201, 72),
-    Color32::from_rgb(176, 122, 161),
-    Color32::from_rgb(118, 183, 178),
-    Color32::from_rgb(255, 157, 167),
-    Color32::from_rgb(156, 117, 95),
-    Color32::from_rgb(186, 176, 172),
-    Color32::from_rgb(225, 87, 89),
-    Color32::from_rgb(134, 188, 234),
-    Color32::from_rgb(166, 216, 84),
+    Color32::from_rgb(242, 167, 92),
+    Color32::from_rgb(92, 242, 230),
+    Color32::from_rgb(204, 183, 78),
+    Color32::from_rgb(78, 162, 204),
+    Color32::from_rgb(205, 242, 92),
+    Color32::from_rgb(92, 130, 242),
+    Color32::from_rgb(120, 204, 78),
+    Color32::from_rgb(99, 78, 204),
+    Color32::from_rgb(92, 242, 105),
+    Color32::from_rgb(180, 92, 242),
+    Color32::from_rgb(78, 204, 141),
+    Color32::from_rgb(204, 78, 204),
 ];
 
 /// The colour of size class `log2(requested_bytes)`.
@@ -80,6 +84,61 @@ pub fn group(group: u32) -> Color32 {
     HUES[hashed as usize % HUES.len()]
 }
 
+/// The smallest size class the legend names (1 KiB); it names two per hue, up to 16 GiB.
+const LEGEND_FIRST_CLASS: u32 = 10;
+
+/// `2^class` bytes, short: `512 B`, `4 KiB`, `2 GiB`.
+fn power_of_two_name(class: u32) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let unit = (class / 10).min(6);
+    format!("{} {}", 1u64 << (class - unit * 10), UNITS[unit as usize])
+}
+
+/// The legend of `colour_by`: each colour allocations get and what it means (size classes with their ranges,
+/// age from new to old, stack groups), then the map's other colours (free, too small, padding, unmapped,
+/// resident pages).
+pub fn legend(colour_by: ColourBy) -> Vec<(Color32, String)> {
+    let mut entries: Vec<(Color32, String)> = match colour_by {
+        ColourBy::SizeClass => (0..HUES.len() as u32)
+            .map(|hue| {
+                let ranges: Vec<String> = [LEGEND_FIRST_CLASS + hue, LEGEND_FIRST_CLASS + hue + 12]
+                    .iter()
+                    .map(|&class| format!("{} to {}", power_of_two_name(class), power_of_two_name(class + 1)))
+                    .collect();
+                (size_class(1 << (LEGEND_FIRST_CLASS + hue)), ranges.join(", "))
+            })
+            .collect(),
+        ColourBy::Age => vec![
+            (age(0, 1000), "just allocated".to_owned()),
+            (age(30, 1000), "older".to_owned()),
+            (age(1000, 1000), "as old as the trace".to_owned()),
+        ],
+        ColourBy::StackGroup => {
+            vec![(group(0), "one hue per group of stack frames".to_owned()), (group(1), "(hover for the frames)".to_owned())]
+        }
+    };
+    let sample = entries.first().map_or(HUES[0], |entry| entry.0);
+    entries.extend([
+        (waste(sample), "padding and rounding".to_owned()),
+        (FREE, "free run".to_owned()),
+        (FREE_TOO_SMALL, "free run too small for the request refused".to_owned()),
+        (UNMAPPED, "unmapped address space".to_owned()),
+        (MAPPED, "resident pages (strip)".to_owned()),
+    ]);
+    entries
+}
+
+/// Draws [`legend`] for `colour_by`: a swatch and its meaning per line.
+pub fn legend_ui(ui: &mut egui::Ui, colour_by: ColourBy) {
+    for (colour, meaning) in legend(colour_by) {
+        ui.horizontal(|ui| {
+            let (rect, _) = ui.allocate_exact_size(egui::vec2(14.0, 10.0), egui::Sense::hover());
+            ui.painter().rect_filled(rect, 2.0, colour);
+            ui.label(egui::RichText::new(meaning).small());
+        });
+    }
+}
+
 /// `colour` darkened, for padding and rounding waste next to the requested bytes.
 pub fn waste(colour: Color32) -> Color32 {
     Color32::from_rgb(colour.r() / 3, colour.g() / 3, colour.b() / 3)
@@ -100,6 +159,52 @@ mod tests {
         assert_eq!(size_class(1 << 20), size_class((2 << 20) - 1));
         assert_ne!(size_class(1 << 20), size_class(2 << 20));
         assert_eq!(size_class(0), size_class(1));
+    }
+
+    /// Distance in RGB.
+    fn distance(a: Color32, b: Color32) -> f32 {
+        let d = |x: u8, y: u8| (f32::from(x) - f32::from(y)).powi(2);
+        (d(a.r(), b.r()) + d(a.g(), b.g()) + d(a.b(), b.b())).sqrt()
+    }
+
+    #[test]
+    fn allocations_are_never_red_or_grey() {
+        // Every colour an allocation can get: each size class, every group, ages from new to old.
+        let sizes = (0..64).map(|class| size_class(1 << class));
+        let groups = (0..256).map(group);
+        let ages = (0..=1000).step_by(10).map(|age_steps| age(age_steps, 1000));
+        for colour in sizes.chain(groups).chain(ages) {
+            for (reserved, name) in [(FREE_TOO_SMALL, "the too-small red"), (FREE, "the free grey")] {
+                assert!(distance(colour, reserved) >= 100.0, "{colour:?} is {} from {name}", distance(colour, reserved));
+            }
+        }
+    }
+
+    #[test]
+    fn hues_are_distinct() {
+        for (index, a) in HUES.iter().enumerate() {
+            for b in &HUES[index + 1..] {
+                assert!(distance(*a, *b) >= 40.0, "{a:?} and {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_legend_names_size_ranges_and_the_map_colours() {
+        let sizes = legend(ColourBy::SizeClass);
+        let meaning = |colour: Color32| sizes.iter().find(|entry| entry.0 == colour).map(|entry| entry.1.as_str());
+        // Twelve hues: a class shares its hue with the one 2^12 times larger.
+        assert_eq!(meaning(size_class(1 << 10)), Some("1 KiB to 2 KiB, 4 MiB to 8 MiB"));
+        assert_eq!(meaning(size_class(1 << 20)), Some("1 MiB to 2 MiB, 4 GiB to 8 GiB"));
+        assert_eq!(meaning(size_class(3 << 20)), Some("2 MiB to 4 MiB, 8 GiB to 16 GiB"));
+        assert_eq!(size_class(5 << 30), size_class(1 << 20));
+        assert_eq!(meaning(FREE_TOO_SMALL), Some("free run too small for the request refused"));
+        assert_eq!(sizes.len(), 12 + 5);
+        for mode in ColourBy::ALL {
+            assert!(legend(mode).iter().any(|entry| entry.0 == FREE), "{mode:?}");
+        }
+        assert_eq!(power_of_two_name(9), "512 B");
+        assert_eq!(power_of_two_name(31), "2 GiB");
     }
 
     #[test]

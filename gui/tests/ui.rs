@@ -228,6 +228,24 @@ fn the_oom_panel_follows_the_pane_clicked_not_the_pointer() {
 }
 
 #[test]
+fn the_colour_menu_has_a_legend() {
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(1);
+    harness.get_by_label("colour: size class").click();
+    harness.run_steps(2);
+    assert!(harness.query_by_label("Legend").is_some());
+    assert!(harness.query_by_label("1 MiB to 2 MiB, 4 GiB to 8 GiB").is_some(), "size classes with their ranges");
+    assert!(harness.query_by_label("free run too small for the request refused").is_some());
+    harness.get_by_label("age").click();
+    harness.run_steps(2);
+    assert_eq!(harness.state().colour_by, heapscope_gui::palette::ColourBy::Age);
+    harness.get_by_label("colour: age").click();
+    harness.run_steps(2);
+    assert!(harness.query_by_label("just allocated").is_some(), "the legend follows the mode");
+}
+
+#[test]
 fn teach_me_explains_each_decision() {
     let clock = ManualClock::default();
     let mut harness = harness(&clock);
