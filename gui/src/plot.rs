@@ -1,8 +1,11 @@
-//! The timeline plot (egui_plot): live and reserved bytes of every pane, fragmentation below, markers where
-//! a request was refused, and the current position; clicking or dragging on it seeks.
+//! The timeline plot (egui_plot): reserved (solid) and live (dashed) bytes of every pane in the pane's colour,
+//! in the unit the data needs (B, KiB, MiB or GiB), fragmentation below, markers where a request was refused,
+//! and the current position; clicking or dragging on it seeks. The legend (pane names in their colours) is a
+//! row above the plot, so that it covers no data and a click on it does not seek. Every series starts at
+//! step 0 with nothing, so a one-event trace still draws a line.
 
 use egui::{Color32, Ui};
-use egui_plot::{Line, MarkerShape, Plot, PlotPoints, Points, VLine};
+use egui_plot::{Line, LineStyle, MarkerShape, Plot, PlotPoints, Points, VLine};
 use heapscope_core::timeline::Timeline;
 
 /// Points per series at most: long timelines are reduced to the highest value per bucket of steps.
@@ -13,34 +16,51 @@ pub const MAX_POINTS: usize = 2000;
 pub struct Series {
     /// Steps the series was built from.
     pub steps: u64,
-    /// `[step, GiB]` of live bytes.
+    /// `[step, bytes]` live.
     pub live: Vec<[f64; 2]>,
-    /// `[step, GiB]` of reserved bytes.
+    /// `[step, bytes]` reserved.
     pub reserved: Vec<[f64; 2]>,
     /// `[step, 0..1]` of fragmentation.
     pub fragmentation: Vec<[f64; 2]>,
-    /// `[step, GiB reserved]` where a request was refused.
+    /// `[step, bytes reserved]` where a request was refused.
     pub refusals: Vec<[f64; 2]>,
 }
 
-const GIB: f64 = (1u64 << 30) as f64;
+/// The unit to draw `max_bytes` in: its name and its size in bytes (the largest of B, KiB, MiB and GiB that
+/// `max_bytes` reaches, so that the axis has more than a "0" tick).
+pub fn byte_unit(max_bytes: f64) -> (&'static str, f64) {
+    const UNITS: [(&str, f64); 4] = [("GiB", 1_073_741_824.0), ("MiB", 1_048_576.0), ("KiB", 1024.0), ("B", 1.0)];
+    UNITS.into_iter().find(|&(_, size)| max_bytes >= size).unwrap_or(UNITS[3])
+}
+
+/// `points` with y divided by `unit`.
+fn scaled(points: &[[f64; 2]], unit: f64) -> PlotPoints<'static> {
+    PlotPoints::from(points.iter().map(|&[x, y]| [x, y / unit]).collect::<Vec<_>>())
+}
 
 impl Series {
     /// The series of `timeline`, at most [`MAX_POINTS`] points each (the maximum of each bucket, so peaks
-    /// survive the reduction). Step `s` is drawn at x = s + 1: the totals after it.
+    /// survive the reduction). Step `s` is drawn at x = s + 1: the totals after it; x = 0 is the start, with
+    /// nothing.
     pub fn of(timeline: &Timeline) -> Self {
         let samples = timeline.samples();
         let bucket = samples.len().div_ceil(MAX_POINTS).max(1);
-        let mut series = Series { steps: timeline.steps(), ..Series::default() };
+        let mut series = Series {
+            steps: timeline.steps(),
+            live: vec![[0.0, 0.0]],
+            reserved: vec![[0.0, 0.0]],
+            fragmentation: vec![[0.0, 0.0]],
+            refusals: Vec::new(),
+        };
         for (index, chunk) in samples.chunks(bucket).enumerate() {
             let x = ((index * bucket + chunk.len()) as f64).min(samples.len() as f64);
             let max = |value: &dyn Fn(&heapscope_core::timeline::Sample) -> f64| chunk.iter().map(value).fold(0.0, f64::max);
-            series.live.push([x, max(&|sample| sample.live_bytes as f64 / GIB)]);
-            series.reserved.push([x, max(&|sample| sample.reserved_bytes as f64 / GIB)]);
+            series.live.push([x, max(&|sample| sample.live_bytes as f64)]);
+            series.reserved.push([x, max(&|sample| sample.reserved_bytes as f64)]);
             series.fragmentation.push([x, max(&|sample| f64::from(sample.fragmentation))]);
         }
         series.refusals =
-            timeline.refusals().iter().map(|(step, refusal)| [*step as f64 + 1.0, refusal.reserved_bytes as f64 / GIB]).collect();
+            timeline.refusals().iter().map(|(step, refusal)| [*step as f64 + 1.0, refusal.reserved_bytes as f64]).collect();
         series
     }
 }
@@ -57,6 +77,22 @@ pub const PANE_COLOURS: [Color32; 4] = [
 /// seek to when the user clicked or dragged on them.
 pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32) -> Option<u64> {
     let steps = series.iter().map(|(_, series)| series.steps).max().unwrap_or(0);
+    let max_bytes = series
+        .iter()
+        .flat_map(|(_, series)| series.reserved.iter().chain(&series.live))
+        .map(|point| point[1])
+        .fold(0.0, f64::max);
+    let (unit_name, unit) = byte_unit(max_bytes);
+    // One label (names in their colours), so that the pane names stay unique widgets of the headers.
+    let mut legend = egui::text::LayoutJob::default();
+    let font = egui::TextStyle::Small.resolve(ui.style());
+    for (index, (name, _)) in series.iter().enumerate() {
+        let colour = PANE_COLOURS[index % PANE_COLOURS.len()];
+        legend.append(&format!("{name}   "), 0.0, egui::TextFormat::simple(font.clone(), colour));
+    }
+    let weak = ui.visuals().weak_text_color();
+    legend.append("(solid: reserved, dashed: live, red cross: refused)", 0.0, egui::TextFormat::simple(font, weak));
+    ui.label(legend);
     let link = ui.scope_id().with("timeline");
     let mut seek = None;
     let mut seek_from = |response: &egui::Response, x: Option<f64>| {
@@ -76,20 +112,20 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
         .include_x(0.0)
         .include_x(steps as f64)
         .link_axis(link, [true, false])
-        .y_axis_label("GiB")
-        .legend(egui_plot::Legend::default().position(egui_plot::Corner::LeftTop))
+        .y_axis_label(unit_name)
         .show(ui, |plot| {
             for (index, (name, series)) in series.iter().enumerate() {
                 let colour = PANE_COLOURS[index % PANE_COLOURS.len()];
+                plot.line(Line::new(format!("{name} reserved"), scaled(&series.reserved, unit)).color(colour).width(1.5));
                 plot.line(
-                    Line::new(format!("{name} reserved"), PlotPoints::from(series.reserved.clone())).color(colour).width(1.5),
+                    Line::new(format!("{name} live"), scaled(&series.live, unit))
+                        .color(colour)
+                        .width(1.0)
+                        .style(LineStyle::dashed_dense()),
                 );
-                if index == 0 {
-                    plot.line(Line::new("live", PlotPoints::from(series.live.clone())).color(Color32::GRAY).width(1.0));
-                }
                 if !series.refusals.is_empty() {
                     plot.points(
-                        Points::new("OOM", PlotPoints::from(series.refusals.clone()))
+                        Points::new(format!("{name} OOM"), scaled(&series.refusals, unit))
                             .shape(MarkerShape::Cross)
                             .radius(6.0)
                             .color(Color32::from_rgb(230, 60, 60)),
@@ -161,10 +197,31 @@ mod tests {
         };
         timeline.push(&[], Some(refusal)).unwrap();
         let series = Series::of(&timeline);
-        assert!(series.live.len() <= MAX_POINTS, "{}", series.live.len());
-        assert_eq!(series.live.iter().map(|point| point[1]).fold(0.0, f64::max), 1.0, "the 1 GiB peak survives");
+        assert!(series.live.len() <= MAX_POINTS + 1, "{}", series.live.len());
+        assert_eq!(series.live.first(), Some(&[0.0, 0.0]), "the start");
+        let gib = f64::from(1u32 << 30);
+        assert_eq!(series.live.iter().map(|point| point[1]).fold(0.0, f64::max), gib, "the 1 GiB peak survives");
         assert_eq!(series.live.last().map(|point| point[0]), Some(10_001.0));
-        assert_eq!(series.refusals, [[10_001.0, 1.0]]);
+        assert_eq!(series.refusals, [[10_001.0, gib]]);
         assert_eq!(series.steps, 10_001);
+    }
+
+    #[test]
+    fn one_event_draws_a_line_from_the_start() {
+        let mut timeline = Timeline::new("t");
+        timeline.push(&[Change::RegionAdded { address: 0, size_bytes: 64 << 20, kind: RegionKind::Block }], None).unwrap();
+        let series = Series::of(&timeline);
+        assert_eq!(series.reserved, [[0.0, 0.0], [1.0, f64::from(64u32 << 20)]]);
+        assert_eq!(series.live, [[0.0, 0.0], [1.0, 0.0]]);
+    }
+
+    #[test]
+    fn the_unit_follows_the_data() {
+        for (max_bytes, unit) in
+            [(0.0, "B"), (1000.0, "B"), (4096.0, "KiB"), (f64::from(64u32 << 20), "MiB"), (f64::from(3u32 << 30), "GiB")]
+        {
+            assert_eq!(byte_unit(max_bytes).0, unit, "{max_bytes}");
+        }
+        assert_eq!(byte_unit(f64::from(64u32 << 20)).1, 1_048_576.0);
     }
 }
