@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use heapscope_core::compare::CompareConfig;
 use heapscope_core::recording::Recording;
 use heapscope_core::story::{self, Story};
@@ -174,7 +174,8 @@ impl Session {
     /// # Errors
     /// The file cannot be read or parsed (the error names it), or a replay fails.
     pub fn open(path: &Path, contenders: &[Contender]) -> Result<Self> {
-        let recording = Recording::open(path, 0).with_context(|| format!("cannot open {}", path.display()))?;
+        // The core's errors name the file already ("cannot read F: …", "F: the file is empty", "F:2: …").
+        let recording = Recording::open(path, 0)?;
         Self::new(recording, CompareConfig::default(), contenders)
     }
 

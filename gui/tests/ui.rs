@@ -134,9 +134,15 @@ fn dropped_files_open_and_bad_files_say_why() {
     harness.run_steps(1);
     wait_for_open(&mut harness);
     let error = harness.state().error.clone().unwrap();
-    assert!(error.contains("bad.csv") && error.contains("unknown event \"x\""), "{error}");
+    assert!(error.contains("bad.csv:2: ") && error.contains("unknown event \"x\""), "{error}");
+    assert_eq!(error.matches("bad.csv").count(), 1, "the file is named once: {error}");
     assert!(harness.query_by_label_contains("unknown event").is_some(), "the error shows");
     assert_eq!(harness.state().session.as_ref().unwrap().name, "frag_oom", "the story stays open");
+    let empty = temp_file("empty.csv", "");
+    drop_file(&mut harness, empty.clone());
+    harness.run_steps(1);
+    wait_for_open(&mut harness);
+    assert_eq!(harness.state().error.as_deref(), Some(format!("{}: the file is empty", empty.display()).as_str()));
     let good = temp_file("good.csv", "a,1,100\na,2,200\nf,1\n");
     drop_file(&mut harness, good);
     harness.run_steps(1);

@@ -58,17 +58,37 @@ pub enum Error {
     /// The memory source failed for a reason other than running out of memory.
     #[error("memory source failed: {0}")]
     Source(String),
-    /// A trace file could not be read.
-    #[error("{file}:{line}: {what}")]
+    /// A trace file could not be read: `file:line: what`, or `file: what` when no line applies (binary traces,
+    /// replays).
+    #[error("{file}{}: {what}", line_suffix(*.line))]
     Trace {
         /// The file (or `<memory>`).
         file: String,
-        /// 1-based line number.
+        /// 1-based line number; 0 when no line applies.
         line: u64,
         /// What is wrong with it.
         what: String,
     },
 }
 
+/// `:line`, or nothing for line 0 (no line applies).
+fn line_suffix(line: u64) -> String {
+    if line == 0 { String::new() } else { format!(":{line}") }
+}
+
 /// `Result` with the core's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trace_errors_name_the_line_only_when_known() {
+        let cases = [(7, "bad.csv:7: unknown event \"x\""), (0, "bad.csv: unknown event \"x\"")];
+        for (line, shown) in cases {
+            let error = Error::Trace { file: "bad.csv".into(), line, what: "unknown event \"x\"".into() };
+            assert_eq!(error.to_string(), shown);
+        }
+    }
+}

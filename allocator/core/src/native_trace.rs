@@ -238,7 +238,7 @@ mod tests {
         let bytes = sample().to_native();
         for len in 0..bytes.len() {
             let message = Trace::parse_native("cut.hst", &bytes[..len]).unwrap_err().to_string();
-            assert!(message.starts_with("cut.hst:0: byte "), "{len}: {message}");
+            assert!(message.starts_with("cut.hst: byte "), "{len}: {message}");
         }
     }
 
