@@ -302,7 +302,8 @@ impl HeapscopeApp {
     }
 
     fn keyboard(&mut self, ui: &Ui) {
-        if ui.input_mut(|input| input.consume_key(Modifiers::COMMAND, Key::O)) {
+        // Ctrl+O opens the browser; while it is open, it leaves it as it is (its folder, its selection).
+        if ui.input_mut(|input| input.consume_key(Modifiers::COMMAND, Key::O)) && self.file_browser.is_none() {
             self.open_file_browser();
         }
         // The browser's keys are its own while it is open.
@@ -310,7 +311,16 @@ impl HeapscopeApp {
             return;
         }
         let steps = self.steps();
-        let pressed = |key| ui.input(|input| input.key_pressed(key));
+        // The app's keys come without modifiers: Alt+T or Ctrl+Space belong to someone else.
+        // (The press's own modifiers, as the integration reported them with it; key repeats count.)
+        let pressed = |key| {
+            ui.input(|input| {
+                input.events.iter().any(|event| {
+                    matches!(event, egui::Event::Key { key: pressed, pressed: true, modifiers, .. }
+                        if *pressed == key && modifiers.is_none())
+                })
+            })
+        };
         if pressed(Key::Space) {
             self.playback.toggle(steps);
         }

@@ -252,6 +252,23 @@ fn the_colour_menu_has_a_legend() {
 }
 
 #[test]
+fn single_letter_keys_ignore_modified_presses() {
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(1);
+    harness.key_press_modifiers(Modifiers::ALT, Key::T);
+    harness.key_press_modifiers(Modifiers::COMMAND, Key::Space);
+    harness.key_press_modifiers(Modifiers::ALT, Key::O);
+    harness.run_steps(2);
+    let app = harness.state();
+    assert_eq!((app.teach, app.playback.playing, app.playback.shown_steps()), (false, false, 0));
+    harness.key_press(Key::T);
+    harness.key_press(Key::Space);
+    harness.run_steps(1);
+    assert_eq!((harness.state().teach, harness.state().playback.playing), (true, true), "unmodified, they work");
+}
+
+#[test]
 fn teach_me_explains_each_decision() {
     let clock = ManualClock::default();
     let mut harness = harness(&clock);
@@ -393,6 +410,10 @@ fn open_a_snapshot_from_the_file_browser() {
     harness.state_mut().file_browser.as_mut().unwrap().set_typed_path(root.to_str().unwrap());
     harness.get_by_label("Go").click();
     harness.run_steps(1);
+    // Ctrl+O again while it is open leaves it where it is.
+    harness.key_press_modifiers(Modifiers::COMMAND, Key::O);
+    harness.run_steps(1);
+    assert_eq!(harness.state().file_browser.as_ref().unwrap().dir(), std::fs::canonicalize(&root).unwrap());
     click_row(&mut harness, "traces/");
     assert_eq!(harness.state().file_browser.as_ref().unwrap().selected().unwrap().name, "traces", "a click selects");
     harness.key_press(Key::Enter);
