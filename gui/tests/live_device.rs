@@ -63,8 +63,9 @@ fn a_live_serve_run_shows_the_device_heap_as_it_runs() {
         [BenchPolicy::Heap(PolicyKind::Tlsf), BenchPolicy::Paged, BenchPolicy::Pytorch, BenchPolicy::PytorchExpandable];
     for policy in contenders {
         let config = LiveConfig { steps: Some(24), ..LiveConfig::new(LiveWorkload::Serve, policy) };
-        let harness = run_live(&context, config);
+        let harness = run_live(&context, config.clone());
         let app = harness.state();
+        assert_eq!(app.live.config(), Ok(config), "{policy}: the Live bar shows the run, \"Start run\" repeats it");
         let progress = app.live.run.as_ref().unwrap().progress();
         let report = match progress.finished.clone().unwrap() {
             Ok(report) => report,
