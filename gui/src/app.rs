@@ -3,8 +3,8 @@
 //! keyboard.
 //!
 //! Keys: Ctrl+O "Open…", Space play / pause, → next step (animated), ← previous step, Home / End the start / the end,
-//! `[` / `]` slower / faster, O the next refused request (of the focused pane, else of any), T "Teach me". A
-//! click on a pane (its name or its map) focuses it: "Why it failed", O and "Next OOM" follow the focused pane,
+//! `[` / `]` slower / faster, O the next refused request (of the focused pane, else of any), T "Teach me", 1 to 4
+//! focus that pane; these act only without modifiers. A click on a pane (its name or its map) focuses it too: "Why it failed", O and "Next OOM" follow the focused pane,
 //! never the pointer's last crossing. On a map: wheel scrolls, ctrl + wheel (or pinch) zooms around the pointer,
 //! drag scrolls, double-click fits the whole heap.
 
@@ -40,8 +40,8 @@ pub struct HeapscopeApp {
     pub colour_by: ColourBy,
     /// Whether the "Teach me" panel shows.
     pub teach: bool,
-    /// The pane "Why it failed", "Next OOM" and the `O` key follow: the one clicked last (its name or its map),
-    /// outlined on screen.
+    /// The pane "Why it failed", "Next OOM" and the `O` key follow: the one clicked last (its name or its map)
+    /// or picked with the keys 1 to 4, outlined on screen.
     pub focused: usize,
     /// The last error (a file that would not open), shown until dismissed.
     pub error: Option<String>,
@@ -347,6 +347,12 @@ impl HeapscopeApp {
         }
         if pressed(Key::T) {
             self.teach = !self.teach;
+        }
+        let panes = self.session.as_ref().map_or(0, |session| session.panes.len());
+        for (index, key) in [Key::Num1, Key::Num2, Key::Num3, Key::Num4].into_iter().enumerate() {
+            if index < panes && pressed(key) {
+                self.focused = index;
+            }
         }
     }
 

@@ -16,15 +16,17 @@
 //!   instead of a recording: [`device_live`] runs a workload on the Vulkan device and streams what its heap does
 //!   ([`live_panel`] is its bar; `heapscope gui --live serve` starts it).
 //! - [`heap_map`] draws a layout: regions as bands of rows at one bytes-per-row scale, allocations as spans
-//!   coloured by size class, age or stack frames ([`palette`]), padding and rounding shaded, free runs
-//!   distinct (red when too small for the request that failed), resident pages of virtual ranges marked.
+//!   coloured by size class, age or stack frames ([`palette`]: never red nor grey, with a legend), padding and
+//!   rounding shaded, free runs distinct (red when too small for the request that failed), resident pages of
+//!   virtual ranges marked.
 //!   Only visible rows are built and sub-pixel spans merge, so a frame costs the pixels shown, not the
 //!   allocations live (`benches/heap_map.rs`: 100,000 live allocations).
 //! - [`playback`] turns an injectable [`playback::Clock`] into a position (fractional while a step
 //!   animates: new spans grow in, freed ones fade out, new regions fade in); tests drive a
 //!   [`playback::ManualClock`].
 //! - [`app`] is the window: transport, the timeline [`plot`] (click or drag to seek), the panes
-//!   ([`panes`]), "Why it failed" and "Teach me" ([`panels`]), files opened from the command line, by drag
+//!   ([`panes`]; the focused one, clicked last or picked with 1 to 4, is outlined), "Why it failed" (about the
+//!   focused pane) and "Teach me" ([`panels`]), files opened from the command line, by drag
 //!   and drop, by path, or with "Open…" / Ctrl+O: [`file_browser`], a small browser in plain egui over
 //!   `std::fs` (the dialog crates need GTK or a desktop portal), filtered to what heapscope opens.
 //! - [`window`] is the native window (eframe on wgpu), and its scripted run: quit after N frames, a screenshot

@@ -231,6 +231,11 @@ fn the_oom_panel_follows_the_pane_clicked_not_the_pointer() {
     harness.run_steps(2);
     assert_eq!((harness.state().playback.shown_steps(), harness.state().focused), (61, 2));
     assert!(harness.query_by_label("tlsf refused 1 request(s):").is_some());
+    // The keys 1 to 4 focus a pane too.
+    harness.key_press(Key::Num2);
+    harness.run_steps(1);
+    assert_eq!(harness.state().focused, 1);
+    assert!(harness.query_by_label("pytorch-expandable served every request.").is_some());
 }
 
 #[test]
