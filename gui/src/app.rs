@@ -664,6 +664,10 @@ impl HeapscopeApp {
             && session.panes.len() > 1
         {
             session.panes.remove(index);
+            // The focused pane stays focused when one before it closes.
+            if index < self.focused {
+                self.focused -= 1;
+            }
             self.refresh_caches();
         }
     }

@@ -164,10 +164,14 @@ fn switch_policy_and_add_panes() {
     let session = harness.state().session.as_ref().unwrap();
     assert_eq!(session.panes[0].contender, Some(Contender::Heap(PolicyKind::Buddy)));
     assert_eq!(session.panes.len(), 4);
-    // Close one, add one back.
+    // Close one, add one back; the focused pane (tlsf) stays focused.
+    harness.key_press(Key::Num3);
+    harness.run_steps(1);
     harness.get_all_by_label("x").next().unwrap().click();
     harness.run_steps(2);
     assert_eq!(harness.state().session.as_ref().unwrap().panes.len(), 3);
+    let app = harness.state();
+    assert_eq!(app.session.as_ref().unwrap().panes[app.focused].name(), "tlsf");
     harness.get_by_label("+ pane").click();
     harness.run_steps(2);
     assert_eq!(harness.state().session.as_ref().unwrap().panes.len(), 4);
