@@ -173,6 +173,8 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
     if args.frame_ms == Some(0) {
         anyhow::bail!("--frame-ms 0: each frame needs to show for a while");
     }
+    let options = RenderOptions { width: args.width, height: args.height, at: args.at, colour_by: args.colour };
+    options.check()?;
     let contenders =
         if args.policies.is_empty() { vec![Contender::Pytorch { expandable: false }] } else { args.policies.clone() };
     let mut session = match (&args.file, &args.story) {
@@ -184,7 +186,6 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
         (None, Some(story)) => Session::story_named(story, &contenders)?,
         (None, None) => anyhow::bail!("name a recording FILE or a --story"),
     };
-    let options = RenderOptions { width: args.width, height: args.height, at: args.at, colour_by: args.colour };
     if gif {
         let defaults = GifOptions::default();
         let frame_ms = args.frame_ms.unwrap_or(defaults.frame_ms);
