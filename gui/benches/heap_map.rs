@@ -67,6 +67,7 @@ fn main() {
         born: layout.spans().step_by(1000).map(|span| span.address).collect(),
         dying: layout.spans().step_by(997).copied().collect(),
         new_regions: vec![0],
+        ..StepAnimation::default()
     };
     let scene = Scene {
         layout,

@@ -16,7 +16,7 @@
 //! view, where they are small.
 
 use egui::{Color32, CornerRadius, Rect, Sense, Shape, Stroke, StrokeKind, Ui, Vec2, pos2};
-use heapscope_core::timeline::{Layout, RegionKind, Span, Timeline};
+use heapscope_core::timeline::{Layout, Region, RegionKind, Span, Timeline};
 
 use crate::palette::{self, ColourBy};
 
@@ -80,6 +80,8 @@ pub struct Band {
     pub top: f64,
     /// Rows it takes.
     pub rows: u64,
+    /// Whether the step animating released it: it is no longer in the layout, and fades out in place.
+    pub released: bool,
 }
 
 /// Where every region's rows are at one scale.
@@ -100,14 +102,27 @@ pub struct Rows {
 impl Rows {
     /// The bands of `layout`'s regions at `scale`.
     pub fn new(layout: &Layout, timeline: &Timeline, scale: Scale) -> Self {
+        Self::with_released(layout, timeline, scale, &[])
+    }
+
+    /// The bands of `layout`'s regions and of `released`, regions the step animating released (in their place
+    /// by address, while they fade out), at `scale`.
+    pub fn with_released(layout: &Layout, timeline: &Timeline, scale: Scale, released: &[Region]) -> Self {
         let Scale { row_bytes, row_height, gap } = scale;
         let row_bytes = row_bytes.max(1);
+        let mut regions: Vec<(&Region, bool)> = layout.regions().map(|region| (region, false)).collect();
+        if !released.is_empty() {
+            // A region reserved again at the same address in the same step fades in instead.
+            regions
+                .extend(released.iter().filter(|region| layout.region_of(region.address).is_none()).map(|region| (region, true)));
+            regions.sort_by_key(|(region, _)| region.address);
+        }
         let mut top = 0.0;
-        let mut bands = Vec::with_capacity(layout.regions().len());
-        for region in layout.regions() {
+        let mut bands = Vec::with_capacity(regions.len());
+        for (region, released) in regions {
             let shown_bytes = timeline.shown_bytes(region);
             let rows = shown_bytes.div_ceil(row_bytes);
-            bands.push(Band { address: region.address, shown_bytes, kind: region.kind, top, rows });
+            bands.push(Band { address: region.address, shown_bytes, kind: region.kind, top, rows, released });
             top += rows as f64 * f64::from(row_height) + f64::from(gap);
         }
         Self { row_bytes, row_height, gap, bands, height: (top - f64::from(gap)).max(0.0) }
@@ -199,6 +214,35 @@ pub struct StepAnimation {
     pub dying: Vec<Span>,
     /// Base addresses of the regions it reserved.
     pub new_regions: Vec<u64>,
+    /// The regions it released, as they were before it (faded out in place).
+    pub released: Vec<Region>,
+    /// Pages it mapped, `(address, bytes)` by address (faded in).
+    pub mapped: Vec<(u64, u64)>,
+    /// Pages it unmapped, `(address, bytes)` by address (faded out).
+    pub unmapped: Vec<(u64, u64)>,
+}
+
+/// `[address, address + bytes)` cut where `ranges` (`(address, bytes)`, by address, disjoint) begin and end:
+/// each piece, and whether it lies in one of them.
+fn cut(address: u64, bytes: u64, ranges: &[(u64, u64)]) -> impl Iterator<Item = (u64, u64, bool)> {
+    let end = address + bytes;
+    let mut pieces = Vec::new();
+    let mut at = address;
+    for &(start, length) in ranges {
+        let (inner_start, inner_end) = (start.max(at), (start + length).min(end));
+        if inner_start >= inner_end {
+            continue;
+        }
+        if inner_start > at {
+            pieces.push((at, inner_start - at, false));
+        }
+        pieces.push((inner_start, inner_end - inner_start, true));
+        at = inner_end;
+    }
+    if at < end {
+        pieces.push((at, end - at, false));
+    }
+    pieces.into_iter()
 }
 
 /// What the map shows.
@@ -279,10 +323,18 @@ pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f64, out
         if band_top > rect.bottom() {
             break;
         }
-        let region = scene.layout.region_of(band.address);
         let first_row = ((scroll - band.top) / f64::from(rows.row_height)).floor().max(0.0) as u64;
-        let appearing = scene.animation.is_some_and(|animation| animation.new_regions.contains(&band.address));
-        let alpha = if appearing { progress } else { 1.0 };
+        let (region, alpha) = match scene.animation {
+            Some(animation) if band.released => {
+                (animation.released.iter().find(|region| region.address == band.address), 1.0 - progress)
+            }
+            Some(animation) if animation.new_regions.contains(&band.address) => (scene.layout.region_of(band.address), progress),
+            _ => (scene.layout.region_of(band.address), 1.0),
+        };
+        // Pages the step mapped fade in, pages it unmapped fade out.
+        let (mapped_now, unmapped_now) =
+            scene.animation.map_or((&[][..], &[][..]), |animation| (&animation.mapped[..], &animation.unmapped[..]));
+        let page_alpha = |fresh: bool| if fresh { alpha * progress } else { alpha };
         for row in first_row..band.rows {
             let top = y_of(rows.row_top(band, row));
             if top > rect.bottom() {
@@ -299,13 +351,25 @@ pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f64, out
                     painter.out.push(Shape::rect_filled(row_rect, CornerRadius::ZERO, palette::faded(palette::FREE, alpha)));
                 }
                 RegionKind::Virtual => {
-                    painter.out.push(Shape::rect_filled(row_rect, CornerRadius::ZERO, palette::UNMAPPED));
+                    painter.out.push(Shape::rect_filled(row_rect, CornerRadius::ZERO, palette::faded(palette::UNMAPPED, alpha)));
                     for (address, bytes) in mapped_in(region, start, end) {
-                        let (x0, x1) = (x_of(start, address), x_of(start, address + bytes));
+                        for (address, bytes, fresh) in cut(address, bytes, mapped_now) {
+                            let (x0, x1) = (x_of(start, address), x_of(start, address + bytes));
+                            painter.out.push(Shape::rect_filled(
+                                Rect::from_min_max(pos2(x0, top), pos2(x1.max(x0 + 0.5), bottom)),
+                                CornerRadius::ZERO,
+                                palette::faded(palette::FREE, page_alpha(fresh)),
+                            ));
+                        }
+                    }
+                    for &(address, bytes) in
+                        unmapped_now.iter().filter(|(address, bytes)| *address < end && address + bytes > start)
+                    {
+                        let (x0, x1) = (x_of(start, address.max(start)), x_of(start, (address + bytes).min(end)));
                         painter.out.push(Shape::rect_filled(
                             Rect::from_min_max(pos2(x0, top), pos2(x1.max(x0 + 0.5), bottom)),
                             CornerRadius::ZERO,
-                            palette::FREE,
+                            palette::faded(palette::FREE, 1.0 - progress),
                         ));
                     }
                 }
@@ -348,13 +412,20 @@ pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f64, out
                 }
             }
             if band.kind == RegionKind::Virtual {
-                for (address, bytes) in mapped_in(region, start, end) {
+                let strip = |address: u64, bytes: u64, alpha: f32| {
                     let (x0, x1) = (x_of(start, address), x_of(start, address + bytes));
-                    out.push(Shape::rect_filled(
-                        Rect::from_min_max(pos2(x0, top), pos2(x1.max(x0 + 0.5), top + MAPPED_STRIP)),
-                        0.0,
-                        palette::MAPPED,
-                    ));
+                    let rect = Rect::from_min_max(pos2(x0, top), pos2(x1.max(x0 + 0.5), top + MAPPED_STRIP));
+                    Shape::rect_filled(rect, 0.0, palette::faded(palette::MAPPED, alpha))
+                };
+                for (address, bytes) in mapped_in(region, start, end) {
+                    out.extend(
+                        cut(address, bytes, mapped_now).map(|(address, bytes, fresh)| strip(address, bytes, page_alpha(fresh))),
+                    );
+                }
+                for &(address, bytes) in unmapped_now.iter().filter(|(address, bytes)| *address < end && address + bytes > start)
+                {
+                    let clipped = address.max(start);
+                    out.push(strip(clipped, (address + bytes).min(end) - clipped, 1.0 - progress));
                 }
             }
             if let Some(hovered) = scene.hovered.and_then(|address| scene.layout.span_at(address))
@@ -377,7 +448,7 @@ pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f64, out
 }
 
 /// The mapped runs of `region` within `[start, end)`, clipped.
-fn mapped_in(region: Option<&heapscope_core::timeline::Region>, start: u64, end: u64) -> Vec<(u64, u64)> {
+fn mapped_in(region: Option<&Region>, start: u64, end: u64) -> Vec<(u64, u64)> {
     let Some(region) = region else { return Vec::new() };
     let first = region.mapped.range(..start).next_back().filter(|(a, b)| *a + *b > start).map(|(a, _)| *a).unwrap_or(start);
     region
@@ -431,7 +502,8 @@ pub fn show(ui: &mut Ui, scene: &Scene<'_>, view: &mut MapView) -> MapResponse {
     let size = ui.available_size().max(Vec2::new(64.0, ROW_HEIGHT * 2.0));
     let (rect, response) = ui.allocate_exact_size(size, Sense::click_and_drag());
     let fit = Rows::fit(scene.layout, scene.timeline, rect.height());
-    let mut rows = Rows::new(scene.layout, scene.timeline, view.scale.unwrap_or(fit));
+    let released = scene.animation.map_or(&[][..], |animation| &animation.released[..]);
+    let mut rows = Rows::with_released(scene.layout, scene.timeline, view.scale.unwrap_or(fit), released);
     let pointer = response.hover_pos();
     if let Some(pos) = pointer {
         let (zoom, scroll_delta) = ui.input(|input| (input.zoom_delta(), input.smooth_scroll_delta.y));
@@ -439,7 +511,7 @@ pub fn show(ui: &mut Ui, scene: &Scene<'_>, view: &mut MapView) -> MapResponse {
             let anchor = rows.address_at(pos - rect.min, view.scroll, rect.width());
             let scale = Scale { row_bytes: MapView::zoomed(rows.row_bytes, zoom, rows.widest_bytes()), ..rows.scale() };
             view.scale = Some(scale);
-            rows = Rows::new(scene.layout, scene.timeline, scale);
+            rows = Rows::with_released(scene.layout, scene.timeline, scale, released);
             // Keep the address under the pointer where it was.
             if let Some(y) = anchor.and_then(|address| rows.y_of(address)) {
                 view.scroll = y + f64::from(rows.row_height / 2.0 - (pos.y - rect.top()));
@@ -453,7 +525,7 @@ pub fn show(ui: &mut Ui, scene: &Scene<'_>, view: &mut MapView) -> MapResponse {
     }
     if response.double_clicked() {
         *view = MapView::default();
-        rows = Rows::new(scene.layout, scene.timeline, fit);
+        rows = Rows::with_released(scene.layout, scene.timeline, fit, released);
     }
     view.scroll = view.scroll.clamp(0.0, (rows.height - f64::from(rect.height())).max(0.0));
     let hovered = pointer
@@ -643,6 +715,81 @@ mod tests {
         };
         assert_eq!(top_of_last(end), 100.0 - ROW_HEIGHT, "the last row ends at the bottom");
         assert_eq!(top_of_last(end - 2.0), 102.0 - ROW_HEIGHT, "a 2-point wheel step moves the rows");
+    }
+
+    /// Halfway through a step, pages it mapped are half faded in; a region it released and pages it unmapped
+    /// are half faded out, in place.
+    #[test]
+    fn released_regions_and_pages_fade_during_their_step() {
+        let mut timeline = timeline(&[
+            block(0, 1000),
+            Change::RegionAdded { address: 4096, size_bytes: 4 * 4096, kind: RegionKind::Virtual },
+            Change::PagesMapped { address: 4096, size_bytes: 2 * 4096 },
+        ]);
+        timeline
+            .push(&[Change::RegionRemoved { address: 0 }, Change::PagesUnmapped { address: 8192, size_bytes: 4096 }], None)
+            .unwrap();
+        let half = |alpha: Color32| palette::faded(alpha, 0.5);
+        let (free, mapped) = (palette::FREE, palette::MAPPED);
+        // 8 bytes a point: the block's row is 125 points long, the virtual range's 8 KiB shown 1024, 21 points down.
+        let band_top = ROW_HEIGHT + REGION_GAP;
+        // (step, fills expected as (left, right, top, colour), fills not expected)
+        type Fill = (f32, f32, f32, Color32);
+        let cases: [(u64, &[Fill], &[Fill]); 2] = [
+            (
+                2,
+                &[(0.0, 125.0, 0.0, free), (0.0, 1024.0, band_top, half(free)), (0.0, 1024.0, band_top, half(mapped))],
+                &[(0.0, 1024.0, band_top, free)],
+            ),
+            (
+                3,
+                &[
+                    (0.0, 125.0, 0.0, half(free)),
+                    (0.0, 512.0, band_top, free),
+                    (0.0, 512.0, band_top, mapped),
+                    (512.0, 1024.0, band_top, half(free)),
+                    (512.0, 1024.0, band_top, half(mapped)),
+                ],
+                &[(0.0, 125.0, 0.0, free), (512.0, 1024.0, band_top, free)],
+            ),
+        ];
+        for (step, expected, unexpected) in cases {
+            let before = timeline.layout_at(step);
+            let layout = timeline.layout_at(step + 1);
+            let animation = crate::panes::step_animation(&timeline, &before, step, 0.5);
+            let scene = Scene {
+                layout: &layout,
+                timeline: &timeline,
+                position: step + 1,
+                colour_by: ColourBy::SizeClass,
+                groups: &[],
+                animation: Some(&animation),
+                too_small_below: None,
+                hovered: None,
+            };
+            let rows = Rows::with_released(&layout, &timeline, Scale::new(8192), &animation.released);
+            assert_eq!(
+                rows.bands.iter().map(|band| (band.address, band.released)).collect::<Vec<_>>(),
+                [(0, step == 3), (4096, false)]
+            );
+            let mut shapes = Vec::new();
+            build_shapes(&scene, &rows, Rect::from_min_size(Pos2::ZERO, Vec2::new(1024.0, 100.0)), 0.0, &mut shapes);
+            let fills: Vec<Fill> = shapes
+                .iter()
+                .filter_map(|shape| match shape {
+                    Shape::Rect(rect) if rect.fill != Color32::TRANSPARENT => {
+                        Some((rect.rect.left(), rect.rect.right(), rect.rect.top(), rect.fill))
+                    }
+                    _ => None,
+                })
+                .collect();
+            for fill in expected {
+                assert!(fills.contains(fill), "step {step}: {fill:?} in {fills:?}");
+            }
+            for fill in unexpected {
+                assert!(!fills.contains(fill), "step {step}: no {fill:?} in {fills:?}");
+            }
+        }
     }
 
     #[test]
