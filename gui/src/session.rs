@@ -420,6 +420,13 @@ mod tests {
             assert_eq!(session.steps(), steps, "{options:?}");
             assert_eq!(session.panes[0].timeline.refusals().len(), refused, "{options:?}");
         }
+        // The app opens every file with its options.
+        let mut app = crate::HeapscopeApp::default();
+        app.open_options = OpenOptions { device: None, capacity_bytes: Some(600 << 20) };
+        app.open_path(&path);
+        let session = app.session.as_ref().unwrap();
+        assert!(session.name.ends_with("(device 1)"), "{}", session.name);
+        assert_eq!(session.config.capacity_bytes, Some(600 << 20));
         let missing = Session::open(&path, &pytorch, OpenOptions { device: Some(2), capacity_bytes: None }).unwrap_err();
         assert!(format!("{missing:#}").contains("no device 2"), "{missing:#}");
         std::fs::remove_dir_all(&dir).ok();
