@@ -5,15 +5,17 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use heapscope_core::PolicyKind;
 use heapscope_core::compare::CompareConfig;
 use heapscope_core::timeline::record::Contender;
 use heapscope_core::units::parse_size;
 use heapscope_gui::device_live::{LiveConfig, LiveWorkload};
 use heapscope_gui::palette::ColourBy;
 use heapscope_gui::render::GifOptions;
+use heapscope_gui::session::MAX_PANES;
 use heapscope_gui::{RenderOptions, Session, WindowOptions};
 use heapscope_kernels::bench::BenchPolicy;
+
+use crate::options::OpenArgs;
 
 /// Arguments of `heapscope gui`.
 #[derive(Debug, Args)]
@@ -24,9 +26,14 @@ pub struct GuiArgs {
     /// runs (the window says so when there is no device).
     #[arg(long, value_name = "WORKLOAD", conflicts_with = "file")]
     pub live: Option<LiveWorkload>,
-    /// The contender of the live run: pytorch, pytorch-expandable, paged or a policy of `heapscope policies`.
-    #[arg(long, value_name = "NAME", default_value = "tlsf", requires = "live")]
-    pub policy: BenchPolicy,
+    /// Who replays, one pane each (repeat, up to 4; default: pytorch, pytorch-expandable, tlsf, paged): pytorch,
+    /// pytorch-expandable, paged or a policy of `heapscope policies`. With `--live`, the one contender of the run
+    /// (default: tlsf).
+    #[arg(long = "policy", value_name = "NAME")]
+    pub policies: Vec<Contender>,
+    /// The device and memory of the file, and of every file opened from the window.
+    #[command(flatten)]
+    pub open: OpenArgs,
     /// The live run's budget (default: the workload's, as in `heapscope bench`).
     #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "live")]
     pub budget: Option<u64>,
@@ -47,7 +54,8 @@ impl Default for GuiArgs {
         Self {
             file: None,
             live: None,
-            policy: BenchPolicy::Heap(PolicyKind::Tlsf),
+            policies: Vec::new(),
+            open: OpenArgs::default(),
             budget: None,
             steps: None,
             quit_after_frames: None,
@@ -90,12 +98,9 @@ pub struct RenderArgs {
     /// Colour allocations by size class, age or stack frames.
     #[arg(long, value_name = "MODE", default_value = "size-class", value_parser = parse_colour)]
     pub colour: ColourBy,
-    /// Device memory for a file's replay (unlimited by default; a story brings its own).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub capacity: Option<u64>,
-    /// The device of a PyTorch snapshot.
-    #[arg(long, default_value_t = 0)]
-    pub device: usize,
+    /// The device and memory of the file's replay.
+    #[command(flatten)]
+    pub open: OpenArgs,
 }
 
 fn parse_colour(text: &str) -> Result<ColourBy, String> {
@@ -112,8 +117,27 @@ pub fn display_available() -> bool {
     ["DISPLAY", "WAYLAND_DISPLAY"].iter().any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty()))
 }
 
+/// The live run's contender for `contender`, the same allocator.
+fn bench_policy(contender: Contender) -> BenchPolicy {
+    match contender {
+        Contender::Pytorch { expandable: false } => BenchPolicy::Pytorch,
+        Contender::Pytorch { expandable: true } => BenchPolicy::PytorchExpandable,
+        Contender::Heap(kind) => BenchPolicy::Heap(kind),
+        Contender::Paged => BenchPolicy::Paged,
+    }
+}
+
 /// Runs `heapscope gui`.
 pub fn run_gui(args: &GuiArgs) -> Result<()> {
+    if args.live.is_some() && args.policies.len() > 1 {
+        anyhow::bail!("{} --policy flags: a --live run has one contender", args.policies.len());
+    }
+    if args.policies.len() > MAX_PANES {
+        anyhow::bail!("{} --policy flags: the window shows 1 to {MAX_PANES} panes", args.policies.len());
+    }
+    if args.live.is_some() && args.open.any() {
+        anyhow::bail!("--device and --capacity apply to a recording FILE; a --live run has its --budget");
+    }
     if args.budget == Some(0) {
         anyhow::bail!("--budget 0: nothing could be allocated");
     }
@@ -126,11 +150,12 @@ pub fn run_gui(args: &GuiArgs) -> Result<()> {
     if !display_available() {
         anyhow::bail!("no display (DISPLAY and WAYLAND_DISPLAY are unset): use `heapscope render` for a PNG of the heap");
     }
-    let live = args.live.map(|workload| LiveConfig {
-        budget_bytes: args.budget,
-        steps: args.steps,
-        ..LiveConfig::new(workload, args.policy)
+    let live = args.live.map(|workload| {
+        let policy = args.policies.first().map_or(BenchPolicy::Heap(heapscope_core::PolicyKind::Tlsf), |&c| bench_policy(c));
+        LiveConfig { budget_bytes: args.budget, steps: args.steps, ..LiveConfig::new(workload, policy) }
     });
+    // A live run has its own pane.
+    let contenders = if args.live.is_some() { &[][..] } else { &args.policies[..] };
     let quit_after_frames = args.quit_after_frames.or(args.screenshot.as_ref().map(|_| DEFAULT_SCREENSHOT_FRAMES));
     let window = WindowOptions { quit_after_frames, screenshot: args.screenshot.clone() };
     let scripted = quit_after_frames.is_some();
@@ -139,7 +164,7 @@ pub fn run_gui(args: &GuiArgs) -> Result<()> {
         // is built with debug assertions, or with WGPU_VALIDATION=1) fails it.
         heapscope_wgpu::hal_log::install();
     }
-    heapscope_gui::run(args.file.as_deref(), live, window)?;
+    heapscope_gui::run(args.file.as_deref(), contenders, args.open.open_options(), live, window)?;
     if scripted {
         let messages = heapscope_wgpu::hal_log::messages(heapscope_wgpu::wgpu::Backend::Vulkan);
         for message in &messages {
@@ -173,18 +198,19 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
     if args.frame_ms == Some(0) {
         anyhow::bail!("--frame-ms 0: each frame needs to show for a while");
     }
+    let options = RenderOptions { width: args.width, height: args.height, at: args.at, colour_by: args.colour };
+    options.check()?;
     let contenders =
         if args.policies.is_empty() { vec![Contender::Pytorch { expandable: false }] } else { args.policies.clone() };
     let mut session = match (&args.file, &args.story) {
         (Some(file), _) => {
-            let recording = crate::input::open(file, args.device)?;
-            let config = CompareConfig { capacity_bytes: args.capacity, ..CompareConfig::default() };
+            let recording = crate::input::open_device(file, args.open.device)?;
+            let config = CompareConfig { capacity_bytes: args.open.capacity, ..CompareConfig::default() };
             Session::new(recording, config, &contenders)?
         }
         (None, Some(story)) => Session::story_named(story, &contenders)?,
         (None, None) => anyhow::bail!("name a recording FILE or a --story"),
     };
-    let options = RenderOptions { width: args.width, height: args.height, at: args.at, colour_by: args.colour };
     if gif {
         let defaults = GifOptions::default();
         let frame_ms = args.frame_ms.unwrap_or(defaults.frame_ms);
@@ -218,4 +244,49 @@ pub fn demo_png(path: &std::path::Path) -> Result<()> {
     let options = RenderOptions { width: 1600, height: 520, ..RenderOptions::default() };
     heapscope_gui::render_png(&mut session, options, path)
         .with_context(|| format!("cannot draw the heap into {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use heapscope_core::PolicyKind;
+    use heapscope_gui::session::OpenOptions;
+
+    /// `heapscope gui`'s flags on their own.
+    #[derive(Debug, Parser)]
+    struct Gui {
+        #[command(flatten)]
+        args: GuiArgs,
+    }
+
+    #[test]
+    fn gui_takes_a_files_device_capacity_and_policies() {
+        let words = ["gui", "t.pickle", "--device", "1", "--capacity", "3GiB", "--policy", "paged", "--policy", "buddy"];
+        let args = Gui::try_parse_from(words).unwrap().args;
+        assert_eq!(args.file, Some(PathBuf::from("t.pickle")));
+        assert_eq!(args.open.open_options(), OpenOptions { device: Some(1), capacity_bytes: Some(3 << 30) });
+        assert_eq!(args.policies, [Contender::Paged, Contender::Heap(PolicyKind::Buddy)]);
+        let defaults = Gui::try_parse_from(["gui", "t.csv"]).unwrap().args;
+        assert_eq!(defaults.open.open_options(), OpenOptions::default(), "the busiest device, unlimited");
+        assert!(defaults.policies.is_empty());
+        // (flags, words of the error)
+        let bad: [(&[&str], &str); 4] = [
+            (&["gui", "--capacity", "lots"], "--capacity"),
+            (&["gui", "--device", "one"], "--device"),
+            (&["gui", "--policy", "tlfs"], "pytorch-expandable"),
+            (&["gui", "--steps", "3"], "--live"),
+        ];
+        for (flags, words) in bad {
+            let error = Gui::try_parse_from(flags).unwrap_err().to_string();
+            assert!(error.contains(words), "{flags:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_live_run_gets_the_same_allocator() {
+        for contender in Contender::all() {
+            assert_eq!(bench_policy(contender).name(), contender.name());
+        }
+    }
 }

@@ -14,7 +14,12 @@ const SPINNER_FROM_BYTES: u64 = 8 << 20;
 
 /// Opens the recording at `path` (device `device` of a PyTorch snapshot).
 pub fn open(path: &Path, device: usize) -> Result<Recording> {
-    with_spinner(path, "reading", || Ok(Recording::open(path, device)?))
+    open_device(path, Some(device))
+}
+
+/// Opens the recording at `path` (device `device` of a PyTorch snapshot; `None`: its busiest).
+pub fn open_device(path: &Path, device: Option<usize>) -> Result<Recording> {
+    with_spinner(path, "reading", || Ok(Recording::open_device(path, device)?))
 }
 
 /// Runs `load` with a spinner on stderr when the file at `path` is large.

@@ -3,6 +3,7 @@
 use clap::Args;
 use heapscope_core::units::{Bytes, parse_size};
 use heapscope_core::{HeapConfig, PolicyConfig, PolicyKind, ReleaseRule};
+use heapscope_gui::session::OpenOptions;
 
 /// Which policies to run and how the heap reserves blocks.
 #[derive(Debug, Clone, Default, Args)]
@@ -12,6 +13,30 @@ pub struct HeapArgs {
     pub policies: Vec<PolicyKind>,
     #[command(flatten)]
     pub rules: HeapRules,
+}
+
+/// Which device of a recording replays, on how much memory: `heapscope gui` and `heapscope render`.
+#[derive(Debug, Clone, Copy, Default, Args)]
+pub struct OpenArgs {
+    /// Device memory for a file's replay (e.g. `3584MiB`, `14GiB`); unlimited by default (a story brings its
+    /// own).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub capacity: Option<u64>,
+    /// Which device's trace of a PyTorch snapshot (default: the one with the most trace entries).
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
+}
+
+impl OpenArgs {
+    /// How the app opens files with these flags.
+    pub fn open_options(self) -> OpenOptions {
+        OpenOptions { device: self.device, capacity_bytes: self.capacity }
+    }
+
+    /// Whether either flag was given.
+    pub fn any(self) -> bool {
+        self.capacity.is_some() || self.device.is_some()
+    }
 }
 
 /// How a heap reserves blocks.

@@ -129,7 +129,7 @@ fn render_animates_a_story_into_a_gif() {
 fn render_and_gui_refuse_bad_requests_clearly() {
     let dir = temp_dir("render-bad");
     // (arguments, words the error holds)
-    let cases: [(&[&str], &str); 15] = [
+    let cases: [(&[&str], &str); 22] = [
         (&["render", "--story", "nope", "--out", "x.png"], "no built-in story \"nope\""),
         (&["render", "--out", "x.png"], "required"),
         (&["render", "--story", "frag_oom", "--policy", "tlfs", "--out", "x.png"], "pytorch-expandable"),
@@ -145,6 +145,16 @@ fn render_and_gui_refuse_bad_requests_clearly() {
         (&["render", "--story", "frag_oom", "--frames", "0", "--out", "x.gif"], "--frames 0"),
         (&["render", "--story", "frag_oom", "--frame-ms", "0", "--out", "x.gif"], "--frame-ms 0"),
         (&["gui", "--quit-after-frames", "0"], "--quit-after-frames 0"),
+        (&["render", "--story", "frag_oom", "--width", "0", "--out", "x.png"], "--width 0"),
+        (&["render", "--story", "frag_oom", "--height", "0", "--out", "x.png"], "--height 0"),
+        (&["render", "--story", "frag_oom", "--width", "8193", "--out", "x.png"], "--width 8193"),
+        (&["render", "--story", "frag_oom", "--height", "9000", "--out", "x.gif"], "--height 9000"),
+        (&["gui", "--live", "serve", "--capacity", "1GiB"], "a --live run has its --budget"),
+        (&["gui", "--live", "serve", "--policy", "tlsf", "--policy", "paged"], "a --live run has one contender"),
+        (
+            &["gui", "--policy", "tlsf", "--policy", "paged", "--policy", "buddy", "--policy", "slab", "--policy", "pytorch"],
+            "1 to 4",
+        ),
     ];
     for (args, words) in cases {
         let output = heapscope_headless(args, &dir);

@@ -67,6 +67,7 @@ fn main() {
         born: layout.spans().step_by(1000).map(|span| span.address).collect(),
         dying: layout.spans().step_by(997).copied().collect(),
         new_regions: vec![0],
+        ..StepAnimation::default()
     };
     let scene = Scene {
         layout,
@@ -79,7 +80,7 @@ fn main() {
         hovered: None,
     };
     let zoomed = Scale { row_bytes: (fit.row_bytes / 64).max(1), ..fit };
-    let cases: [(&str, Scale, f32, Option<&StepAnimation>); 3] = [
+    let cases: [(&str, Scale, f64, Option<&StepAnimation>); 3] = [
         ("100k live, whole heap", fit, 0.0, None),
         ("100k live, zoomed 64x", zoomed, 2000.0, None),
         ("100k live, whole heap, animating", fit, 0.0, Some(&animation)),

@@ -26,7 +26,7 @@ use crate::panels;
 use crate::panes::{self, PaneStyle};
 use crate::playback::{Clock, Playback, SPEEDS, SystemClock};
 use crate::plot::{self, Series};
-use crate::session::Session;
+use crate::session::{OpenOptions, Session};
 use crate::window::WindowOptions;
 
 /// The heapscope app. See the module documentation.
@@ -53,6 +53,8 @@ pub struct HeapscopeApp {
     pub file_browser: Option<FileBrowser>,
     /// The file opened last (where "Open…" starts).
     pub opened_path: Option<PathBuf>,
+    /// The device and memory every file opens with (`heapscope gui --device N --capacity SIZE`).
+    pub open_options: OpenOptions,
     clock: Box<dyn Clock>,
     last_seconds: Option<f64>,
     path_input: String,
@@ -85,6 +87,7 @@ impl HeapscopeApp {
             live: LivePanel::default(),
             file_browser: None,
             opened_path: None,
+            open_options: OpenOptions::default(),
             clock,
             last_seconds: None,
             path_input: String::new(),
@@ -125,17 +128,18 @@ impl HeapscopeApp {
     /// Opens the recording at `path` with the current contenders, at once; an error is kept for display.
     pub fn open_path(&mut self, path: &Path) {
         self.opened_path = Some(path.to_path_buf());
-        let opened = Session::open(path, &self.contenders());
+        let opened = Session::open(path, &self.contenders(), self.open_options);
         self.opened(opened);
     }
 
     /// Starts opening the recording at `path` on another thread (reading and replaying a large file takes
     /// seconds); the window stays live and shows it once ready ([`HeapscopeApp::loading`]).
     pub fn open_path_in_background(&mut self, path: PathBuf) {
-        let contenders = self.contenders();
+        let (contenders, options) = (self.contenders(), self.open_options);
         let name = path.display().to_string();
         self.opened_path = Some(path.clone());
-        let worker = std::thread::Builder::new().name("heapscope-open".into()).spawn(move || Session::open(&path, &contenders));
+        let worker =
+            std::thread::Builder::new().name("heapscope-open".into()).spawn(move || Session::open(&path, &contenders, options));
         match worker {
             Ok(worker) => self.pending = Some((name, worker)),
             Err(error) => self.error = Some(format!("cannot open {name}: no thread to read it on ({error})")),
@@ -679,14 +683,25 @@ impl eframe::App for HeapscopeApp {
     }
 }
 
-/// Opens the app in a window, with the file at `path` when given (else the frag_oom story), and `live` running on
-/// the device when given; `window` can make it a scripted run (see [`crate::window`]).
+/// Opens the app in a window, with the file at `path` when given (else the frag_oom story) through `contenders`
+/// (none: the side-by-side four), every file opened with `open`, and `live` running on the device when given;
+/// `window` can make it a scripted run (see [`crate::window`]).
 ///
 /// # Errors
-/// The file does not open, the window cannot be created (no display, no graphics adapter), or the scripted
-/// screenshot failed.
-pub fn run(path: Option<&Path>, live: Option<LiveConfig>, window: WindowOptions) -> anyhow::Result<()> {
-    let mut app = HeapscopeApp::default();
+/// The file does not open, too many contenders, the window cannot be created (no display, no graphics adapter),
+/// or the scripted screenshot failed.
+pub fn run(
+    path: Option<&Path>,
+    contenders: &[Contender],
+    open: OpenOptions,
+    live: Option<LiveConfig>,
+    window: WindowOptions,
+) -> anyhow::Result<()> {
+    let mut app = HeapscopeApp { open_options: open, ..HeapscopeApp::default() };
+    if !contenders.is_empty() {
+        // Files open through the panes open: the story's.
+        app.set_session(Session::story_named("frag_oom", contenders)?);
+    }
     if let Some(path) = path {
         app.open_path(path);
         if let Some(error) = app.error.take() {

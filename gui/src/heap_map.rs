@@ -9,9 +9,14 @@
 //! Building the shapes touches only the visible rows ([`Rows`] finds them by binary search), and within a
 //! row every allocation once; allocations narrower than a pixel that touch merge into one shape, so the
 //! number of shapes is bounded by the visible pixels, whatever the number of allocations.
+//!
+//! Positions down the map (the scroll, band tops, the map's height) are `f64` points: at 64 B per row a
+//! 40 GiB heap is 10^10 points tall, where an `f32` steps by over a thousand points (wheel steps lost, rows
+//! drawn over each other, hover on the wrong allocation). They become `f32` only relative to the top of the
+//! view, where they are small.
 
-use egui::{Color32, CornerRadius, Pos2, Rect, Sense, Shape, Stroke, StrokeKind, Ui, Vec2, pos2};
-use heapscope_core::timeline::{Layout, RegionKind, Span, Timeline};
+use egui::{Color32, CornerRadius, Rect, Sense, Shape, Stroke, StrokeKind, Ui, Vec2, pos2};
+use heapscope_core::timeline::{Layout, Region, RegionKind, Span, Timeline};
 
 use crate::palette::{self, ColourBy};
 
@@ -50,8 +55,8 @@ impl Scale {
 pub struct MapView {
     /// The scale; `None` fits the whole heap in the height available.
     pub scale: Option<Scale>,
-    /// Points scrolled down from the first row.
-    pub scroll: f32,
+    /// Points scrolled down from the first row (`f64`: see the module documentation).
+    pub scroll: f64,
 }
 
 impl MapView {
@@ -72,9 +77,11 @@ pub struct Band {
     /// How it is backed.
     pub kind: RegionKind,
     /// Top of its first row, in points from the top of the map.
-    pub top: f32,
+    pub top: f64,
     /// Rows it takes.
     pub rows: u64,
+    /// Whether the step animating released it: it is no longer in the layout, and fades out in place.
+    pub released: bool,
 }
 
 /// Where every region's rows are at one scale.
@@ -89,23 +96,36 @@ pub struct Rows {
     /// The bands, by address.
     pub bands: Vec<Band>,
     /// Height of all rows and gaps.
-    pub height: f32,
+    pub height: f64,
 }
 
 impl Rows {
     /// The bands of `layout`'s regions at `scale`.
     pub fn new(layout: &Layout, timeline: &Timeline, scale: Scale) -> Self {
+        Self::with_released(layout, timeline, scale, &[])
+    }
+
+    /// The bands of `layout`'s regions and of `released`, regions the step animating released (in their place
+    /// by address, while they fade out), at `scale`.
+    pub fn with_released(layout: &Layout, timeline: &Timeline, scale: Scale, released: &[Region]) -> Self {
         let Scale { row_bytes, row_height, gap } = scale;
         let row_bytes = row_bytes.max(1);
+        let mut regions: Vec<(&Region, bool)> = layout.regions().map(|region| (region, false)).collect();
+        if !released.is_empty() {
+            // A region reserved again at the same address in the same step fades in instead.
+            regions
+                .extend(released.iter().filter(|region| layout.region_of(region.address).is_none()).map(|region| (region, true)));
+            regions.sort_by_key(|(region, _)| region.address);
+        }
         let mut top = 0.0;
-        let mut bands = Vec::with_capacity(layout.regions().len());
-        for region in layout.regions() {
+        let mut bands = Vec::with_capacity(regions.len());
+        for (region, released) in regions {
             let shown_bytes = timeline.shown_bytes(region);
             let rows = shown_bytes.div_ceil(row_bytes);
-            bands.push(Band { address: region.address, shown_bytes, kind: region.kind, top, rows });
-            top += rows as f32 * row_height + gap;
+            bands.push(Band { address: region.address, shown_bytes, kind: region.kind, top, rows, released });
+            top += rows as f64 * f64::from(row_height) + f64::from(gap);
         }
-        Self { row_bytes, row_height, gap, bands, height: (top - gap).max(0.0) }
+        Self { row_bytes, row_height, gap, bands, height: (top - f64::from(gap)).max(0.0) }
     }
 
     /// The scale that makes every band fit in `height` points: full-height rows as narrow as fit, or, when
@@ -146,35 +166,40 @@ impl Rows {
         self.bands.iter().map(|band| band.shown_bytes).max().unwrap_or(MIN_ROW_BYTES)
     }
 
+    /// The top of row `row` of `band`, in points from the top of the map.
+    pub fn row_top(&self, band: &Band, row: u64) -> f64 {
+        band.top + row as f64 * f64::from(self.row_height)
+    }
+
     /// Index of the first band whose rows end below `y`.
-    fn first_band_below(&self, y: f32) -> usize {
-        self.bands.partition_point(|band| band.top + band.rows as f32 * self.row_height <= y)
+    fn first_band_below(&self, y: f64) -> usize {
+        self.bands.partition_point(|band| self.row_top(band, band.rows) <= y)
     }
 
     /// The band and row at `y` points from the top of the map (`None` in a gap or past the end).
-    pub fn row_at(&self, y: f32) -> Option<(usize, u64)> {
+    pub fn row_at(&self, y: f64) -> Option<(usize, u64)> {
         let index = self.first_band_below(y);
         let band = self.bands.get(index)?;
         if y < band.top {
             return None;
         }
-        Some((index, ((y - band.top) / self.row_height) as u64))
+        Some((index, ((y - band.top) / f64::from(self.row_height)) as u64))
     }
 
-    /// The address at `offset` from the top-left of the map (scroll applied) in a map `width` points wide.
-    pub fn address_at(&self, offset: Vec2, width: f32) -> Option<u64> {
-        let (index, row) = self.row_at(offset.y)?;
+    /// The address at `offset` from the top-left of a map `width` points wide scrolled down by `scroll` points.
+    pub fn address_at(&self, offset: Vec2, scroll: f64, width: f32) -> Option<u64> {
+        let (index, row) = self.row_at(scroll + f64::from(offset.y))?;
         let band = &self.bands[index];
         let within = row * self.row_bytes + (f64::from((offset.x / width).clamp(0.0, 1.0)) * self.row_bytes as f64) as u64;
         (within < band.shown_bytes).then_some(band.address + within)
     }
 
     /// The y (from the top of the map) of the row holding `address`.
-    pub fn y_of(&self, address: u64) -> Option<f32> {
+    pub fn y_of(&self, address: u64) -> Option<f64> {
         let index = self.bands.partition_point(|band| band.address <= address).checked_sub(1)?;
         let band = &self.bands[index];
         let within = address.checked_sub(band.address).filter(|within| *within < band.shown_bytes)?;
-        Some(band.top + (within / self.row_bytes) as f32 * self.row_height)
+        Some(self.row_top(band, within / self.row_bytes))
     }
 }
 
@@ -189,6 +214,35 @@ pub struct StepAnimation {
     pub dying: Vec<Span>,
     /// Base addresses of the regions it reserved.
     pub new_regions: Vec<u64>,
+    /// The regions it released, as they were before it (faded out in place).
+    pub released: Vec<Region>,
+    /// Pages it mapped, `(address, bytes)` by address (faded in).
+    pub mapped: Vec<(u64, u64)>,
+    /// Pages it unmapped, `(address, bytes)` by address (faded out).
+    pub unmapped: Vec<(u64, u64)>,
+}
+
+/// `[address, address + bytes)` cut where `ranges` (`(address, bytes)`, by address, disjoint) begin and end:
+/// each piece, and whether it lies in one of them.
+fn cut(address: u64, bytes: u64, ranges: &[(u64, u64)]) -> impl Iterator<Item = (u64, u64, bool)> {
+    let end = address + bytes;
+    let mut pieces = Vec::new();
+    let mut at = address;
+    for &(start, length) in ranges {
+        let (inner_start, inner_end) = (start.max(at), (start + length).min(end));
+        if inner_start >= inner_end {
+            continue;
+        }
+        if inner_start > at {
+            pieces.push((at, inner_start - at, false));
+        }
+        pieces.push((inner_start, inner_end - inner_start, true));
+        at = inner_end;
+    }
+    if at < end {
+        pieces.push((at, end - at, false));
+    }
+    pieces.into_iter()
 }
 
 /// What the map shows.
@@ -256,23 +310,33 @@ impl RowPainter<'_> {
 }
 
 /// Appends the shapes of the rows of `scene` visible in `rect`, scrolled down by `scroll` points, to `out`.
-pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f32, out: &mut Vec<Shape>) {
+pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f64, out: &mut Vec<Shape>) {
     let width = rect.width().max(1.0);
     let row_bytes = rows.row_bytes;
     let x_of = |row_start: u64, address: u64| rect.left() + ((address - row_start) as f64 / row_bytes as f64) as f32 * width;
     let progress = scene.animation.map_or(1.0, |animation| animation.progress);
     let born = |address: u64| scene.animation.is_some_and(|animation| animation.born.binary_search(&address).is_ok());
+    // Points from the top of the map to `rect`'s coordinates: small within the view, whatever the heap's height.
+    let y_of = |y: f64| rect.top() + (y - scroll) as f32;
     for band in &rows.bands[rows.first_band_below(scroll)..] {
-        let band_top = rect.top() + band.top - scroll;
+        let band_top = y_of(band.top);
         if band_top > rect.bottom() {
             break;
         }
-        let region = scene.layout.region_of(band.address);
-        let first_row = ((scroll - band.top) / rows.row_height).floor().max(0.0) as u64;
-        let appearing = scene.animation.is_some_and(|animation| animation.new_regions.contains(&band.address));
-        let alpha = if appearing { progress } else { 1.0 };
+        let first_row = ((scroll - band.top) / f64::from(rows.row_height)).floor().max(0.0) as u64;
+        let (region, alpha) = match scene.animation {
+            Some(animation) if band.released => {
+                (animation.released.iter().find(|region| region.address == band.address), 1.0 - progress)
+            }
+            Some(animation) if animation.new_regions.contains(&band.address) => (scene.layout.region_of(band.address), progress),
+            _ => (scene.layout.region_of(band.address), 1.0),
+        };
+        // Pages the step mapped fade in, pages it unmapped fade out.
+        let (mapped_now, unmapped_now) =
+            scene.animation.map_or((&[][..], &[][..]), |animation| (&animation.mapped[..], &animation.unmapped[..]));
+        let page_alpha = |fresh: bool| if fresh { alpha * progress } else { alpha };
         for row in first_row..band.rows {
-            let top = band_top + row as f32 * rows.row_height;
+            let top = y_of(rows.row_top(band, row));
             if top > rect.bottom() {
                 break;
             }
@@ -287,13 +351,25 @@ pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f32, out
                     painter.out.push(Shape::rect_filled(row_rect, CornerRadius::ZERO, palette::faded(palette::FREE, alpha)));
                 }
                 RegionKind::Virtual => {
-                    painter.out.push(Shape::rect_filled(row_rect, CornerRadius::ZERO, palette::UNMAPPED));
+                    painter.out.push(Shape::rect_filled(row_rect, CornerRadius::ZERO, palette::faded(palette::UNMAPPED, alpha)));
                     for (address, bytes) in mapped_in(region, start, end) {
-                        let (x0, x1) = (x_of(start, address), x_of(start, address + bytes));
+                        for (address, bytes, fresh) in cut(address, bytes, mapped_now) {
+                            let (x0, x1) = (x_of(start, address), x_of(start, address + bytes));
+                            painter.out.push(Shape::rect_filled(
+                                Rect::from_min_max(pos2(x0, top), pos2(x1.max(x0 + 0.5), bottom)),
+                                CornerRadius::ZERO,
+                                palette::faded(palette::FREE, page_alpha(fresh)),
+                            ));
+                        }
+                    }
+                    for &(address, bytes) in
+                        unmapped_now.iter().filter(|(address, bytes)| *address < end && address + bytes > start)
+                    {
+                        let (x0, x1) = (x_of(start, address.max(start)), x_of(start, (address + bytes).min(end)));
                         painter.out.push(Shape::rect_filled(
                             Rect::from_min_max(pos2(x0, top), pos2(x1.max(x0 + 0.5), bottom)),
                             CornerRadius::ZERO,
-                            palette::FREE,
+                            palette::faded(palette::FREE, 1.0 - progress),
                         ));
                     }
                 }
@@ -336,13 +412,20 @@ pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f32, out
                 }
             }
             if band.kind == RegionKind::Virtual {
-                for (address, bytes) in mapped_in(region, start, end) {
+                let strip = |address: u64, bytes: u64, alpha: f32| {
                     let (x0, x1) = (x_of(start, address), x_of(start, address + bytes));
-                    out.push(Shape::rect_filled(
-                        Rect::from_min_max(pos2(x0, top), pos2(x1.max(x0 + 0.5), top + MAPPED_STRIP)),
-                        0.0,
-                        palette::MAPPED,
-                    ));
+                    let rect = Rect::from_min_max(pos2(x0, top), pos2(x1.max(x0 + 0.5), top + MAPPED_STRIP));
+                    Shape::rect_filled(rect, 0.0, palette::faded(palette::MAPPED, alpha))
+                };
+                for (address, bytes) in mapped_in(region, start, end) {
+                    out.extend(
+                        cut(address, bytes, mapped_now).map(|(address, bytes, fresh)| strip(address, bytes, page_alpha(fresh))),
+                    );
+                }
+                for &(address, bytes) in unmapped_now.iter().filter(|(address, bytes)| *address < end && address + bytes > start)
+                {
+                    let clipped = address.max(start);
+                    out.push(strip(clipped, (address + bytes).min(end) - clipped, 1.0 - progress));
                 }
             }
             if let Some(hovered) = scene.hovered.and_then(|address| scene.layout.span_at(address))
@@ -354,9 +437,10 @@ pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f32, out
                 out.push(Shape::rect_stroke(outline, 0.0, Stroke::new(1.5, palette::HOVER), StrokeKind::Inside));
             }
         }
-        // The band's outline, around its rows.
+        // The band's outline, around its rows (its edges out of view kept just out of view).
         if rows.row_height >= 6.0 {
-            let bottom = band_top + band.rows as f32 * rows.row_height - 1.0;
+            let band_top = band_top.max(rect.top() - 8.0);
+            let bottom = (y_of(rows.row_top(band, band.rows)) - 1.0).min(rect.bottom() + 8.0);
             let outline = Rect::from_min_max(pos2(rect.left(), band_top), pos2(rect.right(), bottom));
             out.push(Shape::rect_stroke(outline, 2.0, Stroke::new(1.0, palette::REGION_EDGE), StrokeKind::Outside));
         }
@@ -364,7 +448,7 @@ pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f32, out
 }
 
 /// The mapped runs of `region` within `[start, end)`, clipped.
-fn mapped_in(region: Option<&heapscope_core::timeline::Region>, start: u64, end: u64) -> Vec<(u64, u64)> {
+fn mapped_in(region: Option<&Region>, start: u64, end: u64) -> Vec<(u64, u64)> {
     let Some(region) = region else { return Vec::new() };
     let first = region.mapped.range(..start).next_back().filter(|(a, b)| *a + *b > start).map(|(a, _)| *a).unwrap_or(start);
     region
@@ -418,34 +502,34 @@ pub fn show(ui: &mut Ui, scene: &Scene<'_>, view: &mut MapView) -> MapResponse {
     let size = ui.available_size().max(Vec2::new(64.0, ROW_HEIGHT * 2.0));
     let (rect, response) = ui.allocate_exact_size(size, Sense::click_and_drag());
     let fit = Rows::fit(scene.layout, scene.timeline, rect.height());
-    let mut rows = Rows::new(scene.layout, scene.timeline, view.scale.unwrap_or(fit));
+    let released = scene.animation.map_or(&[][..], |animation| &animation.released[..]);
+    let mut rows = Rows::with_released(scene.layout, scene.timeline, view.scale.unwrap_or(fit), released);
     let pointer = response.hover_pos();
-    let offset_of = |pos: Pos2, scroll: f32| pos - rect.min + Vec2::new(0.0, scroll);
     if let Some(pos) = pointer {
         let (zoom, scroll_delta) = ui.input(|input| (input.zoom_delta(), input.smooth_scroll_delta.y));
         if zoom != 1.0 {
-            let anchor = rows.address_at(offset_of(pos, view.scroll), rect.width());
+            let anchor = rows.address_at(pos - rect.min, view.scroll, rect.width());
             let scale = Scale { row_bytes: MapView::zoomed(rows.row_bytes, zoom, rows.widest_bytes()), ..rows.scale() };
             view.scale = Some(scale);
-            rows = Rows::new(scene.layout, scene.timeline, scale);
+            rows = Rows::with_released(scene.layout, scene.timeline, scale, released);
             // Keep the address under the pointer where it was.
             if let Some(y) = anchor.and_then(|address| rows.y_of(address)) {
-                view.scroll = y + rows.row_height / 2.0 - (pos.y - rect.top());
+                view.scroll = y + f64::from(rows.row_height / 2.0 - (pos.y - rect.top()));
             }
         } else if scroll_delta != 0.0 {
-            view.scroll -= scroll_delta;
+            view.scroll -= f64::from(scroll_delta);
         }
     }
     if response.dragged() {
-        view.scroll -= response.drag_delta().y;
+        view.scroll -= f64::from(response.drag_delta().y);
     }
     if response.double_clicked() {
         *view = MapView::default();
-        rows = Rows::new(scene.layout, scene.timeline, fit);
+        rows = Rows::with_released(scene.layout, scene.timeline, fit, released);
     }
-    view.scroll = view.scroll.clamp(0.0, (rows.height - rect.height()).max(0.0));
+    view.scroll = view.scroll.clamp(0.0, (rows.height - f64::from(rect.height())).max(0.0));
     let hovered = pointer
-        .and_then(|pos| rows.address_at(offset_of(pos, view.scroll), rect.width()))
+        .and_then(|pos| rows.address_at(pos - rect.min, view.scroll, rect.width()))
         .and_then(|address| hit_at(scene.layout, address));
     let hovered_address = match hovered {
         Some((_, Hit::Allocation(span))) => Some(span.address),
@@ -462,6 +546,7 @@ pub fn show(ui: &mut Ui, scene: &Scene<'_>, view: &mut MapView) -> MapResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use egui::Pos2;
     use heapscope_core::timeline::Change;
 
     fn timeline_of(changes: &[Change]) -> Timeline {
@@ -488,9 +573,9 @@ mod tests {
     fn rows_wrap_each_region_and_find_addresses() {
         let timeline = timeline(&[block(0, 1000), block(4096, 250)]);
         let rows = Rows::new(timeline.head(), &timeline, Scale::new(300));
-        let shape: Vec<(u64, u64, f32)> = rows.bands.iter().map(|band| (band.address, band.rows, band.top)).collect();
-        assert_eq!(shape, [(0, 4, 0.0), (4096, 1, 4.0 * ROW_HEIGHT + REGION_GAP)]);
-        assert_eq!(rows.height, 5.0 * ROW_HEIGHT + REGION_GAP);
+        let shape: Vec<(u64, u64, f64)> = rows.bands.iter().map(|band| (band.address, band.rows, band.top)).collect();
+        assert_eq!(shape, [(0, 4, 0.0), (4096, 1, f64::from(4.0 * ROW_HEIGHT + REGION_GAP))]);
+        assert_eq!(rows.height, f64::from(5.0 * ROW_HEIGHT + REGION_GAP));
         // (offset in the map, address)
         let cases = [
             (Vec2::new(0.0, 0.0), Some(0)),
@@ -500,9 +585,11 @@ mod tests {
             (Vec2::new(10.0, 4.0 * ROW_HEIGHT + REGION_GAP + 1.0), Some(4096 + 30)),
         ];
         for (offset, address) in cases {
-            assert_eq!(rows.address_at(offset, 100.0), address, "{offset:?}");
+            assert_eq!(rows.address_at(offset, 0.0, 100.0), address, "{offset:?}");
+            let scrolled = Vec2::new(offset.x, offset.y - ROW_HEIGHT);
+            assert_eq!(rows.address_at(scrolled, f64::from(ROW_HEIGHT), 100.0), address, "{offset:?}, scrolled a row");
         }
-        assert_eq!(rows.y_of(950), Some(3.0 * ROW_HEIGHT));
+        assert_eq!(rows.y_of(950), Some(f64::from(3.0 * ROW_HEIGHT)));
         assert_eq!(rows.y_of(2000), None);
     }
 
@@ -512,10 +599,10 @@ mod tests {
         for height in [40.0, 100.0, 1000.0] {
             let scale = Rows::fit(timeline.head(), &timeline, height);
             let rows = Rows::new(timeline.head(), &timeline, scale);
-            assert!(rows.height <= height, "height {height}: {rows:?}");
+            assert!(rows.height <= f64::from(height), "height {height}: {rows:?}");
             // One byte less per row would not fit.
             let tighter = Rows::new(timeline.head(), &timeline, Scale { row_bytes: scale.row_bytes - 1, ..scale });
-            assert!(scale.row_bytes == MIN_ROW_BYTES || tighter.height > height, "height {height}");
+            assert!(scale.row_bytes == MIN_ROW_BYTES || tighter.height > f64::from(height), "height {height}");
         }
         // Forty regions in 100 points: thinner rows, one per region.
         let many: Vec<Change> = (0..40).map(|index| block(index << 30, 20 << 20)).collect();
@@ -577,6 +664,132 @@ mod tests {
         let mut shapes = Vec::new();
         build_shapes(&scene, &rows, Rect::from_min_size(Pos2::ZERO, Vec2::new(100.0, 40.0)), 0.0, &mut shapes);
         assert!(shapes.len() < 120, "1000 allocations over 100 pixels: {} shapes", shapes.len());
+    }
+
+    /// 40 GiB at 64 B per row is 10^10 points tall: scrolled to its end, each of the last rows is where it
+    /// belongs, the pointer finds the allocation drawn under it, and a 2-point wheel step moves the rows by 2.
+    #[test]
+    fn deep_zoom_into_a_big_heap_keeps_rows_apart() {
+        const HEAP: u64 = 40 << 30;
+        let timeline = timeline(&[block(0, HEAP), span(HEAP - 128, 64, 64), span(HEAP - 64, 64, 48)]);
+        let layout = timeline.head();
+        let scene = Scene {
+            layout,
+            timeline: &timeline,
+            position: timeline.steps(),
+            colour_by: ColourBy::SizeClass,
+            groups: &[],
+            animation: None,
+            too_small_below: None,
+            hovered: None,
+        };
+        let rows = Rows::new(layout, &timeline, Scale::new(MIN_ROW_BYTES));
+        let rect = Rect::from_min_size(Pos2::ZERO, Vec2::new(100.0, 100.0));
+        let end = rows.height - f64::from(rect.height());
+        assert!(end > 1e10, "{end}");
+        // (pointer y in the view, the allocation under it): the last row, the one above, two above.
+        let cases = [(92.0, Some(HEAP - 64)), (76.0, Some(HEAP - 128)), (60.0, None)];
+        for (y, expected) in cases {
+            let address = rows.address_at(Vec2::new(50.0, y), end, rect.width()).unwrap();
+            let under = match hit_at(layout, address) {
+                Some((0, Hit::Allocation(span))) => Some(span.address),
+                Some((0, Hit::Free(..))) => None,
+                other => panic!("y {y}: {other:?}"),
+            };
+            assert_eq!(under, expected, "y {y}: address {address:#x}");
+        }
+        // The tops of the last allocation's requested bytes (its own colour), at the end and 2 points up.
+        let top_of_last = |scroll: f64| {
+            let mut shapes = Vec::new();
+            build_shapes(&scene, &rows, rect, scroll, &mut shapes);
+            let colour = palette::size_class(48);
+            let tops: Vec<f32> = shapes
+                .iter()
+                .filter_map(|shape| match shape {
+                    Shape::Rect(rect) if rect.fill == colour => Some(rect.rect.top()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(tops.len(), 1, "scroll {scroll}: {tops:?}");
+            tops[0]
+        };
+        assert_eq!(top_of_last(end), 100.0 - ROW_HEIGHT, "the last row ends at the bottom");
+        assert_eq!(top_of_last(end - 2.0), 102.0 - ROW_HEIGHT, "a 2-point wheel step moves the rows");
+    }
+
+    /// Halfway through a step, pages it mapped are half faded in; a region it released and pages it unmapped
+    /// are half faded out, in place.
+    #[test]
+    fn released_regions_and_pages_fade_during_their_step() {
+        let mut timeline = timeline(&[
+            block(0, 1000),
+            Change::RegionAdded { address: 4096, size_bytes: 4 * 4096, kind: RegionKind::Virtual },
+            Change::PagesMapped { address: 4096, size_bytes: 2 * 4096 },
+        ]);
+        timeline
+            .push(&[Change::RegionRemoved { address: 0 }, Change::PagesUnmapped { address: 8192, size_bytes: 4096 }], None)
+            .unwrap();
+        let half = |alpha: Color32| palette::faded(alpha, 0.5);
+        let (free, mapped) = (palette::FREE, palette::MAPPED);
+        // 8 bytes a point: the block's row is 125 points long, the virtual range's 8 KiB shown 1024, 21 points down.
+        let band_top = ROW_HEIGHT + REGION_GAP;
+        // (step, fills expected as (left, right, top, colour), fills not expected)
+        type Fill = (f32, f32, f32, Color32);
+        let cases: [(u64, &[Fill], &[Fill]); 2] = [
+            (
+                2,
+                &[(0.0, 125.0, 0.0, free), (0.0, 1024.0, band_top, half(free)), (0.0, 1024.0, band_top, half(mapped))],
+                &[(0.0, 1024.0, band_top, free)],
+            ),
+            (
+                3,
+                &[
+                    (0.0, 125.0, 0.0, half(free)),
+                    (0.0, 512.0, band_top, free),
+                    (0.0, 512.0, band_top, mapped),
+                    (512.0, 1024.0, band_top, half(free)),
+                    (512.0, 1024.0, band_top, half(mapped)),
+                ],
+                &[(0.0, 125.0, 0.0, free), (512.0, 1024.0, band_top, free)],
+            ),
+        ];
+        for (step, expected, unexpected) in cases {
+            let before = timeline.layout_at(step);
+            let layout = timeline.layout_at(step + 1);
+            let animation = crate::panes::step_animation(&timeline, &before, step, 0.5);
+            let scene = Scene {
+                layout: &layout,
+                timeline: &timeline,
+                position: step + 1,
+                colour_by: ColourBy::SizeClass,
+                groups: &[],
+                animation: Some(&animation),
+                too_small_below: None,
+                hovered: None,
+            };
+            let rows = Rows::with_released(&layout, &timeline, Scale::new(8192), &animation.released);
+            assert_eq!(
+                rows.bands.iter().map(|band| (band.address, band.released)).collect::<Vec<_>>(),
+                [(0, step == 3), (4096, false)]
+            );
+            let mut shapes = Vec::new();
+            build_shapes(&scene, &rows, Rect::from_min_size(Pos2::ZERO, Vec2::new(1024.0, 100.0)), 0.0, &mut shapes);
+            let fills: Vec<Fill> = shapes
+                .iter()
+                .filter_map(|shape| match shape {
+                    Shape::Rect(rect) if rect.fill != Color32::TRANSPARENT => {
+                        Some((rect.rect.left(), rect.rect.right(), rect.rect.top(), rect.fill))
+                    }
+                    _ => None,
+                })
+                .collect();
+            for fill in expected {
+                assert!(fills.contains(fill), "step {step}: {fill:?} in {fills:?}");
+            }
+            for fill in unexpected {
+                assert!(!fills.contains(fill), "step {step}: no {fill:?} in {fills:?}");
+            }
+        }
     }
 
     #[test]

@@ -22,7 +22,8 @@
 //!   Only visible rows are built and sub-pixel spans merge, so a frame costs the pixels shown, not the
 //!   allocations live (`benches/heap_map.rs`: 100,000 live allocations).
 //! - [`playback`] turns an injectable [`playback::Clock`] into a position (fractional while a step
-//!   animates: new spans grow in, freed ones fade out, new regions fade in); tests drive a
+//!   animates: new spans grow in, freed ones fade out, new regions fade in, released ones fade out in
+//!   place, mapped pages fade in and unmapped ones out); tests drive a
 //!   [`playback::ManualClock`].
 //! - [`app`] is the window: transport, the timeline [`plot`] (click or drag to seek), the panes
 //!   ([`panes`]; the focused one, clicked last or picked with 1 to 4, is outlined), "Why it failed" (about the

@@ -38,7 +38,7 @@ pub struct PaneActions {
 }
 
 /// What step `step` of `timeline` animates, from the layout `before` it: allocations born, allocations dying,
-/// regions appearing.
+/// regions appearing and released, pages mapped and unmapped.
 pub fn step_animation(timeline: &Timeline, before: &Layout, step: u64, progress: f32) -> StepAnimation {
     let mut animation = StepAnimation { progress, ..StepAnimation::default() };
     for change in timeline.changes(step) {
@@ -46,10 +46,16 @@ pub fn step_animation(timeline: &Timeline, before: &Layout, step: u64, progress:
             Change::Allocated(span) => animation.born.push(span.address),
             Change::Freed { address } => animation.dying.extend(before.span_at(address).copied()),
             Change::RegionAdded { address, .. } => animation.new_regions.push(address),
-            _ => {}
+            Change::RegionRemoved { address } => {
+                animation.released.extend(before.region_of(address).filter(|region| region.address == address).cloned());
+            }
+            Change::PagesMapped { address, size_bytes } => animation.mapped.push((address, size_bytes)),
+            Change::PagesUnmapped { address, size_bytes } => animation.unmapped.push((address, size_bytes)),
         }
     }
     animation.born.sort_unstable();
+    animation.mapped.sort_unstable();
+    animation.unmapped.sort_unstable();
     animation
 }
 

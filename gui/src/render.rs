@@ -35,6 +35,26 @@ impl Default for RenderOptions {
     }
 }
 
+/// The widest and tallest image drawn, in pixels: the side of the largest texture the renderer's wgpu device
+/// accepts (wgpu's default `max_texture_dimension_2d`, what egui_kittest asks for).
+pub const MAX_IMAGE_SIDE_PIXELS: u32 = 8192;
+
+impl RenderOptions {
+    /// Checks the image size before anything is drawn.
+    ///
+    /// # Errors
+    /// A width or height of 0, or above [`MAX_IMAGE_SIDE_PIXELS`]; the error names the flag (`--width`,
+    /// `--height`).
+    pub fn check(&self) -> Result<()> {
+        for (flag, pixels) in [("--width", self.width), ("--height", self.height)] {
+            if !(1..=MAX_IMAGE_SIDE_PIXELS).contains(&pixels) {
+                anyhow::bail!("{flag} {pixels}: an image is 1 to {MAX_IMAGE_SIDE_PIXELS} pixels on a side");
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The title line of a render: the recording, the step and what happened at it.
 pub fn title(session: &Session, shown_steps: u64) -> String {
     let mut title = format!("{} · step {shown_steps} of {}", session.name, session.steps());
@@ -80,6 +100,7 @@ impl Shown<'_> {
 /// Renders `session`'s panes after each of `steps` (each clamped to the session's), one image each, through
 /// one harness.
 fn render_steps(session: &mut Session, options: RenderOptions, steps: &[u64]) -> Result<Vec<RgbaImage>> {
+    options.check()?;
     let style = PaneStyle { shown_steps: 0, progress: 1.0, colour_by: options.colour_by, interactive: false };
     let shown = Shown { session, style, heading: String::new(), too_small: Vec::new() };
     let size = egui::vec2(options.width as f32, options.height as f32);
@@ -108,7 +129,7 @@ fn render_steps(session: &mut Session, options: RenderOptions, steps: &[u64]) ->
 /// Renders `session`'s panes at `options.at` steps.
 ///
 /// # Errors
-/// No graphics adapter, or rendering failed.
+/// An image size [`RenderOptions::check`] refuses, no graphics adapter, or rendering failed.
 pub fn render(session: &mut Session, options: RenderOptions) -> Result<RgbaImage> {
     let at = options.at.unwrap_or(u64::MAX);
     render_steps(session, options, &[at])?.pop().ok_or_else(|| anyhow::anyhow!("cannot render the heap map: no image"))
@@ -159,15 +180,14 @@ const GIF_QUANTISER_SPEED: i32 = 10;
 /// wrote: the steps each frame shows.
 ///
 /// # Errors
-/// `gif.frames` is 0, the image is wider or taller than a GIF allows (65,535), the session has no steps,
+/// `gif.frames` is 0, an image size [`RenderOptions::check`] refuses, the session has no steps,
 /// rendering failed, or the file cannot be written.
 pub fn render_gif(session: &mut Session, options: RenderOptions, gif: GifOptions, path: &Path) -> Result<Vec<u64>> {
     if gif.frames == 0 {
         anyhow::bail!("--frames 0: an animation needs at least one frame");
     }
-    if options.width > u32::from(u16::MAX) || options.height > u32::from(u16::MAX) {
-        anyhow::bail!("a GIF is at most 65535 pixels wide and tall, not {}x{}", options.width, options.height);
-    }
+    // Well within a GIF's 65,535 pixels a side.
+    options.check()?;
     let steps = gif_steps(session.steps(), gif.frames);
     if steps.is_empty() {
         anyhow::bail!("{} has no steps to animate", session.name);
@@ -190,6 +210,28 @@ pub fn render_gif(session: &mut Session, options: RenderOptions, gif: GifOptions
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn image_sizes_outside_what_the_renderer_draws_are_refused() {
+        // (width, height, the flag the error names; None: accepted)
+        let cases = [
+            (1280, 480, None),
+            (1, 1, None),
+            (MAX_IMAGE_SIDE_PIXELS, MAX_IMAGE_SIDE_PIXELS, None),
+            (0, 480, Some("--width 0")),
+            (1280, 0, Some("--height 0")),
+            (MAX_IMAGE_SIDE_PIXELS + 1, 480, Some("--width 8193")),
+            (1280, u32::MAX, Some("--height 4294967295")),
+        ];
+        for (width, height, refused) in cases {
+            let options = RenderOptions { width, height, ..RenderOptions::default() };
+            match (options.check(), refused) {
+                (Ok(()), None) => {}
+                (Err(error), Some(words)) => assert!(error.to_string().contains(words), "{width}x{height}: {error}"),
+                (result, _) => panic!("{width}x{height}: {result:?}, expected {refused:?}"),
+            }
+        }
+    }
 
     #[test]
     fn gif_frames_spread_evenly_to_the_end() {

@@ -32,6 +32,17 @@ pub struct SlotInfo {
     pub stack: u32,
 }
 
+/// How a file opens: which device of a PyTorch snapshot, on how much memory. The app keeps them for every file
+/// it opens (`heapscope gui FILE --device N --capacity SIZE`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// The device of a PyTorch snapshot; `None`: the one with the most trace entries
+    /// ([`heapscope_core::recording::busiest_device`]).
+    pub device: Option<usize>,
+    /// Device memory of the replays; `None`: unlimited.
+    pub capacity_bytes: Option<u64>,
+}
+
 /// One contender's view of the recording.
 #[derive(Debug)]
 pub struct Pane {
@@ -128,16 +139,10 @@ impl Session {
         }
         let slots = slot_infos(&recording);
         let groups = slots.iter().map(|slot| slot.stack).collect();
-        let mut session = Self {
-            name: recording.name.clone(),
-            summary: String::new(),
-            recording,
-            config,
-            slots,
-            groups,
-            panes: Vec::new(),
-            live: None,
-        };
+        // A snapshot of several devices shows one: say which.
+        let devices = recording.snapshot.as_ref().map_or(1, |snapshot| snapshot.device_traces.len());
+        let name = if devices > 1 { format!("{} (device {})", recording.name, recording.device) } else { recording.name.clone() };
+        let mut session = Self { name, summary: String::new(), recording, config, slots, groups, panes: Vec::new(), live: None };
         for &contender in contenders {
             session.add_pane(contender)?;
         }
@@ -169,14 +174,15 @@ impl Session {
         Self::story(story, contenders)
     }
 
-    /// The recording in the file at `path` (device 0 of a PyTorch snapshot), unlimited device.
+    /// The recording in the file at `path`, on the device and with the memory `options` say.
     ///
     /// # Errors
-    /// The file cannot be read or parsed (the error names it), or a replay fails.
-    pub fn open(path: &Path, contenders: &[Contender]) -> Result<Self> {
+    /// The file cannot be read or parsed, or has no such device (the error names it), or a replay fails.
+    pub fn open(path: &Path, contenders: &[Contender], options: OpenOptions) -> Result<Self> {
         // The core's errors name the file already ("cannot read F: …", "F: the file is empty", "F:2: …").
-        let recording = Recording::open(path, 0)?;
-        Self::new(recording, CompareConfig::default(), contenders)
+        let recording = Recording::open_device(path, options.device)?;
+        let config = CompareConfig { capacity_bytes: options.capacity_bytes, ..CompareConfig::default() };
+        Self::new(recording, config, contenders)
     }
 
     /// A session fed by `source`, in one pane, growing as it reports.
@@ -342,7 +348,7 @@ mod tests {
     #[test]
     fn a_real_snapshot_opens_in_every_pane() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/gpt2_train_fixed-default.pickle.gz");
-        let mut session = Session::open(&path, &Contender::SIDE_BY_SIDE).unwrap();
+        let mut session = Session::open(&path, &Contender::SIDE_BY_SIDE, OpenOptions::default()).unwrap();
         let steps = session.steps();
         assert!(steps > 10_000, "{steps}");
         for position in [steps / 2, 17, steps] {
@@ -378,11 +384,60 @@ mod tests {
         assert_eq!(session.slots[0], SlotInfo { alloc_step: 0, free_step: Some(2), stack: 1 });
     }
 
+    /// A snapshot whose activity is on device 1 opens there by default, says so, and replays on the capacity
+    /// asked for (refusing what does not fit); a device named opens that one, and a device it lacks is an error.
+    #[test]
+    fn a_file_opens_on_its_busiest_device_with_the_capacity_asked() {
+        use heapscope_core::pytorch::{Action, Snapshot, StackId, TraceEntry};
+        let alloc = |addr: u64, size: u64| TraceEntry {
+            action: Action::Alloc,
+            addr,
+            size,
+            stream: 0,
+            time_us: None,
+            device_free: None,
+            frames: StackId::NONE,
+        };
+        let snapshot = Snapshot {
+            device_traces: vec![vec![alloc(0, 4 << 20)], (0..3).map(|index| alloc(index << 30, 256 << 20)).collect()],
+            ..Snapshot::default()
+        };
+        let dir = std::env::temp_dir().join(format!("heapscope-gui-devices-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("two_devices.pickle");
+        heapscope_core::pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
+        let pytorch = [Contender::Pytorch { expandable: false }];
+        // (options, the session's name ends with, steps, requests refused)
+        let cases = [
+            (OpenOptions::default(), "(device 1)", 3, 0),
+            (OpenOptions { device: None, capacity_bytes: Some(600 << 20) }, "(device 1)", 3, 1),
+            (OpenOptions { device: Some(0), capacity_bytes: None }, "(device 0)", 1, 0),
+        ];
+        for (options, name, steps, refused) in cases {
+            let session = Session::open(&path, &pytorch, options).unwrap();
+            assert!(session.name.ends_with(name), "{options:?}: {}", session.name);
+            assert_eq!(session.config.capacity_bytes, options.capacity_bytes);
+            assert_eq!(session.steps(), steps, "{options:?}");
+            assert_eq!(session.panes[0].timeline.refusals().len(), refused, "{options:?}");
+        }
+        // The app opens every file with its options.
+        let mut app = crate::HeapscopeApp::default();
+        app.open_options = OpenOptions { device: None, capacity_bytes: Some(600 << 20) };
+        app.open_path(&path);
+        let session = app.session.as_ref().unwrap();
+        assert!(session.name.ends_with("(device 1)"), "{}", session.name);
+        assert_eq!(session.config.capacity_bytes, Some(600 << 20));
+        let missing = Session::open(&path, &pytorch, OpenOptions { device: Some(2), capacity_bytes: None }).unwrap_err();
+        assert!(format!("{missing:#}").contains("no device 2"), "{missing:#}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
     #[test]
     fn bad_requests_are_errors() {
         assert!(Session::story_named("nope", &[Contender::Paged]).unwrap_err().to_string().contains("frag_oom"));
         assert!(Session::story_named("frag_oom", &[]).is_err());
-        let missing = Session::open(Path::new("/nonexistent/trace.hst"), &[Contender::Paged]).unwrap_err();
+        let missing =
+            Session::open(Path::new("/nonexistent/trace.hst"), &[Contender::Paged], OpenOptions::default()).unwrap_err();
         assert!(format!("{missing:#}").contains("/nonexistent/trace.hst"), "{missing:#}");
     }
 }

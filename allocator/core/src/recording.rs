@@ -159,6 +159,15 @@ impl Recording {
     /// # Errors
     /// [`OpenError`] naming the file and what is wrong with it.
     pub fn open(path: &Path, device: usize) -> Result<Self, OpenError> {
+        Self::open_device(path, Some(device))
+    }
+
+    /// [`Recording::open`] on device `device` of a snapshot, or with `None` on its [`busiest_device`] (device 0
+    /// of a trace, which has one).
+    ///
+    /// # Errors
+    /// [`OpenError`] naming the file and what is wrong with it.
+    pub fn open_device(path: &Path, device: Option<usize>) -> Result<Self, OpenError> {
         let file = path.display().to_string();
         let io = |error| OpenError::Io { file: file.clone(), error };
         let mut head = [0u8; 8];
@@ -168,8 +177,14 @@ impl Recording {
             return Err(OpenError::Empty { file });
         }
         match sniff(&head[..read]) {
-            Format::PytorchSnapshot => Ok(Self::from_snapshot(&file, read_snapshot(path)?, device)?),
-            _ if device != 0 => Err(OpenError::NoSuchDevice { file, device }),
+            Format::PytorchSnapshot => {
+                let snapshot = read_snapshot(path)?;
+                let device = device.unwrap_or_else(|| busiest_device(&snapshot));
+                Ok(Self::from_snapshot(&file, snapshot, device)?)
+            }
+            Format::Native | Format::Csv if device.is_some_and(|device| device != 0) => {
+                Err(OpenError::NoSuchDevice { file, device: device.unwrap_or_default() })
+            }
             Format::Native | Format::Csv => Ok(Self::from_trace(Trace::read(path)?)),
         }
     }
@@ -178,6 +193,18 @@ impl Recording {
     pub fn entry_of(&self, event: u64) -> u64 {
         usize::try_from(event).ok().and_then(|event| self.entry_index.get(event)).copied().unwrap_or(event)
     }
+}
+
+/// The device of `snapshot` with the most trace entries (the lowest of equals; 0 when it records none): where a
+/// multi-device snapshot's activity is, when no device is named.
+pub fn busiest_device(snapshot: &Snapshot) -> usize {
+    let mut busiest = 0;
+    for (device, entries) in snapshot.device_traces.iter().enumerate() {
+        if entries.len() > snapshot.device_traces[busiest].len() {
+            busiest = device;
+        }
+    }
+    busiest
 }
 
 #[cfg(test)]
@@ -215,6 +242,7 @@ mod tests {
         std::fs::write(&csv, "a,1,100\nf,1\n").unwrap();
         assert!(matches!(Recording::open(&empty, 0), Err(OpenError::Empty { .. })));
         assert!(matches!(Recording::open(&csv, 1), Err(OpenError::NoSuchDevice { device: 1, .. })));
+        assert_eq!(Recording::open_device(&csv, None).unwrap().device, 0, "a trace has one device");
         assert!(Recording::open(&dir.join("missing.csv"), 0).unwrap_err().to_string().contains("missing.csv"));
         assert_eq!(Recording::open(&csv, 0).unwrap().trace.events().len(), 2);
         std::fs::remove_dir_all(&dir).ok();
@@ -248,6 +276,18 @@ mod tests {
         assert_eq!(recording.entry_index, [1, 4, 7, 7]);
         assert_eq!(recording.frees_before_recording, 1);
         assert_eq!(recording.entry_of(2), 7);
+    }
+
+    #[test]
+    fn the_busiest_device_has_the_most_entries() {
+        let entries = |count: u64| (0..count).map(|addr| entry(Action::Alloc, addr * 512, 512)).collect::<Vec<_>>();
+        // (entries per device, the busiest)
+        let cases: [(&[u64], usize); 5] = [(&[], 0), (&[0], 0), (&[3, 5], 1), (&[0, 4, 4], 1), (&[7, 2, 6], 0)];
+        for (counts, busiest) in cases {
+            let snapshot =
+                Snapshot { device_traces: counts.iter().map(|&count| entries(count)).collect(), ..Snapshot::default() };
+            assert_eq!(busiest_device(&snapshot), busiest, "{counts:?}");
+        }
     }
 
     #[test]
