@@ -334,11 +334,19 @@ impl CachingAllocator {
         if !node.allocated {
             return None;
         }
-        let mut head = id;
-        while let Some(prev) = self.node(head).prev {
-            head = prev;
-        }
-        Some(LiveBlock { address, size_bytes: node.size, requested_bytes: node.requested, segment_base: self.node(head).addr })
+        // The segment's base by address (O(log n)); walking the block list to its head would cost every block before
+        // this one, which in an expandable segment can be all of them.
+        let segment_base = self.segment_at(address).map_or_else(
+            || {
+                let mut head = id;
+                while let Some(prev) = self.node(head).prev {
+                    head = prev;
+                }
+                self.node(head).addr
+            },
+            |(base, _)| base,
+        );
+        Some(LiveBlock { address, size_bytes: node.size, requested_bytes: node.requested, segment_base })
     }
 
     /// The segment (a `cudaMalloc` block, or an expandable segment's whole virtual range) holding `address`:
