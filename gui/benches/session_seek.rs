@@ -3,7 +3,7 @@
 //! one after the other (what the app did before panes sought in parallel).
 //!
 //! `cargo bench -p heapscope-gui --bench session_seek` replays a synthetic trace of 1,000,000 events keeping about
-//! 100,000 allocations live (`heapscope_core::synthetic::steady_churn`) through the four side-by-side contenders,
+//! 100,000 allocations live, 512 B to 4 MiB (`heapscope_core::synthetic::steady_churn`) through the four side-by-side contenders,
 //! then, at 100 pseudo-random positions:
 //! - **seek**: `Session::seek` (panes in parallel) against `Timeline::layout_at` of each pane in turn;
 //! - **step**: one step of playback after the seek with the step's animation and explanation prepared (the
@@ -23,6 +23,8 @@ use heapscope_gui::session::Session;
 
 const EVENTS: u64 = 1_000_000;
 const LIVE: usize = 100_000;
+/// Sizes up to 4 MiB: about 46 GB live, what one big GPU holds (the paged contender's virtual range is 1 TiB).
+const MAX_SIZE_BYTES: u64 = 4 << 20;
 
 fn positions(steps: u64) -> Vec<u64> {
     let mut seed = 42u64;
@@ -47,7 +49,7 @@ fn summary(times: &mut [Duration]) -> (f64, f64) {
 }
 
 fn main() {
-    let recording = Recording::from_trace(steady_churn(EVENTS, LIVE, 0x9e37_79b9_7f4a_7c15));
+    let recording = Recording::from_trace(steady_churn(EVENTS, LIVE, MAX_SIZE_BYTES, 0x9e37_79b9_7f4a_7c15));
     let started = Instant::now();
     let mut session = Session::new(recording, CompareConfig::default(), &Contender::SIDE_BY_SIDE).expect("the trace replays");
     println!("recorded {} panes of {} steps in {:.1} s", session.panes.len(), session.steps(), started.elapsed().as_secs_f64());

@@ -1,7 +1,7 @@
 //! Seeking in the timeline of a 1,000,000-event trace: the < 50 ms target of the GUI's scrubbing.
 //!
 //! `cargo bench -p heapscope-core --bench timeline_seek` builds synthetic traces of 1,000,000 events that
-//! keep about 1,000 and about 100,000 allocations live (sizes log-uniform from 512 B to 64 MiB, frees of
+//! keep about 1,000 and about 100,000 allocations live (sizes log-uniform from 512 B to 128 MiB, frees of
 //! random live allocations), records their timelines through a TLSF heap and through the PyTorch
 //! emulation, and measures `Timeline::layout_at` at 200 pseudo-random positions (the worst and the median
 //! count: scrubbing must stay smooth everywhere), then criterion on the same seeks. It prints a table and
@@ -22,7 +22,7 @@ const EVENTS: u64 = 1_000_000;
 
 /// `EVENTS` events keeping about `live` allocations live.
 fn trace(live: usize) -> Recording {
-    Recording::from_trace(steady_churn(EVENTS, live, 0x9e37_79b9_7f4a_7c15))
+    Recording::from_trace(steady_churn(EVENTS, live, 128 << 20, 0x9e37_79b9_7f4a_7c15))
 }
 
 fn positions(steps: u64) -> Vec<u64> {

@@ -467,14 +467,14 @@ impl PagedHeap {
         // Free memory inside mapped pages: what live footprints leave of them, and its largest run.
         let report = self.policy.report();
         let mapped = self.mapped_runs_of(&report);
-        let mut largest_free_run_bytes = 0;
-        for range in report.ranges.iter().filter(|range| range.state == crate::RangeState::Free) {
-            for &(offset, size) in &mapped {
-                let start = range.offset.max(offset);
-                let end = (range.offset + range.size_bytes).min(offset + size);
-                largest_free_run_bytes = largest_free_run_bytes.max(end.saturating_sub(start));
-            }
-        }
+        let mut free: Vec<(u64, u64)> = report
+            .ranges
+            .iter()
+            .filter(|range| range.state == crate::RangeState::Free)
+            .map(|range| (range.offset, range.offset + range.size_bytes))
+            .collect();
+        free.sort_unstable();
+        let largest_free_run_bytes = largest_overlap(&free, mapped.iter().map(|&(offset, size)| (offset, offset + size)));
         let totals = Totals::from_ranges(self.config.virtual_bytes, &report.ranges);
         let unreserved_bytes = self.config.capacity_bytes.map_or(u64::MAX, |capacity| capacity - self.stats.mapped_bytes);
         let free_in_blocks_bytes = self.stats.mapped_bytes - self.footprint_bytes.min(self.stats.mapped_bytes);
@@ -497,10 +497,45 @@ impl PagedHeap {
     }
 }
 
+/// The longest overlap of a range of `a` with a range of `b`: two lists of disjoint `[start, end)` ranges sorted by
+/// start, swept once together (not every pair: a big heap has many of both).
+fn largest_overlap(a: &[(u64, u64)], b: impl IntoIterator<Item = (u64, u64)>) -> u64 {
+    let mut largest = 0;
+    let mut a = a.iter().copied().peekable();
+    let mut b = b.into_iter().peekable();
+    while let (Some(&(a_start, a_end)), Some(&(b_start, b_end))) = (a.peek(), b.peek()) {
+        largest = largest.max(a_end.min(b_end).saturating_sub(a_start.max(b_start)));
+        if a_end <= b_end {
+            a.next();
+        } else {
+            b.next();
+        }
+    }
+    largest
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::units::MIB;
+
+    #[test]
+    fn largest_overlap_table() {
+        type Ranges = &'static [(u64, u64)];
+        // (a, b, longest overlap): against every pair compared.
+        let cases: [(Ranges, Ranges, u64); 5] = [
+            (&[], &[(0, 10)], 0),
+            (&[(0, 10)], &[(5, 20)], 5),
+            (&[(0, 4), (6, 30)], &[(2, 8), (10, 12), (20, 40)], 10),
+            (&[(0, 100)], &[(10, 20), (30, 60), (70, 75)], 30),
+            (&[(0, 5), (10, 15)], &[(5, 10), (15, 20)], 0),
+        ];
+        for (a, b, expected) in cases {
+            let pairs =
+                a.iter().flat_map(|&(s, e)| b.iter().map(move |&(t, f)| e.min(f).saturating_sub(s.max(t)))).max().unwrap_or(0);
+            assert_eq!((largest_overlap(a, b.iter().copied()), pairs), (expected, expected), "{a:?} {b:?}");
+        }
+    }
 
     fn request(size_bytes: u64) -> Request {
         Request::new(size_bytes, 256).unwrap()

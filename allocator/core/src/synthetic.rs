@@ -1,8 +1,8 @@
 //! Synthetic traces for benchmarks and tests: deterministic, dependency-free, any length.
 //!
 //! [`steady_churn`] is the shape that stresses a timeline: it grows to about `live` allocations, then holds
-//! there (within a few allocations), each event allocating a size drawn log-uniformly from 512 B to 64 MiB or freeing a random live
-//! allocation. The same seed gives the same trace.
+//! there (within a few allocations), each event allocating a size drawn log-uniformly from 512 B to a largest size
+//! or freeing a random live allocation. The same seed gives the same trace.
 
 use crate::{Trace, TraceBuilder};
 
@@ -18,9 +18,11 @@ impl Xorshift {
     }
 }
 
-/// `events` events that keep about `live` allocations live (see the module documentation); `seed` must not be 0
-/// (0 is replaced by a fixed odd constant).
-pub fn steady_churn(events: u64, live: usize, seed: u64) -> Trace {
+/// `events` events that keep about `live` allocations live, of 512 B up to `max_size_bytes` (rounded down to a
+/// power of two, at least 1 KiB; see the module documentation); a `seed` of 0 is replaced by a fixed odd constant.
+pub fn steady_churn(events: u64, live: usize, max_size_bytes: u64, seed: u64) -> Trace {
+    // Size classes 2^9 .. 2^top: a class's sizes run from 2^class to twice that.
+    let top = max_size_bytes.max(1024).ilog2() - 1;
     let mut rng = Xorshift(if seed == 0 { 0x9e37_79b9_7f4a_7c15 } else { seed });
     let mut builder = TraceBuilder::new(format!("synthetic, ~{live} live"));
     let mut alive: Vec<u64> = Vec::new();
@@ -29,8 +31,7 @@ pub fn steady_churn(events: u64, live: usize, seed: u64) -> Trace {
         // Three allocations in four below the target, one in four at or above it: the count climbs, then stays.
         let allocate = alive.is_empty() || (rng.next() % 4 < 3) == (alive.len() < live);
         if allocate {
-            // log-uniform from 512 B (2^9) to 64 MiB (2^26)
-            let class = 9 + rng.next() % 18;
+            let class = 9 + rng.next() % u64::from(top - 8);
             let size = (1u64 << class) + rng.next() % (1u64 << class);
             builder.alloc(next_id, size).expect("ids are fresh");
             alive.push(next_id);
@@ -53,13 +54,13 @@ mod tests {
         // (events, live target): the live count at the end is within 2 % of the target once the trace is long
         // enough to reach it.
         for (events, live) in [(2_000u64, 100usize), (20_000, 1_000), (100_000, 10_000)] {
-            let trace = steady_churn(events, live, 7);
+            let trace = steady_churn(events, live, 128 << 20, 7);
             assert_eq!(trace.events().len() as u64, events);
             let mut count: i64 = 0;
             for event in trace.events() {
                 count += match event {
                     Event::Alloc { size_bytes, .. } => {
-                        assert!((512..=128 << 20).contains(size_bytes), "{size_bytes}");
+                        assert!((512..128 << 20).contains(size_bytes), "{size_bytes}");
                         1
                     }
                     Event::Free { .. } => -1,
@@ -69,7 +70,7 @@ mod tests {
             let live = live as i64;
             assert!((count - live).abs() <= live / 50 + 5, "{events} events: {count} live, target {live}");
         }
-        assert_eq!(steady_churn(1000, 50, 3).events(), steady_churn(1000, 50, 3).events());
-        assert_ne!(steady_churn(1000, 50, 3).events(), steady_churn(1000, 50, 4).events());
+        assert_eq!(steady_churn(1000, 50, 1 << 20, 3).events(), steady_churn(1000, 50, 1 << 20, 3).events());
+        assert_ne!(steady_churn(1000, 50, 1 << 20, 3).events(), steady_churn(1000, 50, 1 << 20, 4).events());
     }
 }
