@@ -40,6 +40,9 @@ pub struct GuiArgs {
     /// Steps of the live workload (default: its own).
     #[arg(long, value_name = "N", requires = "live")]
     pub steps: Option<u32>,
+    /// Open at this many events played (default: the start).
+    #[arg(long, value_name = "EVENT", conflicts_with = "live")]
+    pub at: Option<u64>,
     /// Close the window by itself after this many frames (scripted runs, tests).
     #[arg(long, value_name = "N")]
     pub quit_after_frames: Option<u32>,
@@ -58,6 +61,7 @@ impl Default for GuiArgs {
             open: OpenArgs::default(),
             budget: None,
             steps: None,
+            at: None,
             quit_after_frames: None,
             screenshot: None,
         }
@@ -157,7 +161,7 @@ pub fn run_gui(args: &GuiArgs) -> Result<()> {
     // A live run has its own pane.
     let contenders = if args.live.is_some() { &[][..] } else { &args.policies[..] };
     let quit_after_frames = args.quit_after_frames.or(args.screenshot.as_ref().map(|_| DEFAULT_SCREENSHOT_FRAMES));
-    let window = WindowOptions { quit_after_frames, screenshot: args.screenshot.clone() };
+    let window = WindowOptions { quit_after_frames, screenshot: args.screenshot.clone(), start_at_event: args.at };
     let scripted = quit_after_frames.is_some();
     if scripted {
         // A scripted run is a check: what the Vulkan validation layer says about the window's wgpu (on when wgpu

@@ -33,7 +33,7 @@ fn the_window_opens_draws_a_snapshot_and_closes() {
         // -a: a free display number, so parallel runs do not collide.
         .args(["-a", "-s", "-screen 0 1600x1000x24", env!("CARGO_BIN_EXE_heapscope"), "gui"])
         .arg(&snapshot)
-        .args(["--quit-after-frames", "20", "--screenshot"])
+        .args(["--at", "61", "--quit-after-frames", "20", "--screenshot"])
         .arg(&screenshot)
         .env_remove("WAYLAND_DISPLAY")
         // The validation layer on wgpu's instance, whatever the build; the binary fails on what it says. Without
@@ -63,4 +63,15 @@ fn the_window_opens_draws_a_snapshot_and_closes() {
     let colours: HashSet<[u8; 4]> = image.pixels().map(|pixel| pixel.0).collect();
     assert!(colours.len() >= 16, "{} distinct colours: a blank window", colours.len());
     std::fs::remove_dir_all(&dir).unwrap();
+
+    // A moment past the end is refused before any window opens, naming the flag and the length.
+    let output = Command::new("xvfb-run")
+        .args(["-a", env!("CARGO_BIN_EXE_heapscope"), "gui"])
+        .arg(&snapshot)
+        .args(["--at", "500", "--quit-after-frames", "1"])
+        .env_remove("WAYLAND_DISPLAY")
+        .output()
+        .expect("xvfb-run runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("--at 500: the recording has 82 events"), "{stderr}");
 }

@@ -708,6 +708,13 @@ pub fn run(
             anyhow::bail!(error);
         }
     }
+    if let Some(at) = window.start_at_event {
+        let steps = app.steps();
+        if at > steps {
+            anyhow::bail!("--at {at}: the recording has {steps} events");
+        }
+        app.playback.seek(at);
+    }
     if let Some(config) = live {
         // No device is said in the Live bar, over the stories: the window still opens.
         app.start_live(config);
