@@ -27,15 +27,7 @@ const LIVE: usize = 100_000;
 const MAX_SIZE_BYTES: u64 = 4 << 20;
 
 fn positions(steps: u64) -> Vec<u64> {
-    let mut seed = 42u64;
-    (0..100)
-        .map(|_| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            1 + seed % (steps - 2)
-        })
-        .collect()
+    heapscope_core::synthetic::positions(100, 1..steps - 1, 42)
 }
 
 fn ms(duration: Duration) -> f64 {

@@ -388,16 +388,8 @@ mod tests {
     /// asked for (refusing what does not fit); a device named opens that one, and a device it lacks is an error.
     #[test]
     fn a_file_opens_on_its_busiest_device_with_the_capacity_asked() {
-        use heapscope_core::pytorch::{Action, Snapshot, StackId, TraceEntry};
-        let alloc = |addr: u64, size: u64| TraceEntry {
-            action: Action::Alloc,
-            addr,
-            size,
-            stream: 0,
-            time_us: None,
-            device_free: None,
-            frames: StackId::NONE,
-        };
+        use heapscope_core::pytorch::{Action, Snapshot, TraceEntry};
+        let alloc = |addr: u64, size: u64| TraceEntry::new(Action::Alloc, addr, size);
         let snapshot = Snapshot {
             device_traces: vec![vec![alloc(0, 4 << 20)], (0..3).map(|index| alloc(index << 30, 256 << 20)).collect()],
             ..Snapshot::default()

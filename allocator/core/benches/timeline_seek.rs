@@ -26,15 +26,7 @@ fn trace(live: usize) -> Recording {
 }
 
 fn positions(steps: u64) -> Vec<u64> {
-    let mut seed = 42u64;
-    (0..200)
-        .map(|_| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % (steps + 1)
-        })
-        .collect()
+    heapscope_core::synthetic::positions(200, 0..steps + 1, 42)
 }
 
 fn ms(duration: Duration) -> String {

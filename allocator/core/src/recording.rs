@@ -210,11 +210,11 @@ pub fn busiest_device(snapshot: &Snapshot) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pytorch::{StackId, TraceEntry};
+    use crate::pytorch::TraceEntry;
     use crate::trace::Event;
 
     fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
-        TraceEntry { action, addr, size, stream: 0, time_us: None, device_free: None, frames: StackId::NONE }
+        TraceEntry::new(action, addr, size)
     }
 
     #[test]

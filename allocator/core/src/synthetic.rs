@@ -44,6 +44,13 @@ pub fn steady_churn(events: u64, live: usize, max_size_bytes: u64, seed: u64) ->
     builder.finish()
 }
 
+/// `count` pseudo-random values in `range` (where to seek, in a benchmark), the same for the same `seed`.
+pub fn positions(count: usize, range: std::ops::Range<u64>, seed: u64) -> Vec<u64> {
+    let mut rng = Xorshift(if seed == 0 { 0x9e37_79b9_7f4a_7c15 } else { seed });
+    let span = range.end.saturating_sub(range.start).max(1);
+    (0..count).map(|_| range.start + rng.next() % span).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,6 +78,10 @@ mod tests {
             assert!((count - live).abs() <= live / 50 + 5, "{events} events: {count} live, target {live}");
         }
         assert_eq!(steady_churn(1000, 50, 1 << 20, 3).events(), steady_churn(1000, 50, 1 << 20, 3).events());
+        let sought = positions(500, 10..20, 42);
+        assert!(sought.iter().all(|position| (10..20).contains(position)) && sought.len() == 500);
+        assert_eq!((sought.iter().min(), sought.iter().max()), (Some(&10), Some(&19)));
+        assert_eq!(sought, positions(500, 10..20, 42));
         assert_ne!(steady_churn(1000, 50, 1 << 20, 3).events(), steady_churn(1000, 50, 1 << 20, 4).events());
     }
 }

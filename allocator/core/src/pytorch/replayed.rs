@@ -463,15 +463,7 @@ pub fn emulated_snapshot(
             }
             let last = original.last().cloned();
             for event in events {
-                let template = last.clone().unwrap_or(TraceEntry {
-                    action: event.action,
-                    addr: 0,
-                    size: 0,
-                    stream: 0,
-                    time_us: None,
-                    device_free: None,
-                    frames: StackId::NONE,
-                });
+                let template = last.clone().unwrap_or_else(|| TraceEntry::new(event.action, 0, 0));
                 entries.push(TraceEntry {
                     action: event.action,
                     addr: event.addr,
@@ -485,15 +477,7 @@ pub fn emulated_snapshot(
         None => {
             let mut allocator = CachingAllocator::new(conf.clone(), capacity_bytes);
             let mut addresses = vec![None; recording.trace.slots() as usize];
-            let entry = |action, addr, size| TraceEntry {
-                action,
-                addr,
-                size,
-                stream: 0,
-                time_us: None,
-                device_free: None,
-                frames: StackId::NONE,
-            };
+            let entry = TraceEntry::new;
             for event in recording.trace.events() {
                 match *event {
                     Event::Alloc { slot, size_bytes } => {

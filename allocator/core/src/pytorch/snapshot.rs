@@ -187,6 +187,14 @@ pub struct TraceEntry {
     pub frames: StackId,
 }
 
+impl TraceEntry {
+    /// An entry `action` at `addr` of `size` bytes on the default stream, with no time, driver free bytes or frames
+    /// (what a trace without PyTorch's extras makes).
+    pub fn new(action: Action, addr: u64, size: u64) -> Self {
+        Self { action, addr, size, stream: 0, time_us: None, device_free: None, frames: StackId::NONE }
+    }
+}
+
 /// The allocator settings recorded in the file (`allocator_settings`).
 #[derive(Clone, Debug, Default, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]

@@ -344,7 +344,7 @@ fn expandable_oom_unmaps_free_pages_first() {
 }
 
 fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
-    TraceEntry { action, addr, size, stream: 0, time_us: None, device_free: None, frames: StackId::NONE }
+    TraceEntry::new(action, addr, size)
 }
 
 #[test]

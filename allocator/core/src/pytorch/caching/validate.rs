@@ -193,7 +193,7 @@ mod tests {
     }
 
     fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
-        TraceEntry { action, addr, size, stream: 0, time_us: None, device_free: None, frames: StackId::NONE }
+        TraceEntry::new(action, addr, size)
     }
 
     fn snapshot(segments: Vec<Segment>, trace: Vec<TraceEntry>) -> Snapshot {
