@@ -10,7 +10,7 @@
 //!   per step, with totals and checkpoints, so seeking anywhere is a checkpoint plus a few thousand changes
 //!   and the app never replays from zero. A [`session::Session`] holds the recording and one
 //!   [`session::Pane`] per contender, all at one position. Panes that must seek from a checkpoint do it in
-//!   parallel; a pane keeps the layout before the step shown as playback moves, so a step's animation and
+//!   parallel, and free the big layouts they replace on a thread of their own; a pane keeps the layout before the step shown as playback moves, so a step's animation and
 //!   explanation cost its changes, not a rebuild (`benches/session_seek.rs`: four panes of a 1,000,000-event
 //!   trace with 100,000 allocations live). A [`live::LiveSource`] feeds a pane step by step
 //!   instead of a recording: [`device_live`] runs a workload on the Vulkan device and streams what its heap does

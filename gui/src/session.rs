@@ -21,6 +21,9 @@ pub const MAX_PANES: usize = 4;
 /// moves back) seek from the nearest checkpoint.
 const SHORT_MOVE_STEPS: u64 = 2048;
 
+/// Layouts holding at least this many allocations are freed on a thread of their own when a seek replaces them.
+const FREE_ELSEWHERE_ALLOCATIONS: u64 = 10_000;
+
 /// What the trace knows about one allocation (one slot).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SlotInfo {
@@ -83,8 +86,12 @@ impl Pane {
             }
             self.timeline.advance(&mut self.layout, self.layout_steps, steps);
         } else {
-            self.layout = self.timeline.layout_at(steps);
-            self.before = None;
+            let old = (std::mem::replace(&mut self.layout, self.timeline.layout_at(steps)), self.before.take());
+            // Freeing a big layout costs about as much as building one: off the frame's path.
+            if old.0.totals().live_allocations >= FREE_ELSEWHERE_ALLOCATIONS {
+                // Without a thread (none to be had) it is freed here, as any other.
+                let _ = std::thread::Builder::new().name("heapscope-free-layout".into()).spawn(move || drop(old));
+            }
         }
         self.layout_steps = steps;
     }
