@@ -45,6 +45,11 @@ fn main() {
     let started = Instant::now();
     let mut session = Session::new(recording, CompareConfig::default(), &Contender::SIDE_BY_SIDE).expect("the trace replays");
     println!("recorded {} panes of {} steps in {:.1} s", session.panes.len(), session.steps(), started.elapsed().as_secs_f64());
+    let checkpoint_mib: Vec<String> = session
+        .panes
+        .iter()
+        .map(|pane| format!("{} {:.0} MiB", pane.name(), pane.timeline.checkpoint_bytes() as f64 / f64::from(1 << 20)))
+        .collect();
     let (mut seeks, mut serial_seeks, mut steps, mut rebuilt_steps) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for position in positions(session.steps()) {
         let started = Instant::now();
@@ -98,6 +103,7 @@ fn main() {
         ));
     }
     lines.push(String::new());
+    lines.push(format!("Checkpoints held: {}.", checkpoint_mib.join(", ")));
     lines.push(
         "Peers: the same panes sought one after the other from their checkpoints; the step's layout rebuilt per pane.".to_owned(),
     );

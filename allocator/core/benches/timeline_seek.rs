@@ -36,8 +36,8 @@ fn ms(duration: Duration) -> String {
 fn main() {
     let config = CompareConfig::default();
     let mut lines = vec![
-        "| trace | contender | record s | checkpoints | live at end | seek median ms | seek max ms |".to_owned(),
-        "|---|---|---|---|---|---|---|".to_owned(),
+        "| trace | contender | record s | checkpoints | checkpoint MiB | live at end | seek median ms | seek max ms |".to_owned(),
+        "|---|---|---|---|---|---|---|---|".to_owned(),
     ];
     let mut timelines: Vec<(String, Timeline)> = Vec::new();
     for live in [1_000, 100_000] {
@@ -56,10 +56,11 @@ fn main() {
                 .collect();
             seeks.sort();
             let line = format!(
-                "| {} | {contender} | {:.2} | {} | {} | {} | {} |",
+                "| {} | {contender} | {:.2} | {} | {:.0} | {} | {} | {} |",
                 recording.trace.name,
                 record_time.as_secs_f64(),
                 timeline.checkpoints(),
+                timeline.checkpoint_bytes() as f64 / f64::from(1 << 20),
                 timeline.head().totals().live_allocations,
                 ms(seeks[seeks.len() / 2]),
                 ms(seeks[seeks.len() - 1]),

@@ -212,6 +212,20 @@ impl Timeline {
     pub fn checkpoints(&self) -> usize {
         self.checkpoints.len()
     }
+
+    /// Bytes the checkpoints hold, about: their allocations and regions (with mapped runs), not counting the
+    /// allocator's own overhead. What seeking costs in memory.
+    pub fn checkpoint_bytes(&self) -> u64 {
+        let run = 2 * size_of::<u64>();
+        self.checkpoints
+            .iter()
+            .map(|checkpoint| {
+                let regions: usize =
+                    checkpoint.regions.values().map(|region| size_of::<(u64, Region)>() + region.mapped.len() * run).sum();
+                (checkpoint.spans.len() * size_of::<Span>() + regions) as u64
+            })
+            .sum()
+    }
 }
 
 #[cfg(test)]
@@ -251,6 +265,7 @@ mod tests {
     fn seeking_equals_replaying_from_the_start() {
         let timeline = churn(20_000, 300);
         assert!(timeline.checkpoints() >= 4, "{} checkpoints", timeline.checkpoints());
+
         let mut replayed = Layout::new();
         let mut at = 0;
         for position in [0, 1, 4095, 4096, 4097, 9000, 12_345, 19_999, 20_000, 50_000] {
@@ -269,6 +284,29 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A block, then 100 allocations, a checkpoint every 50 steps: the checkpoints after 50 and 100 steps hold
+    /// 49 and 99 allocations and the block each.
+    #[test]
+    fn checkpoint_bytes_count_what_checkpoints_hold() {
+        let mut timeline = Timeline::new("test");
+        timeline.set_checkpoint_interval(50);
+        timeline.push(&[Change::RegionAdded { address: 0, size_bytes: 1 << 30, kind: RegionKind::Block }], None).unwrap();
+        for slot in 0..100u32 {
+            let span = Span {
+                address: u64::from(slot) << 20,
+                footprint_bytes: 1 << 20,
+                lead_bytes: 0,
+                requested_bytes: 1000,
+                slot,
+                born: u64::from(slot) + 1,
+            };
+            timeline.push(&[Change::Allocated(span)], None).unwrap();
+        }
+        assert_eq!(timeline.checkpoints(), 3, "the empty start, after 50 and after 100 steps");
+        let expected = (49 + 99) * size_of::<Span>() + 2 * size_of::<(u64, Region)>();
+        assert_eq!(timeline.checkpoint_bytes(), expected as u64);
     }
 
     #[test]
