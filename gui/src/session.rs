@@ -150,8 +150,16 @@ impl Session {
         let devices = recording.snapshot.as_ref().map_or(1, |snapshot| snapshot.device_traces.len());
         let name = if devices > 1 { format!("{} (device {})", recording.name, recording.device) } else { recording.name.clone() };
         let mut session = Self { name, summary: String::new(), recording, config, slots, groups, panes: Vec::new(), live: None };
-        for &contender in contenders {
-            session.add_pane(contender)?;
+        // Each contender replays the recording on a thread of its own: opening a big trace costs its slowest
+        // contender, not all of them in turn.
+        let timelines: Vec<Result<Timeline, heapscope_core::Error>> = std::thread::scope(|scope| {
+            let (recording, config) = (&session.recording, &session.config);
+            let replays: Vec<_> =
+                contenders.iter().map(|&contender| scope.spawn(move || record(recording, contender, config, None))).collect();
+            replays.into_iter().map(|replay| replay.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+        });
+        for (&contender, timeline) in contenders.iter().zip(timelines) {
+            session.panes.push(Pane::new(Some(contender), timeline?));
         }
         Ok(session)
     }
