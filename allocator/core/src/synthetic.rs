@@ -10,6 +10,11 @@ use crate::{Trace, TraceBuilder};
 struct Xorshift(u64);
 
 impl Xorshift {
+    /// Seeded with `seed`; 0 (where xorshift would stay at 0 for ever) becomes a fixed odd constant.
+    fn new(seed: u64) -> Self {
+        Self(if seed == 0 { 0x9e37_79b9_7f4a_7c15 } else { seed })
+    }
+
     fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
@@ -23,7 +28,7 @@ impl Xorshift {
 pub fn steady_churn(events: u64, live: usize, max_size_bytes: u64, seed: u64) -> Trace {
     // Size classes 2^9 .. 2^top: a class's sizes run from 2^class to twice that.
     let top = max_size_bytes.max(1024).ilog2() - 1;
-    let mut rng = Xorshift(if seed == 0 { 0x9e37_79b9_7f4a_7c15 } else { seed });
+    let mut rng = Xorshift::new(seed);
     let mut builder = TraceBuilder::new(format!("synthetic, ~{live} live"));
     let mut alive: Vec<u64> = Vec::new();
     let mut next_id = 0;
@@ -46,7 +51,7 @@ pub fn steady_churn(events: u64, live: usize, max_size_bytes: u64, seed: u64) ->
 
 /// `count` pseudo-random values in `range` (where to seek, in a benchmark), the same for the same `seed`.
 pub fn positions(count: usize, range: std::ops::Range<u64>, seed: u64) -> Vec<u64> {
-    let mut rng = Xorshift(if seed == 0 { 0x9e37_79b9_7f4a_7c15 } else { seed });
+    let mut rng = Xorshift::new(seed);
     let span = range.end.saturating_sub(range.start).max(1);
     (0..count).map(|_| range.start + rng.next() % span).collect()
 }
