@@ -40,6 +40,8 @@ fn the_window_opens_draws_a_snapshot_and_closes() {
         // naga's debug info, as heapscope's own wgpu devices run: the OpSource it writes (language 10, WGSL) is newer
         // than the SPIR-V checker of the validation layer that Debian ships, which calls the module invalid.
         .env("WGPU_VALIDATION", "1")
+        // The window draws with heapscope's own device where it can: its validation layer, too.
+        .env("HEAPSCOPE_VALIDATION", "1")
         .env("WGPU_DEBUG", "0")
         .env("WGPU_BACKEND", "vulkan")
         .output()
@@ -74,4 +76,41 @@ fn the_window_opens_draws_a_snapshot_and_closes() {
         .expect("xvfb-run runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && stderr.contains("--at 500: the recording has 82 events"), "{stderr}");
+}
+
+/// Live mode in the real window: the window draws with heapscope's own Vulkan device, and a churn run allocates,
+/// binds, fills and verifies on that very device at the same time — eframe submitting and presenting every frame
+/// on the one queue lavapipe has, the workload submitting compute on it from its worker thread. With the
+/// validation layer on heapscope's device (its thread-safety checks flag any unsynchronised queue use), the run
+/// ends cleanly, says which device it ran on, and finds no kernel mismatch.
+#[test]
+fn a_live_run_shares_the_device_the_window_draws_with() {
+    if !xvfb_run_available() {
+        assert!(!common::gpu_required(), "HEAPSCOPE_REQUIRE_GPU=1 but xvfb-run is missing (install xvfb)");
+        println!("skipped: xvfb-run is missing (install xvfb to run the real window)");
+        return;
+    }
+    let dir = common::temp_dir("gui-window-live");
+    let screenshot = dir.join("live.png");
+    let output = Command::new("xvfb-run")
+        .args(["-a", "-s", "-screen 0 1600x1000x24", env!("CARGO_BIN_EXE_heapscope"), "gui"])
+        .args(["--live", "churn", "--steps", "300", "--quit-after-frames", "5", "--screenshot"])
+        .arg(&screenshot)
+        .env_remove("WAYLAND_DISPLAY")
+        .env("HEAPSCOPE_VALIDATION", "1")
+        .env_remove("HEAPSCOPE_SHARE_DEVICE")
+        .env("WGPU_DEBUG", "0")
+        .output()
+        .expect("xvfb-run runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "exit {:?}\nstdout: {stdout}\nstderr: {stderr}", output.status);
+    assert!(!stderr.contains("validation"), "validation messages: {stderr}");
+    let summary = stdout.lines().find(|line| line.starts_with("live churn")).unwrap_or_else(|| panic!("no summary: {stdout}"));
+    assert!(summary.contains("finished in") && summary.contains("300 allocs"), "{summary}");
+    assert!(summary.contains("kernel mismatches 0"), "{summary}");
+    assert!(summary.ends_with("the device this window draws with"), "{summary}");
+    let image = image::open(&screenshot).unwrap().to_rgba8();
+    let colours: HashSet<[u8; 4]> = image.pixels().map(|pixel| pixel.0).collect();
+    assert!(colours.len() >= 16, "{} distinct colours: a blank window", colours.len());
+    std::fs::remove_dir_all(&dir).unwrap();
 }

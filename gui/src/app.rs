@@ -55,6 +55,8 @@ pub struct HeapscopeApp {
     pub opened_path: Option<PathBuf>,
     /// The device and memory every file opens with (`heapscope gui --device N --capacity SIZE`).
     pub open_options: OpenOptions,
+    /// heapscope's Vulkan device when the window draws with it ([`crate::shared_device`]): live runs run on it.
+    pub window_device: Option<Arc<VulkanContext>>,
     clock: Box<dyn Clock>,
     last_seconds: Option<f64>,
     path_input: String,
@@ -88,6 +90,7 @@ impl HeapscopeApp {
             file_browser: None,
             opened_path: None,
             open_options: OpenOptions::default(),
+            window_device: None,
             clock,
             last_seconds: None,
             path_input: String::new(),
@@ -190,10 +193,14 @@ impl HeapscopeApp {
         self.set_session(Session::live(name, source));
     }
 
-    /// Runs `config` live on the Vulkan device (`HEAPSCOPE_DEVICE`, `HEAPSCOPE_VALIDATION` honoured) in one pane;
-    /// without a device the bar says `no GPU/Vulkan device: …` and the stories stay.
+    /// Runs `config` live in one pane: on the device the window draws with ([`HeapscopeApp::window_device`]), else
+    /// on a Vulkan device of its own (`HEAPSCOPE_DEVICE`, `HEAPSCOPE_VALIDATION` honoured); without a device the bar
+    /// says `no GPU/Vulkan device: …` and the stories stay.
     pub fn start_live(&mut self, config: LiveConfig) {
-        self.start_live_with(&ContextOptions::from_env(), config);
+        match self.window_device.clone() {
+            Some(context) => self.start_live_on(&context, config),
+            None => self.start_live_with(&ContextOptions::from_env(), config),
+        }
     }
 
     /// [`HeapscopeApp::start_live`] on the device `options` select.
@@ -218,8 +225,9 @@ impl HeapscopeApp {
         self.live.set_config(&config);
         let title = config.title();
         match device_live::start(context, config) {
-            Ok((source, run)) => {
+            Ok((source, mut run)) => {
                 self.attach_live(&title, Box::new(source));
+                run.draws_here = self.window_device.as_ref().is_some_and(|window| Arc::ptr_eq(window, context));
                 self.live.run = Some(run);
                 self.error = None;
             }
@@ -697,7 +705,21 @@ pub fn run(
     live: Option<LiveConfig>,
     window: WindowOptions,
 ) -> anyhow::Result<()> {
-    let mut app = HeapscopeApp { open_options: open, ..HeapscopeApp::default() };
+    // The window draws with heapscope's own device where it can, and live runs run on that very device.
+    let shared = match crate::shared_device::SharedDevice::for_window() {
+        Ok(device) => Some(device),
+        Err(why) => {
+            if live.is_some() {
+                eprintln!("heapscope gui: the live run gets a device of its own: {why}");
+            }
+            None
+        }
+    };
+    let mut app = HeapscopeApp {
+        open_options: open,
+        window_device: shared.as_ref().map(|device| Arc::clone(device.context())),
+        ..HeapscopeApp::default()
+    };
     if !contenders.is_empty() {
         // Files open through the panes open: the story's.
         app.set_session(Session::story_named("frag_oom", contenders)?);
@@ -719,5 +741,5 @@ pub fn run(
         // No device is said in the Live bar, over the stories: the window still opens.
         app.start_live(config);
     }
-    crate::window::run_window(app, window)
+    crate::window::run_window(app, window, shared.as_ref())
 }

@@ -175,6 +175,10 @@ impl LiveProgress {
 pub struct LiveRun {
     /// The configuration it runs.
     pub config: LiveConfig,
+    /// The device it runs on.
+    pub device: String,
+    /// Whether that is the device the window draws with ([`crate::shared_device`]).
+    pub draws_here: bool,
     progress: Arc<Mutex<LiveProgress>>,
     stop: Arc<AtomicBool>,
 }
@@ -188,6 +192,15 @@ impl LiveRun {
     /// Whether the run has ended (finished, failed or stopped).
     pub fn finished(&self) -> bool {
         self.progress.lock().unwrap_or_else(PoisonError::into_inner).finished.is_some()
+    }
+
+    /// The device it runs on, in words: `on llvmpipe, the device this window draws with`.
+    pub fn where_it_runs(&self) -> String {
+        if self.draws_here {
+            format!("on {}, the device this window draws with", self.device)
+        } else {
+            format!("on {} (a device of its own)", self.device)
+        }
     }
 
     /// Asks the run to stop before its next allocation or free.
@@ -229,7 +242,8 @@ pub fn start(context: &Arc<VulkanContext>, config: LiveConfig) -> Result<(Channe
             worker_progress.lock().unwrap_or_else(PoisonError::into_inner).finished = Some(result);
         })
         .map_err(|error| format!("cannot start the live worker: {error}"))?;
-    Ok((source, LiveRun { config, progress, stop }))
+    let device = context.properties().name.clone();
+    Ok((source, LiveRun { config, device, draws_here: false, progress, stop }))
 }
 
 /// The span of an allocation served at `step`: its footprint `(address, footprint_bytes, lead_bytes)` and the bytes

@@ -30,6 +30,9 @@
 //!   focused pane) and "Teach me" ([`panels`]), files opened from the command line, by drag
 //!   and drop, by path, or with "Open…" / Ctrl+O: [`file_browser`], a small browser in plain egui over
 //!   `std::fs` (the dialog crates need GTK or a desktop portal), filtered to what heapscope opens.
+//! - [`shared_device`]: the window draws with heapscope's own Vulkan device where it can
+//!   (`egui_wgpu::WgpuSetup::Existing` over heapscope's `WgpuVulkan`), and live runs allocate on that very device;
+//!   wgpu's queue operations take heapscope's queue lock, so the renderer and a live run share one queue safely.
 //! - [`window`] is the native window (eframe on wgpu), and its scripted run: quit after N frames, a screenshot
 //!   of the real window first (`heapscope gui --quit-after-frames N --screenshot PNG`; the root's
 //!   `tests/gui_window.rs` runs it under Xvfb).
@@ -50,6 +53,7 @@ pub mod playback;
 pub mod plot;
 pub mod render;
 pub mod session;
+pub mod shared_device;
 pub mod window;
 
 pub use app::{HeapscopeApp, run};

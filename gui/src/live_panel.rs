@@ -100,7 +100,7 @@ impl LivePanel {
     /// Draws the bar; returns what was asked, or an error in the form.
     pub fn show(&mut self, ui: &mut Ui) -> Option<Result<LiveAction, String>> {
         let mut action = None;
-        ui.horizontal(|ui| {
+        ui.horizontal_wrapped(|ui| {
             ui.label(RichText::new("Live").strong());
             let running = self.running();
             ui.add_enabled_ui(!running, |ui| {
@@ -139,6 +139,7 @@ impl LivePanel {
             }
             if let Some(run) = &self.run {
                 ui.label(run.progress().describe());
+                ui.label(RichText::new(run.where_it_runs()).weak());
             }
         });
         if let Some(why) = &self.unavailable {

@@ -1,5 +1,8 @@
 //! The native window (eframe on wgpu), and a scripted run of it: quit by itself after a number of frames, with
 //! a screenshot of the real window first when asked (`heapscope gui --quit-after-frames N --screenshot PNG`).
+//! With a live run (`--live`), the frames are counted once the run is over, and how it went is printed
+//! (`live churn · tlsf · 112 MiB: finished in … · kernel mismatches 0, on llvmpipe, the device this window draws
+//! with`).
 //! That is how the end-to-end test (`tests/gui_window.rs` at the root, under Xvfb) checks that the window opens,
 //! draws and closes cleanly, and how a picture of the whole app is taken without a person.
 //!
@@ -9,13 +12,18 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use egui::{Ui, ViewportCommand};
 
 use crate::app::HeapscopeApp;
+use crate::shared_device::SharedDevice;
 
 /// Frames waited for a screenshot after asking for it before giving up (it takes one or two).
 const SCREENSHOT_PATIENCE_FRAMES: u32 = 600;
+
+/// How long a scripted run waits for a live run to end before it counts frames.
+const LIVE_PATIENCE: Duration = Duration::from_secs(600);
 
 /// How the window runs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -41,6 +49,10 @@ struct Windowed {
     screenshot: Option<Outcome>,
     /// Why the scripted run failed, handed back once the window is closed.
     failure: Arc<Mutex<Option<String>>>,
+    /// When the scripted run first saw a live run going.
+    live_since: Option<Instant>,
+    /// How the live run ended, printed once the window is closed.
+    live_summary: Arc<Mutex<Option<String>>>,
 }
 
 impl Windowed {
@@ -51,6 +63,16 @@ impl Windowed {
         let ctx = ui.ctx();
         // Frames come one after another, not only on input, until the window closes.
         ctx.request_repaint();
+        if self.app.live.running() {
+            // A live run ends first: the frames are counted, and the picture taken, once it is over.
+            self.frames = 0;
+            let since = *self.live_since.get_or_insert_with(Instant::now);
+            if since.elapsed() > LIVE_PATIENCE {
+                self.fail(format!("the live run did not end within {} s", LIVE_PATIENCE.as_secs()));
+                ctx.send_viewport_cmd(ViewportCommand::Close);
+            }
+            return;
+        }
         if self.frames < quit_after {
             return;
         }
@@ -83,6 +105,11 @@ impl Windowed {
             },
         };
         if done {
+            if let Some(run) = &self.app.live.run
+                && let Ok(mut summary) = self.live_summary.lock()
+            {
+                *summary = Some(format!("{}: {}, {}", run.config.title(), run.progress().describe(), run.where_it_runs()));
+            }
             ctx.send_viewport_cmd(ViewportCommand::Close);
         }
     }
@@ -113,27 +140,56 @@ impl eframe::App for Windowed {
     }
 }
 
-/// Shows `app` in a window run as `options` say, until it closes.
+/// Shows `app` in a window run as `options` say, until it closes; drawn with `device` when given (heapscope's own,
+/// see [`crate::shared_device`]), else with eframe's choice of adapter.
 ///
 /// # Errors
-/// The window cannot be created (no display, no graphics adapter), or the scripted screenshot failed.
-pub fn run_window(app: HeapscopeApp, options: WindowOptions) -> anyhow::Result<()> {
+/// The window cannot be created (no display, no graphics adapter), the scripted screenshot failed, or — in a
+/// scripted run — the Vulkan validation layer reported anything on `device` (`HEAPSCOPE_VALIDATION=1`).
+pub fn run_window(app: HeapscopeApp, options: WindowOptions, device: Option<&SharedDevice>) -> anyhow::Result<()> {
     if options.quit_after_frames == Some(0) {
         anyhow::bail!("--quit-after-frames 0: the window needs at least one frame");
     }
     let failure = Arc::default();
-    let windowed = Windowed { app, options, frames: 0, screenshot: None, failure: Arc::clone(&failure) };
-    let native = eframe::NativeOptions {
+    let scripted = options.quit_after_frames.is_some();
+    let live_summary = Arc::default();
+    let windowed = Windowed {
+        app,
+        options,
+        frames: 0,
+        screenshot: None,
+        failure: Arc::clone(&failure),
+        live_since: None,
+        live_summary: Arc::clone(&live_summary),
+    };
+    let mut native = eframe::NativeOptions {
         viewport: egui::ViewportBuilder::default()
             .with_title("heapscope")
             .with_inner_size([1400.0, 900.0])
             .with_drag_and_drop(true),
         ..eframe::NativeOptions::default()
     };
+    if let Some(device) = device {
+        native.wgpu_options.wgpu_setup = device.wgpu_setup();
+    }
     eframe::run_native("heapscope", native, Box::new(|_| Ok(Box::new(windowed))))
         .map_err(|error| anyhow::anyhow!("cannot open the window: {error}"))?;
-    match failure.lock().ok().and_then(|mut failure| failure.take()) {
-        Some(why) => anyhow::bail!(why),
-        None => Ok(()),
+    if let Some(summary) = live_summary.lock().ok().and_then(|mut summary| summary.take()) {
+        println!("{summary}");
     }
+    if let Some(why) = failure.lock().ok().and_then(|mut failure| failure.take()) {
+        anyhow::bail!(why);
+    }
+    let messages = device.map(SharedDevice::validation_messages).unwrap_or_default();
+    for message in &messages {
+        eprintln!("heapscope gui: Vulkan validation: {message}");
+    }
+    if scripted && !messages.is_empty() {
+        anyhow::bail!(
+            "the window's run drew {} Vulkan validation message(s) on {} (above)",
+            messages.len(),
+            device.map_or("", SharedDevice::name)
+        );
+    }
+    Ok(())
 }

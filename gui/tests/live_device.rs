@@ -14,6 +14,7 @@ use heapscope_core::timeline::RegionKind;
 use heapscope_gui::HeapscopeApp;
 use heapscope_gui::device_live::{LiveConfig, LiveWorkload};
 use heapscope_gui::playback::ManualClock;
+use heapscope_gui::shared_device::SharedDevice;
 use heapscope_kernels::bench::BenchPolicy;
 use heapscope_vulkan::{ContextOptions, VulkanContext, VulkanError};
 
@@ -99,5 +100,52 @@ fn a_live_serve_run_shows_the_device_heap_as_it_runs() {
     let context = Arc::into_inner(context).expect("the live runs dropped their targets");
     drop(context);
     let messages = log.messages();
+    assert!(messages.is_empty(), "validation messages:\n{}", messages.join("\n"));
+}
+
+/// The app drawn with heapscope's own device (what the window does: `SharedDevice`, `WgpuSetup::Existing`) while a
+/// live run allocates, binds pages and runs kernels on that very device: the harness renders a frame after every
+/// step — egui-wgpu submitting on the one queue lavapipe has while the worker submits and binds on it — and the
+/// validation layer on the device (its thread-safety checks among them) says nothing.
+#[test]
+fn a_live_run_on_the_device_the_app_draws_with() {
+    // Skipped without Vulkan, as the other tests here.
+    let Some(probe) = context() else { return };
+    drop(probe);
+    let shared = SharedDevice::open(&ContextOptions::from_env().with_validation(true)).unwrap();
+    let clock = ManualClock::default();
+    let mut app = HeapscopeApp::new(Box::new(clock.clone()));
+    app.window_device = Some(Arc::clone(shared.context()));
+    let mut harness = Harness::builder()
+        .with_size([1000.0, 700.0])
+        .wgpu_setup(shared.wgpu_setup())
+        .build_ui_state(|ui, app: &mut HeapscopeApp| app.show(ui), app);
+    harness.run_steps(1);
+    let config = LiveConfig { steps: Some(60), ..LiveConfig::new(LiveWorkload::Churn, BenchPolicy::Paged) };
+    harness.state_mut().start_live(config);
+    assert_eq!(harness.state().error, None);
+    let started = Instant::now();
+    let mut frames = 0;
+    while harness.state().live.running() {
+        clock.advance(0.05);
+        harness.run_steps(1);
+        harness.render().unwrap();
+        frames += 1;
+        assert!(started.elapsed() < Duration::from_secs(120), "the live run did not end within 2 minutes");
+    }
+    harness.run_steps(2);
+    let picture = harness.render().unwrap();
+    let run = harness.state().live.run.as_ref().unwrap();
+    assert!(run.draws_here, "the run is on the device the app draws with");
+    assert!(run.where_it_runs().ends_with("the device this window draws with"), "{}", run.where_it_runs());
+    let progress = run.progress();
+    let report = progress.finished.clone().unwrap().unwrap();
+    assert!(report.kernels_ran && report.allocs > 0 && progress.mismatches == 0, "{report:?}");
+    assert!(frames > 0, "frames were drawn while the run went");
+    assert!(harness.query_by_label_contains("the device this window draws with").is_some(), "the Live bar says where");
+    let colours: std::collections::HashSet<[u8; 4]> = picture.pixels().map(|pixel| pixel.0).collect();
+    assert!(colours.len() >= 16, "{} colours: the frame drew nothing", colours.len());
+    drop(harness);
+    let messages = shared.validation_messages();
     assert!(messages.is_empty(), "validation messages:\n{}", messages.join("\n"));
 }

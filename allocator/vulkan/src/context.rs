@@ -138,7 +138,8 @@ pub struct VulkanContext {
     sparse_queue: Option<(u32, vk::Queue)>,
     /// Held around every submission to the compute or sparse queue: they may be the same `VkQueue`, which
     /// Vulkan requires to be externally synchronised.
-    queue_lock: Mutex<()>,
+    /// (An `Arc`: wgpu-hal's queue operations take it too, see `queue_guard`.)
+    queue_lock: Arc<Mutex<()>>,
     /// Live `vkAllocateMemory` allocations of every source on this device, for `maxMemoryAllocationCount`.
     pub(crate) live_allocations: AtomicU32,
 }
@@ -263,6 +264,12 @@ impl VulkanContext {
         self.queue_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The lock [`VulkanContext::lock_queues`] takes, for wgpu-hal's guarded queue operations.
+    #[cfg(feature = "wgpu")]
+    pub(crate) fn queue_lock(&self) -> Arc<Mutex<()>> {
+        Arc::clone(&self.queue_lock)
+    }
+
     /// The sparse-binding queue family's index.
     pub fn sparse_queue_family(&self) -> Option<u32> {
         self.sparse_queue.map(|(family, _)| family)
@@ -321,6 +328,8 @@ impl VulkanContext {
 
 impl Drop for VulkanContext {
     fn drop(&mut self) {
+        #[cfg(feature = "wgpu")]
+        crate::queue_guard::forget(self.device.handle());
         // SAFETY: the device is ours and idle once the wait returns; every source holds an `Arc` of this context,
         // so none of its memory outlives it; the messenger and the instance go after the device (children first).
         unsafe {
@@ -584,7 +593,7 @@ impl Partial {
             compute_queue_family: compute_family,
             compute_queue,
             sparse_queue,
-            queue_lock: Mutex::new(()),
+            queue_lock: Arc::new(Mutex::new(())),
             live_allocations: AtomicU32::new(0),
         })
     }

@@ -54,6 +54,8 @@ mod page_runs;
 mod paged;
 mod properties;
 mod pytorch_heap;
+#[cfg(feature = "wgpu")]
+mod queue_guard;
 mod segment_memory;
 mod selection;
 mod source;

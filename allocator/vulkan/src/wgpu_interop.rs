@@ -8,11 +8,12 @@
 //! - **Lifetimes.** heapscope owns the `VkInstance` and the `VkDevice`: wgpu-hal gets them with drop callbacks
 //!   (so it destroys neither) that each hold an `Arc` of the context. The context, and so the device, goes when
 //!   the last of heapscope's and wgpu's handles does, after wgpu-hal has destroyed its own objects.
-//! - **The queue.** wgpu-hal submits on the context's compute queue, which may also be the sparse-binding queue
-//!   (lavapipe has one queue). Vulkan wants every submission to a queue externally synchronised: heapscope's
-//!   submissions take [`VulkanContext::lock_queues`], and [`WgpuVulkan::submit`] takes the same lock around
-//!   `wgpu::Queue::submit` (the only wgpu call that submits). Code that calls `wgpu::Queue::submit` itself on
-//!   this queue must hold the lock too.
+//! - **The queue.** wgpu-hal submits and presents on the context's compute queue, which may also be the
+//!   sparse-binding queue (lavapipe has one queue). Vulkan wants every use of a queue externally synchronised:
+//!   heapscope's submissions take [`VulkanContext::lock_queues`], and wgpu-hal is handed an instance and a device
+//!   whose queue entry points take the same lock (`queue_guard`). So any holder of the `wgpu::Queue` — egui-wgpu
+//!   rendering and presenting a frame, a test thread — may submit at any time, with no lock of its own; a wgpu
+//!   call must not be made while holding [`VulkanContext::lock_queues`] (the lock is not re-entrant).
 //! - **Buffers.** A [`WgpuBlockBuffer`] is a `DeviceMemorySource` block's `VkBuffer` ([`BlockBuffer`]) and a
 //!   [`WgpuPagedHeap`] a [`DevicePagedHeap`]'s sparse `VkBuffer`, each wrapped as a `wgpu::Buffer`
 //!   (`vulkan::Buffer::from_raw_externally_owned` + `Device::create_buffer_from_hal`): wgpu never destroys them.
@@ -185,11 +186,13 @@ impl WgpuVulkan {
                 "the context was not created for wgpu (use WgpuVulkan::new): its device lacks wgpu-hal's extensions".into(),
             ));
         }
-        // SAFETY: the context's instance was created by `create_instance` with Vulkan 1.3 and wgpu-hal's desired
-        // extensions (the context is prepared for wgpu); the `Arc` the callback holds keeps it alive as long as
-        // wgpu-hal's instance.
+        // SAFETY: wgpu-hal's drop callbacks below hold the context, so it outlives every use of these handles.
+        let (guarded_instance, guarded_device) = unsafe { crate::queue_guard::guarded(&context) };
+        // SAFETY: the context's instance (the handle of `guarded_instance`) was created by `create_instance` with
+        // Vulkan 1.3 and wgpu-hal's desired extensions (the context is prepared for wgpu); the `Arc` the callback
+        // holds keeps it alive as long as wgpu-hal's instance.
         let hal = unsafe {
-            hal_instance(context.entry(), context.instance(), context.instance_extensions(), Some(Arc::clone(&context)))
+            hal_instance(context.entry(), &guarded_instance, context.instance_extensions(), Some(Arc::clone(&context)))
         }?;
         let exposed = hal
             .expose_adapter(context.physical_device())
@@ -208,10 +211,11 @@ impl WgpuVulkan {
         // SAFETY: the device was created from this physical device by `WgpuHook::create_device` with one queue of
         // the compute family, wgpu-hal's required extensions for `FEATURES` (and more), and its
         // `physical_device_features` for them (and more); the drop callback keeps wgpu-hal from destroying it and
-        // holds the context, so the device lives as long as wgpu-hal's.
+        // holds the context, so the device lives as long as wgpu-hal's. `guarded_device` is that device with its
+        // queue entry points taking the context's queue lock.
         let open = unsafe {
             hal_adapter.device_from_raw(
-                context.device().clone(),
+                guarded_device,
                 Some(on_drop),
                 context.device_extensions(),
                 FEATURES,
@@ -258,12 +262,6 @@ impl WgpuVulkan {
     /// wgpu's queue (the context's compute queue).
     pub fn queue(&self) -> &wgpu::Queue {
         &self.queue
-    }
-
-    /// Submits to wgpu's queue under the context's queue lock (see the module documentation).
-    pub fn submit<I: IntoIterator<Item = wgpu::CommandBuffer>>(&self, command_buffers: I) -> wgpu::SubmissionIndex {
-        let _queue = self.context.lock_queues();
-        self.queue.submit(command_buffers)
     }
 
     /// Waits until every wgpu submission so far has completed.

@@ -283,7 +283,7 @@ impl WgpuKernels {
             if verify_slots > 0 {
                 encoder.copy_buffer_to_buffer(&self.results_buffer, 0, &self.readback_buffer, 0, verify_slots * 8);
             }
-            Ok(device.submit([encoder.finish()]))
+            Ok(device.queue().submit([encoder.finish()]))
         })??;
         device.wait(Some(submission))?;
         if verify_slots == 0 {

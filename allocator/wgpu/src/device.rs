@@ -188,7 +188,8 @@ impl WgpuDevice {
         &self.device
     }
 
-    /// wgpu's queue. Submit through [`WgpuDevice::submit`]: with Vulkan interop it holds the queue lock.
+    /// wgpu's queue. With Vulkan interop, every queue operation wgpu makes takes the context's queue lock (the
+    /// queue may be the one heapscope binds sparse pages on), so any thread may submit to it.
     pub fn queue(&self) -> &wgpu::Queue {
         &self.queue
     }
@@ -219,16 +220,6 @@ impl WgpuDevice {
         return self.vulkan.is_some();
         #[cfg(not(feature = "vulkan"))]
         false
-    }
-
-    /// Submits command buffers; with Vulkan interop under the context's queue lock (the queue may be the one
-    /// heapscope binds sparse pages on).
-    pub fn submit<I: IntoIterator<Item = wgpu::CommandBuffer>>(&self, command_buffers: I) -> wgpu::SubmissionIndex {
-        #[cfg(feature = "vulkan")]
-        if let Some(vulkan) = &self.vulkan {
-            return vulkan.submit(command_buffers);
-        }
-        self.queue.submit(command_buffers)
     }
 
     /// Waits until `submission` (or, with `None`, everything submitted) has completed.

@@ -27,7 +27,8 @@
 //!   heapscope's own ash device, created with wgpu-hal's extensions and features plus the sparse ones; then
 //!   [`WgpuDevice::block_buffer`] wraps a `DeviceMemorySource` block and [`WgpuDevice::paged_heap`] a sparse
 //!   `DevicePagedHeap` as `wgpu::Buffer`s, so the same kernels run on arena, device-memory and paged allocations.
-//!   Submissions take the Vulkan context's queue lock (one queue may serve compute and sparse binding), sparse
+//!   wgpu's queue operations take the Vulkan context's queue lock (one queue may serve compute and sparse binding),
+//!   whoever calls them; sparse
 //!   binds are ordered before wgpu's submissions by their timeline semaphore, and unbinds wait for wgpu's work.
 //!   [`WgpuDevice::segment_buffer`] does the same for a `heapscope_vulkan::PytorchDeviceHeap` segment (a dedicated
 //!   block, or an expandable segment's sparse buffer). [`WgpuDevice::from_vulkan_adapter`] opens heapscope's device

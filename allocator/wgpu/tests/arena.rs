@@ -282,7 +282,7 @@ fn wgpu_errors_are_caught() {
                 mapped_at_creation: false,
             });
             encoder.copy_buffer_to_buffer(&other, 0, &uniform, 512, 256);
-            device.submit([encoder.finish()]);
+            device.queue().submit([encoder.finish()]);
             device.wait(None).unwrap();
             let messages = device.errors().messages();
             assert!(!messages.is_empty(), "the invalid copy was not reported");

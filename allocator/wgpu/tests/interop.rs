@@ -236,3 +236,39 @@ fn the_interop_device_is_the_adapter_wgpu_selects() {
     }
     finish(device);
 }
+
+/// What egui-wgpu does — `wgpu::Queue::submit` called directly, with no heapscope lock — on one thread, while
+/// heapscope binds and unbinds sparse pages on the same `VkQueue` (lavapipe has one) on another: every wgpu queue
+/// operation passes through heapscope's queue lock, so the validation layer's thread-safety checks stay silent.
+#[test]
+fn wgpus_own_submits_and_heapscopes_binds_share_the_queue() {
+    let Some(device) = vulkan_device() else { return };
+    {
+        let mut paged = device.paged_heap(DevicePagedConfig::new(64 * MIB, Some(16 * MIB))).unwrap();
+        let page = paged.paged().sparse().page_bytes();
+        let scratch = device.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some("scratch"),
+            size: 4096,
+            usage: wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        std::thread::scope(|scope| {
+            let wgpu_side = scope.spawn(|| {
+                for step in 0..3000_u32 {
+                    device.queue().write_buffer(&scratch, 0, &step.to_le_bytes());
+                    let encoder = device.device().create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+                    device.queue().submit([encoder.finish()]);
+                }
+                device.device().poll(wgpu::PollType::wait_indefinitely()).unwrap();
+            });
+            let mut binds = 0_u32;
+            while !wgpu_side.is_finished() {
+                let allocation = paged.allocate(Request::new(page * 3, page).unwrap()).unwrap();
+                paged.free(allocation).unwrap();
+                binds += 1;
+            }
+            assert!(binds > 10, "only {binds} bind/unbind pairs overlapped wgpu's submits");
+        });
+    }
+    finish(device);
+}

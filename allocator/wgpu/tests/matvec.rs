@@ -26,7 +26,7 @@ fn read_words(device: &WgpuDevice, buffer: &wgpu::Buffer, offset_bytes: u64, wor
     });
     let mut encoder = device.device().create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
     encoder.copy_buffer_to_buffer(buffer, offset_bytes, &readback, 0, size);
-    device.submit([encoder.finish()]);
+    device.queue().submit([encoder.finish()]);
     let mapped = Arc::new(Mutex::new(None));
     let sender = Arc::clone(&mapped);
     readback.slice(..).map_async(wgpu::MapMode::Read, move |result| *sender.lock().unwrap() = Some(result));
