@@ -395,6 +395,85 @@ fn click_row(harness: &mut Harness<'static, HeapscopeApp>, label: &str) {
     harness.run_steps(1);
 }
 
+/// Double-clicks at `pos` as a person does: the pointer comes there a frame before, then two presses and
+/// releases 50 ms apart, each in a frame of its own at that time.
+///
+/// egui counts a click as double when it is released within `InputOptions::max_double_click_delay` (0.3 s) of
+/// the click before, close by, by `RawInput::time`. egui_kittest leaves `time` unset, so each frame is
+/// `step_dt` (0.25 s) after the last, and every queued event gets a frame of its own: two `Node::click`s are
+/// press 0, release 0.25, press 0.5, release 0.75 s, never a double click. Setting `RawInput::time` for these four
+/// frames (and unsetting it after: time goes on from there) makes the timing a person's.
+fn double_click_at(harness: &mut Harness<'static, HeapscopeApp>, pos: egui::Pos2) {
+    harness.hover_at(pos);
+    harness.run_steps(1);
+    let start = harness.ctx.input(|input| input.time);
+    for (index, pressed) in [true, false, true, false].into_iter().enumerate() {
+        harness.input_mut().time = Some(start + 0.05 * (index + 1) as f64);
+        harness.event(egui::Event::PointerButton {
+            pos,
+            button: egui::PointerButton::Primary,
+            pressed,
+            modifiers: Modifiers::NONE,
+        });
+        harness.step();
+    }
+    harness.input_mut().time = None;
+}
+
+/// Double-clicks a line of the file browser's list whose text holds `label`; a frame more draws what it led to.
+fn double_click_row(harness: &mut Harness<'static, HeapscopeApp>, label: &str) {
+    let pos = harness.get_by_label_contains(label).rect().center();
+    double_click_at(harness, pos);
+    harness.run_steps(1);
+}
+
+#[test]
+fn double_clicks_in_the_file_browser_enter_folders_and_open_files() {
+    let root = scratch_dir("browse-double");
+    let traces = root.join("traces");
+    std::fs::create_dir(&traces).unwrap();
+    std::fs::write(traces.join("three.csv"), "a,1,100\na,2,200\nf,1\n").unwrap();
+
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(1);
+    harness.key_press_modifiers(Modifiers::COMMAND, Key::O);
+    harness.run_steps(2);
+    harness.state_mut().file_browser.as_mut().unwrap().set_typed_path(root.to_str().unwrap());
+    harness.get_by_label("Go").click();
+    harness.run_steps(1);
+    let browser_dir =
+        |harness: &Harness<'static, HeapscopeApp>| harness.state().file_browser.as_ref().unwrap().dir().to_path_buf();
+    assert_eq!(browser_dir(&harness), std::fs::canonicalize(&root).unwrap());
+
+    // Two clicks a quarter of a second apart or more are two clicks: they select, they do not enter.
+    click_row(&mut harness, "traces/");
+    click_row(&mut harness, "traces/");
+    assert_eq!(browser_dir(&harness), std::fs::canonicalize(&root).unwrap(), "two slow clicks only select");
+    assert_eq!(harness.state().file_browser.as_ref().unwrap().selected().unwrap().name, "traces");
+
+    // A double-click on a folder enters it; Backspace goes back up, where a double-click enters it again.
+    double_click_row(&mut harness, "traces/");
+    assert_eq!(browser_dir(&harness), std::fs::canonicalize(&traces).unwrap(), "a double-click enters the folder");
+    harness.key_press(Key::Backspace);
+    harness.run_steps(1);
+    assert_eq!(browser_dir(&harness), std::fs::canonicalize(&root).unwrap(), "Backspace goes up");
+    double_click_row(&mut harness, "traces/");
+    assert_eq!(browser_dir(&harness), std::fs::canonicalize(&traces).unwrap());
+
+    // A double-click on a file opens it: the browser closes and the app shows the trace.
+    assert_eq!(harness.state().session.as_ref().unwrap().name, "frag_oom");
+    double_click_row(&mut harness, "three.csv");
+    assert!(harness.state().file_browser.is_none(), "the browser closes on open");
+    wait_for_open(&mut harness);
+    let app = harness.state();
+    assert!(app.error.is_none(), "{:?}", app.error);
+    let session = app.session.as_ref().unwrap();
+    assert!(session.name.ends_with("three.csv"), "{}", session.name);
+    assert_eq!(session.steps(), 3);
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
 #[test]
 fn open_a_snapshot_from_the_file_browser() {
     let root = scratch_dir("browse");
@@ -414,8 +493,8 @@ fn open_a_snapshot_from_the_file_browser() {
     let cwd = std::fs::canonicalize(std::env::current_dir().unwrap()).unwrap();
     assert_eq!(harness.state().file_browser.as_ref().unwrap().dir(), cwd, "nothing opened yet: the working directory");
 
-    // Go to the scratch folder by its path, select `traces` with a click and enter it with Enter
-    // (egui_kittest's clicks come a frame apart or more, never a double-click).
+    // Go to the scratch folder by its path, select `traces` with a click and enter it with Enter (double-clicks:
+    // `double_clicks_in_the_file_browser_enter_folders_and_open_files`).
     harness.state_mut().file_browser.as_mut().unwrap().set_typed_path(root.to_str().unwrap());
     harness.get_by_label("Go").click();
     harness.run_steps(1);
