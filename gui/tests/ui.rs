@@ -571,3 +571,117 @@ fn the_file_browser_says_why_a_folder_does_not_list() {
     assert_eq!(harness.state().session.as_ref().unwrap().name, "frag_oom", "nothing else changed");
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// A turn of the wheel over `pos` (`delta_points` down the content; with `modifiers`), as an integration sends it.
+fn wheel_at(harness: &mut Harness<'static, HeapscopeApp>, pos: egui::Pos2, delta_points: f32, modifiers: Modifiers) {
+    harness.hover_at(pos);
+    harness.run_steps(1);
+    harness.event(egui::Event::MouseWheel {
+        unit: egui::MouseWheelUnit::Point,
+        delta: egui::vec2(0.0, delta_points),
+        phase: egui::TouchPhase::Move,
+        source: egui::MouseWheelSource::Wheel,
+        modifiers,
+    });
+    // egui spreads a wheel turn over a few frames.
+    harness.run_steps(6);
+}
+
+/// The rows of `gui/README.md`'s "Keyboard and mouse" that the tests above do not drive: the arrows, `[` / `]`,
+/// and the mouse on a map and on the timeline.
+#[test]
+fn the_arrows_the_speed_keys_the_maps_and_the_timeline_answer() {
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(2);
+    let shown = |harness: &Harness<'static, HeapscopeApp>| harness.state().playback.shown_steps();
+
+    // → steps forward, animated over the next frames; ← steps back.
+    harness.key_press(Key::ArrowRight);
+    harness.run_steps(1);
+    assert!(harness.state().playback.moving(), "→ starts the step's animation");
+    clock.advance(1.0);
+    harness.run_steps(2);
+    assert_eq!(harness.state().playback.position, 1.0);
+    harness.key_press(Key::ArrowRight);
+    harness.run_steps(1);
+    clock.advance(1.0);
+    harness.run_steps(2);
+    assert_eq!(harness.state().playback.position, 2.0);
+    harness.key_press(Key::ArrowLeft);
+    harness.run_steps(1);
+    assert_eq!(harness.state().playback.position, 1.0, "← goes back a step");
+
+    // `]` faster, `[` slower.
+    let speed = harness.state().playback.speed;
+    harness.key_press(Key::CloseBracket);
+    harness.run_steps(1);
+    assert_eq!(harness.state().playback.speed, speed + 1);
+    harness.key_press(Key::OpenBracket);
+    harness.key_press(Key::OpenBracket);
+    harness.run_steps(1);
+    assert_eq!(harness.state().playback.speed, speed - 1);
+
+    // On pytorch's map: ctrl + wheel zooms in, the wheel and a drag scroll the rows, a double-click fits it again.
+    let map = harness.get_by_label("pytorch").rect().center() + egui::vec2(0.0, 150.0);
+    let view = |harness: &Harness<'static, HeapscopeApp>| harness.state().session.as_ref().unwrap().panes[0].view;
+    assert_eq!(view(&harness), heapscope_gui::heap_map::MapView::default(), "the map opens fitted");
+    wheel_at(&mut harness, map, 200.0, Modifiers::COMMAND);
+    let once = view(&harness).scale.expect("ctrl + wheel zooms").row_bytes;
+    wheel_at(&mut harness, map, 200.0, Modifiers::COMMAND);
+    let twice = view(&harness).scale.unwrap().row_bytes;
+    assert!(twice < once, "a wheel turn up zooms in further: {once} then {twice} bytes per row");
+    let scrolled_by_zoom = view(&harness).scroll;
+    wheel_at(&mut harness, map, -120.0, Modifiers::NONE);
+    let scrolled = view(&harness).scroll;
+    assert!(scrolled > scrolled_by_zoom, "the wheel scrolls down: {scrolled_by_zoom} then {scrolled}");
+    assert_eq!(view(&harness).scale.unwrap().row_bytes, twice, "the wheel alone does not zoom");
+    harness.drag_at(map);
+    harness.run_steps(1);
+    harness.hover_at(map - egui::vec2(0.0, 60.0));
+    harness.run_steps(1);
+    harness.drop_at(map - egui::vec2(0.0, 60.0));
+    harness.run_steps(1);
+    assert!(view(&harness).scroll > scrolled, "a drag up scrolls down: {scrolled} then {}", view(&harness).scroll);
+    double_click_at(&mut harness, map);
+    assert_eq!(view(&harness), heapscope_gui::heap_map::MapView::default(), "a double-click fits the whole heap");
+    // A pinch reaches egui as a zoom factor: spread to twice the size, the rows hold half the bytes.
+    harness.event(egui::Event::Zoom(2.0));
+    harness.run_steps(1);
+    let pinched = view(&harness).scale.expect("a pinch zooms the fitted map").row_bytes;
+    harness.event(egui::Event::Zoom(2.0));
+    harness.run_steps(1);
+    let again = view(&harness).scale.unwrap().row_bytes;
+    assert!((pinched / 2).abs_diff(again) <= 1, "a pinch to twice the size: {pinched} then {again} bytes per row");
+
+    // A click on the timeline seeks there, further right further in; a drag seeks as it goes.
+    let legend = harness.get_by_label_contains("solid: reserved").rect();
+    let on_timeline = |x: f32| egui::pos2(legend.left() + x, legend.bottom() + 70.0);
+    let mut click_at = |pos: egui::Pos2| {
+        harness.hover_at(pos);
+        harness.run_steps(1);
+        harness.drag_at(pos);
+        harness.run_steps(1);
+        harness.drop_at(pos);
+        harness.run_steps(1);
+        shown(&harness)
+    };
+    let (left, right) = (click_at(on_timeline(300.0)), click_at(on_timeline(700.0)));
+    assert!(0 < left && left < right && right <= 61, "clicks at two places seek to steps {left} and {right}");
+    harness.drag_at(on_timeline(300.0));
+    harness.run_steps(1);
+    harness.hover_at(on_timeline(500.0));
+    harness.run_steps(1);
+    harness.hover_at(on_timeline(700.0));
+    harness.run_steps(1);
+    assert_eq!(shown(&harness), right, "a drag seeks to where the pointer is, not where it was a frame before");
+    harness.drop_at(on_timeline(700.0));
+    harness.run_steps(1);
+    assert_eq!(shown(&harness), right, "and ends where it was let go");
+
+    // A click on a pane's name focuses it (and opens its menu of contenders).
+    assert_eq!(harness.state().focused, 0);
+    harness.get_by_label("paged").click();
+    harness.run_steps(2);
+    assert_eq!(harness.state().focused, 3, "a click on paged's name focuses paged");
+}
