@@ -40,7 +40,7 @@ pub struct GuiArgs {
     /// Steps of the live workload (default: its own).
     #[arg(long, value_name = "N", requires = "live")]
     pub steps: Option<u32>,
-    /// Open at this many events played (default: the start).
+    /// Open at this many events played (default: the start; past the last event is refused).
     #[arg(long, value_name = "EVENT", conflicts_with = "live")]
     pub at: Option<u64>,
     /// Close the window by itself after this many frames (scripted runs, tests).
@@ -81,7 +81,7 @@ pub struct RenderArgs {
     /// pytorch-expandable, paged or any policy of `heapscope policies`.
     #[arg(long = "policy", value_name = "NAME")]
     pub policies: Vec<Contender>,
-    /// Show the heap after this many events (default: all of them; a PNG only).
+    /// Show the heap after this many events (default: all of them; a PNG only; past the last event is refused).
     #[arg(long, value_name = "EVENT")]
     pub at: Option<u64>,
     /// The PNG to write; a name ending in `.gif` writes an animated GIF of the story playing instead.
@@ -232,13 +232,7 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
         return Ok(());
     }
     heapscope_gui::render_png(&mut session, options, &args.out)?;
-    outln!(
-        "wrote {} ({}, step {} of {})",
-        args.out.display(),
-        session.name,
-        args.at.unwrap_or(session.steps()).min(session.steps()),
-        session.steps()
-    );
+    outln!("wrote {} ({}, step {} of {})", args.out.display(), session.name, args.at.unwrap_or(session.steps()), session.steps());
     Ok(())
 }
 

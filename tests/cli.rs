@@ -163,6 +163,27 @@ fn render_and_gui_refuse_bad_requests_clearly() {
     }
 }
 
+/// `--at` past the last event is refused by `render` as by `gui` (`tests/gui_window.rs`), in the same words: one
+/// rule, `heapscope_gui::session::check_at`, before anything is drawn (so no GPU is needed here).
+#[test]
+fn render_refuses_a_moment_past_the_end_as_gui_does() {
+    let dir = temp_dir("render-at");
+    let snapshot = trace("pytorch/frag_oom-default.pickle.gz");
+    // (recording, --at, words of the error)
+    let cases = [
+        (vec![snapshot.to_str().unwrap()], "500", "--at 500: the recording has 82 events"),
+        (vec![snapshot.to_str().unwrap()], "83", "--at 83: the recording has 82 events"),
+        (vec!["--story", "frag_oom"], "62", "--at 62: the recording has 61 events"),
+    ];
+    for (recording, at, words) in cases {
+        let args: Vec<&str> = ["render"].into_iter().chain(recording).chain(["--at", at, "--out", "x.png"]).collect();
+        let output = heapscope_headless(&args, &dir);
+        assert!(!output.status.success(), "{args:?}");
+        assert!(stderr(&output).contains(words), "{args:?}: {}", stderr(&output));
+        assert!(!dir.join("x.png").exists(), "{args:?}: nothing is drawn");
+    }
+}
+
 #[test]
 fn demo_json_tells_the_fragmentation_story() {
     let lines = json_lines(&heapscope(&["demo", "--json"]));

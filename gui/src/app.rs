@@ -26,7 +26,7 @@ use crate::panels;
 use crate::panes::{self, PaneStyle};
 use crate::playback::{Clock, Playback, SPEEDS, SystemClock};
 use crate::plot::{self, Series};
-use crate::session::{OpenOptions, Session};
+use crate::session::{OpenOptions, Session, check_at};
 use crate::window::WindowOptions;
 
 /// The heapscope app. See the module documentation.
@@ -696,8 +696,9 @@ impl eframe::App for HeapscopeApp {
 /// `window` can make it a scripted run (see [`crate::window`]).
 ///
 /// # Errors
-/// The file does not open, too many contenders, the window cannot be created (no display, no graphics adapter),
-/// or the scripted screenshot failed.
+/// The file does not open, too many contenders, `window.start_at_event` past the end of the recording
+/// ([`check_at`], the rule of `heapscope render --at` too), the window cannot be created (no display, no graphics
+/// adapter), or the scripted screenshot failed.
 pub fn run(
     path: Option<&Path>,
     contenders: &[Contender],
@@ -731,11 +732,7 @@ pub fn run(
         }
     }
     if let Some(at) = window.start_at_event {
-        let steps = app.steps();
-        if at > steps {
-            anyhow::bail!("--at {at}: the recording has {steps} events");
-        }
-        app.playback.seek(at);
+        app.playback.seek(check_at(at, app.steps())?);
     }
     if let Some(config) = live {
         // No device is said in the Live bar, over the stories: the window still opens.

@@ -334,7 +334,7 @@ impl FileBrowser {
             if ui.button("Cancel").clicked() {
                 action = Some(BrowserAction::Cancel);
             }
-            ui.label(RichText::new("Up / Down select · Enter opens · Backspace goes up · Esc closes").weak());
+            ui.label(RichText::new("Up / Down select · Enter or double-click opens · Backspace goes up · Esc closes").weak());
         });
         if let Some(index) = activated
             && let Some(file) = self.activate(index)

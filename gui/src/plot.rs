@@ -5,7 +5,7 @@
 //! step 0 with nothing, so a one-event trace still draws a line.
 
 use egui::{Color32, Ui};
-use egui_plot::{Line, LineStyle, MarkerShape, Plot, PlotPoints, Points, VLine};
+use egui_plot::{Line, LineStyle, MarkerShape, Plot, PlotPoints, PlotUi, Points, VLine};
 use heapscope_core::timeline::Timeline;
 
 /// Points per series at most: long timelines are reduced to the highest value per bucket of steps.
@@ -73,6 +73,14 @@ pub const PANE_COLOURS: [Color32; 4] = [
     Color32::from_rgb(206, 122, 191),
 ];
 
+/// Where the pointer is along a plot's step axis. Not egui_plot's `pointer_coordinate`: that subtracts the
+/// frame's drag delta, for a plot that pans with the drag, so on these plots (which never pan) a drag seeked to
+/// where the pointer was a frame before, and a drag ended one move short.
+fn pointer_step(plot: &PlotUi<'_>) -> Option<f64> {
+    let pos = plot.ctx().input(|input| input.pointer.latest_pos())?;
+    Some(plot.plot_from_screen(pos).x)
+}
+
 /// Shows the plots of `series` (one per pane, with its name) at `position` steps; returns the step to
 /// seek to when the user clicked or dragged on them.
 pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32) -> Option<u64> {
@@ -133,7 +141,7 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
                 }
             }
             plot.vline(VLine::new("", position).color(Color32::WHITE).width(1.0));
-            plot.pointer_coordinate().map(|point| point.x)
+            pointer_step(plot)
         });
     seek_from(&bytes.response, bytes.inner);
     let fragmentation = Plot::new("fragmentation")
@@ -156,7 +164,7 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
                 );
             }
             plot.vline(VLine::new("", position).color(Color32::WHITE).width(1.0));
-            plot.pointer_coordinate().map(|point| point.x)
+            pointer_step(plot)
         });
     seek_from(&fragmentation.response, fragmentation.inner);
     seek

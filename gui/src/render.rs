@@ -23,7 +23,7 @@ pub struct RenderOptions {
     pub width: u32,
     /// Image height in pixels.
     pub height: u32,
-    /// Steps played (clamped to the session's; `None`: all of them).
+    /// Steps played (`None`: all of them; past the session's end is refused, see [`Session::check_at`]).
     pub at: Option<u64>,
     /// How allocations are coloured.
     pub colour_by: ColourBy,
@@ -126,12 +126,16 @@ fn render_steps(session: &mut Session, options: RenderOptions, steps: &[u64]) ->
     Ok(images)
 }
 
-/// Renders `session`'s panes at `options.at` steps.
+/// Renders `session`'s panes at `options.at` steps (default: the end).
 ///
 /// # Errors
-/// An image size [`RenderOptions::check`] refuses, no graphics adapter, or rendering failed.
+/// `options.at` past the end of the session ([`Session::check_at`], the rule of `heapscope gui --at` too), an
+/// image size [`RenderOptions::check`] refuses, no graphics adapter, or rendering failed.
 pub fn render(session: &mut Session, options: RenderOptions) -> Result<RgbaImage> {
-    let at = options.at.unwrap_or(u64::MAX);
+    let at = match options.at {
+        Some(at) => session.check_at(at)?,
+        None => session.steps(),
+    };
     render_steps(session, options, &[at])?.pop().ok_or_else(|| anyhow::anyhow!("cannot render the heap map: no image"))
 }
 

@@ -24,6 +24,19 @@ const SHORT_MOVE_STEPS: u64 = 2048;
 /// Layouts holding at least this many allocations are freed on a thread of their own when a seek replaces them.
 const FREE_ELSEWHERE_ALLOCATIONS: u64 = 10_000;
 
+/// Checks a moment asked for by `--at EVENT` (`heapscope gui` and `heapscope render` alike) against a recording
+/// of `steps` events: 0 (the start) to `steps` (the end) is `at` itself; past the end is refused, naming the flag
+/// and the length, never drawn as the last step.
+///
+/// # Errors
+/// `at` is past the last event.
+pub fn check_at(at: u64, steps: u64) -> Result<u64> {
+    if at > steps {
+        bail!("--at {at}: the recording has {steps} events");
+    }
+    Ok(at)
+}
+
 /// What the trace knows about one allocation (one slot).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SlotInfo {
@@ -245,6 +258,14 @@ impl Session {
         self.panes.iter().map(|pane| pane.timeline.steps()).max().unwrap_or(0)
     }
 
+    /// The moment `at` events in, checked against this session's length (see [`check_at`]).
+    ///
+    /// # Errors
+    /// `at` is past the last event.
+    pub fn check_at(&self, at: u64) -> Result<u64> {
+        check_at(at, self.steps())
+    }
+
     /// Moves every pane to `steps` steps. Panes that must seek from a checkpoint do it in parallel (each costs a
     /// rebuild of its layout); short moves replay in place.
     pub fn seek(&mut self, steps: u64) {
@@ -313,6 +334,26 @@ pub fn slot_infos(recording: &Recording) -> Vec<SlotInfo> {
 mod tests {
     use super::*;
     use heapscope_core::PolicyKind;
+
+    #[test]
+    fn at_is_checked_against_the_recording() {
+        // (at, steps, the moment or the error)
+        let cases: [(u64, u64, Result<u64, &str>); 6] = [
+            (0, 82, Ok(0)),
+            (61, 82, Ok(61)),
+            (82, 82, Ok(82)),
+            (83, 82, Err("--at 83: the recording has 82 events")),
+            (500, 82, Err("--at 500: the recording has 82 events")),
+            (1, 0, Err("--at 1: the recording has 0 events")),
+        ];
+        for (at, steps, expected) in cases {
+            let checked = check_at(at, steps).map_err(|error| error.to_string());
+            assert_eq!(checked, expected.map_err(str::to_owned), "--at {at} of {steps}");
+        }
+        let session = Session::story_named("frag_oom", &[Contender::Paged]).unwrap();
+        assert_eq!(session.check_at(61).unwrap(), 61);
+        assert_eq!(session.check_at(62).unwrap_err().to_string(), "--at 62: the recording has 61 events");
+    }
 
     #[test]
     fn panes_seek_together_and_short_moves_match_seeks() {

@@ -395,6 +395,85 @@ fn click_row(harness: &mut Harness<'static, HeapscopeApp>, label: &str) {
     harness.run_steps(1);
 }
 
+/// Double-clicks at `pos` as a person does: the pointer comes there a frame before, then two presses and
+/// releases 50 ms apart, each in a frame of its own at that time.
+///
+/// egui counts a click as double when it is released within `InputOptions::max_double_click_delay` (0.3 s) of
+/// the click before, close by, by `RawInput::time`. egui_kittest leaves `time` unset, so each frame is
+/// `step_dt` (0.25 s) after the last, and every queued event gets a frame of its own: two `Node::click`s are
+/// press 0, release 0.25, press 0.5, release 0.75 s, never a double click. Setting `RawInput::time` for these four
+/// frames (and unsetting it after: time goes on from there) makes the timing a person's.
+fn double_click_at(harness: &mut Harness<'static, HeapscopeApp>, pos: egui::Pos2) {
+    harness.hover_at(pos);
+    harness.run_steps(1);
+    let start = harness.ctx.input(|input| input.time);
+    for (index, pressed) in [true, false, true, false].into_iter().enumerate() {
+        harness.input_mut().time = Some(start + 0.05 * (index + 1) as f64);
+        harness.event(egui::Event::PointerButton {
+            pos,
+            button: egui::PointerButton::Primary,
+            pressed,
+            modifiers: Modifiers::NONE,
+        });
+        harness.step();
+    }
+    harness.input_mut().time = None;
+}
+
+/// Double-clicks a line of the file browser's list whose text holds `label`; a frame more draws what it led to.
+fn double_click_row(harness: &mut Harness<'static, HeapscopeApp>, label: &str) {
+    let pos = harness.get_by_label_contains(label).rect().center();
+    double_click_at(harness, pos);
+    harness.run_steps(1);
+}
+
+#[test]
+fn double_clicks_in_the_file_browser_enter_folders_and_open_files() {
+    let root = scratch_dir("browse-double");
+    let traces = root.join("traces");
+    std::fs::create_dir(&traces).unwrap();
+    std::fs::write(traces.join("three.csv"), "a,1,100\na,2,200\nf,1\n").unwrap();
+
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(1);
+    harness.key_press_modifiers(Modifiers::COMMAND, Key::O);
+    harness.run_steps(2);
+    harness.state_mut().file_browser.as_mut().unwrap().set_typed_path(root.to_str().unwrap());
+    harness.get_by_label("Go").click();
+    harness.run_steps(1);
+    let browser_dir =
+        |harness: &Harness<'static, HeapscopeApp>| harness.state().file_browser.as_ref().unwrap().dir().to_path_buf();
+    assert_eq!(browser_dir(&harness), std::fs::canonicalize(&root).unwrap());
+
+    // Two clicks a quarter of a second apart or more are two clicks: they select, they do not enter.
+    click_row(&mut harness, "traces/");
+    click_row(&mut harness, "traces/");
+    assert_eq!(browser_dir(&harness), std::fs::canonicalize(&root).unwrap(), "two slow clicks only select");
+    assert_eq!(harness.state().file_browser.as_ref().unwrap().selected().unwrap().name, "traces");
+
+    // A double-click on a folder enters it; Backspace goes back up, where a double-click enters it again.
+    double_click_row(&mut harness, "traces/");
+    assert_eq!(browser_dir(&harness), std::fs::canonicalize(&traces).unwrap(), "a double-click enters the folder");
+    harness.key_press(Key::Backspace);
+    harness.run_steps(1);
+    assert_eq!(browser_dir(&harness), std::fs::canonicalize(&root).unwrap(), "Backspace goes up");
+    double_click_row(&mut harness, "traces/");
+    assert_eq!(browser_dir(&harness), std::fs::canonicalize(&traces).unwrap());
+
+    // A double-click on a file opens it: the browser closes and the app shows the trace.
+    assert_eq!(harness.state().session.as_ref().unwrap().name, "frag_oom");
+    double_click_row(&mut harness, "three.csv");
+    assert!(harness.state().file_browser.is_none(), "the browser closes on open");
+    wait_for_open(&mut harness);
+    let app = harness.state();
+    assert!(app.error.is_none(), "{:?}", app.error);
+    let session = app.session.as_ref().unwrap();
+    assert!(session.name.ends_with("three.csv"), "{}", session.name);
+    assert_eq!(session.steps(), 3);
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
 #[test]
 fn open_a_snapshot_from_the_file_browser() {
     let root = scratch_dir("browse");
@@ -414,8 +493,8 @@ fn open_a_snapshot_from_the_file_browser() {
     let cwd = std::fs::canonicalize(std::env::current_dir().unwrap()).unwrap();
     assert_eq!(harness.state().file_browser.as_ref().unwrap().dir(), cwd, "nothing opened yet: the working directory");
 
-    // Go to the scratch folder by its path, select `traces` with a click and enter it with Enter
-    // (egui_kittest's clicks come a frame apart or more, never a double-click).
+    // Go to the scratch folder by its path, select `traces` with a click and enter it with Enter (double-clicks:
+    // `double_clicks_in_the_file_browser_enter_folders_and_open_files`).
     harness.state_mut().file_browser.as_mut().unwrap().set_typed_path(root.to_str().unwrap());
     harness.get_by_label("Go").click();
     harness.run_steps(1);
@@ -491,4 +570,118 @@ fn the_file_browser_says_why_a_folder_does_not_list() {
     assert!(harness.state().file_browser.is_none(), "Esc closes");
     assert_eq!(harness.state().session.as_ref().unwrap().name, "frag_oom", "nothing else changed");
     std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// A turn of the wheel over `pos` (`delta_points` down the content; with `modifiers`), as an integration sends it.
+fn wheel_at(harness: &mut Harness<'static, HeapscopeApp>, pos: egui::Pos2, delta_points: f32, modifiers: Modifiers) {
+    harness.hover_at(pos);
+    harness.run_steps(1);
+    harness.event(egui::Event::MouseWheel {
+        unit: egui::MouseWheelUnit::Point,
+        delta: egui::vec2(0.0, delta_points),
+        phase: egui::TouchPhase::Move,
+        source: egui::MouseWheelSource::Wheel,
+        modifiers,
+    });
+    // egui spreads a wheel turn over a few frames.
+    harness.run_steps(6);
+}
+
+/// The rows of `gui/README.md`'s "Keyboard and mouse" that the tests above do not drive: the arrows, `[` / `]`,
+/// and the mouse on a map and on the timeline.
+#[test]
+fn the_arrows_the_speed_keys_the_maps_and_the_timeline_answer() {
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(2);
+    let shown = |harness: &Harness<'static, HeapscopeApp>| harness.state().playback.shown_steps();
+
+    // → steps forward, animated over the next frames; ← steps back.
+    harness.key_press(Key::ArrowRight);
+    harness.run_steps(1);
+    assert!(harness.state().playback.moving(), "→ starts the step's animation");
+    clock.advance(1.0);
+    harness.run_steps(2);
+    assert_eq!(harness.state().playback.position, 1.0);
+    harness.key_press(Key::ArrowRight);
+    harness.run_steps(1);
+    clock.advance(1.0);
+    harness.run_steps(2);
+    assert_eq!(harness.state().playback.position, 2.0);
+    harness.key_press(Key::ArrowLeft);
+    harness.run_steps(1);
+    assert_eq!(harness.state().playback.position, 1.0, "← goes back a step");
+
+    // `]` faster, `[` slower.
+    let speed = harness.state().playback.speed;
+    harness.key_press(Key::CloseBracket);
+    harness.run_steps(1);
+    assert_eq!(harness.state().playback.speed, speed + 1);
+    harness.key_press(Key::OpenBracket);
+    harness.key_press(Key::OpenBracket);
+    harness.run_steps(1);
+    assert_eq!(harness.state().playback.speed, speed - 1);
+
+    // On pytorch's map: ctrl + wheel zooms in, the wheel and a drag scroll the rows, a double-click fits it again.
+    let map = harness.get_by_label("pytorch").rect().center() + egui::vec2(0.0, 150.0);
+    let view = |harness: &Harness<'static, HeapscopeApp>| harness.state().session.as_ref().unwrap().panes[0].view;
+    assert_eq!(view(&harness), heapscope_gui::heap_map::MapView::default(), "the map opens fitted");
+    wheel_at(&mut harness, map, 200.0, Modifiers::COMMAND);
+    let once = view(&harness).scale.expect("ctrl + wheel zooms").row_bytes;
+    wheel_at(&mut harness, map, 200.0, Modifiers::COMMAND);
+    let twice = view(&harness).scale.unwrap().row_bytes;
+    assert!(twice < once, "a wheel turn up zooms in further: {once} then {twice} bytes per row");
+    let scrolled_by_zoom = view(&harness).scroll;
+    wheel_at(&mut harness, map, -120.0, Modifiers::NONE);
+    let scrolled = view(&harness).scroll;
+    assert!(scrolled > scrolled_by_zoom, "the wheel scrolls down: {scrolled_by_zoom} then {scrolled}");
+    assert_eq!(view(&harness).scale.unwrap().row_bytes, twice, "the wheel alone does not zoom");
+    harness.drag_at(map);
+    harness.run_steps(1);
+    harness.hover_at(map - egui::vec2(0.0, 60.0));
+    harness.run_steps(1);
+    harness.drop_at(map - egui::vec2(0.0, 60.0));
+    harness.run_steps(1);
+    assert!(view(&harness).scroll > scrolled, "a drag up scrolls down: {scrolled} then {}", view(&harness).scroll);
+    double_click_at(&mut harness, map);
+    assert_eq!(view(&harness), heapscope_gui::heap_map::MapView::default(), "a double-click fits the whole heap");
+    // A pinch reaches egui as a zoom factor: spread to twice the size, the rows hold half the bytes.
+    harness.event(egui::Event::Zoom(2.0));
+    harness.run_steps(1);
+    let pinched = view(&harness).scale.expect("a pinch zooms the fitted map").row_bytes;
+    harness.event(egui::Event::Zoom(2.0));
+    harness.run_steps(1);
+    let again = view(&harness).scale.unwrap().row_bytes;
+    assert!((pinched / 2).abs_diff(again) <= 1, "a pinch to twice the size: {pinched} then {again} bytes per row");
+
+    // A click on the timeline seeks there, further right further in; a drag seeks as it goes.
+    let legend = harness.get_by_label_contains("solid: reserved").rect();
+    let on_timeline = |x: f32| egui::pos2(legend.left() + x, legend.bottom() + 70.0);
+    let mut click_at = |pos: egui::Pos2| {
+        harness.hover_at(pos);
+        harness.run_steps(1);
+        harness.drag_at(pos);
+        harness.run_steps(1);
+        harness.drop_at(pos);
+        harness.run_steps(1);
+        shown(&harness)
+    };
+    let (left, right) = (click_at(on_timeline(300.0)), click_at(on_timeline(700.0)));
+    assert!(0 < left && left < right && right <= 61, "clicks at two places seek to steps {left} and {right}");
+    harness.drag_at(on_timeline(300.0));
+    harness.run_steps(1);
+    harness.hover_at(on_timeline(500.0));
+    harness.run_steps(1);
+    harness.hover_at(on_timeline(700.0));
+    harness.run_steps(1);
+    assert_eq!(shown(&harness), right, "a drag seeks to where the pointer is, not where it was a frame before");
+    harness.drop_at(on_timeline(700.0));
+    harness.run_steps(1);
+    assert_eq!(shown(&harness), right, "and ends where it was let go");
+
+    // A click on a pane's name focuses it (and opens its menu of contenders).
+    assert_eq!(harness.state().focused, 0);
+    harness.get_by_label("paged").click();
+    harness.run_steps(2);
+    assert_eq!(harness.state().focused, 3, "a click on paged's name focuses paged");
 }
