@@ -61,9 +61,8 @@ impl Windowed {
         let Some(quit_after) = self.options.quit_after_frames else { return };
         self.frames = self.frames.saturating_add(1);
         let ctx = ui.ctx();
-        // Frames come one after another, not only on input, until the window closes.
-        ctx.request_repaint();
         if self.app.live.running() {
+            ctx.request_repaint_after(crate::app::LIVE_FRAME);
             // A live run ends first: the frames are counted, and the picture taken, once it is over.
             self.frames = 0;
             let since = *self.live_since.get_or_insert_with(Instant::now);
@@ -73,6 +72,8 @@ impl Windowed {
             }
             return;
         }
+        // Frames come one after another, not only on input, until the window closes.
+        ctx.request_repaint();
         if self.frames < quit_after {
             return;
         }
@@ -172,8 +173,13 @@ pub fn run_window(app: HeapscopeApp, options: WindowOptions, device: Option<&Sha
     if let Some(device) = device {
         native.wgpu_options.wgpu_setup = device.wgpu_setup();
     }
-    eframe::run_native("heapscope", native, Box::new(|_| Ok(Box::new(windowed))))
-        .map_err(|error| anyhow::anyhow!("cannot open the window: {error}"))?;
+    eframe::run_native("heapscope", native, Box::new(|_| Ok(Box::new(windowed)))).map_err(|error| match device {
+        Some(device) => anyhow::anyhow!(
+            "cannot open the window on {}: {error} (HEAPSCOPE_SHARE_DEVICE=0 draws with eframe's own adapter)",
+            device.name()
+        ),
+        None => anyhow::anyhow!("cannot open the window: {error}"),
+    })?;
     if let Some(summary) = live_summary.lock().ok().and_then(|mut summary| summary.take()) {
         println!("{summary}");
     }
