@@ -33,7 +33,9 @@
 //!   contender the device cannot run is an error with [`VulkanError::is_device_limit`].
 //! - [`memory_types`]: the choice of a memory type for a use.
 //! - [`wgpu_interop`] (feature `wgpu`): wgpu 30 on heapscope's own device (sparse features and all), and
-//!   heapscope's device-memory blocks and sparse buffers as `wgpu::Buffer`s, binds ordered before wgpu's work.
+//!   heapscope's device-memory blocks and sparse buffers as `wgpu::Buffer`s, binds ordered before wgpu's work;
+//!   `queue_guard`: the queue entry points handed to wgpu-hal take the context's queue lock, so anyone holding the
+//!   `wgpu::Queue` (egui-wgpu drawing the window) may submit and present while heapscope binds and submits.
 //!
 //! All of heapscope's `unsafe` lives in this crate; every block carries a `// SAFETY:` comment.
 #![allow(unsafe_code, reason = "the Vulkan backend: every unsafe block says why it is sound")]
