@@ -133,7 +133,6 @@ impl LivePanel {
                 if ui.button("Stop run").clicked() {
                     action = Some(Ok(LiveAction::Stop));
                 }
-                ui.spinner();
             } else if ui.button("Start run").clicked() {
                 action = Some(self.config().map(LiveAction::Start));
             }

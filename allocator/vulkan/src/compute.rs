@@ -466,11 +466,7 @@ impl ComputeKernels {
             .dst_access_mask(vk::AccessFlags::HOST_READ)];
         let command_buffers = [command_buffer];
         let submit = [vk::SubmitInfo::default().command_buffers(&command_buffers)];
-        // The compute queue may also be the sparse-binding queue: every submission holds the context's queue lock.
-        let _queue = self.context.lock_queues();
-        // SAFETY: the command buffer is recording (begun by `begin`); the fence is unsignalled (reset after each
-        // wait). The queue's external synchronisation is the context's queue lock, held above by every heapscope
-        // submission (compute, transfer, sparse binding).
+        // SAFETY: the command buffer is recording (begun by `begin`) and only this runner records into it.
         unsafe {
             device.cmd_pipeline_barrier(
                 command_buffer,
@@ -482,7 +478,19 @@ impl ComputeKernels {
                 &[],
             );
             device.end_command_buffer(command_buffer).map_err(VulkanError::vk("vkEndCommandBuffer"))?;
-            device.queue_submit(queue, &submit, self.fence).map_err(VulkanError::vk("vkQueueSubmit"))?;
+        }
+        {
+            // The compute queue may also be the sparse-binding queue, and wgpu's (a window drawing on this device):
+            // the submission, and only it, holds the context's queue lock — not the wait, so others submit
+            // while the kernels run.
+            let _queue = self.context.lock_queues();
+            // SAFETY: the command buffer is executable (ended above); the fence is unsignalled (reset after each
+            // wait). The queue's external synchronisation is the context's queue lock, held by every submission to
+            // it (heapscope's compute, transfer and sparse binding; wgpu's through `queue_guard`).
+            unsafe { device.queue_submit(queue, &submit, self.fence) }.map_err(VulkanError::vk("vkQueueSubmit"))?;
+        }
+        // SAFETY: the fence belongs to this device and was submitted above; it is reset once signalled.
+        unsafe {
             device.wait_for_fences(&[self.fence], true, u64::MAX).map_err(VulkanError::vk("vkWaitForFences"))?;
             device.reset_fences(&[self.fence]).map_err(VulkanError::vk("vkResetFences"))?;
         }
