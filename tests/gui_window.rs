@@ -113,4 +113,15 @@ fn a_live_run_shares_the_device_the_window_draws_with() {
     let colours: HashSet<[u8; 4]> = image.pixels().map(|pixel| pixel.0).collect();
     assert!(colours.len() >= 16, "{} distinct colours: a blank window", colours.len());
     std::fs::remove_dir_all(&dir).unwrap();
+
+    // A run that cannot start fails the scripted run, naming the budget it was given.
+    let output = Command::new("xvfb-run")
+        .args(["-a", env!("CARGO_BIN_EXE_heapscope"), "gui", "--live", "churn", "--policy", "paged", "--budget", "4K"])
+        .args(["--quit-after-frames", "2"])
+        .env_remove("WAYLAND_DISPLAY")
+        .env("WGPU_DEBUG", "0")
+        .output()
+        .expect("xvfb-run runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("paged with a budget of 4 KiB on the device"), "{stderr}");
 }

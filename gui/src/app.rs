@@ -115,10 +115,8 @@ impl HeapscopeApp {
     }
 
     fn set_session(&mut self, session: Session) {
+        self.playback = self.playback.for_steps(session.steps());
         self.session = Some(session);
-        let speed = self.playback.speed;
-        self.playback = Playback::default();
-        self.playback.speed = speed;
         self.focused = 0;
         self.refresh_caches();
     }

@@ -21,8 +21,11 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use heapscope_core::timeline::{Change, Refusal, RegionTracker, Span};
+use heapscope_core::units::exact_size;
 use heapscope_kernels::bench::{BenchPolicy, BenchSettings, RunReport, Target, TargetError, run};
 use heapscope_kernels::workload::{ChurnConfig, ServeConfig, TrainConfig, Workload, churn, serve, train};
 use heapscope_kernels::{Op, VerifyResult};
@@ -122,10 +125,14 @@ impl LiveConfig {
         Self { workload, policy, budget_bytes: None, steps: None, seed: 1 }
     }
 
-    /// What the pane is called: `serve · tlsf · 160 MiB`.
+    /// The budget it runs with: the one given, else the workload's default.
+    pub fn budget(&self) -> u64 {
+        self.budget_bytes.unwrap_or_else(|| self.workload.default_budget_bytes())
+    }
+
+    /// What the pane is called: `live serve · tlsf · 160 MiB` (the budget exactly).
     pub fn title(&self) -> String {
-        let budget = self.budget_bytes.unwrap_or_else(|| self.workload.default_budget_bytes());
-        format!("live {} · {} · {} MiB", self.workload, self.policy, budget >> 20)
+        format!("live {} · {} · {}", self.workload, self.policy, exact_size(self.budget()))
     }
 }
 
@@ -170,7 +177,7 @@ impl LiveProgress {
     }
 }
 
-/// A live run on a worker thread: its progress, and the way to stop it. Dropping it stops the run.
+/// A live run on a worker thread: its progress, and the way to stop it. Dropping it stops the run and waits for the worker to let go of the device.
 #[derive(Debug)]
 pub struct LiveRun {
     /// The configuration it runs.
@@ -181,7 +188,12 @@ pub struct LiveRun {
     pub draws_here: bool,
     progress: Arc<Mutex<LiveProgress>>,
     stop: Arc<AtomicBool>,
+    worker: Option<JoinHandle<()>>,
 }
+
+/// How long dropping a [`LiveRun`] waits for its worker to stop (it stops before its next allocation or free:
+/// within one kernel batch).
+const STOP_PATIENCE: Duration = Duration::from_secs(10);
 
 impl LiveRun {
     /// A copy of the progress now.
@@ -210,8 +222,19 @@ impl LiveRun {
 }
 
 impl Drop for LiveRun {
+    /// Stops the run and waits (up to [`STOP_PATIENCE`]) for the worker to release the device memory, so that the
+    /// device outlives no allocation of it when the window closes.
     fn drop(&mut self) {
         self.stop();
+        let Some(worker) = self.worker.take() else { return };
+        let deadline = Instant::now() + STOP_PATIENCE;
+        while !worker.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        if worker.is_finished() {
+            // The worker catches nothing that could panic it; a panic would already have been reported.
+            let _ = worker.join();
+        }
     }
 }
 
@@ -222,16 +245,16 @@ impl Drop for LiveRun {
 pub fn start(context: &Arc<VulkanContext>, config: LiveConfig) -> Result<(ChannelSource, LiveRun), String> {
     let workload = config.workload.build(config.steps, config.seed);
     workload.check().map_err(|error| format!("{}: {error}", workload.name))?;
-    let budget = config.budget_bytes.unwrap_or_else(|| config.workload.default_budget_bytes());
+    let budget = config.budget();
     let settings = BenchSettings::new(Some(budget));
     let mut target = VulkanTarget::new(context, config.policy, &settings)
-        .map_err(|error| format!("{} on the device: {error}", config.policy))?;
+        .map_err(|error| format!("{} with a budget of {} on the device: {error}", config.policy, exact_size(budget)))?;
     target.record_device_events(true);
     let (source, sender) = ChannelSource::new();
     let progress = Arc::new(Mutex::new(LiveProgress::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let (worker_progress, worker_stop) = (Arc::clone(&progress), Arc::clone(&stop));
-    std::thread::Builder::new()
+    let worker = std::thread::Builder::new()
         .name("heapscope-live".into())
         .spawn(move || {
             let mut observed = Observed::new(&mut target, sender, Arc::clone(&worker_progress), worker_stop);
@@ -243,7 +266,7 @@ pub fn start(context: &Arc<VulkanContext>, config: LiveConfig) -> Result<(Channe
         })
         .map_err(|error| format!("cannot start the live worker: {error}"))?;
     let device = context.properties().name.clone();
-    Ok((source, LiveRun { config, device, draws_here: false, progress, stop }))
+    Ok((source, LiveRun { config, device, draws_here: false, progress, stop, worker: Some(worker) }))
 }
 
 /// The span of an allocation served at `step`: its footprint `(address, footprint_bytes, lead_bytes)` and the bytes

@@ -2,6 +2,7 @@
 //! it goes ([`crate::device_live`]). Without a Vulkan device it says so and points at the stories.
 
 use egui::{RichText, Ui};
+use heapscope_core::units::{exact_size, parse_size};
 use heapscope_kernels::bench::BenchPolicy;
 
 use crate::device_live::{LiveConfig, LiveRun, LiveWorkload};
@@ -24,8 +25,9 @@ pub struct LivePanel {
     pub workload: LiveWorkload,
     /// The contender picked.
     pub policy: BenchPolicy,
-    /// The budget typed, in MiB (empty: the workload's default).
-    pub budget_mib: String,
+    /// The budget typed, a size as on the command line (`160M`, `112 MiB`, `4096`; empty: the workload's
+    /// default).
+    pub budget: String,
     /// The steps typed (empty: the workload's default).
     pub steps: String,
     /// The workload's seed (from the command line, else 1).
@@ -42,7 +44,7 @@ impl Default for LivePanel {
             open: false,
             workload: LiveWorkload::Serve,
             policy: BenchPolicy::Heap(heapscope_core::PolicyKind::Tlsf),
-            budget_mib: String::new(),
+            budget: String::new(),
             steps: String::new(),
             seed: 1,
             run: None,
@@ -53,12 +55,11 @@ impl Default for LivePanel {
 
 impl LivePanel {
     /// Fills the form with `config` (the run started from the command line or by the app), so that the bar
-    /// shows what runs and "Start run" starts it again. The form holds whole MiB: a budget in between is
-    /// rounded up.
+    /// shows what runs and "Start run" starts it again (the budget written exactly).
     pub fn set_config(&mut self, config: &LiveConfig) {
         self.workload = config.workload;
         self.policy = config.policy;
-        self.budget_mib = config.budget_bytes.map(|bytes| bytes.div_ceil(1 << 20).to_string()).unwrap_or_default();
+        self.budget = config.budget_bytes.map(exact_size).unwrap_or_default();
         self.steps = config.steps.map(|steps| steps.to_string()).unwrap_or_default();
         self.seed = config.seed;
     }
@@ -66,8 +67,7 @@ impl LivePanel {
     /// The run the form describes.
     ///
     /// # Errors
-    /// A budget that is not a positive whole number of MiB, or steps that are not a positive whole number,
-    /// named.
+    /// A budget that is not a size above 0, or steps that are not a positive whole number, named.
     pub fn config(&self) -> Result<LiveConfig, String> {
         let mut config = LiveConfig::new(self.workload, self.policy);
         config.seed = self.seed;
@@ -80,14 +80,13 @@ impl LivePanel {
                 .ok_or_else(|| format!("steps {typed:?}: expected a whole number above 0"))?;
             config.steps = Some(steps);
         }
-        let typed = self.budget_mib.trim();
+        let typed = self.budget.trim();
         if !typed.is_empty() {
-            let mib: u64 = typed
-                .parse()
-                .ok()
-                .filter(|&mib| mib > 0 && mib < 1 << 40)
-                .ok_or_else(|| format!("budget {typed:?}: expected a whole number of MiB above 0"))?;
-            config.budget_bytes = Some(mib << 20);
+            let bytes = parse_size(typed).map_err(|error| format!("budget: {error}"))?;
+            if bytes == 0 {
+                return Err(format!("budget {typed:?}: nothing could be allocated in 0 bytes"));
+            }
+            config.budget_bytes = Some(bytes);
         }
         Ok(config)
     }
@@ -120,11 +119,11 @@ impl LivePanel {
                         }
                     },
                 );
-                ui.label("budget MiB");
+                ui.label("budget");
                 ui.add(
-                    egui::TextEdit::singleline(&mut self.budget_mib)
-                        .hint_text((self.workload.default_budget_bytes() >> 20).to_string())
-                        .desired_width(60.0),
+                    egui::TextEdit::singleline(&mut self.budget)
+                        .hint_text(exact_size(self.workload.default_budget_bytes()))
+                        .desired_width(70.0),
                 );
                 ui.label("steps");
                 ui.add(egui::TextEdit::singleline(&mut self.steps).hint_text("default").desired_width(60.0));

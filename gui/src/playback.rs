@@ -59,13 +59,19 @@ pub struct Playback {
     pub speed: usize,
     /// A step animation under way (from `step`/`back` or a seek by one), in steps per second.
     target: Option<f64>,
+    /// Whether the user picked the speed (then a newly opened trace keeps it).
+    speed_chosen: bool,
 }
 
 impl Default for Playback {
     fn default() -> Self {
-        Self { position: 0.0, playing: false, speed: 1, target: None }
+        Self { position: 0.0, playing: false, speed: 1, target: None, speed_chosen: false }
     }
 }
+
+/// How long playing a whole trace takes at most at the speed a trace opens with (unless the user picked one), in
+/// seconds: a 82-step story plays at 2 steps a second, a 12,000-step training trace at 1,000.
+pub const WHOLE_TRACE_SECONDS: f64 = 60.0;
 
 /// How long one step's animation takes when stepping by hand, in seconds.
 pub const STEP_SECONDS: f64 = 0.4;
@@ -141,6 +147,18 @@ impl Playback {
     /// One speed faster (`faster`) or slower.
     pub fn change_speed(&mut self, faster: bool) {
         self.speed = if faster { (self.speed + 1).min(SPEEDS.len() - 1) } else { self.speed.saturating_sub(1) };
+        self.speed_chosen = true;
+    }
+
+    /// A fresh playback for a timeline of `steps` steps: at the start, the speed the user picked if any, else the
+    /// slowest (from 2 steps a second) that plays it all within [`WHOLE_TRACE_SECONDS`].
+    pub fn for_steps(&self, steps: u64) -> Self {
+        let speed = if self.speed_chosen {
+            self.speed
+        } else {
+            (1..SPEEDS.len()).find(|&index| steps as f64 / SPEEDS[index] <= WHOLE_TRACE_SECONDS).unwrap_or(SPEEDS.len() - 1)
+        };
+        Self { speed, speed_chosen: self.speed_chosen, ..Self::default() }
     }
 
     /// Whether the next frames will move.
@@ -152,6 +170,20 @@ impl Playback {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A trace opens at the slowest speed that plays it within a minute, from 2 steps a second; a speed the user
+    /// picked stays.
+    #[test]
+    fn a_trace_opens_at_a_speed_that_fits_its_length() {
+        let cases: [(u64, f64); 6] =
+            [(0, 2.0), (82, 2.0), (121, 5.0), (1_200, 20.0), (12_355, 1_000.0), (100_000_000, 100_000.0)];
+        for (steps, speed) in cases {
+            assert_eq!(Playback::default().for_steps(steps).steps_per_second(), speed, "{steps} steps");
+        }
+        let mut picked = Playback::default();
+        picked.change_speed(false);
+        assert_eq!(picked.for_steps(12_355).steps_per_second(), 1.0, "the user's speed stays");
+    }
 
     #[test]
     fn playing_moves_by_speed_and_stops_at_the_end() {

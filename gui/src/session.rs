@@ -2,6 +2,7 @@
 //! contenders, each in a pane with its own timeline, layout and view, all at one position.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{Result, bail};
@@ -9,7 +10,7 @@ use heapscope_core::compare::CompareConfig;
 use heapscope_core::recording::Recording;
 use heapscope_core::story::{self, Story};
 use heapscope_core::timeline::record::{Contender, record};
-use heapscope_core::timeline::{Layout, Timeline};
+use heapscope_core::timeline::{Change, Layout, Timeline};
 use heapscope_core::trace::Event;
 
 use crate::heap_map::MapView;
@@ -146,6 +147,8 @@ pub struct Session {
     pub panes: Vec<Pane>,
     /// A live source feeding the first pane, if any.
     pub live: Option<Box<dyn LiveSource>>,
+    /// For a live source: the slot of the allocation live at each address, so a free finds its slot.
+    live_slots: HashMap<u64, u32>,
 }
 
 impl Session {
@@ -162,7 +165,17 @@ impl Session {
         // A snapshot of several devices shows one: say which.
         let devices = recording.snapshot.as_ref().map_or(1, |snapshot| snapshot.device_traces.len());
         let name = if devices > 1 { format!("{} (device {})", recording.name, recording.device) } else { recording.name.clone() };
-        let mut session = Self { name, summary: String::new(), recording, config, slots, groups, panes: Vec::new(), live: None };
+        let mut session = Self {
+            name,
+            summary: String::new(),
+            recording,
+            config,
+            slots,
+            groups,
+            panes: Vec::new(),
+            live: None,
+            live_slots: HashMap::new(),
+        };
         // Each contender replays the recording on a thread of its own: opening a big trace costs its slowest
         // contender, not all of them in turn.
         let timelines: Vec<Result<Timeline, heapscope_core::Error>> = std::thread::scope(|scope| {
@@ -224,6 +237,7 @@ impl Session {
             groups: Vec::new(),
             panes: vec![Pane::new(None, Timeline::new(name))],
             live: Some(source),
+            live_slots: HashMap::new(),
         }
     }
 
@@ -292,9 +306,29 @@ impl Session {
         let steps = source.poll();
         let pane = &mut self.panes[0];
         for step in steps {
+            let index = pane.timeline.steps();
             if let Err(error) = pane.timeline.push(&step.changes, step.refusal) {
                 self.live = None;
                 bail!("live source: {error}");
+            }
+            // Each allocation's steps, as a recording's slots have them (hover: its lifetime).
+            for change in &step.changes {
+                match *change {
+                    Change::Allocated(span) => {
+                        let slot = span.slot as usize;
+                        if self.slots.len() <= slot {
+                            self.slots.resize(slot + 1, SlotInfo::default());
+                        }
+                        self.slots[slot] = SlotInfo { alloc_step: index, free_step: None, stack: 0 };
+                        self.live_slots.insert(span.address, span.slot);
+                    }
+                    Change::Freed { address } => {
+                        if let Some(info) = self.live_slots.remove(&address).and_then(|slot| self.slots.get_mut(slot as usize)) {
+                            info.free_step = Some(index);
+                        }
+                    }
+                    _ => {}
+                }
             }
         }
         Ok(())
@@ -334,6 +368,31 @@ pub fn slot_infos(recording: &Recording) -> Vec<SlotInfo> {
 mod tests {
     use super::*;
     use heapscope_core::PolicyKind;
+    use heapscope_core::timeline::Span;
+
+    use crate::live::{ChannelSource, LiveStep};
+
+    /// A live source's allocations get their steps as a recording's slots do: born where allocated, freed where
+    /// freed (an address reused by a later allocation belongs to that one).
+    #[test]
+    fn live_allocations_know_their_lifetimes() {
+        let (source, sender) = ChannelSource::new();
+        let mut session = Session::live("live", Box::new(source));
+        let span = |address, slot, born| Span { address, footprint_bytes: 256, lead_bytes: 0, requested_bytes: 200, slot, born };
+        let region = Change::RegionAdded { address: 0, size_bytes: 4096, kind: heapscope_core::timeline::RegionKind::Block };
+        let steps = [
+            vec![region, Change::Allocated(span(0, 0, 0))],
+            vec![Change::Allocated(span(256, 1, 1))],
+            vec![Change::Freed { address: 0 }],
+            vec![Change::Allocated(span(0, 2, 3))],
+        ];
+        for changes in steps {
+            sender.send(LiveStep { changes, refusal: None }).unwrap();
+        }
+        session.poll_live().unwrap();
+        let lifetimes: Vec<(u64, Option<u64>)> = session.slots.iter().map(|slot| (slot.alloc_step, slot.free_step)).collect();
+        assert_eq!(lifetimes, [(0, Some(2)), (1, None), (3, None)]);
+    }
 
     #[test]
     fn at_is_checked_against_the_recording() {

@@ -12,7 +12,8 @@
 //!   every use of a queue externally synchronised; egui-wgpu knows nothing of heapscope's lock, so the interop hands
 //!   wgpu-hal queue entry points that take the context's queue lock themselves (`heapscope_vulkan`'s
 //!   `queue_guard`): the renderer and the worker never touch the queue at once, with no change to eframe.
-//! - Where the device cannot be shared (no Vulkan, wgpu-hal refuses the device, its compute queue cannot draw),
+//! - Where the device cannot be shared (no Vulkan, wgpu-hal refuses the device, its compute queue is not of family
+//!   0 with graphics: wgpu-hal checks presentation on family 0, and every major vendor's family 0 draws and computes),
 //!   [`SharedDevice::open`] says why; the window then draws with eframe's own choice of adapter, and live runs open a
 //!   device of their own ([`crate::device_live::open_device`]).
 
@@ -40,7 +41,8 @@ impl SharedDevice {
     /// with wgpu over it.
     ///
     /// # Errors
-    /// Why it cannot be shared: no Vulkan device, wgpu-hal refuses it, or its compute queue has no graphics.
+    /// Why it cannot be shared: no Vulkan device, wgpu-hal refuses it, or its compute queue is not of family 0 with
+    /// graphics (wgpu-hal checks presentation on family 0).
     pub fn open(options: &ContextOptions) -> Result<Self, String> {
         let wgpu = WgpuVulkan::new(options).map_err(|error| format!("no Vulkan device to share with the window: {error}"))?;
         let context = wgpu.context();
@@ -51,9 +53,12 @@ impl SharedDevice {
             .iter()
             .find(|info| info.index == family)
             .map_or(vk::QueueFlags::empty(), |info| info.flags);
-        if !flags.contains(vk::QueueFlags::GRAPHICS) {
+        // wgpu-hal asks whether a surface can be presented from queue family 0 (whatever family the device's queue
+        // is of): only a queue of that family, with graphics, draws and presents as wgpu expects.
+        if family != 0 || !flags.contains(vk::QueueFlags::GRAPHICS) {
             return Err(format!(
-                "{}: its compute queue family {family} cannot draw (no graphics), so the window draws elsewhere",
+                "{}: its compute queue is of family {family} ({flags:?}), not of family 0 with graphics, which \
+                 wgpu draws and presents with, so the window draws elsewhere",
                 context.properties().name
             ));
         }

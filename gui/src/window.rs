@@ -1,5 +1,6 @@
 //! The native window (eframe on wgpu), and a scripted run of it: quit by itself after a number of frames, with
 //! a screenshot of the real window first when asked (`heapscope gui --quit-after-frames N --screenshot PNG`).
+//! An error on screen, or a live run that cannot start, fails or finds a kernel mismatch, fails a scripted run.
 //! With a live run (`--live`), the frames are counted once the run is over, and how it went is printed
 //! (`live churn · tlsf · 112 MiB: finished in … · kernel mismatches 0, on llvmpipe, the device this window draws
 //! with`).
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 use egui::{Ui, ViewportCommand};
 
 use crate::app::HeapscopeApp;
+use crate::device_live::STOPPED;
 use crate::shared_device::SharedDevice;
 
 /// Frames waited for a screenshot after asking for it before giving up (it takes one or two).
@@ -111,7 +113,29 @@ impl Windowed {
             {
                 *summary = Some(format!("{}: {}, {}", run.config.title(), run.progress().describe(), run.where_it_runs()));
             }
+            if let Some(problem) = self.problem() {
+                self.fail(problem);
+            }
             ctx.send_viewport_cmd(ViewportCommand::Close);
+        }
+    }
+
+    /// What fails a scripted run besides the script itself: an error on screen, a live run that could not start,
+    /// failed, or found its kernels' memory changed.
+    fn problem(&self) -> Option<String> {
+        if let Some(error) = &self.app.error {
+            return Some(format!("the window shows an error: {error}"));
+        }
+        if let Some(why) = &self.app.live.unavailable {
+            return Some(format!("the live run could not start: {why}"));
+        }
+        let progress = self.app.live.run.as_ref()?.progress();
+        match &progress.finished {
+            Some(Err(message)) if !message.ends_with(STOPPED) => Some(format!("the live run failed: {message}")),
+            _ if progress.mismatches > 0 => {
+                Some(format!("the live run's kernels found {} word(s) not as written", progress.mismatches))
+            }
+            _ => None,
         }
     }
 

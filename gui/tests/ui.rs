@@ -337,12 +337,15 @@ fn a_live_source_grows_its_pane() {
     // "Live" opens its bar: a workload, a contender, a budget and "Start run".
     harness.get_by_label("Live").click();
     harness.run_steps(1);
-    assert!(harness.query_by_label("budget MiB").is_some() && harness.query_by_label("Start run").is_some());
-    // A budget that is no number is named, not started.
-    harness.state_mut().live.budget_mib = "lots".into();
-    harness.get_by_label("Start run").click();
-    harness.run_steps(1);
-    assert!(harness.state().error.as_deref().unwrap_or_default().contains("budget \"lots\""));
+    assert!(harness.query_by_label("budget").is_some() && harness.query_by_label("Start run").is_some());
+    // A budget that is no size, or nothing, is named, not started.
+    for (typed, said) in [("lots", "size \"lots\""), ("0M", "budget \"0M\": nothing could be allocated")] {
+        harness.state_mut().live.budget = typed.into();
+        harness.get_by_label("Start run").click();
+        harness.run_steps(1);
+        let error = harness.state().error.clone().unwrap_or_default();
+        assert!(error.contains(said), "{typed}: {error}");
+    }
     // Without the device asked for, the bar says so and points at the stories; what is shown stays.
     let nowhere = ContextOptions { validation: false, device_selector: Some("no-such-gpu-anywhere".into()) };
     harness.state_mut().start_live_with(&nowhere, LiveConfig::new(LiveWorkload::Serve, BenchPolicy::Paged));
@@ -371,8 +374,14 @@ fn the_live_bar_shows_the_run_started_from_the_command_line() {
     assert!(shown("workload: churn"), "the bar names the workload that runs: {:?}", harness.root());
     assert!(shown("contender: paged"));
     let live = &harness.state().live;
-    assert_eq!((live.budget_mib.as_str(), live.steps.as_str()), ("112", "40"));
+    assert_eq!((live.budget.as_str(), live.steps.as_str()), ("112 MiB", "40"));
     assert_eq!(live.config(), Ok(config), "\"Start run\" starts the same run again");
+    // A budget of no whole MiB is shown, named in the title and started again exactly.
+    let odd = LiveConfig { budget_bytes: Some(1_000_000), ..LiveConfig::new(LiveWorkload::Serve, BenchPolicy::Paged) };
+    harness.state_mut().live.set_config(&odd);
+    assert_eq!(harness.state().live.budget, "1000000 B");
+    assert_eq!(harness.state().live.config(), Ok(odd.clone()));
+    assert_eq!(odd.title(), "live serve · paged · 1000000 B");
     // Steps that are no number are named.
     harness.state_mut().live.steps = "many".into();
     assert_eq!(harness.state().live.config(), Err("steps \"many\": expected a whole number above 0".to_owned()));

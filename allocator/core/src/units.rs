@@ -26,6 +26,16 @@ impl fmt::Display for Bytes {
     }
 }
 
+/// `bytes` exactly, in the largest binary unit that divides it: `160 MiB`, `4 KiB`, `1000 B` — what
+/// [`parse_size`] reads back to the same count (where [`Bytes`] rounds to two decimals).
+pub fn exact_size(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)];
+    UNITS
+        .into_iter()
+        .find(|&(_, scale)| bytes >= scale && bytes.is_multiple_of(scale))
+        .map_or_else(|| format!("{bytes} B"), |(name, scale)| format!("{} {name}", bytes / scale))
+}
+
 /// Parses a size such as `3584MiB`, `3.5 GiB`, `64k`, `1G` or `4096`.
 ///
 /// Binary suffixes (`KiB`, `MiB`, `GiB`, `TiB`, and the short `k`, `m`, `g`, `t`) scale by 1024; decimal
@@ -68,6 +78,23 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exact_sizes_read_back_to_the_same_bytes() {
+        let cases: [(u64, &str); 7] = [
+            (0, "0 B"),
+            (1, "1 B"),
+            (1000, "1000 B"),
+            (4096, "4 KiB"),
+            (160 * MIB, "160 MiB"),
+            (3 * GIB + MIB, "3073 MiB"),
+            ((1 << 40) + 512, "1099511628288 B"),
+        ];
+        for (bytes, text) in cases {
+            assert_eq!(exact_size(bytes), text);
+            assert_eq!(parse_size(text), Ok(bytes), "{text}");
+        }
+    }
 
     #[test]
     fn parse_table() {
