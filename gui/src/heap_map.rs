@@ -3,8 +3,10 @@
 //!
 //! All regions share one scale, `row_bytes` bytes per row of full width, and a region's bytes wrap from row
 //! to row, so areas compare at a glance: a 1 GiB block is four rows of 256 MiB where a 20 MiB segment is
-//! part of one. Zooming changes `row_bytes` (down to single allocations), panning scrolls the rows. A
-//! virtual range shows up to the highest page it ever mapped.
+//! part of one. Regions smaller than a row share rows, side by side in address order ([`Shelf`]), so a heap of
+//! a few big segments and a hundred small ones (PyTorch's 2 MiB small pool) is not mostly empty rows. Zooming
+//! changes `row_bytes` (down to single allocations), panning scrolls the rows. A virtual range shows up to the
+//! highest page it ever mapped.
 //!
 //! Building the shapes touches only the visible rows ([`Rows`] finds them by binary search), and within a
 //! row every allocation once; allocations narrower than a pixel that touch merge into one shape, so the
@@ -27,6 +29,51 @@ pub const ROW_HEIGHT: f32 = 16.0;
 pub const MIN_ROW_HEIGHT: f32 = 3.0;
 /// Space between two regions' bands, in points (1 when rows are thin).
 pub const REGION_GAP: f32 = 5.0;
+/// Regions sharing a row are this fraction of a row apart (about 5 points on a 1,300-point map).
+const SHELF_GAP_FRACTION: u64 = 256;
+
+/// Packs regions smaller than a row side by side into one row, in address order, while they fit; a region of a
+/// row or more takes rows of its own.
+#[derive(Clone, Copy, Debug, Default)]
+struct Shelf {
+    /// Bytes used of the current shared row, while the current line is one.
+    used_bytes: Option<u64>,
+}
+
+impl Shelf {
+    /// Where the next region, `shown_bytes` long, goes at `row_bytes` per row: `Some(left_bytes)` on the current
+    /// line, after its regions; `None` on a new line.
+    fn place(&mut self, shown_bytes: u64, row_bytes: u64) -> Option<u64> {
+        if shown_bytes >= row_bytes {
+            self.used_bytes = None;
+            return None;
+        }
+        let gap = row_bytes / SHELF_GAP_FRACTION;
+        match self.used_bytes {
+            Some(used) if used + gap + shown_bytes <= row_bytes => {
+                self.used_bytes = Some(used + gap + shown_bytes);
+                Some(used + gap)
+            }
+            _ => {
+                self.used_bytes = Some(shown_bytes);
+                None
+            }
+        }
+    }
+
+    /// Lines and rows regions of `shown` bytes take at `row_bytes` per row.
+    fn measure(shown: &[u64], row_bytes: u64) -> (u64, u64) {
+        let mut shelf = Self::default();
+        let (mut lines, mut rows) = (0, 0);
+        for &bytes in shown {
+            if shelf.place(bytes, row_bytes).is_none() {
+                lines += 1;
+                rows += bytes.div_ceil(row_bytes).max(1);
+            }
+        }
+        (lines, rows)
+    }
+}
 /// The most a view zooms in: bytes per row.
 pub const MIN_ROW_BYTES: u64 = 64;
 /// Height of the strip marking resident pages along the top of a virtual region's rows.
@@ -78,6 +125,9 @@ pub struct Band {
     pub kind: RegionKind,
     /// Top of its first row, in points from the top of the map.
     pub top: f64,
+    /// Where it starts in its first row, in bytes from the row's left edge: 0, but for a region sharing its row
+    /// with smaller ones before it.
+    pub left_bytes: u64,
     /// Rows it takes.
     pub rows: u64,
     /// Whether the step animating released it: it is no longer in the layout, and fades out in place.
@@ -117,15 +167,34 @@ impl Rows {
                 .extend(released.iter().filter(|region| layout.region_of(region.address).is_none()).map(|region| (region, true)));
             regions.sort_by_key(|(region, _)| region.address);
         }
-        let mut top = 0.0;
-        let mut bands = Vec::with_capacity(regions.len());
+        let mut bands: Vec<Band> = Vec::with_capacity(regions.len());
+        let mut shelf = Shelf::default();
+        // The current line: its top and rows.
+        let (mut line_top, mut line_rows) = (0.0, 0);
         for (region, released) in regions {
             let shown_bytes = timeline.shown_bytes(region);
-            let rows = shown_bytes.div_ceil(row_bytes);
-            bands.push(Band { address: region.address, shown_bytes, kind: region.kind, top, rows, released });
-            top += rows as f64 * f64::from(row_height) + f64::from(gap);
+            let (left_bytes, rows) = match shelf.place(shown_bytes, row_bytes) {
+                Some(left_bytes) => (left_bytes, 1),
+                None => {
+                    if !bands.is_empty() {
+                        line_top += line_rows as f64 * f64::from(row_height) + f64::from(gap);
+                    }
+                    line_rows = shown_bytes.div_ceil(row_bytes).max(1);
+                    (0, line_rows)
+                }
+            };
+            bands.push(Band {
+                address: region.address,
+                shown_bytes,
+                kind: region.kind,
+                top: line_top,
+                left_bytes,
+                rows,
+                released,
+            });
         }
-        Self { row_bytes, row_height, gap, bands, height: (top - f64::from(gap)).max(0.0) }
+        let height = if bands.is_empty() { 0.0 } else { line_top + line_rows as f64 * f64::from(row_height) };
+        Self { row_bytes, row_height, gap, bands, height }
     }
 
     /// The scale that makes every band fit in `height` points: full-height rows as narrow as fit, or, when
@@ -134,15 +203,16 @@ impl Rows {
     pub fn fit(layout: &Layout, timeline: &Timeline, height: f32) -> Scale {
         let shown: Vec<u64> = layout.regions().map(|region| timeline.shown_bytes(region)).collect();
         let widest = shown.iter().copied().max().unwrap_or(MIN_ROW_BYTES).max(MIN_ROW_BYTES);
-        let regions = shown.len().max(1) as f32;
+        // At the widest region's size every line is one row: the fewest rows there can be.
+        let lines = (Shelf::measure(&shown, widest).0.max(1)) as f32;
         let (mut row_height, mut gap) = (ROW_HEIGHT, REGION_GAP);
-        if regions * row_height + (regions - 1.0) * gap > height {
-            gap = if (height - (regions - 1.0) * gap) / regions >= 8.0 { gap } else { 1.0 };
-            row_height = ((height - (regions - 1.0) * gap) / regions).floor().clamp(MIN_ROW_HEIGHT, ROW_HEIGHT);
+        if lines * row_height + (lines - 1.0) * gap > height {
+            gap = if (height - (lines - 1.0) * gap) / lines >= 8.0 { gap } else { 1.0 };
+            row_height = ((height - (lines - 1.0) * gap) / lines).floor().clamp(MIN_ROW_HEIGHT, ROW_HEIGHT);
         }
         let fits = |row_bytes: u64| {
-            let rows: u64 = shown.iter().map(|bytes| bytes.div_ceil(row_bytes)).sum();
-            rows as f32 * row_height + (regions - 1.0) * gap <= height
+            let (lines, rows) = Shelf::measure(&shown, row_bytes);
+            rows as f32 * row_height + (lines.max(1) - 1) as f32 * gap <= height
         };
         // The smallest row size that fits: rows only get fewer as they get wider.
         let (mut low, mut high) = (MIN_ROW_BYTES, widest);
@@ -189,8 +259,15 @@ impl Rows {
     /// The address at `offset` from the top-left of a map `width` points wide scrolled down by `scroll` points.
     pub fn address_at(&self, offset: Vec2, scroll: f64, width: f32) -> Option<u64> {
         let (index, row) = self.row_at(scroll + f64::from(offset.y))?;
-        let band = &self.bands[index];
-        let within = row * self.row_bytes + (f64::from((offset.x / width).clamp(0.0, 1.0)) * self.row_bytes as f64) as u64;
+        let x_bytes = (f64::from((offset.x / width).clamp(0.0, 1.0)) * self.row_bytes as f64) as u64;
+        // The regions sharing the line, left to right: the one under the pointer.
+        let line_top = self.bands[index].top;
+        let band = self.bands[index..]
+            .iter()
+            .take_while(|band| band.top == line_top)
+            .take_while(|band| band.left_bytes <= x_bytes)
+            .last()?;
+        let within = row * self.row_bytes + (x_bytes - band.left_bytes);
         (within < band.shown_bytes).then_some(band.address + within)
     }
 
@@ -313,7 +390,6 @@ impl RowPainter<'_> {
 pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f64, out: &mut Vec<Shape>) {
     let width = rect.width().max(1.0);
     let row_bytes = rows.row_bytes;
-    let x_of = |row_start: u64, address: u64| rect.left() + ((address - row_start) as f64 / row_bytes as f64) as f32 * width;
     let progress = scene.animation.map_or(1.0, |animation| animation.progress);
     let born = |address: u64| scene.animation.is_some_and(|animation| animation.born.binary_search(&address).is_ok());
     // Points from the top of the map to `rect`'s coordinates: small within the view, whatever the heap's height.
@@ -323,6 +399,11 @@ pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f64, out
         if band_top > rect.bottom() {
             break;
         }
+        // x of `address` in the row starting at `row_start` (the band starts `left_bytes` into a shared row).
+        let left_bytes = band.left_bytes;
+        let x_of = |row_start: u64, address: u64| {
+            rect.left() + ((left_bytes + address - row_start) as f64 / row_bytes as f64) as f32 * width
+        };
         let first_row = ((scroll - band.top) / f64::from(rows.row_height)).floor().max(0.0) as u64;
         let (region, alpha) = match scene.animation {
             Some(animation) if band.released => {
@@ -343,7 +424,7 @@ pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f64, out
             let bottom = top + (rows.row_height - 1.0).max(1.0);
             let start = band.address + row * row_bytes;
             let end = (start + row_bytes).min(band.address + band.shown_bytes);
-            let row_rect = Rect::from_min_max(pos2(rect.left(), top), pos2(x_of(start, end), bottom));
+            let row_rect = Rect::from_min_max(pos2(x_of(start, start), top), pos2(x_of(start, end), bottom));
             // Reserved memory is free unless an allocation holds it; a virtual range only where mapped.
             let mut painter = RowPainter { out, pending: None, top, bottom };
             match band.kind {
@@ -441,7 +522,10 @@ pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f64, out
         if rows.row_height >= 6.0 {
             let band_top = band_top.max(rect.top() - 8.0);
             let bottom = (y_of(rows.row_top(band, band.rows)) - 1.0).min(rect.bottom() + 8.0);
-            let outline = Rect::from_min_max(pos2(rect.left(), band_top), pos2(rect.right(), bottom));
+            // A region of less than a row is outlined around itself, one of more across the map.
+            let right =
+                if band.shown_bytes < row_bytes { x_of(band.address, band.address + band.shown_bytes) } else { rect.right() };
+            let outline = Rect::from_min_max(pos2(x_of(band.address, band.address), band_top), pos2(right, bottom));
             out.push(Shape::rect_stroke(outline, 2.0, Stroke::new(1.0, palette::REGION_EDGE), StrokeKind::Outside));
         }
     }
@@ -567,6 +651,52 @@ mod tests {
 
     fn span(address: u64, footprint_bytes: u64, requested_bytes: u64) -> Change {
         Change::Allocated(Span { address, footprint_bytes, lead_bytes: 0, requested_bytes, slot: 0, born: 0 })
+    }
+
+    /// Regions of less than a row share rows in address order while they fit (a gap of 1/256 row between
+    /// them); a region of a row or more, or one that does not fit, starts a line. Hovering finds each, and fitting
+    /// counts shared rows once.
+    #[test]
+    fn small_regions_share_rows() {
+        let timeline = timeline(&[block(0, 1024), block(2048, 256), block(4096, 256), block(8192, 600), block(16384, 2048)]);
+        let rows = Rows::new(timeline.head(), &timeline, Scale::new(1024));
+        // (address, top in rows and gaps, left bytes, rows)
+        let line = |lines: f64, rows: f64| rows * f64::from(ROW_HEIGHT) + lines * f64::from(REGION_GAP);
+        let shape: Vec<(u64, f64, u64, u64)> =
+            rows.bands.iter().map(|band| (band.address, band.top, band.left_bytes, band.rows)).collect();
+        assert_eq!(
+            shape,
+            [
+                (0, 0.0, 0, 1),
+                (2048, line(1.0, 1.0), 0, 1),
+                (4096, line(1.0, 1.0), 256 + 4, 1),
+                (8192, line(2.0, 2.0), 0, 1),
+                (16384, line(3.0, 3.0), 0, 2),
+            ]
+        );
+        assert_eq!(rows.height, line(3.0, 5.0));
+        // (offset in a 1024-point-wide map, address): a point per byte.
+        let second_line = line(1.0, 1.0) + 1.0;
+        let cases = [
+            (Vec2::new(10.0, second_line as f32), Some(2048 + 10)),
+            (Vec2::new(258.0, second_line as f32), None), // between the two regions sharing the row
+            (Vec2::new(270.0, second_line as f32), Some(4096 + 10)),
+            (Vec2::new(600.0, second_line as f32), None), // past the second one
+        ];
+        for (offset, expected) in cases {
+            assert_eq!(rows.address_at(offset, 0.0, 1024.0), expected, "{offset:?}");
+        }
+        assert_eq!(rows.y_of(4096 + 100), Some(line(1.0, 1.0)));
+        // A hundred 2 KiB segments beside one of 64 KiB: fitted, they take a few shared rows, not a hundred.
+        let mut changes = vec![block(0, 64 << 10)];
+        changes.extend((0..100).map(|index| block((1 << 20) + index * 4096, 2048)));
+        let many = timeline_of(&changes);
+        let scale = Rows::fit(many.head(), &many, 400.0);
+        let fitted = Rows::new(many.head(), &many, scale);
+        assert!(fitted.height <= 400.0, "{} points", fitted.height);
+        assert_eq!(scale.row_height, ROW_HEIGHT, "full-height rows: the small segments share them");
+        let lines = fitted.bands.windows(2).filter(|pair| pair[1].top != pair[0].top).count() + 1;
+        assert!(lines < 30, "{lines} lines for 101 regions");
     }
 
     #[test]
