@@ -13,15 +13,20 @@ use std::time::Instant;
 
 mod common;
 
+/// Whether `xvfb-run` is there; without it the test is skipped (said on stdout), unless `HEAPSCOPE_REQUIRE_GPU=1`,
+/// where that is a failure.
 fn xvfb_run_available() -> bool {
-    Command::new("sh").args(["-c", "command -v xvfb-run"]).output().is_ok_and(|output| output.status.success())
+    let available = Command::new("sh").args(["-c", "command -v xvfb-run"]).output().is_ok_and(|output| output.status.success());
+    if !available {
+        assert!(!common::gpu_required(), "HEAPSCOPE_REQUIRE_GPU=1 but xvfb-run is missing (install xvfb)");
+        println!("skipped: xvfb-run is missing (install xvfb to run the real window)");
+    }
+    available
 }
 
 #[test]
 fn the_window_opens_draws_a_snapshot_and_closes() {
     if !xvfb_run_available() {
-        assert!(!common::gpu_required(), "HEAPSCOPE_REQUIRE_GPU=1 but xvfb-run is missing (install xvfb)");
-        println!("skipped: xvfb-run is missing (install xvfb to run the real window)");
         return;
     }
     let dir = common::temp_dir("gui-window");
@@ -86,8 +91,6 @@ fn the_window_opens_draws_a_snapshot_and_closes() {
 #[test]
 fn a_live_run_shares_the_device_the_window_draws_with() {
     if !xvfb_run_available() {
-        assert!(!common::gpu_required(), "HEAPSCOPE_REQUIRE_GPU=1 but xvfb-run is missing (install xvfb)");
-        println!("skipped: xvfb-run is missing (install xvfb to run the real window)");
         return;
     }
     let dir = common::temp_dir("gui-window-live");
