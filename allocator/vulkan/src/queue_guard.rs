@@ -130,9 +130,20 @@ pub(crate) fn forget(device: vk::Device) {
     REGISTRY.write().unwrap_or_else(PoisonError::into_inner).retain(|guarded| guarded.device != device);
 }
 
-/// A queue of no guarded device: a registry bug, reported to the caller as a failed call (never a panic across
-/// the FFI boundary).
+/// A queue of no guarded device (a registry bug), or an entry point the driver lacks: reported to the caller as a
+/// failed call, never a panic across the FFI boundary.
 const UNKNOWN_QUEUE: vk::Result = vk::Result::ERROR_UNKNOWN;
+
+/// Runs `call` with `queue`'s entry points under its device's queue lock; `missing` when the queue is of no
+/// guarded device or `call` finds no entry point.
+fn locked<R>(queue: vk::Queue, missing: R, call: impl FnOnce(&Guarded) -> Option<R>) -> R {
+    let Some(guarded) = by_queue(queue) else { return missing };
+    let _lock = guarded.lock();
+    call(&guarded).unwrap_or(missing)
+}
+
+// Each wrapper passes the caller's arguments on unchanged to the driver's entry point for that name, under the
+// queue's lock: the caller's contract for the entry point is the driver's.
 
 unsafe extern "system" fn queue_submit(
     queue: vk::Queue,
@@ -140,10 +151,8 @@ unsafe extern "system" fn queue_submit(
     submits: *const vk::SubmitInfo<'_>,
     fence: vk::Fence,
 ) -> vk::Result {
-    let Some(guarded) = by_queue(queue) else { return UNKNOWN_QUEUE };
-    let _lock = guarded.lock();
-    // SAFETY: the caller's arguments, passed on unchanged to the driver's entry point, under the queue's lock.
-    unsafe { (guarded.queue_submit)(queue, count, submits, fence) }
+    // SAFETY: see above.
+    locked(queue, UNKNOWN_QUEUE, |guarded| Some(unsafe { (guarded.queue_submit)(queue, count, submits, fence) }))
 }
 
 unsafe extern "system" fn queue_submit2(
@@ -152,18 +161,13 @@ unsafe extern "system" fn queue_submit2(
     submits: *const vk::SubmitInfo2<'_>,
     fence: vk::Fence,
 ) -> vk::Result {
-    let Some(guarded) = by_queue(queue) else { return UNKNOWN_QUEUE };
-    let Some(submit2) = guarded.queue_submit2 else { return UNKNOWN_QUEUE };
-    let _lock = guarded.lock();
-    // SAFETY: as in `queue_submit`.
-    unsafe { submit2(queue, count, submits, fence) }
+    // SAFETY: see above.
+    locked(queue, UNKNOWN_QUEUE, |guarded| guarded.queue_submit2.map(|submit2| unsafe { submit2(queue, count, submits, fence) }))
 }
 
 unsafe extern "system" fn queue_wait_idle(queue: vk::Queue) -> vk::Result {
-    let Some(guarded) = by_queue(queue) else { return UNKNOWN_QUEUE };
-    let _lock = guarded.lock();
-    // SAFETY: as in `queue_submit`.
-    unsafe { (guarded.queue_wait_idle)(queue) }
+    // SAFETY: see above.
+    locked(queue, UNKNOWN_QUEUE, |guarded| Some(unsafe { (guarded.queue_wait_idle)(queue) }))
 }
 
 unsafe extern "system" fn queue_bind_sparse(
@@ -172,55 +176,35 @@ unsafe extern "system" fn queue_bind_sparse(
     binds: *const vk::BindSparseInfo<'_>,
     fence: vk::Fence,
 ) -> vk::Result {
-    let Some(guarded) = by_queue(queue) else { return UNKNOWN_QUEUE };
-    let _lock = guarded.lock();
-    // SAFETY: as in `queue_submit`.
-    unsafe { (guarded.queue_bind_sparse)(queue, count, binds, fence) }
+    // SAFETY: see above.
+    locked(queue, UNKNOWN_QUEUE, |guarded| Some(unsafe { (guarded.queue_bind_sparse)(queue, count, binds, fence) }))
 }
 
 unsafe extern "system" fn device_wait_idle(device: vk::Device) -> vk::Result {
     let Some(guarded) = find(|guarded| guarded.device == device) else { return UNKNOWN_QUEUE };
     let _lock = guarded.lock();
-    // SAFETY: as in `queue_submit`: the lock covers every queue of the device.
+    // SAFETY: see above; the lock covers every queue of the device.
     unsafe { (guarded.device_wait_idle)(device) }
 }
 
 unsafe extern "system" fn queue_present(queue: vk::Queue, info: *const vk::PresentInfoKHR<'_>) -> vk::Result {
-    let Some(guarded) = by_queue(queue) else { return UNKNOWN_QUEUE };
-    let Some(present) = guarded.queue_present else { return UNKNOWN_QUEUE };
-    let _lock = guarded.lock();
-    // SAFETY: as in `queue_submit`.
-    unsafe { present(queue, info) }
+    // SAFETY: see above.
+    locked(queue, UNKNOWN_QUEUE, |guarded| guarded.queue_present.map(|present| unsafe { present(queue, info) }))
 }
 
 unsafe extern "system" fn begin_label(queue: vk::Queue, label: *const vk::DebugUtilsLabelEXT<'_>) {
-    if let Some(guarded) = by_queue(queue)
-        && let Some(begin) = guarded.begin_label
-    {
-        let _lock = guarded.lock();
-        // SAFETY: as in `queue_submit`.
-        unsafe { begin(queue, label) }
-    }
+    // SAFETY: see above.
+    locked(queue, (), |guarded| guarded.begin_label.map(|begin| unsafe { begin(queue, label) }));
 }
 
 unsafe extern "system" fn end_label(queue: vk::Queue) {
-    if let Some(guarded) = by_queue(queue)
-        && let Some(end) = guarded.end_label
-    {
-        let _lock = guarded.lock();
-        // SAFETY: as in `queue_submit`.
-        unsafe { end(queue) }
-    }
+    // SAFETY: see above.
+    locked(queue, (), |guarded| guarded.end_label.map(|end| unsafe { end(queue) }));
 }
 
 unsafe extern "system" fn insert_label(queue: vk::Queue, label: *const vk::DebugUtilsLabelEXT<'_>) {
-    if let Some(guarded) = by_queue(queue)
-        && let Some(insert) = guarded.insert_label
-    {
-        let _lock = guarded.lock();
-        // SAFETY: as in `queue_submit`.
-        unsafe { insert(queue, label) }
-    }
+    // SAFETY: see above.
+    locked(queue, (), |guarded| guarded.insert_label.map(|insert| unsafe { insert(queue, label) }));
 }
 
 /// A function pointer as Vulkan's untyped `PFN_vkVoidFunction`.
