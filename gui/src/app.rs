@@ -29,8 +29,8 @@ use crate::plot::{self, Series};
 use crate::session::{OpenOptions, Session, check_at};
 use crate::window::WindowOptions;
 
-/// How often a live session redraws while no playback moves: 30 frames a second follow a run closely, and leave
-/// the device (which draws every frame, on the very queue the run submits to) to the run the rest of the time.
+/// How often a live session redraws: 30 frames a second follow a run closely, and leave the device (which draws
+/// every frame, on the very queue the run submits to) to the run the rest of the time.
 pub const LIVE_FRAME: std::time::Duration = std::time::Duration::from_millis(33);
 
 /// The heapscope app. See the module documentation.
@@ -407,10 +407,11 @@ impl HeapscopeApp {
         if let Some(session) = &mut self.session {
             session.seek(shown);
         }
-        if self.playback.moving() {
-            ui.ctx().request_repaint();
-        } else if self.session.as_ref().is_some_and(|session| session.live.is_some()) {
+        if self.session.as_ref().is_some_and(|session| session.live.is_some()) {
+            // A live session, animating or not, draws at most every LIVE_FRAME: its frames share the device.
             ui.ctx().request_repaint_after(LIVE_FRAME);
+        } else if self.playback.moving() {
+            ui.ctx().request_repaint();
         }
     }
 
