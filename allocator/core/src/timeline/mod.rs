@@ -36,7 +36,7 @@ mod layout;
 pub mod record;
 mod regions;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use change::{Change, Refusal, RegionKind, Span};
@@ -114,7 +114,7 @@ pub struct Timeline {
     head: Layout,
     /// Index into `changes` of the `Allocated` change of each live allocation of `head`, by its address: what
     /// a checkpoint keeps of it.
-    live_changes: HashMap<u64, u32>,
+    live_changes: BTreeMap<u64, u32>,
     /// Index into `changes` of every region and page change, in order: what brings a snapshot of the regions up
     /// to a checkpoint.
     region_changes: Vec<u32>,
@@ -135,7 +135,7 @@ impl Timeline {
             checkpoints: vec![Checkpoint { position: 0, regions: Arc::default(), live: Box::default() }],
             min_interval: MIN_CHECKPOINT_INTERVAL,
             head: Layout::new(),
-            live_changes: HashMap::new(),
+            live_changes: BTreeMap::new(),
             region_changes: Vec::new(),
             virtual_extent: BTreeMap::new(),
         }
@@ -207,9 +207,7 @@ impl Timeline {
         if u32::try_from(self.changes.len()).is_err() {
             return;
         }
-        let live: Option<Box<[u32]>> = self.head.spans().map(|span| self.live_changes.get(&span.address).copied()).collect();
-        // Every live allocation of the head came in by an `Allocated` change of `changes`, noted then: never None.
-        let Some(live) = live else { return };
+        let live = self.live_changes.values().copied().collect();
         // A new snapshot of the regions once the changes since the last one outnumber a quarter of what a copy
         // holds: a seek replays at most that many, and the snapshots hold at most four entries per change.
         let last = self.checkpoints.last().map(|checkpoint| &checkpoint.regions);
@@ -320,7 +318,7 @@ impl Timeline {
     /// taken from; not counting the allocator's own overhead. What seeking costs in memory.
     pub fn checkpoint_bytes(&self) -> u64 {
         let mut bytes =
-            self.live_changes.capacity() * (size_of::<(u64, u32)>() + 1) + self.region_changes.len() * size_of::<u32>();
+            self.live_changes.len() * (size_of::<u64>() + size_of::<u32>()) + self.region_changes.len() * size_of::<u32>();
         let mut previous: Option<&Arc<RegionSnapshot>> = None;
         for checkpoint in &self.checkpoints {
             bytes += checkpoint.live.len() * size_of::<u32>();
@@ -411,7 +409,7 @@ mod tests {
         }
         assert_eq!(timeline.checkpoints(), 3, "the empty start, after 50 and after 100 steps");
         assert!(Arc::ptr_eq(&timeline.checkpoints[1].regions, &timeline.checkpoints[2].regions));
-        let head_index = timeline.live_changes.capacity() * (size_of::<(u64, u32)>() + 1);
+        let head_index = timeline.live_changes.len() * (size_of::<u64>() + size_of::<u32>());
         let region_changes = size_of::<u32>();
         let expected = (49 + 99) * size_of::<u32>() + size_of::<(u64, Region)>() + region_changes + head_index;
         assert_eq!(timeline.checkpoint_bytes(), expected as u64);
