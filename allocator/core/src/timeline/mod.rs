@@ -25,7 +25,7 @@
 //!   applies at most one interval of changes to the allocations and regions alone, and rebuilds the free runs
 //!   once. The interval is at least [`MIN_CHECKPOINT_INTERVAL`] steps and an eighth of the live allocations,
 //!   so checkpoints cost at most about 32 bytes per step (31–35 MiB for 1,000,000 steps with 100,000 live, where
-//!   whole copies every quarter took 180–190 MiB), and a seek costs a rebuild of the layout plus at most that
+//!   whole copies every quarter took 178–222 MiB), and a seek costs a rebuild of the layout plus at most that
 //!   many changes. Gathering the allocations from the changes costs random reads (a few milliseconds for
 //!   100,000); the denser checkpoints pay for them.
 //! - [`explain`] says in one sentence what each step decided and why, by the contender's rules.
