@@ -206,6 +206,11 @@ impl Layout {
         self.free_runs.iter().map(|(&address, &bytes)| (address, bytes))
     }
 
+    /// The regions by address, as a map.
+    pub(super) fn region_map(&self) -> &BTreeMap<u64, Region> {
+        &self.regions
+    }
+
     /// The regions and live allocations (by address): all a layout is made of, the free runs follow.
     pub fn parts(&self) -> (BTreeMap<u64, Region>, Vec<Span>) {
         (self.regions.clone(), self.spans.values().copied().collect())
@@ -263,8 +268,15 @@ impl Layout {
     /// built once at the end. Much cheaper than applying many changes one by one (a seek); a change that
     /// does not fit is skipped (a recorded stream fits by construction).
     pub fn replayed<'a>(regions: BTreeMap<u64, Region>, spans: &[Span], changes: impl IntoIterator<Item = &'a Change>) -> Self {
-        let mut regions = regions;
-        let mut spans: BTreeMap<u64, Span> = spans.iter().map(|span| (span.address, *span)).collect();
+        Self::replayed_maps(regions, spans.iter().map(|span| (span.address, *span)).collect(), changes)
+    }
+
+    /// [`Layout::replayed`] with the spans already by address.
+    pub(super) fn replayed_maps<'a>(
+        mut regions: BTreeMap<u64, Region>,
+        mut spans: BTreeMap<u64, Span>,
+        changes: impl IntoIterator<Item = &'a Change>,
+    ) -> Self {
         for change in changes {
             match *change {
                 Change::RegionAdded { address, size_bytes, kind } => {

@@ -15,12 +15,19 @@
 //!   address, and free runs with their sizes, so live, reserved and free bytes and the largest free run are
 //!   known after every step at O(log n) per change. Splits and merges are what [`Layout::apply`] reports
 //!   ([`Effect`]) when an allocation is carved from a larger free run or a free joins its neighbours.
-//! - The timeline keeps a [`Sample`] per step (what its plot draws) and a copy of the layout every so many
-//!   steps (a checkpoint: its regions and live allocations): [`Timeline::layout_at`] starts from the
-//!   nearest checkpoint before the moment asked for, applies at most one interval of changes to the
-//!   allocations and regions alone, and rebuilds the free runs once. The interval is at least [`MIN_CHECKPOINT_INTERVAL`] steps and a quarter
-//!   of the live allocations, so checkpoints cost at most a few allocations' worth of memory per step, and a
-//!   seek costs a rebuild of the layout plus at most that many changes.
+//! - The timeline keeps a [`Sample`] per step (what its plot draws) and a checkpoint every so many steps, as
+//!   little as rebuilds the layout there: its live allocations as the indices (`u32`) of the
+//!   [`Change::Allocated`] that placed them, by address (the spans are in the changes already: 4 bytes an
+//!   allocation instead of a 48-byte copy), and a snapshot of the regions that consecutive checkpoints share,
+//!   taken anew only once the region and page changes since the last one (kept as indices too) outnumber a
+//!   quarter of its regions and mapped runs. [`Timeline::layout_at`] starts from the nearest checkpoint before
+//!   the moment asked for: gathers its allocations from the changes, brings the snapshot's regions up to it,
+//!   applies at most one interval of changes to the allocations and regions alone, and rebuilds the free runs
+//!   once. The interval is at least [`MIN_CHECKPOINT_INTERVAL`] steps and an eighth of the live allocations,
+//!   so checkpoints cost at most about 32 bytes per step (31–35 MiB for 1,000,000 steps with 100,000 live, where
+//!   whole copies every quarter took 178–222 MiB), and a seek costs a rebuild of the layout plus at most that
+//!   many changes. Gathering the allocations from the changes costs random reads (a few milliseconds for
+//!   100,000); the denser checkpoints pay for them.
 //! - [`explain`] says in one sentence what each step decided and why, by the contender's rules.
 
 mod change;
@@ -30,6 +37,7 @@ pub mod record;
 mod regions;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 pub use change::{Change, Refusal, RegionKind, Span};
 pub use layout::{Effect, Layout, LayoutError, LayoutTotals, Region};
@@ -38,12 +46,40 @@ pub use regions::RegionTracker;
 /// Steps between checkpoints at least; more when many allocations are live (see [`Timeline::layout_at`]).
 pub const MIN_CHECKPOINT_INTERVAL: u64 = 4096;
 
-/// A layout kept for seeking: its regions and live allocations (the free runs are rebuilt from them).
+/// Checkpoints come at least every [`MIN_CHECKPOINT_INTERVAL`] steps and every live allocations' worth of steps
+/// divided by this: a seek applies at most that many changes, and the checkpoints hold a few indices per step.
+const LIVE_PER_INTERVAL_STEP: u64 = 8;
+
+/// A layout kept for seeking, as little as rebuilds it: its live allocations as the indices of the
+/// [`Change::Allocated`] that placed them, by address (the spans themselves are in the timeline's changes
+/// already), and the latest snapshot of the regions, which the region and page changes since bring up to date.
+/// The free runs are rebuilt from both.
 #[derive(Clone, Debug)]
 struct Checkpoint {
     position: u64,
+    /// Shared with the checkpoints before and after it that it took no snapshot of its own.
+    regions: Arc<RegionSnapshot>,
+    live: Box<[u32]>,
+}
+
+/// The regions of the layout after the first `region_changes` region and page changes of a timeline.
+#[derive(Debug, Default)]
+struct RegionSnapshot {
+    region_changes: usize,
     regions: BTreeMap<u64, Region>,
-    spans: Vec<Span>,
+}
+
+impl RegionSnapshot {
+    /// Regions and mapped runs: what a copy costs.
+    fn entries(regions: &BTreeMap<u64, Region>) -> usize {
+        regions.len() + regions.values().map(|region| region.mapped.len()).sum::<usize>()
+    }
+
+    /// Bytes held, about: the regions and their mapped runs.
+    fn bytes(&self) -> usize {
+        let run = 2 * size_of::<u64>();
+        self.regions.values().map(|region| size_of::<(u64, Region)>() + region.mapped.len() * run).sum()
+    }
 }
 
 /// Totals after one step, for plots.
@@ -76,6 +112,12 @@ pub struct Timeline {
     min_interval: u64,
     /// The layout after every step so far, where the next step applies.
     head: Layout,
+    /// Index into `changes` of the `Allocated` change of each live allocation of `head`, by its address: what
+    /// a checkpoint keeps of it.
+    live_changes: BTreeMap<u64, u32>,
+    /// Index into `changes` of every region and page change, in order: what brings a snapshot of the regions up
+    /// to a checkpoint.
+    region_changes: Vec<u32>,
     /// The highest mapped byte ever, per virtual region base: how much of a huge virtual range is worth showing.
     virtual_extent: BTreeMap<u64, u64>,
 }
@@ -90,9 +132,11 @@ impl Timeline {
             step_starts: vec![0],
             samples: Vec::new(),
             refusals: Vec::new(),
-            checkpoints: vec![Checkpoint { position: 0, regions: BTreeMap::new(), spans: Vec::new() }],
+            checkpoints: vec![Checkpoint { position: 0, regions: Arc::default(), live: Box::default() }],
             min_interval: MIN_CHECKPOINT_INTERVAL,
             head: Layout::new(),
+            live_changes: BTreeMap::new(),
+            region_changes: Vec::new(),
             virtual_extent: BTreeMap::new(),
         }
     }
@@ -116,8 +160,10 @@ impl Timeline {
                 *extent = (*extent).max(address + size_bytes - region.address);
             }
         }
+        let first = self.changes.len();
         self.changes.extend_from_slice(changes);
         self.step_starts.push(self.changes.len());
+        self.note_live_changes(first);
         let totals = self.head.totals();
         self.samples.push(Sample {
             live_bytes: totals.live_bytes,
@@ -129,11 +175,52 @@ impl Timeline {
             self.refusals.push((position - 1, refusal));
         }
         let last = self.checkpoints.last().map_or(0, |checkpoint| checkpoint.position);
-        if position - last >= self.min_interval.max(totals.live_allocations / 4) {
-            let (regions, spans) = self.head.parts();
-            self.checkpoints.push(Checkpoint { position, regions, spans });
+        if position - last >= self.min_interval.max(totals.live_allocations / LIVE_PER_INTERVAL_STEP) {
+            self.checkpoint(position);
         }
         Ok(())
+    }
+
+    /// Keeps up `live_changes` and `region_changes` with the changes from index `first` on, all applied.
+    fn note_live_changes(&mut self, first: usize) {
+        for (index, change) in self.changes.iter().enumerate().skip(first) {
+            // Past 2^32 changes no index fits a checkpoint: the last one stays the last (see `checkpoint`).
+            let Ok(index) = u32::try_from(index) else { return };
+            match *change {
+                Change::Allocated(span) => {
+                    self.live_changes.insert(span.address, index);
+                }
+                Change::Freed { address } => {
+                    self.live_changes.remove(&address);
+                }
+                Change::RegionAdded { .. }
+                | Change::RegionRemoved { .. }
+                | Change::PagesMapped { .. }
+                | Change::PagesUnmapped { .. } => self.region_changes.push(index),
+            }
+        }
+    }
+
+    /// Keeps the head, after `position` steps, as a checkpoint. None past 2^32 changes, where indices into them no
+    /// longer fit a `u32`: seeks there start from the last checkpoint before (exact, only slower).
+    fn checkpoint(&mut self, position: u64) {
+        if u32::try_from(self.changes.len()).is_err() {
+            return;
+        }
+        let live = self.live_changes.values().copied().collect();
+        // A new snapshot of the regions once the changes since the last one outnumber a quarter of what a copy
+        // holds: a seek replays at most that many, and the snapshots hold at most four entries per change.
+        let last = self.checkpoints.last().map(|checkpoint| &checkpoint.regions);
+        let regions = match last {
+            Some(snapshot)
+                if 4 * (self.region_changes.len() - snapshot.region_changes)
+                    <= RegionSnapshot::entries(self.head.region_map()) =>
+            {
+                Arc::clone(snapshot)
+            }
+            _ => Arc::new(RegionSnapshot { region_changes: self.region_changes.len(), regions: self.head.region_map().clone() }),
+        };
+        self.checkpoints.push(Checkpoint { position, regions, live });
     }
 
     /// Steps recorded.
@@ -186,8 +273,20 @@ impl Timeline {
         let position = position.min(self.steps());
         let index = self.checkpoints.partition_point(|checkpoint| checkpoint.position <= position) - 1;
         let checkpoint = &self.checkpoints[index];
-        let changes = self.step_starts[checkpoint.position as usize]..self.step_starts[position as usize];
-        Layout::replayed(checkpoint.regions.clone(), &checkpoint.spans, &self.changes[changes])
+        let start = self.step_starts[checkpoint.position as usize];
+        let snapshot = &checkpoint.regions;
+        let caught_up = self.region_changes.partition_point(|&change| (change as usize) < start);
+        let region_changes = self.region_changes.get(snapshot.region_changes..caught_up).unwrap_or_default();
+        let region_changes = region_changes.iter().filter_map(|&change| self.changes.get(change as usize));
+        // The indices are by address: the map is built in one pass, without sorting.
+        let mut spans = Vec::with_capacity(checkpoint.live.len());
+        spans.extend(checkpoint.live.iter().filter_map(|&index| match self.changes.get(index as usize) {
+            Some(&Change::Allocated(span)) => Some((span.address, span)),
+            _ => None,
+        }));
+        let spans: BTreeMap<u64, Span> = spans.into_iter().collect();
+        let changes = &self.changes[start..self.step_starts[position as usize]];
+        Layout::replayed_maps(snapshot.regions.clone(), spans, region_changes.chain(changes))
     }
 
     /// Moves `layout`, the layout after `from` steps, forward to `to` steps. Cheaper than
@@ -213,18 +312,22 @@ impl Timeline {
         self.checkpoints.len()
     }
 
-    /// Bytes the checkpoints hold, about: their allocations and regions (with mapped runs), not counting the
-    /// allocator's own overhead. What seeking costs in memory.
+    /// Bytes the checkpoints hold, about: the indices of their live allocations, their snapshots of the regions
+    /// (with mapped runs; each once, however many checkpoints share it), the indices of the region and page
+    /// changes that bring a snapshot up to a checkpoint, and the index of the head's live allocations they are
+    /// taken from; not counting the allocator's own overhead. What seeking costs in memory.
     pub fn checkpoint_bytes(&self) -> u64 {
-        let run = 2 * size_of::<u64>();
-        self.checkpoints
-            .iter()
-            .map(|checkpoint| {
-                let regions: usize =
-                    checkpoint.regions.values().map(|region| size_of::<(u64, Region)>() + region.mapped.len() * run).sum();
-                (checkpoint.spans.len() * size_of::<Span>() + regions) as u64
-            })
-            .sum()
+        let mut bytes =
+            self.live_changes.len() * (size_of::<u64>() + size_of::<u32>()) + self.region_changes.len() * size_of::<u32>();
+        let mut previous: Option<&Arc<RegionSnapshot>> = None;
+        for checkpoint in &self.checkpoints {
+            bytes += checkpoint.live.len() * size_of::<u32>();
+            if !previous.is_some_and(|snapshot| Arc::ptr_eq(snapshot, &checkpoint.regions)) {
+                bytes += checkpoint.regions.bytes();
+            }
+            previous = Some(&checkpoint.regions);
+        }
+        bytes as u64
     }
 }
 
@@ -287,7 +390,7 @@ mod tests {
     }
 
     /// A block, then 100 allocations, a checkpoint every 50 steps: the checkpoints after 50 and 100 steps hold
-    /// 49 and 99 allocations and the block each.
+    /// the indices of 49 and 99 allocations and share one snapshot of the block (no region changed in between).
     #[test]
     fn checkpoint_bytes_count_what_checkpoints_hold() {
         let mut timeline = Timeline::new("test");
@@ -305,8 +408,212 @@ mod tests {
             timeline.push(&[Change::Allocated(span)], None).unwrap();
         }
         assert_eq!(timeline.checkpoints(), 3, "the empty start, after 50 and after 100 steps");
-        let expected = (49 + 99) * size_of::<Span>() + 2 * size_of::<(u64, Region)>();
+        assert!(Arc::ptr_eq(&timeline.checkpoints[1].regions, &timeline.checkpoints[2].regions));
+        let head_index = timeline.live_changes.len() * (size_of::<u64>() + size_of::<u32>());
+        let region_changes = size_of::<u32>();
+        let expected = (49 + 99) * size_of::<u32>() + size_of::<(u64, Region)>() + region_changes + head_index;
         assert_eq!(timeline.checkpoint_bytes(), expected as u64);
+    }
+
+    /// One step of a story: its changes and the request it refused.
+    type Step = (Vec<Change>, Option<Refusal>);
+
+    fn span(address: u64, footprint_bytes: u64, slot: u32) -> Span {
+        Span { address, footprint_bytes, lead_bytes: 0, requested_bytes: footprint_bytes / 2 + 1, slot, born: 0 }
+    }
+
+    fn refusal(requested_bytes: u64) -> Refusal {
+        Refusal {
+            requested_bytes,
+            cause: crate::OomCause::Fragmentation,
+            reserved_bytes: 0,
+            free_bytes: 0,
+            largest_free_bytes: 0,
+            message: format!("{requested_bytes} B refused"),
+        }
+    }
+
+    /// A pseudo-random story of `steps` steps over eight 1 MiB slots, each empty, a block or a virtual range:
+    /// regions reserved and released (again at the same address), page runs mapped and unmapped, allocations
+    /// placed on a coarse grid (so the same addresses come back), freed, freed and placed again at the same
+    /// address in one step, and refusals. Every change fits the layout it was made on.
+    fn random_story(seed: u64, steps: usize) -> Vec<Step> {
+        let mut state = seed | 1;
+        let mut next = move |bound: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % bound
+        };
+        let mut layout = Layout::new();
+        let mut story = Vec::new();
+        while story.len() < steps {
+            let slot = next(8) << 20;
+            let page = slot + (next(64) << 12);
+            // Allocations outnumber frees for 400 steps, then the other way round, and so on.
+            let allocations_end = if (story.len() / 400) % 2 == 0 { 28 } else { 20 };
+            let proposed = match next(32) {
+                // Slots 0 to 3 hold blocks, 4 to 7 virtual ranges.
+                0 | 1 if slot < 4 << 20 => {
+                    vec![Change::RegionAdded { address: slot, size_bytes: (1 + next(16)) << 16, kind: RegionKind::Block }]
+                }
+                0 | 1 => vec![Change::RegionAdded { address: slot, size_bytes: 1 << 20, kind: RegionKind::Virtual }],
+                // Now and then everything in the slot freed, and its region released, in one step.
+                2 if next(8) == 0 => {
+                    let mut changes: Vec<Change> =
+                        layout.spans_in(slot, slot + (1 << 20)).map(|span| Change::Freed { address: span.address }).collect();
+                    changes.push(Change::RegionRemoved { address: slot });
+                    changes
+                }
+                3..=6 => vec![Change::PagesMapped { address: page, size_bytes: (1 + next(8)) << 12 }],
+                7 | 8 => vec![Change::PagesUnmapped { address: page, size_bytes: (1 + next(4)) << 12 }],
+                9 | 10 => {
+                    let live: Vec<Span> = layout.spans().copied().collect();
+                    match live.get(next(live.len().max(1) as u64) as usize) {
+                        // Freed and placed again at the same address, smaller, in one step.
+                        Some(old) => vec![
+                            Change::Freed { address: old.address },
+                            Change::Allocated(span(old.address, old.footprint_bytes.div_ceil(2), old.slot + 1)),
+                        ],
+                        None => continue,
+                    }
+                }
+                2 | 11 => vec![],
+                choice if choice < allocations_end => {
+                    vec![Change::Allocated(span(page, (1 + next(6)) << 10, story.len() as u32))]
+                }
+                _ => match layout.spans().nth(next(layout.totals().live_allocations.max(1)) as usize) {
+                    Some(live) => vec![Change::Freed { address: live.address }],
+                    None => continue,
+                },
+            };
+            let mut tried = layout.clone();
+            if proposed.iter().all(|change| tried.apply(change).is_ok()) {
+                layout = tried;
+                let refused = (proposed.is_empty() || next(8) == 0).then(|| refusal(next(1 << 20)));
+                story.push((proposed, refused));
+            }
+        }
+        story
+    }
+
+    /// Seeking from the compact checkpoints (indices of live allocations, shared snapshots of the regions brought
+    /// up to date by the region changes since) gives exactly the layout replayed change by change from the start,
+    /// at every position, with every refusal where it was.
+    #[test]
+    fn seeking_from_checkpoints_equals_replaying_from_zero_table() {
+        let block = |address, size_bytes| Change::RegionAdded { address, size_bytes, kind: RegionKind::Block };
+        let virtual_range = |address, size_bytes| Change::RegionAdded { address, size_bytes, kind: RegionKind::Virtual };
+        let map = |address, size_bytes| Change::PagesMapped { address, size_bytes };
+        let unmap = |address, size_bytes| Change::PagesUnmapped { address, size_bytes };
+        let alloc = |address, footprint_bytes, slot| Change::Allocated(span(address, footprint_bytes, slot));
+        let free = |address| Change::Freed { address };
+        let steps = |changes: Vec<Vec<Change>>| -> Vec<Step> { changes.into_iter().map(|step| (step, None)).collect() };
+        // (case, checkpoint interval, story)
+        let cases: Vec<(&str, u64, Vec<Step>)> = vec![
+            (
+                "frees and re-allocations at the same address, across steps and within one",
+                2,
+                steps(vec![
+                    vec![block(0, 1 << 20)],
+                    vec![alloc(0, 4096, 0)],
+                    vec![alloc(4096, 8192, 1)],
+                    vec![free(0)],
+                    vec![alloc(0, 2048, 2)],
+                    vec![free(4096), alloc(4096, 4096, 3)],
+                    vec![free(0), free(4096)],
+                    vec![alloc(0, 1 << 20, 4)],
+                    vec![free(0), alloc(0, 100, 5), alloc(100, 100, 6)],
+                    vec![],
+                ]),
+            ),
+            (
+                "a virtual range with page runs mapped, split, joined and unmapped",
+                3,
+                steps(vec![
+                    vec![virtual_range(1 << 30, 1 << 24)],
+                    vec![map(1 << 30, 4 << 12)],
+                    vec![alloc(1 << 30, 4096, 0), map((1 << 30) + (8 << 12), 2 << 12)],
+                    vec![map((1 << 30) + (4 << 12), 4 << 12)],
+                    vec![unmap((1 << 30) + (5 << 12), 1 << 12)],
+                    vec![alloc((1 << 30) + (6 << 12), 3 << 12, 1)],
+                    vec![free(1 << 30), unmap(1 << 30, 5 << 12)],
+                    vec![map((1 << 30) + (5 << 12), 1 << 12), free((1 << 30) + (6 << 12))],
+                    vec![unmap((1 << 30) + (5 << 12), 5 << 12)],
+                    vec![],
+                ]),
+            ),
+            (
+                "regions released and reserved again at the same address, other sizes and kinds",
+                1,
+                steps(vec![
+                    vec![block(0, 1 << 16), block(1 << 16, 1 << 16)],
+                    vec![alloc(0, 1 << 16, 0)],
+                    vec![free(0)],
+                    vec![Change::RegionRemoved { address: 0 }],
+                    vec![block(0, 1 << 12)],
+                    vec![Change::RegionRemoved { address: 0 }, virtual_range(0, 1 << 16)],
+                    vec![map(0, 1 << 12), alloc(0, 1 << 12, 1)],
+                    vec![free(0), unmap(0, 1 << 12), Change::RegionRemoved { address: 0 }],
+                ]),
+            ),
+            (
+                "refusals, with and without changes",
+                2,
+                vec![
+                    (vec![block(0, 1 << 20)], None),
+                    (vec![], Some(refusal(1 << 21))),
+                    (vec![alloc(0, 1 << 19, 0)], None),
+                    (vec![], Some(refusal(1 << 20))),
+                    (vec![free(0), alloc(0, 1 << 20, 1)], Some(refusal(1))),
+                ],
+            ),
+            ("a random story, a checkpoint every 7 steps", 7, random_story(1, 3000)),
+            ("a random story, a checkpoint every step", 1, random_story(2, 600)),
+            ("a random story, checkpoints far apart", 500, random_story(3, 3000)),
+        ];
+        for (case, interval, story) in cases {
+            let mut timeline = Timeline::new("test");
+            timeline.set_checkpoint_interval(interval);
+            for (changes, refused) in &story {
+                timeline.push(changes, refused.clone()).unwrap_or_else(|error| panic!("{case}: {error}"));
+            }
+            // More live allocations than eight times the interval space checkpoints further apart.
+            assert!(timeline.checkpoints() >= 3, "{case}: seeks start from {} checkpoints", timeline.checkpoints());
+            let mut replayed = Layout::new();
+            for position in 0..=story.len() {
+                assert_eq!(timeline.layout_at(position as u64), replayed, "{case}: at {position}");
+                let Some((changes, refused)) = story.get(position) else { break };
+                for change in changes {
+                    replayed.apply(change).unwrap();
+                }
+                assert_eq!(timeline.refusal_at(position as u64), refused.as_ref(), "{case}: step {position}");
+            }
+            assert_eq!(&replayed, timeline.head(), "{case}");
+        }
+    }
+
+    /// The random stories both share snapshots of the regions between checkpoints and take new ones, so the test
+    /// above covers seeks through both.
+    #[test]
+    fn random_stories_share_and_renew_region_snapshots() {
+        let mut timeline = Timeline::new("test");
+        timeline.set_checkpoint_interval(7);
+        for (changes, refused) in random_story(1, 3000) {
+            timeline.push(&changes, refused).unwrap();
+        }
+        let snapshots =
+            1 + timeline.checkpoints.windows(2).filter(|pair| !Arc::ptr_eq(&pair[0].regions, &pair[1].regions)).count();
+        assert!(
+            1 < snapshots && snapshots < timeline.checkpoints() / 2,
+            "{snapshots} snapshots, {} checkpoints",
+            timeline.checkpoints()
+        );
+        let caught_up = timeline.checkpoints.iter().filter(|checkpoint| {
+            let start = timeline.step_starts[checkpoint.position as usize];
+            timeline.region_changes.partition_point(|&change| (change as usize) < start) > checkpoint.regions.region_changes
+        });
+        assert!(caught_up.count() > 10, "checkpoints whose regions replay changes since their snapshot");
     }
 
     #[test]
