@@ -117,6 +117,23 @@ fn a_live_run_shares_the_device_the_window_draws_with() {
     assert!(colours.len() >= 16, "{} distinct colours: a blank window", colours.len());
     std::fs::remove_dir_all(&dir).unwrap();
 
+    // With HEAPSCOPE_SHARE_DEVICE=0 the window draws with eframe's adapter and the run gets a device of its own,
+    // whose validation messages are read too.
+    let output = Command::new("xvfb-run")
+        .args(["-a", "-s", "-screen 0 1600x1000x24", env!("CARGO_BIN_EXE_heapscope"), "gui"])
+        .args(["--live", "serve", "--steps", "20", "--quit-after-frames", "3"])
+        .env_remove("WAYLAND_DISPLAY")
+        .env("HEAPSCOPE_VALIDATION", "1")
+        .env("HEAPSCOPE_SHARE_DEVICE", "0")
+        .env("WGPU_DEBUG", "0")
+        .output()
+        .expect("xvfb-run runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "exit {:?}\nstdout: {stdout}\nstderr: {stderr}", output.status);
+    assert!(stderr.contains("the live run gets a device of its own: HEAPSCOPE_SHARE_DEVICE=0"), "{stderr}");
+    let summary = stdout.lines().find(|line| line.starts_with("live serve")).unwrap_or_else(|| panic!("no summary: {stdout}"));
+    assert!(summary.contains("kernel mismatches 0") && summary.ends_with("(a device of its own)"), "{summary}");
+
     // A run that cannot start fails the scripted run, naming the budget it was given.
     let output = Command::new("xvfb-run")
         .args(["-a", env!("CARGO_BIN_EXE_heapscope"), "gui", "--live", "churn", "--policy", "paged", "--budget", "4K"])

@@ -29,7 +29,7 @@ use heapscope_core::units::exact_size;
 use heapscope_kernels::bench::{BenchPolicy, BenchSettings, RunReport, Target, TargetError, run};
 use heapscope_kernels::workload::{ChurnConfig, ServeConfig, TrainConfig, Workload, churn, serve, train};
 use heapscope_kernels::{Op, VerifyResult};
-use heapscope_vulkan::{ContextOptions, VulkanContext, VulkanHandle, VulkanTarget};
+use heapscope_vulkan::{ContextOptions, ValidationLog, VulkanContext, VulkanHandle, VulkanTarget};
 
 use crate::live::{ChannelSource, LiveStep};
 
@@ -177,7 +177,8 @@ impl LiveProgress {
     }
 }
 
-/// A live run on a worker thread: its progress, and the way to stop it. Dropping it stops the run and waits for the worker to let go of the device.
+/// A live run on a worker thread: its progress, and the way to stop it. Dropping it stops the run
+/// ([`wait_for_stopped_runs`] waits for its worker to let go of the device).
 #[derive(Debug)]
 pub struct LiveRun {
     /// The configuration it runs.
@@ -186,14 +187,36 @@ pub struct LiveRun {
     pub device: String,
     /// Whether that is the device the window draws with ([`crate::shared_device`]).
     pub draws_here: bool,
+    /// The device's validation log (empty without validation), readable after the device is gone.
+    pub validation: ValidationLog,
     progress: Arc<Mutex<LiveProgress>>,
     stop: Arc<AtomicBool>,
     worker: Option<JoinHandle<()>>,
 }
 
-/// How long dropping a [`LiveRun`] waits for its worker to stop (it stops before its next allocation or free:
-/// within one kernel batch).
-const STOP_PATIENCE: Duration = Duration::from_secs(10);
+/// Workers of dropped runs still stopping (each before its next allocation or free: within one kernel batch).
+static STOPPING: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
+
+/// Waits up to `patience` for the workers of dropped runs to stop and release their device memory (the window
+/// calls it once closed, so the device outlives no allocation of theirs); returns how many are still going.
+pub fn wait_for_stopped_runs(patience: Duration) -> usize {
+    let deadline = Instant::now() + patience;
+    loop {
+        let mut stopping = STOPPING.lock().unwrap_or_else(PoisonError::into_inner);
+        let (done, going): (Vec<_>, Vec<_>) = std::mem::take(&mut *stopping).into_iter().partition(JoinHandle::is_finished);
+        *stopping = going;
+        let left = stopping.len();
+        drop(stopping);
+        for worker in done {
+            // A worker's panic was reported when it happened; nothing is left to undo.
+            let _ = worker.join();
+        }
+        if left == 0 || Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
 
 impl LiveRun {
     /// A copy of the progress now.
@@ -222,18 +245,11 @@ impl LiveRun {
 }
 
 impl Drop for LiveRun {
-    /// Stops the run and waits (up to [`STOP_PATIENCE`]) for the worker to release the device memory, so that the
-    /// device outlives no allocation of it when the window closes.
+    /// Stops the run without waiting for it (the window stays responsive); [`wait_for_stopped_runs`] waits.
     fn drop(&mut self) {
         self.stop();
-        let Some(worker) = self.worker.take() else { return };
-        let deadline = Instant::now() + STOP_PATIENCE;
-        while !worker.is_finished() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        if worker.is_finished() {
-            // The worker catches nothing that could panic it; a panic would already have been reported.
-            let _ = worker.join();
+        if let Some(worker) = self.worker.take() {
+            STOPPING.lock().unwrap_or_else(PoisonError::into_inner).push(worker);
         }
     }
 }
@@ -266,7 +282,8 @@ pub fn start(context: &Arc<VulkanContext>, config: LiveConfig) -> Result<(Channe
         })
         .map_err(|error| format!("cannot start the live worker: {error}"))?;
     let device = context.properties().name.clone();
-    Ok((source, LiveRun { config, device, draws_here: false, progress, stop, worker: Some(worker) }))
+    let validation = context.validation_log();
+    Ok((source, LiveRun { config, device, draws_here: false, validation, progress, stop, worker: Some(worker) }))
 }
 
 /// The span of an allocation served at `step`: its footprint `(address, footprint_bytes, lead_bytes)` and the bytes

@@ -48,7 +48,8 @@ impl Shelf {
             self.used_bytes = None;
             return None;
         }
-        let gap = row_bytes / SHELF_GAP_FRACTION;
+        // At least a byte, so regions sharing a row never touch.
+        let gap = (row_bytes / SHELF_GAP_FRACTION).max(1);
         match self.used_bytes {
             Some(used) if used + gap + shown_bytes <= row_bytes => {
                 self.used_bytes = Some(used + gap + shown_bytes);

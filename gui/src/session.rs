@@ -314,8 +314,17 @@ impl Session {
             // Each allocation's steps, as a recording's slots have them (hover: its lifetime).
             for change in &step.changes {
                 match *change {
+                    Change::Allocated(span) if span.is_before_recording() => {}
                     Change::Allocated(span) => {
                         let slot = span.slot as usize;
+                        if slot >= self.slots.len() + MAX_LIVE_SLOT_GAP {
+                            self.live = None;
+                            bail!(
+                                "live source: step {index} allocates slot {slot}, {} past the slots so far \
+                                 (slots number a source's allocations from 0)",
+                                slot - self.slots.len()
+                            );
+                        }
                         if self.slots.len() <= slot {
                             self.slots.resize(slot + 1, SlotInfo::default());
                         }
@@ -345,6 +354,10 @@ impl Session {
             .unwrap_or_default()
     }
 }
+
+/// How far past the slots so far a live source's next slot may be (slots number its allocations from 0; a gap this
+/// large is a source that does not, and would cost memory for nothing).
+const MAX_LIVE_SLOT_GAP: usize = 1 << 20;
 
 /// Allocation and free steps, and stack frames, per slot of `recording`.
 pub fn slot_infos(recording: &Recording) -> Vec<SlotInfo> {
@@ -392,6 +405,11 @@ mod tests {
         session.poll_live().unwrap();
         let lifetimes: Vec<(u64, Option<u64>)> = session.slots.iter().map(|slot| (slot.alloc_step, slot.free_step)).collect();
         assert_eq!(lifetimes, [(0, Some(2)), (1, None), (3, None)]);
+        // A slot far past the others is refused, named, not allocated for.
+        sender.send(LiveStep { changes: vec![Change::Allocated(span(512, u32::MAX - 1, 4))], refusal: None }).unwrap();
+        let error = session.poll_live().unwrap_err().to_string();
+        assert!(error.contains("step 4 allocates slot 4294967294"), "{error}");
+        assert!(session.live.is_none() && session.slots.len() == 3, "the source is dropped, what arrived stays");
     }
 
     #[test]

@@ -20,9 +20,13 @@ use egui::{Ui, ViewportCommand};
 use crate::app::HeapscopeApp;
 use crate::device_live::STOPPED;
 use crate::shared_device::SharedDevice;
+use heapscope_vulkan::ValidationLog;
 
 /// Frames waited for a screenshot after asking for it before giving up (it takes one or two).
 const SCREENSHOT_PATIENCE_FRAMES: u32 = 600;
+
+/// How long a closed window waits for a live run it held to stop (before its next allocation or free).
+const LIVE_STOP_PATIENCE: Duration = Duration::from_secs(10);
 
 /// How long a scripted run waits for a live run to end before it counts frames.
 const LIVE_PATIENCE: Duration = Duration::from_secs(600);
@@ -55,11 +59,18 @@ struct Windowed {
     live_since: Option<Instant>,
     /// How the live run ended, printed once the window is closed.
     live_summary: Arc<Mutex<Option<String>>>,
+    /// The validation log of the live run's device when it is not the window's, read once the window is closed.
+    live_log: Arc<Mutex<Option<ValidationLog>>>,
 }
 
 impl Windowed {
     /// Counts a frame and does what the script says at it.
     fn script(&mut self, ui: &Ui) {
+        if let Some(run) = self.app.live.run.as_ref().filter(|run| !run.draws_here)
+            && let Ok(mut log) = self.live_log.lock()
+        {
+            *log = Some(run.validation.clone());
+        }
         let Some(quit_after) = self.options.quit_after_frames else { return };
         self.frames = self.frames.saturating_add(1);
         let ctx = ui.ctx();
@@ -170,7 +181,8 @@ impl eframe::App for Windowed {
 ///
 /// # Errors
 /// The window cannot be created (no display, no graphics adapter), the scripted screenshot failed, or — in a
-/// scripted run — the Vulkan validation layer reported anything on `device` (`HEAPSCOPE_VALIDATION=1`).
+/// scripted run — the Vulkan validation layer reported anything on `device` or on a live run's own device
+/// (`HEAPSCOPE_VALIDATION=1`; printed either way).
 pub fn run_window(app: HeapscopeApp, options: WindowOptions, device: Option<&SharedDevice>) -> anyhow::Result<()> {
     if options.quit_after_frames == Some(0) {
         anyhow::bail!("--quit-after-frames 0: the window needs at least one frame");
@@ -178,6 +190,7 @@ pub fn run_window(app: HeapscopeApp, options: WindowOptions, device: Option<&Sha
     let failure = Arc::default();
     let scripted = options.quit_after_frames.is_some();
     let live_summary = Arc::default();
+    let live_log: Arc<Mutex<Option<ValidationLog>>> = Arc::default();
     let windowed = Windowed {
         app,
         options,
@@ -186,6 +199,7 @@ pub fn run_window(app: HeapscopeApp, options: WindowOptions, device: Option<&Sha
         failure: Arc::clone(&failure),
         live_since: None,
         live_summary: Arc::clone(&live_summary),
+        live_log: Arc::clone(&live_log),
     };
     let mut native = eframe::NativeOptions {
         viewport: egui::ViewportBuilder::default()
@@ -204,22 +218,27 @@ pub fn run_window(app: HeapscopeApp, options: WindowOptions, device: Option<&Sha
         ),
         None => anyhow::anyhow!("cannot open the window: {error}"),
     })?;
+    // The app is gone with the window: a live run it held is stopping; its memory goes back before the device's
+    // messages are read (and before the process ends).
+    let still_going = crate::device_live::wait_for_stopped_runs(LIVE_STOP_PATIENCE);
+    if still_going > 0 {
+        eprintln!("heapscope gui: {still_going} live run(s) did not stop within {} s", LIVE_STOP_PATIENCE.as_secs());
+    }
     if let Some(summary) = live_summary.lock().ok().and_then(|mut summary| summary.take()) {
         println!("{summary}");
+    }
+    let mut messages = device.map(SharedDevice::validation_messages).unwrap_or_default();
+    if let Some(log) = live_log.lock().ok().and_then(|mut log| log.take()) {
+        messages.extend(log.messages());
+    }
+    for message in &messages {
+        eprintln!("heapscope gui: Vulkan validation: {message}");
     }
     if let Some(why) = failure.lock().ok().and_then(|mut failure| failure.take()) {
         anyhow::bail!(why);
     }
-    let messages = device.map(SharedDevice::validation_messages).unwrap_or_default();
-    for message in &messages {
-        eprintln!("heapscope gui: Vulkan validation: {message}");
-    }
     if scripted && !messages.is_empty() {
-        anyhow::bail!(
-            "the window's run drew {} Vulkan validation message(s) on {} (above)",
-            messages.len(),
-            device.map_or("", SharedDevice::name)
-        );
+        anyhow::bail!("the window's run drew {} Vulkan validation message(s) (above)", messages.len());
     }
     Ok(())
 }

@@ -223,6 +223,8 @@ unsafe extern "system" fn get_device_proc_addr(device: vk::Device, name: *const 
     // SAFETY: Vulkan's callers pass a NUL-terminated name.
     let wanted = unsafe { CStr::from_ptr(name) };
     match wanted.to_bytes() {
+        // Entry points loaded through the returned `vkGetDeviceProcAddr` are wrapped as well.
+        b"vkGetDeviceProcAddr" => void_function!(get_device_proc_addr, vk::PFN_vkGetDeviceProcAddr),
         b"vkQueueSubmit" => void_function!(queue_submit, vk::PFN_vkQueueSubmit),
         b"vkQueueSubmit2" | b"vkQueueSubmit2KHR" if guarded.queue_submit2.is_some() => {
             void_function!(queue_submit2, vk::PFN_vkQueueSubmit2)

@@ -24,8 +24,9 @@
 //!   the moment asked for: gathers its allocations from the changes, brings the snapshot's regions up to it,
 //!   applies at most one interval of changes to the allocations and regions alone, and rebuilds the free runs
 //!   once. The interval is at least [`MIN_CHECKPOINT_INTERVAL`] steps and an eighth of the live allocations,
-//!   so checkpoints cost at most about 32 bytes per step (31–35 MiB for 1,000,000 steps with 100,000 live, where
-//!   whole copies every quarter took 178–222 MiB), and a seek costs a rebuild of the layout plus at most that
+//!   so the live part of the checkpoints costs at most about 32 bytes per step, and the region snapshots a few
+//!   entries per region or page change on top (31–35 MiB in all for 1,000,000 steps with 100,000 live, where
+//!   whole copies every quarter took 178–222 MiB; more for a contender that maps pages on most steps), and a seek costs a rebuild of the layout plus at most that
 //!   many changes. Gathering the allocations from the changes costs random reads (a few milliseconds for
 //!   100,000); the denser checkpoints pay for them.
 //! - [`explain`] says in one sentence what each step decided and why, by the contender's rules.
@@ -146,6 +147,8 @@ impl Timeline {
     /// # Errors
     /// [`LayoutError`] naming the first change that contradicts the layout; the step is not appended then.
     pub fn push(&mut self, changes: &[Change], refusal: Option<Refusal>) -> Result<(), LayoutError> {
+        // How far the step maps into virtual regions: kept only once the whole step applies.
+        let mut extents = Vec::new();
         for change in changes {
             // Copying the head before each step would double the cost of every step: a step that fails
             // half-way is undone instead by rebuilding the head from the last checkpoint.
@@ -156,9 +159,12 @@ impl Timeline {
             if let Change::PagesMapped { address, size_bytes } = *change
                 && let Some(region) = self.head.region_of(address)
             {
-                let extent = self.virtual_extent.entry(region.address).or_insert(0);
-                *extent = (*extent).max(address + size_bytes - region.address);
+                extents.push((region.address, address + size_bytes - region.address));
             }
+        }
+        for (region, extent_bytes) in extents {
+            let extent = self.virtual_extent.entry(region).or_insert(0);
+            *extent = (*extent).max(extent_bytes);
         }
         let first = self.changes.len();
         self.changes.extend_from_slice(changes);
@@ -635,5 +641,12 @@ mod tests {
         assert_eq!((timeline.head(), timeline.steps()), (&head, steps));
         timeline.push(&[], None).unwrap();
         assert_eq!(timeline.steps(), steps + 1);
+        // Pages a refused step mapped before its contradiction do not widen the virtual range's view.
+        let range = Change::RegionAdded { address: 1 << 43, size_bytes: 1 << 20, kind: RegionKind::Virtual };
+        timeline.push(&[range, Change::PagesMapped { address: 1 << 43, size_bytes: 4096 }], None).unwrap();
+        let mapped_then_bad = [Change::PagesMapped { address: (1 << 43) + 8192, size_bytes: 65536 }, bad[0]];
+        assert!(timeline.push(&mapped_then_bad, None).is_err());
+        let region = timeline.head().region_of(1 << 43).unwrap().clone();
+        assert_eq!(timeline.shown_bytes(&region), 4096, "only what the accepted steps mapped");
     }
 }
