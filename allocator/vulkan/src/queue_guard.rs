@@ -82,7 +82,8 @@ pub(crate) unsafe fn guarded(context: &VulkanContext) -> (ash::Instance, ash::De
     let instance = context.instance();
     let get = instance.fp_v1_0().get_device_proc_addr;
     let mut registry = REGISTRY.write().unwrap_or_else(PoisonError::into_inner);
-    if !registry.iter().any(|guarded| guarded.device == handle) {
+    let known = registry.iter().find(|guarded| guarded.device == handle).cloned();
+    let entry = known.unwrap_or_else(|| {
         let mut queues = vec![context.compute_queue().1];
         queues.extend(context.sparse_queue().map(|(_, queue)| queue).filter(|queue| !queues.contains(queue)));
         let core = device.fp_v1_0();
@@ -104,8 +105,10 @@ pub(crate) unsafe fn guarded(context: &VulkanContext) -> (ash::Instance, ash::De
                 insert_label: load(get, handle, c"vkQueueInsertDebugUtilsLabelEXT"),
             }
         };
-        registry.push(Arc::new(entry));
-    }
+        let entry = Arc::new(entry);
+        registry.push(Arc::clone(&entry));
+        entry
+    });
     drop(registry);
     let mut instance_v1_0 = instance.fp_v1_0().clone();
     instance_v1_0.get_device_proc_addr = get_device_proc_addr;
@@ -117,7 +120,7 @@ pub(crate) unsafe fn guarded(context: &VulkanContext) -> (ash::Instance, ash::De
     device_v1_0.queue_bind_sparse = queue_bind_sparse;
     device_v1_0.device_wait_idle = device_wait_idle;
     let mut device_v1_3 = device.fp_v1_3().clone();
-    if find(|guarded| guarded.device == handle).is_some_and(|guarded| guarded.queue_submit2.is_some()) {
+    if entry.queue_submit2.is_some() {
         device_v1_3.queue_submit2 = queue_submit2;
     }
     let guarded_device =
