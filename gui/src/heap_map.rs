@@ -40,24 +40,33 @@ struct Shelf {
     used_bytes: Option<u64>,
 }
 
+/// Where [`Shelf::place`] puts a region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// On the current line, this many bytes from its left edge.
+    Beside { left_bytes: u64 },
+    /// At the start of a new line of this many rows.
+    NewLine { rows: u64 },
+}
+
 impl Shelf {
-    /// Where the next region, `shown_bytes` long, goes at `row_bytes` per row: `Some(left_bytes)` on the current
-    /// line, after its regions; `None` on a new line.
-    fn place(&mut self, shown_bytes: u64, row_bytes: u64) -> Option<u64> {
+    /// Where the next region, `shown_bytes` long, goes at `row_bytes` per row.
+    fn place(&mut self, shown_bytes: u64, row_bytes: u64) -> Place {
+        let new_line = Place::NewLine { rows: shown_bytes.div_ceil(row_bytes).max(1) };
         if shown_bytes >= row_bytes {
             self.used_bytes = None;
-            return None;
+            return new_line;
         }
         // At least a byte, so regions sharing a row never touch.
         let gap = (row_bytes / SHELF_GAP_FRACTION).max(1);
         match self.used_bytes {
             Some(used) if used + gap + shown_bytes <= row_bytes => {
                 self.used_bytes = Some(used + gap + shown_bytes);
-                Some(used + gap)
+                Place::Beside { left_bytes: used + gap }
             }
             _ => {
                 self.used_bytes = Some(shown_bytes);
-                None
+                new_line
             }
         }
     }
@@ -67,9 +76,9 @@ impl Shelf {
         let mut shelf = Self::default();
         let (mut lines, mut rows) = (0, 0);
         for &bytes in shown {
-            if shelf.place(bytes, row_bytes).is_none() {
+            if let Place::NewLine { rows: line_rows } = shelf.place(bytes, row_bytes) {
                 lines += 1;
-                rows += bytes.div_ceil(row_bytes).max(1);
+                rows += line_rows;
             }
         }
         (lines, rows)
@@ -175,13 +184,13 @@ impl Rows {
         for (region, released) in regions {
             let shown_bytes = timeline.shown_bytes(region);
             let (left_bytes, rows) = match shelf.place(shown_bytes, row_bytes) {
-                Some(left_bytes) => (left_bytes, 1),
-                None => {
+                Place::Beside { left_bytes } => (left_bytes, 1),
+                Place::NewLine { rows } => {
                     if !bands.is_empty() {
                         line_top += line_rows as f64 * f64::from(row_height) + f64::from(gap);
                     }
-                    line_rows = shown_bytes.div_ceil(row_bytes).max(1);
-                    (0, line_rows)
+                    line_rows = rows;
+                    (0, rows)
                 }
             };
             bands.push(Band {
