@@ -711,21 +711,7 @@ pub fn run(
     live: Option<LiveConfig>,
     window: WindowOptions,
 ) -> anyhow::Result<()> {
-    // The window draws with heapscope's own device where it can, and live runs run on that very device.
-    let shared = match crate::shared_device::SharedDevice::for_window() {
-        Ok(device) => Some(device),
-        Err(why) => {
-            if live.is_some() {
-                eprintln!("heapscope gui: the live run gets a device of its own: {why}");
-            }
-            None
-        }
-    };
-    let mut app = HeapscopeApp {
-        open_options: open,
-        window_device: shared.as_ref().map(|device| Arc::clone(device.context())),
-        ..HeapscopeApp::default()
-    };
+    let mut app = HeapscopeApp { open_options: open, ..HeapscopeApp::default() };
     if !contenders.is_empty() {
         // Files open through the panes open: the story's.
         app.set_session(Session::story_named("frag_oom", contenders)?);
@@ -739,6 +725,18 @@ pub fn run(
     if let Some(at) = window.start_at_event {
         app.playback.seek(check_at(at, app.steps())?);
     }
+    // Once what was asked for is known to open: the window draws with heapscope's own device where it can, and
+    // live runs run on that very device.
+    let shared = match crate::shared_device::SharedDevice::for_window() {
+        Ok(device) => Some(device),
+        Err(why) => {
+            if live.is_some() {
+                eprintln!("heapscope gui: the live run gets a device of its own: {why}");
+            }
+            None
+        }
+    };
+    app.window_device = shared.as_ref().map(|device| Arc::clone(device.context()));
     if let Some(config) = live {
         // No device is said in the Live bar, over the stories: the window still opens.
         app.start_live(config);
