@@ -15,9 +15,10 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use heapscope_core::compare::FirstOom;
+use heapscope_core::contender::Contender;
 use heapscope_core::units::{Bytes, parse_size};
 use heapscope_core::{OomCause, PolicyKind};
-use heapscope_kernels::bench::{BenchPolicy, BenchSettings, RunReport, Target, run, run_simulated};
+use heapscope_kernels::bench::{BenchSettings, RunReport, Target, run, run_simulated};
 use heapscope_kernels::workload::{
     ChurnConfig, KvLayout, ServeConfig, StreamStats, TrainConfig, Workload, churn, replay, serve, train,
 };
@@ -62,7 +63,7 @@ pub struct BenchArgs {
     /// Contenders (repeat the flag): pytorch, pytorch-expandable, tlsf, best-fit, first-fit, buddy, paged (the
     /// default set), or any policy of `heapscope policies`.
     #[arg(long = "policy", value_name = "NAME")]
-    pub policies: Vec<BenchPolicy>,
+    pub policies: Vec<Contender>,
     /// vulkan, wgpu or sim; default: vulkan where a device exists, else sim.
     #[arg(long, value_name = "BACKEND")]
     pub backend: Option<BackendName>,
@@ -197,8 +198,8 @@ impl BenchArgs {
         Ok(settings)
     }
 
-    fn policies(&self) -> Vec<BenchPolicy> {
-        if self.policies.is_empty() { BenchPolicy::DEFAULT.to_vec() } else { self.policies.clone() }
+    fn policies(&self) -> Vec<Contender> {
+        if self.policies.is_empty() { Contender::BENCH.to_vec() } else { self.policies.clone() }
     }
 }
 
@@ -311,7 +312,7 @@ impl Device {
 
     /// Runs `workload` through `policy`; [`Outcome::NotRun`] when the device cannot host the contender (`paged` and
     /// `pytorch-expandable` without sparse residency, or on wgpu that is not heapscope's Vulkan device).
-    fn run(&self, workload: &Workload, policy: BenchPolicy, settings: &BenchSettings) -> Result<Outcome> {
+    fn run(&self, workload: &Workload, policy: Contender, settings: &BenchSettings) -> Result<Outcome> {
         let unsupported = match self {
             Device::Vulkan(context) => match VulkanTarget::new(context, policy, settings) {
                 Err(VulkanError::Unsupported(why)) => format!("unsupported on this device: {why}"),
@@ -360,7 +361,7 @@ impl Device {
 }
 
 /// Plays `workload` on the target made for `policy` on `device` (`the device`, `wgpu`), or fails naming both.
-fn play<T: Target, E>(workload: &Workload, policy: BenchPolicy, made: Result<T, E>, device: &str) -> Result<Outcome>
+fn play<T: Target, E>(workload: &Workload, policy: Contender, made: Result<T, E>, device: &str) -> Result<Outcome>
 where
     E: std::error::Error + Send + Sync + 'static,
 {
@@ -446,7 +447,7 @@ fn print_title(chosen: &Chosen, budget: Option<u64>, default: bool, device: &Dev
     );
 }
 
-fn print_row(policy: BenchPolicy, report: &RunReport) {
+fn print_row(policy: Contender, report: &RunReport) {
     let mismatches = if report.kernels_ran { report.mismatches.to_string() } else { "-".to_owned() };
     outln!(
         "{:<20} {:>13} {:>14} {:>8.4} {:>5} {:>10} {:>11.0} {:>9.1}",
@@ -462,7 +463,7 @@ fn print_row(policy: BenchPolicy, report: &RunReport) {
 }
 
 /// The first out-of-memory of each contender that had one, and who completed.
-fn print_verdicts(reports: &[(BenchPolicy, RunReport)], workload: &Workload) {
+fn print_verdicts(reports: &[(Contender, RunReport)], workload: &Workload) {
     let failed: Vec<_> = reports.iter().filter(|(_, report)| report.ooms > 0).collect();
     if failed.is_empty() {
         return;
@@ -484,8 +485,11 @@ fn print_verdicts(reports: &[(BenchPolicy, RunReport)], workload: &Workload) {
     }
 }
 
-fn json_line(policy: BenchPolicy, workload: &Workload, device: &Device, budget: Option<u64>, report: &RunReport) -> String {
-    let first_oom = report.first_oom.as_ref().map(|(step, verdict)| FirstOom::from_verdict(*step, verdict));
+fn json_line(policy: Contender, workload: &Workload, device: &Device, budget: Option<u64>, report: &RunReport) -> String {
+    let first_oom = report
+        .first_oom
+        .as_ref()
+        .map(|(step, verdict)| FirstOom::from_verdict(heapscope_core::recording::Moment::Entry(*step), verdict));
     let first_mismatch = report.first_mismatch.map(|(id, step, result)| {
         serde_json::json!({ "allocation": id, "step": step, "mismatches": result.mismatches, "first_word": result.first_mismatch })
     });
@@ -511,12 +515,12 @@ fn json_line(policy: BenchPolicy, workload: &Workload, device: &Device, budget: 
 }
 
 /// A contender the device cannot host: who, where, and why.
-fn not_run_line(policy: BenchPolicy, workload: &Workload, device: &Device, budget: Option<u64>, why: &str) -> String {
+fn not_run_line(policy: Contender, workload: &Workload, device: &Device, budget: Option<u64>, why: &str) -> String {
     line(policy, workload, device, budget, serde_json::json!({ "not_run": why }))
 }
 
 /// A JSON line of a contender: who, on what, where, under which budget, then `fields` (an object).
-fn line(policy: BenchPolicy, workload: &Workload, device: &Device, budget: Option<u64>, fields: serde_json::Value) -> String {
+fn line(policy: Contender, workload: &Workload, device: &Device, budget: Option<u64>, fields: serde_json::Value) -> String {
     let mut line = serde_json::json!({
         "policy": policy.name(),
         "workload": workload.name,

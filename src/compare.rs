@@ -3,8 +3,8 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use heapscope_core::compare::{Outcome, alloc_conf, replay_pytorch, verdict_sentence};
-use heapscope_vulkan::DeviceContender;
+use heapscope_core::compare::{Outcome, verdict_sentence};
+use heapscope_core::contender::PYTORCH_EXPANDABLE;
 
 use crate::replay::{ContenderArgs, RecordingArgs, print_header, print_row, print_title};
 
@@ -21,7 +21,7 @@ pub struct CompareArgs {
 pub fn run(args: &CompareArgs) -> Result<()> {
     let (contenders, recording, runner) = args.contenders.prepare(&args.recording)?;
     let mut outcomes: Vec<Outcome> = Vec::new();
-    for contender in contenders {
+    for &contender in &contenders {
         outcomes.push(
             runner
                 .outcome(&args.recording, &recording, contender)
@@ -29,7 +29,7 @@ pub fn run(args: &CompareArgs) -> Result<()> {
                 .with_context(|| format!("replaying through {contender}"))?,
         );
     }
-    print_title(&recording, args.recording.capacity);
+    print_title(&recording, args.recording.capacity, &contenders);
     print_header();
     for outcome in &outcomes {
         print_row(outcome);
@@ -44,27 +44,16 @@ pub fn run(args: &CompareArgs) -> Result<()> {
         return Ok(());
     };
     let mut extra = Vec::new();
-    if failed.policy.starts_with("pytorch") && recording.snapshot.is_some() {
-        let conf = match &args.recording.alloc_conf {
-            Some(conf) => format!("{conf},expandable_segments:True"),
-            None => "expandable_segments:True".to_owned(),
-        };
-        let conf = alloc_conf(&recording, Some(&conf))?;
+    if failed.policy.starts_with("pytorch") && recording.snapshot.is_some() && !contenders.contains(&PYTORCH_EXPANDABLE) {
         // On the device where it can run there; else (and without --vulkan) simulated, and said so.
-        let on_device = if runner.on_device() {
-            let contender = DeviceContender::Pytorch(conf.clone());
-            Some(runner.device_outcome(&args.recording, &recording, &contender).context("replaying through pytorch")?)
-                .filter(Outcome::ran)
-        } else {
-            None
-        };
+        let on_device = runner.outcome(&args.recording, &recording, PYTORCH_EXPANDABLE).context("replaying through pytorch")?;
         let (expandable, name) = match on_device {
-            Some(outcome) => (outcome, "`pytorch (vulkan)` with expandable segments"),
-            None if runner.on_device() => (
-                replay_pytorch(&recording, &conf, args.recording.capacity)?,
+            outcome if outcome.ran() && runner.on_device() => (outcome, "`pytorch (vulkan)` with expandable segments"),
+            outcome if outcome.ran() => (outcome, "`pytorch` with expandable segments"),
+            _ => (
+                heapscope_core::compare::replay(&recording, PYTORCH_EXPANDABLE, &args.recording.compare_config())?,
                 "`pytorch` with expandable segments (simulated: the device cannot run it)",
             ),
-            None => (replay_pytorch(&recording, &conf, args.recording.capacity)?, "`pytorch` with expandable segments"),
         };
         if expandable.ooms == 0 {
             extra.push(name.to_owned());

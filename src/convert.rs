@@ -30,10 +30,10 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
         if recording.snapshot.is_some() { format!("{file_name} (device {})", args.device) } else { recording.trace.name.clone() };
     recording.trace.write_native(&args.out).with_context(|| format!("converting {}", args.file.display()))?;
     eprintln!(
-        "{}: {} events ({} frees of allocations made before the recording skipped) -> {}",
+        "{}: {} events (the first {} allocate what was live before the recording started) -> {}",
         recording.name,
         recording.trace.events().len(),
-        recording.frees_before_recording,
+        recording.start_events,
         args.out.display()
     );
     Ok(())

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use heapscope_core::replay::replay_heap;
+use heapscope_core::driver::replay_heap;
 use heapscope_core::story::{self, Story};
 use heapscope_core::trace::Event;
 use heapscope_core::units::Bytes;

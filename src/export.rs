@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use heapscope_core::compare::{Contender, alloc_conf, final_heap_report};
+use heapscope_core::compare::{alloc_conf, final_heap_report};
+use heapscope_core::contender::Contender;
 use heapscope_core::pytorch::replayed::{Replayed, emulated_snapshot, replayed_snapshot};
 use heapscope_core::pytorch::write_snapshot;
 use heapscope_core::recording::Recording;
@@ -44,19 +45,30 @@ pub struct SummaryArgs {
 /// Replays the recording through `contender` and writes it down.
 fn replayed(args: &RecordingArgs, recording: &Recording, contender: Contender) -> Result<Replayed> {
     Ok(match contender {
-        Contender::Pytorch => {
-            let conf = alloc_conf(recording, args.alloc_conf.as_deref())?;
+        Contender::Pytorch { expandable } => {
+            let mut conf = alloc_conf(recording, args.alloc_conf.as_deref())?;
+            conf.expandable_segments |= expandable;
             let recorded = recording
                 .snapshot
                 .as_ref()
                 .and_then(|snapshot| snapshot.settings.as_ref())
                 .map(|settings| settings.alloc_conf.as_str());
-            let text = match (recorded, args.alloc_conf.as_deref()) {
+            let mut text = match (recorded, args.alloc_conf.as_deref()) {
                 (Some(recorded), Some(extra)) if !recorded.is_empty() => format!("{recorded},{extra}"),
                 (_, Some(extra)) => extra.to_owned(),
                 (recorded, None) => recorded.unwrap_or_default().to_owned(),
             };
+            if expandable {
+                text = if text.is_empty() {
+                    "expandable_segments:True".to_owned()
+                } else {
+                    format!("{text},expandable_segments:True")
+                };
+            }
             emulated_snapshot(recording, &conf, &text, args.capacity)?
+        }
+        Contender::GpuAllocator | Contender::Vma => {
+            bail!("{contender} runs on a Vulkan device only: export and summary replay simulated contenders")
         }
         other => replayed_snapshot(recording, other, &args.compare_config())?,
     })

@@ -5,15 +5,15 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use heapscope_core::compare::{CompareConfig, Contender, Outcome, alloc_conf, replay_contender, replay_pytorch};
-use heapscope_core::pytorch::AllocConf;
+use heapscope_core::compare::{CompareConfig, Outcome};
+use heapscope_core::contender::Contender;
 use heapscope_core::recording::Recording;
 use heapscope_core::units::{Bytes, parse_size};
 use heapscope_core::{PolicyKind, UnmapRule};
 
 use std::sync::Arc;
 
-use heapscope_vulkan::{ContextOptions, DeviceContender, VulkanContext, replay_on_device};
+use heapscope_vulkan::{ContextOptions, VulkanContext, replay_on_device};
 
 use crate::input;
 use crate::options::HeapRules;
@@ -62,67 +62,16 @@ impl RecordingArgs {
             paged_unmap: self.paged_unmap,
             align_bytes: self.align,
             heap: self.heap.heap_config(PolicyKind::Tlsf),
+            alloc_conf: self.alloc_conf.clone(),
         }
     }
 
     /// Checks the flags that matter to `contenders` before anything runs.
-    pub fn check(&self, contenders: &[Named]) -> Result<()> {
-        if contenders.contains(&Named::Core(Contender::Paged)) && !self.page_size.is_power_of_two() {
+    pub fn check(&self, contenders: &[Contender]) -> Result<()> {
+        if contenders.contains(&Contender::Paged) && !self.page_size.is_power_of_two() {
             anyhow::bail!("--page-size {} is not a power of two", self.page_size);
         }
         Ok(())
-    }
-
-    /// Replays `recording` through `contender`.
-    pub fn outcome(&self, recording: &Recording, contender: Contender) -> Result<Outcome> {
-        let outcome = match contender {
-            Contender::Pytorch => replay_pytorch(recording, &self.pytorch_conf(recording)?, self.capacity)?,
-            other => replay_contender(&recording.trace, other, &self.compare_config(), &|event| recording.entry_of(event))?,
-        };
-        Ok(outcome)
-    }
-
-    /// PyTorch's allocator settings for `recording`: the recording's own, then `--alloc-conf`.
-    pub fn pytorch_conf(&self, recording: &Recording) -> Result<AllocConf> {
-        Ok(alloc_conf(recording, self.alloc_conf.as_deref())?)
-    }
-}
-
-/// A contender named on the command line: one of the core's, or an allocator of today on a Vulkan device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Named {
-    /// `pytorch`, `paged` or a policy of `heapscope policies`.
-    Core(Contender),
-    /// gpu-allocator 0.28, with `--vulkan`.
-    GpuAllocator,
-    /// VMA (vk-mem 0.5), with `--vulkan`.
-    Vma,
-}
-
-impl Named {
-    /// The allocators that exist only on a Vulkan device.
-    const DEVICE_ONLY: [Named; 2] = [Named::GpuAllocator, Named::Vma];
-}
-
-impl std::str::FromStr for Named {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, String> {
-        match text {
-            "gpu-allocator" => Ok(Named::GpuAllocator),
-            "vma" => Ok(Named::Vma),
-            _ => text.parse().map(Named::Core).map_err(|error| format!("{error}, gpu-allocator or vma (with --vulkan)")),
-        }
-    }
-}
-
-impl std::fmt::Display for Named {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Named::Core(contender) => contender.fmt(f),
-            Named::GpuAllocator => f.write_str("gpu-allocator"),
-            Named::Vma => f.write_str("vma"),
-        }
     }
 }
 
@@ -148,34 +97,18 @@ impl Runner {
         self.context.is_some()
     }
 
-    /// Replays `recording` through `named`: every contender on the device when there is one, else simulated.
-    /// A contender the device cannot run (a limit it exceeds, a feature it lacks) is an outcome that says why
-    /// ([`Outcome::not_run`]), so the others still run.
-    pub fn outcome(&self, args: &RecordingArgs, recording: &Recording, named: Named) -> Result<Outcome> {
-        let on_device = match named {
-            Named::Core(Contender::Pytorch) => DeviceContender::Pytorch(args.pytorch_conf(recording)?),
-            Named::Core(Contender::Heap(kind)) => DeviceContender::Heap(kind),
-            Named::Core(Contender::Paged) => DeviceContender::Paged,
-            Named::GpuAllocator => DeviceContender::GpuAllocator,
-            Named::Vma => DeviceContender::Vma,
+    /// Replays `recording` through `contender`: on the device when there is one, else simulated. A contender the
+    /// device cannot run (a limit it exceeds, a feature it lacks), or a device-only one without a device, is an
+    /// outcome that says why ([`Outcome::not_run`]), so the others still run.
+    pub fn outcome(&self, args: &RecordingArgs, recording: &Recording, contender: Contender) -> Result<Outcome> {
+        let config = args.compare_config();
+        let Some(context) = &self.context else {
+            return Ok(heapscope_core::compare::replay(recording, contender, &config)?);
         };
-        match (&self.context, named) {
-            (Some(_), _) => self.device_outcome(args, recording, &on_device),
-            (None, Named::Core(contender)) => args.outcome(recording, contender),
-            (None, device_only) => anyhow::bail!("{device_only} runs on a Vulkan device: add --vulkan"),
-        }
-    }
-
-    /// Replays `recording` through `contender` on the device (a device limit: an outcome saying so).
-    ///
-    /// # Errors
-    /// No device; any other failure of the replay.
-    pub fn device_outcome(&self, args: &RecordingArgs, recording: &Recording, contender: &DeviceContender) -> Result<Outcome> {
-        let context = self.context.as_ref().context("no Vulkan device: add --vulkan")?;
-        match replay_on_device(context, recording, contender, &args.compare_config()) {
+        match replay_on_device(context, recording, contender, &config) {
             Ok(outcome) => Ok(outcome),
             Err(error) if error.is_device_limit() => {
-                Ok(Outcome::not_run(&format!("{} (vulkan)", contender.name()), format!("not run on this device: {error}")))
+                Ok(Outcome::not_run(&format!("{contender} (vulkan)"), format!("not run on this device: {error}")))
             }
             Err(error) => Err(error.into()),
         }
@@ -198,9 +131,10 @@ pub struct ReplayArgs {
 #[derive(Debug, Args)]
 pub struct ContenderArgs {
     /// Contenders to run (repeat the flag): pytorch, tlsf, best-fit, first-fit, buddy, paged (the
-    /// default set), any other policy of `heapscope policies`, or gpu-allocator and vma (with --vulkan).
+    /// default set), pytorch-expandable, any other policy of `heapscope policies`, or gpu-allocator and vma
+    /// (with --vulkan).
     #[arg(long = "policy", value_name = "NAME")]
-    pub policies: Vec<Named>,
+    pub policies: Vec<Contender>,
     /// Run the contenders on a Vulkan device (`HEAPSCOPE_DEVICE` chooses it): `pytorch` on device memory, the
     /// heap contenders in device blocks, `paged` on a sparse buffer, with gpu-allocator and vma added to the
     /// default set. A contender the device cannot run (a limit it exceeds) is reported as not run, with why.
@@ -210,24 +144,24 @@ pub struct ContenderArgs {
 
 impl ContenderArgs {
     /// The named contenders, or the default set (with gpu-allocator and vma when on a Vulkan device).
-    pub fn list(&self) -> Vec<Named> {
+    pub fn list(&self) -> Vec<Contender> {
         if !self.policies.is_empty() {
             return self.policies.clone();
         }
-        let mut all: Vec<Named> = Contender::DEFAULT.into_iter().map(Named::Core).collect();
+        let mut all = Contender::DEFAULT.to_vec();
         if self.vulkan {
-            all.extend(Named::DEVICE_ONLY);
+            all.extend(Contender::DEVICE_ONLY);
         }
         all
     }
 
     /// Checks the flags, opens the recording, brings up the device if asked: what a replay needs, in that order
     /// (bad flags fail before any file is read).
-    pub fn prepare(&self, recording_args: &RecordingArgs) -> Result<(Vec<Named>, Recording, Runner)> {
+    pub fn prepare(&self, recording_args: &RecordingArgs) -> Result<(Vec<Contender>, Recording, Runner)> {
         let contenders = self.list();
         recording_args.check(&contenders)?;
         if !self.vulkan
-            && let Some(device_only) = contenders.iter().find(|named| Named::DEVICE_ONLY.contains(named))
+            && let Some(device_only) = contenders.iter().find(|contender| contender.needs_device())
         {
             anyhow::bail!("{device_only} runs on a Vulkan device: add --vulkan");
         }
@@ -248,10 +182,34 @@ impl ContenderArgs {
     }
 }
 
-/// The line that names what is replayed and on how much memory.
-pub fn print_title(recording: &Recording, capacity_bytes: Option<u64>) {
+/// The lines that name what is replayed and on how much memory: the entries, what was live at the start (the
+/// same for every contender), and what a contender that ignores the recording's streams does not see.
+pub fn print_title(recording: &Recording, capacity_bytes: Option<u64>, contenders: &[Contender]) {
     let capacity = capacity_bytes.map_or_else(|| "unlimited".to_owned(), |bytes| Bytes(bytes).to_string());
-    outln!("{}: {} events, device capacity {capacity}", recording.name, recording.trace.events().len());
+    outln!("{}: {} entries, device capacity {capacity}", recording.name, recording.entries);
+    if recording.start_events > 0 {
+        outln!(
+            "recorded mid-run: {} allocations ({}) were live before entry 0; every contender holds them from the start",
+            recording.start_events,
+            Bytes(recording.start_bytes())
+        );
+    }
+    if let Some(line) = streams_note(recording, contenders) {
+        outln!("{line}");
+    }
+}
+
+/// The note, said once, that a recording of several CUDA streams is served by contenders that ignore streams.
+pub fn streams_note(recording: &Recording, contenders: &[Contender]) -> Option<String> {
+    let streams = recording.streams();
+    let ignoring: Vec<&str> =
+        contenders.iter().filter(|contender| !contender.pools_per_stream()).map(|contender| contender.name()).collect();
+    (streams > 1 && !ignoring.is_empty()).then(|| {
+        format!(
+            "the recording uses {streams} CUDA streams: pytorch keeps a pool per stream, {} serve every stream from one heap",
+            ignoring.join(", ")
+        )
+    })
 }
 
 /// Runs the replay.
@@ -267,7 +225,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
         } else {
             // The title once the first contender ran: a lone contender the device cannot run prints nothing.
             if index == 0 {
-                print_title(&recording, args.recording.capacity);
+                print_title(&recording, args.recording.capacity, &args.contenders.list());
                 print_header();
             }
             print_row(&outcome);
@@ -315,6 +273,6 @@ pub fn print_row(outcome: &Outcome) {
         outcome.ns_per_event,
     );
     if let Some(oom) = &outcome.first_oom {
-        outln!("{:<22} first OOM at entry {}: {}", "", oom.event_index, oom.message);
+        outln!("{:<22} first OOM at {}: {}", "", oom.moment, oom.message);
     }
 }

@@ -54,7 +54,7 @@ fn render_draws_a_recording_or_a_story_into_a_png() {
     let dir = temp_dir("render");
     let story = dir.join("story.png");
     let story_args =
-        ["render", "--story", "frag_oom", "--policy", "pytorch", "--policy", "paged", "--at", "61", "--out", "story.png"];
+        ["render", "--story", "frag_oom", "--policy", "pytorch", "--policy", "paged", "--at", "60", "--out", "story.png"];
     let output = heapscope_headless(&story_args, &dir);
     let file = dir.join("gpt2.png");
     let gpt2 = snapshot("gpt2_train_fixed-default");
@@ -78,7 +78,7 @@ fn render_draws_a_recording_or_a_story_into_a_png() {
         return;
     }
     assert!(output.status.success(), "{}", stderr(&output));
-    assert!(stdout(&output).contains("wrote story.png (frag_oom, step 61 of 61)"), "{}", stdout(&output));
+    assert!(stdout(&output).contains("wrote story.png (frag_oom, entry 60 of 61 entries)"), "{}", stdout(&output));
     assert!(is_png(&story));
     assert!(from_file.status.success(), "{}", stderr(&from_file));
     assert!(is_png(&file));
@@ -163,7 +163,7 @@ fn render_and_gui_refuse_bad_requests_clearly() {
     }
 }
 
-/// `--at` past the last event is refused by `render` as by `gui` (`tests/gui_window.rs`), in the same words: one
+/// `--at` past the last entry is refused by `render` as by `gui` (`tests/gui_window.rs`), in the same words: one
 /// rule, `heapscope_gui::session::check_at`, before anything is drawn (so no GPU is needed here).
 #[test]
 fn render_refuses_a_moment_past_the_end_as_gui_does() {
@@ -171,9 +171,14 @@ fn render_refuses_a_moment_past_the_end_as_gui_does() {
     let snapshot = trace("pytorch/frag_oom-default.pickle.gz");
     // (recording, --at, words of the error)
     let cases = [
-        (vec![snapshot.to_str().unwrap()], "500", "--at 500: the recording has 82 events"),
-        (vec![snapshot.to_str().unwrap()], "83", "--at 83: the recording has 82 events"),
-        (vec!["--story", "frag_oom"], "62", "--at 62: the recording has 61 events"),
+        (
+            vec![snapshot.to_str().unwrap()],
+            "500",
+            "--at entry 500: the recording has 141 entries (`--at start`, or entry 0 to 140)",
+        ),
+        (vec![snapshot.to_str().unwrap()], "141", "--at entry 141: the recording has 141 entries"),
+        (vec!["--story", "frag_oom"], "61", "--at entry 61: the recording has 61 entries"),
+        (vec!["--story", "frag_oom"], "soon", "\"soon\" is no moment: expected `start` or an entry number (from 0)"),
     ];
     for (recording, at, words) in cases {
         let args: Vec<&str> = ["render"].into_iter().chain(recording).chain(["--at", at, "--out", "x.png"]).collect();

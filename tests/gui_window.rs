@@ -38,7 +38,7 @@ fn the_window_opens_draws_a_snapshot_and_closes() {
         // -a: a free display number, so parallel runs do not collide.
         .args(["-a", "-s", "-screen 0 1600x1000x24", env!("CARGO_BIN_EXE_heapscope"), "gui"])
         .arg(&snapshot)
-        .args(["--at", "61", "--quit-after-frames", "20", "--screenshot"])
+        .args(["--at", "100", "--quit-after-frames", "20", "--screenshot"])
         .arg(&screenshot)
         .env_remove("WAYLAND_DISPLAY")
         // The validation layer on wgpu's instance, whatever the build; the binary fails on what it says. Without
@@ -80,7 +80,7 @@ fn the_window_opens_draws_a_snapshot_and_closes() {
         .output()
         .expect("xvfb-run runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success() && stderr.contains("--at 500: the recording has 82 events"), "{stderr}");
+    assert!(!output.status.success() && stderr.contains("--at entry 500: the recording has 141 entries"), "{stderr}");
 }
 
 /// Live mode in the real window: the window draws with heapscope's own Vulkan device, and a churn run allocates,

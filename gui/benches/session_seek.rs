@@ -15,10 +15,10 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use heapscope_core::compare::CompareConfig;
+use heapscope_core::contender::Contender;
 use heapscope_core::recording::Recording;
 use heapscope_core::synthetic::steady_churn;
 use heapscope_core::timeline::explain::explain;
-use heapscope_core::timeline::record::Contender;
 use heapscope_gui::session::Session;
 
 const EVENTS: u64 = 1_000_000;

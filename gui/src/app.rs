@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use egui::{Color32, Key, Modifiers, RichText, Ui};
+use heapscope_core::contender::Contender;
+use heapscope_core::recording::Moment;
 use heapscope_core::timeline::explain::explain;
-use heapscope_core::timeline::record::Contender;
 use heapscope_vulkan::{ContextOptions, VulkanContext};
 
 use crate::device_live::{self, LiveConfig};
@@ -254,7 +255,10 @@ impl HeapscopeApp {
             return;
         }
         let shown: Vec<Contender> = session.panes.iter().filter_map(|pane| pane.contender).collect();
-        let Some(next) = Contender::SIDE_BY_SIDE.into_iter().chain(Contender::all()).find(|contender| !shown.contains(contender))
+        let Some(next) = Contender::SIDE_BY_SIDE
+            .into_iter()
+            .chain(Contender::all())
+            .find(|contender| !contender.needs_device() && !shown.contains(contender))
         else {
             return;
         };
@@ -583,7 +587,7 @@ impl HeapscopeApp {
                 self.playback.change_speed(true);
             }
             ui.separator();
-            ui.label(format!("step {} / {steps}", self.playback.shown_steps()));
+            ui.label(format!("{} / {} entries", Moment::at_position(self.playback.shown_steps()), steps));
             if ui.button("Next OOM").clicked() {
                 self.next_refusal();
             }

@@ -24,9 +24,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use heapscope_core::contender::Contender;
 use heapscope_core::timeline::{Change, Refusal, RegionTracker, Span};
 use heapscope_core::units::exact_size;
-use heapscope_kernels::bench::{BenchPolicy, BenchSettings, RunReport, Target, TargetError, run};
+use heapscope_kernels::bench::{BenchSettings, RunReport, Target, TargetError, run};
 use heapscope_kernels::workload::{ChurnConfig, ServeConfig, TrainConfig, Workload, churn, serve, train};
 use heapscope_kernels::{Op, VerifyResult};
 use heapscope_vulkan::{ContextOptions, ValidationLog, VulkanContext, VulkanHandle, VulkanTarget};
@@ -110,7 +111,7 @@ pub struct LiveConfig {
     /// The workload.
     pub workload: LiveWorkload,
     /// The contender.
-    pub policy: BenchPolicy,
+    pub policy: Contender,
     /// The budget; `None`: the workload's default.
     pub budget_bytes: Option<u64>,
     /// Steps of the workload; `None`: its default.
@@ -121,7 +122,7 @@ pub struct LiveConfig {
 
 impl LiveConfig {
     /// `workload` through `policy` with the defaults (budget, steps, seed 1).
-    pub fn new(workload: LiveWorkload, policy: BenchPolicy) -> Self {
+    pub fn new(workload: LiveWorkload, policy: Contender) -> Self {
         Self { workload, policy, budget_bytes: None, steps: None, seed: 1 }
     }
 

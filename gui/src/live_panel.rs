@@ -2,8 +2,8 @@
 //! it goes ([`crate::device_live`]). Without a Vulkan device it says so and points at the stories.
 
 use egui::{RichText, Ui};
+use heapscope_core::contender::Contender;
 use heapscope_core::units::{exact_size, parse_size};
-use heapscope_kernels::bench::BenchPolicy;
 
 use crate::device_live::{LiveConfig, LiveRun, LiveWorkload};
 
@@ -24,7 +24,7 @@ pub struct LivePanel {
     /// The workload picked.
     pub workload: LiveWorkload,
     /// The contender picked.
-    pub policy: BenchPolicy,
+    pub policy: Contender,
     /// The budget typed, a size as on the command line (`160M`, `112 MiB`, `4096`; empty: the workload's
     /// default).
     pub budget: String,
@@ -43,7 +43,7 @@ impl Default for LivePanel {
         Self {
             open: false,
             workload: LiveWorkload::Serve,
-            policy: BenchPolicy::Heap(heapscope_core::PolicyKind::Tlsf),
+            policy: Contender::Heap(heapscope_core::PolicyKind::Tlsf),
             budget: String::new(),
             steps: String::new(),
             seed: 1,
@@ -114,7 +114,7 @@ impl LivePanel {
                 egui::ComboBox::from_id_salt("live contender").selected_text(format!("contender: {}", self.policy)).show_ui(
                     ui,
                     |ui| {
-                        for policy in BenchPolicy::DEFAULT {
+                        for policy in Contender::BENCH {
                             ui.selectable_value(&mut self.policy, policy, policy.name());
                         }
                     },

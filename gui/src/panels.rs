@@ -3,6 +3,7 @@
 
 use egui::{Color32, RichText, Ui};
 use heapscope_core::OomCause;
+use heapscope_core::recording::Moment;
 use heapscope_core::timeline::Refusal;
 use heapscope_core::units::Bytes;
 
@@ -78,7 +79,7 @@ pub fn why_it_failed(ui: &mut Ui, session: &Session, focused: usize, shown_steps
             OomCause::Fragmentation => "fragmentation",
             OomCause::Exhaustion => "exhaustion",
         };
-        let text = format!("step {step}: {} ({cause})", Bytes(refusal.requested_bytes));
+        let text = format!("{}: {} ({cause})", Moment::Entry(*step), Bytes(refusal.requested_bytes));
         if ui.selectable_label(shown_steps == step + 1, text).clicked() {
             actions.seek_to = Some(step + 1);
         }
@@ -139,7 +140,7 @@ pub fn teach_me(ui: &mut Ui, session: &Session, sentences: &[String], shown_step
     ui.horizontal(|ui| {
         actions.back = ui.button("Previous decision").clicked();
         actions.step = ui.button("Next decision").clicked();
-        ui.label(format!("step {shown_steps} of {}", session.steps()));
+        ui.label(format!("{} / {} entries", Moment::at_position(shown_steps), session.steps()));
     });
     ui.separator();
     if shown_steps == 0 {

@@ -26,7 +26,7 @@ pub struct PaneStyle {
 #[derive(Debug, Default)]
 pub struct PaneActions {
     /// Pane `index` should replay with another contender.
-    pub switch: Option<(usize, heapscope_core::timeline::record::Contender)>,
+    pub switch: Option<(usize, heapscope_core::contender::Contender)>,
     /// Pane `index` should close.
     pub close: Option<usize>,
     /// The pane the pointer is over.
@@ -108,9 +108,9 @@ fn describe_span(session: &Session, region: u64, span: &Span, shown_steps: u64) 
     );
     let free_step = session.slots.get(span.slot as usize).and_then(|slot| slot.free_step);
     match free_step {
-        Some(free) => text.push_str(&format!("\nlifetime: step {} to {free} ({} steps)", span.born, free - span.born)),
+        Some(free) => text.push_str(&format!("\nlifetime: entry {} to {free} ({} entries)", span.born, free - span.born)),
         None => text.push_str(&format!(
-            "\nlifetime: from step {}, never freed ({} steps so far)",
+            "\nlifetime: from entry {}, never freed ({} entries so far)",
             span.born,
             shown_steps.saturating_sub(span.born)
         )),
@@ -149,7 +149,9 @@ pub fn show(
                     && let Some(current) = pane.contender
                 {
                     let menu = ui.menu_button(RichText::new(pane.name()).strong().color(colour), |ui| {
-                        for contender in heapscope_core::timeline::record::Contender::all() {
+                        for contender in
+                            heapscope_core::contender::Contender::all().into_iter().filter(|contender| !contender.needs_device())
+                        {
                             if ui.selectable_label(contender == current, contender.name()).clicked() && contender != current {
                                 actions.switch = Some((index, contender));
                             }
@@ -202,7 +204,7 @@ pub fn show(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use heapscope_core::timeline::record::Contender;
+    use heapscope_core::contender::Contender;
 
     #[test]
     fn hover_details_name_size_offset_and_lifetime() {
@@ -217,7 +219,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("offset 0x0 in the region at"), "{text}");
-        assert!(text.contains("lifetime: from step 41, never freed (4 steps so far)"), "{text}");
+        assert!(text.contains("lifetime: from entry 41, never freed (4 entries so far)"), "{text}");
         let (run, bytes) = pane.layout.free_runs().next().unwrap();
         let region = pane.layout.region_of(run).unwrap().address;
         assert_eq!(

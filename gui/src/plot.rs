@@ -40,29 +40,41 @@ fn scaled(points: &[[f64; 2]], unit: f64) -> PlotPoints<'static> {
 
 impl Series {
     /// The series of `timeline`, at most [`MAX_POINTS`] points each (the maximum of each bucket, so peaks
-    /// survive the reduction). Step `s` is drawn at x = s + 1: the totals after it; x = 0 is the start, with
-    /// nothing.
+    /// survive the reduction). The x axis counts entries, the recording's one numbering: the totals once entry
+    /// `N` is done are drawn at x = N, the start (what was live before entry 0) at x = -1 ([`x_of`]).
     pub fn of(timeline: &Timeline) -> Self {
         let samples = timeline.samples();
         let bucket = samples.len().div_ceil(MAX_POINTS).max(1);
+        let start = timeline.start_sample();
         let mut series = Series {
             steps: timeline.steps(),
-            live: vec![[0.0, 0.0]],
-            reserved: vec![[0.0, 0.0]],
-            fragmentation: vec![[0.0, 0.0]],
+            live: vec![[x_of(0), start.live_bytes as f64]],
+            reserved: vec![[x_of(0), start.reserved_bytes as f64]],
+            fragmentation: vec![[x_of(0), f64::from(start.fragmentation)]],
             refusals: Vec::new(),
         };
         for (index, chunk) in samples.chunks(bucket).enumerate() {
-            let x = ((index * bucket + chunk.len()) as f64).min(samples.len() as f64);
+            let x = x_of(((index * bucket + chunk.len()) as u64).min(samples.len() as u64));
             let max = |value: &dyn Fn(&heapscope_core::timeline::Sample) -> f64| chunk.iter().map(value).fold(0.0, f64::max);
             series.live.push([x, max(&|sample| sample.live_bytes as f64)]);
             series.reserved.push([x, max(&|sample| sample.reserved_bytes as f64)]);
             series.fragmentation.push([x, max(&|sample| f64::from(sample.fragmentation))]);
         }
         series.refusals =
-            timeline.refusals().iter().map(|(step, refusal)| [*step as f64 + 1.0, refusal.reserved_bytes as f64]).collect();
+            timeline.refusals().iter().map(|(step, refusal)| [*step as f64, refusal.reserved_bytes as f64]).collect();
         series
     }
+}
+
+/// Where position `position` (steps played: 0 is the start, `N + 1` is once entry `N` is done) is drawn along x,
+/// which counts entries.
+pub fn x_of(position: u64) -> f64 {
+    position as f64 - 1.0
+}
+
+/// The position nearest to `x`, within `steps`.
+fn position_at(x: f64, steps: u64) -> u64 {
+    (x + 1.0).round().clamp(0.0, steps as f64) as u64
 }
 
 /// Colours of the panes' lines.
@@ -107,7 +119,7 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
         if (response.clicked() || response.dragged())
             && let Some(x) = x
         {
-            seek = Some(x.round().clamp(0.0, steps as f64) as u64);
+            seek = Some(position_at(x, steps));
         }
     };
     let bytes = Plot::new("bytes")
@@ -117,8 +129,8 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
         .allow_scroll(false)
         .allow_boxed_zoom(false)
         .include_y(0.0)
-        .include_x(0.0)
-        .include_x(steps as f64)
+        .include_x(x_of(0))
+        .include_x(x_of(steps))
         .link_axis(link, [true, false])
         .y_axis_label(unit_name)
         .show(ui, |plot| {
@@ -140,7 +152,7 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
                     );
                 }
             }
-            plot.vline(VLine::new("", position).color(Color32::WHITE).width(1.0));
+            plot.vline(VLine::new("", position - 1.0).color(Color32::WHITE).width(1.0));
             pointer_step(plot)
         });
     seek_from(&bytes.response, bytes.inner);
@@ -152,9 +164,10 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
         .allow_boxed_zoom(false)
         .include_y(0.0)
         .include_y(1.0)
-        .include_x(0.0)
-        .include_x(steps as f64)
+        .include_x(x_of(0))
+        .include_x(x_of(steps))
         .link_axis(link, [true, false])
+        .x_axis_label("entry")
         .y_axis_label("frag.")
         .show(ui, |plot| {
             for (index, (name, series)) in series.iter().enumerate() {
@@ -163,7 +176,7 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
                     Line::new(format!("{name} fragmentation"), PlotPoints::from(series.fragmentation.clone())).color(colour),
                 );
             }
-            plot.vline(VLine::new("", position).color(Color32::WHITE).width(1.0));
+            plot.vline(VLine::new("", position - 1.0).color(Color32::WHITE).width(1.0));
             pointer_step(plot)
         });
     seek_from(&fragmentation.response, fragmentation.inner);
@@ -206,21 +219,36 @@ mod tests {
         timeline.push(&[], Some(refusal)).unwrap();
         let series = Series::of(&timeline);
         assert!(series.live.len() <= MAX_POINTS + 1, "{}", series.live.len());
-        assert_eq!(series.live.first(), Some(&[0.0, 0.0]), "the start");
+        assert_eq!(series.live.first(), Some(&[-1.0, 0.0]), "the start, before entry 0");
         let gib = f64::from(1u32 << 30);
         assert_eq!(series.live.iter().map(|point| point[1]).fold(0.0, f64::max), gib, "the 1 GiB peak survives");
-        assert_eq!(series.live.last().map(|point| point[0]), Some(10_001.0));
-        assert_eq!(series.refusals, [[10_001.0, gib]]);
+        assert_eq!(series.live.last().map(|point| point[0]), Some(10_000.0), "the last entry");
+        assert_eq!(series.refusals, [[10_000.0, gib]], "the refusal at its entry");
         assert_eq!(series.steps, 10_001);
     }
 
     #[test]
-    fn one_event_draws_a_line_from_the_start() {
+    fn one_entry_draws_a_line_from_the_start() {
         let mut timeline = Timeline::new("t");
         timeline.push(&[Change::RegionAdded { address: 0, size_bytes: 64 << 20, kind: RegionKind::Block }], None).unwrap();
         let series = Series::of(&timeline);
-        assert_eq!(series.reserved, [[0.0, 0.0], [1.0, f64::from(64u32 << 20)]]);
-        assert_eq!(series.live, [[0.0, 0.0], [1.0, 0.0]]);
+        assert_eq!(series.reserved, [[-1.0, 0.0], [0.0, f64::from(64u32 << 20)]]);
+        assert_eq!(series.live, [[-1.0, 0.0], [0.0, 0.0]]);
+    }
+
+    #[test]
+    fn a_start_state_is_drawn_before_entry_0() {
+        let mut timeline = Timeline::new("t");
+        let region = Change::RegionAdded { address: 0, size_bytes: 64 << 20, kind: RegionKind::Block };
+        let span = Span::before_recording(0, 1 << 20, 1000);
+        timeline.start(&[region, Change::Allocated(span)]).unwrap();
+        timeline.push(&[], None).unwrap();
+        let series = Series::of(&timeline);
+        assert_eq!(series.live, [[-1.0, 1000.0], [0.0, 1000.0]]);
+        // (x, position): the start, entry 0, and beyond the end.
+        for (x, position) in [(-1.0, 0), (0.0, 1), (5.0, 1), (-3.0, 0)] {
+            assert_eq!(position_at(x, timeline.steps()), position, "x {x}");
+        }
     }
 
     #[test]

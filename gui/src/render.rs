@@ -23,8 +23,8 @@ pub struct RenderOptions {
     pub width: u32,
     /// Image height in pixels.
     pub height: u32,
-    /// Steps played (`None`: all of them; past the session's end is refused, see [`Session::check_at`]).
-    pub at: Option<u64>,
+    /// The moment drawn (`None`: the end; past the last entry is refused, see [`Session::check_at`]).
+    pub at: Option<heapscope_core::recording::Moment>,
     /// How allocations are coloured.
     pub colour_by: ColourBy,
 }

@@ -7,9 +7,10 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 use heapscope_core::compare::CompareConfig;
-use heapscope_core::recording::Recording;
+use heapscope_core::contender::Contender;
+use heapscope_core::recording::{Moment, Recording};
 use heapscope_core::story::{self, Story};
-use heapscope_core::timeline::record::{Contender, record};
+use heapscope_core::timeline::record::record;
 use heapscope_core::timeline::{Change, Layout, Timeline};
 use heapscope_core::trace::Event;
 
@@ -25,17 +26,20 @@ const SHORT_MOVE_STEPS: u64 = 2048;
 /// Layouts holding at least this many allocations are freed on a thread of their own when a seek replaces them.
 const FREE_ELSEWHERE_ALLOCATIONS: u64 = 10_000;
 
-/// Checks a moment asked for by `--at EVENT` (`heapscope gui` and `heapscope render` alike) against a recording
-/// of `steps` events: 0 (the start) to `steps` (the end) is `at` itself; past the end is refused, naming the flag
-/// and the length, never drawn as the last step.
+/// Checks a moment asked for by `--at start|ENTRY` (`heapscope gui` and `heapscope render` alike) against a
+/// recording of `steps` entries, and returns its position: the start is 0, entry `N` is `N + 1` ([`Moment`]); an
+/// entry past the last is refused, naming the flag and the entries there are, never drawn as the last one.
 ///
 /// # Errors
-/// `at` is past the last event.
-pub fn check_at(at: u64, steps: u64) -> Result<u64> {
-    if at > steps {
-        bail!("--at {at}: the recording has {steps} events");
+/// `at` is past the last entry.
+pub fn check_at(at: Moment, steps: u64) -> Result<u64> {
+    if at.position() > steps {
+        match steps {
+            0 => bail!("--at {at}: the recording has no entry (only `--at start`)"),
+            _ => bail!("--at {at}: the recording has {steps} entries (`--at start`, or entry 0 to {})", steps - 1),
+        }
     }
-    Ok(at)
+    Ok(at.position())
 }
 
 /// What the trace knows about one allocation (one slot).
@@ -181,7 +185,7 @@ impl Session {
         let timelines: Vec<Result<Timeline, heapscope_core::Error>> = std::thread::scope(|scope| {
             let (recording, config) = (&session.recording, &session.config);
             let replays: Vec<_> =
-                contenders.iter().map(|&contender| scope.spawn(move || record(recording, contender, config, None))).collect();
+                contenders.iter().map(|&contender| scope.spawn(move || record(recording, contender, config))).collect();
             replays.into_iter().map(|replay| replay.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
         });
         for (&contender, timeline) in contenders.iter().zip(timelines) {
@@ -249,7 +253,7 @@ impl Session {
         if self.panes.len() >= MAX_PANES {
             bail!("at most {MAX_PANES} panes side by side");
         }
-        let timeline = record(&self.recording, contender, &self.config, None)?;
+        let timeline = record(&self.recording, contender, &self.config)?;
         self.panes.push(Pane::new(Some(contender), timeline));
         Ok(())
     }
@@ -259,7 +263,7 @@ impl Session {
     /// # Errors
     /// A replay that fails; the pane is unchanged then.
     pub fn set_contender(&mut self, index: usize, contender: Contender) -> Result<()> {
-        let timeline = record(&self.recording, contender, &self.config, None)?;
+        let timeline = record(&self.recording, contender, &self.config)?;
         let Some(pane) = self.panes.get_mut(index) else { bail!("no pane {index}") };
         let steps = pane.layout_steps;
         *pane = Pane::new(Some(contender), timeline);
@@ -272,11 +276,11 @@ impl Session {
         self.panes.iter().map(|pane| pane.timeline.steps()).max().unwrap_or(0)
     }
 
-    /// The moment `at` events in, checked against this session's length (see [`check_at`]).
+    /// The position of moment `at`, checked against this session's length (see [`check_at`]).
     ///
     /// # Errors
     /// `at` is past the last event.
-    pub fn check_at(&self, at: u64) -> Result<u64> {
+    pub fn check_at(&self, at: Moment) -> Result<u64> {
         check_at(at, self.steps())
     }
 
@@ -363,12 +367,15 @@ const MAX_LIVE_SLOT_GAP: usize = 1 << 20;
 pub fn slot_infos(recording: &Recording) -> Vec<SlotInfo> {
     let mut slots = vec![SlotInfo::default(); recording.trace.slots() as usize];
     let entries = recording.snapshot.as_ref().and_then(|snapshot| snapshot.device_traces.get(recording.device));
-    for (step, event) in (0..).zip(recording.trace.events()) {
+    for (event_index, event) in (0..).zip(recording.trace.events()) {
+        // Steps are entries: an allocation live at the start is born at entry 0 (its span says "before").
+        let (step, entry) = match recording.moment_of(event_index) {
+            Moment::Start => (0, None),
+            Moment::Entry(entry) => (entry, entries.and_then(|entries| entries.get(usize::try_from(entry).ok()?))),
+        };
         match *event {
             Event::Alloc { slot, .. } => {
-                let stack = entries
-                    .and_then(|entries| usize::try_from(recording.entry_of(step)).ok().and_then(|index| entries.get(index)))
-                    .map_or(0, |entry| entry.frames.0);
+                let stack = entry.map_or(0, |entry| entry.frames.0);
                 slots[slot as usize] = SlotInfo { alloc_step: step, free_step: None, stack };
             }
             Event::Free { slot } => slots[slot as usize].free_step = Some(step),
@@ -414,22 +421,29 @@ mod tests {
 
     #[test]
     fn at_is_checked_against_the_recording() {
-        // (at, steps, the moment or the error)
-        let cases: [(u64, u64, Result<u64, &str>); 6] = [
-            (0, 82, Ok(0)),
-            (61, 82, Ok(61)),
-            (82, 82, Ok(82)),
-            (83, 82, Err("--at 83: the recording has 82 events")),
-            (500, 82, Err("--at 500: the recording has 82 events")),
-            (1, 0, Err("--at 1: the recording has 0 events")),
+        // (at, steps, the position or the error)
+        let cases: [(Moment, u64, Result<u64, &str>); 7] = [
+            (Moment::Start, 82, Ok(0)),
+            (Moment::Entry(0), 82, Ok(1)),
+            (Moment::Entry(60), 82, Ok(61)),
+            (Moment::Entry(81), 82, Ok(82)),
+            (Moment::Entry(82), 82, Err("--at entry 82: the recording has 82 entries (`--at start`, or entry 0 to 81)")),
+            (Moment::Entry(0), 0, Err("--at entry 0: the recording has no entry (only `--at start`)")),
+            (Moment::Start, 0, Ok(0)),
         ];
         for (at, steps, expected) in cases {
             let checked = check_at(at, steps).map_err(|error| error.to_string());
             assert_eq!(checked, expected.map_err(str::to_owned), "--at {at} of {steps}");
         }
         let session = Session::story_named("frag_oom", &[Contender::Paged]).unwrap();
-        assert_eq!(session.check_at(61).unwrap(), 61);
-        assert_eq!(session.check_at(62).unwrap_err().to_string(), "--at 62: the recording has 61 events");
+        assert_eq!(session.check_at(Moment::Entry(60)).unwrap(), 61);
+        assert!(
+            session
+                .check_at(Moment::Entry(61))
+                .unwrap_err()
+                .to_string()
+                .starts_with("--at entry 61: the recording has 61 entries")
+        );
     }
 
     #[test]

@@ -38,8 +38,8 @@ pub struct WindowOptions {
     pub quit_after_frames: Option<u32>,
     /// Once those frames are drawn, write a screenshot of the window here (PNG) before closing.
     pub screenshot: Option<PathBuf>,
-    /// Open at this many events played (`None`: at the start).
-    pub start_at_event: Option<u64>,
+    /// Open at this moment (`None`: at the start).
+    pub start_at_event: Option<heapscope_core::recording::Moment>,
 }
 
 /// What a screenshot came to: `None` until it arrives.

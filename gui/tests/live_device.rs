@@ -4,6 +4,7 @@
 //! `HEAPSCOPE_REQUIRE_GPU=1` (as CI sets).
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
+use heapscope_core::contender::Contender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +16,6 @@ use heapscope_gui::HeapscopeApp;
 use heapscope_gui::device_live::{LiveConfig, LiveWorkload};
 use heapscope_gui::playback::ManualClock;
 use heapscope_gui::shared_device::SharedDevice;
-use heapscope_kernels::bench::BenchPolicy;
 use heapscope_vulkan::{ContextOptions, VulkanContext, VulkanError};
 
 /// A validated context, or `None` (skipped) without Vulkan unless `HEAPSCOPE_REQUIRE_GPU=1`.
@@ -60,8 +60,12 @@ fn run_live(context: &Arc<VulkanContext>, config: LiveConfig) -> Harness<'static
 fn a_live_serve_run_shows_the_device_heap_as_it_runs() {
     let Some(context) = context() else { return };
     let log = context.validation_log();
-    let contenders =
-        [BenchPolicy::Heap(PolicyKind::Tlsf), BenchPolicy::Paged, BenchPolicy::Pytorch, BenchPolicy::PytorchExpandable];
+    let contenders = [
+        Contender::Heap(PolicyKind::Tlsf),
+        Contender::Paged,
+        Contender::Pytorch { expandable: false },
+        Contender::Pytorch { expandable: true },
+    ];
     for policy in contenders {
         let config = LiveConfig { steps: Some(24), ..LiveConfig::new(LiveWorkload::Serve, policy) };
         let harness = run_live(&context, config.clone());
@@ -89,7 +93,7 @@ fn a_live_serve_run_shows_the_device_heap_as_it_runs() {
         let middle = pane.timeline.layout_at(pane.timeline.steps() / 2);
         assert!(middle.totals().live_allocations > 0, "{policy}");
         let kinds: Vec<RegionKind> = middle.regions().map(|region| region.kind).collect();
-        let expected = if matches!(policy, BenchPolicy::Paged | BenchPolicy::PytorchExpandable) {
+        let expected = if matches!(policy, Contender::Paged | Contender::Pytorch { expandable: true }) {
             RegionKind::Virtual
         } else {
             RegionKind::Block
@@ -121,7 +125,7 @@ fn a_live_run_on_the_device_the_app_draws_with() {
         .wgpu_setup(shared.wgpu_setup())
         .build_ui_state(|ui, app: &mut HeapscopeApp| app.show(ui), app);
     harness.run_steps(1);
-    let config = LiveConfig { steps: Some(60), ..LiveConfig::new(LiveWorkload::Churn, BenchPolicy::Paged) };
+    let config = LiveConfig { steps: Some(60), ..LiveConfig::new(LiveWorkload::Churn, Contender::Paged) };
     harness.state_mut().start_live(config);
     assert_eq!(harness.state().error, None);
     let started = Instant::now();

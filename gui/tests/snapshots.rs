@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
 use egui_kittest::Harness;
-use heapscope_core::timeline::record::Contender;
+use heapscope_core::contender::Contender;
 use heapscope_gui::palette::ColourBy;
 use heapscope_gui::panes::{self, PaneStyle};
 use heapscope_gui::{RenderOptions, Session};
@@ -72,7 +72,12 @@ fn rendering_writes_a_png() {
     let path = std::env::temp_dir().join(format!("heapscope-render-{}.png", std::process::id()));
     heapscope_gui::render_png(
         &mut session,
-        RenderOptions { width: 800, height: 300, at: Some(61), ..RenderOptions::default() },
+        RenderOptions {
+            width: 800,
+            height: 300,
+            at: Some(heapscope_core::recording::Moment::Entry(60)),
+            ..RenderOptions::default()
+        },
         &path,
     )
     .unwrap();

@@ -5,14 +5,13 @@
 use egui::{Key, Modifiers};
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
-use heapscope_core::timeline::record::Contender;
+use heapscope_core::contender::Contender;
 use heapscope_core::timeline::{Change, RegionKind, Span};
 use heapscope_core::{OomCause, PolicyKind};
 use heapscope_gui::HeapscopeApp;
 use heapscope_gui::device_live::{LiveConfig, LiveWorkload};
 use heapscope_gui::live::{ChannelSource, LiveStep};
 use heapscope_gui::playback::ManualClock;
-use heapscope_kernels::bench::BenchPolicy;
 use heapscope_vulkan::ContextOptions;
 
 fn harness(clock: &ManualClock) -> Harness<'static, HeapscopeApp> {
@@ -348,7 +347,7 @@ fn a_live_source_grows_its_pane() {
     }
     // Without the device asked for, the bar says so and points at the stories; what is shown stays.
     let nowhere = ContextOptions { validation: false, device_selector: Some("no-such-gpu-anywhere".into()) };
-    harness.state_mut().start_live_with(&nowhere, LiveConfig::new(LiveWorkload::Serve, BenchPolicy::Paged));
+    harness.state_mut().start_live_with(&nowhere, LiveConfig::new(LiveWorkload::Serve, Contender::Paged));
     harness.run_steps(1);
     assert!(harness.query_by_label_contains("no GPU/Vulkan device: ").is_some());
     assert!(harness.query_by_label_contains("the built-in stories").is_some());
@@ -365,7 +364,7 @@ fn the_live_bar_shows_the_run_started_from_the_command_line() {
         budget_bytes: Some(112 << 20),
         steps: Some(40),
         seed: 7,
-        ..LiveConfig::new(LiveWorkload::Churn, BenchPolicy::Paged)
+        ..LiveConfig::new(LiveWorkload::Churn, Contender::Paged)
     };
     let nowhere = ContextOptions { validation: false, device_selector: Some("no-such-gpu-anywhere".into()) };
     harness.state_mut().start_live_with(&nowhere, config.clone());
@@ -377,7 +376,7 @@ fn the_live_bar_shows_the_run_started_from_the_command_line() {
     assert_eq!((live.budget.as_str(), live.steps.as_str()), ("112 MiB", "40"));
     assert_eq!(live.config(), Ok(config), "\"Start run\" starts the same run again");
     // A budget of no whole MiB is shown, named in the title and started again exactly.
-    let odd = LiveConfig { budget_bytes: Some(1_000_000), ..LiveConfig::new(LiveWorkload::Serve, BenchPolicy::Paged) };
+    let odd = LiveConfig { budget_bytes: Some(1_000_000), ..LiveConfig::new(LiveWorkload::Serve, Contender::Paged) };
     harness.state_mut().live.set_config(&odd);
     assert_eq!(harness.state().live.budget, "1000000 B");
     assert_eq!(harness.state().live.config(), Ok(odd.clone()));

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use heapscope_core::compare::{CompareConfig, Contender, alloc_conf, replay_contender, replay_pytorch};
+use heapscope_core::compare::{CompareConfig, Contender, alloc_conf, replay, replay_pytorch};
 use heapscope_core::pytorch::read_snapshot;
 use heapscope_core::recording::Recording;
 use heapscope_core::{PolicyKind, units::Bytes};
@@ -114,7 +114,7 @@ fn main() {
     let (whole, outcome) = best_of(|| {
         let snapshot = read_snapshot(&path).expect("the snapshot reads");
         let recording = Recording::from_snapshot(&name, snapshot, 0).expect("device 0");
-        replay_contender(&recording.trace, Contender::Heap(PolicyKind::Tlsf), &config, &|index| index).expect("replays")
+        replay(&recording, Contender::Heap(PolicyKind::Tlsf), &config).expect("replays")
     });
     let recording = Recording::from_snapshot(&name, snapshot, 0).expect("device 0");
     let conf = alloc_conf(&recording, None).expect("the recorded settings are valid");

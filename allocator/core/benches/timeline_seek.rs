@@ -44,7 +44,7 @@ fn main() {
         let recording = trace(live);
         for contender in [Contender::Heap(PolicyKind::Tlsf), Contender::Pytorch { expandable: false }] {
             let started = Instant::now();
-            let timeline = record(&recording, contender, &config, None).expect("the synthetic trace records");
+            let timeline = record(&recording, contender, &config).expect("the synthetic trace records");
             let record_time = started.elapsed();
             let mut seeks: Vec<Duration> = positions(timeline.steps())
                 .into_iter()

@@ -11,79 +11,29 @@
 //! cannot run where it was asked to (a device limit) is an [`Outcome::not_run`] with the reason, so a table or a
 //! comparison still shows the others.
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+pub use crate::contender::Contender;
+use crate::driver::{HeapReplay, replay_heap, replay_paged};
 use crate::pytorch::caching::{CachingAllocator, EntryEffect, OomReport, SegmentBacking, Unbacked, apply_pending};
 use crate::pytorch::{AllocConf, Fidelity, MemoryStats, TraceEntry, emulate_backed};
-use crate::recording::Recording;
-use crate::replay::{HeapReplay, replay_heap, replay_paged};
-use crate::trace::Trace;
+use crate::recording::{Moment, Recording};
 use crate::units::Bytes;
 use crate::{Heap, HeapConfig, OomCause, OomVerdict, PagedConfig, PagedHeap, PolicyKind, Result, SimulatedSource, UnmapRule};
-
-/// Who replays a recording.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub enum Contender {
-    /// The emulation of PyTorch's CUDA caching allocator.
-    Pytorch,
-    /// A heap of blocks with this policy inside each.
-    Heap(PolicyKind),
-    /// A virtual range backed by pages mapped on demand.
-    Paged,
-}
-
-impl Contender {
-    /// The contenders a replay runs when none is named.
-    pub const DEFAULT: [Contender; 6] = [
-        Contender::Pytorch,
-        Contender::Heap(PolicyKind::Tlsf),
-        Contender::Heap(PolicyKind::BestFit),
-        Contender::Heap(PolicyKind::FirstFit),
-        Contender::Heap(PolicyKind::Buddy),
-        Contender::Paged,
-    ];
-
-    /// The name on the command line and in reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Contender::Pytorch => "pytorch",
-            Contender::Heap(kind) => kind.name(),
-            Contender::Paged => "paged",
-        }
-    }
-}
-
-impl fmt::Display for Contender {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Contender {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, String> {
-        match text {
-            "pytorch" => Ok(Contender::Pytorch),
-            "paged" => Ok(Contender::Paged),
-            other => other.parse().map(Contender::Heap).map_err(|_| {
-                let names: Vec<_> =
-                    ["pytorch", "paged"].into_iter().chain(PolicyKind::ALL.iter().map(|kind| kind.name())).collect();
-                format!("unknown policy {other:?}: expected one of {}", names.join(", "))
-            }),
-        }
-    }
-}
 
 /// The first request a contender could not serve.
 #[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct FirstOom {
-    /// Index of the event in the recording (for a PyTorch file: in the device's trace).
+    /// Index of the entry in the recording (for a PyTorch file: in the device's trace; 0 for a request of the
+    /// start state, see `moment`).
     pub event_index: u64,
+    /// When: the entry, or the start (an allocation live before the recording started that this contender
+    /// could not hold).
+    #[cfg_attr(feature = "serde", serde(skip))]
+    pub moment: Moment,
+    /// Whether the request was one of the start state's.
+    pub before_recording: bool,
     /// Bytes requested.
     pub request_bytes: u64,
     /// Bytes reserved from the device at that moment.
@@ -99,10 +49,15 @@ pub struct FirstOom {
 }
 
 impl FirstOom {
-    /// From a core verdict at `event_index`.
-    pub fn from_verdict(event_index: u64, verdict: &OomVerdict) -> Self {
+    /// From a core verdict at `moment`.
+    pub fn from_verdict(moment: Moment, verdict: &OomVerdict) -> Self {
         Self {
-            event_index,
+            event_index: match moment {
+                Moment::Start => 0,
+                Moment::Entry(entry) => entry,
+            },
+            moment,
+            before_recording: moment == Moment::Start,
             request_bytes: verdict.requested_bytes,
             reserved_bytes: verdict.reserved_bytes,
             free_bytes: verdict.free_in_blocks_bytes,
@@ -194,6 +149,8 @@ pub struct CompareConfig {
     pub align_bytes: u64,
     /// The heap rules for heap contenders (the policy field is replaced by the contender's).
     pub heap: HeapConfig,
+    /// PyTorch's allocator settings over the recording's own, in `PYTORCH_CUDA_ALLOC_CONF` syntax (`--alloc-conf`).
+    pub alloc_conf: Option<String>,
 }
 
 impl CompareConfig {
@@ -228,6 +185,7 @@ impl Default for CompareConfig {
             paged_unmap: UnmapRule::Eager,
             align_bytes: 512,
             heap: HeapConfig::new(PolicyKind::Tlsf),
+            alloc_conf: None,
         }
     }
 }
@@ -275,8 +233,9 @@ pub fn best_time<T, E>(mut replay: impl FnMut() -> Result<T, E>) -> Result<(T, u
 const UNLIMITED_DEVICE_BYTES: u64 = 1 << 56;
 
 /// The outcome of a heap replay by `policy` that took `nanos`, with the device counters left at 0 for the
-/// caller to fill in (they depend on the heap). `event_of` maps an event index to the recording's numbering.
-pub fn summed(policy: &str, replay: &HeapReplay, event_of: &dyn Fn(u64) -> u64, nanos: u128) -> Outcome {
+/// caller to fill in (they depend on the heap). `moment_of` maps an event index to the recording's moment
+/// ([`Recording::moment_of`]).
+pub fn summed(policy: &str, replay: &HeapReplay, moment_of: &dyn Fn(u64) -> Moment, nanos: u128) -> Outcome {
     let stats = &replay.stats;
     Outcome {
         policy: policy.to_owned(),
@@ -291,7 +250,7 @@ pub fn summed(policy: &str, replay: &HeapReplay, event_of: &dyn Fn(u64) -> u64, 
         first_oom: stats
             .first_failure
             .zip(replay.first_oom.as_ref())
-            .map(|(index, verdict)| FirstOom::from_verdict(event_of(index), verdict)),
+            .map(|(index, verdict)| FirstOom::from_verdict(moment_of(index), verdict)),
         ns_per_event: nanos as f64 / stats.events.max(1) as f64,
         fidelity: None,
         memory_stats: None,
@@ -299,18 +258,22 @@ pub fn summed(policy: &str, replay: &HeapReplay, event_of: &dyn Fn(u64) -> u64, 
     }
 }
 
-/// Replays `trace` through a heap of `kind` or a paged heap. `event_of` maps an event index of `trace` to
-/// the recording's own numbering.
+/// Replays `recording` through `contender` on a simulated device with `config`: the one entry point of every
+/// simulated replay (`replay`, `compare`, `summary`). A contender that exists only on a Vulkan device is an
+/// outcome that says so ([`Outcome::not_run`]).
 ///
 /// # Errors
-/// Invalid settings, or a contender bug on free.
-pub fn replay_contender(
-    trace: &Trace,
-    contender: Contender,
-    config: &CompareConfig,
-    event_of: &dyn Fn(u64) -> u64,
-) -> Result<Outcome> {
+/// Invalid settings (`--alloc-conf` included), a snapshot the emulation cannot replay, or a contender bug on free.
+pub fn replay(recording: &Recording, contender: Contender, config: &CompareConfig) -> Result<Outcome> {
+    let trace = &recording.trace;
+    let moment_of = |event| recording.moment_of(event);
     match contender {
+        Contender::Pytorch { expandable } => {
+            let mut conf = alloc_conf(recording, config.alloc_conf.as_deref())?;
+            conf.expandable_segments |= expandable;
+            let (replay, nanos) = best_time(|| emulate_pytorch(recording, &conf, config.capacity_bytes, &mut Unbacked))?;
+            Ok(replay.outcome(contender.name(), recording, nanos))
+        }
         Contender::Heap(kind) => {
             let ((heap, replay), nanos) = best_time(|| {
                 let mut heap = config.heap(kind)?;
@@ -322,7 +285,7 @@ pub fn replay_contender(
                 peak_reserved_bytes: stats.peak_reserved_bytes,
                 device_allocs: stats.blocks_reserved,
                 device_frees: stats.blocks_released,
-                ..summed(kind.name(), &replay, event_of, nanos)
+                ..summed(kind.name(), &replay, &moment_of, nanos)
             })
         }
         Contender::Paged => {
@@ -336,11 +299,11 @@ pub fn replay_contender(
                 peak_reserved_bytes: stats.peak_mapped_bytes,
                 device_allocs: stats.map_calls,
                 device_frees: stats.unmap_calls,
-                ..summed("paged", &replay, event_of, nanos)
+                ..summed("paged", &replay, &moment_of, nanos)
             })
         }
-        Contender::Pytorch => {
-            Err(crate::Error::InvalidConfig { what: "the pytorch contender replays recordings: use replay_pytorch".into() })
+        Contender::GpuAllocator | Contender::Vma => {
+            Ok(Outcome::not_run(contender.name(), "runs on a Vulkan device only: add --vulkan"))
         }
     }
 }
@@ -391,6 +354,8 @@ pub(crate) fn unreserved_bytes(capacity_bytes: Option<u64>, report: &OomReport, 
 pub(crate) fn pytorch_first_oom(event_index: u64, report: &OomReport, unreserved_bytes: Option<u64>) -> FirstOom {
     FirstOom {
         event_index,
+        moment: Moment::Entry(event_index),
+        before_recording: false,
         request_bytes: report.request_bytes,
         reserved_bytes: report.reserved_bytes,
         free_bytes: report.free_in_reserved_bytes,
@@ -413,7 +378,7 @@ pub(crate) fn pytorch_first_oom(event_index: u64, report: &OomReport, unreserved
 /// that the emulation cannot replay ([`crate::pytorch::EmulationError`]).
 pub fn replay_pytorch(recording: &Recording, conf: &AllocConf, capacity_bytes: Option<u64>) -> Result<Outcome> {
     let (replay, nanos) = best_time(|| emulate_pytorch(recording, conf, capacity_bytes, &mut Unbacked))?;
-    Ok(replay.outcome("pytorch", recording, nanos))
+    Ok(replay.outcome(Contender::Pytorch { expandable: false }.name(), recording, nanos))
 }
 
 /// One replay of a recording through the emulation of PyTorch's caching allocator: what an [`Outcome`] of it
@@ -572,14 +537,6 @@ mod tests {
     use crate::units::MIB;
 
     #[test]
-    fn names_round_trip() {
-        for contender in Contender::DEFAULT.into_iter().chain(PolicyKind::ALL.map(Contender::Heap)) {
-            assert_eq!(contender.name().parse::<Contender>(), Ok(contender));
-        }
-        assert!("tlfs".parse::<Contender>().unwrap_err().contains("expected one of pytorch, paged, tlsf"));
-    }
-
-    #[test]
     fn frag_oom_heap_fails_and_paging_survives() {
         let story = frag_oom();
         let config = CompareConfig {
@@ -587,9 +544,11 @@ mod tests {
             heap: HeapConfig { release: crate::ReleaseRule::OnPressure, ..HeapConfig::new(PolicyKind::BestFit) },
             ..CompareConfig::default()
         };
-        let identity = |index| index;
-        let heap = replay_contender(&story.trace, Contender::Heap(PolicyKind::BestFit), &config, &identity).unwrap();
-        let paged = replay_contender(&story.trace, Contender::Paged, &config, &identity).unwrap();
+        let recording = Recording::from_trace(story.trace.clone());
+        let heap = replay(&recording, Contender::Heap(PolicyKind::BestFit), &config).unwrap();
+        let paged = replay(&recording, Contender::Paged, &config).unwrap();
+        let vma = replay(&recording, Contender::Vma, &config).unwrap();
+        assert_eq!(vma.not_run.as_deref(), Some("runs on a Vulkan device only: add --vulkan"));
         assert_eq!((heap.ooms, paged.ooms), (1, 0));
         assert_eq!((heap.allocs, heap.frees, heap.events), (40, 20, 61));
         let oom = heap.first_oom.as_ref().unwrap();
@@ -613,11 +572,11 @@ mod tests {
     #[test]
     fn frag_oom_paged_under_pressure_reuses_pages_then_releases_them() {
         let story = frag_oom();
-        let identity = |index| index;
+        let recording = Recording::from_trace(story.trace.clone());
         let eager = CompareConfig { capacity_bytes: Some(story.device_bytes), ..CompareConfig::default() };
         let pressure = CompareConfig { paged_unmap: UnmapRule::UnderPressure, ..eager.clone() };
-        let eager = replay_contender(&story.trace, Contender::Paged, &eager, &identity).unwrap();
-        let pressure = replay_contender(&story.trace, Contender::Paged, &pressure, &identity).unwrap();
+        let eager = replay(&recording, Contender::Paged, &eager).unwrap();
+        let pressure = replay(&recording, Contender::Paged, &pressure).unwrap();
         assert_eq!((eager.ooms, pressure.ooms), (0, 0), "both serve the 1 GiB request");
         // Eager unmaps the 150 MiB pages and maps them again for the 100 MiB ones; under pressure those are
         // served from the cache, which is unmapped only when the 1 GiB request needs the room.

@@ -30,8 +30,10 @@
 mod allocation;
 pub mod check;
 pub mod compare;
+pub mod contender;
 mod device_event;
 mod device_heap;
+pub mod driver;
 mod error;
 pub mod granularity;
 mod hash;
@@ -43,7 +45,6 @@ pub mod policies;
 mod policy;
 pub mod pytorch;
 pub mod recording;
-pub mod replay;
 mod report;
 mod request;
 mod slots;

@@ -4,13 +4,31 @@
 //! From a PyTorch snapshot, one device's trace becomes a [`Trace`]: `alloc` allocates under its address,
 //! `free_completed` frees (the moment PyTorch reuses the memory), and an `oom` entry becomes a request
 //! freed at once — the request PyTorch refused, asked of every contender so each says whether it would
-//! have served it. Frees of allocations made before the recording started are skipped and counted.
-//! Every event remembers the index of the entry it came from, so verdicts point into the file.
+//! have served it. Every event remembers the index of the entry it came from, so verdicts point into the file.
+//!
+//! ## The start state: the same stream for every contender
+//!
+//! Most shared snapshots start mid-run (`_record_memory_history()` was switched on after the model was
+//! loaded): allocations are live before the first entry. Their set is rebuilt the way MemoryViz and the
+//! emulation of PyTorch's allocator rebuild it — the final segments' live blocks, the trace walked backwards
+//! (an `alloc` means the block was not live before it, a `free_completed` that it was) — and they open the
+//! trace: its first [`Recording::start_events`] events allocate them, in address order, before entry 0. So
+//! every contender (a heap, paging, a device heap, PyTorch's emulation, which rebuilds the same blocks) serves
+//! exactly the same requests, and their later frees are ordinary frees.
+//!
+//! ## Moments
+//!
+//! A recording's moments are numbered by its entries, from 0: entry `N` is `device_traces[device][N]` of a
+//! PyTorch snapshot (what `event_index` says in JSON), event `N` of a heapscope trace. [`Moment`] is that
+//! numbering, with [`Moment::Start`] for the state before entry 0; every command, report and the app use it.
 
+use std::collections::BTreeMap;
+use std::fmt;
 use std::io::Read;
 use std::path::Path;
+use std::str::FromStr;
 
-use crate::pytorch::{Action, Snapshot, SnapshotError, read_snapshot};
+use crate::pytorch::{Action, BlockState, Snapshot, SnapshotError, TraceEntry, read_snapshot};
 use crate::trace::{Trace, TraceBuilder};
 use crate::{Error, Result};
 
@@ -74,14 +92,75 @@ pub struct Recording {
     pub name: String,
     /// The allocations and frees.
     pub trace: Trace,
-    /// For each event of `trace`, the index of the entry it came from in the file's own numbering.
+    /// For each event of `trace`, the index of the entry it came from in the file's own numbering (0 for the
+    /// [`Recording::start_events`], which come from no entry).
     pub entry_index: Vec<u64>,
     /// The snapshot, when the recording is PyTorch's.
     pub snapshot: Option<Snapshot>,
     /// The device whose trace this is.
     pub device: usize,
-    /// Frees of allocations made before the recording started.
-    pub frees_before_recording: u64,
+    /// The first events of `trace` that allocate what was live before the first entry (see the module docs).
+    pub start_events: usize,
+    /// The recording's entries: the device's trace entries of a snapshot, the events of a trace.
+    pub entries: u64,
+    /// Frees of allocations the recording does not know (neither live at the start nor allocated since): an
+    /// inconsistent file; skipped.
+    pub unknown_frees: u64,
+}
+
+/// A moment of a recording: before its first entry, or once entry `N` (from 0, the file's own numbering) is done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Moment {
+    /// Before the first entry: what was live when the recording started.
+    Start,
+    /// Once entry `N` is done.
+    Entry(u64),
+}
+
+impl Moment {
+    /// Its position in a replay: how many steps in (the start is 0, entry `N` is `N + 1`).
+    pub fn position(self) -> u64 {
+        match self {
+            Moment::Start => 0,
+            Moment::Entry(entry) => entry.saturating_add(1),
+        }
+    }
+
+    /// The moment `position` steps in.
+    pub fn at_position(position: u64) -> Self {
+        match position {
+            0 => Moment::Start,
+            steps => Moment::Entry(steps - 1),
+        }
+    }
+}
+
+impl fmt::Display for Moment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Moment::Start => f.write_str("start"),
+            Moment::Entry(entry) => write!(f, "entry {entry}"),
+        }
+    }
+}
+
+/// A moment that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is no moment: expected `start` or an entry number (from 0)")]
+pub struct BadMoment {
+    /// What was given.
+    pub text: String,
+}
+
+impl FromStr for Moment {
+    type Err = BadMoment;
+
+    fn from_str(text: &str) -> Result<Self, BadMoment> {
+        match text.trim() {
+            "start" => Ok(Moment::Start),
+            number => number.parse().map(Moment::Entry).map_err(|_| BadMoment { text: text.to_owned() }),
+        }
+    }
 }
 
 impl Recording {
@@ -90,10 +169,12 @@ impl Recording {
         Self {
             name: trace.name.clone(),
             entry_index: (0..trace.events().len() as u64).collect(),
+            entries: trace.events().len() as u64,
             trace,
             snapshot: None,
             device: 0,
-            frees_before_recording: 0,
+            start_events: 0,
+            unknown_frees: 0,
         }
     }
 
@@ -109,9 +190,19 @@ impl Recording {
             what: format!("no device {device}: the snapshot records {} device(s)", snapshot.device_traces.len()),
         })?;
         let mut builder = TraceBuilder::new(format!("{name} (device {device})"));
-        let mut entry_index = Vec::with_capacity(entries.len());
-        let mut frees_before_recording = 0;
+        let start = live_at_start(&snapshot, device, entries);
+        let mut entry_index = Vec::with_capacity(start.len() + entries.len());
         let mut live = crate::hash::FastSet::default();
+        for (&address, &size_bytes) in &start {
+            builder.alloc(address, size_bytes).map_err(|what| Error::Trace {
+                file: name.to_owned(),
+                line: 0,
+                what: format!("device {device}: the allocation at {address:#x} live at the start: {what}"),
+            })?;
+            live.insert(address);
+            entry_index.push(0);
+        }
+        let mut unknown_frees = 0;
         // Ids for refused requests, clear of any address.
         let mut probe_id = u64::MAX;
         for (index, entry) in (0..).zip(entries) {
@@ -131,7 +222,7 @@ impl Recording {
                         builder.free(entry.addr).map_err(fail)?;
                         entry_index.push(index);
                     } else {
-                        frees_before_recording += 1;
+                        unknown_frees += 1;
                     }
                 }
                 Action::Oom if entry.size > 0 => {
@@ -147,9 +238,11 @@ impl Recording {
             name: name.to_owned(),
             trace: builder.finish(),
             entry_index,
+            start_events: start.len(),
+            entries: entries.len() as u64,
             snapshot: Some(snapshot),
             device,
-            frees_before_recording,
+            unknown_frees,
         })
     }
 
@@ -189,10 +282,69 @@ impl Recording {
         }
     }
 
-    /// The file's entry index for event `event` of the trace.
+    /// The file's entry index for event `event` of the trace (0 for a start event: see [`Recording::moment_of`]).
     pub fn entry_of(&self, event: u64) -> u64 {
         usize::try_from(event).ok().and_then(|event| self.entry_index.get(event)).copied().unwrap_or(event)
     }
+
+    /// The moment of event `event` of the trace: the start for the allocations live before the first entry, else
+    /// the entry it came from.
+    pub fn moment_of(&self, event: u64) -> Moment {
+        if usize::try_from(event).is_ok_and(|event| event < self.start_events) {
+            Moment::Start
+        } else {
+            Moment::Entry(self.entry_of(event))
+        }
+    }
+
+    /// The moments of the recording: the start, then each entry (its last is `Entry(entries - 1)`).
+    pub fn positions(&self) -> u64 {
+        self.entries + 1
+    }
+
+    /// The CUDA streams the device's trace uses (1 for a plain trace, which has none).
+    pub fn streams(&self) -> usize {
+        let entries = self.snapshot.as_ref().and_then(|snapshot| snapshot.device_traces.get(self.device));
+        let streams: std::collections::BTreeSet<u64> = entries.into_iter().flatten().map(|entry| entry.stream).collect();
+        streams.len().max(1)
+    }
+
+    /// Bytes requested by the allocations live at the start.
+    pub fn start_bytes(&self) -> u64 {
+        self.trace.events()[..self.start_events]
+            .iter()
+            .map(|event| match *event {
+                crate::trace::Event::Alloc { size_bytes, .. } => size_bytes,
+                crate::trace::Event::Free { .. } => 0,
+            })
+            .sum()
+    }
+}
+
+/// The allocations of device `device` live before its first entry, by address, with their requested bytes: the
+/// final segments' live blocks (allocated, or freed but not yet completed), then `entries` walked backwards —
+/// an `alloc` was not live before it, a `free_completed` was (the rule of MemoryViz and of the emulation's
+/// start state, `pytorch::caching`'s `initial`). Zero-byte ones are left out: nothing replays them.
+fn live_at_start(snapshot: &Snapshot, device: usize, entries: &[TraceEntry]) -> BTreeMap<u64, u64> {
+    let mut live = BTreeMap::new();
+    for segment in snapshot.segments.iter().filter(|segment| segment.device as usize == device) {
+        for block in segment.blocks.iter().filter(|block| block.state != BlockState::Inactive) {
+            live.insert(block.address, block.requested_size);
+        }
+    }
+    for entry in entries.iter().rev() {
+        match entry.action {
+            Action::Alloc => {
+                live.remove(&entry.addr);
+            }
+            Action::FreeCompleted => {
+                live.insert(entry.addr, entry.size);
+            }
+            _ => {}
+        }
+    }
+    live.retain(|_, size_bytes| *size_bytes > 0);
+    live
 }
 
 /// The device of `snapshot` with the most trace entries (the lowest of equals; 0 when it records none): where a
@@ -267,15 +419,95 @@ mod tests {
         assert_eq!(
             recording.trace.events(),
             [
-                Event::Alloc { slot: 0, size_bytes: 100 },
+                Event::Alloc { slot: 0, size_bytes: 7 }, // live at the start: freed at entry 2
+                Event::Alloc { slot: 1, size_bytes: 100 },
                 Event::Free { slot: 0 },
-                Event::Alloc { slot: 1, size_bytes: 1 << 30 },
                 Event::Free { slot: 1 },
+                Event::Alloc { slot: 2, size_bytes: 1 << 30 },
+                Event::Free { slot: 2 },
             ]
         );
-        assert_eq!(recording.entry_index, [1, 4, 7, 7]);
-        assert_eq!(recording.frees_before_recording, 1);
-        assert_eq!(recording.entry_of(2), 7);
+        assert_eq!(recording.entry_index, [0, 1, 2, 4, 7, 7]);
+        assert_eq!((recording.start_events, recording.entries, recording.unknown_frees), (1, 8, 0));
+        assert_eq!(recording.start_bytes(), 7);
+        assert_eq!(recording.entry_of(4), 7);
+        let moments: Vec<Moment> = (0..6).map(|event| recording.moment_of(event)).collect();
+        assert_eq!(moments[..3], [Moment::Start, Moment::Entry(1), Moment::Entry(2)]);
+    }
+
+    #[test]
+    fn the_start_state_is_the_final_blocks_and_the_trace_walked_backwards() {
+        use crate::pytorch::{Block, Segment};
+        use crate::pytorch::{Pool, StackId};
+        let block = |address: u64, size: u64, requested_size: u64, state: BlockState| Block {
+            address,
+            size,
+            requested_size,
+            state,
+            frames: StackId::default(),
+        };
+        let segment = |device: u32, address: u64, blocks: Vec<Block>| Segment {
+            device,
+            address,
+            total_size: 2 << 20,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: 0,
+            segment_type: Pool::Large,
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            frames: StackId::default(),
+            blocks,
+        };
+        let snapshot = Snapshot {
+            segments: vec![
+                segment(
+                    0,
+                    0,
+                    vec![
+                        block(0, 1024, 1000, BlockState::ActiveAllocated),  // live throughout
+                        block(1024, 512, 512, BlockState::ActiveAllocated), // allocated by entry 1: not at the start
+                        block(2048, 1024, 0, BlockState::Inactive),
+                        block(4096, 512, 300, BlockState::ActivePendingFree), // live: its free is not completed
+                    ],
+                ),
+                segment(1, 0, vec![block(0, 512, 512, BlockState::ActiveAllocated)]), // another device
+            ],
+            device_traces: vec![vec![
+                entry(Action::FreeCompleted, 8192, 2000), // live at the start, freed here
+                entry(Action::Alloc, 1024, 512),
+                entry(Action::Alloc, 9000, 64),
+                entry(Action::FreeCompleted, 9000, 64), // allocated in the recording: not at the start
+            ]],
+            ..Snapshot::default()
+        };
+        let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
+        assert_eq!(recording.start_events, 3);
+        assert_eq!(
+            recording.trace.events()[..3],
+            [
+                Event::Alloc { slot: 0, size_bytes: 1000 },
+                Event::Alloc { slot: 1, size_bytes: 300 },
+                Event::Alloc { slot: 2, size_bytes: 2000 },
+            ]
+        );
+        assert_eq!(recording.start_bytes(), 3300);
+        assert_eq!(recording.trace.events()[3], Event::Free { slot: 2 }, "entry 0 frees a start allocation");
+        assert_eq!(recording.moment_of(3), Moment::Entry(0));
+    }
+
+    #[test]
+    fn moments_parse_print_and_map_to_positions() {
+        // (text, moment, position)
+        let cases = [("start", Moment::Start, 0), ("0", Moment::Entry(0), 1), ("421", Moment::Entry(421), 422)];
+        for (text, moment, position) in cases {
+            assert_eq!(text.parse::<Moment>(), Ok(moment));
+            assert_eq!((moment.position(), Moment::at_position(position)), (position, moment));
+        }
+        assert_eq!(Moment::Entry(60).to_string(), "entry 60");
+        assert_eq!(Moment::Start.to_string(), "start");
+        assert!("-1".parse::<Moment>().unwrap_err().to_string().contains("expected `start` or an entry number"));
     }
 
     #[test]

@@ -200,7 +200,7 @@ mod tests {
 
     #[test]
     fn paged_kv_serves_the_same_requests_in_less_memory() {
-        use crate::replay::replay_policy;
+        use crate::driver::replay_policy;
         let peak = |story: Story| {
             let mut policy = crate::Tlsf::new(1 << 40);
             replay_policy(&story.trace, &mut policy, 512).unwrap().peak_live_bytes

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use heapscope_core::compare::{CompareConfig, Contender, replay_contender, replay_pytorch};
+use heapscope_core::compare::{CompareConfig, Contender, replay, replay_pytorch};
 use heapscope_core::pytorch::replayed::{emulated_snapshot, replayed_snapshot};
 use heapscope_core::pytorch::{Action, AllocConf, BlockState, Snapshot, read_snapshot};
 use heapscope_core::recording::Recording;
@@ -181,7 +181,7 @@ proptest! {
             }
             let config = CompareConfig { capacity_bytes: capacity, ..CompareConfig::default() };
             for contender in [Contender::Heap(heapscope_core::PolicyKind::Tlsf), Contender::Paged] {
-                let outcome = replay_contender(&recording.trace, contender, &config, &|index| index).unwrap();
+                let outcome = replay(&recording, contender, &config).unwrap();
                 prop_assert!(outcome.peak_reserved_bytes >= outcome.peak_live_bytes.min(1));
                 replayed_snapshot(&recording, contender, &config).unwrap();
             }

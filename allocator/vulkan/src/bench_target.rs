@@ -12,9 +12,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use heapscope_core::contender::Contender;
 use heapscope_core::pytorch::CachingAllocation;
 use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Heap, HeapAllocation, Request};
-use heapscope_kernels::bench::{BenchPolicy, BenchSettings, Target, TargetError};
+use heapscope_kernels::bench::{BenchSettings, Target, TargetError};
 use heapscope_kernels::{KernelRunner, Op, VerifyResult};
 
 use crate::compute::{BlockBuffer, ComputeBuffer, ComputeKernels};
@@ -102,10 +103,10 @@ impl VulkanTarget {
     /// # Errors
     /// A Vulkan failure bringing up the heap or the kernels; settings the heap refuses; `paged` and
     /// `pytorch-expandable` on a device without sparse residency for buffers.
-    pub fn new(context: &Arc<VulkanContext>, policy: BenchPolicy, settings: &BenchSettings) -> Result<Self, VulkanError> {
+    pub fn new(context: &Arc<VulkanContext>, policy: Contender, settings: &BenchSettings) -> Result<Self, VulkanError> {
         let kernels = ComputeKernels::new(Arc::clone(context)).map_err(|error| VulkanError::Unsupported(error.to_string()))?;
         let backend = match policy {
-            BenchPolicy::Heap(kind) => {
+            Contender::Heap(kind) => {
                 let source = DeviceMemorySource::new(
                     Arc::clone(context),
                     DeviceSourceConfig {
@@ -115,13 +116,17 @@ impl VulkanTarget {
                 )?;
                 Backend::Heap(Heap::new(settings.heap_config(kind), source)?)
             }
-            BenchPolicy::Paged => {
+            Contender::Paged => {
                 Backend::Paged(DevicePagedHeap::new(Arc::clone(context), DevicePagedConfig::for_bench(context, settings))?)
             }
-            BenchPolicy::Pytorch | BenchPolicy::PytorchExpandable => {
-                let conf = settings.caching_conf(policy == BenchPolicy::PytorchExpandable);
-                let config = PytorchDeviceConfig::new(conf, settings.budget_bytes);
+            Contender::Pytorch { expandable } => {
+                let config = PytorchDeviceConfig::new(settings.caching_conf(expandable), settings.budget_bytes);
                 Backend::Pytorch(Box::new(PytorchDeviceHeap::new(Arc::clone(context), config)?))
+            }
+            Contender::GpuAllocator | Contender::Vma => {
+                return Err(VulkanError::Unsupported(format!(
+                    "{policy} is no bench contender: it replays recordings (heapscope replay --vulkan)"
+                )));
             }
         };
         Ok(Self { backend, kernels, align_bytes: settings.align_bytes })

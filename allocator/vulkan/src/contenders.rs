@@ -23,48 +23,20 @@
 
 use std::sync::Arc;
 
-use heapscope_core::compare::{CompareConfig, Outcome, best_time, emulate_pytorch, summed};
+use heapscope_core::compare::{CompareConfig, Outcome, alloc_conf, best_time, emulate_pytorch, summed};
+use heapscope_core::contender::Contender;
+use heapscope_core::driver::replay_device_heap;
 use heapscope_core::pytorch::caching::SMALL_BUFFER_BYTES;
 use heapscope_core::pytorch::{AllocConf, CachingAllocator, SegmentBacking};
-use heapscope_core::recording::Recording;
-use heapscope_core::replay::replay_device_heap;
+use heapscope_core::recording::{Moment, Recording};
 use heapscope_core::trace::Event;
 use heapscope_core::units::Bytes;
-use heapscope_core::{DeviceEvent, DeviceHeap, Heap, HeapConfig, PolicyConfig, PolicyKind, Trace};
+use heapscope_core::{DeviceEvent, DeviceHeap, Heap, HeapConfig, PolicyConfig, Trace};
 
 use crate::{
     DeviceLimits, DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, DeviceSourceConfig, ExternalAllocator, ExternalConfig,
     ExternalHeap, GpuAllocatorBackend, PytorchDeviceConfig, SegmentMemory, SparseBuffer, VmaBackend, VulkanContext, VulkanError,
 };
-
-/// Who replays a recording on the device.
-#[derive(Clone, Debug, PartialEq)]
-pub enum DeviceContender {
-    /// PyTorch's caching allocator with these settings, on device memory ([`SegmentMemory`] under the core's
-    /// emulation; see the module documentation).
-    Pytorch(AllocConf),
-    /// A core policy inside device-local `vkAllocateMemory` blocks (the heap rules of the comparison).
-    Heap(PolicyKind),
-    /// TLSF in one sparse buffer, pages bound on demand ([`DevicePagedHeap`], the comparison's unmap rule).
-    Paged,
-    /// gpu-allocator 0.28 (`MemoryLocation::GpuOnly`, 256 MiB blocks).
-    GpuAllocator,
-    /// VMA through vk-mem 0.5 (`MemoryUsage::Unknown`, `DEVICE_LOCAL` required, 256 MiB preferred blocks).
-    Vma,
-}
-
-impl DeviceContender {
-    /// The name in reports.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Pytorch(_) => "pytorch",
-            Self::Heap(kind) => kind.name(),
-            Self::Paged => "paged",
-            Self::GpuAllocator => "gpu-allocator",
-            Self::Vma => "vma",
-        }
-    }
-}
 
 /// Counts blocks reserved and released in `events`.
 fn count_device_events(events: &[DeviceEvent]) -> (u64, u64) {
@@ -251,7 +223,7 @@ fn replay_external<A: ExternalAllocator>(
     context: &Arc<VulkanContext>,
     trace: &Trace,
     config: &CompareConfig,
-    event_of: &dyn Fn(u64) -> u64,
+    moment_of: &dyn Fn(u64) -> Moment,
 ) -> Result<Outcome, VulkanError> {
     let ((replay, peak_reserved_bytes, events), nanos) = best_time(|| {
         let external = ExternalConfig { budget_cap_bytes: config.capacity_bytes, ..ExternalConfig::default() };
@@ -263,7 +235,7 @@ fn replay_external<A: ExternalAllocator>(
     })?;
     let (device_allocs, device_frees) = count_device_events(&events);
     let policy = format!("{} (vulkan)", A::POLICY);
-    Ok(Outcome { peak_reserved_bytes, device_allocs, device_frees, ..summed(&policy, &replay, event_of, nanos) })
+    Ok(Outcome { peak_reserved_bytes, device_allocs, device_frees, ..summed(&policy, &replay, moment_of, nanos) })
 }
 
 /// Replays `recording` through `contender` on `context`'s device, with `config`'s capacity as the budget cap
@@ -279,15 +251,19 @@ fn replay_external<A: ExternalAllocator>(
 pub fn replay_on_device(
     context: &Arc<VulkanContext>,
     recording: &Recording,
-    contender: &DeviceContender,
+    contender: Contender,
     config: &CompareConfig,
 ) -> Result<Outcome, VulkanError> {
     let trace = &recording.trace;
-    let event_of = |event| recording.entry_of(event);
-    let event_of: &dyn Fn(u64) -> u64 = &event_of;
-    match *contender {
-        DeviceContender::Pytorch(ref conf) => replay_pytorch_on_device(context, recording, conf, config.capacity_bytes),
-        DeviceContender::Heap(kind) => {
+    let moment_of = |event| recording.moment_of(event);
+    let moment_of: &dyn Fn(u64) -> Moment = &moment_of;
+    match contender {
+        Contender::Pytorch { expandable } => {
+            let mut conf = alloc_conf(recording, config.alloc_conf.as_deref())?;
+            conf.expandable_segments |= expandable;
+            replay_pytorch_on_device(context, recording, &conf, config.capacity_bytes)
+        }
+        Contender::Heap(kind) => {
             let ((replay, peak_reserved_bytes, blocks_reserved, blocks_released), nanos) = best_time(|| {
                 let source =
                     DeviceMemorySource::new(Arc::clone(context), DeviceSourceConfig::device_only(config.capacity_bytes))?;
@@ -300,10 +276,10 @@ pub fn replay_on_device(
                 peak_reserved_bytes,
                 device_allocs: blocks_reserved,
                 device_frees: blocks_released,
-                ..summed(&format!("{} (vulkan)", kind.name()), &replay, event_of, nanos)
+                ..summed(&format!("{} (vulkan)", kind.name()), &replay, moment_of, nanos)
             })
         }
-        DeviceContender::Paged => {
+        Contender::Paged => {
             let (needed_bytes, virtual_bytes) = paged_range_for(context, trace, config)?;
             let mut paged = DevicePagedConfig::new(virtual_bytes, config.capacity_bytes);
             paged.unmap = config.paged_unmap;
@@ -320,11 +296,11 @@ pub fn replay_on_device(
                 peak_reserved_bytes: stats.heap.peak_mapped_bytes,
                 device_allocs: stats.sparse.bind_entries,
                 device_frees: stats.sparse.unbind_entries,
-                ..summed("paged (vulkan)", &replay, event_of, nanos)
+                ..summed("paged (vulkan)", &replay, moment_of, nanos)
             })
         }
-        DeviceContender::GpuAllocator => replay_external::<GpuAllocatorBackend>(context, trace, config, event_of),
-        DeviceContender::Vma => replay_external::<VmaBackend>(context, trace, config, event_of),
+        Contender::GpuAllocator => replay_external::<GpuAllocatorBackend>(context, trace, config, moment_of),
+        Contender::Vma => replay_external::<VmaBackend>(context, trace, config, moment_of),
     }
 }
 

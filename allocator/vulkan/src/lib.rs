@@ -27,7 +27,7 @@
 //!   [`ExternalConfig`] (block size, budget cap); the heap keeps the books
 //!   (`external`: slot table, blocks and their synthetic addresses, reserved / live bytes, device events,
 //!   refusals) and gives out one handle type, [`ExternalHandle`].
-//! - [`replay_on_device`] (`contenders`): a recording through a [`DeviceContender`] — PyTorch's allocator on
+//! - [`replay_on_device`] (`contenders`): a recording through a core `Contender` — PyTorch's allocator on
 //!   device memory, a heap of device-memory blocks, `paged` on a sparse buffer sized by [`paged_virtual_bytes`],
 //!   gpu-allocator or VMA — summed up in the core's `Outcome` (what `heapscope replay --vulkan` prints); a
 //!   contender the device cannot run is an error with [`VulkanError::is_device_limit`].
@@ -68,7 +68,7 @@ mod vma_heap;
 pub mod wgpu_interop;
 
 pub use bench_target::{VulkanHandle, VulkanTarget};
-pub use contenders::{DeviceContender, paged_range_for, paged_virtual_bytes, peak_live_footprint_bytes, replay_on_device};
+pub use contenders::{paged_range_for, paged_virtual_bytes, peak_live_footprint_bytes, replay_on_device};
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};
 pub use error::VulkanError;
 pub use external::ExternalHandle;

@@ -6,8 +6,9 @@
 
 mod common;
 
+use heapscope_core::contender::Contender;
 use heapscope_kernels::bench::conformance::{check_target, small_serve};
-use heapscope_kernels::bench::{BenchPolicy, BenchSettings, run};
+use heapscope_kernels::bench::{BenchSettings, run};
 use heapscope_kernels::workload::KvLayout;
 use heapscope_vulkan::VulkanTarget;
 
@@ -30,7 +31,7 @@ fn a_dropped_target_leaves_no_device_memory() {
     let Some(context) = common::sparse_context() else { return };
     let baseline = context.live_allocation_count();
     let workload = small_serve(KvLayout::Paged);
-    for policy in [BenchPolicy::Heap(heapscope_core::PolicyKind::Tlsf), BenchPolicy::Pytorch] {
+    for policy in [Contender::Heap(heapscope_core::PolicyKind::Tlsf), Contender::Pytorch { expandable: false }] {
         let mut target = VulkanTarget::new(&context, policy, &BenchSettings::new(None)).unwrap();
         run(&workload, &mut target).unwrap();
         assert!(target.device_bytes() > 0, "{policy}: memory stays cached after the run");

@@ -8,11 +8,12 @@ mod common;
 
 use common::{finish, sparse_context};
 use heapscope_core::compare::{CompareConfig, Outcome, replay_pytorch};
+use heapscope_core::contender::Contender;
 use heapscope_core::pytorch::{AllocConf, read_snapshot};
 use heapscope_core::recording::Recording;
 use heapscope_core::units::MIB;
 use heapscope_core::{PolicyKind, TraceBuilder, UnmapRule};
-use heapscope_vulkan::{DeviceContender, VulkanError, paged_virtual_bytes, peak_live_footprint_bytes, replay_on_device};
+use heapscope_vulkan::{VulkanError, paged_virtual_bytes, peak_live_footprint_bytes, replay_on_device};
 
 /// frag_oom at 1/8 scale (18.75 MiB x 20 allocated and freed, 12.5 MiB x 20, then 128 MiB) within 448 MiB.
 fn small_frag_oom() -> heapscope_core::Trace {
@@ -37,14 +38,14 @@ fn every_device_contender_replays_the_same_trace() {
     let capacity = 448 * MIB;
     let config = CompareConfig { capacity_bytes: Some(capacity), ..CompareConfig::default() };
     let contenders = [
-        DeviceContender::Pytorch(AllocConf::default()),
-        DeviceContender::Heap(PolicyKind::Tlsf),
-        DeviceContender::Paged,
-        DeviceContender::GpuAllocator,
-        DeviceContender::Vma,
+        Contender::Pytorch { expandable: false },
+        Contender::Heap(PolicyKind::Tlsf),
+        Contender::Paged,
+        Contender::GpuAllocator,
+        Contender::Vma,
     ];
     for contender in contenders {
-        let outcome = replay_on_device(&context, &trace, &contender, &config).unwrap();
+        let outcome = replay_on_device(&context, &trace, contender, &config).unwrap();
         assert_eq!(outcome.policy, format!("{} (vulkan)", contender.name()));
         assert_eq!(outcome.events, 61, "{outcome:?}");
         assert_eq!(outcome.allocs + outcome.ooms, 41, "{outcome:?}");
@@ -53,7 +54,7 @@ fn every_device_contender_replays_the_same_trace() {
         if let Some(oom) = &outcome.first_oom {
             assert!(oom.event_index < 61 && oom.reserved_bytes <= capacity, "{oom:?}");
         }
-        if contender == DeviceContender::Paged {
+        if contender == Contender::Paged {
             // 12.5 MiB x 20 + 128 MiB live, in 4 KiB pages (or the device's): every request served.
             assert_eq!(outcome.ooms, 0, "{outcome:?}");
             assert!(outcome.peak_reserved_bytes >= 378 * MIB, "{outcome:?}");
@@ -61,8 +62,8 @@ fn every_device_contender_replays_the_same_trace() {
     }
     // Under pressure the freed pages serve the 12.5 MiB allocations without binds.
     let pressure = CompareConfig { paged_unmap: UnmapRule::UnderPressure, ..config.clone() };
-    let eager = replay_on_device(&context, &trace, &DeviceContender::Paged, &config).unwrap();
-    let cached = replay_on_device(&context, &trace, &DeviceContender::Paged, &pressure).unwrap();
+    let eager = replay_on_device(&context, &trace, Contender::Paged, &config).unwrap();
+    let cached = replay_on_device(&context, &trace, Contender::Paged, &pressure).unwrap();
     assert_eq!(cached.ooms, 0, "{cached:?}");
     assert!(cached.device_allocs < eager.device_allocs, "{cached:?} vs {eager:?}");
     finish(context);
@@ -80,14 +81,14 @@ fn paged_refuses_a_trace_larger_than_the_device_allows() {
     builder.alloc(1, largest + (1 << 20)).unwrap();
     let trace = Recording::from_trace(builder.finish());
     assert!(peak_live_footprint_bytes(&trace.trace, 512) > largest);
-    let error = replay_on_device(&context, &trace, &DeviceContender::Paged, &CompareConfig::default()).unwrap_err();
+    let error = replay_on_device(&context, &trace, Contender::Paged, &CompareConfig::default()).unwrap_err();
     assert!(matches!(error, VulkanError::VirtualRangeTooSmall { contender: "paged", .. }), "{error}");
     assert!(error.is_device_limit(), "{error}");
     assert!(error.to_string().contains("sparseAddressSpaceSize"), "{error}");
     // With a capacity below the device's limit the same trace replays (and its one request is refused).
     let config = CompareConfig { capacity_bytes: Some(64 * MIB), ..CompareConfig::default() };
     assert!(paged_virtual_bytes(&limits, 64 * MIB).is_ok());
-    let outcome = replay_on_device(&context, &trace, &DeviceContender::Paged, &config).unwrap();
+    let outcome = replay_on_device(&context, &trace, Contender::Paged, &config).unwrap();
     assert_eq!((outcome.allocs, outcome.ooms), (0, 1), "{outcome:?}");
     finish(context);
 }
@@ -128,7 +129,8 @@ fn pytorch_on_device_memory_reproduces_the_simulation_on_frag_oom() {
         let mut conf = AllocConf::default();
         conf.parse_overrides(settings).unwrap();
         let simulated = replay_pytorch(&recording, &conf, capacity).unwrap();
-        let on_device = replay_on_device(&context, &recording, &DeviceContender::Pytorch(conf), &config).unwrap();
+        let config = CompareConfig { alloc_conf: Some(settings.to_owned()), ..config.clone() };
+        let on_device = replay_on_device(&context, &recording, Contender::Pytorch { expandable: false }, &config).unwrap();
         assert_reproduces(&on_device, &simulated, settings);
         assert_eq!(on_device.ooms, ooms, "{on_device:?}");
         assert!(on_device.device_allocs > 0, "{on_device:?}");
@@ -159,7 +161,7 @@ fn pytorch_on_device_memory_reproduces_a_recorded_snapshot() {
     for capacity in [Some(3584 * MIB), None] {
         let config = CompareConfig { capacity_bytes: capacity, ..CompareConfig::default() };
         let simulated = replay_pytorch(&recording, &conf, capacity).unwrap();
-        let on_device = replay_on_device(&context, &recording, &DeviceContender::Pytorch(conf.clone()), &config).unwrap();
+        let on_device = replay_on_device(&context, &recording, Contender::Pytorch { expandable: false }, &config).unwrap();
         assert_reproduces(&on_device, &simulated, &format!("frag_oom-default, capacity {capacity:?}"));
         let oom = on_device.first_oom.as_ref().unwrap();
         assert_eq!((oom.event_index, oom.request_bytes, oom.free_bytes), (100, 1 << 30, 1000 * MIB), "{oom:?}");
@@ -169,7 +171,7 @@ fn pytorch_on_device_memory_reproduces_a_recorded_snapshot() {
     let expandable = snapshot("frag_oom-expandable");
     let conf = AllocConf::from_recorded(expandable.snapshot.as_ref().unwrap().settings.as_ref().unwrap());
     let config = CompareConfig { capacity_bytes: Some(3584 * MIB), ..CompareConfig::default() };
-    match replay_on_device(&context, &expandable, &DeviceContender::Pytorch(conf.clone()), &config) {
+    match replay_on_device(&context, &expandable, Contender::Pytorch { expandable: false }, &config) {
         Ok(on_device) => {
             let simulated = replay_pytorch(&expandable, &conf, config.capacity_bytes).unwrap();
             assert_reproduces(&on_device, &simulated, "frag_oom-expandable");

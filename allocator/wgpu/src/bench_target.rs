@@ -21,9 +21,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use heapscope_core::contender::Contender;
 use heapscope_core::pytorch::CachingAllocation;
 use heapscope_core::{Allocation, HeapAllocation};
-use heapscope_kernels::bench::{BenchPolicy, BenchSettings, Target, TargetError};
+use heapscope_kernels::bench::{BenchSettings, Target, TargetError};
 use heapscope_kernels::{KernelRunner, Op, VerifyResult};
 
 #[cfg(feature = "vulkan")]
@@ -83,9 +84,9 @@ fn target_error(error: WgpuError) -> TargetError {
 }
 
 /// Why `policy` (which maps pages: `paged`, `pytorch-expandable`) cannot run on `device`, and what to use instead.
-pub fn sparse_refusal(policy: BenchPolicy, device: &WgpuDevice) -> String {
+pub fn sparse_refusal(policy: Contender, device: &WgpuDevice) -> String {
     let what = match policy {
-        BenchPolicy::Paged => "paged maps pages on demand into one virtual range",
+        Contender::Paged => "paged maps pages on demand into one virtual range",
         _ => "pytorch-expandable maps PyTorch's pages into each segment's virtual range",
     };
     let info = device.info();
@@ -124,9 +125,9 @@ impl<'a> WgpuTarget<'a> {
     /// [`WgpuError::Unsupported`] for `paged` and `pytorch-expandable` on a device that is not heapscope's Vulkan
     /// device ([`sparse_refusal`] says why); settings a heap refuses; a wgpu or Vulkan failure bringing up the heap
     /// or the kernels.
-    pub fn new(device: &'a Arc<WgpuDevice>, policy: BenchPolicy, settings: &BenchSettings) -> Result<Self, WgpuError> {
+    pub fn new(device: &'a Arc<WgpuDevice>, policy: Contender, settings: &BenchSettings) -> Result<Self, WgpuError> {
         let backend = match policy {
-            BenchPolicy::Heap(kind) => {
+            Contender::Heap(kind) => {
                 let config = ArenaConfig {
                     heap: settings.heap_config(kind),
                     max_binding_bytes: None,
@@ -134,12 +135,17 @@ impl<'a> WgpuTarget<'a> {
                 };
                 Backend::Arenas { heap: ArenaHeap::new(Arc::clone(device), config)?, live: HashMap::new() }
             }
-            BenchPolicy::Pytorch => Backend::Pytorch(Box::new(PytorchHeap::new(
+            Contender::Pytorch { expandable: false } => Backend::Pytorch(Box::new(PytorchHeap::new(
                 Arc::clone(device),
                 settings.caching_conf(false),
                 settings.budget_bytes,
             )?)),
-            BenchPolicy::Paged | BenchPolicy::PytorchExpandable => Self::sparse_backend(device, policy, settings)?,
+            Contender::Paged | Contender::Pytorch { expandable: true } => Self::sparse_backend(device, policy, settings)?,
+            Contender::GpuAllocator | Contender::Vma => {
+                return Err(WgpuError::Unsupported(format!(
+                    "{policy} is no bench contender: it replays recordings (heapscope replay --vulkan)"
+                )));
+            }
         };
         let kernels = WgpuKernels::new(Arc::clone(device))?;
         Ok(Self { backend, kernels, device, align_bytes: settings.align_bytes })
@@ -148,13 +154,13 @@ impl<'a> WgpuTarget<'a> {
     #[cfg(feature = "vulkan")]
     fn sparse_backend(
         device: &'a Arc<WgpuDevice>,
-        policy: BenchPolicy,
+        policy: Contender,
         settings: &BenchSettings,
     ) -> Result<Backend<'a>, WgpuError> {
         let Some(context) = device.vulkan_context() else {
             return Err(WgpuError::Unsupported(sparse_refusal(policy, device)));
         };
-        if policy == BenchPolicy::Paged {
+        if policy == Contender::Paged {
             return Ok(Backend::Paged(device.paged_heap(heapscope_vulkan::DevicePagedConfig::for_bench(context, settings))?));
         }
         let config = heapscope_vulkan::PytorchDeviceConfig::new(settings.caching_conf(true), settings.budget_bytes);
@@ -162,7 +168,7 @@ impl<'a> WgpuTarget<'a> {
     }
 
     #[cfg(not(feature = "vulkan"))]
-    fn sparse_backend(device: &'a Arc<WgpuDevice>, policy: BenchPolicy, _: &BenchSettings) -> Result<Backend<'a>, WgpuError> {
+    fn sparse_backend(device: &'a Arc<WgpuDevice>, policy: Contender, _: &BenchSettings) -> Result<Backend<'a>, WgpuError> {
         Err(WgpuError::Unsupported(sparse_refusal(policy, device)))
     }
 

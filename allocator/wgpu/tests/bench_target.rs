@@ -9,13 +9,14 @@ mod common;
 
 use common::{devices, finish};
 use heapscope_core::PolicyKind;
+use heapscope_core::contender::Contender;
 use heapscope_kernels::bench::conformance::{check_target, small_serve};
-use heapscope_kernels::bench::{BenchPolicy, BenchSettings, run};
+use heapscope_kernels::bench::{BenchSettings, run};
 use heapscope_kernels::workload::KvLayout;
 use heapscope_wgpu::{WgpuError, WgpuTarget};
 
-fn needs_sparse(policy: BenchPolicy) -> bool {
-    matches!(policy, BenchPolicy::Paged | BenchPolicy::PytorchExpandable)
+fn needs_sparse(policy: Contender) -> bool {
+    matches!(policy, Contender::Paged | Contender::Pytorch { expandable: true })
 }
 
 /// The checks every device target must pass (`heapscope_kernels::bench::conformance`), on every route; on plain
@@ -23,7 +24,7 @@ fn needs_sparse(policy: BenchPolicy) -> bool {
 #[test]
 fn every_contender_verifies_clean_and_matches_the_simulation() {
     for (route, device) in devices() {
-        let make = |policy: BenchPolicy, settings: &BenchSettings| match WgpuTarget::new(&device, policy, settings) {
+        let make = |policy: Contender, settings: &BenchSettings| match WgpuTarget::new(&device, policy, settings) {
             Err(WgpuError::Unsupported(why)) if !device.is_vulkan_interop() && needs_sparse(policy) => {
                 assert!(
                     why.starts_with(policy.name()) && why.contains("sparse binding") && why.contains("--backend vulkan"),
@@ -48,9 +49,12 @@ fn a_dropped_target_leaves_nothing_behind() {
     let workload = small_serve(KvLayout::Paged);
     for (route, device) in devices() {
         let baseline = device.vulkan_context().map(|context| context.live_allocation_count());
-        for policy in
-            [BenchPolicy::Heap(PolicyKind::Tlsf), BenchPolicy::Pytorch, BenchPolicy::Paged, BenchPolicy::PytorchExpandable]
-        {
+        for policy in [
+            Contender::Heap(PolicyKind::Tlsf),
+            Contender::Pytorch { expandable: false },
+            Contender::Paged,
+            Contender::Pytorch { expandable: true },
+        ] {
             if needs_sparse(policy) && !device.is_vulkan_interop() {
                 continue;
             }
@@ -74,10 +78,10 @@ fn bad_settings_and_unbindable_allocations_are_clear_errors() {
     for (route, device) in devices() {
         {
             let settings = BenchSettings { block_alignment_bytes: 3 << 10, ..BenchSettings::new(None) };
-            let error = WgpuTarget::new(&device, BenchPolicy::Heap(PolicyKind::Tlsf), &settings).unwrap_err();
+            let error = WgpuTarget::new(&device, Contender::Heap(PolicyKind::Tlsf), &settings).unwrap_err();
             assert!(error.to_string().contains("not a power of two"), "{route}: {error}");
             let limit = device.limits().max_storage_buffer_binding_size;
-            let mut target = WgpuTarget::new(&device, BenchPolicy::Heap(PolicyKind::Tlsf), &BenchSettings::new(None)).unwrap();
+            let mut target = WgpuTarget::new(&device, Contender::Heap(PolicyKind::Tlsf), &BenchSettings::new(None)).unwrap();
             let error = heapscope_kernels::bench::Target::allocate(&mut target, limit + 4).unwrap_err();
             let message = error.to_string();
             assert!(

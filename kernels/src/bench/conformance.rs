@@ -7,7 +7,9 @@
 
 use std::fmt;
 
-use super::{BenchPolicy, BenchSettings, RunReport, Target, run, run_simulated};
+use heapscope_core::contender::Contender;
+
+use super::{BenchSettings, RunReport, Target, run, run_simulated};
 use crate::workload::{ChurnConfig, KvLayout, ServeConfig, ServeModel, Workload, churn, serve};
 
 /// A small serve (2 MiB of weights, 32 KiB of KV a token, 150 steps, seed 7) with `kv`'s layout of the KV cache.
@@ -31,7 +33,7 @@ pub fn workloads() -> [Workload; 3] {
 #[derive(Debug)]
 pub struct DeviceRun {
     /// The contender.
-    pub policy: BenchPolicy,
+    pub policy: Contender,
     /// The workload's name.
     pub workload: String,
     /// What the device run counted.
@@ -84,7 +86,7 @@ fn shared(report: &RunReport) -> Shared {
     )
 }
 
-/// Plays every [`workload`](workloads) with every [default contender](BenchPolicy::DEFAULT) on the target `make`
+/// Plays every [`workload`](workloads) with every [default contender](Contender::BENCH) on the target `make`
 /// gives for it and the workload's settings (a budget an eighth above the workload's peak, rounded up to MiB),
 /// and compares each run with the simulated run of the same contender. `make` gives `Ok(None)` for a contender
 /// the target rightly refuses (the caller checks the refusal); `kernel_counts` says how many submits and
@@ -95,7 +97,7 @@ fn shared(report: &RunReport) -> Shared {
 /// kernels, no payload or verifies nothing, counts differently from the simulation, records no submit or fewer
 /// dispatches than fills; and when no contender is refused over all runs.
 pub fn check_target<T: Target, E: fmt::Display>(
-    mut make: impl FnMut(BenchPolicy, &BenchSettings) -> Result<Option<T>, E>,
+    mut make: impl FnMut(Contender, &BenchSettings) -> Result<Option<T>, E>,
     kernel_counts: impl Fn(&T) -> (u64, u64),
 ) -> Result<Vec<DeviceRun>, Nonconformance> {
     let mut runs = Vec::new();
@@ -106,7 +108,7 @@ pub fn check_target<T: Target, E: fmt::Display>(
             .peak_live_bytes;
         // A budget a little above the peak: some contenders are refused, the others fit.
         let settings = BenchSettings::new(Some((peak + peak / 8).next_multiple_of(1 << 20)));
-        for policy in BenchPolicy::DEFAULT {
+        for policy in Contender::BENCH {
             let failed = |problem: String| Nonconformance { run: format!("{policy} on {}", workload.name), problem };
             let Some(mut target) = make(policy, &settings).map_err(|error| failed(format!("no target: {error}")))? else {
                 continue;

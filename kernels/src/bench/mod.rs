@@ -1,5 +1,5 @@
 //! The bench runner, device-free: a [`Workload`](crate::workload::Workload) played on a [`Target`] ([`run`]),
-//! the contenders ([`BenchPolicy`]) and their shared rules ([`BenchSettings`]), and the simulated target
+//! the contenders ([`Contender`]) and their shared rules ([`BenchSettings`]), and the simulated target
 //! ([`SimTarget`], [`run_simulated`]). Device backends implement [`Target`]: the Vulkan crate's runs the
 //! kernels with `ComputeKernels`, the wgpu crate's with its own runner. What every device target must do (verify
 //! clean, count what the simulation counts) is [`conformance::check_target`], which both crates' tests run.
@@ -9,7 +9,7 @@ mod policy;
 mod run;
 mod target;
 
-pub use policy::{BenchPolicy, BenchSettings, run_simulated};
+pub use policy::{BenchSettings, run_simulated};
 pub use run::{MAX_PENDING_OPS, OpCounts, RunError, RunReport, run};
 pub use target::{SimTarget, Target, TargetError};
 

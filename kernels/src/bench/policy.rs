@@ -1,75 +1,13 @@
-//! [`BenchPolicy`]: who a bench runs — the core's contenders (`pytorch`, a heap policy, `paged`, named as
-//! `heapscope replay` names them) plus `pytorch-expandable` — and [`BenchSettings`], the rules they share, with
-//! [`run_simulated`] running one of them without a device.
+//! Who a bench runs is a core [`Contender`] (the one name table of every command; [`Contender::BENCH`] when none is
+//! named); [`BenchSettings`] are the rules they share, and [`run_simulated`] runs one of them without a device.
 
-use std::fmt;
-use std::str::FromStr;
-
-use heapscope_core::compare::Contender;
+use heapscope_core::contender::Contender;
 use heapscope_core::pytorch::{AllocConf, CachingHeap};
 use heapscope_core::{Heap, HeapConfig, PagedConfig, PagedHeap, PolicyKind, SimulatedSource};
 
 use super::run::{RunError, RunReport, run};
 use super::target::SimTarget;
 use crate::workload::Workload;
-
-/// A contender of `heapscope bench`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BenchPolicy {
-    /// PyTorch's caching allocator (emulated placement), PyTorch's default settings.
-    Pytorch,
-    /// The same with `expandable_segments:True`.
-    PytorchExpandable,
-    /// A core policy inside a heap of blocks.
-    Heap(PolicyKind),
-    /// One virtual range backed by pages mapped on demand (sparse binding on a device).
-    Paged,
-}
-
-impl BenchPolicy {
-    /// The contenders a bench runs when none is named.
-    pub const DEFAULT: [BenchPolicy; 7] = [
-        BenchPolicy::Pytorch,
-        BenchPolicy::PytorchExpandable,
-        BenchPolicy::Heap(PolicyKind::Tlsf),
-        BenchPolicy::Heap(PolicyKind::BestFit),
-        BenchPolicy::Heap(PolicyKind::FirstFit),
-        BenchPolicy::Heap(PolicyKind::Buddy),
-        BenchPolicy::Paged,
-    ];
-
-    /// The name on the command line and in reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            BenchPolicy::Pytorch => "pytorch",
-            BenchPolicy::PytorchExpandable => "pytorch-expandable",
-            BenchPolicy::Heap(kind) => kind.name(),
-            BenchPolicy::Paged => "paged",
-        }
-    }
-}
-
-impl fmt::Display for BenchPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for BenchPolicy {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, String> {
-        if text == "pytorch-expandable" {
-            return Ok(BenchPolicy::PytorchExpandable);
-        }
-        match text.parse::<Contender>() {
-            Ok(Contender::Pytorch) => Ok(BenchPolicy::Pytorch),
-            Ok(Contender::Paged) => Ok(BenchPolicy::Paged),
-            Ok(Contender::Heap(kind)) => Ok(BenchPolicy::Heap(kind)),
-            Err(message) => Err(format!("{message}, pytorch-expandable")),
-        }
-    }
-}
 
 /// The rules every contender of a bench runs under.
 #[derive(Clone, Debug, PartialEq)]
@@ -134,39 +72,34 @@ const UNLIMITED_DEVICE_BYTES: u64 = 1 << 56;
 ///
 /// # Errors
 /// [`RunError`] at step 0 for settings a heap refuses; what [`run`] returns.
-pub fn run_simulated(workload: &Workload, policy: BenchPolicy, settings: &BenchSettings) -> Result<RunReport, RunError> {
+pub fn run_simulated(workload: &Workload, policy: Contender, settings: &BenchSettings) -> Result<RunReport, RunError> {
     let invalid = |error: heapscope_core::Error| RunError { step: 0, message: format!("{policy}: {error}") };
     let align = settings.align_bytes;
     match policy {
-        BenchPolicy::Heap(kind) => {
+        Contender::Heap(kind) => {
             let device = settings.budget_bytes.unwrap_or(UNLIMITED_DEVICE_BYTES);
             let source = SimulatedSource::new(device, settings.block_alignment_bytes);
             let heap = Heap::new(settings.heap_config(kind), source).map_err(invalid)?;
             run(workload, &mut SimTarget::new(heap, align))
         }
-        BenchPolicy::Paged => {
+        Contender::Paged => {
             let heap = PagedHeap::new(settings.paged_config()).map_err(invalid)?;
             run(workload, &mut SimTarget::new(heap, align))
         }
-        BenchPolicy::Pytorch | BenchPolicy::PytorchExpandable => {
-            let conf = settings.caching_conf(policy == BenchPolicy::PytorchExpandable);
+        Contender::Pytorch { expandable } => {
+            let conf = settings.caching_conf(expandable);
             run(workload, &mut SimTarget::new(CachingHeap::new(conf, settings.budget_bytes), align))
         }
+        Contender::GpuAllocator | Contender::Vma => Err(RunError {
+            step: 0,
+            message: format!("{policy} is no bench contender: it replays recordings on a Vulkan device"),
+        }),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_round_trip() {
-        for policy in BenchPolicy::DEFAULT.into_iter().chain(PolicyKind::ALL.map(BenchPolicy::Heap)) {
-            assert_eq!(policy.name().parse::<BenchPolicy>(), Ok(policy));
-        }
-        let error = "pytorch-expandible".parse::<BenchPolicy>().unwrap_err();
-        assert!(error.contains("expected one of pytorch, paged, tlsf") && error.ends_with("pytorch-expandable"), "{error}");
-    }
 
     #[test]
     fn settings_follow_the_budget() {

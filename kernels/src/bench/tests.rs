@@ -10,6 +10,7 @@ use crate::workload::{
     ChurnConfig, KvLayout, ServeConfig, ServeModel, Step, TrainConfig, TrainModel, Workload, churn, serve, train,
 };
 use crate::{Op, VerifyResult, matvec_words, pattern_word, verify_words};
+use heapscope_core::contender::Contender;
 
 /// Words on the CPU. With `alias_every = Some(n)`, every n-th allocation is handed the words of the previous one
 /// still live (a broken allocator: two live allocations overlap). An op on a freed allocation is a failure, so
@@ -160,7 +161,7 @@ fn overlapping_allocations_are_caught() {
 fn simulated_runs_skip_the_kernels() {
     let workload = small_train(false);
     let stats = workload.check().unwrap();
-    for policy in BenchPolicy::DEFAULT {
+    for policy in Contender::BENCH {
         let report = run_simulated(&workload, policy, &BenchSettings::new(None)).unwrap();
         assert!(!report.kernels_ran && report.mismatches == 0, "{policy}");
         assert_eq!((report.allocs, report.ooms, report.peak_live_bytes), (stats.allocs, 0, stats.peak_live_bytes), "{policy}");
@@ -174,7 +175,7 @@ fn refused_allocations_are_counted_and_skipped() {
     let workload = small_serve(KvLayout::Paged);
     let peak = workload.check().unwrap().peak_live_bytes;
     let settings = BenchSettings::new(Some(peak / 2));
-    let report = run_simulated(&workload, BenchPolicy::Heap(heapscope_core::PolicyKind::Tlsf), &settings).unwrap();
+    let report = run_simulated(&workload, Contender::Heap(heapscope_core::PolicyKind::Tlsf), &settings).unwrap();
     assert!(report.ooms > 0 && report.skipped_steps >= report.ooms, "{report:?}");
     let (step, verdict) = report.first_oom.as_ref().unwrap();
     assert!(matches!(workload.steps[*step as usize], Step::Alloc { .. }));
@@ -187,8 +188,8 @@ fn refused_allocations_are_counted_and_skipped() {
 fn serve_default_budget_tells_its_story() {
     let workload = serve(&ServeConfig::new(1));
     let settings = BenchSettings::new(Some(ServeConfig::DEFAULT_BUDGET_BYTES));
-    let pytorch = run_simulated(&workload, BenchPolicy::Pytorch, &settings).unwrap();
-    let paged = run_simulated(&workload, BenchPolicy::Paged, &settings).unwrap();
+    let pytorch = run_simulated(&workload, Contender::Pytorch { expandable: false }, &settings).unwrap();
+    let paged = run_simulated(&workload, Contender::Paged, &settings).unwrap();
     assert!(pytorch.ooms > 0, "{pytorch:?}");
     assert_eq!(pytorch.first_oom.as_ref().unwrap().1.cause, OomCause::Fragmentation, "{:?}", pytorch.first_oom);
     assert_eq!(paged.ooms, 0, "{:?}", paged.first_oom);

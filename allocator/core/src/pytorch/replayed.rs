@@ -9,16 +9,17 @@
 //! segments list the heap's blocks (a paged heap's mapped runs, marked expandable) tiled by their blocks.
 
 use crate::compare::{CompareConfig, Contender};
+use crate::driver::{HeapTarget, Observer, Step, Stream, drive};
 use crate::hash::FastMap;
 use crate::pytorch::caching::{SMALL_BUFFER_BYTES, SMALL_SIZE_BYTES};
 use crate::pytorch::{
     Action, AllocConf, Block, BlockState, CachingAllocator, MemoryStats, Pool, RecordedSettings, Segment, Snapshot, StackId,
     StatArray, TraceEntry, emulate,
 };
-use crate::recording::Recording;
+use crate::recording::{Moment, Recording};
 use crate::report::RangeReport;
 use crate::trace::Event;
-use crate::{DeviceEvent, DeviceHeap, Error, RangeState, Request, Result};
+use crate::{DeviceEvent, DeviceHeap, Error, RangeState, Result};
 
 /// Where a paged heap's virtual range starts in exported addresses.
 pub const PAGED_BASE_ADDRESS: u64 = 0x7e00_0000_0000;
@@ -32,7 +33,9 @@ struct Writer<'a> {
 impl Writer<'_> {
     fn push(&mut self, action: Action, addr: u64, size: u64, event: usize, device_free: Option<u64>) {
         let original = self.recording.snapshot.as_ref().and_then(|snapshot| {
-            let index = usize::try_from(self.recording.entry_of(event as u64)).ok()?;
+            // An allocation live at the start comes from no entry.
+            let Moment::Entry(index) = self.recording.moment_of(event as u64) else { return None };
+            let index = usize::try_from(index).ok()?;
             snapshot.device_traces.get(self.recording.device)?.get(index)
         });
         self.entries.push(TraceEntry {
@@ -228,12 +231,6 @@ pub struct Replayed {
     pub stats: MemoryStats,
 }
 
-/// The contender's side of one allocation attempt.
-enum Served {
-    Yes { address: u64 },
-    No { device_free: u64 },
-}
-
 /// Replays `recording` through a heap or paged contender and returns the snapshot it would have
 /// recorded (device `recording.device`, frames shared with the recording's snapshot).
 ///
@@ -270,8 +267,12 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
                 })
                 .collect()
         }
-        Contender::Pytorch => {
-            return Err(Error::InvalidConfig { what: "the pytorch emulation writes its own snapshot".into() });
+        Contender::Pytorch { .. } | Contender::GpuAllocator | Contender::Vma => {
+            return Err(Error::InvalidConfig {
+                what: format!(
+                    "{contender}: the pytorch emulation writes its own snapshot (emulated_snapshot), and a device-only allocator has no simulated one"
+                ),
+            });
         }
     };
     let mut device_traces = vec![Vec::new(); device + 1];
@@ -279,8 +280,8 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
     Ok(Replayed { snapshot: Snapshot { segments, device_traces, settings: None, frame_stacks }, stats: recorder.stats })
 }
 
-/// Replays the recording through `heap`, writing its entries (addresses shifted by `address_base`) and
-/// keeping its counters.
+/// Replays the recording through `heap` with the driver, writing its entries (addresses shifted by
+/// `address_base`) and keeping its counters ([`Exporter`]).
 fn replay_device_heap<H: DeviceHeap>(
     heap: &mut H,
     address_base: u64,
@@ -290,71 +291,62 @@ fn replay_device_heap<H: DeviceHeap>(
     recorder: &mut StatsRecorder,
 ) -> Result<()> {
     heap.record_device_events(true);
-    let mut handles: Vec<Option<H::Handle>> = vec![None; recording.trace.slots() as usize];
-    replay_events(recording, config, writer, |writer, index, operation| {
-        let served = match operation {
-            Operation::Alloc(request, slot) => match allocate_recorded(heap, request, address_base, index, writer, recorder) {
-                Ok(handle) => {
-                    let footprint_bytes = H::allocation(&handle).footprint_bytes();
-                    recorder.allocation(H::block_base(&handle), footprint_bytes, request.size_bytes(), true);
-                    handles[slot as usize] = Some(handle);
-                    Served::Yes { address: address_base + H::address(&handle) }
-                }
-                Err(Error::OutOfMemory(verdict)) => {
-                    recorder.stats.num_ooms += 1;
-                    Served::No { device_free: verdict.unreserved_bytes }
-                }
-                Err(other) => return Err(other),
-            },
-            Operation::Oversized => {
-                heap.count_oom();
-                recorder.stats.num_ooms += 1;
-                Served::No { device_free: 0 }
-            }
-            Operation::Free(slot) => {
-                if let Some(handle) = handles[slot as usize].take() {
-                    heap.free_handle(handle)?;
-                    let size_bytes = H::allocation(&handle).size_bytes();
-                    recorder.allocation(H::block_base(&handle), H::allocation(&handle).footprint_bytes(), size_bytes, false);
-                    let address = address_base + H::address(&handle);
-                    writer.push(Action::FreeRequested, address, size_bytes, index, None);
-                    writer.push(Action::FreeCompleted, address, size_bytes, index, None);
-                }
-                Served::Yes { address: 0 }
-            }
-        };
-        // After the frees written above: a segment is released after the free that emptied it.
-        device_events(heap, address_base, index, writer, recorder);
-        Ok(served)
-    })
+    let mut exporter = Exporter { writer, recorder, address_base };
+    drive(Stream::of(recording), &mut HeapTarget(heap), config.align_bytes, &mut [&mut exporter])
 }
 
-/// Serves `request` and records the device events it caused first: a segment is reserved before the
-/// allocation placed in it (whose entry `replay_events` writes after).
-fn allocate_recorded<H: DeviceHeap>(
-    heap: &mut H,
-    request: Request,
+/// Writes a heap contender's replay down in PyTorch's schema, with PyTorch's counters: an [`Observer`] of the
+/// driver. A segment is reserved before the allocation placed in it and released after the free that emptied it.
+struct Exporter<'w, 'r> {
+    writer: &'w mut Writer<'r>,
+    recorder: &'w mut StatsRecorder,
     address_base: u64,
-    index: usize,
-    writer: &mut Writer<'_>,
-    recorder: &mut StatsRecorder,
-) -> Result<H::Handle> {
-    let result = heap.allocate_request(request);
-    device_events(heap, address_base, index, writer, recorder);
-    result
 }
 
-/// Writes and counts the device events since the last call.
-fn device_events<H: DeviceHeap>(
-    heap: &mut H,
-    address_base: u64,
-    index: usize,
-    writer: &mut Writer<'_>,
-    recorder: &mut StatsRecorder,
-) {
-    let events = heap.take_device_events();
-    events.iter().for_each(|&event| recorder.device(event));
-    writer.device_events(events, address_base, index);
+impl Exporter<'_, '_> {
+    /// Writes and counts `events`.
+    fn device(&mut self, events: &[DeviceEvent], index: usize) {
+        events.iter().for_each(|&event| self.recorder.device(event));
+        self.writer.device_events(events.to_vec(), self.address_base, index);
+    }
+}
+
+impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
+    fn step(
+        &mut self,
+        event: u64,
+        _moment: Moment,
+        step: Step<'_, H::Handle>,
+        device_events: &[DeviceEvent],
+        _target: &HeapTarget<'_, H>,
+    ) -> Result<()> {
+        let index = usize::try_from(event).unwrap_or(usize::MAX);
+        match step {
+            Step::Placed { size_bytes, handle, .. } => {
+                self.device(device_events, index);
+                let footprint_bytes = H::allocation(handle).footprint_bytes();
+                self.recorder.allocation(H::block_base(handle), footprint_bytes, size_bytes, true);
+                self.writer.push(Action::Alloc, self.address_base + H::address(handle), size_bytes, index, None);
+            }
+            Step::Refused { size_bytes, verdict, .. } => {
+                self.device(device_events, index);
+                self.recorder.stats.num_ooms += 1;
+                let device_free = verdict.map_or(0, |verdict| verdict.unreserved_bytes);
+                self.writer.push(Action::Oom, 0, size_bytes, index, Some(device_free));
+            }
+            Step::Freed { handle, .. } => {
+                let allocation = H::allocation(handle);
+                let size_bytes = allocation.size_bytes();
+                self.recorder.allocation(H::block_base(handle), allocation.footprint_bytes(), size_bytes, false);
+                let address = self.address_base + H::address(handle);
+                self.writer.push(Action::FreeRequested, address, size_bytes, index, None);
+                self.writer.push(Action::FreeCompleted, address, size_bytes, index, None);
+                self.device(device_events, index);
+            }
+            Step::Unserved { .. } => self.device(device_events, index),
+        }
+        Ok(())
+    }
 }
 
 /// The settings as a snapshot records them.
@@ -527,43 +519,6 @@ pub fn emulated_snapshot(
     })
 }
 
-/// One step for a contender.
-enum Operation {
-    Alloc(Request, u32),
-    /// A request whose size overflows once aligned.
-    Oversized,
-    Free(u32),
-}
-
-/// Feeds the recording's events to `step`, writing `alloc` and `oom` entries from what it answers.
-fn replay_events(
-    recording: &Recording,
-    config: &CompareConfig,
-    writer: &mut Writer<'_>,
-    mut step: impl FnMut(&mut Writer<'_>, usize, Operation) -> Result<Served>,
-) -> Result<()> {
-    Request::new(1, config.align_bytes)?;
-    for (index, event) in recording.trace.events().iter().enumerate() {
-        match *event {
-            Event::Alloc { slot, size_bytes } => {
-                let served = match Request::new(size_bytes, config.align_bytes) {
-                    Ok(request) => step(writer, index, Operation::Alloc(request, slot))?,
-                    // A size no device holds once aligned: refused like any out-of-memory request.
-                    Err(_) => step(writer, index, Operation::Oversized)?,
-                };
-                match served {
-                    Served::Yes { address } => writer.push(Action::Alloc, address, size_bytes, index, None),
-                    Served::No { device_free } => writer.push(Action::Oom, 0, size_bytes, index, Some(device_free)),
-                }
-            }
-            Event::Free { slot } => {
-                step(writer, index, Operation::Free(slot))?;
-            }
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -599,9 +554,7 @@ mod tests {
         assert_eq!(allocated, 20 * 100 * MIB, "the 100 MiB tensors are still live");
         // The counters agree with the layout and with the plain replay.
         let stats = &replayed.stats;
-        let outcome =
-            crate::compare::replay_contender(&recording.trace, Contender::Heap(PolicyKind::BestFit), &config, &|index| index)
-                .unwrap();
+        let outcome = crate::compare::replay(&recording, Contender::Heap(PolicyKind::BestFit), &config).unwrap();
         assert_eq!(stats.reserved_bytes.all().peak as u64, outcome.peak_reserved_bytes);
         assert_eq!((stats.num_device_alloc as u64, stats.num_ooms), (outcome.device_allocs, 1));
         assert_eq!((stats.allocation.all().current, stats.requested_bytes.all().current as u64), (20, allocated));
@@ -690,6 +643,6 @@ mod tests {
         let mapped: u64 = snapshot.segments.iter().map(|segment| segment.total_size).sum();
         assert_eq!(mapped, 3024 * MIB);
         assert!(snapshot.segments.iter().all(|segment| segment.is_expandable));
-        assert!(replayed_snapshot(&recording, Contender::Pytorch, &config).is_err());
+        assert!(replayed_snapshot(&recording, Contender::Pytorch { expandable: false }, &config).is_err());
     }
 }

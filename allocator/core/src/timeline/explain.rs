@@ -276,7 +276,7 @@ mod tests {
             heap: HeapConfig { release: ReleaseRule::OnPressure, ..HeapConfig::new(PolicyKind::BestFit) },
             ..CompareConfig::default()
         };
-        let timeline = record(&Recording::from_trace(story.trace), contender, &config, None).unwrap();
+        let timeline = record(&Recording::from_trace(story.trace), contender, &config).unwrap();
         let mut layout = timeline.layout_at(0);
         let mut out = Vec::new();
         for step in 0..timeline.steps() {

@@ -36,6 +36,9 @@ pub enum LayoutError {
         /// The address.
         address: u64,
     },
+    /// A start layout set once steps were recorded.
+    #[error("the start of a timeline is set before its first step")]
+    StartAfterSteps,
 }
 
 /// A region of address space.

@@ -106,6 +106,8 @@ pub struct Timeline {
     /// Index into `changes` where each step starts, plus one past the last step's.
     step_starts: Vec<usize>,
     samples: Vec<Sample>,
+    /// Totals at the start, before the first step.
+    start_sample: Sample,
     refusals: Vec<(u64, Refusal)>,
     /// Layouts after `position` steps, kept as their parts, by increasing position; the first is the empty start.
     checkpoints: Vec<Checkpoint>,
@@ -132,6 +134,7 @@ impl Timeline {
             changes: Vec::new(),
             step_starts: vec![0],
             samples: Vec::new(),
+            start_sample: Sample::default(),
             refusals: Vec::new(),
             checkpoints: vec![Checkpoint { position: 0, regions: Arc::default(), live: Box::default() }],
             min_interval: MIN_CHECKPOINT_INTERVAL,
@@ -139,6 +142,49 @@ impl Timeline {
             live_changes: BTreeMap::new(),
             region_changes: Vec::new(),
             virtual_extent: BTreeMap::new(),
+        }
+    }
+
+    /// Sets the layout at the start, before the first step (position 0): what was live when the recording
+    /// started. Only before the first step; a second call adds to the first.
+    ///
+    /// # Errors
+    /// [`LayoutError`] naming the first change that contradicts the layout (nothing is kept then), or
+    /// [`LayoutError::StartAfterSteps`] once a step was pushed.
+    pub fn start(&mut self, changes: &[Change]) -> Result<(), LayoutError> {
+        if self.steps() > 0 {
+            return Err(LayoutError::StartAfterSteps);
+        }
+        let mut head = self.head.clone();
+        for change in changes {
+            head.apply(change)?;
+        }
+        self.head = head;
+        let first = self.changes.len();
+        self.changes.extend_from_slice(changes);
+        self.step_starts = vec![self.changes.len()];
+        self.note_live_changes(first);
+        let totals = self.head.totals();
+        self.start_sample = Sample {
+            live_bytes: totals.live_bytes,
+            reserved_bytes: totals.reserved_bytes,
+            fragmentation: totals.fragmentation() as f32,
+        };
+        self.checkpoints.clear();
+        self.checkpoint_forced(0);
+        Ok(())
+    }
+
+    /// Totals at the start (position 0): zero unless [`Timeline::start`] set a start layout.
+    pub fn start_sample(&self) -> Sample {
+        self.start_sample
+    }
+
+    /// Totals after `position` steps (clamped): the start sample at 0.
+    pub fn sample_at(&self, position: u64) -> Sample {
+        match position.min(self.steps()) {
+            0 => self.start_sample,
+            position => self.samples[position as usize - 1],
         }
     }
 
@@ -213,6 +259,11 @@ impl Timeline {
         if u32::try_from(self.changes.len()).is_err() {
             return;
         }
+        self.checkpoint_forced(position);
+    }
+
+    /// Keeps the head, after `position` steps, as a checkpoint.
+    fn checkpoint_forced(&mut self, position: u64) {
         let live = self.live_changes.values().copied().collect();
         // A new snapshot of the regions once the changes since the last one outnumber a quarter of what a copy
         // holds: a seek replays at most that many, and the snapshots hold at most four entries per change.

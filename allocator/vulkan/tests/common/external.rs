@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::RangeInclusive;
 
-use heapscope_core::replay::replay_device_heap;
+use heapscope_core::driver::replay_device_heap;
 use heapscope_core::trace::Trace;
 use heapscope_core::units::KIB;
 use heapscope_core::units::MIB;
