@@ -495,3 +495,50 @@ fn policies_lists_every_policy() {
     assert_eq!(text.lines().count(), 8, "{text}");
     assert!(text.starts_with("tlsf "), "{text}");
 }
+
+/// A recording begun mid-run (written here: a shared snapshot with the first half of its trace cut, as
+/// `_record_memory_history()` switched on late leaves it) puts every contender on the same stream: each holds the
+/// start state, so every one that refuses nothing peaks at the same live bytes; the table says what was live at the
+/// start; every command takes every contender name.
+#[test]
+fn every_contender_replays_a_mid_run_recording_from_its_start() {
+    let dir = temp_dir("mid-run");
+    let mut snapshot = heapscope_core::pytorch::read_snapshot(&snapshot("gpt2_train_fixed-default")).unwrap();
+    let entries = snapshot.device_traces[0].len();
+    snapshot.device_traces[0].drain(..entries / 2);
+    let path = dir.join("mid-run.pickle");
+    heapscope_core::pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
+    let file = path.to_str().unwrap();
+    let names = ["pytorch", "pytorch-expandable", "tlsf", "best-fit", "first-fit", "buddy", "paged"];
+    let mut args = vec!["replay", file, "--json"];
+    for name in names {
+        args.extend(["--policy", name]);
+    }
+    let lines = json_lines(&heapscope(&args));
+    assert_eq!(lines.len(), names.len());
+    for line in &lines {
+        assert_eq!(line["ooms"], 0, "{line}");
+        assert_eq!(line["peak_live_bytes"], lines[0]["peak_live_bytes"], "the same stream: {line}");
+    }
+    let compare = heapscope(&["compare", file, "--policy", "pytorch", "--policy", "pytorch-expandable", "--policy", "tlsf"]);
+    assert!(compare.status.success(), "{}", stderr(&compare));
+    let text = stdout(&compare);
+    assert!(text.contains(&format!("{} entries", entries - entries / 2)), "{text}");
+    assert!(
+        text.contains("recorded mid-run: ") && text.contains("were live before entry 0; every contender holds them"),
+        "{text}"
+    );
+    for command in
+        [vec!["summary", file, "--policy", "pytorch-expandable"], vec!["export", file, "--policy", "pytorch-expandable"]]
+    {
+        let mut command = command;
+        let out = dir.join("export.pickle");
+        if command[0] == "export" {
+            command.extend(["--out", out.to_str().unwrap()]);
+        }
+        let output = heapscope(&command);
+        assert!(output.status.success(), "{command:?}: {}", stderr(&output));
+    }
+    let refused = heapscope(&["summary", file, "--policy", "vma"]);
+    assert!(stderr(&refused).contains("vma runs on a Vulkan device only"), "{}", stderr(&refused));
+}

@@ -508,6 +508,31 @@ mod tests {
         }
     }
 
+    /// A recording begun mid-run opens with its start state in every pane (position 0, the start: the same live
+    /// bytes and one span per allocation live then), and every pane holds the same live bytes at every entry.
+    #[test]
+    fn every_pane_starts_from_the_start_state_and_serves_the_same_stream() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/gpt2_train_fixed-default.pickle.gz");
+        let mut snapshot = heapscope_core::pytorch::read_snapshot(&path).unwrap();
+        let entries = snapshot.device_traces[0].len();
+        snapshot.device_traces[0].drain(..entries / 3);
+        let recording = Recording::from_snapshot("mid-run", snapshot, 0).unwrap();
+        let (start_events, start_bytes) = (recording.start_events, recording.start_bytes());
+        assert!(start_events > 0 && start_bytes > 0);
+        let session = Session::new(recording, CompareConfig::default(), &Contender::SIDE_BY_SIDE).unwrap();
+        for pane in &session.panes {
+            let start = pane.timeline.layout_at(0);
+            assert_eq!(start.spans().filter(|span| span.is_before_recording()).count(), start_events, "{}", pane.name());
+            assert_eq!(pane.timeline.start_sample().live_bytes, start_bytes, "{}", pane.name());
+            assert_eq!(pane.timeline.steps(), session.steps(), "{}: a step per entry", pane.name());
+            for position in 0..=session.steps() {
+                let live = |pane: &Pane| pane.timeline.sample_at(position).live_bytes;
+                assert_eq!(live(pane), live(&session.panes[0]), "{} at {}", pane.name(), Moment::at_position(position));
+            }
+        }
+    }
+
     #[test]
     fn stack_frames_of_a_snapshot_name_each_allocation() {
         use heapscope_core::pytorch::{Action, Frame, Snapshot, StackId, TraceEntry};
