@@ -14,14 +14,14 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use heapscope_core::compare::FirstOom;
-use heapscope_core::contender::Contender;
 use heapscope_core::units::{Bytes, parse_size};
 use heapscope_core::{OomCause, PolicyKind};
 use heapscope_kernels::bench::{BenchSettings, RunReport, Target, run, run_simulated};
 use heapscope_kernels::workload::{
     ChurnConfig, KvLayout, ServeConfig, StreamStats, TrainConfig, Workload, churn, replay, serve, train,
 };
+use heapscope_lab::compare::FirstOom;
+use heapscope_lab::contender::Contender;
 use heapscope_vulkan::{ContextOptions, VulkanContext, VulkanError, VulkanTarget};
 use heapscope_wgpu::{DeviceOptions, WgpuDevice, WgpuError, WgpuTarget};
 
@@ -489,7 +489,7 @@ fn json_line(policy: Contender, workload: &Workload, device: &Device, budget: Op
     let first_oom = report
         .first_oom
         .as_ref()
-        .map(|(step, verdict)| FirstOom::from_verdict(heapscope_core::recording::Moment::Entry(*step), verdict));
+        .map(|(step, verdict)| FirstOom::from_verdict(heapscope_lab::recording::Moment::Entry(*step), verdict));
     let first_mismatch = report.first_mismatch.map(|(id, step, result)| {
         serde_json::json!({ "allocation": id, "step": step, "mismatches": result.mismatches, "first_word": result.first_mismatch })
     });

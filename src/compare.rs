@@ -3,8 +3,8 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use heapscope_core::compare::{Outcome, verdict_sentence};
-use heapscope_core::contender::PYTORCH_EXPANDABLE;
+use heapscope_lab::compare::{Outcome, verdict_sentence};
+use heapscope_lab::contender::PYTORCH_EXPANDABLE;
 
 use crate::replay::{ContenderArgs, RecordingArgs, print_header, print_row, print_title};
 
@@ -51,7 +51,7 @@ pub fn run(args: &CompareArgs) -> Result<()> {
             outcome if outcome.ran() && runner.on_device() => (outcome, "`pytorch (vulkan)` with expandable segments"),
             outcome if outcome.ran() => (outcome, "`pytorch` with expandable segments"),
             _ => (
-                heapscope_core::compare::replay(&recording, PYTORCH_EXPANDABLE, &args.recording.compare_config())?,
+                heapscope_lab::compare::replay(&recording, PYTORCH_EXPANDABLE, &args.recording.compare_config())?,
                 "`pytorch` with expandable segments (simulated: the device cannot run it)",
             ),
         };

@@ -3,11 +3,11 @@
 
 use anyhow::Result;
 use clap::Args;
-use heapscope_core::driver::replay_heap;
-use heapscope_core::story::{self, Story};
 use heapscope_core::trace::Event;
 use heapscope_core::units::Bytes;
 use heapscope_core::{Heap, HeapConfig, OomVerdict, PolicyKind, ReleaseRule, SimulatedSource};
+use heapscope_lab::driver::replay_heap;
+use heapscope_lab::story::{self, Story};
 use serde_json::json;
 
 use crate::options::HeapArgs;

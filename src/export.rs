@@ -6,12 +6,12 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use heapscope_core::compare::{alloc_conf, final_heap_report};
-use heapscope_core::contender::Contender;
-use heapscope_core::pytorch::replayed::{Replayed, emulated_snapshot, replayed_snapshot};
-use heapscope_core::pytorch::write_snapshot;
-use heapscope_core::recording::Recording;
-use heapscope_core::vma_json::{VmaDeviceInfo, heap_report_to_vma_json};
+use heapscope_lab::compare::{alloc_conf, final_heap_report};
+use heapscope_lab::contender::Contender;
+use heapscope_lab::export::replayed::{Replayed, emulated_snapshot, replayed_snapshot};
+use heapscope_lab::export::vma_json::{VmaDeviceInfo, heap_report_to_vma_json};
+use heapscope_lab::recording::Recording;
+use heapscope_pytorch::write_snapshot;
 
 use crate::replay::RecordingArgs;
 

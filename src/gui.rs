@@ -5,15 +5,15 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use heapscope_core::compare::CompareConfig;
-use heapscope_core::contender::Contender;
-use heapscope_core::recording::Moment;
 use heapscope_core::units::parse_size;
 use heapscope_gui::device_live::{LiveConfig, LiveWorkload};
 use heapscope_gui::palette::ColourBy;
 use heapscope_gui::render::GifOptions;
 use heapscope_gui::session::MAX_PANES;
 use heapscope_gui::{RenderOptions, Session, WindowOptions};
+use heapscope_lab::compare::CompareConfig;
+use heapscope_lab::contender::Contender;
+use heapscope_lab::recording::Moment;
 
 use crate::options::OpenArgs;
 

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Result;
-use heapscope_core::recording::Recording;
+use heapscope_lab::recording::Recording;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// Files above this size get a spinner while they load.

@@ -5,11 +5,11 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use heapscope_core::compare::{CompareConfig, Outcome};
-use heapscope_core::contender::Contender;
-use heapscope_core::recording::Recording;
 use heapscope_core::units::{Bytes, parse_size};
 use heapscope_core::{PolicyKind, UnmapRule};
+use heapscope_lab::compare::{CompareConfig, Outcome};
+use heapscope_lab::contender::Contender;
+use heapscope_lab::recording::Recording;
 
 use std::sync::Arc;
 
@@ -103,7 +103,7 @@ impl Runner {
     pub fn outcome(&self, args: &RecordingArgs, recording: &Recording, contender: Contender) -> Result<Outcome> {
         let config = args.compare_config();
         let Some(context) = &self.context else {
-            return Ok(heapscope_core::compare::replay(recording, contender, &config)?);
+            return Ok(heapscope_lab::compare::replay(recording, contender, &config)?);
         };
         match replay_on_device(context, recording, contender, &config) {
             Ok(outcome) => Ok(outcome),

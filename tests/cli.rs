@@ -503,11 +503,11 @@ fn policies_lists_every_policy() {
 #[test]
 fn every_contender_replays_a_mid_run_recording_from_its_start() {
     let dir = temp_dir("mid-run");
-    let mut snapshot = heapscope_core::pytorch::read_snapshot(&snapshot("gpt2_train_fixed-default")).unwrap();
+    let mut snapshot = heapscope_pytorch::read_snapshot(&snapshot("gpt2_train_fixed-default")).unwrap();
     let entries = snapshot.device_traces[0].len();
     snapshot.device_traces[0].drain(..entries / 2);
     let path = dir.join("mid-run.pickle");
-    heapscope_core::pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
+    heapscope_pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
     let file = path.to_str().unwrap();
     let names = ["pytorch", "pytorch-expandable", "tlsf", "best-fit", "first-fit", "buddy", "paged"];
     let mut args = vec!["replay", file, "--json"];

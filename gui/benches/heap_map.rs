@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use egui::{Pos2, Rect, Vec2};
-use heapscope_core::timeline::{Change, RegionKind, Span, Timeline};
 use heapscope_gui::heap_map::{Rows, Scale, Scene, StepAnimation, build_shapes};
 use heapscope_gui::palette::ColourBy;
+use heapscope_lab::timeline::{Change, RegionKind, Span, Timeline};
 
 const LIVE: u64 = 100_000;
 const BLOCK_BYTES: u64 = 256 << 20;

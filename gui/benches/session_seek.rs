@@ -14,12 +14,12 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use heapscope_core::compare::CompareConfig;
-use heapscope_core::contender::Contender;
-use heapscope_core::recording::Recording;
 use heapscope_core::synthetic::steady_churn;
-use heapscope_core::timeline::explain::explain;
 use heapscope_gui::session::Session;
+use heapscope_lab::compare::CompareConfig;
+use heapscope_lab::contender::Contender;
+use heapscope_lab::recording::Recording;
+use heapscope_lab::timeline::explain::explain;
 
 const EVENTS: u64 = 1_000_000;
 const LIVE: usize = 100_000;

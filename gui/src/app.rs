@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use egui::{Color32, Key, Modifiers, RichText, Ui};
-use heapscope_core::contender::Contender;
-use heapscope_core::recording::Moment;
-use heapscope_core::timeline::explain::explain;
+use heapscope_lab::contender::Contender;
+use heapscope_lab::recording::Moment;
+use heapscope_lab::timeline::explain::explain;
 use heapscope_vulkan::{ContextOptions, VulkanContext};
 
 use crate::device_live::{self, LiveConfig};
@@ -502,7 +502,7 @@ impl HeapscopeApp {
                 ui.label(format!("opening {name}"));
             }
             ui.menu_button("Stories", |ui| {
-                for story in heapscope_core::story::all() {
+                for story in heapscope_lab::story::all() {
                     if ui.button(story.name).on_hover_text(story.summary).clicked() {
                         self.open_story(story.name);
                     }

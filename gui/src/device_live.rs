@@ -24,12 +24,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use heapscope_core::contender::Contender;
-use heapscope_core::timeline::{Change, Refusal, RegionTracker, Span};
 use heapscope_core::units::exact_size;
 use heapscope_kernels::bench::{BenchSettings, RunReport, Target, TargetError, run};
 use heapscope_kernels::workload::{ChurnConfig, ServeConfig, TrainConfig, Workload, churn, serve, train};
 use heapscope_kernels::{Op, VerifyResult};
+use heapscope_lab::contender::Contender;
+use heapscope_lab::timeline::{Change, Refusal, RegionTracker, Span};
 use heapscope_vulkan::{ContextOptions, ValidationLog, VulkanContext, VulkanHandle, VulkanTarget};
 
 use crate::live::{ChannelSource, LiveStep};
@@ -386,7 +386,7 @@ impl Target for Observed<'_> {
 mod tests {
     use super::*;
     use heapscope_core::DeviceEvent;
-    use heapscope_core::timeline::Timeline;
+    use heapscope_lab::timeline::Timeline;
 
     /// The changes of a block, an allocation in it and its free make a timeline that grows and shrinks.
     #[test]

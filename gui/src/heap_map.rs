@@ -18,7 +18,7 @@
 //! view, where they are small.
 
 use egui::{Color32, CornerRadius, Rect, Sense, Shape, Stroke, StrokeKind, Ui, Vec2, pos2};
-use heapscope_core::timeline::{Layout, Region, RegionKind, Span, Timeline};
+use heapscope_lab::timeline::{Layout, Region, RegionKind, Span, Timeline};
 
 use crate::palette::{self, ColourBy};
 
@@ -641,7 +641,7 @@ pub fn show(ui: &mut Ui, scene: &Scene<'_>, view: &mut MapView) -> MapResponse {
 mod tests {
     use super::*;
     use egui::Pos2;
-    use heapscope_core::timeline::Change;
+    use heapscope_lab::timeline::Change;
 
     fn timeline_of(changes: &[Change]) -> Timeline {
         timeline(changes)

@@ -6,7 +6,7 @@
 //!
 //! ## Design
 //!
-//! - The model is the core's [`heapscope_core::timeline`]: each contender's replay as plain layout changes
+//! - The model is the core's [`heapscope_lab::timeline`]: each contender's replay as plain layout changes
 //!   per step, with totals and checkpoints, so seeking anywhere is a checkpoint plus a few thousand changes
 //!   and the app never replays from zero. A [`session::Session`] holds the recording and one
 //!   [`session::Pane`] per contender, all at one position. Panes that must seek from a checkpoint do it in

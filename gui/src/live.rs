@@ -5,7 +5,7 @@
 
 use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel};
 
-use heapscope_core::timeline::{Change, Refusal};
+use heapscope_lab::timeline::{Change, Refusal};
 
 /// One step of a live heap: its changes in order, and the request it refused, if any.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -64,7 +64,7 @@ impl LiveSource for ChannelSource {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use heapscope_core::timeline::RegionKind;
+    use heapscope_lab::timeline::RegionKind;
 
     #[test]
     fn steps_arrive_in_order_and_the_end_is_seen() {

@@ -2,8 +2,8 @@
 //! it goes ([`crate::device_live`]). Without a Vulkan device it says so and points at the stories.
 
 use egui::{RichText, Ui};
-use heapscope_core::contender::Contender;
 use heapscope_core::units::{exact_size, parse_size};
+use heapscope_lab::contender::Contender;
 
 use crate::device_live::{LiveConfig, LiveRun, LiveWorkload};
 

@@ -3,9 +3,9 @@
 
 use egui::{Color32, RichText, Ui};
 use heapscope_core::OomCause;
-use heapscope_core::recording::Moment;
-use heapscope_core::timeline::Refusal;
 use heapscope_core::units::Bytes;
+use heapscope_lab::recording::Moment;
+use heapscope_lab::timeline::Refusal;
 
 use crate::session::Session;
 

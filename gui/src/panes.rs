@@ -2,8 +2,8 @@
 //! details of what the pointer is over. Used by the app and by headless rendering alike.
 
 use egui::{Color32, RichText, Ui};
-use heapscope_core::timeline::{Change, Layout, Span, Timeline};
 use heapscope_core::units::Bytes;
+use heapscope_lab::timeline::{Change, Layout, Span, Timeline};
 
 use crate::heap_map::{self, Hit, Scene, StepAnimation};
 use crate::palette::ColourBy;
@@ -26,7 +26,7 @@ pub struct PaneStyle {
 #[derive(Debug, Default)]
 pub struct PaneActions {
     /// Pane `index` should replay with another contender.
-    pub switch: Option<(usize, heapscope_core::contender::Contender)>,
+    pub switch: Option<(usize, heapscope_lab::contender::Contender)>,
     /// Pane `index` should close.
     pub close: Option<usize>,
     /// The pane the pointer is over.
@@ -150,7 +150,7 @@ pub fn show(
                 {
                     let menu = ui.menu_button(RichText::new(pane.name()).strong().color(colour), |ui| {
                         for contender in
-                            heapscope_core::contender::Contender::all().into_iter().filter(|contender| !contender.needs_device())
+                            heapscope_lab::contender::Contender::all().into_iter().filter(|contender| !contender.needs_device())
                         {
                             if ui.selectable_label(contender == current, contender.name()).clicked() && contender != current {
                                 actions.switch = Some((index, contender));
@@ -204,7 +204,7 @@ pub fn show(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use heapscope_core::contender::Contender;
+    use heapscope_lab::contender::Contender;
 
     #[test]
     fn hover_details_name_size_offset_and_lifetime() {

@@ -6,7 +6,7 @@
 
 use egui::{Color32, Ui};
 use egui_plot::{Line, LineStyle, MarkerShape, Plot, PlotPoints, PlotUi, Points, VLine};
-use heapscope_core::timeline::Timeline;
+use heapscope_lab::timeline::Timeline;
 
 /// Points per series at most: long timelines are reduced to the highest value per bucket of steps.
 pub const MAX_POINTS: usize = 2000;
@@ -55,7 +55,7 @@ impl Series {
         };
         for (index, chunk) in samples.chunks(bucket).enumerate() {
             let x = x_of(((index * bucket + chunk.len()) as u64).min(samples.len() as u64));
-            let max = |value: &dyn Fn(&heapscope_core::timeline::Sample) -> f64| chunk.iter().map(value).fold(0.0, f64::max);
+            let max = |value: &dyn Fn(&heapscope_lab::timeline::Sample) -> f64| chunk.iter().map(value).fold(0.0, f64::max);
             series.live.push([x, max(&|sample| sample.live_bytes as f64)]);
             series.reserved.push([x, max(&|sample| sample.reserved_bytes as f64)]);
             series.fragmentation.push([x, max(&|sample| f64::from(sample.fragmentation))]);
@@ -186,7 +186,7 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use heapscope_core::timeline::{Change, Refusal, RegionKind, Span};
+    use heapscope_lab::timeline::{Change, Refusal, RegionKind, Span};
 
     #[test]
     fn long_timelines_are_reduced_keeping_peaks() {

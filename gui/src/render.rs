@@ -24,7 +24,7 @@ pub struct RenderOptions {
     /// Image height in pixels.
     pub height: u32,
     /// The moment drawn (`None`: the end; past the last entry is refused, see [`Session::check_at`]).
-    pub at: Option<heapscope_core::recording::Moment>,
+    pub at: Option<heapscope_lab::recording::Moment>,
     /// How allocations are coloured.
     pub colour_by: ColourBy,
 }

@@ -6,13 +6,13 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{Result, bail};
-use heapscope_core::compare::CompareConfig;
-use heapscope_core::contender::Contender;
-use heapscope_core::recording::{Moment, Recording};
-use heapscope_core::story::{self, Story};
-use heapscope_core::timeline::record::record;
-use heapscope_core::timeline::{Change, Layout, Timeline};
 use heapscope_core::trace::Event;
+use heapscope_lab::compare::CompareConfig;
+use heapscope_lab::contender::Contender;
+use heapscope_lab::recording::{Moment, Recording};
+use heapscope_lab::story::{self, Story};
+use heapscope_lab::timeline::record::record;
+use heapscope_lab::timeline::{Change, Layout, Timeline};
 
 use crate::heap_map::MapView;
 use crate::live::LiveSource;
@@ -58,7 +58,7 @@ pub struct SlotInfo {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OpenOptions {
     /// The device of a PyTorch snapshot; `None`: the one with the most trace entries
-    /// ([`heapscope_core::recording::busiest_device`]).
+    /// ([`heapscope_lab::recording::busiest_device`]).
     pub device: Option<usize>,
     /// Device memory of the replays; `None`: unlimited.
     pub capacity_bytes: Option<u64>,
@@ -388,7 +388,7 @@ pub fn slot_infos(recording: &Recording) -> Vec<SlotInfo> {
 mod tests {
     use super::*;
     use heapscope_core::PolicyKind;
-    use heapscope_core::timeline::Span;
+    use heapscope_lab::timeline::Span;
 
     use crate::live::{ChannelSource, LiveStep};
 
@@ -399,7 +399,7 @@ mod tests {
         let (source, sender) = ChannelSource::new();
         let mut session = Session::live("live", Box::new(source));
         let span = |address, slot, born| Span { address, footprint_bytes: 256, lead_bytes: 0, requested_bytes: 200, slot, born };
-        let region = Change::RegionAdded { address: 0, size_bytes: 4096, kind: heapscope_core::timeline::RegionKind::Block };
+        let region = Change::RegionAdded { address: 0, size_bytes: 4096, kind: heapscope_lab::timeline::RegionKind::Block };
         let steps = [
             vec![region, Change::Allocated(span(0, 0, 0))],
             vec![Change::Allocated(span(256, 1, 1))],
@@ -512,9 +512,8 @@ mod tests {
     /// bytes and one span per allocation live then), and every pane holds the same live bytes at every entry.
     #[test]
     fn every_pane_starts_from_the_start_state_and_serves_the_same_stream() {
-        let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/gpt2_train_fixed-default.pickle.gz");
-        let mut snapshot = heapscope_core::pytorch::read_snapshot(&path).unwrap();
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/gpt2_train_fixed-default.pickle.gz");
+        let mut snapshot = heapscope_pytorch::read_snapshot(&path).unwrap();
         let entries = snapshot.device_traces[0].len();
         snapshot.device_traces[0].drain(..entries / 3);
         let recording = Recording::from_snapshot("mid-run", snapshot, 0).unwrap();
@@ -535,7 +534,7 @@ mod tests {
 
     #[test]
     fn stack_frames_of_a_snapshot_name_each_allocation() {
-        use heapscope_core::pytorch::{Action, Frame, Snapshot, StackId, TraceEntry};
+        use heapscope_pytorch::{Action, Frame, Snapshot, StackId, TraceEntry};
         let frame = |name: &str, line| Frame { filename: "model.py".into(), line, name: name.into() };
         let entry =
             |action, addr, frames| TraceEntry { action, addr, size: 4096, stream: 0, time_us: None, device_free: None, frames };
@@ -560,7 +559,7 @@ mod tests {
     /// asked for (refusing what does not fit); a device named opens that one, and a device it lacks is an error.
     #[test]
     fn a_file_opens_on_its_busiest_device_with_the_capacity_asked() {
-        use heapscope_core::pytorch::{Action, Snapshot, TraceEntry};
+        use heapscope_pytorch::{Action, Snapshot, TraceEntry};
         let alloc = |addr: u64, size: u64| TraceEntry::new(Action::Alloc, addr, size);
         let snapshot = Snapshot {
             device_traces: vec![vec![alloc(0, 4 << 20)], (0..3).map(|index| alloc(index << 30, 256 << 20)).collect()],
@@ -569,7 +568,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("heapscope-gui-devices-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("two_devices.pickle");
-        heapscope_core::pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
+        heapscope_pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
         let pytorch = [Contender::Pytorch { expandable: false }];
         // (options, the session's name ends with, steps, requests refused)
         let cases = [

@@ -39,7 +39,7 @@ pub struct WindowOptions {
     /// Once those frames are drawn, write a screenshot of the window here (PNG) before closing.
     pub screenshot: Option<PathBuf>,
     /// Open at this moment (`None`: at the start).
-    pub start_at_event: Option<heapscope_core::recording::Moment>,
+    pub start_at_event: Option<heapscope_lab::recording::Moment>,
 }
 
 /// What a screenshot came to: `None` until it arrives.

@@ -4,18 +4,18 @@
 //! `HEAPSCOPE_REQUIRE_GPU=1` (as CI sets).
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-use heapscope_core::contender::Contender;
+use heapscope_lab::contender::Contender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
 use heapscope_core::PolicyKind;
-use heapscope_core::timeline::RegionKind;
 use heapscope_gui::HeapscopeApp;
 use heapscope_gui::device_live::{LiveConfig, LiveWorkload};
 use heapscope_gui::playback::ManualClock;
 use heapscope_gui::shared_device::SharedDevice;
+use heapscope_lab::timeline::RegionKind;
 use heapscope_vulkan::{ContextOptions, VulkanContext, VulkanError};
 
 /// A validated context, or `None` (skipped) without Vulkan unless `HEAPSCOPE_REQUIRE_GPU=1`.

@@ -4,10 +4,10 @@
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
 use egui_kittest::Harness;
-use heapscope_core::contender::Contender;
 use heapscope_gui::palette::ColourBy;
 use heapscope_gui::panes::{self, PaneStyle};
 use heapscope_gui::{RenderOptions, Session};
+use heapscope_lab::contender::Contender;
 
 /// Whether a wgpu adapter renders here; panics when none does and `HEAPSCOPE_REQUIRE_GPU=1`.
 fn renderer_available() -> bool {
@@ -75,7 +75,7 @@ fn rendering_writes_a_png() {
         RenderOptions {
             width: 800,
             height: 300,
-            at: Some(heapscope_core::recording::Moment::Entry(60)),
+            at: Some(heapscope_lab::recording::Moment::Entry(60)),
             ..RenderOptions::default()
         },
         &path,

@@ -5,13 +5,13 @@
 use egui::{Key, Modifiers};
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
-use heapscope_core::contender::Contender;
-use heapscope_core::timeline::{Change, RegionKind, Span};
 use heapscope_core::{OomCause, PolicyKind};
 use heapscope_gui::HeapscopeApp;
 use heapscope_gui::device_live::{LiveConfig, LiveWorkload};
 use heapscope_gui::live::{ChannelSource, LiveStep};
 use heapscope_gui::playback::ManualClock;
+use heapscope_lab::contender::Contender;
+use heapscope_lab::timeline::{Change, RegionKind, Span};
 use heapscope_vulkan::ContextOptions;
 
 fn harness(clock: &ManualClock) -> Harness<'static, HeapscopeApp> {

@@ -39,34 +39,42 @@ pub enum DeviceEvent {
 
 /// A switchable log of device events.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct DeviceLog {
+pub struct DeviceLog {
     /// `None` while recording is off.
     events: Option<Vec<DeviceEvent>>,
 }
 
 impl DeviceLog {
-    pub(crate) fn set_recording(&mut self, on: bool) {
+    /// Starts (with an empty log) or stops recording.
+    pub fn set_recording(&mut self, on: bool) {
         self.events = on.then(Vec::new);
     }
 
+    /// Logs `event` while recording (it is not built otherwise).
     #[inline]
-    pub(crate) fn push(&mut self, event: impl FnOnce() -> DeviceEvent) {
+    pub fn push(&mut self, event: impl FnOnce() -> DeviceEvent) {
         if let Some(events) = &mut self.events {
             events.push(event());
         }
     }
 
-    pub(crate) fn take(&mut self) -> Vec<DeviceEvent> {
+    /// The events logged since the last take.
+    pub fn take(&mut self) -> Vec<DeviceEvent> {
         self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
+    /// Whether no event waits to be taken.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Events logged and not yet taken (0 while recording is off).
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.events.as_ref().map_or(0, Vec::len)
     }
 
     /// Forgets the events logged after the first `len`.
-    pub(crate) fn truncate(&mut self, len: usize) {
+    pub fn truncate(&mut self, len: usize) {
         if let Some(events) = &mut self.events {
             events.truncate(len);
         }

@@ -19,45 +19,49 @@
 //!   run large enough) or exhaustion.
 //! - Reports are plain data ([`PolicyReport`], [`HeapReport`], [`Totals`]): every byte is live, padding,
 //!   free or retired; drawing is the GUI's business.
-//! - A [`Trace`] is a stream of allocations and frees; [`replay`] runs one through a policy or a heap, and
-//!   [`timeline`] writes a replay down step by step (layout changes, totals, checkpoints for seeking,
-//!   one sentence per decision) for the GUI.
-//!   [`check`] verifies the policy contract after every step of any operation sequence; the property tests
-//!   and the fuzzer both use it.
+//! - A [`Trace`] is a stream of allocations and frees (its compact CSV form in [`trace`], heapscope's binary
+//!   form in [`native_trace`]). Heaps say what they ask of the device ([`DeviceEvent`]) when asked to, and a
+//!   [`DeviceHeap`] is what a heap of blocks, a paged heap and a backend's heap have in common.
+//!
+//! ## Where the rest lives
+//!
+//! This crate is the allocator alone. PyTorch's world (snapshots, the caching allocator's emulation) is
+//! `heapscope-pytorch`; replaying recordings through contenders side by side (the one replay driver, timelines,
+//! comparisons, exports, stories) is `heapscope-lab`; device memory is the `heapscope-vulkan` and
+//! `heapscope-wgpu` backends.
+//!
+//! ## Test support (feature `testing`)
+//!
+//! `check` verifies the policy contract after every step of any operation sequence (the property tests and the
+//! fuzzer both use it); `synthetic` makes deterministic traces of any length for benchmarks.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod allocation;
+#[cfg(any(test, feature = "testing"))]
 pub mod check;
-pub mod compare;
-pub mod contender;
 mod device_event;
 mod device_heap;
-pub mod driver;
 mod error;
 pub mod granularity;
-mod hash;
+pub mod hash;
 mod heap;
 pub mod native_trace;
 mod oom;
 pub mod paged;
 pub mod policies;
 mod policy;
-pub mod pytorch;
-pub mod recording;
 mod report;
 mod request;
 mod slots;
 pub mod source;
-pub mod story;
+#[cfg(any(test, feature = "testing"))]
 pub mod synthetic;
-pub mod timeline;
 pub mod trace;
 pub mod units;
-pub mod vma_json;
 
 pub use allocation::{Allocation, AllocationId, OwnerId};
-pub use device_event::DeviceEvent;
+pub use device_event::{DeviceEvent, DeviceLog};
 pub use device_heap::DeviceHeap;
 pub use error::{Error, Result};
 pub use heap::{BlockReport, Heap, HeapAllocation, HeapConfig, HeapReport, HeapStats, ReleaseRule};

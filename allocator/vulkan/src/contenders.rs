@@ -1,4 +1,4 @@
-//! Contenders on a real device, summed up like the simulated ones (`heapscope_core::compare::Outcome`):
+//! Contenders on a real device, summed up like the simulated ones (`heapscope_lab::compare::Outcome`):
 //! a core policy inside a heap of `vkAllocateMemory` blocks, `paged` on a sparse buffer whose pages are bound on
 //! demand ([`DevicePagedHeap`]), PyTorch's caching allocator on device memory, or the allocators users have today —
 //! gpu-allocator 0.28 and VMA (vk-mem 0.5) — so `heapscope replay --vulkan` and `compare --vulkan` put them beside
@@ -23,15 +23,15 @@
 
 use std::sync::Arc;
 
-use heapscope_core::compare::{CompareConfig, Outcome, alloc_conf, best_time, emulate_pytorch, summed};
-use heapscope_core::contender::Contender;
-use heapscope_core::driver::replay_device_heap;
-use heapscope_core::pytorch::caching::SMALL_BUFFER_BYTES;
-use heapscope_core::pytorch::{AllocConf, CachingAllocator, SegmentBacking};
-use heapscope_core::recording::{Moment, Recording};
 use heapscope_core::trace::Event;
 use heapscope_core::units::Bytes;
 use heapscope_core::{DeviceEvent, DeviceHeap, Heap, HeapConfig, PolicyConfig, Trace};
+use heapscope_lab::compare::{CompareConfig, Outcome, alloc_conf, best_time, emulate_pytorch, summed};
+use heapscope_lab::contender::Contender;
+use heapscope_lab::driver::replay_device_heap;
+use heapscope_lab::recording::{Moment, Recording};
+use heapscope_pytorch::caching::SMALL_BUFFER_BYTES;
+use heapscope_pytorch::{AllocConf, CachingAllocator, SegmentBacking};
 
 use crate::{
     DeviceLimits, DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, DeviceSourceConfig, ExternalAllocator, ExternalConfig,

@@ -6,7 +6,7 @@
 //! the pages back).
 //!
 //! It is a [`DeviceHeap`] too, so a trace replays through it like through any heap
-//! ([`heapscope_core::driver::replay_device_heap`]): the pool running dry is an out-of-memory verdict, other
+//! ([`heapscope_lab::driver::replay_device_heap`]): the pool running dry is an out-of-memory verdict, other
 //! Vulkan failures (a bind refused, too many mappings) are [`heapscope_core::Error::Source`] naming them.
 
 use std::sync::Arc;

@@ -21,9 +21,9 @@
 
 use std::sync::Arc;
 
-use heapscope_core::pytorch::caching::MIN_BLOCK_BYTES;
-use heapscope_core::pytorch::{AllocConf, CachingAllocation, CachingHeap};
 use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Error, Request};
+use heapscope_pytorch::caching::MIN_BLOCK_BYTES;
+use heapscope_pytorch::{AllocConf, CachingAllocation, CachingHeap};
 
 use crate::compute::ComputeBuffer;
 use crate::{SegmentMemory, VulkanContext, VulkanError};

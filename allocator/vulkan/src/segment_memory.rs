@@ -10,15 +10,15 @@
 //!
 //! Two drivers use it: [`crate::PytorchDeviceHeap`] (a `CachingHeap` step by step, refusals undone) and the
 //! `pytorch` contender of `replay --vulkan`, where it is the [`SegmentBacking`] of the core's emulation
-//! ([`heapscope_core::compare::emulate_pytorch`]): the same decisions as the simulated contender, each made on
+//! ([`heapscope_lab::compare::emulate_pytorch`]): the same decisions as the simulated contender, each made on
 //! the device. There a refusal stops the replay; the typed error is kept ([`SegmentMemory::take_error`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use heapscope_core::pytorch::caching::{EXPANDABLE_VIRTUAL_BYTES, MIN_BLOCK_BYTES, SMALL_BUFFER_BYTES};
-use heapscope_core::pytorch::{CachingAllocator, SegmentBacking};
 use heapscope_core::{DeviceEvent, MemorySource, SourceBlock, SourceError};
+use heapscope_pytorch::caching::{EXPANDABLE_VIRTUAL_BYTES, MIN_BLOCK_BYTES, SMALL_BUFFER_BYTES};
+use heapscope_pytorch::{CachingAllocator, SegmentBacking};
 
 use crate::compute::ComputeBuffer;
 use crate::sparse::{SparseBuffer, SparseConfig};

@@ -37,8 +37,8 @@ use heapscope_core::{Allocation, Request};
 use wgpu::hal;
 use wgpu::hal::api::Vulkan;
 
-use heapscope_core::pytorch::CachingAllocation;
 use heapscope_kernels::SizedBuffer;
+use heapscope_pytorch::CachingAllocation;
 
 use crate::compute::BlockBuffer;
 use crate::context::{DeviceHook, DeviceRequest};

@@ -6,10 +6,10 @@
 
 mod common;
 
-use heapscope_core::contender::Contender;
 use heapscope_kernels::bench::conformance::{check_target, small_serve};
 use heapscope_kernels::bench::{BenchSettings, run};
 use heapscope_kernels::workload::KvLayout;
+use heapscope_lab::contender::Contender;
 use heapscope_vulkan::VulkanTarget;
 
 /// The checks every device target must pass (`heapscope_kernels::bench::conformance`).

@@ -7,12 +7,12 @@
 mod common;
 
 use common::{finish, sparse_context};
-use heapscope_core::compare::{CompareConfig, Outcome, replay_pytorch};
-use heapscope_core::contender::Contender;
-use heapscope_core::pytorch::{AllocConf, read_snapshot};
-use heapscope_core::recording::Recording;
 use heapscope_core::units::MIB;
 use heapscope_core::{PolicyKind, TraceBuilder, UnmapRule};
+use heapscope_lab::compare::{CompareConfig, Outcome, replay_pytorch};
+use heapscope_lab::contender::Contender;
+use heapscope_lab::recording::Recording;
+use heapscope_pytorch::{AllocConf, read_snapshot};
 use heapscope_vulkan::{VulkanError, paged_virtual_bytes, peak_live_footprint_bytes, replay_on_device};
 
 /// frag_oom at 1/8 scale (18.75 MiB x 20 allocated and freed, 12.5 MiB x 20, then 128 MiB) within 448 MiB.

@@ -9,10 +9,10 @@ mod common;
 use std::sync::Arc;
 
 use common::{Rng, finish};
-use heapscope_core::pytorch::{AllocConf, CachingAllocation};
 use heapscope_core::units::{KIB, MIB};
 use heapscope_core::{Error, OomCause};
 use heapscope_kernels::{KernelRunner, Op};
+use heapscope_pytorch::{AllocConf, CachingAllocation};
 use heapscope_vulkan::compute::ComputeKernels;
 use heapscope_vulkan::{PytorchDeviceConfig, PytorchDeviceHeap, SegmentMemory, VulkanError};
 
@@ -200,12 +200,12 @@ fn segment_memory_under_the_emulation_stops_at_the_first_refusal() {
         for id in 0..10 {
             builder.alloc(id, 19 * MIB).unwrap();
         }
-        let recording = heapscope_core::recording::Recording::from_trace(builder.finish());
+        let recording = heapscope_lab::recording::Recording::from_trace(builder.finish());
         let mut config = PytorchDeviceConfig::new(conf(false), Some(448 * MIB));
         config.device_cap_bytes = Some(100 * MIB);
         let mut memory = SegmentMemory::new(Arc::clone(&context), &config).unwrap();
         let error =
-            heapscope_core::compare::emulate_pytorch(&recording, &config.conf, config.capacity_bytes, &mut memory).unwrap_err();
+            heapscope_lab::compare::emulate_pytorch(&recording, &config.conf, config.capacity_bytes, &mut memory).unwrap_err();
         assert!(error.to_string().contains("event 5: out of device memory"), "{error}");
         let refused = memory.take_error().unwrap();
         assert!(refused.is_out_of_memory(), "{refused}");

@@ -21,11 +21,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use heapscope_core::contender::Contender;
-use heapscope_core::pytorch::CachingAllocation;
 use heapscope_core::{Allocation, HeapAllocation};
 use heapscope_kernels::bench::{BenchSettings, Target, TargetError};
 use heapscope_kernels::{KernelRunner, Op, VerifyResult};
+use heapscope_lab::contender::Contender;
+use heapscope_pytorch::CachingAllocation;
 
 #[cfg(feature = "vulkan")]
 use crate::VulkanPagedHeap;

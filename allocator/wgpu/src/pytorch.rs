@@ -18,8 +18,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use heapscope_core::pytorch::{AllocConf, CachingAllocation, CachingHeap};
 use heapscope_core::{DeviceEvent, DeviceHeap};
+use heapscope_pytorch::{AllocConf, CachingAllocation, CachingHeap};
 
 use crate::{ARENA_USAGE, WgpuDevice, WgpuError};
 

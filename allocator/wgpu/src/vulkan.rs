@@ -2,7 +2,7 @@
 //! choose, [`WgpuDevice::from_vulkan_adapter`]), and heapscope's device memory, sparse buffers and PyTorch segments
 //! as wgpu buffers on a [`WgpuDevice::from_vulkan`] device. The `unsafe` part is `heapscope_vulkan::wgpu_interop`.
 
-use heapscope_core::pytorch::CachingAllocation;
+use heapscope_pytorch::CachingAllocation;
 use heapscope_vulkan::wgpu_interop::WgpuVulkan;
 use heapscope_vulkan::{
     ContextOptions, DeviceCandidate, DeviceMemorySource, DevicePagedConfig, PytorchDeviceHeap, VulkanContext, VulkanError,

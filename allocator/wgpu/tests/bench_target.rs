@@ -9,10 +9,10 @@ mod common;
 
 use common::{devices, finish};
 use heapscope_core::PolicyKind;
-use heapscope_core::contender::Contender;
 use heapscope_kernels::bench::conformance::{check_target, small_serve};
 use heapscope_kernels::bench::{BenchSettings, run};
 use heapscope_kernels::workload::KvLayout;
+use heapscope_lab::contender::Contender;
 use heapscope_wgpu::{WgpuError, WgpuTarget};
 
 fn needs_sparse(policy: Contender) -> bool {

@@ -184,7 +184,7 @@ fn interop_refuses_what_it_cannot_do() {
         assert!(error.to_string().contains("another context"), "{error}");
         heapscope_core::MemorySource::free_block(&mut foreign, block);
         // A PyTorch heap of another context, and an allocation whose segment is gone.
-        let conf = heapscope_core::pytorch::AllocConf::default();
+        let conf = heapscope_pytorch::AllocConf::default();
         let mut foreign_pytorch =
             PytorchDeviceHeap::new(Arc::clone(&plain), PytorchDeviceConfig::new(conf.clone(), None)).unwrap();
         let allocation = foreign_pytorch.allocate(MIB).unwrap();

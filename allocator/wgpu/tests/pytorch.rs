@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use common::{devices, finish};
 use heapscope_core::OomCause;
-use heapscope_core::pytorch::AllocConf;
 use heapscope_core::units::MIB;
 use heapscope_kernels::KernelRunner;
+use heapscope_pytorch::AllocConf;
 use heapscope_wgpu::{KernelBuffer, PytorchHeap, WgpuError, WgpuKernels};
 
 #[test]
@@ -30,7 +30,7 @@ fn segments_are_buffers_sized_as_pytorch_sizes_them() {
             assert_eq!(heap.device_bytes(), heap.caching().allocator().reserved_bytes(), "{route}");
             assert_eq!(heap.segment(&small[0]).unwrap().size(), 2 * MIB, "{route}");
             assert_eq!(heap.segment(&large).unwrap().size(), 20 * MIB, "{route}");
-            let at = |allocation: &heapscope_core::pytorch::CachingAllocation| {
+            let at = |allocation: &heapscope_pytorch::CachingAllocation| {
                 (KernelBuffer::new(heap.segment(allocation).unwrap()), allocation.offset(), allocation.size_bytes())
             };
             let ops: Vec<_> = [small[0], small[1], large]

@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use heapscope_core::contender::Contender;
+use heapscope_lab::contender::Contender;
 
 use super::{BenchSettings, RunReport, Target, run, run_simulated};
 use crate::workload::{ChurnConfig, KvLayout, ServeConfig, ServeModel, Workload, churn, serve};

@@ -1,9 +1,9 @@
 //! Who a bench runs is a core [`Contender`] (the one name table of every command; [`Contender::BENCH`] when none is
 //! named); [`BenchSettings`] are the rules they share, and [`run_simulated`] runs one of them without a device.
 
-use heapscope_core::contender::Contender;
-use heapscope_core::pytorch::{AllocConf, CachingHeap};
 use heapscope_core::{Heap, HeapConfig, PagedConfig, PagedHeap, PolicyKind, SimulatedSource};
+use heapscope_lab::contender::Contender;
+use heapscope_pytorch::{AllocConf, CachingHeap};
 
 use super::run::{RunError, RunReport, run};
 use super::target::SimTarget;

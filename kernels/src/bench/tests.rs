@@ -10,7 +10,7 @@ use crate::workload::{
     ChurnConfig, KvLayout, ServeConfig, ServeModel, Step, TrainConfig, TrainModel, Workload, churn, serve, train,
 };
 use crate::{Op, VerifyResult, matvec_words, pattern_word, verify_words};
-use heapscope_core::contender::Contender;
+use heapscope_lab::contender::Contender;
 
 /// Words on the CPU. With `alias_every = Some(n)`, every n-th allocation is handed the words of the previous one
 /// still live (a broken allocator: two live allocations overlap). An op on a freed allocation is a failure, so

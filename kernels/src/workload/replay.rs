@@ -1,11 +1,11 @@
 //! `replay FILE`: a recording's allocations and frees (a PyTorch snapshot's trace, a native or CSV trace, as
-//! `heapscope_core::recording::Recording` reads them) as a workload. Every allocation gets a fresh id (trace
+//! `heapscope_lab::recording::Recording` reads them) as a workload. Every allocation gets a fresh id (trace
 //! slots are reused, pattern ids are not), so the runner fills it with its own pattern and verifies it before
 //! its free; allocations the recording never frees are freed at the end. Sizes may be divided by a scale, so a
 //! recording made on a large GPU runs on a small device with the same shape.
 
-use heapscope_core::recording::Recording;
 use heapscope_core::trace::Event;
+use heapscope_lab::recording::Recording;
 
 use super::{StreamBuilder, Workload};
 

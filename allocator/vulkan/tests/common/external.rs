@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::RangeInclusive;
 
-use heapscope_core::driver::replay_device_heap;
 use heapscope_core::trace::Trace;
 use heapscope_core::units::KIB;
 use heapscope_core::units::MIB;
 use heapscope_core::{DeviceEvent, DeviceHeap, Error, OomVerdict, Request};
+use heapscope_lab::driver::replay_device_heap;
 use std::sync::Arc;
 
 use heapscope_vulkan::{ExternalAllocator, ExternalConfig, ExternalHandle, ExternalHeap, VulkanContext};

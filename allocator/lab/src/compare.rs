@@ -1,0 +1,597 @@
+//! Side-by-side replays: one recording through several contenders, each summed up in the same
+//! [`Outcome`] (the numbers `heapscope replay --json` and `heapscope compare` print).
+//!
+//! A contender is PyTorch's caching allocator (emulated), a [`Heap`] of blocks with one of the core
+//! policies inside, or a [`PagedHeap`]. Heaps draw blocks from a simulated device of the capacity given
+//! (unlimited when none is), so every contender meets the same device limit. Timing covers the
+//! contender's own allocate and free calls over events parsed beforehand.
+//!
+//! [`emulate_pytorch`] is the `pytorch` contender's replay with memory under the allocator (a
+//! [`SegmentBacking`]: the Vulkan backend's device memory), the same decisions and numbers. A contender that
+//! cannot run where it was asked to (a device limit) is an [`Outcome::not_run`] with the reason, so a table or a
+//! comparison still shows the others.
+
+use std::time::{Duration, Instant};
+
+pub use crate::contender::Contender;
+use crate::driver::{HeapReplay, replay_heap, replay_paged};
+use crate::recording::{Moment, Recording};
+use heapscope_core::units::Bytes;
+use heapscope_core::{
+    Heap, HeapConfig, OomCause, OomVerdict, PagedConfig, PagedHeap, PolicyKind, Result, SimulatedSource, UnmapRule,
+};
+use heapscope_pytorch::caching::{CachingAllocator, EntryEffect, OomReport, SegmentBacking, Unbacked, apply_pending};
+use heapscope_pytorch::{AllocConf, Fidelity, MemoryStats, TraceEntry, emulate_backed};
+
+/// The first request a contender could not serve.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct FirstOom {
+    /// Index of the entry in the recording (for a PyTorch file: in the device's trace; 0 for a request of the
+    /// start state, see `moment`).
+    pub event_index: u64,
+    /// When: the entry, or the start (an allocation live before the recording started that this contender
+    /// could not hold).
+    #[cfg_attr(feature = "serde", serde(skip))]
+    pub moment: Moment,
+    /// Whether the request was one of the start state's.
+    pub before_recording: bool,
+    /// Bytes requested.
+    pub request_bytes: u64,
+    /// Bytes reserved from the device at that moment.
+    pub reserved_bytes: u64,
+    /// Free bytes inside reserved memory.
+    pub free_bytes: u64,
+    /// The largest free run inside reserved memory.
+    pub largest_free_bytes: u64,
+    /// `fragmentation` or `exhaustion`.
+    pub verdict: OomCause,
+    /// The verdict in words.
+    pub message: String,
+}
+
+impl FirstOom {
+    /// From a core verdict at `moment`.
+    pub fn from_verdict(moment: Moment, verdict: &OomVerdict) -> Self {
+        Self {
+            event_index: match moment {
+                Moment::Start => 0,
+                Moment::Entry(entry) => entry,
+            },
+            moment,
+            before_recording: moment == Moment::Start,
+            request_bytes: verdict.requested_bytes,
+            reserved_bytes: verdict.reserved_bytes,
+            free_bytes: verdict.free_in_blocks_bytes,
+            largest_free_bytes: verdict.largest_free_run_bytes,
+            verdict: verdict.cause,
+            message: verdict.describe(),
+        }
+    }
+}
+
+/// A replay summed up.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Outcome {
+    /// The contender's name.
+    pub policy: String,
+    /// Events replayed (allocations and frees).
+    pub events: u64,
+    /// Allocations served.
+    pub allocs: u64,
+    /// Frees.
+    pub frees: u64,
+    /// The most requested bytes live at once.
+    pub peak_live_bytes: u64,
+    /// The most bytes reserved from the device at once.
+    pub peak_reserved_bytes: u64,
+    /// Device allocations: blocks (segments) reserved, or map calls for paging.
+    pub device_allocs: u64,
+    /// Device frees: blocks released, or unmap calls.
+    pub device_frees: u64,
+    /// Requests that could not be served.
+    pub ooms: u64,
+    /// The first of them.
+    pub first_oom: Option<FirstOom>,
+    /// The contender's own time per event, in nanoseconds (parsing excluded).
+    pub ns_per_event: f64,
+    /// For `pytorch` on a PyTorch file: how its decisions compare with the recorded ones.
+    pub fidelity: Option<Fidelity>,
+    /// For `pytorch`: PyTorch's own counters (`torch.cuda.memory_stats()`).
+    #[cfg_attr(feature = "serde", serde(skip))]
+    pub memory_stats: Option<MemoryStats>,
+    /// Why the contender did not run (it cannot on this device: a limit, a missing feature), with what to do;
+    /// `None` when it ran. A contender that did not run has every count at 0.
+    pub not_run: Option<String>,
+}
+
+impl Outcome {
+    /// The outcome of `policy` that did not run, because of `reason`.
+    pub fn not_run(policy: &str, reason: impl Into<String>) -> Self {
+        Self {
+            policy: policy.to_owned(),
+            events: 0,
+            allocs: 0,
+            frees: 0,
+            peak_live_bytes: 0,
+            peak_reserved_bytes: 0,
+            device_allocs: 0,
+            device_frees: 0,
+            ooms: 0,
+            first_oom: None,
+            ns_per_event: 0.0,
+            fidelity: None,
+            memory_stats: None,
+            not_run: Some(reason.into()),
+        }
+    }
+
+    /// Whether the contender ran (see [`Outcome::not_run`]).
+    pub fn ran(&self) -> bool {
+        self.not_run.is_none()
+    }
+
+    /// Peak reserved over peak live (1.0 is no waste).
+    pub fn reserved_over_live(&self) -> f64 {
+        self.peak_reserved_bytes as f64 / self.peak_live_bytes.max(1) as f64
+    }
+}
+
+/// Settings shared by the contenders of one comparison.
+#[derive(Clone, Debug)]
+pub struct CompareConfig {
+    /// Device memory available; `None` for no limit.
+    pub capacity_bytes: Option<u64>,
+    /// Page size of the `paged` contender.
+    pub page_bytes: u64,
+    /// When the `paged` contender unmaps wholly free pages.
+    pub paged_unmap: UnmapRule,
+    /// Alignment of every request (PyTorch rounds to 512 B).
+    pub align_bytes: u64,
+    /// The heap rules for heap contenders (the policy field is replaced by the contender's).
+    pub heap: HeapConfig,
+    /// PyTorch's allocator settings over the recording's own, in `PYTORCH_CUDA_ALLOC_CONF` syntax (`--alloc-conf`).
+    pub alloc_conf: Option<String>,
+}
+
+impl CompareConfig {
+    /// The heap a heap contender with `kind` inside runs in: blocks from a simulated device of the capacity.
+    ///
+    /// # Errors
+    /// Invalid heap settings.
+    pub fn heap(&self, kind: PolicyKind) -> Result<Heap<SimulatedSource>> {
+        let source =
+            SimulatedSource::new(self.capacity_bytes.unwrap_or(UNLIMITED_DEVICE_BYTES), SimulatedSource::DEFAULT_ALIGNMENT_BYTES);
+        Heap::new(HeapConfig { policy: kind, ..self.heap.clone() }, source)
+    }
+
+    /// The paged contender.
+    ///
+    /// # Errors
+    /// Invalid paging settings (a page size that is not a power of two or exceeds the virtual range).
+    pub fn paged_heap(&self) -> Result<PagedHeap> {
+        PagedHeap::new(PagedConfig {
+            page_bytes: self.page_bytes,
+            unmap: self.paged_unmap,
+            ..PagedConfig::new(self.capacity_bytes)
+        })
+    }
+}
+
+impl Default for CompareConfig {
+    fn default() -> Self {
+        Self {
+            capacity_bytes: None,
+            page_bytes: PagedConfig::DEFAULT_PAGE_BYTES,
+            paged_unmap: UnmapRule::Eager,
+            align_bytes: 512,
+            heap: HeapConfig::new(PolicyKind::Tlsf),
+            alloc_conf: None,
+        }
+    }
+}
+
+/// The layout a heap contender with `kind` inside leaves once `recording` has been replayed through it (with
+/// `config`'s capacity, alignment and heap rules): the heap's final [`HeapReport`](heapscope_core::HeapReport).
+///
+/// # Errors
+/// Invalid heap settings or alignment, or a heap bug on free.
+pub fn final_heap_report(recording: &Recording, kind: PolicyKind, config: &CompareConfig) -> Result<heapscope_core::HeapReport> {
+    let mut heap = config.heap(kind)?;
+    replay_heap(&recording.trace, &mut heap, config.align_bytes)?;
+    Ok(heap.report())
+}
+
+/// Runs of a replay for its timing: up to this many ...
+const TIMING_RUNS: u32 = 5;
+/// ... while they take less than this in total ...
+const TIMING_BUDGET: Duration = Duration::from_millis(50);
+/// ... and only when the first run was shorter than this.
+const TIMING_REPEAT_BELOW: Duration = Duration::from_millis(10);
+
+/// Runs `replay` (which builds its contender afresh) up to [`TIMING_RUNS`] times within [`TIMING_BUDGET`] when
+/// the first run is short,
+/// and returns the first run's result with the best run's time in nanoseconds: one cold run of a short
+/// trace mostly measures page faults and cold caches, not the allocator, while a long one is its own
+/// warm-up. Replays are deterministic, so every run computes the same result.
+pub fn best_time<T, E>(mut replay: impl FnMut() -> Result<T, E>) -> Result<(T, u128), E> {
+    let started = Instant::now();
+    let first = replay()?;
+    let mut best = started.elapsed();
+    let runs = if best < TIMING_REPEAT_BELOW { TIMING_RUNS } else { 1 };
+    for _ in 1..runs {
+        if started.elapsed() >= TIMING_BUDGET {
+            break;
+        }
+        let run = Instant::now();
+        replay()?;
+        best = best.min(run.elapsed());
+    }
+    Ok((first, best.as_nanos()))
+}
+
+/// A simulated device with no practical limit.
+const UNLIMITED_DEVICE_BYTES: u64 = 1 << 56;
+
+/// The outcome of a heap replay by `policy` that took `nanos`, with the device counters left at 0 for the
+/// caller to fill in (they depend on the heap). `moment_of` maps an event index to the recording's moment
+/// ([`Recording::moment_of`]).
+pub fn summed(policy: &str, replay: &HeapReplay, moment_of: &dyn Fn(u64) -> Moment, nanos: u128) -> Outcome {
+    let stats = &replay.stats;
+    Outcome {
+        policy: policy.to_owned(),
+        events: stats.events,
+        allocs: stats.allocations,
+        frees: stats.frees,
+        peak_live_bytes: stats.peak_live_bytes,
+        peak_reserved_bytes: 0,
+        device_allocs: 0,
+        device_frees: 0,
+        ooms: stats.failed_allocations,
+        first_oom: stats
+            .first_failure
+            .zip(replay.first_oom.as_ref())
+            .map(|(index, verdict)| FirstOom::from_verdict(moment_of(index), verdict)),
+        ns_per_event: nanos as f64 / stats.events.max(1) as f64,
+        fidelity: None,
+        memory_stats: None,
+        not_run: None,
+    }
+}
+
+/// Replays `recording` through `contender` on a simulated device with `config`: the one entry point of every
+/// simulated replay (`replay`, `compare`, `summary`). A contender that exists only on a Vulkan device is an
+/// outcome that says so ([`Outcome::not_run`]).
+///
+/// # Errors
+/// Invalid settings (`--alloc-conf` included), a snapshot the emulation cannot replay, or a contender bug on free.
+pub fn replay(recording: &Recording, contender: Contender, config: &CompareConfig) -> Result<Outcome> {
+    let trace = &recording.trace;
+    let moment_of = |event| recording.moment_of(event);
+    match contender {
+        Contender::Pytorch { expandable } => {
+            let mut conf = alloc_conf(recording, config.alloc_conf.as_deref())?;
+            conf.expandable_segments |= expandable;
+            let (replay, nanos) = best_time(|| emulate_pytorch(recording, &conf, config.capacity_bytes, &mut Unbacked))?;
+            Ok(replay.outcome(contender.name(), recording, nanos))
+        }
+        Contender::Heap(kind) => {
+            let ((heap, replay), nanos) = best_time(|| {
+                let mut heap = config.heap(kind)?;
+                let replay = replay_heap(trace, &mut heap, config.align_bytes)?;
+                Ok((heap, replay))
+            })?;
+            let stats = heap.stats();
+            Ok(Outcome {
+                peak_reserved_bytes: stats.peak_reserved_bytes,
+                device_allocs: stats.blocks_reserved,
+                device_frees: stats.blocks_released,
+                ..summed(kind.name(), &replay, &moment_of, nanos)
+            })
+        }
+        Contender::Paged => {
+            let ((heap, replay), nanos) = best_time(|| {
+                let mut heap = config.paged_heap()?;
+                let replay = replay_paged(trace, &mut heap, config.align_bytes)?;
+                Ok((heap, replay))
+            })?;
+            let stats = heap.stats();
+            Ok(Outcome {
+                peak_reserved_bytes: stats.peak_mapped_bytes,
+                device_allocs: stats.map_calls,
+                device_frees: stats.unmap_calls,
+                ..summed("paged", &replay, &moment_of, nanos)
+            })
+        }
+        Contender::GpuAllocator | Contender::Vma => {
+            Ok(Outcome::not_run(contender.name(), "runs on a Vulkan device only: add --vulkan"))
+        }
+    }
+}
+
+/// The allocator settings for the `pytorch` contender: the recording's own (PyTorch's defaults for a plain
+/// trace), then `overrides` in `PYTORCH_CUDA_ALLOC_CONF` syntax.
+///
+/// # Errors
+/// [`heapscope_core::Error::InvalidConfig`] naming the bad key or value.
+pub fn alloc_conf(recording: &Recording, overrides: Option<&str>) -> Result<AllocConf> {
+    let mut conf = recording
+        .snapshot
+        .as_ref()
+        .and_then(|snapshot| snapshot.settings.as_ref())
+        .map_or_else(AllocConf::default, AllocConf::from_recorded);
+    if let Some(overrides) = overrides {
+        conf.parse_overrides(overrides)
+            .map_err(|error| heapscope_core::Error::InvalidConfig { what: format!("--alloc-conf: {error}") })?;
+    }
+    Ok(conf)
+}
+
+/// PyTorch's out-of-memory message for `report`, in its words ("Tried to allocate ...").
+fn pytorch_message(report: &OomReport, unreserved_bytes: Option<u64>) -> String {
+    let mut message = format!("Tried to allocate {}.", Bytes(report.request_bytes));
+    if let Some(unreserved) = unreserved_bytes {
+        message.push_str(&format!(" {} left on the device.", Bytes(unreserved)));
+    }
+    message.push_str(&format!(
+        " Of the allocated memory {} is allocated by PyTorch, and {} is reserved by PyTorch but unallocated \
+         (largest free block {}).",
+        Bytes(report.allocated_bytes),
+        Bytes(report.free_in_reserved_bytes),
+        Bytes(report.largest_free_block_bytes)
+    ));
+    message
+}
+
+/// The bytes the device had left when `report` was refused at `entry` (`None` for a plain trace): what the
+/// capacity leaves beside the reserved bytes, or without one what the driver reported with a recorded `oom`.
+pub(crate) fn unreserved_bytes(capacity_bytes: Option<u64>, report: &OomReport, entry: Option<&TraceEntry>) -> Option<u64> {
+    match capacity_bytes {
+        Some(capacity) => Some(capacity.saturating_sub(report.reserved_bytes)),
+        None => entry.and_then(|entry| entry.device_free),
+    }
+}
+
+pub(crate) fn pytorch_first_oom(event_index: u64, report: &OomReport, unreserved_bytes: Option<u64>) -> FirstOom {
+    FirstOom {
+        event_index,
+        moment: Moment::Entry(event_index),
+        before_recording: false,
+        request_bytes: report.request_bytes,
+        reserved_bytes: report.reserved_bytes,
+        free_bytes: report.free_in_reserved_bytes,
+        largest_free_bytes: report.largest_free_block_bytes,
+        verdict: OomCause::judge(report.request_bytes, report.free_in_reserved_bytes, unreserved_bytes.unwrap_or(0)),
+        message: pytorch_message(report, unreserved_bytes),
+    }
+}
+
+/// Replays `recording` through the emulation of PyTorch's caching allocator with `conf`, on a device of
+/// `capacity_bytes` (unlimited when `None`; a recorded `oom` is then refused as the device refused it).
+///
+/// A PyTorch recording replays entry by entry, starting from the state at the start of the recording,
+/// with the fidelity of every decision measured; a plain trace replays on one stream, segments at
+/// increasing addresses.
+///
+/// # Errors
+///
+/// [`heapscope_core::Error::Trace`] naming the recording and the segment, block or trace entry of its snapshot
+/// that the emulation cannot replay ([`heapscope_pytorch::EmulationError`]).
+pub fn replay_pytorch(recording: &Recording, conf: &AllocConf, capacity_bytes: Option<u64>) -> Result<Outcome> {
+    let (replay, nanos) = best_time(|| emulate_pytorch(recording, conf, capacity_bytes, &mut Unbacked))?;
+    Ok(replay.outcome(Contender::Pytorch { expandable: false }.name(), recording, nanos))
+}
+
+/// One replay of a recording through the emulation of PyTorch's caching allocator: what an [`Outcome`] of it
+/// is made of.
+#[derive(Clone, Debug)]
+pub struct PytorchReplay {
+    /// PyTorch's counters at the end (`torch.cuda.memory_stats()`).
+    pub stats: MemoryStats,
+    /// The first request refused.
+    pub first_oom: Option<FirstOom>,
+    /// For a PyTorch recording: how the decisions compare with the recorded ones.
+    pub fidelity: Option<Fidelity>,
+}
+
+impl PytorchReplay {
+    /// The outcome, named `policy`, of a replay of `recording` that took `nanos`.
+    pub fn outcome(self, policy: &str, recording: &Recording, nanos: u128) -> Outcome {
+        let events = recording.trace.events().len() as u64;
+        let count = |value: i64| u64::try_from(value).unwrap_or(0);
+        let stats = self.stats;
+        Outcome {
+            policy: policy.to_owned(),
+            events,
+            allocs: count(stats.allocation.all().allocated),
+            frees: count(stats.allocation.all().freed),
+            peak_live_bytes: count(stats.requested_bytes.all().peak),
+            peak_reserved_bytes: count(stats.reserved_bytes.all().peak),
+            device_allocs: count(stats.num_device_alloc),
+            device_frees: count(stats.num_device_free),
+            ooms: count(stats.num_ooms),
+            first_oom: self.first_oom,
+            ns_per_event: nanos as f64 / events.max(1) as f64,
+            fidelity: self.fidelity,
+            memory_stats: Some(stats),
+            not_run: None,
+        }
+    }
+}
+
+/// One replay of `recording` through the emulation of PyTorch's caching allocator (as [`replay_pytorch`]
+/// replays it), every segment operation applied to `backing` as it is made: what the allocator holds at the
+/// start of a PyTorch recording first, then each `cudaMalloc` / `cudaFree` of a segment and each map / unmap
+/// of expandable pages ([`SegmentBacking`]; [`Unbacked`] for none). After every entry (for a plain trace: every
+/// event) `backing` also hears what it did to the blocks ([`SegmentBacking::replayed`]): the timeline of the
+/// `pytorch` contender is written down from this very run.
+///
+/// # Errors
+///
+/// What [`replay_pytorch`] returns; [`heapscope_core::Error::Source`] naming the entry whose segment operation
+/// `backing` refused.
+pub fn emulate_pytorch(
+    recording: &Recording,
+    conf: &AllocConf,
+    capacity_bytes: Option<u64>,
+    backing: &mut dyn SegmentBacking,
+) -> Result<PytorchReplay> {
+    Ok(match &recording.snapshot {
+        Some(snapshot) => {
+            let emulation = emulate_backed(snapshot, recording.device, conf, capacity_bytes, backing)
+                .map_err(|e| emulation_error(recording, &e))?;
+            let first_oom = emulation.first_oom.as_ref().map(|oom| {
+                let entry = snapshot.device_traces.get(recording.device).and_then(|trace| trace.get(oom.event_index));
+                pytorch_first_oom(oom.event_index as u64, &oom.report, unreserved_bytes(capacity_bytes, &oom.report, entry))
+            });
+            PytorchReplay { stats: emulation.stats, first_oom, fidelity: Some(emulation.fidelity) }
+        }
+        None => {
+            let mut allocator = CachingAllocator::new(conf.clone(), capacity_bytes);
+            let mut addresses = vec![None; recording.trace.slots() as usize];
+            let mut first_oom = None;
+            let refused = |index: u64| {
+                move |what: String| heapscope_core::Error::Source(format!("{}: event {index}: {what}", recording.name))
+            };
+            backing.started(&allocator);
+            for (index, event) in (0..).zip(recording.trace.events()) {
+                let mut effect = EntryEffect::Unchanged;
+                match *event {
+                    heapscope_core::Event::Alloc { slot, size_bytes } => {
+                        let result = allocator.malloc(size_bytes, 0, None);
+                        apply_pending(&mut allocator, backing).map_err(refused(recording.entry_of(index)))?;
+                        match result {
+                            Ok(address) => {
+                                addresses[slot as usize] = Some(address);
+                                effect = EntryEffect::Placed { address };
+                            }
+                            Err(report) => {
+                                let unreserved = unreserved_bytes(capacity_bytes, &report, None);
+                                first_oom
+                                    .get_or_insert_with(|| pytorch_first_oom(recording.entry_of(index), &report, unreserved));
+                                effect = EntryEffect::Refused(report);
+                            }
+                        }
+                    }
+                    heapscope_core::Event::Free { slot } => {
+                        if let Some(address) = addresses[slot as usize].take() {
+                            allocator.free(address);
+                            apply_pending(&mut allocator, backing).map_err(refused(recording.entry_of(index)))?;
+                            effect = EntryEffect::Freed { address };
+                        }
+                    }
+                }
+                backing.replayed(index as usize, effect, &allocator);
+            }
+            PytorchReplay { stats: allocator.stats().clone(), first_oom, fidelity: None }
+        }
+    })
+}
+
+/// An emulation error as an error of the recording's file (a refusal of the memory under the allocator as the
+/// source's failure: the file is fine).
+pub(crate) fn emulation_error(recording: &Recording, error: &heapscope_pytorch::EmulationError) -> heapscope_core::Error {
+    match error {
+        heapscope_pytorch::EmulationError::Backing { .. } => {
+            heapscope_core::Error::Source(format!("{}: {error}", recording.name))
+        }
+        _ => heapscope_core::Error::Trace { file: recording.name.clone(), line: 0, what: error.to_string() },
+    }
+}
+
+/// The verdict of a comparison in one sentence, when the reference contender ran out of memory: what was
+/// free and which contenders would have succeeded.
+pub fn verdict_sentence(failed: &Outcome, outcomes: &[Outcome], extra_successes: &[String]) -> Option<String> {
+    let oom = failed.first_oom.as_ref()?;
+    let mut survivors: Vec<String> = outcomes
+        .iter()
+        .filter(|outcome| outcome.ran() && outcome.ooms == 0)
+        .map(|outcome| format!("`{}`", outcome.policy))
+        .collect();
+    survivors.extend(extra_successes.iter().cloned());
+    let head = match oom.verdict {
+        OomCause::Fragmentation => format!(
+            "`{}` ran out of memory on a {} request: {} free in reserved memory but the largest free run is {}",
+            failed.policy,
+            Bytes(oom.request_bytes),
+            Bytes(oom.free_bytes),
+            Bytes(oom.largest_free_bytes)
+        ),
+        OomCause::Exhaustion => format!(
+            "`{}` ran out of memory on a {} request: only {} free in reserved memory and too little left on the device",
+            failed.policy,
+            Bytes(oom.request_bytes),
+            Bytes(oom.free_bytes)
+        ),
+    };
+    Some(match survivors.len() {
+        0 => format!("{head}; no contender would have succeeded."),
+        1 => format!("{head}; {} would have succeeded.", survivors[0]),
+        _ => {
+            let last = survivors.pop().unwrap_or_default();
+            format!("{head}; {} and {last} would have succeeded.", survivors.join(", "))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::story::frag_oom;
+    use heapscope_core::units::MIB;
+
+    #[test]
+    fn frag_oom_heap_fails_and_paging_survives() {
+        let story = frag_oom();
+        let config = CompareConfig {
+            capacity_bytes: Some(story.device_bytes),
+            heap: HeapConfig { release: heapscope_core::ReleaseRule::OnPressure, ..HeapConfig::new(PolicyKind::BestFit) },
+            ..CompareConfig::default()
+        };
+        let recording = Recording::from_trace(story.trace.clone());
+        let heap = replay(&recording, Contender::Heap(PolicyKind::BestFit), &config).unwrap();
+        let paged = replay(&recording, Contender::Paged, &config).unwrap();
+        let vma = replay(&recording, Contender::Vma, &config).unwrap();
+        assert_eq!(vma.not_run.as_deref(), Some("runs on a Vulkan device only: add --vulkan"));
+        assert_eq!((heap.ooms, paged.ooms), (1, 0));
+        assert_eq!((heap.allocs, heap.frees, heap.events), (40, 20, 61));
+        let oom = heap.first_oom.as_ref().unwrap();
+        assert_eq!(
+            (oom.event_index, oom.request_bytes, oom.free_bytes, oom.verdict),
+            (60, 1024 * MIB, 1000 * MIB, OomCause::Fragmentation)
+        );
+        assert_eq!(paged.peak_reserved_bytes, 3024 * MIB);
+        // A contender that did not run (a device limit) served nothing: it is no survivor.
+        let not_run = Outcome::not_run("vma (vulkan)", "no device");
+        assert!(!not_run.ran() && not_run.ooms == 0);
+        let sentence =
+            verdict_sentence(&heap, &[heap.clone(), paged, not_run], &["`pytorch` with expandable segments".into()]).unwrap();
+        assert!(
+            sentence.contains("1000.00 MiB free in reserved memory but the largest free run is 50.00 MiB")
+                && sentence.ends_with("`paged` and `pytorch` with expandable segments would have succeeded."),
+            "{sentence}"
+        );
+    }
+
+    #[test]
+    fn frag_oom_paged_under_pressure_reuses_pages_then_releases_them() {
+        let story = frag_oom();
+        let recording = Recording::from_trace(story.trace.clone());
+        let eager = CompareConfig { capacity_bytes: Some(story.device_bytes), ..CompareConfig::default() };
+        let pressure = CompareConfig { paged_unmap: UnmapRule::UnderPressure, ..eager.clone() };
+        let eager = replay(&recording, Contender::Paged, &eager).unwrap();
+        let pressure = replay(&recording, Contender::Paged, &pressure).unwrap();
+        assert_eq!((eager.ooms, pressure.ooms), (0, 0), "both serve the 1 GiB request");
+        // Eager unmaps the 150 MiB pages and maps them again for the 100 MiB ones; under pressure those are
+        // served from the cache, which is unmapped only when the 1 GiB request needs the room.
+        assert!(pressure.device_allocs < eager.device_allocs, "{} < {}", pressure.device_allocs, eager.device_allocs);
+        assert_eq!((eager.peak_reserved_bytes, pressure.peak_reserved_bytes), (3024 * MIB, 3024 * MIB));
+        let mut heap = CompareConfig { paged_unmap: UnmapRule::UnderPressure, ..CompareConfig::default() }.paged_heap().unwrap();
+        replay_paged(&story.trace, &mut heap, 512).unwrap();
+        // Without a capacity nothing is released: the 100 MiB allocations reuse 2000 MiB of cached pages and the
+        // 1 GiB one, placed after them, the last 1000 MiB of the cache.
+        assert_eq!(heap.stats().pages_reused * PagedConfig::DEFAULT_PAGE_BYTES, 3000 * MIB);
+        assert_eq!((heap.stats().cache_releases, heap.stats().peak_mapped_bytes), (0, 3024 * MIB));
+    }
+}

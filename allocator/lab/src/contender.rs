@@ -1,0 +1,159 @@
+//! [`Contender`]: who replays a recording — the one name table of every command, report and pane.
+//!
+//! A contender is PyTorch's caching allocator (emulated; in its default mode or with expandable segments), a
+//! [`Heap`](heapscope_core::Heap) of blocks with one of the core policies inside, a [`PagedHeap`](heapscope_core::PagedHeap), or
+//! one of today's allocators that exist only on a Vulkan device (gpu-allocator, VMA). `replay`, `compare`,
+//! `export`, `summary`, `gui`, `render` and `bench` all take these names, and every report prints them with
+//! [`Contender::name`]; where a contender cannot run (a device-only one without a device) its outcome says
+//! so instead of the command refusing the name.
+
+use std::fmt;
+use std::str::FromStr;
+
+use heapscope_core::PolicyKind;
+
+/// Who replays a recording.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum Contender {
+    /// The emulation of PyTorch's CUDA caching allocator; `expandable`: with `expandable_segments:True` over the
+    /// recording's own settings.
+    Pytorch {
+        /// Expandable segments on.
+        expandable: bool,
+    },
+    /// A heap of blocks with this policy inside each.
+    Heap(PolicyKind),
+    /// A virtual range backed by pages mapped on demand.
+    Paged,
+    /// gpu-allocator 0.28, on a Vulkan device only.
+    GpuAllocator,
+    /// VMA (vk-mem 0.5), on a Vulkan device only.
+    Vma,
+}
+
+/// PyTorch's caching allocator with the recording's own settings.
+pub const PYTORCH: Contender = Contender::Pytorch { expandable: false };
+/// PyTorch's caching allocator with `expandable_segments:True`.
+pub const PYTORCH_EXPANDABLE: Contender = Contender::Pytorch { expandable: true };
+
+impl Contender {
+    /// What `replay` and `compare` run when none is named (`--vulkan` adds [`Contender::DEVICE_ONLY`]).
+    pub const DEFAULT: [Contender; 6] = [
+        PYTORCH,
+        Contender::Heap(PolicyKind::Tlsf),
+        Contender::Heap(PolicyKind::BestFit),
+        Contender::Heap(PolicyKind::FirstFit),
+        Contender::Heap(PolicyKind::Buddy),
+        Contender::Paged,
+    ];
+
+    /// What `bench` runs when none is named: the default set with PyTorch's expandable mode.
+    pub const BENCH: [Contender; 7] = [
+        PYTORCH,
+        PYTORCH_EXPANDABLE,
+        Contender::Heap(PolicyKind::Tlsf),
+        Contender::Heap(PolicyKind::BestFit),
+        Contender::Heap(PolicyKind::FirstFit),
+        Contender::Heap(PolicyKind::Buddy),
+        Contender::Paged,
+    ];
+
+    /// The four that show the most side by side in the app: PyTorch's two modes, TLSF in blocks, and paging.
+    pub const SIDE_BY_SIDE: [Contender; 4] = [PYTORCH, PYTORCH_EXPANDABLE, Contender::Heap(PolicyKind::Tlsf), Contender::Paged];
+
+    /// The allocators that exist only on a Vulkan device.
+    pub const DEVICE_ONLY: [Contender; 2] = [Contender::GpuAllocator, Contender::Vma];
+
+    /// Every contender, in the order of the name table: both PyTorch modes, each core policy in a heap, paging,
+    /// then the device-only allocators.
+    pub fn all() -> Vec<Contender> {
+        let mut all = vec![PYTORCH, PYTORCH_EXPANDABLE];
+        all.extend(PolicyKind::ALL.map(Contender::Heap));
+        all.push(Contender::Paged);
+        all.extend(Contender::DEVICE_ONLY);
+        all
+    }
+
+    /// The name on the command line, in menus and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Contender::Pytorch { expandable: false } => "pytorch",
+            Contender::Pytorch { expandable: true } => "pytorch-expandable",
+            Contender::Heap(kind) => kind.name(),
+            Contender::Paged => "paged",
+            Contender::GpuAllocator => "gpu-allocator",
+            Contender::Vma => "vma",
+        }
+    }
+
+    /// Whether it exists only on a Vulkan device.
+    pub fn needs_device(self) -> bool {
+        Contender::DEVICE_ONLY.contains(&self)
+    }
+
+    /// Whether it keeps one pool per CUDA stream (PyTorch's allocator does; the others serve every stream alike).
+    pub fn pools_per_stream(self) -> bool {
+        matches!(self, Contender::Pytorch { .. })
+    }
+}
+
+impl fmt::Display for Contender {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is no contender.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown policy {name:?}: expected one of {}", expected_names())]
+pub struct UnknownContender {
+    /// The name given.
+    pub name: String,
+}
+
+fn expected_names() -> String {
+    Contender::all().into_iter().map(Contender::name).collect::<Vec<_>>().join(", ")
+}
+
+impl FromStr for Contender {
+    type Err = UnknownContender;
+
+    fn from_str(text: &str) -> Result<Self, UnknownContender> {
+        Contender::all()
+            .into_iter()
+            .find(|contender| contender.name() == text)
+            .ok_or_else(|| UnknownContender { name: text.to_owned() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_round_trips_and_a_typo_lists_them_all() {
+        let all = Contender::all();
+        for contender in &all {
+            assert_eq!(contender.name().parse::<Contender>(), Ok(*contender));
+        }
+        let names: std::collections::HashSet<_> = all.iter().map(|contender| contender.name()).collect();
+        assert_eq!(names.len(), all.len(), "one name per contender");
+        let message = "tlfs".parse::<Contender>().unwrap_err().to_string();
+        assert!(message.starts_with("unknown policy \"tlfs\": expected one of pytorch, pytorch-expandable, tlsf"), "{message}");
+        assert!(message.ends_with("paged, gpu-allocator, vma"), "{message}");
+    }
+
+    #[test]
+    fn the_sets_are_drawn_from_the_table() {
+        // (set, contenders that need a device)
+        let cases: [(&[Contender], usize); 4] =
+            [(&Contender::DEFAULT, 0), (&Contender::BENCH, 0), (&Contender::SIDE_BY_SIDE, 0), (&Contender::DEVICE_ONLY, 2)];
+        let all = Contender::all();
+        for (set, on_device) in cases {
+            assert!(set.iter().all(|contender| all.contains(contender)), "{set:?}");
+            assert_eq!(set.iter().filter(|contender| contender.needs_device()).count(), on_device, "{set:?}");
+        }
+        assert!(PYTORCH.pools_per_stream() && !Contender::Paged.pools_per_stream());
+    }
+}

@@ -1,0 +1,518 @@
+//! The one replay driver: a recording's allocations and frees, moment by moment, through one contender (a
+//! [`Policy`] on one range, a [`Heap`] of blocks, a [`PagedHeap`], or any [`DeviceHeap`] of a backend crate),
+//! with [`Observer`]s that write down what they need of each step — the statistics of a replay
+//! ([`ReplayStats`], the verdicts), a timeline for the app, a snapshot for export. Every way heapscope replays a
+//! heap contender goes through [`drive`]; PyTorch's emulation has its own loop over the snapshot's entries (its
+//! rules need them all, segment events included) and reports to the same kind of observer through its
+//! `SegmentBacking`.
+//!
+//! The stream ([`Stream`]) is the recording's: its start events (what was live before the first entry, see
+//! [`crate::recording`]) at [`Moment::Start`], then each entry's events at [`Moment::Entry`], every entry once
+//! (an entry that is no allocation or free, a `segment_alloc`, is a moment with no event), so every contender
+//! serves the same requests and every observer numbers moments alike.
+
+use crate::recording::{Moment, Recording};
+use heapscope_core::OomVerdict;
+use heapscope_core::source::MemorySource;
+use heapscope_core::trace::{Event, Trace};
+use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Error, Heap, PagedHeap, Policy, Request, Result};
+
+/// A recording's events with their moments: what [`drive`] replays.
+#[derive(Clone, Copy, Debug)]
+pub struct Stream<'a> {
+    /// The events, the start events first.
+    pub trace: &'a Trace,
+    /// How many events open the trace at the start.
+    pub start_events: usize,
+    /// The entry of each event (empty: event `N` is entry `N`).
+    entry_index: &'a [u64],
+    /// The recording's entries.
+    pub entries: u64,
+}
+
+impl<'a> Stream<'a> {
+    /// A plain trace: event `N` is entry `N`, nothing live at the start.
+    pub fn of_trace(trace: &'a Trace) -> Self {
+        Self { trace, start_events: 0, entry_index: &[], entries: trace.events().len() as u64 }
+    }
+
+    /// The stream of `recording`.
+    pub fn of(recording: &'a Recording) -> Self {
+        Self {
+            trace: &recording.trace,
+            start_events: recording.start_events,
+            entry_index: &recording.entry_index,
+            entries: recording.entries,
+        }
+    }
+
+    /// The moment of event `event`.
+    pub fn moment_of(&self, event: u64) -> Moment {
+        if event < self.start_events as u64 {
+            Moment::Start
+        } else {
+            Moment::Entry(usize::try_from(event).ok().and_then(|event| self.entry_index.get(event)).copied().unwrap_or(event))
+        }
+    }
+}
+
+/// What a contender did with one event.
+#[derive(Clone, Copy, Debug)]
+pub enum Step<'a, H> {
+    /// Served the allocation of `slot`.
+    Placed {
+        /// The trace slot.
+        slot: u32,
+        /// Bytes requested.
+        size_bytes: u64,
+        /// Where.
+        handle: &'a H,
+    },
+    /// Freed the allocation of `slot` (the handle it had).
+    Freed {
+        /// The trace slot.
+        slot: u32,
+        /// Its handle before the free.
+        handle: &'a H,
+    },
+    /// The free of the allocation of `slot`, which was refused: nothing to free.
+    Unserved {
+        /// The trace slot.
+        slot: u32,
+    },
+    /// Refused the allocation of `slot`; its free is [`Step::Unserved`].
+    Refused {
+        /// The trace slot.
+        slot: u32,
+        /// Bytes requested.
+        size_bytes: u64,
+        /// Why, for a contender that says (a heap; a bare policy does not).
+        verdict: Option<&'a OomVerdict>,
+    },
+}
+
+/// What a contender looks like to the driver: a policy or a heap.
+pub trait Target {
+    /// What a served allocation is known by.
+    type Handle: Copy;
+
+    /// Serves `request`: `Ok(handle)`, or `Err` with the verdict when it does not fit (`None` for a contender
+    /// that gives none).
+    ///
+    /// # Errors
+    /// A failure other than out of memory.
+    fn allocate(&mut self, request: Request) -> Result<Result<Self::Handle, Option<OomVerdict>>>;
+
+    /// Frees `handle`.
+    ///
+    /// # Errors
+    /// A contender bug (the stream frees only what it allocated).
+    fn free(&mut self, handle: Self::Handle) -> Result<()>;
+
+    /// The allocation it stands for.
+    fn allocation(handle: &Self::Handle) -> &Allocation;
+
+    /// One past the last byte set aside, in one address space across allocations (0 when there is none).
+    fn footprint_end(handle: &Self::Handle) -> u64;
+
+    /// The verdict on a request of `size_bytes` that overflows once aligned to `align_bytes`: no device holds it.
+    fn oversized(&mut self, _size_bytes: u64, _align_bytes: u64) -> Option<OomVerdict> {
+        None
+    }
+
+    /// What it asked of the device since the last call (empty unless it records: [`DeviceHeap`]'s
+    /// `record_device_events`).
+    fn take_device_events(&mut self) -> Vec<DeviceEvent> {
+        Vec::new()
+    }
+}
+
+/// Hears every step of a replay. See the module documentation.
+pub trait Observer<T: Target + ?Sized> {
+    /// After event `event` of the stream, at `moment`: what the contender did (`device_events`: what it asked of
+    /// the device for it).
+    ///
+    /// # Errors
+    /// What the observer cannot write down (a change that contradicts its layout); the replay stops.
+    fn step(
+        &mut self,
+        event: u64,
+        moment: Moment,
+        step: Step<'_, T::Handle>,
+        device_events: &[DeviceEvent],
+        target: &T,
+    ) -> Result<()>;
+
+    /// Whether it reads the device events of each step. When no observer does, the driver leaves them in the heap
+    /// for its owner to take ([`DeviceHeap`]'s `take_device_events`), as a bare replay did.
+    fn wants_device_events(&self) -> bool {
+        true
+    }
+
+    /// Once every event of `moment` is replayed: the start first (also when nothing was live), then every entry
+    /// in order, entries without events included.
+    ///
+    /// # Errors
+    /// As [`Observer::step`].
+    fn moment_done(&mut self, _moment: Moment, _target: &T) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A bare policy on one range: refusals carry no verdict.
+struct PolicyTarget<'a, P: Policy + ?Sized>(&'a mut P);
+
+impl<P: Policy + ?Sized> Target for PolicyTarget<'_, P> {
+    type Handle = Allocation;
+
+    fn allocate(&mut self, request: Request) -> Result<Result<Allocation, Option<OomVerdict>>> {
+        Ok(self.0.allocate(request).ok_or(None))
+    }
+
+    fn free(&mut self, handle: Allocation) -> Result<()> {
+        self.0.free(handle)
+    }
+
+    fn allocation(handle: &Allocation) -> &Allocation {
+        handle
+    }
+
+    fn footprint_end(handle: &Allocation) -> u64 {
+        handle.footprint_end()
+    }
+}
+
+/// A heap of blocks, a paged heap or a backend's heap: refusals are out-of-memory verdicts.
+#[derive(Debug)]
+pub struct HeapTarget<'a, H: DeviceHeap>(pub &'a mut H);
+
+impl<H: DeviceHeap> Target for HeapTarget<'_, H> {
+    type Handle = H::Handle;
+
+    fn allocate(&mut self, request: Request) -> Result<Result<H::Handle, Option<OomVerdict>>> {
+        match self.0.allocate_request(request) {
+            Ok(handle) => Ok(Ok(handle)),
+            Err(Error::OutOfMemory(verdict)) => Ok(Err(Some(*verdict))),
+            Err(other) => Err(other),
+        }
+    }
+
+    fn free(&mut self, handle: H::Handle) -> Result<()> {
+        self.0.free_handle(handle)
+    }
+
+    fn allocation(handle: &H::Handle) -> &Allocation {
+        H::allocation(handle)
+    }
+
+    /// Offsets are per block in a heap, and a paged heap's peak is its mapped bytes: no single range end
+    /// means anything.
+    fn footprint_end(_handle: &H::Handle) -> u64 {
+        0
+    }
+
+    fn oversized(&mut self, size_bytes: u64, align_bytes: u64) -> Option<OomVerdict> {
+        Some(self.0.oversized_verdict(size_bytes, align_bytes))
+    }
+
+    fn take_device_events(&mut self) -> Vec<DeviceEvent> {
+        self.0.take_device_events()
+    }
+}
+
+/// Replays `stream` through `target`, every request aligned to `align_bytes`, telling `observers` each step and
+/// each moment. A size that overflows once aligned fits nowhere: it is refused.
+///
+/// # Errors
+/// [`Error::AlignmentNotPowerOfTwo`] for a bad alignment (before any event), the target's failures other than
+/// out of memory, and the observers' errors; the replay stops at the first.
+pub fn drive<T: Target>(
+    stream: Stream<'_>,
+    target: &mut T,
+    align_bytes: u64,
+    observers: &mut [&mut dyn Observer<T>],
+) -> Result<()> {
+    // Validates the alignment once, before any event.
+    Request::new(1, align_bytes)?;
+    let events = stream.trace.events();
+    let mut handles: Vec<Option<T::Handle>> = vec![None; stream.trace.slots() as usize];
+    let mut next = 0u64;
+    let device_events_wanted = observers.iter().any(|observer| observer.wants_device_events());
+    let take_device_events = |target: &mut T| if device_events_wanted { target.take_device_events() } else { Vec::new() };
+    let moments = std::iter::once(Moment::Start).chain((0..stream.entries).map(Moment::Entry));
+    for moment in moments {
+        while let Some(event) = events.get(next as usize)
+            && stream.moment_of(next) <= moment
+        {
+            let index = next;
+            next += 1;
+            match *event {
+                Event::Alloc { slot, size_bytes } => {
+                    let served = match Request::new(size_bytes, align_bytes) {
+                        Ok(request) => target.allocate(request)?,
+                        Err(_) => Err(target.oversized(size_bytes, align_bytes)),
+                    };
+                    let device_events = take_device_events(target);
+                    let step = match &served {
+                        Ok(handle) => Step::Placed { slot, size_bytes, handle },
+                        Err(verdict) => Step::Refused { slot, size_bytes, verdict: verdict.as_ref() },
+                    };
+                    for observer in observers.iter_mut() {
+                        observer.step(index, moment, step, &device_events, target)?;
+                    }
+                    if let Ok(handle) = served {
+                        handles[slot as usize] = Some(handle);
+                    }
+                }
+                Event::Free { slot } => {
+                    let handle = handles[slot as usize].take();
+                    if let Some(handle) = handle {
+                        target.free(handle)?;
+                    }
+                    let device_events = take_device_events(target);
+                    let step = match &handle {
+                        Some(handle) => Step::Freed { slot, handle },
+                        None => Step::Unserved { slot },
+                    };
+                    for observer in observers.iter_mut() {
+                        observer.step(index, moment, step, &device_events, target)?;
+                    }
+                }
+            }
+        }
+        for observer in observers.iter_mut() {
+            observer.moment_done(moment, target)?;
+        }
+    }
+    Ok(())
+}
+
+/// The statistics of a replay, as an [`Observer`]: counts, peaks and the verdicts of its refusals.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Statistics {
+    /// Counts and peaks.
+    pub stats: ReplayStats,
+    /// The first out-of-memory verdict.
+    pub first_oom: Option<OomVerdict>,
+    /// The last out-of-memory verdict.
+    pub last_oom: Option<OomVerdict>,
+    footprint_now: u64,
+}
+
+impl Statistics {
+    /// What it measured, as a [`HeapReplay`].
+    pub fn into_replay(self) -> HeapReplay {
+        HeapReplay { stats: self.stats, first_oom: self.first_oom, last_oom: self.last_oom }
+    }
+}
+
+impl<T: Target> Observer<T> for Statistics {
+    fn wants_device_events(&self) -> bool {
+        false
+    }
+
+    fn step(&mut self, event: u64, _moment: Moment, step: Step<'_, T::Handle>, _: &[DeviceEvent], _: &T) -> Result<()> {
+        let stats = &mut self.stats;
+        stats.events += 1;
+        match step {
+            Step::Placed { size_bytes, handle, .. } => {
+                let footprint_bytes = T::allocation(handle).footprint_bytes();
+                stats.allocated(size_bytes, footprint_bytes, T::footprint_end(handle), &mut self.footprint_now);
+                stats.last_event_ok = true;
+            }
+            Step::Refused { verdict, .. } => {
+                stats.failed(event);
+                if let Some(verdict) = verdict {
+                    self.first_oom.get_or_insert_with(|| verdict.clone());
+                    self.last_oom = Some(verdict.clone());
+                }
+                stats.last_event_ok = false;
+            }
+            Step::Freed { handle, .. } => {
+                stats.frees += 1;
+                let allocation = T::allocation(handle);
+                stats.live_bytes -= allocation.size_bytes();
+                self.footprint_now -= allocation.footprint_bytes();
+                stats.last_event_ok = true;
+            }
+            Step::Unserved { .. } => stats.last_event_ok = true,
+        }
+        Ok(())
+    }
+}
+
+/// [`drive`] with [`Statistics`] alone.
+fn replay<T: Target>(stream: Stream<'_>, target: &mut T, align_bytes: u64) -> Result<Statistics> {
+    let mut statistics = Statistics::default();
+    drive(stream, target, align_bytes, &mut [&mut statistics])?;
+    Ok(statistics)
+}
+
+/// What a replay measured.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct ReplayStats {
+    /// Events replayed.
+    pub events: u64,
+    /// Allocations served.
+    pub allocations: u64,
+    /// Allocations that did not fit (their frees are skipped).
+    pub failed_allocations: u64,
+    /// Frees of served allocations.
+    pub frees: u64,
+    /// Index of the first event that failed.
+    pub first_failure: Option<u64>,
+    /// Whether the last event succeeded.
+    pub last_event_ok: bool,
+    /// Requested bytes live at the end.
+    pub live_bytes: u64,
+    /// The most requested bytes live at once.
+    pub peak_live_bytes: u64,
+    /// The most bytes set aside (footprints) at once.
+    pub peak_footprint_bytes: u64,
+    /// The highest footprint end ever used: the range a single-range policy needed (its peak reserved).
+    pub peak_end_bytes: u64,
+}
+
+impl ReplayStats {
+    fn allocated(&mut self, size_bytes: u64, footprint_bytes: u64, footprint_end: u64, footprint_now: &mut u64) {
+        self.allocations += 1;
+        self.live_bytes += size_bytes;
+        self.peak_live_bytes = self.peak_live_bytes.max(self.live_bytes);
+        *footprint_now += footprint_bytes;
+        self.peak_footprint_bytes = self.peak_footprint_bytes.max(*footprint_now);
+        self.peak_end_bytes = self.peak_end_bytes.max(footprint_end);
+    }
+
+    fn failed(&mut self, index: u64) {
+        self.failed_allocations += 1;
+        self.first_failure.get_or_insert(index);
+    }
+
+    /// `peak_end_bytes / peak_live_bytes`: how much more range than live bytes a single-range policy needed.
+    pub fn peak_end_over_peak_live(&self) -> f64 {
+        self.peak_end_bytes as f64 / self.peak_live_bytes.max(1) as f64
+    }
+}
+
+/// Replays `trace` through `policy`, every request aligned to `align_bytes`.
+///
+/// # Errors
+/// [`Error::AlignmentNotPowerOfTwo`] for a bad alignment, or an error from the policy's `free` (a policy
+/// bug: the trace frees only what it allocated).
+pub fn replay_policy<P: Policy + ?Sized>(trace: &Trace, policy: &mut P, align_bytes: u64) -> Result<ReplayStats> {
+    Ok(replay(Stream::of_trace(trace), &mut PolicyTarget(policy), align_bytes)?.stats)
+}
+
+/// What a heap replay measured, with the verdicts of its failures.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct HeapReplay {
+    /// Counts and peaks (`peak_end_bytes` stays 0: see the heap's own stats for reserved bytes).
+    pub stats: ReplayStats,
+    /// The first out-of-memory verdict.
+    pub first_oom: Option<OomVerdict>,
+    /// The last out-of-memory verdict.
+    pub last_oom: Option<OomVerdict>,
+}
+
+/// Replays `trace` through `heap`, every request aligned to `align_bytes`.
+///
+/// # Errors
+/// [`Error::AlignmentNotPowerOfTwo`] for a bad alignment, a source failure other than out of memory, or a heap
+/// bug on free.
+pub fn replay_heap<S: MemorySource>(trace: &Trace, heap: &mut Heap<S>, align_bytes: u64) -> Result<HeapReplay> {
+    replay_device_heap(trace, heap, align_bytes)
+}
+
+/// Replays `trace` through a paged heap, every request aligned to `align_bytes`. The verdicts come back
+/// in a [`HeapReplay`]; mapped bytes and map calls are in the heap's own stats.
+///
+/// # Errors
+/// [`Error::AlignmentNotPowerOfTwo`] for a bad alignment, or a paged-heap bug on free.
+pub fn replay_paged(trace: &Trace, heap: &mut PagedHeap, align_bytes: u64) -> Result<HeapReplay> {
+    replay_device_heap(trace, heap, align_bytes)
+}
+
+/// Replays `trace` through any [`DeviceHeap`] (a heap of another crate, another allocator wrapped as one),
+/// every request aligned to `align_bytes`; what [`replay_heap`] and [`replay_paged`] do for heapscope's own.
+///
+/// # Errors
+/// [`Error::AlignmentNotPowerOfTwo`] for a bad alignment, a failure other than out of memory, or an error on
+/// free.
+pub fn replay_device_heap<H: DeviceHeap>(trace: &Trace, heap: &mut H, align_bytes: u64) -> Result<HeapReplay> {
+    Ok(replay(Stream::of_trace(trace), &mut HeapTarget(heap), align_bytes)?.into_replay())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::story::frag_oom;
+    use heapscope_core::units::MIB;
+    use heapscope_core::{HeapConfig, PolicyKind, ReleaseRule, SimulatedSource, Tlsf};
+
+    #[test]
+    fn frag_oom_on_one_range_succeeds() {
+        let story = frag_oom();
+        let mut policy = Tlsf::new(story.device_bytes);
+        let stats = replay_policy(&story.trace, &mut policy, 256).unwrap();
+        assert_eq!((stats.allocations, stats.failed_allocations, stats.last_event_ok), (41, 0, true));
+        assert_eq!(stats.peak_live_bytes, 3024 * MIB);
+        assert_eq!(stats.peak_end_bytes, 3024 * MIB, "the 100 MiB blocks reuse the start of the range");
+    }
+
+    #[test]
+    fn footprints_are_returned_on_free() {
+        let mut builder = heapscope_core::TraceBuilder::new("churn");
+        for id in 0..4 {
+            builder.alloc(id, 1000).unwrap();
+            builder.free(id).unwrap();
+        }
+        let trace = builder.finish();
+        let stats = replay_policy(&trace, &mut Tlsf::new(1 << 20), 256).unwrap();
+        assert_eq!((stats.peak_live_bytes, stats.peak_footprint_bytes), (1000, 1024), "one allocation at a time");
+        let mut heap = Heap::new(HeapConfig::new(PolicyKind::Tlsf), SimulatedSource::new(1 << 30, 2 * MIB)).unwrap();
+        let replay = replay_heap(&trace, &mut heap, 256).unwrap();
+        assert_eq!(replay.stats.peak_footprint_bytes, 1024);
+    }
+
+    #[test]
+    fn bad_alignment_is_an_error_and_huge_sizes_fail_alike() {
+        let mut builder = heapscope_core::TraceBuilder::new("huge");
+        builder.alloc(1, u64::MAX).unwrap();
+        builder.alloc(2, 4096).unwrap();
+        let trace = builder.finish();
+        let mut policy = Tlsf::new(1 << 20);
+        assert!(matches!(replay_policy(&trace, &mut policy, 3), Err(Error::AlignmentNotPowerOfTwo { align_bytes: 3 })));
+        let stats = replay_policy(&trace, &mut policy, 256).unwrap();
+        assert_eq!((stats.allocations, stats.failed_allocations, stats.first_failure), (1, 1, Some(0)));
+        let mut heap = Heap::new(HeapConfig::new(PolicyKind::Tlsf), SimulatedSource::new(1 << 30, 2 * MIB)).unwrap();
+        assert!(matches!(replay_heap(&trace, &mut heap, 0), Err(Error::AlignmentNotPowerOfTwo { align_bytes: 0 })));
+        let replay = replay_heap(&trace, &mut heap, 256).unwrap();
+        assert_eq!((replay.stats.allocations, replay.stats.failed_allocations), (1, 1));
+    }
+
+    #[test]
+    fn frag_oom_through_paging_succeeds_and_unmaps() {
+        let story = frag_oom();
+        let mut heap = PagedHeap::new(heapscope_core::PagedConfig::new(Some(story.device_bytes))).unwrap();
+        let replay = replay_paged(&story.trace, &mut heap, 256).unwrap();
+        assert_eq!((replay.stats.failed_allocations, replay.stats.last_event_ok), (0, true));
+        assert!(replay.first_oom.is_none());
+        assert_eq!(heap.stats().peak_mapped_bytes, 3024 * MIB, "the freed 150 MiB pages were unmapped");
+        assert!(heap.stats().unmap_calls > 0);
+    }
+
+    #[test]
+    fn frag_oom_in_a_caching_heap_fails_with_fragmentation() {
+        let story = frag_oom();
+        let config = HeapConfig { release: ReleaseRule::OnPressure, ..HeapConfig::new(PolicyKind::BestFit) };
+        let mut heap = Heap::new(config, SimulatedSource::new(story.device_bytes, 2 * MIB)).unwrap();
+        let replay = replay_heap(&story.trace, &mut heap, 256).unwrap();
+        assert!(!replay.stats.last_event_ok);
+        assert_eq!(replay.stats.failed_allocations, 1);
+        let verdict = replay.last_oom.unwrap();
+        assert_eq!(verdict.cause, heapscope_core::OomCause::Fragmentation);
+        assert_eq!(verdict.free_in_blocks_bytes, 1000 * MIB);
+    }
+}

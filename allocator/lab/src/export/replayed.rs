@@ -1,0 +1,648 @@
+//! The snapshot a replay would have recorded: a recording replayed through a heap or a paged heap,
+//! written down in PyTorch's schema so PyTorch's own viewer (memory_viz) shows how that contender lays out
+//! the same run.
+//!
+//! Every allocation becomes an `alloc` entry at its address, every free a `free_requested` and
+//! `free_completed` pair, every block the heap reserves or releases a `segment_alloc` / `segment_free`
+//! (pages a paged heap maps or unmaps: `segment_map` / `segment_unmap`), and a refused request an `oom`
+//! entry. Stream, time and stack frames come from the recording's own entry where it has one. The final
+//! segments list the heap's blocks (a paged heap's mapped runs, marked expandable) tiled by their blocks.
+
+use crate::compare::{CompareConfig, Contender};
+use crate::driver::{HeapTarget, Observer, Step, Stream, drive};
+use crate::recording::{Moment, Recording};
+use heapscope_core::RangeReport;
+use heapscope_core::hash::FastMap;
+use heapscope_core::trace::Event;
+use heapscope_core::{DeviceEvent, DeviceHeap, Error, RangeState, Result};
+use heapscope_pytorch::caching::{SMALL_BUFFER_BYTES, SMALL_SIZE_BYTES};
+use heapscope_pytorch::{
+    Action, AllocConf, Block, BlockState, CachingAllocator, MemoryStats, Pool, RecordedSettings, Segment, Snapshot, StackId,
+    StatArray, TraceEntry, emulate,
+};
+
+/// Where a paged heap's virtual range starts in exported addresses.
+pub const PAGED_BASE_ADDRESS: u64 = 0x7e00_0000_0000;
+
+/// Writes entries in PyTorch's schema, borrowing stream, time and frames from the recording.
+struct Writer<'a> {
+    recording: &'a Recording,
+    entries: Vec<TraceEntry>,
+}
+
+impl Writer<'_> {
+    fn push(&mut self, action: Action, addr: u64, size: u64, event: usize, device_free: Option<u64>) {
+        let original = self.recording.snapshot.as_ref().and_then(|snapshot| {
+            // An allocation live at the start comes from no entry.
+            let Moment::Entry(index) = self.recording.moment_of(event as u64) else { return None };
+            let index = usize::try_from(index).ok()?;
+            snapshot.device_traces.get(self.recording.device)?.get(index)
+        });
+        self.entries.push(TraceEntry {
+            action,
+            addr,
+            size,
+            stream: original.map_or(0, |entry| entry.stream),
+            time_us: original.and_then(|entry| entry.time_us),
+            device_free,
+            frames: original.map_or(StackId::NONE, |entry| entry.frames),
+        });
+    }
+
+    fn device_events(&mut self, events: Vec<DeviceEvent>, offset: u64, event: usize) {
+        for device_event in events {
+            let (action, address, size_bytes) = match device_event {
+                DeviceEvent::Reserved { address, size_bytes } => (Action::SegmentAlloc, address, size_bytes),
+                DeviceEvent::Released { address, size_bytes } => (Action::SegmentFree, address, size_bytes),
+                DeviceEvent::Mapped { address, size_bytes } => (Action::SegmentMap, address, size_bytes),
+                DeviceEvent::Unmapped { address, size_bytes } => (Action::SegmentUnmap, address, size_bytes),
+            };
+            self.push(action, address + offset, size_bytes, event, None);
+        }
+    }
+}
+
+/// Blocks tiling the `window` `[start, end)` of a layout (offsets in the layout's own range), at addresses
+/// shifted by `address_base`.
+fn blocks_of(ranges: &[RangeReport], window: (u64, u64), address_base: u64) -> Vec<Block> {
+    let (start, end) = window;
+    let mut blocks: Vec<Block> = Vec::new();
+    let mut previous_allocation = None;
+    for range in ranges.iter().filter(|range| range.end() > start && range.offset < end) {
+        let offset = range.offset.max(start);
+        let size = range.end().min(end) - offset;
+        let live = matches!(range.state, RangeState::Live | RangeState::Padding);
+        match blocks.last_mut() {
+            // The padding after a live range, or the live range after its leading padding.
+            Some(block) if live && range.allocation.is_some() && range.allocation == previous_allocation => {
+                block.size += size;
+                if range.state == RangeState::Live {
+                    block.requested_size = size;
+                    block.state = BlockState::ActiveAllocated;
+                }
+            }
+            _ => blocks.push(Block {
+                address: address_base + offset,
+                size,
+                requested_size: if range.state == RangeState::Live { size } else { 0 },
+                state: if live { BlockState::ActiveAllocated } else { BlockState::Inactive },
+                frames: StackId::NONE,
+            }),
+        }
+        previous_allocation = range.allocation;
+    }
+    blocks
+}
+
+fn segment(address: u64, total_size: u64, blocks: Vec<Block>, is_expandable: bool, device: usize) -> Segment {
+    let allocated_size = blocks.iter().filter(|block| block.state == BlockState::ActiveAllocated).map(|block| block.size).sum();
+    let requested_size = blocks.iter().map(|block| block.requested_size).sum();
+    Segment {
+        device: u32::try_from(device).unwrap_or(u32::MAX),
+        address,
+        total_size,
+        allocated_size,
+        active_size: allocated_size,
+        requested_size,
+        stream: 0,
+        segment_type: if total_size <= SMALL_BUFFER_BYTES && !is_expandable { Pool::Small } else { Pool::Large },
+        segment_pool_id: (0, 0),
+        is_expandable,
+        frames: StackId::NONE,
+        blocks,
+    }
+}
+
+/// `torch.cuda.memory_stats()` counters kept along a heap or paged replay. Pools follow PyTorch's rules:
+/// requests up to 1 MiB (`kSmallSize`) are small-pool, blocks up to 2 MiB (`kSmallBuffer`) small-pool
+/// segments, a paged heap's mapped pages one large-pool block. "Non-releasable" (`inactive_split`) is the
+/// free memory inside blocks that hold a live allocation, counted once per such block with free bytes.
+#[derive(Default)]
+struct StatsRecorder {
+    stats: MemoryStats,
+    /// Block base -> its use.
+    blocks: FastMap<u64, BlockUse>,
+}
+
+/// One block's size and what lives in it.
+#[derive(Clone, Copy, Default)]
+struct BlockUse {
+    size_bytes: u64,
+    footprint_bytes: u64,
+    live: u64,
+    /// Its pool, fixed when it is reserved.
+    small: bool,
+}
+
+impl BlockUse {
+    /// Non-releasable bytes and count.
+    fn non_releasable(self) -> (u64, u64) {
+        let free = self.size_bytes.saturating_sub(self.footprint_bytes);
+        if self.live > 0 && free > 0 { (free, 1) } else { (0, 0) }
+    }
+}
+
+/// Moves `stat` from `before` to `after`, so its totals count the change once.
+fn step_to(stat: &mut StatArray, small: bool, before: u64, after: u64) {
+    if after > before {
+        stat.increase(small, after - before);
+    } else if before > after {
+        stat.decrease(small, before - after);
+    }
+}
+
+impl StatsRecorder {
+    /// Applies `change` to block `base`, keeping the non-releasable counters in step.
+    fn update_block(&mut self, base: u64, change: impl FnOnce(&mut BlockUse)) {
+        let block = self.blocks.entry(base).or_default();
+        let (before_bytes, before_count) = block.non_releasable();
+        change(block);
+        let (after_bytes, after_count) = block.non_releasable();
+        let small = block.small;
+        step_to(&mut self.stats.inactive_split_bytes, small, before_bytes, after_bytes);
+        step_to(&mut self.stats.inactive_split, small, before_count, after_count);
+    }
+
+    /// An allocation of `requested_bytes` (`footprint_bytes` set aside) in block `base` (`served`), or
+    /// its free.
+    fn allocation(&mut self, base: u64, footprint_bytes: u64, requested_bytes: u64, served: bool) {
+        let small = requested_bytes <= SMALL_SIZE_BYTES;
+        let stats = &mut self.stats;
+        let arrays = [
+            (&mut stats.allocation, 1),
+            (&mut stats.active, 1),
+            (&mut stats.allocated_bytes, footprint_bytes),
+            (&mut stats.active_bytes, footprint_bytes),
+            (&mut stats.requested_bytes, requested_bytes),
+        ];
+        for (array, amount) in arrays {
+            if served { array.increase(small, amount) } else { array.decrease(small, amount) }
+        }
+        self.update_block(base, |block| {
+            if served {
+                block.footprint_bytes += footprint_bytes;
+                block.live += 1;
+            } else {
+                block.footprint_bytes -= footprint_bytes;
+                block.live -= 1;
+            }
+        });
+    }
+
+    /// A device event: blocks change their own entry, page runs the one block of a paged heap (base 0).
+    fn device(&mut self, event: DeviceEvent) {
+        let stats = &mut self.stats;
+        match event {
+            DeviceEvent::Reserved { address, size_bytes } => {
+                let small = size_bytes <= SMALL_BUFFER_BYTES;
+                stats.segment.increase(small, 1);
+                stats.reserved_bytes.increase(small, size_bytes);
+                stats.num_device_alloc += 1;
+                self.update_block(address, |block| *block = BlockUse { size_bytes, small, ..*block });
+            }
+            DeviceEvent::Released { address, size_bytes } => {
+                let small = size_bytes <= SMALL_BUFFER_BYTES;
+                stats.segment.decrease(small, 1);
+                stats.reserved_bytes.decrease(small, size_bytes);
+                stats.num_device_free += 1;
+                self.update_block(address, |block| block.size_bytes = 0);
+                self.blocks.remove(&address);
+            }
+            DeviceEvent::Mapped { size_bytes, .. } => {
+                stats.reserved_bytes.increase(false, size_bytes);
+                stats.num_device_alloc += 1;
+                self.update_block(0, |block| block.size_bytes += size_bytes);
+            }
+            DeviceEvent::Unmapped { size_bytes, .. } => {
+                stats.reserved_bytes.decrease(false, size_bytes);
+                stats.num_device_free += 1;
+                self.update_block(0, |block| block.size_bytes -= size_bytes);
+            }
+        }
+    }
+}
+
+/// A replay written down: the snapshot it would have recorded and PyTorch's counters for it.
+#[derive(Clone, Debug)]
+pub struct Replayed {
+    /// The snapshot, in PyTorch's schema.
+    pub snapshot: Snapshot,
+    /// `torch.cuda.memory_stats()` at the end of the replay.
+    pub stats: MemoryStats,
+}
+
+/// Replays `recording` through a heap or paged contender and returns the snapshot it would have
+/// recorded (device `recording.device`, frames shared with the recording's snapshot).
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for the `pytorch` contender (its own emulation exports itself) or invalid
+/// settings; a contender bug on free.
+pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &CompareConfig) -> Result<Replayed> {
+    let mut writer = Writer { recording, entries: Vec::with_capacity(recording.trace.events().len() * 2) };
+    let mut recorder = StatsRecorder::default();
+    let frame_stacks = recording.snapshot.as_ref().map_or_else(|| vec![Vec::new()], |snapshot| snapshot.frame_stacks.clone());
+    let device = recording.device;
+    let segments = match contender {
+        Contender::Heap(kind) => {
+            let mut heap = config.heap(kind)?;
+            replay_device_heap(&mut heap, 0, recording, config, &mut writer, &mut recorder)?;
+            heap.report()
+                .blocks
+                .iter()
+                .map(|block| {
+                    let blocks = blocks_of(&block.layout.ranges, (0, block.size_bytes), block.base_address);
+                    segment(block.base_address, block.size_bytes, blocks, false, device)
+                })
+                .collect()
+        }
+        Contender::Paged => {
+            let mut heap = config.paged_heap()?;
+            replay_device_heap(&mut heap, PAGED_BASE_ADDRESS, recording, config, &mut writer, &mut recorder)?;
+            let layout = heap.report();
+            heap.mapped_runs()
+                .into_iter()
+                .map(|(offset, size)| {
+                    let blocks = blocks_of(&layout.ranges, (offset, offset + size), PAGED_BASE_ADDRESS);
+                    segment(PAGED_BASE_ADDRESS + offset, size, blocks, true, device)
+                })
+                .collect()
+        }
+        Contender::Pytorch { .. } | Contender::GpuAllocator | Contender::Vma => {
+            return Err(Error::InvalidConfig {
+                what: format!(
+                    "{contender}: the pytorch emulation writes its own snapshot (emulated_snapshot), and a device-only allocator has no simulated one"
+                ),
+            });
+        }
+    };
+    let mut device_traces = vec![Vec::new(); device + 1];
+    device_traces[device] = writer.entries;
+    Ok(Replayed { snapshot: Snapshot { segments, device_traces, settings: None, frame_stacks }, stats: recorder.stats })
+}
+
+/// Replays the recording through `heap` with the driver, writing its entries (addresses shifted by
+/// `address_base`) and keeping its counters ([`Exporter`]).
+fn replay_device_heap<H: DeviceHeap>(
+    heap: &mut H,
+    address_base: u64,
+    recording: &Recording,
+    config: &CompareConfig,
+    writer: &mut Writer<'_>,
+    recorder: &mut StatsRecorder,
+) -> Result<()> {
+    heap.record_device_events(true);
+    let mut exporter = Exporter { writer, recorder, address_base };
+    drive(Stream::of(recording), &mut HeapTarget(heap), config.align_bytes, &mut [&mut exporter])
+}
+
+/// Writes a heap contender's replay down in PyTorch's schema, with PyTorch's counters: an [`Observer`] of the
+/// driver. A segment is reserved before the allocation placed in it and released after the free that emptied it.
+struct Exporter<'w, 'r> {
+    writer: &'w mut Writer<'r>,
+    recorder: &'w mut StatsRecorder,
+    address_base: u64,
+}
+
+impl Exporter<'_, '_> {
+    /// Writes and counts `events`.
+    fn device(&mut self, events: &[DeviceEvent], index: usize) {
+        events.iter().for_each(|&event| self.recorder.device(event));
+        self.writer.device_events(events.to_vec(), self.address_base, index);
+    }
+}
+
+impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
+    fn step(
+        &mut self,
+        event: u64,
+        _moment: Moment,
+        step: Step<'_, H::Handle>,
+        device_events: &[DeviceEvent],
+        _target: &HeapTarget<'_, H>,
+    ) -> Result<()> {
+        let index = usize::try_from(event).unwrap_or(usize::MAX);
+        match step {
+            Step::Placed { size_bytes, handle, .. } => {
+                self.device(device_events, index);
+                let footprint_bytes = H::allocation(handle).footprint_bytes();
+                self.recorder.allocation(H::block_base(handle), footprint_bytes, size_bytes, true);
+                self.writer.push(Action::Alloc, self.address_base + H::address(handle), size_bytes, index, None);
+            }
+            Step::Refused { size_bytes, verdict, .. } => {
+                self.device(device_events, index);
+                self.recorder.stats.num_ooms += 1;
+                let device_free = verdict.map_or(0, |verdict| verdict.unreserved_bytes);
+                self.writer.push(Action::Oom, 0, size_bytes, index, Some(device_free));
+            }
+            Step::Freed { handle, .. } => {
+                let allocation = H::allocation(handle);
+                let size_bytes = allocation.size_bytes();
+                self.recorder.allocation(H::block_base(handle), allocation.footprint_bytes(), size_bytes, false);
+                let address = self.address_base + H::address(handle);
+                self.writer.push(Action::FreeRequested, address, size_bytes, index, None);
+                self.writer.push(Action::FreeCompleted, address, size_bytes, index, None);
+                self.device(device_events, index);
+            }
+            Step::Unserved { .. } => self.device(device_events, index),
+        }
+        Ok(())
+    }
+}
+
+/// The settings as a snapshot records them.
+fn recorded_settings(conf: &AllocConf, alloc_conf: &str) -> RecordedSettings {
+    RecordedSettings {
+        alloc_conf: alloc_conf.to_owned(),
+        max_split_size: conf.max_split_size,
+        garbage_collection_threshold: conf.garbage_collection_threshold,
+        expandable_segments: conf.expandable_segments,
+        roundup_power2_divisions: (0..)
+            .zip(conf.roundup_power2_divisions)
+            .map(|(log, divisions)| (1u64 << log, divisions))
+            .collect(),
+    }
+}
+
+/// The snapshot the emulation of PyTorch's caching allocator would have recorded for `recording` with
+/// `conf` on a device of `capacity_bytes`: the recording's entries with the emulation's addresses, its
+/// own segment events in place of the recorded ones, and its final segments. `alloc_conf` is the
+/// settings string to record.
+///
+/// # Errors
+///
+/// [`Error::Trace`] naming the recording and the segment, block or trace entry of its snapshot that the
+/// emulation cannot replay.
+pub fn emulated_snapshot(
+    recording: &Recording,
+    conf: &AllocConf,
+    alloc_conf: &str,
+    capacity_bytes: Option<u64>,
+) -> Result<Replayed> {
+    let device = recording.device;
+    let mut entries = Vec::new();
+    let (segments, frame_stacks, stats) = match &recording.snapshot {
+        Some(snapshot) => {
+            let emulation =
+                emulate(snapshot, device, conf, capacity_bytes).map_err(|e| crate::compare::emulation_error(recording, &e))?;
+            let original = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
+            let mut events = emulation.segment_events.iter().peekable();
+            // Recorded address -> emulated address, for the frees; recorded addresses of refused requests,
+            // whose frees never happen in the emulated run.
+            let mut live = FastMap::default();
+            let mut refused = heapscope_core::hash::FastSet::default();
+            // What the device had left when the emulation refused entry `index`.
+            let device_free = |index: usize, entry: &TraceEntry| match capacity_bytes {
+                Some(capacity) => {
+                    let reserved =
+                        emulation.timeline.get(index).map_or(0, |stats| u64::try_from(stats.reserved_bytes).unwrap_or(0));
+                    Some(capacity.saturating_sub(reserved))
+                }
+                None => Some(entry.device_free.unwrap_or(0)),
+            };
+            for (index, entry) in original.iter().enumerate() {
+                while let Some(event) = events.next_if(|event| event.cause <= index) {
+                    entries.push(TraceEntry {
+                        action: event.action,
+                        addr: event.addr,
+                        size: event.size_bytes,
+                        device_free: None,
+                        ..entry.clone()
+                    });
+                }
+                let placed = emulation.placements.get(index).copied().flatten();
+                let addr = match entry.action {
+                    Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => continue,
+                    Action::Alloc => match placed {
+                        Some(addr) => {
+                            live.insert(entry.addr, addr);
+                            addr
+                        }
+                        None => {
+                            // Refused: PyTorch would have recorded an out-of-memory error instead.
+                            refused.insert(entry.addr);
+                            entries.push(TraceEntry {
+                                action: Action::Oom,
+                                addr: 0,
+                                device_free: device_free(index, entry),
+                                ..entry.clone()
+                            });
+                            continue;
+                        }
+                    },
+                    Action::FreeRequested | Action::FreeCompleted if refused.contains(&entry.addr) => {
+                        if entry.action == Action::FreeCompleted {
+                            refused.remove(&entry.addr);
+                        }
+                        continue;
+                    }
+                    Action::FreeRequested => live.get(&entry.addr).copied().unwrap_or(entry.addr),
+                    Action::FreeCompleted => live.remove(&entry.addr).unwrap_or(entry.addr),
+                    Action::Oom => {
+                        match placed {
+                            // Served after all (and given back at once: the program never had it).
+                            Some(addr) => {
+                                for action in [Action::Alloc, Action::FreeRequested, Action::FreeCompleted] {
+                                    entries.push(TraceEntry { action, addr, device_free: None, ..entry.clone() });
+                                }
+                            }
+                            None => entries.push(TraceEntry { device_free: device_free(index, entry), ..entry.clone() }),
+                        }
+                        continue;
+                    }
+                    _ => entry.addr,
+                };
+                entries.push(TraceEntry { addr, ..entry.clone() });
+            }
+            let last = original.last().cloned();
+            for event in events {
+                let template = last.clone().unwrap_or_else(|| TraceEntry::new(event.action, 0, 0));
+                entries.push(TraceEntry {
+                    action: event.action,
+                    addr: event.addr,
+                    size: event.size_bytes,
+                    device_free: None,
+                    ..template
+                });
+            }
+            (emulation.final_segments, snapshot.frame_stacks.clone(), emulation.stats)
+        }
+        None => {
+            let mut allocator = CachingAllocator::new(conf.clone(), capacity_bytes);
+            let mut addresses = vec![None; recording.trace.slots() as usize];
+            let entry = TraceEntry::new;
+            for event in recording.trace.events() {
+                match *event {
+                    Event::Alloc { slot, size_bytes } => {
+                        let result = allocator.malloc(size_bytes, 0, None);
+                        entries.extend(
+                            allocator
+                                .take_events()
+                                .into_iter()
+                                .map(|device| entry(device.action, device.addr, device.size_bytes)),
+                        );
+                        match result {
+                            Ok(addr) => {
+                                addresses[slot as usize] = Some((addr, size_bytes));
+                                entries.push(entry(Action::Alloc, addr, size_bytes));
+                            }
+                            Err(report) => {
+                                // What the device had left: the capacity less what was reserved then.
+                                let device_free =
+                                    capacity_bytes.map_or(0, |capacity| capacity.saturating_sub(report.reserved_bytes));
+                                entries.push(TraceEntry { device_free: Some(device_free), ..entry(Action::Oom, 0, size_bytes) });
+                            }
+                        }
+                    }
+                    Event::Free { slot } => {
+                        if let Some((addr, size_bytes)) = addresses[slot as usize].take() {
+                            allocator.free(addr);
+                            entries.push(entry(Action::FreeRequested, addr, size_bytes));
+                            entries.push(entry(Action::FreeCompleted, addr, size_bytes));
+                            entries.extend(
+                                allocator
+                                    .take_events()
+                                    .into_iter()
+                                    .map(|device| entry(device.action, device.addr, device.size_bytes)),
+                            );
+                        }
+                    }
+                }
+            }
+            (allocator.report(), vec![Vec::new()], allocator.stats().clone())
+        }
+    };
+    let mut device_traces = vec![Vec::new(); device + 1];
+    device_traces[device] = entries;
+    Ok(Replayed {
+        snapshot: Snapshot { segments, device_traces, settings: Some(recorded_settings(conf, alloc_conf)), frame_stacks },
+        stats,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::story::frag_oom;
+    use heapscope_core::units::MIB;
+    use heapscope_core::{HeapConfig, PolicyKind, ReleaseRule, TraceBuilder};
+
+    fn count(snapshot: &Snapshot, action: Action) -> usize {
+        snapshot.device_traces[0].iter().filter(|entry| entry.action == action).count()
+    }
+
+    #[test]
+    fn heap_replay_records_its_segments_and_oom() {
+        let story = frag_oom();
+        let recording = Recording::from_trace(story.trace);
+        let config = CompareConfig {
+            capacity_bytes: Some(story.device_bytes),
+            heap: HeapConfig { release: ReleaseRule::OnPressure, ..HeapConfig::new(PolicyKind::BestFit) },
+            ..CompareConfig::default()
+        };
+        let replayed = replayed_snapshot(&recording, Contender::Heap(PolicyKind::BestFit), &config).unwrap();
+        let snapshot = &replayed.snapshot;
+        assert_eq!((count(snapshot, Action::Alloc), count(snapshot, Action::Oom)), (40, 1));
+        assert_eq!(count(snapshot, Action::FreeCompleted), 20);
+        let reserved = count(snapshot, Action::SegmentAlloc) - count(snapshot, Action::SegmentFree);
+        assert_eq!(reserved, snapshot.segments.len());
+        for segment in &snapshot.segments {
+            // Blocks tile the segment, and what is allocated sums up.
+            assert_eq!(segment.blocks.iter().map(|block| block.size).sum::<u64>(), segment.total_size);
+            assert_eq!(segment.blocks[0].address, segment.address);
+        }
+        let allocated: u64 = snapshot.segments.iter().map(|segment| segment.requested_size).sum();
+        assert_eq!(allocated, 20 * 100 * MIB, "the 100 MiB tensors are still live");
+        // The counters agree with the layout and with the plain replay.
+        let stats = &replayed.stats;
+        let outcome = crate::compare::replay(&recording, Contender::Heap(PolicyKind::BestFit), &config).unwrap();
+        assert_eq!(stats.reserved_bytes.all().peak as u64, outcome.peak_reserved_bytes);
+        assert_eq!((stats.num_device_alloc as u64, stats.num_ooms), (outcome.device_allocs, 1));
+        assert_eq!((stats.allocation.all().current, stats.requested_bytes.all().current as u64), (20, allocated));
+        let reserved: u64 = snapshot.segments.iter().map(|segment| segment.total_size).sum();
+        assert_eq!(stats.reserved_bytes.all().current as u64, reserved);
+        let non_releasable: u64 = snapshot
+            .segments
+            .iter()
+            .filter(|segment| segment.allocated_size > 0)
+            .map(|segment| segment.total_size - segment.allocated_size)
+            .sum();
+        assert_eq!(stats.inactive_split_bytes.all().current as u64, non_releasable);
+        // Every alloc sits inside a segment that was reserved before it.
+        let mut open = Vec::new();
+        for entry in &snapshot.device_traces[0] {
+            match entry.action {
+                Action::SegmentAlloc => open.push((entry.addr, entry.addr + entry.size)),
+                Action::SegmentFree => open.retain(|&(start, _)| start != entry.addr),
+                Action::Alloc => assert!(open.iter().any(|&(start, end)| (start..end).contains(&entry.addr)), "{entry:?}"),
+                _ => {}
+            }
+        }
+    }
+
+    #[test]
+    fn emulated_snapshot_of_a_plain_trace_records_segments() {
+        let story = frag_oom();
+        let recording = Recording::from_trace(story.trace);
+        let replayed = emulated_snapshot(&recording, &AllocConf::default(), "", Some(story.device_bytes)).unwrap();
+        let snapshot = &replayed.snapshot;
+        assert_eq!(replayed.stats.num_ooms, 1);
+        // 20 segments of 150 MiB, the 100 MiB tensors reuse them, the 1 GiB request is refused.
+        assert_eq!((count(snapshot, Action::SegmentAlloc), count(snapshot, Action::Oom)), (20, 1));
+        assert_eq!(snapshot.segments.len(), 20);
+        assert!(snapshot.segments.iter().all(|segment| segment.total_size == 150 * MIB));
+    }
+
+    #[test]
+    fn paged_counters_stay_in_their_pool() {
+        // 1 MiB then 3 MiB: the mapped pages grow past 2 MiB and shrink again; every counter ends at 0.
+        let mut builder = TraceBuilder::new("pool");
+        builder.alloc(1, MIB).unwrap();
+        builder.alloc(2, 3 * MIB).unwrap();
+        builder.free(2).unwrap();
+        builder.free(1).unwrap();
+        let recording = Recording::from_trace(builder.finish());
+        let stats = replayed_snapshot(&recording, Contender::Paged, &CompareConfig::default()).unwrap().stats;
+        for array in [&stats.inactive_split_bytes, &stats.inactive_split, &stats.reserved_bytes, &stats.allocated_bytes] {
+            assert!(array.0.iter().all(|stat| stat.current == 0), "{array:?}");
+        }
+        assert_eq!(stats.inactive_split_bytes.get(heapscope_pytorch::memory_stats::StatType::SmallPool).allocated, 0);
+    }
+
+    #[test]
+    fn refused_requests_leave_no_frees_and_say_what_was_left() {
+        let story = frag_oom();
+        let recording = Recording::from_trace(story.trace);
+        // A device of 1 GiB: six 150 MiB tensors fit, the rest are refused and their frees vanish.
+        let replayed = emulated_snapshot(&recording, &AllocConf::default(), "", Some(1 << 30)).unwrap();
+        let entries = &replayed.snapshot.device_traces[0];
+        let allocated: std::collections::HashSet<u64> =
+            entries.iter().filter(|entry| entry.action == Action::Alloc).map(|entry| entry.addr).collect();
+        assert!(
+            entries.iter().filter(|entry| entry.action == Action::FreeCompleted).all(|entry| allocated.contains(&entry.addr))
+        );
+        let ooms: Vec<_> = entries.iter().filter(|entry| entry.action == Action::Oom).collect();
+        assert_eq!(ooms.len() as i64, replayed.stats.num_ooms);
+        assert!(ooms.iter().all(|entry| entry.device_free.is_some_and(|free| free < 150 * MIB)), "{ooms:?}");
+        // An oversized request counts as an out-of-memory error in the summary as in the replay.
+        let mut builder = TraceBuilder::new("huge");
+        builder.alloc(1, u64::MAX).unwrap();
+        let recording = Recording::from_trace(builder.finish());
+        let stats = replayed_snapshot(&recording, Contender::Heap(PolicyKind::Tlsf), &CompareConfig::default()).unwrap().stats;
+        assert_eq!(stats.num_ooms, 1);
+    }
+
+    #[test]
+    fn paged_replay_maps_and_unmaps() {
+        let story = frag_oom();
+        let recording = Recording::from_trace(story.trace);
+        let config = CompareConfig { capacity_bytes: Some(story.device_bytes), ..CompareConfig::default() };
+        let replayed = replayed_snapshot(&recording, Contender::Paged, &config).unwrap();
+        let snapshot = &replayed.snapshot;
+        assert_eq!((count(snapshot, Action::Alloc), count(snapshot, Action::Oom)), (41, 0));
+        assert!(count(snapshot, Action::SegmentUnmap) > 0);
+        let mapped: u64 = snapshot.segments.iter().map(|segment| segment.total_size).sum();
+        assert_eq!(mapped, 3024 * MIB);
+        assert!(snapshot.segments.iter().all(|segment| segment.is_expandable));
+        assert!(replayed_snapshot(&recording, Contender::Pytorch { expandable: false }, &config).is_err());
+    }
+}

@@ -1,0 +1,31 @@
+//! # heapscope-lab
+//!
+//! The replay lab: one recording, every contender, side by side, on the same stream.
+//!
+//! ## Design
+//!
+//! - A [`recording::Recording`] is what a file holds, ready to replay: a [`heapscope_core::Trace`] whose first
+//!   events allocate what was live before the recording started (its start state), each event's
+//!   [`recording::Moment`] (the file's entry numbering, the one numbering of every command and of the app), and,
+//!   for a PyTorch snapshot, the snapshot itself.
+//! - A [`contender::Contender`] is who replays it: PyTorch's caching allocator (emulated, in both modes), a heap
+//!   of blocks with a core policy, paging, or (on a Vulkan device) gpu-allocator and VMA. One name table.
+//! - [`driver::drive`] is the one replay loop: the stream moment by moment through a heap contender, with
+//!   [`driver::Observer`]s writing down what they need — statistics ([`driver::Statistics`]), a timeline for the
+//!   app ([`timeline::record::TimelineObserver`]), a snapshot for export ([`export::replayed`]). PyTorch's
+//!   emulation walks the snapshot's entries itself (its rules need the segment events) and reports through its
+//!   `SegmentBacking` in the same moments.
+//! - [`compare`] sums each contender's replay up in one [`compare::Outcome`] (ran, with its figures, or not run,
+//!   with why) and says who would have survived an out-of-memory error; [`timeline`] keeps a replay step by step
+//!   for seeking and explaining; [`export`] writes replays in other tools' forms (PyTorch snapshots, VMA's JSON);
+//!   [`story`] holds the built-in teaching traces.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod compare;
+pub mod contender;
+pub mod driver;
+pub mod export;
+pub mod recording;
+pub mod story;
+pub mod timeline;

@@ -1,0 +1,534 @@
+//! A recording to replay: a [`Trace`] of allocations and frees for the core's contenders and, when it
+//! came from PyTorch, the snapshot itself for the caching-allocator emulation.
+//!
+//! From a PyTorch snapshot, one device's trace becomes a [`Trace`]: `alloc` allocates under its address,
+//! `free_completed` frees (the moment PyTorch reuses the memory), and an `oom` entry becomes a request
+//! freed at once — the request PyTorch refused, asked of every contender so each says whether it would
+//! have served it. Every event remembers the index of the entry it came from, so verdicts point into the file.
+//!
+//! ## The start state: the same stream for every contender
+//!
+//! Most shared snapshots start mid-run (`_record_memory_history()` was switched on after the model was
+//! loaded): allocations are live before the first entry. Their set is rebuilt the way MemoryViz and the
+//! emulation of PyTorch's allocator rebuild it — the final segments' live blocks, the trace walked backwards
+//! (an `alloc` means the block was not live before it, a `free_completed` that it was) — and they open the
+//! trace: its first [`Recording::start_events`] events allocate them, in address order, before entry 0. So
+//! every contender (a heap, paging, a device heap, PyTorch's emulation, which rebuilds the same blocks) serves
+//! exactly the same requests, and their later frees are ordinary frees.
+//!
+//! ## Moments
+//!
+//! A recording's moments are numbered by its entries, from 0: entry `N` is `device_traces[device][N]` of a
+//! PyTorch snapshot (what `event_index` says in JSON), event `N` of a heapscope trace. [`Moment`] is that
+//! numbering, with [`Moment::Start`] for the state before entry 0; every command, report and the app use it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::Read;
+use std::path::Path;
+use std::str::FromStr;
+
+use heapscope_core::trace::{Trace, TraceBuilder};
+use heapscope_core::{Error, Result};
+use heapscope_pytorch::{Action, BlockState, Snapshot, SnapshotError, TraceEntry, read_snapshot};
+
+/// What a recording file holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// `torch.cuda.memory._dump_snapshot` output, gzip-compressed or not.
+    PytorchSnapshot,
+    /// heapscope's native binary trace.
+    Native,
+    /// heapscope's compact CSV trace.
+    Csv,
+}
+
+/// The format of a file starting with `head`.
+pub fn sniff(head: &[u8]) -> Format {
+    match head {
+        [0x1f, 0x8b, ..] | [0x80, 2..=5, ..] => Format::PytorchSnapshot,
+        _ if Trace::is_native(head) => Format::Native,
+        _ => Format::Csv,
+    }
+}
+
+/// Why a recording file could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The file cannot be read.
+    #[error("cannot read {file}: {error}")]
+    Io {
+        /// The file.
+        file: String,
+        /// What the system said.
+        error: std::io::Error,
+    },
+    /// The file is empty.
+    #[error("{file}: the file is empty")]
+    Empty {
+        /// The file.
+        file: String,
+    },
+    /// A device other than 0 asked of a trace, which has one.
+    #[error("{file}: --device {device} applies to PyTorch snapshots only; a heapscope trace has one device")]
+    NoSuchDevice {
+        /// The file.
+        file: String,
+        /// The device asked for.
+        device: usize,
+    },
+    /// A bad snapshot.
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    /// A bad trace, or a snapshot whose entries contradict each other.
+    #[error(transparent)]
+    Recording(#[from] Error),
+}
+
+/// A recording ready for replay.
+#[derive(Clone, Debug)]
+pub struct Recording {
+    /// What to call it.
+    pub name: String,
+    /// The allocations and frees.
+    pub trace: Trace,
+    /// For each event of `trace`, the index of the entry it came from in the file's own numbering (0 for the
+    /// [`Recording::start_events`], which come from no entry).
+    pub entry_index: Vec<u64>,
+    /// The snapshot, when the recording is PyTorch's.
+    pub snapshot: Option<Snapshot>,
+    /// The device whose trace this is.
+    pub device: usize,
+    /// The first events of `trace` that allocate what was live before the first entry (see the module docs).
+    pub start_events: usize,
+    /// The recording's entries: the device's trace entries of a snapshot, the events of a trace.
+    pub entries: u64,
+    /// Frees of allocations the recording does not know (neither live at the start nor allocated since): an
+    /// inconsistent file; skipped.
+    pub unknown_frees: u64,
+}
+
+/// A moment of a recording: before its first entry, or once entry `N` (from 0, the file's own numbering) is done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Moment {
+    /// Before the first entry: what was live when the recording started.
+    Start,
+    /// Once entry `N` is done.
+    Entry(u64),
+}
+
+impl Moment {
+    /// Its position in a replay: how many steps in (the start is 0, entry `N` is `N + 1`).
+    pub fn position(self) -> u64 {
+        match self {
+            Moment::Start => 0,
+            Moment::Entry(entry) => entry.saturating_add(1),
+        }
+    }
+
+    /// The moment `position` steps in.
+    pub fn at_position(position: u64) -> Self {
+        match position {
+            0 => Moment::Start,
+            steps => Moment::Entry(steps - 1),
+        }
+    }
+}
+
+impl fmt::Display for Moment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Moment::Start => f.write_str("start"),
+            Moment::Entry(entry) => write!(f, "entry {entry}"),
+        }
+    }
+}
+
+/// A moment that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is no moment: expected `start` or an entry number (from 0)")]
+pub struct BadMoment {
+    /// What was given.
+    pub text: String,
+}
+
+impl FromStr for Moment {
+    type Err = BadMoment;
+
+    fn from_str(text: &str) -> Result<Self, BadMoment> {
+        match text.trim() {
+            "start" => Ok(Moment::Start),
+            number => number.parse().map(Moment::Entry).map_err(|_| BadMoment { text: text.to_owned() }),
+        }
+    }
+}
+
+impl Recording {
+    /// A recording of a plain trace (entry indices are event indices).
+    pub fn from_trace(trace: Trace) -> Self {
+        Self {
+            name: trace.name.clone(),
+            entry_index: (0..trace.events().len() as u64).collect(),
+            entries: trace.events().len() as u64,
+            trace,
+            snapshot: None,
+            device: 0,
+            start_events: 0,
+            unknown_frees: 0,
+        }
+    }
+
+    /// Device `device` of a PyTorch snapshot, named `name`.
+    ///
+    /// # Errors
+    /// [`Error::Trace`] when the snapshot has no such device, or an entry contradicts the ones before it
+    /// (an address allocated twice without a free, a zero-size allocation).
+    pub fn from_snapshot(name: &str, snapshot: Snapshot, device: usize) -> Result<Self> {
+        let entries = snapshot.device_traces.get(device).ok_or_else(|| Error::Trace {
+            file: name.to_owned(),
+            line: 0,
+            what: format!("no device {device}: the snapshot records {} device(s)", snapshot.device_traces.len()),
+        })?;
+        let mut builder = TraceBuilder::new(format!("{name} (device {device})"));
+        let start = live_at_start(&snapshot, device, entries);
+        let mut entry_index = Vec::with_capacity(start.len() + entries.len());
+        let mut live = heapscope_core::hash::FastSet::default();
+        for (&address, &size_bytes) in &start {
+            builder.alloc(address, size_bytes).map_err(|what| Error::Trace {
+                file: name.to_owned(),
+                line: 0,
+                what: format!("device {device}: the allocation at {address:#x} live at the start: {what}"),
+            })?;
+            live.insert(address);
+            entry_index.push(0);
+        }
+        let mut unknown_frees = 0;
+        // Ids for refused requests, clear of any address.
+        let mut probe_id = u64::MAX;
+        for (index, entry) in (0..).zip(entries) {
+            let fail = |what: String| Error::Trace {
+                file: name.to_owned(),
+                line: 0,
+                what: format!("device_traces[{device}][{index}]: {what}"),
+            };
+            match entry.action {
+                Action::Alloc if entry.size > 0 => {
+                    builder.alloc(entry.addr, entry.size).map_err(fail)?;
+                    live.insert(entry.addr);
+                    entry_index.push(index);
+                }
+                Action::FreeCompleted if entry.size > 0 => {
+                    if live.remove(&entry.addr) {
+                        builder.free(entry.addr).map_err(fail)?;
+                        entry_index.push(index);
+                    } else {
+                        unknown_frees += 1;
+                    }
+                }
+                Action::Oom if entry.size > 0 => {
+                    builder.alloc(probe_id, entry.size).map_err(fail)?;
+                    builder.free(probe_id).map_err(fail)?;
+                    entry_index.extend([index, index]);
+                    probe_id -= 1;
+                }
+                _ => {}
+            }
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            trace: builder.finish(),
+            entry_index,
+            start_events: start.len(),
+            entries: entries.len() as u64,
+            snapshot: Some(snapshot),
+            device,
+            unknown_frees,
+        })
+    }
+
+    /// Opens the recording at `path`: a PyTorch snapshot (gzip-compressed or not; device `device` of it), a
+    /// native or a CSV trace, told apart by their first bytes.
+    ///
+    /// # Errors
+    /// [`OpenError`] naming the file and what is wrong with it.
+    pub fn open(path: &Path, device: usize) -> Result<Self, OpenError> {
+        Self::open_device(path, Some(device))
+    }
+
+    /// [`Recording::open`] on device `device` of a snapshot, or with `None` on its [`busiest_device`] (device 0
+    /// of a trace, which has one).
+    ///
+    /// # Errors
+    /// [`OpenError`] naming the file and what is wrong with it.
+    pub fn open_device(path: &Path, device: Option<usize>) -> Result<Self, OpenError> {
+        let file = path.display().to_string();
+        let io = |error| OpenError::Io { file: file.clone(), error };
+        let mut head = [0u8; 8];
+        let mut reader = std::fs::File::open(path).map_err(io)?;
+        let read = reader.read(&mut head).map_err(io)?;
+        if read == 0 {
+            return Err(OpenError::Empty { file });
+        }
+        match sniff(&head[..read]) {
+            Format::PytorchSnapshot => {
+                let snapshot = read_snapshot(path)?;
+                let device = device.unwrap_or_else(|| busiest_device(&snapshot));
+                Ok(Self::from_snapshot(&file, snapshot, device)?)
+            }
+            Format::Native | Format::Csv if device.is_some_and(|device| device != 0) => {
+                Err(OpenError::NoSuchDevice { file, device: device.unwrap_or_default() })
+            }
+            Format::Native | Format::Csv => Ok(Self::from_trace(Trace::read(path)?)),
+        }
+    }
+
+    /// The file's entry index for event `event` of the trace (0 for a start event: see [`Recording::moment_of`]).
+    pub fn entry_of(&self, event: u64) -> u64 {
+        usize::try_from(event).ok().and_then(|event| self.entry_index.get(event)).copied().unwrap_or(event)
+    }
+
+    /// The moment of event `event` of the trace: the start for the allocations live before the first entry, else
+    /// the entry it came from.
+    pub fn moment_of(&self, event: u64) -> Moment {
+        if usize::try_from(event).is_ok_and(|event| event < self.start_events) {
+            Moment::Start
+        } else {
+            Moment::Entry(self.entry_of(event))
+        }
+    }
+
+    /// The moments of the recording: the start, then each entry (its last is `Entry(entries - 1)`).
+    pub fn positions(&self) -> u64 {
+        self.entries + 1
+    }
+
+    /// The CUDA streams the device's trace uses (1 for a plain trace, which has none).
+    pub fn streams(&self) -> usize {
+        let entries = self.snapshot.as_ref().and_then(|snapshot| snapshot.device_traces.get(self.device));
+        let streams: std::collections::BTreeSet<u64> = entries.into_iter().flatten().map(|entry| entry.stream).collect();
+        streams.len().max(1)
+    }
+
+    /// Bytes requested by the allocations live at the start.
+    pub fn start_bytes(&self) -> u64 {
+        self.trace.events()[..self.start_events]
+            .iter()
+            .map(|event| match *event {
+                heapscope_core::trace::Event::Alloc { size_bytes, .. } => size_bytes,
+                heapscope_core::trace::Event::Free { .. } => 0,
+            })
+            .sum()
+    }
+}
+
+/// The allocations of device `device` live before its first entry, by address, with their requested bytes: the
+/// final segments' live blocks (allocated, or freed but not yet completed), then `entries` walked backwards —
+/// an `alloc` was not live before it, a `free_completed` was (the rule of MemoryViz and of the emulation's
+/// start state, `pytorch::caching`'s `initial`). Zero-byte ones are left out: nothing replays them.
+fn live_at_start(snapshot: &Snapshot, device: usize, entries: &[TraceEntry]) -> BTreeMap<u64, u64> {
+    let mut live = BTreeMap::new();
+    for segment in snapshot.segments.iter().filter(|segment| segment.device as usize == device) {
+        for block in segment.blocks.iter().filter(|block| block.state != BlockState::Inactive) {
+            live.insert(block.address, block.requested_size);
+        }
+    }
+    for entry in entries.iter().rev() {
+        match entry.action {
+            Action::Alloc => {
+                live.remove(&entry.addr);
+            }
+            Action::FreeCompleted => {
+                live.insert(entry.addr, entry.size);
+            }
+            _ => {}
+        }
+    }
+    live.retain(|_, size_bytes| *size_bytes > 0);
+    live
+}
+
+/// The device of `snapshot` with the most trace entries (the lowest of equals; 0 when it records none): where a
+/// multi-device snapshot's activity is, when no device is named.
+pub fn busiest_device(snapshot: &Snapshot) -> usize {
+    let mut busiest = 0;
+    for (device, entries) in snapshot.device_traces.iter().enumerate() {
+        if entries.len() > snapshot.device_traces[busiest].len() {
+            busiest = device;
+        }
+    }
+    busiest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use heapscope_core::trace::Event;
+    use heapscope_pytorch::TraceEntry;
+
+    fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
+        TraceEntry::new(action, addr, size)
+    }
+
+    #[test]
+    fn sniff_table() {
+        let cases: [(&[u8], Format); 6] = [
+            (&[0x1f, 0x8b, 8, 0], Format::PytorchSnapshot),
+            (&[0x80, 4, 0x95], Format::PytorchSnapshot),
+            (&[0x80, 2, b'}'], Format::PytorchSnapshot),
+            (b"HSTRACE\0", Format::Native),
+            (b"a,1,10\n", Format::Csv),
+            (&[], Format::Csv),
+        ];
+        for (head, format) in cases {
+            assert_eq!(sniff(head), format, "{head:?}");
+        }
+    }
+
+    #[test]
+    fn open_names_the_file_and_the_problem() {
+        let dir = std::env::temp_dir().join(format!("heapscope-open-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let empty = dir.join("empty.csv");
+        std::fs::write(&empty, "").unwrap();
+        let csv = dir.join("t.csv");
+        std::fs::write(&csv, "a,1,100\nf,1\n").unwrap();
+        assert!(matches!(Recording::open(&empty, 0), Err(OpenError::Empty { .. })));
+        assert!(matches!(Recording::open(&csv, 1), Err(OpenError::NoSuchDevice { device: 1, .. })));
+        assert_eq!(Recording::open_device(&csv, None).unwrap().device, 0, "a trace has one device");
+        assert!(Recording::open(&dir.join("missing.csv"), 0).unwrap_err().to_string().contains("missing.csv"));
+        assert_eq!(Recording::open(&csv, 0).unwrap().trace.events().len(), 2);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn pytorch_entries_become_events() {
+        let snapshot = Snapshot {
+            device_traces: vec![vec![
+                entry(Action::SegmentAlloc, 4096, 2 << 20),
+                entry(Action::Alloc, 4096, 100),
+                entry(Action::FreeCompleted, 1 << 40, 7), // allocated before the recording
+                entry(Action::FreeRequested, 4096, 100),
+                entry(Action::FreeCompleted, 4096, 100),
+                entry(Action::Alloc, 64, 0), // zero bytes: nothing to allocate, nor to free
+                entry(Action::FreeCompleted, 64, 0),
+                entry(Action::Oom, 0, 1 << 30),
+            ]],
+            ..Snapshot::default()
+        };
+        let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
+        assert_eq!(
+            recording.trace.events(),
+            [
+                Event::Alloc { slot: 0, size_bytes: 7 }, // live at the start: freed at entry 2
+                Event::Alloc { slot: 1, size_bytes: 100 },
+                Event::Free { slot: 0 },
+                Event::Free { slot: 1 },
+                Event::Alloc { slot: 2, size_bytes: 1 << 30 },
+                Event::Free { slot: 2 },
+            ]
+        );
+        assert_eq!(recording.entry_index, [0, 1, 2, 4, 7, 7]);
+        assert_eq!((recording.start_events, recording.entries, recording.unknown_frees), (1, 8, 0));
+        assert_eq!(recording.start_bytes(), 7);
+        assert_eq!(recording.entry_of(4), 7);
+        let moments: Vec<Moment> = (0..6).map(|event| recording.moment_of(event)).collect();
+        assert_eq!(moments[..3], [Moment::Start, Moment::Entry(1), Moment::Entry(2)]);
+    }
+
+    #[test]
+    fn the_start_state_is_the_final_blocks_and_the_trace_walked_backwards() {
+        use heapscope_pytorch::{Block, Segment};
+        use heapscope_pytorch::{Pool, StackId};
+        let block = |address: u64, size: u64, requested_size: u64, state: BlockState| Block {
+            address,
+            size,
+            requested_size,
+            state,
+            frames: StackId::default(),
+        };
+        let segment = |device: u32, address: u64, blocks: Vec<Block>| Segment {
+            device,
+            address,
+            total_size: 2 << 20,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: 0,
+            segment_type: Pool::Large,
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            frames: StackId::default(),
+            blocks,
+        };
+        let snapshot = Snapshot {
+            segments: vec![
+                segment(
+                    0,
+                    0,
+                    vec![
+                        block(0, 1024, 1000, BlockState::ActiveAllocated),  // live throughout
+                        block(1024, 512, 512, BlockState::ActiveAllocated), // allocated by entry 1: not at the start
+                        block(2048, 1024, 0, BlockState::Inactive),
+                        block(4096, 512, 300, BlockState::ActivePendingFree), // live: its free is not completed
+                    ],
+                ),
+                segment(1, 0, vec![block(0, 512, 512, BlockState::ActiveAllocated)]), // another device
+            ],
+            device_traces: vec![vec![
+                entry(Action::FreeCompleted, 8192, 2000), // live at the start, freed here
+                entry(Action::Alloc, 1024, 512),
+                entry(Action::Alloc, 9000, 64),
+                entry(Action::FreeCompleted, 9000, 64), // allocated in the recording: not at the start
+            ]],
+            ..Snapshot::default()
+        };
+        let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
+        assert_eq!(recording.start_events, 3);
+        assert_eq!(
+            recording.trace.events()[..3],
+            [
+                Event::Alloc { slot: 0, size_bytes: 1000 },
+                Event::Alloc { slot: 1, size_bytes: 300 },
+                Event::Alloc { slot: 2, size_bytes: 2000 },
+            ]
+        );
+        assert_eq!(recording.start_bytes(), 3300);
+        assert_eq!(recording.trace.events()[3], Event::Free { slot: 2 }, "entry 0 frees a start allocation");
+        assert_eq!(recording.moment_of(3), Moment::Entry(0));
+    }
+
+    #[test]
+    fn moments_parse_print_and_map_to_positions() {
+        // (text, moment, position)
+        let cases = [("start", Moment::Start, 0), ("0", Moment::Entry(0), 1), ("421", Moment::Entry(421), 422)];
+        for (text, moment, position) in cases {
+            assert_eq!(text.parse::<Moment>(), Ok(moment));
+            assert_eq!((moment.position(), Moment::at_position(position)), (position, moment));
+        }
+        assert_eq!(Moment::Entry(60).to_string(), "entry 60");
+        assert_eq!(Moment::Start.to_string(), "start");
+        assert!("-1".parse::<Moment>().unwrap_err().to_string().contains("expected `start` or an entry number"));
+    }
+
+    #[test]
+    fn the_busiest_device_has_the_most_entries() {
+        let entries = |count: u64| (0..count).map(|addr| entry(Action::Alloc, addr * 512, 512)).collect::<Vec<_>>();
+        // (entries per device, the busiest)
+        let cases: [(&[u64], usize); 5] = [(&[], 0), (&[0], 0), (&[3, 5], 1), (&[0, 4, 4], 1), (&[7, 2, 6], 0)];
+        for (counts, busiest) in cases {
+            let snapshot =
+                Snapshot { device_traces: counts.iter().map(|&count| entries(count)).collect(), ..Snapshot::default() };
+            assert_eq!(busiest_device(&snapshot), busiest, "{counts:?}");
+        }
+    }
+
+    #[test]
+    fn contradictions_and_missing_devices_are_named() {
+        let twice =
+            Snapshot { device_traces: vec![vec![entry(Action::Alloc, 8, 1), entry(Action::Alloc, 8, 1)]], ..Snapshot::default() };
+        let message = Recording::from_snapshot("t.pickle", twice, 0).unwrap_err().to_string();
+        assert!(message.contains("device_traces[0][1]") && message.contains("already live"), "{message}");
+        let message = Recording::from_snapshot("t.pickle", Snapshot::default(), 1).unwrap_err().to_string();
+        assert!(message.contains("no device 1"), "{message}");
+    }
+}

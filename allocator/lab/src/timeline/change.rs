@@ -1,0 +1,135 @@
+//! What happens to a heap's layout at one step, as plain data: the changes a timeline records, the
+//! animation plays and a live source sends.
+
+use heapscope_core::{OomCause, OomVerdict};
+
+/// How a region of address space is backed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum RegionKind {
+    /// A block (segment) reserved whole from the device: every byte is reserved.
+    Block,
+    /// A virtual range backed by pages mapped on demand (a paged heap, PyTorch's expandable segments,
+    /// Vulkan sparse binding): only its mapped runs are reserved.
+    Virtual,
+}
+
+/// A live allocation where it sits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Span {
+    /// Address of the first byte set aside for it (its footprint).
+    pub address: u64,
+    /// Bytes set aside: the requested bytes plus padding (alignment, rounding, a whole unsplit block).
+    pub footprint_bytes: u64,
+    /// Padding before the requested bytes (alignment).
+    pub lead_bytes: u64,
+    /// Bytes requested.
+    pub requested_bytes: u64,
+    /// The trace slot of the allocation; [`Span::BEFORE_RECORDING`] for one made before the recording started.
+    pub slot: u32,
+    /// The step that allocated it.
+    pub born: u64,
+}
+
+impl Span {
+    /// The `slot` of an allocation live before the recording started (a PyTorch recording begun mid-run): it has
+    /// no trace slot, and no trace event made it.
+    pub const BEFORE_RECORDING: u32 = u32::MAX;
+
+    /// An allocation live before the recording started, in the layout from step 0 on: `footprint_bytes` at
+    /// `address` set aside for `requested_bytes`.
+    pub fn before_recording(address: u64, footprint_bytes: u64, requested_bytes: u64) -> Self {
+        Self { address, footprint_bytes, lead_bytes: 0, requested_bytes, slot: Self::BEFORE_RECORDING, born: 0 }
+    }
+
+    /// Whether the allocation was live before the recording started (it has no trace slot).
+    pub fn is_before_recording(&self) -> bool {
+        self.slot == Self::BEFORE_RECORDING
+    }
+
+    /// One past the footprint's last byte.
+    pub fn end(&self) -> u64 {
+        self.address + self.footprint_bytes
+    }
+
+    /// Padding and rounding: footprint bytes not requested.
+    pub fn waste_bytes(&self) -> u64 {
+        self.footprint_bytes - self.requested_bytes
+    }
+}
+
+/// One change to a layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum Change {
+    /// A region was reserved: a block (all of it free) or a virtual range (nothing mapped yet).
+    RegionAdded {
+        /// Base address.
+        address: u64,
+        /// Bytes.
+        size_bytes: u64,
+        /// How it is backed.
+        kind: RegionKind,
+    },
+    /// The region at `address`, which holds no live allocation, was released.
+    RegionRemoved {
+        /// Base address.
+        address: u64,
+    },
+    /// Pages of a virtual region were mapped; they become free memory.
+    PagesMapped {
+        /// Address of the first page.
+        address: u64,
+        /// Bytes.
+        size_bytes: u64,
+    },
+    /// Free mapped pages were unmapped.
+    PagesUnmapped {
+        /// Address of the first page.
+        address: u64,
+        /// Bytes.
+        size_bytes: u64,
+    },
+    /// An allocation was placed in free memory.
+    Allocated(Span),
+    /// The allocation whose footprint starts at `address` was freed.
+    Freed {
+        /// Footprint address.
+        address: u64,
+    },
+}
+
+/// A request the contender refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Refusal {
+    /// Bytes requested.
+    pub requested_bytes: u64,
+    /// Fragmentation or exhaustion.
+    pub cause: OomCause,
+    /// Bytes reserved then.
+    pub reserved_bytes: u64,
+    /// Free bytes inside reserved memory the request could use.
+    pub free_bytes: u64,
+    /// The largest free run among them.
+    pub largest_free_bytes: u64,
+    /// The verdict in words.
+    pub message: String,
+}
+
+impl From<&OomVerdict> for Refusal {
+    /// The refusal a heap's out-of-memory verdict describes.
+    fn from(verdict: &OomVerdict) -> Self {
+        Self {
+            requested_bytes: verdict.requested_bytes,
+            cause: verdict.cause,
+            reserved_bytes: verdict.reserved_bytes,
+            free_bytes: verdict.free_in_blocks_bytes,
+            largest_free_bytes: verdict.largest_free_run_bytes,
+            message: verdict.describe(),
+        }
+    }
+}

@@ -1,0 +1,651 @@
+//! Recording a timeline: a contender replays a recording and says, moment by moment, what it did to its layout.
+//!
+//! A timeline has one step per entry of the recording (an entry that changes nothing is an empty step), and a
+//! start (position 0) with what was live before the first entry — the same for every contender: heap and paged
+//! contenders are written down by an [`Observer`] of the one replay driver ([`drive`]), PyTorch's by a
+//! [`SegmentBacking`] following `compare`'s own run of the emulation.
+
+use super::explain::Rules;
+use super::{Change, Refusal, RegionKind, RegionTracker, Span, Timeline};
+use crate::compare::{CompareConfig, FirstOom, alloc_conf, emulate_pytorch, pytorch_first_oom, unreserved_bytes};
+pub use crate::contender::Contender;
+use crate::driver::{HeapTarget, Observer, Step, Stream, drive};
+use crate::recording::{Moment, Recording};
+use heapscope_core::hash::FastSet;
+use heapscope_core::trace::Event;
+use heapscope_core::{DeviceEvent, DeviceHeap, Error, Result};
+use heapscope_pytorch::caching::{CachingAllocator, EntryEffect, OomReport, SegmentBacking};
+use heapscope_pytorch::{AllocConf, BlockState, TraceEntry};
+
+/// Replays `recording` through `contender` with `config` (capacity, alignment, heap rules, page size, PyTorch's
+/// settings over the recording's own) into a timeline of one step per entry, from the state at the start of the
+/// recording (position 0: its live allocations, as spans [`Span::before_recording`]; for `pytorch` its segments
+/// too).
+///
+/// The PyTorch contenders are `compare`'s own run of the emulation ([`emulate_pytorch`]), written down as it
+/// goes: with stream-ordered frees, user `empty_cache()` calls and recorded `oom` requests tried with the
+/// driver's free bytes (without a capacity). Refusals carry the numbers of `compare`'s first OOM; footprints are
+/// the blocks the allocator holds. A device-only contender (gpu-allocator, VMA) has no simulated timeline.
+///
+/// # Errors
+/// Invalid settings, a snapshot the emulation cannot replay (as `compare` reports it), a device-only contender,
+/// or a contender bug (a change that contradicts the layout).
+pub fn record(recording: &Recording, contender: Contender, config: &CompareConfig) -> Result<Timeline> {
+    let mut timeline = match contender {
+        Contender::Pytorch { expandable } => {
+            let mut conf = alloc_conf(recording, config.alloc_conf.as_deref())?;
+            conf.expandable_segments |= expandable;
+            record_pytorch(recording, conf, config.capacity_bytes)?
+        }
+        Contender::Heap(kind) => {
+            let mut heap = config.heap(kind)?;
+            let rules = Rules::Heap(heap.config().clone());
+            record_device_heap(recording, &mut heap, config.align_bytes, &[], rules)?
+        }
+        Contender::Paged => {
+            let mut heap = config.paged_heap()?;
+            let range = Change::RegionAdded { address: 0, size_bytes: heap.config().virtual_bytes, kind: RegionKind::Virtual };
+            let rules = Rules::Paged(heap.config().clone());
+            record_device_heap(recording, &mut heap, config.align_bytes, &[range], rules)?
+        }
+        Contender::GpuAllocator | Contender::Vma => {
+            return Err(Error::InvalidConfig {
+                what: format!("{contender} runs on a Vulkan device only: it has no simulated timeline"),
+            });
+        }
+    };
+    timeline.contender = contender.name().to_owned();
+    Ok(timeline)
+}
+
+/// A contender's change that contradicts its own layout: a bug, reported as an error of the recording.
+fn inconsistent(recording_name: &str, moment: Moment, error: &super::LayoutError) -> Error {
+    Error::Trace { file: recording_name.to_owned(), line: 0, what: format!("timeline at {moment}: {error}") }
+}
+
+/// Writes a heap contender's replay down as a timeline: an [`Observer`] of the driver.
+#[derive(Debug)]
+pub struct TimelineObserver {
+    name: String,
+    timeline: Timeline,
+    regions: RegionTracker,
+    /// Changes of the moment being replayed.
+    changes: Vec<Change>,
+    refusal: Option<Refusal>,
+}
+
+impl TimelineObserver {
+    /// A timeline for `contender` named `recording_name` in errors, whose layout starts with `initial` changes (a
+    /// paged heap's virtual range).
+    pub fn new(recording_name: &str, contender: &str, initial: &[Change]) -> Self {
+        Self {
+            name: recording_name.to_owned(),
+            timeline: Timeline::new(contender),
+            regions: RegionTracker::default(),
+            changes: initial.to_vec(),
+            refusal: None,
+        }
+    }
+
+    /// The timeline written.
+    pub fn finish(self) -> Timeline {
+        self.timeline
+    }
+}
+
+impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for TimelineObserver {
+    fn step(
+        &mut self,
+        _event: u64,
+        moment: Moment,
+        step: Step<'_, H::Handle>,
+        device_events: &[DeviceEvent],
+        _target: &HeapTarget<'_, H>,
+    ) -> Result<()> {
+        let born = match moment {
+            Moment::Start => 0,
+            Moment::Entry(entry) => entry,
+        };
+        match step {
+            Step::Placed { slot, size_bytes, handle } => {
+                self.regions.changes(device_events, &[], &mut self.changes);
+                let allocation = H::allocation(handle);
+                let slot = if moment == Moment::Start { Span::BEFORE_RECORDING } else { slot };
+                self.changes.push(Change::Allocated(Span {
+                    address: H::block_base(handle) + allocation.footprint_offset(),
+                    footprint_bytes: allocation.footprint_bytes(),
+                    lead_bytes: allocation.offset() - allocation.footprint_offset(),
+                    requested_bytes: size_bytes,
+                    slot,
+                    born,
+                }));
+            }
+            Step::Freed { handle, .. } => {
+                let address = H::block_base(handle) + H::allocation(handle).footprint_offset();
+                self.changes.push(Change::Freed { address });
+                self.regions.changes(device_events, &[], &mut self.changes);
+            }
+            Step::Refused { verdict, .. } => {
+                self.regions.changes(device_events, &[], &mut self.changes);
+                self.refusal = verdict.map(Refusal::from);
+            }
+            Step::Unserved { .. } => self.regions.changes(device_events, &[], &mut self.changes),
+        }
+        Ok(())
+    }
+
+    fn moment_done(&mut self, moment: Moment, _target: &HeapTarget<'_, H>) -> Result<()> {
+        let result = match moment {
+            Moment::Start => self.timeline.start(&self.changes),
+            Moment::Entry(_) => self.timeline.push(&self.changes, self.refusal.take()),
+        };
+        self.changes.clear();
+        result.map_err(|error| inconsistent(&self.name, moment, &error))
+    }
+}
+
+/// A heap of blocks or a paged heap, whose layout starts with `initial` changes (a paged heap's virtual range).
+fn record_device_heap<H: DeviceHeap>(
+    recording: &Recording,
+    heap: &mut H,
+    align_bytes: u64,
+    initial: &[Change],
+    rules: Rules,
+) -> Result<Timeline> {
+    heap.record_device_events(true);
+    let mut observer = TimelineObserver::new(&recording.name, heap.policy_name(), initial);
+    drive(Stream::of(recording), &mut HeapTarget(heap), align_bytes, &mut [&mut observer])?;
+    let mut timeline = observer.finish();
+    timeline.rules = Some(rules);
+    Ok(timeline)
+}
+
+/// PyTorch's caching allocator: `compare`'s own replay ([`emulate_pytorch`]), written down as it runs by a
+/// [`PytorchRecorder`] following it.
+fn record_pytorch(recording: &Recording, conf: AllocConf, capacity_bytes: Option<u64>) -> Result<Timeline> {
+    let mut recorder = PytorchRecorder::new(recording, capacity_bytes);
+    emulate_pytorch(recording, &conf, capacity_bytes, &mut recorder)?;
+    let mut timeline = recorder.finish()?;
+    timeline.rules = Some(Rules::Pytorch(conf));
+    Ok(timeline)
+}
+
+/// Follows the emulation of PyTorch's caching allocator (as its [`SegmentBacking`], holding no memory) and writes
+/// it down as a timeline of one step per entry.
+///
+/// A step holds what its entry did: segment operations (as region and page changes), the allocation placed,
+/// freed or refused. The state at the start of the recording is the timeline's start: segments as regions,
+/// live blocks as spans [`Span::before_recording`].
+struct PytorchRecorder<'a> {
+    recording: &'a Recording,
+    /// The device's trace entries, for a PyTorch recording (`None`: a plain trace, whose entries are its events).
+    entries: Option<&'a [TraceEntry]>,
+    capacity_bytes: Option<u64>,
+    timeline: Timeline,
+    regions: RegionTracker,
+    /// The first event of the trace not yet replayed (the start events are the emulation's start state).
+    next_event: u64,
+    /// Changes of the entry being replayed.
+    pending: Vec<Change>,
+    /// Addresses of the spans in the layout (a block whose entry is no event, a zero-byte request, has none).
+    shown: FastSet<u64>,
+    /// The first change that contradicted the layout.
+    error: Option<Error>,
+}
+
+impl<'a> PytorchRecorder<'a> {
+    fn new(recording: &'a Recording, capacity_bytes: Option<u64>) -> Self {
+        let entries = recording
+            .snapshot
+            .as_ref()
+            .map(|snapshot| snapshot.device_traces.get(recording.device).map_or(&[][..], Vec::as_slice));
+        Self {
+            recording,
+            entries,
+            capacity_bytes,
+            timeline: Timeline::new("pytorch"),
+            regions: RegionTracker::default(),
+            next_event: recording.start_events as u64,
+            pending: Vec::new(),
+            shown: FastSet::default(),
+            error: None,
+        }
+    }
+
+    /// Keeps the first error.
+    fn check(&mut self, moment: Moment, result: Result<(), super::LayoutError>) {
+        if let Err(error) = result
+            && self.error.is_none()
+        {
+            self.error = Some(inconsistent(&self.recording.name, moment, &error));
+        }
+    }
+
+    /// The refusal of `report` at `entry`, with the numbers of `compare`'s first OOM.
+    fn refusal(&self, entry: usize, report: &OomReport) -> Refusal {
+        let trace_entry = self.entries.and_then(|entries| entries.get(entry));
+        let unreserved = unreserved_bytes(self.capacity_bytes, report, trace_entry);
+        let FirstOom { request_bytes, reserved_bytes, free_bytes, largest_free_bytes, verdict, message, .. } =
+            pytorch_first_oom(entry as u64, report, unreserved);
+        Refusal { requested_bytes: request_bytes, cause: verdict, reserved_bytes, free_bytes, largest_free_bytes, message }
+    }
+
+    /// The timeline, once the emulation has replayed every entry.
+    fn finish(self) -> Result<Timeline> {
+        if let Some(error) = self.error {
+            return Err(error);
+        }
+        let events = self.recording.trace.events().len() as u64;
+        if self.next_event != events || self.timeline.steps() != self.recording.entries {
+            return Err(Error::Trace {
+                file: self.recording.name.clone(),
+                line: 0,
+                what: format!(
+                    "the emulation replayed {} of {events} events, {} of {} entries",
+                    self.next_event,
+                    self.timeline.steps(),
+                    self.recording.entries
+                ),
+            });
+        }
+        Ok(self.timeline)
+    }
+}
+
+impl SegmentBacking for PytorchRecorder<'_> {
+    fn apply(&mut self, events: &[DeviceEvent], allocator: &CachingAllocator) -> Result<(), String> {
+        self.regions.changes(events, &allocator.expandable_segments(), &mut self.pending);
+        Ok(())
+    }
+
+    fn started(&mut self, allocator: &CachingAllocator) {
+        for segment in allocator.report() {
+            for block in segment.blocks.iter().filter(|block| block.state != BlockState::Inactive) {
+                // A block known only from its free entry may record more requested bytes than it holds.
+                let requested_bytes = block.requested_size.min(block.size);
+                self.pending.push(Change::Allocated(Span::before_recording(block.address, block.size, requested_bytes)));
+                self.shown.insert(block.address);
+            }
+        }
+        let result = self.timeline.start(&self.pending);
+        self.pending.clear();
+        self.check(Moment::Start, result);
+    }
+
+    fn replayed(&mut self, entry: usize, effect: EntryEffect, allocator: &CachingAllocator) {
+        let events = self.recording.trace.events();
+        let moment = Moment::Entry(entry as u64);
+        let first = self.next_event;
+        while (self.next_event as usize) < events.len() && self.recording.moment_of(self.next_event) == moment {
+            self.next_event += 1;
+        }
+        let alloc_event = match events.get(first as usize) {
+            Some(&Event::Alloc { slot, size_bytes }) if self.next_event > first => Some((slot, size_bytes)),
+            _ => None,
+        };
+        let span = |address: u64, footprint_bytes: u64, (slot, requested_bytes): (u32, u64)| {
+            Change::Allocated(Span { address, footprint_bytes, lead_bytes: 0, requested_bytes, slot, born: entry as u64 })
+        };
+        let mut refusal = None;
+        match effect {
+            EntryEffect::Unchanged => {}
+            EntryEffect::Placed { address } => {
+                if let Some(event) = alloc_event {
+                    let footprint_bytes = allocator.live_block(address).map_or(event.1, |block| block.size_bytes);
+                    self.pending.push(span(address, footprint_bytes, event));
+                    self.shown.insert(address);
+                }
+            }
+            EntryEffect::ServedAndReturned { address, size_bytes } => {
+                if let Some(event) = alloc_event {
+                    self.pending.push(span(address, size_bytes, event));
+                    self.pending.push(Change::Freed { address });
+                }
+            }
+            EntryEffect::Freed { address } => {
+                if self.shown.remove(&address) {
+                    self.pending.push(Change::Freed { address });
+                }
+            }
+            EntryEffect::Refused(report) => {
+                if alloc_event.is_some() {
+                    refusal = Some(self.refusal(entry, &report));
+                }
+            }
+        }
+        let result = self.timeline.push(&self.pending, refusal);
+        self.pending.clear();
+        self.check(moment, result);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::story::frag_oom;
+    use heapscope_core::units::MIB;
+    use heapscope_core::{HeapConfig, OomCause, PolicyKind, ReleaseRule};
+    use heapscope_pytorch::{Action, Snapshot};
+
+    fn story_config() -> (Recording, CompareConfig) {
+        let story = frag_oom();
+        let config = CompareConfig {
+            capacity_bytes: Some(story.device_bytes),
+            heap: HeapConfig { release: ReleaseRule::OnPressure, ..HeapConfig::new(PolicyKind::BestFit) },
+            ..CompareConfig::default()
+        };
+        (Recording::from_trace(story.trace), config)
+    }
+
+    /// frag_oom through every side-by-side contender: who refuses the last request, and the layout then,
+    /// against `compare`'s numbers.
+    #[test]
+    fn frag_oom_timelines_agree_with_compare() {
+        let (recording, config) = story_config();
+        // (contender, refusals, reserved at the end in MiB, free at the end in MiB, largest free run in MiB)
+        let cases = [
+            (Contender::Pytorch { expandable: false }, 1, 3000, 1000, 50),
+            (Contender::Pytorch { expandable: true }, 0, 3040, 16, 16),
+            (Contender::Heap(PolicyKind::BestFit), 1, 3000, 1000, 50),
+            (Contender::Paged, 0, 3024, 0, 0),
+        ];
+        for (contender, refusals, reserved_mib, free_mib, largest_mib) in cases {
+            let timeline = record(&recording, contender, &config).unwrap();
+            assert_eq!(timeline.steps(), 61, "{contender}");
+            assert_eq!(timeline.refusals().len(), refusals, "{contender}");
+            let totals = timeline.head().totals();
+            assert_eq!(
+                (totals.reserved_bytes / MIB, totals.free_bytes / MIB, totals.largest_free_bytes / MIB),
+                (reserved_mib, free_mib, largest_mib),
+                "{contender}"
+            );
+            let last = timeline.samples().last().unwrap();
+            assert_eq!(last.reserved_bytes, totals.reserved_bytes);
+            if refusals > 0 {
+                let refusal = timeline.refusal_at(60).unwrap();
+                assert_eq!((refusal.requested_bytes, refusal.cause), (1024 * MIB, OomCause::Fragmentation), "{contender}");
+                assert_eq!(refusal.free_bytes, 1000 * MIB, "{contender}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_step_replays_onto_the_layout_before_it() {
+        let (recording, config) = story_config();
+        for contender in Contender::all().into_iter().filter(|contender| !contender.needs_device()) {
+            let timeline = record(&recording, contender, &config).unwrap();
+            let mut layout = timeline.layout_at(0);
+            for step in 0..timeline.steps() {
+                for change in timeline.changes(step) {
+                    layout.apply(change).unwrap_or_else(|error| panic!("{contender} step {step}: {error}"));
+                }
+            }
+            assert_eq!(&layout, timeline.head(), "{contender}");
+        }
+    }
+
+    #[test]
+    fn bad_settings_are_errors() {
+        let (recording, mut config) = story_config();
+        config.align_bytes = 3;
+        assert!(record(&recording, Contender::Heap(PolicyKind::Tlsf), &config).is_err());
+        config.align_bytes = 512;
+        let config = CompareConfig { alloc_conf: Some("bogus:1".into()), ..config };
+        let error = record(&recording, Contender::Pytorch { expandable: false }, &config).unwrap_err();
+        assert!(error.to_string().contains("--alloc-conf"), "{error}");
+    }
+
+    /// Seeks through checkpoints equal replays from the start, for every contender on the stories long
+    /// enough to have checkpoints (virtual regions included).
+    #[test]
+    fn seeks_equal_replays_on_every_story() {
+        for story in crate::story::all() {
+            let config = CompareConfig { capacity_bytes: Some(story.device_bytes), ..CompareConfig::default() };
+            let recording = Recording::from_trace(story.trace);
+            for contender in Contender::SIDE_BY_SIDE {
+                let timeline = record(&recording, contender, &config).unwrap();
+                let mut layout = timeline.layout_at(0);
+                let mut at = 0;
+                let steps = timeline.steps();
+                assert!(steps > 0, "{}", story.name);
+                for position in [steps / 3, steps / 2, steps - 1, steps] {
+                    timeline.advance(&mut layout, at, position);
+                    at = position;
+                    assert_eq!(layout, timeline.layout_at(position), "{} {contender} at {position}", story.name);
+                }
+            }
+        }
+    }
+
+    /// The real frag_oom snapshot: on an unlimited device the recorded `oom` is tried with the room the
+    /// driver had, so the timeline refuses it where PyTorch did, with PyTorch's numbers.
+    #[test]
+    fn a_recorded_oom_is_refused_where_pytorch_refused_it() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch/frag_oom-default.pickle.gz");
+        let recording = Recording::open(&path, 0).unwrap();
+        let timeline = record(&recording, Contender::Pytorch { expandable: false }, &CompareConfig::default()).unwrap();
+        let [(step, refusal)] = timeline.refusals() else { panic!("one refusal: {:?}", timeline.refusals()) };
+        assert_eq!(recording.entry_of(*step), 100, "the recorded oom entry");
+        assert_eq!((refusal.requested_bytes, refusal.free_bytes, refusal.reserved_bytes), (1024 * MIB, 1000 * MIB, 3000 * MIB));
+        assert_eq!(refusal.cause, OomCause::Fragmentation);
+        let paged = record(&recording, Contender::Paged, &CompareConfig::default()).unwrap();
+        assert!(paged.refusals().is_empty());
+    }
+
+    /// Replays every step's changes onto the layout before it, and seeks to a few positions, against replays
+    /// from the start.
+    fn assert_steps_and_seeks_replay(timeline: &Timeline, context: &str) {
+        let mut layout = timeline.layout_at(0);
+        for step in 0..timeline.steps() {
+            for change in timeline.changes(step) {
+                layout.apply(change).unwrap_or_else(|error| panic!("{context} step {step}: {error}"));
+            }
+        }
+        assert_eq!(&layout, timeline.head(), "{context}");
+        let steps = timeline.steps();
+        let mut layout = timeline.layout_at(0);
+        let mut at = 0;
+        for position in [1, steps / 3, steps / 2, steps - 1, steps] {
+            timeline.advance(&mut layout, at, position);
+            at = position;
+            assert_eq!(layout, timeline.layout_at(position), "{context} at {position}");
+        }
+    }
+
+    fn snapshot_recording(name: &str, cut: usize) -> Recording {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch");
+        let mut snapshot = heapscope_pytorch::read_snapshot(&dir.join(format!("{name}.pickle.gz"))).unwrap();
+        let trace = &mut snapshot.device_traces[0];
+        trace.drain(..cut * trace.len() / 2);
+        Recording::from_snapshot(name, snapshot, 0).unwrap()
+    }
+
+    /// The real snapshots, whole and cut half-way (a recording begun mid-run: segments and live blocks at the
+    /// start), through both PyTorch modes, unlimited and on the 3.5 GiB frag_oom had: the timeline is the
+    /// emulation's run, so its last sample holds the emulation's final reserved and requested bytes, its
+    /// refusals are the emulation's OOMs (the first with `compare`'s numbers), and it starts with what the
+    /// allocator held at the start.
+    #[test]
+    fn pytorch_timelines_are_the_emulation_of_compare() {
+        let names = ["frag_oom-default", "frag_oom-expandable", "gpt2_train_fixed-default", "gpt2_train_fixed-expandable"];
+        for name in names {
+            for cut in [0, 1] {
+                let recording = snapshot_recording(name, cut);
+                let snapshot = recording.snapshot.as_ref().unwrap();
+                for expandable in [false, true] {
+                    for capacity_bytes in [None, Some(3584 * MIB)] {
+                        let context = format!("{name} cut {cut} expandable {expandable} capacity {capacity_bytes:?}");
+                        let config = CompareConfig { capacity_bytes, ..CompareConfig::default() };
+                        let timeline = record(&recording, Contender::Pytorch { expandable }, &config).unwrap();
+                        let mut conf = alloc_conf(&recording, None).unwrap();
+                        conf.expandable_segments |= expandable;
+                        let emulation = heapscope_pytorch::emulate(snapshot, 0, &conf, capacity_bytes).unwrap();
+                        assert_eq!(timeline.steps(), recording.entries, "{context}: a step per entry");
+                        let last = timeline.samples().last().unwrap();
+                        let stats = &emulation.stats;
+                        assert_eq!(last.reserved_bytes as i64, stats.reserved_bytes.all().current, "{context}");
+                        assert_eq!(last.live_bytes as i64, stats.requested_bytes.all().current, "{context}");
+                        assert_eq!(timeline.refusals().len() as i64, stats.num_ooms, "{context}");
+                        let compared =
+                            emulate_pytorch(&recording, &conf, capacity_bytes, &mut heapscope_pytorch::Unbacked).unwrap();
+                        match (timeline.refusals().first(), compared.first_oom) {
+                            (None, None) => {}
+                            (Some((step, refusal)), Some(oom)) => {
+                                assert_eq!(*step, oom.event_index, "{context}: the step is the entry");
+                                let numbers = (refusal.requested_bytes, refusal.reserved_bytes, refusal.free_bytes);
+                                assert_eq!(numbers, (oom.request_bytes, oom.reserved_bytes, oom.free_bytes), "{context}");
+                                assert_eq!((refusal.largest_free_bytes, refusal.cause), (oom.largest_free_bytes, oom.verdict));
+                                assert_eq!(refusal.message, oom.message, "{context}");
+                            }
+                            (timeline, compare) => panic!("{context}: timeline refused {timeline:?}, compare {compare:?}"),
+                        }
+                        // The start (position 0): every block live then is a span with no trace slot, one per start
+                        // event of the recording, which every other contender allocates first.
+                        let start = CachingAllocator::at_recording_start(snapshot, 0, &conf, capacity_bytes).unwrap().report();
+                        let live_at_start =
+                            start.iter().flat_map(|segment| &segment.blocks).filter(|block| block.state != BlockState::Inactive);
+                        let layout = timeline.layout_at(0);
+                        let before: Vec<&Span> = layout.spans().filter(|span| span.is_before_recording()).collect();
+                        assert_eq!(before.len(), live_at_start.count(), "{context}");
+                        assert_eq!(before.len(), recording.start_events, "{context}");
+                        assert_eq!(before.is_empty(), cut == 0, "{context}: blocks live at the start of a cut recording");
+                        assert_eq!(timeline.start_sample().live_bytes, recording.start_bytes(), "{context}");
+                        assert_steps_and_seeks_replay(&timeline, &context);
+                    }
+                }
+            }
+        }
+    }
+
+    fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
+        TraceEntry { action, addr, size, stream: 0, time_us: None, device_free: None, frames: heapscope_pytorch::StackId::NONE }
+    }
+
+    /// A step per entry: a block live before the recording (a span of the start, freed at its entry), and a user
+    /// `empty_cache()` call (its segment released at its `segment_free` entry, before the next request opens a new
+    /// one; replaying the allocations alone would reuse it).
+    #[test]
+    fn every_entry_is_a_step_and_the_start_holds_what_was_live() {
+        const BASE: u64 = 0x7f00_0000_0000;
+        let small = 2 * MIB;
+        let later = BASE + (1 << 30);
+        let block = |address, size, requested_size, state| heapscope_pytorch::Block {
+            address,
+            size,
+            requested_size,
+            state,
+            frames: heapscope_pytorch::StackId::NONE,
+        };
+        // The segment at the end: the second request's.
+        let segment = heapscope_pytorch::Segment {
+            device: 0,
+            address: later,
+            total_size: small,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: 0,
+            segment_type: heapscope_pytorch::Pool::Small,
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            frames: heapscope_pytorch::StackId::NONE,
+            blocks: vec![
+                block(later, 1024, 1000, BlockState::ActiveAllocated),
+                block(later + 1024, small - 1024, 0, BlockState::Inactive),
+            ],
+        };
+        let trace = vec![
+            entry(Action::Alloc, BASE + 4096, 1000),         // event 0
+            entry(Action::FreeRequested, BASE, 2048),        // the block from before the recording ...
+            entry(Action::FreeCompleted, BASE, 2048),        // ... freed: no event
+            entry(Action::FreeRequested, BASE + 4096, 1000), //
+            entry(Action::FreeCompleted, BASE + 4096, 1000), // event 1
+            entry(Action::SegmentFree, BASE, small),         // empty_cache(): no event
+            entry(Action::SegmentAlloc, later, small),       //
+            entry(Action::Alloc, later, 1000),               // event 2
+        ];
+        let snapshot =
+            Snapshot { segments: vec![segment], device_traces: vec![trace], settings: None, frame_stacks: vec![Vec::new()] };
+        let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
+        assert_eq!((recording.start_events, recording.entries), (1, 8), "the block from before the recording");
+        assert_eq!(recording.entry_index, [0, 0, 2, 4, 7]);
+        let timeline = record(&recording, Contender::Pytorch { expandable: false }, &CompareConfig::default()).unwrap();
+        let region = |address| Change::RegionAdded { address, size_bytes: small, kind: RegionKind::Block };
+        let before = Span::before_recording(BASE, 4096, 2048);
+        let served = |address, slot, born| {
+            Change::Allocated(Span { address, footprint_bytes: 1024, lead_bytes: 0, requested_bytes: 1000, slot, born })
+        };
+        let start = timeline.layout_at(0);
+        assert_eq!((start.regions().len(), start.spans().copied().collect::<Vec<_>>()), (1, vec![before]));
+        let expected: [&[Change]; 8] = [
+            &[served(BASE + 4096, 1, 0)],
+            &[],
+            &[Change::Freed { address: BASE }],
+            &[],
+            &[Change::Freed { address: BASE + 4096 }],
+            &[Change::RegionRemoved { address: BASE }],
+            &[],
+            &[region(later), served(later, 2, 7)],
+        ];
+        for (step, changes) in (0..).zip(expected) {
+            assert_eq!(timeline.changes(step), changes, "step {step}");
+        }
+        assert_steps_and_seeks_replay(&timeline, "t.pickle");
+    }
+}
+
+/// The promise of every comparison: all contenders serve the same stream. On the shared snapshots, whole and cut
+/// mid-run (segments and live blocks at the start), every contender holds the same live bytes at the start and
+/// after every entry until the first refusal of any of them, in its outcome (`compare`) and in its timeline (the
+/// app); with no refusal the peaks are equal.
+#[cfg(test)]
+mod same_stream {
+    use super::*;
+    use crate::compare::replay;
+
+    #[test]
+    fn every_contender_serves_the_same_stream_from_the_same_start() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch");
+        let contenders: Vec<Contender> = Contender::all().into_iter().filter(|contender| !contender.needs_device()).collect();
+        for name in ["frag_oom-default", "frag_oom-expandable", "gpt2_train_fixed-default", "gpt2_train_fixed-expandable"] {
+            let whole = heapscope_pytorch::read_snapshot(&dir.join(format!("{name}.pickle.gz"))).unwrap();
+            for quarter in [0, 1, 2, 3] {
+                let mut snapshot = whole.clone();
+                let trace = &mut snapshot.device_traces[0];
+                trace.drain(..quarter * trace.len() / 4);
+                let recording = Recording::from_snapshot(name, snapshot, 0).unwrap();
+                let context = format!("{name} cut at {quarter}/4");
+                assert_eq!(recording.start_events == 0, quarter == 0, "{context}");
+                let config = CompareConfig::default();
+                let runs: Vec<(Contender, Timeline, crate::compare::Outcome)> = contenders
+                    .iter()
+                    .map(|&contender| {
+                        let timeline = record(&recording, contender, &config).unwrap();
+                        (contender, timeline, replay(&recording, contender, &config).unwrap())
+                    })
+                    .collect();
+                let first_refusal =
+                    runs.iter().filter_map(|(_, timeline, _)| timeline.refusals().first().map(|(step, _)| step + 1)).min();
+                let (_, reference, reference_outcome) = &runs[0];
+                assert_eq!(reference.start_sample().live_bytes, recording.start_bytes(), "{context}");
+                for (contender, timeline, outcome) in &runs {
+                    assert_eq!(timeline.steps(), recording.entries, "{context} {contender}");
+                    for position in 0..=first_refusal.unwrap_or(timeline.steps()).min(timeline.steps()) {
+                        assert_eq!(
+                            timeline.sample_at(position).live_bytes,
+                            reference.sample_at(position).live_bytes,
+                            "{context} {contender} at {}",
+                            Moment::at_position(position)
+                        );
+                    }
+                    if first_refusal.is_none() {
+                        assert_eq!(outcome.peak_live_bytes, reference_outcome.peak_live_bytes, "{context} {contender}");
+                        let timeline_peak = timeline.samples().iter().map(|sample| sample.live_bytes).max();
+                        assert_eq!(timeline_peak.unwrap_or(0).max(timeline.start_sample().live_bytes), outcome.peak_live_bytes);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! What a heap asks of the device, as timeline changes: [`RegionTracker`] turns [`DeviceEvent`]s (blocks
+//! reserved and released, page runs mapped and unmapped) into region and page [`Change`]s. A heap with ranges
+//! mapped on demand (a paged heap, PyTorch's expandable segments, a sparse buffer) names them, and the tracker
+//! shows each as a virtual region: reserved whole, or added just before the first page run mapped in it.
+//!
+//! The recorder of PyTorch timelines ([`super::record`]) and the GUI's live mode on a device both use it.
+
+use super::{Change, RegionKind};
+use heapscope_core::DeviceEvent;
+
+/// Turns device events into layout changes, remembering which virtual ranges the layout shows already.
+#[derive(Clone, Debug, Default)]
+pub struct RegionTracker {
+    /// Virtual ranges already shown, `(base, size_bytes)`.
+    known_virtual: Vec<(u64, u64)>,
+}
+
+impl RegionTracker {
+    /// Appends the changes of `events` to `changes`; `virtual_ranges` are the heap's ranges mapped on demand now:
+    /// a range reserved whole becomes a virtual region, and the first page run mapped in a range not shown yet
+    /// adds its region first.
+    pub fn changes(&mut self, events: &[DeviceEvent], virtual_ranges: &[(u64, u64)], changes: &mut Vec<Change>) {
+        for &event in events {
+            match event {
+                DeviceEvent::Reserved { address, size_bytes } => {
+                    let kind = if virtual_ranges.contains(&(address, size_bytes)) {
+                        self.known_virtual.push((address, size_bytes));
+                        RegionKind::Virtual
+                    } else {
+                        RegionKind::Block
+                    };
+                    changes.push(Change::RegionAdded { address, size_bytes, kind });
+                }
+                DeviceEvent::Released { address, .. } => {
+                    self.known_virtual.retain(|&(base, _)| base != address);
+                    changes.push(Change::RegionRemoved { address });
+                }
+                DeviceEvent::Mapped { address, size_bytes } => {
+                    let inside = |&(base, bytes): &(u64, u64)| base <= address && address < base + bytes;
+                    if !self.known_virtual.iter().any(inside)
+                        && let Some(&range) = virtual_ranges.iter().find(|range| inside(range))
+                    {
+                        self.known_virtual.push(range);
+                        changes.push(Change::RegionAdded { address: range.0, size_bytes: range.1, kind: RegionKind::Virtual });
+                    }
+                    changes.push(Change::PagesMapped { address, size_bytes });
+                }
+                DeviceEvent::Unmapped { address, size_bytes } => changes.push(Change::PagesUnmapped { address, size_bytes }),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Device events as a timeline receives them: (events, virtual ranges, the changes expected).
+    #[test]
+    fn device_events_become_layout_changes() {
+        let mapped = DeviceEvent::Mapped { address: 4096, size_bytes: 8192 };
+        type Case = (Vec<DeviceEvent>, Vec<(u64, u64)>, Vec<Change>);
+        let cases: Vec<Case> = vec![
+            // A block reserved and released.
+            (
+                vec![
+                    DeviceEvent::Reserved { address: 1 << 20, size_bytes: 2 << 20 },
+                    DeviceEvent::Released { address: 1 << 20, size_bytes: 2 << 20 },
+                ],
+                vec![],
+                vec![
+                    Change::RegionAdded { address: 1 << 20, size_bytes: 2 << 20, kind: RegionKind::Block },
+                    Change::RegionRemoved { address: 1 << 20 },
+                ],
+            ),
+            // The first run mapped in a virtual range shows the range first; the second does not again.
+            (
+                vec![mapped, DeviceEvent::Unmapped { address: 4096, size_bytes: 4096 }, mapped],
+                vec![(0, 1 << 30)],
+                vec![
+                    Change::RegionAdded { address: 0, size_bytes: 1 << 30, kind: RegionKind::Virtual },
+                    Change::PagesMapped { address: 4096, size_bytes: 8192 },
+                    Change::PagesUnmapped { address: 4096, size_bytes: 4096 },
+                    Change::PagesMapped { address: 4096, size_bytes: 8192 },
+                ],
+            ),
+            // A virtual range reserved whole is a virtual region.
+            (
+                vec![DeviceEvent::Reserved { address: 0, size_bytes: 1 << 30 }, mapped],
+                vec![(0, 1 << 30)],
+                vec![
+                    Change::RegionAdded { address: 0, size_bytes: 1 << 30, kind: RegionKind::Virtual },
+                    Change::PagesMapped { address: 4096, size_bytes: 8192 },
+                ],
+            ),
+            // A run mapped outside every virtual range adds no region.
+            (
+                vec![DeviceEvent::Mapped { address: 2 << 30, size_bytes: 4096 }],
+                vec![(0, 1 << 30)],
+                vec![Change::PagesMapped { address: 2 << 30, size_bytes: 4096 }],
+            ),
+        ];
+        for (events, ranges, expected) in cases {
+            let mut changes = Vec::new();
+            RegionTracker::default().changes(&events, &ranges, &mut changes);
+            assert_eq!(changes, expected, "{events:?}");
+        }
+    }
+
+    /// A virtual range released and reserved again is shown again.
+    #[test]
+    fn a_released_virtual_range_is_forgotten() {
+        let range = DeviceEvent::Reserved { address: 0, size_bytes: 1 << 30 };
+        let mut tracker = RegionTracker::default();
+        let mut changes = Vec::new();
+        let events = [range, DeviceEvent::Released { address: 0, size_bytes: 1 << 30 }];
+        tracker.changes(&events, &[(0, 1 << 30)], &mut changes);
+        changes.clear();
+        tracker.changes(&[DeviceEvent::Mapped { address: 0, size_bytes: 4096 }], &[(0, 1 << 30)], &mut changes);
+        assert_eq!(changes[0], Change::RegionAdded { address: 0, size_bytes: 1 << 30, kind: RegionKind::Virtual });
+    }
+}

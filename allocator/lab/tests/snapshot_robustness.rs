@@ -1,0 +1,191 @@
+//! Bad snapshots never panic: a real snapshot, mutated at random (entries with other actions, addresses
+//! and sizes; segments and blocks that overlap, shrink or vanish; entries duplicated or moved to another
+//! entry's address, blocks in another state, segments turned expandable or not), goes through the importer's output
+//! model, the recording, the caching-allocator emulation and every core contender without a panic.
+#![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
+
+use std::path::Path;
+
+use heapscope_lab::compare::{CompareConfig, Contender, replay, replay_pytorch};
+use heapscope_lab::export::replayed::{emulated_snapshot, replayed_snapshot};
+use heapscope_lab::recording::Recording;
+use heapscope_pytorch::{Action, AllocConf, BlockState, Snapshot, read_snapshot};
+use proptest::prelude::*;
+
+fn real(name: &str) -> Snapshot {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../assets/traces/pytorch/{name}.pickle.gz"));
+    read_snapshot(&path).unwrap()
+}
+
+const ACTIONS: [Action; 9] = Action::ALL;
+
+/// One change to a snapshot.
+#[derive(Clone, Debug)]
+enum Mutation {
+    EntryAction { pick: usize, action: usize },
+    EntryAddr { pick: usize, addr: u64 },
+    EntrySize { pick: usize, size: u64 },
+    EntryStream { pick: usize, stream: u64 },
+    DropPrefix { len: usize },
+    SegmentAddress { pick: usize, address: u64 },
+    SegmentSize { pick: usize, size: u64 },
+    BlockSize { pick: usize, size: u64 },
+    DropSegment { pick: usize },
+    // Odd but valid: what the emulation must replay rather than refuse.
+    EntryAddrOf { pick: usize, from: usize },
+    DuplicateEntry { pick: usize, to: usize },
+    BlockState { pick: usize, state: usize },
+    SegmentExpandable { pick: usize },
+}
+
+fn value() -> impl Strategy<Value = u64> {
+    prop_oneof![Just(0u64), 1u64..4096, any::<u64>(), (u64::MAX - 4096)..=u64::MAX, (1u64 << 20)..(1 << 34)]
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        (any::<usize>(), 0..ACTIONS.len()).prop_map(|(pick, action)| Mutation::EntryAction { pick, action }),
+        (any::<usize>(), value()).prop_map(|(pick, addr)| Mutation::EntryAddr { pick, addr }),
+        (any::<usize>(), value()).prop_map(|(pick, size)| Mutation::EntrySize { pick, size }),
+        (any::<usize>(), 0u64..3).prop_map(|(pick, stream)| Mutation::EntryStream { pick, stream }),
+        (0usize..200).prop_map(|len| Mutation::DropPrefix { len }),
+        (any::<usize>(), value()).prop_map(|(pick, address)| Mutation::SegmentAddress { pick, address }),
+        (any::<usize>(), value()).prop_map(|(pick, size)| Mutation::SegmentSize { pick, size }),
+        (any::<usize>(), value()).prop_map(|(pick, size)| Mutation::BlockSize { pick, size }),
+        any::<usize>().prop_map(|pick| Mutation::DropSegment { pick }),
+        (any::<usize>(), any::<usize>()).prop_map(|(pick, from)| Mutation::EntryAddrOf { pick, from }),
+        (any::<usize>(), any::<usize>()).prop_map(|(pick, to)| Mutation::DuplicateEntry { pick, to }),
+        (any::<usize>(), 0usize..3).prop_map(|(pick, state)| Mutation::BlockState { pick, state }),
+        any::<usize>().prop_map(|pick| Mutation::SegmentExpandable { pick }),
+    ]
+}
+
+fn apply(snapshot: &mut Snapshot, mutation: &Mutation) {
+    let trace = &mut snapshot.device_traces[0];
+    let entries = trace.len().max(1);
+    let segments = snapshot.segments.len().max(1);
+    match *mutation {
+        Mutation::EntryAction { pick, action } => {
+            if let Some(entry) = trace.get_mut(pick % entries) {
+                entry.action = ACTIONS[action];
+            }
+        }
+        Mutation::EntryAddr { pick, addr } => {
+            if let Some(entry) = trace.get_mut(pick % entries) {
+                entry.addr = addr;
+            }
+        }
+        Mutation::EntrySize { pick, size } => {
+            if let Some(entry) = trace.get_mut(pick % entries) {
+                entry.size = size;
+            }
+        }
+        Mutation::EntryStream { pick, stream } => {
+            if let Some(entry) = trace.get_mut(pick % entries) {
+                entry.stream = stream;
+            }
+        }
+        Mutation::DropPrefix { len } => {
+            trace.drain(..len.min(trace.len()));
+        }
+        Mutation::SegmentAddress { pick, address } => {
+            if let Some(segment) = snapshot.segments.get_mut(pick % segments) {
+                segment.address = address;
+            }
+        }
+        Mutation::SegmentSize { pick, size } => {
+            if let Some(segment) = snapshot.segments.get_mut(pick % segments) {
+                segment.total_size = size;
+            }
+        }
+        Mutation::BlockSize { pick, size } => {
+            if let Some(segment) = snapshot.segments.get_mut(pick % segments) {
+                let blocks = segment.blocks.len().max(1);
+                if let Some(block) = segment.blocks.get_mut(pick / segments % blocks) {
+                    block.size = size;
+                }
+            }
+        }
+        Mutation::DropSegment { pick } => {
+            if !snapshot.segments.is_empty() {
+                snapshot.segments.remove(pick % segments);
+            }
+        }
+        Mutation::EntryAddrOf { pick, from } => {
+            if let Some(addr) = trace.get(from % entries).map(|entry| entry.addr)
+                && let Some(entry) = trace.get_mut(pick % entries)
+            {
+                entry.addr = addr;
+            }
+        }
+        Mutation::DuplicateEntry { pick, to } => {
+            if let Some(entry) = trace.get(pick % entries).cloned() {
+                trace.insert(to % entries, entry);
+            }
+        }
+        Mutation::BlockState { pick, state } => {
+            if let Some(segment) = snapshot.segments.get_mut(pick % segments) {
+                let blocks = segment.blocks.len().max(1);
+                if let Some(block) = segment.blocks.get_mut(pick / segments % blocks) {
+                    block.state = [BlockState::ActiveAllocated, BlockState::ActivePendingFree, BlockState::Inactive][state];
+                }
+            }
+        }
+        Mutation::SegmentExpandable { pick } => {
+            if let Some(segment) = snapshot.segments.get_mut(pick % segments) {
+                segment.is_expandable = !segment.is_expandable;
+            }
+        }
+    }
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|cases| cases.parse().ok()).unwrap_or(64)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+    #[test]
+    fn mutated_snapshots_never_panic(
+        name in prop_oneof![Just("frag_oom-default"), Just("frag_oom-expandable")],
+        mutations in proptest::collection::vec(mutation(), 1..12),
+        capacity in prop_oneof![Just(None), (1u64 << 20..8 << 30).prop_map(Some)],
+        overrides in prop_oneof![Just(""), Just("expandable_segments:True"), Just("max_split_size_mb:128"), Just("roundup_power2_divisions:4")],
+    ) {
+        let mut snapshot = real(name);
+        for mutation in &mutations {
+            apply(&mut snapshot, mutation);
+        }
+        let mut conf = AllocConf::default();
+        if !overrides.is_empty() {
+            conf.parse_overrides(overrides).unwrap();
+        }
+        // The emulation on the snapshot itself (addresses and segments as mutated). A snapshot it cannot replay
+        // (overlapping segments, blocks that do not tile their segment, ranges that overflow) is an error
+        // naming the segment, block or entry.
+        let emulation = heapscope_pytorch::emulate(&snapshot, 0, &conf, capacity);
+        match &emulation {
+            Ok(emulation) => prop_assert!(emulation.fidelity.matched <= emulation.fidelity.recorded),
+            Err(error) => {
+                let message = error.to_string();
+                prop_assert!(message.starts_with("segments[") || message.starts_with("device_traces[0]["), "{message}");
+            }
+        }
+        // A mutation may make the trace contradict itself (an address allocated twice): that is an error.
+        if let Ok(recording) = Recording::from_snapshot(name, snapshot, 0) {
+            let outcome = replay_pytorch(&recording, &conf, capacity);
+            prop_assert_eq!(outcome.is_ok(), emulation.is_ok());
+            if let Ok(outcome) = outcome {
+                prop_assert!(outcome.peak_reserved_bytes >= outcome.peak_live_bytes || outcome.ooms > 0 || outcome.peak_live_bytes > 0);
+            }
+            let config = CompareConfig { capacity_bytes: capacity, ..CompareConfig::default() };
+            for contender in [Contender::Heap(heapscope_core::PolicyKind::Tlsf), Contender::Paged] {
+                let outcome = replay(&recording, contender, &config).unwrap();
+                prop_assert!(outcome.peak_reserved_bytes >= outcome.peak_live_bytes.min(1));
+                replayed_snapshot(&recording, contender, &config).unwrap();
+            }
+            prop_assert_eq!(emulated_snapshot(&recording, &conf, overrides, capacity).is_ok(), emulation.is_ok());
+        }
+    }
+}

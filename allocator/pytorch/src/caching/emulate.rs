@@ -1,0 +1,355 @@
+//! Replaying a snapshot's trace through the emulated allocator, and comparing its decisions with the
+//! recorded ones.
+//!
+//! Only `alloc`, `free_requested`, `free_completed` and `oom` entries drive the emulation; recorded
+//! segment events are used as inputs in two places only, for facts that are not allocator decisions:
+//! the address a new segment gets (the recorded `alloc` that opens a segment sits at its base, so that
+//! alloc's `addr` is passed as a hint), and user `empty_cache()` calls, which show only as `segment_free`
+//! / `segment_unmap` entries that the emulated allocator would not have produced for the next request.
+//! At a recorded `oom` the request is attempted with the driver's free bytes the entry recorded (or the
+//! given capacity).
+
+use std::collections::HashMap;
+
+use super::backing::{EntryEffect, SegmentBacking, Unbacked, apply_pending, held_now};
+use super::initial::rebuild_start_state;
+use super::validate::{EmulationError, validate};
+use super::{CachingAllocator, DeviceEvent, OomReport};
+use crate::alloc_conf::AllocConf;
+use crate::memory_stats::MemoryStats;
+use crate::snapshot::{Action, Segment, Snapshot, TraceEntry};
+
+/// A segment event (`segment_alloc`, `segment_free`, `segment_map`, `segment_unmap`) and the trace entry
+/// that caused it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct SegmentEvent {
+    /// Action.
+    pub action: Action,
+    /// Address.
+    pub addr: u64,
+    /// Bytes.
+    pub size_bytes: u64,
+    /// Index of the trace entry that caused it: the first entry after it that is not a segment event
+    /// (the request that needed the memory, or what followed an `empty_cache()`).
+    pub cause: usize,
+}
+
+impl SegmentEvent {
+    fn same_decision(&self, other: &SegmentEvent) -> bool {
+        self.action == other.action && self.size_bytes == other.size_bytes && self.cause == other.cause
+    }
+}
+
+/// Current all-pool values after one trace entry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct EventStats {
+    /// `allocated_bytes.all.current`.
+    pub allocated_bytes: i64,
+    /// `reserved_bytes.all.current`.
+    pub reserved_bytes: i64,
+    /// `active_bytes.all.current`.
+    pub active_bytes: i64,
+    /// `requested_bytes.all.current`.
+    pub requested_bytes: i64,
+    /// `num_device_alloc` so far.
+    pub num_device_alloc: i64,
+    /// `num_device_free` so far.
+    pub num_device_free: i64,
+    /// `num_ooms` so far.
+    pub num_ooms: i64,
+}
+
+/// An out-of-memory error of the emulation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct OomEvent {
+    /// Index of the trace entry (`alloc` or `oom`) whose request failed.
+    pub event_index: usize,
+    /// The verdict.
+    pub report: OomReport,
+}
+
+/// The first place where the emulated segment events differ from the recorded ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Mismatch {
+    /// Position in both segment event lists.
+    pub position: usize,
+    /// What PyTorch recorded there (`None`: the recording ended).
+    pub recorded: Option<SegmentEvent>,
+    /// What the emulation did there (`None`: the emulation did no more).
+    pub emulated: Option<SegmentEvent>,
+}
+
+/// The first allocation placed at another address than PyTorch placed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Misplacement {
+    /// Index of the `alloc` entry.
+    pub event_index: usize,
+    /// Recorded address.
+    pub recorded_addr: u64,
+    /// Emulated address (`None`: the emulation ran out of memory).
+    pub emulated_addr: Option<u64>,
+}
+
+/// How closely the emulation reproduced the recording.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Fidelity {
+    /// Recorded segment events.
+    pub recorded: usize,
+    /// Positions where the emulated segment event equals the recorded one (action, size, cause).
+    pub matched: usize,
+    /// The first difference.
+    pub first_mismatch: Option<Mismatch>,
+    /// Recorded allocations.
+    pub allocs: usize,
+    /// Allocations placed at the recorded address.
+    pub placement_matched: usize,
+    /// The first misplaced allocation.
+    pub first_misplacement: Option<Misplacement>,
+}
+
+impl Fidelity {
+    /// Every segment event and every placement matched.
+    pub fn is_exact(&self) -> bool {
+        self.first_mismatch.is_none() && self.placement_matched == self.allocs
+    }
+}
+
+/// The result of [`emulate`].
+#[derive(Clone, Debug, Default)]
+pub struct Emulation {
+    /// Emulated segment events in order.
+    pub segment_events: Vec<SegmentEvent>,
+    /// Current values after each trace entry.
+    pub timeline: Vec<EventStats>,
+    /// `memory_stats()` at the end.
+    pub stats: MemoryStats,
+    /// The first out-of-memory error.
+    pub first_oom: Option<OomEvent>,
+    /// Comparison with the recording.
+    pub fidelity: Fidelity,
+    /// Segments at the end, in the snapshot's layout.
+    pub final_segments: Vec<Segment>,
+    /// Where the emulation placed each `alloc` entry, and each recorded `oom` request it served after all
+    /// (given back at once), by entry index; `None` for other entries and refused requests.
+    pub placements: Vec<Option<u64>>,
+}
+
+fn is_segment_action(a: Action) -> bool {
+    matches!(a, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)
+}
+
+/// The recorded segment events with their causes.
+pub(super) fn recorded_segment_events(trace: &[TraceEntry]) -> Vec<SegmentEvent> {
+    let mut out = Vec::new();
+    let mut cause = trace.len();
+    for (i, e) in trace.iter().enumerate().rev() {
+        if is_segment_action(e.action) {
+            out.push(SegmentEvent { action: e.action, addr: e.addr, size_bytes: e.size, cause });
+        } else {
+            cause = i;
+        }
+    }
+    out.reverse();
+    out
+}
+
+/// Replays device `device`'s trace of `snapshot` through the emulated caching allocator with settings
+/// `conf` and `capacity_bytes` of device memory (`None` = unlimited; recorded `oom` entries then use the
+/// driver's free bytes they recorded), starting from the state at the start of the recording.
+///
+/// # Errors
+///
+/// [`EmulationError`] naming the segment, block or trace entry the emulation cannot replay (see the
+/// `validate` module for what it relies on); entries that are merely odd (frees of unknown addresses, an
+/// address allocated twice) replay.
+pub fn emulate(
+    snapshot: &Snapshot,
+    device: usize,
+    conf: &AllocConf,
+    capacity_bytes: Option<u64>,
+) -> Result<Emulation, EmulationError> {
+    emulate_backed(snapshot, device, conf, capacity_bytes, &mut Unbacked)
+}
+
+/// [`emulate`] with memory under the allocator: `backing` first receives what the allocator holds at the start
+/// of the recording (a `Reserved` per segment, a `Mapped` per mapped expandable range), then every segment
+/// operation as the emulation makes it, and after each entry what it did to the blocks
+/// ([`SegmentBacking::replayed`]). See [`SegmentBacking`].
+///
+/// # Errors
+///
+/// What [`emulate`] returns; [`EmulationError::Backing`] naming the trace entry whose segment operation the
+/// backing refused (the replay stops there).
+pub fn emulate_backed(
+    snapshot: &Snapshot,
+    device: usize,
+    conf: &AllocConf,
+    capacity_bytes: Option<u64>,
+    backing: &mut dyn SegmentBacking,
+) -> Result<Emulation, EmulationError> {
+    validate(snapshot, device)?;
+    let empty = Vec::new();
+    let trace = snapshot.device_traces.get(device).unwrap_or(&empty);
+    let (mut alloc, mut live) = rebuild_start_state(snapshot, device, conf, capacity_bytes)?;
+    let refused = |entry: usize| move |what: String| EmulationError::Backing { device, entry, what };
+    let start = held_now(&alloc);
+    if !start.is_empty() {
+        backing.apply(&start, &alloc).map_err(refused(0))?;
+    }
+    backing.started(&alloc);
+    let recorded = recorded_segment_events(trace);
+    let mut out = Emulation::default();
+    let mut fidelity = Fidelity { recorded: recorded.len(), ..Fidelity::default() };
+    let mut empty_cache_checked_until = 0;
+    out.placements = vec![None; trace.len()];
+    for (i, e) in trace.iter().enumerate() {
+        let mut effect = EntryEffect::Unchanged;
+        match e.action {
+            Action::Alloc => {
+                fidelity.allocs += 1;
+                let result = alloc.malloc(e.size, e.stream, Some(e.addr));
+                push_events(&mut out.segment_events, apply_pending(&mut alloc, backing).map_err(refused(i))?, i);
+                match result {
+                    Ok(addr) => {
+                        out.placements[i] = Some(addr);
+                        effect = EntryEffect::Placed { address: addr };
+                        if addr == e.addr {
+                            fidelity.placement_matched += 1;
+                        } else if fidelity.first_misplacement.is_none() {
+                            fidelity.first_misplacement =
+                                Some(Misplacement { event_index: i, recorded_addr: e.addr, emulated_addr: Some(addr) });
+                        }
+                        live.insert(e.addr, addr);
+                    }
+                    Err(report) => {
+                        if fidelity.first_misplacement.is_none() {
+                            fidelity.first_misplacement =
+                                Some(Misplacement { event_index: i, recorded_addr: e.addr, emulated_addr: None });
+                        }
+                        effect = EntryEffect::Refused(report);
+                        out.first_oom.get_or_insert(OomEvent { event_index: i, report });
+                    }
+                }
+            }
+            Action::FreeRequested => {
+                if let Some(&addr) = live.get(&e.addr) {
+                    alloc.free_requested(addr);
+                }
+            }
+            Action::FreeCompleted => {
+                if let Some(addr) = live.remove(&e.addr)
+                    && alloc.free_completed(addr)
+                {
+                    effect = EntryEffect::Freed { address: addr };
+                }
+            }
+            Action::Oom => {
+                match attempt_recorded_oom(&mut alloc, e, capacity_bytes) {
+                    Ok((addr, size_bytes)) => {
+                        out.placements[i] = Some(addr);
+                        effect = EntryEffect::ServedAndReturned { address: addr, size_bytes };
+                    }
+                    Err(report) => {
+                        effect = EntryEffect::Refused(report);
+                        out.first_oom.get_or_insert(OomEvent { event_index: i, report });
+                    }
+                }
+                push_events(&mut out.segment_events, apply_pending(&mut alloc, backing).map_err(refused(i))?, i);
+            }
+            Action::SegmentFree | Action::SegmentUnmap if i >= empty_cache_checked_until => {
+                let next = trace[i..].iter().position(|t| !is_segment_action(t.action)).map_or(trace.len(), |p| i + p);
+                empty_cache_checked_until = next;
+                if !allocator_would_release(&alloc, trace.get(next), capacity_bytes) {
+                    alloc.empty_cache();
+                    push_events(&mut out.segment_events, apply_pending(&mut alloc, backing).map_err(refused(i))?, next);
+                }
+            }
+            _ => {}
+        }
+        backing.replayed(i, effect, &alloc);
+        let s = alloc.stats();
+        out.timeline.push(EventStats {
+            allocated_bytes: s.allocated_bytes.all().current,
+            reserved_bytes: s.reserved_bytes.all().current,
+            active_bytes: s.active_bytes.all().current,
+            requested_bytes: s.requested_bytes.all().current,
+            num_device_alloc: s.num_device_alloc,
+            num_device_free: s.num_device_free,
+            num_ooms: s.num_ooms,
+        });
+    }
+    for (k, r) in recorded.iter().enumerate() {
+        match out.segment_events.get(k) {
+            Some(m) if m.same_decision(r) => fidelity.matched += 1,
+            emulated => {
+                if fidelity.first_mismatch.is_none() {
+                    fidelity.first_mismatch = Some(Mismatch { position: k, recorded: Some(*r), emulated: emulated.copied() });
+                }
+            }
+        }
+    }
+    if fidelity.first_mismatch.is_none() && out.segment_events.len() > recorded.len() {
+        fidelity.first_mismatch = Some(Mismatch {
+            position: recorded.len(),
+            recorded: None,
+            emulated: out.segment_events.get(recorded.len()).copied(),
+        });
+    }
+    out.fidelity = fidelity;
+    out.stats = alloc.stats().clone();
+    out.final_segments = alloc.report();
+    Ok(out)
+}
+
+fn push_events(out: &mut Vec<SegmentEvent>, events: Vec<DeviceEvent>, cause: usize) {
+    out.extend(events.into_iter().map(|d| SegmentEvent { action: d.action, addr: d.addr, size_bytes: d.size_bytes, cause }));
+}
+
+/// A recorded `oom`: PyTorch refused `e.size` bytes with `device_free` bytes left on the device. The
+/// request is attempted with that much room (or the capacity, when one is given); were it served, it is
+/// given back at once (the program never received it): its address and block size then.
+fn attempt_recorded_oom(
+    alloc: &mut CachingAllocator,
+    e: &TraceEntry,
+    capacity_bytes: Option<u64>,
+) -> Result<(u64, u64), OomReport> {
+    if capacity_bytes.is_none() {
+        alloc.request_limit_bytes = Some(alloc.reserved_bytes().saturating_add(e.device_free.unwrap_or(0)));
+    }
+    let result = alloc.malloc(e.size, e.stream, None);
+    alloc.request_limit_bytes = None;
+    match result {
+        Ok(addr) => {
+            let size_bytes = alloc.live_block(addr).map_or(e.size, |block| block.size_bytes);
+            alloc.free(addr);
+            Ok((addr, size_bytes))
+        }
+        Err(report) => Err(report),
+    }
+}
+
+/// Would the allocator itself release cached memory while serving `next` (the entry after a run of
+/// recorded `segment_free` / `segment_unmap`)? Tried on a copy.
+fn allocator_would_release(alloc: &CachingAllocator, next: Option<&TraceEntry>, capacity_bytes: Option<u64>) -> bool {
+    let Some(next) = next else { return false };
+    let mut copy = alloc.clone();
+    match next.action {
+        Action::Alloc => {
+            let _ = copy.malloc(next.size, next.stream, Some(next.addr));
+        }
+        Action::Oom => {
+            let _ = attempt_recorded_oom(&mut copy, next, capacity_bytes);
+        }
+        _ => return false,
+    }
+    copy.take_events().iter().any(|d| matches!(d.action, Action::SegmentFree | Action::SegmentUnmap))
+}
+
+/// Addresses of live allocations: recorded address -> emulated address.
+pub(super) type LiveMap = HashMap<u64, u64>;

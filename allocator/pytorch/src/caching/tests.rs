@@ -1,0 +1,463 @@
+//! Tests: the four shared PyTorch 2.11 traces replayed exactly, and each rule on small hand-made traces.
+
+use super::*;
+use crate::snapshot::{Snapshot, TraceEntry};
+
+const MIB: u64 = 1 << 20;
+
+/// A real snapshot from `assets/traces/pytorch/` and PyTorch's own statistics of the same run.
+fn load(name: &str) -> (Snapshot, serde_json::Value) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch");
+    let snap = crate::read_snapshot(&dir.join(format!("{name}.pickle.gz"))).unwrap();
+    let truth_text = std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap();
+    (snap, serde_json::from_str(&truth_text).unwrap())
+}
+
+fn run(name: &str, capacity: Option<u64>) -> (Emulation, serde_json::Value, Snapshot) {
+    let (snap, truth) = load(name);
+    let conf = AllocConf::from_recorded(snap.settings.as_ref().unwrap());
+    (emulate(&snap, 0, &conf, capacity).unwrap(), truth, snap)
+}
+
+#[test]
+fn shared_traces_replay_exactly() {
+    for name in ["frag_oom-default", "frag_oom-expandable", "gpt2_train_fixed-default", "gpt2_train_fixed-expandable"] {
+        let (em, truth, snap) = run(name, None);
+        let f = em.fidelity;
+        eprintln!("{name}: {f:?}");
+        assert!(f.is_exact(), "{name}: {f:?}");
+        assert_eq!(f.matched, f.recorded);
+        for (key, value) in truth["memory_stats"].as_object().unwrap() {
+            assert_eq!(em.stats.get(key), value.as_i64(), "{name}: {key}");
+        }
+        assert_eq!(em.stats.summary_table(0), truth["memory_summary"].as_str().unwrap(), "{name}: summary");
+        assert_eq!(em.final_segments, snap.segments.iter().map(strip).collect::<Vec<_>>(), "{name}: final segments");
+    }
+}
+
+fn strip(s: &Segment) -> Segment {
+    let mut s = s.clone();
+    s.frames = StackId::NONE;
+    for b in &mut s.blocks {
+        b.frames = StackId::NONE;
+        if b.state == BlockState::Inactive {
+            b.requested_size = 0;
+        }
+    }
+    s
+}
+
+#[test]
+fn frag_oom_default_ooms_at_3584_mib_like_pytorch() {
+    let (em, truth, _) = run("frag_oom-default", Some(3584 * MIB));
+    let OomEvent { event_index, report } = em.first_oom.expect("an OOM");
+    assert_eq!(event_index, 100, "the recorded oom entry");
+    assert_eq!(report.request_bytes, 1 << 30);
+    assert_eq!(report.allocated_bytes, truth["before_big"]["allocated"].as_u64().unwrap());
+    assert_eq!(report.reserved_bytes, truth["before_big"]["reserved"].as_u64().unwrap());
+    assert_eq!(report.free_in_reserved_bytes, 1000 * MIB, "1000.00 MiB is reserved by PyTorch but unallocated");
+    assert_eq!(report.largest_free_block_bytes, 50 * MIB);
+    assert_eq!(report.num_alloc_retries, 1);
+    assert!(em.fidelity.is_exact(), "{:?}", em.fidelity);
+    assert_eq!(em.stats.num_ooms, 1);
+    assert_eq!(em.stats.summary_table(0), truth["memory_summary"].as_str().unwrap());
+}
+
+#[test]
+fn frag_oom_expandable_succeeds_at_3584_mib() {
+    let (em, truth, _) = run("frag_oom-expandable", Some(3584 * MIB));
+    assert_eq!(em.first_oom, None);
+    assert!(em.fidelity.is_exact(), "{:?}", em.fidelity);
+    let grow = em.segment_events.iter().find(|e| e.cause == 101).expect("the 1 GiB request maps pages");
+    assert_eq!((grow.action, grow.size_bytes), (Action::SegmentMap, 40 * MIB));
+    assert_eq!(em.stats.get("reserved_bytes.all.peak"), truth["memory_stats"]["reserved_bytes.all.peak"].as_i64());
+    assert_eq!(em.stats.num_device_alloc, 21);
+}
+
+/// A recording that starts mid-run: drop a prefix of the trace, keep the final segments. The state rebuilt
+/// at the cut must let every later segment event and placement match.
+#[test]
+fn recordings_cut_mid_run_replay_exactly() {
+    for name in ["frag_oom-default", "frag_oom-expandable", "gpt2_train_fixed-default", "gpt2_train_fixed-expandable"] {
+        let (snap, _) = load(name);
+        let conf = AllocConf::from_recorded(snap.settings.as_ref().unwrap());
+        let trace = &snap.device_traces[0];
+        // 23 cuts spread over the trace, at any kind of entry (also between a free's two halves).
+        for k in 1..24 {
+            let cut = trace.len() * k / 24 + k % 3;
+            let mut cut_snap = snap.clone();
+            cut_snap.device_traces[0] = trace[cut..].to_vec();
+            let em = emulate(&cut_snap, 0, &conf, None).unwrap();
+            assert!(em.fidelity.is_exact(), "{name} cut at {cut}: {:?}", em.fidelity);
+            let want: Vec<Segment> = snap.segments.iter().map(strip).collect();
+            assert_eq!(em.final_segments.len(), want.len(), "{name} cut at {cut}");
+            for (got, want) in em.final_segments.iter().zip(&want) {
+                assert_eq!(got, want, "{name} cut at {cut}");
+            }
+        }
+    }
+}
+
+// ---- rules on hand-made requests -------------------------------------------------------------------------
+
+fn conf() -> AllocConf {
+    AllocConf::default()
+}
+
+fn conf_with(overrides: &str) -> AllocConf {
+    let mut c = AllocConf::default();
+    c.parse_overrides(overrides).unwrap();
+    c
+}
+
+fn events(a: &mut CachingAllocator) -> Vec<(Action, u64)> {
+    a.take_events().into_iter().map(|e| (e.action, e.size_bytes)).collect()
+}
+
+/// Block sizes of every segment, in address order, with `true` for allocated blocks.
+fn layout(a: &CachingAllocator) -> Vec<Vec<(u64, bool)>> {
+    a.report().iter().map(|s| s.blocks.iter().map(|b| (b.size, b.state == BlockState::ActiveAllocated)).collect()).collect()
+}
+
+#[test]
+fn rounding() {
+    let c = conf();
+    for (request, rounded) in [(0, 512), (1, 512), (512, 512), (513, 1024), (MIB + 1, MIB + 512), (3 * MIB + 1, 3 * MIB + 512)] {
+        assert_eq!(round_size(request, &c), rounded, "{request}");
+    }
+    let c = conf_with("roundup_power2_divisions:4");
+    for (request, rounded) in [(1200, 1536), (3 * MIB + 1, 3 * MIB + 512 * 1024), (4 * MIB, 4 * MIB), (5 * MIB, 5 * MIB)] {
+        assert_eq!(round_size(request, &c), rounded, "{request}");
+    }
+    let c = conf_with("roundup_power2_divisions:[1:2,2:4,>:8]"); // `>` overwrites the 2 MiB interval too
+    assert_eq!(round_size(MIB + 1, &c), MIB + 512 * 1024, "below 2 MiB: 2 divisions");
+    assert_eq!(round_size(5 * MIB, &c), 5 * MIB, "4..8 MiB: steps of 512 KiB");
+    assert_eq!(round_size(5 * MIB + 1, &c), 5 * MIB + 512 * 1024);
+}
+
+#[test]
+fn pool_choice_and_segment_size() {
+    assert_eq!(get_pool(MIB), Pool::Small);
+    assert_eq!(get_pool(MIB + 512), Pool::Large);
+    for (size, segment) in [
+        (512, 2 * MIB),
+        (MIB, 2 * MIB),
+        (MIB + 512, 20 * MIB),
+        (10 * MIB - 512, 20 * MIB),
+        (10 * MIB, 10 * MIB),
+        (11 * MIB + 512, 12 * MIB),
+    ] {
+        assert_eq!(get_allocation_size(size), segment, "{size}");
+    }
+    let mut a = CachingAllocator::new(conf(), None);
+    a.malloc(4096, 0, None).unwrap();
+    a.malloc(3 * MIB, 0, None).unwrap();
+    a.malloc(30 * MIB + 1, 0, None).unwrap();
+    a.malloc(4096, 7, None).unwrap();
+    assert_eq!(
+        events(&mut a),
+        [
+            (Action::SegmentAlloc, 2 * MIB),
+            (Action::SegmentAlloc, 20 * MIB),
+            (Action::SegmentAlloc, 32 * MIB),
+            (Action::SegmentAlloc, 2 * MIB)
+        ],
+        "one small segment per stream"
+    );
+    assert_eq!(a.stats().segment.get(crate::memory_stats::StatType::SmallPool).current, 2);
+}
+
+#[test]
+fn split_rules() {
+    let mut a = CachingAllocator::new(conf(), None);
+    a.malloc(MIB, 0, None).unwrap();
+    a.malloc(19 * MIB, 0, None).unwrap(); // remainder 1 MiB: not split
+    a.malloc(MIB + 512, 0, None).unwrap(); // new 20 MiB segment, remainder > 1 MiB: split
+    assert_eq!(
+        layout(&a),
+        [vec![(MIB, true), (MIB, false)], vec![(20 * MIB, true)], vec![(MIB + 512, true), (19 * MIB - 512, false)]]
+    );
+}
+
+#[test]
+fn small_pool_splits_down_to_512_bytes() {
+    let mut a = CachingAllocator::new(conf(), None);
+    a.malloc(MIB, 0, None).unwrap();
+    a.malloc(MIB - 512, 0, None).unwrap();
+    assert_eq!(layout(&a), [vec![(MIB, true), (MIB - 512, true), (512, false)]]);
+    a.malloc(1, 0, None).unwrap();
+    assert_eq!(layout(&a), [vec![(MIB, true), (MIB - 512, true), (512, true)]]);
+}
+
+#[test]
+fn merge_with_free_neighbours() {
+    let mut a = CachingAllocator::new(conf(), None);
+    let x = a.malloc(4 * MIB, 0, None).unwrap();
+    let y = a.malloc(4 * MIB, 0, None).unwrap();
+    let z = a.malloc(4 * MIB, 0, None).unwrap();
+    assert!(a.free(y));
+    assert_eq!(layout(&a), [vec![(4 * MIB, true), (4 * MIB, false), (4 * MIB, true), (8 * MIB, false)]]);
+    assert_eq!(a.stats().inactive_split.all().current, 2);
+    assert!(a.free(x));
+    assert_eq!(layout(&a), [vec![(8 * MIB, false), (4 * MIB, true), (8 * MIB, false)]]);
+    assert!(a.free(z));
+    assert_eq!(layout(&a), [vec![(20 * MIB, false)]]);
+    assert_eq!(a.stats().inactive_split_bytes.all().current, 0, "a whole free segment is releasable");
+    assert!(!a.free(z), "double free is refused");
+}
+
+#[test]
+fn best_fit_breaks_ties_by_address() {
+    let mut a = CachingAllocator::new(conf(), None);
+    let hi = a.malloc(30 * MIB, 0, Some(0x9000_0000)).unwrap();
+    let lo = a.malloc(30 * MIB, 0, Some(0x1000_0000)).unwrap();
+    let big = a.malloc(40 * MIB, 0, Some(0x5000_0000)).unwrap();
+    a.free(hi);
+    a.free(big);
+    a.free(lo);
+    assert_eq!(a.malloc(30 * MIB, 0, None), Ok(0x1000_0000), "equal sizes: lowest address");
+    assert_eq!(a.malloc(25 * MIB, 0, None), Ok(0x9000_0000), "smallest block that fits");
+    assert_eq!(a.malloc(25 * MIB, 1, Some(0x2000_0000)), Ok(0x2000_0000), "other streams do not share blocks");
+}
+
+#[test]
+fn oversize_blocks() {
+    let mut a = CachingAllocator::new(conf_with("max_split_size_mb:32"), None);
+    let big = a.malloc(40 * MIB, 0, None).unwrap();
+    assert_eq!(a.stats().oversize_segments.current, 1);
+    assert_eq!(a.stats().oversize_allocations.current, 1);
+    a.free(big);
+    a.take_events();
+    a.malloc(30 * MIB, 0, None).unwrap();
+    assert_eq!(events(&mut a), [(Action::SegmentAlloc, 30 * MIB)], "small requests never get oversize blocks");
+    assert_eq!(a.malloc(34 * MIB, 0, None), Ok(big), "within max_non_split_rounding: served whole");
+    assert!(events(&mut a).is_empty());
+    assert_eq!(layout(&a)[0], [(40 * MIB, true)], "never split");
+    let c = a.malloc(60 * MIB, 0, None).unwrap();
+    a.free(c);
+    a.take_events();
+    a.malloc(38 * MIB, 0, None).unwrap();
+    assert_eq!(events(&mut a), [(Action::SegmentAlloc, 38 * MIB)], "60 MiB exceeds 38 MiB by 20 MiB or more");
+}
+
+#[test]
+fn garbage_collection_threshold() {
+    let mut a = CachingAllocator::new(conf_with("garbage_collection_threshold:0.5"), Some(100 * MIB));
+    let x = a.malloc(30 * MIB, 0, None).unwrap();
+    let y = a.malloc(30 * MIB, 0, None).unwrap();
+    a.free(x);
+    a.free(y);
+    a.take_events();
+    a.malloc(40 * MIB, 0, None).unwrap();
+    assert_eq!(
+        events(&mut a),
+        [(Action::SegmentFree, 30 * MIB), (Action::SegmentFree, 30 * MIB), (Action::SegmentAlloc, 40 * MIB)],
+        "60 MiB reserved > 50 MiB: cached segments of at least average age are freed first"
+    );
+    // Without a capacity (no memory fraction) there is no garbage collection.
+    let mut a = CachingAllocator::new(conf_with("garbage_collection_threshold:0.5"), None);
+    let x = a.malloc(30 * MIB, 0, None).unwrap();
+    a.free(x);
+    a.take_events();
+    a.malloc(40 * MIB, 0, None).unwrap();
+    assert_eq!(events(&mut a), [(Action::SegmentAlloc, 40 * MIB)]);
+}
+
+#[test]
+fn release_on_oom_then_retry() {
+    let mut a = CachingAllocator::new(conf(), Some(60 * MIB));
+    let x = a.malloc(40 * MIB, 0, None).unwrap();
+    a.free(x);
+    a.take_events();
+    a.malloc(50 * MIB, 0, None).unwrap();
+    assert_eq!(events(&mut a), [(Action::SegmentFree, 40 * MIB), (Action::SegmentAlloc, 50 * MIB)]);
+    assert_eq!(a.stats().num_alloc_retries, 1);
+    let err = a.malloc(20 * MIB, 0, None).unwrap_err();
+    assert_eq!(
+        err,
+        OomReport {
+            request_bytes: 20 * MIB,
+            reserved_bytes: 50 * MIB,
+            allocated_bytes: 50 * MIB,
+            free_in_reserved_bytes: 0,
+            largest_free_block_bytes: 0,
+            num_alloc_retries: 2,
+        }
+    );
+    assert_eq!(a.stats().num_ooms, 1);
+    // Oversize blocks go first when max_split_size is set (release_available_cached_blocks, no retry).
+    let mut a = CachingAllocator::new(conf_with("max_split_size_mb:32"), Some(90 * MIB));
+    let x = a.malloc(40 * MIB, 0, None).unwrap();
+    let _keep = a.malloc(30 * MIB, 0, None).unwrap();
+    a.free(x);
+    a.take_events();
+    a.malloc(30 * MIB, 0, None).unwrap();
+    assert_eq!(events(&mut a), [(Action::SegmentFree, 40 * MIB), (Action::SegmentAlloc, 30 * MIB)]);
+    assert_eq!(a.stats().num_alloc_retries, 0);
+}
+
+#[test]
+fn expandable_segments_map_and_unmap() {
+    let mut a = CachingAllocator::new(conf_with("expandable_segments:True"), None);
+    let x = a.malloc(30 * MIB, 0, Some(0x10_0000_0000)).unwrap();
+    assert_eq!(x, 0x10_0000_0000);
+    let y = a.malloc(5 * MIB, 0, None).unwrap();
+    assert_eq!(y, x + 30 * MIB, "the mapped remainder serves it");
+    let s = a.malloc(4096, 0, None).unwrap();
+    assert_eq!(events(&mut a), [(Action::SegmentMap, 40 * MIB), (Action::SegmentMap, 2 * MIB)], "20 MiB / 2 MiB pages");
+    let z = a.malloc(10 * MIB, 0, None).unwrap();
+    assert_eq!(z, y + 5 * MIB, "grows at the end");
+    assert_eq!(events(&mut a), [(Action::SegmentMap, 20 * MIB)]);
+    assert_eq!(layout(&a)[0], [(30 * MIB, true), (5 * MIB, true), (10 * MIB, true), (15 * MIB, false)]);
+    a.free(x);
+    a.free(z);
+    a.empty_cache();
+    assert_eq!(
+        events(&mut a),
+        [(Action::SegmentUnmap, 20 * MIB), (Action::SegmentUnmap, 20 * MIB)],
+        "whole free pages only: [0, 20) and [40, 60) MiB"
+    );
+    assert_eq!(
+        layout(&a)[..2],
+        [vec![(10 * MIB, false), (5 * MIB, true), (5 * MIB, false)], vec![(4096, true), (2 * MIB - 4096, false)]]
+    );
+    a.free(y);
+    a.free(s);
+    a.empty_cache();
+    assert_eq!(events(&mut a), [(Action::SegmentUnmap, 20 * MIB), (Action::SegmentUnmap, 2 * MIB)]);
+    assert!(a.report().is_empty());
+    assert_eq!(a.stats().num_device_alloc, 3);
+    assert_eq!(a.stats().num_device_free, 4);
+    assert_eq!(a.reserved_bytes(), 0);
+}
+
+#[test]
+fn expandable_oom_unmaps_free_pages_first() {
+    let mut a = CachingAllocator::new(conf_with("expandable_segments:True"), Some(40 * MIB));
+    let x = a.malloc(20 * MIB, 0, None).unwrap();
+    a.malloc(20 * MIB, 0, None).unwrap();
+    a.free(x);
+    a.take_events();
+    let err = a.malloc(30 * MIB, 0, None).unwrap_err();
+    assert_eq!(events(&mut a), [(Action::SegmentUnmap, 20 * MIB)]);
+    assert_eq!((err.reserved_bytes, err.num_alloc_retries), (20 * MIB, 1));
+}
+
+fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
+    TraceEntry::new(action, addr, size)
+}
+
+#[test]
+fn empty_cache_is_taken_from_unexplained_segment_frees() {
+    let a = 0x7000_0000_0000;
+    let b = 0x7100_0000_0000;
+    let trace = vec![
+        entry(Action::SegmentAlloc, a, 30 * MIB),
+        entry(Action::Alloc, a, 30 * MIB),
+        entry(Action::FreeRequested, a, 30 * MIB),
+        entry(Action::FreeCompleted, a, 30 * MIB),
+        entry(Action::SegmentFree, a, 30 * MIB),
+        entry(Action::SegmentAlloc, b, 30 * MIB),
+        entry(Action::Alloc, b, 30 * MIB),
+    ];
+    let snap = Snapshot { device_traces: vec![trace], ..Snapshot::default() };
+    let em = emulate(&snap, 0, &conf(), None).unwrap();
+    assert!(em.fidelity.is_exact(), "{:?}", em.fidelity);
+    assert_eq!(em.fidelity.recorded, 3);
+    assert_eq!(em.stats.num_device_free, 1);
+}
+
+#[test]
+fn traces_without_addresses_get_increasing_bases() {
+    let trace = vec![entry(Action::Alloc, 0, 30 * MIB), entry(Action::Alloc, 0, 4096), entry(Action::Alloc, 0, 40 * MIB)];
+    let snap = Snapshot { device_traces: vec![trace], ..Snapshot::default() };
+    let em = emulate(&snap, 0, &conf(), None).unwrap();
+    let bases: Vec<u64> = em.segment_events.iter().map(|e| e.addr).collect();
+    assert!(bases.windows(2).all(|w| w[0] < w[1]), "{bases:?}");
+    assert_eq!(em.stats.num_device_alloc, 3);
+}
+
+#[test]
+fn free_is_two_steps_allocated_then_active() {
+    let mut a = CachingAllocator::new(conf(), None);
+    let x = a.malloc(4 * MIB, 0, None).unwrap();
+    assert!(a.free_requested(x));
+    assert_eq!(a.stats().allocated_bytes.all().current, 0);
+    assert_eq!(a.stats().active_bytes.all().current, 4 * MIB as i64);
+    assert_eq!(a.report()[0].blocks[0].state, BlockState::ActivePendingFree);
+    assert_eq!(a.malloc(4 * MIB, 0, None).map(|y| y == x), Ok(false), "a pending block is not reused");
+    assert!(a.free_completed(x));
+    assert_eq!(a.stats().active_bytes.all().current, 4 * MIB as i64);
+}
+
+/// Random requests on two streams, with and without expandable segments and a capacity: the counters
+/// always agree with the blocks the allocator reports.
+#[test]
+fn counters_agree_with_the_layout_under_random_requests() {
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for (overrides, capacity) in [
+        ("", None),
+        ("expandable_segments:True", None),
+        ("max_split_size_mb:64", Some(600 * MIB)),
+        ("expandable_segments:True", Some(300 * MIB)),
+        ("garbage_collection_threshold:0.5,roundup_power2_divisions:4", Some(400 * MIB)),
+    ] {
+        let mut a = CachingAllocator::new(conf_with(overrides), capacity);
+        let mut live: Vec<u64> = Vec::new();
+        for step in 0..3000 {
+            if live.is_empty() || next() % 3 != 0 {
+                let size = match next() % 4 {
+                    0 => next() % (64 * 1024),
+                    1 => next() % (2 * MIB),
+                    2 => next() % (30 * MIB),
+                    _ => next() % (120 * MIB),
+                };
+                if let Ok(addr) = a.malloc(size, next() % 2, None) {
+                    live.push(addr);
+                }
+            } else {
+                let addr = live.swap_remove((next() % live.len() as u64) as usize);
+                assert!(a.free(addr));
+            }
+            if step % 500 == 0 {
+                a.empty_cache();
+            }
+            let report = a.report();
+            let s = a.stats();
+            let total: u64 = report.iter().map(|g| g.total_size).sum();
+            let allocated: u64 = report.iter().map(|g| g.allocated_size).sum();
+            let requested: u64 = report.iter().map(|g| g.requested_size).sum();
+            assert_eq!(s.reserved_bytes.all().current, total as i64, "{overrides} step {step}");
+            assert_eq!(a.reserved_bytes(), total);
+            assert_eq!(s.allocated_bytes.all().current, allocated as i64);
+            assert_eq!(s.requested_bytes.all().current, requested as i64);
+            assert_eq!(s.allocation.all().current, live.len() as i64);
+            if let Some(cap) = capacity {
+                assert!(total <= cap);
+            }
+            if !a.conf().expandable_segments {
+                let split_free: u64 = report
+                    .iter()
+                    .filter(|g| g.blocks.len() > 1)
+                    .flat_map(|g| g.blocks.iter().filter(|b| b.state == BlockState::Inactive))
+                    .map(|b| b.size)
+                    .sum();
+                assert_eq!(s.inactive_split_bytes.all().current, split_free as i64, "{overrides} step {step}");
+                assert_eq!(s.segment.all().current, report.len() as i64);
+            }
+            for g in &report {
+                let mut at = g.address;
+                for b in &g.blocks {
+                    assert_eq!(b.address, at, "blocks tile the segment");
+                    at += b.size;
+                }
+            }
+        }
+    }
+}
