@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs exactly what CI runs: installs what is missing on a fresh Debian machine, then
 # `cargo fmt --check`, `cargo clippy --workspace --all-targets -- -D warnings`, a check that the fuzz target
-# still compiles, and `cargo test --workspace`.
+# still compiles, `cargo test --workspace`, and the docs built with warnings denied.
 #
 # System packages (only when missing): the Vulkan loader, Mesa's lavapipe from bookworm-backports
 # (Mesa 25.x: sparse binding; bookworm's own Mesa 22 has none), vulkan-tools, the Khronos validation
@@ -106,6 +106,8 @@ main() {
     # The fuzz target is its own workspace (cargo-fuzz runs it by hand); keep it compiling.
     cargo check --manifest-path allocator/core/fuzz/Cargo.toml --locked
     cargo test --workspace --locked
+    # The crate docs explain the design: they build with every link resolved.
+    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 }
 
 main "$@"

@@ -3,7 +3,7 @@
 //!
 //! All regions share one scale, `row_bytes` bytes per row of full width, and a region's bytes wrap from row
 //! to row, so areas compare at a glance: a 1 GiB block is four rows of 256 MiB where a 20 MiB segment is
-//! part of one. Regions smaller than a row share rows, side by side in address order ([`Shelf`]), so a heap of
+//! part of one. Regions smaller than a row share rows, side by side in address order (`Shelf`), so a heap of
 //! a few big segments and a hundred small ones (PyTorch's 2 MiB small pool) is not mostly empty rows. Zooming
 //! changes `row_bytes` (down to single allocations), panning scrolls the rows. A virtual range shows up to the
 //! highest page it ever mapped.

@@ -36,7 +36,7 @@
 //! - [`window`] is the native window (eframe on wgpu), and its scripted run: quit after N frames, a screenshot
 //!   of the real window first (`heapscope gui --quit-after-frames N --screenshot PNG`; the root's
 //!   `tests/gui_window.rs` runs it under Xvfb).
-//! - [`render`] draws the same panes headless through egui_kittest's wgpu renderer into a PNG, or into an
+//! - [`render()`] draws the same panes headless through egui_kittest's wgpu renderer into a PNG, or into an
 //!   animated GIF of the story playing: `heapscope render`, the demo's picture, and the snapshot tests.
 #![warn(missing_docs)]
 

@@ -210,7 +210,7 @@ const TIMING_BUDGET: Duration = Duration::from_millis(50);
 /// ... and only when the first run was shorter than this.
 const TIMING_REPEAT_BELOW: Duration = Duration::from_millis(10);
 
-/// Runs `replay` (which builds its contender afresh) up to [`TIMING_RUNS`] times within [`TIMING_BUDGET`] when
+/// Runs `replay` (which builds its contender afresh) up to `TIMING_RUNS` times within `TIMING_BUDGET` when
 /// the first run is short,
 /// and returns the first run's result with the best run's time in nanoseconds: one cold run of a short
 /// trace mostly measures page faults and cold caches, not the allocator, while a long one is its own

@@ -1,5 +1,5 @@
 //! The bench runner, device-free: a [`Workload`](crate::workload::Workload) played on a [`Target`] ([`run`]),
-//! the contenders ([`Contender`]) and their shared rules ([`BenchSettings`]), and the simulated target
+//! the contenders ([`heapscope_lab::contender::Contender`]) and their shared rules ([`BenchSettings`]), and the simulated target
 //! ([`SimTarget`], [`run_simulated`]). Device backends implement [`Target`]: the Vulkan crate's runs the
 //! kernels with `ComputeKernels`, the wgpu crate's with its own runner. What every device target must do (verify
 //! clean, count what the simulation counts) is [`conformance::check_target`], which both crates' tests run.
