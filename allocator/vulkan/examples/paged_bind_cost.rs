@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use heapscope_vulkan::{ContextOptions, VulkanContext};
 
-#[path = "../tests/common/bind_cost.rs"]
+#[path = "../tests/device/common/bind_cost.rs"]
 #[allow(dead_code, reason = "shared with the tests")]
 mod bind_cost;
 

@@ -2,9 +2,7 @@
 //! adapter, and lavapipe's 4 KiB sparse pages. Skipped without a device unless `HEAPSCOPE_REQUIRE_GPU=1`.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-mod common;
-
-use common::{gpu_required, heapscope, json_lines, stderr};
+use crate::common::{gpu_required, heapscope, json_lines, stderr};
 use serde_json::Value;
 
 #[test]

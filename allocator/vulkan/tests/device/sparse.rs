@@ -2,11 +2,9 @@
 //! buffer under random traffic, the pool cap, and the frag_oom story through paging. Validation is on and must
 //! stay silent. Only resident data is ever read (`residencyNonResidentStrict` may be false).
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{Rng, finish, sparse_context};
+use crate::common::{Rng, finish, sparse_context};
 use heapscope_core::Request;
 use heapscope_vulkan::{
     BindLayout, DevicePagedConfig, DevicePagedHeap, SparseBuffer, SparseConfig, Transfer, VulkanError, measure_bind_latency,

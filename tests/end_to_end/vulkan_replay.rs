@@ -4,11 +4,9 @@
 //! `HEAPSCOPE_REQUIRE_GPU=1`.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-mod common;
-
 use std::process::Output;
 
-use common::{gpu_required, heapscope, json_lines as lines, stderr, stdout};
+use crate::common::{gpu_required, heapscope, json_lines as lines, stderr, stdout};
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
@@ -26,7 +24,7 @@ fn on_device(args: &[&str]) -> Option<Output> {
 }
 
 fn gpt2() -> String {
-    common::trace("gpt2_train_fixed-default.hst").to_str().unwrap().to_owned()
+    crate::common::trace("gpt2_train_fixed-default.hst").to_str().unwrap().to_owned()
 }
 
 #[test]
@@ -144,7 +142,7 @@ fn the_default_set_runs_the_others_when_paged_cannot() {
 /// simulated contender; `compare` names it in its verdict.
 #[test]
 fn pytorch_on_the_device_reproduces_a_snapshot() {
-    let file = common::trace("pytorch/frag_oom-default.pickle.gz");
+    let file = crate::common::trace("pytorch/frag_oom-default.pickle.gz");
     let file = file.to_str().unwrap();
     let args = ["replay", file, "--capacity", "3584MiB", "--json", "--policy", "pytorch"];
     let Some(output) = on_device(&args) else { return };
@@ -172,7 +170,7 @@ fn on_device_compare(file: &str) -> String {
 /// capacity; `compare` says so in one sentence.
 #[test]
 fn frag_oom_on_the_device_paged_serves_what_blocks_cannot() {
-    let dir = common::temp_dir("vulkan-replay");
+    let dir = crate::common::temp_dir("vulkan-replay");
     let csv = dir.join("frag_oom_quarter.csv");
     let mut text = String::new();
     for id in 0..20 {

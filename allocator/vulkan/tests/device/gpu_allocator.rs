@@ -1,10 +1,8 @@
 //! gpu-allocator as a heapscope `DeviceHeap` on a real device, validated.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-mod common;
-
-use common::Rng;
-use common::external::{capped_traffic, free_all, random_traffic, replay_gpt2, with_heap};
+use crate::common::Rng;
+use crate::common::external::{capped_traffic, free_all, random_traffic, replay_gpt2, with_heap};
 use heapscope_core::units::MIB;
 use heapscope_core::{DeviceHeap, Error, OomCause, Request};
 use heapscope_vulkan::{GpuAllocatorBackend, GpuAllocatorConfig, GpuAllocatorHeap};
@@ -26,7 +24,7 @@ fn random_allocs_and_frees_do_not_overlap() {
 
 #[test]
 fn heaps_move_between_threads() {
-    common::assert_send::<GpuAllocatorHeap>();
+    crate::common::assert_send::<GpuAllocatorHeap>();
 }
 
 #[test]

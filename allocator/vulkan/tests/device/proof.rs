@@ -8,14 +8,12 @@
     reason = "the kernels run on the sparse buffer through `ComputeBuffer::from_raw`; each block says why it is sound"
 )]
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use common::bind_cost::{gpt2_trace, replay_bind_cost};
-use common::{Rng, finish, sparse_context};
+use crate::common::bind_cost::{gpt2_trace, replay_bind_cost};
+use crate::common::{Rng, finish, sparse_context};
 use heapscope_core::units::{GIB, MIB};
 use heapscope_core::{Allocation, Error, Heap, HeapConfig, OomCause, PolicyKind, ReleaseRule, Request};
 use heapscope_kernels::{KernelRunner, Op, VerifyResult};

@@ -1,15 +1,13 @@
 //! End-to-end: `heapscope export --vma-json` writes the heap's final state in VMA's JSON statistics format.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-mod common;
-
-use common::{heapscope, stderr};
+use crate::common::{heapscope, stderr};
 use serde_json::Value;
 
 #[test]
 fn export_vma_json_for_heap_contenders_only() {
-    let dir = common::temp_dir("vma-json");
-    let source = common::trace("pytorch/gpt2_train_fixed-default.pickle.gz");
+    let dir = crate::common::temp_dir("vma-json");
+    let source = crate::common::trace("pytorch/gpt2_train_fixed-default.pickle.gz");
     let (pickle, json_path) = (dir.join("out.pickle"), dir.join("out.json"));
     let args = |policy: &'static str| {
         ["export", source.to_str().unwrap(), "--policy", policy, "--out", pickle.to_str().unwrap()]

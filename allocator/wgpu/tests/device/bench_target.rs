@@ -5,9 +5,7 @@
 //! with the reason (skipped without a device unless `HEAPSCOPE_REQUIRE_GPU=1`).
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-mod common;
-
-use common::{devices, finish};
+use crate::common::{devices, finish};
 use heapscope_core::PolicyKind;
 use heapscope_kernels::bench::conformance::{check_target, small_serve};
 use heapscope_kernels::bench::{BenchSettings, run};

@@ -11,14 +11,12 @@ use std::collections::HashSet;
 use std::process::Command;
 use std::time::Instant;
 
-mod common;
-
 /// Whether `xvfb-run` is there; without it the test is skipped (said on stdout), unless `HEAPSCOPE_REQUIRE_GPU=1`,
 /// where that is a failure.
 fn xvfb_run_available() -> bool {
     let available = Command::new("sh").args(["-c", "command -v xvfb-run"]).output().is_ok_and(|output| output.status.success());
     if !available {
-        assert!(!common::gpu_required(), "HEAPSCOPE_REQUIRE_GPU=1 but xvfb-run is missing (install xvfb)");
+        assert!(!crate::common::gpu_required(), "HEAPSCOPE_REQUIRE_GPU=1 but xvfb-run is missing (install xvfb)");
         println!("skipped: xvfb-run is missing (install xvfb to run the real window)");
     }
     available
@@ -29,10 +27,10 @@ fn the_window_opens_draws_a_snapshot_and_closes() {
     if !xvfb_run_available() {
         return;
     }
-    let dir = common::temp_dir("gui-window");
+    let dir = crate::common::temp_dir("gui-window");
     let screenshot = dir.join("window.png");
     let _ = std::fs::remove_file(&screenshot);
-    let snapshot = common::trace("pytorch/frag_oom-default.pickle.gz");
+    let snapshot = crate::common::trace("pytorch/frag_oom-default.pickle.gz");
     let started = Instant::now();
     let output = Command::new("xvfb-run")
         // -a: a free display number, so parallel runs do not collide.
@@ -93,7 +91,7 @@ fn a_live_run_shares_the_device_the_window_draws_with() {
     if !xvfb_run_available() {
         return;
     }
-    let dir = common::temp_dir("gui-window-live");
+    let dir = crate::common::temp_dir("gui-window-live");
     let screenshot = dir.join("live.png");
     let output = Command::new("xvfb-run")
         .args(["-a", "-s", "-screen 0 1600x1000x24", env!("CARGO_BIN_EXE_heapscope"), "gui"])

@@ -1,14 +1,12 @@
 //! Bring-up and properties on whatever Vulkan device the machine has (lavapipe in CI without a GPU).
 
-mod common;
-
 use std::sync::Arc;
 
 use heapscope_vulkan::ash::vk;
 
 #[test]
 fn bring_up_and_properties() {
-    let Some(context) = common::context() else { return };
+    let Some(context) = crate::common::context() else { return };
     let properties = context.properties();
     assert!(!properties.name.is_empty());
     assert!(properties.api_version >= vk::API_VERSION_1_1, "{}", properties.api_version_text());
@@ -48,16 +46,16 @@ fn bring_up_and_properties() {
         properties.memory_heaps.len(),
         properties.sparse,
     );
-    common::finish(Arc::new(context));
+    crate::common::finish(Arc::new(context));
 }
 
 #[test]
 fn lavapipe_reports_sparse_binding() {
-    let Some(context) = common::context() else { return };
+    let Some(context) = crate::common::context() else { return };
     let properties = context.properties();
     if !properties.name.contains("llvmpipe") {
         eprintln!("skipped: not lavapipe ({})", properties.name);
-        common::finish(Arc::new(context));
+        crate::common::finish(Arc::new(context));
         return;
     }
     let enabled = context.enabled_features();
@@ -68,5 +66,5 @@ fn lavapipe_reports_sparse_binding() {
     // Mesa 25's lavapipe is a Vulkan 1.4 device: maxBufferSize is reported.
     assert!(properties.limits.max_buffer_size_bytes.is_some_and(|bytes| bytes >= 1 << 30), "{:?}", properties.limits);
     assert!(properties.memory_types.iter().all(|t| t.property_flags.contains(vk::MemoryPropertyFlags::HOST_VISIBLE)));
-    common::finish(Arc::new(context));
+    crate::common::finish(Arc::new(context));
 }

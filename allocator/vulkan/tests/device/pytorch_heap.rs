@@ -4,11 +4,9 @@
 //! emulation stops the replay at the first refusal, its typed error kept.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{Rng, finish};
+use crate::common::{Rng, finish};
 use heapscope_core::units::{KIB, MIB};
 use heapscope_core::{Error, OomCause};
 use heapscope_kernels::{KernelRunner, Op};
@@ -44,7 +42,7 @@ fn fill_and_verify(kernels: &mut ComputeKernels, heap: &PytorchDeviceHeap, live:
 /// cache emptied, no device memory is left.
 #[test]
 fn segments_are_device_blocks_the_kernels_verify() {
-    let Some(context) = common::context().map(Arc::new) else { return };
+    let Some(context) = crate::common::context().map(Arc::new) else { return };
     {
         let mut kernels = ComputeKernels::new(Arc::clone(&context)).unwrap();
         let mut heap = PytorchDeviceHeap::new(Arc::clone(&context), PytorchDeviceConfig::new(conf(false), None)).unwrap();
@@ -88,7 +86,7 @@ fn segments_are_device_blocks_the_kernels_verify() {
 /// than the capacity.
 #[test]
 fn out_of_memory_is_pytorchs_verdict() {
-    let Some(context) = common::context().map(Arc::new) else { return };
+    let Some(context) = crate::common::context().map(Arc::new) else { return };
     {
         let mut heap =
             PytorchDeviceHeap::new(Arc::clone(&context), PytorchDeviceConfig::new(conf(false), Some(40 * MIB))).unwrap();
@@ -119,7 +117,7 @@ fn out_of_memory_is_pytorchs_verdict() {
 /// (the cache emptied) and refused as exhaustion; what is live stays intact and the heap keeps serving.
 #[test]
 fn a_device_refusal_is_undone() {
-    let Some(context) = common::context().map(Arc::new) else { return };
+    let Some(context) = crate::common::context().map(Arc::new) else { return };
     {
         let mut kernels = ComputeKernels::new(Arc::clone(&context)).unwrap();
         let config = PytorchDeviceConfig { device_cap_bytes: Some(30 * MIB), ..PytorchDeviceConfig::new(conf(false), None) };
@@ -159,7 +157,7 @@ fn a_device_refusal_is_undone() {
 /// and drops the buffers.
 #[test]
 fn expandable_segments_map_pages_of_sparse_buffers() {
-    let Some(context) = common::sparse_context() else { return };
+    let Some(context) = crate::common::sparse_context() else { return };
     {
         let mut kernels = ComputeKernels::new(Arc::clone(&context)).unwrap();
         let mut heap =
@@ -193,7 +191,7 @@ fn expandable_segments_map_pages_of_sparse_buffers() {
 /// the five segments before it on the device.
 #[test]
 fn segment_memory_under_the_emulation_stops_at_the_first_refusal() {
-    let Some(context) = common::context() else { return };
+    let Some(context) = crate::common::context() else { return };
     let context = Arc::new(context);
     {
         let mut builder = heapscope_core::TraceBuilder::new("20 MiB segments");

@@ -2,13 +2,11 @@
 //! real device memory, 10,000 random allocations and frees, every live allocation verified after each batch.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
-use common::Rng;
+use crate::common::Rng;
 use heapscope_core::units::{KIB, MIB};
 use heapscope_core::{Heap, HeapAllocation, HeapConfig, MemorySource, PolicyKind, ReleaseRule, Request};
 use heapscope_kernels::{KernelRunner, MatVecIds, Op, VerifyResult, matvec_words, pattern_word};
@@ -17,7 +15,7 @@ use heapscope_vulkan::memory_types::MemoryUsage;
 use heapscope_vulkan::{DeviceMemorySource, DeviceSourceConfig, VulkanContext};
 
 fn setup() -> Option<(Arc<VulkanContext>, DeviceMemorySource, ComputeKernels)> {
-    let context = Arc::new(common::context()?);
+    let context = Arc::new(crate::common::context()?);
     let source = DeviceMemorySource::new(Arc::clone(&context), DeviceSourceConfig::new(MemoryUsage::Upload)).unwrap();
     let kernels = ComputeKernels::new(Arc::clone(&context)).unwrap();
     Some((context, source, kernels))
@@ -58,7 +56,7 @@ fn fill_verify_and_a_corrupted_word() {
     }
     source.free_block(block);
     drop((kernels, source));
-    common::finish(context);
+    crate::common::finish(context);
 }
 
 #[test]
@@ -99,7 +97,7 @@ fn copy_then_verify_at_the_destination_with_split_bindings() {
     source.free_block(a);
     source.free_block(b);
     drop((kernels, source));
-    common::finish(context);
+    crate::common::finish(context);
 }
 
 /// More dispatches than fit one submit: several submits, verify results gathered across them.
@@ -133,7 +131,7 @@ fn batches_span_several_submits() {
     }
     source.free_block(block);
     drop((kernels, source));
-    common::finish(context);
+    crate::common::finish(context);
 }
 
 /// The matvec payload on the device: A (in 1 KiB-aligned pieces of a 64 KiB binding limit, so the rows are split)
@@ -192,7 +190,7 @@ fn matvec_on_the_device_matches_the_cpu_twin() {
     source.free_block(a);
     source.free_block(b);
     drop((kernels, source));
-    common::finish(context);
+    crate::common::finish(context);
 }
 
 /// A live allocation of the integrity test, with the id its pattern is derived from.
@@ -290,7 +288,7 @@ fn tlsf_heap_integrity_under_random_allocs_and_frees() {
     }
     heap.release_empty_blocks();
     drop((kernels, heap));
-    common::finish(context);
+    crate::common::finish(context);
 }
 
 /// A range longer than the device's `maxStorageBufferRange` (128 MiB on lavapipe) is split at the real limit.
@@ -302,7 +300,7 @@ fn a_range_past_the_device_binding_limit_is_split() {
     if max_range > 256 * MIB {
         eprintln!("skipped: maxStorageBufferRange is {max_range} bytes");
         drop((kernels, source));
-        common::finish(context);
+        crate::common::finish(context);
         return;
     }
     let size = (max_range + 8 * MIB).next_multiple_of(MIB);
@@ -322,7 +320,7 @@ fn a_range_past_the_device_binding_limit_is_split() {
     }
     source.free_block(block);
     drop((kernels, source));
-    common::finish(context);
+    crate::common::finish(context);
 }
 
 /// A block buffer of another context's device is refused before anything is recorded.
@@ -339,6 +337,6 @@ fn a_buffer_of_another_device_is_refused() {
     }
     other_source.free_block(block);
     drop((kernels, source, other_kernels, other_source));
-    common::finish(context);
-    common::finish(other);
+    crate::common::finish(context);
+    crate::common::finish(other);
 }

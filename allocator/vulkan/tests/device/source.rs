@@ -1,12 +1,10 @@
 //! `DeviceMemorySource` under heapscope's `Heap`: real `vkAllocateMemory` blocks, validated.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use common::Rng;
+use crate::common::Rng;
 use heapscope_core::units::{KIB, MIB};
 use heapscope_core::{
     Error, Heap, HeapAllocation, HeapConfig, MemorySource, OomCause, PolicyKind, ReleaseRule, Request, SourceError,
@@ -98,16 +96,16 @@ fn random_allocs_and_frees(context: &Arc<VulkanContext>, policy: PolicyKind, see
 
 #[test]
 fn heap_with_tlsf_and_best_fit_serves_random_allocs_without_overlap() {
-    let Some(context) = common::context() else { return };
+    let Some(context) = crate::common::context() else { return };
     let context = Arc::new(context);
     random_allocs_and_frees(&context, PolicyKind::Tlsf, 1);
     random_allocs_and_frees(&context, PolicyKind::BestFit, 2);
-    common::finish(context);
+    crate::common::finish(context);
 }
 
 #[test]
 fn budget_cap_is_an_out_of_memory_verdict_and_the_heap_recovers() {
-    let Some(context) = common::context() else { return };
+    let Some(context) = crate::common::context() else { return };
     let context = Arc::new(context);
     let device_config =
         DeviceSourceConfig { budget_cap_bytes: Some(4 * MIB), ..DeviceSourceConfig::new(MemoryUsage::DeviceLocal) };
@@ -146,12 +144,12 @@ fn budget_cap_is_an_out_of_memory_verdict_and_the_heap_recovers() {
     heap.release_empty_blocks();
     assert_eq!(heap.source().live_blocks(), 0);
     drop(heap);
-    common::finish(context);
+    crate::common::finish(context);
 }
 
 #[test]
 fn max_blocks_is_a_clear_source_error() {
-    let Some(context) = common::context() else { return };
+    let Some(context) = crate::common::context() else { return };
     let context = Arc::new(context);
     let mut source =
         source(&context, DeviceSourceConfig { max_blocks: Some(2), ..DeviceSourceConfig::new(MemoryUsage::DeviceLocal) });
@@ -167,12 +165,12 @@ fn max_blocks_is_a_clear_source_error() {
     }
     assert_eq!(source.block_counts(), (2, 2), "a second free is ignored");
     drop(source);
-    common::finish(context);
+    crate::common::finish(context);
 }
 
 #[test]
 fn dedicated_block_owns_its_buffer() {
-    let Some(context) = common::context() else { return };
+    let Some(context) = crate::common::context() else { return };
     let context = Arc::new(context);
     let mut source = source(&context, DeviceSourceConfig::new(MemoryUsage::Upload));
     let size_bytes = 3 * MIB + 123;
@@ -193,12 +191,12 @@ fn dedicated_block_owns_its_buffer() {
     source.free_block(block);
     assert_eq!((source.live_blocks(), source.used_bytes(), context.live_allocation_count()), (0, 0, 0));
     drop(source);
-    common::finish(context);
+    crate::common::finish(context);
 }
 
 #[test]
 fn leak_report_and_drop_free_live_blocks() {
-    let Some(context) = common::context() else { return };
+    let Some(context) = crate::common::context() else { return };
     let context = Arc::new(context);
     let config = DeviceSourceConfig { report_leaks_on_drop: false, ..DeviceSourceConfig::new(MemoryUsage::Readback) };
     let mut source = source(&context, config);
@@ -222,7 +220,7 @@ fn leak_report_and_drop_free_live_blocks() {
     assert_eq!(context.live_allocation_count(), 2);
     drop(source);
     assert_eq!(context.live_allocation_count(), 0);
-    common::finish(context);
+    crate::common::finish(context);
 }
 
 #[test]

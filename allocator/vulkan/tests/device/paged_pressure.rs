@@ -9,12 +9,10 @@
 )]
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use common::{Rng, finish, sparse_context};
+use crate::common::{Rng, finish, sparse_context};
 use heapscope_core::units::MIB;
 use heapscope_core::{Allocation, Request, UnmapRule};
 use heapscope_kernels::{KernelRunner, Op};

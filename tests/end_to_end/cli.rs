@@ -1,12 +1,10 @@
 //! End-to-end tests of the `heapscope` binary: commands, output, and errors for bad input.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{gpu_required, heapscope, json_lines, stderr, stdout, temp_dir, trace};
+use crate::common::{gpu_required, heapscope, json_lines, stderr, stdout, temp_dir, trace};
 use serde_json::Value;
 
 #[test]
@@ -22,7 +20,7 @@ fn help_and_version() {
 
 /// Runs the binary with no display (so that no window opens), in `dir`.
 fn heapscope_headless(args: &[&str], dir: &Path) -> Output {
-    common::output(common::binary().args(args).env_remove("DISPLAY").env_remove("WAYLAND_DISPLAY").current_dir(dir))
+    crate::common::output(crate::common::binary().args(args).env_remove("DISPLAY").env_remove("WAYLAND_DISPLAY").current_dir(dir))
 }
 
 fn is_png(path: &Path) -> bool {

@@ -5,12 +5,10 @@
 #![cfg(feature = "vulkan")]
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use common::{Rng, finish, vulkan_device};
+use crate::common::{Rng, finish, vulkan_device};
 use heapscope_core::units::MIB;
 use heapscope_core::{Allocation, Heap, HeapConfig, PolicyKind, Request};
 use heapscope_kernels::{KernelRunner, Op, VerifyResult};
@@ -205,7 +203,7 @@ fn interop_refuses_what_it_cannot_do() {
         drop(plain);
         assert!(log.messages().is_empty(), "{:?}", log.messages());
     }
-    if let Some(plain) = common::device() {
+    if let Some(plain) = crate::common::device() {
         let error = plain.paged_heap(DevicePagedConfig::new(16 * MIB, None)).unwrap_err();
         assert!(matches!(error, WgpuError::Vulkan(_)) && error.to_string().contains("from_vulkan"), "{error}");
         finish(plain);
@@ -219,7 +217,7 @@ fn the_interop_device_is_the_adapter_wgpu_selects() {
     let options = DeviceOptions { validation: true, ..DeviceOptions::from_env() };
     let selected = match WgpuDevice::selected_adapter(&options) {
         Ok(selected) => selected,
-        Err(error) if error.means_no_device() && !common::required() => return,
+        Err(error) if error.means_no_device() && !crate::common::required() => return,
         Err(error) => panic!("{error}"),
     };
     if selected.backend != wgpu::Backend::Vulkan {

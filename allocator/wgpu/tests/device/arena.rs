@@ -3,12 +3,10 @@
 //! wgpu over heapscope's Vulkan device, validation on (skipped without a device unless `HEAPSCOPE_REQUIRE_GPU=1`).
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use common::{Rng, devices, finish};
+use crate::common::{Rng, devices, finish};
 use heapscope_core::units::MIB;
 use heapscope_core::{HeapConfig, PolicyKind, ReleaseRule};
 use heapscope_kernels::{KernelRunner, Op, VerifyResult};

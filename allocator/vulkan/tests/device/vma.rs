@@ -1,10 +1,8 @@
 //! VMA (vk-mem 0.5) as a heapscope `DeviceHeap` on a real device, validated.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-mod common;
-
-use common::Rng;
-use common::external::{Capped, capped_traffic, free_all, random_traffic, replay_gpt2, with_heap};
+use crate::common::Rng;
+use crate::common::external::{Capped, capped_traffic, free_all, random_traffic, replay_gpt2, with_heap};
 use heapscope_core::units::MIB;
 use heapscope_core::{DeviceHeap, OomCause, Request};
 use heapscope_vulkan::{VmaBackend, VmaConfig, VmaHeap};
@@ -32,7 +30,7 @@ fn random_allocs_and_frees_do_not_overlap() {
 
 #[test]
 fn heaps_move_between_threads() {
-    common::assert_send::<VmaHeap>();
+    crate::common::assert_send::<VmaHeap>();
 }
 
 /// The cap is VMA's heap size limit: under random traffic the peak of reserved bytes never exceeds it, every

@@ -4,9 +4,7 @@
 //! PyTorch snapshot.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-mod common;
-
-use common::{finish, sparse_context};
+use crate::common::{finish, sparse_context};
 use heapscope_core::units::MIB;
 use heapscope_core::{PolicyKind, TraceBuilder, UnmapRule};
 use heapscope_lab::compare::{CompareConfig, Outcome, replay_pytorch};

@@ -4,11 +4,9 @@
 //! heapscope's Vulkan device, validation on (skipped without a device unless `HEAPSCOPE_REQUIRE_GPU=1`).
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{devices, finish};
+use crate::common::{devices, finish};
 use heapscope_core::OomCause;
 use heapscope_core::units::MIB;
 use heapscope_kernels::KernelRunner;

@@ -4,16 +4,14 @@
 //! tests skip), unless `HEAPSCOPE_REQUIRE_GPU=1` makes that a failure.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-mod common;
-
 use std::process::Output;
 
-use common::{gpu_required, json_lines, stderr, stdout};
+use crate::common::{gpu_required, json_lines, stderr, stdout};
 use serde_json::Value;
 
 /// Runs the binary with `args`, validation on.
 fn heapscope(args: &[&str]) -> Output {
-    common::output(common::binary().args(args).env("HEAPSCOPE_VALIDATION", "1"))
+    crate::common::output(crate::common::binary().args(args).env("HEAPSCOPE_VALIDATION", "1"))
 }
 
 fn by_policy<'a>(lines: &'a [Value], policy: &str) -> &'a Value {
@@ -207,7 +205,7 @@ fn train_knobs_change_the_outcome() {
 /// A PyTorch snapshot replayed (sizes / 16), every allocation filled and verified on the device.
 #[test]
 fn replay_a_snapshot_on_the_device() {
-    let file = common::trace("pytorch/frag_oom-default.pickle.gz");
+    let file = crate::common::trace("pytorch/frag_oom-default.pickle.gz");
     let output = heapscope(&[
         "bench",
         "--workload",

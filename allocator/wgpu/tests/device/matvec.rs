@@ -5,11 +5,9 @@
 //! device, validation on (skipped without a device unless `HEAPSCOPE_REQUIRE_GPU=1`).
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 
-use common::{Rng, devices, finish};
+use crate::common::{Rng, devices, finish};
 use heapscope_core::PolicyKind;
 use heapscope_core::units::KIB;
 use heapscope_kernels::{KernelRunner, MatVecIds, Op, VerifyResult, matvec_words, pattern_word};

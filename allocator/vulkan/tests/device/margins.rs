@@ -1,11 +1,9 @@
 //! `GuardedHeap`: debug margins with canary checks over real, mapped `vkAllocateMemory` blocks, validated.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-mod common;
-
 use std::sync::Arc;
 
-use common::Rng;
+use crate::common::Rng;
 use heapscope_core::units::{KIB, MIB};
 use heapscope_core::{Error, Heap, HeapConfig, PolicyKind, ReleaseRule, Request};
 use heapscope_vulkan::memory_types::MemoryUsage;
@@ -44,7 +42,7 @@ fn drain(mut guarded: GuardedHeap, live: Vec<GuardedAllocation>, context: &Arc<V
 
 #[test]
 fn random_allocs_and_frees_with_margins_report_no_corruption() {
-    let Some(context) = common::context() else { return };
+    let Some(context) = crate::common::context() else { return };
     let context = Arc::new(context);
     for (margin_bytes, seed) in [(16, 1), (64, 2)] {
         let mut guarded = guarded(&context, margin_bytes);
@@ -79,7 +77,7 @@ fn random_allocs_and_frees_with_margins_report_no_corruption() {
         assert!(guarded.check_all().unwrap().is_empty());
         drain(guarded, live, &context);
     }
-    common::finish(context);
+    crate::common::finish(context);
 }
 
 /// Overwrites one byte at `offset_from_start` (relative to the caller's first byte) of one allocation among
@@ -127,23 +125,23 @@ fn one_byte_overwrite(context: &Arc<VulkanContext>, offset_from_start: i64, side
 
 #[test]
 fn one_byte_past_the_end_is_reported_after() {
-    let Some(context) = common::context() else { return };
+    let Some(context) = crate::common::context() else { return };
     let context = Arc::new(context);
     one_byte_overwrite(&context, 100, Side::After);
-    common::finish(context);
+    crate::common::finish(context);
 }
 
 #[test]
 fn one_byte_before_the_start_is_reported_before() {
-    let Some(context) = common::context() else { return };
+    let Some(context) = crate::common::context() else { return };
     let context = Arc::new(context);
     one_byte_overwrite(&context, -1, Side::Before);
-    common::finish(context);
+    crate::common::finish(context);
 }
 
 #[test]
 fn margin_zero_changes_nothing_and_checks_nothing() {
-    let Some(context) = common::context() else { return };
+    let Some(context) = crate::common::context() else { return };
     let context = Arc::new(context);
     let mut guarded = guarded(&context, 0);
     let mut live = Vec::new();
@@ -160,12 +158,12 @@ fn margin_zero_changes_nothing_and_checks_nothing() {
     guarded.source().write_bytes(live[1].address() + 100, &[0x42]).unwrap();
     assert!(guarded.check_all().unwrap().is_empty());
     drain(guarded, live, &context);
-    common::finish(context);
+    crate::common::finish(context);
 }
 
 #[test]
 fn margins_must_be_a_multiple_of_4_and_mapped() {
-    let Some(context) = common::context() else { return };
+    let Some(context) = crate::common::context() else { return };
     let context = Arc::new(context);
     for margin_bytes in [1, 2, 3, 6, 17] {
         let error = GuardedHeap::new(heap(&context, DeviceSourceConfig::new(MemoryUsage::Upload)), margin_bytes).unwrap_err();
@@ -179,5 +177,5 @@ fn margins_must_be_a_multiple_of_4_and_mapped() {
     // Without margins nothing is read or written, so any memory will do.
     let guarded = GuardedHeap::new(heap(&context, unmapped), 0).unwrap();
     drop(guarded);
-    common::finish(context);
+    crate::common::finish(context);
 }
