@@ -219,12 +219,12 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
             GifOptions { frames: args.frames.unwrap_or(defaults.frames), frame_ms, last_frame_ms: frame_ms.saturating_mul(10) };
         let steps = heapscope_gui::render_gif(&mut session, options, gif, &args.out)?;
         outln!(
-            "wrote {} ({}, {} frames from event {} to {})",
+            "wrote {} ({}, {} frames from {} to {})",
             args.out.display(),
             session.name,
             steps.len(),
-            steps.first().copied().unwrap_or_default(),
-            steps.last().copied().unwrap_or_default()
+            Moment::at_position(steps.first().copied().unwrap_or_default()),
+            Moment::at_position(steps.last().copied().unwrap_or_default())
         );
         return Ok(());
     }

@@ -104,7 +104,7 @@ pub fn why_it_failed(ui: &mut Ui, session: &Session, focused: usize, shown_steps
         .map(crate::session::Pane::name)
         .collect();
     if !survivors.is_empty() {
-        ui.label(format!("Served at the same step by: {}.", survivors.join(", ")));
+        ui.label(format!("Served at the same entry by: {}.", survivors.join(", ")));
     }
     ui.collapsing("The numbers", |ui| {
         ui.label(RichText::new(&refusal.message).small());

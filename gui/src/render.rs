@@ -55,9 +55,10 @@ impl RenderOptions {
     }
 }
 
-/// The title line of a render: the recording, the step and what happened at it.
+/// The title line of a render: the recording, the moment and what happened at it.
 pub fn title(session: &Session, shown_steps: u64) -> String {
-    let mut title = format!("{} · step {shown_steps} of {}", session.name, session.steps());
+    let moment = heapscope_lab::recording::Moment::at_position(shown_steps);
+    let mut title = format!("{} · {moment} of {} entries", session.name, session.steps());
     let refused: Vec<&str> = session
         .panes
         .iter()

@@ -109,7 +109,7 @@ fn render_animates_a_story_into_a_gif() {
         return;
     }
     assert!(output.status.success(), "{}", stderr(&output));
-    assert!(stdout(&output).contains("wrote story.gif (frag_oom, 8 frames from event 7 to 61)"), "{}", stdout(&output));
+    assert!(stdout(&output).contains("wrote story.gif (frag_oom, 8 frames from entry 6 to entry 60)"), "{}", stdout(&output));
     let file = std::fs::File::open(dir.join("story.gif")).unwrap();
     let decoder = image::codecs::gif::GifDecoder::new(std::io::BufReader::new(file)).unwrap();
     let frames = decoder.into_frames().collect_frames().unwrap();

@@ -195,7 +195,7 @@ fn the_oom_panel_says_why_in_plain_words() {
     );
     assert!(harness.query_by_label_contains("The 20 free run(s) in red").is_some());
     assert!(
-        harness.query_by_label("Served at the same step by: pytorch-expandable, paged.").is_some(),
+        harness.query_by_label("Served at the same entry by: pytorch-expandable, paged.").is_some(),
         "tlsf in 256 MiB blocks fails too"
     );
     let refusal = harness.state().session.as_ref().unwrap().panes[0].timeline.refusal_at(60).unwrap().clone();
