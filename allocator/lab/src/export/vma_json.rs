@@ -24,6 +24,7 @@
 //! - `"Budget"`: `BudgetBytes` from the device info, `UsageBytes` = the bytes of the heap's blocks.
 //! - `"CustomPools"` is empty: heapscope has none. Types other than the blocks' one have empty pools.
 
+use serde_json::Value as Json;
 use heapscope_core::{AllocationId, BlockReport, HeapReport, RangeState};
 
 /// `VK_MEMORY_HEAP_DEVICE_LOCAL_BIT`.
@@ -140,16 +141,16 @@ pub fn heap_report_to_vma_json(report: &HeapReport, device: &VmaDeviceInfo) -> S
     };
 
     let (major, minor, patch) = device.api_version;
-    let general = Json::object([
-        ("API", Json::string("Vulkan")),
-        ("apiVersion", Json::String(format!("{major}.{minor}.{patch}"))),
-        ("GPU", Json::string(&device.device_name)),
-        ("deviceType", Json::Number(device.device_type.into())),
-        ("maxMemoryAllocationCount", Json::Number(device.max_memory_allocation_count.into())),
-        ("bufferImageGranularity", Json::Number(device.buffer_image_granularity)),
-        ("nonCoherentAtomSize", Json::Number(device.non_coherent_atom_size)),
-        ("memoryHeapCount", Json::Number(device.heaps.len() as u64)),
-        ("memoryTypeCount", Json::Number(device.types.len() as u64)),
+    let general = object([
+        ("API", Json::from("Vulkan")),
+        ("apiVersion", Json::from(format!("{major}.{minor}.{patch}"))),
+        ("GPU", Json::from(device.device_name.as_str())),
+        ("deviceType", Json::from(device.device_type)),
+        ("maxMemoryAllocationCount", Json::from(device.max_memory_allocation_count)),
+        ("bufferImageGranularity", Json::from(device.buffer_image_granularity)),
+        ("nonCoherentAtomSize", Json::from(device.non_coherent_atom_size)),
+        ("memoryHeapCount", Json::from(device.heaps.len() as u64)),
+        ("memoryTypeCount", Json::from(device.types.len() as u64)),
     ]);
     let mut total = Stats::default();
     let mut memory_info = Vec::new();
@@ -161,19 +162,19 @@ pub fn heap_report_to_vma_json(report: &HeapReport, device: &VmaDeviceInfo) -> S
             .filter(|(_, memory_type)| memory_type.heap_index == heap_index)
             .map(|(index, memory_type)| {
                 let fields = [("Flags", flags_json(memory_type.flags, &TYPE_FLAG_NAMES)), ("Stats", type_stats(index).json())];
-                (format!("Type {index}"), Json::object(fields))
+                (format!("Type {index}"), object(fields))
             })
             .collect();
         let budget =
-            Json::object([("BudgetBytes", Json::Number(heap.budget_bytes)), ("UsageBytes", Json::Number(stats.block_bytes))]);
+            object([("BudgetBytes", Json::from(heap.budget_bytes)), ("UsageBytes", Json::from(stats.block_bytes))]);
         let fields = [
             ("Flags", flags_json(heap.flags, &HEAP_FLAG_NAMES)),
-            ("Size", Json::Number(heap.size_bytes)),
+            ("Size", Json::from(heap.size_bytes)),
             ("Budget", budget),
             ("Stats", stats.json()),
-            ("MemoryPools", Json::Object(pools)),
+            ("MemoryPools", object_of(pools)),
         ];
-        memory_info.push((format!("Heap {heap_index}"), Json::object(fields)));
+        memory_info.push((format!("Heap {heap_index}"), object(fields)));
     }
     let block_heap = device.types.get(device.block_type as usize).map(|memory_type| memory_type.heap_index as usize);
     if block_heap.is_none_or(|heap| heap >= device.heaps.len()) {
@@ -196,23 +197,22 @@ pub fn heap_report_to_vma_json(report: &HeapReport, device: &VmaDeviceInfo) -> S
             };
             let dedicated = if mine { blocks.iter().filter_map(VmaBlock::dedicated_json).collect() } else { vec![] };
             let fields = [
-                ("PreferredBlockSize", Json::Number(device.preferred_block_size)),
-                ("Blocks", Json::Object(shared)),
+                ("PreferredBlockSize", Json::from(device.preferred_block_size)),
+                ("Blocks", object_of(shared)),
                 ("DedicatedAllocations", Json::Array(dedicated)),
             ];
-            (format!("Type {index}"), Json::object(fields))
+            (format!("Type {index}"), object(fields))
         })
         .collect();
 
-    let root = Json::object([
+    let root = object([
         ("General", general),
         ("Total", total.json()),
-        ("MemoryInfo", Json::Object(memory_info)),
-        ("DefaultPools", Json::Object(default_pools)),
-        ("CustomPools", Json::Object(vec![])),
+        ("MemoryInfo", object_of(memory_info)),
+        ("DefaultPools", object_of(default_pools)),
+        ("CustomPools", object_of(vec![])),
     ]);
-    let mut out = String::new();
-    root.write(&mut out, 0);
+    let mut out = serde_json::to_string_pretty(&root).unwrap_or_default();
     out.push('\n');
     out
 }
@@ -284,25 +284,25 @@ impl VmaBlock {
             .iter()
             .map(|s| {
                 let mut fields = vec![
-                    ("Offset".to_owned(), Json::Number(s.offset)),
-                    ("Type".to_owned(), Json::string(if s.used { "BUFFER" } else { "FREE" })),
-                    ("Size".to_owned(), Json::Number(s.size_bytes)),
+                    ("Offset".to_owned(), Json::from(s.offset)),
+                    ("Type".to_owned(), Json::from(if s.used { "BUFFER" } else { "FREE" })),
+                    ("Size".to_owned(), Json::from(s.size_bytes)),
                 ];
                 if s.used {
-                    fields.push(("Usage".to_owned(), Json::Number(0)));
+                    fields.push(("Usage".to_owned(), Json::from(0)));
                 }
                 if let Some(name) = &s.name {
-                    fields.push(("Name".to_owned(), Json::string(name)));
+                    fields.push(("Name".to_owned(), Json::from(name.as_str())));
                 }
-                Json::Object(fields)
+                object_of(fields)
             })
             .collect();
-        Json::object([
-            ("MapRefCount", Json::Number(0)),
-            ("TotalBytes", Json::Number(self.size_bytes)),
-            ("UnusedBytes", Json::Number(self.size_bytes - allocated)),
-            ("Allocations", Json::Number(self.allocations().count() as u64)),
-            ("UnusedRanges", Json::Number(self.unused().count() as u64)),
+        object([
+            ("MapRefCount", Json::from(0)),
+            ("TotalBytes", Json::from(self.size_bytes)),
+            ("UnusedBytes", Json::from(self.size_bytes - allocated)),
+            ("Allocations", Json::from(self.allocations().count() as u64)),
+            ("UnusedRanges", Json::from(self.unused().count() as u64)),
             ("Suballocations", Json::Array(suballocations)),
         ])
     }
@@ -312,14 +312,14 @@ impl VmaBlock {
             return None;
         }
         let mut fields = vec![
-            ("Type".to_owned(), Json::string("BUFFER")),
-            ("Size".to_owned(), Json::Number(self.size_bytes)),
-            ("Usage".to_owned(), Json::Number(0)),
+            ("Type".to_owned(), Json::from("BUFFER")),
+            ("Size".to_owned(), Json::from(self.size_bytes)),
+            ("Usage".to_owned(), Json::from(0)),
         ];
         if let Some(name) = self.allocations().find_map(|s| s.name.clone()) {
-            fields.push(("Name".to_owned(), Json::String(name)));
+            fields.push(("Name".to_owned(), Json::from(name)));
         }
-        Some(Json::Object(fields))
+        Some(object_of(fields))
     }
 }
 
@@ -385,107 +385,42 @@ impl Stats {
 
     fn json(&self) -> Json {
         let mut fields = vec![
-            ("BlockCount".to_owned(), Json::Number(self.block_count)),
-            ("BlockBytes".to_owned(), Json::Number(self.block_bytes)),
-            ("AllocationCount".to_owned(), Json::Number(self.allocation_count)),
-            ("AllocationBytes".to_owned(), Json::Number(self.allocation_bytes)),
-            ("UnusedRangeCount".to_owned(), Json::Number(self.unused_range_count)),
+            ("BlockCount".to_owned(), Json::from(self.block_count)),
+            ("BlockBytes".to_owned(), Json::from(self.block_bytes)),
+            ("AllocationCount".to_owned(), Json::from(self.allocation_count)),
+            ("AllocationBytes".to_owned(), Json::from(self.allocation_bytes)),
+            ("UnusedRangeCount".to_owned(), Json::from(self.unused_range_count)),
         ];
         if self.allocation_count > 1 {
-            fields.push(("AllocationSizeMin".to_owned(), Json::Number(self.allocation_min)));
-            fields.push(("AllocationSizeMax".to_owned(), Json::Number(self.allocation_max)));
+            fields.push(("AllocationSizeMin".to_owned(), Json::from(self.allocation_min)));
+            fields.push(("AllocationSizeMax".to_owned(), Json::from(self.allocation_max)));
         }
         if self.unused_range_count > 1 {
-            fields.push(("UnusedRangeSizeMin".to_owned(), Json::Number(self.unused_min)));
-            fields.push(("UnusedRangeSizeMax".to_owned(), Json::Number(self.unused_max)));
+            fields.push(("UnusedRangeSizeMin".to_owned(), Json::from(self.unused_min)));
+            fields.push(("UnusedRangeSizeMax".to_owned(), Json::from(self.unused_max)));
         }
-        Json::Object(fields)
+        object_of(fields)
     }
 }
 
 /// The flags as VMA writes them: the names it knows, then the remaining bits as a number.
 fn flags_json(flags: u32, names: &FlagNames) -> Json {
-    let mut items: Vec<Json> = names.iter().filter(|(bit, _)| flags & bit != 0).map(|(_, name)| Json::string(name)).collect();
+    let mut items: Vec<Json> = names.iter().filter(|(bit, _)| flags & bit != 0).map(|(_, name)| Json::from(*name)).collect();
     let rest = names.iter().fold(flags, |rest, (bit, _)| rest & !bit);
     if rest != 0 {
-        items.push(Json::Number(rest.into()));
+        items.push(Json::from(rest));
     }
     Json::Array(items)
 }
 
-/// A JSON value that keeps its keys in VMA's order.
-#[derive(Clone, Debug)]
-enum Json {
-    Number(u64),
-    String(String),
-    Array(Vec<Json>),
-    Object(Vec<(String, Json)>),
+/// A JSON object with `fields` in VMA's order (serde_json keeps insertion order here: `preserve_order`).
+fn object<const N: usize>(fields: [(&str, Json); N]) -> Json {
+    Json::Object(fields.into_iter().map(|(key, value)| (key.to_owned(), value)).collect())
 }
 
-impl Json {
-    fn string(text: &str) -> Self {
-        Self::String(text.to_owned())
-    }
-
-    fn object<const N: usize>(fields: [(&str, Json); N]) -> Self {
-        Self::Object(fields.into_iter().map(|(key, value)| (key.to_owned(), value)).collect())
-    }
-
-    fn write(&self, out: &mut String, depth: usize) {
-        let indent = |out: &mut String, depth: usize| {
-            out.push('\n');
-            out.extend(std::iter::repeat_n("  ", depth));
-        };
-        match self {
-            Self::Number(number) => out.push_str(&number.to_string()),
-            Self::String(text) => write_string(out, text),
-            Self::Array(items) if items.is_empty() => out.push_str("[]"),
-            Self::Object(fields) if fields.is_empty() => out.push_str("{}"),
-            Self::Array(items) => {
-                out.push('[');
-                for (index, item) in items.iter().enumerate() {
-                    if index > 0 {
-                        out.push(',');
-                    }
-                    indent(out, depth + 1);
-                    item.write(out, depth + 1);
-                }
-                indent(out, depth);
-                out.push(']');
-            }
-            Self::Object(fields) => {
-                out.push('{');
-                for (index, (key, value)) in fields.iter().enumerate() {
-                    if index > 0 {
-                        out.push(',');
-                    }
-                    indent(out, depth + 1);
-                    write_string(out, key);
-                    out.push_str(": ");
-                    value.write(out, depth + 1);
-                }
-                indent(out, depth);
-                out.push('}');
-            }
-        }
-    }
-}
-
-/// A JSON string literal, escaped.
-fn write_string(out: &mut String, text: &str) {
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+/// A JSON object from owned keys, in order.
+fn object_of(fields: Vec<(String, Json)>) -> Json {
+    Json::Object(fields.into_iter().collect())
 }
 
 #[cfg(test)]
@@ -646,9 +581,7 @@ mod tests {
             (0, &TYPE_FLAG_NAMES, serde_json::json!([])),
         ];
         for (flags, names, expected) in cases {
-            let mut out = String::new();
-            flags_json(flags, names).write(&mut out, 0);
-            assert_eq!(serde_json::from_str::<Value>(&out).unwrap(), expected);
+            assert_eq!(flags_json(flags, names), expected);
         }
     }
 
