@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use heapscope_core::trace::Event;
 use heapscope_core::units::Bytes;
-use heapscope_core::{DeviceEvent, DeviceHeap, Heap, HeapConfig, PolicyConfig, Trace};
+use heapscope_core::{DeviceEvent, Heap, HeapConfig, PolicyConfig, Trace};
 use heapscope_lab::compare::{CompareConfig, Outcome, alloc_conf, best_time, emulate_pytorch, summed};
 use heapscope_lab::contender::Contender;
 use heapscope_lab::driver::replay_device_heap;
@@ -34,11 +34,12 @@ use heapscope_pytorch::caching::SMALL_BUFFER_BYTES;
 use heapscope_pytorch::{AllocConf, CachingAllocator, SegmentBacking};
 
 use crate::{
-    DeviceLimits, DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, DeviceSourceConfig, ExternalAllocator, ExternalConfig,
-    ExternalHeap, GpuAllocatorBackend, PytorchDeviceConfig, SegmentMemory, SparseBuffer, VmaBackend, VulkanContext, VulkanError,
+    DeviceLimits, DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, DeviceSourceConfig, PytorchDeviceConfig, SegmentMemory,
+    SparseBuffer, VulkanContext, VulkanError,
 };
 
 /// Counts blocks reserved and released in `events`.
+#[cfg(any(feature = "gpu-allocator", feature = "vma"))]
 fn count_device_events(events: &[DeviceEvent]) -> (u64, u64) {
     events.iter().fold((0, 0), |(reserved, released), event| match event {
         DeviceEvent::Reserved { .. } | DeviceEvent::Mapped { .. } => (reserved + 1, released),
@@ -219,12 +220,16 @@ fn replay_pytorch_on_device(
 
 /// Replays `trace` through the external allocator `A` on a fresh [`ExternalHeap`] (default blocks, `config`'s
 /// capacity as the budget cap), its device allocations and frees being its block events.
-fn replay_external<A: ExternalAllocator>(
+#[cfg(any(feature = "gpu-allocator", feature = "vma"))]
+fn replay_external<A: crate::ExternalAllocator>(
     context: &Arc<VulkanContext>,
     trace: &Trace,
     config: &CompareConfig,
     moment_of: &dyn Fn(u64) -> Moment,
 ) -> Result<Outcome, VulkanError> {
+    use crate::{ExternalConfig, ExternalHeap};
+    use heapscope_core::DeviceHeap;
+
     let ((replay, peak_reserved_bytes, events), nanos) = best_time(|| {
         let external = ExternalConfig { budget_cap_bytes: config.capacity_bytes, ..ExternalConfig::default() };
         let mut heap = ExternalHeap::<A>::new(Arc::clone(context), external)?;
@@ -299,8 +304,15 @@ pub fn replay_on_device(
                 ..summed("paged (vulkan)", &replay, moment_of, nanos)
             })
         }
-        Contender::GpuAllocator => replay_external::<GpuAllocatorBackend>(context, trace, config, moment_of),
-        Contender::Vma => replay_external::<VmaBackend>(context, trace, config, moment_of),
+        #[cfg(feature = "gpu-allocator")]
+        Contender::GpuAllocator => replay_external::<crate::GpuAllocatorBackend>(context, trace, config, moment_of),
+        #[cfg(feature = "vma")]
+        Contender::Vma => replay_external::<crate::VmaBackend>(context, trace, config, moment_of),
+        #[cfg(not(all(feature = "gpu-allocator", feature = "vma")))]
+        #[allow(unreachable_patterns, reason = "the contenders of the features left out")]
+        Contender::GpuAllocator | Contender::Vma => Err(VulkanError::Unsupported(format!(
+            "heapscope-vulkan was built without its `{contender}` feature: {contender} is not in this build"
+        ))),
     }
 }
 

@@ -20,13 +20,14 @@
 //! - [`VulkanTarget`] (`bench_target`): the bench runner's `Target` on the device, every contender's allocations
 //!   filled, computed on and verified by the kernels.
 //! - [`Transfer`] (`transfer`): staging copies into and out of device buffers on the compute queue.
-//! - [`GpuAllocatorHeap`] (`gpu_allocator_heap`): gpu-allocator 0.28 as a [`heapscope_core::DeviceHeap`], a
-//!   contender on the same device; [`VmaHeap`] (`vma_heap`): VMA (vk-mem 0.5) the same way. Both are one generic
-//!   heap, [`ExternalHeap`] (`external_heap`: the `DeviceHeap` written once), over an [`ExternalAllocator`]
-//!   ([`GpuAllocatorBackend`], [`VmaBackend`]: only what talks to the allocator), set up by one
-//!   [`ExternalConfig`] (block size, budget cap); the heap keeps the books
+//! - `GpuAllocatorHeap` (`gpu_allocator_heap`, feature `gpu-allocator`): gpu-allocator 0.28 as a
+//!   [`heapscope_core::DeviceHeap`], a contender on the same device; `VmaHeap` (`vma_heap`, feature `vma`): VMA
+//!   (vk-mem 0.5, a C++ build) the same way. Both features are on by default. Both are one generic
+//!   heap, `ExternalHeap` (`external_heap`: the `DeviceHeap` written once), over an `ExternalAllocator`
+//!   (`GpuAllocatorBackend`, `VmaBackend`: only what talks to the allocator), set up by one
+//!   `ExternalConfig` (block size, budget cap); the heap keeps the books
 //!   (`external`: slot table, blocks and their synthetic addresses, reserved / live bytes, device events,
-//!   refusals) and gives out one handle type, [`ExternalHandle`].
+//!   refusals) and gives out one handle type, `ExternalHandle`.
 //! - [`replay_on_device`] (`contenders`): a recording through a core `Contender` — PyTorch's allocator on
 //!   device memory, a heap of device-memory blocks, `paged` on a sparse buffer sized by [`paged_virtual_bytes`],
 //!   gpu-allocator or VMA — summed up in the core's `Outcome` (what `heapscope replay --vulkan` prints); a
@@ -47,8 +48,11 @@ pub mod compute;
 mod contenders;
 mod context;
 mod error;
+#[cfg(any(feature = "gpu-allocator", feature = "vma"))]
 mod external;
+#[cfg(any(feature = "gpu-allocator", feature = "vma"))]
 mod external_heap;
+#[cfg(feature = "gpu-allocator")]
 mod gpu_allocator_heap;
 mod margins;
 pub mod memory_types;
@@ -63,6 +67,7 @@ mod selection;
 mod source;
 mod sparse;
 mod transfer;
+#[cfg(feature = "vma")]
 mod vma_heap;
 #[cfg(feature = "wgpu")]
 pub mod wgpu_interop;
@@ -71,8 +76,11 @@ pub use bench_target::{VulkanHandle, VulkanTarget};
 pub use contenders::{paged_range_for, paged_virtual_bytes, peak_live_footprint_bytes, replay_on_device};
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};
 pub use error::VulkanError;
+#[cfg(any(feature = "gpu-allocator", feature = "vma"))]
 pub use external::ExternalHandle;
+#[cfg(any(feature = "gpu-allocator", feature = "vma"))]
 pub use external_heap::{ExternalAllocator, ExternalConfig, ExternalHeap, Placed};
+#[cfg(feature = "gpu-allocator")]
 pub use gpu_allocator_heap::{GpuAllocatorBackend, GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocatorHeap};
 pub use margins::{Corruption, GuardedAllocation, GuardedHeap, MAGIC, MarginError, MarginLayout, Side};
 pub use paged::{DevicePagedConfig, DevicePagedHeap, DevicePagedStats};
@@ -83,12 +91,15 @@ pub use selection::{DeviceCandidate, VENDORS, select_device};
 pub use source::{BLOCK_BUFFER_USAGE, BlockInfo, DeviceMemorySource, DeviceSourceConfig, LeakReport, LeakedBlock};
 pub use sparse::{BindLatency, BindLayout, PagePool, PageRef, SparseBuffer, SparseConfig, SparseStats, measure_bind_latency};
 pub use transfer::Transfer;
+#[cfg(feature = "vma")]
 pub use vma_heap::{VmaBackend, VmaConfig, VmaHandle, VmaHeap};
 
 /// gpu-allocator, re-exported for its report types.
+#[cfg(feature = "gpu-allocator")]
 pub use gpu_allocator;
 
 /// vk-mem (VMA), re-exported so users name the same types.
+#[cfg(feature = "vma")]
 pub use vk_mem;
 
 /// `ash`, re-exported so users name the same `vk` types.

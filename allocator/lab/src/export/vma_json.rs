@@ -24,8 +24,8 @@
 //! - `"Budget"`: `BudgetBytes` from the device info, `UsageBytes` = the bytes of the heap's blocks.
 //! - `"CustomPools"` is empty: heapscope has none. Types other than the blocks' one have empty pools.
 
-use serde_json::Value as Json;
 use heapscope_core::{AllocationId, BlockReport, HeapReport, RangeState};
+use serde_json::Value as Json;
 
 /// `VK_MEMORY_HEAP_DEVICE_LOCAL_BIT`.
 pub const HEAP_DEVICE_LOCAL: u32 = 0x1;
@@ -165,8 +165,7 @@ pub fn heap_report_to_vma_json(report: &HeapReport, device: &VmaDeviceInfo) -> S
                 (format!("Type {index}"), object(fields))
             })
             .collect();
-        let budget =
-            object([("BudgetBytes", Json::from(heap.budget_bytes)), ("UsageBytes", Json::from(stats.block_bytes))]);
+        let budget = object([("BudgetBytes", Json::from(heap.budget_bytes)), ("UsageBytes", Json::from(stats.block_bytes))]);
         let fields = [
             ("Flags", flags_json(heap.flags, &HEAP_FLAG_NAMES)),
             ("Size", Json::from(heap.size_bytes)),

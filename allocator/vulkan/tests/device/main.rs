@@ -7,6 +7,7 @@ mod common;
 mod compute;
 mod contenders;
 mod context;
+#[cfg(feature = "gpu-allocator")]
 mod gpu_allocator;
 mod margins;
 mod memory_tables;
@@ -16,4 +17,5 @@ mod pytorch_heap;
 mod selection;
 mod source;
 mod sparse;
+#[cfg(feature = "vma")]
 mod vma;

@@ -2,6 +2,7 @@
 #![allow(dead_code, unused_imports, reason = "each test binary uses a part")]
 
 pub mod bind_cost;
+#[cfg(any(feature = "gpu-allocator", feature = "vma"))]
 pub mod external;
 
 use std::sync::Arc;
