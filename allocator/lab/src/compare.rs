@@ -14,11 +14,11 @@
 use std::time::{Duration, Instant};
 
 pub use crate::contender::Contender;
-use crate::driver::{HeapReplay, replay_heap, replay_paged};
+use crate::driver::{HeapReplay, replay_device_heap, replay_heap};
 use crate::recording::{Moment, Recording};
 use heapscope_core::units::Bytes;
 use heapscope_core::{
-    Heap, HeapConfig, OomCause, OomVerdict, PagedConfig, PagedHeap, PolicyKind, Result, SimulatedSource, UnmapRule,
+    DeviceHeap, Heap, HeapConfig, OomCause, OomVerdict, PagedConfig, PagedHeap, PolicyKind, Result, SimulatedSource, UnmapRule,
 };
 use heapscope_pytorch::caching::{CachingAllocator, EntryEffect, OomReport, SegmentBacking, Unbacked, apply_pending};
 use heapscope_pytorch::{AllocConf, Fidelity, MemoryStats, TraceEntry, emulate_backed};
@@ -267,8 +267,6 @@ pub fn summed(policy: &str, replay: &HeapReplay, moment_of: &dyn Fn(u64) -> Mome
 /// # Errors
 /// Invalid settings (`--alloc-conf` included), a snapshot the emulation cannot replay, or a contender bug on free.
 pub fn replay(recording: &Recording, contender: Contender, config: &CompareConfig) -> Result<Outcome> {
-    let trace = &recording.trace;
-    let moment_of = |event| recording.moment_of(event);
     match contender {
         Contender::Pytorch { expandable } => {
             let mut conf = alloc_conf(recording, config.alloc_conf.as_deref())?;
@@ -276,38 +274,37 @@ pub fn replay(recording: &Recording, contender: Contender, config: &CompareConfi
             let (replay, nanos) = best_time(|| emulate_pytorch(recording, &conf, config.capacity_bytes, &mut Unbacked))?;
             Ok(replay.outcome(contender.name(), recording, nanos))
         }
-        Contender::Heap(kind) => {
-            let ((heap, replay), nanos) = best_time(|| {
-                let mut heap = config.heap(kind)?;
-                let replay = replay_heap(trace, &mut heap, config.align_bytes)?;
-                Ok((heap, replay))
-            })?;
+        Contender::Heap(kind) => heap_outcome(recording, config, kind.name(), || config.heap(kind), |heap| {
             let stats = heap.stats();
-            Ok(Outcome {
-                peak_reserved_bytes: stats.peak_reserved_bytes,
-                device_allocs: stats.blocks_reserved,
-                device_frees: stats.blocks_released,
-                ..summed(kind.name(), &replay, &moment_of, nanos)
-            })
-        }
-        Contender::Paged => {
-            let ((heap, replay), nanos) = best_time(|| {
-                let mut heap = config.paged_heap()?;
-                let replay = replay_paged(trace, &mut heap, config.align_bytes)?;
-                Ok((heap, replay))
-            })?;
+            (stats.peak_reserved_bytes, stats.blocks_reserved, stats.blocks_released)
+        }),
+        Contender::Paged => heap_outcome(recording, config, "paged", || config.paged_heap(), |heap| {
             let stats = heap.stats();
-            Ok(Outcome {
-                peak_reserved_bytes: stats.peak_mapped_bytes,
-                device_allocs: stats.map_calls,
-                device_frees: stats.unmap_calls,
-                ..summed("paged", &replay, &moment_of, nanos)
-            })
-        }
+            (stats.peak_mapped_bytes, stats.map_calls, stats.unmap_calls)
+        }),
         Contender::GpuAllocator | Contender::Vma => {
             Ok(Outcome::not_run(contender.name(), "runs on a Vulkan device only: add --vulkan"))
         }
     }
+}
+
+/// The outcome, named `name`, of `recording` through a fresh heap from `make` (timed by [`best_time`]), with its
+/// peak reserved bytes, device allocations and device frees as `counts` reads them off the heap.
+fn heap_outcome<H: DeviceHeap>(
+    recording: &Recording,
+    config: &CompareConfig,
+    name: &str,
+    make: impl Fn() -> Result<H>,
+    counts: impl Fn(&H) -> (u64, u64, u64),
+) -> Result<Outcome> {
+    let ((heap, replay), nanos) = best_time(|| {
+        let mut heap = make()?;
+        let replay = replay_device_heap(&recording.trace, &mut heap, config.align_bytes)?;
+        Ok((heap, replay))
+    })?;
+    let (peak_reserved_bytes, device_allocs, device_frees) = counts(&heap);
+    let moment_of = |event| recording.moment_of(event);
+    Ok(Outcome { peak_reserved_bytes, device_allocs, device_frees, ..summed(name, &replay, &moment_of, nanos) })
 }
 
 /// The allocator settings for the `pytorch` contender: the recording's own (PyTorch's defaults for a plain
@@ -538,6 +535,7 @@ pub fn verdict_sentence(failed: &Outcome, outcomes: &[Outcome], extra_successes:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::replay_paged;
     use crate::story::frag_oom;
     use heapscope_core::units::MIB;
 
