@@ -274,14 +274,26 @@ pub fn replay(recording: &Recording, contender: Contender, config: &CompareConfi
             let (replay, nanos) = best_time(|| emulate_pytorch(recording, &conf, config.capacity_bytes, &mut Unbacked))?;
             Ok(replay.outcome(contender.name(), recording, nanos))
         }
-        Contender::Heap(kind) => heap_outcome(recording, config, kind.name(), || config.heap(kind), |heap| {
-            let stats = heap.stats();
-            (stats.peak_reserved_bytes, stats.blocks_reserved, stats.blocks_released)
-        }),
-        Contender::Paged => heap_outcome(recording, config, "paged", || config.paged_heap(), |heap| {
-            let stats = heap.stats();
-            (stats.peak_mapped_bytes, stats.map_calls, stats.unmap_calls)
-        }),
+        Contender::Heap(kind) => heap_outcome(
+            recording,
+            config,
+            kind.name(),
+            || config.heap(kind),
+            |heap| {
+                let stats = heap.stats();
+                (stats.peak_reserved_bytes, stats.blocks_reserved, stats.blocks_released)
+            },
+        ),
+        Contender::Paged => heap_outcome(
+            recording,
+            config,
+            "paged",
+            || config.paged_heap(),
+            |heap| {
+                let stats = heap.stats();
+                (stats.peak_mapped_bytes, stats.map_calls, stats.unmap_calls)
+            },
+        ),
         Contender::GpuAllocator | Contender::Vma => {
             Ok(Outcome::not_run(contender.name(), "runs on a Vulkan device only: add --vulkan"))
         }

@@ -17,8 +17,8 @@ use heapscope_core::trace::Event;
 use heapscope_core::{DeviceEvent, DeviceHeap, Error, RangeState, Result};
 use heapscope_pytorch::caching::{SMALL_BUFFER_BYTES, SMALL_SIZE_BYTES};
 use heapscope_pytorch::{
-    Action, AllocConf, Block, BlockState, CachingAllocator, MemoryStats, Pool, RecordedSettings, Segment, Snapshot, StackId,
-    StatArray, TraceEntry, emulate,
+    Action, AllocConf, Block, BlockState, CachingAllocator, EntryEffect, MemoryStats, Pool, RecordedSettings, Segment,
+    SegmentBacking, Snapshot, StackId, StatArray, TraceEntry, emulate,
 };
 
 /// Where a paged heap's virtual range starts in exported addresses.
@@ -349,6 +349,72 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
     }
 }
 
+/// Writes the emulation of PyTorch's allocator on a plain trace down as snapshot entries, as it runs (its
+/// [`SegmentBacking`], holding no memory): a segment reserved before the allocation placed in it, released after
+/// the free that emptied it; a refused request an `oom` entry with what the device had left.
+struct PlainTraceWriter<'a> {
+    recording: &'a Recording,
+    capacity_bytes: Option<u64>,
+    entries: Vec<TraceEntry>,
+    /// Segment events of the event being replayed, written before its allocation or after its free.
+    held: Vec<DeviceEvent>,
+    /// The final segments, once the last event is replayed.
+    segments: Vec<Segment>,
+    /// Address and requested bytes of each live slot's allocation, by address.
+    live: FastMap<u64, u64>,
+}
+
+impl PlainTraceWriter<'_> {
+    fn flush(&mut self) {
+        for event in self.held.drain(..) {
+            let (action, addr, size) = match event {
+                DeviceEvent::Reserved { address, size_bytes } => (Action::SegmentAlloc, address, size_bytes),
+                DeviceEvent::Released { address, size_bytes } => (Action::SegmentFree, address, size_bytes),
+                DeviceEvent::Mapped { address, size_bytes } => (Action::SegmentMap, address, size_bytes),
+                DeviceEvent::Unmapped { address, size_bytes } => (Action::SegmentUnmap, address, size_bytes),
+            };
+            self.entries.push(TraceEntry::new(action, addr, size));
+        }
+    }
+}
+
+impl SegmentBacking for PlainTraceWriter<'_> {
+    fn apply(&mut self, events: &[DeviceEvent], _allocator: &CachingAllocator) -> std::result::Result<(), String> {
+        self.held.extend_from_slice(events);
+        Ok(())
+    }
+
+    fn replayed(&mut self, entry: usize, effect: EntryEffect, allocator: &CachingAllocator) {
+        let size_bytes = match self.recording.trace.events().get(entry) {
+            Some(&Event::Alloc { size_bytes, .. }) => size_bytes,
+            _ => 0,
+        };
+        match effect {
+            EntryEffect::Placed { address } => {
+                self.flush();
+                self.live.insert(address, size_bytes);
+                self.entries.push(TraceEntry::new(Action::Alloc, address, size_bytes));
+            }
+            EntryEffect::Refused(report) => {
+                self.flush();
+                // What the device had left: the capacity less what was reserved then.
+                let device_free = self.capacity_bytes.map_or(0, |capacity| capacity.saturating_sub(report.reserved_bytes));
+                self.entries.push(TraceEntry { device_free: Some(device_free), ..TraceEntry::new(Action::Oom, 0, size_bytes) });
+            }
+            EntryEffect::Freed { address } => {
+                let size_bytes = self.live.remove(&address).unwrap_or_default();
+                self.entries.push(TraceEntry::new(Action::FreeRequested, address, size_bytes));
+                self.entries.push(TraceEntry::new(Action::FreeCompleted, address, size_bytes));
+                self.flush();
+            }
+            EntryEffect::Unchanged | EntryEffect::ServedAndReturned { .. } => self.flush(),
+        }
+        if entry + 1 == self.recording.trace.events().len() {
+            self.segments = allocator.report();
+        }
+    }
+}
+
 /// The settings as a snapshot records them.
 fn recorded_settings(conf: &AllocConf, alloc_conf: &str) -> RecordedSettings {
     RecordedSettings {
@@ -467,48 +533,18 @@ pub fn emulated_snapshot(
             (emulation.final_segments, snapshot.frame_stacks.clone(), emulation.stats)
         }
         None => {
-            let mut allocator = CachingAllocator::new(conf.clone(), capacity_bytes);
-            let mut addresses = vec![None; recording.trace.slots() as usize];
-            let entry = TraceEntry::new;
-            for event in recording.trace.events() {
-                match *event {
-                    Event::Alloc { slot, size_bytes } => {
-                        let result = allocator.malloc(size_bytes, 0, None);
-                        entries.extend(
-                            allocator
-                                .take_events()
-                                .into_iter()
-                                .map(|device| entry(device.action, device.addr, device.size_bytes)),
-                        );
-                        match result {
-                            Ok(addr) => {
-                                addresses[slot as usize] = Some((addr, size_bytes));
-                                entries.push(entry(Action::Alloc, addr, size_bytes));
-                            }
-                            Err(report) => {
-                                // What the device had left: the capacity less what was reserved then.
-                                let device_free =
-                                    capacity_bytes.map_or(0, |capacity| capacity.saturating_sub(report.reserved_bytes));
-                                entries.push(TraceEntry { device_free: Some(device_free), ..entry(Action::Oom, 0, size_bytes) });
-                            }
-                        }
-                    }
-                    Event::Free { slot } => {
-                        if let Some((addr, size_bytes)) = addresses[slot as usize].take() {
-                            allocator.free(addr);
-                            entries.push(entry(Action::FreeRequested, addr, size_bytes));
-                            entries.push(entry(Action::FreeCompleted, addr, size_bytes));
-                            entries.extend(
-                                allocator
-                                    .take_events()
-                                    .into_iter()
-                                    .map(|device| entry(device.action, device.addr, device.size_bytes)),
-                            );
-                        }
-                    }
-                }
-            }
-            (allocator.report(), vec![Vec::new()], allocator.stats().clone())
+            // A plain trace: `compare`'s own run of the emulation, written down as it goes.
+            let mut writer = PlainTraceWriter {
+                recording,
+                capacity_bytes,
+                entries: Vec::new(),
+                held: Vec::new(),
+                segments: Vec::new(),
+                live: FastMap::default(),
+            };
+            let replay = crate::compare::emulate_pytorch(recording, conf, capacity_bytes, &mut writer)?;
+            entries = writer.entries;
+            (writer.segments, vec![Vec::new()], replay.stats)
         }
     };
     let mut device_traces = vec![Vec::new(); device + 1];
