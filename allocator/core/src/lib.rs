@@ -72,4 +72,4 @@ pub use policy::{Policy, PolicyConfig, PolicyKind};
 pub use report::{FreeRunHistogram, HistogramBucket, PolicyReport, RangeReport, RangeState, Totals};
 pub use request::{Request, ResourceKind};
 pub use source::{MemorySource, SimulatedSource, SourceBlock, SourceError};
-pub use trace::{Event, Trace, TraceBuilder};
+pub use trace::{BadEvent, Event, Trace, TraceBuilder};

@@ -137,12 +137,12 @@ impl Trace {
             match cursor.byte("an event")? {
                 ALLOC => {
                     let size_bytes = cursor.varint("an allocation size")?;
-                    builder.alloc(slots, size_bytes).map_err(|what| cursor.fail(offset, what))?;
+                    builder.alloc(slots, size_bytes).map_err(|what| cursor.fail(offset, what.to_string()))?;
                     slots += 1;
                 }
                 FREE => {
                     let slot = cursor.varint("a slot")?;
-                    builder.free(slot).map_err(|what| cursor.fail(offset, what))?;
+                    builder.free(slot).map_err(|what| cursor.fail(offset, what.to_string()))?;
                 }
                 tag => {
                     return Err(

@@ -42,6 +42,32 @@ pub struct Trace {
     slots: u32,
 }
 
+/// An event that contradicts the trace so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadEvent {
+    /// An allocation of 0 bytes.
+    #[error("allocation {id} has size 0")]
+    ZeroSize {
+        /// The caller's id.
+        id: u64,
+    },
+    /// An id allocated again before its free.
+    #[error("allocation {id} is already live (allocated twice without a free)")]
+    AlreadyLive {
+        /// The caller's id.
+        id: u64,
+    },
+    /// A free of an id that is not live.
+    #[error("free of allocation {id}, which is not live")]
+    NotLive {
+        /// The caller's id.
+        id: u64,
+    },
+    /// More allocations than slots.
+    #[error("more than 2^32 allocations")]
+    TooManyAllocations,
+}
+
 /// Builds a [`Trace`], checking that frees match live allocations.
 #[derive(Debug, Default)]
 pub struct TraceBuilder {
@@ -58,16 +84,16 @@ impl TraceBuilder {
     /// Appends an allocation of `size_bytes` under `id`.
     ///
     /// # Errors
-    /// A message when `id` is already live or the size is 0; the builder is unchanged then.
-    pub fn alloc(&mut self, id: u64, size_bytes: u64) -> Result<(), String> {
+    /// [`BadEvent`] when `id` is already live or the size is 0; the builder is unchanged then.
+    pub fn alloc(&mut self, id: u64, size_bytes: u64) -> Result<(), BadEvent> {
         if size_bytes == 0 {
-            return Err(format!("allocation {id} has size 0"));
+            return Err(BadEvent::ZeroSize { id });
         }
         let slot = self.trace.slots;
         if self.live.contains_key(&id) {
-            return Err(format!("allocation {id} is already live (allocated twice without a free)"));
+            return Err(BadEvent::AlreadyLive { id });
         }
-        let next = slot.checked_add(1).ok_or("more than 2^32 allocations")?;
+        let next = slot.checked_add(1).ok_or(BadEvent::TooManyAllocations)?;
         self.live.insert(id, slot);
         self.trace.slots = next;
         self.trace.events.push(Event::Alloc { slot, size_bytes });
@@ -77,9 +103,9 @@ impl TraceBuilder {
     /// Appends the free of the live allocation `id`.
     ///
     /// # Errors
-    /// A message when `id` is not live.
-    pub fn free(&mut self, id: u64) -> Result<(), String> {
-        let slot = self.live.remove(&id).ok_or_else(|| format!("free of allocation {id}, which is not live"))?;
+    /// [`BadEvent::NotLive`] when `id` is not live.
+    pub fn free(&mut self, id: u64) -> Result<(), BadEvent> {
+        let slot = self.live.remove(&id).ok_or(BadEvent::NotLive { id })?;
         self.trace.events.push(Event::Free { slot });
         Ok(())
     }
@@ -120,8 +146,8 @@ impl Trace {
                 field.parse().map_err(|_| fail(format!("{what} {field:?} is not a non-negative integer")))
             };
             match (fields[0], fields.len()) {
-                ("a", 3) => builder.alloc(number(1, "id")?, number(2, "size_bytes")?).map_err(fail)?,
-                ("f", 2) => builder.free(number(1, "id")?).map_err(fail)?,
+                ("a", 3) => builder.alloc(number(1, "id")?, number(2, "size_bytes")?).map_err(|error| fail(error.to_string()))?,
+                ("f", 2) => builder.free(number(1, "id")?).map_err(|error| fail(error.to_string()))?,
                 ("a" | "f", count) => {
                     return Err(fail(format!("{count} fields in {content:?}: expected a,<id>,<size_bytes> or f,<id>")));
                 }

@@ -43,8 +43,22 @@ pub fn exact_size(bytes: u64) -> String {
 /// nearest byte.
 ///
 /// # Errors
-/// A message naming the text and what is wrong with it.
-pub fn parse_size(text: &str) -> Result<u64, String> {
+/// [`BadSize`], naming the text and what is wrong with it.
+pub fn parse_size(text: &str) -> Result<u64, BadSize> {
+    parse_size_words(text).map_err(|what| BadSize { text: text.to_owned(), what })
+}
+
+/// A size that does not parse: the text, and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("size {text:?}: {what}")]
+pub struct BadSize {
+    /// What was given.
+    pub text: String,
+    /// What is wrong with it, in words.
+    pub what: String,
+}
+
+fn parse_size_words(text: &str) -> Result<u64, String> {
     let trimmed = text.trim();
     let split = trimmed.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_')).unwrap_or(trimmed.len());
     let (number, suffix) = trimmed.split_at(split);
@@ -59,18 +73,18 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
         "tb" => 1_000_000_000_000,
-        other => return Err(format!("size {text:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)")),
+        other => return Err(format!("unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)")),
     };
     if number.is_empty() {
-        return Err(format!("size {text:?}: no number"));
+        return Err("no number".to_owned());
     }
     if let Ok(whole) = number.parse::<u64>() {
-        return whole.checked_mul(scale).ok_or_else(|| format!("size {text:?}: larger than 2^64 bytes"));
+        return whole.checked_mul(scale).ok_or_else(|| "larger than 2^64 bytes".to_owned());
     }
-    let value: f64 = number.parse().map_err(|_| format!("size {text:?}: {number:?} is not a number"))?;
+    let value: f64 = number.parse().map_err(|_| format!("{number:?} is not a number"))?;
     let bytes = (value * scale as f64).round();
     if !bytes.is_finite() || bytes >= u64::MAX as f64 {
-        return Err(format!("size {text:?}: larger than 2^64 bytes"));
+        return Err("larger than 2^64 bytes".to_owned());
     }
     Ok(bytes as u64)
 }
@@ -115,6 +129,10 @@ mod tests {
         for (text, expected) in cases {
             assert_eq!(parse_size(text).map_err(|_| ()), expected, "{text:?}");
         }
+        assert_eq!(
+            parse_size("12 parsecs").unwrap_err().to_string(),
+            "size \"12 parsecs\": unknown unit \"parsecs\" (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
+        );
     }
 
     #[test]

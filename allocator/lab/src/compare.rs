@@ -461,7 +461,9 @@ pub fn emulate_pytorch(
             let mut addresses = vec![None; recording.trace.slots() as usize];
             let mut first_oom = None;
             let refused = |index: u64| {
-                move |what: String| heapscope_core::Error::Source(format!("{}: event {index}: {what}", recording.name))
+                move |what: heapscope_pytorch::BackingRefused| {
+                    heapscope_core::Error::Source(format!("{}: event {index}: {what}", recording.name))
+                }
             };
             backing.started(&allocator);
             for (index, event) in (0..).zip(recording.trace.events()) {

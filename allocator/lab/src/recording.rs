@@ -206,7 +206,7 @@ impl Recording {
         // Ids for refused requests, clear of any address.
         let mut probe_id = u64::MAX;
         for (index, entry) in (0..).zip(entries) {
-            let fail = |what: String| Error::Trace {
+            let fail = |what: heapscope_core::BadEvent| Error::Trace {
                 file: name.to_owned(),
                 line: 0,
                 what: format!("device_traces[{device}][{index}]: {what}"),

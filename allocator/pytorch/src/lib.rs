@@ -22,8 +22,8 @@ pub mod snapshot;
 
 pub use alloc_conf::{AllocConf, AllocConfError};
 pub use caching::{
-    CachingAllocation, CachingAllocator, CachingHeap, Emulation, EmulationError, EntryEffect, Fidelity, OomEvent, OomReport,
-    SegmentBacking, Unbacked, emulate, emulate_backed,
+    BackingRefused, CachingAllocation, CachingAllocator, CachingHeap, Emulation, EmulationError, EntryEffect, Fidelity, OomEvent,
+    OomReport, SegmentBacking, Unbacked, emulate, emulate_backed,
 };
 pub use export::write_snapshot;
 pub use import::{SnapshotError, parse_snapshot, read_snapshot};

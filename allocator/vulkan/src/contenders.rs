@@ -31,7 +31,7 @@ use heapscope_lab::contender::Contender;
 use heapscope_lab::driver::replay_device_heap;
 use heapscope_lab::recording::{Moment, Recording};
 use heapscope_pytorch::caching::SMALL_BUFFER_BYTES;
-use heapscope_pytorch::{AllocConf, CachingAllocator, SegmentBacking};
+use heapscope_pytorch::{AllocConf, BackingRefused, CachingAllocator, SegmentBacking};
 
 use crate::{
     DeviceLimits, DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, DeviceSourceConfig, PytorchDeviceConfig, SegmentMemory,
@@ -140,7 +140,7 @@ struct ExpandableReach {
 }
 
 impl SegmentBacking for ExpandableReach {
-    fn apply(&mut self, events: &[DeviceEvent], allocator: &CachingAllocator) -> Result<(), String> {
+    fn apply(&mut self, events: &[DeviceEvent], allocator: &CachingAllocator) -> Result<(), BackingRefused> {
         for event in events {
             if let DeviceEvent::Mapped { address, size_bytes } = *event
                 && let Some((base, _)) = allocator.segment_at(address)

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use heapscope_core::{DeviceEvent, MemorySource, SourceBlock, SourceError};
 use heapscope_pytorch::caching::{EXPANDABLE_VIRTUAL_BYTES, MIN_BLOCK_BYTES, SMALL_BUFFER_BYTES};
-use heapscope_pytorch::{CachingAllocator, SegmentBacking};
+use heapscope_pytorch::{BackingRefused, CachingAllocator, SegmentBacking};
 
 use crate::compute::ComputeBuffer;
 use crate::sparse::{SparseBuffer, SparseConfig};
@@ -248,11 +248,11 @@ impl SegmentMemory {
 }
 
 impl SegmentBacking for SegmentMemory {
-    fn apply(&mut self, events: &[DeviceEvent], allocator: &CachingAllocator) -> Result<(), String> {
+    fn apply(&mut self, events: &[DeviceEvent], allocator: &CachingAllocator) -> Result<(), BackingRefused> {
         self.apply_events(events, allocator, false).map_err(|error| {
             let text = error.to_string();
             self.error = Some(error);
-            text
+            BackingRefused(text)
         })
     }
 }

@@ -17,8 +17,8 @@ use heapscope_core::trace::Event;
 use heapscope_core::{DeviceEvent, DeviceHeap, Error, RangeState, Result};
 use heapscope_pytorch::caching::{SMALL_BUFFER_BYTES, SMALL_SIZE_BYTES};
 use heapscope_pytorch::{
-    Action, AllocConf, Block, BlockState, CachingAllocator, EntryEffect, MemoryStats, Pool, RecordedSettings, Segment,
-    SegmentBacking, Snapshot, StackId, StatArray, TraceEntry, emulate,
+    Action, AllocConf, BackingRefused, Block, BlockState, CachingAllocator, EntryEffect, MemoryStats, Pool, RecordedSettings,
+    Segment, SegmentBacking, Snapshot, StackId, StatArray, TraceEntry, emulate,
 };
 
 /// Where a paged heap's virtual range starts in exported addresses.
@@ -379,7 +379,7 @@ impl PlainTraceWriter<'_> {
 }
 
 impl SegmentBacking for PlainTraceWriter<'_> {
-    fn apply(&mut self, events: &[DeviceEvent], _allocator: &CachingAllocator) -> std::result::Result<(), String> {
+    fn apply(&mut self, events: &[DeviceEvent], _allocator: &CachingAllocator) -> std::result::Result<(), BackingRefused> {
         self.held.extend_from_slice(events);
         Ok(())
     }

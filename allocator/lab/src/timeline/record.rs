@@ -14,7 +14,7 @@ use crate::recording::{Moment, Recording};
 use heapscope_core::hash::FastSet;
 use heapscope_core::trace::Event;
 use heapscope_core::{DeviceEvent, DeviceHeap, Error, Result};
-use heapscope_pytorch::caching::{CachingAllocator, EntryEffect, OomReport, SegmentBacking};
+use heapscope_pytorch::caching::{BackingRefused, CachingAllocator, EntryEffect, OomReport, SegmentBacking};
 use heapscope_pytorch::{AllocConf, BlockState, TraceEntry};
 
 /// Replays `recording` through `contender` with `config` (capacity, alignment, heap rules, page size, PyTorch's
@@ -253,7 +253,7 @@ impl<'a> PytorchRecorder<'a> {
 }
 
 impl SegmentBacking for PytorchRecorder<'_> {
-    fn apply(&mut self, events: &[DeviceEvent], allocator: &CachingAllocator) -> Result<(), String> {
+    fn apply(&mut self, events: &[DeviceEvent], allocator: &CachingAllocator) -> Result<(), BackingRefused> {
         self.regions.changes(events, &allocator.expandable_segments(), &mut self.pending);
         Ok(())
     }

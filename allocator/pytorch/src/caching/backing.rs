@@ -20,6 +20,11 @@ use super::{CachingAllocator, DeviceEvent as SegmentEvent, OomReport};
 use crate::snapshot::Action;
 use heapscope_core::DeviceEvent;
 
+/// What the memory under the allocator refused, in its words: the replay stops there.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BackingRefused(pub String);
+
 /// Memory that follows the emulated allocator's segment operations. See the module documentation.
 pub trait SegmentBacking {
     /// Applies `events`, the segment operations `allocator` just made, in order (`allocator` is the state after
@@ -27,7 +32,7 @@ pub trait SegmentBacking {
     ///
     /// # Errors
     /// What the memory refused, in words; the replay stops there.
-    fn apply(&mut self, events: &[DeviceEvent], allocator: &CachingAllocator) -> Result<(), String>;
+    fn apply(&mut self, events: &[DeviceEvent], allocator: &CachingAllocator) -> Result<(), BackingRefused>;
 
     /// Called once before the first entry, after what the allocator holds at the start of the recording was
     /// applied (`allocator` is that state: its live blocks are the allocations made before the recording).
@@ -75,7 +80,7 @@ pub enum EntryEffect {
 pub struct Unbacked;
 
 impl SegmentBacking for Unbacked {
-    fn apply(&mut self, _events: &[DeviceEvent], _allocator: &CachingAllocator) -> Result<(), String> {
+    fn apply(&mut self, _events: &[DeviceEvent], _allocator: &CachingAllocator) -> Result<(), BackingRefused> {
         Ok(())
     }
 }
@@ -111,7 +116,10 @@ pub(crate) fn held_now(allocator: &CachingAllocator) -> Vec<DeviceEvent> {
 
 /// Takes `allocator`'s pending segment events and applies them to `backing`; returns the allocator's own events
 /// (for the emulation's record).
-pub fn apply_pending(allocator: &mut CachingAllocator, backing: &mut dyn SegmentBacking) -> Result<Vec<SegmentEvent>, String> {
+pub fn apply_pending(
+    allocator: &mut CachingAllocator,
+    backing: &mut dyn SegmentBacking,
+) -> Result<Vec<SegmentEvent>, BackingRefused> {
     let events = allocator.take_events();
     let device: Vec<DeviceEvent> = events.iter().filter_map(device_event).collect();
     if !device.is_empty() {
@@ -151,7 +159,7 @@ mod tests {
     }
 
     impl SegmentBacking for Ledger {
-        fn apply(&mut self, events: &[DeviceEvent], allocator: &CachingAllocator) -> Result<(), String> {
+        fn apply(&mut self, events: &[DeviceEvent], allocator: &CachingAllocator) -> Result<(), BackingRefused> {
             self.calls += 1;
             for &event in events {
                 match event {
@@ -238,9 +246,9 @@ mod tests {
     fn a_refusal_stops_the_replay_at_its_entry() {
         struct Refuses(u32);
         impl SegmentBacking for Refuses {
-            fn apply(&mut self, events: &[DeviceEvent], _allocator: &CachingAllocator) -> Result<(), String> {
+            fn apply(&mut self, events: &[DeviceEvent], _allocator: &CachingAllocator) -> Result<(), BackingRefused> {
                 self.0 += events.len() as u32;
-                if self.0 >= 3 { Err("no room for a third segment".into()) } else { Ok(()) }
+                if self.0 >= 3 { Err(BackingRefused("no room for a third segment".into())) } else { Ok(()) }
             }
         }
         let snapshot = load("frag_oom-default");

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use super::backing::{EntryEffect, SegmentBacking, Unbacked, apply_pending, held_now};
+use super::backing::{BackingRefused, EntryEffect, SegmentBacking, Unbacked, apply_pending, held_now};
 use super::initial::rebuild_start_state;
 use super::validate::{EmulationError, validate};
 use super::{CachingAllocator, DeviceEvent, OomReport};
@@ -197,7 +197,7 @@ pub fn emulate_backed(
     let empty = Vec::new();
     let trace = snapshot.device_traces.get(device).unwrap_or(&empty);
     let (mut alloc, mut live) = rebuild_start_state(snapshot, device, conf, capacity_bytes)?;
-    let refused = |entry: usize| move |what: String| EmulationError::Backing { device, entry, what };
+    let refused = |entry: usize| move |what: BackingRefused| EmulationError::Backing { device, entry, what: what.0 };
     let start = held_now(&alloc);
     if !start.is_empty() {
         backing.apply(&start, &alloc).map_err(refused(0))?;

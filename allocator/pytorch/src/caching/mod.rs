@@ -38,7 +38,7 @@ mod validate;
 use std::collections::{BTreeMap, BTreeSet};
 
 pub use backing::apply_pending;
-pub use backing::{EntryEffect, SegmentBacking, Unbacked};
+pub use backing::{BackingRefused, EntryEffect, SegmentBacking, Unbacked};
 pub use emulate::{Emulation, EventStats, Fidelity, Mismatch, Misplacement, OomEvent, SegmentEvent, emulate, emulate_backed};
 pub use heap::{CachingAllocation, CachingHeap};
 pub use validate::EmulationError;
