@@ -251,7 +251,7 @@ const JSON_KEYS: [&str; 13] = [
     "first_oom",
     "ns_per_event",
     "fidelity",
-    "events",
+    "entries",
 ];
 
 #[test]
@@ -265,6 +265,8 @@ fn replay_of_a_real_snapshot_reproduces_pytorch() {
             for key in JSON_KEYS {
                 assert!(line.get(key).is_some(), "{name}: key {key} in {line}");
             }
+            assert_eq!(line["entries"], lines[0]["entries"], "one numbering for every contender: {line}");
+            assert!(line["entries"].as_u64() > Some(0), "{line}");
             // Every contender saw the same requests: PyTorch's own peak of requested bytes.
             assert_eq!(line["peak_live_bytes"], truth["requested_bytes.all.peak"], "{name}: {line}");
             assert_eq!((line["allocs"].as_u64(), line["ooms"].as_u64()), (Some(6179), Some(0)), "{name}: {line}");

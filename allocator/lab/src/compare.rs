@@ -76,8 +76,11 @@ impl FirstOom {
 pub struct Outcome {
     /// The contender's name.
     pub policy: String,
-    /// Events replayed (allocations and frees).
+    /// Events replayed (allocations and frees, the start state's included).
     pub events: u64,
+    /// The recording's entries, the numbering of `first_oom.event_index` (the device's trace entries of a snapshot,
+    /// the events of a trace).
+    pub entries: u64,
     /// Allocations served.
     pub allocs: u64,
     /// Frees.
@@ -112,6 +115,7 @@ impl Outcome {
         Self {
             policy: policy.to_owned(),
             events: 0,
+            entries: 0,
             allocs: 0,
             frees: 0,
             peak_live_bytes: 0,
@@ -242,6 +246,7 @@ pub fn summed(policy: &str, replay: &HeapReplay, moment_of: &dyn Fn(u64) -> Mome
     Outcome {
         policy: policy.to_owned(),
         events: stats.events,
+        entries: 0,
         allocs: stats.allocations,
         frees: stats.frees,
         peak_live_bytes: stats.peak_live_bytes,
@@ -267,7 +272,7 @@ pub fn summed(policy: &str, replay: &HeapReplay, moment_of: &dyn Fn(u64) -> Mome
 /// # Errors
 /// Invalid settings (`--alloc-conf` included), a snapshot the emulation cannot replay, or a contender bug on free.
 pub fn replay(recording: &Recording, contender: Contender, config: &CompareConfig) -> Result<Outcome> {
-    match contender {
+    let outcome = match contender {
         Contender::Pytorch { expandable } => {
             let mut conf = alloc_conf(recording, config.alloc_conf.as_deref())?;
             conf.expandable_segments |= expandable;
@@ -297,7 +302,8 @@ pub fn replay(recording: &Recording, contender: Contender, config: &CompareConfi
         Contender::GpuAllocator | Contender::Vma => {
             Ok(Outcome::not_run(contender.name(), "runs on a Vulkan device only: add --vulkan"))
         }
-    }
+    }?;
+    Ok(Outcome { entries: recording.entries, ..outcome })
 }
 
 /// The outcome, named `name`, of `recording` through a fresh heap from `make` (timed by [`best_time`]), with its
@@ -413,6 +419,7 @@ impl PytorchReplay {
         Outcome {
             policy: policy.to_owned(),
             events,
+            entries: recording.entries,
             allocs: count(stats.allocation.all().allocated),
             frees: count(stats.allocation.all().freed),
             peak_live_bytes: count(stats.requested_bytes.all().peak),

@@ -259,6 +259,17 @@ pub fn replay_on_device(
     contender: Contender,
     config: &CompareConfig,
 ) -> Result<Outcome, VulkanError> {
+    replay_contender_on_device(context, recording, contender, config)
+        .map(|outcome| Outcome { entries: recording.entries, ..outcome })
+}
+
+/// [`replay_on_device`], before the recording's entry count is filled in.
+fn replay_contender_on_device(
+    context: &Arc<VulkanContext>,
+    recording: &Recording,
+    contender: Contender,
+    config: &CompareConfig,
+) -> Result<Outcome, VulkanError> {
     let trace = &recording.trace;
     let moment_of = |event| recording.moment_of(event);
     let moment_of: &dyn Fn(u64) -> Moment = &moment_of;
