@@ -197,6 +197,12 @@ pub fn print_title(recording: &Recording, capacity_bytes: Option<u64>, contender
     if let Some(line) = streams_note(recording, contenders) {
         outln!("{line}");
     }
+    if recording.unknown_frees > 0 {
+        outln!(
+            "{} frees of allocations the recording never shows (neither live at the start nor allocated since) were skipped",
+            recording.unknown_frees
+        );
+    }
 }
 
 /// The note, said once, that a recording of several CUDA streams is served by contenders that ignore streams.
@@ -206,7 +212,8 @@ pub fn streams_note(recording: &Recording, contenders: &[Contender]) -> Option<S
         contenders.iter().filter(|contender| !contender.pools_per_stream()).map(|contender| contender.name()).collect();
     (streams > 1 && !ignoring.is_empty()).then(|| {
         format!(
-            "the recording uses {streams} CUDA streams: pytorch keeps a pool per stream, {} serve every stream from one heap",
+            "the recording uses {streams} CUDA streams: PyTorch's allocator keeps a pool per stream, {} serve every stream \
+             from one heap",
             ignoring.join(", ")
         )
     })
@@ -274,5 +281,45 @@ pub fn print_row(outcome: &Outcome) {
     );
     if let Some(oom) = &outcome.first_oom {
         outln!("{:<22} first OOM at {}: {}", "", oom.moment, oom.message);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use heapscope_pytorch::{Action, Snapshot, TraceEntry};
+
+    /// The streams note: said once, only when the recording has several streams and a contender ignores them.
+    #[test]
+    fn the_streams_note_names_who_ignores_streams() {
+        let entry = |addr, stream| TraceEntry { stream, ..TraceEntry::new(Action::Alloc, addr, 512) };
+        let recording = |streams: &[u64]| {
+            let trace = streams.iter().enumerate().map(|(index, &stream)| entry(index as u64 * 4096, stream)).collect();
+            Recording::from_snapshot("t.pickle", Snapshot { device_traces: vec![trace], ..Snapshot::default() }, 0).unwrap()
+        };
+        let pytorch = Contender::Pytorch { expandable: false };
+        let tlsf = Contender::Heap(PolicyKind::Tlsf);
+        // (streams, contenders, the note)
+        let cases: [(&[u64], &[Contender], Option<&str>); 4] = [
+            (&[7, 7], &[pytorch, tlsf], None),
+            (&[7, 9], &[pytorch], None),
+            (
+                &[7, 9, 11],
+                &[pytorch, tlsf, Contender::Paged],
+                Some(
+                    "the recording uses 3 CUDA streams: PyTorch's allocator keeps a pool per stream, tlsf, paged serve every stream from one heap",
+                ),
+            ),
+            (
+                &[7, 9],
+                &[tlsf],
+                Some(
+                    "the recording uses 2 CUDA streams: PyTorch's allocator keeps a pool per stream, tlsf serve every stream from one heap",
+                ),
+            ),
+        ];
+        for (streams, contenders, note) in cases {
+            assert_eq!(streams_note(&recording(streams), contenders).as_deref(), note, "{streams:?} {contenders:?}");
+        }
     }
 }

@@ -215,3 +215,27 @@ fn frag_oom_on_the_device_paged_serves_what_blocks_cannot() {
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// Device contenders serve the same stream as the simulated ones on a recording begun mid-run: the start state first
+/// (written here: the GPT-2 snapshot with the first half of its trace cut), so every one peaks at the same live bytes.
+#[test]
+fn device_contenders_replay_a_mid_run_recording_from_its_start() {
+    let dir = crate::common::temp_dir("vulkan-mid-run");
+    let mut snapshot =
+        heapscope_pytorch::read_snapshot(&crate::common::trace("pytorch/gpt2_train_fixed-default.pickle.gz")).unwrap();
+    let entries = snapshot.device_traces[0].len();
+    snapshot.device_traces[0].drain(..entries / 2);
+    let path = dir.join("mid-run.pickle");
+    heapscope_pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
+    let file = path.to_str().unwrap();
+    let args = ["replay", file, "--json", "--policy", "pytorch", "--policy", "tlsf", "--policy", "vma"];
+    let Some(output) = on_device(&args) else { return };
+    assert!(output.status.success(), "{}", stderr(&output));
+    let on_device = lines(&output);
+    let simulated = lines(&heapscope(&["replay", file, "--json", "--policy", "pytorch"]));
+    assert_eq!(on_device.len(), 3);
+    for line in &on_device {
+        assert!(line["not_run"].is_null() && line["ooms"] == 0, "{line}");
+        assert_eq!(line["peak_live_bytes"], simulated[0]["peak_live_bytes"], "the same stream: {line}");
+    }
+}

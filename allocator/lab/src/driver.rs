@@ -284,6 +284,11 @@ pub fn drive<T: Target>(
             observer.moment_done(moment, target)?;
         }
     }
+    if next != events.len() as u64 {
+        return Err(Error::InvalidConfig {
+            what: format!("the stream's event {next} comes after its last entry ({}): a recording bug", stream.entries),
+        });
+    }
     Ok(())
 }
 

@@ -188,6 +188,7 @@ fn expandable_virtual_bytes(
 fn replay_pytorch_on_device(
     context: &Arc<VulkanContext>,
     recording: &Recording,
+    contender: Contender,
     conf: &AllocConf,
     capacity_bytes: Option<u64>,
 ) -> Result<Outcome, VulkanError> {
@@ -214,7 +215,7 @@ fn replay_pytorch_on_device(
         peak_reserved_bytes: counts.peak_device_bytes,
         device_allocs: counts.device_allocs,
         device_frees: counts.device_frees,
-        ..replay.outcome("pytorch (vulkan)", recording, nanos)
+        ..replay.outcome(&format!("{contender} (vulkan)"), recording, nanos)
     })
 }
 
@@ -277,7 +278,7 @@ fn replay_contender_on_device(
         Contender::Pytorch { expandable } => {
             let mut conf = alloc_conf(recording, config.alloc_conf.as_deref())?;
             conf.expandable_segments |= expandable;
-            replay_pytorch_on_device(context, recording, &conf, config.capacity_bytes)
+            replay_pytorch_on_device(context, recording, contender, &conf, config.capacity_bytes)
         }
         Contender::Heap(kind) => {
             let ((replay, peak_reserved_bytes, blocks_reserved, blocks_released), nanos) = best_time(|| {

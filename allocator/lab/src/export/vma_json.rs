@@ -412,12 +412,12 @@ fn flags_json(flags: u32, names: &FlagNames) -> Json {
     Json::Array(items)
 }
 
-/// A JSON object with `fields` in VMA's order (serde_json keeps insertion order here: `preserve_order`).
+/// A JSON object with `fields` (serde_json sorts the keys; GpuMemDumpVis reads them by name).
 fn object<const N: usize>(fields: [(&str, Json); N]) -> Json {
     Json::Object(fields.into_iter().map(|(key, value)| (key.to_owned(), value)).collect())
 }
 
-/// A JSON object from owned keys, in order.
+/// A JSON object from owned keys.
 fn object_of(fields: Vec<(String, Json)>) -> Json {
     Json::Object(fields.into_iter().collect())
 }

@@ -104,7 +104,9 @@ pub fn explain(timeline: &Timeline, before: &Layout, step: u64) -> String {
             )
         }
         (_, None, None) if facts.blocks_added.is_empty() && facts.regions_removed.is_empty() => {
-            "Nothing changes in the layout: the event freed an allocation that was never served.".to_owned()
+            "Nothing changes in this contender's layout at this entry (a segment event, a requested free, or the free \
+             of a request it refused)."
+                .to_owned()
         }
         _ => format!(
             "{} reserved, {} released.",

@@ -3,7 +3,8 @@
 //!
 //! ## Design
 //!
-//! - A contender's replay becomes a stream of plain [`Change`]s per step (one step per trace event):
+//! - A contender's replay becomes a stream of plain [`Change`]s per step (one step per entry of the recording,
+//!   after a start with what was live before entry 0):
 //!   regions (blocks, virtual ranges) reserved and released, pages mapped and unmapped, allocations placed
 //!   and freed, and the requests it refused ([`Refusal`]). The changes come from the device events a heap
 //!   logs ([`RegionTracker`] turns them into region and page changes) and the allocations it hands back;
@@ -109,7 +110,7 @@ pub struct Timeline {
     /// Totals at the start, before the first step.
     start_sample: Sample,
     refusals: Vec<(u64, Refusal)>,
-    /// Layouts after `position` steps, kept as their parts, by increasing position; the first is the empty start.
+    /// Layouts after `position` steps, kept as their parts, by increasing position; the first is the start.
     checkpoints: Vec<Checkpoint>,
     /// Steps between checkpoints at least.
     min_interval: u64,

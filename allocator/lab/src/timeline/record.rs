@@ -136,7 +136,12 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for TimelineObserver {
 
     fn moment_done(&mut self, moment: Moment, _target: &HeapTarget<'_, H>) -> Result<()> {
         let result = match moment {
-            Moment::Start => self.timeline.start(&self.changes),
+            // A start allocation the contender cannot hold (a capacity below the start state) has no step of its
+            // own: the outcome's first OOM says "at start"; the layout shows the start without it.
+            Moment::Start => {
+                self.refusal = None;
+                self.timeline.start(&self.changes)
+            }
             Moment::Entry(_) => self.timeline.push(&self.changes, self.refusal.take()),
         };
         self.changes.clear();
@@ -426,7 +431,7 @@ mod tests {
         let recording = Recording::open(&path, 0).unwrap();
         let timeline = record(&recording, Contender::Pytorch { expandable: false }, &CompareConfig::default()).unwrap();
         let [(step, refusal)] = timeline.refusals() else { panic!("one refusal: {:?}", timeline.refusals()) };
-        assert_eq!(recording.entry_of(*step), 100, "the recorded oom entry");
+        assert_eq!(*step, 100, "the recorded oom entry");
         assert_eq!((refusal.requested_bytes, refusal.free_bytes, refusal.reserved_bytes), (1024 * MIB, 1000 * MIB, 3000 * MIB));
         assert_eq!(refusal.cause, OomCause::Fragmentation);
         let paged = record(&recording, Contender::Paged, &CompareConfig::default()).unwrap();
@@ -647,5 +652,22 @@ mod same_stream {
                 }
             }
         }
+    }
+
+    /// A device smaller than what was live at the start: a heap contender cannot hold the start state, its first
+    /// OOM is "at start" (not entry 0), and its timeline still opens, without the refused allocations.
+    #[test]
+    fn a_start_state_larger_than_the_device_is_refused_at_the_start() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch");
+        let mut snapshot = heapscope_pytorch::read_snapshot(&dir.join("gpt2_train_fixed-default.pickle.gz")).unwrap();
+        let entries = snapshot.device_traces[0].len();
+        snapshot.device_traces[0].drain(..entries / 2);
+        let recording = Recording::from_snapshot("mid-run", snapshot, 0).unwrap();
+        let config = CompareConfig { capacity_bytes: Some(recording.start_bytes() / 2), ..CompareConfig::default() };
+        let outcome = replay(&recording, Contender::Heap(heapscope_core::PolicyKind::Tlsf), &config).unwrap();
+        let oom = outcome.first_oom.expect("the start state does not fit");
+        assert_eq!((oom.moment, oom.before_recording, oom.event_index), (Moment::Start, true, 0));
+        let timeline = record(&recording, Contender::Heap(heapscope_core::PolicyKind::Tlsf), &config).unwrap();
+        assert!(timeline.start_sample().live_bytes < recording.start_bytes(), "only what fitted");
     }
 }
