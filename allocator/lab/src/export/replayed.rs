@@ -18,7 +18,7 @@ use heapscope_core::{DeviceEvent, DeviceHeap, Error, RangeState, Result};
 use heapscope_pytorch::caching::{SMALL_BUFFER_BYTES, SMALL_SIZE_BYTES};
 use heapscope_pytorch::{
     Action, AllocConf, BackingRefused, Block, BlockState, CachingAllocator, EntryEffect, MemoryStats, Pool, RecordedSettings,
-    Segment, SegmentBacking, Snapshot, StackId, StatArray, TraceEntry, emulate,
+    Segment, SegmentBacking, Snapshot, StackId, StatArray, TraceEntry,
 };
 
 /// Where a paged heap's virtual range starts in exported addresses.
@@ -349,23 +349,30 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
     }
 }
 
-/// Writes the emulation of PyTorch's allocator on a plain trace down as snapshot entries, as it runs (its
-/// [`SegmentBacking`], holding no memory): a segment reserved before the allocation placed in it, released after
-/// the free that emptied it; a refused request an `oom` entry with what the device had left.
-struct PlainTraceWriter<'a> {
+/// Writes the emulation of PyTorch's allocator down as snapshot entries as it runs (its [`SegmentBacking`], holding
+/// no memory). For a PyTorch recording: its own entries with the emulation's addresses, its own segment events in
+/// place of the recorded ones (each before the entry that caused it), a request it refused an `oom` entry (whose
+/// frees never happen). For a plain trace: an entry per event, a segment reserved before the allocation placed in
+/// it and released after the free that emptied it.
+struct EmulationWriter<'a> {
     recording: &'a Recording,
+    /// The device's trace entries, for a PyTorch recording.
+    original: Option<&'a [TraceEntry]>,
     capacity_bytes: Option<u64>,
     entries: Vec<TraceEntry>,
-    /// Segment events of the event being replayed, written before its allocation or after its free.
+    /// Segment events of the entry being replayed, not yet written.
     held: Vec<DeviceEvent>,
-    /// The final segments, once the last event is replayed.
+    /// The final segments, once the last entry is replayed.
     segments: Vec<Segment>,
-    /// Address and requested bytes of each live slot's allocation, by address.
-    live: FastMap<u64, u64>,
+    /// Live allocations: recorded (or emulated, for a plain trace) address -> emulated address and requested bytes.
+    live: FastMap<u64, (u64, u64)>,
+    /// Recorded addresses of refused requests, whose frees never happen in the emulated run.
+    refused: heapscope_core::hash::FastSet<u64>,
 }
 
-impl PlainTraceWriter<'_> {
-    fn flush(&mut self) {
+impl EmulationWriter<'_> {
+    /// Writes the held segment events, with `template`'s stream, time and frames.
+    fn flush(&mut self, template: Option<&TraceEntry>) {
         for event in self.held.drain(..) {
             let (action, addr, size) = match event {
                 DeviceEvent::Reserved { address, size_bytes } => (Action::SegmentAlloc, address, size_bytes),
@@ -373,43 +380,122 @@ impl PlainTraceWriter<'_> {
                 DeviceEvent::Mapped { address, size_bytes } => (Action::SegmentMap, address, size_bytes),
                 DeviceEvent::Unmapped { address, size_bytes } => (Action::SegmentUnmap, address, size_bytes),
             };
-            self.entries.push(TraceEntry::new(action, addr, size));
+            let entry = match template {
+                Some(template) => TraceEntry { action, addr, size, device_free: None, ..template.clone() },
+                None => TraceEntry::new(action, addr, size),
+            };
+            self.entries.push(entry);
         }
     }
-}
 
-impl SegmentBacking for PlainTraceWriter<'_> {
-    fn apply(&mut self, events: &[DeviceEvent], _allocator: &CachingAllocator) -> std::result::Result<(), BackingRefused> {
-        self.held.extend_from_slice(events);
-        Ok(())
+    /// What the device had left after a refusal: the capacity less what is reserved, or what the driver recorded.
+    fn device_free(&self, entry: Option<&TraceEntry>, reserved_bytes: u64) -> u64 {
+        match self.capacity_bytes {
+            Some(capacity) => capacity.saturating_sub(reserved_bytes),
+            None => entry.and_then(|entry| entry.device_free).unwrap_or(0),
+        }
     }
 
-    fn replayed(&mut self, entry: usize, effect: EntryEffect, allocator: &CachingAllocator) {
-        let size_bytes = match self.recording.trace.events().get(entry) {
+    /// Entry `index` of a PyTorch recording, replayed with `effect`.
+    fn recorded(&mut self, original: &[TraceEntry], index: usize, effect: EntryEffect, allocator: &CachingAllocator) {
+        let Some(entry) = original.get(index) else { return };
+        self.flush(Some(entry));
+        let write = |writer: &mut Self, action: Action, addr: u64| {
+            writer.entries.push(TraceEntry { action, addr, device_free: None, ..entry.clone() });
+        };
+        match (entry.action, effect) {
+            (Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap, _) => {}
+            (Action::Alloc, EntryEffect::Placed { address }) => {
+                self.live.insert(entry.addr, (address, entry.size));
+                write(self, Action::Alloc, address);
+            }
+            (Action::Alloc, _) => {
+                // Refused: PyTorch would have recorded an out-of-memory error instead.
+                self.refused.insert(entry.addr);
+                let device_free = self.device_free(Some(entry), allocator.reserved_bytes());
+                self.entries.push(TraceEntry { action: Action::Oom, addr: 0, device_free: Some(device_free), ..entry.clone() });
+            }
+            (Action::FreeRequested | Action::FreeCompleted, _) if self.refused.contains(&entry.addr) => {
+                if entry.action == Action::FreeCompleted {
+                    self.refused.remove(&entry.addr);
+                }
+            }
+            (Action::FreeRequested, _) => {
+                let address = self.live.get(&entry.addr).map_or(entry.addr, |&(address, _)| address);
+                write(self, Action::FreeRequested, address);
+            }
+            (Action::FreeCompleted, _) => {
+                let address = self.live.remove(&entry.addr).map_or(entry.addr, |(address, _)| address);
+                write(self, Action::FreeCompleted, address);
+            }
+            (Action::Oom, EntryEffect::ServedAndReturned { address, .. }) => {
+                // Served after all (and given back at once: the program never had it).
+                for action in [Action::Alloc, Action::FreeRequested, Action::FreeCompleted] {
+                    write(self, action, address);
+                }
+            }
+            (Action::Oom, _) => {
+                let device_free = self.device_free(Some(entry), allocator.reserved_bytes());
+                self.entries.push(TraceEntry { device_free: Some(device_free), ..entry.clone() });
+            }
+            _ => self.entries.push(entry.clone()),
+        }
+    }
+
+    /// Event `index` of a plain trace, replayed with `effect`.
+    fn plain(&mut self, index: usize, effect: EntryEffect) {
+        let size_bytes = match self.recording.trace.events().get(index) {
             Some(&Event::Alloc { size_bytes, .. }) => size_bytes,
             _ => 0,
         };
         match effect {
             EntryEffect::Placed { address } => {
-                self.flush();
-                self.live.insert(address, size_bytes);
+                self.flush(None);
+                self.live.insert(address, (address, size_bytes));
                 self.entries.push(TraceEntry::new(Action::Alloc, address, size_bytes));
             }
             EntryEffect::Refused(report) => {
-                self.flush();
-                // What the device had left: the capacity less what was reserved then.
+                self.flush(None);
                 let device_free = self.capacity_bytes.map_or(0, |capacity| capacity.saturating_sub(report.reserved_bytes));
                 self.entries.push(TraceEntry { device_free: Some(device_free), ..TraceEntry::new(Action::Oom, 0, size_bytes) });
             }
             EntryEffect::Freed { address } => {
-                let size_bytes = self.live.remove(&address).unwrap_or_default();
+                let size_bytes = self.live.remove(&address).map_or(0, |(_, size_bytes)| size_bytes);
                 self.entries.push(TraceEntry::new(Action::FreeRequested, address, size_bytes));
                 self.entries.push(TraceEntry::new(Action::FreeCompleted, address, size_bytes));
-                self.flush();
+                self.flush(None);
             }
-            EntryEffect::Unchanged | EntryEffect::ServedAndReturned { .. } => self.flush(),
+            EntryEffect::Unchanged | EntryEffect::ServedAndReturned { .. } => self.flush(None),
         }
-        if entry + 1 == self.recording.trace.events().len() {
+    }
+}
+
+impl SegmentBacking for EmulationWriter<'_> {
+    fn apply(&mut self, events: &[DeviceEvent], _allocator: &CachingAllocator) -> std::result::Result<(), BackingRefused> {
+        self.held.extend_from_slice(events);
+        Ok(())
+    }
+
+    fn started(&mut self, _allocator: &CachingAllocator) {
+        // What the allocator held at the start is in the final segments' history, not the trace.
+        self.held.clear();
+    }
+
+    fn replayed(&mut self, entry: usize, effect: EntryEffect, allocator: &CachingAllocator) {
+        let last = match self.original {
+            Some(original) => {
+                self.recorded(original, entry, effect, allocator);
+                entry + 1 == original.len()
+            }
+            None => {
+                self.plain(entry, effect);
+                entry + 1 == self.recording.trace.events().len()
+            }
+        };
+        if last {
+            // Segment events after the last entry (none today), with its stream, time and frames.
+            let template = self.original.and_then(<[TraceEntry]>::last).cloned();
+            self.flush(template.as_ref());
             self.segments = allocator.report();
         }
     }
@@ -445,108 +531,20 @@ pub fn emulated_snapshot(
     capacity_bytes: Option<u64>,
 ) -> Result<Replayed> {
     let device = recording.device;
-    let mut entries = Vec::new();
-    let (segments, frame_stacks, stats) = match &recording.snapshot {
-        Some(snapshot) => {
-            let emulation =
-                emulate(snapshot, device, conf, capacity_bytes).map_err(|e| crate::compare::emulation_error(recording, &e))?;
-            let original = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
-            let mut events = emulation.segment_events.iter().peekable();
-            // Recorded address -> emulated address, for the frees; recorded addresses of refused requests,
-            // whose frees never happen in the emulated run.
-            let mut live = FastMap::default();
-            let mut refused = heapscope_core::hash::FastSet::default();
-            // What the device had left when the emulation refused entry `index`.
-            let device_free = |index: usize, entry: &TraceEntry| match capacity_bytes {
-                Some(capacity) => {
-                    let reserved =
-                        emulation.timeline.get(index).map_or(0, |stats| u64::try_from(stats.reserved_bytes).unwrap_or(0));
-                    Some(capacity.saturating_sub(reserved))
-                }
-                None => Some(entry.device_free.unwrap_or(0)),
-            };
-            for (index, entry) in original.iter().enumerate() {
-                while let Some(event) = events.next_if(|event| event.cause <= index) {
-                    entries.push(TraceEntry {
-                        action: event.action,
-                        addr: event.addr,
-                        size: event.size_bytes,
-                        device_free: None,
-                        ..entry.clone()
-                    });
-                }
-                let placed = emulation.placements.get(index).copied().flatten();
-                let addr = match entry.action {
-                    Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => continue,
-                    Action::Alloc => match placed {
-                        Some(addr) => {
-                            live.insert(entry.addr, addr);
-                            addr
-                        }
-                        None => {
-                            // Refused: PyTorch would have recorded an out-of-memory error instead.
-                            refused.insert(entry.addr);
-                            entries.push(TraceEntry {
-                                action: Action::Oom,
-                                addr: 0,
-                                device_free: device_free(index, entry),
-                                ..entry.clone()
-                            });
-                            continue;
-                        }
-                    },
-                    Action::FreeRequested | Action::FreeCompleted if refused.contains(&entry.addr) => {
-                        if entry.action == Action::FreeCompleted {
-                            refused.remove(&entry.addr);
-                        }
-                        continue;
-                    }
-                    Action::FreeRequested => live.get(&entry.addr).copied().unwrap_or(entry.addr),
-                    Action::FreeCompleted => live.remove(&entry.addr).unwrap_or(entry.addr),
-                    Action::Oom => {
-                        match placed {
-                            // Served after all (and given back at once: the program never had it).
-                            Some(addr) => {
-                                for action in [Action::Alloc, Action::FreeRequested, Action::FreeCompleted] {
-                                    entries.push(TraceEntry { action, addr, device_free: None, ..entry.clone() });
-                                }
-                            }
-                            None => entries.push(TraceEntry { device_free: device_free(index, entry), ..entry.clone() }),
-                        }
-                        continue;
-                    }
-                    _ => entry.addr,
-                };
-                entries.push(TraceEntry { addr, ..entry.clone() });
-            }
-            let last = original.last().cloned();
-            for event in events {
-                let template = last.clone().unwrap_or_else(|| TraceEntry::new(event.action, 0, 0));
-                entries.push(TraceEntry {
-                    action: event.action,
-                    addr: event.addr,
-                    size: event.size_bytes,
-                    device_free: None,
-                    ..template
-                });
-            }
-            (emulation.final_segments, snapshot.frame_stacks.clone(), emulation.stats)
-        }
-        None => {
-            // A plain trace: `compare`'s own run of the emulation, written down as it goes.
-            let mut writer = PlainTraceWriter {
-                recording,
-                capacity_bytes,
-                entries: Vec::new(),
-                held: Vec::new(),
-                segments: Vec::new(),
-                live: FastMap::default(),
-            };
-            let replay = crate::compare::emulate_pytorch(recording, conf, capacity_bytes, &mut writer)?;
-            entries = writer.entries;
-            (writer.segments, vec![Vec::new()], replay.stats)
-        }
+    // `compare`'s own run of the emulation, written down as it goes.
+    let mut writer = EmulationWriter {
+        recording,
+        original: recording.snapshot.as_ref().and_then(|snapshot| snapshot.device_traces.get(device)).map(Vec::as_slice),
+        capacity_bytes,
+        entries: Vec::new(),
+        held: Vec::new(),
+        segments: Vec::new(),
+        live: FastMap::default(),
+        refused: heapscope_core::hash::FastSet::default(),
     };
+    let replay = crate::compare::emulate_pytorch(recording, conf, capacity_bytes, &mut writer)?;
+    let frame_stacks = recording.snapshot.as_ref().map_or_else(|| vec![Vec::new()], |snapshot| snapshot.frame_stacks.clone());
+    let (entries, segments, stats) = (writer.entries, writer.segments, replay.stats);
     let mut device_traces = vec![Vec::new(); device + 1];
     device_traces[device] = entries;
     Ok(Replayed {
