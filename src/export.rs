@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use heapscope_lab::compare::{alloc_conf, final_heap_report};
+use heapscope_lab::compare::alloc_conf;
 use heapscope_lab::contender::Contender;
 use heapscope_lab::export::replayed::{Replayed, emulated_snapshot, replayed_snapshot};
 use heapscope_lab::export::vma_json::{VmaDeviceInfo, heap_report_to_vma_json};
@@ -92,14 +92,13 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
         replayed.snapshot.segments.len(),
         args.out.display()
     );
-    if let (Some(path), Contender::Heap(kind)) = (&args.vma_json, args.policy) {
+    if let (Some(path), Some(report)) = (&args.vma_json, &replayed.heap_report) {
+        // The heap's final layout from the same run that wrote the snapshot.
         let config = args.recording.compare_config();
-        let report =
-            final_heap_report(&recording, kind, &config).with_context(|| format!("replaying through {}", args.policy))?;
         // The simulated device: the capacity given, else as large as the most the heap ever reserved.
         let mut device = VmaDeviceInfo::simulated(args.recording.capacity.unwrap_or(report.stats.peak_reserved_bytes));
         device.preferred_block_size = config.heap.block_size_bytes;
-        std::fs::write(path, heap_report_to_vma_json(&report, &device)).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, heap_report_to_vma_json(report, &device)).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("{} through {}: {} blocks -> {} (VMA JSON)", recording.name, args.policy, report.blocks.len(), path.display());
     }
     Ok(())

@@ -16,7 +16,7 @@
 //! - **Bench runner** ([`mod@bench`]): plays a workload on a [`bench::Target`] (allocate, free, run ops on handles,
 //!   say what is reserved; no device types), filling every allocation with its pattern, running the payload,
 //!   verifying before each free, in batches ordered so that no memory is freed or unmapped under a pending kernel;
-//!   the simulated target runs the core's heaps with no device; [`bench::conformance`] is what every device target
+//!   the simulated target runs the core's heaps with no device; `bench::conformance` (feature `testing`) is what every device target
 //!   must do (verify clean, count what the simulation counts), run by the device crates' tests.
 //!
 //! ## The pattern

@@ -92,3 +92,16 @@ mod tests {
         }
     }
 }
+
+/// A name that is none of a table's (a policy, a release or unmap rule, a workload setting), with the names there
+/// are: what every `FromStr` of a named choice returns.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {name:?}: expected {expected}")]
+pub struct UnknownName {
+    /// What was being named ("policy", "release rule", ...).
+    pub what: &'static str,
+    /// The name given.
+    pub name: String,
+    /// The names there are, in words.
+    pub expected: String,
+}

@@ -57,13 +57,16 @@ impl std::fmt::Display for ReleaseRule {
 }
 
 impl std::str::FromStr for ReleaseRule {
-    type Err = String;
+    type Err = crate::UnknownName;
 
-    fn from_str(text: &str) -> Result<Self, String> {
-        [Self::Immediately, Self::KeepOne, Self::OnPressure, Self::Never]
-            .into_iter()
-            .find(|rule| rule.name() == text)
-            .ok_or_else(|| format!("unknown release rule {text:?}: expected immediately, keep-one, on-pressure or never"))
+    fn from_str(text: &str) -> Result<Self, crate::UnknownName> {
+        [Self::Immediately, Self::KeepOne, Self::OnPressure, Self::Never].into_iter().find(|rule| rule.name() == text).ok_or_else(
+            || crate::UnknownName {
+                what: "release rule",
+                name: text.to_owned(),
+                expected: "immediately, keep-one, on-pressure or never".to_owned(),
+            },
+        )
     }
 }
 

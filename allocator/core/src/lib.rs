@@ -63,7 +63,7 @@ pub mod units;
 pub use allocation::{Allocation, AllocationId, OwnerId};
 pub use device_event::{DeviceEvent, DeviceLog};
 pub use device_heap::DeviceHeap;
-pub use error::{Error, Result};
+pub use error::{Error, Result, UnknownName};
 pub use heap::{BlockReport, Heap, HeapAllocation, HeapConfig, HeapReport, HeapStats, ReleaseRule};
 pub use oom::{OomCause, OomVerdict};
 pub use paged::{PagedConfig, PagedHeap, PagedStats, UnmapRule};

@@ -63,13 +63,14 @@ impl fmt::Display for UnmapRule {
 }
 
 impl FromStr for UnmapRule {
-    type Err = String;
+    type Err = crate::UnknownName;
 
-    fn from_str(text: &str) -> std::result::Result<Self, String> {
-        [Self::Eager, Self::UnderPressure]
-            .into_iter()
-            .find(|rule| rule.name() == text)
-            .ok_or_else(|| format!("unknown unmap rule {text:?}: expected eager or pressure"))
+    fn from_str(text: &str) -> std::result::Result<Self, crate::UnknownName> {
+        [Self::Eager, Self::UnderPressure].into_iter().find(|rule| rule.name() == text).ok_or_else(|| crate::UnknownName {
+            what: "unmap rule",
+            name: text.to_owned(),
+            expected: "eager or pressure".to_owned(),
+        })
     }
 }
 
@@ -659,7 +660,7 @@ mod tests {
             assert_eq!(rule.name().parse::<UnmapRule>(), Ok(rule));
         }
         assert_eq!(UnmapRule::default(), UnmapRule::Eager);
-        assert!("lazy".parse::<UnmapRule>().unwrap_err().contains("expected eager or pressure"));
+        assert!("lazy".parse::<UnmapRule>().unwrap_err().to_string().contains("expected eager or pressure"));
     }
 
     fn pressure_heap(capacity_bytes: Option<u64>) -> PagedHeap {

@@ -195,12 +195,12 @@ impl fmt::Display for PolicyKind {
 }
 
 impl FromStr for PolicyKind {
-    type Err = String;
+    type Err = crate::UnknownName;
 
-    fn from_str(text: &str) -> Result<Self, String> {
+    fn from_str(text: &str) -> Result<Self, crate::UnknownName> {
         Self::ALL.into_iter().find(|kind| kind.name() == text).ok_or_else(|| {
             let names: Vec<_> = Self::ALL.iter().map(|kind| kind.name()).collect();
-            format!("unknown policy {text:?}: expected one of {}", names.join(", "))
+            crate::UnknownName { what: "policy", name: text.to_owned(), expected: format!("one of {}", names.join(", ")) }
         })
     }
 }
@@ -238,7 +238,7 @@ mod tests {
             assert_eq!(policy.name(), kind.name());
             assert_eq!(policy.capacity_bytes(), 1 << 20);
         }
-        assert!("nope".parse::<PolicyKind>().unwrap_err().contains("tlsf, best-fit"));
+        assert!("nope".parse::<PolicyKind>().unwrap_err().to_string().contains("tlsf, best-fit"));
     }
 
     #[test]

@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 pub use crate::contender::Contender;
-use crate::driver::{HeapReplay, replay_device_heap, replay_heap};
+use crate::driver::{HeapReplay, replay_device_heap};
 use crate::recording::{Moment, Recording};
 use heapscope_core::units::Bytes;
 use heapscope_core::{
@@ -194,17 +194,6 @@ impl Default for CompareConfig {
             alloc_conf: None,
         }
     }
-}
-
-/// The layout a heap contender with `kind` inside leaves once `recording` has been replayed through it (with
-/// `config`'s capacity, alignment and heap rules): the heap's final [`HeapReport`](heapscope_core::HeapReport).
-///
-/// # Errors
-/// Invalid heap settings or alignment, or a heap bug on free.
-pub fn final_heap_report(recording: &Recording, kind: PolicyKind, config: &CompareConfig) -> Result<heapscope_core::HeapReport> {
-    let mut heap = config.heap(kind)?;
-    replay_heap(&recording.trace, &mut heap, config.align_bytes)?;
-    Ok(heap.report())
 }
 
 /// Runs of a replay for its timing: up to this many ...

@@ -2,8 +2,9 @@
 //! the contenders ([`heapscope_lab::contender::Contender`]) and their shared rules ([`BenchSettings`]), and the simulated target
 //! ([`SimTarget`], [`run_simulated`]). Device backends implement [`Target`]: the Vulkan crate's runs the
 //! kernels with `ComputeKernels`, the wgpu crate's with its own runner. What every device target must do (verify
-//! clean, count what the simulation counts) is [`conformance::check_target`], which both crates' tests run.
+//! clean, count what the simulation counts) is `conformance::check_target` (feature `testing`), which both crates' tests run.
 
+#[cfg(any(test, feature = "testing"))]
 pub mod conformance;
 mod policy;
 mod run;

@@ -38,13 +38,17 @@ impl KvLayout {
 }
 
 impl FromStr for KvLayout {
-    type Err = String;
+    type Err = heapscope_core::UnknownName;
 
-    fn from_str(text: &str) -> Result<Self, String> {
+    fn from_str(text: &str) -> Result<Self, heapscope_core::UnknownName> {
         match text {
             "contiguous" => Ok(Self::Contiguous),
             "paged" => Ok(Self::Paged),
-            other => Err(format!("unknown KV layout {other:?}: expected contiguous or paged")),
+            other => Err(heapscope_core::UnknownName {
+                what: "KV layout",
+                name: other.to_owned(),
+                expected: "contiguous or paged".to_owned(),
+            }),
         }
     }
 }
@@ -307,6 +311,6 @@ mod tests {
         assert!(peak(KvLayout::Contiguous) > peak(KvLayout::Paged));
         assert!(peak(KvLayout::Paged) < ServeConfig::DEFAULT_BUDGET_BYTES);
         assert_eq!("contiguous".parse::<KvLayout>(), Ok(KvLayout::Contiguous));
-        assert!("pages".parse::<KvLayout>().unwrap_err().contains("contiguous or paged"));
+        assert!("pages".parse::<KvLayout>().unwrap_err().to_string().contains("contiguous or paged"));
     }
 }

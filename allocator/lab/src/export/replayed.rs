@@ -229,6 +229,8 @@ pub struct Replayed {
     pub snapshot: Snapshot,
     /// `torch.cuda.memory_stats()` at the end of the replay.
     pub stats: MemoryStats,
+    /// A heap contender's final layout, from the same run (what `--vma-json` writes); `None` for the others.
+    pub heap_report: Option<heapscope_core::HeapReport>,
 }
 
 /// Replays `recording` through a heap or paged contender and returns the snapshot it would have
@@ -242,11 +244,13 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
     let mut recorder = StatsRecorder::default();
     let frame_stacks = recording.snapshot.as_ref().map_or_else(|| vec![Vec::new()], |snapshot| snapshot.frame_stacks.clone());
     let device = recording.device;
+    let mut heap_report = None;
     let segments = match contender {
         Contender::Heap(kind) => {
             let mut heap = config.heap(kind)?;
             replay_device_heap(&mut heap, 0, recording, config, &mut writer, &mut recorder)?;
-            heap.report()
+            let report = heap_report.insert(heap.report());
+            report
                 .blocks
                 .iter()
                 .map(|block| {
@@ -277,7 +281,11 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
     };
     let mut device_traces = vec![Vec::new(); device + 1];
     device_traces[device] = writer.entries;
-    Ok(Replayed { snapshot: Snapshot { segments, device_traces, settings: None, frame_stacks }, stats: recorder.stats })
+    Ok(Replayed {
+        snapshot: Snapshot { segments, device_traces, settings: None, frame_stacks },
+        stats: recorder.stats,
+        heap_report,
+    })
 }
 
 /// Replays the recording through `heap` with the driver, writing its entries (addresses shifted by
@@ -550,6 +558,7 @@ pub fn emulated_snapshot(
     Ok(Replayed {
         snapshot: Snapshot { segments, device_traces, settings: Some(recorded_settings(conf, alloc_conf)), frame_stacks },
         stats,
+        heap_report: None,
     })
 }
 
