@@ -51,14 +51,19 @@ impl Writer<'_> {
 
     fn device_events(&mut self, events: Vec<DeviceEvent>, offset: u64, event: usize) {
         for device_event in events {
-            let (action, address, size_bytes) = match device_event {
-                DeviceEvent::Reserved { address, size_bytes } => (Action::SegmentAlloc, address, size_bytes),
-                DeviceEvent::Released { address, size_bytes } => (Action::SegmentFree, address, size_bytes),
-                DeviceEvent::Mapped { address, size_bytes } => (Action::SegmentMap, address, size_bytes),
-                DeviceEvent::Unmapped { address, size_bytes } => (Action::SegmentUnmap, address, size_bytes),
-            };
+            let (action, address, size_bytes) = segment_entry(device_event);
             self.push(action, address + offset, size_bytes, event, None);
         }
+    }
+}
+
+/// A device event as the segment entry PyTorch records for it: action, address, bytes.
+fn segment_entry(event: DeviceEvent) -> (Action, u64, u64) {
+    match event {
+        DeviceEvent::Reserved { address, size_bytes } => (Action::SegmentAlloc, address, size_bytes),
+        DeviceEvent::Released { address, size_bytes } => (Action::SegmentFree, address, size_bytes),
+        DeviceEvent::Mapped { address, size_bytes } => (Action::SegmentMap, address, size_bytes),
+        DeviceEvent::Unmapped { address, size_bytes } => (Action::SegmentUnmap, address, size_bytes),
     }
 }
 
@@ -382,12 +387,7 @@ impl EmulationWriter<'_> {
     /// Writes the held segment events, with `template`'s stream, time and frames.
     fn flush(&mut self, template: Option<&TraceEntry>) {
         for event in self.held.drain(..) {
-            let (action, addr, size) = match event {
-                DeviceEvent::Reserved { address, size_bytes } => (Action::SegmentAlloc, address, size_bytes),
-                DeviceEvent::Released { address, size_bytes } => (Action::SegmentFree, address, size_bytes),
-                DeviceEvent::Mapped { address, size_bytes } => (Action::SegmentMap, address, size_bytes),
-                DeviceEvent::Unmapped { address, size_bytes } => (Action::SegmentUnmap, address, size_bytes),
-            };
+            let (action, addr, size) = segment_entry(event);
             let entry = match template {
                 Some(template) => TraceEntry { action, addr, size, device_free: None, ..template.clone() },
                 None => TraceEntry::new(action, addr, size),
