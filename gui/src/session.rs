@@ -279,7 +279,7 @@ impl Session {
     /// The position of moment `at`, checked against this session's length (see [`check_at`]).
     ///
     /// # Errors
-    /// `at` is past the last event.
+    /// `at` is past the last entry.
     pub fn check_at(&self, at: Moment) -> Result<u64> {
         check_at(at, self.steps())
     }

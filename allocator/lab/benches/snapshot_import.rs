@@ -18,7 +18,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use heapscope_core::{PolicyKind, units::Bytes};
-use heapscope_lab::compare::{CompareConfig, Contender, alloc_conf, replay, replay_pytorch};
+use heapscope_lab::compare::{CompareConfig, alloc_conf, replay, replay_pytorch};
+use heapscope_lab::contender::Contender;
 use heapscope_lab::recording::Recording;
 use heapscope_pytorch::read_snapshot;
 

@@ -14,9 +14,10 @@ use criterion::Criterion;
 use heapscope_core::PolicyKind;
 use heapscope_core::synthetic::steady_churn;
 use heapscope_lab::compare::CompareConfig;
+use heapscope_lab::contender::Contender;
 use heapscope_lab::recording::Recording;
 use heapscope_lab::timeline::Timeline;
-use heapscope_lab::timeline::record::{Contender, record};
+use heapscope_lab::timeline::record::record;
 
 const EVENTS: u64 = 1_000_000;
 

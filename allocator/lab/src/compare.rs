@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-pub use crate::contender::Contender;
+use crate::contender::Contender;
 use crate::driver::{HeapReplay, replay_device_heap};
 use crate::recording::{Moment, Recording};
 use heapscope_core::units::Bytes;
@@ -227,15 +227,14 @@ pub fn best_time<T, E>(mut replay: impl FnMut() -> Result<T, E>) -> Result<(T, u
 /// A simulated device with no practical limit.
 const UNLIMITED_DEVICE_BYTES: u64 = 1 << 56;
 
-/// The outcome of a heap replay by `policy` that took `nanos`, with the device counters left at 0 for the
-/// caller to fill in (they depend on the heap). `moment_of` maps an event index to the recording's moment
-/// ([`Recording::moment_of`]).
-pub fn summed(policy: &str, replay: &HeapReplay, moment_of: &dyn Fn(u64) -> Moment, nanos: u128) -> Outcome {
+/// The outcome of a heap replay of `recording` by `policy` that took `nanos`, with the device counters left at 0
+/// for the caller to fill in (they depend on the heap); the first OOM at its moment of the recording.
+pub fn summed(policy: &str, replay: &HeapReplay, recording: &Recording, nanos: u128) -> Outcome {
     let stats = &replay.stats;
     Outcome {
         policy: policy.to_owned(),
         events: stats.events,
-        entries: 0,
+        entries: recording.entries,
         allocs: stats.allocations,
         frees: stats.frees,
         peak_live_bytes: stats.peak_live_bytes,
@@ -246,7 +245,7 @@ pub fn summed(policy: &str, replay: &HeapReplay, moment_of: &dyn Fn(u64) -> Mome
         first_oom: stats
             .first_failure
             .zip(replay.first_oom.as_ref())
-            .map(|(index, verdict)| FirstOom::from_verdict(moment_of(index), verdict)),
+            .map(|(index, verdict)| FirstOom::from_verdict(recording.moment_of(index), verdict)),
         ns_per_event: nanos as f64 / stats.events.max(1) as f64,
         fidelity: None,
         memory_stats: None,
@@ -261,7 +260,7 @@ pub fn summed(policy: &str, replay: &HeapReplay, moment_of: &dyn Fn(u64) -> Mome
 /// # Errors
 /// Invalid settings (`--alloc-conf` included), a snapshot the emulation cannot replay, or a contender bug on free.
 pub fn replay(recording: &Recording, contender: Contender, config: &CompareConfig) -> Result<Outcome> {
-    let outcome = match contender {
+    match contender {
         Contender::Pytorch { expandable } => {
             let mut conf = alloc_conf(recording, config.alloc_conf.as_deref())?;
             conf.expandable_segments |= expandable;
@@ -291,8 +290,7 @@ pub fn replay(recording: &Recording, contender: Contender, config: &CompareConfi
         Contender::GpuAllocator | Contender::Vma => {
             Ok(Outcome::not_run(contender.name(), "runs on a Vulkan device only: add --vulkan"))
         }
-    }?;
-    Ok(Outcome { entries: recording.entries, ..outcome })
+    }
 }
 
 /// The outcome, named `name`, of `recording` through a fresh heap from `make` (timed by [`best_time`]), with its
@@ -310,8 +308,7 @@ fn heap_outcome<H: DeviceHeap>(
         Ok((heap, replay))
     })?;
     let (peak_reserved_bytes, device_allocs, device_frees) = counts(&heap);
-    let moment_of = |event| recording.moment_of(event);
-    Ok(Outcome { peak_reserved_bytes, device_allocs, device_frees, ..summed(name, &replay, &moment_of, nanos) })
+    Ok(Outcome { peak_reserved_bytes, device_allocs, device_frees, ..summed(name, &replay, recording, nanos) })
 }
 
 /// The allocator settings for the `pytorch` contender: the recording's own (PyTorch's defaults for a plain

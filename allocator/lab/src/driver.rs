@@ -48,11 +48,7 @@ impl<'a> Stream<'a> {
 
     /// The moment of event `event`.
     pub fn moment_of(&self, event: u64) -> Moment {
-        if event < self.start_events as u64 {
-            Moment::Start
-        } else {
-            Moment::Entry(usize::try_from(event).ok().and_then(|event| self.entry_index.get(event)).copied().unwrap_or(event))
-        }
+        crate::recording::moment_of(self.start_events, self.entry_index, event)
     }
 }
 

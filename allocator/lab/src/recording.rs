@@ -284,22 +284,13 @@ impl Recording {
 
     /// The file's entry index for event `event` of the trace (0 for a start event: see [`Recording::moment_of`]).
     pub fn entry_of(&self, event: u64) -> u64 {
-        usize::try_from(event).ok().and_then(|event| self.entry_index.get(event)).copied().unwrap_or(event)
+        entry_of(&self.entry_index, event)
     }
 
     /// The moment of event `event` of the trace: the start for the allocations live before the first entry, else
     /// the entry it came from.
     pub fn moment_of(&self, event: u64) -> Moment {
-        if usize::try_from(event).is_ok_and(|event| event < self.start_events) {
-            Moment::Start
-        } else {
-            Moment::Entry(self.entry_of(event))
-        }
-    }
-
-    /// The moments of the recording: the start, then each entry (its last is `Entry(entries - 1)`).
-    pub fn positions(&self) -> u64 {
-        self.entries + 1
+        moment_of(self.start_events, &self.entry_index, event)
     }
 
     /// The CUDA streams the device's trace uses (1 for a plain trace, which has none).
@@ -318,6 +309,21 @@ impl Recording {
                 heapscope_core::trace::Event::Free { .. } => 0,
             })
             .sum()
+    }
+}
+
+/// The entry of event `event`, by `entry_index` (one entry per event); past its end, event `N` is entry `N` (a
+/// plain trace's numbering).
+pub(crate) fn entry_of(entry_index: &[u64], event: u64) -> u64 {
+    usize::try_from(event).ok().and_then(|event| entry_index.get(event)).copied().unwrap_or(event)
+}
+
+/// The moment of event `event` of a stream whose first `start_events` events are the start state.
+pub(crate) fn moment_of(start_events: usize, entry_index: &[u64], event: u64) -> Moment {
+    if usize::try_from(event).is_ok_and(|event| event < start_events) {
+        Moment::Start
+    } else {
+        Moment::Entry(entry_of(entry_index, event))
     }
 }
 

@@ -6,7 +6,8 @@
 
 use std::path::Path;
 
-use heapscope_lab::compare::{CompareConfig, Contender, replay, replay_pytorch};
+use heapscope_lab::compare::{CompareConfig, replay, replay_pytorch};
+use heapscope_lab::contender::Contender;
 use heapscope_lab::export::replayed::{emulated_snapshot, replayed_snapshot};
 use heapscope_lab::recording::Recording;
 use heapscope_pytorch::{Action, AllocConf, BlockState, Snapshot, read_snapshot};

@@ -29,7 +29,7 @@ use heapscope_core::{DeviceEvent, Heap, HeapConfig, PolicyConfig, Trace};
 use heapscope_lab::compare::{CompareConfig, Outcome, alloc_conf, best_time, emulate_pytorch, summed};
 use heapscope_lab::contender::Contender;
 use heapscope_lab::driver::replay_device_heap;
-use heapscope_lab::recording::{Moment, Recording};
+use heapscope_lab::recording::Recording;
 use heapscope_pytorch::caching::SMALL_BUFFER_BYTES;
 use heapscope_pytorch::{AllocConf, BackingRefused, CachingAllocator, SegmentBacking};
 
@@ -219,14 +219,13 @@ fn replay_pytorch_on_device(
     })
 }
 
-/// Replays `trace` through the external allocator `A` on a fresh [`ExternalHeap`] (default blocks, `config`'s
+/// Replays `recording` through the external allocator `A` on a fresh [`ExternalHeap`] (default blocks, `config`'s
 /// capacity as the budget cap), its device allocations and frees being its block events.
 #[cfg(any(feature = "gpu-allocator", feature = "vma"))]
 fn replay_external<A: crate::ExternalAllocator>(
     context: &Arc<VulkanContext>,
-    trace: &Trace,
+    recording: &Recording,
     config: &CompareConfig,
-    moment_of: &dyn Fn(u64) -> Moment,
 ) -> Result<Outcome, VulkanError> {
     use crate::{ExternalConfig, ExternalHeap};
     use heapscope_core::DeviceHeap;
@@ -235,13 +234,13 @@ fn replay_external<A: crate::ExternalAllocator>(
         let external = ExternalConfig { budget_cap_bytes: config.capacity_bytes, ..ExternalConfig::default() };
         let mut heap = ExternalHeap::<A>::new(Arc::clone(context), external)?;
         heap.record_device_events(true);
-        let replay = replay_device_heap(trace, &mut heap, config.align_bytes)?;
+        let replay = replay_device_heap(&recording.trace, &mut heap, config.align_bytes)?;
         let events = heap.take_device_events();
         Ok::<_, VulkanError>((replay, heap.peak_reserved_bytes(), events))
     })?;
     let (device_allocs, device_frees) = count_device_events(&events);
     let policy = format!("{} (vulkan)", A::POLICY);
-    Ok(Outcome { peak_reserved_bytes, device_allocs, device_frees, ..summed(&policy, &replay, moment_of, nanos) })
+    Ok(Outcome { peak_reserved_bytes, device_allocs, device_frees, ..summed(&policy, &replay, recording, nanos) })
 }
 
 /// Replays `recording` through `contender` on `context`'s device, with `config`'s capacity as the budget cap
@@ -260,20 +259,7 @@ pub fn replay_on_device(
     contender: Contender,
     config: &CompareConfig,
 ) -> Result<Outcome, VulkanError> {
-    replay_contender_on_device(context, recording, contender, config)
-        .map(|outcome| Outcome { entries: recording.entries, ..outcome })
-}
-
-/// [`replay_on_device`], before the recording's entry count is filled in.
-fn replay_contender_on_device(
-    context: &Arc<VulkanContext>,
-    recording: &Recording,
-    contender: Contender,
-    config: &CompareConfig,
-) -> Result<Outcome, VulkanError> {
     let trace = &recording.trace;
-    let moment_of = |event| recording.moment_of(event);
-    let moment_of: &dyn Fn(u64) -> Moment = &moment_of;
     match contender {
         Contender::Pytorch { expandable } => {
             let mut conf = alloc_conf(recording, config.alloc_conf.as_deref())?;
@@ -293,7 +279,7 @@ fn replay_contender_on_device(
                 peak_reserved_bytes,
                 device_allocs: blocks_reserved,
                 device_frees: blocks_released,
-                ..summed(&format!("{} (vulkan)", kind.name()), &replay, moment_of, nanos)
+                ..summed(&format!("{} (vulkan)", kind.name()), &replay, recording, nanos)
             })
         }
         Contender::Paged => {
@@ -313,13 +299,13 @@ fn replay_contender_on_device(
                 peak_reserved_bytes: stats.heap.peak_mapped_bytes,
                 device_allocs: stats.sparse.bind_entries,
                 device_frees: stats.sparse.unbind_entries,
-                ..summed("paged (vulkan)", &replay, moment_of, nanos)
+                ..summed("paged (vulkan)", &replay, recording, nanos)
             })
         }
         #[cfg(feature = "gpu-allocator")]
-        Contender::GpuAllocator => replay_external::<crate::GpuAllocatorBackend>(context, trace, config, moment_of),
+        Contender::GpuAllocator => replay_external::<crate::GpuAllocatorBackend>(context, recording, config),
         #[cfg(feature = "vma")]
-        Contender::Vma => replay_external::<crate::VmaBackend>(context, trace, config, moment_of),
+        Contender::Vma => replay_external::<crate::VmaBackend>(context, recording, config),
         #[cfg(not(all(feature = "gpu-allocator", feature = "vma")))]
         #[allow(unreachable_patterns, reason = "the contenders of the features left out")]
         Contender::GpuAllocator | Contender::Vma => Err(VulkanError::Unsupported(format!(

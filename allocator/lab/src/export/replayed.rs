@@ -8,7 +8,8 @@
 //! entry. Stream, time and stack frames come from the recording's own entry where it has one. The final
 //! segments list the heap's blocks (a paged heap's mapped runs, marked expandable) tiled by their blocks.
 
-use crate::compare::{CompareConfig, Contender};
+use crate::compare::CompareConfig;
+use crate::contender::Contender;
 use crate::driver::{HeapTarget, Observer, Step, Stream, drive};
 use crate::recording::{Moment, Recording};
 use heapscope_core::RangeReport;
@@ -49,8 +50,8 @@ impl Writer<'_> {
         });
     }
 
-    fn device_events(&mut self, events: Vec<DeviceEvent>, offset: u64, event: usize) {
-        for device_event in events {
+    fn device_events(&mut self, events: &[DeviceEvent], offset: u64, event: usize) {
+        for &device_event in events {
             let (action, address, size_bytes) = segment_entry(device_event);
             self.push(action, address + offset, size_bytes, event, None);
         }
@@ -320,7 +321,7 @@ impl Exporter<'_, '_> {
     /// Writes and counts `events`.
     fn device(&mut self, events: &[DeviceEvent], index: usize) {
         events.iter().for_each(|&event| self.recorder.device(event));
-        self.writer.device_events(events.to_vec(), self.address_base, index);
+        self.writer.device_events(events, self.address_base, index);
     }
 }
 
@@ -464,7 +465,7 @@ impl EmulationWriter<'_> {
             }
             EntryEffect::Refused(report) => {
                 self.flush(None);
-                let device_free = self.capacity_bytes.map_or(0, |capacity| capacity.saturating_sub(report.reserved_bytes));
+                let device_free = self.device_free(None, report.reserved_bytes);
                 self.entries.push(TraceEntry { device_free: Some(device_free), ..TraceEntry::new(Action::Oom, 0, size_bytes) });
             }
             EntryEffect::Freed { address } => {

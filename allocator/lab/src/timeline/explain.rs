@@ -266,9 +266,10 @@ fn free_sentence(rules: Option<&Rules>, facts: &StepFacts, (span, run, merged): 
 mod tests {
     use super::*;
     use crate::compare::CompareConfig;
+    use crate::contender::Contender;
     use crate::recording::Recording;
     use crate::story::frag_oom;
-    use crate::timeline::record::{Contender, record};
+    use crate::timeline::record::record;
     use heapscope_core::{PolicyKind, ReleaseRule};
 
     fn sentences(contender: Contender) -> Vec<String> {

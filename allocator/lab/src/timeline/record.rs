@@ -8,7 +8,7 @@
 use super::explain::Rules;
 use super::{Change, Refusal, RegionKind, RegionTracker, Span, Timeline};
 use crate::compare::{CompareConfig, FirstOom, alloc_conf, emulate_pytorch, pytorch_first_oom, unreserved_bytes};
-pub use crate::contender::Contender;
+use crate::contender::Contender;
 use crate::driver::{HeapTarget, Observer, Step, Stream, drive};
 use crate::recording::{Moment, Recording};
 use heapscope_core::hash::FastSet;
