@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs exactly what CI runs: installs what is missing on a fresh Debian machine, then
-# `cargo fmt --check`, `cargo clippy --workspace --all-targets -- -D warnings`, a check that the fuzz target
-# still compiles, `cargo test --workspace`, and the docs built with warnings denied.
+# `cargo fmt --check`, `cargo clippy --workspace --all-targets -- -D warnings`, heapscope-wgpu checked without
+# its `vulkan` feature, a check that the fuzz target still compiles, `cargo test --workspace`, and the docs built with warnings denied.
 #
 # System packages (only when missing): the Vulkan loader, Mesa's lavapipe from bookworm-backports
 # (Mesa 25.x: sparse binding; bookworm's own Mesa 22 has none), vulkan-tools, the Khronos validation
@@ -103,6 +103,8 @@ main() {
     cargo fmt --all --check
     cargo fmt --manifest-path allocator/core/fuzz/Cargo.toml --check
     cargo clippy --workspace --all-targets --locked -- -D warnings
+    # heapscope-wgpu without its `vulkan` feature is plain wgpu: it builds without heapscope-vulkan (no ash, no VMA).
+    cargo check -p heapscope-wgpu --no-default-features --locked
     # The fuzz target is its own workspace (cargo-fuzz runs it by hand); keep it compiling.
     cargo check --manifest-path allocator/core/fuzz/Cargo.toml --locked
     cargo test --workspace --locked

@@ -216,12 +216,8 @@ enum Device {
     },
 }
 
-/// What became of a contender.
-enum Outcome {
-    Ran(Box<RunReport>),
-    /// The device cannot host it (sparse binding missing): why.
-    NotRun(String),
-}
+/// What became of a contender: its run's report, or why the device cannot host it (sparse binding missing).
+type Outcome = heapscope_lab::outcome::Outcome<Box<RunReport>>;
 
 impl Device {
     fn open(asked: Option<BackendName>, plain_wgpu: bool) -> Result<Self> {
@@ -327,7 +323,7 @@ impl Device {
                 return Ok(Outcome::Ran(Box::new(report)));
             }
         };
-        Ok(Outcome::NotRun(unsupported))
+        Ok(Outcome::not_run(policy.name(), unsupported))
     }
 
     /// Whether validation is on: the Vulkan layer, or on plain wgpu wgpu's own (`HEAPSCOPE_VALIDATION`).
@@ -391,7 +387,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
                 }
                 reports.push((policy, *report));
             }
-            Outcome::NotRun(why) => {
+            Outcome::NotRun { why, .. } => {
                 if args.json {
                     outln!("{}", not_run_line(policy, &chosen.workload, &device, budget, &why));
                 } else {

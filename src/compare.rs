@@ -35,7 +35,7 @@ pub fn run(args: &CompareArgs) -> Result<()> {
         print_row(outcome);
     }
     // The verdict of the first contender that failed (PyTorch's, when it did), with who would have coped.
-    let Some(failed) = outcomes.iter().find(|outcome| outcome.ooms > 0) else {
+    let Some(failed) = outcomes.iter().filter_map(Outcome::figures).find(|figures| figures.ooms > 0) else {
         if outcomes.iter().all(Outcome::ran) {
             outln!("\nEvery contender served every request.");
         } else {
@@ -48,14 +48,14 @@ pub fn run(args: &CompareArgs) -> Result<()> {
         // On the device where it can run there; else (and without --vulkan) simulated, and said so.
         let on_device = runner.outcome(&args.recording, &recording, PYTORCH_EXPANDABLE).context("replaying through pytorch")?;
         let (expandable, name) = match on_device {
-            outcome if outcome.ran() && runner.on_device() => (outcome, "`pytorch (vulkan)` with expandable segments"),
-            outcome if outcome.ran() => (outcome, "`pytorch` with expandable segments"),
-            _ => (
+            Outcome::Ran(figures) if runner.on_device() => (Outcome::Ran(figures), "`pytorch (vulkan)` with expandable segments"),
+            Outcome::Ran(figures) => (Outcome::Ran(figures), "`pytorch` with expandable segments"),
+            Outcome::NotRun { .. } => (
                 heapscope_lab::compare::replay(&recording, PYTORCH_EXPANDABLE, &args.recording.compare_config())?,
                 "`pytorch` with expandable segments (simulated: the device cannot run it)",
             ),
         };
-        if expandable.ooms == 0 {
+        if expandable.figures().is_some_and(|figures| figures.ooms == 0) {
             extra.push(name.to_owned());
         }
     }

@@ -99,16 +99,16 @@ impl Runner {
 
     /// Replays `recording` through `contender`: on the device when there is one, else simulated. A contender the
     /// device cannot run (a limit it exceeds, a feature it lacks), or a device-only one without a device, is an
-    /// outcome that says why ([`Outcome::not_run`]), so the others still run.
+    /// outcome that says why ([`Outcome::NotRun`](heapscope_lab::outcome::Outcome::NotRun)), so the others still run.
     pub fn outcome(&self, args: &RecordingArgs, recording: &Recording, contender: Contender) -> Result<Outcome> {
         let config = args.compare_config();
         let Some(context) = &self.context else {
             return Ok(heapscope_lab::compare::replay(recording, contender, &config)?);
         };
         match replay_on_device(context, recording, contender, &config) {
-            Ok(outcome) => Ok(outcome),
+            Ok(figures) => Ok(Outcome::Ran(figures)),
             Err(error) if error.is_device_limit() => {
-                Ok(Outcome::not_run(&format!("{contender} (vulkan)"), format!("not run on this device: {error}")))
+                Ok(Outcome::not_run(format!("{contender} (vulkan)"), format!("not run on this device: {error}")))
             }
             Err(error) => Err(error.into()),
         }
@@ -175,10 +175,12 @@ impl ContenderArgs {
     pub fn checked(&self, outcome: Outcome) -> Result<Outcome> {
         let mut named = self.policies.clone();
         named.dedup();
-        match &outcome.not_run {
-            Some(reason) if named.len() == 1 => anyhow::bail!("{reason}"),
-            _ => Ok(outcome),
+        if let Some(reason) = outcome.why_not_run()
+            && named.len() == 1
+        {
+            anyhow::bail!("{reason}");
         }
+        Ok(outcome)
     }
 }
 
@@ -258,10 +260,13 @@ pub fn print_header() {
 
 /// One contender's row (what stopped it, for a contender that did not run).
 pub fn print_row(outcome: &Outcome) {
-    if let Some(reason) = &outcome.not_run {
-        outln!("{:<22} {reason}", outcome.policy);
-        return;
-    }
+    let outcome = match outcome {
+        Outcome::Ran(figures) => figures,
+        Outcome::NotRun { name, why } => {
+            outln!("{name:<22} {why}");
+            return;
+        }
+    };
     let fidelity = outcome.fidelity.as_ref().map_or_else(String::new, |fidelity| {
         format!(
             "segments {}/{}, placements {}/{}",

@@ -27,8 +27,7 @@ use crate::panels;
 use crate::panes::{self, PaneStyle};
 use crate::playback::{Clock, Playback, SPEEDS, SystemClock};
 use crate::plot::{self, Series};
-use crate::session::{OpenOptions, Session, check_at};
-use crate::window::WindowOptions;
+use crate::session::{OpenOptions, Session};
 
 /// How often a live session redraws: 30 frames a second follow a run closely, and leave the device (which draws
 /// every frame, on the very queue the run submits to) to the run the rest of the time.
@@ -115,7 +114,7 @@ impl HeapscopeApp {
         if open.is_empty() { Contender::SIDE_BY_SIDE.to_vec() } else { open }
     }
 
-    fn set_session(&mut self, session: Session) {
+    pub(crate) fn set_session(&mut self, session: Session) {
         self.playback = self.playback.for_steps(session.steps());
         self.session = Some(session);
         self.focused = 0;
@@ -234,7 +233,7 @@ impl HeapscopeApp {
                 self.live.run = Some(run);
                 self.error = None;
             }
-            Err(error) => self.error = Some(format!("live: {error}")),
+            Err(error) => self.error = Some(format!("live: {error:#}")),
         }
     }
 
@@ -537,7 +536,7 @@ impl HeapscopeApp {
                         run.stop();
                     }
                 }
-                Some(Err(error)) => self.error = Some(error),
+                Some(Err(error)) => self.error = Some(format!("{error:#}")),
                 None => {}
             }
         }
@@ -698,52 +697,4 @@ impl eframe::App for HeapscopeApp {
     fn ui(&mut self, ui: &mut Ui, _frame: &mut eframe::Frame) {
         self.show(ui);
     }
-}
-
-/// Opens the app in a window, with the file at `path` when given (else the frag_oom story) through `contenders`
-/// (none: the side-by-side four), every file opened with `open`, and `live` running on the device when given;
-/// `window` can make it a scripted run (see [`crate::window`]).
-///
-/// # Errors
-/// The file does not open, too many contenders, `window.start_at_event` past the end of the recording
-/// ([`check_at`], the rule of `heapscope render --at` too), the window cannot be created (no display, no graphics
-/// adapter), or the scripted screenshot failed.
-pub fn run(
-    path: Option<&Path>,
-    contenders: &[Contender],
-    open: OpenOptions,
-    live: Option<LiveConfig>,
-    window: WindowOptions,
-) -> anyhow::Result<()> {
-    let mut app = HeapscopeApp { open_options: open, ..HeapscopeApp::default() };
-    if !contenders.is_empty() {
-        // Files open through the panes open: the story's.
-        app.set_session(Session::story_named("frag_oom", contenders)?);
-    }
-    if let Some(path) = path {
-        app.open_path(path);
-        if let Some(error) = app.error.take() {
-            anyhow::bail!(error);
-        }
-    }
-    if let Some(at) = window.start_at_event {
-        app.playback.seek(check_at(at, app.steps())?);
-    }
-    // Once what was asked for is known to open: the window draws with heapscope's own device where it can, and
-    // live runs run on that very device.
-    let shared = match crate::shared_device::SharedDevice::for_window() {
-        Ok(device) => Some(device),
-        Err(why) => {
-            if live.is_some() {
-                eprintln!("heapscope gui: the live run gets a device of its own: {why}");
-            }
-            None
-        }
-    };
-    app.window_device = shared.as_ref().map(|device| Arc::clone(device.context()));
-    if let Some(config) = live {
-        // No device is said in the Live bar, over the stories: the window still opens.
-        app.start_live(config);
-    }
-    crate::window::run_window(app, window, shared.as_ref())
 }

@@ -96,11 +96,13 @@ impl fmt::Display for LiveWorkload {
 }
 
 impl FromStr for LiveWorkload {
-    type Err = String;
+    type Err = heapscope_core::UnknownName;
 
-    fn from_str(text: &str) -> Result<Self, String> {
-        Self::ALL.into_iter().find(|workload| workload.name() == text).ok_or_else(|| {
-            format!("unknown live workload {text:?}: expected one of serve, train, churn (replay runs through `heapscope bench`)")
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::ALL.into_iter().find(|workload| workload.name() == text).ok_or_else(|| heapscope_core::UnknownName {
+            what: "live workload",
+            name: text.to_owned(),
+            expected: "one of serve, train, churn (replay runs through `heapscope bench`)".to_owned(),
         })
     }
 }
@@ -259,13 +261,13 @@ impl Drop for LiveRun {
 ///
 /// # Errors
 /// A workload that is not well formed, or a contender the device cannot host (no sparse binding for `paged`).
-pub fn start(context: &Arc<VulkanContext>, config: LiveConfig) -> Result<(ChannelSource, LiveRun), String> {
+pub fn start(context: &Arc<VulkanContext>, config: LiveConfig) -> anyhow::Result<(ChannelSource, LiveRun)> {
     let workload = config.workload.build(config.steps, config.seed);
-    workload.check().map_err(|error| format!("{}: {error}", workload.name))?;
+    workload.check().map_err(|error| anyhow::anyhow!("{}: {error}", workload.name))?;
     let budget = config.budget();
     let settings = BenchSettings::new(Some(budget));
     let mut target = VulkanTarget::new(context, config.policy, &settings)
-        .map_err(|error| format!("{} with a budget of {} on the device: {error}", config.policy, exact_size(budget)))?;
+        .map_err(|error| anyhow::anyhow!("{} with a budget of {} on the device: {error}", config.policy, exact_size(budget)))?;
     target.record_device_events(true);
     let (source, sender) = ChannelSource::new();
     let progress = Arc::new(Mutex::new(LiveProgress::default()));
@@ -281,7 +283,7 @@ pub fn start(context: &Arc<VulkanContext>, config: LiveConfig) -> Result<(Channe
             drop(target);
             worker_progress.lock().unwrap_or_else(PoisonError::into_inner).finished = Some(result);
         })
-        .map_err(|error| format!("cannot start the live worker: {error}"))?;
+        .map_err(|error| anyhow::anyhow!("cannot start the live worker: {error}"))?;
     let device = context.properties().name.clone();
     let validation = context.validation_log();
     Ok((source, LiveRun { config, device, draws_here: false, validation, progress, stop, worker: Some(worker) }))
@@ -408,6 +410,6 @@ mod tests {
         for workload in LiveWorkload::ALL {
             assert_eq!(workload.name().parse::<LiveWorkload>(), Ok(workload));
         }
-        assert!("replay".parse::<LiveWorkload>().unwrap_err().contains("\"replay\""));
+        assert!("replay".parse::<LiveWorkload>().unwrap_err().to_string().contains("\"replay\""));
     }
 }

@@ -35,7 +35,7 @@
 //!   wgpu's queue operations take heapscope's queue lock, so the renderer and a live run share one queue safely.
 //! - [`window`] is the native window (eframe on wgpu), and its scripted run: quit after N frames, a screenshot
 //!   of the real window first (`heapscope gui --quit-after-frames N --screenshot PNG`; the root's
-//!   `tests/gui_window.rs` runs it under Xvfb).
+//!   `tests/end_to_end/gui/window.rs` runs it under Xvfb).
 //! - [`render()`] draws the same panes headless through egui_kittest's wgpu renderer into a PNG, or into an
 //!   animated GIF of the story playing: `heapscope render`, the demo's picture, and the snapshot tests.
 #![warn(missing_docs)]
@@ -56,7 +56,7 @@ pub mod session;
 pub mod shared_device;
 pub mod window;
 
-pub use app::{HeapscopeApp, run};
+pub use app::HeapscopeApp;
 pub use render::{GifOptions, RenderOptions, render, render_gif, render_png};
 pub use session::Session;
-pub use window::WindowOptions;
+pub use window::{WindowOptions, run};

@@ -68,7 +68,7 @@ impl LivePanel {
     ///
     /// # Errors
     /// A budget that is not a size above 0, or steps that are not a positive whole number, named.
-    pub fn config(&self) -> Result<LiveConfig, String> {
+    pub fn config(&self) -> anyhow::Result<LiveConfig> {
         let mut config = LiveConfig::new(self.workload, self.policy);
         config.seed = self.seed;
         let typed = self.steps.trim();
@@ -77,15 +77,13 @@ impl LivePanel {
                 .parse()
                 .ok()
                 .filter(|&steps| steps > 0)
-                .ok_or_else(|| format!("steps {typed:?}: expected a whole number above 0"))?;
+                .ok_or_else(|| anyhow::anyhow!("steps {typed:?}: expected a whole number above 0"))?;
             config.steps = Some(steps);
         }
         let typed = self.budget.trim();
         if !typed.is_empty() {
-            let bytes = parse_size(typed).map_err(|error| format!("budget: {error}"))?;
-            if bytes == 0 {
-                return Err(format!("budget {typed:?}: nothing could be allocated in 0 bytes"));
-            }
+            let bytes = parse_size(typed).map_err(|error| anyhow::anyhow!("budget: {error}"))?;
+            anyhow::ensure!(bytes > 0, "budget {typed:?}: nothing could be allocated in 0 bytes");
             config.budget_bytes = Some(bytes);
         }
         Ok(config)
@@ -97,7 +95,7 @@ impl LivePanel {
     }
 
     /// Draws the bar; returns what was asked, or an error in the form.
-    pub fn show(&mut self, ui: &mut Ui) -> Option<Result<LiveAction, String>> {
+    pub fn show(&mut self, ui: &mut Ui) -> Option<anyhow::Result<LiveAction>> {
         let mut action = None;
         ui.horizontal_wrapped(|ui| {
             ui.label(RichText::new("Live").strong());

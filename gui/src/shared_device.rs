@@ -43,8 +43,9 @@ impl SharedDevice {
     /// # Errors
     /// Why it cannot be shared: no Vulkan device, wgpu-hal refuses it, or its compute queue is not of family 0 with
     /// graphics (wgpu-hal checks presentation on family 0).
-    pub fn open(options: &ContextOptions) -> Result<Self, String> {
-        let wgpu = WgpuVulkan::new(options).map_err(|error| format!("no Vulkan device to share with the window: {error}"))?;
+    pub fn open(options: &ContextOptions) -> anyhow::Result<Self> {
+        let wgpu =
+            WgpuVulkan::new(options).map_err(|error| anyhow::anyhow!("no Vulkan device to share with the window: {error}"))?;
         let context = wgpu.context();
         let (family, _) = context.compute_queue();
         let flags = context
@@ -56,11 +57,11 @@ impl SharedDevice {
         // wgpu-hal asks whether a surface can be presented from queue family 0 (whatever family the device's queue
         // is of): only a queue of that family, with graphics, draws and presents as wgpu expects.
         if family != 0 || !flags.contains(vk::QueueFlags::GRAPHICS) {
-            return Err(format!(
+            anyhow::bail!(
                 "{}: its compute queue is of family {family} ({flags:?}), not of family 0 with graphics, which \
                  wgpu draws and presents with, so the window draws elsewhere",
                 context.properties().name
-            ));
+            );
         }
         Ok(Self { wgpu })
     }
@@ -70,9 +71,9 @@ impl SharedDevice {
     ///
     /// # Errors
     /// Why the window does not draw with heapscope's device (it works either way).
-    pub fn for_window() -> Result<Self, String> {
+    pub fn for_window() -> anyhow::Result<Self> {
         if std::env::var("HEAPSCOPE_SHARE_DEVICE").is_ok_and(|value| value.trim() == "0") {
-            return Err("HEAPSCOPE_SHARE_DEVICE=0: the window draws with eframe's own adapter".to_owned());
+            anyhow::bail!("HEAPSCOPE_SHARE_DEVICE=0: the window draws with eframe's own adapter");
         }
         Self::open(&ContextOptions::from_env())
     }

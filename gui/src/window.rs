@@ -4,22 +4,25 @@
 //! With a live run (`--live`), the frames are counted once the run is over, and how it went is printed
 //! (`live churn · tlsf · 112 MiB: finished in … · kernel mismatches 0, on llvmpipe, the device this window draws
 //! with`).
-//! That is how the end-to-end test (`tests/gui_window.rs` at the root, under Xvfb) checks that the window opens,
+//! That is how the end-to-end test (`tests/end_to_end/gui/window.rs` at the root, under Xvfb) checks that the window opens,
 //! draws and closes cleanly, and how a picture of the whole app is taken without a person.
 //!
 //! The screenshot is eframe's own: [`egui::ViewportCommand::Screenshot`] asks the integration to read back the
 //! next frame it renders, and hands the pixels to a callback, which writes the PNG; the window closes once it
 //! is written ([`egui::ViewportCommand::Close`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use egui::{Ui, ViewportCommand};
 
 use crate::app::HeapscopeApp;
+use crate::device_live::LiveConfig;
 use crate::device_live::STOPPED;
+use crate::session::{OpenOptions, Session, check_at};
 use crate::shared_device::SharedDevice;
+use heapscope_lab::contender::Contender;
 use heapscope_vulkan::ValidationLog;
 
 /// Frames waited for a screenshot after asking for it before giving up (it takes one or two).
@@ -97,7 +100,7 @@ impl Windowed {
                 let slot = Arc::clone(&outcome);
                 let path = path.clone();
                 ctx.request_screenshot(move |image| {
-                    let written = save_png(&image, &path);
+                    let written = save_png(&image, &path).map_err(|error| format!("{error:#}"));
                     if let Ok(mut slot) = slot.lock() {
                         *slot = Some(written);
                     }
@@ -158,15 +161,16 @@ impl Windowed {
 }
 
 /// Writes the window's pixels as a PNG.
-fn save_png(image: &egui::ColorImage, path: &std::path::Path) -> Result<(), String> {
+fn save_png(image: &egui::ColorImage, path: &Path) -> anyhow::Result<()> {
     let [width, height] = image.size;
     let bytes: Vec<u8> = image.pixels.iter().flat_map(egui::Color32::to_srgba_unmultiplied).collect();
-    let too_large = || format!("cannot write {}: a {width}x{height} screenshot is too large", path.display());
+    let too_large = || anyhow::anyhow!("cannot write {}: a {width}x{height} screenshot is too large", path.display());
     let width = u32::try_from(width).map_err(|_| too_large())?;
     let height = u32::try_from(height).map_err(|_| too_large())?;
-    let picture = image::RgbaImage::from_raw(width, height, bytes)
-        .ok_or_else(|| format!("cannot write {}: the screenshot's pixels do not fill {width}x{height}", path.display()))?;
-    picture.save(path).map_err(|error| format!("cannot write {}: {error}", path.display()))
+    let picture = image::RgbaImage::from_raw(width, height, bytes).ok_or_else(|| {
+        anyhow::anyhow!("cannot write {}: the screenshot's pixels do not fill {width}x{height}", path.display())
+    })?;
+    picture.save(path).map_err(|error| anyhow::anyhow!("cannot write {}: {error}", path.display()))
 }
 
 impl eframe::App for Windowed {
@@ -241,4 +245,53 @@ pub fn run_window(app: HeapscopeApp, options: WindowOptions, device: Option<&Sha
         anyhow::bail!("the window's run drew {} Vulkan validation message(s) (above)", messages.len());
     }
     Ok(())
+}
+
+/// Opens the app in a window, with the file at `path` when given (else the frag_oom story) through `contenders`
+/// (none: the side-by-side four), every file opened with `open`, and `live` running on the device when given;
+/// `window` can make it a scripted run (see the module documentation).
+///
+/// # Errors
+/// The file does not open, too many contenders, `window.start_at_event` past the end of the recording
+/// ([`check_at`], the rule of `heapscope render --at` too), the window cannot be created (no display, no graphics
+/// adapter), or the scripted screenshot failed.
+pub fn run(
+    path: Option<&Path>,
+    contenders: &[Contender],
+    open: OpenOptions,
+    live: Option<LiveConfig>,
+    window: WindowOptions,
+) -> anyhow::Result<()> {
+    let mut app = HeapscopeApp::default();
+    app.open_options = open;
+    if !contenders.is_empty() {
+        // Files open through the panes open: the story's.
+        app.set_session(Session::story_named("frag_oom", contenders)?);
+    }
+    if let Some(path) = path {
+        app.open_path(path);
+        if let Some(error) = app.error.take() {
+            anyhow::bail!(error);
+        }
+    }
+    if let Some(at) = window.start_at_event {
+        app.playback.seek(check_at(at, app.steps())?);
+    }
+    // Once what was asked for is known to open: the window draws with heapscope's own device where it can, and
+    // live runs run on that very device.
+    let shared = match SharedDevice::for_window() {
+        Ok(device) => Some(device),
+        Err(why) => {
+            if live.is_some() {
+                eprintln!("heapscope gui: the live run gets a device of its own: {why}");
+            }
+            None
+        }
+    };
+    app.window_device = shared.as_ref().map(|device| Arc::clone(device.context()));
+    if let Some(config) = live {
+        // No device is said in the Live bar, over the stories: the window still opens.
+        app.start_live(config);
+    }
+    run_window(app, window, shared.as_ref())
 }

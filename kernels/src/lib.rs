@@ -37,6 +37,7 @@ pub mod bench;
 mod plan;
 mod run;
 mod runner;
+pub mod selection;
 pub mod workload;
 
 pub use naga;

@@ -115,7 +115,8 @@ fn main() {
     let (whole, outcome) = best_of(|| {
         let snapshot = read_snapshot(&path).expect("the snapshot reads");
         let recording = Recording::from_snapshot(&name, snapshot, 0).expect("device 0");
-        replay(&recording, Contender::Heap(PolicyKind::Tlsf), &config).expect("replays")
+        let outcome = replay(&recording, Contender::Heap(PolicyKind::Tlsf), &config).expect("replays");
+        outcome.figures().cloned().expect("a simulated heap contender runs")
     });
     let recording = Recording::from_snapshot(&name, snapshot, 0).expect("device 0");
     let conf = alloc_conf(&recording, None).expect("the recorded settings are valid");

@@ -1,5 +1,6 @@
 //! Side-by-side replays: one recording through several contenders, each summed up in the same
-//! [`Outcome`] (the numbers `heapscope replay --json` and `heapscope compare` print).
+//! [`Outcome`]: its [`Figures`] (the numbers `heapscope replay --json` and `heapscope compare` print), or why it did
+//! not run.
 //!
 //! A contender is PyTorch's caching allocator (emulated), a [`Heap`] of blocks with one of the core
 //! policies inside, or a [`PagedHeap`]. Heaps draw blocks from a simulated device of the capacity given
@@ -8,19 +9,20 @@
 //!
 //! [`emulate_pytorch`] is the `pytorch` contender's replay with memory under the allocator (a
 //! [`SegmentBacking`]: the Vulkan backend's device memory), the same decisions and numbers. A contender that
-//! cannot run where it was asked to (a device limit) is an [`Outcome::not_run`] with the reason, so a table or a
-//! comparison still shows the others.
+//! cannot run where it was asked to (a device limit) is an [`Outcome::NotRun`](crate::outcome::Outcome::NotRun) with
+//! the reason, so a table or a comparison still shows the others.
 
 use std::time::{Duration, Instant};
 
 use crate::contender::Contender;
-use crate::driver::{HeapReplay, replay_device_heap};
+use crate::driver::{HeapReplay, HeapTarget, Observer, Step, Stream, drive, replay_device_heap};
 use crate::recording::{Moment, Recording};
 use heapscope_core::units::Bytes;
 use heapscope_core::{
-    DeviceHeap, Heap, HeapConfig, OomCause, OomVerdict, PagedConfig, PagedHeap, PolicyKind, Result, SimulatedSource, UnmapRule,
+    DeviceEvent, DeviceHeap, Heap, HeapConfig, OomCause, OomVerdict, PagedConfig, PagedHeap, PolicyKind, Result, SimulatedSource,
+    UnmapRule,
 };
-use heapscope_pytorch::caching::{CachingAllocator, EntryEffect, OomReport, SegmentBacking, Unbacked, apply_pending};
+use heapscope_pytorch::caching::{CachingAllocation, CachingHeap, EntryEffect, OomReport, SegmentBacking, Unbacked};
 use heapscope_pytorch::{AllocConf, Fidelity, MemoryStats, TraceEntry, emulate_backed};
 
 /// The first request a contender could not serve.
@@ -70,10 +72,10 @@ impl FirstOom {
     }
 }
 
-/// A replay summed up.
+/// A replay summed up: what a contender that ran measured.
 #[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct Outcome {
+pub struct Figures {
     /// The contender's name.
     pub policy: String,
     /// Events replayed (allocations and frees, the start state's included).
@@ -104,14 +106,43 @@ pub struct Outcome {
     /// For `pytorch`: PyTorch's own counters (`torch.cuda.memory_stats()`).
     #[cfg_attr(feature = "serde", serde(skip))]
     pub memory_stats: Option<MemoryStats>,
-    /// Why the contender did not run (it cannot on this device: a limit, a missing feature), with what to do;
-    /// `None` when it ran. A contender that did not run has every count at 0.
-    pub not_run: Option<String>,
 }
 
+/// What became of a contender on a recording: its [`Figures`], or why it did not run.
+pub type Outcome = crate::outcome::Outcome<Figures>;
+
 impl Outcome {
-    /// The outcome of `policy` that did not run, because of `reason`.
-    pub fn not_run(policy: &str, reason: impl Into<String>) -> Self {
+    /// The contender's name, as reports print it.
+    pub fn policy(&self) -> &str {
+        match self {
+            Self::Ran(figures) => &figures.policy,
+            Self::NotRun { name, .. } => name,
+        }
+    }
+}
+
+/// One JSON object per contender, the same keys whether it ran or not: the figures (every count 0 for a contender
+/// that did not run), then `not_run` (`null`, or why).
+#[cfg(feature = "serde")]
+impl serde::Serialize for Outcome {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        #[derive(serde::Serialize)]
+        struct Line<'a> {
+            #[serde(flatten)]
+            figures: &'a Figures,
+            not_run: Option<&'a str>,
+        }
+        match self {
+            Self::Ran(figures) => Line { figures, not_run: None }.serialize(serializer),
+            Self::NotRun { name, why } => Line { figures: &Figures::none(name), not_run: Some(why) }.serialize(serializer),
+        }
+    }
+}
+
+#[cfg(feature = "serde")]
+impl Figures {
+    /// Every count 0: a contender named `policy` that replayed nothing.
+    fn none(policy: &str) -> Self {
         Self {
             policy: policy.to_owned(),
             events: 0,
@@ -127,15 +158,11 @@ impl Outcome {
             ns_per_event: 0.0,
             fidelity: None,
             memory_stats: None,
-            not_run: Some(reason.into()),
         }
     }
+}
 
-    /// Whether the contender ran (see [`Outcome::not_run`]).
-    pub fn ran(&self) -> bool {
-        self.not_run.is_none()
-    }
-
+impl Figures {
     /// Peak reserved over peak live (1.0 is no waste).
     pub fn reserved_over_live(&self) -> f64 {
         self.peak_reserved_bytes as f64 / self.peak_live_bytes.max(1) as f64
@@ -229,9 +256,9 @@ const UNLIMITED_DEVICE_BYTES: u64 = 1 << 56;
 
 /// The outcome of a heap replay of `recording` by `policy` that took `nanos`, with the device counters left at 0
 /// for the caller to fill in (they depend on the heap); the first OOM at its moment of the recording.
-pub fn summed(policy: &str, replay: &HeapReplay, recording: &Recording, nanos: u128) -> Outcome {
+pub fn summed(policy: &str, replay: &HeapReplay, recording: &Recording, nanos: u128) -> Figures {
     let stats = &replay.stats;
-    Outcome {
+    Figures {
         policy: policy.to_owned(),
         events: stats.events,
         entries: recording.entries,
@@ -249,25 +276,24 @@ pub fn summed(policy: &str, replay: &HeapReplay, recording: &Recording, nanos: u
         ns_per_event: nanos as f64 / stats.events.max(1) as f64,
         fidelity: None,
         memory_stats: None,
-        not_run: None,
     }
 }
 
 /// Replays `recording` through `contender` on a simulated device with `config`: the one entry point of every
 /// simulated replay (`replay`, `compare`, `summary`). A contender that exists only on a Vulkan device is an
-/// outcome that says so ([`Outcome::not_run`]).
+/// outcome that says so ([`Outcome::NotRun`](crate::outcome::Outcome::NotRun)).
 ///
 /// # Errors
 /// Invalid settings (`--alloc-conf` included), a snapshot the emulation cannot replay, or a contender bug on free.
 pub fn replay(recording: &Recording, contender: Contender, config: &CompareConfig) -> Result<Outcome> {
-    match contender {
+    let figures = match contender {
         Contender::Pytorch { expandable } => {
             let mut conf = alloc_conf(recording, config.alloc_conf.as_deref())?;
             conf.expandable_segments |= expandable;
             let (replay, nanos) = best_time(|| emulate_pytorch(recording, &conf, config.capacity_bytes, &mut Unbacked))?;
-            Ok(replay.outcome(contender.name(), recording, nanos))
+            replay.figures(contender.name(), recording, nanos)
         }
-        Contender::Heap(kind) => heap_outcome(
+        Contender::Heap(kind) => heap_figures(
             recording,
             config,
             kind.name(),
@@ -276,8 +302,8 @@ pub fn replay(recording: &Recording, contender: Contender, config: &CompareConfi
                 let stats = heap.stats();
                 (stats.peak_reserved_bytes, stats.blocks_reserved, stats.blocks_released)
             },
-        ),
-        Contender::Paged => heap_outcome(
+        )?,
+        Contender::Paged => heap_figures(
             recording,
             config,
             "paged",
@@ -286,29 +312,30 @@ pub fn replay(recording: &Recording, contender: Contender, config: &CompareConfi
                 let stats = heap.stats();
                 (stats.peak_mapped_bytes, stats.map_calls, stats.unmap_calls)
             },
-        ),
+        )?,
         Contender::GpuAllocator | Contender::Vma => {
-            Ok(Outcome::not_run(contender.name(), "runs on a Vulkan device only: add --vulkan"))
+            return Ok(Outcome::not_run(contender.name(), "runs on a Vulkan device only: add --vulkan"));
         }
-    }
+    };
+    Ok(Outcome::Ran(figures))
 }
 
-/// The outcome, named `name`, of `recording` through a fresh heap from `make` (timed by [`best_time`]), with its
+/// The figures, named `name`, of `recording` through a fresh heap from `make` (timed by [`best_time`]), with its
 /// peak reserved bytes, device allocations and device frees as `counts` reads them off the heap.
-fn heap_outcome<H: DeviceHeap>(
+fn heap_figures<H: DeviceHeap>(
     recording: &Recording,
     config: &CompareConfig,
     name: &str,
     make: impl Fn() -> Result<H>,
     counts: impl Fn(&H) -> (u64, u64, u64),
-) -> Result<Outcome> {
+) -> Result<Figures> {
     let ((heap, replay), nanos) = best_time(|| {
         let mut heap = make()?;
         let replay = replay_device_heap(&recording.trace, &mut heap, config.align_bytes)?;
         Ok((heap, replay))
     })?;
     let (peak_reserved_bytes, device_allocs, device_frees) = counts(&heap);
-    Ok(Outcome { peak_reserved_bytes, device_allocs, device_frees, ..summed(name, &replay, recording, nanos) })
+    Ok(Figures { peak_reserved_bytes, device_allocs, device_frees, ..summed(name, &replay, recording, nanos) })
 }
 
 /// The allocator settings for the `pytorch` contender: the recording's own (PyTorch's defaults for a plain
@@ -379,9 +406,9 @@ pub(crate) fn pytorch_first_oom(event_index: u64, report: &OomReport, unreserved
 ///
 /// [`heapscope_core::Error::Trace`] naming the recording and the segment, block or trace entry of its snapshot
 /// that the emulation cannot replay ([`heapscope_pytorch::EmulationError`]).
-pub fn replay_pytorch(recording: &Recording, conf: &AllocConf, capacity_bytes: Option<u64>) -> Result<Outcome> {
+pub fn replay_pytorch(recording: &Recording, conf: &AllocConf, capacity_bytes: Option<u64>) -> Result<Figures> {
     let (replay, nanos) = best_time(|| emulate_pytorch(recording, conf, capacity_bytes, &mut Unbacked))?;
-    Ok(replay.outcome(Contender::Pytorch { expandable: false }.name(), recording, nanos))
+    Ok(replay.figures(Contender::Pytorch { expandable: false }.name(), recording, nanos))
 }
 
 /// One replay of a recording through the emulation of PyTorch's caching allocator: what an [`Outcome`] of it
@@ -397,12 +424,12 @@ pub struct PytorchReplay {
 }
 
 impl PytorchReplay {
-    /// The outcome, named `policy`, of a replay of `recording` that took `nanos`.
-    pub fn outcome(self, policy: &str, recording: &Recording, nanos: u128) -> Outcome {
+    /// The figures, named `policy`, of a replay of `recording` that took `nanos`.
+    pub fn figures(self, policy: &str, recording: &Recording, nanos: u128) -> Figures {
         let events = recording.trace.events().len() as u64;
         let count = |value: i64| u64::try_from(value).unwrap_or(0);
         let stats = self.stats;
-        Outcome {
+        Figures {
             policy: policy.to_owned(),
             events,
             entries: recording.entries,
@@ -417,7 +444,6 @@ impl PytorchReplay {
             ns_per_event: nanos as f64 / events.max(1) as f64,
             fidelity: self.fidelity,
             memory_stats: Some(stats),
-            not_run: None,
         }
     }
 }
@@ -450,47 +476,60 @@ pub fn emulate_pytorch(
             PytorchReplay { stats: emulation.stats, first_oom, fidelity: Some(emulation.fidelity) }
         }
         None => {
-            let mut allocator = CachingAllocator::new(conf.clone(), capacity_bytes);
-            let mut addresses = vec![None; recording.trace.slots() as usize];
-            let mut first_oom = None;
-            let refused = |index: u64| {
-                move |what: heapscope_pytorch::BackingRefused| {
-                    heapscope_core::Error::Source(format!("{}: event {index}: {what}", recording.name))
-                }
-            };
-            backing.started(&allocator);
-            for (index, event) in (0..).zip(recording.trace.events()) {
-                let mut effect = EntryEffect::Unchanged;
-                match *event {
-                    heapscope_core::Event::Alloc { slot, size_bytes } => {
-                        let result = allocator.malloc(size_bytes, 0, None);
-                        apply_pending(&mut allocator, backing).map_err(refused(recording.entry_of(index)))?;
-                        match result {
-                            Ok(address) => {
-                                addresses[slot as usize] = Some(address);
-                                effect = EntryEffect::Placed { address };
-                            }
-                            Err(report) => {
-                                let unreserved = unreserved_bytes(capacity_bytes, &report, None);
-                                first_oom
-                                    .get_or_insert_with(|| pytorch_first_oom(recording.entry_of(index), &report, unreserved));
-                                effect = EntryEffect::Refused(report);
-                            }
-                        }
-                    }
-                    heapscope_core::Event::Free { slot } => {
-                        if let Some(address) = addresses[slot as usize].take() {
-                            allocator.free(address);
-                            apply_pending(&mut allocator, backing).map_err(refused(recording.entry_of(index)))?;
-                            effect = EntryEffect::Freed { address };
-                        }
-                    }
-                }
-                backing.replayed(index as usize, effect, &allocator);
-            }
-            PytorchReplay { stats: allocator.stats().clone(), first_oom, fidelity: None }
+            // A plain trace: the emulation is a heap like any other, replayed by the one driver; what it asks of
+            // the device and what each event did to its blocks go to `backing` as they happen.
+            let mut heap = CachingHeap::new(conf.clone(), capacity_bytes);
+            heap.record_device_events(true);
+            backing.started(heap.allocator());
+            let mut follower = BackingFollower { recording, capacity_bytes, backing, first_oom: None };
+            // PyTorch rounds and aligns every request itself (512-byte blocks): no alignment of ours.
+            drive(Stream::of(recording), &mut HeapTarget(&mut heap), 1, &mut [&mut follower])?;
+            PytorchReplay { stats: heap.allocator().stats().clone(), first_oom: follower.first_oom, fidelity: None }
         }
     })
+}
+
+/// Hands a plain trace's replay through PyTorch's emulation to a [`SegmentBacking`]: every segment operation as
+/// the driver reports it, then what the event did to the blocks; and notes the first refusal in PyTorch's words.
+struct BackingFollower<'a, 'b> {
+    recording: &'a Recording,
+    capacity_bytes: Option<u64>,
+    backing: &'b mut dyn SegmentBacking,
+    first_oom: Option<FirstOom>,
+}
+
+impl Observer<HeapTarget<'_, CachingHeap>> for BackingFollower<'_, '_> {
+    fn step(
+        &mut self,
+        event: u64,
+        _moment: Moment,
+        step: Step<'_, CachingAllocation>,
+        device_events: &[DeviceEvent],
+        target: &HeapTarget<'_, CachingHeap>,
+    ) -> Result<()> {
+        let allocator = target.0.allocator();
+        let entry = self.recording.entry_of(event);
+        if !device_events.is_empty() {
+            self.backing
+                .apply(device_events, allocator)
+                .map_err(|what| heapscope_core::Error::Source(format!("{}: event {entry}: {what}", self.recording.name)))?;
+        }
+        let effect = match step {
+            Step::Placed { handle, .. } => EntryEffect::Placed { address: handle.address() },
+            Step::Freed { handle, .. } => EntryEffect::Freed { address: handle.address() },
+            Step::Unserved { .. } => EntryEffect::Unchanged,
+            Step::Refused { .. } => match target.0.last_refusal() {
+                Some(&report) => {
+                    let unreserved = unreserved_bytes(self.capacity_bytes, &report, None);
+                    self.first_oom.get_or_insert_with(|| pytorch_first_oom(entry, &report, unreserved));
+                    EntryEffect::Refused(report)
+                }
+                None => EntryEffect::Unchanged,
+            },
+        };
+        self.backing.replayed(event as usize, effect, allocator);
+        Ok(())
+    }
 }
 
 /// An emulation error as an error of the recording's file (a refusal of the memory under the allocator as the
@@ -506,12 +545,13 @@ pub(crate) fn emulation_error(recording: &Recording, error: &heapscope_pytorch::
 
 /// The verdict of a comparison in one sentence, when the reference contender ran out of memory: what was
 /// free and which contenders would have succeeded.
-pub fn verdict_sentence(failed: &Outcome, outcomes: &[Outcome], extra_successes: &[String]) -> Option<String> {
+pub fn verdict_sentence(failed: &Figures, outcomes: &[Outcome], extra_successes: &[String]) -> Option<String> {
     let oom = failed.first_oom.as_ref()?;
     let mut survivors: Vec<String> = outcomes
         .iter()
-        .filter(|outcome| outcome.ran() && outcome.ooms == 0)
-        .map(|outcome| format!("`{}`", outcome.policy))
+        .filter_map(Outcome::figures)
+        .filter(|figures| figures.ooms == 0)
+        .map(|figures| format!("`{}`", figures.policy))
         .collect();
     survivors.extend(extra_successes.iter().cloned());
     let head = match oom.verdict {
@@ -555,10 +595,12 @@ mod tests {
             ..CompareConfig::default()
         };
         let recording = Recording::from_trace(story.trace.clone());
-        let heap = replay(&recording, Contender::Heap(PolicyKind::BestFit), &config).unwrap();
-        let paged = replay(&recording, Contender::Paged, &config).unwrap();
+        let heap_outcome = replay(&recording, Contender::Heap(PolicyKind::BestFit), &config).unwrap();
+        let paged_outcome = replay(&recording, Contender::Paged, &config).unwrap();
+        let (heap, paged) = (heap_outcome.figures().unwrap(), paged_outcome.figures().unwrap());
         let vma = replay(&recording, Contender::Vma, &config).unwrap();
-        assert_eq!(vma.not_run.as_deref(), Some("runs on a Vulkan device only: add --vulkan"));
+        assert_eq!(vma.why_not_run(), Some("runs on a Vulkan device only: add --vulkan"));
+        assert_eq!(vma.policy(), "vma");
         assert_eq!((heap.ooms, paged.ooms), (1, 0));
         assert_eq!((heap.allocs, heap.frees, heap.events), (40, 20, 61));
         let oom = heap.first_oom.as_ref().unwrap();
@@ -569,9 +611,13 @@ mod tests {
         assert_eq!(paged.peak_reserved_bytes, 3024 * MIB);
         // A contender that did not run (a device limit) served nothing: it is no survivor.
         let not_run = Outcome::not_run("vma (vulkan)", "no device");
-        assert!(!not_run.ran() && not_run.ooms == 0);
-        let sentence =
-            verdict_sentence(&heap, &[heap.clone(), paged, not_run], &["`pytorch` with expandable segments".into()]).unwrap();
+        assert!(!not_run.ran() && not_run.figures().is_none());
+        let sentence = verdict_sentence(
+            heap,
+            &[heap_outcome.clone(), paged_outcome.clone(), not_run],
+            &["`pytorch` with expandable segments".into()],
+        )
+        .unwrap();
         assert!(
             sentence.contains("1000.00 MiB free in reserved memory but the largest free run is 50.00 MiB")
                 && sentence.ends_with("`paged` and `pytorch` with expandable segments would have succeeded."),
@@ -585,8 +631,8 @@ mod tests {
         let recording = Recording::from_trace(story.trace.clone());
         let eager = CompareConfig { capacity_bytes: Some(story.device_bytes), ..CompareConfig::default() };
         let pressure = CompareConfig { paged_unmap: UnmapRule::UnderPressure, ..eager.clone() };
-        let eager = replay(&recording, Contender::Paged, &eager).unwrap();
-        let pressure = replay(&recording, Contender::Paged, &pressure).unwrap();
+        let eager = replay(&recording, Contender::Paged, &eager).unwrap().figures().cloned().unwrap();
+        let pressure = replay(&recording, Contender::Paged, &pressure).unwrap().figures().cloned().unwrap();
         assert_eq!((eager.ooms, pressure.ooms), (0, 0), "both serve the 1 GiB request");
         // Eager unmaps the 150 MiB pages and maps them again for the 100 MiB ones; under pressure those are
         // served from the cache, which is unmapped only when the 1 GiB request needs the room.

@@ -2,9 +2,10 @@
 //! [`Policy`] on one range, a [`Heap`] of blocks, a [`PagedHeap`], or any [`DeviceHeap`] of a backend crate),
 //! with [`Observer`]s that write down what they need of each step — the statistics of a replay
 //! ([`ReplayStats`], the verdicts), a timeline for the app, a snapshot for export. Every way heapscope replays a
-//! heap contender goes through [`drive`]; PyTorch's emulation has its own loop over the snapshot's entries (its
-//! rules need them all, segment events included) and reports to the same kind of observer through its
-//! `SegmentBacking`.
+//! heap contender goes through [`drive`], and so does PyTorch's emulation of a plain trace (its `CachingHeap` is a
+//! `DeviceHeap` like any other). Of a PyTorch snapshot, the emulation walks the entries themselves, in the same
+//! moments — its rules need every entry, `free_requested`, `oom` and segment events included, and its fidelity is
+//! measured against them — and reports each entry through its `SegmentBacking`.
 //!
 //! The stream ([`Stream`]) is the recording's: its start events (what was live before the first entry, see
 //! [`crate::recording`]) at [`Moment::Start`], then each entry's events at [`Moment::Entry`], every entry once

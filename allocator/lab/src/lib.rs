@@ -13,10 +13,10 @@
 //! - [`driver::drive`] is the one replay loop: the stream moment by moment through a heap contender, with
 //!   [`driver::Observer`]s writing down what they need — statistics ([`driver::Statistics`]), a timeline for the
 //!   app ([`timeline::record::TimelineObserver`]), a snapshot for export ([`export::replayed`]). PyTorch's
-//!   emulation walks the snapshot's entries itself (its rules need the segment events) and reports through its
-//!   `SegmentBacking` in the same moments.
-//! - [`compare`] sums each contender's replay up in one [`compare::Outcome`] (ran, with its figures, or not run,
-//!   with why) and says who would have survived an out-of-memory error; [`timeline`] keeps a replay step by step
+//!   emulation of a plain trace goes through it too; of a snapshot it walks the entries themselves (its rules need
+//!   every entry, segment events included) and reports through its `SegmentBacking` in the same moments.
+//! - [`compare`] sums each contender's replay up in one [`compare::Outcome`] ([`outcome::Outcome`]: ran, with its
+//!   [`compare::Figures`], or not run, with why — the shape `bench` uses for its runs too) and says who would have survived an out-of-memory error; [`timeline`] keeps a replay step by step
 //!   for seeking and explaining; [`export`] writes replays in other tools' forms (PyTorch snapshots, VMA's JSON);
 //!   [`story`] holds the built-in teaching traces.
 #![forbid(unsafe_code)]
@@ -26,6 +26,7 @@ pub mod compare;
 pub mod contender;
 pub mod driver;
 pub mod export;
+pub mod outcome;
 pub mod recording;
 pub mod story;
 pub mod timeline;

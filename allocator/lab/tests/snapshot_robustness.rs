@@ -183,7 +183,8 @@ proptest! {
             let config = CompareConfig { capacity_bytes: capacity, ..CompareConfig::default() };
             for contender in [Contender::Heap(heapscope_core::PolicyKind::Tlsf), Contender::Paged] {
                 let outcome = replay(&recording, contender, &config).unwrap();
-                prop_assert!(outcome.peak_reserved_bytes >= outcome.peak_live_bytes.min(1));
+                let figures = outcome.figures().expect("a simulated heap contender runs");
+                prop_assert!(figures.peak_reserved_bytes >= figures.peak_live_bytes.min(1));
                 replayed_snapshot(&recording, contender, &config).unwrap();
             }
             prop_assert_eq!(emulated_snapshot(&recording, &conf, overrides, capacity).is_ok(), emulation.is_ok());

@@ -1,4 +1,4 @@
-//! Contenders on a real device, summed up like the simulated ones (`heapscope_lab::compare::Outcome`):
+//! Contenders on a real device, summed up like the simulated ones (`heapscope_lab::compare::Figures`):
 //! a core policy inside a heap of `vkAllocateMemory` blocks, `paged` on a sparse buffer whose pages are bound on
 //! demand ([`DevicePagedHeap`]), PyTorch's caching allocator on device memory, or the allocators users have today —
 //! gpu-allocator 0.28 and VMA (vk-mem 0.5) — so `heapscope replay --vulkan` and `compare --vulkan` put them beside
@@ -26,7 +26,7 @@ use std::sync::Arc;
 use heapscope_core::trace::Event;
 use heapscope_core::units::Bytes;
 use heapscope_core::{DeviceEvent, Heap, HeapConfig, PolicyConfig, Trace};
-use heapscope_lab::compare::{CompareConfig, Outcome, alloc_conf, best_time, emulate_pytorch, summed};
+use heapscope_lab::compare::{CompareConfig, Figures, alloc_conf, best_time, emulate_pytorch, summed};
 use heapscope_lab::contender::Contender;
 use heapscope_lab::driver::replay_device_heap;
 use heapscope_lab::recording::Recording;
@@ -191,7 +191,7 @@ fn replay_pytorch_on_device(
     contender: Contender,
     conf: &AllocConf,
     capacity_bytes: Option<u64>,
-) -> Result<Outcome, VulkanError> {
+) -> Result<Figures, VulkanError> {
     let mut device_config = PytorchDeviceConfig::new(conf.clone(), capacity_bytes);
     if conf.expandable_segments {
         device_config.expandable_virtual_bytes = expandable_virtual_bytes(context, recording, conf, capacity_bytes)?;
@@ -211,11 +211,11 @@ fn replay_pytorch_on_device(
         memory.wait_binds()?;
         Ok::<_, VulkanError>((replay, memory.counts()))
     })?;
-    Ok(Outcome {
+    Ok(Figures {
         peak_reserved_bytes: counts.peak_device_bytes,
         device_allocs: counts.device_allocs,
         device_frees: counts.device_frees,
-        ..replay.outcome(&format!("{contender} (vulkan)"), recording, nanos)
+        ..replay.figures(&format!("{contender} (vulkan)"), recording, nanos)
     })
 }
 
@@ -226,7 +226,7 @@ fn replay_external<A: crate::ExternalAllocator>(
     context: &Arc<VulkanContext>,
     recording: &Recording,
     config: &CompareConfig,
-) -> Result<Outcome, VulkanError> {
+) -> Result<Figures, VulkanError> {
     use crate::{ExternalConfig, ExternalHeap};
     use heapscope_core::DeviceHeap;
 
@@ -240,7 +240,7 @@ fn replay_external<A: crate::ExternalAllocator>(
     })?;
     let (device_allocs, device_frees) = count_device_events(&events);
     let policy = format!("{} (vulkan)", A::POLICY);
-    Ok(Outcome { peak_reserved_bytes, device_allocs, device_frees, ..summed(&policy, &replay, recording, nanos) })
+    Ok(Figures { peak_reserved_bytes, device_allocs, device_frees, ..summed(&policy, &replay, recording, nanos) })
 }
 
 /// Replays `recording` through `contender` on `context`'s device, with `config`'s capacity as the budget cap
@@ -258,7 +258,7 @@ pub fn replay_on_device(
     recording: &Recording,
     contender: Contender,
     config: &CompareConfig,
-) -> Result<Outcome, VulkanError> {
+) -> Result<Figures, VulkanError> {
     let trace = &recording.trace;
     match contender {
         Contender::Pytorch { expandable } => {
@@ -275,7 +275,7 @@ pub fn replay_on_device(
                 let stats = heap.stats();
                 Ok::<_, VulkanError>((replay, stats.peak_reserved_bytes, stats.blocks_reserved, stats.blocks_released))
             })?;
-            Ok(Outcome {
+            Ok(Figures {
                 peak_reserved_bytes,
                 device_allocs: blocks_reserved,
                 device_frees: blocks_released,
@@ -295,7 +295,7 @@ pub fn replay_on_device(
                 heap.wait_binds()?;
                 Ok::<_, VulkanError>((replay, heap.stats()))
             })?;
-            Ok(Outcome {
+            Ok(Figures {
                 peak_reserved_bytes: stats.heap.peak_mapped_bytes,
                 device_allocs: stats.sparse.bind_entries,
                 device_frees: stats.sparse.unbind_entries,

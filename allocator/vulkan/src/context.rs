@@ -15,7 +15,7 @@ use ash::vk;
 
 use crate::VulkanError;
 use crate::properties::{self, DeviceFeatures, DeviceProperties, HeapBudget};
-use crate::selection::{DeviceCandidate, select_device};
+use heapscope_kernels::selection::{DeviceCandidate, DeviceKind, select_device};
 
 /// The Khronos validation layer.
 pub const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
@@ -454,7 +454,7 @@ impl Partial {
                         .device_name_as_c_str()
                         .map_or_else(|_| String::new(), |name| name.to_string_lossy().into_owned()),
                     vendor_id: properties.vendor_id,
-                    device_type: properties.device_type,
+                    kind: device_kind(properties.device_type),
                 }
             })
             .collect();
@@ -596,6 +596,17 @@ impl Partial {
             queue_lock: Arc::new(Mutex::new(())),
             live_allocations: AtomicU32::new(0),
         })
+    }
+}
+
+/// Vulkan's device type as the selection's kind.
+fn device_kind(device_type: vk::PhysicalDeviceType) -> DeviceKind {
+    match device_type {
+        vk::PhysicalDeviceType::DISCRETE_GPU => DeviceKind::Discrete,
+        vk::PhysicalDeviceType::INTEGRATED_GPU => DeviceKind::Integrated,
+        vk::PhysicalDeviceType::VIRTUAL_GPU => DeviceKind::Virtual,
+        vk::PhysicalDeviceType::CPU => DeviceKind::Cpu,
+        _ => DeviceKind::Other,
     }
 }
 

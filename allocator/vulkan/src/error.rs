@@ -92,6 +92,17 @@ pub enum VulkanError {
     Unsupported(String),
 }
 
+impl From<heapscope_kernels::selection::SelectionError> for VulkanError {
+    fn from(error: heapscope_kernels::selection::SelectionError) -> Self {
+        match error {
+            heapscope_kernels::selection::SelectionError::NoDevice => Self::NoDevice,
+            heapscope_kernels::selection::SelectionError::NoMatchingDevice { selector, devices } => {
+                Self::NoMatchingDevice { selector, devices }
+            }
+        }
+    }
+}
+
 impl VulkanError {
     /// Whether the machine has no usable Vulkan (no loader, no driver, no device): what tests skip on.
     pub fn means_no_vulkan(&self) -> bool {

@@ -30,7 +30,7 @@
 //!   refusals) and gives out one handle type, `ExternalHandle`.
 //! - [`replay_on_device`] (`contenders`): a recording through a core `Contender` — PyTorch's allocator on
 //!   device memory, a heap of device-memory blocks, `paged` on a sparse buffer sized by [`paged_virtual_bytes`],
-//!   gpu-allocator or VMA — summed up in the core's `Outcome` (what `heapscope replay --vulkan` prints); a
+//!   gpu-allocator or VMA — summed up in the lab's `Figures` (what `heapscope replay --vulkan` prints); a
 //!   contender the device cannot run is an error with [`VulkanError::is_device_limit`].
 //! - [`memory_types`]: the choice of a memory type for a use.
 //! - [`wgpu_interop`] (feature `wgpu`): wgpu 30 on heapscope's own device (sparse features and all), and
@@ -63,7 +63,6 @@ mod pytorch_heap;
 #[cfg(feature = "wgpu")]
 mod queue_guard;
 mod segment_memory;
-mod selection;
 mod source;
 mod sparse;
 mod transfer;
@@ -82,14 +81,15 @@ pub use external::ExternalHandle;
 pub use external_heap::{ExternalAllocator, ExternalConfig, ExternalHeap, Placed};
 #[cfg(feature = "gpu-allocator")]
 pub use gpu_allocator_heap::{GpuAllocatorBackend, GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocatorHeap};
+pub use heapscope_kernels::selection::{DeviceCandidate, DeviceKind, VENDORS, select_device};
 pub use margins::{Corruption, GuardedAllocation, GuardedHeap, MAGIC, MarginError, MarginLayout, Side};
+pub use page_runs::PageRef;
 pub use paged::{DevicePagedConfig, DevicePagedHeap, DevicePagedStats};
 pub use properties::{DeviceFeatures, DeviceLimits, DeviceProperties, HeapBudget, QueueFamilyInfo, SparseProperties};
-pub use pytorch_heap::{PytorchDeviceConfig, PytorchDeviceHeap};
-pub use segment_memory::{SegmentCounts, SegmentMemory};
-pub use selection::{DeviceCandidate, VENDORS, select_device};
+pub use pytorch_heap::PytorchDeviceHeap;
+pub use segment_memory::{PytorchDeviceConfig, SegmentCounts, SegmentMemory};
 pub use source::{BLOCK_BUFFER_USAGE, BlockInfo, DeviceMemorySource, DeviceSourceConfig, LeakReport, LeakedBlock};
-pub use sparse::{BindLatency, BindLayout, PagePool, PageRef, SparseBuffer, SparseConfig, SparseStats, measure_bind_latency};
+pub use sparse::{BindLatency, BindLayout, PagePool, SparseBuffer, SparseConfig, SparseStats, measure_bind_latency};
 pub use transfer::Transfer;
 #[cfg(feature = "vma")]
 pub use vma_heap::{VmaBackend, VmaConfig, VmaHandle, VmaHeap};

@@ -14,7 +14,14 @@
 
 use std::collections::BTreeMap;
 
-use crate::sparse::PageRef;
+/// A physical page: its chunk and its index in the chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PageRef {
+    /// The chunk's index in the pool.
+    pub chunk: u32,
+    /// The page's index in the chunk.
+    pub page: u32,
+}
 
 /// `pages` consecutive physical pages of one chunk, from `first`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -23,37 +23,10 @@ use std::sync::Arc;
 
 use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Error, Request};
 use heapscope_pytorch::caching::MIN_BLOCK_BYTES;
-use heapscope_pytorch::{AllocConf, CachingAllocation, CachingHeap};
+use heapscope_pytorch::{CachingAllocation, CachingHeap};
 
 use crate::compute::ComputeBuffer;
-use crate::{SegmentMemory, VulkanContext, VulkanError};
-
-/// How a [`PytorchDeviceHeap`] is made.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PytorchDeviceConfig {
-    /// PyTorch's settings (`expandable_segments`, `max_split_size_mb`, ...).
-    pub conf: AllocConf,
-    /// The most bytes reserved at once (the allocator's capacity, and the device memory's cap); `None`: no limit.
-    pub capacity_bytes: Option<u64>,
-    /// Bytes of each expandable segment backed by its sparse buffer (at most `sparseAddressSpaceSize` over two:
-    /// the small and the large pool each have a segment).
-    pub expandable_virtual_bytes: u64,
-    /// The most device memory the segments' blocks (and each page pool) may hold; by default the capacity. A
-    /// lower cap makes the device refuse below the allocator's capacity (budget cap injection).
-    pub device_cap_bytes: Option<u64>,
-}
-
-impl PytorchDeviceConfig {
-    /// `conf` under `capacity_bytes`; expandable segments backed over twice the capacity (1 GiB without one).
-    pub fn new(conf: AllocConf, capacity_bytes: Option<u64>) -> Self {
-        Self {
-            conf,
-            capacity_bytes,
-            expandable_virtual_bytes: capacity_bytes.map_or(1 << 30, |capacity| capacity.saturating_mul(2)),
-            device_cap_bytes: capacity_bytes,
-        }
-    }
-}
+use crate::{PytorchDeviceConfig, SegmentMemory, VulkanContext, VulkanError};
 
 /// PyTorch's caching allocator over device memory. See the module documentation.
 #[derive(Debug)]

@@ -22,8 +22,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use ash::vk;
 
-use crate::VulkanContext;
-
 /// The driver's entry points for one device, and the lock its queues share.
 struct Guarded {
     device: vk::Device,
@@ -71,28 +69,39 @@ unsafe fn load<T: Copy>(get: vk::PFN_vkGetDeviceProcAddr, device: vk::Device, na
     Some(unsafe { std::mem::transmute_copy::<unsafe extern "system" fn(), T>(&function) })
 }
 
-/// An `ash::Instance` and an `ash::Device` for `context` whose queue operations take its queue lock (see the
+/// A device's queues and the lock that serialises them: what [`guarded`] wraps (a `VulkanContext`'s, handed in
+/// by the interop, so this module needs nothing of the context).
+pub(crate) struct Queues<'a> {
+    /// The instance the device was made from.
+    pub instance: &'a ash::Instance,
+    /// The device.
+    pub device: &'a ash::Device,
+    /// Its queues that heapscope uses (compute, then a separate sparse queue if any).
+    pub queues: Vec<vk::Queue>,
+    /// The lock every operation on those queues takes.
+    pub lock: Arc<Mutex<()>>,
+}
+
+/// An `ash::Instance` and an `ash::Device` for `queues`' device whose queue operations take its queue lock (see the
 /// module documentation), for wgpu-hal. The first call for a device registers it.
 ///
 /// # Safety
-/// The returned handles must not be used after `context` is dropped (wgpu-hal's drop callbacks hold it).
-pub(crate) unsafe fn guarded(context: &VulkanContext) -> (ash::Instance, ash::Device) {
-    let device = context.device();
+/// The returned handles must not be used after the device is destroyed (wgpu-hal's drop callbacks hold the context
+/// that owns it).
+pub(crate) unsafe fn guarded(queues: Queues<'_>) -> (ash::Instance, ash::Device) {
+    let Queues { instance, device, queues, lock } = queues;
     let handle = device.handle();
-    let instance = context.instance();
     let get = instance.fp_v1_0().get_device_proc_addr;
     let mut registry = REGISTRY.write().unwrap_or_else(PoisonError::into_inner);
     let known = registry.iter().find(|guarded| guarded.device == handle).cloned();
     let entry = known.unwrap_or_else(|| {
-        let mut queues = vec![context.compute_queue().1];
-        queues.extend(context.sparse_queue().map(|(_, queue)| queue).filter(|queue| !queues.contains(queue)));
         let core = device.fp_v1_0();
         // SAFETY: each type is the one Vulkan defines for its name; the device is the context's, alive.
         let entry = unsafe {
             Guarded {
                 device: handle,
                 queues,
-                lock: context.queue_lock(),
+                lock,
                 get_device_proc_addr: get,
                 queue_submit: core.queue_submit,
                 queue_submit2: load(get, handle, c"vkQueueSubmit2").or_else(|| load(get, handle, c"vkQueueSubmit2KHR")),

@@ -18,11 +18,39 @@ use std::sync::Arc;
 
 use heapscope_core::{DeviceEvent, MemorySource, SourceBlock, SourceError};
 use heapscope_pytorch::caching::{EXPANDABLE_VIRTUAL_BYTES, MIN_BLOCK_BYTES, SMALL_BUFFER_BYTES};
-use heapscope_pytorch::{BackingRefused, CachingAllocator, SegmentBacking};
+use heapscope_pytorch::{AllocConf, BackingRefused, CachingAllocator, SegmentBacking};
 
 use crate::compute::ComputeBuffer;
 use crate::sparse::{SparseBuffer, SparseConfig};
-use crate::{DeviceMemorySource, DeviceSourceConfig, PytorchDeviceConfig, VulkanContext, VulkanError};
+use crate::{DeviceMemorySource, DeviceSourceConfig, VulkanContext, VulkanError};
+
+/// How PyTorch's allocator on device memory is made: its settings and the memory under it (a
+/// [`crate::PytorchDeviceHeap`], or a [`SegmentMemory`] under the emulation).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PytorchDeviceConfig {
+    /// PyTorch's settings (`expandable_segments`, `max_split_size_mb`, ...).
+    pub conf: AllocConf,
+    /// The most bytes reserved at once (the allocator's capacity, and the device memory's cap); `None`: no limit.
+    pub capacity_bytes: Option<u64>,
+    /// Bytes of each expandable segment backed by its sparse buffer (at most `sparseAddressSpaceSize` over two:
+    /// the small and the large pool each have a segment).
+    pub expandable_virtual_bytes: u64,
+    /// The most device memory the segments' blocks (and each page pool) may hold; by default the capacity. A
+    /// lower cap makes the device refuse below the allocator's capacity (budget cap injection).
+    pub device_cap_bytes: Option<u64>,
+}
+
+impl PytorchDeviceConfig {
+    /// `conf` under `capacity_bytes`; expandable segments backed over twice the capacity (1 GiB without one).
+    pub fn new(conf: AllocConf, capacity_bytes: Option<u64>) -> Self {
+        Self {
+            conf,
+            capacity_bytes,
+            expandable_virtual_bytes: capacity_bytes.map_or(1 << 30, |capacity| capacity.saturating_mul(2)),
+            device_cap_bytes: capacity_bytes,
+        }
+    }
+}
 
 /// What a [`SegmentMemory`] asked of the device so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -22,7 +22,7 @@ use std::time::Instant;
 use ash::vk;
 
 use crate::memory_types::MemoryUsage;
-use crate::page_runs::{BoundRun, BoundRuns, FreeRuns, PhysicalRun, pair};
+use crate::page_runs::{BoundRun, BoundRuns, FreeRuns, PageRef, PhysicalRun, pair};
 use crate::source::BLOCK_BUFFER_USAGE;
 use crate::{VulkanContext, VulkanError};
 
@@ -61,15 +61,6 @@ impl SparseConfig {
     pub fn with_pool_capacity(self, pool_capacity_bytes: Option<u64>) -> Self {
         Self { pool_capacity_bytes, ..self }
     }
-}
-
-/// A physical page: its chunk and its index in the chunk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PageRef {
-    /// The chunk's index in the pool.
-    pub chunk: u32,
-    /// The page's index in the chunk.
-    pub page: u32,
 }
 
 /// Physical pages carved from `VkDeviceMemory` chunks of one memory type, with free runs and a capacity cap.

@@ -186,8 +186,16 @@ impl WgpuVulkan {
                 "the context was not created for wgpu (use WgpuVulkan::new): its device lacks wgpu-hal's extensions".into(),
             ));
         }
+        let mut queues = vec![context.compute_queue().1];
+        queues.extend(context.sparse_queue().map(|(_, queue)| queue).filter(|queue| !queues.contains(queue)));
+        let queues = crate::queue_guard::Queues {
+            instance: context.instance(),
+            device: context.device(),
+            queues,
+            lock: context.queue_lock(),
+        };
         // SAFETY: wgpu-hal's drop callbacks below hold the context, so it outlives every use of these handles.
-        let (guarded_instance, guarded_device) = unsafe { crate::queue_guard::guarded(&context) };
+        let (guarded_instance, guarded_device) = unsafe { crate::queue_guard::guarded(queues) };
         // SAFETY: the context's instance (the handle of `guarded_instance`) was created by `create_instance` with
         // Vulkan 1.3 and wgpu-hal's desired extensions (the context is prepared for wgpu); the `Arc` the callback
         // holds keeps it alive as long as wgpu-hal's instance.

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use heapscope_vulkan::{DeviceCandidate, ash::vk, select_device};
+use heapscope_kernels::selection::{DeviceCandidate, DeviceKind, SelectionError, select_device};
 
 use crate::WgpuError;
 
@@ -11,7 +11,7 @@ use crate::WgpuError;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeviceOptions {
     /// Which adapter (the syntax of `HEAPSCOPE_DEVICE`: index, vendor, or name substring; see
-    /// [`heapscope_vulkan::select_device`]); `None`: the first discrete GPU, else the first adapter.
+    /// [`select_device`]); `None`: the first discrete GPU, else the first adapter.
     pub selector: Option<String>,
     /// Ask wgpu for backend validation (`InstanceFlags::VALIDATION`: the Vulkan validation layer where installed).
     /// Backend messages then go to the `log` crate; wgpu's own validation is always on.
@@ -81,16 +81,16 @@ impl fmt::Debug for WgpuDevice {
     }
 }
 
-/// What the selection knows of an adapter: the Vulkan crate's candidate (its device type mapped).
+/// What the selection knows of an adapter (its device type as the selection's kind).
 fn candidate(info: &wgpu::AdapterInfo) -> DeviceCandidate {
-    let device_type = match info.device_type {
-        wgpu::DeviceType::DiscreteGpu => vk::PhysicalDeviceType::DISCRETE_GPU,
-        wgpu::DeviceType::IntegratedGpu => vk::PhysicalDeviceType::INTEGRATED_GPU,
-        wgpu::DeviceType::VirtualGpu => vk::PhysicalDeviceType::VIRTUAL_GPU,
-        wgpu::DeviceType::Cpu => vk::PhysicalDeviceType::CPU,
-        wgpu::DeviceType::Other => vk::PhysicalDeviceType::OTHER,
+    let kind = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => DeviceKind::Discrete,
+        wgpu::DeviceType::IntegratedGpu => DeviceKind::Integrated,
+        wgpu::DeviceType::VirtualGpu => DeviceKind::Virtual,
+        wgpu::DeviceType::Cpu => DeviceKind::Cpu,
+        wgpu::DeviceType::Other => DeviceKind::Other,
     };
-    DeviceCandidate { name: info.name.clone(), vendor_id: info.vendor, device_type }
+    DeviceCandidate { name: info.name.clone(), vendor_id: info.vendor, kind }
 }
 
 /// The index of the adapter `selector` names among `adapters` (the rules of [`select_device`]).
@@ -100,7 +100,7 @@ fn candidate(info: &wgpu::AdapterInfo) -> DeviceCandidate {
 pub fn select_adapter(adapters: &[wgpu::AdapterInfo], selector: Option<&str>) -> Result<usize, WgpuError> {
     let candidates: Vec<DeviceCandidate> = adapters.iter().map(candidate).collect();
     select_device(&candidates, selector).map_err(|error| match error {
-        heapscope_vulkan::VulkanError::NoMatchingDevice { selector, .. } => {
+        SelectionError::NoMatchingDevice { selector, .. } => {
             let listed: Vec<String> = adapters
                 .iter()
                 .enumerate()
@@ -108,7 +108,7 @@ pub fn select_adapter(adapters: &[wgpu::AdapterInfo], selector: Option<&str>) ->
                 .collect();
             WgpuError::NoMatchingAdapter { selector, adapters: listed.join(", ") }
         }
-        _ => WgpuError::NoAdapter,
+        SelectionError::NoDevice => WgpuError::NoAdapter,
     })
 }
 

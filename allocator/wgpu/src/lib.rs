@@ -7,7 +7,7 @@
 //! ## Design
 //!
 //! - **Device** ([`WgpuDevice`], `device`): the adapter `HEAPSCOPE_DEVICE` names (index, vendor or name
-//!   substring: the Vulkan crate's [`heapscope_vulkan::select_device`] rules on wgpu's adapter list), else the
+//!   substring: the rules every backend shares, [`heapscope_kernels::selection::select_device`], on wgpu's adapter list), else the
 //!   first discrete GPU; the device asks for all the adapter's limits. Every error wgpu reports outside an error
 //!   scope is recorded ([`ErrorLog`], `Device::on_uncaptured_error`); heapscope's own operations run inside error
 //!   scopes and return wgpu's errors as [`WgpuError::Device`]. Futures are blocked on with pollster.

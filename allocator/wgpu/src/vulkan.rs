@@ -105,8 +105,6 @@ impl WgpuDevice {
 
 #[cfg(test)]
 mod tests {
-    use heapscope_vulkan::ash::vk;
-
     use super::*;
 
     fn info(name: &str, vendor: u32, backend: wgpu::Backend) -> wgpu::AdapterInfo {
@@ -127,7 +125,7 @@ mod tests {
     }
 
     fn candidate(name: &str, vendor_id: u32) -> DeviceCandidate {
-        DeviceCandidate { name: name.into(), vendor_id, device_type: vk::PhysicalDeviceType::DISCRETE_GPU }
+        DeviceCandidate { name: name.into(), vendor_id, kind: heapscope_kernels::selection::DeviceKind::Discrete }
     }
 
     /// wgpu's adapter, found among Vulkan's devices: by name and vendor, twins by their order; other backends and

@@ -70,7 +70,7 @@ fn a_live_serve_run_shows_the_device_heap_as_it_runs() {
         let config = LiveConfig { steps: Some(24), ..LiveConfig::new(LiveWorkload::Serve, policy) };
         let harness = run_live(&context, config.clone());
         let app = harness.state();
-        assert_eq!(app.live.config(), Ok(config), "{policy}: the Live bar shows the run, \"Start run\" repeats it");
+        assert_eq!(app.live.config().unwrap(), config, "{policy}: the Live bar shows the run, \"Start run\" repeats it");
         let progress = app.live.run.as_ref().unwrap().progress();
         let report = match progress.finished.clone().unwrap() {
             Ok(report) => report,

@@ -374,16 +374,16 @@ fn the_live_bar_shows_the_run_started_from_the_command_line() {
     assert!(shown("contender: paged"));
     let live = &harness.state().live;
     assert_eq!((live.budget.as_str(), live.steps.as_str()), ("112 MiB", "40"));
-    assert_eq!(live.config(), Ok(config), "\"Start run\" starts the same run again");
+    assert_eq!(live.config().unwrap(), config, "\"Start run\" starts the same run again");
     // A budget of no whole MiB is shown, named in the title and started again exactly.
     let odd = LiveConfig { budget_bytes: Some(1_000_000), ..LiveConfig::new(LiveWorkload::Serve, Contender::Paged) };
     harness.state_mut().live.set_config(&odd);
     assert_eq!(harness.state().live.budget, "1000000 B");
-    assert_eq!(harness.state().live.config(), Ok(odd.clone()));
+    assert_eq!(harness.state().live.config().unwrap(), odd.clone());
     assert_eq!(odd.title(), "live serve · paged · 1000000 B");
     // Steps that are no number are named.
     harness.state_mut().live.steps = "many".into();
-    assert_eq!(harness.state().live.config(), Err("steps \"many\": expected a whole number above 0".to_owned()));
+    assert_eq!(harness.state().live.config().unwrap_err().to_string(), "steps \"many\": expected a whole number above 0");
 }
 
 /// A scratch folder of this test process, emptied.

@@ -598,7 +598,11 @@ mod tests {
         assert_eq!(allocated, 20 * 100 * MIB, "the 100 MiB tensors are still live");
         // The counters agree with the layout and with the plain replay.
         let stats = &replayed.stats;
-        let outcome = crate::compare::replay(&recording, Contender::Heap(PolicyKind::BestFit), &config).unwrap();
+        let outcome = crate::compare::replay(&recording, Contender::Heap(PolicyKind::BestFit), &config)
+            .unwrap()
+            .figures()
+            .cloned()
+            .unwrap();
         assert_eq!(stats.reserved_bytes.all().peak as u64, outcome.peak_reserved_bytes);
         assert_eq!((stats.num_device_alloc as u64, stats.num_ooms), (outcome.device_allocs, 1));
         assert_eq!((stats.allocation.all().current, stats.requested_bytes.all().current as u64), (20, allocated));

@@ -623,11 +623,12 @@ mod same_stream {
                 let context = format!("{name} cut at {quarter}/4");
                 assert_eq!(recording.start_events == 0, quarter == 0, "{context}");
                 let config = CompareConfig::default();
-                let runs: Vec<(Contender, Timeline, crate::compare::Outcome)> = contenders
+                let runs: Vec<(Contender, Timeline, crate::compare::Figures)> = contenders
                     .iter()
                     .map(|&contender| {
                         let timeline = record(&recording, contender, &config).unwrap();
-                        (contender, timeline, replay(&recording, contender, &config).unwrap())
+                        let figures = replay(&recording, contender, &config).unwrap().figures().cloned().unwrap();
+                        (contender, timeline, figures)
                     })
                     .collect();
                 let first_refusal =
@@ -665,7 +666,7 @@ mod same_stream {
         let recording = Recording::from_snapshot("mid-run", snapshot, 0).unwrap();
         let config = CompareConfig { capacity_bytes: Some(recording.start_bytes() / 2), ..CompareConfig::default() };
         let outcome = replay(&recording, Contender::Heap(heapscope_core::PolicyKind::Tlsf), &config).unwrap();
-        let oom = outcome.first_oom.expect("the start state does not fit");
+        let oom = outcome.figures().and_then(|figures| figures.first_oom.clone()).expect("the start state does not fit");
         assert_eq!((oom.moment, oom.before_recording, oom.event_index), (Moment::Start, true, 0));
         let timeline = record(&recording, Contender::Heap(heapscope_core::PolicyKind::Tlsf), &config).unwrap();
         assert!(timeline.start_sample().live_bytes < recording.start_bytes(), "only what fitted");

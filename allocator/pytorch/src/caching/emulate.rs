@@ -9,8 +9,6 @@
 //! At a recorded `oom` the request is attempted with the driver's free bytes the entry recorded (or the
 //! given capacity).
 
-use std::collections::HashMap;
-
 use super::backing::{BackingRefused, EntryEffect, SegmentBacking, Unbacked, apply_pending, held_now};
 use super::initial::rebuild_start_state;
 use super::validate::{EmulationError, validate};
@@ -350,6 +348,3 @@ fn allocator_would_release(alloc: &CachingAllocator, next: Option<&TraceEntry>, 
     }
     copy.take_events().iter().any(|d| matches!(d.action, Action::SegmentFree | Action::SegmentUnmap))
 }
-
-/// Addresses of live allocations: recorded address -> emulated address.
-pub(super) type LiveMap = HashMap<u64, u64>;

@@ -12,7 +12,7 @@
 //! (Vulkan, wgpu) returns.
 
 use super::backing::device_event;
-use super::{CachingAllocator, MIN_BLOCK_BYTES, round_size};
+use super::{CachingAllocator, MAX_REQUEST_BYTES, MIN_BLOCK_BYTES, OomReport, round_size};
 use crate::AllocConf;
 use heapscope_core::DeviceLog;
 use heapscope_core::hash::FastMap;
@@ -66,6 +66,8 @@ pub struct CachingHeap {
     next_id: u64,
     live_bytes: u64,
     refused: u64,
+    /// PyTorch's report of the last refused request.
+    last_refusal: Option<OomReport>,
     device_log: DeviceLog,
 }
 
@@ -80,6 +82,7 @@ impl CachingHeap {
             next_id: 0,
             live_bytes: 0,
             refused: 0,
+            last_refusal: None,
             device_log: DeviceLog::default(),
         }
     }
@@ -104,6 +107,12 @@ impl CachingHeap {
         self.refused
     }
 
+    /// PyTorch's report of the last request refused (its `OutOfMemoryError` numbers; the verdict of
+    /// [`CachingHeap::allocate`] is made from it).
+    pub fn last_refusal(&self) -> Option<&OomReport> {
+        self.last_refusal.as_ref()
+    }
+
     /// `torch.cuda.empty_cache()`: every wholly free segment (and free expandable page) goes back to the device.
     pub fn empty_cache(&mut self) {
         self.allocator.empty_cache();
@@ -125,13 +134,12 @@ impl CachingHeap {
             Ok(address) => address,
             Err(report) => {
                 self.refused += 1;
-                let needed = round_size(size_bytes, self.allocator.conf());
-                return Err(Error::OutOfMemory(Box::new(report.verdict(
-                    self.name(),
-                    needed,
-                    self.live_bytes,
-                    self.capacity_bytes,
-                ))));
+                // A request no device holds is refused before rounding (which would overflow).
+                let needed =
+                    if size_bytes > MAX_REQUEST_BYTES { size_bytes } else { round_size(size_bytes, self.allocator.conf()) };
+                let verdict = report.verdict(self.name(), needed, self.live_bytes, self.capacity_bytes);
+                self.last_refusal = Some(report);
+                return Err(Error::OutOfMemory(Box::new(verdict)));
             }
         };
         let Some(block) = self.allocator.live_block(address) else {
@@ -253,8 +261,10 @@ impl DeviceHeap for CachingHeap {
         (self.allocator.reserved_bytes(), self.live_bytes)
     }
 
+    /// A request refused before it reached the allocator (its size overflows): no report of PyTorch's.
     fn count_oom(&mut self) {
         self.refused += 1;
+        self.last_refusal = None;
     }
 }
 
@@ -335,6 +345,9 @@ mod tests {
         assert!(matches!(a.free(foreign), Err(Error::ForeignAllocation { .. })));
         a.free(again).unwrap();
         assert!(matches!(a.allocate(0), Err(Error::ZeroSize)));
+        // No device holds it: refused with a verdict, before any rounding could overflow.
+        assert!(matches!(a.allocate(u64::MAX), Err(Error::OutOfMemory(verdict)) if verdict.needed_bytes == u64::MAX));
+        assert!(a.last_refusal().is_some());
         assert!(matches!(a.allocate_request(Request::new(64, 4096).unwrap()), Err(Error::InvalidConfig { .. })));
     }
 

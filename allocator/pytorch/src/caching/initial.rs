@@ -13,7 +13,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::emulate::LiveMap;
 use super::validate::{EmulationError, Origin};
 use super::{
     BlockId, CachingAllocator, EXPANDABLE_VIRTUAL_BYTES, ExpandableSegment, LARGE_BUFFER_BYTES, Node, SMALL_BUFFER_BYTES,
@@ -21,6 +20,9 @@ use super::{
 use super::{SMALL_SIZE_BYTES, round_size};
 use crate::alloc_conf::AllocConf;
 use crate::snapshot::{Action, BlockState, Pool, Snapshot};
+
+/// Addresses of live allocations: recorded address -> emulated address.
+pub(super) type LiveMap = HashMap<u64, u64>;
 
 /// A block live at the start.
 #[derive(Clone, Copy, Debug)]

@@ -14,7 +14,6 @@ mod memory_tables;
 mod paged_pressure;
 mod proof;
 mod pytorch_heap;
-mod selection;
 mod source;
 mod sparse;
 #[cfg(feature = "vma")]

@@ -161,7 +161,7 @@ fn render_and_gui_refuse_bad_requests_clearly() {
     }
 }
 
-/// `--at` past the last entry is refused by `render` as by `gui` (`tests/gui_window.rs`), in the same words: one
+/// `--at` past the last entry is refused by `render` as by `gui` (`tests/end_to_end/gui/window.rs`), in the same words: one
 /// rule, `heapscope_gui::session::check_at`, before anything is drawn (so no GPU is needed here).
 #[test]
 fn render_refuses_a_moment_past_the_end_as_gui_does() {
