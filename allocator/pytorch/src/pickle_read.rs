@@ -66,7 +66,7 @@
 //!
 //! Opcodes: protocols 2 to 5 as Python 3.8 to 3.14 write plain builtin data (PROTO, FRAME, MEMOIZE,
 //! BINPUT/LONG_BINPUT, BINGET/LONG_BINGET, EMPTY_DICT/LIST/TUPLE, MARK, SETITEM(S), APPEND(S), TUPLE/1/2/3,
-//! LIST, DICT, POP, POP_MARK, DUP, BININT/1/2, LONG1/LONG4 (up to 128 bits), BINUNICODE/SHORT_BINUNICODE/
+//! LIST, DICT, POP, POP_MARK, DUP, BININT/1/2, LONG1/LONG4 (of any width: `pickle_int.rs`), BINUNICODE/SHORT_BINUNICODE/
 //! BINUNICODE8, BINFLOAT, NEWTRUE/NEWFALSE, NONE, STOP). Anything else (classes, bytes, sets, protocol 0
 //! text opcodes) is an error naming the opcode and its byte offset.
 
@@ -74,6 +74,8 @@ use std::cell::RefCell;
 use std::fmt;
 use std::io::{self, Read};
 use std::rc::Rc;
+
+use crate::pickle_int::{Int, LongInt};
 
 /// A decoded pickle value.
 #[derive(Clone, Debug)]
@@ -84,8 +86,8 @@ pub(crate) enum Value {
     Bool(bool),
     /// An int that fits `i64`.
     Int(i64),
-    /// An int that needs up to 128 bits.
-    BigInt(Box<i128>),
+    /// An int wider than `i64` (of any width).
+    Long(Box<LongInt>),
     /// A float.
     Float(f64),
     /// A str.
@@ -117,7 +119,7 @@ impl Value {
         match self {
             Value::None => "None",
             Value::Bool(_) => "bool",
-            Value::Int(_) | Value::BigInt(_) => "int",
+            Value::Int(_) | Value::Long(_) => "int",
             Value::Float(_) => "float",
             Value::Str(_) | Value::Short(_) => "str",
             Value::List(_) | Value::Stack(_) => "list",
@@ -128,14 +130,20 @@ impl Value {
         }
     }
 
-    /// The integer, if the value is one.
-    pub(crate) fn as_i128(&self) -> Option<i128> {
+    /// The int, of any width, if the value is one (bools count as 0 and 1, as in Python).
+    pub(crate) fn as_int(&self) -> Option<Int<'_>> {
         match self {
-            Value::Int(value) => Some(i128::from(*value)),
-            Value::BigInt(value) => Some(**value),
-            Value::Bool(value) => Some(i128::from(*value)),
+            Value::Int(value) => Some(Int::Fits(i128::from(*value))),
+            Value::Long(value) => Some(value.to_i128().map_or(Int::Long(value), Int::Fits)),
+            Value::Bool(value) => Some(Int::Fits(i128::from(*value))),
             _ => None,
         }
+    }
+
+    /// The int, if the value is one that fits `i128`.
+    #[cfg(test)]
+    pub(crate) fn as_i128(&self) -> Option<i128> {
+        self.as_int()?.to()
     }
 }
 
@@ -702,22 +710,12 @@ fn malformed(offset: u64, what: impl Into<String>) -> ReadError {
     ReadError::Malformed { offset, what: what.into() }
 }
 
-/// Decodes a little-endian two's complement integer of `bytes.len()` bytes (at most 16).
-fn decode_long(bytes: &[u8], offset: u64) -> Result<Value, ReadError> {
-    if bytes.is_empty() {
-        return Ok(Value::Int(0));
-    }
-    if bytes.len() > 16 {
-        return Err(malformed(offset, format!("integer of {} bytes is wider than 128 bits", bytes.len())));
-    }
-    let negative = bytes[bytes.len() - 1] & 0x80 != 0;
-    let mut array = if negative { [0xff; 16] } else { [0; 16] };
-    array[..bytes.len()].copy_from_slice(bytes);
-    let value = i128::from_le_bytes(array);
-    Ok(match i64::try_from(value) {
+/// Decodes a little-endian two's complement int of any width (`LONG1`, `LONG4`).
+fn decode_long(bytes: &[u8]) -> Value {
+    match LongInt::decode(bytes) {
         Ok(small) => Value::Int(small),
-        Err(_) => Value::BigInt(Box::new(value)),
-    })
+        Err(long) => Value::Long(Box::new(long)),
+    }
 }
 
 impl<S: Sink> Machine<S> {
@@ -765,16 +763,13 @@ impl<S: Sink> Machine<S> {
                 // LONG1, LONG4
                 0x8a => {
                     let length = usize::from(input.byte("LONG1")?);
-                    let value = decode_long(input.take(length, "LONG1")?, at)?;
+                    let value = decode_long(input.take(length, "LONG1")?);
                     self.stack.push(value);
                 }
                 0x8b => {
                     let length = i32::from_le_bytes(input.array("LONG4")?);
                     let length = usize::try_from(length).map_err(|_| malformed(at, "LONG4 with a negative length"))?;
-                    if length > 16 {
-                        return Err(malformed(at, format!("integer of {length} bytes is wider than 128 bits")));
-                    }
-                    let value = decode_long(input.take(length, "LONG4")?, at)?;
+                    let value = decode_long(input.take(length, "LONG4")?);
                     self.stack.push(value);
                 }
                 // BINFLOAT
@@ -1147,7 +1142,7 @@ mod tests {
             Value::None => "None".into(),
             Value::Bool(value) => if *value { "True" } else { "False" }.into(),
             Value::Int(value) => value.to_string(),
-            Value::BigInt(value) => value.to_string(),
+            Value::Long(value) => value.to_string(),
             Value::Float(value) => format!("{value:?}"),
             Value::Str(value) => format!("{value:?}"),
             Value::List(list) => format!("[{}]", list.borrow().items.iter().map(render).collect::<Vec<_>>().join(", ")),
@@ -1174,6 +1169,12 @@ mod tests {
             (b"\x80\x02\x8a\x00.", "0"),
             (b"\x80\x02\x8a\x01\xff.", "-1"),
             (b"\x80\x02\x8b\x02\x00\x00\x00\x00\x01.", "256"),
+            (b"\x80\x02\x8a\x0b\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\xff.", "-2^80"),
+            (b"\x80\x02\x8a\x11\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01.", "2^128"),
+            (
+                b"\x80\x02\x8b\x1a\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01.",
+                "2^200",
+            ),
             (b"\x80\x04\x88.", "True"),
             (b"\x80\x04\x89.", "False"),
             (b"\x80\x04G?\xf8\x00\x00\x00\x00\x00\x00.", "1.5"),
@@ -1219,7 +1220,6 @@ mod tests {
             (b"\x80\x04}(K\x01u.", "odd number"),
             (b"\x80\x04h\x03.", "memo slot 3 was never written"),
             (b"\x80\x04\x8c\x02\xff\xfe.", "invalid UTF-8"),
-            (b"\x80\x04\x8a\x11\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00.", "wider than 128 bits"),
             (b"\x80\x04c__builtin__\nset\n.", "class"),
             (b"\x80\x04X\xff\xff\xff\x7fab", "truncated"),
             (b"\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x7fab", "truncated"),
