@@ -1,4 +1,6 @@
-//! Reading snapshot files: gzip or raw pickle, PyTorch ≥ 2.1 and legacy (≤ 2.0) schemas, into [`Snapshot`].
+//! Reading snapshot files: gzip or raw pickle, PyTorch ≥ 2.1 and legacy (≤ 2.0) schemas, into [`Snapshot`];
+//! also `torch.cuda.memory_snapshot()`'s output, a list of segments: a state with no trace (an empty trace
+//! for each device up to the highest the segments name).
 //!
 //! The pickle is decoded by the crate-private streaming reader (`pickle_read.rs`); this module is its sink: it takes each
 //! trace entry as the pickle appends it to a device's trace list, converts it to a [`TraceEntry`] and
@@ -165,6 +167,9 @@ impl From<Issue> for ReadError {
         ReadError::Schema { path, what }
     }
 }
+
+/// Devices a list of segments may name (each gets an empty trace).
+const MAX_DEVICES: u32 = 1024;
 
 const TAG_ROOT: u32 = 1;
 const TAG_DEVICE_TRACES: u32 = 2;
@@ -778,7 +783,14 @@ impl Decoder {
     fn finish(mut self, root: &Value) -> Result<Snapshot, Issue> {
         let top = match root {
             Value::Dict(_) => Fields::of(root, "")?,
-            other => return Err(Issue::expected("<top level>", "dict (a snapshot)", other)),
+            Value::List(list) => return self.segments_only(&list.borrow().items),
+            other => {
+                return Err(Issue::expected(
+                    "<top level>",
+                    "dict (a snapshot) or list (the segments of torch.cuda.memory_snapshot())",
+                    other,
+                ));
+            }
         };
         let segments_value = top.list("segments")?.ok_or_else(|| Issue::new("segments", "missing key"))?;
         let mut segments = Vec::with_capacity(segments_value.len());
@@ -815,6 +827,31 @@ impl Decoder {
             Some(value) => Some(settings(value)?),
         };
         Ok(Snapshot { segments, device_traces, settings, frame_stacks: self.frames.into_stacks() })
+    }
+
+    /// `torch.cuda.memory_snapshot()`'s output: a list of segments (`[3]` in paths) and no trace. Each device
+    /// up to the highest one the segments name gets an empty trace, so that device `d`'s state is
+    /// `device_traces[d]` with its segments, as for a snapshot.
+    fn segments_only(mut self, items: &[Value]) -> Result<Snapshot, Issue> {
+        let mut segments = Vec::with_capacity(items.len());
+        for (index, value) in items.iter().enumerate() {
+            let path = format!("[{index}]");
+            let segment = self.segment(value, &path)?;
+            if segment.device >= MAX_DEVICES {
+                return Err(Issue::new(
+                    format!("{path}.device"),
+                    format!("device {} in a list of segments (at most {MAX_DEVICES} devices are read)", segment.device),
+                ));
+            }
+            segments.push(segment);
+        }
+        let devices = segments.iter().map(|segment| segment.device as usize + 1).max().unwrap_or(0);
+        Ok(Snapshot {
+            segments,
+            device_traces: vec![Vec::new(); devices],
+            settings: None,
+            frame_stacks: self.frames.into_stacks(),
+        })
     }
 
     fn segment(&mut self, value: &Value, path: &str) -> Result<Segment, Issue> {
@@ -1487,6 +1524,76 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         }
     }
 
+    /// A segment dict as `torch.cuda.memory_snapshot()` lists it (modern keys), on `device` at `address`:
+    /// 2 MiB, its first 512 bytes allocated.
+    fn listed_segment(device: i64, address: i64) -> P {
+        let block = |offset: i64, size: i64, state: &'static str| {
+            P::Dict(vec![
+                ("address", P::Int(address + offset)),
+                ("size", P::Int(size)),
+                ("requested_size", P::Int(if state == "inactive" { 0 } else { 500 })),
+                ("state", P::Str(state)),
+                ("frames", P::List(Vec::new())),
+            ])
+        };
+        P::Dict(vec![
+            ("device", P::Int(device)),
+            ("address", P::Int(address)),
+            ("total_size", P::Int(2 << 20)),
+            ("allocated_size", P::Int(512)),
+            ("active_size", P::Int(512)),
+            ("requested_size", P::Int(500)),
+            ("stream", P::Int(0)),
+            ("segment_type", P::Str("small")),
+            ("segment_pool_id", P::List(vec![P::Int(0), P::Int(0)])),
+            ("is_expandable", P::Bool(false)),
+            ("frames", P::List(Vec::new())),
+            ("blocks", P::List(vec![block(0, 512, "active_allocated"), block(512, (2 << 20) - 512, "inactive")])),
+        ])
+    }
+
+    /// `torch.cuda.memory_snapshot()`'s list of segments reads as a snapshot with those segments and an empty
+    /// trace for each device up to the highest one named.
+    #[test]
+    fn reads_memory_snapshot_lists() {
+        // (segments' devices, traces expected, or a fragment of the error)
+        let cases: Vec<(Vec<i64>, Result<usize, &str>)> = vec![
+            (vec![], Ok(0)),
+            (vec![0], Ok(1)),
+            (vec![0, 0, 0], Ok(1)),
+            (vec![2, 0], Ok(3)),
+            (vec![1023], Ok(1024)),
+            (vec![0, 1024], Err("[1].device: device 1024 in a list of segments (at most 1024 devices are read)")),
+            (vec![-1], Err("[0].device: -1 does not fit a device index")),
+        ];
+        for (devices, expected) in cases {
+            let segments =
+                devices.iter().enumerate().map(|(k, &device)| listed_segment(device, (1 << 32) + (k as i64) * (4 << 20)));
+            let mut bytes = b"\x80\x04".to_vec();
+            P::List(segments.collect()).emit(&mut bytes);
+            bytes.push(b'.');
+            match (parse_snapshot(bytes.as_slice(), "state.pickle"), expected) {
+                (Ok(snapshot), Ok(traces)) => {
+                    assert_eq!(snapshot.device_traces.len(), traces, "{devices:?}");
+                    assert!(snapshot.device_traces.iter().all(Vec::is_empty), "{devices:?}");
+                    assert_eq!(snapshot.settings, None);
+                    let read: Vec<i64> = snapshot.segments.iter().map(|segment| i64::from(segment.device)).collect();
+                    assert_eq!(read, devices);
+                    for segment in &snapshot.segments {
+                        assert_eq!((segment.total_size, segment.allocated_size, segment.blocks.len()), (2 << 20, 512, 2));
+                        assert_eq!(segment.blocks[0].requested_size, 500);
+                    }
+                }
+                (Err(error), Err(fragment)) => {
+                    let message = error.to_string();
+                    assert!(message.starts_with("state.pickle: not a PyTorch memory snapshot: "), "{message}");
+                    assert!(message.contains(fragment), "{devices:?}: {message:?} lacks {fragment:?}");
+                }
+                (result, expected) => panic!("{devices:?}: {result:?}, expected {expected:?}"),
+            }
+        }
+    }
+
     #[test]
     fn rejects_foreign_and_mistyped_files() {
         let pickle = |body: &[u8]| [b"\x80\x04".as_slice(), body, b"."].concat();
@@ -1496,7 +1603,9 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             (b"{\"segments\": []}".to_vec(), "at byte 0 of the pickle stream: unknown or unsupported opcode 0x7b"),
             (Vec::new(), "truncated"),
             (vec![0x1f, 0x8b, 8, 0, 0, 0], "cannot read"),
-            (pickle(b"]K\x01a"), "<top level>: expected dict (a snapshot), found list"),
+            (pickle(b"K\x01"), "<top level>: expected dict (a snapshot) or list (the segments of torch.cuda.memory_snapshot()), found int"),
+            (pickle(b"]K\x01a"), "[0]: expected dict, found int"),
+            (pickle(b"](}\x8c\x07addressK\x01s}\x8c\x07addressK\x01se"), "[0].total_size: missing key"),
             (pickle(b"}\x8c\x01aK\x01s"), "segments: missing key"),
             (pickle(b"}\x8c\x08segmentsK\x01s"), "segments: expected list, found int"),
             (

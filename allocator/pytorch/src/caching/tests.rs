@@ -98,6 +98,55 @@ fn recordings_cut_mid_run_replay_exactly() {
     }
 }
 
+/// `torch.cuda.memory_snapshot()`'s output (a list of segments, no trace), written by python3 from the final
+/// segments of the shared traces: the start state rebuilt from it is those segments, its counters theirs,
+/// and it exports and reads back.
+#[test]
+fn memory_snapshot_lists_rebuild_their_state() {
+    use crate::import::tests::{python3, run_python, temp_dir};
+    if !python3() {
+        return;
+    }
+    let dir = temp_dir("memory-snapshot-lists");
+    let names = ["frag_oom-default", "frag_oom-expandable", "gpt2_train_fixed-default", "gpt2_train_fixed-expandable"];
+    let script = r#"
+import gzip, os, pickle, sys
+source, out = sys.argv[1], sys.argv[2]
+for name in sys.argv[3:]:
+    with gzip.open(os.path.join(source, name + ".pickle.gz")) as f:
+        segments = pickle.load(f)["segments"]
+    with open(os.path.join(out, name + ".pickle"), "wb") as f:
+        pickle.dump(segments, f, protocol=4)
+"#;
+    let assets = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch");
+    let mut args = vec![assets.to_str().unwrap(), dir.to_str().unwrap()];
+    args.extend(names);
+    run_python(script, &args);
+    for name in names {
+        let (recorded, _) = load(name);
+        let state = crate::read_snapshot(&dir.join(format!("{name}.pickle"))).unwrap_or_else(|error| panic!("{error}"));
+        assert_eq!(state.device_traces, vec![Vec::new()], "{name}");
+        assert_eq!(state.segments.iter().map(strip).collect::<Vec<_>>(), recorded.segments.iter().map(strip).collect::<Vec<_>>());
+        let want: Vec<Segment> = recorded.segments.iter().map(strip).collect();
+        let sum = |size: fn(&Segment) -> u64| i64::try_from(want.iter().map(size).sum::<u64>()).unwrap();
+        for conf in [AllocConf::default(), AllocConf::from_recorded(recorded.settings.as_ref().unwrap())] {
+            let em = emulate(&state, 0, &conf, None).unwrap_or_else(|error| panic!("{name}: {error}"));
+            assert_eq!(em.final_segments, want, "{name}");
+            assert!(em.fidelity.is_exact() && em.fidelity.recorded == 0 && em.fidelity.allocs == 0, "{name}");
+            assert_eq!(em.stats.get("reserved_bytes.all.current"), Some(sum(|s| s.total_size)), "{name}");
+            assert_eq!(em.stats.get("allocated_bytes.all.current"), Some(sum(|s| s.allocated_size)), "{name}");
+            assert_eq!(em.stats.get("active_bytes.all.current"), Some(sum(|s| s.active_size)), "{name}");
+            assert!(em.stats.summary_table(0).contains("GPU reserved memory"), "{name}");
+            let start = CachingAllocator::at_recording_start(&state, 0, &conf, None).unwrap();
+            assert_eq!(start.report(), want, "{name}");
+        }
+        let mut exported = Vec::new();
+        crate::write_snapshot(&state, &mut exported).unwrap();
+        assert_eq!(crate::parse_snapshot(exported.as_slice(), name).unwrap(), state, "{name}: exported and read back");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 // ---- rules on hand-made requests -------------------------------------------------------------------------
 
 fn conf() -> AllocConf {
