@@ -1157,6 +1157,37 @@ for protocol in range(2, 6):
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    /// The generator's PyTorch ≥ 2.5 layout (`--layout pytorch --no-frames --one-stream`) has the opcodes of
+    /// the shared recordings entry for entry (the generator's own check, with pickletools), and both read paths
+    /// read it alike.
+    #[test]
+    fn synthetic_pytorch_layout_matches_the_shared_files() {
+        if !python3() {
+            return;
+        }
+        let dir = temp_dir("pytorch-layout");
+        let path = dir.join("pytorch-layout.pickle");
+        let generator = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/synthetic_snapshot.py");
+        let output = Command::new("python3")
+            .arg(generator)
+            .arg(&path)
+            .args(["--events", "3000", "--layout", "pytorch", "--no-frames", "--one-stream", "--check-layout"])
+            .arg(asset("gpt2_train_fixed-default.pickle.gz"))
+            .output()
+            .unwrap();
+        let report = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{report}{}", String::from_utf8_lossy(&output.stderr));
+        assert!(report.contains("19 opcodes: EMPTY_DICT MEMOIZE MARK LONG_BINGET LONG_BINGET LONG_BINGET LONG1"), "{report}");
+        let bytes = std::fs::read(&path).unwrap();
+        let fast = parse(bytes.as_slice(), "input", Decoder::default()).unwrap();
+        let generic = parse(bytes.as_slice(), "input", Decoder { generic_only: true, ..Decoder::default() }).unwrap();
+        assert_eq!(fast, generic);
+        let trace = &fast.device_traces[0];
+        assert_eq!(trace.len(), 3000);
+        assert!(trace.iter().all(|e| e.frames == StackId::NONE && e.stream == 0 && e.time_us.is_some()));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     #[test]
     fn frag_oom_details() {
         let snapshot = read_snapshot(&asset("frag_oom-default.pickle.gz")).unwrap();
