@@ -195,12 +195,17 @@ impl CachingAllocator {
     /// is moved to `hint` when the first request that lands in it has one: its base in the trace.
     fn move_to_hint(&mut self, candidate: BlockId, size: u64, hint: Option<u64>) {
         let Some(hint) = hint else { return };
-        let Some(index) = self.node(candidate).expandable else { return };
-        if self.floating(index) != Some(candidate) || self.node(candidate).addr == hint {
+        let node = self.node(candidate);
+        // Cheap checks first (this runs for every request that maps pages): the block is a whole segment.
+        if node.mapped || node.prev.is_some() || node.next.is_some() || node.addr == hint {
             return;
         }
-        let Some(page_bytes) = self.expandable.get(index).cloned().flatten().map(|segment| segment.page_bytes) else { return };
-        if let (base, virtual_bytes, true) = self.place_expandable(Some(hint), size, page_bytes, Some(index)) {
+        let Some(index) = node.expandable else { return };
+        let Some(segment) = self.expandable.get(index).cloned().flatten() else { return };
+        if segment.from_trace || segment.base != node.addr || segment.size != node.size {
+            return;
+        }
+        if let (base, virtual_bytes, true) = self.place_expandable(Some(hint), size, segment.page_bytes, Some(index)) {
             self.rebase_expandable(index, candidate, base, virtual_bytes, true);
         }
     }
