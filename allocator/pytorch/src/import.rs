@@ -475,12 +475,13 @@ fn scan_pairs<'a, 'm>(scan: &mut Scan<'a, 'm>, mut pair: impl FnMut(&mut Scan<'a
 
 /// A value the fast path ignores: a plain one (containers make it give up).
 fn plain(value: Token) -> Option<()> {
-    matches!(value, Token::Str { .. } | Token::Int(_) | Token::None | Token::Float | Token::Memo(_)).then_some(())
+    matches!(value, Token::Str { .. } | Token::Int(_) | Token::U64(_) | Token::None | Token::Float | Token::Memo(_)).then_some(())
 }
 
 fn u64_of(value: Token) -> Option<u64> {
     match value {
         Token::Int(number) => u64::try_from(number).ok(),
+        Token::U64(number) => Some(number),
         _ => None,
     }
 }
@@ -592,6 +593,8 @@ fn fast_frame(scan: &mut Scan<'_, '_>, frames: &mut Frames, item: Token) -> Opti
                     (KEY_FILENAME, Token::Str { at, .. }) => filename = Some(scan.text(at)),
                     (KEY_NAME, Token::Str { at, .. }) => name = Some(scan.text(at)),
                     (KEY_LINE, Token::Int(number)) => line = number,
+                    // PyTorch's `uint64_t` of a negative line (see `frame_line`).
+                    (KEY_LINE, Token::U64(number)) => line = number as i64,
                     (KEY_FILENAME | KEY_NAME | KEY_LINE, _) => return None,
                     _ => plain(value)?,
                 }
@@ -1106,8 +1109,9 @@ pub(crate) mod tests {
     }
 
     /// The fast path for trace entries decodes exactly what the generic path does, on every protocol,
-    /// with shared, copied and missing frame lists, and with entries the fast path leaves to the generic
-    /// path (a big stream id, a non-str key, a nested value) in the middle of a batch.
+    /// with shared, copied and missing frame lists, with ints in 2^63..2^64 (a stream, a frame line of
+    /// 2^64 - 1), and with entries the fast path leaves to the generic path (a non-str key, a nested value) in
+    /// the middle of a batch.
     #[test]
     fn fast_path_matches_the_generic_path() {
         if !python3() {

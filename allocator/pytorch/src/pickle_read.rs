@@ -310,8 +310,10 @@ pub(crate) enum Token {
         /// Where the text is.
         at: StrAt,
     },
-    /// An int that fits `i64` (bools count as 0 and 1, as `Value::as_i128` has them).
+    /// An int that fits `i64` (bools count as 0 and 1, as `Value::as_int` has them).
     Int(i64),
+    /// An int in `2^63..2^64` (a `LONG1` of 9 bytes: a stream pointer, or PyTorch's `uint64_t` of a -1 line).
+    U64(u64),
     /// `None`.
     None,
     /// A float.
@@ -404,6 +406,11 @@ impl<'a> Scan<'a, '_> {
             b'J' => Token::Int(i64::from(i32::from_le_bytes(self.array()?))),
             0x8a => {
                 let len = usize::from(self.array::<1>()?[0]);
+                if len == 9 {
+                    // Non-negative when the top byte is 0: the low eight bytes are the value.
+                    let [low @ .., top] = self.array::<9>()?;
+                    return (top == 0).then_some(Token::U64(u64::from_le_bytes(low)));
+                }
                 if len > 8 {
                     return None;
                 }
