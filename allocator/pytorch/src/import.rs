@@ -627,7 +627,7 @@ fn to_i64(value: &Value, path: &dyn Fn() -> String) -> Result<i64, Issue> {
     to_int(value, "an i64 (-2^63 to 2^63 - 1)", path)
 }
 
-/// A frame's `line`; `None` when the value is not an int (or `None`). The line is informational, so a
+/// A frame's `line`; `None` (an error) when the value is neither an int nor Python's `None`. The line is informational, so a
 /// value never costs the file: PyTorch keeps lines in a C++ `uint64_t` (`torch::unwind::Frame::lineno`),
 /// so Python's -1 for a line it does not know (`PyCode_Addr2Line`) arrives as 2^64 - 1; a line in
 /// `2^63..2^64` is read back as that negative `i64` (two's complement), `None` as -1, and anything wider
