@@ -8,12 +8,26 @@ blocks, and allocator_settings. Frames: a third of the entries have none (like a
 stacks), the rest share one of a few dozen frame-list objects (the pickle memo shares them, as in a file
 where PyTorch's frame lists repeat) and one in ten has its own copy of an equal list.
 
+--layout pytorch writes the object graph of the files PyTorch >= 2.5 writes (the shared H200 files), so that
+the pickle has their opcodes: every trace entry a dict of action, addr, size, stream, time_us,
+compile_context, user_metadata (and frames), keys and action names shared (fetched back from the memo with
+BINGET / LONG_BINGET), each entry's compile_context a new str (SHORT_BINUNICODE, MEMOIZE), user_metadata the
+one empty str, addr and time_us LONG1; frame dicts shared, their strings new. --no-frames leaves frames out
+of the entries (a recording without stacks) and --one-stream keeps everything on the default stream, as in
+gpt2_train_fixed-default.pickle.gz. --check-layout SHARED.pickle[.gz] then compares the trace entries'
+opcodes (pickletools) with those of a shared file and fails when the written file has an entry shape the
+shared file lacks, or another most common one.
+
     scripts/synthetic_snapshot.py OUT.pickle [--events N] [--gzip] [--protocol P] [--seed S]
+        [--layout {classic,pytorch}] [--no-frames] [--one-stream] [--check-layout SHARED]
 """
 import argparse
+import collections
 import gzip
 import pickle
+import pickletools
 import random
+import sys
 
 SMALL = 1 << 20
 SMALL_SEGMENT = 2 << 20
@@ -21,23 +35,30 @@ LARGE_SEGMENT = 20 << 20
 ROUND = 512
 
 
-def make_stacks(rng, count):
+def fresh(text):
+    """A new str object equal to `text` (PyTorch converts an entry's strings anew; the pickler memoizes each)."""
+    return "".join(list(text)) if len(text) > 1 else text
+
+
+def make_stacks(rng, count, new_strings=False):
     files = ["train.py", "model.py", "torch/nn/modules/module.py", "torch/nn/functional.py", "optim.py"]
     functions = ["forward", "backward", "step", "_call_impl", "linear", "attention", "<module>", "main"]
+    text = fresh if new_strings else str
     stacks = []
     for _ in range(count):
         depth = rng.randint(1, 12)
         stacks.append([
-            {"name": rng.choice(functions), "filename": rng.choice(files), "line": rng.randint(1, 3000)}
+            {"name": text(rng.choice(functions)), "filename": text(rng.choice(files)), "line": rng.randint(1, 3000)}
             for _ in range(depth)
         ])
     return stacks
 
 
-def generate(events, seed):
+def generate(events, seed, layout="classic", frames=True, one_stream=False):
     rng = random.Random(seed)
-    stacks = make_stacks(rng, 40)
-    streams = [0, 0, 0, 0x55d0c0ffee00]
+    pytorch = layout == "pytorch"
+    stacks = make_stacks(rng, 40, new_strings=pytorch)
+    streams = [0] if one_stream else [0, 0, 0, 0x55d0c0ffee00]
     trace = []
     segments = {}  # base -> [total_size, next_offset, is_small, stream, live blocks]
     by_kind = {}  # (is_small, stream) -> bases, newest last
@@ -50,9 +71,11 @@ def generate(events, seed):
         nonlocal time_us
         time_us += rng.randint(1, 40)
         item = {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": time_us,
-                "compile_context": "N/A", "user_metadata": ""}
+                "compile_context": fresh("N/A") if pytorch else "N/A", "user_metadata": ""}
         roll = rng.random()
-        if roll < 0.6:
+        if not frames:
+            pass
+        elif roll < 0.6:
             item["frames"] = rng.choice(stacks)
         elif roll < 0.67:
             item["frames"] = [dict(frame) for frame in rng.choice(stacks)]
@@ -114,7 +137,7 @@ def generate(events, seed):
                                "state": "inactive", "frames": []})
             state = "active_pending_free" if addr in pending_set else "active_allocated"
             blocks.append({"address": addr, "size": rounded, "requested_size": size, "state": state,
-                           "frames": rng.choice(stacks)})
+                           "frames": rng.choice(stacks) if frames else []})
             offset = addr - base + rounded
         if offset < total:
             blocks.append({"address": base + offset, "size": total - offset, "requested_size": 0,
@@ -136,6 +159,58 @@ def generate(events, seed):
             "external_annotations": []}
 
 
+def entry_shapes(raw):
+    """The opcode names (FRAME left out) of every trace entry of a pickled snapshot, in order."""
+    snapshot = pickle.loads(raw)
+    count = sum(len(trace) for trace in snapshot["device_traces"])
+    ops = [op.name for op, arg, _ in pickletools.genops(raw) if op.name != "FRAME"]
+    args = [arg for op, arg, _ in pickletools.genops(raw) if op.name != "FRAME"]
+    start = args.index("device_traces") + 1
+    shapes, current, depth, entry_depth = [], None, 0, None
+    for name in ops[start:]:
+        if name in ("SETITEMS", "APPENDS"):
+            depth -= 1
+        if name == "EMPTY_DICT" and (entry_depth is None or depth == entry_depth):
+            entry_depth = depth
+            if current is not None:
+                shapes.append(tuple(current))
+            if len(shapes) == count:
+                break
+            current = []
+        if current is not None and depth < entry_depth:
+            shapes.append(tuple(current))
+            current = None
+            if len(shapes) == count:
+                break
+        if current is not None:
+            current.append(name)
+        if name == "MARK":
+            depth += 1
+    if current is not None and len(shapes) < count:
+        shapes.append(tuple(current))
+    return shapes
+
+
+def check_layout(written, shared):
+    """Compares the trace entries' opcodes of two pickles; True when they have the same shapes."""
+    def load(path):
+        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as handle:
+            return collections.Counter(entry_shapes(handle.read()))
+    ours, theirs = load(written), load(shared)
+    for name, shapes in (("written", ours), ("shared", theirs)):
+        total = sum(shapes.values())
+        print(f"{name}: {total} entries, {len(shapes)} shapes; most common:")
+        for shape, count in shapes.most_common(3):
+            print(f"  {count / total:6.1%} {len(shape)} opcodes: {' '.join(shape)}")
+    missing = [shape for shape in ours if shape not in theirs]
+    for shape in missing:
+        print(f"not in the shared file ({ours[shape]} entries): {' '.join(shape)}")
+    same_top = ours.most_common(1)[0][0] == theirs.most_common(1)[0][0]
+    if not same_top:
+        print("the most common entry shapes differ")
+    return not missing and same_top
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
@@ -143,11 +218,19 @@ def main():
     parser.add_argument("--gzip", action="store_true", help="gzip the pickle (name it .pickle.gz)")
     parser.add_argument("--protocol", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--layout", choices=["classic", "pytorch"], default="classic",
+                        help="pytorch: the object graph (so the opcodes) of the files PyTorch >= 2.5 writes")
+    parser.add_argument("--no-frames", action="store_true", help="no frames in trace entries or blocks")
+    parser.add_argument("--one-stream", action="store_true", help="every entry on the default stream")
+    parser.add_argument("--check-layout", metavar="SHARED",
+                        help="compare the trace entries' opcodes with those of this snapshot; exit 1 if they differ")
     args = parser.parse_args()
-    snapshot = generate(args.events, args.seed)
+    snapshot = generate(args.events, args.seed, args.layout, not args.no_frames, args.one_stream)
     opener = gzip.open if args.gzip else open
     with opener(args.out, "wb") as handle:
         pickle.dump(snapshot, handle, protocol=args.protocol)
+    if args.check_layout and not check_layout(args.out, args.check_layout):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

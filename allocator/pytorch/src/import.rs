@@ -1,4 +1,6 @@
-//! Reading snapshot files: gzip or raw pickle, PyTorch ≥ 2.1 and legacy (≤ 2.0) schemas, into [`Snapshot`].
+//! Reading snapshot files: gzip or raw pickle, PyTorch ≥ 2.1 and legacy (≤ 2.0) schemas, into [`Snapshot`];
+//! also `torch.cuda.memory_snapshot()`'s output, a list of segments: a state with no trace (an empty trace
+//! for each device up to the highest the segments name).
 //!
 //! The pickle is decoded by the crate-private streaming reader (`pickle_read.rs`); this module is its sink: it takes each
 //! trace entry as the pickle appends it to a device's trace list, converts it to a [`TraceEntry`] and
@@ -8,6 +10,12 @@
 //! content), each frame list a list of frame ids deduplicated by content into a [`StackId`]; and the memo
 //! slot of a converted frame list is replaced by the `StackId`, so a list shared through the memo by every
 //! event is decoded once.
+//!
+//! Ints are read at any width (`LONG1` / `LONG4`); one that does not fit its field is an error naming the
+//! value and the key path (`device_traces[0][3].size: 2^80 does not fit a u64 ...`), except a frame's
+//! `line`, which is informational and never costs the file: a line in `2^63..2^64` is PyTorch's `uint64_t`
+//! of a negative line (2^64 - 1 for Python's -1, "no line", seen in `torch/_subclasses/fake_tensor.py`
+//! frames) and is read as that negative number, `None` as -1, and anything wider saturates.
 //!
 //! Missing keys default as PyTorch's MemoryViz does: `frames` = [], a block's `requested_size` = its
 //! `size`, legacy blocks (`history` instead of `frames`) take the first history entry's `frames` and
@@ -22,6 +30,7 @@ use std::rc::Rc;
 
 use flate2::bufread::MultiGzDecoder;
 
+use super::pickle_int::Int;
 use super::pickle_read::{self, Dict, Place, ReadError, Scan, Sink, Token, Value};
 use super::snapshot::{Action, Block, BlockState, Frame, Pool, RecordedSettings, Segment, Snapshot, StackId, TraceEntry};
 
@@ -159,6 +168,9 @@ impl From<Issue> for ReadError {
     }
 }
 
+/// Devices a list of segments may name (each gets an empty trace).
+const MAX_DEVICES: u32 = 1024;
+
 const TAG_ROOT: u32 = 1;
 const TAG_DEVICE_TRACES: u32 = 2;
 /// Tags from here on name a device trace list: `TAG_TRACE_BASE + index into Decoder::traces`.
@@ -274,10 +286,7 @@ impl Frames {
             }
         };
         let line = match dict.get("line") {
-            Some(value) => value
-                .as_i128()
-                .and_then(|line| i64::try_from(line).ok())
-                .ok_or_else(|| Issue::expected(format!("{}.line", frame_path()), "int", value))?,
+            Some(value) => frame_line(value).ok_or_else(|| Issue::expected(format!("{}.line", frame_path()), "int", value))?,
             None => 0,
         };
         let id = self.frame_id((text("filename")?, line, text("name")?), frame_path)?;
@@ -466,12 +475,13 @@ fn scan_pairs<'a, 'm>(scan: &mut Scan<'a, 'm>, mut pair: impl FnMut(&mut Scan<'a
 
 /// A value the fast path ignores: a plain one (containers make it give up).
 fn plain(value: Token) -> Option<()> {
-    matches!(value, Token::Str { .. } | Token::Int(_) | Token::None | Token::Float | Token::Memo(_)).then_some(())
+    matches!(value, Token::Str { .. } | Token::Int(_) | Token::U64(_) | Token::None | Token::Float | Token::Memo(_)).then_some(())
 }
 
 fn u64_of(value: Token) -> Option<u64> {
     match value {
         Token::Int(number) => u64::try_from(number).ok(),
+        Token::U64(number) => Some(number),
         _ => None,
     }
 }
@@ -583,6 +593,8 @@ fn fast_frame(scan: &mut Scan<'_, '_>, frames: &mut Frames, item: Token) -> Opti
                     (KEY_FILENAME, Token::Str { at, .. }) => filename = Some(scan.text(at)),
                     (KEY_NAME, Token::Str { at, .. }) => name = Some(scan.text(at)),
                     (KEY_LINE, Token::Int(number)) => line = number,
+                    // PyTorch's `uint64_t` of a negative line (see `frame_line`).
+                    (KEY_LINE, Token::U64(number)) => line = number as i64,
                     (KEY_FILENAME | KEY_NAME | KEY_LINE, _) => return None,
                     _ => plain(value)?,
                 }
@@ -598,24 +610,39 @@ fn fast_frame(scan: &mut Scan<'_, '_>, frames: &mut Frames, item: Token) -> Opti
     }
 }
 
+/// An int at `path` that must fit `T` (`type_name` in the message): any pickled int is read, one that does
+/// not fit is named with its value.
+fn to_int<T: TryFrom<i128>>(value: &Value, type_name: &str, path: &dyn Fn() -> String) -> Result<T, Issue> {
+    let int = value.as_int().ok_or_else(|| Issue::expected(path(), "int", value))?;
+    int.to().ok_or_else(|| Issue::new(path(), format!("{int} does not fit {type_name}")))
+}
+
 /// An int in `0..2^64` at `path`.
 fn to_u64(value: &Value, path: &dyn Fn() -> String) -> Result<u64, Issue> {
-    match value.as_i128() {
-        Some(number) => {
-            u64::try_from(number).map_err(|_| Issue::new(path(), format!("expected an int in 0..2^64, found {number}")))
-        }
-        None => Err(Issue::expected(path(), "int", value)),
-    }
+    to_int(value, "a u64 (0 to 2^64 - 1)", path)
 }
 
 /// An int in `i64` at `path`.
 fn to_i64(value: &Value, path: &dyn Fn() -> String) -> Result<i64, Issue> {
-    match value.as_i128() {
-        Some(number) => {
-            i64::try_from(number).map_err(|_| Issue::new(path(), format!("expected an int in the range of i64, found {number}")))
-        }
-        None => Err(Issue::expected(path(), "int", value)),
+    to_int(value, "an i64 (-2^63 to 2^63 - 1)", path)
+}
+
+/// A frame's `line`; `None` (an error) when the value is neither an int nor Python's `None`. The line is informational, so a
+/// value never costs the file: PyTorch keeps lines in a C++ `uint64_t` (`torch::unwind::Frame::lineno`),
+/// so Python's -1 for a line it does not know (`PyCode_Addr2Line`) arrives as 2^64 - 1; a line in
+/// `2^63..2^64` is read back as that negative `i64` (two's complement), `None` as -1, and anything wider
+/// is saturated to `i64::MIN` / `i64::MAX`.
+fn frame_line(value: &Value) -> Option<i64> {
+    if matches!(value, Value::None) {
+        return Some(-1);
     }
+    let int = value.as_int()?;
+    Some(match (int.to::<i64>(), int.to::<u64>()) {
+        (Some(line), _) => line,
+        (None, Some(wrapped)) => wrapped as i64,
+        (None, None) if int.is_negative() => i64::MIN,
+        (None, None) => i64::MAX,
+    })
 }
 
 /// Converts one trace entry (element `index` of device `device`'s trace).
@@ -737,8 +764,10 @@ impl<'a> Fields<'a> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Bool(value)) => Ok(Some(*value)),
-            Some(Value::Int(value)) => Ok(Some(*value != 0)),
-            Some(other) => Err(Issue::expected(self.key_path(key), "bool", other)),
+            Some(other) => match other.as_int() {
+                Some(int) => Ok(Some(int.to::<i128>() != Some(0))),
+                None => Err(Issue::expected(self.key_path(key), "bool", other)),
+            },
         }
     }
 
@@ -757,7 +786,14 @@ impl Decoder {
     fn finish(mut self, root: &Value) -> Result<Snapshot, Issue> {
         let top = match root {
             Value::Dict(_) => Fields::of(root, "")?,
-            other => return Err(Issue::expected("<top level>", "dict (a snapshot)", other)),
+            Value::List(list) => return self.segments_only(&list.borrow().items),
+            other => {
+                return Err(Issue::expected(
+                    "<top level>",
+                    "dict (a snapshot) or list (the segments of torch.cuda.memory_snapshot())",
+                    other,
+                ));
+            }
         };
         let segments_value = top.list("segments")?.ok_or_else(|| Issue::new("segments", "missing key"))?;
         let mut segments = Vec::with_capacity(segments_value.len());
@@ -794,6 +830,31 @@ impl Decoder {
             Some(value) => Some(settings(value)?),
         };
         Ok(Snapshot { segments, device_traces, settings, frame_stacks: self.frames.into_stacks() })
+    }
+
+    /// `torch.cuda.memory_snapshot()`'s output: a list of segments (`[3]` in paths) and no trace. Each device
+    /// up to the highest one the segments name gets an empty trace, so that device `d`'s state is
+    /// `device_traces[d]` with its segments, as for a snapshot.
+    fn segments_only(mut self, items: &[Value]) -> Result<Snapshot, Issue> {
+        let mut segments = Vec::with_capacity(items.len());
+        for (index, value) in items.iter().enumerate() {
+            let path = format!("[{index}]");
+            let segment = self.segment(value, &path)?;
+            if segment.device >= MAX_DEVICES {
+                return Err(Issue::new(
+                    format!("{path}.device"),
+                    format!("device {} in a list of segments (at most {MAX_DEVICES} devices are read)", segment.device),
+                ));
+            }
+            segments.push(segment);
+        }
+        let devices = segments.iter().map(|segment| segment.device as usize + 1).max().unwrap_or(0);
+        Ok(Snapshot {
+            segments,
+            device_traces: vec![Vec::new(); devices],
+            settings: None,
+            frame_stacks: self.frames.into_stacks(),
+        })
     }
 
     fn segment(&mut self, value: &Value, path: &str) -> Result<Segment, Issue> {
@@ -838,10 +899,8 @@ impl Decoder {
             Some(value) => self.frames.intern(value, &mut [], &|| fields.key_path("frames"))?,
         };
         Ok(Segment {
-            device: match fields.u64("device")? {
-                Some(device) => {
-                    u32::try_from(device).map_err(|_| Issue::new(fields.key_path("device"), "device index too large"))?
-                }
+            device: match fields.get("device") {
+                Some(device) => to_int(device, "a device index (u32)", &|| fields.key_path("device"))?,
                 None => 0,
             },
             address,
@@ -901,11 +960,12 @@ fn settings(value: &Value) -> Result<RecordedSettings, Issue> {
     let max_split_size =
         match fields.get("max_split_size") {
             None | Some(Value::None) => None,
-            Some(value) => match value.as_i128() {
-                Some(-1) => None,
-                Some(number) if number >= i128::from(u64::MAX) => None,
-                Some(number) => Some(u64::try_from(number).map_err(|_| {
-                    Issue::new(fields.key_path("max_split_size"), format!("expected -1 or a size, found {number}"))
+            Some(value) => match value.as_int() {
+                // -1, and SIZE_MAX or beyond: unlimited.
+                Some(Int::Fits(-1)) => None,
+                Some(int) if !int.is_negative() && int.to::<u64>().is_none_or(|number| number == u64::MAX) => None,
+                Some(int) => Some(int.to::<u64>().ok_or_else(|| {
+                    Issue::new(fields.key_path("max_split_size"), format!("expected -1 or a size, found {int}"))
                 })?),
                 None => return Err(Issue::expected(fields.key_path("max_split_size"), "int", value)),
             },
@@ -913,8 +973,8 @@ fn settings(value: &Value) -> Result<RecordedSettings, Issue> {
     let garbage_collection_threshold = match fields.get("garbage_collection_threshold") {
         None => 0.0,
         Some(Value::Float(value)) => *value,
-        Some(value) => match value.as_i128() {
-            Some(number) => number as f64,
+        Some(value) => match value.as_int() {
+            Some(int) => int.to_f64(),
             None => return Err(Issue::expected(fields.key_path("garbage_collection_threshold"), "float", value)),
         },
     };
@@ -1049,8 +1109,9 @@ pub(crate) mod tests {
     }
 
     /// The fast path for trace entries decodes exactly what the generic path does, on every protocol,
-    /// with shared, copied and missing frame lists, and with entries the fast path leaves to the generic
-    /// path (a big stream id, a non-str key, a nested value) in the middle of a batch.
+    /// with shared, copied and missing frame lists, with ints in 2^63..2^64 (a stream, a frame line of
+    /// 2^64 - 1), and with entries the fast path leaves to the generic path (a non-str key, a nested value) in
+    /// the middle of a batch.
     #[test]
     fn fast_path_matches_the_generic_path() {
         if !python3() {
@@ -1071,6 +1132,8 @@ trace[1203]["frames"] = [frames[0]]
 trace[1204]["frames"] = []
 trace[1205]["frames"] = None
 trace[1206] = {"action": "snapshot"}
+trace[1207]["frames"] = [{"filename": "fake_tensor.py", "line": 2**64 - 1, "name": "f"}, frames[0]]
+trace[1208]["frames"] = trace[1207]["frames"]
 for protocol in range(2, 6):
     with open(f"{sys.argv[1]}/odd-{protocol}.pickle", "wb") as f:
         pickle.dump({"segments": [], "device_traces": [trace, [entry(i) for i in range(3)]]}, f, protocol=protocol)
@@ -1095,6 +1158,37 @@ for protocol in range(2, 6):
             assert_eq!(fast, generic, "{}", path.display());
             assert!(fast.device_traces[0].len() >= 2500, "{}", path.display());
         }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// The generator's PyTorch ≥ 2.5 layout (`--layout pytorch --no-frames --one-stream`) has the opcodes of
+    /// the shared recordings entry for entry (the generator's own check, with pickletools), and both read paths
+    /// read it alike.
+    #[test]
+    fn synthetic_pytorch_layout_matches_the_shared_files() {
+        if !python3() {
+            return;
+        }
+        let dir = temp_dir("pytorch-layout");
+        let path = dir.join("pytorch-layout.pickle");
+        let generator = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/synthetic_snapshot.py");
+        let output = Command::new("python3")
+            .arg(generator)
+            .arg(&path)
+            .args(["--events", "3000", "--layout", "pytorch", "--no-frames", "--one-stream", "--check-layout"])
+            .arg(asset("gpt2_train_fixed-default.pickle.gz"))
+            .output()
+            .unwrap();
+        let report = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{report}{}", String::from_utf8_lossy(&output.stderr));
+        assert!(report.contains("19 opcodes: EMPTY_DICT MEMOIZE MARK LONG_BINGET LONG_BINGET LONG_BINGET LONG1"), "{report}");
+        let bytes = std::fs::read(&path).unwrap();
+        let fast = parse(bytes.as_slice(), "input", Decoder::default()).unwrap();
+        let generic = parse(bytes.as_slice(), "input", Decoder { generic_only: true, ..Decoder::default() }).unwrap();
+        assert_eq!(fast, generic);
+        let trace = &fast.device_traces[0];
+        assert_eq!(trace.len(), 3000);
+        assert!(trace.iter().all(|e| e.frames == StackId::NONE && e.stream == 0 && e.time_us.is_some()));
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -1278,6 +1372,263 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    /// A pickled value, for hand-made protocol 4 pickles (no memo).
+    enum P {
+        None,
+        Bool(bool),
+        /// `BININT` (fits `i32`) or `LONG1` of its eight bytes.
+        Int(i64),
+        /// `LONG1` of these little-endian two's complement bytes.
+        Long1(Vec<u8>),
+        /// `LONG4` of these bytes.
+        Long4(Vec<u8>),
+        Str(&'static str),
+        List(Vec<P>),
+        Dict(Vec<(&'static str, P)>),
+    }
+
+    impl P {
+        fn emit(&self, out: &mut Vec<u8>) {
+            match self {
+                P::None => out.push(b'N'),
+                P::Bool(value) => out.push(if *value { 0x88 } else { 0x89 }),
+                P::Int(value) => match i32::try_from(*value) {
+                    Ok(small) => {
+                        out.push(b'J');
+                        out.extend(small.to_le_bytes());
+                    }
+                    Err(_) => out.extend([&[0x8a, 8][..], &value.to_le_bytes()].concat()),
+                },
+                P::Long1(bytes) => {
+                    out.extend([0x8a, u8::try_from(bytes.len()).unwrap()]);
+                    out.extend(bytes);
+                }
+                P::Long4(bytes) => {
+                    out.push(0x8b);
+                    out.extend(u32::try_from(bytes.len()).unwrap().to_le_bytes());
+                    out.extend(bytes);
+                }
+                P::Str(text) => {
+                    out.extend([0x8c, u8::try_from(text.len()).unwrap()]);
+                    out.extend(text.as_bytes());
+                }
+                P::List(items) => {
+                    out.extend(b"](");
+                    items.iter().for_each(|item| item.emit(out));
+                    out.push(b'e');
+                }
+                P::Dict(pairs) => {
+                    out.extend(b"}(");
+                    for (key, value) in pairs {
+                        P::Str(key).emit(out);
+                        value.emit(out);
+                    }
+                    out.push(b'u');
+                }
+            }
+        }
+
+        /// `2^exponent` (negated: `-2^exponent`) as `LONG1` bytes.
+        fn power_of_two(exponent: usize, negative: bool) -> P {
+            let mut bytes = vec![0u8; exponent / 8 + 1];
+            bytes[exponent / 8] = 1 << (exponent % 8);
+            if bytes[exponent / 8] & 0x80 != 0 {
+                bytes.push(0);
+            }
+            if negative {
+                // -x = !x + 1: the low bytes (zeros) stay zero, the rest invert around the one bit.
+                let top = bytes.len() - 1;
+                let bit = bytes[..=top].iter().position(|&byte| byte != 0).unwrap();
+                bytes[bit] = bytes[bit].wrapping_neg();
+                for byte in &mut bytes[bit + 1..] {
+                    *byte = !*byte;
+                }
+            }
+            P::Long1(bytes)
+        }
+    }
+
+    /// A small current-schema snapshot pickle, with `value` in place of the field `field` (a frame's
+    /// `line`, a trace entry's `addr` / `size` / `stream` / `time_us`, a segment's `total_size` / `device` /
+    /// `is_expandable`, or `max_split_size`).
+    fn snapshot_with(field: &str, value: P) -> Vec<u8> {
+        let mut value = Some(value);
+        let mut or = |name: &str, default: P| if name == field { value.take().unwrap() } else { default };
+        let frame = P::Dict(vec![("filename", P::Str("fake_tensor.py")), ("line", or("line", P::Int(7))), ("name", P::Str("f"))]);
+        let entry = P::Dict(vec![
+            ("action", P::Str("alloc")),
+            ("addr", or("addr", P::Int(1 << 32))),
+            ("size", or("size", P::Int(512))),
+            ("stream", or("stream", P::Int(0))),
+            ("time_us", or("time_us", P::Int(5))),
+            ("frames", P::List(vec![frame])),
+        ]);
+        let block = P::Dict(vec![("address", P::Int(1 << 32)), ("size", P::Int(2 << 20)), ("state", P::Str("inactive"))]);
+        let segment = P::Dict(vec![
+            ("device", or("device", P::Int(0))),
+            ("address", P::Int(1 << 32)),
+            ("total_size", or("total_size", P::Int(2 << 20))),
+            ("segment_type", P::Str("small")),
+            ("is_expandable", or("is_expandable", P::Bool(false))),
+            ("blocks", P::List(vec![block])),
+        ]);
+        let settings = P::Dict(vec![("max_split_size", or("max_split_size", P::Int(-1)))]);
+        let root = P::Dict(vec![
+            ("segments", P::List(vec![segment])),
+            ("device_traces", P::List(vec![P::List(vec![entry])])),
+            ("allocator_settings", settings),
+        ]);
+        let mut out = b"\x80\x04".to_vec();
+        root.emit(&mut out);
+        out.push(b'.');
+        out
+    }
+
+    /// The field `snapshot_with` replaced, read back (a bool as 0 or 1, an unlimited `max_split_size` as -1).
+    fn field_of(snapshot: &Snapshot, field: &str) -> i128 {
+        let entry = &snapshot.device_traces[0][0];
+        let segment = &snapshot.segments[0];
+        match field {
+            "line" => i128::from(snapshot.frame_stacks[entry.frames.0 as usize][0].line),
+            "addr" => i128::from(entry.addr),
+            "size" => i128::from(entry.size),
+            "stream" => i128::from(entry.stream),
+            "time_us" => i128::from(entry.time_us.unwrap()),
+            "total_size" => i128::from(segment.total_size),
+            "device" => i128::from(segment.device),
+            "is_expandable" => i128::from(segment.is_expandable),
+            "max_split_size" => snapshot.settings.as_ref().unwrap().max_split_size.map_or(-1, i128::from),
+            other => panic!("no field {other}"),
+        }
+    }
+
+    /// Ints of every width wherever the schema has an int: read when they fit, else an error that names the
+    /// value and the key path. A frame's line never costs the file.
+    #[test]
+    fn reads_ints_of_any_width() {
+        let u64_max = P::Long1([vec![0xff; 8], vec![0]].concat());
+        // (field, value, what is read back or a fragment of the error)
+        let cases: Vec<(&str, P, Result<i128, &str>)> = vec![
+            // PyTorch's uint64 line of a frame Python knew no line for (-1), as in fake_tensor.py's frames.
+            ("line", P::Long1([vec![0xff; 8], vec![0]].concat()), Ok(-1)),
+            ("line", P::Long1([vec![0xfe; 1], vec![0xff; 7], vec![0]].concat()), Ok(-2)),
+            ("line", P::power_of_two(80, false), Ok(i128::from(i64::MAX))),
+            ("line", P::power_of_two(80, true), Ok(i128::from(i64::MIN))),
+            ("line", P::Long4([vec![0; 300], vec![1]].concat()), Ok(i128::from(i64::MAX))),
+            ("line", P::None, Ok(-1)),
+            ("line", P::Int(i64::MAX), Ok(i128::from(i64::MAX))),
+            ("line", P::Str("12"), Err("device_traces[0][0].frames[0].line: expected int, found str")),
+            ("addr", u64_max, Ok(i128::from(u64::MAX))),
+            ("addr", P::Long1(vec![0xff]), Err("device_traces[0][0].addr: -1 does not fit a u64 (0 to 2^64 - 1)")),
+            ("size", P::power_of_two(80, false), Err("device_traces[0][0].size: 2^80 does not fit a u64")),
+            ("size", P::power_of_two(64, false), Err("device_traces[0][0].size: 2^64 does not fit a u64")),
+            ("size", P::power_of_two(80, true), Err("device_traces[0][0].size: -2^80 does not fit a u64")),
+            ("stream", P::Long4([vec![0; 25], vec![1]].concat()), Err("device_traces[0][0].stream: 2^200 does not fit a u64")),
+            ("stream", P::Long1([vec![5], vec![0; 6], vec![0x80, 0]].concat()), Ok((1 << 63) + 5)),
+            ("time_us", P::power_of_two(63, false), Err("device_traces[0][0].time_us: 9223372036854775808 does not fit an i64")),
+            ("time_us", P::Long1([vec![0; 8], vec![0x80, 0]].concat()), Err("time_us: 2^71 does not fit an i64")),
+            ("total_size", P::power_of_two(70, false), Err("segments[0].total_size: 2^70 does not fit a u64")),
+            ("device", P::Int(1 << 40), Err("segments[0].device: 1099511627776 does not fit a device index (u32)")),
+            ("device", P::Long1(vec![0xff]), Err("segments[0].device: -1 does not fit a device index")),
+            ("is_expandable", P::power_of_two(70, false), Ok(1)),
+            ("is_expandable", P::Long1(vec![0; 12]), Ok(0)),
+            ("max_split_size", P::Long1([vec![0xff; 8], vec![0]].concat()), Ok(-1)),
+            ("max_split_size", P::power_of_two(70, false), Ok(-1)),
+            ("max_split_size", P::Int(256 << 20), Ok(256 << 20)),
+            ("max_split_size", P::Int(-2), Err("allocator_settings.max_split_size: expected -1 or a size, found -2")),
+            (
+                "max_split_size",
+                P::power_of_two(70, true),
+                Err("allocator_settings.max_split_size: expected -1 or a size, found -2^70"),
+            ),
+        ];
+        for (field, value, expected) in cases {
+            let bytes = snapshot_with(field, value);
+            for decoder in [Decoder::default(), Decoder { generic_only: true, ..Decoder::default() }] {
+                let result = parse(bytes.as_slice(), "input.pickle", decoder);
+                match (&result, expected) {
+                    (Ok(snapshot), Ok(want)) => assert_eq!(field_of(snapshot, field), want, "{field}"),
+                    (Err(error), Err(fragment)) => {
+                        let message = error.to_string();
+                        assert!(message.starts_with("input.pickle: not a PyTorch memory snapshot: "), "{message}");
+                        assert!(message.contains(fragment), "{field}: {message:?} lacks {fragment:?}");
+                    }
+                    (result, expected) => panic!("{field}: {result:?}, expected {expected:?}"),
+                }
+            }
+        }
+    }
+
+    /// A segment dict as `torch.cuda.memory_snapshot()` lists it (modern keys), on `device` at `address`:
+    /// 2 MiB, its first 512 bytes allocated.
+    fn listed_segment(device: i64, address: i64) -> P {
+        let block = |offset: i64, size: i64, state: &'static str| {
+            P::Dict(vec![
+                ("address", P::Int(address + offset)),
+                ("size", P::Int(size)),
+                ("requested_size", P::Int(if state == "inactive" { 0 } else { 500 })),
+                ("state", P::Str(state)),
+                ("frames", P::List(Vec::new())),
+            ])
+        };
+        P::Dict(vec![
+            ("device", P::Int(device)),
+            ("address", P::Int(address)),
+            ("total_size", P::Int(2 << 20)),
+            ("allocated_size", P::Int(512)),
+            ("active_size", P::Int(512)),
+            ("requested_size", P::Int(500)),
+            ("stream", P::Int(0)),
+            ("segment_type", P::Str("small")),
+            ("segment_pool_id", P::List(vec![P::Int(0), P::Int(0)])),
+            ("is_expandable", P::Bool(false)),
+            ("frames", P::List(Vec::new())),
+            ("blocks", P::List(vec![block(0, 512, "active_allocated"), block(512, (2 << 20) - 512, "inactive")])),
+        ])
+    }
+
+    /// `torch.cuda.memory_snapshot()`'s list of segments reads as a snapshot with those segments and an empty
+    /// trace for each device up to the highest one named.
+    #[test]
+    fn reads_memory_snapshot_lists() {
+        // (segments' devices, traces expected, or a fragment of the error)
+        let cases: Vec<(Vec<i64>, Result<usize, &str>)> = vec![
+            (vec![], Ok(0)),
+            (vec![0], Ok(1)),
+            (vec![0, 0, 0], Ok(1)),
+            (vec![2, 0], Ok(3)),
+            (vec![1023], Ok(1024)),
+            (vec![0, 1024], Err("[1].device: device 1024 in a list of segments (at most 1024 devices are read)")),
+            (vec![-1], Err("[0].device: -1 does not fit a device index")),
+        ];
+        for (devices, expected) in cases {
+            let segments =
+                devices.iter().enumerate().map(|(k, &device)| listed_segment(device, (1 << 32) + (k as i64) * (4 << 20)));
+            let mut bytes = b"\x80\x04".to_vec();
+            P::List(segments.collect()).emit(&mut bytes);
+            bytes.push(b'.');
+            match (parse_snapshot(bytes.as_slice(), "state.pickle"), expected) {
+                (Ok(snapshot), Ok(traces)) => {
+                    assert_eq!(snapshot.device_traces.len(), traces, "{devices:?}");
+                    assert!(snapshot.device_traces.iter().all(Vec::is_empty), "{devices:?}");
+                    assert_eq!(snapshot.settings, None);
+                    let read: Vec<i64> = snapshot.segments.iter().map(|segment| i64::from(segment.device)).collect();
+                    assert_eq!(read, devices);
+                    for segment in &snapshot.segments {
+                        assert_eq!((segment.total_size, segment.allocated_size, segment.blocks.len()), (2 << 20, 512, 2));
+                        assert_eq!(segment.blocks[0].requested_size, 500);
+                    }
+                }
+                (Err(error), Err(fragment)) => {
+                    let message = error.to_string();
+                    assert!(message.starts_with("state.pickle: not a PyTorch memory snapshot: "), "{message}");
+                    assert!(message.contains(fragment), "{devices:?}: {message:?} lacks {fragment:?}");
+                }
+                (result, expected) => panic!("{devices:?}: {result:?}, expected {expected:?}"),
+            }
+        }
+    }
+
     #[test]
     fn rejects_foreign_and_mistyped_files() {
         let pickle = |body: &[u8]| [b"\x80\x04".as_slice(), body, b"."].concat();
@@ -1287,7 +1638,9 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             (b"{\"segments\": []}".to_vec(), "at byte 0 of the pickle stream: unknown or unsupported opcode 0x7b"),
             (Vec::new(), "truncated"),
             (vec![0x1f, 0x8b, 8, 0, 0, 0], "cannot read"),
-            (pickle(b"]K\x01a"), "<top level>: expected dict (a snapshot), found list"),
+            (pickle(b"K\x01"), "<top level>: expected dict (a snapshot) or list (the segments of torch.cuda.memory_snapshot()), found int"),
+            (pickle(b"]K\x01a"), "[0]: expected dict, found int"),
+            (pickle(b"](}\x8c\x07addressK\x01s}\x8c\x07addressK\x01se"), "[0].total_size: missing key"),
             (pickle(b"}\x8c\x01aK\x01s"), "segments: missing key"),
             (pickle(b"}\x8c\x08segmentsK\x01s"), "segments: expected list, found int"),
             (
@@ -1304,7 +1657,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             ),
             (
                 pickle(b"}(\x8c\x08segments]\x8c\x0ddevice_traces]]}(\x8c\x06action\x8c\x05alloc\x8c\x04addrJ\xff\xff\xff\xff\x8c\x04sizeK\x01uaau"),
-                "device_traces[0][0].addr: expected an int in 0..2^64, found -1",
+                "device_traces[0][0].addr: -1 does not fit a u64 (0 to 2^64 - 1)",
             ),
             (pickle(b"}\x8c\x08segments]}\x8c\x07addressK\x01sas"), "segments[0].total_size: missing key"),
             (

@@ -16,6 +16,7 @@ pub mod caching;
 pub mod export;
 pub mod import;
 pub mod memory_stats;
+mod pickle_int;
 mod pickle_read;
 mod pickle_write;
 pub mod snapshot;

@@ -22,7 +22,8 @@ impl StackId {
 pub struct Frame {
     /// Source file.
     pub filename: String,
-    /// Line number.
+    /// Line number; -1 when Python knew none (PyTorch writes that as 2^64 - 1, its C++ `uint64_t` of -1; the
+    /// import reads it back as -1, see `import`).
     pub line: i64,
     /// Function name.
     pub name: String,

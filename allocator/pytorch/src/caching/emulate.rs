@@ -3,8 +3,10 @@
 //!
 //! Only `alloc`, `free_requested`, `free_completed` and `oom` entries drive the emulation; recorded
 //! segment events are used as inputs in two places only, for facts that are not allocator decisions:
-//! the address a new segment gets (the recorded `alloc` that opens a segment sits at its base, so that
-//! alloc's `addr` is passed as a hint), and user `empty_cache()` calls, which show only as `segment_free`
+//! the address a new segment or expandable segment's reservation gets (the recorded `alloc` that opens it
+//! sits at its base, so that alloc's `addr` is passed as a hint; a reservation made by a recorded `oom`, which
+//! has no address, takes the base of the first `alloc` that lands in it), and user `empty_cache()` calls,
+//! which show only as `segment_free`
 //! / `segment_unmap` entries that the emulated allocator would not have produced for the next request.
 //! At a recorded `oom` the request is attempted with the driver's free bytes the entry recorded (or the
 //! given capacity).

@@ -4,10 +4,17 @@
 //! that fits (`find_expandable_block`, `map_block`, `ExpandableSegment::map`) and unmapped when the cache
 //! is released (`unmap_block`, `ExpandableSegment::unmap`). PyTorch counts every map as a device
 //! allocation and every unmap as a device free (`num_device_alloc` / `num_device_free`).
+//!
+//! Where a reservation starts is the driver's choice, seen in the trace: the first `alloc` that lands in a
+//! segment sits at its base. Its size (9/8 of the device's memory) is not in the trace; a segment is taken
+//! to span [`EXPANDABLE_VIRTUAL_BYTES`] or up to the next reservation, whichever ends first, and is cut
+//! when a later reservation turns out to start inside its unmapped tail (an 80 GB device reserves 89 GiB per
+//! segment). A segment reserved without a hint (by a recorded `oom`) gets a synthetic base and moves to the
+//! first hint that lands in it while nothing is mapped there.
 
 use super::{
-    BlockId, CachingAllocator, DeviceEvent, EXPANDABLE_VIRTUAL_BYTES, ExpandableSegment, LARGE_BUFFER_BYTES, Node,
-    SMALL_BUFFER_BYTES,
+    ADDRESS_LIMIT, BlockId, CachingAllocator, DeviceEvent, EXPANDABLE_VIRTUAL_BYTES, ExpandableSegment, LARGE_BUFFER_BYTES, Node,
+    ROUND_LARGE_BYTES, SMALL_BUFFER_BYTES,
 };
 use crate::snapshot::{Action, Pool};
 
@@ -22,6 +29,7 @@ impl CachingAllocator {
         base_hint: Option<u64>,
     ) -> Option<BlockId> {
         let mut candidate = self.find_expandable_block(pool, stream, size, base_hint);
+        self.move_to_hint(candidate, size, base_hint);
         if !self.node(candidate).mapped {
             let to_map = self.node(candidate).size.min(size);
             if !self.map_block(candidate, to_map) {
@@ -58,12 +66,148 @@ impl CachingAllocator {
             }
         }
         let page_bytes = if pool == Pool::Small { SMALL_BUFFER_BYTES } else { LARGE_BUFFER_BYTES };
-        let base = self.choose_base(base_hint, EXPANDABLE_VIRTUAL_BYTES);
-        self.expandable.push(Some(ExpandableSegment { base, size: EXPANDABLE_VIRTUAL_BYTES, page_bytes }));
+        let (base, virtual_bytes, from_trace) = self.place_expandable(base_hint, size, page_bytes, None);
+        self.expandable.push(Some(ExpandableSegment { base, size: virtual_bytes, page_bytes, from_trace }));
         let index = self.expandable.len() - 1;
-        let id = self.new_node(Node::free(base, EXPANDABLE_VIRTUAL_BYTES, stream, pool, false, Some(index)));
+        let id = self.new_node(Node::free(base, virtual_bytes, stream, pool, false, Some(index)));
         self.insert_unmapped(id);
         id
+    }
+
+    /// Where a new expandable segment's reservation goes and how large it is, for a request of `size` bytes
+    /// in `page_bytes` pages; `true` when the base is the driver's. The recorded `alloc` that first lands in
+    /// a segment sits at its base, so `hint` (its address) is the base when the range from there holds the
+    /// request before the next reservation: an expandable segment whose range the hint falls in, after its
+    /// last mapped page, is cut there (the driver put this reservation there, so that one is smaller than
+    /// assumed), and segments with a synthetic base and nothing mapped move out of the way. Else a
+    /// synthetic base past everything. `moving`: a segment being placed again, left out of the checks.
+    fn place_expandable(&mut self, hint: Option<u64>, size: u64, page_bytes: u64, moving: Option<usize>) -> (u64, u64, bool) {
+        if let Some(hint) = hint
+            && let Some((virtual_bytes, cut)) = self.room_at(hint, size, page_bytes, moving)
+        {
+            if let Some((index, tail)) = cut {
+                self.cut_expandable(index, tail, hint);
+            }
+            let end = hint + virtual_bytes;
+            let floating: Vec<(usize, BlockId)> = (0..self.expandable.len())
+                .filter(|&index| Some(index) != moving)
+                .filter_map(|index| self.floating(index).map(|id| (index, id)))
+                .filter(|&(_, id)| self.node(id).addr < end && hint < self.node(id).addr + self.node(id).size)
+                .collect();
+            for (index, id) in floating {
+                let base = self.choose_base(None, 0).max(end.div_ceil(ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES);
+                self.rebase_expandable(index, id, base, self.node(id).size, false);
+            }
+            return (hint, virtual_bytes, true);
+        }
+        (self.choose_base(None, EXPANDABLE_VIRTUAL_BYTES), EXPANDABLE_VIRTUAL_BYTES, false)
+    }
+
+    /// The virtual bytes a reservation at `hint` can have (the request's pages at least), and the expandable
+    /// segment to cut at `hint` with its unmapped tail; `None` when the hint cannot be the base.
+    fn room_at(&self, hint: u64, size: u64, page_bytes: u64, moving: Option<usize>) -> Option<(u64, Option<(usize, BlockId)>)> {
+        let needed = size.div_ceil(page_bytes).checked_mul(page_bytes)?;
+        if hint == 0 || hint.checked_add(needed).is_none_or(|end| end > ADDRESS_LIMIT) {
+            return None;
+        }
+        if let Some((&base, &bytes)) = self.segments.range(..=hint).next_back()
+            && hint - base < bytes
+        {
+            return None;
+        }
+        let mut limit = EXPANDABLE_VIRTUAL_BYTES.min(ADDRESS_LIMIT - hint);
+        if let Some((&next, _)) = self.segments.range(hint..).next() {
+            limit = limit.min(next - hint);
+        }
+        let mut cut = None;
+        for (index, segment) in self.expandable.iter().enumerate() {
+            let Some(segment) = segment else { continue };
+            if Some(index) == moving || self.floating(index).is_some() {
+                continue;
+            }
+            if segment.base > hint {
+                limit = limit.min(segment.base - hint);
+            } else if hint - segment.base < segment.size {
+                // The hint falls in this segment's range: only past its last mapped page.
+                let tail = self.unmapped_tail(index)?;
+                if self.node(tail).addr > hint || segment.base == hint {
+                    return None;
+                }
+                cut = Some((index, tail));
+            }
+        }
+        (limit >= needed).then_some((limit, cut))
+    }
+
+    /// The unmapped block that ends expandable segment `index`, if its end is unmapped.
+    fn unmapped_tail(&self, index: usize) -> Option<BlockId> {
+        let segment = self.expandable.get(index)?.as_ref()?;
+        let end = segment.base + segment.size;
+        self.small.unmapped.iter().chain(self.large.unmapped.iter()).map(|&(_, _, id)| id).find(|&id| {
+            let node = self.node(id);
+            node.expandable == Some(index) && node.addr + node.size == end
+        })
+    }
+
+    /// The one block of expandable segment `index` when its base is synthetic and nothing is mapped in it:
+    /// a segment that may still move to where the trace shows it.
+    fn floating(&self, index: usize) -> Option<BlockId> {
+        let segment = self.expandable.get(index)?.as_ref()?;
+        if segment.from_trace {
+            return None;
+        }
+        let id = self.unmapped_tail(index)?;
+        (self.node(id).addr == segment.base && self.node(id).prev.is_none()).then_some(id)
+    }
+
+    /// Ends expandable segment `index` at `end`, inside its unmapped tail block `tail`.
+    fn cut_expandable(&mut self, index: usize, tail: BlockId, end: u64) {
+        let start = self.node(tail).addr;
+        if start == end {
+            self.remove_unmapped(tail);
+            if let Some(prev) = self.node(tail).prev {
+                self.node_mut(prev).next = None;
+            }
+            self.delete_node(tail);
+        } else {
+            self.node_mut(tail).size = end - start;
+        }
+        if let Some(Some(segment)) = self.expandable.get_mut(index) {
+            segment.size = end - segment.base;
+        }
+    }
+
+    /// Moves expandable segment `index`, whose one block is `id` (nothing mapped), to `base` with `size` bytes.
+    fn rebase_expandable(&mut self, index: usize, id: BlockId, base: u64, size: u64, from_trace: bool) {
+        self.remove_unmapped(id);
+        let node = self.node_mut(id);
+        node.addr = base;
+        node.size = size;
+        self.insert_unmapped(id);
+        if let Some(Some(segment)) = self.expandable.get_mut(index) {
+            segment.base = base;
+            segment.size = size;
+            segment.from_trace = from_trace;
+        }
+    }
+
+    /// A segment reserved without a hint (by a recorded `oom`, which has no address) and never mapped since
+    /// is moved to `hint` when the first request that lands in it has one: its base in the trace.
+    fn move_to_hint(&mut self, candidate: BlockId, size: u64, hint: Option<u64>) {
+        let Some(hint) = hint else { return };
+        let node = self.node(candidate);
+        // Cheap checks first (this runs for every request that maps pages): the block is a whole segment.
+        if node.mapped || node.prev.is_some() || node.next.is_some() || node.addr == hint {
+            return;
+        }
+        let Some(index) = node.expandable else { return };
+        let Some(segment) = self.expandable.get(index).cloned().flatten() else { return };
+        if segment.from_trace || segment.base != node.addr || segment.size != node.size {
+            return;
+        }
+        if let (base, virtual_bytes, true) = self.place_expandable(Some(hint), size, segment.page_bytes, Some(index)) {
+            self.rebase_expandable(index, candidate, base, virtual_bytes, true);
+        }
     }
 
     fn has_available_address_space(&self, start: BlockId, size: u64) -> bool {

@@ -202,12 +202,16 @@ pub(super) fn rebuild_start_state(
             }
         }
     }
-    for g in groups.into_iter().filter(|g| !g.mapped.is_empty()) {
+    let groups: Vec<Group> = groups.into_iter().filter(|g| !g.mapped.is_empty()).collect();
+    // Reservations start at these bases: an expandable segment ends by the next one above it.
+    let bases: Vec<u64> = groups.iter().map(|g| g.base).chain(segments.keys().copied()).collect();
+    for g in groups {
         let page_bytes = if g.pool == Pool::Small { SMALL_BUFFER_BYTES } else { LARGE_BUFFER_BYTES };
         // Mapped ranges spread wider than the usual reservation widen it, so that nothing is placed over them.
         let span = g.mapped.values().next_back().map_or(0, |&last| last - g.base);
-        let size = EXPANDABLE_VIRTUAL_BYTES.max(span);
-        alloc.expandable.push(Some(ExpandableSegment { base: g.base, size, page_bytes }));
+        let next = bases.iter().filter(|&&base| base > g.base).min().map_or(u64::MAX, |&next| next - g.base);
+        let size = EXPANDABLE_VIRTUAL_BYTES.min(next).max(span);
+        alloc.expandable.push(Some(ExpandableSegment { base: g.base, size, page_bytes, from_trace: true }));
         let index = alloc.expandable.len() - 1;
         let end = g.base + size;
         let mut ids: Vec<BlockId> = Vec::new();

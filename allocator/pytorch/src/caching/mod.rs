@@ -12,9 +12,9 @@
 //!   `round_size`, `get_allocation_size`, `get_pool`, `get_free_block`, `alloc_block`, `should_split`,
 //!   `alloc_found_block`, `free_block`, `try_merge_blocks` here; the cache release paths in `release`;
 //!   expandable segments (`find_expandable_block`, `map_block`, `unmap_block`) in `expandable`.
-//! - The only inputs that are not allocator decisions: where the driver puts a new segment (a base address
-//!   hint, taken by [`emulate`] from the recorded `alloc` that opens the segment; without one, bases simply
-//!   increase), the device's capacity, and user `empty_cache()` calls.
+//! - The only inputs that are not allocator decisions: where the driver puts a new segment or expandable
+//!   segment's reservation (a base address hint, taken by [`emulate`] from the recorded `alloc` that opens
+//!   it; without one, bases simply increase), the device's capacity, and user `empty_cache()` calls.
 //! - [`CachingHeap`] (`heap`) wraps the allocator as a [`heapscope_core::DeviceHeap`]: generation-checked handles, its
 //!   segment operations as core device events (blocks reserved and released, expandable pages mapped and
 //!   unmapped), out of memory as a core [`OomVerdict`] ([`OomReport::verdict`]); the bench runner and the Vulkan
@@ -60,8 +60,10 @@ pub const MIN_LARGE_ALLOC_BYTES: u64 = 10 << 20;
 pub const ROUND_LARGE_BYTES: u64 = 2 << 20;
 /// `kLargeBuffer`: 20 MiB segments (and expandable large-pool pages).
 pub const LARGE_BUFFER_BYTES: u64 = 20 << 20;
-/// Virtual bytes reserved per expandable segment. PyTorch reserves 9/8 of the device's memory; only its
-/// base matters for placement, so a fixed size that stays below the gap between real reservations is used.
+/// Virtual bytes reserved per expandable segment, at most. PyTorch reserves 9/8 of the device's memory
+/// (157 GiB on an H200, 89 GiB on an 80 GB H100); the trace does not say how much, but it shows where the
+/// driver put the next reservation: a segment whose base comes from the trace ends by the next reservation
+/// above it (`expandable.rs`), so a device with less memory than that gets segments as close as its own.
 pub const EXPANDABLE_VIRTUAL_BYTES: u64 = 128 << 30;
 
 /// Requests above this (1 EiB) fit no device: refused as out of memory, so sizes stay far from overflow.
@@ -245,6 +247,9 @@ struct ExpandableSegment {
     base: u64,
     size: u64,
     page_bytes: u64,
+    /// The base is the driver's, from the trace (a recorded `alloc` that first landed in it, or the file's
+    /// segments); otherwise synthetic, and the segment may move while nothing is mapped in it.
+    from_trace: bool,
 }
 
 /// The caching allocator of one device.

@@ -1,7 +1,7 @@
 //! Tests: the four shared PyTorch 2.11 traces replayed exactly, and each rule on small hand-made traces.
 
 use super::*;
-use crate::snapshot::{Snapshot, TraceEntry};
+use crate::snapshot::{RecordedSettings, Snapshot, TraceEntry};
 
 const MIB: u64 = 1 << 20;
 
@@ -96,6 +96,55 @@ fn recordings_cut_mid_run_replay_exactly() {
             }
         }
     }
+}
+
+/// `torch.cuda.memory_snapshot()`'s output (a list of segments, no trace), written by python3 from the final
+/// segments of the shared traces: the start state rebuilt from it is those segments, its counters theirs,
+/// and it exports and reads back.
+#[test]
+fn memory_snapshot_lists_rebuild_their_state() {
+    use crate::import::tests::{python3, run_python, temp_dir};
+    if !python3() {
+        return;
+    }
+    let dir = temp_dir("memory-snapshot-lists");
+    let names = ["frag_oom-default", "frag_oom-expandable", "gpt2_train_fixed-default", "gpt2_train_fixed-expandable"];
+    let script = r#"
+import gzip, os, pickle, sys
+source, out = sys.argv[1], sys.argv[2]
+for name in sys.argv[3:]:
+    with gzip.open(os.path.join(source, name + ".pickle.gz")) as f:
+        segments = pickle.load(f)["segments"]
+    with open(os.path.join(out, name + ".pickle"), "wb") as f:
+        pickle.dump(segments, f, protocol=4)
+"#;
+    let assets = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch");
+    let mut args = vec![assets.to_str().unwrap(), dir.to_str().unwrap()];
+    args.extend(names);
+    run_python(script, &args);
+    for name in names {
+        let (recorded, _) = load(name);
+        let state = crate::read_snapshot(&dir.join(format!("{name}.pickle"))).unwrap_or_else(|error| panic!("{error}"));
+        assert_eq!(state.device_traces, vec![Vec::new()], "{name}");
+        assert_eq!(state.segments.iter().map(strip).collect::<Vec<_>>(), recorded.segments.iter().map(strip).collect::<Vec<_>>());
+        let want: Vec<Segment> = recorded.segments.iter().map(strip).collect();
+        let sum = |size: fn(&Segment) -> u64| i64::try_from(want.iter().map(size).sum::<u64>()).unwrap();
+        for conf in [AllocConf::default(), AllocConf::from_recorded(recorded.settings.as_ref().unwrap())] {
+            let em = emulate(&state, 0, &conf, None).unwrap_or_else(|error| panic!("{name}: {error}"));
+            assert_eq!(em.final_segments, want, "{name}");
+            assert!(em.fidelity.is_exact() && em.fidelity.recorded == 0 && em.fidelity.allocs == 0, "{name}");
+            assert_eq!(em.stats.get("reserved_bytes.all.current"), Some(sum(|s| s.total_size)), "{name}");
+            assert_eq!(em.stats.get("allocated_bytes.all.current"), Some(sum(|s| s.allocated_size)), "{name}");
+            assert_eq!(em.stats.get("active_bytes.all.current"), Some(sum(|s| s.active_size)), "{name}");
+            assert!(em.stats.summary_table(0).contains("GPU reserved memory"), "{name}");
+            let start = CachingAllocator::at_recording_start(&state, 0, &conf, None).unwrap();
+            assert_eq!(start.report(), want, "{name}");
+        }
+        let mut exported = Vec::new();
+        crate::write_snapshot(&state, &mut exported).unwrap();
+        assert_eq!(crate::parse_snapshot(exported.as_slice(), name).unwrap(), state, "{name}: exported and read back");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 // ---- rules on hand-made requests -------------------------------------------------------------------------
@@ -401,12 +450,16 @@ fn counters_agree_with_the_layout_under_random_requests() {
         seed ^= seed << 17;
         seed
     };
-    for (overrides, capacity) in [
-        ("", None),
-        ("expandable_segments:True", None),
-        ("max_split_size_mb:64", Some(600 * MIB)),
-        ("expandable_segments:True", Some(300 * MIB)),
-        ("garbage_collection_threshold:0.5,roundup_power2_divisions:4", Some(400 * MIB)),
+    // (settings, capacity, base hints: for two requests in three a random address of 64 spaced 8 GiB apart, so
+    // that reservations collide, get cut, and move when one reserved by a refused request without a hint gets one)
+    for (overrides, capacity, hinted) in [
+        ("", None, false),
+        ("expandable_segments:True", None, false),
+        ("max_split_size_mb:64", Some(600 * MIB), false),
+        ("expandable_segments:True", Some(300 * MIB), false),
+        ("garbage_collection_threshold:0.5,roundup_power2_divisions:4", Some(400 * MIB), false),
+        ("expandable_segments:True", Some(300 * MIB), true),
+        ("expandable_segments:True", None, true),
     ] {
         let mut a = CachingAllocator::new(conf_with(overrides), capacity);
         let mut live: Vec<u64> = Vec::new();
@@ -418,7 +471,9 @@ fn counters_agree_with_the_layout_under_random_requests() {
                     2 => next() % (30 * MIB),
                     _ => next() % (120 * MIB),
                 };
-                if let Ok(addr) = a.malloc(size, next() % 2, None) {
+                let hint = (hinted && next() % 3 != 0).then(|| (1 << 32) + (next() % 64) * (8 << 30));
+                let streams = if hinted { 24 } else { 2 };
+                if let Ok(addr) = a.malloc(size, next() % streams, hint) {
                     live.push(addr);
                 }
             } else {
@@ -458,6 +513,228 @@ fn counters_agree_with_the_layout_under_random_requests() {
                     at += b.size;
                 }
             }
+            // Reservations never overlap, and every mapped range lies in the one holding it.
+            let mut ranges = a.expandable_segments();
+            ranges.extend(report.iter().filter(|g| !g.is_expandable).map(|g| (g.address, g.total_size)));
+            ranges.sort_unstable();
+            assert!(ranges.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0), "{overrides} step {step}: {ranges:x?}");
+            for g in report.iter().filter(|g| g.is_expandable) {
+                let (base, size) = a.segment_at(g.address).unwrap();
+                assert!(g.address + g.total_size <= base + size, "{overrides} step {step}");
+            }
         }
     }
+}
+
+// ---- issue 14: expandable segments' bases from the trace ---------------------------------------------------
+
+const GIB: u64 = 1 << 30;
+
+/// Where each new expandable segment's reservation goes: (requests as (size, stream, hint), where each was
+/// placed, the reservations after them as (base, virtual bytes)). A device with 80 GiB reserves 90 GiB per
+/// segment, closer together than the emulation's default 128 GiB: the bases come from the hints, an earlier
+/// segment is cut where the next reservation starts, a segment reserved without a hint (by an `oom`) moves
+/// to the first hint that lands in it.
+#[test]
+fn issue_14_expandable_bases_come_from_the_trace() {
+    const A: u64 = 0x3_0200_0000;
+    const V: u64 = EXPANDABLE_VIRTUAL_BYTES;
+    type Case = (&'static str, Vec<(u64, u64, Option<u64>)>, Vec<Option<u64>>, Vec<(u64, u64)>);
+    let cases: Vec<Case> = vec![
+        (
+            "90 GiB apart: the first is cut where the second starts",
+            vec![(100 * MIB, 0, Some(A)), (30 * MIB, 7, Some(A + 90 * GIB))],
+            vec![Some(A), Some(A + 90 * GIB)],
+            vec![(A, 90 * GIB), (A + 90 * GIB, V)],
+        ),
+        (
+            "a hint inside the first's mapped pages is no base: synthetic, past everything",
+            vec![(100 * MIB, 0, Some(A)), (30 * MIB, 7, Some(A + 60 * MIB))],
+            vec![Some(A), Some(A + V)],
+            vec![(A, V), (A + V, V)],
+        ),
+        (
+            "below the first: ends where the first starts",
+            vec![(100 * MIB, 0, Some(A + 10 * GIB)), (30 * MIB, 7, Some(A))],
+            vec![Some(A + 10 * GIB), Some(A)],
+            vec![(A + 10 * GIB, V), (A, 10 * GIB)],
+        ),
+        (
+            "below the first with no room for the request's pages: synthetic",
+            vec![(100 * MIB, 0, Some(A + 20 * MIB)), (30 * MIB, 7, Some(A))],
+            vec![Some(A + 20 * MIB), Some(A + 20 * MIB + V)],
+            vec![(A + 20 * MIB, V), (A + 20 * MIB + V, V)],
+        ),
+        (
+            "the same base twice: synthetic",
+            vec![(100 * MIB, 0, Some(A)), (30 * MIB, 7, Some(A))],
+            vec![Some(A), Some(A + V)],
+            vec![(A, V), (A + V, V)],
+        ),
+        (
+            "no hint: synthetic, and mapped at once it stays (a later hint in it moves nothing)",
+            vec![(100 * MIB, 0, Some(A)), (30 * MIB, 7, None), (10 * MIB, 7, Some(A + 90 * GIB))],
+            vec![Some(A), Some(A + V), Some(A + V + 30 * MIB)],
+            vec![(A, V), (A + V, V)],
+        ),
+    ];
+    for (name, requests, placed, segments) in cases {
+        let mut a = CachingAllocator::new(conf_with("expandable_segments:True"), None);
+        let got: Vec<Option<u64>> = requests.iter().map(|&(size, stream, hint)| a.malloc(size, stream, hint).ok()).collect();
+        assert_eq!(got, placed, "{name}");
+        assert_eq!(a.expandable_segments(), segments, "{name}");
+    }
+    // A segment reserved by a refused request (an `oom`: no address) moves to where the next request that lands in
+    // it was recorded, while nothing is mapped in it.
+    let mut a = CachingAllocator::new(conf_with("expandable_segments:True"), Some(GIB));
+    assert_eq!(a.malloc(100 * MIB, 0, Some(A)), Ok(A));
+    assert!(a.malloc(2 * GIB, 9, None).is_err());
+    assert_eq!(a.expandable_segments(), [(A, V), (A + V, V)], "reserved by the refused request, synthetic");
+    assert_eq!(a.malloc(20 * MIB, 9, Some(A + 90 * GIB)), Ok(A + 90 * GIB));
+    assert_eq!(a.expandable_segments(), [(A, 90 * GIB), (A + 90 * GIB, V)]);
+    assert_eq!(a.segment_at(A + 90 * GIB - 1), Some((A, 90 * GIB)));
+    assert_eq!(a.segment_at(A + 90 * GIB), Some((A + 90 * GIB, V)));
+    // Such a segment, still unplaced, moves out of the way of a reservation the trace puts over it.
+    let mut a = CachingAllocator::new(conf_with("expandable_segments:True"), Some(GIB));
+    assert_eq!(a.malloc(100 * MIB, 0, Some(A)), Ok(A));
+    assert!(a.malloc(2 * GIB, 9, None).is_err());
+    assert_eq!(a.malloc(100 * MIB, 7, Some(A + V - 10 * GIB)), Ok(A + V - 10 * GIB));
+    assert_eq!(a.expandable_segments(), [(A, V - 10 * GIB), (A + 2 * V, V), (A + V - 10 * GIB, V)], "past everything");
+}
+
+/// A recording as PyTorch would make it on an 80 GiB device with `expandable_segments:True`, from an empty
+/// allocator: reservations 90 GiB apart (9/8 of the device), one per pool and stream (large and small on
+/// stream 0, large on streams 7 and 9), an `oom` on stream 9 that reserves a segment it cannot map (no
+/// address in the entry), a request that then lands in that segment at its real base, and a last `oom`
+/// whose release unmaps free pages. Every segment event (with its address) and every placement must match.
+#[test]
+fn issue_14_expandable_recording_from_empty_with_oom_replays_exactly() {
+    const R: u64 = 90 * GIB;
+    const A: u64 = 0x3_0200_0000;
+    const S: u64 = A + R;
+    const B: u64 = A + 2 * R;
+    const C: u64 = A + 3 * R;
+    let on = |stream: u64, e: TraceEntry| TraceEntry { stream, ..e };
+    let oom = |stream: u64, size: u64, device_free: u64| TraceEntry {
+        stream,
+        device_free: Some(device_free),
+        ..entry(Action::Oom, 0, size)
+    };
+    let trace = vec![
+        entry(Action::SegmentMap, A, 100 * MIB),
+        entry(Action::Alloc, A, 100 * MIB), // 1: 5 pages of 20 MiB
+        entry(Action::SegmentMap, S, 2 * MIB),
+        entry(Action::Alloc, S, 1000), // 3: the small pool's reservation
+        on(7, entry(Action::SegmentMap, B, 40 * MIB)),
+        on(7, entry(Action::Alloc, B, 30 * MIB)), // 5: stream 7's reservation, 10 MiB left mapped
+        entry(Action::SegmentMap, A + 100 * MIB, 60 * MIB),
+        entry(Action::Alloc, A + 100 * MIB, 50 * MIB), // 7: grows A
+        entry(Action::FreeRequested, A, 100 * MIB),
+        entry(Action::FreeCompleted, A, 100 * MIB),
+        entry(Action::Alloc, A, 80 * MIB),            // 10: best fit, split
+        entry(Action::Alloc, A + 80 * MIB, 12 * MIB), // 11
+        oom(9, 30 * GIB, GIB),                        // 12: reserves stream 9's segment, cannot map it
+        on(9, entry(Action::SegmentMap, C, 20 * MIB)),
+        on(9, entry(Action::Alloc, C, 20 * MIB)), // 14: lands in it, at its real base
+        entry(Action::FreeRequested, A + 100 * MIB, 50 * MIB),
+        entry(Action::FreeCompleted, A + 100 * MIB, 50 * MIB), // 16: [A+92, A+160) MiB free
+        entry(Action::SegmentUnmap, A + 100 * MIB, 60 * MIB),  // the last oom's release
+        oom(0, 10 * GIB, 61 * MIB),                            // 18
+    ];
+    let block = |address: u64, size: u64, requested: u64| Block {
+        address,
+        size,
+        requested_size: requested,
+        state: if requested == 0 { BlockState::Inactive } else { BlockState::ActiveAllocated },
+        frames: StackId::NONE,
+    };
+    let segment = |stream: u64, pool: Pool, blocks: Vec<Block>| Segment {
+        device: 0,
+        address: blocks[0].address,
+        total_size: blocks.iter().map(|b| b.size).sum(),
+        allocated_size: blocks.iter().filter(|b| b.requested_size > 0).map(|b| b.size).sum(),
+        active_size: blocks.iter().filter(|b| b.requested_size > 0).map(|b| b.size).sum(),
+        requested_size: blocks.iter().map(|b| b.requested_size).sum(),
+        stream,
+        segment_type: pool,
+        segment_pool_id: (0, 0),
+        is_expandable: true,
+        frames: StackId::NONE,
+        blocks,
+    };
+    let final_segments = vec![
+        segment(
+            0,
+            Pool::Large,
+            vec![block(A, 80 * MIB, 80 * MIB), block(A + 80 * MIB, 12 * MIB, 12 * MIB), block(A + 92 * MIB, 8 * MIB, 0)],
+        ),
+        segment(0, Pool::Small, vec![block(S, 1024, 1000), block(S + 1024, 2 * MIB - 1024, 0)]),
+        segment(7, Pool::Large, vec![block(B, 30 * MIB, 30 * MIB), block(B + 30 * MIB, 10 * MIB, 0)]),
+        segment(9, Pool::Large, vec![block(C, 20 * MIB, 20 * MIB)]),
+    ];
+    let settings = RecordedSettings { expandable_segments: true, ..RecordedSettings::default() };
+    let snap = Snapshot {
+        segments: final_segments.clone(),
+        device_traces: vec![trace.clone()],
+        settings: Some(settings),
+        frame_stacks: vec![Vec::new()],
+    };
+    let conf = AllocConf::from_recorded(snap.settings.as_ref().unwrap());
+    let em = emulate(&snap, 0, &conf, None).unwrap();
+    assert!(em.fidelity.is_exact(), "{:?}", em.fidelity);
+    assert_eq!((em.fidelity.recorded, em.fidelity.allocs), (6, 7));
+    let recorded: Vec<(Action, u64, usize)> =
+        emulate::recorded_segment_events(&trace).iter().map(|e| (e.action, e.addr, e.cause)).collect();
+    let emulated: Vec<(Action, u64, usize)> = em.segment_events.iter().map(|e| (e.action, e.addr, e.cause)).collect();
+    assert_eq!(emulated, recorded, "every segment event at its recorded address");
+    for (index, e) in trace.iter().enumerate().filter(|(_, e)| e.action == Action::Alloc) {
+        assert_eq!(em.placements[index], Some(e.addr), "entry {index}");
+    }
+    assert_eq!(em.first_oom.map(|oom| oom.event_index), Some(12));
+    assert_eq!(em.stats.num_ooms, 2);
+    assert_eq!(em.final_segments, final_segments);
+}
+
+/// The shared GPT-2 expandable recording (H200: the small pool's reservation 157 GiB above the large
+/// pool's) with the small pool's reservation moved to 90 GiB above, where an 80 GiB device's driver puts it:
+/// still exact, at the moved addresses.
+#[test]
+fn issue_14_reservations_closer_than_the_default_replay_exactly() {
+    let (mut snap, _) = load("gpt2_train_fixed-expandable");
+    let large = snap.segments.iter().find(|s| s.segment_type == Pool::Large).unwrap().address;
+    let small = snap.segments.iter().find(|s| s.segment_type == Pool::Small).unwrap().address;
+    assert!(small - large > EXPANDABLE_VIRTUAL_BYTES, "the H200's reservations are farther apart than the default");
+    let moved = large + 90 * GIB;
+    let shift = |addr: &mut u64| {
+        if *addr >= small {
+            *addr = *addr - small + moved;
+        }
+    };
+    for e in &mut snap.device_traces[0] {
+        shift(&mut e.addr);
+    }
+    for s in &mut snap.segments {
+        shift(&mut s.address);
+        s.blocks.iter_mut().for_each(|b| shift(&mut b.address));
+    }
+    let conf = AllocConf::from_recorded(snap.settings.as_ref().unwrap());
+    let em = emulate(&snap, 0, &conf, None).unwrap();
+    assert!(em.fidelity.is_exact(), "{:?}", em.fidelity);
+    assert!(em.fidelity.allocs > 6000);
+    assert_eq!(em.final_segments, snap.segments.iter().map(strip).collect::<Vec<_>>());
+    let recorded: Vec<u64> = emulate::recorded_segment_events(&snap.device_traces[0]).iter().map(|e| e.addr).collect();
+    let emulated: Vec<u64> = em.segment_events.iter().map(|e| e.addr).collect();
+    assert_eq!(emulated, recorded);
+    // A recording cut in the middle rebuilds both reservations from the final segments, 90 GiB apart.
+    let mut cut = snap.clone();
+    let half = cut.device_traces[0].len() / 2;
+    cut.device_traces[0].drain(..half);
+    let em = emulate(&cut, 0, &conf, None).unwrap();
+    assert!(em.fidelity.is_exact(), "{:?}", em.fidelity);
+    let start = CachingAllocator::at_recording_start(&cut, 0, &conf, None).unwrap();
+    assert_eq!(
+        start.expandable_segments(),
+        [(large, 90 * GIB), (moved, EXPANDABLE_VIRTUAL_BYTES)],
+        "the large one ends where the small one starts"
+    );
 }
