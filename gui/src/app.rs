@@ -212,7 +212,7 @@ impl HeapscopeApp {
             Err(why) => {
                 self.live.set_config(&config);
                 self.live.open = true;
-                self.live.unavailable = Some(why);
+                self.live.unavailable = Some(format!("{why:#}"));
             }
         }
     }

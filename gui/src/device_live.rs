@@ -5,15 +5,16 @@
 //!
 //! ## Design
 //!
-//! - [`Observed`] wraps the target as the bench runner sees it ([`Target`]): each allocate and free is passed on,
-//!   then the device events the target logged since ([`VulkanTarget::take_device_events`]) and the allocation's
-//!   footprint ([`heapscope_vulkan::VulkanHandle::footprint`]) become timeline [`Change`]s ([`RegionTracker`]); an
-//!   out-of-memory verdict becomes the step's [`Refusal`]. The runner itself is the bench's ([`run`]): the same
-//!   fills, verifies, copies and matvecs, so the kernels check the memory the map shows.
+//! - The run is the bench runner's ([`run_observed`]), which replays the workload's allocations and frees through the
+//!   lab's one driver: the same fills, verifies, copies and matvecs, so the kernels check the memory the map shows.
+//!   [`LiveObserver`] is an observer of that driver: each allocation, refusal and free it hears, with the device
+//!   events the target logged for it ([`VulkanTarget::take_device_events`]) and the allocation's footprint
+//!   ([`heapscope_vulkan::VulkanHandle::footprint`]), becomes timeline [`Change`]s ([`RegionTracker`]); an
+//!   out-of-memory verdict becomes the step's [`Refusal`].
 //! - What is not a layout change — kernel mismatches, refusals so far, the run's end or failure — goes to a shared
 //!   [`LiveProgress`] the app reads each frame.
-//! - Stopping sets a flag the wrapper checks before each allocation or free: the runner stops at once with an
-//!   error, the target is dropped on the worker (its memory released), and the map keeps what arrived.
+//! - Stopping sets a flag the observer checks at each allocation or free: the driver stops at once with an error,
+//!   the target is dropped on the worker (its memory released), and the map keeps what arrived.
 //! - The kernels and device crates know nothing of this module; it only uses their public API.
 
 use std::fmt;
@@ -24,11 +25,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use heapscope_core::DeviceEvent;
 use heapscope_core::units::exact_size;
-use heapscope_kernels::bench::{BenchSettings, RunReport, Target, TargetError, run};
+use heapscope_kernels::bench::{BenchSettings, KernelDriver, Placed, RunReport, run_observed};
 use heapscope_kernels::workload::{ChurnConfig, ServeConfig, TrainConfig, Workload, churn, serve, train};
-use heapscope_kernels::{Op, VerifyResult};
 use heapscope_lab::contender::Contender;
+use heapscope_lab::driver::{Observer, Step as DriverStep};
+use heapscope_lab::recording::Moment;
 use heapscope_lab::timeline::{Change, Refusal, RegionTracker, Span};
 use heapscope_vulkan::{ContextOptions, ValidationLog, VulkanContext, VulkanHandle, VulkanTarget};
 
@@ -144,8 +147,8 @@ impl LiveConfig {
 ///
 /// # Errors
 /// `no GPU/Vulkan device: …` with the reason, for the app to show.
-pub fn open_device(options: &ContextOptions) -> Result<Arc<VulkanContext>, String> {
-    VulkanContext::new(options).map(Arc::new).map_err(|error| format!("no GPU/Vulkan device: {error}"))
+pub fn open_device(options: &ContextOptions) -> anyhow::Result<Arc<VulkanContext>> {
+    VulkanContext::new(options).map(Arc::new).map_err(|error| anyhow::anyhow!("no GPU/Vulkan device: {error}"))
 }
 
 /// How a live run is going, shared between the worker and the app.
@@ -276,12 +279,16 @@ pub fn start(context: &Arc<VulkanContext>, config: LiveConfig) -> anyhow::Result
     let worker = std::thread::Builder::new()
         .name("heapscope-live".into())
         .spawn(move || {
-            let mut observed = Observed::new(&mut target, sender, Arc::clone(&worker_progress), worker_stop);
-            let result = run(&workload, &mut observed).map_err(|error| error.to_string());
-            drop(observed);
+            let mut observer = LiveObserver::new(sender, Arc::clone(&worker_progress), worker_stop);
+            let result = run_observed(&workload, &mut target, &mut [&mut observer]).map_err(|error| error.to_string());
+            drop(observer);
             // The device memory goes back before the run is said to be over.
             drop(target);
-            worker_progress.lock().unwrap_or_else(PoisonError::into_inner).finished = Some(result);
+            let mut progress = worker_progress.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Ok(report) = &result {
+                progress.mismatches = report.mismatches;
+            }
+            progress.finished = Some(result);
         })
         .map_err(|error| anyhow::anyhow!("cannot start the live worker: {error}"))?;
     let device = context.properties().name.clone();
@@ -296,10 +303,10 @@ pub fn span_of(footprint: (u64, u64, u64), requested_bytes: u64, slot: u32, step
     Span { address, footprint_bytes, lead_bytes, requested_bytes, slot, born: step }
 }
 
-/// A [`VulkanTarget`] that reports what it does to a live source. See the module documentation.
+/// What the bench runner does on the device, as the lab's driver tells its observers, sent to a live source. See
+/// the module documentation.
 #[derive(Debug)]
-pub struct Observed<'a> {
-    target: &'a mut VulkanTarget,
+pub struct LiveObserver {
     sender: Sender<LiveStep>,
     progress: Arc<Mutex<LiveProgress>>,
     stop: Arc<AtomicBool>,
@@ -308,32 +315,28 @@ pub struct Observed<'a> {
     slots: u32,
 }
 
-impl<'a> Observed<'a> {
-    /// `target` (recording its device events) reporting through `sender`.
-    pub fn new(
-        target: &'a mut VulkanTarget,
-        sender: Sender<LiveStep>,
-        progress: Arc<Mutex<LiveProgress>>,
-        stop: Arc<AtomicBool>,
-    ) -> Self {
-        target.record_device_events(true);
-        Self { target, sender, progress, stop, regions: RegionTracker::default(), steps: 0, slots: 0 }
+impl LiveObserver {
+    /// Reporting through `sender`, the progress to `progress`, stopping the run once `stop` is set.
+    pub fn new(sender: Sender<LiveStep>, progress: Arc<Mutex<LiveProgress>>, stop: Arc<AtomicBool>) -> Self {
+        Self { sender, progress, stop, regions: RegionTracker::default(), steps: 0, slots: 0 }
     }
 
-    fn check_stop(&self) -> Result<(), TargetError> {
-        if self.stop.load(Ordering::Relaxed) { Err(TargetError::Failed(STOPPED.to_owned())) } else { Ok(()) }
-    }
-
-    /// Sends one step: the device events since the last, then `last` (the allocation or free itself).
-    fn send(&mut self, leading: Option<Change>, trailing: Option<Change>, refusal: Option<Refusal>) -> Result<(), TargetError> {
+    /// Sends one step: `leading` (a free), the changes of the device events, `trailing` (an allocation).
+    fn send(
+        &mut self,
+        leading: Option<Change>,
+        trailing: Option<Change>,
+        refusal: Option<Refusal>,
+        events: &[DeviceEvent],
+        target: &VulkanTarget,
+    ) -> heapscope_core::Result<()> {
         let mut changes: Vec<Change> = leading.into_iter().collect();
-        let events = self.target.take_device_events();
-        self.regions.changes(&events, &self.target.virtual_ranges(), &mut changes);
+        self.regions.changes(events, &target.virtual_ranges(), &mut changes);
         changes.extend(trailing);
         let refused = refusal.is_some();
         self.sender
             .send(LiveStep { changes, refusal })
-            .map_err(|_| TargetError::Failed(format!("the live view closed; {STOPPED}")))?;
+            .map_err(|_| heapscope_core::Error::Source(format!("the live view closed; {STOPPED}")))?;
         self.steps += 1;
         let mut progress = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
         progress.steps = self.steps;
@@ -342,52 +345,40 @@ impl<'a> Observed<'a> {
     }
 }
 
-impl Target for Observed<'_> {
-    type Handle = VulkanHandle;
-
-    fn allocate(&mut self, size_bytes: u64) -> Result<VulkanHandle, TargetError> {
-        self.check_stop()?;
-        match self.target.allocate(size_bytes) {
-            Ok(handle) => {
-                let span = span_of(handle.footprint(), size_bytes, self.slots, self.steps);
-                self.slots += 1;
-                self.send(None, Some(Change::Allocated(span)), None)?;
-                Ok(handle)
-            }
-            Err(TargetError::OutOfMemory(verdict)) => {
-                self.send(None, None, Some(Refusal::from(&*verdict)))?;
-                Err(TargetError::OutOfMemory(verdict))
-            }
-            Err(other) => Err(other),
+impl Observer<KernelDriver<'_, VulkanTarget>> for LiveObserver {
+    fn step(
+        &mut self,
+        _event: u64,
+        _moment: Moment,
+        step: DriverStep<'_, Placed<VulkanHandle>>,
+        device_events: &[DeviceEvent],
+        runner: &KernelDriver<'_, VulkanTarget>,
+    ) -> heapscope_core::Result<()> {
+        if self.stop.load(Ordering::Relaxed) {
+            return Err(heapscope_core::Error::Source(STOPPED.to_owned()));
         }
-    }
-
-    fn free(&mut self, handle: VulkanHandle) -> Result<(), TargetError> {
-        self.check_stop()?;
-        self.target.free(handle)?;
-        self.send(Some(Change::Freed { address: handle.footprint().0 }), None, None)
-    }
-
-    fn run(&mut self, ops: &[Op<VulkanHandle>]) -> Result<Vec<VerifyResult>, TargetError> {
-        let results = self.target.run(ops)?;
-        let mismatches: u64 = results.iter().map(|result| u64::from(result.mismatches)).sum();
-        self.progress.lock().unwrap_or_else(PoisonError::into_inner).mismatches += mismatches;
-        Ok(results)
-    }
-
-    fn reserved_bytes(&self) -> u64 {
-        self.target.reserved_bytes()
-    }
-
-    fn runs_kernels(&self) -> bool {
-        self.target.runs_kernels()
+        self.progress.lock().unwrap_or_else(PoisonError::into_inner).mismatches = runner.report().mismatches;
+        let target = runner.target();
+        match step {
+            DriverStep::Placed { size_bytes, handle, .. } => {
+                let span = span_of(handle.handle.footprint(), size_bytes, self.slots, self.steps);
+                self.slots += 1;
+                self.send(None, Some(Change::Allocated(span)), None, device_events, target)
+            }
+            DriverStep::Refused { verdict, .. } => self.send(None, None, verdict.map(Refusal::from), device_events, target),
+            DriverStep::Freed { handle, .. } => {
+                let address = handle.handle.footprint().0;
+                self.send(Some(Change::Freed { address }), None, None, device_events, target)
+            }
+            // The free of an allocation the device refused: nothing happened.
+            DriverStep::Unserved { .. } => Ok(()),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use heapscope_core::DeviceEvent;
     use heapscope_lab::timeline::Timeline;
 
     /// The changes of a block, an allocation in it and its free make a timeline that grows and shrinks.

@@ -2,7 +2,8 @@
 //! [`Policy`] on one range, a [`Heap`] of blocks, a [`PagedHeap`], or any [`DeviceHeap`] of a backend crate),
 //! with [`Observer`]s that write down what they need of each step — the statistics of a replay
 //! ([`ReplayStats`], the verdicts), a timeline for the app, a snapshot for export. Every way heapscope replays a
-//! heap contender goes through [`drive`], and so does PyTorch's emulation of a plain trace (its `CachingHeap` is a
+//! heap contender goes through [`drive`], and so does the bench runner of the kernels crate (a workload's allocations
+//! and frees are a stream; its kernels run in [`Target::before_event`]) and PyTorch's emulation of a plain trace (its `CachingHeap` is a
 //! `DeviceHeap` like any other). Of a PyTorch snapshot, the emulation walks the entries themselves, in the same
 //! moments — its rules need every entry, `free_requested`, `oom` and segment events included, and its fidelity is
 //! measured against them — and reports each entry through its `SegmentBacking`.
@@ -92,6 +93,17 @@ pub enum Step<'a, H> {
 pub trait Target {
     /// What a served allocation is known by.
     type Handle: Copy;
+
+    /// Before event `event` of the stream is replayed: what a target that does more than allocate and free does
+    /// first (the bench runner: the kernel ops of the workload's steps before it, the verifies of a run of frees).
+    /// Default: nothing.
+    ///
+    /// # Errors
+    /// What stops the replay.
+    fn before_event(&mut self, event: u64) -> Result<()> {
+        let _ = event;
+        Ok(())
+    }
 
     /// Serves `request`: `Ok(handle)`, or `Err` with the verdict when it does not fit (`None` for a contender
     /// that gives none).
@@ -243,6 +255,7 @@ pub fn drive<T: Target>(
         {
             let index = next;
             next += 1;
+            target.before_event(index)?;
             match *event {
                 Event::Alloc { slot, size_bytes } => {
                     let served = match Request::new(size_bytes, align_bytes) {

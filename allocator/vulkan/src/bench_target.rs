@@ -258,4 +258,8 @@ impl Target for VulkanTarget {
     fn runs_kernels(&self) -> bool {
         true
     }
+
+    fn take_device_events(&mut self) -> Vec<DeviceEvent> {
+        VulkanTarget::take_device_events(self)
+    }
 }

@@ -11,7 +11,7 @@ mod run;
 mod target;
 
 pub use policy::{BenchSettings, run_simulated};
-pub use run::{MAX_PENDING_OPS, OpCounts, RunError, RunReport, run};
+pub use run::{KernelDriver, MAX_PENDING_OPS, OpCounts, Placed, RunError, RunReport, run, run_observed};
 pub use target::{SimTarget, Target, TargetError};
 
 #[cfg(test)]

@@ -1,4 +1,11 @@
-//! [`run`]: a workload played on a [`Target`].
+//! [`run`]: a workload played on a [`Target`], through the lab's one replay driver.
+//!
+//! A workload's allocations and frees are a stream like a recording's ([`Workload::trace`]: the steps' allocations
+//! and frees, then the frees of what lives to the end), replayed by [`heapscope_lab::driver::drive`] with the runner
+//! as the driver's target ([`KernelDriver`], over the bench [`Target`]); so the driver's observers (live mode's view
+//! of the heap) hear every allocation, refusal, free and device event of a run as they hear a replay's. What a
+//! workload does besides allocating and freeing, the runner does before each event of the stream
+//! ([`heapscope_lab::driver::Target::before_event`]):
 //!
 //! Every allocation is filled with its id's pattern as soon as it exists; matvec and copy steps become kernel ops;
 //! before an allocation is freed it is verified. The runner tracks what each allocation should hold as regions
@@ -14,7 +21,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use heapscope_core::OomVerdict;
+use heapscope_core::{Allocation, AllocationId, DeviceEvent, OomVerdict, OwnerId, Request, ResourceKind};
+use heapscope_lab::driver::{Observer, Stream, Target as DriverTarget, drive};
 
 use super::target::{Target, TargetError};
 use crate::workload::{Step, Workload};
@@ -30,7 +38,7 @@ pub struct RunReport {
     pub steps: u64,
     /// Allocations served.
     pub allocs: u64,
-    /// Frees.
+    /// Frees of the workload's steps (what lives to the end is freed after them, uncounted).
     pub frees: u64,
     /// Allocations refused (out of memory).
     pub ooms: u64,
@@ -108,107 +116,147 @@ struct Live<H> {
     regions: Vec<Region>,
 }
 
-struct Runner<'a, T: Target> {
+/// Plays `workload` on `target`. See the module documentation.
+///
+/// # Errors
+/// [`RunError`] when the target fails for another reason than running out of memory.
+pub fn run<T: Target>(workload: &Workload, target: &mut T) -> Result<RunReport, RunError> {
+    run_observed(workload, target, &mut [])
+}
+
+/// [`run`], with `observers` of the driver hearing every allocation, refusal, free and device event (live mode).
+///
+/// # Errors
+/// [`RunError`] when the target fails for another reason than running out of memory, or an observer stops the run
+/// (its error is the run's).
+pub fn run_observed<'t, T: Target>(
+    workload: &'t Workload,
+    target: &'t mut T,
+    observers: &mut [&mut dyn Observer<KernelDriver<'t, T>>],
+) -> Result<RunReport, RunError> {
+    let started = Instant::now();
+    let stream = workload.trace().map_err(|error| RunError { step: error.step as u64, message: error.what })?;
+    let kernels_ran = target.runs_kernels();
+    let mut runner = KernelDriver {
+        target,
+        steps: &workload.steps,
+        event_steps: stream.steps,
+        event_ids: stream.ids,
+        owner: OwnerId::fresh(),
+        next_step: 0,
+        event: 0,
+        live: HashMap::new(),
+        refused: HashSet::new(),
+        pending: Vec::new(),
+        checks: Vec::new(),
+        live_bytes: 0,
+        failure: None,
+        report: RunReport { kernels_ran, ..RunReport::default() },
+    };
+    let driven = drive(Stream::of_trace(&stream.trace), &mut runner, 1, observers);
+    if let Some(failure) = runner.failure.take() {
+        return Err(failure);
+    }
+    driven.map_err(|error| RunError { step: runner.step(), message: error.to_string() })?;
+    let end = workload.steps.len() as u64;
+    runner.ops_until(workload.steps.len())?;
+    runner.flush(end)?;
+    runner.report.steps = end;
+    runner.report.wall = started.elapsed();
+    Ok(runner.report)
+}
+
+/// An allocation the runner handed out: the target's handle, and the allocation it stands for as the driver's
+/// observers see it (offset 0, its size, its id).
+#[derive(Clone, Copy, Debug)]
+pub struct Placed<H> {
+    /// The target's handle.
+    pub handle: H,
+    /// The workload's id of the allocation.
+    pub id: u32,
+    allocation: Allocation,
+}
+
+/// The bench runner as the driver's target: the bench [`Target`] allocates and frees, and before each event the
+/// runner queues the kernel ops of the steps before it and, before a run of frees, the verifies of what they free,
+/// and hands the ops to the target. See the module documentation.
+#[derive(Debug)]
+pub struct KernelDriver<'a, T: Target> {
     target: &'a mut T,
+    steps: &'a [Step],
+    /// The workload step of each event of the stream (the final frees: the number of steps).
+    event_steps: Vec<u64>,
+    /// The allocation id of each event.
+    event_ids: Vec<u32>,
+    owner: OwnerId,
+    /// The first step whose ops are not queued yet.
+    next_step: usize,
+    /// The event being played.
+    event: usize,
     live: HashMap<u32, Live<T::Handle>>,
     refused: HashSet<u32>,
     pending: Vec<Op<T::Handle>>,
     /// For each pending verify, in order: the allocation and the step.
     checks: Vec<(u32, u64)>,
     live_bytes: u64,
+    /// A failure of the bench target, with its step, that stopped the driver.
+    failure: Option<RunError>,
     report: RunReport,
 }
 
-/// Plays `workload` on `target`. See the module documentation.
-///
-/// # Errors
-/// [`RunError`] when the target fails for another reason than running out of memory.
-pub fn run<T: Target>(workload: &Workload, target: &mut T) -> Result<RunReport, RunError> {
-    let started = Instant::now();
-    let kernels_ran = target.runs_kernels();
-    let mut runner = Runner {
-        target,
-        live: HashMap::new(),
-        refused: HashSet::new(),
-        pending: Vec::new(),
-        checks: Vec::new(),
-        live_bytes: 0,
-        report: RunReport { kernels_ran, ..RunReport::default() },
-    };
-    let steps = &workload.steps;
-    let mut index = 0;
-    while index < steps.len() {
-        let at = index as u64;
-        match steps[index] {
-            Step::Free { .. } => {
-                let end = index + steps[index..].iter().take_while(|step| matches!(step, Step::Free { .. })).count();
-                let ids: Vec<u32> = steps[index..end]
-                    .iter()
-                    .filter_map(|step| if let Step::Free { id } = *step { Some(id) } else { None })
-                    .collect();
-                for (offset, &id) in (0..).zip(&ids) {
-                    runner.queue_verify(id, at + offset);
-                }
-                runner.flush(at)?;
-                for (offset, &id) in (0..).zip(&ids) {
-                    runner.free(id, at + offset)?;
-                }
-                index = end;
-                continue;
-            }
-            Step::Alloc { id, size_bytes, .. } => runner.alloc(id, size_bytes, at)?,
-            Step::MatVec { matrix, input, output, rows, cols } => runner.matvec([matrix, input, output], rows, cols),
-            Step::Copy { src, dst, len_bytes } => runner.copy(src, dst, len_bytes),
-        }
-        if runner.pending.len() >= MAX_PENDING_OPS {
-            runner.flush(at)?;
-        }
-        index += 1;
+impl<T: Target> KernelDriver<'_, T> {
+    /// The bench target (live mode reads where an allocation sits and what the device holds).
+    pub fn target(&self) -> &T {
+        self.target
     }
-    // What lives forever is verified and freed last.
-    let end = steps.len() as u64;
-    let mut remaining: Vec<u32> = runner.live.keys().copied().collect();
-    remaining.sort_unstable();
-    for &id in &remaining {
-        runner.queue_verify(id, end);
-    }
-    runner.flush(end)?;
-    for id in remaining {
-        if let Some(live) = runner.live.remove(&id) {
-            runner.target.free(live.handle).map_err(|error| RunError { step: end, message: error.to_string() })?;
-        }
-    }
-    runner.report.steps = end;
-    runner.report.wall = started.elapsed();
-    Ok(runner.report)
-}
 
-impl<T: Target> Runner<'_, T> {
-    fn alloc(&mut self, id: u32, size_bytes: u64, at: u64) -> Result<(), RunError> {
-        match self.target.allocate(size_bytes) {
-            Ok(handle) => {
-                self.live_bytes += size_bytes;
-                self.report.allocs += 1;
-                self.report.peak_live_bytes = self.report.peak_live_bytes.max(self.live_bytes);
-                self.report.peak_reserved_bytes = self.report.peak_reserved_bytes.max(self.target.reserved_bytes());
-                let words_bytes = size_bytes / 4 * 4;
-                let mut regions = Vec::new();
-                if words_bytes > 0 {
-                    self.pending.push(Op::Fill { target: handle, offset_bytes: 0, len_bytes: words_bytes, id });
-                    self.report.ops.fills += 1;
-                    regions.push(Region { offset_bytes: 0, len_bytes: words_bytes, id });
-                }
-                self.live.insert(id, Live { handle, size_bytes, regions });
-                Ok(())
+    /// What the run measured so far.
+    pub fn report(&self) -> &RunReport {
+        &self.report
+    }
+
+    /// The step of the event being played.
+    fn step(&self) -> u64 {
+        self.event_steps.get(self.event).copied().unwrap_or(self.steps.len() as u64)
+    }
+
+    /// Notes a failure of the bench target at the current step; the driver stops with it.
+    fn fail(&mut self, error: RunError) -> heapscope_core::Error {
+        let message = error.message.clone();
+        self.failure = Some(error);
+        heapscope_core::Error::Source(message)
+    }
+
+    /// Queues the ops of the steps before `step` not queued yet (matvecs and copies; allocations and frees are the
+    /// stream's events), handing them to the target whenever [`MAX_PENDING_OPS`] are waiting.
+    fn ops_until(&mut self, step: usize) -> Result<(), RunError> {
+        while self.next_step < step.min(self.steps.len()) {
+            let at = self.next_step as u64;
+            match self.steps[self.next_step] {
+                Step::MatVec { matrix, input, output, rows, cols } => self.matvec([matrix, input, output], rows, cols),
+                Step::Copy { src, dst, len_bytes } => self.copy(src, dst, len_bytes),
+                Step::Alloc { .. } | Step::Free { .. } => {}
             }
-            Err(TargetError::OutOfMemory(verdict)) => {
-                self.report.ooms += 1;
-                self.report.first_oom.get_or_insert((at, *verdict));
-                self.refused.insert(id);
-                Ok(())
+            self.next_step += 1;
+            if self.pending.len() >= MAX_PENDING_OPS {
+                self.flush(at)?;
             }
-            Err(TargetError::Failed(message)) => Err(RunError { step: at, message }),
         }
+        Ok(())
+    }
+
+    /// Whether event `event` frees.
+    fn frees(&self, event: usize) -> bool {
+        match self.event_steps.get(event) {
+            Some(&step) => self.steps.get(step as usize).is_none_or(|step| matches!(step, Step::Free { .. })),
+            None => false,
+        }
+    }
+
+    /// Whether event `event` is a free that follows another with no step between them (the final frees follow each
+    /// other, and the workload's last step when it frees).
+    fn continues_a_run_of_frees(&self, event: usize) -> bool {
+        event > 0 && self.frees(event) && self.frees(event - 1) && self.event_steps[event - 1] + 1 >= self.event_steps[event]
     }
 
     /// Queues the verifies of every region of allocation `id` (freed at step `at`).
@@ -248,20 +296,6 @@ impl<T: Target> Runner<'_, T> {
         self.pending.clear();
         self.checks.clear();
         self.report.batches += 1;
-        Ok(())
-    }
-
-    fn free(&mut self, id: u32, at: u64) -> Result<(), RunError> {
-        if self.refused.remove(&id) {
-            self.report.skipped_steps += 1;
-            return Ok(());
-        }
-        let Some(live) = self.live.remove(&id) else {
-            return Err(RunError { step: at, message: format!("free of allocation {id}, which is not live") });
-        };
-        self.target.free(live.handle).map_err(|error| RunError { step: at, message: error.to_string() })?;
-        self.live_bytes -= live.size_bytes;
-        self.report.frees += 1;
         Ok(())
     }
 
@@ -332,5 +366,100 @@ impl<T: Target> Runner<'_, T> {
         if let Some(to) = self.live.get_mut(&dst) {
             to.regions = regions;
         }
+    }
+}
+
+impl<T: Target> DriverTarget for KernelDriver<'_, T> {
+    type Handle = Placed<T::Handle>;
+
+    fn before_event(&mut self, event: u64) -> heapscope_core::Result<()> {
+        let event = usize::try_from(event).unwrap_or(usize::MAX);
+        self.event = event;
+        let step = self.step();
+        self.ops_until(usize::try_from(step).unwrap_or(usize::MAX)).map_err(|error| self.fail(error))?;
+        if self.pending.len() >= MAX_PENDING_OPS {
+            self.flush(step).map_err(|error| self.fail(error))?;
+        }
+        if !self.frees(event) {
+            return Ok(());
+        }
+        if self.refused.remove(&self.event_ids[event]) {
+            // The free of an allocation the target refused: nothing to free.
+            self.report.skipped_steps += 1;
+        }
+        if !self.continues_a_run_of_frees(event) {
+            // A run of frees opens: everything it frees is verified in one batch first.
+            let mut next = event;
+            while next == event || self.continues_a_run_of_frees(next) {
+                self.queue_verify(self.event_ids[next], self.event_steps[next]);
+                next += 1;
+            }
+            self.flush(step).map_err(|error| self.fail(error))?;
+        }
+        Ok(())
+    }
+
+    fn allocate(&mut self, request: Request) -> heapscope_core::Result<Result<Self::Handle, Option<OomVerdict>>> {
+        let (id, at, size_bytes) = (self.event_ids[self.event], self.step(), request.size_bytes());
+        match self.target.allocate(size_bytes) {
+            Ok(handle) => {
+                self.live_bytes += size_bytes;
+                self.report.allocs += 1;
+                self.report.peak_live_bytes = self.report.peak_live_bytes.max(self.live_bytes);
+                self.report.peak_reserved_bytes = self.report.peak_reserved_bytes.max(self.target.reserved_bytes());
+                let words_bytes = size_bytes / 4 * 4;
+                let mut regions = Vec::new();
+                if words_bytes > 0 {
+                    self.pending.push(Op::Fill { target: handle, offset_bytes: 0, len_bytes: words_bytes, id });
+                    self.report.ops.fills += 1;
+                    regions.push(Region { offset_bytes: 0, len_bytes: words_bytes, id });
+                }
+                self.live.insert(id, Live { handle, size_bytes, regions });
+                let allocation = Allocation::from_parts(
+                    self.owner,
+                    AllocationId(u64::from(id)),
+                    0,
+                    size_bytes,
+                    (0, size_bytes),
+                    ResourceKind::Linear,
+                );
+                Ok(Ok(Placed { handle, id, allocation }))
+            }
+            Err(TargetError::OutOfMemory(verdict)) => {
+                self.report.ooms += 1;
+                self.report.first_oom.get_or_insert((at, (*verdict).clone()));
+                self.refused.insert(id);
+                Ok(Err(Some(*verdict)))
+            }
+            Err(TargetError::Failed(message)) => Err(self.fail(RunError { step: at, message })),
+        }
+    }
+
+    fn free(&mut self, placed: Self::Handle) -> heapscope_core::Result<()> {
+        let at = self.step();
+        let Some(live) = self.live.remove(&placed.id) else {
+            return Err(self.fail(RunError { step: at, message: format!("free of allocation {}, which is not live", placed.id) }));
+        };
+        if let Err(error) = self.target.free(live.handle) {
+            return Err(self.fail(RunError { step: at, message: error.to_string() }));
+        }
+        self.live_bytes -= live.size_bytes;
+        if at < self.steps.len() as u64 {
+            // The workload's frees (what lives to the end is freed after the last step, not counted).
+            self.report.frees += 1;
+        }
+        Ok(())
+    }
+
+    fn allocation(placed: &Self::Handle) -> &Allocation {
+        &placed.allocation
+    }
+
+    fn footprint_end(_placed: &Self::Handle) -> u64 {
+        0
+    }
+
+    fn take_device_events(&mut self) -> Vec<DeviceEvent> {
+        self.target.take_device_events()
     }
 }

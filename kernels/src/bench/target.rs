@@ -2,7 +2,7 @@
 //! much memory is reserved. No device types appear in it: the Vulkan backend, a wgpu backend and the simulated
 //! [`SimTarget`] implement it alike.
 
-use heapscope_core::{DeviceHeap, OomVerdict, Request};
+use heapscope_core::{DeviceEvent, DeviceHeap, OomVerdict, Request};
 
 use crate::{Op, VerifyResult};
 
@@ -61,6 +61,12 @@ pub trait Target {
 
     /// Whether [`Target::run`] really runs the kernels (a simulated target skips them).
     fn runs_kernels(&self) -> bool;
+
+    /// What it asked of the device since the last call (blocks reserved and released, page runs mapped and
+    /// unmapped), for the runner's observers; empty for a target that does not record them (the default).
+    fn take_device_events(&mut self) -> Vec<DeviceEvent> {
+        Vec::new()
+    }
 }
 
 /// A core [`DeviceHeap`] with no device: kernels are skipped, so a verify finds nothing by construction.

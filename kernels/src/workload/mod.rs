@@ -16,6 +16,8 @@ mod train;
 use std::collections::HashMap;
 use std::fmt;
 
+use heapscope_core::trace::{Trace, TraceBuilder};
+
 pub use churn::{ChurnConfig, churn};
 pub use replay::replay;
 pub use rng::Rng;
@@ -167,6 +169,56 @@ impl Workload {
             return Err(StreamError { step: self.steps.len(), what: format!("allocation {id} is still live at the end") });
         }
         Ok(stats)
+    }
+}
+
+/// A workload's allocations and frees as a trace ([`Workload::trace`]), with where each event comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkloadTrace {
+    /// The events: the steps' allocations and frees, then a free of every allocation still live at the end (in id
+    /// order). Slot `n` is the `n`-th allocation.
+    pub trace: Trace,
+    /// The step of each event (the final frees: the number of steps).
+    pub steps: Vec<u64>,
+    /// The allocation id of each event.
+    pub ids: Vec<u32>,
+}
+
+impl Workload {
+    /// The stream's allocations and frees as a trace the lab's driver replays (the bench runner does: see
+    /// `crate::bench`), then the frees of what is still live at the end, in id order.
+    ///
+    /// # Errors
+    /// A free of an allocation that is not live, an allocation of a live id or of 0 bytes: the step and what is
+    /// wrong.
+    pub fn trace(&self) -> Result<WorkloadTrace, StreamError> {
+        let mut builder = TraceBuilder::new(self.name.clone());
+        let (mut steps, mut ids) = (Vec::new(), Vec::new());
+        let mut live = std::collections::BTreeSet::new();
+        for (index, step) in self.steps.iter().enumerate() {
+            let fail = |error: heapscope_core::BadEvent| StreamError { step: index, what: error.to_string() };
+            let id = match *step {
+                Step::Alloc { id, size_bytes, .. } => {
+                    builder.alloc(u64::from(id), size_bytes).map_err(fail)?;
+                    live.insert(id);
+                    id
+                }
+                Step::Free { id } => {
+                    builder.free(u64::from(id)).map_err(fail)?;
+                    live.remove(&id);
+                    id
+                }
+                Step::MatVec { .. } | Step::Copy { .. } => continue,
+            };
+            steps.push(index as u64);
+            ids.push(id);
+        }
+        for id in live {
+            builder.free(u64::from(id)).map_err(|error| StreamError { step: self.steps.len(), what: error.to_string() })?;
+            steps.push(self.steps.len() as u64);
+            ids.push(id);
+        }
+        Ok(WorkloadTrace { trace: builder.finish(), steps, ids })
     }
 }
 
