@@ -104,7 +104,7 @@ main() {
     cargo fmt --manifest-path allocator/core/fuzz/Cargo.toml --check
     cargo clippy --workspace --all-targets --locked -- -D warnings
     # heapscope-wgpu without its `vulkan` feature is plain wgpu: it builds without heapscope-vulkan (no ash, no VMA).
-    cargo check -p heapscope-wgpu --no-default-features --locked
+    cargo check -p heapscope-wgpu --no-default-features --all-targets --locked
     # The fuzz target is its own workspace (cargo-fuzz runs it by hand); keep it compiling.
     cargo check --manifest-path allocator/core/fuzz/Cargo.toml --locked
     cargo test --workspace --locked

@@ -13,7 +13,7 @@
 //!   out-of-memory verdict becomes the step's [`Refusal`].
 //! - What is not a layout change — kernel mismatches, refusals so far, the run's end or failure — goes to a shared
 //!   [`LiveProgress`] the app reads each frame.
-//! - Stopping sets a flag the observer checks at each allocation or free: the driver stops at once with an error,
+//! - Stopping sets a flag the observer checks before each allocation or free: the driver stops at once with an error,
 //!   the target is dropped on the worker (its memory released), and the map keeps what arrived.
 //! - The kernels and device crates know nothing of this module; it only uses their public API.
 
@@ -346,6 +346,13 @@ impl LiveObserver {
 }
 
 impl Observer<KernelDriver<'_, VulkanTarget>> for LiveObserver {
+    fn before_event(&mut self, _event: u64) -> heapscope_core::Result<()> {
+        if self.stop.load(Ordering::Relaxed) {
+            return Err(heapscope_core::Error::Source(STOPPED.to_owned()));
+        }
+        Ok(())
+    }
+
     fn step(
         &mut self,
         _event: u64,
@@ -354,9 +361,6 @@ impl Observer<KernelDriver<'_, VulkanTarget>> for LiveObserver {
         device_events: &[DeviceEvent],
         runner: &KernelDriver<'_, VulkanTarget>,
     ) -> heapscope_core::Result<()> {
-        if self.stop.load(Ordering::Relaxed) {
-            return Err(heapscope_core::Error::Source(STOPPED.to_owned()));
-        }
         self.progress.lock().unwrap_or_else(PoisonError::into_inner).mismatches = runner.report().mismatches;
         let target = runner.target();
         match step {
@@ -370,8 +374,9 @@ impl Observer<KernelDriver<'_, VulkanTarget>> for LiveObserver {
                 let address = handle.handle.footprint().0;
                 self.send(Some(Change::Freed { address }), None, None, device_events, target)
             }
-            // The free of an allocation the device refused: nothing happened.
-            DriverStep::Unserved { .. } => Ok(()),
+            // The free of an allocation the device refused: nothing of its own to show.
+            DriverStep::Unserved { .. } if device_events.is_empty() => Ok(()),
+            DriverStep::Unserved { .. } => self.send(None, None, None, device_events, target),
         }
     }
 }

@@ -51,6 +51,7 @@ mod oom;
 pub mod paged;
 pub mod policies;
 mod policy;
+mod policy_kind;
 mod report;
 mod request;
 mod slots;
@@ -68,7 +69,8 @@ pub use heap::{BlockReport, Heap, HeapAllocation, HeapConfig, HeapReport, HeapSt
 pub use oom::{OomCause, OomVerdict};
 pub use paged::{PagedConfig, PagedHeap, PagedStats, UnmapRule};
 pub use policies::{BestFit, Buddy, FirstFit, Linear, LinearMode, Slab, Tlsf};
-pub use policy::{Policy, PolicyConfig, PolicyKind};
+pub use policy::{Policy, PolicyConfig};
+pub use policy_kind::PolicyKind;
 pub use report::{FreeRunHistogram, HistogramBucket, PolicyReport, RangeReport, RangeState, Totals};
 pub use request::{Request, ResourceKind};
 pub use source::{MemorySource, SimulatedSource, SourceBlock, SourceError};

@@ -275,9 +275,12 @@ impl PagedHeap {
         };
         let reused_pages: u64 = reused.iter().map(|&(_, pages)| pages).sum();
         let new_pages: u64 = mapped.iter().map(|&(_, pages)| pages).sum();
-        let new_bytes = new_pages * page;
-        let over =
-            |heap: &Self| heap.config.capacity_bytes.is_some_and(|capacity| heap.stats.mapped_bytes + new_bytes > capacity);
+        // Pages past 2^64 bytes (a request near `u64::MAX` in a range that large) fit no device: over any capacity.
+        let new_bytes = new_pages.checked_mul(page);
+        let over = |heap: &Self| match new_bytes.and_then(|bytes| heap.stats.mapped_bytes.checked_add(bytes)) {
+            Some(total) => heap.config.capacity_bytes.is_some_and(|capacity| total > capacity),
+            None => true,
+        };
         if over(self) && !self.cached.is_empty() {
             self.release_cache();
         }
@@ -286,7 +289,7 @@ impl PagedHeap {
                 self.insert_cached(start, pages);
             }
             self.policy.free(allocation)?;
-            return Err(self.out_of_memory(request, new_bytes));
+            return Err(self.out_of_memory(request, new_bytes.unwrap_or(u64::MAX)));
         }
         self.stats.map_calls += mapped.len() as u64;
         for (index, pages) in mapped {
@@ -298,7 +301,7 @@ impl PagedHeap {
         }
         self.stats.pages_mapped += new_pages;
         self.stats.pages_reused += reused_pages;
-        self.stats.mapped_bytes += new_bytes;
+        self.stats.mapped_bytes += new_bytes.unwrap_or(0);
         self.stats.peak_mapped_bytes = self.stats.peak_mapped_bytes.max(self.stats.mapped_bytes);
         self.stats.allocations += 1;
         self.stats.live_bytes += allocation.size_bytes();
@@ -540,6 +543,24 @@ mod tests {
 
     fn request(size_bytes: u64) -> Request {
         Request::new(size_bytes, 256).unwrap()
+    }
+
+    /// Issue 17: a request near `u64::MAX` in a range that large needs 2^64 bytes of pages: refused, whatever the
+    /// capacity (the byte count used to wrap to 0 and the request was served with nothing mapped).
+    #[test]
+    fn pages_past_two_to_the_64_bytes_are_refused() {
+        let huge = u64::MAX - 511;
+        for capacity in [Some(u64::MAX / 2), Some(1 << 62), None] {
+            let config = PagedConfig { virtual_bytes: u64::MAX, ..PagedConfig::new(capacity) };
+            let mut heap = PagedHeap::new(config).unwrap();
+            let Err(Error::OutOfMemory(verdict)) = heap.allocate(Request::new(huge, 512).unwrap()) else {
+                panic!("capacity {capacity:?}: {huge} B must not be served");
+            };
+            assert_eq!(verdict.requested_bytes, huge, "capacity {capacity:?}");
+            assert_eq!((heap.stats().mapped_bytes, heap.live_allocations()), (0, 0), "capacity {capacity:?}");
+            // The heap goes on serving what fits.
+            heap.allocate(request(4096)).unwrap();
+        }
     }
 
     #[test]

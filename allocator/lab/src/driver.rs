@@ -152,6 +152,16 @@ pub trait Observer<T: Target + ?Sized> {
         target: &T,
     ) -> Result<()>;
 
+    /// Before event `event` is replayed (before the target's own [`Target::before_event`]): an observer that can stop
+    /// the replay (live mode's Stop) says so here, before anything more happens. Default: go on.
+    ///
+    /// # Errors
+    /// Why the replay stops.
+    fn before_event(&mut self, event: u64) -> Result<()> {
+        let _ = event;
+        Ok(())
+    }
+
     /// Whether it reads the device events of each step. When no observer does, the driver leaves them in the heap
     /// for its owner to take ([`DeviceHeap`]'s `take_device_events`), as a bare replay did.
     fn wants_device_events(&self) -> bool {
@@ -255,6 +265,9 @@ pub fn drive<T: Target>(
         {
             let index = next;
             next += 1;
+            for observer in observers.iter_mut() {
+                observer.before_event(index)?;
+            }
             target.before_event(index)?;
             match *event {
                 Event::Alloc { slot, size_bytes } => {

@@ -120,6 +120,45 @@ pub(crate) enum Value {
     Hole,
 }
 
+/// Values nest as deep as the input says (a 305-byte pickle can nest 200,000 tuples): dropping a tree by recursion
+/// would overflow the stack, so a container's children are dropped here from a heap stack instead, each container
+/// emptied before it goes. Shared containers (`Rc`s the memo still holds) are left to their last owner.
+impl Drop for Value {
+    fn drop(&mut self) {
+        let mut stack = Vec::new();
+        take_children(self, &mut stack);
+        while let Some(mut value) = stack.pop() {
+            take_children(&mut value, &mut stack);
+            // `value` goes now, with no children left to recurse into.
+        }
+    }
+}
+
+/// Moves the children of `value` (a container nobody else holds) onto `stack`, leaving it empty.
+fn take_children(value: &mut Value, stack: &mut Vec<Value>) {
+    match value {
+        Value::List(list) => {
+            if let Some(list) = Rc::get_mut(list) {
+                stack.append(&mut list.get_mut().items);
+            }
+        }
+        Value::Dict(dict) => {
+            if let Some(dict) = Rc::get_mut(dict) {
+                for (key, item) in dict.get_mut().items.drain(..) {
+                    stack.push(key);
+                    stack.push(item);
+                }
+            }
+        }
+        Value::Tuple(items) => {
+            if let Some(items) = Rc::get_mut(items) {
+                stack.append(items);
+            }
+        }
+        _ => {}
+    }
+}
+
 impl Value {
     /// Python's name of the value's type, for error messages.
     pub(crate) fn type_name(&self) -> &'static str {
@@ -1247,11 +1286,32 @@ mod tests {
         }
     }
 
+    /// Issue 17: values nested a million deep under a key the importer ignores — tuples (a 305-byte gzipped file
+    /// nests 200,000), lists, dicts — read and drop without overflowing the stack.
+    #[test]
+    fn values_nested_a_million_deep_drop_without_recursion() {
+        const DEPTH: usize = 1_000_000;
+        let snapshot = |nested: Vec<u8>| {
+            let mut bytes = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]]a\x8c\x14external_annotations".to_vec();
+            bytes.extend(nested);
+            bytes.extend(b"u.");
+            bytes
+        };
+        let tuples = [b"N".to_vec(), vec![0x85; DEPTH]].concat();
+        let lists = [vec![b']'; DEPTH], vec![b'a'; DEPTH - 1]].concat();
+        let dicts = [b"}".to_vec(), b"\x8c\x01k}".repeat(DEPTH - 1), vec![b's'; DEPTH - 1]].concat();
+        for (what, nested) in [("tuples", tuples), ("lists", lists), ("dicts", dicts)] {
+            let read = crate::parse_snapshot(snapshot(nested).as_slice(), "deep.pickle");
+            let snapshot = read.unwrap_or_else(|error| panic!("{what}: {error}"));
+            assert_eq!(snapshot.device_traces.len(), 1, "{what}");
+        }
+    }
+
     #[test]
     fn memo_shares_objects() {
         // [l, l] where l = [1]: both elements are the same Rc.
         let value = decode(b"\x80\x04]\x94(]\x94K\x01ah\x01e.").unwrap();
-        let Value::List(outer) = value else { panic!("not a list") };
+        let Value::List(outer) = &value else { panic!("not a list") };
         let outer = outer.borrow();
         let (Value::List(first), Value::List(second)) = (&outer.items[0], &outer.items[1]) else { panic!("not lists") };
         assert!(Rc::ptr_eq(first, second));

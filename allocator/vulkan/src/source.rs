@@ -420,6 +420,12 @@ impl DeviceMemorySource {
         {
             return Err(SourceError::OutOfMemory { requested_bytes: size_bytes });
         }
+        // A block larger than its memory heap is no device's to give (asking is invalid usage,
+        // VUID-vkAllocateMemory-pAllocateInfo-01713): refused as out of memory, as gpu-allocator and VMA refuse it.
+        let heap_bytes = self.context.properties().heap_of_type(self.memory_type.index).map_or(u64::MAX, |heap| heap.size_bytes);
+        if allocation_size_bytes > heap_bytes {
+            return Err(SourceError::OutOfMemory { requested_bytes: size_bytes });
+        }
         let address_alignment = self.alignment_bytes.max(Self::ADDRESS_ALIGNMENT_BYTES);
         let span_bytes = allocation_size_bytes.max(size_bytes).checked_next_multiple_of(address_alignment);
         let Some(span_bytes) = span_bytes.filter(|&span| self.next_address.checked_add(span).is_some()) else {

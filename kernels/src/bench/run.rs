@@ -253,10 +253,15 @@ impl<T: Target> KernelDriver<'_, T> {
         }
     }
 
-    /// Whether event `event` is a free that follows another with no step between them (the final frees follow each
-    /// other, and the workload's last step when it frees).
+    /// Whether event `event` is a free that follows another with no step between them. The frees after the last
+    /// step (what lived to the end) are a run of their own.
     fn continues_a_run_of_frees(&self, event: usize) -> bool {
-        event > 0 && self.frees(event) && self.frees(event - 1) && self.event_steps[event - 1] + 1 >= self.event_steps[event]
+        let end = self.steps.len() as u64;
+        event > 0
+            && self.frees(event)
+            && self.frees(event - 1)
+            && (self.event_steps[event - 1] + 1 == self.event_steps[event]
+                || self.event_steps[event - 1] == end && self.event_steps[event] == end)
     }
 
     /// Queues the verifies of every region of allocation `id` (freed at step `at`).
@@ -383,8 +388,9 @@ impl<T: Target> DriverTarget for KernelDriver<'_, T> {
         if !self.frees(event) {
             return Ok(());
         }
-        if self.refused.remove(&self.event_ids[event]) {
-            // The free of an allocation the target refused: nothing to free.
+        if self.refused.remove(&self.event_ids[event]) && step < self.steps.len() as u64 {
+            // The free step of an allocation the target refused: nothing to free (one meant to live to the end
+            // has no free step).
             self.report.skipped_steps += 1;
         }
         if !self.continues_a_run_of_frees(event) {

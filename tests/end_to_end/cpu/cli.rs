@@ -486,6 +486,14 @@ fn sizes_that_fit_nowhere_are_failed_allocations() {
     for line in &lines {
         assert_eq!((line["allocs"].as_u64(), line["ooms"].as_u64()), (Some(1), Some(1)), "{line}");
     }
+    // Issue 17: 2^64 - 512 B under a capacity of 2^62 B and more: no page count wraps to 0 B reserved.
+    let near = dir.join("near.csv");
+    std::fs::write(&near, format!("a,1,{}\n", u64::MAX - 511)).unwrap();
+    for capacity in ["16000000TiB", "4194304TiB"] {
+        let lines =
+            json_lines(&heapscope(&["replay", near.to_str().unwrap(), "--policy", "paged", "--capacity", capacity, "--json"]));
+        assert_eq!((lines[0]["allocs"].as_u64(), lines[0]["ooms"].as_u64()), (Some(0), Some(1)), "{capacity}: {}", lines[0]);
+    }
     std::fs::remove_dir_all(dir).ok();
 }
 

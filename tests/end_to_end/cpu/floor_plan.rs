@@ -1,7 +1,8 @@
 //! The floor plan holds: inside every crate of the workspace, no two source files import each other, directly or
-//! through others. A file's imports are the `crate::…` and `super::…` paths of its code (comments and its
-//! `#[cfg(test)] mod tests` left out), a name re-exported at the crate root counting as the file that defines it.
-//! (Crates cannot form cycles at all: Cargo refuses them.)
+//! through others — except a module and its own submodules (a folder's `mod.rs` declares its files and re-exports
+//! what they define; they use what it holds). A file's imports are the `crate::…` and `super::…` paths of its code
+//! (comment lines and an inline `#[cfg(test)] mod tests { … }` left out), a name re-exported by a module (`pub use`)
+//! counting as the file that defines it. (Crates cannot form cycles at all: Cargo refuses them.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -44,7 +45,7 @@ fn module_of(src: &Path, file: &Path) -> Module {
 
 /// The code of a file: comment lines and the unit tests dropped.
 fn code(text: &str) -> String {
-    let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
+    let text = text.split("#[cfg(test)]\nmod tests {").next().unwrap_or_default();
     text.lines().filter(|line| !line.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
 }
 
@@ -109,16 +110,27 @@ fn expand(rest: &str) -> Vec<Vec<String>> {
     items.iter().flat_map(|item| expand(item.trim())).map(|tail| segments.iter().cloned().chain(tail).collect()).collect()
 }
 
-/// Names the crate root re-exports (`pub use module::{A, B};`), with the module that defines them.
-fn reexports(root_code: &str, modules: &BTreeSet<Module>) -> BTreeMap<String, Module> {
+/// Names `module` re-exports (`pub use x::{A, B};`, `pub(crate) use …`), with the module that defines them: `code`'s
+/// paths resolved from `module` (`crate::`, `super::`, `self::`, or a child of `module`; other crates' left out).
+fn reexports(module: &Module, code: &str, modules: &BTreeSet<Module>) -> BTreeMap<String, Module> {
     let mut out = BTreeMap::new();
-    for statement in root_code.split("pub use ").skip(1) {
+    for statement in code.split("pub use ").chain(code.split("pub(crate) use ")).skip(1) {
         let statement = statement.split(';').next().unwrap_or_default();
         for path in expand(statement) {
+            let (mut base, mut rest) = match path.first().map(String::as_str) {
+                Some("crate") => (Vec::new(), &path[1..]),
+                Some("self") => (module.clone(), &path[1..]),
+                Some("super") => (module[..module.len().saturating_sub(1)].to_vec(), &path[1..]),
+                _ => (module.clone(), path.as_slice()),
+            };
+            while let Some(("super", tail)) = rest.split_first().map(|(head, tail)| (head.as_str(), tail)) {
+                base.pop();
+                rest = tail;
+            }
             let name = path.last().cloned().unwrap_or_default();
-            let module = (1..path.len()).rev().map(|len| path[..len].to_vec()).find(|m| modules.contains(m));
-            if let Some(module) = module {
-                out.insert(name, module);
+            let defined = (0..rest.len()).rev().map(|len| [base.as_slice(), &rest[..len]].concat()).find(|m| modules.contains(m));
+            if let Some(defined) = defined.filter(|defined| defined != module) {
+                out.insert(name, defined);
             }
         }
     }
@@ -132,7 +144,8 @@ fn imports(src: &Path) -> BTreeMap<Module, BTreeSet<Module>> {
     let codes: BTreeMap<Module, String> =
         files.iter().map(|file| (module_of(src, file), code(&std::fs::read_to_string(file).unwrap()))).collect();
     let modules: BTreeSet<Module> = codes.keys().cloned().collect();
-    let root_names = reexports(codes.get(&Vec::new()).map_or("", String::as_str), &modules);
+    let reexported: BTreeMap<Module, BTreeMap<String, Module>> =
+        codes.iter().map(|(module, code)| (module.clone(), reexports(module, code, &modules))).collect();
     let mut graph = BTreeMap::new();
     for (module, code) in &codes {
         let mut targets = BTreeSet::new();
@@ -145,17 +158,19 @@ fn imports(src: &Path) -> BTreeMap<Module, BTreeSet<Module>> {
                 base.pop();
                 rest = tail;
             }
+            // The deepest module on the path, then the item after it, where that module re-exports it.
             let mut target = base.clone();
-            let mut deepest = None;
-            for segment in rest {
+            let mut deepest = modules.contains(&base).then(|| (base.clone(), 0));
+            for (depth, segment) in rest.iter().enumerate() {
                 target.push(segment.clone());
                 if modules.contains(&target) {
-                    deepest = Some(target.clone());
+                    deepest = Some((target.clone(), depth + 1));
                 }
             }
-            if deepest.is_none() && base.is_empty() {
-                deepest = rest.first().and_then(|name| root_names.get(name)).cloned();
-            }
+            let deepest = deepest.map(|(found, depth)| {
+                let item = rest.get(depth);
+                item.and_then(|name| reexported.get(&found).and_then(|names| names.get(name))).cloned().unwrap_or(found)
+            });
             if let Some(target) = deepest
                 && &target != module
                 && !module.starts_with(&target)
@@ -224,10 +239,17 @@ fn the_import_scanner_sees_groups_supers_and_reexports() {
     let found = paths(&code(source));
     let as_text: Vec<String> = found.iter().map(|(anchor, path)| format!("{anchor}::{}", path.join("::"))).collect();
     assert_eq!(as_text, ["crate::a::B", "crate::c::d::E", "crate::c::F", "crate::Root", "super::super::g::H"]);
-    let modules: BTreeSet<Module> = [vec!["heap".to_owned()]].into_iter().collect();
-    let names = reexports("pub use heap::{Heap, HeapConfig};\npub use nowhere::X;", &modules);
-    assert_eq!(names.get("HeapConfig"), Some(&vec!["heap".to_owned()]));
+    let module = |path: &[&str]| path.iter().map(|part| (*part).to_owned()).collect::<Module>();
+    let modules: BTreeSet<Module> =
+        [module(&[]), module(&["heap"]), module(&["caching"]), module(&["caching", "backing"])].into();
+    let names = reexports(&module(&[]), "pub use heap::{Heap, HeapConfig};\npub use nowhere::X;", &modules);
+    assert_eq!(names.get("HeapConfig"), Some(&module(&["heap"])));
     assert!(!names.contains_key("X"));
+    let names = reexports(&module(&["caching"]), "pub(crate) use backing::Backing;\npub use crate::heap::Heap;", &modules);
+    assert_eq!((names.get("Backing"), names.get("Heap")), (Some(&module(&["caching", "backing"])), Some(&module(&["heap"]))));
+    // Only an inline test module is left out: a `mod tests;` declaration and what follows it are code.
+    assert_eq!(code("#[cfg(test)]\nmod tests;\nuse crate::a::B;"), "#[cfg(test)]\nmod tests;\nuse crate::a::B;");
+    assert_eq!(code("use crate::a::B;\n#[cfg(test)]\nmod tests {\n    use crate::c::D;\n}"), "use crate::a::B;");
     // A cycle through three modules is found; a chain is not.
     let module = |name: &str| vec![name.to_owned()];
     let mut graph: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();

@@ -12,7 +12,6 @@
 
 use std::collections::VecDeque;
 
-use crate::PolicyKind;
 use crate::granularity::{self, GranularityGuard};
 use crate::policy::{check_owner, not_live, rounded};
 use crate::report::allocation_ranges;
@@ -32,6 +31,17 @@ pub enum LinearMode {
     Stack,
     /// First in, first out, wrapping around.
     Ring,
+}
+
+impl LinearMode {
+    /// The name of the linear policy in this mode (`linear-bump`, …): the name table's entry for it.
+    pub fn policy_name(self) -> &'static str {
+        match self {
+            Self::Bump => "linear-bump",
+            Self::Stack => "linear-stack",
+            Self::Ring => "linear-ring",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -131,7 +141,7 @@ impl Linear {
 
 impl Policy for Linear {
     fn name(&self) -> &'static str {
-        PolicyKind::Linear(self.mode).name()
+        self.mode.policy_name()
     }
 
     fn capacity_bytes(&self) -> u64 {

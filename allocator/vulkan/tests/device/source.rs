@@ -103,6 +103,29 @@ fn heap_with_tlsf_and_best_fit_serves_random_allocs_without_overlap() {
     crate::common::finish(context);
 }
 
+/// Issue 17: a block larger than the memory heap (32 GiB on lavapipe's 23.5 GiB heap) is refused as out of memory
+/// before `vkAllocateMemory` is asked (which would be invalid usage), with the validation layer silent; the heap
+/// serves what fits after it.
+#[test]
+fn a_block_larger_than_the_memory_heap_is_refused() {
+    let Some(context) = crate::common::context() else { return };
+    let context = Arc::new(context);
+    let mut source = source(&context, DeviceSourceConfig::device_only(None));
+    let heap_bytes = context.properties().heap_of_type(source.memory_type().index).unwrap().size_bytes;
+    let too_large = (heap_bytes + 1).next_multiple_of(source.block_alignment_bytes());
+    let refused = source.allocate_block(too_large);
+    assert!(matches!(refused, Err(SourceError::OutOfMemory { .. })), "{refused:?}");
+    let mut heap = Heap::new(heap_config(PolicyKind::Tlsf), source).unwrap();
+    let Err(Error::OutOfMemory(verdict)) = heap.allocate(Request::new(heap_bytes + 1, 256).unwrap(), None) else {
+        panic!("{} B on a heap of {heap_bytes} B must be refused", heap_bytes + 1)
+    };
+    assert_eq!(verdict.requested_bytes, heap_bytes + 1);
+    let fits = heap.allocate(Request::new(MIB, 256).unwrap(), None).unwrap();
+    heap.free(fits).unwrap();
+    drop(heap);
+    crate::common::finish(context);
+}
+
 #[test]
 fn budget_cap_is_an_out_of_memory_verdict_and_the_heap_recovers() {
     let Some(context) = crate::common::context() else { return };
