@@ -341,6 +341,10 @@ struct Decoder {
     reserve: usize,
     /// Never read trace entries directly (tests: the generic path is the reference).
     generic_only: bool,
+    /// The lists and dicts converted as a trace, a segment or a segment's blocks, with where: the schema never shares
+    /// one, so a second reference (through the memo) is refused instead of converted again — `[segment] * 20000`
+    /// would otherwise turn 280 bytes into gigabytes.
+    converted_once: HashMap<usize, String>,
 }
 
 impl Decoder {
@@ -782,6 +786,26 @@ impl<'a> Fields<'a> {
 }
 
 impl Decoder {
+    /// Refuses `value` at `path` when it was converted already at another place (a memo reference to it): see
+    /// `converted_once`.
+    fn once(&mut self, value: &Value, path: &str) -> Result<(), Issue> {
+        let address = match value {
+            Value::List(list) => Rc::as_ptr(list) as usize,
+            Value::Dict(dict) => Rc::as_ptr(dict) as usize,
+            _ => return Ok(()),
+        };
+        match self.converted_once.get(&address) {
+            Some(first) => Err(Issue::new(
+                path,
+                format!("the same object as {first} (a memo reference): a snapshot never shares it, so it is not read twice"),
+            )),
+            None => {
+                self.converted_once.insert(address, path.to_owned());
+                Ok(())
+            }
+        }
+    }
+
     /// Converts the top-level value, with the trace entries already taken.
     fn finish(mut self, root: &Value) -> Result<Snapshot, Issue> {
         let top = match root {
@@ -798,12 +822,15 @@ impl Decoder {
         let segments_value = top.list("segments")?.ok_or_else(|| Issue::new("segments", "missing key"))?;
         let mut segments = Vec::with_capacity(segments_value.len());
         for (index, value) in segments_value.iter().enumerate() {
-            segments.push(self.segment(value, &format!("segments[{index}]"))?);
+            let path = format!("segments[{index}]");
+            self.once(value, &path)?;
+            segments.push(self.segment(value, &path)?);
         }
         let mut device_traces = Vec::new();
         let mut placed: HashMap<u32, usize> = HashMap::new();
         for (device, value) in top.list("device_traces")?.unwrap_or_default().iter().enumerate() {
             let path = format!("device_traces[{device}]");
+            self.once(value, &path)?;
             let list = match value {
                 Value::List(list) => list.borrow(),
                 other => return Err(Issue::expected(path, "list", other)),
@@ -839,6 +866,7 @@ impl Decoder {
         let mut segments = Vec::with_capacity(items.len());
         for (index, value) in items.iter().enumerate() {
             let path = format!("[{index}]");
+            self.once(value, &path)?;
             let segment = self.segment(value, &path)?;
             if segment.device >= MAX_DEVICES {
                 return Err(Issue::new(
@@ -861,6 +889,9 @@ impl Decoder {
         let fields = Fields::of(value, path)?;
         let address = fields.required_u64("address")?;
         let total_size = fields.required_u64("total_size")?;
+        if let Some(blocks) = fields.get("blocks") {
+            self.once(blocks, &fields.key_path("blocks"))?;
+        }
         let blocks_value = fields.list("blocks")?.unwrap_or_default();
         let mut blocks = Vec::with_capacity(blocks_value.len());
         let mut next_address = address;
@@ -1585,6 +1616,34 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             ("frames", P::List(Vec::new())),
             ("blocks", P::List(vec![block(0, 512, "active_allocated"), block(512, (2 << 20) - 512, "inactive")])),
         ])
+    }
+
+    /// Issue 17: memory bounded by what was read. A trace list, a segment or a segment's blocks shared through the
+    /// memo (`[S] * 20000` in 280 gzipped bytes) is refused at its second reference, naming both places; memo puts
+    /// far past the bytes read (100 puts a megaslot apart in 504 bytes) are refused before the memo grows.
+    #[test]
+    fn memo_sharing_and_memo_gaps_are_refused() {
+        let segment = b"}\x94(\x8c\x07address\x4b\x00\x8c\x0atotal_size\x4b\x00\x8c\x06blocks]u";
+        let shared_segments = [b"\x80\x04}(\x8c\x08segments](".as_slice(), segment, b"h\x00e\x8c\x0ddevice_traces]u."].concat();
+        let shared_traces = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces](]\x94h\x00eu.".to_vec();
+        let shared_blocks = b"\x80\x04}(\x8c\x08segments](}(\x8c\x07address\x4b\x00\x8c\x0atotal_size\x4b\x00\x8c\x06blocks]\x94u}(\x8c\x07address\x4b\x00\x8c\x0atotal_size\x4b\x00\x8c\x06blocksh\x00ue\x8c\x0ddevice_traces]u.".to_vec();
+        let mut gaps = b"\x80\x04N".to_vec();
+        for put in 0..100u32 {
+            gaps.push(b'r');
+            gaps.extend(((put + 1) << 20).to_le_bytes());
+        }
+        gaps.push(b'.');
+        // (pickle, what the error says)
+        let cases: [(&[u8], &str); 4] = [
+            (&shared_segments, "segments[1]: the same object as segments[0] (a memo reference)"),
+            (&shared_traces, "device_traces[1]: the same object as device_traces[0] (a memo reference)"),
+            (&shared_blocks, "segments[1].blocks: the same object as segments[0].blocks (a memo reference)"),
+            (&gaps, "LONG_BINPUT to memo slot 1048576, past the 3 bytes read"),
+        ];
+        for (bytes, expected) in cases {
+            let error = parse_snapshot(bytes, "shared.pickle").expect_err(expected).to_string();
+            assert!(error.contains(expected), "{error:?} lacks {expected:?}");
+        }
     }
 
     /// `torch.cuda.memory_snapshot()`'s list of segments reads as a snapshot with those segments and an empty

@@ -736,6 +736,9 @@ impl<R: Read> Input<R> {
     }
 }
 
+/// Memo slots a put may open beyond the bytes read so far: gaps a writer may leave, in total, not per put.
+const MEMO_SLACK_SLOTS: usize = 1 << 16;
+
 /// The pickle machine.
 struct Machine<S> {
     stack: Vec<Value>,
@@ -1141,9 +1144,13 @@ impl<S: Sink> Machine<S> {
             self.memo.push(top);
         } else if slot < self.memo.len() {
             self.memo[slot] = top;
-        } else if slot - self.memo.len() > (1 << 20) {
-            // A sparse memo from a corrupt BINPUT index: refuse rather than allocate gigabytes.
-            return Err(malformed(at, format!("{what} to memo slot {slot}, far beyond the {} in use", self.memo.len())));
+        } else if slot > usize::try_from(at).unwrap_or(usize::MAX).saturating_add(MEMO_SLACK_SLOTS) {
+            // A pickle writes at most one memo slot per opcode, so a slot past the bytes read (with some slack for
+            // gaps) is a corrupt or hostile index: refused, so the memo stays bounded by the input, in total.
+            return Err(malformed(
+                at,
+                format!("{what} to memo slot {slot}, past the {at} bytes read (memo in use: {})", self.memo.len()),
+            ));
         } else {
             self.memo.resize(slot, Value::Hole);
             self.memo.push(top);
@@ -1276,7 +1283,7 @@ mod tests {
             (b"\x80\x04c__builtin__\nset\n.", "class"),
             (b"\x80\x04X\xff\xff\xff\x7fab", "truncated"),
             (b"\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x7fab", "truncated"),
-            (b"\x80\x04Nr\xff\xff\xff\x7f.", "far beyond"),
+            (b"\x80\x04Nr\xff\xff\xff\x7f.", "past the 3 bytes read"),
             (b"\x80\x04\x94.", "MEMOIZE with no object"),
         ];
         for (bytes, expected) in cases {
