@@ -341,6 +341,9 @@ struct Decoder {
     reserve: usize,
     /// Never read trace entries directly (tests: the generic path is the reference).
     generic_only: bool,
+    /// Entries built generically in the current batch, `(index, entry)`, merged in at the batch's end: inserting each
+    /// where it belongs would move the batch's later entries once per fallback (quadratic in the batch).
+    late: Vec<(usize, TraceEntry)>,
     /// The lists and dicts converted as a trace, a segment or a segment's blocks, with where: the schema never shares
     /// one, so a second reference (through the memo) is refused instead of converted again — `[segment] * 20000`
     /// would otherwise turn 280 bytes into gigabytes.
@@ -404,6 +407,14 @@ impl Sink for Decoder {
         }
     }
 
+    fn appended(&mut self, list_tag: u32) {
+        if let Some(slot) = list_tag.checked_sub(TAG_TRACE_BASE)
+            && !self.late.is_empty()
+        {
+            self.merge_late(slot as usize);
+        }
+    }
+
     fn reads_items(&self, list_tag: u32) -> bool {
         !self.generic_only && list_tag.checked_sub(TAG_TRACE_BASE).is_some_and(|slot| (slot as usize) < self.traces.len())
     }
@@ -426,10 +437,34 @@ impl Decoder {
     /// every index below theirs is there by then, so their index is their position.
     fn take_entry(&mut self, slot: usize, index: usize, entry: TraceEntry) {
         let entries = &mut self.traces[slot].1;
-        if index < entries.len() {
-            entries.insert(index, entry);
+        if index < entries.len() || !self.late.is_empty() {
+            // Its place is among entries already read directly: merged in once the batch is done.
+            self.late.push((index, entry));
         } else {
             entries.push(entry);
+        }
+    }
+
+    /// Merges the batch's late entries into trace list `slot`, each at its index, in one pass over the batch.
+    fn merge_late(&mut self, slot: usize) {
+        let mut late = std::mem::take(&mut self.late);
+        late.sort_by_key(|&(index, _)| index);
+        let entries = &mut self.traces[slot].1;
+        let first = late.first().map_or(entries.len(), |&(index, _)| index).min(entries.len());
+        let early = entries.split_off(first);
+        let mut early = early.into_iter();
+        let mut late = late.into_iter().peekable();
+        loop {
+            match late.peek() {
+                Some(&(index, _)) if index <= entries.len() => entries.extend(late.next().map(|(_, entry)| entry)),
+                _ => match early.next() {
+                    Some(entry) => entries.push(entry),
+                    None => {
+                        entries.extend(late.map(|(_, entry)| entry));
+                        break;
+                    }
+                },
+            }
         }
     }
 }
@@ -1644,6 +1679,42 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             let error = parse_snapshot(bytes, "shared.pickle").expect_err(expected).to_string();
             assert!(error.contains(expected), "{error:?} lacks {expected:?}");
         }
+    }
+
+    /// Issue 17: one `APPENDS` batch of 40,000 trace entries, every other one left to the generic path (a
+    /// `user_metadata` list): the late entries are merged in once per batch, in order (inserting each used to move
+    /// the rest of the batch: quadratic), and both read paths agree.
+    #[test]
+    fn a_huge_batch_of_mixed_entries_keeps_its_order() {
+        const ENTRIES: u32 = 40_000;
+        // As PyTorch writes them: every dict memoized, keys and action names memoized once and fetched back.
+        let mut bytes = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces](](".to_vec();
+        for index in 0..ENTRIES {
+            bytes.extend(b"}\x94(");
+            bytes.extend(if index == 0 {
+                b"\x8c\x06action\x94\x8c\x05alloc\x94\x8c\x04addr\x94".as_slice()
+            } else {
+                b"h\x01h\x02h\x03"
+            });
+            bytes.push(b'J');
+            bytes.extend((index * 512).to_le_bytes());
+            bytes.extend(if index == 0 { b"\x8c\x04size\x94".as_slice() } else { b"h\x04" });
+            bytes.extend(b"J\x00\x02\x00\x00");
+            bytes.extend(if index == 0 { b"\x8c\x06stream\x94".as_slice() } else { b"h\x05" });
+            bytes.extend(b"K\x00");
+            match index {
+                1 => bytes.extend(b"\x8c\x0duser_metadata\x94](K\x01e"),
+                _ if index % 2 == 1 => bytes.extend(b"h\x07](K\x01e"),
+                _ => {}
+            }
+            bytes.push(b'u');
+        }
+        bytes.extend(b"eeu.");
+        let fast = parse(bytes.as_slice(), "batch", Decoder::default()).unwrap();
+        let generic = parse(bytes.as_slice(), "batch", Decoder { generic_only: true, ..Decoder::default() }).unwrap();
+        assert_eq!(fast, generic);
+        let addresses: Vec<u64> = fast.device_traces[0].iter().map(|entry| entry.addr).collect();
+        assert_eq!(addresses, (0..u64::from(ENTRIES)).map(|index| index * 512).collect::<Vec<_>>());
     }
 
     /// `torch.cuda.memory_snapshot()`'s list of segments reads as a snapshot with those segments and an empty

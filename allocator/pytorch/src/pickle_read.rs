@@ -316,6 +316,12 @@ pub(crate) trait Sink {
     /// A [`ReadError::Schema`] when the item does not fit.
     fn append(&mut self, list_tag: u32, index: usize, item: Value, memo: &mut [Value]) -> Result<Option<Value>, ReadError>;
 
+    /// An `APPEND` / `APPENDS` to a list tagged `list_tag` is done (every item of the batch was handed to
+    /// [`Sink::append`] or read directly). Default: nothing.
+    fn appended(&mut self, list_tag: u32) {
+        let _ = list_tag;
+    }
+
     /// The sink's small id for a memo'd str (0 = nothing special), computed once per memo slot so that a
     /// fast path matches a key or a name by an integer compare.
     fn atom(_text: &str) -> u8
@@ -1122,6 +1128,7 @@ impl<S: Sink> Machine<S> {
         }
         list.appended = index;
         self.stack = items;
+        self.sink.appended(tag);
         result
     }
 
