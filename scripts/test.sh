@@ -5,9 +5,11 @@
 #
 # System packages (only when missing): the Vulkan loader, Mesa's lavapipe from bookworm-backports
 # (Mesa 25.x: sparse binding; bookworm's own Mesa 22 has none), vulkan-tools, the Khronos validation
-# layers, Xvfb, and a C++ compiler (g++: vk-mem builds VMA's C++ for heapscope-vulkan's `vma` contender).
-# Where lavapipe is present afterwards, HEAPSCOPE_REQUIRE_GPU=1 is exported so that tests needing Vulkan
-# fail instead of skipping. Set HEAPSCOPE_SKIP_INSTALL=1 to install nothing.
+# layers, Xvfb, a C++ compiler (g++: vk-mem builds VMA's C++ for heapscope-vulkan's `vma` contender) and
+# python3 (the pickle cross-checks). Where lavapipe is present afterwards, HEAPSCOPE_REQUIRE_GPU=1 is exported
+# so that tests needing Vulkan fail instead of skipping. In CI (CI=true, as .ci/run sets it) a missing lavapipe
+# or python3 after the install, or UPDATE_SNAPSHOTS set, fails the run. Set HEAPSCOPE_SKIP_INSTALL=1 to install
+# nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,10 +51,10 @@ install_system_packages() {
         return
     fi
     if ! command -v apt-get >/dev/null 2>&1; then
-        log "no apt-get: install libvulkan1, mesa-vulkan-drivers (Mesa >= 23), vulkan-tools, vulkan-validationlayers, xvfb and g++ by hand"
+        log "no apt-get: install libvulkan1, mesa-vulkan-drivers (Mesa >= 23), vulkan-tools, vulkan-validationlayers, xvfb, g++ and python3 by hand"
         return
     fi
-    local base=(libvulkan1 vulkan-tools vulkan-validationlayers xvfb g++)
+    local base=(libvulkan1 vulkan-tools vulkan-validationlayers xvfb g++ python3)
     local missing
     missing=$(missing_packages "${base[@]}")
     if [ -z "$missing" ] && mesa_vulkan_new_enough; then
@@ -97,8 +99,23 @@ main() {
     if lavapipe_present && mesa_vulkan_new_enough; then
         export HEAPSCOPE_REQUIRE_GPU=1
         log "lavapipe found: HEAPSCOPE_REQUIRE_GPU=1 (Vulkan tests fail instead of skipping)"
+    elif [ "${CI:-}" = true ]; then
+        # A green CI must mean the device tests ran: a failed install is a failed run, not ~90 skips.
+        log "CI: no lavapipe with sparse support after the install: failing (the device tests would only skip)"
+        exit 1
     else
         log "no lavapipe with sparse support: Vulkan tests skip"
+    fi
+    if [ "${CI:-}" = true ] && ! command -v python3 >/dev/null 2>&1; then
+        log "CI: python3 is missing (the pickle cross-checks need it): failing"
+        exit 1
+    fi
+    if [ -n "${UPDATE_SNAPSHOTS:-}" ]; then
+        if [ "${CI:-}" = true ]; then
+            log "CI: UPDATE_SNAPSHOTS is set, which would rewrite the expected images instead of checking them: failing"
+            exit 1
+        fi
+        log "UPDATE_SNAPSHOTS is set: the app's image snapshots are rewritten, not checked"
     fi
     cargo fmt --all --check
     cargo fmt --manifest-path allocator/core/fuzz/Cargo.toml --check

@@ -178,7 +178,8 @@ proptest! {
             let outcome = replay_pytorch(&recording, &conf, capacity);
             prop_assert_eq!(outcome.is_ok(), emulation.is_ok());
             if let Ok(outcome) = outcome {
-                prop_assert!(outcome.peak_reserved_bytes >= outcome.peak_live_bytes || outcome.ooms > 0 || outcome.peak_live_bytes > 0);
+                // PyTorch reserves at least what it serves, in whole 512-byte blocks of segments.
+                prop_assert!(outcome.peak_reserved_bytes >= outcome.peak_live_bytes, "{outcome:?}");
             }
             let config = CompareConfig { capacity_bytes: capacity, ..CompareConfig::default() };
             for contender in [Contender::Heap(heapscope_core::PolicyKind::Tlsf), Contender::Paged] {

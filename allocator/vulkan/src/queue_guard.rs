@@ -62,6 +62,8 @@ fn by_queue(queue: vk::Queue) -> Option<Arc<Guarded>> {
 /// `T` must be the function pointer type Vulkan defines for `name`; `device` a live device of the instance whose
 /// `vkGetDeviceProcAddr` `get` is.
 unsafe fn load<T: Copy>(get: vk::PFN_vkGetDeviceProcAddr, device: vk::Device, name: &CStr) -> Option<T> {
+    // A `T` that is no function pointer fails to compile, whatever the caller says.
+    const { assert!(size_of::<T>() == size_of::<unsafe extern "system" fn()>()) };
     // SAFETY: the caller's contract; the name is NUL-terminated.
     let function = unsafe { get(device, name.as_ptr()) }?;
     // SAFETY: `T` is the entry point's own pointer type (the caller's contract), the same size as any function

@@ -197,10 +197,6 @@ pub struct SparseBuffer {
     stats: SparseStats,
 }
 
-// SAFETY: the buffer owns its handles; Vulkan handles may be used from any thread, every mutation goes through
-// `&mut self`, and queue submissions take the context's queue lock.
-unsafe impl Send for SparseBuffer {}
-
 impl fmt::Debug for SparseBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SparseBuffer")

@@ -99,13 +99,21 @@ impl Transfer {
     ///
     /// # Errors
     /// A failed Vulkan call.
-    pub fn upload(&mut self, buffer: vk::Buffer, offset: u64, bytes: &[u8]) -> Result<(), VulkanError> {
+    ///
+    /// # Safety
+    /// `buffer` is a live buffer of this context's device with `TRANSFER_DST` usage, `offset .. offset + bytes.len()`
+    /// lies inside it and is backed by memory (bound, for a sparse buffer, with its binds waited for), and nothing
+    /// else uses that range until the call returns. (Vulkan does not check a raw handle's range: outside it, the
+    /// copy writes memory nobody gave it.)
+    pub unsafe fn upload(&mut self, buffer: vk::Buffer, offset: u64, bytes: &[u8]) -> Result<(), VulkanError> {
         for (index, piece) in bytes.chunks(self.chunk_len()).enumerate() {
             // SAFETY: the mapping covers `staging_bytes` >= `piece.len()`; no copy is in flight (each waits).
             unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), self.mapped.as_ptr(), piece.len()) };
             self.flush(false)?;
             let at = offset + (index * self.chunk_len()) as u64;
-            self.copy(self.staging, 0, buffer, at, piece.len() as u64)?;
+            // SAFETY: the staging buffer is ours (`TRANSFER_SRC`, `staging_bytes` >= the piece); the destination range
+            // is inside the caller's, under the caller's contract.
+            unsafe { self.copy(self.staging, 0, buffer, at, piece.len() as u64) }?;
         }
         Ok(())
     }
@@ -114,11 +122,18 @@ impl Transfer {
     ///
     /// # Errors
     /// A failed Vulkan call.
-    pub fn download(&mut self, buffer: vk::Buffer, offset: u64, out: &mut [u8]) -> Result<(), VulkanError> {
+    ///
+    /// # Safety
+    /// `buffer` is a live buffer of this context's device with `TRANSFER_SRC` usage, `offset .. offset + out.len()`
+    /// lies inside it and is backed by memory (bound, for a sparse buffer, with its binds waited for), and nothing
+    /// writes that range until the call returns.
+    pub unsafe fn download(&mut self, buffer: vk::Buffer, offset: u64, out: &mut [u8]) -> Result<(), VulkanError> {
         let chunk_len = self.chunk_len();
         for (index, piece) in out.chunks_mut(chunk_len).enumerate() {
             let at = offset + (index * chunk_len) as u64;
-            self.copy(buffer, at, self.staging, 0, piece.len() as u64)?;
+            // SAFETY: the source range is inside the caller's, under the caller's contract; the staging buffer is ours
+            // (`TRANSFER_DST`, `staging_bytes` >= the piece).
+            unsafe { self.copy(buffer, at, self.staging, 0, piece.len() as u64) }?;
             self.flush(true)?;
             // SAFETY: the copy has completed (waited on its fence); the mapping covers `piece.len()` bytes.
             unsafe { std::ptr::copy_nonoverlapping(self.mapped.as_ptr(), piece.as_mut_ptr(), piece.len()) };
@@ -151,7 +166,12 @@ impl Transfer {
     ///
     /// # Errors
     /// A failed Vulkan call.
-    pub fn copy(
+    ///
+    /// # Safety
+    /// Both buffers are live buffers of this context's device (`TRANSFER_SRC` for `source`, `TRANSFER_DST` for
+    /// `destination`), both ranges lie inside them and are backed by memory (bound, for a sparse buffer, with its
+    /// binds waited for), they do not overlap within one buffer, and nothing else uses them until the call returns.
+    pub unsafe fn copy(
         &mut self,
         source: vk::Buffer,
         source_offset: u64,
@@ -171,8 +191,7 @@ impl Transfer {
         let region = [vk::BufferCopy::default().src_offset(source_offset).dst_offset(destination_offset).size(size_bytes)];
         let begin = vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
         let submit = [vk::SubmitInfo::default().command_buffers(&buffers)];
-        // SAFETY: the command buffer is fresh; both buffers are live buffers of this device with TRANSFER usage,
-        // the caller keeps the ranges inside them (and bound, for a sparse buffer, after waiting for its binds);
+        // SAFETY: the command buffer is fresh; both buffers and ranges are valid for the copy (the caller's contract);
         // the submission holds the queue lock and is waited for before the command buffer is freed.
         let result = unsafe {
             device

@@ -88,6 +88,11 @@ struct DeviceMemoryCallbacks {
     user_data: *mut c_void,
 }
 
+/// The layout of what `callbacks` would point to (a type that cannot be named: inferred).
+fn pointee_layout<T>(_callbacks: &Option<&T>) -> std::alloc::Layout {
+    std::alloc::Layout::new::<T>()
+}
+
 /// VMA's `pfnAllocate`: called after each `vkAllocateMemory` it makes.
 unsafe extern "C" fn on_allocate(_: *mut c_void, _: u32, memory: vk::DeviceMemory, size: u64, user: *mut c_void) {
     // SAFETY: `user` is the `CallbackLog` boxed in the `VmaBackend` that created this allocator; the box lives until
@@ -183,6 +188,9 @@ impl ExternalAllocator for VmaBackend {
         let limits = vec![config.budget_cap_bytes.unwrap_or(vk::WHOLE_SIZE); heap_count];
         let mut create_info = vk_mem::AllocatorCreateInfo::new(context.instance(), context.device(), context.physical_device());
         create_info.preferred_large_heap_block_size = config.block_size_bytes;
+        // The target type is vk-mem's private `VmaDeviceMemoryCallbacks`: its size and alignment checked here, the
+        // fields by the comment below.
+        assert_eq!(pointee_layout(&create_info.device_memory_callbacks), std::alloc::Layout::new::<DeviceMemoryCallbacks>());
         // SAFETY: `DeviceMemoryCallbacks` has the layout of `VmaDeviceMemoryCallbacks` (the target type, inferred:
         // vk-mem does not export it): `repr(C)`, two `Option<extern "C" fn>` (nullable function pointers whose
         // allocator parameter, a `VmaAllocator` pointer, is taken as `*mut c_void`) and a `void*`. The reference

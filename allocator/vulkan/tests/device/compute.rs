@@ -298,6 +298,7 @@ fn a_range_past_the_device_binding_limit_is_split() {
     let Some((context, mut source, mut kernels)) = setup() else { return };
     let max_range = kernels.binding_limits().max_range_bytes;
     if max_range > 256 * MIB {
+        // A device limit, not a missing device: lavapipe's (128 MiB) runs it, so CI always does.
         eprintln!("skipped: maxStorageBufferRange is {max_range} bytes");
         drop((kernels, source));
         crate::common::finish(context);

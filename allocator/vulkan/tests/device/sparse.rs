@@ -2,6 +2,11 @@
 //! buffer under random traffic, the pool cap, and the frag_oom story through paging. Validation is on and must
 //! stay silent. Only resident data is ever read (`residencyNonResidentStrict` may be false).
 
+#![allow(
+    unsafe_code,
+    reason = "bytes go in and out of the sparse buffers through `Transfer`'s raw-handle copies; each block says why it is sound"
+)]
+
 use std::sync::Arc;
 
 use crate::common::{Rng, finish, sparse_context};
@@ -17,6 +22,12 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len as u64)
         .map(|index| ((seed << 32 ^ index).wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(seed) >> 56) as u8)
         .collect()
+}
+
+/// A sparse buffer moves to another thread (a live run's worker) by its fields alone: no `unsafe impl Send`.
+#[test]
+fn a_sparse_buffer_is_send_on_its_own() {
+    crate::common::assert_send::<SparseBuffer>();
 }
 
 #[test]
@@ -65,11 +76,17 @@ fn bound_pages_keep_what_is_written_and_a_remapped_page_takes_its_contents_along
         buffer.bind(&[(0, 16 * page), (100 * page, 3 * page)]).unwrap();
         buffer.wait_binds().unwrap();
         let data = pattern(1, (16 * page) as usize);
-        transfer.upload(buffer.buffer(), 0, &data).unwrap();
+        // SAFETY: the buffer is the test's sparse buffer (transfer usage) on this device; the range is bound, its
+        // binds waited for, and inside the buffer; nothing else touches it meanwhile.
+        unsafe { transfer.upload(buffer.buffer(), 0, &data) }.unwrap();
         let tail = pattern(2, (3 * page) as usize);
-        transfer.upload(buffer.buffer(), 100 * page, &tail).unwrap();
+        // SAFETY: the buffer is the test's sparse buffer (transfer usage) on this device; the range is bound, its
+        // binds waited for, and inside the buffer; nothing else touches it meanwhile.
+        unsafe { transfer.upload(buffer.buffer(), 100 * page, &tail) }.unwrap();
         let mut back = vec![0; data.len()];
-        transfer.download(buffer.buffer(), 0, &mut back).unwrap();
+        // SAFETY: the buffer is the test's sparse buffer (transfer usage) on this device; the range is bound, its
+        // binds waited for, and inside the buffer; nothing else touches it meanwhile.
+        unsafe { transfer.download(buffer.buffer(), 0, &mut back) }.unwrap();
         assert!(back == data, "the bound pages read back what was written");
 
         // Move page 3 to page 200: its bytes follow it.
@@ -80,10 +97,14 @@ fn bound_pages_keep_what_is_written_and_a_remapped_page_takes_its_contents_along
         assert!(buffer.remap(3 * page, 201 * page).is_err(), "page 3 is no longer bound");
         buffer.wait_binds().unwrap();
         let mut moved = vec![0; page as usize];
-        transfer.download(buffer.buffer(), 200 * page, &mut moved).unwrap();
+        // SAFETY: the buffer is the test's sparse buffer (transfer usage) on this device; the range is bound, its
+        // binds waited for, and inside the buffer; nothing else touches it meanwhile.
+        unsafe { transfer.download(buffer.buffer(), 200 * page, &mut moved) }.unwrap();
         assert!(moved[..] == data[(3 * page) as usize..(4 * page) as usize], "the remapped page kept its contents");
         let mut rest = vec![0; tail.len()];
-        transfer.download(buffer.buffer(), 100 * page, &mut rest).unwrap();
+        // SAFETY: the buffer is the test's sparse buffer (transfer usage) on this device; the range is bound, its
+        // binds waited for, and inside the buffer; nothing else touches it meanwhile.
+        unsafe { transfer.download(buffer.buffer(), 100 * page, &mut rest) }.unwrap();
         assert!(rest == tail);
     }
     finish(context);
@@ -137,7 +158,9 @@ fn random_traffic_through_a_device_paged_heap_keeps_every_allocation_intact() {
                 let (allocation, seed) = live.swap_remove(index);
                 heap.wait_binds().unwrap();
                 let mut back = vec![0; allocation.size_bytes() as usize];
-                transfer.download(heap.buffer(), allocation.offset(), &mut back).unwrap();
+                // SAFETY: the buffer is the test's sparse buffer (transfer usage) on this device; the range is bound, its
+                // binds waited for, and inside the buffer; nothing else touches it meanwhile.
+                unsafe { transfer.download(heap.buffer(), allocation.offset(), &mut back) }.unwrap();
                 assert!(back == pattern(seed, back.len()), "step {step}: allocation at {:#x} lost data", allocation.offset());
                 heap.free(allocation).unwrap();
             } else {
@@ -146,7 +169,9 @@ fn random_traffic_through_a_device_paged_heap_keeps_every_allocation_intact() {
                 match heap.allocate(Request::new(size, 256).unwrap()) {
                     Ok(allocation) => {
                         heap.wait_binds().unwrap();
-                        transfer.upload(heap.buffer(), allocation.offset(), &pattern(step, size as usize)).unwrap();
+                        // SAFETY: the buffer is the test's sparse buffer (transfer usage) on this device; the range is bound, its
+                        // binds waited for, and inside the buffer; nothing else touches it meanwhile.
+                        unsafe { transfer.upload(heap.buffer(), allocation.offset(), &pattern(step, size as usize)) }.unwrap();
                         live.push((allocation, step));
                     }
                     Err(error) if error.is_out_of_memory() => ooms += 1,
@@ -159,7 +184,9 @@ fn random_traffic_through_a_device_paged_heap_keeps_every_allocation_intact() {
         assert_eq!(ooms, 0, "32 MiB is never exhausted by at most 60 live allocations");
         for (allocation, seed) in live.drain(..) {
             let mut back = vec![0; allocation.size_bytes() as usize];
-            transfer.download(heap.buffer(), allocation.offset(), &mut back).unwrap();
+            // SAFETY: the buffer is the test's sparse buffer (transfer usage) on this device; the range is bound, its
+            // binds waited for, and inside the buffer; nothing else touches it meanwhile.
+            unsafe { transfer.download(heap.buffer(), allocation.offset(), &mut back) }.unwrap();
             assert!(back == pattern(seed, back.len()));
             heap.free(allocation).unwrap();
         }
