@@ -233,7 +233,13 @@ macro_rules! void_function {
 /// `vkGetDeviceProcAddr` for wgpu-hal: heapscope's wrapper for a queue operation the device has, else the
 /// driver's entry point.
 unsafe extern "system" fn get_device_proc_addr(device: vk::Device, name: *const c_char) -> vk::PFN_vkVoidFunction {
-    let guarded = find(|guarded| guarded.device == device)?;
+    let Some(guarded) = find(|guarded| guarded.device == device) else {
+        // A device heapscope does not guard: the driver's own entry points, unwrapped (the loader's
+        // `vkGetDeviceProcAddr` of any guarded device serves every device), not NULL.
+        let any = find(|_| true)?;
+        // SAFETY: the caller's contract (a live device, a NUL-terminated name), passed on unchanged.
+        return unsafe { (any.get_device_proc_addr)(device, name) };
+    };
     // SAFETY: Vulkan's callers pass a NUL-terminated name.
     let wanted = unsafe { CStr::from_ptr(name) };
     match wanted.to_bytes() {
