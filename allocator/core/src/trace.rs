@@ -10,6 +10,7 @@
 //! to dense slots so a replay can keep its handles in a vector.
 
 use crate::hash::FastMap;
+use std::fmt;
 use std::path::Path;
 
 use crate::{Error, Result};
@@ -116,6 +117,19 @@ impl TraceBuilder {
     }
 }
 
+/// Text from the input as an error shows it: quoted, its first 60 characters at most, with its length when cut.
+struct Shown<'a>(&'a str);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const SHOWN_CHARS: usize = 60;
+        match self.0.char_indices().nth(SHOWN_CHARS) {
+            None => write!(f, "{:?}", self.0),
+            Some((cut, _)) => write!(f, "{:?}… ({} bytes)", &self.0[..cut], self.0.len()),
+        }
+    }
+}
+
 impl Trace {
     /// The events in order.
     pub fn events(&self) -> &[Event] {
@@ -127,7 +141,8 @@ impl Trace {
         self.slots
     }
 
-    /// Parses the compact CSV form; `name` names the input in errors.
+    /// Parses the compact CSV form; `name` names the input in errors (a long field or line is cut there: a 20 MB
+    /// line is not repeated on stderr).
     ///
     /// # Errors
     /// [`Error::Trace`] naming the line and what is wrong with it.
@@ -141,17 +156,20 @@ impl Trace {
                 continue;
             }
             let fields: Vec<&str> = content.split(',').map(str::trim).collect();
+            let shown = Shown(content);
             let number = |position: usize, what: &str| -> Result<u64> {
-                let field = fields.get(position).ok_or_else(|| fail(format!("missing {what} in {content:?}")))?;
-                field.parse().map_err(|_| fail(format!("{what} {field:?} is not a non-negative integer")))
+                let field = fields.get(position).ok_or_else(|| fail(format!("missing {what} in {shown}")))?;
+                field.parse().map_err(|_| fail(format!("{what} {} is not a non-negative integer", Shown(field))))
             };
             match (fields[0], fields.len()) {
                 ("a", 3) => builder.alloc(number(1, "id")?, number(2, "size_bytes")?).map_err(|error| fail(error.to_string()))?,
                 ("f", 2) => builder.free(number(1, "id")?).map_err(|error| fail(error.to_string()))?,
                 ("a" | "f", count) => {
-                    return Err(fail(format!("{count} fields in {content:?}: expected a,<id>,<size_bytes> or f,<id>")));
+                    return Err(fail(format!("{count} fields in {shown}: expected a,<id>,<size_bytes> or f,<id>")));
                 }
-                (other, _) => return Err(fail(format!("unknown event {other:?}: expected 'a' (alloc) or 'f' (free)"))),
+                (other, _) => {
+                    return Err(fail(format!("unknown event {}: expected 'a' (alloc) or 'f' (free)", Shown(other))));
+                }
             }
         }
         Ok(builder.finish())
@@ -223,6 +241,10 @@ mod tests {
             let message = error.to_string();
             assert!(message.starts_with(&format!("bad.csv:{line}: ")) && message.contains(needle), "{text:?}: {message}");
         }
+        // Issue 17: a 20 MB line is not repeated on stderr: the field is cut, its length said.
+        let long = format!("a,1,{}\n", "9".repeat(20_000_000));
+        let message = Trace::parse_csv("long.csv", &long).unwrap_err().to_string();
+        assert!(message.len() < 200 && message.contains("… (20000000 bytes) is not a non-negative integer"), "{message}");
         let missing = Trace::read_csv(Path::new("/nonexistent/trace.csv")).unwrap_err().to_string();
         assert!(missing.contains("/nonexistent/trace.csv") && missing.contains("cannot read"), "{missing}");
     }

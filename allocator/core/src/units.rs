@@ -86,6 +86,10 @@ fn parse_size_words(text: &str) -> Result<u64, String> {
     if !bytes.is_finite() || bytes >= u64::MAX as f64 {
         return Err("larger than 2^64 bytes".to_owned());
     }
+    if bytes == 0.0 && value > 0.0 {
+        let given = format!("{number} {}", suffix.trim());
+        return Err(format!("{} is less than half a byte: it would round to 0 bytes", given.trim_end()));
+    }
     Ok(bytes as u64)
 }
 
@@ -112,7 +116,7 @@ mod tests {
 
     #[test]
     fn parse_table() {
-        let cases: [(&str, Result<u64, ()>); 12] = [
+        let cases: [(&str, Result<u64, ()>); 15] = [
             ("4096", Ok(4096)),
             ("3584MiB", Ok(3584 * MIB)),
             ("3584 MiB", Ok(3584 * MIB)),
@@ -125,6 +129,10 @@ mod tests {
             ("MiB", Err(())),
             ("12 parsecs", Err(())),
             ("99999999999TiB", Err(())),
+            // Fractions round to the nearest byte, but a size above 0 never rounds to nothing (issue 17).
+            ("0.5KiB", Ok(512)),
+            ("0.4", Err(())),
+            ("0.0001 KiB", Err(())),
         ];
         for (text, expected) in cases {
             assert_eq!(parse_size(text).map_err(|_| ()), expected, "{text:?}");
@@ -132,6 +140,10 @@ mod tests {
         assert_eq!(
             parse_size("12 parsecs").unwrap_err().to_string(),
             "size \"12 parsecs\": unknown unit \"parsecs\" (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
+        );
+        assert_eq!(
+            parse_size("0.4").unwrap_err().to_string(),
+            "size \"0.4\": 0.4 is less than half a byte: it would round to 0 bytes"
         );
     }
 

@@ -1653,6 +1653,33 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         ])
     }
 
+    /// Issue 17: a snapshot file holds one pickle. Anything after its STOP — a second pickle, a second gzip member,
+    /// zeros — is refused at the first byte after it (not read through), with its offset.
+    #[test]
+    fn bytes_after_the_pickle_are_refused() {
+        use std::io::Write;
+        let snapshot = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]u.".to_vec();
+        let gzip = |bytes: &[u8]| {
+            let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            encoder.write_all(bytes).unwrap();
+            encoder.finish().unwrap()
+        };
+        assert!(parse_snapshot(snapshot.as_slice(), "one.pickle").is_ok());
+        assert!(parse_snapshot(gzip(&snapshot).as_slice(), "one.pickle.gz").is_ok());
+        let cases: [(&str, Vec<u8>); 3] = [
+            ("two pickles", [snapshot.clone(), snapshot.clone()].concat()),
+            ("a second gzip member", [gzip(&snapshot), gzip(b"N.")].concat()),
+            ("zeros after the pickle", gzip(&[snapshot.clone(), vec![0; 1 << 20]].concat())),
+        ];
+        for (what, bytes) in cases {
+            let error = parse_snapshot(bytes.as_slice(), "joined").expect_err(what).to_string();
+            assert!(
+                error.contains(&format!("byte {}", snapshot.len())) && error.contains("after the pickle's STOP"),
+                "{what}: {error}"
+            );
+        }
+    }
+
     /// Issue 17: memory bounded by what was read. A trace list, a segment or a segment's blocks shared through the
     /// memo (`[S] * 20000` in 280 gzipped bytes) is refused at its second reference, naming both places; memo puts
     /// far past the bytes read (100 puts a megaslot apart in 504 bytes) are refused before the memo grows.

@@ -765,6 +765,15 @@ pub(crate) fn read_pickle<R: Read, S: Sink>(reader: R, sink: S) -> Result<(Value
     let mut machine =
         Machine { stack: Vec::with_capacity(64), marks: Vec::with_capacity(16), memo: Vec::new(), atoms: Vec::new(), sink };
     let value = machine.run(&mut input)?;
+    // Nothing may follow the pickle: trailing bytes mean two files joined, or something that only starts like a
+    // snapshot (10 GiB of zeros after one are refused here, not read through).
+    input.compact();
+    if input.end > 0 || input.read_more()? {
+        return Err(malformed(
+            input.offset(),
+            "bytes after the pickle's STOP: a snapshot file holds one pickle (two files joined, or a second gzip member?)",
+        ));
+    }
     Ok((value, machine.sink))
 }
 
@@ -1282,6 +1291,8 @@ mod tests {
             (b"\x80\x06N.", "unsupported pickle protocol 6"),
             (b"\x80\x04.", "STOP on an empty stack"),
             (b"\x80\x04K\x01K\x02.", "STOP with more than one object"),
+            (b"\x80\x04N.N.", "bytes after the pickle's STOP"),
+            (b"\x80\x04N.\x00", "bytes after the pickle's STOP"),
             (b"\x80\x04e.", "APPENDS without a mark"),
             (b"\x80\x04K\x01(K\x02e.", "APPENDS on a int, not a list"),
             (b"\x80\x04}(K\x01u.", "odd number"),
