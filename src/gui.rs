@@ -206,6 +206,9 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
     let mut session = match (&args.file, &args.story) {
         (Some(file), _) => {
             let recording = crate::input::open_device(file, args.open.device)?;
+            for line in crate::replay::devices_overview(&recording, args.open.device) {
+                outln!("{line}");
+            }
             let config = CompareConfig { capacity_bytes: args.open.capacity, ..CompareConfig::default() };
             Session::new(recording, config, &contenders)?
         }

@@ -9,7 +9,7 @@ use heapscope_core::units::{Bytes, parse_size};
 use heapscope_core::{PolicyKind, UnmapRule};
 use heapscope_lab::compare::{CompareConfig, Outcome};
 use heapscope_lab::contender::Contender;
-use heapscope_lab::recording::Recording;
+use heapscope_lab::recording::{Recording, default_device, device_overview};
 
 use std::sync::Arc;
 
@@ -38,9 +38,10 @@ pub struct RecordingArgs {
     /// mapped for reuse until a request needs the room).
     #[arg(long, value_name = "RULE", default_value = "eager")]
     pub paged_unmap: UnmapRule,
-    /// Which device's trace of a PyTorch snapshot.
-    #[arg(long, value_name = "N", default_value = "0")]
-    pub device: usize,
+    /// Which device of a PyTorch snapshot (default: the one that ran out of memory, else the one with the most
+    /// trace entries; a file of several devices says which and why).
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
     /// Alignment of every request for the core's contenders (PyTorch rounds to 512 B).
     #[arg(long, value_name = "SIZE", default_value = "512", value_parser = parse_size)]
     pub align: u64,
@@ -51,7 +52,7 @@ pub struct RecordingArgs {
 impl RecordingArgs {
     /// Opens the recording.
     pub fn open(&self) -> Result<Recording> {
-        input::open(&self.file, self.device)
+        input::open_device(&self.file, self.device)
     }
 
     /// The settings shared by the contenders.
@@ -186,9 +187,13 @@ impl ContenderArgs {
 
 /// The lines that name what is replayed and on how much memory: the entries, what was live at the start (the
 /// same for every contender), and what a contender that ignores the recording's streams does not see.
-pub fn print_title(recording: &Recording, capacity_bytes: Option<u64>, contenders: &[Contender]) {
+pub fn print_title(recording: &Recording, args: &RecordingArgs, contenders: &[Contender]) {
+    for line in devices_overview(recording, args.device) {
+        outln!("{line}");
+    }
+    let capacity_bytes = args.capacity;
     let capacity = capacity_bytes.map_or_else(|| "unlimited".to_owned(), |bytes| Bytes(bytes).to_string());
-    outln!("{}: {} entries, device capacity {capacity}", recording.name, recording.entries);
+    outln!("{}: {} entries, device capacity {capacity}", recording.shown_name(), recording.entries);
     if recording.start_events > 0 {
         outln!(
             "recorded mid-run: {} allocations ({}) were live before entry 0; every contender holds them from the start",
@@ -205,6 +210,31 @@ pub fn print_title(recording: &Recording, capacity_bytes: Option<u64>, contender
             recording.unknown_frees
         );
     }
+}
+
+/// The overview of a file of several devices (issue 14): every device that records something — its entries,
+/// peak reserved bytes and out-of-memory entries, the one shown marked `*` — which is shown and why (`asked`: the
+/// `--device` given), and any other device that ran out of memory. Nothing for a file of one device.
+pub fn devices_overview(recording: &Recording, asked: Option<usize>) -> Vec<String> {
+    let Some(snapshot) = &recording.snapshot else { return Vec::new() };
+    let overview = device_overview(snapshot);
+    if overview.len() < 2 {
+        return Vec::new();
+    }
+    let shown = recording.device;
+    let why = match asked {
+        Some(device) => format!("--device {device}"),
+        None => format!("{}; --device N shows another", default_device(snapshot).why),
+    };
+    let mut lines = vec![format!("{} records {} devices; showing device {shown} ({why}):", recording.name, overview.len())];
+    lines.extend(overview.iter().map(|device| format!("{} {}", if device.device == shown { "*" } else { " " }, device.line())));
+    for other in overview.iter().filter(|device| device.device != shown && device.ooms > 0) {
+        lines.push(format!(
+            "device {} ran out of memory in the recording ({} oom entries): --device {} replays it",
+            other.device, other.ooms, other.device
+        ));
+    }
+    lines
 }
 
 /// The note, said once, that a recording of several CUDA streams is served by contenders that ignore streams.
@@ -234,7 +264,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
         } else {
             // The title once the first contender ran: a lone contender the device cannot run prints nothing.
             if index == 0 {
-                print_title(&recording, args.recording.capacity, &args.contenders.list());
+                print_title(&recording, &args.recording, &args.contenders.list());
                 print_header();
             }
             print_row(&outcome);

@@ -57,8 +57,8 @@ pub struct SlotInfo {
 /// it opens (`heapscope gui FILE --device N --capacity SIZE`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OpenOptions {
-    /// The device of a PyTorch snapshot; `None`: the one with the most trace entries
-    /// ([`heapscope_lab::recording::busiest_device`]).
+    /// The device of a PyTorch snapshot; `None`: the one that ran out of memory, else the one with the most trace
+    /// entries ([`heapscope_lab::recording::default_device`]).
     pub device: Option<usize>,
     /// Device memory of the replays; `None`: unlimited.
     pub capacity_bytes: Option<u64>,
@@ -167,8 +167,7 @@ impl Session {
         let slots = slot_infos(&recording);
         let groups = slots.iter().map(|slot| slot.stack).collect();
         // A snapshot of several devices shows one: say which.
-        let devices = recording.snapshot.as_ref().map_or(1, |snapshot| snapshot.device_traces.len());
-        let name = if devices > 1 { format!("{} (device {})", recording.name, recording.device) } else { recording.name.clone() };
+        let name = recording.shown_name();
         let mut session = Self {
             name,
             summary: String::new(),
