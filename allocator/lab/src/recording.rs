@@ -482,7 +482,8 @@ pub fn missing_device(snapshot: &Snapshot, device: usize) -> Option<String> {
 pub struct DefaultDevice {
     /// The device.
     pub device: usize,
-    /// Why it: `"it ran out of memory"`, `"the most trace entries"` or `"the only device"`.
+    /// Why it: `"it ran out of memory"`, `"the most trace entries"`, `"the first device with segments"` (a state
+    /// with no trace) or `"the only device"`.
     pub why: &'static str,
 }
 
@@ -493,9 +494,13 @@ pub fn default_device(snapshot: &Snapshot) -> DefaultDevice {
     if let Some(oom) = overview.iter().find(|device| device.ooms > 0) {
         return DefaultDevice { device: oom.device, why: "it ran out of memory" };
     }
-    let why = if overview.len() > 1 { "the most trace entries" } else { "the only device" };
     // The most entries, the lowest of equals: a state with no trace opens on its first device with segments.
     let busiest = overview.iter().max_by_key(|device| (device.entries, std::cmp::Reverse(device.device)));
+    let why = match busiest {
+        _ if overview.len() < 2 => "the only device",
+        Some(busiest) if busiest.entries == 0 => "the first device with segments",
+        _ => "the most trace entries",
+    };
     DefaultDevice { device: busiest.map_or(0, |busiest| busiest.device), why }
 }
 
@@ -770,7 +775,7 @@ mod tests {
         assert_eq!(default_device(&three_devices()).device, 1);
         let mut state = three_devices();
         state.device_traces.iter_mut().for_each(Vec::clear);
-        assert_eq!(default_device(&state), DefaultDevice { device: 0, why: "the most trace entries" });
+        assert_eq!(default_device(&state), DefaultDevice { device: 0, why: "the first device with segments" });
         state.segments.remove(0);
         assert_eq!(default_device(&state), DefaultDevice { device: 2, why: "the only device" });
     }

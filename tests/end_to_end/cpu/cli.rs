@@ -647,3 +647,89 @@ fn issue_14_several_devices_are_overviewed_and_chosen() {
     }
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// Issue 14, part 2: what `torch.cuda.memory_snapshot()` returns — a list of segments, no trace — written here
+/// from the gpt2 run's final segments (and, for a second device, frag_oom's): `replay`, `summary`, `export` (also
+/// `--vma-json`) and `render` work on its one moment, the start; a device it has no segments on is an error.
+#[test]
+fn issue_14_a_state_with_no_trace_summarises_exports_and_renders() {
+    let dir = temp_dir("state");
+    let gpt2 = heapscope_pytorch::read_snapshot(&snapshot("gpt2_train_fixed-default")).unwrap();
+    let path = dir.join("state.pickle");
+    heapscope_pytorch::write_segments(&gpt2, std::fs::File::create(&path).unwrap()).unwrap();
+    let file = path.to_str().unwrap();
+    let reserved: u64 = gpt2.segments.iter().map(|segment| segment.total_size).sum();
+    let live = gpt2
+        .segments
+        .iter()
+        .flat_map(|segment| &segment.blocks)
+        .filter(|block| block.state != heapscope_pytorch::BlockState::Inactive && block.requested_size > 0)
+        .count();
+
+    let lines = json_lines(&heapscope(&["replay", file, "--json", "--policy", "pytorch", "--policy", "tlsf"]));
+    for line in &lines {
+        assert_eq!((line["entries"].as_u64(), line["ooms"].as_u64()), (Some(0), Some(0)), "{line}");
+        assert_eq!(line["allocs"].as_u64(), Some(live as u64), "the start state's allocations: {line}");
+    }
+    assert_eq!(lines[0]["peak_reserved_bytes"].as_u64(), Some(reserved), "pytorch holds the segments listed");
+
+    let summary = heapscope(&["summary", file]);
+    assert!(summary.status.success(), "{}", stderr(&summary));
+    let text = stdout(&summary);
+    assert!(text.contains("GPU reserved memory"), "{text}");
+    assert!(!text.contains("records"), "one device: no overview: {text}");
+
+    let (out, json) = (dir.join("tlsf.pickle"), dir.join("tlsf.json"));
+    let export =
+        heapscope(&["export", file, "--policy", "tlsf", "--out", out.to_str().unwrap(), "--vma-json", json.to_str().unwrap()]);
+    assert!(export.status.success(), "{}", stderr(&export));
+    let exported = heapscope_pytorch::read_snapshot(&out).unwrap();
+    let blocks = exported
+        .segments
+        .iter()
+        .flat_map(|segment| &segment.blocks)
+        .filter(|block| block.state != heapscope_pytorch::BlockState::Inactive)
+        .count();
+    assert_eq!(blocks, live, "every allocation of the state, placed by tlsf");
+    let vma: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(vma["Total"]["AllocationCount"].as_u64(), Some(live as u64), "the same run, in VMA's JSON");
+    let pytorch = heapscope(&["export", file, "--policy", "pytorch", "--out", dir.join("pytorch.pickle").to_str().unwrap()]);
+    assert!(pytorch.status.success(), "{}", stderr(&pytorch));
+    assert_eq!(heapscope_pytorch::read_snapshot(&dir.join("pytorch.pickle")).unwrap().segments.len(), gpt2.segments.len());
+
+    let render = heapscope(&["render", file, "--policy", "tlsf", "--out", dir.join("state.png").to_str().unwrap()]);
+    if gpu_required() || render.status.success() {
+        assert!(render.status.success(), "{}", stderr(&render));
+        assert!(stdout(&render).contains("state.pickle, start of 0 entries)"), "{}", stdout(&render));
+        assert!(is_png(&dir.join("state.png")));
+    }
+
+    // Two devices' states: an overview of both, the first shown; a third device is an error naming them.
+    let mut two = gpt2.clone();
+    let frag = heapscope_pytorch::read_snapshot(&snapshot("frag_oom-default")).unwrap();
+    two.segments.extend(frag.segments.iter().map(|segment| heapscope_pytorch::Segment { device: 1, ..segment.clone() }));
+    two.frame_stacks.clear();
+    for segment in &mut two.segments {
+        segment.frames = heapscope_pytorch::StackId::default();
+        segment.blocks.iter_mut().for_each(|block| block.frames = heapscope_pytorch::StackId::default());
+    }
+    let path = dir.join("two-states.pickle");
+    heapscope_pytorch::write_segments(&two, std::fs::File::create(&path).unwrap()).unwrap();
+    let file = path.to_str().unwrap();
+    let summary = heapscope(&["summary", file, "--device", "1"]);
+    assert!(summary.status.success(), "{}", stderr(&summary));
+    let text = stdout(&summary);
+    assert!(text.contains(&format!("{file} records 2 devices; showing device 1 (--device 1):")), "{text}");
+    assert!(text.contains("* device 1: no trace entries ("), "{text}");
+    let text = stdout(&heapscope(&["summary", file]));
+    assert!(text.contains("showing device 0 (the first device with segments; --device N shows another)"), "{text}");
+    let error = stderr(&heapscope(&["summary", file, "--device", "2"]));
+    assert!(
+        error.contains(&format!(
+            "{file}: no device 2; the file records device 0 (no trace entries, {} segments)",
+            gpt2.segments.len()
+        )),
+        "{error}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
