@@ -179,6 +179,16 @@ impl HeapscopeApp {
         }
     }
 
+    /// Reopens the recording shown on `device` of its snapshot (the device picker), with the same panes and memory.
+    pub fn switch_device(&mut self, device: usize) {
+        let Some(session) = &self.session else { return };
+        if session.recording.device == device {
+            return;
+        }
+        let opened = session.on_device(device);
+        self.opened(opened);
+    }
+
     /// Opens the built-in story `name`.
     pub fn open_story(&mut self, name: &str) {
         match Session::story_named(name, &self.contenders()) {
@@ -477,11 +487,34 @@ impl HeapscopeApp {
             .collect()
     }
 
+    /// The device picker of a file of several devices: each with its entries and whether it ran out of memory;
+    /// the device picked, when another than the one shown.
+    fn device_picker(&self, ui: &mut Ui) -> Option<usize> {
+        let session = self.session.as_ref().filter(|session| session.devices.len() > 1)?;
+        let shown = session.recording.device;
+        let mut picked = shown;
+        egui::ComboBox::from_id_salt("device")
+            .selected_text(format!("device {shown}"))
+            .show_ui(ui, |ui| {
+                for device in &session.devices {
+                    let oom = if device.ooms > 0 { ", ran out of memory" } else { "" };
+                    let label = format!("device {}: {} entries{oom}", device.device, device.entries);
+                    ui.selectable_value(&mut picked, device.device, label);
+                }
+            })
+            .response
+            .on_hover_text("the file records several devices: the one to replay");
+        (picked != shown).then_some(picked)
+    }
+
     fn top_bar(&mut self, ui: &mut Ui) {
         ui.horizontal_wrapped(|ui| {
             ui.label(RichText::new("heapscope").strong());
             if let Some(session) = &self.session {
                 ui.label(RichText::new(&session.name).monospace());
+            }
+            if let Some(device) = self.device_picker(ui) {
+                self.switch_device(device);
             }
             ui.separator();
             let path_box = ui.add(
