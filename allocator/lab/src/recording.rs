@@ -411,9 +411,13 @@ impl DeviceOverview {
 
 /// Every device of `snapshot` that records something (trace entries or segments), in order.
 pub fn device_overview(snapshot: &Snapshot) -> Vec<DeviceOverview> {
-    let devices =
-        snapshot.device_traces.len().max(snapshot.segments.iter().map(|segment| segment.device as usize + 1).max().unwrap_or(0));
-    (0..devices)
+    // The devices named (a trace with entries, a segment), not every number up to the highest: a damaged file may
+    // name device 4,000,000,000.
+    let mut devices: std::collections::BTreeSet<usize> =
+        snapshot.device_traces.iter().enumerate().filter(|(_, entries)| !entries.is_empty()).map(|(device, _)| device).collect();
+    devices.extend(snapshot.segments.iter().map(|segment| segment.device as usize));
+    devices
+        .into_iter()
         .map(|device| {
             let entries = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
             let segments = snapshot.segments.iter().filter(|segment| segment.device as usize == device);
@@ -428,7 +432,7 @@ pub fn device_overview(snapshot: &Snapshot) -> Vec<DeviceOverview> {
                 }
                 (lowest, highest) = (lowest.min(sum), highest.max(sum));
             }
-            let last = i128::from(segments.clone().map(|segment| segment.total_size).sum::<u64>());
+            let last: i128 = segments.clone().map(|segment| i128::from(segment.total_size)).sum();
             let start = (last - sum).max(-lowest);
             let peak_reserved_bytes = u64::try_from(start + highest).unwrap_or(u64::MAX);
             DeviceOverview {
@@ -439,7 +443,6 @@ pub fn device_overview(snapshot: &Snapshot) -> Vec<DeviceOverview> {
                 ooms: entries.iter().filter(|entry| entry.action == Action::Oom).count() as u64,
             }
         })
-        .filter(|overview| overview.entries > 0 || overview.segments > 0)
         .collect()
 }
 
@@ -724,6 +727,13 @@ mod tests {
             assert_eq!(*got, DeviceOverview { device, entries, segments, peak_reserved_bytes, ooms });
             assert_eq!(got.line(), line);
         }
+        // A damaged file naming device 4,000,000,000, with segments whose sizes sum past 2^64: that one device.
+        let mut damaged = three_devices();
+        damaged.device_traces.clear();
+        damaged.segments.iter_mut().for_each(|segment| (segment.device, segment.total_size) = (4_000_000_000, u64::MAX));
+        let overview = device_overview(&damaged);
+        assert_eq!(overview.iter().map(|device| (device.device, device.segments)).collect::<Vec<_>>(), [(4_000_000_000, 2)]);
+        assert_eq!(overview[0].peak_reserved_bytes, u64::MAX);
     }
 
     #[test]
