@@ -230,8 +230,10 @@ pub fn devices_overview(recording: &Recording, asked: Option<usize>) -> Vec<Stri
     lines.extend(overview.iter().map(|device| format!("{} {}", if device.device == shown { "*" } else { " " }, device.line())));
     for other in overview.iter().filter(|device| device.device != shown && device.ooms > 0) {
         lines.push(format!(
-            "device {} ran out of memory in the recording ({} oom entries): --device {} replays it",
-            other.device, other.ooms, other.device
+            "device {} ran out of memory in the recording ({}): --device {} replays it",
+            other.device,
+            heapscope_lab::recording::counted(other.ooms, "oom entry", "oom entries"),
+            other.device
         ));
     }
     lines

@@ -392,7 +392,7 @@ impl DeviceOverview {
     /// The device's line in an overview: `device 1: 45 entries, peak reserved 3.00 GiB, 1 OOM`.
     pub fn line(&self) -> String {
         let entries = match self.entries {
-            0 => format!("no trace entries ({} segments: a state with no trace)", self.segments),
+            0 => format!("no trace entries ({}: a state with no trace)", counted(self.segments, "segment", "segments")),
             1 => "1 entry".to_owned(),
             entries => format!("{entries} entries"),
         };
@@ -467,7 +467,11 @@ pub fn missing_device(snapshot: &Snapshot, device: usize) -> Option<String> {
         .map(|present| {
             let oom = if present.ooms > 0 { ", ran out of memory" } else { "" };
             match present.entries {
-                0 => format!("device {} (no trace entries, {} segments{oom})", present.device, present.segments),
+                0 => format!(
+                    "device {} (no trace entries, {}{oom})",
+                    present.device,
+                    counted(present.segments, "segment", "segments")
+                ),
                 entries => format!("device {} ({entries} entries{oom})", present.device),
             }
         })
@@ -478,6 +482,11 @@ pub fn missing_device(snapshot: &Snapshot, device: usize) -> Option<String> {
         format!("no device {device}")
     };
     Some(format!("{what}; the file records {}: choose one with --device N", listed.join(", ")))
+}
+
+/// `count` and what it counts, `one` or `many`: "1 segment", "154 segments".
+pub fn counted(count: u64, one: &str, many: &str) -> String {
+    if count == 1 { format!("1 {one}") } else { format!("{count} {many}") }
 }
 
 /// The device a snapshot opens on when none is named, and why.
@@ -719,7 +728,7 @@ mod tests {
                 1,
                 2 << 20,
                 0,
-                "device 2: no trace entries (1 segments: a state with no trace), peak reserved 2.00 MiB, no OOM",
+                "device 2: no trace entries (1 segment: a state with no trace), peak reserved 2.00 MiB, no OOM",
             ),
         ];
         assert_eq!(overview.len(), cases.len(), "device 3 records nothing: {overview:?}");
@@ -739,7 +748,7 @@ mod tests {
     #[test]
     fn devices_a_file_lacks_are_errors_that_list_the_ones_it_has() {
         let listed = "the file records device 0 (5 entries), device 1 (2 entries, ran out of memory), device 2 (no trace \
-                      entries, 1 segments): choose one with --device N";
+                      entries, 1 segment): choose one with --device N";
         // (device asked, the error, or None when it replays)
         let cases = [
             (0, None),

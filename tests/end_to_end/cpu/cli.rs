@@ -628,7 +628,7 @@ fn issue_14_several_devices_are_overviewed_and_chosen() {
     let text = stdout(&compare);
     overview(&text, 0, "--device 0");
     assert!(text.contains(&format!("{file} (device 0): {gpt2_entries} entries")), "{text}");
-    assert!(text.contains("device 1 ran out of memory in the recording (1 oom entries): --device 1 replays it"), "{text}");
+    assert!(text.contains("device 1 ran out of memory in the recording (1 oom entry): --device 1 replays it"), "{text}");
     assert!(text.contains("Every contender served every request."), "{text}");
 
     let summary = heapscope(&["summary", file, "--device", "0"]);
