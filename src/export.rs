@@ -115,7 +115,7 @@ pub fn run_summary(args: &SummaryArgs) -> Result<()> {
     let recording = args.recording.open()?;
     let replayed =
         replayed(&args.recording, &recording, args.policy).with_context(|| format!("replaying through {}", args.policy))?;
-    for line in crate::replay::devices_overview(&recording, args.recording.device) {
+    for line in crate::replay::devices_overview(&recording, args.recording.device, &args.recording.compare_config()) {
         outln!("{line}");
     }
     out!("{}", replayed.stats.summary_table(recording.device));

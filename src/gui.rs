@@ -206,10 +206,10 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
     let mut session = match (&args.file, &args.story) {
         (Some(file), _) => {
             let recording = crate::input::open_device(file, args.open.device)?;
-            for line in crate::replay::devices_overview(&recording, args.open.device) {
+            let config = CompareConfig { capacity_bytes: args.open.capacity, ..CompareConfig::default() };
+            for line in crate::replay::devices_overview(&recording, args.open.device, &config) {
                 outln!("{line}");
             }
-            let config = CompareConfig { capacity_bytes: args.open.capacity, ..CompareConfig::default() };
             Session::new(recording, config, &contenders)?
         }
         (None, Some(story)) => Session::story_named(story, &contenders)?,

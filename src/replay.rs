@@ -9,7 +9,7 @@ use heapscope_core::units::{Bytes, parse_size};
 use heapscope_core::{PolicyKind, UnmapRule};
 use heapscope_lab::compare::{CompareConfig, Outcome};
 use heapscope_lab::contender::Contender;
-use heapscope_lab::recording::{Recording, default_device, device_overview};
+use heapscope_lab::recording::{Recording, counted, default_device, device_overview};
 
 use std::sync::Arc;
 
@@ -188,7 +188,7 @@ impl ContenderArgs {
 /// The lines that name what is replayed and on how much memory: the entries, what was live at the start (the
 /// same for every contender), and what a contender that ignores the recording's streams does not see.
 pub fn print_title(recording: &Recording, args: &RecordingArgs, contenders: &[Contender]) {
-    for line in devices_overview(recording, args.device) {
+    for line in devices_overview(recording, args.device, &args.compare_config()) {
         outln!("{line}");
     }
     let capacity_bytes = args.capacity;
@@ -212,10 +212,15 @@ pub fn print_title(recording: &Recording, args: &RecordingArgs, contenders: &[Co
     }
 }
 
+/// Entries of another device up to which the overview runs the emulation on it under `--capacity` (about a second).
+const EMULATE_OTHERS_UP_TO_ENTRIES: u64 = 200_000;
+
 /// The overview of a file of several devices (issue 14): every device that records something — its entries,
 /// peak reserved bytes and out-of-memory entries, the one shown marked `*` — which is shown and why (`asked`: the
-/// `--device` given), and any other device that ran out of memory. Nothing for a file of one device.
-pub fn devices_overview(recording: &Recording, asked: Option<usize>) -> Vec<String> {
+/// `--device` given), and any other device that ran out of memory. With a capacity (`config`), each other device
+/// of up to [`EMULATE_OTHERS_UP_TO_ENTRIES`] entries also runs through PyTorch's emulation on it, and its OOMs there
+/// are said. Nothing for a file of one device.
+pub fn devices_overview(recording: &Recording, asked: Option<usize>, config: &CompareConfig) -> Vec<String> {
     let Some(snapshot) = &recording.snapshot else { return Vec::new() };
     let overview = device_overview(snapshot);
     if overview.len() < 2 {
@@ -227,15 +232,41 @@ pub fn devices_overview(recording: &Recording, asked: Option<usize>) -> Vec<Stri
         None => format!("{}; --device N shows another", default_device(snapshot).why),
     };
     let mut lines = vec![format!("{} records {} devices; showing device {shown} ({why}):", recording.name, overview.len())];
-    lines.extend(overview.iter().map(|device| format!("{} {}", if device.device == shown { "*" } else { " " }, device.line())));
+    // PyTorch's emulation of another device on the capacity given, where that is cheap.
+    let emulated = |device: &heapscope_lab::recording::DeviceOverview| {
+        let capacity = config.capacity_bytes?;
+        // A state with no trace has nothing to emulate: its start is as recorded.
+        if device.device == shown || device.entries == 0 || device.entries > EMULATE_OTHERS_UP_TO_ENTRIES {
+            return None;
+        }
+        let other = Recording::from_snapshot(&recording.name, snapshot.clone(), device.device).ok()?;
+        let outcome = heapscope_lab::compare::replay(&other, Contender::Pytorch { expandable: false }, config).ok()?;
+        outcome.figures().map(|figures| (Bytes(capacity), figures.ooms))
+    };
+    let mut ran_out = Vec::new();
+    for device in &overview {
+        let mark = if device.device == shown { "*" } else { " " };
+        let mut line = format!("{mark} {}", device.line());
+        if let Some((capacity, ooms)) = emulated(device) {
+            line.push_str(&format!("; emulated on {capacity}: {}", counted(ooms, "OOM", "OOMs")));
+            if ooms > 0 && device.ooms == 0 {
+                ran_out.push(format!(
+                    "device {0} would run out of memory on {capacity} (PyTorch's emulation): --device {0} replays it",
+                    device.device
+                ));
+            }
+        }
+        lines.push(line);
+    }
     for other in overview.iter().filter(|device| device.device != shown && device.ooms > 0) {
         lines.push(format!(
             "device {} ran out of memory in the recording ({}): --device {} replays it",
             other.device,
-            heapscope_lab::recording::counted(other.ooms, "oom entry", "oom entries"),
+            counted(other.ooms, "oom entry", "oom entries"),
             other.device
         ));
     }
+    lines.extend(ran_out);
     lines
 }
 

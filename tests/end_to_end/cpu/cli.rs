@@ -631,6 +631,18 @@ fn issue_14_several_devices_are_overviewed_and_chosen() {
     assert!(text.contains("device 1 ran out of memory in the recording (1 oom entry): --device 1 replays it"), "{text}");
     assert!(text.contains("Every contender served every request."), "{text}");
 
+    // On a capacity, PyTorch's emulation of the other devices (cheap here) says who would run out of it.
+    let compare = heapscope(&["compare", file, "--capacity", "3GiB", "--policy", "pytorch"]);
+    let text = stdout(&compare);
+    assert!(compare.status.success(), "{}", stderr(&compare));
+    let gpt2_line = text.lines().find(|line| line.starts_with("  device 0: ")).unwrap();
+    assert!(gpt2_line.contains("; emulated on 3.00 GiB: ") && !gpt2_line.ends_with(": 0 OOMs"), "{text}");
+    assert!(text.contains("device 0 would run out of memory on 3.00 GiB (PyTorch's emulation): --device 0 replays it"), "{text}");
+    for (device, why) in [(1, "the table has it"), (2, "a state: nothing to emulate")] {
+        let line = text.lines().find(|line| line.contains(&format!("device {device}: "))).unwrap();
+        assert!(!line.contains("emulated"), "{why}: {text}");
+    }
+
     let summary = heapscope(&["summary", file, "--device", "0"]);
     assert!(summary.status.success(), "{}", stderr(&summary));
     let text = stdout(&summary);
