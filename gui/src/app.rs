@@ -159,6 +159,7 @@ impl HeapscopeApp {
     fn opened(&mut self, opened: anyhow::Result<Session>) {
         match opened {
             Ok(session) => {
+                self.notice = self.default_device_notice(&session);
                 self.set_session(session);
                 self.error = None;
             }
@@ -179,6 +180,22 @@ impl HeapscopeApp {
         }
     }
 
+    /// What to say of a file of several devices opened on its default device (no `--device`): which is shown, why,
+    /// and that the picker shows the others.
+    fn default_device_notice(&self, session: &Session) -> Option<String> {
+        let snapshot = session.recording.snapshot.as_ref().filter(|_| session.devices.len() > 1)?;
+        let chosen = heapscope_lab::recording::default_device(snapshot);
+        (self.open_options.device.is_none() && chosen.device == session.recording.device).then(|| {
+            format!(
+                "{} records {} devices: showing device {} ({}); the device picker shows the others",
+                session.recording.name,
+                session.devices.len(),
+                chosen.device,
+                chosen.why
+            )
+        })
+    }
+
     /// Reopens the recording shown on `device` of its snapshot (the device picker), with the same panes and memory.
     pub fn switch_device(&mut self, device: usize) {
         let Some(session) = &self.session else { return };
@@ -187,6 +204,7 @@ impl HeapscopeApp {
         }
         let opened = session.on_device(device);
         self.opened(opened);
+        self.notice = None;
     }
 
     /// Opens the built-in story `name`.

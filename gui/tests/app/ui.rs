@@ -727,6 +727,14 @@ fn the_device_picker_reopens_the_file_on_another_device() {
     assert_eq!(session.recording.device, 0, "the device that ran out of memory");
     assert!(session.name.ends_with("two-devices.pickle (device 0)"), "{}", session.name);
     let (entries, panes) = (session.recording.entries, session.panes.len());
+    let notice = harness.state().notice.clone().unwrap_or_default();
+    assert!(
+        notice.ends_with(
+            "two-devices.pickle records 2 devices: showing device 0 (it ran out of memory); the device picker shows the others"
+        ),
+        "{notice}"
+    );
+    assert!(harness.query_by_label(&notice).is_some(), "said on screen");
     assert!(session.panes.iter().any(|pane| !pane.timeline.refusals().is_empty()), "device 0's OOM replays");
 
     // The picker lists both devices with their entries and the OOM; picking device 1 reopens the file there.
@@ -742,6 +750,7 @@ fn the_device_picker_reopens_the_file_on_another_device() {
     assert!(session.name.ends_with("(device 1)"), "{}", session.name);
     assert_eq!(session.panes.len(), panes, "the same panes");
     assert!(harness.query_by_value("device 1").is_some(), "the picker shows the device now open");
+    assert_eq!(app.notice, None, "a device picked needs no explaining");
     std::fs::remove_dir_all(&dir).ok();
 }
 
