@@ -29,7 +29,7 @@ pub fn run(args: &CompareArgs) -> Result<()> {
                 .with_context(|| format!("replaying through {contender}"))?,
         );
     }
-    print_title(&recording, args.recording.capacity, &contenders);
+    print_title(&recording, &args.recording, &contenders);
     print_header();
     for outcome in &outcomes {
         print_row(outcome);

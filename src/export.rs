@@ -87,7 +87,7 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
     let entries: usize = replayed.snapshot.device_traces.iter().map(Vec::len).sum();
     eprintln!(
         "{} through {}: {} segments, {entries} trace entries -> {}",
-        recording.name,
+        recording.shown_name(),
         args.policy,
         replayed.snapshot.segments.len(),
         args.out.display()
@@ -99,7 +99,13 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
         let mut device = VmaDeviceInfo::simulated(args.recording.capacity.unwrap_or(report.stats.peak_reserved_bytes));
         device.preferred_block_size = config.heap.block_size_bytes;
         std::fs::write(path, heap_report_to_vma_json(report, &device)).with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("{} through {}: {} blocks -> {} (VMA JSON)", recording.name, args.policy, report.blocks.len(), path.display());
+        eprintln!(
+            "{} through {}: {} blocks -> {} (VMA JSON)",
+            recording.shown_name(),
+            args.policy,
+            report.blocks.len(),
+            path.display()
+        );
     }
     Ok(())
 }
@@ -109,6 +115,9 @@ pub fn run_summary(args: &SummaryArgs) -> Result<()> {
     let recording = args.recording.open()?;
     let replayed =
         replayed(&args.recording, &recording, args.policy).with_context(|| format!("replaying through {}", args.policy))?;
+    for line in crate::replay::devices_overview(&recording, args.recording.device, &args.recording.compare_config()) {
+        outln!("{line}");
+    }
     out!("{}", replayed.stats.summary_table(recording.device));
     Ok(())
 }

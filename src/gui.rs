@@ -207,6 +207,9 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
         (Some(file), _) => {
             let recording = crate::input::open_device(file, args.open.device)?;
             let config = CompareConfig { capacity_bytes: args.open.capacity, ..CompareConfig::default() };
+            for line in crate::replay::devices_overview(&recording, args.open.device, &config) {
+                outln!("{line}");
+            }
             Session::new(recording, config, &contenders)?
         }
         (None, Some(story)) => Session::story_named(story, &contenders)?,

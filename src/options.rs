@@ -22,7 +22,8 @@ pub struct OpenArgs {
     /// own).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub capacity: Option<u64>,
-    /// Which device's trace of a PyTorch snapshot (default: the one with the most trace entries).
+    /// Which device of a PyTorch snapshot (default: the one that ran out of memory, else the one with the most trace
+    /// entries).
     #[arg(long, value_name = "N")]
     pub device: Option<usize>,
 }

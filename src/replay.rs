@@ -9,7 +9,7 @@ use heapscope_core::units::{Bytes, parse_size};
 use heapscope_core::{PolicyKind, UnmapRule};
 use heapscope_lab::compare::{CompareConfig, Outcome};
 use heapscope_lab::contender::Contender;
-use heapscope_lab::recording::Recording;
+use heapscope_lab::recording::{Recording, counted, default_device, device_overview};
 
 use std::sync::Arc;
 
@@ -38,9 +38,10 @@ pub struct RecordingArgs {
     /// mapped for reuse until a request needs the room).
     #[arg(long, value_name = "RULE", default_value = "eager")]
     pub paged_unmap: UnmapRule,
-    /// Which device's trace of a PyTorch snapshot.
-    #[arg(long, value_name = "N", default_value = "0")]
-    pub device: usize,
+    /// Which device of a PyTorch snapshot (default: the one that ran out of memory, else the one with the most
+    /// trace entries; a file of several devices says which and why).
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
     /// Alignment of every request for the core's contenders (PyTorch rounds to 512 B).
     #[arg(long, value_name = "SIZE", default_value = "512", value_parser = parse_size)]
     pub align: u64,
@@ -51,7 +52,7 @@ pub struct RecordingArgs {
 impl RecordingArgs {
     /// Opens the recording.
     pub fn open(&self) -> Result<Recording> {
-        input::open(&self.file, self.device)
+        input::open_device(&self.file, self.device)
     }
 
     /// The settings shared by the contenders.
@@ -186,9 +187,13 @@ impl ContenderArgs {
 
 /// The lines that name what is replayed and on how much memory: the entries, what was live at the start (the
 /// same for every contender), and what a contender that ignores the recording's streams does not see.
-pub fn print_title(recording: &Recording, capacity_bytes: Option<u64>, contenders: &[Contender]) {
+pub fn print_title(recording: &Recording, args: &RecordingArgs, contenders: &[Contender]) {
+    for line in devices_overview(recording, args.device, &args.compare_config()) {
+        outln!("{line}");
+    }
+    let capacity_bytes = args.capacity;
     let capacity = capacity_bytes.map_or_else(|| "unlimited".to_owned(), |bytes| Bytes(bytes).to_string());
-    outln!("{}: {} entries, device capacity {capacity}", recording.name, recording.entries);
+    outln!("{}: {} entries, device capacity {capacity}", recording.shown_name(), recording.entries);
     if recording.start_events > 0 {
         outln!(
             "recorded mid-run: {} allocations ({}) were live before entry 0; every contender holds them from the start",
@@ -205,6 +210,64 @@ pub fn print_title(recording: &Recording, capacity_bytes: Option<u64>, contender
             recording.unknown_frees
         );
     }
+}
+
+/// Entries of another device up to which the overview runs the emulation on it under `--capacity` (about a second).
+const EMULATE_OTHERS_UP_TO_ENTRIES: u64 = 200_000;
+
+/// The overview of a file of several devices (issue 14): every device that records something — its entries,
+/// peak reserved bytes and out-of-memory entries, the one shown marked `*` — which is shown and why (`asked`: the
+/// `--device` given), and any other device that ran out of memory. With a capacity (`config`), each other device
+/// of up to [`EMULATE_OTHERS_UP_TO_ENTRIES`] entries also runs through PyTorch's emulation on it, and its OOMs there
+/// are said. Nothing for a file of one device.
+pub fn devices_overview(recording: &Recording, asked: Option<usize>, config: &CompareConfig) -> Vec<String> {
+    let Some(snapshot) = &recording.snapshot else { return Vec::new() };
+    let overview = device_overview(snapshot);
+    if overview.len() < 2 {
+        return Vec::new();
+    }
+    let shown = recording.device;
+    let why = match asked {
+        Some(device) => format!("--device {device}"),
+        None => format!("{}; --device N shows another", default_device(snapshot).why),
+    };
+    let mut lines = vec![format!("{} records {} devices; showing device {shown} ({why}):", recording.name, overview.len())];
+    // PyTorch's emulation of another device on the capacity given, where that is cheap.
+    let emulated = |device: &heapscope_lab::recording::DeviceOverview| {
+        let capacity = config.capacity_bytes?;
+        // A state with no trace has nothing to emulate: its start is as recorded.
+        if device.device == shown || device.entries == 0 || device.entries > EMULATE_OTHERS_UP_TO_ENTRIES {
+            return None;
+        }
+        let other = Recording::from_snapshot(&recording.name, snapshot.clone(), device.device).ok()?;
+        let outcome = heapscope_lab::compare::replay(&other, Contender::Pytorch { expandable: false }, config).ok()?;
+        outcome.figures().map(|figures| (Bytes(capacity), figures.ooms))
+    };
+    let mut ran_out = Vec::new();
+    for device in &overview {
+        let mark = if device.device == shown { "*" } else { " " };
+        let mut line = format!("{mark} {}", device.line());
+        if let Some((capacity, ooms)) = emulated(device) {
+            line.push_str(&format!("; emulated on {capacity}: {}", counted(ooms, "OOM", "OOMs")));
+            if ooms > 0 && device.ooms == 0 {
+                ran_out.push(format!(
+                    "device {0} would run out of memory on {capacity} (PyTorch's emulation): --device {0} replays it",
+                    device.device
+                ));
+            }
+        }
+        lines.push(line);
+    }
+    for other in overview.iter().filter(|device| device.device != shown && device.ooms > 0) {
+        lines.push(format!(
+            "device {} ran out of memory in the recording ({}): --device {} replays it",
+            other.device,
+            counted(other.ooms, "oom entry", "oom entries"),
+            other.device
+        ));
+    }
+    lines.extend(ran_out);
+    lines
 }
 
 /// The note, said once, that a recording of several CUDA streams is served by contenders that ignore streams.
@@ -234,7 +297,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
         } else {
             // The title once the first contender ran: a lone contender the device cannot run prints nothing.
             if index == 0 {
-                print_title(&recording, args.recording.capacity, &args.contenders.list());
+                print_title(&recording, &args.recording, &args.contenders.list());
                 print_header();
             }
             print_row(&outcome);

@@ -159,6 +159,7 @@ impl HeapscopeApp {
     fn opened(&mut self, opened: anyhow::Result<Session>) {
         match opened {
             Ok(session) => {
+                self.notice = self.default_device_notice(&session);
                 self.set_session(session);
                 self.error = None;
             }
@@ -177,6 +178,33 @@ impl HeapscopeApp {
             let opened = worker.join().unwrap_or_else(|_| Err(anyhow::anyhow!("opening {name} failed (the reader panicked)")));
             self.opened(opened);
         }
+    }
+
+    /// What to say of a file of several devices opened on its default device (no `--device`): which is shown, why,
+    /// and that the picker shows the others.
+    fn default_device_notice(&self, session: &Session) -> Option<String> {
+        let snapshot = session.recording.snapshot.as_ref().filter(|_| session.devices.len() > 1)?;
+        let chosen = heapscope_lab::recording::default_device(snapshot);
+        (self.open_options.device.is_none() && chosen.device == session.recording.device).then(|| {
+            format!(
+                "{} records {} devices: showing device {} ({}); the device picker shows the others",
+                session.recording.name,
+                session.devices.len(),
+                chosen.device,
+                chosen.why
+            )
+        })
+    }
+
+    /// Reopens the recording shown on `device` of its snapshot (the device picker), with the same panes and memory.
+    pub fn switch_device(&mut self, device: usize) {
+        let Some(session) = &self.session else { return };
+        if session.recording.device == device {
+            return;
+        }
+        let opened = session.on_device(device);
+        self.opened(opened);
+        self.notice = None;
     }
 
     /// Opens the built-in story `name`.
@@ -477,11 +505,34 @@ impl HeapscopeApp {
             .collect()
     }
 
+    /// The device picker of a file of several devices: each with its entries and whether it ran out of memory;
+    /// the device picked, when another than the one shown.
+    fn device_picker(&self, ui: &mut Ui) -> Option<usize> {
+        let session = self.session.as_ref().filter(|session| session.devices.len() > 1)?;
+        let shown = session.recording.device;
+        let mut picked = shown;
+        egui::ComboBox::from_id_salt("device")
+            .selected_text(format!("device {shown}"))
+            .show_ui(ui, |ui| {
+                for device in &session.devices {
+                    let oom = if device.ooms > 0 { ", ran out of memory" } else { "" };
+                    let label = format!("device {}: {} entries{oom}", device.device, device.entries);
+                    ui.selectable_value(&mut picked, device.device, label);
+                }
+            })
+            .response
+            .on_hover_text("the file records several devices: the one to replay");
+        (picked != shown).then_some(picked)
+    }
+
     fn top_bar(&mut self, ui: &mut Ui) {
         ui.horizontal_wrapped(|ui| {
             ui.label(RichText::new("heapscope").strong());
             if let Some(session) = &self.session {
                 ui.label(RichText::new(&session.name).monospace());
+            }
+            if let Some(device) = self.device_picker(ui) {
+                self.switch_device(device);
             }
             ui.separator();
             let path_box = ui.add(

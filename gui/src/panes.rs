@@ -46,6 +46,7 @@ pub fn step_animation(timeline: &Timeline, before: &Layout, step: u64, progress:
             Change::Allocated(span) => animation.born.push(span.address),
             Change::Freed { address } => animation.dying.extend(before.span_at(address).copied()),
             Change::RegionAdded { address, .. } => animation.new_regions.push(address),
+            Change::RegionResized { .. } => {}
             Change::RegionRemoved { address } => {
                 animation.released.extend(before.region_of(address).filter(|region| region.address == address).cloned());
             }

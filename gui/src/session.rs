@@ -9,7 +9,7 @@ use anyhow::{Result, bail};
 use heapscope_core::trace::Event;
 use heapscope_lab::compare::CompareConfig;
 use heapscope_lab::contender::Contender;
-use heapscope_lab::recording::{Moment, Recording};
+use heapscope_lab::recording::{DeviceOverview, Moment, Recording, device_overview};
 use heapscope_lab::story::{self, Story};
 use heapscope_lab::timeline::record::record;
 use heapscope_lab::timeline::{Change, Layout, Timeline};
@@ -57,8 +57,8 @@ pub struct SlotInfo {
 /// it opens (`heapscope gui FILE --device N --capacity SIZE`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OpenOptions {
-    /// The device of a PyTorch snapshot; `None`: the one with the most trace entries
-    /// ([`heapscope_lab::recording::busiest_device`]).
+    /// The device of a PyTorch snapshot; `None`: the one that ran out of memory, else the one with the most trace
+    /// entries ([`heapscope_lab::recording::default_device`]).
     pub device: Option<usize>,
     /// Device memory of the replays; `None`: unlimited.
     pub capacity_bytes: Option<u64>,
@@ -143,6 +143,9 @@ pub struct Session {
     pub recording: Recording,
     /// Settings shared by the contenders.
     pub config: CompareConfig,
+    /// Every device of the recording's snapshot that records something (the device picker's choices; empty for a
+    /// trace).
+    pub devices: Vec<DeviceOverview>,
     /// Per trace slot.
     pub slots: Vec<SlotInfo>,
     /// Stack group per slot, for colouring.
@@ -167,13 +170,14 @@ impl Session {
         let slots = slot_infos(&recording);
         let groups = slots.iter().map(|slot| slot.stack).collect();
         // A snapshot of several devices shows one: say which.
-        let devices = recording.snapshot.as_ref().map_or(1, |snapshot| snapshot.device_traces.len());
-        let name = if devices > 1 { format!("{} (device {})", recording.name, recording.device) } else { recording.name.clone() };
+        let name = recording.shown_name();
+        let devices = recording.snapshot.as_ref().map(device_overview).unwrap_or_default();
         let mut session = Self {
             name,
             summary: String::new(),
             recording,
             config,
+            devices,
             slots,
             groups,
             panes: Vec::new(),
@@ -230,6 +234,21 @@ impl Session {
         Self::new(recording, config, contenders)
     }
 
+    /// The same recording on `device` of its snapshot (the app's device picker), with the same contenders and
+    /// memory.
+    ///
+    /// # Errors
+    /// A recording that is no snapshot, a device it records nothing on (the error lists those it has), or a replay
+    /// that fails.
+    pub fn on_device(&self, device: usize) -> Result<Self> {
+        let Some(snapshot) = &self.recording.snapshot else {
+            bail!("{} is no PyTorch snapshot: it has one device", self.recording.name);
+        };
+        let recording = Recording::from_snapshot(&self.recording.name, snapshot.clone(), device)?;
+        let contenders: Vec<Contender> = self.panes.iter().filter_map(|pane| pane.contender).collect();
+        Self::new(recording, self.config.clone(), &contenders)
+    }
+
     /// A session fed by `source`, in one pane, growing as it reports.
     pub fn live(name: &str, source: Box<dyn LiveSource>) -> Self {
         Self {
@@ -237,6 +256,7 @@ impl Session {
             summary: String::new(),
             recording: Recording::from_trace(heapscope_core::Trace::default()),
             config: CompareConfig::default(),
+            devices: Vec::new(),
             slots: Vec::new(),
             groups: Vec::new(),
             panes: vec![Pane::new(None, Timeline::new(name))],

@@ -181,14 +181,14 @@ impl Recording {
     /// Device `device` of a PyTorch snapshot, named `name`.
     ///
     /// # Errors
-    /// [`Error::Trace`] when the snapshot has no such device, or an entry contradicts the ones before it
+    /// [`Error::Trace`] when the snapshot has no such device or records nothing on it (no trace entry, no segment:
+    /// the message lists the devices it has, see [`missing_device`]), or an entry contradicts the ones before it
     /// (an address allocated twice without a free, a zero-size allocation).
     pub fn from_snapshot(name: &str, snapshot: Snapshot, device: usize) -> Result<Self> {
-        let entries = snapshot.device_traces.get(device).ok_or_else(|| Error::Trace {
-            file: name.to_owned(),
-            line: 0,
-            what: format!("no device {device}: the snapshot records {} device(s)", snapshot.device_traces.len()),
-        })?;
+        if let Some(what) = missing_device(&snapshot, device) {
+            return Err(Error::Trace { file: name.to_owned(), line: 0, what });
+        }
+        let entries = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
         let mut builder = TraceBuilder::new(format!("{name} (device {device})"));
         let start = live_at_start(&snapshot, device, entries);
         let mut entry_index = Vec::with_capacity(start.len() + entries.len());
@@ -255,7 +255,7 @@ impl Recording {
         Self::open_device(path, Some(device))
     }
 
-    /// [`Recording::open`] on device `device` of a snapshot, or with `None` on its [`busiest_device`] (device 0
+    /// [`Recording::open`] on device `device` of a snapshot, or with `None` on its [`default_device`] (device 0
     /// of a trace, which has one).
     ///
     /// # Errors
@@ -272,7 +272,7 @@ impl Recording {
         match sniff(&head[..read]) {
             Format::PytorchSnapshot => {
                 let snapshot = read_snapshot(path)?;
-                let device = device.unwrap_or_else(|| busiest_device(&snapshot));
+                let device = device.unwrap_or_else(|| default_device(&snapshot).device);
                 Ok(Self::from_snapshot(&file, snapshot, device)?)
             }
             Format::Native | Format::Csv if device.is_some_and(|device| device != 0) => {
@@ -291,6 +291,12 @@ impl Recording {
     /// the entry it came from.
     pub fn moment_of(&self, event: u64) -> Moment {
         moment_of(self.start_events, &self.entry_index, event)
+    }
+
+    /// Its name as the commands and the app show it: with the device, when the file records several.
+    pub fn shown_name(&self) -> String {
+        let devices = self.snapshot.as_ref().map_or(1, |snapshot| snapshot.device_traces.len());
+        if devices > 1 { format!("{} (device {})", self.name, self.device) } else { self.name.clone() }
     }
 
     /// The CUDA streams the device's trace uses (1 for a plain trace, which has none).
@@ -363,6 +369,151 @@ pub fn busiest_device(snapshot: &Snapshot) -> usize {
         }
     }
     busiest
+}
+
+/// One device of a snapshot, as the overview of a file of several devices shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceOverview {
+    /// The device.
+    pub device: usize,
+    /// Its trace entries.
+    pub entries: u64,
+    /// Its segments when the snapshot was taken.
+    pub segments: u64,
+    /// The most memory it held reserved, as recorded: what was reserved at the start (its final segments less the
+    /// trace's segment events, at least what the trace frees before reserving) plus the segment events' highest
+    /// running sum.
+    pub peak_reserved_bytes: u64,
+    /// Its `oom` entries: the out-of-memory errors PyTorch recorded.
+    pub ooms: u64,
+}
+
+impl DeviceOverview {
+    /// The device's line in an overview: `device 1: 45 entries, peak reserved 3.00 GiB, 1 OOM`.
+    pub fn line(&self) -> String {
+        let entries = match self.entries {
+            0 => format!("no trace entries ({}: a state with no trace)", counted(self.segments, "segment", "segments")),
+            1 => "1 entry".to_owned(),
+            entries => format!("{entries} entries"),
+        };
+        let ooms = match self.ooms {
+            0 => "no OOM".to_owned(),
+            1 => "1 OOM".to_owned(),
+            ooms => format!("{ooms} OOMs"),
+        };
+        format!(
+            "device {}: {entries}, peak reserved {}, {ooms}",
+            self.device,
+            heapscope_core::units::Bytes(self.peak_reserved_bytes)
+        )
+    }
+}
+
+/// Every device of `snapshot` that records something (trace entries or segments), in order.
+pub fn device_overview(snapshot: &Snapshot) -> Vec<DeviceOverview> {
+    // The devices named (a trace with entries, a segment), not every number up to the highest: a damaged file may
+    // name device 4,000,000,000.
+    let mut devices: std::collections::BTreeSet<usize> =
+        snapshot.device_traces.iter().enumerate().filter(|(_, entries)| !entries.is_empty()).map(|(device, _)| device).collect();
+    devices.extend(snapshot.segments.iter().map(|segment| segment.device as usize));
+    devices
+        .into_iter()
+        .map(|device| {
+            let entries = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
+            let segments = snapshot.segments.iter().filter(|segment| segment.device as usize == device);
+            // The segment events' running sum, its lowest and highest points; what was reserved at the start is the
+            // final segments less that sum, and never less than what the trace frees before it reserves.
+            let (mut sum, mut lowest, mut highest) = (0i128, 0i128, 0i128);
+            for entry in entries {
+                match entry.action {
+                    Action::SegmentAlloc | Action::SegmentMap => sum += i128::from(entry.size),
+                    Action::SegmentFree | Action::SegmentUnmap => sum -= i128::from(entry.size),
+                    _ => continue,
+                }
+                (lowest, highest) = (lowest.min(sum), highest.max(sum));
+            }
+            let last: i128 = segments.clone().map(|segment| i128::from(segment.total_size)).sum();
+            let start = (last - sum).max(-lowest);
+            let peak_reserved_bytes = u64::try_from(start + highest).unwrap_or(u64::MAX);
+            DeviceOverview {
+                device,
+                entries: entries.len() as u64,
+                segments: segments.count() as u64,
+                peak_reserved_bytes,
+                ooms: entries.iter().filter(|entry| entry.action == Action::Oom).count() as u64,
+            }
+        })
+        .collect()
+}
+
+/// Why `device` of `snapshot` cannot be replayed — the file has no such device, or records nothing on it (no
+/// trace entry, no segment) — with the devices it does record and their entries; `None` when it can. A snapshot
+/// that records nothing at all replays (as an empty recording) on any device it lists.
+pub fn missing_device(snapshot: &Snapshot, device: usize) -> Option<String> {
+    let overview = device_overview(snapshot);
+    if overview.iter().any(|present| present.device == device) {
+        return None;
+    }
+    if overview.is_empty() {
+        return (device >= snapshot.device_traces.len()).then(|| {
+            format!(
+                "no device {device}: the snapshot records no device ({} empty trace(s), no segment)",
+                snapshot.device_traces.len()
+            )
+        });
+    }
+    let listed: Vec<String> = overview
+        .iter()
+        .map(|present| {
+            let oom = if present.ooms > 0 { ", ran out of memory" } else { "" };
+            match present.entries {
+                0 => format!(
+                    "device {} (no trace entries, {}{oom})",
+                    present.device,
+                    counted(present.segments, "segment", "segments")
+                ),
+                entries => format!("device {} ({entries} entries{oom})", present.device),
+            }
+        })
+        .collect();
+    let what = if device < snapshot.device_traces.len() {
+        format!("device {device} records nothing (no trace entries, no segments)")
+    } else {
+        format!("no device {device}")
+    };
+    Some(format!("{what}; the file records {}: choose one with --device N", listed.join(", ")))
+}
+
+/// `count` and what it counts, `one` or `many`: "1 segment", "154 segments".
+pub fn counted(count: u64, one: &str, many: &str) -> String {
+    if count == 1 { format!("1 {one}") } else { format!("{count} {many}") }
+}
+
+/// The device a snapshot opens on when none is named, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DefaultDevice {
+    /// The device.
+    pub device: usize,
+    /// Why it: `"it ran out of memory"`, `"the most trace entries"`, `"the first device with segments"` (a state
+    /// with no trace) or `"the only device"`.
+    pub why: &'static str,
+}
+
+/// The device `snapshot` opens on when none is named: the first with an `oom` entry (where the story is), else the
+/// busiest ([`busiest_device`]).
+pub fn default_device(snapshot: &Snapshot) -> DefaultDevice {
+    let overview = device_overview(snapshot);
+    if let Some(oom) = overview.iter().find(|device| device.ooms > 0) {
+        return DefaultDevice { device: oom.device, why: "it ran out of memory" };
+    }
+    // The most entries, the lowest of equals: a state with no trace opens on its first device with segments.
+    let busiest = overview.iter().max_by_key(|device| (device.entries, std::cmp::Reverse(device.device)));
+    let why = match busiest {
+        _ if overview.len() < 2 => "the only device",
+        Some(busiest) if busiest.entries == 0 => "the first device with segments",
+        _ => "the most trace entries",
+    };
+    DefaultDevice { device: busiest.map_or(0, |busiest| busiest.device), why }
 }
 
 #[cfg(test)]
@@ -526,6 +677,126 @@ mod tests {
                 Snapshot { device_traces: counts.iter().map(|&count| entries(count)).collect(), ..Snapshot::default() };
             assert_eq!(busiest_device(&snapshot), busiest, "{counts:?}");
         }
+    }
+
+    /// A snapshot of three devices (issue 14, part 4): 0 busy, 1 out of memory, 2 a state with no trace (a
+    /// segment only), 3 listed with nothing.
+    fn three_devices() -> Snapshot {
+        use heapscope_pytorch::{Pool, Segment, StackId};
+        let segment = |device: u32, total_size: u64| Segment {
+            device,
+            address: 1 << 32,
+            total_size,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: 0,
+            segment_type: Pool::Large,
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            frames: StackId::default(),
+            blocks: Vec::new(),
+        };
+        Snapshot {
+            segments: vec![segment(0, 20 << 20), segment(2, 2 << 20)],
+            device_traces: vec![
+                vec![
+                    entry(Action::SegmentAlloc, 1 << 30, 40 << 20),
+                    entry(Action::Alloc, 1 << 30, 1000),
+                    entry(Action::FreeCompleted, 1 << 30, 1000),
+                    entry(Action::SegmentFree, 1 << 30, 40 << 20),
+                    entry(Action::SegmentAlloc, 1 << 32, 20 << 20),
+                ],
+                vec![entry(Action::SegmentAlloc, 1 << 30, 2 << 20), entry(Action::Oom, 0, 1 << 30)],
+                Vec::new(),
+                Vec::new(),
+            ],
+            ..Snapshot::default()
+        }
+    }
+
+    #[test]
+    fn the_overview_lists_every_device_that_records_something() {
+        let overview = device_overview(&three_devices());
+        // (device, entries, segments, peak reserved, OOMs, its line)
+        let cases = [
+            (0, 5, 1, 40 << 20, 0, "device 0: 5 entries, peak reserved 40.00 MiB, no OOM"),
+            (1, 2, 0, 2 << 20, 1, "device 1: 2 entries, peak reserved 2.00 MiB, 1 OOM"),
+            (
+                2,
+                0,
+                1,
+                2 << 20,
+                0,
+                "device 2: no trace entries (1 segment: a state with no trace), peak reserved 2.00 MiB, no OOM",
+            ),
+        ];
+        assert_eq!(overview.len(), cases.len(), "device 3 records nothing: {overview:?}");
+        for (got, (device, entries, segments, peak_reserved_bytes, ooms, line)) in overview.iter().zip(cases) {
+            assert_eq!(*got, DeviceOverview { device, entries, segments, peak_reserved_bytes, ooms });
+            assert_eq!(got.line(), line);
+        }
+        // A damaged file naming device 4,000,000,000, with segments whose sizes sum past 2^64: that one device.
+        let mut damaged = three_devices();
+        damaged.device_traces.clear();
+        damaged.segments.iter_mut().for_each(|segment| (segment.device, segment.total_size) = (4_000_000_000, u64::MAX));
+        let overview = device_overview(&damaged);
+        assert_eq!(overview.iter().map(|device| (device.device, device.segments)).collect::<Vec<_>>(), [(4_000_000_000, 2)]);
+        assert_eq!(overview[0].peak_reserved_bytes, u64::MAX);
+    }
+
+    #[test]
+    fn devices_a_file_lacks_are_errors_that_list_the_ones_it_has() {
+        let listed = "the file records device 0 (5 entries), device 1 (2 entries, ran out of memory), device 2 (no trace \
+                      entries, 1 segment): choose one with --device N";
+        // (device asked, the error, or None when it replays)
+        let cases = [
+            (0, None),
+            (1, None),
+            (2, None),
+            (3, Some(format!("t.pickle: device 3 records nothing (no trace entries, no segments); {listed}"))),
+            (7, Some(format!("t.pickle: no device 7; {listed}"))),
+        ];
+        for (device, error) in cases {
+            let opened = Recording::from_snapshot("t.pickle", three_devices(), device);
+            assert_eq!(opened.as_ref().err().map(ToString::to_string), error, "device {device}");
+            if let Ok(recording) = opened {
+                assert_eq!(recording.shown_name(), format!("t.pickle (device {device})"));
+            }
+        }
+        // A snapshot that records nothing replays, empty, on a device it lists.
+        let empty = Snapshot { device_traces: vec![Vec::new()], ..Snapshot::default() };
+        assert_eq!(Recording::from_snapshot("t.pickle", empty, 0).unwrap().shown_name(), "t.pickle");
+    }
+
+    #[test]
+    fn the_default_device_ran_out_of_memory_else_is_the_busiest() {
+        let alloc = |count: u64| (0..count).map(|addr| entry(Action::Alloc, addr * 512, 512)).collect::<Vec<_>>();
+        let oom = |count: u64| {
+            let mut entries = alloc(count);
+            entries.push(entry(Action::Oom, 0, 1 << 30));
+            entries
+        };
+        // (traces, the default device, why)
+        let cases: Vec<(Vec<Vec<TraceEntry>>, usize, &str)> = vec![
+            (vec![alloc(9), oom(1), alloc(3)], 1, "it ran out of memory"),
+            (vec![oom(0), oom(5)], 0, "it ran out of memory"),
+            (vec![alloc(3), alloc(5), alloc(5)], 1, "the most trace entries"),
+            (vec![alloc(2)], 0, "the only device"),
+            (vec![Vec::new(), alloc(2)], 1, "the only device"),
+            (vec![], 0, "the only device"),
+        ];
+        for (traces, device, why) in cases {
+            let snapshot = Snapshot { device_traces: traces, ..Snapshot::default() };
+            assert_eq!(default_device(&snapshot), DefaultDevice { device, why }, "{:?}", snapshot.device_traces);
+        }
+        // A state with no trace opens on its first device with segments.
+        assert_eq!(default_device(&three_devices()).device, 1);
+        let mut state = three_devices();
+        state.device_traces.iter_mut().for_each(Vec::clear);
+        assert_eq!(default_device(&state), DefaultDevice { device: 0, why: "the first device with segments" });
+        state.segments.remove(0);
+        assert_eq!(default_device(&state), DefaultDevice { device: 2, why: "the only device" });
     }
 
     #[test]

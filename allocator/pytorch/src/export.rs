@@ -31,6 +31,24 @@ pub fn write_snapshot(snapshot: &Snapshot, writer: impl Write) -> io::Result<()>
     exporter.out.finish()?.flush()
 }
 
+/// Writes `snapshot`'s segments alone as the list `torch.cuda.memory_snapshot()` returns (protocol 4, not
+/// compressed): a state with no trace, which [`read_snapshot`](super::read_snapshot) reads back with an empty
+/// trace per device up to the highest its segments name.
+///
+/// # Errors
+/// As [`write_snapshot`].
+pub fn write_segments(snapshot: &Snapshot, writer: impl Write) -> io::Result<()> {
+    let mut exporter = Exporter {
+        out: PickleWriter::new(BufWriter::with_capacity(256 * 1024, writer))?,
+        snapshot,
+        strings: HashMap::new(),
+        stacks: vec![None; snapshot.frame_stacks.len().max(1)],
+    };
+    exporter.out.empty_list()?;
+    exporter.list_items(&snapshot.segments, Exporter::segment)?;
+    exporter.out.finish()?.flush()
+}
+
 struct Exporter<'a, W: Write> {
     out: PickleWriter<W>,
     snapshot: &'a Snapshot,
@@ -288,6 +306,27 @@ mod tests {
         for (what, snapshot) in cases {
             let again = parse_snapshot(written(&snapshot).as_slice(), what).unwrap();
             assert_eq!(again, snapshot, "{what}");
+        }
+    }
+
+    /// The segments alone, as `torch.cuda.memory_snapshot()` returns them, read back as a state with no trace: the
+    /// same segments, an empty trace per device up to the highest named.
+    #[test]
+    fn segment_lists_round_trip_as_states_with_no_trace() {
+        for name in ASSETS {
+            let mut snapshot = read_snapshot(&asset(name)).unwrap();
+            // (the devices of the segments, the traces read back)
+            for (devices, traces) in [(&[0u32][..], 1), (&[2, 0][..], 3)] {
+                for (index, segment) in snapshot.segments.iter_mut().enumerate() {
+                    segment.device = devices[index % devices.len()];
+                }
+                let mut bytes = Vec::new();
+                write_segments(&snapshot, &mut bytes).unwrap();
+                let state = parse_snapshot(bytes.as_slice(), name).unwrap();
+                assert_eq!(state.segments, snapshot.segments, "{name}");
+                assert_eq!(state.device_traces, vec![Vec::new(); traces], "{name} {devices:?}");
+                assert_eq!(state.settings, None, "{name}");
+            }
         }
     }
 

@@ -26,7 +26,7 @@ pub use caching::{
     BackingRefused, CachingAllocation, CachingAllocator, CachingHeap, Emulation, EmulationError, EntryEffect, Fidelity, OomEvent,
     OomReport, SegmentBacking, Unbacked, emulate, emulate_backed,
 };
-pub use export::write_snapshot;
+pub use export::{write_segments, write_snapshot};
 pub use import::{SnapshotError, parse_snapshot, read_snapshot};
 pub use memory_stats::{MemoryStats, Stat, StatArray};
 pub use snapshot::{Action, Block, BlockState, Frame, Pool, RecordedSettings, Segment, Snapshot, StackId, TraceEntry};

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use heapscope_core::{DeviceEvent, MemorySource, SourceBlock, SourceError};
-use heapscope_pytorch::caching::{EXPANDABLE_VIRTUAL_BYTES, MIN_BLOCK_BYTES, SMALL_BUFFER_BYTES};
+use heapscope_pytorch::caching::{MIN_BLOCK_BYTES, SMALL_BUFFER_BYTES};
 use heapscope_pytorch::{AllocConf, BackingRefused, CachingAllocator, SegmentBacking};
 
 use crate::compute::ComputeBuffer;
@@ -72,6 +72,8 @@ pub struct SegmentMemory {
     segments: HashMap<u64, SourceBlock>,
     /// Expandable segment base -> its sparse buffer.
     expandable: BTreeMap<u64, SparseBuffer>,
+    /// Expandable segment base -> its virtual size, as the allocator reserved it when its first pages were bound.
+    expandable_bytes: BTreeMap<u64, u64>,
     sparse_config: SparseConfig,
     counts: SegmentCounts,
     /// The refusal that stopped an emulation (see [`SegmentMemory::take_error`]).
@@ -110,6 +112,7 @@ impl SegmentMemory {
             capacity_bytes: config.capacity_bytes,
             segments: HashMap::new(),
             expandable: BTreeMap::new(),
+            expandable_bytes: BTreeMap::new(),
             sparse_config,
             counts: SegmentCounts::default(),
             error: None,
@@ -180,6 +183,7 @@ impl SegmentMemory {
         // Sparse buffers of expandable segments the allocator dropped.
         let live: Vec<u64> = allocator.expandable_segments().iter().map(|&(base, _)| base).collect();
         self.expandable.retain(|base, _| live.contains(base));
+        self.expandable_bytes.retain(|base, _| live.contains(base));
         self.counts.peak_device_bytes = self.counts.peak_device_bytes.max(self.device_bytes());
         result
     }
@@ -218,16 +222,9 @@ impl SegmentMemory {
         Ok(())
     }
 
-    /// The expandable segment holding `address`, and the offset in it: one this memory backs (the allocator may
-    /// have dropped it in the same call that unmapped its pages), else a new one of the allocator's.
+    /// The expandable segment holding `address`, and the offset in it (see [`holding_segment`]).
     fn segment_of(&self, address: u64, allocator: &CachingAllocator) -> Result<(u64, u64), VulkanError> {
-        if let Some((&base, _)) = self.expandable.range(..=address).next_back()
-            && address - base < EXPANDABLE_VIRTUAL_BYTES
-        {
-            return Ok((base, address - base));
-        }
-        let (base, _) = allocator
-            .segment_at(address)
+        let (base, _) = holding_segment(address, allocator.segment_at(address), &self.expandable_bytes)
             .ok_or_else(|| VulkanError::InvalidArgument(format!("pages mapped at {address:#x}, in no expandable segment")))?;
         Ok((base, address - base))
     }
@@ -237,6 +234,8 @@ impl SegmentMemory {
         if !self.expandable.contains_key(&base) {
             let sparse = SparseBuffer::new(Arc::clone(self.source.context()), self.sparse_config)?;
             self.expandable.insert(base, sparse);
+            let virtual_bytes = allocator.segment_at(address).map_or(u64::MAX - base, |(_, size)| size);
+            self.expandable_bytes.insert(base, virtual_bytes);
         }
         let Some(sparse) = self.expandable.get_mut(&base) else { return Ok(()) };
         if offset + size_bytes > sparse.size_bytes() {
@@ -275,6 +274,16 @@ impl SegmentMemory {
     }
 }
 
+/// The expandable segment (base, virtual size) holding `address`: the allocator's (`allocators`, its
+/// `segment_at`), else — the allocator dropped it in the same call that unmapped its pages — one backed here
+/// (`backed`: base -> virtual size as the allocator reserved it). Never by a distance assumed between reservations:
+/// their bases come from the trace and may lie closer than PyTorch's default reservation (issue 14).
+fn holding_segment(address: u64, allocators: Option<(u64, u64)>, backed: &BTreeMap<u64, u64>) -> Option<(u64, u64)> {
+    allocators.or_else(|| {
+        backed.range(..=address).next_back().filter(|&(&base, &size)| address - base < size).map(|(&base, &size)| (base, size))
+    })
+}
+
 impl SegmentBacking for SegmentMemory {
     fn apply(&mut self, events: &[DeviceEvent], allocator: &CachingAllocator) -> Result<(), BackingRefused> {
         self.apply_events(events, allocator, false).map_err(|error| {
@@ -282,5 +291,32 @@ impl SegmentBacking for SegmentMemory {
             self.error = Some(error);
             BackingRefused(text)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The segment an address belongs to is the allocator's, or a dropped one backed here by its own size:
+    /// reservations 90 GiB apart (closer than the default 128 GiB) are told apart.
+    #[test]
+    fn addresses_belong_to_the_allocators_segments_not_to_an_assumed_distance() {
+        const GIB: u64 = 1 << 30;
+        let backed = BTreeMap::from([(0, 90 * GIB), (90 * GIB, 128 * GIB)]);
+        // (address, the allocator's segment there, the segment holding it)
+        let cases = [
+            (90 * GIB + 4096, Some((90 * GIB, 128 * GIB)), Some((90 * GIB, 128 * GIB))),
+            (4096, Some((0, 90 * GIB)), Some((0, 90 * GIB))),
+            // Dropped by the allocator in the same call: the backed segment, by its own size.
+            (90 * GIB + 4096, None, Some((90 * GIB, 128 * GIB))),
+            (89 * GIB, None, Some((0, 90 * GIB))),
+            (300 * GIB, None, None),
+            // A new reservation 90 GiB past a backed one: the allocator's, not the backed one below it.
+            (180 * GIB, Some((180 * GIB, 128 * GIB)), Some((180 * GIB, 128 * GIB))),
+        ];
+        for (address, allocators, holding) in cases {
+            assert_eq!(holding_segment(address, allocators, &backed), holding, "{address:#x}");
+        }
     }
 }

@@ -693,3 +693,91 @@ fn the_arrows_the_speed_keys_the_maps_and_the_timeline_answer() {
     harness.run_steps(2);
     assert_eq!(harness.state().focused, 3, "a click on paged's name focuses paged");
 }
+
+/// The frag_oom snapshot on two devices (issue 14, part 4), written here: device 0 as recorded (it ran out of
+/// memory), device 1 the same run without its `oom` entry.
+fn two_device_snapshot(dir: &std::path::Path) -> std::path::PathBuf {
+    let asset = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/frag_oom-default.pickle.gz");
+    let mut snapshot = heapscope_pytorch::read_snapshot(&asset).unwrap();
+    let mut second: Vec<_> = snapshot.device_traces[0].clone();
+    second.retain(|entry| entry.action != heapscope_pytorch::Action::Oom);
+    let moved: Vec<_> =
+        snapshot.segments.iter().map(|segment| heapscope_pytorch::Segment { device: 1, ..segment.clone() }).collect();
+    snapshot.segments.extend(moved);
+    snapshot.device_traces.push(second);
+    let path = dir.join("two-devices.pickle");
+    heapscope_pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
+    path
+}
+
+/// A file of several devices opens on the one that ran out of memory, says which in the top bar, and the device
+/// picker reopens it on another, with the same panes.
+#[test]
+fn the_device_picker_reopens_the_file_on_another_device() {
+    let dir = scratch_dir("device-picker");
+    let path = two_device_snapshot(&dir);
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(1);
+    assert!(harness.query_by_value("device 0").is_none(), "a story has no device picker");
+    harness.state_mut().open_path(&path);
+    harness.run_steps(2);
+    let session = harness.state().session.as_ref().unwrap();
+    assert!(harness.state().error.is_none(), "{:?}", harness.state().error);
+    assert_eq!(session.recording.device, 0, "the device that ran out of memory");
+    assert!(session.name.ends_with("two-devices.pickle (device 0)"), "{}", session.name);
+    let (entries, panes) = (session.recording.entries, session.panes.len());
+    let notice = harness.state().notice.clone().unwrap_or_default();
+    assert!(
+        notice.ends_with(
+            "two-devices.pickle records 2 devices: showing device 0 (it ran out of memory); the device picker shows the others"
+        ),
+        "{notice}"
+    );
+    assert!(harness.query_by_label(&notice).is_some(), "said on screen");
+    assert!(session.panes.iter().any(|pane| !pane.timeline.refusals().is_empty()), "device 0's OOM replays");
+
+    // The picker lists both devices with their entries and the OOM; picking device 1 reopens the file there.
+    harness.get_by_value("device 0").click();
+    harness.run_steps(2);
+    assert!(harness.query_by_label(&format!("device 0: {entries} entries, ran out of memory")).is_some());
+    harness.get_by_label(&format!("device 1: {} entries", entries - 1)).click();
+    harness.run_steps(2);
+    let app = harness.state();
+    assert!(app.error.is_none(), "{:?}", app.error);
+    let session = app.session.as_ref().unwrap();
+    assert_eq!((session.recording.device, session.recording.entries), (1, entries - 1));
+    assert!(session.name.ends_with("(device 1)"), "{}", session.name);
+    assert_eq!(session.panes.len(), panes, "the same panes");
+    assert!(harness.query_by_value("device 1").is_some(), "the picker shows the device now open");
+    assert_eq!(app.notice, None, "a device picked needs no explaining");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A state with no trace (what `torch.cuda.memory_snapshot()` returns: a list of segments, written here) opens
+/// in the app: one moment, the start, every pane holding the allocations live in it.
+#[test]
+fn a_state_with_no_trace_opens_at_its_one_moment() {
+    let dir = scratch_dir("state");
+    let asset =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/gpt2_train_fixed-default.pickle.gz");
+    let snapshot = heapscope_pytorch::read_snapshot(&asset).unwrap();
+    let path = dir.join("state.pickle");
+    heapscope_pytorch::write_segments(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(1);
+    harness.state_mut().open_path(&path);
+    harness.run_steps(2);
+    let app = harness.state();
+    assert!(app.error.is_none(), "{:?}", app.error);
+    let session = app.session.as_ref().unwrap();
+    assert_eq!((session.steps(), session.recording.entries), (0, 0), "one moment: the start");
+    assert!(session.recording.start_events > 0);
+    assert!(harness.query_by_label("start / 0 entries").is_some(), "the transport says where it is");
+    for pane in &session.panes {
+        assert_eq!(pane.layout.totals().live_allocations as usize, session.recording.start_events, "{}", pane.name());
+    }
+    assert!(harness.query_by_value("device 0").is_none() && session.devices.len() == 1, "one device: no picker");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -550,3 +550,206 @@ fn every_contender_replays_a_mid_run_recording_from_its_start() {
     let refused = heapscope(&["summary", file, "--policy", "vma"]);
     assert!(stderr(&refused).contains("vma runs on a Vulkan device only"), "{}", stderr(&refused));
 }
+
+/// A recording of three GPUs and a fourth listed with nothing, written here (issue 14, part 4): device 0 the
+/// gpt2 run (the busiest), device 1 the frag_oom run (it ran out of memory), device 2 gpt2's final segments and
+/// no trace (a state with no trace), device 3 nothing. Frames are left out (each run numbers its own).
+fn three_gpu_snapshot(dir: &Path) -> (PathBuf, [usize; 2]) {
+    use heapscope_pytorch::{Snapshot, StackId};
+    let strip = |mut snapshot: Snapshot, device: u32| {
+        for segment in &mut snapshot.segments {
+            segment.device = device;
+            segment.frames = StackId::default();
+            segment.blocks.iter_mut().for_each(|block| block.frames = StackId::default());
+        }
+        snapshot.device_traces[0].iter_mut().for_each(|entry| entry.frames = StackId::default());
+        snapshot
+    };
+    let gpt2 = strip(heapscope_pytorch::read_snapshot(&snapshot("gpt2_train_fixed-default")).unwrap(), 0);
+    let frag = strip(heapscope_pytorch::read_snapshot(&snapshot("frag_oom-default")).unwrap(), 1);
+    let state = strip(gpt2.clone(), 2);
+    let entries = [gpt2.device_traces[0].len(), frag.device_traces[0].len()];
+    let snapshot = Snapshot {
+        segments: [&gpt2, &frag, &state].iter().flat_map(|snapshot| snapshot.segments.clone()).collect(),
+        device_traces: vec![gpt2.device_traces[0].clone(), frag.device_traces[0].clone(), Vec::new(), Vec::new()],
+        settings: gpt2.settings.clone(),
+        frame_stacks: Vec::new(),
+    };
+    let path = dir.join("three-gpus.pickle");
+    heapscope_pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
+    (path, entries)
+}
+
+/// Issue 14, part 4: a file of several devices opens on the one that ran out of memory and says so; `compare`,
+/// `summary` and `render` print every device (entries, peak reserved, OOMs) and which one is shown, and name
+/// another device that ran out of memory; a device the file lacks, or records nothing on, is an error listing
+/// the devices it has.
+#[test]
+fn issue_14_several_devices_are_overviewed_and_chosen() {
+    let dir = temp_dir("three-gpus");
+    let (path, [gpt2_entries, frag_entries]) = three_gpu_snapshot(&dir);
+    let file = path.to_str().unwrap();
+    let listed = format!(
+        "the file records device 0 ({gpt2_entries} entries), device 1 ({frag_entries} entries, ran out of memory), device 2 \
+         (no trace entries, "
+    );
+    // (the device asked, what the error says)
+    for (device, what) in [("3", "device 3 records nothing (no trace entries, no segments)"), ("9", "no device 9")] {
+        for command in ["replay", "compare", "summary", "render"] {
+            let mut args = vec![command, file, "--device", device];
+            if command == "render" {
+                args.extend(["--out", "x.png"]);
+            }
+            let output = heapscope(&args);
+            assert_eq!(output.status.code(), Some(1), "{args:?}");
+            let error = stderr(&output);
+            assert!(error.contains(&format!("{file}: {what}; {listed}")), "{args:?}: {error}");
+            assert!(stdout(&output).is_empty(), "{args:?}: nothing replayed, nothing printed");
+        }
+    }
+
+    // By default: device 1, which ran out of memory, and said so.
+    let lines = json_lines(&heapscope(&["replay", file, "--json", "--policy", "pytorch"]));
+    assert_eq!(lines[0]["entries"], frag_entries, "{}", lines[0]);
+    assert!(lines[0]["ooms"].as_u64() > Some(0), "{}", lines[0]);
+    let overview = |text: &str, shown: usize, why: &str| {
+        let head = format!("{file} records 3 devices; showing device {shown} ({why}):");
+        assert!(text.contains(&head), "{head:?} in {text}");
+        for device in 0..3 {
+            let mark = if device == shown { '*' } else { ' ' };
+            assert!(text.contains(&format!("\n{mark} device {device}: ")), "device {device} marked {mark:?}: {text}");
+        }
+        assert!(text.contains(&format!("device 1: {frag_entries} entries, peak reserved ")), "{text}");
+        assert!(text.contains("entries, peak reserved 2.93 GiB, 1 OOM"), "device 1's OOM: {text}");
+        assert!(text.contains("device 2: no trace entries ("), "{text}");
+    };
+    let compare = heapscope(&["compare", file, "--policy", "pytorch", "--policy", "paged"]);
+    assert!(compare.status.success(), "{}", stderr(&compare));
+    let text = stdout(&compare);
+    overview(&text, 1, "it ran out of memory; --device N shows another");
+    assert!(text.contains(&format!("{file} (device 1): {frag_entries} entries")), "{text}");
+    assert!(text.contains("`pytorch` ran out of memory"), "{text}");
+    assert!(!text.contains("ran out of memory in the recording"), "the device shown is the one: {text}");
+
+    // Device 0 asked: the table is its, and device 1's OOM is named.
+    let compare = heapscope(&["compare", file, "--device", "0", "--policy", "tlsf"]);
+    let text = stdout(&compare);
+    overview(&text, 0, "--device 0");
+    assert!(text.contains(&format!("{file} (device 0): {gpt2_entries} entries")), "{text}");
+    assert!(text.contains("device 1 ran out of memory in the recording (1 oom entry): --device 1 replays it"), "{text}");
+    assert!(text.contains("Every contender served every request."), "{text}");
+
+    // On a capacity, PyTorch's emulation of the other devices (cheap here) says who would run out of it.
+    let compare = heapscope(&["compare", file, "--capacity", "3GiB", "--policy", "pytorch"]);
+    let text = stdout(&compare);
+    assert!(compare.status.success(), "{}", stderr(&compare));
+    let gpt2_line = text.lines().find(|line| line.starts_with("  device 0: ")).unwrap();
+    assert!(gpt2_line.contains("; emulated on 3.00 GiB: ") && !gpt2_line.ends_with(": 0 OOMs"), "{text}");
+    assert!(text.contains("device 0 would run out of memory on 3.00 GiB (PyTorch's emulation): --device 0 replays it"), "{text}");
+    for (device, why) in [(1, "the table has it"), (2, "a state: nothing to emulate")] {
+        let line = text.lines().find(|line| line.contains(&format!("device {device}: "))).unwrap();
+        assert!(!line.contains("emulated"), "{why}: {text}");
+    }
+
+    let summary = heapscope(&["summary", file, "--device", "0"]);
+    assert!(summary.status.success(), "{}", stderr(&summary));
+    let text = stdout(&summary);
+    overview(&text, 0, "--device 0");
+    assert!(text.contains("device 1 ran out of memory in the recording"), "{text}");
+    assert!(text.find("* device 0") < text.find("PyTorch CUDA memory summary, device ID 0"), "overview first: {text}");
+
+    let render = heapscope(&["render", file, "--out", dir.join("default.png").to_str().unwrap()]);
+    if gpu_required() || render.status.success() {
+        assert!(render.status.success(), "{}", stderr(&render));
+        let text = stdout(&render);
+        overview(&text, 1, "it ran out of memory; --device N shows another");
+        assert!(text.contains("three-gpus.pickle (device 1), "), "{text}");
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// Issue 14, part 2: what `torch.cuda.memory_snapshot()` returns — a list of segments, no trace — written here
+/// from the gpt2 run's final segments (and, for a second device, frag_oom's): `replay`, `summary`, `export` (also
+/// `--vma-json`) and `render` work on its one moment, the start; a device it has no segments on is an error.
+#[test]
+fn issue_14_a_state_with_no_trace_summarises_exports_and_renders() {
+    let dir = temp_dir("state");
+    let gpt2 = heapscope_pytorch::read_snapshot(&snapshot("gpt2_train_fixed-default")).unwrap();
+    let path = dir.join("state.pickle");
+    heapscope_pytorch::write_segments(&gpt2, std::fs::File::create(&path).unwrap()).unwrap();
+    let file = path.to_str().unwrap();
+    let reserved: u64 = gpt2.segments.iter().map(|segment| segment.total_size).sum();
+    let live = gpt2
+        .segments
+        .iter()
+        .flat_map(|segment| &segment.blocks)
+        .filter(|block| block.state != heapscope_pytorch::BlockState::Inactive && block.requested_size > 0)
+        .count();
+
+    let lines = json_lines(&heapscope(&["replay", file, "--json", "--policy", "pytorch", "--policy", "tlsf"]));
+    for line in &lines {
+        assert_eq!((line["entries"].as_u64(), line["ooms"].as_u64()), (Some(0), Some(0)), "{line}");
+        assert_eq!(line["allocs"].as_u64(), Some(live as u64), "the start state's allocations: {line}");
+    }
+    assert_eq!(lines[0]["peak_reserved_bytes"].as_u64(), Some(reserved), "pytorch holds the segments listed");
+
+    let summary = heapscope(&["summary", file]);
+    assert!(summary.status.success(), "{}", stderr(&summary));
+    let text = stdout(&summary);
+    assert!(text.contains("GPU reserved memory"), "{text}");
+    assert!(!text.contains("records"), "one device: no overview: {text}");
+
+    let (out, json) = (dir.join("tlsf.pickle"), dir.join("tlsf.json"));
+    let export =
+        heapscope(&["export", file, "--policy", "tlsf", "--out", out.to_str().unwrap(), "--vma-json", json.to_str().unwrap()]);
+    assert!(export.status.success(), "{}", stderr(&export));
+    let exported = heapscope_pytorch::read_snapshot(&out).unwrap();
+    let blocks = exported
+        .segments
+        .iter()
+        .flat_map(|segment| &segment.blocks)
+        .filter(|block| block.state != heapscope_pytorch::BlockState::Inactive)
+        .count();
+    assert_eq!(blocks, live, "every allocation of the state, placed by tlsf");
+    let vma: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(vma["Total"]["AllocationCount"].as_u64(), Some(live as u64), "the same run, in VMA's JSON");
+    let pytorch = heapscope(&["export", file, "--policy", "pytorch", "--out", dir.join("pytorch.pickle").to_str().unwrap()]);
+    assert!(pytorch.status.success(), "{}", stderr(&pytorch));
+    assert_eq!(heapscope_pytorch::read_snapshot(&dir.join("pytorch.pickle")).unwrap().segments.len(), gpt2.segments.len());
+
+    let render = heapscope(&["render", file, "--policy", "tlsf", "--out", dir.join("state.png").to_str().unwrap()]);
+    if gpu_required() || render.status.success() {
+        assert!(render.status.success(), "{}", stderr(&render));
+        assert!(stdout(&render).contains("state.pickle, start of 0 entries)"), "{}", stdout(&render));
+        assert!(is_png(&dir.join("state.png")));
+    }
+
+    // Two devices' states: an overview of both, the first shown; a third device is an error naming them.
+    let mut two = gpt2.clone();
+    let frag = heapscope_pytorch::read_snapshot(&snapshot("frag_oom-default")).unwrap();
+    two.segments.extend(frag.segments.iter().map(|segment| heapscope_pytorch::Segment { device: 1, ..segment.clone() }));
+    two.frame_stacks.clear();
+    for segment in &mut two.segments {
+        segment.frames = heapscope_pytorch::StackId::default();
+        segment.blocks.iter_mut().for_each(|block| block.frames = heapscope_pytorch::StackId::default());
+    }
+    let path = dir.join("two-states.pickle");
+    heapscope_pytorch::write_segments(&two, std::fs::File::create(&path).unwrap()).unwrap();
+    let file = path.to_str().unwrap();
+    let summary = heapscope(&["summary", file, "--device", "1"]);
+    assert!(summary.status.success(), "{}", stderr(&summary));
+    let text = stdout(&summary);
+    assert!(text.contains(&format!("{file} records 2 devices; showing device 1 (--device 1):")), "{text}");
+    assert!(text.contains("* device 1: no trace entries ("), "{text}");
+    let text = stdout(&heapscope(&["summary", file]));
+    assert!(text.contains("showing device 0 (the first device with segments; --device N shows another)"), "{text}");
+    let error = stderr(&heapscope(&["summary", file, "--device", "2"]));
+    assert!(
+        error.contains(&format!(
+            "{file}: no device 2; the file records device 0 (no trace entries, {} segments)",
+            gpt2.segments.len()
+        )),
+        "{error}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}

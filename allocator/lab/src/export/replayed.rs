@@ -485,9 +485,11 @@ impl SegmentBacking for EmulationWriter<'_> {
         Ok(())
     }
 
-    fn started(&mut self, _allocator: &CachingAllocator) {
+    fn started(&mut self, allocator: &CachingAllocator) {
         // What the allocator held at the start is in the final segments' history, not the trace.
         self.held.clear();
+        // The segments so far: all there is of a state with no trace (no entry to replace them at the last one).
+        self.segments = allocator.report();
     }
 
     fn replayed(&mut self, entry: usize, effect: EntryEffect, allocator: &CachingAllocator) {
@@ -692,5 +694,36 @@ mod tests {
         assert_eq!(mapped, 3024 * MIB);
         assert!(snapshot.segments.iter().all(|segment| segment.is_expandable));
         assert!(replayed_snapshot(&recording, Contender::Pytorch { expandable: false }, &config).is_err());
+    }
+
+    /// A state with no trace (`torch.cuda.memory_snapshot()`'s list: segments, empty traces) exports its segments
+    /// through the emulation and every contender: the start state is the whole story.
+    #[test]
+    fn a_state_with_no_trace_exports_its_segments() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch");
+        for name in ["frag_oom-default", "gpt2_train_fixed-expandable"] {
+            let whole = heapscope_pytorch::read_snapshot(&dir.join(format!("{name}.pickle.gz"))).unwrap();
+            let state = Snapshot { device_traces: vec![Vec::new()], settings: None, ..whole.clone() };
+            let recording = Recording::from_snapshot(name, state, 0).unwrap();
+            let conf = AllocConf::from_recorded(whole.settings.as_ref().unwrap());
+            let emulated = emulated_snapshot(&recording, &conf, "", None).unwrap();
+            let (got, want): (Vec<_>, Vec<_>) = (
+                emulated.snapshot.segments.iter().map(|segment| (segment.address, segment.total_size)).collect(),
+                whole.segments.iter().map(|segment| (segment.address, segment.total_size)).collect(),
+            );
+            assert_eq!(got, want, "{name}: the segments listed");
+            assert!(emulated.snapshot.device_traces[0].is_empty(), "{name}");
+            let tlsf = replayed_snapshot(&recording, Contender::Heap(PolicyKind::Tlsf), &CompareConfig::default()).unwrap();
+            let live = |snapshot: &Snapshot| {
+                snapshot
+                    .segments
+                    .iter()
+                    .flat_map(|segment| &segment.blocks)
+                    .filter(|block| block.state != BlockState::Inactive)
+                    .count()
+            };
+            assert_eq!(live(&tlsf.snapshot), recording.start_events, "{name}");
+            assert_eq!(tlsf.heap_report.map(|report| report.stats.allocations), Some(recording.start_events as u64), "{name}");
+        }
     }
 }

@@ -74,6 +74,15 @@ pub enum Change {
         /// How it is backed.
         kind: RegionKind,
     },
+    /// The virtual region at `address` now spans `size_bytes`: its reservation was cut (PyTorch reserved another
+    /// expandable segment closer than the first one's default size, at an address taken from the trace) or grown;
+    /// its mapped pages and allocations stay, within it.
+    RegionResized {
+        /// Base address.
+        address: u64,
+        /// Bytes, now.
+        size_bytes: u64,
+    },
     /// The region at `address`, which holds no live allocation, was released.
     RegionRemoved {
         /// Base address.

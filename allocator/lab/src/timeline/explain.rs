@@ -46,7 +46,7 @@ fn facts(before: &Layout, changes: &[Change]) -> StepFacts {
         let Effect { carved_from, merged_into, freed, removed_region } = effect;
         match *change {
             Change::RegionAdded { size_bytes, kind: RegionKind::Block, .. } => facts.blocks_added.push(size_bytes),
-            Change::RegionAdded { .. } => {}
+            Change::RegionAdded { .. } | Change::RegionResized { .. } => {}
             Change::RegionRemoved { .. } => facts.regions_removed.extend(removed_region.map(|(_, bytes)| bytes)),
             Change::PagesMapped { size_bytes, .. } => facts.mapped_bytes += size_bytes,
             Change::PagesUnmapped { size_bytes, .. } => facts.unmapped_bytes += size_bytes,

@@ -285,6 +285,11 @@ impl Layout {
                 Change::RegionAdded { address, size_bytes, kind } => {
                     regions.insert(address, Region { address, size_bytes, kind, mapped: BTreeMap::new() });
                 }
+                Change::RegionResized { address, size_bytes } => {
+                    if let Some(region) = regions.get_mut(&address) {
+                        region.size_bytes = size_bytes;
+                    }
+                }
                 Change::RegionRemoved { address } => {
                     regions.remove(&address);
                 }
@@ -316,6 +321,7 @@ impl Layout {
     pub fn apply(&mut self, change: &Change) -> Result<Effect, LayoutError> {
         match *change {
             Change::RegionAdded { address, size_bytes, kind } => self.add_region(address, size_bytes, kind),
+            Change::RegionResized { address, size_bytes } => self.resize_region(address, size_bytes),
             Change::RegionRemoved { address } => self.remove_region(address),
             Change::PagesMapped { address, size_bytes } => self.map(address, size_bytes),
             Change::PagesUnmapped { address, size_bytes } => self.unmap(address, size_bytes),
@@ -339,6 +345,31 @@ impl Layout {
             let run = self.release(address, size_bytes);
             return Ok(Effect { merged_into: Some(run), ..Effect::default() });
         }
+        Ok(Effect::default())
+    }
+
+    /// A virtual region's new size: its mapped pages (and so its allocations and free runs) must lie within it, and
+    /// it must not reach the next region.
+    fn resize_region(&mut self, address: u64, size_bytes: u64) -> Result<Effect, LayoutError> {
+        let fail = |what| Err(LayoutError::Region { address, what });
+        let Some(end) = address.checked_add(size_bytes).filter(|_| size_bytes > 0) else {
+            return fail("resized to nothing, or past the 64-bit address space");
+        };
+        let next = self.regions.range(address + 1..).next().map(|(&next, _)| next);
+        let Some(region) = self.regions.get_mut(&address) else {
+            return fail("resized, but no region starts there");
+        };
+        if region.kind != RegionKind::Virtual {
+            return fail("resized, but it is a block, not a virtual range");
+        }
+        let mapped_end = region.mapped.iter().next_back().map_or(address, |(&start, &bytes)| start + bytes);
+        if mapped_end > end {
+            return fail("resized below its mapped pages");
+        }
+        if next.is_some_and(|next| next < end) {
+            return fail("resized over the next region");
+        }
+        region.size_bytes = size_bytes;
         Ok(Effect::default())
     }
 
@@ -544,8 +575,16 @@ mod tests {
         let mut layout = Layout::new();
         layout.apply(&Change::RegionAdded { address: 100, size_bytes: 100, kind: RegionKind::Block }).unwrap();
         layout.apply(&Change::Allocated(span(100, 10, 10))).unwrap();
+        layout.apply(&Change::RegionAdded { address: 1000, size_bytes: 1000, kind: RegionKind::Virtual }).unwrap();
+        layout.apply(&Change::PagesMapped { address: 1000, size_bytes: 500 }).unwrap();
+        layout.apply(&Change::RegionAdded { address: 3000, size_bytes: 1000, kind: RegionKind::Virtual }).unwrap();
         let before = layout.clone();
         let cases = [
+            Change::RegionResized { address: 100, size_bytes: 50 },    // a block
+            Change::RegionResized { address: 7, size_bytes: 50 },      // no region there
+            Change::RegionResized { address: 1000, size_bytes: 499 },  // below its mapped pages
+            Change::RegionResized { address: 1000, size_bytes: 2001 }, // over the next region
+            Change::RegionResized { address: 1000, size_bytes: 0 },
             Change::RegionAdded { address: 150, size_bytes: 100, kind: RegionKind::Block },
             Change::RegionAdded { address: 50, size_bytes: 0, kind: RegionKind::Block },
             Change::RegionRemoved { address: 100 },
@@ -562,6 +601,11 @@ mod tests {
             assert_eq!(layout, before, "{change:?}");
         }
         assert!(LayoutError::NotLive { address: 150 }.to_string().contains("0x96"));
+        // Cut to its mapped pages, grown to the next region: allowed.
+        for size_bytes in [500, 2000] {
+            layout.apply(&Change::RegionResized { address: 1000, size_bytes }).unwrap();
+            assert_eq!(layout.region_of(1000).map(|region| region.size_bytes), Some(size_bytes));
+        }
     }
 
     #[test]

@@ -247,6 +247,7 @@ impl Timeline {
                     self.live_changes.remove(&address);
                 }
                 Change::RegionAdded { .. }
+                | Change::RegionResized { .. }
                 | Change::RegionRemoved { .. }
                 | Change::PagesMapped { .. }
                 | Change::PagesUnmapped { .. } => self.region_changes.push(index),

@@ -655,6 +655,45 @@ mod same_stream {
         }
     }
 
+    /// Issue 14: the shared GPT-2 expandable recording with the small pool's reservation moved to 90 GiB above the
+    /// large pool's (where an 80 GiB device's driver puts it). The large reservation, 128 GiB when reserved, is
+    /// cut where the small one starts: the timeline shows two regions, side by side, at the end and at every
+    /// checkpoint, as the allocator holds them.
+    #[test]
+    fn issue_14_reservations_90_gib_apart_are_two_regions() {
+        use heapscope_pytorch::Pool;
+        use heapscope_pytorch::caching::EXPANDABLE_VIRTUAL_BYTES;
+        const GIB: u64 = 1 << 30;
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch");
+        let mut snapshot = heapscope_pytorch::read_snapshot(&dir.join("gpt2_train_fixed-expandable.pickle.gz")).unwrap();
+        let large = snapshot.segments.iter().find(|s| s.segment_type == Pool::Large).unwrap().address;
+        let small = snapshot.segments.iter().find(|s| s.segment_type == Pool::Small).unwrap().address;
+        let moved = large + 90 * GIB;
+        let shift = |addr: &mut u64| {
+            if *addr >= small {
+                *addr = *addr - small + moved;
+            }
+        };
+        snapshot.device_traces[0].iter_mut().for_each(|entry| shift(&mut entry.addr));
+        for segment in &mut snapshot.segments {
+            shift(&mut segment.address);
+            segment.blocks.iter_mut().for_each(|block| shift(&mut block.address));
+        }
+        let recording = Recording::from_snapshot("moved", snapshot, 0).unwrap();
+        let timeline = record(&recording, Contender::Pytorch { expandable: false }, &CompareConfig::default()).unwrap();
+        assert_eq!(timeline.steps(), recording.entries);
+        let end = timeline.layout_at(timeline.steps());
+        let regions: Vec<(u64, u64, RegionKind)> =
+            end.regions().map(|region| (region.address, region.size_bytes, region.kind)).collect();
+        assert_eq!(
+            regions,
+            [(large, 90 * GIB, RegionKind::Virtual), (moved, EXPANDABLE_VIRTUAL_BYTES, RegionKind::Virtual)],
+            "the large reservation ends where the small one starts"
+        );
+        let changes: Vec<&Change> = (0..timeline.steps()).flat_map(|step| timeline.changes(step)).collect();
+        assert!(changes.contains(&&Change::RegionResized { address: large, size_bytes: 90 * GIB }), "cut once reserved");
+    }
+
     /// A device smaller than what was live at the start: a heap contender cannot hold the start state, its first
     /// OOM is "at start" (not entry 0), and its timeline still opens, without the refused allocations.
     #[test]

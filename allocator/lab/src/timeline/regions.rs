@@ -19,7 +19,14 @@ impl RegionTracker {
     /// Appends the changes of `events` to `changes`; `virtual_ranges` are the heap's ranges mapped on demand now:
     /// a range reserved whole becomes a virtual region, and the first page run mapped in a range not shown yet
     /// adds its region first.
+    ///
+    /// A range shown already whose size changed (PyTorch cut an expandable segment's reservation where it reserved
+    /// the next one, closer than the default 128 GiB: issue 14) is resized first, so a range reserved next to it is
+    /// a region of its own.
     pub fn changes(&mut self, events: &[DeviceEvent], virtual_ranges: &[(u64, u64)], changes: &mut Vec<Change>) {
+        // Cut before the events (a range reserved next to it may map pages now), grown after them (the range next
+        // to it released first).
+        self.resize(virtual_ranges, |now, known| now < known, changes);
         for &event in events {
             match event {
                 DeviceEvent::Reserved { address, size_bytes } => {
@@ -46,6 +53,18 @@ impl RegionTracker {
                     changes.push(Change::PagesMapped { address, size_bytes });
                 }
                 DeviceEvent::Unmapped { address, size_bytes } => changes.push(Change::PagesUnmapped { address, size_bytes }),
+            }
+        }
+        self.resize(virtual_ranges, |now, known| now > known, changes);
+    }
+
+    /// Resizes the ranges shown whose size in `virtual_ranges` (same base) differs from theirs as `which` picks.
+    fn resize(&mut self, virtual_ranges: &[(u64, u64)], which: fn(u64, u64) -> bool, changes: &mut Vec<Change>) {
+        for known in &mut self.known_virtual {
+            let now = virtual_ranges.iter().find(|range| range.0 == known.0 && which(range.1, known.1));
+            if let Some(&(address, size_bytes)) = now {
+                known.1 = size_bytes;
+                changes.push(Change::RegionResized { address, size_bytes });
             }
         }
     }
@@ -104,6 +123,56 @@ mod tests {
             let mut changes = Vec::new();
             RegionTracker::default().changes(&events, &ranges, &mut changes);
             assert_eq!(changes, expected, "{events:?}");
+        }
+    }
+
+    /// A range cut where the next one is reserved (issue 14: PyTorch's expandable reservations 90 GiB apart, bases
+    /// from the trace) is resized before the next one shows, so each is a region; grown back after the next one is
+    /// released.
+    #[test]
+    fn a_range_cut_by_the_next_reservation_is_resized() {
+        const GIB: u64 = 1 << 30;
+        let first = DeviceEvent::Mapped { address: 0, size_bytes: 2 << 20 };
+        let next = DeviceEvent::Mapped { address: 90 * GIB, size_bytes: 2 << 20 };
+        let mut tracker = RegionTracker::default();
+        // (events, the virtual ranges after them, the changes expected)
+        type Step = (Vec<DeviceEvent>, Vec<(u64, u64)>, Vec<Change>);
+        let steps: Vec<Step> = vec![
+            (
+                vec![first],
+                vec![(0, 128 * GIB)],
+                vec![
+                    Change::RegionAdded { address: 0, size_bytes: 128 * GIB, kind: RegionKind::Virtual },
+                    Change::PagesMapped { address: 0, size_bytes: 2 << 20 },
+                ],
+            ),
+            (
+                vec![next],
+                vec![(0, 90 * GIB), (90 * GIB, 128 * GIB)],
+                vec![
+                    Change::RegionResized { address: 0, size_bytes: 90 * GIB },
+                    Change::RegionAdded { address: 90 * GIB, size_bytes: 128 * GIB, kind: RegionKind::Virtual },
+                    Change::PagesMapped { address: 90 * GIB, size_bytes: 2 << 20 },
+                ],
+            ),
+            (
+                vec![DeviceEvent::Released { address: 90 * GIB, size_bytes: 128 * GIB }],
+                vec![(0, 128 * GIB)],
+                vec![Change::RegionRemoved { address: 90 * GIB }, Change::RegionResized { address: 0, size_bytes: 128 * GIB }],
+            ),
+        ];
+        let mut layout = super::super::Layout::default();
+        for (events, ranges, expected) in steps {
+            let mut changes = Vec::new();
+            tracker.changes(&events, &ranges, &mut changes);
+            assert_eq!(changes, expected, "{events:?}");
+            for change in &changes {
+                if let Change::RegionRemoved { address } = *change {
+                    // Its pages unmapped first, as the allocator does.
+                    layout.apply(&Change::PagesUnmapped { address, size_bytes: 2 << 20 }).unwrap();
+                }
+                layout.apply(change).unwrap_or_else(|error| panic!("{change:?}: {error}"));
+            }
         }
     }
 
