@@ -15,7 +15,7 @@ use crate::{Allocation, Error, OwnerId, PolicyReport, Request, Result};
 /// - freeing everything restores the initial layout;
 /// - misuse (double free, a foreign handle) returns an error and changes nothing.
 pub trait Policy: Send + fmt::Debug {
-    /// The policy's name (as in [`PolicyKind::name`]).
+    /// The policy's name (as in [`PolicyKind::name`](crate::PolicyKind::name)).
     fn name(&self) -> &'static str;
 
     /// Bytes managed (the capacity given at construction, rounded down to the policy's unit).

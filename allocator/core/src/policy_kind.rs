@@ -56,7 +56,7 @@ impl PolicyKind {
     /// A policy of this kind over `[0, capacity_bytes)`.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for invalid settings.
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for invalid settings.
     pub fn build(self, capacity_bytes: u64, config: &PolicyConfig) -> Result<Box<dyn Policy>> {
         Ok(match self {
             Self::Tlsf => Box::new(Tlsf::with_config(capacity_bytes, config)?),
