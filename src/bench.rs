@@ -137,6 +137,9 @@ impl BenchArgs {
         if self.steps == Some(0) {
             bail!("--steps 0: a workload needs at least one step");
         }
+        if let Some(steps) = self.steps.filter(|&steps| steps > MAX_STEPS) {
+            bail!("--steps {steps}: at most {MAX_STEPS} (a workload is built whole before it runs)");
+        }
         if self.batch == Some(0) {
             bail!("--batch 0: a batch needs at least one sequence");
         }
@@ -215,6 +218,9 @@ enum Device {
         why: String,
     },
 }
+
+/// The most steps `--steps` asks of a workload: it is built whole in memory before it runs (tens of bytes a step).
+const MAX_STEPS: u32 = 10_000_000;
 
 /// What became of a contender: its run's report, or why the device cannot host it (sparse binding missing).
 type Outcome = heapscope_lab::outcome::Outcome<Box<RunReport>>;

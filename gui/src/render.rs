@@ -168,9 +168,10 @@ impl Default for GifOptions {
 
 /// The steps shown by `frames` frames evenly spaced through `steps` steps: the `i`-th frame after
 /// `steps * (i + 1) / frames` steps, so the last is the end; never the same step twice, never step 0 (an empty
-/// heap), so fewer frames than asked when the story is shorter.
+/// heap), so fewer frames than asked when the story is shorter (more frames than steps show every step once:
+/// nothing is built for the frames that would repeat one).
 pub fn gif_steps(steps: u64, frames: u32) -> Vec<u64> {
-    let frames = u64::from(frames);
+    let frames = u64::from(frames).min(steps.max(1));
     let mut out: Vec<u64> =
         (1..=frames).map(|frame| (u128::from(steps) * u128::from(frame) / u128::from(frames)) as u64).collect();
     out.retain(|&step| step > 0);
@@ -240,8 +241,15 @@ mod tests {
 
     #[test]
     fn gif_frames_spread_evenly_to_the_end() {
-        let cases: [(u64, u32, &[u64]); 5] =
-            [(100, 4, &[25, 50, 75, 100]), (61, 3, &[20, 40, 61]), (3, 6, &[1, 2, 3]), (5, 1, &[5]), (0, 4, &[])];
+        let cases: [(u64, u32, &[u64]); 6] = [
+            (100, 4, &[25, 50, 75, 100]),
+            (61, 3, &[20, 40, 61]),
+            (3, 6, &[1, 2, 3]),
+            (5, 1, &[5]),
+            (0, 4, &[]),
+            // Issue 17: 2^32 - 1 frames of a short story build one frame per step, not 4 billion.
+            (4, u32::MAX, &[1, 2, 3, 4]),
+        ];
         for (steps, frames, expected) in cases {
             assert_eq!(gif_steps(steps, frames), expected, "{steps} steps in {frames} frames");
         }

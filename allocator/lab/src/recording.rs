@@ -43,10 +43,32 @@ pub enum Format {
     Csv,
 }
 
-/// The format of a file starting with `head`.
+/// What a path that is no regular file is, in words.
+fn file_kind(kind: std::fs::FileType) -> &'static str {
+    if kind.is_dir() {
+        return "a folder";
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_char_device() || kind.is_block_device() {
+            return "a device";
+        }
+        if kind.is_fifo() {
+            return "a FIFO";
+        }
+        if kind.is_socket() {
+            return "a socket";
+        }
+    }
+    "not a file"
+}
+
+/// The format of a file starting with `head`. A pickle of protocol 0 or 1 (it starts with `(`, `}` or `]`, which no
+/// CSV line does) goes to the snapshot reader, which says which protocols it reads.
 pub fn sniff(head: &[u8]) -> Format {
     match head {
-        [0x1f, 0x8b, ..] | [0x80, 2..=5, ..] => Format::PytorchSnapshot,
+        [0x1f, 0x8b, ..] | [0x80, 2..=5, ..] | [b'(' | b'}' | b']', ..] => Format::PytorchSnapshot,
         _ if Trace::is_native(head) => Format::Native,
         _ => Format::Csv,
     }
@@ -68,6 +90,15 @@ pub enum OpenError {
     Empty {
         /// The file.
         file: String,
+    },
+    /// The path is no regular file (a device such as `/dev/zero`, a FIFO, a socket, a folder): refused before it is
+    /// opened, so nothing is read without end and no FIFO without a writer blocks.
+    #[error("{file}: not a regular file ({kind}): heapscope reads a recording from a file (save a stream to one first)")]
+    NotAFile {
+        /// The file.
+        file: String,
+        /// What it is instead.
+        kind: &'static str,
     },
     /// A device other than 0 asked of a trace, which has one.
     #[error("{file}: --device {device} applies to PyTorch snapshots only; a heapscope trace has one device")]
@@ -263,6 +294,10 @@ impl Recording {
     pub fn open_device(path: &Path, device: Option<usize>) -> Result<Self, OpenError> {
         let file = path.display().to_string();
         let io = |error| OpenError::Io { file: file.clone(), error };
+        let kind = std::fs::metadata(path).map_err(io)?.file_type();
+        if !kind.is_file() {
+            return Err(OpenError::NotAFile { file, kind: file_kind(kind) });
+        }
         let mut head = [0u8; 8];
         let mut reader = std::fs::File::open(path).map_err(io)?;
         let read = reader.read(&mut head).map_err(io)?;

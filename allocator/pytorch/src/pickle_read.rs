@@ -791,12 +791,14 @@ fn decode_long(bytes: &[u8]) -> Value {
 
 impl<S: Sink> Machine<S> {
     fn run<R: Read>(&mut self, input: &mut Input<R>) -> Result<Value, ReadError> {
+        let mut protocol_seen = false;
         loop {
             let at = input.offset();
             let opcode = input.byte("an opcode")?;
             match opcode {
                 // PROTO
                 0x80 => {
+                    protocol_seen = true;
                     let version = input.byte("PROTO")?;
                     if version > 5 {
                         return Err(malformed(at, format!("unsupported pickle protocol {version} (2 to 5 are)")));
@@ -984,6 +986,17 @@ impl<S: Sink> Machine<S> {
                     return Err(malformed(
                         at,
                         format!("opcode 0x{opcode:02x} builds an object of a class; a snapshot holds only builtin data"),
+                    ));
+                }
+                // A stream that did not open with PROTO is of protocol 0 or 1 (text opcodes): say so.
+                _ if !protocol_seen => {
+                    return Err(malformed(
+                        at,
+                        format!(
+                            "unsupported opcode 0x{opcode:02x} in a pickle with no PROTO opcode: protocol 0 or 1? heapscope \
+                             reads protocols 2 to 5 (torch.cuda.memory._dump_snapshot writes 4); re-save it with \
+                             pickle.dump(snapshot, f, protocol=4)"
+                        ),
                     ));
                 }
                 _ => return Err(malformed(at, format!("unknown or unsupported opcode 0x{opcode:02x}"))),
@@ -1288,6 +1301,10 @@ mod tests {
             (b"\x80\x04", "at byte 2: truncated"),
             (b"\x80\x04K", "truncated"),
             (b"\x80\x04\xff.", "at byte 2: unknown or unsupported opcode 0xff"),
+            (
+                b"(dp0\nVsegments\np1\n(lp2\ns.",
+                "at byte 2: unsupported opcode 0x70 in a pickle with no PROTO opcode: protocol 0 or 1?",
+            ),
             (b"\x80\x06N.", "unsupported pickle protocol 6"),
             (b"\x80\x04.", "STOP on an empty stack"),
             (b"\x80\x04K\x01K\x02.", "STOP with more than one object"),

@@ -449,7 +449,17 @@ fn bad_input_gets_a_clear_error() {
     let empty = dir.join("empty.csv");
     std::fs::write(&empty, "").unwrap();
     let empty_path = empty.to_str().unwrap().to_owned();
-    let cases: [(Vec<&str>, &str); 17] = [
+    // Issue 17: a FIFO with no writer (it used to block forever), a folder; a pickle of protocol 0 (it used to be
+    // read as CSV).
+    let fifo = dir.join("fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().is_ok_and(|status| status.success());
+    assert!(made, "mkfifo makes the FIFO");
+    let fifo_path = fifo.to_str().unwrap().to_owned();
+    let dir_path = dir.to_str().unwrap().to_owned();
+    let protocol0 = dir.join("old.pickle");
+    std::fs::write(&protocol0, "(dp0\nVsegments\np1\n(lp2\ns.").unwrap();
+    let protocol0_path = protocol0.to_str().unwrap().to_owned();
+    let cases: [(Vec<&str>, &str); 23] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
         (vec!["replay", &truncated_path], "truncated.pickle.gz"),
@@ -463,6 +473,12 @@ fn bad_input_gets_a_clear_error() {
         (vec!["replay", good_path, "--device", "3"], "no device 3"),
         (vec!["replay", &bad_path, "--device", "1"], "applies to PyTorch snapshots only"),
         (vec!["replay", &empty_path, "--json"], "the file is empty"),
+        (vec!["replay", "/dev/zero"], "/dev/zero: not a regular file (a device)"),
+        (vec!["summary", "/dev/urandom"], "/dev/urandom: not a regular file (a device)"),
+        (vec!["replay", &fifo_path], "not a regular file (a FIFO)"),
+        (vec!["compare", &dir_path], "not a regular file (a folder)"),
+        (vec!["replay", &protocol0_path], "old.pickle"),
+        (vec!["replay", good_path, "--capacity", "0.4"], "would round to 0 bytes"),
         (vec!["demo", "--policy", "nope"], "unknown policy \"nope\""),
         (vec!["demo", "--block-size", "12 parsecs"], "unknown unit"),
         (vec!["demo", "--release", "sometimes"], "unknown release rule"),
