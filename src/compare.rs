@@ -4,9 +4,10 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use heapscope_lab::compare::{Outcome, verdict_sentence};
-use heapscope_lab::contender::PYTORCH_EXPANDABLE;
+use heapscope_lab::contender::{Contender, PYTORCH_EXPANDABLE};
+use heapscope_lab::recording::Recording;
 
-use crate::replay::{ContenderArgs, RecordingArgs, print_header, print_row, print_title};
+use crate::replay::{ContenderArgs, RecordingArgs, Runner, print_header, print_row, print_title};
 
 /// Arguments of `heapscope compare`.
 #[derive(Debug, Args)]
@@ -17,19 +18,25 @@ pub struct CompareArgs {
     pub contenders: ContenderArgs,
 }
 
-/// Runs the comparison.
+/// Runs the comparison (and, with validation on, says what the validation layer reported of it).
 pub fn run(args: &CompareArgs) -> Result<()> {
     let (contenders, recording, runner) = args.contenders.prepare(&args.recording)?;
+    compare(args, &contenders, &recording, &runner)?;
+    runner.check_validation(false)
+}
+
+/// The table and the verdict.
+fn compare(args: &CompareArgs, contenders: &[Contender], recording: &Recording, runner: &Runner) -> Result<()> {
     let mut outcomes: Vec<Outcome> = Vec::new();
-    for &contender in &contenders {
+    for &contender in contenders {
         outcomes.push(
             runner
-                .outcome(&args.recording, &recording, contender)
+                .outcome(&args.recording, recording, contender)
                 .and_then(|outcome| args.contenders.checked(outcome))
                 .with_context(|| format!("replaying through {contender}"))?,
         );
     }
-    print_title(&recording, &args.recording, &contenders);
+    print_title(recording, &args.recording, contenders);
     print_header();
     for outcome in &outcomes {
         print_row(outcome);
@@ -46,12 +53,12 @@ pub fn run(args: &CompareArgs) -> Result<()> {
     let mut extra = Vec::new();
     if failed.policy.starts_with("pytorch") && recording.snapshot.is_some() && !contenders.contains(&PYTORCH_EXPANDABLE) {
         // On the device where it can run there; else (and without --vulkan) simulated, and said so.
-        let on_device = runner.outcome(&args.recording, &recording, PYTORCH_EXPANDABLE).context("replaying through pytorch")?;
+        let on_device = runner.outcome(&args.recording, recording, PYTORCH_EXPANDABLE).context("replaying through pytorch")?;
         let (expandable, name) = match on_device {
             Outcome::Ran(figures) if runner.on_device() => (Outcome::Ran(figures), "`pytorch (vulkan)` with expandable segments"),
             Outcome::Ran(figures) => (Outcome::Ran(figures), "`pytorch` with expandable segments"),
             Outcome::NotRun { .. } => (
-                heapscope_lab::compare::replay(&recording, PYTORCH_EXPANDABLE, &args.recording.compare_config())?,
+                heapscope_lab::compare::replay(recording, PYTORCH_EXPANDABLE, &args.recording.compare_config())?,
                 "`pytorch` with expandable segments (simulated: the device cannot run it)",
             ),
         };

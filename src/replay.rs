@@ -98,6 +98,23 @@ impl Runner {
         self.context.is_some()
     }
 
+    /// With validation on (`HEAPSCOPE_VALIDATION=1`), what the validation layer said of the replays on the device:
+    /// its count on a table's last line (not in JSON), and any message fails the command, listed, as `bench` does.
+    ///
+    /// # Errors
+    /// The layer's messages.
+    pub fn check_validation(&self, json: bool) -> Result<()> {
+        let Some(context) = self.context.as_ref().filter(|context| context.validation_enabled()) else { return Ok(()) };
+        let messages = context.validation_messages();
+        if !json {
+            outln!("validation: {} message(s)", messages.len());
+        }
+        if !messages.is_empty() {
+            anyhow::bail!("the validation layer reported {} message(s):\n{}", messages.len(), messages.join("\n"));
+        }
+        Ok(())
+    }
+
     /// Replays `recording` through `contender`: on the device when there is one, else simulated. A contender the
     /// device cannot run (a limit it exceeds, a feature it lacks), or a device-only one without a device, is an
     /// outcome that says why ([`Outcome::NotRun`](heapscope_lab::outcome::Outcome::NotRun)), so the others still run.
@@ -303,7 +320,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
             print_row(&outcome);
         }
     }
-    Ok(())
+    runner.check_validation(args.json)
 }
 
 /// The table header of [`print_row`].

@@ -2,12 +2,12 @@
 //! adapter, and lavapipe's 4 KiB sparse pages. Skipped without a device unless `HEAPSCOPE_REQUIRE_GPU=1`.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-use crate::common::{gpu_required, heapscope, json_lines, stderr};
+use crate::common::{gpu_required, json_lines, stderr};
 use serde_json::Value;
 
 #[test]
 fn probe_json_lists_every_adapter_with_its_memory_and_sparse_latencies() {
-    let output = heapscope(&["probe", "--json"]);
+    let output = crate::common::output(crate::common::binary().args(["probe", "--json"]).env("HEAPSCOPE_VALIDATION", "1"));
     let stderr = stderr(&output);
     if !output.status.success() && stderr.contains("no Vulkan") && !gpu_required() {
         eprintln!("skipped: {stderr}");

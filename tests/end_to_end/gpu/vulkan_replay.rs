@@ -11,10 +11,11 @@ use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
 
-/// Runs `args` with `--vulkan`; `None` (skipped) when the machine has no Vulkan device, unless
-/// `HEAPSCOPE_REQUIRE_GPU=1`.
+/// Runs `args` with `--vulkan` and the validation layer on (`HEAPSCOPE_VALIDATION=1`: any message fails the
+/// command); `None` (skipped) when the machine has no Vulkan device, unless `HEAPSCOPE_REQUIRE_GPU=1`.
 fn on_device(args: &[&str]) -> Option<Output> {
-    let output = heapscope(&[args, &["--vulkan"]].concat());
+    let output =
+        crate::common::output(crate::common::binary().args([args, &["--vulkan"]].concat()).env("HEAPSCOPE_VALIDATION", "1"));
     let stderr = stderr(&output);
     if !output.status.success() && stderr.contains("bringing up the Vulkan device") && !gpu_required() {
         eprintln!("skipped: {stderr}");
@@ -161,7 +162,27 @@ fn pytorch_on_the_device_reproduces_a_snapshot() {
 fn on_device_compare(file: &str) -> String {
     let output = on_device(&["compare", file, "--capacity", "3584MiB", "--policy", "pytorch", "--policy", "tlsf"]).unwrap();
     assert!(output.status.success(), "{}", stderr(&output));
+    // The validation layer's count is the table's last line (issue 17: it used to be never read).
+    assert!(stdout(&output).trim_end().ends_with("validation: 0 message(s)"), "{}", stdout(&output));
     stdout(&output)
+}
+
+/// Issue 17: 32 GiB in one allocation, more than lavapipe's memory heap: every device heap refuses it as out of
+/// memory (it used to be "served" by an invalid `vkAllocateMemory`), validation silent.
+#[test]
+fn an_allocation_larger_than_the_memory_heap_is_refused_on_the_device() {
+    let dir = crate::common::temp_dir("over-heap");
+    let big = dir.join("big.csv");
+    std::fs::write(&big, "a,1,34359738368\nf,1\n").unwrap();
+    let big = big.to_str().unwrap();
+    let Some(output) = on_device(&["replay", big, "--json", "--policy", "tlsf", "--policy", "vma", "--policy", "gpu-allocator"])
+    else {
+        return;
+    };
+    for line in lines(&output) {
+        assert_eq!((line["allocs"].as_u64(), line["ooms"].as_u64()), (Some(0), Some(1)), "{line}");
+    }
+    std::fs::remove_dir_all(dir).ok();
 }
 
 /// The frag_oom story at a quarter of its size (20 x 37.5 MiB allocated and freed, 20 x 25 MiB, then 256 MiB,
