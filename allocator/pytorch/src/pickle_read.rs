@@ -792,9 +792,11 @@ fn decode_long(bytes: &[u8]) -> Value {
 impl<S: Sink> Machine<S> {
     fn run<R: Read>(&mut self, input: &mut Input<R>) -> Result<Value, ReadError> {
         let mut protocol_seen = false;
+        let mut first_opcode = None;
         loop {
             let at = input.offset();
             let opcode = input.byte("an opcode")?;
+            first_opcode.get_or_insert(opcode);
             match opcode {
                 // PROTO
                 0x80 => {
@@ -988,14 +990,14 @@ impl<S: Sink> Machine<S> {
                         format!("opcode 0x{opcode:02x} builds an object of a class; a snapshot holds only builtin data"),
                     ));
                 }
-                // A stream that did not open with PROTO is of protocol 0 or 1 (text opcodes): say so.
-                _ if !protocol_seen => {
+                // A stream that opened as a protocol 0 or 1 pickle does (MARK, EMPTY_DICT, EMPTY_LIST, no PROTO): say so.
+                _ if !protocol_seen && matches!(first_opcode, Some(b'(' | b'}' | b']')) => {
                     return Err(malformed(
                         at,
                         format!(
-                            "unsupported opcode 0x{opcode:02x} in a pickle with no PROTO opcode: protocol 0 or 1? heapscope \
-                             reads protocols 2 to 5 (torch.cuda.memory._dump_snapshot writes 4); re-save it with \
-                             pickle.dump(snapshot, f, protocol=4)"
+                            "unknown or unsupported opcode 0x{opcode:02x} in a pickle with no PROTO opcode: protocol 0 or \
+                             1? heapscope reads protocols 2 to 5 (torch.cuda.memory._dump_snapshot writes 4); re-save it \
+                             with pickle.dump(snapshot, f, protocol=4)"
                         ),
                     ));
                 }
@@ -1303,7 +1305,7 @@ mod tests {
             (b"\x80\x04\xff.", "at byte 2: unknown or unsupported opcode 0xff"),
             (
                 b"(dp0\nVsegments\np1\n(lp2\ns.",
-                "at byte 2: unsupported opcode 0x70 in a pickle with no PROTO opcode: protocol 0 or 1?",
+                "at byte 2: unknown or unsupported opcode 0x70 in a pickle with no PROTO opcode: protocol 0 or 1?",
             ),
             (b"\x80\x06N.", "unsupported pickle protocol 6"),
             (b"\x80\x04.", "STOP on an empty stack"),
