@@ -561,6 +561,24 @@ mod tests {
         TraceEntry::new(action, addr, size)
     }
 
+    /// A large-pool segment of `device` at `address`, `total_size` bytes, holding `blocks`.
+    fn segment(device: u32, address: u64, total_size: u64, blocks: Vec<heapscope_pytorch::Block>) -> heapscope_pytorch::Segment {
+        heapscope_pytorch::Segment {
+            device,
+            address,
+            total_size,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: 0,
+            segment_type: heapscope_pytorch::Pool::Large,
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            frames: heapscope_pytorch::StackId::default(),
+            blocks,
+        }
+    }
+
     #[test]
     fn sniff_table() {
         let cases: [(&[u8], Format); 6] = [
@@ -629,8 +647,7 @@ mod tests {
 
     #[test]
     fn the_start_state_is_the_final_blocks_and_the_trace_walked_backwards() {
-        use heapscope_pytorch::{Block, Segment};
-        use heapscope_pytorch::{Pool, StackId};
+        use heapscope_pytorch::{Block, StackId};
         let block = |address: u64, size: u64, requested_size: u64, state: BlockState| Block {
             address,
             size,
@@ -638,20 +655,7 @@ mod tests {
             state,
             frames: StackId::default(),
         };
-        let segment = |device: u32, address: u64, blocks: Vec<Block>| Segment {
-            device,
-            address,
-            total_size: 2 << 20,
-            allocated_size: 0,
-            active_size: 0,
-            requested_size: 0,
-            stream: 0,
-            segment_type: Pool::Large,
-            segment_pool_id: (0, 0),
-            is_expandable: false,
-            frames: StackId::default(),
-            blocks,
-        };
+        let segment = |device: u32, address: u64, blocks: Vec<Block>| segment(device, address, 2 << 20, blocks);
         let snapshot = Snapshot {
             segments: vec![
                 segment(
@@ -717,21 +721,7 @@ mod tests {
     /// A snapshot of three devices (issue 14, part 4): 0 busy, 1 out of memory, 2 a state with no trace (a
     /// segment only), 3 listed with nothing.
     fn three_devices() -> Snapshot {
-        use heapscope_pytorch::{Pool, Segment, StackId};
-        let segment = |device: u32, total_size: u64| Segment {
-            device,
-            address: 1 << 32,
-            total_size,
-            allocated_size: 0,
-            active_size: 0,
-            requested_size: 0,
-            stream: 0,
-            segment_type: Pool::Large,
-            segment_pool_id: (0, 0),
-            is_expandable: false,
-            frames: StackId::default(),
-            blocks: Vec::new(),
-        };
+        let segment = |device: u32, total_size: u64| segment(device, 1 << 32, total_size, Vec::new());
         Snapshot {
             segments: vec![segment(0, 20 << 20), segment(2, 2 << 20)],
             device_traces: vec![
