@@ -288,7 +288,7 @@ mod tests {
                         max_split_size: Some(u64::MAX - 1),
                         garbage_collection_threshold: 0.8,
                         expandable_segments: true,
-                        roundup_power2_divisions: (0..1200).map(|i| (i, i * 2)).collect(),
+                        roundup_power2_divisions: (0..1200).map(|i| (i, 1 << (i % 16))).collect(),
                     }),
                     frame_stacks: vec![Vec::new(), frames],
                     ..Snapshot::default()

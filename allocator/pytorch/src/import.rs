@@ -1044,6 +1044,16 @@ fn settings(value: &Value) -> Result<RecordedSettings, Issue> {
             None => return Err(Issue::expected(fields.key_path("garbage_collection_threshold"), "float", value)),
         },
     };
+    // What `--alloc-conf` refuses is refused from a file too: the emulation would run on settings PyTorch rejects.
+    if !(garbage_collection_threshold == 0.0 || (garbage_collection_threshold > 0.0 && garbage_collection_threshold < 1.0)) {
+        return Err(Issue::new(
+            fields.key_path("garbage_collection_threshold"),
+            format!("{garbage_collection_threshold} is no threshold: 0 (off) or between 0.0 and 1.0"),
+        ));
+    }
+    if let Some(bytes) = max_split_size.filter(|&bytes| bytes < 20 << 20) {
+        return Err(Issue::new(fields.key_path("max_split_size"), format!("{bytes} bytes: PyTorch's least is 20 MiB")));
+    }
     let divisions_path = || fields.key_path("roundup_power2_divisions");
     let roundup_power2_divisions = match fields.get("roundup_power2_divisions") {
         None | Some(Value::None) => Vec::new(),
@@ -1076,6 +1086,14 @@ fn settings(value: &Value) -> Result<RecordedSettings, Issue> {
         }
         Some(other) => return Err(Issue::expected(divisions_path(), "dict", other)),
     };
+    for &(start, divisions) in &roundup_power2_divisions {
+        if divisions != 0 && !divisions.is_power_of_two() {
+            return Err(Issue::new(
+                format!("{}[{start}]", divisions_path()),
+                format!("{divisions} divisions: a power of two or 0"),
+            ));
+        }
+    }
     Ok(RecordedSettings {
         alloc_conf: fields.str("PYTORCH_CUDA_ALLOC_CONF")?.unwrap_or_default().to_owned(),
         max_split_size,
@@ -1678,6 +1696,31 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
                 "{what}: {error}"
             );
         }
+    }
+
+    /// Issue 17: recorded allocator settings are held to what `--alloc-conf` accepts (a NaN threshold, 3 divisions,
+    /// a max split size under 20 MiB are refused, named by key path).
+    #[test]
+    fn recorded_settings_are_validated() {
+        let with = |settings: &[u8]| {
+            [b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]\x8c\x12allocator_settings}(".as_slice(), settings, b"uu."]
+                .concat()
+        };
+        let cases: [(Vec<u8>, &str); 4] = [
+            (
+                with(b"\x8c\x1cgarbage_collection_thresholdG\x7f\xf8\x00\x00\x00\x00\x00\x00"),
+                "allocator_settings.garbage_collection_threshold: NaN is no threshold",
+            ),
+            (with(b"\x8c\x1cgarbage_collection_thresholdG?\xf8\x00\x00\x00\x00\x00\x00"), "1.5 is no threshold"),
+            (with(b"\x8c\x18roundup_power2_divisions}(\x8c\x011K\x03u"), "roundup_power2_divisions[1]: 3 divisions"),
+            (with(b"\x8c\x0emax_split_sizeJ\x00\x00\x10\x00"), "max_split_size: 1048576 bytes"),
+        ];
+        for (bytes, expected) in cases {
+            let error = parse_snapshot(bytes.as_slice(), "settings.pickle").expect_err(expected).to_string();
+            assert!(error.contains(expected), "{error:?} lacks {expected:?}");
+        }
+        let fine = with(b"\x8c\x1cgarbage_collection_thresholdG?\xe3333333\x8c\x18roundup_power2_divisions}(\x8c\x011K\x04u");
+        assert!(parse_snapshot(fine.as_slice(), "settings.pickle").is_ok());
     }
 
     /// Issue 17: memory bounded by what was read. A trace list, a segment or a segment's blocks shared through the
