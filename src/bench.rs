@@ -149,6 +149,14 @@ impl BenchArgs {
         if self.heap.budget == Some(0) {
             bail!("--budget 0: nothing could be allocated");
         }
+        if let Some(budget) = self.heap.budget.filter(|&budget| budget < self.page_size) {
+            bail!(
+                "--budget {}: less than one page ({}, --page-size), which paged and PyTorch's expandable segments \
+                 map at the least: nothing could be allocated",
+                heapscope_core::units::exact_size(budget),
+                heapscope_core::units::exact_size(self.page_size)
+            );
+        }
         if self.plain_wgpu && self.backend != Some(BackendName::Wgpu) {
             bail!("--plain-wgpu is a knob of --backend wgpu");
         }

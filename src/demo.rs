@@ -103,6 +103,9 @@ fn result_word(outcome: &Outcome) -> String {
 
 /// Runs the demo.
 pub fn run(args: &DemoArgs) -> Result<()> {
+    if args.heap.rules.budget == Some(0) {
+        anyhow::bail!("--budget 0: nothing could be allocated");
+    }
     let story = story::frag_oom();
     let last_request_bytes = match story.trace.events().last() {
         Some(Event::Alloc { size_bytes, .. }) => *size_bytes,

@@ -82,6 +82,12 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
     let recording = args.recording.open()?;
     let replayed =
         replayed(&args.recording, &recording, args.policy).with_context(|| format!("replaying through {}", args.policy))?;
+    // Both outputs are created before either is written: an unwritable --vma-json leaves no pickle behind.
+    let vma_file = args
+        .vma_json
+        .as_ref()
+        .map(|path| std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display())))
+        .transpose()?;
     let file = std::fs::File::create(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
     write_snapshot(&replayed.snapshot, BufWriter::new(file)).with_context(|| format!("writing {}", args.out.display()))?;
     let entries: usize = replayed.snapshot.device_traces.iter().map(Vec::len).sum();
@@ -92,13 +98,14 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
         replayed.snapshot.segments.len(),
         args.out.display()
     );
-    if let (Some(path), Some(report)) = (&args.vma_json, &replayed.heap_report) {
+    if let (Some(path), Some(mut vma_file), Some(report)) = (&args.vma_json, vma_file, &replayed.heap_report) {
         // The heap's final layout from the same run that wrote the snapshot.
         let config = args.recording.compare_config();
         // The simulated device: the capacity given, else as large as the most the heap ever reserved.
         let mut device = VmaDeviceInfo::simulated(args.recording.capacity.unwrap_or(report.stats.peak_reserved_bytes));
         device.preferred_block_size = config.heap.block_size_bytes;
-        std::fs::write(path, heap_report_to_vma_json(report, &device)).with_context(|| format!("writing {}", path.display()))?;
+        std::io::Write::write_all(&mut vma_file, heap_report_to_vma_json(report, &device).as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
         eprintln!(
             "{} through {}: {} blocks -> {} (VMA JSON)",
             recording.shown_name(),

@@ -459,7 +459,10 @@ fn bad_input_gets_a_clear_error() {
     let protocol0 = dir.join("old.pickle");
     std::fs::write(&protocol0, "(dp0\nVsegments\np1\n(lp2\ns.").unwrap();
     let protocol0_path = protocol0.to_str().unwrap().to_owned();
-    let cases: [(Vec<&str>, &str); 23] = [
+    // Issue 17: an unwritable --vma-json is refused before the pickle is written.
+    let exported = dir.join("exported.pickle");
+    let exported_path = exported.to_str().unwrap().to_owned();
+    let cases: [(Vec<&str>, &str); 25] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
         (vec!["replay", &truncated_path], "truncated.pickle.gz"),
@@ -479,6 +482,11 @@ fn bad_input_gets_a_clear_error() {
         (vec!["compare", &dir_path], "not a regular file (a folder)"),
         (vec!["replay", &protocol0_path], "old.pickle"),
         (vec!["replay", good_path, "--capacity", "0.4"], "would round to 0 bytes"),
+        (vec!["demo", "--budget", "0"], "--budget 0: nothing could be allocated"),
+        (
+            vec!["export", good_path, "--policy", "tlsf", "--out", &exported_path, "--vma-json", "/nonexistent/out.json"],
+            "cannot create /nonexistent/out.json",
+        ),
         (vec!["demo", "--policy", "nope"], "unknown policy \"nope\""),
         (vec!["demo", "--block-size", "12 parsecs"], "unknown unit"),
         (vec!["demo", "--release", "sometimes"], "unknown release rule"),
@@ -490,6 +498,7 @@ fn bad_input_gets_a_clear_error() {
         assert!(stderr(&output).contains(needle), "{args:?}: {}", stderr(&output));
         assert!(!stderr(&output).contains("panicked"), "{args:?}: {}", stderr(&output));
     }
+    assert!(!exported.exists(), "no pickle written beside a --vma-json that cannot be");
     std::fs::remove_dir_all(dir).ok();
 }
 

@@ -230,7 +230,7 @@ fn replay_a_snapshot_on_the_device() {
 
 #[test]
 fn bad_bench_input_is_refused() {
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 13] = [
         (&["bench", "--workload", "replay"], "needs a FILE"),
         (&["bench", "--workload", "serve", "x.pickle"], "only --workload replay takes a FILE"),
         (&["bench", "--workload", "serve", "--batch", "4"], "--batch is a knob of --workload train"),
@@ -238,6 +238,7 @@ fn bad_bench_input_is_refused() {
         (&["bench", "--workload", "churn", "--checkpointing"], "--checkpointing is a knob of --workload train"),
         (&["bench", "--workload", "train", "--steps", "0"], "--steps 0"),
         (&["bench", "--workload", "churn", "--steps", "4294967295"], "--steps 4294967295: at most 10000000"),
+        (&["bench", "--workload", "churn", "--budget", "1", "--backend", "sim"], "--budget 1 B: less than one page (64 KiB"),
         (&["bench", "--workload", "serve", "--kv", "pages"], "expected contiguous or paged"),
         (&["bench", "--workload", "serve", "--policy", "tlfs"], "pytorch-expandable"),
         (&["bench", "--workload", "serve", "--backend", "cuda"], "possible values: vulkan, wgpu, sim"),
