@@ -44,14 +44,6 @@ impl<F> Outcome<F> {
             Self::NotRun { why, .. } => Some(why),
         }
     }
-
-    /// The figures made into others (a wrapper's), the reason kept.
-    pub fn map<G>(self, f: impl FnOnce(F) -> G) -> Outcome<G> {
-        match self {
-            Self::Ran(figures) => Outcome::Ran(f(figures)),
-            Self::NotRun { name, why } => Outcome::NotRun { name, why },
-        }
-    }
 }
 
 #[cfg(test)]
@@ -67,7 +59,5 @@ mod tests {
         for (outcome, ran, figures, why) in cases {
             assert_eq!((outcome.ran(), outcome.figures(), outcome.why_not_run()), (ran, figures, why), "{outcome:?}");
         }
-        assert_eq!(ran.map(|n| n * 2), Outcome::Ran(14));
-        assert_eq!(not_run.map(|n| n * 2), Outcome::not_run("paged (vulkan)", "no sparse binding"));
     }
 }

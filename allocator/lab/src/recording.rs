@@ -428,13 +428,11 @@ impl DeviceOverview {
     pub fn line(&self) -> String {
         let entries = match self.entries {
             0 => format!("no trace entries ({}: a state with no trace)", counted(self.segments, "segment", "segments")),
-            1 => "1 entry".to_owned(),
-            entries => format!("{entries} entries"),
+            entries => counted(entries, "entry", "entries"),
         };
         let ooms = match self.ooms {
             0 => "no OOM".to_owned(),
-            1 => "1 OOM".to_owned(),
-            ooms => format!("{ooms} OOMs"),
+            ooms => counted(ooms, "OOM", "OOMs"),
         };
         format!(
             "device {}: {entries}, peak reserved {}, {ooms}",

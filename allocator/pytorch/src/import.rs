@@ -862,7 +862,6 @@ impl Decoder {
             segments.push(self.segment(value, &path)?);
         }
         let mut device_traces = Vec::new();
-        let mut placed: HashMap<u32, usize> = HashMap::new();
         for (device, value) in top.list("device_traces")?.unwrap_or_default().iter().enumerate() {
             let path = format!("device_traces[{device}]");
             self.once(value, &path)?;
@@ -870,14 +869,9 @@ impl Decoder {
                 Value::List(list) => list.borrow(),
                 other => return Err(Issue::expected(path, "list", other)),
             };
+            // Each tagged list is one trace list object, met once here (`once` refused a second reference).
             let mut entries = match list.tag.checked_sub(TAG_TRACE_BASE) {
-                Some(slot) if (slot as usize) < self.traces.len() => match placed.get(&slot) {
-                    Some(&earlier) => device_traces.get(earlier).cloned().unwrap_or_default(),
-                    None => {
-                        placed.insert(slot, device);
-                        std::mem::take(&mut self.traces[slot as usize].1)
-                    }
-                },
+                Some(slot) if (slot as usize) < self.traces.len() => std::mem::take(&mut self.traces[slot as usize].1),
                 _ => Vec::new(),
             };
             let taken = entries.len();
