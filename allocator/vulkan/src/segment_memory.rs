@@ -70,10 +70,8 @@ pub struct SegmentMemory {
     capacity_bytes: Option<u64>,
     /// Segment base (the allocator's address) -> its block.
     segments: HashMap<u64, SourceBlock>,
-    /// Expandable segment base -> its sparse buffer.
-    expandable: BTreeMap<u64, SparseBuffer>,
-    /// Expandable segment base -> its virtual size, as the allocator reserved it when its first pages were bound.
-    expandable_bytes: BTreeMap<u64, u64>,
+    /// Expandable segment base -> its sparse buffer and virtual size.
+    expandable: BTreeMap<u64, Expandable>,
     sparse_config: SparseConfig,
     counts: SegmentCounts,
     /// The refusal that stopped an emulation (see [`SegmentMemory::take_error`]).
@@ -112,7 +110,6 @@ impl SegmentMemory {
             capacity_bytes: config.capacity_bytes,
             segments: HashMap::new(),
             expandable: BTreeMap::new(),
-            expandable_bytes: BTreeMap::new(),
             sparse_config,
             counts: SegmentCounts::default(),
             error: None,
@@ -132,7 +129,11 @@ impl SegmentMemory {
     /// Bytes of device memory held: the segments' blocks and the pages bound in expandable segments.
     pub fn device_bytes(&self) -> u64 {
         self.source.used_bytes()
-            + self.expandable.values().map(|sparse| sparse.stats().pages_bound * sparse.page_bytes()).sum::<u64>()
+            + self
+                .expandable
+                .values()
+                .map(|Expandable { sparse, .. }| sparse.stats().pages_bound * sparse.page_bytes())
+                .sum::<u64>()
     }
 
     /// What was asked of the device so far.
@@ -153,7 +154,7 @@ impl SegmentMemory {
             let buffer = info.dedicated_buffer?;
             return Some(ComputeBuffer::borrowed(self.source.context(), buffer, info.size_bytes));
         }
-        let sparse = self.expandable.get(&base)?;
+        let sparse = &self.expandable.get(&base)?.sparse;
         (offset + size_bytes <= sparse.size_bytes())
             .then(|| ComputeBuffer::borrowed(sparse.context(), sparse.buffer(), sparse.size_bytes()))
     }
@@ -163,7 +164,7 @@ impl SegmentMemory {
     /// # Errors
     /// A failed `vkWaitSemaphores`.
     pub fn wait_binds(&self) -> Result<(), VulkanError> {
-        self.expandable.values().try_for_each(SparseBuffer::wait_binds)
+        self.expandable.values().try_for_each(|Expandable { sparse, .. }| sparse.wait_binds())
     }
 
     /// Applies `events`, the segment operations `allocator` just made (`allocator` is the state after them).
@@ -183,7 +184,6 @@ impl SegmentMemory {
         // Sparse buffers of expandable segments the allocator dropped.
         let live: Vec<u64> = allocator.expandable_segments().iter().map(|&(base, _)| base).collect();
         self.expandable.retain(|base, _| live.contains(base));
-        self.expandable_bytes.retain(|base, _| live.contains(base));
         self.counts.peak_device_bytes = self.counts.peak_device_bytes.max(self.device_bytes());
         result
     }
@@ -224,7 +224,7 @@ impl SegmentMemory {
 
     /// The expandable segment holding `address`, and the offset in it (see [`holding_segment`]).
     fn segment_of(&self, address: u64, allocator: &CachingAllocator) -> Result<(u64, u64), VulkanError> {
-        let (base, _) = holding_segment(address, allocator.segment_at(address), &self.expandable_bytes)
+        let (base, _) = holding_segment(address, allocator.segment_at(address), &self.expandable, |backed| backed.virtual_bytes)
             .ok_or_else(|| VulkanError::InvalidArgument(format!("pages mapped at {address:#x}, in no expandable segment")))?;
         Ok((base, address - base))
     }
@@ -233,11 +233,10 @@ impl SegmentMemory {
         let (base, offset) = self.segment_of(address, allocator)?;
         if !self.expandable.contains_key(&base) {
             let sparse = SparseBuffer::new(Arc::clone(self.source.context()), self.sparse_config)?;
-            self.expandable.insert(base, sparse);
             let virtual_bytes = allocator.segment_at(address).map_or(u64::MAX - base, |(_, size)| size);
-            self.expandable_bytes.insert(base, virtual_bytes);
+            self.expandable.insert(base, Expandable { sparse, virtual_bytes });
         }
-        let Some(sparse) = self.expandable.get_mut(&base) else { return Ok(()) };
+        let Some(Expandable { sparse, .. }) = self.expandable.get_mut(&base) else { return Ok(()) };
         if offset + size_bytes > sparse.size_bytes() {
             return Err(VulkanError::OutOfPages {
                 requested_pages: size_bytes.div_ceil(sparse.page_bytes()),
@@ -258,7 +257,7 @@ impl SegmentMemory {
         allocator: &CachingAllocator,
     ) -> Result<bool, VulkanError> {
         let (base, offset) = self.segment_of(address, allocator)?;
-        let Some(sparse) = self.expandable.get_mut(&base) else {
+        let Some(Expandable { sparse, .. }) = self.expandable.get_mut(&base) else {
             return if undoing {
                 Ok(false)
             } else {
@@ -276,12 +275,26 @@ impl SegmentMemory {
 
 /// The expandable segment (base, virtual size) holding `address`: the allocator's (`allocators`, its
 /// `segment_at`), else — the allocator dropped it in the same call that unmapped its pages — one backed here
-/// (`backed`: base -> virtual size as the allocator reserved it). Never by a distance assumed between reservations:
-/// their bases come from the trace and may lie closer than PyTorch's default reservation (issue 14).
-fn holding_segment(address: u64, allocators: Option<(u64, u64)>, backed: &BTreeMap<u64, u64>) -> Option<(u64, u64)> {
+/// (`backed`: by base, `size` its virtual size as the allocator reserved it). Never by a distance assumed between
+/// reservations: their bases come from the trace and may lie closer than PyTorch's default reservation (issue 14).
+fn holding_segment<V>(
+    address: u64,
+    allocators: Option<(u64, u64)>,
+    backed: &BTreeMap<u64, V>,
+    size: impl Fn(&V) -> u64,
+) -> Option<(u64, u64)> {
     allocators.or_else(|| {
-        backed.range(..=address).next_back().filter(|&(&base, &size)| address - base < size).map(|(&base, &size)| (base, size))
+        let (&base, value) = backed.range(..=address).next_back()?;
+        Some((base, size(value))).filter(|&(base, size)| address - base < size)
     })
+}
+
+/// An expandable segment backed here: its sparse buffer, and its virtual size as the allocator reserved it when its
+/// first pages were bound.
+#[derive(Debug)]
+struct Expandable {
+    sparse: SparseBuffer,
+    virtual_bytes: u64,
 }
 
 impl SegmentBacking for SegmentMemory {
@@ -316,7 +329,7 @@ mod tests {
             (180 * GIB, Some((180 * GIB, 128 * GIB)), Some((180 * GIB, 128 * GIB))),
         ];
         for (address, allocators, holding) in cases {
-            assert_eq!(holding_segment(address, allocators, &backed), holding, "{address:#x}");
+            assert_eq!(holding_segment(address, allocators, &backed, |&size| size), holding, "{address:#x}");
         }
     }
 }
