@@ -14,6 +14,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::caching_target::{CachingTarget, SnapshotTarget};
 use crate::contender::Contender;
 use crate::driver::{HeapReplay, HeapTarget, Observer, Step, Stream, drive, replay_device_heap};
 use crate::recording::{Moment, Recording};
@@ -22,8 +23,10 @@ use heapscope_core::{
     DeviceEvent, DeviceHeap, Heap, HeapConfig, OomCause, OomVerdict, PagedConfig, PagedHeap, PolicyKind, Result, SimulatedSource,
     UnmapRule,
 };
-use heapscope_pytorch::caching::{CachingAllocation, CachingHeap, EntryEffect, OomReport, SegmentBacking, Unbacked};
-use heapscope_pytorch::{AllocConf, Fidelity, MemoryStats, TraceEntry, emulate_backed};
+use heapscope_pytorch::caching::{
+    CachingAllocation, CachingAllocator, CachingHeap, EntryEffect, OomReport, SegmentBacking, Unbacked,
+};
+use heapscope_pytorch::{AllocConf, Fidelity, MemoryStats, TraceEntry};
 
 /// The first request a contender could not serve.
 #[derive(Clone, Debug, PartialEq)]
@@ -465,69 +468,100 @@ pub fn emulate_pytorch(
     capacity_bytes: Option<u64>,
     backing: &mut dyn SegmentBacking,
 ) -> Result<PytorchReplay> {
+    let mut follower =
+        BackingFollower { recording, capacity_bytes, backing, first_oom: None, step_effect: EntryEffect::Unchanged };
     Ok(match &recording.snapshot {
         Some(snapshot) => {
-            let emulation = emulate_backed(snapshot, recording.device, conf, capacity_bytes, backing)
-                .map_err(|e| emulation_error(recording, &e))?;
-            let first_oom = emulation.first_oom.as_ref().map(|oom| {
-                let entry = snapshot.device_traces.get(recording.device).and_then(|trace| trace.get(oom.event_index));
-                pytorch_first_oom(oom.event_index as u64, &oom.report, unreserved_bytes(capacity_bytes, &oom.report, entry))
-            });
-            PytorchReplay { stats: emulation.stats, first_oom, fidelity: Some(emulation.fidelity) }
+            // A PyTorch recording: the emulation replays each entry when its moment begins, from the state at the
+            // start of the recording.
+            let mut target = SnapshotTarget::new(recording, snapshot, conf, capacity_bytes)
+                .map_err(|error| emulation_error(recording, &error))?;
+            follower.follow(Stream::of(recording), &mut target)?;
+            let emulation = target.finish();
+            PytorchReplay { stats: emulation.stats, first_oom: follower.first_oom, fidelity: Some(emulation.fidelity) }
         }
         None => {
-            // A plain trace: the emulation is a heap like any other, replayed by the one driver; what it asks of
-            // the device and what each event did to its blocks go to `backing` as they happen.
+            // A plain trace: the emulation is a heap like any other.
             let mut heap = CachingHeap::new(conf.clone(), capacity_bytes);
             heap.record_device_events(true);
-            backing.started(heap.allocator());
-            let mut follower = BackingFollower { recording, capacity_bytes, backing, first_oom: None };
-            // PyTorch rounds and aligns every request itself (512-byte blocks): no alignment of ours.
-            drive(Stream::of(recording), &mut HeapTarget(&mut heap), 1, &mut [&mut follower])?;
+            follower.follow(Stream::of(recording), &mut HeapTarget(&mut heap))?;
             PytorchReplay { stats: heap.allocator().stats().clone(), first_oom: follower.first_oom, fidelity: None }
         }
     })
 }
 
-/// Hands a plain trace's replay through PyTorch's emulation to a [`SegmentBacking`]: every segment operation as
-/// the driver reports it, then what the event did to the blocks; and notes the first refusal in PyTorch's words.
+/// Hands a replay through PyTorch's emulation to a [`SegmentBacking`], as an observer of the driver: what the
+/// allocator holds at the start, then every segment operation as the driver reports it, then after each entry what
+/// it did to the blocks; and notes the first refusal in PyTorch's words.
 struct BackingFollower<'a, 'b> {
     recording: &'a Recording,
     capacity_bytes: Option<u64>,
     backing: &'b mut dyn SegmentBacking,
     first_oom: Option<FirstOom>,
+    /// What the last step of the current moment did.
+    step_effect: EntryEffect,
 }
 
-impl Observer<HeapTarget<'_, CachingHeap>> for BackingFollower<'_, '_> {
+impl BackingFollower<'_, '_> {
+    /// Replays `stream` through `target` (PyTorch rounds and aligns every request itself: no alignment of ours).
+    fn follow<T: CachingTarget>(&mut self, stream: Stream<'_>, target: &mut T) -> Result<()> {
+        let start = target.held_at_start();
+        if !start.is_empty() {
+            self.apply(Moment::Start, &start, target.allocator())?;
+        }
+        self.backing.started(target.allocator());
+        drive(stream, target, 1, &mut [self])
+    }
+
+    fn apply(&mut self, moment: Moment, device_events: &[DeviceEvent], allocator: &CachingAllocator) -> Result<()> {
+        self.backing.apply(device_events, allocator).map_err(|what| {
+            let when = match moment {
+                Moment::Start => "at the start of the recording".to_owned(),
+                Moment::Entry(entry) => format!("entry {entry}"),
+            };
+            heapscope_core::Error::Source(format!("{}: {when}: {what}", self.recording.name))
+        })
+    }
+}
+
+impl<T: CachingTarget> Observer<T> for BackingFollower<'_, '_> {
     fn step(
         &mut self,
-        event: u64,
-        _moment: Moment,
+        _event: u64,
+        moment: Moment,
         step: Step<'_, CachingAllocation>,
         device_events: &[DeviceEvent],
-        target: &HeapTarget<'_, CachingHeap>,
+        target: &T,
     ) -> Result<()> {
-        let allocator = target.0.allocator();
-        let entry = self.recording.entry_of(event);
         if !device_events.is_empty() {
-            self.backing
-                .apply(device_events, allocator)
-                .map_err(|what| heapscope_core::Error::Source(format!("{}: event {entry}: {what}", self.recording.name)))?;
+            self.apply(moment, device_events, target.allocator())?;
         }
-        let effect = match step {
+        self.step_effect = match step {
             Step::Placed { handle, .. } => EntryEffect::Placed { address: handle.address() },
             Step::Freed { handle, .. } => EntryEffect::Freed { address: handle.address() },
             Step::Unserved { .. } => EntryEffect::Unchanged,
-            Step::Refused { .. } => match target.0.last_refusal() {
-                Some(&report) => {
-                    let unreserved = unreserved_bytes(self.capacity_bytes, &report, None);
-                    self.first_oom.get_or_insert_with(|| pytorch_first_oom(entry, &report, unreserved));
-                    EntryEffect::Refused(report)
-                }
-                None => EntryEffect::Unchanged,
-            },
+            Step::Refused { .. } => target.last_refusal().map_or(EntryEffect::Unchanged, |&report| EntryEffect::Refused(report)),
         };
-        self.backing.replayed(event as usize, effect, allocator);
+        Ok(())
+    }
+
+    fn moment_done(&mut self, moment: Moment, device_events: &[DeviceEvent], target: &T) -> Result<()> {
+        if !device_events.is_empty() {
+            self.apply(moment, device_events, target.allocator())?;
+        }
+        let step_effect = std::mem::replace(&mut self.step_effect, EntryEffect::Unchanged);
+        let Moment::Entry(entry) = moment else { return Ok(()) };
+        let effect = target.moment_effect(step_effect);
+        if let EntryEffect::Refused(report) = effect
+            && self.first_oom.is_none()
+        {
+            let recorded = self.recording.snapshot.as_ref().and_then(|snapshot| {
+                snapshot.device_traces.get(self.recording.device).and_then(|trace| trace.get(usize::try_from(entry).ok()?))
+            });
+            let unreserved = unreserved_bytes(self.capacity_bytes, &report, recorded);
+            self.first_oom = Some(pytorch_first_oom(entry, &report, unreserved));
+        }
+        self.backing.replayed(usize::try_from(entry).unwrap_or(usize::MAX), effect, target.allocator());
         Ok(())
     }
 }

@@ -3,10 +3,11 @@
 //! with [`Observer`]s that write down what they need of each step — the statistics of a replay
 //! ([`ReplayStats`], the verdicts), a timeline for the app, a snapshot for export. Every way heapscope replays a
 //! heap contender goes through [`drive`], and so does the bench runner of the kernels crate (a workload's allocations
-//! and frees are a stream; its kernels run in [`Target::before_event`]) and PyTorch's emulation of a plain trace (its `CachingHeap` is a
-//! `DeviceHeap` like any other). Of a PyTorch snapshot, the emulation walks the entries themselves, in the same
-//! moments — its rules need every entry, `free_requested`, `oom` and segment events included, and its fidelity is
-//! measured against them — and reports each entry through its `SegmentBacking`.
+//! and frees are a stream; its kernels run in [`Target::before_event`]) and PyTorch's emulation: of a plain trace
+//! its `CachingHeap` is a `DeviceHeap` like any other; of a PyTorch snapshot its target replays each whole entry
+//! when the entry's moment begins ([`Target::begin_moment`]) — its rules need every entry, `free_requested`, `oom`
+//! and segment entries included — and its allocations and frees answer with what the entry did
+//! ([`crate::caching_target`]).
 //!
 //! The stream ([`Stream`]) is the recording's: its start events (what was live before the first entry, see
 //! [`crate::recording`]) at [`Moment::Start`], then each entry's events at [`Moment::Entry`], every entry once
@@ -105,6 +106,18 @@ pub trait Target {
         Ok(())
     }
 
+    /// At the start of `moment`, before its events: what a target that takes the recording's decisions entry by
+    /// entry does (PyTorch's emulation of a snapshot replays the whole entry here, `free_requested`, `oom` and
+    /// segment entries included; its [`Target::allocate`] and [`Target::free`] then answer with what the entry
+    /// did). Default: nothing.
+    ///
+    /// # Errors
+    /// What stops the replay.
+    fn begin_moment(&mut self, moment: Moment) -> Result<()> {
+        let _ = moment;
+        Ok(())
+    }
+
     /// Serves `request`: `Ok(handle)`, or `Err` with the verdict when it does not fit (`None` for a contender
     /// that gives none).
     ///
@@ -169,11 +182,14 @@ pub trait Observer<T: Target + ?Sized> {
     }
 
     /// Once every event of `moment` is replayed: the start first (also when nothing was live), then every entry
-    /// in order, entries without events included.
+    /// in order, entries without events included. `device_events`: what the target asked of the device in this
+    /// moment outside its events' steps (a recorded `empty_cache()` call's releases; empty unless
+    /// [`Observer::wants_device_events`]).
     ///
     /// # Errors
     /// As [`Observer::step`].
-    fn moment_done(&mut self, _moment: Moment, _target: &T) -> Result<()> {
+    fn moment_done(&mut self, moment: Moment, device_events: &[DeviceEvent], target: &T) -> Result<()> {
+        let _ = (moment, device_events, target);
         Ok(())
     }
 }
@@ -260,6 +276,7 @@ pub fn drive<T: Target>(
     let take_device_events = |target: &mut T| if device_events_wanted { target.take_device_events() } else { Vec::new() };
     let moments = std::iter::once(Moment::Start).chain((0..stream.entries).map(Moment::Entry));
     for moment in moments {
+        target.begin_moment(moment)?;
         while let Some(event) = events.get(next as usize)
             && stream.moment_of(next) <= moment
         {
@@ -303,8 +320,9 @@ pub fn drive<T: Target>(
                 }
             }
         }
+        let device_events = take_device_events(target);
         for observer in observers.iter_mut() {
-            observer.moment_done(moment, target)?;
+            observer.moment_done(moment, &device_events, target)?;
         }
     }
     if next != events.len() as u64 {

@@ -13,8 +13,8 @@
 //! - [`driver::drive`] is the one replay loop: the stream moment by moment through a heap contender, with
 //!   [`driver::Observer`]s writing down what they need — statistics ([`driver::Statistics`]), a timeline for the
 //!   app ([`timeline::record::TimelineObserver`]), a snapshot for export ([`export::replayed`]). PyTorch's
-//!   emulation of a plain trace goes through it too; of a snapshot it walks the entries themselves (its rules need
-//!   every entry, segment events included) and reports through its `SegmentBacking` in the same moments.
+//!   emulation goes through it too ([`caching_target`]: of a snapshot, a target that replays each whole entry when
+//!   its moment begins, since its rules need every entry), followed by a `SegmentBacking` (`compare::emulate_pytorch`).
 //! - [`compare`] sums each contender's replay up in one [`compare::Outcome`] ([`outcome::Outcome`]: ran, with its
 //!   [`compare::Figures`], or not run, with why — the shape `bench` uses for its runs too) and says who would have survived an out-of-memory error; [`timeline`] keeps a replay step by step
 //!   for seeking and explaining; [`export`] writes replays in other tools' forms (PyTorch snapshots, VMA's JSON);
@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod caching_target;
 pub mod compare;
 pub mod contender;
 pub mod driver;

@@ -132,6 +132,8 @@ pub struct Recording {
     pub device: usize,
     /// The first events of `trace` that allocate what was live before the first entry (see the module docs).
     pub start_events: usize,
+    /// The recorded address of each start event, in order (a PyTorch recording's; empty for a trace).
+    pub start_addresses: Vec<u64>,
     /// The recording's entries: the device's trace entries of a snapshot, the events of a trace.
     pub entries: u64,
     /// Frees of allocations the recording does not know (neither live at the start nor allocated since): an
@@ -205,6 +207,7 @@ impl Recording {
             snapshot: None,
             device: 0,
             start_events: 0,
+            start_addresses: Vec::new(),
             unknown_frees: 0,
         }
     }
@@ -270,6 +273,7 @@ impl Recording {
             trace: builder.finish(),
             entry_index,
             start_events: start.len(),
+            start_addresses: start.into_keys().collect(),
             entries: entries.len() as u64,
             snapshot: Some(snapshot),
             device,

@@ -176,7 +176,7 @@ proptest! {
         // A mutation may make the trace contradict itself (an address allocated twice): that is an error.
         if let Ok(recording) = Recording::from_snapshot(name, snapshot, 0) {
             let outcome = replay_pytorch(&recording, &conf, capacity);
-            prop_assert_eq!(outcome.is_ok(), emulation.is_ok());
+            prop_assert_eq!(outcome.is_ok(), emulation.is_ok(), "{:?}", outcome.as_ref().err());
             if let Ok(outcome) = outcome {
                 // Blocks lie inside segments: PyTorch never holds more in blocks than it reserved (the requested
                 // bytes of a contradictory file's start state may exceed them; its blocks may not).

@@ -134,7 +134,8 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for TimelineObserver {
         Ok(())
     }
 
-    fn moment_done(&mut self, moment: Moment, _target: &HeapTarget<'_, H>) -> Result<()> {
+    fn moment_done(&mut self, moment: Moment, device_events: &[DeviceEvent], _target: &HeapTarget<'_, H>) -> Result<()> {
+        self.regions.changes(device_events, &[], &mut self.changes);
         let result = match moment {
             // A start allocation the contender cannot hold (a capacity below the start state) has no step of its
             // own: the outcome's first OOM says "at start"; the layout shows the start without it.

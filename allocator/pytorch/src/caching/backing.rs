@@ -114,20 +114,6 @@ pub(crate) fn held_now(allocator: &CachingAllocator) -> Vec<DeviceEvent> {
         .collect()
 }
 
-/// Takes `allocator`'s pending segment events and applies them to `backing`; returns the allocator's own events
-/// (for the emulation's record).
-pub fn apply_pending(
-    allocator: &mut CachingAllocator,
-    backing: &mut dyn SegmentBacking,
-) -> Result<Vec<SegmentEvent>, BackingRefused> {
-    let events = allocator.take_events();
-    let device: Vec<DeviceEvent> = events.iter().filter_map(device_event).collect();
-    if !device.is_empty() {
-        backing.apply(&device, allocator)?;
-    }
-    Ok(events)
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;

@@ -11,10 +11,10 @@
 //! At a recorded `oom` the request is attempted with the driver's free bytes the entry recorded (or the
 //! given capacity).
 
-use super::backing::{BackingRefused, EntryEffect, SegmentBacking, Unbacked, apply_pending, held_now};
-use super::initial::rebuild_start_state;
+use super::backing::{BackingRefused, EntryEffect, SegmentBacking, Unbacked, device_event, held_now};
+use super::initial::{LiveMap, rebuild_start_state};
 use super::validate::{EmulationError, validate};
-use super::{CachingAllocator, DeviceEvent, OomReport};
+use super::{CachingAllocator, DeviceEvent, LiveBlock, OomReport};
 use crate::alloc_conf::AllocConf;
 use crate::memory_stats::MemoryStats;
 use crate::snapshot::{Action, Segment, Snapshot, TraceEntry};
@@ -180,7 +180,8 @@ pub fn emulate(
 /// [`emulate`] with memory under the allocator: `backing` first receives what the allocator holds at the start
 /// of the recording (a `Reserved` per segment, a `Mapped` per mapped expandable range), then every segment
 /// operation as the emulation makes it, and after each entry what it did to the blocks
-/// ([`SegmentBacking::replayed`]). See [`SegmentBacking`].
+/// ([`SegmentBacking::replayed`]). See [`SegmentBacking`]. The [`Emulator`] stepped through every entry; the lab's
+/// replay driver steps it the same way, moment by moment, with its observers.
 ///
 /// # Errors
 ///
@@ -193,88 +194,170 @@ pub fn emulate_backed(
     capacity_bytes: Option<u64>,
     backing: &mut dyn SegmentBacking,
 ) -> Result<Emulation, EmulationError> {
-    validate(snapshot, device)?;
-    let empty = Vec::new();
-    let trace = snapshot.device_traces.get(device).unwrap_or(&empty);
-    let (mut alloc, mut live) = rebuild_start_state(snapshot, device, conf, capacity_bytes)?;
+    let mut emulator = Emulator::new(snapshot, device, conf, capacity_bytes)?;
     let refused = |entry: usize| move |what: BackingRefused| EmulationError::Backing { device, entry, what: what.0 };
-    let start = held_now(&alloc);
+    let start = emulator.start_events();
     if !start.is_empty() {
-        backing.apply(&start, &alloc).map_err(refused(0))?;
+        backing.apply(&start, emulator.allocator()).map_err(refused(0))?;
     }
-    backing.started(&alloc);
-    let recorded = recorded_segment_events(trace);
-    let mut out = Emulation::default();
-    let mut fidelity = Fidelity { recorded: recorded.len(), ..Fidelity::default() };
-    let mut empty_cache_checked_until = 0;
-    out.placements = vec![None; trace.len()];
-    for (i, e) in trace.iter().enumerate() {
+    backing.started(emulator.allocator());
+    while let Some((entry, stepped)) = emulator.step() {
+        if !stepped.device_events.is_empty() {
+            backing.apply(&stepped.device_events, emulator.allocator()).map_err(refused(entry))?;
+        }
+        backing.replayed(entry, stepped.effect, emulator.allocator());
+    }
+    Ok(emulator.finish())
+}
+
+/// What one trace entry did to the emulated allocator (see [`Emulator::step`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stepped {
+    /// What it did to the blocks.
+    pub effect: EntryEffect,
+    /// The block that served its request (an `alloc`; a recorded `oom` served after all, as it was before it
+    /// was given back).
+    pub served: Option<LiveBlock>,
+    /// The segment operations it made, in order, as core device events (at the allocator's addresses).
+    pub device_events: Vec<heapscope_core::DeviceEvent>,
+}
+
+/// PyTorch's caching allocator replaying one device's trace of a snapshot, one entry per [`Emulator::step`],
+/// from the state at the start of the recording; [`Emulator::finish`] gives the [`Emulation`] (counters,
+/// timeline, fidelity). [`emulate`] steps it through every entry; a replay driver steps it moment by moment,
+/// telling its observers what each entry did.
+#[derive(Debug)]
+pub struct Emulator<'s> {
+    trace: &'s [TraceEntry],
+    capacity_bytes: Option<u64>,
+    alloc: CachingAllocator,
+    /// Live allocations: recorded address -> emulated address.
+    live: LiveMap,
+    out: Emulation,
+    fidelity: Fidelity,
+    /// The end of the last run of segment entries checked for an `empty_cache()` call.
+    empty_cache_checked_until: usize,
+    next: usize,
+}
+
+impl<'s> Emulator<'s> {
+    /// The allocator at the start of device `device`'s recording in `snapshot` (settings `conf`, a device of
+    /// `capacity_bytes`), ready for its first entry.
+    ///
+    /// # Errors
+    /// [`EmulationError`] naming the segment, block or trace entry the emulation cannot replay.
+    pub fn new(
+        snapshot: &'s Snapshot,
+        device: usize,
+        conf: &AllocConf,
+        capacity_bytes: Option<u64>,
+    ) -> Result<Self, EmulationError> {
+        validate(snapshot, device)?;
+        let trace = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
+        let (alloc, live) = rebuild_start_state(snapshot, device, conf, capacity_bytes)?;
+        let out = Emulation { placements: vec![None; trace.len()], ..Emulation::default() };
+        Ok(Self { trace, capacity_bytes, alloc, live, out, fidelity: Fidelity::default(), empty_cache_checked_until: 0, next: 0 })
+    }
+
+    /// The allocator now.
+    pub fn allocator(&self) -> &CachingAllocator {
+        &self.alloc
+    }
+
+    /// What the allocator holds now as the device events that would have made it: a `Reserved` per segment, a
+    /// `Mapped` per mapped range of an expandable segment (before the first step: the state at the start of the
+    /// recording).
+    pub fn start_events(&self) -> Vec<heapscope_core::DeviceEvent> {
+        held_now(&self.alloc)
+    }
+
+    /// Where the emulation holds the allocation PyTorch recorded at `recorded_addr`, while it is live.
+    pub fn live_address(&self, recorded_addr: u64) -> Option<u64> {
+        self.live.get(&recorded_addr).copied()
+    }
+
+    /// The trace entry replayed so far.
+    pub fn entries_done(&self) -> usize {
+        self.next
+    }
+
+    /// Replays the next trace entry: its index and what it did (`None` after the last).
+    pub fn step(&mut self) -> Option<(usize, Stepped)> {
+        let i = self.next;
+        let e = self.trace.get(i)?;
+        self.next += 1;
         let mut effect = EntryEffect::Unchanged;
+        let mut served = None;
+        let mut cause = i;
         match e.action {
             Action::Alloc => {
-                fidelity.allocs += 1;
-                let result = alloc.malloc(e.size, e.stream, Some(e.addr));
-                push_events(&mut out.segment_events, apply_pending(&mut alloc, backing).map_err(refused(i))?, i);
-                match result {
+                self.fidelity.allocs += 1;
+                match self.alloc.malloc(e.size, e.stream, Some(e.addr)) {
                     Ok(addr) => {
-                        out.placements[i] = Some(addr);
+                        self.out.placements[i] = Some(addr);
                         effect = EntryEffect::Placed { address: addr };
+                        served = self.alloc.live_block(addr);
                         if addr == e.addr {
-                            fidelity.placement_matched += 1;
-                        } else if fidelity.first_misplacement.is_none() {
-                            fidelity.first_misplacement =
-                                Some(Misplacement { event_index: i, recorded_addr: e.addr, emulated_addr: Some(addr) });
+                            self.fidelity.placement_matched += 1;
+                        } else {
+                            self.fidelity.first_misplacement.get_or_insert(Misplacement {
+                                event_index: i,
+                                recorded_addr: e.addr,
+                                emulated_addr: Some(addr),
+                            });
                         }
-                        live.insert(e.addr, addr);
+                        self.live.insert(e.addr, addr);
                     }
                     Err(report) => {
-                        if fidelity.first_misplacement.is_none() {
-                            fidelity.first_misplacement =
-                                Some(Misplacement { event_index: i, recorded_addr: e.addr, emulated_addr: None });
-                        }
+                        self.fidelity.first_misplacement.get_or_insert(Misplacement {
+                            event_index: i,
+                            recorded_addr: e.addr,
+                            emulated_addr: None,
+                        });
                         effect = EntryEffect::Refused(report);
-                        out.first_oom.get_or_insert(OomEvent { event_index: i, report });
+                        self.out.first_oom.get_or_insert(OomEvent { event_index: i, report });
                     }
                 }
             }
             Action::FreeRequested => {
-                if let Some(&addr) = live.get(&e.addr) {
-                    alloc.free_requested(addr);
+                if let Some(&addr) = self.live.get(&e.addr) {
+                    self.alloc.free_requested(addr);
                 }
             }
             Action::FreeCompleted => {
-                if let Some(addr) = live.remove(&e.addr)
-                    && alloc.free_completed(addr)
+                if let Some(addr) = self.live.remove(&e.addr)
+                    && self.alloc.free_completed(addr)
                 {
                     effect = EntryEffect::Freed { address: addr };
                 }
             }
-            Action::Oom => {
-                match attempt_recorded_oom(&mut alloc, e, capacity_bytes) {
-                    Ok((addr, size_bytes)) => {
-                        out.placements[i] = Some(addr);
-                        effect = EntryEffect::ServedAndReturned { address: addr, size_bytes };
-                    }
-                    Err(report) => {
-                        effect = EntryEffect::Refused(report);
-                        out.first_oom.get_or_insert(OomEvent { event_index: i, report });
-                    }
+            Action::Oom => match attempt_recorded_oom(&mut self.alloc, e, self.capacity_bytes) {
+                Ok(block) => {
+                    self.out.placements[i] = Some(block.address);
+                    effect = EntryEffect::ServedAndReturned { address: block.address, size_bytes: block.size_bytes };
+                    served = Some(block);
                 }
-                push_events(&mut out.segment_events, apply_pending(&mut alloc, backing).map_err(refused(i))?, i);
-            }
-            Action::SegmentFree | Action::SegmentUnmap if i >= empty_cache_checked_until => {
-                let next = trace[i..].iter().position(|t| !is_segment_action(t.action)).map_or(trace.len(), |p| i + p);
-                empty_cache_checked_until = next;
-                if !allocator_would_release(&alloc, trace.get(next), capacity_bytes) {
-                    alloc.empty_cache();
-                    push_events(&mut out.segment_events, apply_pending(&mut alloc, backing).map_err(refused(i))?, next);
+                Err(report) => {
+                    effect = EntryEffect::Refused(report);
+                    self.out.first_oom.get_or_insert(OomEvent { event_index: i, report });
+                }
+            },
+            Action::SegmentFree | Action::SegmentUnmap if i >= self.empty_cache_checked_until => {
+                let next = self.trace[i..].iter().position(|t| !is_segment_action(t.action)).map_or(self.trace.len(), |p| i + p);
+                self.empty_cache_checked_until = next;
+                if !allocator_would_release(&self.alloc, self.trace.get(next), self.capacity_bytes) {
+                    self.alloc.empty_cache();
+                    // The emulated events are caused by the entry after the run, as the recorded ones are.
+                    cause = next;
                 }
             }
             _ => {}
         }
-        backing.replayed(i, effect, &alloc);
-        let s = alloc.stats();
-        out.timeline.push(EventStats {
+        let events = self.alloc.take_events();
+        let device_events = events.iter().filter_map(device_event).collect();
+        push_events(&mut self.out.segment_events, events, cause);
+        let s = self.alloc.stats();
+        self.out.timeline.push(EventStats {
             allocated_bytes: s.allocated_bytes.all().current,
             reserved_bytes: s.reserved_bytes.all().current,
             active_bytes: s.active_bytes.all().current,
@@ -283,28 +366,38 @@ pub fn emulate_backed(
             num_device_free: s.num_device_free,
             num_ooms: s.num_ooms,
         });
+        Some((i, Stepped { effect, served, device_events }))
     }
-    for (k, r) in recorded.iter().enumerate() {
-        match out.segment_events.get(k) {
-            Some(m) if m.same_decision(r) => fidelity.matched += 1,
-            emulated => {
-                if fidelity.first_mismatch.is_none() {
-                    fidelity.first_mismatch = Some(Mismatch { position: k, recorded: Some(*r), emulated: emulated.copied() });
+
+    /// The emulation of the entries replayed, compared with the whole recording.
+    pub fn finish(self) -> Emulation {
+        let Self { trace, alloc, mut out, mut fidelity, .. } = self;
+        let recorded = recorded_segment_events(trace);
+        fidelity.recorded = recorded.len();
+        for (k, r) in recorded.iter().enumerate() {
+            match out.segment_events.get(k) {
+                Some(m) if m.same_decision(r) => fidelity.matched += 1,
+                emulated => {
+                    fidelity.first_mismatch.get_or_insert(Mismatch {
+                        position: k,
+                        recorded: Some(*r),
+                        emulated: emulated.copied(),
+                    });
                 }
             }
         }
+        if fidelity.first_mismatch.is_none() && out.segment_events.len() > recorded.len() {
+            fidelity.first_mismatch = Some(Mismatch {
+                position: recorded.len(),
+                recorded: None,
+                emulated: out.segment_events.get(recorded.len()).copied(),
+            });
+        }
+        out.fidelity = fidelity;
+        out.stats = alloc.stats().clone();
+        out.final_segments = alloc.report();
+        out
     }
-    if fidelity.first_mismatch.is_none() && out.segment_events.len() > recorded.len() {
-        fidelity.first_mismatch = Some(Mismatch {
-            position: recorded.len(),
-            recorded: None,
-            emulated: out.segment_events.get(recorded.len()).copied(),
-        });
-    }
-    out.fidelity = fidelity;
-    out.stats = alloc.stats().clone();
-    out.final_segments = alloc.report();
-    Ok(out)
 }
 
 fn push_events(out: &mut Vec<SegmentEvent>, events: Vec<DeviceEvent>, cause: usize) {
@@ -313,22 +406,27 @@ fn push_events(out: &mut Vec<SegmentEvent>, events: Vec<DeviceEvent>, cause: usi
 
 /// A recorded `oom`: PyTorch refused `e.size` bytes with `device_free` bytes left on the device. The
 /// request is attempted with that much room (or the capacity, when one is given); were it served, it is
-/// given back at once (the program never received it): its address and block size then.
+/// given back at once (the program never received it): the block that served it.
 fn attempt_recorded_oom(
     alloc: &mut CachingAllocator,
     e: &TraceEntry,
     capacity_bytes: Option<u64>,
-) -> Result<(u64, u64), OomReport> {
+) -> Result<LiveBlock, OomReport> {
     if capacity_bytes.is_none() {
         alloc.request_limit_bytes = Some(alloc.reserved_bytes().saturating_add(e.device_free.unwrap_or(0)));
     }
     let result = alloc.malloc(e.size, e.stream, None);
     alloc.request_limit_bytes = None;
     match result {
-        Ok(addr) => {
-            let size_bytes = alloc.live_block(addr).map_or(e.size, |block| block.size_bytes);
-            alloc.free(addr);
-            Ok((addr, size_bytes))
+        Ok(address) => {
+            let block = alloc.live_block(address).unwrap_or(LiveBlock {
+                address,
+                size_bytes: e.size,
+                requested_bytes: e.size,
+                segment_base: address,
+            });
+            alloc.free(address);
+            Ok(block)
         }
         Err(report) => Err(report),
     }

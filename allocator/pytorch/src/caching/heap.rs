@@ -12,7 +12,7 @@
 //! (Vulkan, wgpu) returns.
 
 use super::backing::device_event;
-use super::{CachingAllocator, MAX_REQUEST_BYTES, MIN_BLOCK_BYTES, OomReport, round_size};
+use super::{CachingAllocator, LiveBlock, MIN_BLOCK_BYTES, OomReport, round_size};
 use crate::AllocConf;
 use heapscope_core::DeviceLog;
 use heapscope_core::hash::FastMap;
@@ -29,6 +29,14 @@ pub struct CachingAllocation {
 }
 
 impl CachingAllocation {
+    /// The handle of `block`, serving a request of `size_bytes`, known as `id` of `owner`: for a replay that drives
+    /// the allocator itself (the emulation of a snapshot, entry by entry) as well as for [`CachingHeap`].
+    pub fn of_block(block: &LiveBlock, size_bytes: u64, owner: OwnerId, id: AllocationId) -> Self {
+        let offset = block.address - block.segment_base;
+        let allocation = Allocation::from_parts(owner, id, offset, size_bytes, (offset, block.size_bytes), ResourceKind::Linear);
+        Self { allocation, address: block.address, segment_base: block.segment_base }
+    }
+
     /// The allocation: offset in its segment, bytes asked for, footprint = the block.
     pub fn allocation(&self) -> &Allocation {
         &self.allocation
@@ -94,7 +102,7 @@ impl CachingHeap {
 
     /// `pytorch-expandable` with expandable segments, else `pytorch`.
     pub fn name(&self) -> &'static str {
-        if self.allocator.conf().expandable_segments { "pytorch-expandable" } else { "pytorch" }
+        self.allocator.policy_name()
     }
 
     /// Bytes asked for by live allocations.
@@ -134,10 +142,7 @@ impl CachingHeap {
             Ok(address) => address,
             Err(report) => {
                 self.refused += 1;
-                // A request no device holds is refused before rounding (which would overflow).
-                let needed =
-                    if size_bytes > MAX_REQUEST_BYTES { size_bytes } else { round_size(size_bytes, self.allocator.conf()) };
-                let verdict = report.verdict(self.name(), needed, self.live_bytes, self.capacity_bytes);
+                let verdict = self.allocator.verdict(&report);
                 self.last_refusal = Some(report);
                 return Err(Error::OutOfMemory(Box::new(verdict)));
             }
@@ -149,10 +154,7 @@ impl CachingHeap {
         self.next_id += 1;
         self.live.insert(address, id);
         self.live_bytes += size_bytes;
-        let offset = address - block.segment_base;
-        let allocation =
-            Allocation::from_parts(self.owner, id, offset, size_bytes, (offset, block.size_bytes), ResourceKind::Linear);
-        Ok(CachingAllocation { allocation, address, segment_base: block.segment_base })
+        Ok(CachingAllocation::of_block(&block, size_bytes, self.owner, id))
     }
 
     /// Frees an allocation it made (the block goes back to the cache at once: no stream uses).

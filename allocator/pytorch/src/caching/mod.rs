@@ -19,8 +19,9 @@
 //!   segment operations as core device events (blocks reserved and released, expandable pages mapped and
 //!   unmapped), out of memory as a core [`OomVerdict`] ([`OomReport::verdict`]); the bench runner and the Vulkan
 //!   backend drive PyTorch's rules through it.
-//! - [`emulate`] drives the allocator through a trace and compares what it decided with what PyTorch
-//!   recorded ([`Fidelity`]); `initial` rebuilds the allocator state at the start of a recording that began
+//! - [`Emulator`] drives the allocator through a snapshot's trace, one entry per [`Emulator::step`], and compares
+//!   what it decided with what PyTorch recorded ([`Fidelity`]); [`emulate`] steps it through every entry (the lab's
+//!   replay driver steps it moment by moment); `initial` rebuilds the allocator state at the start of a recording that began
 //!   mid-run, as MemoryViz does. [`emulate_backed`] does the same with memory under the allocator
 //!   ([`SegmentBacking`], `backing`): every segment operation applied as it is made (the Vulkan backend puts
 //!   device memory there).
@@ -37,9 +38,10 @@ mod validate;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-pub use backing::apply_pending;
 pub use backing::{BackingRefused, EntryEffect, SegmentBacking, Unbacked};
-pub use emulate::{Emulation, EventStats, Fidelity, Mismatch, Misplacement, OomEvent, SegmentEvent, emulate, emulate_backed};
+pub use emulate::{
+    Emulation, Emulator, EventStats, Fidelity, Mismatch, Misplacement, OomEvent, SegmentEvent, Stepped, emulate, emulate_backed,
+};
 pub use heap::{CachingAllocation, CachingHeap};
 pub use validate::EmulationError;
 
@@ -316,6 +318,21 @@ impl CachingAllocator {
         &self.conf
     }
 
+    /// `pytorch-expandable` with expandable segments, else `pytorch`: its name as a contender.
+    pub fn policy_name(&self) -> &'static str {
+        if self.conf.expandable_segments { "pytorch-expandable" } else { "pytorch" }
+    }
+
+    /// `report`, of a request this allocator just refused, as a core verdict: the request as the allocator rounds
+    /// it (a request no device holds is refused before rounding, which would overflow), the bytes callers hold
+    /// now, this allocator's capacity.
+    pub fn verdict(&self, report: &OomReport) -> OomVerdict {
+        let requested = report.request_bytes;
+        let needed_bytes = if requested > MAX_REQUEST_BYTES { requested } else { round_size(requested, &self.conf) };
+        let live_bytes = u64::try_from(self.stats.requested_bytes.all().current).unwrap_or(0);
+        report.verdict(self.policy_name(), needed_bytes, live_bytes, self.capacity_bytes)
+    }
+
     /// `torch.cuda.memory_stats()` now.
     pub fn stats(&self) -> &MemoryStats {
         &self.stats
@@ -335,10 +352,17 @@ impl CachingAllocator {
     /// was not split) and the base of the segment holding it.
     pub fn live_block(&self, address: u64) -> Option<LiveBlock> {
         let &id = self.active.get(&address)?;
-        let node = self.node(id);
-        if !node.allocated {
+        if !self.node(id).allocated {
             return None;
         }
+        self.active_block(address)
+    }
+
+    /// The block starting at `address` that a caller holds: allocated, or freed by the caller and waiting for its
+    /// stream uses (`free_requested` before `free_completed`, still in the allocator's active set).
+    pub fn active_block(&self, address: u64) -> Option<LiveBlock> {
+        let &id = self.active.get(&address)?;
+        let node = self.node(id);
         // The segment's base by address (O(log n)); walking the block list to its head would cost every block before
         // this one, which in an expandable segment can be all of them.
         let segment_base = self.segment_at(address).map_or_else(

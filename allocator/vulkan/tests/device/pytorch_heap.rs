@@ -204,7 +204,7 @@ fn segment_memory_under_the_emulation_stops_at_the_first_refusal() {
         let mut memory = SegmentMemory::new(Arc::clone(&context), &config).unwrap();
         let error =
             heapscope_lab::compare::emulate_pytorch(&recording, &config.conf, config.capacity_bytes, &mut memory).unwrap_err();
-        assert!(error.to_string().contains("event 5: out of device memory"), "{error}");
+        assert!(error.to_string().contains("entry 5: out of device memory"), "{error}");
         let refused = memory.take_error().unwrap();
         assert!(refused.is_out_of_memory(), "{refused}");
         let counts = memory.counts();
