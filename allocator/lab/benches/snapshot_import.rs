@@ -1,6 +1,6 @@
 //! Import and replay of a large PyTorch snapshot, against the alternatives measured in the same run.
 //!
-//! `cargo bench -p heapscope-core --bench snapshot_import` writes a synthetic snapshot of 400,000 trace
+//! `cargo bench -p heapscope-lab --bench snapshot_import` writes a synthetic snapshot of 400,000 trace
 //! events with `scripts/synthetic_snapshot.py` (python3's standard library; set `HEAPSCOPE_SNAPSHOT` to use
 //! another file), then measures, best of 5 runs each:
 //! - heapscope's import (`read_snapshot`: the streaming pickle reader and the typed model);
