@@ -20,10 +20,11 @@ use heapscope_kernels::bench::{BenchSettings, RunReport, Target, run, run_simula
 use heapscope_kernels::workload::{
     ChurnConfig, KvLayout, ServeConfig, StreamStats, TrainConfig, Workload, churn, replay, serve, train,
 };
+use heapscope_kernels::{VulkanKernelError, VulkanTarget, WgpuKernelError, WgpuTarget};
 use heapscope_lab::compare::FirstOom;
 use heapscope_lab::contender::Contender;
-use heapscope_vulkan::{ContextOptions, VulkanContext, VulkanError, VulkanTarget};
-use heapscope_wgpu::{DeviceOptions, WgpuDevice, WgpuError, WgpuTarget};
+use heapscope_vulkan::{ContextOptions, VulkanContext, VulkanError};
+use heapscope_wgpu::{DeviceOptions, WgpuDevice, WgpuError};
 
 use crate::options::HeapRules;
 
@@ -325,11 +326,11 @@ impl Device {
     fn run(&self, workload: &Workload, policy: Contender, settings: &BenchSettings) -> Result<Outcome> {
         let unsupported = match self {
             Device::Vulkan(context) => match VulkanTarget::new(context, policy, settings) {
-                Err(VulkanError::Unsupported(why)) => format!("unsupported on this device: {why}"),
+                Err(VulkanKernelError::Vulkan(VulkanError::Unsupported(why))) => format!("unsupported on this device: {why}"),
                 made => return play(workload, policy, made, "the device"),
             },
             Device::Wgpu { device, .. } => match WgpuTarget::new(device, policy, settings) {
-                Err(WgpuError::Unsupported(why)) => why,
+                Err(WgpuKernelError::Wgpu(WgpuError::Unsupported(why))) => why,
                 made => return play(workload, policy, made, "wgpu"),
             },
             Device::Sim { .. } => {

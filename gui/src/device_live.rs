@@ -9,7 +9,7 @@
 //!   lab's one driver: the same fills, verifies, copies and matvecs, so the kernels check the memory the map shows.
 //!   [`LiveObserver`] is an observer of that driver: each allocation, refusal and free it hears, with the device
 //!   events the target logged for it ([`VulkanTarget::take_device_events`]) and the allocation's footprint
-//!   ([`heapscope_vulkan::VulkanHandle::footprint`]), becomes timeline [`Change`]s ([`RegionTracker`]); an
+//!   ([`heapscope_kernels::VulkanHandle::footprint`]), becomes timeline [`Change`]s ([`RegionTracker`]); an
 //!   out-of-memory verdict becomes the step's [`Refusal`].
 //! - What is not a layout change — kernel mismatches, refusals so far, the run's end or failure — goes to a shared
 //!   [`LiveProgress`] the app reads each frame.
@@ -29,11 +29,12 @@ use heapscope_core::DeviceEvent;
 use heapscope_core::units::exact_size;
 use heapscope_kernels::bench::{BenchSettings, KernelDriver, Placed, RunReport, run_observed};
 use heapscope_kernels::workload::{ChurnConfig, ServeConfig, TrainConfig, Workload, churn, serve, train};
+use heapscope_kernels::{VulkanHandle, VulkanTarget};
 use heapscope_lab::contender::Contender;
 use heapscope_lab::driver::{Observer, Step as DriverStep};
 use heapscope_lab::recording::Moment;
 use heapscope_lab::timeline::{Change, Refusal, RegionTracker, Span};
-use heapscope_vulkan::{ContextOptions, ValidationLog, VulkanContext, VulkanHandle, VulkanTarget};
+use heapscope_vulkan::{ContextOptions, ValidationLog, VulkanContext};
 
 use crate::live::{ChannelSource, LiveStep};
 

@@ -5,8 +5,9 @@
 //! - **Kernels**: WGSL sources (fill, verify, copy, and the matvec compute payload), their compilation to SPIR-V
 //!   words with naga (parsed, validated, written; no external compiler), the CPU twins ([`pattern_word`],
 //!   [`verify_words`], [`matvec_words`]), and the pure description of a workload ([`Op`]) and of the dispatches that
-//!   run it ([`plan`]: ranges split to fit a storage buffer binding). No device here: `heapscope_vulkan::compute`
-//!   and `heapscope_wgpu::compute` run the dispatches: both are a [`KernelRunner`] (`runner`), which keeps only
+//!   run it ([`plan`]: ranges split to fit a storage buffer binding).
+//! - **Runners** (`backends`): [`VulkanKernels`] (through the Vulkan backend's generic `Dispatcher`) and
+//!   [`WgpuKernels`] (wgpu's compute API) run the dispatches; both are a [`KernelRunner`] (`runner`), which keeps only
 //!   their device code (check an op's buffers, record and wait for one submit) and does the rest once — the op
 //!   wrappers (fill, verify, copy), a whole run planned before any of it runs ([`RunPlan`], `run`, in batches of
 //!   one submit), the verify result slots of a submit and the merging of their counters ([`VerifySlots`]), the
@@ -16,8 +17,9 @@
 //! - **Bench runner** ([`mod@bench`]): plays a workload on a [`bench::Target`] (allocate, free, run ops on handles,
 //!   say what is reserved; no device types), filling every allocation with its pattern, running the payload,
 //!   verifying before each free, in batches ordered so that no memory is freed or unmapped under a pending kernel;
-//!   the simulated target runs the core's heaps with no device; `bench::conformance` (feature `testing`) is what every device target
-//!   must do (verify clean, count what the simulation counts), run by the device crates' tests.
+//!   the simulated target runs the core's heaps with no device, [`VulkanTarget`] and [`WgpuTarget`] real memory
+//!   on a device; `bench::conformance` (feature `testing`) is what every device target must do (verify clean, count
+//!   what the simulation counts), run by this crate's device tests.
 //!
 //! ## The pattern
 //! Word `index` of allocation `id` holds [`pattern_word`]`(id, index)`:
@@ -33,13 +35,18 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod backends;
 pub mod bench;
 mod plan;
 mod run;
 mod runner;
-pub mod selection;
+
 pub mod workload;
 
+pub use backends::{
+    ArenaOps, VulkanHandle, VulkanKernelError, VulkanKernels, VulkanTarget, WgpuHandle, WgpuKernelError, WgpuKernels, WgpuTarget,
+    paged_config, sparse_refusal,
+};
 pub use naga;
 pub use plan::{
     Binding, BindingLimits, Dispatch, MAX_WORKGROUPS, MatVecIds, MatVecParams, Op, Params, SizedBuffer, StorageBinding,

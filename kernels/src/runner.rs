@@ -8,7 +8,7 @@
 //! A runner ([`RunnerState`] for its limits and counts) keeps only what talks to its device:
 //! [`KernelRunner::check`] (can the device use an op's buffers) and [`KernelRunner::submit`] (record a batch of
 //! [`SlottedDispatch`]es into one submit, reset the fresh result slots, wait, read the slots back).
-//! `heapscope_vulkan::compute::ComputeKernels` and `heapscope_wgpu::WgpuKernels` are the two.
+//! [`crate::VulkanKernels`] and [`crate::WgpuKernels`] are the two.
 
 use crate::{BindingLimits, Dispatch, KernelError, Op, RunPlan, SizedBuffer, VerifyResult, VerifySlots};
 

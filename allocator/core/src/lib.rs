@@ -22,6 +22,8 @@
 //! - A [`Trace`] is a stream of allocations and frees (its compact CSV form in [`trace`], heapscope's binary
 //!   form in [`native_trace`]). Heaps say what they ask of the device ([`DeviceEvent`]) when asked to, and a
 //!   [`DeviceHeap`] is what a heap of blocks, a paged heap and a backend's heap have in common.
+//! - Which device to run on ([`selection`]) is one rule over plain device descriptions, shared by every backend;
+//!   [`rng::Rng`] (splitmix64) is the deterministic generator of the workloads and randomised tests.
 //!
 //! ## Where the rest lives
 //!
@@ -54,6 +56,8 @@ mod policy;
 mod policy_kind;
 mod report;
 mod request;
+pub mod rng;
+pub mod selection;
 mod slots;
 pub mod source;
 #[cfg(any(test, feature = "testing"))]

@@ -1,18 +1,17 @@
-//! [`ComputeKernels`]: heapscope's WGSL kernels (fill, verify, copy, the matvec payload; `heapscope_kernels`) run
-//! on the device.
+//! [`Dispatcher`]: compute shaders on a [`VulkanContext`]'s compute queue, knowing nothing of what they compute.
 //!
-//! One compute pipeline per kernel (SPIR-V from naga, push constants [`heapscope_kernels::Params`], storage
-//! buffers in set 0), a command buffer and a fence on the compute queue. [`ComputeKernels::run`] records a list
-//! of [`Op`]s, each split into dispatches whose bindings fit `maxStorageBufferRange` (and start at multiples of
-//! `minStorageBufferOffsetAlignment`), with a memory barrier between dispatches, up to
-//! [`ComputeKernels::DISPATCHES_PER_SUBMIT`] dispatches per submit, and waits for each submit's fence. Verify
-//! results go to slots of a host-visible, coherent buffer of the runner's own. It is a
-//! [`heapscope_kernels::KernelRunner`], shared with the wgpu runner: the runner keeps only its device code (the
-//! buffer check, recording and submitting one batch, the result slots' memory), and the trait does the planning,
-//! the batches, the verify result slots and their merging, the counts and the fill / verify / copy wrappers.
+//! The backend offers compute as a device would: pipelines made from SPIR-V words ([`Shader`]: storage buffers in
+//! set 0, push constants, entry point `main`), dispatches recorded into one command buffer per submit with a memory
+//! barrier between them ([`Dispatcher::submit`]), every submit waited for, and a small host-visible, coherent buffer
+//! of words ([`Dispatcher::host_words`], bound as [`Bound::HostWords`]) for results the host reads. What runs is the
+//! caller's: heapscope's kernels (`heapscope-kernels`, its Vulkan runner) bring their SPIR-V and their plan of
+//! dispatches. Every dispatch is checked before anything is recorded — its shader, its push constants' size, each
+//! binding inside its buffer, aligned to `minStorageBufferOffsetAlignment` and within `maxStorageBufferRange`, its
+//! buffer of this device — so no argument reaches the device unchecked.
 //!
 //! Buffers are [`ComputeBuffer`]s: a [`BlockBuffer`] wraps a [`DeviceMemorySource`] block in a `VkBuffer` (or
-//! lends a dedicated block's own buffer); [`ComputeBuffer::from_raw`] takes any buffer.
+//! lends a dedicated block's own buffer); the paged and PyTorch heaps lend theirs; [`ComputeBuffer::from_raw`]
+//! takes any buffer.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -21,24 +20,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use ash::vk;
-use heapscope_kernels::{
-    BindingLimits, Dispatch, Kernel, KernelError, KernelRunner, Op, PARAMS_BYTES, RunnerState, SizedBuffer, SlottedDispatch,
-    StorageBinding, VerifyResult,
-};
 
 use crate::{BLOCK_BUFFER_USAGE, DeviceMemorySource, VulkanContext, VulkanError};
-
-/// What went wrong running kernels.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ComputeError {
-    /// A Vulkan call failed, or the device lacks something.
-    #[error(transparent)]
-    Vulkan(#[from] VulkanError),
-    /// A kernel did not compile, or an operation is invalid (misaligned, out of its buffer, overlapping).
-    #[error(transparent)]
-    Kernel(#[from] KernelError),
-}
 
 /// A storage buffer the kernels may use, and its size; valid for `'a`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,7 +39,7 @@ impl ComputeBuffer<'_> {
     /// # Safety
     /// `buffer` must be a buffer of the device the kernels run on, created with `STORAGE_BUFFER` usage, at least
     /// `size_bytes` long, bound to live memory, and stay so (and not be used by anything else in a conflicting
-    /// way) for as long as the returned value, or a copy, is passed to [`ComputeKernels`].
+    /// way) for as long as the returned value, or a copy, is passed to a [`Dispatcher`].
     pub unsafe fn from_raw(buffer: vk::Buffer, size_bytes: u64) -> ComputeBuffer<'static> {
         ComputeBuffer { device: vk::Device::null(), buffer, size_bytes, _lifetime: PhantomData }
     }
@@ -66,16 +49,15 @@ impl ComputeBuffer<'_> {
         self.buffer
     }
 
+    /// Its size.
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
     /// A buffer of `context`'s device that lives (bound to live memory, or sparse with only live ranges handed to
     /// the kernels) for `'a`, the borrow of its owner: for the crate's own heaps.
     pub(crate) fn borrowed<'a>(context: &VulkanContext, buffer: vk::Buffer, size_bytes: u64) -> ComputeBuffer<'a> {
         ComputeBuffer { device: context.device().handle(), buffer, size_bytes, _lifetime: PhantomData }
-    }
-}
-
-impl SizedBuffer for ComputeBuffer<'_> {
-    fn size_bytes(&self) -> u64 {
-        self.size_bytes
     }
 }
 
@@ -156,96 +138,162 @@ impl<'a> BlockBuffer<'a> {
 impl Drop for BlockBuffer<'_> {
     fn drop(&mut self) {
         if self.owned {
-            // SAFETY: the buffer is ours; `ComputeKernels` waits for every submit before returning, so no GPU work
+            // SAFETY: the buffer is ours; a `Dispatcher` waits for every submit before returning, so no GPU work
             // uses it any more.
             unsafe { self.context.device().destroy_buffer(self.buffer, None) };
         }
     }
 }
 
-/// A kernel's pipeline and layouts.
+/// A compute shader for a [`Dispatcher`]: SPIR-V words (entry point `main`), its storage buffers (bindings
+/// `0..storage_bindings` of set 0) and its push constants' size.
+#[derive(Clone, Copy, Debug)]
+pub struct Shader<'a> {
+    /// The SPIR-V module.
+    pub spirv_words: &'a [u32],
+    /// Storage buffer bindings in set 0.
+    pub storage_bindings: u32,
+    /// Bytes of push constants (a multiple of 4; 0 for none).
+    pub push_constant_bytes: u32,
+}
+
+/// What a storage binding of a dispatch holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bound<'a> {
+    /// A range of a buffer.
+    Range {
+        /// The buffer.
+        buffer: ComputeBuffer<'a>,
+        /// Where the range starts (a multiple of `minStorageBufferOffsetAlignment`).
+        offset_bytes: u64,
+        /// Its length (at most `maxStorageBufferRange`).
+        size_bytes: u64,
+    },
+    /// The dispatcher's host-visible words ([`Dispatcher::host_words`]), whole.
+    HostWords,
+}
+
+/// One dispatch of a [`Dispatcher`]'s shader.
+#[derive(Clone, Copy, Debug)]
+pub struct ShaderDispatch<'a, 'b> {
+    /// Index of the shader, as given to [`Dispatcher::new`].
+    pub shader: usize,
+    /// Binding number and what it holds, for some of the shader's storage bindings (each at most once).
+    pub bindings: &'b [(u32, Bound<'a>)],
+    /// The push constants: exactly the shader's size.
+    pub push_constants: &'b [u8],
+    /// Workgroups along x.
+    pub workgroups: u32,
+}
+
+/// A shader's pipeline and layouts.
 #[derive(Clone, Copy, Debug, Default)]
-struct KernelPipeline {
+struct Pipeline {
     set_layout: vk::DescriptorSetLayout,
     layout: vk::PipelineLayout,
     pipeline: vk::Pipeline,
+    storage_bindings: u32,
+    push_constant_bytes: u32,
 }
 
-/// Runs heapscope's kernels on a [`VulkanContext`]'s compute queue. See the module documentation.
-pub struct ComputeKernels {
+/// Runs compute shaders on a [`VulkanContext`]'s compute queue. See the module documentation.
+pub struct Dispatcher {
     context: Arc<VulkanContext>,
-    pipelines: [KernelPipeline; Kernel::ALL.len()],
+    pipelines: Vec<Pipeline>,
+    dispatches_per_submit: u32,
     descriptor_pool: vk::DescriptorPool,
     command_pool: vk::CommandPool,
     command_buffer: vk::CommandBuffer,
     fence: vk::Fence,
-    results_buffer: vk::Buffer,
-    results_memory: vk::DeviceMemory,
-    results_counted: bool,
-    results_ptr: Option<NonNull<u32>>,
-    state: RunnerState,
+    host_buffer: vk::Buffer,
+    host_memory: vk::DeviceMemory,
+    host_counted: bool,
+    host_ptr: Option<NonNull<u32>>,
+    host_words: usize,
+    /// `maxStorageBufferRange`, `minStorageBufferOffsetAlignment`.
+    storage_limits: (u64, u64),
+    /// `maxComputeWorkGroupCount[0]`.
+    max_workgroups: u32,
 }
 
 // SAFETY: the handles may be used from any thread; every use goes through `&mut self` (or `&self` for plain
-// data), and the mapped result pointer is only touched in `&mut self` methods between fence waits.
-unsafe impl Send for ComputeKernels {}
+// data), and the mapped host words are only touched in `&mut self` methods, between fence waits.
+unsafe impl Send for Dispatcher {}
 
-impl fmt::Debug for ComputeKernels {
+impl fmt::Debug for Dispatcher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ComputeKernels").field("state", &self.state).finish_non_exhaustive()
+        f.debug_struct("Dispatcher")
+            .field("shaders", &self.pipelines.len())
+            .field("dispatches_per_submit", &self.dispatches_per_submit)
+            .field("host_words", &self.host_words)
+            .finish_non_exhaustive()
     }
 }
 
-fn index_of(kernel: Kernel) -> usize {
-    match kernel {
-        Kernel::Fill => 0,
-        Kernel::Verify => 1,
-        Kernel::Copy => 2,
-        Kernel::MatVec => 3,
-    }
-}
-
-impl ComputeKernels {
-    /// Compiles the kernels (naga) and creates their pipelines, a command buffer on the compute queue, a fence and
-    /// the verify result buffer.
+impl Dispatcher {
+    /// Creates a pipeline per shader, a command buffer on the compute queue with room for `dispatches_per_submit`
+    /// dispatches per submit, a fence, and `host_words` (at least one) host-visible, coherent words.
     ///
     /// # Errors
-    /// [`ComputeError::Kernel`] when a kernel does not compile; [`ComputeError::Vulkan`] when a call fails or no
-    /// host-visible, coherent memory type holds the result buffer.
-    pub fn new(context: Arc<VulkanContext>) -> Result<Self, ComputeError> {
+    /// [`VulkanError::InvalidArgument`] for no room (`dispatches_per_submit` or `host_words` 0) or push constants
+    /// that are no whole words or exceed `maxPushConstantsSize`; [`VulkanError::Vk`] when a call fails (a module
+    /// the driver refuses); [`VulkanError::Unsupported`] when no host-visible, coherent memory type holds the words.
+    pub fn new(
+        context: Arc<VulkanContext>,
+        shaders: &[Shader<'_>],
+        dispatches_per_submit: u32,
+        host_words: usize,
+    ) -> Result<Self, VulkanError> {
+        if dispatches_per_submit == 0 || host_words == 0 {
+            return Err(VulkanError::InvalidArgument(format!(
+                "a dispatcher needs room: {dispatches_per_submit} dispatches per submit, {host_words} host words"
+            )));
+        }
         // SAFETY: the physical device belongs to the context's live instance.
         let raw = unsafe { context.instance().get_physical_device_properties(context.physical_device()) };
-        let device_limits = BindingLimits::of_device(
-            u64::from(raw.limits.max_storage_buffer_range),
-            raw.limits.min_storage_buffer_offset_alignment,
-        );
+        if let Some(shader) = shaders
+            .iter()
+            .find(|shader| shader.push_constant_bytes % 4 != 0 || shader.push_constant_bytes > raw.limits.max_push_constants_size)
+        {
+            return Err(VulkanError::InvalidArgument(format!(
+                "{} B of push constants: a multiple of 4 up to maxPushConstantsSize {} B",
+                shader.push_constant_bytes, raw.limits.max_push_constants_size
+            )));
+        }
         let mut this = Self {
             context,
-            pipelines: [KernelPipeline::default(); Kernel::ALL.len()],
+            pipelines: Vec::with_capacity(shaders.len()),
+            dispatches_per_submit,
             descriptor_pool: vk::DescriptorPool::null(),
             command_pool: vk::CommandPool::null(),
             command_buffer: vk::CommandBuffer::null(),
             fence: vk::Fence::null(),
-            results_buffer: vk::Buffer::null(),
-            results_memory: vk::DeviceMemory::null(),
-            results_counted: false,
-            results_ptr: None,
-            state: RunnerState::new(device_limits),
+            host_buffer: vk::Buffer::null(),
+            host_memory: vk::DeviceMemory::null(),
+            host_counted: false,
+            host_ptr: None,
+            host_words,
+            storage_limits: (u64::from(raw.limits.max_storage_buffer_range), raw.limits.min_storage_buffer_offset_alignment),
+            max_workgroups: raw.limits.max_compute_work_group_count[0],
         };
         // Every step stores its handles in `this` at once: on an error, `Drop` destroys what exists.
-        for kernel in Kernel::ALL {
-            this.create_pipeline(kernel)?;
+        for shader in shaders {
+            this.create_pipeline(shader)?;
         }
         this.create_command_objects()?;
-        this.create_results()?;
+        this.create_host_words()?;
         Ok(this)
     }
 
-    fn create_pipeline(&mut self, kernel: Kernel) -> Result<(), ComputeError> {
-        let words = heapscope_kernels::spirv(kernel)?;
+    fn create_pipeline(&mut self, shader: &Shader<'_>) -> Result<(), VulkanError> {
         let device = self.context.device();
-        let slot = &mut self.pipelines[index_of(kernel)];
-        let bindings: Vec<vk::DescriptorSetLayoutBinding<'_>> = (0..kernel.storage_bindings())
+        self.pipelines.push(Pipeline {
+            storage_bindings: shader.storage_bindings,
+            push_constant_bytes: shader.push_constant_bytes,
+            ..Pipeline::default()
+        });
+        let Some(slot) = self.pipelines.last_mut() else { return Ok(()) };
+        let bindings: Vec<vk::DescriptorSetLayoutBinding<'_>> = (0..shader.storage_bindings)
             .map(|binding| {
                 vk::DescriptorSetLayoutBinding::default()
                     .binding(binding)
@@ -258,20 +306,25 @@ impl ComputeKernels {
         // SAFETY: a valid create info on a live device.
         slot.set_layout = unsafe { device.create_descriptor_set_layout(&set_info, None) }
             .map_err(VulkanError::vk("vkCreateDescriptorSetLayout"))?;
-        let push = [vk::PushConstantRange::default().stage_flags(vk::ShaderStageFlags::COMPUTE).offset(0).size(PARAMS_BYTES)];
+        let push = [vk::PushConstantRange::default()
+            .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            .offset(0)
+            .size(shader.push_constant_bytes)];
         let set_layouts = [slot.set_layout];
-        let layout_info = vk::PipelineLayoutCreateInfo::default().set_layouts(&set_layouts).push_constant_ranges(&push);
-        // SAFETY: a valid create info whose set layout is live.
+        let push = if shader.push_constant_bytes == 0 { &[][..] } else { &push[..] };
+        let layout_info = vk::PipelineLayoutCreateInfo::default().set_layouts(&set_layouts).push_constant_ranges(push);
+        // SAFETY: a valid create info whose set layout is live; the push constant range was checked against the
+        // device's limit.
         slot.layout =
             unsafe { device.create_pipeline_layout(&layout_info, None) }.map_err(VulkanError::vk("vkCreatePipelineLayout"))?;
-        let module_info = vk::ShaderModuleCreateInfo::default().code(&words);
-        // SAFETY: the words are SPIR-V naga wrote from a validated module.
+        let module_info = vk::ShaderModuleCreateInfo::default().code(shader.spirv_words);
+        // SAFETY: a valid create info (the words are the caller's SPIR-V; the driver checks the module).
         let module =
             unsafe { device.create_shader_module(&module_info, None) }.map_err(VulkanError::vk("vkCreateShaderModule"))?;
-        let entry = c"main";
-        let stage = vk::PipelineShaderStageCreateInfo::default().stage(vk::ShaderStageFlags::COMPUTE).module(module).name(entry);
+        let stage =
+            vk::PipelineShaderStageCreateInfo::default().stage(vk::ShaderStageFlags::COMPUTE).module(module).name(c"main");
         let pipeline_info = [vk::ComputePipelineCreateInfo::default().stage(stage).layout(slot.layout)];
-        // SAFETY: the module and the layout are live; the layout matches the shader's bindings and push constants.
+        // SAFETY: the module and the layout are live.
         let created = unsafe { device.create_compute_pipelines(vk::PipelineCache::null(), &pipeline_info, None) };
         // SAFETY: the module is not needed once the pipeline creation returned.
         unsafe { device.destroy_shader_module(module, None) };
@@ -280,13 +333,14 @@ impl ComputeKernels {
         Ok(())
     }
 
-    fn create_command_objects(&mut self) -> Result<(), ComputeError> {
+    fn create_command_objects(&mut self) -> Result<(), VulkanError> {
         let device = self.context.device();
         let (family, _) = self.context.compute_queue();
+        let bindings_per_set = self.pipelines.iter().map(|pipeline| pipeline.storage_bindings).max().unwrap_or(0).max(1);
         let sizes = [vk::DescriptorPoolSize::default()
             .ty(vk::DescriptorType::STORAGE_BUFFER)
-            .descriptor_count(3 * Self::DISPATCHES_PER_SUBMIT)];
-        let pool_info = vk::DescriptorPoolCreateInfo::default().max_sets(Self::DISPATCHES_PER_SUBMIT).pool_sizes(&sizes);
+            .descriptor_count(bindings_per_set.saturating_mul(self.dispatches_per_submit))];
+        let pool_info = vk::DescriptorPoolCreateInfo::default().max_sets(self.dispatches_per_submit).pool_sizes(&sizes);
         // SAFETY: valid create infos on a live device (and below).
         self.descriptor_pool =
             unsafe { device.create_descriptor_pool(&pool_info, None) }.map_err(VulkanError::vk("vkCreateDescriptorPool"))?;
@@ -310,17 +364,17 @@ impl ComputeKernels {
         Ok(())
     }
 
-    fn create_results(&mut self) -> Result<(), ComputeError> {
+    fn create_host_words(&mut self) -> Result<(), VulkanError> {
         let device = self.context.device();
-        let size_bytes = u64::from(Self::DISPATCHES_PER_SUBMIT) * 8;
+        let size_bytes = (self.host_words as u64).saturating_mul(4);
         let info = vk::BufferCreateInfo::default()
             .size(size_bytes)
             .usage(vk::BufferUsageFlags::STORAGE_BUFFER)
             .sharing_mode(vk::SharingMode::EXCLUSIVE);
         // SAFETY: a valid create info on a live device.
-        self.results_buffer = unsafe { device.create_buffer(&info, None) }.map_err(VulkanError::vk("vkCreateBuffer"))?;
+        self.host_buffer = unsafe { device.create_buffer(&info, None) }.map_err(VulkanError::vk("vkCreateBuffer"))?;
         // SAFETY: the buffer is live.
-        let requirements = unsafe { device.get_buffer_memory_requirements(self.results_buffer) };
+        let requirements = unsafe { device.get_buffer_memory_requirements(self.host_buffer) };
         let wanted = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
         let memory_type = self
             .context
@@ -328,25 +382,28 @@ impl ComputeKernels {
             .memory_types
             .iter()
             .find(|info| requirements.memory_type_bits & (1 << info.index) != 0 && info.has(wanted))
-            .ok_or_else(|| VulkanError::Unsupported("no host-visible, coherent memory type for the verify results".into()))?;
+            .ok_or_else(|| {
+                VulkanError::Unsupported("no host-visible, coherent memory type for a dispatcher's host words".into())
+            })?;
         let allocate = vk::MemoryAllocateInfo::default().allocation_size(requirements.size).memory_type_index(memory_type.index);
         let live = &self.context.live_allocations;
         let limit = self.context.properties().limits.max_memory_allocation_count;
         live.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| (count < limit).then_some(count + 1))
             .map_err(|_| VulkanError::Unsupported(format!("maxMemoryAllocationCount ({limit}) allocations are live")))?;
-        self.results_counted = true;
+        self.host_counted = true;
         // SAFETY: a valid allocate info with one of the device's memory types.
-        self.results_memory = unsafe { device.allocate_memory(&allocate, None) }.map_err(VulkanError::vk("vkAllocateMemory"))?;
+        self.host_memory = unsafe { device.allocate_memory(&allocate, None) }.map_err(VulkanError::vk("vkAllocateMemory"))?;
         // SAFETY: the memory fits the buffer (its requirements), offset 0.
-        unsafe { device.bind_buffer_memory(self.results_buffer, self.results_memory, 0) }
+        unsafe { device.bind_buffer_memory(self.host_buffer, self.host_memory, 0) }
             .map_err(VulkanError::vk("vkBindBufferMemory"))?;
         // SAFETY: host-visible memory, not mapped yet.
-        let pointer = unsafe { device.map_memory(self.results_memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()) }
+        let pointer = unsafe { device.map_memory(self.host_memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()) }
             .map_err(VulkanError::vk("vkMapMemory"))?;
-        self.results_ptr = NonNull::new(pointer.cast::<u32>());
-        if self.results_ptr.is_none() {
-            return Err(VulkanError::Unsupported("vkMapMemory returned a null pointer".into()).into());
+        self.host_ptr = NonNull::new(pointer.cast::<u32>());
+        if self.host_ptr.is_none() {
+            return Err(VulkanError::Unsupported("vkMapMemory returned a null pointer".into()));
         }
+        self.host_words().fill(0);
         Ok(())
     }
 
@@ -355,30 +412,103 @@ impl ComputeKernels {
         &self.context
     }
 
-    /// Sets result slot `slot` to "nothing found" (no GPU work is in flight: every submit is waited for).
-    fn reset_slot(&mut self, slot: u32) {
-        if let Some(base) = self.results_ptr {
-            let at = slot as usize * 2;
-            // SAFETY: `slot < DISPATCHES_PER_SUBMIT` (one slot per verify in a submit, at most one per dispatch), so
-            // both words lie in the mapping; no submit is in flight, and the memory is host-coherent (the submit
-            // makes host writes before it visible).
-            unsafe {
-                base.add(at).write(0);
-                base.add(at + 1).write(u32::MAX);
-            }
+    /// Dispatches one submit holds at most.
+    pub fn dispatches_per_submit(&self) -> u32 {
+        self.dispatches_per_submit
+    }
+
+    /// The device's storage binding limits: `(maxStorageBufferRange, minStorageBufferOffsetAlignment)`.
+    pub fn storage_limits(&self) -> (u64, u64) {
+        self.storage_limits
+    }
+
+    /// Whether `buffer` may be bound: a buffer of this device (or one vouched for: [`ComputeBuffer::from_raw`]).
+    pub fn accepts(&self, buffer: &ComputeBuffer<'_>) -> bool {
+        buffer.device == self.context.device().handle() || buffer.device == vk::Device::null()
+    }
+
+    /// The host-visible words, to read results from and to reset. No submit is in flight while they are
+    /// borrowed: [`Dispatcher::submit`] waits for its work, and the memory is coherent.
+    pub fn host_words(&mut self) -> &mut [u32] {
+        match self.host_ptr {
+            // SAFETY: the mapping holds `host_words` words (the buffer's size, at most the memory's), stays mapped
+            // until drop, and no GPU work is in flight (every submit is waited for); `&mut self` makes this the
+            // only reference.
+            Some(base) => unsafe { std::slice::from_raw_parts_mut(base.as_ptr(), self.host_words) },
+            None => &mut [],
         }
     }
 
-    fn read_slot(&self, slot: u32) -> VerifyResult {
-        let Some(base) = self.results_ptr else { return VerifyResult::default() };
-        let at = slot as usize * 2;
-        // SAFETY: as in `reset_slot`; the fence was waited for and the command buffer ends with a shader-write to
-        // host-read barrier, so the words are the kernels' results.
-        let (mismatches, first) = unsafe { (base.add(at).read(), base.add(at + 1).read()) };
-        VerifyResult::from_counters(mismatches, first)
+    /// Records `dispatches` in order (each sees the writes of those before it) into one submit, submits it and waits
+    /// for it; a barrier at the end makes the shaders' writes visible to the host.
+    ///
+    /// # Errors
+    /// [`VulkanError::InvalidArgument`] before anything is recorded, for more dispatches than
+    /// [`Dispatcher::dispatches_per_submit`], an unknown shader, push constants not of the shader's size, a binding
+    /// the shader lacks (or given twice), a range outside its buffer, misaligned, empty, over `maxStorageBufferRange`
+    /// or of a buffer of another device, or more workgroups than `maxComputeWorkGroupCount[0]`; [`VulkanError::Vk`]
+    /// when a call fails.
+    pub fn submit(&mut self, dispatches: &[ShaderDispatch<'_, '_>]) -> Result<(), VulkanError> {
+        self.check(dispatches)?;
+        self.begin()?;
+        for (index, dispatch) in dispatches.iter().enumerate() {
+            self.record(dispatch, index > 0)?;
+        }
+        self.submit_and_wait()
     }
 
-    fn begin(&mut self) -> Result<(), ComputeError> {
+    fn check(&self, dispatches: &[ShaderDispatch<'_, '_>]) -> Result<(), VulkanError> {
+        let invalid = |what: String| Err(VulkanError::InvalidArgument(what));
+        if dispatches.len() > self.dispatches_per_submit as usize {
+            return invalid(format!("{} dispatches in one submit; at most {}", dispatches.len(), self.dispatches_per_submit));
+        }
+        let (max_range, alignment) = self.storage_limits();
+        let max_groups = self.max_workgroups;
+        for (index, dispatch) in dispatches.iter().enumerate() {
+            let Some(pipeline) = self.pipelines.get(dispatch.shader) else {
+                return invalid(format!("dispatch {index}: no shader {} (there are {})", dispatch.shader, self.pipelines.len()));
+            };
+            if dispatch.push_constants.len() != pipeline.push_constant_bytes as usize {
+                return invalid(format!(
+                    "dispatch {index}: {} B of push constants for a shader that takes {} B",
+                    dispatch.push_constants.len(),
+                    pipeline.push_constant_bytes
+                ));
+            }
+            if dispatch.workgroups > max_groups {
+                return invalid(format!("dispatch {index}: {} workgroups; the device allows {max_groups}", dispatch.workgroups));
+            }
+            let mut seen = 0u64;
+            for &(binding, bound) in dispatch.bindings {
+                if binding >= pipeline.storage_bindings.min(64) || seen & (1 << binding) != 0 {
+                    return invalid(format!(
+                        "dispatch {index}: binding {binding} (the shader has {}, each bound once)",
+                        pipeline.storage_bindings
+                    ));
+                }
+                seen |= 1 << binding;
+                if let Bound::Range { buffer, offset_bytes, size_bytes } = bound {
+                    let inside = offset_bytes.checked_add(size_bytes).is_some_and(|end| end <= buffer.size_bytes);
+                    if !self.accepts(&buffer)
+                        || !inside
+                        || size_bytes == 0
+                        || size_bytes > max_range
+                        || offset_bytes % alignment.max(1) != 0
+                    {
+                        return invalid(format!(
+                            "dispatch {index}, binding {binding}: {size_bytes} B at {offset_bytes} of a {} B buffer{} \
+                             (ranges start at multiples of {alignment} B, hold at most {max_range} B, lie inside the buffer)",
+                            buffer.size_bytes,
+                            if self.accepts(&buffer) { "" } else { " of another device" }
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn begin(&mut self) -> Result<(), VulkanError> {
         let device = self.context.device();
         // SAFETY: the previous submit (if any) was waited for, so the command buffer and the sets are not in use.
         unsafe {
@@ -394,25 +524,25 @@ impl ComputeKernels {
         Ok(())
     }
 
-    fn record(&mut self, dispatch: &Dispatch<ComputeBuffer<'_>>, slot: u32, barrier: bool) -> Result<(), ComputeError> {
+    fn record(&mut self, dispatch: &ShaderDispatch<'_, '_>, barrier: bool) -> Result<(), VulkanError> {
         let device = self.context.device();
-        let pipeline = self.pipelines[index_of(dispatch.kernel)];
+        let pipeline = self.pipelines[dispatch.shader];
         let layouts = [pipeline.set_layout];
         let allocate = vk::DescriptorSetAllocateInfo::default().descriptor_pool(self.descriptor_pool).set_layouts(&layouts);
-        // SAFETY: the pool is live and has room: at most DISPATCHES_PER_SUBMIT sets of at most 3 buffers per reset.
+        // SAFETY: the pool is live and has room: at most `dispatches_per_submit` sets of at most the largest
+        // shader's bindings per reset (`check`).
         let sets = unsafe { device.allocate_descriptor_sets(&allocate) }.map_err(VulkanError::vk("vkAllocateDescriptorSets"))?;
         let set = sets.first().copied().unwrap_or_default();
         let infos: Vec<(u32, [vk::DescriptorBufferInfo; 1])> = dispatch
-            .storage_bindings()
-            .into_iter()
-            .map(|(binding, bound)| {
+            .bindings
+            .iter()
+            .map(|&(binding, bound)| {
                 let info = match bound {
-                    StorageBinding::Range(range) => vk::DescriptorBufferInfo::default()
-                        .buffer(range.buffer.buffer)
-                        .offset(range.offset_bytes)
-                        .range(range.size_bytes),
-                    StorageBinding::VerifyResults => {
-                        vk::DescriptorBufferInfo::default().buffer(self.results_buffer).offset(0).range(vk::WHOLE_SIZE)
+                    Bound::Range { buffer, offset_bytes, size_bytes } => {
+                        vk::DescriptorBufferInfo::default().buffer(buffer.buffer).offset(offset_bytes).range(size_bytes)
+                    }
+                    Bound::HostWords => {
+                        vk::DescriptorBufferInfo::default().buffer(self.host_buffer).offset(0).range(vk::WHOLE_SIZE)
                     }
                 };
                 (binding, [info])
@@ -428,11 +558,11 @@ impl ComputeKernels {
                     .buffer_info(info)
             })
             .collect();
-        let params = dispatch.push_constant_bytes(slot);
         let command_buffer = self.command_buffer;
-        // SAFETY: the set was just allocated with the kernel's layout; the buffers are live for the call's
-        // lifetime (`ComputeBuffer<'_>`) and the plan keeps every binding inside its buffer, aligned and within
-        // `maxStorageBufferRange`; the command buffer is recording; the push constants match the layout's range.
+        // SAFETY: the set was just allocated with the shader's layout; the buffers are live for the call's lifetime
+        // (`ComputeBuffer<'_>`) and `check` kept every binding inside its buffer, aligned, within
+        // `maxStorageBufferRange` and of this device; the command buffer is recording; the push constants are the
+        // layout's size.
         unsafe {
             device.update_descriptor_sets(&writes, &[]);
             if barrier {
@@ -451,13 +581,21 @@ impl ComputeKernels {
             }
             device.cmd_bind_pipeline(command_buffer, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
             device.cmd_bind_descriptor_sets(command_buffer, vk::PipelineBindPoint::COMPUTE, pipeline.layout, 0, &[set], &[]);
-            device.cmd_push_constants(command_buffer, pipeline.layout, vk::ShaderStageFlags::COMPUTE, 0, &params);
+            if !dispatch.push_constants.is_empty() {
+                device.cmd_push_constants(
+                    command_buffer,
+                    pipeline.layout,
+                    vk::ShaderStageFlags::COMPUTE,
+                    0,
+                    dispatch.push_constants,
+                );
+            }
             device.cmd_dispatch(command_buffer, dispatch.workgroups, 1, 1);
         }
         Ok(())
     }
 
-    fn submit_and_wait(&mut self) -> Result<(), ComputeError> {
+    fn submit_and_wait(&mut self) -> Result<(), VulkanError> {
         let device = self.context.device();
         let (_, queue) = self.context.compute_queue();
         let command_buffer = self.command_buffer;
@@ -466,7 +604,7 @@ impl ComputeKernels {
             .dst_access_mask(vk::AccessFlags::HOST_READ)];
         let command_buffers = [command_buffer];
         let submit = [vk::SubmitInfo::default().command_buffers(&command_buffers)];
-        // SAFETY: the command buffer is recording (begun by `begin`) and only this runner records into it.
+        // SAFETY: the command buffer is recording (begun by `begin`) and only this dispatcher records into it.
         unsafe {
             device.cmd_pipeline_barrier(
                 command_buffer,
@@ -482,7 +620,7 @@ impl ComputeKernels {
         {
             // The compute queue may also be the sparse-binding queue, and wgpu's (a window drawing on this device):
             // the submission, and only it, holds the context's queue lock — not the wait, so others submit
-            // while the kernels run.
+            // while the shaders run.
             let _queue = self.context.lock_queues();
             // SAFETY: the command buffer is executable (ended above); the fence is unsignalled (reset after each
             // wait). The queue's external synchronisation is the context's queue lock, held by every submission to
@@ -498,58 +636,13 @@ impl ComputeKernels {
     }
 }
 
-/// The device code of the runner: planning, batching, result slots, counts and the one-op wrappers are the
-/// trait's ([`KernelRunner::run`]).
-impl KernelRunner for ComputeKernels {
-    type Buffer<'a> = ComputeBuffer<'a>;
-    type Error = ComputeError;
-
-    /// Dispatches (and descriptor sets) recorded into one submit at most; also the number of verify result slots.
-    const DISPATCHES_PER_SUBMIT: u32 = 256;
-
-    fn state(&self) -> &RunnerState {
-        &self.state
-    }
-
-    fn state_mut(&mut self) -> &mut RunnerState {
-        &mut self.state
-    }
-
-    /// Refuses a buffer of another device than the kernels' ([`ComputeBuffer::from_raw`] buffers are vouched for).
-    fn check(&self, op: &Op<ComputeBuffer<'_>>) -> Result<(), KernelError> {
-        let device = self.context.device().handle();
-        if op.buffers().into_iter().any(|buffer| buffer.device != device && buffer.device != vk::Device::null()) {
-            return Err(KernelError::InvalidOp("a buffer of another device than the kernels'".into()));
-        }
-        Ok(())
-    }
-
-    /// Records the batch into the command buffer (a memory barrier between dispatches, fresh result slots reset
-    /// through the mapping first), submits it, waits for its fence and reads the slots.
-    fn submit(
-        &mut self,
-        batch: &[SlottedDispatch<ComputeBuffer<'_>>],
-        verify_slots: u32,
-    ) -> Result<Vec<VerifyResult>, ComputeError> {
-        self.begin()?;
-        for (index, slotted) in batch.iter().enumerate() {
-            if slotted.fresh {
-                self.reset_slot(slotted.slot);
-            }
-            self.record(&slotted.dispatch, slotted.slot, index > 0)?;
-        }
-        self.submit_and_wait()?;
-        Ok((0..verify_slots).map(|slot| self.read_slot(slot)).collect())
-    }
-}
-
-impl Drop for ComputeKernels {
+impl Drop for Dispatcher {
     fn drop(&mut self) {
         let device = self.context.device();
         // SAFETY: every submit was waited for, so nothing is in use; null handles (a failed `new`) are ignored by
         // the destroy functions; children go before their pools.
         unsafe {
-            for pipeline in self.pipelines {
+            for pipeline in &self.pipelines {
                 device.destroy_pipeline(pipeline.pipeline, None);
                 device.destroy_pipeline_layout(pipeline.layout, None);
                 device.destroy_descriptor_set_layout(pipeline.set_layout, None);
@@ -557,13 +650,13 @@ impl Drop for ComputeKernels {
             device.destroy_descriptor_pool(self.descriptor_pool, None);
             device.destroy_command_pool(self.command_pool, None);
             device.destroy_fence(self.fence, None);
-            device.destroy_buffer(self.results_buffer, None);
-            if self.results_ptr.is_some() {
-                device.unmap_memory(self.results_memory);
+            device.destroy_buffer(self.host_buffer, None);
+            if self.host_ptr.is_some() {
+                device.unmap_memory(self.host_memory);
             }
-            device.free_memory(self.results_memory, None);
+            device.free_memory(self.host_memory, None);
         }
-        if self.results_counted {
+        if self.host_counted {
             self.context.live_allocations.fetch_sub(1, Ordering::AcqRel);
         }
     }

@@ -15,7 +15,7 @@ use ash::vk;
 
 use crate::VulkanError;
 use crate::properties::{self, DeviceFeatures, DeviceProperties, HeapBudget};
-use heapscope_kernels::selection::{DeviceCandidate, DeviceKind, select_device};
+use heapscope_core::selection::{DeviceCandidate, DeviceKind, select_device};
 
 /// The Khronos validation layer.
 pub const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";

@@ -92,11 +92,11 @@ pub enum VulkanError {
     Unsupported(String),
 }
 
-impl From<heapscope_kernels::selection::SelectionError> for VulkanError {
-    fn from(error: heapscope_kernels::selection::SelectionError) -> Self {
+impl From<heapscope_core::selection::SelectionError> for VulkanError {
+    fn from(error: heapscope_core::selection::SelectionError) -> Self {
         match error {
-            heapscope_kernels::selection::SelectionError::NoDevice => Self::NoDevice,
-            heapscope_kernels::selection::SelectionError::NoMatchingDevice { selector, devices } => {
+            heapscope_core::selection::SelectionError::NoDevice => Self::NoDevice,
+            heapscope_core::selection::SelectionError::NoMatchingDevice { selector, devices } => {
                 Self::NoMatchingDevice { selector, devices }
             }
         }

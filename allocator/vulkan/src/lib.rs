@@ -17,8 +17,10 @@
 //!   the core's `SegmentBacking`, so the emulation of a recording runs on it.
 //! - [`PytorchDeviceHeap`] (`pytorch_heap`): PyTorch's caching allocator (the core's `CachingHeap`) over a
 //!   [`SegmentMemory`], a device refusal undone.
-//! - [`VulkanTarget`] (`bench_target`): the bench runner's `Target` on the device, every contender's allocations
-//!   filled, computed on and verified by the kernels.
+//! - [`compute::Dispatcher`] (`compute`): compute shaders on the compute queue, knowing nothing of what they
+//!   compute — pipelines from SPIR-V, dispatches checked then recorded, each submit waited for, host-visible words for
+//!   results; [`compute::BlockBuffer`] and the heaps' `compute_buffer`s hand out buffers for it. heapscope's kernels
+//!   run through it from `heapscope-kernels`, which also holds the bench runner's target on this device.
 //! - [`Transfer`] (`transfer`): staging copies into and out of device buffers on the compute queue.
 //! - `GpuAllocatorHeap` (`gpu_allocator_heap`, feature `gpu-allocator`): gpu-allocator 0.28 as a
 //!   [`heapscope_core::DeviceHeap`], a contender on the same device; `VmaHeap` (`vma_heap`, feature `vma`): VMA
@@ -43,7 +45,6 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
-mod bench_target;
 pub mod compute;
 mod contenders;
 mod context;
@@ -71,7 +72,6 @@ mod vma_heap;
 #[cfg(feature = "wgpu")]
 pub mod wgpu_interop;
 
-pub use bench_target::{VulkanHandle, VulkanTarget};
 pub use contenders::{paged_range_for, paged_virtual_bytes, peak_live_footprint_bytes, replay_on_device};
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};
 pub use error::VulkanError;
@@ -81,7 +81,7 @@ pub use external::ExternalHandle;
 pub use external_heap::{ExternalAllocator, ExternalConfig, ExternalHeap, Placed};
 #[cfg(feature = "gpu-allocator")]
 pub use gpu_allocator_heap::{GpuAllocatorBackend, GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocatorHeap};
-pub use heapscope_kernels::selection::{DeviceCandidate, DeviceKind, VENDORS, select_device};
+pub use heapscope_core::selection::{DeviceCandidate, DeviceKind, VENDORS, select_device};
 pub use margins::{Corruption, GuardedAllocation, GuardedHeap, MAGIC, MarginError, MarginLayout, Side};
 pub use page_runs::PageRef;
 pub use paged::{DevicePagedConfig, DevicePagedHeap, DevicePagedStats};

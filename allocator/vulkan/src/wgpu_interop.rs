@@ -37,7 +37,6 @@ use heapscope_core::{Allocation, Request};
 use wgpu::hal;
 use wgpu::hal::api::Vulkan;
 
-use heapscope_kernels::SizedBuffer;
 use heapscope_pytorch::CachingAllocation;
 
 use crate::compute::BlockBuffer;

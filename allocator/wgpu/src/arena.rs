@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 use heapscope_core::source::check_block_size;
 use heapscope_core::{Heap, HeapAllocation, HeapConfig, HeapReport, HeapStats, MemorySource, Request, SourceBlock, SourceError};
-use heapscope_kernels::Op;
 
 use crate::{KernelBuffer, WgpuDevice, WgpuError};
 
@@ -260,16 +259,6 @@ impl ArenaAllocation {
     /// The arena, for the kernels.
     pub fn kernel_buffer(&self) -> KernelBuffer<'_> {
         KernelBuffer::new(&self.buffer)
-    }
-
-    /// An op writing allocation `id`'s pattern over the whole binding.
-    pub fn fill(&self, id: u32) -> Op<KernelBuffer<'_>> {
-        Op::Fill { target: self.kernel_buffer(), offset_bytes: self.offset_bytes, len_bytes: self.binding_bytes, id }
-    }
-
-    /// An op verifying allocation `id`'s pattern over the whole binding.
-    pub fn verify(&self, id: u32) -> Op<KernelBuffer<'_>> {
-        Op::Verify { target: self.kernel_buffer(), offset_bytes: self.offset_bytes, len_bytes: self.binding_bytes, id }
     }
 }
 

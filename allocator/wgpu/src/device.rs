@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use heapscope_kernels::selection::{DeviceCandidate, DeviceKind, SelectionError, select_device};
+use heapscope_core::selection::{DeviceCandidate, DeviceKind, SelectionError, select_device};
 
 use crate::WgpuError;
 
@@ -250,8 +250,9 @@ impl WgpuDevice {
         }
     }
 
-    /// [`WgpuDevice::scoped`] with the error as a [`WgpuError::Device`] for `during`.
-    pub(crate) fn checked<T>(&self, during: &'static str, work: impl FnOnce() -> T) -> Result<T, WgpuError> {
+    /// Runs `work` inside error scopes for validation, out-of-memory and internal errors: its value, or the first
+    /// error caught as a [`WgpuError::Device`] for `during`.
+    pub fn checked<T>(&self, during: &'static str, work: impl FnOnce() -> T) -> Result<T, WgpuError> {
         self.scoped(work).map_err(|caught| WgpuError::Device { during, message: caught.message })
     }
 }

@@ -1,7 +1,5 @@
 //! The crate's error type.
 
-use heapscope_kernels::KernelError;
-
 /// What went wrong bringing up wgpu, allocating in arenas or running kernels.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -58,9 +56,6 @@ pub enum WgpuError {
     /// The heap of arenas refused (out of memory with its verdict, a double free, a foreign allocation).
     #[error(transparent)]
     Heap(#[from] heapscope_core::Error),
-    /// A kernel did not compile, or an operation is invalid (misaligned, out of its buffer, another device's).
-    #[error(transparent)]
-    Kernel(#[from] KernelError),
     /// Bringing up Vulkan for interop, or a Vulkan call of the interop, failed.
     #[cfg(feature = "vulkan")]
     #[error(transparent)]

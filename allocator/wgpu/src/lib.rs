@@ -1,13 +1,13 @@
 //! # heapscope-wgpu
 //!
 //! heapscope's wgpu 30 backend: every heapscope policy inside `wgpu::Buffer` arenas, PyTorch's caching allocator
-//! over wgpu buffers, the WGSL kernels run through wgpu, Vulkan interop with heapscope's own device, and the bench
-//! runner's target on all of it.
+//! over wgpu buffers, and Vulkan interop with heapscope's own device. A backend only: what runs on its buffers (the
+//! WGSL kernels, the bench runner's target) is `heapscope-kernels`'.
 //!
 //! ## Design
 //!
 //! - **Device** ([`WgpuDevice`], `device`): the adapter `HEAPSCOPE_DEVICE` names (index, vendor or name
-//!   substring: the rules every backend shares, [`heapscope_kernels::selection::select_device`], on wgpu's adapter list), else the
+//!   substring: the rules every backend shares, [`heapscope_core::selection::select_device`], on wgpu's adapter list), else the
 //!   first discrete GPU; the device asks for all the adapter's limits. Every error wgpu reports outside an error
 //!   scope is recorded ([`ErrorLog`], `Device::on_uncaptured_error`); heapscope's own operations run inside error
 //!   scopes and return wgpu's errors as [`WgpuError::Device`]. Futures are blocked on with pollster.
@@ -17,12 +17,8 @@
 //!   `min_storage_buffer_offset_alignment` at least and never exceed the storage binding limit, so each one is a
 //!   valid [`wgpu::BufferBinding`] (arena, offset, size rounded to 4) and [`wgpu::BufferSlice`]. Arenas are at
 //!   most `max_buffer_size`; an arena released by the heap is destroyed.
-//! - **Kernels** ([`WgpuKernels`], `compute`): a pipeline for every [`heapscope_kernels::Kernel`], from the same
-//!   WGSL as the Vulkan runner with the parameters in a uniform buffer chosen by dynamic offset (portable: push
-//!   constants are optional in wgpu); ops planned by [`heapscope_kernels::plan`] to fit a binding;
-//!   like the Vulkan runner it is a [`heapscope_kernels::KernelRunner`] (the trait's `run` returns one
-//!   [`heapscope_kernels::VerifyResult`] per verify; fill, verify and copy are the trait's too), so this crate
-//!   keeps only the device code: the buffer check and one submit with its readback.
+//! - **Buffers for compute** ([`KernelBuffer`], `kernel_buffer`): any `wgpu::Buffer` an arena, a segment or an
+//!   interop wrapper hands out, compared by identity; the kernels crate's wgpu runner binds ranges of them.
 //! - **Vulkan interop** (feature `vulkan`, on by default; `vulkan` module): [`WgpuDevice::from_vulkan`] puts wgpu on
 //!   heapscope's own ash device, created with wgpu-hal's extensions and features plus the sparse ones; then
 //!   [`WgpuDevice::block_buffer`] wraps a `DeviceMemorySource` block and [`WgpuDevice::paged_heap`] a sparse
@@ -38,12 +34,6 @@
 //!   emulated exactly) with each segment it reserves a `wgpu::Buffer` of its own, destroyed when released; a
 //!   refusal by wgpu below the budget is undone and becomes an exhaustion verdict. Expandable segments need sparse
 //!   binding and are refused ([`WgpuError::Unsupported`]).
-//! - **Bench** ([`WgpuTarget`], `bench_target`): the bench runner's `heapscope_kernels::bench::Target` on wgpu —
-//!   core policies in an [`ArenaHeap`], `pytorch` in a [`PytorchHeap`], on any backend; `paged` ([`VulkanPagedHeap`])
-//!   and `pytorch-expandable` (a `PytorchDeviceHeap` whose segments are wrapped per batch) only on wgpu over
-//!   heapscope's Vulkan device, refused elsewhere with [`sparse_refusal`]'s reason and what to use instead. Reserved
-//!   bytes are counted as the simulated heaps count them, so `heapscope bench --backend wgpu` and `--backend sim`
-//!   report the same refusals and peaks.
 //! - **wgpu-hal's log** ([`hal_log`]): on plain wgpu the validation layer speaks only through `log`; `hal_log`
 //!   collects wgpu-hal's warnings and errors and hands back those of the device's backend, so the tests and
 //!   `heapscope bench --backend wgpu` fail on them.
@@ -51,21 +41,19 @@
 #![warn(missing_docs)]
 
 mod arena;
-mod bench_target;
-mod compute;
 mod device;
 mod error;
 pub mod hal_log;
+mod kernel_buffer;
 mod pytorch;
 #[cfg(feature = "vulkan")]
 mod vulkan;
 
 pub use arena::{ARENA_USAGE, ArenaAllocation, ArenaConfig, ArenaHeap, ArenaSource};
-pub use bench_target::{WgpuHandle, WgpuTarget, sparse_refusal};
-pub use compute::{KernelBuffer, WgpuKernels};
 pub use device::{DeviceOptions, ErrorLog, WgpuDevice, select_adapter};
 pub use error::WgpuError;
 pub use hal_log::foreign_backend_log;
+pub use kernel_buffer::KernelBuffer;
 pub use pytorch::PytorchHeap;
 #[cfg(feature = "vulkan")]
 pub use vulkan::{VulkanBlockBuffer, VulkanPagedHeap, VulkanSegmentBuffer, vulkan_device_index};

@@ -125,7 +125,7 @@ mod tests {
     }
 
     fn candidate(name: &str, vendor_id: u32) -> DeviceCandidate {
-        DeviceCandidate { name: name.into(), vendor_id, kind: heapscope_kernels::selection::DeviceKind::Discrete }
+        DeviceCandidate { name: name.into(), vendor_id, kind: heapscope_core::selection::DeviceKind::Discrete }
     }
 
     /// wgpu's adapter, found among Vulkan's devices: by name and vendor, twins by their order; other backends and

@@ -1,8 +1,8 @@
-//! The bench runner, device-free: a [`Workload`](crate::workload::Workload) played on a [`Target`] ([`run`]),
-//! the contenders ([`heapscope_lab::contender::Contender`]) and their shared rules ([`BenchSettings`]), and the simulated target
-//! ([`SimTarget`], [`run_simulated`]). Device backends implement [`Target`]: the Vulkan crate's runs the
-//! kernels with `ComputeKernels`, the wgpu crate's with its own runner. What every device target must do (verify
-//! clean, count what the simulation counts) is `conformance::check_target` (feature `testing`), which both crates' tests run.
+//! The bench runner: a [`Workload`](crate::workload::Workload) played on a [`Target`] ([`run`]), the contenders
+//! ([`heapscope_lab::contender::Contender`]) and their shared rules ([`BenchSettings`]), and the simulated target
+//! ([`SimTarget`], [`run_simulated`]). The device targets ([`crate::VulkanTarget`], [`crate::WgpuTarget`]) run the
+//! kernels with their device's runner. What every device target must do (verify clean, count what the simulation
+//! counts) is `conformance::check_target` (feature `testing`), which the crate's device tests run on both.
 
 #[cfg(any(test, feature = "testing"))]
 pub mod conformance;

@@ -9,7 +9,6 @@
 
 mod churn;
 mod replay;
-mod rng;
 mod serve;
 mod train;
 
@@ -19,8 +18,8 @@ use std::fmt;
 use heapscope_core::trace::{Trace, TraceBuilder};
 
 pub use churn::{ChurnConfig, churn};
+pub use heapscope_core::rng::Rng;
 pub use replay::replay;
-pub use rng::Rng;
 pub use serve::{KvLayout, ServeConfig, ServeModel, serve};
 pub use train::{TrainConfig, TrainModel, train};
 

@@ -2,7 +2,9 @@
 //! through others — except a module and its own submodules (a folder's `mod.rs` declares its files and re-exports
 //! what they define; they use what it holds). A file's imports are the `crate::…` and `super::…` paths of its code
 //! (comment lines and an inline `#[cfg(test)] mod tests { … }` left out), a name re-exported by a module (`pub use`)
-//! counting as the file that defines it. (Crates cannot form cycles at all: Cargo refuses them.)
+//! counting as the file that defines it. (Crates cannot form cycles at all: Cargo refuses them.) And between the
+//! top-level folders (the binary at the root, `allocator/`, `kernels/`, `gui/`) the crates' dependencies, test
+//! ones included, run one way only: the libraries under `allocator/` need nothing of `kernels/` or `gui/`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -231,6 +233,71 @@ fn no_two_files_of_a_crate_import_each_other() {
         }
     }
     assert!(checked > 100, "the walk found the workspace's files ({checked})");
+}
+
+/// The workspace's members, as `(top-level folder, manifest)`.
+fn members() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    crate_sources()
+        .into_iter()
+        .map(|src| {
+            let dir = src.parent().unwrap();
+            let relative = dir.strip_prefix(root).unwrap();
+            let folder = relative.components().next().map_or(".".to_owned(), |c| c.as_os_str().to_string_lossy().into_owned());
+            (folder, std::fs::read_to_string(dir.join("Cargo.toml")).unwrap())
+        })
+        .collect()
+}
+
+/// A manifest's package name and the `heapscope-*` crates it depends on, in any dependency table.
+fn package_and_dependencies(manifest: &str) -> (String, BTreeSet<String>) {
+    let (mut name, mut dependencies, mut section) = (String::new(), BTreeSet::new(), String::new());
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            section = line.trim_matches(|c| c == '[' || c == ']').to_owned();
+        } else if section == "package" && line.starts_with("name") {
+            name = line.split('"').nth(1).unwrap_or_default().to_owned();
+        } else if section.ends_with("dependencies") && line.starts_with("heapscope-") {
+            dependencies.insert(line.split(['.', ' ', '=']).next().unwrap_or_default().to_owned());
+        }
+    }
+    (name, dependencies)
+}
+
+/// The folders' graph: an edge from a folder to each other folder one of its crates depends on.
+fn folder_graph(members: &[(String, String)]) -> BTreeMap<Module, BTreeSet<Module>> {
+    let folder_of: BTreeMap<String, String> =
+        members.iter().map(|(folder, manifest)| (package_and_dependencies(manifest).0, folder.clone())).collect();
+    let mut graph: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
+    for (folder, manifest) in members {
+        let edges = graph.entry(vec![folder.clone()]).or_default();
+        for dependency in package_and_dependencies(manifest).1 {
+            if let Some(target) = folder_of.get(&dependency).filter(|target| *target != folder) {
+                edges.insert(vec![target.clone()]);
+            }
+        }
+    }
+    graph
+}
+
+#[test]
+fn no_two_top_level_folders_depend_on_each_other() {
+    let members = members();
+    let graph = folder_graph(&members);
+    assert!(graph.len() >= 4, "the root, allocator, kernels and gui: {graph:?}");
+    if let Some(found) = cycle(&graph) {
+        let names: Vec<String> = found.iter().map(|folder| folder.join("/")).collect();
+        panic!("folders depend on each other: {}", names.join(" -> "));
+    }
+    let allocator = &graph[&vec!["allocator".to_owned()]];
+    assert!(allocator.is_empty(), "the libraries under allocator/ depend on {allocator:?}");
+    // The check itself, on a made-up workspace where a backend's tests use the kernels.
+    let looped = [
+        ("allocator".to_owned(), "[package]\nname = \"heapscope-a\"\n[dev-dependencies]\nheapscope-k = { workspace = true }".to_owned()),
+        ("kernels".to_owned(), "[package]\nname = \"heapscope-k\"\n[dependencies]\nheapscope-a.workspace = true".to_owned()),
+    ];
+    let found = cycle(&folder_graph(&looped)).map(|found| found.concat());
+    assert_eq!(found, Some(vec!["allocator".to_owned(), "kernels".to_owned(), "allocator".to_owned()]));
 }
 
 #[test]

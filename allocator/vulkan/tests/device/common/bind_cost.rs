@@ -1,6 +1,6 @@
 //! What binding pages costs under a real workload: a trace replayed through a [`DevicePagedHeap`], every
 //! allocate / free that submits a sparse batch timed from the call to the batch's completion on the host.
-//! Shared by `tests/device/proof.rs` and `examples/paged_bind_cost.rs` (included there with `#[path]`).
+//! Shared by `tests/device/sparse.rs` and `examples/paged_bind_cost.rs` (included there with `#[path]`).
 
 use std::path::Path;
 use std::sync::Arc;

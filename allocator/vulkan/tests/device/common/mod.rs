@@ -64,5 +64,5 @@ pub fn with_context(test: impl FnOnce(&Arc<VulkanContext>)) {
 /// Compiles only where `T` may move to another thread.
 pub fn assert_send<T: Send>() {}
 
-/// The workloads' splitmix64, a small deterministic generator.
-pub use heapscope_kernels::workload::Rng;
+/// splitmix64, a small deterministic generator.
+pub use heapscope_core::rng::Rng;

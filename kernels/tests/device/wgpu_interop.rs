@@ -2,22 +2,22 @@
 //! sparse buffer as wgpu buffers, and the same kernels through wgpu on arena, device-memory and paged
 //! allocations. Validation on, heapscope's messenger must stay silent; skipped without Vulkan unless
 //! `HEAPSCOPE_REQUIRE_GPU=1`.
-#![cfg(feature = "vulkan")]
-#![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::common::{Rng, finish, vulkan_device};
+use crate::common::Rng;
+use crate::common::wgpu::{finish, vulkan_device};
 use heapscope_core::units::MIB;
 use heapscope_core::{Allocation, Heap, HeapConfig, PolicyKind, Request};
+use heapscope_kernels::WgpuKernels;
 use heapscope_kernels::{KernelRunner, Op, VerifyResult};
 use heapscope_vulkan::memory_types::MemoryUsage;
 use heapscope_vulkan::{
     ContextOptions, DeviceMemorySource, DevicePagedConfig, DeviceSourceConfig, PytorchDeviceConfig, PytorchDeviceHeap,
     VulkanContext,
 };
-use heapscope_wgpu::{ArenaConfig, ArenaHeap, DeviceOptions, KernelBuffer, WgpuDevice, WgpuError, WgpuKernels};
+use heapscope_wgpu::{ArenaConfig, ArenaHeap, DeviceOptions, KernelBuffer, WgpuDevice, WgpuError};
 
 /// A buffer and an offset in it.
 type At<'a> = (KernelBuffer<'a>, u64);
@@ -203,7 +203,7 @@ fn interop_refuses_what_it_cannot_do() {
         drop(plain);
         assert!(log.messages().is_empty(), "{:?}", log.messages());
     }
-    if let Some(plain) = crate::common::device() {
+    if let Some(plain) = crate::common::wgpu::device() {
         let error = plain.paged_heap(DevicePagedConfig::new(16 * MIB, None)).unwrap_err();
         assert!(matches!(error, WgpuError::Vulkan(_)) && error.to_string().contains("from_vulkan"), "{error}");
         finish(plain);
@@ -217,7 +217,7 @@ fn the_interop_device_is_the_adapter_wgpu_selects() {
     let options = DeviceOptions { validation: true, ..DeviceOptions::from_env() };
     let selected = match WgpuDevice::selected_adapter(&options) {
         Ok(selected) => selected,
-        Err(error) if error.means_no_device() && !crate::common::required() => return,
+        Err(error) if error.means_no_device() && !crate::common::wgpu::required() => return,
         Err(error) => panic!("{error}"),
     };
     if selected.backend != wgpu::Backend::Vulkan {

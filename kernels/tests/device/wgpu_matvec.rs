@@ -7,11 +7,13 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::common::{Rng, devices, finish};
+use crate::common::Rng;
+use crate::common::wgpu::{devices, finish};
 use heapscope_core::PolicyKind;
 use heapscope_core::units::KIB;
+use heapscope_kernels::WgpuKernels;
 use heapscope_kernels::{KernelRunner, MatVecIds, Op, VerifyResult, matvec_words, pattern_word};
-use heapscope_wgpu::{ArenaAllocation, ArenaConfig, ArenaHeap, KernelBuffer, WgpuDevice, WgpuKernels};
+use heapscope_wgpu::{ArenaAllocation, ArenaConfig, ArenaHeap, KernelBuffer, WgpuDevice};
 
 /// `words` words of `buffer` from `offset_bytes`, copied to a mappable buffer and read back.
 fn read_words(device: &WgpuDevice, buffer: &wgpu::Buffer, offset_bytes: u64, words: usize) -> Vec<u32> {

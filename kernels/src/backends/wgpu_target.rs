@@ -22,21 +22,19 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use heapscope_core::{Allocation, HeapAllocation};
-use heapscope_kernels::bench::{BenchSettings, Target, TargetError};
-use heapscope_kernels::{KernelRunner, Op, VerifyResult};
 use heapscope_lab::contender::Contender;
 use heapscope_pytorch::CachingAllocation;
+use heapscope_wgpu::{
+    ArenaAllocation, ArenaConfig, ArenaHeap, KernelBuffer, PytorchHeap, VulkanPagedHeap, VulkanSegmentBuffer, WgpuDevice,
+    WgpuError,
+};
 
-#[cfg(feature = "vulkan")]
-use crate::VulkanPagedHeap;
-use crate::{ArenaAllocation, ArenaConfig, ArenaHeap, KernelBuffer, PytorchHeap, WgpuDevice, WgpuError, WgpuKernels};
+use super::wgpu_runner::{WgpuKernelError, WgpuKernels};
+use crate::bench::{BenchSettings, Target, TargetError};
+use crate::{KernelRunner, Op, VerifyResult};
 
 /// The heap behind a [`WgpuTarget`].
 #[derive(Debug)]
-#[cfg_attr(
-    not(feature = "vulkan"),
-    expect(clippy::large_enum_variant, reason = "a target holds one heap for its whole life: the size costs nothing")
-)]
 enum Backend<'a> {
     /// Arena allocations by address (the handle is the heap's, the allocation holds the arena).
     Arenas {
@@ -44,13 +42,8 @@ enum Backend<'a> {
         live: HashMap<u64, ArenaAllocation>,
     },
     Pytorch(Box<PytorchHeap>),
-    #[cfg(feature = "vulkan")]
     Paged(VulkanPagedHeap<'a>),
-    #[cfg(feature = "vulkan")]
     Expandable(Box<heapscope_vulkan::PytorchDeviceHeap>),
-    /// Without the `vulkan` feature nothing borrows the device.
-    #[cfg(not(feature = "vulkan"))]
-    _Unused(std::marker::PhantomData<&'a ()>),
 }
 
 /// An allocation of a [`WgpuTarget`].
@@ -77,7 +70,6 @@ fn key(handle: WgpuHandle) -> u64 {
 fn target_error(error: WgpuError) -> TargetError {
     match error {
         WgpuError::Heap(error) => error.into(),
-        #[cfg(feature = "vulkan")]
         WgpuError::Vulkan(heapscope_vulkan::VulkanError::Heap(error)) => error.into(),
         other => TargetError::Failed(other.to_string()),
     }
@@ -90,11 +82,7 @@ pub fn sparse_refusal(policy: Contender, device: &WgpuDevice) -> String {
         _ => "pytorch-expandable maps PyTorch's pages into each segment's virtual range",
     };
     let info = device.info();
-    if cfg!(not(feature = "vulkan")) {
-        format!(
-            "{what}, which needs Vulkan sparse binding: wgpu does not expose it, and heapscope-wgpu was built without its vulkan feature"
-        )
-    } else if info.backend == wgpu::Backend::Vulkan {
+    if info.backend == wgpu::Backend::Vulkan {
         format!(
             "{what}, which needs Vulkan sparse binding: wgpu does not expose it, and this wgpu device on {} is not heapscope's own Vulkan device; run it on wgpu over heapscope's Vulkan device (what `heapscope bench --backend wgpu` uses on a Vulkan adapter unless --plain-wgpu) or with --backend vulkan",
             info.name
@@ -113,7 +101,6 @@ pub struct WgpuTarget<'a> {
     // The heap first: it goes (arenas destroyed, wrapped buffers unwrapped) before the kernels.
     backend: Backend<'a>,
     kernels: WgpuKernels,
-    #[cfg_attr(not(feature = "vulkan"), expect(dead_code, reason = "wraps PyTorch segments for wgpu (feature vulkan)"))]
     device: &'a Arc<WgpuDevice>,
     align_bytes: u64,
 }
@@ -122,10 +109,10 @@ impl<'a> WgpuTarget<'a> {
     /// `policy` under `settings` on `device`, with its own kernels.
     ///
     /// # Errors
-    /// [`WgpuError::Unsupported`] for `paged` and `pytorch-expandable` on a device that is not heapscope's Vulkan
+    /// [`WgpuError::Unsupported`] (in [`WgpuKernelError::Wgpu`]) for `paged` and `pytorch-expandable` on a device that is not heapscope's Vulkan
     /// device ([`sparse_refusal`] says why); settings a heap refuses; a wgpu or Vulkan failure bringing up the heap
     /// or the kernels.
-    pub fn new(device: &'a Arc<WgpuDevice>, policy: Contender, settings: &BenchSettings) -> Result<Self, WgpuError> {
+    pub fn new(device: &'a Arc<WgpuDevice>, policy: Contender, settings: &BenchSettings) -> Result<Self, WgpuKernelError> {
         let backend = match policy {
             Contender::Heap(kind) => {
                 let config = ArenaConfig {
@@ -144,14 +131,14 @@ impl<'a> WgpuTarget<'a> {
             Contender::GpuAllocator | Contender::Vma => {
                 return Err(WgpuError::Unsupported(format!(
                     "{policy} is no bench contender: it replays recordings (heapscope replay --vulkan)"
-                )));
+                ))
+                .into());
             }
         };
         let kernels = WgpuKernels::new(Arc::clone(device))?;
         Ok(Self { backend, kernels, device, align_bytes: settings.align_bytes })
     }
 
-    #[cfg(feature = "vulkan")]
     fn sparse_backend(
         device: &'a Arc<WgpuDevice>,
         policy: Contender,
@@ -161,15 +148,10 @@ impl<'a> WgpuTarget<'a> {
             return Err(WgpuError::Unsupported(sparse_refusal(policy, device)));
         };
         if policy == Contender::Paged {
-            return Ok(Backend::Paged(device.paged_heap(heapscope_vulkan::DevicePagedConfig::for_bench(context, settings))?));
+            return Ok(Backend::Paged(device.paged_heap(super::vulkan_target::paged_config(context, settings))?));
         }
         let config = heapscope_vulkan::PytorchDeviceConfig::new(settings.caching_conf(true), settings.budget_bytes);
         Ok(Backend::Expandable(Box::new(heapscope_vulkan::PytorchDeviceHeap::new(Arc::clone(context), config)?)))
-    }
-
-    #[cfg(not(feature = "vulkan"))]
-    fn sparse_backend(device: &'a Arc<WgpuDevice>, policy: Contender, _: &BenchSettings) -> Result<Backend<'a>, WgpuError> {
-        Err(WgpuError::Unsupported(sparse_refusal(policy, device)))
     }
 
     /// Submits and dispatches of its kernels so far.
@@ -182,12 +164,8 @@ impl<'a> WgpuTarget<'a> {
         match &self.backend {
             Backend::Arenas { heap, .. } => heap.heap().source().used_bytes(),
             Backend::Pytorch(heap) => heap.device_bytes(),
-            #[cfg(feature = "vulkan")]
             Backend::Paged(heap) => heap.paged().stats().sparse.pages_bound * heap.paged().sparse().page_bytes(),
-            #[cfg(feature = "vulkan")]
             Backend::Expandable(heap) => heap.device_bytes(),
-            #[cfg(not(feature = "vulkan"))]
-            Backend::_Unused(_) => 0,
         }
     }
 
@@ -213,17 +191,13 @@ impl Target for WgpuTarget<'_> {
                 Err(error) => Err(target_error(error)),
             },
             Backend::Pytorch(heap) => heap.allocate(size_bytes).map(WgpuHandle::Pytorch).map_err(target_error),
-            #[cfg(feature = "vulkan")]
             Backend::Paged(heap) => {
                 let request = heapscope_core::Request::new(size_bytes, self.align_bytes)?;
                 heap.allocate(request).map(WgpuHandle::Paged).map_err(|error| target_error(error.into()))
             }
-            #[cfg(feature = "vulkan")]
             Backend::Expandable(heap) => {
                 heap.allocate(size_bytes).map(WgpuHandle::Pytorch).map_err(|error| target_error(error.into()))
             }
-            #[cfg(not(feature = "vulkan"))]
-            Backend::_Unused(_) => Err(TargetError::Failed("no heap".into())),
         }
     }
 
@@ -236,11 +210,9 @@ impl Target for WgpuTarget<'_> {
                 heap.free(allocation).map_err(target_error)
             }
             (Backend::Pytorch(heap), WgpuHandle::Pytorch(allocation)) => heap.free(allocation).map_err(target_error),
-            #[cfg(feature = "vulkan")]
             (Backend::Paged(heap), WgpuHandle::Paged(allocation)) => {
                 heap.free(allocation).map_err(|error| target_error(error.into()))
             }
-            #[cfg(feature = "vulkan")]
             (Backend::Expandable(heap), WgpuHandle::Pytorch(allocation)) => {
                 heap.free(allocation).map_err(|error| target_error(error.into()))
             }
@@ -252,9 +224,7 @@ impl Target for WgpuTarget<'_> {
         let handles: Vec<WgpuHandle> = ops.iter().flat_map(Op::buffers).copied().collect();
         // Expandable segments: binds done, and each segment the ops touch a wgpu buffer for this batch (they borrow
         // the heap, so nothing is released under them).
-        #[cfg(feature = "vulkan")]
-        let mut segments: HashMap<u64, crate::VulkanSegmentBuffer<'_>> = HashMap::new();
-        #[cfg(feature = "vulkan")]
+        let mut segments: HashMap<u64, VulkanSegmentBuffer<'_>> = HashMap::new();
         if let Backend::Expandable(heap) = &self.backend {
             heap.wait_binds().map_err(|error| target_error(error.into()))?;
             for handle in &handles {
@@ -274,11 +244,9 @@ impl Target for WgpuTarget<'_> {
                 (Backend::Pytorch(heap), WgpuHandle::Pytorch(allocation)) => {
                     heap.segment(&allocation).map(|buffer| (KernelBuffer::new(buffer), allocation.offset()))
                 }
-                #[cfg(feature = "vulkan")]
                 (Backend::Paged(heap), WgpuHandle::Paged(allocation)) => {
                     Some((KernelBuffer::new(heap.buffer()), allocation.offset()))
                 }
-                #[cfg(feature = "vulkan")]
                 (Backend::Expandable(_), WgpuHandle::Pytorch(allocation)) => segments
                     .get(&allocation.segment_base())
                     .map(|segment| (KernelBuffer::new(segment.buffer()), allocation.offset())),
@@ -301,12 +269,8 @@ impl Target for WgpuTarget<'_> {
         match &self.backend {
             Backend::Arenas { heap, .. } => heap.stats().reserved_bytes,
             Backend::Pytorch(heap) => heap.caching().allocator().reserved_bytes(),
-            #[cfg(feature = "vulkan")]
             Backend::Paged(heap) => heap.paged().heap().stats().mapped_bytes,
-            #[cfg(feature = "vulkan")]
             Backend::Expandable(heap) => heap.caching().allocator().reserved_bytes(),
-            #[cfg(not(feature = "vulkan"))]
-            Backend::_Unused(_) => 0,
         }
     }
 

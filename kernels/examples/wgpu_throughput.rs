@@ -1,16 +1,16 @@
 //! What the wgpu backend costs on this machine's device, on plain wgpu and on wgpu over heapscope's Vulkan device:
 //! heap-of-arenas allocate + free (TLSF, 256 MiB arenas), and the fill and verify kernels over 64 MiB (best of 5).
 //!
-//! `cargo run --release -p heapscope-wgpu --example wgpu_throughput`
+//! `cargo run --release -p heapscope-kernels --example wgpu_throughput`
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use heapscope_core::PolicyKind;
-use heapscope_kernels::KernelRunner;
-use heapscope_wgpu::{ArenaConfig, ArenaHeap, DeviceOptions, WgpuDevice, WgpuError, WgpuKernels};
+use heapscope_kernels::{ArenaOps, KernelRunner, WgpuKernelError, WgpuKernels};
+use heapscope_wgpu::{ArenaConfig, ArenaHeap, DeviceOptions, WgpuDevice};
 
-fn measure(route: &str, device: &Arc<WgpuDevice>) -> Result<(), WgpuError> {
+fn measure(route: &str, device: &Arc<WgpuDevice>) -> Result<(), WgpuKernelError> {
     let mut heap = ArenaHeap::new(Arc::clone(device), ArenaConfig::new(PolicyKind::Tlsf))?;
     let mut kernels = WgpuKernels::new(Arc::clone(device))?;
     // Warm: the first arena is created outside the timed loop.
@@ -47,7 +47,7 @@ fn measure(route: &str, device: &Arc<WgpuDevice>) -> Result<(), WgpuError> {
     Ok(())
 }
 
-fn main() -> Result<(), WgpuError> {
+fn main() -> Result<(), WgpuKernelError> {
     let plain = Arc::new(WgpuDevice::new(&DeviceOptions::from_env())?);
     println!("{} ({:?})", plain.info().name, plain.info().backend);
     measure("wgpu", &plain)?;

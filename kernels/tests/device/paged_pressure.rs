@@ -15,8 +15,9 @@ use std::sync::Arc;
 use crate::common::{Rng, finish, sparse_context};
 use heapscope_core::units::MIB;
 use heapscope_core::{Allocation, Request, UnmapRule};
+use heapscope_kernels::VulkanKernels;
 use heapscope_kernels::{KernelRunner, Op};
-use heapscope_vulkan::compute::{ComputeBuffer, ComputeKernels};
+use heapscope_vulkan::compute::ComputeBuffer;
 use heapscope_vulkan::{DevicePagedConfig, DevicePagedHeap, VulkanContext};
 
 /// The heap's sparse buffer as a kernel target.
@@ -34,12 +35,7 @@ fn pressure_heap(context: &Arc<VulkanContext>, virtual_bytes: u64, capacity_byte
 }
 
 /// Fills the `fresh` allocations with their ids' patterns, then verifies every live one; panics on a mismatch.
-fn fill_and_verify(
-    kernels: &mut ComputeKernels,
-    heap: &DevicePagedHeap,
-    fresh: &[(Allocation, u32)],
-    live: &[(Allocation, u32)],
-) {
+fn fill_and_verify(kernels: &mut VulkanKernels, heap: &DevicePagedHeap, fresh: &[(Allocation, u32)], live: &[(Allocation, u32)]) {
     heap.wait_binds().unwrap();
     let buffer = target(heap);
     let mut ops: Vec<_> = fresh
@@ -70,7 +66,7 @@ fn fill_and_verify(
 fn cached_pages_are_reused_without_a_bind_and_keep_working() {
     let Some(context) = sparse_context() else { return };
     {
-        let mut kernels = ComputeKernels::new(Arc::clone(&context)).unwrap();
+        let mut kernels = VulkanKernels::new(Arc::clone(&context)).unwrap();
         let mut heap = pressure_heap(&context, 256 * MIB, 24 * MIB);
         let page = heap.sparse().page_bytes();
         let request = |bytes: u64| Request::new(bytes, 256).unwrap();
@@ -157,7 +153,7 @@ fn cached_pages_are_reused_without_a_bind_and_keep_working() {
 fn pressure_unbinds_the_cache_so_a_request_fits() {
     let Some(context) = sparse_context() else { return };
     {
-        let mut kernels = ComputeKernels::new(Arc::clone(&context)).unwrap();
+        let mut kernels = VulkanKernels::new(Arc::clone(&context)).unwrap();
         let mut heap = pressure_heap(&context, 256 * MIB, 16 * MIB);
         let page = heap.sparse().page_bytes();
         let request = |bytes: u64| Request::new(bytes, 256).unwrap();

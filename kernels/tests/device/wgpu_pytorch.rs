@@ -6,12 +6,13 @@
 
 use std::sync::Arc;
 
-use crate::common::{devices, finish};
+use crate::common::wgpu::{devices, finish};
 use heapscope_core::OomCause;
 use heapscope_core::units::MIB;
 use heapscope_kernels::KernelRunner;
+use heapscope_kernels::WgpuKernels;
 use heapscope_pytorch::AllocConf;
-use heapscope_wgpu::{KernelBuffer, PytorchHeap, WgpuError, WgpuKernels};
+use heapscope_wgpu::{KernelBuffer, PytorchHeap, WgpuError};
 
 #[test]
 fn segments_are_buffers_sized_as_pytorch_sizes_them() {

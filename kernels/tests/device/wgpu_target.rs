@@ -5,13 +5,14 @@
 //! with the reason (skipped without a device unless `HEAPSCOPE_REQUIRE_GPU=1`).
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
-use crate::common::{devices, finish};
+use crate::common::wgpu::{devices, finish};
 use heapscope_core::PolicyKind;
 use heapscope_kernels::bench::conformance::{check_target, small_serve};
 use heapscope_kernels::bench::{BenchSettings, run};
 use heapscope_kernels::workload::KvLayout;
+use heapscope_kernels::{WgpuKernelError, WgpuTarget};
 use heapscope_lab::contender::Contender;
-use heapscope_wgpu::{WgpuError, WgpuTarget};
+use heapscope_wgpu::WgpuError;
 
 fn needs_sparse(policy: Contender) -> bool {
     matches!(policy, Contender::Paged | Contender::Pytorch { expandable: true })
@@ -23,7 +24,7 @@ fn needs_sparse(policy: Contender) -> bool {
 fn every_contender_verifies_clean_and_matches_the_simulation() {
     for (route, device) in devices() {
         let make = |policy: Contender, settings: &BenchSettings| match WgpuTarget::new(&device, policy, settings) {
-            Err(WgpuError::Unsupported(why)) if !device.is_vulkan_interop() && needs_sparse(policy) => {
+            Err(WgpuKernelError::Wgpu(WgpuError::Unsupported(why))) if !device.is_vulkan_interop() && needs_sparse(policy) => {
                 assert!(
                     why.starts_with(policy.name()) && why.contains("sparse binding") && why.contains("--backend vulkan"),
                     "{why}"

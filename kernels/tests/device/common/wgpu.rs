@@ -1,6 +1,5 @@
 //! Shared by the integration tests: a wgpu device with validation on (plain wgpu, or wgpu on heapscope's Vulkan
 //! device), or a skip when the machine has none; and the check that nothing was reported.
-#![allow(dead_code, unused_imports, reason = "each test binary uses a part")]
 
 use std::sync::Arc;
 
@@ -69,6 +68,3 @@ pub fn finish(device: Arc<WgpuDevice>) {
     let logged = hal_log::messages(backend);
     assert!(logged.is_empty(), "wgpu-hal logged:\n{}", logged.join("\n"));
 }
-
-/// The workloads' splitmix64, a small deterministic generator.
-pub use heapscope_kernels::workload::Rng;

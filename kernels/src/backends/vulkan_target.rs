@@ -1,9 +1,9 @@
 //! [`VulkanTarget`]: the bench runner's [`Target`] on a Vulkan device. Each contender allocates real memory — a
 //! core policy in a `Heap<DeviceMemorySource>`, `paged` in a [`DevicePagedHeap`] (sparse binding), `pytorch` and
-//! `pytorch-expandable` in a [`PytorchDeviceHeap`] — and [`ComputeKernels`] runs the ops on it: fills, verifies,
+//! `pytorch-expandable` in a [`PytorchDeviceHeap`] — and [`VulkanKernels`] runs the ops on it: fills, verifies,
 //! copies and the matvec payload, in one call per batch.
 //!
-//! Order on the device: `ComputeKernels::run` waits for its submits, so when [`Target::run`] returns no kernel
+//! Order on the device: `VulkanKernels::run` waits for its submits, so when [`Target::run`] returns no kernel
 //! touches the memory any more and the runner may free it (a block released, pages unbound). Sparse binds are
 //! waited for before the kernels run, since the compute submits do not wait on the bind timeline. Memory
 //! reserved is counted as the simulated heaps count it (blocks, mapped pages, segments), so the same stream gives
@@ -13,16 +13,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Heap, HeapAllocation, Request};
-use heapscope_kernels::bench::{BenchSettings, Target, TargetError};
-use heapscope_kernels::{KernelRunner, Op, VerifyResult};
 use heapscope_lab::contender::Contender;
 use heapscope_pytorch::CachingAllocation;
-
-use crate::compute::{BlockBuffer, ComputeBuffer, ComputeKernels};
-use crate::{
+use heapscope_vulkan::compute::{BlockBuffer, ComputeBuffer};
+use heapscope_vulkan::{
     DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, DeviceSourceConfig, PytorchDeviceConfig, PytorchDeviceHeap,
     VulkanContext, VulkanError,
 };
+
+use super::vulkan_runner::{VulkanKernelError, VulkanKernels};
+use crate::bench::{BenchSettings, Target, TargetError};
+use crate::{KernelRunner, Op, VerifyResult};
 
 /// The heap behind a [`VulkanTarget`].
 #[derive(Debug)]
@@ -47,7 +48,7 @@ pub enum VulkanHandle {
 #[derive(Debug)]
 pub struct VulkanTarget {
     backend: Backend,
-    kernels: ComputeKernels,
+    kernels: VulkanKernels,
     align_bytes: u64,
 }
 
@@ -84,17 +85,15 @@ fn target_error(error: VulkanError) -> TargetError {
     }
 }
 
-impl DevicePagedConfig {
-    /// The bench's `paged` contender on `context`'s device, wherever its sparse buffer is used (this crate's
-    /// [`VulkanTarget`], wgpu over heapscope's device): `settings`' virtual range (at most the device's sparse
-    /// address space), budget and page size, 4,096 pages a chunk.
-    pub fn for_bench(context: &VulkanContext, settings: &BenchSettings) -> Self {
-        let address_space = context.properties().limits.sparse_address_space_size_bytes;
-        let mut config = DevicePagedConfig::new(settings.virtual_bytes.min(address_space), settings.budget_bytes);
-        config.page_bytes = Some(settings.page_bytes);
-        config.pages_per_chunk = 4096;
-        config
-    }
+/// The bench's `paged` contender on `context`'s device, wherever its sparse buffer is used ([`VulkanTarget`], wgpu
+/// over heapscope's device): `settings`' virtual range (at most the device's sparse address space), budget and page
+/// size, 4,096 pages a chunk.
+pub fn paged_config(context: &VulkanContext, settings: &BenchSettings) -> DevicePagedConfig {
+    let address_space = context.properties().limits.sparse_address_space_size_bytes;
+    let mut config = DevicePagedConfig::new(settings.virtual_bytes.min(address_space), settings.budget_bytes);
+    config.page_bytes = Some(settings.page_bytes);
+    config.pages_per_chunk = 4096;
+    config
 }
 
 impl VulkanTarget {
@@ -103,8 +102,8 @@ impl VulkanTarget {
     /// # Errors
     /// A Vulkan failure bringing up the heap or the kernels; settings the heap refuses; `paged` and
     /// `pytorch-expandable` on a device without sparse residency for buffers.
-    pub fn new(context: &Arc<VulkanContext>, policy: Contender, settings: &BenchSettings) -> Result<Self, VulkanError> {
-        let kernels = ComputeKernels::new(Arc::clone(context)).map_err(|error| VulkanError::Unsupported(error.to_string()))?;
+    pub fn new(context: &Arc<VulkanContext>, policy: Contender, settings: &BenchSettings) -> Result<Self, VulkanKernelError> {
+        let kernels = VulkanKernels::new(Arc::clone(context))?;
         let backend = match policy {
             Contender::Heap(kind) => {
                 let source = DeviceMemorySource::new(
@@ -114,11 +113,9 @@ impl VulkanTarget {
                         ..DeviceSourceConfig::device_only(settings.budget_bytes)
                     },
                 )?;
-                Backend::Heap(Heap::new(settings.heap_config(kind), source)?)
+                Backend::Heap(Heap::new(settings.heap_config(kind), source).map_err(VulkanError::from)?)
             }
-            Contender::Paged => {
-                Backend::Paged(DevicePagedHeap::new(Arc::clone(context), DevicePagedConfig::for_bench(context, settings))?)
-            }
+            Contender::Paged => Backend::Paged(DevicePagedHeap::new(Arc::clone(context), paged_config(context, settings))?),
             Contender::Pytorch { expandable } => {
                 let config = PytorchDeviceConfig::new(settings.caching_conf(expandable), settings.budget_bytes);
                 Backend::Pytorch(Box::new(PytorchDeviceHeap::new(Arc::clone(context), config)?))
@@ -126,7 +123,8 @@ impl VulkanTarget {
             Contender::GpuAllocator | Contender::Vma => {
                 return Err(VulkanError::Unsupported(format!(
                     "{policy} is no bench contender: it replays recordings (heapscope replay --vulkan)"
-                )));
+                ))
+                .into());
             }
         };
         Ok(Self { backend, kernels, align_bytes: settings.align_bytes })

@@ -1,17 +1,18 @@
-//! [`WgpuKernels`]: heapscope's WGSL kernels (`heapscope_kernels`) on a wgpu device.
+//! [`WgpuKernels`]: heapscope's WGSL kernels on a wgpu device (wgpu's safe API: the runner lives with the kernels,
+//! the backend crate offers the device and its buffers).
 //!
 //! One compute pipeline per [`Kernel`], from the kernel's [`ParamsBinding::Uniform`] source: the same WGSL as the
 //! Vulkan runner's, with the parameter block a uniform buffer at `@group(1) @binding(0)` instead of push
-//! constants (an optional wgpu feature). Each dispatch's [`heapscope_kernels::Params`] take one slot of a uniform
+//! constants (an optional wgpu feature). Each dispatch's [`crate::Params`] take one slot of a uniform
 //! buffer, chosen by a dynamic offset, so one bind group serves every dispatch. Storage bindings are group 0, one
-//! bind group per dispatch (buffer, offset, size from [`heapscope_kernels::plan`]).
+//! bind group per dispatch (buffer, offset, size from [`crate::plan`]).
 //!
 //! [`WgpuKernels::run`] plans every op first (ranges split to fit `max_storage_buffer_binding_size` and start at
 //! multiples of `min_storage_buffer_offset_alignment`), then records up to
 //! [`WgpuKernels::DISPATCHES_PER_SUBMIT`] dispatches per compute pass and submit (wgpu orders dispatches that
 //! share a buffer), copies verify results to a readback buffer, and waits for each submit. Every submit runs
 //! inside wgpu error scopes: a validation, out-of-memory or internal error is returned as [`WgpuError::Device`].
-//! It is a [`heapscope_kernels::KernelRunner`], shared with the Vulkan runner: the runner keeps only its device code
+//! It is a [`KernelRunner`], shared with the Vulkan runner: the runner keeps only its device code
 //! (the buffer check, one submit and its readback), and the trait does the planning, the batches, the verify result
 //! slots and their merging, the counts and the fill / verify / copy wrappers.
 
@@ -19,40 +20,47 @@ use std::fmt;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
 
-use heapscope_kernels::{
+use heapscope_wgpu::{ArenaAllocation, KernelBuffer, WgpuDevice, WgpuError};
+
+use crate::{
     BindingLimits, Dispatch, Kernel, KernelError, KernelRunner, Op, PARAMS_BYTES, ParamsBinding, RunnerState, SizedBuffer,
     SlottedDispatch, StorageBinding, VerifyResult,
 };
 
-use crate::{WgpuDevice, WgpuError};
-
-/// A buffer the kernels may use: any `wgpu::Buffer` with `STORAGE` usage, of the runner's device.
-#[derive(Clone, Copy, Debug)]
-pub struct KernelBuffer<'a> {
-    buffer: &'a wgpu::Buffer,
-}
-
-impl<'a> KernelBuffer<'a> {
-    /// `buffer`, for the kernels.
-    pub fn new(buffer: &'a wgpu::Buffer) -> Self {
-        Self { buffer }
-    }
-
-    /// The buffer.
-    pub fn buffer(&self) -> &'a wgpu::Buffer {
-        self.buffer
-    }
-}
-
-impl PartialEq for KernelBuffer<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        self.buffer == other.buffer
-    }
+/// What running kernels on wgpu fails with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WgpuKernelError {
+    /// wgpu refused something (a pipeline, a buffer, a submit), or waiting failed.
+    #[error(transparent)]
+    Wgpu(#[from] WgpuError),
+    /// A kernel did not compile, or an operation is invalid (misaligned, out of its buffer, another device's).
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
 }
 
 impl SizedBuffer for KernelBuffer<'_> {
     fn size_bytes(&self) -> u64 {
-        self.buffer.size()
+        self.buffer().size()
+    }
+}
+
+/// The ops on a whole [`ArenaAllocation`] (its binding: offset and size rounded to 4).
+pub trait ArenaOps {
+    /// An op writing allocation `id`'s pattern over the whole binding.
+    fn fill(&self, id: u32) -> Op<KernelBuffer<'_>>;
+
+    /// An op verifying allocation `id`'s pattern over the whole binding.
+    fn verify(&self, id: u32) -> Op<KernelBuffer<'_>>;
+}
+
+impl ArenaOps for ArenaAllocation {
+    fn fill(&self, id: u32) -> Op<KernelBuffer<'_>> {
+        Op::Fill { target: self.kernel_buffer(), offset_bytes: self.offset_bytes(), len_bytes: self.binding_bytes(), id }
+    }
+
+    fn verify(&self, id: u32) -> Op<KernelBuffer<'_>> {
+        Op::Verify { target: self.kernel_buffer(), offset_bytes: self.offset_bytes(), len_bytes: self.binding_bytes(), id }
     }
 }
 
@@ -91,7 +99,7 @@ fn layout_writable(kernel: Kernel, binding: u32) -> bool {
 
 /// The WGSL wgpu compiles for `kernel`: its [`ParamsBinding::Uniform`] source, with copy's and matvec's read-only
 /// bindings declared `read_write` (see [`layout_writable`]; the kernels never write them).
-pub(crate) fn wgsl(kernel: Kernel) -> String {
+fn wgsl(kernel: Kernel) -> String {
     let source = kernel.source(ParamsBinding::Uniform);
     if matches!(kernel, Kernel::Copy | Kernel::MatVec) {
         source.replace("var<storage, read> ", "var<storage, read_write> ")
@@ -101,8 +109,8 @@ pub(crate) fn wgsl(kernel: Kernel) -> String {
 }
 
 /// naga's verdict on [`wgsl`] (what wgpu compiles), checked on the CPU before any pipeline is made.
-pub(crate) fn validate_wgsl(kernel: Kernel) -> Result<(), KernelError> {
-    use heapscope_kernels::naga;
+fn validate_wgsl(kernel: Kernel) -> Result<(), KernelError> {
+    use crate::naga;
     let source = wgsl(kernel);
     let module = naga::front::wgsl::parse_str(&source)
         .map_err(|error| KernelError::Parse { kernel, message: error.emit_to_string(&source) })?;
@@ -116,9 +124,9 @@ impl WgpuKernels {
     /// Builds a pipeline per kernel and the uniform, result and readback buffers.
     ///
     /// # Errors
-    /// [`WgpuError::Kernel`] when naga refuses a kernel's source (checked before wgpu sees it);
+    /// [`WgpuKernelError::Kernel`] when naga refuses a kernel's source (checked before wgpu sees it);
     /// [`WgpuError::Device`] when wgpu refuses a pipeline or a buffer.
-    pub fn new(device: Arc<WgpuDevice>) -> Result<Self, WgpuError> {
+    pub fn new(device: Arc<WgpuDevice>) -> Result<Self, WgpuKernelError> {
         for kernel in Kernel::ALL {
             validate_wgsl(kernel)?;
         }
@@ -219,7 +227,7 @@ impl WgpuKernels {
             label: Some(kernel.name()),
             layout: Some(&pipeline_layout),
             module: &module,
-            entry_point: Some(heapscope_kernels::ENTRY_POINT),
+            entry_point: Some(crate::ENTRY_POINT),
             compilation_options: wgpu::PipelineCompilationOptions::default(),
             cache: None,
         });
@@ -231,7 +239,7 @@ impl WgpuKernels {
         &self.device
     }
 
-    fn pipeline_of(&self, kernel: Kernel) -> Result<&KernelPipeline, WgpuError> {
+    fn pipeline_of(&self, kernel: Kernel) -> Result<&KernelPipeline, WgpuKernelError> {
         self.pipelines
             .iter()
             .find(|pipeline| pipeline.kernel == kernel)
@@ -240,13 +248,17 @@ impl WgpuKernels {
 
     /// Records `batch` into one submit, waits for it, and returns the counters of the first `verify_slots` result
     /// slots (two words each).
-    fn submit_and_wait(&mut self, batch: &[SlottedDispatch<KernelBuffer<'_>>], verify_slots: u32) -> Result<Vec<u32>, WgpuError> {
+    fn submit_and_wait(
+        &mut self,
+        batch: &[SlottedDispatch<KernelBuffer<'_>>],
+        verify_slots: u32,
+    ) -> Result<Vec<u32>, WgpuKernelError> {
         let stride = self.params_stride_bytes;
         let mut params = vec![0u8; usize::try_from(stride * batch.len() as u64).unwrap_or(0)];
         for (SlottedDispatch { dispatch, slot, .. }, chunk) in batch.iter().zip(params.chunks_exact_mut(stride as usize)) {
             let words = match dispatch.matvec {
                 Some(matvec) => matvec.words(),
-                None => heapscope_kernels::Params { slot: *slot, ..dispatch.params }.words(),
+                None => crate::Params { slot: *slot, ..dispatch.params }.words(),
             };
             // WGSL reads buffers little-endian, whatever the host.
             for (bytes, word) in chunk.chunks_exact_mut(4).zip(words) {
@@ -255,7 +267,7 @@ impl WgpuKernels {
         }
         let verify_slots = u64::from(verify_slots);
         let device = Arc::clone(&self.device);
-        let submission = device.checked("running kernels", || -> Result<wgpu::SubmissionIndex, WgpuError> {
+        let submission = device.checked("running kernels", || -> Result<wgpu::SubmissionIndex, WgpuKernelError> {
             let groups = batch.iter().map(|slotted| self.storage_group(&slotted.dispatch)).collect::<Result<Vec<_>, _>>()?;
             let queue = device.queue();
             queue.write_buffer(&self.params_buffer, 0, &params);
@@ -289,12 +301,12 @@ impl WgpuKernels {
         if verify_slots == 0 {
             return Ok(Vec::new());
         }
-        self.read_results(verify_slots * 8)
+        Ok(self.read_results(verify_slots * 8)?)
     }
 
     /// The storage bind group of a dispatch ([`Dispatch::storage_bindings`]: the verify results are the runner's
     /// result buffer). Called inside the submit's error scopes.
-    fn storage_group(&self, dispatch: &Dispatch<KernelBuffer<'_>>) -> Result<wgpu::BindGroup, WgpuError> {
+    fn storage_group(&self, dispatch: &Dispatch<KernelBuffer<'_>>) -> Result<wgpu::BindGroup, WgpuKernelError> {
         let pipeline = self.pipeline_of(dispatch.kernel)?;
         fn binding(buffer: &wgpu::Buffer, offset: u64, size: u64) -> wgpu::BindingResource<'_> {
             wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer, offset, size: NonZeroU64::new(size) })
@@ -305,7 +317,7 @@ impl WgpuKernels {
             .map(|(index, bound)| wgpu::BindGroupEntry {
                 binding: index,
                 resource: match bound {
-                    StorageBinding::Range(range) => binding(range.buffer.buffer, range.offset_bytes, range.size_bytes),
+                    StorageBinding::Range(range) => binding(range.buffer.buffer(), range.offset_bytes, range.size_bytes),
                     StorageBinding::VerifyResults => self.results_buffer.as_entire_binding(),
                 },
             })
@@ -347,7 +359,7 @@ impl WgpuKernels {
 /// trait's ([`KernelRunner::run`]).
 impl KernelRunner for WgpuKernels {
     type Buffer<'a> = KernelBuffer<'a>;
-    type Error = WgpuError;
+    type Error = WgpuKernelError;
 
     /// Dispatches recorded into one submit at most; also the number of verify result slots and uniform slots.
     const DISPATCHES_PER_SUBMIT: u32 = 256;
@@ -362,12 +374,13 @@ impl KernelRunner for WgpuKernels {
 
     /// Refuses a buffer without `STORAGE` usage.
     fn check(&self, op: &Op<KernelBuffer<'_>>) -> Result<(), KernelError> {
-        if let Some(buffer) = op.buffers().into_iter().find(|buffer| !buffer.buffer.usage().contains(wgpu::BufferUsages::STORAGE))
+        if let Some(buffer) =
+            op.buffers().into_iter().find(|buffer| !buffer.buffer().usage().contains(wgpu::BufferUsages::STORAGE))
         {
             return Err(KernelError::InvalidOp(format!(
                 "a buffer of {} B without STORAGE usage ({:?})",
-                buffer.buffer.size(),
-                buffer.buffer.usage()
+                buffer.buffer().size(),
+                buffer.buffer().usage()
             )));
         }
         Ok(())
@@ -375,7 +388,11 @@ impl KernelRunner for WgpuKernels {
 
     /// Writes the batch's parameters to the uniform buffer and resets its result slots, records one compute pass
     /// inside wgpu error scopes, submits, waits, and reads the slots back.
-    fn submit(&mut self, batch: &[SlottedDispatch<KernelBuffer<'_>>], verify_slots: u32) -> Result<Vec<VerifyResult>, WgpuError> {
+    fn submit(
+        &mut self,
+        batch: &[SlottedDispatch<KernelBuffer<'_>>],
+        verify_slots: u32,
+    ) -> Result<Vec<VerifyResult>, WgpuKernelError> {
         let words = self.submit_and_wait(batch, verify_slots)?;
         Ok(words.chunks_exact(2).map(|counters| VerifyResult::from_counters(counters[0], counters[1])).collect())
     }

@@ -4,11 +4,11 @@
 //! counts), and a dropped target's device memory is gone.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
+use heapscope_kernels::VulkanTarget;
 use heapscope_kernels::bench::conformance::{check_target, small_serve};
 use heapscope_kernels::bench::{BenchSettings, run};
 use heapscope_kernels::workload::KvLayout;
 use heapscope_lab::contender::Contender;
-use heapscope_vulkan::VulkanTarget;
 
 /// The checks every device target must pass (`heapscope_kernels::bench::conformance`).
 #[test]

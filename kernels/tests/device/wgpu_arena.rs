@@ -6,11 +6,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::common::{Rng, devices, finish};
+use crate::common::Rng;
+use crate::common::wgpu::{devices, finish};
 use heapscope_core::units::MIB;
 use heapscope_core::{HeapConfig, PolicyKind, ReleaseRule};
+use heapscope_kernels::{ArenaOps, WgpuKernelError, WgpuKernels};
 use heapscope_kernels::{KernelRunner, Op, VerifyResult};
-use heapscope_wgpu::{ArenaAllocation, ArenaConfig, ArenaHeap, KernelBuffer, WgpuDevice, WgpuError, WgpuKernels};
+use heapscope_wgpu::{ArenaAllocation, ArenaConfig, ArenaHeap, KernelBuffer, WgpuDevice, WgpuError};
 
 /// Small arenas, so that traffic makes and releases many of them.
 fn config(policy: PolicyKind, release: ReleaseRule) -> ArenaConfig {
@@ -206,7 +208,7 @@ fn arenas_grow_and_are_released() {
             assert_eq!(heap.stats().blocks_released, heap.stats().blocks_reserved);
             let mut kernels = WgpuKernels::new(Arc::clone(&device)).unwrap();
             let error = kernels.fill(KernelBuffer::new(&stale), 0, 256, 1).unwrap_err();
-            assert!(matches!(error, WgpuError::Device { .. }), "{error}");
+            assert!(matches!(error, WgpuKernelError::Wgpu(WgpuError::Device { .. })), "{error}");
             assert!(error.to_string().to_lowercase().contains("destroyed"), "{error}");
         }
         finish(device);

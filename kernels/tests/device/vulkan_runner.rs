@@ -10,14 +10,15 @@ use crate::common::Rng;
 use heapscope_core::units::{KIB, MIB};
 use heapscope_core::{Heap, HeapAllocation, HeapConfig, MemorySource, PolicyKind, ReleaseRule, Request};
 use heapscope_kernels::{KernelRunner, MatVecIds, Op, VerifyResult, matvec_words, pattern_word};
-use heapscope_vulkan::compute::{BlockBuffer, ComputeError, ComputeKernels};
+use heapscope_kernels::{VulkanKernelError, VulkanKernels};
+use heapscope_vulkan::compute::BlockBuffer;
 use heapscope_vulkan::memory_types::MemoryUsage;
 use heapscope_vulkan::{DeviceMemorySource, DeviceSourceConfig, VulkanContext};
 
-fn setup() -> Option<(Arc<VulkanContext>, DeviceMemorySource, ComputeKernels)> {
+fn setup() -> Option<(Arc<VulkanContext>, DeviceMemorySource, VulkanKernels)> {
     let context = Arc::new(crate::common::context()?);
     let source = DeviceMemorySource::new(Arc::clone(&context), DeviceSourceConfig::new(MemoryUsage::Upload)).unwrap();
-    let kernels = ComputeKernels::new(Arc::clone(&context)).unwrap();
+    let kernels = VulkanKernels::new(Arc::clone(&context)).unwrap();
     Some((context, source, kernels))
 }
 
@@ -88,11 +89,11 @@ fn copy_then_verify_at_the_destination_with_split_bindings() {
         kernels.copy(src.as_compute(), 20, src.as_compute(), MIB + 64, 4096).unwrap();
         assert!(kernels.verify(src.as_compute(), MIB + 64, 4096, 3).unwrap().is_clean());
         let overlap = kernels.copy(src.as_compute(), 0, src.as_compute(), 64, 4096);
-        assert!(matches!(overlap, Err(ComputeError::Kernel(_))), "{overlap:?}");
+        assert!(matches!(overlap, Err(VulkanKernelError::Kernel(_))), "{overlap:?}");
         let misaligned = kernels.fill(src.as_compute(), 2, 8, 0);
-        assert!(matches!(misaligned, Err(ComputeError::Kernel(_))), "{misaligned:?}");
+        assert!(matches!(misaligned, Err(VulkanKernelError::Kernel(_))), "{misaligned:?}");
         let past_end = kernels.fill(src.as_compute(), 2 * MIB - 4, 8, 0);
-        assert!(matches!(past_end, Err(ComputeError::Kernel(_))), "{past_end:?}");
+        assert!(matches!(past_end, Err(VulkanKernelError::Kernel(_))), "{past_end:?}");
     }
     source.free_block(a);
     source.free_block(b);
@@ -333,7 +334,7 @@ fn a_buffer_of_another_device_is_refused() {
     {
         let buffer = BlockBuffer::new(&other_source, block.handle).unwrap();
         let refused = kernels.fill(buffer.as_compute(), 0, 64 * KIB, 1);
-        assert!(matches!(refused, Err(ComputeError::Kernel(_))), "{refused:?}");
+        assert!(matches!(refused, Err(VulkanKernelError::Kernel(_))), "{refused:?}");
         assert_eq!(kernels.counts(), (0, 0));
     }
     other_source.free_block(block);

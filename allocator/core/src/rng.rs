@@ -1,5 +1,5 @@
-//! [`Rng`]: splitmix64, the small deterministic generator behind every workload (same seed, same stream, on
-//! every platform).
+//! [`Rng`]: splitmix64, a small deterministic generator (same seed, same stream, on every platform): behind every
+//! workload of the kernels crate and every randomised device test.
 
 /// splitmix64.
 #[derive(Clone, Debug)]

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use crate::common::{Rng, finish};
 use heapscope_core::units::{KIB, MIB};
 use heapscope_core::{Error, OomCause};
+use heapscope_kernels::VulkanKernels;
 use heapscope_kernels::{KernelRunner, Op};
 use heapscope_pytorch::{AllocConf, CachingAllocation};
-use heapscope_vulkan::compute::ComputeKernels;
 use heapscope_vulkan::{PytorchDeviceConfig, PytorchDeviceHeap, SegmentMemory, VulkanError};
 
 fn conf(expandable: bool) -> AllocConf {
@@ -19,7 +19,7 @@ fn conf(expandable: bool) -> AllocConf {
 }
 
 /// Fills each allocation with its pattern, then verifies all of them; returns the mismatches.
-fn fill_and_verify(kernels: &mut ComputeKernels, heap: &PytorchDeviceHeap, live: &[(CachingAllocation, u32)]) -> u64 {
+fn fill_and_verify(kernels: &mut VulkanKernels, heap: &PytorchDeviceHeap, live: &[(CachingAllocation, u32)]) -> u64 {
     heap.wait_binds().unwrap();
     let targets: Vec<_> = live
         .iter()
@@ -44,7 +44,7 @@ fn fill_and_verify(kernels: &mut ComputeKernels, heap: &PytorchDeviceHeap, live:
 fn segments_are_device_blocks_the_kernels_verify() {
     let Some(context) = crate::common::context().map(Arc::new) else { return };
     {
-        let mut kernels = ComputeKernels::new(Arc::clone(&context)).unwrap();
+        let mut kernels = VulkanKernels::new(Arc::clone(&context)).unwrap();
         let mut heap = PytorchDeviceHeap::new(Arc::clone(&context), PytorchDeviceConfig::new(conf(false), None)).unwrap();
         let baseline = context.live_allocation_count();
         let mut rng = Rng::new(0x70c4);
@@ -119,7 +119,7 @@ fn out_of_memory_is_pytorchs_verdict() {
 fn a_device_refusal_is_undone() {
     let Some(context) = crate::common::context().map(Arc::new) else { return };
     {
-        let mut kernels = ComputeKernels::new(Arc::clone(&context)).unwrap();
+        let mut kernels = VulkanKernels::new(Arc::clone(&context)).unwrap();
         let config = PytorchDeviceConfig { device_cap_bytes: Some(30 * MIB), ..PytorchDeviceConfig::new(conf(false), None) };
         let mut heap = PytorchDeviceHeap::new(Arc::clone(&context), config).unwrap();
         let first = heap.allocate(12 * MIB).unwrap();
@@ -159,7 +159,7 @@ fn a_device_refusal_is_undone() {
 fn expandable_segments_map_pages_of_sparse_buffers() {
     let Some(context) = crate::common::sparse_context() else { return };
     {
-        let mut kernels = ComputeKernels::new(Arc::clone(&context)).unwrap();
+        let mut kernels = VulkanKernels::new(Arc::clone(&context)).unwrap();
         let mut heap =
             PytorchDeviceHeap::new(Arc::clone(&context), PytorchDeviceConfig::new(conf(true), Some(64 * MIB))).unwrap();
         let big: Vec<_> = (0..3).map(|_| heap.allocate(12 * MIB).unwrap()).collect();
