@@ -293,7 +293,10 @@ fn no_two_top_level_folders_depend_on_each_other() {
     assert!(allocator.is_empty(), "the libraries under allocator/ depend on {allocator:?}");
     // The check itself, on a made-up workspace where a backend's tests use the kernels.
     let looped = [
-        ("allocator".to_owned(), "[package]\nname = \"heapscope-a\"\n[dev-dependencies]\nheapscope-k = { workspace = true }".to_owned()),
+        (
+            "allocator".to_owned(),
+            "[package]\nname = \"heapscope-a\"\n[dev-dependencies]\nheapscope-k = { workspace = true }".to_owned(),
+        ),
         ("kernels".to_owned(), "[package]\nname = \"heapscope-k\"\n[dependencies]\nheapscope-a.workspace = true".to_owned()),
     ];
     let found = cycle(&folder_graph(&looped)).map(|found| found.concat());
