@@ -281,15 +281,17 @@ pub fn start(context: &Arc<VulkanContext>, config: LiveConfig) -> anyhow::Result
         .name("heapscope-live".into())
         .spawn(move || {
             let mut observer = LiveObserver::new(sender, Arc::clone(&worker_progress), worker_stop);
-            let result = run_observed(&workload, &mut target, &mut [&mut observer]).map_err(|error| error.to_string());
+            let result = run_observed(&workload, &mut target, &mut [&mut observer]);
             drop(observer);
             // The device memory goes back before the run is said to be over.
             drop(target);
             let mut progress = worker_progress.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Ok(report) = &result {
-                progress.mismatches = report.mismatches;
-            }
-            progress.finished = Some(result);
+            // Every verify that ran counts, a stopped or failed run's last batch too.
+            progress.mismatches = match &result {
+                Ok(report) => report.mismatches,
+                Err(error) => error.mismatches,
+            };
+            progress.finished = Some(result.map_err(|error| error.to_string()));
         })
         .map_err(|error| anyhow::anyhow!("cannot start the live worker: {error}"))?;
     let device = context.properties().name.clone();

@@ -40,6 +40,9 @@
 //!   `queue_guard`: the queue entry points handed to wgpu-hal take the context's queue lock, so anyone holding the
 //!   `wgpu::Queue` (egui-wgpu drawing the window) may submit and present while heapscope binds and submits.
 //!
+//! - [`testing`] (feature `testing`): a validated context for device tests, skipped where there is no Vulkan unless
+//!   `HEAPSCOPE_REQUIRE_GPU=1`, and the check that the layer said nothing.
+//!
 //! All of heapscope's `unsafe` lives in this crate; every block carries a `// SAFETY:` comment.
 #![allow(unsafe_code, reason = "the Vulkan backend: every unsafe block says why it is sound")]
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -66,6 +69,8 @@ mod queue_guard;
 mod segment_memory;
 mod source;
 mod sparse;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod transfer;
 #[cfg(feature = "vma")]
 mod vma_heap;

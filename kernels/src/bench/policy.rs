@@ -73,7 +73,7 @@ const UNLIMITED_DEVICE_BYTES: u64 = 1 << 56;
 /// # Errors
 /// [`RunError`] at step 0 for settings a heap refuses; what [`run`] returns.
 pub fn run_simulated(workload: &Workload, policy: Contender, settings: &BenchSettings) -> Result<RunReport, RunError> {
-    let invalid = |error: heapscope_core::Error| RunError { step: 0, message: format!("{policy}: {error}") };
+    let invalid = |error: heapscope_core::Error| RunError::at(0, format!("{policy}: {error}"));
     let align = settings.align_bytes;
     match policy {
         Contender::Heap(kind) => {
@@ -90,10 +90,9 @@ pub fn run_simulated(workload: &Workload, policy: Contender, settings: &BenchSet
             let conf = settings.caching_conf(expandable);
             run(workload, &mut SimTarget::new(CachingHeap::new(conf, settings.budget_bytes), align))
         }
-        Contender::GpuAllocator | Contender::Vma => Err(RunError {
-            step: 0,
-            message: format!("{policy} is no bench contender: it replays recordings on a Vulkan device"),
-        }),
+        Contender::GpuAllocator | Contender::Vma => {
+            Err(RunError::at(0, format!("{policy} is no bench contender: it replays recordings on a Vulkan device")))
+        }
     }
 }
 

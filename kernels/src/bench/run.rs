@@ -99,6 +99,16 @@ pub struct RunError {
     pub step: u64,
     /// What failed.
     pub message: String,
+    /// Kernel mismatches the verifies that ran before the failure found (a stopped or failed run says how clean it
+    /// was so far).
+    pub mismatches: u64,
+}
+
+impl RunError {
+    /// A failure at `step`, before any verify (the run's own count is added where it stops: [`run_observed`]).
+    pub fn at(step: u64, message: impl Into<String>) -> Self {
+        Self { step, message: message.into(), mismatches: 0 }
+    }
 }
 
 /// Bytes of an allocation that hold `id`'s pattern from `offset_bytes` on.
@@ -135,7 +145,7 @@ pub fn run_observed<'t, T: Target>(
     observers: &mut [&mut dyn Observer<KernelDriver<'t, T>>],
 ) -> Result<RunReport, RunError> {
     let started = Instant::now();
-    let stream = workload.trace().map_err(|error| RunError { step: error.step as u64, message: error.what })?;
+    let stream = workload.trace().map_err(|error| RunError::at(error.step as u64, error.what))?;
     let kernels_ran = target.runs_kernels();
     let mut runner = KernelDriver {
         target,
@@ -154,13 +164,16 @@ pub fn run_observed<'t, T: Target>(
         report: RunReport { kernels_ran, ..RunReport::default() },
     };
     let driven = drive(Stream::of_trace(&stream.trace), &mut runner, 1, observers);
-    if let Some(failure) = runner.failure.take() {
-        return Err(failure);
-    }
-    driven.map_err(|error| RunError { step: runner.step(), message: error.to_string() })?;
     let end = workload.steps.len() as u64;
-    runner.ops_until(workload.steps.len())?;
-    runner.flush(end)?;
+    let finished = match (runner.failure.take(), driven) {
+        (Some(failure), _) => Err(failure),
+        (None, Err(error)) => Err(RunError::at(runner.step(), error.to_string())),
+        (None, Ok(())) => runner.ops_until(workload.steps.len()).and_then(|()| runner.flush(end)),
+    };
+    if let Err(mut error) = finished {
+        error.mismatches = runner.report.mismatches;
+        return Err(error);
+    }
     runner.report.steps = end;
     runner.report.wall = started.elapsed();
     Ok(runner.report)
@@ -285,12 +298,12 @@ impl<T: Target> KernelDriver<'_, T> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let results = self.target.run(&self.pending).map_err(|error| RunError { step: at, message: error.to_string() })?;
+        let results = self.target.run(&self.pending).map_err(|error| RunError::at(at, error.to_string()))?;
         if results.len() != self.checks.len() {
-            return Err(RunError {
-                step: at,
-                message: format!("the target returned {} verify results for {} verifies", results.len(), self.checks.len()),
-            });
+            return Err(RunError::at(
+                at,
+                format!("the target returned {} verify results for {} verifies", results.len(), self.checks.len()),
+            ));
         }
         for (&(id, step), result) in self.checks.iter().zip(&results) {
             self.report.mismatches += u64::from(result.mismatches);
@@ -437,17 +450,17 @@ impl<T: Target> DriverTarget for KernelDriver<'_, T> {
                 self.refused.insert(id);
                 Ok(Err(Some(*verdict)))
             }
-            Err(TargetError::Failed(message)) => Err(self.fail(RunError { step: at, message })),
+            Err(TargetError::Failed(message)) => Err(self.fail(RunError::at(at, message))),
         }
     }
 
     fn free(&mut self, placed: Self::Handle) -> heapscope_core::Result<()> {
         let at = self.step();
         let Some(live) = self.live.remove(&placed.id) else {
-            return Err(self.fail(RunError { step: at, message: format!("free of allocation {}, which is not live", placed.id) }));
+            return Err(self.fail(RunError::at(at, format!("free of allocation {}, which is not live", placed.id))));
         };
         if let Err(error) = self.target.free(live.handle) {
-            return Err(self.fail(RunError { step: at, message: error.to_string() }));
+            return Err(self.fail(RunError::at(at, error.to_string())));
         }
         self.live_bytes -= live.size_bytes;
         if at < self.steps.len() as u64 {

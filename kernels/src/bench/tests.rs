@@ -24,6 +24,10 @@ struct CpuTarget {
     alias_every: Option<usize>,
     reserved_bytes: u64,
     runs: u64,
+    /// The target fails every run after this many (a device lost mid-run).
+    runs_before_failing: Option<u64>,
+    /// Mismatches its verifies found so far.
+    mismatches: u64,
 }
 
 impl CpuTarget {
@@ -67,6 +71,9 @@ impl Target for CpuTarget {
     }
 
     fn run(&mut self, ops: &[Op<usize>]) -> Result<Vec<VerifyResult>, TargetError> {
+        if self.runs_before_failing.is_some_and(|runs| self.runs >= runs) {
+            return Err(TargetError::Failed("the device was lost".into()));
+        }
         self.runs += 1;
         let mut results = Vec::new();
         for op in ops {
@@ -81,7 +88,9 @@ impl Target for CpuTarget {
                 Op::Verify { target, offset_bytes, len_bytes, id } => {
                     let at = (offset_bytes / 4) as usize;
                     let words = self.words(target)?;
-                    results.push(verify_words(id, &words[at..at + (len_bytes / 4) as usize]));
+                    let result = verify_words(id, &words[at..at + (len_bytes / 4) as usize]);
+                    self.mismatches += u64::from(result.mismatches);
+                    results.push(result);
                 }
                 Op::Copy { src, src_offset_bytes, dst, dst_offset_bytes, len_bytes } => {
                     let (from, len) = ((src_offset_bytes / 4) as usize, (len_bytes / 4) as usize);
@@ -154,6 +163,26 @@ fn overlapping_allocations_are_caught() {
     let (id, step, result) = report.first_mismatch.unwrap();
     assert!(!result.is_clean());
     assert!(matches!(workload.steps[step as usize], Step::Free { .. }) || step == workload.steps.len() as u64, "{id} at {step}");
+}
+
+/// A run that fails after verifies found mismatches says how many they found (live mode shows a stopped or failed
+/// run's count): the broken allocator's run, failing at each later batch in turn, reports exactly what the batches
+/// before the failure found.
+#[test]
+fn a_failed_run_keeps_the_mismatches_found_before_it() {
+    let workload = small_serve(KvLayout::Contiguous);
+    let mut whole = CpuTarget { alias_every: Some(7), ..CpuTarget::default() };
+    let report = run(&workload, &mut whole).unwrap();
+    let mut checked = 0;
+    for runs in [whole.runs / 4, whole.runs / 2, whole.runs - 1] {
+        let mut target = CpuTarget { alias_every: Some(7), runs_before_failing: Some(runs), ..CpuTarget::default() };
+        let error = run(&workload, &mut target).unwrap_err();
+        assert!(error.message.contains("the device was lost"), "{error}");
+        assert_eq!(error.mismatches, target.mismatches, "failing after {runs} runs");
+        assert!(error.mismatches <= report.mismatches);
+        checked += u64::from(error.mismatches > 0);
+    }
+    assert!(checked > 0, "some failure came after a mismatch: {report:?}");
 }
 
 /// Simulated heaps: the same stream through every contender; no kernels, so no mismatch, said as such.
