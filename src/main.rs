@@ -4,6 +4,7 @@
 #[macro_use]
 mod output;
 
+mod advise;
 mod bench;
 mod compare;
 mod convert;
@@ -36,6 +37,9 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Compare every contender on a recording: a table and, on out of memory, the verdict.
     Compare(compare::CompareArgs),
+    /// Which PyTorch allocator settings would have fit a recording, how much memory each needs, and what to set:
+    /// every setting a replay of the recording.
+    Advise(advise::AdviseArgs),
     /// Print a replay's statistics in the layout of PyTorch's `torch.cuda.memory_summary()`.
     Summary(export::SummaryArgs),
     /// Write a replay as a PyTorch memory snapshot, for PyTorch's memory_viz.
@@ -69,6 +73,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(&args),
         Command::Replay(args) => replay::run(&args),
         Command::Compare(args) => compare::run(&args),
+        Command::Advise(args) => advise::run(&args),
         Command::Summary(args) => export::run_summary(&args),
         Command::Export(args) => export::run_export(&args),
         Command::Convert(args) => convert::run(&args),

@@ -468,8 +468,7 @@ pub fn emulate_pytorch(
     capacity_bytes: Option<u64>,
     backing: &mut dyn SegmentBacking,
 ) -> Result<PytorchReplay> {
-    let mut follower =
-        BackingFollower { recording, capacity_bytes, backing, first_oom: None, step_effect: EntryEffect::Unchanged };
+    let mut follower = BackingFollower::new(recording, capacity_bytes, backing, false);
     Ok(match &recording.snapshot {
         Some(snapshot) => {
             // A PyTorch recording: the emulation replays each entry when its moment begins, from the state at the
@@ -490,6 +489,30 @@ pub fn emulate_pytorch(
     })
 }
 
+/// The first request PyTorch's emulation refuses replaying `recording` with `conf` on a device of `capacity_bytes`
+/// (`None`: the recording fits), the replay stopped there: whether a setting fits a device, asked many times over by
+/// `advise`'s search for the smallest capacity.
+///
+/// # Errors
+/// What [`emulate_pytorch`] returns.
+pub fn first_refusal(recording: &Recording, conf: &AllocConf, capacity_bytes: Option<u64>) -> Result<Option<FirstOom>> {
+    let mut unbacked = Unbacked;
+    let mut follower = BackingFollower::new(recording, capacity_bytes, &mut unbacked, true);
+    match &recording.snapshot {
+        Some(snapshot) => {
+            let mut target = SnapshotTarget::new(recording, snapshot, conf, capacity_bytes)
+                .map_err(|error| emulation_error(recording, &error))?;
+            follower.follow(Stream::of(recording), &mut target)?;
+        }
+        None => {
+            let mut heap = CachingHeap::new(conf.clone(), capacity_bytes);
+            heap.record_device_events(true);
+            follower.follow(Stream::of(recording), &mut HeapTarget(&mut heap))?;
+        }
+    }
+    Ok(follower.first_oom)
+}
+
 /// Hands a replay through PyTorch's emulation to a [`SegmentBacking`], as an observer of the driver: what the
 /// allocator holds at the start, then every segment operation as the driver reports it, then after each entry what
 /// it did to the blocks; and notes the first refusal in PyTorch's words.
@@ -500,9 +523,23 @@ struct BackingFollower<'a, 'b> {
     first_oom: Option<FirstOom>,
     /// What the last step of the current moment did.
     step_effect: EntryEffect,
+    /// Stop the replay at the first refusal (a yes / no question: does the recording fit?).
+    stop_at_first_oom: bool,
 }
 
-impl BackingFollower<'_, '_> {
+/// What the follower stops the driver with at the first refusal, when asked to.
+const STOPPED_AT_FIRST_OOM: &str = "stopped at the first refusal";
+
+impl<'a, 'b> BackingFollower<'a, 'b> {
+    fn new(
+        recording: &'a Recording,
+        capacity_bytes: Option<u64>,
+        backing: &'b mut dyn SegmentBacking,
+        stop_at_first_oom: bool,
+    ) -> Self {
+        Self { recording, capacity_bytes, backing, first_oom: None, step_effect: EntryEffect::Unchanged, stop_at_first_oom }
+    }
+
     /// Replays `stream` through `target` (PyTorch rounds and aligns every request itself: no alignment of ours).
     fn follow<T: CachingTarget>(&mut self, stream: Stream<'_>, target: &mut T) -> Result<()> {
         let start = target.held_at_start();
@@ -510,7 +547,10 @@ impl BackingFollower<'_, '_> {
             self.apply(Moment::Start, &start, target.allocator())?;
         }
         self.backing.started(target.allocator());
-        drive(stream, target, 1, &mut [self])
+        match drive(stream, target, 1, &mut [self]) {
+            Err(heapscope_core::Error::Source(why)) if self.stop_at_first_oom && why == STOPPED_AT_FIRST_OOM => Ok(()),
+            other => other,
+        }
     }
 
     fn apply(&mut self, moment: Moment, device_events: &[DeviceEvent], allocator: &CachingAllocator) -> Result<()> {
@@ -562,6 +602,9 @@ impl<T: CachingTarget> Observer<T> for BackingFollower<'_, '_> {
             self.first_oom = Some(pytorch_first_oom(entry, &report, unreserved));
         }
         self.backing.replayed(usize::try_from(entry).unwrap_or(usize::MAX), effect, target.allocator());
+        if self.stop_at_first_oom && self.first_oom.is_some() {
+            return Err(heapscope_core::Error::Source(STOPPED_AT_FIRST_OOM.to_owned()));
+        }
         Ok(())
     }
 }

@@ -19,12 +19,17 @@
 //!   [`compare::Figures`], or not run, with why — the shape `bench` uses for its runs too) and says who would have survived an out-of-memory error; [`timeline`] keeps a replay step by step
 //!   for seeking and explaining; [`export`] writes replays in other tools' forms (PyTorch snapshots, VMA's JSON);
 //!   [`story`] holds the built-in teaching traces.
+//! - [`advise`] answers "what do I set?": the recording replayed through PyTorch's emulation under a grid of
+//!   `PYTORCH_CUDA_ALLOC_CONF` settings (and `paged` for reference), each with its figures on the device the recording
+//!   tells, the estimated time of its driver calls ([`cuda_cost`]) and the smallest capacity it needs, ranked.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod advise;
 pub mod caching_target;
 pub mod compare;
 pub mod contender;
+pub mod cuda_cost;
 pub mod driver;
 pub mod export;
 pub mod outcome;

@@ -778,3 +778,50 @@ fn issue_14_a_state_with_no_trace_summarises_exports_and_renders() {
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// `advise` on the shared frag_oom recording: the capacity its `oom` entry tells, a setting that fits ranked first
+/// and pasted, why the recorded settings failed; JSON with the contract's keys, best first; a setting PyTorch would
+/// refuse named in the error.
+#[test]
+fn advise_ranks_a_setting_that_fits_and_says_why_the_default_failed() {
+    let file = trace("pytorch/frag_oom-default.pickle.gz");
+    let file = file.to_str().unwrap();
+    let settings = ["--setting", "", "--setting", "expandable_segments:True", "--setting", "max_split_size_mb:128"];
+    let output = heapscope(&[&["advise", file][..], &settings].concat());
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert!(text.contains("device capacity 3.50 GiB: at its oom (entry 100) PyTorch held 2.93 GiB reserved"), "{text}");
+    assert!(text.contains("*(PyTorch's defaults)"), "{text}");
+    let answer = text.lines().last().unwrap();
+    assert!(
+        answer.starts_with("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True — fits in 3.50 GiB")
+            && answer
+                .contains("the recorded settings ran out of memory at entry 100 (fragmentation): Tried to allocate 1.00 GiB"),
+        "{answer}"
+    );
+    let rows = json_lines(&heapscope(&[&["advise", file, "--json"][..], &settings].concat()));
+    let keys = [
+        "setting",
+        "peak_reserved_bytes",
+        "peak_live_bytes",
+        "device_allocs",
+        "device_frees",
+        "driver_time_us",
+        "ooms",
+        "first_oom",
+        "min_capacity_bytes",
+        "monotone",
+        "rank",
+    ];
+    for row in &rows {
+        for key in keys {
+            assert!(row.get(key).is_some(), "{key} missing: {row}");
+        }
+    }
+    let ranks: Vec<u64> = rows.iter().map(|row| row["rank"].as_u64().unwrap()).collect();
+    assert_eq!(ranks, [1, 2, 3, 0]);
+    assert_eq!((rows[0]["setting"].as_str(), rows[0]["ooms"].as_u64()), (Some("expandable_segments:True"), Some(0)));
+    let refused = heapscope(&["advise", file, "--setting", "max_split_size_mb:10"]);
+    assert!(!refused.status.success());
+    assert!(stderr(&refused).contains("setting \"max_split_size_mb:10\""), "{}", stderr(&refused));
+}

@@ -1,0 +1,578 @@
+//! [`advise`]: which settings of PyTorch's caching allocator would have fit a recording, how much memory each
+//! needs, and the proof — every setting a replay of the same recording through the emulation, on the one driver.
+//!
+//! The question people bring a snapshot with is "my run died with memory free — what do I set?". The emulation
+//! reproduces real runs decision for decision, so the answer is a replay per setting: a grid of
+//! `PYTORCH_CUDA_ALLOC_CONF` settings ([`grid`]: `expandable_segments` off and on, each with `max_split_size_mb`
+//! 64 to 1024, `roundup_power2_divisions` 4 to 16, and `garbage_collection_threshold` 0.6 or 0.8 beside a max split
+//! size), the recording's own settings, and heapscope's `paged` with CUDA's 2 MiB pages as what a paging allocator
+//! would need. For each: the figures of its run on the device (peak reserved and live, device allocations and
+//! frees, the estimated time of those driver calls, [`crate::cuda_cost`]), its out-of-memory errors and the first
+//! verdict, and the smallest capacity at which it runs without one, found by bisection on a 2 MiB grid between the
+//! peak of allocated bytes (below it nothing fits) and the peak reserved without a limit — and then checked above:
+//! more memory can change the allocator's decisions (garbage collection, the release of cached segments), so a few
+//! larger capacities are replayed too, and a setting that fails at one of them is reported as not monotone.
+//!
+//! The device's capacity is the one given, else what the recording tells: at its first `oom` entry the reserved
+//! bytes plus the driver's free bytes it recorded ([`recorded_capacity`]). With a capacity the settings that fit
+//! rank first, by peak reserved; without one, by the smallest capacity they need. A recording that starts mid-run is
+//! advised from the start state rebuilt from its final segments, as every replay of it is.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::compare::{Figures, FirstOom, alloc_conf, emulate_pytorch, first_refusal, summed};
+use crate::cuda_cost::{CUDA_PAGE_BYTES, CudaCost};
+use crate::driver::{HeapTarget, Statistics, Stream, drive};
+use crate::recording::{Recording, counted};
+use heapscope_core::units::Bytes;
+use heapscope_core::{PagedConfig, PagedHeap, Result, UnmapRule};
+use heapscope_pytorch::{Action, AllocConf};
+
+/// The capacity searches' grid: capacities are multiples of CUDA's 2 MiB granularity.
+pub const CAPACITY_STEP_BYTES: u64 = CUDA_PAGE_BYTES;
+
+/// A device with no practical limit (a recorded `oom` entry is then tried with all this room, not the driver's
+/// free bytes it recorded).
+const UNLIMITED_BYTES: u64 = 1 << 60;
+
+/// The name of the paging allocator's row.
+pub const PAGED: &str = "paged";
+
+/// The grid of settings, as `PYTORCH_CUDA_ALLOC_CONF` strings (`""` is PyTorch's defaults).
+pub fn grid() -> Vec<String> {
+    let mut settings = Vec::new();
+    for expandable in [false, true] {
+        let base = if expandable { "expandable_segments:True" } else { "" };
+        let with = |extra: String| if base.is_empty() { extra } else { format!("{base},{extra}") };
+        settings.push(base.to_owned());
+        for mb in [64, 128, 256, 512, 1024] {
+            settings.push(with(format!("max_split_size_mb:{mb}")));
+        }
+        for divisions in [4, 8, 16] {
+            settings.push(with(format!("roundup_power2_divisions:{divisions}")));
+        }
+        for (mb, threshold) in [(256, "0.6"), (256, "0.8"), (512, "0.6"), (512, "0.8")] {
+            settings.push(with(format!("max_split_size_mb:{mb},garbage_collection_threshold:{threshold}")));
+        }
+    }
+    settings
+}
+
+/// Where the capacity of the advice comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case", tag = "from"))]
+pub enum CapacityFrom {
+    /// Given (`--capacity`).
+    Given,
+    /// The recording's `oom` entry: the bytes reserved then, plus the driver's free bytes it recorded.
+    Recorded {
+        /// The entry.
+        entry: u64,
+        /// Bytes reserved by PyTorch at that entry.
+        reserved_bytes: u64,
+        /// The driver's free bytes it recorded (`device_free`).
+        device_free_bytes: u64,
+    },
+    /// Neither: settings are ranked by the capacity they need.
+    Unknown,
+}
+
+/// The device of the recording, as its first `oom` entry with the driver's free bytes tells it: the bytes PyTorch
+/// held reserved there (the final segments, less what the trace reserved and plus what it returned, walked up to the
+/// entry) plus those free bytes. `None` for a plain trace, or a recording with no such entry.
+pub fn recorded_capacity(recording: &Recording) -> Option<(u64, CapacityFrom)> {
+    let snapshot = recording.snapshot.as_ref()?;
+    let entries = snapshot.device_traces.get(recording.device)?;
+    let change = |action: Action, size: u64| -> i128 {
+        match action {
+            Action::SegmentAlloc | Action::SegmentMap => i128::from(size),
+            Action::SegmentFree | Action::SegmentUnmap => -i128::from(size),
+            _ => 0,
+        }
+    };
+    let last: i128 = snapshot
+        .segments
+        .iter()
+        .filter(|segment| segment.device as usize == recording.device)
+        .map(|segment| i128::from(segment.total_size))
+        .sum();
+    let net: i128 = entries.iter().map(|entry| change(entry.action, entry.size)).sum();
+    let mut reserved = (last - net).max(0);
+    for (index, entry) in (0u64..).zip(entries) {
+        if entry.action == Action::Oom
+            && let Some(device_free_bytes) = entry.device_free
+        {
+            let reserved_bytes = u64::try_from(reserved).unwrap_or(u64::MAX);
+            let capacity = reserved_bytes.saturating_add(device_free_bytes);
+            return Some((capacity, CapacityFrom::Recorded { entry: index, reserved_bytes, device_free_bytes }));
+        }
+        reserved = (reserved + change(entry.action, entry.size)).max(0);
+    }
+    None
+}
+
+/// What one setting would have done.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct SettingAdvice {
+    /// The `PYTORCH_CUDA_ALLOC_CONF` string (`""`: PyTorch's defaults), or `paged`.
+    pub setting: String,
+    /// Whether these are the recording's own settings.
+    pub as_recorded: bool,
+    /// The run on the device of the advice (without a limit when its capacity is unknown).
+    #[cfg_attr(feature = "serde", serde(skip))]
+    pub figures: Figures,
+    /// The most bytes reserved from the device at once.
+    pub peak_reserved_bytes: u64,
+    /// The most bytes requested and live at once.
+    pub peak_live_bytes: u64,
+    /// `cudaMalloc` calls (pages mapped, for expandable segments and `paged`: map calls).
+    pub device_allocs: u64,
+    /// `cudaFree` calls (unmap calls).
+    pub device_frees: u64,
+    /// The estimated time of those driver calls on an H200, µs ([`crate::cuda_cost`]).
+    pub driver_time_us: f64,
+    /// Requests refused on the device of the advice.
+    pub ooms: u64,
+    /// The first of them.
+    pub first_oom: Option<FirstOom>,
+    /// The smallest capacity (a multiple of 2 MiB) at which it runs without an out-of-memory error; `None` when no
+    /// capacity does (a request larger than any device).
+    pub min_capacity_bytes: Option<u64>,
+    /// Whether every larger capacity tried also runs (more memory can change the allocator's decisions).
+    pub monotone: bool,
+    /// A larger capacity at which it failed again, when not monotone.
+    pub fails_again_at_bytes: Option<u64>,
+    /// 1 for the best; 0 for `paged`, a reference rather than a setting.
+    pub rank: usize,
+}
+
+/// The advice for one recording. See the module documentation.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Advice {
+    /// The device's capacity (`None`: unknown).
+    pub capacity_bytes: Option<u64>,
+    /// Where it comes from.
+    pub capacity_from: CapacityFrom,
+    /// The recording's own settings, as `PYTORCH_CUDA_ALLOC_CONF` (what it recorded, else `""`).
+    pub recorded_setting: String,
+    /// Bytes live before the recording's first entry (a recording begun mid-run is advised from its rebuilt start
+    /// state).
+    pub start_live_bytes: u64,
+    /// Every setting, best first.
+    pub settings: Vec<SettingAdvice>,
+}
+
+impl Advice {
+    /// The best PyTorch setting (not `paged`).
+    pub fn best(&self) -> Option<&SettingAdvice> {
+        self.settings.iter().find(|advice| advice.setting != PAGED)
+    }
+
+    /// The recording's own settings' row.
+    pub fn recorded(&self) -> Option<&SettingAdvice> {
+        self.settings.iter().find(|advice| advice.as_recorded)
+    }
+
+    /// The answer in one sentence: the setting to paste and why.
+    pub fn answer(&self) -> String {
+        let (Some(best), Some(recorded)) = (self.best(), self.recorded()) else {
+            return "No setting replayed.".to_owned();
+        };
+        let best_paste = paste(&best.setting);
+        let below = |row: &SettingAdvice| match recorded.peak_reserved_bytes.checked_sub(row.peak_reserved_bytes) {
+            Some(0) | None => String::new(),
+            Some(saved) => format!(", {} below the recorded settings'", Bytes(saved)),
+        };
+        let devices = |row: &SettingAdvice| counted(row.device_allocs, "device allocation", "device allocations");
+        match self.capacity_bytes {
+            Some(capacity) if best.ooms > 0 => {
+                let need = self
+                    .settings
+                    .iter()
+                    .filter(|row| row.setting != PAGED)
+                    .filter_map(|row| row.min_capacity_bytes.map(|bytes| (bytes, row)))
+                    .min_by_key(|(bytes, _)| *bytes);
+                match need {
+                    Some((bytes, row)) => format!(
+                        "No setting fits in {}: the one that needs least, {}, needs {}.",
+                        Bytes(capacity),
+                        paste(&row.setting),
+                        Bytes(bytes)
+                    ),
+                    None => format!("No setting fits in {}, nor on any device.", Bytes(capacity)),
+                }
+            }
+            Some(capacity) => {
+                let fits = format!(
+                    "{best_paste} — fits in {} (peak reserved {}{}), {}",
+                    Bytes(capacity),
+                    Bytes(best.peak_reserved_bytes),
+                    below(best),
+                    devices(best)
+                );
+                match &recorded.first_oom {
+                    Some(oom) if !best.as_recorded => format!(
+                        "{fits}; the recorded settings ran out of memory at entry {} ({}): {}",
+                        oom.event_index,
+                        match oom.verdict {
+                            heapscope_core::OomCause::Fragmentation => "fragmentation",
+                            heapscope_core::OomCause::Exhaustion => "exhaustion",
+                        },
+                        oom.message
+                    ),
+                    _ if best.as_recorded => format!("Keep the recorded settings: {fits}; no other setting reserves less."),
+                    _ => format!("{fits}."),
+                }
+            }
+            None => {
+                let need = best.min_capacity_bytes.map_or_else(|| "no device".to_owned(), |bytes| Bytes(bytes).to_string());
+                let line = format!(
+                    "{best_paste} — needs {need} (peak reserved {}{}), {}",
+                    Bytes(best.peak_reserved_bytes),
+                    below(best),
+                    devices(best)
+                );
+                if best.as_recorded {
+                    format!("Keep the recorded settings: {line}; no other setting needs less.")
+                } else {
+                    format!("{line}.")
+                }
+            }
+        }
+    }
+}
+
+/// What to paste for `setting`.
+pub fn paste(setting: &str) -> String {
+    if setting.is_empty() {
+        "PYTORCH_CUDA_ALLOC_CONF unset (PyTorch's defaults)".to_owned()
+    } else {
+        format!("PYTORCH_CUDA_ALLOC_CONF={setting}")
+    }
+}
+
+/// What [`advise`] does.
+#[derive(Clone, Debug)]
+pub struct AdviseConfig {
+    /// The device's capacity; `None`: what the recording tells ([`recorded_capacity`]), else unknown.
+    pub capacity_bytes: Option<u64>,
+    /// The settings to try ([`grid`] by default); the recording's own are added when missing.
+    pub settings: Vec<String>,
+    /// Settings replayed at once.
+    pub threads: usize,
+}
+
+impl Default for AdviseConfig {
+    fn default() -> Self {
+        Self { capacity_bytes: None, settings: grid(), threads: std::thread::available_parallelism().map_or(1, usize::from) }
+    }
+}
+
+/// One row to replay: a PyTorch setting, or the paging allocator.
+#[derive(Clone, Debug)]
+enum Row {
+    Pytorch { setting: String, conf: AllocConf },
+    Paged,
+}
+
+/// Replays `recording` under every setting of `config` and ranks them. `progress` hears each setting as it is done
+/// (done, of how many).
+///
+/// # Errors
+/// A setting PyTorch would refuse (named), or a recording the emulation cannot replay.
+pub fn advise(recording: &Recording, config: &AdviseConfig, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Advice> {
+    let (capacity_bytes, capacity_from) = match config.capacity_bytes {
+        Some(capacity) => (Some(capacity), CapacityFrom::Given),
+        None => recorded_capacity(recording).map_or((None, CapacityFrom::Unknown), |(capacity, from)| (Some(capacity), from)),
+    };
+    let recorded_conf = alloc_conf(recording, None)?;
+    let recorded_setting = recording
+        .snapshot
+        .as_ref()
+        .and_then(|snapshot| snapshot.settings.as_ref())
+        .map(|settings| settings.alloc_conf.clone())
+        .unwrap_or_default();
+    let mut rows = Vec::with_capacity(config.settings.len() + 2);
+    for setting in &config.settings {
+        let mut conf = AllocConf::default();
+        conf.parse_overrides(setting)
+            .map_err(|error| heapscope_core::Error::InvalidConfig { what: format!("setting {setting:?}: {error}") })?;
+        rows.push(Row::Pytorch { setting: setting.clone(), conf });
+    }
+    if !rows.iter().any(|row| matches!(row, Row::Pytorch { conf, .. } if *conf == recorded_conf)) {
+        rows.push(Row::Pytorch { setting: recorded_setting.clone(), conf: recorded_conf.clone() });
+    }
+    rows.push(Row::Paged);
+    let done = AtomicUsize::new(0);
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Result<SettingAdvice>>>> = Mutex::new(vec![None; rows.len()]);
+    std::thread::scope(|scope| {
+        for _ in 0..config.threads.clamp(1, rows.len()) {
+            scope.spawn(|| {
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(row) = rows.get(index) else { break };
+                    let advice = advise_row(recording, row, capacity_bytes, &recorded_conf);
+                    results.lock().unwrap_or_else(std::sync::PoisonError::into_inner)[index] = Some(advice);
+                    progress(done.fetch_add(1, Ordering::Relaxed) + 1, rows.len());
+                }
+            });
+        }
+    });
+    let mut settings = Vec::with_capacity(rows.len());
+    for advice in results.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner).into_iter().flatten() {
+        settings.push(advice?);
+    }
+    rank(&mut settings, capacity_bytes.is_some());
+    Ok(Advice { capacity_bytes, capacity_from, recorded_setting, start_live_bytes: recording.start_bytes(), settings })
+}
+
+/// Orders the PyTorch settings best first and numbers them from 1: with a capacity, those that fit first, by peak
+/// reserved, then driver time; without, by the smallest capacity they need (none last), then peak reserved and
+/// driver time. `paged`, no setting one can paste, comes last, unranked (0): what a paging allocator would need.
+fn rank(settings: &mut [SettingAdvice], capacity_known: bool) {
+    settings.sort_by(|a, b| {
+        let key = |advice: &SettingAdvice| {
+            let need = if capacity_known { 0 } else { advice.min_capacity_bytes.unwrap_or(u64::MAX) };
+            (advice.setting == PAGED, capacity_known && advice.ooms > 0, need, advice.peak_reserved_bytes)
+        };
+        key(a).cmp(&key(b)).then(a.driver_time_us.total_cmp(&b.driver_time_us))
+    });
+    for (rank, advice) in (1..).zip(settings.iter_mut()) {
+        advice.rank = if advice.setting == PAGED { 0 } else { rank };
+    }
+}
+
+/// The advice of one row: its run on the device of the advice, and its smallest capacity.
+fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, recorded: &AllocConf) -> Result<SettingAdvice> {
+    let device = capacity_bytes.unwrap_or(UNLIMITED_BYTES);
+    let (setting, as_recorded, (figures, driver_time_us), unlimited) = match row {
+        Row::Pytorch { setting, conf } => {
+            let run = pytorch_run(recording, setting, conf, device)?;
+            let unlimited =
+                if capacity_bytes.is_some() { pytorch_run(recording, setting, conf, UNLIMITED_BYTES)?.0 } else { run.0.clone() };
+            (setting.clone(), conf == recorded, run, unlimited)
+        }
+        Row::Paged => {
+            let run = paged_run(recording, device)?;
+            let unlimited = if capacity_bytes.is_some() { paged_run(recording, UNLIMITED_BYTES)?.0 } else { run.0.clone() };
+            (PAGED.to_owned(), false, run, unlimited)
+        }
+    };
+    let fits = |capacity: u64| -> Result<bool> {
+        match row {
+            Row::Pytorch { conf, .. } => Ok(first_refusal(recording, conf, Some(capacity))?.is_none()),
+            Row::Paged => Ok(paged_run(recording, capacity)?.0.ooms == 0),
+        }
+    };
+    // Below the peak of bytes the allocator hands out nothing fits; the peak reserved without a limit does.
+    let floor = match &unlimited.memory_stats {
+        Some(stats) => u64::try_from(stats.allocated_bytes.all().peak).unwrap_or(0),
+        None => unlimited.peak_live_bytes,
+    };
+    let search = if unlimited.ooms == 0 { min_capacity(floor, unlimited.peak_reserved_bytes, &fits)? } else { None };
+    let (min_capacity_bytes, monotone, fails_again_at_bytes) = match search {
+        Some((capacity, fails_again)) => (Some(capacity), fails_again.is_none(), fails_again),
+        None => (None, true, None),
+    };
+    Ok(SettingAdvice {
+        setting,
+        as_recorded,
+        peak_reserved_bytes: figures.peak_reserved_bytes,
+        peak_live_bytes: figures.peak_live_bytes,
+        device_allocs: figures.device_allocs,
+        device_frees: figures.device_frees,
+        driver_time_us,
+        ooms: figures.ooms,
+        first_oom: figures.first_oom.clone(),
+        figures,
+        min_capacity_bytes,
+        monotone,
+        fails_again_at_bytes,
+        rank: 0,
+    })
+}
+
+/// The smallest multiple of [`CAPACITY_STEP_BYTES`] at which `fits`, by bisection between `floor` (the peak of
+/// bytes handed out: nothing below it fits) and `ceiling` (the peak reserved without a limit; should it fail, the
+/// search doubles it), and a larger capacity at which it fails again, if one of those tried above it does (one step
+/// above, then four times farther each time, up to the ceiling). `None` when nothing up to an unlimited device fits.
+fn min_capacity(floor: u64, ceiling: u64, fits: &dyn Fn(u64) -> Result<bool>) -> Result<Option<(u64, Option<u64>)>> {
+    let step = CAPACITY_STEP_BYTES;
+    let mut high = ceiling.div_ceil(step).max(1);
+    while !fits(high * step)? {
+        high *= 2;
+        if high * step >= UNLIMITED_BYTES {
+            return Ok(None);
+        }
+    }
+    let mut low = (floor / step).min(high - 1);
+    let found = if low > 0 && fits(low * step)? {
+        low
+    } else {
+        // `low` fails (or is 0), `high` fits.
+        while high - low > 1 {
+            let middle = low + (high - low) / 2;
+            if fits(middle * step)? {
+                high = middle;
+            } else {
+                low = middle;
+            }
+        }
+        high
+    } * step;
+    let mut distance = 1;
+    while found + distance * step < ceiling {
+        let capacity = found + distance * step;
+        if !fits(capacity)? {
+            return Ok(Some((found, Some(capacity))));
+        }
+        distance *= 4;
+    }
+    Ok(Some((found, None)))
+}
+
+/// A PyTorch setting's run on a device of `capacity_bytes`: its figures and the estimated driver time.
+fn pytorch_run(recording: &Recording, setting: &str, conf: &AllocConf, capacity_bytes: u64) -> Result<(Figures, f64)> {
+    let mut cost = CudaCost::default();
+    let replay = emulate_pytorch(recording, conf, Some(capacity_bytes), &mut cost)?;
+    Ok((replay.figures(setting, recording, 0), cost.micros))
+}
+
+/// The paging allocator's run (CUDA's 2 MiB pages, pages unmapped under pressure only, as PyTorch's expandable
+/// segments keep theirs) on a device of `capacity_bytes`.
+fn paged_run(recording: &Recording, capacity_bytes: u64) -> Result<(Figures, f64)> {
+    let capacity = (capacity_bytes < UNLIMITED_BYTES).then_some(capacity_bytes);
+    let mut heap = PagedHeap::new(PagedConfig {
+        page_bytes: CUDA_PAGE_BYTES,
+        unmap: UnmapRule::UnderPressure,
+        ..PagedConfig::new(capacity)
+    })?;
+    heap.record_device_events(true);
+    let (mut statistics, mut cost) = (Statistics::default(), CudaCost::default());
+    drive(Stream::of(recording), &mut HeapTarget(&mut heap), 512, &mut [&mut statistics, &mut cost])?;
+    let stats = heap.stats();
+    let (peak_reserved_bytes, device_allocs, device_frees) = (stats.peak_mapped_bytes, stats.map_calls, stats.unmap_calls);
+    let figures =
+        Figures { peak_reserved_bytes, device_allocs, device_frees, ..summed(PAGED, &statistics.into_replay(), recording, 0) };
+    Ok((figures, cost.micros))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use heapscope_core::units::MIB;
+
+    fn shared(name: &str) -> Recording {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../assets/traces/pytorch/{name}.pickle.gz"));
+        Recording::open(&path, 0).unwrap()
+    }
+
+    /// PyTorch's own `memory_stats()` of a shared run, as recorded beside it.
+    fn stat(name: &str, key: &str) -> u64 {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../assets/traces/pytorch/{name}.json"));
+        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        json["memory_stats"][key].as_u64().unwrap_or_else(|| panic!("{name}: {key}"))
+    }
+
+    /// Each shared H200 run predicted from the other setting's recording: peak reserved, `cudaMalloc` (or map)
+    /// count and out-of-memory errors equal to PyTorch's own numbers of the separate run — frag_oom on the 3.5 GiB
+    /// it had (its recorded `oom` tells), GPT-2 without a limit.
+    #[test]
+    fn each_shared_run_is_predicted_from_the_other_settings_recording() {
+        let cases = [
+            ("frag_oom-default", "expandable_segments:True", "frag_oom-expandable"),
+            ("frag_oom-expandable", "", "frag_oom-default"),
+            ("gpt2_train_fixed-default", "expandable_segments:True", "gpt2_train_fixed-expandable"),
+            ("gpt2_train_fixed-expandable", "", "gpt2_train_fixed-default"),
+        ];
+        for (recorded, setting, truth) in cases {
+            let recording = shared(recorded);
+            let capacity_bytes = recorded.starts_with("frag_oom").then_some(3584 * MIB);
+            let config = AdviseConfig { capacity_bytes, settings: vec![setting.to_owned()], threads: 2 };
+            let advice = advise(&recording, &config, &|_, _| {}).unwrap();
+            let row = advice.settings.iter().find(|row| row.setting == setting).unwrap();
+            let context = format!("{truth} predicted from {recorded}");
+            assert_eq!(row.peak_reserved_bytes, stat(truth, "reserved_bytes.all.peak"), "{context}");
+            assert_eq!(row.device_allocs, stat(truth, "num_device_alloc"), "{context}");
+            assert_eq!(row.ooms, stat(truth, "num_ooms"), "{context}");
+        }
+    }
+
+    /// frag_oom's recording says the device: 3000 MiB reserved at its `oom` entry plus the 584 MiB the driver had
+    /// left. There the default settings fail (fragmentation: 1000 MiB free in reserved memory, none of it a run of
+    /// 1 GiB), and the advice ranks a setting that fits first; `paged` and expandable segments need about the 2.93 GiB
+    /// live at the peak, the default far more.
+    #[test]
+    fn frag_oom_is_advised_on_the_device_its_recording_tells() {
+        let recording = shared("frag_oom-default");
+        let (capacity, from) = recorded_capacity(&recording).unwrap();
+        let CapacityFrom::Recorded { reserved_bytes, device_free_bytes, .. } = from else { panic!("{from:?}") };
+        assert_eq!((reserved_bytes, capacity), (3000 * MIB, reserved_bytes + device_free_bytes));
+        assert!(capacity.abs_diff(3584 * MIB) < MIB, "the 3.5 GiB the run had: {capacity}");
+        let settings = ["", "expandable_segments:True", "max_split_size_mb:128"].map(String::from).to_vec();
+        let advice = advise(&recording, &AdviseConfig { capacity_bytes: None, settings, threads: 2 }, &|_, _| {}).unwrap();
+        assert_eq!((advice.capacity_bytes, advice.capacity_from), (Some(capacity), from));
+        let best = advice.best().unwrap();
+        assert_eq!((best.rank, best.ooms), (1, 0), "{best:?}");
+        let recorded = advice.recorded().unwrap();
+        assert_eq!(recorded.setting, "");
+        let oom = recorded.first_oom.as_ref().unwrap();
+        assert_eq!(
+            (oom.request_bytes, oom.free_bytes, oom.verdict),
+            (1024 * MIB, 1000 * MIB, heapscope_core::OomCause::Fragmentation)
+        );
+        let need = |setting: &str| advice.settings.iter().find(|row| row.setting == setting).unwrap().min_capacity_bytes.unwrap();
+        let live = advice.recorded().unwrap().peak_live_bytes;
+        for setting in ["expandable_segments:True", PAGED] {
+            assert!(need(setting) >= live && need(setting) <= live + 64 * MIB, "{setting}: {} for {live}", need(setting));
+        }
+        assert!(need("") > capacity, "the default needs more than the device: {}", need(""));
+        assert!(advice.settings.iter().all(|row| row.monotone), "{:?}", advice.settings);
+        let ranks: Vec<usize> = advice.settings.iter().map(|row| row.rank).collect();
+        assert_eq!(ranks, [1, 2, 3, 0], "paged last, unranked");
+    }
+
+    /// The capacity search on made-up answers: a setting that fits from a threshold on, one that fails again above
+    /// it, one that fits nowhere below an unlimited device.
+    #[test]
+    fn the_capacity_search_finds_the_threshold_and_checks_above_it() {
+        type Case = (&'static str, u64, u64, Box<dyn Fn(u64) -> bool>, Option<(u64, Option<u64>)>);
+        let step = CAPACITY_STEP_BYTES;
+        let cases: [Case; 4] = [
+            ("threshold inside", 10 * step, 40 * step, Box::new(move |c| c >= 17 * step), Some((17 * step, None))),
+            ("the floor fits", 10 * step, 40 * step, Box::new(|_| true), Some((10 * step, None))),
+            ("the ceiling fails", 10 * step, 40 * step, Box::new(move |c| c >= 70 * step), Some((70 * step, None))),
+            (
+                "fails again above",
+                10 * step,
+                400 * step,
+                Box::new(move |c| c >= 17 * step && c != 21 * step),
+                Some((17 * step, Some(21 * step))),
+            ),
+        ];
+        for (name, floor, ceiling, fits, expected) in cases {
+            let found = min_capacity(floor, ceiling, &|capacity| Ok(fits(capacity))).unwrap();
+            assert_eq!(found, expected, "{name}");
+        }
+        assert_eq!(min_capacity(step, 2 * step, &|_| Ok(false)).unwrap(), None);
+    }
+
+    /// Every setting of the grid is one PyTorch accepts, and the grid has no two alike.
+    #[test]
+    fn the_grid_is_valid_and_distinct() {
+        let settings = grid();
+        let mut confs: Vec<AllocConf> = Vec::new();
+        for setting in &settings {
+            let mut conf = AllocConf::default();
+            conf.parse_overrides(setting).unwrap_or_else(|error| panic!("{setting}: {error}"));
+            assert!(!confs.contains(&conf), "{setting} twice");
+            confs.push(conf);
+        }
+        assert_eq!(settings.len(), 26);
+    }
+}

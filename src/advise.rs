@@ -1,0 +1,153 @@
+//! `heapscope advise`: from one recording, which settings of PyTorch's caching allocator would have fit, how much
+//! memory each needs, and the setting to paste — every row a replay of the same recording (the lab's `advise`).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use heapscope_core::units::{Bytes, parse_size};
+use heapscope_lab::advise::{Advice, AdviseConfig, CapacityFrom, PAGED, SettingAdvice, advise, grid};
+use heapscope_lab::compare::CompareConfig;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::input;
+use crate::replay::devices_overview;
+
+/// Arguments of `heapscope advise`.
+#[derive(Debug, Args)]
+pub struct AdviseArgs {
+    /// A PyTorch memory snapshot (`torch.cuda.memory._dump_snapshot`, gzip or not), a native heapscope trace or a
+    /// compact CSV trace.
+    pub file: PathBuf,
+    /// The device's memory (e.g. `80GB`, `3584MiB`); default: what the recording's `oom` entry tells (reserved then
+    /// plus the driver's free bytes), else unknown (settings ranked by the memory they need).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub capacity: Option<u64>,
+    /// Which device of a PyTorch snapshot (default: the one that ran out of memory, else the busiest).
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
+    /// Try these PYTORCH_CUDA_ALLOC_CONF settings (repeatable) instead of the grid.
+    #[arg(long = "setting", value_name = "STR")]
+    pub settings: Vec<String>,
+    /// One JSON object per setting and line, best first.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the advice and prints it.
+pub fn run(args: &AdviseArgs) -> Result<()> {
+    let recording = input::open_device(&args.file, args.device)?;
+    let settings = if args.settings.is_empty() { grid() } else { args.settings.clone() };
+    let config = AdviseConfig { capacity_bytes: args.capacity, settings, ..AdviseConfig::default() };
+    let bar = progress_bar();
+    let advice = advise(&recording, &config, &|done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })
+    .with_context(|| format!("advising {}", recording.shown_name()))?;
+    bar.finish_and_clear();
+    if args.json {
+        for row in &advice.settings {
+            outln!("{}", serde_json::to_string(row)?);
+        }
+        return Ok(());
+    }
+    let overview_config = CompareConfig { capacity_bytes: advice.capacity_bytes, ..CompareConfig::default() };
+    for line in devices_overview(&recording, args.device, &overview_config) {
+        outln!("{line}");
+    }
+    outln!("{}: {} entries", recording.shown_name(), recording.entries);
+    outln!("{}", capacity_line(&advice));
+    let recorded =
+        if advice.recorded_setting.is_empty() { "PyTorch's defaults".to_owned() } else { advice.recorded_setting.clone() };
+    outln!("recorded settings: {recorded}");
+    if advice.start_live_bytes > 0 {
+        outln!(
+            "recorded mid-run: {} were live before entry 0; every setting replays from the start state rebuilt from the final segments",
+            Bytes(advice.start_live_bytes)
+        );
+    }
+    outln!();
+    let names: Vec<String> = advice.settings.iter().map(shown_setting).collect();
+    let width = names.iter().map(String::len).max().unwrap_or(0).max(24) + 1;
+    outln!(
+        "{:>4}  {:<width$} {:>13} {:>8} {:>9} {:>9} {:>11} {:>5} {:>12}",
+        "rank",
+        "setting (* as recorded)",
+        "peak reserved",
+        "res/live",
+        "dev alloc",
+        "dev free",
+        "driver time",
+        "OOMs",
+        "needs"
+    );
+    for (row, name) in advice.settings.iter().zip(&names) {
+        outln!("{}", table_row(row, name, width));
+    }
+    if advice.settings.iter().any(|row| !row.monotone) {
+        outln!("(!) not monotone: more memory made that setting fail again at the capacity shown");
+    }
+    outln!("\n{}", advice.answer());
+    Ok(())
+}
+
+/// Where the capacity comes from, in words.
+fn capacity_line(advice: &Advice) -> String {
+    match (advice.capacity_bytes, advice.capacity_from) {
+        (Some(bytes), CapacityFrom::Given) => format!("device capacity {} (--capacity)", Bytes(bytes)),
+        (Some(bytes), CapacityFrom::Recorded { entry, reserved_bytes, device_free_bytes }) => format!(
+            "device capacity {}: at its oom (entry {entry}) PyTorch held {} reserved and the driver had {} free",
+            Bytes(bytes),
+            Bytes(reserved_bytes),
+            Bytes(device_free_bytes)
+        ),
+        _ => "device capacity unknown (no --capacity, no oom entry): settings ranked by the memory they need".to_owned(),
+    }
+}
+
+/// A setting as the table names it, marked `*` when it is the recording's own.
+fn shown_setting(row: &SettingAdvice) -> String {
+    let name = match row.setting.as_str() {
+        "" => "(PyTorch's defaults)",
+        PAGED => "paged (a paging allocator, 2 MiB pages: for reference)",
+        setting => setting,
+    };
+    format!("{}{name}", if row.as_recorded { "*" } else { " " })
+}
+
+/// One setting's line of the table, its name `width` wide.
+fn table_row(row: &SettingAdvice, name: &str, width: usize) -> String {
+    let rank = if row.rank == 0 { "-".to_owned() } else { row.rank.to_string() };
+    let needs = match (row.min_capacity_bytes, row.monotone) {
+        (Some(bytes), true) => Bytes(bytes).to_string(),
+        (Some(bytes), false) => format!("{} (!)", Bytes(bytes)),
+        (None, _) => "no device".to_owned(),
+    };
+    let ratio = row.peak_reserved_bytes as f64 / row.peak_live_bytes.max(1) as f64;
+    let driver = Duration::from_secs_f64(row.driver_time_us / 1e6);
+    format!(
+        "{rank:>4}  {name:<width$} {:>13} {ratio:>8.3} {:>9} {:>9} {:>9.1}ms {:>5} {needs:>12}",
+        Bytes(row.peak_reserved_bytes).to_string(),
+        row.device_allocs,
+        row.device_frees,
+        driver.as_secs_f64() * 1e3,
+        row.ooms
+    )
+}
+
+/// A bar on stderr while the settings replay (hidden when stderr is not a terminal).
+fn progress_bar() -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} settings replayed {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
