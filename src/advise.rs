@@ -8,7 +8,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use heapscope_core::units::{Bytes, parse_size};
-use heapscope_lab::advise::{Advice, AdviseConfig, CapacityFrom, PAGED, SettingAdvice, advise, grid};
+use heapscope_lab::advise::{Advice, AdviseConfig, PAGED, SettingAdvice, advise, grid};
+use heapscope_lab::capacity::{Capacity, CapacityFrom};
 use heapscope_lab::compare::CompareConfig;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -97,14 +98,10 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
 /// Where the capacity comes from, in words.
 fn capacity_line(advice: &Advice) -> String {
     match (advice.capacity_bytes, advice.capacity_from) {
-        (Some(bytes), CapacityFrom::Given) => format!("device capacity {} (--capacity)", Bytes(bytes)),
-        (Some(bytes), CapacityFrom::Recorded { entry, reserved_bytes, device_free_bytes }) => format!(
-            "device capacity {}: at its oom (entry {entry}) PyTorch held {} reserved and the driver had {} free",
-            Bytes(bytes),
-            Bytes(reserved_bytes),
-            Bytes(device_free_bytes)
-        ),
-        _ => "device capacity unknown (no --capacity, no oom entry): settings ranked by the memory they need".to_owned(),
+        (None, _) | (_, CapacityFrom::Unknown) => {
+            "device capacity unknown (no --capacity, no oom entry): settings ranked by the memory they need".to_owned()
+        }
+        (bytes, from) => format!("device capacity {}", Capacity { bytes, from }),
     }
 }
 

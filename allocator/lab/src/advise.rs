@@ -8,26 +8,28 @@
 //! size), the recording's own settings, and heapscope's `paged` with CUDA's 2 MiB pages as what a paging allocator
 //! would need. For each: the figures of its run on the device (peak reserved and live, device allocations and
 //! frees, the estimated time of those driver calls, [`crate::cuda_cost`]), its out-of-memory errors and the first
-//! verdict, and the smallest capacity at which it runs without one, found by bisection on a 2 MiB grid between the
-//! peak of allocated bytes (below it nothing fits) and the peak reserved without a limit — and then checked above:
-//! more memory can change the allocator's decisions (garbage collection, the release of cached segments), so a few
-//! larger capacities are replayed too, and a setting that fails at one of them is reported as not monotone.
+//! verdict, and the smallest capacity at which it runs without one, found by bisection (`min_capacity`) between
+//! the peak of allocated bytes (below it nothing fits) and the peak reserved without a limit — and then checked
+//! above: more memory can change the allocator's decisions (garbage collection, the release of cached segments), so
+//! larger capacities are replayed too, and a setting that fails at one of them is reported as not monotone. Each
+//! probe stops at the first refusal ([`crate::compare::first_refusal`]).
 //!
 //! The device's capacity is the one given, else what the recording tells: at its first `oom` entry the reserved
-//! bytes plus the driver's free bytes it recorded ([`recorded_capacity`]). With a capacity the settings that fit
+//! bytes plus the driver's free bytes it recorded ([`crate::capacity`]). With a capacity the settings that fit
 //! rank first, by peak reserved; without one, by the smallest capacity they need. A recording that starts mid-run is
 //! advised from the start state rebuilt from its final segments, as every replay of it is.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::capacity::{Capacity, CapacityFrom};
 use crate::compare::{Figures, FirstOom, alloc_conf, emulate_pytorch, first_refusal, summed};
 use crate::cuda_cost::{CUDA_PAGE_BYTES, CudaCost};
 use crate::driver::{HeapTarget, Statistics, Stream, drive};
 use crate::recording::{Recording, counted};
 use heapscope_core::units::Bytes;
 use heapscope_core::{PagedConfig, PagedHeap, Result, UnmapRule};
-use heapscope_pytorch::{Action, AllocConf};
+use heapscope_pytorch::AllocConf;
 
 /// The capacity searches' grid: capacities are multiples of CUDA's 2 MiB granularity.
 pub const CAPACITY_STEP_BYTES: u64 = CUDA_PAGE_BYTES;
@@ -57,60 +59,6 @@ pub fn grid() -> Vec<String> {
         }
     }
     settings
-}
-
-/// Where the capacity of the advice comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[cfg_attr(feature = "serde", serde(rename_all = "snake_case", tag = "from"))]
-pub enum CapacityFrom {
-    /// Given (`--capacity`).
-    Given,
-    /// The recording's `oom` entry: the bytes reserved then, plus the driver's free bytes it recorded.
-    Recorded {
-        /// The entry.
-        entry: u64,
-        /// Bytes reserved by PyTorch at that entry.
-        reserved_bytes: u64,
-        /// The driver's free bytes it recorded (`device_free`).
-        device_free_bytes: u64,
-    },
-    /// Neither: settings are ranked by the capacity they need.
-    Unknown,
-}
-
-/// The device of the recording, as its first `oom` entry with the driver's free bytes tells it: the bytes PyTorch
-/// held reserved there (the final segments, less what the trace reserved and plus what it returned, walked up to the
-/// entry) plus those free bytes. `None` for a plain trace, or a recording with no such entry.
-pub fn recorded_capacity(recording: &Recording) -> Option<(u64, CapacityFrom)> {
-    let snapshot = recording.snapshot.as_ref()?;
-    let entries = snapshot.device_traces.get(recording.device)?;
-    let change = |action: Action, size: u64| -> i128 {
-        match action {
-            Action::SegmentAlloc | Action::SegmentMap => i128::from(size),
-            Action::SegmentFree | Action::SegmentUnmap => -i128::from(size),
-            _ => 0,
-        }
-    };
-    let last: i128 = snapshot
-        .segments
-        .iter()
-        .filter(|segment| segment.device as usize == recording.device)
-        .map(|segment| i128::from(segment.total_size))
-        .sum();
-    let net: i128 = entries.iter().map(|entry| change(entry.action, entry.size)).sum();
-    let mut reserved = (last - net).max(0);
-    for (index, entry) in (0u64..).zip(entries) {
-        if entry.action == Action::Oom
-            && let Some(device_free_bytes) = entry.device_free
-        {
-            let reserved_bytes = u64::try_from(reserved).unwrap_or(u64::MAX);
-            let capacity = reserved_bytes.saturating_add(device_free_bytes);
-            return Some((capacity, CapacityFrom::Recorded { entry: index, reserved_bytes, device_free_bytes }));
-        }
-        reserved = (reserved + change(entry.action, entry.size)).max(0);
-    }
-    None
 }
 
 /// What one setting would have done.
@@ -258,7 +206,7 @@ pub fn paste(setting: &str) -> String {
 /// What [`advise`] does.
 #[derive(Clone, Debug)]
 pub struct AdviseConfig {
-    /// The device's capacity; `None`: what the recording tells ([`recorded_capacity`]), else unknown.
+    /// The device's capacity; `None`: what the recording tells ([`Capacity::of`]), else unknown.
     pub capacity_bytes: Option<u64>,
     /// The settings to try ([`grid`] by default); the recording's own are added when missing.
     pub settings: Vec<String>,
@@ -285,10 +233,7 @@ enum Row {
 /// # Errors
 /// A setting PyTorch would refuse (named), or a recording the emulation cannot replay.
 pub fn advise(recording: &Recording, config: &AdviseConfig, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Advice> {
-    let (capacity_bytes, capacity_from) = match config.capacity_bytes {
-        Some(capacity) => (Some(capacity), CapacityFrom::Given),
-        None => recorded_capacity(recording).map_or((None, CapacityFrom::Unknown), |(capacity, from)| (Some(capacity), from)),
-    };
+    let Capacity { bytes: capacity_bytes, from: capacity_from } = Capacity::of(config.capacity_bytes, recording);
     let recorded_conf = alloc_conf(recording, None)?;
     let recorded_setting = recording
         .snapshot
@@ -374,7 +319,13 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
         Some(stats) => u64::try_from(stats.allocated_bytes.all().peak).unwrap_or(0),
         None => unlimited.peak_live_bytes,
     };
-    let search = if unlimited.ooms == 0 { min_capacity(floor, unlimited.peak_reserved_bytes, &fits)? } else { None };
+    // Only garbage collection reads the capacity before the allocator reaches it.
+    let ceiling_fits = match row {
+        Row::Pytorch { conf, .. } => conf.garbage_collection_threshold == 0.0,
+        Row::Paged => true,
+    };
+    let search =
+        if unlimited.ooms == 0 { min_capacity(floor, unlimited.peak_reserved_bytes, ceiling_fits, &fits)? } else { None };
     let (min_capacity_bytes, monotone, fails_again_at_bytes) = match search {
         Some((capacity, fails_again)) => (Some(capacity), fails_again.is_none(), fails_again),
         None => (None, true, None),
@@ -397,41 +348,48 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
     })
 }
 
-/// The smallest multiple of [`CAPACITY_STEP_BYTES`] at which `fits`, by bisection between `floor` (the peak of
-/// bytes handed out: nothing below it fits) and `ceiling` (the peak reserved without a limit; should it fail, the
-/// search doubles it), and a larger capacity at which it fails again, if one of those tried above it does (one step
-/// above, then four times farther each time, up to the ceiling). `None` when nothing up to an unlimited device fits.
-fn min_capacity(floor: u64, ceiling: u64, fits: &dyn Fn(u64) -> Result<bool>) -> Result<Option<(u64, Option<u64>)>> {
-    let step = CAPACITY_STEP_BYTES;
-    let mut high = ceiling.div_ceil(step).max(1);
-    while !fits(high * step)? {
-        high *= 2;
-        if high * step >= UNLIMITED_BYTES {
-            return Ok(None);
+/// The smallest capacity at which `fits`, by bisection between `floor` (the peak of bytes handed out: nothing below
+/// it fits) and `ceiling` (the peak reserved without a limit), on a grid of [`CAPACITY_STEP_BYTES`] or a 1/1024 of the
+/// ceiling, whichever is coarser; and a larger capacity at which it fails again, if one of the two tried above it
+/// does (one grid step above, and half-way to the ceiling). `ceiling_fits`: a run that never reaches its capacity
+/// decides as without one, so the ceiling fits unless something else reads the capacity (garbage collection's
+/// threshold); otherwise it is tried, and doubled while it fails. `None` when nothing up to an unlimited device fits.
+fn min_capacity(
+    floor: u64,
+    ceiling: u64,
+    ceiling_fits: bool,
+    fits: &dyn Fn(u64) -> Result<bool>,
+) -> Result<Option<(u64, Option<u64>)>> {
+    let grain = (ceiling / 1024).next_multiple_of(CAPACITY_STEP_BYTES).max(CAPACITY_STEP_BYTES);
+    let mut high = ceiling.div_ceil(grain).max(1);
+    if !ceiling_fits {
+        while !fits(high * grain)? {
+            high *= 2;
+            if high * grain >= UNLIMITED_BYTES {
+                return Ok(None);
+            }
         }
     }
-    let mut low = (floor / step).min(high - 1);
-    let found = if low > 0 && fits(low * step)? {
+    let mut low = (floor / grain).min(high - 1);
+    let found = if low > 0 && fits(low * grain)? {
         low
     } else {
         // `low` fails (or is 0), `high` fits.
         while high - low > 1 {
             let middle = low + (high - low) / 2;
-            if fits(middle * step)? {
+            if fits(middle * grain)? {
                 high = middle;
             } else {
                 low = middle;
             }
         }
         high
-    } * step;
-    let mut distance = 1;
-    while found + distance * step < ceiling {
-        let capacity = found + distance * step;
-        if !fits(capacity)? {
+    } * grain;
+    let halfway = (found + ceiling.saturating_sub(found) / 2) / grain * grain;
+    for capacity in [found + grain, halfway] {
+        if capacity > found && (capacity < ceiling || !ceiling_fits) && !fits(capacity)? {
             return Ok(Some((found, Some(capacity))));
         }
-        distance *= 4;
     }
     Ok(Some((found, None)))
 }
@@ -510,7 +468,7 @@ mod tests {
     #[test]
     fn frag_oom_is_advised_on_the_device_its_recording_tells() {
         let recording = shared("frag_oom-default");
-        let (capacity, from) = recorded_capacity(&recording).unwrap();
+        let Capacity { bytes: Some(capacity), from } = Capacity::of(None, &recording) else { panic!("no capacity") };
         let CapacityFrom::Recorded { reserved_bytes, device_free_bytes, .. } = from else { panic!("{from:?}") };
         assert_eq!((reserved_bytes, capacity), (3000 * MIB, reserved_bytes + device_free_bytes));
         assert!(capacity.abs_diff(3584 * MIB) < MIB, "the 3.5 GiB the run had: {capacity}");
@@ -551,15 +509,30 @@ mod tests {
                 "fails again above",
                 10 * step,
                 400 * step,
-                Box::new(move |c| c >= 17 * step && c != 21 * step),
-                Some((17 * step, Some(21 * step))),
+                Box::new(move |c| c >= 17 * step && c != 18 * step),
+                Some((17 * step, Some(18 * step))),
             ),
         ];
         for (name, floor, ceiling, fits, expected) in cases {
-            let found = min_capacity(floor, ceiling, &|capacity| Ok(fits(capacity))).unwrap();
+            let ceiling_fits = fits(ceiling);
+            let found = min_capacity(floor, ceiling, ceiling_fits, &|capacity| Ok(fits(capacity))).unwrap();
             assert_eq!(found, expected, "{name}");
+            // Told the ceiling fits, the search does not try it.
+            if ceiling_fits {
+                let tried = std::cell::RefCell::new(Vec::new());
+                min_capacity(floor, ceiling, true, &|capacity| {
+                    tried.borrow_mut().push(capacity);
+                    Ok(fits(capacity))
+                })
+                .unwrap();
+                assert!(!tried.borrow().contains(&ceiling), "{name}: {:?}", tried.borrow());
+            }
         }
-        assert_eq!(min_capacity(step, 2 * step, &|_| Ok(false)).unwrap(), None);
+        assert_eq!(min_capacity(step, 2 * step, false, &|_| Ok(false)).unwrap(), None);
+        // A large ceiling: a grid of 1/1024 of it, in whole steps.
+        let ceiling = 3000 * step;
+        let (found, _) = min_capacity(step, ceiling, true, &|capacity| Ok(capacity >= 1000 * step)).unwrap().unwrap();
+        assert!(found >= 1000 * step && found < 1000 * step + ceiling / 1024 + step && found % step == 0, "{found}");
     }
 
     /// Every setting of the grid is one PyTorch accepts, and the grid has no two alike.

@@ -155,6 +155,34 @@ impl AllocConf {
         Ok(())
     }
 
+    /// These settings as a `PYTORCH_CUDA_ALLOC_CONF` string: the keys whose values differ from PyTorch's defaults, in
+    /// a fixed order (`""` for the defaults). [`AllocConf::parse_overrides`] over the defaults gives them back.
+    pub fn overrides(&self) -> String {
+        let mut keys = Vec::new();
+        if self.expandable_segments {
+            keys.push("expandable_segments:True".to_owned());
+        }
+        if let Some(bytes) = self.max_split_size {
+            keys.push(format!("max_split_size_mb:{}", bytes / MIB));
+        }
+        let divisions = &self.roundup_power2_divisions;
+        if divisions.iter().any(|&n| n > 1) {
+            if divisions.iter().all(|&n| n == divisions[0]) {
+                keys.push(format!("roundup_power2_divisions:{}", divisions[0]));
+            } else {
+                let intervals: Vec<String> = (0..ROUNDUP_INTERVALS).map(|i| format!("{}:{}", 1u64 << i, divisions[i])).collect();
+                keys.push(format!("roundup_power2_divisions:[{}]", intervals.join(",")));
+            }
+        }
+        if self.garbage_collection_threshold > 0.0 {
+            keys.push(format!("garbage_collection_threshold:{}", self.garbage_collection_threshold));
+        }
+        if self.max_non_split_rounding != LARGE_BUFFER_BYTES {
+            keys.push(format!("max_non_split_rounding_mb:{}", self.max_non_split_rounding / MIB));
+        }
+        keys.join(",")
+    }
+
     /// `roundup_power2_divisions:N` or `[interval_mb:N,...,>:N]` (`parseRoundUpPower2Divisions`).
     fn parse_roundup(&mut self, key: &str, value: &str) -> Result<(), AllocConfError> {
         let Some(list) = value.strip_prefix('[') else {
@@ -239,6 +267,31 @@ fn parse_pow2(key: &str, value: &str) -> Result<u64, AllocConfError> {
 
 #[cfg(test)]
 mod tests {
+
+    /// A setting written back is the canonical string, and parses to the same settings.
+    #[test]
+    fn overrides_write_back_what_parses() {
+        let canonical = [
+            "",
+            "expandable_segments:True",
+            "max_split_size_mb:128",
+            "expandable_segments:True,max_split_size_mb:256,garbage_collection_threshold:0.6",
+            "roundup_power2_divisions:4",
+            "max_non_split_rounding_mb:64",
+        ];
+        for text in canonical {
+            let mut conf = AllocConf::default();
+            conf.parse_overrides(text).unwrap();
+            assert_eq!(conf.overrides(), text);
+        }
+        for text in ["roundup_power2_divisions:[256:1,512:2,>:4]", "garbage_collection_threshold:0.8,expandable_segments:False"] {
+            let mut conf = AllocConf::default();
+            conf.parse_overrides(text).unwrap();
+            let mut again = AllocConf::default();
+            again.parse_overrides(&conf.overrides()).unwrap();
+            assert_eq!(again, conf, "{text} -> {}", conf.overrides());
+        }
+    }
     use super::*;
 
     #[test]

@@ -1,0 +1,163 @@
+//! [`Capacity`]: the device memory a replay runs on — the one asked for (`--capacity`), else what the recording
+//! tells, else unlimited, and always where it came from, so every command says it.
+//!
+//! A PyTorch recording that ran out of memory tells its device: its `oom` entry carries the driver's free bytes
+//! (`device_free`), and the bytes PyTorch held reserved then follow from the final segments and the trace walked
+//! back to that entry ([`recorded_capacity`]). Replaying it on unlimited memory would answer another question — which
+//! contender "would have succeeded" on a device larger than the one that failed — so the recorded capacity is the
+//! default of `replay`, `compare`, `summary`, `export`, `advise` and the app.
+
+use std::fmt;
+
+use crate::recording::Recording;
+use heapscope_core::units::Bytes;
+use heapscope_pytorch::Action;
+
+/// Where a capacity comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case", tag = "from"))]
+pub enum CapacityFrom {
+    /// Given (`--capacity`).
+    Given,
+    /// The recording's `oom` entry: the bytes reserved then, plus the driver's free bytes it recorded.
+    Recorded {
+        /// The entry.
+        entry: u64,
+        /// Bytes reserved by PyTorch at that entry.
+        reserved_bytes: u64,
+        /// The driver's free bytes it recorded (`device_free`).
+        device_free_bytes: u64,
+    },
+    /// Neither: unlimited (`advise` ranks settings by the capacity they need).
+    Unknown,
+}
+
+/// The device of the recording, as its first `oom` entry with the driver's free bytes tells it: the bytes PyTorch
+/// held reserved there (the final segments, less what the trace reserved and plus what it returned, walked up to the
+/// entry) plus those free bytes. `None` for a plain trace, or a recording with no such entry.
+pub fn recorded_capacity(recording: &Recording) -> Option<(u64, CapacityFrom)> {
+    let snapshot = recording.snapshot.as_ref()?;
+    let entries = snapshot.device_traces.get(recording.device)?;
+    let change = |action: Action, size: u64| -> i128 {
+        match action {
+            Action::SegmentAlloc | Action::SegmentMap => i128::from(size),
+            Action::SegmentFree | Action::SegmentUnmap => -i128::from(size),
+            _ => 0,
+        }
+    };
+    let last: i128 = snapshot
+        .segments
+        .iter()
+        .filter(|segment| segment.device as usize == recording.device)
+        .map(|segment| i128::from(segment.total_size))
+        .sum();
+    let net: i128 = entries.iter().map(|entry| change(entry.action, entry.size)).sum();
+    let mut reserved = (last - net).max(0);
+    for (index, entry) in (0u64..).zip(entries) {
+        if entry.action == Action::Oom
+            && let Some(device_free_bytes) = entry.device_free
+        {
+            let reserved_bytes = u64::try_from(reserved).unwrap_or(u64::MAX);
+            let capacity = reserved_bytes.saturating_add(device_free_bytes);
+            return Some((capacity, CapacityFrom::Recorded { entry: index, reserved_bytes, device_free_bytes }));
+        }
+        reserved = (reserved + change(entry.action, entry.size)).max(0);
+    }
+    None
+}
+
+/// The device memory of a replay and where it came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    /// Bytes (`None`: unlimited).
+    pub bytes: Option<u64>,
+    /// Where they came from.
+    pub from: CapacityFrom,
+}
+
+impl Capacity {
+    /// `given` when there is one, else what `recording` tells, else unlimited.
+    pub fn of(given: Option<u64>, recording: &Recording) -> Self {
+        match given {
+            Some(bytes) => Self { bytes: Some(bytes), from: CapacityFrom::Given },
+            None => recorded_capacity(recording)
+                .map_or(Self { bytes: None, from: CapacityFrom::Unknown }, |(bytes, from)| Self { bytes: Some(bytes), from }),
+        }
+    }
+}
+
+/// `3.50 GiB (--capacity)`, `3.50 GiB, as the recording tells: ...`, or `unlimited (...)`.
+impl fmt::Display for Capacity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.bytes, self.from) {
+            (Some(bytes), CapacityFrom::Given) => write!(f, "{} (--capacity)", Bytes(bytes)),
+            (Some(bytes), CapacityFrom::Recorded { entry, reserved_bytes, device_free_bytes }) => write!(
+                f,
+                "{}, as the recording tells: at its oom (entry {entry}) PyTorch held {} reserved and the driver had {} free",
+                Bytes(bytes),
+                Bytes(reserved_bytes),
+                Bytes(device_free_bytes)
+            ),
+            (Some(bytes), CapacityFrom::Unknown) => write!(f, "{}", Bytes(bytes)),
+            (None, _) => f.write_str("unlimited (no --capacity, and no oom entry in the recording tells the device)"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use heapscope_core::units::MIB;
+    use heapscope_pytorch::{Segment, Snapshot, TraceEntry};
+
+    fn entry(action: Action, addr: u64, size: u64, device_free: Option<u64>) -> TraceEntry {
+        TraceEntry { device_free, ..TraceEntry::new(action, addr, size) }
+    }
+
+    /// The reserved bytes at the `oom` entry come from the final segments and the trace walked back: segments
+    /// reserved before it count, those released before it do not, those reserved after it are not yet there.
+    #[test]
+    fn the_recording_tells_its_device_at_its_oom_entry() {
+        let segment = |address: u64, total_size: u64| Segment {
+            device: 0,
+            address,
+            total_size,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: 0,
+            segment_type: heapscope_pytorch::Pool::Large,
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            frames: heapscope_pytorch::StackId::default(),
+            blocks: Vec::new(),
+        };
+        let snapshot = Snapshot {
+            // At the end: the 20 MiB segment of entry 0 and the 60 MiB one reserved after the oom.
+            segments: vec![segment(0x1000_0000, 20 * MIB), segment(0x3000_0000, 60 * MIB)],
+            device_traces: vec![vec![
+                entry(Action::SegmentAlloc, 0x1000_0000, 20 * MIB, None),
+                entry(Action::SegmentAlloc, 0x2000_0000, 40 * MIB, None),
+                entry(Action::SegmentFree, 0x2000_0000, 40 * MIB, None),
+                entry(Action::Oom, 0, 100 * MIB, Some(30 * MIB)),
+                entry(Action::SegmentAlloc, 0x3000_0000, 60 * MIB, None),
+            ]],
+            ..Snapshot::default()
+        };
+        let recording = Recording { snapshot: Some(snapshot), ..Recording::from_trace(heapscope_core::Trace::default()) };
+        let capacity = Capacity::of(None, &recording);
+        assert_eq!(
+            capacity,
+            Capacity {
+                bytes: Some(50 * MIB),
+                from: CapacityFrom::Recorded { entry: 3, reserved_bytes: 20 * MIB, device_free_bytes: 30 * MIB }
+            }
+        );
+        assert!(capacity.to_string().starts_with("50.00 MiB, as the recording tells: at its oom (entry 3)"), "{capacity}");
+        assert_eq!(Capacity::of(Some(MIB), &recording), Capacity { bytes: Some(MIB), from: CapacityFrom::Given });
+        let plain = Recording::from_trace(heapscope_core::Trace::default());
+        assert_eq!(Capacity::of(None, &plain), Capacity { bytes: None, from: CapacityFrom::Unknown });
+        assert!(Capacity::of(None, &plain).to_string().starts_with("unlimited"));
+    }
+}
