@@ -92,6 +92,11 @@ pub struct Figures {
     pub frees: u64,
     /// The most requested bytes live at once.
     pub peak_live_bytes: u64,
+    /// When they were first live: the moment of the recording (`None` for a replay that allocated nothing).
+    #[cfg_attr(feature = "serde", serde(skip))]
+    pub peak_live_moment: Option<Moment>,
+    /// That moment's entry (`null` for the start, or none).
+    pub peak_live_entry: Option<u64>,
     /// The most bytes reserved from the device at once.
     pub peak_reserved_bytes: u64,
     /// Device allocations: blocks (segments) reserved, or map calls for paging.
@@ -104,8 +109,13 @@ pub struct Figures {
     pub first_oom: Option<FirstOom>,
     /// The contender's own time per event, in nanoseconds (parsing excluded).
     pub ns_per_event: f64,
-    /// For `pytorch` on a PyTorch file: how its decisions compare with the recorded ones.
+    /// For `pytorch` on a PyTorch file: how its decisions compare with the recorded ones (none for a what-if).
     pub fidelity: Option<Fidelity>,
+    /// For `pytorch`: the settings it ran with, as `PYTORCH_CUDA_ALLOC_CONF` (`""`: PyTorch's defaults).
+    pub settings: Option<String>,
+    /// For `pytorch`: settings other than the recording's — a what-if, whose decisions are not the recorded ones to
+    /// compare with.
+    pub what_if: bool,
     /// For `pytorch`: PyTorch's own counters (`torch.cuda.memory_stats()`).
     #[cfg_attr(feature = "serde", serde(skip))]
     pub memory_stats: Option<MemoryStats>,
@@ -153,6 +163,8 @@ impl Figures {
             allocs: 0,
             frees: 0,
             peak_live_bytes: 0,
+            peak_live_moment: None,
+            peak_live_entry: None,
             peak_reserved_bytes: 0,
             device_allocs: 0,
             device_frees: 0,
@@ -160,6 +172,8 @@ impl Figures {
             first_oom: None,
             ns_per_event: 0.0,
             fidelity: None,
+            settings: None,
+            what_if: false,
             memory_stats: None,
         }
     }
@@ -268,6 +282,8 @@ pub fn summed(policy: &str, replay: &HeapReplay, recording: &Recording, nanos: u
         allocs: stats.allocations,
         frees: stats.frees,
         peak_live_bytes: stats.peak_live_bytes,
+        peak_live_moment: stats.peak_live_event.map(|event| recording.moment_of(event)),
+        peak_live_entry: stats.peak_live_event.and_then(|event| entry_number(recording.moment_of(event))),
         peak_reserved_bytes: 0,
         device_allocs: 0,
         device_frees: 0,
@@ -278,7 +294,17 @@ pub fn summed(policy: &str, replay: &HeapReplay, recording: &Recording, nanos: u
             .map(|(index, verdict)| FirstOom::from_verdict(recording.moment_of(index), verdict)),
         ns_per_event: nanos as f64 / stats.events.max(1) as f64,
         fidelity: None,
+        settings: None,
+        what_if: false,
         memory_stats: None,
+    }
+}
+
+/// The entry of `moment` (`None` for the start).
+fn entry_number(moment: Moment) -> Option<u64> {
+    match moment {
+        Moment::Start => None,
+        Moment::Entry(entry) => Some(entry),
     }
 }
 
@@ -424,6 +450,12 @@ pub struct PytorchReplay {
     pub first_oom: Option<FirstOom>,
     /// For a PyTorch recording: how the decisions compare with the recorded ones.
     pub fidelity: Option<Fidelity>,
+    /// When the requested bytes first reached their peak.
+    pub peak_live_moment: Option<Moment>,
+    /// The settings it ran with, as `PYTORCH_CUDA_ALLOC_CONF`.
+    pub settings: String,
+    /// Whether they differ from the recording's (a what-if: its fidelity is left out).
+    pub what_if: bool,
 }
 
 impl PytorchReplay {
@@ -439,13 +471,17 @@ impl PytorchReplay {
             allocs: count(stats.allocation.all().allocated),
             frees: count(stats.allocation.all().freed),
             peak_live_bytes: count(stats.requested_bytes.all().peak),
+            peak_live_moment: self.peak_live_moment,
+            peak_live_entry: self.peak_live_moment.and_then(entry_number),
             peak_reserved_bytes: count(stats.reserved_bytes.all().peak),
             device_allocs: count(stats.num_device_alloc),
             device_frees: count(stats.num_device_free),
             ooms: count(stats.num_ooms),
             first_oom: self.first_oom,
             ns_per_event: nanos as f64 / events.max(1) as f64,
-            fidelity: self.fidelity,
+            fidelity: self.fidelity.filter(|_| !self.what_if),
+            settings: Some(self.settings),
+            what_if: self.what_if,
             memory_stats: Some(stats),
         }
     }
@@ -468,8 +504,9 @@ pub fn emulate_pytorch(
     capacity_bytes: Option<u64>,
     backing: &mut dyn SegmentBacking,
 ) -> Result<PytorchReplay> {
+    let what_if = *conf != alloc_conf(recording, None)?;
     let mut follower = BackingFollower::new(recording, capacity_bytes, backing, false);
-    Ok(match &recording.snapshot {
+    let (stats, fidelity) = match &recording.snapshot {
         Some(snapshot) => {
             // A PyTorch recording: the emulation replays each entry when its moment begins, from the state at the
             // start of the recording.
@@ -477,15 +514,23 @@ pub fn emulate_pytorch(
                 .map_err(|error| emulation_error(recording, &error))?;
             follower.follow(Stream::of(recording), &mut target)?;
             let emulation = target.finish();
-            PytorchReplay { stats: emulation.stats, first_oom: follower.first_oom, fidelity: Some(emulation.fidelity) }
+            (emulation.stats, Some(emulation.fidelity))
         }
         None => {
             // A plain trace: the emulation is a heap like any other.
             let mut heap = CachingHeap::new(conf.clone(), capacity_bytes);
             heap.record_device_events(true);
             follower.follow(Stream::of(recording), &mut HeapTarget(&mut heap))?;
-            PytorchReplay { stats: heap.allocator().stats().clone(), first_oom: follower.first_oom, fidelity: None }
+            (heap.allocator().stats().clone(), None)
         }
+    };
+    Ok(PytorchReplay {
+        stats,
+        first_oom: follower.first_oom,
+        fidelity,
+        peak_live_moment: follower.peak_live.map(|(_, moment)| moment),
+        settings: conf.overrides(),
+        what_if,
     })
 }
 
@@ -525,6 +570,8 @@ struct BackingFollower<'a, 'b> {
     step_effect: EntryEffect,
     /// Stop the replay at the first refusal (a yes / no question: does the recording fit?).
     stop_at_first_oom: bool,
+    /// The most bytes requested and live so far, and the moment they were first.
+    peak_live: Option<(i64, Moment)>,
 }
 
 /// What the follower stops the driver with at the first refusal, when asked to.
@@ -537,7 +584,23 @@ impl<'a, 'b> BackingFollower<'a, 'b> {
         backing: &'b mut dyn SegmentBacking,
         stop_at_first_oom: bool,
     ) -> Self {
-        Self { recording, capacity_bytes, backing, first_oom: None, step_effect: EntryEffect::Unchanged, stop_at_first_oom }
+        Self {
+            recording,
+            capacity_bytes,
+            backing,
+            first_oom: None,
+            step_effect: EntryEffect::Unchanged,
+            stop_at_first_oom,
+            peak_live: None,
+        }
+    }
+
+    /// Notes the requested bytes live after `moment`.
+    fn live_after(&mut self, moment: Moment, allocator: &CachingAllocator) {
+        let live = allocator.stats().requested_bytes.all().current;
+        if live > 0 && self.peak_live.is_none_or(|(peak, _)| live > peak) {
+            self.peak_live = Some((live, moment));
+        }
     }
 
     /// Replays `stream` through `target` (PyTorch rounds and aligns every request itself: no alignment of ours).
@@ -547,6 +610,7 @@ impl<'a, 'b> BackingFollower<'a, 'b> {
             self.apply(Moment::Start, &start, target.allocator())?;
         }
         self.backing.started(target.allocator());
+        self.live_after(Moment::Start, target.allocator());
         match drive(stream, target, 1, &mut [self]) {
             Err(heapscope_core::Error::Source(why)) if self.stop_at_first_oom && why == STOPPED_AT_FIRST_OOM => Ok(()),
             other => other,
@@ -591,6 +655,7 @@ impl<T: CachingTarget> Observer<T> for BackingFollower<'_, '_> {
         }
         let step_effect = std::mem::replace(&mut self.step_effect, EntryEffect::Unchanged);
         let Moment::Entry(entry) = moment else { return Ok(()) };
+        self.live_after(moment, target.allocator());
         let effect = target.moment_effect(step_effect);
         if let EntryEffect::Refused(report) = effect
             && self.first_oom.is_none()

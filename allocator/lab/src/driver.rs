@@ -363,7 +363,7 @@ impl<T: Target> Observer<T> for Statistics {
         match step {
             Step::Placed { size_bytes, handle, .. } => {
                 let footprint_bytes = T::allocation(handle).footprint_bytes();
-                stats.allocated(size_bytes, footprint_bytes, T::footprint_end(handle), &mut self.footprint_now);
+                stats.allocated(event, size_bytes, footprint_bytes, T::footprint_end(handle), &mut self.footprint_now);
                 stats.last_event_ok = true;
             }
             Step::Refused { verdict, .. } => {
@@ -414,6 +414,8 @@ pub struct ReplayStats {
     pub live_bytes: u64,
     /// The most requested bytes live at once.
     pub peak_live_bytes: u64,
+    /// The event that first brought them to that peak.
+    pub peak_live_event: Option<u64>,
     /// The most bytes set aside (footprints) at once.
     pub peak_footprint_bytes: u64,
     /// The highest footprint end ever used: the range a single-range policy needed (its peak reserved).
@@ -421,10 +423,13 @@ pub struct ReplayStats {
 }
 
 impl ReplayStats {
-    fn allocated(&mut self, size_bytes: u64, footprint_bytes: u64, footprint_end: u64, footprint_now: &mut u64) {
+    fn allocated(&mut self, event: u64, size_bytes: u64, footprint_bytes: u64, footprint_end: u64, footprint_now: &mut u64) {
         self.allocations += 1;
         self.live_bytes += size_bytes;
-        self.peak_live_bytes = self.peak_live_bytes.max(self.live_bytes);
+        if self.live_bytes > self.peak_live_bytes {
+            self.peak_live_bytes = self.live_bytes;
+            self.peak_live_event = Some(event);
+        }
         *footprint_now += footprint_bytes;
         self.peak_footprint_bytes = self.peak_footprint_bytes.max(*footprint_now);
         self.peak_end_bytes = self.peak_end_bytes.max(footprint_end);
