@@ -240,14 +240,17 @@ impl MemoryStats {
             &self.inactive_split_bytes,
             &self.requested_bytes,
         ];
-        let stats = arrays.into_iter().flat_map(|array| array.0.iter()).chain([&self.oversize_allocations, &self.oversize_segments]);
-        let counts = [self.num_alloc_retries, self.num_ooms, self.num_sync_all_streams, self.num_device_alloc, self.num_device_free];
+        let stats =
+            arrays.into_iter().flat_map(|array| array.0.iter()).chain([&self.oversize_allocations, &self.oversize_segments]);
+        let counts =
+            [self.num_alloc_retries, self.num_ooms, self.num_sync_all_streams, self.num_device_alloc, self.num_device_free];
         stats.flat_map(|stat| [stat.current, stat.peak, stat.allocated, stat.freed]).chain(counts).any(|value| value == i64::MAX)
     }
 }
 
 /// The line under a summary table with a saturated counter.
-const SATURATED_NOTE: &str = "≥: the counter saturated at PyTorch's int64 limit (2^63 - 1, 8 EiB for bytes); the true figure is larger";
+const SATURATED_NOTE: &str =
+    "≥: the counter saturated at PyTorch's int64 limit (2^63 - 1, 8 EiB for bytes); the true figure is larger";
 
 /// A cell's value scaled by `divisor`; a counter saturated at `i64::MAX` shows as at least 2^63 so scaled.
 fn scaled(value: i64, divisor: i64) -> String {
