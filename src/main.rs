@@ -13,6 +13,7 @@ mod gui;
 mod input;
 mod options;
 mod probe;
+mod progress;
 mod replay;
 
 use std::process::ExitCode;
