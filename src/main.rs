@@ -14,6 +14,7 @@ mod gui;
 mod input;
 mod options;
 mod probe;
+mod progress;
 mod replay;
 
 use std::process::ExitCode;

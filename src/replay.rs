@@ -17,6 +17,7 @@ use heapscope_vulkan::{ContextOptions, VulkanContext, replay_on_device};
 
 use crate::input;
 use crate::options::HeapRules;
+use crate::progress::Progress;
 
 /// What every command that replays a recording accepts.
 #[derive(Debug, Clone, Args)]
@@ -80,17 +81,19 @@ impl RecordingArgs {
 /// on a Vulkan device.
 pub struct Runner {
     context: Option<Arc<VulkanContext>>,
+    progress: Progress,
 }
 
 impl Runner {
-    /// Brings up the Vulkan device (`HEAPSCOPE_DEVICE`, `HEAPSCOPE_VALIDATION`) when `vulkan` is set.
-    pub fn new(vulkan: bool) -> Result<Self> {
+    /// Brings up the Vulkan device (`HEAPSCOPE_DEVICE`, `HEAPSCOPE_VALIDATION`) when `vulkan` is set; `progress`
+    /// (`--progress`) and `contenders` for the progress of the contenders on it ([`Progress`]).
+    pub fn new(vulkan: bool, progress: bool, contenders: usize) -> Result<Self> {
         let context = if vulkan {
             Some(Arc::new(VulkanContext::new(&ContextOptions::from_env()).context("--vulkan: bringing up the Vulkan device")?))
         } else {
             None
         };
-        Ok(Self { context })
+        Ok(Self { context, progress: Progress::new(vulkan, progress, contenders) })
     }
 
     /// Whether the contenders run on a Vulkan device.
@@ -123,7 +126,11 @@ impl Runner {
         let Some(context) = &self.context else {
             return Ok(heapscope_lab::compare::replay(recording, contender, &config)?);
         };
-        match replay_on_device(context, recording, contender, &config) {
+        let name = contender.to_string();
+        match self
+            .progress
+            .around(&name, recording.trace.events().len(), || replay_on_device(context, recording, contender, &config))
+        {
             Ok(figures) => Ok(Outcome::Ran(figures)),
             Err(error) if error.is_device_limit() => {
                 Ok(Outcome::not_run(format!("{contender} (vulkan)"), format!("not run on this device: {error}")))
@@ -158,6 +165,10 @@ pub struct ContenderArgs {
     /// default set. A contender the device cannot run (a limit it exceeds) is reported as not run, with why.
     #[arg(long)]
     pub vulkan: bool,
+    /// With --vulkan and stderr no terminal (a log): a line on stderr as each contender starts on the device and
+    /// when it is done. On a terminal a spinner shows the same without the flag. Standard output is unchanged.
+    #[arg(long)]
+    pub progress: bool,
 }
 
 impl ContenderArgs {
@@ -184,7 +195,7 @@ impl ContenderArgs {
             anyhow::bail!("{device_only} runs on a Vulkan device: add --vulkan");
         }
         let recording = recording_args.open()?;
-        let runner = Runner::new(self.vulkan)?;
+        let runner = Runner::new(self.vulkan, self.progress, contenders.len())?;
         Ok((contenders, recording, runner))
     }
 

@@ -6,15 +6,24 @@
 //! - allocations lie inside the range, are aligned, and no two live footprints overlap;
 //! - with a granularity, resources of different kinds share no page;
 //! - a refused request fits no free run of the policy's own report (with a granularity rule, for the
-//!   policies that place at any offset);
+//!   policies that place at any offset), nor any run of the checker's own model of free space (below);
 //! - the report covers the range exactly, its live runs are the model's allocations and its totals match
-//!   the model;
+//!   the model: its free bytes are the model's, and only a linear policy retires bytes;
 //! - double frees and foreign handles are refused and change nothing;
 //! - freeing everything restores the initial layout.
+//!
+//! The model of free space is built from what the checker saw served and freed, not from the policy's report, so
+//! a policy that hides free space (reports it retired, or not at all, and refuses requests it holds) is caught:
+//! for TLSF, best fit, first fit and buddy, free space is every byte outside the live footprints (they coalesce
+//! at once; buddy's blocks are aligned to their size); for slab, the same less the slab pages at each end of a
+//! free run (a page holds live slots, or it went back to the range); for the linear bump mode, the range above
+//! the highest footprint since the range was last empty, for the stack mode, the range above the highest live
+//! footprint. The ring mode's reusable space follows the order of its frees and is not modelled: only its
+//! report's free runs and totals are checked.
 
 use crate::granularity::GranularityGuard;
-use crate::request::align_up;
-use crate::{Allocation, Error, Policy, PolicyConfig, PolicyKind, PolicyReport, RangeState, Request, ResourceKind};
+use crate::request::{align_down, align_up};
+use crate::{Allocation, Error, LinearMode, Policy, PolicyConfig, PolicyKind, PolicyReport, RangeState, Request, ResourceKind};
 
 /// One operation on the policy under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +61,8 @@ pub struct Checker {
     live: Vec<Allocation>,
     freed: Vec<Allocation>,
     initial: PolicyReport,
+    /// The bump mode's top: the highest footprint end since the range was last empty.
+    bump_top: u64,
 }
 
 /// What a check found wrong, in words.
@@ -66,7 +77,7 @@ impl Checker {
         let policy = kind.build(capacity_bytes, &config)?;
         let foreign = kind.build(capacity_bytes.max(1 << 20), &config)?;
         let initial = policy.report();
-        let checker = Self { kind, config, policy, foreign, live: Vec::new(), freed: Vec::new(), initial };
+        let checker = Self { kind, config, policy, foreign, live: Vec::new(), freed: Vec::new(), initial, bump_top: 0 };
         Ok(checker)
     }
 
@@ -87,6 +98,9 @@ impl Checker {
                     let allocation = self.live.swap_remove(pick % self.live.len());
                     self.policy.free(allocation).map_err(|error| format!("free of live {allocation:?} failed: {error}"))?;
                     self.freed.push(allocation);
+                    if self.live.is_empty() {
+                        self.bump_top = 0;
+                    }
                 }
             }
             Op::FreeAgain { pick } => {
@@ -130,6 +144,7 @@ impl Checker {
         match self.policy.allocate(request) {
             Some(allocation) => {
                 self.check_allocation(&allocation, request)?;
+                self.bump_top = self.bump_top.max(allocation.footprint_end());
                 self.live.push(allocation);
             }
             None => {
@@ -138,6 +153,14 @@ impl Checker {
                     report.ranges.iter().find(|run| run.state == RangeState::Free && self.fits(run.offset, run.end(), request))
                 {
                     return Err(format!("{request:?} was refused but fits the free run {run:?}"));
+                }
+                let usable = self.model_free_runs().unwrap_or_default();
+                if let Some((start, end)) = usable.into_iter().find(|&(start, end)| self.fits_model(start, end, request)) {
+                    return Err(format!(
+                        "{request:?} was refused but fits [{start}, {end}), free by the checker's own model (the allocations \
+                         it saw served and freed); the policy reports {:?}",
+                        report.ranges.iter().filter(|run| run.offset < end && start < run.end()).collect::<Vec<_>>()
+                    ));
                 }
             }
         }
@@ -167,6 +190,54 @@ impl Checker {
             return false;
         };
         align_up(start, align).is_some_and(|offset| end.checked_sub(offset).is_some_and(|room| room >= needed))
+    }
+
+    /// The free runs of the checker's own model (see the module documentation), sorted; `None` where it keeps no
+    /// model (the ring mode).
+    fn model_free_runs(&self) -> Option<Vec<(u64, u64)>> {
+        let capacity = self.policy.capacity_bytes();
+        let above = |top: u64| if top < capacity { vec![(top, capacity)] } else { Vec::new() };
+        match self.kind {
+            PolicyKind::Linear(LinearMode::Ring) => None,
+            PolicyKind::Linear(LinearMode::Bump) => Some(above(self.bump_top)),
+            PolicyKind::Linear(LinearMode::Stack) => {
+                Some(above(self.live.iter().map(Allocation::footprint_end).max().unwrap_or(0)))
+            }
+            PolicyKind::Tlsf | PolicyKind::BestFit | PolicyKind::FirstFit | PolicyKind::Buddy | PolicyKind::Slab => {
+                let mut footprints: Vec<(u64, u64)> =
+                    self.live.iter().map(|live| (live.footprint_offset(), live.footprint_end())).collect();
+                footprints.sort_unstable();
+                let mut runs = Vec::new();
+                let mut cursor = 0;
+                for (start, end) in footprints.into_iter().chain([(capacity, capacity)]) {
+                    if cursor < start {
+                        runs.push((cursor, start));
+                    }
+                    cursor = cursor.max(end);
+                }
+                Some(runs)
+            }
+        }
+    }
+
+    /// Whether the policy must serve `request` from `[start, end)`, free by the checker's model: as
+    /// [`Checker::fits`], with a buddy block aligned to its own size, and a slab run less the slab pages that may
+    /// reach into it at either end.
+    fn fits_model(&self, start: u64, end: u64, request: Request) -> bool {
+        match self.kind {
+            PolicyKind::Buddy if self.config.granularity_bytes <= 1 => {
+                let Some(block) = self.kind.dedicated_bytes(request, &self.config) else { return false };
+                align_up(start, block).is_some_and(|offset| end.checked_sub(offset).is_some_and(|room| room >= block))
+            }
+            PolicyKind::Slab => {
+                let page = self.config.slab_page_bytes;
+                match align_up(start, page) {
+                    Some(start) if start < align_down(end, page) => self.fits(start, align_down(end, page), request),
+                    _ => false,
+                }
+            }
+            _ => self.fits(start, end, request),
+        }
     }
 
     fn refused(&mut self, allocation: Allocation, what: &str) -> Result<(), Violation> {
@@ -241,6 +312,21 @@ impl Checker {
             }
         }
         let totals = report.totals();
+        if let Some(runs) = self.model_free_runs() {
+            let free_bytes: u64 = runs.iter().map(|(start, end)| end - start).sum();
+            if totals.free_bytes != free_bytes {
+                return Err(format!(
+                    "the report has {} free bytes, the checker's model of free space {free_bytes} ({runs:?})",
+                    totals.free_bytes
+                ));
+            }
+        }
+        if totals.retired_bytes > 0 && !matches!(self.kind, PolicyKind::Linear(_)) {
+            return Err(format!(
+                "{} reports {} retired bytes: only a linear policy retires bytes",
+                self.kind, totals.retired_bytes
+            ));
+        }
         let live_bytes: u64 = self.live.iter().map(Allocation::size_bytes).sum();
         let rounded_bytes: u64 = self.live.iter().map(Allocation::footprint_bytes).sum();
         let expected = (live_bytes, rounded_bytes, capacity - rounded_bytes, self.live.len() as u64, self.live.len());
@@ -369,5 +455,47 @@ mod tests {
         checker.apply(alloc).unwrap();
         let violation = checker.apply(alloc).unwrap_err();
         assert!(violation.contains("overlaps"), "{violation}");
+    }
+
+    /// A policy that hides free space: it refuses requests above 4 KiB and reports its free runs as retired.
+    #[derive(Debug)]
+    struct HidesFreeSpace(Box<dyn Policy>);
+
+    impl Policy for HidesFreeSpace {
+        fn name(&self) -> &'static str {
+            "hides-free-space"
+        }
+        fn capacity_bytes(&self) -> u64 {
+            self.0.capacity_bytes()
+        }
+        fn allocate(&mut self, request: Request) -> Option<Allocation> {
+            if request.size_bytes() > 4096 { None } else { self.0.allocate(request) }
+        }
+        fn free(&mut self, allocation: Allocation) -> crate::Result<()> {
+            self.0.free(allocation)
+        }
+        fn live_allocations(&self) -> usize {
+            self.0.live_allocations()
+        }
+        fn report(&self) -> PolicyReport {
+            let mut report = self.0.report();
+            for run in report.ranges.iter_mut().filter(|run| run.state == RangeState::Free) {
+                run.state = RangeState::Retired;
+            }
+            report
+        }
+    }
+
+    #[test]
+    fn a_policy_hiding_free_space_is_caught() {
+        let mut checker = Checker::new(PolicyKind::Tlsf, 1 << 20, PolicyConfig::default()).unwrap();
+        checker.policy = Box::new(HidesFreeSpace(PolicyKind::Tlsf.build(1 << 20, &PolicyConfig::default()).unwrap()));
+        // Its report alone passes the old checks: no free run to fit, free + retired bytes add up.
+        let violation = checker.apply(Op::Alloc { size_bytes: 1000, align_log2: 0, optimal: false }).unwrap_err();
+        assert!(violation.contains("the checker's model of free space"), "{violation}");
+        // The refusal is caught by the model, not by the report (which shows no free run).
+        let violation = checker.alloc(64 << 10, 0, false).unwrap_err();
+        assert!(violation.contains("free by the checker's own model"), "{violation}");
+        assert!(violation.contains("Retired"), "{violation}");
     }
 }

@@ -1913,4 +1913,41 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         assert_eq!(errors + parsed, 3000);
         assert!(errors > 100, "{errors} errors of 3000 corruptions");
     }
+
+    /// Every seed of the `snapshot` fuzz target (`allocator/core/fuzz/seeds/snapshot/`) through the reader as the
+    /// target runs it: no panic, a snapshot read writes back and reads again the same (up to the numbering of its
+    /// frame stacks); the well-formed seeds read,
+    /// the hostile ones (`hostile-*`) are refused. A crash the fuzzer finds, saved there, fails `cargo test`.
+    #[test]
+    fn fuzz_seeds_replay_through_the_reader() {
+        let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/fuzz/seeds/snapshot");
+        let mut paths: Vec<PathBuf> =
+            std::fs::read_dir(&seeds).unwrap().map(|entry| entry.unwrap().path()).filter(|path| path.is_file()).collect();
+        paths.sort();
+        assert!(paths.len() >= 20, "{} seeds in {}", paths.len(), seeds.display());
+        for path in paths {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let bytes = std::fs::read(&path).unwrap();
+            let result = parse_snapshot(bytes.as_slice(), &name);
+            if name.starts_with("hostile-") {
+                assert!(result.is_err(), "{name}: read, but it should be refused");
+                continue;
+            }
+            let well_formed =
+                ["synthetic-", "frag_oom-", "legacy-", "memory-snapshot-", "deep-"].iter().any(|p| name.starts_with(p));
+            match result {
+                Ok(snapshot) => {
+                    let mut written = Vec::new();
+                    crate::write_snapshot(&snapshot, &mut written).unwrap();
+                    let again = parse_snapshot(written.as_slice(), "written back").unwrap();
+                    assert_eq!(
+                        again.with_stacks_in_use_order(),
+                        snapshot.with_stacks_in_use_order(),
+                        "{name}: read, written and read again differs"
+                    );
+                }
+                Err(error) => assert!(!well_formed, "{name}: {error}"),
+            }
+        }
+    }
 }

@@ -4,6 +4,11 @@
 //! Every [`Stat`] keeps PyTorch's four numbers: `current`, `peak`, `allocated` (total increases) and
 //! `freed` (total decreases); a [`StatArray`] holds one per pool selection (`all`, `small_pool`,
 //! `large_pool`, PyTorch's `StatType` order).
+//!
+//! The counters are PyTorch's `int64_t`: a counter that would pass `i64::MAX` (8 EiB) saturates there instead
+//! of wrapping (a replayed trace can ask for more than a real device ever held). The summary table shows a
+//! saturated cell as at least its value (`≥8192 PiB`) and says below the table that the figure is larger,
+//! rather than print a wrong one.
 
 use std::fmt::Write as _;
 
@@ -215,7 +220,44 @@ impl MemoryStats {
         let mut out = String::from("|");
         out.push_str(&lines.join("|\n|"));
         out.push_str("|\n");
+        if self.saturated() {
+            out.push_str(SATURATED_NOTE);
+            out.push('\n');
+        }
         out
+    }
+
+    /// Whether a counter saturated at `i64::MAX` (PyTorch's `int64_t` cannot hold its true value).
+    pub fn saturated(&self) -> bool {
+        let arrays = [
+            &self.allocation,
+            &self.segment,
+            &self.active,
+            &self.inactive_split,
+            &self.allocated_bytes,
+            &self.reserved_bytes,
+            &self.active_bytes,
+            &self.inactive_split_bytes,
+            &self.requested_bytes,
+        ];
+        let stats =
+            arrays.into_iter().flat_map(|array| array.0.iter()).chain([&self.oversize_allocations, &self.oversize_segments]);
+        let counts =
+            [self.num_alloc_retries, self.num_ooms, self.num_sync_all_streams, self.num_device_alloc, self.num_device_free];
+        stats.flat_map(|stat| [stat.current, stat.peak, stat.allocated, stat.freed]).chain(counts).any(|value| value == i64::MAX)
+    }
+}
+
+/// The line under a summary table with a saturated counter.
+const SATURATED_NOTE: &str =
+    "≥: the counter saturated at PyTorch's int64 limit (2^63 - 1, 8 EiB for bytes); the true figure is larger";
+
+/// A cell's value scaled by `divisor`; a counter saturated at `i64::MAX` shows as at least 2^63 so scaled.
+fn scaled(value: i64, divisor: i64) -> String {
+    if value == i64::MAX {
+        format!("≥{}", (i128::from(value) + 1) / i128::from(divisor))
+    } else {
+        value.div_euclid(divisor).to_string()
     }
 }
 
@@ -233,33 +275,37 @@ fn row(label: &str, s: &Stat, pref: &Stat, formatter: fn(i64, f64) -> String) ->
 }
 
 /// `_format_size`: scales by 1024 while the reference value is at least 768 KiB of the current unit.
-fn format_size(mut size: i64, mut pref: f64) -> String {
+/// A saturated size shows as at least its value (`≥8192 PiB`).
+fn format_size(size: i64, mut pref: f64) -> String {
     let prefixes = ["B  ", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut prefix = prefixes[0];
+    let mut divisor = 1_i64;
     for next in &prefixes[1..] {
         if pref < 768.0 * 1024.0 {
             break;
         }
         prefix = next;
-        size = size.div_euclid(1024);
+        divisor *= 1024;
         pref /= 1024.0;
     }
-    format!("{size:6} {prefix}")
+    format!("{:>6} {prefix}", scaled(size, divisor))
 }
 
 /// `_format_count`: scales by 1000 while the reference value is at least 750 000.
-fn format_count(mut count: i64, mut pref: f64) -> String {
+/// A saturated count shows as at least its value.
+fn format_count(count: i64, mut pref: f64) -> String {
     let prefixes = [" ", "K", "M"];
     let mut prefix = prefixes[0];
+    let mut divisor = 1_i64;
     for next in &prefixes[1..] {
         if pref < 750.0 * 1000.0 {
             break;
         }
         prefix = next;
-        count = count.div_euclid(1000);
+        divisor *= 1000;
         pref /= 1000.0;
     }
-    format!("{count:7} {prefix} ")
+    format!("{:>7} {prefix} ", scaled(count, divisor))
 }
 
 #[cfg(test)]
@@ -274,6 +320,25 @@ mod tests {
         assert_eq!(format_size(0, (3000u64 << 20) as f64), "     0 MiB");
         assert_eq!(format_count(824, 824.0), "    824   ");
         assert_eq!(format_count(1_500_000, 1_500_000.0), "   1500 K ");
+    }
+
+    #[test]
+    fn summary_of_exabytes_saturates_and_says_so() {
+        // 12 EiB asked of a stat: PyTorch's int64 saturates; the cell says "at least 8 EiB", never 8191 PiB.
+        let mut stats = MemoryStats::default();
+        for _ in 0..3 {
+            stats.allocated_bytes.increase(false, 4 << 60);
+        }
+        assert_eq!(stats.allocated_bytes.all().current, i64::MAX);
+        assert_eq!(format_size(i64::MAX, i64::MAX as f64), " ≥8192 PiB");
+        assert_eq!(format_size(4 << 60, (4_u64 << 60) as f64), "  4096 PiB");
+        assert_eq!(format_count(i64::MAX, 1.0), "≥9223372036854775808   ");
+        let table = stats.summary_table(0);
+        let row = table.lines().find(|line| line.starts_with("| Allocated memory")).unwrap();
+        assert_eq!(row, "| Allocated memory      |  ≥8192 PiB |  ≥8192 PiB |  ≥8192 PiB |      0 B   |");
+        assert!(!table.contains("8191 PiB"), "{table}");
+        assert!(table.ends_with(&format!("|\n{SATURATED_NOTE}\n")), "{table}");
+        assert!(!MemoryStats::default().summary_table(0).contains(SATURATED_NOTE));
     }
 
     #[test]

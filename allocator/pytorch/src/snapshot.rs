@@ -225,3 +225,28 @@ pub struct Snapshot {
     /// Interned frame lists; index 0 is the empty list.
     pub frame_stacks: Vec<Vec<Frame>>,
 }
+
+impl Snapshot {
+    /// The same snapshot with its frame stacks numbered in order of first use (each segment, then its blocks,
+    /// then the traces, device by device) and unused ones left out: snapshots that differ only in how their frame
+    /// lists were interned (a snapshot read, written and read again) are equal in this form.
+    pub fn with_stacks_in_use_order(&self) -> Snapshot {
+        let mut snapshot = self.clone();
+        let mut order: Vec<Vec<Frame>> = vec![Vec::new()];
+        let mut renumbered: std::collections::HashMap<StackId, StackId> = std::collections::HashMap::new();
+        renumbered.insert(StackId::NONE, StackId::NONE);
+        let mut renumber = |id: &mut StackId| {
+            *id = *renumbered.entry(*id).or_insert_with(|| {
+                order.push(self.frame_stacks.get(id.0 as usize).cloned().unwrap_or_default());
+                StackId(u32::try_from(order.len() - 1).unwrap_or(u32::MAX))
+            });
+        };
+        for segment in &mut snapshot.segments {
+            renumber(&mut segment.frames);
+            segment.blocks.iter_mut().for_each(|block| renumber(&mut block.frames));
+        }
+        snapshot.device_traces.iter_mut().flatten().for_each(|entry| renumber(&mut entry.frames));
+        snapshot.frame_stacks = order;
+        snapshot
+    }
+}

@@ -268,3 +268,55 @@ unsafe extern "system" fn get_device_proc_addr(device: vk::Device, name: *const 
         _ => unsafe { (guarded.get_device_proc_addr)(device, name) },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ContextOptions, VulkanContext};
+
+    /// A device to test on, or `None` (skipped) without one unless `HEAPSCOPE_REQUIRE_GPU=1`.
+    fn context() -> Option<VulkanContext> {
+        match VulkanContext::new(&ContextOptions::from_env()) {
+            Ok(context) => Some(context),
+            Err(error) if error.means_no_vulkan() && std::env::var("HEAPSCOPE_REQUIRE_GPU").as_deref() != Ok("1") => {
+                eprintln!("skipped: {error}");
+                None
+            }
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    /// The address of an entry point, to compare.
+    fn address(function: vk::PFN_vkVoidFunction) -> Option<usize> {
+        function.map(|function| function as usize)
+    }
+
+    /// The wrapped `vkGetDeviceProcAddr` asked for a device it does not guard answers with that device's own
+    /// entry points (what the device's own instance answers), never NULL and never a wrapper; the guarded device
+    /// still gets the wrappers.
+    #[test]
+    fn unguarded_device_gets_the_driver_entry_points() {
+        let (Some(guarded_context), Some(other)) = (context(), context()) else { return };
+        let queues = Queues {
+            instance: guarded_context.instance(),
+            device: guarded_context.device(),
+            queues: vec![guarded_context.compute_queue().1],
+            lock: guarded_context.queue_lock(),
+        };
+        // SAFETY: the handles are used only in this test, while `guarded_context` (their device) lives.
+        let (instance, _device) = unsafe { guarded(queues) };
+        let wrapped = instance.fp_v1_0().get_device_proc_addr;
+        let own = other.instance().fp_v1_0().get_device_proc_addr;
+        let device = other.device().handle();
+        assert!(find(|guarded| guarded.device == device).is_none(), "the other device is not guarded");
+        for name in [c"vkQueueSubmit", c"vkQueueWaitIdle", c"vkDeviceWaitIdle", c"vkGetDeviceProcAddr", c"vkAllocateMemory"] {
+            // SAFETY: a live device and NUL-terminated names.
+            let (answer, driver) = unsafe { (wrapped(device, name.as_ptr()), own(device, name.as_ptr())) };
+            assert!(answer.is_some(), "{name:?}: NULL for a device not guarded");
+            assert_eq!(address(answer), address(driver), "{name:?}: not the device's own entry point");
+        }
+        // SAFETY: the guarded device, alive; a NUL-terminated name.
+        let submit = unsafe { wrapped(guarded_context.device().handle(), c"vkQueueSubmit".as_ptr()) };
+        assert_eq!(address(submit), address(void_function!(queue_submit, vk::PFN_vkQueueSubmit)), "the guarded device's wrapper");
+    }
+}

@@ -260,3 +260,46 @@ fn device_contenders_replay_a_mid_run_recording_from_its_start() {
         assert_eq!(line["peak_live_bytes"], simulated[0]["peak_live_bytes"], "the same stream: {line}");
     }
 }
+
+/// `--progress` on a log (stderr no terminal): a line as each contender starts on the device and one when it is done,
+/// on stderr only — standard output, JSON or table, is what it is without the flag; without the flag a log gets none.
+#[test]
+fn replay_on_the_device_says_its_progress_on_stderr_only() {
+    let dir = crate::common::temp_dir("vulkan-progress");
+    let path = dir.join("churn.csv");
+    let events: String = (0..400)
+        .map(|id| {
+            format!("a,{id},{}\n{}", 4096 * (1 + id % 7), if id % 2 == 1 { format!("f,{}\n", id - 1) } else { String::new() })
+        })
+        .collect();
+    std::fs::write(&path, events).unwrap();
+    let file = path.to_str().unwrap();
+    let args = ["replay", file, "--json", "--policy", "tlsf", "--policy", "paged"];
+    let Some(quiet) = on_device(&args) else { return };
+    let Some(shown) = on_device(&[&args[..], &["--progress"]].concat()) else { return };
+    assert!(quiet.status.success() && shown.status.success(), "{}{}", stderr(&quiet), stderr(&shown));
+    assert!(!stderr(&quiet).contains("progress:"), "{}", stderr(&quiet));
+    let progress = stderr(&shown);
+    for line in [
+        "progress: tlsf on the device (contender 1 of 2): 600 events",
+        "progress: tlsf on the device: done in ",
+        "progress: paged on the device (contender 2 of 2): 600 events",
+        "progress: paged on the device: done in ",
+    ] {
+        assert!(progress.contains(line), "{line:?} missing from {progress}");
+    }
+    let without_timing = |output: &Output| -> Vec<Value> {
+        lines(output)
+            .into_iter()
+            .map(|mut line| {
+                line.as_object_mut().unwrap().remove("ns_per_event");
+                line
+            })
+            .collect()
+    };
+    assert_eq!(without_timing(&shown), without_timing(&quiet), "standard output changed");
+    let table = on_device(&["replay", file, "--policy", "tlsf", "--progress"]).unwrap();
+    assert!(stdout(&table).lines().all(|line| !line.starts_with("progress:")), "{}", stdout(&table));
+    assert!(stderr(&table).contains("progress: tlsf on the device (contender 1 of 1)"), "{}", stderr(&table));
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -1,7 +1,8 @@
 //! Random operation sequences against every policy, checked by `heapscope_core::check` after every step.
 //!
-//! Run: `cd allocator/core/fuzz && cargo fuzz run ops` (needs cargo-fuzz and a nightly compiler, or
-//! `RUSTC_BOOTSTRAP=1` on a stable one). A crash input replays with `cargo fuzz run ops <file>`.
+//! Run: `scripts/fuzz.sh ops 600` (the stable compiler; CI runs it for 20 s), or `cargo fuzz run ops` with
+//! cargo-fuzz and a nightly compiler. A crash input replays by running the built target on the file
+//! (`allocator/core/fuzz/target/<host>/release/ops FILE`).
 #![no_main]
 
 use heapscope_core::check::Scenario;
