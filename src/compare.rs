@@ -58,7 +58,7 @@ fn compare(args: &CompareArgs, contenders: &[Contender], recording: &Recording, 
             Outcome::Ran(figures) if runner.on_device() => (Outcome::Ran(figures), "`pytorch (vulkan)` with expandable segments"),
             Outcome::Ran(figures) => (Outcome::Ran(figures), "`pytorch` with expandable segments"),
             Outcome::NotRun { .. } => (
-                heapscope_lab::compare::replay(recording, PYTORCH_EXPANDABLE, &args.recording.compare_config())?,
+                heapscope_lab::compare::replay(recording, PYTORCH_EXPANDABLE, &args.recording.compare_config(recording))?,
                 "`pytorch` with expandable segments (simulated: the device cannot run it)",
             ),
         };
@@ -66,7 +66,8 @@ fn compare(args: &CompareArgs, contenders: &[Contender], recording: &Recording, 
             extra.push(name.to_owned());
         }
     }
-    if let Some(sentence) = verdict_sentence(failed, &outcomes, &extra) {
+    let capacity_known = args.recording.capacity(recording).bytes.is_some();
+    if let Some(sentence) = verdict_sentence(failed, &outcomes, &extra, capacity_known) {
         outln!("\n{sentence}");
     }
     Ok(())

@@ -65,12 +65,12 @@ fn replayed(args: &RecordingArgs, recording: &Recording, contender: Contender) -
                     format!("{text},expandable_segments:True")
                 };
             }
-            emulated_snapshot(recording, &conf, &text, args.capacity)?
+            emulated_snapshot(recording, &conf, &text, args.capacity(recording).bytes)?
         }
         Contender::GpuAllocator | Contender::Vma => {
             bail!("{contender} runs on a Vulkan device only: export and summary replay simulated contenders")
         }
-        other => replayed_snapshot(recording, other, &args.compare_config())?,
+        other => replayed_snapshot(recording, other, &args.compare_config(recording))?,
     })
 }
 
@@ -100,9 +100,10 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
     );
     if let (Some(path), Some(mut vma_file), Some(report)) = (&args.vma_json, vma_file, &replayed.heap_report) {
         // The heap's final layout from the same run that wrote the snapshot.
-        let config = args.recording.compare_config();
+        let config = args.recording.compare_config(&recording);
         // The simulated device: the capacity given, else as large as the most the heap ever reserved.
-        let mut device = VmaDeviceInfo::simulated(args.recording.capacity.unwrap_or(report.stats.peak_reserved_bytes));
+        let mut device =
+            VmaDeviceInfo::simulated(args.recording.capacity(&recording).bytes.unwrap_or(report.stats.peak_reserved_bytes));
         device.preferred_block_size = config.heap.block_size_bytes;
         std::io::Write::write_all(&mut vma_file, heap_report_to_vma_json(report, &device).as_bytes())
             .with_context(|| format!("writing {}", path.display()))?;
@@ -122,7 +123,7 @@ pub fn run_summary(args: &SummaryArgs) -> Result<()> {
     let recording = args.recording.open()?;
     let replayed =
         replayed(&args.recording, &recording, args.policy).with_context(|| format!("replaying through {}", args.policy))?;
-    for line in crate::replay::devices_overview(&recording, args.recording.device, &args.recording.compare_config()) {
+    for line in crate::replay::devices_overview(&recording, args.recording.device, &args.recording.compare_config(&recording)) {
         outln!("{line}");
     }
     out!("{}", replayed.stats.summary_table(recording.device));

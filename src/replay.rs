@@ -7,7 +7,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 use heapscope_core::units::{Bytes, parse_size};
 use heapscope_core::{PolicyKind, UnmapRule};
-use heapscope_lab::compare::{CompareConfig, Outcome};
+use heapscope_lab::capacity::Capacity;
+use heapscope_lab::compare::{CompareConfig, Outcome, alloc_conf};
 use heapscope_lab::contender::Contender;
 use heapscope_lab::recording::{Recording, counted, default_device, device_overview};
 
@@ -56,15 +57,21 @@ impl RecordingArgs {
         input::open_device(&self.file, self.device)
     }
 
-    /// The settings shared by the contenders.
-    pub fn compare_config(&self) -> CompareConfig {
+    /// The device memory of the replay of `recording`: `--capacity`, else what the recording tells, else unlimited.
+    pub fn capacity(&self, recording: &Recording) -> Capacity {
+        Capacity::of(self.capacity, recording)
+    }
+
+    /// The settings shared by the contenders, on the capacity of [`RecordingArgs::capacity`].
+    pub fn compare_config(&self, recording: &Recording) -> CompareConfig {
         CompareConfig {
-            capacity_bytes: self.capacity,
+            capacity_bytes: self.capacity(recording).bytes,
             page_bytes: self.page_size,
             paged_unmap: self.paged_unmap,
             align_bytes: self.align,
             heap: self.heap.heap_config(PolicyKind::Tlsf),
             alloc_conf: self.alloc_conf.clone(),
+            pytorch_settings: None,
         }
     }
 
@@ -122,7 +129,7 @@ impl Runner {
     /// device cannot run (a limit it exceeds, a feature it lacks), or a device-only one without a device, is an
     /// outcome that says why ([`Outcome::NotRun`](heapscope_lab::outcome::Outcome::NotRun)), so the others still run.
     pub fn outcome(&self, args: &RecordingArgs, recording: &Recording, contender: Contender) -> Result<Outcome> {
-        let config = args.compare_config();
+        let config = args.compare_config(recording);
         let Some(context) = &self.context else {
             return Ok(heapscope_lab::compare::replay(recording, contender, &config)?);
         };
@@ -216,12 +223,13 @@ impl ContenderArgs {
 /// The lines that name what is replayed and on how much memory: the entries, what was live at the start (the
 /// same for every contender), and what a contender that ignores the recording's streams does not see.
 pub fn print_title(recording: &Recording, args: &RecordingArgs, contenders: &[Contender]) {
-    for line in devices_overview(recording, args.device, &args.compare_config()) {
+    for line in devices_overview(recording, args.device, &args.compare_config(recording)) {
         outln!("{line}");
     }
-    let capacity_bytes = args.capacity;
-    let capacity = capacity_bytes.map_or_else(|| "unlimited".to_owned(), |bytes| Bytes(bytes).to_string());
-    outln!("{}: {} entries, device capacity {capacity}", recording.shown_name(), recording.entries);
+    outln!("{}: {} entries, device capacity {}", recording.shown_name(), recording.entries, args.capacity(recording));
+    if contenders.iter().any(|contender| matches!(contender, Contender::Pytorch { .. })) {
+        outln!("{}", settings_line(recording, args));
+    }
     if recording.start_events > 0 {
         outln!(
             "recorded mid-run: {} allocations ({}) were live before entry 0; every contender holds them from the start",
@@ -237,6 +245,23 @@ pub fn print_title(recording: &Recording, args: &RecordingArgs, contenders: &[Co
             "{} frees of allocations the recording never shows (neither live at the start nor allocated since) were skipped",
             recording.unknown_frees
         );
+    }
+}
+
+/// The settings PyTorch's contender runs with: the recording's, or `--alloc-conf` over them (a what-if).
+fn settings_line(recording: &Recording, args: &RecordingArgs) -> String {
+    let shown = |conf: &heapscope_pytorch::AllocConf| {
+        let text = conf.overrides();
+        if text.is_empty() { "PyTorch's defaults".to_owned() } else { text }
+    };
+    let recorded = alloc_conf(recording, None).map(|conf| shown(&conf)).unwrap_or_default();
+    match (&args.alloc_conf, alloc_conf(recording, args.alloc_conf.as_deref())) {
+        (Some(overrides), Ok(conf)) if shown(&conf) != recorded => format!(
+            "pytorch's settings: {} (--alloc-conf {overrides} over the recording's {recorded}): a what-if, whose decisions \
+             are not the recorded ones (no fidelity)",
+            shown(&conf)
+        ),
+        _ => format!("pytorch's settings: {recorded}, as recorded"),
     }
 }
 
@@ -337,10 +362,10 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
 /// The table header of [`print_row`].
 pub fn print_header() {
     outln!(
-        "{:<22} {:>8} {:>12} {:>14} {:>8} {:>9} {:>5} {:>10}  fidelity",
+        "{:<22} {:>8} {:>20} {:>14} {:>8} {:>9} {:>5} {:>10}  fidelity",
         "policy",
         "allocs",
-        "peak live",
+        "peak live @ entry",
         "peak reserved",
         "ratio",
         "segments",
@@ -358,17 +383,24 @@ pub fn print_row(outcome: &Outcome) {
             return;
         }
     };
-    let fidelity = outcome.fidelity.as_ref().map_or_else(String::new, |fidelity| {
-        format!(
+    let fidelity = match &outcome.fidelity {
+        _ if outcome.what_if => "what-if (settings differ from the recording's)".to_owned(),
+        Some(fidelity) => format!(
             "segments {}/{}, placements {}/{}",
             fidelity.matched, fidelity.recorded, fidelity.placement_matched, fidelity.allocs
-        )
-    });
+        ),
+        None => String::new(),
+    };
+    let peak_live = match outcome.peak_live_moment {
+        Some(heapscope_lab::recording::Moment::Entry(entry)) => format!("{} @ {entry}", Bytes(outcome.peak_live_bytes)),
+        Some(heapscope_lab::recording::Moment::Start) => format!("{} @ start", Bytes(outcome.peak_live_bytes)),
+        None => Bytes(outcome.peak_live_bytes).to_string(),
+    };
     outln!(
-        "{:<22} {:>8} {:>12} {:>14} {:>8.4} {:>9} {:>5} {:>10.1}  {fidelity}",
+        "{:<22} {:>8} {:>20} {:>14} {:>8.4} {:>9} {:>5} {:>10.1}  {fidelity}",
         outcome.policy,
         outcome.allocs,
-        Bytes(outcome.peak_live_bytes).to_string(),
+        peak_live,
         Bytes(outcome.peak_reserved_bytes).to_string(),
         outcome.reserved_over_live(),
         outcome.device_allocs,

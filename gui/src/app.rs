@@ -17,6 +17,7 @@ use heapscope_lab::recording::Moment;
 use heapscope_lab::timeline::explain::explain;
 use heapscope_vulkan::{ContextOptions, VulkanContext};
 
+use crate::advice::AdviceRun;
 use crate::device_live::{self, LiveConfig};
 use crate::file_browser::{BrowserAction, FileBrowser};
 use crate::heap_map::StepAnimation;
@@ -44,6 +45,8 @@ pub struct HeapscopeApp {
     pub colour_by: ColourBy,
     /// Whether the "Teach me" panel shows.
     pub teach: bool,
+    /// The "Advice" panel's run, while the panel shows (started when it opens, for the session shown).
+    pub advice: Option<AdviceRun>,
     /// The pane "Why it failed", "Next OOM" and the `O` key follow: the one clicked last (its name or its map)
     /// or picked with the keys 1 to 4, outlined on screen.
     pub focused: usize,
@@ -87,6 +90,7 @@ impl HeapscopeApp {
             playback: Playback::default(),
             colour_by: ColourBy::default(),
             teach: false,
+            advice: None,
             focused: 0,
             error: None,
             notice: None,
@@ -290,6 +294,19 @@ impl HeapscopeApp {
             return;
         };
         match session.add_pane(next) {
+            Ok(()) => {
+                let steps = self.playback.shown_steps();
+                session.seek(steps);
+                self.refresh_caches();
+            }
+            Err(error) => self.error = Some(format!("{error:#}")),
+        }
+    }
+
+    /// Adds a pane replaying the advice's `setting` (the run that fits, beside the one that failed).
+    pub fn add_setting_pane(&mut self, setting: &str) {
+        let Some(session) = &mut self.session else { return };
+        match session.add_setting_pane(setting) {
             Ok(()) => {
                 let steps = self.playback.shown_steps();
                 session.seek(steps);
@@ -561,6 +578,16 @@ impl HeapscopeApp {
             ui.toggle_value(&mut self.live.open, "Live").on_hover_text("run a workload on the GPU and watch its heap");
             ui.separator();
             ui.toggle_value(&mut self.teach, "Teach me");
+            let can_advise = self.session.as_ref().is_some_and(|session| session.live.is_none());
+            let mut advising = self.advice.is_some();
+            let toggle = ui.add_enabled(can_advise, egui::Button::selectable(advising, "Advice"));
+            if toggle.on_hover_text("which allocator settings would have fit, and what each needs").clicked() {
+                advising = !advising;
+                self.advice = match (&self.session, advising) {
+                    (Some(session), true) => Some(AdviceRun::start(session.recording.clone(), session.config.capacity_bytes)),
+                    _ => None,
+                };
+            }
             ui.menu_button(format!("colour: {}", self.colour_by.name()), |ui| {
                 for mode in ColourBy::ALL {
                     ui.selectable_value(&mut self.colour_by, mode, mode.name());
@@ -662,7 +689,14 @@ impl HeapscopeApp {
         let sentences = if self.teach { self.current_sentences() } else { Vec::new() };
         let has_refusals =
             self.session.as_ref().is_some_and(|session| session.panes.iter().any(|pane| !pane.timeline.refusals().is_empty()));
-        if self.teach || has_refusals {
+        // An advice about another recording than the one shown goes.
+        if let (Some(run), Some(session)) = (&self.advice, &self.session)
+            && run.name != session.recording.shown_name()
+        {
+            self.advice = None;
+        }
+        let mut add_setting = None;
+        if self.teach || has_refusals || self.advice.is_some() {
             egui::Panel::right("side").default_size(320.0).show(ui, |ui| {
                 egui::ScrollArea::vertical().show(ui, |ui| {
                     let Some(session) = &self.session else { return };
@@ -681,6 +715,10 @@ impl HeapscopeApp {
                         }
                         ui.separator();
                     }
+                    if let Some(run) = &self.advice {
+                        add_setting = panels::advice(ui, run, session.panes.len() < crate::session::MAX_PANES).add;
+                        ui.separator();
+                    }
                     if has_refusals {
                         let asked = panels::why_it_failed(ui, session, self.focused, shown);
                         if let Some(step) = asked.seek_to {
@@ -693,6 +731,9 @@ impl HeapscopeApp {
                     }
                 });
             });
+        }
+        if let Some(setting) = add_setting {
+            self.add_setting_pane(&setting);
         }
         let animations = self.current_animations();
         let too_small = self.too_small();

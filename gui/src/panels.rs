@@ -1,5 +1,6 @@
 //! The side panels: "Why it failed" (the out-of-memory verdict in plain words, with the free runs that were
-//! too small highlighted on the map) and "Teach me" (one sentence per allocator decision).
+//! too small highlighted on the map), "Teach me" (one sentence per allocator decision) and "Advice" (the settings
+//! that would have fit, ranked; a row opens as a pane).
 
 use egui::{Color32, RichText, Ui};
 use heapscope_core::OomCause;
@@ -7,6 +8,7 @@ use heapscope_core::units::Bytes;
 use heapscope_lab::recording::Moment;
 use heapscope_lab::timeline::Refusal;
 
+use crate::advice::{AdviceRun, AdviceState};
 use crate::session::Session;
 
 /// The verdict of `refusal` in plain words: a headline and what would have helped.
@@ -178,4 +180,59 @@ mod tests {
         let (headline, _) = verdict_words(&Refusal { cause: OomCause::Exhaustion, ..refusal }, 0);
         assert!(headline.starts_with("Exhaustion: only 1000.00 MiB were free in 2.93 GiB reserved"), "{headline}");
     }
+}
+
+/// What the "Advice" panel asks for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AdviceActions {
+    /// Open this setting (`PYTORCH_CUDA_ALLOC_CONF` over PyTorch's defaults, or `paged`) as a pane.
+    pub add: Option<String>,
+}
+
+/// The "Advice" panel: the run's progress, then the answer and the ranked settings, each with a button that opens
+/// it as a pane (while there is room: `can_add`).
+pub fn advice(ui: &mut Ui, run: &AdviceRun, can_add: bool) -> AdviceActions {
+    let mut actions = AdviceActions::default();
+    ui.heading("What to set");
+    match run.state() {
+        AdviceState::Running(done, total) => {
+            let fraction = if total == 0 { 0.0 } else { done as f32 / total as f32 };
+            ui.add(egui::ProgressBar::new(fraction).text(format!("{done} of {total} settings replayed")));
+            ui.label(RichText::new("each setting replays the whole recording").small());
+            ui.ctx().request_repaint_after(std::time::Duration::from_millis(100));
+        }
+        AdviceState::Failed(why) => {
+            ui.colored_label(Color32::LIGHT_RED, why);
+        }
+        AdviceState::Done(advice) => {
+            let capacity = advice.capacity_bytes.map_or_else(|| "unknown".to_owned(), |bytes| Bytes(bytes).to_string());
+            ui.label(format!("device capacity {capacity}"));
+            ui.label(RichText::new(advice.answer()).strong());
+            ui.add_space(4.0);
+            egui::Grid::new("advice").striped(true).num_columns(5).show(ui, |ui| {
+                for heading in ["#", "setting", "peak reserved", "OOMs", "needs"] {
+                    ui.label(RichText::new(heading).small());
+                }
+                ui.end_row();
+                for row in &advice.settings {
+                    ui.label(if row.rank == 0 { "-".to_owned() } else { row.rank.to_string() });
+                    let name = match row.setting.as_str() {
+                        "" => "PyTorch's defaults",
+                        setting => setting,
+                    };
+                    let label = if row.as_recorded { format!("{name} (as recorded)") } else { name.to_owned() };
+                    let button = ui.add_enabled(can_add, egui::Button::new(label).small());
+                    if button.on_hover_text("open this setting as a pane").clicked() {
+                        actions.add = Some(row.setting.clone());
+                    }
+                    ui.label(Bytes(row.peak_reserved_bytes).to_string());
+                    ui.label(row.ooms.to_string());
+                    let needs = row.min_capacity_bytes.map_or_else(|| "no device".to_owned(), |bytes| Bytes(bytes).to_string());
+                    ui.label(if row.monotone { needs } else { format!("{needs} (!)") });
+                    ui.end_row();
+                }
+            });
+        }
+    }
+    actions
 }

@@ -6,13 +6,16 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{Result, bail};
+use heapscope_core::UnmapRule;
 use heapscope_core::trace::Event;
+use heapscope_lab::capacity::Capacity;
 use heapscope_lab::compare::CompareConfig;
 use heapscope_lab::contender::Contender;
 use heapscope_lab::recording::{DeviceOverview, Moment, Recording, device_overview};
 use heapscope_lab::story::{self, Story};
 use heapscope_lab::timeline::record::record;
 use heapscope_lab::timeline::{Change, Layout, Timeline};
+use heapscope_pytorch::AllocConf;
 
 use crate::heap_map::MapView;
 use crate::live::LiveSource;
@@ -69,6 +72,8 @@ pub struct OpenOptions {
 pub struct Pane {
     /// Who replays; `None` for a live source.
     pub contender: Option<Contender>,
+    /// The advice's setting it replays with, when it is one of its rows ([`Session::add_setting_pane`]).
+    pub setting: Option<String>,
     /// Its replay, step by step.
     pub timeline: Timeline,
     /// The layout after `layout_steps` steps.
@@ -84,7 +89,15 @@ pub struct Pane {
 
 impl Pane {
     fn new(contender: Option<Contender>, timeline: Timeline) -> Self {
-        Self { contender, layout: timeline.layout_at(0), timeline, layout_steps: 0, view: MapView::default(), before: None }
+        Self {
+            contender,
+            setting: None,
+            layout: timeline.layout_at(0),
+            timeline,
+            layout_steps: 0,
+            view: MapView::default(),
+            before: None,
+        }
     }
 
     /// The name in its header.
@@ -230,7 +243,9 @@ impl Session {
     pub fn open(path: &Path, contenders: &[Contender], options: OpenOptions) -> Result<Self> {
         // The core's errors name the file already ("cannot read F: …", "F: the file is empty", "F:2: …").
         let recording = Recording::open_device(path, options.device)?;
-        let config = CompareConfig { capacity_bytes: options.capacity_bytes, ..CompareConfig::default() };
+        // The capacity asked for, else the device the recording tells (its oom entry), else unlimited.
+        let capacity_bytes = Capacity::of(options.capacity_bytes, &recording).bytes;
+        let config = CompareConfig { capacity_bytes, ..CompareConfig::default() };
         Self::new(recording, config, contenders)
     }
 
@@ -245,8 +260,17 @@ impl Session {
             bail!("{} is no PyTorch snapshot: it has one device", self.recording.name);
         };
         let recording = Recording::from_snapshot(&self.recording.name, snapshot.clone(), device)?;
-        let contenders: Vec<Contender> = self.panes.iter().filter_map(|pane| pane.contender).collect();
-        Self::new(recording, self.config.clone(), &contenders)
+        let mut contenders: Vec<Contender> =
+            self.panes.iter().filter(|pane| pane.setting.is_none()).filter_map(|pane| pane.contender).collect();
+        if contenders.is_empty() {
+            // Every pane is a setting of the advice: the recorded settings open first, as on opening the file.
+            contenders.push(Contender::Pytorch { expandable: false });
+        }
+        let mut session = Self::new(recording, self.config.clone(), &contenders)?;
+        for setting in self.panes.iter().filter_map(|pane| pane.setting.as_deref()) {
+            session.add_setting_pane(setting)?;
+        }
+        Ok(session)
     }
 
     /// A session fed by `source`, in one pane, growing as it reports.
@@ -275,6 +299,31 @@ impl Session {
         }
         let timeline = record(&self.recording, contender, &self.config)?;
         self.panes.push(Pane::new(Some(contender), timeline));
+        Ok(())
+    }
+
+    /// Adds a pane replaying with PyTorch's allocator under `setting`, a `PYTORCH_CUDA_ALLOC_CONF` string over
+    /// PyTorch's defaults (a row of the advice: the run that fits, beside the one that failed), or `paged` with
+    /// CUDA's 2 MiB pages.
+    ///
+    /// # Errors
+    /// A setting PyTorch would refuse, a replay that fails, or too many panes.
+    pub fn add_setting_pane(&mut self, setting: &str) -> Result<()> {
+        if self.panes.len() >= MAX_PANES {
+            bail!("at most {MAX_PANES} panes side by side");
+        }
+        let (contender, config) = if setting == heapscope_lab::advise::PAGED {
+            let page_bytes = heapscope_lab::cuda_cost::CUDA_PAGE_BYTES;
+            (Contender::Paged, CompareConfig { page_bytes, paged_unmap: UnmapRule::UnderPressure, ..self.config.clone() })
+        } else {
+            let mut conf = AllocConf::default();
+            conf.parse_overrides(setting).map_err(|error| anyhow::anyhow!("setting {setting:?}: {error}"))?;
+            (Contender::Pytorch { expandable: false }, CompareConfig { pytorch_settings: Some(conf), ..self.config.clone() })
+        };
+        let mut timeline = record(&self.recording, contender, &config)?;
+        let shown = if setting.is_empty() { "PyTorch's defaults" } else { setting };
+        timeline.contender = format!("{} ({shown})", timeline.contender);
+        self.panes.push(Pane { setting: Some(setting.to_owned()), ..Pane::new(Some(contender), timeline) });
         Ok(())
     }
 

@@ -201,9 +201,26 @@ pub struct CompareConfig {
     pub heap: HeapConfig,
     /// PyTorch's allocator settings over the recording's own, in `PYTORCH_CUDA_ALLOC_CONF` syntax (`--alloc-conf`).
     pub alloc_conf: Option<String>,
+    /// PyTorch's allocator settings in full, instead of the recording's with `alloc_conf` over them (a row of
+    /// `advise`, opened as a pane).
+    pub pytorch_settings: Option<AllocConf>,
 }
 
 impl CompareConfig {
+    /// The settings of the `pytorch` contender on `recording`: [`CompareConfig::pytorch_settings`], else the
+    /// recording's own with `alloc_conf` over them; expandable segments on for `pytorch-expandable` (`expandable`).
+    ///
+    /// # Errors
+    /// An `alloc_conf` PyTorch would refuse, naming the key or value.
+    pub fn pytorch_conf(&self, recording: &Recording, expandable: bool) -> Result<AllocConf> {
+        let mut conf = match &self.pytorch_settings {
+            Some(conf) => conf.clone(),
+            None => alloc_conf(recording, self.alloc_conf.as_deref())?,
+        };
+        conf.expandable_segments |= expandable;
+        Ok(conf)
+    }
+
     /// The heap a heap contender with `kind` inside runs in: blocks from a simulated device of the capacity.
     ///
     /// # Errors
@@ -236,6 +253,7 @@ impl Default for CompareConfig {
             align_bytes: 512,
             heap: HeapConfig::new(PolicyKind::Tlsf),
             alloc_conf: None,
+            pytorch_settings: None,
         }
     }
 }
@@ -317,8 +335,7 @@ fn entry_number(moment: Moment) -> Option<u64> {
 pub fn replay(recording: &Recording, contender: Contender, config: &CompareConfig) -> Result<Outcome> {
     let figures = match contender {
         Contender::Pytorch { expandable } => {
-            let mut conf = alloc_conf(recording, config.alloc_conf.as_deref())?;
-            conf.expandable_segments |= expandable;
+            let conf = config.pytorch_conf(recording, expandable)?;
             let (replay, nanos) = best_time(|| emulate_pytorch(recording, &conf, config.capacity_bytes, &mut Unbacked))?;
             replay.figures(contender.name(), recording, nanos)
         }
@@ -686,8 +703,14 @@ pub(crate) fn emulation_error(recording: &Recording, error: &heapscope_pytorch::
 }
 
 /// The verdict of a comparison in one sentence, when the reference contender ran out of memory: what was
-/// free and which contenders would have succeeded.
-pub fn verdict_sentence(failed: &Figures, outcomes: &[Outcome], extra_successes: &[String]) -> Option<String> {
+/// free and which contenders would have succeeded — on the device's capacity when it is known (`capacity_known`),
+/// else said to be with unlimited memory.
+pub fn verdict_sentence(
+    failed: &Figures,
+    outcomes: &[Outcome],
+    extra_successes: &[String],
+    capacity_known: bool,
+) -> Option<String> {
     let oom = failed.first_oom.as_ref()?;
     let mut survivors: Vec<String> = outcomes
         .iter()
@@ -711,12 +734,13 @@ pub fn verdict_sentence(failed: &Figures, outcomes: &[Outcome], extra_successes:
             Bytes(oom.free_bytes)
         ),
     };
+    let on = if capacity_known { "" } else { " with unlimited memory" };
     Some(match survivors.len() {
-        0 => format!("{head}; no contender would have succeeded."),
-        1 => format!("{head}; {} would have succeeded.", survivors[0]),
+        0 => format!("{head}; no contender would have succeeded{on}."),
+        1 => format!("{head}; {} would have succeeded{on}.", survivors[0]),
         _ => {
             let last = survivors.pop().unwrap_or_default();
-            format!("{head}; {} and {last} would have succeeded.", survivors.join(", "))
+            format!("{head}; {} and {last} would have succeeded{on}.", survivors.join(", "))
         }
     })
 }
@@ -754,12 +778,12 @@ mod tests {
         // A contender that did not run (a device limit) served nothing: it is no survivor.
         let not_run = Outcome::not_run("vma (vulkan)", "no device");
         assert!(!not_run.ran() && not_run.figures().is_none());
-        let sentence = verdict_sentence(
-            heap,
-            &[heap_outcome.clone(), paged_outcome.clone(), not_run],
-            &["`pytorch` with expandable segments".into()],
-        )
-        .unwrap();
+        let outcomes = [heap_outcome.clone(), paged_outcome.clone(), not_run];
+        let extra = ["`pytorch` with expandable segments".to_owned()];
+        // Without a known capacity, "would have succeeded" is said to be with unlimited memory.
+        let unlimited = verdict_sentence(heap, &outcomes, &extra, false).unwrap();
+        assert!(unlimited.ends_with("would have succeeded with unlimited memory."), "{unlimited}");
+        let sentence = verdict_sentence(heap, &outcomes, &extra, true).unwrap();
         assert!(
             sentence.contains("1000.00 MiB free in reserved memory but the largest free run is 50.00 MiB")
                 && sentence.ends_with("`paged` and `pytorch` with expandable segments would have succeeded."),

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use heapscope_core::trace::Event;
 use heapscope_core::units::Bytes;
 use heapscope_core::{DeviceEvent, Heap, HeapConfig, PolicyConfig, Trace};
-use heapscope_lab::compare::{CompareConfig, Figures, alloc_conf, best_time, emulate_pytorch, summed};
+use heapscope_lab::compare::{CompareConfig, Figures, best_time, emulate_pytorch, summed};
 use heapscope_lab::contender::Contender;
 use heapscope_lab::driver::replay_device_heap;
 use heapscope_lab::recording::Recording;
@@ -262,8 +262,7 @@ pub fn replay_on_device(
     let trace = &recording.trace;
     match contender {
         Contender::Pytorch { expandable } => {
-            let mut conf = alloc_conf(recording, config.alloc_conf.as_deref())?;
-            conf.expandable_segments |= expandable;
+            let conf = config.pytorch_conf(recording, expandable)?;
             replay_pytorch_on_device(context, recording, contender, &conf, config.capacity_bytes)
         }
         Contender::Heap(kind) => {

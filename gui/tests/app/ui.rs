@@ -781,3 +781,44 @@ fn a_state_with_no_trace_opens_at_its_one_moment() {
     assert!(harness.query_by_value("device 0").is_none() && session.devices.len() == 1, "one device: no picker");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// "Advice" replays the story under every setting on a worker thread, shows the answer and the ranked settings,
+/// and a row opens as a pane beside the others: the run that fits beside the one that failed.
+#[test]
+fn the_advice_panel_ranks_settings_and_opens_one_as_a_pane() {
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(1);
+    // Room for one more pane: the story opens four.
+    harness.get_all_by_label("x").next().unwrap().click();
+    harness.run_steps(2);
+    let panes = harness.state().session.as_ref().unwrap().panes.len();
+    harness.get_by_label("Advice").click();
+    harness.run_steps(1);
+    assert!(harness.state().advice.is_some(), "the toggle starts the advice");
+    for _ in 0..600 {
+        harness.run_steps(1);
+        if matches!(harness.state().advice.as_ref().unwrap().state(), heapscope_gui::advice::AdviceState::Done(_)) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    harness.run_steps(2);
+    assert!(
+        harness.query_by_label_contains("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True — fits in").is_some(),
+        "the answer"
+    );
+    harness.get_by_label("expandable_segments:True").click();
+    harness.run_steps(2);
+    let session = harness.state().session.as_ref().unwrap();
+    assert_eq!(session.panes.len(), panes + 1);
+    let added = session.panes.last().unwrap();
+    assert_eq!(
+        (added.name(), added.setting.as_deref()),
+        ("pytorch (expandable_segments:True)", Some("expandable_segments:True"))
+    );
+    assert!(added.timeline.refusals().is_empty(), "the setting that fits serves the 1 GiB request");
+    harness.get_by_label("Advice").click();
+    harness.run_steps(1);
+    assert!(harness.state().advice.is_none(), "the toggle closes it");
+}

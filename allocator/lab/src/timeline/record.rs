@@ -7,7 +7,7 @@
 
 use super::explain::Rules;
 use super::{Change, Refusal, RegionKind, RegionTracker, Span, Timeline};
-use crate::compare::{CompareConfig, FirstOom, alloc_conf, emulate_pytorch, pytorch_first_oom, unreserved_bytes};
+use crate::compare::{CompareConfig, FirstOom, emulate_pytorch, pytorch_first_oom, unreserved_bytes};
 use crate::contender::Contender;
 use crate::driver::{HeapTarget, Observer, Step, Stream, drive};
 use crate::recording::{Moment, Recording};
@@ -33,9 +33,7 @@ use heapscope_pytorch::{AllocConf, BlockState, TraceEntry};
 pub fn record(recording: &Recording, contender: Contender, config: &CompareConfig) -> Result<Timeline> {
     let mut timeline = match contender {
         Contender::Pytorch { expandable } => {
-            let mut conf = alloc_conf(recording, config.alloc_conf.as_deref())?;
-            conf.expandable_segments |= expandable;
-            record_pytorch(recording, conf, config.capacity_bytes)?
+            record_pytorch(recording, config.pytorch_conf(recording, expandable)?, config.capacity_bytes)?
         }
         Contender::Heap(kind) => {
             let mut heap = config.heap(kind)?;
@@ -328,6 +326,7 @@ impl SegmentBacking for PytorchRecorder<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compare::alloc_conf;
     use crate::story::frag_oom;
     use heapscope_core::units::MIB;
     use heapscope_core::{HeapConfig, OomCause, PolicyKind, ReleaseRule};
