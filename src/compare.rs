@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use heapscope_lab::compare::{Outcome, verdict_sentence};
+use heapscope_lab::compare::{Outcome, recorded_expandable, verdict_sentence};
 use heapscope_lab::contender::{Contender, PYTORCH_EXPANDABLE};
 use heapscope_lab::recording::Recording;
 
@@ -54,16 +54,20 @@ fn compare(args: &CompareArgs, contenders: &[Contender], recording: &Recording, 
     if failed.policy.starts_with("pytorch") && recording.snapshot.is_some() && !contenders.contains(&PYTORCH_EXPANDABLE) {
         // On the device where it can run there; else (and without --vulkan) simulated, and said so.
         let on_device = runner.outcome(&args.recording, recording, PYTORCH_EXPANDABLE).context("replaying through pytorch")?;
+        // The other setting than the recording's: expandable segments on, or off for a recording made with them.
+        let with = if recorded_expandable(recording) { "without" } else { "with" };
         let (expandable, name) = match on_device {
-            Outcome::Ran(figures) if runner.on_device() => (Outcome::Ran(figures), "`pytorch (vulkan)` with expandable segments"),
-            Outcome::Ran(figures) => (Outcome::Ran(figures), "`pytorch` with expandable segments"),
+            Outcome::Ran(figures) if runner.on_device() => {
+                (Outcome::Ran(figures), format!("`pytorch (vulkan)` {with} expandable segments"))
+            }
+            Outcome::Ran(figures) => (Outcome::Ran(figures), format!("`pytorch` {with} expandable segments")),
             Outcome::NotRun { .. } => (
                 heapscope_lab::compare::replay(recording, PYTORCH_EXPANDABLE, &args.recording.compare_config(recording))?,
-                "`pytorch` with expandable segments (simulated: the device cannot run it)",
+                format!("`pytorch` {with} expandable segments (simulated: the device cannot run it)"),
             ),
         };
         if expandable.figures().is_some_and(|figures| figures.ooms == 0) {
-            extra.push(name.to_owned());
+            extra.push(name);
         }
     }
     let capacity_known = args.recording.capacity(recording).bytes.is_some();

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use heapscope_lab::compare::alloc_conf;
 use heapscope_lab::contender::Contender;
 use heapscope_lab::export::replayed::{Replayed, emulated_snapshot, replayed_snapshot};
 use heapscope_lab::export::vma_json::{VmaDeviceInfo, heap_report_to_vma_json};
@@ -46,26 +45,9 @@ pub struct SummaryArgs {
 fn replayed(args: &RecordingArgs, recording: &Recording, contender: Contender) -> Result<Replayed> {
     Ok(match contender {
         Contender::Pytorch { expandable } => {
-            let mut conf = alloc_conf(recording, args.alloc_conf.as_deref())?;
-            conf.expandable_segments |= expandable;
-            let recorded = recording
-                .snapshot
-                .as_ref()
-                .and_then(|snapshot| snapshot.settings.as_ref())
-                .map(|settings| settings.alloc_conf.as_str());
-            let mut text = match (recorded, args.alloc_conf.as_deref()) {
-                (Some(recorded), Some(extra)) if !recorded.is_empty() => format!("{recorded},{extra}"),
-                (_, Some(extra)) => extra.to_owned(),
-                (recorded, None) => recorded.unwrap_or_default().to_owned(),
-            };
-            if expandable {
-                text = if text.is_empty() {
-                    "expandable_segments:True".to_owned()
-                } else {
-                    format!("{text},expandable_segments:True")
-                };
-            }
-            emulated_snapshot(recording, &conf, &text, args.capacity(recording).bytes)?
+            // The settings it runs with, written into the snapshot as the PYTORCH_CUDA_ALLOC_CONF it saw.
+            let conf = args.compare_config(recording).pytorch_conf(recording, expandable)?;
+            emulated_snapshot(recording, &conf, &conf.overrides(), args.capacity(recording).bytes)?
         }
         Contender::GpuAllocator | Contender::Vma => {
             bail!("{contender} runs on a Vulkan device only: export and summary replay simulated contenders")

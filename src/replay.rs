@@ -362,7 +362,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
 /// The table header of [`print_row`].
 pub fn print_header() {
     outln!(
-        "{:<22} {:>8} {:>20} {:>14} {:>8} {:>9} {:>5} {:>10}  fidelity",
+        "{:<36} {:>8} {:>20} {:>14} {:>8} {:>9} {:>5} {:>10}  fidelity",
         "policy",
         "allocs",
         "peak live @ entry",
@@ -379,7 +379,7 @@ pub fn print_row(outcome: &Outcome) {
     let outcome = match outcome {
         Outcome::Ran(figures) => figures,
         Outcome::NotRun { name, why } => {
-            outln!("{name:<22} {why}");
+            outln!("{name:<36} {why}");
             return;
         }
     };
@@ -397,7 +397,7 @@ pub fn print_row(outcome: &Outcome) {
         None => Bytes(outcome.peak_live_bytes).to_string(),
     };
     outln!(
-        "{:<22} {:>8} {:>20} {:>14} {:>8.4} {:>9} {:>5} {:>10.1}  {fidelity}",
+        "{:<36} {:>8} {:>20} {:>14} {:>8.4} {:>9} {:>5} {:>10.1}  {fidelity}",
         outcome.policy,
         outcome.allocs,
         peak_live,
@@ -408,7 +408,7 @@ pub fn print_row(outcome: &Outcome) {
         outcome.ns_per_event,
     );
     if let Some(oom) = &outcome.first_oom {
-        outln!("{:<22} first OOM at {}: {}", "", oom.moment, oom.message);
+        outln!("{:<36} first OOM at {}: {}", "", oom.moment, oom.message);
     }
 }
 

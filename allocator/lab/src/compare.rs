@@ -207,8 +207,9 @@ pub struct CompareConfig {
 }
 
 impl CompareConfig {
-    /// The settings of the `pytorch` contender on `recording`: [`CompareConfig::pytorch_settings`], else the
-    /// recording's own with `alloc_conf` over them; expandable segments on for `pytorch-expandable` (`expandable`).
+    /// The settings of a PyTorch contender on `recording`: [`CompareConfig::pytorch_settings`], else the recording's
+    /// own with `alloc_conf` over them — and for `pytorch-expandable` (`expandable`) the other `expandable_segments`
+    /// than the recording's: on, or off for a recording made with them on (where "on" would be `pytorch` again).
     ///
     /// # Errors
     /// An `alloc_conf` PyTorch would refuse, naming the key or value.
@@ -217,8 +218,21 @@ impl CompareConfig {
             Some(conf) => conf.clone(),
             None => alloc_conf(recording, self.alloc_conf.as_deref())?,
         };
-        conf.expandable_segments |= expandable;
+        if expandable {
+            conf.expandable_segments = !recorded_expandable(recording);
+        }
         Ok(conf)
+    }
+
+    /// The name a PyTorch contender's run goes by on `recording`: the contender's, or for `pytorch-expandable` on a
+    /// recording made with expandable segments the setting it runs with instead,
+    /// `pytorch (expandable_segments:False)`.
+    pub fn pytorch_name(&self, recording: &Recording, expandable: bool) -> String {
+        if expandable && recorded_expandable(recording) {
+            "pytorch (expandable_segments:False)".to_owned()
+        } else {
+            Contender::Pytorch { expandable }.name().to_owned()
+        }
     }
 
     /// The heap a heap contender with `kind` inside runs in: blocks from a simulated device of the capacity.
@@ -337,7 +351,7 @@ pub fn replay(recording: &Recording, contender: Contender, config: &CompareConfi
         Contender::Pytorch { expandable } => {
             let conf = config.pytorch_conf(recording, expandable)?;
             let (replay, nanos) = best_time(|| emulate_pytorch(recording, &conf, config.capacity_bytes, &mut Unbacked))?;
-            replay.figures(contender.name(), recording, nanos)
+            replay.figures(&config.pytorch_name(recording, expandable), recording, nanos)
         }
         Contender::Heap(kind) => heap_figures(
             recording,
@@ -400,6 +414,15 @@ pub fn alloc_conf(recording: &Recording, overrides: Option<&str>) -> Result<Allo
             .map_err(|error| heapscope_core::Error::InvalidConfig { what: format!("--alloc-conf: {error}") })?;
     }
     Ok(conf)
+}
+
+/// Whether `recording` was made with expandable segments (its recorded settings say so).
+pub fn recorded_expandable(recording: &Recording) -> bool {
+    recording
+        .snapshot
+        .as_ref()
+        .and_then(|snapshot| snapshot.settings.as_ref())
+        .is_some_and(|settings| settings.expandable_segments)
 }
 
 /// PyTorch's out-of-memory message for `report`, in its words ("Tried to allocate ...").

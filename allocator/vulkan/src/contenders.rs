@@ -188,7 +188,7 @@ fn expandable_virtual_bytes(
 fn replay_pytorch_on_device(
     context: &Arc<VulkanContext>,
     recording: &Recording,
-    contender: Contender,
+    name: &str,
     conf: &AllocConf,
     capacity_bytes: Option<u64>,
 ) -> Result<Figures, VulkanError> {
@@ -215,7 +215,7 @@ fn replay_pytorch_on_device(
         peak_reserved_bytes: counts.peak_device_bytes,
         device_allocs: counts.device_allocs,
         device_frees: counts.device_frees,
-        ..replay.figures(&format!("{contender} (vulkan)"), recording, nanos)
+        ..replay.figures(&format!("{name} (vulkan)"), recording, nanos)
     })
 }
 
@@ -263,7 +263,13 @@ pub fn replay_on_device(
     match contender {
         Contender::Pytorch { expandable } => {
             let conf = config.pytorch_conf(recording, expandable)?;
-            replay_pytorch_on_device(context, recording, contender, &conf, config.capacity_bytes)
+            replay_pytorch_on_device(
+                context,
+                recording,
+                &config.pytorch_name(recording, expandable),
+                &conf,
+                config.capacity_bytes,
+            )
         }
         Contender::Heap(kind) => {
             let ((replay, peak_reserved_bytes, blocks_reserved, blocks_released), nanos) = best_time(|| {

@@ -790,7 +790,10 @@ fn advise_ranks_a_setting_that_fits_and_says_why_the_default_failed() {
     let output = heapscope(&[&["advise", file][..], &settings].concat());
     assert!(output.status.success(), "{}", stderr(&output));
     let text = stdout(&output);
-    assert!(text.contains("device capacity 3.50 GiB: at its oom (entry 100) PyTorch held 2.93 GiB reserved"), "{text}");
+    assert!(
+        text.contains("device capacity 3.50 GiB, as the recording tells: at its oom (entry 100) PyTorch held 2.93 GiB reserved"),
+        "{text}"
+    );
     assert!(text.contains("*(PyTorch's defaults)"), "{text}");
     let answer = text.lines().last().unwrap();
     assert!(

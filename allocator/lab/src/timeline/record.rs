@@ -52,7 +52,10 @@ pub fn record(recording: &Recording, contender: Contender, config: &CompareConfi
             });
         }
     };
-    timeline.contender = contender.name().to_owned();
+    timeline.contender = match contender {
+        Contender::Pytorch { expandable } => config.pytorch_name(recording, expandable),
+        other => other.name().to_owned(),
+    };
     Ok(timeline)
 }
 
@@ -483,8 +486,8 @@ mod tests {
                         let context = format!("{name} cut {cut} expandable {expandable} capacity {capacity_bytes:?}");
                         let config = CompareConfig { capacity_bytes, ..CompareConfig::default() };
                         let timeline = record(&recording, Contender::Pytorch { expandable }, &config).unwrap();
-                        let mut conf = alloc_conf(&recording, None).unwrap();
-                        conf.expandable_segments |= expandable;
+                        // `pytorch-expandable` is the other setting than the recording's.
+                        let conf = config.pytorch_conf(&recording, expandable).unwrap();
                         let emulation = heapscope_pytorch::emulate(snapshot, 0, &conf, capacity_bytes).unwrap();
                         assert_eq!(timeline.steps(), recording.entries, "{context}: a step per entry");
                         let last = timeline.samples().last().unwrap();
