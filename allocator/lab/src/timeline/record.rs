@@ -329,7 +329,6 @@ impl SegmentBacking for PytorchRecorder<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compare::alloc_conf;
     use crate::story::frag_oom;
     use heapscope_core::units::MIB;
     use heapscope_core::{HeapConfig, OomCause, PolicyKind, ReleaseRule};
