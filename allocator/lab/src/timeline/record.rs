@@ -484,7 +484,8 @@ mod tests {
                     for capacity_bytes in [None, Some(3584 * MIB)] {
                         let context = format!("{name} cut {cut} expandable {expandable} capacity {capacity_bytes:?}");
                         let config = CompareConfig { capacity_bytes, ..CompareConfig::default() };
-                        let timeline = record(&recording, Contender::Pytorch { expandable }, &config).unwrap();
+                        let timeline = record(&recording, Contender::Pytorch { expandable }, &config)
+                            .unwrap_or_else(|e| panic!("{context}: {e}"));
                         // `pytorch-expandable` is the other setting than the recording's.
                         let conf = config.pytorch_conf(&recording, expandable).unwrap();
                         let emulation = heapscope_pytorch::emulate(snapshot, 0, &conf, capacity_bytes).unwrap();

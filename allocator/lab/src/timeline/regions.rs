@@ -22,12 +22,17 @@ impl RegionTracker {
     ///
     /// A range shown already whose size changed (PyTorch cut an expandable segment's reservation where it reserved
     /// the next one, closer than the default 128 GiB: issue 14) is resized first, so a range reserved next to it is
-    /// a region of its own.
+    /// a region of its own. A range shown already that is gone from `virtual_ranges` (PyTorch released an
+    /// expandable segment's reservation once all of it was unmapped) is removed after its last pages were unmapped
+    /// and before anything else is reserved or mapped: the driver may put the next reservation there.
     pub fn changes(&mut self, events: &[DeviceEvent], virtual_ranges: &[(u64, u64)], changes: &mut Vec<Change>) {
         // Cut before the events (a range reserved next to it may map pages now), grown after them (the range next
         // to it released first).
         self.resize(virtual_ranges, |now, known| now < known, changes);
         for &event in events {
+            if matches!(event, DeviceEvent::Reserved { .. } | DeviceEvent::Mapped { .. }) {
+                self.remove_gone(virtual_ranges, changes);
+            }
             match event {
                 DeviceEvent::Reserved { address, size_bytes } => {
                     let kind = if virtual_ranges.contains(&(address, size_bytes)) {
@@ -55,7 +60,19 @@ impl RegionTracker {
                 DeviceEvent::Unmapped { address, size_bytes } => changes.push(Change::PagesUnmapped { address, size_bytes }),
             }
         }
+        self.remove_gone(virtual_ranges, changes);
         self.resize(virtual_ranges, |now, known| now > known, changes);
+    }
+
+    /// Removes the ranges shown that are gone from `virtual_ranges` (their base no longer there).
+    fn remove_gone(&mut self, virtual_ranges: &[(u64, u64)], changes: &mut Vec<Change>) {
+        self.known_virtual.retain(|&(base, _)| {
+            let kept = virtual_ranges.iter().any(|range| range.0 == base);
+            if !kept {
+                changes.push(Change::RegionRemoved { address: base });
+            }
+            kept
+        });
     }
 
     /// Resizes the ranges shown whose size in `virtual_ranges` (same base) differs from theirs as `which` picks.
@@ -171,6 +188,49 @@ mod tests {
                     // Its pages unmapped first, as the allocator does.
                     layout.apply(&Change::PagesUnmapped { address, size_bytes: 2 << 20 }).unwrap();
                 }
+                layout.apply(change).unwrap_or_else(|error| panic!("{change:?}: {error}"));
+            }
+        }
+    }
+
+    /// A range that leaves the heap's ranges without a `Released` event (PyTorch drops an expandable segment's
+    /// reservation once all of it is unmapped) is removed after its pages were unmapped and before a block is
+    /// reserved where it was: the layout holds every step.
+    #[test]
+    fn a_range_gone_from_the_heap_is_removed_before_its_space_is_reused() {
+        const GIB: u64 = 1 << 30;
+        let mut tracker = RegionTracker::default();
+        type Step = (Vec<DeviceEvent>, Vec<(u64, u64)>, Vec<Change>);
+        let steps: Vec<Step> = vec![
+            (
+                vec![DeviceEvent::Mapped { address: 0, size_bytes: 20 << 20 }],
+                vec![(0, 128 * GIB)],
+                vec![
+                    Change::RegionAdded { address: 0, size_bytes: 128 * GIB, kind: RegionKind::Virtual },
+                    Change::PagesMapped { address: 0, size_bytes: 20 << 20 },
+                ],
+            ),
+            (
+                vec![
+                    DeviceEvent::Unmapped { address: 0, size_bytes: 20 << 20 },
+                    DeviceEvent::Reserved { address: 4 * GIB, size_bytes: 20 << 20 },
+                ],
+                vec![],
+                vec![
+                    Change::PagesUnmapped { address: 0, size_bytes: 20 << 20 },
+                    Change::RegionRemoved { address: 0 },
+                    Change::RegionAdded { address: 4 * GIB, size_bytes: 20 << 20, kind: RegionKind::Block },
+                ],
+            ),
+            // Nothing more to remove.
+            (vec![], vec![], vec![]),
+        ];
+        let mut layout = super::super::Layout::default();
+        for (events, ranges, expected) in steps {
+            let mut changes = Vec::new();
+            tracker.changes(&events, &ranges, &mut changes);
+            assert_eq!(changes, expected, "{events:?}");
+            for change in &changes {
                 layout.apply(change).unwrap_or_else(|error| panic!("{change:?}: {error}"));
             }
         }
