@@ -22,7 +22,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::capacity::{Capacity, CapacityFrom};
+use crate::capacity::{Capacity, CapacityFrom, reserved_at_start};
 use crate::compare::{Figures, FirstOom, alloc_conf, emulate_pytorch, first_refusal, summed};
 use crate::cuda_cost::{CUDA_PAGE_BYTES, CudaCost};
 use crate::driver::{HeapTarget, Statistics, Stream, drive};
@@ -308,17 +308,23 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
             (PAGED.to_owned(), false, run, unlimited)
         }
     };
+    // PyTorch's allocator holds the segments of a recording begun mid-run from the start: a smaller device never
+    // held them.
+    let start = if matches!(row, Row::Pytorch { .. }) { reserved_at_start(recording) } else { 0 };
     let fits = |capacity: u64| -> Result<bool> {
         match row {
+            _ if capacity < start => Ok(false),
             Row::Pytorch { conf, .. } => Ok(first_refusal(recording, conf, Some(capacity))?.is_none()),
             Row::Paged => Ok(paged_run(recording, capacity)?.0.ooms == 0),
         }
     };
-    // Below the peak of bytes the allocator hands out nothing fits; the peak reserved without a limit does.
+    // Below the peak of bytes the allocator hands out nothing fits (nor below what it held at the start); the peak
+    // reserved without a limit does.
     let floor = match &unlimited.memory_stats {
         Some(stats) => u64::try_from(stats.allocated_bytes.all().peak).unwrap_or(0),
         None => unlimited.peak_live_bytes,
-    };
+    }
+    .max(start);
     // Only garbage collection reads the capacity before the allocator reaches it.
     let ceiling_fits = match row {
         Row::Pytorch { conf, .. } => conf.garbage_collection_threshold == 0.0,
@@ -493,6 +499,44 @@ mod tests {
         assert!(advice.settings.iter().all(|row| row.monotone), "{:?}", advice.settings);
         let ranks: Vec<usize> = advice.settings.iter().map(|row| row.rank).collect();
         assert_eq!(ranks, [1, 2, 3, 0], "paged last, unranked");
+    }
+
+    /// A state with no trace (`torch.cuda.memory_snapshot()`): a 20 MiB segment holding a 1 MiB block. PyTorch's
+    /// settings need the 20 MiB it held, not the 1 MiB live; `paged` needs one 2 MiB page.
+    #[test]
+    fn what_a_recording_held_at_its_start_is_needed() {
+        use heapscope_pytorch::{Block, BlockState, Pool, Segment, Snapshot, StackId};
+        let address = 0x7f00_0000_0000;
+        let block = |address: u64, size: u64, requested_size: u64, state: BlockState| Block {
+            address,
+            size,
+            requested_size,
+            state,
+            frames: StackId::default(),
+        };
+        let segment = Segment {
+            device: 0,
+            address,
+            total_size: 20 * MIB,
+            allocated_size: MIB,
+            active_size: MIB,
+            requested_size: MIB,
+            stream: 0,
+            segment_type: Pool::Large,
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            frames: StackId::default(),
+            blocks: vec![
+                block(address, MIB, MIB, BlockState::ActiveAllocated),
+                block(address + MIB, 19 * MIB, 0, BlockState::Inactive),
+            ],
+        };
+        let snapshot = Snapshot { segments: vec![segment], device_traces: vec![Vec::new()], ..Snapshot::default() };
+        let recording = Recording::from_snapshot("state", snapshot, 0).unwrap();
+        let config = AdviseConfig { capacity_bytes: None, settings: vec![String::new()], threads: 1 };
+        let advice = advise(&recording, &config, &|_, _| {}).unwrap();
+        let need = |setting: &str| advice.settings.iter().find(|row| row.setting == setting).unwrap().min_capacity_bytes;
+        assert_eq!((need(""), need(PAGED)), (Some(20 * MIB), Some(2 * MIB)));
     }
 
     /// The capacity search on made-up answers: a setting that fits from a threshold on, one that fails again above
