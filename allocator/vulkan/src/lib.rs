@@ -40,7 +40,7 @@
 //!   `queue_guard`: the queue entry points handed to wgpu-hal take the context's queue lock, so anyone holding the
 //!   `wgpu::Queue` (egui-wgpu drawing the window) may submit and present while heapscope binds and submits.
 //!
-//! - [`testing`] (feature `testing`): a validated context for device tests, skipped where there is no Vulkan unless
+//! - `testing` (feature `testing`): a validated context for device tests, skipped where there is no Vulkan unless
 //!   `HEAPSCOPE_REQUIRE_GPU=1`, and the check that the layer said nothing.
 //!
 //! All of heapscope's `unsafe` lives in this crate; every block carries a `// SAFETY:` comment.
