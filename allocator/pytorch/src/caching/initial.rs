@@ -22,7 +22,7 @@ use crate::alloc_conf::AllocConf;
 use crate::snapshot::{Action, BlockState, Pool, Snapshot};
 
 /// Addresses of live allocations: recorded address -> emulated address.
-pub(super) type LiveMap = HashMap<u64, u64>;
+pub(super) type LiveMap = heapscope_core::hash::FastMap<u64, u64>;
 
 /// A block live at the start.
 #[derive(Clone, Copy, Debug)]
@@ -61,7 +61,7 @@ pub(super) fn rebuild_start_state(
     capacity_bytes: Option<u64>,
 ) -> Result<(CachingAllocator, LiveMap), EmulationError> {
     let mut alloc = CachingAllocator::new(conf.clone(), capacity_bytes);
-    let mut live_map = LiveMap::new();
+    let mut live_map = LiveMap::default();
     let empty = Vec::new();
     let trace = snapshot.device_traces.get(device).unwrap_or(&empty);
 

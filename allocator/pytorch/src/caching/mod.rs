@@ -267,7 +267,7 @@ pub struct CachingAllocator {
     small: BlockPool,
     large: BlockPool,
     /// Active blocks (allocated or pending free) by address.
-    active: BTreeMap<u64, BlockId>,
+    active: heapscope_core::hash::FastMap<u64, BlockId>,
     /// Non-expandable segments: base -> bytes.
     segments: BTreeMap<u64, u64>,
     expandable: Vec<Option<ExpandableSegment>>,
@@ -288,7 +288,7 @@ impl CachingAllocator {
             free_ids: Vec::new(),
             small: BlockPool::default(),
             large: BlockPool::default(),
-            active: BTreeMap::new(),
+            active: heapscope_core::hash::FastMap::default(),
             segments: BTreeMap::new(),
             expandable: Vec::new(),
             stats: MemoryStats::default(),
