@@ -130,6 +130,13 @@ impl Runner {
     /// outcome that says why ([`Outcome::NotRun`](heapscope_lab::outcome::Outcome::NotRun)), so the others still run.
     pub fn outcome(&self, args: &RecordingArgs, recording: &Recording, contender: Contender) -> Result<Outcome> {
         let config = args.compare_config(recording);
+        if let Contender::Pytorch { expandable } = contender
+            && let Some(why) = heapscope_lab::compare::start_exceeds(recording, config.capacity_bytes)
+        {
+            let name = config.pytorch_name(recording, expandable);
+            let name = if self.context.is_some() { format!("{name} (vulkan)") } else { name };
+            return Ok(Outcome::not_run(name, why));
+        }
         let Some(context) = &self.context else {
             return Ok(heapscope_lab::compare::replay(recording, contender, &config)?);
         };

@@ -349,9 +349,13 @@ fn entry_number(moment: Moment) -> Option<u64> {
 pub fn replay(recording: &Recording, contender: Contender, config: &CompareConfig) -> Result<Outcome> {
     let figures = match contender {
         Contender::Pytorch { expandable } => {
+            let name = config.pytorch_name(recording, expandable);
+            if let Some(why) = start_exceeds(recording, config.capacity_bytes) {
+                return Ok(Outcome::not_run(name, why));
+            }
             let conf = config.pytorch_conf(recording, expandable)?;
             let (replay, nanos) = best_time(|| emulate_pytorch(recording, &conf, config.capacity_bytes, &mut Unbacked))?;
-            replay.figures(&config.pytorch_name(recording, expandable), recording, nanos)
+            replay.figures(&name, recording, nanos)
         }
         Contender::Heap(kind) => heap_figures(
             recording,
@@ -414,6 +418,20 @@ pub fn alloc_conf(recording: &Recording, overrides: Option<&str>) -> Result<Allo
             .map_err(|error| heapscope_core::Error::InvalidConfig { what: format!("--alloc-conf: {error}") })?;
     }
     Ok(conf)
+}
+
+/// Why PyTorch's allocator cannot replay `recording` on a device of `capacity_bytes`: the recording began with more
+/// reserved than that (its start state holds those segments; no device of that size ran it).
+pub fn start_exceeds(recording: &Recording, capacity_bytes: Option<u64>) -> Option<String> {
+    let start = crate::capacity::reserved_at_start(recording);
+    let capacity = capacity_bytes?;
+    (start > capacity).then(|| {
+        format!(
+            "the recording began with {} reserved by PyTorch, more than the device's {}: no device of that size ran it",
+            Bytes(start),
+            Bytes(capacity)
+        )
+    })
 }
 
 /// Whether `recording` was made with expandable segments (its recorded settings say so).
@@ -833,5 +851,26 @@ mod tests {
         // 1 GiB one, placed after them, the last 1000 MiB of the cache.
         assert_eq!(heap.stats().pages_reused * PagedConfig::DEFAULT_PAGE_BYTES, 3000 * MIB);
         assert_eq!((heap.stats().cache_releases, heap.stats().peak_mapped_bytes), (0, 3024 * MIB));
+    }
+
+    /// A recording begun mid-run with more reserved than the capacity asked for cannot have run there: PyTorch's
+    /// contender says so instead of replaying over the capacity; a heap contender refuses the start state itself.
+    #[test]
+    fn a_start_state_larger_than_the_device_is_said() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch/frag_oom-default.pickle.gz");
+        let mut snapshot = heapscope_pytorch::read_snapshot(&path).unwrap();
+        snapshot.device_traces[0].drain(..60);
+        let recording = Recording::from_snapshot("cut", snapshot, 0).unwrap();
+        let start = crate::capacity::reserved_at_start(&recording);
+        assert!(start > 100 * MIB, "the cut recording holds segments at its start: {start}");
+        let config = CompareConfig { capacity_bytes: Some(100 * MIB), ..CompareConfig::default() };
+        let outcome = replay(&recording, Contender::Pytorch { expandable: false }, &config).unwrap();
+        let why = outcome.why_not_run().unwrap();
+        assert!(why.starts_with("the recording began with") && why.contains("100.00 MiB"), "{why}");
+        let tlsf = replay(&recording, Contender::Heap(PolicyKind::Tlsf), &config).unwrap();
+        assert!(tlsf.figures().unwrap().first_oom.as_ref().unwrap().before_recording);
+        let roomy = CompareConfig { capacity_bytes: Some(start), ..CompareConfig::default() };
+        assert!(replay(&recording, Contender::Pytorch { expandable: false }, &roomy).unwrap().ran());
     }
 }

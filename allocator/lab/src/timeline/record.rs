@@ -33,6 +33,9 @@ use heapscope_pytorch::{AllocConf, BlockState, TraceEntry};
 pub fn record(recording: &Recording, contender: Contender, config: &CompareConfig) -> Result<Timeline> {
     let mut timeline = match contender {
         Contender::Pytorch { expandable } => {
+            if let Some(why) = crate::compare::start_exceeds(recording, config.capacity_bytes) {
+                return Err(Error::InvalidConfig { what: format!("{}: {why}", recording.name) });
+            }
             record_pytorch(recording, config.pytorch_conf(recording, expandable)?, config.capacity_bytes)?
         }
         Contender::Heap(kind) => {

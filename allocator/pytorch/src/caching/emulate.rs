@@ -255,7 +255,8 @@ impl<'s> Emulator<'s> {
         validate(snapshot, device)?;
         let trace = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
         let (alloc, live) = rebuild_start_state(snapshot, device, conf, capacity_bytes)?;
-        let out = Emulation { placements: vec![None; trace.len()], timeline: Vec::with_capacity(trace.len()), ..Emulation::default() };
+        let out =
+            Emulation { placements: vec![None; trace.len()], timeline: Vec::with_capacity(trace.len()), ..Emulation::default() };
         Ok(Self { trace, capacity_bytes, alloc, live, out, fidelity: Fidelity::default(), empty_cache_checked_until: 0, next: 0 })
     }
 
