@@ -227,6 +227,10 @@ pub struct Heap<S: MemorySource> {
     config: HeapConfig,
     source: S,
     blocks: Vec<Option<Block>>,
+    /// Beside `blocks`, what the search for a block reads first: a block's `free_bound_bytes` when it may take
+    /// a new allocation (shared, or empty), else 0. A dense scan of these words skips the blocks that cannot
+    /// serve a request without touching the blocks themselves (a replay of a long recording holds hundreds).
+    room: Vec<u64>,
     vacant: Vec<u32>,
     labels: HashMap<(u32, AllocationId), String>,
     stats: HeapStats,
@@ -257,6 +261,7 @@ impl<S: MemorySource> Heap<S> {
             config,
             source,
             blocks: Vec::new(),
+            room: Vec::new(),
             vacant: Vec::new(),
             labels: HashMap::new(),
             stats: HeapStats::default(),
@@ -317,6 +322,7 @@ impl<S: MemorySource> Heap<S> {
                 let block = self.blocks[index as usize].as_mut().expect("just reserved");
                 if let Some(allocation) = block.policy.allocate(request) {
                     block.refresh();
+                    self.sync_room(index);
                     let allocation = self.heap_allocation(index, allocation);
                     return Ok(self.served(allocation, request, label));
                 }
@@ -343,6 +349,7 @@ impl<S: MemorySource> Heap<S> {
         })?;
         block.refresh();
         let now_empty = block.live == 0;
+        self.sync_room(allocation.block);
         if !self.labels.is_empty() {
             self.labels.remove(&(allocation.block, allocation.allocation.id()));
         }
@@ -409,20 +416,38 @@ impl<S: MemorySource> Heap<S> {
     /// holding its allocation). An empty block taken becomes `dedicated` (a request at the dedicated threshold)
     /// or shared.
     fn allocate_in_blocks(&mut self, request: Request, dedicated: bool) -> Option<HeapAllocation> {
-        let (index, allocation) = self.blocks.iter_mut().zip(0..).find_map(|(block, index)| {
-            let block = block.as_mut()?;
-            let empty = block.live == 0;
-            if block.free_bound_bytes < request.size_bytes() || (!empty && block.dedicated) {
-                return None;
+        let size_bytes = request.size_bytes();
+        let mut index = 0;
+        let allocation = loop {
+            // Blocks whose room is short are skipped from `room` alone: exactly those the test below refuses.
+            index += self.room.get(index..)?.iter().position(|&room| room >= size_bytes)?;
+            if let Some(block) = self.blocks[index].as_mut() {
+                let empty = block.live == 0;
+                if block.free_bound_bytes >= size_bytes
+                    && (empty || !block.dedicated)
+                    && let Some(allocation) = block.policy.allocate(request)
+                {
+                    block.refresh();
+                    if empty {
+                        block.dedicated = dedicated;
+                    }
+                    break allocation;
+                }
             }
-            let allocation = block.policy.allocate(request)?;
-            block.refresh();
-            if empty {
-                block.dedicated = dedicated;
-            }
-            Some((index, allocation))
-        })?;
+            index += 1;
+        };
+        let index = u32::try_from(index).expect("fewer than 2^32 blocks");
+        self.sync_room(index);
         Some(self.heap_allocation(index, allocation))
+    }
+
+    /// Updates `room` for block `index` after a change to it.
+    fn sync_room(&mut self, index: u32) {
+        let room = match &self.blocks[index as usize] {
+            Some(block) if block.live == 0 || !block.dedicated => block.free_bound_bytes,
+            _ => 0,
+        };
+        self.room[index as usize] = room;
     }
 
     fn heap_allocation(&self, block: u32, allocation: Allocation) -> HeapAllocation {
@@ -490,9 +515,11 @@ impl<S: MemorySource> Heap<S> {
             }
             None => {
                 self.blocks.push(Some(block));
+                self.room.push(0);
                 u32::try_from(self.blocks.len() - 1).expect("fewer than 2^32 blocks")
             }
         };
+        self.sync_room(index);
         self.stats.blocks_reserved += 1;
         self.stats.reserved_bytes += source_block.size_bytes;
         self.device_log
@@ -503,6 +530,7 @@ impl<S: MemorySource> Heap<S> {
 
     fn release_block(&mut self, index: u32) {
         if let Some(block) = self.blocks[index as usize].take() {
+            self.room[index as usize] = 0;
             self.stats.reserved_bytes -= block.source.size_bytes;
             self.stats.blocks_released += 1;
             self.device_log
