@@ -173,6 +173,8 @@ const MAX_DEVICES: u32 = 1024;
 
 const TAG_ROOT: u32 = 1;
 const TAG_DEVICE_TRACES: u32 = 2;
+/// Tags from here on name a list of segments: `TAG_SEGMENTS_BASE + index into Decoder::segment_lists`.
+const TAG_SEGMENTS_BASE: u32 = 1 << 31;
 /// Tags from here on name a device trace list: `TAG_TRACE_BASE + index into Decoder::traces`.
 const TAG_TRACE_BASE: u32 = 16;
 
@@ -344,10 +346,78 @@ struct Decoder {
     /// Entries built generically in the current batch, `(index, entry)`, merged in at the batch's end: inserting each
     /// where it belongs would move the batch's later entries once per fallback (quadratic in the batch).
     late: Vec<(usize, TraceEntry)>,
-    /// The lists and dicts converted as a trace, a segment or a segment's blocks, with where: the schema never shares
-    /// one, so a second reference (through the memo) is refused instead of converted again — `[segment] * 20000`
-    /// would otherwise turn 280 bytes into gigabytes.
-    converted_once: HashMap<usize, String>,
+    /// Where each list or dict converted as a trace, a segment, a segment's blocks or a block was: the object keeps
+    /// its index + 1 as its mark (a released memo slot as [`Value::Converted`]). The schema never shares one, so a
+    /// second reference (through the memo) is refused instead of converted again — `[segment] * 20000` would
+    /// otherwise turn 280 bytes into gigabytes.
+    converted: Vec<Seen>,
+    /// The segments of every list tagged as the root's `segments` (`TAG_SEGMENTS_BASE + index`), converted as
+    /// they arrive so that their generic values (and the memo slots holding them) go at once.
+    segment_lists: Vec<Vec<Segment>>,
+}
+
+/// Where a list or dict was converted (see `Decoder::converted`): the path a refusal of a second reference names.
+#[derive(Clone, Copy, Debug)]
+enum Seen {
+    /// `device_traces[device]`.
+    Trace(u32),
+    /// `segments[index]`, or `[index]` in a list of segments (`listed`).
+    Segment { listed: bool, index: u32 },
+    /// That segment's `blocks`.
+    Blocks { listed: bool, index: u32 },
+    /// Block `block` of that segment.
+    Block { listed: bool, index: u32, block: u32 },
+}
+
+impl Seen {
+    fn segment(listed: bool, index: usize) -> Self {
+        Seen::Segment { listed, index: u32::try_from(index).unwrap_or(u32::MAX) }
+    }
+}
+
+impl std::fmt::Display for Seen {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let segment = |formatter: &mut std::fmt::Formatter<'_>, listed: bool, index: u32| {
+            if listed { write!(formatter, "[{index}]") } else { write!(formatter, "segments[{index}]") }
+        };
+        match *self {
+            Seen::Trace(device) => write!(formatter, "device_traces[{device}]"),
+            Seen::Segment { listed, index } => segment(formatter, listed, index),
+            Seen::Blocks { listed, index } => {
+                segment(formatter, listed, index)?;
+                formatter.write_str(".blocks")
+            }
+            Seen::Block { listed, index, block } => {
+                segment(formatter, listed, index)?;
+                write!(formatter, ".blocks[{block}]")
+            }
+        }
+    }
+}
+
+/// Lets go of a converted list or dict that `memo` holds: its slot keeps only its mark ([`Value::Converted`]).
+fn release(value: &Value, memo: &mut [Value]) {
+    let (slot, mark) = match value {
+        Value::List(list) => {
+            let list = list.borrow();
+            (list.memo_slot, list.mark)
+        }
+        Value::Dict(dict) => {
+            let dict = dict.borrow();
+            (dict.memo_slot, dict.mark)
+        }
+        _ => return,
+    };
+    let Some(entry) = slot.and_then(|slot| memo.get_mut(slot as usize)) else { return };
+    // The slot may hold another object by now (a put may reuse it).
+    let same = match (entry as &Value, value) {
+        (Value::List(held), Value::List(list)) => Rc::ptr_eq(held, list),
+        (Value::Dict(held), Value::Dict(dict)) => Rc::ptr_eq(held, dict),
+        _ => false,
+    };
+    if same && mark != 0 {
+        *entry = Value::Converted(mark);
+    }
 }
 
 impl Decoder {
@@ -366,8 +436,15 @@ impl Sink for Decoder {
         match place {
             Place::Root => TAG_ROOT,
             Place::Key { parent: TAG_ROOT, key: "device_traces" } => TAG_DEVICE_TRACES,
+            Place::Key { parent: TAG_ROOT, key: "segments" } => match u32::try_from(self.segment_lists.len()) {
+                Ok(id) if id < u32::MAX - TAG_SEGMENTS_BASE => {
+                    self.segment_lists.push(Vec::new());
+                    TAG_SEGMENTS_BASE + id
+                }
+                _ => 0,
+            },
             Place::Index { parent: TAG_DEVICE_TRACES, index } => match u32::try_from(self.traces.len()) {
-                Ok(id) if id < u32::MAX - TAG_TRACE_BASE => {
+                Ok(id) if id < TAG_SEGMENTS_BASE - TAG_TRACE_BASE => {
                     let mut entries = Vec::new();
                     // Address space only: a failure is no error, the list then grows as it goes.
                     let _ = entries.try_reserve_exact(std::mem::take(&mut self.reserve));
@@ -381,6 +458,12 @@ impl Sink for Decoder {
     }
 
     fn append(&mut self, list_tag: u32, index: usize, item: Value, memo: &mut [Value]) -> Result<Option<Value>, ReadError> {
+        if let Some(list) = list_tag.checked_sub(TAG_SEGMENTS_BASE) {
+            let segment = self.segment(&item, Seen::segment(false, index))?;
+            self.segment_lists[list as usize].push(segment);
+            release_segment(&item, memo);
+            return Ok(None);
+        }
         let Some(slot) = list_tag.checked_sub(TAG_TRACE_BASE) else { return Ok(Some(item)) };
         let Some(&(device, _)) = self.traces.get(slot as usize) else { return Ok(Some(item)) };
         let entry = convert_entry(&item, device, index, &mut self.frames, memo)?;
@@ -416,7 +499,9 @@ impl Sink for Decoder {
     }
 
     fn reads_items(&self, list_tag: u32) -> bool {
-        !self.generic_only && list_tag.checked_sub(TAG_TRACE_BASE).is_some_and(|slot| (slot as usize) < self.traces.len())
+        !self.generic_only
+            && list_tag < TAG_SEGMENTS_BASE
+            && list_tag.checked_sub(TAG_TRACE_BASE).is_some_and(|slot| (slot as usize) < self.traces.len())
     }
 
     fn read_item(&mut self, list_tag: u32, index: usize, scan: &mut Scan<'_, '_>) -> bool {
@@ -529,7 +614,7 @@ fn u64_of(value: Token) -> Option<u64> {
 /// decoded straight into a [`TraceEntry`]. Gives up (`None`) on anything `convert_entry` would reject or
 /// that is not plain, so that errors come from the generic path.
 fn fast_entry(scan: &mut Scan<'_, '_>, frames: &mut Frames) -> Option<TraceEntry> {
-    let memo_slot = scan.put_container()?;
+    scan.put_taken()?;
     let mut fields = EntryFields::default();
     scan_pairs(scan, |scan, key, value| {
         match key {
@@ -560,11 +645,7 @@ fn fast_entry(scan: &mut Scan<'_, '_>, frames: &mut Frames) -> Option<TraceEntry
     if !scan.next_is(b"}ea") {
         return None;
     }
-    let entry = fields.finish().ok()?;
-    if let Some(slot) = memo_slot {
-        scan.set_memo(slot, Value::Consumed);
-    }
-    Some(entry)
+    fields.finish().ok()
 }
 
 /// An entry's `frames` value: `None`, a memo'd frame list, or a new list of frame dicts.
@@ -821,24 +902,38 @@ impl<'a> Fields<'a> {
 }
 
 impl Decoder {
-    /// Refuses `value` at `path` when it was converted already at another place (a memo reference to it): see
-    /// `converted_once`.
-    fn once(&mut self, value: &Value, path: &str) -> Result<(), Issue> {
-        let address = match value {
-            Value::List(list) => Rc::as_ptr(list) as usize,
-            Value::Dict(dict) => Rc::as_ptr(dict) as usize,
+    /// Refuses `value` at `seen` when it was converted already at another place (a memo reference to it): see
+    /// `converted`; else marks it as converted there.
+    fn once(&mut self, value: &Value, seen: Seen) -> Result<(), Issue> {
+        let busy = || Issue::new(seen.to_string(), "the same object as one that holds it (a memo reference): a snapshot never shares it");
+        let (mut list, mut dict);
+        let mark = match value {
+            Value::Converted(mark) => return Err(self.shared(*mark, seen)),
+            Value::List(held) => {
+                list = held.try_borrow_mut().map_err(|_| busy())?;
+                &mut list.mark
+            }
+            Value::Dict(held) => {
+                dict = held.try_borrow_mut().map_err(|_| busy())?;
+                &mut dict.mark
+            }
             _ => return Ok(()),
         };
-        match self.converted_once.get(&address) {
-            Some(first) => Err(Issue::new(
-                path,
-                format!("the same object as {first} (a memo reference): a snapshot never shares it, so it is not read twice"),
-            )),
-            None => {
-                self.converted_once.insert(address, path.to_owned());
-                Ok(())
-            }
+        if *mark != 0 {
+            return Err(self.shared(*mark, seen));
         }
+        self.converted.push(seen);
+        *mark = u32::try_from(self.converted.len()).unwrap_or(u32::MAX);
+        Ok(())
+    }
+
+    /// The refusal of a second reference, at `seen`, to the object marked `mark`.
+    fn shared(&self, mark: u32, seen: Seen) -> Issue {
+        let first = self.converted.get((mark as usize).wrapping_sub(1)).map_or_else(|| "another".to_owned(), Seen::to_string);
+        Issue::new(
+            seen.to_string(),
+            format!("the same object as {first} (a memo reference): a snapshot never shares it, so it is not read twice"),
+        )
     }
 
     /// Converts the top-level value, with the trace entries already taken.
@@ -854,17 +949,24 @@ impl Decoder {
                 ));
             }
         };
+        // A list tagged as segments had its items converted as they arrived (after any the list was built with).
+        let streamed = match top.get("segments") {
+            Some(Value::List(list)) => match list.borrow().tag.checked_sub(TAG_SEGMENTS_BASE) {
+                Some(id) => self.segment_lists.get_mut(id as usize).map(std::mem::take),
+                None => None,
+            },
+            _ => None,
+        };
         let segments_value = top.list("segments")?.ok_or_else(|| Issue::new("segments", "missing key"))?;
-        let mut segments = Vec::with_capacity(segments_value.len());
+        let mut segments = Vec::with_capacity(segments_value.len() + streamed.as_ref().map_or(0, Vec::len));
         for (index, value) in segments_value.iter().enumerate() {
-            let path = format!("segments[{index}]");
-            self.once(value, &path)?;
-            segments.push(self.segment(value, &path)?);
+            segments.push(self.segment(value, Seen::segment(false, index))?);
         }
+        segments.extend(streamed.unwrap_or_default());
         let mut device_traces = Vec::new();
         for (device, value) in top.list("device_traces")?.unwrap_or_default().iter().enumerate() {
             let path = format!("device_traces[{device}]");
-            self.once(value, &path)?;
+            self.once(value, Seen::Trace(u32::try_from(device).unwrap_or(u32::MAX)))?;
             let list = match value {
                 Value::List(list) => list.borrow(),
                 other => return Err(Issue::expected(path, "list", other)),
@@ -895,8 +997,7 @@ impl Decoder {
         let mut segments = Vec::with_capacity(items.len());
         for (index, value) in items.iter().enumerate() {
             let path = format!("[{index}]");
-            self.once(value, &path)?;
-            let segment = self.segment(value, &path)?;
+            let segment = self.segment(value, Seen::segment(true, index))?;
             if segment.device >= MAX_DEVICES {
                 return Err(Issue::new(
                     format!("{path}.device"),
@@ -914,18 +1015,24 @@ impl Decoder {
         })
     }
 
-    fn segment(&mut self, value: &Value, path: &str) -> Result<Segment, Issue> {
+    /// Converts the segment `value` found at `seen` (a `Seen::Segment`), refusing it (or its blocks) if converted
+    /// before.
+    fn segment(&mut self, value: &Value, seen: Seen) -> Result<Segment, Issue> {
+        let Seen::Segment { listed, index } = seen else { unreachable!("a segment's place") };
+        self.once(value, seen)?;
+        let path = &seen.to_string();
         let fields = Fields::of(value, path)?;
         let address = fields.required_u64("address")?;
         let total_size = fields.required_u64("total_size")?;
         if let Some(blocks) = fields.get("blocks") {
-            self.once(blocks, &fields.key_path("blocks"))?;
+            self.once(blocks, Seen::Blocks { listed, index })?;
         }
         let blocks_value = fields.list("blocks")?.unwrap_or_default();
         let mut blocks = Vec::with_capacity(blocks_value.len());
         let mut next_address = address;
-        for (index, block) in blocks_value.iter().enumerate() {
-            let block = self.block(block, &format!("{path}.blocks[{index}]"), next_address)?;
+        for (block_index, block) in blocks_value.iter().enumerate() {
+            self.once(block, Seen::Block { listed, index, block: u32::try_from(block_index).unwrap_or(u32::MAX) })?;
+            let block = self.block(block, &format!("{path}.blocks[{block_index}]"), next_address)?;
             next_address = block.address.saturating_add(block.size);
             blocks.push(block);
         }
@@ -1012,6 +1119,22 @@ impl Decoder {
             frames,
         })
     }
+}
+
+/// Lets go of a segment converted as it arrived: the memo slots of its dict, its blocks list and their dicts keep
+/// only their marks, so its generic values go now rather than at the end of the file.
+fn release_segment(segment: &Value, memo: &mut [Value]) {
+    if let Value::Dict(dict) = segment {
+        if let Some(Value::List(blocks)) = dict.borrow().get("blocks") {
+            for block in &blocks.borrow().items {
+                release(block, memo);
+            }
+        }
+        if let Some(blocks) = dict.borrow().get("blocks") {
+            release(blocks, memo);
+        }
+    }
+    release(segment, memo);
 }
 
 /// Converts `allocator_settings`.
@@ -1726,6 +1849,18 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         let shared_segments = [b"\x80\x04}(\x8c\x08segments](".as_slice(), segment, b"h\x00e\x8c\x0ddevice_traces]u."].concat();
         let shared_traces = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces](]\x94h\x00eu.".to_vec();
         let shared_blocks = b"\x80\x04}(\x8c\x08segments](}(\x8c\x07address\x4b\x00\x8c\x0atotal_size\x4b\x00\x8c\x06blocks]\x94u}(\x8c\x07address\x4b\x00\x8c\x0atotal_size\x4b\x00\x8c\x06blocksh\x00ue\x8c\x0ddevice_traces]u.".to_vec();
+        // A block dict shared by two segments; a segment repeated with DUP (no memo: the same object twice on the
+        // stack); a segment met again after it was converted and its memo slot released.
+        let block = b"}\x94(\x8c\x04sizeK\x00\x8c\x05state\x8c\x08inactiveu";
+        let shared_block_dicts = [
+            b"\x80\x04}(\x8c\x08segments](}(\x8c\x07address\x4b\x00\x8c\x0atotal_size\x4b\x00\x8c\x06blocks](".as_slice(),
+            block,
+            b"eu}(\x8c\x07address\x4b\x00\x8c\x0atotal_size\x4b\x00\x8c\x06blocks](h\x00eue\x8c\x0ddevice_traces]u.",
+        ]
+        .concat();
+        let dup_segments = [b"\x80\x04}(\x8c\x08segments](".as_slice(), segment, b"2e\x8c\x0ddevice_traces]u."].concat();
+        let later_segment =
+            [b"\x80\x04}(\x8c\x08segments]".as_slice(), segment, b"a\x8c\x0ddevice_traces]\x8c\x05laterh\x00u."].concat();
         let mut gaps = b"\x80\x04N".to_vec();
         for put in 0..100u32 {
             gaps.push(b'r');
@@ -1733,16 +1868,21 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         }
         gaps.push(b'.');
         // (pickle, what the error says)
-        let cases: [(&[u8], &str); 4] = [
+        let cases: [(&[u8], &str); 6] = [
             (&shared_segments, "segments[1]: the same object as segments[0] (a memo reference)"),
             (&shared_traces, "device_traces[1]: the same object as device_traces[0] (a memo reference)"),
             (&shared_blocks, "segments[1].blocks: the same object as segments[0].blocks (a memo reference)"),
             (&gaps, "LONG_BINPUT to memo slot 1048576, past the 3 bytes read"),
+            (&shared_block_dicts, "segments[1].blocks[0]: the same object as segments[0].blocks[0] (a memo reference)"),
+            (&dup_segments, "segments[1]: the same object as segments[0] (a memo reference)"),
         ];
         for (bytes, expected) in cases {
             let error = parse_snapshot(bytes, "shared.pickle").expect_err(expected).to_string();
             assert!(error.contains(expected), "{error:?} lacks {expected:?}");
         }
+        // A reference under a key the importer ignores reads nothing twice: no refusal.
+        let snapshot = parse_snapshot(later_segment.as_slice(), "later.pickle").expect("an ignored key");
+        assert_eq!(snapshot.segments.len(), 1);
     }
 
     /// Issue 17: one `APPENDS` batch of 40,000 trace entries, every other one left to the generic path (a

@@ -114,6 +114,9 @@ pub(crate) enum Value {
     /// A trace entry the sink read directly from the input (see [`Sink::read_item`]); stands in the list
     /// being built until `APPENDS` counts it.
     Taken,
+    /// A list or dict the sink converted as it arrived and let go of (a segment, its blocks): what its memo slot
+    /// holds then, with the sink's mark, so that a second reference is refused naming the first place.
+    Converted(u32),
     /// A short memo'd str kept inline (see [`Scan`]); becomes a `Str` when the machine reads it back.
     Short(ShortStr),
     /// A memo slot never written.
@@ -124,7 +127,12 @@ pub(crate) enum Value {
 /// would overflow the stack, so a container's children are dropped here from a heap stack instead, each container
 /// emptied before it goes. Shared containers (`Rc`s the memo still holds) are left to their last owner.
 impl Drop for Value {
+    #[inline]
     fn drop(&mut self) {
+        // Scalars (most of a memo: every key, every consumed entry) have no children: no heap stack for them.
+        if !matches!(self, Value::List(_) | Value::Dict(_) | Value::Tuple(_)) {
+            return;
+        }
         let mut stack = Vec::new();
         take_children(self, &mut stack);
         while let Some(mut value) = stack.pop() {
@@ -172,6 +180,7 @@ impl Value {
             Value::Dict(_) | Value::Frame(_) => "dict",
             Value::Tuple(_) => "tuple",
             Value::Consumed | Value::Taken => "trace entry taken earlier (shared through the memo)",
+            Value::Converted(_) => "object read earlier (shared through the memo)",
             Value::Hole => "missing memo entry",
         }
     }
@@ -226,6 +235,8 @@ pub(crate) struct List {
     pub(crate) tag: u32,
     /// The memo slot that refers to it, if any.
     pub(crate) memo_slot: Option<u32>,
+    /// The sink's mark (0 = none): set when the sink converts it, so that a second reference to it is told apart.
+    pub(crate) mark: u32,
 }
 
 /// A dict under construction or done.
@@ -237,6 +248,8 @@ pub(crate) struct Dict {
     pub(crate) tag: u32,
     /// The memo slot that refers to it, if any.
     pub(crate) memo_slot: Option<u32>,
+    /// The sink's mark (0 = none): set when the sink converts it, so that a second reference to it is told apart.
+    pub(crate) mark: u32,
 }
 
 impl Dict {
@@ -571,6 +584,15 @@ impl<'a> Scan<'a, '_> {
         self.put_next(Value::Hole, 0)
     }
 
+    /// After the `EMPTY_DICT` of an item the sink takes: takes a following memo put, storing
+    /// [`Value::Consumed`] at once (what the slot holds once the item is taken; if the sink gives up, the memo
+    /// is rewound anyway). A reference to the slot from inside the item reads as a taken entry, which no
+    /// field the sink decodes accepts, as a hole would not.
+    #[inline(always)]
+    pub(crate) fn put_taken(&mut self) -> Option<Option<usize>> {
+        self.put_next(Value::Consumed, 0)
+    }
+
     /// The memo (for interning).
     pub(crate) fn memo_mut(&mut self) -> &mut [Value] {
         self.memo
@@ -890,7 +912,7 @@ impl<S: Sink> Machine<S> {
                         self.atoms.truncate(memo_len);
                     }
                     let tag = self.new_tag();
-                    self.stack.push(Value::Dict(Rc::new(RefCell::new(Dict { items: Vec::new(), tag, memo_slot: None }))));
+                    self.stack.push(Value::Dict(Rc::new(RefCell::new(Dict { tag, ..Dict::default() }))));
                 }
                 b']' => {
                     let tag = self.new_tag();
@@ -919,13 +941,13 @@ impl<S: Sink> Machine<S> {
                     let items = self.stack.split_off(mark);
                     let tag = self.new_tag();
                     let appended = items.len();
-                    self.stack.push(Value::List(Rc::new(RefCell::new(List { items, appended, tag, memo_slot: None }))));
+                    self.stack.push(Value::List(Rc::new(RefCell::new(List { items, appended, tag, ..List::default() }))));
                 }
                 b'd' => {
                     let mark = self.pop_mark(at, "DICT")?;
                     let items = self.stack.split_off(mark);
                     let tag = self.new_tag();
-                    let dict = Dict { items: pairs(items, at, "DICT")?, tag, memo_slot: None };
+                    let dict = Dict { items: pairs(items, at, "DICT")?, tag, ..Dict::default() };
                     self.stack.push(Value::Dict(Rc::new(RefCell::new(dict))));
                 }
                 // SETITEM, SETITEMS
