@@ -27,6 +27,7 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use flate2::bufread::MultiGzDecoder;
 
@@ -324,11 +325,12 @@ impl Frames {
     }
 
     fn into_stacks(self) -> Vec<Vec<Frame>> {
-        let frames: Vec<Frame> = self
-            .frames
-            .into_iter()
-            .map(|(filename, line, name)| Frame { filename: filename.to_string(), line, name: name.to_string() })
-            .collect();
+        // Each distinct str of the pickle (one `Rc` of the memo) becomes one `Arc<str>`, shared by every frame that
+        // holds it: a long file name shared through the memo by a thousand frames is not copied a thousand times.
+        let mut shared: FxMap<*const String, Arc<str>> = FxMap::default();
+        let mut share = |text: &Rc<String>| Arc::clone(shared.entry(Rc::as_ptr(text)).or_insert_with(|| Arc::from(text.as_str())));
+        let frames: Vec<Frame> =
+            self.frames.iter().map(|(filename, line, name)| Frame { filename: share(filename), line: *line, name: share(name) }).collect();
         self.stacks.into_iter().map(|ids| ids.into_iter().map(|id| frames[id as usize].clone()).collect()).collect()
     }
 }
