@@ -225,14 +225,12 @@ impl Recording {
         let mut builder = TraceBuilder::new(format!("{name} (device {device})"));
         let start = live_at_start(&snapshot, device, entries);
         let mut entry_index = Vec::with_capacity(start.len() + entries.len());
-        let mut live = heapscope_core::hash::FastSet::default();
         for &(address, size_bytes) in &start {
             builder.alloc(address, size_bytes).map_err(|what| Error::Trace {
                 file: name.to_owned(),
                 line: 0,
                 what: format!("device {device}: the allocation at {address:#x} live at the start: {what}"),
             })?;
-            live.insert(address);
             entry_index.push(0);
         }
         let mut unknown_frees = 0;
@@ -247,17 +245,14 @@ impl Recording {
             match entry.action {
                 Action::Alloc if entry.size > 0 => {
                     builder.alloc(entry.addr, entry.size).map_err(fail)?;
-                    live.insert(entry.addr);
                     entry_index.push(index);
                 }
-                Action::FreeCompleted if entry.size > 0 => {
-                    if live.remove(&entry.addr) {
-                        builder.free(entry.addr).map_err(fail)?;
-                        entry_index.push(index);
-                    } else {
-                        unknown_frees += 1;
-                    }
-                }
+                // The builder knows what is live (what started live or was allocated since, the refused requests'
+                // probes freed at once): a free of anything else is a free the recording does not know.
+                Action::FreeCompleted if entry.size > 0 => match builder.free(entry.addr) {
+                    Ok(()) => entry_index.push(index),
+                    Err(_) => unknown_frees += 1,
+                },
                 Action::Oom if entry.size > 0 => {
                     builder.alloc(probe_id, entry.size).map_err(fail)?;
                     builder.free(probe_id).map_err(fail)?;
