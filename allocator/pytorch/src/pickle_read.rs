@@ -217,7 +217,11 @@ impl ShortStr {
     }
 
     fn as_str(&self) -> &str {
-        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
     }
 }
 
@@ -413,6 +417,8 @@ pub(crate) struct Scan<'a, 'm> {
     atom: fn(&str) -> u8,
     /// Offset and length of the latest str read that was not memo'd.
     last_str: (usize, usize),
+    /// The latest new short str read, with its atom (kept by the machine from one item to the next).
+    recent: &'m mut Option<(ShortStr, u8)>,
 }
 
 impl<'a> Scan<'a, '_> {
@@ -522,11 +528,22 @@ impl<'a> Scan<'a, '_> {
 
     fn new_str(&mut self, len: usize) -> Option<Token> {
         let start = self.pos;
-        let text = std::str::from_utf8(self.bytes(len)?).ok()?;
-        let atom = (self.atom)(text);
-        let value = match ShortStr::new(text) {
-            Some(short) => Value::Short(short),
-            None => Value::Str(Rc::new(text.to_owned())),
+        let bytes = self.bytes(len)?;
+        // A new str equal to the latest short one (PyTorch writes each entry's `compile_context` anew): valid UTF-8
+        // with a known atom already.
+        let (value, atom) = match *self.recent {
+            Some((short, atom)) if short.as_bytes() == bytes => (Value::Short(short), atom),
+            _ => {
+                let text = std::str::from_utf8(bytes).ok()?;
+                let atom = (self.atom)(text);
+                match ShortStr::new(text) {
+                    Some(short) => {
+                        *self.recent = Some((short, atom));
+                        (Value::Short(short), atom)
+                    }
+                    None => (Value::Str(Rc::new(text.to_owned())), atom),
+                }
+            }
         };
         let slot = match self.put_next(value, atom)? {
             Some(slot) => u32::try_from(slot).ok().filter(|&slot| slot != NOT_MEMOED)?,
@@ -774,6 +791,8 @@ struct Machine<S> {
     memo: Vec<Value>,
     /// The sink's atom of each memo'd str (0 for anything else), parallel to `memo`.
     atoms: Vec<u8>,
+    /// See [`Scan`]'s `recent`.
+    recent_str: Option<(ShortStr, u8)>,
     sink: S,
 }
 
@@ -784,8 +803,14 @@ struct Machine<S> {
 /// [`ReadError`] for malformed or truncated input, a failing reader, or an item the sink refuses.
 pub(crate) fn read_pickle<R: Read, S: Sink>(reader: R, sink: S) -> Result<(Value, S), ReadError> {
     let mut input = Input::new(reader);
-    let mut machine =
-        Machine { stack: Vec::with_capacity(64), marks: Vec::with_capacity(16), memo: Vec::new(), atoms: Vec::new(), sink };
+    let mut machine = Machine {
+        stack: Vec::with_capacity(64),
+        marks: Vec::with_capacity(16),
+        memo: Vec::new(),
+        atoms: Vec::new(),
+        recent_str: None,
+        sink,
+    };
     let value = machine.run(&mut input)?;
     // Nothing may follow the pickle: trailing bytes mean two files joined, or something that only starts like a
     // snapshot (10 GiB of zeros after one are refused here, not read through).
@@ -902,6 +927,7 @@ impl<S: Sink> Machine<S> {
                             atoms: &mut self.atoms,
                             atom: S::atom,
                             last_str: (0, 0),
+                            recent: &mut self.recent_str,
                         };
                         if self.sink.read_item(list_tag, index, &mut scan) {
                             input.pos = scan.pos;
