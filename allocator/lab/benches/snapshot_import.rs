@@ -89,7 +89,12 @@ fn main() {
         let snapshot = read_snapshot(Path::new(&args[position + 1])).expect("the snapshot reads");
         std::hint::black_box(&snapshot);
         println!("{}", vm_hwm_kib().unwrap_or(0));
-        eprintln!("resident after the import: {} KiB ({} KiB anonymous, {} KiB file)", status_kib("VmRSS:").unwrap_or(0), status_kib("RssAnon:").unwrap_or(0), status_kib("RssFile:").unwrap_or(0));
+        eprintln!(
+            "resident after the import: {} KiB ({} KiB anonymous, {} KiB file)",
+            status_kib("VmRSS:").unwrap_or(0),
+            status_kib("RssAnon:").unwrap_or(0),
+            status_kib("RssFile:").unwrap_or(0)
+        );
         return;
     }
     if let Some(position) = args.iter().position(|arg| arg == "--replay-only") {

@@ -328,9 +328,13 @@ impl Frames {
         // Each distinct str of the pickle (one `Rc` of the memo) becomes one `Arc<str>`, shared by every frame that
         // holds it: a long file name shared through the memo by a thousand frames is not copied a thousand times.
         let mut shared: FxMap<*const String, Arc<str>> = FxMap::default();
-        let mut share = |text: &Rc<String>| Arc::clone(shared.entry(Rc::as_ptr(text)).or_insert_with(|| Arc::from(text.as_str())));
-        let frames: Vec<Frame> =
-            self.frames.iter().map(|(filename, line, name)| Frame { filename: share(filename), line: *line, name: share(name) }).collect();
+        let mut share =
+            |text: &Rc<String>| Arc::clone(shared.entry(Rc::as_ptr(text)).or_insert_with(|| Arc::from(text.as_str())));
+        let frames: Vec<Frame> = self
+            .frames
+            .iter()
+            .map(|(filename, line, name)| Frame { filename: share(filename), line: *line, name: share(name) })
+            .collect();
         self.stacks.into_iter().map(|ids| ids.into_iter().map(|id| frames[id as usize].clone()).collect()).collect()
     }
 }
@@ -907,7 +911,9 @@ impl Decoder {
     /// Refuses `value` at `seen` when it was converted already at another place (a memo reference to it): see
     /// `converted`; else marks it as converted there.
     fn once(&mut self, value: &Value, seen: Seen) -> Result<(), Issue> {
-        let busy = || Issue::new(seen.to_string(), "the same object as one that holds it (a memo reference): a snapshot never shares it");
+        let busy = || {
+            Issue::new(seen.to_string(), "the same object as one that holds it (a memo reference): a snapshot never shares it")
+        };
         let (mut list, mut dict);
         let mark = match value {
             Value::Converted(mark) => return Err(self.shared(*mark, seen)),

@@ -192,18 +192,11 @@ fn plans() -> impl Strategy<Value = Plan> {
         (1usize..20_000, 1usize..64, 1usize..4_096, 1usize..2_000, 1usize..40),
         (0usize..8_192, 1usize..200, 1usize..20, 0u8..5, any::<u64>()),
     )
-        .prop_map(|((entries, frames, filename_bytes, stacks, stack_depth), (context_bytes, segments, blocks, shared_twice, seed))| Plan {
-            entries,
-            frames,
-            filename_bytes,
-            stacks,
-            stack_depth,
-            context_bytes,
-            segments,
-            blocks,
-            shared_twice,
-            seed,
-        })
+        .prop_map(
+            |((entries, frames, filename_bytes, stacks, stack_depth), (context_bytes, segments, blocks, shared_twice, seed))| {
+                Plan { entries, frames, filename_bytes, stacks, stack_depth, context_bytes, segments, blocks, shared_twice, seed }
+            },
+        )
 }
 
 /// The pickle `plan` describes (the schema of `torch.cuda.memory._snapshot()`).
