@@ -357,9 +357,12 @@ struct Decoder {
     /// second reference (through the memo) is refused instead of converted again — `[segment] * 20000` would
     /// otherwise turn 280 bytes into gigabytes.
     converted: Vec<Seen>,
-    /// The segments of every list tagged as the root's `segments` (`TAG_SEGMENTS_BASE + index`), converted as
-    /// they arrive so that their generic values (and the memo slots holding them) go at once.
-    segment_lists: Vec<Vec<Segment>>,
+    /// The segments of every list tagged as the root's `segments` (`TAG_SEGMENTS_BASE + index`), each with its index
+    /// in the list, converted as they arrive (read directly, or at their `APPENDS` when built generically: hence
+    /// the indices) so that their generic values (and the memo slots holding them) go at once.
+    segment_lists: Vec<Vec<(usize, Segment)>>,
+    /// The memo slots (and places) of the segment being read directly, marked once it is taken.
+    pending_marks: Vec<(Option<usize>, Seen)>,
 }
 
 /// Where a list or dict was converted (see `Decoder::converted`): the path a refusal of a second reference names.
@@ -466,7 +469,7 @@ impl Sink for Decoder {
     fn append(&mut self, list_tag: u32, index: usize, item: Value, memo: &mut [Value]) -> Result<Option<Value>, ReadError> {
         if let Some(list) = list_tag.checked_sub(TAG_SEGMENTS_BASE) {
             let segment = self.segment(&item, Seen::segment(false, index))?;
-            self.segment_lists[list as usize].push(segment);
+            self.segment_lists[list as usize].push((index, segment));
             release_segment(&item, memo);
             return Ok(None);
         }
@@ -489,6 +492,23 @@ impl Sink for Decoder {
             "filename" => KEY_FILENAME,
             "line" => KEY_LINE,
             "name" => KEY_NAME,
+            "device" => KEY_DEVICE,
+            "address" => KEY_ADDRESS,
+            "total_size" => KEY_TOTAL_SIZE,
+            "allocated_size" => KEY_ALLOCATED_SIZE,
+            "active_size" => KEY_ACTIVE_SIZE,
+            "requested_size" => KEY_REQUESTED_SIZE,
+            "segment_type" => KEY_SEGMENT_TYPE,
+            "segment_pool_id" => KEY_SEGMENT_POOL_ID,
+            "is_expandable" => KEY_IS_EXPANDABLE,
+            "blocks" => KEY_BLOCKS,
+            "state" => KEY_STATE,
+            "history" => KEY_HISTORY,
+            "large" => NAME_LARGE,
+            "small" => NAME_SMALL,
+            "active_allocated" => NAME_ACTIVE_ALLOCATED,
+            "active_pending_free" => NAME_ACTIVE_PENDING_FREE,
+            "inactive" => NAME_INACTIVE,
             _ => match Action::from_name(text).and_then(|action| ACTIONS.iter().position(|&known| known == action)) {
                 Some(index) => ATOM_ACTION + index as u8,
                 None => 0,
@@ -506,11 +526,27 @@ impl Sink for Decoder {
 
     fn reads_items(&self, list_tag: u32) -> bool {
         !self.generic_only
-            && list_tag < TAG_SEGMENTS_BASE
-            && list_tag.checked_sub(TAG_TRACE_BASE).is_some_and(|slot| (slot as usize) < self.traces.len())
+            && match list_tag.checked_sub(TAG_SEGMENTS_BASE) {
+                Some(list) => (list as usize) < self.segment_lists.len(),
+                None => list_tag.checked_sub(TAG_TRACE_BASE).is_some_and(|slot| (slot as usize) < self.traces.len()),
+            }
     }
 
     fn read_item(&mut self, list_tag: u32, index: usize, scan: &mut Scan<'_, '_>) -> bool {
+        if let Some(list) = list_tag.checked_sub(TAG_SEGMENTS_BASE) {
+            self.pending_marks.clear();
+            let Some(segment) = fast_segment(scan, &mut self.frames, index, &mut self.pending_marks) else { return false };
+            // Taken: its dict, blocks list and blocks are marked as converted, as the generic path marks them.
+            for (slot, seen) in self.pending_marks.drain(..) {
+                self.converted.push(seen);
+                let mark = u32::try_from(self.converted.len()).unwrap_or(u32::MAX);
+                if let Some(slot) = slot {
+                    scan.set_memo(slot, Value::Converted(mark));
+                }
+            }
+            self.segment_lists[list as usize].push((index, segment));
+            return true;
+        }
         let slot = (list_tag - TAG_TRACE_BASE) as usize;
         match fast_entry(scan, &mut self.frames) {
             Some(entry) => {
@@ -571,6 +607,24 @@ const KEY_FRAMES: u8 = 7;
 const KEY_FILENAME: u8 = 8;
 const KEY_LINE: u8 = 9;
 const KEY_NAME: u8 = 10;
+// Keys of segments and blocks, and their str values.
+const KEY_DEVICE: u8 = 11;
+const KEY_ADDRESS: u8 = 12;
+const KEY_TOTAL_SIZE: u8 = 13;
+const KEY_ALLOCATED_SIZE: u8 = 14;
+const KEY_ACTIVE_SIZE: u8 = 15;
+const KEY_REQUESTED_SIZE: u8 = 16;
+const KEY_SEGMENT_TYPE: u8 = 17;
+const KEY_SEGMENT_POOL_ID: u8 = 18;
+const KEY_IS_EXPANDABLE: u8 = 19;
+const KEY_BLOCKS: u8 = 20;
+const KEY_STATE: u8 = 21;
+const KEY_HISTORY: u8 = 22;
+const NAME_LARGE: u8 = 23;
+const NAME_SMALL: u8 = 24;
+const NAME_ACTIVE_ALLOCATED: u8 = 25;
+const NAME_ACTIVE_PENDING_FREE: u8 = 26;
+const NAME_INACTIVE: u8 = 27;
 /// `ATOM_ACTION + i` is the name of `ACTIONS[i]`.
 const ATOM_ACTION: u8 = 32;
 const ACTIONS: [Action; 9] = Action::ALL;
@@ -680,7 +734,8 @@ fn fast_frames(scan: &mut Scan<'_, '_>, frames: &mut Frames, value: Token) -> Op
                         }
                     }
                 }
-            } else if scan.next_is(b"}hj") {
+            } else if scan.next_is(b"}") || scan.memo_get_then(b'a') {
+                // One item and `APPEND` (an empty list is followed by the next key, perhaps a memo get, instead).
                 let item = scan.next();
                 let id = fast_frame(scan, frames, item)?;
                 frames.scratch.push(id);
@@ -732,6 +787,204 @@ fn fast_frame(scan: &mut Scan<'_, '_>, frames: &mut Frames, item: Token) -> Opti
             }
             Some(id)
         }
+        _ => None,
+    }
+}
+
+/// The fast path for a segment (see `Sink::read_item`), like [`fast_entry`]: keys matched as atoms, values decoded
+/// straight into a [`Segment`] and its blocks. Gives up (`None`) on anything `Decoder::segment` would reject, on a
+/// key met twice, on a blocks list or block from the memo (shared: refused by the generic path) and on legacy blocks
+/// (`history`). `marks` gets the memo slots of the dict, its blocks list and its blocks, with their places.
+fn fast_segment(
+    scan: &mut Scan<'_, '_>,
+    frames: &mut Frames,
+    index: usize,
+    marks: &mut Vec<(Option<usize>, Seen)>,
+) -> Option<Segment> {
+    let index = u32::try_from(index).unwrap_or(u32::MAX);
+    marks.push((scan.put_container()?, Seen::Segment { listed: false, index }));
+    let mut seen_keys = 0u32;
+    let mut segment = Segment {
+        device: 0,
+        address: 0,
+        total_size: 0,
+        allocated_size: 0,
+        active_size: 0,
+        requested_size: 0,
+        stream: 0,
+        segment_type: Pool::Large,
+        segment_pool_id: (0, 0),
+        is_expandable: false,
+        frames: StackId::NONE,
+        blocks: Vec::new(),
+    };
+    let (mut address, mut total_size, mut allocated, mut active, mut requested) = (None, None, None, None, None);
+    let mut blocks_value = None;
+    scan_pairs(scan, |scan, key, value| {
+        if key != 0 {
+            let bit = 1u32.checked_shl(u32::from(key))?;
+            if seen_keys & bit != 0 {
+                return None;
+            }
+            seen_keys |= bit;
+        }
+        match key {
+            KEY_DEVICE => segment.device = u32::try_from(u64_of(value)?).ok()?,
+            KEY_ADDRESS => address = Some(u64_of(value)?),
+            KEY_TOTAL_SIZE => total_size = Some(u64_of(value)?),
+            KEY_ALLOCATED_SIZE => allocated = Some(u64_of(value)?),
+            KEY_ACTIVE_SIZE => active = Some(u64_of(value)?),
+            KEY_REQUESTED_SIZE => requested = Some(u64_of(value)?),
+            KEY_STREAM => segment.stream = u64_of(value)?,
+            KEY_SEGMENT_TYPE => {
+                segment.segment_type = match value {
+                    Token::Str { atom: NAME_LARGE, .. } => Pool::Large,
+                    Token::Str { atom: NAME_SMALL, .. } => Pool::Small,
+                    _ => return None,
+                }
+            }
+            KEY_SEGMENT_POOL_ID => segment.segment_pool_id = fast_pair(scan, value)?,
+            // A bool (NEWTRUE / NEWFALSE read as 1 / 0) or an int, as Python tests it.
+            KEY_IS_EXPANDABLE => {
+                segment.is_expandable = match value {
+                    Token::Int(number) => number != 0,
+                    Token::U64(_) => true,
+                    _ => return None,
+                }
+            }
+            KEY_FRAMES => segment.frames = fast_frames(scan, frames, value)?,
+            KEY_BLOCKS => blocks_value = Some(fast_blocks(scan, frames, index, value, marks)?),
+            _ => plain(value)?,
+        }
+        Some(())
+    })?;
+    if !scan.next_is(b"}ea") {
+        return None;
+    }
+    segment.address = address?;
+    segment.total_size = total_size?;
+    let mut next_address = segment.address;
+    for block in blocks_value.unwrap_or_default() {
+        let block = Block {
+            address: block.address.unwrap_or(next_address),
+            size: block.size,
+            requested_size: block.requested_size.unwrap_or(block.size),
+            state: block.state,
+            frames: block.frames,
+        };
+        next_address = block.address.saturating_add(block.size);
+        segment.blocks.push(block);
+    }
+    let sum =
+        |keep: fn(&Block) -> bool, size: fn(&Block) -> u64| segment.blocks.iter().filter(|b| keep(b)).map(size).sum::<u64>();
+    let is_allocated = |block: &Block| block.state == BlockState::ActiveAllocated;
+    let is_active = |block: &Block| block.state != BlockState::Inactive;
+    segment.allocated_size = allocated.unwrap_or_else(|| sum(is_allocated, |b| b.size));
+    segment.active_size = active.unwrap_or_else(|| sum(is_active, |b| b.size));
+    segment.requested_size = requested.unwrap_or_else(|| sum(is_active, |b| b.requested_size));
+    Some(segment)
+}
+
+/// A block as the fast path reads it: the address and requested size may default (from the blocks before it, from
+/// its size).
+struct FastBlock {
+    address: Option<u64>,
+    size: u64,
+    requested_size: Option<u64>,
+    state: BlockState,
+    frames: StackId,
+}
+
+/// A segment's `blocks`: `None`, or a new list of new block dicts.
+fn fast_blocks(
+    scan: &mut Scan<'_, '_>,
+    frames: &mut Frames,
+    index: u32,
+    value: Token,
+    marks: &mut Vec<(Option<usize>, Seen)>,
+) -> Option<Vec<FastBlock>> {
+    match value {
+        Token::None => return Some(Vec::new()),
+        Token::EmptyList => {}
+        _ => return None,
+    }
+    marks.push((scan.put_container()?, Seen::Blocks { listed: false, index }));
+    let mut blocks = Vec::new();
+    let mut block = |scan: &mut Scan<'_, '_>, item: Token, blocks: &mut Vec<FastBlock>| -> Option<()> {
+        let Token::EmptyDict = item else { return None };
+        let number = u32::try_from(blocks.len()).ok()?;
+        marks.push((scan.put_container()?, Seen::Block { listed: false, index, block: number }));
+        blocks.push(fast_block(scan, frames)?);
+        Some(())
+    };
+    if scan.next_is(b"(") {
+        scan.next();
+        loop {
+            match scan.next() {
+                Token::Appends => break,
+                item => block(scan, item, &mut blocks)?,
+            }
+        }
+    } else if scan.next_is(b"}") {
+        let item = scan.next();
+        block(scan, item, &mut blocks)?;
+        if !matches!(scan.next(), Token::Append) {
+            return None;
+        }
+    }
+    Some(blocks)
+}
+
+/// A new block dict (its `EMPTY_DICT` and memo put read).
+fn fast_block(scan: &mut Scan<'_, '_>, frames: &mut Frames) -> Option<FastBlock> {
+    let mut seen_keys = 0u32;
+    let (mut address, mut size, mut requested_size, mut state, mut stack) = (None, None, None, None, StackId::NONE);
+    scan_pairs(scan, |scan, key, value| {
+        if key != 0 {
+            let bit = 1u32.checked_shl(u32::from(key))?;
+            if seen_keys & bit != 0 {
+                return None;
+            }
+            seen_keys |= bit;
+        }
+        match key {
+            KEY_ADDRESS => address = Some(u64_of(value)?),
+            KEY_SIZE => size = Some(u64_of(value)?),
+            KEY_REQUESTED_SIZE => requested_size = Some(u64_of(value)?).filter(|&requested| requested != 0),
+            KEY_STATE => {
+                state = Some(match value {
+                    Token::Str { atom: NAME_ACTIVE_ALLOCATED, .. } => BlockState::ActiveAllocated,
+                    Token::Str { atom: NAME_ACTIVE_PENDING_FREE, .. } => BlockState::ActivePendingFree,
+                    Token::Str { atom: NAME_INACTIVE, .. } => BlockState::Inactive,
+                    _ => return None,
+                });
+            }
+            KEY_FRAMES => stack = fast_frames(scan, frames, value)?,
+            KEY_HISTORY => return None,
+            _ => plain(value)?,
+        }
+        Some(())
+    })?;
+    Some(FastBlock { address, size: size?, requested_size, state: state?, frames: stack })
+}
+
+/// A `segment_pool_id`: `None` (0, 0), a new pair of ints (`TUPLE2`, perhaps memo'd) or a memo'd one.
+fn fast_pair(scan: &mut Scan<'_, '_>, value: Token) -> Option<(i64, i64)> {
+    match value {
+        Token::None => Some((0, 0)),
+        Token::Int(first) => {
+            let Token::Int(second) = scan.next() else { return None };
+            let Token::Tuple2 = scan.next() else { return None };
+            scan.put_pair(first, second)?;
+            Some((first, second))
+        }
+        Token::Memo(slot) => match scan.memo_mut().get(slot)? {
+            Value::Tuple(items) => match items.as_slice() {
+                [Value::Int(first), Value::Int(second)] => Some((*first, *second)),
+                _ => None,
+            },
+            _ => None,
+        },
         _ => None,
     }
 }
@@ -970,7 +1223,9 @@ impl Decoder {
         for (index, value) in segments_value.iter().enumerate() {
             segments.push(self.segment(value, Seen::segment(false, index))?);
         }
-        segments.extend(streamed.unwrap_or_default());
+        let mut streamed = streamed.unwrap_or_default();
+        streamed.sort_by_key(|&(index, _)| index);
+        segments.extend(streamed.into_iter().map(|(_, segment)| segment));
         let mut device_traces = Vec::new();
         for (device, value) in top.list("device_traces")?.unwrap_or_default().iter().enumerate() {
             let path = format!("device_traces[{device}]");
@@ -1343,9 +1598,33 @@ trace[1205]["frames"] = None
 trace[1206] = {"action": "snapshot"}
 trace[1207]["frames"] = [{"filename": "fake_tensor.py", "line": 2**64 - 1, "name": "f"}, frames[0]]
 trace[1208]["frames"] = trace[1207]["frames"]
+block = lambda address, state, **more: {"address": address, "size": 4096, "requested_size": 100, "state": state, **more}
+pool = (0, 0)
+segment = lambda i, **more: {"device": 0, "address": 2**40 + 2**21 * i, "total_size": 8192, "allocated_size": 4096,
+    "active_size": 4096, "requested_size": 100, "stream": 0, "segment_type": "large", "segment_pool_id": pool,
+    "is_expandable": False, "frames": [], "blocks": [block(2**40 + 2**21 * i, "active_allocated", frames=frames),
+    block(2**40 + 2**21 * i + 4096, "inactive", frames=[])], **more}
+segments = [segment(i) for i in range(40)]
+segments[1]["segment_pool_id"] = (1, 2)
+segments[2]["segment_pool_id"] = [3, 4]
+segments[3]["segment_pool_id"] = None
+for key in ("allocated_size", "active_size", "requested_size", "device", "stream", "segment_type", "frames"):
+    del segments[4][key]
+segments[5]["blocks"] = [{"size": 4096, "state": "active_pending_free"}, {"size": 4096, "requested_size": 0, "state": "inactive"}]
+segments[6]["blocks"] = [{"size": 4096, "state": "inactive", "history": [{"real_size": 7, "frames": frames}]}]
+segments[7]["segment_type"] = "small"
+segments[8]["is_expandable"] = True
+segments[9]["is_expandable"] = 1
+segments[10]["device"] = 1
+segments[11]["frames"] = frames
+segments[12]["blocks"] = None
+segments[13]["extra"] = {"nested": [1]}
+segments[14]["blocks"] = [block(2**40, "inactive")]
+segments[15]["stream"] = 2**63 + 1
+segments[16]["blocks"] = []
 for protocol in range(2, 6):
     with open(f"{sys.argv[1]}/odd-{protocol}.pickle", "wb") as f:
-        pickle.dump({"segments": [], "device_traces": [trace, [entry(i) for i in range(3)]]}, f, protocol=protocol)
+        pickle.dump({"segments": segments, "device_traces": [trace, [entry(i) for i in range(3)]]}, f, protocol=protocol)
 "#;
         run_python(odd, &[dir.to_str().unwrap()]);
         let mut files: Vec<PathBuf> = (2..=5).map(|protocol| dir.join(format!("odd-{protocol}.pickle"))).collect();

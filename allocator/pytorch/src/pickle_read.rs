@@ -396,6 +396,8 @@ pub(crate) enum Token {
     Append,
     /// `APPENDS`.
     Appends,
+    /// `TUPLE2`.
+    Tuple2,
     /// Anything else, a truncated or invalid item: the fast path gives up.
     Other,
 }
@@ -452,6 +454,16 @@ impl<'a> Scan<'a, '_> {
     /// Whether the next opcode is one of `ops` (not consumed).
     pub(crate) fn next_is(&mut self, ops: &[u8]) -> bool {
         self.peek().is_some_and(|op| ops.contains(&op))
+    }
+
+    /// Whether the next opcode is a memo get (`BINGET`, `LONG_BINGET`) followed by opcode `then` (not consumed).
+    pub(crate) fn memo_get_then(&mut self, then: u8) -> bool {
+        let after = match self.peek() {
+            Some(b'h') => 2,
+            Some(b'j') => 5,
+            _ => return false,
+        };
+        self.buf.get(self.pos + after) == Some(&then)
     }
 
     /// The next item.
@@ -522,6 +534,7 @@ impl<'a> Scan<'a, '_> {
             b'u' => Token::SetItems,
             b'a' => Token::Append,
             b'e' => Token::Appends,
+            0x86 => Token::Tuple2,
             _ => Token::Other,
         })
     }
@@ -608,6 +621,14 @@ impl<'a> Scan<'a, '_> {
     #[inline(always)]
     pub(crate) fn put_taken(&mut self) -> Option<Option<usize>> {
         self.put_next(Value::Consumed, 0)
+    }
+
+    /// After the `TUPLE2` of two ints: takes a following memo put, storing the tuple (built only then).
+    pub(crate) fn put_pair(&mut self, first: i64, second: i64) -> Option<()> {
+        if self.next_is(&[0x94, b'q', b'r']) {
+            self.put_next(Value::Tuple(Rc::new(vec![Value::Int(first), Value::Int(second)])), 0)?;
+        }
+        Some(())
     }
 
     /// The memo (for interning).
