@@ -313,6 +313,9 @@ impl Frames {
 
     /// Interns the frame list in `scratch`.
     fn stack_of_scratch(&mut self, path: &dyn Fn() -> String) -> Result<u32, Issue> {
+        if self.scratch.is_empty() {
+            return Ok(StackId::NONE.0); // the empty list, interned first (every block's `frames` in most files)
+        }
         Ok(match self.stack_ids.get(self.scratch.as_slice()) {
             Some(&id) => id,
             None => {
