@@ -215,17 +215,21 @@ impl Block {
     }
 }
 
-/// The index of the first of `rooms` of at least `size_bytes`: eight words at a time, each eight tested together
-/// (a loop the compiler vectorizes), then the one within.
-fn first_with_room(rooms: &[u64], size_bytes: u64) -> Option<usize> {
-    let mut start = 0;
-    for chunk in rooms.chunks(8) {
-        if chunk.iter().fold(false, |any, &room| any | (room >= size_bytes)) {
-            return chunk.iter().position(|&room| room >= size_bytes).map(|within| start + within);
-        }
-        start += chunk.len();
+/// Blocks per entry of `Heap::room_max`.
+const ROOM_GROUP: usize = 16;
+
+/// The first index at or after `from` whose room (`rooms`) is at least `size_bytes`: the rest of `from`'s group, then
+/// the first group whose largest room (`room_max`) is enough, then the block within it.
+fn first_with_room(rooms: &[u64], room_max: &[u64], from: usize, size_bytes: u64) -> Option<usize> {
+    let group = from / ROOM_GROUP;
+    let group_end = ((group + 1) * ROOM_GROUP).min(rooms.len());
+    if let Some(within) = rooms.get(from..group_end.max(from))?.iter().position(|&room| room >= size_bytes) {
+        return Some(from + within);
     }
-    None
+    let later = group + 1 + room_max.get(group + 1..)?.iter().position(|&max| max >= size_bytes)?;
+    let start = later * ROOM_GROUP;
+    let end = (start + ROOM_GROUP).min(rooms.len());
+    rooms.get(start..end)?.iter().position(|&room| room >= size_bytes).map(|within| start + within)
 }
 
 /// Whether a block slot holds a block with no live allocation.
@@ -244,6 +248,8 @@ pub struct Heap<S: MemorySource> {
     /// a new allocation (shared, or empty), else 0. A dense scan of these words skips the blocks that cannot
     /// serve a request without touching the blocks themselves (a replay of a long recording holds hundreds).
     room: Vec<u64>,
+    /// The largest `room` of each group of [`ROOM_GROUP`] blocks, so the search skips sixteen full blocks at a time.
+    room_max: Vec<u64>,
     vacant: Vec<u32>,
     labels: HashMap<(u32, AllocationId), String>,
     stats: HeapStats,
@@ -275,6 +281,7 @@ impl<S: MemorySource> Heap<S> {
             source,
             blocks: Vec::new(),
             room: Vec::new(),
+            room_max: Vec::new(),
             vacant: Vec::new(),
             labels: HashMap::new(),
             stats: HeapStats::default(),
@@ -433,7 +440,7 @@ impl<S: MemorySource> Heap<S> {
         let mut index = 0;
         let allocation = loop {
             // Blocks whose room is short are skipped from `room` alone: exactly those the test below refuses.
-            index += first_with_room(self.room.get(index..)?, size_bytes)?;
+            index = first_with_room(&self.room, &self.room_max, index, size_bytes)?;
             if let Some(block) = self.blocks[index].as_mut() {
                 let empty = block.live == 0;
                 if block.free_bound_bytes >= size_bytes
@@ -460,7 +467,20 @@ impl<S: MemorySource> Heap<S> {
             Some(block) if block.live == 0 || !block.dedicated => block.free_bound_bytes,
             _ => 0,
         };
-        self.room[index as usize] = room;
+        self.set_room(index as usize, room);
+    }
+
+    /// Sets block `index`'s room and its group's largest.
+    fn set_room(&mut self, index: usize, room: u64) {
+        let old = std::mem::replace(&mut self.room[index], room);
+        let group = index / ROOM_GROUP;
+        if room >= self.room_max[group] {
+            self.room_max[group] = room;
+        } else if old == self.room_max[group] {
+            // The group's largest may have shrunk: look again.
+            let end = ((group + 1) * ROOM_GROUP).min(self.room.len());
+            self.room_max[group] = self.room[group * ROOM_GROUP..end].iter().copied().max().unwrap_or(0);
+        }
     }
 
     fn heap_allocation(&self, block: u32, allocation: Allocation) -> HeapAllocation {
@@ -529,6 +549,7 @@ impl<S: MemorySource> Heap<S> {
             None => {
                 self.blocks.push(Some(block));
                 self.room.push(0);
+                self.room_max.resize(self.room.len().div_ceil(ROOM_GROUP), 0);
                 u32::try_from(self.blocks.len() - 1).expect("fewer than 2^32 blocks")
             }
         };
@@ -543,7 +564,7 @@ impl<S: MemorySource> Heap<S> {
 
     fn release_block(&mut self, index: u32) {
         if let Some(block) = self.blocks[index as usize].take() {
-            self.room[index as usize] = 0;
+            self.set_room(index as usize, 0);
             self.stats.reserved_bytes -= block.source.size_bytes;
             self.stats.blocks_released += 1;
             self.device_log
@@ -595,17 +616,17 @@ mod tests {
 
     #[test]
     fn first_with_room_finds_the_first_fit() {
-        let mut rooms: Vec<u64> = (0..21).collect();
-        rooms[13] = 100;
-        rooms[20] = 200;
-        // (size, expected): in the first chunk of eight, the second, the last short one, none.
-        let cases = [(0, Some(0)), (5, Some(5)), (50, Some(13)), (150, Some(20)), (201, None)];
-        for (size, expected) in cases {
-            assert_eq!(first_with_room(&rooms, size), expected, "{size}");
-            let scanned = rooms.iter().position(|&room| room >= size);
-            assert_eq!(first_with_room(&rooms, size), scanned, "{size}");
+        // Rooms of 0 to 9 in a pseudo-random order, over several groups and a last short one: every start and size
+        // against a plain scan.
+        let rooms: Vec<u64> = (0..(3 * ROOM_GROUP + 5) as u64).map(|index| index * 7919 % 10).collect();
+        let room_max: Vec<u64> = rooms.chunks(ROOM_GROUP).map(|group| group.iter().copied().max().unwrap_or(0)).collect();
+        for from in 0..=rooms.len() + 1 {
+            for size in 0..=10 {
+                let scanned = rooms.get(from..).and_then(|rest| rest.iter().position(|&room| room >= size)).map(|at| from + at);
+                assert_eq!(first_with_room(&rooms, &room_max, from, size), scanned, "from {from}, size {size}");
+            }
         }
-        assert_eq!(first_with_room(&[], 1), None);
+        assert_eq!(first_with_room(&[], &[], 0, 1), None);
     }
 
     fn heap(policy: PolicyKind, release: ReleaseRule, device_bytes: u64) -> Heap<SimulatedSource> {
