@@ -484,10 +484,12 @@ pub fn device_overview(snapshot: &Snapshot) -> Vec<DeviceOverview> {
 /// trace entry, no segment) — with the devices it does record and their entries; `None` when it can. A snapshot
 /// that records nothing at all replays (as an empty recording) on any device it lists.
 pub fn missing_device(snapshot: &Snapshot, device: usize) -> Option<String> {
-    let overview = device_overview(snapshot);
-    if overview.iter().any(|present| present.device == device) {
+    // Present as `device_overview` counts it (a trace with entries, or a segment), told without its walk of every entry.
+    let has_entries = snapshot.device_traces.get(device).is_some_and(|entries| !entries.is_empty());
+    if has_entries || snapshot.segments.iter().any(|segment| segment.device as usize == device) {
         return None;
     }
+    let overview = device_overview(snapshot);
     if overview.is_empty() {
         return (device >= snapshot.device_traces.len()).then(|| {
             format!(
