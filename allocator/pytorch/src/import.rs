@@ -3,13 +3,21 @@
 //! for each device up to the highest the segments name).
 //!
 //! The pickle is decoded by the crate-private streaming reader (`pickle_read.rs`); this module is its sink: it takes each
-//! trace entry as the pickle appends it to a device's trace list, converts it to a [`TraceEntry`] and
-//! interns its frames, then converts the rest (segments, settings) from the generic values at the end.
+//! trace entry as the pickle appends it to a device's trace list, converts it to a [`TraceEntry`] and interns its
+//! frames, takes each segment the same way as the root's `segments` list receives it (so the generic values of a
+//! segment and its blocks, and the memo slots holding them, go at once: the peak stays near the typed model's
+//! size), then converts the rest (settings, a top-level list of segments) from the generic values at the end.
+//!
+//! The schema never shares a trace list, a segment, a segment's block list or a block: each converted one is
+//! marked (the object itself, and its memo slot as `Value::Converted`), and a second reference to it, through the
+//! memo or `DUP`, is refused naming both places, instead of converted again (`[segment] * 20000` would otherwise turn
+//! 280 bytes into gigabytes).
 //!
 //! Frames are interned twice over: each frame dict becomes an entry of a frame table (deduplicated by
 //! content), each frame list a list of frame ids deduplicated by content into a [`StackId`]; and the memo
 //! slot of a converted frame list is replaced by the `StackId`, so a list shared through the memo by every
-//! event is decoded once.
+//! event is decoded once. A frame's strs are `Arc<str>`s, one per distinct str of the pickle: a long file name
+//! shared through the memo by the frames of many lists is held once (`tests/import_memory.rs`).
 //!
 //! Ints are read at any width (`LONG1` / `LONG4`); one that does not fit its field is an error naming the
 //! value and the key path (`device_traces[0][3].size: 2^80 does not fit a u64 ...`), except a frame's

@@ -10,57 +10,52 @@
 //! near the typed model's size (a `TraceEntry` is 64 bytes). Everything else (segments, settings) stays
 //! generic and is converted at the end.
 //!
-//! # The fast path for trace entries
+//! # The fast path for trace entries and segments
 //!
 //! Building each event's generic dict and converting it was most of the time (SETITEMS, memo gets and
 //! malloc/free of `Rc`s and `String`s). So when a dict is about to become an item of a list the sink reads
-//! directly ([`Sink::reads_items`]), the machine first offers the sink a [`Scan`] over the buffered input
-//! ([`Sink::read_item`]): a schema-directed reader of plain [`Token`]s that decodes the dict straight into
-//! a `TraceEntry`, with no `Value`, no `Rc` and no allocation per event:
+//! directly ([`Sink::reads_items`]: a device's trace, the root's `segments`), the machine first offers the
+//! sink a [`Scan`] over the buffered input ([`Sink::read_item`]): a schema-directed reader of plain [`Token`]s
+//! that decodes the dict straight into a `TraceEntry` (or a `Segment` with its blocks), with no `Value`, no
+//! `Rc` and no allocation per event:
 //!
-//! - keys and action names are matched as small integers: [`Sink::atom`] maps a str to an id once, when
-//!   it is memo'd, and the machine keeps the ids beside the memo, so a key that is a memo get (every key
-//!   after the first event) costs an array load and an integer compare;
+//! - keys and names (actions, pools, block states) are matched as small integers: [`Sink::atom`] maps a str
+//!   to an id once, when it is memo'd, and the machine keeps the ids beside the memo, so a key that is a memo
+//!   get (every key after the first event) costs an array load and an integer compare;
 //! - a new str that is memo'd (a per-event `compile_context` such as `"N/A"`) is kept inline in its memo
-//!   slot ([`Value::Short`], up to 14 bytes), decoded to an `Rc<str>` only if read back generically;
-//! - an entry's dict slot becomes [`Value::Consumed`], a frame list's [`Value::Stack`], a frame dict's
-//!   [`Value::Frame`], as the generic path leaves them.
+//!   slot ([`Value::Short`], up to 14 bytes), decoded to an `Rc<str>` only if read back generically; one equal
+//!   to the latest such str reuses its UTF-8 check and atom;
+//! - an entry's dict slot is written once, as [`Value::Consumed`]; a frame list's becomes [`Value::Stack`], a
+//!   frame dict's [`Value::Frame`], a segment's, its blocks list's and its blocks' [`Value::Converted`], as the
+//!   generic path leaves them.
 //!
 //! The fast path never reports an error: on anything unexpected (a malformed or truncated opcode, a
-//! wrong type, a missing key, an int beyond 64 bits, a nested value, an item longer than the 64 KiB
-//! window) it gives up, the machine rewinds the input and the memo, and the generic path builds and
-//! converts that dict, with its error messages and byte offsets. An item so taken stands in the list as
-//! [`Value::Taken`] until its `APPENDS`.
+//! wrong type, a missing key, a key met twice in a segment, an int beyond 64 bits, a nested value, an item
+//! longer than the 64 KiB window) it gives up, the machine rewinds the input and the memo, and the generic
+//! path builds and converts that dict, with its error messages and byte offsets. An item so taken stands in
+//! the list as [`Value::Taken`] until its `APPENDS`.
 //!
 //! # Sharing
 //!
 //! Memo'd objects are `Rc`s, so an object the pickle refers to many times (a key string, a frame list
 //! shared through the memo) exists once. A sink may replace a memo entry with an already converted form
 //! ([`Value::Stack`], [`Value::Frame`]) so a frame list shared by every event is decoded and interned once,
-//! or with [`Value::Consumed`] once it has taken the object (so the memo does not keep every event alive).
+//! with [`Value::Consumed`] once it has taken the object (so the memo does not keep every event alive), or
+//! with [`Value::Converted`] and the sink's mark for an object the schema never shares (a segment, its
+//! blocks): its generic values go at once, and a second reference is refused naming the first place.
 //!
-//! # Measured (release, 2-core Firecracker VM, `tests/snapshot_import_speed.rs`, best of 5)
+//! # Measured
 //!
-//! | input | import | peak RSS |
-//! |---|---|---|
-//! | `scripts/synthetic_snapshot.py`, 400 000 events, 35.0 MB pickle | ~100 ms | 49 MiB (1.4× the file) |
-//! | the same gzipped, 5.5 MB | 140–145 ms | 49 MiB |
-//! | `gpt2_train_fixed-default.pickle.gz`, 18 685 events (1.4 MB pickle) | 4 ms | 6.7 MiB |
-//! | `--layout pytorch --no-frames --one-stream`, 280 000 events, 21.2 MB (PyTorch ≥ 2.5's opcodes) | 88–96 ms (once 68) | 39 MiB (1.8×) |
-//!
-//! Before the fast path, on the same VM the same day: 475 ms / 74 MiB, 560 ms / 74 MiB, and 19 ms / 8.4 MiB
-//! for the gpt2 pickle decompressed (now 3.7 ms / 6.3 MiB); the VM ran ~1.35× slower that day than when
-//! 330–370 ms was measured for the first, so ~100 ms here is ~75 ms there. Python's
-//! `pickle.loads` of the 35 MB pickle takes 0.80 s. What remains: decoding tokens (~45 %), page faults
-//! and the kernel's copy of the file (~25 %), and for gzip the inflate (miniz_oxide; flate2's `zlib-rs`
-//! backend would be faster). Reading ahead: the input is read in 1 MiB chunks, never whole; `read_snapshot`
-//! reserves the trace from the file's (or the gzip trailer's) size so it is never copied while it grows.
-//!
-//! The PyTorch-layout row (2026-12-02, the VM loaded by another build, load average 2.3–2.8): python3's
-//! `pickle.load` of the same file took 240–410 ms in the same runs, so the import took 0.19–0.40× its time,
-//! mostly ~0.27× (short of the 1/8 issue 14 asks for, import and a tlsf replay together; the
-//! 280 000-event default layout, 24.6 MB: 107–114 ms against 600–670 ms, 0.17–0.18×). Its peak is higher
-//! because every entry memoizes two objects (its dict and its `compile_context` str): two memo slots an entry.
+//! `cargo bench -p heapscope-lab --bench snapshot_import` (BENCHMARKS.md, "Reading and replaying PyTorch
+//! snapshots", has every number and the commands). On the layout PyTorch >= 2.5 writes (280,000 entries,
+//! 20.2 MiB, `synthetic_snapshot.py --layout pytorch --no-frames --one-stream`), 2-core VM: import 43–44 ms
+//! against python3's `pickle.load` 230 ms in the same run (0.19x; 86–95 ms, 0.26–0.36x, before the segments'
+//! fast path); peak resident memory 1.40x the file at 264 MB, 1.39x at 528 MB, 1.38x at 1.06 GB (two memo
+//! slots an entry, 34 bytes, and a 64-byte `TraceEntry` against ~75 bytes of pickle). Where the time goes
+//! (perf): the fast path's token decoding and memo pushes (~45 %), the machine's dispatch (~10 %), page faults
+//! and the kernel's copy of the file (~15 %), the rest the generic path (settings, frames). Reading ahead: the
+//! input is read in 1 MiB chunks, never whole; `read_snapshot` reserves the trace from the file's (or the gzip
+//! trailer's) size so it is never copied while it grows.
 //!
 //! # Where a container sits
 //!
@@ -410,7 +405,7 @@ const NOT_MEMOED: u32 = u32::MAX;
 
 /// A sink's fast path over the input ([`Sink::read_item`]): reads plain items and memo puts, never fails
 /// (an [`Token::Other`] or a `None` tells the sink to give up). New memo'd strs are stored as
-/// [`Value::Lazy`] (no allocation) and decoded only if something asks for their text.
+/// [`Value::Short`] (no allocation; longer ones as `Value::Str`) and decoded only if something asks for their text.
 pub(crate) struct Scan<'a, 'm> {
     buf: &'a [u8],
     pos: usize,
