@@ -379,6 +379,8 @@ struct Decoder {
 /// Where a list or dict was converted (see `Decoder::converted`): the path a refusal of a second reference names.
 #[derive(Clone, Copy, Debug)]
 enum Seen {
+    /// The root's `segments` list.
+    Segments,
     /// `device_traces[device]`.
     Trace(u32),
     /// `segments[index]`, or `[index]` in a list of segments (`listed`).
@@ -401,6 +403,7 @@ impl std::fmt::Display for Seen {
             if listed { write!(formatter, "[{index}]") } else { write!(formatter, "segments[{index}]") }
         };
         match *self {
+            Seen::Segments => formatter.write_str("segments"),
             Seen::Trace(device) => write!(formatter, "device_traces[{device}]"),
             Seen::Segment { listed, index } => segment(formatter, listed, index),
             Seen::Blocks { listed, index } => {
@@ -529,6 +532,7 @@ impl Sink for Decoder {
 
     fn appended(&mut self, list_tag: u32) {
         if let Some(slot) = list_tag.checked_sub(TAG_TRACE_BASE)
+            && list_tag < TAG_SEGMENTS_BASE
             && !self.late.is_empty()
         {
             self.merge_late(slot as usize);
@@ -1222,6 +1226,9 @@ impl Decoder {
             }
         };
         // A list tagged as segments had its items converted as they arrived (after any the list was built with).
+        if let Some(list) = top.get("segments") {
+            self.once(list, Seen::Segments)?;
+        }
         let streamed = match top.get("segments") {
             Some(Value::List(list)) => match list.borrow().tag.checked_sub(TAG_SEGMENTS_BASE) {
                 Some(id) => self.segment_lists.get_mut(id as usize).map(std::mem::take),
@@ -2184,13 +2191,16 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         }
         gaps.push(b'.');
         // (pickle, what the error says)
-        let cases: [(&[u8], &str); 6] = [
+        // The segments list again as a device's trace.
+        let segments_as_trace = b"\x80\x04}(\x8c\x08segments]\x94\x8c\x0ddevice_traces]h\x00au.".to_vec();
+        let cases: [(&[u8], &str); 7] = [
             (&shared_segments, "segments[1]: the same object as segments[0] (a memo reference)"),
             (&shared_traces, "device_traces[1]: the same object as device_traces[0] (a memo reference)"),
             (&shared_blocks, "segments[1].blocks: the same object as segments[0].blocks (a memo reference)"),
             (&gaps, "LONG_BINPUT to memo slot 1048576, past the 3 bytes read"),
             (&shared_block_dicts, "segments[1].blocks[0]: the same object as segments[0].blocks[0] (a memo reference)"),
             (&dup_segments, "segments[1]: the same object as segments[0] (a memo reference)"),
+            (&segments_as_trace, "device_traces[0]: the same object as segments (a memo reference)"),
         ];
         for (bytes, expected) in cases {
             let error = parse_snapshot(bytes, "shared.pickle").expect_err(expected).to_string();
