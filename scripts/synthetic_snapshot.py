@@ -10,13 +10,21 @@ where PyTorch's frame lists repeat) and one in ten has its own copy of an equal 
 
 --layout pytorch writes the object graph of the files PyTorch >= 2.5 writes (the shared H200 files), so that
 the pickle has their opcodes: every trace entry a dict of action, addr, size, stream, time_us,
-compile_context, user_metadata (and frames), keys and action names shared (fetched back from the memo with
+compile_context, user_metadata and frames, keys and action names shared (fetched back from the memo with
 BINGET / LONG_BINGET), each entry's compile_context a new str (SHORT_BINUNICODE, MEMOIZE), user_metadata the
-one empty str, addr and time_us LONG1; frame dicts shared, their strings new. --no-frames leaves frames out
-of the entries (a recording without stacks) and --one-stream keeps everything on the default stream, as in
-gpt2_train_fixed-default.pickle.gz. --check-layout SHARED.pickle[.gz] then compares the trace entries'
-opcodes (pickletools) with those of a shared file and fails when the written file has an entry shape the
-shared file lacks, or another most common one.
+one empty str, addr and time_us LONG1. Frames as PyTorch shares them: one dict object per distinct frame
+(its strings new when it first appears), a new list of them for each segment_alloc, alloc and
+free_requested, except that an alloc that made a segment shares the segment_alloc's list and a
+free_completed shares its free_requested's; two frames a stack (a script's function and its module), as in
+frag_oom-*.pickle.gz. --no-frames leaves frames out of the entries (a recording without stacks) and
+--one-stream keeps everything on the default stream, as in gpt2_train_fixed-default.pickle.gz.
+--check-layout SHARED.pickle[.gz] then compares the trace entries' opcodes (pickletools) with those of a
+shared file, field by field, and fails when the written file has its keys in another order, a value whose
+opcodes the shared file never has under that key, or another most common entry: --no-frames against
+gpt2_train_fixed-default, frames against frag_oom-default. Opcodes that depend on values rather than on the
+layout are compared as one: BININT / BININT1 / BININT2 (how wide the int is), BINGET / LONG_BINGET (how many
+memo slots come before: the keys are LONG_BINGET in a file with many segments before its trace); the keys'
+own opcodes are left out (new or fetched, by what comes before them).
 
     scripts/synthetic_snapshot.py OUT.pickle [--events N] [--gzip] [--protocol P] [--seed S]
         [--layout {classic,pytorch}] [--no-frames] [--one-stream] [--check-layout SHARED]
@@ -54,10 +62,19 @@ def make_stacks(rng, count, new_strings=False):
     return stacks
 
 
+def make_pytorch_stacks(rng, count):
+    """Stacks of two frames, a function and its module, as frag_oom records them: each distinct frame one dict
+    object (PyTorch shares them), its strings new, its line under 256 (BININT1)."""
+    module = {"name": fresh("<module>"), "filename": fresh("train.py"), "line": rng.randint(100, 255)}
+    functions = ["forward", "backward", "step", "_call_impl", "linear", "attention", "main", "wl_frag_oom"]
+    frames = [{"name": fresh(name), "filename": fresh("train.py"), "line": rng.randint(1, 99)} for name in functions]
+    return [[rng.choice(frames), module] for _ in range(count)]
+
+
 def generate(events, seed, layout="classic", frames=True, one_stream=False):
     rng = random.Random(seed)
     pytorch = layout == "pytorch"
-    stacks = make_stacks(rng, 40, new_strings=pytorch)
+    stacks = make_pytorch_stacks(rng, 40) if pytorch else make_stacks(rng, 40)
     streams = [0] if one_stream else [0, 0, 0, 0x55d0c0ffee00]
     trace = []
     segments = {}  # base -> [total_size, next_offset, is_small, stream, live blocks]
@@ -67,14 +84,27 @@ def generate(events, seed, layout="classic", frames=True, one_stream=False):
     next_base = 0x7F3A00000000
     time_us = 1_795_981_000_000_000
 
+    freed_frames = {}  # pytorch layout: addr -> the frame list of its free_requested
+    made_segment = None  # pytorch layout: the frame list of the segment_alloc just written
+
     def entry(action, addr, size, stream):
-        nonlocal time_us
+        nonlocal time_us, made_segment
         time_us += rng.randint(1, 40)
         item = {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": time_us,
                 "compile_context": fresh("N/A") if pytorch else "N/A", "user_metadata": ""}
         roll = rng.random()
         if not frames:
             pass
+        elif pytorch:
+            if action == "alloc" and made_segment is not None:
+                item["frames"] = made_segment
+            elif action == "free_completed" and addr in freed_frames:
+                item["frames"] = freed_frames.pop(addr)
+            else:
+                item["frames"] = list(rng.choice(stacks))
+            made_segment = item["frames"] if action == "segment_alloc" else None
+            if action == "free_requested":
+                freed_frames[addr] = item["frames"]
         elif roll < 0.6:
             item["frames"] = rng.choice(stacks)
         elif roll < 0.67:
@@ -191,24 +221,82 @@ def entry_shapes(raw):
     return shapes
 
 
+# Opcodes whose choice depends on a value, not on the layout: how wide an int is, how far the memo has grown.
+NORMAL = {"BININT": "INT", "BININT1": "INT", "BININT2": "INT", "BINGET": "GET", "LONG_BINGET": "GET"}
+CLOSE = {"MARK": None, "SETITEMS": -1, "APPENDS": -1}
+
+
+def split_items(ops):
+    """Splits a dict's or list's contents (the opcodes between its MARK and SETITEMS / APPENDS) into items."""
+    items, index = [], 0
+    while index < len(ops):
+        start = index
+        name = ops[index]
+        index += 1
+        if name in ("EMPTY_DICT", "EMPTY_LIST"):
+            if index < len(ops) and ops[index] == "MEMOIZE":
+                index += 1
+            if index < len(ops) and ops[index] == "MARK":
+                depth = 0
+                while index < len(ops):
+                    depth += {"MARK": 1, "SETITEMS": -1, "APPENDS": -1}.get(ops[index], 0)
+                    index += 1
+                    if depth == 0:
+                        break
+        elif index < len(ops) and ops[index] == "MEMOIZE":
+            index += 1
+        items.append(ops[start:index])
+    return items
+
+
+def entry_fields(raw):
+    """Every trace entry of a pickled snapshot as (its keys in order, ((key, the value's opcodes), ...)), the
+    value-dependent opcodes normalized (NORMAL); the keys' own opcodes are left out (whether a key is new or
+    fetched from the memo depends on what the file holds before it)."""
+    snapshot = pickle.loads(raw)
+    entries = [entry for trace in snapshot["device_traces"] for entry in trace]
+    fields = []
+    for entry, shape in zip(entries, entry_shapes(raw)):
+        inner = list(shape[3:-1]) if shape[2:3] == ("MARK",) else list(shape[2:-1])
+        items = split_items(inner)
+        keys = tuple(entry)
+        values = items[1::2]
+        fields.append((keys, tuple((key, " ".join(NORMAL.get(op, op) for op in value)) for key, value in zip(keys, values))))
+    return fields
+
+
 def check_layout(written, shared):
-    """Compares the trace entries' opcodes of two pickles; True when they have the same shapes."""
+    """Compares the trace entries' opcodes of two pickles, field by field; True when they have the same layout:
+    the same keys in the same order, every (key, value opcodes) of the written file in the shared one, and the
+    same most common entry (the value-dependent opcodes normalized)."""
     def load(path):
         with (gzip.open if path.endswith(".gz") else open)(path, "rb") as handle:
-            return collections.Counter(entry_shapes(handle.read()))
-    ours, theirs = load(written), load(shared)
+            raw = handle.read()
+        return collections.Counter(entry_shapes(raw)), entry_fields(raw)
+    (ours, our_fields), (theirs, their_fields) = load(written), load(shared)
     for name, shapes in (("written", ours), ("shared", theirs)):
         total = sum(shapes.values())
         print(f"{name}: {total} entries, {len(shapes)} shapes; most common:")
         for shape, count in shapes.most_common(3):
             print(f"  {count / total:6.1%} {len(shape)} opcodes: {' '.join(shape)}")
-    missing = [shape for shape in ours if shape not in theirs]
-    for shape in missing:
-        print(f"not in the shared file ({ours[shape]} entries): {' '.join(shape)}")
-    same_top = ours.most_common(1)[0][0] == theirs.most_common(1)[0][0]
-    if not same_top:
-        print("the most common entry shapes differ")
-    return not missing and same_top
+    ok = True
+    their_orders = {keys for keys, _ in their_fields}
+    for keys in sorted({keys for keys, _ in our_fields} - their_orders):
+        print(f"keys in an order the shared file lacks: {', '.join(keys)}")
+        ok = False
+    their_values = {pair for _, pairs in their_fields for pair in pairs}
+    our_values = collections.Counter(pair for _, pairs in our_fields for pair in pairs)
+    for (key, value), count in sorted(our_values.items()):
+        if (key, value) not in their_values:
+            print(f"not in the shared file ({count} entries): {key}: {value}")
+            ok = False
+    def top(fields):
+        return collections.Counter(pairs for _, pairs in fields).most_common(1)[0][0]
+    if top(our_fields) != top(their_fields):
+        print("the most common entry layouts differ")
+        ok = False
+    print(f"{len(our_values)} field forms, all in the shared file" if ok else "layouts differ")
+    return ok
 
 
 def main():

@@ -91,12 +91,14 @@ impl TraceBuilder {
             return Err(BadEvent::ZeroSize { id });
         }
         let slot = self.trace.slots;
-        if self.live.contains_key(&id) {
-            return Err(BadEvent::AlreadyLive { id });
+        // One lookup: the entry is either the live allocation (refused) or where this one goes.
+        match self.live.entry(id) {
+            std::collections::hash_map::Entry::Occupied(_) => return Err(BadEvent::AlreadyLive { id }),
+            std::collections::hash_map::Entry::Vacant(vacant) => {
+                self.trace.slots = slot.checked_add(1).ok_or(BadEvent::TooManyAllocations)?;
+                vacant.insert(slot);
+            }
         }
-        let next = slot.checked_add(1).ok_or(BadEvent::TooManyAllocations)?;
-        self.live.insert(id, slot);
-        self.trace.slots = next;
         self.trace.events.push(Event::Alloc { slot, size_bytes });
         Ok(())
     }

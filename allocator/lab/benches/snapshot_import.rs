@@ -66,8 +66,21 @@ fn peak_rss_of_import(path: &Path) -> Option<u64> {
 }
 
 fn vm_hwm_kib() -> Option<u64> {
+    status_kib("VmHWM:")
+}
+
+/// A line of /proc/self/status in KiB (`VmHWM:`, `VmRSS:`).
+fn status_kib(key: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status.lines().find(|line| line.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()
+    status.lines().find(|line| line.starts_with(key))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// What `heapscope replay FILE --policy tlsf` does: import, recording, replay through a TLSF heap.
+fn import_and_replay(path: &Path) -> heapscope_lab::compare::Figures {
+    let snapshot = read_snapshot(path).expect("the snapshot reads");
+    let recording = Recording::from_snapshot(&path.display().to_string(), snapshot, 0).expect("device 0");
+    let outcome = replay(&recording, Contender::Heap(PolicyKind::Tlsf), &CompareConfig::default()).expect("replays");
+    outcome.figures().cloned().expect("a simulated heap contender runs")
 }
 
 fn main() {
@@ -76,6 +89,19 @@ fn main() {
         let snapshot = read_snapshot(Path::new(&args[position + 1])).expect("the snapshot reads");
         std::hint::black_box(&snapshot);
         println!("{}", vm_hwm_kib().unwrap_or(0));
+        eprintln!(
+            "resident after the import: {} KiB ({} KiB anonymous, {} KiB file)",
+            status_kib("VmRSS:").unwrap_or(0),
+            status_kib("RssAnon:").unwrap_or(0),
+            status_kib("RssFile:").unwrap_or(0)
+        );
+        return;
+    }
+    if let Some(position) = args.iter().position(|arg| arg == "--replay-only") {
+        // For profilers: only the `heapscope replay --policy tlsf` path, five times.
+        let path = Path::new(&args[position + 1]);
+        let (whole, _) = best_of(|| import_and_replay(path));
+        println!("import + replay through tlsf: {} ms", ms(whole));
         return;
     }
     let Some(path) = snapshot_file() else {
@@ -111,13 +137,7 @@ fn main() {
         .ok()
         .and_then(|output| String::from_utf8_lossy(&output.stdout).trim().parse::<f64>().ok())
         .map(Duration::from_secs_f64);
-    let config = CompareConfig::default();
-    let (whole, outcome) = best_of(|| {
-        let snapshot = read_snapshot(&path).expect("the snapshot reads");
-        let recording = Recording::from_snapshot(&name, snapshot, 0).expect("device 0");
-        let outcome = replay(&recording, Contender::Heap(PolicyKind::Tlsf), &config).expect("replays");
-        outcome.figures().cloned().expect("a simulated heap contender runs")
-    });
+    let (whole, outcome) = best_of(|| import_and_replay(&path));
     let recording = Recording::from_snapshot(&name, snapshot, 0).expect("device 0");
     let conf = alloc_conf(&recording, None).expect("the recorded settings are valid");
     let (emulation, _) = best_of(|| replay_pytorch(&recording, &conf, None));

@@ -263,7 +263,7 @@ mod tests {
 
     #[test]
     fn edge_cases_round_trip() {
-        let frames = vec![Frame { filename: "ü.py".into(), line: -1, name: "x".repeat(300) }];
+        let frames = vec![Frame { filename: "ü.py".into(), line: -1, name: "x".repeat(300).into() }];
         let entry = |action, addr, frames| TraceEntry {
             action,
             addr,

@@ -3,13 +3,21 @@
 //! for each device up to the highest the segments name).
 //!
 //! The pickle is decoded by the crate-private streaming reader (`pickle_read.rs`); this module is its sink: it takes each
-//! trace entry as the pickle appends it to a device's trace list, converts it to a [`TraceEntry`] and
-//! interns its frames, then converts the rest (segments, settings) from the generic values at the end.
+//! trace entry as the pickle appends it to a device's trace list, converts it to a [`TraceEntry`] and interns its
+//! frames, takes each segment the same way as the root's `segments` list receives it (so the generic values of a
+//! segment and its blocks, and the memo slots holding them, go at once: the peak stays near the typed model's
+//! size), then converts the rest (settings, a top-level list of segments) from the generic values at the end.
+//!
+//! The schema never shares a trace list, a segment, a segment's block list or a block: each converted one is
+//! marked (the object itself, and its memo slot as `Value::Converted`), and a second reference to it, through the
+//! memo or `DUP`, is refused naming both places, instead of converted again (`[segment] * 20000` would otherwise turn
+//! 280 bytes into gigabytes).
 //!
 //! Frames are interned twice over: each frame dict becomes an entry of a frame table (deduplicated by
 //! content), each frame list a list of frame ids deduplicated by content into a [`StackId`]; and the memo
 //! slot of a converted frame list is replaced by the `StackId`, so a list shared through the memo by every
-//! event is decoded once.
+//! event is decoded once. A frame's strs are `Arc<str>`s, one per distinct str of the pickle: a long file name
+//! shared through the memo by the frames of many lists is held once (`tests/import_memory.rs`).
 //!
 //! Ints are read at any width (`LONG1` / `LONG4`); one that does not fit its field is an error naming the
 //! value and the key path (`device_traces[0][3].size: 2^80 does not fit a u64 ...`), except a frame's
@@ -27,6 +35,7 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use flate2::bufread::MultiGzDecoder;
 
@@ -173,6 +182,8 @@ const MAX_DEVICES: u32 = 1024;
 
 const TAG_ROOT: u32 = 1;
 const TAG_DEVICE_TRACES: u32 = 2;
+/// Tags from here on name a list of segments: `TAG_SEGMENTS_BASE + index into Decoder::segment_lists`.
+const TAG_SEGMENTS_BASE: u32 = 1 << 31;
 /// Tags from here on name a device trace list: `TAG_TRACE_BASE + index into Decoder::traces`.
 const TAG_TRACE_BASE: u32 = 16;
 
@@ -310,6 +321,9 @@ impl Frames {
 
     /// Interns the frame list in `scratch`.
     fn stack_of_scratch(&mut self, path: &dyn Fn() -> String) -> Result<u32, Issue> {
+        if self.scratch.is_empty() {
+            return Ok(StackId::NONE.0); // the empty list, interned first (every block's `frames` in most files)
+        }
         Ok(match self.stack_ids.get(self.scratch.as_slice()) {
             Some(&id) => id,
             None => {
@@ -322,10 +336,15 @@ impl Frames {
     }
 
     fn into_stacks(self) -> Vec<Vec<Frame>> {
+        // Each distinct str of the pickle (one `Rc` of the memo) becomes one `Arc<str>`, shared by every frame that
+        // holds it: a long file name shared through the memo by a thousand frames is not copied a thousand times.
+        let mut shared: FxMap<*const String, Arc<str>> = FxMap::default();
+        let mut share =
+            |text: &Rc<String>| Arc::clone(shared.entry(Rc::as_ptr(text)).or_insert_with(|| Arc::from(text.as_str())));
         let frames: Vec<Frame> = self
             .frames
-            .into_iter()
-            .map(|(filename, line, name)| Frame { filename: filename.to_string(), line, name: name.to_string() })
+            .iter()
+            .map(|(filename, line, name)| Frame { filename: share(filename), line: *line, name: share(name) })
             .collect();
         self.stacks.into_iter().map(|ids| ids.into_iter().map(|id| frames[id as usize].clone()).collect()).collect()
     }
@@ -344,10 +363,84 @@ struct Decoder {
     /// Entries built generically in the current batch, `(index, entry)`, merged in at the batch's end: inserting each
     /// where it belongs would move the batch's later entries once per fallback (quadratic in the batch).
     late: Vec<(usize, TraceEntry)>,
-    /// The lists and dicts converted as a trace, a segment or a segment's blocks, with where: the schema never shares
-    /// one, so a second reference (through the memo) is refused instead of converted again — `[segment] * 20000`
-    /// would otherwise turn 280 bytes into gigabytes.
-    converted_once: HashMap<usize, String>,
+    /// Where each list or dict converted as a trace, a segment, a segment's blocks or a block was: the object keeps
+    /// its index + 1 as its mark (a released memo slot as [`Value::Converted`]). The schema never shares one, so a
+    /// second reference (through the memo) is refused instead of converted again — `[segment] * 20000` would
+    /// otherwise turn 280 bytes into gigabytes.
+    converted: Vec<Seen>,
+    /// The segments of every list tagged as the root's `segments` (`TAG_SEGMENTS_BASE + index`), each with its index
+    /// in the list, converted as they arrive (read directly, or at their `APPENDS` when built generically: hence
+    /// the indices) so that their generic values (and the memo slots holding them) go at once.
+    segment_lists: Vec<Vec<(usize, Segment)>>,
+    /// The memo slots (and places) of the segment being read directly, marked once it is taken.
+    pending_marks: Vec<(Option<usize>, Seen)>,
+}
+
+/// Where a list or dict was converted (see `Decoder::converted`): the path a refusal of a second reference names.
+#[derive(Clone, Copy, Debug)]
+enum Seen {
+    /// The root's `segments` list.
+    Segments,
+    /// `device_traces[device]`.
+    Trace(u32),
+    /// `segments[index]`, or `[index]` in a list of segments (`listed`).
+    Segment { listed: bool, index: u32 },
+    /// That segment's `blocks`.
+    Blocks { listed: bool, index: u32 },
+    /// Block `block` of that segment.
+    Block { listed: bool, index: u32, block: u32 },
+}
+
+impl Seen {
+    fn segment(listed: bool, index: usize) -> Self {
+        Seen::Segment { listed, index: u32::try_from(index).unwrap_or(u32::MAX) }
+    }
+}
+
+impl std::fmt::Display for Seen {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let segment = |formatter: &mut std::fmt::Formatter<'_>, listed: bool, index: u32| {
+            if listed { write!(formatter, "[{index}]") } else { write!(formatter, "segments[{index}]") }
+        };
+        match *self {
+            Seen::Segments => formatter.write_str("segments"),
+            Seen::Trace(device) => write!(formatter, "device_traces[{device}]"),
+            Seen::Segment { listed, index } => segment(formatter, listed, index),
+            Seen::Blocks { listed, index } => {
+                segment(formatter, listed, index)?;
+                formatter.write_str(".blocks")
+            }
+            Seen::Block { listed, index, block } => {
+                segment(formatter, listed, index)?;
+                write!(formatter, ".blocks[{block}]")
+            }
+        }
+    }
+}
+
+/// Lets go of a converted list or dict that `memo` holds: its slot keeps only its mark ([`Value::Converted`]).
+fn release(value: &Value, memo: &mut [Value]) {
+    let (slot, mark) = match value {
+        Value::List(list) => {
+            let list = list.borrow();
+            (list.memo_slot, list.mark)
+        }
+        Value::Dict(dict) => {
+            let dict = dict.borrow();
+            (dict.memo_slot, dict.mark)
+        }
+        _ => return,
+    };
+    let Some(entry) = slot.and_then(|slot| memo.get_mut(slot as usize)) else { return };
+    // The slot may hold another object by now (a put may reuse it).
+    let same = match (entry as &Value, value) {
+        (Value::List(held), Value::List(list)) => Rc::ptr_eq(held, list),
+        (Value::Dict(held), Value::Dict(dict)) => Rc::ptr_eq(held, dict),
+        _ => false,
+    };
+    if same && mark != 0 {
+        *entry = Value::Converted(mark);
+    }
 }
 
 impl Decoder {
@@ -366,8 +459,15 @@ impl Sink for Decoder {
         match place {
             Place::Root => TAG_ROOT,
             Place::Key { parent: TAG_ROOT, key: "device_traces" } => TAG_DEVICE_TRACES,
+            Place::Key { parent: TAG_ROOT, key: "segments" } => match u32::try_from(self.segment_lists.len()) {
+                Ok(id) if id < u32::MAX - TAG_SEGMENTS_BASE => {
+                    self.segment_lists.push(Vec::new());
+                    TAG_SEGMENTS_BASE + id
+                }
+                _ => 0,
+            },
             Place::Index { parent: TAG_DEVICE_TRACES, index } => match u32::try_from(self.traces.len()) {
-                Ok(id) if id < u32::MAX - TAG_TRACE_BASE => {
+                Ok(id) if id < TAG_SEGMENTS_BASE - TAG_TRACE_BASE => {
                     let mut entries = Vec::new();
                     // Address space only: a failure is no error, the list then grows as it goes.
                     let _ = entries.try_reserve_exact(std::mem::take(&mut self.reserve));
@@ -381,6 +481,12 @@ impl Sink for Decoder {
     }
 
     fn append(&mut self, list_tag: u32, index: usize, item: Value, memo: &mut [Value]) -> Result<Option<Value>, ReadError> {
+        if let Some(list) = list_tag.checked_sub(TAG_SEGMENTS_BASE) {
+            let segment = self.segment(&item, Seen::segment(false, index))?;
+            self.segment_lists[list as usize].push((index, segment));
+            release_segment(&item, memo);
+            return Ok(None);
+        }
         let Some(slot) = list_tag.checked_sub(TAG_TRACE_BASE) else { return Ok(Some(item)) };
         let Some(&(device, _)) = self.traces.get(slot as usize) else { return Ok(Some(item)) };
         let entry = convert_entry(&item, device, index, &mut self.frames, memo)?;
@@ -400,6 +506,23 @@ impl Sink for Decoder {
             "filename" => KEY_FILENAME,
             "line" => KEY_LINE,
             "name" => KEY_NAME,
+            "device" => KEY_DEVICE,
+            "address" => KEY_ADDRESS,
+            "total_size" => KEY_TOTAL_SIZE,
+            "allocated_size" => KEY_ALLOCATED_SIZE,
+            "active_size" => KEY_ACTIVE_SIZE,
+            "requested_size" => KEY_REQUESTED_SIZE,
+            "segment_type" => KEY_SEGMENT_TYPE,
+            "segment_pool_id" => KEY_SEGMENT_POOL_ID,
+            "is_expandable" => KEY_IS_EXPANDABLE,
+            "blocks" => KEY_BLOCKS,
+            "state" => KEY_STATE,
+            "history" => KEY_HISTORY,
+            "large" => NAME_LARGE,
+            "small" => NAME_SMALL,
+            "active_allocated" => NAME_ACTIVE_ALLOCATED,
+            "active_pending_free" => NAME_ACTIVE_PENDING_FREE,
+            "inactive" => NAME_INACTIVE,
             _ => match Action::from_name(text).and_then(|action| ACTIONS.iter().position(|&known| known == action)) {
                 Some(index) => ATOM_ACTION + index as u8,
                 None => 0,
@@ -409,6 +532,7 @@ impl Sink for Decoder {
 
     fn appended(&mut self, list_tag: u32) {
         if let Some(slot) = list_tag.checked_sub(TAG_TRACE_BASE)
+            && list_tag < TAG_SEGMENTS_BASE
             && !self.late.is_empty()
         {
             self.merge_late(slot as usize);
@@ -416,10 +540,28 @@ impl Sink for Decoder {
     }
 
     fn reads_items(&self, list_tag: u32) -> bool {
-        !self.generic_only && list_tag.checked_sub(TAG_TRACE_BASE).is_some_and(|slot| (slot as usize) < self.traces.len())
+        !self.generic_only
+            && match list_tag.checked_sub(TAG_SEGMENTS_BASE) {
+                Some(list) => (list as usize) < self.segment_lists.len(),
+                None => list_tag.checked_sub(TAG_TRACE_BASE).is_some_and(|slot| (slot as usize) < self.traces.len()),
+            }
     }
 
     fn read_item(&mut self, list_tag: u32, index: usize, scan: &mut Scan<'_, '_>) -> bool {
+        if let Some(list) = list_tag.checked_sub(TAG_SEGMENTS_BASE) {
+            self.pending_marks.clear();
+            let Some(segment) = fast_segment(scan, &mut self.frames, index, &mut self.pending_marks) else { return false };
+            // Taken: its dict, blocks list and blocks are marked as converted, as the generic path marks them.
+            for (slot, seen) in self.pending_marks.drain(..) {
+                self.converted.push(seen);
+                let mark = u32::try_from(self.converted.len()).unwrap_or(u32::MAX);
+                if let Some(slot) = slot {
+                    scan.set_memo(slot, Value::Converted(mark));
+                }
+            }
+            self.segment_lists[list as usize].push((index, segment));
+            return true;
+        }
         let slot = (list_tag - TAG_TRACE_BASE) as usize;
         match fast_entry(scan, &mut self.frames) {
             Some(entry) => {
@@ -480,6 +622,24 @@ const KEY_FRAMES: u8 = 7;
 const KEY_FILENAME: u8 = 8;
 const KEY_LINE: u8 = 9;
 const KEY_NAME: u8 = 10;
+// Keys of segments and blocks, and their str values.
+const KEY_DEVICE: u8 = 11;
+const KEY_ADDRESS: u8 = 12;
+const KEY_TOTAL_SIZE: u8 = 13;
+const KEY_ALLOCATED_SIZE: u8 = 14;
+const KEY_ACTIVE_SIZE: u8 = 15;
+const KEY_REQUESTED_SIZE: u8 = 16;
+const KEY_SEGMENT_TYPE: u8 = 17;
+const KEY_SEGMENT_POOL_ID: u8 = 18;
+const KEY_IS_EXPANDABLE: u8 = 19;
+const KEY_BLOCKS: u8 = 20;
+const KEY_STATE: u8 = 21;
+const KEY_HISTORY: u8 = 22;
+const NAME_LARGE: u8 = 23;
+const NAME_SMALL: u8 = 24;
+const NAME_ACTIVE_ALLOCATED: u8 = 25;
+const NAME_ACTIVE_PENDING_FREE: u8 = 26;
+const NAME_INACTIVE: u8 = 27;
 /// `ATOM_ACTION + i` is the name of `ACTIONS[i]`.
 const ATOM_ACTION: u8 = 32;
 const ACTIONS: [Action; 9] = Action::ALL;
@@ -529,7 +689,7 @@ fn u64_of(value: Token) -> Option<u64> {
 /// decoded straight into a [`TraceEntry`]. Gives up (`None`) on anything `convert_entry` would reject or
 /// that is not plain, so that errors come from the generic path.
 fn fast_entry(scan: &mut Scan<'_, '_>, frames: &mut Frames) -> Option<TraceEntry> {
-    let memo_slot = scan.put_container()?;
+    scan.put_taken()?;
     let mut fields = EntryFields::default();
     scan_pairs(scan, |scan, key, value| {
         match key {
@@ -560,11 +720,7 @@ fn fast_entry(scan: &mut Scan<'_, '_>, frames: &mut Frames) -> Option<TraceEntry
     if !scan.next_is(b"}ea") {
         return None;
     }
-    let entry = fields.finish().ok()?;
-    if let Some(slot) = memo_slot {
-        scan.set_memo(slot, Value::Consumed);
-    }
-    Some(entry)
+    fields.finish().ok()
 }
 
 /// An entry's `frames` value: `None`, a memo'd frame list, or a new list of frame dicts.
@@ -593,7 +749,8 @@ fn fast_frames(scan: &mut Scan<'_, '_>, frames: &mut Frames, value: Token) -> Op
                         }
                     }
                 }
-            } else if scan.next_is(b"}hj") {
+            } else if scan.next_is(b"}") || scan.memo_get_then(b'a') {
+                // One item and `APPEND` (an empty list is followed by the next key, perhaps a memo get, instead).
                 let item = scan.next();
                 let id = fast_frame(scan, frames, item)?;
                 frames.scratch.push(id);
@@ -645,6 +802,204 @@ fn fast_frame(scan: &mut Scan<'_, '_>, frames: &mut Frames, item: Token) -> Opti
             }
             Some(id)
         }
+        _ => None,
+    }
+}
+
+/// The fast path for a segment (see `Sink::read_item`), like [`fast_entry`]: keys matched as atoms, values decoded
+/// straight into a [`Segment`] and its blocks. Gives up (`None`) on anything `Decoder::segment` would reject, on a
+/// key met twice, on a blocks list or block from the memo (shared: refused by the generic path) and on legacy blocks
+/// (`history`). `marks` gets the memo slots of the dict, its blocks list and its blocks, with their places.
+fn fast_segment(
+    scan: &mut Scan<'_, '_>,
+    frames: &mut Frames,
+    index: usize,
+    marks: &mut Vec<(Option<usize>, Seen)>,
+) -> Option<Segment> {
+    let index = u32::try_from(index).unwrap_or(u32::MAX);
+    marks.push((scan.put_container()?, Seen::Segment { listed: false, index }));
+    let mut seen_keys = 0u32;
+    let mut segment = Segment {
+        device: 0,
+        address: 0,
+        total_size: 0,
+        allocated_size: 0,
+        active_size: 0,
+        requested_size: 0,
+        stream: 0,
+        segment_type: Pool::Large,
+        segment_pool_id: (0, 0),
+        is_expandable: false,
+        frames: StackId::NONE,
+        blocks: Vec::new(),
+    };
+    let (mut address, mut total_size, mut allocated, mut active, mut requested) = (None, None, None, None, None);
+    let mut blocks_value = None;
+    scan_pairs(scan, |scan, key, value| {
+        if key != 0 {
+            let bit = 1u32.checked_shl(u32::from(key))?;
+            if seen_keys & bit != 0 {
+                return None;
+            }
+            seen_keys |= bit;
+        }
+        match key {
+            KEY_DEVICE => segment.device = u32::try_from(u64_of(value)?).ok()?,
+            KEY_ADDRESS => address = Some(u64_of(value)?),
+            KEY_TOTAL_SIZE => total_size = Some(u64_of(value)?),
+            KEY_ALLOCATED_SIZE => allocated = Some(u64_of(value)?),
+            KEY_ACTIVE_SIZE => active = Some(u64_of(value)?),
+            KEY_REQUESTED_SIZE => requested = Some(u64_of(value)?),
+            KEY_STREAM => segment.stream = u64_of(value)?,
+            KEY_SEGMENT_TYPE => {
+                segment.segment_type = match value {
+                    Token::Str { atom: NAME_LARGE, .. } => Pool::Large,
+                    Token::Str { atom: NAME_SMALL, .. } => Pool::Small,
+                    _ => return None,
+                }
+            }
+            KEY_SEGMENT_POOL_ID => segment.segment_pool_id = fast_pair(scan, value)?,
+            // A bool (NEWTRUE / NEWFALSE read as 1 / 0) or an int, as Python tests it.
+            KEY_IS_EXPANDABLE => {
+                segment.is_expandable = match value {
+                    Token::Int(number) => number != 0,
+                    Token::U64(_) => true,
+                    _ => return None,
+                }
+            }
+            KEY_FRAMES => segment.frames = fast_frames(scan, frames, value)?,
+            KEY_BLOCKS => blocks_value = Some(fast_blocks(scan, frames, index, value, marks)?),
+            _ => plain(value)?,
+        }
+        Some(())
+    })?;
+    if !scan.next_is(b"}ea") {
+        return None;
+    }
+    segment.address = address?;
+    segment.total_size = total_size?;
+    let mut next_address = segment.address;
+    for block in blocks_value.unwrap_or_default() {
+        let block = Block {
+            address: block.address.unwrap_or(next_address),
+            size: block.size,
+            requested_size: block.requested_size.unwrap_or(block.size),
+            state: block.state,
+            frames: block.frames,
+        };
+        next_address = block.address.saturating_add(block.size);
+        segment.blocks.push(block);
+    }
+    let sum =
+        |keep: fn(&Block) -> bool, size: fn(&Block) -> u64| segment.blocks.iter().filter(|b| keep(b)).map(size).sum::<u64>();
+    let is_allocated = |block: &Block| block.state == BlockState::ActiveAllocated;
+    let is_active = |block: &Block| block.state != BlockState::Inactive;
+    segment.allocated_size = allocated.unwrap_or_else(|| sum(is_allocated, |b| b.size));
+    segment.active_size = active.unwrap_or_else(|| sum(is_active, |b| b.size));
+    segment.requested_size = requested.unwrap_or_else(|| sum(is_active, |b| b.requested_size));
+    Some(segment)
+}
+
+/// A block as the fast path reads it: the address and requested size may default (from the blocks before it, from
+/// its size).
+struct FastBlock {
+    address: Option<u64>,
+    size: u64,
+    requested_size: Option<u64>,
+    state: BlockState,
+    frames: StackId,
+}
+
+/// A segment's `blocks`: `None`, or a new list of new block dicts.
+fn fast_blocks(
+    scan: &mut Scan<'_, '_>,
+    frames: &mut Frames,
+    index: u32,
+    value: Token,
+    marks: &mut Vec<(Option<usize>, Seen)>,
+) -> Option<Vec<FastBlock>> {
+    match value {
+        Token::None => return Some(Vec::new()),
+        Token::EmptyList => {}
+        _ => return None,
+    }
+    marks.push((scan.put_container()?, Seen::Blocks { listed: false, index }));
+    let mut blocks = Vec::new();
+    let mut block = |scan: &mut Scan<'_, '_>, item: Token, blocks: &mut Vec<FastBlock>| -> Option<()> {
+        let Token::EmptyDict = item else { return None };
+        let number = u32::try_from(blocks.len()).ok()?;
+        marks.push((scan.put_container()?, Seen::Block { listed: false, index, block: number }));
+        blocks.push(fast_block(scan, frames)?);
+        Some(())
+    };
+    if scan.next_is(b"(") {
+        scan.next();
+        loop {
+            match scan.next() {
+                Token::Appends => break,
+                item => block(scan, item, &mut blocks)?,
+            }
+        }
+    } else if scan.next_is(b"}") {
+        let item = scan.next();
+        block(scan, item, &mut blocks)?;
+        if !matches!(scan.next(), Token::Append) {
+            return None;
+        }
+    }
+    Some(blocks)
+}
+
+/// A new block dict (its `EMPTY_DICT` and memo put read).
+fn fast_block(scan: &mut Scan<'_, '_>, frames: &mut Frames) -> Option<FastBlock> {
+    let mut seen_keys = 0u32;
+    let (mut address, mut size, mut requested_size, mut state, mut stack) = (None, None, None, None, StackId::NONE);
+    scan_pairs(scan, |scan, key, value| {
+        if key != 0 {
+            let bit = 1u32.checked_shl(u32::from(key))?;
+            if seen_keys & bit != 0 {
+                return None;
+            }
+            seen_keys |= bit;
+        }
+        match key {
+            KEY_ADDRESS => address = Some(u64_of(value)?),
+            KEY_SIZE => size = Some(u64_of(value)?),
+            KEY_REQUESTED_SIZE => requested_size = Some(u64_of(value)?).filter(|&requested| requested != 0),
+            KEY_STATE => {
+                state = Some(match value {
+                    Token::Str { atom: NAME_ACTIVE_ALLOCATED, .. } => BlockState::ActiveAllocated,
+                    Token::Str { atom: NAME_ACTIVE_PENDING_FREE, .. } => BlockState::ActivePendingFree,
+                    Token::Str { atom: NAME_INACTIVE, .. } => BlockState::Inactive,
+                    _ => return None,
+                });
+            }
+            KEY_FRAMES => stack = fast_frames(scan, frames, value)?,
+            KEY_HISTORY => return None,
+            _ => plain(value)?,
+        }
+        Some(())
+    })?;
+    Some(FastBlock { address, size: size?, requested_size, state: state?, frames: stack })
+}
+
+/// A `segment_pool_id`: `None` (0, 0), a new pair of ints (`TUPLE2`, perhaps memo'd) or a memo'd one.
+fn fast_pair(scan: &mut Scan<'_, '_>, value: Token) -> Option<(i64, i64)> {
+    match value {
+        Token::None => Some((0, 0)),
+        Token::Int(first) => {
+            let Token::Int(second) = scan.next() else { return None };
+            let Token::Tuple2 = scan.next() else { return None };
+            scan.put_pair(first, second)?;
+            Some((first, second))
+        }
+        Token::Memo(slot) => match scan.memo_mut().get(slot)? {
+            Value::Tuple(items) => match items.as_slice() {
+                [Value::Int(first), Value::Int(second)] => Some((*first, *second)),
+                _ => None,
+            },
+            _ => None,
+        },
         _ => None,
     }
 }
@@ -821,24 +1176,40 @@ impl<'a> Fields<'a> {
 }
 
 impl Decoder {
-    /// Refuses `value` at `path` when it was converted already at another place (a memo reference to it): see
-    /// `converted_once`.
-    fn once(&mut self, value: &Value, path: &str) -> Result<(), Issue> {
-        let address = match value {
-            Value::List(list) => Rc::as_ptr(list) as usize,
-            Value::Dict(dict) => Rc::as_ptr(dict) as usize,
+    /// Refuses `value` at `seen` when it was converted already at another place (a memo reference to it): see
+    /// `converted`; else marks it as converted there.
+    fn once(&mut self, value: &Value, seen: Seen) -> Result<(), Issue> {
+        let busy = || {
+            Issue::new(seen.to_string(), "the same object as one that holds it (a memo reference): a snapshot never shares it")
+        };
+        let (mut list, mut dict);
+        let mark = match value {
+            Value::Converted(mark) => return Err(self.shared(*mark, seen)),
+            Value::List(held) => {
+                list = held.try_borrow_mut().map_err(|_| busy())?;
+                &mut list.mark
+            }
+            Value::Dict(held) => {
+                dict = held.try_borrow_mut().map_err(|_| busy())?;
+                &mut dict.mark
+            }
             _ => return Ok(()),
         };
-        match self.converted_once.get(&address) {
-            Some(first) => Err(Issue::new(
-                path,
-                format!("the same object as {first} (a memo reference): a snapshot never shares it, so it is not read twice"),
-            )),
-            None => {
-                self.converted_once.insert(address, path.to_owned());
-                Ok(())
-            }
+        if *mark != 0 {
+            return Err(self.shared(*mark, seen));
         }
+        self.converted.push(seen);
+        *mark = u32::try_from(self.converted.len()).unwrap_or(u32::MAX);
+        Ok(())
+    }
+
+    /// The refusal of a second reference, at `seen`, to the object marked `mark`.
+    fn shared(&self, mark: u32, seen: Seen) -> Issue {
+        let first = self.converted.get((mark as usize).wrapping_sub(1)).map_or_else(|| "another".to_owned(), Seen::to_string);
+        Issue::new(
+            seen.to_string(),
+            format!("the same object as {first} (a memo reference): a snapshot never shares it, so it is not read twice"),
+        )
     }
 
     /// Converts the top-level value, with the trace entries already taken.
@@ -854,17 +1225,29 @@ impl Decoder {
                 ));
             }
         };
-        let segments_value = top.list("segments")?.ok_or_else(|| Issue::new("segments", "missing key"))?;
-        let mut segments = Vec::with_capacity(segments_value.len());
-        for (index, value) in segments_value.iter().enumerate() {
-            let path = format!("segments[{index}]");
-            self.once(value, &path)?;
-            segments.push(self.segment(value, &path)?);
+        // A list tagged as segments had its items converted as they arrived (after any the list was built with).
+        if let Some(list) = top.get("segments") {
+            self.once(list, Seen::Segments)?;
         }
+        let streamed = match top.get("segments") {
+            Some(Value::List(list)) => match list.borrow().tag.checked_sub(TAG_SEGMENTS_BASE) {
+                Some(id) => self.segment_lists.get_mut(id as usize).map(std::mem::take),
+                None => None,
+            },
+            _ => None,
+        };
+        let segments_value = top.list("segments")?.ok_or_else(|| Issue::new("segments", "missing key"))?;
+        let mut segments = Vec::with_capacity(segments_value.len() + streamed.as_ref().map_or(0, Vec::len));
+        for (index, value) in segments_value.iter().enumerate() {
+            segments.push(self.segment(value, Seen::segment(false, index))?);
+        }
+        let mut streamed = streamed.unwrap_or_default();
+        streamed.sort_by_key(|&(index, _)| index);
+        segments.extend(streamed.into_iter().map(|(_, segment)| segment));
         let mut device_traces = Vec::new();
         for (device, value) in top.list("device_traces")?.unwrap_or_default().iter().enumerate() {
             let path = format!("device_traces[{device}]");
-            self.once(value, &path)?;
+            self.once(value, Seen::Trace(u32::try_from(device).unwrap_or(u32::MAX)))?;
             let list = match value {
                 Value::List(list) => list.borrow(),
                 other => return Err(Issue::expected(path, "list", other)),
@@ -895,8 +1278,7 @@ impl Decoder {
         let mut segments = Vec::with_capacity(items.len());
         for (index, value) in items.iter().enumerate() {
             let path = format!("[{index}]");
-            self.once(value, &path)?;
-            let segment = self.segment(value, &path)?;
+            let segment = self.segment(value, Seen::segment(true, index))?;
             if segment.device >= MAX_DEVICES {
                 return Err(Issue::new(
                     format!("{path}.device"),
@@ -914,18 +1296,24 @@ impl Decoder {
         })
     }
 
-    fn segment(&mut self, value: &Value, path: &str) -> Result<Segment, Issue> {
+    /// Converts the segment `value` found at `seen` (a `Seen::Segment`), refusing it (or its blocks) if converted
+    /// before.
+    fn segment(&mut self, value: &Value, seen: Seen) -> Result<Segment, Issue> {
+        let Seen::Segment { listed, index } = seen else { unreachable!("a segment's place") };
+        self.once(value, seen)?;
+        let path = &seen.to_string();
         let fields = Fields::of(value, path)?;
         let address = fields.required_u64("address")?;
         let total_size = fields.required_u64("total_size")?;
         if let Some(blocks) = fields.get("blocks") {
-            self.once(blocks, &fields.key_path("blocks"))?;
+            self.once(blocks, Seen::Blocks { listed, index })?;
         }
         let blocks_value = fields.list("blocks")?.unwrap_or_default();
         let mut blocks = Vec::with_capacity(blocks_value.len());
         let mut next_address = address;
-        for (index, block) in blocks_value.iter().enumerate() {
-            let block = self.block(block, &format!("{path}.blocks[{index}]"), next_address)?;
+        for (block_index, block) in blocks_value.iter().enumerate() {
+            self.once(block, Seen::Block { listed, index, block: u32::try_from(block_index).unwrap_or(u32::MAX) })?;
+            let block = self.block(block, &format!("{path}.blocks[{block_index}]"), next_address)?;
             next_address = block.address.saturating_add(block.size);
             blocks.push(block);
         }
@@ -1012,6 +1400,22 @@ impl Decoder {
             frames,
         })
     }
+}
+
+/// Lets go of a segment converted as it arrived: the memo slots of its dict, its blocks list and their dicts keep
+/// only their marks, so its generic values go now rather than at the end of the file.
+fn release_segment(segment: &Value, memo: &mut [Value]) {
+    if let Value::Dict(dict) = segment {
+        if let Some(Value::List(blocks)) = dict.borrow().get("blocks") {
+            for block in &blocks.borrow().items {
+                release(block, memo);
+            }
+        }
+        if let Some(blocks) = dict.borrow().get("blocks") {
+            release(blocks, memo);
+        }
+    }
+    release(segment, memo);
 }
 
 /// Converts `allocator_settings`.
@@ -1212,9 +1616,33 @@ trace[1205]["frames"] = None
 trace[1206] = {"action": "snapshot"}
 trace[1207]["frames"] = [{"filename": "fake_tensor.py", "line": 2**64 - 1, "name": "f"}, frames[0]]
 trace[1208]["frames"] = trace[1207]["frames"]
+block = lambda address, state, **more: {"address": address, "size": 4096, "requested_size": 100, "state": state, **more}
+pool = (0, 0)
+segment = lambda i, **more: {"device": 0, "address": 2**40 + 2**21 * i, "total_size": 8192, "allocated_size": 4096,
+    "active_size": 4096, "requested_size": 100, "stream": 0, "segment_type": "large", "segment_pool_id": pool,
+    "is_expandable": False, "frames": [], "blocks": [block(2**40 + 2**21 * i, "active_allocated", frames=frames),
+    block(2**40 + 2**21 * i + 4096, "inactive", frames=[])], **more}
+segments = [segment(i) for i in range(40)]
+segments[1]["segment_pool_id"] = (1, 2)
+segments[2]["segment_pool_id"] = [3, 4]
+segments[3]["segment_pool_id"] = None
+for key in ("allocated_size", "active_size", "requested_size", "device", "stream", "segment_type", "frames"):
+    del segments[4][key]
+segments[5]["blocks"] = [{"size": 4096, "state": "active_pending_free"}, {"size": 4096, "requested_size": 0, "state": "inactive"}]
+segments[6]["blocks"] = [{"size": 4096, "state": "inactive", "history": [{"real_size": 7, "frames": frames}]}]
+segments[7]["segment_type"] = "small"
+segments[8]["is_expandable"] = True
+segments[9]["is_expandable"] = 1
+segments[10]["device"] = 1
+segments[11]["frames"] = frames
+segments[12]["blocks"] = None
+segments[13]["extra"] = {"nested": [1]}
+segments[14]["blocks"] = [block(2**40, "inactive")]
+segments[15]["stream"] = 2**63 + 1
+segments[16]["blocks"] = []
 for protocol in range(2, 6):
     with open(f"{sys.argv[1]}/odd-{protocol}.pickle", "wb") as f:
-        pickle.dump({"segments": [], "device_traces": [trace, [entry(i) for i in range(3)]]}, f, protocol=protocol)
+        pickle.dump({"segments": segments, "device_traces": [trace, [entry(i) for i in range(3)]]}, f, protocol=protocol)
 "#;
         run_python(odd, &[dir.to_str().unwrap()]);
         let mut files: Vec<PathBuf> = (2..=5).map(|protocol| dir.join(format!("odd-{protocol}.pickle"))).collect();
@@ -1267,6 +1695,24 @@ for protocol in range(2, 6):
         let trace = &fast.device_traces[0];
         assert_eq!(trace.len(), 3000);
         assert!(trace.iter().all(|e| e.frames == StackId::NONE && e.stream == 0 && e.time_us.is_some()));
+        // With frames: the layout of the frag_oom files (shared frame dicts, new lists, lists shared by an alloc
+        // with its segment_alloc and by a free_completed with its free_requested).
+        let output = Command::new("python3")
+            .arg(generator)
+            .arg(&path)
+            .args(["--events", "3000", "--layout", "pytorch", "--one-stream", "--check-layout"])
+            .arg(asset("frag_oom-default.pickle.gz"))
+            .output()
+            .unwrap();
+        let report = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{report}{}", String::from_utf8_lossy(&output.stderr));
+        assert!(report.contains("field forms, all in the shared file"), "{report}");
+        let bytes = std::fs::read(&path).unwrap();
+        let fast = parse(bytes.as_slice(), "input", Decoder::default()).unwrap();
+        let generic = parse(bytes.as_slice(), "input", Decoder { generic_only: true, ..Decoder::default() }).unwrap();
+        assert_eq!(fast, generic);
+        assert!(fast.device_traces[0].iter().all(|e| e.frames != StackId::NONE));
+        assert!(fast.frame_stacks.iter().skip(1).all(|stack| stack.len() == 2));
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -1726,6 +2172,18 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         let shared_segments = [b"\x80\x04}(\x8c\x08segments](".as_slice(), segment, b"h\x00e\x8c\x0ddevice_traces]u."].concat();
         let shared_traces = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces](]\x94h\x00eu.".to_vec();
         let shared_blocks = b"\x80\x04}(\x8c\x08segments](}(\x8c\x07address\x4b\x00\x8c\x0atotal_size\x4b\x00\x8c\x06blocks]\x94u}(\x8c\x07address\x4b\x00\x8c\x0atotal_size\x4b\x00\x8c\x06blocksh\x00ue\x8c\x0ddevice_traces]u.".to_vec();
+        // A block dict shared by two segments; a segment repeated with DUP (no memo: the same object twice on the
+        // stack); a segment met again after it was converted and its memo slot released.
+        let block = b"}\x94(\x8c\x04sizeK\x00\x8c\x05state\x8c\x08inactiveu";
+        let shared_block_dicts = [
+            b"\x80\x04}(\x8c\x08segments](}(\x8c\x07address\x4b\x00\x8c\x0atotal_size\x4b\x00\x8c\x06blocks](".as_slice(),
+            block,
+            b"eu}(\x8c\x07address\x4b\x00\x8c\x0atotal_size\x4b\x00\x8c\x06blocks](h\x00eue\x8c\x0ddevice_traces]u.",
+        ]
+        .concat();
+        let dup_segments = [b"\x80\x04}(\x8c\x08segments](".as_slice(), segment, b"2e\x8c\x0ddevice_traces]u."].concat();
+        let later_segment =
+            [b"\x80\x04}(\x8c\x08segments]".as_slice(), segment, b"a\x8c\x0ddevice_traces]\x8c\x05laterh\x00u."].concat();
         let mut gaps = b"\x80\x04N".to_vec();
         for put in 0..100u32 {
             gaps.push(b'r');
@@ -1733,16 +2191,24 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         }
         gaps.push(b'.');
         // (pickle, what the error says)
-        let cases: [(&[u8], &str); 4] = [
+        // The segments list again as a device's trace.
+        let segments_as_trace = b"\x80\x04}(\x8c\x08segments]\x94\x8c\x0ddevice_traces]h\x00au.".to_vec();
+        let cases: [(&[u8], &str); 7] = [
             (&shared_segments, "segments[1]: the same object as segments[0] (a memo reference)"),
             (&shared_traces, "device_traces[1]: the same object as device_traces[0] (a memo reference)"),
             (&shared_blocks, "segments[1].blocks: the same object as segments[0].blocks (a memo reference)"),
             (&gaps, "LONG_BINPUT to memo slot 1048576, past the 3 bytes read"),
+            (&shared_block_dicts, "segments[1].blocks[0]: the same object as segments[0].blocks[0] (a memo reference)"),
+            (&dup_segments, "segments[1]: the same object as segments[0] (a memo reference)"),
+            (&segments_as_trace, "device_traces[0]: the same object as segments (a memo reference)"),
         ];
         for (bytes, expected) in cases {
             let error = parse_snapshot(bytes, "shared.pickle").expect_err(expected).to_string();
             assert!(error.contains(expected), "{error:?} lacks {expected:?}");
         }
+        // A reference under a key the importer ignores reads nothing twice: no refusal.
+        let snapshot = parse_snapshot(later_segment.as_slice(), "later.pickle").expect("an ignored key");
+        assert_eq!(snapshot.segments.len(), 1);
     }
 
     /// Issue 17: one `APPENDS` batch of 40,000 trace entries, every other one left to the generic path (a

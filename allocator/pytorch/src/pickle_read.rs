@@ -10,57 +10,52 @@
 //! near the typed model's size (a `TraceEntry` is 64 bytes). Everything else (segments, settings) stays
 //! generic and is converted at the end.
 //!
-//! # The fast path for trace entries
+//! # The fast path for trace entries and segments
 //!
 //! Building each event's generic dict and converting it was most of the time (SETITEMS, memo gets and
 //! malloc/free of `Rc`s and `String`s). So when a dict is about to become an item of a list the sink reads
-//! directly ([`Sink::reads_items`]), the machine first offers the sink a [`Scan`] over the buffered input
-//! ([`Sink::read_item`]): a schema-directed reader of plain [`Token`]s that decodes the dict straight into
-//! a `TraceEntry`, with no `Value`, no `Rc` and no allocation per event:
+//! directly ([`Sink::reads_items`]: a device's trace, the root's `segments`), the machine first offers the
+//! sink a [`Scan`] over the buffered input ([`Sink::read_item`]): a schema-directed reader of plain [`Token`]s
+//! that decodes the dict straight into a `TraceEntry` (or a `Segment` with its blocks), with no `Value`, no
+//! `Rc` and no allocation per event:
 //!
-//! - keys and action names are matched as small integers: [`Sink::atom`] maps a str to an id once, when
-//!   it is memo'd, and the machine keeps the ids beside the memo, so a key that is a memo get (every key
-//!   after the first event) costs an array load and an integer compare;
+//! - keys and names (actions, pools, block states) are matched as small integers: [`Sink::atom`] maps a str
+//!   to an id once, when it is memo'd, and the machine keeps the ids beside the memo, so a key that is a memo
+//!   get (every key after the first event) costs an array load and an integer compare;
 //! - a new str that is memo'd (a per-event `compile_context` such as `"N/A"`) is kept inline in its memo
-//!   slot ([`Value::Short`], up to 14 bytes), decoded to an `Rc<str>` only if read back generically;
-//! - an entry's dict slot becomes [`Value::Consumed`], a frame list's [`Value::Stack`], a frame dict's
-//!   [`Value::Frame`], as the generic path leaves them.
+//!   slot ([`Value::Short`], up to 14 bytes), decoded to an `Rc<str>` only if read back generically; one equal
+//!   to the latest such str reuses its UTF-8 check and atom;
+//! - an entry's dict slot is written once, as [`Value::Consumed`]; a frame list's becomes [`Value::Stack`], a
+//!   frame dict's [`Value::Frame`], a segment's, its blocks list's and its blocks' [`Value::Converted`], as the
+//!   generic path leaves them.
 //!
 //! The fast path never reports an error: on anything unexpected (a malformed or truncated opcode, a
-//! wrong type, a missing key, an int beyond 64 bits, a nested value, an item longer than the 64 KiB
-//! window) it gives up, the machine rewinds the input and the memo, and the generic path builds and
-//! converts that dict, with its error messages and byte offsets. An item so taken stands in the list as
-//! [`Value::Taken`] until its `APPENDS`.
+//! wrong type, a missing key, a key met twice in a segment, an int beyond 64 bits, a nested value, an item
+//! longer than the 64 KiB window) it gives up, the machine rewinds the input and the memo, and the generic
+//! path builds and converts that dict, with its error messages and byte offsets. An item so taken stands in
+//! the list as [`Value::Taken`] until its `APPENDS`.
 //!
 //! # Sharing
 //!
 //! Memo'd objects are `Rc`s, so an object the pickle refers to many times (a key string, a frame list
 //! shared through the memo) exists once. A sink may replace a memo entry with an already converted form
 //! ([`Value::Stack`], [`Value::Frame`]) so a frame list shared by every event is decoded and interned once,
-//! or with [`Value::Consumed`] once it has taken the object (so the memo does not keep every event alive).
+//! with [`Value::Consumed`] once it has taken the object (so the memo does not keep every event alive), or
+//! with [`Value::Converted`] and the sink's mark for an object the schema never shares (a segment, its
+//! blocks): its generic values go at once, and a second reference is refused naming the first place.
 //!
-//! # Measured (release, 2-core Firecracker VM, `tests/snapshot_import_speed.rs`, best of 5)
+//! # Measured
 //!
-//! | input | import | peak RSS |
-//! |---|---|---|
-//! | `scripts/synthetic_snapshot.py`, 400 000 events, 35.0 MB pickle | ~100 ms | 49 MiB (1.4× the file) |
-//! | the same gzipped, 5.5 MB | 140–145 ms | 49 MiB |
-//! | `gpt2_train_fixed-default.pickle.gz`, 18 685 events (1.4 MB pickle) | 4 ms | 6.7 MiB |
-//! | `--layout pytorch --no-frames --one-stream`, 280 000 events, 21.2 MB (PyTorch ≥ 2.5's opcodes) | 88–96 ms (once 68) | 39 MiB (1.8×) |
-//!
-//! Before the fast path, on the same VM the same day: 475 ms / 74 MiB, 560 ms / 74 MiB, and 19 ms / 8.4 MiB
-//! for the gpt2 pickle decompressed (now 3.7 ms / 6.3 MiB); the VM ran ~1.35× slower that day than when
-//! 330–370 ms was measured for the first, so ~100 ms here is ~75 ms there. Python's
-//! `pickle.loads` of the 35 MB pickle takes 0.80 s. What remains: decoding tokens (~45 %), page faults
-//! and the kernel's copy of the file (~25 %), and for gzip the inflate (miniz_oxide; flate2's `zlib-rs`
-//! backend would be faster). Reading ahead: the input is read in 1 MiB chunks, never whole; `read_snapshot`
-//! reserves the trace from the file's (or the gzip trailer's) size so it is never copied while it grows.
-//!
-//! The PyTorch-layout row (2026-12-02, the VM loaded by another build, load average 2.3–2.8): python3's
-//! `pickle.load` of the same file took 240–410 ms in the same runs, so the import took 0.19–0.40× its time,
-//! mostly ~0.27× (short of the 1/8 issue 14 asks for, import and a tlsf replay together; the
-//! 280 000-event default layout, 24.6 MB: 107–114 ms against 600–670 ms, 0.17–0.18×). Its peak is higher
-//! because every entry memoizes two objects (its dict and its `compile_context` str): two memo slots an entry.
+//! `cargo bench -p heapscope-lab --bench snapshot_import` (BENCHMARKS.md, "Reading and replaying PyTorch
+//! snapshots", has every number and the commands). On the layout PyTorch >= 2.5 writes (280,000 entries,
+//! 20.2 MiB, `synthetic_snapshot.py --layout pytorch --no-frames --one-stream`), 2-core VM: import 43–44 ms
+//! against python3's `pickle.load` 230 ms in the same run (0.19x; 86–95 ms, 0.26–0.36x, before the segments'
+//! fast path); peak resident memory 1.40x the file at 264 MB, 1.39x at 528 MB, 1.38x at 1.06 GB (two memo
+//! slots an entry, 34 bytes, and a 64-byte `TraceEntry` against ~75 bytes of pickle). Where the time goes
+//! (perf): the fast path's token decoding and memo pushes (~45 %), the machine's dispatch (~10 %), page faults
+//! and the kernel's copy of the file (~15 %), the rest the generic path (settings, frames). Reading ahead: the
+//! input is read in 1 MiB chunks, never whole; `read_snapshot` reserves the trace from the file's (or the gzip
+//! trailer's) size so it is never copied while it grows.
 //!
 //! # Where a container sits
 //!
@@ -114,6 +109,9 @@ pub(crate) enum Value {
     /// A trace entry the sink read directly from the input (see [`Sink::read_item`]); stands in the list
     /// being built until `APPENDS` counts it.
     Taken,
+    /// A list or dict the sink converted as it arrived and let go of (a segment, its blocks): what its memo slot
+    /// holds then, with the sink's mark, so that a second reference is refused naming the first place.
+    Converted(u32),
     /// A short memo'd str kept inline (see [`Scan`]); becomes a `Str` when the machine reads it back.
     Short(ShortStr),
     /// A memo slot never written.
@@ -124,7 +122,12 @@ pub(crate) enum Value {
 /// would overflow the stack, so a container's children are dropped here from a heap stack instead, each container
 /// emptied before it goes. Shared containers (`Rc`s the memo still holds) are left to their last owner.
 impl Drop for Value {
+    #[inline]
     fn drop(&mut self) {
+        // Scalars (most of a memo: every key, every consumed entry) have no children: no heap stack for them.
+        if !matches!(self, Value::List(_) | Value::Dict(_) | Value::Tuple(_)) {
+            return;
+        }
         let mut stack = Vec::new();
         take_children(self, &mut stack);
         while let Some(mut value) = stack.pop() {
@@ -172,6 +175,7 @@ impl Value {
             Value::Dict(_) | Value::Frame(_) => "dict",
             Value::Tuple(_) => "tuple",
             Value::Consumed | Value::Taken => "trace entry taken earlier (shared through the memo)",
+            Value::Converted(_) => "object read earlier (shared through the memo)",
             Value::Hole => "missing memo entry",
         }
     }
@@ -208,7 +212,11 @@ impl ShortStr {
     }
 
     fn as_str(&self) -> &str {
-        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
     }
 }
 
@@ -226,6 +234,8 @@ pub(crate) struct List {
     pub(crate) tag: u32,
     /// The memo slot that refers to it, if any.
     pub(crate) memo_slot: Option<u32>,
+    /// The sink's mark (0 = none): set when the sink converts it, so that a second reference to it is told apart.
+    pub(crate) mark: u32,
 }
 
 /// A dict under construction or done.
@@ -237,6 +247,8 @@ pub(crate) struct Dict {
     pub(crate) tag: u32,
     /// The memo slot that refers to it, if any.
     pub(crate) memo_slot: Option<u32>,
+    /// The sink's mark (0 = none): set when the sink converts it, so that a second reference to it is told apart.
+    pub(crate) mark: u32,
 }
 
 impl Dict {
@@ -379,6 +391,8 @@ pub(crate) enum Token {
     Append,
     /// `APPENDS`.
     Appends,
+    /// `TUPLE2`.
+    Tuple2,
     /// Anything else, a truncated or invalid item: the fast path gives up.
     Other,
 }
@@ -391,7 +405,7 @@ const NOT_MEMOED: u32 = u32::MAX;
 
 /// A sink's fast path over the input ([`Sink::read_item`]): reads plain items and memo puts, never fails
 /// (an [`Token::Other`] or a `None` tells the sink to give up). New memo'd strs are stored as
-/// [`Value::Lazy`] (no allocation) and decoded only if something asks for their text.
+/// [`Value::Short`] (no allocation; longer ones as `Value::Str`) and decoded only if something asks for their text.
 pub(crate) struct Scan<'a, 'm> {
     buf: &'a [u8],
     pos: usize,
@@ -400,6 +414,8 @@ pub(crate) struct Scan<'a, 'm> {
     atom: fn(&str) -> u8,
     /// Offset and length of the latest str read that was not memo'd.
     last_str: (usize, usize),
+    /// The latest new short str read, with its atom (kept by the machine from one item to the next).
+    recent: &'m mut Option<(ShortStr, u8)>,
 }
 
 impl<'a> Scan<'a, '_> {
@@ -433,6 +449,16 @@ impl<'a> Scan<'a, '_> {
     /// Whether the next opcode is one of `ops` (not consumed).
     pub(crate) fn next_is(&mut self, ops: &[u8]) -> bool {
         self.peek().is_some_and(|op| ops.contains(&op))
+    }
+
+    /// Whether the next opcode is a memo get (`BINGET`, `LONG_BINGET`) followed by opcode `then` (not consumed).
+    pub(crate) fn memo_get_then(&mut self, then: u8) -> bool {
+        let after = match self.peek() {
+            Some(b'h') => 2,
+            Some(b'j') => 5,
+            _ => return false,
+        };
+        self.buf.get(self.pos + after) == Some(&then)
     }
 
     /// The next item.
@@ -503,17 +529,29 @@ impl<'a> Scan<'a, '_> {
             b'u' => Token::SetItems,
             b'a' => Token::Append,
             b'e' => Token::Appends,
+            0x86 => Token::Tuple2,
             _ => Token::Other,
         })
     }
 
     fn new_str(&mut self, len: usize) -> Option<Token> {
         let start = self.pos;
-        let text = std::str::from_utf8(self.bytes(len)?).ok()?;
-        let atom = (self.atom)(text);
-        let value = match ShortStr::new(text) {
-            Some(short) => Value::Short(short),
-            None => Value::Str(Rc::new(text.to_owned())),
+        let bytes = self.bytes(len)?;
+        // A new str equal to the latest short one (PyTorch writes each entry's `compile_context` anew): valid UTF-8
+        // with a known atom already.
+        let (value, atom) = match *self.recent {
+            Some((short, atom)) if short.as_bytes() == bytes => (Value::Short(short), atom),
+            _ => {
+                let text = std::str::from_utf8(bytes).ok()?;
+                let atom = (self.atom)(text);
+                match ShortStr::new(text) {
+                    Some(short) => {
+                        *self.recent = Some((short, atom));
+                        (Value::Short(short), atom)
+                    }
+                    None => (Value::Str(Rc::new(text.to_owned())), atom),
+                }
+            }
         };
         let slot = match self.put_next(value, atom)? {
             Some(slot) => u32::try_from(slot).ok().filter(|&slot| slot != NOT_MEMOED)?,
@@ -569,6 +607,23 @@ impl<'a> Scan<'a, '_> {
     #[inline(always)]
     pub(crate) fn put_container(&mut self) -> Option<Option<usize>> {
         self.put_next(Value::Hole, 0)
+    }
+
+    /// After the `EMPTY_DICT` of an item the sink takes: takes a following memo put, storing
+    /// [`Value::Consumed`] at once (what the slot holds once the item is taken; if the sink gives up, the memo
+    /// is rewound anyway). A reference to the slot from inside the item reads as a taken entry, which no
+    /// field the sink decodes accepts, as a hole would not.
+    #[inline(always)]
+    pub(crate) fn put_taken(&mut self) -> Option<Option<usize>> {
+        self.put_next(Value::Consumed, 0)
+    }
+
+    /// After the `TUPLE2` of two ints: takes a following memo put, storing the tuple (built only then).
+    pub(crate) fn put_pair(&mut self, first: i64, second: i64) -> Option<()> {
+        if self.next_is(&[0x94, b'q', b'r']) {
+            self.put_next(Value::Tuple(Rc::new(vec![Value::Int(first), Value::Int(second)])), 0)?;
+        }
+        Some(())
     }
 
     /// The memo (for interning).
@@ -752,6 +807,8 @@ struct Machine<S> {
     memo: Vec<Value>,
     /// The sink's atom of each memo'd str (0 for anything else), parallel to `memo`.
     atoms: Vec<u8>,
+    /// See [`Scan`]'s `recent`.
+    recent_str: Option<(ShortStr, u8)>,
     sink: S,
 }
 
@@ -762,8 +819,14 @@ struct Machine<S> {
 /// [`ReadError`] for malformed or truncated input, a failing reader, or an item the sink refuses.
 pub(crate) fn read_pickle<R: Read, S: Sink>(reader: R, sink: S) -> Result<(Value, S), ReadError> {
     let mut input = Input::new(reader);
-    let mut machine =
-        Machine { stack: Vec::with_capacity(64), marks: Vec::with_capacity(16), memo: Vec::new(), atoms: Vec::new(), sink };
+    let mut machine = Machine {
+        stack: Vec::with_capacity(64),
+        marks: Vec::with_capacity(16),
+        memo: Vec::new(),
+        atoms: Vec::new(),
+        recent_str: None,
+        sink,
+    };
     let value = machine.run(&mut input)?;
     // Nothing may follow the pickle: trailing bytes mean two files joined, or something that only starts like a
     // snapshot (10 GiB of zeros after one are refused here, not read through).
@@ -880,6 +943,7 @@ impl<S: Sink> Machine<S> {
                             atoms: &mut self.atoms,
                             atom: S::atom,
                             last_str: (0, 0),
+                            recent: &mut self.recent_str,
                         };
                         if self.sink.read_item(list_tag, index, &mut scan) {
                             input.pos = scan.pos;
@@ -890,7 +954,7 @@ impl<S: Sink> Machine<S> {
                         self.atoms.truncate(memo_len);
                     }
                     let tag = self.new_tag();
-                    self.stack.push(Value::Dict(Rc::new(RefCell::new(Dict { items: Vec::new(), tag, memo_slot: None }))));
+                    self.stack.push(Value::Dict(Rc::new(RefCell::new(Dict { tag, ..Dict::default() }))));
                 }
                 b']' => {
                     let tag = self.new_tag();
@@ -919,13 +983,13 @@ impl<S: Sink> Machine<S> {
                     let items = self.stack.split_off(mark);
                     let tag = self.new_tag();
                     let appended = items.len();
-                    self.stack.push(Value::List(Rc::new(RefCell::new(List { items, appended, tag, memo_slot: None }))));
+                    self.stack.push(Value::List(Rc::new(RefCell::new(List { items, appended, tag, ..List::default() }))));
                 }
                 b'd' => {
                     let mark = self.pop_mark(at, "DICT")?;
                     let items = self.stack.split_off(mark);
                     let tag = self.new_tag();
-                    let dict = Dict { items: pairs(items, at, "DICT")?, tag, memo_slot: None };
+                    let dict = Dict { items: pairs(items, at, "DICT")?, tag, ..Dict::default() };
                     self.stack.push(Value::Dict(Rc::new(RefCell::new(dict))));
                 }
                 // SETITEM, SETITEMS

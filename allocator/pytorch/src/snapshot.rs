@@ -5,6 +5,8 @@
 //! [`Snapshot::frame_stacks`] and referred to by a [`StackId`] (a 1 GB file shares its frame lists through
 //! the pickle memo; expanding them would explode in memory).
 
+use std::sync::Arc;
+
 /// Index of an interned frame list in [`Snapshot::frame_stacks`]. `StackId::NONE` (index 0, always the
 /// empty list) for "no frames".
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -16,17 +18,18 @@ impl StackId {
     pub const NONE: StackId = StackId(0);
 }
 
-/// One Python stack frame.
+/// One Python stack frame. Its strings are shared: the import holds each distinct str of the file once, however many
+/// frames and frame lists refer to it (a file name shared through the pickle memo by every frame of a 1 GB file).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Frame {
     /// Source file.
-    pub filename: String,
+    pub filename: Arc<str>,
     /// Line number; -1 when Python knew none (PyTorch writes that as 2^64 - 1, its C++ `uint64_t` of -1; the
     /// import reads it back as -1, see `import`).
     pub line: i64,
     /// Function name.
-    pub name: String,
+    pub name: Arc<str>,
 }
 
 /// The pool a segment or block belongs to (`segment_type`).
