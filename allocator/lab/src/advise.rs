@@ -514,23 +514,9 @@ mod tests {
             state,
             frames: StackId::default(),
         };
-        let segment = Segment {
-            device: 0,
-            address,
-            total_size: 20 * MIB,
-            allocated_size: MIB,
-            active_size: MIB,
-            requested_size: MIB,
-            stream: 0,
-            segment_type: Pool::Large,
-            segment_pool_id: (0, 0),
-            is_expandable: false,
-            frames: StackId::default(),
-            blocks: vec![
-                block(address, MIB, MIB, BlockState::ActiveAllocated),
-                block(address + MIB, 19 * MIB, 0, BlockState::Inactive),
-            ],
-        };
+        let blocks =
+            vec![block(address, MIB, MIB, BlockState::ActiveAllocated), block(address + MIB, 19 * MIB, 0, BlockState::Inactive)];
+        let segment = Segment::from_blocks(0, address, 20 * MIB, Pool::Large, blocks);
         let snapshot = Snapshot { segments: vec![segment], device_traces: vec![Vec::new()], ..Snapshot::default() };
         let recording = Recording::from_snapshot("state", snapshot, 0).unwrap();
         let config = AdviseConfig { capacity_bytes: None, settings: vec![String::new()], threads: 1 };

@@ -129,19 +129,8 @@ mod tests {
     /// reserved before it count, those released before it do not, those reserved after it are not yet there.
     #[test]
     fn the_recording_tells_its_device_at_its_oom_entry() {
-        let segment = |address: u64, total_size: u64| Segment {
-            device: 0,
-            address,
-            total_size,
-            allocated_size: 0,
-            active_size: 0,
-            requested_size: 0,
-            stream: 0,
-            segment_type: heapscope_pytorch::Pool::Large,
-            segment_pool_id: (0, 0),
-            is_expandable: false,
-            frames: heapscope_pytorch::StackId::default(),
-            blocks: Vec::new(),
+        let segment = |address: u64, total_size: u64| {
+            Segment::from_blocks(0, address, total_size, heapscope_pytorch::Pool::Large, Vec::new())
         };
         let snapshot = Snapshot {
             // At the end: the 20 MiB segment of entry 0 and the 60 MiB one reserved after the oom.

@@ -564,20 +564,7 @@ mod tests {
 
     /// A large-pool segment of `device` at `address`, `total_size` bytes, holding `blocks`.
     fn segment(device: u32, address: u64, total_size: u64, blocks: Vec<heapscope_pytorch::Block>) -> heapscope_pytorch::Segment {
-        heapscope_pytorch::Segment {
-            device,
-            address,
-            total_size,
-            allocated_size: 0,
-            active_size: 0,
-            requested_size: 0,
-            stream: 0,
-            segment_type: heapscope_pytorch::Pool::Large,
-            segment_pool_id: (0, 0),
-            is_expandable: false,
-            frames: heapscope_pytorch::StackId::default(),
-            blocks,
-        }
+        heapscope_pytorch::Segment::from_blocks(device, address, total_size, heapscope_pytorch::Pool::Large, blocks)
     }
 
     #[test]

@@ -1678,39 +1678,34 @@ for protocol in range(2, 6):
         let dir = temp_dir("pytorch-layout");
         let path = dir.join("pytorch-layout.pickle");
         let generator = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/synthetic_snapshot.py");
-        let output = Command::new("python3")
-            .arg(generator)
-            .arg(&path)
-            .args(["--events", "3000", "--layout", "pytorch", "--no-frames", "--one-stream", "--check-layout"])
-            .arg(asset("gpt2_train_fixed-default.pickle.gz"))
-            .output()
-            .unwrap();
-        let report = String::from_utf8_lossy(&output.stdout);
-        assert!(output.status.success(), "{report}{}", String::from_utf8_lossy(&output.stderr));
+        // Writes the layout `flags` ask for, checked against the shared file `shared`; the layout report and the
+        // snapshot, read the fast way and the generic way alike.
+        let generate = |flags: &[&str], shared: &str| {
+            let output = Command::new("python3")
+                .arg(generator)
+                .arg(&path)
+                .args(["--events", "3000", "--layout", "pytorch", "--one-stream", "--check-layout"])
+                .arg(asset(shared))
+                .args(flags)
+                .output()
+                .unwrap();
+            let report = String::from_utf8_lossy(&output.stdout).into_owned();
+            assert!(output.status.success(), "{report}{}", String::from_utf8_lossy(&output.stderr));
+            let bytes = std::fs::read(&path).unwrap();
+            let fast = parse(bytes.as_slice(), "input", Decoder::default()).unwrap();
+            let generic = parse(bytes.as_slice(), "input", Decoder { generic_only: true, ..Decoder::default() }).unwrap();
+            assert_eq!(fast, generic);
+            (report, fast)
+        };
+        let (report, fast) = generate(&["--no-frames"], "gpt2_train_fixed-default.pickle.gz");
         assert!(report.contains("19 opcodes: EMPTY_DICT MEMOIZE MARK LONG_BINGET LONG_BINGET LONG_BINGET LONG1"), "{report}");
-        let bytes = std::fs::read(&path).unwrap();
-        let fast = parse(bytes.as_slice(), "input", Decoder::default()).unwrap();
-        let generic = parse(bytes.as_slice(), "input", Decoder { generic_only: true, ..Decoder::default() }).unwrap();
-        assert_eq!(fast, generic);
         let trace = &fast.device_traces[0];
         assert_eq!(trace.len(), 3000);
         assert!(trace.iter().all(|e| e.frames == StackId::NONE && e.stream == 0 && e.time_us.is_some()));
         // With frames: the layout of the frag_oom files (shared frame dicts, new lists, lists shared by an alloc
         // with its segment_alloc and by a free_completed with its free_requested).
-        let output = Command::new("python3")
-            .arg(generator)
-            .arg(&path)
-            .args(["--events", "3000", "--layout", "pytorch", "--one-stream", "--check-layout"])
-            .arg(asset("frag_oom-default.pickle.gz"))
-            .output()
-            .unwrap();
-        let report = String::from_utf8_lossy(&output.stdout);
-        assert!(output.status.success(), "{report}{}", String::from_utf8_lossy(&output.stderr));
+        let (report, fast) = generate(&[], "frag_oom-default.pickle.gz");
         assert!(report.contains("field forms, all in the shared file"), "{report}");
-        let bytes = std::fs::read(&path).unwrap();
-        let fast = parse(bytes.as_slice(), "input", Decoder::default()).unwrap();
-        let generic = parse(bytes.as_slice(), "input", Decoder { generic_only: true, ..Decoder::default() }).unwrap();
-        assert_eq!(fast, generic);
         assert!(fast.device_traces[0].iter().all(|e| e.frames != StackId::NONE));
         assert!(fast.frame_stacks.iter().skip(1).all(|stack| stack.len() == 2));
         std::fs::remove_dir_all(dir).unwrap();

@@ -191,6 +191,32 @@ pub struct TraceEntry {
     pub frames: StackId,
 }
 
+impl Segment {
+    /// A segment of `device` at `address`, `total_size` bytes of `segment_type`'s pool on stream 0, tiled by `blocks`,
+    /// its sizes summed from them as PyTorch sums them: allocated the blocks handed out, active those not yet back
+    /// in the pool (pending frees too), requested what the active blocks' callers asked for. No frames, pool id 0.
+    pub fn from_blocks(device: u32, address: u64, total_size: u64, segment_type: Pool, blocks: Vec<Block>) -> Self {
+        let sum = |pick: &dyn Fn(&Block) -> Option<u64>| blocks.iter().filter_map(pick).sum();
+        let allocated_size = sum(&|block| (block.state == BlockState::ActiveAllocated).then_some(block.size));
+        let active_size = sum(&|block| (block.state != BlockState::Inactive).then_some(block.size));
+        let requested_size = sum(&|block| (block.state != BlockState::Inactive).then_some(block.requested_size));
+        Self {
+            device,
+            address,
+            total_size,
+            allocated_size,
+            active_size,
+            requested_size,
+            stream: 0,
+            segment_type,
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            frames: StackId::NONE,
+            blocks,
+        }
+    }
+}
+
 impl TraceEntry {
     /// An entry `action` at `addr` of `size` bytes on the default stream, with no time, driver free bytes or frames
     /// (what a trace without PyTorch's extras makes).

@@ -555,23 +555,11 @@ mod tests {
             frames: heapscope_pytorch::StackId::NONE,
         };
         // The segment at the end: the second request's.
-        let segment = heapscope_pytorch::Segment {
-            device: 0,
-            address: later,
-            total_size: small,
-            allocated_size: 0,
-            active_size: 0,
-            requested_size: 0,
-            stream: 0,
-            segment_type: heapscope_pytorch::Pool::Small,
-            segment_pool_id: (0, 0),
-            is_expandable: false,
-            frames: heapscope_pytorch::StackId::NONE,
-            blocks: vec![
-                block(later, 1024, 1000, BlockState::ActiveAllocated),
-                block(later + 1024, small - 1024, 0, BlockState::Inactive),
-            ],
-        };
+        let blocks = vec![
+            block(later, 1024, 1000, BlockState::ActiveAllocated),
+            block(later + 1024, small - 1024, 0, BlockState::Inactive),
+        ];
+        let segment = heapscope_pytorch::Segment::from_blocks(0, later, small, heapscope_pytorch::Pool::Small, blocks);
         let trace = vec![
             entry(Action::Alloc, BASE + 4096, 1000),         // event 0
             entry(Action::FreeRequested, BASE, 2048),        // the block from before the recording ...

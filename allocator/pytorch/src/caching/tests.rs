@@ -648,19 +648,9 @@ fn issue_14_expandable_recording_from_empty_with_oom_replays_exactly() {
         state: if requested == 0 { BlockState::Inactive } else { BlockState::ActiveAllocated },
         frames: StackId::NONE,
     };
-    let segment = |stream: u64, pool: Pool, blocks: Vec<Block>| Segment {
-        device: 0,
-        address: blocks[0].address,
-        total_size: blocks.iter().map(|b| b.size).sum(),
-        allocated_size: blocks.iter().filter(|b| b.requested_size > 0).map(|b| b.size).sum(),
-        active_size: blocks.iter().filter(|b| b.requested_size > 0).map(|b| b.size).sum(),
-        requested_size: blocks.iter().map(|b| b.requested_size).sum(),
-        stream,
-        segment_type: pool,
-        segment_pool_id: (0, 0),
-        is_expandable: true,
-        frames: StackId::NONE,
-        blocks,
+    let segment = |stream: u64, pool: Pool, blocks: Vec<Block>| {
+        let (address, total_size) = (blocks[0].address, blocks.iter().map(|b| b.size).sum());
+        Segment { stream, is_expandable: true, ..Segment::from_blocks(0, address, total_size, pool, blocks) }
     };
     let final_segments = vec![
         segment(

@@ -172,20 +172,13 @@ mod tests {
 
     /// A 2 MiB small-pool segment at `address` tiled by `blocks` (address, size, state).
     fn segment(address: u64, total_size: u64, blocks: &[(u64, u64, BlockState)]) -> Segment {
-        Segment {
-            device: 0,
+        Segment::from_blocks(
+            0,
             address,
             total_size,
-            allocated_size: 0,
-            active_size: 0,
-            requested_size: 0,
-            stream: 0,
-            segment_type: Pool::Small,
-            segment_pool_id: (0, 0),
-            is_expandable: false,
-            frames: StackId::NONE,
-            blocks: blocks.iter().map(|&(a, s, state)| block(a, s, state)).collect(),
-        }
+            Pool::Small,
+            blocks.iter().map(|&(a, s, state)| block(a, s, state)).collect(),
+        )
     }
 
     fn whole(address: u64) -> Segment {
