@@ -505,15 +505,9 @@ mod tests {
     /// settings need the 20 MiB it held, not the 1 MiB live; `paged` needs one 2 MiB page.
     #[test]
     fn what_a_recording_held_at_its_start_is_needed() {
-        use heapscope_pytorch::{Block, BlockState, Pool, Segment, Snapshot, StackId};
+        use heapscope_pytorch::{Block, BlockState, Pool, Segment, Snapshot};
         let address = 0x7f00_0000_0000;
-        let block = |address: u64, size: u64, requested_size: u64, state: BlockState| Block {
-            address,
-            size,
-            requested_size,
-            state,
-            frames: StackId::default(),
-        };
+        let block = Block::new;
         let blocks =
             vec![block(address, MIB, MIB, BlockState::ActiveAllocated), block(address + MIB, 19 * MIB, 0, BlockState::Inactive)];
         let segment = Segment::from_blocks(0, address, 20 * MIB, Pool::Large, blocks);

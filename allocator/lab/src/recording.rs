@@ -635,14 +635,8 @@ mod tests {
 
     #[test]
     fn the_start_state_is_the_final_blocks_and_the_trace_walked_backwards() {
-        use heapscope_pytorch::{Block, StackId};
-        let block = |address: u64, size: u64, requested_size: u64, state: BlockState| Block {
-            address,
-            size,
-            requested_size,
-            state,
-            frames: StackId::default(),
-        };
+        use heapscope_pytorch::Block;
+        let block = Block::new;
         let segment = |device: u32, address: u64, blocks: Vec<Block>| segment(device, address, 2 << 20, blocks);
         let snapshot = Snapshot {
             segments: vec![

@@ -836,13 +836,7 @@ fn fast_segment(
     let (mut address, mut total_size, mut allocated, mut active, mut requested) = (None, None, None, None, None);
     let mut blocks_value = None;
     scan_pairs(scan, |scan, key, value| {
-        if key != 0 {
-            let bit = 1u32.checked_shl(u32::from(key))?;
-            if seen_keys & bit != 0 {
-                return None;
-            }
-            seen_keys |= bit;
-        }
+        first_time(&mut seen_keys, key)?;
         match key {
             KEY_DEVICE => segment.device = u32::try_from(u64_of(value)?).ok()?,
             KEY_ADDRESS => address = Some(u64_of(value)?),
@@ -950,18 +944,25 @@ fn fast_blocks(
     Some(blocks)
 }
 
+/// `Some` the first time known key `key` (an atom; 0 for a key of no interest, always `Some`) is met in a dict whose
+/// keys met so far are the bits of `seen`; `None` for a key met twice, which leaves the fast path.
+fn first_time(seen: &mut u32, key: u8) -> Option<()> {
+    if key != 0 {
+        let bit = 1u32.checked_shl(u32::from(key))?;
+        if *seen & bit != 0 {
+            return None;
+        }
+        *seen |= bit;
+    }
+    Some(())
+}
+
 /// A new block dict (its `EMPTY_DICT` and memo put read).
 fn fast_block(scan: &mut Scan<'_, '_>, frames: &mut Frames) -> Option<FastBlock> {
     let mut seen_keys = 0u32;
     let (mut address, mut size, mut requested_size, mut state, mut stack) = (None, None, None, None, StackId::NONE);
     scan_pairs(scan, |scan, key, value| {
-        if key != 0 {
-            let bit = 1u32.checked_shl(u32::from(key))?;
-            if seen_keys & bit != 0 {
-                return None;
-            }
-            seen_keys |= bit;
-        }
+        first_time(&mut seen_keys, key)?;
         match key {
             KEY_ADDRESS => address = Some(u64_of(value)?),
             KEY_SIZE => size = Some(u64_of(value)?),

@@ -191,6 +191,13 @@ pub struct TraceEntry {
     pub frames: StackId,
 }
 
+impl Block {
+    /// A block at `address` of `size` bytes, `requested_size` of them asked for, in `state`, with no frames.
+    pub fn new(address: u64, size: u64, requested_size: u64, state: BlockState) -> Self {
+        Self { address, size, requested_size, state, frames: StackId::NONE }
+    }
+}
+
 impl Segment {
     /// A segment of `device` at `address`, `total_size` bytes of `segment_type`'s pool on stream 0, tiled by `blocks`,
     /// its sizes summed from them as PyTorch sums them: allocated the blocks handed out, active those not yet back

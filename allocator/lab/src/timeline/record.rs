@@ -547,13 +547,7 @@ mod tests {
         const BASE: u64 = 0x7f00_0000_0000;
         let small = 2 * MIB;
         let later = BASE + (1 << 30);
-        let block = |address, size, requested_size, state| heapscope_pytorch::Block {
-            address,
-            size,
-            requested_size,
-            state,
-            frames: heapscope_pytorch::StackId::NONE,
-        };
+        let block = heapscope_pytorch::Block::new;
         // The segment at the end: the second request's.
         let blocks = vec![
             block(later, 1024, 1000, BlockState::ActiveAllocated),

@@ -161,13 +161,13 @@ pub(super) fn validate(snapshot: &Snapshot, device: usize) -> Result<(), Emulati
 mod tests {
     use super::super::{AllocConf, emulate};
     use super::*;
-    use crate::snapshot::{Block, BlockState, Pool, Segment, StackId, TraceEntry};
+    use crate::snapshot::{Block, BlockState, Pool, Segment, TraceEntry};
 
     const MIB: u64 = 1 << 20;
     const BASE: u64 = 0x7f00_0000_0000;
 
     fn block(address: u64, size: u64, state: BlockState) -> Block {
-        Block { address, size, requested_size: size, state, frames: StackId::NONE }
+        Block::new(address, size, size, state)
     }
 
     /// A 2 MiB small-pool segment at `address` tiled by `blocks` (address, size, state).
