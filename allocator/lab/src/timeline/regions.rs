@@ -151,7 +151,6 @@ mod tests {
         const GIB: u64 = 1 << 30;
         let first = DeviceEvent::Mapped { address: 0, size_bytes: 2 << 20 };
         let next = DeviceEvent::Mapped { address: 90 * GIB, size_bytes: 2 << 20 };
-        let mut tracker = RegionTracker::default();
         // (events, the virtual ranges after them, the changes expected)
         type Step = (Vec<DeviceEvent>, Vec<(u64, u64)>, Vec<Change>);
         let steps: Vec<Step> = vec![
@@ -178,19 +177,12 @@ mod tests {
                 vec![Change::RegionRemoved { address: 90 * GIB }, Change::RegionResized { address: 0, size_bytes: 128 * GIB }],
             ),
         ];
-        let mut layout = super::super::Layout::default();
-        for (events, ranges, expected) in steps {
-            let mut changes = Vec::new();
-            tracker.changes(&events, &ranges, &mut changes);
-            assert_eq!(changes, expected, "{events:?}");
-            for change in &changes {
-                if let Change::RegionRemoved { address } = *change {
-                    // Its pages unmapped first, as the allocator does.
-                    layout.apply(&Change::PagesUnmapped { address, size_bytes: 2 << 20 }).unwrap();
-                }
-                layout.apply(change).unwrap_or_else(|error| panic!("{change:?}: {error}"));
+        // Its pages unmapped first, as the allocator does.
+        play(steps, |change, layout| {
+            if let Change::RegionRemoved { address } = *change {
+                layout.apply(&Change::PagesUnmapped { address, size_bytes: 2 << 20 }).unwrap();
             }
-        }
+        });
     }
 
     /// A range that leaves the heap's ranges without a `Released` event (PyTorch drops an expandable segment's
@@ -199,7 +191,6 @@ mod tests {
     #[test]
     fn a_range_gone_from_the_heap_is_removed_before_its_space_is_reused() {
         const GIB: u64 = 1 << 30;
-        let mut tracker = RegionTracker::default();
         type Step = (Vec<DeviceEvent>, Vec<(u64, u64)>, Vec<Change>);
         let steps: Vec<Step> = vec![
             (
@@ -225,12 +216,19 @@ mod tests {
             // Nothing more to remove.
             (vec![], vec![], vec![]),
         ];
-        let mut layout = super::super::Layout::default();
+        play(steps, |_, _| {});
+    }
+
+    /// Plays `steps` — (events, the virtual ranges after them, the changes expected) — through one tracker, each
+    /// step's changes applied to a layout (after `before` for each change), which must take them all.
+    fn play(steps: Vec<(Vec<DeviceEvent>, Vec<(u64, u64)>, Vec<Change>)>, before: impl Fn(&Change, &mut super::super::Layout)) {
+        let (mut tracker, mut layout) = (RegionTracker::default(), super::super::Layout::default());
         for (events, ranges, expected) in steps {
             let mut changes = Vec::new();
             tracker.changes(&events, &ranges, &mut changes);
             assert_eq!(changes, expected, "{events:?}");
             for change in &changes {
+                before(change, &mut layout);
                 layout.apply(change).unwrap_or_else(|error| panic!("{change:?}: {error}"));
             }
         }
