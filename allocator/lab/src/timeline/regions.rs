@@ -219,9 +219,12 @@ mod tests {
         play(steps, |_, _| {});
     }
 
+    /// One step of [`play`]: events, the virtual ranges after them, the changes expected.
+    type PlayStep = (Vec<DeviceEvent>, Vec<(u64, u64)>, Vec<Change>);
+
     /// Plays `steps` — (events, the virtual ranges after them, the changes expected) — through one tracker, each
     /// step's changes applied to a layout (after `before` for each change), which must take them all.
-    fn play(steps: Vec<(Vec<DeviceEvent>, Vec<(u64, u64)>, Vec<Change>)>, before: impl Fn(&Change, &mut super::super::Layout)) {
+    fn play(steps: Vec<PlayStep>, before: impl Fn(&Change, &mut super::super::Layout)) {
         let (mut tracker, mut layout) = (RegionTracker::default(), super::super::Layout::default());
         for (events, ranges, expected) in steps {
             let mut changes = Vec::new();
