@@ -12,7 +12,9 @@
 //! the peak of allocated bytes (below it nothing fits) and the peak reserved without a limit — and then checked
 //! above: more memory can change the allocator's decisions (garbage collection, the release of cached segments), so
 //! larger capacities are replayed too, and a setting that fails at one of them is reported as not monotone. Each
-//! probe stops at the first refusal ([`crate::compare::first_refusal`]).
+//! probe stops at the first refusal; a snapshot's probes resume from copies of the run without a limit taken along
+//! it (`Checkpoints`: the runs are the same up to the first request past the probe's capacity), a plain trace's
+//! replay from the start ([`crate::compare::first_refusal`]).
 //!
 //! The device's capacity is the one given, else what the recording tells: at its first `oom` entry the reserved
 //! bytes plus the driver's free bytes it recorded ([`crate::capacity`]). With a capacity the settings that fit
@@ -23,13 +25,13 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::capacity::{Capacity, CapacityFrom, reserved_at_start};
-use crate::compare::{Figures, FirstOom, alloc_conf, emulate_pytorch, first_refusal, summed};
+use crate::compare::{Figures, FirstOom, alloc_conf, emulate_pytorch, emulation_error, first_refusal, summed};
 use crate::cuda_cost::{CUDA_PAGE_BYTES, CudaCost};
 use crate::driver::{HeapTarget, Statistics, Stream, drive};
 use crate::recording::{Recording, counted};
 use heapscope_core::units::Bytes;
 use heapscope_core::{PagedConfig, PagedHeap, Result, UnmapRule};
-use heapscope_pytorch::AllocConf;
+use heapscope_pytorch::{AllocConf, Emulator, Snapshot};
 
 /// The capacity searches' grid: capacities are multiples of CUDA's 2 MiB granularity.
 pub const CAPACITY_STEP_BYTES: u64 = CUDA_PAGE_BYTES;
@@ -311,9 +313,15 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
     // PyTorch's allocator holds the segments of a recording begun mid-run from the start: a smaller device never
     // held them.
     let start = if matches!(row, Row::Pytorch { .. }) { reserved_at_start(recording) } else { 0 };
+    // A snapshot's probes resume from copies of the run without a limit (see `Checkpoints`).
+    let checkpoints = match (row, &recording.snapshot) {
+        (Row::Pytorch { conf, .. }, Some(snapshot)) => Some(Checkpoints::of(recording, snapshot, conf)?),
+        _ => None,
+    };
     let fits = |capacity: u64| -> Result<bool> {
         match row {
             _ if capacity < start => Ok(false),
+            Row::Pytorch { .. } if checkpoints.is_some() => Ok(checkpoints.as_ref().is_some_and(|saved| saved.fits(capacity))),
             Row::Pytorch { conf, .. } => Ok(first_refusal(recording, conf, Some(capacity))?.is_none()),
             Row::Paged => Ok(paged_run(recording, capacity)?.0.ooms == 0),
         }
@@ -398,6 +406,56 @@ fn min_capacity(
         }
     }
     Ok(Some((found, None)))
+}
+
+/// Copies of a PyTorch setting's emulation on an unlimited device, taken every so many entries, each with the most it
+/// had asked the capacity about so far ([`Emulator::capacity_read_up_to`]: its peak reserved, transient peaks
+/// included, and what a request tried on a copy reserved). On a device of C the run is the same up to the first
+/// request that would take it past C (with garbage collection, past its threshold times C, where collecting starts),
+/// so a probe at C resumes from the last copy that never went past that instead of replaying from the start (the
+/// first copy, the start state, is always one: rebuilding it reads no capacity). The searches' probes near the
+/// threshold skip most of the recording's beginning, and every one skips rebuilding the start state.
+struct Checkpoints<'s> {
+    saved: Vec<(u64, Emulator<'s>)>,
+    /// `garbage_collection_threshold` (0: off).
+    gc_threshold: f64,
+}
+
+/// Copies kept along the run.
+const CHECKPOINTS: usize = 32;
+
+impl<'s> Checkpoints<'s> {
+    /// The run of `conf` on `recording` (whose snapshot is `snapshot`) without a limit, copied along the way.
+    fn of(recording: &Recording, snapshot: &'s Snapshot, conf: &AllocConf) -> Result<Self> {
+        let mut emulator = Emulator::new(snapshot, recording.device, conf, Some(UNLIMITED_BYTES))
+            .map_err(|error| emulation_error(recording, &error))?
+            .lean();
+        let entries = snapshot.device_traces.get(recording.device).map_or(0, Vec::len);
+        let every = (entries / CHECKPOINTS).max(1);
+        let mut saved = vec![(emulator.capacity_read_up_to(), emulator.clone())];
+        while let Some((entry, _)) = emulator.step() {
+            if (entry + 1) % every == 0 {
+                saved.push((emulator.capacity_read_up_to(), emulator.clone()));
+            }
+        }
+        Ok(Self { saved, gc_threshold: conf.garbage_collection_threshold })
+    }
+
+    /// Whether the run fits a device of `capacity_bytes`: replayed from the last copy that never went past what the
+    /// device lets it reserve undisturbed (garbage collection starts at its threshold times the capacity, as
+    /// PyTorch computes it).
+    fn fits(&self, capacity_bytes: u64) -> bool {
+        let undisturbed =
+            if self.gc_threshold > 0.0 { (self.gc_threshold * capacity_bytes as f64) as u64 } else { capacity_bytes };
+        // What PyTorch held at the start must fit at all.
+        let Some((_, start)) = self.saved.first().filter(|(at_start, _)| *at_start <= capacity_bytes) else {
+            return false;
+        };
+        let from = self.saved.iter().rev().find(|(read, _)| *read <= undisturbed).map_or(start, |(_, from)| from);
+        let mut emulator = from.clone();
+        emulator.set_capacity(Some(capacity_bytes));
+        emulator.run_to_refusal().is_none()
+    }
 }
 
 /// A PyTorch setting's run on a device of `capacity_bytes`: its figures and the estimated driver time.
@@ -517,6 +575,55 @@ mod tests {
         let advice = advise(&recording, &config, &|_, _| {}).unwrap();
         let need = |setting: &str| advice.settings.iter().find(|row| row.setting == setting).unwrap().min_capacity_bytes;
         assert_eq!((need(""), need(PAGED)), (Some(20 * MIB), Some(2 * MIB)));
+    }
+
+    /// A probe resumed from a copy of the run without a limit answers as a replay from the start does: on the
+    /// shared recordings, whole and begun mid-run, settings with and without garbage collection, at capacities from
+    /// below the peak allocated to the peak reserved.
+    #[test]
+    fn probes_from_checkpoints_answer_as_replays_from_the_start() {
+        let mut compared = 0;
+        for name in ["frag_oom-default", "frag_oom-expandable", "gpt2_train_fixed-default"] {
+            for mid_run in [false, true] {
+                let cut = mid_run;
+                let mut recording = shared(name);
+                if mid_run {
+                    // Begun half-way: segments and live blocks at the start.
+                    let mut snapshot = recording.snapshot.take().unwrap();
+                    let trace = &mut snapshot.device_traces[0];
+                    trace.drain(..trace.len() / 2);
+                    recording = Recording::from_snapshot(name, snapshot, 0).unwrap();
+                }
+                let snapshot = recording.snapshot.as_ref().unwrap();
+                for setting in [
+                    "",
+                    "expandable_segments:True",
+                    "max_split_size_mb:128",
+                    "roundup_power2_divisions:4",
+                    "max_split_size_mb:256,garbage_collection_threshold:0.6",
+                ] {
+                    let mut conf = AllocConf::default();
+                    conf.parse_overrides(setting).unwrap();
+                    let unlimited = pytorch_run(&recording, setting, &conf, UNLIMITED_BYTES).unwrap().0;
+                    let stats = unlimited.memory_stats.as_ref().unwrap();
+                    let low = u64::try_from(stats.allocated_bytes.all().peak).unwrap() / 2;
+                    let high = unlimited.peak_reserved_bytes + CAPACITY_STEP_BYTES;
+                    let checkpoints = Checkpoints::of(&recording, snapshot, &conf).unwrap();
+                    for step in 0..=12u64 {
+                        let capacity = low + (high - low) / 12 * step;
+                        let replayed = first_refusal(&recording, &conf, Some(capacity)).unwrap().is_none();
+                        let start_fits = capacity >= reserved_at_start(&recording);
+                        assert_eq!(
+                            checkpoints.fits(capacity),
+                            replayed && start_fits,
+                            "{name} cut {cut} {setting:?} at {capacity}"
+                        );
+                        compared += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(compared, 3 * 2 * 5 * 13);
     }
 
     /// The capacity search on made-up answers: a setting that fits from a threshold on, one that fails again above

@@ -226,9 +226,11 @@ pub struct Stepped {
 /// from the state at the start of the recording; [`Emulator::finish`] gives the [`Emulation`] (counters,
 /// timeline, fidelity). [`emulate`] steps it through every entry; a replay driver steps it moment by moment,
 /// telling its observers what each entry did.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Emulator<'s> {
     trace: &'s [TraceEntry],
+    /// Keeps the per-entry record (placements, timeline, segment events, fidelity); off for a yes / no replay.
+    record: bool,
     capacity_bytes: Option<u64>,
     alloc: CachingAllocator,
     /// Live allocations: recorded address -> emulated address.
@@ -238,6 +240,9 @@ pub struct Emulator<'s> {
     /// The end of the last run of segment entries checked for an `empty_cache()` call.
     empty_cache_checked_until: usize,
     next: usize,
+    /// The most a request tried on a copy of the allocator reserved (the check for an `empty_cache()` call): the
+    /// capacity was read up to there, beside the allocator's own peak.
+    capacity_read_up_to: u64,
 }
 
 impl<'s> Emulator<'s> {
@@ -257,12 +262,56 @@ impl<'s> Emulator<'s> {
         let (alloc, live) = rebuild_start_state(snapshot, device, conf, capacity_bytes)?;
         let out =
             Emulation { placements: vec![None; trace.len()], timeline: Vec::with_capacity(trace.len()), ..Emulation::default() };
-        Ok(Self { trace, capacity_bytes, alloc, live, out, fidelity: Fidelity::default(), empty_cache_checked_until: 0, next: 0 })
+        Ok(Self {
+            trace,
+            record: true,
+            capacity_bytes,
+            alloc,
+            live,
+            out,
+            fidelity: Fidelity::default(),
+            empty_cache_checked_until: 0,
+            next: 0,
+            capacity_read_up_to: 0,
+        })
     }
 
     /// The allocator now.
     pub fn allocator(&self) -> &CachingAllocator {
         &self.alloc
+    }
+
+    /// The same emulator keeping no per-entry record (placements, timeline, segment events, fidelity): for a replay
+    /// that asks only what the allocator does — whether a request is refused — and for cheap clones of its state.
+    pub fn lean(mut self) -> Self {
+        self.record = false;
+        self.out.placements = Vec::new();
+        self
+    }
+
+    /// From now on, a device of `capacity_bytes`. Resuming a copy of a run on a larger device is the same run up to
+    /// the first request that would exceed the new capacity, as long as nothing read the capacity before (garbage
+    /// collection's threshold does): what `advise`'s capacity search relies on.
+    pub fn set_capacity(&mut self, capacity_bytes: Option<u64>) {
+        self.capacity_bytes = capacity_bytes;
+        self.alloc.set_capacity(capacity_bytes);
+    }
+
+    /// The most reserved bytes this run has asked the capacity about so far: the allocator's peak, and what a request
+    /// tried on a copy of it reserved. A run on a device at least that large decided alike up to here.
+    pub fn capacity_read_up_to(&self) -> u64 {
+        let peak = u64::try_from(self.alloc.stats().reserved_bytes.all().peak).unwrap_or(u64::MAX);
+        peak.max(self.capacity_read_up_to)
+    }
+
+    /// Replays the entries left until a request is refused: that entry, or `None` when the recording ends first.
+    pub fn run_to_refusal(&mut self) -> Option<usize> {
+        while let Some((entry, stepped)) = self.step() {
+            if matches!(stepped.effect, EntryEffect::Refused(_)) {
+                return Some(entry);
+            }
+        }
+        None
     }
 
     /// What the allocator holds now as the device events that would have made it: a `Reserved` per segment, a
@@ -295,7 +344,9 @@ impl<'s> Emulator<'s> {
                 self.fidelity.allocs += 1;
                 match self.alloc.malloc(e.size, e.stream, Some(e.addr)) {
                     Ok(addr) => {
-                        self.out.placements[i] = Some(addr);
+                        if let Some(placement) = self.out.placements.get_mut(i) {
+                            *placement = Some(addr);
+                        }
                         effect = EntryEffect::Placed { address: addr };
                         served = self.alloc.live_block(addr);
                         if addr == e.addr {
@@ -334,7 +385,9 @@ impl<'s> Emulator<'s> {
             }
             Action::Oom => match attempt_recorded_oom(&mut self.alloc, e, self.capacity_bytes) {
                 Ok(block) => {
-                    self.out.placements[i] = Some(block.address);
+                    if let Some(placement) = self.out.placements.get_mut(i) {
+                        *placement = Some(block.address);
+                    }
                     effect = EntryEffect::ServedAndReturned { address: block.address, size_bytes: block.size_bytes };
                     served = Some(block);
                 }
@@ -346,7 +399,9 @@ impl<'s> Emulator<'s> {
             Action::SegmentFree | Action::SegmentUnmap if i >= self.empty_cache_checked_until => {
                 let next = self.trace[i..].iter().position(|t| !is_segment_action(t.action)).map_or(self.trace.len(), |p| i + p);
                 self.empty_cache_checked_until = next;
-                if !allocator_would_release(&self.alloc, self.trace.get(next), self.capacity_bytes) {
+                let (would_release, tried) = allocator_would_release(&self.alloc, self.trace.get(next), self.capacity_bytes);
+                self.capacity_read_up_to = self.capacity_read_up_to.max(tried);
+                if !would_release {
                     self.alloc.empty_cache();
                     // The emulated events are caused by the entry after the run, as the recorded ones are.
                     cause = next;
@@ -356,6 +411,9 @@ impl<'s> Emulator<'s> {
         }
         let events = self.alloc.take_events();
         let device_events = events.iter().filter_map(device_event).collect();
+        if !self.record {
+            return Some((i, Stepped { effect, served, device_events }));
+        }
         push_events(&mut self.out.segment_events, events, cause);
         let s = self.alloc.stats();
         self.out.timeline.push(EventStats {
@@ -435,8 +493,9 @@ fn attempt_recorded_oom(
 
 /// Would the allocator itself release cached memory while serving `next` (the entry after a run of
 /// recorded `segment_free` / `segment_unmap`)? Tried on a copy.
-fn allocator_would_release(alloc: &CachingAllocator, next: Option<&TraceEntry>, capacity_bytes: Option<u64>) -> bool {
-    let Some(next) = next else { return false };
+/// Also the most the copy reserved while trying: the capacity was read up to there.
+fn allocator_would_release(alloc: &CachingAllocator, next: Option<&TraceEntry>, capacity_bytes: Option<u64>) -> (bool, u64) {
+    let Some(next) = next else { return (false, 0) };
     let mut copy = alloc.clone();
     match next.action {
         Action::Alloc => {
@@ -445,7 +504,8 @@ fn allocator_would_release(alloc: &CachingAllocator, next: Option<&TraceEntry>, 
         Action::Oom => {
             let _ = attempt_recorded_oom(&mut copy, next, capacity_bytes);
         }
-        _ => return false,
+        _ => return (false, 0),
     }
-    copy.take_events().iter().any(|d| matches!(d.action, Action::SegmentFree | Action::SegmentUnmap))
+    let tried = u64::try_from(copy.stats().reserved_bytes.all().peak).unwrap_or(u64::MAX);
+    (copy.take_events().iter().any(|d| matches!(d.action, Action::SegmentFree | Action::SegmentUnmap)), tried)
 }

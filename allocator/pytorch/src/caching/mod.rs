@@ -318,6 +318,11 @@ impl CachingAllocator {
         &self.conf
     }
 
+    /// From now on, a device of `capacity_bytes` (`None`: unlimited).
+    pub fn set_capacity(&mut self, capacity_bytes: Option<u64>) {
+        self.capacity_bytes = capacity_bytes;
+    }
+
     /// `pytorch-expandable` with expandable segments, else `pytorch`: its name as a contender.
     pub fn policy_name(&self) -> &'static str {
         if self.conf.expandable_segments { "pytorch-expandable" } else { "pytorch" }
