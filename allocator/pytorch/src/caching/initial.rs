@@ -11,7 +11,7 @@
 //! after it while it is still live takes the front of the free block that follows it. A recording that starts from an empty allocator rebuilds to empty.
 //! Counters start at the rebuilt values (peak = current, nothing freed yet).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use super::validate::{EmulationError, Origin};
 use super::{
@@ -67,7 +67,8 @@ pub(super) fn rebuild_start_state(
 
     let mut segments: BTreeMap<u64, (u64, u64, Pool, Origin)> = BTreeMap::new();
     let mut groups: Vec<Group> = Vec::new();
-    let mut live: BTreeMap<u64, LiveBlock> = BTreeMap::new();
+    // A hash map while walking (most entries insert or remove), ordered by address once at the end.
+    let mut live: heapscope_core::hash::FastMap<u64, LiveBlock> = heapscope_core::hash::FastMap::default();
     // Expandable mapped ranges: start -> origin, for errors.
     let mut mapped_origin: BTreeMap<u64, Origin> = BTreeMap::new();
     for (i, s) in snapshot.segments.iter().enumerate().filter(|(_, s)| s.device as usize == device) {
@@ -154,15 +155,16 @@ pub(super) fn rebuild_start_state(
             _ => {}
         }
     }
+    let mut live: BTreeMap<u64, LiveBlock> = live.into_iter().collect();
     // Where a block of unknown size ends: the first allocation placed after it while it is still live
     // takes the front of the free block that follows it.
-    let mut first_free: HashMap<u64, usize> = HashMap::new();
+    let mut first_free: heapscope_core::hash::FastMap<u64, usize> = heapscope_core::hash::FastMap::default();
     for (i, e) in trace.iter().enumerate() {
         if e.action == Action::FreeCompleted {
             first_free.entry(e.addr).or_insert(i);
         }
     }
-    let mut observed_end: HashMap<u64, u64> = HashMap::new();
+    let mut observed_end: heapscope_core::hash::FastMap<u64, u64> = heapscope_core::hash::FastMap::default();
     for (i, e) in trace.iter().enumerate().filter(|(_, e)| e.action == Action::Alloc) {
         if let Some((&x, b)) = live.range(..e.addr).next_back()
             && b.size.is_none()
