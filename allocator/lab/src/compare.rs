@@ -564,24 +564,7 @@ pub fn emulate_pytorch(
 ) -> Result<PytorchReplay> {
     let what_if = *conf != alloc_conf(recording, None)?;
     let mut follower = BackingFollower::new(recording, capacity_bytes, backing, false);
-    let (stats, fidelity) = match &recording.snapshot {
-        Some(snapshot) => {
-            // A PyTorch recording: the emulation replays each entry when its moment begins, from the state at the
-            // start of the recording.
-            let mut target = SnapshotTarget::new(recording, snapshot, conf, capacity_bytes)
-                .map_err(|error| emulation_error(recording, &error))?;
-            follower.follow(Stream::of(recording), &mut target)?;
-            let emulation = target.finish();
-            (emulation.stats, Some(emulation.fidelity))
-        }
-        None => {
-            // A plain trace: the emulation is a heap like any other.
-            let mut heap = CachingHeap::new(conf.clone(), capacity_bytes);
-            heap.record_device_events(true);
-            follower.follow(Stream::of(recording), &mut HeapTarget(&mut heap))?;
-            (heap.allocator().stats().clone(), None)
-        }
-    };
+    let (stats, fidelity) = follower.emulate(conf)?;
     Ok(PytorchReplay {
         stats,
         first_oom: follower.first_oom,
@@ -601,18 +584,7 @@ pub fn emulate_pytorch(
 pub fn first_refusal(recording: &Recording, conf: &AllocConf, capacity_bytes: Option<u64>) -> Result<Option<FirstOom>> {
     let mut unbacked = Unbacked;
     let mut follower = BackingFollower::new(recording, capacity_bytes, &mut unbacked, true);
-    match &recording.snapshot {
-        Some(snapshot) => {
-            let mut target = SnapshotTarget::new(recording, snapshot, conf, capacity_bytes)
-                .map_err(|error| emulation_error(recording, &error))?;
-            follower.follow(Stream::of(recording), &mut target)?;
-        }
-        None => {
-            let mut heap = CachingHeap::new(conf.clone(), capacity_bytes);
-            heap.record_device_events(true);
-            follower.follow(Stream::of(recording), &mut HeapTarget(&mut heap))?;
-        }
-    }
+    follower.emulate(conf)?;
     Ok(follower.first_oom)
 }
 
@@ -659,6 +631,30 @@ impl<'a, 'b> BackingFollower<'a, 'b> {
         if live > 0 && self.peak_live.is_none_or(|(peak, _)| live > peak) {
             self.peak_live = Some((live, moment));
         }
+    }
+
+    /// Replays the recording through PyTorch's emulation with `conf`, followed: PyTorch's counters at the end, and for
+    /// a PyTorch recording how its decisions compare with the recorded ones.
+    fn emulate(&mut self, conf: &AllocConf) -> Result<(MemoryStats, Option<Fidelity>)> {
+        let recording = self.recording;
+        Ok(match &recording.snapshot {
+            Some(snapshot) => {
+                // A PyTorch recording: the emulation replays each entry when its moment begins, from the state at
+                // the start of the recording.
+                let mut target = SnapshotTarget::new(recording, snapshot, conf, self.capacity_bytes)
+                    .map_err(|error| emulation_error(recording, &error))?;
+                self.follow(Stream::of(recording), &mut target)?;
+                let emulation = target.finish();
+                (emulation.stats, Some(emulation.fidelity))
+            }
+            None => {
+                // A plain trace: the emulation is a heap like any other.
+                let mut heap = CachingHeap::new(conf.clone(), self.capacity_bytes);
+                heap.record_device_events(true);
+                self.follow(Stream::of(recording), &mut HeapTarget(&mut heap))?;
+                (heap.allocator().stats().clone(), None)
+            }
+        })
     }
 
     /// Replays `stream` through `target` (PyTorch rounds and aligns every request itself: no alignment of ours).
