@@ -66,7 +66,6 @@ pub struct SnapshotTarget<'r> {
     /// What the entry of the current moment did.
     effect: EntryEffect,
     served: Option<LiveBlock>,
-    last_refusal: Option<OomReport>,
     device_events: Vec<DeviceEvent>,
 }
 
@@ -90,7 +89,6 @@ impl<'r> SnapshotTarget<'r> {
             next_id: 0,
             effect: EntryEffect::Unchanged,
             served: None,
-            last_refusal: None,
             device_events: Vec::new(),
         })
     }
@@ -123,9 +121,6 @@ impl Target for SnapshotTarget<'_> {
             });
         };
         debug_assert_eq!(stepped_entry as u64, entry, "the driver's moments are the trace's entries, in order");
-        if let EntryEffect::Refused(report) = stepped.effect {
-            self.last_refusal = Some(report);
-        }
         self.effect = stepped.effect;
         self.served = stepped.served;
         self.device_events.extend(stepped.device_events);
@@ -184,8 +179,12 @@ impl CachingTarget for SnapshotTarget<'_> {
         self.emulator.start_events()
     }
 
+    /// The current entry's refusal: a refused step is always the current entry's.
     fn last_refusal(&self) -> Option<&OomReport> {
-        self.last_refusal.as_ref()
+        match &self.effect {
+            EntryEffect::Refused(report) => Some(report),
+            _ => None,
+        }
     }
 
     /// The entry's own effect: it says what entries without events did too (a free of a block the start state
