@@ -31,7 +31,7 @@ use crate::driver::{HeapTarget, Statistics, Stream, drive};
 use crate::recording::{Recording, counted};
 use heapscope_core::units::Bytes;
 use heapscope_core::{PagedConfig, PagedHeap, Result, UnmapRule};
-use heapscope_pytorch::{AllocConf, Emulator, Snapshot};
+use heapscope_pytorch::{AllocConf, Emulator, MemoryStats, Snapshot};
 
 /// The capacity searches' grid: capacities are multiples of CUDA's 2 MiB granularity.
 pub const CAPACITY_STEP_BYTES: u64 = CUDA_PAGE_BYTES;
@@ -297,49 +297,47 @@ fn rank(settings: &mut [SettingAdvice], capacity_known: bool) {
 /// The advice of one row: its run on the device of the advice, and its smallest capacity.
 fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, recorded: &AllocConf) -> Result<SettingAdvice> {
     let device = capacity_bytes.unwrap_or(UNLIMITED_BYTES);
-    let (setting, as_recorded, (figures, driver_time_us), unlimited) = match row {
-        Row::Pytorch { setting, conf } => {
-            let run = pytorch_run(recording, setting, conf, device)?;
-            let unlimited =
-                if capacity_bytes.is_some() { pytorch_run(recording, setting, conf, UNLIMITED_BYTES)?.0 } else { run.0.clone() };
-            (setting.clone(), conf == recorded, run, unlimited)
-        }
-        Row::Paged => {
-            let run = paged_run(recording, device)?;
-            let unlimited = if capacity_bytes.is_some() { paged_run(recording, UNLIMITED_BYTES)?.0 } else { run.0.clone() };
-            (PAGED.to_owned(), false, run, unlimited)
-        }
-    };
-    // PyTorch's allocator holds the segments of a recording begun mid-run from the start: a smaller device never
-    // held them.
-    let start = if matches!(row, Row::Pytorch { .. }) { reserved_at_start(recording) } else { 0 };
     // A snapshot's probes resume from copies of the run without a limit (see `Checkpoints`).
     let checkpoints = match (row, &recording.snapshot) {
         (Row::Pytorch { conf, .. }, Some(snapshot)) => Some(Checkpoints::of(recording, snapshot, conf)?),
         _ => None,
     };
+    let (setting, as_recorded, (figures, driver_time_us)) = match row {
+        Row::Pytorch { setting, conf } => (setting.clone(), conf == recorded, pytorch_run(recording, setting, conf, device)?),
+        Row::Paged => (PAGED.to_owned(), false, paged_run(recording, device)?),
+    };
+    // The run without a limit: the run on the device when there is none, else the copies' run, else one more.
+    let unlimited = match (capacity_bytes, &checkpoints, row) {
+        (None, ..) => Unlimited::of(&figures),
+        (Some(_), Some(saved), _) => saved.unlimited(),
+        (Some(_), None, Row::Pytorch { setting, conf }) => {
+            Unlimited::of(&pytorch_run(recording, setting, conf, UNLIMITED_BYTES)?.0)
+        }
+        (Some(_), None, Row::Paged) => Unlimited::of(&paged_run(recording, UNLIMITED_BYTES)?.0),
+    };
+    // PyTorch's allocator holds the segments of a recording begun mid-run from the start: a smaller device never
+    // held them.
+    let start = if matches!(row, Row::Pytorch { .. }) { reserved_at_start(recording) } else { 0 };
     let fits = |capacity: u64| -> Result<bool> {
-        match row {
-            _ if capacity < start => Ok(false),
-            Row::Pytorch { .. } if checkpoints.is_some() => Ok(checkpoints.as_ref().is_some_and(|saved| saved.fits(capacity))),
-            Row::Pytorch { conf, .. } => Ok(first_refusal(recording, conf, Some(capacity))?.is_none()),
-            Row::Paged => Ok(paged_run(recording, capacity)?.0.ooms == 0),
+        if capacity < start {
+            return Ok(false);
+        }
+        match (row, &checkpoints) {
+            (Row::Pytorch { .. }, Some(saved)) => Ok(saved.fits(capacity)),
+            (Row::Pytorch { conf, .. }, None) => Ok(first_refusal(recording, conf, Some(capacity))?.is_none()),
+            (Row::Paged, _) => Ok(paged_run(recording, capacity)?.0.ooms == 0),
         }
     };
-    // Below the peak of bytes the allocator hands out nothing fits (nor below what it held at the start); the peak
-    // reserved without a limit does.
-    let floor = match &unlimited.memory_stats {
-        Some(stats) => u64::try_from(stats.allocated_bytes.all().peak).unwrap_or(0),
-        None => unlimited.peak_live_bytes,
-    }
-    .max(start);
     // Only garbage collection reads the capacity before the allocator reaches it.
     let ceiling_fits = match row {
         Row::Pytorch { conf, .. } => conf.garbage_collection_threshold == 0.0,
         Row::Paged => true,
     };
-    let search =
-        if unlimited.ooms == 0 { min_capacity(floor, unlimited.peak_reserved_bytes, ceiling_fits, &fits)? } else { None };
+    let search = if unlimited.ooms == 0 {
+        min_capacity(unlimited.allocated_peak_bytes.max(start), unlimited.reserved_peak_bytes, ceiling_fits, &fits)?
+    } else {
+        None
+    };
     let (min_capacity_bytes, monotone, fails_again_at_bytes) = match search {
         Some((capacity, fails_again)) => (Some(capacity), fails_again.is_none(), fails_again),
         None => (None, true, None),
@@ -408,6 +406,35 @@ fn min_capacity(
     Ok(Some((found, None)))
 }
 
+/// What the run of a row without a limit bounds its search with: below the peak of bytes the allocator hands out
+/// nothing fits, the peak reserved does (unless it refused requests even so).
+struct Unlimited {
+    allocated_peak_bytes: u64,
+    reserved_peak_bytes: u64,
+    ooms: u64,
+}
+
+impl Unlimited {
+    /// From a run's figures (a heap's peak allocated is its peak live).
+    fn of(figures: &Figures) -> Self {
+        let allocated_peak_bytes = match &figures.memory_stats {
+            Some(stats) => u64::try_from(stats.allocated_bytes.all().peak).unwrap_or(0),
+            None => figures.peak_live_bytes,
+        };
+        Self { allocated_peak_bytes, reserved_peak_bytes: figures.peak_reserved_bytes, ooms: figures.ooms }
+    }
+
+    /// From PyTorch's counters at the end of a run.
+    fn of_stats(stats: &MemoryStats) -> Self {
+        let count = |value: i64| u64::try_from(value).unwrap_or(0);
+        Self {
+            allocated_peak_bytes: count(stats.allocated_bytes.all().peak),
+            reserved_peak_bytes: count(stats.reserved_bytes.all().peak),
+            ooms: count(stats.num_ooms),
+        }
+    }
+}
+
 /// Copies of a PyTorch setting's emulation on an unlimited device, taken every so many entries, each with the most it
 /// had asked the capacity about so far ([`Emulator::capacity_read_up_to`]: its peak reserved, transient peaks
 /// included, and what a request tried on a copy reserved). On a device of C the run is the same up to the first
@@ -417,6 +444,8 @@ fn min_capacity(
 /// threshold skip most of the recording's beginning, and every one skips rebuilding the start state.
 struct Checkpoints<'s> {
     saved: Vec<(u64, Emulator<'s>)>,
+    /// PyTorch's counters at the end of the run.
+    end: MemoryStats,
     /// `garbage_collection_threshold` (0: off).
     gc_threshold: f64,
 }
@@ -438,7 +467,12 @@ impl<'s> Checkpoints<'s> {
                 saved.push((emulator.capacity_read_up_to(), emulator.clone()));
             }
         }
-        Ok(Self { saved, gc_threshold: conf.garbage_collection_threshold })
+        Ok(Self { saved, end: emulator.allocator().stats().clone(), gc_threshold: conf.garbage_collection_threshold })
+    }
+
+    /// The run without a limit these copies come from.
+    fn unlimited(&self) -> Unlimited {
+        Unlimited::of_stats(&self.end)
     }
 
     /// Whether the run fits a device of `capacity_bytes`: replayed from the last copy that never went past what the
