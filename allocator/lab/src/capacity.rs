@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use crate::recording::Recording;
+use crate::recording::{Recording, reserved_change};
 use heapscope_core::units::Bytes;
 use heapscope_pytorch::Action;
 
@@ -48,33 +48,15 @@ pub fn recorded_capacity(recording: &Recording) -> Option<(u64, CapacityFrom)> {
             let capacity = reserved_bytes.saturating_add(device_free_bytes);
             return Some((capacity, CapacityFrom::Recorded { entry: index, reserved_bytes, device_free_bytes }));
         }
-        reserved = (reserved + segment_change(entry.action, entry.size)).max(0);
+        reserved = (reserved + reserved_change(entry.action, entry.size)).max(0);
     }
     None
 }
 
-/// The bytes PyTorch held reserved before `recording`'s first entry: the final segments less what the trace
-/// reserved, plus what it returned (0 for a plain trace). No device smaller than that held the recorded run.
+/// The bytes PyTorch held reserved before `recording`'s first entry (0 for a plain trace). No device smaller than
+/// that held the recorded run.
 pub fn reserved_at_start(recording: &Recording) -> u64 {
-    let Some(snapshot) = recording.snapshot.as_ref() else { return 0 };
-    let entries = snapshot.device_traces.get(recording.device).map_or(&[][..], Vec::as_slice);
-    let last: i128 = snapshot
-        .segments
-        .iter()
-        .filter(|segment| segment.device as usize == recording.device)
-        .map(|segment| i128::from(segment.total_size))
-        .sum();
-    let net: i128 = entries.iter().map(|entry| segment_change(entry.action, entry.size)).sum();
-    u64::try_from((last - net).max(0)).unwrap_or(u64::MAX)
-}
-
-/// What a trace entry does to the bytes reserved.
-fn segment_change(action: Action, size: u64) -> i128 {
-    match action {
-        Action::SegmentAlloc | Action::SegmentMap => i128::from(size),
-        Action::SegmentFree | Action::SegmentUnmap => -i128::from(size),
-        _ => 0,
-    }
+    recording.snapshot.as_ref().map_or(0, |snapshot| crate::recording::reserved_at_start(snapshot, recording.device))
 }
 
 /// The device memory of a replay and where it came from.

@@ -454,30 +454,53 @@ pub fn device_overview(snapshot: &Snapshot) -> Vec<DeviceOverview> {
         .into_iter()
         .map(|device| {
             let entries = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
-            let segments = snapshot.segments.iter().filter(|segment| segment.device as usize == device);
-            // The segment events' running sum, its lowest and highest points; what was reserved at the start is the
-            // final segments less that sum, and never less than what the trace frees before it reserves.
-            let (mut sum, mut lowest, mut highest) = (0i128, 0i128, 0i128);
-            for entry in entries {
-                match entry.action {
-                    Action::SegmentAlloc | Action::SegmentMap => sum += i128::from(entry.size),
-                    Action::SegmentFree | Action::SegmentUnmap => sum -= i128::from(entry.size),
-                    _ => continue,
-                }
-                (lowest, highest) = (lowest.min(sum), highest.max(sum));
-            }
-            let last: i128 = segments.clone().map(|segment| i128::from(segment.total_size)).sum();
-            let start = (last - sum).max(-lowest);
+            let (start, highest) = reserved_walk(snapshot, device);
             let peak_reserved_bytes = u64::try_from(start + highest).unwrap_or(u64::MAX);
             DeviceOverview {
                 device,
                 entries: entries.len() as u64,
-                segments: segments.count() as u64,
+                segments: snapshot.segments.iter().filter(|segment| segment.device as usize == device).count() as u64,
                 peak_reserved_bytes,
                 ooms: entries.iter().filter(|entry| entry.action == Action::Oom).count() as u64,
             }
         })
         .collect()
+}
+
+/// What a trace entry does to the bytes PyTorch holds reserved: a segment (or a mapped range) more or less.
+pub(crate) fn reserved_change(action: Action, size: u64) -> i128 {
+    match action {
+        Action::SegmentAlloc | Action::SegmentMap => i128::from(size),
+        Action::SegmentFree | Action::SegmentUnmap => -i128::from(size),
+        _ => 0,
+    }
+}
+
+/// Device `device`'s bytes reserved before its first entry, and the highest the segment events' running sum reaches
+/// above that: the start is the final segments less the sum of the events, never less than what the trace frees
+/// before it reserves.
+fn reserved_walk(snapshot: &Snapshot, device: usize) -> (i128, i128) {
+    let entries = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
+    let (mut sum, mut lowest, mut highest) = (0i128, 0i128, 0i128);
+    for entry in entries {
+        let change = reserved_change(entry.action, entry.size);
+        if change != 0 {
+            sum += change;
+            (lowest, highest) = (lowest.min(sum), highest.max(sum));
+        }
+    }
+    let last: i128 = snapshot
+        .segments
+        .iter()
+        .filter(|segment| segment.device as usize == device)
+        .map(|segment| i128::from(segment.total_size))
+        .sum();
+    ((last - sum).max(-lowest), highest)
+}
+
+/// The bytes PyTorch held reserved on device `device` of `snapshot` before its first entry (see `device_overview`).
+pub fn reserved_at_start(snapshot: &Snapshot, device: usize) -> u64 {
+    u64::try_from(reserved_walk(snapshot, device).0).unwrap_or(u64::MAX)
 }
 
 /// Why `device` of `snapshot` cannot be replayed — the file has no such device, or records nothing on it (no
