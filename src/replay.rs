@@ -130,16 +130,15 @@ impl Runner {
     /// outcome that says why ([`Outcome::NotRun`](heapscope_lab::outcome::Outcome::NotRun)), so the others still run.
     pub fn outcome(&self, args: &RecordingArgs, recording: &Recording, contender: Contender) -> Result<Outcome> {
         let config = args.compare_config(recording);
-        if let Contender::Pytorch { expandable } = contender
-            && let Some(why) = heapscope_lab::compare::start_exceeds(recording, config.capacity_bytes)
-        {
-            let name = config.pytorch_name(recording, expandable);
-            let name = if self.context.is_some() { format!("{name} (vulkan)") } else { name };
-            return Ok(Outcome::not_run(name, why));
-        }
         let Some(context) = &self.context else {
             return Ok(heapscope_lab::compare::replay(recording, contender, &config)?);
         };
+        // What `compare::replay` says of a start larger than the capacity, on the device too.
+        if let Contender::Pytorch { expandable } = contender
+            && let Some(why) = heapscope_lab::compare::start_exceeds(recording, config.capacity_bytes)
+        {
+            return Ok(Outcome::not_run(format!("{} (vulkan)", config.pytorch_name(recording, expandable)), why));
+        }
         let name = contender.to_string();
         match self
             .progress
@@ -261,14 +260,16 @@ fn settings_line(recording: &Recording, args: &RecordingArgs) -> String {
         let text = conf.overrides();
         if text.is_empty() { "PyTorch's defaults".to_owned() } else { text }
     };
-    let recorded = alloc_conf(recording, None).map(|conf| shown(&conf)).unwrap_or_default();
+    let Ok(recorded) = alloc_conf(recording, None) else { return "pytorch's settings: as recorded".to_owned() };
+    // A what-if as the replay judges it (`PytorchReplay::what_if`): settings unlike the recorded ones.
     match (&args.alloc_conf, alloc_conf(recording, args.alloc_conf.as_deref())) {
-        (Some(overrides), Ok(conf)) if shown(&conf) != recorded => format!(
-            "pytorch's settings: {} (--alloc-conf {overrides} over the recording's {recorded}): a what-if, whose decisions \
+        (Some(overrides), Ok(conf)) if conf != recorded => format!(
+            "pytorch's settings: {} (--alloc-conf {overrides} over the recording's {}): a what-if, whose decisions \
              are not the recorded ones (no fidelity)",
-            shown(&conf)
+            shown(&conf),
+            shown(&recorded)
         ),
-        _ => format!("pytorch's settings: {recorded}, as recorded"),
+        _ => format!("pytorch's settings: {}, as recorded", shown(&recorded)),
     }
 }
 
