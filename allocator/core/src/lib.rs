@@ -17,6 +17,8 @@
 //!   block-size rule, dedicated blocks for large requests, release of empty blocks and a budget. When a
 //!   request cannot be served it returns an [`OomVerdict`]: fragmentation (enough bytes free in total, no
 //!   run large enough) or exhaustion.
+//! - [`compaction`] plans moves that gather a heap's scattered free runs (VMA's fast / balanced / full), as plain
+//!   data: the caller copies the bytes (or remaps sparse pages) and rebinds what moved.
 //! - Reports are plain data ([`PolicyReport`], [`HeapReport`], [`Totals`]): every byte is live, padding,
 //!   free or retired; drawing is the GUI's business.
 //! - A [`Trace`] is a stream of allocations and frees (its compact CSV form in [`trace`], heapscope's binary
@@ -42,6 +44,7 @@
 mod allocation;
 #[cfg(any(test, feature = "testing"))]
 pub mod check;
+pub mod compaction;
 mod device_event;
 mod device_heap;
 mod error;
