@@ -393,10 +393,17 @@ pub fn print_row(outcome: &Outcome) {
     };
     let fidelity = match &outcome.fidelity {
         _ if outcome.what_if => "what-if (settings differ from the recording's)".to_owned(),
-        Some(fidelity) => format!(
-            "segments {}/{}, placements {}/{}",
-            fidelity.matched, fidelity.recorded, fidelity.placement_matched, fidelity.allocs
-        ),
+        Some(fidelity) => {
+            let mut text = format!(
+                "segments {}/{}, placements {}/{}",
+                fidelity.matched, fidelity.recorded, fidelity.placement_matched, fidelity.allocs
+            );
+            let rule = fidelity.driver_rule;
+            if rule.placed > 0 {
+                text.push_str(&format!(", driver's rule {}/{}", rule.foretold, rule.placed));
+            }
+            text
+        }
         None => String::new(),
     };
     let peak_live = match outcome.peak_live_moment {

@@ -408,11 +408,7 @@ fn heap_figures<H: DeviceHeap>(
 /// # Errors
 /// [`heapscope_core::Error::InvalidConfig`] naming the bad key or value.
 pub fn alloc_conf(recording: &Recording, overrides: Option<&str>) -> Result<AllocConf> {
-    let mut conf = recording
-        .snapshot
-        .as_ref()
-        .and_then(|snapshot| snapshot.settings.as_ref())
-        .map_or_else(AllocConf::default, AllocConf::from_recorded);
+    let mut conf = recording.snapshot.as_ref().map_or_else(AllocConf::default, AllocConf::of_snapshot);
     if let Some(overrides) = overrides {
         conf.parse_overrides(overrides)
             .map_err(|error| heapscope_core::Error::InvalidConfig { what: format!("--alloc-conf: {error}") })?;

@@ -72,6 +72,11 @@ pub enum AllocConfError {
 }
 
 impl AllocConf {
+    /// The settings `snapshot` was recorded with (the defaults for a file that predates recorded settings).
+    pub fn of_snapshot(snapshot: &crate::Snapshot) -> AllocConf {
+        snapshot.settings.as_ref().map_or_else(AllocConf::default, AllocConf::from_recorded)
+    }
+
     /// The settings a snapshot recorded.
     pub fn from_recorded(settings: &RecordedSettings) -> AllocConf {
         let mut conf = AllocConf {

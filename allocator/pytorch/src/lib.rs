@@ -23,8 +23,8 @@ pub mod snapshot;
 
 pub use alloc_conf::{AllocConf, AllocConfError};
 pub use caching::{
-    BackingRefused, CachingAllocation, CachingAllocator, CachingHeap, Emulation, EmulationError, Emulator, EntryEffect, Fidelity,
-    OomEvent, OomReport, SegmentBacking, Stepped, Unbacked, emulate, emulate_backed,
+    AddressSource, BackingRefused, CachingAllocation, CachingAllocator, CachingHeap, DriverRuleScore, Emulation, EmulationError,
+    Emulator, EntryEffect, Fidelity, OomEvent, OomReport, SegmentBacking, Stepped, Unbacked, emulate, emulate_backed,
 };
 pub use export::{write_segments, write_snapshot};
 pub use import::{SnapshotError, parse_snapshot, read_snapshot};

@@ -103,6 +103,11 @@ pub struct Fidelity {
     pub recorded: usize,
     /// Positions where the emulated segment event equals the recorded one (action, size, cause).
     pub matched: usize,
+    /// Of those, the ones at the recorded address too.
+    pub addresses_matched: usize,
+    /// How well the driver's rule foretold the recorded `cudaMalloc` bases (see [`super::AddressSource`]); nothing
+    /// placed when the emulation used the rule itself.
+    pub driver_rule: super::DriverRuleScore,
     /// The first difference.
     pub first_mismatch: Option<Mismatch>,
     /// Recorded allocations.
@@ -247,7 +252,9 @@ pub struct Emulator<'s> {
 
 impl<'s> Emulator<'s> {
     /// The allocator at the start of device `device`'s recording in `snapshot` (settings `conf`, a device of
-    /// `capacity_bytes`), ready for its first entry.
+    /// `capacity_bytes`), ready for its first entry. With expandable segments turned on or off against the recording,
+    /// new segments are placed by the driver's rule ([`Emulator::hide_addresses`]): the recorded addresses are of the
+    /// other kind of memory. Other what-ifs keep the recorded addresses, the driver's own answers to this program.
     ///
     /// # Errors
     /// [`EmulationError`] naming the segment, block or trace entry the emulation cannot replay.
@@ -262,7 +269,7 @@ impl<'s> Emulator<'s> {
         let (alloc, live) = rebuild_start_state(snapshot, device, conf, capacity_bytes)?;
         let out =
             Emulation { placements: vec![None; trace.len()], timeline: Vec::with_capacity(trace.len()), ..Emulation::default() };
-        Ok(Self {
+        let emulator = Self {
             trace,
             record: true,
             capacity_bytes,
@@ -273,12 +280,31 @@ impl<'s> Emulator<'s> {
             empty_cache_checked_until: 0,
             next: 0,
             capacity_read_up_to: 0,
-        })
+        };
+        // With expandable segments turned on or off, the recorded addresses come from the other kind of memory
+        // (reservations rise, cudaMalloc's bases fall): they cannot say where this run's segments go.
+        let other_kind = conf.expandable_segments != AllocConf::of_snapshot(snapshot).expandable_segments;
+        Ok(if other_kind { emulator.hide_addresses() } else { emulator })
     }
 
     /// The allocator now.
     pub fn allocator(&self) -> &CachingAllocator {
         &self.alloc
+    }
+
+    /// The same emulator placing new segments and reservations by the driver's rule instead of at the addresses the
+    /// trace gives ([`super::AddressSource::Driver`]): what a run with expandable segments turned on or off against
+    /// the recording does (the recording cannot say where the driver would have put memory of the other kind), and a
+    /// measure of the rule on a recording's own run. The first `cudaMalloc` range ends where the recording's first ended and the
+    /// first reservation starts where the recording's first mapped page is (the one address a process's layout
+    /// gives; the rest is the rule's).
+    pub fn hide_addresses(mut self) -> Self {
+        let first = |action: Action| self.trace.iter().find(|e| e.action == action);
+        let cuda_malloc_top = first(Action::SegmentAlloc)
+            .and_then(|e| e.addr.checked_add(e.size)?.checked_next_multiple_of(super::DRIVER_GRANULE_BYTES));
+        let reserve_bottom = first(Action::SegmentMap).map(|e| e.addr);
+        self.alloc.use_driver_addresses(cuda_malloc_top, reserve_bottom);
+        self
     }
 
     /// The same emulator keeping no per-entry record (placements, timeline, segment events, fidelity): for a replay
@@ -435,7 +461,10 @@ impl<'s> Emulator<'s> {
         fidelity.recorded = recorded.len();
         for (k, r) in recorded.iter().enumerate() {
             match out.segment_events.get(k) {
-                Some(m) if m.same_decision(r) => fidelity.matched += 1,
+                Some(m) if m.same_decision(r) => {
+                    fidelity.matched += 1;
+                    fidelity.addresses_matched += usize::from(m.addr == r.addr);
+                }
                 emulated => {
                     fidelity.first_mismatch.get_or_insert(Mismatch {
                         position: k,
@@ -452,6 +481,7 @@ impl<'s> Emulator<'s> {
                 emulated: out.segment_events.get(recorded.len()).copied(),
             });
         }
+        fidelity.driver_rule = alloc.driver_rule_score();
         out.fidelity = fidelity;
         out.stats = alloc.stats().clone();
         out.final_segments = alloc.report();

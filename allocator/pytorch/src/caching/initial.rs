@@ -184,7 +184,7 @@ pub(super) fn rebuild_start_state(
     // the start stay allocated.
     let max_split = conf.max_split_size.unwrap_or(u64::MAX);
     for (&base, &(size, stream, pool, _)) in &segments {
-        alloc.segments.insert(base, size);
+        alloc.insert_segment(base, size);
         let small = pool == Pool::Small;
         alloc.stats.segment.increase(small, 1);
         alloc.stats.reserved_bytes.increase(small, size);

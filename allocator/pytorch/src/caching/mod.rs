@@ -14,7 +14,8 @@
 //!   expandable segments (`find_expandable_block`, `map_block`, `unmap_block`) in `expandable`.
 //! - The only inputs that are not allocator decisions: where the driver puts a new segment or expandable
 //!   segment's reservation (a base address hint, taken by [`emulate`] from the recorded `alloc` that opens
-//!   it; without one, bases simply increase), the device's capacity, and user `empty_cache()` calls.
+//!   it; without one, bases simply increase; in a run under settings other than the recording's, the driver's
+//!   rule of `addresses`, see [`AddressSource`]), the device's capacity, and user `empty_cache()` calls.
 //! - [`CachingHeap`] (`heap`) wraps the allocator as a [`heapscope_core::DeviceHeap`]: generation-checked handles, its
 //!   segment operations as core device events (blocks reserved and released, expandable pages mapped and
 //!   unmapped), out of memory as a core [`OomVerdict`] ([`OomReport::verdict`]); the bench runner and the Vulkan
@@ -26,6 +27,7 @@
 //!   ([`SegmentBacking`], `backing`): every segment operation applied as it is made (the Vulkan backend puts
 //!   device memory there).
 
+mod addresses;
 mod backing;
 mod emulate;
 mod expandable;
@@ -38,6 +40,7 @@ mod validate;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+pub use addresses::{AddressSource, DEFAULT_CUDA_MALLOC_TOP, DRIVER_GRANULE_BYTES, DriverRuleScore};
 pub use backing::{BackingRefused, EntryEffect, SegmentBacking, Unbacked};
 pub use emulate::{
     Emulation, Emulator, EventStats, Fidelity, Mismatch, Misplacement, OomEvent, SegmentEvent, Stepped, emulate, emulate_backed,
@@ -271,6 +274,13 @@ pub struct CachingAllocator {
     /// Non-expandable segments: base -> bytes.
     segments: BTreeMap<u64, u64>,
     expandable: Vec<Option<ExpandableSegment>>,
+    /// Where new segments' and reservations' bases come from.
+    addresses: AddressSource,
+    /// The driver's virtual address space, for [`AddressSource::Driver`].
+    driver: addresses::DriverAddresses,
+    /// `cudaMalloc` segments placed at the trace's address where the driver's rule had something to go on, and how
+    /// many of them the rule put at that very address.
+    driver_rule: DriverRuleScore,
     stats: MemoryStats,
     /// `total_allocated_memory`: reserved bytes.
     total_allocated_memory: u64,
@@ -291,6 +301,9 @@ impl CachingAllocator {
             active: heapscope_core::hash::FastMap::default(),
             segments: BTreeMap::new(),
             expandable: Vec::new(),
+            addresses: AddressSource::Trace,
+            driver: addresses::DriverAddresses::default(),
+            driver_rule: DriverRuleScore::default(),
             stats: MemoryStats::default(),
             total_allocated_memory: 0,
             events: Vec::new(),
@@ -318,6 +331,19 @@ impl CachingAllocator {
         &self.conf
     }
 
+    /// Where new segments' and reservations' bases come from.
+    pub fn address_source(&self) -> AddressSource {
+        self.addresses
+    }
+
+    /// From now on, new segments and reservations placed by the driver's rule, not at the addresses the trace gives
+    /// (see [`AddressSource`]): the first `cudaMalloc` range ending at `cuda_malloc_top` and the first reservation
+    /// starting at `reserve_bottom` while the allocator holds none (`None`: where a process's usually go).
+    pub fn use_driver_addresses(&mut self, cuda_malloc_top: Option<u64>, reserve_bottom: Option<u64>) {
+        self.addresses = AddressSource::Driver;
+        self.driver.anchor(cuda_malloc_top, reserve_bottom);
+    }
+
     /// From now on, a device of `capacity_bytes` (`None`: unlimited).
     pub fn set_capacity(&mut self, capacity_bytes: Option<u64>) {
         self.capacity_bytes = capacity_bytes;
@@ -341,6 +367,12 @@ impl CachingAllocator {
     /// `torch.cuda.memory_stats()` now.
     pub fn stats(&self) -> &MemoryStats {
         &self.stats
+    }
+
+    /// How well the driver's rule ([`AddressSource::Driver`]) foretold the bases of the segments placed at the trace's
+    /// addresses so far, each from the segments as they were.
+    pub fn driver_rule_score(&self) -> DriverRuleScore {
+        self.driver_rule
     }
 
     /// Reserved bytes now.
@@ -496,7 +528,8 @@ impl CachingAllocator {
     }
 
     /// A base address for a new reservation of `size_bytes`: the hint when it overlaps nothing (and ends by
-    /// [`ADDRESS_LIMIT`]), else past everything reserved so far (2 MiB aligned).
+    /// [`ADDRESS_LIMIT`]), else past everything reserved so far (2 MiB aligned; with the driver's addresses, in its
+    /// granules).
     fn choose_base(&self, hint: Option<u64>, size_bytes: u64) -> u64 {
         if let Some(h) = hint
             && h != 0
@@ -505,14 +538,30 @@ impl CachingAllocator {
         {
             return h;
         }
-        let mut end = 1u64 << 32;
-        if let Some((&b, &s)) = self.segments.iter().next_back() {
-            end = end.max(b + s);
+        let segments_end = self.segments.iter().next_back().map(|(&b, &s)| b + s);
+        let end = self.expandable.iter().flatten().map(|e| e.base + e.size).chain(segments_end).max();
+        match self.addresses {
+            AddressSource::Trace => end.unwrap_or(0).max(1 << 32).div_ceil(ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES,
+            AddressSource::Driver => self.driver.reserve_base(end),
         }
-        for e in self.expandable.iter().flatten() {
-            end = end.max(e.base + e.size);
+    }
+
+    /// The base of a new `cudaMalloc` segment of `size_bytes`: with the driver's addresses, where its rule puts it
+    /// (when that overlaps nothing), else [`Self::choose_base`].
+    fn cuda_malloc_base(&self, hint: Option<u64>, size_bytes: u64) -> u64 {
+        if self.addresses == AddressSource::Driver
+            && let Some(base) = self.driver.cuda_malloc_base(size_bytes)
+            && !self.overlaps(base, size_bytes)
+        {
+            return base;
         }
-        end.div_ceil(ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
+        self.choose_base(hint, size_bytes)
+    }
+
+    /// A segment `cudaMalloc` gave (from the trace, the driver's rule, or the start of a recording).
+    fn insert_segment(&mut self, base: u64, size_bytes: u64) {
+        self.segments.insert(base, size_bytes);
+        self.driver.note_segment(base, size_bytes);
     }
 
     fn overlaps(&self, base: u64, size_bytes: u64) -> bool {
@@ -533,6 +582,8 @@ impl CachingAllocator {
             self.stats.num_ooms += 1;
             return Err(self.oom_report(size_bytes));
         }
+        // With the driver's addresses, the trace's are not used.
+        let base_hint = base_hint.filter(|_| self.addresses == AddressSource::Trace);
         let size = round_size(size_bytes, &self.conf);
         let pool = get_pool(size);
         let alloc_size = get_allocation_size(size);
@@ -647,10 +698,17 @@ impl CachingAllocator {
         if self.total_allocated_memory.saturating_add(alloc_size) > self.device_limit() {
             return None;
         }
-        let base = self.choose_base(base_hint, alloc_size);
+        let base = self.cuda_malloc_base(base_hint, alloc_size);
+        if self.addresses == AddressSource::Trace
+            && base_hint == Some(base)
+            && let Some(foretold) = self.driver.foretold_base(alloc_size)
+        {
+            self.driver_rule.placed += 1;
+            self.driver_rule.foretold += usize::from(foretold == base);
+        }
         self.total_allocated_memory += alloc_size;
         let id = self.new_node(Node::free(base, alloc_size, stream, pool, true, None));
-        self.segments.insert(base, alloc_size);
+        self.insert_segment(base, alloc_size);
         let small = pool == Pool::Small;
         self.stats.segment.increase(small, 1);
         self.stats.reserved_bytes.increase(small, alloc_size);

@@ -22,6 +22,7 @@ impl CachingAllocator {
         }
         self.remove_free(id);
         self.segments.remove(&n.addr);
+        self.driver.note_freed(n.addr, n.size);
         self.delete_node(id);
     }
 

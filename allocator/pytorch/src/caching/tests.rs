@@ -728,3 +728,73 @@ fn issue_14_reservations_closer_than_the_default_replay_exactly() {
         "the large one ends where the small one starts"
     );
 }
+
+/// With every address hidden but where the first range goes, the driver's rule places the segments: every decision
+/// (each segment event, PyTorch's own counters) stays as recorded on the shared traces, and frag_oom's segments land
+/// where the driver put them. Without the trace's addresses, the recorded run's own ones are foretold by the rule
+/// one at a time (`Fidelity::driver_rule`); the counts are in BENCHMARKS.md.
+#[test]
+fn shared_traces_keep_every_decision_with_their_addresses_hidden() {
+    for name in ["frag_oom-default", "frag_oom-expandable", "gpt2_train_fixed-default", "gpt2_train_fixed-expandable"] {
+        let (snap, truth) = load(name);
+        let conf = AllocConf::from_recorded(snap.settings.as_ref().unwrap());
+        let mut emulator = Emulator::new(&snap, 0, &conf, None).unwrap().hide_addresses();
+        assert_eq!(emulator.allocator().address_source(), AddressSource::Driver);
+        while emulator.step().is_some() {}
+        let em = emulator.finish();
+        let f = em.fidelity;
+        eprintln!(
+            "{name}, addresses hidden: segment events {}/{}, at the recorded address {}, placements {}/{}; \
+             the rule foretold {}/{} as recorded",
+            f.matched,
+            f.recorded,
+            f.addresses_matched,
+            f.placement_matched,
+            f.allocs,
+            run(name, None).0.fidelity.driver_rule.foretold,
+            run(name, None).0.fidelity.driver_rule.placed,
+        );
+        assert!(f.first_mismatch.is_none() && f.matched == f.recorded, "{name}: {f:?}");
+        for (key, value) in truth["memory_stats"].as_object().unwrap() {
+            assert_eq!(em.stats.get(key), value.as_i64(), "{name}: {key}");
+        }
+        if name == "frag_oom-default" {
+            assert!(f.is_exact() && f.addresses_matched == f.recorded, "{name}: {f:?}");
+        }
+    }
+}
+
+/// A what-if that turns expandable segments off cannot take its segments' addresses from the trace: predicting the
+/// default from an expandable recording, whose addresses rise, the driver's rule puts each `cudaMalloc` below the last,
+/// so best fit's tie between two equal free segments goes to the later one, as on a real device. A what-if of the same
+/// kind keeps the recorded addresses.
+#[test]
+fn a_what_if_places_its_segments_by_the_drivers_rule() {
+    let base = 0x3_0200_0000;
+    let trace = vec![
+        entry(Action::SegmentMap, base, 40 * MIB),
+        entry(Action::Alloc, base, 30 * MIB),
+        entry(Action::SegmentMap, base + 40 * MIB, 20 * MIB),
+        entry(Action::Alloc, base + 30 * MIB, 30 * MIB),
+        entry(Action::FreeRequested, base, 30 * MIB),
+        entry(Action::FreeCompleted, base, 30 * MIB),
+        entry(Action::FreeRequested, base + 30 * MIB, 30 * MIB),
+        entry(Action::FreeCompleted, base + 30 * MIB, 30 * MIB),
+        entry(Action::Alloc, base, 30 * MIB),
+    ];
+    let settings = RecordedSettings { expandable_segments: true, ..RecordedSettings::default() };
+    let snap = Snapshot { device_traces: vec![trace], settings: Some(settings), ..Snapshot::default() };
+    let as_recorded = Emulator::new(&snap, 0, &AllocConf::of_snapshot(&snap), None).unwrap();
+    assert_eq!(as_recorded.allocator().address_source(), AddressSource::Trace);
+    let mut same_kind = AllocConf::of_snapshot(&snap);
+    same_kind.parse_overrides("max_split_size_mb:64").unwrap();
+    assert_eq!(Emulator::new(&snap, 0, &same_kind, None).unwrap().allocator().address_source(), AddressSource::Trace);
+    let what_if = Emulator::new(&snap, 0, &conf(), None).unwrap();
+    assert_eq!(what_if.allocator().address_source(), AddressSource::Driver);
+    let mut em = what_if;
+    while em.step().is_some() {}
+    let em = em.finish();
+    let [a, b, c] = [1, 3, 8].map(|i| em.placements[i].unwrap());
+    assert_eq!((b + 32 * MIB, c), (a, b), "B a granule run below A; the tie goes to B, the lower");
+    assert_eq!(a + 32 * MIB, DEFAULT_CUDA_MALLOC_TOP, "the first range ends where a process's usually do");
+}
