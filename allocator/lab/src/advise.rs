@@ -361,7 +361,8 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
 }
 
 /// The smallest capacity at which `fits`, by bisection between `floor` (the peak of bytes handed out: nothing below
-/// it fits) and `ceiling` (the peak reserved without a limit), on a grid of [`CAPACITY_STEP_BYTES`] or a 1/1024 of the
+/// it fits) and `ceiling` (the peak reserved without a limit), galloping up from the floor then bisecting, on a grid of
+/// [`CAPACITY_STEP_BYTES`] or a 1/1024 of the
 /// ceiling, whichever is coarser; and a larger capacity at which it fails again, if one of the two tried above it
 /// does (one grid step above, and half-way to the ceiling). `ceiling_fits`: a run that never reaches its capacity
 /// decides as without one, so the ceiling fits unless something else reads the capacity (garbage collection's
@@ -386,7 +387,18 @@ fn min_capacity(
     let found = if low > 0 && fits(low * grain)? {
         low
     } else {
-        // `low` fails (or is 0), `high` fits.
+        // `low` fails (or is 0), `high` fits. Gallop up from the floor first: the answer usually lies just above the
+        // peak of live bytes, far below the peak reserved without a limit, and a probe that fails stops at its first
+        // refusal where one that fits replays to the end.
+        let mut stride = 1;
+        while low + stride < high {
+            if fits((low + stride) * grain)? {
+                high = low + stride;
+                break;
+            }
+            low += stride;
+            stride *= 2;
+        }
         while high - low > 1 {
             let middle = low + (high - low) / 2;
             if fits(middle * grain)? {

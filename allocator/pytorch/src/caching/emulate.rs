@@ -307,8 +307,9 @@ impl<'s> Emulator<'s> {
         self
     }
 
-    /// The same emulator keeping no per-entry record (placements, timeline, segment events, fidelity): for a replay
-    /// that asks only what the allocator does — whether a request is refused — and for cheap clones of its state.
+    /// The same emulator keeping no per-entry record (placements, timeline, segment events, fidelity) and telling only
+    /// each entry's effect ([`Stepped::served`] and [`Stepped::device_events`] stay empty): for a replay that asks only
+    /// what the allocator does — whether a request is refused — and for cheap clones of its state.
     pub fn lean(mut self) -> Self {
         self.record = false;
         self.out.placements = Vec::new();
@@ -374,7 +375,9 @@ impl<'s> Emulator<'s> {
                             *placement = Some(addr);
                         }
                         effect = EntryEffect::Placed { address: addr };
-                        served = self.alloc.live_block(addr);
+                        if self.record {
+                            served = self.alloc.live_block(addr);
+                        }
                         if addr == e.addr {
                             self.fidelity.placement_matched += 1;
                         } else {
@@ -435,11 +438,12 @@ impl<'s> Emulator<'s> {
             }
             _ => {}
         }
+        if !self.record {
+            self.alloc.clear_events();
+            return Some((i, Stepped { effect, served, device_events: Vec::new() }));
+        }
         let events = self.alloc.take_events();
         let device_events = events.iter().filter_map(device_event).collect();
-        if !self.record {
-            return Some((i, Stepped { effect, served, device_events }));
-        }
         push_events(&mut self.out.segment_events, events, cause);
         let s = self.alloc.stats();
         self.out.timeline.push(EventStats {

@@ -385,6 +385,11 @@ impl CachingAllocator {
         std::mem::take(&mut self.events)
     }
 
+    /// Forgets the segment operations made so far (keeping the room they took).
+    pub(crate) fn clear_events(&mut self) {
+        self.events.clear();
+    }
+
     /// The allocated block starting at `address`: its size (the request rounded, or the whole block when it
     /// was not split) and the base of the segment holding it.
     pub fn live_block(&self, address: u64) -> Option<LiveBlock> {
