@@ -556,6 +556,7 @@ mod tests {
     #[test]
     fn plans_keep_their_promises_on_random_heaps() {
         let mut rng = Rng::new(16);
+        let mut moved = 0;
         for round in 0..400 {
             let blocks = 1 + rng.range(0, 6) as usize;
             let block_sizes: Vec<u64> = (0..blocks).map(|_| 64 << rng.range(0, 3)).collect();
@@ -589,6 +590,7 @@ mod tests {
                     _ => Budget { max_bytes: rng.range(0, 100), max_moves: usize::MAX },
                 };
                 let (plan, after) = check(&layout, algorithm, budget);
+                moved += usize::from(!plan.moves.is_empty());
                 if budget == Budget::UNLIMITED && algorithm == Algorithm::Full {
                     // A second full pass finds nothing more to slide in a block without pins.
                     let again = super::plan(&after, Algorithm::Full, Budget::UNLIMITED);
@@ -596,6 +598,7 @@ mod tests {
                 }
             }
         }
+        assert!(moved >= 400, "plans moved something in {moved} of 1,200 passes");
     }
 
     #[test]

@@ -22,6 +22,9 @@ use crate::request::align_up;
 use crate::source::{MemorySource, SourceBlock, SourceError};
 use crate::{Allocation, AllocationId, Error, OwnerId, Policy, PolicyConfig, PolicyKind, PolicyReport, Request, Result, Totals};
 
+mod compact;
+pub use compact::{HeapCompaction, HeapMove, Movable};
+
 /// When empty blocks go back to the source.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -375,18 +378,23 @@ impl<S: MemorySource> Heap<S> {
         }
         self.stats.live_bytes -= allocation.size_bytes();
         if now_empty {
-            let release = match self.config.release {
-                ReleaseRule::Immediately => true,
-                ReleaseRule::KeepOne => {
-                    self.blocks.iter().enumerate().any(|(index, block)| index != allocation.block as usize && is_empty(block))
-                }
-                ReleaseRule::OnPressure | ReleaseRule::Never => false,
-            };
-            if release {
-                self.release_block(allocation.block);
-            }
+            self.block_emptied(allocation.block);
         }
         Ok(())
+    }
+
+    /// Block `index` just became empty: released if the release rule says so.
+    fn block_emptied(&mut self, index: u32) {
+        let release = match self.config.release {
+            ReleaseRule::Immediately => true,
+            ReleaseRule::KeepOne => {
+                self.blocks.iter().enumerate().any(|(other, block)| other != index as usize && is_empty(block))
+            }
+            ReleaseRule::OnPressure | ReleaseRule::Never => false,
+        };
+        if release {
+            self.release_block(index);
+        }
     }
 
     /// Releases every empty block; returns how many.

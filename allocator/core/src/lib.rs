@@ -72,7 +72,9 @@ pub use allocation::{Allocation, AllocationId, OwnerId};
 pub use device_event::{DeviceEvent, DeviceLog};
 pub use device_heap::DeviceHeap;
 pub use error::{Error, Result, UnknownName};
-pub use heap::{BlockReport, Heap, HeapAllocation, HeapConfig, HeapReport, HeapStats, ReleaseRule};
+pub use heap::{
+    BlockReport, Heap, HeapAllocation, HeapCompaction, HeapConfig, HeapMove, HeapReport, HeapStats, Movable, ReleaseRule,
+};
 pub use oom::{OomCause, OomVerdict};
 pub use paged::{PagedConfig, PagedHeap, PagedStats, UnmapRule};
 pub use policies::{BestFit, Buddy, FirstFit, Linear, LinearMode, Slab, Tlsf};
