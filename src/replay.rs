@@ -8,6 +8,7 @@ use clap::Args;
 use heapscope_core::units::{Bytes, parse_size};
 use heapscope_core::{PolicyKind, UnmapRule};
 use heapscope_lab::capacity::Capacity;
+use heapscope_lab::compaction::CompactRule;
 use heapscope_lab::compare::{CompareConfig, Outcome, alloc_conf};
 use heapscope_lab::contender::Contender;
 use heapscope_lab::recording::{Recording, counted, default_device, device_overview};
@@ -49,6 +50,11 @@ pub struct RecordingArgs {
     pub align: u64,
     #[command(flatten)]
     pub heap: HeapRules,
+    /// When the heap contenders move allocations to gather free space: `never`, `on-oom` (a request refused for
+    /// fragmentation makes them compact, then it is tried once more) or `every:N` (a balanced pass before every N-th
+    /// event). Simulated devices only; `paged` and `pytorch` never move anything.
+    #[arg(long, value_name = "RULE", default_value = "never")]
+    pub compact: CompactRule,
 }
 
 impl RecordingArgs {
@@ -72,6 +78,7 @@ impl RecordingArgs {
             heap: self.heap.heap_config(PolicyKind::Tlsf),
             alloc_conf: self.alloc_conf.clone(),
             pytorch_settings: None,
+            compact: self.compact,
         }
     }
 
@@ -202,6 +209,12 @@ impl ContenderArgs {
     pub fn prepare(&self, recording_args: &RecordingArgs) -> Result<(Vec<Contender>, Recording, Runner)> {
         let contenders = self.list();
         recording_args.check(&contenders)?;
+        if self.vulkan && recording_args.compact != CompactRule::Never {
+            anyhow::bail!(
+                "--compact {} runs on simulated devices only: moving allocations on a Vulkan device is not built yet",
+                recording_args.compact
+            );
+        }
         if !self.vulkan
             && let Some(device_only) = contenders.iter().find(|contender| contender.needs_device())
         {
@@ -424,6 +437,15 @@ pub fn print_row(outcome: &Outcome) {
     );
     if let Some(oom) = &outcome.first_oom {
         outln!("{:<36} first OOM at {}: {}", "", oom.moment, oom.message);
+    }
+    if let Some(compaction) = &outcome.compaction {
+        outln!(
+            "{:<36} compaction: {} moves, {} copied, {} of its refusals served after compacting",
+            "",
+            compaction.moves,
+            Bytes(compaction.bytes_moved),
+            compaction.ooms_avoided
+        );
     }
 }
 

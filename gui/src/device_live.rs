@@ -380,6 +380,13 @@ impl Observer<KernelDriver<'_, VulkanTarget>> for LiveObserver {
             // The free of an allocation the device refused: nothing of its own to show.
             DriverStep::Unserved { .. } if device_events.is_empty() => Ok(()),
             DriverStep::Unserved { .. } => self.send(None, None, None, device_events, target),
+            // Live mode's targets move nothing (they run no compaction rule); a move would slide the allocation.
+            DriverStep::Moved { from, to, .. } => {
+                let address = from.handle.footprint().0;
+                let requested = <KernelDriver<'_, VulkanTarget> as heapscope_lab::driver::Target>::allocation(to).size_bytes();
+                let span = span_of(to.handle.footprint(), requested, self.slots, self.steps);
+                self.send(Some(Change::Freed { address }), Some(Change::Allocated(span)), None, device_events, target)
+            }
         }
     }
 }

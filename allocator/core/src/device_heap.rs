@@ -2,7 +2,10 @@
 //! exports: they serve a request or refuse it with an out-of-memory verdict, and can log what they ask of
 //! the device. One replay loop and one exporter serve both through this trait.
 
-use crate::{Allocation, DeviceEvent, Heap, HeapAllocation, MemorySource, OomCause, OomVerdict, PagedHeap, Request, Result};
+use crate::compaction::{Algorithm, Budget};
+use crate::{
+    Allocation, DeviceEvent, Heap, HeapAllocation, MemorySource, Movable, OomCause, OomVerdict, PagedHeap, Request, Result,
+};
 
 /// A heap that reserves device memory on its own.
 pub trait DeviceHeap {
@@ -68,6 +71,20 @@ pub trait DeviceHeap {
 
     /// Counts a refused request in the heap's own statistics.
     fn count_oom(&mut self);
+
+    /// Moves live allocations to gather free space ([`crate::compaction`]'s `algorithm`, within `budget`): `movable`
+    /// are the handles the caller lets move, each with the request that made it. Returns each move as the index in
+    /// `movable` of the allocation moved and its new handle, in the order the bytes must be copied (an allocation may
+    /// move twice). Default: a heap that moves nothing.
+    fn compact(
+        &mut self,
+        movable: &[(Self::Handle, Request)],
+        algorithm: Algorithm,
+        budget: Budget,
+    ) -> Vec<(usize, Self::Handle)> {
+        let _ = (movable, algorithm, budget);
+        Vec::new()
+    }
 }
 
 impl<S: MemorySource> DeviceHeap for Heap<S> {
@@ -112,6 +129,27 @@ impl<S: MemorySource> DeviceHeap for Heap<S> {
 
     fn count_oom(&mut self) {
         self.count_refused();
+    }
+
+    fn compact(
+        &mut self,
+        movable: &[(HeapAllocation, Request)],
+        algorithm: Algorithm,
+        budget: Budget,
+    ) -> Vec<(usize, HeapAllocation)> {
+        let listed: Vec<Movable> = movable.iter().map(|&(allocation, request)| Movable { allocation, request }).collect();
+        let mut index: std::collections::HashMap<HeapAllocation, usize> =
+            movable.iter().enumerate().map(|(i, &(allocation, _))| (allocation, i)).collect();
+        let compaction = Heap::compact(self, &listed, algorithm, budget);
+        compaction
+            .moves
+            .into_iter()
+            .filter_map(|m| {
+                let i = index.remove(&m.from)?;
+                index.insert(m.to, i);
+                Some((i, m.to))
+            })
+            .collect()
     }
 }
 

@@ -522,7 +522,7 @@ fn paged_run(recording: &Recording, capacity_bytes: u64) -> Result<(Figures, f64
     })?;
     heap.record_device_events(true);
     let (mut statistics, mut cost) = (Statistics::default(), CudaCost::default());
-    drive(Stream::of(recording), &mut HeapTarget(&mut heap), 512, &mut [&mut statistics, &mut cost])?;
+    drive(Stream::of(recording), &mut HeapTarget::new(&mut heap), 512, &mut [&mut statistics, &mut cost])?;
     let stats = heap.stats();
     let (peak_reserved_bytes, device_allocs, device_frees) = (stats.peak_mapped_bytes, stats.map_calls, stats.unmap_calls);
     let figures =

@@ -37,7 +37,7 @@ pub trait CachingTarget: Target<Handle = CachingAllocation> {
 
 impl CachingTarget for HeapTarget<'_, CachingHeap> {
     fn allocator(&self) -> &CachingAllocator {
-        self.0.allocator()
+        self.heap.allocator()
     }
 
     fn held_at_start(&self) -> Vec<DeviceEvent> {
@@ -45,7 +45,7 @@ impl CachingTarget for HeapTarget<'_, CachingHeap> {
     }
 
     fn last_refusal(&self) -> Option<&OomReport> {
-        self.0.last_refusal()
+        self.heap.last_refusal()
     }
 
     /// A plain trace's moment is one event: its step says it all.

@@ -15,8 +15,9 @@
 use std::time::{Duration, Instant};
 
 use crate::caching_target::{CachingTarget, SnapshotTarget};
+use crate::compaction::{CompactRule, CompactionFigures};
 use crate::contender::Contender;
-use crate::driver::{HeapReplay, HeapTarget, Observer, Step, Stream, drive, replay_device_heap};
+use crate::driver::{HeapReplay, HeapTarget, Observer, Step, Stream, drive, replay_device_heap_compacting};
 use crate::recording::{Moment, Recording};
 use heapscope_core::units::Bytes;
 use heapscope_core::{
@@ -119,6 +120,8 @@ pub struct Figures {
     /// For `pytorch`: PyTorch's own counters (`torch.cuda.memory_stats()`).
     #[cfg_attr(feature = "serde", serde(skip))]
     pub memory_stats: Option<MemoryStats>,
+    /// For a heap contender replayed with a [`CompactRule`]: what compacting did (`None` without one).
+    pub compaction: Option<CompactionFigures>,
 }
 
 /// What became of a contender on a recording: its [`Figures`], or why it did not run.
@@ -175,6 +178,7 @@ impl Figures {
             settings: None,
             what_if: false,
             memory_stats: None,
+            compaction: None,
         }
     }
 }
@@ -204,6 +208,8 @@ pub struct CompareConfig {
     /// PyTorch's allocator settings in full, instead of the recording's with `alloc_conf` over them (a row of
     /// `advise`, opened as a pane).
     pub pytorch_settings: Option<AllocConf>,
+    /// When the heap contenders compact ([`crate::compaction`]; `paged` and `pytorch` never move anything).
+    pub compact: CompactRule,
 }
 
 impl CompareConfig {
@@ -268,6 +274,7 @@ impl Default for CompareConfig {
             heap: HeapConfig::new(PolicyKind::Tlsf),
             alloc_conf: None,
             pytorch_settings: None,
+            compact: CompactRule::Never,
         }
     }
 }
@@ -329,6 +336,7 @@ pub fn summed(policy: &str, replay: &HeapReplay, recording: &Recording, nanos: u
         settings: None,
         what_if: false,
         memory_stats: None,
+        compaction: None,
     }
 }
 
@@ -395,11 +403,12 @@ fn heap_figures<H: DeviceHeap>(
 ) -> Result<Figures> {
     let ((heap, replay), nanos) = best_time(|| {
         let mut heap = make()?;
-        let replay = replay_device_heap(&recording.trace, &mut heap, config.align_bytes)?;
+        let replay = replay_device_heap_compacting(&recording.trace, &mut heap, config.align_bytes, config.compact)?;
         Ok((heap, replay))
     })?;
     let (peak_reserved_bytes, device_allocs, device_frees) = counts(&heap);
-    Ok(Figures { peak_reserved_bytes, device_allocs, device_frees, ..summed(name, &replay, recording, nanos) })
+    let compaction = (config.compact != CompactRule::Never).then_some(replay.stats.compaction);
+    Ok(Figures { peak_reserved_bytes, device_allocs, device_frees, compaction, ..summed(name, &replay, recording, nanos) })
 }
 
 /// The allocator settings for the `pytorch` contender: the recording's own (PyTorch's defaults for a plain
@@ -537,6 +546,7 @@ impl PytorchReplay {
             settings: Some(self.settings),
             what_if: self.what_if,
             memory_stats: Some(stats),
+            compaction: None,
         }
     }
 }
@@ -647,7 +657,7 @@ impl<'a, 'b> BackingFollower<'a, 'b> {
                 // A plain trace: the emulation is a heap like any other.
                 let mut heap = CachingHeap::new(conf.clone(), self.capacity_bytes);
                 heap.record_device_events(true);
-                self.follow(Stream::of(recording), &mut HeapTarget(&mut heap))?;
+                self.follow(Stream::of(recording), &mut HeapTarget::new(&mut heap))?;
                 (heap.allocator().stats().clone(), None)
             }
         })
@@ -693,7 +703,8 @@ impl<T: CachingTarget> Observer<T> for BackingFollower<'_, '_> {
         self.step_effect = match step {
             Step::Placed { handle, .. } => EntryEffect::Placed { address: handle.address() },
             Step::Freed { handle, .. } => EntryEffect::Freed { address: handle.address() },
-            Step::Unserved { .. } => EntryEffect::Unchanged,
+            // PyTorch's allocator never moves what it handed out.
+            Step::Unserved { .. } | Step::Moved { .. } => EntryEffect::Unchanged,
             Step::Refused { .. } => target.last_refusal().map_or(EntryEffect::Unchanged, |&report| EntryEffect::Refused(report)),
         };
         Ok(())

@@ -14,11 +14,13 @@
 //! (an entry that is no allocation or free, a `segment_alloc`, is a moment with no event), so every contender
 //! serves the same requests and every observer numbers moments alike.
 
+use crate::compaction::{CompactRule, CompactionFigures};
 use crate::recording::{Moment, Recording};
-use heapscope_core::OomVerdict;
+use heapscope_core::compaction::Budget;
 use heapscope_core::source::MemorySource;
 use heapscope_core::trace::{Event, Trace};
 use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Error, Heap, PagedHeap, Policy, Request, Result};
+use heapscope_core::{OomCause, OomVerdict};
 
 /// A recording's events with their moments: what [`drive`] replays.
 #[derive(Clone, Copy, Debug)]
@@ -78,6 +80,17 @@ pub enum Step<'a, H> {
     Unserved {
         /// The trace slot.
         slot: u32,
+    },
+    /// Moved the allocation of `slot` to gather free space (a [`CompactRule`]): the bytes go from `from` to `to`.
+    Moved {
+        /// The trace slot.
+        slot: u32,
+        /// Its handle before.
+        from: &'a H,
+        /// Its handle now.
+        to: &'a H,
+        /// Moved to make room for the refused request of this event, which is tried again next.
+        for_refused: bool,
     },
     /// Refused the allocation of `slot`; its free is [`Step::Unserved`].
     Refused {
@@ -146,6 +159,22 @@ pub trait Target {
     /// `record_device_events`).
     fn take_device_events(&mut self) -> Vec<DeviceEvent> {
         Vec::new()
+    }
+
+    /// When the driver asks it to compact ([`crate::compaction`]). Default: never.
+    fn compact_rule(&self) -> CompactRule {
+        CompactRule::Never
+    }
+
+    /// Moves live allocations to gather free space: `live` are the handles it holds with their requests; returns each
+    /// move as the index in `live` and the new handle, in order. `for_refused`: to make room for a refused request.
+    /// Default: moves nothing.
+    ///
+    /// # Errors
+    /// A contender failure.
+    fn compact(&mut self, live: &[(Self::Handle, Request)], for_refused: bool) -> Result<Vec<(usize, Self::Handle)>> {
+        let _ = (live, for_refused);
+        Ok(Vec::new())
     }
 }
 
@@ -219,13 +248,30 @@ impl<P: Policy + ?Sized> Target for PolicyTarget<'_, P> {
 
 /// A heap of blocks, a paged heap or a backend's heap: refusals are out-of-memory verdicts.
 #[derive(Debug)]
-pub struct HeapTarget<'a, H: DeviceHeap>(pub &'a mut H);
+pub struct HeapTarget<'a, H: DeviceHeap> {
+    /// The heap.
+    pub heap: &'a mut H,
+    /// When it compacts.
+    pub compact: CompactRule,
+}
+
+impl<'a, H: DeviceHeap> HeapTarget<'a, H> {
+    /// `heap`, never compacting.
+    pub fn new(heap: &'a mut H) -> Self {
+        Self { heap, compact: CompactRule::Never }
+    }
+
+    /// `heap`, compacting by `rule`.
+    pub fn compacting(heap: &'a mut H, rule: CompactRule) -> Self {
+        Self { heap, compact: rule }
+    }
+}
 
 impl<H: DeviceHeap> Target for HeapTarget<'_, H> {
     type Handle = H::Handle;
 
     fn allocate(&mut self, request: Request) -> Result<Result<H::Handle, Option<OomVerdict>>> {
-        match self.0.allocate_request(request) {
+        match self.heap.allocate_request(request) {
             Ok(handle) => Ok(Ok(handle)),
             Err(Error::OutOfMemory(verdict)) => Ok(Err(Some(*verdict))),
             Err(other) => Err(other),
@@ -233,7 +279,7 @@ impl<H: DeviceHeap> Target for HeapTarget<'_, H> {
     }
 
     fn free(&mut self, handle: H::Handle) -> Result<()> {
-        self.0.free_handle(handle)
+        self.heap.free_handle(handle)
     }
 
     fn allocation(handle: &H::Handle) -> &Allocation {
@@ -247,11 +293,19 @@ impl<H: DeviceHeap> Target for HeapTarget<'_, H> {
     }
 
     fn oversized(&mut self, size_bytes: u64, align_bytes: u64) -> Option<OomVerdict> {
-        Some(self.0.oversized_verdict(size_bytes, align_bytes))
+        Some(self.heap.oversized_verdict(size_bytes, align_bytes))
     }
 
     fn take_device_events(&mut self) -> Vec<DeviceEvent> {
-        self.0.take_device_events()
+        self.heap.take_device_events()
+    }
+
+    fn compact_rule(&self) -> CompactRule {
+        self.compact
+    }
+
+    fn compact(&mut self, live: &[(H::Handle, Request)], for_refused: bool) -> Result<Vec<(usize, H::Handle)>> {
+        Ok(self.heap.compact(live, CompactRule::algorithm(for_refused), Budget::UNLIMITED))
     }
 }
 
@@ -271,6 +325,10 @@ pub fn drive<T: Target>(
     Request::new(1, align_bytes)?;
     let events = stream.trace.events();
     let mut handles: Vec<Option<T::Handle>> = vec![None; stream.trace.slots() as usize];
+    let rule = target.compact_rule();
+    // The request of each live slot, for a contender that compacts.
+    let mut requests: Vec<Option<Request>> =
+        if rule == CompactRule::Never { Vec::new() } else { vec![None; stream.trace.slots() as usize] };
     let mut next = 0u64;
     let device_events_wanted = observers.iter().any(|observer| observer.wants_device_events());
     let take_device_events = |target: &mut T| if device_events_wanted { target.take_device_events() } else { Vec::new() };
@@ -286,12 +344,26 @@ pub fn drive<T: Target>(
                 observer.before_event(index)?;
             }
             target.before_event(index)?;
+            if let CompactRule::Every(every) = rule
+                && index > 0
+                && index.is_multiple_of(every)
+            {
+                compact(target, &mut handles, &requests, index, moment, observers, false)?;
+            }
             match *event {
                 Event::Alloc { slot, size_bytes } => {
-                    let served = match Request::new(size_bytes, align_bytes) {
-                        Ok(request) => target.allocate(request)?,
-                        Err(_) => Err(target.oversized(size_bytes, align_bytes)),
+                    let request = Request::new(size_bytes, align_bytes).ok();
+                    let mut served = match request {
+                        Some(request) => target.allocate(request)?,
+                        None => Err(target.oversized(size_bytes, align_bytes)),
                     };
+                    if rule != CompactRule::Never
+                        && let (Some(request), Err(Some(verdict))) = (request, &served)
+                        && verdict.cause == OomCause::Fragmentation
+                        && compact(target, &mut handles, &requests, index, moment, observers, true)? > 0
+                    {
+                        served = target.allocate(request)?;
+                    }
                     let device_events = take_device_events(target);
                     let step = match &served {
                         Ok(handle) => Step::Placed { slot, size_bytes, handle },
@@ -302,6 +374,9 @@ pub fn drive<T: Target>(
                     }
                     if let Ok(handle) = served {
                         handles[slot as usize] = Some(handle);
+                        if let (Some(kept), Some(request)) = (requests.get_mut(slot as usize), request) {
+                            *kept = Some(request);
+                        }
                     }
                 }
                 Event::Free { slot } => {
@@ -333,6 +408,35 @@ pub fn drive<T: Target>(
     Ok(())
 }
 
+/// Asks `target` to compact with every live allocation it holds, tells `observers` each move, and keeps the new handles:
+/// how many moves it made.
+fn compact<T: Target>(
+    target: &mut T,
+    handles: &mut [Option<T::Handle>],
+    requests: &[Option<Request>],
+    event: u64,
+    moment: Moment,
+    observers: &mut [&mut dyn Observer<T>],
+    for_refused: bool,
+) -> Result<usize> {
+    let slots: Vec<u32> = (0..)
+        .zip(handles.iter())
+        .filter(|(slot, handle)| handle.is_some() && requests.get(*slot as usize).is_some_and(Option::is_some))
+        .map(|(slot, _)| slot)
+        .collect();
+    let live: Vec<(T::Handle, Request)> =
+        slots.iter().filter_map(|&slot| Some((handles[slot as usize]?, requests[slot as usize]?))).collect();
+    let moves = target.compact(&live, for_refused)?;
+    for &(index, to) in &moves {
+        let slot = slots[index];
+        let Some(from) = handles[slot as usize].replace(to) else { continue };
+        for observer in observers.iter_mut() {
+            observer.step(event, moment, Step::Moved { slot, from: &from, to: &to, for_refused }, &[], target)?;
+        }
+    }
+    Ok(moves.len())
+}
+
 /// The statistics of a replay, as an [`Observer`]: counts, peaks and the verdicts of its refusals.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Statistics {
@@ -343,6 +447,8 @@ pub struct Statistics {
     /// The last out-of-memory verdict.
     pub last_oom: Option<OomVerdict>,
     footprint_now: u64,
+    /// Moves were made for the refused request of the event being replayed.
+    retrying: bool,
 }
 
 impl Statistics {
@@ -359,14 +465,28 @@ impl<T: Target> Observer<T> for Statistics {
 
     fn step(&mut self, event: u64, _moment: Moment, step: Step<'_, T::Handle>, _: &[DeviceEvent], _: &T) -> Result<()> {
         let stats = &mut self.stats;
-        stats.events += 1;
+        // A move is no event of the stream.
+        stats.events += u64::from(!matches!(step, Step::Moved { .. }));
         match step {
             Step::Placed { size_bytes, handle, .. } => {
                 let footprint_bytes = T::allocation(handle).footprint_bytes();
                 stats.allocated(event, size_bytes, footprint_bytes, T::footprint_end(handle), &mut self.footprint_now);
                 stats.last_event_ok = true;
+                if std::mem::take(&mut self.retrying) {
+                    stats.compaction.ooms_avoided += 1;
+                }
+            }
+            Step::Moved { from, to, for_refused, .. } => {
+                let (from, to_allocation) = (T::allocation(from), T::allocation(to));
+                stats.compaction.moves += 1;
+                stats.compaction.bytes_moved += from.size_bytes();
+                self.footprint_now = self.footprint_now - from.footprint_bytes() + to_allocation.footprint_bytes();
+                stats.peak_footprint_bytes = stats.peak_footprint_bytes.max(self.footprint_now);
+                stats.peak_end_bytes = stats.peak_end_bytes.max(T::footprint_end(to));
+                self.retrying |= for_refused;
             }
             Step::Refused { verdict, .. } => {
+                self.retrying = false;
                 stats.failed(event);
                 if let Some(verdict) = verdict {
                     self.first_oom.get_or_insert_with(|| verdict.clone());
@@ -420,6 +540,8 @@ pub struct ReplayStats {
     pub peak_footprint_bytes: u64,
     /// The highest footprint end ever used: the range a single-range policy needed (its peak reserved).
     pub peak_end_bytes: u64,
+    /// What compacting did (all 0 without a [`CompactRule`]).
+    pub compaction: CompactionFigures,
 }
 
 impl ReplayStats {
@@ -492,7 +614,20 @@ pub fn replay_paged(trace: &Trace, heap: &mut PagedHeap, align_bytes: u64) -> Re
 /// [`Error::AlignmentNotPowerOfTwo`] for a bad alignment, a failure other than out of memory, or an error on
 /// free.
 pub fn replay_device_heap<H: DeviceHeap>(trace: &Trace, heap: &mut H, align_bytes: u64) -> Result<HeapReplay> {
-    Ok(replay(Stream::of_trace(trace), &mut HeapTarget(heap), align_bytes)?.into_replay())
+    replay_device_heap_compacting(trace, heap, align_bytes, CompactRule::Never)
+}
+
+/// [`replay_device_heap`] with the heap compacting by `rule`.
+///
+/// # Errors
+/// As [`replay_device_heap`].
+pub fn replay_device_heap_compacting<H: DeviceHeap>(
+    trace: &Trace,
+    heap: &mut H,
+    align_bytes: u64,
+    rule: CompactRule,
+) -> Result<HeapReplay> {
+    Ok(replay(Stream::of_trace(trace), &mut HeapTarget::compacting(heap, rule), align_bytes)?.into_replay())
 }
 
 #[cfg(test)]
@@ -563,7 +698,7 @@ mod tests {
         assert!(!replay.stats.last_event_ok);
         assert_eq!(replay.stats.failed_allocations, 1);
         let verdict = replay.last_oom.unwrap();
-        assert_eq!(verdict.cause, heapscope_core::OomCause::Fragmentation);
+        assert_eq!(verdict.cause, OomCause::Fragmentation);
         assert_eq!(verdict.free_in_blocks_bytes, 1000 * MIB);
     }
 }

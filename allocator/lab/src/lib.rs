@@ -28,6 +28,7 @@
 pub mod advise;
 pub mod caching_target;
 pub mod capacity;
+pub mod compaction;
 pub mod compare;
 pub mod contender;
 pub mod cuda_cost;

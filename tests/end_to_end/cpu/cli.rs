@@ -343,6 +343,36 @@ fn paged_under_pressure_reuses_its_pages_and_still_serves_frag_oom() {
     assert_eq!(pressure["peak_reserved_bytes"], eager["peak_reserved_bytes"]);
 }
 
+/// `--compact on-oom`: a heap refused 200 MiB with 272 MiB free in two blocks; compacting empties one block and the
+/// request is served. The row says what moved; `--vulkan` refuses the flag for now.
+#[test]
+fn compacting_on_a_refusal_is_reported() {
+    let dir = temp_dir("compact");
+    let file = dir.join("scattered.csv");
+    let mut csv = String::from("# eight 60 MiB, every other one freed, then 200 MiB\n");
+    for id in 0..8 {
+        csv.push_str(&format!("a,{id},62914560\n"));
+    }
+    for id in [1, 3, 5, 7] {
+        csv.push_str(&format!("f,{id}\n"));
+    }
+    csv.push_str("a,8,209715200\n");
+    std::fs::write(&file, csv).unwrap();
+    let path = file.to_str().unwrap();
+    let args = ["replay", path, "--capacity", "512MiB", "--policy", "tlsf"];
+    let lines = json_lines(&heapscope(&[&args[..], &["--json", "--compact", "on-oom"]].concat()));
+    assert_eq!(lines[0]["ooms"].as_u64(), Some(0), "{}", lines[0]);
+    assert_eq!(lines[0]["compaction"]["ooms_avoided"].as_u64(), Some(1), "{}", lines[0]);
+    let table = stdout(&heapscope(&[&args[..], &["--compact", "on-oom"]].concat()));
+    assert!(table.contains("compaction: 2 moves, 120.00 MiB copied, 1 of its refusals served after compacting"), "{table}");
+    let without = json_lines(&heapscope(&[&args[..], &["--json"]].concat()));
+    assert_eq!((without[0]["ooms"].as_u64(), &without[0]["compaction"]), (Some(1), &Value::Null));
+    let refused = heapscope(&[&args[..], &["--compact", "on-oom", "--vulkan"]].concat());
+    assert!(!refused.status.success() && stderr(&refused).contains("simulated devices only"), "{}", stderr(&refused));
+    let bad = heapscope(&[&args[..], &["--compact", "every:0"]].concat());
+    assert!(stderr(&bad).contains("never, on-oom or every:N"), "{}", stderr(&bad));
+}
+
 #[test]
 fn compare_says_why_in_one_sentence() {
     let output = heapscope(&["compare", snapshot("frag_oom-default").to_str().unwrap(), "--capacity", "3584MiB"]);

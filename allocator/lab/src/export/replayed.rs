@@ -306,7 +306,7 @@ fn replay_device_heap<H: DeviceHeap>(
 ) -> Result<()> {
     heap.record_device_events(true);
     let mut exporter = Exporter { writer, recorder, address_base };
-    drive(Stream::of(recording), &mut HeapTarget(heap), config.align_bytes, &mut [&mut exporter])
+    drive(Stream::of(recording), &mut HeapTarget::compacting(heap, config.compact), config.align_bytes, &mut [&mut exporter])
 }
 
 /// Writes a heap contender's replay down in PyTorch's schema, with PyTorch's counters: an [`Observer`] of the
@@ -358,6 +358,17 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
                 self.device(device_events, index);
             }
             Step::Unserved { .. } => self.device(device_events, index),
+            // A move is a free where it was and an allocation where it is, at once.
+            Step::Moved { from, to, .. } => {
+                let (from_allocation, to_allocation) = (H::allocation(from), H::allocation(to));
+                let size_bytes = from_allocation.size_bytes();
+                self.recorder.allocation(H::block_base(from), from_allocation.footprint_bytes(), size_bytes, false);
+                let address = self.address_base + H::address(from);
+                self.writer.push(Action::FreeRequested, address, size_bytes, index, None);
+                self.writer.push(Action::FreeCompleted, address, size_bytes, index, None);
+                self.recorder.allocation(H::block_base(to), to_allocation.footprint_bytes(), size_bytes, true);
+                self.writer.push(Action::Alloc, self.address_base + H::address(to), size_bytes, index, None);
+            }
         }
         Ok(())
     }

@@ -41,13 +41,13 @@ pub fn record(recording: &Recording, contender: Contender, config: &CompareConfi
         Contender::Heap(kind) => {
             let mut heap = config.heap(kind)?;
             let rules = Rules::Heap(heap.config().clone());
-            record_device_heap(recording, &mut heap, config.align_bytes, &[], rules)?
+            record_device_heap(recording, &mut heap, config, &[], rules)?
         }
         Contender::Paged => {
             let mut heap = config.paged_heap()?;
             let range = Change::RegionAdded { address: 0, size_bytes: heap.config().virtual_bytes, kind: RegionKind::Virtual };
             let rules = Rules::Paged(heap.config().clone());
-            record_device_heap(recording, &mut heap, config.align_bytes, &[range], rules)?
+            record_device_heap(recording, &mut heap, config, &[range], rules)?
         }
         Contender::GpuAllocator | Contender::Vma => {
             return Err(Error::InvalidConfig {
@@ -134,6 +134,20 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for TimelineObserver {
                 self.refusal = verdict.map(Refusal::from);
             }
             Step::Unserved { .. } => self.regions.changes(device_events, &[], &mut self.changes),
+            // The allocation slides: gone from where it was, there where it is.
+            Step::Moved { slot, from, to, .. } => {
+                let allocation = H::allocation(from);
+                self.changes.push(Change::Freed { address: H::block_base(from) + allocation.footprint_offset() });
+                let moved = H::allocation(to);
+                self.changes.push(Change::Allocated(Span {
+                    address: H::block_base(to) + moved.footprint_offset(),
+                    footprint_bytes: moved.footprint_bytes(),
+                    lead_bytes: moved.offset() - moved.footprint_offset(),
+                    requested_bytes: allocation.size_bytes(),
+                    slot,
+                    born,
+                }));
+            }
         }
         Ok(())
     }
@@ -158,13 +172,14 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for TimelineObserver {
 fn record_device_heap<H: DeviceHeap>(
     recording: &Recording,
     heap: &mut H,
-    align_bytes: u64,
+    config: &CompareConfig,
     initial: &[Change],
     rules: Rules,
 ) -> Result<Timeline> {
     heap.record_device_events(true);
     let mut observer = TimelineObserver::new(&recording.name, heap.policy_name(), initial);
-    drive(Stream::of(recording), &mut HeapTarget(heap), align_bytes, &mut [&mut observer])?;
+    let mut target = HeapTarget::compacting(heap, config.compact);
+    drive(Stream::of(recording), &mut target, config.align_bytes, &mut [&mut observer])?;
     let mut timeline = observer.finish();
     timeline.rules = Some(rules);
     Ok(timeline)
