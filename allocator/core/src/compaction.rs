@@ -102,6 +102,12 @@ pub struct Budget {
 impl Budget {
     /// No limit.
     pub const UNLIMITED: Budget = Budget { max_bytes: u64::MAX, max_moves: usize::MAX };
+
+    /// Whether `moves` more moves of `bytes` fit, after `moves_done` of `bytes_done`.
+    pub fn allows(&self, moves_done: usize, bytes_done: u64, moves: usize, bytes: u64) -> bool {
+        moves_done.saturating_add(moves) <= self.max_moves
+            && bytes_done.checked_add(bytes).is_some_and(|total| total <= self.max_bytes)
+    }
 }
 
 /// One allocation moved: from where to where. Apply a plan's moves in order; each destination is free when its turn
@@ -284,8 +290,7 @@ struct Planner<'s, 'l> {
 impl Planner<'_, '_> {
     fn room_for(&self, moves: &[Move]) -> bool {
         let bytes: u64 = moves.iter().map(|m| m.size_bytes).sum();
-        self.moves.len().saturating_add(moves.len()) <= self.budget.max_moves
-            && self.bytes.checked_add(bytes).is_some_and(|total| total <= self.budget.max_bytes)
+        self.budget.allows(self.moves.len(), self.bytes, moves.len(), bytes)
     }
 
     fn apply(&mut self, moves: Vec<Move>, indices: &[usize]) {

@@ -419,13 +419,10 @@ fn compact<T: Target>(
     observers: &mut [&mut dyn Observer<T>],
     for_refused: bool,
 ) -> Result<usize> {
-    let slots: Vec<u32> = (0..)
+    let (slots, live): (Vec<u32>, Vec<(T::Handle, Request)>) = (0..)
         .zip(handles.iter())
-        .filter(|(slot, handle)| handle.is_some() && requests.get(*slot as usize).is_some_and(Option::is_some))
-        .map(|(slot, _)| slot)
-        .collect();
-    let live: Vec<(T::Handle, Request)> =
-        slots.iter().filter_map(|&slot| Some((handles[slot as usize]?, requests[slot as usize]?))).collect();
+        .filter_map(|(slot, handle)| Some((slot, ((*handle)?, (*requests.get(slot as usize)?)?))))
+        .unzip();
     let moves = target.compact(&live, for_refused)?;
     for &(index, to) in &moves {
         let slot = slots[index];

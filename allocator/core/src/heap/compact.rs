@@ -112,19 +112,20 @@ impl<S: MemorySource> Heap<S> {
         let mut sources: Vec<usize> = (0..self.blocks.len())
             .filter(|&i| shared(self, i) && pass.movable_in(i as u32).len() == self.blocks[i].as_ref().map_or(0, |b| b.live))
             .collect();
-        sources.sort_by_key(|&i| (live_bytes(self, i), std::cmp::Reverse(i)));
+        sources.sort_by_cached_key(|&i| (live_bytes(self, i), std::cmp::Reverse(i)));
         for source in sources {
             if !shared(self, source) {
                 continue;
             }
             let mut items = pass.movable_in(source as u32);
-            items.sort_by_key(|m| std::cmp::Reverse(m.request.size_bytes()));
+            // Ties by offset: `movable_in` comes in hash order, and the moves must not depend on it.
+            items.sort_by_key(|m| (std::cmp::Reverse(m.request.size_bytes()), m.allocation.offset()));
             let bytes: u64 = items.iter().map(|m| m.allocation.size_bytes()).sum();
             if !pass.room_for(items.len(), bytes) {
                 continue;
             }
             let mut destinations: Vec<usize> = (0..self.blocks.len()).filter(|&i| i != source && shared(self, i)).collect();
-            destinations.sort_by_key(|&i| (std::cmp::Reverse(live_bytes(self, i)), i));
+            destinations.sort_by_cached_key(|&i| (std::cmp::Reverse(live_bytes(self, i)), i));
             // Room for each, largest first, in the fullest blocks first: taken now, given back unless all find room.
             let before = self.largest_usable_free_run();
             let mut placed: Vec<(Movable, u32, crate::Allocation)> = Vec::new();
@@ -229,8 +230,7 @@ impl Pass {
     }
 
     fn room_for(&self, moves: usize, bytes: u64) -> bool {
-        self.compaction.moves.len().saturating_add(moves) <= self.budget.max_moves
-            && self.compaction.bytes_moved.checked_add(bytes).is_some_and(|total| total <= self.budget.max_bytes)
+        self.budget.allows(self.compaction.moves.len(), self.compaction.bytes_moved, moves, bytes)
     }
 }
 

@@ -338,9 +338,7 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
         match step {
             Step::Placed { size_bytes, handle, .. } => {
                 self.device(device_events, index);
-                let footprint_bytes = H::allocation(handle).footprint_bytes();
-                self.recorder.allocation(H::block_base(handle), footprint_bytes, size_bytes, true);
-                self.writer.push(Action::Alloc, self.address_base + H::address(handle), size_bytes, index, None);
+                self.allocated::<H>(handle, size_bytes, index);
             }
             Step::Refused { size_bytes, verdict, .. } => {
                 self.device(device_events, index);
@@ -349,28 +347,35 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
                 self.writer.push(Action::Oom, 0, size_bytes, index, Some(device_free));
             }
             Step::Freed { handle, .. } => {
-                let allocation = H::allocation(handle);
-                let size_bytes = allocation.size_bytes();
-                self.recorder.allocation(H::block_base(handle), allocation.footprint_bytes(), size_bytes, false);
-                let address = self.address_base + H::address(handle);
-                self.writer.push(Action::FreeRequested, address, size_bytes, index, None);
-                self.writer.push(Action::FreeCompleted, address, size_bytes, index, None);
+                self.freed::<H>(handle, index);
                 self.device(device_events, index);
             }
             Step::Unserved { .. } => self.device(device_events, index),
             // A move is a free where it was and an allocation where it is, at once.
             Step::Moved { from, to, .. } => {
-                let (from_allocation, to_allocation) = (H::allocation(from), H::allocation(to));
-                let size_bytes = from_allocation.size_bytes();
-                self.recorder.allocation(H::block_base(from), from_allocation.footprint_bytes(), size_bytes, false);
-                let address = self.address_base + H::address(from);
-                self.writer.push(Action::FreeRequested, address, size_bytes, index, None);
-                self.writer.push(Action::FreeCompleted, address, size_bytes, index, None);
-                self.recorder.allocation(H::block_base(to), to_allocation.footprint_bytes(), size_bytes, true);
-                self.writer.push(Action::Alloc, self.address_base + H::address(to), size_bytes, index, None);
+                self.freed::<H>(from, index);
+                self.allocated::<H>(to, H::allocation(from).size_bytes(), index);
             }
         }
         Ok(())
+    }
+}
+
+impl Exporter<'_, '_> {
+    /// Writes the allocation behind `handle` (`size_bytes` asked for) at entry `index`, and counts it.
+    fn allocated<H: DeviceHeap>(&mut self, handle: &H::Handle, size_bytes: u64, index: usize) {
+        self.recorder.allocation(H::block_base(handle), H::allocation(handle).footprint_bytes(), size_bytes, true);
+        self.writer.push(Action::Alloc, self.address_base + H::address(handle), size_bytes, index, None);
+    }
+
+    /// Writes the free of the allocation behind `handle` at entry `index` (requested, then completed), and counts it.
+    fn freed<H: DeviceHeap>(&mut self, handle: &H::Handle, index: usize) {
+        let allocation = H::allocation(handle);
+        let size_bytes = allocation.size_bytes();
+        self.recorder.allocation(H::block_base(handle), allocation.footprint_bytes(), size_bytes, false);
+        let address = self.address_base + H::address(handle);
+        self.writer.push(Action::FreeRequested, address, size_bytes, index, None);
+        self.writer.push(Action::FreeCompleted, address, size_bytes, index, None);
     }
 }
 

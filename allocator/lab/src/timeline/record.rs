@@ -97,6 +97,24 @@ impl TimelineObserver {
     }
 }
 
+/// Where the footprint of the allocation behind `handle` starts.
+fn footprint_address<H: DeviceHeap>(handle: &H::Handle) -> u64 {
+    H::block_base(handle) + H::allocation(handle).footprint_offset()
+}
+
+/// The span of the allocation behind `handle`: `requested_bytes` asked for, trace slot `slot`, born at entry `born`.
+fn span<H: DeviceHeap>(handle: &H::Handle, requested_bytes: u64, slot: u32, born: u64) -> Span {
+    let allocation = H::allocation(handle);
+    Span {
+        address: footprint_address::<H>(handle),
+        footprint_bytes: allocation.footprint_bytes(),
+        lead_bytes: allocation.offset() - allocation.footprint_offset(),
+        requested_bytes,
+        slot,
+        born,
+    }
+}
+
 impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for TimelineObserver {
     fn step(
         &mut self,
@@ -113,20 +131,11 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for TimelineObserver {
         match step {
             Step::Placed { slot, size_bytes, handle } => {
                 self.regions.changes(device_events, &[], &mut self.changes);
-                let allocation = H::allocation(handle);
                 let slot = if moment == Moment::Start { Span::BEFORE_RECORDING } else { slot };
-                self.changes.push(Change::Allocated(Span {
-                    address: H::block_base(handle) + allocation.footprint_offset(),
-                    footprint_bytes: allocation.footprint_bytes(),
-                    lead_bytes: allocation.offset() - allocation.footprint_offset(),
-                    requested_bytes: size_bytes,
-                    slot,
-                    born,
-                }));
+                self.changes.push(Change::Allocated(span::<H>(handle, size_bytes, slot, born)));
             }
             Step::Freed { handle, .. } => {
-                let address = H::block_base(handle) + H::allocation(handle).footprint_offset();
-                self.changes.push(Change::Freed { address });
+                self.changes.push(Change::Freed { address: footprint_address::<H>(handle) });
                 self.regions.changes(device_events, &[], &mut self.changes);
             }
             Step::Refused { verdict, .. } => {
@@ -136,17 +145,8 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for TimelineObserver {
             Step::Unserved { .. } => self.regions.changes(device_events, &[], &mut self.changes),
             // The allocation slides: gone from where it was, there where it is.
             Step::Moved { slot, from, to, .. } => {
-                let allocation = H::allocation(from);
-                self.changes.push(Change::Freed { address: H::block_base(from) + allocation.footprint_offset() });
-                let moved = H::allocation(to);
-                self.changes.push(Change::Allocated(Span {
-                    address: H::block_base(to) + moved.footprint_offset(),
-                    footprint_bytes: moved.footprint_bytes(),
-                    lead_bytes: moved.offset() - moved.footprint_offset(),
-                    requested_bytes: allocation.size_bytes(),
-                    slot,
-                    born,
-                }));
+                self.changes.push(Change::Freed { address: footprint_address::<H>(from) });
+                self.changes.push(Change::Allocated(span::<H>(to, H::allocation(from).size_bytes(), slot, born)));
             }
         }
         Ok(())

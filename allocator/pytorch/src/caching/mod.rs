@@ -14,8 +14,9 @@
 //!   expandable segments (`find_expandable_block`, `map_block`, `unmap_block`) in `expandable`.
 //! - The only inputs that are not allocator decisions: where the driver puts a new segment or expandable
 //!   segment's reservation (a base address hint, taken by [`emulate`] from the recorded `alloc` that opens
-//!   it; without one, bases simply increase; in a run under settings other than the recording's, the driver's
-//!   rule of `addresses`, see [`AddressSource`]), the device's capacity, and user `empty_cache()` calls.
+//!   it; without one, bases simply increase; in a run that turns expandable segments on or off against the
+//!   recording, the driver's rule of `addresses`, see [`AddressSource`]), the device's capacity, and user
+//!   `empty_cache()` calls.
 //! - [`CachingHeap`] (`heap`) wraps the allocator as a [`heapscope_core::DeviceHeap`]: generation-checked handles, its
 //!   segment operations as core device events (blocks reserved and released, expandable pages mapped and
 //!   unmapped), out of memory as a core [`OomVerdict`] ([`OomReport::verdict`]); the bench runner and the Vulkan
