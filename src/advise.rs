@@ -91,6 +91,9 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
     if advice.settings.iter().any(|row| !row.monotone) {
         outln!("(!) not monotone: more memory made that setting fail again at the capacity shown");
     }
+    if advice.settings.iter().any(|row| row.same_run_as.is_some()) {
+        outln!("(=) the same run as the setting without its max_split_size_mb: no block of this recording can reach that size");
+    }
     outln!("\n{}", advice.answer());
     Ok(())
 }
@@ -112,7 +115,8 @@ fn shown_setting(row: &SettingAdvice) -> String {
         PAGED => "paged (a paging allocator, 2 MiB pages: for reference)",
         setting => setting,
     };
-    format!("{}{name}", if row.as_recorded { "*" } else { " " })
+    let same = if row.same_run_as.is_some() { " (=)" } else { "" };
+    format!("{}{name}{same}", if row.as_recorded { "*" } else { " " })
 }
 
 /// One setting's line of the table, its name `width` wide.

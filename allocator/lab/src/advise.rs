@@ -14,7 +14,10 @@
 //! larger capacities are replayed too, and a setting that fails at one of them is reported as not monotone. Each
 //! probe stops at the first refusal; a snapshot's probes resume from copies of the run without a limit taken along
 //! it (`Checkpoints`: the runs are the same up to the first request past the probe's capacity), a plain trace's
-//! replay from the start ([`crate::compare::first_refusal`]).
+//! replay from the start ([`crate::compare::first_refusal`]). With no capacity the row's own run is the run without
+//! a limit, and keeps the copies itself ([`crate::caching_target::SnapshotTarget::keep_copies`]). Settings the
+//! recording cannot tell apart ([`settings_in_effect`]: a `max_split_size_mb` no block of it can reach) replay
+//! once; the other rows are that run's, named for them and marked [`SettingAdvice::same_run_as`].
 //!
 //! The device's capacity is the one given, else what the recording tells: at its first `oom` entry the reserved
 //! bytes plus the driver's free bytes it recorded ([`crate::capacity`]). With a capacity the settings that fit
@@ -24,13 +27,16 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::caching_target::Copies;
 use crate::capacity::{Capacity, CapacityFrom, reserved_at_start};
-use crate::compare::{Figures, FirstOom, alloc_conf, emulate_pytorch, emulation_error, first_refusal, summed};
+use crate::compare::{Figures, FirstOom, alloc_conf, emulate_pytorch_copied, emulation_error, first_refusal, summed};
 use crate::cuda_cost::{CUDA_PAGE_BYTES, CudaCost};
 use crate::driver::{HeapTarget, Statistics, Stream, drive};
 use crate::recording::{Recording, counted};
+use heapscope_core::trace::Event;
 use heapscope_core::units::Bytes;
 use heapscope_core::{PagedConfig, PagedHeap, Result, UnmapRule};
+use heapscope_pytorch::caching::{get_allocation_size, largest_block_bound, round_size, settings_in_effect};
 use heapscope_pytorch::{AllocConf, Emulator, MemoryStats, Snapshot};
 
 /// The capacity searches' grid: capacities are multiples of CUDA's 2 MiB granularity.
@@ -97,6 +103,9 @@ pub struct SettingAdvice {
     pub fails_again_at_bytes: Option<u64>,
     /// 1 for the best; 0 for `paged`, a reference rather than a setting.
     pub rank: usize,
+    /// The setting whose run this one is, when what it adds cannot change a decision on this recording
+    /// ([`heapscope_pytorch::caching::settings_in_effect`]: a `max_split_size_mb` no block can reach): replayed once.
+    pub same_run_as: Option<String>,
 }
 
 /// The advice for one recording. See the module documentation.
@@ -254,25 +263,63 @@ pub fn advise(recording: &Recording, config: &AdviseConfig, progress: &(dyn Fn(u
         rows.push(Row::Pytorch { setting: recorded_setting.clone(), conf: recorded_conf.clone() });
     }
     rows.push(Row::Paged);
+    // Rows the recording cannot tell apart replay once: each row's run is the first row's with the same settings in
+    // effect.
+    let in_effect: Vec<Option<AllocConf>> = rows
+        .iter()
+        .map(|row| match row {
+            Row::Pytorch { conf, .. } => Some(settings_in_effect(conf, largest_block_bound_of(recording, conf))),
+            Row::Paged => None,
+        })
+        .collect();
+    let run_of: Vec<usize> = (0..rows.len())
+        .map(|index| match &in_effect[index] {
+            Some(conf) => in_effect.iter().position(|other| other.as_ref() == Some(conf)).unwrap_or(index),
+            None => index,
+        })
+        .collect();
+    let runs: Vec<usize> = (0..rows.len()).filter(|&index| run_of[index] == index).collect();
     let done = AtomicUsize::new(0);
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<Result<SettingAdvice>>>> = Mutex::new(vec![None; rows.len()]);
     std::thread::scope(|scope| {
-        for _ in 0..config.threads.clamp(1, rows.len()) {
+        for _ in 0..config.threads.clamp(1, runs.len()) {
             scope.spawn(|| {
-                loop {
-                    let index = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(row) = rows.get(index) else { break };
-                    let advice = advise_row(recording, row, capacity_bytes, &recorded_conf);
+                while let Some(&index) = runs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    let advice = advise_row(recording, &rows[index], capacity_bytes, &recorded_conf);
                     results.lock().unwrap_or_else(std::sync::PoisonError::into_inner)[index] = Some(advice);
-                    progress(done.fetch_add(1, Ordering::Relaxed) + 1, rows.len());
+                    let same = run_of.iter().filter(|&&run| run == index).count();
+                    progress(done.fetch_add(same, Ordering::Relaxed) + same, rows.len());
                 }
             });
         }
     });
+    let results = results.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut settings = Vec::with_capacity(rows.len());
-    for advice in results.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner).into_iter().flatten() {
-        settings.push(advice?);
+    for (index, row) in rows.iter().enumerate() {
+        let run = run_of[index];
+        match (&results[run], row) {
+            (Some(Ok(advice)), _) if run == index => settings.push(advice.clone()),
+            (Some(Ok(advice)), Row::Pytorch { setting, conf }) => {
+                // The same decisions and counters; named for this row, its fidelity kept only if it is no what-if.
+                let what_if = *conf != recorded_conf;
+                settings.push(SettingAdvice {
+                    setting: setting.clone(),
+                    as_recorded: !what_if,
+                    figures: Figures {
+                        policy: setting.clone(),
+                        settings: Some(conf.overrides()),
+                        what_if,
+                        fidelity: advice.figures.fidelity.filter(|_| !what_if),
+                        ..advice.figures.clone()
+                    },
+                    same_run_as: Some(advice.setting.clone()),
+                    ..advice.clone()
+                });
+            }
+            (Some(Err(error)), _) => return Err(error.clone()),
+            _ => {}
+        }
     }
     rank(&mut settings, capacity_bytes.is_some());
     Ok(Advice { capacity_bytes, capacity_from, recorded_setting, start_live_bytes: recording.start_bytes(), settings })
@@ -294,27 +341,59 @@ fn rank(settings: &mut [SettingAdvice], capacity_known: bool) {
     }
 }
 
+/// The largest block a run of `conf` on `recording` can hold (`None`: unbounded), for
+/// [`settings_in_effect`]: a snapshot's ([`largest_block_bound`]), else from a plain trace's requests (its caching
+/// heap starts empty).
+fn largest_block_bound_of(recording: &Recording, conf: &AllocConf) -> Option<u64> {
+    match &recording.snapshot {
+        Some(snapshot) => largest_block_bound(snapshot, recording.device, conf),
+        None if conf.expandable_segments => None,
+        None => Some(
+            recording
+                .trace
+                .events()
+                .iter()
+                .filter_map(|event| match *event {
+                    Event::Alloc { size_bytes, .. } => Some(get_allocation_size(round_size(size_bytes, conf))),
+                    Event::Free { .. } => None,
+                })
+                .max()
+                .unwrap_or(0),
+        ),
+    }
+}
+
 /// The advice of one row: its run on the device of the advice, and its smallest capacity.
 fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, recorded: &AllocConf) -> Result<SettingAdvice> {
     let device = capacity_bytes.unwrap_or(UNLIMITED_BYTES);
-    // A snapshot's probes resume from copies of the run without a limit (see `Checkpoints`).
-    let checkpoints = match (row, &recording.snapshot) {
-        (Row::Pytorch { conf, .. }, Some(snapshot)) => Some(Checkpoints::of(recording, snapshot, conf)?),
-        _ => None,
-    };
-    let (setting, as_recorded, (figures, driver_time_us)) = match row {
-        Row::Pytorch { setting, conf } => (setting.clone(), conf == recorded, pytorch_run(recording, setting, conf, device)?),
-        Row::Paged => (PAGED.to_owned(), false, paged_run(recording, device)?),
+    // A snapshot's probes resume from copies of the run without a limit (see `Checkpoints`): with no capacity that is
+    // the row's own run, which keeps them; else a lean run of its own.
+    let (setting, as_recorded, (figures, driver_time_us), checkpoints) = match (row, &recording.snapshot) {
+        (Row::Pytorch { setting, conf }, snapshot) => {
+            let copy_every =
+                snapshot.as_ref().filter(|_| capacity_bytes.is_none()).map(|snapshot| Checkpoints::every(recording, snapshot));
+            let (run, copies) = pytorch_run(recording, setting, conf, device, copy_every)?;
+            let checkpoints = match (copies, snapshot) {
+                (Some(copies), _) => {
+                    Some((Checkpoints { saved: copies.saved, gc_threshold: conf.garbage_collection_threshold }, None))
+                }
+                (None, Some(snapshot)) => Some(Checkpoints::of(recording, snapshot, conf)?),
+                (None, None) => None,
+            };
+            (setting.clone(), conf == recorded, run, checkpoints)
+        }
+        (Row::Paged, _) => (PAGED.to_owned(), false, paged_run(recording, device)?, None),
     };
     // The run without a limit: the run on the device when there is none, else the copies' run, else one more.
     let unlimited = match (capacity_bytes, &checkpoints, row) {
         (None, ..) => Unlimited::of(&figures),
-        (Some(_), Some(saved), _) => saved.unlimited(),
-        (Some(_), None, Row::Pytorch { setting, conf }) => {
-            Unlimited::of(&pytorch_run(recording, setting, conf, UNLIMITED_BYTES)?.0)
+        (Some(_), Some((_, Some(end))), _) => Unlimited::of_stats(end),
+        (Some(_), _, Row::Pytorch { setting, conf }) => {
+            Unlimited::of(&pytorch_run(recording, setting, conf, UNLIMITED_BYTES, None)?.0.0)
         }
-        (Some(_), None, Row::Paged) => Unlimited::of(&paged_run(recording, UNLIMITED_BYTES)?.0),
+        (Some(_), _, Row::Paged) => Unlimited::of(&paged_run(recording, UNLIMITED_BYTES)?.0),
     };
+    let checkpoints = checkpoints.map(|(checkpoints, _)| checkpoints);
     // PyTorch's allocator holds the segments of a recording begun mid-run from the start: a smaller device never
     // held them.
     let start = if matches!(row, Row::Pytorch { .. }) { reserved_at_start(recording) } else { 0 };
@@ -357,6 +436,7 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
         monotone,
         fails_again_at_bytes,
         rank: 0,
+        same_run_as: None,
     })
 }
 
@@ -456,8 +536,6 @@ impl Unlimited {
 /// threshold skip most of the recording's beginning, and every one skips rebuilding the start state.
 struct Checkpoints<'s> {
     saved: Vec<(u64, Emulator<'s>)>,
-    /// PyTorch's counters at the end of the run.
-    end: MemoryStats,
     /// `garbage_collection_threshold` (0: off).
     gc_threshold: f64,
 }
@@ -466,25 +544,27 @@ struct Checkpoints<'s> {
 const CHECKPOINTS: usize = 32;
 
 impl<'s> Checkpoints<'s> {
-    /// The run of `conf` on `recording` (whose snapshot is `snapshot`) without a limit, copied along the way.
-    fn of(recording: &Recording, snapshot: &'s Snapshot, conf: &AllocConf) -> Result<Self> {
+    /// How many entries apart the copies of `recording`'s run are.
+    fn every(recording: &Recording, snapshot: &Snapshot) -> usize {
+        let entries = snapshot.device_traces.get(recording.device).map_or(0, Vec::len);
+        (entries / CHECKPOINTS).max(1)
+    }
+
+    /// The run of `conf` on `recording` (whose snapshot is `snapshot`) without a limit, copied along the way, and
+    /// PyTorch's counters at its end.
+    fn of(recording: &Recording, snapshot: &'s Snapshot, conf: &AllocConf) -> Result<(Self, Option<MemoryStats>)> {
         let mut emulator = Emulator::new(snapshot, recording.device, conf, Some(UNLIMITED_BYTES))
             .map_err(|error| emulation_error(recording, &error))?
             .lean();
-        let entries = snapshot.device_traces.get(recording.device).map_or(0, Vec::len);
-        let every = (entries / CHECKPOINTS).max(1);
+        let every = Self::every(recording, snapshot);
         let mut saved = vec![(emulator.capacity_read_up_to(), emulator.clone())];
         while let Some((entry, _)) = emulator.step() {
             if (entry + 1) % every == 0 {
                 saved.push((emulator.capacity_read_up_to(), emulator.clone()));
             }
         }
-        Ok(Self { saved, end: emulator.allocator().stats().clone(), gc_threshold: conf.garbage_collection_threshold })
-    }
-
-    /// The run without a limit these copies come from.
-    fn unlimited(&self) -> Unlimited {
-        Unlimited::of_stats(&self.end)
+        let end = emulator.allocator().stats().clone();
+        Ok((Self { saved, gc_threshold: conf.garbage_collection_threshold }, Some(end)))
     }
 
     /// Whether the run fits a device of `capacity_bytes`: replayed from the last copy that never went past what the
@@ -505,10 +585,17 @@ impl<'s> Checkpoints<'s> {
 }
 
 /// A PyTorch setting's run on a device of `capacity_bytes`: its figures and the estimated driver time.
-fn pytorch_run(recording: &Recording, setting: &str, conf: &AllocConf, capacity_bytes: u64) -> Result<(Figures, f64)> {
+/// With `copy_every`, lean copies of the emulation kept along the run (a PyTorch recording's).
+fn pytorch_run<'r>(
+    recording: &'r Recording,
+    setting: &str,
+    conf: &AllocConf,
+    capacity_bytes: u64,
+    copy_every: Option<usize>,
+) -> Result<((Figures, f64), Option<Copies<'r>>)> {
     let mut cost = CudaCost::default();
-    let replay = emulate_pytorch(recording, conf, Some(capacity_bytes), &mut cost)?;
-    Ok((replay.figures(setting, recording, 0), cost.micros))
+    let (replay, copies) = emulate_pytorch_copied(recording, conf, Some(capacity_bytes), &mut cost, copy_every)?;
+    Ok(((replay.figures(setting, recording, 0), cost.micros), copies))
 }
 
 /// The paging allocator's run (CUDA's 2 MiB pages, pages unmapped under pressure only, as PyTorch's expandable
@@ -650,26 +737,74 @@ mod tests {
                 ] {
                     let mut conf = AllocConf::default();
                     conf.parse_overrides(setting).unwrap();
-                    let unlimited = pytorch_run(&recording, setting, &conf, UNLIMITED_BYTES).unwrap().0;
+                    // The copies two ways: a lean run of their own, and kept by the row's own run through the driver.
+                    let every = Checkpoints::every(&recording, snapshot);
+                    let ((unlimited, _), copies) = pytorch_run(&recording, setting, &conf, UNLIMITED_BYTES, Some(every)).unwrap();
                     let stats = unlimited.memory_stats.as_ref().unwrap();
                     let low = u64::try_from(stats.allocated_bytes.all().peak).unwrap() / 2;
                     let high = unlimited.peak_reserved_bytes + CAPACITY_STEP_BYTES;
-                    let checkpoints = Checkpoints::of(&recording, snapshot, &conf).unwrap();
+                    let (checkpoints, end) = Checkpoints::of(&recording, snapshot, &conf).unwrap();
+                    assert_eq!(end.as_ref(), Some(stats), "{name} cut {cut} {setting:?}: the same run either way");
+                    let kept = Checkpoints { saved: copies.unwrap().saved, gc_threshold: conf.garbage_collection_threshold };
                     for step in 0..=12u64 {
                         let capacity = low + (high - low) / 12 * step;
                         let replayed = first_refusal(&recording, &conf, Some(capacity)).unwrap().is_none();
                         let start_fits = capacity >= reserved_at_start(&recording);
-                        assert_eq!(
-                            checkpoints.fits(capacity),
-                            replayed && start_fits,
-                            "{name} cut {cut} {setting:?} at {capacity}"
-                        );
+                        for saved in [&checkpoints, &kept] {
+                            assert_eq!(
+                                saved.fits(capacity),
+                                replayed && start_fits,
+                                "{name} cut {cut} {setting:?} at {capacity}"
+                            );
+                        }
                         compared += 1;
                     }
                 }
             }
         }
         assert_eq!(compared, 3 * 2 * 5 * 13);
+    }
+
+    /// A setting the recording cannot feel (a max split size above every block it can hold) replays once, under the
+    /// setting without it, and its row is what its own replay gives.
+    #[test]
+    fn a_setting_the_recording_cannot_feel_is_the_same_run() {
+        for name in ["frag_oom-default", "gpt2_train_fixed-default"] {
+            let recording = shared(name);
+            let settings: Vec<String> = [
+                "",
+                "max_split_size_mb:4096",
+                "max_split_size_mb:64",
+                "garbage_collection_threshold:0.8",
+                "max_split_size_mb:4096,garbage_collection_threshold:0.8",
+            ]
+            .map(str::to_owned)
+            .to_vec();
+            let config = AdviseConfig { capacity_bytes: None, settings: settings.clone(), threads: 2 };
+            let advice = advise(&recording, &config, &|_, _| {}).unwrap();
+            let row = |setting: &str| advice.settings.iter().find(|row| row.setting == setting).unwrap();
+            assert_eq!(row("max_split_size_mb:4096").same_run_as.as_deref(), Some(""), "{name}");
+            assert_eq!(
+                row("max_split_size_mb:4096,garbage_collection_threshold:0.8").same_run_as.as_deref(),
+                Some("garbage_collection_threshold:0.8"),
+                "{name}"
+            );
+            assert_eq!(row("max_split_size_mb:64").same_run_as, None, "{name}: GPT-2's and frag_oom's blocks reach 64 MiB");
+            let recorded = alloc_conf(&recording, None).unwrap();
+            for setting in ["max_split_size_mb:4096", "max_split_size_mb:4096,garbage_collection_threshold:0.8"] {
+                let mut conf = AllocConf::default();
+                conf.parse_overrides(setting).unwrap();
+                let own =
+                    advise_row(&recording, &Row::Pytorch { setting: setting.to_owned(), conf }, advice.capacity_bytes, &recorded)
+                        .unwrap();
+                let copied = row(setting);
+                assert_eq!(
+                    SettingAdvice { same_run_as: copied.same_run_as.clone(), rank: copied.rank, ..own },
+                    *copied,
+                    "{name} {setting}"
+                );
+            }
+        }
     }
 
     /// The capacity search on made-up answers: a setting that fits from a threshold on, one that fails again above

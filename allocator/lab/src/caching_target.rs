@@ -67,6 +67,17 @@ pub struct SnapshotTarget<'r> {
     effect: EntryEffect,
     served: Option<LiveBlock>,
     device_events: Vec<DeviceEvent>,
+    /// Lean copies of the emulation kept along the run ([`SnapshotTarget::keep_copies`]).
+    copies: Option<Copies<'r>>,
+}
+
+/// Lean copies of an emulation, each with the most it had asked the capacity about
+/// ([`Emulator::capacity_read_up_to`]): the start state, then one after every `every` entries.
+#[derive(Debug)]
+pub struct Copies<'r> {
+    every: usize,
+    /// The copies, in the run's order.
+    pub saved: Vec<(u64, Emulator<'r>)>,
 }
 
 impl<'r> SnapshotTarget<'r> {
@@ -90,7 +101,20 @@ impl<'r> SnapshotTarget<'r> {
             effect: EntryEffect::Unchanged,
             served: None,
             device_events: Vec::new(),
+            copies: None,
         })
+    }
+
+    /// From here on, keep a lean copy of the emulation every `every` entries, and one now: checkpoints to resume
+    /// from without replaying from the start (`advise`'s capacity search), taken on a run that is replayed anyway.
+    pub fn keep_copies(&mut self, every: usize) {
+        let now = (self.emulator.capacity_read_up_to(), self.emulator.lean_copy());
+        self.copies = Some(Copies { every: every.max(1), saved: vec![now] });
+    }
+
+    /// The copies kept ([`SnapshotTarget::keep_copies`]); `None` when none were asked for.
+    pub fn take_copies(&mut self) -> Option<Copies<'r>> {
+        self.copies.take()
     }
 
     /// The emulation of the entries replayed: PyTorch's counters, the timeline of its current values, and how its
@@ -115,6 +139,12 @@ impl Target for SnapshotTarget<'_> {
         self.effect = EntryEffect::Unchanged;
         self.served = None;
         let Moment::Entry(entry) = moment else { return Ok(()) };
+        if let Some(copies) = &mut self.copies
+            && entry > 0
+            && entry % copies.every as u64 == 0
+        {
+            copies.saved.push((self.emulator.capacity_read_up_to(), self.emulator.lean_copy()));
+        }
         let Some((stepped_entry, stepped)) = self.emulator.step() else {
             return Err(Error::InvalidConfig {
                 what: format!("entry {entry} is past the emulated trace's end: a recording bug"),

@@ -14,7 +14,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::caching_target::{CachingTarget, SnapshotTarget};
+use crate::caching_target::{CachingTarget, Copies, SnapshotTarget};
 use crate::compaction::{CompactRule, CompactionFigures};
 use crate::contender::Contender;
 use crate::driver::{HeapReplay, HeapTarget, Observer, Step, Stream, drive, replay_device_heap_compacting};
@@ -568,17 +568,33 @@ pub fn emulate_pytorch(
     capacity_bytes: Option<u64>,
     backing: &mut dyn SegmentBacking,
 ) -> Result<PytorchReplay> {
+    Ok(emulate_pytorch_copied(recording, conf, capacity_bytes, backing, None)?.0)
+}
+
+/// [`emulate_pytorch`], keeping lean copies of a PyTorch recording's emulation every `copy_every` entries
+/// ([`SnapshotTarget::keep_copies`]; none for a plain trace): checkpoints that later replays resume from.
+///
+/// # Errors
+/// What [`emulate_pytorch`] returns.
+pub fn emulate_pytorch_copied<'r>(
+    recording: &'r Recording,
+    conf: &AllocConf,
+    capacity_bytes: Option<u64>,
+    backing: &mut dyn SegmentBacking,
+    copy_every: Option<usize>,
+) -> Result<(PytorchReplay, Option<Copies<'r>>)> {
     let what_if = *conf != alloc_conf(recording, None)?;
     let mut follower = BackingFollower::new(recording, capacity_bytes, backing, false);
-    let (stats, fidelity) = follower.emulate(conf)?;
-    Ok(PytorchReplay {
+    let (stats, fidelity, copies) = follower.emulate(conf, copy_every)?;
+    let replay = PytorchReplay {
         stats,
         first_oom: follower.first_oom,
         fidelity,
         peak_live_moment: follower.peak_live.map(|(_, moment)| moment),
         settings: conf.overrides(),
         what_if,
-    })
+    };
+    Ok((replay, copies))
 }
 
 /// The first request PyTorch's emulation refuses replaying `recording` with `conf` on a device of `capacity_bytes`
@@ -590,7 +606,7 @@ pub fn emulate_pytorch(
 pub fn first_refusal(recording: &Recording, conf: &AllocConf, capacity_bytes: Option<u64>) -> Result<Option<FirstOom>> {
     let mut unbacked = Unbacked;
     let mut follower = BackingFollower::new(recording, capacity_bytes, &mut unbacked, true);
-    follower.emulate(conf)?;
+    follower.emulate(conf, None)?;
     Ok(follower.first_oom)
 }
 
@@ -639,9 +655,14 @@ impl<'a, 'b> BackingFollower<'a, 'b> {
         }
     }
 
-    /// Replays the recording through PyTorch's emulation with `conf`, followed: PyTorch's counters at the end, and for
-    /// a PyTorch recording how its decisions compare with the recorded ones.
-    fn emulate(&mut self, conf: &AllocConf) -> Result<(MemoryStats, Option<Fidelity>)> {
+    /// Replays the recording through PyTorch's emulation with `conf`, followed: PyTorch's counters at the end, for
+    /// a PyTorch recording how its decisions compare with the recorded ones, and the copies asked for
+    /// (`copy_every`).
+    fn emulate(
+        &mut self,
+        conf: &AllocConf,
+        copy_every: Option<usize>,
+    ) -> Result<(MemoryStats, Option<Fidelity>, Option<Copies<'a>>)> {
         let recording = self.recording;
         Ok(match &recording.snapshot {
             Some(snapshot) => {
@@ -649,16 +670,20 @@ impl<'a, 'b> BackingFollower<'a, 'b> {
                 // the start of the recording.
                 let mut target = SnapshotTarget::new(recording, snapshot, conf, self.capacity_bytes)
                     .map_err(|error| emulation_error(recording, &error))?;
+                if let Some(every) = copy_every {
+                    target.keep_copies(every);
+                }
                 self.follow(Stream::of(recording), &mut target)?;
+                let copies = target.take_copies();
                 let emulation = target.finish();
-                (emulation.stats, Some(emulation.fidelity))
+                (emulation.stats, Some(emulation.fidelity), copies)
             }
             None => {
                 // A plain trace: the emulation is a heap like any other.
                 let mut heap = CachingHeap::new(conf.clone(), self.capacity_bytes);
                 heap.record_device_events(true);
                 self.follow(Stream::of(recording), &mut HeapTarget::new(&mut heap))?;
-                (heap.allocator().stats().clone(), None)
+                (heap.allocator().stats().clone(), None, None)
             }
         })
     }

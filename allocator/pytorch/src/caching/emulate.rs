@@ -316,6 +316,23 @@ impl<'s> Emulator<'s> {
         self
     }
 
+    /// A lean copy of this emulator's state ([`Emulator::lean`]) that leaves its per-entry record behind instead of
+    /// copying it: a checkpoint of a recording run to resume later.
+    pub fn lean_copy(&self) -> Self {
+        Self {
+            trace: self.trace,
+            record: false,
+            capacity_bytes: self.capacity_bytes,
+            alloc: self.alloc.clone(),
+            live: self.live.clone(),
+            out: Emulation { first_oom: self.out.first_oom, ..Emulation::default() },
+            fidelity: self.fidelity,
+            empty_cache_checked_until: self.empty_cache_checked_until,
+            next: self.next,
+            capacity_read_up_to: self.capacity_read_up_to,
+        }
+    }
+
     /// From now on, a device of `capacity_bytes`. Resuming a copy of a run on a larger device is the same run up to
     /// the first request that would exceed the new capacity, as long as nothing read the capacity before (garbage
     /// collection's threshold does): what `advise`'s capacity search relies on.
@@ -331,11 +348,12 @@ impl<'s> Emulator<'s> {
         peak.max(self.capacity_read_up_to)
     }
 
-    /// Replays the entries left until a request is refused: that entry, or `None` when the recording ends first.
-    pub fn run_to_refusal(&mut self) -> Option<usize> {
+    /// Replays the entries left until a request is refused: that entry and PyTorch's report of it, or `None` when the
+    /// recording ends first.
+    pub fn run_to_refusal(&mut self) -> Option<(usize, OomReport)> {
         while let Some((entry, stepped)) = self.step() {
-            if matches!(stepped.effect, EntryEffect::Refused(_)) {
-                return Some(entry);
+            if let EntryEffect::Refused(report) = stepped.effect {
+                return Some((entry, report));
             }
         }
         None

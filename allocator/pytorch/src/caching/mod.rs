@@ -33,6 +33,7 @@ mod backing;
 mod emulate;
 mod expandable;
 mod heap;
+mod in_effect;
 mod initial;
 mod release;
 #[cfg(test)]
@@ -47,6 +48,7 @@ pub use emulate::{
     Emulation, Emulator, EventStats, Fidelity, Mismatch, Misplacement, OomEvent, SegmentEvent, Stepped, emulate, emulate_backed,
 };
 pub use heap::{CachingAllocation, CachingHeap};
+pub use in_effect::{largest_block_bound, settings_in_effect};
 pub use validate::EmulationError;
 
 use super::alloc_conf::AllocConf;

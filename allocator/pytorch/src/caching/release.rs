@@ -106,26 +106,28 @@ impl CachingAllocator {
         let target = self.total_allocated_memory - gc_threshold;
         let count = self.large.get_free_blocks_call_count;
         let age = |a: &CachingAllocator, id: BlockId| (count - a.node(id).gc_base) as f64;
-        let freeable = |a: &CachingAllocator| -> Vec<BlockId> {
-            a.large.blocks.iter().map(|k| k.3).filter(|&id| a.releasable(id)).collect()
-        };
-        let mut total_age: f64 = freeable(self).iter().map(|&id| age(self, id)).sum();
-        let mut freeable_count = freeable(self).len();
+        // The unsplit cached blocks, in the pool's order; each pass below walks them as PyTorch walks the pool, and
+        // a block released leaves the list.
+        let mut freeable: Vec<BlockId> = self.large.blocks.iter().map(|k| k.3).filter(|&id| self.releasable(id)).collect();
+        let mut total_age: f64 = freeable.iter().map(|&id| age(self, id)).sum();
         let mut reclaimed = 0;
         let mut block_freed = true;
-        while reclaimed < target && block_freed && freeable_count > 0 {
-            let age_threshold = total_age / freeable_count as f64;
+        while reclaimed < target && block_freed && !freeable.is_empty() {
+            let age_threshold = total_age / freeable.len() as f64;
             block_freed = false;
-            for id in freeable(self) {
+            let mut kept = Vec::with_capacity(freeable.len());
+            for id in freeable {
                 let a = age(self, id);
                 if a >= age_threshold {
                     block_freed = true;
                     reclaimed += self.node(id).size;
                     total_age -= a;
-                    freeable_count -= 1;
                     self.release_block(id);
+                } else {
+                    kept.push(id);
                 }
             }
+            freeable = kept;
         }
     }
 }
