@@ -102,6 +102,10 @@ pub struct BenchArgs {
     /// Print one JSON object per line and contender instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Write the workload's allocations and frees to PATH as a native trace instead of running it: `heapscope replay
+    /// PATH --vulkan` then puts gpu-allocator and VMA beside the heaps on the same stream.
+    #[arg(long, value_name = "PATH")]
+    pub save_trace: Option<PathBuf>,
     #[command(flatten)]
     pub heap: HeapRules,
 }
@@ -385,6 +389,15 @@ where
 pub fn run_bench(args: &BenchArgs) -> Result<()> {
     args.check()?;
     let chosen = args.choose()?;
+    if let Some(path) = &args.save_trace {
+        let stream = chosen
+            .workload
+            .trace()
+            .map_err(|error| anyhow::anyhow!("{}: step {}: {}", chosen.workload, error.step, error.what))?;
+        stream.trace.write_native(path).with_context(|| format!("--save-trace {}", path.display()))?;
+        outln!("{}: {} events written to {}", chosen.workload, stream.trace.events().len(), path.display());
+        return Ok(());
+    }
     let budget = args.heap.budget.or(chosen.default_budget);
     let settings = args.settings(budget)?;
     let device = Device::open(args.backend, args.plain_wgpu)?;

@@ -60,14 +60,22 @@ struct Outcome {
     verdict: Option<OomVerdict>,
 }
 
+/// The release rule of the demo's blocks: `--release`, else the story's (frag_oom's blocks cache what empties until a
+/// request needs the room, as PyTorch's allocator does: the heap's own default, `keep-one`, returns a dedicated block
+/// at once, as VMA does, and then serves the 1 GiB).
+fn release(story: &Story, heap_args: &HeapArgs) -> ReleaseRule {
+    heap_args.rules.release(story.rules.release.unwrap_or_default())
+}
+
 fn heap_config(story: &Story, heap_args: &HeapArgs, policy: PolicyKind, layout: Layout) -> HeapConfig {
-    let config = heap_args.rules.heap_config(policy);
+    let config = HeapConfig { release: release(story, heap_args), ..heap_args.rules.heap_config(policy) };
     match layout {
         Layout::Blocks => config,
         Layout::Range => HeapConfig {
             block_size_bytes: story.device_bytes.min(heap_args.rules.budget.unwrap_or(u64::MAX)),
             dedicated_threshold_bytes: u64::MAX,
             release: ReleaseRule::Never,
+            grow_blocks: false,
             ..config
         },
     }
@@ -137,7 +145,10 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     }
     outln!("heapscope demo: {} — {}", story.name, story.summary);
     outln!("device: {} (simulated)", Bytes(story.device_bytes));
-    outln!("one range: the whole device (or budget) is one block; blocks: {}", args.heap.rules.describe());
+    outln!(
+        "one range: the whole device (or budget) is one block; blocks: {}",
+        args.heap.rules.describe(release(&story, &args.heap))
+    );
     outln!();
     outln!(
         "{:<13} | {:<20} {:>11} {:>9} | {:<20} {:>11} {:>11} {:>17} {:>6} {:>9}",

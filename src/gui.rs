@@ -75,7 +75,7 @@ pub struct RenderArgs {
     /// The recording: PyTorch snapshot, native or CSV trace.
     #[arg(required_unless_present = "story")]
     pub file: Option<PathBuf>,
-    /// A built-in story instead of a file: frag_oom, training_step, llm_serving_contiguous, llm_serving_paged.
+    /// A built-in story instead of a file: frag_oom, training_step, llm_serving_contiguous, llm_serving_paged, compaction.
     #[arg(long, conflicts_with = "file")]
     pub story: Option<String>,
     /// Who replays, one pane each, side by side (repeat, up to 4; default: pytorch): pytorch,

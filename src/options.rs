@@ -49,9 +49,13 @@ pub struct HeapRules {
     /// Requests of at least this size that no reserved block has room for get a block of their own.
     #[arg(long, value_name = "SIZE", default_value = "128MiB", value_parser = parse_size)]
     pub dedicated_threshold: u64,
-    /// When empty blocks go back to the device: immediately, keep-one, on-pressure or never.
-    #[arg(long, value_name = "RULE", default_value = "keep-one")]
-    pub release: ReleaseRule,
+    /// When empty blocks go back to the device: immediately, keep-one, on-pressure or never [default: keep-one; the
+    /// demo's blocks: on-pressure, PyTorch's caching].
+    #[arg(long, value_name = "RULE")]
+    pub release: Option<ReleaseRule>,
+    /// Every shared block has --block-size: no growth from an eighth of it while the heap is small (VMA's rule).
+    #[arg(long)]
+    pub fixed_blocks: bool,
     /// A budget: the most bytes reserved at once.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub budget: Option<u64>,
@@ -66,7 +70,8 @@ impl Default for HeapRules {
         Self {
             block_size: config.block_size_bytes,
             dedicated_threshold: config.dedicated_threshold_bytes,
-            release: config.release,
+            release: None,
+            fixed_blocks: false,
             budget: None,
             min_align: PolicyConfig::default().min_align_bytes,
         }
@@ -84,23 +89,29 @@ impl HeapRules {
     /// The heap settings for `policy`.
     pub fn heap_config(&self, policy: PolicyKind) -> HeapConfig {
         HeapConfig {
-            policy,
             policy_config: PolicyConfig { min_align_bytes: self.min_align, ..PolicyConfig::default() },
             block_size_bytes: self.block_size,
             dedicated_threshold_bytes: self.dedicated_threshold,
-            release: self.release,
+            release: self.release(ReleaseRule::default()),
             capacity_bytes: self.budget,
+            grow_blocks: !self.fixed_blocks,
+            ..HeapConfig::new(policy)
         }
     }
 
-    /// The heap rules in one line.
-    pub fn describe(&self) -> String {
+    /// The release rule given, else `default`.
+    pub fn release(&self, default: ReleaseRule) -> ReleaseRule {
+        self.release.unwrap_or(default)
+    }
+
+    /// The heap rules in one line, with `release` as the rule in force.
+    pub fn describe(&self, release: ReleaseRule) -> String {
         let budget = self.budget.map_or_else(|| "no budget".to_owned(), |budget| format!("budget {}", Bytes(budget)));
+        let growth = if self.fixed_blocks { "" } else { " (new ones from an eighth while the heap is small)" };
         format!(
-            "blocks of {}, dedicated blocks from {}, release {}, {budget}",
+            "blocks of {}{growth}, dedicated blocks from {}, release {release}, {budget}",
             Bytes(self.block_size),
             Bytes(self.dedicated_threshold),
-            self.release
         )
     }
 }

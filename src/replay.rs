@@ -209,12 +209,6 @@ impl ContenderArgs {
     pub fn prepare(&self, recording_args: &RecordingArgs) -> Result<(Vec<Contender>, Recording, Runner)> {
         let contenders = self.list();
         recording_args.check(&contenders)?;
-        if self.vulkan && recording_args.compact != CompactRule::Never {
-            anyhow::bail!(
-                "--compact {} runs on simulated devices only: moving allocations on a Vulkan device is not built yet",
-                recording_args.compact
-            );
-        }
         if !self.vulkan
             && let Some(device_only) = contenders.iter().find(|contender| contender.needs_device())
         {
@@ -439,8 +433,10 @@ pub fn print_row(outcome: &Outcome) {
         outln!("{:<36} first OOM at {}: {}", "", oom.moment, oom.message);
     }
     if let Some(compaction) = &outcome.compaction {
+        let device =
+            compaction.device_copy_ns.map_or_else(String::new, |nanos| format!(" on the device in {:.2} ms", nanos as f64 / 1e6));
         outln!(
-            "{:<36} compaction: {} moves, {} copied, {} of its refusals served after compacting",
+            "{:<36} compaction: {} moves, {} copied{device}, {} of its refusals served after compacting",
             "",
             compaction.moves,
             Bytes(compaction.bytes_moved),

@@ -307,6 +307,16 @@ pub struct StepAnimation {
     pub mapped: Vec<(u64, u64)>,
     /// Pages it unmapped, `(address, bytes)` by address (faded out).
     pub unmapped: Vec<(u64, u64)>,
+    /// Allocations it moved within their region (compaction): each as it was, and the footprint address it moves to;
+    /// drawn sliding from one to the other.
+    pub sliding: Vec<(Span, u64)>,
+}
+
+/// Where an allocation moving from `from` to `to` is drawn, `progress` of the way (an address: it slides along the
+/// rows between the two places).
+pub fn sliding_at(from: u64, to: u64, progress: f32) -> u64 {
+    let progress = f64::from(progress.clamp(0.0, 1.0));
+    if to >= from { from + ((to - from) as f64 * progress) as u64 } else { from - ((from - to) as f64 * progress) as u64 }
 }
 
 /// `[address, address + bytes)` cut where `ranges` (`(address, bytes)`, by address, disjoint) begin and end:
@@ -402,6 +412,8 @@ pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f64, out
     let row_bytes = rows.row_bytes;
     let progress = scene.animation.map_or(1.0, |animation| animation.progress);
     let born = |address: u64| scene.animation.is_some_and(|animation| animation.born.binary_search(&address).is_ok());
+    let sliding_to =
+        |address: u64| scene.animation.is_some_and(|animation| animation.sliding.iter().any(|&(_, to)| to == address));
     // Points from the top of the map to `rect`'s coordinates: small within the view, whatever the heap's height.
     let y_of = |y: f64| rect.top() + (y - scroll) as f32;
     for band in &rows.bands[rows.first_band_below(scroll)..] {
@@ -475,6 +487,10 @@ pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f64, out
                 painter.flush();
             }
             for span in scene.layout.spans_in(start, end) {
+                if sliding_to(span.address) {
+                    // Drawn on its way there, below.
+                    continue;
+                }
                 let colour = palette::faded(scene.colour(span), alpha);
                 let grow = if born(span.address) { progress } else { 1.0 };
                 let x0 = x_of(start, span.address.max(start));
@@ -500,6 +516,19 @@ pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f64, out
                     let (x0, x1) = (x_of(start, span.address.max(start)), x_of(start, span.end().min(end)));
                     let colour = palette::faded(scene.colour(span), 1.0 - progress);
                     out.push(Shape::rect_filled(Rect::from_min_max(pos2(x0, top), pos2(x1.max(x0 + 0.5), bottom)), 0.0, colour));
+                }
+                // A moved allocation slides from its old place to its new one as the step plays.
+                for (old, to) in &animation.sliding {
+                    let span = Span { address: sliding_at(old.address, *to, progress), ..*old };
+                    if span.address < end && span.end() > start {
+                        let (x0, x1) = (x_of(start, span.address.max(start)), x_of(start, span.end().min(end)));
+                        let colour = palette::faded(scene.colour(&span), alpha);
+                        out.push(Shape::rect_filled(
+                            Rect::from_min_max(pos2(x0, top), pos2(x1.max(x0 + 0.5), bottom)),
+                            0.0,
+                            colour,
+                        ));
+                    }
                 }
             }
             if band.kind == RegionKind::Virtual {

@@ -38,13 +38,35 @@ pub struct PaneActions {
 }
 
 /// What step `step` of `timeline` animates, from the layout `before` it: allocations born, allocations dying,
-/// regions appearing and released, pages mapped and unmapped.
+/// allocations sliding (freed and placed again in the same step, in the same region: compaction's moves), regions
+/// appearing and released, pages mapped and unmapped.
 pub fn step_animation(timeline: &Timeline, before: &Layout, step: u64, progress: f32) -> StepAnimation {
     let mut animation = StepAnimation { progress, ..StepAnimation::default() };
+    // Allocations freed in this step, by slot, as they were before it: placed again, they moved.
+    let mut leaving: Vec<Span> = Vec::new();
+    let region = |address: u64| before.region_of(address).map(|region| region.address);
     for change in timeline.changes(step) {
         match *change {
-            Change::Allocated(span) => animation.born.push(span.address),
-            Change::Freed { address } => animation.dying.extend(before.span_at(address).copied()),
+            Change::Allocated(span) => {
+                match leaving.iter().position(|old| old.slot == span.slot).map(|index| leaving.swap_remove(index)) {
+                    Some(old) if region(old.address).is_some() && region(old.address) == region(span.address) => {
+                        animation.sliding.push((old, span.address));
+                    }
+                    Some(old) => {
+                        animation.dying.push(old);
+                        animation.born.push(span.address);
+                    }
+                    None => animation.born.push(span.address),
+                }
+            }
+            Change::Freed { address } => {
+                // A second move of the same allocation starts where the first one ends.
+                let old = match animation.sliding.iter().position(|&(_, to)| to == address) {
+                    Some(index) => Some(animation.sliding.swap_remove(index).0),
+                    None => before.span_at(address).copied(),
+                };
+                leaving.extend(old);
+            }
             Change::RegionAdded { address, .. } => animation.new_regions.push(address),
             Change::RegionResized { .. } => {}
             Change::RegionRemoved { address } => {
@@ -54,6 +76,8 @@ pub fn step_animation(timeline: &Timeline, before: &Layout, step: u64, progress:
             Change::PagesUnmapped { address, size_bytes } => animation.unmapped.push((address, size_bytes)),
         }
     }
+    animation.dying.extend(leaving);
+    animation.dying.sort_unstable_by_key(|span| span.address);
     animation.born.sort_unstable();
     animation.mapped.sort_unstable();
     animation.unmapped.sort_unstable();
@@ -206,6 +230,28 @@ pub fn show(
 mod tests {
     use super::*;
     use heapscope_lab::contender::Contender;
+
+    /// The compaction story's last step: the moved allocations slide within the range (none of them fades out or grows
+    /// in), and only the 1 GiB request is born; halfway through, each is drawn halfway between its places.
+    #[test]
+    fn compaction_moves_slide() {
+        let session = Session::story_named("compaction", &[Contender::Heap(heapscope_core::PolicyKind::Tlsf)]).unwrap();
+        let timeline = &session.panes[0].timeline;
+        let last = timeline.steps() - 1;
+        let before = timeline.layout_at(last);
+        let animation = step_animation(timeline, &before, last, 0.5);
+        assert!(!animation.sliding.is_empty(), "{animation:?}");
+        assert!(animation.dying.is_empty(), "moves do not fade: {:?}", animation.dying);
+        assert_eq!(animation.born.len(), 1, "the 1 GiB request alone grows in");
+        for (old, to) in &animation.sliding {
+            assert!(*to < old.address, "compaction slides allocations down: {old:?} to {to:#x}");
+            assert_eq!(heap_map::sliding_at(old.address, *to, 0.5), old.address - (old.address - to) / 2);
+        }
+        let table = [(100, 300, 0.0, 100), (100, 300, 1.0, 300), (100, 300, 0.25, 150), (300, 100, 0.5, 200), (7, 7, 0.5, 7)];
+        for (from, to, progress, at) in table {
+            assert_eq!(heap_map::sliding_at(from, to, progress), at, "{from} to {to} at {progress}");
+        }
+    }
 
     #[test]
     fn hover_details_name_size_offset_and_lifetime() {

@@ -211,12 +211,13 @@ impl Session {
         Ok(session)
     }
 
-    /// The built-in story `story` on a device of its size, the heap contenders in 256 MiB blocks.
+    /// The built-in story `story` on a device of its size, the heap contenders by its rules (blocks of 256 MiB, or one
+    /// range that compacts).
     ///
     /// # Errors
     /// A replay that fails.
     pub fn story(story: Story, contenders: &[Contender]) -> Result<Self> {
-        let config = CompareConfig { capacity_bytes: Some(story.device_bytes), ..CompareConfig::default() };
+        let config = story.config();
         let summary = story.summary.to_owned();
         let mut session = Self::new(Recording::from_trace(story.trace), config, contenders)?;
         session.name = story.name.to_owned();

@@ -75,15 +75,18 @@ pub trait DeviceHeap {
     /// Moves live allocations to gather free space ([`crate::compaction`]'s `algorithm`, within `budget`): `movable`
     /// are the handles the caller lets move, each with the request that made it. Returns each move as the index in
     /// `movable` of the allocation moved and its new handle, in the order the bytes must be copied (an allocation may
-    /// move twice). Default: a heap that moves nothing.
+    /// move twice); the heap's memory copied the bytes. Default: a heap that moves nothing.
+    ///
+    /// # Errors
+    /// [`crate::Error::Source`] when the memory under the heap failed to copy the moves.
     fn compact(
         &mut self,
         movable: &[(Self::Handle, Request)],
         algorithm: Algorithm,
         budget: Budget,
-    ) -> Vec<(usize, Self::Handle)> {
+    ) -> Result<Vec<(usize, Self::Handle)>> {
         let _ = (movable, algorithm, budget);
-        Vec::new()
+        Ok(Vec::new())
     }
 }
 
@@ -136,12 +139,12 @@ impl<S: MemorySource> DeviceHeap for Heap<S> {
         movable: &[(HeapAllocation, Request)],
         algorithm: Algorithm,
         budget: Budget,
-    ) -> Vec<(usize, HeapAllocation)> {
+    ) -> Result<Vec<(usize, HeapAllocation)>> {
         let listed: Vec<Movable> = movable.iter().map(|&(allocation, request)| Movable { allocation, request }).collect();
         let mut index: std::collections::HashMap<HeapAllocation, usize> =
             movable.iter().enumerate().map(|(i, &(allocation, _))| (allocation, i)).collect();
-        let compaction = Heap::compact(self, &listed, algorithm, budget);
-        compaction
+        let compaction = Heap::compact(self, &listed, algorithm, budget)?;
+        Ok(compaction
             .moves
             .into_iter()
             .filter_map(|m| {
@@ -149,7 +152,7 @@ impl<S: MemorySource> DeviceHeap for Heap<S> {
                 index.insert(m.to, i);
                 Some((i, m.to))
             })
-            .collect()
+            .collect())
     }
 }
 

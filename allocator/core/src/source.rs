@@ -31,6 +31,22 @@ pub enum SourceError {
     Failed(String),
 }
 
+/// One copy between blocks of a source: `size_bytes` from block `from_block` at `from_offset_bytes` to block
+/// `to_block` at `to_offset_bytes` (blocks by their [`SourceBlock::handle`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockCopy {
+    /// The block copied from.
+    pub from_block: u64,
+    /// Where in it.
+    pub from_offset_bytes: u64,
+    /// The block copied to.
+    pub to_block: u64,
+    /// Where in it.
+    pub to_offset_bytes: u64,
+    /// How many bytes.
+    pub size_bytes: u64,
+}
+
 /// Hands out and takes back blocks of memory.
 pub trait MemorySource: fmt::Debug {
     /// What the source is, for reports (`simulated`, a device name).
@@ -50,6 +66,17 @@ pub trait MemorySource: fmt::Debug {
 
     /// Bytes the source could still hand out, when it knows.
     fn available_bytes(&self) -> Option<u64>;
+
+    /// Copies bytes between its live blocks, in order: each copy complete before the next begins (a later copy may
+    /// read what an earlier one wrote, or overwrite what it read), none overlapping itself. What a heap's compaction
+    /// asks before it gives emptied blocks back. Default: nothing to copy (a simulated device holds no bytes).
+    ///
+    /// # Errors
+    /// [`SourceError::Failed`] when the device cannot copy; the destinations then hold no defined bytes.
+    fn copy_between_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), SourceError> {
+        let _ = copies;
+        Ok(())
+    }
 }
 
 /// A device of `capacity_bytes`, simulated: blocks get increasing addresses (never reused, like virtual

@@ -305,7 +305,7 @@ impl<H: DeviceHeap> Target for HeapTarget<'_, H> {
     }
 
     fn compact(&mut self, live: &[(H::Handle, Request)], for_refused: bool) -> Result<Vec<(usize, H::Handle)>> {
-        Ok(self.heap.compact(live, CompactRule::algorithm(for_refused), Budget::UNLIMITED))
+        self.heap.compact(live, CompactRule::algorithm(for_refused), Budget::UNLIMITED)
     }
 }
 

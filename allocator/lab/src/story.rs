@@ -1,7 +1,11 @@
-//! Built-in stories: small traces that show one allocator phenomenon each.
+//! Built-in stories: small traces that show one allocator phenomenon each, with the device (and, where the story
+//! needs them, the heap rules) they run on.
 
+use crate::compaction::CompactRule;
+use crate::compare::CompareConfig;
 use heapscope_core::trace::{Trace, TraceBuilder};
 use heapscope_core::units::{KIB, MIB};
+use heapscope_core::{HeapConfig, ReleaseRule};
 
 /// A trace with the device it runs on and what it shows.
 #[derive(Clone, Debug)]
@@ -14,6 +18,38 @@ pub struct Story {
     pub device_bytes: u64,
     /// The events.
     pub trace: Trace,
+    /// The heap contenders' rules, where the story needs its own.
+    pub rules: StoryRules,
+}
+
+/// Heap rules a story runs with, beside its device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoryRules {
+    /// The heap contenders' memory is one block spanning the device (an arena), instead of blocks of 256 MiB.
+    pub one_range: bool,
+    /// When the heap contenders give empty blocks back (`None`: the heap's default, keep one).
+    pub release: Option<ReleaseRule>,
+    /// When the heap contenders compact.
+    pub compact: CompactRule,
+}
+
+impl Story {
+    /// How every replay of the story runs: on its device, by its rules.
+    pub fn config(&self) -> CompareConfig {
+        let defaults = CompareConfig::default();
+        let heap = if self.rules.one_range {
+            HeapConfig {
+                block_size_bytes: self.device_bytes,
+                dedicated_threshold_bytes: u64::MAX,
+                release: ReleaseRule::Never,
+                grow_blocks: false,
+                ..defaults.heap.clone()
+            }
+        } else {
+            HeapConfig { release: self.rules.release.unwrap_or(defaults.heap.release), ..defaults.heap.clone() }
+        };
+        CompareConfig { capacity_bytes: Some(self.device_bytes), heap, compact: self.rules.compact, ..defaults }
+    }
 }
 
 /// The fragmentation out-of-memory story, as recorded on an H200 in
@@ -38,6 +74,9 @@ pub fn frag_oom() -> Story {
         summary: "20 x 150 MiB allocated and freed, 20 x 100 MiB allocated, then 1 GiB requested within 3584 MiB",
         device_bytes: 3584 * MIB,
         trace: builder.finish(),
+        // PyTorch's story: the heap contenders cache what empties until a request needs the room, as PyTorch does
+        // (the heap's own default gives a dedicated block back at once, as VMA does, and then serves the 1 GiB).
+        rules: StoryRules { release: Some(ReleaseRule::OnPressure), ..StoryRules::default() },
     }
 }
 
@@ -84,6 +123,7 @@ pub fn training_step() -> Story {
         summary: "two training steps of a 12-layer model: weights and Adam state stay, activations and gradients come and go",
         device_bytes: 4096 * MIB,
         trace: builder.finish(),
+        rules: StoryRules::default(),
     }
 }
 
@@ -161,12 +201,38 @@ fn llm_serving(paged: bool) -> Story {
         },
         device_bytes: 2048 * MIB,
         trace: builder.finish(),
+        rules: StoryRules::default(),
+    }
+}
+
+/// Compaction curing fragmentation, in one range of 3584 MiB (an arena, as a sparse or virtual range is): 12 pairs of
+/// 150 MiB and 100 MiB allocations, the 150 MiB ones freed, then 1 GiB requested. 2384 MiB are free, but in holes of
+/// 150 MiB and 584 MiB at the end: fragmentation. The heap compacts on the refusal (`CompactRule::OnOom`): the 100 MiB
+/// allocations move down into the holes, the free space gathers at the end, and the request is served there.
+pub fn compaction() -> Story {
+    const WELL_FORMED: &str = "the story frees only what it allocated";
+    let mut builder = TraceBuilder::new("compaction");
+    for pair in 0..12 {
+        builder.alloc(2 * pair, 150 * MIB).expect(WELL_FORMED);
+        builder.alloc(2 * pair + 1, 100 * MIB).expect(WELL_FORMED);
+    }
+    for pair in 0..12 {
+        builder.free(2 * pair).expect(WELL_FORMED);
+    }
+    builder.alloc(1000, 1024 * MIB).expect(WELL_FORMED);
+    Story {
+        name: "compaction",
+        summary: "12 x (150 MiB + 100 MiB) in one 3584 MiB range, the 150 MiB ones freed, then 1 GiB: refused for \
+                  fragmentation, the heap compacts (the 100 MiB ones move down into the holes) and serves it",
+        device_bytes: 3584 * MIB,
+        trace: builder.finish(),
+        rules: StoryRules { one_range: true, compact: CompactRule::OnOom, ..StoryRules::default() },
     }
 }
 
 /// Every built-in story, by name.
 pub fn all() -> Vec<Story> {
-    vec![frag_oom(), training_step(), llm_serving_contiguous(), llm_serving_paged()]
+    vec![frag_oom(), training_step(), llm_serving_contiguous(), llm_serving_paged(), compaction()]
 }
 
 /// The built-in story called `name`.
@@ -178,6 +244,35 @@ pub fn named(name: &str) -> Option<Story> {
 mod tests {
     use super::*;
     use heapscope_core::trace::Event;
+
+    /// The compaction story: refused without compacting (584 MiB is the largest run), served with it, in every heap
+    /// policy that moves; the moves are the allocations sliding down.
+    #[test]
+    fn compaction_cures_the_story_it_tells() {
+        use crate::compare::replay;
+        use crate::contender::Contender;
+        use crate::recording::Recording;
+        use heapscope_core::PolicyKind;
+        let story = compaction();
+        let recording = Recording::from_trace(story.trace.clone());
+        for policy in [PolicyKind::Tlsf, PolicyKind::BestFit, PolicyKind::FirstFit] {
+            let contender = Contender::Heap(policy);
+            let outcome = replay(&recording, contender, &story.config()).unwrap();
+            let with = outcome.figures().unwrap();
+            assert_eq!(with.ooms, 0, "{policy:?}: {with:?}");
+            let moved = with.compaction.unwrap();
+            assert_eq!(moved.ooms_avoided, 1, "{policy:?}");
+            assert!(moved.moves > 0 && moved.bytes_moved > 0, "{policy:?}: {moved:?}");
+            let without = CompareConfig { compact: CompactRule::Never, ..story.config() };
+            let refused = replay(&recording, contender, &without).unwrap();
+            let oom = refused.figures().unwrap().first_oom.clone().unwrap();
+            assert_eq!(
+                (oom.request_bytes, oom.largest_free_bytes, oom.free_bytes),
+                (1 << 30, 584 * MIB, 2384 * MIB),
+                "{policy:?}"
+            );
+        }
+    }
 
     #[test]
     fn frag_oom_shape() {

@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 
 use ash::vk;
 
-use crate::{BLOCK_BUFFER_USAGE, DeviceMemorySource, VulkanContext, VulkanError};
+use crate::{DeviceMemorySource, VulkanContext, VulkanError};
 
 /// A storage buffer the kernels may use, and its size; valid for `'a`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,7 +61,7 @@ impl ComputeBuffer<'_> {
     }
 }
 
-/// A [`DeviceMemorySource`] block as a `VkBuffer` of the block's size ([`BLOCK_BUFFER_USAGE`]), memory bound at
+/// A [`DeviceMemorySource`] block as a `VkBuffer` of the block's size ([`crate::BLOCK_BUFFER_USAGE`]), memory bound at
 /// offset 0; a dedicated block's own buffer is lent instead. It borrows the source, so the block cannot be freed
 /// while the buffer lives; the buffer is destroyed on drop.
 pub struct BlockBuffer<'a> {
@@ -89,34 +89,8 @@ impl<'a> BlockBuffer<'a> {
     /// [`VulkanError::Unsupported`] when there is no such live block, or a buffer of its size needs more memory
     /// or another memory type; [`VulkanError::Vk`] when creating or binding the buffer fails.
     pub fn new(source: &'a DeviceMemorySource, handle: u64) -> Result<Self, VulkanError> {
-        let block = source.block(handle).ok_or_else(|| VulkanError::Unsupported(format!("no live block #{handle}")))?;
-        let context = Arc::clone(source.context());
-        if let Some(buffer) = block.dedicated_buffer {
-            return Ok(Self { context, buffer, size_bytes: block.size_bytes, owned: false, _source: PhantomData });
-        }
-        let device = context.device();
-        let info = vk::BufferCreateInfo::default()
-            .size(block.size_bytes)
-            .usage(BLOCK_BUFFER_USAGE)
-            .sharing_mode(vk::SharingMode::EXCLUSIVE);
-        // SAFETY: a valid create info on a live device.
-        let buffer = unsafe { device.create_buffer(&info, None) }.map_err(VulkanError::vk("vkCreateBuffer"))?;
-        // From here on, `this` destroys the buffer on any way out.
-        let this =
-            Self { context: Arc::clone(&context), buffer, size_bytes: block.size_bytes, owned: true, _source: PhantomData };
-        // SAFETY: the buffer was just created on this device.
-        let requirements = unsafe { device.get_buffer_memory_requirements(buffer) };
-        let type_index = source.memory_type().index;
-        if requirements.memory_type_bits & (1 << type_index) == 0 || requirements.size > block.allocation_size_bytes {
-            return Err(VulkanError::Unsupported(format!(
-                "a buffer over block #{handle} needs {} bytes of type bits {:#b}; the block has {} bytes of type {type_index}",
-                requirements.size, requirements.memory_type_bits, block.allocation_size_bytes
-            )));
-        }
-        // SAFETY: the memory is live (the source is borrowed for `'a`, so the block is not freed before the buffer
-        // is destroyed), of an allowed type and large enough; offset 0 satisfies any alignment.
-        unsafe { device.bind_buffer_memory(buffer, block.memory, 0) }.map_err(VulkanError::vk("vkBindBufferMemory"))?;
-        Ok(this)
+        let (buffer, size_bytes, owned) = source.buffer_over(handle)?;
+        Ok(Self { context: Arc::clone(source.context()), buffer, size_bytes, owned, _source: PhantomData })
     }
 
     /// The buffer, for the kernels.

@@ -26,9 +26,10 @@ use std::sync::Arc;
 use heapscope_core::trace::Event;
 use heapscope_core::units::Bytes;
 use heapscope_core::{DeviceEvent, Heap, HeapConfig, PolicyConfig, Trace};
+use heapscope_lab::compaction::{CompactRule, CompactionFigures};
 use heapscope_lab::compare::{CompareConfig, Figures, best_time, emulate_pytorch, summed};
 use heapscope_lab::contender::Contender;
-use heapscope_lab::driver::replay_device_heap;
+use heapscope_lab::driver::{replay_device_heap, replay_device_heap_compacting};
 use heapscope_lab::recording::Recording;
 use heapscope_pytorch::caching::SMALL_BUFFER_BYTES;
 use heapscope_pytorch::{AllocConf, BackingRefused, CachingAllocator, SegmentBacking};
@@ -272,18 +273,23 @@ pub fn replay_on_device(
             )
         }
         Contender::Heap(kind) => {
-            let ((replay, peak_reserved_bytes, blocks_reserved, blocks_released), nanos) = best_time(|| {
+            let ((replay, peak_reserved_bytes, blocks_reserved, blocks_released, copies), nanos) = best_time(|| {
                 let source =
                     DeviceMemorySource::new(Arc::clone(context), DeviceSourceConfig::device_only(config.capacity_bytes))?;
                 let mut heap = Heap::new(HeapConfig { policy: kind, ..config.heap.clone() }, source)?;
-                let replay = replay_device_heap(trace, &mut heap, config.align_bytes)?;
+                // Compacting copies the moved allocations' bytes between the device's blocks.
+                let replay = replay_device_heap_compacting(trace, &mut heap, config.align_bytes, config.compact)?;
                 let stats = heap.stats();
-                Ok::<_, VulkanError>((replay, stats.peak_reserved_bytes, stats.blocks_reserved, stats.blocks_released))
+                let copies = heap.source().copy_stats();
+                Ok::<_, VulkanError>((replay, stats.peak_reserved_bytes, stats.blocks_reserved, stats.blocks_released, copies))
             })?;
+            let compaction = (config.compact != CompactRule::Never)
+                .then_some(CompactionFigures { device_copy_ns: Some(copies.nanos), ..replay.stats.compaction });
             Ok(Figures {
                 peak_reserved_bytes,
                 device_allocs: blocks_reserved,
                 device_frees: blocks_released,
+                compaction,
                 ..summed(&format!("{} (vulkan)", kind.name()), &replay, recording, nanos)
             })
         }

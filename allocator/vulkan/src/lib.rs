@@ -88,14 +88,15 @@ pub use external_heap::{ExternalAllocator, ExternalConfig, ExternalHeap, Placed}
 pub use gpu_allocator_heap::{GpuAllocatorBackend, GpuAllocatorConfig, GpuAllocatorHandle, GpuAllocatorHeap};
 pub use heapscope_core::selection::{DeviceCandidate, DeviceKind, VENDORS, select_device};
 pub use margins::{Corruption, GuardedAllocation, GuardedHeap, MAGIC, MarginError, MarginLayout, Side};
+pub use memory_types::BLOCK_BUFFER_USAGE;
 pub use page_runs::PageRef;
 pub use paged::{DevicePagedConfig, DevicePagedHeap, DevicePagedStats};
 pub use properties::{DeviceFeatures, DeviceLimits, DeviceProperties, HeapBudget, QueueFamilyInfo, SparseProperties};
 pub use pytorch_heap::PytorchDeviceHeap;
 pub use segment_memory::{PytorchDeviceConfig, SegmentCounts, SegmentMemory};
-pub use source::{BLOCK_BUFFER_USAGE, BlockInfo, DeviceMemorySource, DeviceSourceConfig, LeakReport, LeakedBlock};
+pub use source::{BlockInfo, CopyStats, DeviceMemorySource, DeviceSourceConfig, LeakReport, LeakedBlock};
 pub use sparse::{BindLatency, BindLayout, PagePool, SparseBuffer, SparseConfig, SparseStats, measure_bind_latency};
-pub use transfer::Transfer;
+pub use transfer::{BufferCopy, Transfer};
 #[cfg(feature = "vma")]
 pub use vma_heap::{VmaBackend, VmaConfig, VmaHandle, VmaHeap};
 

@@ -46,6 +46,13 @@
 
 use ash::vk;
 
+/// The usage of the buffers that blocks back: storage, and transfers both ways.
+pub const BLOCK_BUFFER_USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::from_raw(
+    vk::BufferUsageFlags::STORAGE_BUFFER.as_raw()
+        | vk::BufferUsageFlags::TRANSFER_SRC.as_raw()
+        | vk::BufferUsageFlags::TRANSFER_DST.as_raw(),
+);
+
 /// A BAR heap (memory that is both device-local and host-visible) larger than this is "large" (resizable BAR, SAM, a
 /// data-centre card, unified memory) and serves uploads directly; the classic 256 MiB window is not large.
 pub const LARGE_BAR_MIN_BYTES: u64 = 256 << 20;

@@ -12,19 +12,14 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use ash::vk;
-use heapscope_core::{MemorySource, SourceBlock, SourceError};
+use heapscope_core::{BlockCopy, MemorySource, SourceBlock, SourceError};
 
-use crate::memory_types::{MemoryTypeInfo, MemoryUsage};
+use crate::memory_types::{BLOCK_BUFFER_USAGE, MemoryTypeInfo, MemoryUsage};
+use crate::transfer::{BufferCopy, Transfer};
 use crate::{VulkanContext, VulkanError};
-
-/// The usage of the buffers that blocks back: storage, and transfers both ways.
-pub const BLOCK_BUFFER_USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::from_raw(
-    vk::BufferUsageFlags::STORAGE_BUFFER.as_raw()
-        | vk::BufferUsageFlags::TRANSFER_SRC.as_raw()
-        | vk::BufferUsageFlags::TRANSFER_DST.as_raw(),
-);
 
 /// How a [`DeviceMemorySource`] allocates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,6 +134,23 @@ pub struct DeviceMemorySource {
     next_handle: u64,
     blocks_allocated: u64,
     blocks_freed: u64,
+    /// Command buffers for copies between blocks, made at the first copy.
+    transfer: Option<Transfer>,
+    copies: CopyStats,
+}
+
+/// What the source's copies between blocks took ([`MemorySource::copy_between_blocks`]: compaction's moves).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CopyStats {
+    /// Copies made.
+    pub copies: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Submissions of them.
+    pub submits: u64,
+    /// Wall time from recording each submission to its fence, on the host, ns: the device's copy time and the
+    /// submission's overhead.
+    pub nanos: u64,
 }
 
 // SAFETY: the source owns its memory, mappings and buffers; Vulkan handles and mapped pointers may be used from
@@ -238,6 +250,8 @@ impl DeviceMemorySource {
             next_handle: 1,
             blocks_allocated: 0,
             blocks_freed: 0,
+            transfer: None,
+            copies: CopyStats::default(),
         })
     }
 
@@ -269,6 +283,117 @@ impl DeviceMemorySource {
     /// Blocks allocated and freed so far.
     pub fn block_counts(&self) -> (u64, u64) {
         (self.blocks_allocated, self.blocks_freed)
+    }
+
+    /// What its copies between blocks took so far.
+    pub fn copy_stats(&self) -> CopyStats {
+        self.copies
+    }
+
+    /// A `VkBuffer` over live block `handle` ([`BLOCK_BUFFER_USAGE`], the memory bound at offset 0), its size, and
+    /// whether it is new: a dedicated block's own buffer is lent (`false`); a new one (`true`) is the caller's to
+    /// destroy, after its last use and before the block is freed.
+    ///
+    /// # Errors
+    /// [`VulkanError::Unsupported`] when there is no such live block, or a buffer of its size needs more memory or
+    /// another memory type; [`VulkanError::Vk`] when creating or binding the buffer fails.
+    pub(crate) fn buffer_over(&self, handle: u64) -> Result<(vk::Buffer, u64, bool), VulkanError> {
+        let block = self.block(handle).ok_or_else(|| VulkanError::Unsupported(format!("no live block #{handle}")))?;
+        if let Some(buffer) = block.dedicated_buffer {
+            return Ok((buffer, block.size_bytes, false));
+        }
+        let device = self.context.device();
+        let info = vk::BufferCreateInfo::default()
+            .size(block.size_bytes)
+            .usage(BLOCK_BUFFER_USAGE)
+            .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        // SAFETY: a valid create info on a live device.
+        let buffer = unsafe { device.create_buffer(&info, None) }.map_err(VulkanError::vk("vkCreateBuffer"))?;
+        // SAFETY: the buffer was just created on this device.
+        let requirements = unsafe { device.get_buffer_memory_requirements(buffer) };
+        let type_index = self.memory_type.index;
+        let bound = if requirements.memory_type_bits & (1 << type_index) == 0 || requirements.size > block.allocation_size_bytes {
+            Err(VulkanError::Unsupported(format!(
+                "a buffer over block #{handle} needs {} bytes of type bits {:#b}; the block has {} bytes of type {type_index}",
+                requirements.size, requirements.memory_type_bits, block.allocation_size_bytes
+            )))
+        } else {
+            // SAFETY: the memory is live, of an allowed type and large enough; offset 0 satisfies any alignment. The
+            // caller destroys the buffer before the block is freed.
+            unsafe { device.bind_buffer_memory(buffer, block.memory, 0) }.map_err(VulkanError::vk("vkBindBufferMemory"))
+        };
+        match bound {
+            Ok(()) => Ok((buffer, block.size_bytes, true)),
+            Err(error) => {
+                // SAFETY: the buffer is ours and was never used.
+                unsafe { device.destroy_buffer(buffer, None) };
+                Err(error)
+            }
+        }
+    }
+
+    /// Makes `copies` on the device in order (see [`MemorySource::copy_between_blocks`]), each range checked to lie
+    /// inside its live block, through a buffer over each block involved (destroyed after the copies).
+    fn copy_in_order(&self, transfer: &mut Transfer, copies: &[BlockCopy]) -> Result<(), VulkanError> {
+        let mut buffers: HashMap<u64, (vk::Buffer, bool)> = HashMap::new();
+        let copied = self.copy_through(transfer, copies, &mut buffers);
+        for (buffer, owned) in buffers.into_values() {
+            if owned {
+                // SAFETY: the buffer was made by `buffer_over` for these copies, which were waited for (or never
+                // submitted).
+                unsafe { self.context.device().destroy_buffer(buffer, None) };
+            }
+        }
+        copied
+    }
+
+    /// [`Self::copy_in_order`] with the buffers over the blocks kept in `buffers` (for the caller to destroy).
+    fn copy_through(
+        &self,
+        transfer: &mut Transfer,
+        copies: &[BlockCopy],
+        buffers: &mut HashMap<u64, (vk::Buffer, bool)>,
+    ) -> Result<(), VulkanError> {
+        for copy in copies {
+            for (handle, offset) in [(copy.from_block, copy.from_offset_bytes), (copy.to_block, copy.to_offset_bytes)] {
+                let block =
+                    self.blocks.get(&handle).ok_or_else(|| VulkanError::Unsupported(format!("no live block #{handle}")))?;
+                if offset.checked_add(copy.size_bytes).is_none_or(|end| end > block.size_bytes) || copy.size_bytes == 0 {
+                    return Err(VulkanError::Unsupported(format!(
+                        "a copy of {} bytes at offset {offset} of block #{handle} ({} bytes)",
+                        copy.size_bytes, block.size_bytes
+                    )));
+                }
+                if let std::collections::hash_map::Entry::Vacant(entry) = buffers.entry(handle) {
+                    let (buffer, _, owned) = self.buffer_over(handle)?;
+                    entry.insert((buffer, owned));
+                }
+            }
+            let same_block = copy.from_block == copy.to_block;
+            let apart = copy.from_offset_bytes + copy.size_bytes <= copy.to_offset_bytes
+                || copy.to_offset_bytes + copy.size_bytes <= copy.from_offset_bytes;
+            if same_block && !apart {
+                return Err(VulkanError::Unsupported(format!(
+                    "a copy within block #{} from offset {} to {} overlaps itself",
+                    copy.from_block, copy.from_offset_bytes, copy.to_offset_bytes
+                )));
+            }
+        }
+        let buffer = |handle: u64| buffers.get(&handle).map_or(vk::Buffer::null(), |&(buffer, _)| buffer);
+        let recorded: Vec<BufferCopy> = copies
+            .iter()
+            .map(|copy| BufferCopy {
+                source: buffer(copy.from_block),
+                source_offset: copy.from_offset_bytes,
+                destination: buffer(copy.to_block),
+                destination_offset: copy.to_offset_bytes,
+                size_bytes: copy.size_bytes,
+            })
+            .collect();
+        // SAFETY: every buffer is a live buffer over a live block of this source (borrowed for the call; the buffers
+        // outlive the copies) with the block's transfer usages; every range was checked to lie inside its block and not to overlap itself; the
+        // source is borrowed, so nothing else uses the blocks until the copies are waited for.
+        unsafe { transfer.copy_in_order(&recorded) }
     }
 
     /// The live block with this handle.
@@ -550,6 +675,26 @@ impl MemorySource for DeviceMemorySource {
         if self.blocks.get(&block.handle).is_some_and(|live| live.base_address == block.base_address) {
             self.release(block.handle);
         }
+    }
+
+    /// Through one command buffer, a barrier between each copy, waited for on the host.
+    fn copy_between_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), SourceError> {
+        if copies.is_empty() {
+            return Ok(());
+        }
+        let mut transfer = match self.transfer.take() {
+            Some(transfer) => transfer,
+            None => Transfer::new(Arc::clone(&self.context), 4096).map_err(|error| SourceError::Failed(error.to_string()))?,
+        };
+        let started = Instant::now();
+        let copied = self.copy_in_order(&mut transfer, copies);
+        self.transfer = Some(transfer);
+        copied.map_err(|error| SourceError::Failed(error.to_string()))?;
+        self.copies.copies += copies.len() as u64;
+        self.copies.bytes += copies.iter().map(|copy| copy.size_bytes).sum::<u64>();
+        self.copies.submits += 1;
+        self.copies.nanos += u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        Ok(())
     }
 
     fn available_bytes(&self) -> Option<u64> {

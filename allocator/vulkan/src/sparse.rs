@@ -21,9 +21,9 @@ use std::time::Instant;
 
 use ash::vk;
 
+use crate::memory_types::BLOCK_BUFFER_USAGE;
 use crate::memory_types::MemoryUsage;
 use crate::page_runs::{BoundRun, BoundRuns, FreeRuns, PageRef, PhysicalRun, pair};
-use crate::source::BLOCK_BUFFER_USAGE;
 use crate::{VulkanContext, VulkanError};
 
 /// How a [`SparseBuffer`] is made.

@@ -7,9 +7,23 @@ use std::sync::Arc;
 
 use ash::vk;
 
-use crate::memory_types::MemoryUsage;
-use crate::source::BLOCK_BUFFER_USAGE;
+use crate::memory_types::{BLOCK_BUFFER_USAGE, MemoryUsage};
 use crate::{VulkanContext, VulkanError};
+
+/// One buffer-to-buffer copy of [`Transfer::copy_in_order`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferCopy {
+    /// Read from this buffer (`TRANSFER_SRC`),
+    pub source: vk::Buffer,
+    /// at this offset;
+    pub source_offset: u64,
+    /// written to this one (`TRANSFER_DST`),
+    pub destination: vk::Buffer,
+    /// at this offset;
+    pub destination_offset: u64,
+    /// this many bytes.
+    pub size_bytes: u64,
+}
 
 /// A staging buffer and a command pool for synchronous copies. See the module documentation.
 pub struct Transfer {
@@ -179,6 +193,25 @@ impl Transfer {
         destination_offset: u64,
         size_bytes: u64,
     ) -> Result<(), VulkanError> {
+        let copy = BufferCopy { source, source_offset, destination, destination_offset, size_bytes };
+        // SAFETY: the caller's contract is `copy_in_order`'s for one copy.
+        unsafe { self.copy_in_order(&[copy]) }
+    }
+
+    /// Records `copies` in one command buffer, in order, with a barrier between each (a later copy reads what an
+    /// earlier one wrote, or overwrites what it read: compaction's moves), submits it and waits for it on the host.
+    ///
+    /// # Errors
+    /// A failed Vulkan call.
+    ///
+    /// # Safety
+    /// Every copy is as [`Transfer::copy`] asks (live buffers of this device with the usages, ranges inside them and
+    /// backed by memory, a copy's own ranges not overlapping), and nothing else uses the buffers until the call
+    /// returns.
+    pub unsafe fn copy_in_order(&mut self, copies: &[BufferCopy]) -> Result<(), VulkanError> {
+        if copies.is_empty() {
+            return Ok(());
+        }
         let device = self.context.device();
         let allocate = vk::CommandBufferAllocateInfo::default()
             .command_pool(self.command_pool)
@@ -188,16 +221,36 @@ impl Transfer {
         let buffers =
             unsafe { device.allocate_command_buffers(&allocate) }.map_err(VulkanError::vk("vkAllocateCommandBuffers"))?;
         let command_buffer = buffers[0];
-        let region = [vk::BufferCopy::default().src_offset(source_offset).dst_offset(destination_offset).size(size_bytes)];
         let begin = vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
         let submit = [vk::SubmitInfo::default().command_buffers(&buffers)];
-        // SAFETY: the command buffer is fresh; both buffers and ranges are valid for the copy (the caller's contract);
+        // Each copy's writes finish, and are visible, before the next copy reads or writes.
+        let barrier = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::TRANSFER_WRITE | vk::AccessFlags::TRANSFER_READ)
+            .dst_access_mask(vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE)];
+        // SAFETY: the command buffer is fresh; every buffer and range is valid for its copy (the caller's contract);
         // the submission holds the queue lock and is waited for before the command buffer is freed.
         let result = unsafe {
             device
                 .begin_command_buffer(command_buffer, &begin)
                 .and_then(|()| {
-                    device.cmd_copy_buffer(command_buffer, source, destination, &region);
+                    for (k, copy) in copies.iter().enumerate() {
+                        if k > 0 {
+                            device.cmd_pipeline_barrier(
+                                command_buffer,
+                                vk::PipelineStageFlags::TRANSFER,
+                                vk::PipelineStageFlags::TRANSFER,
+                                vk::DependencyFlags::empty(),
+                                &barrier,
+                                &[],
+                                &[],
+                            );
+                        }
+                        let region = [vk::BufferCopy::default()
+                            .src_offset(copy.source_offset)
+                            .dst_offset(copy.destination_offset)
+                            .size(copy.size_bytes)];
+                        device.cmd_copy_buffer(command_buffer, copy.source, copy.destination, &region);
+                    }
                     device.end_command_buffer(command_buffer)
                 })
                 .and_then(|()| {

@@ -14,7 +14,9 @@ use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use heapscope_core::source::check_block_size;
-use heapscope_core::{Heap, HeapAllocation, HeapConfig, HeapReport, HeapStats, MemorySource, Request, SourceBlock, SourceError};
+use heapscope_core::{
+    BlockCopy, Heap, HeapAllocation, HeapConfig, HeapReport, HeapStats, MemorySource, Request, SourceBlock, SourceError,
+};
 
 use crate::{KernelBuffer, WgpuDevice, WgpuError};
 
@@ -181,6 +183,61 @@ impl MemorySource for ArenaSource {
         // wgpu reports no memory budget; a heap budget (`HeapConfig::capacity_bytes`) is the way to cap arenas.
         None
     }
+
+    /// Compaction's copies, `copy_buffer_to_buffer` in one command encoder in order (wgpu orders a copy after one
+    /// that wrote or read the same buffer; a copy within one arena goes through a scratch buffer, since wgpu copies
+    /// between two buffers only), submitted and waited for. wgpu copies whole 4-byte words: each size is
+    /// rounded up to 4, which stays inside the allocation (its place is at least 4-aligned on both sides).
+    fn copy_between_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), SourceError> {
+        let arena = |handle: u64| {
+            self.arenas
+                .values()
+                .find(|arena| arena.handle == handle)
+                .map(|arena| &arena.buffer)
+                .ok_or_else(|| SourceError::Failed(format!("a copy names arena #{handle}, which is not live")))
+        };
+        let device = self.device.device();
+        // wgpu copies between two buffers only: a move within one arena goes through a scratch buffer.
+        let scratch_bytes = copies
+            .iter()
+            .filter(|copy| copy.from_block == copy.to_block)
+            .map(|copy| copy.size_bytes.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT))
+            .max();
+        let scratch = scratch_bytes.map(|size| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("heapscope compaction scratch"),
+                size,
+                usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        });
+        let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("heapscope compaction") });
+        for copy in copies {
+            let (from, to) = (arena(copy.from_block)?, arena(copy.to_block)?);
+            let size = copy.size_bytes.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
+            let fits = |buffer: &wgpu::Buffer, offset: u64| {
+                offset.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT)
+                    && offset.checked_add(size).is_some_and(|end| end <= buffer.size())
+            };
+            if !fits(from, copy.from_offset_bytes) || !fits(to, copy.to_offset_bytes) {
+                return Err(SourceError::Failed(format!(
+                    "a copy of {size} B from arena #{} at {} to arena #{} at {} lies outside them or is not 4-aligned",
+                    copy.from_block, copy.from_offset_bytes, copy.to_block, copy.to_offset_bytes
+                )));
+            }
+            match &scratch {
+                Some(scratch) if copy.from_block == copy.to_block => {
+                    encoder.copy_buffer_to_buffer(from, copy.from_offset_bytes, scratch, 0, size);
+                    encoder.copy_buffer_to_buffer(scratch, 0, to, copy.to_offset_bytes, size);
+                }
+                _ => encoder.copy_buffer_to_buffer(from, copy.from_offset_bytes, to, copy.to_offset_bytes, size),
+            }
+        }
+        let submission = self.device.scoped(|| self.device.queue().submit([encoder.finish()])).map_err(|caught| {
+            SourceError::Failed(format!("copying {} moves between arenas: {}", copies.len(), caught.message))
+        })?;
+        self.device.wait(Some(submission)).map_err(|error| SourceError::Failed(error.to_string()))
+    }
 }
 
 /// How an [`ArenaHeap`] is made.
@@ -212,6 +269,8 @@ pub struct ArenaAllocation {
     offset_bytes: u64,
     size_bytes: u64,
     binding_bytes: u64,
+    /// The alignment it was placed with (a move keeps it).
+    align_bytes: u64,
 }
 
 impl ArenaAllocation {
@@ -344,16 +403,52 @@ impl ArenaHeap {
         // Validates size and alignment first (zero, not a power of two), then rounds for binding.
         Request::new(size_bytes, align_bytes)?;
         let binding_bytes = size_bytes.div_ceil(4) * 4;
-        let request = Request::new(binding_bytes, align_bytes.max(self.offset_alignment_bytes))?;
+        let align_bytes = align_bytes.max(self.offset_alignment_bytes);
+        let request = Request::new(binding_bytes, align_bytes)?;
         let heap = self.heap.allocate(request, label)?;
-        let Some((buffer, offset_bytes)) = self.heap.source().locate(heap.address()) else {
+        self.allocation(heap, size_bytes, align_bytes).inspect_err(|_| {
             // Cannot happen (the heap's blocks are the source's live arenas); undo rather than panic.
+            self.heap.free(heap).ok();
+        })
+    }
+
+    /// The allocation the heap handed out as `heap`, for `size_bytes` placed with `align_bytes`.
+    fn allocation(&self, heap: HeapAllocation, size_bytes: u64, align_bytes: u64) -> Result<ArenaAllocation, WgpuError> {
+        let Some((buffer, offset_bytes)) = self.heap.source().locate(heap.address()) else {
             let address = heap.address();
-            self.heap.free(heap)?;
             return Err(WgpuError::Heap(heapscope_core::Error::Source(format!("no arena holds address {address:#x}"))));
         };
-        let buffer = buffer.clone();
-        Ok(ArenaAllocation { heap, buffer, offset_bytes, size_bytes, binding_bytes })
+        let binding_bytes = size_bytes.div_ceil(4) * 4;
+        Ok(ArenaAllocation { heap, buffer: buffer.clone(), offset_bytes, size_bytes, binding_bytes, align_bytes })
+    }
+
+    /// Moves allocations of `movable` (those the caller lets move; the others stay) to gather free space: the heap's
+    /// compaction ([`Heap::compact`], `algorithm` within `budget`), the arenas copying each move's bytes on the device
+    /// before an arena it emptied is released. Returns each allocation moved as its index in `movable` and the
+    /// allocation now (once, where it ended up: an allocation may have moved twice), by index; the ones it replaces are
+    /// gone.
+    ///
+    /// # Errors
+    /// [`WgpuError::Heap`] when the device failed to copy (the moved allocations' bytes are then undefined).
+    pub fn compact(
+        &mut self,
+        movable: &[ArenaAllocation],
+        algorithm: heapscope_core::compaction::Algorithm,
+        budget: heapscope_core::compaction::Budget,
+    ) -> Result<Vec<(usize, ArenaAllocation)>, WgpuError> {
+        let listed = movable
+            .iter()
+            .map(|allocation| Ok((allocation.heap, Request::new(allocation.binding_bytes, allocation.align_bytes)?)))
+            .collect::<Result<Vec<_>, heapscope_core::Error>>()?;
+        let moves = heapscope_core::DeviceHeap::compact(&mut self.heap, &listed, algorithm, budget)?;
+        // Where each moved allocation ended up (an arena it passed through may be gone).
+        let last: BTreeMap<usize, HeapAllocation> = moves.into_iter().collect();
+        last.into_iter()
+            .map(|(index, heap)| {
+                let before = &movable[index];
+                Ok((index, self.allocation(heap, before.size_bytes, before.align_bytes)?))
+            })
+            .collect()
     }
 
     /// Frees an allocation of this heap; an arena left empty is released by the heap's rule.

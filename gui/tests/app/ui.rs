@@ -299,6 +299,41 @@ fn teach_me_explains_each_decision() {
     assert!(app.teach, "teach mode stays on");
 }
 
+/// "Teach me" tells the compaction story: in one range, the 1 GiB request meets fragmentation, the heap compacts and
+/// serves it; the sentence of that step says what moved, every heap pane serves it, and the step animates (the moved
+/// allocations slide, `panes::step_animation`).
+#[test]
+fn teach_me_tells_the_compaction_story() {
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(1);
+    harness.get_by_label("Teach me").click();
+    harness.run_steps(1);
+    harness.get_by_label("compaction").click();
+    harness.run_steps(2);
+    assert_eq!(harness.state().session.as_ref().unwrap().name, "compaction");
+    harness.key_press(Key::End);
+    harness.run_steps(2);
+    let steps = harness.state().session.as_ref().unwrap().steps();
+    assert_eq!(harness.state().playback.shown_steps(), steps);
+    assert!(harness.query_by_label_contains("Compaction: ").is_some(), "the last step's sentence says what moved");
+    assert!(harness.query_by_label_contains("moved together, gathering the free space between them into one run").is_some());
+    for pane in &harness.state().session.as_ref().unwrap().panes {
+        if pane.name().starts_with("tlsf") {
+            assert!(pane.timeline.refusals().is_empty(), "{}: compacting served every request", pane.name());
+        }
+    }
+    // Back one decision and forward again: the step animates.
+    harness.get_by_label("Previous decision").click();
+    harness.run_steps(1);
+    harness.get_by_label("Next decision").click();
+    harness.run_steps(1);
+    clock.advance(0.1);
+    harness.run_steps(1);
+    let playback = &harness.state().playback;
+    assert_eq!((playback.shown_steps(), playback.progress() < 1.0), (steps, true), "{playback:?}");
+}
+
 #[test]
 fn a_live_source_grows_its_pane() {
     let clock = ManualClock::default();

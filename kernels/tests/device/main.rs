@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
 mod common;
+mod compaction;
 mod paged_pressure;
 mod proof;
 mod pytorch_heap;

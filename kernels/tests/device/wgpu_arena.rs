@@ -294,3 +294,61 @@ fn wgpu_errors_are_caught() {
         assert!(!errors.messages().is_empty());
     }
 }
+
+/// Compaction in wgpu arenas: allocations filled by the fill kernel, a third freed, a full pass (slides and arenas
+/// emptied into the others, released at once); the arenas copy every move (`copy_buffer_to_buffer`, in order) and the
+/// verify kernel finds each allocation's pattern where it is now. On plain wgpu and on heapscope's Vulkan device.
+#[test]
+fn compaction_copies_every_move_through_wgpu() {
+    use heapscope_core::compaction::{Algorithm, Budget};
+    for (route, device) in devices() {
+        let mut kernels = WgpuKernels::new(Arc::clone(&device)).unwrap();
+        let mut rng = Rng::new(0xa7e4a);
+        for policy in [PolicyKind::Tlsf, PolicyKind::BestFit, PolicyKind::FirstFit] {
+            let heap_config = HeapConfig {
+                block_size_bytes: 4 * MIB,
+                dedicated_threshold_bytes: u64::MAX,
+                release: ReleaseRule::Immediately,
+                grow_blocks: false,
+                ..HeapConfig::new(policy)
+            };
+            let mut heap =
+                ArenaHeap::new(Arc::clone(&device), ArenaConfig { heap: heap_config, ..ArenaConfig::new(policy) }).unwrap();
+            let mut live: Vec<(u32, ArenaAllocation)> = Vec::new();
+            for id in 0..80_u32 {
+                let size = rng.range(16, 400) * 1024 + rng.range(0, 1023);
+                live.push((id, heap.allocate(size, 1 << rng.range(2, 10), None).unwrap()));
+            }
+            let fills: Vec<Op<KernelBuffer<'_>>> = live.iter().map(|(id, allocation)| allocation.fill(*id)).collect();
+            kernels.run(&fills).unwrap();
+            drop(fills);
+            let mut kept = Vec::new();
+            for (id, allocation) in live {
+                if rng.chance(0.35) {
+                    heap.free(allocation).unwrap();
+                } else {
+                    kept.push((id, allocation));
+                }
+            }
+            let arenas_before = heap.live_arenas();
+            let movable: Vec<ArenaAllocation> = kept.iter().map(|(_, allocation)| allocation.clone()).collect();
+            let moves = heap.compact(&movable, Algorithm::Full, Budget::UNLIMITED).unwrap();
+            assert!(!moves.is_empty(), "{route} {policy}: a scattered heap compacts");
+            for (index, now) in moves {
+                kept[index].1 = now;
+            }
+            let verifies: Vec<Op<KernelBuffer<'_>>> = kept.iter().map(|(id, allocation)| allocation.verify(*id)).collect();
+            let results = kernels.run(&verifies).unwrap();
+            for ((id, allocation), result) in kept.iter().zip(&results) {
+                assert_eq!(*result, VerifyResult::default(), "{route} {policy}: allocation {id} at {:#x}", allocation.address());
+            }
+            drop(verifies);
+            assert!(heap.live_arenas() <= arenas_before, "{route} {policy}: arenas {arenas_before} before");
+            for (_, allocation) in kept {
+                heap.free(allocation).unwrap();
+            }
+        }
+        drop(kernels);
+        finish(device);
+    }
+}

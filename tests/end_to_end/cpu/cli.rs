@@ -212,21 +212,27 @@ fn demo_json_tells_the_fragmentation_story() {
     };
     // One range: 20 x 100 MiB + 1 GiB = 3024 MiB fit the 3584 MiB device.
     assert_eq!(find("tlsf", "range")["served"], true);
-    // Blocks of 256 MiB hold two 100 MiB tensors each with 56 MiB free between them: 1 GiB meets
-    // fragmentation, as PyTorch's default allocator does on the real device.
+    // The demo's blocks cache what empties, as PyTorch does: the twenty 150 MiB blocks stay, each 100 MiB tensor
+    // takes one and leaves 50 MiB free, and 1 GiB meets fragmentation with 2.93 GiB reserved, as PyTorch's default
+    // allocator does on the real device.
     let blocks = find("tlsf", "blocks");
     assert_eq!(blocks["served"], false);
     assert_eq!(blocks["verdict"]["cause"], "fragmentation");
+    assert_eq!(blocks["reserved_bytes"], 3000_u64 << 20);
+    assert_eq!(blocks["largest_free_run_bytes"], 50_u64 << 20);
     // Buddy rounds 150 MiB up to 256 MiB: only 14 of the first 20 fit.
     assert_eq!(find("buddy", "range")["failed_before"], 6);
 }
 
 #[test]
 fn demo_flags_change_the_heap_rules() {
-    // With empty blocks released at once, the 20 x 150 MiB blocks go back and 1 GiB fits again.
-    let lines = json_lines(&heapscope(&["demo", "--json", "--policy", "tlsf", "--release", "immediately"]));
-    assert_eq!(lines.len(), 2);
-    assert!(lines.iter().all(|line| line["served"] == true), "{lines:?}");
+    // With empty blocks released at once, or by the heap's default rule (keep one shared empty block; a dedicated
+    // block goes back as it empties, as VMA does), the 20 x 150 MiB blocks go back and 1 GiB fits again.
+    for release in ["immediately", "keep-one"] {
+        let lines = json_lines(&heapscope(&["demo", "--json", "--policy", "tlsf", "--release", release]));
+        assert_eq!(lines.len(), 2);
+        assert!(lines.iter().all(|line| line["served"] == true), "{release}: {lines:?}");
+    }
 }
 
 fn snapshot(name: &str) -> PathBuf {
@@ -359,16 +365,14 @@ fn compacting_on_a_refusal_is_reported() {
     csv.push_str("a,8,209715200\n");
     std::fs::write(&file, csv).unwrap();
     let path = file.to_str().unwrap();
-    let args = ["replay", path, "--capacity", "512MiB", "--policy", "tlsf"];
+    let args = ["replay", path, "--capacity", "512MiB", "--policy", "tlsf", "--fixed-blocks"];
     let lines = json_lines(&heapscope(&[&args[..], &["--json", "--compact", "on-oom"]].concat()));
     assert_eq!(lines[0]["ooms"].as_u64(), Some(0), "{}", lines[0]);
     assert_eq!(lines[0]["compaction"]["ooms_avoided"].as_u64(), Some(1), "{}", lines[0]);
     let table = stdout(&heapscope(&[&args[..], &["--compact", "on-oom"]].concat()));
-    assert!(table.contains("compaction: 2 moves, 120.00 MiB copied, 1 of its refusals served after compacting"), "{table}");
+    assert!(table.contains("compaction: 4 moves, 240.00 MiB copied, 1 of its refusals served after compacting"), "{table}");
     let without = json_lines(&heapscope(&[&args[..], &["--json"]].concat()));
     assert_eq!((without[0]["ooms"].as_u64(), &without[0]["compaction"]), (Some(1), &Value::Null));
-    let refused = heapscope(&[&args[..], &["--compact", "on-oom", "--vulkan"]].concat());
-    assert!(!refused.status.success() && stderr(&refused).contains("simulated devices only"), "{}", stderr(&refused));
     let bad = heapscope(&[&args[..], &["--compact", "every:0"]].concat());
     assert!(stderr(&bad).contains("never, on-oom or every:N"), "{}", stderr(&bad));
 }

@@ -303,3 +303,46 @@ fn replay_on_the_device_says_its_progress_on_stderr_only() {
     assert!(stderr(&table).contains("progress: tlsf on the device (contender 1 of 1)"), "{}", stderr(&table));
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// `--compact on-oom` on the device: the scattered heap of eight 60 MiB allocations (every other one freed) refuses
+/// 200 MiB; compacting moves four allocations' bytes within and between device blocks (`vkCmdCopyBuffer`, validated), and the
+/// request is served; the row says how long the copies took.
+#[test]
+fn compacting_on_a_refusal_copies_on_the_device() {
+    let dir = crate::common::temp_dir("compact-vulkan");
+    let file = dir.join("scattered.csv");
+    let mut csv = String::new();
+    for id in 0..8 {
+        csv.push_str(&format!("a,{id},{}\n", 60 * MIB));
+    }
+    for id in [1, 3, 5, 7] {
+        csv.push_str(&format!("f,{id}\n"));
+    }
+    csv.push_str(&format!("a,8,{}\n", 200 * MIB));
+    std::fs::write(&file, csv).unwrap();
+    let path = file.to_str().unwrap();
+    let args = [
+        "replay",
+        path,
+        "--capacity",
+        "512MiB",
+        "--policy",
+        "tlsf",
+        "--policy",
+        "first-fit",
+        "--fixed-blocks",
+        "--compact",
+        "on-oom",
+    ];
+    let Some(output) = on_device(&[&args[..], &["--json"]].concat()) else { return };
+    assert!(output.status.success(), "{}", stderr(&output));
+    for line in lines(&output) {
+        assert_eq!(line["ooms"].as_u64(), Some(0), "{line}");
+        let compaction = &line["compaction"];
+        assert_eq!((compaction["moves"].as_u64(), compaction["bytes_moved"].as_u64()), (Some(4), Some(240 * MIB)), "{line}");
+        assert_eq!(compaction["ooms_avoided"].as_u64(), Some(1), "{line}");
+        assert!(compaction["device_copy_ns"].as_u64() > Some(0), "{line}");
+    }
+    let Some(table) = on_device(&args) else { return };
+    assert!(stdout(&table).contains("compaction: 4 moves, 240.00 MiB copied on the device in"), "{}", stdout(&table));
+}

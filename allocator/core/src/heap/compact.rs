@@ -2,9 +2,11 @@
 //!
 //! The heap does not know its callers' handles; the caller lists the allocations it lets move ([`Movable`]: the
 //! handle and the request that made it; whatever is not listed is pinned) and gets back which handles changed
-//! ([`HeapMove`]: old and new). It then copies each allocation's bytes from the old place to the new one, in the order
-//! given, and rebinds what used them. A new place is always taken while the old one is still held, so no move's
-//! source and destination overlap, and labels follow their allocations.
+//! ([`HeapMove`]: old and new), and rebinds what used them. The bytes are the source's to copy: before blocks the
+//! moves emptied go back, the heap asks its [`MemorySource`] to copy every move's bytes from the old place to the new
+//! one, in the order of the moves ([`MemorySource::copy_between_blocks`]: a device records the copies with a barrier
+//! between each; a simulated device has no bytes). A new place is always taken while the old one is still held, so no
+//! move's source and destination overlap, and labels follow their allocations.
 //!
 //! As VMA's defragmentation does, the policies place the moved allocations (a policy cannot be told an offset):
 //! emptying a block asks the fullest other blocks, fullest first, for room for each of its allocations, largest
@@ -20,8 +22,8 @@ use std::collections::HashMap;
 use super::{Heap, HeapAllocation};
 use crate::compaction::{Algorithm, Budget};
 use crate::report::{PolicyReport, RangeState};
-use crate::source::MemorySource;
-use crate::{AllocationId, PolicyKind, Request};
+use crate::source::{BlockCopy, MemorySource, SourceError};
+use crate::{AllocationId, Error, PolicyKind, Request, Result};
 
 /// An allocation the caller lets compaction move, with the request that made it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,14 +59,18 @@ pub struct HeapCompaction {
 }
 
 impl<S: MemorySource> Heap<S> {
-    /// Moves allocations of `movable` to gather free space ([`Algorithm`]), within `budget`; see the module docs.
-    /// Handles of other heaps, and of blocks no longer held, are left out.
-    pub fn compact(&mut self, movable: &[Movable], algorithm: Algorithm, budget: Budget) -> HeapCompaction {
+    /// Moves allocations of `movable` to gather free space ([`Algorithm`]), within `budget`, and has the source copy
+    /// their bytes; see the module docs. Handles of other heaps, and of blocks no longer held, are left out.
+    ///
+    /// # Errors
+    /// [`Error::Source`] when the source fails to copy: the moves stand (every returned handle is gone, the new ones
+    /// are not returned), but the moved allocations' bytes are not defined.
+    pub fn compact(&mut self, movable: &[Movable], algorithm: Algorithm, budget: Budget) -> Result<HeapCompaction> {
         let mut compaction =
             HeapCompaction { largest_free_before_bytes: self.largest_usable_free_run(), ..HeapCompaction::default() };
         if !matches!(self.config.policy, PolicyKind::Tlsf | PolicyKind::BestFit | PolicyKind::FirstFit) {
             compaction.largest_free_after_bytes = compaction.largest_free_before_bytes;
-            return compaction;
+            return Ok(compaction);
         }
         let mut live: HashMap<(u32, AllocationId), Movable> = HashMap::new();
         for m in movable {
@@ -87,10 +93,34 @@ impl<S: MemorySource> Heap<S> {
         }
         let mut compaction = pass.compaction;
         compaction.largest_free_after_bytes = self.largest_usable_free_run();
+        // The bytes move before any block they leave goes back.
+        let copies: Vec<BlockCopy> = compaction
+            .moves
+            .iter()
+            .map(|m| BlockCopy {
+                from_block: self.source_handle(m.from.block),
+                from_offset_bytes: m.from.offset(),
+                to_block: self.source_handle(m.to.block),
+                to_offset_bytes: m.to.offset(),
+                size_bytes: m.from.size_bytes(),
+            })
+            .collect();
+        let copied = if copies.is_empty() { Ok(()) } else { self.source.copy_between_blocks(&copies) };
         for index in pass.emptied {
             self.block_emptied(index);
         }
-        compaction
+        match copied {
+            Ok(()) => Ok(compaction),
+            Err(SourceError::OutOfMemory { requested_bytes }) => {
+                Err(Error::Source(format!("copying {} moves: out of device memory for {requested_bytes} bytes", copies.len())))
+            }
+            Err(SourceError::Failed(why)) => Err(Error::Source(format!("copying {} moves: {why}", copies.len()))),
+        }
+    }
+
+    /// The source's handle of block `index` (held: a move's blocks are held until the copies are done).
+    fn source_handle(&self, index: u32) -> u64 {
+        self.blocks.get(index as usize).and_then(Option::as_ref).map_or(u64::MAX, |block| block.source.handle)
     }
 
     /// The largest free run in the blocks a request could use (shared ones, and empty ones).
@@ -173,7 +203,24 @@ impl<S: MemorySource> Heap<S> {
                 }
                 let Some(block) = self.blocks[index].as_mut() else { break };
                 let before = largest_run(&block.policy.report(), &[]);
-                let Some(allocation) = block.policy.allocate(m.request) else { continue };
+                // The lowest of a few places the policy offers: one whose free lists are not in address order (TLSF
+                // hands out the run freed last) offers the lowest only among several. The others go back.
+                let mut offered = Vec::new();
+                while offered.len() < SLIDE_OFFERS
+                    && let Some(place) = block.policy.allocate(m.request)
+                {
+                    let lowest_so_far = offered.iter().all(|other: &crate::Allocation| place.offset() < other.offset());
+                    offered.push(place);
+                    if !lowest_so_far || place.offset() == 0 {
+                        break;
+                    }
+                }
+                offered.sort_by_key(crate::Allocation::offset);
+                let mut offered = offered.into_iter();
+                let Some(allocation) = offered.next() else { continue };
+                for other in offered {
+                    block.policy.free(other).expect("a place just taken");
+                }
                 block.refresh();
                 let lower = allocation.offset() < m.allocation.offset();
                 let after = largest_run(&block.policy.report(), &[m.allocation.allocation.id()]);
@@ -214,6 +261,9 @@ impl<S: MemorySource> Heap<S> {
         pass.compaction.moves.push(HeapMove { from, to });
     }
 }
+
+/// How many places a slide asks the policy for, keeping the lowest.
+const SLIDE_OFFERS: usize = 8;
 
 /// One compaction's state: the movable allocations by (block, id), the budget and what was done.
 struct Pass {
@@ -308,7 +358,7 @@ mod tests {
             }
             let before = heap.report().totals.largest_free_run_bytes;
             assert!(before < 300 * MIB, "{policy:?}: {before}");
-            let compaction = heap.compact(&kept, Algorithm::Full, Budget::UNLIMITED);
+            let compaction = heap.compact(&kept, Algorithm::Full, Budget::UNLIMITED).unwrap();
             let now = check_moves(&kept, &compaction);
             assert!(
                 compaction.largest_free_after_bytes >= 300 * MIB || compaction.blocks_emptied > 0,
@@ -335,10 +385,10 @@ mod tests {
         }
         let movable: Vec<Movable> =
             [a[1], a[2], a[4]].iter().map(|&allocation| Movable { allocation, request: request(30) }).collect();
-        let compaction = heap.compact(&movable, Algorithm::Full, Budget::UNLIMITED);
+        let compaction = heap.compact(&movable, Algorithm::Full, Budget::UNLIMITED).unwrap();
         check_moves(&movable, &compaction);
         assert!(compaction.moves.iter().all(|m| m.from != a[5]), "a[5] is pinned: not listed");
-        let none = heap.compact(&movable, Algorithm::Full, Budget { max_bytes: u64::MAX, max_moves: 0 });
+        let none = heap.compact(&movable, Algorithm::Full, Budget { max_bytes: u64::MAX, max_moves: 0 }).unwrap();
         assert!(none.moves.is_empty());
     }
 
@@ -347,9 +397,9 @@ mod tests {
         let mut buddy = heap(PolicyKind::Buddy, 64);
         let x = buddy.allocate(request(10), None).unwrap();
         let m = [Movable { allocation: x, request: request(10) }];
-        assert!(buddy.compact(&m, Algorithm::Full, Budget::UNLIMITED).moves.is_empty());
+        assert!(buddy.compact(&m, Algorithm::Full, Budget::UNLIMITED).unwrap().moves.is_empty());
         let mut tlsf = heap(PolicyKind::Tlsf, 64);
-        assert!(tlsf.compact(&m, Algorithm::Full, Budget::UNLIMITED).moves.is_empty(), "a handle of another heap");
+        assert!(tlsf.compact(&m, Algorithm::Full, Budget::UNLIMITED).unwrap().moves.is_empty(), "a handle of another heap");
     }
 
     /// Random heaps: allocations and frees, then every algorithm with random budgets; the promises hold, and every
@@ -376,7 +426,7 @@ mod tests {
             let algorithm = [Algorithm::Fast, Algorithm::Balanced, Algorithm::Full][(round / 3) % 3];
             let budget =
                 if round % 2 == 0 { Budget::UNLIMITED } else { Budget { max_bytes: rng.range(0, 200) * MIB, max_moves: 8 } };
-            let compaction = heap.compact(&live, algorithm, budget);
+            let compaction = heap.compact(&live, algorithm, budget).unwrap();
             assert!(compaction.moves.len() <= budget.max_moves && compaction.bytes_moved <= budget.max_bytes);
             moved += usize::from(!compaction.moves.is_empty());
             let now = check_moves(&live, &compaction);
@@ -387,5 +437,112 @@ mod tests {
             }
         }
         assert!(moved >= 20, "compaction moved something in {moved} of 60 heaps");
+    }
+
+    /// Device memory as a model: blocks that hold bytes, copied as the heap asks (or refusing to, when `fail`).
+    #[derive(Debug)]
+    struct BytesSource {
+        inner: SimulatedSource,
+        bytes: HashMap<u64, Vec<u8>>,
+        fail: bool,
+    }
+
+    impl MemorySource for BytesSource {
+        fn name(&self) -> &str {
+            "bytes"
+        }
+
+        fn block_alignment_bytes(&self) -> u64 {
+            self.inner.block_alignment_bytes()
+        }
+
+        fn allocate_block(&mut self, size_bytes: u64) -> std::result::Result<crate::SourceBlock, SourceError> {
+            let block = self.inner.allocate_block(size_bytes)?;
+            self.bytes.insert(block.handle, vec![0; size_bytes as usize]);
+            Ok(block)
+        }
+
+        fn free_block(&mut self, block: crate::SourceBlock) {
+            self.bytes.remove(&block.handle);
+            self.inner.free_block(block);
+        }
+
+        fn available_bytes(&self) -> Option<u64> {
+            self.inner.available_bytes()
+        }
+
+        fn copy_between_blocks(&mut self, copies: &[BlockCopy]) -> std::result::Result<(), SourceError> {
+            if self.fail {
+                return Err(SourceError::Failed("the device was lost".to_owned()));
+            }
+            for c in copies {
+                let range = |offset: u64| offset as usize..(offset + c.size_bytes) as usize;
+                let read = self.bytes.get(&c.from_block).ok_or_else(|| SourceError::Failed("no such block".to_owned()))?;
+                let chunk = read[range(c.from_offset_bytes)].to_vec();
+                let write = self.bytes.get_mut(&c.to_block).ok_or_else(|| SourceError::Failed("no such block".to_owned()))?;
+                write[range(c.to_offset_bytes)].copy_from_slice(&chunk);
+            }
+            Ok(())
+        }
+    }
+
+    /// Every allocation's bytes survive compaction in a source that holds bytes: the heap asks for the copies, in an
+    /// order where no copy reads what another already overwrote, before it gives emptied blocks back. On random heaps of
+    /// the three policies; a failed copy is an error naming it.
+    #[test]
+    fn the_source_copies_every_move_before_blocks_go_back() {
+        use crate::units::KIB;
+        let mut rng = Rng::new(0xc0b1);
+        let mut moved = 0;
+        for round in 0..45 {
+            let policy = [PolicyKind::Tlsf, PolicyKind::BestFit, PolicyKind::FirstFit][round % 3];
+            let config = HeapConfig {
+                block_size_bytes: 64 * KIB,
+                dedicated_threshold_bytes: u64::MAX,
+                release: [ReleaseRule::Immediately, ReleaseRule::KeepOne, ReleaseRule::Never][(round / 3) % 3],
+                ..HeapConfig::new(policy)
+            };
+            let source = BytesSource { inner: SimulatedSource::new(1 << 30, 4 * KIB), bytes: HashMap::new(), fail: false };
+            let mut heap = Heap::new(config, source).unwrap();
+            // Each live allocation with the byte it is filled with.
+            let mut live: Vec<(Movable, u8)> = Vec::new();
+            for step in 0..120u32 {
+                if !live.is_empty() && rng.chance(0.4) {
+                    let i = rng.range(0, live.len() as u64 - 1) as usize;
+                    heap.free(live.swap_remove(i).0.allocation).unwrap();
+                } else {
+                    let request = Request::new(rng.range(1, 12) * KIB + rng.range(0, 255), 1 << rng.range(0, 8)).unwrap();
+                    let allocation = heap.allocate(request, None).unwrap();
+                    let fill = (step % 251 + 1) as u8;
+                    let handle = heap.blocks[allocation.block() as usize].as_ref().unwrap().source.handle;
+                    let block = heap.source.bytes.get_mut(&handle).unwrap();
+                    block[allocation.offset() as usize..(allocation.offset() + allocation.size_bytes()) as usize].fill(fill);
+                    live.push((Movable { allocation, request }, fill));
+                }
+            }
+            let movable: Vec<Movable> = live.iter().map(|(m, _)| *m).collect();
+            let compaction = heap.compact(&movable, Algorithm::Full, Budget::UNLIMITED).unwrap();
+            moved += usize::from(!compaction.moves.is_empty());
+            let now = check_moves(&movable, &compaction);
+            for (m, (_, fill)) in now.iter().zip(&live) {
+                let handle = heap.blocks[m.allocation.block() as usize].as_ref().unwrap().source.handle;
+                let bytes = &heap.source.bytes[&handle];
+                let span = m.allocation.offset() as usize..(m.allocation.offset() + m.allocation.size_bytes()) as usize;
+                assert!(bytes[span].iter().all(|b| b == fill), "round {round} {policy:?}: the bytes of {:?}", m.allocation);
+            }
+        }
+        assert!(moved >= 20, "compaction moved something in {moved} of 45 heaps");
+        // A source that cannot copy: an error that says so.
+        let config = HeapConfig { block_size_bytes: 64 * KIB, release: ReleaseRule::Never, ..HeapConfig::new(PolicyKind::Tlsf) };
+        let source = BytesSource { inner: SimulatedSource::new(1 << 30, 4 * KIB), bytes: HashMap::new(), fail: true };
+        let mut heap = Heap::new(config, source).unwrap();
+        let request = Request::new(8 * KIB, 256).unwrap();
+        let all: Vec<Movable> = (0..8).map(|_| Movable { allocation: heap.allocate(request, None).unwrap(), request }).collect();
+        for m in all.iter().step_by(2) {
+            heap.free(m.allocation).unwrap();
+        }
+        let kept: Vec<Movable> = all.iter().skip(1).step_by(2).copied().collect();
+        let error = heap.compact(&kept, Algorithm::Full, Budget::UNLIMITED).unwrap_err();
+        assert!(error.to_string().contains("copying") && error.to_string().contains("the device was lost"), "{error}");
     }
 }

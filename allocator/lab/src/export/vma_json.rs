@@ -463,6 +463,7 @@ mod tests {
             block_size_bytes: MIB,
             dedicated_threshold_bytes: 512 * KIB,
             release: ReleaseRule::Never,
+            grow_blocks: false,
             ..HeapConfig::new(PolicyKind::Tlsf)
         };
         let mut heap = Heap::new(config, SimulatedSource::new(CAPACITY, 64 * KIB)).unwrap();

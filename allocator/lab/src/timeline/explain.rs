@@ -36,11 +36,15 @@ struct StepFacts {
     /// Bytes of pages mapped and unmapped.
     mapped_bytes: u64,
     unmapped_bytes: u64,
+    /// Allocations moved (compaction: freed and placed again in the same step, by slot), and their bytes.
+    moved: (usize, u64),
 }
 
 fn facts(before: &Layout, changes: &[Change]) -> StepFacts {
     let mut layout = before.clone();
     let mut facts = StepFacts::default();
+    // Slots freed in this step: one placed again in the same step moved.
+    let mut freed_slots: Vec<u32> = Vec::new();
     for change in changes {
         let Ok(effect) = layout.apply(change) else { break };
         let Effect { carved_from, merged_into, freed, removed_region } = effect;
@@ -50,8 +54,18 @@ fn facts(before: &Layout, changes: &[Change]) -> StepFacts {
             Change::RegionRemoved { .. } => facts.regions_removed.extend(removed_region.map(|(_, bytes)| bytes)),
             Change::PagesMapped { size_bytes, .. } => facts.mapped_bytes += size_bytes,
             Change::PagesUnmapped { size_bytes, .. } => facts.unmapped_bytes += size_bytes,
-            Change::Allocated(span) => facts.allocated = carved_from.map(|run| (span, run)),
+            Change::Allocated(span) => match freed_slots.iter().position(|&slot| slot == span.slot) {
+                Some(index) => {
+                    freed_slots.swap_remove(index);
+                    facts.moved = (facts.moved.0 + 1, facts.moved.1 + span.footprint_bytes);
+                    if facts.freed.is_some_and(|(freed, _, _)| freed.slot == span.slot) {
+                        facts.freed = None;
+                    }
+                }
+                None => facts.allocated = carved_from.map(|run| (span, run)),
+            },
             Change::Freed { .. } => {
+                freed_slots.extend(freed.map(|span| span.slot));
                 facts.freed = freed.zip(merged_into).map(|(span, (run, merged))| (span, run, merged));
             }
         }
@@ -63,9 +77,23 @@ fn plural(count: usize, one: &str, many: &str) -> String {
     if count == 1 { format!("1 {one}") } else { format!("{count} {many}") }
 }
 
-/// One sentence explaining step `step` of `timeline`, whose layout before the step is `before`.
+/// One sentence explaining step `step` of `timeline`, whose layout before the step is `before` (two when the heap
+/// compacted first: what moved, then the step's own decision).
 pub fn explain(timeline: &Timeline, before: &Layout, step: u64) -> String {
     let facts = facts(before, timeline.changes(step));
+    let decision = decide(timeline, &facts, step);
+    match facts.moved {
+        (0, _) => decision,
+        (count, bytes) => format!(
+            "Compaction: {} ({}) moved together, gathering the free space between them into one run. {decision}",
+            plural(count, "allocation", "allocations"),
+            Bytes(bytes)
+        ),
+    }
+}
+
+/// The sentence of the step's own decision.
+fn decide(timeline: &Timeline, facts: &StepFacts, step: u64) -> String {
     if let Some(refusal) = timeline.refusal_at(step) {
         let mut text = format!("Out of memory on a {} request", Bytes(refusal.requested_bytes));
         if !facts.regions_removed.is_empty() {
@@ -91,10 +119,10 @@ pub fn explain(timeline: &Timeline, before: &Layout, step: u64) -> String {
         return format!("{text}; {why}.");
     }
     match (&timeline.rules, &facts.allocated, &facts.freed) {
-        (Some(Rules::Pytorch(conf)), Some(allocated), _) => pytorch_alloc(conf, &facts, allocated),
-        (Some(Rules::Heap(config)), Some(allocated), _) => heap_alloc(config, &facts, allocated),
-        (Some(Rules::Paged(config)), Some(allocated), _) => paged_alloc(config, &facts, allocated),
-        (rules, None, Some(freed)) => free_sentence(rules.as_ref(), &facts, freed),
+        (Some(Rules::Pytorch(conf)), Some(allocated), _) => pytorch_alloc(conf, facts, allocated),
+        (Some(Rules::Heap(config)), Some(allocated), _) => heap_alloc(config, facts, allocated),
+        (Some(Rules::Paged(config)), Some(allocated), _) => paged_alloc(config, facts, allocated),
+        (rules, None, Some(freed)) => free_sentence(rules.as_ref(), facts, freed),
         (None, Some((span, run)), _) => {
             format!(
                 "{} placed in a {} free run{}.",
@@ -287,6 +315,26 @@ mod tests {
             timeline.advance(&mut layout, step, step + 1);
         }
         out
+    }
+
+    /// The compaction story's last step: the moves said first, then the request served in the run they gathered.
+    #[test]
+    fn a_step_that_compacted_says_what_moved() {
+        let story = crate::story::compaction();
+        let config = story.config();
+        let timeline = record(&Recording::from_trace(story.trace), Contender::Heap(PolicyKind::Tlsf), &config).unwrap();
+        let last = timeline.steps() - 1;
+        let layout = timeline.layout_at(last);
+        let sentence = explain(&timeline, &layout, last);
+        assert!(sentence.starts_with("Compaction: "), "{sentence}");
+        assert!(sentence.contains("moved together, gathering the free space between them into one run. "), "{sentence}");
+        assert!(sentence.contains("1.00 GiB"), "the request's own decision follows: {sentence}");
+        // No other step moved anything.
+        let mut layout = timeline.layout_at(0);
+        for step in 0..last {
+            assert!(!explain(&timeline, &layout, step).starts_with("Compaction"), "step {step}");
+            timeline.advance(&mut layout, step, step + 1);
+        }
     }
 
     /// The frag_oom story step by step: (step, words the sentence must hold), per contender.
