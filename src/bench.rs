@@ -21,6 +21,7 @@ use heapscope_kernels::workload::{
     ChurnConfig, KvLayout, ServeConfig, StreamStats, TrainConfig, Workload, churn, replay, serve, train,
 };
 use heapscope_kernels::{VulkanKernelError, VulkanTarget, WgpuKernelError, WgpuTarget};
+use heapscope_lab::compaction::CompactRule;
 use heapscope_lab::compare::FirstOom;
 use heapscope_lab::contender::Contender;
 use heapscope_vulkan::{ContextOptions, VulkanContext, VulkanError};
@@ -68,6 +69,12 @@ pub struct BenchArgs {
     /// vulkan, wgpu or sim; default: vulkan where a device exists, else sim.
     #[arg(long, value_name = "BACKEND")]
     pub backend: Option<BackendName>,
+    /// When the heap policies compact: never (the default), on-oom (a request refused for fragmentation makes the
+    /// heap move allocations, the device copying them, then it is tried once more) or every:N (a balanced pass
+    /// before every N-th allocation or free); the kernels verify moved allocations where they are, like every other.
+    /// On vulkan and sim; the wgpu backend does not compact.
+    #[arg(long, value_name = "RULE", default_value = "never")]
+    pub compact: CompactRule,
     /// --backend wgpu: plain wgpu even on a Vulkan adapter (not heapscope's Vulkan device; paged and
     /// pytorch-expandable then do not run).
     #[arg(long)]
@@ -208,6 +215,7 @@ impl BenchArgs {
         let mut settings = BenchSettings::new(budget);
         settings.heap = self.heap.heap_config(PolicyKind::Tlsf);
         settings.page_bytes = self.page_size;
+        settings.compact = self.compact;
         if let Some(overrides) = &self.alloc_conf {
             settings.alloc_conf.parse_overrides(overrides).map_err(|error| anyhow::anyhow!("--alloc-conf: {error}"))?;
         }
@@ -484,6 +492,15 @@ fn print_row(policy: Contender, report: &RunReport) {
         report.allocs_per_sec(),
         report.wall.as_secs_f64() * 1000.0
     );
+    if let Some(compaction) = &report.compaction {
+        outln!(
+            "{:<20} compaction: {} moves, {} copied, {} of its refusals served after compacting",
+            "",
+            compaction.moves,
+            Bytes(compaction.bytes_moved),
+            compaction.ooms_avoided
+        );
+    }
 }
 
 /// The first out-of-memory of each contender that had one, and who completed.
@@ -534,6 +551,7 @@ fn json_line(policy: Contender, workload: &Workload, device: &Device, budget: Op
         "batches": report.batches,
         "allocs_per_sec": report.allocs_per_sec(),
         "wall_ms": report.wall.as_secs_f64() * 1000.0,
+        "compaction": report.compaction,
     });
     line(policy, workload, device, budget, fields)
 }

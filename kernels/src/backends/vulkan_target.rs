@@ -22,8 +22,9 @@ use heapscope_vulkan::{
 };
 
 use super::vulkan_runner::{VulkanKernelError, VulkanKernels};
-use crate::bench::{BenchSettings, Target, TargetError};
+use crate::bench::{BenchSettings, Target, TargetError, compact_heap};
 use crate::{KernelRunner, Op, VerifyResult};
+use heapscope_lab::compaction::CompactRule;
 
 /// The heap behind a [`VulkanTarget`].
 #[derive(Debug)]
@@ -50,6 +51,7 @@ pub struct VulkanTarget {
     backend: Backend,
     kernels: VulkanKernels,
     align_bytes: u64,
+    compact: CompactRule,
 }
 
 impl VulkanHandle {
@@ -127,7 +129,7 @@ impl VulkanTarget {
                 .into());
             }
         };
-        Ok(Self { backend, kernels, align_bytes: settings.align_bytes })
+        Ok(Self { backend, kernels, align_bytes: settings.align_bytes, compact: settings.compact })
     }
 
     /// Submits and dispatches of its kernels so far.
@@ -259,5 +261,27 @@ impl Target for VulkanTarget {
 
     fn take_device_events(&mut self) -> Vec<DeviceEvent> {
         VulkanTarget::take_device_events(self)
+    }
+
+    fn compact_rule(&self) -> CompactRule {
+        self.compact
+    }
+
+    /// A heap of blocks compacts, its source copying the moves between device blocks; `paged` and `pytorch` move
+    /// nothing.
+    fn compact(&mut self, live: &[(VulkanHandle, u64)], for_refused: bool) -> Result<Vec<(usize, VulkanHandle)>, TargetError> {
+        let Backend::Heap(heap) = &mut self.backend else { return Ok(Vec::new()) };
+        let listed: Vec<(HeapAllocation, u64)> = live
+            .iter()
+            .filter_map(|&(handle, size_bytes)| match handle {
+                VulkanHandle::Heap(allocation) => Some((allocation, size_bytes)),
+                _ => None,
+            })
+            .collect();
+        if listed.len() != live.len() {
+            return Err(TargetError::Failed("a handle of another heap among a heap's live allocations".to_owned()));
+        }
+        let moves = compact_heap(heap, &listed, self.align_bytes, for_refused)?;
+        Ok(moves.into_iter().map(|(index, to)| (index, VulkanHandle::Heap(to))).collect())
     }
 }

@@ -2,6 +2,7 @@
 //! named); [`BenchSettings`] are the rules they share, and [`run_simulated`] runs one of them without a device.
 
 use heapscope_core::{Heap, HeapConfig, PagedConfig, PagedHeap, PolicyKind, SimulatedSource};
+use heapscope_lab::compaction::CompactRule;
 use heapscope_lab::contender::Contender;
 use heapscope_pytorch::{AllocConf, CachingHeap};
 
@@ -27,6 +28,9 @@ pub struct BenchSettings {
     /// Block sizes of the heap policies are multiples of this on every backend (a device's own block alignment
     /// is usually smaller), so simulated and device runs reserve the same blocks.
     pub block_alignment_bytes: u64,
+    /// When the heap policies compact (their moves copied on the device, then verified by the kernels like every
+    /// allocation); the other contenders never move anything.
+    pub compact: CompactRule,
 }
 
 impl BenchSettings {
@@ -46,6 +50,7 @@ impl BenchSettings {
             alloc_conf: AllocConf::default(),
             align_bytes: 512,
             block_alignment_bytes: Self::DEFAULT_BLOCK_ALIGNMENT_BYTES,
+            compact: CompactRule::Never,
         }
     }
 
@@ -80,7 +85,7 @@ pub fn run_simulated(workload: &Workload, policy: Contender, settings: &BenchSet
             let device = settings.budget_bytes.unwrap_or(UNLIMITED_DEVICE_BYTES);
             let source = SimulatedSource::new(device, settings.block_alignment_bytes);
             let heap = Heap::new(settings.heap_config(kind), source).map_err(invalid)?;
-            run(workload, &mut SimTarget::new(heap, align))
+            run(workload, &mut SimTarget::new(heap, align).compacting(settings.compact))
         }
         Contender::Paged => {
             let heap = PagedHeap::new(settings.paged_config()).map_err(invalid)?;

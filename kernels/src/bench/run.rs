@@ -22,6 +22,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use heapscope_core::{Allocation, AllocationId, DeviceEvent, OomVerdict, OwnerId, Request, ResourceKind};
+use heapscope_lab::compaction::{CompactRule, CompactionFigures};
 use heapscope_lab::driver::{Observer, Stream, Target as DriverTarget, drive};
 
 use super::target::{Target, TargetError};
@@ -60,6 +61,9 @@ pub struct RunReport {
     pub first_mismatch: Option<(u32, u64, VerifyResult)>,
     /// Batches of ops handed to the target.
     pub batches: u64,
+    /// What compacting did, when the target compacts ([`Target::compact_rule`]); `None` otherwise. Moved allocations
+    /// are verified where they are when they are freed, like every allocation.
+    pub compaction: Option<CompactionFigures>,
     /// Time of the whole run.
     pub wall: Duration,
 }
@@ -147,6 +151,7 @@ pub fn run_observed<'t, T: Target>(
     let started = Instant::now();
     let stream = workload.trace().map_err(|error| RunError::at(error.step as u64, error.what))?;
     let kernels_ran = target.runs_kernels();
+    let compaction = (target.compact_rule() != CompactRule::Never).then(CompactionFigures::default);
     let mut runner = KernelDriver {
         target,
         steps: &workload.steps,
@@ -161,7 +166,8 @@ pub fn run_observed<'t, T: Target>(
         checks: Vec::new(),
         live_bytes: 0,
         failure: None,
-        report: RunReport { kernels_ran, ..RunReport::default() },
+        retrying: None,
+        report: RunReport { kernels_ran, compaction, ..RunReport::default() },
     };
     let driven = drive(Stream::of_trace(&stream.trace), &mut runner, 1, observers);
     let end = workload.steps.len() as u64;
@@ -214,6 +220,9 @@ pub struct KernelDriver<'a, T: Target> {
     live_bytes: u64,
     /// A failure of the bench target, with its step, that stopped the driver.
     failure: Option<RunError>,
+    /// The allocation refused at this event, which compacting may serve on a second try, and whether its refusal
+    /// was the run's first.
+    retrying: Option<(u32, bool)>,
     report: RunReport,
 }
 
@@ -393,6 +402,7 @@ impl<T: Target> DriverTarget for KernelDriver<'_, T> {
     fn before_event(&mut self, event: u64) -> heapscope_core::Result<()> {
         let event = usize::try_from(event).unwrap_or(usize::MAX);
         self.event = event;
+        self.retrying = None;
         let step = self.step();
         self.ops_until(usize::try_from(step).unwrap_or(usize::MAX)).map_err(|error| self.fail(error))?;
         if self.pending.len() >= MAX_PENDING_OPS {
@@ -422,6 +432,19 @@ impl<T: Target> DriverTarget for KernelDriver<'_, T> {
         let (id, at, size_bytes) = (self.event_ids[self.event], self.step(), request.size_bytes());
         match self.target.allocate(size_bytes) {
             Ok(handle) => {
+                if let Some((refused, was_first)) = self.retrying.take()
+                    && refused == id
+                {
+                    // Served on the second try, after compacting: no refusal after all.
+                    self.report.ooms -= 1;
+                    self.refused.remove(&id);
+                    if was_first {
+                        self.report.first_oom = None;
+                    }
+                    if let Some(compaction) = &mut self.report.compaction {
+                        compaction.ooms_avoided += 1;
+                    }
+                }
                 self.live_bytes += size_bytes;
                 self.report.allocs += 1;
                 self.report.peak_live_bytes = self.report.peak_live_bytes.max(self.live_bytes);
@@ -445,6 +468,7 @@ impl<T: Target> DriverTarget for KernelDriver<'_, T> {
                 Ok(Ok(Placed { handle, id, allocation }))
             }
             Err(TargetError::OutOfMemory(verdict)) => {
+                self.retrying = Some((id, self.report.first_oom.is_none()));
                 self.report.ooms += 1;
                 self.report.first_oom.get_or_insert((at, (*verdict).clone()));
                 self.refused.insert(id);
@@ -480,5 +504,39 @@ impl<T: Target> DriverTarget for KernelDriver<'_, T> {
 
     fn take_device_events(&mut self) -> Vec<DeviceEvent> {
         self.target.take_device_events()
+    }
+
+    fn compact_rule(&self) -> CompactRule {
+        self.target.compact_rule()
+    }
+
+    /// Every pending op runs first (nothing may touch an allocation while it moves); the target moves and copies;
+    /// each moved allocation keeps its id and what it should hold, at its new place.
+    fn compact(
+        &mut self,
+        live: &[(Self::Handle, Request)],
+        for_refused: bool,
+    ) -> heapscope_core::Result<Vec<(usize, Self::Handle)>> {
+        let at = self.step();
+        self.flush(at).map_err(|error| self.fail(error))?;
+        let handles: Vec<(T::Handle, u64)> = live.iter().map(|(placed, request)| (placed.handle, request.size_bytes())).collect();
+        let moves = match self.target.compact(&handles, for_refused) {
+            Ok(moves) => moves,
+            Err(error) => return Err(self.fail(RunError::at(at, error.to_string()))),
+        };
+        let mut moved = Vec::with_capacity(moves.len());
+        for (index, handle) in moves {
+            let Some((before, request)) = live.get(index) else { continue };
+            let placed = Placed { handle, ..*before };
+            if let Some(entry) = self.live.get_mut(&placed.id) {
+                entry.handle = handle;
+            }
+            if let Some(compaction) = &mut self.report.compaction {
+                compaction.moves += 1;
+                compaction.bytes_moved += request.size_bytes();
+            }
+            moved.push((index, placed));
+        }
+        Ok(moved)
     }
 }

@@ -2,7 +2,9 @@
 //! much memory is reserved. No device types appear in it: the Vulkan backend, a wgpu backend and the simulated
 //! [`SimTarget`] implement it alike.
 
+use heapscope_core::compaction::Budget;
 use heapscope_core::{DeviceEvent, DeviceHeap, OomVerdict, Request};
+use heapscope_lab::compaction::CompactRule;
 
 use crate::{Op, VerifyResult};
 
@@ -67,6 +69,41 @@ pub trait Target {
     fn take_device_events(&mut self) -> Vec<DeviceEvent> {
         Vec::new()
     }
+
+    /// When the runner asks it to compact. Default: never.
+    fn compact_rule(&self) -> CompactRule {
+        CompactRule::Never
+    }
+
+    /// Moves live allocations (`live`: each handle with the size it was allocated with) to gather free space, their
+    /// bytes copied on the device before the call returns (no op uses them: the runner ran every pending op first);
+    /// returns each move as the index in `live` and the new handle, in order. `for_refused`: to make room for a
+    /// refused request. Default: moves nothing.
+    ///
+    /// # Errors
+    /// [`TargetError::Failed`] when the device fails to copy.
+    fn compact(&mut self, live: &[(Self::Handle, u64)], for_refused: bool) -> Result<Vec<(usize, Self::Handle)>, TargetError> {
+        let _ = (live, for_refused);
+        Ok(Vec::new())
+    }
+}
+
+/// Compacts `heap` (a [`DeviceHeap`] whose requests were `size` aligned to `align_bytes`): the moves of
+/// [`Target::compact`], by [`CompactRule::algorithm`].
+///
+/// # Errors
+/// What the heap's compaction returns.
+pub fn compact_heap<H: DeviceHeap>(
+    heap: &mut H,
+    live: &[(H::Handle, u64)],
+    align_bytes: u64,
+    for_refused: bool,
+) -> Result<Vec<(usize, H::Handle)>, TargetError> {
+    let movable = live
+        .iter()
+        .map(|&(handle, size_bytes)| Ok((handle, Request::new(size_bytes, align_bytes)?)))
+        .collect::<Result<Vec<_>, heapscope_core::Error>>()?;
+    Ok(heap.compact(&movable, CompactRule::algorithm(for_refused), Budget::UNLIMITED)?)
 }
 
 /// A core [`DeviceHeap`] with no device: kernels are skipped, so a verify finds nothing by construction.
@@ -74,12 +111,19 @@ pub trait Target {
 pub struct SimTarget<H: DeviceHeap> {
     heap: H,
     align_bytes: u64,
+    compact: CompactRule,
 }
 
 impl<H: DeviceHeap> SimTarget<H> {
     /// `heap`, every request aligned to `align_bytes`.
     pub fn new(heap: H, align_bytes: u64) -> Self {
-        Self { heap, align_bytes }
+        Self { heap, align_bytes, compact: CompactRule::Never }
+    }
+
+    /// The same target, compacting by `rule`.
+    #[must_use]
+    pub fn compacting(self, rule: CompactRule) -> Self {
+        Self { compact: rule, ..self }
     }
 
     /// The heap.
@@ -110,5 +154,13 @@ impl<H: DeviceHeap> Target for SimTarget<H> {
 
     fn runs_kernels(&self) -> bool {
         false
+    }
+
+    fn compact_rule(&self) -> CompactRule {
+        self.compact
+    }
+
+    fn compact(&mut self, live: &[(H::Handle, u64)], for_refused: bool) -> Result<Vec<(usize, H::Handle)>, TargetError> {
+        compact_heap(&mut self.heap, live, self.align_bytes, for_refused)
     }
 }

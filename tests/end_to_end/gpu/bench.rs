@@ -102,6 +102,49 @@ fn serve_paged_completes_where_pytorch_fragments() {
     check_serve_story(&device, &sim);
 }
 
+/// `--compact on-oom` on the device: churn in 8 MiB blocks under 72 MiB, where the heap policies run out of memory
+/// from fragmentation without it; compacting serves those requests (the device copying every move between blocks,
+/// validation on), the kernels find every moved allocation's pattern where it went (0 mismatches), and `--backend
+/// sim` makes the same moves.
+#[test]
+fn compacting_serves_churn_with_every_moved_allocation_verified() {
+    let args = [
+        "bench",
+        "--workload",
+        "churn",
+        "--steps",
+        "600",
+        "--policy",
+        "tlsf",
+        "--policy",
+        "first-fit",
+        "--budget",
+        "72MiB",
+        "--block-size",
+        "8MiB",
+        "--fixed-blocks",
+        "--json",
+    ];
+    let without = json_lines(&heapscope(&args));
+    let device = json_lines(&heapscope(&[&args[..], &["--compact", "on-oom"]].concat()));
+    let sim = json_lines(&heapscope(&[&args[..], &["--compact", "on-oom", "--backend", "sim"]].concat()));
+    let backend = device[0]["backend"].as_str().unwrap();
+    assert!(backend == "vulkan" || !gpu_required(), "HEAPSCOPE_REQUIRE_GPU=1 but the bench ran on {backend}");
+    for policy in ["tlsf", "first-fit"] {
+        let (before, after, simulated) = (by_policy(&without, policy), by_policy(&device, policy), by_policy(&sim, policy));
+        check_line(after);
+        assert!(before["ooms"].as_u64() > Some(0), "{policy} fragments without compacting: {before}");
+        assert_eq!(before["compaction"], Value::Null, "{before}");
+        let compaction = &after["compaction"];
+        assert_eq!(after["ooms"], 0, "{after}");
+        assert!(compaction["moves"].as_u64() > Some(0) && compaction["ooms_avoided"].as_u64() > Some(0), "{after}");
+        assert_eq!(compaction, &simulated["compaction"], "{policy}: the device makes the simulation's moves");
+        if backend == "vulkan" {
+            assert_eq!(after["kernels_ran"], true, "{after}");
+        }
+    }
+}
+
 /// The same story through wgpu: on a Vulkan adapter wgpu runs on heapscope's own Vulkan device, so `paged` (sparse
 /// binding) runs there too, the kernels verify everything through wgpu, and the numbers are the simulation's.
 #[test]
