@@ -72,7 +72,6 @@ pub struct BenchArgs {
     /// When the heap policies compact: never (the default), on-oom (a request refused for fragmentation makes the
     /// heap move allocations, the device copying them, then it is tried once more) or every:N (a balanced pass
     /// before every N-th allocation or free); the kernels verify moved allocations where they are, like every other.
-    /// On vulkan and sim; the wgpu backend does not compact.
     #[arg(long, value_name = "RULE", default_value = "never")]
     pub compact: CompactRule,
     /// --backend wgpu: plain wgpu even on a Vulkan adapter (not heapscope's Vulkan device; paged and

@@ -32,6 +32,7 @@ use heapscope_wgpu::{
 use super::wgpu_runner::{WgpuKernelError, WgpuKernels};
 use crate::bench::{BenchSettings, Target, TargetError};
 use crate::{KernelRunner, Op, VerifyResult};
+use heapscope_lab::compaction::CompactRule;
 
 /// The heap behind a [`WgpuTarget`].
 #[derive(Debug)]
@@ -103,6 +104,7 @@ pub struct WgpuTarget<'a> {
     kernels: WgpuKernels,
     device: &'a Arc<WgpuDevice>,
     align_bytes: u64,
+    compact: CompactRule,
 }
 
 impl<'a> WgpuTarget<'a> {
@@ -136,7 +138,7 @@ impl<'a> WgpuTarget<'a> {
             }
         };
         let kernels = WgpuKernels::new(Arc::clone(device))?;
-        Ok(Self { backend, kernels, device, align_bytes: settings.align_bytes })
+        Ok(Self { backend, kernels, device, align_bytes: settings.align_bytes, compact: settings.compact })
     }
 
     fn sparse_backend(
@@ -276,5 +278,36 @@ impl Target for WgpuTarget<'_> {
 
     fn runs_kernels(&self) -> bool {
         true
+    }
+
+    fn compact_rule(&self) -> CompactRule {
+        self.compact
+    }
+
+    /// The arenas compact ([`ArenaHeap::compact`], the moves copied with `copy_buffer_to_buffer`); `pytorch` and
+    /// `paged` move nothing. Each moved allocation is returned once, where it ended up.
+    fn compact(&mut self, live: &[(WgpuHandle, u64)], for_refused: bool) -> Result<Vec<(usize, WgpuHandle)>, TargetError> {
+        let Backend::Arenas { heap, live: arenas } = &mut self.backend else { return Ok(Vec::new()) };
+        let movable = live
+            .iter()
+            .map(|(handle, _)| match handle {
+                WgpuHandle::Arena(allocation) => arenas.get(&allocation.address()).cloned(),
+                _ => None,
+            })
+            .collect::<Option<Vec<ArenaAllocation>>>()
+            .ok_or_else(|| TargetError::Failed("a live allocation the arenas do not hold".to_owned()))?;
+        let budget = heapscope_core::compaction::Budget::UNLIMITED;
+        let moves = heap.compact(&movable, CompactRule::algorithm(for_refused), budget).map_err(target_error)?;
+        // Old places out first: a new place may be where another moved allocation was.
+        for &(index, _) in &moves {
+            arenas.remove(&movable[index].address());
+        }
+        let mut moved = Vec::with_capacity(moves.len());
+        for (index, now) in moves {
+            let handle = *now.heap_allocation();
+            arenas.insert(handle.address(), now);
+            moved.push((index, WgpuHandle::Arena(handle)));
+        }
+        Ok(moved)
     }
 }

@@ -143,6 +143,17 @@ fn compacting_serves_churn_with_every_moved_allocation_verified() {
             assert_eq!(after["kernels_ran"], true, "{after}");
         }
     }
+    // Through wgpu: the arenas copy the moves with `copy_buffer_to_buffer`, and the kernels find them intact.
+    let output = heapscope(&[&args[..], &["--compact", "on-oom", "--backend", "wgpu"]].concat());
+    if !output.status.success() && !gpu_required() {
+        eprintln!("skipped wgpu: {}", stderr(&output));
+        return;
+    }
+    for line in json_lines(&output) {
+        check_line(&line);
+        assert_eq!(line["ooms"], 0, "{line}");
+        assert!(line["compaction"]["moves"].as_u64() > Some(0), "{line}");
+    }
 }
 
 /// The same story through wgpu: on a Vulkan adapter wgpu runs on heapscope's own Vulkan device, so `paged` (sparse
