@@ -130,7 +130,7 @@ pub fn teach_me(ui: &mut Ui, session: &Session, sentences: &[String], shown_step
     let mut actions = TeachActions::default();
     ui.heading("Teach me");
     ui.horizontal_wrapped(|ui| {
-        for story in ["frag_oom", "training_step", "llm_serving_contiguous", "llm_serving_paged", "compaction"] {
+        for story in heapscope_lab::story::NAMES {
             if ui.selectable_label(session.name == story, story).clicked() && session.name != story {
                 actions.story = Some(story);
             }

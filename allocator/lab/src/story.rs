@@ -230,6 +230,9 @@ pub fn compaction() -> Story {
     }
 }
 
+/// The built-in stories' names, in [`all`]'s order (without building their traces).
+pub const NAMES: [&str; 5] = ["frag_oom", "training_step", "llm_serving_contiguous", "llm_serving_paged", "compaction"];
+
 /// Every built-in story, by name.
 pub fn all() -> Vec<Story> {
     vec![frag_oom(), training_step(), llm_serving_contiguous(), llm_serving_paged(), compaction()]
@@ -272,6 +275,12 @@ mod tests {
                 "{policy:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_names_are_the_stories() {
+        let names: Vec<&str> = all().iter().map(|story| story.name).collect();
+        assert_eq!(names, NAMES);
     }
 
     #[test]
