@@ -267,6 +267,13 @@ impl Target for VulkanTarget {
         self.compact
     }
 
+    fn device_copy_ns(&self) -> Option<u64> {
+        match &self.backend {
+            Backend::Heap(heap) => Some(heap.source().copy_stats().nanos),
+            Backend::Paged(_) | Backend::Pytorch(_) => None,
+        }
+    }
+
     /// A heap of blocks compacts, its source copying the moves between device blocks; `paged` and `pytorch` move
     /// nothing.
     fn compact(&mut self, live: &[(VulkanHandle, u64)], for_refused: bool) -> Result<Vec<(usize, VulkanHandle)>, TargetError> {

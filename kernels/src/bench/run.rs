@@ -182,6 +182,10 @@ pub fn run_observed<'t, T: Target>(
     }
     runner.report.steps = end;
     runner.report.wall = started.elapsed();
+    let device_copy_ns = runner.target.device_copy_ns();
+    if let Some(compaction) = &mut runner.report.compaction {
+        compaction.device_copy_ns = device_copy_ns;
+    }
     Ok(runner.report)
 }
 

@@ -75,6 +75,12 @@ pub trait Target {
         CompactRule::Never
     }
 
+    /// The time its device took for the copies of its compactions so far, ns (recorded to waited for on the host);
+    /// `None` where nothing times them (a simulated target, the default).
+    fn device_copy_ns(&self) -> Option<u64> {
+        None
+    }
+
     /// Moves live allocations (`live`: each handle with the size it was allocated with) to gather free space, their
     /// bytes copied on the device before the call returns (no op uses them: the runner ran every pending op first);
     /// returns each move as the index in `live` and the new handle, in order. `for_refused`: to make room for a
