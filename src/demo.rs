@@ -71,13 +71,7 @@ fn heap_config(story: &Story, heap_args: &HeapArgs, policy: PolicyKind, layout: 
     let config = HeapConfig { release: release(story, heap_args), ..heap_args.rules.heap_config(policy) };
     match layout {
         Layout::Blocks => config,
-        Layout::Range => HeapConfig {
-            block_size_bytes: story.device_bytes.min(heap_args.rules.budget.unwrap_or(u64::MAX)),
-            dedicated_threshold_bytes: u64::MAX,
-            release: ReleaseRule::Never,
-            grow_blocks: false,
-            ..config
-        },
+        Layout::Range => config.one_range(story.device_bytes.min(heap_args.rules.budget.unwrap_or(u64::MAX))),
     }
 }
 

@@ -433,15 +433,7 @@ pub fn print_row(outcome: &Outcome) {
         outln!("{:<36} first OOM at {}: {}", "", oom.moment, oom.message);
     }
     if let Some(compaction) = &outcome.compaction {
-        let device =
-            compaction.device_copy_ns.map_or_else(String::new, |nanos| format!(" on the device in {:.2} ms", nanos as f64 / 1e6));
-        outln!(
-            "{:<36} compaction: {} moves, {} copied{device}, {} of its refusals served after compacting",
-            "",
-            compaction.moves,
-            Bytes(compaction.bytes_moved),
-            compaction.ooms_avoided
-        );
+        outln!("{:<36} {compaction}", "");
     }
 }
 

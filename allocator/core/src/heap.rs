@@ -111,6 +111,19 @@ impl HeapConfig {
             grow_blocks: true,
         }
     }
+
+    /// The same rules with everything in one block of `size_bytes` (a whole device as one range, an arena): no
+    /// dedicated blocks, no growth, the block never released.
+    #[must_use]
+    pub fn one_range(self, size_bytes: u64) -> Self {
+        Self {
+            block_size_bytes: size_bytes,
+            dedicated_threshold_bytes: u64::MAX,
+            release: ReleaseRule::Never,
+            grow_blocks: false,
+            ..self
+        }
+    }
 }
 
 /// A live allocation of a heap.

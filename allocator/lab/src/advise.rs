@@ -366,34 +366,40 @@ fn largest_block_bound_of(recording: &Recording, conf: &AllocConf) -> Option<u64
 /// The advice of one row: its run on the device of the advice, and its smallest capacity.
 fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, recorded: &AllocConf) -> Result<SettingAdvice> {
     let device = capacity_bytes.unwrap_or(UNLIMITED_BYTES);
-    // A snapshot's probes resume from copies of the run without a limit (see `Checkpoints`): with no capacity that is
-    // the row's own run, which keeps them; else a lean run of its own.
-    let (setting, as_recorded, (figures, driver_time_us), checkpoints) = match (row, &recording.snapshot) {
-        (Row::Pytorch { setting, conf }, snapshot) => {
-            let copy_every =
-                snapshot.as_ref().filter(|_| capacity_bytes.is_none()).map(|snapshot| Checkpoints::every(recording, snapshot));
+    // The run without a limit bounds the search, and a snapshot's probes resume from copies of it (see `Checkpoints`):
+    // with no capacity it is the row's own run, which keeps the copies; else a lean run that keeps them; else (a
+    // plain trace) one more run.
+    let (setting, as_recorded, (figures, driver_time_us), checkpoints, unlimited) = match row {
+        Row::Pytorch { setting, conf } => {
+            let copy_every = recording
+                .snapshot
+                .as_ref()
+                .filter(|_| capacity_bytes.is_none())
+                .map(|snapshot| Checkpoints::every(recording, snapshot));
             let (run, copies) = pytorch_run(recording, setting, conf, device, copy_every)?;
-            let checkpoints = match (copies, snapshot) {
-                (Some(copies), _) => {
-                    Some((Checkpoints { saved: copies.saved, gc_threshold: conf.garbage_collection_threshold }, None))
+            let (checkpoints, unlimited) = match (copies, &recording.snapshot) {
+                (Some(copies), _) => (
+                    Some(Checkpoints { saved: copies.saved, gc_threshold: conf.garbage_collection_threshold }),
+                    Unlimited::of(&run.0),
+                ),
+                (None, Some(snapshot)) => {
+                    let (checkpoints, end) = Checkpoints::of(recording, snapshot, conf)?;
+                    (Some(checkpoints), Unlimited::of_stats(&end))
                 }
-                (None, Some(snapshot)) => Some(Checkpoints::of(recording, snapshot, conf)?),
-                (None, None) => None,
+                (None, None) if capacity_bytes.is_none() => (None, Unlimited::of(&run.0)),
+                (None, None) => (None, Unlimited::of(&pytorch_run(recording, setting, conf, UNLIMITED_BYTES, None)?.0.0)),
             };
-            (setting.clone(), conf == recorded, run, checkpoints)
+            (setting.clone(), conf == recorded, run, checkpoints, unlimited)
         }
-        (Row::Paged, _) => (PAGED.to_owned(), false, paged_run(recording, device)?, None),
-    };
-    // The run without a limit: the run on the device when there is none, else the copies' run, else one more.
-    let unlimited = match (capacity_bytes, &checkpoints, row) {
-        (None, ..) => Unlimited::of(&figures),
-        (Some(_), Some((_, Some(end))), _) => Unlimited::of_stats(end),
-        (Some(_), _, Row::Pytorch { setting, conf }) => {
-            Unlimited::of(&pytorch_run(recording, setting, conf, UNLIMITED_BYTES, None)?.0.0)
+        Row::Paged => {
+            let run = paged_run(recording, device)?;
+            let unlimited = match capacity_bytes {
+                None => Unlimited::of(&run.0),
+                Some(_) => Unlimited::of(&paged_run(recording, UNLIMITED_BYTES)?.0),
+            };
+            (PAGED.to_owned(), false, run, None, unlimited)
         }
-        (Some(_), _, Row::Paged) => Unlimited::of(&paged_run(recording, UNLIMITED_BYTES)?.0),
     };
-    let checkpoints = checkpoints.map(|(checkpoints, _)| checkpoints);
     // PyTorch's allocator holds the segments of a recording begun mid-run from the start: a smaller device never
     // held them.
     let start = if matches!(row, Row::Pytorch { .. }) { reserved_at_start(recording) } else { 0 };
@@ -552,7 +558,7 @@ impl<'s> Checkpoints<'s> {
 
     /// The run of `conf` on `recording` (whose snapshot is `snapshot`) without a limit, copied along the way, and
     /// PyTorch's counters at its end.
-    fn of(recording: &Recording, snapshot: &'s Snapshot, conf: &AllocConf) -> Result<(Self, Option<MemoryStats>)> {
+    fn of(recording: &Recording, snapshot: &'s Snapshot, conf: &AllocConf) -> Result<(Self, MemoryStats)> {
         let mut emulator = Emulator::new(snapshot, recording.device, conf, Some(UNLIMITED_BYTES))
             .map_err(|error| emulation_error(recording, &error))?
             .lean();
@@ -564,7 +570,7 @@ impl<'s> Checkpoints<'s> {
             }
         }
         let end = emulator.allocator().stats().clone();
-        Ok((Self { saved, gc_threshold: conf.garbage_collection_threshold }, Some(end)))
+        Ok((Self { saved, gc_threshold: conf.garbage_collection_threshold }, end))
     }
 
     /// Whether the run fits a device of `capacity_bytes`: replayed from the last copy that never went past what the
@@ -744,7 +750,7 @@ mod tests {
                     let low = u64::try_from(stats.allocated_bytes.all().peak).unwrap() / 2;
                     let high = unlimited.peak_reserved_bytes + CAPACITY_STEP_BYTES;
                     let (checkpoints, end) = Checkpoints::of(&recording, snapshot, &conf).unwrap();
-                    assert_eq!(end.as_ref(), Some(stats), "{name} cut {cut} {setting:?}: the same run either way");
+                    assert_eq!(&end, stats, "{name} cut {cut} {setting:?}: the same run either way");
                     let kept = Checkpoints { saved: copies.unwrap().saved, gc_threshold: conf.garbage_collection_threshold };
                     for step in 0..=12u64 {
                         let capacity = low + (high - low) / 12 * step;

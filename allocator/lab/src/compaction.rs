@@ -10,6 +10,7 @@
 //! heap) replays as without a rule.
 
 use heapscope_core::compaction::Algorithm;
+use heapscope_core::units::Bytes;
 
 /// When the driver asks the contender to compact.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -73,6 +74,18 @@ pub struct CompactionFigures {
     /// On a device: the copies' time, recorded to waited for on the host, ns (`None` where nothing holds bytes: a
     /// simulated device).
     pub device_copy_ns: Option<u64>,
+}
+
+/// `compaction: 4 moves, 240.00 MiB copied on the device in 1.20 ms, 1 of its refusals served after compacting`
+/// (the device's time only where one copied).
+impl std::fmt::Display for CompactionFigures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "compaction: {} moves, {} copied", self.moves, Bytes(self.bytes_moved))?;
+        if let Some(nanos) = self.device_copy_ns {
+            write!(f, " on the device in {:.2} ms", nanos as f64 / 1e6)?;
+        }
+        write!(f, ", {} of its refusals served after compacting", self.ooms_avoided)
+    }
 }
 
 #[cfg(test)]

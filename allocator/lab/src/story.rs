@@ -38,13 +38,7 @@ impl Story {
     pub fn config(&self) -> CompareConfig {
         let defaults = CompareConfig::default();
         let heap = if self.rules.one_range {
-            HeapConfig {
-                block_size_bytes: self.device_bytes,
-                dedicated_threshold_bytes: u64::MAX,
-                release: ReleaseRule::Never,
-                grow_blocks: false,
-                ..defaults.heap.clone()
-            }
+            defaults.heap.clone().one_range(self.device_bytes)
         } else {
             HeapConfig { release: self.rules.release.unwrap_or(defaults.heap.release), ..defaults.heap.clone() }
         };

@@ -49,6 +49,22 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// A scattered heap as a CSV trace in `temp_dir(tag)`: eight 60 MiB allocations, every other one freed, then 200 MiB
+/// (on a 512 MiB device in 256 MiB blocks, refused for fragmentation until the heap compacts).
+pub fn scattered_trace(tag: &str) -> PathBuf {
+    let file = temp_dir(tag).join("scattered.csv");
+    let mut csv = String::from("# eight 60 MiB, every other one freed, then 200 MiB\n");
+    for id in 0..8 {
+        csv.push_str(&format!("a,{id},{}\n", 60 << 20));
+    }
+    for id in [1, 3, 5, 7] {
+        csv.push_str(&format!("f,{id}\n"));
+    }
+    csv.push_str(&format!("a,8,{}\n", 200 << 20));
+    std::fs::write(&file, csv).unwrap();
+    file
+}
+
 /// Whether the device tests must run (and pictures render): CI sets `HEAPSCOPE_REQUIRE_GPU=1` where lavapipe is
 /// installed.
 pub fn gpu_required() -> bool {

@@ -353,17 +353,7 @@ fn paged_under_pressure_reuses_its_pages_and_still_serves_frag_oom() {
 /// request is served. The row says what moved; `--vulkan` refuses the flag for now.
 #[test]
 fn compacting_on_a_refusal_is_reported() {
-    let dir = temp_dir("compact");
-    let file = dir.join("scattered.csv");
-    let mut csv = String::from("# eight 60 MiB, every other one freed, then 200 MiB\n");
-    for id in 0..8 {
-        csv.push_str(&format!("a,{id},62914560\n"));
-    }
-    for id in [1, 3, 5, 7] {
-        csv.push_str(&format!("f,{id}\n"));
-    }
-    csv.push_str("a,8,209715200\n");
-    std::fs::write(&file, csv).unwrap();
+    let file = crate::common::scattered_trace("compact");
     let path = file.to_str().unwrap();
     let args = ["replay", path, "--capacity", "512MiB", "--policy", "tlsf", "--fixed-blocks"];
     let lines = json_lines(&heapscope(&[&args[..], &["--json", "--compact", "on-oom"]].concat()));

@@ -309,17 +309,7 @@ fn replay_on_the_device_says_its_progress_on_stderr_only() {
 /// request is served; the row says how long the copies took.
 #[test]
 fn compacting_on_a_refusal_copies_on_the_device() {
-    let dir = crate::common::temp_dir("compact-vulkan");
-    let file = dir.join("scattered.csv");
-    let mut csv = String::new();
-    for id in 0..8 {
-        csv.push_str(&format!("a,{id},{}\n", 60 * MIB));
-    }
-    for id in [1, 3, 5, 7] {
-        csv.push_str(&format!("f,{id}\n"));
-    }
-    csv.push_str(&format!("a,8,{}\n", 200 * MIB));
-    std::fs::write(&file, csv).unwrap();
+    let file = crate::common::scattered_trace("compact-vulkan");
     let path = file.to_str().unwrap();
     let args = [
         "replay",
