@@ -41,6 +41,11 @@ pub struct RecordingArgs {
     /// mapped for reuse until a request needs the room).
     #[arg(long, value_name = "RULE", default_value = "eager")]
     pub paged_unmap: UnmapRule,
+    /// Virtual range of the `paged` contender (default: four times the capacity, at least 1 TiB; on a Vulkan device
+    /// four times the trace's peak, at most what the device's sparse buffers allow). A bounded range can fragment:
+    /// `--compact` then moves allocations by remapping their pages.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub virtual_size: Option<u64>,
     /// Which device of a PyTorch snapshot (default: the one that ran out of memory, else the one with the most
     /// trace entries; a file of several devices says which and why).
     #[arg(long, value_name = "N")]
@@ -52,7 +57,8 @@ pub struct RecordingArgs {
     pub heap: HeapRules,
     /// When the heap contenders move allocations to gather free space: `never`, `on-oom` (a request refused for
     /// fragmentation makes them compact, then it is tried once more) or `every:N` (a balanced pass before every N-th
-    /// event). Simulated devices only; `paged` and `pytorch` never move anything.
+    /// event). The heaps copy the moved bytes (on a Vulkan device, with the GPU); `paged` remaps the moved
+    /// allocations' pages, copying nothing; `pytorch` never moves anything.
     #[arg(long, value_name = "RULE", default_value = "never")]
     pub compact: CompactRule,
 }
@@ -74,6 +80,7 @@ impl RecordingArgs {
             capacity_bytes: self.capacity(recording).bytes,
             page_bytes: self.page_size,
             paged_unmap: self.paged_unmap,
+            paged_virtual_bytes: self.virtual_size,
             align_bytes: self.align,
             heap: self.heap.heap_config(PolicyKind::Tlsf),
             alloc_conf: self.alloc_conf.clone(),
@@ -86,6 +93,9 @@ impl RecordingArgs {
     pub fn check(&self, contenders: &[Contender]) -> Result<()> {
         if contenders.contains(&Contender::Paged) && !self.page_size.is_power_of_two() {
             anyhow::bail!("--page-size {} is not a power of two", self.page_size);
+        }
+        if let Some(virtual_bytes) = self.virtual_size.filter(|&bytes| bytes < self.page_size) {
+            anyhow::bail!("--virtual-size {}: smaller than one page ({})", Bytes(virtual_bytes), Bytes(self.page_size));
         }
         Ok(())
     }

@@ -37,6 +37,19 @@ pub enum Op {
         /// The resource kind.
         optimal: bool,
     },
+    /// Request `size_bytes` aligned to `2^align_log2` at an offset `pick` chooses in a free run of the report
+    /// ([`Policy::allocate_at`]): a policy that places by address (TLSF, best fit, first fit) must serve it exactly
+    /// there whenever the bytes are free and the offset is allowed, the others refuse every such request.
+    AllocAt {
+        /// Bytes.
+        size_bytes: u64,
+        /// log2 of the alignment.
+        align_log2: u8,
+        /// The resource kind.
+        optimal: bool,
+        /// Which free run, and where in it.
+        pick: usize,
+    },
     /// Free the live allocation `pick % live`.
     Free {
         /// Which one.
@@ -93,6 +106,7 @@ impl Checker {
     pub fn apply(&mut self, op: Op) -> Result<(), Violation> {
         match op {
             Op::Alloc { size_bytes, align_log2, optimal } => self.alloc(size_bytes, align_log2, optimal)?,
+            Op::AllocAt { size_bytes, align_log2, optimal, pick } => self.alloc_at(size_bytes, align_log2, optimal, pick)?,
             Op::Free { pick } => {
                 if !self.live.is_empty() {
                     let allocation = self.live.swap_remove(pick % self.live.len());
@@ -133,14 +147,67 @@ impl Checker {
         Ok(())
     }
 
-    fn alloc(&mut self, size_bytes: u64, align_log2: u8, optimal: bool) -> Result<(), Violation> {
+    /// The request an operation makes; `None` for the invalid ones [`Request::new`] refuses (nothing to check).
+    fn request(size_bytes: u64, align_log2: u8, optimal: bool) -> Result<Option<Request>, Violation> {
         let align = 1u64.checked_shl(u32::from(align_log2)).unwrap_or(0);
         let kind = if optimal { ResourceKind::Optimal } else { ResourceKind::Linear };
-        let request = match Request::new(size_bytes, align) {
-            Ok(request) => request.with_kind(kind),
-            Err(Error::ZeroSize | Error::AlignmentNotPowerOfTwo { .. } | Error::SizeOverflow { .. }) => return Ok(()),
-            Err(other) => return Err(format!("unexpected request error {other}")),
+        match Request::new(size_bytes, align) {
+            Ok(request) => Ok(Some(request.with_kind(kind))),
+            Err(Error::ZeroSize | Error::AlignmentNotPowerOfTwo { .. } | Error::SizeOverflow { .. }) => Ok(None),
+            Err(other) => Err(format!("unexpected request error {other}")),
+        }
+    }
+
+    fn alloc_at(&mut self, size_bytes: u64, align_log2: u8, optimal: bool, pick: usize) -> Result<(), Violation> {
+        let Some(request) = Self::request(size_bytes, align_log2, optimal)? else { return Ok(()) };
+        let align = request.align_bytes().max(self.config.min_align_bytes);
+        let report = self.policy.report();
+        let free: Vec<_> = report.ranges.iter().filter(|run| run.state == RangeState::Free).collect();
+        // An aligned offset somewhere in a free run (it may still leave too little room), or anywhere when none is free.
+        let offset = match free.get(pick % free.len().max(1)) {
+            Some(run) => align_up(run.offset + (pick as u64 / 7) % run.size_bytes.max(1), align).unwrap_or(run.offset),
+            None => pick as u64,
         };
+        let by_address = matches!(self.kind, PolicyKind::Tlsf | PolicyKind::BestFit | PolicyKind::FirstFit);
+        let must_fit = by_address && self.fits_at(offset, request, &report);
+        match self.policy.allocate_at(request, offset) {
+            Some(allocation) if !by_address => Err(format!("{} placed {allocation:?} at an offset it was told", self.kind)),
+            Some(allocation) if allocation.offset() != offset => {
+                Err(format!("{request:?} asked at {offset} was placed at {}", allocation.offset()))
+            }
+            Some(_) if !must_fit => Err(format!("{request:?} was placed at {offset}, where it does not fit")),
+            Some(allocation) => {
+                self.check_allocation(&allocation, request)?;
+                self.live.push(allocation);
+                Ok(())
+            }
+            None if must_fit => Err(format!("{request:?} was refused at {offset}, where the bytes are free")),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether `request` fits at exactly `offset`: aligned, its rounded size inside one free run of `report`, and
+    /// with a granularity rule, no page shared with a resource of the other kind.
+    fn fits_at(&self, offset: u64, request: Request, report: &PolicyReport) -> bool {
+        let align = request.align_bytes().max(self.config.min_align_bytes);
+        let Some(size) = align_up(request.size_bytes(), self.config.min_align_bytes) else { return false };
+        let Some(run) =
+            report.ranges.iter().find(|run| run.state == RangeState::Free && run.offset <= offset && offset < run.end())
+        else {
+            return false;
+        };
+        if self.config.granularity_bytes > 1 {
+            let mut guard = GranularityGuard::new(self.config.granularity_bytes);
+            for live in &self.live {
+                guard.insert(live.offset(), live.footprint_end() - live.offset(), live.kind());
+            }
+            return guard.place(offset, run.end(), size, align, request.kind()) == Some(offset);
+        }
+        offset.is_multiple_of(align) && offset.checked_add(size).is_some_and(|end| end <= run.end())
+    }
+
+    fn alloc(&mut self, size_bytes: u64, align_log2: u8, optimal: bool) -> Result<(), Violation> {
+        let Some(request) = Self::request(size_bytes, align_log2, optimal)? else { return Ok(()) };
         match self.policy.allocate(request) {
             Some(allocation) => {
                 self.check_allocation(&allocation, request)?;
@@ -388,6 +455,12 @@ impl Scenario {
                 }
                 4 | 5 => Op::Free { pick: usize::from(byte(&mut next)) },
                 6 => Op::FreeAgain { pick: usize::from(byte(&mut next)) },
+                _ if tag & 0x80 != 0 => Op::AllocAt {
+                    size_bytes: (u64::from(byte(&mut next)) << 8 | u64::from(byte(&mut next))) << (u32::from(tag >> 3 & 0x7) * 2),
+                    align_log2: byte(&mut next) % 20,
+                    optimal: tag & 0x40 != 0,
+                    pick: usize::from(byte(&mut next)) << 8 | usize::from(byte(&mut next)),
+                },
                 _ => Op::FreeForeign,
             };
             ops.push(op);

@@ -88,6 +88,12 @@ pub trait DeviceHeap {
         let _ = (movable, algorithm, budget);
         Ok(Vec::new())
     }
+
+    /// Whether [`DeviceHeap::compact`] moves allocations by remapping their pages (nothing copied) rather than by
+    /// copying their bytes. Default: copies.
+    fn moves_by_remap(&self) -> bool {
+        false
+    }
 }
 
 impl<S: MemorySource> DeviceHeap for Heap<S> {
@@ -141,18 +147,8 @@ impl<S: MemorySource> DeviceHeap for Heap<S> {
         budget: Budget,
     ) -> Result<Vec<(usize, HeapAllocation)>> {
         let listed: Vec<Movable> = movable.iter().map(|&(allocation, request)| Movable { allocation, request }).collect();
-        let mut index: std::collections::HashMap<HeapAllocation, usize> =
-            movable.iter().enumerate().map(|(i, &(allocation, _))| (allocation, i)).collect();
         let compaction = Heap::compact(self, &listed, algorithm, budget)?;
-        Ok(compaction
-            .moves
-            .into_iter()
-            .filter_map(|m| {
-                let i = index.remove(&m.from)?;
-                index.insert(m.to, i);
-                Some((i, m.to))
-            })
-            .collect())
+        Ok(moved_indices(movable, compaction.moves.into_iter().map(|m| (m.from, m.to)).collect()))
     }
 }
 
@@ -198,4 +194,33 @@ impl DeviceHeap for PagedHeap {
     fn count_oom(&mut self) {
         self.count_refused();
     }
+
+    fn compact(
+        &mut self,
+        movable: &[(Allocation, Request)],
+        algorithm: Algorithm,
+        budget: Budget,
+    ) -> Result<Vec<(usize, Allocation)>> {
+        let compaction = PagedHeap::compact(self, movable, algorithm, budget)?;
+        Ok(moved_indices(movable, compaction.moves))
+    }
+
+    fn moves_by_remap(&self) -> bool {
+        true
+    }
+}
+
+/// Each move `(from, to)` as the index in `movable` of the allocation moved and its new handle (an allocation moved
+/// twice is found by its handle after the first move).
+pub fn moved_indices<H: Copy + Eq + std::hash::Hash>(movable: &[(H, Request)], moves: Vec<(H, H)>) -> Vec<(usize, H)> {
+    let mut index: std::collections::HashMap<H, usize> =
+        movable.iter().enumerate().map(|(i, &(handle, _))| (handle, i)).collect();
+    moves
+        .into_iter()
+        .filter_map(|(from, to)| {
+            let i = index.remove(&from)?;
+            index.insert(to, i);
+            Some((i, to))
+        })
+        .collect()
 }

@@ -70,13 +70,13 @@ pub mod units;
 
 pub use allocation::{Allocation, AllocationId, OwnerId};
 pub use device_event::{DeviceEvent, DeviceLog};
-pub use device_heap::DeviceHeap;
+pub use device_heap::{DeviceHeap, moved_indices};
 pub use error::{Error, Result, UnknownName};
 pub use heap::{
     BlockReport, Heap, HeapAllocation, HeapCompaction, HeapConfig, HeapMove, HeapReport, HeapStats, Movable, ReleaseRule,
 };
 pub use oom::{OomCause, OomVerdict};
-pub use paged::{PagedConfig, PagedHeap, PagedStats, UnmapRule};
+pub use paged::{PageRemap, PagedCompaction, PagedConfig, PagedHeap, PagedStats, UnmapRule};
 pub use policies::{BestFit, Buddy, FirstFit, Linear, LinearMode, Slab, Tlsf};
 pub use policy::{Policy, PolicyConfig};
 pub use policy_kind::PolicyKind;

@@ -22,6 +22,10 @@
 //! Counters follow the driver calls a real backend makes: one map call per run of contiguous pages that an
 //! allocation needs mapped (sparse binds are coalesced the same way), one unmap call per run released.
 
+mod compact;
+
+pub use compact::{PageRemap, PagedCompaction};
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
@@ -143,6 +147,8 @@ pub struct PagedStats {
     pub pages_reused: u64,
     /// Times the cache was unmapped because a request needed more pages than the capacity left.
     pub cache_releases: u64,
+    /// Pages moved in the virtual range by compaction (remapped, not copied), so far.
+    pub pages_remapped: u64,
 }
 
 /// A policy over a virtual range, backed by physical pages on demand. See the module documentation.
@@ -259,7 +265,7 @@ impl PagedHeap {
     /// [`UnmapRule::UnderPressure`]: even once every cached page is unmapped).
     pub fn allocate(&mut self, request: Request) -> Result<Allocation> {
         let Some(allocation) = self.policy.allocate(request) else {
-            return Err(self.out_of_memory(request, request.size_bytes()));
+            return Err(self.virtual_range_refusal(request));
         };
         let page = self.config.page_bytes;
         let (first, last) = page_span(allocation.footprint_offset(), allocation.footprint_bytes(), page);
@@ -463,6 +469,25 @@ impl PagedHeap {
     /// backed).
     pub fn report(&self) -> PolicyReport {
         self.policy.report()
+    }
+
+    /// The verdict for a request the virtual range had no run for: fragmentation of the range when its free bytes
+    /// would hold the request (compaction remaps allocations together: [`PagedHeap::compact`]), exhaustion of it
+    /// otherwise; the free figures are the range's.
+    fn virtual_range_refusal(&mut self, request: Request) -> Error {
+        let mut error = self.out_of_memory(request, request.size_bytes());
+        let report = self.policy.report();
+        let free = report.ranges.iter().filter(|range| range.state == crate::RangeState::Free);
+        let (free_bytes, largest_bytes) =
+            free.fold((0u64, 0u64), |(total, largest), range| (total + range.size_bytes, largest.max(range.size_bytes)));
+        if let Error::OutOfMemory(verdict) = &mut error {
+            verdict.free_in_blocks_bytes = free_bytes;
+            verdict.largest_free_run_bytes = largest_bytes;
+            if free_bytes >= request.size_bytes() {
+                verdict.cause = OomCause::Fragmentation;
+            }
+        }
+        error
     }
 
     /// The verdict for a request that needed `needed_bytes` more (virtual range or mapped pages).

@@ -24,6 +24,14 @@ pub trait Policy: Send + fmt::Debug {
     /// Sets aside memory for `request`, or `None` when it does not fit.
     fn allocate(&mut self, request: Request) -> Option<Allocation>;
 
+    /// Sets aside memory for `request` exactly at `offset` (as compaction re-places a moved allocation), or
+    /// `None` when the bytes there are not free, the offset breaks the request's alignment, or the policy cannot
+    /// be told where to place (the default: only policies that keep free runs by address can).
+    fn allocate_at(&mut self, request: Request, offset: u64) -> Option<Allocation> {
+        let _ = (request, offset);
+        None
+    }
+
     /// Returns an allocation's memory.
     ///
     /// # Errors

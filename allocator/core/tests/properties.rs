@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
 use heapscope_core::check::{Checker, Op};
+use heapscope_core::compaction::{Algorithm, Budget};
 use heapscope_core::{
     DeviceEvent, Error, Heap, HeapConfig, OomCause, PagedConfig, PagedHeap, PolicyConfig, PolicyKind, ReleaseRule, Request,
     SimulatedSource, UnmapRule,
@@ -22,6 +23,8 @@ fn size() -> impl Strategy<Value = u64> {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         5 => (size(), 0u8..21, any::<bool>()).prop_map(|(size_bytes, align_log2, optimal)| Op::Alloc { size_bytes, align_log2, optimal }),
+        2 => (size(), 0u8..21, any::<bool>(), any::<usize>())
+            .prop_map(|(size_bytes, align_log2, optimal, pick)| Op::AllocAt { size_bytes, align_log2, optimal, pick }),
         4 => any::<usize>().prop_map(|pick| Op::Free { pick }),
         1 => any::<usize>().prop_map(|pick| Op::FreeAgain { pick }),
         1 => Just(Op::FreeForeign),
@@ -326,5 +329,164 @@ proptest! {
         if unmap == UnmapRule::Eager {
             prop_assert_eq!(stats.mapped_bytes, 0);
         }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum PagedOp {
+    Alloc(u64),
+    Free(usize),
+    /// Compact, letting move the live allocations whose bit in the mask is set (the others are pinned).
+    Compact {
+        movable_mask: u64,
+        full: bool,
+    },
+}
+
+fn paged_op() -> impl Strategy<Value = PagedOp> {
+    prop_oneof![
+        6 => (1u64..(1 << 20)).prop_map(PagedOp::Alloc),
+        4 => any::<usize>().prop_map(PagedOp::Free),
+        1 => (prop_oneof![1 => Just(u64::MAX), 1 => any::<u64>()], any::<bool>())
+            .prop_map(|(movable_mask, full)| PagedOp::Compact { movable_mask, full }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases(64)))]
+    /// Compacting a paged heap in a small virtual range, against a model of the device: each virtual page mapped holds
+    /// a physical page (a fresh one when mapped, the same one when remapped), and every live allocation's bytes are
+    /// where its physical pages are. After any compaction: every live allocation still sees the physical pages it
+    /// had, in order, at the same offset within its first page (its bytes are preserved, nothing was copied);
+    /// pinned allocations did not move; the mapped bytes are the same, less the cache let go; nothing overlaps; the
+    /// largest free run of the virtual range never shrank. A refusal with enough free virtual bytes is called
+    /// fragmentation.
+    #[test]
+    fn paged_compaction_remaps_pages_and_keeps_every_byte(
+        unmap in unmap_rule(),
+        policy in prop_oneof![Just(PolicyKind::Tlsf), Just(PolicyKind::BestFit), Just(PolicyKind::FirstFit)],
+        page_log2 in 12u32..15,
+        virtual_pages in 32u64..160,
+        ops in prop::collection::vec(paged_op(), 1..120),
+    ) {
+        let page = 1u64 << page_log2;
+        let config = PagedConfig { page_bytes: page, unmap, policy, virtual_bytes: virtual_pages * page, ..PagedConfig::new(None) };
+        let mut heap = PagedHeap::new(config).unwrap();
+        heap.record_device_events(true);
+        // Virtual page -> physical page; the physical pages each live allocation covers, first to last.
+        let mut frames: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
+        let mut next_frame = 0u64;
+        let mut live: Vec<(heapscope_core::Allocation, Request, Vec<u64>)> = Vec::new();
+        let frames_of = |frames: &std::collections::BTreeMap<u64, u64>, a: &heapscope_core::Allocation| -> Vec<u64> {
+            PageModel::pages(a, page).map(|p| frames.get(&p).copied().unwrap_or(u64::MAX)).collect()
+        };
+        for op in ops {
+            let mut compaction = None;
+            match op {
+                PagedOp::Alloc(size) => {
+                    let size = (size % (page * 12)).max(1);
+                    let request = Request::new(size, 256).unwrap();
+                    match heap.allocate(request) {
+                        Ok(allocation) => live.push((allocation, request, Vec::new())),
+                        Err(Error::OutOfMemory(verdict)) => {
+                            let free: u64 = heap.report().ranges.iter()
+                                .filter(|r| r.state == heapscope_core::RangeState::Free).map(|r| r.size_bytes).sum();
+                            let expected = if free >= size { OomCause::Fragmentation } else { OomCause::Exhaustion };
+                            prop_assert_eq!(verdict.cause, expected, "{}", verdict);
+                        }
+                        Err(other) => prop_assert!(false, "unexpected error {other}"),
+                    }
+                }
+                PagedOp::Free(pick) if !live.is_empty() => {
+                    let (allocation, ..) = live.swap_remove(pick % live.len());
+                    heap.free(allocation).unwrap();
+                }
+                PagedOp::Free(_) => {}
+                PagedOp::Compact { movable_mask, full } => {
+                    let movable: Vec<(heapscope_core::Allocation, Request)> = live
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| movable_mask >> (i % 64) & 1 == 1)
+                        .map(|(_, (a, r, _))| (*a, *r))
+                        .collect();
+                    let algorithm = if full { Algorithm::Full } else { Algorithm::Balanced };
+                    let mapped_before = heap.stats().mapped_bytes;
+                    let cached_before = heap.stats().cached_bytes;
+                    let done = heap.compact(&movable, algorithm, Budget::UNLIMITED).unwrap();
+                    prop_assert!(done.largest_free_after_bytes >= done.largest_free_before_bytes, "{:?}", done);
+                    let released: u64 = done.cache_released.iter().map(|&(_, size)| size).sum();
+                    prop_assert_eq!(released, if done.remaps.is_empty() { 0 } else { cached_before });
+                    prop_assert_eq!(heap.stats().mapped_bytes, mapped_before - released);
+                    prop_assert_eq!(done.bytes_remapped, done.remaps.iter().map(|r| r.size_bytes).sum::<u64>());
+                    for &(from, to) in &done.moves {
+                        prop_assert!(movable.iter().any(|&(a, _)| a == from), "a pinned allocation moved");
+                        prop_assert_eq!(from.size_bytes(), to.size_bytes());
+                        prop_assert_eq!(from.offset() % page, to.offset() % page, "its offset within the page is kept");
+                        let entry = live.iter_mut().find(|(a, ..)| *a == from).unwrap();
+                        entry.0 = to;
+                    }
+                    compaction = Some(done);
+                }
+            }
+            // The device: the compaction's own log (an unmap and a map per remap, after the cache let go) is
+            // checked for its shape and applied as moves of physical pages; other events map fresh pages or unmap.
+            let events = heap.take_device_events();
+            let mut events = events.as_slice();
+            if let Some(done) = &compaction {
+                for &(offset, size) in &done.cache_released {
+                    prop_assert_eq!(events.first(), Some(&DeviceEvent::Unmapped { address: offset, size_bytes: size }));
+                    events = &events[1..];
+                    for p in offset / page..(offset + size) / page {
+                        prop_assert!(frames.remove(&p).is_some(), "cached page {} was not mapped", p);
+                    }
+                }
+                for remap in &done.remaps {
+                    prop_assert_eq!(&events[..2], &[
+                        DeviceEvent::Unmapped { address: remap.from_offset, size_bytes: remap.size_bytes },
+                        DeviceEvent::Mapped { address: remap.to_offset, size_bytes: remap.size_bytes },
+                    ]);
+                    events = &events[2..];
+                    let pages = remap.size_bytes / page;
+                    let moved: Vec<u64> = (0..pages).map(|i| frames.remove(&(remap.from_offset / page + i))).collect::<Option<_>>().unwrap();
+                    for (i, frame) in moved.into_iter().enumerate() {
+                        prop_assert!(frames.insert(remap.to_offset / page + i as u64, frame).is_none(), "remapped onto a mapped page");
+                    }
+                }
+            }
+            for &event in events {
+                match event {
+                    DeviceEvent::Mapped { address, size_bytes } => {
+                        for p in address / page..(address + size_bytes) / page {
+                            prop_assert!(frames.insert(p, next_frame).is_none(), "page {} mapped twice", p);
+                            next_frame += 1;
+                        }
+                    }
+                    DeviceEvent::Unmapped { address, size_bytes } => {
+                        for p in address / page..(address + size_bytes) / page {
+                            prop_assert!(frames.remove(&p).is_some(), "page {} unmapped while not mapped", p);
+                        }
+                    }
+                    other => prop_assert!(false, "unexpected {other:?}"),
+                }
+            }
+            // Every live allocation sees the physical pages it first saw; nothing overlaps.
+            for (allocation, _, seen) in &mut live {
+                let now = frames_of(&frames, allocation);
+                prop_assert!(!now.contains(&u64::MAX), "a page of {:?} is not mapped", allocation);
+                if seen.is_empty() {
+                    *seen = now;
+                } else {
+                    prop_assert_eq!(&now, seen, "the bytes of {:?} moved without their pages", allocation);
+                }
+            }
+            let mut spans: Vec<(u64, u64)> = live.iter().map(|(a, ..)| (a.footprint_offset(), a.footprint_end())).collect();
+            spans.sort_unstable();
+            prop_assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "overlap: {:?}", spans);
+            prop_assert_eq!(frames.len() as u64 * page, heap.stats().mapped_bytes);
+        }
+        for (allocation, ..) in live {
+            heap.free(allocation).unwrap();
+        }
+        prop_assert_eq!(heap.stats().mapped_bytes, heap.stats().cached_bytes);
     }
 }

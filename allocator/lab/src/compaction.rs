@@ -67,8 +67,10 @@ impl std::str::FromStr for CompactRule {
 pub struct CompactionFigures {
     /// Allocations moved (one allocation moved twice counts twice).
     pub moves: u64,
-    /// Their bytes: what a device copies (a paging heap would remap them instead).
+    /// Their bytes, where the device copies them.
     pub bytes_moved: u64,
+    /// Their bytes, where a paged heap remaps their pages instead (nothing copied).
+    pub bytes_remapped: u64,
     /// Requests refused for fragmentation that compaction then served.
     pub ooms_avoided: u64,
     /// On a device: the copies' time, recorded to waited for on the host, ns (`None` where nothing holds bytes: a
@@ -77,10 +79,13 @@ pub struct CompactionFigures {
 }
 
 /// `compaction: 4 moves, 240.00 MiB copied on the device in 1.20 ms, 1 of its refusals served after compacting`
-/// (the device's time only where one copied).
+/// (the device's time only where one copied; `, 96.00 MiB remapped` after the copied bytes where pages moved).
 impl std::fmt::Display for CompactionFigures {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "compaction: {} moves, {} copied", self.moves, Bytes(self.bytes_moved))?;
+        if self.bytes_remapped > 0 {
+            write!(f, ", {} remapped", Bytes(self.bytes_remapped))?;
+        }
         if let Some(nanos) = self.device_copy_ns {
             write!(f, " on the device in {:.2} ms", nanos as f64 / 1e6)?;
         }

@@ -199,6 +199,9 @@ pub struct CompareConfig {
     pub page_bytes: u64,
     /// When the `paged` contender unmaps wholly free pages.
     pub paged_unmap: UnmapRule,
+    /// The `paged` contender's virtual range; `None`: four times the capacity, at least 1 TiB (simulated), four times
+    /// the trace's peak within the device's sparse address space (Vulkan).
+    pub paged_virtual_bytes: Option<u64>,
     /// Alignment of every request (PyTorch rounds to 512 B).
     pub align_bytes: u64,
     /// The heap rules for heap contenders (the policy field is replaced by the contender's).
@@ -208,7 +211,7 @@ pub struct CompareConfig {
     /// PyTorch's allocator settings in full, instead of the recording's with `alloc_conf` over them (a row of
     /// `advise`, opened as a pane).
     pub pytorch_settings: Option<AllocConf>,
-    /// When the heap contenders compact ([`crate::compaction`]; `paged` and `pytorch` never move anything).
+    /// When the heap contenders compact ([`crate::compaction`]; `paged` remaps pages, `pytorch` never moves anything).
     pub compact: CompactRule,
 }
 
@@ -256,10 +259,12 @@ impl CompareConfig {
     /// # Errors
     /// Invalid paging settings (a page size that is not a power of two or exceeds the virtual range).
     pub fn paged_heap(&self) -> Result<PagedHeap> {
+        let defaults = PagedConfig::new(self.capacity_bytes);
         PagedHeap::new(PagedConfig {
             page_bytes: self.page_bytes,
             unmap: self.paged_unmap,
-            ..PagedConfig::new(self.capacity_bytes)
+            virtual_bytes: self.paged_virtual_bytes.unwrap_or(defaults.virtual_bytes),
+            ..defaults
         })
     }
 }
@@ -270,6 +275,7 @@ impl Default for CompareConfig {
             capacity_bytes: None,
             page_bytes: PagedConfig::DEFAULT_PAGE_BYTES,
             paged_unmap: UnmapRule::Eager,
+            paged_virtual_bytes: None,
             align_bytes: 512,
             heap: HeapConfig::new(PolicyKind::Tlsf),
             alloc_conf: None,

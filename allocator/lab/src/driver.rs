@@ -176,6 +176,11 @@ pub trait Target {
         let _ = (live, for_refused);
         Ok(Vec::new())
     }
+
+    /// Whether its moves remap pages (nothing copied) rather than copy bytes. Default: copies.
+    fn moves_by_remap(&self) -> bool {
+        false
+    }
 }
 
 /// Hears every step of a replay. See the module documentation.
@@ -307,6 +312,10 @@ impl<H: DeviceHeap> Target for HeapTarget<'_, H> {
     fn compact(&mut self, live: &[(H::Handle, Request)], for_refused: bool) -> Result<Vec<(usize, H::Handle)>> {
         self.heap.compact(live, CompactRule::algorithm(for_refused), Budget::UNLIMITED)
     }
+
+    fn moves_by_remap(&self) -> bool {
+        self.heap.moves_by_remap()
+    }
 }
 
 /// Replays `stream` through `target`, every request aligned to `align_bytes`, telling `observers` each step and
@@ -424,11 +433,15 @@ fn compact<T: Target>(
         .filter_map(|(slot, handle)| Some((slot, ((*handle)?, (*requests.get(slot as usize)?)?))))
         .unzip();
     let moves = target.compact(&live, for_refused)?;
+    // What the moves asked of the device (a paged heap's remaps, blocks emptied) goes with the first move.
+    let mut device_events =
+        if observers.iter().any(|observer| observer.wants_device_events()) { target.take_device_events() } else { Vec::new() };
     for &(index, to) in &moves {
         let slot = slots[index];
         let Some(from) = handles[slot as usize].replace(to) else { continue };
+        let events = std::mem::take(&mut device_events);
         for observer in observers.iter_mut() {
-            observer.step(event, moment, Step::Moved { slot, from: &from, to: &to, for_refused }, &[], target)?;
+            observer.step(event, moment, Step::Moved { slot, from: &from, to: &to, for_refused }, &events, target)?;
         }
     }
     Ok(moves.len())
@@ -460,7 +473,7 @@ impl<T: Target> Observer<T> for Statistics {
         false
     }
 
-    fn step(&mut self, event: u64, _moment: Moment, step: Step<'_, T::Handle>, _: &[DeviceEvent], _: &T) -> Result<()> {
+    fn step(&mut self, event: u64, _moment: Moment, step: Step<'_, T::Handle>, _: &[DeviceEvent], target: &T) -> Result<()> {
         let stats = &mut self.stats;
         // A move is no event of the stream.
         stats.events += u64::from(!matches!(step, Step::Moved { .. }));
@@ -476,7 +489,11 @@ impl<T: Target> Observer<T> for Statistics {
             Step::Moved { from, to, for_refused, .. } => {
                 let (from, to_allocation) = (T::allocation(from), T::allocation(to));
                 stats.compaction.moves += 1;
-                stats.compaction.bytes_moved += from.size_bytes();
+                if target.moves_by_remap() {
+                    stats.compaction.bytes_remapped += from.size_bytes();
+                } else {
+                    stats.compaction.bytes_moved += from.size_bytes();
+                }
                 self.footprint_now = self.footprint_now - from.footprint_bytes() + to_allocation.footprint_bytes();
                 stats.peak_footprint_bytes = stats.peak_footprint_bytes.max(self.footprint_now);
                 stats.peak_end_bytes = stats.peak_end_bytes.max(T::footprint_end(to));

@@ -105,7 +105,7 @@ fn sparse_buffer_limit(
     space_bytes: u64,
     space: impl FnOnce() -> String,
 ) -> Result<u64, VulkanError> {
-    let limit_bytes = limits.max_buffer_size_bytes.map_or(space_bytes, |max| max.min(space_bytes));
+    let limit_bytes = largest_sparse_buffer_bytes(limits, space_bytes);
     if need.needed_bytes > limit_bytes {
         let max_buffer = limits
             .max_buffer_size_bytes
@@ -121,6 +121,11 @@ fn sparse_buffer_limit(
     Ok(limit_bytes)
 }
 
+/// The largest sparse buffer on a device with `limits` that may take `space_bytes` of the sparse address space.
+fn largest_sparse_buffer_bytes(limits: &DeviceLimits, space_bytes: u64) -> u64 {
+    limits.max_buffer_size_bytes.map_or(space_bytes, |max| max.min(space_bytes))
+}
+
 /// The bytes `trace` needs at once in `paged`'s virtual range under `config` (its live allocations at their
 /// peak, or the capacity when that is less), and the virtual range for that on `context`'s device.
 ///
@@ -130,7 +135,22 @@ fn sparse_buffer_limit(
 pub fn paged_range_for(context: &VulkanContext, trace: &Trace, config: &CompareConfig) -> Result<(u64, u64), VulkanError> {
     let peak_bytes = peak_live_footprint_bytes(trace, config.align_bytes);
     let needed_bytes = config.capacity_bytes.map_or(peak_bytes, |capacity| capacity.min(peak_bytes));
-    Ok((needed_bytes, paged_virtual_bytes(&context.properties().limits, needed_bytes)?))
+    let limits = &context.properties().limits;
+    match config.paged_virtual_bytes {
+        None => Ok((needed_bytes, paged_virtual_bytes(limits, needed_bytes)?)),
+        Some(asked) => {
+            let largest_bytes = largest_sparse_buffer_bytes(limits, limits.sparse_address_space_size_bytes);
+            if asked > largest_bytes {
+                return Err(VulkanError::InvalidArgument(format!(
+                    "a virtual range of {} for paged: the device's sparse buffers hold at most {} (sparseAddressSpaceSize, \
+                     maxBufferSize)",
+                    Bytes(asked),
+                    Bytes(largest_bytes)
+                )));
+            }
+            Ok((needed_bytes, asked))
+        }
+    }
 }
 
 /// How far into their virtual range PyTorch's expandable segments map (the end of the highest page mapped, from
@@ -302,14 +322,17 @@ pub fn replay_on_device(
             paged.pages_per_chunk = u32::try_from((peak_pages / 1024).clamp(64, 1 << 16)).unwrap_or(1 << 16);
             let ((replay, stats), nanos) = best_time(|| {
                 let mut heap = DevicePagedHeap::new(Arc::clone(context), paged)?;
-                let replay = replay_device_heap(trace, &mut heap, config.align_bytes)?;
+                // Compacting remaps the moved allocations' pages: nothing is copied.
+                let replay = replay_device_heap_compacting(trace, &mut heap, config.align_bytes, config.compact)?;
                 heap.wait_binds()?;
                 Ok::<_, VulkanError>((replay, heap.stats()))
             })?;
+            let compaction = (config.compact != CompactRule::Never).then_some(replay.stats.compaction);
             Ok(Figures {
                 peak_reserved_bytes: stats.heap.peak_mapped_bytes,
                 device_allocs: stats.sparse.bind_entries,
                 device_frees: stats.sparse.unbind_entries,
+                compaction,
                 ..summed("paged (vulkan)", &replay, recording, nanos)
             })
         }

@@ -95,7 +95,7 @@ pub use properties::{DeviceFeatures, DeviceLimits, DeviceProperties, HeapBudget,
 pub use pytorch_heap::PytorchDeviceHeap;
 pub use segment_memory::{PytorchDeviceConfig, SegmentCounts, SegmentMemory};
 pub use source::{BlockInfo, CopyStats, DeviceMemorySource, DeviceSourceConfig, LeakReport, LeakedBlock};
-pub use sparse::{BindLatency, BindLayout, PagePool, SparseBuffer, SparseConfig, SparseStats, measure_bind_latency};
+pub use sparse::{BindLatency, BindLayout, PageMove, PagePool, SparseBuffer, SparseConfig, SparseStats, measure_bind_latency};
 pub use transfer::{BufferCopy, Transfer};
 #[cfg(feature = "vma")]
 pub use vma_heap::{VmaBackend, VmaConfig, VmaHandle, VmaHeap};

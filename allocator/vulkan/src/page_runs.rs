@@ -157,6 +157,13 @@ impl BoundRuns {
         out
     }
 
+    /// The bound runs of `start .. start + pages`, cut at the range's ends.
+    pub fn runs_within(&self, start: u64, pages: u64) -> Vec<BoundRun> {
+        let end = start + pages;
+        let first = self.run_at(start).map(|run| run.start).unwrap_or(start);
+        self.runs.range(first..end).map(|(_, run)| run.slice(run.start.max(start), run.end().min(end))).collect()
+    }
+
     /// Adds `run` (none of its pages bound), merged with the neighbours it continues or that continue it.
     pub fn insert(&mut self, mut run: BoundRun) {
         self.pages += u64::from(run.pages);

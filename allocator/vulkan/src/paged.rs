@@ -12,12 +12,14 @@
 use std::sync::Arc;
 
 use ash::vk;
+use heapscope_core::compaction::{Algorithm, Budget};
 use heapscope_core::{
-    Allocation, DeviceEvent, DeviceHeap, OomCause, OomVerdict, PagedConfig, PagedHeap, PagedStats, PolicyKind, Request, UnmapRule,
+    Allocation, DeviceEvent, DeviceHeap, OomCause, OomVerdict, PagedCompaction, PagedConfig, PagedHeap, PagedStats, PolicyKind,
+    Request, UnmapRule, moved_indices,
 };
 
 use crate::compute::ComputeBuffer;
-use crate::sparse::{SparseBuffer, SparseConfig, SparseStats};
+use crate::sparse::{PageMove, SparseBuffer, SparseConfig, SparseStats};
 use crate::{VulkanContext, VulkanError};
 
 /// A run of pages in the buffer: `(offset, size_bytes)`.
@@ -158,6 +160,39 @@ impl DevicePagedHeap {
         Ok(())
     }
 
+    /// Moves the clusters of `movable` allocations down the buffer to gather its free space ([`PagedHeap::compact`])
+    /// and rebinds their physical pages at the new places in one batch ([`SparseBuffer::remap_runs`]): the contents
+    /// move with the pages, nothing is copied. Cached pages the heap let go first are unbound first.
+    ///
+    /// # Errors
+    /// [`VulkanError::Heap`] when the heap could not re-place an allocation; a failed unbind or remap (the heap has
+    /// moved the allocations then, and their contents are not defined).
+    pub fn compact(
+        &mut self,
+        movable: &[(Allocation, Request)],
+        algorithm: Algorithm,
+        budget: Budget,
+    ) -> Result<PagedCompaction, VulkanError> {
+        let compaction = self.heap.compact(movable, algorithm, budget)?;
+        // The heap's log says the same as an unmap and a map per cluster: kept for observers, not bound again.
+        let events = self.heap.take_device_events();
+        if let Some(log) = &mut self.events {
+            log.extend(events);
+        }
+        if !compaction.cache_released.is_empty() {
+            self.sparse.unbind(&compaction.cache_released)?;
+        }
+        let moves: Vec<PageMove> = compaction
+            .remaps
+            .iter()
+            .map(|remap| PageMove { from_offset: remap.from_offset, to_offset: remap.to_offset, size_bytes: remap.size_bytes })
+            .collect();
+        if !moves.is_empty() {
+            self.sparse.remap_runs(&moves)?;
+        }
+        Ok(compaction)
+    }
+
     /// The runs the heap mapped and unmapped since the last call, as `(offset, size_bytes)`, kept for
     /// [`DeviceHeap::take_device_events`] while recording.
     fn take_runs(&mut self) -> (Vec<Run>, Vec<Run>) {
@@ -291,5 +326,19 @@ impl DeviceHeap for DevicePagedHeap {
 
     fn count_oom(&mut self) {
         self.heap.count_refused();
+    }
+
+    fn compact(
+        &mut self,
+        movable: &[(Allocation, Request)],
+        algorithm: Algorithm,
+        budget: Budget,
+    ) -> heapscope_core::Result<Vec<(usize, Allocation)>> {
+        let compaction = DevicePagedHeap::compact(self, movable, algorithm, budget).map_err(core_error)?;
+        Ok(moved_indices(movable, compaction.moves))
+    }
+
+    fn moves_by_remap(&self) -> bool {
+        true
     }
 }

@@ -23,7 +23,7 @@ use ash::vk;
 
 use crate::memory_types::BLOCK_BUFFER_USAGE;
 use crate::memory_types::MemoryUsage;
-use crate::page_runs::{BoundRun, BoundRuns, FreeRuns, PageRef, PhysicalRun, pair};
+use crate::page_runs::{BoundRuns, FreeRuns, PageRef, PhysicalRun, pair};
 use crate::{VulkanContext, VulkanError};
 
 /// How a [`SparseBuffer`] is made.
@@ -179,6 +179,20 @@ pub struct SparseStats {
     pub live_mappings: u64,
     /// The most live mappings at once.
     pub peak_live_mappings: u64,
+    /// Pages moved to another place in the buffer with their contents ([`SparseBuffer::remap_runs`]).
+    pub pages_remapped: u64,
+}
+
+/// Pages to move within a [`SparseBuffer`]: the physical pages bound at `from_offset .. from_offset + size_bytes`
+/// go to `to_offset ..` (offsets and size whole pages).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageMove {
+    /// The first source page's offset in the buffer.
+    pub from_offset: u64,
+    /// The first destination page's offset.
+    pub to_offset: u64,
+    /// Bytes.
+    pub size_bytes: u64,
 }
 
 /// A sparse-residency buffer with a page pool. See the module documentation.
@@ -491,42 +505,111 @@ impl SparseBuffer {
     /// unbind and a bind of the same memory): the contents move with it.
     ///
     /// # Errors
-    /// [`VulkanError::InvalidArgument`] when `from_offset` is not bound or `to_offset` is, or either is not a
-    /// page inside the buffer; [`VulkanError::TooManyMappings`]; a failed `vkQueueBindSparse`.
+    /// As [`SparseBuffer::remap_runs`].
     pub fn remap(&mut self, from_offset: u64, to_offset: u64) -> Result<(), VulkanError> {
-        let from = self.page_runs(&[(from_offset, self.page_bytes)], false)?[0].0;
-        let to = self.page_runs(&[(to_offset, self.page_bytes)], false)?[0].0;
-        let page =
-            self.bound.at(from).ok_or_else(|| VulkanError::InvalidArgument(format!("remap from {from_offset:#x}: not bound")))?;
-        if self.bound.at(to).is_some() {
-            return Err(VulkanError::InvalidArgument(format!("remap to {to_offset:#x}: already bound")));
+        self.remap_runs(&[PageMove { from_offset, to_offset, size_bytes: self.page_bytes }]).map(|_| ())
+    }
+
+    /// Moves the physical pages bound at each move's source run to its destination run, the moves applied in order
+    /// (a destination may overlap its own source, or a source an earlier move vacated), in one batch: the pages of
+    /// the buffer that end up unbound are unbound, those that end up bound are bound to the physical pages that
+    /// moved there, and the contents move with their pages; nothing is copied. Returns the bind and unbind entries
+    /// it took.
+    ///
+    /// # Errors
+    /// [`VulkanError::InvalidArgument`] when a run is not whole pages inside the buffer, a source page is not bound
+    /// or a destination page is (once the earlier moves and its own source are taken away);
+    /// [`VulkanError::TooManyMappings`]; a failed `vkQueueBindSparse`. Nothing changes on error.
+    pub fn remap_runs(&mut self, moves: &[PageMove]) -> Result<u64, VulkanError> {
+        let saved = self.bound.clone();
+        let result = self.remap_bookkeeping(moves).and_then(|touched| {
+            // Every page a move touched ends bound (to the memory that moved there) or unbound.
+            let mut binds = Vec::new();
+            let mut unbinds = Vec::new();
+            for &(start, count) in &touched {
+                let bound = self.bound.runs_within(start, count);
+                let mut cursor = start;
+                for run in &bound {
+                    if run.start > cursor {
+                        unbinds.push((cursor, run.start - cursor));
+                    }
+                    cursor = run.start + u64::from(run.pages);
+                }
+                if start + count > cursor {
+                    unbinds.push((cursor, start + count - cursor));
+                }
+                binds.extend(bound);
+            }
+            let needed = self.bound.len() + self.pool.chunk_count() as u64;
+            if needed > self.max_live_mappings {
+                return Err(VulkanError::TooManyMappings { needed, limit: self.max_live_mappings });
+            }
+            let mut entries = self.unbind_entries(&unbinds);
+            entries.extend(binds.iter().map(|run| {
+                vk::SparseMemoryBind::default()
+                    .resource_offset(run.start * self.page_bytes)
+                    .size(u64::from(run.pages) * self.page_bytes)
+                    .memory(self.pool.memory(run.physical.chunk))
+                    .memory_offset(u64::from(run.physical.page) * self.page_bytes)
+            }));
+            if !entries.is_empty() {
+                self.submit(&entries)?;
+            }
+            Ok((binds.len() as u64, unbinds.len() as u64))
+        });
+        match result {
+            Ok((binds, unbinds)) => {
+                self.set_live_mappings();
+                self.stats.bind_entries += binds;
+                self.stats.unbind_entries += unbinds;
+                self.stats.pages_remapped += moves.iter().map(|m| m.size_bytes / self.page_bytes).sum::<u64>();
+                Ok(binds + unbinds)
+            }
+            Err(error) => {
+                self.bound = saved;
+                Err(error)
+            }
         }
-        let moved = BoundRun { start: to, pages: 1, physical: page };
-        self.bound.remove(from, 1);
-        self.bound.insert(moved);
-        let needed = self.bound.len() + self.pool.chunk_count() as u64;
-        let mut binds = self.unbind_entries(&[(from, 1)]);
-        binds.push(
-            vk::SparseMemoryBind::default()
-                .resource_offset(to * self.page_bytes)
-                .size(self.page_bytes)
-                .memory(self.pool.memory(page.chunk))
-                .memory_offset(u64::from(page.page) * self.page_bytes),
-        );
-        let result = if needed > self.max_live_mappings {
-            Err(VulkanError::TooManyMappings { needed, limit: self.max_live_mappings })
-        } else {
-            self.submit(&binds)
-        };
-        if let Err(error) = result {
-            self.bound.remove(to, 1);
-            self.bound.insert(BoundRun { start: from, pages: 1, physical: page });
-            return Err(error);
+    }
+
+    /// Applies `moves` to the bookkeeping of bound pages, in order; returns the buffer page runs they touched
+    /// (sorted, merged).
+    fn remap_bookkeeping(&mut self, moves: &[PageMove]) -> Result<Vec<(u64, u64)>, VulkanError> {
+        let mut touched = Vec::with_capacity(moves.len() * 2);
+        for m in moves {
+            let from = self.page_runs(&[(m.from_offset, m.size_bytes)], false)?;
+            let to = self.page_runs(&[(m.to_offset, m.size_bytes)], false)?;
+            let (Some(&(from_start, pages)), Some(&(to_start, _))) = (from.first(), to.first()) else { continue };
+            if !self.bound.all_bound(from_start, pages) {
+                return Err(VulkanError::InvalidArgument(format!(
+                    "remap from {:#x} ({} B): not every page is bound",
+                    m.from_offset, m.size_bytes
+                )));
+            }
+            let physical = self.bound.remove(from_start, pages);
+            if self.bound.any_bound(to_start, pages) {
+                return Err(VulkanError::InvalidArgument(format!(
+                    "remap to {:#x} ({} B): a page there is bound",
+                    m.to_offset, m.size_bytes
+                )));
+            }
+            for run in pair(&[(to_start, pages)], &physical) {
+                self.bound.insert(run);
+            }
+            touched.push((from_start, pages));
+            touched.push((to_start, pages));
         }
-        self.set_live_mappings();
-        self.stats.unbind_entries += 1;
-        self.stats.bind_entries += 1;
-        Ok(())
+        touched.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(touched.len());
+        for (start, count) in touched {
+            match merged.last_mut() {
+                Some((last, last_count)) if *last + *last_count >= start => {
+                    *last_count = (*last_count).max(start + count - *last);
+                }
+                _ => merged.push((start, count)),
+            }
+        }
+        Ok(merged)
     }
 
     /// Submits one batch of `binds` on the sparse queue, waiting for the previous batch and signalling the next

@@ -21,7 +21,7 @@ use heapscope_vulkan::compute::ComputeBuffer;
 use heapscope_vulkan::{DevicePagedConfig, DevicePagedHeap, VulkanContext};
 
 /// The heap's sparse buffer as a kernel target.
-fn target(heap: &DevicePagedHeap) -> ComputeBuffer<'static> {
+pub(crate) fn target(heap: &DevicePagedHeap) -> ComputeBuffer<'static> {
     // SAFETY: the buffer is the heap's (same device as the kernels), created with storage usage, `size_bytes()`
     // long; the heap outlives every `run` it is passed to, and the callers give the kernels only ranges of live
     // allocations, whose pages are bound (after `wait_binds`).
@@ -35,7 +35,12 @@ fn pressure_heap(context: &Arc<VulkanContext>, virtual_bytes: u64, capacity_byte
 }
 
 /// Fills the `fresh` allocations with their ids' patterns, then verifies every live one; panics on a mismatch.
-fn fill_and_verify(kernels: &mut VulkanKernels, heap: &DevicePagedHeap, fresh: &[(Allocation, u32)], live: &[(Allocation, u32)]) {
+pub(crate) fn fill_and_verify(
+    kernels: &mut VulkanKernels,
+    heap: &DevicePagedHeap,
+    fresh: &[(Allocation, u32)],
+    live: &[(Allocation, u32)],
+) {
     heap.wait_binds().unwrap();
     let buffer = target(heap);
     let mut ops: Vec<_> = fresh

@@ -367,6 +367,32 @@ fn compacting_on_a_refusal_is_reported() {
     assert!(stderr(&bad).contains("never, on-oom or every:N"), "{}", stderr(&bad));
 }
 
+/// `paged` in a virtual range of 512 MiB: the same scattered trace leaves 272 MiB of the range free in runs of at
+/// most 92 MiB, so 200 MiB is refused for fragmentation of the range; compacting slides three allocations down by
+/// remapping their pages (nothing copied) and the request is served. A virtual range under a page is refused.
+#[test]
+fn paged_compacts_by_remapping_its_pages() {
+    let file = crate::common::scattered_trace("compact-paged");
+    let path = file.to_str().unwrap();
+    let args = ["replay", path, "--capacity", "512MiB", "--policy", "paged", "--virtual-size", "512MiB"];
+    let without = json_lines(&heapscope(&[&args[..], &["--json"]].concat())).remove(0);
+    assert_eq!(without["ooms"].as_u64(), Some(1), "{without}");
+    let with = json_lines(&heapscope(&[&args[..], &["--json", "--compact", "on-oom"]].concat())).remove(0);
+    assert_eq!(with["ooms"].as_u64(), Some(0), "{with}");
+    let compaction = &with["compaction"];
+    assert_eq!(
+        (compaction["moves"].as_u64(), compaction["bytes_moved"].as_u64(), compaction["bytes_remapped"].as_u64()),
+        (Some(3), Some(0), Some(180 << 20)),
+        "{with}"
+    );
+    // The eight 60 MiB allocations at once; the moved ones kept their pages (440 MiB mapped at the end).
+    assert_eq!(with["peak_reserved_bytes"].as_u64(), Some(480 << 20), "{with}");
+    let table = stdout(&heapscope(&[&args[..], &["--compact", "on-oom"]].concat()));
+    assert!(table.contains("compaction: 3 moves, 0 B copied, 180.00 MiB remapped, 1 of its refusals served"), "{table}");
+    let tiny = heapscope(&["replay", path, "--policy", "paged", "--virtual-size", "4KiB"]);
+    assert!(stderr(&tiny).contains("--virtual-size 4.00 KiB: smaller than one page (2.00 MiB)"), "{}", stderr(&tiny));
+}
+
 #[test]
 fn compare_says_why_in_one_sentence() {
     let output = heapscope(&["compare", snapshot("frag_oom-default").to_str().unwrap(), "--capacity", "3584MiB"]);

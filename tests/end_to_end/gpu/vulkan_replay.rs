@@ -336,3 +336,24 @@ fn compacting_on_a_refusal_copies_on_the_device() {
     let Some(table) = on_device(&args) else { return };
     assert!(stdout(&table).contains("compaction: 4 moves, 240.00 MiB copied on the device in"), "{}", stdout(&table));
 }
+
+/// `--compact on-oom` for `paged` on the device, in a sparse buffer of 512 MiB: the scattered trace's 200 MiB request
+/// finds no run of the buffer; compacting rebinds three allocations' pages lower in the buffer (`vkQueueBindSparse`,
+/// validated) with nothing copied, and the request is served.
+#[test]
+fn paged_compacts_on_the_device_by_rebinding_pages() {
+    let file = crate::common::scattered_trace("compact-paged-vulkan");
+    let path = file.to_str().unwrap();
+    let args = ["replay", path, "--capacity", "512MiB", "--policy", "paged", "--virtual-size", "512MiB", "--json"];
+    let Some(without) = on_device(&args) else { return };
+    assert_eq!(lines(&without)[0]["ooms"].as_u64(), Some(1), "{}", stdout(&without));
+    let Some(output) = on_device(&[&args[..], &["--compact", "on-oom"]].concat()) else { return };
+    assert!(output.status.success(), "{}", stderr(&output));
+    let line = &lines(&output)[0];
+    assert_eq!(line["ooms"].as_u64(), Some(0), "{line}");
+    let compaction = &line["compaction"];
+    assert_eq!((compaction["bytes_moved"].as_u64(), compaction["bytes_remapped"].as_u64()), (Some(0), Some(180 * MIB)), "{line}");
+    assert_eq!(compaction["ooms_avoided"].as_u64(), Some(1), "{line}");
+    let too_large = on_device(&["replay", path, "--policy", "paged", "--virtual-size", "1TiB"]).unwrap();
+    assert!(stderr(&too_large).contains("the device's sparse buffers hold at most"), "{}", stderr(&too_large));
+}

@@ -112,6 +112,21 @@ impl<I: FitIndex> FreeRangePolicy<I> {
         let (run_offset, run_size, offset) = self
             .index
             .find(size, |run_offset, run_size| granularity::place(guard, run_offset, run_offset + run_size, size, align, kind))?;
+        Some(self.take(run_offset, run_size, offset, size, request))
+    }
+
+    pub(crate) fn allocate_at_offset(&mut self, request: Request, offset: u64) -> Option<Allocation> {
+        let (size, align) = rounded(request, self.min_align)?;
+        let (&run_offset, &run_size) = self.by_offset.range(..=offset).next_back()?;
+        let run_end = run_offset + run_size;
+        let placed = granularity::place(self.guard.as_ref(), offset, run_end, size, align, request.kind());
+        (placed == Some(offset)).then(|| self.take(run_offset, run_size, offset, size, request))
+    }
+
+    /// Turns `[offset, offset + size)` of the free run `[run_offset, run_offset + run_size)` into an allocation
+    /// for `request`, the rest of the run staying free.
+    fn take(&mut self, run_offset: u64, run_size: u64, offset: u64, size: u64, request: Request) -> Allocation {
+        let kind: ResourceKind = request.kind();
         self.remove_run(run_offset, run_size);
         if offset > run_offset {
             self.insert_run(run_offset, offset - run_offset);
@@ -124,7 +139,7 @@ impl<I: FitIndex> FreeRangePolicy<I> {
             guard.insert(offset, size, kind);
         }
         let id = self.live.insert(Live { offset, size_bytes: request.size_bytes(), footprint_bytes: size });
-        Some(Allocation::from_parts(self.owner, id, offset, request.size_bytes(), (offset, size), kind))
+        Allocation::from_parts(self.owner, id, offset, request.size_bytes(), (offset, size), kind)
     }
 
     pub(crate) fn free_to_runs(&mut self, allocation: Allocation) -> Result<()> {
@@ -179,6 +194,10 @@ macro_rules! free_range_policy {
 
             fn allocate(&mut self, request: $crate::Request) -> Option<$crate::Allocation> {
                 self.allocate_from_runs(request)
+            }
+
+            fn allocate_at(&mut self, request: $crate::Request, offset: u64) -> Option<$crate::Allocation> {
+                self.allocate_at_offset(request, offset)
             }
 
             fn free(&mut self, allocation: $crate::Allocation) -> $crate::Result<()> {

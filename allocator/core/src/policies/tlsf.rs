@@ -375,6 +375,23 @@ impl Policy for Tlsf {
         self.scan(size, align, request)
     }
 
+    /// The free block holding `[offset, offset + size)` is found by walking the blocks (TLSF keeps no index by
+    /// address): compaction's rare re-placements, not the hot path.
+    fn allocate_at(&mut self, request: Request, offset: u64) -> Option<Allocation> {
+        let (size, align) = rounded(request, self.min_align)?;
+        let end = offset.checked_add(size)?;
+        let index = (1..self.nodes.len() as u32).find(|&index| {
+            let node = &self.nodes[index as usize];
+            node.state == NodeState::Free && node.offset <= offset && end <= node.offset + node.size
+        })?;
+        let node_end = self.nodes[index as usize].offset + self.nodes[index as usize].size;
+        if granularity::place(self.guard.as_ref(), offset, node_end, size, align, request.kind()) != Some(offset) {
+            return None;
+        }
+        self.remove_free(index);
+        Some(self.take(index, offset, size, request))
+    }
+
     #[inline]
     fn free(&mut self, allocation: Allocation) -> Result<()> {
         let mut index = allocation.id().slot();
