@@ -29,7 +29,7 @@ use heapscope_core::{DeviceEvent, Heap, HeapConfig, PolicyConfig, Trace};
 use heapscope_lab::compaction::{CompactRule, CompactionFigures};
 use heapscope_lab::compare::{CompareConfig, Figures, best_time, emulate_pytorch, summed};
 use heapscope_lab::contender::Contender;
-use heapscope_lab::driver::{replay_device_heap, replay_device_heap_compacting};
+use heapscope_lab::driver::replay_device_heap_compacting;
 use heapscope_lab::recording::Recording;
 use heapscope_pytorch::caching::SMALL_BUFFER_BYTES;
 use heapscope_pytorch::{AllocConf, BackingRefused, CachingAllocator, SegmentBacking};
@@ -251,17 +251,20 @@ fn replay_external<A: crate::ExternalAllocator>(
     use crate::{ExternalConfig, ExternalHeap};
     use heapscope_core::DeviceHeap;
 
-    let ((replay, peak_reserved_bytes, events), nanos) = best_time(|| {
+    let ((replay, peak_reserved_bytes, events, copy_nanos), nanos) = best_time(|| {
         let external = ExternalConfig { budget_cap_bytes: config.capacity_bytes, ..ExternalConfig::default() };
         let mut heap = ExternalHeap::<A>::new(Arc::clone(context), external)?;
         heap.record_device_events(true);
-        let replay = replay_device_heap(&recording.trace, &mut heap, config.align_bytes)?;
+        // VMA compacts with its own defragmentation, copying on the device; gpu-allocator moves nothing.
+        let replay = replay_device_heap_compacting(&recording.trace, &mut heap, config.align_bytes, config.compact)?;
         let events = heap.take_device_events();
-        Ok::<_, VulkanError>((replay, heap.peak_reserved_bytes(), events))
+        Ok::<_, VulkanError>((replay, heap.peak_reserved_bytes(), events, heap.copy_nanos()))
     })?;
     let (device_allocs, device_frees) = count_device_events(&events);
     let policy = format!("{} (vulkan)", A::POLICY);
-    Ok(Figures { peak_reserved_bytes, device_allocs, device_frees, ..summed(&policy, &replay, recording, nanos) })
+    let compaction = (config.compact != CompactRule::Never && A::DEFRAGMENTS)
+        .then_some(CompactionFigures { device_copy_ns: Some(copy_nanos), ..replay.stats.compaction });
+    Ok(Figures { peak_reserved_bytes, device_allocs, device_frees, compaction, ..summed(&policy, &replay, recording, nanos) })
 }
 
 /// Replays `recording` through `contender` on `context`'s device, with `config`'s capacity as the budget cap

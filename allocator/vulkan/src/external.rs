@@ -26,7 +26,7 @@ use crate::VulkanContext;
 
 /// A live allocation of an external allocator's heap ([`crate::VmaHandle`], [`crate::GpuAllocatorHandle`]): `Copy`,
 /// like heapscope's own handles; the allocator's own allocation stays inside the heap.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ExternalHandle {
     allocation: Allocation,
     block_base: u64,
@@ -295,6 +295,42 @@ impl<L> ExternalBook<L> {
         self.free_slots.push(slot as u32);
         self.live_bytes -= allocation.size_bytes();
         Ok(live.inner)
+    }
+
+    /// The live allocation behind `allocation`, if it is live here.
+    pub(crate) fn live(&self, allocation: &Allocation) -> Option<&L> {
+        if allocation.owner() != self.owner {
+            return None;
+        }
+        let live = self.slots.get(allocation.id().slot() as usize)?.as_ref()?;
+        (live.generation == allocation.id().generation()).then_some(&live.inner)
+    }
+
+    /// The allocator moved the live allocation behind `allocation` to `offset` (of the same or another block): its
+    /// slot keeps it under a new generation, so the old handle is refused from now on; the new allocation.
+    ///
+    /// # Errors
+    /// [`Error::ForeignAllocation`] or [`Error::DoubleFree`] when `allocation` is not live here.
+    pub(crate) fn relocate(&mut self, allocation: &Allocation, offset: u64) -> Result<Allocation> {
+        let inner = self.remove(allocation)?;
+        let (slot, generation) = (allocation.id().slot(), allocation.id().generation().wrapping_add(1));
+        // `remove` freed the slot (the last one pushed): take it back at once, under its new generation.
+        self.free_slots.pop();
+        self.slots[slot as usize] = Some(Live { inner, generation });
+        self.live_bytes += allocation.size_bytes();
+        Ok(Allocation::from_parts(
+            self.owner,
+            AllocationId::from_slot(slot, generation),
+            offset,
+            allocation.size_bytes(),
+            (offset, allocation.size_bytes()),
+            ResourceKind::Linear,
+        ))
+    }
+
+    /// The live block of `memory`, if the books know it.
+    pub(crate) fn block(&self, memory: vk::DeviceMemory) -> Option<&Block> {
+        self.blocks.get(&memory)
     }
 
     /// Takes every live allocation out (the heap is being dropped).

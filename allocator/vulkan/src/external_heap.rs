@@ -13,7 +13,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Request, Result};
+use heapscope_core::compaction::{Algorithm, Budget};
+use heapscope_core::{Allocation, DeviceEvent, DeviceHeap, Request, Result, moved_indices};
 
 use crate::VulkanContext;
 use crate::external::{ExternalBook, ExternalHandle};
@@ -89,6 +90,31 @@ pub trait ExternalAllocator: Sized {
     /// Frees every allocation still live (`live`, out of their slots): the heap is being dropped, the allocator
     /// next.
     fn free_all(&mut self, book: &mut ExternalBook<Self::Live>, live: Vec<Self::Live>);
+
+    /// Whether it defragments ([`ExternalAllocator::compact`] moves something).
+    const DEFRAGMENTS: bool = false;
+
+    /// Moves allocations of `movable` (the others stay) with the allocator's own defragmentation, by `algorithm`
+    /// within `budget`, copying their bytes on the device; returns each move as the handle before and after, in
+    /// order, the books updated (a moved allocation keeps its slot under a new handle). Default: moves nothing.
+    ///
+    /// # Errors
+    /// The allocator's or the device's failure.
+    fn compact(
+        &mut self,
+        book: &mut ExternalBook<Self::Live>,
+        movable: &[ExternalHandle],
+        algorithm: Algorithm,
+        budget: Budget,
+    ) -> Result<Vec<(ExternalHandle, ExternalHandle)>> {
+        let _ = (book, movable, algorithm, budget);
+        Ok(Vec::new())
+    }
+
+    /// The device's time for the copies of every compaction so far, ns.
+    fn copy_nanos(&self) -> u64 {
+        0
+    }
 }
 
 /// An external allocator as a heapscope [`DeviceHeap`]. See the module documentation.
@@ -136,6 +162,11 @@ impl<A: ExternalAllocator> ExternalHeap<A> {
         &self.allocator
     }
 
+    /// The allocator and the books, both mutable.
+    pub(crate) fn parts(&mut self) -> (&mut A, &mut ExternalBook<A::Live>) {
+        (&mut self.allocator, &mut self.book)
+    }
+
     /// The context.
     pub fn context(&self) -> &Arc<VulkanContext> {
         self.book.context()
@@ -164,6 +195,11 @@ impl<A: ExternalAllocator> ExternalHeap<A> {
     /// Refused requests.
     pub fn ooms(&self) -> u64 {
         self.book.ooms()
+    }
+
+    /// The device's time for the copies of every compaction so far, ns (0 for an allocator that does not defragment).
+    pub fn copy_nanos(&self) -> u64 {
+        self.allocator.copy_nanos()
     }
 }
 
@@ -211,6 +247,17 @@ impl<A: ExternalAllocator> DeviceHeap for ExternalHeap<A> {
 
     fn count_oom(&mut self) {
         self.book.count_oom();
+    }
+
+    fn compact(
+        &mut self,
+        movable: &[(ExternalHandle, Request)],
+        algorithm: Algorithm,
+        budget: Budget,
+    ) -> Result<Vec<(usize, ExternalHandle)>> {
+        let handles: Vec<ExternalHandle> = movable.iter().map(|&(handle, _)| handle).collect();
+        let moves = self.allocator.compact(&mut self.book, &handles, algorithm, budget)?;
+        Ok(moved_indices(movable, moves))
     }
 }
 

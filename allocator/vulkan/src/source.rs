@@ -18,7 +18,7 @@ use ash::vk;
 use heapscope_core::{BlockCopy, MemorySource, SourceBlock, SourceError};
 
 use crate::memory_types::{BLOCK_BUFFER_USAGE, MemoryTypeInfo, MemoryUsage};
-use crate::transfer::{BufferCopy, Transfer};
+use crate::transfer::{BufferCopy, MemorySpan, Transfer, buffer_over_memory};
 use crate::{VulkanContext, VulkanError};
 
 /// How a [`DeviceMemorySource`] allocates.
@@ -302,34 +302,14 @@ impl DeviceMemorySource {
         if let Some(buffer) = block.dedicated_buffer {
             return Ok((buffer, block.size_bytes, false));
         }
-        let device = self.context.device();
-        let info = vk::BufferCreateInfo::default()
-            .size(block.size_bytes)
-            .usage(BLOCK_BUFFER_USAGE)
-            .sharing_mode(vk::SharingMode::EXCLUSIVE);
-        // SAFETY: a valid create info on a live device.
-        let buffer = unsafe { device.create_buffer(&info, None) }.map_err(VulkanError::vk("vkCreateBuffer"))?;
-        // SAFETY: the buffer was just created on this device.
-        let requirements = unsafe { device.get_buffer_memory_requirements(buffer) };
-        let type_index = self.memory_type.index;
-        let bound = if requirements.memory_type_bits & (1 << type_index) == 0 || requirements.size > block.allocation_size_bytes {
-            Err(VulkanError::Unsupported(format!(
-                "a buffer over block #{handle} needs {} bytes of type bits {:#b}; the block has {} bytes of type {type_index}",
-                requirements.size, requirements.memory_type_bits, block.allocation_size_bytes
-            )))
-        } else {
-            // SAFETY: the memory is live, of an allowed type and large enough; offset 0 satisfies any alignment. The
-            // caller destroys the buffer before the block is freed.
-            unsafe { device.bind_buffer_memory(buffer, block.memory, 0) }.map_err(VulkanError::vk("vkBindBufferMemory"))
+        let memory = MemorySpan {
+            memory: block.memory,
+            type_index: self.memory_type.index,
+            size_bytes: block.size_bytes,
+            allocation_size_bytes: block.allocation_size_bytes,
         };
-        match bound {
-            Ok(()) => Ok((buffer, block.size_bytes, true)),
-            Err(error) => {
-                // SAFETY: the buffer is ours and was never used.
-                unsafe { device.destroy_buffer(buffer, None) };
-                Err(error)
-            }
-        }
+        let buffer = buffer_over_memory(&self.context, memory, || format!("block #{handle}"))?;
+        Ok((buffer, block.size_bytes, true))
     }
 
     /// Makes `copies` on the device in order (see [`MemorySource::copy_between_blocks`]), each range checked to lie

@@ -25,6 +25,63 @@ pub struct BufferCopy {
     pub size_bytes: u64,
 }
 
+/// A live `VkDeviceMemory` a buffer can be put over ([`buffer_over_memory`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MemorySpan {
+    /// The memory.
+    pub(crate) memory: vk::DeviceMemory,
+    /// Its memory type.
+    pub(crate) type_index: u32,
+    /// The bytes the buffer covers.
+    pub(crate) size_bytes: u64,
+    /// The bytes the memory holds (at least `size_bytes`).
+    pub(crate) allocation_size_bytes: u64,
+}
+
+/// A new `VkBuffer` over the whole of `memory` ([`BLOCK_BUFFER_USAGE`], bound at offset 0), for copies in and out of
+/// it: the caller's to destroy after its last use and before the memory is freed. `what` names the memory in errors.
+///
+/// # Errors
+/// [`VulkanError::Unsupported`] when a buffer of that size needs more memory or another memory type;
+/// [`VulkanError::Vk`] when creating or binding the buffer fails.
+pub(crate) fn buffer_over_memory(
+    context: &VulkanContext,
+    memory: MemorySpan,
+    what: impl FnOnce() -> String,
+) -> Result<vk::Buffer, VulkanError> {
+    let device = context.device();
+    let info = vk::BufferCreateInfo::default()
+        .size(memory.size_bytes)
+        .usage(BLOCK_BUFFER_USAGE)
+        .sharing_mode(vk::SharingMode::EXCLUSIVE);
+    // SAFETY: a valid create info on a live device.
+    let buffer = unsafe { device.create_buffer(&info, None) }.map_err(VulkanError::vk("vkCreateBuffer"))?;
+    // SAFETY: the buffer was just created on this device.
+    let requirements = unsafe { device.get_buffer_memory_requirements(buffer) };
+    let type_index = memory.type_index;
+    let bound = if requirements.memory_type_bits & (1 << type_index) == 0 || requirements.size > memory.allocation_size_bytes {
+        Err(VulkanError::Unsupported(format!(
+            "a buffer over {} needs {} bytes of type bits {:#b}; the memory has {} bytes of type {type_index}",
+            what(),
+            requirements.size,
+            requirements.memory_type_bits,
+            memory.allocation_size_bytes
+        )))
+    } else {
+        // SAFETY: the memory is live (the caller's contract), of an allowed type and large enough; offset 0 satisfies
+        // any alignment. The caller destroys the buffer before the memory is freed.
+        unsafe { device.bind_buffer_memory(buffer, memory.memory, 0) }.map_err(VulkanError::vk("vkBindBufferMemory"))
+    };
+    match bound {
+        Ok(()) => Ok(buffer),
+        Err(error) => {
+            // SAFETY: the buffer is ours and was never used.
+            unsafe { device.destroy_buffer(buffer, None) };
+            Err(error)
+        }
+    }
+}
+
 /// A staging buffer and a command pool for synchronous copies. See the module documentation.
 pub struct Transfer {
     context: Arc<VulkanContext>,

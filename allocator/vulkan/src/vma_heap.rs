@@ -26,18 +26,21 @@
 //! [`DeviceHeap`]: heapscope_core::DeviceHeap
 //! [`DeviceHeap::address`]: heapscope_core::DeviceHeap::address
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ash::vk;
+use heapscope_core::compaction::{Algorithm, Budget};
 use heapscope_core::{Error, OomVerdict, Request, Result};
 use vk_mem::Alloc;
 
 use crate::VulkanContext;
 use crate::external::{BlockUsage, ExternalBook, ExternalHandle};
 use crate::external_heap::{ExternalAllocator, ExternalConfig, ExternalHeap, Placed};
+use crate::transfer::{BufferCopy, MemorySpan, Transfer, buffer_over_memory};
 
 /// How a [`VmaHeap`] is set up: block size (VMA's `preferredLargeHeapBlockSize`) and budget cap (VMA's heap size
 /// limit).
@@ -108,14 +111,177 @@ unsafe extern "C" fn on_free(_: *mut c_void, _: u32, memory: vk::DeviceMemory, s
     log.push((false, memory, size));
 }
 
+/// `VmaDefragmentationInfo`, field for field (VMA 3's C header). vk-mem 0.5's `Allocator::begin_defragmentation` takes
+/// that structure but keeps its type in a private module, so heapscope declares the same `repr(C)` layout, checks
+/// its size and alignment against the inferred type, and passes it by pointer.
+#[repr(C)]
+struct DefragmentationInfo {
+    /// `VmaDefragmentationFlags`: the algorithm bit (fast 1, balanced 2, full 4).
+    flags: u32,
+    /// `VmaPool`: null for the default pools.
+    pool: *mut c_void,
+    /// `maxBytesPerPass` (0: no limit).
+    max_bytes_per_pass: u64,
+    /// `maxAllocationsPerPass` (0: no limit).
+    max_allocations_per_pass: u32,
+    /// `pfnBreakCallback`.
+    break_callback: Option<unsafe extern "C" fn(*mut c_void) -> u32>,
+    /// `pBreakCallbackUserData`.
+    break_callback_user_data: *mut c_void,
+}
+
+/// The layout of the info `begin` takes (a type that cannot be named: inferred from the function's signature).
+fn info_layout<'a, T>(
+    _begin: unsafe fn(&'a vk_mem::Allocator, &T) -> ash::prelude::VkResult<vk_mem::DefragmentationContext<'a>>,
+) -> std::alloc::Layout {
+    std::alloc::Layout::new::<T>()
+}
+
+/// A VMA allocation's handle as a number (its `VmaAllocation` pointer), to find it among VMA's proposed moves.
+fn raw(allocation: vk_mem::Allocation) -> usize {
+    // SAFETY: `vk_mem::Allocation` is a `Copy` wrapper of one `VmaAllocation` pointer (its only field; the sizes are
+    // checked by `transmute`); the value is only compared, never dereferenced.
+    let pointer: *mut c_void = unsafe { std::mem::transmute::<vk_mem::Allocation, *mut c_void>(allocation) };
+    pointer as usize
+}
+
+/// A `VmaAllocation` pointer from a proposed move as vk-mem's handle (to ask VMA where it is).
+fn from_raw(pointer: *mut c_void) -> vk_mem::Allocation {
+    // SAFETY: the inverse of `raw`: a pointer VMA handed out in the pass, wrapped as vk-mem does; valid for the pass.
+    unsafe { std::mem::transmute::<*mut c_void, vk_mem::Allocation>(pointer) }
+}
+
+/// Tells VMA not to make the proposed move `m`: it frees the temporary place and leaves the allocation where it is.
+#[allow(clippy::missing_transmute_annotations, reason = "the target is vk-mem's private enum, inferred from the field")]
+fn ignore(m: &mut vk_mem::DefragmentationMove) {
+    // SAFETY: 1 is `VMA_DEFRAGMENTATION_MOVE_OPERATION_IGNORE` of the `repr(u32)` enum that is the field's type.
+    m.operation = unsafe { std::mem::transmute::<u32, _>(1) };
+}
+
+/// One defragmentation's state across VMA's passes.
+struct Pass<'l> {
+    transfer: Transfer,
+    /// The allocations the caller lets move, by their VMA pointer.
+    listed: &'l HashMap<usize, ExternalHandle>,
+    /// Those moved so far, with their handle before.
+    moved: Vec<(usize, ExternalHandle)>,
+    /// The first failure: every later move is ignored.
+    failure: Option<Error>,
+    /// The device's time for the copies, ns.
+    nanos: u64,
+}
+
+impl Pass<'_> {
+    /// One pass: ignores the moves of allocations not listed (and all of them after a failure), copies the others'
+    /// bytes from their place to VMA's temporary one on the device, waited for.
+    fn run(
+        &mut self,
+        allocator: &vk_mem::Allocator,
+        book: &mut ExternalBook<vk_mem::Allocation>,
+        moves: &mut [vk_mem::DefragmentationMove],
+        callbacks: &CallbackLog,
+    ) {
+        // Blocks VMA made for the pass's destinations.
+        for (allocated, memory, size_bytes) in callbacks.take() {
+            if allocated {
+                book.reserve_block(memory, size_bytes);
+            } else {
+                book.release_block(memory);
+            }
+        }
+        let mut copies: Vec<(vk_mem::AllocationInfo, vk_mem::AllocationInfo)> = Vec::new();
+        let mut moving = Vec::new();
+        for m in moves.iter_mut() {
+            let key = m.srcAllocation as usize;
+            match self.listed.get(&key) {
+                Some(handle) if self.failure.is_none() => {
+                    let from = allocator.get_allocation_info(&from_raw(m.srcAllocation.cast()));
+                    let to = allocator.get_allocation_info(&from_raw(m.dstTmpAllocation.cast()));
+                    copies.push((from, to));
+                    moving.push((key, *handle));
+                }
+                _ => ignore(m),
+            }
+        }
+        let started = std::time::Instant::now();
+        match self.copy(book, &copies) {
+            Ok(()) => self.moved.extend(moving),
+            Err(error) => {
+                moves.iter_mut().for_each(ignore);
+                self.failure = Some(error);
+            }
+        }
+        self.nanos += u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    }
+
+    /// Copies each `(from, to)` on the device through a buffer over each block involved (destroyed after).
+    fn copy(
+        &mut self,
+        book: &ExternalBook<vk_mem::Allocation>,
+        copies: &[(vk_mem::AllocationInfo, vk_mem::AllocationInfo)],
+    ) -> Result<()> {
+        if copies.is_empty() {
+            return Ok(());
+        }
+        let context = Arc::clone(book.context());
+        let mut buffers: HashMap<vk::DeviceMemory, vk::Buffer> = HashMap::new();
+        let mut made = Ok(());
+        for (from, to) in copies {
+            for info in [from, to] {
+                if buffers.contains_key(&info.device_memory) || made.is_err() {
+                    continue;
+                }
+                let size_bytes = book.block(info.device_memory).map_or(0, |block| block.size_bytes);
+                let span = MemorySpan {
+                    memory: info.device_memory,
+                    type_index: info.memory_type,
+                    size_bytes,
+                    allocation_size_bytes: size_bytes,
+                };
+                match buffer_over_memory(&context, span, || "a VMA block".to_owned()) {
+                    Ok(buffer) => {
+                        buffers.insert(info.device_memory, buffer);
+                    }
+                    Err(error) => made = Err(error),
+                }
+            }
+        }
+        let copied = made.and_then(|()| {
+            let recorded: Vec<BufferCopy> = copies
+                .iter()
+                .map(|(from, to)| BufferCopy {
+                    source: buffers[&from.device_memory],
+                    source_offset: from.offset,
+                    destination: buffers[&to.device_memory],
+                    destination_offset: to.offset,
+                    size_bytes: from.size,
+                })
+                .collect();
+            // SAFETY: each buffer is over a live VMA block (VMA frees none during a pass), with transfer usages; each
+            // range is an allocation VMA placed inside its block; a destination is a place VMA reserved for the pass,
+            // overlapping no live allocation, so no copy reads what another writes.
+            unsafe { self.transfer.copy_in_order(&recorded) }
+        });
+        for buffer in buffers.into_values() {
+            // SAFETY: made above for these copies, which were waited for (or never submitted).
+            unsafe { context.device().destroy_buffer(buffer, None) };
+        }
+        copied.map_err(|error| Error::Source(format!("copying VMA's defragmentation moves: {error}")))
+    }
+}
+
 /// What talks to VMA in a [`VmaHeap`]: the allocator, its device-memory callbacks' log and the allocation settings.
 pub struct VmaBackend {
     // Declared first: dropped (its blocks freed) while the callback log and the device are alive.
     allocator: vk_mem::Allocator,
     callbacks: Box<CallbackLog>,
-    _context: Arc<VulkanContext>,
+    context: Arc<VulkanContext>,
     config: VmaConfig,
     create_info: vk_mem::AllocationCreateInfo,
+    /// Copies of defragmentation's moves (made at the first compaction).
+    transfer: Option<Transfer>,
+    /// The device's time for those copies so far, ns.
+    copy_nanos: u64,
 }
 
 impl fmt::Debug for VmaBackend {
@@ -130,6 +296,71 @@ fn failure(what: &str, result: vk::Result) -> Error {
 }
 
 impl VmaHeap {
+    /// Writes `bytes` at the start of the live allocation `handle` on the device (a staging copy, waited for): with
+    /// [`VmaHeap::read`], how a test proves that defragmentation kept an allocation's bytes.
+    ///
+    /// # Errors
+    /// [`Error::DoubleFree`] or [`Error::ForeignAllocation`] for a handle not live here; [`Error::Source`] when the
+    /// bytes do not fit the allocation or the device fails.
+    pub fn write(&mut self, handle: &ExternalHandle, bytes: &[u8]) -> Result<()> {
+        let mut bytes = bytes.to_vec();
+        self.transfer_bytes(handle, &mut bytes, true)
+    }
+
+    /// The first `len` bytes of the live allocation `handle`, read back from the device.
+    ///
+    /// # Errors
+    /// As [`VmaHeap::write`].
+    pub fn read(&mut self, handle: &ExternalHandle, len: usize) -> Result<Vec<u8>> {
+        let mut bytes = vec![0; len];
+        self.transfer_bytes(handle, &mut bytes, false)?;
+        Ok(bytes)
+    }
+
+    fn transfer_bytes(&mut self, handle: &ExternalHandle, bytes: &mut [u8], write: bool) -> Result<()> {
+        let (backend, book) = self.parts();
+        let inner = *book.live(handle.allocation()).ok_or_else(|| Error::DoubleFree {
+            offset: handle.allocation().offset(),
+            id: handle.allocation().id().0,
+            owner: "vma",
+        })?;
+        if bytes.len() as u64 > handle.allocation().size_bytes() {
+            return Err(Error::Source(format!(
+                "{} bytes do not fit an allocation of {}",
+                bytes.len(),
+                handle.allocation().size_bytes()
+            )));
+        }
+        let info = backend.allocator.get_allocation_info(&inner);
+        let size_bytes = book.block(info.device_memory).map_or(0, |block| block.size_bytes);
+        let span = MemorySpan {
+            memory: info.device_memory,
+            type_index: info.memory_type,
+            size_bytes,
+            allocation_size_bytes: size_bytes,
+        };
+        let device_error = |error: crate::VulkanError| Error::Source(error.to_string());
+        let buffer = buffer_over_memory(book.context(), span, || "a VMA block".to_owned()).map_err(device_error)?;
+        let transfer = match &mut backend.transfer {
+            Some(transfer) => Ok(transfer),
+            slot => Transfer::new(Arc::clone(&backend.context), 1 << 20).map(|transfer| slot.insert(transfer)),
+        };
+        // For both copies: the buffer covers the allocation's block with transfer usages; the range is inside the live
+        // allocation (checked above); the heap is borrowed mutably, so nothing else uses it until the copy returns.
+        let done = transfer.and_then(|transfer| {
+            if write {
+                // SAFETY: as said above.
+                unsafe { transfer.upload(buffer, info.offset, bytes) }
+            } else {
+                // SAFETY: as said above.
+                unsafe { transfer.download(buffer, info.offset, bytes) }
+            }
+        });
+        // SAFETY: made above; the copy was waited for (or never submitted).
+        unsafe { book.context().device().destroy_buffer(buffer, None) };
+        done.map_err(device_error)
+    }
+
     /// From VMA's own statistics (`vmaCalculateStatistics`): bytes allocated in its blocks (alignment padding
     /// included), and the largest free range; `None` when VMA fails to say.
     pub fn allocated_and_largest_free_bytes(&self) -> Option<(u64, u64)> {
@@ -217,7 +448,7 @@ impl ExternalAllocator for VmaBackend {
             },
             ..Default::default()
         };
-        Ok(Self { allocator, callbacks, _context: Arc::clone(context), config, create_info })
+        Ok(Self { allocator, callbacks, context: Arc::clone(context), config, create_info, transfer: None, copy_nanos: 0 })
     }
 
     fn config(&self) -> &ExternalConfig {
@@ -253,6 +484,79 @@ impl ExternalAllocator for VmaBackend {
         unsafe { self.allocator.free_memory(&mut live) };
         self.apply_memory_calls(book);
         Ok(())
+    }
+
+    const DEFRAGMENTS: bool = true;
+
+    /// VMA's defragmentation (`vmaBeginDefragmentation`, passes until VMA has nothing more to move,
+    /// `vmaEndDefragmentation`): in each pass VMA proposes moves into temporary allocations; those of allocations not
+    /// listed are set to `IGNORE`, the others' bytes are copied on the device (`vkCmdCopyBuffer` through buffers over
+    /// VMA's blocks, waited for) before the pass ends and VMA points each moved allocation at its new place and frees
+    /// the blocks it emptied.
+    fn compact(
+        &mut self,
+        book: &mut ExternalBook<vk_mem::Allocation>,
+        movable: &[ExternalHandle],
+        algorithm: Algorithm,
+        budget: Budget,
+    ) -> Result<Vec<(ExternalHandle, ExternalHandle)>> {
+        let listed: HashMap<usize, ExternalHandle> =
+            movable.iter().filter_map(|handle| Some((raw(*book.live(handle.allocation())?), *handle))).collect();
+        if listed.is_empty() {
+            return Ok(Vec::new());
+        }
+        let info = DefragmentationInfo {
+            flags: match algorithm {
+                Algorithm::Fast => 0x1,
+                Algorithm::Balanced => 0x2,
+                Algorithm::Full => 0x4,
+            },
+            pool: std::ptr::null_mut(),
+            max_bytes_per_pass: if budget.max_bytes == u64::MAX { 0 } else { budget.max_bytes.max(1) },
+            max_allocations_per_pass: u32::try_from(budget.max_moves).map_or(0, |moves| moves.max(1)),
+            break_callback: None,
+            break_callback_user_data: std::ptr::null_mut(),
+        };
+        if info_layout(vk_mem::Allocator::begin_defragmentation) != std::alloc::Layout::new::<DefragmentationInfo>() {
+            return Err(Error::Source("VMA's defragmentation info has another layout than VMA 3's".into()));
+        }
+        let transfer = match self.transfer.take() {
+            Some(transfer) => transfer,
+            None => Transfer::new(Arc::clone(&self.context), 4096).map_err(|error| Error::Source(error.to_string()))?,
+        };
+        let mut pass = Pass { transfer, listed: &listed, moved: Vec::new(), failure: None, nanos: 0 };
+        {
+            // SAFETY: `DefragmentationInfo` has the layout of `VmaDefragmentationInfo` (checked above: the target type,
+            // inferred, is vk-mem's private one): `repr(C)` flags, a null pool (the default pools), the two per-pass
+            // limits (0: none), a null break callback and its null user data. VMA reads it during the call.
+            let context = unsafe { self.allocator.begin_defragmentation(&*std::ptr::from_ref(&info).cast()) }
+                .map_err(|result| failure("vmaBeginDefragmentation", result))?;
+            while context.begin_pass(|moves| pass.run(&self.allocator, book, moves, &self.callbacks)) {}
+            context.end();
+        }
+        self.apply_memory_calls(book);
+        self.transfer = Some(pass.transfer);
+        self.copy_nanos += pass.nanos;
+        if let Some(error) = pass.failure {
+            return Err(error);
+        }
+        // Each moved allocation, now where VMA put it: a new handle in the same slot.
+        let mut moves = Vec::with_capacity(pass.moved.len());
+        for (key, from) in pass.moved {
+            let Some(inner) = book.live(from.allocation()).copied() else { continue };
+            debug_assert_eq!(raw(inner), key);
+            let info = self.allocator.get_allocation_info(&inner);
+            let Some(block_base) = book.block(info.device_memory).map(|block| block.base_address) else {
+                return Err(Error::Source("VMA moved an allocation to memory its callbacks never reported".into()));
+            };
+            let allocation = book.relocate(from.allocation(), info.offset)?;
+            moves.push((from, ExternalHandle::new(allocation, block_base)));
+        }
+        Ok(moves)
+    }
+
+    fn copy_nanos(&self) -> u64 {
+        self.copy_nanos
     }
 
     fn free_all(&mut self, book: &mut ExternalBook<vk_mem::Allocation>, live: Vec<vk_mem::Allocation>) {

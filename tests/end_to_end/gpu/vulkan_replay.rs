@@ -357,3 +357,34 @@ fn paged_compacts_on_the_device_by_rebinding_pages() {
     let too_large = on_device(&["replay", path, "--policy", "paged", "--virtual-size", "1TiB"]).unwrap();
     assert!(stderr(&too_large).contains("the device's sparse buffers hold at most"), "{}", stderr(&too_large));
 }
+
+/// VMA's own defragmentation beside heapscope's compaction, same run, same device: 48 allocations of 5 MiB under a
+/// 256 MiB budget, every other one freed, then 100 MiB. Both refuse it for fragmentation and compact on the refusal:
+/// VMA (`vmaBeginDefragmentation`, full) moves allocations with copies on the device and frees blocks it emptied;
+/// `tlsf`'s compaction serves the request.
+#[test]
+fn vma_defragments_beside_heapscope_compaction() {
+    let dir = crate::common::temp_dir("vma-defrag");
+    let file = dir.join("holes.csv");
+    let mut csv = String::from("# 48 x 5 MiB, every other one freed, then 100 MiB\n");
+    for id in 0..48 {
+        csv.push_str(&format!("a,{id},{}\n", 5 * MIB));
+    }
+    for id in (1..48).step_by(2) {
+        csv.push_str(&format!("f,{id}\n"));
+    }
+    csv.push_str(&format!("a,48,{}\n", 100 * MIB));
+    std::fs::write(&file, csv).unwrap();
+    let path = file.to_str().unwrap();
+    let args = ["replay", path, "--capacity", "256MiB", "--policy", "vma", "--policy", "tlsf", "--compact", "on-oom", "--json"];
+    let Some(output) = on_device(&args) else { return };
+    assert!(output.status.success(), "{}", stderr(&output));
+    let rows = lines(&output);
+    let (vma, tlsf) = (&rows[0], &rows[1]);
+    assert_eq!(vma["first_oom"]["verdict"].as_str(), Some("fragmentation"), "{vma}");
+    let defrag = &vma["compaction"];
+    assert!(defrag["moves"].as_u64() > Some(0) && defrag["bytes_moved"].as_u64() > Some(0), "{vma}");
+    assert!(defrag["device_copy_ns"].as_u64() > Some(0), "{vma}");
+    assert_eq!((tlsf["ooms"].as_u64(), tlsf["compaction"]["ooms_avoided"].as_u64()), (Some(0), Some(1)), "{tlsf}");
+    std::fs::remove_dir_all(dir).ok();
+}
