@@ -96,6 +96,10 @@ pub struct BenchArgs {
     /// Page size of `paged`.
     #[arg(long, value_name = "SIZE", default_value = "64KiB", value_parser = parse_size)]
     pub page_size: u64,
+    /// Virtual range of `paged` (default: four times the budget, 1 GiB without one; on a Vulkan device at most its
+    /// sparse address space). A bounded range can fragment: `--compact` then remaps pages.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub virtual_size: Option<u64>,
     /// PyTorch allocator settings for the pytorch contenders, in PYTORCH_CUDA_ALLOC_CONF syntax.
     #[arg(long, value_name = "STR")]
     pub alloc_conf: Option<String>,
@@ -214,6 +218,12 @@ impl BenchArgs {
         let mut settings = BenchSettings::new(budget);
         settings.heap = self.heap.heap_config(PolicyKind::Tlsf);
         settings.page_bytes = self.page_size;
+        if let Some(virtual_bytes) = self.virtual_size {
+            if virtual_bytes < self.page_size {
+                bail!("--virtual-size {}: smaller than one page ({})", Bytes(virtual_bytes), Bytes(self.page_size));
+            }
+            settings.virtual_bytes = virtual_bytes;
+        }
         settings.compact = self.compact;
         if let Some(overrides) = &self.alloc_conf {
             settings.alloc_conf.parse_overrides(overrides).map_err(|error| anyhow::anyhow!("--alloc-conf: {error}"))?;

@@ -274,21 +274,38 @@ impl Target for VulkanTarget {
         }
     }
 
-    /// A heap of blocks compacts, its source copying the moves between device blocks; `paged` and `pytorch` move
-    /// nothing.
+    /// A heap of blocks compacts, its source copying the moves between device blocks; `paged` remaps the moved
+    /// allocations' pages in its sparse buffer (nothing copied); `pytorch` moves nothing.
     fn compact(&mut self, live: &[(VulkanHandle, u64)], for_refused: bool) -> Result<Vec<(usize, VulkanHandle)>, TargetError> {
-        let Backend::Heap(heap) = &mut self.backend else { return Ok(Vec::new()) };
-        let listed: Vec<(HeapAllocation, u64)> = live
-            .iter()
-            .filter_map(|&(handle, size_bytes)| match handle {
-                VulkanHandle::Heap(allocation) => Some((allocation, size_bytes)),
-                _ => None,
-            })
-            .collect();
-        if listed.len() != live.len() {
-            return Err(TargetError::Failed("a handle of another heap among a heap's live allocations".to_owned()));
+        let mixed = || TargetError::Failed("a handle of another heap among a heap's live allocations".to_owned());
+        match &mut self.backend {
+            Backend::Heap(heap) => {
+                let listed: Vec<(HeapAllocation, u64)> = live
+                    .iter()
+                    .map(|&(handle, size_bytes)| match handle {
+                        VulkanHandle::Heap(allocation) => Ok((allocation, size_bytes)),
+                        _ => Err(mixed()),
+                    })
+                    .collect::<Result<_, _>>()?;
+                let moves = compact_heap(heap, &listed, self.align_bytes, for_refused)?;
+                Ok(moves.into_iter().map(|(index, to)| (index, VulkanHandle::Heap(to))).collect())
+            }
+            Backend::Paged(heap) => {
+                let listed: Vec<(Allocation, u64)> = live
+                    .iter()
+                    .map(|&(handle, size_bytes)| match handle {
+                        VulkanHandle::Paged(allocation) => Ok((allocation, size_bytes)),
+                        _ => Err(mixed()),
+                    })
+                    .collect::<Result<_, _>>()?;
+                let moves = compact_heap(heap, &listed, self.align_bytes, for_refused)?;
+                Ok(moves.into_iter().map(|(index, to)| (index, VulkanHandle::Paged(to))).collect())
+            }
+            Backend::Pytorch(_) => Ok(Vec::new()),
         }
-        let moves = compact_heap(heap, &listed, self.align_bytes, for_refused)?;
-        Ok(moves.into_iter().map(|(index, to)| (index, VulkanHandle::Heap(to))).collect())
+    }
+
+    fn moves_by_remap(&self) -> bool {
+        matches!(self.backend, Backend::Paged(_))
     }
 }

@@ -89,7 +89,7 @@ pub fn run_simulated(workload: &Workload, policy: Contender, settings: &BenchSet
         }
         Contender::Paged => {
             let heap = PagedHeap::new(settings.paged_config()).map_err(invalid)?;
-            run(workload, &mut SimTarget::new(heap, align))
+            run(workload, &mut SimTarget::new(heap, align).compacting(settings.compact))
         }
         Contender::Pytorch { expandable } => {
             let conf = settings.caching_conf(expandable);

@@ -537,7 +537,11 @@ impl<T: Target> DriverTarget for KernelDriver<'_, T> {
             }
             if let Some(compaction) = &mut self.report.compaction {
                 compaction.moves += 1;
-                compaction.bytes_moved += request.size_bytes();
+                if self.target.moves_by_remap() {
+                    compaction.bytes_remapped += request.size_bytes();
+                } else {
+                    compaction.bytes_moved += request.size_bytes();
+                }
             }
             moved.push((index, placed));
         }

@@ -92,6 +92,11 @@ pub trait Target {
         let _ = (live, for_refused);
         Ok(Vec::new())
     }
+
+    /// Whether its moves remap pages (nothing copied) rather than copy bytes. Default: copies.
+    fn moves_by_remap(&self) -> bool {
+        false
+    }
 }
 
 /// Compacts `heap` (a [`DeviceHeap`] whose requests were `size` aligned to `align_bytes`): the moves of
@@ -168,5 +173,9 @@ impl<H: DeviceHeap> Target for SimTarget<H> {
 
     fn compact(&mut self, live: &[(H::Handle, u64)], for_refused: bool) -> Result<Vec<(usize, H::Handle)>, TargetError> {
         compact_heap(&mut self.heap, live, self.align_bytes, for_refused)
+    }
+
+    fn moves_by_remap(&self) -> bool {
+        self.heap.moves_by_remap()
     }
 }

@@ -310,3 +310,44 @@ fn bad_bench_input_is_refused() {
         assert!(!stderr(&output).contains("panicked"), "{args:?}: {}", stderr(&output));
     }
 }
+
+/// `paged` compacts in the bench by remapping: churn under 72 MiB in a virtual range of 70 MiB refuses requests for
+/// fragmentation of the range without compacting; with `--compact on-oom` the sparse buffer's pages are rebound (0 bytes
+/// copied), every refusal is served, the kernels find every moved allocation intact, and `--backend sim` makes the
+/// same moves.
+#[test]
+fn paged_compacts_churn_by_remapping_with_every_moved_allocation_verified() {
+    let args = [
+        "bench",
+        "--workload",
+        "churn",
+        "--steps",
+        "600",
+        "--policy",
+        "paged",
+        "--budget",
+        "72MiB",
+        "--virtual-size",
+        "70MiB",
+        "--json",
+    ];
+    let without = json_lines(&heapscope(&args));
+    let device = json_lines(&heapscope(&[&args[..], &["--compact", "on-oom"]].concat()));
+    let sim = json_lines(&heapscope(&[&args[..], &["--compact", "on-oom", "--backend", "sim"]].concat()));
+    let backend = device[0]["backend"].as_str().unwrap();
+    assert!(backend == "vulkan" || !gpu_required(), "HEAPSCOPE_REQUIRE_GPU=1 but the bench ran on {backend}");
+    let (before, after, simulated) = (by_policy(&without, "paged"), by_policy(&device, "paged"), by_policy(&sim, "paged"));
+    check_line(after);
+    assert!(before["ooms"].as_u64() > Some(0), "the range fragments without compacting: {before}");
+    assert_eq!(before["first_oom"]["verdict"].as_str(), Some("fragmentation"), "{before}");
+    let compaction = &after["compaction"];
+    assert_eq!(after["ooms"], 0, "{after}");
+    assert_eq!(compaction["bytes_moved"].as_u64(), Some(0), "nothing copied: {after}");
+    assert!(compaction["bytes_remapped"].as_u64() > Some(0) && compaction["ooms_avoided"].as_u64() > Some(0), "{after}");
+    for key in ["moves", "bytes_remapped", "ooms_avoided"] {
+        assert_eq!(compaction[key], simulated["compaction"][key], "the device makes the simulation's moves");
+    }
+    if backend == "vulkan" {
+        assert_eq!(after["kernels_ran"], true, "{after}");
+    }
+}
