@@ -16,6 +16,7 @@ mod options;
 mod probe;
 mod progress;
 mod replay;
+mod top;
 
 use std::process::ExitCode;
 
@@ -43,6 +44,9 @@ enum Command {
     Advise(advise::AdviseArgs),
     /// Print a replay's statistics in the layout of PyTorch's `torch.cuda.memory_summary()`.
     Summary(export::SummaryArgs),
+    /// What holds the memory at the peak (or an out-of-memory entry, or any entry): the live allocations grouped by
+    /// the code that made them.
+    Top(top::TopArgs),
     /// Write a replay as a PyTorch memory snapshot, for PyTorch's memory_viz.
     Export(export::ExportArgs),
     /// Convert a recording to heapscope's native trace format.
@@ -76,6 +80,7 @@ fn main() -> ExitCode {
         Command::Compare(args) => compare::run(&args),
         Command::Advise(args) => advise::run(&args),
         Command::Summary(args) => export::run_summary(&args),
+        Command::Top(args) => top::run(&args),
         Command::Export(args) => export::run_export(&args),
         Command::Convert(args) => convert::run(&args),
         Command::Probe(args) => probe::run(&args),

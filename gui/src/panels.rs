@@ -99,6 +99,10 @@ pub fn why_it_failed(ui: &mut Ui, session: &Session, focused: usize, shown_steps
     let (headline, advice) = verdict_words(refusal, too_small);
     ui.label(RichText::new(headline).strong().color(Color32::from_rgb(240, 120, 110)));
     ui.label(advice);
+    let asked_from = session.entry_frames(shown_steps - 1).lines("The request came from", 12);
+    if !asked_from.is_empty() {
+        ui.label(RichText::new(asked_from.trim_start()).small());
+    }
     let survivors: Vec<&str> = session
         .panes
         .iter()

@@ -140,16 +140,7 @@ fn describe_span(session: &Session, region: u64, span: &Span, shown_steps: u64) 
             shown_steps.saturating_sub(span.born)
         )),
     }
-    let frames = session.frames(span.slot);
-    if !frames.is_empty() {
-        text.push_str("\nstack:");
-        for frame in frames.iter().take(8) {
-            text.push_str(&format!("\n  {frame}"));
-        }
-        if frames.len() > 8 {
-            text.push_str(&format!("\n  ... {} more", frames.len() - 8));
-        }
-    }
+    text.push_str(&session.frames(span.slot).lines("stack", 16));
     text
 }
 

@@ -1,5 +1,6 @@
 //! The timeline plot (egui_plot): reserved (solid) and live (dashed) bytes of every pane in the pane's colour,
-//! in the unit the data needs (B, KiB, MiB or GiB), fragmentation below, markers where a request was refused,
+//! in the unit the data needs (B, KiB, MiB or GiB, labelled ticks at 1, 2 or 5 times a power of ten whatever the
+//! magnitude), fragmentation below (defined in the legend row), markers where a request was refused,
 //! and the current position; clicking or dragging on it seeks. The legend (pane names in their colours) is a
 //! row above the plot, so that it covers no data and a click on it does not seek. Every series starts at
 //! step 0 with nothing, so a one-event trace still draws a line.
@@ -31,6 +32,27 @@ pub struct Series {
 pub fn byte_unit(max_bytes: f64) -> (&'static str, f64) {
     const UNITS: [(&str, f64); 4] = [("GiB", 1_073_741_824.0), ("MiB", 1_048_576.0), ("KiB", 1024.0), ("B", 1.0)];
     UNITS.into_iter().find(|&(_, size)| max_bytes >= size).unwrap_or(UNITS[3])
+}
+
+/// The smallest of 1, 2 and 5 times a power of ten that is at least `value` (positive).
+fn nice_step(value: f64) -> f64 {
+    let power = 10f64.powf(value.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|factor| factor * power)
+        .find(|&step| step >= value * (1.0 - 1e-9))
+        .unwrap_or(10.0 * power)
+}
+
+/// Grid steps for the bytes axis: fine lines at the plot's smallest step, and labelled ones (1, 2 or 5 times a power
+/// of ten) dividing the visible range into at most four, so that a few ticks carry numbers whatever the magnitude
+/// (with powers of ten alone, 58 GiB on a short plot left only the "0" tick labelled).
+fn labelled_steps(input: &egui_plot::GridInput) -> [f64; 3] {
+    let span = (input.bounds.1 - input.bounds.0).abs();
+    let fine = nice_step(input.base_step_size.max(f64::MIN_POSITIVE));
+    let labelled = nice_step((span / 4.0).max(fine));
+    let middle = nice_step((labelled / 2.0).max(fine));
+    [fine, middle.max(fine), labelled]
 }
 
 /// `points` with y divided by `unit`.
@@ -111,7 +133,12 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
         legend.append(&format!("{name}   "), 0.0, egui::TextFormat::simple(font.clone(), colour));
     }
     let weak = ui.visuals().weak_text_color();
-    legend.append("(solid: reserved, dashed: live, red cross: refused)", 0.0, egui::TextFormat::simple(font, weak));
+    legend.append(
+        "(solid: reserved, dashed: live, red cross: refused; frag.: the share of free bytes outside the largest free run, \
+         0 none to 1 all)",
+        0.0,
+        egui::TextFormat::simple(font, weak),
+    );
     ui.label(legend);
     let link = ui.scope_id().with("timeline");
     let mut seek = None;
@@ -132,6 +159,7 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
         .include_x(x_of(0))
         .include_x(x_of(steps))
         .link_axis(link, [true, false])
+        .y_grid_spacer(egui_plot::uniform_grid_spacer(|input| labelled_steps(&input)))
         .y_axis_label(unit_name)
         .show(ui, |plot| {
             for (index, (name, series)) in series.iter().enumerate() {
@@ -187,6 +215,20 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
 mod tests {
     use super::*;
     use heapscope_lab::timeline::{Change, Refusal, RegionKind, Span};
+
+    #[test]
+    fn labelled_steps_divide_any_magnitude_into_a_few_ticks() {
+        for (value, step) in [(1.0, 1.0), (1.1, 2.0), (3.0, 5.0), (7.0, 10.0), (15.0, 20.0), (0.03, 0.05), (250.0, 500.0)] {
+            assert!((nice_step(value) - step).abs() < 1e-12, "{value}: {}", nice_step(value));
+        }
+        // (range shown in GiB, the labelled step): 58 and 78 GiB get ticks every 20, 13 GiB every 5.
+        for (top, labelled) in [(60.9, 20.0), (81.9, 50.0), (13.7, 5.0), (0.9, 0.5), (3.5, 1.0)] {
+            let steps = labelled_steps(&egui_plot::GridInput { bounds: (0.0, top), base_step_size: top / 200.0 });
+            assert!((steps[2] - labelled).abs() < 1e-12, "{top}: {steps:?}");
+            assert!(steps[0] <= steps[1] && steps[1] <= steps[2], "{steps:?}");
+            assert!(top / steps[2] >= 1.0 && top / steps[2] <= 4.0 + 1e-9, "{top}: between 1 and 4 labelled ticks");
+        }
+    }
 
     #[test]
     fn long_timelines_are_reduced_keeping_peaks() {

@@ -417,15 +417,56 @@ impl Session {
         Ok(())
     }
 
-    /// The stack frames of the allocation in `slot`, innermost first, as `function (file:line)`.
-    pub fn frames(&self, slot: u32) -> Vec<String> {
-        let stack = self.slots.get(slot as usize).map_or(0, |slot| slot.stack) as usize;
-        let Some(snapshot) = &self.recording.snapshot else { return Vec::new() };
-        snapshot
-            .frame_stacks
-            .get(stack)
-            .map(|frames| frames.iter().map(|frame| format!("{} ({}:{})", frame.name, frame.filename, frame.line)).collect())
-            .unwrap_or_default()
+    /// The stack frames of the allocation in `slot`, innermost first, as `function (file:line)`, folded as
+    /// memory_viz folds them ([`heapscope_pytorch::frames`]), and how many frames the fold dropped.
+    pub fn frames(&self, slot: u32) -> Folded {
+        self.stack(self.slots.get(slot as usize).map_or(0, |slot| slot.stack))
+    }
+
+    /// The folded stack frames of the request of entry `entry` (a refused one's own stack, at an `oom` entry).
+    pub fn entry_frames(&self, entry: u64) -> Folded {
+        let entries = self.recording.snapshot.as_ref().and_then(|snapshot| snapshot.device_traces.get(self.recording.device));
+        let stack = entries.and_then(|entries| entries.get(usize::try_from(entry).ok()?)).map_or(0, |entry| entry.frames.0);
+        self.stack(stack)
+    }
+
+    /// The frame list `stack` of the snapshot, folded.
+    fn stack(&self, stack: u32) -> Folded {
+        let Some(frames) = self.recording.snapshot.as_ref().and_then(|snapshot| snapshot.frame_stacks.get(stack as usize)) else {
+            return Folded::default();
+        };
+        let kept: Vec<String> = heapscope_pytorch::frames::folded(frames).map(heapscope_pytorch::frames::describe).collect();
+        Folded { dropped: frames.len() - kept.len(), frames: kept }
+    }
+}
+
+/// Stack frames as shown: the kept ones, innermost first, and how many allocator, unwinder and interpreter frames
+/// were folded away.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Folded {
+    /// `function (file:line)`, innermost first.
+    pub frames: Vec<String>,
+    /// Frames dropped by the fold.
+    pub dropped: usize,
+}
+
+impl Folded {
+    /// The frames as text lines under `title`, at most `limit` of them, then what was left out; empty without frames.
+    pub fn lines(&self, title: &str, limit: usize) -> String {
+        if self.frames.is_empty() && self.dropped == 0 {
+            return String::new();
+        }
+        let mut text = format!("\n{title}:");
+        for frame in self.frames.iter().take(limit) {
+            text.push_str(&format!("\n  {frame}"));
+        }
+        if self.frames.len() > limit {
+            text.push_str(&format!("\n  ... {} more", self.frames.len() - limit));
+        }
+        if self.dropped > 0 {
+            text.push_str(&format!("\n  ({} allocator and interpreter frames folded)", self.dropped));
+        }
+        text
     }
 }
 
@@ -557,7 +598,20 @@ mod tests {
         let session = Session::story_named("frag_oom", &[Contender::Paged]).unwrap();
         assert_eq!(session.slots[0], SlotInfo { alloc_step: 0, free_step: Some(20), stack: 0 });
         assert_eq!(session.slots[40], SlotInfo { alloc_step: 60, free_step: None, stack: 0 });
-        assert!(session.frames(0).is_empty(), "a story records no frames");
+        assert!(session.frames(0).frames.is_empty(), "a story records no frames");
+    }
+
+    #[test]
+    fn folded_frames_read_as_lines_saying_what_was_left_out() {
+        let folded = Folded { frames: (0..3).map(|i| format!("f{i} (m.py:{i})")).collect(), dropped: 5 };
+        let cases = [
+            (10, "\nstack:\n  f0 (m.py:0)\n  f1 (m.py:1)\n  f2 (m.py:2)\n  (5 allocator and interpreter frames folded)"),
+            (1, "\nstack:\n  f0 (m.py:0)\n  ... 2 more\n  (5 allocator and interpreter frames folded)"),
+        ];
+        for (limit, expected) in cases {
+            assert_eq!(folded.lines("stack", limit), expected, "limit {limit}");
+        }
+        assert_eq!(Folded::default().lines("stack", 4), "", "no frames, no lines");
     }
 
     /// The real GPT-2 snapshot through the four side-by-side contenders: every pane replays it, frames are
@@ -620,8 +674,8 @@ mod tests {
         let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
         let session = Session::new(recording, CompareConfig::default(), &[Contender::Pytorch { expandable: false }]).unwrap();
         assert_eq!(session.groups, [1, 2], "colour groups by stack");
-        assert_eq!(session.frames(0), ["forward (model.py:10)", "main (model.py:3)"]);
-        assert_eq!(session.frames(1), ["backward (model.py:20)"]);
+        assert_eq!(session.frames(0).frames, ["forward (model.py:10)", "main (model.py:3)"]);
+        assert_eq!(session.frames(1).frames, ["backward (model.py:20)"]);
         assert_eq!(session.slots[0], SlotInfo { alloc_step: 0, free_step: Some(2), stack: 1 });
     }
 

@@ -18,7 +18,8 @@
 //! - [`compare`] sums each contender's replay up in one [`compare::Outcome`] ([`outcome::Outcome`]: ran, with its
 //!   [`compare::Figures`], or not run, with why — the shape `bench` uses for its runs too) and says who would have survived an out-of-memory error; [`timeline`] keeps a replay step by step
 //!   for seeking and explaining; [`export`] writes replays in other tools' forms (PyTorch snapshots, VMA's JSON);
-//!   [`story`] holds the built-in teaching traces.
+//!   [`story`] holds the built-in teaching traces; [`top`] says what holds the memory at a moment (the live
+//!   allocations grouped by the code that made them).
 //! - [`advise`] answers "what do I set?": the recording replayed through PyTorch's emulation under a grid of
 //!   `PYTORCH_CUDA_ALLOC_CONF` settings (and `paged` for reference), each with its figures on the device the recording
 //!   tells, the estimated time of its driver calls ([`cuda_cost`]) and the smallest capacity it needs, ranked.
@@ -38,3 +39,4 @@ pub mod outcome;
 pub mod recording;
 pub mod story;
 pub mod timeline;
+pub mod top;

@@ -8,12 +8,14 @@
 //!   same as a `DeviceHeap`) and [`emulate`], which replays a trace and measures how exactly it reproduces
 //!   PyTorch's recorded decisions.
 //! - [`memory_stats`]: `torch.cuda.memory_stats()` counters and the `memory_summary()` table.
+//! - [`frames`]: which stack frames say where memory was allocated (memory_viz's frame filter, the user frame).
 //!
 //! What a heap or paged contender would have recorded, for export, is the lab's (`heapscope-lab`'s `export`).
 
 pub mod alloc_conf;
 pub mod caching;
 pub mod export;
+pub mod frames;
 pub mod import;
 pub mod memory_stats;
 mod pickle_int;

@@ -202,6 +202,26 @@ fn the_oom_panel_says_why_in_plain_words() {
     assert_eq!(refusal.cause, OomCause::Fragmentation);
 }
 
+/// A real recording with stacks: at the refused request, the panel names the code that asked for it (the request's
+/// own frames, not the last allocation's).
+#[test]
+fn the_oom_panel_names_the_refused_requests_own_stack() {
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/frag_oom-default.pickle.gz");
+    drop_file(&mut harness, path);
+    wait_for_open(&mut harness);
+    harness.key_press(Key::O);
+    harness.run_steps(2);
+    assert_eq!(harness.state().playback.shown_steps(), 101, "O jumps to the refused 1 GiB request at entry 100");
+    assert!(
+        harness
+            .query_by_label_contains("The request came from:\n  wl_frag_oom (capture.py:88)\n  <module> (capture.py:166)")
+            .is_some(),
+        "the refused request's own frames"
+    );
+}
+
 #[test]
 fn the_oom_panel_follows_the_pane_clicked_not_the_pointer() {
     let clock = ManualClock::default();

@@ -393,6 +393,37 @@ fn paged_compacts_by_remapping_its_pages() {
     assert!(stderr(&tiny).contains("--virtual-size 4.00 KiB: smaller than one page (2.00 MiB)"), "{}", stderr(&tiny));
 }
 
+/// `heapscope top`: what holds the memory. frag_oom's peak is twenty allocations from one line of the capture script;
+/// at the out-of-memory entry, 1.95 GiB are live from another line and the refused 1 GiB request names its own frames.
+/// A recording that refused nothing has no `--at oom`.
+#[test]
+fn top_says_what_holds_the_memory() {
+    let file = snapshot("frag_oom-default");
+    let path = file.to_str().unwrap();
+    let oom = json_lines(&heapscope(&["top", path, "--at", "oom", "--json"])).remove(0);
+    assert_eq!(
+        (oom["at"].as_str(), oom["event_index"].as_u64(), oom["moment"].as_str()),
+        (Some("oom"), Some(99), Some("entry 99"))
+    );
+    assert_eq!((oom["live_bytes"].as_u64(), oom["live_count"].as_u64()), (Some(2000 << 20), Some(20)), "{oom}");
+    let row = &oom["rows"][0];
+    assert_eq!((row["bytes"].as_u64(), row["count"].as_u64(), row["share"].as_f64()), (Some(2000 << 20), Some(20), Some(1.0)));
+    assert_eq!(row["frames"][0].as_str(), Some("wl_frag_oom (capture.py:85)"), "{oom}");
+    assert_eq!((oom["refused"]["entry"].as_u64(), oom["refused"]["bytes"].as_u64()), (Some(100), Some(1 << 30)), "{oom}");
+    assert_eq!(oom["refused"]["frames"][0].as_str(), Some("wl_frag_oom (capture.py:88)"), "{oom}");
+    let table = stdout(&heapscope(&["top", path]));
+    assert!(table.starts_with(&format!("{path}: 2.93 GiB live at the peak (entry 39), in 20 allocations")), "{table}");
+    assert!(table.contains("    2.93 GiB      20 100.0%  wl_frag_oom (capture.py:83)"), "{table}");
+    let full = json_lines(&heapscope(&["top", path, "--at", "39", "--full-stack", "--json"])).remove(0);
+    assert_eq!(full["grouping"].as_str(), Some("full_stack"));
+    assert_eq!(full["rows"][0]["frames"], serde_json::json!(["wl_frag_oom (capture.py:83)", "<module> (capture.py:166)"]));
+    let gpt2 = snapshot("gpt2_train_fixed-default");
+    let refused = heapscope(&["top", gpt2.to_str().unwrap(), "--at", "oom"]);
+    assert!(stderr(&refused).contains("has no out-of-memory entry: nothing was refused"), "{}", stderr(&refused));
+    let bad = heapscope(&["top", path, "--at", "later"]);
+    assert!(stderr(&bad).contains("\"later\" is no moment: expected `peak`, `oom`"), "{}", stderr(&bad));
+}
+
 #[test]
 fn compare_says_why_in_one_sentence() {
     let output = heapscope(&["compare", snapshot("frag_oom-default").to_str().unwrap(), "--capacity", "3584MiB"]);

@@ -1,0 +1,357 @@
+//! What holds the memory at a moment: the live allocations of a recording grouped by where they were allocated,
+//! memory_viz's first question ("what is live at the peak?") answered for any moment, as plain data.
+//!
+//! The live set is the recording's own (what the program asked for and had not freed), the same for every
+//! contender: entry by entry, from the start state ([`Recording::start_events`]) on. A moment is an entry (the
+//! state once it is done), the start, the peak (the first moment the live bytes are highest), or the first
+//! out-of-memory entry (the state when its request was refused, and that request's own stack, [`Top::refused`]).
+//!
+//! Each allocation is attributed to its stack frames (a PyTorch snapshot's `frames`; an allocation live at the start
+//! takes its block's frames from the final segments), folded as memory_viz folds them
+//! ([`heapscope_pytorch::frames`]), and grouped by its innermost user frame ([`Grouping::UserFrame`], the default)
+//! or by its whole folded stack ([`Grouping::FullStack`]). Rows come out by bytes, then count, largest first;
+//! allocations with no frame recorded form one row with no frames.
+
+use std::collections::HashMap;
+
+use heapscope_core::trace::Event;
+use heapscope_pytorch::frames::{describe, folded, user_frame};
+use heapscope_pytorch::{Action, Snapshot, StackId};
+
+use crate::recording::{Moment, Recording};
+
+/// Which moment to look at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopAt {
+    /// A moment of the recording (`start`, or once entry `N` is done).
+    Moment(Moment),
+    /// The first moment the live bytes are highest.
+    Peak,
+    /// Just before the first out-of-memory entry (its request refused).
+    Oom,
+}
+
+impl std::str::FromStr for TopAt {
+    type Err = TopError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim() {
+            "peak" => Ok(Self::Peak),
+            "oom" => Ok(Self::Oom),
+            moment => moment.parse().map(Self::Moment).map_err(|_| TopError::BadMoment { text: text.to_owned() }),
+        }
+    }
+}
+
+/// How allocations are grouped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Grouping {
+    /// By the innermost user frame (`heapscope_pytorch::frames::user_frame`).
+    #[default]
+    UserFrame,
+    /// By the whole folded stack.
+    FullStack,
+}
+
+/// One group of live allocations.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct TopRow {
+    /// Where they were allocated, innermost first, as `function (file:line)`: one frame by user frame, the folded
+    /// stack in full otherwise; empty where no frame was recorded.
+    pub frames: Vec<String>,
+    /// Their bytes (as requested).
+    pub bytes: u64,
+    /// How many.
+    pub count: u64,
+    /// Their share of the live bytes (0 to 1).
+    pub share: f64,
+}
+
+/// The request an out-of-memory entry refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Refused {
+    /// Its entry.
+    pub entry: u64,
+    /// Bytes asked for.
+    pub bytes: u64,
+    /// Its own stack, folded, innermost first.
+    pub frames: Vec<String>,
+}
+
+/// What was live at a moment, grouped. See the module docs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Top {
+    /// The moment.
+    pub moment: Moment,
+    /// Bytes live then.
+    pub live_bytes: u64,
+    /// Allocations live then.
+    pub live_count: u64,
+    /// The groups, largest first.
+    pub rows: Vec<TopRow>,
+    /// At an out-of-memory moment, the refused request.
+    pub refused: Option<Refused>,
+}
+
+/// Why a moment cannot be looked at.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopError {
+    /// A moment that does not parse.
+    #[error("{text:?} is no moment: expected `peak`, `oom`, `start` or an entry number (from 0)")]
+    BadMoment {
+        /// What was given.
+        text: String,
+    },
+    /// `--at oom` on a recording without an out-of-memory entry.
+    #[error("{recording} has no out-of-memory entry: nothing was refused")]
+    NoOom {
+        /// The recording's name.
+        recording: String,
+    },
+    /// An entry past the recording's last.
+    #[error("{recording} has {entries} entries (0 to {last}): there is no entry {entry}", last = entries.saturating_sub(1))]
+    NoSuchEntry {
+        /// The recording's name.
+        recording: String,
+        /// The entry asked for.
+        entry: u64,
+        /// How many it has.
+        entries: u64,
+    },
+}
+
+/// The stack of each allocation event of `recording` (allocation events only; [`StackId::NONE`] where none was
+/// recorded).
+fn stacks(recording: &Recording) -> Vec<StackId> {
+    let events = recording.trace.events();
+    let Some(snapshot) = &recording.snapshot else { return vec![StackId::NONE; events.len()] };
+    let entries = snapshot.device_traces.get(recording.device).map_or(&[][..], Vec::as_slice);
+    let block_frames: HashMap<u64, StackId> =
+        snapshot.segments.iter().flat_map(|segment| &segment.blocks).map(|block| (block.address, block.frames)).collect();
+    (0..events.len())
+        .map(|index| {
+            if index < recording.start_events {
+                let address = recording.start_addresses.get(index).copied().unwrap_or(u64::MAX);
+                return block_frames.get(&address).copied().unwrap_or(StackId::NONE);
+            }
+            let entry = recording.entry_index.get(index).and_then(|&entry| entries.get(usize::try_from(entry).ok()?));
+            entry.map_or(StackId::NONE, |entry| entry.frames)
+        })
+        .collect()
+}
+
+/// The first out-of-memory entry of `recording`'s device, if any.
+fn first_oom(recording: &Recording) -> Option<(u64, &heapscope_pytorch::TraceEntry)> {
+    let entries = recording.snapshot.as_ref()?.device_traces.get(recording.device)?;
+    (0..).zip(entries).find(|(_, entry)| entry.action == Action::Oom)
+}
+
+/// The frames of `stack` in `snapshot` as a row's key, by `grouping`.
+fn key(snapshot: Option<&Snapshot>, stack: StackId, grouping: Grouping) -> Vec<String> {
+    let Some(frames) = snapshot.and_then(|snapshot| snapshot.frame_stacks.get(stack.0 as usize)) else { return Vec::new() };
+    match grouping {
+        Grouping::UserFrame => user_frame(frames).map(describe).into_iter().collect(),
+        Grouping::FullStack => folded(frames).map(describe).collect(),
+    }
+}
+
+/// What was live in `recording` at `at`, grouped by `grouping`. See the module docs.
+///
+/// # Errors
+/// [`TopError::NoOom`] for [`TopAt::Oom`] on a recording that refused nothing, [`TopError::NoSuchEntry`] for an
+/// entry past its last.
+pub fn top(recording: &Recording, at: TopAt, grouping: Grouping) -> Result<Top, TopError> {
+    let events = recording.trace.events();
+    // Live bytes once each moment is done, to find the peak: moments in order, each one's events in a run.
+    let target = match at {
+        TopAt::Moment(Moment::Entry(entry)) if entry >= recording.entries => {
+            return Err(TopError::NoSuchEntry { recording: recording.name.clone(), entry, entries: recording.entries });
+        }
+        TopAt::Moment(moment) => moment,
+        TopAt::Oom => match first_oom(recording) {
+            Some((0, _)) => Moment::Start,
+            Some((entry, _)) => Moment::Entry(entry - 1),
+            None => return Err(TopError::NoOom { recording: recording.name.clone() }),
+        },
+        TopAt::Peak => peak_moment(recording),
+    };
+    let stacks = stacks(recording);
+    let mut live: HashMap<u32, (u64, StackId)> = HashMap::new();
+    for (index, event) in (0..).zip(events) {
+        if recording.moment_of(index) > target {
+            break;
+        }
+        match *event {
+            Event::Alloc { slot, size_bytes } => {
+                live.insert(slot, (size_bytes, stacks[index as usize]));
+            }
+            Event::Free { slot } => {
+                live.remove(&slot);
+            }
+        }
+    }
+    let snapshot = recording.snapshot.as_ref();
+    let live_bytes: u64 = live.values().map(|&(bytes, _)| bytes).sum();
+    // Rows keyed by the grouping's frames, each stack's key computed once.
+    let mut keys: HashMap<StackId, usize> = HashMap::new();
+    let mut rows: Vec<TopRow> = Vec::new();
+    let mut by_frames: HashMap<Vec<String>, usize> = HashMap::new();
+    for &(bytes, stack) in live.values() {
+        let row = *keys.entry(stack).or_insert_with(|| {
+            let frames = key(snapshot, stack, grouping);
+            *by_frames.entry(frames.clone()).or_insert_with(|| {
+                rows.push(TopRow { frames, bytes: 0, count: 0, share: 0.0 });
+                rows.len() - 1
+            })
+        });
+        rows[row].bytes += bytes;
+        rows[row].count += 1;
+    }
+    for row in &mut rows {
+        row.share = if live_bytes == 0 { 0.0 } else { row.bytes as f64 / live_bytes as f64 };
+    }
+    rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)).then_with(|| a.frames.cmp(&b.frames)));
+    let refused = match at {
+        TopAt::Oom => first_oom(recording).map(|(entry, oom)| Refused {
+            entry,
+            bytes: oom.size,
+            frames: key(snapshot, oom.frames, Grouping::FullStack),
+        }),
+        _ => None,
+    };
+    Ok(Top { moment: target, live_bytes, live_count: live.len() as u64, rows, refused })
+}
+
+/// The first moment the recording's live bytes are highest (the start when nothing is ever allocated after it).
+pub fn peak_moment(recording: &Recording) -> Moment {
+    let mut sizes: HashMap<u32, u64> = HashMap::new();
+    let (mut live, mut peak, mut peak_moment) = (0u64, 0u64, Moment::Start);
+    let events = recording.trace.events();
+    let mut index = 0u64;
+    while (index as usize) < events.len() {
+        let moment = recording.moment_of(index);
+        // Every event of this moment (an out-of-memory entry allocates and frees its request: no change).
+        while let Some(event) = events.get(index as usize)
+            && recording.moment_of(index) == moment
+        {
+            match *event {
+                Event::Alloc { slot, size_bytes } => {
+                    sizes.insert(slot, size_bytes);
+                    live += size_bytes;
+                }
+                Event::Free { slot } => live -= sizes.remove(&slot).unwrap_or(0),
+            }
+            index += 1;
+        }
+        if live > peak {
+            (peak, peak_moment) = (live, moment);
+        }
+    }
+    peak_moment
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use heapscope_pytorch::{Frame, TraceEntry};
+
+    fn frame(name: &str, filename: &str, line: i64) -> Frame {
+        Frame { filename: filename.into(), line, name: name.into() }
+    }
+
+    fn entry(action: Action, addr: u64, size: u64, stack: u32) -> TraceEntry {
+        TraceEntry { frames: StackId(stack), ..TraceEntry::new(action, addr, size) }
+    }
+
+    /// Four allocations from three places, one freed, then a refused request:
+    /// entry 0: A, 100 B, `forward (model.py:10)` under the unwinder's frames;
+    /// entry 1: B, 200 B, PyTorch's `linear.py` then `forward (model.py:20)`;
+    /// entry 2: C, 300 B, `forward (model.py:10)` again;
+    /// entries 3-4: A freed; entry 5: D, 50 B, `step (train.py:5)`; entry 6: 1000 B refused, from `train.py:5`.
+    fn recording() -> Recording {
+        let frame_stacks = vec![
+            Vec::new(),
+            vec![
+                frame("torch::unwind::unwind()", "??", 0),
+                frame("_PyEval_EvalFrameDefault", "Python/ceval.c", 1),
+                frame("forward", "model.py", 10),
+            ],
+            vec![frame("forward", "/site-packages/torch/nn/modules/linear.py", 125), frame("forward", "model.py", 20)],
+            vec![frame("step", "train.py", 5)],
+        ];
+        let trace = vec![
+            entry(Action::Alloc, 0x1000, 100, 1),
+            entry(Action::Alloc, 0x2000, 200, 2),
+            entry(Action::Alloc, 0x3000, 300, 1),
+            entry(Action::FreeRequested, 0x1000, 100, 1),
+            entry(Action::FreeCompleted, 0x1000, 100, 1),
+            entry(Action::Alloc, 0x4000, 50, 3),
+            entry(Action::Oom, 0, 1000, 3),
+        ];
+        let snapshot = Snapshot { segments: Vec::new(), device_traces: vec![trace], settings: None, frame_stacks };
+        Recording::from_snapshot("hand.pickle", snapshot, 0).unwrap()
+    }
+
+    fn rows(top: &Top) -> Vec<(Vec<&str>, u64, u64)> {
+        top.rows.iter().map(|row| (row.frames.iter().map(String::as_str).collect(), row.bytes, row.count)).collect()
+    }
+
+    #[test]
+    fn the_peak_grouped_by_user_frame_is_the_hand_computed_answer() {
+        let recording = recording();
+        assert_eq!(peak_moment(&recording), Moment::Entry(2), "100 + 200 + 300 once entry 2 is done");
+        let peak = top(&recording, TopAt::Peak, Grouping::UserFrame).unwrap();
+        assert_eq!((peak.moment, peak.live_bytes, peak.live_count), (Moment::Entry(2), 600, 3));
+        assert_eq!(rows(&peak), [(vec!["forward (model.py:10)"], 400, 2), (vec!["forward (model.py:20)"], 200, 1)]);
+        let shares: Vec<f64> = peak.rows.iter().map(|row| row.share).collect();
+        assert_eq!(shares, [400.0 / 600.0, 200.0 / 600.0]);
+        assert_eq!(peak.refused, None);
+    }
+
+    #[test]
+    fn the_moment_of_an_oom_says_what_was_live_and_what_was_refused() {
+        let recording = recording();
+        let oom = top(&recording, TopAt::Oom, Grouping::UserFrame).unwrap();
+        assert_eq!((oom.moment, oom.live_bytes), (Moment::Entry(5), 550));
+        assert_eq!(
+            rows(&oom),
+            [
+                (vec!["forward (model.py:10)"], 300, 1),
+                (vec!["forward (model.py:20)"], 200, 1),
+                (vec!["step (train.py:5)"], 50, 1)
+            ]
+        );
+        assert_eq!(oom.refused, Some(Refused { entry: 6, bytes: 1000, frames: vec!["step (train.py:5)".to_owned()] }));
+        // The same moment asked by its entry number, whole stacks folded (the unwinder and the eval loop gone).
+        let full = top(&recording, TopAt::Moment(Moment::Entry(5)), Grouping::FullStack).unwrap();
+        assert_eq!(full.rows[1].frames, ["forward (/site-packages/torch/nn/modules/linear.py:125)", "forward (model.py:20)"]);
+        assert_eq!(full.rows[0].frames, ["forward (model.py:10)"]);
+        let start = top(&recording, TopAt::Moment(Moment::Start), Grouping::UserFrame).unwrap();
+        assert_eq!((start.live_bytes, start.rows.len()), (0, 0));
+    }
+
+    #[test]
+    fn moments_that_do_not_exist_are_errors_naming_the_recording() {
+        let recording = recording();
+        let error = top(&recording, TopAt::Moment(Moment::Entry(7)), Grouping::UserFrame).unwrap_err();
+        assert_eq!(error.to_string(), "hand.pickle has 7 entries (0 to 6): there is no entry 7");
+        let plain = Recording::from_trace(heapscope_core::Trace::parse_csv("plain.csv", "a,0,10\n").unwrap());
+        let error = top(&plain, TopAt::Oom, Grouping::UserFrame).unwrap_err();
+        assert_eq!(error.to_string(), "plain.csv has no out-of-memory entry: nothing was refused");
+        // A trace has no frames: one row without them.
+        let at = top(&plain, TopAt::Peak, Grouping::UserFrame).unwrap();
+        assert_eq!(rows(&at), [(vec![], 10, 1)]);
+        for (text, expected) in [
+            ("peak", TopAt::Peak),
+            ("oom", TopAt::Oom),
+            ("start", TopAt::Moment(Moment::Start)),
+            ("12", TopAt::Moment(Moment::Entry(12))),
+        ] {
+            assert_eq!(text.parse::<TopAt>(), Ok(expected));
+        }
+        let error = "later".parse::<TopAt>().unwrap_err().to_string();
+        assert_eq!(error, "\"later\" is no moment: expected `peak`, `oom`, `start` or an entry number (from 0)");
+    }
+}

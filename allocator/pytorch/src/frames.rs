@@ -1,0 +1,147 @@
+//! Which stack frames say where memory was allocated, and which are the allocator's or the interpreter's own.
+//!
+//! A snapshot recorded with `_record_memory_history(stacks="all")` carries, for every allocation, the whole
+//! stack: the unwinder and the traceback gatherer, CPython's evaluation loop, PyTorch's dispatcher, then the
+//! model's Python code. Shown as they are, a hover or a table fills with the first and never reaches the last
+//! ("... 69 more"). heapscope folds them the way PyTorch's memory_viz does: a frame is *noise* when its function
+//! or file names the machinery ([`is_noise`]: the unwinder, the gatherer, the C start-up, CPython's call and eval
+//! functions, the dispatcher's boxing and registration files); [`folded`] keeps the rest, innermost first.
+//! [`user_frame`] picks the one frame to attribute memory to: the innermost kept frame of Python code outside
+//! PyTorch's own package (the model's line), else the innermost kept Python frame, else the innermost kept frame.
+
+use crate::snapshot::Frame;
+
+/// Function names (substrings) of the unwinder, the traceback gatherer, the C start-up and CPython's call
+/// machinery.
+const NOISE_FUNCTIONS: [&str; 10] = [
+    "unwind::unwind",
+    "CapturedTraceback::gather",
+    "gather_with_cpp",
+    "__libc_start_main",
+    "PyEval_",
+    "PyObject_",
+    "PyFunction_",
+    "PyVectorcall_",
+    "_PyEval",
+    "_PyObject",
+];
+
+/// File names (substrings) of the dispatcher's plumbing and CPython's interpreter sources.
+const NOISE_FILES: [&str; 11] = [
+    "core/boxing",
+    "/Register",
+    "/Redispatch",
+    "pythonrun.c",
+    "Modules/main.c",
+    "Objects/call.c",
+    "Objects/methodobject.c",
+    "pycore_ceval.h",
+    "ceval.c",
+    "cpython/abstract.h",
+    "Python/generated_cases.c.h",
+];
+
+/// Whether `frame` is the allocator's, the unwinder's or the interpreter's own (see the module docs).
+pub fn is_noise(frame: &Frame) -> bool {
+    &*frame.name == "_start"
+        || NOISE_FUNCTIONS.iter().any(|noise| frame.name.contains(noise))
+        || NOISE_FILES.iter().any(|noise| frame.filename.contains(noise))
+}
+
+/// The frames of `frames` (innermost first) that are not noise, in order.
+pub fn folded(frames: &[Frame]) -> impl Iterator<Item = &Frame> {
+    frames.iter().filter(|frame| !is_noise(frame))
+}
+
+/// Whether `frame` is Python source.
+fn is_python(frame: &Frame) -> bool {
+    frame.filename.ends_with(".py")
+}
+
+/// Whether `frame` is PyTorch's own Python (its package's files: `torch/nn/modules/linear.py`, ...).
+fn is_torch(frame: &Frame) -> bool {
+    frame.filename.contains("/torch/") || frame.filename.starts_with("torch/")
+}
+
+/// The frame to attribute an allocation to (see the module docs); `None` for no frame at all, or only noise.
+pub fn user_frame(frames: &[Frame]) -> Option<&Frame> {
+    folded(frames)
+        .find(|frame| is_python(frame) && !is_torch(frame))
+        .or_else(|| folded(frames).find(|frame| is_python(frame)))
+        .or_else(|| folded(frames).next())
+}
+
+/// `function (file:line)`, the line `?` where Python knew none.
+pub fn describe(frame: &Frame) -> String {
+    if frame.line < 0 {
+        format!("{} ({}:?)", frame.name, frame.filename)
+    } else {
+        format!("{} ({}:{})", frame.name, frame.filename, frame.line)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(name: &str, filename: &str, line: i64) -> Frame {
+        Frame { filename: filename.into(), line, name: name.into() }
+    }
+
+    /// A stack as `stacks="all"` records it, innermost first.
+    fn all_stack() -> Vec<Frame> {
+        vec![
+            frame("torch::unwind::unwind()", "??", 0),
+            frame("torch::CapturedTraceback::gather(bool, bool, bool)", "??", 0),
+            frame("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc", "??", 0),
+            frame("at::native::empty_cuda", "aten/src/ATen/native/cuda/EmptyTensor.cpp", 40),
+            frame("c10::impl::BoxedKernelWrapper", "aten/src/ATen/core/boxing/impl/WrapFunctionIntoFunctor.h", 13),
+            frame("_PyEval_EvalFrameDefault", "Python/ceval.c", 4704),
+            frame("forward", "/usr/lib/python3/site-packages/torch/nn/modules/linear.py", 125),
+            frame("PyObject_Call", "Objects/call.c", 367),
+            frame("forward", "/home/me/model.py", 42),
+            frame("train_step", "/home/me/train.py", 17),
+            frame("__libc_start_main", "??", 0),
+        ]
+    }
+
+    #[test]
+    fn noise_is_folded_and_the_models_line_is_the_user_frame() {
+        let stack = all_stack();
+        let kept: Vec<&str> = folded(&stack).map(|f| &*f.filename).collect();
+        assert_eq!(
+            kept,
+            [
+                "??",
+                "aten/src/ATen/native/cuda/EmptyTensor.cpp",
+                "/usr/lib/python3/site-packages/torch/nn/modules/linear.py",
+                "/home/me/model.py",
+                "/home/me/train.py"
+            ]
+        );
+        assert_eq!(user_frame(&stack).map(describe).as_deref(), Some("forward (/home/me/model.py:42)"));
+    }
+
+    #[test]
+    fn user_frame_falls_back_in_order() {
+        // (stack, expected user frame): PyTorch's Python when there is no other, any kept frame when there is no
+        // Python, nothing when every frame is noise.
+        let torch_only = vec![frame("PyObject_Call", "Objects/call.c", 1), frame("forward", "torch/nn/modules/linear.py", 125)];
+        let native_only = vec![frame("torch::unwind::unwind()", "??", 0), frame("at::empty", "EmptyTensor.cpp", 3)];
+        let noise_only = vec![frame("torch::unwind::unwind()", "??", 0), frame("__libc_start_main", "??", 0)];
+        let cases: [(&[Frame], Option<&str>); 4] = [
+            (&torch_only, Some("forward (torch/nn/modules/linear.py:125)")),
+            (&native_only, Some("at::empty (EmptyTensor.cpp:3)")),
+            (&noise_only, None),
+            (&[], None),
+        ];
+        for (stack, expected) in cases {
+            assert_eq!(user_frame(stack).map(describe).as_deref(), expected, "{stack:?}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_line_reads_as_a_question_mark() {
+        assert_eq!(describe(&frame("<module>", "capture.py", -1)), "<module> (capture.py:?)");
+    }
+}

@@ -1,0 +1,104 @@
+//! `heapscope top`: what holds the memory of a recording at a moment (the peak by default, an out-of-memory entry,
+//! any entry), grouped by the code that allocated it — a table, or one JSON object.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use heapscope_core::units::Bytes;
+use heapscope_lab::recording::{Moment, counted};
+use heapscope_lab::top::{Grouping, Top, TopAt, top};
+
+use crate::input;
+
+/// `heapscope top FILE [--at EVENT|peak|oom] [--full-stack] [--limit N] [--json]`.
+#[derive(Debug, Clone, Args)]
+pub struct TopArgs {
+    /// A PyTorch memory snapshot (its frames say where each allocation was made), a native or CSV trace.
+    pub file: PathBuf,
+    /// When: `peak` (the first moment the live bytes are highest), `oom` (when the first out-of-memory request was
+    /// refused), `start` or an entry number.
+    #[arg(long, value_name = "EVENT|peak|oom", default_value = "peak")]
+    pub at: TopAt,
+    /// Which device of a PyTorch snapshot (default: the one that ran out of memory, else the busiest).
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
+    /// Group by the whole stack (allocator and interpreter frames folded) instead of the innermost user frame.
+    #[arg(long)]
+    pub full_stack: bool,
+    /// Rows of the table (every row with `--json`).
+    #[arg(long, value_name = "N", default_value = "20")]
+    pub limit: usize,
+    /// One JSON object: `moment`, `event_index`, `live_bytes`, `live_count`, `grouping`, `rows` (`frames`, `bytes`,
+    /// `count`, `share`) and `refused`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `heapscope top`.
+pub fn run(args: &TopArgs) -> Result<()> {
+    let recording = input::open_device(&args.file, args.device)?;
+    let grouping = if args.full_stack { Grouping::FullStack } else { Grouping::UserFrame };
+    let found = top(&recording, args.at, grouping)?;
+    if args.json {
+        outln!("{}", json(&found, args.at, grouping));
+        return Ok(());
+    }
+    let when = match args.at {
+        TopAt::Peak => format!("at the peak ({})", found.moment),
+        TopAt::Oom => format!("when the request was refused ({})", found.moment),
+        TopAt::Moment(moment) => format!("at {moment}"),
+    };
+    outln!(
+        "{}: {} live {when}, in {}",
+        recording.shown_name(),
+        Bytes(found.live_bytes),
+        counted(found.live_count, "allocation", "allocations")
+    );
+    if let Some(refused) = &found.refused {
+        outln!("refused at entry {}: {}, from {}", refused.entry, Bytes(refused.bytes), where_from(&refused.frames));
+        for frame in refused.frames.iter().skip(1) {
+            outln!("{:>42}{frame}", "");
+        }
+    }
+    if found.rows.is_empty() {
+        return Ok(());
+    }
+    let header = if args.full_stack { "where (the stack, innermost first)" } else { "where (the innermost user frame)" };
+    outln!("{:>12} {:>7} {:>6}  {header}", "bytes", "count", "share");
+    for row in found.rows.iter().take(args.limit) {
+        outln!("{:>12} {:>7} {:>5.1}%  {}", Bytes(row.bytes).to_string(), row.count, row.share * 100.0, where_from(&row.frames));
+        for frame in row.frames.iter().skip(1) {
+            outln!("{:>30}{frame}", "");
+        }
+    }
+    if found.rows.len() > args.limit {
+        let rest = &found.rows[args.limit..];
+        let bytes: u64 = rest.iter().map(|row| row.bytes).sum();
+        outln!("{:>12} ... {} more ({})", "", counted(rest.len() as u64, "group", "groups"), Bytes(bytes));
+    }
+    Ok(())
+}
+
+/// The first frame, or why there is none.
+fn where_from(frames: &[String]) -> &str {
+    frames.first().map_or("(no stack recorded)", String::as_str)
+}
+
+/// `found` as the JSON object of `--json`.
+fn json(found: &Top, at: TopAt, grouping: Grouping) -> serde_json::Value {
+    let event_index = match found.moment {
+        Moment::Start => None,
+        Moment::Entry(entry) => Some(entry),
+    };
+    serde_json::json!({
+        "at": match at { TopAt::Peak => "peak", TopAt::Oom => "oom", TopAt::Moment(_) => "moment" },
+        "moment": found.moment.to_string(),
+        "event_index": event_index,
+        "live_bytes": found.live_bytes,
+        "live_count": found.live_count,
+        "grouping": match grouping { Grouping::UserFrame => "user_frame", Grouping::FullStack => "full_stack" },
+        "rows": found.rows,
+        "refused": found.refused,
+    })
+}
