@@ -15,6 +15,7 @@ use egui::{Color32, Key, Modifiers, RichText, Ui};
 use heapscope_lab::contender::Contender;
 use heapscope_lab::recording::Moment;
 use heapscope_lab::timeline::explain::explain;
+use heapscope_lab::top::{Grouping, Top, TopAt, top};
 use heapscope_vulkan::{ContextOptions, VulkanContext};
 
 use crate::advice::AdviceRun;
@@ -45,6 +46,10 @@ pub struct HeapscopeApp {
     pub colour_by: ColourBy,
     /// Whether the "Teach me" panel shows.
     pub teach: bool,
+    /// Whether the "What holds it" panel shows.
+    pub holders: bool,
+    /// What it shows: the live allocations grouped by stack at the moment shown (computed when the moment changes).
+    holders_at: Option<(String, Moment, Top)>,
     /// The "Advice" panel's run, while the panel shows (started when it opens, for the session shown).
     pub advice: Option<AdviceRun>,
     /// The pane "Why it failed", "Next OOM" and the `O` key follow: the one clicked last (its name or its map)
@@ -83,6 +88,22 @@ impl Default for HeapscopeApp {
 }
 
 impl HeapscopeApp {
+    /// Computes what the "What holds it" panel shows at `shown` steps, unless it already shows that moment of the
+    /// recording open.
+    fn update_holders(&mut self, shown: u64) {
+        let Some(session) = &self.session else {
+            self.holders_at = None;
+            return;
+        };
+        let moment = Moment::at_position(shown);
+        let name = session.recording.shown_name();
+        if self.holders_at.as_ref().is_some_and(|(held, at, _)| *held == name && *at == moment) {
+            return;
+        }
+        self.holders_at =
+            top(&session.recording, TopAt::Moment(moment), Grouping::UserFrame).ok().map(|found| (name, moment, found));
+    }
+
     /// An app on `clock` showing the frag_oom story through PyTorch (default and expandable), TLSF and paging.
     pub fn new(clock: Box<dyn Clock>) -> Self {
         let mut app = Self {
@@ -90,6 +111,8 @@ impl HeapscopeApp {
             playback: Playback::default(),
             colour_by: ColourBy::default(),
             teach: false,
+            holders: false,
+            holders_at: None,
             advice: None,
             focused: 0,
             error: None,
@@ -578,6 +601,8 @@ impl HeapscopeApp {
             ui.toggle_value(&mut self.live.open, "Live").on_hover_text("run a workload on the GPU and watch its heap");
             ui.separator();
             ui.toggle_value(&mut self.teach, "Teach me");
+            ui.toggle_value(&mut self.holders, "What holds it")
+                .on_hover_text("the live allocations at the moment shown, grouped by the code that made them (heapscope top)");
             let can_advise = self.session.as_ref().is_some_and(|session| session.live.is_none());
             let mut advising = self.advice.is_some();
             let toggle = ui.add_enabled(can_advise, egui::Button::selectable(advising, "Advice"));
@@ -696,7 +721,11 @@ impl HeapscopeApp {
             self.advice = None;
         }
         let mut add_setting = None;
-        if self.teach || has_refusals || self.advice.is_some() {
+        if self.holders {
+            self.update_holders(shown);
+        }
+        let mut seek_to_peak = false;
+        if self.teach || has_refusals || self.advice.is_some() || self.holders {
             egui::Panel::right("side").default_size(320.0).show(ui, |ui| {
                 egui::ScrollArea::vertical().show(ui, |ui| {
                     let Some(session) = &self.session else { return };
@@ -719,6 +748,10 @@ impl HeapscopeApp {
                         add_setting = panels::advice(ui, run, session.panes.len() < crate::session::MAX_PANES).add;
                         ui.separator();
                     }
+                    if let (true, Some((_, _, top))) = (self.holders, &self.holders_at) {
+                        seek_to_peak = panels::what_holds_it(ui, top);
+                        ui.separator();
+                    }
                     if has_refusals {
                         let asked = panels::why_it_failed(ui, session, self.focused, shown);
                         if let Some(step) = asked.seek_to {
@@ -734,6 +767,9 @@ impl HeapscopeApp {
         }
         if let Some(setting) = add_setting {
             self.add_setting_pane(&setting);
+        }
+        if seek_to_peak && let Some(session) = &self.session {
+            self.playback.seek(heapscope_lab::top::peak_moment(&session.recording).position());
         }
         let animations = self.current_animations();
         let too_small = self.too_small();

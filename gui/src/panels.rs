@@ -118,6 +118,41 @@ pub fn why_it_failed(ui: &mut Ui, session: &Session, focused: usize, shown_steps
     actions
 }
 
+/// The "What holds it" panel: what is live at the moment shown, grouped by the innermost user frame, largest first
+/// (the rows of `heapscope top`); returns whether "Go to the peak" was clicked.
+pub fn what_holds_it(ui: &mut Ui, top: &heapscope_lab::top::Top) -> bool {
+    ui.heading("What holds it");
+    ui.label(format!(
+        "{} live at {}, in {} allocation(s), by the code that made them:",
+        Bytes(top.live_bytes),
+        top.moment,
+        top.live_count
+    ));
+    let peak = ui.button("Go to the peak").on_hover_text("the first moment the live bytes are highest").clicked();
+    if top.rows.is_empty() {
+        return peak;
+    }
+    egui::Grid::new("holders").striped(true).num_columns(4).show(ui, |ui| {
+        for heading in ["bytes", "count", "share", "where"] {
+            ui.label(RichText::new(heading).small().strong());
+        }
+        ui.end_row();
+        for row in top.rows.iter().take(30) {
+            ui.label(RichText::new(Bytes(row.bytes).to_string()).small());
+            ui.label(RichText::new(row.count.to_string()).small());
+            ui.label(RichText::new(format!("{:.1}%", row.share * 100.0)).small());
+            ui.label(RichText::new(row.frames.first().map_or("(no stack recorded)", String::as_str)).small());
+            ui.end_row();
+        }
+    });
+    if top.rows.len() > 30 {
+        ui.label(
+            RichText::new(format!("... {} more groups (heapscope top --limit N lists them all)", top.rows.len() - 30)).small(),
+        );
+    }
+    peak
+}
+
 /// What the "Teach me" panel asks for.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct TeachActions {

@@ -222,6 +222,29 @@ fn the_oom_panel_names_the_refused_requests_own_stack() {
     );
 }
 
+/// "What holds it": at the refused request the live 1.95 GiB come from one line of the capture script; "Go to the
+/// peak" seeks to entry 39, where 2.93 GiB are live from another line (the rows of `heapscope top`).
+#[test]
+fn what_holds_it_groups_the_live_memory_by_code_and_finds_the_peak() {
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/frag_oom-default.pickle.gz");
+    drop_file(&mut harness, path);
+    wait_for_open(&mut harness);
+    harness.key_press(Key::O);
+    harness.run_steps(2);
+    harness.get_by_label("What holds it").click();
+    harness.run_steps(2);
+    assert!(harness.query_by_label("1.95 GiB live at entry 100, in 20 allocation(s), by the code that made them:").is_some());
+    assert!(harness.query_by_label("wl_frag_oom (capture.py:85)").is_some());
+    harness.get_by_label("Go to the peak").click();
+    harness.run_steps(3);
+    assert_eq!(harness.state().playback.shown_steps(), 40, "the peak is once entry 39 is done");
+    assert!(harness.query_by_label("2.93 GiB live at entry 39, in 20 allocation(s), by the code that made them:").is_some());
+    assert!(harness.query_by_label("wl_frag_oom (capture.py:83)").is_some());
+    assert!(harness.query_by_label("100.0%").is_some());
+}
+
 #[test]
 fn the_oom_panel_follows_the_pane_clicked_not_the_pointer() {
     let clock = ManualClock::default();
