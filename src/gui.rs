@@ -44,6 +44,10 @@ pub struct GuiArgs {
     /// own numbering: `device_traces[device][N]`); past the last entry is refused.
     #[arg(long, value_name = "start|ENTRY", conflicts_with = "live")]
     pub at: Option<Moment>,
+    /// Open with the timeline showing every allocation over time, stacked (memory_viz's active memory timeline),
+    /// instead of the totals.
+    #[arg(long)]
+    pub allocations: bool,
     /// Close the window by itself after this many frames (scripted runs, tests).
     #[arg(long, value_name = "N")]
     pub quit_after_frames: Option<u32>,
@@ -63,6 +67,7 @@ impl Default for GuiArgs {
             budget: None,
             steps: None,
             at: None,
+            allocations: false,
             quit_after_frames: None,
             screenshot: None,
         }
@@ -158,7 +163,12 @@ pub fn run_gui(args: &GuiArgs) -> Result<()> {
     // A live run has its own pane.
     let contenders = if args.live.is_some() { &[][..] } else { &args.policies[..] };
     let quit_after_frames = args.quit_after_frames.or(args.screenshot.as_ref().map(|_| DEFAULT_SCREENSHOT_FRAMES));
-    let window = WindowOptions { quit_after_frames, screenshot: args.screenshot.clone(), start_at_event: args.at };
+    let window = WindowOptions {
+        quit_after_frames,
+        screenshot: args.screenshot.clone(),
+        start_at_event: args.at,
+        allocations: args.allocations,
+    };
     let scripted = quit_after_frames.is_some();
     if scripted {
         // A scripted run is a check: what the Vulkan validation layer says about the window's wgpu (on when wgpu

@@ -14,10 +14,12 @@ use std::sync::Arc;
 use egui::{Color32, Key, Modifiers, RichText, Ui};
 use heapscope_lab::contender::Contender;
 use heapscope_lab::recording::Moment;
+use heapscope_lab::timeline::active::{self, ActiveTimeline};
 use heapscope_lab::timeline::explain::explain;
 use heapscope_lab::top::{Grouping, Top, TopAt, top};
 use heapscope_vulkan::{ContextOptions, VulkanContext};
 
+use crate::active_plot;
 use crate::advice::AdviceRun;
 use crate::device_live::{self, LiveConfig};
 use crate::file_browser::{BrowserAction, FileBrowser};
@@ -48,6 +50,10 @@ pub struct HeapscopeApp {
     pub teach: bool,
     /// Whether the "What holds it" panel shows.
     pub holders: bool,
+    /// Whether the timeline shows every allocation (memory_viz's active memory timeline) instead of the totals.
+    pub show_allocations: bool,
+    /// The allocations over time of the recording shown, built when first asked for.
+    active: Option<(String, ActiveTimeline)>,
     /// What it shows: the live allocations grouped by stack at the moment shown (computed when the moment changes).
     holders_at: Option<(String, Moment, Top)>,
     /// The "Advice" panel's run, while the panel shows (started when it opens, for the session shown).
@@ -113,6 +119,8 @@ impl HeapscopeApp {
             teach: false,
             holders: false,
             holders_at: None,
+            show_allocations: false,
+            active: None,
             advice: None,
             focused: 0,
             error: None,
@@ -693,11 +701,26 @@ impl HeapscopeApp {
             if ui.button("Next OOM").clicked() {
                 self.next_refusal();
             }
+            ui.separator();
+            ui.toggle_value(&mut self.show_allocations, "allocations").on_hover_text(
+                "every allocation over time, stacked (memory_viz's active memory timeline), instead of the totals",
+            );
         });
         let names: Vec<String> =
             self.session.iter().flat_map(|session| session.panes.iter().map(|pane| pane.name().to_owned())).collect();
         let series: Vec<(&str, &Series)> = names.iter().map(String::as_str).zip(self.series.iter()).collect();
-        if let Some(step) = plot::show(ui, &series, self.playback.position, 210.0) {
+        let seek = match (&self.session, self.show_allocations) {
+            (Some(session), true) => {
+                let name = session.recording.shown_name();
+                if self.active.as_ref().is_none_or(|(built, _)| *built != name) {
+                    self.active = Some((name, active::build(&session.recording)));
+                }
+                let timeline = self.active.as_ref().map(|(_, timeline)| timeline);
+                timeline.and_then(|timeline| active_plot::show(ui, timeline, &series, session, self.playback.position, 210.0))
+            }
+            _ => plot::show(ui, &series, self.playback.position, 210.0),
+        };
+        if let Some(step) = seek {
             self.playback.seek(step);
         }
     }

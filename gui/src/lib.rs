@@ -40,6 +40,7 @@
 //!   animated GIF of the story playing: `heapscope render`, the demo's picture, and the snapshot tests.
 #![warn(missing_docs)]
 
+pub mod active_plot;
 pub mod advice;
 pub mod app;
 pub mod device_live;

@@ -35,7 +35,7 @@ pub fn byte_unit(max_bytes: f64) -> (&'static str, f64) {
 }
 
 /// The smallest of 1, 2 and 5 times a power of ten that is at least `value` (positive).
-fn nice_step(value: f64) -> f64 {
+pub(crate) fn nice_step(value: f64) -> f64 {
     let power = 10f64.powf(value.log10().floor());
     [1.0, 2.0, 5.0, 10.0]
         .into_iter()

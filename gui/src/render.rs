@@ -98,6 +98,20 @@ impl Shown<'_> {
     }
 }
 
+/// The legend of a render coloured by stack: the stacks holding the most bytes in the first pane, each a swatch of
+/// its colour, its innermost user frame and its bytes.
+fn stack_legend(ui: &mut egui::Ui, session: &Session) {
+    ui.horizontal_wrapped(|ui| {
+        ui.label(RichText::new("colour = the stack that allocated it:").small());
+        for (stack, frame, bytes) in session.stack_legend(8) {
+            let (rect, _) = ui.allocate_exact_size(egui::vec2(12.0, 10.0), egui::Sense::hover());
+            ui.painter().rect_filled(rect, 2.0, crate::palette::group(stack));
+            let frame = frame.unwrap_or_else(|| "no stack recorded".to_owned());
+            ui.label(RichText::new(format!("{frame} ({})", heapscope_core::units::Bytes(bytes))).small());
+        }
+    });
+}
+
 /// Renders `session`'s panes after each of `steps` (each clamped to the session's), one image each, through
 /// one harness.
 fn render_steps(session: &mut Session, options: RenderOptions, steps: &[u64]) -> Result<Vec<RgbaImage>> {
@@ -109,6 +123,9 @@ fn render_steps(session: &mut Session, options: RenderOptions, steps: &[u64]) ->
         |ui, shown: &mut Shown<'_>| {
             egui::CentralPanel::default_margins().show(ui, |ui| {
                 ui.label(RichText::new(&shown.heading).strong());
+                if shown.style.colour_by == ColourBy::StackGroup {
+                    stack_legend(ui, shown.session);
+                }
                 panes::show(ui, shown.session, shown.style, &[], &shown.too_small);
             });
         },

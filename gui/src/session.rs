@@ -430,6 +430,25 @@ impl Session {
         self.stack(stack)
     }
 
+    /// The stacks the allocations live in the first pane belong to, by their bytes, largest first, at most `limit`:
+    /// each with its colour group (the stack's id, what [`crate::palette::group`] colours), its innermost user frame
+    /// (`None` where the file recorded none) and the bytes live from it. What a render coloured by stack says in its
+    /// legend.
+    pub fn stack_legend(&self, limit: usize) -> Vec<(u32, Option<String>, u64)> {
+        let Some(pane) = self.panes.first() else { return Vec::new() };
+        let mut bytes: HashMap<u32, u64> = HashMap::new();
+        for span in pane.layout.spans() {
+            *bytes.entry(self.groups.get(span.slot as usize).copied().unwrap_or(0)).or_insert(0) += span.requested_bytes;
+        }
+        let mut rows: Vec<(u32, u64)> = bytes.into_iter().collect();
+        rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let frames = |stack: u32| {
+            let stacks = &self.recording.snapshot.as_ref()?.frame_stacks;
+            heapscope_pytorch::frames::user_frame(stacks.get(stack as usize)?).map(heapscope_pytorch::frames::describe)
+        };
+        rows.into_iter().take(limit).map(|(stack, bytes)| (stack, frames(stack), bytes)).collect()
+    }
+
     /// The frame list `stack` of the snapshot, folded.
     fn stack(&self, stack: u32) -> Folded {
         let Some(frames) = self.recording.snapshot.as_ref().and_then(|snapshot| snapshot.frame_stacks.get(stack as usize)) else {
@@ -677,6 +696,15 @@ mod tests {
         assert_eq!(session.frames(0).frames, ["forward (model.py:10)", "main (model.py:3)"]);
         assert_eq!(session.frames(1).frames, ["backward (model.py:20)"]);
         assert_eq!(session.slots[0], SlotInfo { alloc_step: 0, free_step: Some(2), stack: 1 });
+        // The legend of a render by stack: what is live in the first pane, by stack.
+        let mut session = session;
+        session.seek(2);
+        assert_eq!(
+            session.stack_legend(8),
+            [(1, Some("forward (model.py:10)".to_owned()), 4096), (2, Some("backward (model.py:20)".to_owned()), 4096)]
+        );
+        session.seek(3);
+        assert_eq!(session.stack_legend(8), [(2, Some("backward (model.py:20)".to_owned()), 4096)], "the first one freed");
     }
 
     /// A snapshot whose activity is on device 1 opens there by default, says so, and replays on the capacity

@@ -43,6 +43,8 @@ pub struct WindowOptions {
     pub screenshot: Option<PathBuf>,
     /// Open at this moment (`None`: at the start).
     pub start_at_event: Option<heapscope_lab::recording::Moment>,
+    /// Open with the timeline showing every allocation (the active memory timeline) instead of the totals.
+    pub allocations: bool,
 }
 
 /// What a screenshot came to: `None` until it arrives.
@@ -274,6 +276,7 @@ pub fn run(
             anyhow::bail!(error);
         }
     }
+    app.show_allocations = window.allocations;
     if let Some(at) = window.start_at_event {
         app.playback.seek(check_at(at, app.steps())?);
     }

@@ -122,9 +122,9 @@ pub enum TopError {
     },
 }
 
-/// The stack of each allocation event of `recording` (allocation events only; [`StackId::NONE`] where none was
-/// recorded).
-fn stacks(recording: &Recording) -> Vec<StackId> {
+/// The stack of each event of `recording` (meaningful for allocations; [`StackId::NONE`] where none was recorded):
+/// a trace entry's `frames`, or for an allocation live at the start its block's frames in the final segments.
+pub fn allocation_stacks(recording: &Recording) -> Vec<StackId> {
     let events = recording.trace.events();
     let Some(snapshot) = &recording.snapshot else { return vec![StackId::NONE; events.len()] };
     let entries = snapshot.device_traces.get(recording.device).map_or(&[][..], Vec::as_slice);
@@ -177,7 +177,7 @@ pub fn top(recording: &Recording, at: TopAt, grouping: Grouping) -> Result<Top, 
         },
         TopAt::Peak => peak_moment(recording),
     };
-    let stacks = stacks(recording);
+    let stacks = allocation_stacks(recording);
     let mut live: HashMap<u32, (u64, StackId)> = HashMap::new();
     for (index, event) in (0..).zip(events) {
         if recording.moment_of(index) > target {

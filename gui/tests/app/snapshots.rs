@@ -88,3 +88,43 @@ fn rendering_writes_a_png() {
     assert!(image.pixels().any(|pixel| pixel.0[..3] == [red.r(), red.g(), red.b()]), "too-small free runs drawn");
     std::fs::remove_file(&path).ok();
 }
+
+/// The active memory timeline of the shipped recording `name` (memory_viz's view), the peak marked and named, the
+/// pointer `up` pixels above the bottom of the stack at the peak, its hover shown (size, lifetime, stack frames where
+/// the file has them), as snapshot `snapshot`.
+fn active_timeline_snapshot(name: &str, up: f32, snapshot: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../assets/traces/pytorch/{name}.pickle.gz"));
+    let options = heapscope_gui::session::OpenOptions::default();
+    let session = Session::open(&path, &[Contender::Pytorch { expandable: false }], options).unwrap();
+    let timeline = heapscope_lab::timeline::active::build(&session.recording);
+    let series = heapscope_gui::plot::Series::of(&session.panes[0].timeline);
+    let position = timeline.peak_position as f64;
+    let mut harness = Harness::builder().with_size([900.0, 260.0]).with_pixels_per_point(1.0).wgpu().build_ui(|ui| {
+        ui.ctx().global_style_mut(|style| style.interaction.tooltip_delay = 0.0);
+        let named: [(&str, &heapscope_gui::plot::Series); 1] = [("pytorch", &series)];
+        heapscope_gui::active_plot::show(ui, &timeline, &named, &session, position, 220.0);
+    });
+    harness.run_steps(2);
+    // The plot spans x from 44 to 896 and y from about 26 to 224 (its legend row above).
+    let peak_x = 44.0 + (timeline.peak_position as f32 + 0.5) / timeline.positions as f32 * (900.0 - 48.0);
+    harness.hover_at(egui::pos2(peak_x - 1.0, 224.0 - up));
+    harness.run_steps(3);
+    harness.snapshot(snapshot);
+}
+
+/// GPT-2: four training steps of activations stacked over the weights; the hover names a 48 MiB activation.
+#[test]
+fn active_memory_timeline_of_gpt2_with_the_peak_and_a_hover() {
+    if renderer_available() {
+        active_timeline_snapshot("gpt2_train_fixed-default", 44.0, "active_memory_timeline_gpt2");
+    }
+}
+
+/// frag_oom: its allocations stacked in two waves, the peak at entry 39; the hover shows the stack frames the file
+/// recorded.
+#[test]
+fn active_memory_timeline_of_frag_oom_with_frames() {
+    if renderer_available() {
+        active_timeline_snapshot("frag_oom-default", 120.0, "active_memory_timeline_frag_oom");
+    }
+}

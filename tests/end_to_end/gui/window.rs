@@ -36,7 +36,8 @@ fn the_window_opens_draws_a_snapshot_and_closes() {
         // -a: a free display number, so parallel runs do not collide.
         .args(["-a", "-s", "-screen 0 1600x1000x24", env!("CARGO_BIN_EXE_heapscope"), "gui"])
         .arg(&snapshot)
-        .args(["--at", "100", "--quit-after-frames", "20", "--screenshot"])
+        // The timeline as every allocation over time (memory_viz's view), drawn by the real window too.
+        .args(["--at", "100", "--allocations", "--quit-after-frames", "20", "--screenshot"])
         .arg(&screenshot)
         .env_remove("WAYLAND_DISPLAY")
         // The validation layer on wgpu's instance, whatever the build; the binary fails on what it says. Without

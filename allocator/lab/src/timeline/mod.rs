@@ -32,6 +32,7 @@
 //!   100,000); the denser checkpoints pay for them.
 //! - [`explain`] says in one sentence what each step decided and why, by the contender's rules.
 
+pub mod active;
 mod change;
 pub mod explain;
 mod layout;

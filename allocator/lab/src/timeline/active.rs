@@ -1,0 +1,223 @@
+//! The active memory timeline: memory_viz's first view, what is live over time, as plain data.
+//!
+//! Every allocation of the recording is a band over the moments it is live, stacked on the allocations made before
+//! it that are still live: an allocation keeps its height while live, and when one below it is freed the stack
+//! above closes the gap (memory_viz's layout). The bands are the recording's own requests, the same for every
+//! contender; what a contender reserved is its timeline's to draw over them.
+//!
+//! A band is cut into [`Piece`]s, one per stretch of moments at one height: a free below it ends a piece and
+//! starts the next one lower down. Positions are the replay's ([`crate::recording::Moment::position`]: the start is
+//! 0, entry `N` is `N + 1`), and a piece covers positions `from .. to`. Freeing the newest allocation (the common
+//! case: activations freed in reverse) moves nothing, so a training step's pieces stay close to its allocations;
+//! a free deep in the stack cuts every band above it once.
+
+use std::collections::BTreeMap;
+
+use heapscope_core::trace::Event;
+use heapscope_pytorch::StackId;
+
+use crate::recording::Recording;
+
+/// A stretch of moments during which an allocation sits at one height.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// First position.
+    pub from: u64,
+    /// One past the last position.
+    pub to: u64,
+    /// Bytes of the allocations below it.
+    pub offset_bytes: u64,
+}
+
+/// One allocation of the recording over its lifetime.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Band {
+    /// Its slot in the recording's trace.
+    pub slot: u32,
+    /// Bytes requested.
+    pub size_bytes: u64,
+    /// Its stack frames in the snapshot ([`StackId::NONE`] where none were recorded).
+    pub stack: StackId,
+    /// Where it sits, stretch by stretch, in order.
+    pub pieces: Vec<Piece>,
+}
+
+/// The recording's allocations stacked over time. See the module docs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ActiveTimeline {
+    /// Every allocation that is live at some position, in allocation order.
+    pub bands: Vec<Band>,
+    /// Positions: the start and one per entry.
+    pub positions: u64,
+    /// The most bytes live at once.
+    pub peak_bytes: u64,
+    /// The first position where they are.
+    pub peak_position: u64,
+    /// Bytes live once each position is done (index = position).
+    pub live_bytes: Vec<u64>,
+}
+
+impl ActiveTimeline {
+    /// The band and piece at position `position`, `bytes` above the bottom, if an allocation is there.
+    pub fn at(&self, position: u64, bytes: u64) -> Option<(&Band, &Piece)> {
+        self.bands.iter().find_map(|band| {
+            let piece = band.pieces.iter().find(|piece| piece.from <= position && position < piece.to)?;
+            (piece.offset_bytes <= bytes && bytes < piece.offset_bytes + band.size_bytes).then_some((band, piece))
+        })
+    }
+}
+
+/// The allocation in a stack being built: its band and where its current piece starts.
+struct Open {
+    band: usize,
+    since: u64,
+    offset_bytes: u64,
+}
+
+/// The active memory timeline of `recording`. See the module docs.
+pub fn build(recording: &Recording) -> ActiveTimeline {
+    let stacks = crate::top::allocation_stacks(recording);
+    let events = recording.trace.events();
+    let positions = recording.entries + 1;
+    let mut timeline = ActiveTimeline { positions, live_bytes: vec![0; positions as usize], ..ActiveTimeline::default() };
+    // The live allocations by allocation order, each with its open piece; the slot's order key.
+    let mut stack: BTreeMap<u64, Open> = BTreeMap::new();
+    let mut order_of: Vec<Option<u64>> = vec![None; recording.trace.slots() as usize];
+    let (mut next_order, mut live_bytes) = (0u64, 0u64);
+    // Positions of `live_bytes` written so far.
+    let mut filled = 0usize;
+    let close = |timeline: &mut ActiveTimeline, open: &Open, to: u64| {
+        if to > open.since {
+            timeline.bands[open.band].pieces.push(Piece { from: open.since, to, offset_bytes: open.offset_bytes });
+        }
+    };
+    for (index, event) in (0..).zip(events) {
+        let position = recording.moment_of(index).position();
+        match *event {
+            Event::Alloc { slot, size_bytes } => {
+                timeline.bands.push(Band { slot, size_bytes, stack: stacks[index as usize], pieces: Vec::new() });
+                stack.insert(next_order, Open { band: timeline.bands.len() - 1, since: position, offset_bytes: live_bytes });
+                order_of[slot as usize] = Some(next_order);
+                next_order += 1;
+                live_bytes += size_bytes;
+            }
+            Event::Free { slot } => {
+                let Some(order) = order_of.get_mut(slot as usize).and_then(Option::take) else { continue };
+                let Some(open) = stack.remove(&order) else { continue };
+                close(&mut timeline, &open, position);
+                let size_bytes = timeline.bands[open.band].size_bytes;
+                live_bytes -= size_bytes;
+                // Everything above it drops by its size: a new piece from here.
+                for above in stack.range_mut(order..).map(|(_, open)| open) {
+                    close(&mut timeline, above, position);
+                    above.since = position;
+                    above.offset_bytes -= size_bytes;
+                }
+            }
+        }
+        // The peak once the moment is done: the next event belongs to a later one (or there is none).
+        let moment_done = events.get(index as usize + 1).is_none() || recording.moment_of(index + 1).position() != position;
+        if moment_done {
+            // Positions without an event of their own keep the bytes of the one before.
+            let here = (position as usize).min(timeline.live_bytes.len());
+            let before = timeline.live_bytes.get(filled.saturating_sub(1)).copied().unwrap_or(0);
+            timeline.live_bytes[filled.min(here)..here].fill(before);
+            if let Some(slot) = timeline.live_bytes.get_mut(here) {
+                *slot = live_bytes;
+            }
+            filled = here + 1;
+            if live_bytes > timeline.peak_bytes {
+                (timeline.peak_bytes, timeline.peak_position) = (live_bytes, position);
+            }
+        }
+    }
+    let last = timeline.live_bytes.get(filled.saturating_sub(1)).copied().unwrap_or(0);
+    let total = timeline.live_bytes.len();
+    timeline.live_bytes[filled.min(total)..].fill(last);
+    let end = timeline.positions;
+    for open in stack.values() {
+        close(&mut timeline, open, end);
+    }
+    // An allocation freed in the moment it was made (an out-of-memory request) was never live.
+    timeline.bands.retain(|band| !band.pieces.is_empty());
+    timeline
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use heapscope_core::Trace;
+
+    fn recording(csv: &str) -> Recording {
+        Recording::from_trace(Trace::parse_csv("t.csv", csv).unwrap())
+    }
+
+    /// Three allocations; the middle one freed: the top one drops by its size; the bottom one never moves.
+    #[test]
+    fn a_free_below_lowers_what_is_above() {
+        let timeline = build(&recording("a,0,100\na,1,200\na,2,300\nf,1\na,3,50\n"));
+        assert_eq!((timeline.positions, timeline.peak_bytes, timeline.peak_position), (6, 600, 3));
+        assert_eq!(timeline.live_bytes, [0, 100, 300, 600, 400, 450]);
+        // (slot, its pieces as (from, to, offset)).
+        type Pieces = Vec<(u32, Vec<(u64, u64, u64)>)>;
+        let pieces: Pieces = timeline
+            .bands
+            .iter()
+            .map(|band| (band.slot, band.pieces.iter().map(|p| (p.from, p.to, p.offset_bytes)).collect()))
+            .collect();
+        assert_eq!(
+            pieces,
+            [(0, vec![(1, 6, 0)]), (1, vec![(2, 4, 100)]), (2, vec![(3, 4, 300), (4, 6, 100)]), (3, vec![(5, 6, 400)]),]
+        );
+        assert_eq!(timeline.at(3, 350).map(|(band, _)| band.slot), Some(2));
+        assert_eq!(timeline.at(4, 150).map(|(band, _)| band.slot), Some(2), "lower once 1 is freed");
+        assert_eq!(timeline.at(5, 460).map(|(band, _)| band.slot), None, "above the stack");
+    }
+
+    /// The shipped recordings: the peak is `top`'s, the live curve peaks there, every band's pieces follow each other,
+    /// each lower than the one before.
+    #[test]
+    fn real_recordings_agree_with_top() {
+        for name in ["gpt2_train_fixed-default", "frag_oom-default"] {
+            let path =
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../assets/traces/pytorch/{name}.pickle.gz"));
+            let recording = Recording::open_device(&path, None).unwrap();
+            let timeline = build(&recording);
+            assert_eq!(timeline.peak_position, crate::top::peak_moment(&recording).position(), "{name}");
+            assert_eq!(timeline.live_bytes.len() as u64, timeline.positions);
+            assert_eq!(timeline.live_bytes.iter().max().copied(), Some(timeline.peak_bytes), "{name}");
+            assert_eq!(timeline.live_bytes[timeline.peak_position as usize], timeline.peak_bytes, "{name}");
+            for band in &timeline.bands {
+                assert!(band.pieces.windows(2).all(|w| w[0].to == w[1].from && w[0].offset_bytes > w[1].offset_bytes));
+            }
+        }
+    }
+
+    /// Freeing in reverse (a training step's activations) cuts nothing: one piece per allocation.
+    #[test]
+    fn freeing_the_newest_moves_nothing() {
+        let mut csv = String::new();
+        for slot in 0..50 {
+            csv.push_str(&format!("a,{slot},{}\n", 10 + slot));
+        }
+        for slot in (0..50).rev() {
+            csv.push_str(&format!("f,{slot}\n"));
+        }
+        let timeline = build(&recording(&csv));
+        assert!(timeline.bands.iter().all(|band| band.pieces.len() == 1));
+        assert_eq!(timeline.peak_position, 50);
+        // At every position, the pieces live then tile [0, live bytes) without a gap or an overlap.
+        for position in 0..timeline.positions {
+            let mut spans: Vec<(u64, u64)> = timeline
+                .bands
+                .iter()
+                .flat_map(|band| band.pieces.iter().map(move |p| (p, band.size_bytes)))
+                .filter(|(p, _)| p.from <= position && position < p.to)
+                .map(|(p, size)| (p.offset_bytes, p.offset_bytes + size))
+                .collect();
+            spans.sort_unstable();
+            assert!(spans.windows(2).all(|w| w[0].1 == w[1].0), "position {position}: {spans:?}");
+            assert!(spans.first().is_none_or(|s| s.0 == 0));
+        }
+    }
+}

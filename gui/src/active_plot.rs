@@ -1,0 +1,180 @@
+//! The active memory timeline, drawn: memory_viz's view of a recording in the app (the lab's
+//! [`heapscope_lab::timeline::active`] bands), under the panes in place of the totals plot.
+//!
+//! Every allocation is a band over the moments it is live, stacked on the older ones still live, coloured by its
+//! stack (or its size class where the file recorded no stacks). Bands under half a pixel tall are not drawn one by
+//! one: the live bytes are filled in grey first, so they show there as one mass (the level of detail that keeps
+//! hundreds of thousands of pieces interactive). Each pane's reserved bytes are drawn over them as a line in the
+//! pane's colour, the peak is marked and named, the moment shown is a white line; a hover names the allocation
+//! under the pointer (size, lifetime, stack frames folded), and a click or drag seeks.
+
+use egui::{Align2, Color32, FontId, Pos2, Rect, Sense, Shape, Stroke, Ui, pos2, vec2};
+use heapscope_core::units::Bytes;
+use heapscope_lab::recording::Moment;
+use heapscope_lab::timeline::active::ActiveTimeline;
+use heapscope_pytorch::StackId;
+
+use crate::palette;
+use crate::plot::{PANE_COLOURS, Series, byte_unit, nice_step};
+use crate::session::Session;
+
+/// Bands thinner than this (in pixels) are left to the grey fill.
+const MIN_BAND_PX: f32 = 0.5;
+
+/// Draws `timeline` at `position` steps with each pane's reserved bytes from `series` in `height` pixels; returns
+/// the step to seek to when clicked or dragged.
+pub fn show(
+    ui: &mut Ui,
+    timeline: &ActiveTimeline,
+    series: &[(&str, &Series)],
+    session: &Session,
+    position: f64,
+    height: f32,
+) -> Option<u64> {
+    let weak = ui.visuals().weak_text_color();
+    let mut legend = egui::text::LayoutJob::default();
+    let font = egui::TextStyle::Small.resolve(ui.style());
+    for (index, (name, _)) in series.iter().enumerate() {
+        legend.append(
+            &format!("{name}   "),
+            0.0,
+            egui::TextFormat::simple(font.clone(), PANE_COLOURS[index % PANE_COLOURS.len()]),
+        );
+    }
+    legend.append(
+        "(lines: reserved; bands: every allocation while live, stacked oldest first, coloured by stack; grey: allocations \
+         under half a pixel)",
+        0.0,
+        egui::TextFormat::simple(font, weak),
+    );
+    ui.label(legend);
+    let (outer, response) = ui.allocate_exact_size(vec2(ui.available_width(), height), Sense::click_and_drag());
+    let rect = Rect::from_min_max(outer.min + vec2(44.0, 4.0), outer.max - vec2(4.0, 18.0));
+    let painter = ui.painter_at(outer);
+    painter.rect_filled(rect, 0.0, Color32::from_gray(14));
+    let positions = timeline.positions.max(1);
+    let reserved_max = series.iter().flat_map(|(_, series)| &series.reserved).map(|point| point[1]).fold(0.0, f64::max);
+    let max_bytes = (timeline.peak_bytes as f64).max(reserved_max).max(1.0) * 1.05;
+    let x_at = |position: f64| rect.left() + (position / positions as f64) as f32 * rect.width();
+    let y_at = |bytes: f64| rect.bottom() - (bytes / max_bytes) as f32 * rect.height();
+    // The byte axis: ticks at 1, 2 or 5 times a power of ten, in the unit the peak needs.
+    let (unit_name, unit) = byte_unit(max_bytes);
+    let step = nice_step(max_bytes / unit / 4.0) * unit;
+    let mut tick = 0.0;
+    while tick <= max_bytes {
+        let y = y_at(tick);
+        painter.hline(rect.x_range(), y, Stroke::new(1.0, Color32::from_gray(40)));
+        painter.text(
+            pos2(rect.left() - 4.0, y),
+            Align2::RIGHT_CENTER,
+            format!("{}", tick / unit),
+            FontId::proportional(11.0),
+            weak,
+        );
+        tick += step;
+    }
+    painter.text(pos2(outer.left() + 2.0, rect.top()), Align2::LEFT_TOP, unit_name, FontId::proportional(11.0), weak);
+    // The entry axis: ticks at 1, 2 or 5 times a power of ten (entry N is drawn at position N + 1).
+    let entry_step = nice_step((positions as f64 / 8.0).max(1.0)) as u64;
+    for entry in (0..positions).step_by(entry_step.max(1) as usize) {
+        let x = x_at(entry as f64 + 1.5);
+        if x > rect.right() - 40.0 {
+            break; // leaves room for the axis name
+        }
+        painter.vline(x, rect.bottom()..=rect.bottom() + 3.0, Stroke::new(1.0, weak));
+        painter.text(pos2(x, rect.bottom() + 3.0), Align2::CENTER_TOP, entry.to_string(), FontId::proportional(11.0), weak);
+    }
+    painter.text(pos2(rect.right(), outer.bottom()), Align2::RIGHT_BOTTOM, "entry", FontId::proportional(11.0), weak);
+    painter.extend(band_shapes(timeline, rect, max_bytes));
+    // Each pane's reserved bytes over the bands.
+    for (index, (_, series)) in series.iter().enumerate() {
+        let points: Vec<Pos2> = series.reserved.iter().map(|&[x, bytes]| pos2(x_at(x + 1.0), y_at(bytes))).collect();
+        painter.add(Shape::line(points, Stroke::new(1.5, PANE_COLOURS[index % PANE_COLOURS.len()])));
+    }
+    let peak_x = x_at(timeline.peak_position as f64 + 0.5);
+    painter.vline(peak_x, rect.y_range(), Stroke::new(1.0, Color32::from_rgb(240, 120, 110)));
+    let peak = format!("peak {} at {}", Bytes(timeline.peak_bytes), Moment::at_position(timeline.peak_position));
+    let align = if peak_x > rect.center().x { Align2::RIGHT_TOP } else { Align2::LEFT_TOP };
+    painter.text(
+        pos2(peak_x + if peak_x > rect.center().x { -4.0 } else { 4.0 }, rect.top() + 2.0),
+        align,
+        peak,
+        FontId::proportional(12.0),
+        Color32::from_rgb(240, 120, 110),
+    );
+    painter.vline(x_at(position + 0.5), rect.y_range(), Stroke::new(1.0, Color32::WHITE));
+    let position_of = |pointer: Pos2| {
+        ((pointer.x - rect.left()) / rect.width() * positions as f32).floor().clamp(0.0, (positions - 1) as f32) as u64
+    };
+    if let Some(pointer) = response.hover_pos().filter(|pointer| rect.contains(*pointer)) {
+        let at = position_of(pointer);
+        let bytes = f64::from((rect.bottom() - pointer.y) / rect.height()) * max_bytes;
+        let text = match timeline.at(at, bytes as u64) {
+            Some((band, _)) => {
+                let (from, to) = (band.pieces.first().map_or(0, |p| p.from), band.pieces.last().map_or(0, |p| p.to));
+                let freed =
+                    if to >= positions { "never freed".to_owned() } else { format!("freed at {}", Moment::at_position(to)) };
+                format!(
+                    "allocation #{}: {}\nallocated at {}, {freed}{}",
+                    band.slot,
+                    Bytes(band.size_bytes),
+                    Moment::at_position(from),
+                    session.frames(band.slot).lines("stack", 16)
+                )
+            }
+            None => {
+                format!("{}: {} live", Moment::at_position(at), Bytes(timeline.live_bytes.get(at as usize).copied().unwrap_or(0)))
+            }
+        };
+        response.clone().on_hover_text_at_pointer(text);
+    }
+    (response.clicked() || response.dragged()).then(|| response.interact_pointer_pos()).flatten().map(position_of)
+}
+
+/// The shapes of `timeline`'s bands in `rect`, `max_bytes` at its top: the grey mass of the live bytes (the most live
+/// in each pixel column), then every piece of a band at least [`MIN_BAND_PX`] tall. What a frame costs, measured by
+/// `cargo bench -p heapscope-gui --bench active_timeline`.
+pub fn band_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64) -> Vec<Shape> {
+    let positions = timeline.positions.max(1);
+    let x_at = |position: f64| rect.left() + (position / positions as f64) as f32 * rect.width();
+    let y_at = |bytes: f64| rect.bottom() - (bytes / max_bytes) as f32 * rect.height();
+    let mut shapes = Vec::new();
+    // The grey mass of the live bytes, one column per pixel (the most live in it).
+    let columns = rect.width().max(1.0) as usize;
+    for column in 0..columns {
+        let first = (column as u64 * positions / columns as u64) as usize;
+        let last = (((column + 1) as u64 * positions).div_ceil(columns as u64) as usize).min(timeline.live_bytes.len());
+        let live = timeline.live_bytes.get(first..last).and_then(|live| live.iter().max()).copied().unwrap_or(0);
+        if live > 0 {
+            let x = rect.left() + column as f32;
+            shapes.push(Shape::rect_filled(
+                Rect::from_min_max(pos2(x, y_at(live as f64)), pos2(x + 1.0, rect.bottom())),
+                0.0,
+                Color32::from_gray(70),
+            ));
+        }
+    }
+    // The bands tall enough to see, each piece a rectangle.
+    let min_bytes = f64::from(MIN_BAND_PX) / f64::from(rect.height().max(1.0)) * max_bytes;
+    for band in timeline.bands.iter().filter(|band| band.size_bytes as f64 >= min_bytes) {
+        let colour =
+            if band.stack == StackId::NONE { palette::size_class(band.size_bytes) } else { palette::group(band.stack.0) };
+        for piece in &band.pieces {
+            let top = y_at((piece.offset_bytes + band.size_bytes) as f64);
+            let bottom = y_at(piece.offset_bytes as f64);
+            let (left, right) = (x_at(piece.from as f64), x_at(piece.to as f64).max(x_at(piece.from as f64) + 1.0));
+            let piece = Rect::from_min_max(pos2(left, top), pos2(right, bottom));
+            shapes.push(Shape::rect_filled(piece, 0.0, colour));
+            if piece.height() >= 4.0 {
+                // Neighbours of one colour stay countable.
+                shapes.push(Shape::rect_stroke(
+                    piece,
+                    0.0,
+                    Stroke::new(0.5, Color32::from_black_alpha(140)),
+                    egui::StrokeKind::Inside,
+                ));
+            }
+        }
+    }
+    shapes
+}
