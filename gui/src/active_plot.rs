@@ -6,7 +6,8 @@
 //! one: the live bytes are filled in grey first, so they show there as one mass (the level of detail that keeps
 //! hundreds of thousands of pieces interactive). Each pane's reserved bytes are drawn over them as a line in the
 //! pane's colour, the peak is marked and named, the moment shown is a white line; a hover names the allocation
-//! under the pointer (size, lifetime, stack frames folded), and a click or drag seeks.
+//! under the pointer (size, lifetime, stack frames folded), a click or drag seeks, and a click picks the allocation
+//! under the pointer, which every pane's heap map then outlines.
 
 use egui::{Align2, Color32, FontId, Pos2, Rect, Sense, Shape, Stroke, Ui, pos2, vec2};
 use heapscope_core::units::Bytes;
@@ -21,8 +22,18 @@ use crate::session::Session;
 /// Bands thinner than this (in pixels) are left to the grey fill.
 const MIN_BAND_PX: f32 = 0.5;
 
+/// What a click or drag on the active memory timeline asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Clicked {
+    /// Seek to this step.
+    pub seek: Option<u64>,
+    /// On a click, the allocation under the pointer (its slot), or `Some(None)` where there is none: what every pane
+    /// outlines.
+    pub picked: Option<Option<u32>>,
+}
+
 /// Draws `timeline` at `position` steps with each pane's reserved bytes from `series` in `height` pixels; returns
-/// the step to seek to when clicked or dragged.
+/// the step to seek to when clicked or dragged, and the allocation picked by a click.
 pub fn show(
     ui: &mut Ui,
     timeline: &ActiveTimeline,
@@ -30,7 +41,7 @@ pub fn show(
     session: &Session,
     position: f64,
     height: f32,
-) -> Option<u64> {
+) -> Clicked {
     let weak = ui.visuals().weak_text_color();
     let mut legend = egui::text::LayoutJob::default();
     let font = egui::TextStyle::Small.resolve(ui.style());
@@ -128,7 +139,15 @@ pub fn show(
         };
         response.clone().on_hover_text_at_pointer(text);
     }
-    (response.clicked() || response.dragged()).then(|| response.interact_pointer_pos()).flatten().map(position_of)
+    let mut clicked = Clicked::default();
+    if let Some(pointer) = response.interact_pointer_pos().filter(|_| response.clicked() || response.dragged()) {
+        clicked.seek = Some(position_of(pointer));
+    }
+    if let Some(pointer) = response.interact_pointer_pos().filter(|_| response.clicked()) {
+        let bytes = f64::from((rect.bottom() - pointer.y) / rect.height()) * max_bytes;
+        clicked.picked = Some(timeline.at(position_of(pointer), bytes as u64).map(|(band, _)| band.slot));
+    }
+    clicked
 }
 
 /// The shapes of `timeline`'s bands in `rect`, `max_bytes` at its top: the grey mass of the live bytes (the most live

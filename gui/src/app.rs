@@ -54,6 +54,8 @@ pub struct HeapscopeApp {
     pub show_allocations: bool,
     /// The allocations over time of the recording shown, built when first asked for.
     active: Option<(String, ActiveTimeline)>,
+    /// The allocation picked on the active memory timeline (its slot), outlined in every pane.
+    pub selected: Option<u32>,
     /// What it shows: the live allocations grouped by stack at the moment shown (computed when the moment changes).
     holders_at: Option<(String, Moment, Top)>,
     /// The "Advice" panel's run, while the panel shows (started when it opens, for the session shown).
@@ -121,6 +123,7 @@ impl HeapscopeApp {
             holders_at: None,
             show_allocations: false,
             active: None,
+            selected: None,
             advice: None,
             focused: 0,
             error: None,
@@ -716,7 +719,12 @@ impl HeapscopeApp {
                     self.active = Some((name, active::build(&session.recording)));
                 }
                 let timeline = self.active.as_ref().map(|(_, timeline)| timeline);
-                timeline.and_then(|timeline| active_plot::show(ui, timeline, &series, session, self.playback.position, 210.0))
+                let clicked =
+                    timeline.map(|timeline| active_plot::show(ui, timeline, &series, session, self.playback.position, 210.0));
+                if let Some(picked) = clicked.and_then(|clicked| clicked.picked) {
+                    self.selected = picked;
+                }
+                clicked.and_then(|clicked| clicked.seek)
             }
             _ => plot::show(ui, &series, self.playback.position, 210.0),
         };
@@ -796,8 +804,13 @@ impl HeapscopeApp {
         }
         let animations = self.current_animations();
         let too_small = self.too_small();
-        let style =
-            PaneStyle { shown_steps: shown, progress: self.playback.progress(), colour_by: self.colour_by, interactive: true };
+        let style = PaneStyle {
+            shown_steps: shown,
+            progress: self.playback.progress(),
+            colour_by: self.colour_by,
+            interactive: true,
+            selected: self.selected,
+        };
         let mut actions = panes::PaneActions::default();
         let focused = self.focused;
         egui::CentralPanel::default_margins().show(ui, |ui| {

@@ -20,6 +20,8 @@ pub struct PaneStyle {
     pub colour_by: ColourBy,
     /// Whether headers offer a contender menu (the app) or only name it (rendering).
     pub interactive: bool,
+    /// The allocation picked on the active memory timeline (its slot), outlined in every pane that holds it.
+    pub selected: Option<u32>,
 }
 
 /// What the user did in the panes.
@@ -192,7 +194,10 @@ pub fn show(
                 groups: &groups,
                 animation: animations.get(index).and_then(Option::as_ref),
                 too_small_below: too_small.get(index).copied().flatten(),
-                hovered: None,
+                hovered: style
+                    .selected
+                    .and_then(|slot| pane.layout.spans().find(|span| span.slot == slot))
+                    .map(|span| span.address),
             };
             let response = heap_map::show(column, &scene, &mut pane.view);
             if response.response.hovered() {

@@ -116,7 +116,7 @@ fn stack_legend(ui: &mut egui::Ui, session: &Session) {
 /// one harness.
 fn render_steps(session: &mut Session, options: RenderOptions, steps: &[u64]) -> Result<Vec<RgbaImage>> {
     options.check()?;
-    let style = PaneStyle { shown_steps: 0, progress: 1.0, colour_by: options.colour_by, interactive: false };
+    let style = PaneStyle { shown_steps: 0, progress: 1.0, colour_by: options.colour_by, interactive: false, selected: None };
     let shown = Shown { session, style, heading: String::new(), too_small: Vec::new() };
     let size = egui::vec2(options.width as f32, options.height as f32);
     let mut harness = Harness::builder().with_size(size).with_pixels_per_point(1.0).wgpu().build_ui_state(

@@ -35,7 +35,7 @@ fn snapshot(name: &str, story: &str, contenders: &[Contender], steps: u64, colou
         .iter()
         .map(|pane| steps.checked_sub(1).and_then(|step| pane.timeline.refusal_at(step)).map(|refusal| refusal.requested_bytes))
         .collect();
-    let style = PaneStyle { shown_steps: steps, progress: 1.0, colour_by, interactive: false };
+    let style = PaneStyle { shown_steps: steps, progress: 1.0, colour_by, interactive: false, selected: None };
     let mut harness = Harness::builder().with_size([640.0, 220.0]).with_pixels_per_point(1.0).wgpu().build_ui(|ui| {
         panes::show(ui, &mut session, style, &[], &too_small);
     });

@@ -245,6 +245,38 @@ fn what_holds_it_groups_the_live_memory_by_code_and_finds_the_peak() {
     assert!(harness.query_by_label("100.0%").is_some());
 }
 
+/// The active memory timeline in the app: a click low in the stack seeks there and picks the allocation under the
+/// pointer, which the panes then outline; a click above the stack picks nothing.
+#[test]
+fn a_click_on_the_allocations_timeline_seeks_and_picks_an_allocation() {
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/frag_oom-default.pickle.gz");
+    drop_file(&mut harness, path);
+    wait_for_open(&mut harness);
+    harness.get_by_label("allocations").click();
+    harness.run_steps(2);
+    assert!(harness.state().show_allocations);
+    // The timeline is the bottom 210 pixels of the 900-pixel window; a third of the way along, near its floor.
+    let low = egui::pos2(470.0, 870.0);
+    harness.drag_at(low);
+    harness.run_steps(1);
+    harness.drop_at(low);
+    harness.run_steps(2);
+    let app = harness.state();
+    let slot = app.selected.expect("an allocation under the pointer");
+    let shown = app.playback.shown_steps();
+    assert!(shown > 0 && shown < 141, "seeked into the recording: {shown}");
+    let session = app.session.as_ref().unwrap();
+    assert!(session.panes[0].layout.spans().any(|span| span.slot == slot), "the picked allocation is live where it was picked");
+    let high = egui::pos2(470.0, 705.0);
+    harness.drag_at(high);
+    harness.run_steps(1);
+    harness.drop_at(high);
+    harness.run_steps(2);
+    assert_eq!(harness.state().selected, None, "nothing above the stack");
+}
+
 #[test]
 fn the_oom_panel_follows_the_pane_clicked_not_the_pointer() {
     let clock = ManualClock::default();
