@@ -9,7 +9,8 @@
 //! starts the next one lower down. Positions are the replay's ([`crate::recording::Moment::position`]: the start is
 //! 0, entry `N` is `N + 1`), and a piece covers positions `from .. to`. Freeing the newest allocation (the common
 //! case: activations freed in reverse) moves nothing, so a training step's pieces stay close to its allocations;
-//! a free deep in the stack cuts every band above it once.
+//! a free deep in the stack cuts every band above it once. Allocations under 1/[`DETAIL_FRACTION`] of the peak get
+//! no band (the level of detail: they are in the live bytes).
 
 use std::collections::BTreeMap;
 
@@ -45,7 +46,10 @@ pub struct Band {
 /// The recording's allocations stacked over time. See the module docs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ActiveTimeline {
-    /// Every allocation that is live at some position, in allocation order.
+    /// Every allocation that is live at some position, in allocation order, except those under
+    /// 1/[`DETAIL_FRACTION`] of the peak: they count in [`ActiveTimeline::live_bytes`] (and lower the bands above them
+    /// when freed) but would be under half a pixel on any plot up to 2,048 pixels tall, and a recording with many of
+    /// them freed out of order would otherwise cut the bands above into millions of pieces.
     pub bands: Vec<Band>,
     /// Positions: the start and one per entry.
     pub positions: u64,
@@ -67,6 +71,30 @@ impl ActiveTimeline {
     }
 }
 
+/// Allocations under this fraction of the peak live bytes get no band (see [`ActiveTimeline::bands`]).
+pub const DETAIL_FRACTION: u64 = 4096;
+
+/// The most bytes live once a moment of `recording` is done.
+fn peak_live_bytes(recording: &Recording) -> u64 {
+    let mut sizes: Vec<u64> = vec![0; recording.trace.slots() as usize];
+    let (mut live, mut peak) = (0u64, 0u64);
+    let events = recording.trace.events();
+    for (index, event) in (0..).zip(events) {
+        match *event {
+            Event::Alloc { slot, size_bytes } => {
+                sizes[slot as usize] = size_bytes;
+                live += size_bytes;
+            }
+            Event::Free { slot } => live -= std::mem::take(&mut sizes[slot as usize]),
+        }
+        let done = events.get(index as usize + 1).is_none() || recording.moment_of(index + 1) != recording.moment_of(index);
+        if done {
+            peak = peak.max(live);
+        }
+    }
+    peak
+}
+
 /// The allocation in a stack being built: its band and where its current piece starts.
 struct Open {
     band: usize,
@@ -82,7 +110,9 @@ pub fn build(recording: &Recording) -> ActiveTimeline {
     let mut timeline = ActiveTimeline { positions, live_bytes: vec![0; positions as usize], ..ActiveTimeline::default() };
     // The live allocations by allocation order, each with its open piece; the slot's order key.
     let mut stack: BTreeMap<u64, Open> = BTreeMap::new();
-    let mut order_of: Vec<Option<u64>> = vec![None; recording.trace.slots() as usize];
+    let mut order_of: Vec<Option<(u64, u64)>> = vec![None; recording.trace.slots() as usize];
+    // Allocations this small get no band of their own: under half a pixel on any plot up to 2,048 pixels tall.
+    let detail_bytes = peak_live_bytes(recording) / DETAIL_FRACTION;
     let (mut next_order, mut live_bytes) = (0u64, 0u64);
     // Positions of `live_bytes` written so far.
     let mut filled = 0usize;
@@ -95,17 +125,19 @@ pub fn build(recording: &Recording) -> ActiveTimeline {
         let position = recording.moment_of(index).position();
         match *event {
             Event::Alloc { slot, size_bytes } => {
-                timeline.bands.push(Band { slot, size_bytes, stack: stacks[index as usize], pieces: Vec::new() });
-                stack.insert(next_order, Open { band: timeline.bands.len() - 1, since: position, offset_bytes: live_bytes });
-                order_of[slot as usize] = Some(next_order);
+                if size_bytes >= detail_bytes {
+                    timeline.bands.push(Band { slot, size_bytes, stack: stacks[index as usize], pieces: Vec::new() });
+                    stack.insert(next_order, Open { band: timeline.bands.len() - 1, since: position, offset_bytes: live_bytes });
+                }
+                order_of[slot as usize] = Some((next_order, size_bytes));
                 next_order += 1;
                 live_bytes += size_bytes;
             }
             Event::Free { slot } => {
-                let Some(order) = order_of.get_mut(slot as usize).and_then(Option::take) else { continue };
-                let Some(open) = stack.remove(&order) else { continue };
-                close(&mut timeline, &open, position);
-                let size_bytes = timeline.bands[open.band].size_bytes;
+                let Some((order, size_bytes)) = order_of.get_mut(slot as usize).and_then(Option::take) else { continue };
+                if let Some(open) = stack.remove(&order) {
+                    close(&mut timeline, &open, position);
+                }
                 live_bytes -= size_bytes;
                 // Everything above it drops by its size: a new piece from here.
                 for above in stack.range_mut(order..).map(|(_, open)| open) {
@@ -187,10 +219,24 @@ mod tests {
             assert_eq!(timeline.live_bytes.len() as u64, timeline.positions);
             assert_eq!(timeline.live_bytes.iter().max().copied(), Some(timeline.peak_bytes), "{name}");
             assert_eq!(timeline.live_bytes[timeline.peak_position as usize], timeline.peak_bytes, "{name}");
+            let pieces: usize = timeline.bands.iter().map(|band| band.pieces.len()).sum();
+            eprintln!("{name}: {} bands, {pieces} pieces", timeline.bands.len());
             for band in &timeline.bands {
                 assert!(band.pieces.windows(2).all(|w| w[0].to == w[1].from && w[0].offset_bytes > w[1].offset_bytes));
             }
         }
+    }
+
+    /// An allocation under 1/4096 of the peak gets no band, but its bytes and its free still move the bands above.
+    #[test]
+    fn tiny_allocations_have_no_band_but_count() {
+        let timeline = build(&recording(&format!("a,0,1\na,1,{}\nf,0\n", 1 << 20)));
+        assert_eq!(timeline.bands.len(), 1);
+        let band = &timeline.bands[0];
+        assert_eq!(band.slot, 1);
+        let pieces: Vec<(u64, u64, u64)> = band.pieces.iter().map(|p| (p.from, p.to, p.offset_bytes)).collect();
+        assert_eq!(pieces, [(2, 3, 1), (3, 4, 0)]);
+        assert_eq!(timeline.live_bytes, [0, 1, (1 << 20) + 1, 1 << 20]);
     }
 
     /// Freeing in reverse (a training step's activations) cuts nothing: one piece per allocation.
