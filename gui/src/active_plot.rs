@@ -20,7 +20,7 @@ use crate::plot::{PANE_COLOURS, Series, byte_unit, nice_step};
 use crate::session::Session;
 
 /// Bands thinner than this (in pixels) are left to the grey fill.
-const MIN_BAND_PX: f32 = 0.5;
+pub const MIN_BAND_PX: f32 = 0.5;
 
 /// What a click or drag on the active memory timeline asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
