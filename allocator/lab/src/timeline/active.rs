@@ -95,30 +95,82 @@ fn peak_live_bytes(recording: &Recording) -> u64 {
     peak
 }
 
-/// The allocation in a stack being built: its band and where its current piece starts.
+/// The allocation in a stack being built: its band, its order and where its current piece starts.
 struct Open {
     band: usize,
     since: u64,
     offset_bytes: u64,
 }
 
+/// A band's pieces start at its allocation and where its height has changed at the start of one of this many equal
+/// stretches of positions (a pixel column of any plot up to this wide).
+pub const STRETCHES: u64 = 4096;
+
+/// Sums of sizes by allocation order (a Fenwick tree): the bytes live below an allocation in O(log n).
+struct Below {
+    tree: Vec<u64>,
+}
+
+impl Below {
+    fn new(len: usize) -> Self {
+        Self { tree: vec![0; len + 1] }
+    }
+
+    /// Adds `delta` (wrapping: a removal adds the negation) at `order`.
+    fn add(&mut self, order: u64, delta: u64) {
+        let mut index = order as usize + 1;
+        while index < self.tree.len() {
+            self.tree[index] = self.tree[index].wrapping_add(delta);
+            index += index & index.wrapping_neg();
+        }
+    }
+
+    /// The sum at orders below `order`.
+    fn before(&self, order: u64) -> u64 {
+        let (mut index, mut sum) = (order as usize, 0u64);
+        while index > 0 {
+            sum = sum.wrapping_add(self.tree[index]);
+            index -= index & index.wrapping_neg();
+        }
+        sum
+    }
+}
+
 /// The active memory timeline of `recording`. See the module docs.
+///
+/// A free does not cut the bands above it at once (a recording freeing out of order would cut every band above
+/// each time: a million allocations made 91 million pieces). A band starts at its exact height, and heights are
+/// brought up to date at the start of each of [`STRETCHES`] stretches of positions, each band's height read from a
+/// sum of the live sizes by allocation order: exact there, at most one stretch late in between.
 pub fn build(recording: &Recording) -> ActiveTimeline {
     let stacks = crate::top::allocation_stacks(recording);
     let events = recording.trace.events();
     let positions = recording.entries + 1;
     let mut timeline = ActiveTimeline { positions, live_bytes: vec![0; positions as usize], ..ActiveTimeline::default() };
-    // The live allocations by allocation order, each with its open piece; the slot's order key.
-    let mut stack: BTreeMap<u64, Open> = BTreeMap::new();
+    // The banded allocations live, by allocation order, each with its open piece; each slot's order and size.
+    let mut open: BTreeMap<u64, Open> = BTreeMap::new();
     let mut order_of: Vec<Option<(u64, u64)>> = vec![None; recording.trace.slots() as usize];
+    let allocs = events.iter().filter(|event| matches!(event, Event::Alloc { .. })).count();
+    let mut below = Below::new(allocs);
     // Allocations this small get no band of their own: under half a pixel on any plot up to 2,048 pixels tall.
     let detail_bytes = peak_live_bytes(recording) / DETAIL_FRACTION;
     let (mut next_order, mut live_bytes) = (0u64, 0u64);
-    // Positions of `live_bytes` written so far.
+    // Positions of `live_bytes` written so far; the stretch the heights were last brought up to date in.
     let mut filled = 0usize;
+    let mut stretch = 0u64;
     let close = |timeline: &mut ActiveTimeline, open: &Open, to: u64| {
         if to > open.since {
             timeline.bands[open.band].pieces.push(Piece { from: open.since, to, offset_bytes: open.offset_bytes });
+        }
+    };
+    // Each band whose height changed gets a new piece from `position`.
+    let refresh = |timeline: &mut ActiveTimeline, open: &mut BTreeMap<u64, Open>, below: &Below, position: u64| {
+        for (&order, band) in open.iter_mut() {
+            let offset_bytes = below.before(order);
+            if offset_bytes != band.offset_bytes {
+                close(timeline, band, position);
+                (band.since, band.offset_bytes) = (position, offset_bytes);
+            }
         }
     };
     for (index, event) in (0..).zip(events) {
@@ -126,30 +178,35 @@ pub fn build(recording: &Recording) -> ActiveTimeline {
         match *event {
             Event::Alloc { slot, size_bytes } => {
                 if size_bytes >= detail_bytes {
+                    // Its own height is exact (the bands below may be a stretch late until the next refresh).
                     timeline.bands.push(Band { slot, size_bytes, stack: stacks[index as usize], pieces: Vec::new() });
-                    stack.insert(next_order, Open { band: timeline.bands.len() - 1, since: position, offset_bytes: live_bytes });
+                    let band = Open { band: timeline.bands.len() - 1, since: position, offset_bytes: below.before(next_order) };
+                    open.insert(next_order, band);
                 }
+                below.add(next_order, size_bytes);
                 order_of[slot as usize] = Some((next_order, size_bytes));
                 next_order += 1;
                 live_bytes += size_bytes;
             }
             Event::Free { slot } => {
                 let Some((order, size_bytes)) = order_of.get_mut(slot as usize).and_then(Option::take) else { continue };
-                if let Some(open) = stack.remove(&order) {
-                    close(&mut timeline, &open, position);
+                if let Some(band) = open.remove(&order) {
+                    close(&mut timeline, &band, position);
                 }
+                below.add(order, size_bytes.wrapping_neg());
                 live_bytes -= size_bytes;
-                // Everything above it drops by its size: a new piece from here.
-                for above in stack.range_mut(order..).map(|(_, open)| open) {
-                    close(&mut timeline, above, position);
-                    above.since = position;
-                    above.offset_bytes -= size_bytes;
-                }
             }
         }
         // The peak once the moment is done: the next event belongs to a later one (or there is none).
         let moment_done = events.get(index as usize + 1).is_none() || recording.moment_of(index + 1).position() != position;
         if moment_done {
+            // The first moment done in a new stretch brings the heights up to date from there.
+            let here_stretch =
+                u64::try_from(u128::from(position) * u128::from(STRETCHES) / u128::from(positions)).unwrap_or(u64::MAX);
+            if here_stretch != stretch {
+                refresh(&mut timeline, &mut open, &below, position);
+                stretch = here_stretch;
+            }
             // Positions without an event of their own keep the bytes of the one before.
             let here = (position as usize).min(timeline.live_bytes.len());
             let before = timeline.live_bytes.get(filled.saturating_sub(1)).copied().unwrap_or(0);
@@ -167,8 +224,8 @@ pub fn build(recording: &Recording) -> ActiveTimeline {
     let total = timeline.live_bytes.len();
     timeline.live_bytes[filled.min(total)..].fill(last);
     let end = timeline.positions;
-    for open in stack.values() {
-        close(&mut timeline, open, end);
+    for band in open.values() {
+        close(&mut timeline, band, end);
     }
     // An allocation freed in the moment it was made (an out-of-memory request) was never live.
     timeline.bands.retain(|band| !band.pieces.is_empty());
