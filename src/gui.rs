@@ -48,6 +48,13 @@ pub struct GuiArgs {
     /// instead of the totals.
     #[arg(long)]
     pub allocations: bool,
+    /// A built-in story instead of a file: frag_oom (the default), training_step, llm_serving_contiguous,
+    /// llm_serving_paged, compaction.
+    #[arg(long, conflicts_with_all = ["file", "live"])]
+    pub story: Option<String>,
+    /// Open with "Teach me" showing: one sentence per pane for each step (a lesson to step through with `Step`).
+    #[arg(long)]
+    pub teach: bool,
     /// Close the window by itself after this many frames (scripted runs, tests).
     #[arg(long, value_name = "N")]
     pub quit_after_frames: Option<u32>,
@@ -68,6 +75,8 @@ impl Default for GuiArgs {
             steps: None,
             at: None,
             allocations: false,
+            story: None,
+            teach: false,
             quit_after_frames: None,
             screenshot: None,
         }
@@ -168,6 +177,8 @@ pub fn run_gui(args: &GuiArgs) -> Result<()> {
         screenshot: args.screenshot.clone(),
         start_at_event: args.at,
         allocations: args.allocations,
+        story: args.story.clone(),
+        teach: args.teach,
     };
     let scripted = quit_after_frames.is_some();
     if scripted {

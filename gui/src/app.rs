@@ -146,7 +146,7 @@ impl HeapscopeApp {
     }
 
     /// The contenders a newly opened recording gets: the panes open now, or the side-by-side four.
-    fn contenders(&self) -> Vec<Contender> {
+    pub(crate) fn contenders(&self) -> Vec<Contender> {
         let open: Vec<Contender> =
             self.session.iter().flat_map(|session| session.panes.iter().filter_map(|pane| pane.contender)).collect();
         if open.is_empty() { Contender::SIDE_BY_SIDE.to_vec() } else { open }

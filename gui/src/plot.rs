@@ -55,6 +55,13 @@ fn labelled_steps(input: &egui_plot::GridInput) -> [f64; 3] {
     [fine, middle.max(fine), labelled]
 }
 
+/// A tick's number with as many decimals as its step needs (`0.5`, `1.5`; `20` for whole steps), so that ticks
+/// half a unit apart do not both read `1`.
+fn tick_label(value: f64, step: f64) -> String {
+    let decimals = if step >= 1.0 { 0 } else { (-step.log10()).ceil().clamp(0.0, 6.0) as usize };
+    format!("{value:.decimals$}")
+}
+
 /// `points` with y divided by `unit`.
 fn scaled(points: &[[f64; 2]], unit: f64) -> PlotPoints<'static> {
     PlotPoints::from(points.iter().map(|&[x, y]| [x, y / unit]).collect::<Vec<_>>())
@@ -160,6 +167,7 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
         .include_x(x_of(steps))
         .link_axis(link, [true, false])
         .y_grid_spacer(egui_plot::uniform_grid_spacer(|input| labelled_steps(&input)))
+        .y_axis_formatter(|mark, _| tick_label(mark.value, mark.step_size))
         .y_axis_label(unit_name)
         .show(ui, |plot| {
             for (index, (name, series)) in series.iter().enumerate() {
@@ -227,6 +235,15 @@ mod tests {
             assert!((steps[2] - labelled).abs() < 1e-12, "{top}: {steps:?}");
             assert!(steps[0] <= steps[1] && steps[1] <= steps[2], "{steps:?}");
             assert!(top / steps[2] >= 1.0 && top / steps[2] <= 4.0 + 1e-9, "{top}: between 1 and 4 labelled ticks");
+        }
+    }
+
+    #[test]
+    fn tick_labels_have_the_decimals_their_step_needs() {
+        for (value, step, label) in
+            [(1.5, 0.5, "1.5"), (20.0, 20.0, "20"), (0.25, 0.05, "0.25"), (2.0, 0.5, "2.0"), (0.0, 1.0, "0")]
+        {
+            assert_eq!(tick_label(value, step), label, "{value} by {step}");
         }
     }
 

@@ -45,6 +45,10 @@ pub struct WindowOptions {
     pub start_at_event: Option<heapscope_lab::recording::Moment>,
     /// Open with the timeline showing every allocation (the active memory timeline) instead of the totals.
     pub allocations: bool,
+    /// Open this built-in story instead of frag_oom (with no file).
+    pub story: Option<String>,
+    /// Open with "Teach me" showing.
+    pub teach: bool,
 }
 
 /// What a screenshot came to: `None` until it arrives.
@@ -254,7 +258,8 @@ pub fn run_window(app: HeapscopeApp, options: WindowOptions, device: Option<&Sha
 /// `window` can make it a scripted run (see the module documentation).
 ///
 /// # Errors
-/// The file does not open, too many contenders, `window.start_at_event` past the end of the recording
+/// The file does not open, no built-in story of `window.story`'s name, too many contenders, `window.start_at_event`
+/// past the end of the recording
 /// ([`check_at`], the rule of `heapscope render --at` too), the window cannot be created (no display, no graphics
 /// adapter), or the scripted screenshot failed.
 pub fn run(
@@ -266,10 +271,15 @@ pub fn run(
 ) -> anyhow::Result<()> {
     let mut app = HeapscopeApp::default();
     app.open_options = open;
-    if !contenders.is_empty() {
+    if let Some(story) = &window.story {
+        // The panes asked for, else the story's own contenders.
+        let contenders = if contenders.is_empty() { app.contenders() } else { contenders.to_vec() };
+        app.set_session(Session::story_named(story, &contenders)?);
+    } else if !contenders.is_empty() {
         // Files open through the panes open: the story's.
         app.set_session(Session::story_named("frag_oom", contenders)?);
     }
+    app.teach = window.teach;
     if let Some(path) = path {
         app.open_path(path);
         if let Some(error) = app.error.take() {

@@ -144,3 +144,37 @@ fn a_live_run_shares_the_device_the_window_draws_with() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && stderr.contains("paged with a budget of 4 KiB on the device"), "{stderr}");
 }
+
+/// A lesson opened from the command line: `gui --story training_step --teach --at 3` opens the story in "Teach me"
+/// at entry 3 in the real window; a story that does not exist, or a story beside a file, is refused before any window.
+#[test]
+fn a_story_opens_in_teach_me_from_the_command_line() {
+    if !xvfb_run_available() {
+        return;
+    }
+    let dir = crate::common::temp_dir("gui-window-story");
+    let screenshot = dir.join("lesson.png");
+    let run = |args: &[&str]| {
+        Command::new("xvfb-run")
+            .args(["-a", "-s", "-screen 0 1600x1000x24", env!("CARGO_BIN_EXE_heapscope"), "gui"])
+            .args(args)
+            .env_remove("WAYLAND_DISPLAY")
+            .env("HEAPSCOPE_VALIDATION", "1")
+            .env("WGPU_DEBUG", "0")
+            .output()
+            .expect("xvfb-run runs")
+    };
+    let path = screenshot.to_str().unwrap();
+    let output = run(&["--story", "training_step", "--teach", "--at", "3", "--quit-after-frames", "5", "--screenshot", path]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "exit {:?}\nstderr: {stderr}", output.status);
+    let image = image::open(&screenshot).unwrap().to_rgba8();
+    let colours: HashSet<[u8; 4]> = image.pixels().map(|pixel| pixel.0).collect();
+    assert!(colours.len() >= 16, "{} distinct colours: a blank window", colours.len());
+    let unknown = run(&["--story", "nope", "--quit-after-frames", "1"]);
+    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    assert!(!unknown.status.success() && stderr.contains("no built-in story \"nope\": the stories are frag_oom"), "{stderr}");
+    let both = run(&["some.csv", "--story", "frag_oom"]);
+    assert!(String::from_utf8_lossy(&both.stderr).contains("cannot be used with '--story <STORY>'"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
