@@ -163,8 +163,13 @@ impl Trace {
                 let field = fields.get(position).ok_or_else(|| fail(format!("missing {what} in {shown}")))?;
                 field.parse().map_err(|_| fail(format!("{what} {} is not a non-negative integer", Shown(field))))
             };
+            // A size in bytes, or with a unit as the command line takes it (`150MiB`, `1.5 GiB`, `64k`).
+            let size = |position: usize| -> Result<u64> {
+                let field = fields.get(position).ok_or_else(|| fail(format!("missing size_bytes in {shown}")))?;
+                crate::units::parse_size(field).map_err(|bad| fail(format!("size_bytes {}: {}", Shown(field), bad.what)))
+            };
             match (fields[0], fields.len()) {
-                ("a", 3) => builder.alloc(number(1, "id")?, number(2, "size_bytes")?).map_err(|error| fail(error.to_string()))?,
+                ("a", 3) => builder.alloc(number(1, "id")?, size(2)?).map_err(|error| fail(error.to_string()))?,
                 ("f", 2) => builder.free(number(1, "id")?).map_err(|error| fail(error.to_string()))?,
                 ("a" | "f", count) => {
                     return Err(fail(format!("{count} fields in {shown}: expected a,<id>,<size_bytes> or f,<id>")));
@@ -210,7 +215,7 @@ mod tests {
 
     #[test]
     fn parse_and_round_trip() {
-        let text = "# comment\na,100,4096\na,7,1 # trailing comment\n\nf,100\na,100,512\nf,7\n";
+        let text = "# comment\na,100,4096\na,7,1 # trailing comment\n\nf,100\na,100,512\nf,7\na,8,1.5 KiB\na,9,2MiB\n";
         let trace = Trace::parse_csv("t.csv", text).unwrap();
         assert_eq!(
             trace.events(),
@@ -220,9 +225,11 @@ mod tests {
                 Event::Free { slot: 0 },
                 Event::Alloc { slot: 2, size_bytes: 512 },
                 Event::Free { slot: 1 },
+                Event::Alloc { slot: 3, size_bytes: 1536 },
+                Event::Alloc { slot: 4, size_bytes: 2 << 20 },
             ]
         );
-        assert_eq!(trace.slots(), 3);
+        assert_eq!(trace.slots(), 5);
         let again = Trace::parse_csv("t.csv", &trace.to_csv()).unwrap();
         assert_eq!(again.events(), trace.events());
     }
@@ -232,7 +239,8 @@ mod tests {
         let cases = [
             ("a,1,10\nx,2\n", 2, "unknown event \"x\""),
             ("a,1\n", 1, "2 fields"),
-            ("a,1,ten\n", 1, "size_bytes \"ten\""),
+            ("a,1,ten\n", 1, "size_bytes \"ten\": unknown unit \"ten\""),
+            ("a,1,3 parsecs\n", 1, "size_bytes \"3 parsecs\": unknown unit"),
             ("a,1,0\n", 1, "size 0"),
             ("a,1,10\na,1,10\n", 2, "already live"),
             ("f,9\n", 1, "not live"),
@@ -246,6 +254,9 @@ mod tests {
         // Issue 17: a 20 MB line is not repeated on stderr: the field is cut, its length said.
         let long = format!("a,1,{}\n", "9".repeat(20_000_000));
         let message = Trace::parse_csv("long.csv", &long).unwrap_err().to_string();
+        assert!(message.len() < 200 && message.contains("… (20000000 bytes): larger than 2^64 bytes"), "{message}");
+        let long_id = format!("a,{},10\n", "9".repeat(20_000_000));
+        let message = Trace::parse_csv("long.csv", &long_id).unwrap_err().to_string();
         assert!(message.len() < 200 && message.contains("… (20000000 bytes) is not a non-negative integer"), "{message}");
         let missing = Trace::read_csv(Path::new("/nonexistent/trace.csv")).unwrap_err().to_string();
         assert!(missing.contains("/nonexistent/trace.csv") && missing.contains("cannot read"), "{missing}");
