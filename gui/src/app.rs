@@ -800,7 +800,7 @@ impl HeapscopeApp {
             self.add_setting_pane(&setting);
         }
         if seek_to_peak && let Some(session) = &self.session {
-            self.playback.seek(heapscope_lab::top::peak_moment(&session.recording).position());
+            self.playback.seek(heapscope_lab::top::peak(&session.recording).0.position());
         }
         let animations = self.current_animations();
         let too_small = self.too_small();

@@ -168,7 +168,7 @@ impl Checker {
             Some(run) => align_up(run.offset + (pick as u64 / 7) % run.size_bytes.max(1), align).unwrap_or(run.offset),
             None => pick as u64,
         };
-        let by_address = matches!(self.kind, PolicyKind::Tlsf | PolicyKind::BestFit | PolicyKind::FirstFit);
+        let by_address = self.kind.places_by_address();
         let must_fit = by_address && self.fits_at(offset, request, &report);
         match self.policy.allocate_at(request, offset) {
             Some(allocation) if !by_address => Err(format!("{} placed {allocation:?} at an offset it was told", self.kind)),
@@ -197,10 +197,7 @@ impl Checker {
             return false;
         };
         if self.config.granularity_bytes > 1 {
-            let mut guard = GranularityGuard::new(self.config.granularity_bytes);
-            for live in &self.live {
-                guard.insert(live.offset(), live.footprint_end() - live.offset(), live.kind());
-            }
+            let guard = self.live_guard();
             return guard.place(offset, run.end(), size, align, request.kind()) == Some(offset);
         }
         offset.is_multiple_of(align) && offset.checked_add(size).is_some_and(|end| end <= run.end())
@@ -234,6 +231,15 @@ impl Checker {
         Ok(())
     }
 
+    /// The granularity rule's pages as the live allocations of the model hold them.
+    fn live_guard(&self) -> GranularityGuard {
+        let mut guard = GranularityGuard::new(self.config.granularity_bytes);
+        for live in &self.live {
+            guard.insert(live.offset(), live.footprint_end() - live.offset(), live.kind());
+        }
+        guard
+    }
+
     /// Whether the policy must be able to serve `request` from the free run `[start, end)`. Without a
     /// granularity rule: the policy's own rounding decides. With it, the policies that place at any offset
     /// (TLSF, best fit, first fit, linear) must find the lowest placement the rule allows; buddy and slab keep
@@ -247,10 +253,7 @@ impl Checker {
             let Some(size) = align_up(request.size_bytes(), self.config.min_align_bytes) else {
                 return false;
             };
-            let mut guard = GranularityGuard::new(self.config.granularity_bytes);
-            for live in &self.live {
-                guard.insert(live.offset(), live.footprint_end() - live.offset(), live.kind());
-            }
+            let guard = self.live_guard();
             return guard.place(start, end, size, align, request.kind()).is_some();
         }
         let Some(needed) = self.kind.dedicated_bytes(request, &self.config) else {

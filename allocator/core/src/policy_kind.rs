@@ -53,6 +53,13 @@ impl PolicyKind {
         }
     }
 
+    /// Whether the policy keeps its free runs by address, so it can be told where to place
+    /// ([`Policy::allocate_at`]) and its free space measured run by run: what compaction needs (`tlsf`, `best-fit`,
+    /// `first-fit`).
+    pub fn places_by_address(self) -> bool {
+        matches!(self, Self::Tlsf | Self::BestFit | Self::FirstFit)
+    }
+
     /// A policy of this kind over `[0, capacity_bytes)`.
     ///
     /// # Errors

@@ -175,7 +175,7 @@ pub fn top(recording: &Recording, at: TopAt, grouping: Grouping) -> Result<Top, 
             Some((entry, _)) => Moment::Entry(entry - 1),
             None => return Err(TopError::NoOom { recording: recording.name.clone() }),
         },
-        TopAt::Peak => peak_moment(recording),
+        TopAt::Peak => peak(recording).0,
     };
     let stacks = allocation_stacks(recording);
     let mut live: HashMap<u32, (u64, StackId)> = HashMap::new();
@@ -224,32 +224,28 @@ pub fn top(recording: &Recording, at: TopAt, grouping: Grouping) -> Result<Top, 
     Ok(Top { moment: target, live_bytes, live_count: live.len() as u64, rows, refused })
 }
 
-/// The first moment the recording's live bytes are highest (the start when nothing is ever allocated after it).
-pub fn peak_moment(recording: &Recording) -> Moment {
-    let mut sizes: HashMap<u32, u64> = HashMap::new();
-    let (mut live, mut peak, mut peak_moment) = (0u64, 0u64, Moment::Start);
+/// The first moment the recording's live bytes are highest (the start when nothing is ever allocated after it), and
+/// those bytes. Live bytes are counted once each moment is done: an out-of-memory entry allocates and frees its
+/// request in one moment, so it changes nothing.
+pub fn peak(recording: &Recording) -> (Moment, u64) {
+    let mut sizes: Vec<u64> = vec![0; recording.trace.slots() as usize];
+    let (mut live, mut peak) = (0u64, (Moment::Start, 0u64));
     let events = recording.trace.events();
-    let mut index = 0u64;
-    while (index as usize) < events.len() {
-        let moment = recording.moment_of(index);
-        // Every event of this moment (an out-of-memory entry allocates and frees its request: no change).
-        while let Some(event) = events.get(index as usize)
-            && recording.moment_of(index) == moment
-        {
-            match *event {
-                Event::Alloc { slot, size_bytes } => {
-                    sizes.insert(slot, size_bytes);
-                    live += size_bytes;
-                }
-                Event::Free { slot } => live -= sizes.remove(&slot).unwrap_or(0),
+    for (index, event) in (0..).zip(events) {
+        match *event {
+            Event::Alloc { slot, size_bytes } => {
+                sizes[slot as usize] = size_bytes;
+                live += size_bytes;
             }
-            index += 1;
+            Event::Free { slot } => live -= std::mem::take(&mut sizes[slot as usize]),
         }
-        if live > peak {
-            (peak, peak_moment) = (live, moment);
+        let moment = recording.moment_of(index);
+        let done = events.get(index as usize + 1).is_none() || recording.moment_of(index + 1) != moment;
+        if done && live > peak.1 {
+            peak = (moment, live);
         }
     }
-    peak_moment
+    peak
 }
 
 #[cfg(test)]
@@ -301,7 +297,7 @@ mod tests {
     #[test]
     fn the_peak_grouped_by_user_frame_is_the_hand_computed_answer() {
         let recording = recording();
-        assert_eq!(peak_moment(&recording), Moment::Entry(2), "100 + 200 + 300 once entry 2 is done");
+        assert_eq!(peak(&recording), (Moment::Entry(2), 600), "100 + 200 + 300 once entry 2 is done");
         let peak = top(&recording, TopAt::Peak, Grouping::UserFrame).unwrap();
         assert_eq!((peak.moment, peak.live_bytes, peak.live_count), (Moment::Entry(2), 600, 3));
         assert_eq!(rows(&peak), [(vec!["forward (model.py:10)"], 400, 2), (vec!["forward (model.py:20)"], 200, 1)]);

@@ -158,6 +158,12 @@ fn ignore(m: &mut vk_mem::DefragmentationMove) {
     m.operation = unsafe { std::mem::transmute::<u32, _>(1) };
 }
 
+/// The VMA block holding the allocation `info` describes, as memory a buffer can be put over (its size from the books).
+fn block_span(book: &ExternalBook<vk_mem::Allocation>, info: &vk_mem::AllocationInfo) -> MemorySpan {
+    let size_bytes = book.block(info.device_memory).map_or(0, |block| block.size_bytes);
+    MemorySpan { memory: info.device_memory, type_index: info.memory_type, size_bytes, allocation_size_bytes: size_bytes }
+}
+
 /// One defragmentation's state across VMA's passes.
 struct Pass<'l> {
     transfer: Transfer,
@@ -231,13 +237,7 @@ impl Pass<'_> {
                 if buffers.contains_key(&info.device_memory) || made.is_err() {
                     continue;
                 }
-                let size_bytes = book.block(info.device_memory).map_or(0, |block| block.size_bytes);
-                let span = MemorySpan {
-                    memory: info.device_memory,
-                    type_index: info.memory_type,
-                    size_bytes,
-                    allocation_size_bytes: size_bytes,
-                };
+                let span = block_span(book, info);
                 match buffer_over_memory(&context, span, || "a VMA block".to_owned()) {
                     Ok(buffer) => {
                         buffers.insert(info.device_memory, buffer);
@@ -332,13 +332,7 @@ impl VmaHeap {
             )));
         }
         let info = backend.allocator.get_allocation_info(&inner);
-        let size_bytes = book.block(info.device_memory).map_or(0, |block| block.size_bytes);
-        let span = MemorySpan {
-            memory: info.device_memory,
-            type_index: info.memory_type,
-            size_bytes,
-            allocation_size_bytes: size_bytes,
-        };
+        let span = block_span(book, &info);
         let device_error = |error: crate::VulkanError| Error::Source(error.to_string());
         let buffer = buffer_over_memory(book.context(), span, || "a VMA block".to_owned()).map_err(device_error)?;
         let transfer = match &mut backend.transfer {

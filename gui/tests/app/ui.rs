@@ -50,6 +50,15 @@ fn wait_for_open(harness: &mut Harness<'static, HeapscopeApp>) {
     panic!("the file did not open within 5 s");
 }
 
+/// The app with the shipped frag_oom recording (which records stacks) dropped on it and open.
+fn frag_oom_recording(clock: &ManualClock) -> Harness<'static, HeapscopeApp> {
+    let mut harness = harness(clock);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/frag_oom-default.pickle.gz");
+    drop_file(&mut harness, path);
+    wait_for_open(&mut harness);
+    harness
+}
+
 fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("heapscope-gui-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -207,10 +216,7 @@ fn the_oom_panel_says_why_in_plain_words() {
 #[test]
 fn the_oom_panel_names_the_refused_requests_own_stack() {
     let clock = ManualClock::default();
-    let mut harness = harness(&clock);
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/frag_oom-default.pickle.gz");
-    drop_file(&mut harness, path);
-    wait_for_open(&mut harness);
+    let mut harness = frag_oom_recording(&clock);
     harness.key_press(Key::O);
     harness.run_steps(2);
     assert_eq!(harness.state().playback.shown_steps(), 101, "O jumps to the refused 1 GiB request at entry 100");
@@ -227,10 +233,7 @@ fn the_oom_panel_names_the_refused_requests_own_stack() {
 #[test]
 fn what_holds_it_groups_the_live_memory_by_code_and_finds_the_peak() {
     let clock = ManualClock::default();
-    let mut harness = harness(&clock);
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/frag_oom-default.pickle.gz");
-    drop_file(&mut harness, path);
-    wait_for_open(&mut harness);
+    let mut harness = frag_oom_recording(&clock);
     harness.key_press(Key::O);
     harness.run_steps(2);
     harness.get_by_label("What holds it").click();
@@ -250,10 +253,7 @@ fn what_holds_it_groups_the_live_memory_by_code_and_finds_the_peak() {
 #[test]
 fn a_click_on_the_allocations_timeline_seeks_and_picks_an_allocation() {
     let clock = ManualClock::default();
-    let mut harness = harness(&clock);
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/frag_oom-default.pickle.gz");
-    drop_file(&mut harness, path);
-    wait_for_open(&mut harness);
+    let mut harness = frag_oom_recording(&clock);
     harness.get_by_label("allocations").click();
     harness.run_steps(2);
     assert!(harness.state().show_allocations);

@@ -277,27 +277,19 @@ impl Target for VulkanTarget {
     /// A heap of blocks compacts, its source copying the moves between device blocks; `paged` remaps the moved
     /// allocations' pages in its sparse buffer (nothing copied); `pytorch` moves nothing.
     fn compact(&mut self, live: &[(VulkanHandle, u64)], for_refused: bool) -> Result<Vec<(usize, VulkanHandle)>, TargetError> {
-        let mixed = || TargetError::Failed("a handle of another heap among a heap's live allocations".to_owned());
         match &mut self.backend {
             Backend::Heap(heap) => {
-                let listed: Vec<(HeapAllocation, u64)> = live
-                    .iter()
-                    .map(|&(handle, size_bytes)| match handle {
-                        VulkanHandle::Heap(allocation) => Ok((allocation, size_bytes)),
-                        _ => Err(mixed()),
-                    })
-                    .collect::<Result<_, _>>()?;
+                let listed =
+                    handles_of(live, |handle| if let VulkanHandle::Heap(allocation) = handle { Some(allocation) } else { None })?;
                 let moves = compact_heap(heap, &listed, self.align_bytes, for_refused)?;
                 Ok(moves.into_iter().map(|(index, to)| (index, VulkanHandle::Heap(to))).collect())
             }
             Backend::Paged(heap) => {
-                let listed: Vec<(Allocation, u64)> = live
-                    .iter()
-                    .map(|&(handle, size_bytes)| match handle {
-                        VulkanHandle::Paged(allocation) => Ok((allocation, size_bytes)),
-                        _ => Err(mixed()),
-                    })
-                    .collect::<Result<_, _>>()?;
+                let listed =
+                    handles_of(
+                        live,
+                        |handle| if let VulkanHandle::Paged(allocation) = handle { Some(allocation) } else { None },
+                    )?;
                 let moves = compact_heap(heap, &listed, self.align_bytes, for_refused)?;
                 Ok(moves.into_iter().map(|(index, to)| (index, VulkanHandle::Paged(to))).collect())
             }
@@ -308,4 +300,18 @@ impl Target for VulkanTarget {
     fn moves_by_remap(&self) -> bool {
         matches!(self.backend, Backend::Paged(_))
     }
+}
+
+/// The handles of `live` as one heap's own (`pick`), with their sizes.
+///
+/// # Errors
+/// [`TargetError::Failed`] when one belongs to another heap.
+fn handles_of<A>(live: &[(VulkanHandle, u64)], pick: impl Fn(VulkanHandle) -> Option<A>) -> Result<Vec<(A, u64)>, TargetError> {
+    live.iter()
+        .map(|&(handle, size_bytes)| {
+            let own = pick(handle)
+                .ok_or_else(|| TargetError::Failed("a handle of another heap among a heap's live allocations".to_owned()))?;
+            Ok((own, size_bytes))
+        })
+        .collect()
 }

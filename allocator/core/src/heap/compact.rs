@@ -23,7 +23,7 @@ use super::{Heap, HeapAllocation};
 use crate::compaction::{Algorithm, Budget};
 use crate::report::{PolicyReport, RangeState};
 use crate::source::{BlockCopy, MemorySource, SourceError};
-use crate::{AllocationId, Error, PolicyKind, Request, Result};
+use crate::{AllocationId, Error, Request, Result};
 
 /// An allocation the caller lets compaction move, with the request that made it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,7 +68,7 @@ impl<S: MemorySource> Heap<S> {
     pub fn compact(&mut self, movable: &[Movable], algorithm: Algorithm, budget: Budget) -> Result<HeapCompaction> {
         let mut compaction =
             HeapCompaction { largest_free_before_bytes: self.largest_usable_free_run(), ..HeapCompaction::default() };
-        if !matches!(self.config.policy, PolicyKind::Tlsf | PolicyKind::BestFit | PolicyKind::FirstFit) {
+        if !self.config.policy.places_by_address() {
             compaction.largest_free_after_bytes = compaction.largest_free_before_bytes;
             return Ok(compaction);
         }
@@ -300,6 +300,7 @@ fn largest_run(report: &PolicyReport, freed: &[AllocationId]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::PolicyKind;
     use crate::compaction::{Algorithm, Budget};
     use crate::heap::{HeapConfig, ReleaseRule};
     use crate::rng::Rng;

@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use super::{PagedHeap, page_span};
 use crate::compaction::{Algorithm, Budget, Layout, Placed, plan};
 use crate::device_event::DeviceEvent;
-use crate::{Allocation, AllocationId, Error, PolicyKind, RangeState, Request, Result};
+use crate::{Allocation, AllocationId, Error, RangeState, Request, Result};
 
 /// A run of pages moved in the virtual range by a compaction: its physical pages unmapped from
 /// `from_offset .. from_offset + size_bytes` and mapped at `to_offset ..` (the two may overlap).
@@ -85,7 +85,7 @@ impl PagedHeap {
         let mut compaction = PagedCompaction::default();
         compaction.largest_free_before_bytes = largest_gap(&footprints, self.config.virtual_bytes);
         compaction.largest_free_after_bytes = compaction.largest_free_before_bytes;
-        if !matches!(self.config.policy, PolicyKind::Tlsf | PolicyKind::BestFit | PolicyKind::FirstFit) || footprints.is_empty() {
+        if !self.config.policy.places_by_address() || footprints.is_empty() {
             return Ok(compaction);
         }
         let listed: HashMap<(AllocationId, u64), (Allocation, Request)> = movable
@@ -239,7 +239,7 @@ fn largest_gap(footprints: &[Footprint], end: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{OomCause, PagedConfig, UnmapRule};
+    use crate::{OomCause, PagedConfig, PolicyKind, UnmapRule};
 
     const PAGE: u64 = 4096;
 

@@ -74,27 +74,6 @@ impl ActiveTimeline {
 /// Allocations under this fraction of the peak live bytes get no band (see [`ActiveTimeline::bands`]).
 pub const DETAIL_FRACTION: u64 = 4096;
 
-/// The most bytes live once a moment of `recording` is done.
-fn peak_live_bytes(recording: &Recording) -> u64 {
-    let mut sizes: Vec<u64> = vec![0; recording.trace.slots() as usize];
-    let (mut live, mut peak) = (0u64, 0u64);
-    let events = recording.trace.events();
-    for (index, event) in (0..).zip(events) {
-        match *event {
-            Event::Alloc { slot, size_bytes } => {
-                sizes[slot as usize] = size_bytes;
-                live += size_bytes;
-            }
-            Event::Free { slot } => live -= std::mem::take(&mut sizes[slot as usize]),
-        }
-        let done = events.get(index as usize + 1).is_none() || recording.moment_of(index + 1) != recording.moment_of(index);
-        if done {
-            peak = peak.max(live);
-        }
-    }
-    peak
-}
-
 /// The allocation in a stack being built: its band, its order and where its current piece starts.
 struct Open {
     band: usize,
@@ -153,7 +132,7 @@ pub fn build(recording: &Recording) -> ActiveTimeline {
     let allocs = events.iter().filter(|event| matches!(event, Event::Alloc { .. })).count();
     let mut below = Below::new(allocs);
     // Allocations this small get no band of their own: under half a pixel on any plot up to 2,048 pixels tall.
-    let detail_bytes = peak_live_bytes(recording) / DETAIL_FRACTION;
+    let detail_bytes = crate::top::peak(recording).1 / DETAIL_FRACTION;
     let (mut next_order, mut live_bytes) = (0u64, 0u64);
     // Positions of `live_bytes` written so far; the stretch the heights were last brought up to date in.
     let mut filled = 0usize;
@@ -272,7 +251,8 @@ mod tests {
                 std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../assets/traces/pytorch/{name}.pickle.gz"));
             let recording = Recording::open_device(&path, None).unwrap();
             let timeline = build(&recording);
-            assert_eq!(timeline.peak_position, crate::top::peak_moment(&recording).position(), "{name}");
+            let (moment, bytes) = crate::top::peak(&recording);
+            assert_eq!((timeline.peak_position, timeline.peak_bytes), (moment.position(), bytes), "{name}");
             assert_eq!(timeline.live_bytes.len() as u64, timeline.positions);
             assert_eq!(timeline.live_bytes.iter().max().copied(), Some(timeline.peak_bytes), "{name}");
             assert_eq!(timeline.live_bytes[timeline.peak_position as usize], timeline.peak_bytes, "{name}");
