@@ -115,7 +115,7 @@ pub struct RenderArgs {
     /// Image height in pixels.
     #[arg(long, default_value_t = 480)]
     pub height: u32,
-    /// Colour allocations by size class, age or stack frames.
+    /// Colour allocations by `size-class`, `age`, `stack` (frames) or `category` (the entries' labels).
     #[arg(long, value_name = "MODE", default_value = "size-class", value_parser = parse_colour)]
     pub colour: ColourBy,
     /// The device and memory of the file's replay.
@@ -128,7 +128,8 @@ fn parse_colour(text: &str) -> Result<ColourBy, String> {
         "size-class" => Ok(ColourBy::SizeClass),
         "age" => Ok(ColourBy::Age),
         "stack" => Ok(ColourBy::StackGroup),
-        other => Err(format!("unknown colour mode {other:?}: expected size-class, age or stack")),
+        "category" => Ok(ColourBy::Category),
+        other => Err(format!("unknown colour mode {other:?}: expected size-class, age, stack or category")),
     }
 }
 

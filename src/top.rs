@@ -11,7 +11,7 @@ use heapscope_lab::top::{Grouping, Top, TopAt, top};
 
 use crate::input;
 
-/// `heapscope top FILE [--at EVENT|peak|oom] [--full-stack] [--limit N] [--json]`.
+/// `heapscope top FILE [--at EVENT|peak|oom] [--full-stack | --by-category] [--limit N] [--json]`.
 #[derive(Debug, Clone, Args)]
 pub struct TopArgs {
     /// A PyTorch memory snapshot (its frames say where each allocation was made), a native or CSV trace.
@@ -24,13 +24,18 @@ pub struct TopArgs {
     #[arg(long, value_name = "N")]
     pub device: Option<usize>,
     /// Group by the whole stack (allocator and interpreter frames folded) instead of the innermost user frame.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "by_category")]
     pub full_stack: bool,
+    /// Group by the category each allocation's entry was labelled with: `user_metadata`
+    /// (`torch.cuda.memory._set_memory_metadata`), `compile_context` (a `torch.compile` region) or the profiler's
+    /// `category`, the first of them naming one.
+    #[arg(long)]
+    pub by_category: bool,
     /// Rows of the table (every row with `--json`).
     #[arg(long, value_name = "N", default_value = "20")]
     pub limit: usize,
     /// One JSON object: `moment`, `event_index`, `live_bytes`, `live_count`, `grouping`, `rows` (`frames`, `bytes`,
-    /// `count`, `share`) and `refused`.
+    /// `count`, `share`, and `category` by category) and `refused`.
     #[arg(long)]
     pub json: bool,
 }
@@ -38,7 +43,11 @@ pub struct TopArgs {
 /// Runs `heapscope top`.
 pub fn run(args: &TopArgs) -> Result<()> {
     let recording = input::open_device(&args.file, args.device)?;
-    let grouping = if args.full_stack { Grouping::FullStack } else { Grouping::UserFrame };
+    let grouping = match (args.full_stack, args.by_category) {
+        (true, _) => Grouping::FullStack,
+        (_, true) => Grouping::Category,
+        _ => Grouping::UserFrame,
+    };
     let found = top(&recording, args.at, grouping)?;
     if args.json {
         outln!("{}", json(&found, args.at, grouping));
@@ -64,10 +73,18 @@ pub fn run(args: &TopArgs) -> Result<()> {
     if found.rows.is_empty() {
         return Ok(());
     }
-    let header = if args.full_stack { "where (the stack, innermost first)" } else { "where (the innermost user frame)" };
+    let header = match grouping {
+        Grouping::FullStack => "where (the stack, innermost first)",
+        Grouping::UserFrame => "where (the innermost user frame)",
+        Grouping::Category => "category (the entry's label)",
+    };
     outln!("{:>12} {:>7} {:>6}  {header}", "bytes", "count", "share");
     for row in found.rows.iter().take(args.limit) {
-        outln!("{:>12} {:>7} {:>5.1}%  {}", Bytes(row.bytes).to_string(), row.count, row.share * 100.0, where_from(&row.frames));
+        let what = match grouping {
+            Grouping::Category => row.category.as_deref().unwrap_or("(no category recorded)"),
+            Grouping::UserFrame | Grouping::FullStack => where_from(&row.frames),
+        };
+        outln!("{:>12} {:>7} {:>5.1}%  {what}", Bytes(row.bytes).to_string(), row.count, row.share * 100.0);
         for frame in row.frames.iter().skip(1) {
             outln!("{:>30}{frame}", "");
         }
@@ -97,7 +114,7 @@ fn json(found: &Top, at: TopAt, grouping: Grouping) -> serde_json::Value {
         "event_index": event_index,
         "live_bytes": found.live_bytes,
         "live_count": found.live_count,
-        "grouping": match grouping { Grouping::UserFrame => "user_frame", Grouping::FullStack => "full_stack" },
+        "grouping": grouping.name(),
         "rows": found.rows,
         "refused": found.refused,
     })

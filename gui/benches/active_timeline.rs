@@ -13,6 +13,7 @@ use criterion::Criterion;
 use egui::{Pos2, Rect, Vec2};
 use heapscope_core::trace::TraceBuilder;
 use heapscope_gui::active_plot::band_shapes;
+use heapscope_gui::palette::ColourBy;
 use heapscope_lab::recording::Recording;
 use heapscope_lab::timeline::active;
 
@@ -77,13 +78,13 @@ fn main() {
     let mut shapes = 0;
     for _ in 0..20 {
         let started = Instant::now();
-        shapes = black_box(band_shapes(&timeline, rect, max_bytes)).len();
+        shapes = black_box(band_shapes(&timeline, rect, max_bytes, ColourBy::StackGroup)).len();
         best = best.min(started.elapsed());
     }
     println!("one frame, 1600 x 220, whole recording: {shapes} shapes, best {:.2} ms", best.as_secs_f64() * 1e3);
     let mut criterion = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(5)).configure_from_args();
     criterion.bench_function("active timeline frame, 1M allocations", |bench| {
-        bench.iter(|| black_box(band_shapes(&timeline, rect, max_bytes)));
+        bench.iter(|| black_box(band_shapes(&timeline, rect, max_bytes, ColourBy::StackGroup)));
     });
     criterion.final_summary();
 }

@@ -2,7 +2,7 @@
 //! [`heapscope_lab::timeline::active`] bands), under the panes in place of the totals plot.
 //!
 //! Every allocation is a band over the moments it is live, stacked on the older ones still live, coloured by its
-//! stack (or its size class where the file recorded no stacks). Bands under half a pixel tall are not drawn one by
+//! stack (or its size class where the file recorded no stacks), or by its category when the app colours by category. Bands under half a pixel tall are not drawn one by
 //! one: the live bytes are filled in grey first, so they show there as one mass (the level of detail that keeps
 //! hundreds of thousands of pieces interactive). Each pane's reserved bytes are drawn over them as a line in the
 //! pane's colour, the peak is marked and named, the moment shown is a white line; a hover names the allocation
@@ -15,7 +15,7 @@ use heapscope_lab::recording::Moment;
 use heapscope_lab::timeline::active::ActiveTimeline;
 use heapscope_pytorch::StackId;
 
-use crate::palette;
+use crate::palette::{self, ColourBy};
 use crate::plot::{PANE_COLOURS, Series, byte_unit, nice_step};
 use crate::session::Session;
 
@@ -32,13 +32,14 @@ pub struct Clicked {
     pub picked: Option<Option<u32>>,
 }
 
-/// Draws `timeline` at `position` steps with each pane's reserved bytes from `series` in `height` pixels; returns
-/// the step to seek to when clicked or dragged, and the allocation picked by a click.
+/// Draws `timeline` at `position` steps with each pane's reserved bytes from `series` in `height` pixels, bands
+/// coloured as `colour_by` says ([`band_shapes`]); returns the step to seek to when clicked or dragged, and the
+/// allocation picked by a click.
 pub fn show(
     ui: &mut Ui,
     timeline: &ActiveTimeline,
     series: &[(&str, &Series)],
-    session: &Session,
+    (session, colour_by): (&Session, ColourBy),
     position: f64,
     height: f32,
 ) -> Clicked {
@@ -52,9 +53,12 @@ pub fn show(
             egui::TextFormat::simple(font.clone(), PANE_COLOURS[index % PANE_COLOURS.len()]),
         );
     }
+    let coloured = if colour_by == ColourBy::Category { "category" } else { "stack" };
     legend.append(
-        "(lines: reserved; bands: every allocation while live, stacked oldest first, coloured by stack; grey: allocations \
-         under half a pixel)",
+        &format!(
+            "(lines: reserved; bands: every allocation while live, stacked oldest first, coloured by {coloured}; grey: \
+             allocations under half a pixel)"
+        ),
         0.0,
         egui::TextFormat::simple(font, weak),
     );
@@ -96,7 +100,7 @@ pub fn show(
         painter.text(pos2(x, rect.bottom() + 3.0), Align2::CENTER_TOP, entry.to_string(), FontId::proportional(11.0), weak);
     }
     painter.text(pos2(rect.right(), outer.bottom()), Align2::RIGHT_BOTTOM, "entry", FontId::proportional(11.0), weak);
-    painter.extend(band_shapes(timeline, rect, max_bytes));
+    painter.extend(band_shapes(timeline, rect, max_bytes, colour_by));
     // Each pane's reserved bytes over the bands.
     for (index, (_, series)) in series.iter().enumerate() {
         let points: Vec<Pos2> = series.reserved.iter().map(|&[x, bytes]| pos2(x_at(x + 1.0), y_at(bytes))).collect();
@@ -125,8 +129,9 @@ pub fn show(
                 let (from, to) = (band.pieces.first().map_or(0, |p| p.from), band.pieces.last().map_or(0, |p| p.to));
                 let freed =
                     if to >= positions { "never freed".to_owned() } else { format!("freed at {}", Moment::at_position(to)) };
+                let category = session.category(band.slot).map(|category| format!("\ncategory: {category}")).unwrap_or_default();
                 format!(
-                    "allocation #{}: {}\nallocated at {}, {freed}{}",
+                    "allocation #{}: {}\nallocated at {}, {freed}{category}{}",
                     band.slot,
                     Bytes(band.size_bytes),
                     Moment::at_position(from),
@@ -151,9 +156,10 @@ pub fn show(
 }
 
 /// The shapes of `timeline`'s bands in `rect`, `max_bytes` at its top: the grey mass of the live bytes (the most live
-/// in each pixel column), then every piece of a band at least [`MIN_BAND_PX`] tall. What a frame costs, measured by
-/// `cargo bench -p heapscope-gui --bench active_timeline`.
-pub fn band_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64) -> Vec<Shape> {
+/// in each pixel column), then every piece of a band at least [`MIN_BAND_PX`] tall, in its category's colour for
+/// [`ColourBy::Category`], else its stack's (its size class's where none was recorded). What a frame costs, measured
+/// by `cargo bench -p heapscope-gui --bench active_timeline`.
+pub fn band_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64, colour_by: ColourBy) -> Vec<Shape> {
     let positions = timeline.positions.max(1);
     let x_at = |position: f64| rect.left() + (position / positions as f64) as f32 * rect.width();
     let y_at = |bytes: f64| rect.bottom() - (bytes / max_bytes) as f32 * rect.height();
@@ -176,8 +182,11 @@ pub fn band_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64) -> Vec
     // The bands tall enough to see, each piece a rectangle.
     let min_bytes = f64::from(MIN_BAND_PX) / f64::from(rect.height().max(1.0)) * max_bytes;
     for band in timeline.bands.iter().filter(|band| band.size_bytes as f64 >= min_bytes) {
-        let colour =
-            if band.stack == StackId::NONE { palette::size_class(band.size_bytes) } else { palette::group(band.stack.0) };
+        let colour = match colour_by {
+            ColourBy::Category => palette::group(u32::from(band.category.0)),
+            _ if band.stack == StackId::NONE => palette::size_class(band.size_bytes),
+            _ => palette::group(band.stack.0),
+        };
         for piece in &band.pieces {
             let top = y_at((piece.offset_bytes + band.size_bytes) as f64);
             let bottom = y_at(piece.offset_bytes as f64);

@@ -105,11 +105,13 @@ impl HeapscopeApp {
         };
         let moment = Moment::at_position(shown);
         let name = session.recording.shown_name();
-        if self.holders_at.as_ref().is_some_and(|(held, at, _)| *held == name && *at == moment) {
+        // Coloured by category, the rows are the categories.
+        let grouping = if self.colour_by == ColourBy::Category { Grouping::Category } else { Grouping::UserFrame };
+        if self.holders_at.as_ref().is_some_and(|(held, at, found)| *held == name && *at == moment && found.grouping == grouping)
+        {
             return;
         }
-        self.holders_at =
-            top(&session.recording, TopAt::Moment(moment), Grouping::UserFrame).ok().map(|found| (name, moment, found));
+        self.holders_at = top(&session.recording, TopAt::Moment(moment), grouping).ok().map(|found| (name, moment, found));
     }
 
     /// An app on `clock` showing the frag_oom story through PyTorch (default and expandable), TLSF and paging.
@@ -719,8 +721,9 @@ impl HeapscopeApp {
                     self.active = Some((name, active::build(&session.recording)));
                 }
                 let timeline = self.active.as_ref().map(|(_, timeline)| timeline);
-                let clicked =
-                    timeline.map(|timeline| active_plot::show(ui, timeline, &series, session, self.playback.position, 210.0));
+                let clicked = timeline.map(|timeline| {
+                    active_plot::show(ui, timeline, &series, (session, self.colour_by), self.playback.position, 210.0)
+                });
                 if let Some(picked) = clicked.and_then(|clicked| clicked.picked) {
                     self.selected = picked;
                 }

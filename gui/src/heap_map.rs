@@ -353,7 +353,7 @@ pub struct Scene<'a> {
     pub position: u64,
     /// How allocations are coloured.
     pub colour_by: ColourBy,
-    /// Stack group per trace slot (empty: one group).
+    /// Colour group per trace slot, for [`ColourBy::by_group`] modes: its stack or its category (empty: one group).
     pub groups: &'a [u32],
     /// The step playing, if any.
     pub animation: Option<&'a StepAnimation>,
@@ -368,7 +368,9 @@ impl Scene<'_> {
         match self.colour_by {
             ColourBy::SizeClass => palette::size_class(span.requested_bytes),
             ColourBy::Age => palette::age(self.position.saturating_sub(span.born), self.timeline.steps()),
-            ColourBy::StackGroup => palette::group(self.groups.get(span.slot as usize).copied().unwrap_or(0)),
+            ColourBy::StackGroup | ColourBy::Category => {
+                palette::group(self.groups.get(span.slot as usize).copied().unwrap_or(0))
+            }
         }
     }
 }

@@ -14,11 +14,13 @@ pub enum ColourBy {
     Age,
     /// By the stack frames that allocated it (PyTorch snapshots record them).
     StackGroup,
+    /// By the category its entry was labelled with (`user_metadata`, `compile_context`, the profiler's `category`).
+    Category,
 }
 
 impl ColourBy {
     /// Every mode, in menu order.
-    pub const ALL: [ColourBy; 3] = [ColourBy::SizeClass, ColourBy::Age, ColourBy::StackGroup];
+    pub const ALL: [ColourBy; 4] = [ColourBy::SizeClass, ColourBy::Age, ColourBy::StackGroup, ColourBy::Category];
 
     /// The name in menus.
     pub fn name(self) -> &'static str {
@@ -26,7 +28,13 @@ impl ColourBy {
             ColourBy::SizeClass => "size class",
             ColourBy::Age => "age",
             ColourBy::StackGroup => "stack frames",
+            ColourBy::Category => "category",
         }
+    }
+
+    /// Whether it colours by a group per allocation (a stack or a category: [`group`]'s hues).
+    pub fn by_group(self) -> bool {
+        matches!(self, ColourBy::StackGroup | ColourBy::Category)
     }
 }
 
@@ -116,6 +124,10 @@ pub fn legend(colour_by: ColourBy) -> Vec<(Color32, String)> {
         ColourBy::StackGroup => {
             vec![(group(0), "one hue per group of stack frames".to_owned()), (group(1), "(hover for the frames)".to_owned())]
         }
+        ColourBy::Category => vec![
+            (group(0), "no category recorded".to_owned()),
+            (group(1), "one hue per category (user_metadata, compile_context, category)".to_owned()),
+        ],
     };
     let sample = entries.first().map_or(HUES[0], |entry| entry.0);
     entries.extend([

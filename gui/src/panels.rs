@@ -118,15 +118,17 @@ pub fn why_it_failed(ui: &mut Ui, session: &Session, focused: usize, shown_steps
     actions
 }
 
-/// The "What holds it" panel: what is live at the moment shown, grouped by the innermost user frame, largest first
-/// (the rows of `heapscope top`); returns whether "Go to the peak" was clicked.
+/// The "What holds it" panel: what is live at the moment shown, grouped by the innermost user frame (or the category,
+/// when the app colours by category), largest first (the rows of `heapscope top`); returns whether "Go to the peak"
+/// was clicked.
 pub fn what_holds_it(ui: &mut Ui, top: &heapscope_lab::top::Top) -> bool {
     ui.heading("What holds it");
     ui.label(format!(
-        "{} live at {}, in {} allocation(s), by the code that made them:",
+        "{} live at {}, in {} allocation(s), by {}:",
         Bytes(top.live_bytes),
         top.moment,
-        top.live_count
+        top.live_count,
+        if top.grouping == heapscope_lab::top::Grouping::Category { "their category" } else { "the code that made them" }
     ));
     let peak = ui.button("Go to the peak").on_hover_text("the first moment the live bytes are highest").clicked();
     if top.rows.is_empty() {
@@ -141,7 +143,11 @@ pub fn what_holds_it(ui: &mut Ui, top: &heapscope_lab::top::Top) -> bool {
             ui.label(RichText::new(Bytes(row.bytes).to_string()).small());
             ui.label(RichText::new(row.count.to_string()).small());
             ui.label(RichText::new(format!("{:.1}%", row.share * 100.0)).small());
-            ui.label(RichText::new(row.frames.first().map_or("(no stack recorded)", String::as_str)).small());
+            let what = match top.grouping {
+                heapscope_lab::top::Grouping::Category => row.category.as_deref().unwrap_or("(no category recorded)"),
+                _ => row.frames.first().map_or("(no stack recorded)", String::as_str),
+            };
+            ui.label(RichText::new(what).small());
             ui.end_row();
         }
     });

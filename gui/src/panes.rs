@@ -142,6 +142,9 @@ fn describe_span(session: &Session, region: u64, span: &Span, shown_steps: u64) 
             shown_steps.saturating_sub(span.born)
         )),
     }
+    if let Some(category) = session.category(span.slot) {
+        text.push_str(&format!("\ncategory: {category}"));
+    }
     text.push_str(&session.frames(span.slot).lines("stack", 16));
     text
 }
@@ -157,7 +160,7 @@ pub fn show(
 ) -> PaneActions {
     let mut actions = PaneActions::default();
     let count = session.panes.len().max(1);
-    let groups = std::mem::take(&mut session.groups);
+    let groups = std::mem::take(session.groups_mut(style.colour_by));
     let mut hovered_text = None;
     ui.columns(count, |columns| {
         for (index, (column, pane)) in columns.iter_mut().zip(session.panes.iter_mut()).enumerate() {
@@ -212,7 +215,7 @@ pub fn show(
             }
         }
     });
-    session.groups = groups;
+    *session.groups_mut(style.colour_by) = groups;
     if let Some((_, region, hit, response)) = hovered_text {
         let text = describe_hit(session, region, &hit, style.shown_steps);
         response.on_hover_ui_at_pointer(|ui| {

@@ -98,16 +98,20 @@ impl Shown<'_> {
     }
 }
 
-/// The legend of a render coloured by stack: the stacks holding the most bytes in the first pane, each a swatch of
-/// its colour, its innermost user frame and its bytes.
-fn stack_legend(ui: &mut egui::Ui, session: &Session) {
+/// The legend of a render coloured by stack or category: the groups holding the most bytes in the first pane,
+/// each a swatch of its colour, its name (innermost user frame, or category) and its bytes.
+fn group_legend(ui: &mut egui::Ui, session: &Session, colour_by: ColourBy) {
+    let (what, none) = match colour_by {
+        ColourBy::Category => ("colour = the category of its entry:", "no category recorded"),
+        _ => ("colour = the stack that allocated it:", "no stack recorded"),
+    };
     ui.horizontal_wrapped(|ui| {
-        ui.label(RichText::new("colour = the stack that allocated it:").small());
-        for (stack, frame, bytes) in session.stack_legend(8) {
+        ui.label(RichText::new(what).small());
+        for (group, name, bytes) in session.group_legend(colour_by, 8) {
             let (rect, _) = ui.allocate_exact_size(egui::vec2(12.0, 10.0), egui::Sense::hover());
-            ui.painter().rect_filled(rect, 2.0, crate::palette::group(stack));
-            let frame = frame.unwrap_or_else(|| "no stack recorded".to_owned());
-            ui.label(RichText::new(format!("{frame} ({})", heapscope_core::units::Bytes(bytes))).small());
+            ui.painter().rect_filled(rect, 2.0, crate::palette::group(group));
+            let name = name.unwrap_or_else(|| none.to_owned());
+            ui.label(RichText::new(format!("{name} ({})", heapscope_core::units::Bytes(bytes))).small());
         }
     });
 }
@@ -123,8 +127,8 @@ fn render_steps(session: &mut Session, options: RenderOptions, steps: &[u64]) ->
         |ui, shown: &mut Shown<'_>| {
             egui::CentralPanel::default_margins().show(ui, |ui| {
                 ui.label(RichText::new(&shown.heading).strong());
-                if shown.style.colour_by == ColourBy::StackGroup {
-                    stack_legend(ui, shown.session);
+                if shown.style.colour_by.by_group() {
+                    group_legend(ui, shown.session, shown.style.colour_by);
                 }
                 panes::show(ui, shown.session, shown.style, &[], &shown.too_small);
             });

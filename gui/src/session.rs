@@ -19,6 +19,7 @@ use heapscope_pytorch::AllocConf;
 
 use crate::heap_map::MapView;
 use crate::live::LiveSource;
+use crate::palette::ColourBy;
 
 /// The most panes side by side.
 pub const MAX_PANES: usize = 4;
@@ -54,6 +55,8 @@ pub struct SlotInfo {
     pub free_step: Option<u64>,
     /// Its stack frames (an index into the snapshot's frame lists; 0 when none were recorded).
     pub stack: u32,
+    /// Its entry's category (an index into the snapshot's categories; 0 when it names none).
+    pub category: u32,
 }
 
 /// How a file opens: which device of a PyTorch snapshot, on how much memory. The app keeps them for every file
@@ -163,6 +166,8 @@ pub struct Session {
     pub slots: Vec<SlotInfo>,
     /// Stack group per slot, for colouring.
     pub groups: Vec<u32>,
+    /// Category per slot, for colouring.
+    pub categories: Vec<u32>,
     /// The panes, left to right.
     pub panes: Vec<Pane>,
     /// A live source feeding the first pane, if any.
@@ -182,6 +187,7 @@ impl Session {
         }
         let slots = slot_infos(&recording);
         let groups = slots.iter().map(|slot| slot.stack).collect();
+        let categories = slots.iter().map(|slot| slot.category).collect();
         // A snapshot of several devices shows one: say which.
         let name = recording.shown_name();
         let devices = recording.snapshot.as_ref().map(device_overview).unwrap_or_default();
@@ -193,6 +199,7 @@ impl Session {
             devices,
             slots,
             groups,
+            categories,
             panes: Vec::new(),
             live: None,
             live_slots: HashMap::new(),
@@ -284,6 +291,7 @@ impl Session {
             devices: Vec::new(),
             slots: Vec::new(),
             groups: Vec::new(),
+            categories: Vec::new(),
             panes: vec![Pane::new(None, Timeline::new(name))],
             live: Some(source),
             live_slots: HashMap::new(),
@@ -402,7 +410,7 @@ impl Session {
                         if self.slots.len() <= slot {
                             self.slots.resize(slot + 1, SlotInfo::default());
                         }
-                        self.slots[slot] = SlotInfo { alloc_step: index, free_step: None, stack: 0 };
+                        self.slots[slot] = SlotInfo { alloc_step: index, free_step: None, stack: 0, category: 0 };
                         self.live_slots.insert(span.address, span.slot);
                     }
                     Change::Freed { address } => {
@@ -430,23 +438,45 @@ impl Session {
         self.stack(stack)
     }
 
-    /// The stacks the allocations live in the first pane belong to, by their bytes, largest first, at most `limit`:
-    /// each with its colour group (the stack's id, what [`crate::palette::group`] colours), its innermost user frame
-    /// (`None` where the file recorded none) and the bytes live from it. What a render coloured by stack says in its
+    /// The category of the allocation in `slot` as `key: text`, if its entry names one.
+    pub fn category(&self, slot: u32) -> Option<String> {
+        let id = self.slots.get(slot as usize).map_or(0, |slot| slot.category);
+        self.category_name(id)
+    }
+
+    /// Category `id` of the snapshot as `key: text` (`None` for none).
+    fn category_name(&self, id: u32) -> Option<String> {
+        let id = heapscope_pytorch::CategoryId(u16::try_from(id).ok()?);
+        self.recording.snapshot.as_ref()?.category(id).map(ToString::to_string)
+    }
+
+    /// The colour groups of `colour_by` per slot: categories for [`ColourBy::Category`], stacks otherwise.
+    pub fn groups_mut(&mut self, colour_by: ColourBy) -> &mut Vec<u32> {
+        if colour_by == ColourBy::Category { &mut self.categories } else { &mut self.groups }
+    }
+
+    /// The groups of `colour_by` (stacks, or categories for [`ColourBy::Category`]) the allocations live in the first
+    /// pane belong to, by their bytes, largest first, at most `limit`: each with its colour group (what
+    /// [`crate::palette::group`] colours), its name (a stack's innermost user frame, a category as `key: text`;
+    /// `None` where the file recorded none) and the bytes live from it. What a render coloured by group says in its
     /// legend.
-    pub fn stack_legend(&self, limit: usize) -> Vec<(u32, Option<String>, u64)> {
+    pub fn group_legend(&self, colour_by: ColourBy, limit: usize) -> Vec<(u32, Option<String>, u64)> {
         let Some(pane) = self.panes.first() else { return Vec::new() };
+        let groups = if colour_by == ColourBy::Category { &self.categories } else { &self.groups };
         let mut bytes: HashMap<u32, u64> = HashMap::new();
         for span in pane.layout.spans() {
-            *bytes.entry(self.groups.get(span.slot as usize).copied().unwrap_or(0)).or_insert(0) += span.requested_bytes;
+            *bytes.entry(groups.get(span.slot as usize).copied().unwrap_or(0)).or_insert(0) += span.requested_bytes;
         }
         let mut rows: Vec<(u32, u64)> = bytes.into_iter().collect();
         rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        let frames = |stack: u32| {
+        let name = |group: u32| {
+            if colour_by == ColourBy::Category {
+                return self.category_name(group);
+            }
             let stacks = &self.recording.snapshot.as_ref()?.frame_stacks;
-            heapscope_pytorch::frames::user_frame(stacks.get(stack as usize)?).map(heapscope_pytorch::frames::describe)
+            heapscope_pytorch::frames::user_frame(stacks.get(group as usize)?).map(heapscope_pytorch::frames::describe)
         };
-        rows.into_iter().take(limit).map(|(stack, bytes)| (stack, frames(stack), bytes)).collect()
+        rows.into_iter().take(limit).map(|(group, bytes)| (group, name(group), bytes)).collect()
     }
 
     /// The frame list `stack` of the snapshot, folded.
@@ -496,17 +526,18 @@ const MAX_LIVE_SLOT_GAP: usize = 1 << 20;
 /// Allocation and free steps, and stack frames, per slot of `recording`.
 pub fn slot_infos(recording: &Recording) -> Vec<SlotInfo> {
     let mut slots = vec![SlotInfo::default(); recording.trace.slots() as usize];
-    let entries = recording.snapshot.as_ref().and_then(|snapshot| snapshot.device_traces.get(recording.device));
+    let origins = heapscope_lab::top::allocation_origins(recording);
     for (event_index, event) in (0..).zip(recording.trace.events()) {
         // Steps are entries: an allocation live at the start is born at entry 0 (its span says "before").
-        let (step, entry) = match recording.moment_of(event_index) {
-            Moment::Start => (0, None),
-            Moment::Entry(entry) => (entry, entries.and_then(|entries| entries.get(usize::try_from(entry).ok()?))),
+        let step = match recording.moment_of(event_index) {
+            Moment::Start => 0,
+            Moment::Entry(entry) => entry,
         };
         match *event {
             Event::Alloc { slot, .. } => {
-                let stack = entry.map_or(0, |entry| entry.frames.0);
-                slots[slot as usize] = SlotInfo { alloc_step: step, free_step: None, stack };
+                let origin = origins[event_index as usize];
+                let (stack, category) = (origin.stack.0, u32::from(origin.category.0));
+                slots[slot as usize] = SlotInfo { alloc_step: step, free_step: None, stack, category };
             }
             Event::Free { slot } => slots[slot as usize].free_step = Some(step),
         }
@@ -615,8 +646,8 @@ mod tests {
     #[test]
     fn slots_know_their_lifetimes() {
         let session = Session::story_named("frag_oom", &[Contender::Paged]).unwrap();
-        assert_eq!(session.slots[0], SlotInfo { alloc_step: 0, free_step: Some(20), stack: 0 });
-        assert_eq!(session.slots[40], SlotInfo { alloc_step: 60, free_step: None, stack: 0 });
+        assert_eq!(session.slots[0], SlotInfo { alloc_step: 0, free_step: Some(20), stack: 0, category: 0 });
+        assert_eq!(session.slots[40], SlotInfo { alloc_step: 60, free_step: None, stack: 0, category: 0 });
         assert!(session.frames(0).frames.is_empty(), "a story records no frames");
     }
 
@@ -675,36 +706,48 @@ mod tests {
         }
     }
 
+    /// Stack frames and categories name each allocation, colour it by group, and make a render's legend.
     #[test]
-    fn stack_frames_of_a_snapshot_name_each_allocation() {
-        use heapscope_pytorch::{Action, Frame, Snapshot, StackId, TraceEntry};
+    fn stack_frames_and_categories_of_a_snapshot_name_each_allocation() {
+        use heapscope_pytorch::{Action, Category, CategoryId, CategoryKey, Frame, Snapshot, StackId, TraceEntry};
         let frame = |name: &str, line| Frame { filename: "model.py".into(), line, name: name.into() };
-        let entry =
-            |action, addr, frames| TraceEntry { action, addr, size: 4096, stream: 0, time_us: None, device_free: None, frames };
+        let entry = |action, addr, frames, category| TraceEntry {
+            frames,
+            category: CategoryId(category),
+            ..TraceEntry::new(action, addr, 4096)
+        };
         let snapshot = Snapshot {
             device_traces: vec![vec![
-                entry(Action::Alloc, 1 << 20, StackId(1)),
-                entry(Action::Alloc, 2 << 20, StackId(2)),
-                entry(Action::FreeCompleted, 1 << 20, StackId(1)),
+                entry(Action::Alloc, 1 << 20, StackId(1), 1),
+                entry(Action::Alloc, 2 << 20, StackId(2), 0),
+                entry(Action::FreeCompleted, 1 << 20, StackId(1), 1),
             ]],
             frame_stacks: vec![Vec::new(), vec![frame("forward", 10), frame("main", 3)], vec![frame("backward", 20)]],
+            categories: vec![Category::none(), Category { key: CategoryKey::UserMetadata, name: "forward".into() }],
             ..Snapshot::default()
         };
         let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
         let session = Session::new(recording, CompareConfig::default(), &[Contender::Pytorch { expandable: false }]).unwrap();
         assert_eq!(session.groups, [1, 2], "colour groups by stack");
+        assert_eq!(session.categories, [1, 0], "colour groups by category");
         assert_eq!(session.frames(0).frames, ["forward (model.py:10)", "main (model.py:3)"]);
         assert_eq!(session.frames(1).frames, ["backward (model.py:20)"]);
-        assert_eq!(session.slots[0], SlotInfo { alloc_step: 0, free_step: Some(2), stack: 1 });
-        // The legend of a render by stack: what is live in the first pane, by stack.
+        assert_eq!(session.slots[0], SlotInfo { alloc_step: 0, free_step: Some(2), stack: 1, category: 1 });
+        assert_eq!((session.category(0).as_deref(), session.category(1)), (Some("user_metadata: forward"), None));
+        // The legend of a render by stack or category: what is live in the first pane, by group.
         let mut session = session;
         session.seek(2);
         assert_eq!(
-            session.stack_legend(8),
+            session.group_legend(ColourBy::StackGroup, 8),
             [(1, Some("forward (model.py:10)".to_owned()), 4096), (2, Some("backward (model.py:20)".to_owned()), 4096)]
         );
+        assert_eq!(
+            session.group_legend(ColourBy::Category, 8),
+            [(0, None, 4096), (1, Some("user_metadata: forward".to_owned()), 4096)]
+        );
         session.seek(3);
-        assert_eq!(session.stack_legend(8), [(2, Some("backward (model.py:20)".to_owned()), 4096)], "the first one freed");
+        let legend = session.group_legend(ColourBy::StackGroup, 8);
+        assert_eq!(legend, [(2, Some("backward (model.py:20)".to_owned()), 4096)], "the first one freed");
     }
 
     /// A snapshot whose activity is on device 1 opens there by default, says so, and replays on the capacity

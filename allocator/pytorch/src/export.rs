@@ -5,8 +5,9 @@
 //! Every key string and every interned frame list is written once and shared through the pickle memo, as
 //! PyTorch's own files share them; a trace entry without frames refers to the shared empty list.
 //! `time_us` and `device_free` are written when present, `addr` is left out of `oom` entries (PyTorch
-//! writes none), and `allocator_settings` only when the snapshot has settings. Keys the model does not hold
-//! (`compile_context`, `user_metadata`, pinned-memory settings) are not written.
+//! writes none), and `allocator_settings` only when the snapshot has settings. An entry's category is written under
+//! the key it was read from (`category`, `user_metadata` or `compile_context`, its text shared through the memo);
+//! keys the model does not hold (an entry's other labels, pinned-memory settings) are not written.
 
 use std::collections::HashMap;
 use std::io::{self, BufWriter, Write};
@@ -212,6 +213,10 @@ impl<'a, W: Write> Exporter<'a, W> {
         }
         self.shared_str("frames")?;
         self.frames(entry.frames)?;
+        if let Some(category) = self.snapshot.category(entry.category) {
+            self.shared_str(category.key.as_str())?;
+            self.shared_str(&category.name)?;
+        }
         self.out.set_items()
     }
 
@@ -265,6 +270,7 @@ mod tests {
     fn edge_cases_round_trip() {
         let frames = vec![Frame { filename: "ü.py".into(), line: -1, name: "x".repeat(300).into() }];
         let entry = |action, addr, frames| TraceEntry {
+            category: crate::CategoryId::NONE,
             action,
             addr,
             size: u64::MAX,
@@ -334,6 +340,7 @@ mod tests {
     fn unknown_stack_ids_are_an_error() {
         let snapshot = Snapshot {
             device_traces: vec![vec![TraceEntry {
+                category: crate::CategoryId::NONE,
                 action: Action::Alloc,
                 addr: 1,
                 size: 1,

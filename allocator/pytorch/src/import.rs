@@ -27,8 +27,10 @@
 //!
 //! Missing keys default as PyTorch's MemoryViz does: `frames` = [], a block's `requested_size` = its
 //! `size`, legacy blocks (`history` instead of `frames`) take the first history entry's `frames` and
-//! `real_size`, a block's missing `address` follows the previous block. Keys the model does not hold
-//! (`compile_context`, `user_metadata`, `external_annotations`, pinned-memory settings) are ignored.
+//! `real_size`, a block's missing `address` follows the previous block. A trace entry's `category`,
+//! `user_metadata` and `compile_context` strs become its category (the first of them naming one, see
+//! [`CategoryKey`]; other values of `user_metadata` are allowed and ignored). Keys the model does not hold
+//! (`external_annotations`, pinned-memory settings) are ignored.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -41,7 +43,10 @@ use flate2::bufread::MultiGzDecoder;
 
 use super::pickle_int::Int;
 use super::pickle_read::{self, Dict, Place, ReadError, Scan, Sink, Token, Value};
-use super::snapshot::{Action, Block, BlockState, Frame, Pool, RecordedSettings, Segment, Snapshot, StackId, TraceEntry};
+use super::snapshot::{
+    Action, Block, BlockState, Category, CategoryId, CategoryKey, Frame, Pool, RecordedSettings, Segment, Snapshot, StackId,
+    TraceEntry,
+};
 
 /// Why a snapshot file could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -350,12 +355,45 @@ impl Frames {
     }
 }
 
+/// The categories of the trace entries, interned ([`Snapshot::categories`]).
+#[derive(Debug, Default)]
+struct Categories {
+    ids: FxMap<(CategoryKey, Rc<String>), u16>,
+    list: Vec<Category>,
+}
+
+impl Categories {
+    /// The id of `text` under `key` (`None` for text that names no category); past `u16::MAX - 1` distinct ones,
+    /// the last id, [`Category::MORE`].
+    fn id(&mut self, key: CategoryKey, text: &Rc<String>) -> Option<CategoryId> {
+        if !CategoryKey::names_one(text) {
+            return None;
+        }
+        if let Some(&id) = self.ids.get(&(key, Rc::clone(text))) {
+            return Some(CategoryId(id));
+        }
+        if self.list.is_empty() {
+            self.list.push(Category::none());
+        }
+        let Ok(id) = u16::try_from(self.list.len()) else { return Some(CategoryId(u16::MAX)) };
+        let name: &str = if id == u16::MAX { Category::MORE } else { text };
+        self.list.push(Category { key, name: Arc::from(name) });
+        self.ids.insert((key, Rc::clone(text)), id);
+        Some(CategoryId(id))
+    }
+
+    fn into_list(self) -> Vec<Category> {
+        self.list
+    }
+}
+
 /// The sink: takes trace entries as they stream by, converts the rest at the end.
 #[derive(Debug, Default)]
 struct Decoder {
     /// (device index, entries) for every list tagged as a device trace.
     traces: Vec<(usize, Vec<TraceEntry>)>,
     frames: Frames,
+    categories: Categories,
     /// Entries to reserve for the first trace list.
     reserve: usize,
     /// Never read trace entries directly (tests: the generic path is the reference).
@@ -489,7 +527,7 @@ impl Sink for Decoder {
         }
         let Some(slot) = list_tag.checked_sub(TAG_TRACE_BASE) else { return Ok(Some(item)) };
         let Some(&(device, _)) = self.traces.get(slot as usize) else { return Ok(Some(item)) };
-        let entry = convert_entry(&item, device, index, &mut self.frames, memo)?;
+        let entry = convert_entry(&item, device, index, (&mut self.frames, &mut self.categories), memo)?;
         self.take_entry(slot as usize, index, entry);
         Ok(None)
     }
@@ -523,6 +561,10 @@ impl Sink for Decoder {
             "active_allocated" => NAME_ACTIVE_ALLOCATED,
             "active_pending_free" => NAME_ACTIVE_PENDING_FREE,
             "inactive" => NAME_INACTIVE,
+            "category" => KEY_CATEGORY,
+            "user_metadata" => KEY_CATEGORY + 1,
+            "compile_context" => KEY_CATEGORY + 2,
+            "" | "N/A" => NAME_NO_CATEGORY,
             _ => match Action::from_name(text).and_then(|action| ACTIONS.iter().position(|&known| known == action)) {
                 Some(index) => ATOM_ACTION + index as u8,
                 None => 0,
@@ -563,7 +605,7 @@ impl Sink for Decoder {
             return true;
         }
         let slot = (list_tag - TAG_TRACE_BASE) as usize;
-        match fast_entry(scan, &mut self.frames) {
+        match fast_entry(scan, &mut self.frames, &mut self.categories) {
             Some(entry) => {
                 self.take_entry(slot, index, entry);
                 true
@@ -640,6 +682,9 @@ const NAME_SMALL: u8 = 24;
 const NAME_ACTIVE_ALLOCATED: u8 = 25;
 const NAME_ACTIVE_PENDING_FREE: u8 = 26;
 const NAME_INACTIVE: u8 = 27;
+// The keys an entry's category comes from (in `CategoryKey::ALL`'s order), and PyTorch's defaults for them.
+const KEY_CATEGORY: u8 = 28;
+const NAME_NO_CATEGORY: u8 = 31;
 /// `ATOM_ACTION + i` is the name of `ACTIONS[i]`.
 const ATOM_ACTION: u8 = 32;
 const ACTIONS: [Action; 9] = Action::ALL;
@@ -688,7 +733,7 @@ fn u64_of(value: Token) -> Option<u64> {
 /// The fast path for a trace entry (see `Sink::read_item`): the dict's keys matched as atoms, values
 /// decoded straight into a [`TraceEntry`]. Gives up (`None`) on anything `convert_entry` would reject or
 /// that is not plain, so that errors come from the generic path.
-fn fast_entry(scan: &mut Scan<'_, '_>, frames: &mut Frames) -> Option<TraceEntry> {
+fn fast_entry(scan: &mut Scan<'_, '_>, frames: &mut Frames, categories: &mut Categories) -> Option<TraceEntry> {
     scan.put_taken()?;
     let mut fields = EntryFields::default();
     scan_pairs(scan, |scan, key, value| {
@@ -711,6 +756,16 @@ fn fast_entry(scan: &mut Scan<'_, '_>, frames: &mut Frames) -> Option<TraceEntry
             }
             KEY_DEVICE_FREE => fields.device_free = if matches!(value, Token::None) { None } else { Some(u64_of(value)?) },
             KEY_FRAMES => fields.frames = fast_frames(scan, frames, value)?,
+            KEY_CATEGORY..NAME_NO_CATEGORY => match value {
+                // PyTorch's defaults, checked by their atom: no text is made for them.
+                Token::Str { atom: NAME_NO_CATEGORY, .. } => {}
+                Token::Str { at, .. } => {
+                    let key = CategoryKey::ALL[usize::from(key - KEY_CATEGORY)];
+                    let text = scan.text(at);
+                    fields.category(key, categories.id(key, &text));
+                }
+                _ => plain(value)?,
+            },
             _ => plain(value)?,
         }
         Some(())
@@ -1045,7 +1100,7 @@ fn convert_entry(
     item: &Value,
     device: usize,
     index: usize,
-    frames: &mut Frames,
+    (frames, categories): (&mut Frames, &mut Categories),
     memo: &mut [Value],
 ) -> Result<TraceEntry, Issue> {
     let here = || format!("device_traces[{device}][{index}]");
@@ -1071,6 +1126,12 @@ fn convert_entry(
             "time_us" => fields.time_us = if matches!(value, Value::None) { None } else { Some(to_i64(value, &path)?) },
             "device_free" => fields.device_free = if matches!(value, Value::None) { None } else { Some(to_u64(value, &path)?) },
             "frames" => fields.frames = frames.intern(value, memo, &path)?,
+            // Any value is allowed there (`user_metadata` may be anything); a str names a category.
+            "category" | "user_metadata" | "compile_context" => {
+                if let (Value::Str(text), Some(key)) = (value, CategoryKey::ALL.into_iter().find(|k| k.as_str() == key)) {
+                    fields.category(key, categories.id(key, text));
+                }
+            }
             _ => {}
         }
     }
@@ -1091,9 +1152,19 @@ struct EntryFields {
     time_us: Option<i64>,
     device_free: Option<u64>,
     frames: StackId,
+    category: Option<(CategoryKey, CategoryId)>,
 }
 
 impl EntryFields {
+    /// Takes `id` read under `key` where no key before it in [`CategoryKey::ALL`] named one.
+    fn category(&mut self, key: CategoryKey, id: Option<CategoryId>) {
+        if let Some(id) = id
+            && self.category.is_none_or(|(first, _)| key < first)
+        {
+            self.category = Some((key, id));
+        }
+    }
+
     /// The entry, or the key it lacks: `addr` may be missing from `oom` and `snapshot` entries (MemoryViz's
     /// default 0), `size` from `snapshot` entries.
     fn finish(self) -> Result<TraceEntry, &'static str> {
@@ -1108,8 +1179,9 @@ impl EntryFields {
             None if action == Action::Snapshot => 0,
             None => return Err("size"),
         };
-        let Self { stream, time_us, device_free, frames, .. } = self;
-        Ok(TraceEntry { action, addr, size, stream, time_us, device_free, frames })
+        let Self { stream, time_us, device_free, frames, category, .. } = self;
+        let category = category.map_or(CategoryId::NONE, |(_, id)| id);
+        Ok(TraceEntry { action, addr, size, stream, time_us, device_free, frames, category })
     }
 }
 
@@ -1260,7 +1332,8 @@ impl Decoder {
             };
             let taken = entries.len();
             for (offset, item) in list.items.iter().enumerate() {
-                entries.push(convert_entry(item, device, taken + offset, &mut self.frames, &mut [])?);
+                let interned = (&mut self.frames, &mut self.categories);
+                entries.push(convert_entry(item, device, taken + offset, interned, &mut [])?);
             }
             entries.shrink_to_fit();
             device_traces.push(entries);
@@ -1269,7 +1342,13 @@ impl Decoder {
             None | Some(Value::None) => None,
             Some(value) => Some(settings(value)?),
         };
-        Ok(Snapshot { segments, device_traces, settings, frame_stacks: self.frames.into_stacks() })
+        Ok(Snapshot {
+            segments,
+            device_traces,
+            settings,
+            frame_stacks: self.frames.into_stacks(),
+            categories: self.categories.into_list(),
+        })
     }
 
     /// `torch.cuda.memory_snapshot()`'s output: a list of segments (`[3]` in paths) and no trace. Each device
@@ -1294,6 +1373,7 @@ impl Decoder {
             device_traces: vec![Vec::new(); devices],
             settings: None,
             frame_stacks: self.frames.into_stacks(),
+            categories: Vec::new(),
         })
     }
 
@@ -1668,6 +1748,75 @@ for protocol in range(2, 6):
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    /// An entry's category is the first of `category`, `user_metadata`, `compile_context` naming one (PyTorch's
+    /// defaults `""` and `"N/A"` name none, nor does a `user_metadata` that is not a str); both read paths agree; the
+    /// writer puts each back under its key, and Python reads the same labels back.
+    #[test]
+    fn categories_come_from_the_first_key_naming_one() {
+        if !python3() {
+            return;
+        }
+        let dir = temp_dir("categories");
+        let script = r#"
+import pickle, sys
+def entry(i, **labels):
+    e = {"action": "alloc", "addr": 4096 * i, "size": 512, "stream": 0, "time_us": i, "compile_context": "N/A",
+         "user_metadata": ""}
+    e.update(labels)
+    return e
+region = "Torch-Compiled Region: 0/1"
+trace = [entry(0), entry(1, compile_context=region), entry(2, user_metadata="forward", compile_context=region),
+         entry(3, category="ACTIVATION", user_metadata="forward"), entry(4, user_metadata={"step": 3}),
+         entry(5, user_metadata="forward"), entry(6, compile_context="forward")]
+trace += [entry(7 + i, user_metadata=["forward", "backward"][i % 2]) for i in range(3000)]
+with open(sys.argv[1] + "/labels.pickle", "wb") as f:
+    pickle.dump({"segments": [], "device_traces": [trace]}, f, protocol=4)
+"#;
+        run_python(script, &[dir.to_str().unwrap()]);
+        let bytes = std::fs::read(dir.join("labels.pickle")).unwrap();
+        let fast = parse(bytes.as_slice(), "labels", Decoder::default()).unwrap();
+        let generic = parse(bytes.as_slice(), "labels", Decoder { generic_only: true, ..Decoder::default() }).unwrap();
+        assert_eq!(fast, generic);
+        let label = |entry: &TraceEntry| fast.category(entry.category).map(ToString::to_string);
+        let labels: Vec<Option<String>> = fast.device_traces[0].iter().take(9).map(label).collect();
+        let named = |text: &str| Some(text.to_owned());
+        assert_eq!(
+            labels,
+            [
+                None,
+                named("compile_context: Torch-Compiled Region: 0/1"),
+                named("user_metadata: forward"),
+                named("category: ACTIVATION"),
+                None,
+                named("user_metadata: forward"),
+                named("compile_context: forward"),
+                named("user_metadata: forward"),
+                named("user_metadata: backward"),
+            ]
+        );
+        // Interned: one id per (key, text), index 0 none.
+        assert_eq!(fast.categories.len(), 6, "{:?}", fast.categories);
+        assert_eq!(fast.categories[0], Category::none());
+        // Written back under their keys: Python sees the same labels (the defaults are not written).
+        let written = dir.join("written.pickle");
+        crate::write_snapshot(&fast, File::create(&written).unwrap()).unwrap();
+        let check = r#"
+import pickle, sys
+trace = pickle.load(open(sys.argv[1], "rb"))["device_traces"][0]
+keys = ("category", "user_metadata", "compile_context")
+print([[(k, e[k]) for k in keys if k in e] for e in trace[:7]])
+"#;
+        let seen = run_python(check, &[written.to_str().unwrap()]);
+        assert_eq!(
+            seen.trim(),
+            "[[], [('compile_context', 'Torch-Compiled Region: 0/1')], [('user_metadata', 'forward')], \
+             [('category', 'ACTIVATION')], [], [('user_metadata', 'forward')], [('compile_context', 'forward')]]"
+        );
+        let again = read_snapshot(&written).unwrap();
+        assert_eq!(again.with_stacks_in_use_order(), fast.with_stacks_in_use_order());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     /// The generator's PyTorch ≥ 2.5 layout (`--layout pytorch --no-frames --one-stream`) has the opcodes of
     /// the shared recordings entry for entry (the generator's own check, with pickletools), and both read paths
     /// read it alike.
@@ -1780,6 +1929,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             Frame { filename: "b.py".into(), line: 70000, name: "g".into() },
         ];
         let legacy = Snapshot {
+            categories: Vec::new(),
             segments: vec![Segment {
                 device: 0,
                 address: 4096,
@@ -1805,6 +1955,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             }],
             device_traces: vec![vec![
                 TraceEntry {
+                    category: CategoryId::NONE,
                     action: Action::Alloc,
                     addr: 4096,
                     size: 1000,
@@ -1814,6 +1965,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
                     frames: StackId(1),
                 },
                 TraceEntry {
+                    category: CategoryId::NONE,
                     action: Action::FreeCompleted,
                     addr: 4096,
                     size: 1000,
@@ -1828,9 +1980,11 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         };
         let legacy_no_traces = Snapshot { frame_stacks: vec![Vec::new()], ..Snapshot::default() };
         let current = Snapshot {
+            categories: Vec::new(),
             segments: Vec::new(),
             device_traces: vec![
                 vec![TraceEntry {
+                    category: CategoryId::NONE,
                     action: Action::Alloc,
                     addr: 1 << 47,
                     size: 512,
@@ -1841,6 +1995,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
                 }],
                 vec![
                     TraceEntry {
+                        category: CategoryId::NONE,
                         action: Action::Oom,
                         addr: 0,
                         size: 1 << 31,
@@ -1850,6 +2005,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
                         frames: StackId::NONE,
                     },
                     TraceEntry {
+                        category: CategoryId::NONE,
                         action: Action::Snapshot,
                         addr: 0,
                         size: 0,

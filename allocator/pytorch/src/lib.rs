@@ -31,4 +31,7 @@ pub use caching::{
 pub use export::{write_segments, write_snapshot};
 pub use import::{SnapshotError, parse_snapshot, read_snapshot};
 pub use memory_stats::{MemoryStats, Stat, StatArray};
-pub use snapshot::{Action, Block, BlockState, Frame, Pool, RecordedSettings, Segment, Snapshot, StackId, TraceEntry};
+pub use snapshot::{
+    Action, Block, BlockState, Category, CategoryId, CategoryKey, Frame, Pool, RecordedSettings, Segment, Snapshot, StackId,
+    TraceEntry,
+};

@@ -18,6 +18,81 @@ impl StackId {
     pub const NONE: StackId = StackId(0);
 }
 
+/// Index of an interned category in [`Snapshot::categories`]. `CategoryId::NONE` (index 0, always
+/// [`Category::none`]) for an entry that names none. 16 bits keep a trace entry at 64 bytes (a 1 GB file holds
+/// millions); a file naming more distinct categories than that shares the last id among the rest
+/// ([`Category::MORE`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct CategoryId(pub u16);
+
+impl CategoryId {
+    /// No category.
+    pub const NONE: CategoryId = CategoryId(0);
+}
+
+/// The key of a trace entry a category was read from. An entry naming several takes the first of this order: the
+/// profiler path's `category`, then `user_metadata` (what `torch.cuda.memory._set_memory_metadata` labels the
+/// entries after it with), then `compile_context` (the `torch.compile` region). PyTorch's defaults (`""` and
+/// `"N/A"`) name no category.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum CategoryKey {
+    /// `category`.
+    #[default]
+    Category,
+    /// `user_metadata`.
+    UserMetadata,
+    /// `compile_context`.
+    CompileContext,
+}
+
+impl CategoryKey {
+    /// Every key, first to last in precedence.
+    pub const ALL: [CategoryKey; 3] = [CategoryKey::Category, CategoryKey::UserMetadata, CategoryKey::CompileContext];
+
+    /// The entry's key.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CategoryKey::Category => "category",
+            CategoryKey::UserMetadata => "user_metadata",
+            CategoryKey::CompileContext => "compile_context",
+        }
+    }
+
+    /// Whether `text` under any of the keys names a category: not empty and not PyTorch's `"N/A"`.
+    pub fn names_one(text: &str) -> bool {
+        !text.is_empty() && text != "N/A"
+    }
+}
+
+/// What a trace entry is labelled with: where the program was (a phase it named, a compiled region), for colouring
+/// and grouping alongside the stack frames.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Category {
+    /// The entry's key it came from.
+    pub key: CategoryKey,
+    /// Its text.
+    pub name: Arc<str>,
+}
+
+impl Category {
+    /// The name of the id shared by the categories past the 65,535th distinct one.
+    pub const MORE: &'static str = "(more than 65,535 categories)";
+
+    /// [`Snapshot::categories`]`[0]`: no category.
+    pub fn none() -> Self {
+        Self::default()
+    }
+}
+
+impl std::fmt::Display for Category {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.key.as_str(), self.name)
+    }
+}
+
 /// One Python stack frame. Its strings are shared: the import holds each distinct str of the file once, however many
 /// frames and frame lists refer to it (a file name shared through the pickle memo by every frame of a 1 GB file).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -189,6 +264,8 @@ pub struct TraceEntry {
     pub device_free: Option<u64>,
     /// Where it happened.
     pub frames: StackId,
+    /// What it was labelled with (see [`CategoryKey`]).
+    pub category: CategoryId,
 }
 
 impl Block {
@@ -228,7 +305,16 @@ impl TraceEntry {
     /// An entry `action` at `addr` of `size` bytes on the default stream, with no time, driver free bytes or frames
     /// (what a trace without PyTorch's extras makes).
     pub fn new(action: Action, addr: u64, size: u64) -> Self {
-        Self { action, addr, size, stream: 0, time_us: None, device_free: None, frames: StackId::NONE }
+        Self {
+            action,
+            addr,
+            size,
+            stream: 0,
+            time_us: None,
+            device_free: None,
+            frames: StackId::NONE,
+            category: CategoryId::NONE,
+        }
     }
 }
 
@@ -260,12 +346,15 @@ pub struct Snapshot {
     pub settings: Option<RecordedSettings>,
     /// Interned frame lists; index 0 is the empty list.
     pub frame_stacks: Vec<Vec<Frame>>,
+    /// Interned categories of the trace entries; index 0 is [`Category::none`] (empty when nothing names one).
+    pub categories: Vec<Category>,
 }
 
 impl Snapshot {
     /// The same snapshot with its frame stacks numbered in order of first use (each segment, then its blocks,
     /// then the traces, device by device) and unused ones left out: snapshots that differ only in how their frame
-    /// lists were interned (a snapshot read, written and read again) are equal in this form.
+    /// lists were interned (a snapshot read, written and read again) are equal in this form. Categories are
+    /// renumbered the same way (by first use in the traces).
     pub fn with_stacks_in_use_order(&self) -> Snapshot {
         let mut snapshot = self.clone();
         let mut order: Vec<Vec<Frame>> = vec![Vec::new()];
@@ -283,6 +372,21 @@ impl Snapshot {
         }
         snapshot.device_traces.iter_mut().flatten().for_each(|entry| renumber(&mut entry.frames));
         snapshot.frame_stacks = order;
+        let mut order: Vec<Category> = vec![Category::none()];
+        let mut renumbered: std::collections::HashMap<CategoryId, CategoryId> = std::collections::HashMap::new();
+        renumbered.insert(CategoryId::NONE, CategoryId::NONE);
+        for entry in snapshot.device_traces.iter_mut().flatten() {
+            entry.category = *renumbered.entry(entry.category).or_insert_with(|| {
+                order.push(self.categories.get(usize::from(entry.category.0)).cloned().unwrap_or_default());
+                CategoryId(u16::try_from(order.len() - 1).unwrap_or(u16::MAX))
+            });
+        }
+        snapshot.categories = if order.len() > 1 { order } else { Vec::new() };
         snapshot
+    }
+
+    /// The category `id` names ([`Category::none`]'s empty name for an id past the list).
+    pub fn category(&self, id: CategoryId) -> Option<&Category> {
+        (id != CategoryId::NONE).then(|| self.categories.get(usize::from(id.0))).flatten()
     }
 }

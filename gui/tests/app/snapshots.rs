@@ -102,7 +102,7 @@ fn active_timeline_snapshot(name: &str, up: f32, snapshot: &str) {
     let mut harness = Harness::builder().with_size([900.0, 260.0]).with_pixels_per_point(1.0).wgpu().build_ui(|ui| {
         ui.ctx().global_style_mut(|style| style.interaction.tooltip_delay = 0.0);
         let named: [(&str, &heapscope_gui::plot::Series); 1] = [("pytorch", &series)];
-        heapscope_gui::active_plot::show(ui, &timeline, &named, &session, position, 220.0);
+        heapscope_gui::active_plot::show(ui, &timeline, &named, (&session, ColourBy::StackGroup), position, 220.0);
     });
     harness.run_steps(2);
     // The plot spans x from 44 to 896 and y from about 26 to 224 (its legend row above).

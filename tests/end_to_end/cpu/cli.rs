@@ -80,6 +80,12 @@ fn render_draws_a_recording_or_a_story_into_a_png() {
     assert!(is_png(&story));
     assert!(from_file.status.success(), "{}", stderr(&from_file));
     assert!(is_png(&file));
+    // Coloured by the entries' categories, with their legend.
+    labelled_frag_oom(&dir);
+    let by_category =
+        heapscope_headless(&["render", "labelled.pickle", "--colour", "category", "--at", "39", "--out", "labelled.png"], &dir);
+    assert!(by_category.status.success(), "{}", stderr(&by_category));
+    assert!(is_png(&dir.join("labelled.png")));
 }
 
 #[test]
@@ -393,6 +399,27 @@ fn paged_compacts_by_remapping_its_pages() {
     assert!(stderr(&tiny).contains("--virtual-size 4.00 KiB: smaller than one page (2.00 MiB)"), "{}", stderr(&tiny));
 }
 
+/// frag_oom with its first ten allocations labelled `user_metadata: warm-up` and the rest `compile_context: step`
+/// (what `torch.cuda.memory._set_memory_metadata` and `torch.compile` write), written as a pickle in `dir`.
+fn labelled_frag_oom(dir: &Path) -> PathBuf {
+    let mut labelled = heapscope_pytorch::read_snapshot(&snapshot("frag_oom-default")).unwrap();
+    labelled.categories = vec![
+        heapscope_pytorch::Category::none(),
+        heapscope_pytorch::Category { key: heapscope_pytorch::CategoryKey::UserMetadata, name: "warm-up".into() },
+        heapscope_pytorch::Category { key: heapscope_pytorch::CategoryKey::CompileContext, name: "step".into() },
+    ];
+    let mut allocs = 0;
+    for entry in &mut labelled.device_traces[0] {
+        if entry.action == heapscope_pytorch::Action::Alloc {
+            allocs += 1;
+        }
+        entry.category = heapscope_pytorch::CategoryId(if allocs <= 10 { 1 } else { 2 });
+    }
+    let path = dir.join("labelled.pickle");
+    heapscope_pytorch::write_snapshot(&labelled, std::fs::File::create(&path).unwrap()).unwrap();
+    path
+}
+
 /// `heapscope top`: what holds the memory. frag_oom's peak is twenty allocations from one line of the capture script;
 /// at the out-of-memory entry, 1.95 GiB are live from another line and the refused 1 GiB request names its own frames.
 /// A recording that refused nothing has no `--at oom`.
@@ -422,6 +449,20 @@ fn top_says_what_holds_the_memory() {
     assert!(stderr(&refused).contains("has no out-of-memory entry: nothing was refused"), "{}", stderr(&refused));
     let bad = heapscope(&["top", path, "--at", "later"]);
     assert!(stderr(&bad).contains("\"later\" is no moment: expected `peak`, `oom`"), "{}", stderr(&bad));
+    // By category (see `labelled_frag_oom`).
+    let dir = temp_dir("top-categories");
+    let labelled_path = labelled_frag_oom(&dir);
+    let labelled_file = labelled_path.to_str().unwrap();
+    let by_category = json_lines(&heapscope(&["top", labelled_file, "--by-category", "--json"])).remove(0);
+    assert_eq!(by_category["grouping"].as_str(), Some("category"));
+    let rows: Vec<(Option<&str>, Option<u64>)> =
+        by_category["rows"].as_array().unwrap().iter().map(|row| (row["category"].as_str(), row["count"].as_u64())).collect();
+    // Equal bytes and counts: by name.
+    assert_eq!(rows, [(Some("compile_context: step"), Some(10)), (Some("user_metadata: warm-up"), Some(10))], "{by_category}");
+    let table = stdout(&heapscope(&["top", labelled_file, "--by-category"]));
+    assert!(table.contains("category (the entry's label)") && table.contains("50.0%  user_metadata: warm-up"), "{table}");
+    let both = heapscope(&["top", labelled_file, "--by-category", "--full-stack"]);
+    assert!(!both.status.success() && stderr(&both).contains("cannot be used with"), "{}", stderr(&both));
 }
 
 #[test]
@@ -676,6 +717,7 @@ fn three_gpu_snapshot(dir: &Path) -> (PathBuf, [usize; 2]) {
     let state = strip(gpt2.clone(), 2);
     let entries = [gpt2.device_traces[0].len(), frag.device_traces[0].len()];
     let snapshot = Snapshot {
+        categories: Vec::new(),
         segments: [&gpt2, &frag, &state].iter().flat_map(|snapshot| snapshot.segments.clone()).collect(),
         device_traces: vec![gpt2.device_traces[0].clone(), frag.device_traces[0].clone(), Vec::new(), Vec::new()],
         settings: gpt2.settings.clone(),

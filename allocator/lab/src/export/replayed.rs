@@ -18,8 +18,8 @@ use heapscope_core::trace::Event;
 use heapscope_core::{DeviceEvent, DeviceHeap, Error, RangeState, Result};
 use heapscope_pytorch::caching::{SMALL_BUFFER_BYTES, SMALL_SIZE_BYTES};
 use heapscope_pytorch::{
-    Action, AllocConf, BackingRefused, Block, BlockState, CachingAllocator, EntryEffect, MemoryStats, Pool, RecordedSettings,
-    Segment, SegmentBacking, Snapshot, StackId, StatArray, TraceEntry,
+    Action, AllocConf, BackingRefused, Block, BlockState, CachingAllocator, CategoryId, EntryEffect, MemoryStats, Pool,
+    RecordedSettings, Segment, SegmentBacking, Snapshot, StackId, StatArray, TraceEntry,
 };
 
 /// Where a paged heap's virtual range starts in exported addresses.
@@ -47,6 +47,7 @@ impl Writer<'_> {
             time_us: original.and_then(|entry| entry.time_us),
             device_free,
             frames: original.map_or(StackId::NONE, |entry| entry.frames),
+            category: original.map_or(CategoryId::NONE, |entry| entry.category),
         });
     }
 
@@ -288,7 +289,7 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
     let mut device_traces = vec![Vec::new(); device + 1];
     device_traces[device] = writer.entries;
     Ok(Replayed {
-        snapshot: Snapshot { segments, device_traces, settings: None, frame_stacks },
+        snapshot: Snapshot { segments, device_traces, settings: None, frame_stacks, categories: categories(recording) },
         stats: recorder.stats,
         heap_report,
     })
@@ -575,10 +576,21 @@ pub fn emulated_snapshot(
     let mut device_traces = vec![Vec::new(); device + 1];
     device_traces[device] = entries;
     Ok(Replayed {
-        snapshot: Snapshot { segments, device_traces, settings: Some(recorded_settings(conf, alloc_conf)), frame_stacks },
+        snapshot: Snapshot {
+            segments,
+            device_traces,
+            settings: Some(recorded_settings(conf, alloc_conf)),
+            frame_stacks,
+            categories: categories(recording),
+        },
         stats,
         heap_report: None,
     })
+}
+
+/// The recording's categories, which the written entries keep (by id).
+fn categories(recording: &Recording) -> Vec<heapscope_pytorch::Category> {
+    recording.snapshot.as_ref().map(|snapshot| snapshot.categories.clone()).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use heapscope_core::trace::Event;
-use heapscope_pytorch::StackId;
+use heapscope_pytorch::{CategoryId, StackId};
 
 use crate::recording::Recording;
 
@@ -39,6 +39,8 @@ pub struct Band {
     pub size_bytes: u64,
     /// Its stack frames in the snapshot ([`StackId::NONE`] where none were recorded).
     pub stack: StackId,
+    /// Its entry's category in the snapshot ([`CategoryId::NONE`] where it names none).
+    pub category: CategoryId,
     /// Where it sits, stretch by stretch, in order.
     pub pieces: Vec<Piece>,
 }
@@ -122,7 +124,7 @@ impl Below {
 /// brought up to date at the start of each of [`STRETCHES`] stretches of positions, each band's height read from a
 /// sum of the live sizes by allocation order: exact there, at most one stretch late in between.
 pub fn build(recording: &Recording) -> ActiveTimeline {
-    let stacks = crate::top::allocation_stacks(recording);
+    let origins = crate::top::allocation_origins(recording);
     let events = recording.trace.events();
     let positions = recording.entries + 1;
     let mut timeline = ActiveTimeline { positions, live_bytes: vec![0; positions as usize], ..ActiveTimeline::default() };
@@ -158,7 +160,14 @@ pub fn build(recording: &Recording) -> ActiveTimeline {
             Event::Alloc { slot, size_bytes } => {
                 if size_bytes >= detail_bytes {
                     // Its own height is exact (the bands below may be a stretch late until the next refresh).
-                    timeline.bands.push(Band { slot, size_bytes, stack: stacks[index as usize], pieces: Vec::new() });
+                    let origin = origins[index as usize];
+                    timeline.bands.push(Band {
+                        slot,
+                        size_bytes,
+                        stack: origin.stack,
+                        category: origin.category,
+                        pieces: Vec::new(),
+                    });
                     let band = Open { band: timeline.bands.len() - 1, since: position, offset_bytes: below.before(next_order) };
                     open.insert(next_order, band);
                 }

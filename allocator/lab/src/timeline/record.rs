@@ -551,7 +551,7 @@ mod tests {
     }
 
     fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
-        TraceEntry { action, addr, size, stream: 0, time_us: None, device_free: None, frames: heapscope_pytorch::StackId::NONE }
+        TraceEntry::new(action, addr, size)
     }
 
     /// A step per entry: a block live before the recording (a span of the start, freed at its entry), and a user
@@ -579,8 +579,13 @@ mod tests {
             entry(Action::SegmentAlloc, later, small),       //
             entry(Action::Alloc, later, 1000),               // event 2
         ];
-        let snapshot =
-            Snapshot { segments: vec![segment], device_traces: vec![trace], settings: None, frame_stacks: vec![Vec::new()] };
+        let snapshot = Snapshot {
+            segments: vec![segment],
+            device_traces: vec![trace],
+            settings: None,
+            frame_stacks: vec![Vec::new()],
+            categories: Vec::new(),
+        };
         let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
         assert_eq!((recording.start_events, recording.entries), (1, 8), "the block from before the recording");
         assert_eq!(recording.entry_index, [0, 0, 2, 4, 7]);
