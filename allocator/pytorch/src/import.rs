@@ -1817,6 +1817,20 @@ print([[(k, e[k]) for k in keys if k in e] for e in trace[:7]])
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    /// Past 65,535 distinct categories the rest share the last id, named as such; the defaults name none.
+    #[test]
+    fn categories_past_sixteen_bits_share_the_last_id() {
+        let mut categories = Categories::default();
+        let text = |i: u32| Rc::new(format!("region {i}"));
+        assert_eq!(categories.id(CategoryKey::CompileContext, &Rc::new("N/A".to_owned())), None);
+        assert_eq!(categories.id(CategoryKey::UserMetadata, &Rc::default()), None);
+        let ids: Vec<u16> = (0..70_000).map(|i| categories.id(CategoryKey::CompileContext, &text(i)).unwrap().0).collect();
+        assert_eq!((ids[0], ids[65_533], ids[65_534], ids[69_999]), (1, 65_534, u16::MAX, u16::MAX));
+        assert_eq!(categories.id(CategoryKey::CompileContext, &text(7)), Some(CategoryId(8)), "known ones keep theirs");
+        let list = categories.into_list();
+        assert_eq!((list.len(), &*list[65_535].name), (65_536, Category::MORE));
+    }
+
     /// The generator's PyTorch ≥ 2.5 layout (`--layout pytorch --no-frames --one-stream`) has the opcodes of
     /// the shared recordings entry for entry (the generator's own check, with pickletools), and both read paths
     /// read it alike.

@@ -390,3 +390,42 @@ impl Snapshot {
         (id != CategoryId::NONE).then(|| self.categories.get(usize::from(id.0))).flatten()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 1 GB file holds millions of entries: the category's 16-bit id fits the padding of the other fields.
+    #[test]
+    fn a_trace_entry_stays_at_64_bytes() {
+        assert_eq!(size_of::<TraceEntry>(), 64);
+    }
+
+    #[test]
+    fn categories_name_their_key_and_renumber_by_first_use() {
+        let category = |key, name: &str| Category { key, name: name.into() };
+        let snapshot = Snapshot {
+            device_traces: vec![vec![
+                TraceEntry { category: CategoryId(2), ..TraceEntry::new(Action::Alloc, 0, 1) },
+                TraceEntry { category: CategoryId(1), ..TraceEntry::new(Action::Alloc, 8, 1) },
+            ]],
+            categories: vec![
+                Category::none(),
+                category(CategoryKey::CompileContext, "Torch-Compiled Region: 0/1"),
+                category(CategoryKey::UserMetadata, "forward"),
+                category(CategoryKey::Category, "unused"),
+            ],
+            ..Snapshot::default()
+        };
+        assert_eq!(snapshot.category(CategoryId(2)).map(ToString::to_string).as_deref(), Some("user_metadata: forward"));
+        assert_eq!(snapshot.category(CategoryId::NONE), None);
+        assert_eq!(snapshot.category(CategoryId(9)), None);
+        let renumbered = snapshot.with_stacks_in_use_order();
+        let names: Vec<&str> = renumbered.categories.iter().map(|category| &*category.name).collect();
+        assert_eq!(names, ["", "forward", "Torch-Compiled Region: 0/1"], "by first use, the unused one left out");
+        assert_eq!(renumbered.device_traces[0][0].category, CategoryId(1));
+        for (text, names) in [("", false), ("N/A", false), ("forward", true)] {
+            assert_eq!(CategoryKey::names_one(text), names, "{text:?}");
+        }
+    }
+}
