@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use heapscope_core::units::parse_size;
+use heapscope_gui::active_plot::TimelineView;
 use heapscope_gui::device_live::{LiveConfig, LiveWorkload};
 use heapscope_gui::palette::ColourBy;
 use heapscope_gui::render::GifOptions;
@@ -46,8 +47,12 @@ pub struct GuiArgs {
     pub at: Option<Moment>,
     /// Open with the timeline showing every allocation over time, stacked (memory_viz's active memory timeline),
     /// instead of the totals.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "segments")]
     pub allocations: bool,
+    /// Open with the timeline showing every segment the first pane's allocator held over time, stacked (memory_viz's
+    /// cached memory view), instead of the totals.
+    #[arg(long)]
+    pub segments: bool,
     /// A built-in story instead of a file: frag_oom (the default), training_step, llm_serving_contiguous,
     /// llm_serving_paged, compaction.
     #[arg(long, conflicts_with_all = ["file", "live"])]
@@ -75,6 +80,7 @@ impl Default for GuiArgs {
             steps: None,
             at: None,
             allocations: false,
+            segments: false,
             story: None,
             teach: false,
             quit_after_frames: None,
@@ -177,7 +183,11 @@ pub fn run_gui(args: &GuiArgs) -> Result<()> {
         quit_after_frames,
         screenshot: args.screenshot.clone(),
         start_at_event: args.at,
-        allocations: args.allocations,
+        timeline: match (args.allocations, args.segments) {
+            (true, _) => TimelineView::Allocations,
+            (_, true) => TimelineView::Segments,
+            _ => TimelineView::Totals,
+        },
         story: args.story.clone(),
         teach: args.teach,
     };

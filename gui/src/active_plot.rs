@@ -19,6 +19,19 @@ use crate::palette::{self, ColourBy};
 use crate::plot::{PANE_COLOURS, Series, byte_unit, nice_step};
 use crate::session::Session;
 
+/// What the timeline under the panes shows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TimelineView {
+    /// The totals plot (live, reserved, fragmentation, OOMs).
+    #[default]
+    Totals,
+    /// Every allocation over time, stacked (memory_viz's active memory timeline).
+    Allocations,
+    /// Every segment (block or mapped run) the focused pane's allocator held over time, stacked (memory_viz's cached
+    /// memory view).
+    Segments,
+}
+
 /// Bands thinner than this (in pixels) are left to the grey fill.
 pub const MIN_BAND_PX: f32 = 0.5;
 
@@ -53,15 +66,18 @@ pub fn show(
             egui::TextFormat::simple(font.clone(), PANE_COLOURS[index % PANE_COLOURS.len()]),
         );
     }
-    let coloured = if colour_by == ColourBy::Category { "category" } else { "stack" };
-    legend.append(
-        &format!(
+    let what = if timeline.addresses.is_empty() {
+        let coloured = if colour_by == ColourBy::Category { "category" } else { "stack" };
+        format!(
             "(lines: reserved; bands: every allocation while live, stacked oldest first, coloured by {coloured}; grey: \
              allocations under half a pixel)"
-        ),
-        0.0,
-        egui::TextFormat::simple(font, weak),
-    );
+        )
+    } else {
+        "(lines: reserved; bands: every segment of the focused pane's allocator while held — a block, or a run of pages \
+         mapped — stacked oldest first, coloured by size; grey: segments under half a pixel)"
+            .to_owned()
+    };
+    legend.append(&what, 0.0, egui::TextFormat::simple(font, weak));
     ui.label(legend);
     let (outer, response) = ui.allocate_exact_size(vec2(ui.available_width(), height), Sense::click_and_drag());
     let rect = Rect::from_min_max(outer.min + vec2(44.0, 4.0), outer.max - vec2(4.0, 18.0));
@@ -125,6 +141,21 @@ pub fn show(
         let at = position_of(pointer);
         let bytes = f64::from((rect.bottom() - pointer.y) / rect.height()) * max_bytes;
         let text = match timeline.at(at, bytes as u64) {
+            Some((band, _)) if !timeline.addresses.is_empty() => {
+                let (from, to) = (band.pieces.first().map_or(0, |p| p.from), band.pieces.last().map_or(0, |p| p.to));
+                let released = if to >= positions {
+                    "held to the end".to_owned()
+                } else {
+                    format!("released at {}", Moment::at_position(to))
+                };
+                let address = timeline.addresses.get(band.slot as usize).copied().unwrap_or(0);
+                format!(
+                    "segment #{} at {address:#x}: {}\nreserved at {}, {released}",
+                    band.slot,
+                    Bytes(band.size_bytes),
+                    Moment::at_position(from)
+                )
+            }
             Some((band, _)) => {
                 let (from, to) = (band.pieces.first().map_or(0, |p| p.from), band.pieces.last().map_or(0, |p| p.to));
                 let freed =
@@ -150,7 +181,9 @@ pub fn show(
     }
     if let Some(pointer) = response.interact_pointer_pos().filter(|_| response.clicked()) {
         let bytes = f64::from((rect.bottom() - pointer.y) / rect.height()) * max_bytes;
-        clicked.picked = Some(timeline.at(position_of(pointer), bytes as u64).map(|(band, _)| band.slot));
+        // Segments are no allocation to pick.
+        let band = timeline.at(position_of(pointer), bytes as u64).filter(|_| timeline.addresses.is_empty());
+        clicked.picked = Some(band.map(|(band, _)| band.slot));
     }
     clicked
 }
@@ -183,6 +216,7 @@ pub fn band_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64, colour
     let min_bytes = f64::from(MIN_BAND_PX) / f64::from(rect.height().max(1.0)) * max_bytes;
     for band in timeline.bands.iter().filter(|band| band.size_bytes as f64 >= min_bytes) {
         let colour = match colour_by {
+            _ if !timeline.addresses.is_empty() => palette::size_class(band.size_bytes),
             ColourBy::Category => palette::group(u32::from(band.category.0)),
             _ if band.stack == StackId::NONE => palette::size_class(band.size_bytes),
             _ => palette::group(band.stack.0),

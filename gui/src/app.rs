@@ -19,7 +19,7 @@ use heapscope_lab::timeline::explain::explain;
 use heapscope_lab::top::{Grouping, Top, TopAt, top};
 use heapscope_vulkan::{ContextOptions, VulkanContext};
 
-use crate::active_plot;
+use crate::active_plot::{self, TimelineView};
 use crate::advice::AdviceRun;
 use crate::device_live::{self, LiveConfig};
 use crate::file_browser::{BrowserAction, FileBrowser};
@@ -50,9 +50,11 @@ pub struct HeapscopeApp {
     pub teach: bool,
     /// Whether the "What holds it" panel shows.
     pub holders: bool,
-    /// Whether the timeline shows every allocation (memory_viz's active memory timeline) instead of the totals.
-    pub show_allocations: bool,
-    /// The allocations over time of the recording shown, built when first asked for.
+    /// What the timeline under the panes shows: the totals, every allocation (memory_viz's active memory timeline) or
+    /// the focused pane's segments.
+    pub timeline_view: TimelineView,
+    /// The allocations (or a pane's segments) over time of the recording shown, built when first asked for, under
+    /// what they are of.
     active: Option<(String, ActiveTimeline)>,
     /// The allocation picked on the active memory timeline (its slot), outlined in every pane.
     pub selected: Option<u32>,
@@ -123,7 +125,7 @@ impl HeapscopeApp {
             teach: false,
             holders: false,
             holders_at: None,
-            show_allocations: false,
+            timeline_view: TimelineView::Totals,
             active: None,
             selected: None,
             advice: None,
@@ -707,18 +709,44 @@ impl HeapscopeApp {
                 self.next_refusal();
             }
             ui.separator();
-            ui.toggle_value(&mut self.show_allocations, "allocations").on_hover_text(
-                "every allocation over time, stacked (memory_viz's active memory timeline), instead of the totals",
-            );
+            let views = [
+                (
+                    TimelineView::Allocations,
+                    "allocations",
+                    "every allocation over time, stacked (memory_viz's active memory timeline), instead of the totals",
+                ),
+                (
+                    TimelineView::Segments,
+                    "segments",
+                    "every segment the focused pane's allocator held over time, stacked (memory_viz's cached memory \
+                     view), instead of the totals",
+                ),
+            ];
+            for (view, name, hover) in views {
+                let mut on = self.timeline_view == view;
+                if ui.toggle_value(&mut on, name).on_hover_text(hover).changed() {
+                    self.timeline_view = if on { view } else { TimelineView::Totals };
+                }
+            }
         });
         let names: Vec<String> =
             self.session.iter().flat_map(|session| session.panes.iter().map(|pane| pane.name().to_owned())).collect();
         let series: Vec<(&str, &Series)> = names.iter().map(String::as_str).zip(self.series.iter()).collect();
-        let seek = match (&self.session, self.show_allocations) {
-            (Some(session), true) => {
-                let name = session.recording.shown_name();
+        let seek = match (&self.session, self.timeline_view) {
+            (Some(session), view @ (TimelineView::Allocations | TimelineView::Segments)) => {
+                let pane = session.panes.get(self.focused).or(session.panes.first());
+                let name = match (view, pane) {
+                    (TimelineView::Segments, Some(pane)) => {
+                        format!("{}: segments of {} at {}", session.recording.shown_name(), pane.name(), pane.timeline.steps())
+                    }
+                    _ => session.recording.shown_name(),
+                };
                 if self.active.as_ref().is_none_or(|(built, _)| *built != name) {
-                    self.active = Some((name, active::build(&session.recording)));
+                    let built = match (view, pane) {
+                        (TimelineView::Segments, Some(pane)) => active::build_segments(&pane.timeline),
+                        _ => active::build(&session.recording),
+                    };
+                    self.active = Some((name, built));
                 }
                 let timeline = self.active.as_ref().map(|(_, timeline)| timeline);
                 let clicked = timeline.map(|timeline| {

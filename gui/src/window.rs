@@ -43,8 +43,9 @@ pub struct WindowOptions {
     pub screenshot: Option<PathBuf>,
     /// Open at this moment (`None`: at the start).
     pub start_at_event: Option<heapscope_lab::recording::Moment>,
-    /// Open with the timeline showing every allocation (the active memory timeline) instead of the totals.
-    pub allocations: bool,
+    /// What the timeline opens on: the totals, every allocation (the active memory timeline) or the first pane's
+    /// segments.
+    pub timeline: crate::active_plot::TimelineView,
     /// Open this built-in story instead of frag_oom (with no file).
     pub story: Option<String>,
     /// Open with "Teach me" showing.
@@ -286,7 +287,7 @@ pub fn run(
             anyhow::bail!(error);
         }
     }
-    app.show_allocations = window.allocations;
+    app.timeline_view = window.timeline;
     if let Some(at) = window.start_at_event {
         app.playback.seek(check_at(at, app.steps())?);
     }

@@ -89,14 +89,19 @@ fn rendering_writes_a_png() {
     std::fs::remove_file(&path).ok();
 }
 
-/// The active memory timeline of the shipped recording `name` (memory_viz's view), the peak marked and named, the
-/// pointer `up` pixels above the bottom of the stack at the peak, its hover shown (size, lifetime, stack frames where
-/// the file has them), as snapshot `snapshot`.
-fn active_timeline_snapshot(name: &str, up: f32, snapshot: &str) {
+/// The active memory timeline of the shipped recording `name` (memory_viz's view; with `segments`, the pytorch
+/// contender's segments instead of the allocations), the peak marked and named, the pointer `up` pixels above the
+/// bottom of the stack at the peak, its hover shown (size, lifetime, stack frames where the file has them), as
+/// snapshot `snapshot`.
+fn active_timeline_snapshot(name: &str, up: f32, snapshot: &str, segments: bool) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../assets/traces/pytorch/{name}.pickle.gz"));
     let options = heapscope_gui::session::OpenOptions::default();
     let session = Session::open(&path, &[Contender::Pytorch { expandable: false }], options).unwrap();
-    let timeline = heapscope_lab::timeline::active::build(&session.recording);
+    let timeline = if segments {
+        heapscope_lab::timeline::active::build_segments(&session.panes[0].timeline)
+    } else {
+        heapscope_lab::timeline::active::build(&session.recording)
+    };
     let series = heapscope_gui::plot::Series::of(&session.panes[0].timeline);
     let position = timeline.peak_position as f64;
     let mut harness = Harness::builder().with_size([900.0, 260.0]).with_pixels_per_point(1.0).wgpu().build_ui(|ui| {
@@ -116,7 +121,7 @@ fn active_timeline_snapshot(name: &str, up: f32, snapshot: &str) {
 #[test]
 fn active_memory_timeline_of_gpt2_with_the_peak_and_a_hover() {
     if renderer_available() {
-        active_timeline_snapshot("gpt2_train_fixed-default", 44.0, "active_memory_timeline_gpt2");
+        active_timeline_snapshot("gpt2_train_fixed-default", 44.0, "active_memory_timeline_gpt2", false);
     }
 }
 
@@ -125,6 +130,15 @@ fn active_memory_timeline_of_gpt2_with_the_peak_and_a_hover() {
 #[test]
 fn active_memory_timeline_of_frag_oom_with_frames() {
     if renderer_available() {
-        active_timeline_snapshot("frag_oom-default", 120.0, "active_memory_timeline_frag_oom");
+        active_timeline_snapshot("frag_oom-default", 120.0, "active_memory_timeline_frag_oom", false);
+    }
+}
+
+/// GPT-2's segments as PyTorch's allocator held them (memory_viz's cached memory view): the blocks stacked in the
+/// order they were reserved; the hover names a segment, its address and when it was reserved.
+#[test]
+fn segments_timeline_of_gpt2_with_a_hover() {
+    if renderer_available() {
+        active_timeline_snapshot("gpt2_train_fixed-default", 44.0, "segments_timeline_gpt2", true);
     }
 }

@@ -256,7 +256,7 @@ fn a_click_on_the_allocations_timeline_seeks_and_picks_an_allocation() {
     let mut harness = frag_oom_recording(&clock);
     harness.get_by_label("allocations").click();
     harness.run_steps(2);
-    assert!(harness.state().show_allocations);
+    assert_eq!(harness.state().timeline_view, heapscope_gui::active_plot::TimelineView::Allocations);
     // The timeline is the bottom 210 pixels of the 900-pixel window; a third of the way along, near its floor.
     let low = egui::pos2(470.0, 870.0);
     harness.drag_at(low);

@@ -11,13 +11,18 @@
 //! case: activations freed in reverse) moves nothing, so a training step's pieces stay close to its allocations;
 //! a free deep in the stack cuts every band above it once. Allocations under 1/[`DETAIL_FRACTION`] of the peak get
 //! no band (the level of detail: they are in the live bytes).
+//!
+//! [`build_segments`] stacks what a contender reserved the same way (memory_viz's cached-memory view): each block, or
+//! each run of pages mapped in a virtual range, a band while held.
 
 use std::collections::BTreeMap;
 
 use heapscope_core::trace::Event;
 use heapscope_pytorch::{CategoryId, StackId};
 
+use super::{Change, RegionKind, Timeline};
 use crate::recording::Recording;
+use crate::top::Origin;
 
 /// A stretch of moments during which an allocation sits at one height.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,10 +35,10 @@ pub struct Piece {
     pub offset_bytes: u64,
 }
 
-/// One allocation of the recording over its lifetime.
+/// One allocation of the recording over its lifetime (or one segment of a contender's, see [`build_segments`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Band {
-    /// Its slot in the recording's trace.
+    /// Its slot in the recording's trace (a segment's number in order of reservation).
     pub slot: u32,
     /// Bytes requested.
     pub size_bytes: u64,
@@ -61,6 +66,9 @@ pub struct ActiveTimeline {
     pub peak_position: u64,
     /// Bytes live once each position is done (index = position).
     pub live_bytes: Vec<u64>,
+    /// For a contender's segments ([`build_segments`]): the address of each band's block or mapped run, by its
+    /// [`Band::slot`]; empty for allocations.
+    pub addresses: Vec<u64>,
 }
 
 impl ActiveTimeline {
@@ -117,6 +125,125 @@ impl Below {
     }
 }
 
+/// Stacks bands as their events arrive in order of position (see [`build`]): each band a dense key, added and removed
+/// once.
+struct Stacker<'a> {
+    timeline: ActiveTimeline,
+    /// The open bands by order of addition, each with its open piece.
+    open: BTreeMap<u64, Open>,
+    /// Each key's order and size while live.
+    order_of: Vec<Option<(u64, u64)>>,
+    below: Below,
+    /// Smaller ones get no band.
+    detail_bytes: u64,
+    next_order: u64,
+    live_bytes: u64,
+    /// Positions of `live_bytes` written so far; the stretch the heights were last brought up to date in.
+    filled: usize,
+    stretch: u64,
+    /// Where each band comes from (by key), for its band.
+    origins: &'a dyn Fn(u32) -> Origin,
+}
+
+impl<'a> Stacker<'a> {
+    /// A stacker over `positions` positions, `keys` keys and at most `adds` additions, banding sizes of at least
+    /// `detail_bytes`.
+    fn new(positions: u64, keys: usize, adds: usize, detail_bytes: u64, origins: &'a dyn Fn(u32) -> Origin) -> Self {
+        Self {
+            timeline: ActiveTimeline { positions, live_bytes: vec![0; positions as usize], ..ActiveTimeline::default() },
+            open: BTreeMap::new(),
+            order_of: vec![None; keys],
+            below: Below::new(adds),
+            detail_bytes,
+            next_order: 0,
+            live_bytes: 0,
+            filled: 0,
+            stretch: 0,
+            origins,
+        }
+    }
+
+    fn close(timeline: &mut ActiveTimeline, open: &Open, to: u64) {
+        if to > open.since {
+            timeline.bands[open.band].pieces.push(Piece { from: open.since, to, offset_bytes: open.offset_bytes });
+        }
+    }
+
+    /// Key `key` of `size_bytes` is live from `position`, on top of the stack.
+    fn add(&mut self, key: u32, size_bytes: u64, position: u64) {
+        if size_bytes >= self.detail_bytes {
+            // Its own height is exact (the bands below may be a stretch late until the next refresh).
+            let origin = (self.origins)(key);
+            let band = Band { slot: key, size_bytes, stack: origin.stack, category: origin.category, pieces: Vec::new() };
+            self.timeline.bands.push(band);
+            let band =
+                Open { band: self.timeline.bands.len() - 1, since: position, offset_bytes: self.below.before(self.next_order) };
+            self.open.insert(self.next_order, band);
+        }
+        self.below.add(self.next_order, size_bytes);
+        if let Some(slot) = self.order_of.get_mut(key as usize) {
+            *slot = Some((self.next_order, size_bytes));
+        }
+        self.next_order += 1;
+        self.live_bytes += size_bytes;
+    }
+
+    /// Key `key` is gone from `position` (nothing for a key not live).
+    fn remove(&mut self, key: u32, position: u64) {
+        let Some((order, size_bytes)) = self.order_of.get_mut(key as usize).and_then(Option::take) else { return };
+        if let Some(band) = self.open.remove(&order) {
+            Self::close(&mut self.timeline, &band, position);
+        }
+        self.below.add(order, size_bytes.wrapping_neg());
+        self.live_bytes -= size_bytes;
+    }
+
+    /// The events of `position` are done: its live bytes and the peak; the first position done in a new stretch
+    /// brings the heights up to date.
+    fn done(&mut self, position: u64) {
+        let positions = self.timeline.positions;
+        let here_stretch =
+            u64::try_from(u128::from(position) * u128::from(STRETCHES) / u128::from(positions.max(1))).unwrap_or(u64::MAX);
+        if here_stretch != self.stretch {
+            // Each band whose height changed gets a new piece from `position`.
+            for (&order, band) in &mut self.open {
+                let offset_bytes = self.below.before(order);
+                if offset_bytes != band.offset_bytes {
+                    Self::close(&mut self.timeline, band, position);
+                    (band.since, band.offset_bytes) = (position, offset_bytes);
+                }
+            }
+            self.stretch = here_stretch;
+        }
+        // Positions without an event of their own keep the bytes of the one before.
+        let live = &mut self.timeline.live_bytes;
+        let here = (position as usize).min(live.len());
+        let before = live.get(self.filled.saturating_sub(1)).copied().unwrap_or(0);
+        live[self.filled.min(here)..here].fill(before);
+        if let Some(slot) = live.get_mut(here) {
+            *slot = self.live_bytes;
+        }
+        self.filled = here + 1;
+        if self.live_bytes > self.timeline.peak_bytes {
+            (self.timeline.peak_bytes, self.timeline.peak_position) = (self.live_bytes, position);
+        }
+    }
+
+    fn finish(mut self) -> ActiveTimeline {
+        let live = &mut self.timeline.live_bytes;
+        let last = live.get(self.filled.saturating_sub(1)).copied().unwrap_or(0);
+        let total = live.len();
+        live[self.filled.min(total)..].fill(last);
+        let end = self.timeline.positions;
+        for band in self.open.values() {
+            Self::close(&mut self.timeline, band, end);
+        }
+        // A band removed in the moment it was added (an out-of-memory request) was never live.
+        self.timeline.bands.retain(|band| !band.pieces.is_empty());
+        self.timeline
+    }
+}
+
 /// The active memory timeline of `recording`. See the module docs.
 ///
 /// A free does not cut the bands above it at once (a recording freeing out of order would cut every band above
@@ -124,100 +251,111 @@ impl Below {
 /// brought up to date at the start of each of [`STRETCHES`] stretches of positions, each band's height read from a
 /// sum of the live sizes by allocation order: exact there, at most one stretch late in between.
 pub fn build(recording: &Recording) -> ActiveTimeline {
-    let origins = crate::top::allocation_origins(recording);
     let events = recording.trace.events();
-    let positions = recording.entries + 1;
-    let mut timeline = ActiveTimeline { positions, live_bytes: vec![0; positions as usize], ..ActiveTimeline::default() };
-    // The banded allocations live, by allocation order, each with its open piece; each slot's order and size.
-    let mut open: BTreeMap<u64, Open> = BTreeMap::new();
-    let mut order_of: Vec<Option<(u64, u64)>> = vec![None; recording.trace.slots() as usize];
+    let by_event = crate::top::allocation_origins(recording);
+    // Each slot's origin: the one of the event that allocated it.
+    let mut origin_of = vec![Origin::default(); recording.trace.slots() as usize];
+    for (event, origin) in events.iter().zip(&by_event) {
+        if let Event::Alloc { slot, .. } = *event {
+            origin_of[slot as usize] = *origin;
+        }
+    }
+    let origins = |slot: u32| origin_of.get(slot as usize).copied().unwrap_or_default();
     let allocs = events.iter().filter(|event| matches!(event, Event::Alloc { .. })).count();
-    let mut below = Below::new(allocs);
     // Allocations this small get no band of their own: under half a pixel on any plot up to 2,048 pixels tall.
     let detail_bytes = crate::top::peak(recording).1 / DETAIL_FRACTION;
-    let (mut next_order, mut live_bytes) = (0u64, 0u64);
-    // Positions of `live_bytes` written so far; the stretch the heights were last brought up to date in.
-    let mut filled = 0usize;
-    let mut stretch = 0u64;
-    let close = |timeline: &mut ActiveTimeline, open: &Open, to: u64| {
-        if to > open.since {
-            timeline.bands[open.band].pieces.push(Piece { from: open.since, to, offset_bytes: open.offset_bytes });
-        }
-    };
-    // Each band whose height changed gets a new piece from `position`.
-    let refresh = |timeline: &mut ActiveTimeline, open: &mut BTreeMap<u64, Open>, below: &Below, position: u64| {
-        for (&order, band) in open.iter_mut() {
-            let offset_bytes = below.before(order);
-            if offset_bytes != band.offset_bytes {
-                close(timeline, band, position);
-                (band.since, band.offset_bytes) = (position, offset_bytes);
-            }
-        }
-    };
+    let mut stacker = Stacker::new(recording.entries + 1, recording.trace.slots() as usize, allocs, detail_bytes, &origins);
     for (index, event) in (0..).zip(events) {
         let position = recording.moment_of(index).position();
         match *event {
-            Event::Alloc { slot, size_bytes } => {
-                if size_bytes >= detail_bytes {
-                    // Its own height is exact (the bands below may be a stretch late until the next refresh).
-                    let origin = origins[index as usize];
-                    timeline.bands.push(Band {
-                        slot,
-                        size_bytes,
-                        stack: origin.stack,
-                        category: origin.category,
-                        pieces: Vec::new(),
-                    });
-                    let band = Open { band: timeline.bands.len() - 1, since: position, offset_bytes: below.before(next_order) };
-                    open.insert(next_order, band);
-                }
-                below.add(next_order, size_bytes);
-                order_of[slot as usize] = Some((next_order, size_bytes));
-                next_order += 1;
-                live_bytes += size_bytes;
-            }
-            Event::Free { slot } => {
-                let Some((order, size_bytes)) = order_of.get_mut(slot as usize).and_then(Option::take) else { continue };
-                if let Some(band) = open.remove(&order) {
-                    close(&mut timeline, &band, position);
-                }
-                below.add(order, size_bytes.wrapping_neg());
-                live_bytes -= size_bytes;
-            }
+            Event::Alloc { slot, size_bytes } => stacker.add(slot, size_bytes, position),
+            Event::Free { slot } => stacker.remove(slot, position),
         }
-        // The peak once the moment is done: the next event belongs to a later one (or there is none).
-        let moment_done = events.get(index as usize + 1).is_none() || recording.moment_of(index + 1).position() != position;
-        if moment_done {
-            // The first moment done in a new stretch brings the heights up to date from there.
-            let here_stretch =
-                u64::try_from(u128::from(position) * u128::from(STRETCHES) / u128::from(positions)).unwrap_or(u64::MAX);
-            if here_stretch != stretch {
-                refresh(&mut timeline, &mut open, &below, position);
-                stretch = here_stretch;
-            }
-            // Positions without an event of their own keep the bytes of the one before.
-            let here = (position as usize).min(timeline.live_bytes.len());
-            let before = timeline.live_bytes.get(filled.saturating_sub(1)).copied().unwrap_or(0);
-            timeline.live_bytes[filled.min(here)..here].fill(before);
-            if let Some(slot) = timeline.live_bytes.get_mut(here) {
-                *slot = live_bytes;
-            }
-            filled = here + 1;
-            if live_bytes > timeline.peak_bytes {
-                (timeline.peak_bytes, timeline.peak_position) = (live_bytes, position);
-            }
+        // The moment is done once the next event belongs to a later one (or there is none).
+        if events.get(index as usize + 1).is_none() || recording.moment_of(index + 1).position() != position {
+            stacker.done(position);
         }
     }
-    let last = timeline.live_bytes.get(filled.saturating_sub(1)).copied().unwrap_or(0);
-    let total = timeline.live_bytes.len();
-    timeline.live_bytes[filled.min(total)..].fill(last);
-    let end = timeline.positions;
-    for band in open.values() {
-        close(&mut timeline, band, end);
+    stacker.finish()
+}
+
+/// A segment's band starts (at an address, of some bytes) or ends (the one at an address).
+#[derive(Clone, Copy)]
+enum Held {
+    From(u64, u64),
+    Until(u64),
+}
+
+/// What a contender reserved over time, stacked the same way (memory_viz's cached-memory view): each block it
+/// reserved, or each run of pages it mapped in a virtual range, is a band while it is held, stacked on the older ones
+/// still held. [`Band::slot`] numbers them in order; [`ActiveTimeline::addresses`] says where each one is. Pages
+/// unmapped from the middle of a mapped run end its band and start bands for what stays mapped of it.
+pub fn build_segments(timeline: &Timeline) -> ActiveTimeline {
+    // Every band the changes make, in order.
+    let mut held: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut events: Vec<(u64, Held)> = Vec::new();
+    let mut apply = |position: u64, change: &Change, events: &mut Vec<(u64, Held)>| match *change {
+        Change::RegionAdded { address, size_bytes, kind: RegionKind::Block } | Change::PagesMapped { address, size_bytes } => {
+            held.insert(address, size_bytes);
+            events.push((position, Held::From(address, size_bytes)));
+        }
+        Change::RegionRemoved { address } if held.remove(&address).is_some() => events.push((position, Held::Until(address))),
+        Change::PagesUnmapped { address, size_bytes } => {
+            let end = address + size_bytes;
+            let cut: Vec<(u64, u64)> = held
+                .range(..end)
+                .rev()
+                .take_while(|&(&start, &bytes)| start + bytes > address)
+                .map(|(&start, &bytes)| (start, bytes))
+                .collect();
+            for (start, bytes) in cut.into_iter().rev() {
+                held.remove(&start);
+                events.push((position, Held::Until(start)));
+                for (keep_start, keep_end) in [(start, address), (end, start + bytes)] {
+                    if keep_end > keep_start {
+                        held.insert(keep_start, keep_end - keep_start);
+                        events.push((position, Held::From(keep_start, keep_end - keep_start)));
+                    }
+                }
+            }
+        }
+        _ => {}
+    };
+    for change in timeline.start_changes() {
+        apply(0, change, &mut events);
     }
-    // An allocation freed in the moment it was made (an out-of-memory request) was never live.
-    timeline.bands.retain(|band| !band.pieces.is_empty());
-    timeline
+    for step in 0..timeline.steps() {
+        for change in timeline.changes(step) {
+            apply(step + 1, change, &mut events);
+        }
+    }
+    let adds = events.iter().filter(|(_, event)| matches!(event, Held::From(..))).count();
+    let peak = (0..=timeline.steps()).map(|position| timeline.sample_at(position).reserved_bytes).max().unwrap_or(0);
+    let none = |_: u32| Origin::default();
+    let mut stacker = Stacker::new(timeline.steps() + 1, adds, adds, peak / DETAIL_FRACTION, &none);
+    let mut addresses = Vec::with_capacity(adds);
+    let mut key_at: BTreeMap<u64, u32> = BTreeMap::new();
+    for (index, &(position, event)) in events.iter().enumerate() {
+        match event {
+            Held::From(address, bytes) => {
+                let key = u32::try_from(addresses.len()).unwrap_or(u32::MAX);
+                addresses.push(address);
+                key_at.insert(address, key);
+                stacker.add(key, bytes, position);
+            }
+            Held::Until(address) => {
+                if let Some(key) = key_at.remove(&address) {
+                    stacker.remove(key, position);
+                }
+            }
+        }
+        if events.get(index + 1).is_none_or(|&(next, _)| next != position) {
+            stacker.done(position);
+        }
+    }
+    let mut built = stacker.finish();
+    built.addresses = addresses;
+    built
 }
 
 #[cfg(test)]
@@ -249,6 +387,67 @@ mod tests {
         assert_eq!(timeline.at(3, 350).map(|(band, _)| band.slot), Some(2));
         assert_eq!(timeline.at(4, 150).map(|(band, _)| band.slot), Some(2), "lower once 1 is freed");
         assert_eq!(timeline.at(5, 460).map(|(band, _)| band.slot), None, "above the stack");
+    }
+
+    /// A contender's blocks and mapped runs stacked: removing the oldest block lowers the rest; unmapping the middle
+    /// of a mapped run ends its band and starts one for each part still mapped, on top.
+    #[test]
+    fn segments_stack_blocks_and_mapped_runs() {
+        let virtual_base = 1 << 30;
+        let steps = [
+            vec![Change::RegionAdded { address: 0, size_bytes: 100, kind: RegionKind::Block }],
+            vec![Change::RegionAdded { address: 0x1000, size_bytes: 200, kind: RegionKind::Block }],
+            vec![
+                Change::RegionAdded { address: virtual_base, size_bytes: 1 << 20, kind: RegionKind::Virtual },
+                Change::PagesMapped { address: virtual_base, size_bytes: 300 },
+            ],
+            vec![Change::RegionRemoved { address: 0 }],
+            vec![Change::PagesUnmapped { address: virtual_base + 100, size_bytes: 100 }],
+        ];
+        let mut timeline = Timeline::new("t");
+        for step in &steps {
+            timeline.push(step, None).unwrap();
+        }
+        let segments = build_segments(&timeline);
+        assert_eq!((segments.positions, segments.peak_bytes, segments.peak_position), (6, 600, 3));
+        assert_eq!(segments.live_bytes, [0, 100, 300, 600, 500, 400]);
+        type Pieces = Vec<(u32, u64, Vec<(u64, u64, u64)>)>;
+        let pieces: Pieces = segments
+            .bands
+            .iter()
+            .map(|band| (band.slot, band.size_bytes, band.pieces.iter().map(|p| (p.from, p.to, p.offset_bytes)).collect()))
+            .collect();
+        assert_eq!(
+            pieces,
+            [
+                (0, 100, vec![(1, 4, 0)]),
+                (1, 200, vec![(2, 4, 100), (4, 6, 0)]),
+                (2, 300, vec![(3, 4, 300), (4, 5, 200)]),
+                (3, 100, vec![(5, 6, 200)]),
+                (4, 100, vec![(5, 6, 300)]),
+            ]
+        );
+        assert_eq!(segments.addresses, [0, 0x1000, virtual_base, virtual_base, virtual_base + 200]);
+    }
+
+    /// The pytorch contender's segments on frag_oom are the recording's own `segment_alloc`s: as many bands, and
+    /// their bytes at every moment are the contender's reserved bytes.
+    #[test]
+    fn a_contenders_segments_are_its_reserved_bytes() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch/frag_oom-default.pickle.gz");
+        let recording = Recording::open_device(&path, None).unwrap();
+        let contender = crate::contender::Contender::Pytorch { expandable: false };
+        let timeline = crate::timeline::record::record(&recording, contender, &crate::compare::CompareConfig::default()).unwrap();
+        let segments = build_segments(&timeline);
+        let recorded = recording.snapshot.as_ref().unwrap().device_traces[0]
+            .iter()
+            .filter(|entry| entry.action == heapscope_pytorch::Action::SegmentAlloc)
+            .count();
+        assert_eq!(segments.bands.len(), recorded);
+        for position in 0..segments.positions {
+            assert_eq!(segments.live_bytes[position as usize], timeline.sample_at(position).reserved_bytes, "{position}");
+        }
     }
 
     /// The shipped recordings: the peak is `top`'s, the live curve peaks there, every band's pieces follow each other,

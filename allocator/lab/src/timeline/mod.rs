@@ -288,6 +288,11 @@ impl Timeline {
         self.samples.len() as u64
     }
 
+    /// The changes of the start layout ([`Timeline::start`]): what was there at position 0.
+    pub fn start_changes(&self) -> &[Change] {
+        &self.changes[..self.step_starts.first().copied().unwrap_or(0)]
+    }
+
     /// The changes of step `step`.
     pub fn changes(&self, step: u64) -> &[Change] {
         let Ok(step) = usize::try_from(step) else { return &[] };
