@@ -124,6 +124,10 @@ pub struct RenderArgs {
     /// Colour allocations by `size-class`, `age`, `stack` (frames) or `category` (the entries' labels).
     #[arg(long, value_name = "MODE", default_value = "size-class", value_parser = parse_colour)]
     pub colour: ColourBy,
+    /// Let each pane's map fill its pane (areas no longer compare) instead of one scale in every pane (and, in a
+    /// GIF, in every frame).
+    #[arg(long)]
+    pub fit_each_pane: bool,
     /// The device and memory of the file's replay.
     #[command(flatten)]
     pub open: OpenArgs,
@@ -231,7 +235,13 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
     if args.frame_ms == Some(0) {
         anyhow::bail!("--frame-ms 0: each frame needs to show for a while");
     }
-    let options = RenderOptions { width: args.width, height: args.height, at: args.at, colour_by: args.colour };
+    let options = RenderOptions {
+        width: args.width,
+        height: args.height,
+        at: args.at,
+        colour_by: args.colour,
+        fit_each_pane: args.fit_each_pane,
+    };
     options.check()?;
     let contenders =
         if args.policies.is_empty() { vec![Contender::Pytorch { expandable: false }] } else { args.policies.clone() };

@@ -75,6 +75,7 @@ fn main() {
         position: timeline.steps(),
         colour_by: ColourBy::Age,
         groups: &[],
+        scale: None,
         animation: None,
         too_small_below: Some(1 << 20),
         hovered: None,

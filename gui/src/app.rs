@@ -28,7 +28,7 @@ use crate::live::LiveSource;
 use crate::live_panel::{LiveAction, LivePanel};
 use crate::palette::ColourBy;
 use crate::panels;
-use crate::panes::{self, PaneStyle};
+use crate::panes::{self, PaneStyle, ScaleRule};
 use crate::playback::{Clock, Playback, SPEEDS, SystemClock};
 use crate::plot::{self, Series};
 use crate::session::{OpenOptions, Session};
@@ -53,6 +53,8 @@ pub struct HeapscopeApp {
     /// What the timeline under the panes shows: the totals, every allocation (memory_viz's active memory timeline) or
     /// the focused pane's segments.
     pub timeline_view: TimelineView,
+    /// How the maps are scaled against each other (one scale over the recording unless "fit each pane").
+    pub scale_rule: ScaleRule,
     /// The allocations (or a pane's segments) over time of the recording shown, built when first asked for, under
     /// what they are of.
     active: Option<(String, ActiveTimeline)>,
@@ -126,6 +128,7 @@ impl HeapscopeApp {
             holders: false,
             holders_at: None,
             timeline_view: TimelineView::Totals,
+            scale_rule: ScaleRule::OneOverTheRecording,
             active: None,
             selected: None,
             advice: None,
@@ -636,6 +639,17 @@ impl HeapscopeApp {
                 ui.label(RichText::new("Legend").strong());
                 crate::palette::legend_ui(ui, self.colour_by);
             });
+            let mut fit_each = self.scale_rule == ScaleRule::FitEach;
+            if ui
+                .toggle_value(&mut fit_each, "fit each pane")
+                .on_hover_text(
+                    "each map fills its pane (for exploring one heap); off, every pane is drawn at one scale over the \
+                     whole recording, so areas compare across panes and moments",
+                )
+                .changed()
+            {
+                self.scale_rule = if fit_each { ScaleRule::FitEach } else { ScaleRule::OneOverTheRecording };
+            }
             let panes = self.session.as_ref().map_or(0, |session| session.panes.len());
             // A live session records one contender on the device: another pane would replay an empty recording.
             let live = self.session.as_ref().is_some_and(|session| session.live.is_some());
@@ -841,6 +855,7 @@ impl HeapscopeApp {
             colour_by: self.colour_by,
             interactive: true,
             selected: self.selected,
+            scale: self.scale_rule,
         };
         let mut actions = panes::PaneActions::default();
         let focused = self.focused;

@@ -355,6 +355,8 @@ pub struct Scene<'a> {
     pub colour_by: ColourBy,
     /// Colour group per trace slot, for [`ColourBy::by_group`] modes: its stack or its category (empty: one group).
     pub groups: &'a [u32],
+    /// The scale shared with other maps (`None`: this map fits its own); a zoom by hand overrides it.
+    pub scale: Option<Scale>,
     /// The step playing, if any.
     pub animation: Option<&'a StepAnimation>,
     /// Free runs smaller than this many bytes are highlighted (the request that failed).
@@ -626,7 +628,7 @@ pub struct MapResponse {
 pub fn show(ui: &mut Ui, scene: &Scene<'_>, view: &mut MapView) -> MapResponse {
     let size = ui.available_size().max(Vec2::new(64.0, ROW_HEIGHT * 2.0));
     let (rect, response) = ui.allocate_exact_size(size, Sense::click_and_drag());
-    let fit = Rows::fit(scene.layout, scene.timeline, rect.height());
+    let fit = scene.scale.unwrap_or_else(|| Rows::fit(scene.layout, scene.timeline, rect.height()));
     let released = scene.animation.map_or(&[][..], |animation| &animation.released[..]);
     let mut rows = Rows::with_released(scene.layout, scene.timeline, view.scale.unwrap_or(fit), released);
     let pointer = response.hover_pos();
@@ -792,6 +794,7 @@ mod tests {
             position: timeline.steps(),
             colour_by: ColourBy::SizeClass,
             groups: &[],
+            scale: None,
             animation: None,
             too_small_below: Some(200),
             hovered: None,
@@ -827,6 +830,7 @@ mod tests {
             position: 0,
             colour_by: ColourBy::Age,
             groups: &[],
+            scale: None,
             animation: None,
             too_small_below: None,
             hovered: None,
@@ -850,6 +854,7 @@ mod tests {
             position: timeline.steps(),
             colour_by: ColourBy::SizeClass,
             groups: &[],
+            scale: None,
             animation: None,
             too_small_below: None,
             hovered: None,
@@ -934,6 +939,7 @@ mod tests {
                 position: step + 1,
                 colour_by: ColourBy::SizeClass,
                 groups: &[],
+                scale: None,
                 animation: Some(&animation),
                 too_small_below: None,
                 hovered: None,

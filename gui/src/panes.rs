@@ -5,7 +5,7 @@ use egui::{Color32, RichText, Ui};
 use heapscope_core::units::Bytes;
 use heapscope_lab::timeline::{Change, Layout, Span, Timeline};
 
-use crate::heap_map::{self, Hit, Scene, StepAnimation};
+use crate::heap_map::{self, Hit, Rows, Scale, Scene, StepAnimation};
 use crate::palette::ColourBy;
 use crate::session::{Pane, Session};
 
@@ -22,6 +22,67 @@ pub struct PaneStyle {
     pub interactive: bool,
     /// The allocation picked on the active memory timeline (its slot), outlined in every pane that holds it.
     pub selected: Option<u32>,
+    /// How the maps are scaled against each other.
+    pub scale: ScaleRule,
+}
+
+/// How the panes' maps are scaled (a map zoomed by hand keeps its own zoom).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ScaleRule {
+    /// One scale in every pane, fitting what each holds at the moment shown and at its peak over the whole
+    /// recording: areas compare across panes and across moments (memory grows on screen as it does on the device).
+    #[default]
+    OneOverTheRecording,
+    /// One scale in every pane, fitting what each holds at the moment shown (a picture of one moment).
+    OneAtTheMoment,
+    /// Each pane fits its own (exploring one heap; areas do not compare).
+    FitEach,
+}
+
+/// Points above a map taken by its pane's header (name, totals and the device gauge).
+const HEADER_POINTS: f32 = 52.0;
+
+/// The scale every map is drawn at under `rule` in maps `height` points tall, or `None` for [`ScaleRule::FitEach`]:
+/// the coarsest of the panes' fits (the pane holding the most decides), its rows as thin as the thinnest.
+pub fn shared_scale(session: &mut Session, rule: ScaleRule, height: f32) -> Option<Scale> {
+    if rule == ScaleRule::FitEach {
+        return None;
+    }
+    let mut shared: Option<Scale> = None;
+    for pane in &mut session.panes {
+        let mut fits = vec![Rows::fit(&pane.layout, &pane.timeline, height)];
+        if rule == ScaleRule::OneOverTheRecording {
+            let peak = pane.peak_layout().clone();
+            fits.push(Rows::fit(&peak, &pane.timeline, height));
+        }
+        for fit in fits {
+            shared = Some(match shared {
+                None => fit,
+                Some(scale) => Scale {
+                    row_bytes: scale.row_bytes.max(fit.row_bytes),
+                    row_height: scale.row_height.min(fit.row_height),
+                    gap: scale.gap.min(fit.gap),
+                },
+            });
+        }
+    }
+    shared
+}
+
+/// A gauge of `pane`'s reserved bytes against the device's `capacity_bytes`, full width, in the pane's colour.
+fn capacity_gauge(ui: &mut Ui, pane: &Pane, capacity_bytes: u64, colour: Color32) {
+    let reserved = pane.layout.totals().reserved_bytes;
+    let (rect, response) = ui.allocate_exact_size(egui::vec2(ui.available_width(), 6.0), egui::Sense::hover());
+    let painter = ui.painter_at(rect);
+    painter.rect_filled(rect, 1.0, Color32::from_gray(48));
+    let share = (reserved as f64 / capacity_bytes.max(1) as f64).clamp(0.0, 1.0) as f32;
+    painter.rect_filled(egui::Rect::from_min_size(rect.min, egui::vec2(rect.width() * share, rect.height())), 1.0, colour);
+    response.on_hover_text(format!(
+        "reserved {} of the device's {} ({:.0}%)",
+        Bytes(reserved),
+        Bytes(capacity_bytes),
+        f64::from(share) * 100.0
+    ));
 }
 
 /// What the user did in the panes.
@@ -160,6 +221,20 @@ pub fn show(
 ) -> PaneActions {
     let mut actions = PaneActions::default();
     let count = session.panes.len().max(1);
+    let scale = shared_scale(session, style.scale, (ui.available_height() - HEADER_POINTS - 20.0).max(32.0));
+    let capacity_bytes = session.config.capacity_bytes;
+    if let Some(scale) = scale {
+        let capacity = capacity_bytes
+            .map(|bytes| format!("; the device's {} is {:.1} rows", Bytes(bytes), bytes as f64 / scale.row_bytes as f64))
+            .unwrap_or_default();
+        ui.label(
+            RichText::new(format!(
+                "one scale in every pane: 1 row (full width) = {}{capacity}; the bar under each name: reserved of the device",
+                Bytes(scale.row_bytes)
+            ))
+            .small(),
+        );
+    }
     let groups = std::mem::take(session.groups_mut(style.colour_by));
     let mut hovered_text = None;
     ui.columns(count, |columns| {
@@ -189,12 +264,17 @@ pub fn show(
                 }
             });
             column.label(RichText::new(header_text(pane)).small());
+            if let Some(capacity_bytes) = capacity_bytes {
+                let colour = crate::plot::PANE_COLOURS[index % crate::plot::PANE_COLOURS.len()];
+                capacity_gauge(column, pane, capacity_bytes, colour);
+            }
             let scene = Scene {
                 layout: &pane.layout,
                 timeline: &pane.timeline,
                 position: style.shown_steps,
                 colour_by: style.colour_by,
                 groups: &groups,
+                scale,
                 animation: animations.get(index).and_then(Option::as_ref),
                 too_small_below: too_small.get(index).copied().flatten(),
                 hovered: style

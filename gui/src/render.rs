@@ -13,7 +13,7 @@ use image::codecs::gif::{GifEncoder, Repeat};
 use image::{Delay, Frame, RgbaImage};
 
 use crate::palette::ColourBy;
-use crate::panes::{self, PaneStyle};
+use crate::panes::{self, PaneStyle, ScaleRule};
 use crate::session::Session;
 
 /// What to render.
@@ -27,11 +27,14 @@ pub struct RenderOptions {
     pub at: Option<heapscope_lab::recording::Moment>,
     /// How allocations are coloured.
     pub colour_by: ColourBy,
+    /// Each pane fits its own map instead of one scale in every pane (a PNG: fitting the moment drawn; a GIF: every
+    /// pane's peak over the recording, kept for every frame).
+    pub fit_each_pane: bool,
 }
 
 impl Default for RenderOptions {
     fn default() -> Self {
-        Self { width: 1280, height: 480, at: None, colour_by: ColourBy::SizeClass }
+        Self { width: 1280, height: 480, at: None, colour_by: ColourBy::SizeClass, fit_each_pane: false }
     }
 }
 
@@ -120,7 +123,13 @@ fn group_legend(ui: &mut egui::Ui, session: &Session, colour_by: ColourBy) {
 /// one harness.
 fn render_steps(session: &mut Session, options: RenderOptions, steps: &[u64]) -> Result<Vec<RgbaImage>> {
     options.check()?;
-    let style = PaneStyle { shown_steps: 0, progress: 1.0, colour_by: options.colour_by, interactive: false, selected: None };
+    let scale = match (options.fit_each_pane, steps.len()) {
+        (true, _) => ScaleRule::FitEach,
+        (false, 1) => ScaleRule::OneAtTheMoment,
+        (false, _) => ScaleRule::OneOverTheRecording,
+    };
+    let style =
+        PaneStyle { shown_steps: 0, progress: 1.0, colour_by: options.colour_by, interactive: false, selected: None, scale };
     let shown = Shown { session, style, heading: String::new(), too_small: Vec::new() };
     let size = egui::vec2(options.width as f32, options.height as f32);
     let mut harness = Harness::builder().with_size(size).with_pixels_per_point(1.0).wgpu().build_ui_state(

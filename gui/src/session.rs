@@ -88,6 +88,9 @@ pub struct Pane {
     /// The layout one step before `layout` (after `layout_steps - 1` steps), once asked for: what the step shown
     /// changed, for its animation and explanation. Kept in step with `layout` by short moves, dropped by seeks.
     before: Option<Layout>,
+    /// The layout where it reserved the most, with the steps its timeline had then (a live source's grows), once
+    /// asked for: what one scale over the whole recording must fit.
+    peak: Option<(u64, Layout)>,
 }
 
 impl Pane {
@@ -100,7 +103,19 @@ impl Pane {
             layout_steps: 0,
             view: MapView::default(),
             before: None,
+            peak: None,
         }
+    }
+
+    /// The layout at the first step where it reserved the most (computed once per timeline length).
+    pub fn peak_layout(&mut self) -> &Layout {
+        let steps = self.timeline.steps();
+        if self.peak.as_ref().is_none_or(|(at, _)| *at != steps) {
+            let reserved = |position: u64| self.timeline.sample_at(position).reserved_bytes;
+            let peak = (0..=steps).fold(0, |best, position| if reserved(position) > reserved(best) { position } else { best });
+            self.peak = Some((steps, self.timeline.layout_at(peak)));
+        }
+        self.peak.as_ref().map_or(&self.layout, |(_, layout)| layout)
     }
 
     /// The name in its header.

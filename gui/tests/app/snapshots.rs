@@ -5,7 +5,7 @@
 
 use egui_kittest::Harness;
 use heapscope_gui::palette::ColourBy;
-use heapscope_gui::panes::{self, PaneStyle};
+use heapscope_gui::panes::{self, PaneStyle, ScaleRule};
 use heapscope_gui::{RenderOptions, Session};
 use heapscope_lab::contender::Contender;
 
@@ -27,7 +27,7 @@ fn renderer_available() -> bool {
 }
 
 /// The maps of `contenders` on `story` after `steps` steps, `width` x `height`, as a snapshot called `name`.
-fn snapshot(name: &str, story: &str, contenders: &[Contender], steps: u64, colour_by: ColourBy) {
+fn snapshot(name: &str, story: &str, contenders: &[Contender], steps: u64, colour_by: ColourBy, scale: ScaleRule) {
     let mut session = Session::story_named(story, contenders).unwrap();
     session.seek(steps);
     let too_small: Vec<Option<u64>> = session
@@ -35,7 +35,7 @@ fn snapshot(name: &str, story: &str, contenders: &[Contender], steps: u64, colou
         .iter()
         .map(|pane| steps.checked_sub(1).and_then(|step| pane.timeline.refusal_at(step)).map(|refusal| refusal.requested_bytes))
         .collect();
-    let style = PaneStyle { shown_steps: steps, progress: 1.0, colour_by, interactive: false, selected: None };
+    let style = PaneStyle { shown_steps: steps, progress: 1.0, colour_by, interactive: false, selected: None, scale };
     let mut harness = Harness::builder().with_size([640.0, 220.0]).with_pixels_per_point(1.0).wgpu().build_ui(|ui| {
         panes::show(ui, &mut session, style, &[], &too_small);
     });
@@ -52,6 +52,7 @@ fn frag_oom_when_pytorch_fails_and_paging_does_not() {
             &[Contender::Pytorch { expandable: false }, Contender::Paged],
             61,
             ColourBy::SizeClass,
+            ScaleRule::OneOverTheRecording,
         );
     }
 }
@@ -59,7 +60,20 @@ fn frag_oom_when_pytorch_fails_and_paging_does_not() {
 #[test]
 fn frag_oom_halfway_by_age_in_blocks() {
     if renderer_available() {
-        snapshot("frag_oom_halfway_age", "frag_oom", &[Contender::Heap(heapscope_core::PolicyKind::Tlsf)], 45, ColourBy::Age);
+        let tlsf = [Contender::Heap(heapscope_core::PolicyKind::Tlsf)];
+        snapshot("frag_oom_halfway_age", "frag_oom", &tlsf, 45, ColourBy::Age, ScaleRule::FitEach);
+    }
+}
+
+/// Issue 19: once entry 40 of frag_oom is done PyTorch holds 2.93 GiB of segments for 100 MiB live, and `paged` maps
+/// only the 100 MiB: drawn at one scale, paged's resident pages are a thirtieth of PyTorch's blocks (each used to
+/// fill its own pane); the line above says the scale and the device's size in rows, the bar under each name its
+/// reserved share of the device.
+#[test]
+fn two_panes_of_different_sizes_at_one_scale() {
+    if renderer_available() {
+        let panes = [Contender::Pytorch { expandable: false }, Contender::Paged];
+        snapshot("one_scale_pytorch_paged", "frag_oom", &panes, 41, ColourBy::SizeClass, ScaleRule::OneAtTheMoment);
     }
 }
 

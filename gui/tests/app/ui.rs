@@ -741,6 +741,11 @@ fn the_arrows_the_speed_keys_the_maps_and_the_timeline_answer() {
     assert_eq!(harness.state().playback.speed, speed - 1);
 
     // On pytorch's map: ctrl + wheel zooms in, the wheel and a drag scroll the rows, a double-click fits it again.
+    // (With "fit each pane": at one scale over the recording, the second step's heap is small enough that zoomed in
+    // twice it still fits, with nothing to scroll.)
+    harness.get_by_label("fit each pane").click();
+    harness.run_steps(1);
+    assert_eq!(harness.state().scale_rule, heapscope_gui::panes::ScaleRule::FitEach);
     let map = harness.get_by_label("pytorch").rect().center() + egui::vec2(0.0, 150.0);
     let view = |harness: &Harness<'static, HeapscopeApp>| harness.state().session.as_ref().unwrap().panes[0].view;
     assert_eq!(view(&harness), heapscope_gui::heap_map::MapView::default(), "the map opens fitted");
