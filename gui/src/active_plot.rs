@@ -69,12 +69,12 @@ pub fn show(
     let what = if timeline.addresses.is_empty() {
         let coloured = if colour_by == ColourBy::Category { "category" } else { "stack" };
         format!(
-            "(lines: reserved; bands: every allocation while live, stacked oldest first, coloured by {coloured}; grey: \
-             allocations under half a pixel)"
+            "(lines: reserved; bands: every allocation while live, stacked oldest first, coloured by {coloured}; on \
+             top, paler: the allocations under half a pixel, one band per stack; grey: all that is live)"
         )
     } else {
         "(lines: reserved; bands: every segment of the focused pane's allocator while held — a block, or a run of pages \
-         mapped — stacked oldest first, coloured by size; grey: segments under half a pixel)"
+         mapped — stacked oldest first, coloured by size; on top, grey: the segments under half a pixel)"
             .to_owned()
     };
     legend.append(&what, 0.0, egui::TextFormat::simple(font, weak));
@@ -169,9 +169,26 @@ pub fn show(
                     session.frames(band.slot).lines("stack", 16)
                 )
             }
-            None => {
-                format!("{}: {} live", Moment::at_position(at), Bytes(timeline.live_bytes.get(at as usize).copied().unwrap_or(0)))
-            }
+            None => match timeline.summaries.at(at, bytes as u64) {
+                Some((stack, group_bytes)) => {
+                    let under = Bytes(timeline.peak_bytes / heapscope_lab::timeline::active::DETAIL_FRACTION);
+                    let from = match stack {
+                        Some(stack) if stack != StackId::NONE => session.stack(stack.0).lines("from the stack", 16),
+                        Some(_) => "\nwith no stack recorded".to_owned(),
+                        None => "\nfrom every other stack".to_owned(),
+                    };
+                    format!(
+                        "{}: {} live in allocations under {under} each, merged{from}",
+                        Moment::at_position(at),
+                        Bytes(group_bytes)
+                    )
+                }
+                None => format!(
+                    "{}: {} live",
+                    Moment::at_position(at),
+                    Bytes(timeline.live_bytes.get(at as usize).copied().unwrap_or(0))
+                ),
+            },
         };
         response.clone().on_hover_text_at_pointer(text);
     }
@@ -237,6 +254,53 @@ pub fn band_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64, colour
                 ));
             }
         }
+    }
+    shapes.extend(summary_shapes(timeline, rect, max_bytes));
+    shapes
+}
+
+/// The summary bands (the allocations too small for a band, one band per stack group) on top of the bands: per run of
+/// pixel columns in one stretch, a rectangle per group, paler than the bands.
+fn summary_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64) -> Vec<Shape> {
+    let summaries = &timeline.summaries;
+    let positions = timeline.positions.max(1);
+    let y_at = |bytes: u64| rect.bottom() - (bytes as f64 / max_bytes) as f32 * rect.height();
+    let colours: Vec<Color32> = summaries
+        .groups
+        .iter()
+        .map(|group| match group {
+            // Allocations with no stack recorded: one hue of their own.
+            Some(stack) if *stack == StackId::NONE => palette::group(u32::MAX).gamma_multiply(0.6),
+            Some(stack) => palette::group(stack.0).gamma_multiply(0.6),
+            None => Color32::from_gray(110),
+        })
+        .collect();
+    let mut shapes = Vec::new();
+    let columns = rect.width().max(1.0) as usize;
+    let mut column = 0;
+    while column < columns {
+        let position = column as u64 * positions / columns as u64;
+        let Some(stretch) = summaries.stretch_at(position) else {
+            column += 1;
+            continue;
+        };
+        // The run of columns in this stretch.
+        let mut end = column + 1;
+        while end < columns
+            && summaries.stretch_at(end as u64 * positions / columns as u64).is_some_and(|s| s.from == stretch.from)
+        {
+            end += 1;
+        }
+        let (left, right) = (rect.left() + column as f32, rect.left() + end as f32);
+        let mut offset = stretch.base_bytes;
+        for (bytes, colour) in stretch.bytes.iter().zip(&colours) {
+            let (top, bottom) = (y_at(offset + bytes), y_at(offset));
+            if bottom - top >= 0.25 {
+                shapes.push(Shape::rect_filled(Rect::from_min_max(pos2(left, top), pos2(right, bottom)), 0.0, *colour));
+            }
+            offset += bytes;
+        }
+        column = end;
     }
     shapes
 }

@@ -495,7 +495,7 @@ impl Session {
     }
 
     /// The frame list `stack` of the snapshot, folded.
-    fn stack(&self, stack: u32) -> Folded {
+    pub fn stack(&self, stack: u32) -> Folded {
         let Some(frames) = self.recording.snapshot.as_ref().and_then(|snapshot| snapshot.frame_stacks.get(stack as usize)) else {
             return Folded::default();
         };

@@ -139,6 +139,15 @@ fn active_memory_timeline_of_gpt2_with_the_peak_and_a_hover() {
     }
 }
 
+/// GPT-2 at the peak, higher up: the allocations under half a pixel, merged into one band per stack on top of the
+/// bands; the hover says how much is live there and from where.
+#[test]
+fn active_memory_timeline_of_gpt2_merged_small_allocations() {
+    if renderer_available() {
+        active_timeline_snapshot("gpt2_train_fixed-default", 110.0, "active_memory_timeline_gpt2_merged", false);
+    }
+}
+
 /// frag_oom: its allocations stacked in two waves, the peak at entry 39; the hover shows the stack frames the file
 /// recorded.
 #[test]

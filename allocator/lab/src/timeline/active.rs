@@ -9,8 +9,15 @@
 //! starts the next one lower down. Positions are the replay's ([`crate::recording::Moment::position`]: the start is
 //! 0, entry `N` is `N + 1`), and a piece covers positions `from .. to`. Freeing the newest allocation (the common
 //! case: activations freed in reverse) moves nothing, so a training step's pieces stay close to its allocations;
-//! a free deep in the stack cuts every band above it once. Allocations under 1/[`DETAIL_FRACTION`] of the peak get
-//! no band (the level of detail: they are in the live bytes).
+//! a free deep in the stack cuts every band above it once.
+//!
+//! The level of detail: allocations under 1/[`DETAIL_FRACTION`] of the peak (under half a pixel on the app's
+//! timeline) get no band of their own. They are merged into one band per stack group ([`Summaries`]: the
+//! [`SUMMARY_GROUPS`] stacks holding the most of them, and every other stack), stacked on top of the bands, each
+//! group's bytes as they are at the start of each stretch — memory_viz summarises what it leaves out into one band
+//! at the bottom; on top, the bands keep their heights when a small allocation below them is freed (their pieces
+//! would otherwise be cut at every stretch). What the stack holds in all is [`ActiveTimeline::live_bytes`], exact at
+//! every position.
 //!
 //! [`build_segments`] stacks what a contender reserved the same way (memory_viz's cached-memory view): each block, or
 //! each run of pages mapped in a virtual range, a band while held.
@@ -54,9 +61,9 @@ pub struct Band {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ActiveTimeline {
     /// Every allocation that is live at some position, in allocation order, except those under
-    /// 1/[`DETAIL_FRACTION`] of the peak: they count in [`ActiveTimeline::live_bytes`] (and lower the bands above them
-    /// when freed) but would be under half a pixel on any plot up to 2,048 pixels tall, and a recording with many of
-    /// them freed out of order would otherwise cut the bands above into millions of pieces.
+    /// 1/[`DETAIL_FRACTION`] of the peak: they are in [`ActiveTimeline::summaries`] (and count in
+    /// [`ActiveTimeline::live_bytes`]); a recording with many of them freed out of order would otherwise cut the bands
+    /// above into millions of pieces.
     pub bands: Vec<Band>,
     /// Positions: the start and one per entry.
     pub positions: u64,
@@ -69,10 +76,57 @@ pub struct ActiveTimeline {
     /// For a contender's segments ([`build_segments`]): the address of each band's block or mapped run, by its
     /// [`Band::slot`]; empty for allocations.
     pub addresses: Vec<u64>,
+    /// The allocations too small for a band, merged by stack group, on top of the bands.
+    pub summaries: Summaries,
 }
 
+/// The allocations too small for a band of their own, one band per stack group (see the module docs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summaries {
+    /// The groups, bottom to top: a stack, or `None` for every other stack.
+    pub groups: Vec<Option<StackId>>,
+    /// From the start of each stretch on (until the next one's), in order of position.
+    pub stretches: Vec<SummaryStretch>,
+}
+
+/// The summarised bytes of one stretch of positions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SummaryStretch {
+    /// Its first position.
+    pub from: u64,
+    /// Bytes of the bands under the summaries (where the first group starts).
+    pub base_bytes: u64,
+    /// Each group's bytes, as [`Summaries::groups`] orders them.
+    pub bytes: Vec<u64>,
+}
+
+impl Summaries {
+    /// The stretch `position` is in.
+    pub fn stretch_at(&self, position: u64) -> Option<&SummaryStretch> {
+        let index = self.stretches.partition_point(|stretch| stretch.from <= position);
+        index.checked_sub(1).map(|index| &self.stretches[index])
+    }
+
+    /// The group at `position`, `bytes` above the bottom, with its bytes then, if a summary band is there.
+    pub fn at(&self, position: u64, bytes: u64) -> Option<(Option<StackId>, u64)> {
+        let stretch = self.stretch_at(position)?;
+        let mut offset = stretch.base_bytes;
+        for (group, &group_bytes) in self.groups.iter().zip(&stretch.bytes) {
+            if (offset..offset + group_bytes).contains(&bytes) {
+                return Some((*group, group_bytes));
+            }
+            offset += group_bytes;
+        }
+        None
+    }
+}
+
+/// The stacks holding the most bytes of small allocations get a summary band each; the rest share one.
+pub const SUMMARY_GROUPS: usize = 15;
+
 impl ActiveTimeline {
-    /// The band and piece at position `position`, `bytes` above the bottom, if an allocation is there.
+    /// The band and piece at position `position`, `bytes` above the bottom, if an allocation with a band of its own is
+    /// there (see [`Summaries::at`] for the rest).
     pub fn at(&self, position: u64, bytes: u64) -> Option<(&Band, &Piece)> {
         self.bands.iter().find_map(|band| {
             let piece = band.pieces.iter().find(|piece| piece.from <= position && position < piece.to)?;
@@ -81,8 +135,12 @@ impl ActiveTimeline {
     }
 }
 
-/// Allocations under this fraction of the peak live bytes get no band (see [`ActiveTimeline::bands`]).
-pub const DETAIL_FRACTION: u64 = 4096;
+/// Allocations under this fraction of the peak live bytes get no band of their own (see [`ActiveTimeline::bands`]):
+/// at most half a pixel on the app's 210-point timeline.
+pub const DETAIL_FRACTION: u64 = 420;
+
+/// The order [`Stacker`] gives a summarised allocation (it is not in the stack of bands).
+const SUMMARISED: u64 = u64::MAX;
 
 /// The allocation in a stack being built: its band, its order and where its current piece starts.
 struct Open {
@@ -143,14 +201,34 @@ struct Stacker<'a> {
     stretch: u64,
     /// Where each band comes from (by key), for its band.
     origins: &'a dyn Fn(u32) -> Origin,
+    /// The summary group of each stack with one of its own (the rest: the last group).
+    group_of: std::collections::HashMap<StackId, usize>,
+    /// Bytes live per summary group.
+    small_bytes: Vec<u64>,
 }
 
 impl<'a> Stacker<'a> {
     /// A stacker over `positions` positions, `keys` keys and at most `adds` additions, banding sizes of at least
     /// `detail_bytes`.
-    fn new(positions: u64, keys: usize, adds: usize, detail_bytes: u64, origins: &'a dyn Fn(u32) -> Origin) -> Self {
+    /// Small ones are summarised by stack: `small_stacks` are the stacks with a group of their own, bottom to top.
+    fn new(
+        positions: u64,
+        (keys, adds): (usize, usize),
+        detail_bytes: u64,
+        origins: &'a dyn Fn(u32) -> Origin,
+        small_stacks: &[StackId],
+    ) -> Self {
+        let mut groups: Vec<Option<StackId>> = small_stacks.iter().copied().map(Some).collect();
+        groups.push(None);
+        let summaries = Summaries { groups, stretches: Vec::new() };
+        let small_bytes = vec![0; summaries.groups.len()];
         Self {
-            timeline: ActiveTimeline { positions, live_bytes: vec![0; positions as usize], ..ActiveTimeline::default() },
+            timeline: ActiveTimeline {
+                positions,
+                live_bytes: vec![0; positions as usize],
+                summaries,
+                ..ActiveTimeline::default()
+            },
             open: BTreeMap::new(),
             order_of: vec![None; keys],
             below: Below::new(adds),
@@ -160,7 +238,15 @@ impl<'a> Stacker<'a> {
             filled: 0,
             stretch: 0,
             origins,
+            group_of: small_stacks.iter().enumerate().map(|(group, &stack)| (stack, group)).collect(),
+            small_bytes,
         }
+    }
+
+    /// The summary group of key `key`.
+    fn group(&self, key: u32) -> usize {
+        let stack = (self.origins)(key).stack;
+        self.group_of.get(&stack).copied().unwrap_or(self.small_bytes.len() - 1)
     }
 
     fn close(timeline: &mut ActiveTimeline, open: &Open, to: u64) {
@@ -171,7 +257,16 @@ impl<'a> Stacker<'a> {
 
     /// Key `key` of `size_bytes` is live from `position`, on top of the stack.
     fn add(&mut self, key: u32, size_bytes: u64, position: u64) {
-        if size_bytes >= self.detail_bytes {
+        self.live_bytes += size_bytes;
+        if size_bytes < self.detail_bytes {
+            let group = self.group(key);
+            self.small_bytes[group] += size_bytes;
+            if let Some(slot) = self.order_of.get_mut(key as usize) {
+                *slot = Some((SUMMARISED, size_bytes));
+            }
+            return;
+        }
+        {
             // Its own height is exact (the bands below may be a stretch late until the next refresh).
             let origin = (self.origins)(key);
             let band = Band { slot: key, size_bytes, stack: origin.stack, category: origin.category, pieces: Vec::new() };
@@ -185,17 +280,21 @@ impl<'a> Stacker<'a> {
             *slot = Some((self.next_order, size_bytes));
         }
         self.next_order += 1;
-        self.live_bytes += size_bytes;
     }
 
     /// Key `key` is gone from `position` (nothing for a key not live).
     fn remove(&mut self, key: u32, position: u64) {
         let Some((order, size_bytes)) = self.order_of.get_mut(key as usize).and_then(Option::take) else { return };
+        self.live_bytes -= size_bytes;
+        if order == SUMMARISED {
+            let group = self.group(key);
+            self.small_bytes[group] -= size_bytes;
+            return;
+        }
         if let Some(band) = self.open.remove(&order) {
             Self::close(&mut self.timeline, &band, position);
         }
         self.below.add(order, size_bytes.wrapping_neg());
-        self.live_bytes -= size_bytes;
     }
 
     /// The events of `position` are done: its live bytes and the peak; the first position done in a new stretch
@@ -204,6 +303,7 @@ impl<'a> Stacker<'a> {
         let positions = self.timeline.positions;
         let here_stretch =
             u64::try_from(u128::from(position) * u128::from(STRETCHES) / u128::from(positions.max(1))).unwrap_or(u64::MAX);
+        let new_stretch = here_stretch != self.stretch || self.timeline.summaries.stretches.is_empty();
         if here_stretch != self.stretch {
             // Each band whose height changed gets a new piece from `position`.
             for (&order, band) in &mut self.open {
@@ -214,6 +314,11 @@ impl<'a> Stacker<'a> {
                 }
             }
             self.stretch = here_stretch;
+        }
+        if new_stretch {
+            let small: u64 = self.small_bytes.iter().sum();
+            let stretch = SummaryStretch { from: position, base_bytes: self.live_bytes - small, bytes: self.small_bytes.clone() };
+            self.timeline.summaries.stretches.push(stretch);
         }
         // Positions without an event of their own keep the bytes of the one before.
         let live = &mut self.timeline.live_bytes;
@@ -262,9 +367,22 @@ pub fn build(recording: &Recording) -> ActiveTimeline {
     }
     let origins = |slot: u32| origin_of.get(slot as usize).copied().unwrap_or_default();
     let allocs = events.iter().filter(|event| matches!(event, Event::Alloc { .. })).count();
-    // Allocations this small get no band of their own: under half a pixel on any plot up to 2,048 pixels tall.
+    // Allocations this small get no band of their own: under half a pixel on the app's timeline.
     let detail_bytes = crate::top::peak(recording).1 / DETAIL_FRACTION;
-    let mut stacker = Stacker::new(recording.entries + 1, recording.trace.slots() as usize, allocs, detail_bytes, &origins);
+    // The stacks that allocated the most bytes in small allocations get a summary band each, the most at the bottom.
+    let mut small_by_stack: std::collections::HashMap<StackId, u64> = std::collections::HashMap::new();
+    for event in events {
+        if let Event::Alloc { slot, size_bytes } = *event
+            && size_bytes < detail_bytes
+        {
+            *small_by_stack.entry(origins(slot).stack).or_insert(0) += size_bytes;
+        }
+    }
+    let mut ranked: Vec<(StackId, u64)> = small_by_stack.into_iter().collect();
+    ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let small_stacks: Vec<StackId> = ranked.into_iter().take(SUMMARY_GROUPS).map(|(stack, _)| stack).collect();
+    let keys = (recording.trace.slots() as usize, allocs);
+    let mut stacker = Stacker::new(recording.entries + 1, keys, detail_bytes, &origins, &small_stacks);
     for (index, event) in (0..).zip(events) {
         let position = recording.moment_of(index).position();
         match *event {
@@ -332,7 +450,8 @@ pub fn build_segments(timeline: &Timeline) -> ActiveTimeline {
     let adds = events.iter().filter(|(_, event)| matches!(event, Held::From(..))).count();
     let peak = (0..=timeline.steps()).map(|position| timeline.sample_at(position).reserved_bytes).max().unwrap_or(0);
     let none = |_: u32| Origin::default();
-    let mut stacker = Stacker::new(timeline.steps() + 1, adds, adds, peak / DETAIL_FRACTION, &none);
+    // Small segments share one summary band.
+    let mut stacker = Stacker::new(timeline.steps() + 1, (adds, adds), peak / DETAIL_FRACTION, &none, &[]);
     let mut addresses = Vec::with_capacity(adds);
     let mut key_at: BTreeMap<u64, u32> = BTreeMap::new();
     for (index, &(position, event)) in events.iter().enumerate() {
@@ -472,16 +591,32 @@ mod tests {
         }
     }
 
-    /// An allocation under 1/4096 of the peak gets no band, but its bytes and its free still move the bands above.
+    /// Allocations under 1/420 of the peak get no band: they are summarised on top of the bands, one summary band per
+    /// stack (the rest of the stacks sharing one), their bytes counted in the live bytes; the band above does not move
+    /// when one is freed. Here: a 1 MiB band; 1 B and 3 B from stack 0, 2 B from stack 1 (by the CSV: no frames, so
+    /// one stack; the groups then are that stack and "the rest").
     #[test]
-    fn tiny_allocations_have_no_band_but_count() {
-        let timeline = build(&recording(&format!("a,0,1\na,1,{}\nf,0\n", 1 << 20)));
+    fn small_allocations_are_summarised_on_top() {
+        let timeline = build(&recording(&format!("a,0,1\na,1,{}\na,2,2\nf,0\na,3,3\n", 1 << 20)));
         assert_eq!(timeline.bands.len(), 1);
         let band = &timeline.bands[0];
         assert_eq!(band.slot, 1);
         let pieces: Vec<(u64, u64, u64)> = band.pieces.iter().map(|p| (p.from, p.to, p.offset_bytes)).collect();
-        assert_eq!(pieces, [(2, 3, 1), (3, 4, 0)]);
-        assert_eq!(timeline.live_bytes, [0, 1, (1 << 20) + 1, 1 << 20]);
+        assert_eq!(pieces, [(2, 6, 0)], "the band sits on nothing summarised, and never moves");
+        let mib = 1 << 20;
+        assert_eq!(timeline.live_bytes, [0, 1, mib + 1, mib + 3, mib + 2, mib + 5]);
+        let summaries = &timeline.summaries;
+        assert_eq!(summaries.groups, [Some(StackId::NONE), None]);
+        let stretches: Vec<(u64, u64, Vec<u64>)> =
+            summaries.stretches.iter().map(|stretch| (stretch.from, stretch.base_bytes, stretch.bytes.clone())).collect();
+        assert_eq!(
+            stretches,
+            [(1, 0, vec![1, 0]), (2, mib, vec![1, 0]), (3, mib, vec![3, 0]), (4, mib, vec![2, 0]), (5, mib, vec![5, 0])]
+        );
+        assert_eq!(summaries.at(5, mib + 4), Some((Some(StackId::NONE), 5)));
+        assert_eq!(summaries.stretch_at(0), None, "nothing is done at the start of a recording that starts empty");
+        assert_eq!(summaries.at(5, mib + 5), None, "above the stack");
+        assert_eq!(timeline.at(5, mib + 4), None, "no band of its own");
     }
 
     /// Freeing in reverse (a training step's activations) cuts nothing: one piece per allocation.
