@@ -11,14 +11,27 @@ use heapscope_lab::timeline::Refusal;
 use crate::advice::{AdviceRun, AdviceState};
 use crate::session::Session;
 
-/// The verdict of `refusal` in plain words: a headline and what would have helped.
+/// The verdict of `refusal` in plain words: a headline naming its cause (waste between allocations, waste inside
+/// them, or not enough memory) with the bytes of each, and what would have helped.
 pub fn verdict_words(refusal: &Refusal, too_small_runs: usize) -> (String, String) {
     let request = Bytes(refusal.requested_bytes);
+    // What was free: in reserved memory, and on the device beside it, in the same line (1000 MiB alone reads as less
+    // than the 1 GiB asked; with the device's 584 MiB it is 1.55 GiB).
+    let free = match refusal.unreserved_bytes {
+        Some(more) if more > 0 => format!(
+            "{} were free in reserved memory and {} more on the device — {} in all",
+            Bytes(refusal.free_bytes),
+            Bytes(more),
+            Bytes(refusal.free_bytes.saturating_add(more))
+        ),
+        Some(_) => format!("{} were free in reserved memory and none on the device", Bytes(refusal.free_bytes)),
+        None => format!("{} were free in reserved memory", Bytes(refusal.free_bytes)),
+    };
     match refusal.cause {
         OomCause::Fragmentation => (
             format!(
-                "Fragmentation: {} were free, but the largest free run was only {}, so no run could hold {request}.",
-                Bytes(refusal.free_bytes),
+                "Fragmentation (waste between allocations): {free}, enough for {request}, but the largest free run was \
+                 only {}.",
                 Bytes(refusal.largest_free_bytes)
             ),
             format!(
@@ -26,10 +39,24 @@ pub fn verdict_words(refusal: &Refusal, too_small_runs: usize) -> (String, Strin
                  or mapping pages where they are needed (paging, expandable segments), would have served it."
             ),
         ),
+        OomCause::InternalWaste => (
+            format!(
+                "Internal waste (inside allocations): {free}, not enough for {request}{}, while {} of the memory held \
+                 is padding inside live allocations (rounding, size classes, page tails).",
+                if refusal.needed_bytes > refusal.requested_bytes {
+                    format!(" once rounded to {}", Bytes(refusal.needed_bytes))
+                } else {
+                    String::new()
+                },
+                Bytes(refusal.waste_bytes)
+            ),
+            "Rounding less would have served it: a policy with a finer unit or no power-of-two size classes, smaller \
+             pages, or requests sized to the allocator's unit."
+                .to_owned(),
+        ),
         OomCause::Exhaustion => (
             format!(
-                "Exhaustion: only {} were free in {} reserved, and the device could not give more: {request} do not fit anywhere.",
-                Bytes(refusal.free_bytes),
+                "Not enough memory: {free} in {} reserved; {request} do not fit even without any waste.",
                 Bytes(refusal.reserved_bytes)
             ),
             "Less memory live at once, or a larger device, is the only way out; no placement would have served it.".to_owned(),
@@ -77,10 +104,7 @@ pub fn why_it_failed(ui: &mut Ui, session: &Session, focused: usize, shown_steps
     }
     ui.label(format!("{} refused {} request(s):", pane.name(), refusals.len()));
     for (step, refusal) in refusals.iter().take(50) {
-        let cause = match refusal.cause {
-            OomCause::Fragmentation => "fragmentation",
-            OomCause::Exhaustion => "exhaustion",
-        };
+        let cause = refusal.cause.name();
         let text = format!("{}: {} ({cause})", Moment::Entry(*step), Bytes(refusal.requested_bytes));
         if ui.selectable_label(shown_steps == step + 1, text).clicked() {
             actions.seek_to = Some(step + 1);
@@ -208,22 +232,41 @@ mod tests {
 
     #[test]
     fn verdicts_in_plain_words() {
+        // frag_oom's refusal: the device's free memory is in the same line.
         let refusal = Refusal {
             requested_bytes: 1 << 30,
+            needed_bytes: 1 << 30,
             cause: OomCause::Fragmentation,
             reserved_bytes: 3000 << 20,
             free_bytes: 1000 << 20,
             largest_free_bytes: 50 << 20,
+            waste_bytes: 0,
+            unreserved_bytes: Some(584 << 20),
             message: String::new(),
         };
         let (headline, advice) = verdict_words(&refusal, 20);
         assert_eq!(
             headline,
-            "Fragmentation: 1000.00 MiB were free, but the largest free run was only 50.00 MiB, so no run could hold 1.00 GiB."
+            "Fragmentation (waste between allocations): 1000.00 MiB were free in reserved memory and 584.00 MiB more on \
+             the device — 1.55 GiB in all, enough for 1.00 GiB, but the largest free run was only 50.00 MiB."
         );
         assert!(advice.starts_with("The 20 free run(s) in red"), "{advice}");
-        let (headline, _) = verdict_words(&Refusal { cause: OomCause::Exhaustion, ..refusal }, 0);
-        assert!(headline.starts_with("Exhaustion: only 1000.00 MiB were free in 2.93 GiB reserved"), "{headline}");
+        // Buddy's powers of two: 1.45 GiB of padding.
+        let waste =
+            Refusal { cause: OomCause::InternalWaste, waste_bytes: 1485 << 20, unreserved_bytes: Some(0), ..refusal.clone() };
+        let (headline, advice) = verdict_words(&waste, 0);
+        assert!(headline.starts_with("Internal waste (inside allocations): 1000.00 MiB were free in reserved memory and none"));
+        assert!(headline.contains("while 1.45 GiB of the memory held is padding inside live allocations"), "{headline}");
+        assert!(advice.starts_with("Rounding less would have served it"), "{advice}");
+        // A 15 MiB request in 16 MiB pages.
+        let rounded = Refusal { requested_bytes: 15 << 20, needed_bytes: 16 << 20, ..waste };
+        assert!(verdict_words(&rounded, 0).0.contains("not enough for 15.00 MiB once rounded to 16.00 MiB"));
+        let (headline, _) = verdict_words(&Refusal { cause: OomCause::Exhaustion, unreserved_bytes: None, ..refusal }, 0);
+        assert_eq!(
+            headline,
+            "Not enough memory: 1000.00 MiB were free in reserved memory in 2.93 GiB reserved; 1.00 GiB do not fit even \
+             without any waste."
+        );
     }
 }
 

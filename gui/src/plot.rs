@@ -23,6 +23,8 @@ pub struct Series {
     pub reserved: Vec<[f64; 2]>,
     /// `[step, 0..1]` of fragmentation.
     pub fragmentation: Vec<[f64; 2]>,
+    /// `[step, 0..1]` of internal waste (padding inside live allocations, as a share of reserved).
+    pub waste: Vec<[f64; 2]>,
     /// `[step, bytes reserved]` where a request was refused.
     pub refusals: Vec<[f64; 2]>,
 }
@@ -80,6 +82,7 @@ impl Series {
             live: vec![[x_of(0), start.live_bytes as f64]],
             reserved: vec![[x_of(0), start.reserved_bytes as f64]],
             fragmentation: vec![[x_of(0), f64::from(start.fragmentation)]],
+            waste: vec![[x_of(0), f64::from(start.waste)]],
             refusals: Vec::new(),
         };
         for (index, chunk) in samples.chunks(bucket).enumerate() {
@@ -88,6 +91,7 @@ impl Series {
             series.live.push([x, max(&|sample| sample.live_bytes as f64)]);
             series.reserved.push([x, max(&|sample| sample.reserved_bytes as f64)]);
             series.fragmentation.push([x, max(&|sample| f64::from(sample.fragmentation))]);
+            series.waste.push([x, max(&|sample| f64::from(sample.waste))]);
         }
         series.refusals =
             timeline.refusals().iter().map(|(step, refusal)| [*step as f64, refusal.reserved_bytes as f64]).collect();
@@ -141,8 +145,9 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
     }
     let weak = ui.visuals().weak_text_color();
     legend.append(
-        "(solid: reserved, dashed: live, red cross: refused; frag.: the share of free bytes outside the largest free run, \
-         0 none to 1 all)",
+        "(solid: reserved, dashed: live, red cross: refused; below, solid: frag., the share of free bytes outside the \
+         largest free run — waste between allocations; dotted: waste, the share of reserved bytes that is padding inside \
+         allocations; 0 none to 1 all)",
         0.0,
         egui::TextFormat::simple(font, weak),
     );
@@ -204,12 +209,17 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
         .include_x(x_of(steps))
         .link_axis(link, [true, false])
         .x_axis_label("entry")
-        .y_axis_label("frag.")
+        .y_axis_label("frag. / waste")
         .show(ui, |plot| {
             for (index, (name, series)) in series.iter().enumerate() {
                 let colour = PANE_COLOURS[index % PANE_COLOURS.len()];
                 plot.line(
                     Line::new(format!("{name} fragmentation"), PlotPoints::from(series.fragmentation.clone())).color(colour),
+                );
+                plot.line(
+                    Line::new(format!("{name} waste"), PlotPoints::from(series.waste.clone()))
+                        .color(colour)
+                        .style(LineStyle::dotted_dense()),
                 );
             }
             plot.vline(VLine::new("", position - 1.0).color(Color32::WHITE).width(1.0));
@@ -269,10 +279,13 @@ mod tests {
         }
         let refusal = Refusal {
             requested_bytes: 1,
+            needed_bytes: 1,
             cause: heapscope_core::OomCause::Exhaustion,
             reserved_bytes: 1 << 30,
             free_bytes: 0,
             largest_free_bytes: 0,
+            waste_bytes: 0,
+            unreserved_bytes: None,
             message: String::new(),
         };
         timeline.push(&[], Some(refusal)).unwrap();

@@ -651,8 +651,9 @@ impl<S: MemorySource> Heap<S> {
             retired_bytes: totals.retired_bytes,
             unreserved_bytes,
             capacity_bytes: self.config.capacity_bytes,
-            cause: OomCause::judge(needed_bytes, usable.free_bytes, unreserved_bytes),
+            cause: OomCause::Exhaustion,
         }
+        .judged()
     }
 }
 
@@ -827,13 +828,34 @@ mod tests {
         assert_eq!((verdict.free_in_blocks_bytes, verdict.cause), (26 * MIB, OomCause::Exhaustion));
     }
 
+    /// Issue 19: the three causes on hand-made heaps. Rounding alone: buddy needs a 1 GiB block for 600 MiB, an empty
+    /// 800 MiB device cannot give it, though 600 MiB would fit: internal waste, not fragmentation nor exhaustion.
+    /// Padding of live allocations: buddy holds 5 x 130 MiB in 256 MiB blocks (630 MiB of padding) on a 1400 MiB
+    /// device; 300 MiB more needs 512 MiB; 120 MiB are left: the padding would have covered it. Too little memory: a
+    /// request larger than the device.
     #[test]
-    fn rounding_by_the_policy_is_not_fragmentation() {
-        // Buddy needs a 1 GiB block for 600 MiB; an empty 800 MiB device cannot give it.
+    fn every_cause_on_hand_made_heaps() {
         let mut heap = heap(PolicyKind::Buddy, ReleaseRule::KeepOne, 800 * MIB);
         let Err(Error::OutOfMemory(verdict)) = heap.allocate(mib(600), None) else { panic!("600 MiB rounds to 1 GiB") };
-        assert_eq!((verdict.needed_bytes, verdict.cause), (1024 * MIB, OomCause::Exhaustion));
+        assert_eq!((verdict.needed_bytes, verdict.cause), (1024 * MIB, OomCause::InternalWaste));
         assert!(verdict.to_string().contains("1.00 GiB once rounded by the policy"), "{verdict}");
+        assert!(verdict.to_string().contains("Internal waste: 800.00 MiB are free in total, enough for the request as asked"));
+        let mut heap = heap_with(PolicyKind::Buddy, 1400 * MIB);
+        for _ in 0..5 {
+            heap.allocate(mib(130), None).unwrap();
+        }
+        let Err(Error::OutOfMemory(verdict)) = heap.allocate(mib(300), None) else { panic!("512 MiB do not fit") };
+        assert_eq!((verdict.padding_bytes, verdict.cause), (5 * 126 * MIB, OomCause::InternalWaste), "{verdict}");
+        assert!(verdict.to_string().contains("the 630.00 MiB of padding inside live allocations would have covered it"));
+        let mut heap = heap_with(PolicyKind::Tlsf, 64 * MIB);
+        let Err(Error::OutOfMemory(verdict)) = heap.allocate(mib(100), None) else { panic!("larger than the device") };
+        assert_eq!(verdict.cause, OomCause::Exhaustion, "{verdict}");
+        assert!(verdict.to_string().ends_with("Exhaustion: not enough free memory in total, even without any waste"));
+    }
+
+    /// A heap of `policy` with its blocks sized to each request (one request a block) on a device of `device_bytes`.
+    fn heap_with(policy: PolicyKind, device_bytes: u64) -> Heap<SimulatedSource> {
+        Heap::new(HeapConfig::new(policy), SimulatedSource::new(device_bytes, 2 * MIB)).unwrap()
     }
 
     #[test]

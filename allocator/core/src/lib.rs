@@ -15,8 +15,9 @@
 //!   [`granularity`]).
 //! - A [`Heap`] puts a policy inside each block (segment) that a [`MemorySource`] hands out, with a
 //!   block-size rule, dedicated blocks for large requests, release of empty blocks and a budget. When a
-//!   request cannot be served it returns an [`OomVerdict`]: fragmentation (enough bytes free in total, no
-//!   run large enough) or exhaustion.
+//!   request cannot be served it returns an [`OomVerdict`] with one of three causes ([`OomCause`]):
+//!   fragmentation (enough bytes free in total, no run large enough: waste between allocations), internal waste
+//!   (rounding of the request or padding inside live allocations took what was missing) or exhaustion.
 //! - [`compaction`] plans moves that gather a heap's scattered free runs (VMA's fast / balanced / full), as plain
 //!   data: the caller copies the bytes (or remaps sparse pages) and rebinds what moved.
 //! - Reports are plain data ([`PolicyReport`], [`HeapReport`], [`Totals`]): every byte is live, padding,
@@ -75,7 +76,7 @@ pub use error::{Error, Result, UnknownName};
 pub use heap::{
     BlockReport, Heap, HeapAllocation, HeapCompaction, HeapConfig, HeapMove, HeapReport, HeapStats, Movable, ReleaseRule,
 };
-pub use oom::{OomCause, OomVerdict};
+pub use oom::{OomCause, OomVerdict, Shortfall};
 pub use paged::{PageRemap, PagedCompaction, PagedConfig, PagedHeap, PagedStats, UnmapRule};
 pub use policies::{BestFit, Buddy, FirstFit, Linear, LinearMode, Slab, Tlsf};
 pub use policy::{Policy, PolicyConfig};

@@ -4,16 +4,22 @@ use std::fmt;
 
 use crate::units::Bytes;
 
-/// Whether a failed request met scattered free memory or none.
+/// What the memory a failed request lacked went to: free bytes between allocations, bytes wasted inside them, or
+/// nowhere (there was not enough).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum OomCause {
     /// Enough bytes were free in total (in the blocks the request could use, plus what the budget and device
     /// still allow) for what the policy needed, but no run was large enough: moving allocations (compaction)
-    /// or mapping pages where they are needed would have served it.
+    /// or mapping pages where they are needed would have served it (external fragmentation: waste *between*
+    /// allocations).
     Fragmentation,
-    /// Not enough bytes were free in total.
+    /// Not enough bytes were free in total, but the bytes wasted *inside* allocations would have covered it: padding
+    /// of live allocations (rounding to a unit, a size class, a power of two, a page's tail), or the request's own
+    /// rounding (it would have fitted as asked). A policy that rounds less would have served it.
+    InternalWaste,
+    /// Not enough memory: even without any waste, inside or between allocations, the request does not fit.
     Exhaustion,
 }
 
@@ -51,15 +57,66 @@ pub struct OomVerdict {
     pub cause: OomCause,
 }
 
+/// What a judgement of a refusal weighs (see [`OomCause::judge`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Shortfall {
+    /// Bytes asked for.
+    pub requested_bytes: u64,
+    /// Bytes the policy needs for them (rounded).
+    pub needed_bytes: u64,
+    /// Free bytes in the blocks the request could use.
+    pub free_in_blocks_bytes: u64,
+    /// Bytes that could still be reserved.
+    pub unreserved_bytes: u64,
+    /// Padding inside live allocations.
+    pub padding_bytes: u64,
+}
+
 impl OomCause {
-    /// Fragmentation when the free bytes in usable blocks plus the reservable bytes cover what the policy
-    /// needs for the request.
-    pub fn judge(needed_bytes: u64, free_in_blocks_bytes: u64, unreserved_bytes: u64) -> Self {
-        if free_in_blocks_bytes.saturating_add(unreserved_bytes) >= needed_bytes { Self::Fragmentation } else { Self::Exhaustion }
+    /// Fragmentation when the free bytes in usable blocks plus the reservable bytes cover what the policy needs for
+    /// the request; else internal waste when they cover the request as asked, or would with the padding inside live
+    /// allocations; else exhaustion.
+    pub fn judge(shortfall: Shortfall) -> Self {
+        let Shortfall { requested_bytes, needed_bytes, free_in_blocks_bytes, unreserved_bytes, padding_bytes } = shortfall;
+        let free = free_in_blocks_bytes.saturating_add(unreserved_bytes);
+        if free >= needed_bytes {
+            Self::Fragmentation
+        } else if free >= requested_bytes || free.saturating_add(padding_bytes) >= needed_bytes {
+            Self::InternalWaste
+        } else {
+            Self::Exhaustion
+        }
+    }
+
+    /// Its name in sentences and JSON: `fragmentation`, `internal waste`, `exhaustion`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fragmentation => "fragmentation",
+            Self::InternalWaste => "internal waste",
+            Self::Exhaustion => "exhaustion",
+        }
     }
 }
 
 impl OomVerdict {
+    /// What its cause is judged from.
+    pub fn shortfall(&self) -> Shortfall {
+        Shortfall {
+            requested_bytes: self.requested_bytes,
+            needed_bytes: self.needed_bytes,
+            free_in_blocks_bytes: self.free_in_blocks_bytes,
+            unreserved_bytes: self.unreserved_bytes,
+            padding_bytes: self.padding_bytes,
+        }
+    }
+
+    /// The verdict with its cause judged from its numbers ([`OomCause::judge`]).
+    #[must_use]
+    pub fn judged(mut self) -> Self {
+        self.cause = OomCause::judge(self.shortfall());
+        self
+    }
+
     /// The verdict in words, without the policy's name (`Display` puts it in front).
     pub fn describe(&self) -> String {
         struct Words<'a>(&'a OomVerdict);
@@ -92,13 +149,23 @@ impl OomVerdict {
             Some(capacity) => write!(f, ", {} reservable under the {} budget", Bytes(self.unreserved_bytes), Bytes(capacity))?,
             None => write!(f, ", {} reservable from the device", Bytes(self.unreserved_bytes))?,
         }
+        let free = self.free_in_blocks_bytes.saturating_add(self.unreserved_bytes);
         match self.cause {
-            OomCause::Fragmentation => write!(
+            OomCause::Fragmentation => {
+                write!(f, ". Fragmentation: {} are free in total but no run holds the request", Bytes(free))
+            }
+            OomCause::InternalWaste if free >= self.requested_bytes => write!(
                 f,
-                ". Fragmentation: {} are free in total but no run holds the request",
-                Bytes(self.free_in_blocks_bytes.saturating_add(self.unreserved_bytes))
+                ". Internal waste: {} are free in total, enough for the request as asked, but not once rounded",
+                Bytes(free)
             ),
-            OomCause::Exhaustion => f.write_str(". Exhaustion: not enough free memory in total"),
+            OomCause::InternalWaste => write!(
+                f,
+                ". Internal waste: {} are free in total; the {} of padding inside live allocations would have covered it",
+                Bytes(free),
+                Bytes(self.padding_bytes)
+            ),
+            OomCause::Exhaustion => f.write_str(". Exhaustion: not enough free memory in total, even without any waste"),
         }
     }
 }
@@ -116,15 +183,24 @@ mod tests {
 
     #[test]
     fn judge_table() {
+        // (requested, needed, free in blocks, unreserved, padding, cause)
         let cases = [
-            (1024, 1000, 584, OomCause::Fragmentation),
-            (1024, 1000, 24, OomCause::Fragmentation),
-            (1024, 1000, 23, OomCause::Exhaustion),
-            (1024, 0, 0, OomCause::Exhaustion),
-            (1, u64::MAX, u64::MAX, OomCause::Fragmentation),
+            (1024, 1024, 1000, 584, 0, OomCause::Fragmentation),
+            (1024, 1024, 1000, 24, 0, OomCause::Fragmentation),
+            (1024, 1024, 1000, 23, 0, OomCause::Exhaustion),
+            (1024, 1024, 0, 0, 0, OomCause::Exhaustion),
+            (1, 1, u64::MAX, u64::MAX, 0, OomCause::Fragmentation),
+            // The request's own rounding: 15 fit, 16 do not.
+            (15, 16, 10, 5, 0, OomCause::InternalWaste),
+            // Padding inside live allocations (buddy's powers of two) would have covered it.
+            (1024, 1024, 500, 0, 600, OomCause::InternalWaste),
+            (1024, 1024, 500, 0, 523, OomCause::Exhaustion),
+            (1024, 1024, 500, 0, 524, OomCause::InternalWaste),
         ];
-        for (requested, free, unreserved, cause) in cases {
-            assert_eq!(OomCause::judge(requested, free, unreserved), cause, "{requested} {free} {unreserved}");
+        for (requested_bytes, needed_bytes, free_in_blocks_bytes, unreserved_bytes, padding_bytes, cause) in cases {
+            let shortfall = Shortfall { requested_bytes, needed_bytes, free_in_blocks_bytes, unreserved_bytes, padding_bytes };
+            assert_eq!(OomCause::judge(shortfall), cause, "{shortfall:?}");
         }
+        assert_eq!(OomCause::InternalWaste.name(), "internal waste");
     }
 }

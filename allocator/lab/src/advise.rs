@@ -177,10 +177,7 @@ impl Advice {
                     Some(oom) if !best.as_recorded => format!(
                         "{fits}; the recorded settings ran out of memory at entry {} ({}): {}",
                         oom.event_index,
-                        match oom.verdict {
-                            heapscope_core::OomCause::Fragmentation => "fragmentation",
-                            heapscope_core::OomCause::Exhaustion => "exhaustion",
-                        },
+                        oom.verdict.name(),
                         oom.message
                     ),
                     _ if best.as_recorded => format!("Keep the recorded settings: {fits}; no other setting reserves less."),

@@ -50,13 +50,30 @@ pub struct FirstOom {
     pub free_bytes: u64,
     /// The largest free run inside reserved memory.
     pub largest_free_bytes: u64,
-    /// `fragmentation` or `exhaustion`.
+    /// What the device (or the budget) still had beside the reserved memory, where known.
+    pub unreserved_bytes: Option<u64>,
+    /// `fragmentation`, `internal_waste` or `exhaustion`.
     pub verdict: OomCause,
     /// The verdict in words.
     pub message: String,
 }
 
 impl FirstOom {
+    /// What was free, in words: in reserved memory, and on the device beside it where known (with the sum):
+    /// `1000.00 MiB free in reserved memory and 584.00 MiB more on the device, 1.55 GiB in all`.
+    pub fn free_words(&self) -> String {
+        match self.unreserved_bytes {
+            Some(more) if more > 0 => format!(
+                "{} free in reserved memory and {} more on the device, {} in all",
+                Bytes(self.free_bytes),
+                Bytes(more),
+                Bytes(self.free_bytes.saturating_add(more))
+            ),
+            Some(_) => format!("{} free in reserved memory and none left on the device", Bytes(self.free_bytes)),
+            None => format!("{} free in reserved memory", Bytes(self.free_bytes)),
+        }
+    }
+
     /// From a core verdict at `moment`.
     pub fn from_verdict(moment: Moment, verdict: &OomVerdict) -> Self {
         Self {
@@ -70,6 +87,7 @@ impl FirstOom {
             reserved_bytes: verdict.reserved_bytes,
             free_bytes: verdict.free_in_blocks_bytes,
             largest_free_bytes: verdict.largest_free_run_bytes,
+            unreserved_bytes: Some(verdict.unreserved_bytes),
             verdict: verdict.cause,
             message: verdict.describe(),
         }
@@ -488,7 +506,14 @@ pub(crate) fn pytorch_first_oom(event_index: u64, report: &OomReport, unreserved
         reserved_bytes: report.reserved_bytes,
         free_bytes: report.free_in_reserved_bytes,
         largest_free_bytes: report.largest_free_block_bytes,
-        verdict: OomCause::judge(report.request_bytes, report.free_in_reserved_bytes, unreserved_bytes.unwrap_or(0)),
+        unreserved_bytes,
+        verdict: OomCause::judge(heapscope_core::Shortfall {
+            requested_bytes: report.request_bytes,
+            needed_bytes: report.request_bytes,
+            free_in_blocks_bytes: report.free_in_reserved_bytes,
+            unreserved_bytes: unreserved_bytes.unwrap_or(0),
+            padding_bytes: 0,
+        }),
         message: pytorch_message(report, unreserved_bytes),
     }
 }
@@ -794,19 +819,21 @@ pub fn verdict_sentence(
         .map(|figures| format!("`{}`", figures.policy))
         .collect();
     survivors.extend(extra_successes.iter().cloned());
+    let (policy, request) = (&failed.policy, Bytes(oom.request_bytes));
+    let free = oom.free_words();
     let head = match oom.verdict {
         OomCause::Fragmentation => format!(
-            "`{}` ran out of memory on a {} request: {} free in reserved memory but the largest free run is {}",
-            failed.policy,
-            Bytes(oom.request_bytes),
-            Bytes(oom.free_bytes),
+            "`{policy}` ran out of memory on a {request} request: {free}, but the largest free run is {} \
+             (fragmentation)",
             Bytes(oom.largest_free_bytes)
         ),
+        OomCause::InternalWaste => format!(
+            "`{policy}` ran out of memory on a {request} request: {free}, too little once rounded, with bytes wasted \
+             inside allocations that would have covered it (internal waste)"
+        ),
         OomCause::Exhaustion => format!(
-            "`{}` ran out of memory on a {} request: only {} free in reserved memory and too little left on the device",
-            failed.policy,
-            Bytes(oom.request_bytes),
-            Bytes(oom.free_bytes)
+            "`{policy}` ran out of memory on a {request} request: only {free}, too little even without any waste \
+             (not enough memory)"
         ),
     };
     let on = if capacity_known { "" } else { " with unlimited memory" };
@@ -860,8 +887,10 @@ mod tests {
         assert!(unlimited.ends_with("would have succeeded with unlimited memory."), "{unlimited}");
         let sentence = verdict_sentence(heap, &outcomes, &extra, true).unwrap();
         assert!(
-            sentence.contains("1000.00 MiB free in reserved memory but the largest free run is 50.00 MiB")
-                && sentence.ends_with("`paged` and `pytorch` with expandable segments would have succeeded."),
+            sentence.contains(
+                "1000.00 MiB free in reserved memory and 584.00 MiB more on the device, 1.55 GiB in all, but the largest \
+                 free run is 50.00 MiB (fragmentation)"
+            ) && sentence.ends_with("`paged` and `pytorch` with expandable segments would have succeeded."),
             "{sentence}"
         );
     }

@@ -196,8 +196,9 @@ impl<L> ExternalBook<L> {
             retired_bytes: 0,
             unreserved_bytes,
             capacity_bytes: budget_cap_bytes,
-            cause: OomCause::judge(needed_bytes, free_in_blocks_bytes, unreserved_bytes),
+            cause: OomCause::Exhaustion,
         }
+        .judged()
     }
 
     /// Starts (a fresh log) or stops recording device events.

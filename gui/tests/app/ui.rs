@@ -197,10 +197,11 @@ fn the_oom_panel_says_why_in_plain_words() {
     assert!(
         harness
             .query_by_label(
-                "Fragmentation: 1000.00 MiB were free, but the largest free run was only 50.00 MiB, so no run could hold 1.00 GiB."
+                "Fragmentation (waste between allocations): 1000.00 MiB were free in reserved memory and 584.00 MiB more \
+                 on the device — 1.55 GiB in all, enough for 1.00 GiB, but the largest free run was only 50.00 MiB."
             )
             .is_some(),
-        "the verdict in plain words"
+        "the verdict in plain words, the device's free memory in the same line"
     );
     assert!(harness.query_by_label_contains("The 20 free run(s) in red").is_some());
     assert!(
@@ -303,7 +304,7 @@ fn the_oom_panel_follows_the_pane_clicked_not_the_pointer() {
     harness.key_press(Key::O);
     harness.run_steps(2);
     assert_eq!((harness.state().playback.shown_steps(), harness.state().focused), (61, 0));
-    assert!(harness.query_by_label_contains("Fragmentation: 1000.00 MiB were free").is_some());
+    assert!(harness.query_by_label_contains("Fragmentation (waste between allocations): 1000.00 MiB were free").is_some());
     // The button of another pane that refused focuses it.
     harness.get_by_label("tlsf (1)").click();
     harness.run_steps(2);

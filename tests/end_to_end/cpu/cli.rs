@@ -474,7 +474,14 @@ fn compare_says_why_in_one_sentence() {
         assert!(text.lines().any(|line| line.starts_with(policy)), "a row for {policy}: {text}");
     }
     let sentence = text.lines().last().unwrap();
-    assert!(sentence.contains("1000.00 MiB free in reserved memory but the largest free run is 50.00 MiB"), "{sentence}");
+    // Issue 19: the device's free memory in the same line, so that 1000 MiB against 1 GiB does not read as too little.
+    assert!(
+        sentence.contains(
+            "1000.00 MiB free in reserved memory and 584.00 MiB more on the device, 1.55 GiB in all, but the largest free \
+             run is 50.00 MiB (fragmentation)"
+        ),
+        "{sentence}"
+    );
     assert!(sentence.ends_with("`paged` and `pytorch` with expandable segments would have succeeded."), "{sentence}");
 }
 

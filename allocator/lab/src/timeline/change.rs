@@ -117,7 +117,9 @@ pub enum Change {
 pub struct Refusal {
     /// Bytes requested.
     pub requested_bytes: u64,
-    /// Fragmentation or exhaustion.
+    /// Bytes the contender needed for them (rounded by its rules).
+    pub needed_bytes: u64,
+    /// Fragmentation, internal waste or exhaustion.
     pub cause: OomCause,
     /// Bytes reserved then.
     pub reserved_bytes: u64,
@@ -125,6 +127,10 @@ pub struct Refusal {
     pub free_bytes: u64,
     /// The largest free run among them.
     pub largest_free_bytes: u64,
+    /// Padding inside live allocations (rounding, size classes, page tails): waste *inside* allocations.
+    pub waste_bytes: u64,
+    /// What the device (or the budget) still had beside the reserved memory, where known.
+    pub unreserved_bytes: Option<u64>,
     /// The verdict in words.
     pub message: String,
 }
@@ -134,10 +140,13 @@ impl From<&OomVerdict> for Refusal {
     fn from(verdict: &OomVerdict) -> Self {
         Self {
             requested_bytes: verdict.requested_bytes,
+            needed_bytes: verdict.needed_bytes,
             cause: verdict.cause,
             reserved_bytes: verdict.reserved_bytes,
             free_bytes: verdict.free_in_blocks_bytes,
             largest_free_bytes: verdict.largest_free_run_bytes,
+            waste_bytes: verdict.padding_bytes,
+            unreserved_bytes: Some(verdict.unreserved_bytes),
             message: verdict.describe(),
         }
     }

@@ -103,18 +103,25 @@ fn decide(timeline: &Timeline, facts: &StepFacts, step: u64) -> String {
                 Bytes(facts.regions_removed.iter().sum())
             ));
         }
-        let why = match refusal.cause {
-            OomCause::Fragmentation => format!(
-                "{} are free in reserved memory but the largest free run is {}: fragmentation",
+        let free = match refusal.unreserved_bytes {
+            Some(more) if more > 0 => format!(
+                "{} are free in reserved memory and {} more on the device ({} in all)",
                 Bytes(refusal.free_bytes),
-                Bytes(refusal.largest_free_bytes)
+                Bytes(more),
+                Bytes(refusal.free_bytes.saturating_add(more))
             ),
-            OomCause::Exhaustion => {
-                format!(
-                    "only {} are free in reserved memory and the device has too little left: exhaustion",
-                    Bytes(refusal.free_bytes)
-                )
+            _ => format!("only {} are free in reserved memory and nothing more on the device", Bytes(refusal.free_bytes)),
+        };
+        let why = match refusal.cause {
+            OomCause::Fragmentation => {
+                format!("{free}, but the largest free run is {}: fragmentation", Bytes(refusal.largest_free_bytes))
             }
+            OomCause::InternalWaste => format!(
+                "{free}, too little once rounded to {}, while {} are wasted inside live allocations: internal waste",
+                Bytes(refusal.needed_bytes),
+                Bytes(refusal.waste_bytes)
+            ),
+            OomCause::Exhaustion => format!("{free}: not enough memory, even without any waste"),
         };
         return format!("{text}; {why}.");
     }
@@ -348,7 +355,11 @@ mod tests {
                     (0, "cudaMalloc reserves a new 150.00 MiB segment"),
                     (20, "PyTorch keeps the segment reserved"),
                     (40, "split: the remainder is > 1 MiB, so the 150.00 MiB block keeps a 50.00 MiB free tail"),
-                    (60, "1000.00 MiB are free in reserved memory but the largest free run is 50.00 MiB: fragmentation"),
+                    (
+                        60,
+                        "1000.00 MiB are free in reserved memory and 584.00 MiB more on the device (1.55 GiB in all), but \
+                         the largest free run is 50.00 MiB: fragmentation",
+                    ),
                 ],
             ),
             (Contender::Pytorch { expandable: true }, &[(0, "maps"), (40, "best fit finds a cached"), (60, "malloc 1.00 GiB")]),

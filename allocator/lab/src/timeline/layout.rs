@@ -125,6 +125,16 @@ impl LayoutTotals {
     pub fn fragmentation(&self) -> f64 {
         if self.free_bytes == 0 { 0.0 } else { 1.0 - self.largest_free_bytes as f64 / self.free_bytes as f64 }
     }
+
+    /// Internal waste: `(footprint - live) / reserved`, the share of the reserved bytes that is padding and rounding
+    /// inside live allocations (0 when nothing is reserved).
+    pub fn waste(&self) -> f64 {
+        if self.reserved_bytes == 0 {
+            0.0
+        } else {
+            self.footprint_bytes.saturating_sub(self.live_bytes) as f64 / self.reserved_bytes as f64
+        }
+    }
 }
 
 /// What a change did beyond itself, for animations and explanations.

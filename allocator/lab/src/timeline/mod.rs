@@ -95,6 +95,9 @@ pub struct Sample {
     pub reserved_bytes: u64,
     /// External fragmentation of the free reserved memory, 0 to 1.
     pub fragmentation: f32,
+    /// Internal waste: the share of the reserved bytes that is padding inside live allocations, 0 to 1 (an `f32`
+    /// beside the other: a sample stays 24 bytes, one per step).
+    pub waste: f32,
 }
 
 /// A contender's replay, step by step. See the module documentation.
@@ -171,6 +174,7 @@ impl Timeline {
             live_bytes: totals.live_bytes,
             reserved_bytes: totals.reserved_bytes,
             fragmentation: totals.fragmentation() as f32,
+            waste: totals.waste() as f32,
         };
         self.checkpoints.clear();
         self.checkpoint_forced(0);
@@ -223,6 +227,7 @@ impl Timeline {
             live_bytes: totals.live_bytes,
             reserved_bytes: totals.reserved_bytes,
             fragmentation: totals.fragmentation() as f32,
+            waste: totals.waste() as f32,
         });
         let position = self.steps();
         if let Some(refusal) = refusal {
@@ -429,6 +434,21 @@ mod tests {
         timeline
     }
 
+    /// A sample per step: the waste share sits beside the fragmentation in the same 24 bytes; both are shares of the
+    /// layout's totals.
+    #[test]
+    fn samples_carry_fragmentation_and_waste() {
+        assert_eq!(size_of::<Sample>(), 24);
+        let mut timeline = Timeline::new("t");
+        let block = Change::RegionAdded { address: 0, size_bytes: 1000, kind: RegionKind::Block };
+        let span = Span { address: 0, footprint_bytes: 400, lead_bytes: 0, requested_bytes: 300, slot: 0, born: 0 };
+        timeline.push(&[block, Change::Allocated(span)], None).unwrap();
+        let sample = timeline.sample_at(1);
+        assert_eq!((sample.live_bytes, sample.reserved_bytes), (300, 1000));
+        assert!((sample.waste - 0.1).abs() < 1e-6, "100 B of padding in 1000 reserved: {}", sample.waste);
+        assert_eq!(sample.fragmentation, 0.0, "one free run");
+    }
+
     #[test]
     fn seeking_equals_replaying_from_the_start() {
         let timeline = churn(20_000, 300);
@@ -490,10 +510,13 @@ mod tests {
     fn refusal(requested_bytes: u64) -> Refusal {
         Refusal {
             requested_bytes,
+            needed_bytes: requested_bytes,
             cause: heapscope_core::OomCause::Fragmentation,
             reserved_bytes: 0,
             free_bytes: 0,
             largest_free_bytes: 0,
+            waste_bytes: 0,
+            unreserved_bytes: None,
             message: format!("{requested_bytes} B refused"),
         }
     }

@@ -252,7 +252,20 @@ impl<'a> PytorchRecorder<'a> {
         let unreserved = unreserved_bytes(self.capacity_bytes, report, trace_entry);
         let FirstOom { request_bytes, reserved_bytes, free_bytes, largest_free_bytes, verdict, message, .. } =
             pytorch_first_oom(entry as u64, report, unreserved);
-        Refusal { requested_bytes: request_bytes, cause: verdict, reserved_bytes, free_bytes, largest_free_bytes, message }
+        Refusal {
+            requested_bytes: request_bytes,
+            needed_bytes: request_bytes,
+            cause: verdict,
+            reserved_bytes,
+            free_bytes,
+            largest_free_bytes,
+            waste_bytes: {
+                let totals = self.timeline.head().totals();
+                totals.footprint_bytes.saturating_sub(totals.live_bytes)
+            },
+            unreserved_bytes: unreserved,
+            message,
+        }
     }
 
     /// The timeline, once the emulation has replayed every entry.

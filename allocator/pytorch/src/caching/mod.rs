@@ -170,9 +170,9 @@ pub struct LiveBlock {
 }
 
 impl OomReport {
-    /// The report as a core verdict for `policy` under `capacity_bytes`: fragmentation when the free bytes in
-    /// reserved memory plus what the capacity still allows cover `needed_bytes` (the request as the allocator
-    /// rounds it), else exhaustion. `live_bytes` are the bytes callers asked for and hold.
+    /// The report as a core verdict for `policy` under `capacity_bytes`, judged by [`OomCause::judge`]:
+    /// fragmentation when the free bytes in reserved memory plus what the capacity still allows cover `needed_bytes`
+    /// (the request as the allocator rounds it), else internal waste or exhaustion. `live_bytes` are the bytes callers asked for and hold.
     pub fn verdict(&self, policy: &'static str, needed_bytes: u64, live_bytes: u64, capacity_bytes: Option<u64>) -> OomVerdict {
         let unreserved_bytes = capacity_bytes.map_or(u64::MAX, |capacity| capacity.saturating_sub(self.reserved_bytes));
         OomVerdict {
@@ -188,8 +188,9 @@ impl OomReport {
             retired_bytes: 0,
             unreserved_bytes,
             capacity_bytes,
-            cause: OomCause::judge(needed_bytes, self.free_in_reserved_bytes, unreserved_bytes),
+            cause: OomCause::Exhaustion,
         }
+        .judged()
     }
 }
 
