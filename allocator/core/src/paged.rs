@@ -483,14 +483,16 @@ impl PagedHeap {
         if let Error::OutOfMemory(verdict) = &mut error {
             verdict.free_in_blocks_bytes = free_bytes;
             verdict.largest_free_run_bytes = largest_bytes;
-            if free_bytes >= request.size_bytes() {
-                verdict.cause = OomCause::Fragmentation;
-            }
+            // The range's own free bytes decide (what the device could still map does not matter: there is no run).
+            verdict.cause =
+                if free_bytes >= request.size_bytes() { OomCause::Fragmentation } else { OomCause::Exhaustion };
         }
         error
     }
 
-    /// The verdict for a request that needed `needed_bytes` more (virtual range or mapped pages).
+    /// The verdict for a request that needed `needed_bytes` more (virtual range or mapped pages): exhaustion, or
+    /// internal waste when the page tails of mapped pages, or the rounding of the request to whole pages, hold what was
+    /// missing.
     fn out_of_memory(&mut self, request: Request, needed_bytes: u64) -> Error {
         self.stats.ooms += 1;
         // Free memory inside mapped pages: what live footprints leave of them, and its largest run.
@@ -507,7 +509,7 @@ impl PagedHeap {
         let totals = Totals::from_ranges(self.config.virtual_bytes, &report.ranges);
         let unreserved_bytes = self.config.capacity_bytes.map_or(u64::MAX, |capacity| capacity - self.stats.mapped_bytes);
         let free_in_blocks_bytes = self.stats.mapped_bytes - self.footprint_bytes.min(self.stats.mapped_bytes);
-        Error::OutOfMemory(Box::new(OomVerdict {
+        let mut verdict = OomVerdict {
             policy: "paged",
             requested_bytes: request.size_bytes(),
             needed_bytes,
@@ -520,9 +522,15 @@ impl PagedHeap {
             retired_bytes: totals.retired_bytes,
             unreserved_bytes,
             capacity_bytes: self.config.capacity_bytes,
-            // Pages map wherever they are needed: only too few free bytes can refuse a request.
             cause: OomCause::Exhaustion,
-        }))
+        }
+        .judged();
+        // Pages map wherever they are needed: free bytes inside mapped pages that did not serve it are page tails
+        // (waste inside allocations' pages), never a free run in the wrong place.
+        if verdict.cause == OomCause::Fragmentation {
+            verdict.cause = OomCause::InternalWaste;
+        }
+        Error::OutOfMemory(Box::new(verdict))
     }
 }
 
@@ -698,6 +706,18 @@ mod tests {
         assert_eq!(verdict.cause, OomCause::Exhaustion);
         assert_eq!(heap.stats().ooms, 1);
         assert_eq!(heap.live_allocations(), 21, "the refused request left nothing behind");
+    }
+
+    /// Issue 19: a 15 MiB request in 2 MiB pages needs 16 MiB; with 15 MiB left it is refused for the tail of its last
+    /// page (internal waste), not for want of memory.
+    #[test]
+    fn a_page_tail_is_internal_waste() {
+        let mut heap = PagedHeap::new(PagedConfig { page_bytes: 2 * MIB, ..PagedConfig::new(Some(15 * MIB)) }).unwrap();
+        let Err(Error::OutOfMemory(verdict)) = heap.allocate(request(15 * MIB)) else { panic!("16 MiB of pages do not fit") };
+        assert_eq!((verdict.needed_bytes, verdict.unreserved_bytes), (16 * MIB, 15 * MIB), "{verdict}");
+        assert_eq!(verdict.cause, OomCause::InternalWaste, "{verdict}");
+        let Err(Error::OutOfMemory(verdict)) = heap.allocate(request(20 * MIB)) else { panic!("more than the device") };
+        assert_eq!(verdict.cause, OomCause::Exhaustion, "{verdict}");
     }
 
     #[test]
