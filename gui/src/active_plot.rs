@@ -16,7 +16,7 @@ use heapscope_lab::timeline::active::ActiveTimeline;
 use heapscope_pytorch::StackId;
 
 use crate::palette::{self, ColourBy};
-use crate::plot::{PANE_COLOURS, Series, byte_unit, nice_step};
+use crate::plot::{Series, byte_unit, nice_step, pane_colours};
 use crate::session::Session;
 
 /// What the timeline under the panes shows.
@@ -59,12 +59,9 @@ pub fn show(
     let weak = ui.visuals().weak_text_color();
     let mut legend = egui::text::LayoutJob::default();
     let font = egui::TextStyle::Small.resolve(ui.style());
-    for (index, (name, _)) in series.iter().enumerate() {
-        legend.append(
-            &format!("{name}   "),
-            0.0,
-            egui::TextFormat::simple(font.clone(), PANE_COLOURS[index % PANE_COLOURS.len()]),
-        );
+    let colours = pane_colours(series.iter().map(|(name, _)| *name));
+    for ((name, _), &colour) in series.iter().zip(&colours) {
+        legend.append(&format!("{name}   "), 0.0, egui::TextFormat::simple(font.clone(), colour));
     }
     let what = if timeline.addresses.is_empty() {
         let coloured = if colour_by == ColourBy::Category { "category" } else { "stack" };
@@ -118,9 +115,9 @@ pub fn show(
     painter.text(pos2(rect.right(), outer.bottom()), Align2::RIGHT_BOTTOM, "entry", FontId::proportional(11.0), weak);
     painter.extend(band_shapes(timeline, rect, max_bytes, colour_by));
     // Each pane's reserved bytes over the bands.
-    for (index, (_, series)) in series.iter().enumerate() {
+    for ((_, series), &colour) in series.iter().zip(&colours) {
         let points: Vec<Pos2> = series.reserved.iter().map(|&[x, bytes]| pos2(x_at(x + 1.0), y_at(bytes))).collect();
-        painter.add(Shape::line(points, Stroke::new(1.5, PANE_COLOURS[index % PANE_COLOURS.len()])));
+        painter.add(Shape::line(points, Stroke::new(1.5, colour)));
     }
     let peak_x = x_at(timeline.peak_position as f64 + 0.5);
     painter.vline(peak_x, rect.y_range(), Stroke::new(1.0, Color32::from_rgb(240, 120, 110)));

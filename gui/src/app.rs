@@ -868,7 +868,8 @@ impl HeapscopeApp {
                     if actions.pane_rects.len() > 1
                         && let Some(rect) = actions.pane_rects.get(focused)
                     {
-                        let colour = plot::PANE_COLOURS[focused % plot::PANE_COLOURS.len()];
+                        let names = session.panes.iter().map(crate::session::Pane::name);
+                        let colour = plot::pane_colours(names).get(focused).copied().unwrap_or(Color32::WHITE);
                         ui.painter().rect_stroke(
                             rect.expand(3.0),
                             4.0,

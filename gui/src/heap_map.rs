@@ -367,13 +367,15 @@ pub struct Scene<'a> {
 
 impl Scene<'_> {
     fn colour(&self, span: &Span) -> Color32 {
-        match self.colour_by {
+        let colour = match self.colour_by {
             ColourBy::SizeClass => palette::size_class(span.requested_bytes),
-            ColourBy::Age => palette::age(self.position.saturating_sub(span.born), self.timeline.steps()),
+            ColourBy::Age => return palette::age(self.position.saturating_sub(span.born), self.timeline.steps()),
             ColourBy::StackGroup | ColourBy::Category => {
                 palette::group(self.groups.get(span.slot as usize).copied().unwrap_or(0))
             }
-        }
+        };
+        // Every other allocation a shade darker: neighbours of one colour stay countable.
+        if span.slot % 2 == 1 { palette::alternate(colour) } else { colour }
     }
 }
 

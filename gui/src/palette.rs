@@ -77,12 +77,36 @@ pub fn size_class(requested_bytes: u64) -> Color32 {
     HUES[class as usize % HUES.len()]
 }
 
-/// The colour of an allocation `age_steps` old, in a trace of `steps` steps: yellow when new, blue when as
-/// old as the trace (logarithmic, so that recent history keeps contrast).
+/// The colour of an allocation `age_steps` old, in a trace of `steps` steps: yellow when new, through green and
+/// cyan, blue when as old as the trace (logarithmic, so that recent history keeps contrast). The ramp turns the hue at
+/// full saturation instead of mixing yellow into blue, whose middle is a grey like free space.
 pub fn age(age_steps: u64, steps: u64) -> Color32 {
     let fraction = ((age_steps as f32 + 1.0).ln() / (steps.max(1) as f32 + 1.0).ln()).clamp(0.0, 1.0);
-    let mix = |young: u8, old: u8| (f32::from(young) + (f32::from(old) - f32::from(young)) * fraction).round() as u8;
-    Color32::from_rgb(mix(250, 50), mix(220, 90), mix(80, 190))
+    hsv(50.0 + 170.0 * fraction, 0.72, 0.98 - 0.23 * fraction)
+}
+
+/// The sRGB colour of `hue` degrees at `saturation` and `value` (0 to 1).
+fn hsv(hue: f32, saturation: f32, value: f32) -> Color32 {
+    let chroma = value * saturation;
+    let sector = hue.rem_euclid(360.0) / 60.0;
+    let x = chroma * (1.0 - (sector % 2.0 - 1.0).abs());
+    let (r, g, b) = match sector as u32 {
+        0 => (chroma, x, 0.0),
+        1 => (x, chroma, 0.0),
+        2 => (0.0, chroma, x),
+        3 => (0.0, x, chroma),
+        4 => (x, 0.0, chroma),
+        _ => (chroma, 0.0, x),
+    };
+    let channel = |c: f32| ((c + value - chroma) * 255.0).round().clamp(0.0, 255.0) as u8;
+    Color32::from_rgb(channel(r), channel(g), channel(b))
+}
+
+/// `colour` a shade lighter: every other allocation of one colour (by slot) takes it, so that neighbours of one size
+/// class or one stack stay countable (lighter, not darker: darker shades near the free grey and the too-small red).
+pub fn alternate(colour: Color32) -> Color32 {
+    let lighter = |channel: u8| (f32::from(channel) + (255.0 - f32::from(channel)) * 0.35).round() as u8;
+    Color32::from_rgb(lighter(colour.r()), lighter(colour.g()), lighter(colour.b()))
 }
 
 /// The colour of stack group `group`.
@@ -221,10 +245,23 @@ mod tests {
 
     #[test]
     fn age_runs_from_new_to_old() {
-        assert_eq!(age(0, 1000), Color32::from_rgb(250, 220, 80));
-        assert_eq!(age(1000, 1000), Color32::from_rgb(50, 90, 190));
-        let middle = age(30, 1000);
-        assert!(middle.r() < 250 && middle.r() > 50, "{middle:?}");
+        let (new, old) = (age(0, 1000), age(1000, 1000));
+        assert!(new.r() > 200 && new.g() > 200 && new.b() < 120, "yellow when new: {new:?}");
+        assert!(old.b() > 150 && old.r() < 100, "blue when old: {old:?}");
+        // Every age stays saturated: far from the free grey and from any grey at all.
+        for age_steps in (0..=1000).step_by(10) {
+            let colour = age(age_steps, 1000);
+            let spread = colour.r().max(colour.g()).max(colour.b()) - colour.r().min(colour.g()).min(colour.b());
+            assert!(spread >= 100, "{age_steps}: {colour:?} is greyish");
+        }
+    }
+
+    #[test]
+    fn alternate_shades_stay_away_from_red_and_grey() {
+        let colours = (0..64).map(|class| alternate(size_class(1 << class))).chain((0..256).map(|g| alternate(group(g))));
+        for colour in colours {
+            assert!(distance(colour, FREE) >= 60.0 && distance(colour, FREE_TOO_SMALL) >= 100.0, "{colour:?}");
+        }
     }
 
     #[test]

@@ -237,10 +237,11 @@ pub fn show(
     }
     let groups = std::mem::take(session.groups_mut(style.colour_by));
     let mut hovered_text = None;
+    let colours = crate::plot::pane_colours(session.panes.iter().map(Pane::name));
     ui.columns(count, |columns| {
         for (index, (column, pane)) in columns.iter_mut().zip(session.panes.iter_mut()).enumerate() {
             column.horizontal(|ui| {
-                let colour = crate::plot::PANE_COLOURS[index % crate::plot::PANE_COLOURS.len()];
+                let colour = colours[index];
                 if style.interactive
                     && let Some(current) = pane.contender
                 {
@@ -265,7 +266,7 @@ pub fn show(
             });
             column.label(RichText::new(header_text(pane)).small());
             if let Some(capacity_bytes) = capacity_bytes {
-                let colour = crate::plot::PANE_COLOURS[index % crate::plot::PANE_COLOURS.len()];
+                let colour = colours[index];
                 capacity_gauge(column, pane, capacity_bytes, colour);
             }
             let scene = Scene {

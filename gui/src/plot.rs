@@ -110,13 +110,39 @@ fn position_at(x: f64, steps: u64) -> u64 {
     (x + 1.0).round().clamp(0.0, steps as f64) as u64
 }
 
-/// Colours of the panes' lines.
-pub const PANE_COLOURS: [Color32; 4] = [
-    Color32::from_rgb(242, 142, 43),
-    Color32::from_rgb(78, 161, 207),
-    Color32::from_rgb(118, 203, 98),
-    Color32::from_rgb(206, 122, 191),
+/// Each contender's own colour, in every picture whatever pane it is in (`pytorch` orange, `paged` pink, ...); a
+/// name made of a contender's and more (an advice row's setting) takes the contender's. None is red (refusals) or
+/// grey (free space).
+const CONTENDER_COLOURS: [(&str, Color32); 11] = [
+    ("pytorch-expandable", Color32::from_rgb(78, 161, 207)),
+    ("pytorch", Color32::from_rgb(242, 142, 43)),
+    ("tlsf", Color32::from_rgb(118, 203, 98)),
+    ("paged", Color32::from_rgb(206, 122, 191)),
+    ("best-fit", Color32::from_rgb(237, 201, 72)),
+    ("first-fit", Color32::from_rgb(64, 196, 186)),
+    ("buddy", Color32::from_rgb(160, 110, 230)),
+    ("slab", Color32::from_rgb(196, 140, 98)),
+    ("linear", Color32::from_rgb(160, 203, 242)),
+    ("vma", Color32::from_rgb(255, 170, 200)),
+    ("gpu-allocator", Color32::from_rgb(150, 150, 255)),
 ];
+
+/// The colour of each of the panes named `names`, in order: its contender's own ([`CONTENDER_COLOURS`]); where two
+/// panes would share one (the same contender twice, a name heapscope does not know), the later takes the first colour
+/// no pane has.
+pub fn pane_colours<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<Color32> {
+    let mut colours: Vec<Color32> = Vec::new();
+    for name in names {
+        let own = CONTENDER_COLOURS.iter().find(|(contender, _)| name.starts_with(contender)).map(|&(_, colour)| colour);
+        let free = CONTENDER_COLOURS.iter().map(|&(_, colour)| colour).find(|colour| !colours.contains(colour));
+        let colour = match own {
+            Some(colour) if !colours.contains(&colour) => colour,
+            _ => free.unwrap_or(CONTENDER_COLOURS[colours.len() % CONTENDER_COLOURS.len()].1),
+        };
+        colours.push(colour);
+    }
+    colours
+}
 
 /// Where the pointer is along a plot's step axis. Not egui_plot's `pointer_coordinate`: that subtracts the
 /// frame's drag delta, for a plot that pans with the drag, so on these plots (which never pan) a drag seeked to
@@ -139,8 +165,8 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
     // One label (names in their colours), so that the pane names stay unique widgets of the headers.
     let mut legend = egui::text::LayoutJob::default();
     let font = egui::TextStyle::Small.resolve(ui.style());
-    for (index, (name, _)) in series.iter().enumerate() {
-        let colour = PANE_COLOURS[index % PANE_COLOURS.len()];
+    let colours = pane_colours(series.iter().map(|(name, _)| *name));
+    for ((name, _), &colour) in series.iter().zip(&colours) {
         legend.append(&format!("{name}   "), 0.0, egui::TextFormat::simple(font.clone(), colour));
     }
     let weak = ui.visuals().weak_text_color();
@@ -175,8 +201,7 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
         .y_axis_formatter(|mark, _| tick_label(mark.value, mark.step_size))
         .y_axis_label(unit_name)
         .show(ui, |plot| {
-            for (index, (name, series)) in series.iter().enumerate() {
-                let colour = PANE_COLOURS[index % PANE_COLOURS.len()];
+            for ((name, series), &colour) in series.iter().zip(&colours) {
                 plot.line(Line::new(format!("{name} reserved"), scaled(&series.reserved, unit)).color(colour).width(1.5));
                 plot.line(
                     Line::new(format!("{name} live"), scaled(&series.live, unit))
@@ -211,8 +236,7 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
         .x_axis_label("entry")
         .y_axis_label("frag. / waste")
         .show(ui, |plot| {
-            for (index, (name, series)) in series.iter().enumerate() {
-                let colour = PANE_COLOURS[index % PANE_COLOURS.len()];
+            for ((name, series), &colour) in series.iter().zip(&colours) {
                 plot.line(
                     Line::new(format!("{name} fragmentation"), PlotPoints::from(series.fragmentation.clone())).color(colour),
                 );
@@ -246,6 +270,19 @@ mod tests {
             assert!(steps[0] <= steps[1] && steps[1] <= steps[2], "{steps:?}");
             assert!(top / steps[2] >= 1.0 && top / steps[2] <= 4.0 + 1e-9, "{top}: between 1 and 4 labelled ticks");
         }
+    }
+
+    /// A contender keeps its colour whatever pane it is in; the same contender twice, or an unknown name, gets a colour
+    /// no other pane has.
+    #[test]
+    fn each_contender_has_its_own_colour() {
+        let one = pane_colours(["pytorch", "best-fit", "buddy", "paged"]);
+        let other = pane_colours(["buddy", "paged", "pytorch"]);
+        assert_eq!((one[0], one[2], one[3]), (other[2], other[0], other[1]));
+        assert_ne!(pane_colours(["pytorch-expandable"])[0], pane_colours(["pytorch"])[0]);
+        assert_eq!(pane_colours(["pytorch (max_split_size_mb:256)"])[0], pane_colours(["pytorch"])[0], "a setting's pane");
+        let twice = pane_colours(["tlsf", "tlsf", "mystery"]);
+        assert!(twice[0] != twice[1] && twice[1] != twice[2] && twice[0] != twice[2], "{twice:?}");
     }
 
     #[test]

@@ -484,8 +484,7 @@ impl PagedHeap {
             verdict.free_in_blocks_bytes = free_bytes;
             verdict.largest_free_run_bytes = largest_bytes;
             // The range's own free bytes decide (what the device could still map does not matter: there is no run).
-            verdict.cause =
-                if free_bytes >= request.size_bytes() { OomCause::Fragmentation } else { OomCause::Exhaustion };
+            verdict.cause = if free_bytes >= request.size_bytes() { OomCause::Fragmentation } else { OomCause::Exhaustion };
         }
         error
     }
