@@ -124,6 +124,10 @@ pub struct RenderArgs {
     /// Colour allocations by `size-class`, `age`, `stack` (frames) or `category` (the entries' labels).
     #[arg(long, value_name = "MODE", default_value = "size-class", value_parser = parse_colour)]
     pub colour: ColourBy,
+    /// Draw the timeline under the panes: live and reserved bytes, fragmentation and waste of every pane, the moment
+    /// marked.
+    #[arg(long)]
+    pub timeline: bool,
     /// Let each pane's map fill its pane (areas no longer compare) instead of one scale in every pane (and, in a
     /// GIF, in every frame).
     #[arg(long)]
@@ -201,7 +205,7 @@ pub fn run_gui(args: &GuiArgs) -> Result<()> {
         // is built with debug assertions, or with WGPU_VALIDATION=1) fails it.
         heapscope_wgpu::hal_log::install();
     }
-    heapscope_gui::run(args.file.as_deref(), contenders, args.open.open_options(), live, window)?;
+    heapscope_gui::run(args.file.as_deref(), contenders, args.open.open_options()?, live, window)?;
     if scripted {
         let messages = heapscope_wgpu::hal_log::messages(heapscope_wgpu::wgpu::Backend::Vulkan);
         for message in &messages {
@@ -241,6 +245,7 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
         at: args.at,
         colour_by: args.colour,
         fit_each_pane: args.fit_each_pane,
+        timeline: args.timeline,
     };
     options.check()?;
     let contenders =
@@ -248,13 +253,14 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
     let mut session = match (&args.file, &args.story) {
         (Some(file), _) => {
             let recording = crate::input::open_device(file, args.open.device)?;
-            let config = CompareConfig { capacity_bytes: args.open.capacity, ..CompareConfig::default() };
+            let rules = args.open.open_options()?.rules;
+            let config = rules.apply(CompareConfig { capacity_bytes: args.open.capacity, ..CompareConfig::default() });
             for line in crate::replay::devices_overview(&recording, args.open.device, &config) {
                 outln!("{line}");
             }
             Session::new(recording, config, &contenders)?
         }
-        (None, Some(story)) => Session::story_named(story, &contenders)?,
+        (None, Some(story)) => Session::story_named(story, &contenders)?.with_rules(&args.open.open_options()?.rules)?,
         (None, None) => anyhow::bail!("name a recording FILE or a --story"),
     };
     if gif {
@@ -306,10 +312,13 @@ mod tests {
         let words = ["gui", "t.pickle", "--device", "1", "--capacity", "3GiB", "--policy", "paged", "--policy", "buddy"];
         let args = Gui::try_parse_from(words).unwrap().args;
         assert_eq!(args.file, Some(PathBuf::from("t.pickle")));
-        assert_eq!(args.open.open_options(), OpenOptions { device: Some(1), capacity_bytes: Some(3 << 30) });
+        assert_eq!(
+            args.open.open_options().unwrap(),
+            OpenOptions { device: Some(1), capacity_bytes: Some(3 << 30), ..OpenOptions::default() }
+        );
         assert_eq!(args.policies, [Contender::Paged, Contender::Heap(PolicyKind::Buddy)]);
         let defaults = Gui::try_parse_from(["gui", "t.csv"]).unwrap().args;
-        assert_eq!(defaults.open.open_options(), OpenOptions::default(), "the busiest device, unlimited");
+        assert_eq!(defaults.open.open_options().unwrap(), OpenOptions::default(), "the busiest device, unlimited");
         assert!(defaults.policies.is_empty());
         // (flags, words of the error)
         let bad: [(&[&str], &str); 4] = [
@@ -322,5 +331,36 @@ mod tests {
             let error = Gui::try_parse_from(flags).unwrap_err().to_string();
             assert!(error.contains(words), "{flags:?}: {error}");
         }
+    }
+
+    /// Issue 19: the heap rules of a lesson on the command line of `gui` (and `render`, the same flags).
+    #[test]
+    fn gui_takes_the_heap_rules() {
+        let words = [
+            "gui",
+            "--story",
+            "frag_oom",
+            "--block-size",
+            "64MiB",
+            "--release",
+            "immediately",
+            "--alloc-conf",
+            "max_split_size_mb:128",
+            "--page-size",
+            "64KiB",
+        ];
+        let rules = Gui::try_parse_from(words).unwrap().args.open.open_options().unwrap().rules;
+        let expected = heapscope_gui::session::Rules {
+            block_size_bytes: Some(64 << 20),
+            dedicated_threshold_bytes: None,
+            release: Some(heapscope_core::ReleaseRule::Immediately),
+            alloc_conf: Some("max_split_size_mb:128".to_owned()),
+            page_bytes: Some(64 << 10),
+        };
+        assert_eq!(rules, expected);
+        let config = rules.apply(CompareConfig::default());
+        assert_eq!((config.heap.block_size_bytes, config.page_bytes), (64 << 20, 64 << 10));
+        let odd = Gui::try_parse_from(["gui", "--page-size", "3MiB"]).unwrap().args.open.open_options().unwrap_err();
+        assert!(odd.to_string().contains("--page-size 3.00 MiB: not a power of two"), "{odd}");
     }
 }

@@ -3,7 +3,7 @@
 use clap::Args;
 use heapscope_core::units::{Bytes, parse_size};
 use heapscope_core::{HeapConfig, PolicyConfig, PolicyKind, ReleaseRule};
-use heapscope_gui::session::OpenOptions;
+use heapscope_gui::session::{OpenOptions, Rules};
 
 /// Which policies to run and how the heap reserves blocks.
 #[derive(Debug, Clone, Default, Args)]
@@ -15,8 +15,9 @@ pub struct HeapArgs {
     pub rules: HeapRules,
 }
 
-/// Which device of a recording replays, on how much memory: `heapscope gui` and `heapscope render`.
-#[derive(Debug, Clone, Copy, Default, Args)]
+/// Which device of a recording replays, on how much memory, by which heap rules: `heapscope gui` and
+/// `heapscope render`.
+#[derive(Debug, Clone, Default, Args)]
 pub struct OpenArgs {
     /// Device memory for a file's replay (e.g. `3584MiB`, `14GiB`); unlimited by default (a story brings its
     /// own).
@@ -26,16 +27,44 @@ pub struct OpenArgs {
     /// entries).
     #[arg(long, value_name = "N")]
     pub device: Option<usize>,
+    /// The heap contenders' preferred block size (default 256 MiB, or the story's).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub block_size: Option<u64>,
+    /// Requests of at least this size that no block has room for get a block of their own (default 128 MiB).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub dedicated_threshold: Option<u64>,
+    /// When empty blocks go back to the device: immediately, keep-one, on-pressure or never.
+    #[arg(long, value_name = "RULE")]
+    pub release: Option<ReleaseRule>,
+    /// PyTorch's settings in PYTORCH_CUDA_ALLOC_CONF syntax (e.g. `max_split_size_mb:128`).
+    #[arg(long, value_name = "STR")]
+    pub alloc_conf: Option<String>,
+    /// Page size of the `paged` contender (default 2 MiB; a power of two).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub page_size: Option<u64>,
 }
 
 impl OpenArgs {
     /// How the app opens files with these flags.
-    pub fn open_options(self) -> OpenOptions {
-        OpenOptions { device: self.device, capacity_bytes: self.capacity }
+    ///
+    /// # Errors
+    /// A page size that is not a power of two.
+    pub fn open_options(&self) -> anyhow::Result<OpenOptions> {
+        if let Some(bytes) = self.page_size.filter(|bytes| !bytes.is_power_of_two()) {
+            anyhow::bail!("--page-size {}: not a power of two", Bytes(bytes));
+        }
+        let rules = Rules {
+            block_size_bytes: self.block_size,
+            dedicated_threshold_bytes: self.dedicated_threshold,
+            release: self.release,
+            alloc_conf: self.alloc_conf.clone(),
+            page_bytes: self.page_size,
+        };
+        Ok(OpenOptions { device: self.device, capacity_bytes: self.capacity, rules })
     }
 
-    /// Whether either flag was given.
-    pub fn any(self) -> bool {
+    /// Whether the device or the memory was given.
+    pub fn any(&self) -> bool {
         self.capacity.is_some() || self.device.is_some()
     }
 }

@@ -178,14 +178,14 @@ impl HeapscopeApp {
     /// Opens the recording at `path` with the current contenders, at once; an error is kept for display.
     pub fn open_path(&mut self, path: &Path) {
         self.opened_path = Some(path.to_path_buf());
-        let opened = Session::open(path, &self.contenders(), self.open_options);
+        let opened = Session::open(path, &self.contenders(), self.open_options.clone());
         self.opened(opened);
     }
 
     /// Starts opening the recording at `path` on another thread (reading and replaying a large file takes
     /// seconds); the window stays live and shows it once ready ([`HeapscopeApp::loading`]).
     pub fn open_path_in_background(&mut self, path: PathBuf) {
-        let (contenders, options) = (self.contenders(), self.open_options);
+        let (contenders, options) = (self.contenders(), self.open_options.clone());
         let name = path.display().to_string();
         self.opened_path = Some(path.clone());
         let worker =

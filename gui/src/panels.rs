@@ -208,6 +208,10 @@ pub fn teach_me(ui: &mut Ui, session: &Session, sentences: &[String], shown_step
     if !session.summary.is_empty() {
         ui.label(RichText::new(&session.summary).italics());
     }
+    // The lesson's own words for this step (a `#` line of its CSV).
+    if let Some(caption) = session.caption(shown_steps) {
+        ui.label(RichText::new(caption).strong().color(Color32::from_rgb(250, 220, 120)));
+    }
     ui.horizontal(|ui| {
         actions.back = ui.button("Previous decision").clicked();
         actions.step = ui.button("Next decision").clicked();

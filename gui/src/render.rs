@@ -30,11 +30,13 @@ pub struct RenderOptions {
     /// Each pane fits its own map instead of one scale in every pane (a PNG: fitting the moment drawn; a GIF: every
     /// pane's peak over the recording, kept for every frame).
     pub fit_each_pane: bool,
+    /// Draw the timeline (live, reserved, fragmentation and waste of every pane, the moment marked) under the panes.
+    pub timeline: bool,
 }
 
 impl Default for RenderOptions {
     fn default() -> Self {
-        Self { width: 1280, height: 480, at: None, colour_by: ColourBy::SizeClass, fit_each_pane: false }
+        Self { width: 1280, height: 480, at: None, colour_by: ColourBy::SizeClass, fit_each_pane: false, timeline: false }
     }
 }
 
@@ -62,14 +64,25 @@ impl RenderOptions {
 pub fn title(session: &Session, shown_steps: u64) -> String {
     let moment = heapscope_lab::recording::Moment::at_position(shown_steps);
     let mut title = format!("{} · {moment} of {} entries", session.name, session.steps());
-    let refused: Vec<&str> = session
+    // Each pane that refused the request of this step: the request's size and the cause; red is named only where
+    // the map has free runs too small for it.
+    let refused: Vec<String> = session
         .panes
         .iter()
-        .filter(|pane| shown_steps.checked_sub(1).and_then(|step| pane.timeline.refusal_at(step)).is_some())
-        .map(crate::session::Pane::name)
+        .filter_map(|pane| {
+            let refusal = shown_steps.checked_sub(1).and_then(|step| pane.timeline.refusal_at(step))?;
+            let red = pane.layout.free_runs().any(|run| run.1 < refusal.requested_bytes);
+            let red = if red { ", free runs too small for it in red" } else { "" };
+            Some(format!(
+                "{} refused {} ({}{red})",
+                pane.name(),
+                heapscope_core::units::Bytes(refusal.requested_bytes),
+                refusal.cause.name()
+            ))
+        })
         .collect();
     if !refused.is_empty() {
-        title.push_str(&format!(" · out of memory: {} (free runs too small in red)", refused.join(", ")));
+        title.push_str(&format!(" · out of memory: {}", refused.join("; ")));
     }
     title
 }
@@ -101,6 +114,62 @@ impl Shown<'_> {
     }
 }
 
+/// Text and lines keep their size against the image: an image wider than this many pixels draws at more pixels per
+/// point, so that a 2,400-pixel render reads as a 1,280-pixel one does.
+const POINTS_WIDE: f32 = 1280.0;
+
+/// The legend line of a render coloured by size class or age: the classes live in the panes (at most eight) or the
+/// age ramp, then the map's own colours present in the picture (padding, free, too small, unmapped, resident pages).
+fn colour_legend(ui: &mut egui::Ui, session: &Session, colour_by: ColourBy, too_small: bool) {
+    use crate::palette::{self, FREE, FREE_TOO_SMALL, MAPPED, UNMAPPED};
+    let mut entries: Vec<(egui::Color32, String)> = Vec::new();
+    match colour_by {
+        ColourBy::Age => {
+            for (age, words) in [(0, "just allocated"), (30, "older"), (1000, "as old as the trace")] {
+                entries.push((palette::age(age, 1000), words.to_owned()));
+            }
+        }
+        _ => {
+            let mut classes: Vec<u32> = session
+                .panes
+                .iter()
+                .flat_map(|pane| pane.layout.spans())
+                .map(|span| 63 - span.requested_bytes.max(1).leading_zeros())
+                .collect();
+            classes.sort_unstable();
+            classes.dedup();
+            for class in classes.into_iter().rev().take(8) {
+                let (low, high) = (1u64 << class, 1u64 << (class + 1).min(63));
+                let words = format!("{} to {}", heapscope_core::units::Bytes(low), heapscope_core::units::Bytes(high));
+                entries.push((palette::size_class(low), words));
+            }
+        }
+    }
+    let sample = entries.first().map_or(FREE, |entry| entry.0);
+    entries.push((palette::waste(sample), "padding and rounding".to_owned()));
+    entries.push((FREE, "free".to_owned()));
+    if too_small {
+        entries.push((FREE_TOO_SMALL, "free run too small for the request refused".to_owned()));
+    }
+    let virtual_region = session
+        .panes
+        .iter()
+        .any(|pane| pane.layout.regions().any(|region| region.kind == heapscope_lab::timeline::RegionKind::Virtual));
+    if virtual_region {
+        entries.push((UNMAPPED, "unmapped address space".to_owned()));
+        entries.push((MAPPED, "resident pages (strip)".to_owned()));
+    }
+    ui.horizontal_wrapped(|ui| {
+        let what = if colour_by == ColourBy::Age { "colour = age:" } else { "colour = size requested:" };
+        ui.label(RichText::new(what).small());
+        for (colour, words) in entries {
+            let (rect, _) = ui.allocate_exact_size(egui::vec2(12.0, 10.0), egui::Sense::hover());
+            ui.painter().rect_filled(rect, 2.0, colour);
+            ui.label(RichText::new(words).small());
+        }
+    });
+}
+
 /// The legend of a render coloured by stack or category: the groups holding the most bytes in the first pane,
 /// each a swatch of its colour, its name (innermost user frame, or category) and its bytes.
 fn group_legend(ui: &mut egui::Ui, session: &Session, colour_by: ColourBy) {
@@ -130,14 +199,33 @@ fn render_steps(session: &mut Session, options: RenderOptions, steps: &[u64]) ->
     };
     let style =
         PaneStyle { shown_steps: 0, progress: 1.0, colour_by: options.colour_by, interactive: false, selected: None, scale };
+    let series = if options.timeline {
+        session.panes.iter().map(|pane| (pane.name().to_owned(), crate::plot::Series::of(&pane.timeline))).collect()
+    } else {
+        Vec::new()
+    };
     let shown = Shown { session, style, heading: String::new(), too_small: Vec::new() };
-    let size = egui::vec2(options.width as f32, options.height as f32);
-    let mut harness = Harness::builder().with_size(size).with_pixels_per_point(1.0).wgpu().build_ui_state(
-        |ui, shown: &mut Shown<'_>| {
+    // Text scales with the image: wide images draw at more pixels per point.
+    let pixels_per_point = (options.width as f32 / POINTS_WIDE).max(1.0);
+    let size = egui::vec2(options.width as f32, options.height as f32) / pixels_per_point;
+    let mut harness = Harness::builder().with_size(size).with_pixels_per_point(pixels_per_point).wgpu().build_ui_state(
+        move |ui, shown: &mut Shown<'_>| {
+            if !series.is_empty() {
+                let height = (ui.available_height() * 0.3).clamp(80.0, 220.0);
+                egui::Panel::bottom("timeline").resizable(false).show(ui, |ui| {
+                    let named: Vec<(&str, &crate::plot::Series)> = series.iter().map(|(name, s)| (name.as_str(), s)).collect();
+                    crate::plot::show(ui, &named, shown.style.shown_steps as f64, height);
+                });
+            }
             egui::CentralPanel::default_margins().show(ui, |ui| {
                 ui.label(RichText::new(&shown.heading).strong());
+                if let Some(caption) = shown.session.caption(shown.style.shown_steps) {
+                    ui.label(RichText::new(caption).color(egui::Color32::from_rgb(250, 220, 120)));
+                }
                 if shown.style.colour_by.by_group() {
                     group_legend(ui, shown.session, shown.style.colour_by);
+                } else {
+                    colour_legend(ui, shown.session, shown.style.colour_by, shown.too_small.iter().any(Option::is_some));
                 }
                 panes::show(ui, shown.session, shown.style, &[], &shown.too_small);
             });

@@ -59,15 +59,61 @@ pub struct SlotInfo {
     pub category: u32,
 }
 
-/// How a file opens: which device of a PyTorch snapshot, on how much memory. The app keeps them for every file
-/// it opens (`heapscope gui FILE --device N --capacity SIZE`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How a file opens: which device of a PyTorch snapshot, on how much memory, by which rules. The app keeps them for
+/// every file it opens (`heapscope gui FILE --device N --capacity SIZE --block-size SIZE ...`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OpenOptions {
     /// The device of a PyTorch snapshot; `None`: the one that ran out of memory, else the one with the most trace
     /// entries ([`heapscope_lab::recording::default_device`]).
     pub device: Option<usize>,
     /// Device memory of the replays; `None`: unlimited.
     pub capacity_bytes: Option<u64>,
+    /// The heap rules over the defaults (or a story's own).
+    pub rules: Rules,
+}
+
+/// Heap rules given on the command line of `gui` and `render`, each over the defaults (or a story's own) where given:
+/// what a lesson sets to show one rule at work.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rules {
+    /// The heap contenders' preferred block size (`--block-size`).
+    pub block_size_bytes: Option<u64>,
+    /// Requests from this size get a block of their own (`--dedicated-threshold`).
+    pub dedicated_threshold_bytes: Option<u64>,
+    /// When empty blocks go back (`--release`).
+    pub release: Option<heapscope_core::ReleaseRule>,
+    /// PyTorch's settings (`--alloc-conf`, `PYTORCH_CUDA_ALLOC_CONF` syntax).
+    pub alloc_conf: Option<String>,
+    /// `paged`'s page size (`--page-size`).
+    pub page_bytes: Option<u64>,
+}
+
+impl Rules {
+    /// Whether any rule is given.
+    pub fn any(&self) -> bool {
+        *self != Self::default()
+    }
+
+    /// `config` with these rules over it.
+    pub fn apply(&self, config: CompareConfig) -> CompareConfig {
+        let mut config = config;
+        if let Some(bytes) = self.block_size_bytes {
+            config.heap.block_size_bytes = bytes;
+        }
+        if let Some(bytes) = self.dedicated_threshold_bytes {
+            config.heap.dedicated_threshold_bytes = bytes;
+        }
+        if let Some(release) = self.release {
+            config.heap.release = release;
+        }
+        if let Some(conf) = &self.alloc_conf {
+            config.alloc_conf = Some(conf.clone());
+        }
+        if let Some(bytes) = self.page_bytes {
+            config.page_bytes = bytes;
+        }
+        config
+    }
 }
 
 /// One contender's view of the recording.
@@ -268,8 +314,23 @@ impl Session {
         let recording = Recording::open_device(path, options.device)?;
         // The capacity asked for, else the device the recording tells (its oom entry), else unlimited.
         let capacity_bytes = Capacity::of(options.capacity_bytes, &recording).bytes;
-        let config = CompareConfig { capacity_bytes, ..CompareConfig::default() };
+        let config = options.rules.apply(CompareConfig { capacity_bytes, ..CompareConfig::default() });
         Self::new(recording, config, contenders)
+    }
+
+    /// The same recording replayed again under `rules` over its settings (a story opened with rules of its own).
+    ///
+    /// # Errors
+    /// A replay that fails (bad settings).
+    pub fn with_rules(self, rules: &Rules) -> Result<Self> {
+        if !rules.any() {
+            return Ok(self);
+        }
+        let contenders: Vec<Contender> = self.panes.iter().filter_map(|pane| pane.contender).collect();
+        let (name, summary) = (self.name.clone(), self.summary.clone());
+        let mut session = Self::new(self.recording, rules.apply(self.config), &contenders)?;
+        (session.name, session.summary) = (name, summary);
+        Ok(session)
     }
 
     /// The same recording on `device` of its snapshot (the app's device picker), with the same contenders and
@@ -362,6 +423,22 @@ impl Session {
         *pane = Pane::new(Some(contender), timeline);
         pane.seek(steps);
         Ok(())
+    }
+
+    /// The trace's caption shown once `shown_steps` positions are played (a lesson's `#` line): the last one at or
+    /// before the event just done (at the start, one placed before the first event).
+    pub fn caption(&self, shown_steps: u64) -> Option<&str> {
+        let trace = &self.recording.trace;
+        if trace.captions().is_empty() {
+            return None;
+        }
+        // The events done by then: moments grow with the events.
+        let (mut low, mut high) = (0usize, trace.events().len());
+        while low < high {
+            let middle = low + (high - low) / 2;
+            if self.recording.moment_of(middle as u64).position() <= shown_steps { low = middle + 1 } else { high = middle }
+        }
+        trace.caption_at(low.saturating_sub(1)).map(|caption| caption.text.as_str())
     }
 
     /// Steps of the longest timeline.
@@ -721,6 +798,19 @@ mod tests {
         }
     }
 
+    /// A lesson's `#` lines are captions shown from their event on, in Teach me and renders.
+    #[test]
+    fn captions_follow_the_step_shown() {
+        let text = "# Two blocks\na,1,150MiB\na,2,150MiB\n# Free the first\nf,1\n";
+        let recording = Recording::from_trace(heapscope_core::Trace::parse_csv("lesson.csv", text).unwrap());
+        let session = Session::new(recording, CompareConfig::default(), &[Contender::Paged]).unwrap();
+        let shown: Vec<Option<&str>> = (0..=4).map(|steps| session.caption(steps)).collect();
+        assert_eq!(
+            shown,
+            [Some("Two blocks"), Some("Two blocks"), Some("Two blocks"), Some("Free the first"), Some("Free the first")]
+        );
+    }
+
     /// Stack frames and categories name each allocation, colour it by group, and make a render's legend.
     #[test]
     fn stack_frames_and_categories_of_a_snapshot_name_each_allocation() {
@@ -783,11 +873,11 @@ mod tests {
         // (options, the session's name ends with, steps, requests refused)
         let cases = [
             (OpenOptions::default(), "(device 1)", 3, 0),
-            (OpenOptions { device: None, capacity_bytes: Some(600 << 20) }, "(device 1)", 3, 1),
-            (OpenOptions { device: Some(0), capacity_bytes: None }, "(device 0)", 1, 0),
+            (OpenOptions { device: None, capacity_bytes: Some(600 << 20), ..OpenOptions::default() }, "(device 1)", 3, 1),
+            (OpenOptions { device: Some(0), capacity_bytes: None, ..OpenOptions::default() }, "(device 0)", 1, 0),
         ];
         for (options, name, steps, refused) in cases {
-            let session = Session::open(&path, &pytorch, options).unwrap();
+            let session = Session::open(&path, &pytorch, options.clone()).unwrap();
             assert!(session.name.ends_with(name), "{options:?}: {}", session.name);
             assert_eq!(session.config.capacity_bytes, options.capacity_bytes);
             assert_eq!(session.steps(), steps, "{options:?}");
@@ -795,12 +885,14 @@ mod tests {
         }
         // The app opens every file with its options.
         let mut app = crate::HeapscopeApp::default();
-        app.open_options = OpenOptions { device: None, capacity_bytes: Some(600 << 20) };
+        app.open_options = OpenOptions { device: None, capacity_bytes: Some(600 << 20), ..OpenOptions::default() };
         app.open_path(&path);
         let session = app.session.as_ref().unwrap();
         assert!(session.name.ends_with("(device 1)"), "{}", session.name);
         assert_eq!(session.config.capacity_bytes, Some(600 << 20));
-        let missing = Session::open(&path, &pytorch, OpenOptions { device: Some(2), capacity_bytes: None }).unwrap_err();
+        let missing =
+            Session::open(&path, &pytorch, OpenOptions { device: Some(2), capacity_bytes: None, ..OpenOptions::default() })
+                .unwrap_err();
         assert!(format!("{missing:#}").contains("no device 2"), "{missing:#}");
         std::fs::remove_dir_all(&dir).ok();
     }

@@ -271,14 +271,16 @@ pub fn run(
     window: WindowOptions,
 ) -> anyhow::Result<()> {
     let mut app = HeapscopeApp::default();
+    let rules = open.rules.clone();
     app.open_options = open;
     if let Some(story) = &window.story {
         // The panes asked for, else the story's own contenders.
         let contenders = if contenders.is_empty() { app.contenders() } else { contenders.to_vec() };
-        app.set_session(Session::story_named(story, &contenders)?);
-    } else if !contenders.is_empty() {
+        app.set_session(Session::story_named(story, &contenders)?.with_rules(&rules)?);
+    } else if !contenders.is_empty() || (path.is_none() && rules.any()) {
         // Files open through the panes open: the story's.
-        app.set_session(Session::story_named("frag_oom", contenders)?);
+        let contenders = if contenders.is_empty() { app.contenders() } else { contenders.to_vec() };
+        app.set_session(Session::story_named("frag_oom", &contenders)?.with_rules(&rules)?);
     }
     app.teach = window.teach;
     if let Some(path) = path {

@@ -84,4 +84,4 @@ pub use policy_kind::PolicyKind;
 pub use report::{FreeRunHistogram, HistogramBucket, PolicyReport, RangeReport, RangeState, Totals};
 pub use request::{Request, ResourceKind};
 pub use source::{BlockCopy, MemorySource, SimulatedSource, SourceBlock, SourceError};
-pub use trace::{BadEvent, Event, Trace, TraceBuilder};
+pub use trace::{BadEvent, Caption, Event, Trace, TraceBuilder};

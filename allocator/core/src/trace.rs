@@ -2,8 +2,9 @@
 //!
 //! ```text
 //! # heapscope trace v1: one event a line; '#' starts a comment
-//! a,<id>,<size_bytes>      allocate size_bytes under the caller's id
+//! a,<id>,<size_bytes>      allocate size_bytes under the caller's id (size_bytes may carry a unit: 150MiB)
 //! f,<id>                   free the allocation with that id
+//! # a comment on a line of its own is a caption: a lesson shows it from the next event on
 //! ```
 //!
 //! Ids are the recorder's (an address, a counter); an id may be reused after its free. The parser maps them
@@ -41,6 +42,18 @@ pub struct Trace {
     pub name: String,
     events: Vec<Event>,
     slots: u32,
+    captions: Vec<Caption>,
+}
+
+/// A line of text a trace shows from one of its events on: a lesson's caption (a `#` comment on a line of its own in
+/// the CSV form, before the event it introduces).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Caption {
+    /// The index of the first event it is shown with (the number of events before it).
+    pub event: usize,
+    /// Its text.
+    pub text: String,
 }
 
 /// An event that contradicts the trace so far.
@@ -113,6 +126,11 @@ impl TraceBuilder {
         Ok(())
     }
 
+    /// Shows `text` from the next event on (a caption).
+    pub fn caption(&mut self, text: impl Into<String>) {
+        self.trace.captions.push(Caption { event: self.trace.events.len(), text: text.into() });
+    }
+
     /// The trace.
     pub fn finish(self) -> Trace {
         self.trace
@@ -143,6 +161,17 @@ impl Trace {
         self.slots
     }
 
+    /// Its captions, in order of their events.
+    pub fn captions(&self) -> &[Caption] {
+        &self.captions
+    }
+
+    /// The caption shown with event `event`: the last one at or before it.
+    pub fn caption_at(&self, event: usize) -> Option<&Caption> {
+        let index = self.captions.partition_point(|caption| caption.event <= event);
+        index.checked_sub(1).map(|index| &self.captions[index])
+    }
+
     /// Parses the compact CSV form; `name` names the input in errors (a long field or line is cut there: a 20 MB
     /// line is not repeated on stderr).
     ///
@@ -155,6 +184,13 @@ impl Trace {
             let fail = |what: String| Error::Trace { file: name.to_owned(), line, what };
             let content = raw.split('#').next().unwrap_or_default().trim();
             if content.is_empty() {
+                // A comment on a line of its own (not the format's header) is a caption.
+                if let Some(text) = raw.trim().strip_prefix('#').map(str::trim)
+                    && !text.is_empty()
+                    && !text.starts_with("heapscope trace v1")
+                {
+                    builder.caption(text);
+                }
                 continue;
             }
             let fields: Vec<&str> = content.split(',').map(str::trim).collect();
@@ -199,11 +235,18 @@ impl Trace {
     /// The compact CSV form (slots as ids).
     pub fn to_csv(&self) -> String {
         let mut text = format!("# heapscope trace v1: {}\n", self.name);
-        for event in &self.events {
+        let mut captions = self.captions.iter().peekable();
+        for (index, event) in self.events.iter().enumerate() {
+            while let Some(caption) = captions.next_if(|caption| caption.event <= index) {
+                text.push_str(&format!("# {}\n", caption.text));
+            }
             match event {
                 Event::Alloc { slot, size_bytes } => text.push_str(&format!("a,{slot},{size_bytes}\n")),
                 Event::Free { slot } => text.push_str(&format!("f,{slot}\n")),
             }
+        }
+        for caption in captions {
+            text.push_str(&format!("# {}\n", caption.text));
         }
         text
     }
@@ -232,6 +275,29 @@ mod tests {
         assert_eq!(trace.slots(), 5);
         let again = Trace::parse_csv("t.csv", &trace.to_csv()).unwrap();
         assert_eq!(again.events(), trace.events());
+    }
+
+    /// Comment lines are captions from the next event on; the header and trailing comments are not; they round-trip.
+    #[test]
+    fn comment_lines_are_captions() {
+        let text = "# heapscope trace v1: lesson\n# Twenty blocks of 150 MiB\na,1,150MiB\na,2,150MiB # not a caption\n\
+                    #\n# Now free every other one\nf,1\n# The end\n";
+        let trace = Trace::parse_csv("lesson.csv", text).unwrap();
+        let captions: Vec<(usize, &str)> = trace.captions().iter().map(|c| (c.event, c.text.as_str())).collect();
+        assert_eq!(captions, [(0, "Twenty blocks of 150 MiB"), (2, "Now free every other one"), (3, "The end")]);
+        let at = |event| trace.caption_at(event).map(|caption| caption.text.as_str());
+        assert_eq!(
+            (at(0), at(1), at(2), at(9)),
+            (
+                Some("Twenty blocks of 150 MiB"),
+                Some("Twenty blocks of 150 MiB"),
+                Some("Now free every other one"),
+                Some("The end")
+            )
+        );
+        let again = Trace::parse_csv("lesson.csv", &trace.to_csv()).unwrap();
+        assert_eq!((again.captions(), again.events()), (trace.captions(), trace.events()));
+        assert_eq!(Trace::parse_csv("t.csv", "a,1,1\n").unwrap().caption_at(0), None);
     }
 
     #[test]

@@ -80,6 +80,38 @@ fn render_draws_a_recording_or_a_story_into_a_png() {
     assert!(is_png(&story));
     assert!(from_file.status.success(), "{}", stderr(&from_file));
     assert!(is_png(&file));
+    // Issue 19: a lesson written as a CSV, with its captions, the rules on the command line, the timeline strip, and
+    // text scaled to a 2400-pixel image.
+    let lesson = "# heapscope trace v1: lesson\n# Three blocks\na,1,40MiB\na,2,60MiB\na,3,40MiB\n# A hole\nf,2\na,4,50MiB\n";
+    std::fs::write(dir.join("lesson.csv"), lesson).unwrap();
+    let args = [
+        "render",
+        "lesson.csv",
+        "--policy",
+        "best-fit",
+        "--policy",
+        "buddy",
+        "--capacity",
+        "200MiB",
+        "--block-size",
+        "64MiB",
+        "--timeline",
+        "--width",
+        "2400",
+        "--height",
+        "900",
+        "--out",
+        "lesson.png",
+    ];
+    let rendered = heapscope_headless(&args, &dir);
+    assert!(rendered.status.success(), "{}", stderr(&rendered));
+    let png = std::fs::read(dir.join("lesson.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
+    let (width, height) =
+        (u32::from_be_bytes(png[16..20].try_into().unwrap()), u32::from_be_bytes(png[20..24].try_into().unwrap()));
+    assert_eq!((width, height), (2400, 900), "the size asked for, text drawn at 1.875 pixels a point");
+    let bad = heapscope_headless(&["render", "lesson.csv", "--page-size", "3MiB", "--out", "x.png"], &dir);
+    assert!(stderr(&bad).contains("--page-size 3.00 MiB: not a power of two"), "{}", stderr(&bad));
     // Coloured by the entries' categories, with their legend.
     labelled_frag_oom(&dir);
     let by_category =
