@@ -178,7 +178,7 @@ impl HeapscopeApp {
     /// Opens the recording at `path` with the current contenders, at once; an error is kept for display.
     pub fn open_path(&mut self, path: &Path) {
         self.opened_path = Some(path.to_path_buf());
-        let opened = Session::open(path, &self.contenders(), self.open_options.clone());
+        let opened = Session::open(path, &self.contenders(), &self.open_options);
         self.opened(opened);
     }
 
@@ -189,7 +189,7 @@ impl HeapscopeApp {
         let name = path.display().to_string();
         self.opened_path = Some(path.clone());
         let worker =
-            std::thread::Builder::new().name("heapscope-open".into()).spawn(move || Session::open(&path, &contenders, options));
+            std::thread::Builder::new().name("heapscope-open".into()).spawn(move || Session::open(&path, &contenders, &options));
         match worker {
             Ok(worker) => self.pending = Some((name, worker)),
             Err(error) => self.error = Some(format!("cannot open {name}: no thread to read it on ({error})")),

@@ -309,7 +309,7 @@ impl Session {
     ///
     /// # Errors
     /// The file cannot be read or parsed, or has no such device (the error names it), or a replay fails.
-    pub fn open(path: &Path, contenders: &[Contender], options: OpenOptions) -> Result<Self> {
+    pub fn open(path: &Path, contenders: &[Contender], options: &OpenOptions) -> Result<Self> {
         // The core's errors name the file already ("cannot read F: …", "F: the file is empty", "F:2: …").
         let recording = Recording::open_device(path, options.device)?;
         // The capacity asked for, else the device the recording tells (its oom entry), else unlimited.
@@ -761,7 +761,7 @@ mod tests {
     #[test]
     fn a_real_snapshot_opens_in_every_pane() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/gpt2_train_fixed-default.pickle.gz");
-        let mut session = Session::open(&path, &Contender::SIDE_BY_SIDE, OpenOptions::default()).unwrap();
+        let mut session = Session::open(&path, &Contender::SIDE_BY_SIDE, &OpenOptions::default()).unwrap();
         let steps = session.steps();
         assert!(steps > 10_000, "{steps}");
         for position in [steps / 2, 17, steps] {
@@ -877,7 +877,7 @@ mod tests {
             (OpenOptions { device: Some(0), capacity_bytes: None, ..OpenOptions::default() }, "(device 0)", 1, 0),
         ];
         for (options, name, steps, refused) in cases {
-            let session = Session::open(&path, &pytorch, options.clone()).unwrap();
+            let session = Session::open(&path, &pytorch, &options).unwrap();
             assert!(session.name.ends_with(name), "{options:?}: {}", session.name);
             assert_eq!(session.config.capacity_bytes, options.capacity_bytes);
             assert_eq!(session.steps(), steps, "{options:?}");
@@ -891,7 +891,7 @@ mod tests {
         assert!(session.name.ends_with("(device 1)"), "{}", session.name);
         assert_eq!(session.config.capacity_bytes, Some(600 << 20));
         let missing =
-            Session::open(&path, &pytorch, OpenOptions { device: Some(2), capacity_bytes: None, ..OpenOptions::default() })
+            Session::open(&path, &pytorch, &OpenOptions { device: Some(2), capacity_bytes: None, ..OpenOptions::default() })
                 .unwrap_err();
         assert!(format!("{missing:#}").contains("no device 2"), "{missing:#}");
         std::fs::remove_dir_all(&dir).ok();
@@ -902,7 +902,7 @@ mod tests {
         assert!(Session::story_named("nope", &[Contender::Paged]).unwrap_err().to_string().contains("frag_oom"));
         assert!(Session::story_named("frag_oom", &[]).is_err());
         let missing =
-            Session::open(Path::new("/nonexistent/trace.hst"), &[Contender::Paged], OpenOptions::default()).unwrap_err();
+            Session::open(Path::new("/nonexistent/trace.hst"), &[Contender::Paged], &OpenOptions::default()).unwrap_err();
         assert!(format!("{missing:#}").contains("/nonexistent/trace.hst"), "{missing:#}");
     }
 }

@@ -110,7 +110,7 @@ fn rendering_writes_a_png() {
 fn active_timeline_snapshot(name: &str, up: f32, snapshot: &str, segments: bool) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../assets/traces/pytorch/{name}.pickle.gz"));
     let options = heapscope_gui::session::OpenOptions::default();
-    let session = Session::open(&path, &[Contender::Pytorch { expandable: false }], options).unwrap();
+    let session = Session::open(&path, &[Contender::Pytorch { expandable: false }], &options).unwrap();
     let timeline = if segments {
         heapscope_lab::timeline::active::build_segments(&session.panes[0].timeline)
     } else {
