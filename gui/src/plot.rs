@@ -127,7 +127,7 @@ const CONTENDER_COLOURS: [(&str, Color32); 11] = [
     ("gpu-allocator", Color32::from_rgb(150, 150, 255)),
 ];
 
-/// The colour of each of the panes named `names`, in order: its contender's own ([`CONTENDER_COLOURS`]); where two
+/// The colour of each of the panes named `names`, in order: its contender's own (a fixed table); where two
 /// panes would share one (the same contender twice, a name heapscope does not know), the later takes the first colour
 /// no pane has.
 pub fn pane_colours<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<Color32> {
