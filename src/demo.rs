@@ -137,6 +137,11 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         }
         return Ok(());
     }
+    for line in story_in_words(&story)? {
+        outln!("{line}");
+    }
+    outln!();
+    outln!("The core policies on the same stream: in one range of the device, and in blocks cached once empty.");
     outln!("heapscope demo: {} — {}", story.name, story.summary);
     outln!("device: {} (simulated)", Bytes(story.device_bytes));
     outln!(
@@ -181,6 +186,34 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The headline in words, as the app says it: the story, PyTorch's allocator refusing the last request with the
+/// app's verdict, and who serves it (expandable segments, paging).
+fn story_in_words(story: &Story) -> Result<Vec<String>> {
+    use heapscope_lab::contender::{Contender, PYTORCH, PYTORCH_EXPANDABLE};
+    let recording = heapscope_lab::recording::Recording::from_trace(story.trace.clone());
+    let config = story.config();
+    let mut lines = vec![format!("The story: {}, on a {} device.", story.summary, Bytes(story.device_bytes))];
+    let mut served = Vec::new();
+    for contender in [PYTORCH, PYTORCH_EXPANDABLE, Contender::Paged] {
+        let timeline = heapscope_lab::timeline::record::record(&recording, contender, &config)?;
+        match timeline.refusals().last() {
+            Some((_, refusal)) => {
+                let (headline, _) = heapscope_gui::panels::verdict_words(refusal, 0);
+                let who = if contender == PYTORCH { " (PyTorch's caching allocator, default settings)" } else { "" };
+                lines.push(format!("  `{contender}`{who} refuses the {}. {headline}", Bytes(refusal.requested_bytes)));
+            }
+            None => served.push(format!("`{contender}`")),
+        }
+    }
+    if !served.is_empty() {
+        lines.push(format!(
+            "  {} serve it: their memory is a virtual range whose pages are mapped where a request needs them.",
+            served.join(" and ")
+        ));
+    }
+    Ok(lines)
 }
 
 /// The verdicts of the failed final requests, one line per distinct verdict with the policies that met it.

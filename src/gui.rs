@@ -53,8 +53,9 @@ pub struct GuiArgs {
     /// cached memory view), instead of the totals.
     #[arg(long)]
     pub segments: bool,
-    /// A built-in story instead of a file: frag_oom (the default), training_step, llm_serving_contiguous,
-    /// llm_serving_paged, compaction.
+    /// A built-in story (a lesson with captions) instead of a file: frag_oom (the default), one_range, internal_waste,
+    /// size_classes, page_size, training_step, llm_serving_contiguous, llm_serving_paged, compaction. Without
+    /// --policy, the lesson's own panes.
     #[arg(long, conflicts_with_all = ["file", "live"])]
     pub story: Option<String>,
     /// Open with "Teach me" showing: one sentence per pane for each step (a lesson to step through with `Step`).
@@ -95,7 +96,7 @@ pub struct RenderArgs {
     /// The recording: PyTorch snapshot, native or CSV trace.
     #[arg(required_unless_present = "story")]
     pub file: Option<PathBuf>,
-    /// A built-in story instead of a file: frag_oom, training_step, llm_serving_contiguous, llm_serving_paged, compaction.
+    /// A built-in story instead of a file (see `heapscope gui --help`); without --policy, the lesson's own panes.
     #[arg(long, conflicts_with = "file")]
     pub story: Option<String>,
     /// Who replays, one pane each, side by side (repeat, up to 4; default: pytorch): pytorch,
@@ -260,7 +261,8 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
             }
             Session::new(recording, config, &contenders)?
         }
-        (None, Some(story)) => Session::story_named(story, &contenders)?.with_rules(&args.open.open_options()?.rules)?,
+        // No --policy: the story's own panes.
+        (None, Some(story)) => Session::story_named(story, &args.policies)?.with_rules(&args.open.open_options()?.rules)?,
         (None, None) => anyhow::bail!("name a recording FILE or a --story"),
     };
     if gif {

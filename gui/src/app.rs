@@ -14,6 +14,7 @@ use std::sync::Arc;
 use egui::{Color32, Key, Modifiers, RichText, Ui};
 use heapscope_lab::contender::Contender;
 use heapscope_lab::recording::Moment;
+use heapscope_lab::story;
 use heapscope_lab::timeline::active::{self, ActiveTimeline};
 use heapscope_lab::timeline::explain::explain;
 use heapscope_lab::top::{Grouping, Top, TopAt, top};
@@ -254,7 +255,12 @@ impl HeapscopeApp {
 
     /// Opens the built-in story `name`.
     pub fn open_story(&mut self, name: &str) {
-        match Session::story_named(name, &self.contenders()) {
+        // A lesson with panes of its own opens with them; the others with the panes open.
+        let contenders = match story::named(name) {
+            Some(story) if !story.panes.is_empty() => Vec::new(),
+            _ => self.contenders(),
+        };
+        match Session::story_named(name, &contenders) {
             Ok(session) => {
                 self.set_session(session);
                 self.error = None;
@@ -610,7 +616,7 @@ impl HeapscopeApp {
                 ui.label(format!("opening {name}"));
             }
             ui.menu_button("Stories", |ui| {
-                for story in heapscope_lab::story::all() {
+                for story in story::all() {
                     if ui.button(story.name).on_hover_text(story.summary).clicked() {
                         self.open_story(story.name);
                     }

@@ -285,6 +285,13 @@ impl Session {
     /// # Errors
     /// A replay that fails.
     pub fn story(story: Story, contenders: &[Contender]) -> Result<Self> {
+        // No contender named: the lesson's own panes, else the side-by-side four.
+        let contenders = match (contenders, story.panes) {
+            ([], []) => Contender::SIDE_BY_SIDE.to_vec(),
+            ([], panes) => panes.to_vec(),
+            (named, _) => named.to_vec(),
+        };
+        let contenders = contenders.as_slice();
         let config = story.config();
         let summary = story.summary.to_owned();
         let mut session = Self::new(Recording::from_trace(story.trace), config, contenders)?;
@@ -900,7 +907,10 @@ mod tests {
     #[test]
     fn bad_requests_are_errors() {
         assert!(Session::story_named("nope", &[Contender::Paged]).unwrap_err().to_string().contains("frag_oom"));
-        assert!(Session::story_named("frag_oom", &[]).is_err());
+        // No contender named: the lesson's own panes, else the side-by-side four; five are too many.
+        assert_eq!(Session::story_named("frag_oom", &[]).unwrap().panes.len(), 4);
+        assert_eq!(Session::story_named("internal_waste", &[]).unwrap().panes[0].name(), "buddy");
+        assert!(Session::story_named("frag_oom", &[Contender::Paged; 5]).is_err());
         let missing =
             Session::open(Path::new("/nonexistent/trace.hst"), &[Contender::Paged], &OpenOptions::default()).unwrap_err();
         assert!(format!("{missing:#}").contains("/nonexistent/trace.hst"), "{missing:#}");

@@ -274,9 +274,8 @@ pub fn run(
     let rules = open.rules.clone();
     app.open_options = open;
     if let Some(story) = &window.story {
-        // The panes asked for, else the story's own contenders.
-        let contenders = if contenders.is_empty() { app.contenders() } else { contenders.to_vec() };
-        app.set_session(Session::story_named(story, &contenders)?.with_rules(&rules)?);
+        // The panes asked for, else the story's own (else the side-by-side four).
+        app.set_session(Session::story_named(story, contenders)?.with_rules(&rules)?);
     } else if !contenders.is_empty() || (path.is_none() && rules.any()) {
         // Files open through the panes open: the story's.
         let contenders = if contenders.is_empty() { app.contenders() } else { contenders.to_vec() };

@@ -1,11 +1,13 @@
 //! Built-in stories: small traces that show one allocator phenomenon each, with the device (and, where the story
-//! needs them, the heap rules) they run on.
+//! needs them, the heap rules and the panes) they run on. Each is a lesson: its trace carries captions (what happens
+//! next, in words) that "Teach me" and renders show step by step.
 
 use crate::compaction::CompactRule;
 use crate::compare::CompareConfig;
+use crate::contender::{Contender, PYTORCH, PYTORCH_EXPANDABLE};
 use heapscope_core::trace::{Trace, TraceBuilder};
 use heapscope_core::units::{KIB, MIB};
-use heapscope_core::{HeapConfig, ReleaseRule};
+use heapscope_core::{HeapConfig, PolicyKind, ReleaseRule};
 
 /// A trace with the device it runs on and what it shows.
 #[derive(Clone, Debug)]
@@ -20,6 +22,8 @@ pub struct Story {
     pub trace: Trace,
     /// The heap contenders' rules, where the story needs its own.
     pub rules: StoryRules,
+    /// The contenders the lesson compares, one pane each (empty: the side-by-side four, or the panes open).
+    pub panes: &'static [Contender],
 }
 
 /// Heap rules a story runs with, beside its device.
@@ -31,6 +35,8 @@ pub struct StoryRules {
     pub release: Option<ReleaseRule>,
     /// When the heap contenders compact.
     pub compact: CompactRule,
+    /// `paged`'s page size (`None`: the default, 2 MiB).
+    pub page_bytes: Option<u64>,
 }
 
 impl Story {
@@ -42,7 +48,8 @@ impl Story {
         } else {
             HeapConfig { release: self.rules.release.unwrap_or(defaults.heap.release), ..defaults.heap.clone() }
         };
-        CompareConfig { capacity_bytes: Some(self.device_bytes), heap, compact: self.rules.compact, ..defaults }
+        let page_bytes = self.rules.page_bytes.unwrap_or(defaults.page_bytes);
+        CompareConfig { capacity_bytes: Some(self.device_bytes), heap, compact: self.rules.compact, page_bytes, ..defaults }
     }
 }
 
@@ -53,15 +60,21 @@ impl Story {
 pub fn frag_oom() -> Story {
     const WELL_FORMED: &str = "the story frees only what it allocated";
     let mut builder = TraceBuilder::new("frag_oom");
+    builder.caption("Twenty 150 MiB tensors: each allocator reserves memory for them.");
     for id in 0..20 {
         builder.alloc(id, 150 * MIB).expect(WELL_FORMED);
     }
+    builder.caption("All twenty freed: nothing is live, but caching allocators keep the memory reserved for reuse.");
     for id in 0..20 {
         builder.free(id).expect(WELL_FORMED);
     }
+    builder.caption("Twenty 100 MiB tensors reuse the cached blocks, each leaving a 50 MiB tail free.");
     for id in 100..120 {
         builder.alloc(id, 100 * MIB).expect(WELL_FORMED);
     }
+    builder.caption(
+        "1 GiB: 1000 MiB are free in 50 MiB tails and 584 MiB more on the device, but no run of 1 GiB: who can serve it?",
+    );
     builder.alloc(1000, 1024 * MIB).expect(WELL_FORMED);
     Story {
         name: "frag_oom",
@@ -71,6 +84,7 @@ pub fn frag_oom() -> Story {
         // PyTorch's story: the heap contenders cache what empties until a request needs the room, as PyTorch does
         // (the heap's own default gives a dedicated block back at once, as VMA does, and then serves the 1 GiB).
         rules: StoryRules { release: Some(ReleaseRule::OnPressure), ..StoryRules::default() },
+        panes: &[],
     }
 }
 
@@ -87,15 +101,21 @@ pub fn training_step() -> Story {
         builder.alloc(next, size_bytes).expect(WELL_FORMED);
         next
     };
+    builder.caption("The model's weights: twelve layers of 28 MiB, live for the whole run.");
     let weights: Vec<u64> = (0..LAYERS).map(|_| alloc(&mut builder, 28 * MIB)).collect();
     let mut optimizer = Vec::new();
     for iteration in 0..2 {
+        builder.caption(format!(
+            "Step {}, forward: an activation per layer piles up, with a short-lived temporary beside each.",
+            iteration + 1
+        ));
         let mut activations = Vec::new();
         for _ in 0..LAYERS {
             activations.push(alloc(&mut builder, 48 * MIB));
             let temp = alloc(&mut builder, 6 * MIB + 300 * KIB);
             builder.free(temp).expect(WELL_FORMED);
         }
+        builder.caption("Backward, last layer first: each activation goes as its gradient arrives; a workspace comes and goes.");
         let mut gradients = Vec::new();
         for activation in activations.into_iter().rev() {
             let workspace = alloc(&mut builder, 64 * MIB);
@@ -104,6 +124,7 @@ pub fn training_step() -> Story {
             builder.free(activation).expect(WELL_FORMED);
         }
         if iteration == 0 {
+            builder.caption("The optimizer's first step allocates Adam's two moments per weight: they stay.");
             // Adam's two moments per weight, allocated on the first optimizer step.
             optimizer.extend((0..2 * LAYERS).map(|_| alloc(&mut builder, 28 * MIB)));
         }
@@ -118,6 +139,7 @@ pub fn training_step() -> Story {
         device_bytes: 4096 * MIB,
         trace: builder.finish(),
         rules: StoryRules::default(),
+        panes: &[],
     }
 }
 
@@ -149,6 +171,12 @@ fn llm_serving(paged: bool) -> Story {
     };
     let name = if paged { "llm_serving_paged" } else { "llm_serving_contiguous" };
     let mut builder = TraceBuilder::new(name);
+    builder.caption(if paged {
+        "Twelve requests at a time; each sequence's KV cache grows a 1 MiB block (16 tokens) at a time, as it is needed."
+    } else {
+        "Twelve requests at a time; each reserves a 128 MiB KV cache for 2,048 tokens when it arrives, whatever its \
+         length: most of it stays unused (the pane shows it as used: the reservation is one allocation)."
+    });
     // (request, tokens so far, tokens it will reach, its allocations)
     let mut active: Vec<(u64, u64, u64, Vec<u64>)> = Vec::new();
     let mut next_request = 0;
@@ -196,6 +224,7 @@ fn llm_serving(paged: bool) -> Story {
         device_bytes: 2048 * MIB,
         trace: builder.finish(),
         rules: StoryRules::default(),
+        panes: &[],
     }
 }
 
@@ -206,13 +235,16 @@ fn llm_serving(paged: bool) -> Story {
 pub fn compaction() -> Story {
     const WELL_FORMED: &str = "the story frees only what it allocated";
     let mut builder = TraceBuilder::new("compaction");
+    builder.caption("Twelve pairs of 150 MiB and 100 MiB, side by side in one 3584 MiB range.");
     for pair in 0..12 {
         builder.alloc(2 * pair, 150 * MIB).expect(WELL_FORMED);
         builder.alloc(2 * pair + 1, 100 * MIB).expect(WELL_FORMED);
     }
+    builder.caption("The 150 MiB ones freed: 2384 MiB free, in holes of 150 MiB and 584 MiB at the end.");
     for pair in 0..12 {
         builder.free(2 * pair).expect(WELL_FORMED);
     }
+    builder.caption("1 GiB: refused for fragmentation, then the heap moves the 100 MiB ones down and serves it.");
     builder.alloc(1000, 1024 * MIB).expect(WELL_FORMED);
     Story {
         name: "compaction",
@@ -221,15 +253,141 @@ pub fn compaction() -> Story {
         device_bytes: 3584 * MIB,
         trace: builder.finish(),
         rules: StoryRules { one_range: true, compact: CompactRule::OnOom, ..StoryRules::default() },
+        panes: &[],
+    }
+}
+
+/// frag_oom's stream with the heap contenders' memory as one range of the device instead of blocks: the free space
+/// that blocks kept apart (a 50 MiB tail in each of twenty 150 MiB blocks) is one run once the 100 MiB tensors are
+/// packed together, and the 1 GiB is served; PyTorch's segments still refuse it.
+pub fn one_range() -> Story {
+    let mut story = frag_oom();
+    story.name = "one_range";
+    story.summary = "frag_oom with the heaps' memory as one range instead of blocks: what blocks cost";
+    story.rules = StoryRules { one_range: true, ..story.rules };
+    story.panes = &[PYTORCH, Contender::Heap(PolicyKind::Tlsf), Contender::Heap(PolicyKind::BestFit)];
+    let mut builder = TraceBuilder::new("one_range");
+    let events = story.trace.events().to_vec();
+    let captions = [
+        (0, "Twenty 150 MiB tensors: PyTorch reserves a segment each; the heaps place them in one range of the device."),
+        (20, "All freed: PyTorch keeps twenty 150 MiB segments cached; in one range the free bytes are one run."),
+        (40, "Twenty 100 MiB tensors: PyTorch puts each in a cached segment (50 MiB tails); the heaps pack them together."),
+        (60, "1 GiB: PyTorch's 1000 MiB free are in 50 MiB tails; the range has 1.55 GiB in one run and serves it."),
+    ];
+    replay_with_captions(&mut builder, &events, &captions);
+    story.trace = builder.finish();
+    story
+}
+
+/// Waste *inside* allocations: the buddy policy rounds every request up to a power of two. Five 130 MiB tensors take
+/// 256 MiB each (630 MiB of padding); then 300 MiB (512 MiB to buddy) is refused on a 1400 MiB device where TLSF,
+/// rounding to 512 B, serves it with room to spare. Not fragmentation, not exhaustion: internal waste.
+pub fn internal_waste() -> Story {
+    const WELL_FORMED: &str = "the story frees only what it allocated";
+    let mut builder = TraceBuilder::new("internal_waste");
+    builder.caption("Five 130 MiB tensors: buddy rounds each up to 256 MiB; TLSF and paging take what is asked.");
+    for id in 0..5 {
+        builder.alloc(id, 130 * MIB).expect(WELL_FORMED);
+    }
+    builder.caption("300 MiB (512 MiB to buddy): 630 MiB of buddy's memory is padding inside allocations; the others serve it.");
+    builder.alloc(5, 300 * MIB).expect(WELL_FORMED);
+    Story {
+        name: "internal_waste",
+        summary: "5 x 130 MiB, then 300 MiB on a 1400 MiB device: buddy's powers of two waste 630 MiB inside allocations",
+        device_bytes: 1400 * MIB,
+        trace: builder.finish(),
+        rules: StoryRules::default(),
+        panes: &[Contender::Heap(PolicyKind::Buddy), Contender::Heap(PolicyKind::Tlsf), Contender::Paged],
+    }
+}
+
+/// Size classes: the slab policy serves requests up to 64 KiB from slabs of one power-of-two class, so 33 KiB takes
+/// 64 KiB; 1,500 of them need 94 MiB of slabs where TLSF places them in 49 MiB; on a 64 MiB device slab refuses them
+/// from about the 1,000th on, for the waste inside its slots.
+pub fn size_classes() -> Story {
+    const WELL_FORMED: &str = "the story frees only what it allocated";
+    let mut builder = TraceBuilder::new("size_classes");
+    builder.caption("33 KiB requests, one after another: slab serves them from 64 KiB slots, TLSF at their size.");
+    for id in 0..1500 {
+        builder.alloc(id, 33 * KIB).expect(WELL_FORMED);
+    }
+    Story {
+        name: "size_classes",
+        summary: "1,500 x 33 KiB on a 64 MiB device: slab's 64 KiB size class wastes almost half of every slot",
+        device_bytes: 64 * MIB,
+        trace: builder.finish(),
+        rules: StoryRules { one_range: true, ..StoryRules::default() },
+        panes: &[Contender::Heap(PolicyKind::Slab), Contender::Heap(PolicyKind::Tlsf)],
+    }
+}
+
+/// Page size: `paged` maps whole pages. Eighty 1 MiB tensors are allocated and every other one freed: with 2 MiB pages
+/// every page still holds a live tensor, so nothing unmaps and 80 MiB stay resident for 40 MiB live; with 64 KiB
+/// pages (`--page-size 64KiB`) the freed ones' pages go back. TLSF in blocks keeps its blocks either way.
+pub fn page_size() -> Story {
+    const WELL_FORMED: &str = "the story frees only what it allocated";
+    let mut builder = TraceBuilder::new("page_size");
+    builder.caption("Eighty 1 MiB tensors: paging maps 2 MiB pages, two tensors to a page.");
+    for id in 0..80 {
+        builder.alloc(id, MIB).expect(WELL_FORMED);
+    }
+    builder.caption(
+        "Every other one freed: each 2 MiB page still holds one live tensor, so no page can go back (try --page-size 64KiB).",
+    );
+    for id in (0..80).step_by(2) {
+        builder.free(id).expect(WELL_FORMED);
+    }
+    Story {
+        name: "page_size",
+        summary: "80 x 1 MiB, every other one freed: 2 MiB pages stay mapped half empty; smaller pages go back",
+        device_bytes: 256 * MIB,
+        trace: builder.finish(),
+        rules: StoryRules::default(),
+        panes: &[Contender::Paged, PYTORCH_EXPANDABLE],
+    }
+}
+
+/// Appends `events` (a story's, slots as ids) to `builder` with `captions` before the events of their indices.
+fn replay_with_captions(builder: &mut TraceBuilder, events: &[heapscope_core::trace::Event], captions: &[(usize, &str)]) {
+    const WELL_FORMED: &str = "the story's own events";
+    for (index, event) in events.iter().enumerate() {
+        for (_, text) in captions.iter().filter(|(at, _)| *at == index) {
+            builder.caption(*text);
+        }
+        let added = match *event {
+            heapscope_core::trace::Event::Alloc { slot, size_bytes } => builder.alloc(u64::from(slot), size_bytes),
+            heapscope_core::trace::Event::Free { slot } => builder.free(u64::from(slot)),
+        };
+        added.expect(WELL_FORMED);
     }
 }
 
 /// The built-in stories' names, in [`all`]'s order (without building their traces).
-pub const NAMES: [&str; 5] = ["frag_oom", "training_step", "llm_serving_contiguous", "llm_serving_paged", "compaction"];
+pub const NAMES: [&str; 9] = [
+    "frag_oom",
+    "one_range",
+    "internal_waste",
+    "size_classes",
+    "page_size",
+    "training_step",
+    "llm_serving_contiguous",
+    "llm_serving_paged",
+    "compaction",
+];
 
 /// Every built-in story, by name.
 pub fn all() -> Vec<Story> {
-    vec![frag_oom(), training_step(), llm_serving_contiguous(), llm_serving_paged(), compaction()]
+    vec![
+        frag_oom(),
+        one_range(),
+        internal_waste(),
+        size_classes(),
+        page_size(),
+        training_step(),
+        llm_serving_contiguous(),
+        llm_serving_paged(),
+        compaction(),
+    ]
 }
 
 /// The built-in story called `name`.
@@ -268,6 +426,63 @@ mod tests {
                 (1 << 30, 584 * MIB, 2384 * MIB),
                 "{policy:?}"
             );
+        }
+    }
+
+    /// Each lesson ends as its captions say, and "Teach me" names the cause at the decisive step: `one_range`'s heaps
+    /// serve the 1 GiB PyTorch's segments refuse; `internal_waste`'s buddy refuses 300 MiB for the padding inside its
+    /// allocations where TLSF and paging serve it; `size_classes`' slab runs out where TLSF does not; `page_size`'s
+    /// 2 MiB pages stay mapped twice the live bytes, 64 KiB ones go back.
+    #[test]
+    fn the_lessons_teach_what_they_say() {
+        use crate::recording::Recording;
+        use crate::timeline::explain::explain;
+        use crate::timeline::record::record;
+        use heapscope_core::OomCause;
+        let run = |story: &Story, contender: Contender| {
+            let recording = Recording::from_trace(story.trace.clone());
+            record(&recording, contender, &story.config()).unwrap()
+        };
+        let sentence = |timeline: &crate::timeline::Timeline, step: u64| explain(timeline, &timeline.layout_at(step), step);
+        // one_range
+        let story = one_range();
+        let pytorch = run(&story, PYTORCH);
+        assert_eq!(pytorch.refusal_at(60).map(|refusal| refusal.cause), Some(OomCause::Fragmentation));
+        for policy in [PolicyKind::Tlsf, PolicyKind::BestFit] {
+            let heap = run(&story, Contender::Heap(policy));
+            assert!(heap.refusals().is_empty(), "{policy:?} in one range serves the 1 GiB");
+        }
+        assert!(sentence(&pytorch, 60).contains("fragmentation"), "{}", sentence(&pytorch, 60));
+        // internal_waste
+        let story = internal_waste();
+        let buddy = run(&story, Contender::Heap(PolicyKind::Buddy));
+        let refusal = buddy.refusal_at(5).expect("buddy refuses the 300 MiB");
+        assert_eq!((refusal.cause, refusal.waste_bytes, refusal.needed_bytes), (OomCause::InternalWaste, 630 * MIB, 512 * MIB));
+        let words = sentence(&buddy, 5);
+        assert!(words.contains("630.00 MiB are wasted inside live allocations: internal waste"), "{words}");
+        for contender in [Contender::Heap(PolicyKind::Tlsf), Contender::Paged] {
+            assert!(run(&story, contender).refusals().is_empty(), "{contender:?} serves it");
+        }
+        // size_classes
+        let story = size_classes();
+        let slab = run(&story, Contender::Heap(PolicyKind::Slab));
+        let (first, refusal) = slab.refusals().first().expect("slab runs out");
+        assert!((900..1500).contains(first), "slab refuses from about the 1,000th request: {first}");
+        assert_eq!(refusal.cause, OomCause::InternalWaste, "{}", refusal.message);
+        assert!(run(&story, Contender::Heap(PolicyKind::Tlsf)).refusals().is_empty());
+        // page_size
+        let story = page_size();
+        let end = story.trace.events().len() as u64;
+        let resident = |page_bytes: u64| {
+            let story = Story { rules: StoryRules { page_bytes: Some(page_bytes), ..story.rules }, ..story.clone() };
+            let sample = run(&story, Contender::Paged).sample_at(end);
+            (sample.reserved_bytes, sample.live_bytes)
+        };
+        assert_eq!(resident(2 * MIB), (80 * MIB, 40 * MIB), "every 2 MiB page still holds a live tensor");
+        assert_eq!(resident(64 * KIB), (40 * MIB, 40 * MIB), "64 KiB pages of the freed ones go back");
+        // Every story has captions, from its first event on.
+        for story in all() {
+            assert_eq!(story.trace.captions().first().map(|caption| caption.event), Some(0), "{}", story.name);
         }
     }
 

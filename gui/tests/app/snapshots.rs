@@ -77,6 +77,51 @@ fn two_panes_of_different_sizes_at_one_scale() {
     }
 }
 
+/// Issue 19: every built-in story renders, at its middle and its end, with the lesson's caption in force there and the
+/// title naming any refusal; the internal-waste lesson is kept as a picture.
+#[test]
+fn every_story_renders_with_its_caption() {
+    if !renderer_available() {
+        return;
+    }
+    for name in heapscope_lab::story::NAMES {
+        let mut session = Session::story_named(name, &[]).unwrap();
+        let steps = session.steps();
+        for at in [steps / 2, steps] {
+            assert!(session.caption(at).is_some(), "{name} at {at}: a caption");
+            let options = RenderOptions {
+                width: 640,
+                height: 260,
+                at: Some(heapscope_lab::recording::Moment::at_position(at)),
+                ..RenderOptions::default()
+            };
+            let image = heapscope_gui::render(&mut session, options).unwrap_or_else(|error| panic!("{name}: {error:#}"));
+            assert_eq!(image.dimensions(), (640, 260), "{name}");
+        }
+        let title = heapscope_gui::render::title(&session, steps);
+        if name == "internal_waste" {
+            assert!(title.contains("buddy refused 300.00 MiB (internal waste)"), "{title}");
+        }
+    }
+    let mut session = Session::story_named("internal_waste", &[]).unwrap();
+    session.seek(session.steps());
+    let mut harness = Harness::builder().with_size([900.0, 300.0]).with_pixels_per_point(1.0).wgpu().build_ui(|ui| {
+        let style = PaneStyle {
+            shown_steps: session.steps(),
+            progress: 1.0,
+            colour_by: ColourBy::SizeClass,
+            interactive: false,
+            selected: None,
+            scale: ScaleRule::OneAtTheMoment,
+        };
+        let too_small: Vec<Option<u64>> =
+            session.panes.iter().map(|pane| pane.timeline.refusal_at(1).map(|r| r.requested_bytes)).collect();
+        panes::show(ui, &mut session, style, &[], &too_small);
+    });
+    harness.run_steps(2);
+    harness.snapshot("internal_waste_buddy_tlsf_paged");
+}
+
 #[test]
 fn rendering_writes_a_png() {
     if !renderer_available() {

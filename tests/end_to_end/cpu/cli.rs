@@ -33,7 +33,17 @@ fn no_arguments_runs_the_demo_table_and_draws_the_heap() {
     let output = heapscope_headless(&[], &dir);
     assert!(output.status.success(), "{}", stderr(&output));
     let text = stdout(&output);
-    assert!(text.starts_with("heapscope demo: frag_oom"), "{text}");
+    // Issue 19: the headline first, in the app's words: PyTorch refuses the 1 GiB for fragmentation with the device's
+    // free memory in the same line; expandable segments and paging serve it; then the policy table.
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("The story: 20 x 150 MiB allocated and freed"), "{text}");
+    assert!(
+        lines[1].contains("`pytorch` (PyTorch's caching allocator, default settings) refuses the 1.00 GiB. Fragmentation")
+            && lines[1].contains("584.00 MiB more on the device — 1.55 GiB in all"),
+        "{text}"
+    );
+    assert!(lines[2].contains("`pytorch-expandable` and `paged` serve it"), "{text}");
+    assert!(text.contains("\nheapscope demo: frag_oom"), "{text}");
     for policy in ["tlsf", "best-fit", "first-fit", "buddy", "linear-bump", "linear-stack", "linear-ring", "slab"] {
         assert!(text.lines().any(|line| line.starts_with(policy)), "a row for {policy}: {text}");
     }
