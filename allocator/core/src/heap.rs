@@ -633,11 +633,15 @@ impl<S: MemorySource> Heap<S> {
         }
         let needed_bytes = self.config.policy.dedicated_bytes(request, &self.config.policy_config).unwrap_or(u64::MAX);
         let budget_left = self.config.capacity_bytes.map(|cap| cap.saturating_sub(totals.reserved_bytes));
+        // Memory comes from the source in whole blocks of its granularity: a budget of 1 MiB beside a device of 2 MiB
+        // blocks has nothing reservable (it is no fragmentation that a 64 KiB request fails there).
+        let granule = self.source.block_alignment_bytes().max(1);
         let unreserved_bytes = match (budget_left, self.source.available_bytes()) {
             (Some(budget), Some(device)) => budget.min(device),
             (Some(left), None) | (None, Some(left)) => left,
             (None, None) => 0,
-        };
+        } / granule
+            * granule;
         OomVerdict {
             policy: self.config.policy.name(),
             requested_bytes: request.size_bytes(),
@@ -851,6 +855,18 @@ mod tests {
         let Err(Error::OutOfMemory(verdict)) = heap.allocate(mib(100), None) else { panic!("larger than the device") };
         assert_eq!(verdict.cause, OomCause::Exhaustion, "{verdict}");
         assert!(verdict.to_string().ends_with("Exhaustion: not enough free memory in total, even without any waste"));
+    }
+
+    /// Issue 19: a budget under the device's block granularity (1 MiB beside 2 MiB blocks) refuses a 64 KiB request on
+    /// an empty heap for want of memory, not for fragmentation.
+    #[test]
+    fn a_budget_under_one_device_block_is_no_fragmentation() {
+        let config = HeapConfig { capacity_bytes: Some(MIB), ..HeapConfig::new(PolicyKind::Tlsf) };
+        let mut heap = Heap::new(config, SimulatedSource::new(64 * MIB, 2 * MIB)).unwrap();
+        let Err(Error::OutOfMemory(verdict)) = heap.allocate(Request::new(64 * 1024, 256).unwrap(), None) else {
+            panic!("a 2 MiB block does not fit a 1 MiB budget")
+        };
+        assert_eq!((verdict.unreserved_bytes, verdict.cause), (0, OomCause::Exhaustion), "{verdict}");
     }
 
     /// A heap of `policy` with its blocks sized to each request (one request a block) on a device of `device_bytes`.
