@@ -205,7 +205,10 @@ impl HeapscopeApp {
     fn opened(&mut self, opened: anyhow::Result<Session>) {
         match opened {
             Ok(session) => {
-                self.notice = self.default_device_notice(&session);
+                self.notice = match (session.note.clone(), self.default_device_notice(&session)) {
+                    (Some(note), Some(device)) => Some(format!("{note}. {device}")),
+                    (note, device) => note.or(device),
+                };
                 self.set_session(session);
                 self.error = None;
             }

@@ -538,20 +538,26 @@ pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f64, out
                 }
             }
             if band.kind == RegionKind::Virtual {
+                // The strip, with a dark edge under it: it stays visible over allocations of any colour (green ones too).
                 let strip = |address: u64, bytes: u64, alpha: f32| {
                     let (x0, x1) = (x_of(start, address), x_of(start, address + bytes));
                     let rect = Rect::from_min_max(pos2(x0, top), pos2(x1.max(x0 + 0.5), top + MAPPED_STRIP));
-                    Shape::rect_filled(rect, 0.0, palette::faded(palette::MAPPED, alpha))
+                    let edge = Rect::from_min_max(rect.left_bottom(), rect.right_bottom() + egui::vec2(0.0, 1.0));
+                    [
+                        Shape::rect_filled(rect, 0.0, palette::faded(palette::MAPPED, alpha)),
+                        Shape::rect_filled(edge, 0.0, palette::faded(palette::BACKGROUND, alpha)),
+                    ]
                 };
                 for (address, bytes) in mapped_in(region, start, end) {
                     out.extend(
-                        cut(address, bytes, mapped_now).map(|(address, bytes, fresh)| strip(address, bytes, page_alpha(fresh))),
+                        cut(address, bytes, mapped_now)
+                            .flat_map(|(address, bytes, fresh)| strip(address, bytes, page_alpha(fresh))),
                     );
                 }
                 for &(address, bytes) in unmapped_now.iter().filter(|(address, bytes)| *address < end && address + bytes > start)
                 {
                     let clipped = address.max(start);
-                    out.push(strip(clipped, (address + bytes).min(end) - clipped, 1.0 - progress));
+                    out.extend(strip(clipped, (address + bytes).min(end) - clipped, 1.0 - progress));
                 }
             }
             if let Some(hovered) = scene.hovered.and_then(|address| scene.layout.span_at(address))

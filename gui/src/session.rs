@@ -59,6 +59,10 @@ pub struct SlotInfo {
     pub category: u32,
 }
 
+/// Recordings of more entries than this open in one pane ([`Session::open`]): four panes of a 1 GB file (14 million
+/// entries) held 7.7 times the file where one holds 2.5 times (BENCHMARKS.md, "A 1 GB snapshot in the app").
+pub const ONE_PANE_ENTRIES: u64 = 2_000_000;
+
 /// How a file opens: which device of a PyTorch snapshot, on how much memory, by which rules. The app keeps them for
 /// every file it opens (`heapscope gui FILE --device N --capacity SIZE --block-size SIZE ...`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -231,6 +235,8 @@ pub struct Session {
     pub categories: Vec<u32>,
     /// The panes, left to right.
     pub panes: Vec<Pane>,
+    /// What the app should say about how it opened (a large recording in one pane).
+    pub note: Option<String>,
     /// A live source feeding the first pane, if any.
     pub live: Option<Box<dyn LiveSource>>,
     /// For a live source: the slot of the allocation live at each address, so a free finds its slot.
@@ -264,6 +270,7 @@ impl Session {
             panes: Vec::new(),
             live: None,
             live_slots: HashMap::new(),
+            note: None,
         };
         // Each contender replays the recording on a thread of its own: opening a big trace costs its slowest
         // contender, not all of them in turn.
@@ -322,6 +329,18 @@ impl Session {
         // The capacity asked for, else the device the recording tells (its oom entry), else unlimited.
         let capacity_bytes = Capacity::of(options.capacity_bytes, &recording).bytes;
         let config = options.rules.apply(CompareConfig { capacity_bytes, ..CompareConfig::default() });
+        // Every pane replays the whole recording and keeps its own timeline: a large one opens in one pane.
+        let entries = recording.entries;
+        if entries > ONE_PANE_ENTRIES && contenders.len() > 1 {
+            let mut session = Self::new(recording, config, &contenders[..1])?;
+            session.note = Some(format!(
+                "{} entries: opened in one pane ({}); each pane replays the whole recording and keeps its own timeline \
+                 (about 190 bytes an entry), so add the others with \"+ pane\" as memory allows",
+                entries,
+                contenders[0].name()
+            ));
+            return Ok(session);
+        }
         Self::new(recording, config, contenders)
     }
 
@@ -378,6 +397,7 @@ impl Session {
             panes: vec![Pane::new(None, Timeline::new(name))],
             live: Some(source),
             live_slots: HashMap::new(),
+            note: None,
         }
     }
 
@@ -901,6 +921,27 @@ mod tests {
             Session::open(&path, &pytorch, &OpenOptions { device: Some(2), capacity_bytes: None, ..OpenOptions::default() })
                 .unwrap_err();
         assert!(format!("{missing:#}").contains("no device 2"), "{missing:#}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A recording of more than [`ONE_PANE_ENTRIES`] entries opens in one pane (the first contender), and says why.
+    #[test]
+    fn a_large_recording_opens_in_one_pane() {
+        let mut builder = heapscope_core::TraceBuilder::new("large");
+        for id in 0..=ONE_PANE_ENTRIES / 2 {
+            builder.alloc(id, 4096).unwrap();
+            builder.free(id).unwrap();
+        }
+        let dir = std::env::temp_dir().join(format!("heapscope-gui-large-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("large.hst");
+        builder.finish().write_native(&path).unwrap();
+        let contenders = [Contender::Heap(heapscope_core::PolicyKind::Tlsf), Contender::Paged];
+        let session = Session::open(&path, &contenders, &OpenOptions::default()).unwrap();
+        assert_eq!(session.panes.len(), 1);
+        assert_eq!(session.panes[0].name(), "tlsf");
+        let note = session.note.clone().unwrap();
+        assert!(note.starts_with(&format!("{} entries: opened in one pane (tlsf)", ONE_PANE_ENTRIES + 2)), "{note}");
         std::fs::remove_dir_all(&dir).ok();
     }
 

@@ -236,6 +236,9 @@ pub struct Emulator<'s> {
     trace: &'s [TraceEntry],
     /// Keeps the per-entry record (placements, timeline, segment events, fidelity); off for a yes / no replay.
     record: bool,
+    /// Keeps [`Emulation::timeline`] and [`Emulation::placements`] (72 bytes an entry: a gigabyte for a 1 GB file), on
+    /// unless [`Emulator::without_entry_stats`].
+    entry_stats: bool,
     capacity_bytes: Option<u64>,
     alloc: CachingAllocator,
     /// Live allocations: recorded address -> emulated address.
@@ -272,6 +275,7 @@ impl<'s> Emulator<'s> {
         let emulator = Self {
             trace,
             record: true,
+            entry_stats: true,
             capacity_bytes,
             alloc,
             live,
@@ -316,12 +320,23 @@ impl<'s> Emulator<'s> {
         self
     }
 
+    /// The same emulator keeping the segment events and the fidelity but not each entry's statistics and placement
+    /// ([`Emulation::timeline`] and [`Emulation::placements`] stay empty): a replay whose caller follows the entries
+    /// itself (the lab's driver) and would otherwise hold 72 bytes an entry it never reads.
+    pub fn without_entry_stats(mut self) -> Self {
+        self.entry_stats = false;
+        self.out.placements = Vec::new();
+        self.out.timeline = Vec::new();
+        self
+    }
+
     /// A lean copy of this emulator's state ([`Emulator::lean`]) that leaves its per-entry record behind instead of
     /// copying it: a checkpoint of a recording run to resume later.
     pub fn lean_copy(&self) -> Self {
         Self {
             trace: self.trace,
             record: false,
+            entry_stats: false,
             capacity_bytes: self.capacity_bytes,
             alloc: self.alloc.clone(),
             live: self.live.clone(),
@@ -463,6 +478,9 @@ impl<'s> Emulator<'s> {
         let events = self.alloc.take_events();
         let device_events = events.iter().filter_map(device_event).collect();
         push_events(&mut self.out.segment_events, events, cause);
+        if !self.entry_stats {
+            return Some((i, Stepped { effect, served, device_events }));
+        }
         let s = self.alloc.stats();
         self.out.timeline.push(EventStats {
             allocated_bytes: s.allocated_bytes.all().current,
