@@ -936,7 +936,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("large.hst");
         builder.finish().write_native(&path).unwrap();
-        let contenders = [Contender::Heap(heapscope_core::PolicyKind::Tlsf), Contender::Paged];
+        let contenders = [Contender::Heap(PolicyKind::Tlsf), Contender::Paged];
         let session = Session::open(&path, &contenders, &OpenOptions::default()).unwrap();
         assert_eq!(session.panes.len(), 1);
         assert_eq!(session.panes[0].name(), "tlsf");
