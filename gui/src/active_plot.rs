@@ -116,7 +116,7 @@ pub fn show(
     painter.extend(band_shapes(timeline, rect, max_bytes, colour_by));
     // Each pane's reserved bytes over the bands.
     for ((_, series), &colour) in series.iter().zip(&colours) {
-        let points: Vec<Pos2> = series.reserved.iter().map(|&[x, bytes]| pos2(x_at(x + 1.0), y_at(bytes))).collect();
+        let points = line_points(series.reserved.iter().map(|&[x, bytes]| pos2(x_at(x + 1.0), y_at(bytes))));
         painter.add(Shape::line(points, Stroke::new(1.5, colour)));
     }
     let peak_x = x_at(timeline.peak_position as f64 + 0.5);
@@ -202,14 +202,39 @@ pub fn show(
     clicked
 }
 
+/// The points of a line as drawn: one per pixel column (the highest there) and none in the middle of a flat run. A
+/// step curve of thousands of points drawn as a feathered line costs lavapipe several milliseconds a frame.
+fn line_points(points: impl Iterator<Item = Pos2>) -> Vec<Pos2> {
+    let mut kept: Vec<Pos2> = Vec::new();
+    for point in points {
+        match kept.last_mut() {
+            // The same pixel column: keep the highest (the smallest y).
+            Some(last) if last.x.floor() == point.x.floor() => last.y = last.y.min(point.y),
+            _ => {
+                // A flat run goes on: its middle point is not needed.
+                if let [.., before, last] = kept.as_slice()
+                    && before.y == last.y
+                    && last.y == point.y
+                {
+                    kept.pop();
+                }
+                kept.push(point);
+            }
+        }
+    }
+    kept
+}
+
 /// The shapes of `timeline`'s bands in `rect`, `max_bytes` at its top: the grey mass of the live bytes (the most live
 /// in each pixel column), then every piece of a band at least [`MIN_BAND_PX`] tall, in its category's colour for
 /// [`ColourBy::Category`], else its stack's (its size class's where none was recorded). What a frame costs, measured
-/// by `cargo bench -p heapscope-gui --bench active_timeline`.
+/// by `cargo bench -p heapscope-gui --bench active_timeline`. Every fill is a quad of one mesh (the first shape):
+/// thousands of one-pixel columns drawn as separate anti-aliased rectangles cost lavapipe most of a frame.
 pub fn band_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64, colour_by: ColourBy) -> Vec<Shape> {
     let positions = timeline.positions.max(1);
     let x_at = |position: f64| rect.left() + (position / positions as f64) as f32 * rect.width();
     let y_at = |bytes: f64| rect.bottom() - (bytes / max_bytes) as f32 * rect.height();
+    let mut fills = egui::Mesh::default();
     let mut shapes = Vec::new();
     // The grey mass of the live bytes, one column per pixel (the most live in it).
     let columns = rect.width().max(1.0) as usize;
@@ -217,13 +242,16 @@ pub fn band_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64, colour
         let first = (column as u64 * positions / columns as u64) as usize;
         let last = (((column + 1) as u64 * positions).div_ceil(columns as u64) as usize).min(timeline.live_bytes.len());
         let live = timeline.live_bytes.get(first..last).and_then(|live| live.iter().max()).copied().unwrap_or(0);
-        if live > 0 {
+        // Below the top of the stack the bands and the summaries cover it: the grey shows only above (no overdraw).
+        let stacked = timeline
+            .summaries
+            .stretch_at(first as u64)
+            .map_or(0, |stretch| stretch.base_bytes + stretch.bytes.iter().sum::<u64>());
+        if live > stacked {
             let x = rect.left() + column as f32;
-            shapes.push(Shape::rect_filled(
-                Rect::from_min_max(pos2(x, y_at(live as f64)), pos2(x + 1.0, rect.bottom())),
-                0.0,
-                Color32::from_gray(70),
-            ));
+            let (top, bottom) = (y_at(live as f64), y_at(stacked as f64));
+            fills
+                .add_colored_rect(Rect::from_min_max(pos2(x, top), pos2(x + 1.0, bottom.max(top + 1.0))), Color32::from_gray(70));
         }
     }
     // The bands tall enough to see, each piece a rectangle.
@@ -240,7 +268,7 @@ pub fn band_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64, colour
             let bottom = y_at(piece.offset_bytes as f64);
             let (left, right) = (x_at(piece.from as f64), x_at(piece.to as f64).max(x_at(piece.from as f64) + 1.0));
             let piece = Rect::from_min_max(pos2(left, top), pos2(right, bottom));
-            shapes.push(Shape::rect_filled(piece, 0.0, colour));
+            fills.add_colored_rect(piece, colour);
             if piece.height() >= 4.0 {
                 // Neighbours of one colour stay countable.
                 shapes.push(Shape::rect_stroke(
@@ -252,13 +280,14 @@ pub fn band_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64, colour
             }
         }
     }
-    shapes.extend(summary_shapes(timeline, rect, max_bytes));
+    summary_fills(timeline, rect, max_bytes, &mut fills);
+    shapes.insert(0, Shape::mesh(fills));
     shapes
 }
 
 /// The summary bands (the allocations too small for a band, one band per stack group) on top of the bands: per run of
 /// pixel columns in one stretch, a rectangle per group, paler than the bands.
-fn summary_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64) -> Vec<Shape> {
+fn summary_fills(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64, fills: &mut egui::Mesh) {
     let summaries = &timeline.summaries;
     let positions = timeline.positions.max(1);
     let y_at = |bytes: u64| rect.bottom() - (bytes as f64 / max_bytes) as f32 * rect.height();
@@ -272,7 +301,6 @@ fn summary_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64) -> Vec<
             None => Color32::from_gray(110),
         })
         .collect();
-    let mut shapes = Vec::new();
     let columns = rect.width().max(1.0) as usize;
     let mut column = 0;
     while column < columns {
@@ -293,11 +321,23 @@ fn summary_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64) -> Vec<
         for (bytes, colour) in stretch.bytes.iter().zip(&colours) {
             let (top, bottom) = (y_at(offset + bytes), y_at(offset));
             if bottom - top >= 0.25 {
-                shapes.push(Shape::rect_filled(Rect::from_min_max(pos2(left, top), pos2(right, bottom)), 0.0, *colour));
+                fills.add_colored_rect(Rect::from_min_max(pos2(left, top), pos2(right, bottom)), *colour);
             }
             offset += bytes;
         }
         column = end;
     }
-    shapes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One point per pixel column (the highest), flat runs kept by their ends only.
+    #[test]
+    fn line_points_keep_the_shape_in_fewer_points() {
+        let points = [(0.2, 10.0), (0.7, 8.0), (1.5, 8.0), (2.5, 8.0), (3.5, 8.0), (4.5, 5.0), (5.5, 5.0)];
+        let kept: Vec<(f32, f32)> = line_points(points.iter().map(|&(x, y)| pos2(x, y))).iter().map(|p| (p.x, p.y)).collect();
+        assert_eq!(kept, [(0.2, 8.0), (3.5, 8.0), (4.5, 5.0), (5.5, 5.0)]);
+    }
 }
