@@ -136,7 +136,9 @@ fn whole_frames(recording: Recording, timeline: &active::ActiveTimeline) {
         empty.step();
         let _ = empty.render();
         if frame >= 5 {
-            (steps.push(stepped), renders.push(rendered), peers.push(started.elapsed()));
+            steps.push(stepped);
+            renders.push(rendered);
+            peers.push(started.elapsed());
         }
     }
     let median = |times: &mut Vec<Duration>| {
