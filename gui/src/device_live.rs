@@ -378,8 +378,8 @@ impl Observer<KernelDriver<'_, VulkanTarget>> for LiveObserver {
                 self.send(Some(Change::Freed { address }), None, None, device_events, target)
             }
             // The free of an allocation the device refused: nothing of its own to show.
-            DriverStep::Unserved { .. } if device_events.is_empty() => Ok(()),
-            DriverStep::Unserved { .. } => self.send(None, None, None, device_events, target),
+            DriverStep::Unserved { .. } | DriverStep::CacheEmptied if device_events.is_empty() => Ok(()),
+            DriverStep::Unserved { .. } | DriverStep::CacheEmptied => self.send(None, None, None, device_events, target),
             // Live mode's targets move nothing (they run no compaction rule); a move would slide the allocation.
             DriverStep::Moved { from, to, .. } => {
                 let address = from.handle.footprint().0;

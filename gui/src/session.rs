@@ -659,6 +659,7 @@ pub fn slot_infos(recording: &Recording) -> Vec<SlotInfo> {
                 slots[slot as usize] = SlotInfo { alloc_step: step, free_step: None, stack, category };
             }
             Event::Free { slot } => slots[slot as usize].free_step = Some(step),
+            Event::EmptyCache => {}
         }
     }
     slots

@@ -149,6 +149,8 @@ fn replay<C: Contender, const TIMED: bool>(
                     live_bytes -= handles.sizes[slot as usize];
                 }
             }
+            // The benchmark's allocators hold no cache to give back.
+            Event::EmptyCache => {}
         }
         if let Some(started) = started {
             op_nanos[index] = u32::try_from(started.elapsed().as_nanos()).unwrap_or(u32::MAX);

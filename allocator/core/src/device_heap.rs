@@ -41,6 +41,15 @@ pub trait DeviceHeap {
     /// The device events since the last call.
     fn take_device_events(&mut self) -> Vec<DeviceEvent>;
 
+    /// `torch.cuda.empty_cache()` in a trace: gives back the memory held for reuse that no allocation uses (a heap's
+    /// empty blocks, a paged heap's cached pages, PyTorch's free segments). Default: nothing is held for reuse.
+    ///
+    /// # Errors
+    /// A backend's failure to give memory back.
+    fn empty_cache(&mut self) -> Result<()> {
+        Ok(())
+    }
+
     /// The policy's name, for verdicts.
     fn policy_name(&self) -> &'static str;
 
@@ -99,6 +108,11 @@ pub trait DeviceHeap {
 impl<S: MemorySource> DeviceHeap for Heap<S> {
     type Handle = HeapAllocation;
 
+    fn empty_cache(&mut self) -> Result<()> {
+        self.release_empty_blocks();
+        Ok(())
+    }
+
     fn allocate_request(&mut self, request: Request) -> Result<HeapAllocation> {
         // No label: a replay measures the allocator, not string formatting; a report names ranges by slot.
         self.allocate(request, None)
@@ -154,6 +168,11 @@ impl<S: MemorySource> DeviceHeap for Heap<S> {
 
 impl DeviceHeap for PagedHeap {
     type Handle = Allocation;
+
+    fn empty_cache(&mut self) -> Result<()> {
+        PagedHeap::empty_cache(self);
+        Ok(())
+    }
 
     fn allocate_request(&mut self, request: Request) -> Result<Allocation> {
         self.allocate(request)

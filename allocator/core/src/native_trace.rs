@@ -8,6 +8,7 @@
 //! events    varint count, then each event:
 //!             0x00 varint(size_bytes)   allocate; the allocation takes the next slot (0, 1, 2, ...)
 //!             0x01 varint(slot)         free the live allocation in that slot
+//!             0x02                      empty the cache (`torch.cuda.empty_cache()`)
 //! ```
 //!
 //! Varints are unsigned LEB128 (7 bits a byte, low bits first, at most 10 bytes). Slots are implicit on
@@ -26,6 +27,7 @@ pub const VERSION: u8 = 1;
 
 const ALLOC: u8 = 0;
 const FREE: u8 = 1;
+const EMPTY_CACHE: u8 = 2;
 
 fn push_varint(out: &mut Vec<u8>, mut value: u64) {
     loop {
@@ -99,6 +101,7 @@ impl Trace {
                     out.push(FREE);
                     push_varint(&mut out, u64::from(slot));
                 }
+                Event::EmptyCache => out.push(EMPTY_CACHE),
             }
         }
         out
@@ -144,10 +147,12 @@ impl Trace {
                     let slot = cursor.varint("a slot")?;
                     builder.free(slot).map_err(|what| cursor.fail(offset, what.to_string()))?;
                 }
+                EMPTY_CACHE => builder.empty_cache(),
                 tag => {
-                    return Err(
-                        cursor.fail(offset, format!("unknown event tag 0x{tag:02x}: expected 0x00 (alloc) or 0x01 (free)"))
-                    );
+                    return Err(cursor.fail(
+                        offset,
+                        format!("unknown event tag 0x{tag:02x}: expected 0x00 (alloc), 0x01 (free) or 0x02 (empty the cache)"),
+                    ));
                 }
             }
         }
@@ -201,6 +206,7 @@ mod tests {
         builder.alloc(10, 4096).unwrap();
         builder.alloc(20, u64::MAX).unwrap();
         builder.free(10).unwrap();
+        builder.empty_cache();
         builder.alloc(10, 127).unwrap();
         builder.alloc(30, 128).unwrap();
         builder.free(20).unwrap();

@@ -384,6 +384,13 @@ impl PagedHeap {
         self.stats.mapped_bytes -= released_pages * page;
     }
 
+    /// `empty_cache()`: unmaps every cached page (the pages kept mapped under [`UnmapRule::UnderPressure`]).
+    pub fn empty_cache(&mut self) {
+        if !self.cached.is_empty() {
+            self.release_cache();
+        }
+    }
+
     /// Unmaps every cached page (pressure).
     fn release_cache(&mut self) {
         let cached: Vec<(u64, u64)> = std::mem::take(&mut self.cached).into_iter().collect();

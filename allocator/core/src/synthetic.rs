@@ -76,6 +76,7 @@ mod tests {
                         1
                     }
                     Event::Free { .. } => -1,
+                    Event::EmptyCache => 0,
                 };
                 assert!(count >= 0);
             }

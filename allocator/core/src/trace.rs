@@ -4,6 +4,7 @@
 //! # heapscope trace v1: one event a line; '#' starts a comment
 //! a,<id>,<size_bytes>      allocate size_bytes under the caller's id (size_bytes may carry a unit: 150MiB)
 //! f,<id>                   free the allocation with that id
+//! e                        empty the cache: `torch.cuda.empty_cache()`, cached memory no allocation uses goes back
 //! # a comment on a line of its own is a caption: a lesson shows it from the next event on
 //! ```
 //!
@@ -32,6 +33,9 @@ pub enum Event {
         /// Dense index of the allocation in the trace.
         slot: u32,
     },
+    /// Give cached memory that no allocation uses back to the device (`torch.cuda.empty_cache()`): PyTorch's
+    /// allocator releases its free segments, a heap its empty blocks, a paged heap its cached pages.
+    EmptyCache,
 }
 
 /// A named stream of events in which every free follows its allocation.
@@ -126,6 +130,11 @@ impl TraceBuilder {
         Ok(())
     }
 
+    /// Appends an `empty_cache()` call.
+    pub fn empty_cache(&mut self) {
+        self.trace.events.push(Event::EmptyCache);
+    }
+
     /// Shows `text` from the next event on (a caption).
     pub fn caption(&mut self, text: impl Into<String>) {
         self.trace.captions.push(Caption { event: self.trace.events.len(), text: text.into() });
@@ -207,11 +216,15 @@ impl Trace {
             match (fields[0], fields.len()) {
                 ("a", 3) => builder.alloc(number(1, "id")?, size(2)?).map_err(|error| fail(error.to_string()))?,
                 ("f", 2) => builder.free(number(1, "id")?).map_err(|error| fail(error.to_string()))?,
-                ("a" | "f", count) => {
-                    return Err(fail(format!("{count} fields in {shown}: expected a,<id>,<size_bytes> or f,<id>")));
+                ("e", 1) => builder.empty_cache(),
+                ("a" | "f" | "e", count) => {
+                    return Err(fail(format!("{count} fields in {shown}: expected a,<id>,<size_bytes>, f,<id> or e")));
                 }
                 (other, _) => {
-                    return Err(fail(format!("unknown event {}: expected 'a' (alloc) or 'f' (free)", Shown(other))));
+                    return Err(fail(format!(
+                        "unknown event {}: expected 'a' (alloc), 'f' (free) or 'e' (empty the cache)",
+                        Shown(other)
+                    )));
                 }
             }
         }
@@ -243,6 +256,7 @@ impl Trace {
             match event {
                 Event::Alloc { slot, size_bytes } => text.push_str(&format!("a,{slot},{size_bytes}\n")),
                 Event::Free { slot } => text.push_str(&format!("f,{slot}\n")),
+                Event::EmptyCache => text.push_str("e\n"),
             }
         }
         for caption in captions {
@@ -258,7 +272,7 @@ mod tests {
 
     #[test]
     fn parse_and_round_trip() {
-        let text = "# comment\na,100,4096\na,7,1 # trailing comment\n\nf,100\na,100,512\nf,7\na,8,1.5 KiB\na,9,2MiB\n";
+        let text = "# comment\na,100,4096\na,7,1 # trailing comment\n\nf,100\na,100,512\nf,7\na,8,1.5 KiB\na,9,2MiB\ne\n";
         let trace = Trace::parse_csv("t.csv", text).unwrap();
         assert_eq!(
             trace.events(),
@@ -270,6 +284,7 @@ mod tests {
                 Event::Free { slot: 1 },
                 Event::Alloc { slot: 3, size_bytes: 1536 },
                 Event::Alloc { slot: 4, size_bytes: 2 << 20 },
+                Event::EmptyCache,
             ]
         );
         assert_eq!(trace.slots(), 5);
@@ -304,6 +319,7 @@ mod tests {
     fn errors_name_file_line_and_problem() {
         let cases = [
             ("a,1,10\nx,2\n", 2, "unknown event \"x\""),
+            ("e,1\n", 1, "2 fields in \"e,1\": expected a,<id>,<size_bytes>, f,<id> or e"),
             ("a,1\n", 1, "2 fields"),
             ("a,1,ten\n", 1, "size_bytes \"ten\": unknown unit \"ten\""),
             ("a,1,3 parsecs\n", 1, "size_bytes \"3 parsecs\": unknown unit"),

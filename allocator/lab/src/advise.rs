@@ -352,7 +352,7 @@ fn largest_block_bound_of(recording: &Recording, conf: &AllocConf) -> Option<u64
                 .iter()
                 .filter_map(|event| match *event {
                     Event::Alloc { size_bytes, .. } => Some(get_allocation_size(round_size(size_bytes, conf))),
-                    Event::Free { .. } => None,
+                    Event::Free { .. } | Event::EmptyCache => None,
                 })
                 .max()
                 .unwrap_or(0),

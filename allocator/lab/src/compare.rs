@@ -760,7 +760,7 @@ impl<T: CachingTarget> Observer<T> for BackingFollower<'_, '_> {
             Step::Placed { handle, .. } => EntryEffect::Placed { address: handle.address() },
             Step::Freed { handle, .. } => EntryEffect::Freed { address: handle.address() },
             // PyTorch's allocator never moves what it handed out.
-            Step::Unserved { .. } | Step::Moved { .. } => EntryEffect::Unchanged,
+            Step::Unserved { .. } | Step::Moved { .. } | Step::CacheEmptied => EntryEffect::Unchanged,
             Step::Refused { .. } => target.last_refusal().map_or(EntryEffect::Unchanged, |&report| EntryEffect::Refused(report)),
         };
         Ok(())

@@ -92,6 +92,8 @@ pub enum Step<'a, H> {
         /// Moved to make room for the refused request of this event, which is tried again next.
         for_refused: bool,
     },
+    /// Gave back the memory it held for reuse (an `empty_cache()` event): the device events say what went.
+    CacheEmptied,
     /// Refused the allocation of `slot`; its free is [`Step::Unserved`].
     Refused {
         /// The trace slot.
@@ -143,6 +145,14 @@ pub trait Target {
     /// # Errors
     /// A contender bug (the stream frees only what it allocated).
     fn free(&mut self, handle: Self::Handle) -> Result<()>;
+
+    /// `empty_cache()`: gives back what it holds for reuse. Default: nothing is held (a bare policy).
+    ///
+    /// # Errors
+    /// The target's failure to give memory back.
+    fn empty_cache(&mut self) -> Result<()> {
+        Ok(())
+    }
 
     /// The allocation it stands for.
     fn allocation(handle: &Self::Handle) -> &Allocation;
@@ -287,6 +297,10 @@ impl<H: DeviceHeap> Target for HeapTarget<'_, H> {
         self.heap.free_handle(handle)
     }
 
+    fn empty_cache(&mut self) -> Result<()> {
+        self.heap.empty_cache()
+    }
+
     fn allocation(handle: &H::Handle) -> &Allocation {
         H::allocation(handle)
     }
@@ -402,6 +416,13 @@ pub fn drive<T: Target>(
                         observer.step(index, moment, step, &device_events, target)?;
                     }
                 }
+                Event::EmptyCache => {
+                    target.empty_cache()?;
+                    let device_events = take_device_events(target);
+                    for observer in observers.iter_mut() {
+                        observer.step(index, moment, Step::CacheEmptied, &device_events, target)?;
+                    }
+                }
             }
         }
         let device_events = take_device_events(target);
@@ -508,6 +529,8 @@ impl<T: Target> Observer<T> for Statistics {
                 }
                 stats.last_event_ok = false;
             }
+            // Its releases show in the reserved bytes; the event itself neither serves nor refuses anything.
+            Step::CacheEmptied => stats.last_event_ok = true,
             Step::Freed { handle, .. } => {
                 stats.frees += 1;
                 let allocation = T::allocation(handle);

@@ -345,7 +345,7 @@ impl Recording {
             .iter()
             .map(|event| match *event {
                 heapscope_core::trace::Event::Alloc { size_bytes, .. } => size_bytes,
-                heapscope_core::trace::Event::Free { .. } => 0,
+                heapscope_core::trace::Event::Free { .. } | heapscope_core::trace::Event::EmptyCache => 0,
             })
             .sum()
     }

@@ -279,6 +279,31 @@ pub fn one_range() -> Story {
     story
 }
 
+/// `torch.cuda.empty_cache()`: frag_oom's stream with the call after the 150 MiB tensors are freed. PyTorch gives its
+/// twenty cached 150 MiB segments back, the 100 MiB tensors get segments of their own size, and the 1 GiB fits in what
+/// is left; the heaps give their empty blocks back the same way (what `--release` decides without the call).
+pub fn empty_cache() -> Story {
+    let mut story = frag_oom();
+    story.name = "empty_cache";
+    story.summary = "frag_oom with torch.cuda.empty_cache() after the frees: the cached segments go back and 1 GiB fits";
+    story.panes = &[PYTORCH, Contender::Heap(PolicyKind::Tlsf), Contender::Paged];
+    let mut builder = TraceBuilder::new("empty_cache");
+    let events = story.trace.events().to_vec();
+    let captions = [
+        (0, "Twenty 150 MiB tensors, as in frag_oom."),
+        (20, "All twenty freed: the memory stays reserved, cached for reuse."),
+        (40, "torch.cuda.empty_cache(): every wholly free segment (every empty block) goes back to the device."),
+        (41, "Twenty 100 MiB tensors: new segments of their own size, no 50 MiB tails."),
+        (61, "1 GiB: 1.55 GiB are free on the device in one piece; it fits."),
+    ];
+    let mut with_call: Vec<heapscope_core::trace::Event> = events[..40].to_vec();
+    with_call.push(heapscope_core::trace::Event::EmptyCache);
+    with_call.extend_from_slice(&events[40..]);
+    replay_with_captions(&mut builder, &with_call, &captions);
+    story.trace = builder.finish();
+    story
+}
+
 /// Waste *inside* allocations: the buddy policy rounds every request up to a power of two. Five 130 MiB tensors take
 /// 256 MiB each (630 MiB of padding); then 300 MiB (512 MiB to buddy) is refused on a 1400 MiB device where TLSF,
 /// rounding to 512 B, serves it with room to spare. Not fragmentation, not exhaustion: internal waste.
@@ -357,15 +382,20 @@ fn replay_with_captions(builder: &mut TraceBuilder, events: &[heapscope_core::tr
         let added = match *event {
             heapscope_core::trace::Event::Alloc { slot, size_bytes } => builder.alloc(u64::from(slot), size_bytes),
             heapscope_core::trace::Event::Free { slot } => builder.free(u64::from(slot)),
+            heapscope_core::trace::Event::EmptyCache => {
+                builder.empty_cache();
+                Ok(())
+            }
         };
         added.expect(WELL_FORMED);
     }
 }
 
 /// The built-in stories' names, in [`all`]'s order (without building their traces).
-pub const NAMES: [&str; 9] = [
+pub const NAMES: [&str; 10] = [
     "frag_oom",
     "one_range",
+    "empty_cache",
     "internal_waste",
     "size_classes",
     "page_size",
@@ -380,6 +410,7 @@ pub fn all() -> Vec<Story> {
     vec![
         frag_oom(),
         one_range(),
+        empty_cache(),
         internal_waste(),
         size_classes(),
         page_size(),
@@ -453,6 +484,16 @@ mod tests {
             assert!(heap.refusals().is_empty(), "{policy:?} in one range serves the 1 GiB");
         }
         assert!(sentence(&pytorch, 60).contains("fragmentation"), "{}", sentence(&pytorch, 60));
+        // empty_cache: everything is served; after the call (entry 40) nothing is reserved in PyTorch's pane.
+        let story = empty_cache();
+        for contender in [PYTORCH, Contender::Heap(PolicyKind::Tlsf), Contender::Paged] {
+            let timeline = run(&story, contender);
+            assert!(timeline.refusals().is_empty(), "{contender:?} serves the 1 GiB after empty_cache()");
+        }
+        let pytorch = run(&story, PYTORCH);
+        assert_eq!((pytorch.sample_at(40).reserved_bytes, pytorch.sample_at(41).reserved_bytes), (3000 * MIB, 0));
+        let words = sentence(&pytorch, 40);
+        assert!(words.starts_with("20 cached blocks (2.93 GiB) held for reuse"), "Teach me says what went back: {words}");
         // internal_waste
         let story = internal_waste();
         let buddy = run(&story, Contender::Heap(PolicyKind::Buddy));

@@ -222,6 +222,7 @@ pub fn top(recording: &Recording, at: TopAt, grouping: Grouping) -> Result<Top, 
             Event::Free { slot } => {
                 live.remove(&slot);
             }
+            Event::EmptyCache => {}
         }
     }
     let snapshot = recording.snapshot.as_ref();
@@ -281,6 +282,7 @@ pub fn peak(recording: &Recording) -> (Moment, u64) {
                 live += size_bytes;
             }
             Event::Free { slot } => live -= std::mem::take(&mut sizes[slot as usize]),
+            Event::EmptyCache => {}
         }
         let moment = recording.moment_of(index);
         let done = events.get(index as usize + 1).is_none() || recording.moment_of(index + 1) != moment;

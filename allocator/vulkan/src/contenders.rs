@@ -63,6 +63,7 @@ pub fn peak_live_footprint_bytes(trace: &Trace, align_bytes: u64) -> u64 {
                 peak = peak.max(live);
             }
             Event::Free { slot } => live -= std::mem::take(&mut sizes[slot as usize]),
+            Event::EmptyCache => {}
         }
     }
     peak

@@ -116,6 +116,19 @@ impl DevicePagedHeap {
         Ok(Self { heap, sparse, events: None })
     }
 
+    /// `empty_cache()`: the heap unmaps its cached pages and the buffer unbinds them.
+    ///
+    /// # Errors
+    /// What [`SparseBuffer::unbind`] returns.
+    pub fn empty_cache(&mut self) -> Result<(), VulkanError> {
+        self.heap.empty_cache();
+        let (_, unmapped) = self.take_runs();
+        if !unmapped.is_empty() {
+            self.sparse.unbind(&unmapped)?;
+        }
+        Ok(())
+    }
+
     /// Serves `request` and binds the pages it newly needs (unbinding the cached pages first when the heap
     /// released them under pressure); the allocation's offsets are offsets in [`DevicePagedHeap::buffer`].
     ///
@@ -281,6 +294,10 @@ fn core_error(error: VulkanError) -> heapscope_core::Error {
 
 impl DeviceHeap for DevicePagedHeap {
     type Handle = Allocation;
+
+    fn empty_cache(&mut self) -> heapscope_core::Result<()> {
+        DevicePagedHeap::empty_cache(self).map_err(core_error)
+    }
 
     fn allocate_request(&mut self, request: Request) -> heapscope_core::Result<Allocation> {
         match self.allocate(request) {

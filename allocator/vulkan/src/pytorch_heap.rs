@@ -163,6 +163,10 @@ fn core_error(error: VulkanError) -> Error {
 impl DeviceHeap for PytorchDeviceHeap {
     type Handle = CachingAllocation;
 
+    fn empty_cache(&mut self) -> heapscope_core::Result<()> {
+        PytorchDeviceHeap::empty_cache(self).map_err(core_error)
+    }
+
     fn allocate_request(&mut self, request: Request) -> heapscope_core::Result<CachingAllocation> {
         if request.align_bytes() > MIN_BLOCK_BYTES {
             return self.heap.allocate_request(request);

@@ -2,7 +2,8 @@
 //! `heapscope_lab::recording::Recording` reads them) as a workload. Every allocation gets a fresh id (trace
 //! slots are reused, pattern ids are not), so the runner fills it with its own pattern and verifies it before
 //! its free; allocations the recording never frees are freed at the end. Sizes may be divided by a scale, so a
-//! recording made on a large GPU runs on a small device with the same shape.
+//! recording made on a large GPU runs on a small device with the same shape. A trace's `empty_cache()` events are no
+//! workload step (the runner's heaps keep their caches through them).
 
 use heapscope_core::trace::Event;
 use heapscope_lab::recording::Recording;
@@ -30,6 +31,7 @@ pub fn replay(recording: &Recording, max_events: Option<u64>, scale: u64) -> Wor
                     b.free(id);
                 }
             }
+            Event::EmptyCache => {}
         }
     }
     for id in ids.into_iter().flatten() {

@@ -351,7 +351,7 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
                 self.freed::<H>(handle, index);
                 self.device(device_events, index);
             }
-            Step::Unserved { .. } => self.device(device_events, index),
+            Step::Unserved { .. } | Step::CacheEmptied => self.device(device_events, index),
             // A move is a free where it was and an allocation where it is, at once.
             Step::Moved { from, to, .. } => {
                 self.freed::<H>(from, index);

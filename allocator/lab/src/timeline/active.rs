@@ -388,6 +388,7 @@ pub fn build(recording: &Recording) -> ActiveTimeline {
         match *event {
             Event::Alloc { slot, size_bytes } => stacker.add(slot, size_bytes, position),
             Event::Free { slot } => stacker.remove(slot, position),
+            Event::EmptyCache => {}
         }
         // The moment is done once the next event belongs to a later one (or there is none).
         if events.get(index as usize + 1).is_none() || recording.moment_of(index + 1).position() != position {

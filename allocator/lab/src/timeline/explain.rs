@@ -143,6 +143,13 @@ fn decide(timeline: &Timeline, facts: &StepFacts, step: u64) -> String {
              of a request it refused)."
                 .to_owned()
         }
+        // Only releases: memory held for reuse goes back (an `empty_cache()` call, or the release rule).
+        (_, None, None) if facts.blocks_added.is_empty() => format!(
+            "{} ({}) held for reuse, no allocation in them, go back to the device: an empty_cache() call, or the \
+             allocator's rule for empty blocks.",
+            plural(facts.regions_removed.len(), "cached block", "cached blocks"),
+            Bytes(facts.regions_removed.iter().sum())
+        ),
         _ => format!(
             "{} reserved, {} released.",
             plural(facts.blocks_added.len(), "block", "blocks"),

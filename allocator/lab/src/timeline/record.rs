@@ -142,7 +142,7 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for TimelineObserver {
                 self.regions.changes(device_events, &[], &mut self.changes);
                 self.refusal = verdict.map(Refusal::from);
             }
-            Step::Unserved { .. } => self.regions.changes(device_events, &[], &mut self.changes),
+            Step::Unserved { .. } | Step::CacheEmptied => self.regions.changes(device_events, &[], &mut self.changes),
             // The allocation slides: gone from where it was, there where it is.
             Step::Moved { slot, from, to, .. } => {
                 self.changes.push(Change::Freed { address: footprint_address::<H>(from) });

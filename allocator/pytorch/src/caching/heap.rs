@@ -217,6 +217,11 @@ impl CachingHeap {
 }
 
 impl DeviceHeap for CachingHeap {
+    fn empty_cache(&mut self) -> Result<()> {
+        CachingHeap::empty_cache(self);
+        Ok(())
+    }
+
     type Handle = CachingAllocation;
 
     fn allocate_request(&mut self, request: Request) -> Result<CachingAllocation> {
