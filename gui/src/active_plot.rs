@@ -115,9 +115,9 @@ pub fn show(
     painter.text(pos2(rect.right(), outer.bottom()), Align2::RIGHT_BOTTOM, "entry", FontId::proportional(11.0), weak);
     painter.extend(band_shapes(timeline, rect, max_bytes, colour_by));
     // Each pane's reserved bytes over the bands.
-    for ((_, series), &colour) in series.iter().zip(&colours) {
+    for (index, ((_, series), &colour)) in series.iter().zip(&colours).enumerate() {
         let points = line_points(series.reserved.iter().map(|&[x, bytes]| pos2(x_at(x + 1.0), y_at(bytes))));
-        painter.add(Shape::mesh(step_line(&points, colour)));
+        painter.add(Shape::mesh(step_line(&points, colour, crate::plot::line_width(index))));
     }
     let peak_x = x_at(timeline.peak_position as f64 + 0.5);
     painter.vline(peak_x, rect.y_range(), Stroke::new(1.0, Color32::from_rgb(240, 120, 110)));
@@ -225,16 +225,16 @@ fn line_points(points: impl Iterator<Item = Pos2>) -> Vec<Pos2> {
     kept
 }
 
-/// A step line through `points` (a level to the next point's x, then up or down to its level), 1.5 points thick, as
-/// quads of one mesh: a feathered polyline cost lavapipe about 6 ms a frame over the bands.
-fn step_line(points: &[Pos2], colour: Color32) -> egui::Mesh {
-    const HALF: f32 = 0.75;
+/// A step line through `points` (a level to the next point's x, then up or down to its level), `width` points thick,
+/// as quads of one mesh: a feathered polyline cost lavapipe about 6 ms a frame over the bands.
+fn step_line(points: &[Pos2], colour: Color32, width: f32) -> egui::Mesh {
+    let half = width / 2.0;
     let mut mesh = egui::Mesh::default();
     for pair in points.windows(2) {
         let (from, to) = (pair[0], pair[1]);
-        mesh.add_colored_rect(Rect::from_min_max(pos2(from.x, from.y - HALF), pos2(to.x + HALF, from.y + HALF)), colour);
+        mesh.add_colored_rect(Rect::from_min_max(pos2(from.x, from.y - half), pos2(to.x + half, from.y + half)), colour);
         let (top, bottom) = (from.y.min(to.y), from.y.max(to.y));
-        mesh.add_colored_rect(Rect::from_min_max(pos2(to.x - HALF, top - HALF), pos2(to.x + HALF, bottom + HALF)), colour);
+        mesh.add_colored_rect(Rect::from_min_max(pos2(to.x - half, top - half), pos2(to.x + half, bottom + half)), colour);
     }
     mesh
 }

@@ -127,6 +127,12 @@ const CONTENDER_COLOURS: [(&str, Color32); 11] = [
     ("gpu-allocator", Color32::from_rgb(150, 150, 255)),
 ];
 
+/// The width of pane `index`'s reserved line: the first pane's widest (3 points), each next one three quarters of a
+/// point thinner, drawn in order, so lines that coincide nest instead of hiding each other.
+pub fn line_width(index: usize) -> f32 {
+    (3.0 - 0.75 * index as f32).max(0.75)
+}
+
 /// The colour of each of the panes named `names`, in order: its contender's own (a fixed table); where two
 /// panes would share one (the same contender twice, a name heapscope does not know), the later takes the first colour
 /// no pane has.
@@ -201,8 +207,11 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
         .y_axis_formatter(|mark, _| tick_label(mark.value, mark.step_size))
         .y_axis_label(unit_name)
         .show(ui, |plot| {
-            for ((name, series), &colour) in series.iter().zip(&colours) {
-                plot.line(Line::new(format!("{name} reserved"), scaled(&series.reserved, unit)).color(colour).width(1.5));
+            for (index, ((name, series), &colour)) in series.iter().zip(&colours).enumerate() {
+                // Each pane's line thinner than the one before, drawn over it: where two panes reserve the same, both
+                // colours show.
+                let width = line_width(index);
+                plot.line(Line::new(format!("{name} reserved"), scaled(&series.reserved, unit)).color(colour).width(width));
                 plot.line(
                     Line::new(format!("{name} live"), scaled(&series.live, unit))
                         .color(colour)
@@ -283,6 +292,13 @@ mod tests {
         assert_eq!(pane_colours(["pytorch (max_split_size_mb:256)"])[0], pane_colours(["pytorch"])[0], "a setting's pane");
         let twice = pane_colours(["tlsf", "tlsf", "mystery"]);
         assert!(twice[0] != twice[1] && twice[1] != twice[2] && twice[0] != twice[2], "{twice:?}");
+    }
+
+    /// Four panes' lines all differ in width, the first widest: drawn in order, each shows inside the one before.
+    #[test]
+    fn reserved_lines_nest() {
+        let widths: Vec<f32> = (0..4).map(line_width).collect();
+        assert_eq!(widths, [3.0, 2.25, 1.5, 0.75]);
     }
 
     #[test]
