@@ -53,7 +53,8 @@ pub struct GuiArgs {
     /// cached memory view), instead of the totals.
     #[arg(long)]
     pub segments: bool,
-    /// A built-in story (a lesson with captions) instead of a file: frag_oom (the default), one_range, empty_cache, internal_waste,
+    /// A built-in story (a lesson with captions) instead of a file: frag_oom (the default), one_range, empty_cache,
+    /// max_split_size, internal_waste,
     /// size_classes, page_size, training_step, llm_serving_contiguous, llm_serving_paged, compaction. Without
     /// --policy, the lesson's own panes.
     #[arg(long, conflicts_with_all = ["file", "live"])]

@@ -140,6 +140,14 @@ impl TraceBuilder {
         self.trace.captions.push(Caption { event: self.trace.events.len(), text: text.into() });
     }
 
+    /// Shows `text` from event `event` on (a caption written once what it says is known), after the captions already
+    /// at that event.
+    pub fn caption_at(&mut self, event: usize, text: impl Into<String>) {
+        let captions = &mut self.trace.captions;
+        let index = captions.partition_point(|caption| caption.event <= event);
+        captions.insert(index, Caption { event, text: text.into() });
+    }
+
     /// The trace.
     pub fn finish(self) -> Trace {
         self.trace

@@ -37,6 +37,8 @@ pub struct StoryRules {
     pub compact: CompactRule,
     /// `paged`'s page size (`None`: the default, 2 MiB).
     pub page_bytes: Option<u64>,
+    /// PyTorch's settings (`PYTORCH_CUDA_ALLOC_CONF` syntax) for the `pytorch` contender (`None`: the defaults).
+    pub alloc_conf: Option<&'static str>,
 }
 
 impl Story {
@@ -49,7 +51,15 @@ impl Story {
             HeapConfig { release: self.rules.release.unwrap_or(defaults.heap.release), ..defaults.heap.clone() }
         };
         let page_bytes = self.rules.page_bytes.unwrap_or(defaults.page_bytes);
-        CompareConfig { capacity_bytes: Some(self.device_bytes), heap, compact: self.rules.compact, page_bytes, ..defaults }
+        let alloc_conf = self.rules.alloc_conf.map(str::to_owned);
+        CompareConfig {
+            capacity_bytes: Some(self.device_bytes),
+            heap,
+            compact: self.rules.compact,
+            page_bytes,
+            alloc_conf,
+            ..defaults
+        }
     }
 }
 
@@ -171,12 +181,8 @@ fn llm_serving(paged: bool) -> Story {
     };
     let name = if paged { "llm_serving_paged" } else { "llm_serving_contiguous" };
     let mut builder = TraceBuilder::new(name);
-    builder.caption(if paged {
-        "Twelve requests at a time; each sequence's KV cache grows a 1 MiB block (16 tokens) at a time, as it is needed."
-    } else {
-        "Twelve requests at a time; each reserves a 128 MiB KV cache for 2,048 tokens when it arrives, whatever its \
-         length: most of it stays unused (the pane shows it as used: the reservation is one allocation)."
-    });
+    // The tokens the requests reach, for the contiguous lesson's caption (what its reservations waste).
+    let mut reached_tokens = 0u64;
     // (request, tokens so far, tokens it will reach, its allocations)
     let mut active: Vec<(u64, u64, u64, Vec<u64>)> = Vec::new();
     let mut next_request = 0;
@@ -184,6 +190,7 @@ fn llm_serving(paged: bool) -> Story {
     while next_request < REQUESTS || !active.is_empty() {
         while active.len() < CONCURRENT && next_request < REQUESTS {
             let length = 64 + random(MAX_TOKENS - 64);
+            reached_tokens += length;
             let prompt = 16 + random(length.min(512));
             let mut ids = Vec::new();
             if !paged {
@@ -214,6 +221,19 @@ fn llm_serving(paged: bool) -> Story {
             }
         }
     }
+    let average = reached_tokens / REQUESTS;
+    let caption = if paged {
+        "Twelve requests at a time; each sequence's KV cache grows a 1 MiB block (16 tokens) at a time, as it is needed."
+            .to_owned()
+    } else {
+        format!(
+            "Twelve requests at a time, each reserving a 128 MiB KV cache for {MAX_TOKENS} tokens when it arrives; they \
+             reach {average} tokens on average, so {}% of every reservation is never written. A pane shows a \
+             reservation as used: it is one allocation (compare llm_serving_paged).",
+            100 - average * 100 / MAX_TOKENS
+        )
+    };
+    builder.caption_at(0, caption);
     Story {
         name,
         summary: if paged {
@@ -300,6 +320,32 @@ pub fn empty_cache() -> Story {
     with_call.push(heapscope_core::trace::Event::EmptyCache);
     with_call.extend_from_slice(&events[40..]);
     replay_with_captions(&mut builder, &with_call, &captions);
+    story.trace = builder.finish();
+    story
+}
+
+/// `max_split_size_mb`: frag_oom's stream with PyTorch told not to split cached blocks of 128 MiB or more
+/// (`PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128`), the setting PyTorch's out-of-memory message suggests when memory
+/// is fragmented. A pane with the setting against one without.
+pub fn max_split_size() -> Story {
+    let mut story = frag_oom();
+    story.name = "max_split_size";
+    story.summary = "frag_oom with max_split_size_mb:128: PyTorch no longer splits the cached 150 MiB blocks";
+    story.rules = StoryRules { alloc_conf: Some("max_split_size_mb:128"), ..story.rules };
+    story.panes = &[PYTORCH, PYTORCH_EXPANDABLE];
+    let mut builder = TraceBuilder::new("max_split_size");
+    let events = story.trace.events().to_vec();
+    let captions = [
+        (0, "Twenty 150 MiB tensors; PyTorch runs with max_split_size_mb:128: cached blocks of 128 MiB or more are never split."),
+        (20, "All freed: twenty 150 MiB segments stay cached, as in frag_oom."),
+        (
+            40,
+            "100 MiB tensors: the cached 150 MiB blocks may not be split for them, so each gets a segment of its own size, \
+             and once the device is full cached 150 MiB segments go back: no 50 MiB tails this time.",
+        ),
+        (60, "1 GiB: more cached segments go back to make room, and it fits, where frag_oom's default settings refused it."),
+    ];
+    replay_with_captions(&mut builder, &events, &captions);
     story.trace = builder.finish();
     story
 }
@@ -392,10 +438,11 @@ fn replay_with_captions(builder: &mut TraceBuilder, events: &[heapscope_core::tr
 }
 
 /// The built-in stories' names, in [`all`]'s order (without building their traces).
-pub const NAMES: [&str; 10] = [
+pub const NAMES: [&str; 11] = [
     "frag_oom",
     "one_range",
     "empty_cache",
+    "max_split_size",
     "internal_waste",
     "size_classes",
     "page_size",
@@ -411,6 +458,7 @@ pub fn all() -> Vec<Story> {
         frag_oom(),
         one_range(),
         empty_cache(),
+        max_split_size(),
         internal_waste(),
         size_classes(),
         page_size(),
@@ -494,6 +542,14 @@ mod tests {
         assert_eq!((pytorch.sample_at(40).reserved_bytes, pytorch.sample_at(41).reserved_bytes), (3000 * MIB, 0));
         let words = sentence(&pytorch, 40);
         assert!(words.starts_with("20 cached blocks (2.93 GiB) held for reuse"), "Teach me says what went back: {words}");
+        // max_split_size: PyTorch with the setting serves the 1 GiB frag_oom refuses; the 100 MiB tensors get segments of
+        // their own as cached 150 MiB ones go back.
+        let story = max_split_size();
+        let pytorch = run(&story, PYTORCH);
+        assert!(pytorch.refusals().is_empty(), "max_split_size_mb:128 serves the 1 GiB");
+        let words = sentence(&pytorch, 45);
+        assert!(words.contains("reserves a new 100.00 MiB segment") && words.contains("cached segment went back"), "{words}");
+        assert!(!run(&frag_oom(), PYTORCH).refusals().is_empty(), "without it, frag_oom's 1 GiB is refused");
         // internal_waste
         let story = internal_waste();
         let buddy = run(&story, Contender::Heap(PolicyKind::Buddy));
@@ -521,6 +577,10 @@ mod tests {
         };
         assert_eq!(resident(2 * MIB), (80 * MIB, 40 * MIB), "every 2 MiB page still holds a live tensor");
         assert_eq!(resident(64 * KIB), (40 * MIB, 40 * MIB), "64 KiB pages of the freed ones go back");
+        // The contiguous KV lesson says how much of its reservations is never written.
+        let caption = llm_serving_contiguous().trace.captions()[0].text.clone();
+        let percent: u64 = caption.split("so ").nth(1).and_then(|rest| rest.split('%').next()).unwrap().parse().unwrap();
+        assert!((1..100).contains(&percent) && caption.contains("of every reservation is never written"), "{caption}");
         // Every story has captions, from its first event on.
         for story in all() {
             assert_eq!(story.trace.captions().first().map(|caption| caption.event), Some(0), "{}", story.name);
