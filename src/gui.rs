@@ -54,9 +54,8 @@ pub struct GuiArgs {
     #[arg(long)]
     pub segments: bool,
     /// A built-in story (a lesson with captions) instead of a file: frag_oom (the default), one_range, empty_cache,
-    /// max_split_size, internal_waste,
-    /// size_classes, page_size, training_step, llm_serving_contiguous, llm_serving_paged, compaction. Without
-    /// --policy, the lesson's own panes.
+    /// max_split_size, internal_waste, size_classes, page_size, training_step, llm_serving_contiguous,
+    /// llm_serving_paged, compaction. Without --policy, the lesson's own panes.
     #[arg(long, conflicts_with_all = ["file", "live"])]
     pub story: Option<String>,
     /// Open with "Teach me" showing: one sentence per pane for each step (a lesson to step through with `Step`).
