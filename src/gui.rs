@@ -255,7 +255,8 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
         (Some(file), _) => {
             let recording = crate::input::open_device(file, args.open.device)?;
             let rules = args.open.open_options()?.rules;
-            let config = rules.apply(CompareConfig { capacity_bytes: args.open.capacity, ..CompareConfig::default() });
+            let config =
+                rules.apply_to(&recording, CompareConfig { capacity_bytes: args.open.capacity, ..CompareConfig::default() });
             for line in crate::replay::devices_overview(&recording, args.open.device, &config) {
                 outln!("{line}");
             }

@@ -98,6 +98,18 @@ impl Rules {
         *self != Self::default()
     }
 
+    /// `config` with these rules over it for opening `recording`: without `--block-size`, a small recording (its peak
+    /// under an eighth of the default block) gets blocks of twice its peak (at least 2 MiB), so that its allocations
+    /// are not slivers of a 256 MiB block on the map.
+    pub fn apply_to(&self, recording: &Recording, config: CompareConfig) -> CompareConfig {
+        let mut config = self.apply(config);
+        let peak_bytes = heapscope_lab::top::peak(recording).1;
+        if self.block_size_bytes.is_none() && peak_bytes < config.heap.block_size_bytes / 8 {
+            config.heap.block_size_bytes = (2 * peak_bytes).next_power_of_two().max(2 << 20);
+        }
+        config
+    }
+
     /// `config` with these rules over it.
     pub fn apply(&self, config: CompareConfig) -> CompareConfig {
         let mut config = config;
@@ -328,7 +340,7 @@ impl Session {
         let recording = Recording::open_device(path, options.device)?;
         // The capacity asked for, else the device the recording tells (its oom entry), else unlimited.
         let capacity_bytes = Capacity::of(options.capacity_bytes, &recording).bytes;
-        let config = options.rules.apply(CompareConfig { capacity_bytes, ..CompareConfig::default() });
+        let config = options.rules.apply_to(&recording, CompareConfig { capacity_bytes, ..CompareConfig::default() });
         // Every pane replays the whole recording and keeps its own timeline: a large one opens in one pane.
         let entries = recording.entries;
         if entries > ONE_PANE_ENTRIES && contenders.len() > 1 {
@@ -943,6 +955,26 @@ mod tests {
         assert_eq!(session.panes[0].name(), "tlsf");
         let note = session.note.clone().unwrap();
         assert!(note.starts_with(&format!("{} entries: opened in one pane (tlsf)", ONE_PANE_ENTRIES + 2)), "{note}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Issue 19: a small recording opens in blocks sized to it (its 64 KiB allocations are not slivers of 256 MiB),
+    /// unless `--block-size` says otherwise; a large one keeps the default.
+    #[test]
+    fn a_small_recording_gets_blocks_of_its_size() {
+        let dir = std::env::temp_dir().join(format!("heapscope-gui-small-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("small.csv");
+        std::fs::write(&path, (0..24).map(|id| format!("a,{id},64KiB\n")).collect::<String>()).unwrap();
+        let tlsf = [Contender::Heap(PolicyKind::Tlsf)];
+        let session = Session::open(&path, &tlsf, &OpenOptions::default()).unwrap();
+        assert_eq!(session.config.heap.block_size_bytes, 4 << 20, "twice the 1.5 MiB peak, to a power of two");
+        let rules = Rules { block_size_bytes: Some(64 << 20), ..Rules::default() };
+        let asked = Session::open(&path, &tlsf, &OpenOptions { rules, ..OpenOptions::default() }).unwrap();
+        assert_eq!(asked.config.heap.block_size_bytes, 64 << 20);
+        let large = Recording::from_trace(heapscope_core::Trace::parse_csv("l.csv", "a,1,1GiB\n").unwrap());
+        let config = Rules::default().apply_to(&large, CompareConfig::default());
+        assert_eq!(config.heap.block_size_bytes, CompareConfig::default().heap.block_size_bytes);
         std::fs::remove_dir_all(&dir).ok();
     }
 
