@@ -253,16 +253,12 @@ impl CompareConfig {
 
     /// The name a PyTorch contender's run goes by on `recording`: the contender's, or for `pytorch-expandable` on a
     /// recording made with expandable segments the setting it runs with instead,
-    /// `pytorch (expandable_segments:False)`; settings given over the recording's (`--alloc-conf`) follow in
-    /// parentheses (`pytorch (max_split_size_mb:128)`).
+    /// `pytorch (expandable_segments:False)`.
     pub fn pytorch_name(&self, recording: &Recording, expandable: bool) -> String {
-        let conf = self.alloc_conf.as_deref().filter(|conf| !conf.trim().is_empty());
-        match (expandable && recorded_expandable(recording), conf) {
-            (true, Some(conf)) => format!("pytorch (expandable_segments:False,{conf})"),
-            (true, None) => "pytorch (expandable_segments:False)".to_owned(),
-            // Settings of its own are in its name: a lesson's pane says what it runs with.
-            (false, Some(conf)) => format!("{} ({conf})", Contender::Pytorch { expandable }.name()),
-            (false, None) => Contender::Pytorch { expandable }.name().to_owned(),
+        if expandable && recorded_expandable(recording) {
+            "pytorch (expandable_segments:False)".to_owned()
+        } else {
+            Contender::Pytorch { expandable }.name().to_owned()
         }
     }
 

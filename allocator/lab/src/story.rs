@@ -547,6 +547,7 @@ mod tests {
         let story = max_split_size();
         let pytorch = run(&story, PYTORCH);
         assert!(pytorch.refusals().is_empty(), "max_split_size_mb:128 serves the 1 GiB");
+        assert_eq!(pytorch.contender, "pytorch (max_split_size_mb:128)", "the pane says what it runs with");
         let words = sentence(&pytorch, 45);
         assert!(words.contains("reserves a new 100.00 MiB segment") && words.contains("cached segment went back"), "{words}");
         assert!(!run(&frag_oom(), PYTORCH).refusals().is_empty(), "without it, frag_oom's 1 GiB is refused");

@@ -56,7 +56,11 @@ pub fn record(recording: &Recording, contender: Contender, config: &CompareConfi
         }
     };
     timeline.contender = match contender {
-        Contender::Pytorch { expandable } => config.pytorch_name(recording, expandable),
+        // A pane run with settings over the recording's says them (a lesson's `max_split_size_mb:128`).
+        Contender::Pytorch { expandable } => match config.alloc_conf.as_deref().map(str::trim).filter(|conf| !conf.is_empty()) {
+            Some(conf) => format!("{} ({conf})", config.pytorch_name(recording, expandable)),
+            None => config.pytorch_name(recording, expandable),
+        },
         other => other.name().to_owned(),
     };
     Ok(timeline)
