@@ -229,7 +229,8 @@ pub fn show(
             .unwrap_or_default();
         ui.label(
             RichText::new(format!(
-                "one scale in every pane: 1 row (full width) = {}{capacity}; the bar under each name: reserved of the device",
+                "one scale in every pane: 1 row (full width) = {}{capacity}; the bar under each name: reserved of the device; \
+                 OOMs n/m: requests refused so far, of all refused",
                 Bytes(scale.row_bytes)
             ))
             .small(),

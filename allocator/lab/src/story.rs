@@ -223,7 +223,9 @@ fn llm_serving(paged: bool) -> Story {
     }
     let average = reached_tokens / REQUESTS;
     let caption = if paged {
-        "Twelve requests at a time; each sequence's KV cache grows a 1 MiB block (16 tokens) at a time, as it is needed."
+        "Twelve requests at a time; each sequence's KV cache grows a 1 MiB block (16 tokens) at a time, as it is needed. \
+         `paged` maps 2 MiB pages: two KV blocks share a page, which stays mapped while either lives, so it holds more \
+         than the live bytes (try --page-size 1MiB)."
             .to_owned()
     } else {
         format!(
@@ -578,6 +580,17 @@ mod tests {
         };
         assert_eq!(resident(2 * MIB), (80 * MIB, 40 * MIB), "every 2 MiB page still holds a live tensor");
         assert_eq!(resident(64 * KIB), (40 * MIB, 40 * MIB), "64 KiB pages of the freed ones go back");
+        // The paged KV lesson's caption: 2 MiB pages hold more than the live 1 MiB blocks; 1 MiB pages do not.
+        let story = llm_serving_paged();
+        let most = |page_bytes: u64| {
+            let story = Story { rules: StoryRules { page_bytes: Some(page_bytes), ..story.rules }, ..story.clone() };
+            let timeline = run(&story, Contender::Paged);
+            (0..=timeline.steps()).map(|position| timeline.sample_at(position)).fold((0, 0), |(reserved, over), sample| {
+                (reserved.max(sample.reserved_bytes), over.max(sample.reserved_bytes - sample.live_bytes))
+            })
+        };
+        let ((_, over_2mib), (_, over_1mib)) = (most(2 * MIB), most(MIB));
+        assert!(over_2mib > 0 && over_1mib < over_2mib, "2 MiB pages: {over_2mib} B over live; 1 MiB pages: {over_1mib} B");
         // The contiguous KV lesson says how much of its reservations is never written.
         let caption = llm_serving_contiguous().trace.captions()[0].text.clone();
         let percent: u64 = caption.split("so ").nth(1).and_then(|rest| rest.split('%').next()).unwrap().parse().unwrap();
