@@ -52,8 +52,7 @@ pub fn shared_scale(session: &mut Session, rule: ScaleRule, height: f32) -> Opti
     for pane in &mut session.panes {
         let mut fits = vec![Rows::fit(&pane.layout, &pane.timeline, height)];
         if rule == ScaleRule::OneOverTheRecording {
-            let peak = pane.peak_layout().clone();
-            fits.push(Rows::fit(&peak, &pane.timeline, height));
+            fits.push(pane.peak_fit(height));
         }
         for fit in fits {
             shared = Some(match shared {

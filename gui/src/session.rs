@@ -17,7 +17,7 @@ use heapscope_lab::timeline::record::record;
 use heapscope_lab::timeline::{Change, Layout, Timeline};
 use heapscope_pytorch::AllocConf;
 
-use crate::heap_map::MapView;
+use crate::heap_map::{MapView, Rows, Scale};
 use crate::live::LiveSource;
 use crate::palette::ColourBy;
 
@@ -103,9 +103,12 @@ impl Rules {
     /// are not slivers of a 256 MiB block on the map.
     pub fn apply_to(&self, recording: &Recording, config: CompareConfig) -> CompareConfig {
         let mut config = self.apply(config);
-        let peak_bytes = heapscope_lab::top::peak(recording).1;
-        if self.block_size_bytes.is_none() && peak_bytes < config.heap.block_size_bytes / 8 {
-            config.heap.block_size_bytes = (2 * peak_bytes).next_power_of_two().max(2 << 20);
+        if self.block_size_bytes.is_none() {
+            // A walk over the recording's events: only when the block size is not given.
+            let peak_bytes = heapscope_lab::top::peak(recording).1;
+            if peak_bytes < config.heap.block_size_bytes / 8 {
+                config.heap.block_size_bytes = (2 * peak_bytes).next_power_of_two().max(2 << 20);
+            }
         }
         config
     }
@@ -132,6 +135,17 @@ impl Rules {
     }
 }
 
+/// Where a pane reserved the most (the first such step), and its layout there.
+#[derive(Debug)]
+struct Peak {
+    /// The last step looked at.
+    scanned: u64,
+    /// The step.
+    position: u64,
+    /// The layout after it.
+    layout: Layout,
+}
+
 /// One contender's view of the recording.
 #[derive(Debug)]
 pub struct Pane {
@@ -150,9 +164,8 @@ pub struct Pane {
     /// The layout one step before `layout` (after `layout_steps - 1` steps), once asked for: what the step shown
     /// changed, for its animation and explanation. Kept in step with `layout` by short moves, dropped by seeks.
     before: Option<Layout>,
-    /// The layout where it reserved the most, with the steps its timeline had then (a live source's grows), once
-    /// asked for: what one scale over the whole recording must fit.
-    peak: Option<(u64, Layout)>,
+    /// The layout where it reserved the most, once asked for: what one scale over the whole recording must fit.
+    peak: Option<Peak>,
 }
 
 impl Pane {
@@ -169,15 +182,22 @@ impl Pane {
         }
     }
 
-    /// The layout at the first step where it reserved the most (computed once per timeline length).
-    pub fn peak_layout(&mut self) -> &Layout {
+    /// The scale that fits, in maps `height` points tall, its layout at the first step where it reserved the most.
+    pub fn peak_fit(&mut self, height: f32) -> Scale {
         let steps = self.timeline.steps();
-        if self.peak.as_ref().is_none_or(|(at, _)| *at != steps) {
-            let reserved = |position: u64| self.timeline.sample_at(position).reserved_bytes;
-            let peak = (0..=steps).fold(0, |best, position| if reserved(position) > reserved(best) { position } else { best });
-            self.peak = Some((steps, self.timeline.layout_at(peak)));
+        let timeline = &self.timeline;
+        let reserved = |position: u64| timeline.sample_at(position).reserved_bytes;
+        // Only the steps a growing (live) timeline added since the last call are scanned; the layout is rebuilt only
+        // when the peak moves.
+        let (from, known) = self.peak.as_ref().map_or((0, 0), |peak| (peak.scanned + 1, peak.position));
+        let position =
+            (from..=steps).fold(known, |best, position| if reserved(position) > reserved(best) { position } else { best });
+        match &mut self.peak {
+            Some(peak) if peak.position == position => peak.scanned = steps,
+            _ => self.peak = Some(Peak { scanned: steps, position, layout: timeline.layout_at(position) }),
         }
-        self.peak.as_ref().map_or(&self.layout, |(_, layout)| layout)
+        let layout = self.peak.as_ref().map_or(&self.layout, |peak| &peak.layout);
+        Rows::fit(layout, &self.timeline, height)
     }
 
     /// The name in its header.
@@ -836,6 +856,24 @@ mod tests {
                 assert_eq!(live(pane), live(&session.panes[0]), "{} at {}", pane.name(), Moment::at_position(position));
             }
         }
+    }
+
+    /// The peak's fit follows a growing timeline: new steps are scanned, the layout rebuilt when the peak moves, and it
+    /// is the fit of the layout at the first step that reserved the most.
+    #[test]
+    fn the_peak_fit_follows_a_growing_timeline() {
+        let block =
+            |address| Change::RegionAdded { address, size_bytes: 64 << 20, kind: heapscope_lab::timeline::RegionKind::Block };
+        let mut pane = Pane::new(None, Timeline::new("live"));
+        pane.timeline.push(&[block(0)], None).unwrap();
+        let expected = |pane: &Pane, position| Rows::fit(&pane.timeline.layout_at(position), &pane.timeline, 300.0);
+        assert_eq!(pane.peak_fit(300.0), expected(&pane, 1));
+        pane.timeline.push(&[block(1 << 30)], None).unwrap();
+        pane.timeline.push(&[Change::RegionRemoved { address: 0 }], None).unwrap();
+        assert_eq!(pane.peak_fit(300.0), expected(&pane, 2), "the two blocks of step 2");
+        assert_eq!(pane.peak.as_ref().map(|peak| (peak.scanned, peak.position)), Some((3, 2)));
+        pane.timeline.push(&[block(0)], None).unwrap();
+        assert_eq!(pane.peak_fit(300.0), expected(&pane, 2), "as much again later: the first step keeps it");
     }
 
     /// A lesson's `#` lines are captions shown from their event on, in Teach me and renders.
