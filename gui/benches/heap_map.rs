@@ -74,7 +74,7 @@ fn main() {
         timeline: &timeline,
         position: timeline.steps(),
         colour_by: ColourBy::Age,
-        groups: &[],
+        slots: &[],
         scale: None,
         animation: None,
         too_small_below: Some(1 << 20),

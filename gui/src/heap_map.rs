@@ -21,6 +21,7 @@ use egui::{Color32, CornerRadius, Rect, Sense, Shape, Stroke, StrokeKind, Ui, Ve
 use heapscope_lab::timeline::{Layout, Region, RegionKind, Span, Timeline};
 
 use crate::palette::{self, ColourBy};
+use crate::slot::SlotInfo;
 
 /// Height of one row in points (fitting many regions in little height shrinks it, down to
 /// [`MIN_ROW_HEIGHT`]).
@@ -353,8 +354,8 @@ pub struct Scene<'a> {
     pub position: u64,
     /// How allocations are coloured.
     pub colour_by: ColourBy,
-    /// Colour group per trace slot, for [`ColourBy::by_group`] modes: its stack or its category (empty: one group).
-    pub groups: &'a [u32],
+    /// Per trace slot, what it is coloured by in [`ColourBy::by_group`] modes (empty: one group).
+    pub slots: &'a [SlotInfo],
     /// The scale shared with other maps (`None`: this map fits its own); a zoom by hand overrides it.
     pub scale: Option<Scale>,
     /// The step playing, if any.
@@ -371,7 +372,7 @@ impl Scene<'_> {
             ColourBy::SizeClass => palette::size_class(span.requested_bytes),
             ColourBy::Age => return palette::age(self.position.saturating_sub(span.born), self.timeline.steps()),
             ColourBy::StackGroup | ColourBy::Category => {
-                palette::group(self.groups.get(span.slot as usize).copied().unwrap_or(0))
+                palette::group(self.slots.get(span.slot as usize).map_or(0, |slot| slot.group(self.colour_by)))
             }
         };
         // Every other allocation a shade darker: neighbours of one colour stay countable.
@@ -801,7 +802,7 @@ mod tests {
             timeline: &timeline,
             position: timeline.steps(),
             colour_by: ColourBy::SizeClass,
-            groups: &[],
+            slots: &[],
             scale: None,
             animation: None,
             too_small_below: Some(200),
@@ -837,7 +838,7 @@ mod tests {
             timeline: &timeline,
             position: 0,
             colour_by: ColourBy::Age,
-            groups: &[],
+            slots: &[],
             scale: None,
             animation: None,
             too_small_below: None,
@@ -861,7 +862,7 @@ mod tests {
             timeline: &timeline,
             position: timeline.steps(),
             colour_by: ColourBy::SizeClass,
-            groups: &[],
+            slots: &[],
             scale: None,
             animation: None,
             too_small_below: None,
@@ -946,7 +947,7 @@ mod tests {
                 timeline: &timeline,
                 position: step + 1,
                 colour_by: ColourBy::SizeClass,
-                groups: &[],
+                slots: &[],
                 scale: None,
                 animation: Some(&animation),
                 too_small_below: None,

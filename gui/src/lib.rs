@@ -56,6 +56,7 @@ pub mod plot;
 pub mod render;
 pub mod session;
 pub mod shared_device;
+pub mod slot;
 pub mod window;
 
 pub use app::HeapscopeApp;

@@ -235,7 +235,6 @@ pub fn show(
             .small(),
         );
     }
-    let groups = std::mem::take(session.groups_mut(style.colour_by));
     let mut hovered_text = None;
     let colours = crate::plot::pane_colours(session.panes.iter().map(Pane::name));
     ui.columns(count, |columns| {
@@ -274,7 +273,7 @@ pub fn show(
                 timeline: &pane.timeline,
                 position: style.shown_steps,
                 colour_by: style.colour_by,
-                groups: &groups,
+                slots: &session.slots,
                 scale,
                 animation: animations.get(index).and_then(Option::as_ref),
                 too_small_below: too_small.get(index).copied().flatten(),
@@ -296,7 +295,6 @@ pub fn show(
             }
         }
     });
-    *session.groups_mut(style.colour_by) = groups;
     if let Some((_, region, hit, response)) = hovered_text {
         let text = describe_hit(session, region, &hit, style.shown_steps);
         response.on_hover_ui_at_pointer(|ui| {

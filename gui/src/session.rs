@@ -20,6 +20,7 @@ use heapscope_pytorch::AllocConf;
 use crate::heap_map::{MapView, Rows, Scale};
 use crate::live::LiveSource;
 use crate::palette::ColourBy;
+pub use crate::slot::SlotInfo;
 
 /// The most panes side by side.
 pub const MAX_PANES: usize = 4;
@@ -44,19 +45,6 @@ pub fn check_at(at: Moment, steps: u64) -> Result<u64> {
         }
     }
     Ok(at.position())
-}
-
-/// What the trace knows about one allocation (one slot).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SlotInfo {
-    /// The step that allocates it.
-    pub alloc_step: u64,
-    /// The step that frees it, if the trace does.
-    pub free_step: Option<u64>,
-    /// Its stack frames (an index into the snapshot's frame lists; 0 when none were recorded).
-    pub stack: u32,
-    /// Its entry's category (an index into the snapshot's categories; 0 when it names none).
-    pub category: u32,
 }
 
 /// Recordings of more entries than this open in one pane ([`Session::open`]): four panes of a 1 GB file (14 million
@@ -261,10 +249,6 @@ pub struct Session {
     pub devices: Vec<DeviceOverview>,
     /// Per trace slot.
     pub slots: Vec<SlotInfo>,
-    /// Stack group per slot, for colouring.
-    pub groups: Vec<u32>,
-    /// Category per slot, for colouring.
-    pub categories: Vec<u32>,
     /// The panes, left to right.
     pub panes: Vec<Pane>,
     /// What the app should say about how it opened (a large recording in one pane).
@@ -285,8 +269,6 @@ impl Session {
             bail!("{} contenders: a session shows 1 to {MAX_PANES}", contenders.len());
         }
         let slots = slot_infos(&recording);
-        let groups = slots.iter().map(|slot| slot.stack).collect();
-        let categories = slots.iter().map(|slot| slot.category).collect();
         // A snapshot of several devices shows one: say which.
         let name = recording.shown_name();
         let devices = recording.snapshot.as_ref().map(device_overview).unwrap_or_default();
@@ -297,8 +279,6 @@ impl Session {
             config,
             devices,
             slots,
-            groups,
-            categories,
             panes: Vec::new(),
             live: None,
             live_slots: HashMap::new(),
@@ -424,8 +404,6 @@ impl Session {
             config: CompareConfig::default(),
             devices: Vec::new(),
             slots: Vec::new(),
-            groups: Vec::new(),
-            categories: Vec::new(),
             panes: vec![Pane::new(None, Timeline::new(name))],
             live: Some(source),
             live_slots: HashMap::new(),
@@ -601,11 +579,6 @@ impl Session {
         self.recording.snapshot.as_ref()?.category(id).map(ToString::to_string)
     }
 
-    /// The colour groups of `colour_by` per slot: categories for [`ColourBy::Category`], stacks otherwise.
-    pub fn groups_mut(&mut self, colour_by: ColourBy) -> &mut Vec<u32> {
-        if colour_by == ColourBy::Category { &mut self.categories } else { &mut self.groups }
-    }
-
     /// The groups of `colour_by` (stacks, or categories for [`ColourBy::Category`]) the allocations live in the first
     /// pane belong to, by their bytes, largest first, at most `limit`: each with its colour group (what
     /// [`crate::palette::group`] colours), its name (a stack's innermost user frame, a category as `key: text`;
@@ -613,10 +586,10 @@ impl Session {
     /// legend.
     pub fn group_legend(&self, colour_by: ColourBy, limit: usize) -> Vec<(u32, Option<String>, u64)> {
         let Some(pane) = self.panes.first() else { return Vec::new() };
-        let groups = if colour_by == ColourBy::Category { &self.categories } else { &self.groups };
         let mut bytes: HashMap<u32, u64> = HashMap::new();
         for span in pane.layout.spans() {
-            *bytes.entry(groups.get(span.slot as usize).copied().unwrap_or(0)).or_insert(0) += span.requested_bytes;
+            let group = self.slots.get(span.slot as usize).map_or(0, |slot| slot.group(colour_by));
+            *bytes.entry(group).or_insert(0) += span.requested_bytes;
         }
         let mut rows: Vec<(u32, u64)> = bytes.into_iter().collect();
         rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -911,8 +884,9 @@ mod tests {
         };
         let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
         let session = Session::new(recording, CompareConfig::default(), &[Contender::Pytorch { expandable: false }]).unwrap();
-        assert_eq!(session.groups, [1, 2], "colour groups by stack");
-        assert_eq!(session.categories, [1, 0], "colour groups by category");
+        let groups = |by| session.slots.iter().map(|slot| slot.group(by)).collect::<Vec<u32>>();
+        assert_eq!(groups(ColourBy::StackGroup), [1, 2], "colour groups by stack");
+        assert_eq!(groups(ColourBy::Category), [1, 0], "colour groups by category");
         assert_eq!(session.frames(0).frames, ["forward (model.py:10)", "main (model.py:3)"]);
         assert_eq!(session.frames(1).frames, ["backward (model.py:20)"]);
         assert_eq!(session.slots[0], SlotInfo { alloc_step: 0, free_step: Some(2), stack: 1, category: 1 });
