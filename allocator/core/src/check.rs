@@ -9,6 +9,8 @@
 //!   policies that place at any offset), nor any run of the checker's own model of free space (below);
 //! - the report covers the range exactly, its live runs are the model's allocations and its totals match
 //!   the model: its free bytes are the model's, and only a linear policy retires bytes;
+//! - no free run of the report is larger than [`Policy::largest_free_bound_bytes`] (a heap skips a block whose
+//!   bound is below a request without asking it);
 //! - double frees and foreign handles are refused and change nothing;
 //! - freeing everything restores the initial layout.
 //!
@@ -380,6 +382,11 @@ impl Checker {
             if !owner.is_some_and(|a| a.footprint_offset() <= range.offset && range.end() <= a.footprint_end()) {
                 return Err(format!("padding {range:?} lies outside its allocation's footprint"));
             }
+        }
+        let largest_free = report.ranges.iter().filter(|range| range.state == RangeState::Free).map(|range| range.size_bytes).max();
+        let bound = self.policy.largest_free_bound_bytes();
+        if let Some(largest) = largest_free.filter(|&largest| largest > bound) {
+            return Err(format!("a free run of {largest} bytes is above the policy's largest-free bound {bound}"));
         }
         let totals = report.totals();
         if let Some(runs) = self.model_free_runs() {

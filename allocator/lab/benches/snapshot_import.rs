@@ -97,6 +97,14 @@ fn main() {
         );
         return;
     }
+    if let Some(position) = args.iter().position(|arg| arg == "--without-import") {
+        // For profilers: the replay through tlsf alone, of a recording imported once, five times.
+        let path = Path::new(&args[position + 1]);
+        let recording = Recording::open(path, 0).expect("the snapshot reads");
+        let (best, _) = best_of(|| replay(&recording, Contender::Heap(PolicyKind::Tlsf), &CompareConfig::default()).expect("replays"));
+        println!("replay through tlsf without the import: {} ms", ms(best));
+        return;
+    }
     if let Some(position) = args.iter().position(|arg| arg == "--replay-only") {
         // For profilers: only the `heapscope replay --policy tlsf` path, five times.
         let path = Path::new(&args[position + 1]);

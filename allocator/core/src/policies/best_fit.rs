@@ -127,6 +127,20 @@ impl FitIndex for BestFitIndex {
             }
         }
     }
+
+    fn largest_run(&self) -> u64 {
+        match self {
+            Self::Exact(BySize(set)) => set.last().map_or(0, |&(size, _)| size),
+            // The highest non-empty class holds the largest run; its treap knows it.
+            Self::Classed(index) => index
+                .non_empty
+                .iter()
+                .enumerate()
+                .rev()
+                .find(|&(_, &word)| word != 0)
+                .map_or(0, |(word, bits)| index.classes[word * 64 + 63 - bits.leading_zeros() as usize].largest_run()),
+        }
+    }
 }
 
 /// The best-fit policy.

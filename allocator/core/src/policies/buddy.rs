@@ -137,6 +137,11 @@ impl Policy for Buddy {
         self.live.len()
     }
 
+    /// The largest free block is of the highest non-empty order: nothing larger can be served.
+    fn largest_free_bound_bytes(&self) -> u64 {
+        if self.non_empty == 0 { 0 } else { 1 << (63 - self.non_empty.leading_zeros()) }
+    }
+
     fn report(&self) -> PolicyReport {
         let mut ranges = Vec::new();
         for (order, set) in self.free.iter().enumerate() {

@@ -193,6 +193,11 @@ impl FitIndex for ByAddress {
             from = node.offset + 1;
         }
     }
+
+    /// Every node knows the largest run below it: the root's is the largest of all.
+    fn largest_run(&self) -> u64 {
+        self.max_size(self.root)
+    }
 }
 
 /// The first-fit policy.

@@ -29,6 +29,9 @@ pub trait FitIndex: fmt::Debug + Send {
     /// The run to serve a request of `size` bytes from, as `(run offset, run size, placed offset)`:
     /// `place(run offset, run size)` says where in a run the request would go, if anywhere.
     fn find(&self, size: u64, place: impl FnMut(u64, u64) -> Option<u64>) -> Option<(u64, u64, u64)>;
+
+    /// The size of the largest run (0 when none is free): no request larger than it can be served.
+    fn largest_run(&self) -> u64;
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -159,6 +162,11 @@ impl<I: FitIndex> FreeRangePolicy<I> {
         self.live.len()
     }
 
+    /// The largest free run: what a heap reads to skip this block for a larger request.
+    pub(crate) fn largest_run(&self) -> u64 {
+        self.index.largest_run()
+    }
+
     pub(crate) fn layout(&self) -> PolicyReport {
         let mut ranges: Vec<RangeReport> =
             self.by_offset.iter().map(|(&offset, &size)| RangeReport::unowned(offset, size, RangeState::Free)).collect();
@@ -206,6 +214,10 @@ macro_rules! free_range_policy {
 
             fn live_allocations(&self) -> usize {
                 self.live_count()
+            }
+
+            fn largest_free_bound_bytes(&self) -> u64 {
+                self.largest_run()
             }
 
             fn report(&self) -> $crate::PolicyReport {

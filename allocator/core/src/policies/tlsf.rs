@@ -116,6 +116,18 @@ fn mapping_round_up(units: u64) -> Option<(usize, u32)> {
     Some(mapping(units.checked_add((1u64 << shift) - 1)?))
 }
 
+/// The first size (in units) past list `(fl, sl)`: every block of the list is smaller.
+#[inline]
+fn list_end_units(fl: u32, sl: u32) -> u128 {
+    if fl == 0 {
+        // First level 0 holds the sizes below SL_COUNT, one per list.
+        u128::from(sl) + 1
+    } else {
+        // First level `fl` holds [2^(fl + SL_LOG2 - 1), 2^(fl + SL_LOG2)) in SL_COUNT steps of 2^(fl - 1).
+        (u128::from(SL_COUNT + sl) + 1) << (fl - 1)
+    }
+}
+
 #[inline]
 fn list(fl: usize, sl: u32) -> usize {
     (fl * SL_COUNT as usize + sl as usize) & (LISTS - 1)
@@ -431,14 +443,17 @@ impl Policy for Tlsf {
         self.live
     }
 
-    /// Blocks in the highest non-empty first-level list are below `2^(fl + SL_LOG2)` units.
+    /// Blocks in the highest non-empty list `(fl, sl)` are below the first size of the list after it: within 1/32
+    /// of the largest free block, so a heap seldom asks a block that then cannot serve.
     #[inline]
     fn largest_free_bound_bytes(&self) -> u64 {
         if self.fl_bitmap == 0 {
             return 0;
         }
         let fl = 63 - self.fl_bitmap.leading_zeros();
-        1u64.checked_shl(fl + SL_LOG2 + self.unit_shift).unwrap_or(u64::MAX)
+        let sl = 31 - self.sl_bitmaps[fl as usize].leading_zeros();
+        // A free block's units fit 64 bits, so the list's end fits 65 and shifted by the unit, 128.
+        u64::try_from(list_end_units(fl, sl) << self.unit_shift).unwrap_or(u64::MAX)
     }
 
     fn report(&self) -> PolicyReport {
@@ -549,6 +564,30 @@ mod tests {
         let _small = tlsf.allocate(request((1 << 20) - 4096, 1)).unwrap();
         let bound = tlsf.largest_free_bound_bytes();
         assert!((4096..=8192).contains(&bound), "{bound}");
+    }
+
+    /// The bound sits just above the largest free block: at most one second-level step (1/32 of its power of two)
+    /// above it, never at or below it.
+    #[test]
+    fn largest_free_bound_is_within_a_second_level_step() {
+        let unit = PolicyConfig::default().min_align_bytes;
+        // (free bytes left at the end of a 1 GiB range, the most the bound may exceed them by)
+        let cases = [
+            (unit, unit),
+            (31 * unit, unit),
+            (32 * unit, unit),
+            (33 * unit, unit),
+            (1 << 20, (1 << 20) / 32),
+            ((1 << 20) + 1234 * unit, (1 << 20) / 32),
+            ((3 << 20) - unit, (2 << 20) / 32),
+            (700 << 20, (512 << 20) / 32),
+        ];
+        for (free, slack) in cases {
+            let mut tlsf = Tlsf::new(1 << 30);
+            let _used = tlsf.allocate(request((1 << 30) - free, 1)).unwrap();
+            let bound = tlsf.largest_free_bound_bytes();
+            assert!(bound > free && bound <= free + slack, "{free} free: bound {bound}, allowed up to {}", free + slack);
+        }
     }
 
     #[test]
