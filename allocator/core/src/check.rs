@@ -383,7 +383,8 @@ impl Checker {
                 return Err(format!("padding {range:?} lies outside its allocation's footprint"));
             }
         }
-        let largest_free = report.ranges.iter().filter(|range| range.state == RangeState::Free).map(|range| range.size_bytes).max();
+        let largest_free =
+            report.ranges.iter().filter(|range| range.state == RangeState::Free).map(|range| range.size_bytes).max();
         let bound = self.policy.largest_free_bound_bytes();
         if let Some(largest) = largest_free.filter(|&largest| largest > bound) {
             return Err(format!("a free run of {largest} bytes is above the policy's largest-free bound {bound}"));

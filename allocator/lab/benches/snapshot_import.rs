@@ -101,7 +101,8 @@ fn main() {
         // For profilers: the replay through tlsf alone, of a recording imported once, five times.
         let path = Path::new(&args[position + 1]);
         let recording = Recording::open(path, 0).expect("the snapshot reads");
-        let (best, _) = best_of(|| replay(&recording, Contender::Heap(PolicyKind::Tlsf), &CompareConfig::default()).expect("replays"));
+        let (best, _) =
+            best_of(|| replay(&recording, Contender::Heap(PolicyKind::Tlsf), &CompareConfig::default()).expect("replays"));
         println!("replay through tlsf without the import: {} ms", ms(best));
         return;
     }

@@ -21,6 +21,7 @@ pub mod memory_stats;
 mod pickle_int;
 mod pickle_read;
 mod pickle_write;
+mod read_ahead;
 pub mod snapshot;
 
 pub use alloc_conf::{AllocConf, AllocConfError};

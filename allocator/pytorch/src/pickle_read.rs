@@ -54,7 +54,8 @@
 //! slots an entry, 34 bytes, and a 64-byte `TraceEntry` against ~75 bytes of pickle). Where the time goes
 //! (perf): the fast path's token decoding and memo pushes (~45 %), the machine's dispatch (~10 %), page faults
 //! and the kernel's copy of the file (~15 %), the rest the generic path (settings, frames). Reading ahead: the
-//! input is read in 1 MiB chunks, never whole; `read_snapshot` reserves the trace from the file's (or the gzip
+//! input is read in 1 MiB chunks, never whole (from a second thread that reads and gunzips large files: the
+//! import's `read_ahead.rs`); `read_snapshot` reserves the trace from the file's (or the gzip
 //! trailer's) size so it is never copied while it grows.
 //!
 //! # Where a container sits
