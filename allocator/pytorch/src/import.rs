@@ -98,7 +98,7 @@ pub fn read_snapshot(path: &Path) -> Result<Snapshot, SnapshotError> {
 const READ_AHEAD_FROM_BYTES: u64 = 4 << 20;
 
 /// The chunks of a [`ReadAhead`].
-const READ_AHEAD_CHUNK_BYTES: usize = 1 << 20;
+const READ_AHEAD_CHUNK_BYTES: usize = 256 << 10;
 
 /// [`read_snapshot`], reading ahead on a second thread in chunks of `chunk_bytes` when the pickle holds at least
 /// `from_bytes` bytes (or its size is unknown).

@@ -15,7 +15,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::thread::JoinHandle;
 
 /// Chunks filled ahead of the parser, at most.
-const IN_FLIGHT: usize = 4;
+const IN_FLIGHT: usize = 2;
 
 /// A chunk: its buffer and how many bytes of it were read.
 type Chunk = (Vec<u8>, usize);
