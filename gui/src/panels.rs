@@ -15,18 +15,7 @@ use crate::session::Session;
 /// them, or not enough memory) with the bytes of each, and what would have helped.
 pub fn verdict_words(refusal: &Refusal, too_small_runs: usize) -> (String, String) {
     let request = Bytes(refusal.requested_bytes);
-    // What was free: in reserved memory, and on the device beside it, in the same line (1000 MiB alone reads as less
-    // than the 1 GiB asked; with the device's 584 MiB it is 1.55 GiB).
-    let free = match refusal.unreserved_bytes {
-        Some(more) if more > 0 => format!(
-            "{} were free in reserved memory and {} more on the device — {} in all",
-            Bytes(refusal.free_bytes),
-            Bytes(more),
-            Bytes(refusal.free_bytes.saturating_add(more))
-        ),
-        Some(_) => format!("{} were free in reserved memory and none on the device", Bytes(refusal.free_bytes)),
-        None => format!("{} were free in reserved memory", Bytes(refusal.free_bytes)),
-    };
+    let free = refusal.free_memory();
     match refusal.cause {
         OomCause::Fragmentation => (
             format!(
@@ -56,7 +45,7 @@ pub fn verdict_words(refusal: &Refusal, too_small_runs: usize) -> (String, Strin
         ),
         OomCause::Exhaustion => (
             format!(
-                "Not enough memory: {free} in {} reserved; {request} do not fit even without any waste.",
+                "Not enough memory: {} reserved, {free}; {request} do not fit even without any waste.",
                 Bytes(refusal.reserved_bytes)
             ),
             "Less memory live at once, or a larger device, is the only way out; no placement would have served it.".to_owned(),
@@ -251,15 +240,15 @@ mod tests {
         let (headline, advice) = verdict_words(&refusal, 20);
         assert_eq!(
             headline,
-            "Fragmentation (waste between allocations): 1000.00 MiB were free in reserved memory and 584.00 MiB more on \
-             the device — 1.55 GiB in all, enough for 1.00 GiB, but the largest free run was only 50.00 MiB."
+            "Fragmentation (waste between allocations): 1000.00 MiB free in reserved memory and 584.00 MiB more on the \
+             device, 1.55 GiB in all, enough for 1.00 GiB, but the largest free run was only 50.00 MiB."
         );
         assert!(advice.starts_with("The 20 free run(s) in red"), "{advice}");
         // Buddy's powers of two: 1.45 GiB of padding.
         let waste =
             Refusal { cause: OomCause::InternalWaste, waste_bytes: 1485 << 20, unreserved_bytes: Some(0), ..refusal.clone() };
         let (headline, advice) = verdict_words(&waste, 0);
-        assert!(headline.starts_with("Internal waste (inside allocations): 1000.00 MiB were free in reserved memory and none"));
+        assert!(headline.starts_with("Internal waste (inside allocations): 1000.00 MiB free in reserved memory and none left"));
         assert!(headline.contains("while 1.45 GiB of the memory held is padding inside live allocations"), "{headline}");
         assert!(advice.starts_with("Rounding less would have served it"), "{advice}");
         // A 15 MiB request in 16 MiB pages.
@@ -268,8 +257,8 @@ mod tests {
         let (headline, _) = verdict_words(&Refusal { cause: OomCause::Exhaustion, unreserved_bytes: None, ..refusal }, 0);
         assert_eq!(
             headline,
-            "Not enough memory: 1000.00 MiB were free in reserved memory in 2.93 GiB reserved; 1.00 GiB do not fit even \
-             without any waste."
+            "Not enough memory: 2.93 GiB reserved, 1000.00 MiB free in reserved memory; 1.00 GiB do not fit even without \
+             any waste."
         );
     }
 }

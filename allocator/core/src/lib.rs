@@ -76,7 +76,7 @@ pub use error::{Error, Result, UnknownName};
 pub use heap::{
     BlockReport, Heap, HeapAllocation, HeapCompaction, HeapConfig, HeapMove, HeapReport, HeapStats, Movable, ReleaseRule,
 };
-pub use oom::{OomCause, OomVerdict, Shortfall};
+pub use oom::{FreeMemory, OomCause, OomVerdict, Shortfall};
 pub use paged::{PageRemap, PagedCompaction, PagedConfig, PagedHeap, PagedStats, UnmapRule};
 pub use policies::{BestFit, Buddy, FirstFit, Linear, LinearMode, Slab, Tlsf};
 pub use policy::{Policy, PolicyConfig};

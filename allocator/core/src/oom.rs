@@ -170,6 +170,37 @@ impl OomVerdict {
     }
 }
 
+/// What was free when a request failed, in the one phrase every sentence about a refusal uses (the command line's
+/// tables, the app's "Why it failed" and "Teach me", the demo): the bytes free in reserved memory and, where known,
+/// what the device still had beside them, with the sum. The two go in one line because either alone misleads: 1000
+/// MiB free reads as less than the 1 GiB asked, with the device's 584 MiB it is 1.55 GiB.
+///
+/// `1000.00 MiB free in reserved memory and 584.00 MiB more on the device, 1.55 GiB in all`; `... and none left on the
+/// device`; `... free in reserved memory` where the device is not known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FreeMemory {
+    /// Bytes free inside reserved memory.
+    pub reserved_free_bytes: u64,
+    /// What the device (or the budget) still had beside the reserved memory, where known.
+    pub unreserved_bytes: Option<u64>,
+}
+
+impl fmt::Display for FreeMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let free = Bytes(self.reserved_free_bytes);
+        match self.unreserved_bytes {
+            Some(more) if more > 0 => write!(
+                f,
+                "{free} free in reserved memory and {} more on the device, {} in all",
+                Bytes(more),
+                Bytes(self.reserved_free_bytes.saturating_add(more))
+            ),
+            Some(_) => write!(f, "{free} free in reserved memory and none left on the device"),
+            None => write!(f, "{free} free in reserved memory"),
+        }
+    }
+}
+
 impl fmt::Display for OomVerdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: ", self.policy)?;
@@ -180,6 +211,29 @@ impl fmt::Display for OomVerdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_memory_words_table() {
+        let mib = 1 << 20;
+        let cases = [
+            (
+                1000 * mib,
+                Some(584 * mib),
+                "1000.00 MiB free in reserved memory and 584.00 MiB more on the device, 1.55 GiB in all",
+            ),
+            (50 * mib, Some(0), "50.00 MiB free in reserved memory and none left on the device"),
+            (50 * mib, None, "50.00 MiB free in reserved memory"),
+            (0, Some(3 << 30), "0 B free in reserved memory and 3.00 GiB more on the device, 3.00 GiB in all"),
+            (
+                u64::MAX,
+                Some(u64::MAX),
+                "16777216.00 TiB free in reserved memory and 16777216.00 TiB more on the device, 16777216.00 TiB in all",
+            ),
+        ];
+        for (reserved_free_bytes, unreserved_bytes, words) in cases {
+            assert_eq!(FreeMemory { reserved_free_bytes, unreserved_bytes }.to_string(), words);
+        }
+    }
 
     #[test]
     fn judge_table() {

@@ -21,8 +21,8 @@ use crate::driver::{HeapReplay, HeapTarget, Observer, Step, Stream, drive, repla
 use crate::recording::{Moment, Recording};
 use heapscope_core::units::Bytes;
 use heapscope_core::{
-    DeviceEvent, DeviceHeap, Heap, HeapConfig, OomCause, OomVerdict, PagedConfig, PagedHeap, PolicyKind, Result, SimulatedSource,
-    UnmapRule,
+    DeviceEvent, DeviceHeap, FreeMemory, Heap, HeapConfig, OomCause, OomVerdict, PagedConfig, PagedHeap, PolicyKind, Result,
+    SimulatedSource, UnmapRule,
 };
 use heapscope_pytorch::caching::{
     CachingAllocation, CachingAllocator, CachingHeap, EntryEffect, OomReport, SegmentBacking, Unbacked,
@@ -62,16 +62,7 @@ impl FirstOom {
     /// What was free, in words: in reserved memory, and on the device beside it where known (with the sum):
     /// `1000.00 MiB free in reserved memory and 584.00 MiB more on the device, 1.55 GiB in all`.
     pub fn free_words(&self) -> String {
-        match self.unreserved_bytes {
-            Some(more) if more > 0 => format!(
-                "{} free in reserved memory and {} more on the device, {} in all",
-                Bytes(self.free_bytes),
-                Bytes(more),
-                Bytes(self.free_bytes.saturating_add(more))
-            ),
-            Some(_) => format!("{} free in reserved memory and none left on the device", Bytes(self.free_bytes)),
-            None => format!("{} free in reserved memory", Bytes(self.free_bytes)),
-        }
+        FreeMemory { reserved_free_bytes: self.free_bytes, unreserved_bytes: self.unreserved_bytes }.to_string()
     }
 
     /// From a core verdict at `moment`.

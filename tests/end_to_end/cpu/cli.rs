@@ -39,7 +39,7 @@ fn no_arguments_runs_the_demo_table_and_draws_the_heap() {
     assert!(lines[0].starts_with("The story: 20 x 150 MiB allocated and freed"), "{text}");
     assert!(
         lines[1].contains("`pytorch` (PyTorch's caching allocator, default settings) refuses the 1.00 GiB. Fragmentation")
-            && lines[1].contains("584.00 MiB more on the device — 1.55 GiB in all"),
+            && lines[1].contains("584.00 MiB more on the device, 1.55 GiB in all"),
         "{text}"
     );
     assert!(lines[2].contains("`pytorch-expandable` and `paged` serve it"), "{text}");

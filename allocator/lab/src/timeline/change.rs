@@ -1,7 +1,7 @@
 //! What happens to a heap's layout at one step, as plain data: the changes a timeline records, the
 //! animation plays and a live source sends.
 
-use heapscope_core::{OomCause, OomVerdict};
+use heapscope_core::{FreeMemory, OomCause, OomVerdict};
 
 /// How a region of address space is backed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -133,6 +133,13 @@ pub struct Refusal {
     pub unreserved_bytes: Option<u64>,
     /// The verdict in words.
     pub message: String,
+}
+
+impl Refusal {
+    /// What was free, for the sentences about it.
+    pub fn free_memory(&self) -> FreeMemory {
+        FreeMemory { reserved_free_bytes: self.free_bytes, unreserved_bytes: self.unreserved_bytes }
+    }
 }
 
 impl From<&OomVerdict> for Refusal {

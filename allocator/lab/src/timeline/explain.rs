@@ -103,15 +103,7 @@ fn decide(timeline: &Timeline, facts: &StepFacts, step: u64) -> String {
                 Bytes(facts.regions_removed.iter().sum())
             ));
         }
-        let free = match refusal.unreserved_bytes {
-            Some(more) if more > 0 => format!(
-                "{} are free in reserved memory and {} more on the device ({} in all)",
-                Bytes(refusal.free_bytes),
-                Bytes(more),
-                Bytes(refusal.free_bytes.saturating_add(more))
-            ),
-            _ => format!("only {} are free in reserved memory and nothing more on the device", Bytes(refusal.free_bytes)),
-        };
+        let free = refusal.free_memory();
         let why = match refusal.cause {
             OomCause::Fragmentation => {
                 format!("{free}, but the largest free run is {}: fragmentation", Bytes(refusal.largest_free_bytes))
@@ -364,8 +356,8 @@ mod tests {
                     (40, "split: the remainder is > 1 MiB, so the 150.00 MiB block keeps a 50.00 MiB free tail"),
                     (
                         60,
-                        "1000.00 MiB are free in reserved memory and 584.00 MiB more on the device (1.55 GiB in all), but \
-                         the largest free run is 50.00 MiB: fragmentation",
+                        "1000.00 MiB free in reserved memory and 584.00 MiB more on the device, 1.55 GiB in all, but the \
+                         largest free run is 50.00 MiB: fragmentation",
                     ),
                 ],
             ),
