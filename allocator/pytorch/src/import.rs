@@ -44,7 +44,7 @@ use std::sync::Arc;
 use flate2::bufread::MultiGzDecoder;
 
 use super::pickle_int::Int;
-use super::pickle_read::{self, Dict, Place, ReadError, Scan, Sink, Token, Value};
+use super::pickle_read::{self, Dict, Memo, Place, ReadError, Scan, Sink, Token, Value};
 use super::read_ahead::ReadAhead;
 use super::snapshot::{
     Action, Block, BlockState, Category, CategoryId, CategoryKey, Frame, Pool, RecordedSettings, Segment, Snapshot, StackId,
@@ -325,7 +325,7 @@ impl Default for Frames {
 
 impl Frames {
     /// Interns the frame list `value` found at `path`; replaces converted memo entries (see the module doc).
-    fn intern(&mut self, value: &Value, memo: &mut [Value], path: &dyn Fn() -> String) -> Result<StackId, Issue> {
+    fn intern(&mut self, value: &Value, memo: &mut Memo, path: &dyn Fn() -> String) -> Result<StackId, Issue> {
         let list = match value {
             Value::Stack(id) => return Ok(StackId(*id)),
             Value::List(list) => list,
@@ -350,7 +350,7 @@ impl Frames {
     }
 
     /// Interns the frame dict `dict` found at `frame_path`; replaces its memo entry.
-    fn frame_of_dict(&mut self, dict: &Dict, memo: &mut [Value], frame_path: &dyn Fn() -> String) -> Result<u32, Issue> {
+    fn frame_of_dict(&mut self, dict: &Dict, memo: &mut Memo, frame_path: &dyn Fn() -> String) -> Result<u32, Issue> {
         let text = |key: &str| -> Result<Rc<String>, Issue> {
             match dict.get(key) {
                 Some(Value::Str(text)) => Ok(Rc::clone(text)),
@@ -514,7 +514,7 @@ impl std::fmt::Display for Seen {
 }
 
 /// Lets go of a converted list or dict that `memo` holds: its slot keeps only its mark ([`Value::Converted`]).
-fn release(value: &Value, memo: &mut [Value]) {
+fn release(value: &Value, memo: &mut Memo) {
     let (slot, mark) = match value {
         Value::List(list) => {
             let list = list.borrow();
@@ -575,7 +575,7 @@ impl Sink for Decoder {
         }
     }
 
-    fn append(&mut self, list_tag: u32, index: usize, item: Value, memo: &mut [Value]) -> Result<Option<Value>, ReadError> {
+    fn append(&mut self, list_tag: u32, index: usize, item: Value, memo: &mut Memo) -> Result<Option<Value>, ReadError> {
         if let Some(list) = list_tag.checked_sub(TAG_SEGMENTS_BASE) {
             let segment = self.segment(&item, Seen::segment(false, index))?;
             self.segment_lists[list as usize].push((index, segment));
@@ -1158,7 +1158,7 @@ fn convert_entry(
     device: usize,
     index: usize,
     (frames, categories): (&mut Frames, &mut Categories),
-    memo: &mut [Value],
+    memo: &mut Memo,
 ) -> Result<TraceEntry, Issue> {
     let here = || format!("device_traces[{device}][{index}]");
     let dict = match item {
@@ -1390,7 +1390,7 @@ impl Decoder {
             let taken = entries.len();
             for (offset, item) in list.items.iter().enumerate() {
                 let interned = (&mut self.frames, &mut self.categories);
-                entries.push(convert_entry(item, device, taken + offset, interned, &mut [])?);
+                entries.push(convert_entry(item, device, taken + offset, interned, &mut Memo::default())?);
             }
             entries.shrink_to_fit();
             device_traces.push(entries);
@@ -1482,7 +1482,7 @@ impl Decoder {
         };
         let frames = match fields.get("frames") {
             None => StackId::NONE,
-            Some(value) => self.frames.intern(value, &mut [], &|| fields.key_path("frames"))?,
+            Some(value) => self.frames.intern(value, &mut Memo::default(), &|| fields.key_path("frames"))?,
         };
         Ok(Segment {
             device: match fields.get("device") {
@@ -1515,7 +1515,7 @@ impl Decoder {
         };
         let mut requested_size = fields.u64("requested_size")?.filter(|&requested| requested != 0);
         let frames = match (fields.get("frames"), fields.list("history")?) {
-            (Some(frames), _) => self.frames.intern(frames, &mut [], &|| fields.key_path("frames"))?,
+            (Some(frames), _) => self.frames.intern(frames, &mut Memo::default(), &|| fields.key_path("frames"))?,
             // Legacy (≤ 2.0): the first history entry holds the frames and the requested size.
             (None, Some(history)) if !history.is_empty() => {
                 let history_path = format!("{path}.history[0]");
@@ -1524,7 +1524,7 @@ impl Decoder {
                     requested_size = first.u64("real_size")?;
                 }
                 match first.get("frames") {
-                    Some(frames) => self.frames.intern(frames, &mut [], &|| first.key_path("frames"))?,
+                    Some(frames) => self.frames.intern(frames, &mut Memo::default(), &|| first.key_path("frames"))?,
                     None => StackId::NONE,
                 }
             }
@@ -1542,7 +1542,7 @@ impl Decoder {
 
 /// Lets go of a segment converted as it arrived: the memo slots of its dict, its blocks list and their dicts keep
 /// only their marks, so its generic values go now rather than at the end of the file.
-fn release_segment(segment: &Value, memo: &mut [Value]) {
+fn release_segment(segment: &Value, memo: &mut Memo) {
     if let Value::Dict(dict) = segment {
         if let Some(Value::List(blocks)) = dict.borrow().get("blocks") {
             for block in &blocks.borrow().items {

@@ -221,8 +221,157 @@ impl ShortStr {
     }
 }
 
-// A memo entry stays two words.
+// A value stays two words.
 const _: () = assert!(size_of::<Value>() == 16);
+
+/// The pickle memo, in five bytes a slot: most slots of a snapshot's memo are its trace entries' dicts, taken as they
+/// arrive ([`Value::Consumed`]), and their `compile_context` strs, each equal to the one before (`"N/A"`), and a
+/// 16-byte value for each would be a third of the import's peak (two slots an entry, against ~75 bytes of pickle).
+/// So a slot is an index into `values` (with the sink's atom of its str beside it), and slots holding the same
+/// immutable value share one entry there: the one [`Value::Consumed`] and the one [`Value::Hole`], and a short str
+/// equal to the latest value stored. A shared entry is copied before it is changed ([`Memo::get_mut`]).
+///
+/// `Memo::default()` is an empty memo with no entry at all (no allocation): for converting values that no memo
+/// refers to.
+#[derive(Debug, Default)]
+pub(crate) struct Memo {
+    /// Per slot: the index of its value in `values`.
+    slots: Vec<u32>,
+    /// The sink's atom of each memo'd str (0 for anything else), per slot.
+    atoms: Vec<u8>,
+    /// The values; `values[0]` is [`Value::Consumed`], `values[1]` [`Value::Hole`].
+    values: Vec<Value>,
+    /// Per value: whether more than one slot may hold it.
+    shared: Vec<bool>,
+    /// While a mark is open ([`Memo::mark`]): the slots given a copy of a shared value since, with the value they had,
+    /// so that a rewind gives them back their value (the copies, past the mark, go).
+    copied: Option<Vec<(usize, u32)>>,
+}
+
+/// Where a memo stood, to rewind it to ([`Memo::mark`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MemoMark {
+    slots: usize,
+    values: usize,
+}
+
+impl Memo {
+    const CONSUMED: u32 = 0;
+    const HOLE: u32 = 1;
+
+    fn new() -> Self {
+        Self {
+            slots: Vec::new(),
+            atoms: Vec::new(),
+            values: vec![Value::Consumed, Value::Hole],
+            shared: vec![true, true],
+            copied: None,
+        }
+    }
+
+    /// Slots in use.
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Slot `slot`'s value.
+    pub(crate) fn get(&self, slot: usize) -> Option<&Value> {
+        self.values.get(*self.slots.get(slot)? as usize)
+    }
+
+    /// Slot `slot`'s atom (0 for anything but a memo'd str the sink knows).
+    fn atom(&self, slot: usize) -> u8 {
+        self.atoms.get(slot).copied().unwrap_or(0)
+    }
+
+    /// Slot `slot`'s value, to change: a value other slots may hold is first copied for this one.
+    pub(crate) fn get_mut(&mut self, slot: usize) -> Option<&mut Value> {
+        let mut index = *self.slots.get(slot)? as usize;
+        if self.shared[index] {
+            if let Some(copied) = &mut self.copied {
+                copied.push((slot, index as u32));
+            }
+            let copy = self.values[index].clone();
+            index = self.push_value(copy) as usize;
+            self.slots[slot] = index as u32;
+        }
+        self.values.get_mut(index)
+    }
+
+    /// Gives slot `slot` the value `value` (nothing when there is no such slot).
+    pub(crate) fn set(&mut self, slot: usize, value: Value) {
+        if let Some(entry) = self.get_mut(slot) {
+            *entry = value;
+        }
+    }
+
+    /// A new slot at the end holding `value`, with `atom`.
+    #[inline]
+    fn push(&mut self, value: Value, atom: u8) {
+        let index = self.share(value);
+        self.slots.push(index);
+        self.atoms.push(atom);
+    }
+
+    /// Slot `slot` (past the end too: the slots between are holes) holds `value`, with `atom`.
+    fn put(&mut self, slot: usize, value: Value, atom: u8) {
+        let index = self.share(value);
+        if slot >= self.slots.len() {
+            self.slots.resize(slot + 1, Self::HOLE);
+            self.atoms.resize(slot + 1, 0);
+        }
+        self.slots[slot] = index;
+        self.atoms[slot] = atom;
+    }
+
+    /// The index of an entry holding `value`: a shared one where one holds the same immutable value, else a new one.
+    #[inline]
+    fn share(&mut self, value: Value) -> u32 {
+        match value {
+            Value::Consumed => Self::CONSUMED,
+            Value::Hole => Self::HOLE,
+            Value::Short(short) if matches!(self.values.last(), Some(Value::Short(last)) if last.as_bytes() == short.as_bytes()) =>
+            {
+                let last = self.values.len() - 1;
+                self.shared[last] = true;
+                last as u32
+            }
+            value => self.push_value(value),
+        }
+    }
+
+    fn push_value(&mut self, value: Value) -> u32 {
+        let index = u32::try_from(self.values.len()).expect("fewer than 2^32 memo values");
+        self.values.push(value);
+        self.shared.push(false);
+        index
+    }
+
+    /// Where the memo stands now, to [`Memo::rewind`] to or [`Memo::keep`] from.
+    fn mark(&mut self) -> MemoMark {
+        self.copied = Some(Vec::new());
+        MemoMark { slots: self.slots.len(), values: self.values.len() }
+    }
+
+    /// Everything since the mark stays.
+    fn keep(&mut self) {
+        self.copied = None;
+    }
+
+    /// Back to `mark`: the slots and values added since go, and a slot from before it given a copy of a shared value
+    /// since holds that value again.
+    fn rewind(&mut self, mark: MemoMark) {
+        for (slot, index) in self.copied.take().unwrap_or_default().into_iter().rev() {
+            if let Some(word) = self.slots.get_mut(slot) {
+                *word = index;
+            }
+        }
+        self.slots.truncate(mark.slots);
+        self.atoms.truncate(mark.slots);
+        self.values.truncate(mark.values.max(2));
+        self.shared.truncate(mark.values.max(2));
+    }
+}
 
 /// A list under construction or done.
 #[derive(Debug, Default)]
@@ -327,7 +476,7 @@ pub(crate) trait Sink {
     ///
     /// # Errors
     /// A [`ReadError::Schema`] when the item does not fit.
-    fn append(&mut self, list_tag: u32, index: usize, item: Value, memo: &mut [Value]) -> Result<Option<Value>, ReadError>;
+    fn append(&mut self, list_tag: u32, index: usize, item: Value, memo: &mut Memo) -> Result<Option<Value>, ReadError>;
 
     /// An `APPEND` / `APPENDS` to a list tagged `list_tag` is done (every item of the batch was handed to
     /// [`Sink::append`] or read directly). Default: nothing.
@@ -410,8 +559,7 @@ const NOT_MEMOED: u32 = u32::MAX;
 pub(crate) struct Scan<'a, 'm> {
     buf: &'a [u8],
     pos: usize,
-    memo: &'m mut Vec<Value>,
-    atoms: &'m mut Vec<u8>,
+    memo: &'m mut Memo,
     atom: fn(&str) -> u8,
     /// Offset and length of the latest str read that was not memo'd.
     last_str: (usize, usize),
@@ -568,7 +716,7 @@ impl<'a> Scan<'a, '_> {
     fn memo_item(&mut self, slot: usize) -> Option<Token> {
         match self.memo.get(slot)? {
             Value::Str(_) | Value::Short(_) => Some(Token::Str {
-                atom: self.atoms[slot],
+                atom: self.memo.atom(slot),
                 at: StrAt(u32::try_from(slot).ok().filter(|&slot| slot != NOT_MEMOED)?),
             }),
             Value::Hole => None,
@@ -595,11 +743,10 @@ impl<'a> Scan<'a, '_> {
             }
             _ => return Some(None),
         };
-        if slot != self.memo.len() || self.atoms.len() != slot {
+        if slot != self.memo.len() {
             return None;
         }
-        self.memo.push(value);
-        self.atoms.push(atom);
+        self.memo.push(value, atom);
         Some(Some(slot))
     }
 
@@ -628,16 +775,14 @@ impl<'a> Scan<'a, '_> {
     }
 
     /// The memo (for interning).
-    pub(crate) fn memo_mut(&mut self) -> &mut [Value] {
+    pub(crate) fn memo_mut(&mut self) -> &mut Memo {
         self.memo
     }
 
     /// Replaces a memo entry.
     #[inline]
     pub(crate) fn set_memo(&mut self, slot: usize, value: Value) {
-        if let Some(entry) = self.memo.get_mut(slot) {
-            *entry = value;
-        }
+        self.memo.set(slot, value);
     }
 
     /// The text of a str item, shared with its memo entry.
@@ -674,7 +819,7 @@ impl Sink for KeepAll {
         0
     }
 
-    fn append(&mut self, _list_tag: u32, _index: usize, item: Value, _memo: &mut [Value]) -> Result<Option<Value>, ReadError> {
+    fn append(&mut self, _list_tag: u32, _index: usize, item: Value, _memo: &mut Memo) -> Result<Option<Value>, ReadError> {
         Ok(Some(item))
     }
 }
@@ -805,9 +950,7 @@ const MEMO_SLACK_SLOTS: usize = 1 << 16;
 struct Machine<S> {
     stack: Vec<Value>,
     marks: Vec<usize>,
-    memo: Vec<Value>,
-    /// The sink's atom of each memo'd str (0 for anything else), parallel to `memo`.
-    atoms: Vec<u8>,
+    memo: Memo,
     /// See [`Scan`]'s `recent`.
     recent_str: Option<(ShortStr, u8)>,
     sink: S,
@@ -820,14 +963,8 @@ struct Machine<S> {
 /// [`ReadError`] for malformed or truncated input, a failing reader, or an item the sink refuses.
 pub(crate) fn read_pickle<R: Read, S: Sink>(reader: R, sink: S) -> Result<(Value, S), ReadError> {
     let mut input = Input::new(reader);
-    let mut machine = Machine {
-        stack: Vec::with_capacity(64),
-        marks: Vec::with_capacity(16),
-        memo: Vec::new(),
-        atoms: Vec::new(),
-        recent_str: None,
-        sink,
-    };
+    let mut machine =
+        Machine { stack: Vec::with_capacity(64), marks: Vec::with_capacity(16), memo: Memo::new(), recent_str: None, sink };
     let value = machine.run(&mut input)?;
     // Nothing may follow the pickle: trailing bytes mean two files joined, or something that only starts like a
     // snapshot (10 GiB of zeros after one are refused here, not read through).
@@ -936,23 +1073,22 @@ impl<S: Sink> Machine<S> {
                         && self.sink.reads_items(list_tag)
                     {
                         input.window()?;
-                        let memo_len = self.memo.len();
+                        let mark = self.memo.mark();
                         let mut scan = Scan {
                             buf: &input.buf[..input.end],
                             pos: input.pos,
                             memo: &mut self.memo,
-                            atoms: &mut self.atoms,
                             atom: S::atom,
                             last_str: (0, 0),
                             recent: &mut self.recent_str,
                         };
                         if self.sink.read_item(list_tag, index, &mut scan) {
                             input.pos = scan.pos;
+                            self.memo.keep();
                             self.stack.push(Value::Taken);
                             continue;
                         }
-                        self.memo.truncate(memo_len);
-                        self.atoms.truncate(memo_len);
+                        self.memo.rewind(mark);
                     }
                     let tag = self.new_tag();
                     self.stack.push(Value::Dict(Rc::new(RefCell::new(Dict { tag, ..Dict::default() }))));
@@ -1236,23 +1372,15 @@ impl<S: Sink> Machine<S> {
             Value::Str(text) => S::atom(text),
             _ => 0,
         };
-        if slot == self.memo.len() {
-            self.memo.push(top);
-        } else if slot < self.memo.len() {
-            self.memo[slot] = top;
-        } else if slot > usize::try_from(at).unwrap_or(usize::MAX).saturating_add(MEMO_SLACK_SLOTS) {
+        if slot > self.memo.len() && slot > usize::try_from(at).unwrap_or(usize::MAX).saturating_add(MEMO_SLACK_SLOTS) {
             // A pickle writes at most one memo slot per opcode, so a slot past the bytes read (with some slack for
             // gaps) is a corrupt or hostile index: refused, so the memo stays bounded by the input, in total.
             return Err(malformed(
                 at,
                 format!("{what} to memo slot {slot}, past the {at} bytes read (memo in use: {})", self.memo.len()),
             ));
-        } else {
-            self.memo.resize(slot, Value::Hole);
-            self.memo.push(top);
         }
-        self.atoms.resize(self.memo.len(), 0);
-        self.atoms[slot] = atom;
+        self.memo.put(slot, top, atom);
         Ok(())
     }
 
@@ -1261,7 +1389,7 @@ impl<S: Sink> Machine<S> {
             Some(Value::Hole) | None => Err(malformed(at, format!("memo slot {slot} was never written"))),
             Some(Value::Short(short)) => {
                 let value = Value::Str(Rc::new(short.as_str().to_owned()));
-                self.memo[slot] = value.clone();
+                self.memo.set(slot, value.clone());
                 self.stack.push(value);
                 Ok(())
             }
@@ -1414,6 +1542,74 @@ mod tests {
             let snapshot = read.unwrap_or_else(|error| panic!("{what}: {error}"));
             assert_eq!(snapshot.device_traces.len(), 1, "{what}");
         }
+    }
+
+    /// What each slot reads as, in the memo's own words.
+    fn slots(memo: &Memo) -> Vec<String> {
+        (0..memo.len())
+            .map(|slot| match memo.get(slot) {
+                Some(Value::Short(short)) => format!("short {}", short.as_str()),
+                Some(Value::Str(text)) => format!("str {text}"),
+                Some(Value::Int(number)) => format!("int {number}"),
+                Some(other) => other.type_name().to_owned(),
+                None => "none".to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_compact_memo_shares_equal_values_and_copies_before_a_change() {
+        let short = |text| Value::Short(ShortStr::new(text).unwrap());
+        let mut memo = Memo::new();
+        // A trace's pattern: an entry's dict taken, then its "N/A"; a str that differs; an int.
+        for _ in 0..3 {
+            memo.push(Value::Consumed, 0);
+            memo.push(short("N/A"), 7);
+        }
+        memo.push(short("other"), 0);
+        memo.push(Value::Int(5), 0);
+        assert_eq!(memo.values.len(), 2 + 2 + 1, "one entry for the three N/A, one for other, one for the int");
+        assert_eq!(memo.atom(1), 7);
+        // Changing one shared slot leaves the others as they were.
+        memo.set(3, Value::Str(Rc::new("N/A".to_owned())));
+        assert_eq!(
+            slots(&memo)[..6],
+            [
+                "trace entry taken earlier (shared through the memo)",
+                "short N/A",
+                "trace entry taken earlier (shared through the memo)",
+                "str N/A",
+                "trace entry taken earlier (shared through the memo)",
+                "short N/A"
+            ]
+        );
+        // A put past the end leaves holes between.
+        memo.put(10, Value::Int(1), 0);
+        assert_eq!(slots(&memo)[8..], ["missing memo entry", "missing memo entry", "int 1"]);
+        // A rewind drops what came after the mark, and a slot from before it that was given a copy holds its value again.
+        let mark = memo.mark();
+        memo.push(short("N/A"), 7);
+        memo.set(5, Value::Int(9));
+        memo.set(0, Value::Int(8));
+        memo.rewind(mark);
+        assert_eq!(memo.len(), 11);
+        assert_eq!(
+            slots(&memo)[..6],
+            [
+                "trace entry taken earlier (shared through the memo)",
+                "short N/A",
+                "trace entry taken earlier (shared through the memo)",
+                "str N/A",
+                "trace entry taken earlier (shared through the memo)",
+                "short N/A"
+            ]
+        );
+        // Kept, the changes stay.
+        let _mark = memo.mark();
+        memo.set(5, Value::Int(9));
+        memo.keep();
+        assert_eq!(slots(&memo)[5], "int 9");
+        assert_eq!(slots(&memo)[1], "short N/A");
     }
 
     #[test]
