@@ -130,6 +130,11 @@ impl TraceBuilder {
         Ok(())
     }
 
+    /// Whether allocation `id` is live (allocated and not freed since).
+    pub fn is_live(&self, id: u64) -> bool {
+        self.live.contains_key(&id)
+    }
+
     /// Appends an `empty_cache()` call.
     pub fn empty_cache(&mut self) {
         self.trace.events.push(Event::EmptyCache);

@@ -14,7 +14,10 @@
 //! (an `alloc` means the block was not live before it, a `free_completed` that it was) — and they open the
 //! trace: its first [`Recording::start_events`] events allocate them, in address order, before entry 0. So
 //! every contender (a heap, paging, a device heap, PyTorch's emulation, which rebuilds the same blocks) serves
-//! exactly the same requests, and their later frees are ordinary frees.
+//! exactly the same requests, and their later frees are ordinary frees. A recording that starts from an empty
+//! allocator is found without the walk back: the stream is built forward on that guess first, and the guess holds
+//! when no entry frees what it did not allocate and every final live block is live at the end (the walk back would
+//! find nothing); only otherwise is the trace walked back and the stream built again.
 //!
 //! ## Moments
 //!
@@ -222,56 +225,25 @@ impl Recording {
             return Err(Error::Trace { file: name.to_owned(), line: 0, what });
         }
         let entries = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
-        let mut builder = TraceBuilder::new(format!("{name} (device {device})"));
-        let start = live_at_start(&snapshot, device, entries);
-        let mut entry_index = Vec::with_capacity(start.len() + entries.len());
-        for &(address, size_bytes) in &start {
-            builder.alloc(address, size_bytes).map_err(|what| Error::Trace {
-                file: name.to_owned(),
-                line: 0,
-                what: format!("device {device}: the allocation at {address:#x} live at the start: {what}"),
-            })?;
-            entry_index.push(0);
-        }
-        let mut unknown_frees = 0;
-        // Ids for refused requests, clear of any address.
-        let mut probe_id = u64::MAX;
-        for (index, entry) in (0..).zip(entries) {
-            let fail = |what: heapscope_core::BadEvent| Error::Trace {
-                file: name.to_owned(),
-                line: 0,
-                what: format!("device_traces[{device}][{index}]: {what}"),
-            };
-            match entry.action {
-                Action::Alloc if entry.size > 0 => {
-                    builder.alloc(entry.addr, entry.size).map_err(fail)?;
-                    entry_index.push(index);
-                }
-                // The builder knows what is live (what started live or was allocated since, the refused requests'
-                // probes freed at once): a free of anything else is a free the recording does not know.
-                Action::FreeCompleted if entry.size > 0 => match builder.free(entry.addr) {
-                    Ok(()) => entry_index.push(index),
-                    Err(_) => unknown_frees += 1,
-                },
-                Action::Oom if entry.size > 0 => {
-                    builder.alloc(probe_id, entry.size).map_err(fail)?;
-                    builder.free(probe_id).map_err(fail)?;
-                    entry_index.extend([index, index]);
-                    probe_id -= 1;
-                }
-                _ => {}
+        // A recording that starts from an empty allocator says so only once walked whole: the stream is built forward
+        // on that guess first, and the trace walked back for what was live at the start only where the guess fails.
+        let built = match Built::forward(name, device, entries, &[], true) {
+            Ok(Some(built)) if built.accounts_for_the_final_blocks(&snapshot, device) => built,
+            _ => {
+                let start = live_at_start(&snapshot, device, entries);
+                Built::forward(name, device, entries, &start, false)?.unwrap_or_default()
             }
-        }
+        };
         Ok(Self {
             name: name.to_owned(),
-            trace: builder.finish(),
-            entry_index,
-            start_events: start.len(),
-            start_addresses: start.into_iter().map(|(address, _)| address).collect(),
+            trace: built.builder.finish(),
+            entry_index: built.entry_index,
+            start_events: built.start_addresses.len(),
+            start_addresses: built.start_addresses,
             entries: entries.len() as u64,
             snapshot: Some(snapshot),
             device,
-            unknown_frees,
+            unknown_frees: built.unknown_frees,
         })
     }
 
@@ -355,6 +327,88 @@ impl Recording {
 /// plain trace's numbering).
 pub(crate) fn entry_of(entry_index: &[u64], event: u64) -> u64 {
     usize::try_from(event).ok().and_then(|event| entry_index.get(event)).copied().unwrap_or(event)
+}
+
+/// A device's stream, built from its entries (see [`Recording::from_snapshot`]).
+#[derive(Default)]
+struct Built {
+    builder: TraceBuilder,
+    entry_index: Vec<u64>,
+    start_addresses: Vec<u64>,
+    unknown_frees: u64,
+}
+
+impl Built {
+    /// The stream of `entries` after the allocations `start` (by address, with their bytes). `guess_empty`: `start` is
+    /// a guess that nothing was live, given up (`Ok(None)`) at anything that contradicts it — a free of an address
+    /// not allocated before it, which the start then held — or that the guess's proof does not cover (an entry of 0
+    /// bytes, an entry the builder refuses, whose error the walk with the real start reports).
+    fn forward(
+        name: &str,
+        device: usize,
+        entries: &[TraceEntry],
+        start: &[(u64, u64)],
+        guess_empty: bool,
+    ) -> Result<Option<Self>> {
+        let mut builder = TraceBuilder::new(format!("{name} (device {device})"));
+        let mut entry_index = Vec::with_capacity(start.len() + entries.len());
+        for &(address, size_bytes) in start {
+            builder.alloc(address, size_bytes).map_err(|what| Error::Trace {
+                file: name.to_owned(),
+                line: 0,
+                what: format!("device {device}: the allocation at {address:#x} live at the start: {what}"),
+            })?;
+            entry_index.push(0);
+        }
+        let mut unknown_frees = 0;
+        // Ids for refused requests, clear of any address.
+        let mut probe_id = u64::MAX;
+        for (index, entry) in (0..).zip(entries) {
+            let fail = |what: heapscope_core::BadEvent| Error::Trace {
+                file: name.to_owned(),
+                line: 0,
+                what: format!("device_traces[{device}][{index}]: {what}"),
+            };
+            match entry.action {
+                Action::Alloc | Action::FreeCompleted if guess_empty && entry.size == 0 => return Ok(None),
+                Action::Alloc if entry.size > 0 => match builder.alloc(entry.addr, entry.size) {
+                    Ok(()) => entry_index.push(index),
+                    Err(_) if guess_empty => return Ok(None),
+                    Err(what) => return Err(fail(what)),
+                },
+                // The builder knows what is live (what started live or was allocated since, the refused requests'
+                // probes freed at once): a free of anything else is a free the recording does not know.
+                Action::FreeCompleted if entry.size > 0 => match builder.free(entry.addr) {
+                    Ok(()) => entry_index.push(index),
+                    Err(_) if guess_empty => return Ok(None),
+                    Err(_) => unknown_frees += 1,
+                },
+                Action::Oom if entry.size > 0 => {
+                    builder.alloc(probe_id, entry.size).map_err(fail)?;
+                    builder.free(probe_id).map_err(fail)?;
+                    entry_index.extend([index, index]);
+                    probe_id -= 1;
+                }
+                _ => {}
+            }
+        }
+        let start_addresses = start.iter().map(|&(address, _)| address).collect();
+        Ok(Some(Self { builder, entry_index, start_addresses, unknown_frees }))
+    }
+
+    /// Whether every block of `device`'s final segments that was not free is live in the stream at its end: built on
+    /// the guess that nothing was live at the start, the guess then holds. (Every address the entries touch was first
+    /// allocated, or the guess was given up at its free; an address they never touch would be one of these blocks,
+    /// live since before the first entry.) This is what [`live_at_start`] finds empty, without its walk back.
+    fn accounts_for_the_final_blocks(&self, snapshot: &Snapshot, device: usize) -> bool {
+        snapshot
+            .segments
+            .iter()
+            .filter(|segment| segment.device as usize == device)
+            .flat_map(|segment| &segment.blocks)
+            .filter(|block| block.state != BlockState::Inactive)
+            .all(|block| self.builder.is_live(block.address))
+    }
 }
 
 /// The moment of event `event` of a stream whose first `start_events` events are the start state.
@@ -696,6 +750,63 @@ mod tests {
         assert_eq!(recording.start_bytes(), 3300);
         assert_eq!(recording.trace.events()[3], Event::Free { slot: 2 }, "entry 0 frees a start allocation");
         assert_eq!(recording.moment_of(3), Moment::Entry(0));
+    }
+
+    /// The stream built on the guess that nothing was live at the start is the one built after the walk back, whenever
+    /// the guess is kept: hand-made cases (each way the guess fails, and one where it holds), and the shared snapshots
+    /// whole (they start from an empty allocator) and cut at several entries (they then start mid-run).
+    #[test]
+    fn the_guess_of_an_empty_start_builds_what_the_walk_back_builds() {
+        use heapscope_pytorch::Block;
+        let walked_back = |snapshot: &Snapshot| {
+            let entries = &snapshot.device_traces[0];
+            let start = live_at_start(snapshot, 0, entries);
+            let built = Built::forward("t", 0, entries, &start, false).unwrap().unwrap();
+            (built.builder.finish(), built.entry_index, built.start_addresses, built.unknown_frees)
+        };
+        let check = |snapshot: Snapshot, starts_empty: bool| {
+            let expected = walked_back(&snapshot);
+            let recording = Recording::from_snapshot("t", snapshot, 0).unwrap();
+            assert_eq!((recording.start_events == 0), starts_empty);
+            assert_eq!((recording.trace, recording.entry_index, recording.start_addresses, recording.unknown_frees), expected);
+        };
+        let live = |address, size| segment(0, 0, 2 << 20, vec![Block::new(address, size, size, BlockState::ActiveAllocated)]);
+        let snapshot = |segments: Vec<heapscope_pytorch::Segment>, entries: Vec<TraceEntry>| Snapshot {
+            segments,
+            device_traces: vec![entries],
+            ..Snapshot::default()
+        };
+        let (alloc, free) = (Action::Alloc, Action::FreeCompleted);
+        // (segments, entries, starts empty)
+        let cases = [
+            // Holds: every address allocated first, the final live block allocated in the trace.
+            (vec![live(64, 32)], vec![entry(alloc, 0, 64), entry(alloc, 64, 32), entry(free, 0, 64)], true),
+            // A free first: its allocation was live at the start.
+            (Vec::new(), vec![entry(free, 0, 64), entry(alloc, 0, 64)], false),
+            // A final block the trace never touches.
+            (vec![live(4096, 100)], vec![entry(alloc, 0, 64)], false),
+            // Entries of 0 bytes: left to the walk back.
+            (Vec::new(), vec![entry(alloc, 0, 0), entry(free, 0, 0)], true),
+            // A final live block the trace freed (a contradiction the walk back settles).
+            (vec![live(0, 64)], vec![entry(alloc, 0, 64), entry(free, 0, 64)], true),
+            // An OOM's probe.
+            (Vec::new(), vec![entry(alloc, 0, 64), entry(Action::Oom, 0, 1 << 40)], true),
+        ];
+        for (segments, entries, starts_empty) in cases {
+            check(snapshot(segments, entries), starts_empty);
+        }
+        for name in ["frag_oom-default.pickle.gz", "gpt2_train_fixed-expandable.pickle.gz"] {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch").join(name);
+            let whole = read_snapshot(&path).unwrap();
+            check(whole.clone(), true);
+            let len = whole.device_traces[0].len();
+            for cut in [1, len / 3, len / 2, len - 1] {
+                let mut mid_run = whole.clone();
+                mid_run.device_traces[0].drain(..cut);
+                let expected_empty = live_at_start(&mid_run, 0, &mid_run.device_traces[0]).is_empty();
+                check(mid_run, expected_empty);
+            }
+        }
     }
 
     #[test]
