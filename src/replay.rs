@@ -455,7 +455,7 @@ mod tests {
     /// The streams note: said once, only when the recording has several streams and a contender ignores them.
     #[test]
     fn the_streams_note_names_who_ignores_streams() {
-        let entry = |addr, stream| TraceEntry { stream, ..TraceEntry::new(Action::Alloc, addr, 512) };
+        let entry = |addr, stream| TraceEntry::new(Action::Alloc, addr, 512).with_stream(stream);
         let recording = |streams: &[u64]| {
             let trace = streams.iter().enumerate().map(|(index, &stream)| entry(index as u64 * 4096, stream)).collect();
             Recording::from_snapshot("t.pickle", Snapshot { device_traces: vec![trace], ..Snapshot::default() }, 0).unwrap()

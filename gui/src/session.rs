@@ -867,10 +867,8 @@ mod tests {
     fn stack_frames_and_categories_of_a_snapshot_name_each_allocation() {
         use heapscope_pytorch::{Action, Category, CategoryId, CategoryKey, Frame, Snapshot, StackId, TraceEntry};
         let frame = |name: &str, line| Frame { filename: "model.py".into(), line, name: name.into() };
-        let entry = |action, addr, frames, category| TraceEntry {
-            frames,
-            category: CategoryId(category),
-            ..TraceEntry::new(action, addr, 4096)
+        let entry = |action, addr, frames, category| {
+            TraceEntry::new(action, addr, 4096).with_frames(frames).with_category(CategoryId(category))
         };
         let snapshot = Snapshot {
             device_traces: vec![vec![

@@ -42,7 +42,7 @@ pub fn recorded_capacity(recording: &Recording) -> Option<(u64, CapacityFrom)> {
     let mut reserved = i128::from(reserved_at_start(recording));
     for (index, entry) in (0u64..).zip(entries) {
         if entry.action == Action::Oom
-            && let Some(device_free_bytes) = entry.device_free
+            && let Some(device_free_bytes) = entry.device_free()
         {
             let reserved_bytes = u64::try_from(reserved).unwrap_or(u64::MAX);
             let capacity = reserved_bytes.saturating_add(device_free_bytes);
@@ -104,7 +104,7 @@ mod tests {
     use heapscope_pytorch::{Segment, Snapshot, TraceEntry};
 
     fn entry(action: Action, addr: u64, size: u64, device_free: Option<u64>) -> TraceEntry {
-        TraceEntry { device_free, ..TraceEntry::new(action, addr, size) }
+        TraceEntry::new(action, addr, size).with_device_free(device_free)
     }
 
     /// The reserved bytes at the `oom` entry come from the final segments and the trace walked back: segments

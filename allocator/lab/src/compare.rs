@@ -484,7 +484,7 @@ fn pytorch_message(report: &OomReport, unreserved_bytes: Option<u64>) -> String 
 pub(crate) fn unreserved_bytes(capacity_bytes: Option<u64>, report: &OomReport, entry: Option<&TraceEntry>) -> Option<u64> {
     match capacity_bytes {
         Some(capacity) => Some(capacity.saturating_sub(report.reserved_bytes)),
-        None => entry.and_then(|entry| entry.device_free),
+        None => entry.and_then(TraceEntry::device_free),
     }
 }
 

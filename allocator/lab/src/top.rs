@@ -303,7 +303,7 @@ mod tests {
     }
 
     fn entry(action: Action, addr: u64, size: u64, stack: u32) -> TraceEntry {
-        TraceEntry { frames: StackId(stack), ..TraceEntry::new(action, addr, size) }
+        TraceEntry::new(action, addr, size).with_frames(StackId(stack))
     }
 
     /// Four allocations from three places, one freed, then a refused request:

@@ -202,12 +202,12 @@ impl<'a, W: Write> Exporter<'a, W> {
         if entry.action != Action::Oom || entry.addr != 0 {
             self.key_int("addr", entry.addr)?;
         }
-        if let Some(device_free) = entry.device_free {
+        if let Some(device_free) = entry.device_free() {
             self.key_int("device_free", device_free)?;
         }
         self.key_int("size", entry.size)?;
         self.key_int("stream", entry.stream)?;
-        if let Some(time_us) = entry.time_us {
+        if let Some(time_us) = entry.time_us() {
             self.shared_str("time_us")?;
             self.out.int(i128::from(time_us))?;
         }
@@ -269,15 +269,10 @@ mod tests {
     #[test]
     fn edge_cases_round_trip() {
         let frames = vec![Frame { filename: "ü.py".into(), line: -1, name: "x".repeat(300).into() }];
-        let entry = |action, addr, frames| TraceEntry {
-            category: crate::CategoryId::NONE,
-            action,
-            addr,
-            size: u64::MAX,
-            stream: u64::MAX,
-            time_us: Some(i64::MIN),
-            device_free: None,
-            frames,
+        let entry = |action, addr, frames| {
+            let mut entry = TraceEntry::new(action, addr, u64::MAX).with_time_us(Some(i64::MIN));
+            (entry.stream, entry.frames) = (u64::MAX, frames);
+            entry
         };
         // (what, snapshot)
         let cases = [
@@ -303,7 +298,7 @@ mod tests {
             (
                 "oom with an address",
                 Snapshot {
-                    device_traces: vec![vec![TraceEntry { device_free: Some(7), ..entry(Action::Oom, 5, StackId::NONE) }]],
+                    device_traces: vec![vec![entry(Action::Oom, 5, StackId::NONE).with_device_free(Some(7))]],
                     frame_stacks: vec![Vec::new()],
                     ..Snapshot::default()
                 },
@@ -339,15 +334,10 @@ mod tests {
     #[test]
     fn unknown_stack_ids_are_an_error() {
         let snapshot = Snapshot {
-            device_traces: vec![vec![TraceEntry {
-                category: crate::CategoryId::NONE,
-                action: Action::Alloc,
-                addr: 1,
-                size: 1,
-                stream: 0,
-                time_us: None,
-                device_free: None,
-                frames: StackId(9),
+            device_traces: vec![vec![{
+                let mut entry = TraceEntry::new(Action::Alloc, 1, 1);
+                entry.frames = StackId(9);
+                entry
             }]],
             frame_stacks: vec![Vec::new()],
             ..Snapshot::default()

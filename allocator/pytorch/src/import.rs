@@ -1238,7 +1238,9 @@ impl EntryFields {
         };
         let Self { stream, time_us, device_free, frames, category, .. } = self;
         let category = category.map_or(CategoryId::NONE, |(_, id)| id);
-        Ok(TraceEntry { action, addr, size, stream, time_us, device_free, frames, category })
+        let mut entry = TraceEntry::new(action, addr, size);
+        (entry.stream, entry.frames, entry.category) = (stream, frames, category);
+        Ok(entry.with_time_us(time_us).with_device_free(device_free))
     }
 }
 
@@ -1713,7 +1715,7 @@ pub(crate) mod tests {
             assert!(snapshot.segments.iter().all(|s| s.is_expandable == expandable), "{file}");
             assert_eq!(trace.iter().filter(|e| e.action == Action::Alloc).count(), allocs, "{file}");
             assert_eq!(trace.iter().filter(|e| e.action == Action::Oom).count(), ooms, "{file}");
-            assert!(trace.iter().all(|e| e.time_us.is_some()), "{file}");
+            assert!(trace.iter().all(|e| e.time_us().is_some()), "{file}");
             let settings = snapshot.settings.as_ref().unwrap();
             assert_eq!(settings.expandable_segments, expandable, "{file}");
             assert_eq!(settings.max_split_size, None, "{file}");
@@ -1922,7 +1924,7 @@ print([[(k, e[k]) for k in keys if k in e] for e in trace[:7]])
         assert!(report.contains("19 opcodes: EMPTY_DICT MEMOIZE MARK LONG_BINGET LONG_BINGET LONG_BINGET LONG1"), "{report}");
         let trace = &fast.device_traces[0];
         assert_eq!(trace.len(), 3000);
-        assert!(trace.iter().all(|e| e.frames == StackId::NONE && e.stream == 0 && e.time_us.is_some()));
+        assert!(trace.iter().all(|e| e.frames == StackId::NONE && e.stream == 0 && e.time_us().is_some()));
         // With frames: the layout of the frag_oom files (shared frame dicts, new lists, lists shared by an alloc
         // with its segment_alloc and by a free_completed with its free_requested).
         let (report, fast) = generate(&[], "frag_oom-default.pickle.gz");
@@ -1939,7 +1941,7 @@ print([[(k, e[k]) for k in keys if k in e] for e in trace[:7]])
         let first = &trace[0];
         assert_eq!(first.action, Action::SegmentAlloc);
         assert_eq!((first.addr, first.size, first.stream), (140_333_560_102_912, 157_286_400, 0));
-        assert_eq!(first.time_us, Some(1_795_981_013_729_460));
+        assert_eq!(first.time_us(), Some(1_795_981_013_729_460));
         let frames = &snapshot.frame_stacks[first.frames.0 as usize];
         assert_eq!(
             frames,
@@ -1951,7 +1953,7 @@ print([[(k, e[k]) for k in keys if k in e] for e in trace[:7]])
         // The alloc right after shares the same (equal) frame list: one StackId.
         assert_eq!(trace[1].frames, first.frames);
         let oom = trace.iter().find(|e| e.action == Action::Oom).unwrap();
-        assert_eq!((oom.addr, oom.size, oom.device_free), (0, 1_073_741_824, Some(611_450_880)));
+        assert_eq!((oom.addr, oom.size, oom.device_free()), (0, 1_073_741_824, Some(611_450_880)));
         let segment = &snapshot.segments[0];
         assert_eq!(segment.segment_type, Pool::Large);
         assert_eq!(segment.segment_pool_id, (0, 0));
@@ -2025,26 +2027,8 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
                 ],
             }],
             device_traces: vec![vec![
-                TraceEntry {
-                    category: CategoryId::NONE,
-                    action: Action::Alloc,
-                    addr: 4096,
-                    size: 1000,
-                    stream: 0,
-                    time_us: None,
-                    device_free: None,
-                    frames: StackId(1),
-                },
-                TraceEntry {
-                    category: CategoryId::NONE,
-                    action: Action::FreeCompleted,
-                    addr: 4096,
-                    size: 1000,
-                    stream: 0,
-                    time_us: None,
-                    device_free: None,
-                    frames: StackId(1),
-                },
+                TraceEntry::new(Action::Alloc, 4096, 1000).with_frames(StackId(1)),
+                TraceEntry::new(Action::FreeCompleted, 4096, 1000).with_frames(StackId(1)),
             ]],
             settings: None,
             frame_stacks: vec![Vec::new(), stack.clone()],
@@ -2054,37 +2038,15 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             categories: Vec::new(),
             segments: Vec::new(),
             device_traces: vec![
-                vec![TraceEntry {
-                    category: CategoryId::NONE,
-                    action: Action::Alloc,
-                    addr: 1 << 47,
-                    size: 512,
-                    stream: (1 << 63) + 5,
-                    time_us: Some(17),
-                    device_free: None,
-                    frames: StackId(1),
-                }],
                 vec![
-                    TraceEntry {
-                        category: CategoryId::NONE,
-                        action: Action::Oom,
-                        addr: 0,
-                        size: 1 << 31,
-                        stream: 0,
-                        time_us: Some(18),
-                        device_free: Some(1 << 40),
-                        frames: StackId::NONE,
-                    },
-                    TraceEntry {
-                        category: CategoryId::NONE,
-                        action: Action::Snapshot,
-                        addr: 0,
-                        size: 0,
-                        stream: 0,
-                        time_us: Some(19),
-                        device_free: None,
-                        frames: StackId::NONE,
-                    },
+                    TraceEntry::new(Action::Alloc, 1 << 47, 512)
+                        .with_stream((1 << 63) + 5)
+                        .with_time_us(Some(17))
+                        .with_frames(StackId(1)),
+                ],
+                vec![
+                    TraceEntry::new(Action::Oom, 0, 1 << 31).with_time_us(Some(18)).with_device_free(Some(1 << 40)),
+                    TraceEntry::new(Action::Snapshot, 0, 0).with_time_us(Some(19)),
                 ],
             ],
             settings: Some(RecordedSettings {
@@ -2240,7 +2202,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             "addr" => i128::from(entry.addr),
             "size" => i128::from(entry.size),
             "stream" => i128::from(entry.stream),
-            "time_us" => i128::from(entry.time_us.unwrap()),
+            "time_us" => i128::from(entry.time_us().unwrap()),
             "total_size" => i128::from(segment.total_size),
             "device" => i128::from(segment.device),
             "is_expandable" => i128::from(segment.is_expandable),

@@ -7,7 +7,7 @@
 //! value tree of that file costs ~450 bytes a trace entry (an `Rc` dict of eight key/value pairs), several
 //! times the file. This reader runs the pickle machine over a small [`Value`] type, and lets a [`Sink`]
 //! take the items appended to lists it recognises (a device's trace list) as they arrive, so memory stays
-//! near the typed model's size (a `TraceEntry` is 64 bytes). Everything else (segments, settings) stays
+//! near the typed model's size (a `TraceEntry` is 48 bytes). Everything else (segments, settings) stays
 //! generic and is converted at the end.
 //!
 //! # The fast path for trace entries and segments
@@ -47,16 +47,13 @@
 //! # Measured
 //!
 //! `cargo bench -p heapscope-lab --bench snapshot_import` (BENCHMARKS.md, "Reading and replaying PyTorch
-//! snapshots", has every number and the commands). On the layout PyTorch >= 2.5 writes (280,000 entries,
-//! 20.2 MiB, `synthetic_snapshot.py --layout pytorch --no-frames --one-stream`), 2-core VM: import 43–44 ms
-//! against python3's `pickle.load` 230 ms in the same run (0.19x; 86–95 ms, 0.26–0.36x, before the segments'
-//! fast path); peak resident memory 1.40x the file at 264 MB, 1.39x at 528 MB, 1.38x at 1.06 GB (two memo
-//! slots an entry, 34 bytes, and a 64-byte `TraceEntry` against ~75 bytes of pickle). Where the time goes
-//! (perf): the fast path's token decoding and memo pushes (~45 %), the machine's dispatch (~10 %), page faults
-//! and the kernel's copy of the file (~15 %), the rest the generic path (settings, frames). Reading ahead: the
-//! input is read in 1 MiB chunks, never whole (from a second thread that reads and gunzips large files: the
-//! import's `read_ahead.rs`); `read_snapshot` reserves the trace from the file's (or the gzip
-//! trailer's) size so it is never copied while it grows.
+//! snapshots", has every number and the commands): on the layout PyTorch >= 2.5 writes, the import takes about a
+//! fifth of python3's `pickle.load` of the same file, and its peak is about the file's size (a 48-byte
+//! `TraceEntry` and two memo slots of five bytes an entry, [`Memo`], against ~75 bytes of pickle). Where the time
+//! goes (perf): the fast path's token decoding and memo pushes, the machine's dispatch, page faults. The input is
+//! read in 1 MiB chunks, never whole (a large file from a second thread that reads and gunzips it: the import's
+//! `read_ahead.rs`); `read_snapshot` reserves the trace from the file's (or the gzip trailer's) size so it is
+//! never copied while it grows.
 //!
 //! # Where a container sits
 //!

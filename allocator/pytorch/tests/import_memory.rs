@@ -75,9 +75,9 @@ static GLOBAL: Counting = Counting;
 ///
 /// The multiple is set by the densest input the schema allows, not by sharing: a frame list of memo references
 /// costs 2 bytes a frame in the pickle (`BINGET`) and a 40-byte `Frame` in the model (its strs shared), ~20x; a
-/// trace entry of memo'd keys and one-byte ints 15 bytes against its 64-byte `TraceEntry`, twice that while the
-/// trace vector doubles, ~8.5x. Sharing itself adds nothing: what is shared is held once (a str, a frame dict, a
-/// frame list), or refused (a trace list, a segment, a block list, a block). Measured: at most 10x here, 1.4x on
+/// trace entry of memo'd keys and one-byte ints 15 bytes against its 48-byte `TraceEntry`, twice that while the
+/// trace vector doubles, ~6.4x. Sharing itself adds nothing: what is shared is held once (a str, a frame dict, a
+/// frame list), or refused (a trace list, a segment, a block list, a block). Measured: at most 10x here, about 1x on
 /// PyTorch's own layout (BENCHMARKS.md).
 const MULTIPLE: usize = 32;
 /// The reader's buffers (a 256 KiB `BufReader`, the 1 MiB input chunk) and the interning tables' first sizes.

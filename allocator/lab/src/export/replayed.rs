@@ -18,8 +18,8 @@ use heapscope_core::trace::Event;
 use heapscope_core::{DeviceEvent, DeviceHeap, Error, RangeState, Result};
 use heapscope_pytorch::caching::{SMALL_BUFFER_BYTES, SMALL_SIZE_BYTES};
 use heapscope_pytorch::{
-    Action, AllocConf, BackingRefused, Block, BlockState, CachingAllocator, CategoryId, EntryEffect, MemoryStats, Pool,
-    RecordedSettings, Segment, SegmentBacking, Snapshot, StackId, StatArray, TraceEntry,
+    Action, AllocConf, BackingRefused, Block, BlockState, CachingAllocator, EntryEffect, MemoryStats, Pool, RecordedSettings,
+    Segment, SegmentBacking, Snapshot, StackId, StatArray, TraceEntry,
 };
 
 /// Where a paged heap's virtual range starts in exported addresses.
@@ -39,15 +39,14 @@ impl Writer<'_> {
             let index = usize::try_from(index).ok()?;
             snapshot.device_traces.get(self.recording.device)?.get(index)
         });
-        self.entries.push(TraceEntry {
-            action,
-            addr,
-            size,
-            stream: original.map_or(0, |entry| entry.stream),
-            time_us: original.and_then(|entry| entry.time_us),
-            device_free,
-            frames: original.map_or(StackId::NONE, |entry| entry.frames),
-            category: original.map_or(CategoryId::NONE, |entry| entry.category),
+        let entry = TraceEntry::new(action, addr, size).with_device_free(device_free);
+        self.entries.push(match original {
+            Some(original) => entry
+                .with_stream(original.stream)
+                .with_time_us(original.time_us())
+                .with_frames(original.frames)
+                .with_category(original.category),
+            None => entry,
         });
     }
 
@@ -407,7 +406,7 @@ impl EmulationWriter<'_> {
         for event in self.held.drain(..) {
             let (action, addr, size) = segment_entry(event);
             let entry = match template {
-                Some(template) => TraceEntry { action, addr, size, device_free: None, ..template.clone() },
+                Some(template) => template.clone().with(action, addr, size).with_device_free(None),
                 None => TraceEntry::new(action, addr, size),
             };
             self.entries.push(entry);
@@ -418,7 +417,7 @@ impl EmulationWriter<'_> {
     fn device_free(&self, entry: Option<&TraceEntry>, reserved_bytes: u64) -> u64 {
         match self.capacity_bytes {
             Some(capacity) => capacity.saturating_sub(reserved_bytes),
-            None => entry.and_then(|entry| entry.device_free).unwrap_or(0),
+            None => entry.and_then(TraceEntry::device_free).unwrap_or(0),
         }
     }
 
@@ -427,7 +426,7 @@ impl EmulationWriter<'_> {
         let Some(entry) = original.get(index) else { return };
         self.flush(Some(entry));
         let write = |writer: &mut Self, action: Action, addr: u64| {
-            writer.entries.push(TraceEntry { action, addr, device_free: None, ..entry.clone() });
+            writer.entries.push(entry.clone().with(action, addr, entry.size).with_device_free(None));
         };
         match (entry.action, effect) {
             (Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap, _) => {}
@@ -439,7 +438,7 @@ impl EmulationWriter<'_> {
                 // Refused: PyTorch would have recorded an out-of-memory error instead.
                 self.refused.insert(entry.addr);
                 let device_free = self.device_free(Some(entry), allocator.reserved_bytes());
-                self.entries.push(TraceEntry { action: Action::Oom, addr: 0, device_free: Some(device_free), ..entry.clone() });
+                self.entries.push(entry.clone().with(Action::Oom, 0, entry.size).with_device_free(Some(device_free)));
             }
             (Action::FreeRequested | Action::FreeCompleted, _) if self.refused.contains(&entry.addr) => {
                 if entry.action == Action::FreeCompleted {
@@ -462,7 +461,7 @@ impl EmulationWriter<'_> {
             }
             (Action::Oom, _) => {
                 let device_free = self.device_free(Some(entry), allocator.reserved_bytes());
-                self.entries.push(TraceEntry { device_free: Some(device_free), ..entry.clone() });
+                self.entries.push(entry.clone().with_device_free(Some(device_free)));
             }
             _ => self.entries.push(entry.clone()),
         }
@@ -483,7 +482,7 @@ impl EmulationWriter<'_> {
             EntryEffect::Refused(report) => {
                 self.flush(None);
                 let device_free = self.device_free(None, report.reserved_bytes);
-                self.entries.push(TraceEntry { device_free: Some(device_free), ..TraceEntry::new(Action::Oom, 0, size_bytes) });
+                self.entries.push(TraceEntry::new(Action::Oom, 0, size_bytes).with_device_free(Some(device_free)));
             }
             EntryEffect::Freed { address } => {
                 let size_bytes = self.live.remove(&address).map_or(0, |(_, size_bytes)| size_bytes);
@@ -700,7 +699,7 @@ mod tests {
         );
         let ooms: Vec<_> = entries.iter().filter(|entry| entry.action == Action::Oom).collect();
         assert_eq!(ooms.len() as i64, replayed.stats.num_ooms);
-        assert!(ooms.iter().all(|entry| entry.device_free.is_some_and(|free| free < 150 * MIB)), "{ooms:?}");
+        assert!(ooms.iter().all(|entry| entry.device_free().is_some_and(|free| free < 150 * MIB)), "{ooms:?}");
         // An oversized request counts as an out-of-memory error in the summary as in the replay.
         let mut builder = TraceBuilder::new("huge");
         builder.alloc(1, u64::MAX).unwrap();

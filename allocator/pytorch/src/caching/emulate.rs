@@ -542,7 +542,7 @@ fn attempt_recorded_oom(
     capacity_bytes: Option<u64>,
 ) -> Result<LiveBlock, OomReport> {
     if capacity_bytes.is_none() {
-        alloc.request_limit_bytes = Some(alloc.reserved_bytes().saturating_add(e.device_free.unwrap_or(0)));
+        alloc.request_limit_bytes = Some(alloc.reserved_bytes().saturating_add(e.device_free().unwrap_or(0)));
     }
     let result = alloc.malloc(e.size, e.stream, None);
     alloc.request_limit_bytes = None;

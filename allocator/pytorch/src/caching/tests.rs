@@ -614,11 +614,9 @@ fn issue_14_expandable_recording_from_empty_with_oom_replays_exactly() {
     const S: u64 = A + R;
     const B: u64 = A + 2 * R;
     const C: u64 = A + 3 * R;
-    let on = |stream: u64, e: TraceEntry| TraceEntry { stream, ..e };
-    let oom = |stream: u64, size: u64, device_free: u64| TraceEntry {
-        stream,
-        device_free: Some(device_free),
-        ..entry(Action::Oom, 0, size)
+    let on = |stream: u64, e: TraceEntry| e.with_stream(stream);
+    let oom = |stream: u64, size: u64, device_free: u64| {
+        entry(Action::Oom, 0, size).with_stream(stream).with_device_free(Some(device_free))
     };
     let trace = vec![
         entry(Action::SegmentMap, A, 100 * MIB),

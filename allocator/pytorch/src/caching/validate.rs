@@ -284,7 +284,7 @@ mod tests {
         use Action::{Alloc, FreeCompleted, FreeRequested, Oom, SegmentAlloc, SegmentFree, SegmentUnmap};
         use BlockState::{ActiveAllocated, Inactive};
         let tiled = segment(BASE, 2 * MIB, &[(BASE, MIB, ActiveAllocated), (BASE + MIB, MIB, Inactive)]);
-        let oom = TraceEntry { device_free: None, ..entry(Oom, 0, 1 << 40) };
+        let oom = entry(Oom, 0, 1 << 40).with_device_free(None);
         let table: Vec<(&str, Snapshot)> = vec![
             ("no segments, no trace", snapshot(vec![], vec![])),
             (
@@ -296,7 +296,7 @@ mod tests {
                 "a stream that appears mid-run",
                 snapshot(
                     vec![tiled.clone()],
-                    vec![entry(Alloc, BASE + MIB, 512), TraceEntry { stream: 7, ..entry(Alloc, BASE + 4 * MIB, 512) }],
+                    vec![entry(Alloc, BASE + MIB, 512), entry(Alloc, BASE + 4 * MIB, 512).with_stream(7)],
                 ),
             ),
             ("a segment_free of an unknown segment", snapshot(vec![tiled], vec![entry(SegmentFree, BASE + 64 * MIB, 2 * MIB)])),
@@ -308,9 +308,9 @@ mod tests {
                 snapshot(
                     vec![],
                     vec![
-                        TraceEntry { stream: u64::MAX, ..entry(Alloc, BASE, MAX_REQUEST_BYTES) },
-                        TraceEntry { stream: u64::MAX, ..entry(Alloc, BASE + 4 * MIB, MAX_REQUEST_BYTES) },
-                        TraceEntry { device_free: Some(u64::MAX), ..entry(Oom, 0, MAX_REQUEST_BYTES) },
+                        entry(Alloc, BASE, MAX_REQUEST_BYTES).with_stream(u64::MAX),
+                        entry(Alloc, BASE + 4 * MIB, MAX_REQUEST_BYTES).with_stream(u64::MAX),
+                        entry(Oom, 0, MAX_REQUEST_BYTES).with_device_free(Some(u64::MAX)),
                         entry(FreeCompleted, BASE, MAX_REQUEST_BYTES),
                     ],
                 ),
