@@ -12,6 +12,10 @@
 //!
 //! and the peak resident memory of the import alone (a child process, so earlier runs do not count)
 //! against the file's size. It prints a table and writes it to `target/heapscope-bench/snapshot_import.md`.
+//!
+//! For profilers, the binary also runs one path alone on `FILE`: `--import-only FILE` (the import once, printing
+//! its peak resident KiB), `--replay-only FILE` (import and replay through tlsf, best of 5), `--without-import FILE`
+//! (the replay through tlsf of a recording imported once, best of 5).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
