@@ -272,11 +272,13 @@ impl Memo {
     }
 
     /// Slot `slot`'s value.
+    #[inline]
     pub(crate) fn get(&self, slot: usize) -> Option<&Value> {
         self.values.get(*self.slots.get(slot)? as usize)
     }
 
     /// Slot `slot`'s atom (0 for anything but a memo'd str the sink knows).
+    #[inline]
     fn atom(&self, slot: usize) -> u8 {
         self.atoms.get(slot).copied().unwrap_or(0)
     }
@@ -296,9 +298,17 @@ impl Memo {
     }
 
     /// Gives slot `slot` the value `value` (nothing when there is no such slot).
+    #[inline]
     pub(crate) fn set(&mut self, slot: usize, value: Value) {
-        if let Some(entry) = self.get_mut(slot) {
-            *entry = value;
+        let Some(&index) = self.slots.get(slot) else { return };
+        if self.shared[index as usize] {
+            // A new entry of its own (what `get_mut` would copy is replaced anyway).
+            if let Some(copied) = &mut self.copied {
+                copied.push((slot, index));
+            }
+            self.slots[slot] = self.push_value(value);
+        } else {
+            self.values[index as usize] = value;
         }
     }
 
@@ -337,6 +347,7 @@ impl Memo {
         }
     }
 
+    #[inline]
     fn push_value(&mut self, value: Value) -> u32 {
         let index = u32::try_from(self.values.len()).expect("fewer than 2^32 memo values");
         self.values.push(value);
