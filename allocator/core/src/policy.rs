@@ -42,8 +42,10 @@ pub trait Policy: Send + fmt::Debug {
     /// Number of live allocations.
     fn live_allocations(&self) -> usize;
 
-    /// An upper bound on the largest request this policy could serve now, in O(1): a heap skips blocks
-    /// that cannot help without asking them. The default says nothing (`u64::MAX`).
+    /// An upper bound on the largest request this policy could serve now, cheaply (O(1), or O(log n) for an
+    /// ordered index): a heap skips blocks that cannot help without asking them, so the closer the bound, the fewer
+    /// searches a refused block costs. No free run may be larger (the checker holds it). The default says nothing
+    /// (`u64::MAX`).
     fn largest_free_bound_bytes(&self) -> u64 {
         u64::MAX
     }
