@@ -11,7 +11,7 @@ use heapscope_lab::capacity::Capacity;
 use heapscope_lab::compaction::CompactRule;
 use heapscope_lab::compare::{CompareConfig, Outcome, alloc_conf};
 use heapscope_lab::contender::Contender;
-use heapscope_lab::recording::{Recording, counted, default_device, device_overview};
+use heapscope_lab::recording::{Recording, counted, default_device, device_overview, present_devices};
 
 use std::sync::Arc;
 
@@ -300,10 +300,11 @@ const EMULATE_OTHERS_UP_TO_ENTRIES: u64 = 200_000;
 /// are said. Nothing for a file of one device.
 pub fn devices_overview(recording: &Recording, asked: Option<usize>, config: &CompareConfig) -> Vec<String> {
     let Some(snapshot) = &recording.snapshot else { return Vec::new() };
-    let overview = device_overview(snapshot);
-    if overview.len() < 2 {
+    // Counted first: the overview walks every device's entries.
+    if present_devices(snapshot).len() < 2 {
         return Vec::new();
     }
+    let overview = device_overview(snapshot);
     let shown = recording.device;
     let why = match asked {
         Some(device) => format!("--device {device}"),

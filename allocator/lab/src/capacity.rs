@@ -39,18 +39,19 @@ pub enum CapacityFrom {
 pub fn recorded_capacity(recording: &Recording) -> Option<(u64, CapacityFrom)> {
     let snapshot = recording.snapshot.as_ref()?;
     let entries = snapshot.device_traces.get(recording.device)?;
+    // The first oom that tells the driver's free bytes, found before the reserved bytes are walked: most
+    // recordings have none, and then nothing more is read.
+    let (oom, device_free_bytes) = entries.iter().enumerate().find_map(|(index, entry)| match entry.action {
+        Action::Oom => entry.device_free().map(|free| (index, free)),
+        _ => None,
+    })?;
     let mut reserved = i128::from(reserved_at_start(recording));
-    for (index, entry) in (0u64..).zip(entries) {
-        if entry.action == Action::Oom
-            && let Some(device_free_bytes) = entry.device_free()
-        {
-            let reserved_bytes = u64::try_from(reserved).unwrap_or(u64::MAX);
-            let capacity = reserved_bytes.saturating_add(device_free_bytes);
-            return Some((capacity, CapacityFrom::Recorded { entry: index, reserved_bytes, device_free_bytes }));
-        }
+    for entry in &entries[..oom] {
         reserved = (reserved + reserved_change(entry.action, entry.size)).max(0);
     }
-    None
+    let reserved_bytes = u64::try_from(reserved).unwrap_or(u64::MAX);
+    let capacity = reserved_bytes.saturating_add(device_free_bytes);
+    Some((capacity, CapacityFrom::Recorded { entry: oom as u64, reserved_bytes, device_free_bytes }))
 }
 
 /// The bytes PyTorch held reserved before `recording`'s first entry (0 for a plain trace). No device smaller than

@@ -307,7 +307,18 @@ impl Recording {
     /// The CUDA streams the device's trace uses (1 for a plain trace, which has none).
     pub fn streams(&self) -> usize {
         let entries = self.snapshot.as_ref().and_then(|snapshot| snapshot.device_traces.get(self.device));
-        let streams: std::collections::BTreeSet<u64> = entries.into_iter().flatten().map(|entry| entry.stream).collect();
+        // A recording uses a few streams, mostly one entry after another on the same: a short list, looked up only
+        // when the stream changes.
+        let mut streams: Vec<u64> = Vec::new();
+        let mut last = None;
+        for entry in entries.into_iter().flatten() {
+            if last != Some(entry.stream) {
+                last = Some(entry.stream);
+                if !streams.contains(&entry.stream) {
+                    streams.push(entry.stream);
+                }
+            }
+        }
         streams.len().max(1)
     }
 
@@ -499,12 +510,7 @@ impl DeviceOverview {
 
 /// Every device of `snapshot` that records something (trace entries or segments), in order.
 pub fn device_overview(snapshot: &Snapshot) -> Vec<DeviceOverview> {
-    // The devices named (a trace with entries, a segment), not every number up to the highest: a damaged file may
-    // name device 4,000,000,000.
-    let mut devices: std::collections::BTreeSet<usize> =
-        snapshot.device_traces.iter().enumerate().filter(|(_, entries)| !entries.is_empty()).map(|(device, _)| device).collect();
-    devices.extend(snapshot.segments.iter().map(|segment| segment.device as usize));
-    devices
+    present_devices(snapshot)
         .into_iter()
         .map(|device| {
             let entries = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
@@ -519,6 +525,15 @@ pub fn device_overview(snapshot: &Snapshot) -> Vec<DeviceOverview> {
             }
         })
         .collect()
+}
+
+/// The devices `snapshot` records something on (a trace with entries, a segment), in order: the devices named, not every
+/// number up to the highest (a damaged file may name device 4,000,000,000).
+pub fn present_devices(snapshot: &Snapshot) -> std::collections::BTreeSet<usize> {
+    let mut devices: std::collections::BTreeSet<usize> =
+        snapshot.device_traces.iter().enumerate().filter(|(_, entries)| !entries.is_empty()).map(|(device, _)| device).collect();
+    devices.extend(snapshot.segments.iter().map(|segment| segment.device as usize));
+    devices
 }
 
 /// What a trace entry does to the bytes PyTorch holds reserved: a segment (or a mapped range) more or less.
@@ -615,18 +630,21 @@ pub struct DefaultDevice {
 /// The device `snapshot` opens on when none is named: the first with an `oom` entry (where the story is), else the
 /// busiest ([`busiest_device`]).
 pub fn default_device(snapshot: &Snapshot) -> DefaultDevice {
-    let overview = device_overview(snapshot);
-    if let Some(oom) = overview.iter().find(|device| device.ooms > 0) {
-        return DefaultDevice { device: oom.device, why: "it ran out of memory" };
+    // Without the overview's walk of every entry for the reserved bytes: the entries' count and the first oom.
+    let devices = present_devices(snapshot);
+    let entries = |device: usize| snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
+    let ran_out = devices.iter().find(|&&device| entries(device).iter().any(|entry| entry.action == Action::Oom));
+    if let Some(&device) = ran_out {
+        return DefaultDevice { device, why: "it ran out of memory" };
     }
     // The most entries, the lowest of equals: a state with no trace opens on its first device with segments.
-    let busiest = overview.iter().max_by_key(|device| (device.entries, std::cmp::Reverse(device.device)));
+    let busiest = devices.iter().copied().max_by_key(|&device| (entries(device).len(), std::cmp::Reverse(device)));
     let why = match busiest {
-        _ if overview.len() < 2 => "the only device",
-        Some(busiest) if busiest.entries == 0 => "the first device with segments",
+        _ if devices.len() < 2 => "the only device",
+        Some(busiest) if entries(busiest).is_empty() => "the first device with segments",
         _ => "the most trace entries",
     };
-    DefaultDevice { device: busiest.map_or(0, |busiest| busiest.device), why }
+    DefaultDevice { device: busiest.unwrap_or(0), why }
 }
 
 #[cfg(test)]
