@@ -231,7 +231,9 @@ impl Recording {
             Ok(Some(built)) if built.accounts_for_the_final_blocks(&snapshot, device) => built,
             _ => {
                 let start = live_at_start(&snapshot, device, entries);
-                Built::forward(name, device, entries, &start, false)?.unwrap_or_default()
+                Built::forward(name, device, entries, &start, false)?.ok_or_else(|| Error::InvalidConfig {
+                    what: "the stream built after the walk back gave up as a guess would: a recording bug".to_owned(),
+                })?
             }
         };
         Ok(Self {
@@ -341,7 +343,6 @@ pub(crate) fn entry_of(entry_index: &[u64], event: u64) -> u64 {
 }
 
 /// A device's stream, built from its entries (see [`Recording::from_snapshot`]).
-#[derive(Default)]
 struct Built {
     builder: TraceBuilder,
     entry_index: Vec<u64>,

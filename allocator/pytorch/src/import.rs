@@ -100,8 +100,8 @@ const READ_AHEAD_FROM_BYTES: u64 = 4 << 20;
 /// The chunks of a [`ReadAhead`].
 const READ_AHEAD_CHUNK_BYTES: usize = 256 << 10;
 
-/// [`read_snapshot`], reading ahead on a second thread in chunks of `chunk_bytes` when the pickle holds at least
-/// `from_bytes` bytes (or its size is unknown).
+/// [`read_snapshot`], reading ahead on a second thread in chunks of `chunk_bytes` when the pickle is known to hold at
+/// least `from_bytes` bytes.
 fn read_snapshot_ahead(path: &Path, from_bytes: u64, chunk_bytes: usize) -> Result<Snapshot, SnapshotError> {
     let name = path.display().to_string();
     let io_error = |error| SnapshotError::Io { file: name.clone(), error };
@@ -109,7 +109,8 @@ fn read_snapshot_ahead(path: &Path, from_bytes: u64, chunk_bytes: usize) -> Resu
     let hint = pickle_size_hint(&mut file).map_err(io_error)?;
     let input = Decompressed::new(file).map_err(io_error)?;
     let decoder = Decoder::with_size_hint(hint);
-    if hint.is_none_or(|bytes| bytes >= from_bytes) {
+    // A file of known size only: a pipe's writer may stall, and the thread would wait for it after a parse error.
+    if hint.is_some_and(|bytes| bytes >= from_bytes) {
         let gzip = input.is_gzip();
         let ahead = ReadAhead::spawn(input, chunk_bytes).map_err(io_error)?;
         parse_decompressed(ahead, gzip, &name, decoder)
