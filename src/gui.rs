@@ -353,7 +353,7 @@ mod tests {
             "64KiB",
         ];
         let rules = Gui::try_parse_from(words).unwrap().args.open.open_options().unwrap().rules;
-        let expected = heapscope_gui::session::Rules {
+        let expected = heapscope_gui::session::RuleOverrides {
             block_size_bytes: Some(64 << 20),
             dedicated_threshold_bytes: None,
             release: Some(heapscope_core::ReleaseRule::Immediately),

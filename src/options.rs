@@ -3,7 +3,7 @@
 use clap::Args;
 use heapscope_core::units::{Bytes, parse_size};
 use heapscope_core::{HeapConfig, PolicyConfig, PolicyKind, ReleaseRule};
-use heapscope_gui::session::{OpenOptions, Rules};
+use heapscope_gui::session::{OpenOptions, RuleOverrides};
 
 /// Which policies to run and how the heap reserves blocks.
 #[derive(Debug, Clone, Default, Args)]
@@ -53,7 +53,7 @@ impl OpenArgs {
         if let Some(bytes) = self.page_size.filter(|bytes| !bytes.is_power_of_two()) {
             anyhow::bail!("--page-size {}: not a power of two", Bytes(bytes));
         }
-        let rules = Rules {
+        let rules = RuleOverrides {
             block_size_bytes: self.block_size,
             dedicated_threshold_bytes: self.dedicated_threshold,
             release: self.release,

@@ -61,13 +61,13 @@ pub struct OpenOptions {
     /// Device memory of the replays; `None`: unlimited.
     pub capacity_bytes: Option<u64>,
     /// The heap rules over the defaults (or a story's own).
-    pub rules: Rules,
+    pub rules: RuleOverrides,
 }
 
 /// Heap rules given on the command line of `gui` and `render`, each over the defaults (or a story's own) where given:
 /// what a lesson sets to show one rule at work.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Rules {
+pub struct RuleOverrides {
     /// The heap contenders' preferred block size (`--block-size`).
     pub block_size_bytes: Option<u64>,
     /// Requests from this size get a block of their own (`--dedicated-threshold`).
@@ -80,7 +80,7 @@ pub struct Rules {
     pub page_bytes: Option<u64>,
 }
 
-impl Rules {
+impl RuleOverrides {
     /// Whether any rule is given.
     pub fn any(&self) -> bool {
         *self != Self::default()
@@ -360,7 +360,7 @@ impl Session {
     ///
     /// # Errors
     /// A replay that fails (bad settings).
-    pub fn with_rules(self, rules: &Rules) -> Result<Self> {
+    pub fn with_rules(self, rules: &RuleOverrides) -> Result<Self> {
         if !rules.any() {
             return Ok(self);
         }
@@ -979,11 +979,11 @@ mod tests {
         let tlsf = [Contender::Heap(PolicyKind::Tlsf)];
         let session = Session::open(&path, &tlsf, &OpenOptions::default()).unwrap();
         assert_eq!(session.config.heap.block_size_bytes, 4 << 20, "twice the 1.5 MiB peak, to a power of two");
-        let rules = Rules { block_size_bytes: Some(64 << 20), ..Rules::default() };
+        let rules = RuleOverrides { block_size_bytes: Some(64 << 20), ..RuleOverrides::default() };
         let asked = Session::open(&path, &tlsf, &OpenOptions { rules, ..OpenOptions::default() }).unwrap();
         assert_eq!(asked.config.heap.block_size_bytes, 64 << 20);
         let large = Recording::from_trace(heapscope_core::Trace::parse_csv("l.csv", "a,1,1GiB\n").unwrap());
-        let config = Rules::default().apply_to(&large, CompareConfig::default());
+        let config = RuleOverrides::default().apply_to(&large, CompareConfig::default());
         assert_eq!(config.heap.block_size_bytes, CompareConfig::default().heap.block_size_bytes);
         std::fs::remove_dir_all(&dir).ok();
     }
