@@ -413,14 +413,19 @@ impl Built {
     /// allocated, or the guess was given up at its free; an address they never touch would be one of these blocks,
     /// live since before the first entry.) This is what [`live_at_start`] finds empty, without its walk back.
     fn accounts_for_the_final_blocks(&self, snapshot: &Snapshot, device: usize) -> bool {
-        snapshot
-            .segments
-            .iter()
-            .filter(|segment| segment.device as usize == device)
-            .flat_map(|segment| &segment.blocks)
-            .filter(|block| block.state != BlockState::Inactive)
-            .all(|block| self.builder.is_live(block.address))
+        final_live_blocks(snapshot, device).all(|block| self.builder.is_live(block.address))
     }
+}
+
+/// The blocks of device `device`'s final segments that were not free when the snapshot was taken (allocated, or
+/// freed but not yet completed).
+fn final_live_blocks(snapshot: &Snapshot, device: usize) -> impl Iterator<Item = &heapscope_pytorch::Block> {
+    snapshot
+        .segments
+        .iter()
+        .filter(move |segment| segment.device as usize == device)
+        .flat_map(|segment| &segment.blocks)
+        .filter(|block| block.state != BlockState::Inactive)
 }
 
 /// The moment of event `event` of a stream whose first `start_events` events are the start state.
@@ -439,12 +444,8 @@ pub(crate) fn moment_of(start_events: usize, entry_index: &[u64], event: u64) ->
 fn live_at_start(snapshot: &Snapshot, device: usize, entries: &[TraceEntry]) -> Vec<(u64, u64)> {
     // A hash map while walking (a 400,000-entry trace inserts and removes for most entries; an ordered map cost a
     // fifth of `replay`), sorted by address once at the end.
-    let mut live = heapscope_core::hash::FastMap::default();
-    for segment in snapshot.segments.iter().filter(|segment| segment.device as usize == device) {
-        for block in segment.blocks.iter().filter(|block| block.state != BlockState::Inactive) {
-            live.insert(block.address, block.requested_size);
-        }
-    }
+    let mut live: heapscope_core::hash::FastMap<u64, u64> =
+        final_live_blocks(snapshot, device).map(|block| (block.address, block.requested_size)).collect();
     for entry in entries.iter().rev() {
         match entry.action {
             Action::Alloc => {
