@@ -285,74 +285,80 @@ impl Memo {
 
     /// Slot `slot`'s value, to change: a value other slots may hold is first copied for this one.
     pub(crate) fn get_mut(&mut self, slot: usize) -> Option<&mut Value> {
-        let mut index = *self.slots.get(slot)? as usize;
-        if self.shared[index] {
-            if let Some(copied) = &mut self.copied {
-                copied.push((slot, index as u32));
-            }
-            let copy = self.values[index].clone();
-            index = self.push_value(copy) as usize;
-            self.slots[slot] = index as u32;
-        }
+        let index = *self.slots.get(slot)? as usize;
+        let index = if self.shared[index] { self.give_own(slot, self.values[index].clone())? } else { index };
         self.values.get_mut(index)
     }
 
-    /// Gives slot `slot` the value `value` (nothing when there is no such slot).
+    /// Gives slot `slot` the value `value` (nothing when there is no such slot, or no room for another value).
     #[inline]
     pub(crate) fn set(&mut self, slot: usize, value: Value) {
         let Some(&index) = self.slots.get(slot) else { return };
         if self.shared[index as usize] {
-            // A new entry of its own (what `get_mut` would copy is replaced anyway).
-            if let Some(copied) = &mut self.copied {
-                copied.push((slot, index));
-            }
-            self.slots[slot] = self.push_value(value);
+            // What `get_mut` would copy is replaced anyway.
+            let _full = self.give_own(slot, value);
         } else {
             self.values[index as usize] = value;
         }
     }
 
-    /// A new slot at the end holding `value`, with `atom`.
-    #[inline]
-    fn push(&mut self, value: Value, atom: u8) {
-        let index = self.share(value);
-        self.slots.push(index);
-        self.atoms.push(atom);
+    /// Slot `slot`, which holds a shared value, gets an entry of its own holding `value`: its index (`None` past
+    /// 2^32 values). Under an open mark the slot's shared value is written down, for a rewind to give back.
+    fn give_own(&mut self, slot: usize, value: Value) -> Option<usize> {
+        let shared = self.slots[slot];
+        let index = self.push_value(value)?;
+        if let Some(copied) = &mut self.copied {
+            copied.push((slot, shared));
+        }
+        self.slots[slot] = index;
+        Some(index as usize)
     }
 
-    /// Slot `slot` (past the end too: the slots between are holes) holds `value`, with `atom`.
-    fn put(&mut self, slot: usize, value: Value, atom: u8) {
-        let index = self.share(value);
+    /// A new slot at the end holding `value`, with `atom` (`None` past 2^32 values).
+    #[inline]
+    fn push(&mut self, value: Value, atom: u8) -> Option<()> {
+        let index = self.share(value)?;
+        self.slots.push(index);
+        self.atoms.push(atom);
+        Some(())
+    }
+
+    /// Slot `slot` (past the end too: the slots between are holes) holds `value`, with `atom` (`None` past 2^32
+    /// values).
+    fn put(&mut self, slot: usize, value: Value, atom: u8) -> Option<()> {
+        let index = self.share(value)?;
         if slot >= self.slots.len() {
             self.slots.resize(slot + 1, Self::HOLE);
             self.atoms.resize(slot + 1, 0);
         }
         self.slots[slot] = index;
         self.atoms[slot] = atom;
+        Some(())
     }
 
     /// The index of an entry holding `value`: a shared one where one holds the same immutable value, else a new one.
     #[inline]
-    fn share(&mut self, value: Value) -> u32 {
+    fn share(&mut self, value: Value) -> Option<u32> {
         match value {
-            Value::Consumed => Self::CONSUMED,
-            Value::Hole => Self::HOLE,
+            Value::Consumed => Some(Self::CONSUMED),
+            Value::Hole => Some(Self::HOLE),
             Value::Short(short) if matches!(self.values.last(), Some(Value::Short(last)) if last.as_bytes() == short.as_bytes()) =>
             {
                 let last = self.values.len() - 1;
                 self.shared[last] = true;
-                last as u32
+                u32::try_from(last).ok()
             }
             value => self.push_value(value),
         }
     }
 
+    /// A new entry holding `value`: its index, `None` past 2^32 values (a pickle of billions of memo puts, refused).
     #[inline]
-    fn push_value(&mut self, value: Value) -> u32 {
-        let index = u32::try_from(self.values.len()).expect("fewer than 2^32 memo values");
+    fn push_value(&mut self, value: Value) -> Option<u32> {
+        let index = u32::try_from(self.values.len()).ok()?;
         self.values.push(value);
         self.shared.push(false);
-        index
+        Some(index)
     }
 
     /// Where the memo stands now, to [`Memo::rewind`] to or [`Memo::keep`] from.
@@ -754,7 +760,7 @@ impl<'a> Scan<'a, '_> {
         if slot != self.memo.len() {
             return None;
         }
-        self.memo.push(value, atom);
+        self.memo.push(value, atom)?;
         Some(Some(slot))
     }
 
@@ -1388,8 +1394,7 @@ impl<S: Sink> Machine<S> {
                 format!("{what} to memo slot {slot}, past the {at} bytes read (memo in use: {})", self.memo.len()),
             ));
         }
-        self.memo.put(slot, top, atom);
-        Ok(())
+        self.memo.put(slot, top, atom).ok_or_else(|| malformed(at, format!("{what}: the memo holds 2^32 objects already")))
     }
 
     fn get(&mut self, slot: usize, at: u64) -> Result<(), ReadError> {
@@ -1571,11 +1576,11 @@ mod tests {
         let mut memo = Memo::new();
         // A trace's pattern: an entry's dict taken, then its "N/A"; a str that differs; an int.
         for _ in 0..3 {
-            memo.push(Value::Consumed, 0);
-            memo.push(short("N/A"), 7);
+            memo.push(Value::Consumed, 0).unwrap();
+            memo.push(short("N/A"), 7).unwrap();
         }
-        memo.push(short("other"), 0);
-        memo.push(Value::Int(5), 0);
+        memo.push(short("other"), 0).unwrap();
+        memo.push(Value::Int(5), 0).unwrap();
         assert_eq!(memo.values.len(), 2 + 2 + 1, "one entry for the three N/A, one for other, one for the int");
         assert_eq!(memo.atom(1), 7);
         // Changing one shared slot leaves the others as they were.
@@ -1592,11 +1597,11 @@ mod tests {
             ]
         );
         // A put past the end leaves holes between.
-        memo.put(10, Value::Int(1), 0);
+        memo.put(10, Value::Int(1), 0).unwrap();
         assert_eq!(slots(&memo)[8..], ["missing memo entry", "missing memo entry", "int 1"]);
         // A rewind drops what came after the mark, and a slot from before it that was given a copy holds its value again.
         let mark = memo.mark();
-        memo.push(short("N/A"), 7);
+        memo.push(short("N/A"), 7).unwrap();
         memo.set(5, Value::Int(9));
         memo.set(0, Value::Int(8));
         memo.rewind(mark);
