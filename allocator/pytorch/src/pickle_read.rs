@@ -1585,17 +1585,9 @@ mod tests {
         assert_eq!(memo.atom(1), 7);
         // Changing one shared slot leaves the others as they were.
         memo.set(3, Value::Str(Rc::new("N/A".to_owned())));
-        assert_eq!(
-            slots(&memo)[..6],
-            [
-                "trace entry taken earlier (shared through the memo)",
-                "short N/A",
-                "trace entry taken earlier (shared through the memo)",
-                "str N/A",
-                "trace entry taken earlier (shared through the memo)",
-                "short N/A"
-            ]
-        );
+        let taken = "trace entry taken earlier (shared through the memo)";
+        let after_the_change = [taken, "short N/A", taken, "str N/A", taken, "short N/A"];
+        assert_eq!(slots(&memo)[..6], after_the_change);
         // A put past the end leaves holes between.
         memo.put(10, Value::Int(1), 0).unwrap();
         assert_eq!(slots(&memo)[8..], ["missing memo entry", "missing memo entry", "int 1"]);
@@ -1606,17 +1598,7 @@ mod tests {
         memo.set(0, Value::Int(8));
         memo.rewind(mark);
         assert_eq!(memo.len(), 11);
-        assert_eq!(
-            slots(&memo)[..6],
-            [
-                "trace entry taken earlier (shared through the memo)",
-                "short N/A",
-                "trace entry taken earlier (shared through the memo)",
-                "str N/A",
-                "trace entry taken earlier (shared through the memo)",
-                "short N/A"
-            ]
-        );
+        assert_eq!(slots(&memo)[..6], after_the_change);
         // Kept, the changes stay.
         let _mark = memo.mark();
         memo.set(5, Value::Int(9));
