@@ -108,14 +108,13 @@ fn read_snapshot_ahead(path: &Path, from_bytes: u64, chunk_bytes: usize) -> Resu
     let mut file = File::open(path).map_err(io_error)?;
     let hint = pickle_size_hint(&mut file).map_err(io_error)?;
     let input = Decompressed::new(file).map_err(io_error)?;
+    let gzip = input.is_gzip();
     let decoder = Decoder::with_size_hint(hint);
     // A file of known size only: a pipe's writer may stall, and the thread would wait for it after a parse error.
     if hint.is_some_and(|bytes| bytes >= from_bytes) {
-        let gzip = input.is_gzip();
         let ahead = ReadAhead::spawn(input, chunk_bytes).map_err(io_error)?;
         parse_decompressed(ahead, gzip, &name, decoder)
     } else {
-        let gzip = input.is_gzip();
         parse_decompressed(input, gzip, &name, decoder)
     }
 }
