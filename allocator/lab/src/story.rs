@@ -288,7 +288,6 @@ pub fn one_range() -> Story {
     story.summary = "frag_oom with the heaps' memory as one range instead of blocks: what blocks cost";
     story.rules = StoryRules { one_range: true, ..story.rules };
     story.panes = &[PYTORCH, Contender::Heap(PolicyKind::Tlsf), Contender::Heap(PolicyKind::BestFit)];
-    let mut builder = TraceBuilder::new("one_range");
     let events = story.trace.events().to_vec();
     let captions = [
         (0, "Twenty 150 MiB tensors: PyTorch reserves a segment each; the heaps place them in one range of the device."),
@@ -296,8 +295,7 @@ pub fn one_range() -> Story {
         (40, "Twenty 100 MiB tensors: PyTorch puts each in a cached segment (50 MiB tails); the heaps pack them together."),
         (60, "1 GiB: PyTorch's 1000 MiB free are in 50 MiB tails; the range has 1.55 GiB in one run and serves it."),
     ];
-    replay_with_captions(&mut builder, &events, &captions);
-    story.trace = builder.finish();
+    story.trace = captioned(story.name, &events, &captions);
     story
 }
 
@@ -309,7 +307,6 @@ pub fn empty_cache() -> Story {
     story.name = "empty_cache";
     story.summary = "frag_oom with torch.cuda.empty_cache() after the frees: the cached segments go back and 1 GiB fits";
     story.panes = &[PYTORCH, Contender::Heap(PolicyKind::Tlsf), Contender::Paged];
-    let mut builder = TraceBuilder::new("empty_cache");
     let events = story.trace.events().to_vec();
     let captions = [
         (0, "Twenty 150 MiB tensors, as in frag_oom."),
@@ -321,8 +318,7 @@ pub fn empty_cache() -> Story {
     let mut with_call: Vec<heapscope_core::trace::Event> = events[..40].to_vec();
     with_call.push(heapscope_core::trace::Event::EmptyCache);
     with_call.extend_from_slice(&events[40..]);
-    replay_with_captions(&mut builder, &with_call, &captions);
-    story.trace = builder.finish();
+    story.trace = captioned(story.name, &with_call, &captions);
     story
 }
 
@@ -335,7 +331,6 @@ pub fn max_split_size() -> Story {
     story.summary = "frag_oom with max_split_size_mb:128: PyTorch no longer splits the cached 150 MiB blocks";
     story.rules = StoryRules { alloc_conf: Some("max_split_size_mb:128"), ..story.rules };
     story.panes = &[PYTORCH, PYTORCH_EXPANDABLE];
-    let mut builder = TraceBuilder::new("max_split_size");
     let events = story.trace.events().to_vec();
     let captions = [
         (0, "Twenty 150 MiB tensors; PyTorch runs with max_split_size_mb:128: cached blocks of 128 MiB or more are never split."),
@@ -347,8 +342,7 @@ pub fn max_split_size() -> Story {
         ),
         (60, "1 GiB: more cached segments go back to make room, and it fits, where frag_oom's default settings refused it."),
     ];
-    replay_with_captions(&mut builder, &events, &captions);
-    story.trace = builder.finish();
+    story.trace = captioned(story.name, &events, &captions);
     story
 }
 
@@ -420,9 +414,10 @@ pub fn page_size() -> Story {
     }
 }
 
-/// Appends `events` (a story's, slots as ids) to `builder` with `captions` before the events of their indices.
-fn replay_with_captions(builder: &mut TraceBuilder, events: &[heapscope_core::trace::Event], captions: &[(usize, &str)]) {
+/// The trace `name` of `events` (a story's, slots as ids) with `captions` before the events of their indices.
+fn captioned(name: &str, events: &[heapscope_core::trace::Event], captions: &[(usize, &str)]) -> Trace {
     const WELL_FORMED: &str = "the story's own events";
+    let mut builder = TraceBuilder::new(name);
     for (index, event) in events.iter().enumerate() {
         for (_, text) in captions.iter().filter(|(at, _)| *at == index) {
             builder.caption(*text);
@@ -437,6 +432,7 @@ fn replay_with_captions(builder: &mut TraceBuilder, events: &[heapscope_core::tr
         };
         added.expect(WELL_FORMED);
     }
+    builder.finish()
 }
 
 /// The built-in stories' names, in [`all`]'s order (without building their traces).
