@@ -24,13 +24,8 @@ const STEPS: u64 = 249;
 const PER_STEP: u64 = 4_008;
 
 fn recording() -> Recording {
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut random = move |below: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % below
-    };
+    let mut rng = heapscope_core::rng::Rng::new(0x2545_f491_4f6c_dd1d);
+    let mut random = move |below: u64| rng.below(below);
     let size = |random: &mut dyn FnMut(u64) -> u64| {
         let class = 12 + random(14);
         (1u64 << class) + random(1u64 << class)

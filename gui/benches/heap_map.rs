@@ -19,13 +19,8 @@ const LIVE: u64 = 100_000;
 const BLOCK_BYTES: u64 = 256 << 20;
 
 fn timeline() -> Timeline {
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut random = move |below: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % below
-    };
+    let mut rng = heapscope_core::rng::Rng::new(0x9e37_79b9_7f4a_7c15);
+    let mut random = move |below: u64| rng.below(below);
     let mut timeline = Timeline::new("bench");
     let mut block_base = 0u64;
     let mut cursor = 0u64;

@@ -627,13 +627,8 @@ mod tests {
         let mut heap = PagedHeap::new(PagedConfig { page_bytes: 4096, ..PagedConfig::new(None) }).unwrap();
         let mut model: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
         let mut live = Vec::new();
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rng = crate::rng::Rng::new(0x9e37_79b9_7f4a_7c15);
+        let mut next = move || rng.next_u64();
         for _ in 0..5000 {
             if live.is_empty() || next() % 3 != 0 {
                 let size = 1 + next() % 40_000;

@@ -1,5 +1,6 @@
-//! [`Rng`]: splitmix64, a small deterministic generator (same seed, same stream, on every platform): behind every
-//! workload of the kernels crate and every randomised device test.
+//! [`Rng`]: splitmix64, a small deterministic generator (same seed, same stream, on every platform): the one
+//! generator of the project, behind every workload, synthetic trace, story, randomised test and benchmark, and
+//! first fit's treap priorities.
 
 /// splitmix64.
 #[derive(Clone, Debug)]
@@ -18,6 +19,11 @@ impl Rng {
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..bound` (0 when `bound` is 0).
+    pub fn below(&mut self, bound: u64) -> u64 {
+        self.next_u64() % bound.max(1)
     }
 
     /// Uniform in `low..=high` (`low` when `high <= low`).
@@ -68,9 +74,12 @@ mod tests {
             assert!((10..=20).contains(&rng.range(10, 20)));
             assert!((4096..=1 << 20).contains(&rng.log_uniform(4096, 1 << 20)));
             assert!((0.0..1.0).contains(&rng.unit()));
+            assert!(rng.below(7) < 7);
             assert!(rng.exponential(5.0) >= 1);
         }
         assert_eq!(rng.range(5, 5), 5);
         assert_eq!(rng.range(5, 1), 5);
+        assert_eq!(rng.below(0), 0);
+        assert_eq!(rng.below(1), 0);
     }
 }

@@ -4,45 +4,29 @@
 //! there (within a few allocations), each event allocating a size drawn log-uniformly from 512 B to a largest size
 //! or freeing a random live allocation. The same seed gives the same trace.
 
+use crate::rng::Rng;
 use crate::{Trace, TraceBuilder};
 
-/// xorshift64: enough randomness for shapes, no dependency.
-struct Xorshift(u64);
-
-impl Xorshift {
-    /// Seeded with `seed`; 0 (where xorshift would stay at 0 for ever) becomes a fixed odd constant.
-    fn new(seed: u64) -> Self {
-        Self(if seed == 0 { 0x9e37_79b9_7f4a_7c15 } else { seed })
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// `events` events that keep about `live` allocations live, of 512 B up to `max_size_bytes` (rounded down to a
-/// power of two, at least 1 KiB; see the module documentation); a `seed` of 0 is replaced by a fixed odd constant.
+/// power of two, at least 1 KiB; see the module documentation).
 pub fn steady_churn(events: u64, live: usize, max_size_bytes: u64, seed: u64) -> Trace {
     // Size classes 2^9 .. 2^top: a class's sizes run from 2^class to twice that.
     let top = max_size_bytes.max(1024).ilog2() - 1;
-    let mut rng = Xorshift::new(seed);
+    let mut rng = Rng::new(seed);
     let mut builder = TraceBuilder::new(format!("synthetic, ~{live} live"));
     let mut alive: Vec<u64> = Vec::new();
     let mut next_id = 0;
     for _ in 0..events {
         // Three allocations in four below the target, one in four at or above it: the count climbs, then stays.
-        let allocate = alive.is_empty() || (rng.next() % 4 < 3) == (alive.len() < live);
+        let allocate = alive.is_empty() || (rng.below(4) < 3) == (alive.len() < live);
         if allocate {
-            let class = 9 + rng.next() % u64::from(top - 8);
-            let size = (1u64 << class) + rng.next() % (1u64 << class);
+            let class = 9 + rng.below(u64::from(top - 8));
+            let size = (1u64 << class) + rng.below(1u64 << class);
             builder.alloc(next_id, size).expect("ids are fresh");
             alive.push(next_id);
             next_id += 1;
         } else {
-            let index = (rng.next() % alive.len() as u64) as usize;
+            let index = rng.below(alive.len() as u64) as usize;
             builder.free(alive.swap_remove(index)).expect("the id is live");
         }
     }
@@ -51,9 +35,9 @@ pub fn steady_churn(events: u64, live: usize, max_size_bytes: u64, seed: u64) ->
 
 /// `count` pseudo-random values in `range` (where to seek, in a benchmark), the same for the same `seed`.
 pub fn positions(count: usize, range: std::ops::Range<u64>, seed: u64) -> Vec<u64> {
-    let mut rng = Xorshift::new(seed);
-    let span = range.end.saturating_sub(range.start).max(1);
-    (0..count).map(|_| range.start + rng.next() % span).collect()
+    let mut rng = Rng::new(seed);
+    let span = range.end.saturating_sub(range.start);
+    (0..count).map(|_| range.start + rng.below(span)).collect()
 }
 
 #[cfg(test)]

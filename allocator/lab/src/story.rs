@@ -5,6 +5,7 @@
 use crate::compaction::CompactRule;
 use crate::compare::CompareConfig;
 use crate::contender::{Contender, PYTORCH, PYTORCH_EXPANDABLE};
+use heapscope_core::rng::Rng;
 use heapscope_core::trace::{Trace, TraceBuilder};
 use heapscope_core::units::{KIB, MIB};
 use heapscope_core::{HeapConfig, PolicyKind, ReleaseRule};
@@ -172,13 +173,8 @@ fn llm_serving(paged: bool) -> Story {
     const BLOCK_TOKENS: u64 = 16;
     const REQUESTS: u64 = 48;
     const CONCURRENT: usize = 12;
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut random = move |below: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % below
-    };
+    let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
+    let mut random = move |below: u64| rng.below(below);
     let name = if paged { "llm_serving_paged" } else { "llm_serving_contiguous" };
     let mut builder = TraceBuilder::new(name);
     // The tokens the requests reach, for the contiguous lesson's caption (what its reservations waste).

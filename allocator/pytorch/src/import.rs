@@ -2565,13 +2565,8 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         let mut errors = 0;
         let mut parsed = 0;
         // A small deterministic generator: every run corrupts the same bytes.
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut rng = heapscope_core::rng::Rng::new(0x2545_f491_4f6c_dd1d);
+        let mut next = || rng.next_u64();
         for _ in 0..3000 {
             let mut bytes = raw.clone();
             for _ in 0..1 + next() % 3 {

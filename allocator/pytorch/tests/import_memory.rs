@@ -201,13 +201,8 @@ fn plans() -> impl Strategy<Value = Plan> {
 
 /// The pickle `plan` describes (the schema of `torch.cuda.memory._snapshot()`).
 fn write(plan: &Plan) -> Vec<u8> {
-    let mut state = plan.seed | 1;
-    let mut next = move |below: usize| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % below.max(1) as u64) as usize
-    };
+    let mut rng = heapscope_core::rng::Rng::new(plan.seed);
+    let mut next = move |below: usize| rng.below(below as u64) as usize;
     let mut pickle = Pickle::default();
     pickle.out.extend([0x80, 4]);
     pickle.open_dict();

@@ -358,13 +358,8 @@ mod tests {
         let mut bound = BoundRuns::default();
         let mut model: HashMap<u64, PageRef> = HashMap::new();
         let (mut binds, mut unbinds, mut peak_mappings) = (0, 0, 0);
-        let mut state = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = |below: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % below
-        };
+        let mut rng = heapscope_core::rng::Rng::new(0x2545_f491_4f6c_dd1d);
+        let mut next = |below: u64| rng.below(below);
         for step in 0..3_000 {
             let start = next(buffer_pages);
             let pages = (1 + next(24)).min(buffer_pages - start);

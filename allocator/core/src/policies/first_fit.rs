@@ -3,6 +3,7 @@
 //! O(log n) expected time instead of a linear scan.
 
 use super::free_ranges::{FitIndex, FreeRangePolicy, free_range_policy};
+use crate::rng::Rng;
 
 const NIL: u32 = u32::MAX;
 
@@ -23,13 +24,13 @@ pub struct ByAddress {
     nodes: Vec<TreapNode>,
     vacant: Vec<u32>,
     root: u32,
-    /// xorshift state for priorities (deterministic).
-    rng: u32,
+    /// The treap's priorities (deterministic).
+    rng: Rng,
 }
 
 impl Default for ByAddress {
     fn default() -> Self {
-        Self { nodes: Vec::new(), vacant: Vec::new(), root: NIL, rng: 0x9e37_79b9 }
+        Self { nodes: Vec::new(), vacant: Vec::new(), root: NIL, rng: Rng::new(0x9e37_79b9) }
     }
 }
 
@@ -162,10 +163,9 @@ impl FitIndex for ByAddress {
     }
 
     fn insert(&mut self, offset: u64, size: u64) {
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 17;
-        self.rng ^= self.rng << 5;
-        let node = TreapNode { offset, size, max_size: size, priority: self.rng, left: NIL, right: NIL };
+        // The high half of the draw: a treap needs only distinct-enough priorities.
+        let priority = (self.rng.next_u64() >> 32) as u32;
+        let node = TreapNode { offset, size, max_size: size, priority, left: NIL, right: NIL };
         let index = match self.vacant.pop() {
             Some(index) => {
                 self.nodes[index as usize] = node;

@@ -526,13 +526,8 @@ mod tests {
     /// placed on a coarse grid (so the same addresses come back), freed, freed and placed again at the same
     /// address in one step, and refusals. Every change fits the layout it was made on.
     fn random_story(seed: u64, steps: usize) -> Vec<Step> {
-        let mut state = seed | 1;
-        let mut next = move |bound: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % bound
-        };
+        let mut rng = heapscope_core::rng::Rng::new(seed);
+        let mut next = move |bound: u64| rng.below(bound);
         let mut layout = Layout::new();
         let mut story = Vec::new();
         while story.len() < steps {
