@@ -128,6 +128,20 @@ fn render_draws_a_recording_or_a_story_into_a_png() {
         heapscope_headless(&["render", "labelled.pickle", "--colour", "category", "--at", "39", "--out", "labelled.png"], &dir);
     assert!(by_category.status.success(), "{}", stderr(&by_category));
     assert!(is_png(&dir.join("labelled.png")));
+    // Text no bundled font draws (CJK and emoji, in the frames' file and function names, and in the recording's
+    // own name in the title) is drawn as boxes, as in the app, not a panic.
+    let mut foreign = heapscope_pytorch::read_snapshot(&snapshot("frag_oom-default")).unwrap();
+    for frame in foreign.frame_stacks.iter_mut().flatten() {
+        frame.filename = "/home/用户/模型_🔥.py".into();
+        frame.name = "训练".into();
+    }
+    heapscope_pytorch::write_snapshot(&foreign, std::fs::File::create(dir.join("模型_🔥.pickle")).unwrap()).unwrap();
+    for colour in ["stack", "category", "size-class"] {
+        let args = ["render", "模型_🔥.pickle", "--colour", colour, "--at", "39", "--out", "foreign.png"];
+        let rendered = heapscope_headless(&args, &dir);
+        assert!(rendered.status.success(), "--colour {colour}: {}", stderr(&rendered));
+        assert!(is_png(&dir.join("foreign.png")));
+    }
 }
 
 #[test]
