@@ -286,8 +286,20 @@ fn settings_line(recording: &Recording, args: &RecordingArgs) -> String {
             shown(&conf),
             shown(&recorded)
         ),
+        _ if inferred_expandable(recording) => format!(
+            "pytorch's settings: {}, as the recording's expandable segments show (the file records no such setting)",
+            shown(&recorded)
+        ),
         _ => format!("pytorch's settings: {}, as recorded", shown(&recorded)),
     }
+}
+
+/// Whether the replay runs `recording` with expandable segments that its file shows but does not record as a setting
+/// (files written before PyTorch recorded its settings).
+fn inferred_expandable(recording: &Recording) -> bool {
+    recording.snapshot.as_ref().is_some_and(|snapshot| {
+        snapshot.shows_expandable_segments() && !snapshot.settings.as_ref().is_some_and(|settings| settings.expandable_segments)
+    })
 }
 
 /// Entries of another device up to which the overview runs the emulation on it under `--capacity` (about a second).

@@ -454,13 +454,10 @@ pub fn start_exceeds(recording: &Recording, capacity_bytes: Option<u64>) -> Opti
     })
 }
 
-/// Whether `recording` was made with expandable segments (its recorded settings say so).
+/// Whether `recording` was made with expandable segments (its recorded settings, or its segments and maps, say
+/// so: [`AllocConf::of_snapshot`]).
 pub fn recorded_expandable(recording: &Recording) -> bool {
-    recording
-        .snapshot
-        .as_ref()
-        .and_then(|snapshot| snapshot.settings.as_ref())
-        .is_some_and(|settings| settings.expandable_segments)
+    recording.snapshot.as_ref().is_some_and(|snapshot| AllocConf::of_snapshot(snapshot).expandable_segments)
 }
 
 /// PyTorch's out-of-memory message for `report`, in its words ("Tried to allocate ...").

@@ -72,9 +72,13 @@ pub enum AllocConfError {
 }
 
 impl AllocConf {
-    /// The settings `snapshot` was recorded with (the defaults for a file that predates recorded settings).
+    /// The settings `snapshot` was recorded with: the ones it records, else PyTorch's defaults; and expandable
+    /// segments wherever the file shows them ([`crate::Snapshot::shows_expandable_segments`]), recorded or not
+    /// (files written before PyTorch recorded its settings).
     pub fn of_snapshot(snapshot: &crate::Snapshot) -> AllocConf {
-        snapshot.settings.as_ref().map_or_else(AllocConf::default, AllocConf::from_recorded)
+        let mut conf = snapshot.settings.as_ref().map_or_else(AllocConf::default, AllocConf::from_recorded);
+        conf.expandable_segments = conf.expandable_segments || snapshot.shows_expandable_segments();
+        conf
     }
 
     /// The settings a snapshot recorded.

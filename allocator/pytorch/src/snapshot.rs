@@ -504,6 +504,14 @@ impl Snapshot {
         snapshot
     }
 
+    /// Whether the file itself shows expandable segments: a segment marked `is_expandable`, or a trace entry that
+    /// maps or unmaps pages (`segment_map`, `segment_unmap`), which only expandable segments write. Files of
+    /// PyTorch before 2.5 record no `allocator_settings`, so this is how their setting is known.
+    pub fn shows_expandable_segments(&self) -> bool {
+        self.segments.iter().any(|segment| segment.is_expandable)
+            || self.device_traces.iter().flatten().any(|entry| matches!(entry.action, Action::SegmentMap | Action::SegmentUnmap))
+    }
+
     /// The category `id` names ([`Category::none`]'s empty name for an id past the list).
     pub fn category(&self, id: CategoryId) -> Option<&Category> {
         (id != CategoryId::NONE).then(|| self.categories.get(usize::from(id.0))).flatten()

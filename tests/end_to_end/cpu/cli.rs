@@ -761,6 +761,25 @@ fn every_contender_replays_a_mid_run_recording_from_its_start() {
     assert!(stderr(&refused).contains("vma runs on a Vulkan device only"), "{}", stderr(&refused));
 }
 
+/// A recording made with expandable segments by a PyTorch that recorded no `allocator_settings` (before 2.5) replays
+/// with them, as its segments and page maps show, says so, and every segment event and placement matches.
+#[test]
+fn expandable_segments_a_file_does_not_record_are_taken_from_its_maps() {
+    let dir = temp_dir("unrecorded-settings");
+    let mut old = heapscope_pytorch::read_snapshot(&snapshot("frag_oom-expandable")).unwrap();
+    old.settings = None;
+    let path = dir.join("old.pickle");
+    heapscope_pytorch::write_snapshot(&old, std::fs::File::create(&path).unwrap()).unwrap();
+    let output = heapscope(&["compare", path.to_str().unwrap(), "--policy", "pytorch"]);
+    let text = stdout(&output);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(text.contains("pytorch's settings: expandable_segments:True, as the recording's expandable segments show"), "{text}");
+    let fidelity = text.lines().find(|line| line.starts_with("pytorch ")).and_then(|line| line.split("segments ").nth(1));
+    let matched = |part: &str| part.split_once('/').is_some_and(|(matched, of)| matched == of.trim_end_matches(','));
+    let parts: Vec<&str> = fidelity.unwrap_or_default().split_whitespace().filter(|part| part.contains('/')).collect();
+    assert!(parts.len() == 2 && parts.iter().all(|part| matched(part)), "every segment event and placement: {text}");
+}
+
 /// A recording of three GPUs and a fourth listed with nothing, written here (issue 14, part 4): device 0 the
 /// gpt2 run (the busiest), device 1 the frag_oom run (it ran out of memory), device 2 gpt2's final segments and
 /// no trace (a state with no trace), device 3 nothing. Frames are left out (each run numbers its own).

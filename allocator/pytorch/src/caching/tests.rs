@@ -35,6 +35,25 @@ fn shared_traces_replay_exactly() {
     }
 }
 
+/// Files of PyTorch before 2.5 record no `allocator_settings`: whether segments were expandable is known from the
+/// file itself (segments marked expandable, pages mapped), and such a recording replays as exactly as with its
+/// settings. So is a state with no trace, from its segments alone.
+#[test]
+fn unrecorded_expandable_segments_are_known_from_the_file() {
+    for name in ["frag_oom-default", "frag_oom-expandable", "gpt2_train_fixed-default", "gpt2_train_fixed-expandable"] {
+        let (mut snap, _) = load(name);
+        let recorded = snap.settings.take().unwrap();
+        let conf = AllocConf::of_snapshot(&snap);
+        assert_eq!(conf, AllocConf::from_recorded(&recorded), "{name}: the shared runs set nothing else");
+        let em = emulate(&snap, 0, &conf, None).unwrap();
+        assert!(em.fidelity.is_exact(), "{name}: {:?}", em.fidelity);
+        if !snap.segments.is_empty() {
+            let state = Snapshot { device_traces: vec![Vec::new()], ..snap.clone() };
+            assert_eq!(AllocConf::of_snapshot(&state).expandable_segments, recorded.expandable_segments, "{name}: state");
+        }
+    }
+}
+
 fn strip(s: &Segment) -> Segment {
     let mut s = s.clone();
     s.frames = StackId::NONE;
