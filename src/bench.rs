@@ -106,9 +106,10 @@ pub struct BenchArgs {
     /// replay: divide every size by this (a recording from a large GPU on a small device).
     #[arg(long, value_name = "N")]
     pub scale: Option<u64>,
-    /// replay: which device's trace of a PyTorch snapshot.
-    #[arg(long, value_name = "N", default_value = "0")]
-    pub device: usize,
+    /// replay: which device of a PyTorch snapshot (default: the one that ran out of memory, else the one with the
+    /// most trace entries; a file of several devices lists them).
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
     /// Print one JSON object per line and contender instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -202,7 +203,11 @@ impl BenchArgs {
             }
             WorkloadName::Replay => {
                 let file = self.file.as_ref().context("--workload replay needs a FILE")?;
-                let recording = crate::input::open(file, self.device)?;
+                let recording = crate::input::open_device(file, self.device)?;
+                let overview = heapscope_lab::compare::CompareConfig::default();
+                for line in crate::replay::devices_overview(&recording, self.device, &overview) {
+                    eprintln!("{line}");
+                }
                 (
                     replay(&recording, self.steps.map(u64::from), self.scale.unwrap_or(1)),
                     None,

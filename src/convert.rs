@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 
+use heapscope_lab::compare::CompareConfig;
+
 use crate::input;
 
 /// Arguments of `heapscope convert`.
@@ -15,19 +17,26 @@ pub struct ConvertArgs {
     /// Where to write the native trace.
     #[arg(long, value_name = "OUT")]
     pub out: PathBuf,
-    /// Which device's trace of a PyTorch snapshot.
-    #[arg(long, value_name = "N", default_value = "0")]
-    pub device: usize,
+    /// Which device of a PyTorch snapshot (default: the one that ran out of memory, else the one with the most trace
+    /// entries; a file of several devices lists them).
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
 }
 
 /// Runs the conversion.
 pub fn run(args: &ConvertArgs) -> Result<()> {
-    let mut recording = input::open(&args.file, args.device)?;
+    let mut recording = input::open_device(&args.file, args.device)?;
+    for line in crate::replay::devices_overview(&recording, args.device, &CompareConfig::default()) {
+        eprintln!("{line}");
+    }
     // The trace remembers where it came from: the file's name (not the path it was read through).
     let file_name =
         args.file.file_name().map_or_else(|| args.file.display().to_string(), |name| name.to_string_lossy().into_owned());
-    recording.trace.name =
-        if recording.snapshot.is_some() { format!("{file_name} (device {})", args.device) } else { recording.trace.name.clone() };
+    recording.trace.name = if recording.snapshot.is_some() {
+        format!("{file_name} (device {})", recording.device)
+    } else {
+        recording.trace.name.clone()
+    };
     recording.trace.write_native(&args.out).with_context(|| format!("converting {}", args.file.display()))?;
     eprintln!(
         "{}: {} events (the first {} allocate what was live before the recording started) -> {}",

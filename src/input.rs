@@ -12,12 +12,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 /// Files above this size get a spinner while they load.
 const SPINNER_FROM_BYTES: u64 = 8 << 20;
 
-/// Opens the recording at `path` (device `device` of a PyTorch snapshot).
-pub fn open(path: &Path, device: usize) -> Result<Recording> {
-    open_device(path, Some(device))
-}
-
-/// Opens the recording at `path` (device `device` of a PyTorch snapshot; `None`: its busiest).
+/// Opens the recording at `path` (device `device` of a PyTorch snapshot; `None`: the one that ran out of memory,
+/// else the busiest).
 pub fn open_device(path: &Path, device: Option<usize>) -> Result<Recording> {
     with_spinner(path, "reading", || Ok(Recording::open_device(path, device)?))
 }

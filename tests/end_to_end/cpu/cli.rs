@@ -895,6 +895,14 @@ fn issue_14_several_devices_are_overviewed_and_chosen() {
         overview(&text, 1, "it ran out of memory; --device N shows another");
         assert!(text.contains("three-gpus.pickle (device 1), "), "{text}");
     }
+
+    // `convert` takes the same device and lists the others (on stderr), and the trace it writes names its device.
+    let converted = dir.join("default.trace");
+    let convert = heapscope(&["convert", file, "--out", converted.to_str().unwrap()]);
+    assert!(convert.status.success(), "{}", stderr(&convert));
+    overview(&stderr(&convert), 1, "it ran out of memory; --device N shows another");
+    let replayed = stdout(&heapscope(&["replay", converted.to_str().unwrap(), "--policy", "tlsf"]));
+    assert!(replayed.starts_with("three-gpus.pickle (device 1): "), "{replayed}");
     std::fs::remove_dir_all(dir).ok();
 }
 
