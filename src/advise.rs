@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use heapscope_core::units::{Bytes, parse_size};
+use heapscope_core::units::{Bytes, ReservedOverLive, parse_size};
 use heapscope_lab::advise::{Advice, AdviseConfig, PAGED, SettingAdvice, advise, grid};
 use heapscope_lab::capacity::{Capacity, CapacityFrom};
 use heapscope_lab::compare::CompareConfig;
@@ -127,7 +127,7 @@ fn table_row(row: &SettingAdvice, name: &str, width: usize) -> String {
         (Some(bytes), false) => format!("{} (!)", Bytes(bytes)),
         (None, _) => "no device".to_owned(),
     };
-    let ratio = row.peak_reserved_bytes as f64 / row.peak_live_bytes.max(1) as f64;
+    let ratio = ReservedOverLive::new(row.peak_reserved_bytes, row.peak_live_bytes);
     let driver = Duration::from_secs_f64(row.driver_time_us / 1e6);
     format!(
         "{rank:>4}  {name:<width$} {:>13} {ratio:>8.3} {:>9} {:>9} {:>9.1}ms {:>5} {needs:>12}",

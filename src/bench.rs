@@ -545,7 +545,7 @@ fn json_line(policy: Contender, workload: &Workload, device: &Device, budget: Op
     let fields = serde_json::json!({
         "peak_live_bytes": report.peak_live_bytes,
         "peak_reserved_bytes": report.peak_reserved_bytes,
-        "reserved_over_live": report.reserved_over_live(),
+        "reserved_over_live": report.reserved_over_live().0,
         "allocs": report.allocs,
         "frees": report.frees,
         "ooms": report.ooms,

@@ -1,4 +1,4 @@
-//! Byte sizes for people: `3584MiB` in, `1000.00 MiB` out.
+//! Byte sizes for people: `3584MiB` in, `1000.00 MiB` out; and the tables' ratio of reserved to live bytes.
 
 use std::fmt;
 
@@ -23,6 +23,28 @@ impl fmt::Display for Bytes {
             }
         }
         write!(f, "{bytes} B")
+    }
+}
+
+/// Peak reserved bytes over peak live bytes, the `ratio` of every table (1.0 is no waste; 1.25, a quarter more
+/// reserved than ever live): `None` when nothing was live (a state with no trace, a recording that allocates
+/// nothing), where a ratio would divide by nothing. Displayed with the formatter's width and precision, `-` for `None`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReservedOverLive(pub Option<f64>);
+
+impl ReservedOverLive {
+    /// `reserved_bytes / live_bytes`, or `None` when `live_bytes` is 0.
+    pub fn new(reserved_bytes: u64, live_bytes: u64) -> Self {
+        Self((live_bytes > 0).then(|| reserved_bytes as f64 / live_bytes as f64))
+    }
+}
+
+impl fmt::Display for ReservedOverLive {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(ratio) => fmt::Display::fmt(&ratio, f),
+            None => f.pad("-"),
+        }
     }
 }
 
@@ -153,5 +175,15 @@ mod tests {
         for (bytes, text) in cases {
             assert_eq!(Bytes(bytes).to_string(), text);
         }
+    }
+
+    #[test]
+    fn reserved_over_live_table() {
+        // (reserved, live, shown 8 wide with 4 decimals)
+        let cases = [(1250, 1000, "  1.2500"), (3 * GIB, 0, "       -"), (0, 0, "       -"), (1000, 1000, "  1.0000")];
+        for (reserved, live, text) in cases {
+            assert_eq!(format!("{:>8.4}", ReservedOverLive::new(reserved, live)), text, "{reserved} over {live}");
+        }
+        assert_eq!(ReservedOverLive::new(5, 0).0, None);
     }
 }

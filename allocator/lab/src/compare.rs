@@ -19,7 +19,7 @@ use crate::compaction::{CompactRule, CompactionFigures};
 use crate::contender::Contender;
 use crate::driver::{HeapReplay, HeapTarget, Observer, Step, Stream, drive, replay_device_heap_compacting};
 use crate::recording::{Moment, Recording};
-use heapscope_core::units::Bytes;
+use heapscope_core::units::{Bytes, ReservedOverLive};
 use heapscope_core::{
     DeviceEvent, DeviceHeap, FreeMemory, Heap, HeapConfig, OomCause, OomVerdict, PagedConfig, PagedHeap, PolicyKind, Result,
     SimulatedSource, UnmapRule,
@@ -193,9 +193,9 @@ impl Figures {
 }
 
 impl Figures {
-    /// Peak reserved over peak live (1.0 is no waste).
-    pub fn reserved_over_live(&self) -> f64 {
-        self.peak_reserved_bytes as f64 / self.peak_live_bytes.max(1) as f64
+    /// Peak reserved over peak live (1.0 is no waste; none when nothing was live).
+    pub fn reserved_over_live(&self) -> ReservedOverLive {
+        ReservedOverLive::new(self.peak_reserved_bytes, self.peak_live_bytes)
     }
 }
 

@@ -21,6 +21,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use heapscope_core::units::ReservedOverLive;
 use heapscope_core::{Allocation, AllocationId, DeviceEvent, OomVerdict, OwnerId, Request, ResourceKind};
 use heapscope_lab::compaction::{CompactRule, CompactionFigures};
 use heapscope_lab::driver::{Observer, Stream, Target as DriverTarget, drive};
@@ -74,9 +75,9 @@ impl RunReport {
         self.allocs as f64 / self.wall.as_secs_f64().max(1e-9)
     }
 
-    /// Peak reserved over peak live (1.0 is no waste).
-    pub fn reserved_over_live(&self) -> f64 {
-        self.peak_reserved_bytes as f64 / self.peak_live_bytes.max(1) as f64
+    /// Peak reserved over peak live (1.0 is no waste; none when nothing was live).
+    pub fn reserved_over_live(&self) -> ReservedOverLive {
+        ReservedOverLive::new(self.peak_reserved_bytes, self.peak_live_bytes)
     }
 }
 

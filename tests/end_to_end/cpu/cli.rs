@@ -930,6 +930,14 @@ fn issue_14_a_state_with_no_trace_summarises_exports_and_renders() {
         assert_eq!(line["allocs"].as_u64(), Some(live as u64), "the start state's allocations: {line}");
     }
     assert_eq!(lines[0]["peak_reserved_bytes"].as_u64(), Some(reserved), "pytorch holds the segments listed");
+    // frag_oom's final segments hold nothing live: no ratio of reserved to live bytes, not reserved over 1 byte.
+    let frag = heapscope_pytorch::read_snapshot(&snapshot("frag_oom-default")).unwrap();
+    let empty = dir.join("empty-state.pickle");
+    heapscope_pytorch::write_segments(&frag, std::fs::File::create(&empty).unwrap()).unwrap();
+    let table = stdout(&heapscope(&["replay", empty.to_str().unwrap(), "--policy", "pytorch"]));
+    let row: Vec<&str> = table.lines().find(|line| line.starts_with("pytorch ")).unwrap_or_default().split_whitespace().collect();
+    let ratio = row.iter().position(|word| *word == "GiB").and_then(|unit| row.get(unit + 1));
+    assert_eq!(ratio, Some(&"-"), "the ratio after the peak reserved 2.93 GiB: {table}");
 
     let summary = heapscope(&["summary", file]);
     assert!(summary.status.success(), "{}", stderr(&summary));
