@@ -928,6 +928,14 @@ impl<R: Read> Input<R> {
         Ok(())
     }
 
+    /// The next byte, not consumed; `None` at the end or on a read error (which the next read reports).
+    fn peek_byte(&mut self) -> Option<u8> {
+        if self.pos >= self.end {
+            self.fill(1, "").ok()?;
+        }
+        self.buf.get(self.pos).copied()
+    }
+
     #[inline]
     fn byte(&mut self, what: &str) -> Result<u8, ReadError> {
         if self.pos >= self.end {
@@ -1070,16 +1078,16 @@ impl<S: Sink> Machine<S> {
                 // SHORT_BINUNICODE, BINUNICODE, BINUNICODE8
                 0x8c => {
                     let length = usize::from(input.byte("SHORT_BINUNICODE")?);
-                    self.push_str(input, length, at, "SHORT_BINUNICODE")?;
+                    self.push_str(input, length, "SHORT_BINUNICODE")?;
                 }
                 b'X' => {
                     let length = u32::from_le_bytes(input.array("BINUNICODE")?);
-                    self.push_str(input, length as usize, at, "BINUNICODE")?;
+                    self.push_str(input, length as usize, "BINUNICODE")?;
                 }
                 0x8d => {
                     let length = u64::from_le_bytes(input.array("BINUNICODE8")?);
                     let length = usize::try_from(length).map_err(|_| malformed(at, "BINUNICODE8 length overflows"))?;
-                    self.push_str(input, length, at, "BINUNICODE8")?;
+                    self.push_str(input, length, "BINUNICODE8")?;
                 }
                 // EMPTY_DICT, EMPTY_LIST, EMPTY_TUPLE
                 b'}' => {
@@ -1216,6 +1224,14 @@ impl<S: Sink> Machine<S> {
                         ),
                     ));
                 }
+                // gzip's magic where the pickle should start: the file was gzipped once more than it was read.
+                0x1f if at == 0 && input.peek_byte() == Some(0x8b) => {
+                    return Err(malformed(
+                        at,
+                        "gzip data where the pickle starts: the file is gzip-compressed twice; gunzip it once (gzip -d) \
+                         and open the result",
+                    ));
+                }
                 _ => return Err(malformed(at, format!("unknown or unsupported opcode 0x{opcode:02x}"))),
             }
         }
@@ -1232,10 +1248,12 @@ impl<S: Sink> Machine<S> {
         self.marks.pop().ok_or_else(|| malformed(at, format!("{what} without a mark")))
     }
 
-    fn push_str<R: Read>(&mut self, input: &mut Input<R>, length: usize, at: u64, what: &str) -> Result<(), ReadError> {
+    /// Pushes the str of the next `length` bytes. Python writes a str's lone surrogates (a file name it could not
+    /// decode) as the UTF-8 of those code points, which is not UTF-8: each byte of them reads as U+FFFD, as the rest
+    /// of the snapshot does not depend on it, rather than the file being refused.
+    fn push_str<R: Read>(&mut self, input: &mut Input<R>, length: usize, what: &str) -> Result<(), ReadError> {
         let bytes = input.take(length, what)?;
-        let text = std::str::from_utf8(bytes).map_err(|error| malformed(at, format!("{what}: invalid UTF-8 ({error})")))?;
-        self.stack.push(Value::Str(Rc::new(text.to_owned())));
+        self.stack.push(Value::Str(Rc::new(String::from_utf8_lossy(bytes).into_owned())));
         Ok(())
     }
 
@@ -1476,6 +1494,9 @@ mod tests {
             (b"\x80\x04\x89.", "False"),
             (b"\x80\x04G?\xf8\x00\x00\x00\x00\x00\x00.", "1.5"),
             (b"\x80\x04\x8c\x02hi\x94.", "\"hi\""),
+            // Lone surrogates, as Python writes them (`surrogatepass`), and bytes that are no UTF-8 at all.
+            (b"\x80\x04\x8c\x05a\xed\xa0\x80b.", "\"a\u{fffd}\u{fffd}\u{fffd}b\""),
+            (b"\x80\x04\x8c\x02\xff\xfe.", "\"\u{fffd}\u{fffd}\""),
             (b"\x80\x02X\x02\x00\x00\x00hi.", "\"hi\""),
             (b"\x80\x04\x8d\x02\x00\x00\x00\x00\x00\x00\x00hi.", "\"hi\""),
             (b"\x80\x04]\x94(K\x01K\x02e.", "[1, 2]"),
@@ -1522,12 +1543,12 @@ mod tests {
             (b"\x80\x04K\x01(K\x02e.", "APPENDS on a int, not a list"),
             (b"\x80\x04}(K\x01u.", "odd number"),
             (b"\x80\x04h\x03.", "memo slot 3 was never written"),
-            (b"\x80\x04\x8c\x02\xff\xfe.", "invalid UTF-8"),
             (b"\x80\x04c__builtin__\nset\n.", "class"),
             (b"\x80\x04X\xff\xff\xff\x7fab", "truncated"),
             (b"\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x7fab", "truncated"),
             (b"\x80\x04Nr\xff\xff\xff\x7f.", "past the 3 bytes read"),
             (b"\x80\x04\x94.", "MEMOIZE with no object"),
+            (b"\x1f\x8b\x08\x00", "the file is gzip-compressed twice"),
         ];
         for (bytes, expected) in cases {
             let error = decode(bytes).err().unwrap_or_else(|| panic!("{bytes:?} decoded"));
