@@ -2,7 +2,8 @@
 //! trace walked backwards — the way MemoryViz (`torch/utils/viz/MemoryViz.js`) builds its initial state
 //! for a trace that began mid-run: an `alloc` seen going backwards means the block was not live before
 //! it, a `free_completed` means it was; `segment_alloc` / `segment_map` remove memory that the recording
-//! saw being reserved, `segment_free` / `segment_unmap` restore memory it saw being returned.
+//! saw being reserved, `segment_free` / `segment_unmap` restore memory it saw being returned (also in a virtual
+//! segment the final segments no longer show, every page of it unmapped by the end).
 //!
 //! Free blocks are the gaps between live blocks (free neighbours always merge). A live block known only
 //! from its free entry carries the requested size; its block size is `round_size` of it, grown to the next
@@ -114,6 +115,7 @@ pub(super) fn rebuild_start_state(
             .max_by_key(|(_, g)| g.base)
             .map(|(i, _)| i)
     };
+    groups_seen_only_in_trace(trace, &mut groups, group_of);
     for (k, e) in trace.iter().enumerate().rev() {
         match e.action {
             Action::Alloc => {
@@ -233,6 +235,57 @@ pub(super) fn rebuild_start_state(
         link(&mut alloc, &ids);
     }
     Ok((alloc, live_map))
+}
+
+/// Adds the virtual segments that the trace maps or unmaps pages of but the final segments do not show (every
+/// page of them unmapped by the end, as after `empty_cache`): without them, the pages such a segment had mapped
+/// at the start of a recording begun mid-run, and the allocations live in them, would be lost. Their `segment_map`
+/// and `segment_unmap` entries, by stream and address, each start a segment at the lowest address unless one
+/// begun below it holds it ([`EXPANDABLE_VIRTUAL_BYTES`] of address space); a segment's pool is the small one where
+/// a page run is no multiple of the large pool's page ([`LARGE_BUFFER_BYTES`]). One that lies just below a final
+/// segment's group of the same stream (and a pool it may be) is that group, which then begins lower.
+fn groups_seen_only_in_trace(
+    trace: &[crate::snapshot::TraceEntry],
+    groups: &mut Vec<Group>,
+    group_of: impl Fn(&[Group], u64) -> Option<usize>,
+) {
+    let mut unseen: Vec<(u64, u64, u64)> = trace
+        .iter()
+        .filter(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap) && group_of(groups, e.addr).is_none())
+        .map(|e| (e.stream, e.addr, e.size))
+        .collect();
+    if unseen.is_empty() {
+        return;
+    }
+    unseen.sort_unstable();
+    // (group, whether a page run shows its pool: a run no multiple of the large page is the small pool's)
+    let mut found: Vec<(Group, bool)> = Vec::new();
+    for (stream, addr, size) in unseen {
+        let small = size % LARGE_BUFFER_BYTES != 0;
+        match found.last_mut() {
+            Some((g, shown)) if g.stream == stream && addr < g.base + EXPANDABLE_VIRTUAL_BYTES => {
+                if small {
+                    (g.pool, *shown) = (Pool::Small, true);
+                }
+            }
+            _ => {
+                let pool = if small { Pool::Small } else { Pool::Large };
+                found.push((Group { stream, pool, base: addr, mapped: BTreeMap::new() }, small));
+            }
+        }
+    }
+    for (new, shown) in found {
+        let above = groups.iter_mut().filter(|g| {
+            g.stream == new.stream
+                && new.base < g.base
+                && g.base < new.base + EXPANDABLE_VIRTUAL_BYTES
+                && (g.pool == new.pool || !shown)
+        });
+        match above.min_by_key(|g| g.base) {
+            Some(g) => g.base = new.base,
+            None => groups.push(new),
+        }
+    }
 }
 
 fn overlap(device: usize, origin: Origin, address: u64, other: Origin) -> EmulationError {

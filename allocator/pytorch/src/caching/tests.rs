@@ -117,6 +117,44 @@ fn recordings_cut_mid_run_replay_exactly() {
     }
 }
 
+/// An expandable recording that ends with every allocation freed and every page unmapped (as after `empty_cache`)
+/// shows no final segment: cut mid-run, the pages mapped at its start, and the allocations live in them, are known
+/// only from the trace's `segment_map` / `segment_unmap` entries — in the large pool (frag_oom) and the small one
+/// (gpt2's 2 MiB pages). Every later segment event and placement still matches (the frees of the allocations live
+/// at the cut among them).
+#[test]
+fn expandable_recordings_that_end_unmapped_replay_exactly_from_a_cut() {
+    for name in ["frag_oom-expandable", "gpt2_train_fixed-expandable"] {
+        let (mut snap, _) = load(name);
+        let conf = AllocConf::from_recorded(snap.settings.as_ref().unwrap());
+        let time = snap.device_traces[0].last().and_then(TraceEntry::time_us);
+        let end = |action, addr, size, stream| TraceEntry::new(action, addr, size).with_stream(stream).with_time_us(time);
+        // Every block freed, then (one `empty_cache`) every page unmapped.
+        let segments = std::mem::take(&mut snap.segments);
+        let mut tail = Vec::new();
+        for segment in &segments {
+            for block in segment.blocks.iter().filter(|block| block.state != BlockState::Inactive) {
+                tail.push(end(Action::FreeRequested, block.address, block.requested_size, segment.stream));
+                tail.push(end(Action::FreeCompleted, block.address, block.requested_size, segment.stream));
+            }
+        }
+        tail.extend(
+            segments.iter().map(|segment| end(Action::SegmentUnmap, segment.address, segment.total_size, segment.stream)),
+        );
+        assert!(tail.iter().any(|entry| entry.action == Action::SegmentUnmap), "{name}: expandable segments at its end");
+        snap.device_traces[0].extend(tail);
+        let trace = &snap.device_traces[0];
+        for k in 0..12 {
+            let cut = trace.len() * k / 12 + k % 3;
+            let mut cut_snap = snap.clone();
+            cut_snap.device_traces[0] = trace[cut..].to_vec();
+            let em = emulate(&cut_snap, 0, &conf, None).unwrap();
+            assert!(em.fidelity.is_exact(), "{name} cut at {cut}: {:?}", em.fidelity);
+            assert!(em.final_segments.is_empty(), "{name} cut at {cut}: everything unmapped");
+        }
+    }
+}
+
 /// `torch.cuda.memory_snapshot()`'s output (a list of segments, no trace), written by python3 from the final
 /// segments of the shared traces: the start state rebuilt from it is those segments, its counters theirs,
 /// and it exports and reads back.
