@@ -255,8 +255,8 @@ pub fn print_title(recording: &Recording, args: &RecordingArgs, contenders: &[Co
     }
     if recording.start_events > 0 {
         outln!(
-            "recorded mid-run: {} allocations ({}) were live before entry 0; every contender holds them from the start",
-            recording.start_events,
+            "recorded mid-run: {} ({}) were live before entry 0; every contender holds them from the start",
+            counted(recording.start_events as u64, "allocation", "allocations"),
             Bytes(recording.start_bytes())
         );
     }
@@ -431,6 +431,12 @@ pub fn print_row(outcome: &Outcome) {
             let rule = fidelity.driver_rule;
             if rule.placed > 0 {
                 text.push_str(&format!(", driver's rule {}/{}", rule.foretold, rule.placed));
+            }
+            if fidelity.start_left_out > 0 {
+                text.push_str(&format!(
+                    ", {} live at the start in no segment the recording shows: left out",
+                    counted(fidelity.start_left_out as u64, "allocation", "allocations")
+                ));
             }
             text
         }

@@ -116,12 +116,16 @@ pub struct Fidelity {
     pub placement_matched: usize,
     /// The first misplaced allocation.
     pub first_misplacement: Option<Misplacement>,
+    /// Allocations live at the start of the recording that lie in no segment it shows (its final segments, and the
+    /// segments and pages its trace reserves and returns): PyTorch could not have held them, and the emulation
+    /// leaves them out.
+    pub start_left_out: usize,
 }
 
 impl Fidelity {
-    /// Every segment event and every placement matched.
+    /// Every segment event and every placement matched, and every allocation live at the start held.
     pub fn is_exact(&self) -> bool {
-        self.first_mismatch.is_none() && self.placement_matched == self.allocs
+        self.first_mismatch.is_none() && self.placement_matched == self.allocs && self.start_left_out == 0
     }
 }
 
@@ -269,7 +273,7 @@ impl<'s> Emulator<'s> {
     ) -> Result<Self, EmulationError> {
         validate(snapshot, device)?;
         let trace = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
-        let (alloc, live) = rebuild_start_state(snapshot, device, conf, capacity_bytes)?;
+        let (alloc, live, start_left_out) = rebuild_start_state(snapshot, device, conf, capacity_bytes)?;
         let out =
             Emulation { placements: vec![None; trace.len()], timeline: Vec::with_capacity(trace.len()), ..Emulation::default() };
         let emulator = Self {
@@ -280,7 +284,7 @@ impl<'s> Emulator<'s> {
             alloc,
             live,
             out,
-            fidelity: Fidelity::default(),
+            fidelity: Fidelity { start_left_out, ..Fidelity::default() },
             empty_cache_checked_until: 0,
             next: 0,
             capacity_read_up_to: 0,

@@ -49,8 +49,9 @@ struct Group {
     mapped: BTreeMap<u64, u64>,
 }
 
-/// The allocator at the start of device `device`'s recording, and the live allocations (recorded address
-/// -> emulated address, equal here).
+/// The allocator at the start of device `device`'s recording, the live allocations (recorded address -> emulated
+/// address, equal here), and how many allocations live at the start lie in no segment the recording shows (PyTorch
+/// could not have held them: left out).
 ///
 /// Expects a snapshot that passed `validate` (every range ends by `ADDRESS_LIMIT`); reserved ranges that
 /// overlap at the start, or a live block of known size that runs into the next live block or past its
@@ -60,7 +61,7 @@ pub(super) fn rebuild_start_state(
     device: usize,
     conf: &AllocConf,
     capacity_bytes: Option<u64>,
-) -> Result<(CachingAllocator, LiveMap), EmulationError> {
+) -> Result<(CachingAllocator, LiveMap, usize), EmulationError> {
     let mut alloc = CachingAllocator::new(conf.clone(), capacity_bytes);
     let mut live_map = LiveMap::default();
     let empty = Vec::new();
@@ -234,7 +235,8 @@ pub(super) fn rebuild_start_state(
         }
         link(&mut alloc, &ids);
     }
-    Ok((alloc, live_map))
+    let left_out = live.keys().filter(|address| !live_map.contains_key(address)).count();
+    Ok((alloc, live_map, left_out))
 }
 
 /// Adds the virtual segments that the trace maps or unmaps pages of but the final segments do not show (every

@@ -453,6 +453,32 @@ fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
     TraceEntry::new(action, addr, size)
 }
 
+/// A free of an allocation the recording never made, in no segment it shows (no final segment, no segment event):
+/// PyTorch could not have held it, so the emulation leaves it out and its fidelity says so; one inside a segment
+/// freed later is held.
+#[test]
+fn allocations_live_at_the_start_in_no_segment_are_left_out_and_said() {
+    let a = 0x7000_0000_0000;
+    // (trace, allocations left out)
+    let cases = [
+        (vec![entry(Action::FreeRequested, a, MIB), entry(Action::FreeCompleted, a, MIB)], 1),
+        (
+            vec![
+                entry(Action::FreeRequested, a, MIB),
+                entry(Action::FreeCompleted, a, MIB),
+                entry(Action::SegmentFree, a, 2 * MIB),
+            ],
+            0,
+        ),
+    ];
+    for (trace, left_out) in cases {
+        let snap = Snapshot { device_traces: vec![trace], ..Snapshot::default() };
+        let em = emulate(&snap, 0, &conf(), None).unwrap();
+        assert_eq!(em.fidelity.start_left_out, left_out, "{:?}", snap.device_traces[0]);
+        assert_eq!(em.fidelity.is_exact(), left_out == 0, "{:?}", em.fidelity);
+    }
+}
+
 #[test]
 fn empty_cache_is_taken_from_unexplained_segment_frees() {
     let a = 0x7000_0000_0000;
