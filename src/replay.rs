@@ -244,7 +244,7 @@ impl ContenderArgs {
 }
 
 /// The lines that name what is replayed and on how much memory: the entries, what was live at the start (the
-/// same for every contender), and what a contender that ignores the recording's streams does not see.
+/// same for every contender), and what no contender, or one that ignores the recording's streams, tells apart.
 pub fn print_title(recording: &Recording, args: &RecordingArgs, contenders: &[Contender]) {
     for line in devices_overview(recording, args.device, &args.compare_config(recording)) {
         outln!("{line}");
@@ -259,6 +259,9 @@ pub fn print_title(recording: &Recording, args: &RecordingArgs, contenders: &[Co
             counted(recording.start_events as u64, "allocation", "allocations"),
             Bytes(recording.start_bytes())
         );
+    }
+    if let Some(line) = pools_note(recording) {
+        outln!("{line}");
     }
     if let Some(line) = streams_note(recording, contenders) {
         outln!("{line}");
@@ -359,6 +362,31 @@ pub fn devices_overview(recording: &Recording, asked: Option<usize>, config: &Co
     }
     lines.extend(ran_out);
     lines
+}
+
+/// The note that some of the recording's segments belong to private memory pools (CUDA graphs, `torch.cuda.MemPool`:
+/// a `segment_pool_id` other than `(0, 0)`), which PyTorch serves apart from the default pools and no contender
+/// here tells apart.
+pub fn pools_note(recording: &Recording) -> Option<String> {
+    let snapshot = recording.snapshot.as_ref()?;
+    let mut pools: Vec<(i64, i64)> = Vec::new();
+    let mut private_bytes = 0;
+    for segment in snapshot.segments.iter().filter(|segment| segment.device as usize == recording.device) {
+        if segment.segment_pool_id != (0, 0) {
+            private_bytes += segment.total_size;
+            if !pools.contains(&segment.segment_pool_id) {
+                pools.push(segment.segment_pool_id);
+            }
+        }
+    }
+    (!pools.is_empty()).then(|| {
+        format!(
+            "{} of the final segments belong to {} (CUDA graphs, torch.cuda.MemPool), which PyTorch serves apart from \
+             the default pools: every contender here, PyTorch's emulation too, serves every request from the default pools",
+            Bytes(private_bytes),
+            counted(pools.len() as u64, "private memory pool", "private memory pools")
+        )
+    })
 }
 
 /// The note, said once, that a recording of several CUDA streams is served by contenders that ignore streams.
@@ -470,6 +498,39 @@ pub fn print_row(outcome: &Outcome) {
 mod tests {
     use super::*;
     use heapscope_pytorch::{Action, Snapshot, TraceEntry};
+
+    /// The private pools note: said when a final segment of the device shown is in a pool other than `(0, 0)`.
+    #[test]
+    fn the_pools_note_counts_the_private_pools_of_the_device_shown() {
+        use heapscope_pytorch::{Pool, Segment};
+        let segment = |device: u32, pool: (i64, i64), address: u64| Segment {
+            segment_pool_id: pool,
+            ..Segment::from_blocks(device, address, 2 << 20, Pool::Large, Vec::new())
+        };
+        let note = "of the final segments belong to";
+        // (segments, the note's start)
+        let cases: [(Vec<Segment>, Option<String>); 4] = [
+            (Vec::new(), None),
+            (vec![segment(0, (0, 0), 0)], None),
+            (
+                vec![segment(0, (1, 3), 0), segment(0, (0, 0), 1 << 30), segment(0, (1, 3), 2 << 30)],
+                Some(format!("4.00 MiB {note} 1 private memory pool (")),
+            ),
+            (
+                vec![segment(0, (1, 3), 0), segment(0, (2, 0), 1 << 30), segment(1, (5, 5), 2 << 30)],
+                Some(format!("4.00 MiB {note} 2 private memory pools (")),
+            ),
+        ];
+        for (segments, start) in cases {
+            let snapshot = Snapshot { segments: segments.clone(), device_traces: vec![Vec::new(); 2], ..Snapshot::default() };
+            let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
+            let said = pools_note(&recording);
+            match &start {
+                Some(start) => assert!(said.as_deref().is_some_and(|said| said.starts_with(start.as_str())), "{said:?}"),
+                None => assert_eq!(said, None, "{segments:?}"),
+            }
+        }
+    }
 
     /// The streams note: said once, only when the recording has several streams and a contender ignores them.
     #[test]
