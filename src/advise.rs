@@ -63,7 +63,10 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
     outln!("{}", capacity_line(&advice));
     let recorded =
         if advice.recorded_setting.is_empty() { "PyTorch's defaults".to_owned() } else { advice.recorded_setting.clone() };
-    outln!("recorded settings: {recorded}");
+    match crate::replay::inferred_expandable(&recording) {
+        Some(why) => outln!("recorded settings: {recorded}, as the recording's expandable segments show ({why})"),
+        None => outln!("recorded settings: {recorded}"),
+    }
     if advice.start_live_bytes > 0 {
         outln!(
             "recorded mid-run: {} were live before entry 0; every setting replays from the start state rebuilt from the final segments",

@@ -254,8 +254,9 @@ pub fn print_title(recording: &Recording, args: &RecordingArgs, contenders: &[Co
         outln!("{}", settings_line(recording, args));
     }
     if recording.start_events > 0 {
+        let (were, them) = if recording.start_events == 1 { ("was", "it") } else { ("were", "them") };
         outln!(
-            "recorded mid-run: {} ({}) were live before entry 0; every contender holds them from the start",
+            "recorded mid-run: {} ({}) {were} live before entry 0; every contender holds {them} from the start",
             counted(recording.start_events as u64, "allocation", "allocations"),
             Bytes(recording.start_bytes())
         );
@@ -289,20 +290,23 @@ fn settings_line(recording: &Recording, args: &RecordingArgs) -> String {
             shown(&conf),
             shown(&recorded)
         ),
-        _ if inferred_expandable(recording) => format!(
-            "pytorch's settings: {}, as the recording's expandable segments show (the file records no such setting)",
-            shown(&recorded)
-        ),
+        _ if let Some(why) = inferred_expandable(recording) => {
+            format!("pytorch's settings: {}, as the recording's expandable segments show ({why})", shown(&recorded))
+        }
         _ => format!("pytorch's settings: {}, as recorded", shown(&recorded)),
     }
 }
 
-/// Whether the replay runs `recording` with expandable segments that its file shows but does not record as a setting
-/// (files written before PyTorch recorded its settings).
-fn inferred_expandable(recording: &Recording) -> bool {
-    recording.snapshot.as_ref().is_some_and(|snapshot| {
-        snapshot.shows_expandable_segments() && !snapshot.settings.as_ref().is_some_and(|settings| settings.expandable_segments)
-    })
+/// Why the replay runs `recording` with expandable segments that its file shows but its settings do not say (files
+/// written before PyTorch recorded its settings); `None` where the settings say so, or nothing shows them.
+pub fn inferred_expandable(recording: &Recording) -> Option<&'static str> {
+    let snapshot = recording.snapshot.as_ref()?;
+    match &snapshot.settings {
+        Some(settings) if settings.expandable_segments => None,
+        _ if !snapshot.shows_expandable_segments() => None,
+        None => Some("the file records no allocator settings"),
+        Some(_) => Some("its allocator_settings do not say so"),
+    }
 }
 
 /// Entries of another device up to which the overview runs the emulation on it under `--capacity` (about a second).
