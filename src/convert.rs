@@ -40,7 +40,7 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
     recording.trace.write_native(&args.out).with_context(|| format!("converting {}", args.file.display()))?;
     eprintln!(
         "{}: {} events (the first {} allocate what was live before the recording started) -> {}",
-        recording.name,
+        recording.shown_name(),
         recording.trace.events().len(),
         recording.start_events,
         args.out.display()
