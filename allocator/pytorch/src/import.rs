@@ -44,7 +44,7 @@ use std::sync::Arc;
 use flate2::bufread::MultiGzDecoder;
 
 use super::pickle_int::Int;
-use super::pickle_read::{self, Dict, Memo, Place, ReadError, Scan, Sink, Token, Value};
+use super::pickle_read::{self, Dict, List, Memo, Place, ReadError, Scan, Sink, Token, Value};
 use super::read_ahead::ReadAhead;
 use super::snapshot::{
     Action, Block, BlockState, Category, CategoryId, CategoryKey, Frame, Pool, RecordedSettings, Segment, Snapshot, StackId,
@@ -1317,6 +1317,8 @@ impl Decoder {
         let (mut list, mut dict);
         let mark = match value {
             Value::Converted(mark) => return Err(self.shared(*mark, seen)),
+            // An empty list holds nothing to read twice (`[[]] * 8` as the traces of devices that record nothing).
+            Value::List(held) if self.holds_nothing(held) => return Ok(()),
             Value::List(held) => {
                 list = held.try_borrow_mut().map_err(|_| busy())?;
                 &mut list.mark
@@ -1333,6 +1335,22 @@ impl Decoder {
         self.converted.push(seen);
         *mark = u32::try_from(self.converted.len()).unwrap_or(u32::MAX);
         Ok(())
+    }
+
+    /// Whether `list` is empty: no item, nothing read directly into it as it arrived (trace entries, see
+    /// [`Sink::read_item`]; segments, which a segments list always has read so), and not met before holding any.
+    fn holds_nothing(&self, list: &std::cell::RefCell<List>) -> bool {
+        list.try_borrow().is_ok_and(|list| {
+            let read_directly = match list.tag {
+                tag if tag >= TAG_SEGMENTS_BASE => true,
+                tag => tag
+                    .checked_sub(TAG_TRACE_BASE)
+                    .and_then(|slot| self.traces.get(slot as usize))
+                    .is_some_and(|(_, entries)| !entries.is_empty()),
+            };
+            // A marked list held something when it was met (what was read directly into it is taken since).
+            list.mark == 0 && list.items.is_empty() && !read_directly
+        })
     }
 
     /// The refusal of a second reference, at `seen`, to the object marked `mark`.
@@ -2349,13 +2367,18 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
     }
 
     /// Issue 17: memory bounded by what was read. A trace list, a segment or a segment's blocks shared through the
-    /// memo (`[S] * 20000` in 280 gzipped bytes) is refused at its second reference, naming both places; memo puts
+    /// memo (`[S] * 20000` in 280 gzipped bytes) is refused at its second reference, naming both places (an empty
+    /// list, which holds nothing to read twice, is read at each); memo puts
     /// far past the bytes read (100 puts a megaslot apart in 504 bytes) are refused before the memo grows.
     #[test]
     fn memo_sharing_and_memo_gaps_are_refused() {
         let segment = b"}\x94(\x8c\x07address\x4b\x00\x8c\x0atotal_size\x4b\x00\x8c\x06blocks]u";
         let shared_segments = [b"\x80\x04}(\x8c\x08segments](".as_slice(), segment, b"h\x00e\x8c\x0ddevice_traces]u."].concat();
-        let shared_traces = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces](]\x94h\x00eu.".to_vec();
+        let entry = b"}(\x8c\x06action\x8c\x05alloc\x8c\x04addrK\x00\x8c\x04sizeM\x00\x02u";
+        let shared_traces =
+            [b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces](]\x94(".as_slice(), entry, b"eh\x00eu."].concat();
+        // The same empty list as the trace of three devices (`[[]] * 3`): nothing is read twice.
+        let shared_empty = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces](]\x94h\x00h\x00eu.".to_vec();
         let shared_blocks = b"\x80\x04}(\x8c\x08segments](}(\x8c\x07address\x4b\x00\x8c\x0atotal_size\x4b\x00\x8c\x06blocks]\x94u}(\x8c\x07address\x4b\x00\x8c\x0atotal_size\x4b\x00\x8c\x06blocksh\x00ue\x8c\x0ddevice_traces]u.".to_vec();
         // A block dict shared by two segments; a segment repeated with DUP (no memo: the same object twice on the
         // stack); a segment met again after it was converted and its memo slot released.
@@ -2391,9 +2414,11 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             let error = parse_snapshot(bytes, "shared.pickle").expect_err(expected).to_string();
             assert!(error.contains(expected), "{error:?} lacks {expected:?}");
         }
-        // A reference under a key the importer ignores reads nothing twice: no refusal.
+        // A reference under a key the importer ignores reads nothing twice: no refusal; nor does an empty list.
         let snapshot = parse_snapshot(later_segment.as_slice(), "later.pickle").expect("an ignored key");
         assert_eq!(snapshot.segments.len(), 1);
+        let snapshot = parse_snapshot(shared_empty.as_slice(), "empty.pickle").expect("an empty list shared");
+        assert_eq!(snapshot.device_traces, vec![Vec::new(); 3]);
     }
 
     /// Issue 17: one `APPENDS` batch of 40,000 trace entries, every other one left to the generic path (a
