@@ -100,14 +100,8 @@ fn recordings_cut_mid_run_replay_exactly() {
     for name in ["frag_oom-default", "frag_oom-expandable", "gpt2_train_fixed-default", "gpt2_train_fixed-expandable"] {
         let (snap, _) = load(name);
         let conf = AllocConf::from_recorded(snap.settings.as_ref().unwrap());
-        let trace = &snap.device_traces[0];
         // 23 cuts spread over the trace, at any kind of entry (also between a free's two halves).
-        for k in 1..24 {
-            let cut = trace.len() * k / 24 + k % 3;
-            let mut cut_snap = snap.clone();
-            cut_snap.device_traces[0] = trace[cut..].to_vec();
-            let em = emulate(&cut_snap, 0, &conf, None).unwrap();
-            assert!(em.fidelity.is_exact(), "{name} cut at {cut}: {:?}", em.fidelity);
+        for (cut, em) in exact_from_cuts(name, &snap, &conf, 24) {
             let want: Vec<Segment> = snap.segments.iter().map(strip).collect();
             assert_eq!(em.final_segments.len(), want.len(), "{name} cut at {cut}");
             for (got, want) in em.final_segments.iter().zip(&want) {
@@ -143,16 +137,26 @@ fn expandable_recordings_that_end_unmapped_replay_exactly_from_a_cut() {
         );
         assert!(tail.iter().any(|entry| entry.action == Action::SegmentUnmap), "{name}: expandable segments at its end");
         snap.device_traces[0].extend(tail);
-        let trace = &snap.device_traces[0];
-        for k in 0..12 {
-            let cut = trace.len() * k / 12 + k % 3;
-            let mut cut_snap = snap.clone();
-            cut_snap.device_traces[0] = trace[cut..].to_vec();
-            let em = emulate(&cut_snap, 0, &conf, None).unwrap();
-            assert!(em.fidelity.is_exact(), "{name} cut at {cut}: {:?}", em.fidelity);
+        for (cut, em) in exact_from_cuts(name, &snap, &conf, 12) {
             assert!(em.final_segments.is_empty(), "{name} cut at {cut}: everything unmapped");
         }
     }
+}
+
+/// `snap` cut at `pieces - 1` places spread over its trace (at any kind of entry, also between a free's two halves),
+/// each emulated from its start: every segment event and placement matches. The cut and its emulation.
+fn exact_from_cuts(name: &str, snap: &Snapshot, conf: &AllocConf, pieces: usize) -> Vec<(usize, Emulation)> {
+    let trace = &snap.device_traces[0];
+    (1..pieces)
+        .map(|k| {
+            let cut = trace.len() * k / pieces + k % 3;
+            let mut cut_snap = snap.clone();
+            cut_snap.device_traces[0] = trace[cut..].to_vec();
+            let em = emulate(&cut_snap, 0, conf, None).unwrap();
+            assert!(em.fidelity.is_exact(), "{name} cut at {cut}: {:?}", em.fidelity);
+            (cut, em)
+        })
+        .collect()
 }
 
 /// `torch.cuda.memory_snapshot()`'s output (a list of segments, no trace), written by python3 from the final
