@@ -114,6 +114,29 @@ pub(crate) enum Value {
     Short(ShortStr),
     /// A memo slot never written.
     Hole,
+    /// A value of a type no snapshot key holds (bytes, a set), read past and kept as its type alone: under a key the
+    /// importer ignores it costs nothing, under one it reads it is named in the error.
+    Opaque(Opaque),
+}
+
+/// The builtin types a snapshot's schema never uses but a pickle of builtin data may hold (a key added by hand).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Opaque {
+    Bytes,
+    ByteArray,
+    Set,
+    FrozenSet,
+}
+
+impl Opaque {
+    fn name(self) -> &'static str {
+        match self {
+            Opaque::Bytes => "bytes",
+            Opaque::ByteArray => "bytearray",
+            Opaque::Set => "set",
+            Opaque::FrozenSet => "frozenset",
+        }
+    }
 }
 
 /// Values nest as deep as the input says (a 305-byte pickle can nest 200,000 tuples): dropping a tree by recursion
@@ -175,6 +198,7 @@ impl Value {
             Value::Consumed | Value::Taken => "trace entry taken earlier (shared through the memo)",
             Value::Converted(_) => "object read earlier (shared through the memo)",
             Value::Hole => "missing memo entry",
+            Value::Opaque(kind) => kind.name(),
         }
     }
 
@@ -1089,6 +1113,38 @@ impl<S: Sink> Machine<S> {
                     let length = usize::try_from(length).map_err(|_| malformed(at, "BINUNICODE8 length overflows"))?;
                     self.push_str(input, length, "BINUNICODE8")?;
                 }
+                // SHORT_BINBYTES, BINBYTES, BINBYTES8, BYTEARRAY8: read past.
+                b'C' => {
+                    let length = usize::from(input.byte("SHORT_BINBYTES")?);
+                    self.push_opaque(input, length, Opaque::Bytes, "SHORT_BINBYTES")?;
+                }
+                b'B' => {
+                    let length = u32::from_le_bytes(input.array("BINBYTES")?);
+                    self.push_opaque(input, length as usize, Opaque::Bytes, "BINBYTES")?;
+                }
+                0x8e | 0x96 => {
+                    let (kind, what) =
+                        if opcode == 0x8e { (Opaque::Bytes, "BINBYTES8") } else { (Opaque::ByteArray, "BYTEARRAY8") };
+                    let length = u64::from_le_bytes(input.array(what)?);
+                    let length = usize::try_from(length).map_err(|_| malformed(at, format!("{what} length overflows")))?;
+                    self.push_opaque(input, length, kind, what)?;
+                }
+                // EMPTY_SET, ADDITEMS, FROZENSET: the items are dropped, the set kept as its type.
+                0x8f => self.stack.push(Value::Opaque(Opaque::Set)),
+                0x90 => {
+                    let mark = self.pop_mark(at, "ADDITEMS")?;
+                    drop(self.stack.split_off(mark));
+                    match self.stack.last() {
+                        Some(Value::Opaque(Opaque::Set)) => {}
+                        Some(other) => return Err(malformed(at, format!("ADDITEMS on a {}, not a set", other.type_name()))),
+                        None => return Err(malformed(at, "ADDITEMS on an empty stack")),
+                    }
+                }
+                0x91 => {
+                    let mark = self.pop_mark(at, "FROZENSET")?;
+                    drop(self.stack.split_off(mark));
+                    self.stack.push(Value::Opaque(Opaque::FrozenSet));
+                }
                 // EMPTY_DICT, EMPTY_LIST, EMPTY_TUPLE
                 b'}' => {
                     if let Some((list_tag, index)) = self.list_parent()
@@ -1254,6 +1310,13 @@ impl<S: Sink> Machine<S> {
     fn push_str<R: Read>(&mut self, input: &mut Input<R>, length: usize, what: &str) -> Result<(), ReadError> {
         let bytes = input.take(length, what)?;
         self.stack.push(Value::Str(Rc::new(String::from_utf8_lossy(bytes).into_owned())));
+        Ok(())
+    }
+
+    /// Reads past the next `length` bytes (a bytes or bytearray value) and pushes their type.
+    fn push_opaque<R: Read>(&mut self, input: &mut Input<R>, length: usize, kind: Opaque, what: &str) -> Result<(), ReadError> {
+        input.take(length, what)?;
+        self.stack.push(Value::Opaque(kind));
         Ok(())
     }
 
@@ -1494,6 +1557,15 @@ mod tests {
             (b"\x80\x04\x89.", "False"),
             (b"\x80\x04G?\xf8\x00\x00\x00\x00\x00\x00.", "1.5"),
             (b"\x80\x04\x8c\x02hi\x94.", "\"hi\""),
+            // Bytes and sets, read past as their type (protocol 5, as Python writes them).
+            (b"\x80\x05C\x02ab\x94.", "bytes"),
+            (b"\x80\x05B\x02\x00\x00\x00ab.", "bytes"),
+            (b"\x80\x05\x8e\x02\x00\x00\x00\x00\x00\x00\x00ab.", "bytes"),
+            (b"\x80\x05\x96\x02\x00\x00\x00\x00\x00\x00\x00xy\x94.", "bytearray"),
+            (b"\x80\x05\x8f\x94(K\x01K\x02\x90.", "set"),
+            (b"\x80\x05\x8f\x94.", "set"),
+            (b"\x80\x05(K\x03\x91\x94.", "frozenset"),
+            (b"\x80\x05}\x94\x8c\x01k\x94C\x01\x00\x94s.", "{\"k\": bytes}"),
             // Lone surrogates, as Python writes them (`surrogatepass`), and bytes that are no UTF-8 at all.
             (b"\x80\x04\x8c\x05a\xed\xa0\x80b.", "\"a\u{fffd}\u{fffd}\u{fffd}b\""),
             (b"\x80\x04\x8c\x02\xff\xfe.", "\"\u{fffd}\u{fffd}\""),
@@ -1548,6 +1620,9 @@ mod tests {
             (b"\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x7fab", "truncated"),
             (b"\x80\x04Nr\xff\xff\xff\x7f.", "past the 3 bytes read"),
             (b"\x80\x04\x94.", "MEMOIZE with no object"),
+            (b"\x80\x04](K\x01\x90.", "ADDITEMS on a list, not a set"),
+            (b"\x80\x04K\x01\x91.", "FROZENSET without a mark"),
+            (b"\x80\x04C\x05ab", "truncated"),
             (b"\x1f\x8b\x08\x00", "the file is gzip-compressed twice"),
         ];
         for (bytes, expected) in cases {
