@@ -241,47 +241,60 @@ pub(super) fn rebuild_start_state(
 
 /// Adds the virtual segments that the trace maps or unmaps pages of but the final segments do not show (every
 /// page of them unmapped by the end, as after `empty_cache`): without them, the pages such a segment had mapped
-/// at the start of a recording begun mid-run, and the allocations live in them, would be lost. Their `segment_map`
-/// and `segment_unmap` entries, by stream and address, each start a segment at the lowest address unless one
-/// begun below it holds it ([`EXPANDABLE_VIRTUAL_BYTES`] of address space); a segment's pool is the small one where
-/// a page run is no multiple of the large pool's page ([`LARGE_BUFFER_BYTES`]). One that lies just below a final
-/// segment's group of the same stream (and a pool it may be) is that group, which then begins lower.
+/// at the start of a recording begun mid-run, and the allocations live in them, would be lost.
+///
+/// Their `segment_map` and `segment_unmap` entries, by stream and address: a page run that is no multiple of the large
+/// pool's page ([`LARGE_BUFFER_BYTES`]) is the small pool's, and the small pool's runs make a segment from the lowest
+/// up (within [`EXPANDABLE_VIRTUAL_BYTES`]); another run inside the span of one is that segment's, else the large
+/// pool's runs make segments the same way, never across a small one (two reservations of a GPU with less memory lie
+/// closer together than the address space allowed for each; so a small run in reach of a final large segment's group
+/// is not that group's). A new segment just below a final segment's group of the same stream and pool is that group,
+/// which then begins lower.
 fn groups_seen_only_in_trace(
     trace: &[crate::snapshot::TraceEntry],
     groups: &mut Vec<Group>,
     group_of: impl Fn(&[Group], u64) -> Option<usize>,
 ) {
+    // A run is seen when a final segment's group holds its address, and is of the small pool where the run is.
+    let seen = |addr: u64, size: u64| {
+        group_of(groups, addr).is_some_and(|g| groups[g].pool == Pool::Small || size.is_multiple_of(LARGE_BUFFER_BYTES))
+    };
     let mut unseen: Vec<(u64, u64, u64)> = trace
         .iter()
-        .filter(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap) && group_of(groups, e.addr).is_none())
+        .filter(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap) && !seen(e.addr, e.size))
         .map(|e| (e.stream, e.addr, e.size))
         .collect();
     if unseen.is_empty() {
         return;
     }
     unseen.sort_unstable();
-    // (group, whether a page run shows its pool: a run no multiple of the large page is the small pool's)
-    let mut found: Vec<(Group, bool)> = Vec::new();
-    for (stream, addr, size) in unseen {
-        let small = size % LARGE_BUFFER_BYTES != 0;
-        match found.last_mut() {
-            Some((g, shown)) if g.stream == stream && addr < g.base + EXPANDABLE_VIRTUAL_BYTES => {
-                if small {
-                    (g.pool, *shown) = (Pool::Small, true);
-                }
-            }
-            _ => {
-                let pool = if small { Pool::Small } else { Pool::Large };
-                found.push((Group { stream, pool, base: addr, mapped: BTreeMap::new() }, small));
-            }
+    let new_group = |stream: u64, pool: Pool, base: u64| Group { stream, pool, base, mapped: BTreeMap::new() };
+    // The small pool's segments, each with the end of its highest run.
+    let mut small: Vec<(Group, u64)> = Vec::new();
+    for &(stream, addr, size) in unseen.iter().filter(|&&(_, _, size)| !size.is_multiple_of(LARGE_BUFFER_BYTES)) {
+        let end = addr.saturating_add(size);
+        match small.last_mut() {
+            Some((g, g_end)) if g.stream == stream && addr < g.base + EXPANDABLE_VIRTUAL_BYTES => *g_end = (*g_end).max(end),
+            _ => small.push((new_group(stream, Pool::Small, addr), end)),
         }
     }
-    for (new, shown) in found {
+    let mut large: Vec<Group> = Vec::new();
+    for &(stream, addr, _) in unseen.iter().filter(|&&(_, _, size)| size.is_multiple_of(LARGE_BUFFER_BYTES)) {
+        if small.iter().any(|(g, end)| g.stream == stream && g.base <= addr && addr < *end) {
+            continue;
+        }
+        let joins = large.last().is_some_and(|g| {
+            g.stream == stream
+                && addr < g.base + EXPANDABLE_VIRTUAL_BYTES
+                && !small.iter().any(|(s, _)| s.stream == stream && g.base < s.base && s.base <= addr)
+        });
+        if !joins {
+            large.push(new_group(stream, Pool::Large, addr));
+        }
+    }
+    for new in small.into_iter().map(|(g, _)| g).chain(large) {
         let above = groups.iter_mut().filter(|g| {
-            g.stream == new.stream
-                && new.base < g.base
-                && g.base < new.base + EXPANDABLE_VIRTUAL_BYTES
-                && (g.pool == new.pool || !shown)
+            g.stream == new.stream && g.pool == new.pool && new.base < g.base && g.base < new.base + EXPANDABLE_VIRTUAL_BYTES
         });
         match above.min_by_key(|g| g.base) {
             Some(g) => g.base = new.base,

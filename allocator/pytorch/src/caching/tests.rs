@@ -111,36 +111,88 @@ fn recordings_cut_mid_run_replay_exactly() {
     }
 }
 
-/// An expandable recording that ends with every allocation freed and every page unmapped (as after `empty_cache`)
-/// shows no final segment: cut mid-run, the pages mapped at its start, and the allocations live in them, are known
-/// only from the trace's `segment_map` / `segment_unmap` entries — in the large pool (frag_oom) and the small one
-/// (gpt2's 2 MiB pages). Every later segment event and placement still matches (the frees of the allocations live
-/// at the cut among them).
+/// An expandable recording that ends with a pool's allocations freed and its pages unmapped (as after `empty_cache`)
+/// shows no final segment of that pool: cut mid-run, the pages mapped at its start, and the allocations live in them,
+/// are known only from the trace's `segment_map` / `segment_unmap` entries — in the large pool (frag_oom) and the
+/// small one (gpt2's 2 MiB pages), also with the two reservations as close as on a GPU of less memory. Every later
+/// segment event and placement still matches (the frees of the allocations live at the cut among them).
 #[test]
 fn expandable_recordings_that_end_unmapped_replay_exactly_from_a_cut() {
-    for name in ["frag_oom-expandable", "gpt2_train_fixed-expandable"] {
+    // (recording, where its small pool's reservation is moved: bytes above the large pool's, the pools unmapped at
+    // its end)
+    let both = [Pool::Large, Pool::Small];
+    let cases: [(&str, Option<u64>, &[Pool]); 3] = [
+        ("frag_oom-expandable", None, &both),
+        ("gpt2_train_fixed-expandable", None, &both),
+        ("gpt2_train_fixed-expandable", Some(40 << 30), &both),
+    ];
+    for (name, small_pool_at, unmapped) in cases {
         let (mut snap, _) = load(name);
+        if let Some(above_large) = small_pool_at {
+            move_small_pool_reservation(&mut snap, above_large);
+        }
         let conf = AllocConf::from_recorded(snap.settings.as_ref().unwrap());
         let time = snap.device_traces[0].last().and_then(TraceEntry::time_us);
         let end = |action, addr, size, stream| TraceEntry::new(action, addr, size).with_stream(stream).with_time_us(time);
-        // Every block freed, then (one `empty_cache`) every page unmapped.
-        let segments = std::mem::take(&mut snap.segments);
+        // Every block of those pools freed, then (one `empty_cache`) every page of theirs unmapped.
+        let (gone, kept): (Vec<Segment>, Vec<Segment>) =
+            std::mem::take(&mut snap.segments).into_iter().partition(|segment| unmapped.contains(&segment.segment_type));
+        snap.segments = kept;
         let mut tail = Vec::new();
-        for segment in &segments {
+        for segment in &gone {
             for block in segment.blocks.iter().filter(|block| block.state != BlockState::Inactive) {
                 tail.push(end(Action::FreeRequested, block.address, block.requested_size, segment.stream));
                 tail.push(end(Action::FreeCompleted, block.address, block.requested_size, segment.stream));
             }
         }
-        tail.extend(
-            segments.iter().map(|segment| end(Action::SegmentUnmap, segment.address, segment.total_size, segment.stream)),
-        );
+        tail.extend(gone.iter().map(|segment| end(Action::SegmentUnmap, segment.address, segment.total_size, segment.stream)));
         assert!(tail.iter().any(|entry| entry.action == Action::SegmentUnmap), "{name}: expandable segments at its end");
         snap.device_traces[0].extend(tail);
         for (cut, em) in exact_from_cuts(name, &snap, &conf, 12) {
-            assert!(em.final_segments.is_empty(), "{name} cut at {cut}: everything unmapped");
+            assert_eq!(em.final_segments.len(), snap.segments.len(), "{name} cut at {cut}: only the pools kept stay mapped");
         }
     }
+}
+
+/// A small-pool virtual segment that the end unmapped, in reach of a final large one (reservations as close as on a
+/// GPU of less memory), is a segment of its own, with its live allocation: not pages of the large one.
+#[test]
+fn an_unmapped_small_segment_in_reach_of_a_large_one_is_its_own() {
+    let large = 0x7f00_0000_0000u64;
+    let small = large + (40 << 30);
+    let full = vec![Block::new(large, 20 * MIB, 20 * MIB, BlockState::ActiveAllocated)];
+    let segment = Segment { is_expandable: true, ..Segment::from_blocks(0, large, 20 * MIB, Pool::Large, full) };
+    let trace = vec![
+        entry(Action::FreeRequested, small, 512),
+        entry(Action::FreeCompleted, small, 512),
+        entry(Action::SegmentUnmap, small, 2 * MIB),
+    ];
+    let settings = RecordedSettings { expandable_segments: true, ..RecordedSettings::default() };
+    let snap = Snapshot { segments: vec![segment], device_traces: vec![trace], settings: Some(settings), ..Snapshot::default() };
+    let em = emulate(&snap, 0, &AllocConf::of_snapshot(&snap), None).unwrap();
+    assert!(em.fidelity.is_exact(), "{:?}", em.fidelity);
+    assert_eq!(
+        em.segment_events.last().map(|event| (event.action, event.addr, event.size_bytes)),
+        Some((Action::SegmentUnmap, small, 2 * MIB))
+    );
+}
+
+/// Moves every address of `snap`'s small-pool reservation (its segments, blocks and trace entries) down to start
+/// `above_large` bytes above the large pool's.
+fn move_small_pool_reservation(snap: &mut Snapshot, above_large: u64) {
+    let base = |pool: Pool| snap.segments.iter().filter(|s| s.segment_type == pool).map(|s| s.address).min().unwrap();
+    let (small, large) = (base(Pool::Small), base(Pool::Large));
+    assert!(small > large + above_large, "the small pool's reservation lies above");
+    let moved = |address: &mut u64| {
+        if *address >= small {
+            *address -= small - (large + above_large);
+        }
+    };
+    for segment in &mut snap.segments {
+        moved(&mut segment.address);
+        segment.blocks.iter_mut().for_each(|block| moved(&mut block.address));
+    }
+    snap.device_traces[0].iter_mut().for_each(|entry| moved(&mut entry.addr));
 }
 
 /// `snap` cut at `pieces - 1` places spread over its trace (at any kind of entry, also between a free's two halves),
