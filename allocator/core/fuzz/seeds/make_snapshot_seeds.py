@@ -4,7 +4,8 @@
 Standard library only; run from the repository root: allocator/core/fuzz/seeds/make_snapshot_seeds.py.
 Well-formed seeds: small synthetic snapshots (scripts/synthetic_snapshot.py, both layouts, protocols 2 to 5,
 raw and gzip), the shared H200 frag_oom recordings cut to their first entries and segments, the legacy (<= 2.0)
-schema and torch.cuda.memory_snapshot()'s list of segments. Hostile seeds (hostile-*, refused): the inputs of issue 17 and their
+schema and torch.cuda.memory_snapshot()'s list of segments, types no key holds and undecodable text, an expandable
+recording whose end unmapped every page. Hostile seeds (hostile-*, refused): the inputs of issue 17 and their
 kin, which the reader must refuse cleanly (deep nesting where the schema wants no nesting, memo gaps and sharing, bytes after the pickle, a cut
 gzip stream, protocol 0, a class-building pickle, huge and negative sizes).
 """
@@ -63,7 +64,22 @@ def main():
                             "blocks": [block, {"size": 1 << 20, "state": "inactive", "history": []}]}],
               "device_traces": [[{"action": "alloc", "addr": 1 << 40, "size": 1000, "stream": 0, "frames": []}]]}
     write("legacy-history.pickle", pickle.dumps(legacy, protocol=2))
+    entry_frames = {"action": "alloc", "addr": 1 << 40, "size": 1000, "stream": 0, "time_us": 1}
     write("memory-snapshot-segments.pickle", pickle.dumps(legacy["segments"], protocol=4))
+    # Types no snapshot key holds under keys added by hand, a file name Python could not decode (a lone surrogate),
+    # and one empty list as the traces of three devices: all read.
+    odd = {"segments": [], "device_traces": [[dict(entry_frames, frames=[{"filename": "bad\udcffname.py", "line": 3,
+                                                                             "name": "f"}])]] + [[]] * 3,
+           "notes": b"\x00\xff", "tags": {"a", "b"}, "frozen": frozenset([1]), "raw": bytearray(b"xy")}
+    write("odd-types-and-text.pickle", pickle.dumps(odd, protocol=5))
+    # An expandable recording whose end unmapped every page: its start state comes from the trace's maps alone.
+    with gzip.open(os.path.join(SHARED, "frag_oom-expandable.pickle.gz")) as f:
+        unmapped = pickle.load(f)
+    last = unmapped["device_traces"][0][-1]
+    unmapped["device_traces"][0] = unmapped["device_traces"][0][70:] + [
+        dict(last, action="segment_unmap", addr=s["address"], size=s["total_size"]) for s in unmapped["segments"]]
+    unmapped["segments"] = []
+    write("expandable-unmapped-end.pickle", pickle.dumps(unmapped, protocol=4))
 
     # Hostile: each must end in a clean error (or a correct result), fast, in bounded memory.
     empty = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]]a"
