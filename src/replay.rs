@@ -297,16 +297,12 @@ fn settings_line(recording: &Recording, args: &RecordingArgs) -> String {
     }
 }
 
-/// Why the replay runs `recording` with expandable segments that its file shows but its settings do not say (files
-/// written before PyTorch recorded its settings); `None` where the settings say so, or nothing shows them.
+/// Why the replay runs `recording` with expandable segments that its file shows but does not record as a setting
+/// (files written before PyTorch recorded its settings: [`heapscope_pytorch::AllocConf::of_snapshot`]); `None` where
+/// the file records its settings, or shows no expandable segment.
 pub fn inferred_expandable(recording: &Recording) -> Option<&'static str> {
     let snapshot = recording.snapshot.as_ref()?;
-    match &snapshot.settings {
-        Some(settings) if settings.expandable_segments => None,
-        _ if !snapshot.shows_expandable_segments() => None,
-        None => Some("the file records no allocator settings"),
-        Some(_) => Some("its allocator_settings do not say so"),
-    }
+    (snapshot.settings.is_none() && snapshot.shows_expandable_segments()).then_some("the file records no allocator settings")
 }
 
 /// Entries of another device up to which the overview runs the emulation on it under `--capacity` (about a second).

@@ -21,7 +21,7 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    /// Uniform in `0..bound` (0 when `bound` is 0).
+    /// Uniform in `0..bound`, to within `bound / 2^64` (a remainder); 0 when `bound` is 0.
     pub fn below(&mut self, bound: u64) -> u64 {
         self.next_u64() % bound.max(1)
     }

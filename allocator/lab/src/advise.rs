@@ -243,13 +243,12 @@ enum Row {
 pub fn advise(recording: &Recording, config: &AdviseConfig, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Advice> {
     let Capacity { bytes: capacity_bytes, from: capacity_from } = Capacity::of(config.capacity_bytes, recording);
     let recorded_conf = alloc_conf(recording, None)?;
-    // The string the file records, unless it records none or the file shows expandable segments its settings do
-    // not (older files): then the settings the replay runs with.
+    // The string the file records; for a file that records none, the settings the replay runs with (expandable
+    // segments where the file shows them).
     let recorded_setting = recording
         .snapshot
         .as_ref()
         .and_then(|snapshot| snapshot.settings.as_ref())
-        .filter(|settings| settings.expandable_segments == recorded_conf.expandable_segments)
         .map_or_else(|| recorded_conf.overrides(), |settings| settings.alloc_conf.clone());
     let mut rows = Vec::with_capacity(config.settings.len() + 2);
     for setting in &config.settings {

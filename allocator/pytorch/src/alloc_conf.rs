@@ -72,13 +72,16 @@ pub enum AllocConfError {
 }
 
 impl AllocConf {
-    /// The settings `snapshot` was recorded with: the ones it records, else PyTorch's defaults; and expandable
-    /// segments wherever the file shows them ([`crate::Snapshot::shows_expandable_segments`]), recorded or not
-    /// (files written before PyTorch recorded its settings).
+    /// The settings `snapshot` was recorded with: the ones it records; else (a file written before PyTorch recorded
+    /// its settings) PyTorch's defaults, with expandable segments where the file shows them
+    /// ([`crate::Snapshot::shows_expandable_segments`]). Recorded settings are kept as they are, even against what
+    /// the file shows: they are the value at the end of the recording, which a program may have changed while it ran
+    /// (`torch.cuda.memory._set_allocator_settings`).
     pub fn of_snapshot(snapshot: &crate::Snapshot) -> AllocConf {
-        let mut conf = snapshot.settings.as_ref().map_or_else(AllocConf::default, AllocConf::from_recorded);
-        conf.expandable_segments = conf.expandable_segments || snapshot.shows_expandable_segments();
-        conf
+        match &snapshot.settings {
+            Some(settings) => AllocConf::from_recorded(settings),
+            None => AllocConf { expandable_segments: snapshot.shows_expandable_segments(), ..AllocConf::default() },
+        }
     }
 
     /// The settings a snapshot recorded.

@@ -239,7 +239,8 @@ impl From<Issue> for ReadError {
     }
 }
 
-/// Devices a list of segments may name (each gets an empty trace).
+/// Devices a snapshot may have: the traces of `device_traces`, the devices a list of segments names (each gets an
+/// empty trace). A bound on what a few bytes can ask for (one empty list shared through the memo as every trace).
 const MAX_DEVICES: u32 = 1024;
 
 const TAG_ROOT: u32 = 1;
@@ -1394,8 +1395,12 @@ impl Decoder {
         let mut streamed = streamed.unwrap_or_default();
         streamed.sort_by_key(|&(index, _)| index);
         segments.extend(streamed.into_iter().map(|(_, segment)| segment));
+        let traces = top.list("device_traces")?.unwrap_or_default();
+        if traces.len() > MAX_DEVICES as usize {
+            return Err(Issue::new("device_traces", format!("{} devices (at most {MAX_DEVICES} are read)", traces.len())));
+        }
         let mut device_traces = Vec::new();
-        for (device, value) in top.list("device_traces")?.unwrap_or_default().iter().enumerate() {
+        for (device, value) in traces.iter().enumerate() {
             let path = format!("device_traces[{device}]");
             self.once(value, Seen::Trace(u32::try_from(device).unwrap_or(u32::MAX)))?;
             let list = match value {
@@ -2419,6 +2424,11 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         assert_eq!(snapshot.segments.len(), 1);
         let snapshot = parse_snapshot(shared_empty.as_slice(), "empty.pickle").expect("an empty list shared");
         assert_eq!(snapshot.device_traces, vec![Vec::new(); 3]);
+        // ... up to the devices a snapshot may have: `[[]] * 1025` asks for more than it is worth.
+        let many =
+            [b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces](]\x94".as_slice(), &b"h\x00".repeat(1024), b"eu."].concat();
+        let error = parse_snapshot(many.as_slice(), "many.pickle").expect_err("1025 devices").to_string();
+        assert!(error.contains("device_traces: 1025 devices (at most 1024 are read)"), "{error}");
     }
 
     /// Issue 17: one `APPENDS` batch of 40,000 trace entries, every other one left to the generic path (a
