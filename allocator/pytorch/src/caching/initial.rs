@@ -2,8 +2,8 @@
 //! trace walked backwards — the way MemoryViz (`torch/utils/viz/MemoryViz.js`) builds its initial state
 //! for a trace that began mid-run: an `alloc` seen going backwards means the block was not live before
 //! it, a `free_completed` means it was; `segment_alloc` / `segment_map` remove memory that the recording
-//! saw being reserved, `segment_free` / `segment_unmap` restore memory it saw being returned (also in a virtual
-//! segment the final segments no longer show, every page of it unmapped by the end).
+//! saw being reserved, `segment_free` / `segment_unmap` restore memory it saw being returned (in the virtual segments
+//! of `virtual_segments.rs`, also those the final segments no longer show, every page unmapped by the end).
 //!
 //! Free blocks are the gaps between live blocks (free neighbours always merge). A live block known only
 //! from its free entry carries the requested size; its block size is `round_size` of it, grown to the next
@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 
 use super::validate::{EmulationError, Origin};
+use super::virtual_segments::{Group, Groups, RunPools, add_range, remove_range};
 use super::{
     BlockId, CachingAllocator, EXPANDABLE_VIRTUAL_BYTES, ExpandableSegment, LARGE_BUFFER_BYTES, Node, SMALL_BUFFER_BYTES,
 };
@@ -39,16 +40,6 @@ struct LiveBlock {
     origin: Origin,
 }
 
-/// A group of expandable mapped ranges: one virtual segment.
-#[derive(Clone, Debug)]
-struct Group {
-    stream: u64,
-    pool: Pool,
-    base: u64,
-    /// Mapped ranges: start -> end.
-    mapped: BTreeMap<u64, u64>,
-}
-
 /// The allocator at the start of device `device`'s recording, the live allocations (recorded address -> emulated
 /// address, equal here), and how many allocations live at the start lie in no segment the recording shows (PyTorch
 /// could not have held them: left out).
@@ -68,27 +59,19 @@ pub(super) fn rebuild_start_state(
     let trace = snapshot.device_traces.get(device).unwrap_or(&empty);
 
     let mut segments: BTreeMap<u64, (u64, u64, Pool, Origin)> = BTreeMap::new();
-    let mut groups: Vec<Group> = Vec::new();
+    let mut groups = Groups::default();
     // A hash map while walking (most entries insert or remove), ordered by address once at the end.
     let mut live: heapscope_core::hash::FastMap<u64, LiveBlock> = heapscope_core::hash::FastMap::default();
     // Expandable mapped ranges: start -> origin, for errors.
     let mut mapped_origin: BTreeMap<u64, Origin> = BTreeMap::new();
     for (i, s) in snapshot.segments.iter().enumerate().filter(|(_, s)| s.device as usize == device) {
         if s.is_expandable {
-            let gi = match groups.iter().position(|g| g.stream == s.stream && g.pool == s.segment_type) {
-                Some(i) => i,
-                None => {
-                    groups.push(Group { stream: s.stream, pool: s.segment_type, base: s.address, mapped: BTreeMap::new() });
-                    groups.len() - 1
-                }
-            };
-            let g = &mut groups[gi];
-            g.base = g.base.min(s.address);
+            let gi = groups.of_final(s.stream, s.segment_type, s.address);
             if let Some(&other) = mapped_origin.get(&s.address) {
                 return Err(overlap(device, Origin::Segment(i), s.address, other));
             }
             mapped_origin.insert(s.address, Origin::Segment(i));
-            g.mapped.insert(s.address, s.address + s.total_size);
+            groups.list[gi].mapped.insert(s.address, s.address + s.total_size);
         } else {
             if let Some(&(_, _, _, other)) = segments.get(&s.address) {
                 return Err(overlap(device, Origin::Segment(i), s.address, other));
@@ -108,15 +91,8 @@ pub(super) fn rebuild_start_state(
             );
         }
     }
-    let group_of = |groups: &[Group], addr: u64| -> Option<usize> {
-        groups
-            .iter()
-            .enumerate()
-            .filter(|(_, g)| g.base <= addr && addr < g.base + EXPANDABLE_VIRTUAL_BYTES)
-            .max_by_key(|(_, g)| g.base)
-            .map(|(i, _)| i)
-    };
-    groups_seen_only_in_trace(trace, &mut groups, group_of);
+    let run_pools = RunPools::new(trace);
+    groups.add_seen_only_in_trace(trace, &run_pools);
     for (k, e) in trace.iter().enumerate().rev() {
         match e.action {
             Action::Alloc => {
@@ -141,17 +117,13 @@ pub(super) fn rebuild_start_state(
                 segments.insert(e.addr, (e.size, e.stream, pool, Origin::Entry(k)));
             }
             Action::SegmentMap => {
-                if let Some(gi) = group_of(&groups, e.addr) {
-                    let g = &mut groups[gi];
-                    g.base = g.base.min(e.addr);
-                    remove_range(&mut g.mapped, e.addr, e.addr + e.size);
+                if let Some(gi) = groups.holding(e.stream, run_pools.of(e.addr, e.size), e.addr) {
+                    remove_range(&mut groups.list[gi].mapped, e.addr, e.addr + e.size);
                 }
             }
             Action::SegmentUnmap => {
-                if let Some(gi) = group_of(&groups, e.addr) {
-                    let g = &mut groups[gi];
-                    g.base = g.base.min(e.addr);
-                    add_range(&mut g.mapped, e.addr, e.addr + e.size);
+                if let Some(gi) = groups.holding(e.stream, run_pools.of(e.addr, e.size), e.addr) {
+                    add_range(&mut groups.list[gi].mapped, e.addr, e.addr + e.size);
                     mapped_origin.entry(e.addr).or_insert(Origin::Entry(k));
                 }
             }
@@ -182,7 +154,7 @@ pub(super) fn rebuild_start_state(
             b.observed_end = Some(end);
         }
     }
-    check_disjoint(device, &segments, &groups, &mapped_origin)?;
+    check_disjoint(device, &segments, &groups.list, &mapped_origin)?;
     // Pending frees at the start are completed by the trace; blocks whose free was never requested before
     // the start stay allocated.
     let max_split = conf.max_split_size.unwrap_or(u64::MAX);
@@ -207,14 +179,13 @@ pub(super) fn rebuild_start_state(
             }
         }
     }
-    let groups: Vec<Group> = groups.into_iter().filter(|g| !g.mapped.is_empty()).collect();
     // Reservations start at these bases: an expandable segment ends by the next one above it.
-    let bases: Vec<u64> = groups.iter().map(|g| g.base).chain(segments.keys().copied()).collect();
+    let (groups, bases) = groups.mapped_at_start(segments.keys().copied());
     for g in groups {
         let page_bytes = if g.pool == Pool::Small { SMALL_BUFFER_BYTES } else { LARGE_BUFFER_BYTES };
         // Mapped ranges spread wider than the usual reservation widen it, so that nothing is placed over them.
         let span = g.mapped.values().next_back().map_or(0, |&last| last - g.base);
-        let next = bases.iter().filter(|&&base| base > g.base).min().map_or(u64::MAX, |&next| next - g.base);
+        let next = bases.get(bases.partition_point(|&base| base <= g.base)).map_or(u64::MAX, |&next| next - g.base);
         let size = EXPANDABLE_VIRTUAL_BYTES.min(next).max(span);
         alloc.expandable.push(Some(ExpandableSegment { base: g.base, size, page_bytes, from_trace: true }));
         let index = alloc.expandable.len() - 1;
@@ -237,70 +208,6 @@ pub(super) fn rebuild_start_state(
     }
     let left_out = live.keys().filter(|address| !live_map.contains_key(address)).count();
     Ok((alloc, live_map, left_out))
-}
-
-/// Adds the virtual segments that the trace maps or unmaps pages of but the final segments do not show (every
-/// page of them unmapped by the end, as after `empty_cache`): without them, the pages such a segment had mapped
-/// at the start of a recording begun mid-run, and the allocations live in them, would be lost.
-///
-/// Their `segment_map` and `segment_unmap` entries, by stream and address: a page run that is no multiple of the large
-/// pool's page ([`LARGE_BUFFER_BYTES`]) is the small pool's, and the small pool's runs make a segment from the lowest
-/// up (within [`EXPANDABLE_VIRTUAL_BYTES`]); another run inside the span of one is that segment's, else the large
-/// pool's runs make segments the same way, never across a small one (two reservations of a GPU with less memory lie
-/// closer together than the address space allowed for each; so a small run in reach of a final large segment's group
-/// is not that group's). A new segment just below a final segment's group of the same stream and pool is that group,
-/// which then begins lower.
-fn groups_seen_only_in_trace(
-    trace: &[crate::snapshot::TraceEntry],
-    groups: &mut Vec<Group>,
-    group_of: impl Fn(&[Group], u64) -> Option<usize>,
-) {
-    // A run is seen when a final segment's group holds its address, and is of the small pool where the run is.
-    let seen = |addr: u64, size: u64| {
-        group_of(groups, addr).is_some_and(|g| groups[g].pool == Pool::Small || size.is_multiple_of(LARGE_BUFFER_BYTES))
-    };
-    let mut unseen: Vec<(u64, u64, u64)> = trace
-        .iter()
-        .filter(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap) && !seen(e.addr, e.size))
-        .map(|e| (e.stream, e.addr, e.size))
-        .collect();
-    if unseen.is_empty() {
-        return;
-    }
-    unseen.sort_unstable();
-    let new_group = |stream: u64, pool: Pool, base: u64| Group { stream, pool, base, mapped: BTreeMap::new() };
-    // The small pool's segments, each with the end of its highest run.
-    let mut small: Vec<(Group, u64)> = Vec::new();
-    for &(stream, addr, size) in unseen.iter().filter(|&&(_, _, size)| !size.is_multiple_of(LARGE_BUFFER_BYTES)) {
-        let end = addr.saturating_add(size);
-        match small.last_mut() {
-            Some((g, g_end)) if g.stream == stream && addr < g.base + EXPANDABLE_VIRTUAL_BYTES => *g_end = (*g_end).max(end),
-            _ => small.push((new_group(stream, Pool::Small, addr), end)),
-        }
-    }
-    let mut large: Vec<Group> = Vec::new();
-    for &(stream, addr, _) in unseen.iter().filter(|&&(_, _, size)| size.is_multiple_of(LARGE_BUFFER_BYTES)) {
-        if small.iter().any(|(g, end)| g.stream == stream && g.base <= addr && addr < *end) {
-            continue;
-        }
-        let joins = large.last().is_some_and(|g| {
-            g.stream == stream
-                && addr < g.base + EXPANDABLE_VIRTUAL_BYTES
-                && !small.iter().any(|(s, _)| s.stream == stream && g.base < s.base && s.base <= addr)
-        });
-        if !joins {
-            large.push(new_group(stream, Pool::Large, addr));
-        }
-    }
-    for new in small.into_iter().map(|(g, _)| g).chain(large) {
-        let above = groups.iter_mut().filter(|g| {
-            g.stream == new.stream && g.pool == new.pool && new.base < g.base && g.base < new.base + EXPANDABLE_VIRTUAL_BYTES
-        });
-        match above.min_by_key(|g| g.base) {
-            Some(g) => g.base = new.base,
-            None => groups.push(new),
-        }
-    }
 }
 
 fn overlap(device: usize, origin: Origin, address: u64, other: Origin) -> EmulationError {
@@ -430,28 +337,4 @@ fn link(alloc: &mut CachingAllocator, ids: &[BlockId]) {
         alloc.node_mut(w[0]).next = Some(w[1]);
         alloc.node_mut(w[1]).prev = Some(w[0]);
     }
-}
-
-fn remove_range(ranges: &mut BTreeMap<u64, u64>, start: u64, end: u64) {
-    let overlapping: Vec<(u64, u64)> = ranges.range(..end).filter(|&(_, &e)| e > start).map(|(&s, &e)| (s, e)).collect();
-    for (s, e) in overlapping {
-        ranges.remove(&s);
-        if s < start {
-            ranges.insert(s, start);
-        }
-        if e > end {
-            ranges.insert(end, e);
-        }
-    }
-}
-
-fn add_range(ranges: &mut BTreeMap<u64, u64>, start: u64, end: u64) {
-    let (mut s, mut e) = (start, end);
-    let touching: Vec<(u64, u64)> = ranges.range(..=end).filter(|&(_, &x)| x >= start).map(|(&a, &b)| (a, b)).collect();
-    for (a, b) in touching {
-        ranges.remove(&a);
-        s = s.min(a);
-        e = e.max(b);
-    }
-    ranges.insert(s, e);
 }

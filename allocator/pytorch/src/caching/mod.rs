@@ -39,6 +39,7 @@ mod release;
 #[cfg(test)]
 mod tests;
 mod validate;
+mod virtual_segments;
 
 use std::collections::{BTreeMap, BTreeSet};
 

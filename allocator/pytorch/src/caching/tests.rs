@@ -177,6 +177,107 @@ fn an_unmapped_small_segment_in_reach_of_a_large_one_is_its_own() {
     );
 }
 
+/// Reservations of other streams and pools in reach of one the final segments show (as on a GPU of less memory than
+/// 128 GiB, where reservations lie about 1.125 times its memory apart), unmapped by the end: each is its own virtual
+/// segment, with the allocations live in it, never pages of the reservation below; and a small-pool run of ten
+/// pages (a multiple of the large pool's 20 MiB page) is the small pool's, as the allocations in it show. Each case
+/// beside its control, the same reservation far out of reach.
+#[test]
+fn reservations_in_reach_of_each_other_stay_apart() {
+    const GIB: u64 = 1 << 30;
+    let base = 0x7f00_0000_0000u64;
+    let e = |action, addr, size, stream| TraceEntry::new(action, addr, size).with_stream(stream);
+    let final_segment = |stream: u64, size: u64, pool: Pool, live: u64| {
+        let mut blocks = vec![Block::new(base, live, live, BlockState::ActiveAllocated)];
+        if live < size {
+            blocks.push(Block::new(base + live, size - live, 0, BlockState::Inactive));
+        }
+        Segment { is_expandable: true, stream, ..Segment::from_blocks(0, base, size, pool, blocks) }
+    };
+    use Action::{Alloc, FreeCompleted, FreeRequested, SegmentMap, SegmentUnmap};
+    // (case, final segments, trace), each at a reservation `gap` above the final one's
+    let cases = |gap: u64| -> Vec<(&str, Vec<Segment>, Vec<TraceEntry>)> {
+        let other = base + gap;
+        vec![
+            (
+                "another stream's large reservation, unmapped and mapped again",
+                vec![final_segment(1, 20 * MIB, Pool::Large, 20 * MIB)],
+                vec![
+                    e(FreeRequested, other, 20 * MIB, 2),
+                    e(FreeCompleted, other, 20 * MIB, 2),
+                    e(SegmentUnmap, other, 20 * MIB, 2),
+                    e(SegmentMap, other, 20 * MIB, 2),
+                    e(Alloc, other, 20 * MIB, 2),
+                ],
+            ),
+            (
+                "the same stream's large reservation above a small one",
+                vec![final_segment(0, 2 * MIB, Pool::Small, 512)],
+                vec![
+                    e(FreeRequested, other, 20 * MIB, 0),
+                    e(FreeCompleted, other, 20 * MIB, 0),
+                    e(SegmentUnmap, other, 20 * MIB, 0),
+                    e(SegmentMap, other, 20 * MIB, 0),
+                    e(Alloc, other, 20 * MIB, 0),
+                ],
+            ),
+            (
+                "another stream's page, half live at the start, while the final one's stream maps its next page",
+                vec![final_segment(1, 40 * MIB, Pool::Large, 20 * MIB)],
+                vec![
+                    e(SegmentMap, base + 20 * MIB, 20 * MIB, 1),
+                    e(Alloc, base + 20 * MIB, 10 * MIB, 1),
+                    e(FreeRequested, other, 10 * MIB, 2),
+                    e(FreeCompleted, other, 10 * MIB, 2),
+                    e(SegmentUnmap, other, 20 * MIB, 2),
+                ],
+            ),
+            (
+                "the same stream's large page above a full small one that maps its next page",
+                vec![final_segment(0, 4 * MIB, Pool::Small, 2 * MIB)],
+                vec![
+                    e(SegmentMap, base + 2 * MIB, 2 * MIB, 0),
+                    e(Alloc, base + 2 * MIB, 512, 0),
+                    e(FreeRequested, other, 10 * MIB, 0),
+                    e(FreeCompleted, other, 10 * MIB, 0),
+                    e(SegmentUnmap, other, 20 * MIB, 0),
+                ],
+            ),
+            (
+                "another stream's small reservation",
+                vec![final_segment(1, 2 * MIB, Pool::Small, 512)],
+                vec![
+                    e(FreeRequested, other, 512, 2),
+                    e(FreeCompleted, other, 512, 2),
+                    e(SegmentUnmap, other, 2 * MIB, 2),
+                    e(SegmentMap, other, 2 * MIB, 2),
+                    e(Alloc, other, 512, 2),
+                ],
+            ),
+            (
+                "a small-pool run of ten pages, no final segment",
+                Vec::new(),
+                vec![
+                    e(Alloc, other + 512, 512, 0),
+                    e(FreeRequested, other, 512, 0),
+                    e(FreeCompleted, other, 512, 0),
+                    e(FreeRequested, other + 512, 512, 0),
+                    e(FreeCompleted, other + 512, 512, 0),
+                    e(SegmentUnmap, other, 20 * MIB, 0),
+                ],
+            ),
+        ]
+    };
+    for gap in [40 * GIB, 90 * GIB, 200 * GIB] {
+        for (case, segments, trace) in cases(gap) {
+            let settings = RecordedSettings { expandable_segments: true, ..RecordedSettings::default() };
+            let snap = Snapshot { segments, device_traces: vec![trace], settings: Some(settings), ..Snapshot::default() };
+            let em = emulate(&snap, 0, &AllocConf::of_snapshot(&snap), None).unwrap();
+            assert!(em.fidelity.is_exact(), "{case}, {} GiB above: {:?}", gap / GIB, em.fidelity);
+        }
+    }
+}
+
 /// Moves every address of `snap`'s small-pool reservation (its segments, blocks and trace entries) down to start
 /// `above_large` bytes above the large pool's.
 fn move_small_pool_reservation(snap: &mut Snapshot, above_large: u64) {

@@ -1,0 +1,216 @@
+//! The virtual segments of expandable segments at the start of a recording: one address-space reservation per
+//! stream and pool, with the page ranges mapped in it ([`Group`]), found from the final segments marked expandable
+//! and from the trace's `segment_map` / `segment_unmap` entries ([`Groups::add_seen_only_in_trace`]), and looked up by
+//! stream, pool and address in logarithmic time ([`Groups::holding`]): a hostile file of a hundred thousand
+//! reservations costs no more than its entries.
+//!
+//! Reservations lie [`EXPANDABLE_VIRTUAL_BYTES`] apart at most as this emulation allows for each, but on a GPU of less
+//! memory than that (PyTorch reserves about 1.125 times the device's memory) a reservation of one pool or stream lies
+//! in reach of another's: so a page run belongs only to a reservation of its own stream and pool, and the pool of a
+//! run comes from the allocations the trace places in it (the small pool's are of at most 1 MiB), else from its
+//! length (a run that is no multiple of the large pool's 20 MiB page is the small pool's).
+
+use std::collections::BTreeMap;
+
+use super::{EXPANDABLE_VIRTUAL_BYTES, LARGE_BUFFER_BYTES, SMALL_SIZE_BYTES};
+use crate::snapshot::{Action, Pool, TraceEntry};
+
+/// A group of expandable mapped ranges: one virtual segment.
+#[derive(Clone, Debug)]
+pub(super) struct Group {
+    pub(super) stream: u64,
+    pub(super) pool: Pool,
+    pub(super) base: u64,
+    /// Mapped ranges: start -> end.
+    pub(super) mapped: BTreeMap<u64, u64>,
+}
+
+impl Group {
+    pub(super) fn new(stream: u64, pool: Pool, base: u64) -> Self {
+        Group { stream, pool, base, mapped: BTreeMap::new() }
+    }
+}
+
+/// The virtual segments, indexed by stream, pool and base.
+#[derive(Debug, Default)]
+pub(super) struct Groups {
+    pub(super) list: Vec<Group>,
+    /// (stream, small pool, base) -> index into `list`; a group merged into another is no longer here.
+    by_base: BTreeMap<(u64, bool, u64), usize>,
+}
+
+impl Groups {
+    /// The group of `stream` and `pool` holding final segments (one a stream and pool: there are no new ones yet),
+    /// created at `base` if there is none yet, and its base lowered to `base`.
+    pub(super) fn of_final(&mut self, stream: u64, pool: Pool, base: u64) -> usize {
+        let small = pool == Pool::Small;
+        let found = self.by_base.range((stream, small, 0)..=(stream, small, u64::MAX)).next().map(|(_, &index)| index);
+        match found {
+            Some(index) => {
+                if base < self.list[index].base {
+                    self.set_base(index, base);
+                }
+                index
+            }
+            None => self.insert(Group::new(stream, pool, base)),
+        }
+    }
+
+    fn insert(&mut self, group: Group) -> usize {
+        let index = self.list.len();
+        self.by_base.insert((group.stream, group.pool == Pool::Small, group.base), index);
+        self.list.push(group);
+        index
+    }
+
+    fn set_base(&mut self, index: usize, base: u64) {
+        let g = &mut self.list[index];
+        self.by_base.remove(&(g.stream, g.pool == Pool::Small, g.base));
+        g.base = base;
+        self.by_base.insert((g.stream, g.pool == Pool::Small, base), index);
+    }
+
+    /// The group of `stream` and `pool` (either pool for `None`) whose address space holds `addr`: the highest base
+    /// at or below it, if `addr` is within [`EXPANDABLE_VIRTUAL_BYTES`] of it.
+    pub(super) fn holding(&self, stream: u64, pool: Option<Pool>, addr: u64) -> Option<usize> {
+        let pools: &[bool] = match pool {
+            Some(pool) => &[pool == Pool::Small][..],
+            None => &[false, true],
+        };
+        pools
+            .iter()
+            .filter_map(|&small| self.by_base.range((stream, small, 0)..=(stream, small, addr)).next_back())
+            .filter(|&(&(_, _, base), _)| addr - base < EXPANDABLE_VIRTUAL_BYTES)
+            .max_by_key(|&(&(_, _, base), _)| base)
+            .map(|(_, &index)| index)
+    }
+
+    /// Whether a group of `stream` and the pool other than `pool` begins in `(from, to]`: two reservations never
+    /// overlap, so a run above one of another pool is not in the reservation below it.
+    fn other_begins_between(&self, stream: u64, pool: Pool, from: u64, to: u64) -> bool {
+        let other = pool != Pool::Small;
+        from < to && self.by_base.range((stream, other, from + 1)..=(stream, other, to)).next().is_some()
+    }
+
+    /// Adds the virtual segments that the trace maps or unmaps pages of but the final segments do not show (every
+    /// page of them unmapped by the end, as after `empty_cache`): without them, the pages such a segment had mapped at
+    /// the start of a recording begun mid-run, and the allocations live in them, would be lost. The runs no group
+    /// holds, by stream and address, each begin a group of their pool unless one begun below holds it (in reach, and
+    /// no group of the other pool between); a new group just below a final one of the same stream and pool is that
+    /// group, which then begins lower.
+    pub(super) fn add_seen_only_in_trace(&mut self, trace: &[TraceEntry], pools: &RunPools) {
+        let mut unseen: Vec<(u64, u64, Option<Pool>)> = trace
+            .iter()
+            .filter(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
+            .map(|e| (e.stream, e.addr, pools.of(e.addr, e.size)))
+            .filter(|&(stream, addr, pool)| self.holding(stream, pool, addr).is_none())
+            .collect();
+        if unseen.is_empty() {
+            return;
+        }
+        unseen.sort_unstable_by_key(|&(stream, addr, _)| (stream, addr));
+        let finals = self.list.len();
+        // The group each pool of the current stream has open: (stream, [large, small]).
+        let mut open: (Option<u64>, [Option<usize>; 2]) = (None, [None, None]);
+        for (stream, addr, pool) in unseen {
+            if open.0 != Some(stream) {
+                open = (Some(stream), [None, None]);
+            }
+            let joinable = |pool: Pool| {
+                open.1[usize::from(pool == Pool::Small)].filter(|&index| {
+                    let base = self.list[index].base;
+                    addr - base < EXPANDABLE_VIRTUAL_BYTES && !self.other_begins_between(stream, pool, base, addr)
+                })
+            };
+            let joined = match pool {
+                Some(pool) => joinable(pool),
+                None => [joinable(Pool::Large), joinable(Pool::Small)].into_iter().flatten().max_by_key(|&i| self.list[i].base),
+            };
+            if joined.is_none() {
+                let pool = pool.unwrap_or(Pool::Large);
+                open.1[usize::from(pool == Pool::Small)] = Some(self.insert(Group::new(stream, pool, addr)));
+            }
+        }
+        for final_group in 0..finals {
+            let Group { stream, pool, base, .. } = self.list[final_group];
+            let small = pool == Pool::Small;
+            let below =
+                self.by_base.range((stream, small, 0)..(stream, small, base)).next_back().map(|(&key, &index)| (key, index));
+            if let Some(((_, _, new_base), new)) = below
+                && new >= finals
+                && base - new_base < EXPANDABLE_VIRTUAL_BYTES
+            {
+                self.by_base.remove(&(stream, small, new_base));
+                self.set_base(final_group, new_base);
+            }
+        }
+    }
+
+    /// The groups with pages mapped at the start, and every reservation's base (with `more`, the ordinary segments'),
+    /// sorted: an expandable segment ends by the next base above its own.
+    pub(super) fn mapped_at_start(self, more: impl Iterator<Item = u64>) -> (Vec<Group>, Vec<u64>) {
+        let groups: Vec<Group> = self.list.into_iter().filter(|g| !g.mapped.is_empty()).collect();
+        let mut bases: Vec<u64> = groups.iter().map(|g| g.base).chain(more).collect();
+        bases.sort_unstable();
+        (groups, bases)
+    }
+}
+
+/// The pool of a page run of the trace, where something tells it: the allocations the trace places in the run (the
+/// small pool serves requests of at most 1 MiB), else the run's length (no multiple of the large pool's 20 MiB page:
+/// the small pool's).
+#[derive(Debug)]
+pub(super) struct RunPools {
+    /// (address, requested bytes) of every allocation and completed free of the trace, by address.
+    allocations: Vec<(u64, u64)>,
+}
+
+impl RunPools {
+    pub(super) fn new(trace: &[TraceEntry]) -> Self {
+        let mut allocations: Vec<(u64, u64)> = trace
+            .iter()
+            .filter(|e| matches!(e.action, Action::Alloc | Action::FreeCompleted))
+            .map(|e| (e.addr, e.size))
+            .collect();
+        allocations.sort_unstable();
+        RunPools { allocations }
+    }
+
+    pub(super) fn of(&self, addr: u64, size: u64) -> Option<Pool> {
+        let first = self.allocations.partition_point(|&(at, _)| at < addr);
+        match self.allocations.get(first) {
+            Some(&(at, requested)) if at < addr.saturating_add(size) => {
+                Some(if requested <= SMALL_SIZE_BYTES { Pool::Small } else { Pool::Large })
+            }
+            _ if !size.is_multiple_of(LARGE_BUFFER_BYTES) => Some(Pool::Small),
+            _ => None,
+        }
+    }
+}
+
+/// Removes `[start, end)` from disjoint `ranges` (start -> end).
+pub(super) fn remove_range(ranges: &mut BTreeMap<u64, u64>, start: u64, end: u64) {
+    let overlapping: Vec<(u64, u64)> =
+        ranges.range(..end).rev().take_while(|&(_, &e)| e > start).map(|(&s, &e)| (s, e)).collect();
+    for (s, e) in overlapping {
+        ranges.remove(&s);
+        if s < start {
+            ranges.insert(s, start);
+        }
+        if e > end {
+            ranges.insert(end, e);
+        }
+    }
+}
+
+/// Adds `[start, end)` to disjoint `ranges` (start -> end), merging the ranges it touches.
+pub(super) fn add_range(ranges: &mut BTreeMap<u64, u64>, start: u64, end: u64) {
+    let (mut s, mut e) = (start, end);
+    let touching: Vec<(u64, u64)> = ranges.range(..=end).rev().take_while(|&(_, &x)| x >= start).map(|(&a, &b)| (a, b)).collect();
+    for (a, b) in touching {
+        ranges.remove(&a);
+        s = s.min(a);
+        e = e.max(b);
+    }
+    ranges.insert(s, e);
+}
