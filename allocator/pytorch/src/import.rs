@@ -1655,11 +1655,20 @@ fn settings(value: &Value) -> Result<RecordedSettings, Issue> {
             ));
         }
     }
+    let alloc_conf = fields.str("PYTORCH_CUDA_ALLOC_CONF")?.unwrap_or_default().to_owned();
+    // Without its own key, the setting is what the `PYTORCH_CUDA_ALLOC_CONF` string set (else PyTorch's default).
+    let expandable_segments = match fields.bool("expandable_segments")? {
+        Some(expandable) => expandable,
+        None => {
+            let mut conf = crate::AllocConf::default();
+            conf.parse_overrides(&alloc_conf).is_ok() && conf.expandable_segments
+        }
+    };
     Ok(RecordedSettings {
-        alloc_conf: fields.str("PYTORCH_CUDA_ALLOC_CONF")?.unwrap_or_default().to_owned(),
+        alloc_conf,
         max_split_size,
         garbage_collection_threshold,
-        expandable_segments: fields.bool("expandable_segments")?.unwrap_or(false),
+        expandable_segments,
         roundup_power2_divisions,
     })
 }
@@ -2369,6 +2378,19 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         }
         let fine = with(b"\x8c\x1cgarbage_collection_thresholdG?\xe3333333\x8c\x18roundup_power2_divisions}(\x8c\x011K\x04u");
         assert!(parse_snapshot(fine.as_slice(), "settings.pickle").is_ok());
+        // Without an `expandable_segments` key, the setting is the `PYTORCH_CUDA_ALLOC_CONF` string's.
+        let conf =
+            |text: &str| [b"\x8c\x17PYTORCH_CUDA_ALLOC_CONF\x8c".as_slice(), &[text.len() as u8], text.as_bytes()].concat();
+        for (settings, expandable) in [
+            (conf("expandable_segments:True"), true),
+            (conf("max_split_size_mb:256,expandable_segments:True"), true),
+            (conf("expandable_segments:False"), false),
+            (conf("not_a_key:1,expandable_segments:True"), false),
+            ([conf("expandable_segments:True"), b"\x8c\x13expandable_segments\x89".to_vec()].concat(), false),
+        ] {
+            let snapshot = parse_snapshot(with(&settings).as_slice(), "settings.pickle").unwrap();
+            assert_eq!(snapshot.settings.map(|settings| settings.expandable_segments), Some(expandable), "{settings:?}");
+        }
     }
 
     /// Issue 17: memory bounded by what was read. A trace list, a segment or a segment's blocks shared through the
