@@ -198,28 +198,26 @@ fn reservations_in_reach_of_each_other_stay_apart() {
     // (case, final segments, trace), each at a reservation `gap` above the final one's
     let cases = |gap: u64| -> Vec<(&str, Vec<Segment>, Vec<TraceEntry>)> {
         let other = base + gap;
+        // A block of `bytes` live at the start freed, its page run of `page` bytes unmapped, mapped again, allocated.
+        let again = |bytes: u64, page: u64, stream: u64| {
+            vec![
+                e(FreeRequested, other, bytes, stream),
+                e(FreeCompleted, other, bytes, stream),
+                e(SegmentUnmap, other, page, stream),
+                e(SegmentMap, other, page, stream),
+                e(Alloc, other, bytes, stream),
+            ]
+        };
         vec![
             (
                 "another stream's large reservation, unmapped and mapped again",
                 vec![final_segment(1, 20 * MIB, Pool::Large, 20 * MIB)],
-                vec![
-                    e(FreeRequested, other, 20 * MIB, 2),
-                    e(FreeCompleted, other, 20 * MIB, 2),
-                    e(SegmentUnmap, other, 20 * MIB, 2),
-                    e(SegmentMap, other, 20 * MIB, 2),
-                    e(Alloc, other, 20 * MIB, 2),
-                ],
+                again(20 * MIB, 20 * MIB, 2),
             ),
             (
                 "the same stream's large reservation above a small one",
                 vec![final_segment(0, 2 * MIB, Pool::Small, 512)],
-                vec![
-                    e(FreeRequested, other, 20 * MIB, 0),
-                    e(FreeCompleted, other, 20 * MIB, 0),
-                    e(SegmentUnmap, other, 20 * MIB, 0),
-                    e(SegmentMap, other, 20 * MIB, 0),
-                    e(Alloc, other, 20 * MIB, 0),
-                ],
+                again(20 * MIB, 20 * MIB, 0),
             ),
             (
                 "another stream's page, half live at the start, while the final one's stream maps its next page",
@@ -243,17 +241,7 @@ fn reservations_in_reach_of_each_other_stay_apart() {
                     e(SegmentUnmap, other, 20 * MIB, 0),
                 ],
             ),
-            (
-                "another stream's small reservation",
-                vec![final_segment(1, 2 * MIB, Pool::Small, 512)],
-                vec![
-                    e(FreeRequested, other, 512, 2),
-                    e(FreeCompleted, other, 512, 2),
-                    e(SegmentUnmap, other, 2 * MIB, 2),
-                    e(SegmentMap, other, 2 * MIB, 2),
-                    e(Alloc, other, 512, 2),
-                ],
-            ),
+            ("another stream's small reservation", vec![final_segment(1, 2 * MIB, Pool::Small, 512)], again(512, 2 * MIB, 2)),
             (
                 "a small-pool run of ten pages, no final segment",
                 Vec::new(),
