@@ -166,7 +166,12 @@ pub(super) struct RunPools {
 }
 
 impl RunPools {
+    /// Nothing to index (no allocation gathered, nor sorted) for a trace that maps and unmaps no page: most
+    /// recordings, and every emulation of them starts here.
     pub(super) fn new(trace: &[TraceEntry]) -> Self {
+        if !trace.iter().any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap)) {
+            return RunPools { allocations: Vec::new() };
+        }
         let mut allocations: Vec<(u64, u64)> = trace
             .iter()
             .filter(|e| matches!(e.action, Action::Alloc | Action::FreeCompleted))
