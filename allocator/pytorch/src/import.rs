@@ -250,6 +250,28 @@ const TAG_SEGMENTS_BASE: u32 = 1 << 31;
 /// Tags from here on name a device trace list: `TAG_TRACE_BASE + index into Decoder::traces`.
 const TAG_TRACE_BASE: u32 = 16;
 
+/// What a list's tag names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tagged {
+    /// The root's `segments`: an index into `Decoder::segment_lists`.
+    Segments(usize),
+    /// A device's trace: an index into `Decoder::traces`.
+    Trace(usize),
+    /// Any other list.
+    Other,
+}
+
+impl Tagged {
+    #[inline]
+    fn of(tag: u32) -> Self {
+        match (tag.checked_sub(TAG_SEGMENTS_BASE), tag.checked_sub(TAG_TRACE_BASE)) {
+            (Some(list), _) => Tagged::Segments(list as usize),
+            (None, Some(slot)) => Tagged::Trace(slot as usize),
+            (None, None) => Tagged::Other,
+        }
+    }
+}
+
 /// A frame as the pickle holds it (strings shared with the pickle's memo).
 type RawFrame = (Rc<String>, i64, Rc<String>);
 
@@ -577,16 +599,19 @@ impl Sink for Decoder {
     }
 
     fn append(&mut self, list_tag: u32, index: usize, item: Value, memo: &mut Memo) -> Result<Option<Value>, ReadError> {
-        if let Some(list) = list_tag.checked_sub(TAG_SEGMENTS_BASE) {
-            let segment = self.segment(&item, Seen::segment(false, index))?;
-            self.segment_lists[list as usize].push((index, segment));
-            release_segment(&item, memo);
-            return Ok(None);
-        }
-        let Some(slot) = list_tag.checked_sub(TAG_TRACE_BASE) else { return Ok(Some(item)) };
-        let Some(&(device, _)) = self.traces.get(slot as usize) else { return Ok(Some(item)) };
+        let slot = match Tagged::of(list_tag) {
+            Tagged::Segments(list) => {
+                let segment = self.segment(&item, Seen::segment(false, index))?;
+                self.segment_lists[list].push((index, segment));
+                release_segment(&item, memo);
+                return Ok(None);
+            }
+            Tagged::Trace(slot) => slot,
+            Tagged::Other => return Ok(Some(item)),
+        };
+        let Some(&(device, _)) = self.traces.get(slot) else { return Ok(Some(item)) };
         let entry = convert_entry(&item, device, index, (&mut self.frames, &mut self.categories), memo)?;
-        self.take_entry(slot as usize, index, entry);
+        self.take_entry(slot, index, entry);
         Ok(None)
     }
 
@@ -631,38 +656,29 @@ impl Sink for Decoder {
     }
 
     fn appended(&mut self, list_tag: u32) {
-        if let Some(slot) = list_tag.checked_sub(TAG_TRACE_BASE)
-            && list_tag < TAG_SEGMENTS_BASE
+        if let Tagged::Trace(slot) = Tagged::of(list_tag)
             && !self.late.is_empty()
         {
-            self.merge_late(slot as usize);
+            self.merge_late(slot);
         }
     }
 
     fn reads_items(&self, list_tag: u32) -> bool {
         !self.generic_only
-            && match list_tag.checked_sub(TAG_SEGMENTS_BASE) {
-                Some(list) => (list as usize) < self.segment_lists.len(),
-                None => list_tag.checked_sub(TAG_TRACE_BASE).is_some_and(|slot| (slot as usize) < self.traces.len()),
+            && match Tagged::of(list_tag) {
+                Tagged::Segments(list) => list < self.segment_lists.len(),
+                Tagged::Trace(slot) => slot < self.traces.len(),
+                Tagged::Other => false,
             }
     }
 
     fn read_item(&mut self, list_tag: u32, index: usize, scan: &mut Scan<'_, '_>) -> bool {
-        if let Some(list) = list_tag.checked_sub(TAG_SEGMENTS_BASE) {
-            self.pending_marks.clear();
-            let Some(segment) = fast_segment(scan, &mut self.frames, index, &mut self.pending_marks) else { return false };
-            // Taken: its dict, blocks list and blocks are marked as converted, as the generic path marks them.
-            for (slot, seen) in self.pending_marks.drain(..) {
-                self.converted.push(seen);
-                let mark = u32::try_from(self.converted.len()).unwrap_or(u32::MAX);
-                if let Some(slot) = slot {
-                    scan.set_memo(slot, Value::Converted(mark));
-                }
-            }
-            self.segment_lists[list as usize].push((index, segment));
-            return true;
-        }
-        let slot = (list_tag - TAG_TRACE_BASE) as usize;
+        // Called only where `reads_items` said yes: a segments or a trace list.
+        let slot = match Tagged::of(list_tag) {
+            Tagged::Segments(list) => return self.read_segment(list, index, scan),
+            Tagged::Trace(slot) => slot,
+            Tagged::Other => return false,
+        };
         match fast_entry(scan, &mut self.frames, &mut self.categories) {
             Some(entry) => {
                 self.take_entry(slot, index, entry);
@@ -674,6 +690,23 @@ impl Sink for Decoder {
 }
 
 impl Decoder {
+    /// Reads segment `index` of segments list `list` directly from the input (see [`Sink::read_item`]); `false` to
+    /// leave it to the generic path.
+    fn read_segment(&mut self, list: usize, index: usize, scan: &mut Scan<'_, '_>) -> bool {
+        self.pending_marks.clear();
+        let Some(segment) = fast_segment(scan, &mut self.frames, index, &mut self.pending_marks) else { return false };
+        // Taken: its dict, blocks list and blocks are marked as converted, as the generic path marks them.
+        for (slot, seen) in self.pending_marks.drain(..) {
+            self.converted.push(seen);
+            let mark = u32::try_from(self.converted.len()).unwrap_or(u32::MAX);
+            if let Some(slot) = slot {
+                scan.set_memo(slot, Value::Converted(mark));
+            }
+        }
+        self.segment_lists[list].push((index, segment));
+        true
+    }
+
     /// Stores element `index` of trace list `slot`. Entries read directly arrive at once, ones built
     /// generically (a fast-path fallback) at the list's `APPENDS`, after later entries of the same batch:
     /// every index below theirs is there by then, so their index is their position.
@@ -1342,12 +1375,10 @@ impl Decoder {
     /// [`Sink::read_item`]; segments, which a segments list always has read so), and not met before holding any.
     fn holds_nothing(&self, list: &std::cell::RefCell<List>) -> bool {
         list.try_borrow().is_ok_and(|list| {
-            let read_directly = match list.tag {
-                tag if tag >= TAG_SEGMENTS_BASE => true,
-                tag => tag
-                    .checked_sub(TAG_TRACE_BASE)
-                    .and_then(|slot| self.traces.get(slot as usize))
-                    .is_some_and(|(_, entries)| !entries.is_empty()),
+            let read_directly = match Tagged::of(list.tag) {
+                Tagged::Segments(_) => true,
+                Tagged::Trace(slot) => self.traces.get(slot).is_some_and(|(_, entries)| !entries.is_empty()),
+                Tagged::Other => false,
             };
             // A marked list held something when it was met (what was read directly into it is taken since).
             list.mark == 0 && list.items.is_empty() && !read_directly
@@ -1381,9 +1412,9 @@ impl Decoder {
             self.once(list, Seen::Segments)?;
         }
         let streamed = match top.get("segments") {
-            Some(Value::List(list)) => match list.borrow().tag.checked_sub(TAG_SEGMENTS_BASE) {
-                Some(id) => self.segment_lists.get_mut(id as usize).map(std::mem::take),
-                None => None,
+            Some(Value::List(list)) => match Tagged::of(list.borrow().tag) {
+                Tagged::Segments(id) => self.segment_lists.get_mut(id).map(std::mem::take),
+                _ => None,
             },
             _ => None,
         };
@@ -1408,8 +1439,8 @@ impl Decoder {
                 other => return Err(Issue::expected(path, "list", other)),
             };
             // Each tagged list is one trace list object, met once here (`once` refused a second reference).
-            let mut entries = match list.tag.checked_sub(TAG_TRACE_BASE) {
-                Some(slot) if (slot as usize) < self.traces.len() => std::mem::take(&mut self.traces[slot as usize].1),
+            let mut entries = match Tagged::of(list.tag) {
+                Tagged::Trace(slot) if slot < self.traces.len() => std::mem::take(&mut self.traces[slot].1),
                 _ => Vec::new(),
             };
             let taken = entries.len();
