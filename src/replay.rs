@@ -298,11 +298,10 @@ fn settings_line(recording: &Recording, args: &RecordingArgs) -> String {
 }
 
 /// Why the replay runs `recording` with expandable segments that its file shows but does not record as a setting
-/// (files written before PyTorch recorded its settings: [`heapscope_pytorch::AllocConf::of_snapshot`]); `None` where
-/// the file records its settings, or shows no expandable segment.
+/// ([`heapscope_pytorch::AllocConf::expandable_from_file`]); `None` otherwise.
 pub fn inferred_expandable(recording: &Recording) -> Option<&'static str> {
     let snapshot = recording.snapshot.as_ref()?;
-    (snapshot.settings.is_none() && snapshot.shows_expandable_segments()).then_some("the file records no allocator settings")
+    heapscope_pytorch::AllocConf::expandable_from_file(snapshot).then_some("the file records no allocator settings")
 }
 
 /// Entries of another device up to which the overview runs the emulation on it under `--capacity` (about a second).

@@ -80,8 +80,14 @@ impl AllocConf {
     pub fn of_snapshot(snapshot: &crate::Snapshot) -> AllocConf {
         match &snapshot.settings {
             Some(settings) => AllocConf::from_recorded(settings),
-            None => AllocConf { expandable_segments: snapshot.shows_expandable_segments(), ..AllocConf::default() },
+            None => AllocConf { expandable_segments: AllocConf::expandable_from_file(snapshot), ..AllocConf::default() },
         }
+    }
+
+    /// Whether [`AllocConf::of_snapshot`] turns expandable segments on from what `snapshot` shows rather than from a
+    /// recorded setting: a file that records no settings and shows expandable segments.
+    pub fn expandable_from_file(snapshot: &crate::Snapshot) -> bool {
+        snapshot.settings.is_none() && snapshot.shows_expandable_segments()
     }
 
     /// The settings a snapshot recorded.
