@@ -35,16 +35,15 @@ impl Group {
 #[derive(Debug, Default)]
 pub(super) struct Groups {
     pub(super) list: Vec<Group>,
-    /// (stream, small pool, base) -> index into `list`; a group merged into another is no longer here.
-    by_base: BTreeMap<(u64, bool, u64), usize>,
+    /// (stream, pool, base) -> index into `list`; a group merged into another is no longer here.
+    by_base: BTreeMap<(u64, Pool, u64), usize>,
 }
 
 impl Groups {
     /// The group of `stream` and `pool` holding final segments (one a stream and pool: there are no new ones yet),
     /// created at `base` if there is none yet, and its base lowered to `base`.
     pub(super) fn of_final(&mut self, stream: u64, pool: Pool, base: u64) -> usize {
-        let small = pool == Pool::Small;
-        let found = self.by_base.range((stream, small, 0)..=(stream, small, u64::MAX)).next().map(|(_, &index)| index);
+        let found = self.by_base.range((stream, pool, 0)..=(stream, pool, u64::MAX)).next().map(|(_, &index)| index);
         match found {
             Some(index) => {
                 if base < self.list[index].base {
@@ -58,28 +57,28 @@ impl Groups {
 
     fn insert(&mut self, group: Group) -> usize {
         let index = self.list.len();
-        self.by_base.insert((group.stream, group.pool == Pool::Small, group.base), index);
+        self.by_base.insert((group.stream, group.pool, group.base), index);
         self.list.push(group);
         index
     }
 
     fn set_base(&mut self, index: usize, base: u64) {
         let g = &mut self.list[index];
-        self.by_base.remove(&(g.stream, g.pool == Pool::Small, g.base));
+        self.by_base.remove(&(g.stream, g.pool, g.base));
         g.base = base;
-        self.by_base.insert((g.stream, g.pool == Pool::Small, base), index);
+        self.by_base.insert((g.stream, g.pool, base), index);
     }
 
     /// The group of `stream` and `pool` (either pool for `None`) whose address space holds `addr`: the highest base
     /// at or below it, if `addr` is within [`EXPANDABLE_VIRTUAL_BYTES`] of it.
     pub(super) fn holding(&self, stream: u64, pool: Option<Pool>, addr: u64) -> Option<usize> {
-        let pools: &[bool] = match pool {
-            Some(pool) => &[pool == Pool::Small][..],
-            None => &[false, true],
+        let pools: &[Pool] = match &pool {
+            Some(pool) => std::slice::from_ref(pool),
+            None => &[Pool::Small, Pool::Large],
         };
         pools
             .iter()
-            .filter_map(|&small| self.by_base.range((stream, small, 0)..=(stream, small, addr)).next_back())
+            .filter_map(|&pool| self.by_base.range((stream, pool, 0)..=(stream, pool, addr)).next_back())
             .filter(|&(&(_, _, base), _)| addr - base < EXPANDABLE_VIRTUAL_BYTES)
             .max_by_key(|&(&(_, _, base), _)| base)
             .map(|(_, &index)| index)
@@ -88,7 +87,7 @@ impl Groups {
     /// Whether a group of `stream` and the pool other than `pool` begins in `(from, to]`: two reservations never
     /// overlap, so a run above one of another pool is not in the reservation below it.
     fn other_begins_between(&self, stream: u64, pool: Pool, from: u64, to: u64) -> bool {
-        let other = pool != Pool::Small;
+        let other = if pool == Pool::Small { Pool::Large } else { Pool::Small };
         from < to && self.by_base.range((stream, other, from + 1)..=(stream, other, to)).next().is_some()
     }
 
@@ -133,14 +132,13 @@ impl Groups {
         }
         for final_group in 0..finals {
             let Group { stream, pool, base, .. } = self.list[final_group];
-            let small = pool == Pool::Small;
             let below =
-                self.by_base.range((stream, small, 0)..(stream, small, base)).next_back().map(|(&key, &index)| (key, index));
+                self.by_base.range((stream, pool, 0)..(stream, pool, base)).next_back().map(|(&key, &index)| (key, index));
             if let Some(((_, _, new_base), new)) = below
                 && new >= finals
                 && base - new_base < EXPANDABLE_VIRTUAL_BYTES
             {
-                self.by_base.remove(&(stream, small, new_base));
+                self.by_base.remove(&(stream, pool, new_base));
                 self.set_base(final_group, new_base);
             }
         }
