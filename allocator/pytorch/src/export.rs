@@ -7,7 +7,8 @@
 //! `time_us` and `device_free` are written when present, `addr` is left out of `oom` entries (PyTorch
 //! writes none), and `allocator_settings` only when the snapshot has settings. An entry's category is written under
 //! the key it was read from (`category`, `user_metadata` or `compile_context`, its text shared through the memo);
-//! keys the model does not hold (an entry's other labels, pinned-memory settings) are not written.
+//! an entry's memory pool is written as PyTorch 2.12 writes it (`pool_id`, a pair) when the snapshot names a private
+//! pool; keys the model does not hold (an entry's other labels, pinned-memory settings) are not written.
 
 use std::collections::HashMap;
 use std::io::{self, BufWriter, Write};
@@ -217,6 +218,13 @@ impl<'a, W: Write> Exporter<'a, W> {
             self.shared_str(category.key.as_str())?;
             self.shared_str(&category.name)?;
         }
+        if !self.snapshot.pool_ids.is_empty() {
+            let (first, second) = self.snapshot.pool_id(entry.pool_id);
+            self.shared_str("pool_id")?;
+            self.out.int(i128::from(first))?;
+            self.out.int(i128::from(second))?;
+            self.out.tuple2()?;
+        }
         self.out.set_items()
     }
 
@@ -245,7 +253,7 @@ impl<'a, W: Write> Exporter<'a, W> {
 mod tests {
     use super::super::import::tests::{ASSETS, asset, python3, run_python, temp_dir};
     use super::super::import::{parse_snapshot, read_snapshot};
-    use super::super::snapshot::{Frame, TraceEntry};
+    use super::super::snapshot::{Frame, PoolId, TraceEntry};
     use super::*;
 
     fn written(snapshot: &Snapshot) -> Vec<u8> {
@@ -270,7 +278,8 @@ mod tests {
     fn edge_cases_round_trip() {
         let frames = vec![Frame { filename: "ü.py".into(), line: -1, name: "x".repeat(300).into() }];
         let entry = |action, addr, frames| {
-            let mut entry = TraceEntry::new(action, addr, u64::MAX).with_time_us(Some(i64::MIN));
+            // `i64::MIN` itself is how an entry holds no time (no clock gives it).
+            let mut entry = TraceEntry::new(action, addr, u64::MAX).with_time_us(Some(i64::MIN + 1));
             (entry.stream, entry.frames) = (u64::MAX, frames);
             entry
         };
@@ -300,6 +309,21 @@ mod tests {
                 Snapshot {
                     device_traces: vec![vec![entry(Action::Oom, 5, StackId::NONE).with_device_free(Some(7))]],
                     frame_stacks: vec![Vec::new()],
+                    ..Snapshot::default()
+                },
+            ),
+            (
+                "entries in private pools (PyTorch 2.12's pool_id), numbered by first use",
+                Snapshot {
+                    device_traces: vec![
+                        vec![
+                            entry(Action::Alloc, 1, StackId::NONE).with_pool_id(PoolId(1)),
+                            entry(Action::Alloc, 2, StackId::NONE),
+                        ],
+                        vec![entry(Action::Alloc, 3, StackId::NONE).with_pool_id(PoolId(2))],
+                    ],
+                    frame_stacks: vec![Vec::new()],
+                    pool_ids: vec![(0, 0), (0, 1), (i64::MIN, i64::MAX)],
                     ..Snapshot::default()
                 },
             ),

@@ -47,7 +47,7 @@ use super::pickle_int::Int;
 use super::pickle_read::{self, Dict, List, Memo, Place, ReadError, Scan, Sink, Token, Value};
 use super::read_ahead::ReadAhead;
 use super::snapshot::{
-    Action, Block, BlockState, Category, CategoryId, CategoryKey, Frame, Pool, RecordedSettings, Segment, Snapshot, StackId,
+    Action, Block, BlockState, Category, CategoryId, CategoryKey, Frame, Pool, PoolId, RecordedSettings, Segment, Snapshot, StackId,
     TraceEntry,
 };
 
@@ -467,6 +467,36 @@ impl Categories {
     }
 }
 
+/// The memory pools the trace entries name, interned ([`Snapshot::pool_ids`]).
+#[derive(Debug, Default)]
+struct PoolIds {
+    ids: FxMap<(i64, i64), u8>,
+    list: Vec<(i64, i64)>,
+}
+
+impl PoolIds {
+    /// The id of `pool`: [`PoolId::DEFAULT`] for `(0, 0)`; past 254 private pools, [`PoolId::MORE`].
+    fn id(&mut self, pool: (i64, i64)) -> PoolId {
+        if pool == (0, 0) {
+            return PoolId::DEFAULT;
+        }
+        if let Some(&id) = self.ids.get(&pool) {
+            return PoolId(id);
+        }
+        if self.list.is_empty() {
+            self.list.push((0, 0));
+        }
+        let Ok(id) = u8::try_from(self.list.len()) else { return PoolId::MORE };
+        self.list.push(pool);
+        self.ids.insert(pool, id);
+        PoolId(id)
+    }
+
+    fn into_list(self) -> Vec<(i64, i64)> {
+        self.list
+    }
+}
+
 /// The sink: takes trace entries as they stream by, converts the rest at the end.
 #[derive(Debug, Default)]
 struct Decoder {
@@ -474,6 +504,7 @@ struct Decoder {
     traces: Vec<(usize, Vec<TraceEntry>)>,
     frames: Frames,
     categories: Categories,
+    pool_ids: PoolIds,
     /// Entries to reserve for the first trace list.
     reserve: usize,
     /// Never read trace entries directly (tests: the generic path is the reference).
@@ -610,7 +641,7 @@ impl Sink for Decoder {
             Tagged::Other => return Ok(Some(item)),
         };
         let Some(&(device, _)) = self.traces.get(slot) else { return Ok(Some(item)) };
-        let entry = convert_entry(&item, device, index, (&mut self.frames, &mut self.categories), memo)?;
+        let entry = convert_entry(&item, device, index, (&mut self.frames, &mut self.categories, &mut self.pool_ids), memo)?;
         self.take_entry(slot, index, entry);
         Ok(None)
     }
@@ -647,6 +678,7 @@ impl Sink for Decoder {
             "category" => KEY_CATEGORY,
             "user_metadata" => KEY_CATEGORY + 1,
             "compile_context" => KEY_CATEGORY + 2,
+            "pool_id" => KEY_POOL_ID,
             "" | "N/A" => NAME_NO_CATEGORY,
             _ => match Action::from_name(text).and_then(|action| ACTIONS.iter().position(|&known| known == action)) {
                 Some(index) => ATOM_ACTION + index as u8,
@@ -679,7 +711,7 @@ impl Sink for Decoder {
             Tagged::Trace(slot) => slot,
             Tagged::Other => return false,
         };
-        match fast_entry(scan, &mut self.frames, &mut self.categories) {
+        match fast_entry(scan, (&mut self.frames, &mut self.categories, &mut self.pool_ids)) {
             Some(entry) => {
                 self.take_entry(slot, index, entry);
                 true
@@ -779,6 +811,8 @@ const NAME_NO_CATEGORY: u8 = 31;
 /// `ATOM_ACTION + i` is the name of `ACTIONS[i]`.
 const ATOM_ACTION: u8 = 32;
 const ACTIONS: [Action; 9] = Action::ALL;
+/// A trace entry's memory pool (PyTorch 2.12).
+const KEY_POOL_ID: u8 = ATOM_ACTION + ACTIONS.len() as u8;
 
 fn no_path() -> String {
     String::new()
@@ -824,7 +858,10 @@ fn u64_of(value: Token) -> Option<u64> {
 /// The fast path for a trace entry (see `Sink::read_item`): the dict's keys matched as atoms, values
 /// decoded straight into a [`TraceEntry`]. Gives up (`None`) on anything `convert_entry` would reject or
 /// that is not plain, so that errors come from the generic path.
-fn fast_entry(scan: &mut Scan<'_, '_>, frames: &mut Frames, categories: &mut Categories) -> Option<TraceEntry> {
+fn fast_entry(
+    scan: &mut Scan<'_, '_>,
+    (frames, categories, pool_ids): (&mut Frames, &mut Categories, &mut PoolIds),
+) -> Option<TraceEntry> {
     scan.put_taken()?;
     let mut fields = EntryFields::default();
     scan_pairs(scan, |scan, key, value| {
@@ -847,6 +884,7 @@ fn fast_entry(scan: &mut Scan<'_, '_>, frames: &mut Frames, categories: &mut Cat
             }
             KEY_DEVICE_FREE => fields.device_free = if matches!(value, Token::None) { None } else { Some(u64_of(value)?) },
             KEY_FRAMES => fields.frames = fast_frames(scan, frames, value)?,
+            KEY_POOL_ID => fields.pool_id = pool_ids.id(fast_pair(scan, value)?),
             KEY_CATEGORY..NAME_NO_CATEGORY => match value {
                 // PyTorch's defaults, checked by their atom: no text is made for them.
                 Token::Str { atom: NAME_NO_CATEGORY, .. } => {}
@@ -1158,6 +1196,21 @@ fn to_int<T: TryFrom<i128>>(value: &Value, type_name: &str, path: &dyn Fn() -> S
     int.to().ok_or_else(|| Issue::new(path(), format!("{int} does not fit {type_name}")))
 }
 
+/// A memory pool's id at `path` (a segment's `segment_pool_id`, a trace entry's `pool_id`): a pair of ints, as a
+/// tuple or a list; `None` is the default pools' `(0, 0)`.
+fn to_pool_id(value: &Value, path: &dyn Fn() -> String) -> Result<(i64, i64), Issue> {
+    let items = match value {
+        Value::None => return Ok((0, 0)),
+        Value::Tuple(items) => items.to_vec(),
+        Value::List(list) => list.borrow().items.clone(),
+        other => return Err(Issue::expected(path(), "tuple", other)),
+    };
+    match items.as_slice() {
+        [first, second] => Ok((to_i64(first, path)?, to_i64(second, path)?)),
+        _ => Err(Issue::new(path(), format!("expected a pair, found {} items", items.len()))),
+    }
+}
+
 /// An int in `0..2^64` at `path`.
 fn to_u64(value: &Value, path: &dyn Fn() -> String) -> Result<u64, Issue> {
     to_int(value, "a u64 (0 to 2^64 - 1)", path)
@@ -1191,7 +1244,7 @@ fn convert_entry(
     item: &Value,
     device: usize,
     index: usize,
-    (frames, categories): (&mut Frames, &mut Categories),
+    (frames, categories, pool_ids): (&mut Frames, &mut Categories, &mut PoolIds),
     memo: &mut Memo,
 ) -> Result<TraceEntry, Issue> {
     let here = || format!("device_traces[{device}][{index}]");
@@ -1217,6 +1270,7 @@ fn convert_entry(
             "time_us" => fields.time_us = if matches!(value, Value::None) { None } else { Some(to_i64(value, &path)?) },
             "device_free" => fields.device_free = if matches!(value, Value::None) { None } else { Some(to_u64(value, &path)?) },
             "frames" => fields.frames = frames.intern(value, memo, &path)?,
+            "pool_id" => fields.pool_id = pool_ids.id(to_pool_id(value, &path)?),
             // Any value is allowed there (`user_metadata` may be anything); a str names a category.
             "category" | "user_metadata" | "compile_context" => {
                 if let (Value::Str(text), Some(key)) = (value, CategoryKey::ALL.into_iter().find(|k| k.as_str() == key)) {
@@ -1244,6 +1298,7 @@ struct EntryFields {
     device_free: Option<u64>,
     frames: StackId,
     category: Option<(CategoryKey, CategoryId)>,
+    pool_id: PoolId,
 }
 
 impl EntryFields {
@@ -1270,10 +1325,10 @@ impl EntryFields {
             None if action == Action::Snapshot => 0,
             None => return Err("size"),
         };
-        let Self { stream, time_us, device_free, frames, category, .. } = self;
+        let Self { stream, time_us, device_free, frames, category, pool_id, .. } = self;
         let category = category.map_or(CategoryId::NONE, |(_, id)| id);
         let mut entry = TraceEntry::new(action, addr, size);
-        (entry.stream, entry.frames, entry.category) = (stream, frames, category);
+        (entry.stream, entry.frames, entry.category, entry.pool_id) = (stream, frames, category, pool_id);
         Ok(entry.with_time_us(time_us).with_device_free(device_free))
     }
 }
@@ -1445,7 +1500,7 @@ impl Decoder {
             };
             let taken = entries.len();
             for (offset, item) in list.items.iter().enumerate() {
-                let interned = (&mut self.frames, &mut self.categories);
+                let interned = (&mut self.frames, &mut self.categories, &mut self.pool_ids);
                 entries.push(convert_entry(item, device, taken + offset, interned, &mut Memo::default())?);
             }
             entries.shrink_to_fit();
@@ -1461,6 +1516,7 @@ impl Decoder {
             settings,
             frame_stacks: self.frames.into_stacks(),
             categories: self.categories.into_list(),
+            pool_ids: self.pool_ids.into_list(),
         })
     }
 
@@ -1487,6 +1543,7 @@ impl Decoder {
             settings: None,
             frame_stacks: self.frames.into_stacks(),
             categories: Vec::new(),
+            pool_ids: Vec::new(),
         })
     }
 
@@ -1522,19 +1579,8 @@ impl Decoder {
             }
         };
         let segment_pool_id = match fields.get("segment_pool_id") {
-            None | Some(Value::None) => (0, 0),
-            Some(value) => {
-                let pool_path = || fields.key_path("segment_pool_id");
-                let items = match value {
-                    Value::Tuple(items) => items.to_vec(),
-                    Value::List(list) => list.borrow().items.clone(),
-                    other => return Err(Issue::expected(pool_path(), "tuple", other)),
-                };
-                match items.as_slice() {
-                    [first, second] => (to_i64(first, &pool_path)?, to_i64(second, &pool_path)?),
-                    _ => return Err(Issue::new(pool_path(), format!("expected a pair, found {} items", items.len()))),
-                }
-            }
+            None => (0, 0),
+            Some(value) => to_pool_id(value, &|| fields.key_path("segment_pool_id"))?,
         };
         let frames = match fields.get("frames") {
             None => StackId::NONE,
@@ -1939,6 +1985,58 @@ print([[(k, e[k]) for k in keys if k in e] for e in trace[:7]])
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    /// PyTorch 2.12 writes each trace entry's memory pool (`pool_id`, a pair; `(0, 0)` for the default pools): read
+    /// by both paths as tuple, list or `None`, interned by first use; what is not a pair of ints is named.
+    #[test]
+    fn trace_entries_keep_their_memory_pool() {
+        if !python3() {
+            return;
+        }
+        let dir = temp_dir("pool-ids");
+        let script = r#"
+import pickle, sys
+def entry(i, pool):
+    return {"action": "alloc", "addr": 4096 * i, "size": 512, "stream": 0, "time_us": i, "compile_context": "N/A",
+            "user_metadata": "", "pool_id": pool}
+graph = (0, 1)
+pools = [(0, 0), graph, graph, [0, 2], None, (0, 1), (7, 0), (-1, 2**63 - 1)]
+trace = [entry(i, pool) for i, pool in enumerate(pools)] + [entry(8 + i, (0, i % 3)) for i in range(3000)]
+with open(sys.argv[1] + "/pools.pickle", "wb") as f:
+    pickle.dump({"segments": [], "device_traces": [trace]}, f, protocol=4)
+bad = [entry(0, (0, 1)), entry(1, (0, 1, 2))]
+with open(sys.argv[1] + "/bad.pickle", "wb") as f:
+    pickle.dump({"segments": [], "device_traces": [bad]}, f, protocol=4)
+"#;
+        run_python(script, &[dir.to_str().unwrap()]);
+        let bytes = std::fs::read(dir.join("pools.pickle")).unwrap();
+        let fast = parse(bytes.as_slice(), "pools", Decoder::default()).unwrap();
+        let generic = parse(bytes.as_slice(), "pools", Decoder { generic_only: true, ..Decoder::default() }).unwrap();
+        // The list `[0, 2]` leaves its entry to the end of the fast path's trace: numbered later there.
+        assert!(fast.with_stacks_in_use_order() == generic.with_stacks_in_use_order(), "the paths differ");
+        let fast = fast.with_stacks_in_use_order();
+        let pools: Vec<(i64, i64)> = fast.device_traces[0].iter().take(8).map(|entry| fast.pool_id(entry.pool_id)).collect();
+        assert_eq!(pools, [(0, 0), (0, 1), (0, 1), (0, 2), (0, 0), (0, 1), (7, 0), (-1, i64::MAX)]);
+        assert_eq!(fast.pool_ids, [(0, 0), (0, 1), (0, 2), (7, 0), (-1, i64::MAX)]);
+        let mut written = Vec::new();
+        crate::write_snapshot(&fast, &mut written).unwrap();
+        let again = parse(written.as_slice(), "written", Decoder::default()).unwrap();
+        assert!(again == fast, "written back as read");
+        let error = read_snapshot(&dir.join("bad.pickle")).unwrap_err().to_string();
+        assert!(error.contains("device_traces[0][1].pool_id: expected a pair, found 3 items"), "{error}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Past 254 private pools the rest share the last id; the default pools stay id 0.
+    #[test]
+    fn pool_ids_past_eight_bits_share_the_last_id() {
+        let mut pool_ids = PoolIds::default();
+        assert_eq!(pool_ids.id((0, 0)), PoolId::DEFAULT);
+        let ids: Vec<u8> = (1..300).map(|i| pool_ids.id((0, i)).0).collect();
+        assert_eq!((ids[0], ids[253], ids[254], ids[298]), (1, 254, u8::MAX, u8::MAX));
+        assert_eq!(pool_ids.id((0, 7)), PoolId(7), "known ones keep theirs");
+        assert_eq!(pool_ids.into_list().len(), 256);
+    }
+
     /// Past 65,535 distinct categories the rest share the last id, named as such; the defaults name none.
     #[test]
     fn categories_past_sixteen_bits_share_the_last_id() {
@@ -2066,6 +2164,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         ];
         let legacy = Snapshot {
             categories: Vec::new(),
+            pool_ids: Vec::new(),
             segments: vec![Segment {
                 device: 0,
                 address: 4096,
@@ -2099,6 +2198,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         let legacy_no_traces = Snapshot { frame_stacks: vec![Vec::new()], ..Snapshot::default() };
         let current = Snapshot {
             categories: Vec::new(),
+            pool_ids: Vec::new(),
             segments: Vec::new(),
             device_traces: vec![
                 vec![

@@ -32,6 +32,22 @@ impl CategoryId {
     pub const NONE: CategoryId = CategoryId(0);
 }
 
+/// Index of a memory pool's id in [`Snapshot::pool_ids`]: what a trace entry's `pool_id` (PyTorch 2.12 and later) was.
+/// `PoolId::DEFAULT` (index 0, always `(0, 0)`) for the allocator's own pools; the others are private pools, each a
+/// CUDA graph's or a `torch.cuda.MemPool`'s. 8 bits keep a trace entry at 48 bytes; a file naming more private pools
+/// than that shares the last id among the rest ([`PoolId::MORE`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct PoolId(pub u8);
+
+impl PoolId {
+    /// The allocator's own pools: `(0, 0)`.
+    pub const DEFAULT: PoolId = PoolId(0);
+    /// The id shared by the private pools past the 254th distinct one ([`Snapshot::pool_ids`] holds the first of them
+    /// there).
+    pub const MORE: PoolId = PoolId(u8::MAX);
+}
+
 /// The key of a trace entry a category was read from. An entry naming several takes the first of this order: the
 /// profiler path's `category`, then `user_metadata` (what `torch.cuda.memory._set_memory_metadata` labels the
 /// entries after it with), then `compile_context` (the `torch.compile` region). PyTorch's defaults (`""` and
@@ -248,8 +264,8 @@ impl Action {
 
 /// One entry of a device's trace, in 48 bytes (a 1 GB file holds 14 million of them): its two optional numbers, the
 /// time and the driver's free bytes, are read and set through [`TraceEntry::time_us`] and
-/// [`TraceEntry::device_free`] (an `Option` of a 64-bit number takes 16 bytes; here whether each is there is a bit
-/// beside the action).
+/// [`TraceEntry::device_free`] (an `Option` of a 64-bit number takes 16 bytes; here each is absent as a value no
+/// file holds: `i64::MIN` microseconds, 292,000 years before 1970, and `u64::MAX` bytes, past PyTorch's `int64_t`).
 #[derive(Clone, PartialEq)]
 pub struct TraceEntry {
     /// Address (0 for `oom` and `snapshot`).
@@ -259,9 +275,9 @@ pub struct TraceEntry {
     pub size: u64,
     /// CUDA stream.
     pub stream: u64,
-    /// The time when [`Present::TIME`] is set, else 0.
+    /// The time, [`NO_TIME_US`] when there is none.
     time_us: i64,
-    /// The driver's free bytes when [`Present::DEVICE_FREE`] is set, else 0.
+    /// The driver's free bytes, [`NO_DEVICE_FREE`] when there are none.
     device_free: u64,
     /// Where it happened.
     pub frames: StackId,
@@ -269,25 +285,15 @@ pub struct TraceEntry {
     pub category: CategoryId,
     /// What happened.
     pub action: Action,
-    present: Present,
+    /// The memory pool it happened in (PyTorch 2.12's `pool_id`): [`PoolId::DEFAULT`], or a private pool of a CUDA
+    /// graph or a `torch.cuda.MemPool`.
+    pub pool_id: PoolId,
 }
 
-/// Which of a [`TraceEntry`]'s optional numbers it holds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Present(u8);
-
-impl Present {
-    const TIME: u8 = 1;
-    const DEVICE_FREE: u8 = 2;
-
-    fn has(self, bit: u8) -> bool {
-        self.0 & bit != 0
-    }
-
-    fn with(self, bit: u8, on: bool) -> Self {
-        Self(if on { self.0 | bit } else { self.0 & !bit })
-    }
-}
+/// [`TraceEntry`]'s stored time when it has none.
+const NO_TIME_US: i64 = i64::MIN;
+/// [`TraceEntry`]'s stored driver's free bytes when it has none.
+const NO_DEVICE_FREE: u64 = u64::MAX;
 
 impl fmt::Debug for TraceEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -300,6 +306,7 @@ impl fmt::Debug for TraceEntry {
             .field("device_free", &self.device_free())
             .field("frames", &self.frames)
             .field("category", &self.category)
+            .field("pool_id", &self.pool_id)
             .finish()
     }
 }
@@ -309,7 +316,7 @@ impl fmt::Debug for TraceEntry {
 impl serde::Serialize for TraceEntry {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut entry = serializer.serialize_struct("TraceEntry", 8)?;
+        let mut entry = serializer.serialize_struct("TraceEntry", 9)?;
         entry.serialize_field("action", &self.action)?;
         entry.serialize_field("addr", &self.addr)?;
         entry.serialize_field("size", &self.size)?;
@@ -318,6 +325,7 @@ impl serde::Serialize for TraceEntry {
         entry.serialize_field("device_free", &self.device_free())?;
         entry.serialize_field("frames", &self.frames)?;
         entry.serialize_field("category", &self.category)?;
+        entry.serialize_field("pool_id", &self.pool_id)?;
         entry.end()
     }
 }
@@ -363,35 +371,33 @@ impl TraceEntry {
             addr,
             size,
             stream: 0,
-            time_us: 0,
-            device_free: 0,
+            time_us: NO_TIME_US,
+            device_free: NO_DEVICE_FREE,
             frames: StackId::NONE,
             category: CategoryId::NONE,
             action,
-            present: Present::default(),
+            pool_id: PoolId::DEFAULT,
         }
     }
 
     /// Microseconds since the epoch (absent before PyTorch 2.1).
     pub fn time_us(&self) -> Option<i64> {
-        self.present.has(Present::TIME).then_some(self.time_us)
+        (self.time_us != NO_TIME_US).then_some(self.time_us)
     }
 
     /// The driver's free bytes, for `oom`.
     pub fn device_free(&self) -> Option<u64> {
-        self.present.has(Present::DEVICE_FREE).then_some(self.device_free)
+        (self.device_free != NO_DEVICE_FREE).then_some(self.device_free)
     }
 
-    /// Sets the time (`None`: none).
+    /// Sets the time (`None`, or `i64::MIN`, which no clock gives: none).
     pub fn set_time_us(&mut self, time_us: Option<i64>) {
-        self.present = self.present.with(Present::TIME, time_us.is_some());
-        self.time_us = time_us.unwrap_or(0);
+        self.time_us = time_us.unwrap_or(NO_TIME_US);
     }
 
-    /// Sets the driver's free bytes (`None`: none).
+    /// Sets the driver's free bytes (`None`, or `u64::MAX`, past PyTorch's `int64_t`: none).
     pub fn set_device_free(&mut self, device_free: Option<u64>) {
-        self.present = self.present.with(Present::DEVICE_FREE, device_free.is_some());
-        self.device_free = device_free.unwrap_or(0);
+        self.device_free = device_free.unwrap_or(NO_DEVICE_FREE);
     }
 
     /// The entry, as `action` at `addr` of `size` bytes (its stream, time, driver free bytes, frames and category kept).
@@ -419,6 +425,13 @@ impl TraceEntry {
     #[must_use]
     pub fn with_category(mut self, category: CategoryId) -> Self {
         self.category = category;
+        self
+    }
+
+    /// The entry in the memory pool `pool_id`.
+    #[must_use]
+    pub fn with_pool_id(mut self, pool_id: PoolId) -> Self {
+        self.pool_id = pool_id;
         self
     }
 
@@ -467,13 +480,16 @@ pub struct Snapshot {
     pub frame_stacks: Vec<Vec<Frame>>,
     /// Interned categories of the trace entries; index 0 is [`Category::none`] (empty when nothing names one).
     pub categories: Vec<Category>,
+    /// The memory pools the trace entries name ([`TraceEntry::pool_id`]); index 0 is `(0, 0)` (empty when every
+    /// entry is in the default pools, as in every file before PyTorch 2.12).
+    pub pool_ids: Vec<(i64, i64)>,
 }
 
 impl Snapshot {
     /// The same snapshot with its frame stacks numbered in order of first use (each segment, then its blocks,
     /// then the traces, device by device) and unused ones left out: snapshots that differ only in how their frame
-    /// lists were interned (a snapshot read, written and read again) are equal in this form. Categories are
-    /// renumbered the same way (by first use in the traces).
+    /// lists were interned (a snapshot read, written and read again) are equal in this form. Categories
+    /// and memory pools are renumbered the same way (by first use in the traces).
     pub fn with_stacks_in_use_order(&self) -> Snapshot {
         let mut snapshot = self.clone();
         let mut order: Vec<Vec<Frame>> = vec![Vec::new()];
@@ -501,6 +517,16 @@ impl Snapshot {
             });
         }
         snapshot.categories = if order.len() > 1 { order } else { Vec::new() };
+        let mut order: Vec<(i64, i64)> = vec![(0, 0)];
+        let mut renumbered: std::collections::HashMap<PoolId, PoolId> = std::collections::HashMap::new();
+        renumbered.insert(PoolId::DEFAULT, PoolId::DEFAULT);
+        for entry in snapshot.device_traces.iter_mut().flatten() {
+            entry.pool_id = *renumbered.entry(entry.pool_id).or_insert_with(|| {
+                order.push(self.pool_id(entry.pool_id));
+                PoolId(u8::try_from(order.len() - 1).unwrap_or(u8::MAX))
+            });
+        }
+        snapshot.pool_ids = if order.len() > 1 { order } else { Vec::new() };
         snapshot
     }
 
@@ -510,6 +536,11 @@ impl Snapshot {
     pub fn shows_expandable_segments(&self) -> bool {
         self.segments.iter().any(|segment| segment.is_expandable)
             || self.device_traces.iter().flatten().any(|entry| matches!(entry.action, Action::SegmentMap | Action::SegmentUnmap))
+    }
+
+    /// The memory pool `id` names (`(0, 0)` for an id past the list).
+    pub fn pool_id(&self, id: PoolId) -> (i64, i64) {
+        self.pool_ids.get(usize::from(id.0)).copied().unwrap_or((0, 0))
     }
 
     /// The category `id` names ([`Category::none`]'s empty name for an id past the list).

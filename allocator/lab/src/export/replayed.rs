@@ -288,7 +288,14 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
     let mut device_traces = vec![Vec::new(); device + 1];
     device_traces[device] = writer.entries;
     Ok(Replayed {
-        snapshot: Snapshot { segments, device_traces, settings: None, frame_stacks, categories: categories(recording) },
+        snapshot: Snapshot {
+            segments,
+            device_traces,
+            settings: None,
+            frame_stacks,
+            categories: categories(recording),
+            pool_ids: pool_ids(recording),
+        },
         stats: recorder.stats,
         heap_report,
     })
@@ -581,6 +588,7 @@ pub fn emulated_snapshot(
             settings: Some(recorded_settings(conf, alloc_conf)),
             frame_stacks,
             categories: categories(recording),
+            pool_ids: pool_ids(recording),
         },
         stats,
         heap_report: None,
@@ -590,6 +598,11 @@ pub fn emulated_snapshot(
 /// The recording's categories, which the written entries keep (by id).
 fn categories(recording: &Recording) -> Vec<heapscope_pytorch::Category> {
     recording.snapshot.as_ref().map(|snapshot| snapshot.categories.clone()).unwrap_or_default()
+}
+
+/// The recording's memory pools, which the written entries keep (by id) as well.
+fn pool_ids(recording: &Recording) -> Vec<(i64, i64)> {
+    recording.snapshot.as_ref().map(|snapshot| snapshot.pool_ids.clone()).unwrap_or_default()
 }
 
 #[cfg(test)]

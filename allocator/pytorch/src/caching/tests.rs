@@ -886,6 +886,7 @@ fn issue_14_expandable_recording_from_empty_with_oom_replays_exactly() {
     let settings = RecordedSettings { expandable_segments: true, ..RecordedSettings::default() };
     let snap = Snapshot {
         categories: Vec::new(),
+        pool_ids: Vec::new(),
         segments: final_segments.clone(),
         device_traces: vec![trace.clone()],
         settings: Some(settings),
