@@ -12,6 +12,7 @@ use heapscope_lab::compaction::CompactRule;
 use heapscope_lab::compare::{CompareConfig, Outcome, alloc_conf};
 use heapscope_lab::contender::Contender;
 use heapscope_lab::recording::{Recording, counted, default_device, device_overview, present_devices};
+use heapscope_pytorch::{Action, PoolId};
 
 use std::sync::Arc;
 
@@ -363,27 +364,46 @@ pub fn devices_overview(recording: &Recording, asked: Option<usize>, config: &Co
     lines
 }
 
-/// The note that some of the recording's segments belong to private memory pools (CUDA graphs, `torch.cuda.MemPool`:
-/// a `segment_pool_id` other than `(0, 0)`), which PyTorch serves apart from the default pools and no contender
-/// here tells apart.
+/// The note that the recording uses private memory pools (CUDA graphs, `torch.cuda.MemPool`: a trace entry's `pool_id`
+/// or a final segment's `segment_pool_id` other than `(0, 0)`), which PyTorch serves apart from the default pools.
+/// PyTorch's emulation serves them apart where the entries name their pool (PyTorch 2.12 and later); where only the final
+/// segments show them, no contender knows which requests went there.
 pub fn pools_note(recording: &Recording) -> Option<String> {
     let snapshot = recording.snapshot.as_ref()?;
     let mut pools: Vec<(i64, i64)> = Vec::new();
+    let note = |pools: &mut Vec<(i64, i64)>, pool: (i64, i64)| {
+        if pool != (0, 0) && !pools.contains(&pool) {
+            pools.push(pool);
+        }
+    };
+    let trace = snapshot.device_traces.get(recording.device).map_or(&[][..], Vec::as_slice);
+    let mut private_requests = 0;
+    for entry in trace.iter().filter(|entry| entry.pool_id != PoolId::DEFAULT) {
+        private_requests += u64::from(entry.action == Action::Alloc);
+        note(&mut pools, snapshot.pool_id(entry.pool_id));
+    }
+    let named_by_entries = pools.len();
     let mut private_bytes = 0;
     for segment in snapshot.segments.iter().filter(|segment| segment.device as usize == recording.device) {
         if segment.segment_pool_id != (0, 0) {
             private_bytes += segment.total_size;
-            if !pools.contains(&segment.segment_pool_id) {
-                pools.push(segment.segment_pool_id);
-            }
+            note(&mut pools, segment.segment_pool_id);
         }
     }
-    (!pools.is_empty()).then(|| {
+    let pools = counted(pools.len() as u64, "private memory pool", "private memory pools");
+    if named_by_entries > 0 {
+        return Some(format!(
+            "{} of the recording went to {pools} (CUDA graphs, torch.cuda.MemPool), which PyTorch serves apart from the \
+             default pools: PyTorch's emulation does too, the other contenders serve them from one heap with the rest",
+            counted(private_requests, "request", "requests"),
+        ));
+    }
+    (private_bytes > 0).then(|| {
         format!(
-            "{} of the final segments belong to {} (CUDA graphs, torch.cuda.MemPool), which PyTorch serves apart from \
-             the default pools: every contender here, PyTorch's emulation too, serves every request from the default pools",
+            "{} of the final segments belong to {pools} (CUDA graphs, torch.cuda.MemPool), which PyTorch serves apart from \
+             the default pools; the trace does not say which requests went there (PyTorch writes it from 2.12 on): every \
+             contender here, PyTorch's emulation too, serves every request from the default pools",
             Bytes(private_bytes),
-            counted(pools.len() as u64, "private memory pool", "private memory pools")
         )
     })
 }
@@ -496,9 +516,10 @@ pub fn print_row(outcome: &Outcome) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use heapscope_pytorch::{Action, Snapshot, TraceEntry};
+    use heapscope_pytorch::{Snapshot, TraceEntry};
 
-    /// The private pools note: said when a final segment of the device shown is in a pool other than `(0, 0)`.
+    /// The private pools note: said when a final segment of the device shown is in a pool other than `(0, 0)`, or one
+    /// of its trace entries.
     #[test]
     fn the_pools_note_counts_the_private_pools_of_the_device_shown() {
         use heapscope_pytorch::{Pool, Segment};
@@ -528,6 +549,31 @@ mod tests {
                 Some(start) => assert!(said.as_deref().is_some_and(|said| said.starts_with(start.as_str())), "{said:?}"),
                 None => assert_eq!(said, None, "{segments:?}"),
             }
+        }
+        // Entries naming their pool (PyTorch 2.12): counted from the trace of the device shown, with the segments' own.
+        let entry = |addr: u64, pool: u8| TraceEntry::new(Action::Alloc, addr, 512).with_pool_id(PoolId(pool));
+        // (device 0's trace, device 1's, the note's start)
+        let cases: [(Vec<TraceEntry>, Vec<TraceEntry>, Option<&str>); 3] = [
+            (vec![entry(0, 0)], vec![entry(0, 1)], None),
+            (
+                vec![entry(0, 1), entry(512, 1), entry(1024, 0)],
+                Vec::new(),
+                Some("2 requests of the recording went to 1 private memory pool ("),
+            ),
+            (vec![entry(0, 1), entry(512, 2)], Vec::new(), Some("2 requests of the recording went to 3 private memory pools (")),
+        ];
+        for (first, second, start) in cases {
+            let snapshot = Snapshot {
+                segments: vec![segment(0, (0, 0), 1 << 40), segment(0, (9, 9), 2 << 40)]
+                    .into_iter()
+                    .filter(|_| first.len() == 2)
+                    .collect(),
+                device_traces: vec![first, second],
+                pool_ids: vec![(0, 0), (0, 1), (0, 2)],
+                ..Snapshot::default()
+            };
+            let said = pools_note(&Recording::from_snapshot("t.pickle", snapshot, 0).unwrap());
+            assert_eq!(said.as_deref().map(|said| &said[..start.map_or(0, str::len)]), start, "{said:?}");
         }
     }
 

@@ -47,8 +47,8 @@ use super::pickle_int::Int;
 use super::pickle_read::{self, Dict, List, Memo, Place, ReadError, Scan, Sink, Token, Value};
 use super::read_ahead::ReadAhead;
 use super::snapshot::{
-    Action, Block, BlockState, Category, CategoryId, CategoryKey, Frame, Pool, PoolId, RecordedSettings, Segment, Snapshot, StackId,
-    TraceEntry,
+    Action, Block, BlockState, Category, CategoryId, CategoryKey, Frame, Pool, PoolId, RecordedSettings, Segment, Snapshot,
+    StackId, TraceEntry,
 };
 
 /// Why a snapshot file could not be read.

@@ -33,6 +33,6 @@ pub use export::{write_segments, write_snapshot};
 pub use import::{SnapshotError, parse_snapshot, read_snapshot};
 pub use memory_stats::{MemoryStats, Stat, StatArray};
 pub use snapshot::{
-    Action, Block, BlockState, Category, CategoryId, CategoryKey, Frame, Pool, PoolId, RecordedSettings, Segment, Snapshot, StackId,
-    TraceEntry,
+    Action, Block, BlockState, Category, CategoryId, CategoryKey, Frame, Pool, PoolId, RecordedSettings, Segment, Snapshot,
+    StackId, TraceEntry,
 };

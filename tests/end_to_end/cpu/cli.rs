@@ -780,6 +780,53 @@ fn expandable_segments_a_file_does_not_record_are_taken_from_its_maps() {
     assert!(parts.len() == 2 && parts.iter().all(|part| matched(part)), "every segment event and placement: {text}");
 }
 
+/// A recording of PyTorch 2.12 (every trace entry names its memory pool) from an empty allocator: a CUDA graph captured
+/// into its private pool while the default pool caches a block that would fit, the graph deleted, `empty_cache()`.
+/// `compare` says the requests went to a private pool, and PyTorch's emulation replays every decision and placement.
+#[test]
+fn a_cuda_graphs_private_pool_is_served_apart_and_said() {
+    use heapscope_pytorch::{Action, PoolId, Snapshot, TraceEntry};
+    let dir = temp_dir("cuda-graph");
+    let (d, p) = (0x7000_0000_0000_u64, 0x7000_0020_0000_u64);
+    let mib = 1 << 20;
+    // (action, address, bytes, in the graph's pool)
+    let steps = [
+        (Action::SegmentAlloc, d, 2 * mib, false),
+        (Action::Alloc, d, 1000, false),
+        (Action::FreeRequested, d, 1000, false),
+        (Action::FreeCompleted, d, 1000, false),
+        (Action::SegmentAlloc, p, 2 * mib, true),
+        (Action::Alloc, p, 1000, true),
+        (Action::Alloc, p + 1024, 3000, true),
+        (Action::Alloc, d, 1000, false),
+        (Action::FreeRequested, p, 1000, true),
+        (Action::FreeCompleted, p, 1000, true),
+        (Action::FreeRequested, p + 1024, 3000, true),
+        (Action::FreeCompleted, p + 1024, 3000, true),
+        (Action::SegmentFree, p, 2 * mib, true),
+    ];
+    let trace = steps
+        .iter()
+        .enumerate()
+        .map(|(index, &(action, addr, size, graph))| {
+            let pool = if graph { PoolId(1) } else { PoolId::DEFAULT };
+            TraceEntry::new(action, addr, size).with_time_us(Some(index as i64)).with_pool_id(pool)
+        })
+        .collect();
+    let snapshot = Snapshot { device_traces: vec![trace], pool_ids: vec![(0, 0), (0, 1)], ..Snapshot::default() };
+    let path = dir.join("graph.pickle");
+    heapscope_pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
+    let output = heapscope(&["compare", path.to_str().unwrap(), "--policy", "pytorch", "--policy", "tlsf"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert!(
+        text.contains("2 requests of the recording went to 1 private memory pool (CUDA graphs, torch.cuda.MemPool)"),
+        "{text}"
+    );
+    let fidelity = text.lines().find(|line| line.starts_with("pytorch ")).unwrap_or_default();
+    assert!(fidelity.contains("segments 3/3, placements 4/4"), "{text}");
+}
+
 /// A recording of three GPUs and a fourth listed with nothing, written here (issue 14, part 4): device 0 the
 /// gpt2 run (the busiest), device 1 the frag_oom run (it ran out of memory), device 2 gpt2's final segments and
 /// no trace (a state with no trace), device 3 nothing. Frames are left out (each run numbers its own).

@@ -238,6 +238,8 @@ pub struct Stepped {
 #[derive(Clone, Debug)]
 pub struct Emulator<'s> {
     trace: &'s [TraceEntry],
+    /// The recording (what its entries' memory pool ids name).
+    snapshot: &'s Snapshot,
     /// Keeps the per-entry record (placements, timeline, segment events, fidelity); off for a yes / no replay.
     record: bool,
     /// Keeps [`Emulation::timeline`] and [`Emulation::placements`] (72 bytes an entry: a gigabyte for a 1 GB file), on
@@ -278,6 +280,7 @@ impl<'s> Emulator<'s> {
             Emulation { placements: vec![None; trace.len()], timeline: Vec::with_capacity(trace.len()), ..Emulation::default() };
         let emulator = Self {
             trace,
+            snapshot,
             record: true,
             entry_stats: true,
             capacity_bytes,
@@ -339,6 +342,7 @@ impl<'s> Emulator<'s> {
     pub fn lean_copy(&self) -> Self {
         Self {
             trace: self.trace,
+            snapshot: self.snapshot,
             record: false,
             entry_stats: false,
             capacity_bytes: self.capacity_bytes,
@@ -406,7 +410,7 @@ impl<'s> Emulator<'s> {
         match e.action {
             Action::Alloc => {
                 self.fidelity.allocs += 1;
-                match self.alloc.malloc(e.size, e.stream, Some(e.addr)) {
+                match self.alloc.malloc_in(self.snapshot.pool_id(e.pool_id), e.size, e.stream, Some(e.addr)) {
                     Ok(addr) => {
                         if let Some(placement) = self.out.placements.get_mut(i) {
                             *placement = Some(addr);
@@ -449,7 +453,7 @@ impl<'s> Emulator<'s> {
                     effect = EntryEffect::Freed { address: addr };
                 }
             }
-            Action::Oom => match attempt_recorded_oom(&mut self.alloc, e, self.capacity_bytes) {
+            Action::Oom => match attempt_recorded_oom(&mut self.alloc, self.snapshot, e, self.capacity_bytes) {
                 Ok(block) => {
                     if let Some(placement) = self.out.placements.get_mut(i) {
                         *placement = Some(block.address);
@@ -465,7 +469,15 @@ impl<'s> Emulator<'s> {
             Action::SegmentFree | Action::SegmentUnmap if i >= self.empty_cache_checked_until => {
                 let next = self.trace[i..].iter().position(|t| !is_segment_action(t.action)).map_or(self.trace.len(), |p| i + p);
                 self.empty_cache_checked_until = next;
-                let (would_release, tried) = allocator_would_release(&self.alloc, self.trace.get(next), self.capacity_bytes);
+                // A private pool whose segments the recording frees is gone (its graph or `MemPool` freed):
+                // released from now on, as PyTorch releases the pools in `graph_pools_freeable`.
+                for t in &self.trace[i..next] {
+                    if t.action == Action::SegmentFree {
+                        self.alloc.set_freeable(self.snapshot.pool_id(t.pool_id));
+                    }
+                }
+                let (would_release, tried) =
+                    allocator_would_release(&self.alloc, self.snapshot, self.trace.get(next), self.capacity_bytes);
                 self.capacity_read_up_to = self.capacity_read_up_to.max(tried);
                 if !would_release {
                     self.alloc.empty_cache();
@@ -542,13 +554,14 @@ fn push_events(out: &mut Vec<SegmentEvent>, events: Vec<DeviceEvent>, cause: usi
 /// given back at once (the program never received it): the block that served it.
 fn attempt_recorded_oom(
     alloc: &mut CachingAllocator,
+    snapshot: &Snapshot,
     e: &TraceEntry,
     capacity_bytes: Option<u64>,
 ) -> Result<LiveBlock, OomReport> {
     if capacity_bytes.is_none() {
         alloc.request_limit_bytes = Some(alloc.reserved_bytes().saturating_add(e.device_free().unwrap_or(0)));
     }
-    let result = alloc.malloc(e.size, e.stream, None);
+    let result = alloc.malloc_in(snapshot.pool_id(e.pool_id), e.size, e.stream, None);
     alloc.request_limit_bytes = None;
     match result {
         Ok(address) => {
@@ -568,15 +581,20 @@ fn attempt_recorded_oom(
 /// Would the allocator itself release cached memory while serving `next` (the entry after a run of
 /// recorded `segment_free` / `segment_unmap`)? Tried on a copy.
 /// Also the most the copy reserved while trying: the capacity was read up to there.
-fn allocator_would_release(alloc: &CachingAllocator, next: Option<&TraceEntry>, capacity_bytes: Option<u64>) -> (bool, u64) {
+fn allocator_would_release(
+    alloc: &CachingAllocator,
+    snapshot: &Snapshot,
+    next: Option<&TraceEntry>,
+    capacity_bytes: Option<u64>,
+) -> (bool, u64) {
     let Some(next) = next else { return (false, 0) };
     let mut copy = alloc.clone();
     match next.action {
         Action::Alloc => {
-            let _ = copy.malloc(next.size, next.stream, Some(next.addr));
+            let _ = copy.malloc_in(snapshot.pool_id(next.pool_id), next.size, next.stream, Some(next.addr));
         }
         Action::Oom => {
-            let _ = attempt_recorded_oom(&mut copy, next, capacity_bytes);
+            let _ = attempt_recorded_oom(&mut copy, snapshot, next, capacity_bytes);
         }
         _ => return (false, 0),
     }

@@ -23,7 +23,7 @@ impl CachingAllocator {
     /// the lowest usable address, and takes it out of the pool.
     pub(super) fn try_allocate_expandable_block(
         &mut self,
-        pool: Pool,
+        pool: (usize, Pool),
         stream: u64,
         size: u64,
         base_hint: Option<u64>,
@@ -52,7 +52,7 @@ impl CachingAllocator {
 
     /// `find_expandable_block`: the lowest unmapped range of this stream's segments (with the free block
     /// just before it) that has `size` bytes of address space; else a new segment.
-    fn find_expandable_block(&mut self, pool: Pool, stream: u64, size: u64, base_hint: Option<u64>) -> BlockId {
+    fn find_expandable_block(&mut self, pool: (usize, Pool), stream: u64, size: u64, base_hint: Option<u64>) -> BlockId {
         let unmapped: Vec<BlockId> =
             self.pool(pool).unmapped.range((stream, 0, 0)..).take_while(|k| k.0 == stream).map(|k| k.2).collect();
         for mut c in unmapped {
@@ -65,7 +65,7 @@ impl CachingAllocator {
                 return c;
             }
         }
-        let page_bytes = if pool == Pool::Small { SMALL_BUFFER_BYTES } else { LARGE_BUFFER_BYTES };
+        let page_bytes = if pool.1 == Pool::Small { SMALL_BUFFER_BYTES } else { LARGE_BUFFER_BYTES };
         let (base, virtual_bytes, from_trace) = self.place_expandable(base_hint, size, page_bytes, None);
         self.expandable.push(Some(ExpandableSegment { base, size: virtual_bytes, page_bytes, from_trace }));
         let index = self.expandable.len() - 1;
@@ -143,7 +143,9 @@ impl CachingAllocator {
     fn unmapped_tail(&self, index: usize) -> Option<BlockId> {
         let segment = self.expandable.get(index)?.as_ref()?;
         let end = segment.base + segment.size;
-        self.small.unmapped.iter().chain(self.large.unmapped.iter()).map(|&(_, _, id)| id).find(|&id| {
+        let unmapped =
+            self.pools.iter().flat_map(|memory_pool| memory_pool.small.unmapped.iter().chain(&memory_pool.large.unmapped));
+        unmapped.map(|&(_, _, id)| id).find(|&id| {
             let node = self.node(id);
             node.expandable == Some(index) && node.addr + node.size == end
         })

@@ -26,6 +26,9 @@ use crate::snapshot::{Action, BlockState, Pool, Snapshot};
 /// Addresses of live allocations: recorded address -> emulated address.
 pub(super) type LiveMap = heapscope_core::hash::FastMap<u64, u64>;
 
+/// The `cudaMalloc` segments at the start: base -> (bytes, stream, (memory pool, pool), where it comes from).
+type StartSegments = BTreeMap<u64, (u64, u64, (usize, Pool), Origin)>;
+
 /// A block live at the start.
 #[derive(Clone, Copy, Debug)]
 struct LiveBlock {
@@ -58,7 +61,7 @@ pub(super) fn rebuild_start_state(
     let empty = Vec::new();
     let trace = snapshot.device_traces.get(device).unwrap_or(&empty);
 
-    let mut segments: BTreeMap<u64, (u64, u64, Pool, Origin)> = BTreeMap::new();
+    let mut segments = StartSegments::new();
     let mut groups = Groups::default();
     // A hash map while walking (most entries insert or remove), ordered by address once at the end.
     let mut live: heapscope_core::hash::FastMap<u64, LiveBlock> = heapscope_core::hash::FastMap::default();
@@ -76,7 +79,8 @@ pub(super) fn rebuild_start_state(
             if let Some(&(_, _, _, other)) = segments.get(&s.address) {
                 return Err(overlap(device, Origin::Segment(i), s.address, other));
             }
-            segments.insert(s.address, (s.total_size, s.stream, s.segment_type, Origin::Segment(i)));
+            let owner = alloc.owner_of(s.segment_pool_id);
+            segments.insert(s.address, (s.total_size, s.stream, (owner, s.segment_type), Origin::Segment(i)));
         }
         for (j, b) in s.blocks.iter().enumerate().filter(|(_, b)| b.state != BlockState::Inactive) {
             live.insert(
@@ -114,7 +118,8 @@ pub(super) fn rebuild_start_state(
             }
             Action::SegmentFree => {
                 let pool = if e.size == SMALL_BUFFER_BYTES { Pool::Small } else { Pool::Large };
-                segments.insert(e.addr, (e.size, e.stream, pool, Origin::Entry(k)));
+                let owner = alloc.owner_of(snapshot.pool_id(e.pool_id));
+                segments.insert(e.addr, (e.size, e.stream, (owner, pool), Origin::Entry(k)));
             }
             Action::SegmentMap => {
                 if let Some(gi) = groups.holding(e.stream, run_pools.of(e.addr, e.size), e.addr) {
@@ -160,7 +165,7 @@ pub(super) fn rebuild_start_state(
     let max_split = conf.max_split_size.unwrap_or(u64::MAX);
     for (&base, &(size, stream, pool, _)) in &segments {
         alloc.insert_segment(base, size);
-        let small = pool == Pool::Small;
+        let small = pool.1 == Pool::Small;
         alloc.stats.segment.increase(small, 1);
         alloc.stats.reserved_bytes.increase(small, size);
         if size >= max_split {
@@ -194,15 +199,15 @@ pub(super) fn rebuild_start_state(
         let mut cursor = g.base;
         for (&a, &b) in &g.mapped {
             if a > cursor {
-                ids.push(unmapped_node(&mut alloc, cursor, a, g.stream, g.pool, index));
+                ids.push(unmapped_node(&mut alloc, cursor, a, g.stream, (0, g.pool), index));
             }
             alloc.total_allocated_memory += b - a;
             alloc.stats.reserved_bytes.increase(g.pool == Pool::Small, b - a);
-            ids.extend(lay_out(&mut alloc, &live, &mut live_map, a, b, g.stream, g.pool, Some(index), device)?);
+            ids.extend(lay_out(&mut alloc, &live, &mut live_map, a, b, g.stream, (0, g.pool), Some(index), device)?);
             cursor = b;
         }
         if cursor < end {
-            ids.push(unmapped_node(&mut alloc, cursor, end, g.stream, g.pool, index));
+            ids.push(unmapped_node(&mut alloc, cursor, end, g.stream, (0, g.pool), index));
         }
         link(&mut alloc, &ids);
     }
@@ -217,7 +222,7 @@ fn overlap(device: usize, origin: Origin, address: u64, other: Origin) -> Emulat
 /// Reserved ranges at the start (whole segments and expandable mapped ranges) must not overlap.
 fn check_disjoint(
     device: usize,
-    segments: &BTreeMap<u64, (u64, u64, Pool, Origin)>,
+    segments: &StartSegments,
     groups: &[Group],
     mapped_origin: &BTreeMap<u64, Origin>,
 ) -> Result<(), EmulationError> {
@@ -248,7 +253,7 @@ fn check_disjoint(
     Ok(())
 }
 
-fn unmapped_node(alloc: &mut CachingAllocator, start: u64, end: u64, stream: u64, pool: Pool, index: usize) -> BlockId {
+fn unmapped_node(alloc: &mut CachingAllocator, start: u64, end: u64, stream: u64, pool: (usize, Pool), index: usize) -> BlockId {
     let id = alloc.new_node(Node::free(start, end - start, stream, pool, false, Some(index)));
     alloc.insert_unmapped(id);
     id
@@ -264,12 +269,12 @@ fn lay_out(
     start: u64,
     end: u64,
     stream: u64,
-    pool: Pool,
+    pool: (usize, Pool),
     expandable: Option<usize>,
     device: usize,
 ) -> Result<Vec<BlockId>, EmulationError> {
     let max_split = alloc.max_split_size();
-    let small = pool == Pool::Small;
+    let small = pool.1 == Pool::Small;
     let blocks: Vec<(u64, LiveBlock)> = live.range(start..end).map(|(&a, &b)| (a, b)).collect();
     let mut ids = Vec::new();
     let mut cursor = start;
@@ -294,7 +299,7 @@ fn lay_out(
         let size = b.size.or(observed).unwrap_or_else(|| {
             let rounded = round_size(b.requested, &alloc.conf).min(boundary - addr);
             let gap = boundary - addr - rounded;
-            if pool == Pool::Large && expandable.is_none() && (gap <= SMALL_SIZE_BYTES || rounded >= max_split) {
+            if pool.1 == Pool::Large && expandable.is_none() && (gap <= SMALL_SIZE_BYTES || rounded >= max_split) {
                 boundary - addr
             } else {
                 rounded

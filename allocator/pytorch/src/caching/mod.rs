@@ -206,6 +206,8 @@ struct Node {
     requested: u64,
     stream: u64,
     pool: Pool,
+    /// The memory pool holding it: an index in [`CachingAllocator::pools`] (0, the allocator's own).
+    owner: usize,
     /// Handed out (`allocated`).
     allocated: bool,
     /// Allocated or freed but not yet completed (`event_count > 0`).
@@ -221,14 +223,15 @@ struct Node {
 }
 
 impl Node {
-    /// A free block of `[addr, addr + size)` on `stream` in `pool`, not linked to neighbours yet.
-    fn free(addr: u64, size: u64, stream: u64, pool: Pool, mapped: bool, expandable: Option<usize>) -> Node {
+    /// A free block of `[addr, addr + size)` on `stream` in `pool` of memory pool `owner`, not linked to neighbours yet.
+    fn free(addr: u64, size: u64, stream: u64, (owner, pool): (usize, Pool), mapped: bool, expandable: Option<usize>) -> Node {
         Node {
             addr,
             size,
             requested: 0,
             stream,
             pool,
+            owner,
             allocated: false,
             active: false,
             mapped,
@@ -249,6 +252,19 @@ struct BlockPool {
     unmapped: BTreeSet<(u64, u64, BlockId)>,
     /// `get_free_blocks_call_count`.
     get_free_blocks_call_count: i64,
+}
+
+/// A memory pool's cached blocks: the allocator's own (index 0; PyTorch's `small_blocks` and `large_blocks`) or a
+/// private pool's (`PrivatePool`: a CUDA graph's or a `torch.cuda.MemPool`'s), which serves only the requests made
+/// to it and is released only once its graph or pool is gone.
+#[derive(Clone, Debug, Default)]
+struct MemoryPool {
+    /// `MempoolId_t`: `(0, 0)` for the allocator's own.
+    id: (i64, i64),
+    small: BlockPool,
+    large: BlockPool,
+    /// In `graph_pools_freeable` (its graph or `MemPool` is gone): `emptyCache()` releases its cached blocks too.
+    freeable: bool,
 }
 
 /// `ExpandableSegment`: a reserved virtual range mapped in pages.
@@ -272,8 +288,8 @@ pub struct CachingAllocator {
     pub(crate) request_limit_bytes: Option<u64>,
     nodes: Vec<Option<Node>>,
     free_ids: Vec<BlockId>,
-    small: BlockPool,
-    large: BlockPool,
+    /// The allocator's own pools first, then each private pool as first met (`graph_pools`).
+    pools: Vec<MemoryPool>,
     /// Active blocks (allocated or pending free) by address.
     active: heapscope_core::hash::FastMap<u64, BlockId>,
     /// Non-expandable segments: base -> bytes.
@@ -301,8 +317,7 @@ impl CachingAllocator {
             request_limit_bytes: None,
             nodes: Vec::new(),
             free_ids: Vec::new(),
-            small: BlockPool::default(),
-            large: BlockPool::default(),
+            pools: vec![MemoryPool::default()],
             active: heapscope_core::hash::FastMap::default(),
             segments: BTreeMap::new(),
             expandable: Vec::new(),
@@ -491,26 +506,56 @@ impl CachingAllocator {
         self.free_ids.push(id);
     }
 
-    fn pool_mut(&mut self, pool: Pool) -> &mut BlockPool {
+    fn pool_mut(&mut self, (owner, pool): (usize, Pool)) -> &mut BlockPool {
+        let memory_pool = &mut self.pools[owner];
         match pool {
-            Pool::Small => &mut self.small,
-            Pool::Large => &mut self.large,
+            Pool::Small => &mut memory_pool.small,
+            Pool::Large => &mut memory_pool.large,
         }
     }
 
-    fn pool(&self, pool: Pool) -> &BlockPool {
+    fn pool(&self, (owner, pool): (usize, Pool)) -> &BlockPool {
+        let memory_pool = &self.pools[owner];
         match pool {
-            Pool::Small => &self.small,
-            Pool::Large => &self.large,
+            Pool::Small => &memory_pool.small,
+            Pool::Large => &memory_pool.large,
+        }
+    }
+
+    /// The block pool holding block `id`'s kind of free range.
+    fn pool_of(&self, id: BlockId) -> (usize, Pool) {
+        let n = self.node(id);
+        (n.owner, n.pool)
+    }
+
+    /// The index of the memory pool `id` names (a trace entry's `pool_id`, a segment's `segment_pool_id`), created
+    /// empty when first met.
+    fn owner_of(&mut self, id: (i64, i64)) -> usize {
+        if id == (0, 0) {
+            return 0;
+        }
+        if let Some(owner) = self.pools.iter().position(|memory_pool| memory_pool.id == id) {
+            return owner;
+        }
+        self.pools.push(MemoryPool { id, ..MemoryPool::default() });
+        self.pools.len() - 1
+    }
+
+    /// The private pool `id` is gone (its CUDA graph or `MemPool` was freed): `emptyCache()` releases it from now on.
+    pub fn set_freeable(&mut self, id: (i64, i64)) {
+        if id != (0, 0) {
+            let owner = self.owner_of(id);
+            self.pools[owner].freeable = true;
         }
     }
 
     /// `BlockPool::insert_into_blocks`: caches a free mapped block (and stamps its gc age base).
     fn insert_free(&mut self, id: BlockId) {
-        let (stream, size, addr, pool) = {
+        let (stream, size, addr) = {
             let n = self.node(id);
-            (n.stream, n.size, n.addr, n.pool)
+            (n.stream, n.size, n.addr)
         };
+        let pool = self.pool_of(id);
         let count = self.pool(pool).get_free_blocks_call_count;
         self.node_mut(id).gc_base = count;
         self.pool_mut(pool).blocks.insert((stream, size, addr, id));
@@ -519,21 +564,21 @@ impl CachingAllocator {
     fn remove_free(&mut self, id: BlockId) {
         let n = self.node(id);
         let key = (n.stream, n.size, n.addr, id);
-        let pool = n.pool;
+        let pool = self.pool_of(id);
         self.pool_mut(pool).blocks.remove(&key);
     }
 
     fn insert_unmapped(&mut self, id: BlockId) {
         let n = self.node(id);
         let key = (n.stream, n.addr, id);
-        let pool = n.pool;
+        let pool = self.pool_of(id);
         self.pool_mut(pool).unmapped.insert(key);
     }
 
     fn remove_unmapped(&mut self, id: BlockId) {
         let n = self.node(id);
         let key = (n.stream, n.addr, id);
-        let pool = n.pool;
+        let pool = self.pool_of(id);
         self.pool_mut(pool).unmapped.remove(&key);
     }
 
@@ -584,9 +629,22 @@ impl CachingAllocator {
         self.expandable.iter().flatten().any(|e| e.base < end && base < e.base + e.size)
     }
 
-    /// `malloc`: serves a request of `size_bytes` on `stream`; `base_hint` is where the driver would put a
-    /// new segment (an address input from the trace). Returns the block's address.
+    /// `malloc`: serves a request of `size_bytes` on `stream` from the allocator's own pools; `base_hint` is where the
+    /// driver would put a new segment (an address input from the trace). Returns the block's address.
     pub fn malloc(&mut self, size_bytes: u64, stream: u64, base_hint: Option<u64>) -> Result<u64, OomReport> {
+        self.malloc_in((0, 0), size_bytes, stream, base_hint)
+    }
+
+    /// [`Self::malloc`] in the memory pool `pool_id` (`get_pool` during a CUDA graph capture or under
+    /// `torch.cuda.use_mem_pool`: a trace entry's `pool_id`). A private pool's request never releases the
+    /// allocator's whole cache to retry (PyTorch does that only while no capture or pool is in use).
+    pub fn malloc_in(
+        &mut self,
+        pool_id: (i64, i64),
+        size_bytes: u64,
+        stream: u64,
+        base_hint: Option<u64>,
+    ) -> Result<u64, OomReport> {
         if size_bytes > MAX_REQUEST_BYTES {
             // No device holds it (cudaMalloc fails); refused before any rounding could overflow.
             self.stats.num_ooms += 1;
@@ -595,7 +653,7 @@ impl CachingAllocator {
         // With the driver's addresses, the trace's are not used.
         let base_hint = base_hint.filter(|_| self.addresses == AddressSource::Trace);
         let size = round_size(size_bytes, &self.conf);
-        let pool = get_pool(size);
+        let pool = (self.owner_of(pool_id), get_pool(size));
         let alloc_size = get_allocation_size(size);
         // Search pool (get_free_block); the free-memory callbacks of PyTorch do nothing here.
         let mut block = self.get_free_block(pool, stream, size);
@@ -609,7 +667,7 @@ impl CachingAllocator {
             if block.is_none() && self.release_available_cached_blocks(pool, stream, size) {
                 block = self.alloc_block(pool, stream, size, alloc_size, false, base_hint);
             }
-            if block.is_none() {
+            if block.is_none() && pool.0 == 0 {
                 self.release_cached_blocks();
                 block = self.alloc_block(pool, stream, size, alloc_size, true, base_hint);
             }
@@ -628,7 +686,8 @@ impl CachingAllocator {
     fn oom_report(&self, request_bytes: u64) -> OomReport {
         let reserved = u64::try_from(self.stats.reserved_bytes.all().current).unwrap_or(0);
         let allocated = u64::try_from(self.stats.allocated_bytes.all().current).unwrap_or(0);
-        let largest = self.small.blocks.iter().chain(self.large.blocks.iter()).map(|&(_, size, _, _)| size).max().unwrap_or(0);
+        let cached = self.pools.iter().flat_map(|memory_pool| memory_pool.small.blocks.iter().chain(&memory_pool.large.blocks));
+        let largest = cached.map(|&(_, size, _, _)| size).max().unwrap_or(0);
         OomReport {
             request_bytes,
             reserved_bytes: reserved,
@@ -641,7 +700,7 @@ impl CachingAllocator {
 
     /// `get_free_block`: best fit in (stream, size, address) order; expandable tails count with the room
     /// they can grow into; oversize blocks only serve oversize requests within `max_non_split_rounding`.
-    fn get_free_block(&mut self, pool: Pool, stream: u64, size: u64) -> Option<BlockId> {
+    fn get_free_block(&mut self, pool: (usize, Pool), stream: u64, size: u64) -> Option<BlockId> {
         if self.gc_enabled() {
             self.pool_mut(pool).get_free_blocks_call_count += 1;
         }
@@ -686,7 +745,7 @@ impl CachingAllocator {
     /// `alloc_block`: a new segment from cudaMalloc (or pages mapped into an expandable segment).
     fn alloc_block(
         &mut self,
-        pool: Pool,
+        pool: (usize, Pool),
         stream: u64,
         size: u64,
         alloc_size: u64,
@@ -719,7 +778,7 @@ impl CachingAllocator {
         self.total_allocated_memory += alloc_size;
         let id = self.new_node(Node::free(base, alloc_size, stream, pool, true, None));
         self.insert_segment(base, alloc_size);
-        let small = pool == Pool::Small;
+        let small = pool.1 == Pool::Small;
         self.stats.segment.increase(small, 1);
         self.stats.reserved_bytes.increase(small, alloc_size);
         if alloc_size >= self.max_split_size() {
@@ -931,7 +990,7 @@ impl CachingAllocator {
                         requested_size: 0,
                         stream: n.stream,
                         segment_type: n.pool,
-                        segment_pool_id: (0, 0),
+                        segment_pool_id: self.pools[n.owner].id,
                         is_expandable: n.expandable.is_some(),
                         frames: StackId::NONE,
                         blocks: Vec::new(),

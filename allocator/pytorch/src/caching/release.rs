@@ -32,7 +32,7 @@ impl CachingAllocator {
 
     /// `release_available_cached_blocks`: with a `max_split_size`, frees the smallest oversize cached block
     /// that covers the request, or else the largest ones until enough bytes are freed.
-    pub(super) fn release_available_cached_blocks(&mut self, pool: Pool, stream: u64, size: u64) -> bool {
+    pub(super) fn release_available_cached_blocks(&mut self, pool: (usize, Pool), stream: u64, size: u64) -> bool {
         let Some(max_split) = self.conf.max_split_size else { return false };
         let key_size = size.max(max_split);
         let key = (stream, key_size, 0, 0);
@@ -66,17 +66,24 @@ impl CachingAllocator {
         }
     }
 
-    /// `release_cached_blocks`: synchronizes, then `release_blocks` on the large and the small pool.
+    /// `release_cached_blocks`: synchronizes, then `release_blocks` on the large and the small pool, then on the
+    /// small and the large pool of each private pool that is gone (`graph_pools_freeable`).
     pub(super) fn release_cached_blocks(&mut self) -> bool {
         self.stats.num_sync_all_streams += 1;
-        self.release_blocks(Pool::Large);
-        self.release_blocks(Pool::Small);
+        self.release_blocks((0, Pool::Large));
+        self.release_blocks((0, Pool::Small));
+        for owner in 1..self.pools.len() {
+            if self.pools[owner].freeable {
+                self.release_blocks((owner, Pool::Small));
+                self.release_blocks((owner, Pool::Large));
+            }
+        }
         true
     }
 
     /// `release_blocks`: frees every unsplit cached block and unmaps the free pages of expandable segments
     /// (dropping segments that end up wholly unmapped), in the pool's (stream, size, address) order.
-    fn release_blocks(&mut self, pool: Pool) {
+    fn release_blocks(&mut self, pool: (usize, Pool)) {
         let ids: Vec<BlockId> = self.pool(pool).blocks.iter().map(|k| k.3).collect();
         let mut to_unmap = Vec::new();
         for id in ids {
@@ -104,11 +111,12 @@ impl CachingAllocator {
             return;
         }
         let target = self.total_allocated_memory - gc_threshold;
-        let count = self.large.get_free_blocks_call_count;
+        let count = self.pools[0].large.get_free_blocks_call_count;
         let age = |a: &CachingAllocator, id: BlockId| (count - a.node(id).gc_base) as f64;
         // The unsplit cached blocks, in the pool's order; each pass below walks them as PyTorch walks the pool, and
         // a block released leaves the list.
-        let mut freeable: Vec<BlockId> = self.large.blocks.iter().map(|k| k.3).filter(|&id| self.releasable(id)).collect();
+        let mut freeable: Vec<BlockId> =
+            self.pools[0].large.blocks.iter().map(|k| k.3).filter(|&id| self.releasable(id)).collect();
         let mut total_age: f64 = freeable.iter().map(|&id| age(self, id)).sum();
         let mut reclaimed = 0;
         let mut block_freed = true;

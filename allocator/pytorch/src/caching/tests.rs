@@ -1,7 +1,7 @@
 //! Tests: the four shared PyTorch 2.11 traces replayed exactly, and each rule on small hand-made traces.
 
 use super::*;
-use crate::snapshot::{RecordedSettings, Snapshot, TraceEntry};
+use crate::snapshot::{PoolId, RecordedSettings, Snapshot, TraceEntry};
 
 const MIB: u64 = 1 << 20;
 
@@ -1020,4 +1020,106 @@ fn a_what_if_places_its_segments_by_the_drivers_rule() {
     let [a, b, c] = [1, 3, 8].map(|i| em.placements[i].unwrap());
     assert_eq!((b + 32 * MIB, c), (a, b), "B a granule run below A; the tie goes to B, the lower");
     assert_eq!(a + 32 * MIB, DEFAULT_CUDA_MALLOC_TOP, "the first range ends where a process's usually do");
+}
+
+/// A private pool (a CUDA graph's, a `torch.cuda.MemPool`'s) serves only its own requests and is released only once
+/// it is gone; a request in it never releases the allocator's whole cache to retry.
+#[test]
+fn private_pools_serve_only_their_own_requests() {
+    let graph = (0, 1);
+    let mut a = CachingAllocator::new(conf(), None);
+    let x = a.malloc(1000, 0, None).unwrap();
+    a.free(x);
+    assert_eq!(events(&mut a), [(Action::SegmentAlloc, 2 * MIB)]);
+    // The default pool's cached block does not serve the graph: a segment of its own.
+    let y = a.malloc_in(graph, 1000, 0, None).unwrap();
+    assert_eq!(events(&mut a), [(Action::SegmentAlloc, 2 * MIB)]);
+    assert_ne!(a.segment_at(x), a.segment_at(y));
+    a.free(y);
+    // Each pool's cached block serves its own again.
+    assert_eq!((a.malloc(1000, 0, None).unwrap(), a.malloc_in(graph, 1000, 0, None).unwrap()), (x, y));
+    let pools: Vec<(u64, (i64, i64))> = a.report().iter().map(|s| (s.address, s.segment_pool_id)).collect();
+    assert_eq!(pools, [(x, (0, 0)), (y, graph)], "each segment names its pool");
+    a.free(x);
+    a.free(y);
+    // `emptyCache()` leaves a live graph's pool alone, and releases it once the graph is gone.
+    a.empty_cache();
+    assert_eq!(events(&mut a), [(Action::SegmentFree, 2 * MIB)]);
+    a.set_freeable(graph);
+    a.empty_cache();
+    assert_eq!(events(&mut a), [(Action::SegmentFree, 2 * MIB)]);
+    assert!(a.report().is_empty());
+
+    // On a 40 MiB device holding a free 20 MiB segment: the default pool releases it to serve 30 MiB, the graph's
+    // request runs out of memory instead.
+    let full = || {
+        let mut a = CachingAllocator::new(conf(), Some(40 * MIB));
+        let x = a.malloc(5 * MIB, 0, None).unwrap();
+        a.free(x);
+        a.take_events();
+        a
+    };
+    let mut a = full();
+    assert!(a.malloc(30 * MIB, 0, None).is_ok());
+    assert_eq!(events(&mut a), [(Action::SegmentFree, 20 * MIB), (Action::SegmentAlloc, 30 * MIB)]);
+    let mut a = full();
+    assert!(a.malloc_in(graph, 30 * MIB, 0, None).is_err());
+    assert!(events(&mut a).is_empty());
+}
+
+/// A recording of PyTorch 2.12, from an empty allocator: a graph captured into its private pool while the default
+/// pool holds a free block that would fit, then the graph deleted and `empty_cache()` releasing both pools. Replayed
+/// exactly with the entries' `pool_id`; without them the graph's requests take the default pool's block.
+#[test]
+fn recordings_of_cuda_graphs_replay_exactly_with_their_pools() {
+    let (d, p) = (0x7000_0000_0000_u64, 0x7000_0020_0000_u64);
+    let graph = PoolId(1);
+    let trace = vec![
+        entry(Action::SegmentAlloc, d, 2 * MIB),
+        entry(Action::Alloc, d, 1000),
+        entry(Action::FreeRequested, d, 1000),
+        entry(Action::FreeCompleted, d, 1000),
+        // The capture: its own segment, split, a block freed and reused inside the graph.
+        entry(Action::SegmentAlloc, p, 2 * MIB).with_pool_id(graph),
+        entry(Action::Alloc, p, 1000).with_pool_id(graph),
+        entry(Action::Alloc, p + 1024, 3000).with_pool_id(graph),
+        entry(Action::FreeRequested, p + 1024, 3000).with_pool_id(graph),
+        entry(Action::FreeCompleted, p + 1024, 3000).with_pool_id(graph),
+        entry(Action::Alloc, p + 1024, 2000).with_pool_id(graph),
+        // After the capture: the default pool's block again.
+        entry(Action::Alloc, d, 1000),
+        entry(Action::FreeRequested, d, 1000),
+        entry(Action::FreeCompleted, d, 1000),
+        // The graph deleted, then `torch.cuda.empty_cache()`: the default pools first, then the freed graph's.
+        entry(Action::FreeRequested, p, 1000).with_pool_id(graph),
+        entry(Action::FreeCompleted, p, 1000).with_pool_id(graph),
+        entry(Action::FreeRequested, p + 1024, 2000).with_pool_id(graph),
+        entry(Action::FreeCompleted, p + 1024, 2000).with_pool_id(graph),
+        entry(Action::SegmentFree, d, 2 * MIB),
+        entry(Action::SegmentFree, p, 2 * MIB).with_pool_id(graph),
+        entry(Action::Alloc, d, 1000),
+    ];
+    // PyTorch reserves a new segment at `d` for the last request: the recording says where.
+    let mut trace = trace;
+    trace.insert(trace.len() - 1, entry(Action::SegmentAlloc, d, 2 * MIB));
+    let snap = Snapshot { device_traces: vec![trace], pool_ids: vec![(0, 0), (0, 1)], ..Snapshot::default() };
+    let em = emulate(&snap, 0, &conf(), None).unwrap();
+    assert!(em.fidelity.is_exact(), "{:?}", em.fidelity);
+    assert_eq!((em.fidelity.recorded, em.fidelity.allocs, em.fidelity.placement_matched), (5, 6, 6));
+    let blind = Snapshot { pool_ids: Vec::new(), ..snap.clone() };
+    let em = emulate(&blind, 0, &conf(), None).unwrap();
+    assert!(!em.fidelity.is_exact(), "without the pools the graph takes the default pool's block");
+
+    // Cut mid-run (the state at the end as final segments, the first entries left out): the same decisions after the
+    // cut, the graph's segment known to be its pool's from the final segments.
+    let full = emulate(&snap, 0, &conf(), None).unwrap();
+    let mut at_cut = snap.clone();
+    at_cut.device_traces[0].truncate(10);
+    at_cut.segments = emulate(&at_cut, 0, &conf(), None).unwrap().final_segments;
+    assert_eq!(at_cut.segments.iter().map(|s| s.segment_pool_id).collect::<Vec<_>>(), [(0, 0), (0, 1)]);
+    let mut cut = snap.clone();
+    cut.segments = full.final_segments.clone();
+    cut.device_traces[0].drain(..10);
+    let em = emulate(&cut, 0, &conf(), None).unwrap();
+    assert!(em.fidelity.is_exact(), "{:?}", em.fidelity);
 }

@@ -190,7 +190,14 @@ mod tests {
     }
 
     fn snapshot(segments: Vec<Segment>, trace: Vec<TraceEntry>) -> Snapshot {
-        Snapshot { categories: Vec::new(), pool_ids: Vec::new(), segments, device_traces: vec![trace], settings: None, frame_stacks: vec![Vec::new()] }
+        Snapshot {
+            categories: Vec::new(),
+            pool_ids: Vec::new(),
+            segments,
+            device_traces: vec![trace],
+            settings: None,
+            frame_stacks: vec![Vec::new()],
+        }
     }
 
     fn emulated(snap: &Snapshot) -> Result<(), String> {
