@@ -21,7 +21,7 @@ use super::{
 };
 use super::{SMALL_SIZE_BYTES, round_size};
 use crate::alloc_conf::AllocConf;
-use crate::snapshot::{Action, BlockState, Pool, Snapshot};
+use crate::snapshot::{Action, BlockState, Pool, Snapshot, TraceEntry};
 
 /// Addresses of live allocations: recorded address -> emulated address.
 pub(super) type LiveMap = heapscope_core::hash::FastMap<u64, u64>;
@@ -69,7 +69,8 @@ pub(super) fn rebuild_start_state(
     let mut mapped_origin: BTreeMap<u64, Origin> = BTreeMap::new();
     for (i, s) in snapshot.segments.iter().enumerate().filter(|(_, s)| s.device as usize == device) {
         if s.is_expandable {
-            let gi = groups.of_final(s.stream, s.segment_type, s.address);
+            let owner = alloc.owner_of(s.segment_pool_id);
+            let gi = groups.of_final(s.stream, (owner, s.segment_type), s.address);
             if let Some(&other) = mapped_origin.get(&s.address) {
                 return Err(overlap(device, Origin::Segment(i), s.address, other));
             }
@@ -95,8 +96,11 @@ pub(super) fn rebuild_start_state(
             );
         }
     }
+    // The memory pool of each of the trace's pool ids.
+    let owners: Vec<usize> = snapshot.pool_ids.iter().map(|&id| alloc.owner_of(id)).collect();
+    let owner = |e: &TraceEntry| owners.get(usize::from(e.pool_id.0)).copied().unwrap_or(0);
     let run_pools = RunPools::new(trace);
-    groups.add_seen_only_in_trace(trace, &run_pools);
+    groups.add_seen_only_in_trace(trace, &run_pools, owner);
     for (k, e) in trace.iter().enumerate().rev() {
         match e.action {
             Action::Alloc => {
@@ -118,16 +122,15 @@ pub(super) fn rebuild_start_state(
             }
             Action::SegmentFree => {
                 let pool = if e.size == SMALL_BUFFER_BYTES { Pool::Small } else { Pool::Large };
-                let owner = alloc.owner_of(snapshot.pool_id(e.pool_id));
-                segments.insert(e.addr, (e.size, e.stream, (owner, pool), Origin::Entry(k)));
+                segments.insert(e.addr, (e.size, e.stream, (owner(e), pool), Origin::Entry(k)));
             }
             Action::SegmentMap => {
-                if let Some(gi) = groups.holding(e.stream, run_pools.of(e.addr, e.size), e.addr) {
+                if let Some(gi) = groups.holding(e.stream, owner(e), run_pools.of(e.addr, e.size), e.addr) {
                     remove_range(&mut groups.list[gi].mapped, e.addr, e.addr + e.size);
                 }
             }
             Action::SegmentUnmap => {
-                if let Some(gi) = groups.holding(e.stream, run_pools.of(e.addr, e.size), e.addr) {
+                if let Some(gi) = groups.holding(e.stream, owner(e), run_pools.of(e.addr, e.size), e.addr) {
                     add_range(&mut groups.list[gi].mapped, e.addr, e.addr + e.size);
                     mapped_origin.entry(e.addr).or_insert(Origin::Entry(k));
                 }
@@ -187,7 +190,7 @@ pub(super) fn rebuild_start_state(
     // Reservations start at these bases: an expandable segment ends by the next one above it.
     let (groups, bases) = groups.mapped_at_start(segments.keys().copied());
     for g in groups {
-        let page_bytes = if g.pool == Pool::Small { SMALL_BUFFER_BYTES } else { LARGE_BUFFER_BYTES };
+        let page_bytes = if g.pool.1 == Pool::Small { SMALL_BUFFER_BYTES } else { LARGE_BUFFER_BYTES };
         // Mapped ranges spread wider than the usual reservation widen it, so that nothing is placed over them.
         let span = g.mapped.values().next_back().map_or(0, |&last| last - g.base);
         let next = bases.get(bases.partition_point(|&base| base <= g.base)).map_or(u64::MAX, |&next| next - g.base);
@@ -199,15 +202,15 @@ pub(super) fn rebuild_start_state(
         let mut cursor = g.base;
         for (&a, &b) in &g.mapped {
             if a > cursor {
-                ids.push(unmapped_node(&mut alloc, cursor, a, g.stream, (0, g.pool), index));
+                ids.push(unmapped_node(&mut alloc, cursor, a, g.stream, g.pool, index));
             }
             alloc.total_allocated_memory += b - a;
-            alloc.stats.reserved_bytes.increase(g.pool == Pool::Small, b - a);
-            ids.extend(lay_out(&mut alloc, &live, &mut live_map, a, b, g.stream, (0, g.pool), Some(index), device)?);
+            alloc.stats.reserved_bytes.increase(g.pool.1 == Pool::Small, b - a);
+            ids.extend(lay_out(&mut alloc, &live, &mut live_map, a, b, g.stream, g.pool, Some(index), device)?);
             cursor = b;
         }
         if cursor < end {
-            ids.push(unmapped_node(&mut alloc, cursor, end, g.stream, (0, g.pool), index));
+            ids.push(unmapped_node(&mut alloc, cursor, end, g.stream, g.pool, index));
         }
         link(&mut alloc, &ids);
     }

@@ -1123,3 +1123,52 @@ fn recordings_of_cuda_graphs_replay_exactly_with_their_pools() {
     let em = emulate(&cut, 0, &conf(), None).unwrap();
     assert!(em.fidelity.is_exact(), "{:?}", em.fidelity);
 }
+
+/// With expandable segments a private pool reserves address space of its own: a graph's requests map pages there,
+/// the default pool's in its own reservation, even where the two lie in reach of each other (100 GiB apart). From
+/// empty and from every cut, each memory pool's pages are its own.
+#[test]
+fn expandable_private_pools_keep_their_own_reservations() {
+    const GIB: u64 = 1 << 30;
+    let (d, g) = (0x7000_0000_0000_u64, 0x7000_0000_0000_u64 + 100 * GIB);
+    let graph = PoolId(1);
+    let in_graph = |e: TraceEntry| e.with_pool_id(graph);
+    let mut trace = vec![
+        entry(Action::SegmentMap, d, 20 * MIB),
+        entry(Action::Alloc, d, 5 * MIB),
+        in_graph(entry(Action::SegmentMap, g, 20 * MIB)),
+        in_graph(entry(Action::Alloc, g, 5 * MIB)),
+        entry(Action::Alloc, d + 5 * MIB, 5 * MIB),
+        in_graph(entry(Action::Alloc, g + 5 * MIB, 12 * MIB)),
+        in_graph(entry(Action::FreeRequested, g, 5 * MIB)),
+        in_graph(entry(Action::FreeCompleted, g, 5 * MIB)),
+        entry(Action::FreeRequested, d, 5 * MIB),
+        entry(Action::FreeCompleted, d, 5 * MIB),
+        in_graph(entry(Action::Alloc, g, 4 * MIB)),
+        entry(Action::Alloc, d, 3 * MIB),
+        in_graph(entry(Action::SegmentMap, g + 20 * MIB, 20 * MIB)),
+        in_graph(entry(Action::Alloc, g + 17 * MIB, 10 * MIB)),
+        entry(Action::Alloc, d + 10 * MIB, 6 * MIB),
+    ];
+    let snap = Snapshot {
+        device_traces: vec![std::mem::take(&mut trace)],
+        pool_ids: vec![(0, 0), (0, 1)],
+        settings: Some(RecordedSettings { expandable_segments: true, ..RecordedSettings::default() }),
+        ..Snapshot::default()
+    };
+    let conf = conf_with("expandable_segments:True");
+    let full = emulate(&snap, 0, &conf, None).unwrap();
+    assert!(full.fidelity.is_exact(), "{:?}", full.fidelity);
+    assert_eq!((full.fidelity.recorded, full.fidelity.placement_matched), (3, 8));
+    let pools: Vec<(u64, (i64, i64))> = full.final_segments.iter().map(|s| (s.address, s.segment_pool_id)).collect();
+    assert_eq!(pools, [(d, (0, 0)), (g, (0, 1))]);
+    let blind = Snapshot { pool_ids: Vec::new(), ..snap.clone() };
+    assert!(!emulate(&blind, 0, &conf, None).unwrap().fidelity.is_exact(), "without the pools, one reservation");
+    for cut in 1..snap.device_traces[0].len() {
+        let mut from_cut = snap.clone();
+        from_cut.segments = full.final_segments.clone();
+        from_cut.device_traces[0].drain(..cut);
+        let em = emulate(&from_cut, 0, &conf, None).unwrap();
+        assert!(em.fidelity.is_exact(), "cut at {cut}: {:?}", em.fidelity);
+    }
+}

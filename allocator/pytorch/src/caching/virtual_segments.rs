@@ -1,8 +1,10 @@
 //! The virtual segments of expandable segments at the start of a recording: one address-space reservation per
-//! stream and pool, with the page ranges mapped in it ([`Group`]), found from the final segments marked expandable
-//! and from the trace's `segment_map` / `segment_unmap` entries ([`Groups::add_seen_only_in_trace`]), and looked up by
-//! stream, pool and address in logarithmic time ([`Groups::holding`]): a hostile file of a hundred thousand
-//! reservations costs no more than its entries.
+//! stream and pool (small or large, of the allocator's own memory pool or of a private one), with the page ranges
+//! mapped in it ([`Group`]), found from the final segments marked expandable and from the trace's `segment_map` /
+//! `segment_unmap` entries ([`Groups::add_seen_only_in_trace`]), and looked up by stream, pool and address in
+//! logarithmic time ([`Groups::holding`]): a hostile file of a hundred thousand reservations costs no more than its
+//! entries. A memory pool is the allocator's index of it (0 for its own; a final segment's `segment_pool_id`, a trace
+//! entry's `pool_id`).
 //!
 //! Reservations lie [`EXPANDABLE_VIRTUAL_BYTES`] apart at most as this emulation allows for each, but on a GPU of less
 //! memory than that (PyTorch reserves about 1.125 times the device's memory) a reservation of one pool or stream lies
@@ -19,14 +21,15 @@ use crate::snapshot::{Action, Pool, TraceEntry};
 #[derive(Clone, Debug)]
 pub(super) struct Group {
     pub(super) stream: u64,
-    pub(super) pool: Pool,
+    /// (memory pool, small or large).
+    pub(super) pool: (usize, Pool),
     pub(super) base: u64,
     /// Mapped ranges: start -> end.
     pub(super) mapped: BTreeMap<u64, u64>,
 }
 
 impl Group {
-    pub(super) fn new(stream: u64, pool: Pool, base: u64) -> Self {
+    pub(super) fn new(stream: u64, pool: (usize, Pool), base: u64) -> Self {
         Group { stream, pool, base, mapped: BTreeMap::new() }
     }
 }
@@ -36,13 +39,13 @@ impl Group {
 pub(super) struct Groups {
     pub(super) list: Vec<Group>,
     /// (stream, pool, base) -> index into `list`; a group merged into another is no longer here.
-    by_base: BTreeMap<(u64, Pool, u64), usize>,
+    by_base: BTreeMap<(u64, (usize, Pool), u64), usize>,
 }
 
 impl Groups {
     /// The group of `stream` and `pool` holding final segments (one a stream and pool: there are no new ones yet),
     /// created at `base` if there is none yet, and its base lowered to `base`.
-    pub(super) fn of_final(&mut self, stream: u64, pool: Pool, base: u64) -> usize {
+    pub(super) fn of_final(&mut self, stream: u64, pool: (usize, Pool), base: u64) -> usize {
         let found = self.by_base.range((stream, pool, 0)..=(stream, pool, u64::MAX)).next().map(|(_, &index)| index);
         match found {
             Some(index) => {
@@ -69,16 +72,17 @@ impl Groups {
         self.by_base.insert((g.stream, g.pool, base), index);
     }
 
-    /// The group of `stream` and `pool` (either pool for `None`) whose address space holds `addr`: the highest base
-    /// at or below it, if `addr` is within [`EXPANDABLE_VIRTUAL_BYTES`] of it.
-    pub(super) fn holding(&self, stream: u64, pool: Option<Pool>, addr: u64) -> Option<usize> {
+    /// The group of `stream` and memory pool `owner`'s `pool` (either pool for `None`) whose address space holds
+    /// `addr`: the highest base at or below it, if `addr` is within [`EXPANDABLE_VIRTUAL_BYTES`] of it.
+    pub(super) fn holding(&self, stream: u64, owner: usize, pool: Option<Pool>, addr: u64) -> Option<usize> {
         let pools: &[Pool] = match &pool {
             Some(pool) => std::slice::from_ref(pool),
             None => &[Pool::Small, Pool::Large],
         };
         pools
             .iter()
-            .filter_map(|&pool| self.by_base.range((stream, pool, 0)..=(stream, pool, addr)).next_back())
+            .map(|&pool| (owner, pool))
+            .filter_map(|pool| self.by_base.range((stream, pool, 0)..=(stream, pool, addr)).next_back())
             .filter(|&(&(_, _, base), _)| addr - base < EXPANDABLE_VIRTUAL_BYTES)
             .max_by_key(|&(&(_, _, base), _)| base)
             .map(|(_, &index)| index)
@@ -86,8 +90,8 @@ impl Groups {
 
     /// Whether a group of `stream` and the pool other than `pool` begins in `(from, to]`: two reservations never
     /// overlap, so a run above one of another pool is not in the reservation below it.
-    fn other_begins_between(&self, stream: u64, pool: Pool, from: u64, to: u64) -> bool {
-        let other = if pool == Pool::Small { Pool::Large } else { Pool::Small };
+    fn other_begins_between(&self, stream: u64, (owner, pool): (usize, Pool), from: u64, to: u64) -> bool {
+        let other = (owner, if pool == Pool::Small { Pool::Large } else { Pool::Small });
         from < to && self.by_base.range((stream, other, from + 1)..=(stream, other, to)).next().is_some()
     }
 
@@ -96,29 +100,34 @@ impl Groups {
     /// the start of a recording begun mid-run, and the allocations live in them, would be lost. The runs no group
     /// holds, by stream and address, each begin a group of their pool unless one begun below holds it (in reach, and
     /// no group of the other pool between); a new group just below a final one of the same stream and pool is that
-    /// group, which then begins lower.
-    pub(super) fn add_seen_only_in_trace(&mut self, trace: &[TraceEntry], pools: &RunPools) {
-        let mut unseen: Vec<(u64, u64, Option<Pool>)> = trace
+    /// group, which then begins lower. `owner` is the memory pool of an entry.
+    pub(super) fn add_seen_only_in_trace(
+        &mut self,
+        trace: &[TraceEntry],
+        pools: &RunPools,
+        owner: impl Fn(&TraceEntry) -> usize,
+    ) {
+        let mut unseen: Vec<(u64, usize, u64, Option<Pool>)> = trace
             .iter()
             .filter(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
-            .map(|e| (e.stream, e.addr, pools.of(e.addr, e.size)))
-            .filter(|&(stream, addr, pool)| self.holding(stream, pool, addr).is_none())
+            .map(|e| (e.stream, owner(e), e.addr, pools.of(e.addr, e.size)))
+            .filter(|&(stream, owner, addr, pool)| self.holding(stream, owner, pool, addr).is_none())
             .collect();
         if unseen.is_empty() {
             return;
         }
-        unseen.sort_unstable_by_key(|&(stream, addr, _)| (stream, addr));
+        unseen.sort_unstable_by_key(|&(stream, owner, addr, _)| (stream, owner, addr));
         let finals = self.list.len();
-        // The group each pool of the current stream has open: (stream, [large, small]).
-        let mut open: (Option<u64>, [Option<usize>; 2]) = (None, [None, None]);
-        for (stream, addr, pool) in unseen {
-            if open.0 != Some(stream) {
-                open = (Some(stream), [None, None]);
+        // The group each pool of the current stream and memory pool has open: ((stream, owner), [large, small]).
+        let mut open: (Option<(u64, usize)>, [Option<usize>; 2]) = (None, [None, None]);
+        for (stream, owner, addr, pool) in unseen {
+            if open.0 != Some((stream, owner)) {
+                open = (Some((stream, owner)), [None, None]);
             }
             let joinable = |pool: Pool| {
                 open.1[usize::from(pool == Pool::Small)].filter(|&index| {
                     let base = self.list[index].base;
-                    addr - base < EXPANDABLE_VIRTUAL_BYTES && !self.other_begins_between(stream, pool, base, addr)
+                    addr - base < EXPANDABLE_VIRTUAL_BYTES && !self.other_begins_between(stream, (owner, pool), base, addr)
                 })
             };
             let joined = match pool {
@@ -127,7 +136,7 @@ impl Groups {
             };
             if joined.is_none() {
                 let pool = pool.unwrap_or(Pool::Large);
-                open.1[usize::from(pool == Pool::Small)] = Some(self.insert(Group::new(stream, pool, addr)));
+                open.1[usize::from(pool == Pool::Small)] = Some(self.insert(Group::new(stream, (owner, pool), addr)));
             }
         }
         for final_group in 0..finals {
