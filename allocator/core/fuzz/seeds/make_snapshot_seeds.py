@@ -80,6 +80,14 @@ def main():
         dict(last, action="segment_unmap", addr=s["address"], size=s["total_size"]) for s in unmapped["segments"]]
     unmapped["segments"] = []
     write("expandable-unmapped-end.pickle", pickle.dumps(unmapped, protocol=4))
+    # PyTorch 2.12: every trace entry names its memory pool (`pool_id`), some a CUDA graph's private pool, one as a
+    # list; a final segment of that pool.
+    graph = pickle.loads(cut("frag_oom-default.pickle.gz", 24, 4))
+    for i, e in enumerate(graph["device_traces"][0]):
+        e["pool_id"] = (0, 1) if 8 <= i < 16 else (0, 0)
+    graph["device_traces"][0][-1]["pool_id"] = [0, 2]
+    graph["segments"][-1]["segment_pool_id"] = (0, 1)
+    write("pytorch-2.12-pool-ids.pickle", pickle.dumps(graph, protocol=4))
 
     # Hostile: each must end in a clean error (or a correct result), fast, in bounded memory.
     empty = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]]a"

@@ -7,7 +7,10 @@
 //!   [`CachingAllocator::free`], [`CachingAllocator::report`]). Blocks live in an arena and are linked to
 //!   their neighbours in the segment (`Block::prev/next`); each pool keeps its cached free blocks in a
 //!   `BTreeSet` ordered by (stream, size, address) — PyTorch's `BlockComparatorSize`, which breaks ties by
-//!   address — and its unmapped expandable ranges by (stream, address) (`BlockComparatorAddress`).
+//!   address — and its unmapped expandable ranges by (stream, address) (`BlockComparatorAddress`). Every memory pool
+//!   has its small and large pool (`MemoryPool`): the allocator's own, and each private pool (a CUDA graph's, a
+//!   `torch.cuda.MemPool`'s) a request is made to ([`CachingAllocator::malloc_in`], a trace entry's `pool_id`), which
+//!   `empty_cache()` releases only once it is gone ([`CachingAllocator::set_freeable`]).
 //! - Every function is named after the PyTorch function it implements and says which rule it follows:
 //!   `round_size`, `get_allocation_size`, `get_pool`, `get_free_block`, `alloc_block`, `should_split`,
 //!   `alloc_found_block`, `free_block`, `try_merge_blocks` here; the cache release paths in `release`;
