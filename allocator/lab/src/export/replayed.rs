@@ -8,6 +8,8 @@
 //! entry. Stream, time and stack frames come from the recording's own entry where it has one. The final
 //! segments list the heap's blocks (a paged heap's mapped runs, marked expandable) tiled by their blocks.
 
+use std::collections::BTreeMap;
+
 use crate::compare::CompareConfig;
 use crate::contender::Contender;
 use crate::driver::{HeapTarget, Observer, Step, Stream, drive};
@@ -18,8 +20,8 @@ use heapscope_core::trace::Event;
 use heapscope_core::{DeviceEvent, DeviceHeap, Error, RangeState, Result};
 use heapscope_pytorch::caching::{SMALL_BUFFER_BYTES, SMALL_SIZE_BYTES};
 use heapscope_pytorch::{
-    Action, AllocConf, BackingRefused, Block, BlockState, CachingAllocator, EntryEffect, MemoryStats, Pool, RecordedSettings,
-    Segment, SegmentBacking, Snapshot, StackId, StatArray, TraceEntry,
+    Action, AllocConf, BackingRefused, Block, BlockState, CachingAllocator, EntryEffect, MemoryStats, Pool, PoolId,
+    RecordedSettings, Segment, SegmentBacking, Snapshot, StackId, StatArray, TraceEntry,
 };
 
 /// Where a paged heap's virtual range starts in exported addresses.
@@ -405,19 +407,50 @@ struct EmulationWriter<'a> {
     live: FastMap<u64, (u64, u64)>,
     /// Recorded addresses of refused requests, whose frees never happen in the emulated run.
     refused: heapscope_core::hash::FastSet<u64>,
+    /// The memory pool of each range reserved or mapped so far (start -> end and pool), for the release or unmap of
+    /// it, which `empty_cache()` or an out-of-memory retry may make under another pool's entry.
+    segment_pools: BTreeMap<u64, (u64, PoolId)>,
+    /// The written snapshot's memory pools ([`Snapshot::pool_ids`]): the recording's, and those only its segments name.
+    pool_ids: Vec<(i64, i64)>,
 }
 
 impl EmulationWriter<'_> {
-    /// Writes the held segment events, with `template`'s stream, time and frames.
+    /// Writes the held segment events, with `template`'s stream, time and frames; each in the memory pool of the
+    /// request that reserved or mapped it (`template`'s, for a new one).
     fn flush(&mut self, template: Option<&TraceEntry>) {
-        for event in self.held.drain(..) {
+        for event in std::mem::take(&mut self.held) {
             let (action, addr, size) = segment_entry(event);
-            let entry = match template {
+            let mut entry = match template {
                 Some(template) => template.clone().with(action, addr, size).with_device_free(None),
                 None => TraceEntry::new(action, addr, size),
             };
+            if matches!(action, Action::SegmentAlloc | Action::SegmentMap) {
+                self.segment_pools.insert(addr, (addr.saturating_add(size), entry.pool_id));
+            } else if let Some((&start, &(end, pool_id))) = self.segment_pools.range(..=addr).next_back()
+                && addr < end
+            {
+                entry.pool_id = pool_id;
+                if action == Action::SegmentFree {
+                    self.segment_pools.remove(&start);
+                }
+            }
             self.entries.push(entry);
         }
+    }
+
+    /// The written snapshot's id of the memory pool `pool_id`.
+    fn pool_index(&mut self, pool_id: (i64, i64)) -> PoolId {
+        if pool_id == (0, 0) {
+            return PoolId::DEFAULT;
+        }
+        if self.pool_ids.is_empty() {
+            self.pool_ids.push((0, 0));
+        }
+        let index = self.pool_ids.iter().position(|&known| known == pool_id).unwrap_or_else(|| {
+            self.pool_ids.push(pool_id);
+            self.pool_ids.len() - 1
+        });
+        u8::try_from(index).map_or(PoolId::MORE, PoolId)
     }
 
     /// What the device had left after a refusal: the capacity less what is reserved, or what the driver recorded.
@@ -513,6 +546,14 @@ impl SegmentBacking for EmulationWriter<'_> {
         self.held.clear();
         // The segments so far: all there is of a state with no trace (no entry to replace them at the last one).
         self.segments = allocator.report();
+        for index in 0..self.segments.len() {
+            let (address, total_size, pool_id) = {
+                let segment = &self.segments[index];
+                (segment.address, segment.total_size, segment.segment_pool_id)
+            };
+            let pool_id = self.pool_index(pool_id);
+            self.segment_pools.insert(address, (address.saturating_add(total_size), pool_id));
+        }
     }
 
     fn replayed(&mut self, entry: usize, effect: EntryEffect, allocator: &CachingAllocator) {
@@ -575,10 +616,12 @@ pub fn emulated_snapshot(
         segments: Vec::new(),
         live: FastMap::default(),
         refused: heapscope_core::hash::FastSet::default(),
+        segment_pools: BTreeMap::new(),
+        pool_ids: pool_ids(recording),
     };
     let replay = crate::compare::emulate_pytorch(recording, conf, capacity_bytes, &mut writer)?;
     let frame_stacks = recording.snapshot.as_ref().map_or_else(|| vec![Vec::new()], |snapshot| snapshot.frame_stacks.clone());
-    let (entries, segments, stats) = (writer.entries, writer.segments, replay.stats);
+    let (entries, segments, stats, pool_ids) = (writer.entries, writer.segments, replay.stats, writer.pool_ids);
     let mut device_traces = vec![Vec::new(); device + 1];
     device_traces[device] = entries;
     Ok(Replayed {
@@ -588,7 +631,7 @@ pub fn emulated_snapshot(
             settings: Some(recorded_settings(conf, alloc_conf)),
             frame_stacks,
             categories: categories(recording),
-            pool_ids: pool_ids(recording),
+            pool_ids,
         },
         stats,
         heap_report: None,
@@ -734,6 +777,46 @@ mod tests {
         assert_eq!(mapped, 3024 * MIB);
         assert!(snapshot.segments.iter().all(|segment| segment.is_expandable));
         assert!(replayed_snapshot(&recording, Contender::Pytorch { expandable: false }, &config).is_err());
+    }
+
+    /// A CUDA graph's private pool in the written emulation: its segment events name the graph's pool, also the release
+    /// `empty_cache()` makes under another entry, and the snapshot written replays exactly again.
+    #[test]
+    fn the_emulation_written_keeps_each_segments_memory_pool() {
+        let (d, p) = (0x7000_0000_0000_u64, 0x7000_0020_0000_u64);
+        let graph = PoolId(1);
+        // (action, address, bytes, in the graph's pool)
+        let steps = [
+            (Action::SegmentAlloc, d, 2 * MIB, false),
+            (Action::Alloc, d, 1000, false),
+            (Action::SegmentAlloc, p, 2 * MIB, true),
+            (Action::Alloc, p, 1000, true),
+            (Action::FreeRequested, p, 1000, true),
+            (Action::FreeCompleted, p, 1000, true),
+            (Action::SegmentFree, p, 2 * MIB, true),
+            (Action::Alloc, d + 1024, 1000, false),
+        ];
+        let trace = steps
+            .iter()
+            .map(|&(action, addr, size, in_graph)| {
+                TraceEntry::new(action, addr, size).with_pool_id(if in_graph { graph } else { PoolId::DEFAULT })
+            })
+            .collect();
+        let snapshot = Snapshot { device_traces: vec![trace], pool_ids: vec![(0, 0), (0, 9)], ..Snapshot::default() };
+        let recording = Recording::from_snapshot("graph.pickle", snapshot, 0).unwrap();
+        let written = emulated_snapshot(&recording, &AllocConf::default(), "", None).unwrap().snapshot;
+        let segment_events: Vec<(Action, (i64, i64))> = written.device_traces[0]
+            .iter()
+            .filter(|entry| matches!(entry.action, Action::SegmentAlloc | Action::SegmentFree))
+            .map(|entry| (entry.action, written.pool_id(entry.pool_id)))
+            .collect();
+        // The release is written before the entry after the run of frees, a request of the default pool.
+        assert_eq!(
+            segment_events,
+            [(Action::SegmentAlloc, (0, 0)), (Action::SegmentAlloc, (0, 9)), (Action::SegmentFree, (0, 9))]
+        );
+        let again = heapscope_pytorch::caching::emulate(&written, 0, &AllocConf::default(), None).unwrap();
+        assert!(again.fidelity.is_exact(), "{:?}", again.fidelity);
     }
 
     /// A state with no trace (`torch.cuda.memory_snapshot()`'s list: segments, empty traces) exports its segments
