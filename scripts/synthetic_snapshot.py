@@ -18,6 +18,8 @@ free_requested, except that an alloc that made a segment shares the segment_allo
 free_completed shares its free_requested's; two frames a stack (a script's function and its module), as in
 frag_oom-*.pickle.gz. --no-frames leaves frames out of the entries (a recording without stacks) and
 --one-stream keeps everything on the default stream, as in gpt2_train_fixed-default.pickle.gz.
+--pool-ids adds what PyTorch 2.12 writes last in every entry, its memory pool (`pool_id`, the default pools' (0, 0)
+as a new tuple: BININT1 BININT1 TUPLE2 MEMOIZE, as the shared files write their segments' segment_pool_id).
 --check-layout SHARED.pickle[.gz] then compares the trace entries' opcodes (pickletools) with those of a
 shared file, field by field, and fails when the written file has its keys in another order, a value whose
 opcodes the shared file never has under that key, or another most common entry: --no-frames against
@@ -27,7 +29,7 @@ memo slots come before: the keys are LONG_BINGET in a file with many segments be
 own opcodes are left out (new or fetched, by what comes before them).
 
     scripts/synthetic_snapshot.py OUT.pickle [--events N] [--gzip] [--protocol P] [--seed S]
-        [--layout {classic,pytorch}] [--no-frames] [--one-stream] [--check-layout SHARED]
+        [--layout {classic,pytorch}] [--no-frames] [--one-stream] [--pool-ids] [--check-layout SHARED]
 """
 import argparse
 import collections
@@ -71,7 +73,7 @@ def make_pytorch_stacks(rng, count):
     return [[rng.choice(frames), module] for _ in range(count)]
 
 
-def generate(events, seed, layout="classic", frames=True, one_stream=False):
+def generate(events, seed, layout="classic", frames=True, one_stream=False, pool_ids=False):
     rng = random.Random(seed)
     pytorch = layout == "pytorch"
     stacks = make_pytorch_stacks(rng, 40) if pytorch else make_stacks(rng, 40)
@@ -109,6 +111,8 @@ def generate(events, seed, layout="classic", frames=True, one_stream=False):
             item["frames"] = rng.choice(stacks)
         elif roll < 0.67:
             item["frames"] = [dict(frame) for frame in rng.choice(stacks)]
+        if pool_ids:
+            item["pool_id"] = tuple([0, 0])
         trace.append(item)
 
     held = []  # live and not yet freed by the caller
@@ -310,10 +314,11 @@ def main():
                         help="pytorch: the object graph (so the opcodes) of the files PyTorch >= 2.5 writes")
     parser.add_argument("--no-frames", action="store_true", help="no frames in trace entries or blocks")
     parser.add_argument("--one-stream", action="store_true", help="every entry on the default stream")
+    parser.add_argument("--pool-ids", action="store_true", help="every entry's memory pool, as PyTorch 2.12 writes it")
     parser.add_argument("--check-layout", metavar="SHARED",
                         help="compare the trace entries' opcodes with those of this snapshot; exit 1 if they differ")
     args = parser.parse_args()
-    snapshot = generate(args.events, args.seed, args.layout, not args.no_frames, args.one_stream)
+    snapshot = generate(args.events, args.seed, args.layout, not args.no_frames, args.one_stream, args.pool_ids)
     opener = gzip.open if args.gzip else open
     with opener(args.out, "wb") as handle:
         pickle.dump(snapshot, handle, protocol=args.protocol)

@@ -249,8 +249,8 @@ const _: () = assert!(size_of::<Value>() == 16);
 /// arrive ([`Value::Consumed`]), and their `compile_context` strs, each equal to the one before (`"N/A"`), and a
 /// 16-byte value for each would be a third of the import's peak (two slots an entry, against ~75 bytes of pickle).
 /// So a slot is an index into `values` (with the sink's atom of its str beside it), and slots holding the same
-/// immutable value share one entry there: the one [`Value::Consumed`] and the one [`Value::Hole`], and a short str
-/// equal to the latest value stored. A shared entry is copied before it is changed ([`Memo::get_mut`]).
+/// immutable value share one entry there: the one [`Value::Consumed`] and the one [`Value::Hole`], a short str
+/// equal to the latest value stored, and each pair of ints read directly ([`Scan::put_pair`]). A shared entry is copied before it is changed ([`Memo::get_mut`]).
 ///
 /// `Memo::default()` is an empty memo with no entry at all (no allocation): for converting values that no memo
 /// refers to.
@@ -267,6 +267,9 @@ pub(crate) struct Memo {
     /// While a mark is open ([`Memo::mark`]): the slots given a copy of a shared value since, with the value they had,
     /// so that a rewind gives them back their value (the copies, past the mark, go).
     copied: Option<Vec<(usize, u32)>>,
+    /// The value of each pair of ints put by [`Memo::push_pair`], shared: PyTorch 2.12 memoizes a new `pool_id` pair
+    /// for every trace entry, almost all `(0, 0)`.
+    pairs: heapscope_core::hash::FastMap<(i64, i64), u32>,
 }
 
 /// Where a memo stood, to rewind it to ([`Memo::mark`]).
@@ -287,6 +290,7 @@ impl Memo {
             values: vec![Value::Consumed, Value::Hole],
             shared: vec![true, true],
             copied: None,
+            pairs: heapscope_core::hash::FastMap::default(),
         }
     }
 
@@ -344,6 +348,23 @@ impl Memo {
         let index = self.share(value)?;
         self.slots.push(index);
         self.atoms.push(atom);
+        Some(())
+    }
+
+    /// A new slot at the end holding the tuple `(first, second)`, one value for every slot holding the same pair (`None`
+    /// past 2^32 values).
+    fn push_pair(&mut self, first: i64, second: i64) -> Option<()> {
+        let index = match self.pairs.get(&(first, second)) {
+            Some(&index) => index,
+            None => {
+                let index = self.push_value(Value::Tuple(Rc::new(vec![Value::Int(first), Value::Int(second)])))?;
+                self.shared[index as usize] = true;
+                self.pairs.insert((first, second), index);
+                index
+            }
+        };
+        self.slots.push(index);
+        self.atoms.push(0);
         Some(())
     }
 
@@ -408,6 +429,8 @@ impl Memo {
         self.atoms.truncate(mark.slots);
         self.values.truncate(mark.values.max(2));
         self.shared.truncate(mark.values.max(2));
+        let kept = self.values.len();
+        self.pairs.retain(|_, index| (*index as usize) < kept);
     }
 }
 
@@ -766,6 +789,15 @@ impl<'a> Scan<'a, '_> {
     /// `None` (give up) for a put anywhere but the memo's end.
     #[inline(always)]
     fn put_next(&mut self, value: Value, atom: u8) -> Option<Option<usize>> {
+        let Some(slot) = self.next_put_slot()? else { return Some(None) };
+        self.memo.push(value, atom)?;
+        Some(Some(slot))
+    }
+
+    /// Takes a memo put if one comes next: `Some(Some(slot))` (the memo's end), `Some(None)` when none does, `None`
+    /// (give up) for a put anywhere but the memo's end.
+    #[inline(always)]
+    fn next_put_slot(&mut self) -> Option<Option<usize>> {
         let slot = match self.peek() {
             Some(0x94) => {
                 self.pos += 1;
@@ -781,11 +813,7 @@ impl<'a> Scan<'a, '_> {
             }
             _ => return Some(None),
         };
-        if slot != self.memo.len() {
-            return None;
-        }
-        self.memo.push(value, atom)?;
-        Some(Some(slot))
+        (slot == self.memo.len()).then_some(Some(slot))
     }
 
     /// After an `EMPTY_DICT`/`EMPTY_LIST`: takes a following memo put, reserving the slot (a hole until
@@ -806,8 +834,8 @@ impl<'a> Scan<'a, '_> {
 
     /// After the `TUPLE2` of two ints: takes a following memo put, storing the tuple (built only then).
     pub(crate) fn put_pair(&mut self, first: i64, second: i64) -> Option<()> {
-        if self.next_is(&[0x94, b'q', b'r']) {
-            self.put_next(Value::Tuple(Rc::new(vec![Value::Int(first), Value::Int(second)])), 0)?;
+        if self.next_put_slot()?.is_some() {
+            self.memo.push_pair(first, second)?;
         }
         Some(())
     }
@@ -1701,6 +1729,39 @@ mod tests {
         memo.keep();
         assert_eq!(slots(&memo)[5], "int 9");
         assert_eq!(slots(&memo)[1], "short N/A");
+    }
+
+    /// PyTorch 2.12 memoizes a new `pool_id` pair for every trace entry: one value for each distinct pair, the "N/A"
+    /// between them still shared, a changed slot copied, a rewind forgetting the pairs it drops.
+    #[test]
+    fn the_compact_memo_holds_each_pair_once() {
+        let short = |text| Value::Short(ShortStr::new(text).unwrap());
+        let mut memo = Memo::new();
+        for entry in 0..1000 {
+            memo.push(Value::Consumed, 0).unwrap();
+            memo.push(short("N/A"), 7).unwrap();
+            memo.push_pair(0, i64::from(entry % 1000 == 999)).unwrap();
+        }
+        // The pairs (0, 0) and (0, 1), two N/A (the first pair was stored between them): not one value an entry.
+        assert_eq!(memo.values.len(), 2 + 2 + 2);
+        fn pair(memo: &Memo, slot: usize) -> Option<(i64, i64)> {
+            match memo.get(slot) {
+                Some(Value::Tuple(items)) => match items.as_slice() {
+                    [Value::Int(first), Value::Int(second)] => Some((*first, *second)),
+                    _ => None,
+                },
+                _ => None,
+            }
+        }
+        assert_eq!((pair(&memo, 2), pair(&memo, 2999)), (Some((0, 0)), Some((0, 1))));
+        memo.set(5, Value::Int(4));
+        assert_eq!((slots(&memo)[5].as_str(), pair(&memo, 8)), ("int 4", Some((0, 0))), "copied first");
+        let mark = memo.mark();
+        memo.push_pair(7, 7).unwrap();
+        memo.rewind(mark);
+        memo.push(short("x"), 0).unwrap();
+        memo.push_pair(7, 7).unwrap();
+        assert_eq!(pair(&memo, memo.len() - 1), Some((7, 7)), "a pair dropped by a rewind is made anew");
     }
 
     #[test]
