@@ -12,7 +12,7 @@ use heapscope_lab::compaction::CompactRule;
 use heapscope_lab::compare::{CompareConfig, Outcome, alloc_conf};
 use heapscope_lab::contender::Contender;
 use heapscope_lab::recording::{Recording, counted, default_device, device_overview, present_devices};
-use heapscope_pytorch::{Action, PoolId};
+use heapscope_pytorch::caching::RequestPools;
 
 use std::sync::Arc;
 
@@ -364,46 +364,46 @@ pub fn devices_overview(recording: &Recording, asked: Option<usize>, config: &Co
     lines
 }
 
-/// The note that the recording uses private memory pools (CUDA graphs, `torch.cuda.MemPool`: a trace entry's `pool_id`
-/// or a final segment's `segment_pool_id` other than `(0, 0)`), which PyTorch serves apart from the default pools.
-/// PyTorch's emulation serves them apart where the entries name their pool (PyTorch 2.12 and later); where only the final
-/// segments show them, no contender knows which requests went there.
+/// The note that the recording uses private memory pools (CUDA graphs, `torch.cuda.MemPool`), which PyTorch serves
+/// apart from the default pools: how many requests went there, as the entries say (`pool_id`, PyTorch 2.12 and later)
+/// or as where they were placed in the final segments of a private pool shows ([`RequestPools`]); PyTorch's emulation
+/// serves them apart, the other contenders do not. Private final segments in which no request was placed get the
+/// note that no contender knows which requests went there.
 pub fn pools_note(recording: &Recording) -> Option<String> {
     let snapshot = recording.snapshot.as_ref()?;
-    let mut pools: Vec<(i64, i64)> = Vec::new();
-    let note = |pools: &mut Vec<(i64, i64)>, pool: (i64, i64)| {
-        if pool != (0, 0) && !pools.contains(&pool) {
-            pools.push(pool);
-        }
-    };
     let trace = snapshot.device_traces.get(recording.device).map_or(&[][..], Vec::as_slice);
-    let mut private_requests = 0;
-    for entry in trace.iter().filter(|entry| entry.pool_id != PoolId::DEFAULT) {
-        private_requests += u64::from(entry.action == Action::Alloc);
-        note(&mut pools, snapshot.pool_id(entry.pool_id));
+    let pools = RequestPools::of(snapshot, recording.device);
+    let (requests, used) = pools.private_requests(trace);
+    if requests > 0 {
+        let told = if pools.inferred() {
+            " (as where they were placed shows: the file names no request's pool, PyTorch writes it from 2.12 on)"
+        } else {
+            ""
+        };
+        return Some(format!(
+            "{} of the recording went to {}{told}, which PyTorch serves apart from the default pools (CUDA graphs, \
+             torch.cuda.MemPool): PyTorch's emulation does too, the other contenders serve them from one heap with the rest",
+            counted(requests as u64, "request", "requests"),
+            counted(used as u64, "private memory pool", "private memory pools"),
+        ));
     }
-    let named_by_entries = pools.len();
+    let mut private: Vec<(i64, i64)> = Vec::new();
     let mut private_bytes = 0;
     for segment in snapshot.segments.iter().filter(|segment| segment.device as usize == recording.device) {
         if segment.segment_pool_id != (0, 0) {
             private_bytes += segment.total_size;
-            note(&mut pools, segment.segment_pool_id);
+            if !private.contains(&segment.segment_pool_id) {
+                private.push(segment.segment_pool_id);
+            }
         }
-    }
-    let pools = counted(pools.len() as u64, "private memory pool", "private memory pools");
-    if named_by_entries > 0 {
-        return Some(format!(
-            "{} of the recording went to {pools} (CUDA graphs, torch.cuda.MemPool), which PyTorch serves apart from the \
-             default pools: PyTorch's emulation does too, the other contenders serve them from one heap with the rest",
-            counted(private_requests, "request", "requests"),
-        ));
     }
     (private_bytes > 0).then(|| {
         format!(
-            "{} of the final segments belong to {pools} (CUDA graphs, torch.cuda.MemPool), which PyTorch serves apart from \
-             the default pools; the trace does not say which requests went there (PyTorch writes it from 2.12 on): every \
-             contender here, PyTorch's emulation too, serves every request from the default pools",
+            "{} of the final segments belong to {} (CUDA graphs, torch.cuda.MemPool), which PyTorch serves apart from \
+             the default pools; no request of the trace was placed in them: every contender here, PyTorch's emulation \
+             too, serves every request from the default pools",
             Bytes(private_bytes),
+            counted(private.len() as u64, "private memory pool", "private memory pools"),
         )
     })
 }
@@ -516,7 +516,7 @@ pub fn print_row(outcome: &Outcome) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use heapscope_pytorch::{Snapshot, TraceEntry};
+    use heapscope_pytorch::{Action, PoolId, Snapshot, TraceEntry};
 
     /// The private pools note: said when a final segment of the device shown is in a pool other than `(0, 0)`, or one
     /// of its trace entries.
@@ -558,9 +558,13 @@ mod tests {
             (
                 vec![entry(0, 1), entry(512, 1), entry(1024, 0)],
                 Vec::new(),
-                Some("2 requests of the recording went to 1 private memory pool ("),
+                Some("2 requests of the recording went to 1 private memory pool, which"),
             ),
-            (vec![entry(0, 1), entry(512, 2)], Vec::new(), Some("2 requests of the recording went to 3 private memory pools (")),
+            (
+                vec![entry(0, 1), entry(512, 2)],
+                Vec::new(),
+                Some("2 requests of the recording went to 2 private memory pools, which"),
+            ),
         ];
         for (first, second, start) in cases {
             let snapshot = Snapshot {
@@ -575,6 +579,15 @@ mod tests {
             let said = pools_note(&Recording::from_snapshot("t.pickle", snapshot, 0).unwrap());
             assert_eq!(said.as_deref().map(|said| &said[..start.map_or(0, str::len)]), start, "{said:?}");
         }
+        // A file before 2.12: a request placed in a final segment of a private pool went there.
+        let snapshot = Snapshot {
+            segments: vec![segment(0, (0, 4), 1 << 40)],
+            device_traces: vec![vec![entry((1 << 40) + 512, 0), entry(0, 0)]],
+            ..Snapshot::default()
+        };
+        let said = pools_note(&Recording::from_snapshot("t.pickle", snapshot, 0).unwrap()).unwrap_or_default();
+        let start = "1 request of the recording went to 1 private memory pool (as where they were placed shows: the file";
+        assert!(said.starts_with(start), "{said}");
     }
 
     /// The streams note: said once, only when the recording has several streams and a contender ignores them.

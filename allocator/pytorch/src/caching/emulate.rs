@@ -14,7 +14,7 @@
 use super::backing::{BackingRefused, EntryEffect, SegmentBacking, Unbacked, device_event, held_now};
 use super::initial::{LiveMap, rebuild_start_state};
 use super::validate::{EmulationError, validate};
-use super::{CachingAllocator, DeviceEvent, LiveBlock, OomReport};
+use super::{CachingAllocator, DeviceEvent, LiveBlock, OomReport, RequestPools};
 use crate::alloc_conf::AllocConf;
 use crate::memory_stats::MemoryStats;
 use crate::snapshot::{Action, Segment, Snapshot, TraceEntry};
@@ -240,6 +240,8 @@ pub struct Emulator<'s> {
     trace: &'s [TraceEntry],
     /// The recording (what its entries' memory pool ids name).
     snapshot: &'s Snapshot,
+    /// The memory pool each entry's request went to.
+    pools: std::sync::Arc<RequestPools>,
     /// Keeps the per-entry record (placements, timeline, segment events, fidelity); off for a yes / no replay.
     record: bool,
     /// Keeps [`Emulation::timeline`] and [`Emulation::placements`] (72 bytes an entry: a gigabyte for a 1 GB file), on
@@ -281,6 +283,7 @@ impl<'s> Emulator<'s> {
         let emulator = Self {
             trace,
             snapshot,
+            pools: std::sync::Arc::new(RequestPools::of(snapshot, device)),
             record: true,
             entry_stats: true,
             capacity_bytes,
@@ -296,6 +299,12 @@ impl<'s> Emulator<'s> {
         // (reservations rise, cudaMalloc's bases fall): they cannot say where this run's segments go.
         let other_kind = conf.expandable_segments != AllocConf::of_snapshot(snapshot).expandable_segments;
         Ok(if other_kind { emulator.hide_addresses() } else { emulator })
+    }
+
+    /// The memory pool entry `entry`'s request went to ([`RequestPools`]).
+    fn pool_id(&self, entry: usize) -> (i64, i64) {
+        let pool_id = self.trace.get(entry).map_or(crate::snapshot::PoolId::DEFAULT, |e| e.pool_id);
+        self.pools.pool_id(self.snapshot, entry, pool_id)
     }
 
     /// The allocator now.
@@ -343,6 +352,7 @@ impl<'s> Emulator<'s> {
         Self {
             trace: self.trace,
             snapshot: self.snapshot,
+            pools: std::sync::Arc::clone(&self.pools),
             record: false,
             entry_stats: false,
             capacity_bytes: self.capacity_bytes,
@@ -407,10 +417,11 @@ impl<'s> Emulator<'s> {
         let mut effect = EntryEffect::Unchanged;
         let mut served = None;
         let mut cause = i;
+        let pool_id = self.pool_id(i);
         match e.action {
             Action::Alloc => {
                 self.fidelity.allocs += 1;
-                match self.alloc.malloc_in(self.snapshot.pool_id(e.pool_id), e.size, e.stream, Some(e.addr)) {
+                match self.alloc.malloc_in(pool_id, e.size, e.stream, Some(e.addr)) {
                     Ok(addr) => {
                         if let Some(placement) = self.out.placements.get_mut(i) {
                             *placement = Some(addr);
@@ -453,7 +464,7 @@ impl<'s> Emulator<'s> {
                     effect = EntryEffect::Freed { address: addr };
                 }
             }
-            Action::Oom => match attempt_recorded_oom(&mut self.alloc, self.snapshot, e, self.capacity_bytes) {
+            Action::Oom => match attempt_recorded_oom(&mut self.alloc, pool_id, e, self.capacity_bytes) {
                 Ok(block) => {
                     if let Some(placement) = self.out.placements.get_mut(i) {
                         *placement = Some(block.address);
@@ -471,13 +482,13 @@ impl<'s> Emulator<'s> {
                 self.empty_cache_checked_until = next;
                 // A private pool whose segments the recording frees is gone (its graph or `MemPool` freed):
                 // released from now on, as PyTorch releases the pools in `graph_pools_freeable`.
-                for t in &self.trace[i..next] {
-                    if t.action == Action::SegmentFree {
-                        self.alloc.set_freeable(self.snapshot.pool_id(t.pool_id));
+                for k in i..next {
+                    if self.trace[k].action == Action::SegmentFree {
+                        self.alloc.set_freeable(self.pool_id(k));
                     }
                 }
-                let (would_release, tried) =
-                    allocator_would_release(&self.alloc, self.snapshot, self.trace.get(next), self.capacity_bytes);
+                let next_entry = self.trace.get(next).map(|entry| (entry, self.pool_id(next)));
+                let (would_release, tried) = allocator_would_release(&self.alloc, next_entry, self.capacity_bytes);
                 self.capacity_read_up_to = self.capacity_read_up_to.max(tried);
                 if !would_release {
                     self.alloc.empty_cache();
@@ -554,14 +565,14 @@ fn push_events(out: &mut Vec<SegmentEvent>, events: Vec<DeviceEvent>, cause: usi
 /// given back at once (the program never received it): the block that served it.
 fn attempt_recorded_oom(
     alloc: &mut CachingAllocator,
-    snapshot: &Snapshot,
+    pool_id: (i64, i64),
     e: &TraceEntry,
     capacity_bytes: Option<u64>,
 ) -> Result<LiveBlock, OomReport> {
     if capacity_bytes.is_none() {
         alloc.request_limit_bytes = Some(alloc.reserved_bytes().saturating_add(e.device_free().unwrap_or(0)));
     }
-    let result = alloc.malloc_in(snapshot.pool_id(e.pool_id), e.size, e.stream, None);
+    let result = alloc.malloc_in(pool_id, e.size, e.stream, None);
     alloc.request_limit_bytes = None;
     match result {
         Ok(address) => {
@@ -583,18 +594,17 @@ fn attempt_recorded_oom(
 /// Also the most the copy reserved while trying: the capacity was read up to there.
 fn allocator_would_release(
     alloc: &CachingAllocator,
-    snapshot: &Snapshot,
-    next: Option<&TraceEntry>,
+    next: Option<(&TraceEntry, (i64, i64))>,
     capacity_bytes: Option<u64>,
 ) -> (bool, u64) {
-    let Some(next) = next else { return (false, 0) };
+    let Some((next, pool_id)) = next else { return (false, 0) };
     let mut copy = alloc.clone();
     match next.action {
         Action::Alloc => {
-            let _ = copy.malloc_in(snapshot.pool_id(next.pool_id), next.size, next.stream, Some(next.addr));
+            let _ = copy.malloc_in(pool_id, next.size, next.stream, Some(next.addr));
         }
         Action::Oom => {
-            let _ = attempt_recorded_oom(&mut copy, snapshot, next, capacity_bytes);
+            let _ = attempt_recorded_oom(&mut copy, pool_id, next, capacity_bytes);
         }
         _ => return (false, 0),
     }

@@ -39,6 +39,7 @@ mod heap;
 mod in_effect;
 mod initial;
 mod release;
+mod request_pools;
 #[cfg(test)]
 mod tests;
 mod validate;
@@ -53,6 +54,7 @@ pub use emulate::{
 };
 pub use heap::{CachingAllocation, CachingHeap};
 pub use in_effect::{largest_block_bound, settings_in_effect};
+pub use request_pools::RequestPools;
 pub use validate::EmulationError;
 
 use super::alloc_conf::AllocConf;

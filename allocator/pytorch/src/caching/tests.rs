@@ -1172,3 +1172,43 @@ fn expandable_private_pools_keep_their_own_reservations() {
         assert!(em.fidelity.is_exact(), "cut at {cut}: {:?}", em.fidelity);
     }
 }
+
+/// A file before PyTorch 2.12 names no request's pool, only its final segments': a graph alive at the end, its
+/// requests told by where they were placed (`RequestPools`), replays exactly from the start and from every cut.
+#[test]
+fn requests_in_a_graphs_final_segments_are_its_pools_in_files_before_2_12() {
+    let (d, p) = (0x7000_0000_0000_u64, 0x7000_0020_0000_u64);
+    let graph = PoolId(1);
+    let trace = vec![
+        entry(Action::SegmentAlloc, d, 2 * MIB),
+        entry(Action::Alloc, d, 1000),
+        entry(Action::FreeRequested, d, 1000),
+        entry(Action::FreeCompleted, d, 1000),
+        entry(Action::SegmentAlloc, p, 2 * MIB).with_pool_id(graph),
+        entry(Action::Alloc, p, 1000).with_pool_id(graph),
+        entry(Action::Alloc, p + 1024, 3000).with_pool_id(graph),
+        entry(Action::FreeRequested, p + 1024, 3000).with_pool_id(graph),
+        entry(Action::FreeCompleted, p + 1024, 3000).with_pool_id(graph),
+        entry(Action::Alloc, d, 1000),
+        entry(Action::Alloc, p + 1024, 2000).with_pool_id(graph),
+        entry(Action::Alloc, d + 1024, 1000),
+    ];
+    let named = Snapshot { device_traces: vec![trace], pool_ids: vec![(0, 0), (0, 1)], ..Snapshot::default() };
+    let full = emulate(&named, 0, &conf(), None).unwrap();
+    assert!(full.fidelity.is_exact(), "{:?}", full.fidelity);
+    // As PyTorch 2.11 writes it: the final segments name the graph's pool, the entries nothing.
+    let mut old = named.clone();
+    old.segments = full.final_segments.clone();
+    old.device_traces[0].iter_mut().for_each(|entry| entry.pool_id = PoolId::DEFAULT);
+    old.pool_ids = Vec::new();
+    for cut in 0..old.device_traces[0].len() {
+        let mut from_cut = old.clone();
+        from_cut.device_traces[0].drain(..cut);
+        let em = emulate(&from_cut, 0, &conf(), None).unwrap();
+        assert!(em.fidelity.is_exact(), "cut at {cut}: {:?}", em.fidelity);
+    }
+    // Without the final segments' pools nothing tells the graph's requests apart.
+    let mut blind = old.clone();
+    blind.segments.iter_mut().for_each(|segment| segment.segment_pool_id = (0, 0));
+    assert!(!emulate(&blind, 0, &conf(), None).unwrap().fidelity.is_exact());
+}
