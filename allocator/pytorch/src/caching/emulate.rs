@@ -480,18 +480,42 @@ impl<'s> Emulator<'s> {
             Action::SegmentFree | Action::SegmentUnmap if i >= self.empty_cache_checked_until => {
                 let next = self.trace[i..].iter().position(|t| !is_segment_action(t.action)).map_or(self.trace.len(), |p| i + p);
                 self.empty_cache_checked_until = next;
-                // A private pool whose segments the recording frees is gone (its graph or `MemPool` freed):
-                // released from now on, as PyTorch releases the pools in `graph_pools_freeable`.
-                for k in i..next {
-                    if self.trace[k].action == Action::SegmentFree {
-                        self.alloc.set_freeable(self.pool_id(k));
+                // The memory the recording gives back here: of which private pools (as the emulation holds it), and
+                // whether of the allocator's own pools too.
+                let mut private: Vec<((i64, i64), u64)> = Vec::new();
+                let mut own_too = false;
+                for t in self.trace[i..next].iter().filter(|t| matches!(t.action, Action::SegmentFree | Action::SegmentUnmap)) {
+                    match self.alloc.pool_id_at(t.addr) {
+                        Some(pool_id) if pool_id != (0, 0) => private.push((pool_id, t.addr)),
+                        _ => own_too = true,
                     }
                 }
                 let next_entry = self.trace.get(next).map(|entry| (entry, self.pool_id(next)));
-                let (would_release, tried) = allocator_would_release(&self.alloc, next_entry, self.capacity_bytes);
+                let (mut freed, tried) = allocator_would_release(&self.alloc, next_entry, self.capacity_bytes);
                 self.capacity_read_up_to = self.capacity_read_up_to.max(tried);
-                if !would_release {
-                    self.alloc.empty_cache();
+                // A private pool's memory the next request would not release itself: the pool is gone (its graph or
+                // `MemPool` freed, PyTorch's `graph_pools_freeable`), released from now on. (Its own request may
+                // release its oversize blocks: that pool lives on.)
+                if private.iter().any(|(_, addr)| !freed.contains(addr)) {
+                    for &(pool_id, _) in &private {
+                        self.alloc.set_freeable(pool_id);
+                    }
+                    let (again, tried) = allocator_would_release(&self.alloc, next_entry, self.capacity_bytes);
+                    self.capacity_read_up_to = self.capacity_read_up_to.max(tried);
+                    freed = again;
+                }
+                if freed.is_empty() {
+                    if own_too || private.is_empty() {
+                        self.alloc.empty_cache();
+                    } else {
+                        // Only private pools give memory back: `emptyCache(id)` of each (a `MemPool` deleted), which
+                        // leaves the allocator's own cached segments alone.
+                        let mut pools: Vec<(i64, i64)> = private.iter().map(|&(pool_id, _)| pool_id).collect();
+                        pools.dedup();
+                        for pool_id in pools {
+                            self.alloc.release_pool(pool_id);
+                        }
+                    }
                     // The emulated events are caused by the entry after the run, as the recorded ones are.
                     cause = next;
                 }
@@ -589,15 +613,15 @@ fn attempt_recorded_oom(
     }
 }
 
-/// Would the allocator itself release cached memory while serving `next` (the entry after a run of
-/// recorded `segment_free` / `segment_unmap`)? Tried on a copy.
+/// What the allocator itself would release (the addresses it frees or unmaps) while serving `next` (the entry after a
+/// run of recorded `segment_free` / `segment_unmap`, in its memory pool)? Tried on a copy.
 /// Also the most the copy reserved while trying: the capacity was read up to there.
 fn allocator_would_release(
     alloc: &CachingAllocator,
     next: Option<(&TraceEntry, (i64, i64))>,
     capacity_bytes: Option<u64>,
-) -> (bool, u64) {
-    let Some((next, pool_id)) = next else { return (false, 0) };
+) -> (Vec<u64>, u64) {
+    let Some((next, pool_id)) = next else { return (Vec::new(), 0) };
     let mut copy = alloc.clone();
     match next.action {
         Action::Alloc => {
@@ -606,8 +630,9 @@ fn allocator_would_release(
         Action::Oom => {
             let _ = attempt_recorded_oom(&mut copy, pool_id, next, capacity_bytes);
         }
-        _ => return (false, 0),
+        _ => return (Vec::new(), 0),
     }
     let tried = u64::try_from(copy.stats().reserved_bytes.all().peak).unwrap_or(u64::MAX);
-    (copy.take_events().iter().any(|d| matches!(d.action, Action::SegmentFree | Action::SegmentUnmap)), tried)
+    let events = copy.take_events();
+    (events.iter().filter(|d| matches!(d.action, Action::SegmentFree | Action::SegmentUnmap)).map(|d| d.addr).collect(), tried)
 }

@@ -67,7 +67,7 @@ impl CachingAllocator {
         }
         let page_bytes = if pool.1 == Pool::Small { SMALL_BUFFER_BYTES } else { LARGE_BUFFER_BYTES };
         let (base, virtual_bytes, from_trace) = self.place_expandable(base_hint, size, page_bytes, None);
-        self.expandable.push(Some(ExpandableSegment { base, size: virtual_bytes, page_bytes, from_trace }));
+        self.expandable.push(Some(ExpandableSegment { base, size: virtual_bytes, page_bytes, from_trace, owner: pool.0 }));
         let index = self.expandable.len() - 1;
         let id = self.new_node(Node::free(base, virtual_bytes, stream, pool, false, Some(index)));
         self.insert_unmapped(id);

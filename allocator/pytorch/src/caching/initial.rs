@@ -167,7 +167,7 @@ pub(super) fn rebuild_start_state(
     // the start stay allocated.
     let max_split = conf.max_split_size.unwrap_or(u64::MAX);
     for (&base, &(size, stream, pool, _)) in &segments {
-        alloc.insert_segment(base, size);
+        alloc.insert_segment(base, size, pool.0);
         let small = pool.1 == Pool::Small;
         alloc.stats.segment.increase(small, 1);
         alloc.stats.reserved_bytes.increase(small, size);
@@ -195,7 +195,7 @@ pub(super) fn rebuild_start_state(
         let span = g.mapped.values().next_back().map_or(0, |&last| last - g.base);
         let next = bases.get(bases.partition_point(|&base| base <= g.base)).map_or(u64::MAX, |&next| next - g.base);
         let size = EXPANDABLE_VIRTUAL_BYTES.min(next).max(span);
-        alloc.expandable.push(Some(ExpandableSegment { base: g.base, size, page_bytes, from_trace: true }));
+        alloc.expandable.push(Some(ExpandableSegment { base: g.base, size, page_bytes, from_trace: true, owner: g.pool.0 }));
         let index = alloc.expandable.len() - 1;
         let end = g.base + size;
         let mut ids: Vec<BlockId> = Vec::new();

@@ -281,6 +281,8 @@ struct ExpandableSegment {
     /// The base is the driver's, from the trace (a recorded `alloc` that first landed in it, or the file's
     /// segments); otherwise synthetic, and the segment may move while nothing is mapped in it.
     from_trace: bool,
+    /// The memory pool it belongs to (an index in [`CachingAllocator::pools`]).
+    owner: usize,
 }
 
 /// The caching allocator of one device.
@@ -299,6 +301,8 @@ pub struct CachingAllocator {
     active: heapscope_core::hash::FastMap<u64, BlockId>,
     /// Non-expandable segments: base -> bytes.
     segments: BTreeMap<u64, u64>,
+    /// The non-expandable segments of private pools: base -> memory pool (the others are the allocator's own).
+    segment_owners: BTreeMap<u64, usize>,
     expandable: Vec<Option<ExpandableSegment>>,
     /// Where new segments' and reservations' bases come from.
     addresses: AddressSource,
@@ -325,6 +329,7 @@ impl CachingAllocator {
             pools: vec![MemoryPool::default()],
             active: heapscope_core::hash::FastMap::default(),
             segments: BTreeMap::new(),
+            segment_owners: BTreeMap::new(),
             expandable: Vec::new(),
             addresses: AddressSource::Trace,
             driver: addresses::DriverAddresses::default(),
@@ -454,6 +459,17 @@ impl CachingAllocator {
             return Some((base, size));
         }
         self.expandable.iter().flatten().find(|e| e.base <= address && address - e.base < e.size).map(|e| (e.base, e.size))
+    }
+
+    /// The memory pool of the segment or expandable segment holding `address` (`None` where nothing is reserved).
+    pub fn pool_id_at(&self, address: u64) -> Option<(i64, i64)> {
+        if let Some((&base, &size)) = self.segments.range(..=address).next_back()
+            && address - base < size
+        {
+            return Some(self.pools[self.segment_owners.get(&base).copied().unwrap_or(0)].id);
+        }
+        let holding = self.expandable.iter().flatten().find(|e| e.base <= address && address - e.base < e.size)?;
+        Some(self.pools[holding.owner].id)
     }
 
     /// The expandable segments reserved now: base and virtual size of each.
@@ -618,9 +634,13 @@ impl CachingAllocator {
         self.choose_base(hint, size_bytes)
     }
 
-    /// A segment `cudaMalloc` gave (from the trace, the driver's rule, or the start of a recording).
-    fn insert_segment(&mut self, base: u64, size_bytes: u64) {
+    /// A segment `cudaMalloc` gave (from the trace, the driver's rule, or the start of a recording) to memory pool
+    /// `owner`.
+    fn insert_segment(&mut self, base: u64, size_bytes: u64, owner: usize) {
         self.segments.insert(base, size_bytes);
+        if owner != 0 {
+            self.segment_owners.insert(base, owner);
+        }
         self.driver.note_segment(base, size_bytes);
     }
 
@@ -782,7 +802,7 @@ impl CachingAllocator {
         }
         self.total_allocated_memory += alloc_size;
         let id = self.new_node(Node::free(base, alloc_size, stream, pool, true, None));
-        self.insert_segment(base, alloc_size);
+        self.insert_segment(base, alloc_size, pool.0);
         let small = pool.1 == Pool::Small;
         self.stats.segment.increase(small, 1);
         self.stats.reserved_bytes.increase(small, alloc_size);

@@ -22,6 +22,7 @@ impl CachingAllocator {
         }
         self.remove_free(id);
         self.segments.remove(&n.addr);
+        self.segment_owners.remove(&n.addr);
         self.driver.note_freed(n.addr, n.size);
         self.delete_node(id);
     }
@@ -79,6 +80,18 @@ impl CachingAllocator {
             }
         }
         true
+    }
+
+    /// `release_cached_blocks` for the private pool `id` (`emptyCache(id)`, what deleting a `torch.cuda.MemPool`
+    /// does): synchronizes, then `release_blocks` on its small and its large pool, once it is gone
+    /// ([`CachingAllocator::set_freeable`]).
+    pub fn release_pool(&mut self, id: (i64, i64)) {
+        let Some(owner) = self.pools.iter().position(|memory_pool| memory_pool.id == id && id != (0, 0)) else { return };
+        self.stats.num_sync_all_streams += 1;
+        if self.pools[owner].freeable {
+            self.release_blocks((owner, Pool::Small));
+            self.release_blocks((owner, Pool::Large));
+        }
     }
 
     /// `release_blocks`: frees every unsplit cached block and unmaps the free pages of expandable segments

@@ -1212,3 +1212,66 @@ fn requests_in_a_graphs_final_segments_are_its_pools_in_files_before_2_12() {
     blind.segments.iter_mut().for_each(|segment| segment.segment_pool_id = (0, 0));
     assert!(!emulate(&blind, 0, &conf(), None).unwrap().fidelity.is_exact());
 }
+
+/// How a private pool's memory goes back, each as PyTorch records it: deleting a `torch.cuda.MemPool`
+/// (`emptyCache(id)`: only that pool, the default pool's cached segment stays); a freed graph's expandable pages
+/// unmapped by `empty_cache()`; a pool's own request releasing its oversize blocks (`max_split_size`), after which
+/// the pool lives on and a later `empty_cache()` leaves it alone.
+#[test]
+fn private_pools_give_memory_back_as_pytorch_records_it() {
+    let (d, p) = (0x7000_0000_0000_u64, 0x7000_0100_0000_u64);
+    let pool = PoolId(1);
+    let mine = |e: TraceEntry| e.with_pool_id(pool);
+    let alloc_free = |addr: u64, size: u64, in_pool: bool| {
+        [Action::Alloc, Action::FreeRequested, Action::FreeCompleted]
+            .map(|action| if in_pool { mine(entry(action, addr, size)) } else { entry(action, addr, size) })
+    };
+    let mut mem_pool_deleted = vec![entry(Action::SegmentAlloc, d, 2 * MIB)];
+    mem_pool_deleted.extend(alloc_free(d, 1000, false));
+    mem_pool_deleted.push(mine(entry(Action::SegmentAlloc, p, 2 * MIB)));
+    mem_pool_deleted.extend(alloc_free(p, 1000, true));
+    mem_pool_deleted.extend([mine(entry(Action::SegmentFree, p, 2 * MIB)), entry(Action::Alloc, d, 1000)]);
+
+    // Reservations lie far apart (PyTorch reserves more than the device's memory for each).
+    let g = d + (100 << 30);
+    let mut unmapped = vec![entry(Action::SegmentMap, d, 20 * MIB), entry(Action::Alloc, d, 5 * MIB)];
+    unmapped.push(mine(entry(Action::SegmentMap, g, 20 * MIB)));
+    unmapped.extend(alloc_free(g, 5 * MIB, true));
+    unmapped.extend([mine(entry(Action::SegmentUnmap, g, 20 * MIB)), entry(Action::Alloc, d + 5 * MIB, MIB + 1)]);
+
+    // On a 60 MiB device: two 22 MiB segments of the pool cached, its 40 MiB request releases both.
+    let (p, q, c) = (d + 64 * MIB, d + 128 * MIB, d + 192 * MIB);
+    let mut oversize = vec![entry(Action::SegmentAlloc, d, 12 * MIB), entry(Action::Alloc, d, 12 * MIB)];
+    for base in [p, q] {
+        oversize.extend([mine(entry(Action::SegmentAlloc, base, 22 * MIB)), mine(entry(Action::Alloc, base, 22 * MIB))]);
+    }
+    for base in [p, q] {
+        oversize.extend(alloc_free(base, 22 * MIB, true)[1..].iter().cloned());
+    }
+    oversize.extend([
+        mine(entry(Action::SegmentFree, p, 22 * MIB)),
+        mine(entry(Action::SegmentFree, q, 22 * MIB)),
+        mine(entry(Action::SegmentAlloc, c, 40 * MIB)),
+    ]);
+    oversize.extend(alloc_free(c, 40 * MIB, true));
+    oversize.extend(alloc_free(d, 12 * MIB, false)[1..].iter().cloned());
+    // `torch.cuda.empty_cache()`: the default pool's segment only, the pool's cached 40 MiB stay.
+    oversize.extend([
+        entry(Action::SegmentFree, d, 12 * MIB),
+        entry(Action::SegmentAlloc, d, 2 * MIB),
+        entry(Action::Alloc, d, 1000),
+    ]);
+
+    // (what, trace, settings, capacity, recorded segment events)
+    let cases = [
+        ("a MemPool deleted", mem_pool_deleted, "", None, 3),
+        ("a graph's pages unmapped", unmapped, "expandable_segments:True", None, 3),
+        ("a pool's oversize blocks released by its own request", oversize, "max_split_size_mb:20", Some(60 * MIB), 8),
+    ];
+    for (what, trace, settings, capacity, recorded) in cases {
+        let snap = Snapshot { device_traces: vec![trace], pool_ids: vec![(0, 0), (0, 1)], ..Snapshot::default() };
+        let em = emulate(&snap, 0, &conf_with(settings), capacity).unwrap();
+        assert!(em.fidelity.is_exact(), "{what}: {:?}", em.fidelity);
+        assert_eq!(em.fidelity.recorded, recorded, "{what}");
+    }
+}
