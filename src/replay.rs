@@ -400,8 +400,8 @@ pub fn pools_note(recording: &Recording) -> Option<String> {
     (private_bytes > 0).then(|| {
         format!(
             "{} of the final segments belong to {} (CUDA graphs, torch.cuda.MemPool), which PyTorch serves apart from \
-             the default pools; no request of the trace was placed in them: every contender here, PyTorch's emulation \
-             too, serves every request from the default pools",
+             the default pools; no request of the trace went to them: every contender here, PyTorch's emulation too, \
+             serves every request from the default pools",
             Bytes(private_bytes),
             counted(private.len() as u64, "private memory pool", "private memory pools"),
         )

@@ -475,16 +475,17 @@ struct PoolIds {
 }
 
 impl PoolIds {
-    /// The id of `pool`: [`PoolId::DEFAULT`] for `(0, 0)`; past 254 private pools, [`PoolId::MORE`].
+    /// The id of `pool`: [`PoolId::DEFAULT`] for `(0, 0)`; past 254 private pools, [`PoolId::MORE`]. The list holds
+    /// `(0, 0)` from the first entry that names its pool on: a file that names them, every one the default.
     fn id(&mut self, pool: (i64, i64)) -> PoolId {
+        if self.list.is_empty() {
+            self.list.push((0, 0));
+        }
         if pool == (0, 0) {
             return PoolId::DEFAULT;
         }
         if let Some(&id) = self.ids.get(&pool) {
             return PoolId(id);
-        }
-        if self.list.is_empty() {
-            self.list.push((0, 0));
         }
         let Ok(id) = u8::try_from(self.list.len()) else { return PoolId::MORE };
         self.list.push(pool);
@@ -1203,7 +1204,7 @@ fn to_pool_id(value: &Value, path: &dyn Fn() -> String) -> Result<(i64, i64), Is
         Value::None => return Ok((0, 0)),
         Value::Tuple(items) => items.to_vec(),
         Value::List(list) => list.borrow().items.clone(),
-        other => return Err(Issue::expected(path(), "tuple", other)),
+        other => return Err(Issue::expected(path(), "tuple or list", other)),
     };
     match items.as_slice() {
         [first, second] => Ok((to_i64(first, path)?, to_i64(second, path)?)),
@@ -2003,9 +2004,11 @@ pools = [(0, 0), graph, graph, [0, 2], None, (0, 1), (7, 0), (-1, 2**63 - 1)]
 trace = [entry(i, pool) for i, pool in enumerate(pools)] + [entry(8 + i, (0, i % 3)) for i in range(3000)]
 with open(sys.argv[1] + "/pools.pickle", "wb") as f:
     pickle.dump({"segments": [], "device_traces": [trace]}, f, protocol=4)
-bad = [entry(0, (0, 1)), entry(1, (0, 1, 2))]
-with open(sys.argv[1] + "/bad.pickle", "wb") as f:
-    pickle.dump({"segments": [], "device_traces": [bad]}, f, protocol=4)
+for name, pool in [("three", (0, 1, 2)), ("str", "(0, 1)"), ("float", (0, 1.5)), ("wide", (0, 2**64))]:
+    with open(sys.argv[1] + "/bad-" + name + ".pickle", "wb") as f:
+        pickle.dump({"segments": [], "device_traces": [[entry(0, (0, 1)), entry(1, pool)]]}, f, protocol=4)
+with open(sys.argv[1] + "/defaults.pickle", "wb") as f:
+    pickle.dump({"segments": [], "device_traces": [[entry(i, tuple([0, 0])) for i in range(3)]]}, f, protocol=4)
 "#;
         run_python(script, &[dir.to_str().unwrap()]);
         let bytes = std::fs::read(dir.join("pools.pickle")).unwrap();
@@ -2021,8 +2024,23 @@ with open(sys.argv[1] + "/bad.pickle", "wb") as f:
         crate::write_snapshot(&fast, &mut written).unwrap();
         let again = parse(written.as_slice(), "written", Decoder::default()).unwrap();
         assert!(again == fast, "written back as read");
-        let error = read_snapshot(&dir.join("bad.pickle")).unwrap_err().to_string();
-        assert!(error.contains("device_traces[0][1].pool_id: expected a pair, found 3 items"), "{error}");
+        // (file, what the error says)
+        let bad = [
+            ("three", "device_traces[0][1].pool_id: expected a pair, found 3 items"),
+            ("str", "device_traces[0][1].pool_id: expected tuple or list, found str"),
+            ("float", "device_traces[0][1].pool_id: expected int, found float"),
+            ("wide", "device_traces[0][1].pool_id: 2^64 does not fit an i64"),
+        ];
+        for (name, said) in bad {
+            let error = read_snapshot(&dir.join(format!("bad-{name}.pickle"))).unwrap_err().to_string();
+            assert!(error.contains(said), "{name}: {error}");
+        }
+        // A file naming only the default pools says so, and is written back so.
+        let defaults = read_snapshot(&dir.join("defaults.pickle")).unwrap();
+        assert_eq!(defaults.pool_ids, [(0, 0)]);
+        let mut written = Vec::new();
+        crate::write_snapshot(&defaults, &mut written).unwrap();
+        assert_eq!(parse(written.as_slice(), "written", Decoder::default()).unwrap().pool_ids, [(0, 0)]);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -2035,6 +2053,9 @@ with open(sys.argv[1] + "/bad.pickle", "wb") as f:
         assert_eq!((ids[0], ids[253], ids[254], ids[298]), (1, 254, u8::MAX, u8::MAX));
         assert_eq!(pool_ids.id((0, 7)), PoolId(7), "known ones keep theirs");
         assert_eq!(pool_ids.into_list().len(), 256);
+        // A file naming only the default pools says so.
+        let mut pool_ids = PoolIds::default();
+        assert_eq!((pool_ids.id((0, 0)), pool_ids.into_list()), (PoolId::DEFAULT, vec![(0, 0)]));
     }
 
     /// Past 65,535 distinct categories the rest share the last id, named as such; the defaults name none.

@@ -480,8 +480,8 @@ pub struct Snapshot {
     pub frame_stacks: Vec<Vec<Frame>>,
     /// Interned categories of the trace entries; index 0 is [`Category::none`] (empty when nothing names one).
     pub categories: Vec<Category>,
-    /// The memory pools the trace entries name ([`TraceEntry::pool_id`]); index 0 is `(0, 0)` (empty when every
-    /// entry is in the default pools, as in every file before PyTorch 2.12).
+    /// The memory pools the trace entries name ([`TraceEntry::pool_id`]); index 0 is `(0, 0)`. Empty when the entries
+    /// name none (every file before PyTorch 2.12): then every entry's is [`PoolId::DEFAULT`] as read, not as known.
     pub pool_ids: Vec<(i64, i64)>,
 }
 
@@ -526,7 +526,7 @@ impl Snapshot {
                 PoolId(u8::try_from(order.len() - 1).unwrap_or(u8::MAX))
             });
         }
-        snapshot.pool_ids = if order.len() > 1 { order } else { Vec::new() };
+        snapshot.pool_ids = if self.pool_ids.is_empty() { Vec::new() } else { order };
         snapshot
     }
 

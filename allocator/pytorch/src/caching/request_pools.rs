@@ -23,13 +23,13 @@ pub struct RequestPools {
 }
 
 impl RequestPools {
-    /// The pools of device `device`'s entries in `snapshot`: the entries' own where any entry names a private pool
-    /// (or none could), else those where the requests were placed shows.
+    /// The pools of device `device`'s entries in `snapshot`: the entries' own where the file names them (or no final
+    /// segment is a private pool's), else those where the requests were placed shows.
     pub fn of(snapshot: &Snapshot, device: usize) -> RequestPools {
         let trace = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
         let private = |id: (i64, i64)| id != (0, 0);
         let finals = || snapshot.segments.iter().filter(|segment| segment.device as usize == device);
-        let named = trace.iter().any(|entry| entry.pool_id != PoolId::DEFAULT);
+        let named = !snapshot.pool_ids.is_empty() || trace.iter().any(|entry| entry.pool_id != PoolId::DEFAULT);
         if named || !finals().any(|segment| private(segment.segment_pool_id)) {
             return RequestPools { pool_ids: snapshot.pool_ids.clone(), ids: Vec::new() };
         }
