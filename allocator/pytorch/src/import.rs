@@ -879,11 +879,18 @@ fn fast_entry(
             KEY_TIME_US => {
                 fields.time_us = match value {
                     Token::None => None,
-                    Token::Int(number) => Some(number),
+                    // `i64::MIN` is how an entry holds no time: refused by the generic path.
+                    Token::Int(number) if number != i64::MIN => Some(number),
                     _ => return None,
                 }
             }
-            KEY_DEVICE_FREE => fields.device_free = if matches!(value, Token::None) { None } else { Some(u64_of(value)?) },
+            KEY_DEVICE_FREE => {
+                // `u64::MAX` is how an entry holds no driver's free bytes: refused by the generic path.
+                fields.device_free = match value {
+                    Token::None => None,
+                    value => Some(u64_of(value).filter(|&free| free != u64::MAX)?),
+                }
+            }
             KEY_FRAMES => fields.frames = fast_frames(scan, frames, value)?,
             KEY_POOL_ID => fields.pool_id = pool_ids.id(fast_pair(scan, value)?),
             KEY_CATEGORY..NAME_NO_CATEGORY => match value {
@@ -1268,8 +1275,29 @@ fn convert_entry(
             "addr" => fields.addr = Some(to_u64(value, &path)?),
             "size" => fields.size = Some(to_u64(value, &path)?),
             "stream" => fields.stream = to_u64(value, &path)?,
-            "time_us" => fields.time_us = if matches!(value, Value::None) { None } else { Some(to_i64(value, &path)?) },
-            "device_free" => fields.device_free = if matches!(value, Value::None) { None } else { Some(to_u64(value, &path)?) },
+            "time_us" => {
+                fields.time_us = match value {
+                    Value::None => None,
+                    value => match to_i64(value, &path)? {
+                        i64::MIN => return Err(Issue::new(path(), "-2^63 is no time (the value heapscope holds for none)")),
+                        time_us => Some(time_us),
+                    },
+                }
+            }
+            "device_free" => {
+                fields.device_free = match value {
+                    Value::None => None,
+                    value => match to_u64(value, &path)? {
+                        u64::MAX => {
+                            return Err(Issue::new(
+                                path(),
+                                "2^64 - 1 free bytes: past PyTorch's int64 (the value heapscope holds for none)",
+                            ));
+                        }
+                        free => Some(free),
+                    },
+                }
+            }
             "frames" => fields.frames = frames.intern(value, memo, &path)?,
             "pool_id" => fields.pool_id = pool_ids.id(to_pool_id(value, &path)?),
             // Any value is allowed there (`user_metadata` may be anything); a str names a category.
@@ -2354,6 +2382,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             ("size", or("size", P::Int(512))),
             ("stream", or("stream", P::Int(0))),
             ("time_us", or("time_us", P::Int(5))),
+            ("device_free", or("device_free", P::Int(7))),
             ("frames", P::List(vec![frame])),
         ]);
         let block = P::Dict(vec![("address", P::Int(1 << 32)), ("size", P::Int(2 << 20)), ("state", P::Str("inactive"))]);
@@ -2387,6 +2416,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             "size" => i128::from(entry.size),
             "stream" => i128::from(entry.stream),
             "time_us" => i128::from(entry.time_us().unwrap()),
+            "device_free" => i128::from(entry.device_free().unwrap()),
             "total_size" => i128::from(segment.total_size),
             "device" => i128::from(segment.device),
             "is_expandable" => i128::from(segment.is_expandable),
@@ -2420,6 +2450,15 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             ("stream", P::Long1([vec![5], vec![0; 6], vec![0x80, 0]].concat()), Ok((1 << 63) + 5)),
             ("time_us", P::power_of_two(63, false), Err("device_traces[0][0].time_us: 9223372036854775808 does not fit an i64")),
             ("time_us", P::Long1([vec![0; 8], vec![0x80, 0]].concat()), Err("time_us: 2^71 does not fit an i64")),
+            // The values an entry holds for "none" are refused, not read as none.
+            ("time_us", P::Int(i64::MIN), Err("device_traces[0][0].time_us: -2^63 is no time")),
+            ("time_us", P::Int(i64::MIN + 1), Ok(i128::from(i64::MIN) + 1)),
+            (
+                "device_free",
+                P::Long1([vec![0xff; 8], vec![0]].concat()),
+                Err("device_traces[0][0].device_free: 2^64 - 1 free bytes"),
+            ),
+            ("device_free", P::Long1([vec![0xfe], vec![0xff; 7], vec![0]].concat()), Ok(i128::from(u64::MAX - 1))),
             ("total_size", P::power_of_two(70, false), Err("segments[0].total_size: 2^70 does not fit a u64")),
             ("device", P::Int(1 << 40), Err("segments[0].device: 1099511627776 does not fit a device index (u32)")),
             ("device", P::Long1(vec![0xff]), Err("segments[0].device: -1 does not fit a device index")),
