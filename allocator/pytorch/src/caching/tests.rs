@@ -1275,3 +1275,53 @@ fn private_pools_give_memory_back_as_pytorch_records_it() {
         assert_eq!(em.fidelity.recorded, recorded, "{what}");
     }
 }
+
+/// A reservation of another memory pool between two of the default pool's keeps them apart: a page run of the default
+/// pool above a graph's reservation, seen only in the trace (every page unmapped by the end), is a reservation of its
+/// own, not the one below the graph's. Exact from every cut.
+#[test]
+fn a_private_reservation_between_two_of_the_default_pool_keeps_them_apart() {
+    const GIB: u64 = 1 << 30;
+    let d = 0x7000_0000_0000_u64;
+    let (g, r) = (d + 40 * GIB, d + 60 * GIB);
+    let graph = PoolId(1);
+    let in_graph = |e: TraceEntry| e.with_pool_id(graph);
+    let trace = vec![
+        entry(Action::SegmentMap, d, 20 * MIB),
+        entry(Action::Alloc, d, 5 * MIB),
+        in_graph(entry(Action::SegmentMap, g, 20 * MIB)),
+        in_graph(entry(Action::Alloc, g, 5 * MIB)),
+        // Past what the default reservation below the graph's holds: a new one.
+        entry(Action::SegmentMap, r, 50 * GIB),
+        entry(Action::Alloc, r, 50 * GIB),
+        entry(Action::FreeRequested, r, 50 * GIB),
+        entry(Action::FreeCompleted, r, 50 * GIB),
+        entry(Action::SegmentUnmap, r, 50 * GIB),
+        entry(Action::Alloc, d + 5 * MIB, MIB + 1),
+        // More than the reservation below the graph's holds: a new one (were the run above the graph's taken for part
+        // of the one below, that would hold it).
+        entry(Action::SegmentMap, d + 200 * GIB, 70 * GIB),
+        entry(Action::Alloc, d + 200 * GIB, 70 * GIB),
+        entry(Action::FreeRequested, d + 200 * GIB, 70 * GIB),
+        entry(Action::FreeCompleted, d + 200 * GIB, 70 * GIB),
+        entry(Action::SegmentUnmap, d + 200 * GIB, 70 * GIB),
+        entry(Action::Alloc, d + 6 * MIB + 512, MIB + 1),
+    ];
+    let snap = Snapshot {
+        device_traces: vec![trace],
+        pool_ids: vec![(0, 0), (0, 1)],
+        settings: Some(RecordedSettings { expandable_segments: true, ..RecordedSettings::default() }),
+        ..Snapshot::default()
+    };
+    let conf = conf_with("expandable_segments:True");
+    let full = emulate(&snap, 0, &conf, None).unwrap();
+    assert!(full.fidelity.is_exact(), "{:?}", full.fidelity);
+    assert_eq!(full.fidelity.recorded, 6);
+    for cut in 1..snap.device_traces[0].len() {
+        let mut from_cut = snap.clone();
+        from_cut.segments = full.final_segments.clone();
+        from_cut.device_traces[0].drain(..cut);
+        let em = emulate(&from_cut, 0, &conf, None).unwrap();
+        assert!(em.fidelity.is_exact(), "cut at {cut}: {:?}", em.fidelity);
+    }
+}
