@@ -548,10 +548,16 @@ impl<'s> Emulator<'s> {
     /// The emulation of the entries replayed, compared with the whole recording.
     pub fn finish(self) -> Emulation {
         let Self { trace, alloc, mut out, mut fidelity, .. } = self;
-        let recorded = recorded_segment_events(trace);
+        // The events one entry caused are compared as a set, in address order: PyTorch releases several freed
+        // private pools in its hash map's order.
+        let by_cause = |events: &mut Vec<SegmentEvent>| events.sort_by_key(|event| (event.cause, event.addr));
+        let mut recorded = recorded_segment_events(trace);
+        by_cause(&mut recorded);
+        let mut emulated = out.segment_events.clone();
+        by_cause(&mut emulated);
         fidelity.recorded = recorded.len();
         for (k, r) in recorded.iter().enumerate() {
-            match out.segment_events.get(k) {
+            match emulated.get(k) {
                 Some(m) if m.same_decision(r) => {
                     fidelity.matched += 1;
                     fidelity.addresses_matched += usize::from(m.addr == r.addr);
@@ -565,12 +571,9 @@ impl<'s> Emulator<'s> {
                 }
             }
         }
-        if fidelity.first_mismatch.is_none() && out.segment_events.len() > recorded.len() {
-            fidelity.first_mismatch = Some(Mismatch {
-                position: recorded.len(),
-                recorded: None,
-                emulated: out.segment_events.get(recorded.len()).copied(),
-            });
+        if fidelity.first_mismatch.is_none() && emulated.len() > recorded.len() {
+            fidelity.first_mismatch =
+                Some(Mismatch { position: recorded.len(), recorded: None, emulated: emulated.get(recorded.len()).copied() });
         }
         fidelity.driver_rule = alloc.driver_rule_score();
         out.fidelity = fidelity;

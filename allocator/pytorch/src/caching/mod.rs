@@ -156,7 +156,7 @@ pub struct OomReport {
     pub allocated_bytes: u64,
     /// Reserved but unallocated bytes (free inside reserved memory).
     pub free_in_reserved_bytes: u64,
-    /// The largest cached free block.
+    /// The largest cached free block of the request's memory pool (the allocator's own, or a private pool).
     pub largest_free_block_bytes: u64,
     /// `num_alloc_retries` so far.
     pub num_alloc_retries: i64,
@@ -673,7 +673,7 @@ impl CachingAllocator {
         if size_bytes > MAX_REQUEST_BYTES {
             // No device holds it (cudaMalloc fails); refused before any rounding could overflow.
             self.stats.num_ooms += 1;
-            return Err(self.oom_report(size_bytes));
+            return Err(self.oom_report(size_bytes, 0));
         }
         // With the driver's addresses, the trace's are not used.
         let base_hint = base_hint.filter(|_| self.addresses == AddressSource::Trace);
@@ -699,7 +699,7 @@ impl CachingAllocator {
         }
         let Some(id) = block else {
             self.stats.num_ooms += 1;
-            return Err(self.oom_report(size_bytes));
+            return Err(self.oom_report(size_bytes, pool.0));
         };
         let split = self.should_split(id, size);
         let id = self.alloc_found_block(id, size, size_bytes, split);
@@ -708,11 +708,14 @@ impl CachingAllocator {
         Ok(addr)
     }
 
-    fn oom_report(&self, request_bytes: u64) -> OomReport {
+    /// The report of a refused request to memory pool `owner`: its largest cached block is the largest that could
+    /// have served (another pool's never does).
+    fn oom_report(&self, request_bytes: u64, owner: usize) -> OomReport {
         let reserved = u64::try_from(self.stats.reserved_bytes.all().current).unwrap_or(0);
         let allocated = u64::try_from(self.stats.allocated_bytes.all().current).unwrap_or(0);
-        let cached = self.pools.iter().flat_map(|memory_pool| memory_pool.small.blocks.iter().chain(&memory_pool.large.blocks));
-        let largest = cached.map(|&(_, size, _, _)| size).max().unwrap_or(0);
+        let memory_pool = &self.pools[owner];
+        let largest =
+            memory_pool.small.blocks.iter().chain(&memory_pool.large.blocks).map(|&(_, size, _, _)| size).max().unwrap_or(0);
         OomReport {
             request_bytes,
             reserved_bytes: reserved,
