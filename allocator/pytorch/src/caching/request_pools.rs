@@ -29,8 +29,9 @@ impl RequestPools {
         let trace = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
         let private = |id: (i64, i64)| id != (0, 0);
         let finals = || snapshot.segments.iter().filter(|segment| segment.device as usize == device);
-        let named = !snapshot.pool_ids.is_empty() || trace.iter().any(|entry| entry.pool_id != PoolId::DEFAULT);
-        if named || !finals().any(|segment| private(segment.segment_pool_id)) {
+        // Cheapest first: most files have no private final segment (and the emulation asks for every run it makes).
+        let told = || !snapshot.pool_ids.is_empty() || trace.iter().any(|entry| entry.pool_id != PoolId::DEFAULT);
+        if !finals().any(|segment| private(segment.segment_pool_id)) || told() {
             return RequestPools { pool_ids: snapshot.pool_ids.clone(), ids: Vec::new() };
         }
         let mut pools = RequestPools { pool_ids: vec![(0, 0)], ids: vec![0; trace.len()] };

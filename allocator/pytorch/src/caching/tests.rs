@@ -1069,6 +1069,24 @@ fn private_pools_serve_only_their_own_requests() {
     assert_eq!((refused.largest_free_block_bytes, refused.free_in_reserved_bytes), (0, 20 * MIB));
 }
 
+/// The default pool's segment at `d` caching a free block, then a graph captured into its private pool (`PoolId(1)`)
+/// at `p`: its own segment though the default pool's block would fit, split, a block freed and reused inside it.
+fn graph_captured(d: u64, p: u64) -> Vec<TraceEntry> {
+    let graph = PoolId(1);
+    vec![
+        entry(Action::SegmentAlloc, d, 2 * MIB),
+        entry(Action::Alloc, d, 1000),
+        entry(Action::FreeRequested, d, 1000),
+        entry(Action::FreeCompleted, d, 1000),
+        entry(Action::SegmentAlloc, p, 2 * MIB).with_pool_id(graph),
+        entry(Action::Alloc, p, 1000).with_pool_id(graph),
+        entry(Action::Alloc, p + 1024, 3000).with_pool_id(graph),
+        entry(Action::FreeRequested, p + 1024, 3000).with_pool_id(graph),
+        entry(Action::FreeCompleted, p + 1024, 3000).with_pool_id(graph),
+        entry(Action::Alloc, p + 1024, 2000).with_pool_id(graph),
+    ]
+}
+
 /// A recording of PyTorch 2.12, from an empty allocator: a graph captured into its private pool while the default
 /// pool holds a free block that would fit, then the graph deleted and `empty_cache()` releasing both pools. Replayed
 /// exactly with the entries' `pool_id`; without them the graph's requests take the default pool's block.
@@ -1076,18 +1094,8 @@ fn private_pools_serve_only_their_own_requests() {
 fn recordings_of_cuda_graphs_replay_exactly_with_their_pools() {
     let (d, p) = (0x7000_0000_0000_u64, 0x7000_0020_0000_u64);
     let graph = PoolId(1);
-    let trace = vec![
-        entry(Action::SegmentAlloc, d, 2 * MIB),
-        entry(Action::Alloc, d, 1000),
-        entry(Action::FreeRequested, d, 1000),
-        entry(Action::FreeCompleted, d, 1000),
-        // The capture: its own segment, split, a block freed and reused inside the graph.
-        entry(Action::SegmentAlloc, p, 2 * MIB).with_pool_id(graph),
-        entry(Action::Alloc, p, 1000).with_pool_id(graph),
-        entry(Action::Alloc, p + 1024, 3000).with_pool_id(graph),
-        entry(Action::FreeRequested, p + 1024, 3000).with_pool_id(graph),
-        entry(Action::FreeCompleted, p + 1024, 3000).with_pool_id(graph),
-        entry(Action::Alloc, p + 1024, 2000).with_pool_id(graph),
+    let mut trace = graph_captured(d, p);
+    trace.extend([
         // After the capture: the default pool's block again.
         entry(Action::Alloc, d, 1000),
         entry(Action::FreeRequested, d, 1000),
@@ -1099,11 +1107,10 @@ fn recordings_of_cuda_graphs_replay_exactly_with_their_pools() {
         entry(Action::FreeCompleted, p + 1024, 2000).with_pool_id(graph),
         entry(Action::SegmentFree, d, 2 * MIB),
         entry(Action::SegmentFree, p, 2 * MIB).with_pool_id(graph),
+        // PyTorch reserves a new segment at `d` for the last request: the recording says where.
+        entry(Action::SegmentAlloc, d, 2 * MIB),
         entry(Action::Alloc, d, 1000),
-    ];
-    // PyTorch reserves a new segment at `d` for the last request: the recording says where.
-    let mut trace = trace;
-    trace.insert(trace.len() - 1, entry(Action::SegmentAlloc, d, 2 * MIB));
+    ]);
     let snap = Snapshot { device_traces: vec![trace], pool_ids: vec![(0, 0), (0, 1)], ..Snapshot::default() };
     let em = emulate(&snap, 0, &conf(), None).unwrap();
     assert!(em.fidelity.is_exact(), "{:?}", em.fidelity);
@@ -1180,21 +1187,8 @@ fn expandable_private_pools_keep_their_own_reservations() {
 #[test]
 fn requests_in_a_graphs_final_segments_are_its_pools_in_files_before_2_12() {
     let (d, p) = (0x7000_0000_0000_u64, 0x7000_0020_0000_u64);
-    let graph = PoolId(1);
-    let trace = vec![
-        entry(Action::SegmentAlloc, d, 2 * MIB),
-        entry(Action::Alloc, d, 1000),
-        entry(Action::FreeRequested, d, 1000),
-        entry(Action::FreeCompleted, d, 1000),
-        entry(Action::SegmentAlloc, p, 2 * MIB).with_pool_id(graph),
-        entry(Action::Alloc, p, 1000).with_pool_id(graph),
-        entry(Action::Alloc, p + 1024, 3000).with_pool_id(graph),
-        entry(Action::FreeRequested, p + 1024, 3000).with_pool_id(graph),
-        entry(Action::FreeCompleted, p + 1024, 3000).with_pool_id(graph),
-        entry(Action::Alloc, d, 1000),
-        entry(Action::Alloc, p + 1024, 2000).with_pool_id(graph),
-        entry(Action::Alloc, d + 1024, 1000),
-    ];
+    let mut trace = graph_captured(d, p);
+    trace.extend([entry(Action::Alloc, d, 1000), entry(Action::Alloc, d + 1024, 1000)]);
     let named = Snapshot { device_traces: vec![trace], pool_ids: vec![(0, 0), (0, 1)], ..Snapshot::default() };
     let full = emulate(&named, 0, &conf(), None).unwrap();
     assert!(full.fidelity.is_exact(), "{:?}", full.fidelity);

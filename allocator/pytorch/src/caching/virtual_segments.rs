@@ -40,8 +40,10 @@ pub(super) struct Groups {
     pub(super) list: Vec<Group>,
     /// (stream, pool, base) -> index into `list`; a group merged into another is no longer here.
     by_base: BTreeMap<(u64, (usize, Pool), u64), usize>,
-    /// How many groups of each stream begin at each base, whatever their pool.
-    bases: BTreeMap<(u64, u64), usize>,
+    /// How many groups of each stream and memory pool begin at each base (small or large).
+    bases: BTreeMap<(u64, usize, u64), usize>,
+    /// The memory pools with a group.
+    owners: Vec<usize>,
 }
 
 impl Groups {
@@ -63,7 +65,10 @@ impl Groups {
     fn insert(&mut self, group: Group) -> usize {
         let index = self.list.len();
         self.by_base.insert((group.stream, group.pool, group.base), index);
-        *self.bases.entry((group.stream, group.base)).or_default() += 1;
+        *self.bases.entry((group.stream, group.pool.0, group.base)).or_default() += 1;
+        if !self.owners.contains(&group.pool.0) {
+            self.owners.push(group.pool.0);
+        }
         self.list.push(group);
         index
     }
@@ -73,23 +78,23 @@ impl Groups {
         self.unindex(stream, pool, old);
         self.list[index].base = base;
         self.by_base.insert((stream, pool, base), index);
-        *self.bases.entry((stream, base)).or_default() += 1;
+        *self.bases.entry((stream, pool.0, base)).or_default() += 1;
     }
 
     /// The group of `stream` and `pool` at `base` is no longer indexed.
     fn unindex(&mut self, stream: u64, pool: (usize, Pool), base: u64) {
         self.by_base.remove(&(stream, pool, base));
-        if let Some(count) = self.bases.get_mut(&(stream, base)) {
+        if let Some(count) = self.bases.get_mut(&(stream, pool.0, base)) {
             *count -= 1;
             if *count == 0 {
-                self.bases.remove(&(stream, base));
+                self.bases.remove(&(stream, pool.0, base));
             }
         }
     }
 
     /// The group of `stream` and memory pool `owner`'s `pool` (either pool for `None`) whose address space holds
-    /// `addr`: the highest base at or below it, if `addr` is within [`EXPANDABLE_VIRTUAL_BYTES`] of it and no other
-    /// group of the stream begins between.
+    /// `addr`: the highest base at or below it, if `addr` is within [`EXPANDABLE_VIRTUAL_BYTES`] of it and no group of
+    /// another memory pool begins between.
     pub(super) fn holding(&self, stream: u64, owner: usize, pool: Option<Pool>, addr: u64) -> Option<usize> {
         let pools: &[Pool] = match &pool {
             Some(pool) => std::slice::from_ref(pool),
@@ -100,16 +105,28 @@ impl Groups {
             .map(|&pool| (owner, pool))
             .filter_map(|pool| self.by_base.range((stream, pool, 0)..=(stream, pool, addr)).next_back())
             .filter(|&(&(_, _, base), _)| {
-                addr - base < EXPANDABLE_VIRTUAL_BYTES && !self.other_begins_between(stream, base, addr)
+                addr - base < EXPANDABLE_VIRTUAL_BYTES && !self.other_owner_begins_between(stream, owner, base, addr)
             })
             .max_by_key(|&(&(_, _, base), _)| base)
             .map(|(_, &index)| index)
     }
 
-    /// Whether another group of `stream` (of any pool) begins in `(from, to]`: two reservations never overlap, so a
-    /// run above one of another pool is not in the reservation below it.
-    fn other_begins_between(&self, stream: u64, from: u64, to: u64) -> bool {
-        from < to && self.bases.range((stream, from + 1)..=(stream, to)).next().is_some()
+    /// Whether a group of `stream` and another memory pool than `owner` begins in `(from, to]`: two reservations
+    /// never overlap, so a run above one of another memory pool's is not in the reservation below it. (A group of the
+    /// same memory pool's other pool is let be here: which pool a run is comes from a guess, `RunPools`.)
+    fn other_owner_begins_between(&self, stream: u64, owner: usize, from: u64, to: u64) -> bool {
+        from < to
+            && self
+                .owners
+                .iter()
+                .filter(|&&other| other != owner)
+                .any(|&other| self.bases.range((stream, other, from + 1)..=(stream, other, to)).next().is_some())
+    }
+
+    /// Whether a group of `stream` and the other pool of `owner`'s than `pool` begins in `(from, to]`.
+    fn other_pool_begins_between(&self, stream: u64, (owner, pool): (usize, Pool), from: u64, to: u64) -> bool {
+        let other = (owner, if pool == Pool::Small { Pool::Large } else { Pool::Small });
+        from < to && self.by_base.range((stream, other, from + 1)..=(stream, other, to)).next().is_some()
     }
 
     /// Adds the virtual segments that the trace maps or unmaps pages of but the final segments do not show (every
@@ -144,7 +161,9 @@ impl Groups {
             let joinable = |pool: Pool| {
                 open.1[usize::from(pool == Pool::Small)].filter(|&index| {
                     let base = self.list[index].base;
-                    addr - base < EXPANDABLE_VIRTUAL_BYTES && !self.other_begins_between(stream, base, addr)
+                    addr - base < EXPANDABLE_VIRTUAL_BYTES
+                        && !self.other_pool_begins_between(stream, (owner, pool), base, addr)
+                        && !self.other_owner_begins_between(stream, owner, base, addr)
                 })
             };
             let joined = match pool {
