@@ -1159,8 +1159,20 @@ fn expandable_private_pools_keep_their_own_reservations() {
         in_graph(entry(Action::Alloc, g + 17 * MIB, 10 * MIB)),
         entry(Action::Alloc, d + 10 * MIB, 6 * MIB),
     ];
+    let (snap, full) = exact_with_a_graph_from_every_cut(std::mem::take(&mut trace));
+    assert_eq!((full.fidelity.recorded, full.fidelity.placement_matched), (3, 8));
+    let pools: Vec<(u64, (i64, i64))> = full.final_segments.iter().map(|s| (s.address, s.segment_pool_id)).collect();
+    assert_eq!(pools, [(d, (0, 0)), (g, (0, 1))]);
+    let blind = Snapshot { pool_ids: Vec::new(), ..snap };
+    let conf = conf_with("expandable_segments:True");
+    assert!(!emulate(&blind, 0, &conf, None).unwrap().fidelity.is_exact(), "without the pools, one reservation");
+}
+
+/// `trace` (a graph's pool `PoolId(1)` = `(0, 1)`, expandable segments) replayed exactly from empty, and from every
+/// cut with the final segments of the whole run: the recording and the whole run.
+fn exact_with_a_graph_from_every_cut(trace: Vec<TraceEntry>) -> (Snapshot, Emulation) {
     let snap = Snapshot {
-        device_traces: vec![std::mem::take(&mut trace)],
+        device_traces: vec![trace],
         pool_ids: vec![(0, 0), (0, 1)],
         settings: Some(RecordedSettings { expandable_segments: true, ..RecordedSettings::default() }),
         ..Snapshot::default()
@@ -1168,11 +1180,6 @@ fn expandable_private_pools_keep_their_own_reservations() {
     let conf = conf_with("expandable_segments:True");
     let full = emulate(&snap, 0, &conf, None).unwrap();
     assert!(full.fidelity.is_exact(), "{:?}", full.fidelity);
-    assert_eq!((full.fidelity.recorded, full.fidelity.placement_matched), (3, 8));
-    let pools: Vec<(u64, (i64, i64))> = full.final_segments.iter().map(|s| (s.address, s.segment_pool_id)).collect();
-    assert_eq!(pools, [(d, (0, 0)), (g, (0, 1))]);
-    let blind = Snapshot { pool_ids: Vec::new(), ..snap.clone() };
-    assert!(!emulate(&blind, 0, &conf, None).unwrap().fidelity.is_exact(), "without the pools, one reservation");
     for cut in 1..snap.device_traces[0].len() {
         let mut from_cut = snap.clone();
         from_cut.segments = full.final_segments.clone();
@@ -1180,6 +1187,7 @@ fn expandable_private_pools_keep_their_own_reservations() {
         let em = emulate(&from_cut, 0, &conf, None).unwrap();
         assert!(em.fidelity.is_exact(), "cut at {cut}: {:?}", em.fidelity);
     }
+    (snap, full)
 }
 
 /// A file before PyTorch 2.12 names no request's pool, only its final segments': a graph alive at the end, its
@@ -1322,21 +1330,6 @@ fn a_private_reservation_between_two_of_the_default_pool_keeps_them_apart() {
         entry(Action::SegmentUnmap, d + 200 * GIB, 70 * GIB),
         entry(Action::Alloc, d + 6 * MIB + 512, MIB + 1),
     ];
-    let snap = Snapshot {
-        device_traces: vec![trace],
-        pool_ids: vec![(0, 0), (0, 1)],
-        settings: Some(RecordedSettings { expandable_segments: true, ..RecordedSettings::default() }),
-        ..Snapshot::default()
-    };
-    let conf = conf_with("expandable_segments:True");
-    let full = emulate(&snap, 0, &conf, None).unwrap();
-    assert!(full.fidelity.is_exact(), "{:?}", full.fidelity);
+    let (_, full) = exact_with_a_graph_from_every_cut(trace);
     assert_eq!(full.fidelity.recorded, 6);
-    for cut in 1..snap.device_traces[0].len() {
-        let mut from_cut = snap.clone();
-        from_cut.segments = full.final_segments.clone();
-        from_cut.device_traces[0].drain(..cut);
-        let em = emulate(&from_cut, 0, &conf, None).unwrap();
-        assert!(em.fidelity.is_exact(), "cut at {cut}: {:?}", em.fidelity);
-    }
 }
