@@ -1,6 +1,7 @@
 //! Bad snapshots never panic: a real snapshot, mutated at random (entries with other actions, addresses
 //! and sizes; segments and blocks that overlap, shrink or vanish; entries duplicated or moved to another
-//! entry's address, blocks in another state, segments turned expandable or not), goes through the importer's output
+//! entry's address, blocks in another state, segments turned expandable or not, entries and segments moved to
+//! another memory pool, one the file may not name), goes through the importer's output
 //! model, the recording, the caching-allocator emulation and every core contender without a panic.
 #![allow(clippy::unwrap_used, reason = "tests: a failed unwrap is a failed test, with its location")]
 
@@ -10,7 +11,7 @@ use heapscope_lab::compare::{CompareConfig, replay, replay_pytorch};
 use heapscope_lab::contender::Contender;
 use heapscope_lab::export::replayed::{emulated_snapshot, replayed_snapshot};
 use heapscope_lab::recording::Recording;
-use heapscope_pytorch::{Action, AllocConf, BlockState, Snapshot, read_snapshot};
+use heapscope_pytorch::{Action, AllocConf, BlockState, PoolId, Snapshot, read_snapshot};
 use proptest::prelude::*;
 
 fn real(name: &str) -> Snapshot {
@@ -37,7 +38,13 @@ enum Mutation {
     DuplicateEntry { pick: usize, to: usize },
     BlockState { pick: usize, state: usize },
     SegmentExpandable { pick: usize },
+    // Memory pools: entries and segments of private pools (CUDA graphs), named or not, that may contradict each other.
+    EntryPool { pick: usize, pool: u8 },
+    SegmentPool { pick: usize, pool: usize },
 }
+
+/// The memory pools the pool mutations name: the default, two graphs' and a `torch.cuda.MemPool`'s.
+const POOLS: [(i64, i64); 4] = [(0, 0), (1, 0), (2, 0), (0, 1)];
 
 fn value() -> impl Strategy<Value = u64> {
     prop_oneof![Just(0u64), 1u64..4096, any::<u64>(), (u64::MAX - 4096)..=u64::MAX, (1u64 << 20)..(1 << 34)]
@@ -58,6 +65,9 @@ fn mutation() -> impl Strategy<Value = Mutation> {
         (any::<usize>(), any::<usize>()).prop_map(|(pick, to)| Mutation::DuplicateEntry { pick, to }),
         (any::<usize>(), 0usize..3).prop_map(|(pick, state)| Mutation::BlockState { pick, state }),
         any::<usize>().prop_map(|pick| Mutation::SegmentExpandable { pick }),
+        // Past the pools the file names too: an id the file does not list reads as the default pool.
+        (any::<usize>(), 0u8..6).prop_map(|(pick, pool)| Mutation::EntryPool { pick, pool }),
+        (any::<usize>(), 0..POOLS.len()).prop_map(|(pick, pool)| Mutation::SegmentPool { pick, pool }),
     ]
 }
 
@@ -135,6 +145,17 @@ fn apply(snapshot: &mut Snapshot, mutation: &Mutation) {
         Mutation::SegmentExpandable { pick } => {
             if let Some(segment) = snapshot.segments.get_mut(pick % segments) {
                 segment.is_expandable = !segment.is_expandable;
+            }
+        }
+        Mutation::EntryPool { pick, pool } => {
+            snapshot.pool_ids = POOLS.to_vec();
+            if let Some(entry) = snapshot.device_traces[0].get_mut(pick % entries) {
+                entry.pool_id = PoolId(pool);
+            }
+        }
+        Mutation::SegmentPool { pick, pool } => {
+            if let Some(segment) = snapshot.segments.get_mut(pick % segments) {
+                segment.segment_pool_id = POOLS[pool];
             }
         }
     }
