@@ -8,11 +8,11 @@ use clap::Args;
 use heapscope_core::units::{Bytes, parse_size};
 use heapscope_core::{PolicyKind, UnmapRule};
 use heapscope_lab::capacity::Capacity;
+use heapscope_lab::caveats;
 use heapscope_lab::compaction::CompactRule;
 use heapscope_lab::compare::{CompareConfig, Outcome, alloc_conf};
 use heapscope_lab::contender::Contender;
 use heapscope_lab::recording::{Recording, counted, default_device, device_overview, present_devices};
-use heapscope_pytorch::caching::RequestPools;
 
 use std::sync::Arc;
 
@@ -262,10 +262,10 @@ pub fn print_title(recording: &Recording, args: &RecordingArgs, contenders: &[Co
             Bytes(recording.start_bytes())
         );
     }
-    if let Some(line) = pools_note(recording) {
+    if let Some(line) = caveats::pools(recording) {
         outln!("{line}");
     }
-    if let Some(line) = streams_note(recording, contenders) {
+    if let Some(line) = caveats::streams(recording, contenders) {
         outln!("{line}");
     }
     if recording.unknown_frees > 0 {
@@ -364,64 +364,6 @@ pub fn devices_overview(recording: &Recording, asked: Option<usize>, config: &Co
     lines
 }
 
-/// The note that the recording uses private memory pools (CUDA graphs, `torch.cuda.MemPool`), which PyTorch serves
-/// apart from the default pools: how many requests went there, as the entries say (`pool_id`, PyTorch 2.12 and later)
-/// or as where they were placed in the final segments of a private pool shows ([`RequestPools`]); PyTorch's emulation
-/// serves them apart, the other contenders do not. Private final segments in which no request was placed get the
-/// note that no contender knows which requests went there.
-pub fn pools_note(recording: &Recording) -> Option<String> {
-    let snapshot = recording.snapshot.as_ref()?;
-    let trace = snapshot.device_traces.get(recording.device).map_or(&[][..], Vec::as_slice);
-    let pools = RequestPools::of(snapshot, recording.device);
-    let (requests, used) = pools.private_requests(trace);
-    if requests > 0 {
-        let told = if pools.inferred() {
-            " (as where they were placed shows: the file names no request's pool, PyTorch writes it from 2.12 on)"
-        } else {
-            ""
-        };
-        return Some(format!(
-            "{} of the recording went to {}{told}, which PyTorch serves apart from the default pools (CUDA graphs, \
-             torch.cuda.MemPool): PyTorch's emulation does too, the other contenders serve them from one heap with the rest",
-            counted(requests as u64, "request", "requests"),
-            counted(used as u64, "private memory pool", "private memory pools"),
-        ));
-    }
-    let mut private: Vec<(i64, i64)> = Vec::new();
-    let mut private_bytes = 0;
-    for segment in snapshot.segments.iter().filter(|segment| segment.device as usize == recording.device) {
-        if segment.segment_pool_id != (0, 0) {
-            private_bytes += segment.total_size;
-            if !private.contains(&segment.segment_pool_id) {
-                private.push(segment.segment_pool_id);
-            }
-        }
-    }
-    (private_bytes > 0).then(|| {
-        format!(
-            "{} of the final segments belong to {} (CUDA graphs, torch.cuda.MemPool), which PyTorch serves apart from \
-             the default pools; no request of the trace went to them: every contender here, PyTorch's emulation too, \
-             serves every request from the default pools",
-            Bytes(private_bytes),
-            counted(private.len() as u64, "private memory pool", "private memory pools"),
-        )
-    })
-}
-
-/// The note, said once, that a recording of several CUDA streams is served by contenders that ignore streams.
-pub fn streams_note(recording: &Recording, contenders: &[Contender]) -> Option<String> {
-    let streams = recording.streams();
-    let ignoring: Vec<&str> =
-        contenders.iter().filter(|contender| !contender.pools_per_stream()).map(|contender| contender.name()).collect();
-    (streams > 1 && !ignoring.is_empty()).then(|| {
-        format!(
-            "the recording uses {streams} CUDA streams: PyTorch's allocator keeps a pool per stream, {} serve every stream \
-             from one heap",
-            ignoring.join(", ")
-        )
-    })
-}
-
 /// Runs the replay.
 pub fn run(args: &ReplayArgs) -> Result<()> {
     let (contenders, recording, runner) = args.contenders.prepare(&args.recording)?;
@@ -510,117 +452,5 @@ pub fn print_row(outcome: &Outcome) {
     }
     if let Some(compaction) = &outcome.compaction {
         outln!("{:<36} {compaction}", "");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use heapscope_pytorch::{Action, PoolId, Snapshot, TraceEntry};
-
-    /// The private pools note: said when a final segment of the device shown is in a pool other than `(0, 0)`, or one
-    /// of its trace entries.
-    #[test]
-    fn the_pools_note_counts_the_private_pools_of_the_device_shown() {
-        use heapscope_pytorch::{Pool, Segment};
-        let segment = |device: u32, pool: (i64, i64), address: u64| Segment {
-            segment_pool_id: pool,
-            ..Segment::from_blocks(device, address, 2 << 20, Pool::Large, Vec::new())
-        };
-        let note = "of the final segments belong to";
-        // (segments, the note's start)
-        let cases: [(Vec<Segment>, Option<String>); 4] = [
-            (Vec::new(), None),
-            (vec![segment(0, (0, 0), 0)], None),
-            (
-                vec![segment(0, (1, 3), 0), segment(0, (0, 0), 1 << 30), segment(0, (1, 3), 2 << 30)],
-                Some(format!("4.00 MiB {note} 1 private memory pool (")),
-            ),
-            (
-                vec![segment(0, (1, 3), 0), segment(0, (2, 0), 1 << 30), segment(1, (5, 5), 2 << 30)],
-                Some(format!("4.00 MiB {note} 2 private memory pools (")),
-            ),
-        ];
-        for (segments, start) in cases {
-            let snapshot = Snapshot { segments: segments.clone(), device_traces: vec![Vec::new(); 2], ..Snapshot::default() };
-            let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
-            let said = pools_note(&recording);
-            match &start {
-                Some(start) => assert!(said.as_deref().is_some_and(|said| said.starts_with(start.as_str())), "{said:?}"),
-                None => assert_eq!(said, None, "{segments:?}"),
-            }
-        }
-        // Entries naming their pool (PyTorch 2.12): counted from the trace of the device shown, with the segments' own.
-        let entry = |addr: u64, pool: u8| TraceEntry::new(Action::Alloc, addr, 512).with_pool_id(PoolId(pool));
-        // (device 0's trace, device 1's, the note's start)
-        let cases: [(Vec<TraceEntry>, Vec<TraceEntry>, Option<&str>); 3] = [
-            (vec![entry(0, 0)], vec![entry(0, 1)], None),
-            (
-                vec![entry(0, 1), entry(512, 1), entry(1024, 0)],
-                Vec::new(),
-                Some("2 requests of the recording went to 1 private memory pool, which"),
-            ),
-            (
-                vec![entry(0, 1), entry(512, 2)],
-                Vec::new(),
-                Some("2 requests of the recording went to 2 private memory pools, which"),
-            ),
-        ];
-        for (first, second, start) in cases {
-            let snapshot = Snapshot {
-                segments: vec![segment(0, (0, 0), 1 << 40), segment(0, (9, 9), 2 << 40)]
-                    .into_iter()
-                    .filter(|_| first.len() == 2)
-                    .collect(),
-                device_traces: vec![first, second],
-                pool_ids: vec![(0, 0), (0, 1), (0, 2)],
-                ..Snapshot::default()
-            };
-            let said = pools_note(&Recording::from_snapshot("t.pickle", snapshot, 0).unwrap());
-            assert_eq!(said.as_deref().map(|said| &said[..start.map_or(0, str::len)]), start, "{said:?}");
-        }
-        // A file before 2.12: a request placed in a final segment of a private pool went there.
-        let snapshot = Snapshot {
-            segments: vec![segment(0, (0, 4), 1 << 40)],
-            device_traces: vec![vec![entry((1 << 40) + 512, 0), entry(0, 0)]],
-            ..Snapshot::default()
-        };
-        let said = pools_note(&Recording::from_snapshot("t.pickle", snapshot, 0).unwrap()).unwrap_or_default();
-        let start = "1 request of the recording went to 1 private memory pool (as where they were placed shows: the file";
-        assert!(said.starts_with(start), "{said}");
-    }
-
-    /// The streams note: said once, only when the recording has several streams and a contender ignores them.
-    #[test]
-    fn the_streams_note_names_who_ignores_streams() {
-        let entry = |addr, stream| TraceEntry::new(Action::Alloc, addr, 512).with_stream(stream);
-        let recording = |streams: &[u64]| {
-            let trace = streams.iter().enumerate().map(|(index, &stream)| entry(index as u64 * 4096, stream)).collect();
-            Recording::from_snapshot("t.pickle", Snapshot { device_traces: vec![trace], ..Snapshot::default() }, 0).unwrap()
-        };
-        let pytorch = Contender::Pytorch { expandable: false };
-        let tlsf = Contender::Heap(PolicyKind::Tlsf);
-        // (streams, contenders, the note)
-        let cases: [(&[u64], &[Contender], Option<&str>); 4] = [
-            (&[7, 7], &[pytorch, tlsf], None),
-            (&[7, 9], &[pytorch], None),
-            (
-                &[7, 9, 11],
-                &[pytorch, tlsf, Contender::Paged],
-                Some(
-                    "the recording uses 3 CUDA streams: PyTorch's allocator keeps a pool per stream, tlsf, paged serve every stream from one heap",
-                ),
-            ),
-            (
-                &[7, 9],
-                &[tlsf],
-                Some(
-                    "the recording uses 2 CUDA streams: PyTorch's allocator keeps a pool per stream, tlsf serve every stream from one heap",
-                ),
-            ),
-        ];
-        for (streams, contenders, note) in cases {
-            assert_eq!(streams_note(&recording(streams), contenders).as_deref(), note, "{streams:?} {contenders:?}");
-        }
     }
 }

@@ -203,12 +203,17 @@ impl HeapscopeApp {
     }
 
     fn opened(&mut self, opened: anyhow::Result<Session>) {
+        self.opened_on(opened, true);
+    }
+
+    /// Shows the session opened, with what to say of it: how it opened, its caveats and (`say_device`: on opening a
+    /// file rather than switching device) which device of several is shown.
+    fn opened_on(&mut self, opened: anyhow::Result<Session>, say_device: bool) {
         match opened {
             Ok(session) => {
-                self.notice = match (session.note.clone(), self.default_device_notice(&session)) {
-                    (Some(note), Some(device)) => Some(format!("{note}. {device}")),
-                    (note, device) => note.or(device),
-                };
+                let device = say_device.then(|| self.default_device_notice(&session)).flatten();
+                let said: Vec<String> = session.note.iter().chain(&session.caveats).chain(&device).cloned().collect();
+                self.notice = (!said.is_empty()).then(|| said.join(". "));
                 self.set_session(session);
                 self.error = None;
             }
@@ -252,8 +257,7 @@ impl HeapscopeApp {
             return;
         }
         let opened = session.on_device(device);
-        self.opened(opened);
-        self.notice = None;
+        self.opened_on(opened, false);
     }
 
     /// Opens the built-in story `name`.

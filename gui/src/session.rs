@@ -253,6 +253,9 @@ pub struct Session {
     pub panes: Vec<Pane>,
     /// What the app should say about how it opened (a large recording in one pane).
     pub note: Option<String>,
+    /// What the panes side by side do not tell apart ([`heapscope_lab::caveats`]: private memory pools, streams that
+    /// some pane ignores), said when the recording opens.
+    pub caveats: Vec<String>,
     /// A live source feeding the first pane, if any.
     pub live: Option<Box<dyn LiveSource>>,
     /// For a live source: the slot of the allocation live at each address, so a free finds its slot.
@@ -283,7 +286,9 @@ impl Session {
             live: None,
             live_slots: HashMap::new(),
             note: None,
+            caveats: Vec::new(),
         };
+        session.caveats = heapscope_lab::caveats::all(&session.recording, contenders);
         // Each contender replays the recording on a thread of its own: opening a big trace costs its slowest
         // contender, not all of them in turn.
         let timelines: Vec<Result<Timeline, heapscope_core::Error>> = std::thread::scope(|scope| {
@@ -408,6 +413,7 @@ impl Session {
             live: Some(source),
             live_slots: HashMap::new(),
             note: None,
+            caveats: Vec::new(),
         }
     }
 

@@ -16,10 +16,11 @@
 //!   emulation goes through it too ([`caching_target`]: of a snapshot, a target that replays each whole entry when
 //!   its moment begins, since its rules need every entry), followed by a `SegmentBacking` (`compare::emulate_pytorch`).
 //! - [`compare`] sums each contender's replay up in one [`compare::Outcome`] ([`outcome::Outcome`]: ran, with its
-//!   [`compare::Figures`], or not run, with why — the shape `bench` uses for its runs too) and says who would have survived an out-of-memory error; [`timeline`] keeps a replay step by step
-//!   for seeking and explaining; [`export`] writes replays in other tools' forms (PyTorch snapshots, VMA's JSON);
-//!   [`story`] holds the built-in teaching traces; [`top`] says what holds the memory at a moment (the live
-//!   allocations grouped by the code that made them).
+//!   [`compare::Figures`], or not run, with why — the shape `bench` uses for its runs too) and says who would have
+//!   survived an out-of-memory error; [`timeline`] keeps a replay step by step for seeking and explaining; [`export`]
+//!   writes replays in other tools' forms (PyTorch snapshots, VMA's JSON); [`story`] holds the built-in teaching
+//!   traces; [`top`] says what holds the memory at a moment (the live allocations grouped by the code that made
+//!   them); [`caveats`] says what a side-by-side replay does not tell apart (private memory pools, streams).
 //! - [`advise`] answers "what do I set?": the recording replayed through PyTorch's emulation under a grid of
 //!   `PYTORCH_CUDA_ALLOC_CONF` settings (and `paged` for reference), each with its figures on the device the recording
 //!   tells, the estimated time of its driver calls ([`cuda_cost`]) and the smallest capacity it needs, ranked.
@@ -29,6 +30,7 @@
 pub mod advise;
 pub mod caching_target;
 pub mod capacity;
+pub mod caveats;
 pub mod compaction;
 pub mod compare;
 pub mod contender;

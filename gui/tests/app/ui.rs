@@ -870,6 +870,47 @@ fn the_device_picker_reopens_the_file_on_another_device() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A recording whose requests went to a private memory pool (PyTorch 2.12 names each entry's pool) on two CUDA
+/// streams opens saying so on screen, in the words of the CLI ([`heapscope_lab::caveats`]): the panes side by side do
+/// not serve those requests alike.
+#[test]
+fn what_the_panes_do_not_tell_apart_is_said_on_opening() {
+    let dir = scratch_dir("caveats");
+    let asset = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/frag_oom-default.pickle.gz");
+    let mut snapshot = heapscope_pytorch::read_snapshot(&asset).unwrap();
+    // The first allocation's address goes to a graph's pool, every entry of it; the second half of the trace to
+    // another stream.
+    snapshot.pool_ids = vec![(0, 0), (1, 0)];
+    let trace = &mut snapshot.device_traces[0];
+    let (addr, half) = (trace[0].addr, trace.len() / 2);
+    for (index, entry) in trace.iter_mut().enumerate() {
+        if entry.addr == addr {
+            entry.pool_id = heapscope_pytorch::PoolId(1);
+        }
+        if index >= half {
+            entry.stream += 1;
+        }
+    }
+    let path = dir.join("pools-streams.pickle");
+    heapscope_pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(1);
+    harness.state_mut().open_path(&path);
+    harness.run_steps(2);
+    let app = harness.state();
+    assert!(app.error.is_none(), "{:?}", app.error);
+    let session = app.session.as_ref().unwrap();
+    let contenders: Vec<Contender> = session.panes.iter().filter_map(|pane| pane.contender).collect();
+    let said = heapscope_lab::caveats::all(&session.recording, &contenders);
+    assert_eq!(session.caveats, said);
+    assert!(said[0].contains("went to 1 private memory pool") && said[1].starts_with("the recording uses 2 CUDA streams"));
+    let notice = app.notice.clone().unwrap_or_default();
+    assert_eq!(notice, said.join(". "));
+    assert!(harness.query_by_label(&notice).is_some(), "said on screen");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// A state with no trace (what `torch.cuda.memory_snapshot()` returns: a list of segments, written here) opens
 /// in the app: one moment, the start, every pane holding the allocations live in it.
 #[test]
