@@ -685,20 +685,21 @@ impl HeapscopeApp {
                 None => {}
             }
         }
+        // The button first: the message takes the rest of the line and wraps within the window.
         if let Some(error) = self.error.clone() {
             ui.horizontal(|ui| {
-                ui.label(RichText::new(error).color(Color32::from_rgb(240, 100, 90)));
                 if ui.small_button("dismiss").clicked() {
                     self.error = None;
                 }
+                ui.add(egui::Label::new(RichText::new(error).color(Color32::from_rgb(240, 100, 90))).wrap());
             });
         }
         if let Some(notice) = self.notice.clone() {
             ui.horizontal(|ui| {
-                ui.label(RichText::new(notice).italics());
                 if ui.small_button("ok").clicked() {
                     self.notice = None;
                 }
+                ui.add(egui::Label::new(RichText::new(notice).italics()).wrap());
             });
         }
     }
