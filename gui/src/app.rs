@@ -213,7 +213,7 @@ impl HeapscopeApp {
             Ok(session) => {
                 let device = say_device.then(|| self.default_device_notice(&session)).flatten();
                 let said: Vec<String> = session.note.iter().chain(&session.caveats).chain(&device).cloned().collect();
-                self.notice = (!said.is_empty()).then(|| said.join(". "));
+                self.notice = (!said.is_empty()).then(|| said.join("\n"));
                 self.set_session(session);
                 self.error = None;
             }

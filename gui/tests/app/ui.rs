@@ -906,7 +906,7 @@ fn what_the_panes_do_not_tell_apart_is_said_on_opening() {
     assert_eq!(session.caveats, said);
     assert!(said[0].contains("went to 1 private memory pool") && said[1].starts_with("the recording uses 2 CUDA streams"));
     let notice = app.notice.clone().unwrap_or_default();
-    assert_eq!(notice, said.join(". "));
+    assert_eq!(notice, said.join("\n"), "one line each, as the CLI prints them");
     let shown = harness.get_by_label(&notice).rect();
     assert!(shown.max.x <= 1400.0, "said within the window, wrapped: {shown:?}");
     std::fs::remove_dir_all(&dir).ok();
