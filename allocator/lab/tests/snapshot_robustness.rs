@@ -14,9 +14,16 @@ use heapscope_lab::recording::Recording;
 use heapscope_pytorch::{Action, AllocConf, BlockState, PoolId, Snapshot, read_snapshot};
 use proptest::prelude::*;
 
+/// The snapshots mutated: two real runs (one with expandable segments) and PyTorch 2.12's layout with a private
+/// memory pool (the fuzz seed: entries naming their pool, a graph's final segment).
+const BASES: [&str; 3] = [
+    "../../assets/traces/pytorch/frag_oom-default.pickle.gz",
+    "../../assets/traces/pytorch/frag_oom-expandable.pickle.gz",
+    "../core/fuzz/seeds/snapshot/pytorch-2.12-pool-ids.pickle",
+];
+
 fn real(name: &str) -> Snapshot {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../assets/traces/pytorch/{name}.pickle.gz"));
-    read_snapshot(&path).unwrap()
+    read_snapshot(&Path::new(env!("CARGO_MANIFEST_DIR")).join(name)).unwrap()
 }
 
 const ACTIONS: [Action; 9] = Action::ALL;
@@ -170,7 +177,7 @@ proptest! {
 
     #[test]
     fn mutated_snapshots_never_panic(
-        name in prop_oneof![Just("frag_oom-default"), Just("frag_oom-expandable")],
+        name in proptest::sample::select(BASES.to_vec()),
         mutations in proptest::collection::vec(mutation(), 1..12),
         capacity in prop_oneof![Just(None), (1u64 << 20..8 << 30).prop_map(Some)],
         overrides in prop_oneof![Just(""), Just("expandable_segments:True"), Just("max_split_size_mb:128"), Just("roundup_power2_divisions:4")],
