@@ -1,4 +1,4 @@
-//! Bad snapshots never panic: a real snapshot, mutated at random (entries with other actions, addresses
+//! Bad snapshots never panic: a snapshot ([`BASES`]), mutated at random (entries with other actions, addresses
 //! and sizes; segments and blocks that overlap, shrink or vanish; entries duplicated or moved to another
 //! entry's address, blocks in another state, segments turned expandable or not, entries and segments moved to
 //! another memory pool, one the file may not name), goes through the importer's output
