@@ -262,10 +262,7 @@ pub fn print_title(recording: &Recording, args: &RecordingArgs, contenders: &[Co
             Bytes(recording.start_bytes())
         );
     }
-    if let Some(line) = caveats::pools(recording) {
-        outln!("{line}");
-    }
-    if let Some(line) = caveats::streams(recording, contenders) {
+    for line in caveats::all(recording, contenders) {
         outln!("{line}");
     }
     if recording.unknown_frees > 0 {

@@ -275,6 +275,7 @@ impl Session {
         // A snapshot of several devices shows one: say which.
         let name = recording.shown_name();
         let devices = recording.snapshot.as_ref().map(device_overview).unwrap_or_default();
+        let caveats = heapscope_lab::caveats::all(&recording, contenders);
         let mut session = Self {
             name,
             summary: String::new(),
@@ -286,9 +287,8 @@ impl Session {
             live: None,
             live_slots: HashMap::new(),
             note: None,
-            caveats: Vec::new(),
+            caveats,
         };
-        session.caveats = heapscope_lab::caveats::all(&session.recording, contenders);
         // Each contender replays the recording on a thread of its own: opening a big trace costs its slowest
         // contender, not all of them in turn.
         let timelines: Vec<Result<Timeline, heapscope_core::Error>> = std::thread::scope(|scope| {

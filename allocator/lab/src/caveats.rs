@@ -8,7 +8,7 @@ use heapscope_pytorch::caching::RequestPools;
 use crate::contender::Contender;
 use crate::recording::{Recording, counted};
 
-/// Every caveat of `recording` replayed by `contenders`, in the order the CLI prints them.
+/// Every caveat of `recording` replayed by `contenders`, in the order said (under the CLI's title, in the app's notice).
 pub fn all(recording: &Recording, contenders: &[Contender]) -> Vec<String> {
     [pools(recording), streams(recording, contenders)].into_iter().flatten().collect()
 }

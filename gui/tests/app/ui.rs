@@ -19,6 +19,16 @@ fn harness(clock: &ManualClock) -> Harness<'static, HeapscopeApp> {
     Harness::builder().with_size([1400.0, 900.0]).build_ui_state(|ui, app: &mut HeapscopeApp| app.show(ui), app)
 }
 
+/// The app with the file at `path` opened as from the top bar (in the background), checked to open without an error.
+fn opened(clock: &ManualClock, path: &std::path::Path) -> Harness<'static, HeapscopeApp> {
+    let mut harness = harness(clock);
+    harness.run_steps(1);
+    harness.state_mut().open_path(path);
+    harness.run_steps(2);
+    assert!(harness.state().error.is_none(), "{:?}", harness.state().error);
+    harness
+}
+
 /// A file dropped on the window, as an integration hands it over.
 #[derive(Debug)]
 struct Dropped(std::path::PathBuf);
@@ -894,12 +904,8 @@ fn what_the_panes_do_not_tell_apart_is_said_on_opening() {
     let path = dir.join("pools-streams.pickle");
     heapscope_pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
     let clock = ManualClock::default();
-    let mut harness = harness(&clock);
-    harness.run_steps(1);
-    harness.state_mut().open_path(&path);
-    harness.run_steps(2);
+    let harness = opened(&clock, &path);
     let app = harness.state();
-    assert!(app.error.is_none(), "{:?}", app.error);
     let session = app.session.as_ref().unwrap();
     let contenders: Vec<Contender> = session.panes.iter().filter_map(|pane| pane.contender).collect();
     let said = heapscope_lab::caveats::all(&session.recording, &contenders);
@@ -923,12 +929,8 @@ fn a_state_with_no_trace_opens_at_its_one_moment() {
     let path = dir.join("state.pickle");
     heapscope_pytorch::write_segments(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
     let clock = ManualClock::default();
-    let mut harness = harness(&clock);
-    harness.run_steps(1);
-    harness.state_mut().open_path(&path);
-    harness.run_steps(2);
+    let harness = opened(&clock, &path);
     let app = harness.state();
-    assert!(app.error.is_none(), "{:?}", app.error);
     let session = app.session.as_ref().unwrap();
     assert_eq!((session.steps(), session.recording.entries), (0, 0), "one moment: the start");
     assert!(session.recording.start_events > 0);
