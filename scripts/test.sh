@@ -7,9 +7,10 @@
 # System packages (only when missing): the Vulkan loader, Mesa's lavapipe from bookworm-backports
 # (Mesa 25.x: sparse binding; bookworm's own Mesa 22 has none), vulkan-tools, the Khronos validation
 # layers, Xvfb, a C++ compiler (g++: vk-mem builds VMA's C++ for heapscope-vulkan's `vma` contender) and
-# python3 (the pickle cross-checks). Where lavapipe is present afterwards, HEAPSCOPE_REQUIRE_GPU=1 is exported
-# so that tests needing Vulkan fail instead of skipping. In CI (CI=true, as .ci/run sets it) a missing lavapipe
-# or python3 after the install, or UPDATE_SNAPSHOTS set, fails the run. Set HEAPSCOPE_SKIP_INSTALL=1 to install
+# python3 (the pickle cross-checks), fontconfig and a CJK font (fonts-wqy-microhei: what egui's fonts lack draws with
+# the system's). Where lavapipe is present afterwards, HEAPSCOPE_REQUIRE_GPU=1 is exported
+# so that tests needing Vulkan fail instead of skipping. In CI (CI=true, as .ci/run sets it) a missing lavapipe,
+# python3 or CJK font after the install, or UPDATE_SNAPSHOTS set, fails the run. Set HEAPSCOPE_SKIP_INSTALL=1 to install
 # nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,10 +53,11 @@ install_system_packages() {
         return
     fi
     if ! command -v apt-get >/dev/null 2>&1; then
-        log "no apt-get: install libvulkan1, mesa-vulkan-drivers (Mesa >= 23), vulkan-tools, vulkan-validationlayers, xvfb, g++ and python3 by hand"
+        log "no apt-get: install libvulkan1, mesa-vulkan-drivers (Mesa >= 23), vulkan-tools, vulkan-validationlayers, xvfb, g++, python3, fontconfig and a CJK font by hand"
         return
     fi
-    local base=(libvulkan1 vulkan-tools vulkan-validationlayers xvfb g++ python3)
+    # fontconfig and a CJK font: the app and its renders draw what egui's fonts lack with the system's fonts.
+    local base=(libvulkan1 vulkan-tools vulkan-validationlayers xvfb g++ python3 fontconfig fonts-wqy-microhei)
     local missing
     missing=$(missing_packages "${base[@]}")
     if [ -z "$missing" ] && mesa_vulkan_new_enough; then
@@ -106,6 +108,10 @@ main() {
         exit 1
     else
         log "no lavapipe with sparse support: Vulkan tests skip"
+    fi
+    if [ "${CI:-}" = true ] && ! fc-list :lang=zh file 2>/dev/null | grep -q .; then
+        log "CI: fontconfig knows no font for Chinese (fonts-wqy-microhei): failing (the system-font test would only skip)"
+        exit 1
     fi
     if [ "${CI:-}" = true ] && ! command -v python3 >/dev/null 2>&1; then
         log "CI: python3 is missing (the pickle cross-checks need it): failing"

@@ -5,6 +5,7 @@
 //! harness, quantised to 256 colours each).
 
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use egui::RichText;
@@ -208,8 +209,8 @@ fn render_steps(session: &mut Session, options: RenderOptions, steps: &[u64]) ->
     // Text scales with the image: wide images draw at more pixels per point.
     let pixels_per_point = (options.width as f32 / POINTS_WIDE).max(1.0);
     let size = egui::vec2(options.width as f32, options.height as f32) / pixels_per_point;
-    // A character no bundled font has (a CJK file name in a frame or in the recording's path) draws as a box, as
-    // in the app: egui_kittest's default, for tests, is to panic.
+    // A character no font has, bundled or the system's (`add_system_fonts`), draws as a box, as in the app:
+    // egui_kittest's default, for tests, is to panic.
     let builder = Harness::builder().with_size(size).with_pixels_per_point(pixels_per_point).allow_missing_glyphs();
     let mut harness = builder.wgpu().build_ui_state(
         move |ui, shown: &mut Shown<'_>| {
@@ -235,6 +236,7 @@ fn render_steps(session: &mut Session, options: RenderOptions, steps: &[u64]) ->
         },
         shown,
     );
+    add_system_fonts(&harness.ctx);
     let mut images = Vec::with_capacity(steps.len());
     for (index, &steps) in steps.iter().enumerate() {
         harness.state_mut().seek(steps);
@@ -246,6 +248,13 @@ fn render_steps(session: &mut Session, options: RenderOptions, steps: &[u64]) ->
         images.push(harness.render().map_err(|error| anyhow::anyhow!("cannot render the heap map: {error}"))?);
     }
     Ok(images)
+}
+
+/// Lets `ctx` draw what egui's bundled fonts lack (CJK in a frame name or a file's path, other scripts) with a font
+/// the system has for it, found through the system's own fallback (fontconfig, CoreText, DirectWrite) when first
+/// needed: as the window does (eframe's `system_fonts`). A character no font on the machine has still draws as a box.
+fn add_system_fonts(ctx: &egui::Context) {
+    ctx.add_font_provider(Arc::new(egui_system_font_provider::SystemFontProvider::new()));
 }
 
 /// Renders `session`'s panes at `options.at` steps (default: the end).
@@ -358,6 +367,45 @@ mod tests {
                 (result, _) => panic!("{width}x{height}: {result:?}, expected {refused:?}"),
             }
         }
+    }
+
+    /// Whether fontconfig knows a font for Chinese here (`fc-list :lang=zh`); scripts/test.sh installs one.
+    fn system_has_a_cjk_font() -> bool {
+        std::process::Command::new("fc-list")
+            .args([":lang=zh", "file"])
+            .output()
+            .is_ok_and(|output| output.status.success() && !output.stdout.trim_ascii().is_empty())
+    }
+
+    #[test]
+    fn cjk_in_a_frame_name_draws_with_a_font_the_system_has() {
+        // CI fails before the tests without one (scripts/test.sh).
+        if !system_has_a_cjk_font() {
+            eprintln!("skipped: fontconfig knows no font for Chinese here");
+            return;
+        }
+        // What a heap map's tooltip shows of a frame written by a Chinese or Japanese user.
+        let text = "训练循环 (train_loop.py:42) 日本語";
+        // The label shows from the second pass on: the first one, building the harness, has no provider yet.
+        let mut harness = Harness::builder().build_ui_state(
+            |ui, shown: &mut bool| {
+                if *shown {
+                    ui.label(text);
+                }
+            },
+            false,
+        );
+        let id = egui::FontId::proportional(14.0);
+        let bundled = harness.ctx.fonts_mut(|fonts| fonts.has_glyphs(&id, "训练日本語"));
+        assert!(!bundled, "egui's bundled fonts lack these glyphs: nothing to test");
+        add_system_fonts(&harness.ctx);
+        // The provider is asked from the next pass; kittest's default panics on a glyph nothing has.
+        *harness.state_mut() = true;
+        harness.run();
+        let discovered: Vec<String> =
+            harness.ctx.fonts(|fonts| fonts.discovered_fonts().iter().map(|font| font.name.clone()).collect());
+        assert!(!discovered.is_empty(), "no system font was taken for {text:?}");
+        assert!(harness.ctx.fonts_mut(|fonts| fonts.has_glyphs(&id, "训练日本語")), "found: {discovered:?}");
     }
 
     #[test]

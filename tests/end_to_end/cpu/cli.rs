@@ -129,7 +129,7 @@ fn render_draws_a_recording_or_a_story_into_a_png() {
     assert!(by_category.status.success(), "{}", stderr(&by_category));
     assert!(is_png(&dir.join("labelled.png")));
     // Text no bundled font draws (CJK and emoji, in the frames' file and function names, and in the recording's
-    // own name in the title) is drawn as boxes, as in the app, not a panic.
+    // own name in the title) is drawn with a font the system has for it, else as boxes, as in the app: not a panic.
     let mut foreign = heapscope_pytorch::read_snapshot(&snapshot("frag_oom-default")).unwrap();
     for frame in foreign.frame_stacks.iter_mut().flatten() {
         frame.filename = "/home/用户/模型_🔥.py".into();
