@@ -55,7 +55,7 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let overview_config = CompareConfig { capacity_bytes: advice.capacity_bytes, ..CompareConfig::default() };
+    let overview_config = CompareConfig { capacity_bytes: args.capacity, ..CompareConfig::default() };
     for line in devices_overview(&recording, args.device, &overview_config) {
         outln!("{line}");
     }

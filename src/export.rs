@@ -105,7 +105,11 @@ pub fn run_summary(args: &SummaryArgs) -> Result<()> {
     let recording = args.recording.open()?;
     let replayed =
         replayed(&args.recording, &recording, args.policy).with_context(|| format!("replaying through {}", args.policy))?;
-    for line in crate::replay::devices_overview(&recording, args.recording.device, &args.recording.compare_config(&recording)) {
+    let asked = heapscope_lab::compare::CompareConfig {
+        capacity_bytes: args.recording.capacity,
+        ..args.recording.compare_config(&recording)
+    };
+    for line in crate::replay::devices_overview(&recording, args.recording.device, &asked) {
         outln!("{line}");
     }
     out!("{}", replayed.stats.summary_table(recording.device));

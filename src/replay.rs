@@ -247,7 +247,8 @@ impl ContenderArgs {
 /// The lines that name what is replayed and on how much memory: the entries, what was live at the start (the
 /// same for every contender), and what no contender, or one that ignores the recording's streams, tells apart.
 pub fn print_title(recording: &Recording, args: &RecordingArgs, contenders: &[Contender]) {
-    for line in devices_overview(recording, args.device, &args.compare_config(recording)) {
+    let asked = CompareConfig { capacity_bytes: args.capacity, ..args.compare_config(recording) };
+    for line in devices_overview(recording, args.device, &asked) {
         outln!("{line}");
     }
     outln!("{}: {} entries, device capacity {}", recording.shown_name(), recording.entries, args.capacity(recording));
@@ -307,9 +308,10 @@ const EMULATE_OTHERS_UP_TO_ENTRIES: u64 = 200_000;
 
 /// The overview of a file of several devices (issue 14): every device that records something — its entries,
 /// peak reserved bytes and out-of-memory entries, the one shown marked `*` — which is shown and why (`asked`: the
-/// `--device` given), and any other device that ran out of memory. With a capacity (`config`), each other device
-/// of up to [`EMULATE_OTHERS_UP_TO_ENTRIES`] entries also runs through PyTorch's emulation on it, and its OOMs there
-/// are said. Nothing for a file of one device.
+/// `--device` given), and any other device that ran out of memory. With a capacity asked for (`config`'s, set by
+/// the callers from `--capacity` only: a capacity inferred from one device's oom entry says nothing of another's),
+/// each other device of up to [`EMULATE_OTHERS_UP_TO_ENTRIES`] entries also runs through PyTorch's emulation on it,
+/// and its OOMs there are said. Nothing for a file of one device.
 pub fn devices_overview(recording: &Recording, asked: Option<usize>, config: &CompareConfig) -> Vec<String> {
     let Some(snapshot) = &recording.snapshot else { return Vec::new() };
     // Counted first: the overview walks every device's entries.

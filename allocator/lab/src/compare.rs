@@ -666,9 +666,10 @@ impl<'a, 'b> BackingFollower<'a, 'b> {
         }
     }
 
-    /// Notes the requested bytes live after `moment`.
-    fn live_after(&mut self, moment: Moment, allocator: &CachingAllocator) {
-        let live = allocator.stats().requested_bytes.all().current;
+    /// Notes the most requested bytes live up to the end of `moment`: PyTorch's own peak counter, so a request the
+    /// recording refused and the emulation serves, freed again within its own entry, peaks at that entry.
+    fn note_live(&mut self, moment: Moment, allocator: &CachingAllocator) {
+        let live = allocator.stats().requested_bytes.all().peak;
         if live > 0 && self.peak_live.is_none_or(|(peak, _)| live > peak) {
             self.peak_live = Some((live, moment));
         }
@@ -714,7 +715,7 @@ impl<'a, 'b> BackingFollower<'a, 'b> {
             self.apply(Moment::Start, &start, target.allocator())?;
         }
         self.backing.started(target.allocator());
-        self.live_after(Moment::Start, target.allocator());
+        self.note_live(Moment::Start, target.allocator());
         match drive(stream, target, 1, &mut [self]) {
             Err(heapscope_core::Error::Source(why)) if self.stop_at_first_oom && why == STOPPED_AT_FIRST_OOM => Ok(()),
             other => other,
@@ -760,7 +761,7 @@ impl<T: CachingTarget> Observer<T> for BackingFollower<'_, '_> {
         }
         let step_effect = std::mem::replace(&mut self.step_effect, EntryEffect::Unchanged);
         let Moment::Entry(entry) = moment else { return Ok(()) };
-        self.live_after(moment, target.allocator());
+        self.note_live(moment, target.allocator());
         let effect = target.moment_effect(step_effect);
         if let EntryEffect::Refused(report) = effect
             && self.first_oom.is_none()
@@ -902,6 +903,34 @@ mod tests {
         // 1 GiB one, placed after them, the last 1000 MiB of the cache.
         assert_eq!(heap.stats().pages_reused * PagedConfig::DEFAULT_PAGE_BYTES, 3000 * MIB);
         assert_eq!((heap.stats().cache_releases, heap.stats().peak_mapped_bytes), (0, 3024 * MIB));
+    }
+
+    /// On a device large enough for the request the recording refused (frag_oom's 1 GiB at entry 100), every
+    /// contender serves it and frees it again within that entry: each peaks there, PyTorch's emulation too (its peak
+    /// counter, not the bytes live after each entry), and all at the same bytes.
+    #[test]
+    fn a_served_refusal_is_the_peak_of_every_contender() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch/frag_oom-default.pickle.gz");
+        let recording = Recording::open(&path, 0).unwrap();
+        let config = CompareConfig { capacity_bytes: Some(100 << 30), ..CompareConfig::default() };
+        let contenders = [
+            Contender::Pytorch { expandable: false },
+            Contender::Pytorch { expandable: true },
+            Contender::Heap(PolicyKind::Tlsf),
+            Contender::Paged,
+        ];
+        let peaks: Vec<(u64, Option<u64>)> = contenders
+            .into_iter()
+            .map(|contender| {
+                let outcome = replay(&recording, contender, &config).unwrap();
+                let figures = outcome.figures().unwrap();
+                assert_eq!(figures.ooms, 0, "{contender:?}");
+                (figures.peak_live_bytes, figures.peak_live_entry)
+            })
+            .collect();
+        assert_eq!(peaks[0].1, Some(100), "{peaks:?}");
+        assert!(peaks.iter().all(|&peak| peak == peaks[0]), "{peaks:?}");
     }
 
     /// A recording begun mid-run with more reserved than the capacity asked for cannot have run there: PyTorch's

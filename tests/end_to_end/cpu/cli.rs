@@ -905,6 +905,9 @@ fn issue_14_several_devices_are_overviewed_and_chosen() {
     assert!(text.contains(&format!("{file} (device 1): {frag_entries} entries")), "{text}");
     assert!(text.contains("`pytorch` ran out of memory"), "{text}");
     assert!(!text.contains("ran out of memory in the recording"), "the device shown is the one: {text}");
+    // The capacity device 1's oom entry tells is device 1's: no other device is emulated on it.
+    assert!(text.contains("device capacity 3.50 GiB, as the recording tells"), "{text}");
+    assert!(!text.contains("emulated on") && !text.contains("would run out of memory on"), "{text}");
 
     // Device 0 asked: the table is its, and device 1's OOM is named.
     let compare = heapscope(&["compare", file, "--device", "0", "--policy", "tlsf"]);
