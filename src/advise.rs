@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use heapscope_core::units::{Bytes, ReservedOverLive, parse_size};
+use heapscope_core::units::{Bytes, BytesAtLeast, ReservedOverLive, parse_size};
 use heapscope_lab::advise::{Advice, AdviseConfig, PAGED, SettingAdvice, advise, grid};
 use heapscope_lab::capacity::{Capacity, CapacityFrom};
 use heapscope_lab::compare::CompareConfig;
@@ -95,7 +95,9 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
         outln!("(!) not monotone: more memory made that setting fail again at the capacity shown");
     }
     if advice.settings.iter().any(|row| row.same_run_as.is_some()) {
-        outln!("(=) the same run as the setting without its max_split_size_mb: no block of this recording can reach that size");
+        outln!(
+            "(=) the same run as a row above it (`same_run_as` in --json): no block of this recording can reach its max_split_size_mb"
+        );
     }
     outln!("\n{}", advice.answer());
     Ok(())
@@ -126,8 +128,8 @@ fn shown_setting(row: &SettingAdvice) -> String {
 fn table_row(row: &SettingAdvice, name: &str, width: usize) -> String {
     let rank = if row.rank == 0 { "-".to_owned() } else { row.rank.to_string() };
     let needs = match (row.min_capacity_bytes, row.monotone) {
-        (Some(bytes), true) => Bytes(bytes).to_string(),
-        (Some(bytes), false) => format!("{} (!)", Bytes(bytes)),
+        (Some(bytes), true) => BytesAtLeast(bytes).to_string(),
+        (Some(bytes), false) => format!("{} (!)", BytesAtLeast(bytes)),
         (None, _) => "no device".to_owned(),
     };
     let ratio = ReservedOverLive::new(row.peak_reserved_bytes, row.peak_live_bytes);

@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use heapscope_lab::compare::CompareConfig;
+use heapscope_core::units::exact_size;
+use heapscope_lab::capacity::Capacity;
+use heapscope_lab::compare::{CompareConfig, alloc_conf};
+use heapscope_lab::recording::{Recording, counted};
+use heapscope_pytorch::Action;
 
 use crate::input;
 
@@ -33,17 +37,50 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
     let file_name =
         args.file.file_name().map_or_else(|| args.file.display().to_string(), |name| name.to_string_lossy().into_owned());
     recording.trace.name = if recording.snapshot.is_some() {
-        format!("{file_name} (device {})", recording.device)
+        format!("{file_name}, device {}", recording.device)
     } else {
         recording.trace.name.clone()
     };
     recording.trace.write_native(&args.out).with_context(|| format!("converting {}", args.file.display()))?;
-    eprintln!(
-        "{}: {} events (the first {} allocate what was live before the recording started) -> {}",
-        recording.shown_name(),
-        recording.trace.events().len(),
-        recording.start_events,
-        args.out.display()
-    );
+    let start = match recording.start_events {
+        0 => String::new(),
+        1 => " (the first allocates what was live before the recording started)".to_owned(),
+        events => format!(" (the first {events} allocate what was live before the recording started)"),
+    };
+    eprintln!("{}: {} events{start} -> {}", recording.shown_name(), recording.trace.events().len(), args.out.display());
+    if let Some(line) = left_out(&recording) {
+        eprintln!("{line}");
+    }
     Ok(())
+}
+
+/// What a snapshot holds that its native trace does not (allocations and frees, numbered by event), with how to
+/// give it back to a replay of the trace; `None` for a trace, which loses nothing.
+fn left_out(recording: &Recording) -> Option<String> {
+    let snapshot = recording.snapshot.as_ref()?;
+    let trace = snapshot.device_traces.get(recording.device).map_or(&[][..], Vec::as_slice);
+    let mut lost = Vec::new();
+    let ooms = trace.iter().filter(|entry| entry.action == Action::Oom).count();
+    if ooms > 0 {
+        let capacity = Capacity::of(None, recording);
+        let replay_on = capacity.bytes.map_or_else(String::new, |bytes| {
+            format!(": --capacity {} replays on the device it tells", exact_size(bytes).replace(' ', ""))
+        });
+        let requests = if ooms == 1 { "its request is" } else { "their requests are" };
+        lost.push(format!(
+            "{} ({requests} in the trace as any other allocation){replay_on}",
+            counted(ooms as u64, "oom entry", "oom entries")
+        ));
+    }
+    if let Ok(conf) = alloc_conf(recording, None)
+        && !conf.overrides().is_empty()
+    {
+        lost.push(format!("the allocator settings: --alloc-conf {} replays with them", conf.overrides()));
+    }
+    let streams = recording.streams();
+    if streams > 1 {
+        lost.push(format!("its {streams} CUDA streams (one stream in the trace)"));
+    }
+    lost.push("segment events, stacks and times; the file's entry numbers (events are numbered instead)".to_owned());
+    Some(format!("the native trace keeps allocations and frees; left out: {}", lost.join("; ")))
 }

@@ -292,7 +292,13 @@ fn settings_line(recording: &Recording, args: &RecordingArgs) -> String {
         _ if let Some(why) = inferred_expandable(recording) => {
             format!("pytorch's settings: {}, as the recording's expandable segments show ({why})", shown(&recorded))
         }
-        _ => format!("pytorch's settings: {}, as recorded", shown(&recorded)),
+        _ => match &recording.snapshot {
+            None => format!("pytorch's settings: {}, assumed (a trace records no settings)", shown(&recorded)),
+            Some(snapshot) if snapshot.settings.is_none() => {
+                format!("pytorch's settings: {}, assumed (the file records none: an older PyTorch wrote it)", shown(&recorded))
+            }
+            Some(_) => format!("pytorch's settings: {}, as recorded", shown(&recorded)),
+        },
     }
 }
 

@@ -4,7 +4,7 @@
 
 use egui::{Color32, RichText, Ui};
 use heapscope_core::OomCause;
-use heapscope_core::units::Bytes;
+use heapscope_core::units::{Bytes, BytesAtLeast};
 use heapscope_lab::recording::Moment;
 use heapscope_lab::timeline::Refusal;
 
@@ -308,7 +308,8 @@ pub fn advice(ui: &mut Ui, run: &AdviceRun, can_add: bool) -> AdviceActions {
                     }
                     ui.label(Bytes(row.peak_reserved_bytes).to_string());
                     ui.label(row.ooms.to_string());
-                    let needs = row.min_capacity_bytes.map_or_else(|| "no device".to_owned(), |bytes| Bytes(bytes).to_string());
+                    let needs =
+                        row.min_capacity_bytes.map_or_else(|| "no device".to_owned(), |bytes| BytesAtLeast(bytes).to_string());
                     ui.label(if row.monotone { needs } else { format!("{needs} (!)") });
                     ui.end_row();
                 }

@@ -48,6 +48,25 @@ impl fmt::Display for ReservedOverLive {
     }
 }
 
+/// A capacity to set, formatted as [`Bytes`] but rounded up at the second decimal instead of to the nearest: what
+/// `--capacity` then reads is never less than the bytes needed (2.953 GiB shows `2.96 GiB`, not `2.95 GiB`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BytesAtLeast(pub u64);
+
+impl fmt::Display for BytesAtLeast {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)];
+        let bytes = self.0;
+        for (name, scale) in UNITS {
+            if bytes >= scale {
+                let hundredths = (u128::from(bytes) * 100).div_ceil(u128::from(scale));
+                return write!(f, "{}.{:02} {name}", hundredths / 100, hundredths % 100);
+            }
+        }
+        write!(f, "{bytes} B")
+    }
+}
+
 /// `bytes` exactly, in the largest binary unit that divides it: `160 MiB`, `4 KiB`, `1000 B` — what
 /// [`parse_size`] reads back to the same count (where [`Bytes`] rounds to two decimals).
 pub fn exact_size(bytes: u64) -> String {
@@ -133,6 +152,25 @@ mod tests {
         for (bytes, text) in cases {
             assert_eq!(exact_size(bytes), text);
             assert_eq!(parse_size(text), Ok(bytes), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_capacity_to_set_is_shown_rounded_up_and_reads_back_to_enough() {
+        // (bytes, shown)
+        let cases: [(u64, &str); 7] = [
+            (0, "0 B"),
+            (1023, "1023 B"),
+            (3 * GIB, "3.00 GiB"),
+            (3_170_893_824, "2.96 GiB"),
+            (3 * GIB + 1, "3.01 GiB"),
+            (MIB + MIB / 200, "1.01 MiB"),
+            (5 * (1 << 40) + 1, "5.01 TiB"),
+        ];
+        for (bytes, shown) in cases {
+            let text = BytesAtLeast(bytes).to_string();
+            assert_eq!(text, shown, "{bytes}");
+            assert!(parse_size(&text).unwrap() >= bytes, "{text} reads back to at least {bytes}");
         }
     }
 

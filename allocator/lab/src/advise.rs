@@ -34,7 +34,7 @@ use crate::cuda_cost::{CUDA_PAGE_BYTES, CudaCost};
 use crate::driver::{HeapTarget, Statistics, Stream, drive};
 use crate::recording::{Recording, counted};
 use heapscope_core::trace::Event;
-use heapscope_core::units::Bytes;
+use heapscope_core::units::{Bytes, BytesAtLeast};
 use heapscope_core::{PagedConfig, PagedHeap, Result, UnmapRule};
 use heapscope_pytorch::caching::{get_allocation_size, largest_block_bound, round_size, settings_in_effect};
 use heapscope_pytorch::{AllocConf, Emulator, MemoryStats, Snapshot};
@@ -160,7 +160,7 @@ impl Advice {
                         "No setting fits in {}: the one that needs least, {}, needs {}.",
                         Bytes(capacity),
                         paste(&row.setting),
-                        Bytes(bytes)
+                        BytesAtLeast(bytes)
                     ),
                     None => format!("No setting fits in {}, nor on any device.", Bytes(capacity)),
                 }
@@ -185,7 +185,8 @@ impl Advice {
                 }
             }
             None => {
-                let need = best.min_capacity_bytes.map_or_else(|| "no device".to_owned(), |bytes| Bytes(bytes).to_string());
+                let need =
+                    best.min_capacity_bytes.map_or_else(|| "no device".to_owned(), |bytes| BytesAtLeast(bytes).to_string());
                 let line = format!(
                     "{best_paste} — needs {need} (peak reserved {}{}), {}",
                     Bytes(best.peak_reserved_bytes),
@@ -376,10 +377,7 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
                 .map(|snapshot| Checkpoints::every(recording, snapshot));
             let (run, copies) = pytorch_run(recording, setting, conf, device, copy_every)?;
             let (checkpoints, unlimited) = match (copies, &recording.snapshot) {
-                (Some(copies), _) => (
-                    Some(Checkpoints { saved: copies.saved, gc_threshold: conf.garbage_collection_threshold }),
-                    Unlimited::of(&run.0),
-                ),
+                (Some(copies), _) => (Some(Checkpoints::new(recording, copies.saved, conf)), Unlimited::of(&run.0)),
                 (None, Some(snapshot)) => {
                     let (checkpoints, end) = Checkpoints::of(recording, snapshot, conf)?;
                     (Some(checkpoints), Unlimited::of_stats(&end))
@@ -542,12 +540,20 @@ struct Checkpoints<'s> {
     saved: Vec<(u64, Emulator<'s>)>,
     /// `garbage_collection_threshold` (0: off).
     gc_threshold: f64,
+    /// What PyTorch held reserved at the start of the recording ([`reserved_at_start`]): no smaller device ran it,
+    /// whichever setting (a what-if of the other kind of memory holds its start state afresh, perhaps in less).
+    start_floor_bytes: u64,
 }
 
 /// Copies kept along the run.
 const CHECKPOINTS: usize = 32;
 
 impl<'s> Checkpoints<'s> {
+    /// The copies `saved` of `recording`'s run with `conf`.
+    fn new(recording: &Recording, saved: Vec<(u64, Emulator<'s>)>, conf: &AllocConf) -> Self {
+        Self { saved, gc_threshold: conf.garbage_collection_threshold, start_floor_bytes: reserved_at_start(recording) }
+    }
+
     /// How many entries apart the copies of `recording`'s run are.
     fn every(recording: &Recording, snapshot: &Snapshot) -> usize {
         let entries = snapshot.device_traces.get(recording.device).map_or(0, Vec::len);
@@ -568,7 +574,7 @@ impl<'s> Checkpoints<'s> {
             }
         }
         let end = emulator.allocator().stats().clone();
-        Ok((Self { saved, gc_threshold: conf.garbage_collection_threshold }, end))
+        Ok((Self::new(recording, saved, conf), end))
     }
 
     /// Whether the run fits a device of `capacity_bytes`: replayed from the last copy that never went past what the
@@ -578,7 +584,9 @@ impl<'s> Checkpoints<'s> {
         let undisturbed =
             if self.gc_threshold > 0.0 { (self.gc_threshold * capacity_bytes as f64) as u64 } else { capacity_bytes };
         // What PyTorch held at the start must fit at all.
-        let Some((_, start)) = self.saved.first().filter(|(at_start, _)| *at_start <= capacity_bytes) else {
+        let Some((_, start)) =
+            self.saved.first().filter(|(at_start, _)| (*at_start).max(self.start_floor_bytes) <= capacity_bytes)
+        else {
             return false;
         };
         let from = self.saved.iter().rev().find(|(read, _)| *read <= undisturbed).map_or(start, |(_, from)| from);
@@ -749,7 +757,7 @@ mod tests {
                     let high = unlimited.peak_reserved_bytes + CAPACITY_STEP_BYTES;
                     let (checkpoints, end) = Checkpoints::of(&recording, snapshot, &conf).unwrap();
                     assert_eq!(&end, stats, "{name} cut {cut} {setting:?}: the same run either way");
-                    let kept = Checkpoints { saved: copies.unwrap().saved, gc_threshold: conf.garbage_collection_threshold };
+                    let kept = Checkpoints::new(&recording, copies.unwrap().saved, &conf);
                     for step in 0..=12u64 {
                         let capacity = low + (high - low) / 12 * step;
                         let replayed = first_refusal(&recording, &conf, Some(capacity)).unwrap().is_none();

@@ -158,8 +158,9 @@ impl Target for SnapshotTarget<'_> {
         Ok(())
     }
 
-    /// The start state's allocations are the blocks the emulation rebuilt at their recorded addresses (one it could
-    /// not place, in a file whose blocks lie outside its segments, is refused); an entry's request (an `alloc`, or the
+    /// The start state's allocations are the blocks the emulation rebuilt at their recorded addresses, or allocated
+    /// afresh for a what-if of the other kind of memory (one it could not place, in a file whose blocks lie outside
+    /// its segments, is refused); an entry's request (an `alloc`, or the
     /// probe of a recorded `oom`) is served as the entry was.
     fn allocate(&mut self, request: Request) -> Result<Result<CachingAllocation, Option<OomVerdict>>> {
         if let Some(&address) = self.start_addresses.get(self.next_start)
@@ -168,7 +169,10 @@ impl Target for SnapshotTarget<'_> {
             self.next_start += 1;
             // A file that contradicts itself (a block live at the start in none of its segments) leaves the
             // emulation without it: held by no one, as a request refused at the start.
-            return Ok(match self.emulator.allocator().active_block(address) {
+            // Where the emulation holds it: the recorded address, or a new one where the start state was allocated
+            // afresh (a what-if of the other kind of memory).
+            let held = self.emulator.live_address(address).unwrap_or(address);
+            return Ok(match self.emulator.allocator().active_block(held) {
                 Some(block) => Ok(self.handle(&block)),
                 None => Err(None),
             });

@@ -76,6 +76,27 @@ pub fn sniff(head: &[u8]) -> Format {
     }
 }
 
+/// What a file's extension says it is, and how that format starts: `None` for a name that says nothing (a CSV
+/// trace's, or none).
+fn format_named(path: &Path) -> Option<(&'static str, &'static str)> {
+    let extension = path.extension()?.to_str()?.to_ascii_lowercase();
+    match extension.as_str() {
+        "pickle" | "pkl" | "pt" | "gz" => {
+            Some(("a PyTorch snapshot", "a pickle starts with 0x80 and its protocol (2 to 5), a gzip file with 1f 8b"))
+        }
+        "hst" => Some(("a heapscope trace", "a native trace starts with `HSTRACE`")),
+        _ => None,
+    }
+}
+
+/// The first bytes of a file, in hex and as text (`68 65 6c 6c 6f ("hello")`).
+fn shown_head(head: &[u8]) -> String {
+    let hex: Vec<String> = head.iter().map(|byte| format!("{byte:02x}")).collect();
+    let text: String =
+        head.iter().map(|&byte| if byte.is_ascii_graphic() || byte == b' ' { byte as char } else { '.' }).collect();
+    format!("{} ({text:?})", hex.join(" "))
+}
+
 /// Why a recording file could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
@@ -101,6 +122,19 @@ pub enum OpenError {
         file: String,
         /// What it is instead.
         kind: &'static str,
+    },
+    /// A file named as a snapshot (`.pickle`, `.pkl`, `.pt`, `.gz`) or a native trace (`.hst`) whose first bytes are
+    /// neither: not read as a CSV trace, whose error would name a line of what is no text.
+    #[error("{file}: not {what}, as its name says: {expected}; this one starts with {head}")]
+    NotItsFormat {
+        /// The file.
+        file: String,
+        /// What its name says it is.
+        what: &'static str,
+        /// How that format starts.
+        expected: &'static str,
+        /// Its first bytes, in hex and as text.
+        head: String,
     },
     /// A device other than 0 asked of a trace, which has one.
     #[error("{file}: --device {device} applies to PyTorch snapshots only; a heapscope trace has one device")]
@@ -282,10 +316,24 @@ impl Recording {
                 let device = device.unwrap_or_else(|| default_device(&snapshot).device);
                 Ok(Self::from_snapshot(&file, snapshot, device)?)
             }
+            Format::Csv if let Some((what, expected)) = format_named(path) => {
+                Err(OpenError::NotItsFormat { file, what, expected, head: shown_head(&head[..read]) })
+            }
             Format::Native | Format::Csv if device.is_some_and(|device| device != 0) => {
                 Err(OpenError::NoSuchDevice { file, device: device.unwrap_or_default() })
             }
-            Format::Native | Format::Csv => Ok(Self::from_trace(Trace::read(path)?)),
+            Format::Csv => Ok(Self::from_trace(Trace::read(path)?)),
+            Format::Native => {
+                // Named as the file read, and the recording it was converted from (`heapscope convert` keeps it).
+                let mut trace = Trace::read(path)?;
+                let file_name = path.file_name().map(|name| name.to_string_lossy());
+                if !trace.name.is_empty() && file_name.as_deref() != Some(trace.name.as_str()) {
+                    trace.name = format!("{file} (from {})", trace.name);
+                } else {
+                    trace.name = file;
+                }
+                Ok(Self::from_trace(trace))
+            }
         }
     }
 

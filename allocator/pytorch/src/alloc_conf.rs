@@ -115,8 +115,9 @@ impl AllocConf {
     }
 
     /// Applies a `PYTORCH_CUDA_ALLOC_CONF` string (`key:value,key:value`) on top of these settings.
-    /// Keys PyTorch knows but that do not change placement decisions (`backend`, `pinned_*`,
-    /// `release_lock_on_cudamalloc`, ...) are accepted and ignored.
+    /// Keys PyTorch knows but that do not change placement decisions (`backend:native`, `pinned_*`,
+    /// `release_lock_on_cudamalloc`, ...) are accepted and ignored; another backend (`cudaMallocAsync`) is refused: its
+    /// placements are not the caching allocator's.
     pub fn parse_overrides(&mut self, s: &str) -> Result<(), AllocConfError> {
         for item in split_top_level(s) {
             let item = item.trim();
@@ -157,6 +158,15 @@ impl AllocConf {
                     };
                 }
                 "roundup_power2_divisions" => self.parse_roundup(key, value)?,
+                // `cudaMallocAsync` is CUDA's stream-ordered pool, not the caching allocator emulated here.
+                "backend" if value != "native" => {
+                    return Err(bad(
+                        key,
+                        value,
+                        "heapscope emulates PyTorch's native caching allocator only (backend:native); cudaMallocAsync \
+                         leaves placement to CUDA's stream-ordered pool, which is not emulated",
+                    ));
+                }
                 "backend"
                 | "release_lock_on_cudamalloc"
                 | "release_lock_on_hipmalloc"
@@ -315,7 +325,7 @@ mod tests {
     #[test]
     fn parses_pytorch_syntax() {
         let mut conf = AllocConf::default();
-        conf.parse_overrides("expandable_segments:True,max_split_size_mb:128,roundup_power2_divisions:4").unwrap();
+        conf.parse_overrides("expandable_segments:True,max_split_size_mb:128,roundup_power2_divisions:4,backend:native").unwrap();
         assert!(conf.expandable_segments);
         assert_eq!(conf.max_split_size, Some(128 << 20));
         assert_eq!(conf.roundup_power2_divisions, [4; ROUNDUP_INTERVALS]);
@@ -345,6 +355,7 @@ mod tests {
             ("garbage_collection_threshold:1.5", "`1.5`"),
             ("expandable_segments:yes", "`yes`"),
             ("roundup_power2_divisions:3", "`3`"),
+            ("backend:cudaMallocAsync", "`cudaMallocAsync` for PYTORCH_CUDA_ALLOC_CONF key `backend`: heapscope emulates"),
         ];
         for (input, needle) in cases {
             let err = AllocConf::default().parse_overrides(input).unwrap_err().to_string();

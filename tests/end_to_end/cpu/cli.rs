@@ -614,6 +614,21 @@ fn convert_to_the_native_format_keeps_the_replay() {
         }
     }
     assert!(std::fs::metadata(&native).unwrap().len() < 64 << 10, "compact");
+    // What the native trace leaves out of a snapshot is said, with the flag that gives it back to the replay: the
+    // device an oom entry tells, the recorded settings. With it, the replay of the trace is the snapshot's.
+    for (name, flag, policy) in [("frag_oom-default", "--capacity", "tlsf"), ("frag_oom-expandable", "--alloc-conf", "pytorch")] {
+        let source = snapshot(name);
+        let native = dir.join(format!("{name}.hst"));
+        let output = heapscope(&["convert", source.to_str().unwrap(), "--out", native.to_str().unwrap()]);
+        let said = stderr(&output);
+        assert!(output.status.success() && said.contains("the native trace keeps allocations and frees; left out: "), "{said}");
+        let value = said.split(&format!("{flag} ")).nth(1).and_then(|rest| rest.split_whitespace().next()).unwrap();
+        let of_pickle = json_lines(&heapscope(&["replay", source.to_str().unwrap(), "--json", "--policy", policy]));
+        let of_native = json_lines(&heapscope(&["replay", native.to_str().unwrap(), "--json", "--policy", policy, flag, value]));
+        for key in ["allocs", "peak_live_bytes", "peak_reserved_bytes", "device_allocs", "ooms"] {
+            assert_eq!(of_pickle[0][key], of_native[0][key], "{name}, {flag} {value}: {key}");
+        }
+    }
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -644,10 +659,14 @@ fn bad_input_gets_a_clear_error() {
     let protocol0 = dir.join("old.pickle");
     std::fs::write(&protocol0, "(dp0\nVsegments\np1\n(lp2\ns.").unwrap();
     let protocol0_path = protocol0.to_str().unwrap().to_owned();
+    // Text named as a snapshot: said to be no pickle, not read as a CSV trace.
+    let text = dir.join("text.pickle");
+    std::fs::write(&text, "hello world\n").unwrap();
+    let text_path = text.to_str().unwrap().to_owned();
     // Issue 17: an unwritable --vma-json is refused before the pickle is written.
     let exported = dir.join("exported.pickle");
     let exported_path = exported.to_str().unwrap().to_owned();
-    let cases: [(Vec<&str>, &str); 25] = [
+    let cases: [(Vec<&str>, &str); 27] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
         (vec!["replay", &truncated_path], "truncated.pickle.gz"),
@@ -666,6 +685,12 @@ fn bad_input_gets_a_clear_error() {
         (vec!["replay", &fifo_path], "not a regular file (a FIFO)"),
         (vec!["compare", &dir_path], "not a regular file (a folder)"),
         (vec!["replay", &protocol0_path], "old.pickle"),
+        (
+            vec!["compare", &text_path],
+            "text.pickle: not a PyTorch snapshot, as its name says: a pickle starts with 0x80 and its protocol (2 to 5), a \
+             gzip file with 1f 8b; this one starts with 68 65 6c 6c 6f 20 77 6f (\"hello wo\")",
+        ),
+        (vec!["compare", good_path, "--alloc-conf", "backend:cudaMallocAsync"], "native caching allocator only"),
         (vec!["replay", good_path, "--capacity", "0.4"], "would round to 0 bytes"),
         (vec!["demo", "--budget", "0"], "--budget 0: nothing could be allocated"),
         (

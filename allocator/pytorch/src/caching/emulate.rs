@@ -12,7 +12,7 @@
 //! given capacity).
 
 use super::backing::{BackingRefused, EntryEffect, SegmentBacking, Unbacked, device_event, held_now};
-use super::initial::{LiveMap, rebuild_start_state};
+use super::initial::{LiveMap, reallocate_start_state, rebuild_start_state};
 use super::validate::{EmulationError, validate};
 use super::{CachingAllocator, DeviceEvent, LiveBlock, OomReport, RequestPools};
 use crate::alloc_conf::AllocConf;
@@ -261,6 +261,15 @@ pub struct Emulator<'s> {
     capacity_read_up_to: u64,
 }
 
+/// Where the driver's rule starts ([`Emulator::hide_addresses`]): the top of the trace's first `cudaMalloc` range and
+/// the trace's first mapped page.
+fn driver_anchors(trace: &[TraceEntry]) -> (Option<u64>, Option<u64>) {
+    let first = |action: Action| trace.iter().find(|e| e.action == action);
+    let cuda_malloc_top = first(Action::SegmentAlloc)
+        .and_then(|e| e.addr.checked_add(e.size)?.checked_next_multiple_of(super::DRIVER_GRANULE_BYTES));
+    (cuda_malloc_top, first(Action::SegmentMap).map(|e| e.addr))
+}
+
 impl<'s> Emulator<'s> {
     /// The allocator at the start of device `device`'s recording in `snapshot` (settings `conf`, a device of
     /// `capacity_bytes`), ready for its first entry. With expandable segments turned on or off against the recording,
@@ -277,7 +286,26 @@ impl<'s> Emulator<'s> {
     ) -> Result<Self, EmulationError> {
         validate(snapshot, device)?;
         let trace = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
-        let (alloc, live, start_left_out) = rebuild_start_state(snapshot, device, conf, capacity_bytes)?;
+        // With expandable segments turned on or off, the recorded addresses come from the other kind of memory
+        // (reservations rise, cudaMalloc's bases fall): they cannot say where this run's segments go, nor the recorded
+        // segments hold what was live at the start.
+        let other_kind = conf.expandable_segments != AllocConf::of_snapshot(snapshot).expandable_segments;
+        let (mut alloc, mut live, mut start_left_out) = rebuild_start_state(snapshot, device, conf, capacity_bytes)?;
+        if other_kind {
+            let (cuda_malloc_top, reserve_bottom) = driver_anchors(trace);
+            alloc.use_driver_addresses(cuda_malloc_top, reserve_bottom);
+            // A state with no trace replays nothing: it stays as recorded.
+            if !live.is_empty() && !trace.is_empty() {
+                // Held from the start whatever the device, as the recorded layout is (a device too small for what
+                // PyTorch held at the start is the caller's to refuse): the capacity applies from the first entry.
+                let mut fresh = CachingAllocator::new(conf.clone(), None);
+                fresh.use_driver_addresses(cuda_malloc_top, reserve_bottom);
+                let refused;
+                (alloc, live, refused) = reallocate_start_state(&alloc, &live, fresh);
+                start_left_out += refused;
+                alloc.set_capacity(capacity_bytes);
+            }
+        }
         let out =
             Emulation { placements: vec![None; trace.len()], timeline: Vec::with_capacity(trace.len()), ..Emulation::default() };
         let emulator = Self {
@@ -295,10 +323,7 @@ impl<'s> Emulator<'s> {
             next: 0,
             capacity_read_up_to: 0,
         };
-        // With expandable segments turned on or off, the recorded addresses come from the other kind of memory
-        // (reservations rise, cudaMalloc's bases fall): they cannot say where this run's segments go.
-        let other_kind = conf.expandable_segments != AllocConf::of_snapshot(snapshot).expandable_segments;
-        Ok(if other_kind { emulator.hide_addresses() } else { emulator })
+        Ok(emulator)
     }
 
     /// The memory pool entry `entry`'s request went to ([`RequestPools`]).
@@ -319,10 +344,7 @@ impl<'s> Emulator<'s> {
     /// first reservation starts where the recording's first mapped page is (the one address a process's layout
     /// gives; the rest is the rule's).
     pub fn hide_addresses(mut self) -> Self {
-        let first = |action: Action| self.trace.iter().find(|e| e.action == action);
-        let cuda_malloc_top = first(Action::SegmentAlloc)
-            .and_then(|e| e.addr.checked_add(e.size)?.checked_next_multiple_of(super::DRIVER_GRANULE_BYTES));
-        let reserve_bottom = first(Action::SegmentMap).map(|e| e.addr);
+        let (cuda_malloc_top, reserve_bottom) = driver_anchors(self.trace);
         self.alloc.use_driver_addresses(cuda_malloc_top, reserve_bottom);
         self
     }

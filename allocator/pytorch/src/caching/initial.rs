@@ -11,6 +11,10 @@
 //! most 1 MiB, or an oversize block) — unless the trace shows where it ends: the first allocation placed
 //! after it while it is still live takes the front of the free block that follows it. A recording that starts from an empty allocator rebuilds to empty.
 //! Counters start at the rebuilt values (peak = current, nothing freed yet).
+//!
+//! A what-if with the other kind of memory (expandable segments turned on or off against the recording) cannot start
+//! from that layout, made of the kind it does not use: [`reallocate_start_state`] allocates the same live blocks
+//! afresh with its settings instead, in address order.
 
 use std::collections::BTreeMap;
 
@@ -216,6 +220,46 @@ pub(super) fn rebuild_start_state(
     }
     let left_out = live.keys().filter(|address| !live_map.contains_key(address)).count();
     Ok((alloc, live_map, left_out))
+}
+
+/// The start state of a what-if with the other kind of memory than the recording's (expandable segments turned on or
+/// off): the allocations live in `rebuilt` (the recorded layout, [`rebuild_start_state`]) allocated afresh, in address
+/// order, each in its stream and memory pool, by `fresh` (an empty allocator with the what-if's settings, placing
+/// memory by the driver's rule): the recorded segments are of the kind this run does not use, so their layout, and
+/// the fragmentation in it, cannot be this run's. A block freed by its caller before the start stays so (its
+/// `free_completed` is in the trace). Counters start at these values as a rebuilt state's do: no device call
+/// counted. Returns the allocator, where each recorded address is now, and how many allocations `fresh` refused (a
+/// request no device holds, in a file that contradicts itself): left out, as the rebuild leaves out what lies in no
+/// segment.
+pub(super) fn reallocate_start_state(
+    rebuilt: &CachingAllocator,
+    live: &LiveMap,
+    mut fresh: CachingAllocator,
+) -> (CachingAllocator, LiveMap, usize) {
+    let mut blocks: Vec<(u64, u64)> = live.iter().map(|(&recorded, &address)| (address, recorded)).collect();
+    blocks.sort_unstable();
+    let mut moved = LiveMap::default();
+    let mut refused = 0;
+    for (address, recorded) in blocks {
+        let Some(&id) = rebuilt.active.get(&address) else { continue };
+        let node = rebuilt.node(id);
+        // What was asked for, at most the block (a file may record a request larger than its block).
+        let request = node.requested.min(node.size);
+        match fresh.malloc_in(rebuilt.pools[node.owner].id, request, node.stream, None) {
+            Ok(new_address) => {
+                if !node.allocated {
+                    fresh.free_requested(new_address);
+                }
+                moved.insert(recorded, new_address);
+            }
+            Err(_) => refused += 1,
+        }
+    }
+    fresh.stats.num_device_alloc = 0;
+    fresh.stats.num_device_free = 0;
+    fresh.stats.num_ooms = 0;
+    fresh.events.clear();
+    (fresh, moved, refused)
 }
 
 fn overlap(device: usize, origin: Origin, address: u64, other: Origin) -> EmulationError {

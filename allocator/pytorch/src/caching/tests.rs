@@ -300,6 +300,50 @@ fn exact_from_cuts(name: &str, snap: &Snapshot, conf: &AllocConf, pieces: usize)
         .collect()
 }
 
+/// A what-if with the other kind of memory than a recording begun mid-run (expandable segments turned on or off):
+/// the allocations live at the start are allocated afresh by the what-if's allocator, in segments of its own kind,
+/// not laid out in the recorded segments (whose fragmentation belongs to the other kind). At every cut of every
+/// shared trace: every allocation live at the start is held, with the same bytes requested as in the rebuilt recorded
+/// layout, in no segment of the recorded kind, no device call counted; and the replay from there
+/// runs to the end.
+#[test]
+fn what_ifs_of_the_other_kind_allocate_the_start_state_afresh() {
+    for name in ["frag_oom-default", "frag_oom-expandable", "gpt2_train_fixed-default", "gpt2_train_fixed-expandable"] {
+        let (snap, _) = load(name);
+        let recorded = AllocConf::from_recorded(snap.settings.as_ref().unwrap());
+        let flipped = AllocConf { expandable_segments: !recorded.expandable_segments, ..recorded.clone() };
+        let trace = &snap.device_traces[0];
+        for k in 1..8 {
+            let cut = trace.len() * k / 8 + k % 3;
+            let mut cut_snap = snap.clone();
+            cut_snap.device_traces[0] = trace[cut..].to_vec();
+            let as_recorded = Emulator::new(&cut_snap, 0, &recorded, None).unwrap();
+            let what_if = Emulator::new(&cut_snap, 0, &flipped, None).unwrap();
+            let (before, after) = (as_recorded.allocator(), what_if.allocator());
+            // The same requests (a block's own size follows the kind: an unsplit remainder stays with its block in
+            // one kind of segment and not in the other).
+            for key in ["requested_bytes.all.current", "allocation.all.current"] {
+                assert_eq!(after.stats().get(key), before.stats().get(key), "{name} cut at {cut}: {key}");
+            }
+            assert_eq!(after.stats().num_device_alloc, 0, "{name} cut at {cut}");
+            let kinds: Vec<bool> = after.report().iter().map(|segment| segment.is_expandable).collect();
+            assert!(kinds.iter().all(|&expandable| expandable == flipped.expandable_segments), "{name} cut at {cut}: {kinds:?}");
+            let em = emulate(&cut_snap, 0, &flipped, None).unwrap();
+            assert_eq!(em.fidelity.start_left_out, 0, "{name} cut at {cut}");
+        }
+    }
+    // The reviewer's case: frag_oom begun at entry 30, expandable segments turned on, on the device its oom tells,
+    // fits as the whole recording does (it used to run out of memory in the recorded segments' holes).
+    let (snap, _) = load("frag_oom-default");
+    let mut cut_snap = snap.clone();
+    cut_snap.device_traces[0].drain(..30);
+    let expandable = AllocConf { expandable_segments: true, ..AllocConf::default() };
+    for snapshot in [&snap, &cut_snap] {
+        let em = emulate(snapshot, 0, &expandable, Some(3584 * MIB)).unwrap();
+        assert_eq!(em.first_oom, None);
+    }
+}
+
 /// `torch.cuda.memory_snapshot()`'s output (a list of segments, no trace), written by python3 from the final
 /// segments of the shared traces: the start state rebuilt from it is those segments, its counters theirs,
 /// and it exports and reads back.
