@@ -10,6 +10,7 @@ use clap::Args;
 use heapscope_core::units::{Bytes, BytesAtLeast, ReservedOverLive, parse_size};
 use heapscope_lab::advise::{Advice, AdviseConfig, PAGED, SettingAdvice, advise, grid};
 use heapscope_lab::capacity::{Capacity, CapacityFrom};
+use heapscope_lab::caveats;
 use heapscope_lab::compare::CompareConfig;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -99,6 +100,9 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
             "(=) the same run as a row above it (`same_run_as` in --json): no block of this recording can reach its max_split_size_mb"
         );
     }
+    if let Some(note) = advice.recorded().and_then(|row| caveats::recorded_oom(&recording, &row.figures)) {
+        outln!("\n{note}");
+    }
     outln!("\n{}", advice.answer());
     Ok(())
 }
@@ -117,7 +121,7 @@ fn capacity_line(advice: &Advice) -> String {
 fn shown_setting(row: &SettingAdvice) -> String {
     let name = match row.setting.as_str() {
         "" => "(PyTorch's defaults)",
-        PAGED => "paged (a paging allocator, 2 MiB pages: for reference)",
+        PAGED => "paged (2 MiB pages, unmapped under pressure: for reference)",
         setting => setting,
     };
     let same = if row.same_run_as.is_some() { " (=)" } else { "" };

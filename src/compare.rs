@@ -3,6 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
+use heapscope_lab::caveats;
 use heapscope_lab::compare::{Outcome, recorded_expandable, verdict_sentence};
 use heapscope_lab::contender::{Contender, PYTORCH_EXPANDABLE};
 use heapscope_lab::recording::Recording;
@@ -40,6 +41,10 @@ fn compare(args: &CompareArgs, contenders: &[Contender], recording: &Recording, 
     print_header();
     for outcome in &outcomes {
         print_row(outcome);
+    }
+    if let Some(note) = outcomes.iter().filter_map(Outcome::figures).find_map(|figures| caveats::recorded_oom(recording, figures))
+    {
+        outln!("\n{note}");
     }
     // The verdict of the first contender that failed (PyTorch's, when it did), with who would have coped.
     let Some(failed) = outcomes.iter().filter_map(Outcome::figures).find(|figures| figures.ooms > 0) else {

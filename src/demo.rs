@@ -150,21 +150,21 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     );
     outln!();
     outln!(
-        "{:<13} | {:<20} {:>11} {:>9} | {:<20} {:>11} {:>11} {:>17} {:>6} {:>9}",
+        "{:<13} | {:<20} {:>11} {:>14} | {:<20} {:>11} {:>11} {:>17} {:>6} {:>14}",
         "",
         format!("one range: {}", Bytes(last_request_bytes)),
         "reserved",
-        "failures",
+        "refused before",
         format!("blocks: {}", Bytes(last_request_bytes)),
         "reserved",
         "live",
         "largest free run",
         "blocks",
-        "failures"
+        "refused before"
     );
     for (range, blocks) in &rows {
         outln!(
-            "{:<13} | {:<20} {:>11} {:>9} | {:<20} {:>11} {:>11} {:>17} {:>6} {:>9}",
+            "{:<13} | {:<20} {:>11} {:>14} | {:<20} {:>11} {:>11} {:>17} {:>6} {:>14}",
             range.policy.name(),
             result_word(range),
             Bytes(range.reserved_bytes).to_string(),

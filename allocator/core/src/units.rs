@@ -41,9 +41,16 @@ impl ReservedOverLive {
 
 impl fmt::Display for ReservedOverLive {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            Some(ratio) => fmt::Display::fmt(&ratio, f),
-            None => f.pad("-"),
+        match (self.0, f.width(), f.precision()) {
+            // A ratio too wide for its column with the decimals asked (a few bytes live under a 2 MiB page) keeps only
+            // as many decimals as fit, so the columns after it stay in place.
+            (Some(ratio), Some(width), Some(precision)) => {
+                let whole_digits = format!("{ratio:.0}").len();
+                let fitting = precision.min(width.saturating_sub(whole_digits + 1));
+                write!(f, "{ratio:>width$.fitting$}")
+            }
+            (Some(ratio), _, _) => fmt::Display::fmt(&ratio, f),
+            (None, _, _) => f.pad("-"),
         }
     }
 }
@@ -217,8 +224,16 @@ mod tests {
 
     #[test]
     fn reserved_over_live_table() {
-        // (reserved, live, shown 8 wide with 4 decimals)
-        let cases = [(1250, 1000, "  1.2500"), (3 * GIB, 0, "       -"), (0, 0, "       -"), (1000, 1000, "  1.0000")];
+        // (reserved, live, shown 8 wide with 4 decimals, or as many as fit)
+        let cases = [
+            (1250, 1000, "  1.2500"),
+            (3 * GIB, 0, "       -"),
+            (0, 0, "       -"),
+            (1000, 1000, "  1.0000"),
+            (2 * MIB, 100, "20971.52"),
+            (32 * MIB, 100, "335544.3"),
+            (GIB, 1, "1073741824"),
+        ];
         for (reserved, live, text) in cases {
             assert_eq!(format!("{:>8.4}", ReservedOverLive::new(reserved, live)), text, "{reserved} over {live}");
         }

@@ -1,12 +1,15 @@
 //! What a side-by-side replay of a recording does not tell apart, said in one sentence each: requests that PyTorch
 //! served from private memory pools ([`pools`]) and streams that some contenders ignore ([`streams`]). The CLI
-//! prints them under its title, the app shows them when a recording opens ([`all`]): one wording, one place.
+//! prints them under its title, the app shows them when a recording opens ([`all`]): one wording, one place. And
+//! where PyTorch's emulation does not reproduce the recorded OOM ([`recorded_oom`]), said beside the verdict.
 
 use heapscope_core::units::Bytes;
 use heapscope_pytorch::caching::RequestPools;
 
+use crate::compare::Figures;
 use crate::contender::Contender;
-use crate::recording::{Recording, counted};
+use crate::recording::{Moment, Recording, counted};
+use heapscope_pytorch::Action;
 
 /// Every caveat of `recording` replayed by `contenders`, in the order said (under the CLI's title, in the app's notice).
 pub fn all(recording: &Recording, contenders: &[Contender]) -> Vec<String> {
@@ -69,6 +72,28 @@ pub fn streams(recording: &Recording, contenders: &[Contender]) -> Option<String
             ignoring.join(", ")
         )
     })
+}
+
+/// The note that PyTorch's emulation under the recorded settings did not refuse the request the recording's first
+/// `oom` entry refused (it served it, or ran out elsewhere): its figures around there are not the recorded run's, and
+/// a verdict built on them says so. `figures` is one replay's; nothing for a what-if, a heap contender (neither scores
+/// its decisions against the recording's), or a recording without an `oom` entry.
+pub fn recorded_oom(recording: &Recording, figures: &Figures) -> Option<String> {
+    // The emulation under the recorded settings is the one run that scores its decisions against the recording's.
+    if figures.what_if || figures.fidelity.is_none() {
+        return None;
+    }
+    let trace = recording.snapshot.as_ref()?.device_traces.get(recording.device)?;
+    let entry = trace.iter().position(|entry| entry.action == Action::Oom)? as u64;
+    let emulated = match &figures.first_oom {
+        Some(oom) if oom.moment == Moment::Entry(entry) => return None,
+        Some(oom) => format!("first ran out of memory at entry {} instead", oom.event_index),
+        None => "served it".to_owned(),
+    };
+    Some(format!(
+        "the recording ran out of memory at entry {entry}; PyTorch's emulation under the recorded settings {emulated}: \
+         its figures there are not the recorded run's (its fidelity says where its decisions part)"
+    ))
 }
 
 #[cfg(test)]
@@ -180,6 +205,37 @@ mod tests {
         ];
         for (streams, contenders, note) in cases {
             assert_eq!(super::streams(&recording(streams), contenders).as_deref(), note, "{streams:?} {contenders:?}");
+        }
+    }
+
+    /// The recorded OOM: said when PyTorch's emulation under the recorded settings does not refuse the request the
+    /// recording refused (here, on a device larger than the one its `oom` entry tells), not when it does, nor for a
+    /// what-if or a heap contender.
+    #[test]
+    fn an_oom_the_emulation_does_not_reproduce_is_said() {
+        use crate::compare::{CompareConfig, replay};
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch/frag_oom-default.pickle.gz");
+        let recording = Recording::open(&path, 0).unwrap();
+        let pytorch = Contender::Pytorch { expandable: false };
+        // (contender, capacity, the note's end)
+        let cases: [(Contender, Option<u64>, Option<&str>); 4] = [
+            (pytorch, None, None),
+            (pytorch, Some(100 << 30), Some("under the recorded settings served it: its figures")),
+            (Contender::Pytorch { expandable: true }, Some(100 << 30), None),
+            (Contender::Heap(PolicyKind::Tlsf), Some(100 << 30), None),
+        ];
+        for (contender, capacity_bytes, said) in cases {
+            let config = CompareConfig { capacity_bytes, ..CompareConfig::default() };
+            let outcome = replay(&recording, contender, &config).unwrap();
+            let note = recorded_oom(&recording, outcome.figures().unwrap());
+            assert_eq!(note.is_some(), said.is_some(), "{contender:?} on {capacity_bytes:?}: {note:?}");
+            if let (Some(note), Some(said)) = (note, said) {
+                assert!(
+                    note.starts_with("the recording ran out of memory at entry 100; PyTorch's") && note.contains(said),
+                    "{note}"
+                );
+            }
         }
     }
 

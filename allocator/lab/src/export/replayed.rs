@@ -125,12 +125,20 @@ fn segment(address: u64, total_size: u64, blocks: Vec<Block>, is_expandable: boo
 /// requests up to 1 MiB (`kSmallSize`) are small-pool, blocks up to 2 MiB (`kSmallBuffer`) small-pool
 /// segments, a paged heap's mapped pages one large-pool block. "Non-releasable" (`inactive_split`) is the
 /// free memory inside blocks that hold a live allocation, counted once per such block with free bytes.
+///
+/// The device events of a step and its allocation or free change the blocks together ([`StatsRecorder::hold`] ..
+/// [`StatsRecorder::settle`]): pages mapped for a request are never counted free before the request takes them.
 #[derive(Default)]
 struct StatsRecorder {
     stats: MemoryStats,
     /// Block base -> its use.
     blocks: FastMap<u64, BlockUse>,
+    /// While held: each block changed since, with its non-releasable bytes and count before, and its pool.
+    held: Option<FastMap<u64, HeldBlock>>,
 }
+
+/// A block's non-releasable bytes and count before the changes held, and whether it is small-pool.
+type HeldBlock = ((u64, u64), bool);
 
 /// One block's size and what lives in it.
 #[derive(Clone, Copy, Default)]
@@ -160,15 +168,48 @@ fn step_to(stat: &mut StatArray, small: bool, before: u64, after: u64) {
 }
 
 impl StatsRecorder {
-    /// Applies `change` to block `base`, keeping the non-releasable counters in step.
+    /// Applies `change` to block `base`, keeping the non-releasable counters in step (at [`StatsRecorder::settle`]
+    /// while held).
     fn update_block(&mut self, base: u64, change: impl FnOnce(&mut BlockUse)) {
         let block = self.blocks.entry(base).or_default();
-        let (before_bytes, before_count) = block.non_releasable();
+        let before = block.non_releasable();
         change(block);
-        let (after_bytes, after_count) = block.non_releasable();
-        let small = block.small;
+        let (after, small) = (block.non_releasable(), block.small);
+        match &mut self.held {
+            Some(held) => {
+                held.entry(base).or_insert((before, small));
+            }
+            None => self.step_non_releasable(small, before, after),
+        }
+    }
+
+    fn step_non_releasable(
+        &mut self,
+        small: bool,
+        (before_bytes, before_count): (u64, u64),
+        (after_bytes, after_count): (u64, u64),
+    ) {
         step_to(&mut self.stats.inactive_split_bytes, small, before_bytes, after_bytes);
         step_to(&mut self.stats.inactive_split, small, before_count, after_count);
+    }
+
+    /// From now until [`StatsRecorder::settle`], block changes count in the non-releasable counters as their net.
+    fn hold(&mut self) {
+        self.held = Some(FastMap::default());
+    }
+
+    /// Counts the net change of every block changed since [`StatsRecorder::hold`]: decreases first, so that no
+    /// peak is reached only between two changes of one step.
+    fn settle(&mut self) {
+        let Some(held) = self.held.take() else { return };
+        let mut changes: Vec<(u64, (u64, u64), bool)> =
+            held.into_iter().map(|(base, (before, small))| (base, before, small)).collect();
+        let after = |blocks: &FastMap<u64, BlockUse>, base: u64| blocks.get(&base).map_or((0, 0), |block| block.non_releasable());
+        changes.sort_unstable_by_key(|&(base, before, _)| (after(&self.blocks, base).0 > before.0, base));
+        for (base, before, small) in changes {
+            let now = after(&self.blocks, base);
+            self.step_non_releasable(small, before, now);
+        }
     }
 
     /// An allocation of `requested_bytes` (`footprint_bytes` set aside) in block `base` (`served`), or
@@ -344,6 +385,7 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
         _target: &HeapTarget<'_, H>,
     ) -> Result<()> {
         let index = usize::try_from(event).unwrap_or(usize::MAX);
+        self.recorder.hold();
         match step {
             Step::Placed { size_bytes, handle, .. } => {
                 self.device(device_events, index);
@@ -366,6 +408,7 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
                 self.allocated::<H>(to, H::allocation(from).size_bytes(), index);
             }
         }
+        self.recorder.settle();
         Ok(())
     }
 }
@@ -739,6 +782,18 @@ mod tests {
             assert!(array.0.iter().all(|stat| stat.current == 0), "{array:?}");
         }
         assert_eq!(stats.inactive_split_bytes.get(heapscope_pytorch::memory_stats::StatType::SmallPool).allocated, 0);
+        // Whole pages only: nothing is ever free inside what is mapped, not even while a request's pages are mapped
+        // for it (they used to count free for a moment: `summary --policy paged` showed a peak of the request's size).
+        let mut builder = TraceBuilder::new("pages");
+        builder.alloc(1, 4 * MIB).unwrap();
+        builder.alloc(2, 1024 * MIB).unwrap();
+        builder.free(2).unwrap();
+        builder.free(1).unwrap();
+        let recording = Recording::from_trace(builder.finish());
+        let stats = replayed_snapshot(&recording, Contender::Paged, &CompareConfig::default()).unwrap().stats;
+        for array in [&stats.inactive_split_bytes, &stats.inactive_split] {
+            assert!(array.0.iter().all(|stat| stat.peak == 0 && stat.allocated == 0), "{array:?}");
+        }
     }
 
     #[test]
