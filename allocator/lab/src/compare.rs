@@ -109,7 +109,8 @@ pub struct Figures {
     pub peak_live_entry: Option<u64>,
     /// The most bytes reserved from the device at once.
     pub peak_reserved_bytes: u64,
-    /// Device allocations: blocks (segments) reserved, or map calls for paging.
+    /// Device allocations: blocks (segments) reserved, or map calls for paging; those holding what was live at the
+    /// start of a recording begun mid-run included, for every contender (PyTorch's own count leaves them out).
     pub device_allocs: u64,
     /// Device frees: blocks released, or unmap calls.
     pub device_frees: u64,
@@ -538,6 +539,8 @@ pub struct PytorchReplay {
     pub settings: String,
     /// Whether they differ from the recording's (a what-if: its fidelity is left out).
     pub what_if: bool,
+    /// The segments and mapped ranges it held at the start of the recording (a recording begun mid-run).
+    pub start_device_allocs: u64,
 }
 
 impl PytorchReplay {
@@ -556,7 +559,7 @@ impl PytorchReplay {
             peak_live_moment: self.peak_live_moment,
             peak_live_entry: self.peak_live_moment.and_then(entry_number),
             peak_reserved_bytes: count(stats.reserved_bytes.all().peak),
-            device_allocs: count(stats.num_device_alloc),
+            device_allocs: count(stats.num_device_alloc) + self.start_device_allocs,
             device_frees: count(stats.num_device_free),
             ooms: count(stats.num_ooms),
             first_oom: self.first_oom,
@@ -610,6 +613,7 @@ pub fn emulate_pytorch_copied<'r>(
         first_oom: follower.first_oom,
         fidelity,
         peak_live_moment: follower.peak_live.map(|(_, moment)| moment),
+        start_device_allocs: follower.start_device_allocs,
         settings: conf.overrides(),
         what_if,
     };
@@ -643,6 +647,8 @@ struct BackingFollower<'a, 'b> {
     stop_at_first_oom: bool,
     /// The most bytes requested and live so far, and the moment they were first.
     peak_live: Option<(i64, Moment)>,
+    /// The segments and mapped ranges held at the start.
+    start_device_allocs: u64,
 }
 
 /// What the follower stops the driver with at the first refusal, when asked to.
@@ -663,6 +669,7 @@ impl<'a, 'b> BackingFollower<'a, 'b> {
             step_effect: EntryEffect::Unchanged,
             stop_at_first_oom,
             peak_live: None,
+            start_device_allocs: 0,
         }
     }
 
@@ -711,6 +718,7 @@ impl<'a, 'b> BackingFollower<'a, 'b> {
     /// Replays `stream` through `target` (PyTorch rounds and aligns every request itself: no alignment of ours).
     fn follow<T: CachingTarget>(&mut self, stream: Stream<'_>, target: &mut T) -> Result<()> {
         let start = target.held_at_start();
+        self.start_device_allocs = start.len() as u64;
         if !start.is_empty() {
             self.apply(Moment::Start, &start, target.allocator())?;
         }

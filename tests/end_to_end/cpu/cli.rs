@@ -762,6 +762,8 @@ fn every_contender_replays_a_mid_run_recording_from_its_start() {
     for line in &lines {
         assert_eq!(line["ooms"], 0, "{line}");
         assert_eq!(line["peak_live_bytes"], lines[0]["peak_live_bytes"], "the same stream: {line}");
+        // What holds the start state counts as device allocations for every contender, PyTorch's segments too.
+        assert!(line["device_allocs"].as_u64() > Some(0), "{line}");
     }
     let compare = heapscope(&["compare", file, "--policy", "pytorch", "--policy", "pytorch-expandable", "--policy", "tlsf"]);
     assert!(compare.status.success(), "{}", stderr(&compare));
@@ -969,13 +971,15 @@ fn issue_14_several_devices_are_overviewed_and_chosen() {
         assert!(text.contains("three-gpus.pickle (device 1), "), "{text}");
     }
 
-    // `convert` takes the same device and lists the others (on stderr), and the trace it writes names its device.
+    // `convert` takes the same device and lists the others (on stderr), and the trace it writes names its source and
+    // device beside its own name.
     let converted = dir.join("default.trace");
     let convert = heapscope(&["convert", file, "--out", converted.to_str().unwrap()]);
     assert!(convert.status.success(), "{}", stderr(&convert));
     overview(&stderr(&convert), 1, "it ran out of memory; --device N shows another");
     let replayed = stdout(&heapscope(&["replay", converted.to_str().unwrap(), "--policy", "tlsf"]));
-    assert!(replayed.starts_with("three-gpus.pickle (device 1): "), "{replayed}");
+    let named = format!("{} (from three-gpus.pickle, device 1): ", converted.display());
+    assert!(replayed.starts_with(&named), "{replayed}");
     std::fs::remove_dir_all(dir).ok();
 }
 
