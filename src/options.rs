@@ -1,7 +1,7 @@
 //! Arguments shared by the commands: policy selection and heap rules.
 
 use clap::Args;
-use heapscope_core::units::{Bytes, parse_size};
+use heapscope_core::units::{Bytes, exact_size, parse_size};
 use heapscope_core::{HeapConfig, PolicyConfig, PolicyKind, ReleaseRule};
 use heapscope_gui::session::{OpenOptions, RuleOverrides};
 
@@ -28,7 +28,7 @@ pub struct OpenArgs {
     #[arg(long, value_name = "N")]
     pub device: Option<usize>,
     /// The heap contenders' preferred block size (default 256 MiB, or the story's).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_nonzero_size)]
     pub block_size: Option<u64>,
     /// Requests of at least this size that no block has room for get a block of their own (default 128 MiB).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
@@ -69,11 +69,31 @@ impl OpenArgs {
     }
 }
 
+/// A size that must be a power of two (an alignment): refused where clap reads it, naming the flag.
+///
+/// # Errors
+/// What [`parse_size`] refuses, or a size that is no power of two.
+pub fn parse_power_of_two(text: &str) -> Result<u64, String> {
+    let bytes = parse_size(text).map_err(|error| error.to_string())?;
+    if bytes.is_power_of_two() { Ok(bytes) } else { Err(format!("{} is not a power of two", exact_size(bytes))) }
+}
+
+/// A size that must not be 0 (a block's).
+///
+/// # Errors
+/// What [`parse_size`] refuses, or 0.
+pub fn parse_nonzero_size(text: &str) -> Result<u64, String> {
+    match parse_size(text).map_err(|error| error.to_string())? {
+        0 => Err("0 bytes: nothing fits".to_owned()),
+        bytes => Ok(bytes),
+    }
+}
+
 /// How a heap reserves blocks.
 #[derive(Debug, Clone, Args)]
 pub struct HeapRules {
     /// Preferred size of a shared block.
-    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_nonzero_size)]
     pub block_size: u64,
     /// Requests of at least this size that no reserved block has room for get a block of their own.
     #[arg(long, value_name = "SIZE", default_value = "128MiB", value_parser = parse_size)]
@@ -88,8 +108,8 @@ pub struct HeapRules {
     /// A budget: the most bytes reserved at once.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub budget: Option<u64>,
-    /// Every offset and size is a multiple of this.
-    #[arg(long, value_name = "SIZE", default_value = "256", value_parser = parse_size)]
+    /// Every offset and size is a multiple of this (a power of two).
+    #[arg(long, value_name = "SIZE", default_value = "256", value_parser = parse_power_of_two)]
     pub min_align: u64,
 }
 

@@ -52,7 +52,7 @@ pub struct RecordingArgs {
     #[arg(long, value_name = "N")]
     pub device: Option<usize>,
     /// Alignment of every request for the core's contenders (PyTorch rounds to 512 B).
-    #[arg(long, value_name = "SIZE", default_value = "512", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "512", value_parser = crate::options::parse_power_of_two)]
     pub align: u64,
     #[command(flatten)]
     pub heap: HeapRules,

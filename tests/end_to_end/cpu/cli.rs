@@ -666,13 +666,13 @@ fn bad_input_gets_a_clear_error() {
     // Issue 17: an unwritable --vma-json is refused before the pickle is written.
     let exported = dir.join("exported.pickle");
     let exported_path = exported.to_str().unwrap().to_owned();
-    let cases: [(Vec<&str>, &str); 27] = [
+    let cases: [(Vec<&str>, &str); 28] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
         (vec!["replay", &truncated_path], "truncated.pickle.gz"),
         (vec!["replay", &foreign_path], "foreign.pickle"),
-        (vec!["replay", good_path, "--align", "3"], "align_bytes = 3 is not a power of two"),
-        (vec!["replay", good_path, "--min-align", "3"], "min_align_bytes = 3 is not a power of two"),
+        (vec!["replay", good_path, "--align", "3"], "'--align <SIZE>': 3 B is not a power of two"),
+        (vec!["replay", good_path, "--min-align", "3"], "'--min-align <SIZE>': 3 B is not a power of two"),
         (vec!["replay", good_path, "--policy", "tlfs"], "unknown policy \"tlfs\""),
         (vec!["replay", good_path, "--alloc-conf", "expandable_segmnts:True"], "expandable_segmnts"),
         (vec!["replay", good_path, "--page-size", "3MiB"], "--page-size 3145728 is not a power of two"),
@@ -700,7 +700,8 @@ fn bad_input_gets_a_clear_error() {
         (vec!["demo", "--policy", "nope"], "unknown policy \"nope\""),
         (vec!["demo", "--block-size", "12 parsecs"], "unknown unit"),
         (vec!["demo", "--release", "sometimes"], "unknown release rule"),
-        (vec!["demo", "--min-align", "48"], "min_align_bytes = 48 is not a power of two"),
+        (vec!["demo", "--min-align", "48"], "'--min-align <SIZE>': 48 B is not a power of two"),
+        (vec!["demo", "--block-size", "0"], "'--block-size <SIZE>': 0 bytes: nothing fits"),
     ];
     for (args, needle) in cases {
         let output = heapscope(&args);
