@@ -77,6 +77,12 @@ fn left_out(recording: &Recording) -> Option<String> {
     {
         lost.push(format!("the allocator settings: --alloc-conf {} replays with them", conf.overrides()));
     }
+    if recording.start_events > 0 {
+        lost.push(format!(
+            "the segments that held the {} live at the start (the trace allocates them afresh: PyTorch's replay of it lays them out anew)",
+            counted(recording.start_events as u64, "allocation", "allocations")
+        ));
+    }
     let streams = recording.streams();
     if streams > 1 {
         lost.push(format!("its {streams} CUDA streams (one stream in the trace)"));

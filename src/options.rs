@@ -19,8 +19,8 @@ pub struct HeapArgs {
 /// `heapscope render`.
 #[derive(Debug, Clone, Default, Args)]
 pub struct OpenArgs {
-    /// Device memory for a file's replay (e.g. `3584MiB`, `14GiB`); unlimited by default (a story brings its
-    /// own).
+    /// Device memory for a file's replay (e.g. `3584MiB`, `14GiB`); by default what the recording's `oom` entry tells
+    /// (the bytes PyTorch held then plus the driver's free bytes), else unlimited (a story brings its own).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub capacity: Option<u64>,
     /// Which device of a PyTorch snapshot (default: the one that ran out of memory, else the one with the most trace

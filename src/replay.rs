@@ -28,7 +28,8 @@ pub struct RecordingArgs {
     /// A PyTorch memory snapshot (`torch.cuda.memory._dump_snapshot`, gzip or not), a native heapscope
     /// trace or a compact CSV trace.
     pub file: PathBuf,
-    /// Device memory available to the allocator (e.g. `3584MiB`, `14GiB`); unlimited by default.
+    /// Device memory available to the allocator (e.g. `3584MiB`, `14GiB`); by default what the recording's `oom`
+    /// entry tells (the bytes PyTorch held then plus the driver's free bytes), else unlimited.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub capacity: Option<u64>,
     /// PyTorch allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, over the file's own
@@ -295,7 +296,7 @@ fn settings_line(recording: &Recording, args: &RecordingArgs) -> String {
         _ => match &recording.snapshot {
             None => format!("pytorch's settings: {}, assumed (a trace records no settings)", shown(&recorded)),
             Some(snapshot) if snapshot.settings.is_none() => {
-                format!("pytorch's settings: {}, assumed (the file records none: an older PyTorch wrote it)", shown(&recorded))
+                format!("pytorch's settings: {}, assumed (the file records none)", shown(&recorded))
             }
             Some(_) => format!("pytorch's settings: {}, as recorded", shown(&recorded)),
         },

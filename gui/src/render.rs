@@ -312,8 +312,28 @@ pub fn gif_steps(steps: u64, frames: u32) -> Vec<u64> {
 /// GIF frames are quantised to 256 colours per frame; 10 is the `gif` crate's balance of speed and quality.
 const GIF_QUANTISER_SPEED: i32 = 10;
 
-/// Renders `session` as the story plays (see [`gif_steps`]) into an animated GIF at `path`, looping; what it
-/// wrote: the steps each frame shows.
+/// `frames` (steps in order, as [`gif_steps`] spreads them) with each of `moments` shown: a moment no frame shows
+/// takes the place of the frame nearest to it, so the count of frames stays. What an animation must not skip: the
+/// first request each pane refused.
+pub fn keep_moments(mut frames: Vec<u64>, moments: &[u64]) -> Vec<u64> {
+    for &moment in moments {
+        if frames.contains(&moment) {
+            continue;
+        }
+        // The nearest frame that shows no other moment kept.
+        let nearest = (0..frames.len())
+            .filter(|&index| !moments.contains(&frames[index]))
+            .min_by_key(|&index| frames[index].abs_diff(moment));
+        if let Some(index) = nearest {
+            frames[index] = moment;
+            frames.sort_unstable();
+        }
+    }
+    frames
+}
+
+/// Renders `session` as the story plays (see [`gif_steps`], the first refusal of each pane kept: [`keep_moments`])
+/// into an animated GIF at `path`, looping; what it wrote: the steps each frame shows.
 ///
 /// # Errors
 /// `gif.frames` is 0, an image size [`RenderOptions::check`] refuses, the session has no steps,
@@ -324,7 +344,10 @@ pub fn render_gif(session: &mut Session, options: RenderOptions, gif: GifOptions
     }
     // Well within a GIF's 65,535 pixels a side.
     options.check()?;
-    let steps = gif_steps(session.steps(), gif.frames);
+    // A refusal at step s shows once s + 1 steps are done.
+    let refused: Vec<u64> =
+        session.panes.iter().filter_map(|pane| pane.timeline.refusals().first().map(|&(step, _)| step + 1)).collect();
+    let steps = keep_moments(gif_steps(session.steps(), gif.frames), &refused);
     if steps.is_empty() {
         anyhow::bail!("{} has no steps to animate", session.name);
     }
@@ -406,6 +429,21 @@ mod tests {
             harness.ctx.fonts(|fonts| fonts.discovered_fonts().iter().map(|font| font.name.clone()).collect());
         assert!(!discovered.is_empty(), "no system font was taken for {text:?}");
         assert!(harness.ctx.fonts_mut(|fonts| fonts.has_glyphs(&id, "训练日本語")), "found: {discovered:?}");
+    }
+
+    #[test]
+    fn an_animation_keeps_the_moments_it_must_show() {
+        // (frames, moments, frames kept)
+        let cases: [(&[u64], &[u64], &[u64]); 5] = [
+            (&[25, 50, 75, 100], &[], &[25, 50, 75, 100]),
+            (&[25, 50, 75, 100], &[50], &[25, 50, 75, 100]),
+            (&[6, 12, 18, 24], &[17], &[6, 12, 17, 24]),
+            (&[6, 12, 18, 24], &[10, 11], &[10, 11, 18, 24]),
+            (&[5], &[3, 4], &[3]),
+        ];
+        for (frames, moments, kept) in cases {
+            assert_eq!(keep_moments(frames.to_vec(), moments), kept, "{frames:?} keeping {moments:?}");
+        }
     }
 
     #[test]

@@ -328,9 +328,13 @@ pub fn advise(recording: &Recording, config: &AdviseConfig, progress: &(dyn Fn(u
 /// reserved, then driver time; without, by the smallest capacity they need (none last), then peak reserved and
 /// driver time. `paged`, no setting one can paste, comes last, unranked (0): what a paging allocator would need.
 fn rank(settings: &mut [SettingAdvice], capacity_known: bool) {
+    // Needs are found on a grid (`min_capacity`'s grain, which grows with the run's peak): two within one step of
+    // the coarsest grid are the same need, and the peak reserved decides.
+    let largest = settings.iter().filter_map(|advice| advice.min_capacity_bytes).max().unwrap_or(0);
+    let step = grain_bytes(largest).saturating_mul(2);
     settings.sort_by(|a, b| {
         let key = |advice: &SettingAdvice| {
-            let need = if capacity_known { 0 } else { advice.min_capacity_bytes.unwrap_or(u64::MAX) };
+            let need = if capacity_known { 0 } else { advice.min_capacity_bytes.map_or(u64::MAX, |bytes| bytes / step) };
             (advice.setting == PAGED, capacity_known && advice.ooms > 0, need, advice.peak_reserved_bytes)
         };
         key(a).cmp(&key(b)).then(a.driver_time_us.total_cmp(&b.driver_time_us))
@@ -415,7 +419,8 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
         Row::Paged => true,
     };
     let search = if unlimited.ooms == 0 {
-        min_capacity(unlimited.allocated_peak_bytes.max(start), unlimited.reserved_peak_bytes, ceiling_fits, &fits)?
+        // A what-if of the other kind of memory may reserve less than the recording held at its start: never below it.
+        min_capacity(unlimited.allocated_peak_bytes.max(start), unlimited.reserved_peak_bytes.max(start), ceiling_fits, &fits)?
     } else {
         None
     };
@@ -442,6 +447,12 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
     })
 }
 
+/// The grid of [`min_capacity`] under a ceiling of `ceiling_bytes`: [`CAPACITY_STEP_BYTES`] or a 1/1024 of the
+/// ceiling, whichever is coarser.
+fn grain_bytes(ceiling_bytes: u64) -> u64 {
+    (ceiling_bytes / 1024).next_multiple_of(CAPACITY_STEP_BYTES).max(CAPACITY_STEP_BYTES)
+}
+
 /// The smallest capacity at which `fits`, by bisection between `floor` (the peak of bytes handed out: nothing below
 /// it fits) and `ceiling` (the peak reserved without a limit), galloping up from the floor then bisecting, on a grid of
 /// [`CAPACITY_STEP_BYTES`] or a 1/1024 of the
@@ -455,7 +466,7 @@ fn min_capacity(
     ceiling_fits: bool,
     fits: &dyn Fn(u64) -> Result<bool>,
 ) -> Result<Option<(u64, Option<u64>)>> {
-    let grain = (ceiling / 1024).next_multiple_of(CAPACITY_STEP_BYTES).max(CAPACITY_STEP_BYTES);
+    let grain = grain_bytes(ceiling);
     let mut high = ceiling.div_ceil(grain).max(1);
     if !ceiling_fits {
         while !fits(high * grain)? {
@@ -702,6 +713,41 @@ mod tests {
         assert!(advice.settings.iter().all(|row| row.monotone), "{:?}", advice.settings);
         let ranks: Vec<usize> = advice.settings.iter().map(|row| row.rank).collect();
         assert_eq!(ranks, [1, 2, 3, 0], "paged last, unranked");
+    }
+
+    /// On a recording begun mid-run, every PyTorch setting needs at least what the recording held at its start, a what-if
+    /// of the other kind of memory too (whose own run may reserve less: it used to be said to need less than `compare`
+    /// then accepts); and a setting is advised over the recorded one only where it needs less by more than the
+    /// search's grid or, needing the same, reserves less at its peak.
+    #[test]
+    fn mid_run_needs_hold_the_start_and_ties_keep_the_recorded_settings() {
+        for name in ["gpt2_train_fixed-default", "gpt2_train_fixed-expandable"] {
+            for cut in [5866, 9000] {
+                let mut snapshot = shared(name).snapshot.take().unwrap();
+                snapshot.device_traces[0].drain(..cut);
+                let recording = Recording::from_snapshot(name, snapshot, 0).unwrap();
+                let start = reserved_at_start(&recording);
+                let settings = ["", "expandable_segments:True", "roundup_power2_divisions:4"].map(String::from).to_vec();
+                let config = AdviseConfig { capacity_bytes: None, settings, threads: 2 };
+                let advice = advise(&recording, &config, &|_, _| {}).unwrap();
+                for row in advice.settings.iter().filter(|row| row.setting != PAGED) {
+                    assert!(row.min_capacity_bytes.unwrap() >= start, "{name} cut at {cut}: {row:?} under {start}");
+                }
+                let (best, recorded) = (advice.best().unwrap(), advice.recorded().unwrap());
+                let step = 2 * grain_bytes(best.min_capacity_bytes.unwrap().max(recorded.min_capacity_bytes.unwrap()));
+                let need = |row: &SettingAdvice| row.min_capacity_bytes.unwrap() / step;
+                let tied = need(best) == need(recorded) && best.peak_reserved_bytes <= recorded.peak_reserved_bytes;
+                assert!(
+                    best.as_recorded || need(best) < need(recorded) || tied,
+                    "{name} cut at {cut}: {} ({:?}, {}) over the recorded ({:?}, {})",
+                    best.setting,
+                    best.min_capacity_bytes,
+                    best.peak_reserved_bytes,
+                    recorded.min_capacity_bytes,
+                    recorded.peak_reserved_bytes
+                );
+            }
+        }
     }
 
     /// A state with no trace (`torch.cuda.memory_snapshot()`): a 20 MiB segment holding a 1 MiB block. PyTorch's

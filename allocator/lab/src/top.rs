@@ -125,10 +125,12 @@ pub enum TopError {
         text: String,
     },
     /// `--at oom` on a recording without an out-of-memory entry.
-    #[error("{recording} has no out-of-memory entry: nothing was refused")]
+    #[error("{recording} has no out-of-memory entry: nothing was refused{elsewhere}")]
     NoOom {
-        /// The recording's name.
+        /// The recording's name (with its device, for a file of several).
         recording: String,
+        /// Where the file's other devices have one (`; device 1 has one: --device 1`), or nothing.
+        elsewhere: String,
     },
     /// An entry past the recording's last.
     #[error("{recording} has {entries} entries (0 to {last}): there is no entry {entry}", last = entries.saturating_sub(1))]
@@ -189,6 +191,21 @@ fn key(snapshot: Option<&Snapshot>, stack: StackId, grouping: Grouping) -> Vec<S
     }
 }
 
+/// The other devices of `recording`'s file that have an `oom` entry, said as where to look (`; device 1 has one:
+/// --device 1`); empty when none does.
+fn ooms_elsewhere(recording: &Recording) -> String {
+    let Some(snapshot) = &recording.snapshot else { return String::new() };
+    let devices: Vec<usize> = (0..snapshot.device_traces.len())
+        .filter(|&device| device != recording.device)
+        .filter(|&device| snapshot.device_traces[device].iter().any(|entry| entry.action == Action::Oom))
+        .collect();
+    match devices.as_slice() {
+        [] => String::new(),
+        [device] => format!("; device {device} has one: --device {device}"),
+        [first, ..] => format!("; devices {devices:?} have one: --device {first}"),
+    }
+}
+
 /// What was live in `recording` at `at`, grouped by `grouping`. See the module docs.
 ///
 /// # Errors
@@ -205,7 +222,7 @@ pub fn top(recording: &Recording, at: TopAt, grouping: Grouping) -> Result<Top, 
         TopAt::Oom => match first_oom(recording) {
             Some((0, _)) => Moment::Start,
             Some((entry, _)) => Moment::Entry(entry - 1),
-            None => return Err(TopError::NoOom { recording: recording.name.clone() }),
+            None => return Err(TopError::NoOom { recording: recording.shown_name(), elsewhere: ooms_elsewhere(recording) }),
         },
         TopAt::Peak => peak(recording).0,
     };
@@ -412,6 +429,14 @@ mod tests {
         let plain = Recording::from_trace(heapscope_core::Trace::parse_csv("plain.csv", "a,0,10\n").unwrap());
         let error = top(&plain, TopAt::Oom, Grouping::UserFrame).unwrap_err();
         assert_eq!(error.to_string(), "plain.csv has no out-of-memory entry: nothing was refused");
+        // A file of several devices names the device, and the one that ran out of memory.
+        let traces = vec![vec![TraceEntry::new(Action::Alloc, 1 << 20, 512)], vec![TraceEntry::new(Action::Oom, 0, 1 << 30)]];
+        let two = Recording::from_snapshot("two.pickle", Snapshot { device_traces: traces, ..Snapshot::default() }, 0).unwrap();
+        let error = top(&two, TopAt::Oom, Grouping::UserFrame).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "two.pickle (device 0) has no out-of-memory entry: nothing was refused; device 1 has one: --device 1"
+        );
         // A trace has no frames: one row without them.
         let at = top(&plain, TopAt::Peak, Grouping::UserFrame).unwrap();
         assert_eq!(rows(&at), [(vec![], 10, 1)]);
