@@ -264,7 +264,7 @@ pub fn print_title(recording: &Recording, args: &RecordingArgs, contenders: &[Co
             Bytes(recording.start_bytes())
         );
     }
-    for line in caveats::all(recording, contenders) {
+    for line in caveats::all(recording, contenders, &args.compare_config(recording)) {
         outln!("{line}");
     }
     if recording.unknown_frees > 0 {

@@ -275,7 +275,7 @@ impl Session {
         // A snapshot of several devices shows one: say which.
         let name = recording.shown_name();
         let devices = recording.snapshot.as_ref().map(device_overview).unwrap_or_default();
-        let caveats = heapscope_lab::caveats::all(&recording, contenders);
+        let caveats = heapscope_lab::caveats::all(&recording, contenders, &config);
         let mut session = Self {
             name,
             summary: String::new(),

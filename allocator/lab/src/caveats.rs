@@ -6,14 +6,18 @@
 use heapscope_core::units::Bytes;
 use heapscope_pytorch::caching::RequestPools;
 
-use crate::compare::Figures;
+use crate::compare::{CompareConfig, Figures, recorded_expandable};
 use crate::contender::Contender;
 use crate::recording::{Moment, Recording, counted};
 use heapscope_pytorch::Action;
 
-/// Every caveat of `recording` replayed by `contenders`, in the order said (under the CLI's title, in the app's notice).
-pub fn all(recording: &Recording, contenders: &[Contender]) -> Vec<String> {
-    [pools(recording), streams(recording, contenders)].into_iter().flatten().collect()
+/// Every caveat of `recording` replayed by `contenders` with `config`, in the order said (under the CLI's title, in
+/// the app's notice).
+pub fn all(recording: &Recording, contenders: &[Contender], config: &CompareConfig) -> Vec<String> {
+    [pools(recording), streams(recording, contenders), start_afresh(recording, contenders, config)]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// The note that the recording uses private memory pools (CUDA graphs, `torch.cuda.MemPool`), which PyTorch serves
@@ -70,6 +74,34 @@ pub fn streams(recording: &Recording, contenders: &[Contender]) -> Option<String
             "the recording uses {streams} CUDA streams: PyTorch's allocator keeps a pool per stream, {} serve every stream \
              from one heap",
             ignoring.join(", ")
+        )
+    })
+}
+
+/// The note that a PyTorch contender running with the other kind of memory than the recording's (expandable segments
+/// turned on or off) on a recording begun mid-run holds what was live at the start in segments of its own kind,
+/// allocated afresh in address order (`caching::initial::reallocate_start_state`): what fragmentation the recorded
+/// program had built before the recording is not known, so its figures can come out below a whole run's.
+pub fn start_afresh(recording: &Recording, contenders: &[Contender], config: &CompareConfig) -> Option<String> {
+    if recording.start_events == 0 || recording.snapshot.is_none() {
+        return None;
+    }
+    let recorded = recorded_expandable(recording);
+    let names: Vec<String> = contenders
+        .iter()
+        .filter_map(|&contender| match contender {
+            Contender::Pytorch { expandable } => {
+                let conf = config.pytorch_conf(recording, expandable).ok()?;
+                (conf.expandable_segments != recorded).then(|| format!("`{}`", config.pytorch_name(recording, expandable)))
+            }
+            _ => None,
+        })
+        .collect();
+    (!names.is_empty()).then(|| {
+        format!(
+            "{} (the other kind of memory than the recording's) allocates what was live at the start afresh, in address \
+             order: the fragmentation before the recording is not known, so its figures can be lower than a whole run's",
+            names.join(" and ")
         )
     })
 }
@@ -239,6 +271,36 @@ mod tests {
         }
     }
 
+    /// The start state allocated afresh: said for a PyTorch contender of the other kind of memory than a mid-run
+    /// recording's (by name, or by `--alloc-conf`), not for one of its kind, nor for a recording that starts empty.
+    #[test]
+    fn a_start_state_allocated_afresh_is_said() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch/frag_oom-default.pickle.gz");
+        let whole = Recording::open(&path, 0).unwrap();
+        let mut snapshot = whole.snapshot.clone().unwrap();
+        snapshot.device_traces[0].drain(..30);
+        let cut = Recording::from_snapshot("cut", snapshot, 0).unwrap();
+        let pytorch = Contender::Pytorch { expandable: false };
+        let expandable = Contender::Pytorch { expandable: true };
+        let flipped = CompareConfig { alloc_conf: Some("expandable_segments:True".to_owned()), ..CompareConfig::default() };
+        // (recording, contenders, config, who is named)
+        let cases: [(&Recording, &[Contender], &CompareConfig, Option<&str>); 5] = [
+            (&cut, &[pytorch, expandable], &CompareConfig::default(), Some("`pytorch-expandable` (the other kind")),
+            (&cut, &[pytorch], &CompareConfig::default(), None),
+            (&cut, &[pytorch], &flipped, Some("`pytorch` (the other kind")),
+            (&whole, &[pytorch, expandable], &CompareConfig::default(), None),
+            (&cut, &[Contender::Heap(PolicyKind::Tlsf)], &CompareConfig::default(), None),
+        ];
+        for (recording, contenders, config, said) in cases {
+            let note = start_afresh(recording, contenders, config);
+            assert_eq!(note.is_some(), said.is_some(), "{contenders:?}: {note:?}");
+            if let (Some(note), Some(said)) = (note, said) {
+                assert!(note.starts_with(said) && note.contains("afresh, in address order"), "{note}");
+            }
+        }
+    }
+
     /// Every caveat together: the pools' first, then the streams', none for a plain recording.
     #[test]
     fn all_lists_the_caveats_in_order() {
@@ -257,7 +319,7 @@ mod tests {
             (vec![entry(0, 7, 1), entry(512, 9, 0)], 2, "1 request of the recording went to 1 private memory pool"),
         ];
         for (trace, count, start) in cases {
-            let said = all(&recording(trace), &tlsf);
+            let said = all(&recording(trace), &tlsf, &CompareConfig::default());
             assert_eq!(said.len(), count, "{said:?}");
             assert!(said.first().is_none_or(|first| first.starts_with(start)), "{said:?}");
         }

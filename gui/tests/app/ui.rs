@@ -908,7 +908,7 @@ fn what_the_panes_do_not_tell_apart_is_said_on_opening() {
     let app = harness.state();
     let session = app.session.as_ref().unwrap();
     let contenders: Vec<Contender> = session.panes.iter().filter_map(|pane| pane.contender).collect();
-    let said = heapscope_lab::caveats::all(&session.recording, &contenders);
+    let said = heapscope_lab::caveats::all(&session.recording, &contenders, &session.config);
     assert_eq!(session.caveats, said);
     assert!(said[0].contains("went to 1 private memory pool") && said[1].starts_with("the recording uses 2 CUDA streams"));
     let notice = app.notice.clone().unwrap_or_default();
