@@ -401,7 +401,7 @@ pub fn print_header() {
         "peak live @ entry",
         "peak reserved",
         "ratio",
-        "segments",
+        "dev alloc",
         "OOMs",
         "ns/event"
     );

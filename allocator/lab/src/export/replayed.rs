@@ -257,15 +257,22 @@ impl StatsRecorder {
                 self.update_block(address, |block| block.size_bytes = 0);
                 self.blocks.remove(&address);
             }
+            // A paged heap's range is one segment while anything is mapped in it, as an expandable segment is.
             DeviceEvent::Mapped { size_bytes, .. } => {
                 stats.reserved_bytes.increase(false, size_bytes);
                 stats.num_device_alloc += 1;
+                if self.blocks.get(&0).is_none_or(|block| block.size_bytes == 0) {
+                    self.stats.segment.increase(false, 1);
+                }
                 self.update_block(0, |block| block.size_bytes += size_bytes);
             }
             DeviceEvent::Unmapped { size_bytes, .. } => {
                 stats.reserved_bytes.decrease(false, size_bytes);
                 stats.num_device_free += 1;
                 self.update_block(0, |block| block.size_bytes -= size_bytes);
+                if self.blocks.get(&0).is_some_and(|block| block.size_bytes == 0) {
+                    self.stats.segment.decrease(false, 1);
+                }
             }
         }
     }
@@ -781,9 +788,13 @@ mod tests {
         builder.free(1).unwrap();
         let recording = Recording::from_trace(builder.finish());
         let stats = replayed_snapshot(&recording, Contender::Paged, &CompareConfig::default()).unwrap().stats;
-        for array in [&stats.inactive_split_bytes, &stats.inactive_split, &stats.reserved_bytes, &stats.allocated_bytes] {
+        for array in
+            [&stats.inactive_split_bytes, &stats.inactive_split, &stats.reserved_bytes, &stats.allocated_bytes, &stats.segment]
+        {
             assert!(array.0.iter().all(|stat| stat.current == 0), "{array:?}");
         }
+        // The range is one segment while anything is mapped in it.
+        assert_eq!((stats.segment.all().peak, stats.segment.all().allocated), (1, 1));
         assert_eq!(stats.inactive_split_bytes.get(heapscope_pytorch::memory_stats::StatType::SmallPool).allocated, 0);
         // Whole pages only: nothing is ever free inside what is mapped, not even while a request's pages are mapped
         // for it (they used to count free for a moment: `summary --policy paged` showed a peak of the request's size).
