@@ -36,6 +36,16 @@ pub fn byte_unit(max_bytes: f64) -> (&'static str, f64) {
     UNITS.into_iter().find(|&(_, size)| max_bytes >= size).unwrap_or(UNITS[3])
 }
 
+/// egui_plot's smallest grid spacing (`Plot::grid_spacing`'s default minimum), in points.
+const GRID_SPACING_POINTS: f32 = 8.0;
+
+/// How far apart labelled ticks of the bytes axis are at least, in points: where egui_plot draws a y-axis label at
+/// full strength (its `label_spacing`, 20 to 30 points).
+const LABEL_SPACING_POINTS: f32 = 30.0;
+
+/// The width of both plots' y axes, so that their x axes line up whatever their labels (points).
+const Y_AXIS_WIDTH_POINTS: f32 = 44.0;
+
 /// The smallest of 1, 2 and 5 times a power of ten that is at least `value` (positive).
 pub(crate) fn nice_step(value: f64) -> f64 {
     let power = 10f64.powf(value.log10().floor());
@@ -48,11 +58,15 @@ pub(crate) fn nice_step(value: f64) -> f64 {
 
 /// Grid steps for the bytes axis: fine lines at the plot's smallest step, and labelled ones (1, 2 or 5 times a power
 /// of ten) dividing the visible range into at most four, so that a few ticks carry numbers whatever the magnitude
-/// (with powers of ten alone, 58 GiB on a short plot left only the "0" tick labelled).
+/// (with powers of ten alone, 58 GiB on a short plot left only the "0" tick labelled), and at least
+/// [`LABEL_SPACING_POINTS`] apart: egui_plot fades a label out below that and drops it below two thirds of it (a
+/// plot 80 points high over 18 GiB showed none).
 fn labelled_steps(input: &egui_plot::GridInput) -> [f64; 3] {
     let span = (input.bounds.1 - input.bounds.0).abs();
     let fine = nice_step(input.base_step_size.max(f64::MIN_POSITIVE));
-    let labelled = nice_step((span / 4.0).max(fine));
+    // `base_step_size` is the value of egui_plot's smallest grid spacing, `GRID_SPACING_POINTS`.
+    let readable = input.base_step_size * f64::from(LABEL_SPACING_POINTS / GRID_SPACING_POINTS);
+    let labelled = nice_step((span / 4.0).max(fine).max(readable));
     let middle = nice_step((labelled / 2.0).max(fine));
     [fine, middle.max(fine), labelled]
 }
@@ -204,6 +218,7 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
         .include_x(x_of(steps))
         .link_axis(link, [true, false])
         .y_grid_spacer(egui_plot::uniform_grid_spacer(|input| labelled_steps(&input)))
+        .y_axis_min_width(Y_AXIS_WIDTH_POINTS)
         .y_axis_formatter(|mark, _| tick_label(mark.value, mark.step_size))
         .y_axis_label(unit_name)
         .show(ui, |plot| {
@@ -243,6 +258,7 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
         .include_x(x_of(steps))
         .link_axis(link, [true, false])
         .x_axis_label("entry")
+        .y_axis_min_width(Y_AXIS_WIDTH_POINTS)
         .y_axis_label("frag. / waste")
         .show(ui, |plot| {
             for ((name, series), &colour) in series.iter().zip(&colours) {
@@ -273,11 +289,19 @@ mod tests {
             assert!((nice_step(value) - step).abs() < 1e-12, "{value}: {}", nice_step(value));
         }
         // (range shown in GiB, the labelled step): 58 and 78 GiB get ticks every 20, 13 GiB every 5.
-        for (top, labelled) in [(60.9, 20.0), (81.9, 50.0), (13.7, 5.0), (0.9, 0.5), (3.5, 1.0)] {
-            let steps = labelled_steps(&egui_plot::GridInput { bounds: (0.0, top), base_step_size: top / 200.0 });
-            assert!((steps[2] - labelled).abs() < 1e-12, "{top}: {steps:?}");
+        // (range shown in GiB, the plot's height in points, the labelled step)
+        let cases = [(60.9, 1600.0, 20.0), (81.9, 1600.0, 50.0), (13.7, 1600.0, 5.0), (0.9, 1600.0, 0.5), (3.5, 1600.0, 1.0)];
+        // A short plot: labels at least 30 points apart, where egui_plot draws them (80 points over 18.6 GiB: 5 GiB
+        // is 21 points, faded to nothing; 10 GiB is 43).
+        let short = [(18.6, 80.0, 10.0), (3.5, 80.0, 2.0), (3.5, 200.0, 1.0)];
+        for (top, height, labelled) in cases.into_iter().chain(short) {
+            let base_step_size = top / height * f64::from(GRID_SPACING_POINTS);
+            let steps = labelled_steps(&egui_plot::GridInput { bounds: (0.0, top), base_step_size });
+            assert!((steps[2] - labelled).abs() < 1e-12, "{top} over {height}: {steps:?}");
             assert!(steps[0] <= steps[1] && steps[1] <= steps[2], "{steps:?}");
             assert!(top / steps[2] >= 1.0 && top / steps[2] <= 4.0 + 1e-9, "{top}: between 1 and 4 labelled ticks");
+            let points_apart = steps[2] / top * height;
+            assert!(points_apart >= f64::from(LABEL_SPACING_POINTS) - 1e-9, "{top} over {height}: {points_apart} points apart");
         }
     }
 
