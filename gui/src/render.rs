@@ -164,11 +164,26 @@ fn colour_legend(ui: &mut egui::Ui, session: &Session, colour_by: ColourBy, too_
         let what = if colour_by == ColourBy::Age { "colour = age:" } else { "colour = size requested:" };
         ui.label(RichText::new(what).small());
         for (colour, words) in entries {
-            let (rect, _) = ui.allocate_exact_size(egui::vec2(12.0, 10.0), egui::Sense::hover());
-            ui.painter().rect_filled(rect, 2.0, colour);
-            ui.label(RichText::new(words).small());
+            legend_entry(ui, colour, &words);
         }
     });
+}
+
+/// One entry of a legend laid out in wrapped rows: a swatch and its words, on a new row when the words would not fit
+/// beside the swatch on this one (a row never ends between the two).
+fn legend_entry(ui: &mut egui::Ui, colour: egui::Color32, words: &str) {
+    const SWATCH: egui::Vec2 = egui::vec2(12.0, 10.0);
+    let text = egui::WidgetText::from(RichText::new(words).small());
+    let galley = text.clone().into_galley(ui, Some(egui::TextWrapMode::Extend), f32::INFINITY, egui::TextStyle::Small);
+    let needed = SWATCH.x + ui.spacing().item_spacing.x + galley.size().x;
+    // What is left of this row (a wrapping layout's available width is the whole row's).
+    let left = ui.max_rect().right() - ui.cursor().min.x;
+    if left < needed && left < ui.max_rect().width() {
+        ui.end_row();
+    }
+    let (rect, _) = ui.allocate_exact_size(SWATCH, egui::Sense::hover());
+    ui.painter().rect_filled(rect, 2.0, colour);
+    ui.label(text);
 }
 
 /// The legend of a render coloured by stack or category: the groups holding the most bytes in the first pane,
@@ -181,10 +196,8 @@ fn group_legend(ui: &mut egui::Ui, session: &Session, colour_by: ColourBy) {
     ui.horizontal_wrapped(|ui| {
         ui.label(RichText::new(what).small());
         for (group, name, bytes) in session.group_legend(colour_by, 8) {
-            let (rect, _) = ui.allocate_exact_size(egui::vec2(12.0, 10.0), egui::Sense::hover());
-            ui.painter().rect_filled(rect, 2.0, crate::palette::group(group));
             let name = name.unwrap_or_else(|| none.to_owned());
-            ui.label(RichText::new(format!("{name} ({})", heapscope_core::units::Bytes(bytes))).small());
+            legend_entry(ui, crate::palette::group(group), &format!("{name} ({})", heapscope_core::units::Bytes(bytes)));
         }
     });
 }
@@ -443,6 +456,35 @@ mod tests {
         ];
         for (frames, moments, kept) in cases {
             assert_eq!(keep_moments(frames.to_vec(), moments), kept, "{frames:?} keeping {moments:?}");
+        }
+    }
+
+    /// However narrow the legend, no row ends between a swatch and its words: every entry's words start a swatch's
+    /// width right of the legend's left edge (words at the edge would have left their swatch on the row above).
+    #[test]
+    fn a_legend_row_never_ends_between_a_swatch_and_its_words() {
+        use egui_kittest::kittest::Queryable as _;
+        let words = ["1.00 GiB to 2.00 GiB", "padding and rounding", "free", "unmapped address space"];
+        for width in [160.0, 240.0, 330.0, 480.0] {
+            let mut harness = Harness::builder().with_size([width, 300.0]).build_ui_state(
+                |ui, left: &mut f32| {
+                    *left = ui.max_rect().left();
+                    ui.horizontal_wrapped(|ui| {
+                        for words in words {
+                            legend_entry(ui, egui::Color32::RED, words);
+                        }
+                    });
+                },
+                0.0,
+            );
+            harness.run();
+            let left = *harness.state();
+            let tops: Vec<f32> = words.iter().map(|words| harness.get_by_label(words).rect().top()).collect();
+            for words in words {
+                let rect = harness.get_by_label(words).rect();
+                assert!(rect.left() >= left + 12.0, "{width}: {words:?} at {rect:?}, the legend from {left}");
+            }
+            assert!(tops.windows(2).all(|pair| pair[0] <= pair[1]), "{width}: rows in order {tops:?}");
         }
     }
 
