@@ -56,6 +56,13 @@ pub trait DeviceHeap {
     /// Bytes reserved from the device now, and requested by live allocations now.
     fn reserved_and_live_bytes(&self) -> (u64, u64);
 
+    /// Reserved bytes held only as a cache, which [`DeviceHeap::empty_cache`] would give back although allocations
+    /// live beside them (a paged heap's free pages kept mapped under pressure); 0 for a heap, whose free space in a
+    /// block holding allocations stays with the block.
+    fn cached_bytes(&self) -> u64 {
+        0
+    }
+
     /// The verdict for a request of `size_bytes` that overflows once aligned to `align_bytes`: no device
     /// holds it (exhaustion), whatever the state. It counts as an out-of-memory error.
     fn oversized_verdict(&mut self, size_bytes: u64, align_bytes: u64) -> OomVerdict {
@@ -192,6 +199,10 @@ impl DeviceHeap for PagedHeap {
 
     fn block_base(_handle: &Allocation) -> u64 {
         0
+    }
+
+    fn cached_bytes(&self) -> u64 {
+        self.stats().cached_bytes
     }
 
     fn record_device_events(&mut self, on: bool) {
