@@ -89,14 +89,6 @@ fn format_named(path: &Path) -> Option<(&'static str, &'static str)> {
     }
 }
 
-/// The first bytes of a file, in hex and as text (`68 65 6c 6c 6f ("hello")`).
-fn shown_head(head: &[u8]) -> String {
-    let hex: Vec<String> = head.iter().map(|byte| format!("{byte:02x}")).collect();
-    let text: String =
-        head.iter().map(|&byte| if byte.is_ascii_graphic() || byte == b' ' { byte as char } else { '.' }).collect();
-    format!("{} ({text:?})", hex.join(" "))
-}
-
 /// Why a recording file could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
@@ -317,7 +309,7 @@ impl Recording {
                 Ok(Self::from_snapshot(&file, snapshot, device)?)
             }
             Format::Csv if let Some((what, expected)) = format_named(path) => {
-                Err(OpenError::NotItsFormat { file, what, expected, head: shown_head(&head[..read]) })
+                Err(OpenError::NotItsFormat { file, what, expected, head: heapscope_pytorch::import::shown_bytes(&head[..read]) })
             }
             Format::Native | Format::Csv if device.is_some_and(|device| device != 0) => {
                 Err(OpenError::NoSuchDevice { file, device: device.unwrap_or_default() })

@@ -70,7 +70,7 @@ pub enum SnapshotError {
         file: String,
         /// Offset in the (decompressed) pickle stream.
         offset: u64,
-        /// What is wrong, e.g. `unknown or unsupported opcode 0x50`.
+        /// What is wrong, e.g. `unknown or unsupported opcode 0x95`.
         what: String,
     },
     /// The pickle is fine but does not hold a memory snapshot.
@@ -194,6 +194,25 @@ fn parse(reader: impl Read, name: &str, decoder: Decoder) -> Result<Snapshot, Sn
 
 /// Parses the pickle stream `input` (gunzipped by now when `gzip`) with `decoder`.
 fn parse_decompressed(mut input: impl Read, gzip: bool, name: &str, decoder: Decoder) -> Result<Snapshot, SnapshotError> {
+    // A snapshot's pickle opens with PROTO (protocol 2 and later) or a dict or list (0 and 1): anything else is no
+    // pickle of one (text gzipped, another format), said with what it holds rather than as a stray opcode's error.
+    let mut head = [0u8; 8];
+    let read = read_up_to(&mut input, &mut head).map_err(|error| SnapshotError::Io {
+        file: name.to_owned(),
+        error: io::Error::new(error.kind(), format!("at byte 0 of the pickle stream: {error}")),
+    })?;
+    if read > 0 && !matches!(head[0], 0x80 | b'(' | b'}' | b']') {
+        let holds = if gzip { "the gzip stream holds" } else { "it starts with" };
+        return Err(SnapshotError::Pickle {
+            file: name.to_owned(),
+            offset: 0,
+            what: format!(
+                "no pickle of a snapshot (one opens with 0x80 and its protocol, or `(`, `}}` or `]`): {holds} {}",
+                shown_bytes(&head[..read])
+            ),
+        });
+    }
+    let mut input = (&head[..read]).chain(input);
     let result = pickle_read::read_pickle(&mut input, decoder).and_then(|result| {
         if gzip {
             // Read the rest so that the gzip trailer (CRC, length) is checked: a cut file is an error.
@@ -214,6 +233,28 @@ fn parse_decompressed(mut input: impl Read, gzip: bool, name: &str, decoder: Dec
     };
     let (root, decoder) = result.map_err(convert_error)?;
     decoder.finish(&root).map_err(|Issue { path, what }| SnapshotError::Schema { file: name.to_owned(), path, what })
+}
+
+/// Reads into `out` until it is full or the stream ends: how many bytes.
+fn read_up_to(input: &mut impl Read, out: &mut [u8]) -> io::Result<usize> {
+    let mut read = 0;
+    while read < out.len() {
+        match input.read(&mut out[read..]) {
+            Ok(0) => break,
+            Ok(n) => read += n,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(read)
+}
+
+/// Bytes as hex and as text, for saying what a file holds instead: `68 65 6c 6c 6f ("hello")`.
+pub fn shown_bytes(bytes: &[u8]) -> String {
+    let hex: Vec<String> = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+    let text: String =
+        bytes.iter().map(|&byte| if byte.is_ascii_graphic() || byte == b' ' { byte as char } else { '.' }).collect();
+    format!("{} ({text:?})", hex.join(" "))
 }
 
 /// A schema problem: where and what.
@@ -2727,8 +2768,15 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         let pickle = |body: &[u8]| [b"\x80\x04".as_slice(), body, b"."].concat();
         // (bytes, expected fragment of the message)
         let cases: Vec<(Vec<u8>, &str)> = vec![
-            (b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec(), "unknown or unsupported opcode 0x50"),
-            (b"{\"segments\": []}".to_vec(), "at byte 0 of the pickle stream: unknown or unsupported opcode 0x7b"),
+            // What the file holds, at its first bytes: no pickle of a snapshot opens with anything but PROTO or a
+            // dict or list.
+            (
+                b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec(),
+                "at byte 0 of the pickle stream: no pickle of a snapshot (one opens with 0x80 and its protocol, or `(`, `}` or \
+                 `]`): it starts with 89 50 4e 47 0d 0a 1a 0a (\".PNG....\")",
+            ),
+            (b"hello".to_vec(), "it starts with 68 65 6c 6c 6f (\"hello\")"),
+            (b"{\"segments\": []}".to_vec(), "at byte 0 of the pickle stream: no pickle of a snapshot"),
             (Vec::new(), "truncated"),
             (vec![0x1f, 0x8b, 8, 0, 0, 0], "cannot read"),
             (pickle(b"K\x01"), "<top level>: expected dict (a snapshot) or list (the segments of torch.cuda.memory_snapshot()), found int"),
