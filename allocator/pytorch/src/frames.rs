@@ -5,16 +5,19 @@
 //! model's Python code. Shown as they are, a hover or a table fills with the first and never reaches the last
 //! ("... 69 more"). heapscope folds them the way PyTorch's memory_viz does: a frame is *noise* when its function
 //! or file names the machinery ([`is_noise`]: the unwinder, the gatherer, the C start-up, CPython's call and eval
-//! functions, the dispatcher's boxing and registration files); [`folded`] keeps the rest, innermost first.
+//! functions, the dispatcher's boxing and registration files), and also the caching allocator's own frames, which
+//! memory_viz keeps; [`folded`] keeps the rest, innermost first.
 //! [`user_frame`] picks the one frame to attribute memory to: the innermost kept frame of Python code outside
 //! PyTorch's own package (the model's line), else the innermost kept Python frame, else the innermost kept frame.
 
 use crate::snapshot::Frame;
 
-/// Function names (substrings) of the unwinder, the traceback gatherer, the C start-up and CPython's call
-/// machinery.
-const NOISE_FUNCTIONS: [&str; 10] = [
+/// Function names (substrings) of the unwinder, the traceback gatherer, the C start-up, CPython's call machinery
+/// (memory_viz's list) and the caching allocator itself (its `malloc`, where every stack begins: memory_viz keeps it,
+/// heapscope folds it as the machinery it is).
+const NOISE_FUNCTIONS: [&str; 11] = [
     "unwind::unwind",
+    "CUDACachingAllocator::",
     "CapturedTraceback::gather",
     "gather_with_cpp",
     "__libc_start_main",
@@ -112,7 +115,6 @@ mod tests {
         assert_eq!(
             kept,
             [
-                "??",
                 "aten/src/ATen/native/cuda/EmptyTensor.cpp",
                 "/usr/lib/python3/site-packages/torch/nn/modules/linear.py",
                 "/home/me/model.py",
