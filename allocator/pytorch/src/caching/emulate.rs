@@ -274,7 +274,9 @@ impl<'s> Emulator<'s> {
     /// The allocator at the start of device `device`'s recording in `snapshot` (settings `conf`, a device of
     /// `capacity_bytes`), ready for its first entry. With expandable segments turned on or off against the recording,
     /// new segments are placed by the driver's rule ([`Emulator::hide_addresses`]): the recorded addresses are of the
-    /// other kind of memory. Other what-ifs keep the recorded addresses, the driver's own answers to this program.
+    /// other kind of memory; and what was live at the start of a recording begun mid-run is allocated afresh, in
+    /// address order, in segments of this run's kind (the `initial` module's `reallocate_start_state`). Other what-ifs
+    /// keep the recorded addresses and layout, the driver's own answers to this program.
     ///
     /// # Errors
     /// [`EmulationError`] naming the segment, block or trace entry the emulation cannot replay.
