@@ -15,6 +15,7 @@ use heapscope_gui::{RenderOptions, Session, WindowOptions};
 use heapscope_lab::compare::CompareConfig;
 use heapscope_lab::contender::Contender;
 use heapscope_lab::recording::Moment;
+use heapscope_lab::top::{TopAt, moment_to_draw};
 
 use crate::options::OpenArgs;
 
@@ -41,10 +42,11 @@ pub struct GuiArgs {
     /// Steps of the live workload (default: its own).
     #[arg(long, value_name = "N", requires = "live")]
     pub steps: Option<u32>,
-    /// Open at this moment: `start` (before the first entry, the default) or an entry number (from 0, the file's
-    /// own numbering: `device_traces[device][N]`); past the last entry is refused.
-    #[arg(long, value_name = "start|ENTRY", conflicts_with = "live")]
-    pub at: Option<Moment>,
+    /// Open at this moment: `start` (before the first entry, the default), an entry number (from 0, the file's
+    /// own numbering: `device_traces[device][N]`; past the last entry is refused), `peak` (the most bytes live) or
+    /// `oom` (the first out-of-memory entry, its refused request shown).
+    #[arg(long, value_name = "start|ENTRY|peak|oom", conflicts_with = "live")]
+    pub at: Option<TopAt>,
     /// Open with the timeline showing every allocation over time, stacked (memory_viz's active memory timeline),
     /// instead of the totals.
     #[arg(long, conflicts_with = "segments")]
@@ -103,10 +105,11 @@ pub struct RenderArgs {
     /// pytorch-expandable, paged or any policy of `heapscope policies`.
     #[arg(long = "policy", value_name = "NAME")]
     pub policies: Vec<Contender>,
-    /// Show the heap at this moment: `start` or an entry number, from 0 (default: the end; a PNG only; past the
-    /// last entry is refused).
-    #[arg(long, value_name = "start|ENTRY")]
-    pub at: Option<Moment>,
+    /// Show the heap at this moment: `start`, an entry number from 0 (past the last entry is refused), `peak` (the
+    /// most bytes live) or `oom` (the first out-of-memory entry, its refused request shown); default: the end; a PNG
+    /// only.
+    #[arg(long, value_name = "start|ENTRY|peak|oom")]
+    pub at: Option<TopAt>,
     /// The PNG to write; a name ending in `.gif` writes an animated GIF of the story playing instead.
     #[arg(long, value_name = "PNG|GIF")]
     pub out: PathBuf,
@@ -240,10 +243,10 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
     if args.frame_ms == Some(0) {
         anyhow::bail!("--frame-ms 0: each frame needs to show for a while");
     }
-    let options = RenderOptions {
+    let mut options = RenderOptions {
         width: args.width,
         height: args.height,
-        at: args.at,
+        at: None,
         colour_by: args.colour,
         fit_each_pane: args.fit_each_pane,
         timeline: args.timeline,
@@ -282,8 +285,9 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
         );
         return Ok(());
     }
+    options.at = args.at.map(|at| moment_to_draw(&session.recording, at)).transpose()?;
     heapscope_gui::render_png(&mut session, options, &args.out)?;
-    let shown = args.at.unwrap_or(Moment::at_position(session.steps()));
+    let shown = options.at.unwrap_or(Moment::at_position(session.steps()));
     outln!("wrote {} ({}, {shown} of {} entries)", args.out.display(), session.name, session.steps());
     Ok(())
 }

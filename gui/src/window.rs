@@ -41,8 +41,8 @@ pub struct WindowOptions {
     pub quit_after_frames: Option<u32>,
     /// Once those frames are drawn, write a screenshot of the window here (PNG) before closing.
     pub screenshot: Option<PathBuf>,
-    /// Open at this moment (`None`: at the start).
-    pub start_at_event: Option<heapscope_lab::recording::Moment>,
+    /// Open at this moment (`None`: at the start): an entry, the start, the peak or the first `oom` entry.
+    pub start_at_event: Option<heapscope_lab::top::TopAt>,
     /// What the timeline opens on: the totals, every allocation (the active memory timeline) or the first pane's
     /// segments.
     pub timeline: crate::active_plot::TimelineView,
@@ -290,7 +290,11 @@ pub fn run(
     }
     app.timeline_view = window.timeline;
     if let Some(at) = window.start_at_event {
-        app.playback.seek(check_at(at, app.steps())?);
+        let moment = match &app.session {
+            Some(session) => heapscope_lab::top::moment_to_draw(&session.recording, at)?,
+            None => heapscope_lab::recording::Moment::Start,
+        };
+        app.playback.seek(check_at(moment, app.steps())?);
     }
     // Once what was asked for is known to open: the window draws with heapscope's own device where it can, and
     // live runs run on that very device.

@@ -285,6 +285,23 @@ pub fn top(recording: &Recording, at: TopAt, grouping: Grouping) -> Result<Top, 
     Ok(Top { moment: target, live_bytes, live_count: live.len() as u64, grouping, rows, refused })
 }
 
+/// The moment `at` names for drawing the heap (`render --at`, `gui --at`): an entry or the start as given, the peak's
+/// moment ([`peak`]), or for `oom` the first out-of-memory entry itself, whose refused request the map shows (where
+/// `top` lists what was live when it came, the moment before).
+///
+/// # Errors
+/// [`TopError::NoOom`] for `oom` on a recording without an out-of-memory entry.
+pub fn moment_to_draw(recording: &Recording, at: TopAt) -> Result<Moment, TopError> {
+    match at {
+        TopAt::Moment(moment) => Ok(moment),
+        TopAt::Peak => Ok(peak(recording).0),
+        TopAt::Oom => match first_oom(recording) {
+            Some((entry, _)) => Ok(Moment::Entry(entry)),
+            None => Err(TopError::NoOom { recording: recording.shown_name(), elsewhere: ooms_elsewhere(recording) }),
+        },
+    }
+}
+
 /// The first moment the recording's live bytes are highest (the start when nothing is ever allocated after it), and
 /// those bytes. Live bytes are counted once each moment is done: an out-of-memory entry allocates and frees its
 /// request in one moment, so it changes nothing.

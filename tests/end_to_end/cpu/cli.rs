@@ -90,6 +90,12 @@ fn render_draws_a_recording_or_a_story_into_a_png() {
     assert!(is_png(&story));
     assert!(from_file.status.success(), "{}", stderr(&from_file));
     assert!(is_png(&file));
+    // `--at peak` and `--at oom` name the moments `top` names: frag_oom's peak at entry 39, its refused 1 GiB at 100.
+    let frag_oom = trace("pytorch/frag_oom-default.pickle.gz");
+    for (at, entry) in [("peak", "entry 39 of 141 entries"), ("oom", "entry 100 of 141 entries")] {
+        let drawn = heapscope_headless(&["render", frag_oom.to_str().unwrap(), "--at", at, "--out", "at.png"], &dir);
+        assert!(drawn.status.success() && stdout(&drawn).contains(entry), "--at {at}: {}{}", stdout(&drawn), stderr(&drawn));
+    }
     // Issue 19: a lesson written as a CSV, with its captions, the rules on the command line, the timeline strip, and
     // text scaled to a 2400-pixel image.
     let lesson = "# heapscope trace v1: lesson\n# Three blocks\na,1,40MiB\na,2,60MiB\na,3,40MiB\n# A hole\nf,2\na,4,50MiB\n";
@@ -238,7 +244,12 @@ fn render_refuses_a_moment_past_the_end_as_gui_does() {
         ),
         (vec![snapshot.to_str().unwrap()], "141", "--at entry 141: the recording has 141 entries"),
         (vec!["--story", "frag_oom"], "61", "--at entry 61: the recording has 61 entries"),
-        (vec!["--story", "frag_oom"], "soon", "\"soon\" is no moment: expected `start` or an entry number (from 0)"),
+        (
+            vec!["--story", "frag_oom"],
+            "soon",
+            "\"soon\" is no moment: expected `peak`, `oom`, `start` or an entry number (from 0)",
+        ),
+        (vec!["--story", "frag_oom"], "oom", "frag_oom has no out-of-memory entry: nothing was refused"),
     ];
     for (recording, at, words) in cases {
         let args: Vec<&str> = ["render"].into_iter().chain(recording).chain(["--at", at, "--out", "x.png"]).collect();
