@@ -203,8 +203,14 @@ fn group_legend(ui: &mut egui::Ui, session: &Session, colour_by: ColourBy) {
 }
 
 /// Renders `session`'s panes after each of `steps` (each clamped to the session's), one image each, through
-/// one harness.
-fn render_steps(session: &mut Session, options: RenderOptions, steps: &[u64]) -> Result<Vec<RgbaImage>> {
+/// one harness, handing each to `each` as it is drawn (an animation's frames are encoded one by one: holding them
+/// all took 486 MB for 141 frames).
+fn render_steps(
+    session: &mut Session,
+    options: RenderOptions,
+    steps: &[u64],
+    each: &mut dyn FnMut(RgbaImage) -> Result<()>,
+) -> Result<()> {
     options.check()?;
     let scale = match (options.fit_each_pane, steps.len()) {
         (true, _) => ScaleRule::FitEach,
@@ -250,7 +256,6 @@ fn render_steps(session: &mut Session, options: RenderOptions, steps: &[u64]) ->
         shown,
     );
     add_system_fonts(&harness.ctx);
-    let mut images = Vec::with_capacity(steps.len());
     for (index, &steps) in steps.iter().enumerate() {
         harness.state_mut().seek(steps);
         // The first frame lays out and loads the fonts; the second draws with them.
@@ -258,9 +263,9 @@ fn render_steps(session: &mut Session, options: RenderOptions, steps: &[u64]) ->
             harness.step();
         }
         harness.step();
-        images.push(harness.render().map_err(|error| anyhow::anyhow!("cannot render the heap map: {error}"))?);
+        each(harness.render().map_err(|error| anyhow::anyhow!("cannot render the heap map: {error}"))?)?;
     }
-    Ok(images)
+    Ok(())
 }
 
 /// Lets `ctx` draw what egui's bundled fonts lack (CJK in a frame name or a file's path, other scripts) with a font
@@ -280,7 +285,12 @@ pub fn render(session: &mut Session, options: RenderOptions) -> Result<RgbaImage
         Some(at) => session.check_at(at)?,
         None => session.steps(),
     };
-    render_steps(session, options, &[at])?.pop().ok_or_else(|| anyhow::anyhow!("cannot render the heap map: no image"))
+    let mut image = None;
+    render_steps(session, options, &[at], &mut |drawn| {
+        image = Some(drawn);
+        Ok(())
+    })?;
+    image.ok_or_else(|| anyhow::anyhow!("cannot render the heap map: no image"))
 }
 
 /// Renders `session` (see [`render`]) into the PNG at `path`.
@@ -364,17 +374,34 @@ pub fn render_gif(session: &mut Session, options: RenderOptions, gif: GifOptions
     if steps.is_empty() {
         anyhow::bail!("{} has no steps to animate", session.name);
     }
-    let images = render_steps(session, options, &steps)?;
-    let file = std::fs::File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
-    let mut encoder = GifEncoder::new_with_speed(std::io::BufWriter::new(file), GIF_QUANTISER_SPEED);
-    encoder.set_repeat(Repeat::Infinite).with_context(|| format!("cannot write {}", path.display()))?;
-    let last = images.len() - 1;
-    for (index, image) in images.into_iter().enumerate() {
+    // The file is made once the first frame is drawn (no adapter: no file), and removed if a later one fails.
+    let mut encoder: Option<GifEncoder<std::io::BufWriter<std::fs::File>>> = None;
+    let mut index = 0;
+    let last = steps.len() - 1;
+    let mut encode = |image: RgbaImage| -> Result<()> {
+        let encoder = match &mut encoder {
+            Some(encoder) => encoder,
+            None => {
+                let file = std::fs::File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
+                let mut made = GifEncoder::new_with_speed(std::io::BufWriter::new(file), GIF_QUANTISER_SPEED);
+                made.set_repeat(Repeat::Infinite).with_context(|| format!("cannot write {}", path.display()))?;
+                encoder.insert(made)
+            }
+        };
         let ms = if index == last { gif.last_frame_ms } else { gif.frame_ms };
+        index += 1;
         let delay = Delay::from_saturating_duration(std::time::Duration::from_millis(u64::from(ms)));
-        encoder
-            .encode_frame(Frame::from_parts(image, 0, 0, delay))
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        encoder.encode_frame(Frame::from_parts(image, 0, 0, delay)).with_context(|| format!("cannot write {}", path.display()))
+    };
+    let drawn = render_steps(session, options, &steps, &mut encode);
+    let made = encoder.is_some();
+    // The encoder writes the GIF's trailer as it goes out of scope: dropped before the file is judged.
+    drop(encoder);
+    if let Err(error) = drawn {
+        if made {
+            std::fs::remove_file(path).ok();
+        }
+        return Err(error);
     }
     Ok(steps)
 }
