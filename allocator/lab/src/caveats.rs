@@ -9,7 +9,6 @@ use heapscope_pytorch::caching::RequestPools;
 use crate::compare::{CompareConfig, Figures, recorded_expandable};
 use crate::contender::Contender;
 use crate::recording::{Moment, Recording, counted};
-use heapscope_pytorch::Action;
 
 /// Every caveat of `recording` replayed by `contenders` with `config`, in the order said (under the CLI's title, in
 /// the app's notice).
@@ -115,8 +114,7 @@ pub fn recorded_oom(recording: &Recording, figures: &Figures) -> Option<String> 
     if figures.what_if || figures.fidelity.is_none() {
         return None;
     }
-    let trace = recording.snapshot.as_ref()?.device_traces.get(recording.device)?;
-    let entry = trace.iter().position(|entry| entry.action == Action::Oom)? as u64;
+    let (entry, _) = recording.first_oom()?;
     let emulated = match &figures.first_oom {
         Some(oom) if oom.moment == Moment::Entry(entry) => return None,
         Some(oom) => format!("first ran out of memory at entry {} instead", oom.event_index),

@@ -364,6 +364,20 @@ impl Recording {
         streams.len().max(1)
     }
 
+    /// The first out-of-memory entry of its device's trace, and its index; `None` for a plain trace or a device
+    /// that refused nothing.
+    pub fn first_oom(&self) -> Option<(u64, &TraceEntry)> {
+        let entries = self.snapshot.as_ref()?.device_traces.get(self.device)?;
+        (0..).zip(entries).find(|(_, entry)| entry.action == Action::Oom)
+    }
+
+    /// The file's devices, besides its own, whose trace has an out-of-memory entry (none for a plain trace).
+    pub fn other_devices_with_oom(&self) -> Vec<usize> {
+        self.snapshot.as_ref().map_or_else(Vec::new, |snapshot| {
+            devices_with_oom(snapshot).into_iter().filter(|&device| device != self.device).collect()
+        })
+    }
+
     /// Bytes requested by the allocations live at the start.
     pub fn start_bytes(&self) -> u64 {
         self.trace.events()[..self.start_events]
@@ -669,16 +683,22 @@ pub struct DefaultDevice {
     pub why: &'static str,
 }
 
+/// The devices of `snapshot` whose trace has an out-of-memory entry, in order.
+pub fn devices_with_oom(snapshot: &Snapshot) -> Vec<usize> {
+    (0..snapshot.device_traces.len())
+        .filter(|&device| snapshot.device_traces[device].iter().any(|entry| entry.action == Action::Oom))
+        .collect()
+}
+
 /// The device `snapshot` opens on when none is named: the first with an `oom` entry (where the story is), else the
 /// busiest ([`busiest_device`]).
 pub fn default_device(snapshot: &Snapshot) -> DefaultDevice {
     // Without the overview's walk of every entry for the reserved bytes: the entries' count and the first oom.
-    let devices = present_devices(snapshot);
-    let entries = |device: usize| snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
-    let ran_out = devices.iter().find(|&&device| entries(device).iter().any(|entry| entry.action == Action::Oom));
-    if let Some(&device) = ran_out {
+    if let Some(&device) = devices_with_oom(snapshot).first() {
         return DefaultDevice { device, why: "it ran out of memory" };
     }
+    let devices = present_devices(snapshot);
+    let entries = |device: usize| snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
     // The most entries, the lowest of equals: a state with no trace opens on its first device with segments.
     let busiest = devices.iter().copied().max_by_key(|&device| (entries(device).len(), std::cmp::Reverse(device)));
     let why = match busiest {

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 
 use heapscope_core::trace::Event;
 use heapscope_pytorch::frames::{describe, folded, user_frame};
-use heapscope_pytorch::{Action, CategoryId, Snapshot, StackId};
+use heapscope_pytorch::{CategoryId, Snapshot, StackId};
 
 use crate::recording::{Moment, Recording};
 
@@ -175,12 +175,6 @@ pub fn allocation_origins(recording: &Recording) -> Vec<Origin> {
         .collect()
 }
 
-/// The first out-of-memory entry of `recording`'s device, if any.
-fn first_oom(recording: &Recording) -> Option<(u64, &heapscope_pytorch::TraceEntry)> {
-    let entries = recording.snapshot.as_ref()?.device_traces.get(recording.device)?;
-    (0..).zip(entries).find(|(_, entry)| entry.action == Action::Oom)
-}
-
 /// The frames of `stack` in `snapshot` as a row's key, by `grouping` (none by category).
 fn key(snapshot: Option<&Snapshot>, stack: StackId, grouping: Grouping) -> Vec<String> {
     let Some(frames) = snapshot.and_then(|snapshot| snapshot.frame_stacks.get(stack.0 as usize)) else { return Vec::new() };
@@ -194,11 +188,7 @@ fn key(snapshot: Option<&Snapshot>, stack: StackId, grouping: Grouping) -> Vec<S
 /// The other devices of `recording`'s file that have an `oom` entry, said as where to look (`; device 1 has one:
 /// --device 1`); empty when none does.
 fn ooms_elsewhere(recording: &Recording) -> String {
-    let Some(snapshot) = &recording.snapshot else { return String::new() };
-    let devices: Vec<usize> = (0..snapshot.device_traces.len())
-        .filter(|&device| device != recording.device)
-        .filter(|&device| snapshot.device_traces[device].iter().any(|entry| entry.action == Action::Oom))
-        .collect();
+    let devices = recording.other_devices_with_oom();
     match devices.as_slice() {
         [] => String::new(),
         [device] => format!("; device {device} has one: --device {device}"),
@@ -219,7 +209,7 @@ pub fn top(recording: &Recording, at: TopAt, grouping: Grouping) -> Result<Top, 
             return Err(TopError::NoSuchEntry { recording: recording.name.clone(), entry, entries: recording.entries });
         }
         TopAt::Moment(moment) => moment,
-        TopAt::Oom => match first_oom(recording) {
+        TopAt::Oom => match recording.first_oom() {
             Some((0, _)) => Moment::Start,
             Some((entry, _)) => Moment::Entry(entry - 1),
             None => return Err(TopError::NoOom { recording: recording.shown_name(), elsewhere: ooms_elsewhere(recording) }),
@@ -275,7 +265,7 @@ pub fn top(recording: &Recording, at: TopAt, grouping: Grouping) -> Result<Top, 
             .then_with(|| a.category.cmp(&b.category))
     });
     let refused = match at {
-        TopAt::Oom => first_oom(recording).map(|(entry, oom)| Refused {
+        TopAt::Oom => recording.first_oom().map(|(entry, oom)| Refused {
             entry,
             bytes: oom.size,
             frames: key(snapshot, oom.frames, Grouping::FullStack),
@@ -295,7 +285,7 @@ pub fn moment_to_draw(recording: &Recording, at: TopAt) -> Result<Moment, TopErr
     match at {
         TopAt::Moment(moment) => Ok(moment),
         TopAt::Peak => Ok(peak(recording).0),
-        TopAt::Oom => match first_oom(recording) {
+        TopAt::Oom => match recording.first_oom() {
             Some((entry, _)) => Ok(Moment::Entry(entry)),
             None => Err(TopError::NoOom { recording: recording.shown_name(), elsewhere: ooms_elsewhere(recording) }),
         },
@@ -330,7 +320,7 @@ pub fn peak(recording: &Recording) -> (Moment, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use heapscope_pytorch::{Frame, TraceEntry};
+    use heapscope_pytorch::{Action, Frame, TraceEntry};
 
     fn frame(name: &str, filename: &str, line: i64) -> Frame {
         Frame { filename: filename.into(), line, name: name.into() }
