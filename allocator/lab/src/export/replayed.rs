@@ -126,19 +126,17 @@ fn segment(address: u64, total_size: u64, blocks: Vec<Block>, is_expandable: boo
 /// segments, a paged heap's mapped pages one large-pool block. "Non-releasable" (`inactive_split`) is the
 /// free memory inside blocks that hold a live allocation, counted once per such block with free bytes.
 ///
-/// The device events of a step and its allocation or free change the blocks together ([`StatsRecorder::hold`] ..
-/// [`StatsRecorder::settle`]): pages mapped for a request are never counted free before the request takes them.
+/// The device events of a step and its allocation or free change the blocks together (counted at
+/// [`StatsRecorder::settle`], once the step is done): pages mapped for a request are never counted free before the
+/// request takes them.
 #[derive(Default)]
 struct StatsRecorder {
     stats: MemoryStats,
     /// Block base -> its use.
     blocks: FastMap<u64, BlockUse>,
-    /// While held: each block changed since, with its non-releasable bytes and count before, and its pool.
-    held: Option<FastMap<u64, HeldBlock>>,
+    /// The blocks the step being recorded changed: base, non-releasable bytes and count before it, small-pool.
+    changed: Vec<(u64, (u64, u64), bool)>,
 }
-
-/// A block's non-releasable bytes and count before the changes held, and whether it is small-pool.
-type HeldBlock = ((u64, u64), bool);
 
 /// One block's size and what lives in it.
 #[derive(Clone, Copy, Default)]
@@ -170,29 +168,16 @@ fn step_to(stat: &mut StatArray, small: bool, before: u64, after: u64) {
 }
 
 impl StatsRecorder {
-    /// Applies `change` to block `base`, keeping the non-releasable counters in step (at [`StatsRecorder::settle`]
-    /// while held).
+    /// Applies `change` to block `base`; the non-releasable counters follow at [`StatsRecorder::settle`].
     fn update_block(&mut self, base: u64, change: impl FnOnce(&mut BlockUse)) {
         let block = self.blocks.entry(base).or_default();
         let before = block.non_releasable();
         change(block);
-        let (after, small) = (block.non_releasable(), block.small);
-        match &mut self.held {
-            Some(held) => {
-                held.entry(base).or_insert((before, small));
-            }
-            None => self.step_non_releasable(small, before, after),
+        let small = block.small;
+        // A step changes a block or two (a free and the unmap it causes): a short list.
+        if !self.changed.iter().any(|&(changed, ..)| changed == base) {
+            self.changed.push((base, before, small));
         }
-    }
-
-    fn step_non_releasable(
-        &mut self,
-        small: bool,
-        (before_bytes, before_count): (u64, u64),
-        (after_bytes, after_count): (u64, u64),
-    ) {
-        step_to(&mut self.stats.inactive_split_bytes, small, before_bytes, after_bytes);
-        step_to(&mut self.stats.inactive_split, small, before_count, after_count);
     }
 
     /// The paged heap's block (base 0) now holds `cached_bytes` of free pages as a cache: releasable, so not counted
@@ -203,23 +188,19 @@ impl StatsRecorder {
         }
     }
 
-    /// From now until [`StatsRecorder::settle`], block changes count in the non-releasable counters as their net.
-    fn hold(&mut self) {
-        self.held = Some(FastMap::default());
-    }
-
-    /// Counts the net change of every block changed since [`StatsRecorder::hold`]: decreases first, so that no
-    /// peak is reached only between two changes of one step.
+    /// Counts the net change of every block the step changed in the non-releasable counters: decreases first, so
+    /// that no peak is reached only between two changes of one step.
     fn settle(&mut self) {
-        let Some(held) = self.held.take() else { return };
-        let mut changes: Vec<(u64, (u64, u64), bool)> =
-            held.into_iter().map(|(base, (before, small))| (base, before, small)).collect();
         let after = |blocks: &FastMap<u64, BlockUse>, base: u64| blocks.get(&base).map_or((0, 0), |block| block.non_releasable());
-        changes.sort_unstable_by_key(|&(base, before, _)| (after(&self.blocks, base).0 > before.0, base));
-        for (base, before, small) in changes {
-            let now = after(&self.blocks, base);
-            self.step_non_releasable(small, before, now);
+        let mut changed = std::mem::take(&mut self.changed);
+        changed.sort_unstable_by_key(|&(base, before, _)| (after(&self.blocks, base).0 > before.0, base));
+        for &(base, (before_bytes, before_count), small) in &changed {
+            let (after_bytes, after_count) = after(&self.blocks, base);
+            step_to(&mut self.stats.inactive_split_bytes, small, before_bytes, after_bytes);
+            step_to(&mut self.stats.inactive_split, small, before_count, after_count);
         }
+        changed.clear();
+        self.changed = changed;
     }
 
     /// An allocation of `requested_bytes` (`footprint_bytes` set aside) in block `base` (`served`), or
@@ -402,7 +383,6 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
         target: &HeapTarget<'_, H>,
     ) -> Result<()> {
         let index = usize::try_from(event).unwrap_or(usize::MAX);
-        self.recorder.hold();
         self.recorder.cached(target.heap.cached_bytes());
         match step {
             Step::Placed { size_bytes, handle, .. } => {
