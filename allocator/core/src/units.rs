@@ -9,20 +9,25 @@ pub const MIB: u64 = 1 << 20;
 /// 1 GiB.
 pub const GIB: u64 = 1 << 30;
 
+/// The binary units a byte count is shown in, largest first; below 1 KiB it is shown in bytes.
+const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)];
+
+/// The largest of [`UNITS`] that `bytes` reaches: its name and size.
+fn unit_of(bytes: u64) -> Option<(&'static str, u64)> {
+    UNITS.into_iter().find(|&(_, scale)| bytes >= scale)
+}
+
 /// Formats a byte count the way PyTorch's OOM message does: binary units, two decimals (`1000.00 MiB`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bytes(pub u64);
 
 impl fmt::Display for Bytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [(&str, u64); 5] = [("TiB", 1 << 40), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB), ("B", 1)];
         let bytes = self.0;
-        for (name, scale) in UNITS {
-            if bytes >= scale && scale > 1 {
-                return write!(f, "{:.2} {name}", bytes as f64 / scale as f64);
-            }
+        match unit_of(bytes) {
+            Some((name, scale)) => write!(f, "{:.2} {name}", bytes as f64 / scale as f64),
+            None => write!(f, "{bytes} B"),
         }
-        write!(f, "{bytes} B")
     }
 }
 
@@ -62,22 +67,20 @@ pub struct BytesAtLeast(pub u64);
 
 impl fmt::Display for BytesAtLeast {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)];
         let bytes = self.0;
-        for (name, scale) in UNITS {
-            if bytes >= scale {
+        match unit_of(bytes) {
+            Some((name, scale)) => {
                 let hundredths = (u128::from(bytes) * 100).div_ceil(u128::from(scale));
-                return write!(f, "{}.{:02} {name}", hundredths / 100, hundredths % 100);
+                write!(f, "{}.{:02} {name}", hundredths / 100, hundredths % 100)
             }
+            None => write!(f, "{bytes} B"),
         }
-        write!(f, "{bytes} B")
     }
 }
 
 /// `bytes` exactly, in the largest binary unit that divides it: `160 MiB`, `4 KiB`, `1000 B` — what
 /// [`parse_size`] reads back to the same count (where [`Bytes`] rounds to two decimals).
 pub fn exact_size(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)];
     UNITS
         .into_iter()
         .find(|&(_, scale)| bytes >= scale && bytes.is_multiple_of(scale))

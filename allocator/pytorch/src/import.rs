@@ -196,23 +196,23 @@ fn parse(reader: impl Read, name: &str, decoder: Decoder) -> Result<Snapshot, Sn
 fn parse_decompressed(mut input: impl Read, gzip: bool, name: &str, decoder: Decoder) -> Result<Snapshot, SnapshotError> {
     // A snapshot's pickle opens with PROTO (protocol 2 and later) or a dict or list (0 and 1): anything else is no
     // pickle of one (text gzipped, another format), said with what it holds rather than as a stray opcode's error.
-    let mut head = [0u8; 8];
-    let read = read_up_to(&mut input, &mut head).map_err(|error| SnapshotError::Io {
+    let mut head = Vec::with_capacity(8);
+    (&mut input).take(8).read_to_end(&mut head).map_err(|error| SnapshotError::Io {
         file: name.to_owned(),
         error: io::Error::new(error.kind(), format!("at byte 0 of the pickle stream: {error}")),
     })?;
-    if read > 0 && !matches!(head[0], 0x80 | b'(' | b'}' | b']') {
+    if head.first().is_some_and(|byte| !matches!(byte, 0x80 | b'(' | b'}' | b']')) {
         let holds = if gzip { "the gzip stream holds" } else { "it starts with" };
         return Err(SnapshotError::Pickle {
             file: name.to_owned(),
             offset: 0,
             what: format!(
                 "no pickle of a snapshot (one opens with 0x80 and its protocol, or `(`, `}}` or `]`): {holds} {}",
-                shown_bytes(&head[..read])
+                shown_bytes(&head)
             ),
         });
     }
-    let mut input = (&head[..read]).chain(input);
+    let mut input = head.as_slice().chain(input);
     let result = pickle_read::read_pickle(&mut input, decoder).and_then(|result| {
         if gzip {
             // Read the rest so that the gzip trailer (CRC, length) is checked: a cut file is an error.
@@ -233,20 +233,6 @@ fn parse_decompressed(mut input: impl Read, gzip: bool, name: &str, decoder: Dec
     };
     let (root, decoder) = result.map_err(convert_error)?;
     decoder.finish(&root).map_err(|Issue { path, what }| SnapshotError::Schema { file: name.to_owned(), path, what })
-}
-
-/// Reads into `out` until it is full or the stream ends: how many bytes.
-fn read_up_to(input: &mut impl Read, out: &mut [u8]) -> io::Result<usize> {
-    let mut read = 0;
-    while read < out.len() {
-        match input.read(&mut out[read..]) {
-            Ok(0) => break,
-            Ok(n) => read += n,
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-            Err(error) => return Err(error),
-        }
-    }
-    Ok(read)
 }
 
 /// Bytes as hex and as text, for saying what a file holds instead: `68 65 6c 6c 6f ("hello")`.
