@@ -26,7 +26,7 @@ fn real(name: &str) -> Snapshot {
     read_snapshot(&Path::new(env!("CARGO_MANIFEST_DIR")).join(name)).unwrap()
 }
 
-const ACTIONS: [Action; 9] = Action::ALL;
+const ACTIONS: [Action; Action::ALL.len()] = Action::ALL;
 
 /// One change to a snapshot.
 #[derive(Clone, Debug)]

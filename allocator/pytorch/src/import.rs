@@ -838,7 +838,7 @@ const KEY_CATEGORY: u8 = 28;
 const NAME_NO_CATEGORY: u8 = 31;
 /// `ATOM_ACTION + i` is the name of `ACTIONS[i]`.
 const ATOM_ACTION: u8 = 32;
-const ACTIONS: [Action; 9] = Action::ALL;
+const ACTIONS: [Action; Action::ALL.len()] = Action::ALL;
 /// A trace entry's memory pool (PyTorch 2.12).
 const KEY_POOL_ID: u8 = ATOM_ACTION + ACTIONS.len() as u8;
 
@@ -1367,18 +1367,18 @@ impl EntryFields {
         }
     }
 
-    /// The entry, or the key it lacks: `addr` may be missing from `oom` and `snapshot` entries (MemoryViz's
-    /// default 0), `size` from `snapshot` entries.
+    /// The entry, or the key it lacks: `addr` may be missing from `oom`, `snapshot` and `user_defined` entries
+    /// (MemoryViz's default 0), `size` from `snapshot` and `user_defined` entries.
     fn finish(self) -> Result<TraceEntry, &'static str> {
         let action = self.action.ok_or("action")?;
         let addr = match self.addr {
             Some(addr) => addr,
-            None if matches!(action, Action::Oom | Action::Snapshot) => 0,
+            None if matches!(action, Action::Oom | Action::Snapshot | Action::UserDefined) => 0,
             None => return Err("addr"),
         };
         let size = match self.size {
             Some(size) => size,
-            None if action == Action::Snapshot => 0,
+            None if matches!(action, Action::Snapshot | Action::UserDefined) => 0,
             None => return Err("size"),
         };
         let Self { stream, time_us, device_free, frames, category, pool_id, .. } = self;
@@ -2220,7 +2220,9 @@ legacy_no_traces = {"segments": []}
 current = {"segments": [], "device_traces": [
               [{"action": "alloc", "addr": 2**47, "size": 512, "stream": 2**63 + 5, "time_us": 17, "frames": frames}],
               [{"action": "oom", "device_free": 2**40, "size": 2**31, "stream": 0, "time_us": 18},
-               {"action": "snapshot", "addr": 0, "size": 0, "stream": 0, "time_us": 19, "frames": []}]],
+               {"action": "snapshot", "addr": 0, "size": 0, "stream": 0, "time_us": 19, "frames": []},
+               {"action": "user_defined", "addr": 0, "size": 0, "stream": 0, "time_us": 20,
+                "frames": [{"name": "optimizer_step", "filename": "", "line": 0}]}]],
            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:256", "max_split_size": 268435456,
               "garbage_collection_threshold": 0.5, "expandable_segments": True,
               "roundup_power2_divisions": {"1": 4, "2": 8}}}
@@ -2286,6 +2288,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
                 vec![
                     TraceEntry::new(Action::Oom, 0, 1 << 31).with_time_us(Some(18)).with_device_free(Some(1 << 40)),
                     TraceEntry::new(Action::Snapshot, 0, 0).with_time_us(Some(19)),
+                    TraceEntry::new(Action::UserDefined, 0, 0).with_time_us(Some(20)).with_frames(StackId(2)),
                 ],
             ],
             settings: Some(RecordedSettings {
@@ -2295,7 +2298,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
                 expandable_segments: true,
                 roundup_power2_divisions: vec![(1, 4), (2, 8)],
             }),
-            frame_stacks: vec![Vec::new(), stack],
+            frame_stacks: vec![Vec::new(), stack, vec![Frame { filename: "".into(), line: 0, name: "optimizer_step".into() }]],
         };
         let old_settings = Snapshot {
             settings: Some(RecordedSettings {

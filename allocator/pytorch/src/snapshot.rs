@@ -212,13 +212,16 @@ pub enum Action {
     SegmentUnmap,
     /// `_snapshot()` was called.
     Snapshot,
+    /// An annotation from the program (`record_function`'s name in the entry's frames), as PyTorch versions that
+    /// record annotations in the trace write them (later ones keep them in `external_annotations`): no memory changes.
+    UserDefined,
     /// An out-of-memory error; `size` is the request, `device_free` the driver's free bytes.
     Oom,
 }
 
 impl Action {
     /// Every action.
-    pub const ALL: [Action; 9] = [
+    pub const ALL: [Action; 10] = [
         Action::Alloc,
         Action::FreeRequested,
         Action::FreeCompleted,
@@ -227,6 +230,7 @@ impl Action {
         Action::SegmentMap,
         Action::SegmentUnmap,
         Action::Snapshot,
+        Action::UserDefined,
         Action::Oom,
     ];
 
@@ -241,8 +245,15 @@ impl Action {
             Action::SegmentMap => "segment_map",
             Action::SegmentUnmap => "segment_unmap",
             Action::Snapshot => "snapshot",
+            Action::UserDefined => "user_defined",
             Action::Oom => "oom",
         }
+    }
+
+    /// Whether the entry only marks a moment (`snapshot`, `user_defined`): nothing is allocated or freed, and no
+    /// segment event is its doing.
+    pub fn is_mark(self) -> bool {
+        matches!(self, Action::Snapshot | Action::UserDefined)
     }
 
     /// The action PyTorch calls `name`.
@@ -256,6 +267,7 @@ impl Action {
             "segment_map" => Action::SegmentMap,
             "segment_unmap" => Action::SegmentUnmap,
             "snapshot" => Action::Snapshot,
+            "user_defined" => Action::UserDefined,
             "oom" => Action::Oom,
             _ => return None,
         })

@@ -30,7 +30,7 @@ pub struct SegmentEvent {
     pub addr: u64,
     /// Bytes.
     pub size_bytes: u64,
-    /// Index of the trace entry that caused it: the first entry after it that is not a segment event
+    /// Index of the trace entry that caused it: the first entry after it that is neither a segment event nor a mark
     /// (the request that needed the memory, or what followed an `empty_cache()`).
     pub cause: usize,
 }
@@ -153,14 +153,14 @@ fn is_segment_action(a: Action) -> bool {
     matches!(a, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)
 }
 
-/// The recorded segment events with their causes.
+/// The recorded segment events with their causes (marks, `snapshot` and `user_defined`, cause none).
 pub(super) fn recorded_segment_events(trace: &[TraceEntry]) -> Vec<SegmentEvent> {
     let mut out = Vec::new();
     let mut cause = trace.len();
     for (i, e) in trace.iter().enumerate().rev() {
         if is_segment_action(e.action) {
             out.push(SegmentEvent { action: e.action, addr: e.addr, size_bytes: e.size, cause });
-        } else {
+        } else if !e.action.is_mark() {
             cause = i;
         }
     }
@@ -502,7 +502,10 @@ impl<'s> Emulator<'s> {
                 }
             },
             Action::SegmentFree | Action::SegmentUnmap if i >= self.empty_cache_checked_until => {
-                let next = self.trace[i..].iter().position(|t| !is_segment_action(t.action)).map_or(self.trace.len(), |p| i + p);
+                let next = self.trace[i..]
+                    .iter()
+                    .position(|t| !is_segment_action(t.action) && !t.action.is_mark())
+                    .map_or(self.trace.len(), |p| i + p);
                 self.empty_cache_checked_until = next;
                 // The memory the recording gives back here: of which private pools (as the emulation holds it), and
                 // whether of the allocator's own pools too.

@@ -35,6 +35,31 @@ fn shared_traces_replay_exactly() {
     }
 }
 
+/// Marks (`snapshot`, and the `user_defined` annotations some PyTorch versions record) between a segment event and
+/// the request it served, or a release and what followed it, change nothing: the shared traces with a mark after
+/// every entry replay exactly, and their OOM is at the same place.
+#[test]
+fn marks_between_entries_change_nothing() {
+    for name in ["frag_oom-default", "frag_oom-expandable", "gpt2_train_fixed-default"] {
+        let (mut snap, _) = load(name);
+        let conf = AllocConf::from_recorded(snap.settings.as_ref().unwrap());
+        let plain = emulate(&snap, 0, &conf, None).unwrap();
+        let marked: Vec<TraceEntry> = snap.device_traces[0]
+            .iter()
+            .enumerate()
+            .flat_map(|(index, entry)| {
+                let mark = if index % 2 == 0 { Action::UserDefined } else { Action::Snapshot };
+                [entry.clone(), TraceEntry::new(mark, 0, 0)]
+            })
+            .collect();
+        snap.device_traces[0] = marked;
+        let em = emulate(&snap, 0, &conf, None).unwrap();
+        assert!(em.fidelity.is_exact(), "{name}: {:?}", em.fidelity);
+        assert_eq!((em.fidelity.matched, em.stats.clone()), (plain.fidelity.matched, plain.stats.clone()), "{name}");
+        assert_eq!(em.first_oom.map(|oom| oom.event_index), plain.first_oom.map(|oom| 2 * oom.event_index), "{name}");
+    }
+}
+
 /// Files of PyTorch before 2.5 record no `allocator_settings`: whether segments were expandable is known from the
 /// file itself (segments marked expandable, pages mapped), and such a recording replays as exactly as with its
 /// settings. So is a state with no trace, from its segments alone.

@@ -141,7 +141,7 @@ pub(super) fn validate(snapshot: &Snapshot, device: usize) -> Result<(), Emulati
         let segment = match e.action {
             Action::Alloc | Action::FreeRequested | Action::FreeCompleted => false,
             Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => true,
-            Action::Snapshot | Action::Oom => continue,
+            Action::Snapshot | Action::UserDefined | Action::Oom => continue,
         };
         let action = e.action.as_str();
         if segment && e.size == 0 {
