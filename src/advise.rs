@@ -64,8 +64,10 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
     outln!("{}", capacity_line(&advice));
     let recorded =
         if advice.recorded_setting.is_empty() { "PyTorch's defaults".to_owned() } else { advice.recorded_setting.clone() };
+    let records_settings = recording.snapshot.as_ref().is_some_and(|snapshot| snapshot.settings.is_some());
     match crate::replay::inferred_expandable(&recording) {
         Some(why) => outln!("recorded settings: {recorded}, as the recording's expandable segments show ({why})"),
+        None if !records_settings => outln!("recorded settings: none in the file; {recorded} assumed"),
         None => outln!("recorded settings: {recorded}"),
     }
     if advice.start_live_bytes > 0 {
@@ -95,10 +97,19 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
     if advice.settings.iter().any(|row| !row.monotone) {
         outln!("(!) not monotone: more memory made that setting fail again at the capacity shown");
     }
+    if advice.settings.iter().any(|row| row.start_afresh) {
+        outln!(
+            "(~) the other kind of memory than the recording's: what was live at its start is allocated afresh, without the \
+             fragmentation built before it, so its figures can be too low; ranked after the recording's kind"
+        );
+    }
     if advice.settings.iter().any(|row| row.same_run_as.is_some()) {
         outln!(
             "(=) the same run as a row above it (`same_run_as` in --json): no block of this recording can reach its max_split_size_mb"
         );
+    }
+    if let Some(note) = advice.recorded().and_then(|row| caveats::emulation_departs(&recording, row.figures.fidelity.as_ref())) {
+        outln!("\n{note}");
     }
     if let Some(note) = advice.recorded().and_then(|row| caveats::recorded_oom(&recording, &row.figures)) {
         outln!("\n{note}");
@@ -125,7 +136,8 @@ fn shown_setting(row: &SettingAdvice) -> String {
         setting => setting,
     };
     let same = if row.same_run_as.is_some() { " (=)" } else { "" };
-    format!("{}{name}{same}", if row.as_recorded { "*" } else { " " })
+    let afresh = if row.start_afresh { " (~)" } else { "" };
+    format!("{}{name}{same}{afresh}", if row.as_recorded { "*" } else { " " })
 }
 
 /// One setting's line of the table, its name `width` wide.

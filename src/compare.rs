@@ -42,8 +42,11 @@ fn compare(args: &CompareArgs, contenders: &[Contender], recording: &Recording, 
     for outcome in &outcomes {
         print_row(outcome);
     }
-    if let Some(note) = outcomes.iter().filter_map(Outcome::figures).find_map(|figures| caveats::recorded_oom(recording, figures))
-    {
+    let figures = || outcomes.iter().filter_map(Outcome::figures);
+    if let Some(note) = figures().find_map(|figures| caveats::emulation_departs(recording, figures.fidelity.as_ref())) {
+        outln!("\n{note}");
+    }
+    if let Some(note) = figures().find_map(|figures| caveats::recorded_oom(recording, figures)) {
         outln!("\n{note}");
     }
     // The verdict of the first contender that failed (PyTorch's, when it did), with who would have coped.

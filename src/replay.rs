@@ -32,8 +32,8 @@ pub struct RecordingArgs {
     /// entry tells (the bytes PyTorch held then plus the driver's free bytes), else unlimited.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub capacity: Option<u64>,
-    /// PyTorch allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, over the file's own
-    /// (e.g. `expandable_segments:True,max_split_size_mb:128`).
+    /// PyTorch allocator settings as PYTORCH_CUDA_ALLOC_CONF would set them, in place of the file's own (keys not
+    /// given at PyTorch's defaults; e.g. `expandable_segments:True,max_split_size_mb:128`).
     #[arg(long, value_name = "STR")]
     pub alloc_conf: Option<String>,
     /// Page size of the `paged` contender (simulated; on a Vulkan device the sparse page size is used).
@@ -275,7 +275,7 @@ pub fn print_title(recording: &Recording, args: &RecordingArgs, contenders: &[Co
     }
 }
 
-/// The settings PyTorch's contender runs with: the recording's, or `--alloc-conf` over them (a what-if).
+/// The settings PyTorch's contender runs with: the recording's, or `--alloc-conf` in their place (a what-if).
 fn settings_line(recording: &Recording, args: &RecordingArgs) -> String {
     let shown = |conf: &heapscope_pytorch::AllocConf| {
         let text = conf.overrides();
@@ -285,7 +285,7 @@ fn settings_line(recording: &Recording, args: &RecordingArgs) -> String {
     // A what-if as the replay judges it (`PytorchReplay::what_if`): settings unlike the recorded ones.
     match (&args.alloc_conf, alloc_conf(recording, args.alloc_conf.as_deref())) {
         (Some(overrides), Ok(conf)) if conf != recorded => format!(
-            "pytorch's settings: {} (--alloc-conf {overrides} over the recording's {}): a what-if, whose decisions \
+            "pytorch's settings: {} (--alloc-conf {overrides}, in place of the recording's {}): a what-if, whose decisions \
              are not the recorded ones (no fidelity)",
             shown(&conf),
             shown(&recorded)

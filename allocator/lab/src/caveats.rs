@@ -1,9 +1,11 @@
 //! What a side-by-side replay of a recording does not tell apart, said in one sentence each: requests that PyTorch
 //! served from private memory pools ([`pools`]) and streams that some contenders ignore ([`streams`]). The CLI
 //! prints them under its title, the app shows them when a recording opens ([`all`]): one wording, one place. And
-//! where PyTorch's emulation does not reproduce the recorded OOM ([`recorded_oom`]), said beside the verdict.
+//! where PyTorch's emulation does not reproduce the recorded OOM ([`recorded_oom`]) or the recorded decisions
+//! ([`emulation_departs`]), said beside the verdict.
 
 use heapscope_core::units::Bytes;
+use heapscope_pytorch::Fidelity;
 use heapscope_pytorch::caching::RequestPools;
 
 use crate::compare::{CompareConfig, Figures, recorded_expandable};
@@ -103,6 +105,28 @@ pub fn start_afresh(recording: &Recording, contenders: &[Contender], config: &Co
             names.join(" and ")
         )
     })
+}
+
+/// The note that PyTorch's emulation under the recorded settings did not reproduce the recording's decisions (its
+/// `fidelity`: some segment events or placements differ): every figure of a PyTorch run, the what-ifs' too, is then
+/// the emulation's rather than the recorded run's. Nothing for an exact replay, a what-if or a heap contender
+/// (`None`).
+pub fn emulation_departs(recording: &Recording, fidelity: Option<&Fidelity>) -> Option<String> {
+    let fidelity = fidelity?;
+    if fidelity.matched == fidelity.recorded && fidelity.placement_matched == fidelity.allocs {
+        return None;
+    }
+    let why = match recording.snapshot.as_ref().map(|snapshot| snapshot.settings.is_some()) {
+        Some(false) => {
+            "the file records no allocator settings and PyTorch's defaults were assumed: other settings would explain it"
+        }
+        _ => "settings changed while the program ran, or memory taken beside PyTorch's allocator, would explain it",
+    };
+    Some(format!(
+        "PyTorch's emulation under the recorded settings matched {} of {} recorded segment events and {} of {} placements \
+         ({why}): its figures, and every what-if's, are the emulation's, not the recorded run's",
+        fidelity.matched, fidelity.recorded, fidelity.placement_matched, fidelity.allocs
+    ))
 }
 
 /// The note that PyTorch's emulation under the recorded settings did not refuse the request the recording's first
@@ -320,6 +344,39 @@ mod tests {
             let said = all(&recording(trace), &tlsf, &CompareConfig::default());
             assert_eq!(said.len(), count, "{said:?}");
             assert!(said.first().is_none_or(|first| first.starts_with(start)), "{said:?}");
+        }
+    }
+
+    /// The emulation's departure from the recorded decisions is said, with why it may be: nothing for an exact replay
+    /// or none scored; the file's missing settings named where it records none.
+    #[test]
+    fn an_emulation_that_departs_from_the_recording_is_said() {
+        let exact = Fidelity { recorded: 20, matched: 20, allocs: 40, placement_matched: 40, ..Fidelity::default() };
+        let departs = Fidelity { matched: 0, ..exact };
+        let with_settings = Snapshot { settings: Some(heapscope_pytorch::RecordedSettings::default()), ..Snapshot::default() };
+        let cases = [
+            (Snapshot::default(), None, None),
+            (Snapshot::default(), Some(exact), None),
+            (
+                Snapshot::default(),
+                Some(departs),
+                Some(
+                    "PyTorch's emulation under the recorded settings matched 0 of 20 recorded segment events and 40 of 40 placements (the file records no allocator settings",
+                ),
+            ),
+            (
+                with_settings,
+                Some(Fidelity { placement_matched: 39, ..exact }),
+                Some(
+                    "PyTorch's emulation under the recorded settings matched 20 of 20 recorded segment events and 39 of 40 placements (settings changed",
+                ),
+            ),
+        ];
+        for (snapshot, fidelity, start) in cases {
+            let snapshot = Snapshot { device_traces: vec![vec![TraceEntry::new(Action::Alloc, 1 << 20, 512)]], ..snapshot };
+            let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
+            let said = emulation_departs(&recording, fidelity.as_ref());
+            assert_eq!(said.as_deref().map(|said| &said[..start.map_or(0, str::len)]), start, "{said:?}");
         }
     }
 }

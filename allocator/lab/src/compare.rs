@@ -216,18 +216,19 @@ pub struct CompareConfig {
     pub align_bytes: u64,
     /// The heap rules for heap contenders (the policy field is replaced by the contender's).
     pub heap: HeapConfig,
-    /// PyTorch's allocator settings over the recording's own, in `PYTORCH_CUDA_ALLOC_CONF` syntax (`--alloc-conf`).
+    /// PyTorch's allocator settings in place of the recording's own, as `PYTORCH_CUDA_ALLOC_CONF` would set them
+    /// (`--alloc-conf`; [`alloc_conf`]).
     pub alloc_conf: Option<String>,
-    /// PyTorch's allocator settings in full, instead of the recording's with `alloc_conf` over them (a row of
-    /// `advise`, opened as a pane).
+    /// PyTorch's allocator settings in full, instead of the recording's or `alloc_conf` (a row of `advise`, opened as
+    /// a pane).
     pub pytorch_settings: Option<AllocConf>,
     /// When the heap contenders compact ([`crate::compaction`]; `paged` remaps pages, `pytorch` never moves anything).
     pub compact: CompactRule,
 }
 
 impl CompareConfig {
-    /// The settings of a PyTorch contender on `recording`: [`CompareConfig::pytorch_settings`], else the recording's
-    /// own with `alloc_conf` over them — and for `pytorch-expandable` (`expandable`) the other `expandable_segments`
+    /// The settings of a PyTorch contender on `recording`: [`CompareConfig::pytorch_settings`], else `alloc_conf`,
+    /// else the recording's own ([`alloc_conf`]) — and for `pytorch-expandable` (`expandable`) the other `expandable_segments`
     /// than the recording's: on, or off for a recording made with them on (where "on" would be `pytorch` again).
     ///
     /// # Errors
@@ -427,17 +428,19 @@ fn heap_figures<H: DeviceHeap>(
     Ok(Figures { peak_reserved_bytes, device_allocs, device_frees, compaction, ..summed(name, &replay, recording, nanos) })
 }
 
-/// The allocator settings for the `pytorch` contender: the recording's own (PyTorch's defaults for a plain
-/// trace), then `overrides` in `PYTORCH_CUDA_ALLOC_CONF` syntax.
+/// The allocator settings for the `pytorch` contender: `alloc_conf` in `PYTORCH_CUDA_ALLOC_CONF` syntax, read as that
+/// variable is (every key it does not set at PyTorch's default, in place of the recording's settings, so that a row
+/// of `advise` pasted here is the same run), else the recording's own (PyTorch's defaults for a plain trace).
 ///
 /// # Errors
 /// [`heapscope_core::Error::InvalidConfig`] naming the bad key or value.
-pub fn alloc_conf(recording: &Recording, overrides: Option<&str>) -> Result<AllocConf> {
-    let mut conf = recording.snapshot.as_ref().map_or_else(AllocConf::default, AllocConf::of_snapshot);
-    if let Some(overrides) = overrides {
-        conf.parse_overrides(overrides)
-            .map_err(|error| heapscope_core::Error::InvalidConfig { what: format!("--alloc-conf: {error}") })?;
-    }
+pub fn alloc_conf(recording: &Recording, alloc_conf: Option<&str>) -> Result<AllocConf> {
+    let Some(text) = alloc_conf else {
+        return Ok(recording.snapshot.as_ref().map_or_else(AllocConf::default, AllocConf::of_snapshot));
+    };
+    let mut conf = AllocConf::default();
+    conf.parse_overrides(text)
+        .map_err(|error| heapscope_core::Error::InvalidConfig { what: format!("--alloc-conf: {error}") })?;
     Ok(conf)
 }
 

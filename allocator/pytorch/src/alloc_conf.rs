@@ -17,8 +17,9 @@ const MIB: u64 = 1 << 20;
 /// Number of `roundup_power2_divisions` intervals (`kRoundUpPowerOfTwoIntervals`): 1 MiB .. 64 GiB.
 pub const ROUNDUP_INTERVALS: usize = 16;
 
-/// `kLargeBuffer`, the default `max_non_split_rounding` and the floor of `max_split_size`.
-const LARGE_BUFFER_BYTES: u64 = 20 * MIB;
+/// `kLargeBuffer`, the default `max_non_split_rounding` and the floor of `max_split_size`; also the page an expandable
+/// segment of the large pool maps at a time.
+pub const LARGE_BUFFER_BYTES: u64 = 20 * MIB;
 
 /// Settings of the caching allocator that change its decisions.
 #[derive(Clone, Debug, PartialEq)]

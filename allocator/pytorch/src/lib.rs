@@ -24,7 +24,7 @@ mod pickle_write;
 mod read_ahead;
 pub mod snapshot;
 
-pub use alloc_conf::{AllocConf, AllocConfError};
+pub use alloc_conf::{AllocConf, AllocConfError, LARGE_BUFFER_BYTES};
 pub use caching::{
     AddressSource, BackingRefused, CachingAllocation, CachingAllocator, CachingHeap, DriverRuleScore, Emulation, EmulationError,
     Emulator, EntryEffect, Fidelity, OomEvent, OomReport, SegmentBacking, Stepped, Unbacked, emulate, emulate_backed,

@@ -1149,3 +1149,23 @@ fn advise_ranks_a_setting_that_fits_and_says_why_the_default_failed() {
     assert!(!refused.status.success());
     assert!(stderr(&refused).contains("setting \"max_split_size_mb:10\""), "{}", stderr(&refused));
 }
+
+/// A row of `advise` pasted into `--alloc-conf` is the same run: both read the string as `PYTORCH_CUDA_ALLOC_CONF`
+/// would, every key it leaves out at PyTorch's default — on a recording made with expandable segments,
+/// `max_split_size_mb:64` turns them off (it was merged into the recorded settings, a run with them on).
+#[test]
+fn a_row_of_advise_pasted_into_alloc_conf_is_the_same_run() {
+    let file = trace("pytorch/frag_oom-expandable.pickle.gz");
+    let file = file.to_str().unwrap();
+    for setting in ["max_split_size_mb:64", "expandable_segments:True,roundup_power2_divisions:4", ""] {
+        let advised = json_lines(&heapscope(&["advise", file, "--json", "--setting", setting]));
+        let row = advised.iter().find(|row| row["setting"] == setting).unwrap();
+        let replayed = json_lines(&heapscope(&["replay", file, "--json", "--policy", "pytorch", "--alloc-conf", setting]));
+        for key in ["peak_reserved_bytes", "device_allocs", "device_frees", "ooms"] {
+            assert_eq!(row[key], replayed[0][key], "{setting:?}: {key}");
+        }
+    }
+    let off = json_lines(&heapscope(&["replay", file, "--json", "--policy", "pytorch", "--alloc-conf", "max_split_size_mb:64"]));
+    let on = json_lines(&heapscope(&["replay", file, "--json", "--policy", "pytorch"]));
+    assert_ne!(off[0]["device_allocs"], on[0]["device_allocs"], "expandable segments off: whole segments, not pages");
+}

@@ -278,6 +278,9 @@ pub struct Replayed {
     pub stats: MemoryStats,
     /// A heap contender's final layout, from the same run (what `--vma-json` writes); `None` for the others.
     pub heap_report: Option<heapscope_core::HeapReport>,
+    /// PyTorch's emulation under the recorded settings: how its decisions compare with the recorded ones (`None` for a
+    /// what-if and the other contenders).
+    pub fidelity: Option<heapscope_pytorch::Fidelity>,
 }
 
 /// Replays `recording` through a heap or paged contender and returns the snapshot it would have
@@ -339,6 +342,7 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
         },
         stats: recorder.stats,
         heap_report,
+        fidelity: None,
     })
 }
 
@@ -662,7 +666,7 @@ pub fn emulated_snapshot(
     };
     let replay = crate::compare::emulate_pytorch(recording, conf, capacity_bytes, &mut writer)?;
     let frame_stacks = recording.snapshot.as_ref().map_or_else(|| vec![Vec::new()], |snapshot| snapshot.frame_stacks.clone());
-    let (entries, mut segments, stats, pool_ids) = (writer.entries, writer.segments, replay.stats, writer.pool_ids);
+    let (entries, mut segments, stats, pool_ids) = (writer.entries, writer.segments, replay.stats.clone(), writer.pool_ids);
     // The allocator knows no device: its segments are the device replayed's.
     let device_id = u32::try_from(device).unwrap_or(u32::MAX);
     segments.iter_mut().for_each(|segment| segment.device = device_id);
@@ -679,6 +683,7 @@ pub fn emulated_snapshot(
         },
         stats,
         heap_report: None,
+        fidelity: replay.fidelity.filter(|_| !replay.what_if),
     })
 }
 

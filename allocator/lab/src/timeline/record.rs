@@ -18,7 +18,7 @@ use heapscope_pytorch::caching::{BackingRefused, CachingAllocator, EntryEffect, 
 use heapscope_pytorch::{AllocConf, BlockState, TraceEntry};
 
 /// Replays `recording` through `contender` with `config` (capacity, alignment, heap rules, page size, PyTorch's
-/// settings over the recording's own) into a timeline of one step per entry, from the state at the start of the
+/// settings in place of the recording's own) into a timeline of one step per entry, from the state at the start of the
 /// recording (position 0: its live allocations, as spans [`Span::before_recording`]; for `pytorch` its segments
 /// too).
 ///
@@ -56,7 +56,7 @@ pub fn record(recording: &Recording, contender: Contender, config: &CompareConfi
         }
     };
     timeline.contender = match contender {
-        // A pane run with settings over the recording's says them (a lesson's `max_split_size_mb:128`).
+        // A pane run with settings other than the recording's says them (a lesson's `max_split_size_mb:128`).
         Contender::Pytorch { expandable } => match config.alloc_conf.as_deref().map(str::trim).filter(|conf| !conf.is_empty()) {
             Some(conf) => format!("{} ({conf})", config.pytorch_name(recording, expandable)),
             None => config.pytorch_name(recording, expandable),
