@@ -524,13 +524,19 @@ fn print_verdicts(reports: &[(Contender, RunReport)], workload: &Workload) {
         }
     }
     let completed: Vec<&str> = reports.iter().filter(|(_, report)| report.ooms == 0).map(|(policy, _)| policy.name()).collect();
-    let fragmented: Vec<&str> = failed
-        .iter()
-        .filter(|(_, report)| report.first_oom.as_ref().is_some_and(|(_, verdict)| verdict.cause == OomCause::Fragmentation))
-        .map(|(policy, _)| policy.name())
-        .collect();
-    if !completed.is_empty() && !fragmented.is_empty() {
-        outln!("{} ran out of memory from fragmentation where {} completed.", fragmented.join(", "), completed.join(", "));
+    if completed.is_empty() {
+        return;
+    }
+    // Those that failed for want of memory the others found: by the cause of their first refusal.
+    for cause in [OomCause::Fragmentation, OomCause::InternalWaste] {
+        let failed_so: Vec<&str> = failed
+            .iter()
+            .filter(|(_, report)| report.first_oom.as_ref().is_some_and(|(_, verdict)| verdict.cause == cause))
+            .map(|(policy, _)| policy.name())
+            .collect();
+        if !failed_so.is_empty() {
+            outln!("{} ran out of memory from {} where {} completed.", failed_so.join(", "), cause.name(), completed.join(", "));
+        }
     }
 }
 

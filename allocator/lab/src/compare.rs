@@ -44,6 +44,9 @@ pub struct FirstOom {
     pub before_recording: bool,
     /// Bytes requested.
     pub request_bytes: u64,
+    /// What serving it needed: the request as the contender rounds it, and for PyTorch's allocator the rest of the
+    /// segment or pages the device would have had to give.
+    pub needed_bytes: u64,
     /// Bytes reserved from the device at that moment.
     pub reserved_bytes: u64,
     /// Free bytes inside reserved memory.
@@ -65,6 +68,11 @@ impl FirstOom {
         FreeMemory { reserved_free_bytes: self.free_bytes, unreserved_bytes: self.unreserved_bytes }.to_string()
     }
 
+    /// Free bytes inside reserved memory and on the device beside it (where known).
+    pub fn free_total_bytes(&self) -> u64 {
+        self.free_bytes.saturating_add(self.unreserved_bytes.unwrap_or(0))
+    }
+
     /// From a core verdict at `moment`.
     pub fn from_verdict(moment: Moment, verdict: &OomVerdict) -> Self {
         Self {
@@ -75,6 +83,7 @@ impl FirstOom {
             moment,
             before_recording: moment == Moment::Start,
             request_bytes: verdict.requested_bytes,
+            needed_bytes: verdict.needed_bytes,
             reserved_bytes: verdict.reserved_bytes,
             free_bytes: verdict.free_in_blocks_bytes,
             largest_free_bytes: verdict.largest_free_run_bytes,
@@ -466,7 +475,8 @@ pub fn recorded_expandable(recording: &Recording) -> bool {
 
 /// PyTorch's out-of-memory message for `report`, in its words ("Tried to allocate ...").
 fn pytorch_message(report: &OomReport, unreserved_bytes: Option<u64>) -> String {
-    let mut message = format!("Tried to allocate {}.", Bytes(report.request_bytes));
+    // PyTorch says the segment it tried for (`alloc_size`), not the request.
+    let mut message = format!("Tried to allocate {}.", Bytes(report.alloc_bytes));
     if let Some(unreserved) = unreserved_bytes {
         message.push_str(&format!(" {} left on the device.", Bytes(unreserved)));
     }
@@ -495,13 +505,14 @@ pub(crate) fn pytorch_first_oom(event_index: u64, report: &OomReport, unreserved
         moment: Moment::Entry(event_index),
         before_recording: false,
         request_bytes: report.request_bytes,
+        needed_bytes: report.needed_bytes,
         reserved_bytes: report.reserved_bytes,
         free_bytes: report.free_in_reserved_bytes,
         largest_free_bytes: report.largest_free_block_bytes,
         unreserved_bytes,
         verdict: OomCause::judge(heapscope_core::Shortfall {
             requested_bytes: report.request_bytes,
-            needed_bytes: report.request_bytes,
+            needed_bytes: report.needed_bytes,
             free_in_blocks_bytes: report.free_in_reserved_bytes,
             unreserved_bytes: unreserved_bytes.unwrap_or(0),
             padding_bytes: 0,
@@ -827,9 +838,17 @@ pub fn verdict_sentence(
              (fragmentation)",
             Bytes(oom.largest_free_bytes)
         ),
+        // Enough free for the request as asked: the rounding (of the request, or to the segment or pages the device
+        // must give) made it short; else the padding inside live allocations would have covered it.
+        OomCause::InternalWaste if oom.free_total_bytes() >= oom.request_bytes => format!(
+            "`{policy}` ran out of memory on a {request} request: {free}, enough for the request as asked but not for \
+             the {} serving it needed once rounded (internal waste)",
+            Bytes(oom.needed_bytes)
+        ),
         OomCause::InternalWaste => format!(
-            "`{policy}` ran out of memory on a {request} request: {free}, too little once rounded, with bytes wasted \
-             inside allocations that would have covered it (internal waste)"
+            "`{policy}` ran out of memory on a {request} request: {free}, too little once rounded to {}, with bytes \
+             wasted inside allocations that would have covered it (internal waste)",
+            Bytes(oom.needed_bytes)
         ),
         OomCause::Exhaustion => format!(
             "`{policy}` ran out of memory on a {request} request: only {free}, too little even without any waste \

@@ -111,11 +111,11 @@ pub struct ServeConfig {
 impl ServeConfig {
     /// Steps by default.
     pub const DEFAULT_STEPS: u32 = 400;
-    /// The default budget: with paged KV blocks, `pytorch` runs out of memory from fragmentation while `paged`
-    /// completes.
+    /// The default budget: with paged KV blocks, `pytorch` runs out of memory (a 2 MiB block needs a new 20 MiB
+    /// segment where 18 MiB are left: internal waste, the rounding to segments) while `paged` completes.
     pub const DEFAULT_BUDGET_BYTES: u64 = 160 << 20;
     /// What the default budget shows.
-    pub const STORY: &'static str = "with paged KV blocks, pytorch fragments and runs out of memory; paged completes";
+    pub const STORY: &'static str = "with paged KV blocks, pytorch needs a 20 MiB segment for a 2 MiB block where 18 MiB are left and runs out of memory; paged completes";
 
     /// The defaults with `seed`.
     pub fn new(seed: u64) -> Self {

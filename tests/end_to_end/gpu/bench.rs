@@ -51,7 +51,7 @@ fn check_line(line: &Value) {
     assert_eq!(line["mismatches"], 0, "{line}");
 }
 
-/// The serve story: `pytorch` runs out of memory from fragmentation, `paged` completes, no kernel mismatch, and
+/// The serve story: `pytorch` runs out of memory from internal waste (a 20 MiB segment for a 2 MiB block), `paged` completes, no kernel mismatch, and
 /// `sim` agrees with `device` on who runs out of memory, when, and on every byte count.
 fn check_serve_story(device: &[Value], sim: &[Value]) {
     assert_eq!((device.len(), sim.len()), (2, 2));
@@ -63,7 +63,8 @@ fn check_serve_story(device: &[Value], sim: &[Value]) {
     for lines in [device, sim] {
         let (pytorch, paged) = (by_policy(lines, "pytorch"), by_policy(lines, "paged"));
         assert!(pytorch["ooms"].as_u64().unwrap() > 0, "{pytorch}");
-        assert_eq!(pytorch["first_oom"]["verdict"], "fragmentation", "{pytorch}");
+        assert_eq!(pytorch["first_oom"]["verdict"], "internal_waste", "{pytorch}");
+        assert_eq!(pytorch["first_oom"]["needed_bytes"], 20 << 20, "{pytorch}");
         assert_eq!(paged["ooms"], 0, "{paged}");
     }
     if device[0]["backend"] != "sim" {
@@ -88,10 +89,10 @@ fn serve_with(extra: &[&str]) -> Output {
 }
 
 /// The acceptance test of the issue: `serve` with paged KV blocks (the default) under its default budget — on
-/// lavapipe with validation on — `paged` completes where `pytorch` runs out of memory from fragmentation, with no
+/// lavapipe with validation on — `paged` completes where `pytorch` runs out of memory from internal waste, with no
 /// kernel mismatch; `--backend sim` agrees on who runs out of memory, when, and on every byte count.
 #[test]
-fn serve_paged_completes_where_pytorch_fragments() {
+fn serve_paged_completes_where_pytorch_runs_out() {
     let device = json_lines(&serve_with(&[]));
     let sim = json_lines(&serve_with(&["--backend", "sim"]));
     let backend = device[0]["backend"].as_str().unwrap();
@@ -228,10 +229,10 @@ fn the_table_tells_the_story() {
     for expected in [
         "workload: serve (paged KV",
         "backend: sim (asked): no device, kernels skipped, so mismatches are 0 by construction",
-        "budget: 160.00 MiB (the default: with paged KV blocks, pytorch fragments",
+        "budget: 160.00 MiB (the default: with paged KV blocks, pytorch needs a 20 MiB segment",
         "first out of memory:",
-        "Fragmentation:",
-        "pytorch ran out of memory from fragmentation where paged completed.",
+        "Internal waste:",
+        "pytorch ran out of memory from internal waste where paged completed.",
     ] {
         assert!(text.contains(expected), "{expected:?} in:\n{text}");
     }

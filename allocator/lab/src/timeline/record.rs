@@ -254,11 +254,11 @@ impl<'a> PytorchRecorder<'a> {
     fn refusal(&self, entry: usize, report: &OomReport) -> Refusal {
         let trace_entry = self.entries.and_then(|entries| entries.get(entry));
         let unreserved = unreserved_bytes(self.capacity_bytes, report, trace_entry);
-        let FirstOom { request_bytes, reserved_bytes, free_bytes, largest_free_bytes, verdict, message, .. } =
+        let FirstOom { request_bytes, needed_bytes, reserved_bytes, free_bytes, largest_free_bytes, verdict, message, .. } =
             pytorch_first_oom(entry as u64, report, unreserved);
         Refusal {
             requested_bytes: request_bytes,
-            needed_bytes: request_bytes,
+            needed_bytes,
             cause: verdict,
             reserved_bytes,
             free_bytes,

@@ -245,6 +245,7 @@ impl CachingAllocator {
         let end = (addr + size - seg.base).div_ceil(seg.page_bytes);
         let mapped_size = (end - begin) * seg.page_bytes;
         if mapped_size > self.node(id).size || self.total_allocated_memory.saturating_add(mapped_size) > self.device_limit() {
+            self.refused_rounding_bytes = mapped_size.saturating_sub(size);
             return false;
         }
         self.remove_unmapped(id);

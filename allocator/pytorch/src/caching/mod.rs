@@ -160,6 +160,13 @@ pub struct OomReport {
     pub largest_free_block_bytes: u64,
     /// `num_alloc_retries` so far.
     pub num_alloc_retries: i64,
+    /// What PyTorch's message says it tried to allocate: `alloc_size`, the request rounded to the segment it needs
+    /// (a request under 1 MiB asks a 2 MiB segment, one under 10 MiB a 20 MiB one).
+    pub alloc_bytes: u64,
+    /// What serving it needed in all: the request as the allocator rounds it, plus what the device would have had to
+    /// give beyond that (the rest of a new segment, or of the last page mapped into an expandable one): the free bytes
+    /// that do not cover this are no fragmentation.
+    pub needed_bytes: u64,
 }
 
 /// An allocated block ([`CachingAllocator::live_block`]).
@@ -291,6 +298,9 @@ pub struct CachingAllocator {
     conf: AllocConf,
     /// Bytes of device memory the driver lets PyTorch reserve (`None` = unlimited).
     capacity_bytes: Option<u64>,
+    /// Bytes the last request's latest refused segment or mapping would have held beyond what it needed of them (the
+    /// rest of a segment, of the pages mapped), for [`OomReport::needed_bytes`].
+    refused_rounding_bytes: u64,
     /// A temporary limit for one request (the driver's free memory recorded with an `oom` event).
     pub(crate) request_limit_bytes: Option<u64>,
     nodes: Vec<Option<Node>>,
@@ -323,6 +333,7 @@ impl CachingAllocator {
         CachingAllocator {
             conf,
             capacity_bytes,
+            refused_rounding_bytes: 0,
             request_limit_bytes: None,
             nodes: Vec::new(),
             free_ids: Vec::new(),
@@ -384,14 +395,12 @@ impl CachingAllocator {
         if self.conf.expandable_segments { "pytorch-expandable" } else { "pytorch" }
     }
 
-    /// `report`, of a request this allocator just refused, as a core verdict: the request as the allocator rounds
-    /// it (a request no device holds is refused before rounding, which would overflow), the bytes callers hold
-    /// now, this allocator's capacity.
+    /// `report`, of a request this allocator just refused, as a core verdict: what serving it needed
+    /// ([`OomReport::needed_bytes`]: a request no device holds is refused before rounding, which would overflow), the
+    /// bytes callers hold now, this allocator's capacity.
     pub fn verdict(&self, report: &OomReport) -> OomVerdict {
-        let requested = report.request_bytes;
-        let needed_bytes = if requested > MAX_REQUEST_BYTES { requested } else { round_size(requested, &self.conf) };
         let live_bytes = u64::try_from(self.stats.requested_bytes.all().current).unwrap_or(0);
-        report.verdict(self.policy_name(), needed_bytes, live_bytes, self.capacity_bytes)
+        report.verdict(self.policy_name(), report.needed_bytes, live_bytes, self.capacity_bytes)
     }
 
     /// `torch.cuda.memory_stats()` now.
@@ -673,8 +682,9 @@ impl CachingAllocator {
         if size_bytes > MAX_REQUEST_BYTES {
             // No device holds it (cudaMalloc fails); refused before any rounding could overflow.
             self.stats.num_ooms += 1;
-            return Err(self.oom_report(size_bytes, 0));
+            return Err(self.oom_report(size_bytes, size_bytes, size_bytes, 0));
         }
+        self.refused_rounding_bytes = 0;
         // With the driver's addresses, the trace's are not used.
         let base_hint = base_hint.filter(|_| self.addresses == AddressSource::Trace);
         let size = round_size(size_bytes, &self.conf);
@@ -699,7 +709,7 @@ impl CachingAllocator {
         }
         let Some(id) = block else {
             self.stats.num_ooms += 1;
-            return Err(self.oom_report(size_bytes, pool.0));
+            return Err(self.oom_report(size_bytes, alloc_size, size.saturating_add(self.refused_rounding_bytes), pool.0));
         };
         let split = self.should_split(id, size);
         let id = self.alloc_found_block(id, size, size_bytes, split);
@@ -710,7 +720,7 @@ impl CachingAllocator {
 
     /// The report of a refused request to memory pool `owner`: its largest cached block is the largest that could
     /// have served (another pool's never does).
-    fn oom_report(&self, request_bytes: u64, owner: usize) -> OomReport {
+    fn oom_report(&self, request_bytes: u64, alloc_bytes: u64, needed_bytes: u64, owner: usize) -> OomReport {
         let reserved = u64::try_from(self.stats.reserved_bytes.all().current).unwrap_or(0);
         let allocated = u64::try_from(self.stats.allocated_bytes.all().current).unwrap_or(0);
         let memory_pool = &self.pools[owner];
@@ -723,6 +733,8 @@ impl CachingAllocator {
             free_in_reserved_bytes: reserved.saturating_sub(allocated),
             largest_free_block_bytes: largest,
             num_alloc_retries: self.stats.num_alloc_retries,
+            alloc_bytes,
+            needed_bytes,
         }
     }
 
@@ -787,12 +799,14 @@ impl CachingAllocator {
             && let Some(cap) = self.capacity_bytes
             && self.total_allocated_memory + alloc_size > cap
         {
+            self.refused_rounding_bytes = alloc_size.saturating_sub(size);
             return None;
         }
         if self.conf.expandable_segments {
             return self.try_allocate_expandable_block(pool, stream, size, base_hint);
         }
         if self.total_allocated_memory.saturating_add(alloc_size) > self.device_limit() {
+            self.refused_rounding_bytes = alloc_size.saturating_sub(size);
             return None;
         }
         let base = self.cuda_malloc_base(base_hint, alloc_size);

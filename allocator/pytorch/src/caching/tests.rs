@@ -602,6 +602,8 @@ fn release_on_oom_then_retry() {
             free_in_reserved_bytes: 0,
             largest_free_block_bytes: 0,
             num_alloc_retries: 2,
+            alloc_bytes: 20 * MIB,
+            needed_bytes: 20 * MIB,
         }
     );
     assert_eq!(a.stats().num_ooms, 1);
