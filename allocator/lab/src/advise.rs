@@ -148,7 +148,7 @@ impl Advice {
     /// a recording begun mid-run ([`Advice::afresh_hint`]).
     pub fn answer(&self) -> String {
         let mut answer = self.answer_sentence();
-        if self.best().is_some_and(|best| best.setting.contains("garbage_collection_threshold")) {
+        if self.answered().is_some_and(|row| row.setting.contains("garbage_collection_threshold")) {
             answer.push_str(
                 " Garbage collection acts only under a memory fraction: set one too \
                  (`torch.cuda.set_per_process_memory_fraction`); the replay takes the device's capacity for it.",
@@ -205,6 +205,25 @@ impl Advice {
         ))
     }
 
+    /// The setting the answer names: the best, or where none fits the device the one that needs least.
+    pub fn answered(&self) -> Option<&SettingAdvice> {
+        let best = self.best()?;
+        match self.capacity_bytes {
+            Some(_) if best.ooms > 0 => self.least_need().map(|(_, row)| row),
+            _ => Some(best),
+        }
+    }
+
+    /// The PyTorch setting that needs the least memory, of the recording's kind ([`SettingAdvice::start_afresh`]), with
+    /// its need.
+    fn least_need(&self) -> Option<(u64, &SettingAdvice)> {
+        self.settings
+            .iter()
+            .filter(|row| row.setting != PAGED && !row.start_afresh)
+            .filter_map(|row| row.min_capacity_bytes.map(|bytes| (bytes, row)))
+            .min_by_key(|(bytes, _)| *bytes)
+    }
+
     /// The answer in one sentence: the setting to paste and why.
     fn answer_sentence(&self) -> String {
         let (Some(best), Some(recorded)) = (self.best(), self.recorded()) else {
@@ -217,23 +236,15 @@ impl Advice {
         };
         let devices = |row: &SettingAdvice| counted(row.device_allocs, "device allocation", "device allocations");
         match self.capacity_bytes {
-            Some(capacity) if best.ooms > 0 => {
-                let need = self
-                    .settings
-                    .iter()
-                    .filter(|row| row.setting != PAGED)
-                    .filter_map(|row| row.min_capacity_bytes.map(|bytes| (bytes, row)))
-                    .min_by_key(|(bytes, _)| *bytes);
-                match need {
-                    Some((bytes, row)) => format!(
-                        "No setting fits in {}: the one that needs least, {}, needs {}.",
-                        Bytes(capacity),
-                        paste(&row.setting),
-                        BytesAtLeast(bytes)
-                    ),
-                    None => format!("No setting fits in {}, nor on any device.", Bytes(capacity)),
-                }
-            }
+            Some(capacity) if best.ooms > 0 => match self.least_need() {
+                Some((bytes, row)) => format!(
+                    "No setting fits in {}: the one that needs least, {}, needs {}.",
+                    Bytes(capacity),
+                    paste(&row.setting),
+                    BytesAtLeast(bytes)
+                ),
+                None => format!("No setting fits in {}, nor on any device.", Bytes(capacity)),
+            },
             Some(capacity) => {
                 let fits = format!(
                     "{best_paste} — fits in {} (peak reserved {}{}), {}",

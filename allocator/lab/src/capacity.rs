@@ -3,7 +3,8 @@
 //!
 //! A PyTorch recording that ran out of memory tells its device: its `oom` entry carries the driver's free bytes
 //! (`device_free`), and the bytes PyTorch held reserved then follow from the final segments and the trace walked
-//! back to that entry ([`recorded_capacity`]). Replaying it on unlimited memory would answer another question — which
+//! back to that entry ([`recorded_capacity`]); one without them (written by hand or converted) leaves the device
+//! taken as full there, as large as the most PyTorch had held reserved. Replaying it on unlimited memory would answer another question — which
 //! contender "would have succeeded" on a device larger than the one that failed — so the recorded capacity is the
 //! default of `replay`, `compare`, `summary`, `export`, `advise` and the app.
 
@@ -29,29 +30,46 @@ pub enum CapacityFrom {
         /// The driver's free bytes it recorded (`device_free`).
         device_free_bytes: u64,
     },
+    /// The recording's `oom` entry, which records no driver's free bytes (a file written by hand or converted: PyTorch
+    /// writes them): the device taken as full then, and as large as the most PyTorch held reserved up to it (which it
+    /// did hold: PyTorch had given cached segments back before refusing).
+    OomWithoutFree {
+        /// The entry.
+        entry: u64,
+        /// Bytes reserved by PyTorch at that entry.
+        reserved_bytes: u64,
+        /// The most bytes reserved by PyTorch up to it: the capacity.
+        most_reserved_bytes: u64,
+    },
     /// Neither: unlimited (`advise` ranks settings by the capacity they need).
     Unknown,
 }
 
-/// The device of the recording, as its first `oom` entry with the driver's free bytes tells it: the bytes PyTorch
-/// held reserved there (the final segments, less what the trace reserved and plus what it returned, walked up to the
-/// entry) plus those free bytes. `None` for a plain trace, or a recording with no such entry.
+/// The device of the recording, as its first `oom` entry tells it: the bytes PyTorch held reserved there (the final
+/// segments, less what the trace reserved and plus what it returned, walked up to the entry) plus the driver's free
+/// bytes it recorded; or, where it records none, the most PyTorch held reserved up to it (the device taken as full
+/// then: [`CapacityFrom::OomWithoutFree`]). `None` for a plain trace, or a recording with no `oom` entry.
 pub fn recorded_capacity(recording: &Recording) -> Option<(u64, CapacityFrom)> {
     let snapshot = recording.snapshot.as_ref()?;
     let entries = snapshot.device_traces.get(recording.device)?;
-    // The first oom that tells the driver's free bytes, found before the reserved bytes are walked: most
-    // recordings have none, and then nothing more is read.
-    let (oom, device_free_bytes) = entries.iter().enumerate().find_map(|(index, entry)| match entry.action {
-        Action::Oom => entry.device_free().map(|free| (index, free)),
-        _ => None,
-    })?;
+    // The first oom, found before the reserved bytes are walked: most recordings have none, and then nothing more is
+    // read.
+    let oom = entries.iter().position(|entry| entry.action == Action::Oom)?;
     let mut reserved = i128::from(reserved_at_start(recording));
+    let mut most = reserved;
     for entry in &entries[..oom] {
         reserved = (reserved + reserved_change(entry.action, entry.size)).max(0);
+        most = most.max(reserved);
     }
-    let reserved_bytes = u64::try_from(reserved).unwrap_or(u64::MAX);
-    let capacity = reserved_bytes.saturating_add(device_free_bytes);
-    Some((capacity, CapacityFrom::Recorded { entry: oom as u64, reserved_bytes, device_free_bytes }))
+    let bytes = |value: i128| u64::try_from(value).unwrap_or(u64::MAX);
+    let (reserved_bytes, entry) = (bytes(reserved), oom as u64);
+    Some(match entries[oom].device_free() {
+        Some(device_free_bytes) => (
+            reserved_bytes.saturating_add(device_free_bytes),
+            CapacityFrom::Recorded { entry, reserved_bytes, device_free_bytes },
+        ),
+        None => (bytes(most), CapacityFrom::OomWithoutFree { entry, reserved_bytes, most_reserved_bytes: bytes(most) }),
+    })
 }
 
 /// The bytes PyTorch held reserved before `recording`'s first entry (0 for a plain trace). No device smaller than
@@ -91,6 +109,13 @@ impl fmt::Display for Capacity {
                 Bytes(bytes),
                 Bytes(reserved_bytes),
                 Bytes(device_free_bytes)
+            ),
+            (Some(bytes), CapacityFrom::OomWithoutFree { entry, reserved_bytes, .. }) => write!(
+                f,
+                "{}, as the recording suggests: its oom (entry {entry}) records no free bytes of the driver, so the \
+                 device is taken as full, the most PyTorch held reserved up to it ({} at the oom)",
+                Bytes(bytes),
+                Bytes(reserved_bytes)
             ),
             (Some(bytes), CapacityFrom::Unknown) => write!(f, "{}", Bytes(bytes)),
             (None, _) => f.write_str("unlimited (no --capacity, and no oom entry in the recording tells the device)"),
@@ -141,5 +166,27 @@ mod tests {
         let plain = Recording::from_trace(heapscope_core::Trace::default());
         assert_eq!(Capacity::of(None, &plain), Capacity { bytes: None, from: CapacityFrom::Unknown });
         assert!(Capacity::of(None, &plain).to_string().starts_with("unlimited"));
+    }
+
+    /// An `oom` entry without the driver's free bytes: the device taken as full there, as large as the most PyTorch
+    /// held reserved up to it (160 MiB before the 60 MiB segment went back, 100 MiB at the oom) — not unlimited, and
+    /// not the 100 MiB at the oom, which the run had exceeded.
+    #[test]
+    fn an_oom_without_free_bytes_takes_the_device_as_full() {
+        let snapshot = Snapshot {
+            segments: vec![Segment::from_blocks(0, 0x1000_0000, 100 * MIB, heapscope_pytorch::Pool::Large, Vec::new())],
+            device_traces: vec![vec![
+                entry(Action::SegmentAlloc, 0x1000_0000, 100 * MIB, None),
+                entry(Action::SegmentAlloc, 0x2000_0000, 60 * MIB, None),
+                entry(Action::SegmentFree, 0x2000_0000, 60 * MIB, None),
+                entry(Action::Oom, 0, 200 * MIB, None),
+            ]],
+            ..Snapshot::default()
+        };
+        let recording = Recording { snapshot: Some(snapshot), ..Recording::from_trace(heapscope_core::Trace::default()) };
+        let capacity = Capacity::of(None, &recording);
+        let from = CapacityFrom::OomWithoutFree { entry: 3, reserved_bytes: 100 * MIB, most_reserved_bytes: 160 * MIB };
+        assert_eq!(capacity, Capacity { bytes: Some(160 * MIB), from });
+        assert!(capacity.to_string().contains("its oom (entry 3) records no free bytes of the driver"), "{capacity}");
     }
 }
