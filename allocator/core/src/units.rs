@@ -133,6 +133,10 @@ fn parse_size_words(text: &str) -> Result<u64, String> {
         return whole.checked_mul(scale).ok_or_else(|| "larger than 2^64 bytes".to_owned());
     }
     let value: f64 = number.parse().map_err(|_| format!("{number:?} is not a number"))?;
+    if scale == 1 {
+        // `3.5` meant as gigabytes would be 4 bytes: a fraction of a byte is no size anyone means.
+        return Err(format!("a fraction of a byte: give a unit ({number}GiB, {number}MiB, ...)"));
+    }
     let bytes = (value * scale as f64).round();
     if !bytes.is_finite() || bytes >= u64::MAX as f64 {
         return Err("larger than 2^64 bytes".to_owned());
@@ -186,7 +190,7 @@ mod tests {
 
     #[test]
     fn parse_table() {
-        let cases: [(&str, Result<u64, ()>); 15] = [
+        let cases: [(&str, Result<u64, ()>); 16] = [
             ("4096", Ok(4096)),
             ("3584MiB", Ok(3584 * MIB)),
             ("3584 MiB", Ok(3584 * MIB)),
@@ -203,6 +207,8 @@ mod tests {
             ("0.5KiB", Ok(512)),
             ("0.4", Err(())),
             ("0.0001 KiB", Err(())),
+            // A fraction without a unit is a slip (`--capacity 3.5` was 4 bytes).
+            ("3.5", Err(())),
         ];
         for (text, expected) in cases {
             assert_eq!(parse_size(text).map_err(|_| ()), expected, "{text:?}");
@@ -212,8 +218,12 @@ mod tests {
             "size \"12 parsecs\": unknown unit \"parsecs\" (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
         );
         assert_eq!(
-            parse_size("0.4").unwrap_err().to_string(),
-            "size \"0.4\": 0.4 is less than half a byte: it would round to 0 bytes"
+            parse_size("0.0001KiB").unwrap_err().to_string(),
+            "size \"0.0001KiB\": 0.0001 KiB is less than half a byte: it would round to 0 bytes"
+        );
+        assert_eq!(
+            parse_size("3.5").unwrap_err().to_string(),
+            "size \"3.5\": a fraction of a byte: give a unit (3.5GiB, 3.5MiB, ...)"
         );
     }
 

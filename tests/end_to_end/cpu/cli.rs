@@ -677,7 +677,7 @@ fn bad_input_gets_a_clear_error() {
     // Issue 17: an unwritable --vma-json is refused before the pickle is written.
     let exported = dir.join("exported.pickle");
     let exported_path = exported.to_str().unwrap().to_owned();
-    let cases: [(Vec<&str>, &str); 28] = [
+    let cases: [(Vec<&str>, &str); 29] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
         (vec!["replay", &truncated_path], "truncated.pickle.gz"),
@@ -702,7 +702,8 @@ fn bad_input_gets_a_clear_error() {
              gzip file with 1f 8b; this one starts with 68 65 6c 6c 6f 20 77 6f (\"hello wo\")",
         ),
         (vec!["compare", good_path, "--alloc-conf", "backend:cudaMallocAsync"], "native caching allocator only"),
-        (vec!["replay", good_path, "--capacity", "0.4"], "would round to 0 bytes"),
+        (vec!["replay", good_path, "--capacity", "0.0004KB"], "would round to 0 bytes"),
+        (vec!["replay", good_path, "--capacity", "3.5"], "a fraction of a byte: give a unit"),
         (vec!["demo", "--budget", "0"], "--budget 0: nothing could be allocated"),
         (
             vec!["export", good_path, "--policy", "tlsf", "--out", &exported_path, "--vma-json", "/nonexistent/out.json"],
