@@ -133,9 +133,9 @@ fn parse_size_words(text: &str) -> Result<u64, String> {
         return whole.checked_mul(scale).ok_or_else(|| "larger than 2^64 bytes".to_owned());
     }
     let value: f64 = number.parse().map_err(|_| format!("{number:?} is not a number"))?;
-    if scale == 1 {
+    if scale == 1 && number.contains('.') {
         // `3.5` meant as gigabytes would be 4 bytes: a fraction of a byte is no size anyone means.
-        return Err(format!("a fraction of a byte: give a unit ({number}GiB, {number}MiB, ...)"));
+        return Err("a fraction of a byte: give it a unit (GiB, MiB, ...)".to_owned());
     }
     let bytes = (value * scale as f64).round();
     if !bytes.is_finite() || bytes >= u64::MAX as f64 {
@@ -223,7 +223,7 @@ mod tests {
         );
         assert_eq!(
             parse_size("3.5").unwrap_err().to_string(),
-            "size \"3.5\": a fraction of a byte: give a unit (3.5GiB, 3.5MiB, ...)"
+            "size \"3.5\": a fraction of a byte: give it a unit (GiB, MiB, ...)"
         );
     }
 

@@ -703,7 +703,7 @@ fn bad_input_gets_a_clear_error() {
         ),
         (vec!["compare", good_path, "--alloc-conf", "backend:cudaMallocAsync"], "native caching allocator only"),
         (vec!["replay", good_path, "--capacity", "0.0004KB"], "would round to 0 bytes"),
-        (vec!["replay", good_path, "--capacity", "3.5"], "a fraction of a byte: give a unit"),
+        (vec!["replay", good_path, "--capacity", "3.5"], "a fraction of a byte: give it a unit"),
         (vec!["demo", "--budget", "0"], "--budget 0: nothing could be allocated"),
         (
             vec!["export", good_path, "--policy", "tlsf", "--out", &exported_path, "--vma-json", "/nonexistent/out.json"],
