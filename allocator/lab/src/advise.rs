@@ -126,7 +126,7 @@ pub struct Advice {
     /// Bytes live before the recording's first entry (a recording begun mid-run is advised from its rebuilt start
     /// state).
     pub start_live_bytes: u64,
-    /// Needs closer than this to the least are one need, ranked by peak reserved ([`rank`]).
+    /// Needs closer than this to the least are one need, ranked by peak reserved (see [`Advice::settings`]).
     pub tie_bytes: u64,
     /// Every setting, best first.
     pub settings: Vec<SettingAdvice>,

@@ -340,10 +340,14 @@ impl Recording {
         moment_of(self.start_events, &self.entry_index, event)
     }
 
-    /// Its name as the commands and the app show it: with the device, when the file records several.
+    /// Its name as the commands and the app show it: with the device, when the file records several (traces or
+    /// segments of several devices) or the device is not the first.
     pub fn shown_name(&self) -> String {
-        let devices = self.snapshot.as_ref().map_or(1, |snapshot| snapshot.device_traces.len());
-        if devices > 1 { format!("{} (device {})", self.name, self.device) } else { self.name.clone() }
+        let several = self
+            .snapshot
+            .as_ref()
+            .is_some_and(|snapshot| snapshot.device_traces.len() > 1 || self.device > 0 || present_devices(snapshot).len() > 1);
+        if several { format!("{} (device {})", self.name, self.device) } else { self.name.clone() }
     }
 
     /// The CUDA streams the device's trace uses (1 for a plain trace, which has none).
@@ -964,6 +968,22 @@ mod tests {
         let overview = device_overview(&damaged);
         assert_eq!(overview.iter().map(|device| (device.device, device.segments)).collect::<Vec<_>>(), [(4_000_000_000, 2)]);
         assert_eq!(overview[0].peak_reserved_bytes, u64::MAX);
+    }
+
+    /// A file whose traces list device 0 alone but whose segments name device 1 (its traces cut to the first) names
+    /// the device either way; a file of one device does not.
+    #[test]
+    fn the_shown_name_names_the_device_where_the_file_has_several() {
+        use heapscope_pytorch::{Pool, Segment};
+        let segment = |device: u32| Segment::from_blocks(device, u64::from(device + 1) << 40, 2 << 20, Pool::Large, Vec::new());
+        let trace = vec![vec![TraceEntry::new(Action::Alloc, 1 << 20, 512)]];
+        let cut = Snapshot { device_traces: trace.clone(), segments: vec![segment(0), segment(1)], ..Snapshot::default() };
+        for device in [0, 1] {
+            let recording = Recording::from_snapshot("cut.pickle", cut.clone(), device).unwrap();
+            assert_eq!(recording.shown_name(), format!("cut.pickle (device {device})"));
+        }
+        let one = Snapshot { device_traces: trace, segments: vec![segment(0)], ..Snapshot::default() };
+        assert_eq!(Recording::from_snapshot("one.pickle", one, 0).unwrap().shown_name(), "one.pickle");
     }
 
     #[test]
