@@ -301,9 +301,18 @@ pub fn advice(ui: &mut Ui, run: &AdviceRun, can_add: bool) -> AdviceActions {
                         "" => "PyTorch's defaults",
                         setting => setting,
                     };
-                    let label = if row.as_recorded { format!("{name} (as recorded)") } else { name.to_owned() };
+                    let mut label = if row.as_recorded { format!("{name} (as recorded)") } else { name.to_owned() };
+                    let mut hover = "open this setting as a pane".to_owned();
+                    if row.start_afresh {
+                        label.push_str(" (~)");
+                        hover.push_str(
+                            "\n(~) the other kind of memory than the recording's, which began mid-run: what was live at \
+                             its start is allocated afresh, without the fragmentation built before, so its figures can \
+                             be too low; ranked after the recording's kind",
+                        );
+                    }
                     let button = ui.add_enabled(can_add, egui::Button::new(label).small());
-                    if button.on_hover_text("open this setting as a pane").clicked() {
+                    if button.on_hover_text(hover).clicked() {
                         actions.add = Some(row.setting.clone());
                     }
                     ui.label(Bytes(row.peak_reserved_bytes).to_string());
