@@ -64,12 +64,7 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
     outln!("{}", capacity_line(&advice));
     let recorded =
         if advice.recorded_setting.is_empty() { "PyTorch's defaults".to_owned() } else { advice.recorded_setting.clone() };
-    let records_settings = recording.snapshot.as_ref().is_some_and(|snapshot| snapshot.settings.is_some());
-    match crate::replay::inferred_expandable(&recording) {
-        Some(why) => outln!("recorded settings: {recorded}, as the recording's expandable segments show ({why})"),
-        None if !records_settings => outln!("recorded settings: none in the file; {recorded} assumed"),
-        None => outln!("recorded settings: {recorded}"),
-    }
+    outln!("recorded settings: {}", crate::replay::recorded_settings_words(&recording, &recorded));
     if advice.start_live_bytes > 0 {
         outln!(
             "recorded mid-run: {} were live before entry 0; every setting replays from the start state rebuilt from the final segments",
@@ -108,10 +103,7 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
             "(=) the same run as a row above it (`same_run_as` in --json): no block of this recording can reach its max_split_size_mb"
         );
     }
-    if let Some(note) = advice.recorded().and_then(|row| caveats::emulation_departs(&recording, row.figures.fidelity.as_ref())) {
-        outln!("\n{note}");
-    }
-    if let Some(note) = advice.recorded().and_then(|row| caveats::recorded_oom(&recording, &row.figures)) {
+    for note in advice.recorded().map(|row| caveats::emulation(&recording, &row.figures)).unwrap_or_default() {
         outln!("\n{note}");
     }
     outln!("\n{}", advice.answer());

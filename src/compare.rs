@@ -42,11 +42,9 @@ fn compare(args: &CompareArgs, contenders: &[Contender], recording: &Recording, 
     for outcome in &outcomes {
         print_row(outcome);
     }
-    let figures = || outcomes.iter().filter_map(Outcome::figures);
-    if let Some(note) = figures().find_map(|figures| caveats::emulation_departs(recording, figures.fidelity.as_ref())) {
-        outln!("\n{note}");
-    }
-    if let Some(note) = figures().find_map(|figures| caveats::recorded_oom(recording, figures)) {
+    // The emulation under the recorded settings: the one run with a fidelity.
+    let emulation = outcomes.iter().filter_map(Outcome::figures).find(|figures| figures.fidelity.is_some());
+    for note in emulation.map(|figures| caveats::emulation(recording, figures)).unwrap_or_default() {
         outln!("\n{note}");
     }
     // The verdict of the first contender that failed (PyTorch's, when it did), with who would have coped.

@@ -290,22 +290,26 @@ fn settings_line(recording: &Recording, args: &RecordingArgs) -> String {
             shown(&conf),
             shown(&recorded)
         ),
-        _ if let Some(why) = inferred_expandable(recording) => {
-            format!("pytorch's settings: {}, as the recording's expandable segments show ({why})", shown(&recorded))
-        }
-        _ => match &recording.snapshot {
-            None => format!("pytorch's settings: {}, assumed (a trace records no settings)", shown(&recorded)),
-            Some(snapshot) if snapshot.settings.is_none() => {
-                format!("pytorch's settings: {}, assumed (the file records none)", shown(&recorded))
-            }
-            Some(_) => format!("pytorch's settings: {}, as recorded", shown(&recorded)),
-        },
+        _ => format!("pytorch's settings: {}", recorded_settings_words(recording, &shown(&recorded))),
+    }
+}
+
+/// The recording's own settings, `shown`, with where they come from: recorded, assumed where the file records none,
+/// or shown by its expandable segments.
+pub fn recorded_settings_words(recording: &Recording, shown: &str) -> String {
+    if let Some(why) = inferred_expandable(recording) {
+        return format!("{shown}, as the recording's expandable segments show ({why})");
+    }
+    match &recording.snapshot {
+        None => format!("{shown}, assumed (a trace records no settings)"),
+        Some(snapshot) if snapshot.settings.is_none() => format!("{shown}, assumed (the file records none)"),
+        Some(_) => format!("{shown}, as recorded"),
     }
 }
 
 /// Why the replay runs `recording` with expandable segments that its file shows but does not record as a setting
 /// ([`heapscope_pytorch::AllocConf::expandable_from_file`]); `None` otherwise.
-pub fn inferred_expandable(recording: &Recording) -> Option<&'static str> {
+fn inferred_expandable(recording: &Recording) -> Option<&'static str> {
     let snapshot = recording.snapshot.as_ref()?;
     heapscope_pytorch::AllocConf::expandable_from_file(snapshot).then_some("the file records no allocator settings")
 }

@@ -185,16 +185,25 @@ pub struct FreeMemory {
     pub unreserved_bytes: Option<u64>,
 }
 
+impl FreeMemory {
+    /// Bytes free in reserved memory and on the device beside it (where known).
+    pub fn total_bytes(&self) -> u64 {
+        self.reserved_free_bytes.saturating_add(self.unreserved_bytes.unwrap_or(0))
+    }
+}
+
 impl fmt::Display for FreeMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let free = Bytes(self.reserved_free_bytes);
         match self.unreserved_bytes {
-            Some(more) if more > 0 => write!(
-                f,
-                "{free} free in reserved memory and {} more on the device, {} in all",
-                Bytes(more),
-                Bytes(self.reserved_free_bytes.saturating_add(more))
-            ),
+            Some(more) if more > 0 => {
+                write!(
+                    f,
+                    "{free} free in reserved memory and {} more on the device, {} in all",
+                    Bytes(more),
+                    Bytes(self.total_bytes())
+                )
+            }
             Some(_) => write!(f, "{free} free in reserved memory and none left on the device"),
             None => write!(f, "{free} free in reserved memory"),
         }

@@ -29,7 +29,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::caching_target::Copies;
 use crate::capacity::{Capacity, CapacityFrom, reserved_at_start};
-use crate::compare::{Figures, FirstOom, alloc_conf, emulate_pytorch_copied, emulation_error, first_refusal, summed};
+use crate::compare::{
+    Figures, FirstOom, alloc_conf, emulate_pytorch_copied, emulation_error, first_refusal, starts_afresh, summed,
+};
 use crate::cuda_cost::{CUDA_PAGE_BYTES, CudaCost};
 use crate::driver::{HeapTarget, Statistics, Stream, drive};
 use crate::recording::{Recording, counted};
@@ -188,13 +190,8 @@ impl Advice {
             (_, Some(bytes)) => format!("needs {}", BytesAtLeast(bytes)),
             (_, None) => "fits on no device".to_owned(),
         };
-        let turned = if afresh.figures.settings.as_deref().is_some_and(|s| s.contains("expandable_segments:True"))
-            || afresh.setting.contains("expandable_segments:True")
-        {
-            "on"
-        } else {
-            "off"
-        };
+        let mut conf = AllocConf::default();
+        let turned = if conf.parse_overrides(&afresh.setting).is_ok() && conf.expandable_segments { "on" } else { "off" };
         Some(format!(
             "{} might do better ({needs}, peak reserved {}): it turns expandable segments {turned}, and on a recording \
              begun mid-run such a setting allocates what was live at the start afresh, without the fragmentation the \
@@ -546,14 +543,8 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
         fails_again_at_bytes,
         rank: 0,
         same_run_as: None,
-        start_afresh: matches!(row, Row::Pytorch { conf, .. } if starts_afresh(recording, conf, recorded)),
+        start_afresh: matches!(row, Row::Pytorch { conf, .. } if starts_afresh(recording, conf)),
     })
-}
-
-/// Whether a run of `conf` on `recording`, whose own settings are `recorded`, allocates what was live at the start
-/// afresh: the other kind of memory than a recording begun mid-run (as [`crate::caveats::start_afresh`] says).
-fn starts_afresh(recording: &Recording, conf: &AllocConf, recorded: &AllocConf) -> bool {
-    recording.start_events > 0 && recording.snapshot.is_some() && conf.expandable_segments != recorded.expandable_segments
 }
 
 /// The grid of [`min_capacity`] under a ceiling of `ceiling_bytes`: [`CAPACITY_STEP_BYTES`] or a 1/1024 of the

@@ -8,7 +8,7 @@ use heapscope_core::units::Bytes;
 use heapscope_pytorch::Fidelity;
 use heapscope_pytorch::caching::RequestPools;
 
-use crate::compare::{CompareConfig, Figures, recorded_expandable};
+use crate::compare::{CompareConfig, Figures, starts_afresh};
 use crate::contender::Contender;
 use crate::recording::{Moment, Recording, counted};
 
@@ -84,16 +84,12 @@ pub fn streams(recording: &Recording, contenders: &[Contender]) -> Option<String
 /// allocated afresh in address order (`caching::initial::reallocate_start_state`): what fragmentation the recorded
 /// program had built before the recording is not known, so its figures can come out below a whole run's.
 pub fn start_afresh(recording: &Recording, contenders: &[Contender], config: &CompareConfig) -> Option<String> {
-    if recording.start_events == 0 || recording.snapshot.is_none() {
-        return None;
-    }
-    let recorded = recorded_expandable(recording);
     let names: Vec<String> = contenders
         .iter()
         .filter_map(|&contender| match contender {
             Contender::Pytorch { expandable } => {
                 let conf = config.pytorch_conf(recording, expandable).ok()?;
-                (conf.expandable_segments != recorded).then(|| format!("`{}`", config.pytorch_name(recording, expandable)))
+                starts_afresh(recording, &conf).then(|| format!("`{}`", config.pytorch_name(recording, expandable)))
             }
             _ => None,
         })
@@ -105,6 +101,12 @@ pub fn start_afresh(recording: &Recording, contenders: &[Contender], config: &Co
             names.join(" and ")
         )
     })
+}
+
+/// The notes on PyTorch's emulation under the recorded settings, `figures` its run ([`emulation_departs`], then
+/// [`recorded_oom`]): said before the verdict by `compare` and `advise`. Nothing for another run (no fidelity).
+pub fn emulation(recording: &Recording, figures: &Figures) -> Vec<String> {
+    [emulation_departs(recording, figures.fidelity.as_ref()), recorded_oom(recording, figures)].into_iter().flatten().collect()
 }
 
 /// The note that PyTorch's emulation under the recorded settings did not reproduce the recording's decisions (its

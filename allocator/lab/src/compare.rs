@@ -65,12 +65,12 @@ impl FirstOom {
     /// What was free, in words: in reserved memory, and on the device beside it where known (with the sum):
     /// `1000.00 MiB free in reserved memory and 584.00 MiB more on the device, 1.55 GiB in all`.
     pub fn free_words(&self) -> String {
-        FreeMemory { reserved_free_bytes: self.free_bytes, unreserved_bytes: self.unreserved_bytes }.to_string()
+        self.free_memory().to_string()
     }
 
-    /// Free bytes inside reserved memory and on the device beside it (where known).
-    pub fn free_total_bytes(&self) -> u64 {
-        self.free_bytes.saturating_add(self.unreserved_bytes.unwrap_or(0))
+    /// What was free: in reserved memory, and on the device beside it where known.
+    pub fn free_memory(&self) -> FreeMemory {
+        FreeMemory { reserved_free_bytes: self.free_bytes, unreserved_bytes: self.unreserved_bytes }
     }
 
     /// From a core verdict at `moment`.
@@ -473,6 +473,13 @@ pub fn recorded_expandable(recording: &Recording) -> bool {
     recording.snapshot.as_ref().is_some_and(|snapshot| AllocConf::of_snapshot(snapshot).expandable_segments)
 }
 
+/// Whether a PyTorch run of `conf` on `recording` allocates what was live at the start afresh: the other kind of memory
+/// than a recording begun mid-run (expandable segments turned on or off), as the emulation does
+/// (`heapscope_pytorch::Emulator::new`).
+pub fn starts_afresh(recording: &Recording, conf: &AllocConf) -> bool {
+    recording.start_events > 0 && recording.snapshot.is_some() && conf.expandable_segments != recorded_expandable(recording)
+}
+
 /// PyTorch's out-of-memory message for `report`, in its words ("Tried to allocate ...").
 fn pytorch_message(report: &OomReport, unreserved_bytes: Option<u64>) -> String {
     // PyTorch says the segment it tried for (`alloc_size`), not the request.
@@ -840,7 +847,7 @@ pub fn verdict_sentence(
         ),
         // Enough free for the request as asked: the rounding (of the request, or to the segment or pages the device
         // must give) made it short; else the padding inside live allocations would have covered it.
-        OomCause::InternalWaste if oom.free_total_bytes() >= oom.request_bytes => format!(
+        OomCause::InternalWaste if oom.free_memory().total_bytes() >= oom.request_bytes => format!(
             "`{policy}` ran out of memory on a {request} request: {free}, enough for the request as asked but not for \
              the {} serving it needed once rounded (internal waste)",
             Bytes(oom.needed_bytes)

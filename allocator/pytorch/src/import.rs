@@ -1373,12 +1373,12 @@ impl EntryFields {
         let action = self.action.ok_or("action")?;
         let addr = match self.addr {
             Some(addr) => addr,
-            None if matches!(action, Action::Oom | Action::Snapshot | Action::UserDefined) => 0,
+            None if action == Action::Oom || action.is_mark() => 0,
             None => return Err("addr"),
         };
         let size = match self.size {
             Some(size) => size,
-            None if matches!(action, Action::Snapshot | Action::UserDefined) => 0,
+            None if action.is_mark() => 0,
             None => return Err("size"),
         };
         let Self { stream, time_us, device_free, frames, category, pool_id, .. } = self;

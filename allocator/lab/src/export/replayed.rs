@@ -666,7 +666,8 @@ pub fn emulated_snapshot(
     };
     let replay = crate::compare::emulate_pytorch(recording, conf, capacity_bytes, &mut writer)?;
     let frame_stacks = recording.snapshot.as_ref().map_or_else(|| vec![Vec::new()], |snapshot| snapshot.frame_stacks.clone());
-    let (entries, mut segments, stats, pool_ids) = (writer.entries, writer.segments, replay.stats.clone(), writer.pool_ids);
+    let fidelity = replay.fidelity.filter(|_| !replay.what_if);
+    let (entries, mut segments, stats, pool_ids) = (writer.entries, writer.segments, replay.stats, writer.pool_ids);
     // The allocator knows no device: its segments are the device replayed's.
     let device_id = u32::try_from(device).unwrap_or(u32::MAX);
     segments.iter_mut().for_each(|segment| segment.device = device_id);
@@ -683,7 +684,7 @@ pub fn emulated_snapshot(
         },
         stats,
         heap_report: None,
-        fidelity: replay.fidelity.filter(|_| !replay.what_if),
+        fidelity,
     })
 }
 
