@@ -1972,6 +1972,36 @@ for protocol in range(2, 6):
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    /// An entry whose value is the trace list it is appended to (through the memo; fuzzing found it): read as the list
+    /// stands, where the list was borrowed twice (a panic): as a pool id an error naming the key, from both read paths.
+    #[test]
+    fn an_entry_holding_its_own_trace_list_is_an_error() {
+        if !python3() {
+            return;
+        }
+        let dir = temp_dir("self_trace");
+        let script = r#"
+import pickle, sys
+for key in ("pool_id", "frames"):
+    trace = [{"action": "alloc", "addr": 4096 * i, "size": 512, "stream": 0} for i in range(3)]
+    trace.append({"action": "alloc", "addr": 2**20, "size": 512, "stream": 0, key: trace})
+    with open(f"{sys.argv[1]}/{key}.pickle", "wb") as f:
+        pickle.dump({"segments": [], "device_traces": [trace]}, f, protocol=4)
+"#;
+        run_python(script, &[dir.to_str().unwrap()]);
+        let read = |key: &str, generic_only: bool| {
+            let bytes = std::fs::read(dir.join(format!("{key}.pickle"))).unwrap();
+            parse(bytes.as_slice(), "input", Decoder { generic_only, ..Decoder::default() }).map_err(|error| error.to_string())
+        };
+        for generic_only in [false, true] {
+            let error = read("pool_id", generic_only).unwrap_err();
+            assert!(error.contains("device_traces[0][3].pool_id: expected a pair"), "generic {generic_only}: {error}");
+        }
+        // As frames, the list reads as it stands while its items are taken: empty, no frames (both paths alike).
+        assert_eq!(read("frames", false), read("frames", true));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     /// An entry's category is the first of `category`, `user_metadata`, `compile_context` naming one (PyTorch's
     /// defaults `""` and `"N/A"` name none, nor does a `user_metadata` that is not a str); both read paths agree; the
     /// writer puts each back under its key, and Python reads the same labels back.

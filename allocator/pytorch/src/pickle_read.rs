@@ -1449,14 +1449,18 @@ impl<S: Sink> Machine<S> {
             Some(other) => return Err(malformed(at, format!("{what} on a {}, not a list", other.type_name()))),
             None => return Err(malformed(at, format!("{what} without a list"))),
         };
-        let mut list = list.borrow_mut();
-        let tag = list.tag;
+        let (tag, mut index) = {
+            let list = list.borrow();
+            (list.tag, list.appended)
+        };
         if tag == 0 {
+            let mut list = list.borrow_mut();
             list.appended += self.stack.len() - start;
             list.items.extend(self.stack.drain(start..));
             return Ok(());
         }
-        let mut index = list.appended;
+        // The list is not borrowed while the sink converts an item: an item may refer to the list itself (through the
+        // memo), which its conversion then reads as it stands, and refuses.
         let mut items = std::mem::take(&mut self.stack);
         let mut result = Ok(());
         for item in items.drain(start..) {
@@ -1465,7 +1469,7 @@ impl<S: Sink> Machine<S> {
                 continue;
             }
             match self.sink.append(tag, index, item, &mut self.memo) {
-                Ok(Some(item)) => list.items.push(item),
+                Ok(Some(item)) => list.borrow_mut().items.push(item),
                 Ok(None) => {}
                 Err(error) => {
                     result = Err(error);
@@ -1474,7 +1478,7 @@ impl<S: Sink> Machine<S> {
             }
             index += 1;
         }
-        list.appended = index;
+        list.borrow_mut().appended = index;
         self.stack = items;
         self.sink.appended(tag);
         result
