@@ -89,6 +89,16 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
     for (row, name) in advice.settings.iter().zip(&names) {
         outln!("{}", table_row(row, name, width));
     }
+    outln!(
+        "(res/live: peak reserved over peak live bytes; dev alloc / dev free: cudaMalloc and cudaFree calls, or maps and \
+         unmaps with expandable segments; driver time: what those calls would cost, from costs measured on an H200; needs: the least \
+         capacity under which that setting serves every request)"
+    );
+    if advice.settings.iter().any(|row| row.start_exceeds_capacity)
+        && let Some(why) = heapscope_lab::compare::start_exceeds(&recording, advice.capacity_bytes)
+    {
+        outln!("(start) {why}; no setting so marked fits it");
+    }
     if advice.settings.iter().any(|row| !row.monotone) {
         outln!("(!) not monotone: more memory made that setting fail again at the capacity shown");
     }
@@ -103,7 +113,9 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
             "(=) the same run as a row above it (`same_run_as` in --json): no block of this recording can reach its max_split_size_mb"
         );
     }
-    for note in advice.recorded().map(|row| caveats::emulation(&recording, &row.figures)).unwrap_or_default() {
+    for note in
+        advice.recorded().map(|row| caveats::emulation(&recording, &row.figures, advice.capacity_bytes)).unwrap_or_default()
+    {
         outln!("\n{note}");
     }
     outln!("\n{}", advice.answer());
@@ -142,13 +154,13 @@ fn table_row(row: &SettingAdvice, name: &str, width: usize) -> String {
     };
     let ratio = ReservedOverLive::new(row.peak_reserved_bytes, row.peak_live_bytes);
     let driver = Duration::from_secs_f64(row.driver_time_us / 1e6);
+    let ooms = if row.start_exceeds_capacity { "start".to_owned() } else { row.ooms.to_string() };
     format!(
-        "{rank:>4}  {name:<width$} {:>13} {ratio:>8.3} {:>9} {:>9} {:>9.1}ms {:>5} {needs:>12}",
+        "{rank:>4}  {name:<width$} {:>13} {ratio:>8.3} {:>9} {:>9} {:>9.1}ms {ooms:>5} {needs:>12}",
         Bytes(row.peak_reserved_bytes).to_string(),
         row.device_allocs,
         row.device_frees,
         driver.as_secs_f64() * 1e3,
-        row.ooms
     )
 }
 

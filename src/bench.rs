@@ -447,6 +447,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
         }
     }
     if !args.json {
+        outln!("(res/live: peak reserved over peak live bytes, 1.0000 when nothing beyond the live bytes was held)");
         print_verdicts(&reports, &chosen.workload);
     }
     let (validation, messages) = device.messages();
@@ -485,7 +486,7 @@ fn print_title(chosen: &Chosen, budget: Option<u64>, default: bool, device: &Dev
         "policy",
         "peak live",
         "peak reserved",
-        "ratio",
+        "res/live",
         "OOMs",
         "mismatches",
         "allocs/s",

@@ -8,7 +8,7 @@ use heapscope_lab::compare::{Outcome, recorded_expandable, verdict_sentence};
 use heapscope_lab::contender::{Contender, PYTORCH_EXPANDABLE};
 use heapscope_lab::recording::Recording;
 
-use crate::replay::{ContenderArgs, RecordingArgs, Runner, print_header, print_row, print_title};
+use crate::replay::{ContenderArgs, RecordingArgs, Runner, print_header, print_legend, print_row, print_title};
 
 /// Arguments of `heapscope compare`.
 #[derive(Debug, Args)]
@@ -42,9 +42,11 @@ fn compare(args: &CompareArgs, contenders: &[Contender], recording: &Recording, 
     for outcome in &outcomes {
         print_row(outcome);
     }
+    print_legend(&outcomes);
     // The emulation under the recorded settings: the one run with a fidelity.
     let emulation = outcomes.iter().filter_map(Outcome::figures).find(|figures| figures.fidelity.is_some());
-    for note in emulation.map(|figures| caveats::emulation(recording, figures)).unwrap_or_default() {
+    let capacity_bytes = args.recording.capacity(recording).bytes;
+    for note in emulation.map(|figures| caveats::emulation(recording, figures, capacity_bytes)).unwrap_or_default() {
         outln!("\n{note}");
     }
     // The verdict of the first contender that failed (PyTorch's, when it did), with who would have coped.

@@ -113,7 +113,11 @@ pub fn run_summary(args: &SummaryArgs) -> Result<()> {
         outln!("{line}");
     }
     out!("{}", replayed.stats.summary_table(recording.device));
-    if let Some(note) = heapscope_lab::caveats::emulation_departs(&recording, replayed.fidelity.as_ref()) {
+    if let Some(note) = heapscope_lab::caveats::emulation_departs(
+        &recording,
+        replayed.fidelity.as_ref(),
+        args.recording.capacity(&recording).bytes,
+    ) {
         outln!("\n{note}");
     }
     Ok(())

@@ -377,6 +377,7 @@ pub fn devices_overview(recording: &Recording, asked: Option<usize>, config: &Co
 /// Runs the replay.
 pub fn run(args: &ReplayArgs) -> Result<()> {
     let (contenders, recording, runner) = args.contenders.prepare(&args.recording)?;
+    let mut shown = Vec::new();
     for (index, contender) in contenders.into_iter().enumerate() {
         let outcome = runner
             .outcome(&args.recording, &recording, contender)
@@ -391,7 +392,11 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
                 print_header();
             }
             print_row(&outcome);
+            shown.push(outcome);
         }
+    }
+    if !args.json {
+        print_legend(&shown);
     }
     runner.check_validation(args.json)
 }
@@ -404,10 +409,26 @@ pub fn print_header() {
         "allocs",
         "peak live @ entry",
         "peak reserved",
-        "ratio",
+        "res/live",
         "dev alloc",
         "OOMs",
         "ns/event"
+    );
+}
+
+/// What the table's short column names mean, printed once under it; the fidelity's too when a row has one.
+pub fn print_legend(outcomes: &[Outcome]) {
+    let fidelity = if outcomes.iter().any(|outcome| outcome.figures().is_some_and(|figures| figures.fidelity.is_some())) {
+        "; fidelity: of the recording's segment events and placements, those PyTorch's emulation reproduced, and of its \
+         cudaMalloc bases, those the driver's rule foretold"
+    } else {
+        ""
+    };
+    outln!(
+        "(peak live: the most bytes requested and live at once, PyTorch's requested_bytes (its max_memory_allocated counts \
+         whole blocks); res/live: peak reserved over peak live, 1.0000 when nothing beyond the live bytes was held; dev \
+         alloc: device allocations made, blocks, segments or map calls; ns/event: this machine's time per recorded \
+         entry{fidelity})"
     );
 }
 

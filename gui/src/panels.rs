@@ -316,7 +316,13 @@ pub fn advice(ui: &mut Ui, run: &AdviceRun, can_add: bool) -> AdviceActions {
                         actions.add = Some(row.setting.clone());
                     }
                     ui.label(Bytes(row.peak_reserved_bytes).to_string());
-                    ui.label(row.ooms.to_string());
+                    if row.start_exceeds_capacity {
+                        ui.label("start").on_hover_text(
+                            "the recording began with more reserved than this device holds: no device of that size ran it",
+                        );
+                    } else {
+                        ui.label(row.ooms.to_string());
+                    }
                     let needs =
                         row.min_capacity_bytes.map_or_else(|| "no device".to_owned(), |bytes| BytesAtLeast(bytes).to_string());
                     ui.label(if row.monotone { needs } else { format!("{needs} (!)") });

@@ -17,7 +17,8 @@ fn unit_of(bytes: u64) -> Option<(&'static str, u64)> {
     UNITS.into_iter().find(|&(_, scale)| bytes >= scale)
 }
 
-/// Formats a byte count the way PyTorch's OOM message does: binary units, two decimals (`1000.00 MiB`).
+/// Formats a byte count in binary units with two decimals (`1000.00 MiB`, `1.00 GiB`), as heapscope's tables write it;
+/// PyTorch's out-of-memory message has its own rule (`heapscope_pytorch::FormatSize`: 1 GiB is `1024.00 MiB`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bytes(pub u64);
 

@@ -113,6 +113,17 @@ pub struct SettingAdvice {
     /// built before the recording, so its figures may be too low. Ranked after the settings of the recording's kind,
     /// and never the answer: [`Advice::answer`] names it as worth a recording from the start.
     pub start_afresh: bool,
+    /// Whether the recording began with more reserved than the device of the advice holds ([`reserved_at_start`]): no
+    /// device of that size ran it, so the row does not fit there whatever its replay refused (it replays the start state
+    /// regardless).
+    pub start_exceeds_capacity: bool,
+}
+
+impl SettingAdvice {
+    /// Whether it fits the device of the advice: nothing refused, and the recording's start held within it.
+    pub fn fits(&self) -> bool {
+        self.ooms == 0 && !self.start_exceeds_capacity
+    }
 }
 
 /// The advice for one recording. See the module documentation.
@@ -173,7 +184,7 @@ impl Advice {
         let less = |a: u64, b: u64| a.saturating_add(self.tie_bytes) < b;
         let reserves_less = less(afresh.peak_reserved_bytes, best.peak_reserved_bytes);
         let better = match self.capacity_bytes {
-            Some(_) => afresh.ooms == 0 && (best.ooms > 0 || reserves_less),
+            Some(_) => afresh.fits() && (!best.fits() || reserves_less),
             None => match (afresh.min_capacity_bytes, best.min_capacity_bytes) {
                 (Some(afresh_need), Some(best_need)) => {
                     less(afresh_need, best_need) || (!less(best_need, afresh_need) && reserves_less)
@@ -186,19 +197,28 @@ impl Advice {
             return None;
         }
         let needs = match (self.capacity_bytes, afresh.min_capacity_bytes) {
-            (Some(capacity), _) if afresh.ooms == 0 => format!("fits in {}", Bytes(capacity)),
+            (Some(capacity), _) if afresh.fits() => format!("fits in {}", Bytes(capacity)),
+            (_, Some(bytes)) if bytes > afresh.peak_reserved_bytes => format!(
+                "needs {}, what the recording held at its start, though its own run reserves at most {}",
+                BytesAtLeast(bytes),
+                Bytes(afresh.peak_reserved_bytes)
+            ),
             (_, Some(bytes)) => format!("needs {}", BytesAtLeast(bytes)),
             (_, None) => "fits on no device".to_owned(),
         };
         let mut conf = AllocConf::default();
         let turned = if conf.parse_overrides(&afresh.setting).is_ok() && conf.expandable_segments { "on" } else { "off" };
+        let peak = if needs.contains("its own run reserves") {
+            String::new()
+        } else {
+            format!(", peak reserved {}", Bytes(afresh.peak_reserved_bytes))
+        };
         Some(format!(
-            "{} might do better ({needs}, peak reserved {}): it turns expandable segments {turned}, and on a recording \
+            "{} might do better ({needs}{peak}): it turns expandable segments {turned}, and on a recording \
              begun mid-run such a setting allocates what was live at the start afresh, without the fragmentation the \
              program built before, so its figures can be too low. A recording of the whole run tells \
              (`torch.cuda.memory._record_memory_history(max_entries=N)` with N above the run's allocations and frees).",
             paste(&afresh.setting),
-            Bytes(afresh.peak_reserved_bytes)
         ))
     }
 
@@ -206,7 +226,7 @@ impl Advice {
     pub fn answered(&self) -> Option<&SettingAdvice> {
         let best = self.best()?;
         match self.capacity_bytes {
-            Some(_) if best.ooms > 0 => self.least_need().map(|(_, row)| row),
+            Some(_) if !best.fits() => self.least_need().map(|(_, row)| row),
             _ => Some(best),
         }
     }
@@ -233,12 +253,12 @@ impl Advice {
         };
         let devices = |row: &SettingAdvice| counted(row.device_allocs, "device allocation", "device allocations");
         match self.capacity_bytes {
-            Some(capacity) if best.ooms > 0 => match self.least_need() {
-                Some((bytes, row)) => format!(
+            Some(capacity) if !best.fits() => match self.least_need() {
+                Some((_, row)) => format!(
                     "No setting fits in {}: the one that needs least, {}, needs {}.",
                     Bytes(capacity),
                     paste(&row.setting),
-                    BytesAtLeast(bytes)
+                    need_words(row)
                 ),
                 None => format!("No setting fits in {}, nor on any device.", Bytes(capacity)),
             },
@@ -262,8 +282,7 @@ impl Advice {
                 }
             }
             None => {
-                let need =
-                    best.min_capacity_bytes.map_or_else(|| "no device".to_owned(), |bytes| BytesAtLeast(bytes).to_string());
+                let need = need_words(best);
                 let line = format!(
                     "{best_paste} — needs {need} (peak reserved {}{}), {}",
                     Bytes(best.peak_reserved_bytes),
@@ -281,6 +300,20 @@ impl Advice {
                 }
             }
         }
+    }
+}
+
+/// What `row` needs, in words: its least capacity, and a larger one where it failed again when it is not monotone
+/// (the table's `(!)`).
+fn need_words(row: &SettingAdvice) -> String {
+    match (row.min_capacity_bytes, row.fails_again_at_bytes) {
+        (None, _) => "no device".to_owned(),
+        (Some(bytes), Some(again)) if !row.monotone => format!(
+            "{} (but it ran out of memory again at {}: more memory changed its decisions, so leave room)",
+            BytesAtLeast(bytes),
+            Bytes(again)
+        ),
+        (Some(bytes), _) => BytesAtLeast(bytes).to_string(),
     }
 }
 
@@ -433,7 +466,7 @@ fn rank(settings: &mut [SettingAdvice], capacity_known: bool) -> u64 {
                 Some(bytes) if bytes <= least_need[usize::from(advice.start_afresh)].saturating_add(tie_bytes) => 0,
                 Some(bytes) => bytes,
             };
-            (advice.setting == PAGED, advice.start_afresh, capacity_known && advice.ooms > 0, need, advice.peak_reserved_bytes)
+            (advice.setting == PAGED, advice.start_afresh, capacity_known && !advice.fits(), need, advice.peak_reserved_bytes)
         };
         key(a).cmp(&key(b)).then(a.driver_time_us.total_cmp(&b.driver_time_us))
     });
@@ -544,6 +577,7 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
         rank: 0,
         same_run_as: None,
         start_afresh: matches!(row, Row::Pytorch { conf, .. } if starts_afresh(recording, conf)),
+        start_exceeds_capacity: capacity_bytes.is_some_and(|capacity| capacity < start),
     })
 }
 
@@ -888,6 +922,26 @@ mod tests {
         let advice = advise(&recording, &config, &|_, _| {}).unwrap();
         let need = |setting: &str| advice.settings.iter().find(|row| row.setting == setting).unwrap().min_capacity_bytes;
         assert_eq!((need(""), need(PAGED)), (Some(20 * MIB), Some(2 * MIB)));
+        // The answer keeps the table's caution: a need that is not monotone says where it failed again.
+        let mut cautious = advice.clone();
+        let row = cautious.settings.iter_mut().find(|row| row.setting.is_empty()).unwrap();
+        (row.monotone, row.fails_again_at_bytes) = (false, Some(40 * MIB));
+        let answer = cautious.answer();
+        assert!(answer.contains("needs 20.00 MiB (but it ran out of memory again at 40.00 MiB"), "{answer}");
+        assert!(advice.answer().contains("needs 20.00 MiB (peak reserved"), "{}", advice.answer());
+        // Nothing replays: expandable segments keep the state as recorded, no start allocated afresh.
+        let config = AdviseConfig { capacity_bytes: None, settings: vec!["expandable_segments:True".into()], threads: 1 };
+        let advice = advise(&recording, &config, &|_, _| {}).unwrap();
+        assert!(advice.settings.iter().all(|row| !row.start_afresh), "{:?}", advice.settings);
+        // On a device smaller than the 20 MiB held at the start, no PyTorch setting fits, whatever it refused.
+        for (capacity, fits) in [(19 * MIB, false), (20 * MIB, true)] {
+            let config = AdviseConfig { capacity_bytes: Some(capacity), settings: vec![String::new()], threads: 1 };
+            let advice = advise(&recording, &config, &|_, _| {}).unwrap();
+            let recorded = advice.recorded().unwrap();
+            assert_eq!((recorded.ooms, recorded.start_exceeds_capacity, recorded.fits()), (0, !fits, fits), "{capacity}");
+            let answer = advice.answer();
+            assert_eq!(answer.starts_with("No setting fits in 19.00 MiB"), !fits, "{capacity}: {answer}");
+        }
     }
 
     /// A probe resumed from a copy of the run without a limit answers as a replay from the start does: on the

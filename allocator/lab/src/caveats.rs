@@ -103,26 +103,46 @@ pub fn start_afresh(recording: &Recording, contenders: &[Contender], config: &Co
     })
 }
 
-/// The notes on PyTorch's emulation under the recorded settings, `figures` its run ([`emulation_departs`], then
-/// [`recorded_oom`]): said before the verdict by `compare` and `advise`. Nothing for another run (no fidelity).
-pub fn emulation(recording: &Recording, figures: &Figures) -> Vec<String> {
-    [emulation_departs(recording, figures.fidelity.as_ref()), recorded_oom(recording, figures)].into_iter().flatten().collect()
+/// The notes on PyTorch's emulation under the recorded settings, `figures` its run on a device of `capacity_bytes`
+/// ([`emulation_departs`], then [`recorded_oom`]): said before the verdict by `compare` and `advise`. Nothing for
+/// another run (no fidelity).
+pub fn emulation(recording: &Recording, figures: &Figures, capacity_bytes: Option<u64>) -> Vec<String> {
+    [emulation_departs(recording, figures.fidelity.as_ref(), capacity_bytes), recorded_oom(recording, figures)]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
-/// The note that PyTorch's emulation under the recorded settings did not reproduce the recording's decisions (its
-/// `fidelity`: some segment events or placements differ): every figure of a PyTorch run, the what-ifs' too, is then
-/// the emulation's rather than the recorded run's. Nothing for an exact replay, a what-if or a heap contender
-/// (`None`).
-pub fn emulation_departs(recording: &Recording, fidelity: Option<&Fidelity>) -> Option<String> {
+/// The note that PyTorch's emulation under the recorded settings, on a device of `capacity_bytes`, did not reproduce
+/// the recording's decisions (its `fidelity`: some segment events or placements differ): every figure of a PyTorch
+/// run, the what-ifs' too, is then the emulation's rather than the recorded run's. Why, where it can tell: a device
+/// smaller than the recorded run reserved at its peak (the emulation frees its cache or refuses where PyTorch did
+/// not), a file without settings. Nothing for an exact replay, a what-if or a heap contender (`None`).
+pub fn emulation_departs(recording: &Recording, fidelity: Option<&Fidelity>, capacity_bytes: Option<u64>) -> Option<String> {
     let fidelity = fidelity?;
     if fidelity.matched == fidelity.recorded && fidelity.placement_matched == fidelity.allocs {
         return None;
     }
-    let why = match recording.snapshot.as_ref().map(|snapshot| snapshot.settings.is_some()) {
-        Some(false) => {
+    let recorded_peak =
+        recording.snapshot.as_ref().map(|snapshot| crate::recording::recorded_peak_reserved(snapshot, recording.device));
+    let small_device = match (capacity_bytes, recorded_peak) {
+        (Some(capacity), Some(peak)) if capacity < peak => Some(format!(
+            "the device of {} is smaller than the {} the recorded run reserved at its peak: the emulation frees its cache or \
+             refuses where PyTorch did not",
+            Bytes(capacity),
+            Bytes(peak)
+        )),
+        _ => None,
+    };
+    let why = match (small_device, recording.snapshot.as_ref().map(|snapshot| snapshot.settings.is_some())) {
+        (Some(why), _) => why,
+        (None, Some(false)) => {
             "the file records no allocator settings and PyTorch's defaults were assumed: other settings would explain it"
+                .to_owned()
         }
-        _ => "settings changed while the program ran, or memory taken beside PyTorch's allocator, would explain it",
+        (None, _) => {
+            "settings changed while the program ran, or memory taken beside PyTorch's allocator, would explain it".to_owned()
+        }
     };
     Some(format!(
         "PyTorch's emulation under the recorded settings matched {} of {} recorded segment events and {} of {} placements \
@@ -350,34 +370,41 @@ mod tests {
     }
 
     /// The emulation's departure from the recorded decisions is said, with why it may be: nothing for an exact replay
-    /// or none scored; the file's missing settings named where it records none.
+    /// or none scored; a device smaller than the recorded run's peak reserved (2 MiB here) named first, then the file's
+    /// missing settings where it records none.
     #[test]
     fn an_emulation_that_departs_from_the_recording_is_said() {
+        const MIB: u64 = 1 << 20;
         let exact = Fidelity { recorded: 20, matched: 20, allocs: 40, placement_matched: 40, ..Fidelity::default() };
         let departs = Fidelity { matched: 0, ..exact };
         let with_settings = Snapshot { settings: Some(heapscope_pytorch::RecordedSettings::default()), ..Snapshot::default() };
+        let matched = "PyTorch's emulation under the recorded settings matched";
+        let placements = |segments: &str, placed: &str, why: &str| {
+            format!("{matched} {segments} of 20 recorded segment events and {placed} of 40 placements ({why}")
+        };
+        let small = "the device of 1.00 MiB is smaller than the 2.00 MiB the recorded run reserved at its peak";
+        // (snapshot, fidelity, capacity, the note's start)
         let cases = [
-            (Snapshot::default(), None, None),
-            (Snapshot::default(), Some(exact), None),
+            (Snapshot::default(), None, None, None),
+            (Snapshot::default(), Some(exact), Some(MIB), None),
+            (Snapshot::default(), Some(departs), None, Some(placements("0", "40", "the file records no allocator settings"))),
+            (Snapshot::default(), Some(departs), Some(MIB), Some(placements("0", "40", small))),
+            (Snapshot::default(), Some(departs), Some(2 * MIB), Some(placements("0", "40", "the file records no"))),
             (
-                Snapshot::default(),
-                Some(departs),
-                Some(
-                    "PyTorch's emulation under the recorded settings matched 0 of 20 recorded segment events and 40 of 40 placements (the file records no allocator settings",
-                ),
-            ),
-            (
-                with_settings,
+                with_settings.clone(),
                 Some(Fidelity { placement_matched: 39, ..exact }),
-                Some(
-                    "PyTorch's emulation under the recorded settings matched 20 of 20 recorded segment events and 39 of 40 placements (settings changed",
-                ),
+                Some(2 * MIB),
+                Some(placements("20", "39", "settings changed")),
             ),
+            (with_settings, Some(Fidelity { placement_matched: 39, ..exact }), Some(MIB), Some(placements("20", "39", small))),
         ];
-        for (snapshot, fidelity, start) in cases {
-            let snapshot = Snapshot { device_traces: vec![vec![TraceEntry::new(Action::Alloc, 1 << 20, 512)]], ..snapshot };
+        for (snapshot, fidelity, capacity, start) in cases {
+            let trace =
+                vec![TraceEntry::new(Action::SegmentAlloc, 1 << 30, 2 * MIB), TraceEntry::new(Action::Alloc, 1 << 30, 512)];
+            let snapshot = Snapshot { device_traces: vec![trace], ..snapshot };
             let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
-            let said = emulation_departs(&recording, fidelity.as_ref());
+            let said = emulation_departs(&recording, fidelity.as_ref(), capacity);
+            let start = start.as_deref();
             assert_eq!(said.as_deref().map(|said| &said[..start.map_or(0, str::len)]), start, "{said:?}");
         }
     }

@@ -27,7 +27,7 @@ use heapscope_core::{
 use heapscope_pytorch::caching::{
     CachingAllocation, CachingAllocator, CachingHeap, EntryEffect, OomReport, SegmentBacking, Unbacked,
 };
-use heapscope_pytorch::{AllocConf, Fidelity, MemoryStats, TraceEntry};
+use heapscope_pytorch::{AllocConf, Fidelity, FormatSize, MemoryStats, TraceEntry};
 
 /// The first request a contender could not serve.
 #[derive(Clone, Debug, PartialEq)]
@@ -475,24 +475,27 @@ pub fn recorded_expandable(recording: &Recording) -> bool {
 
 /// Whether a PyTorch run of `conf` on `recording` allocates what was live at the start afresh: the other kind of memory
 /// than a recording begun mid-run (expandable segments turned on or off), as the emulation does
-/// (`heapscope_pytorch::Emulator::new`).
+/// (`heapscope_pytorch::Emulator::new`). A state with no trace replays nothing: it stays as recorded.
 pub fn starts_afresh(recording: &Recording, conf: &AllocConf) -> bool {
-    recording.start_events > 0 && recording.snapshot.is_some() && conf.expandable_segments != recorded_expandable(recording)
+    recording.start_events > 0
+        && recording.entries > 0
+        && recording.snapshot.is_some()
+        && conf.expandable_segments != recorded_expandable(recording)
 }
 
 /// PyTorch's out-of-memory message for `report`, in its words ("Tried to allocate ...").
 fn pytorch_message(report: &OomReport, unreserved_bytes: Option<u64>) -> String {
     // PyTorch says the segment it tried for (`alloc_size`), not the request.
-    let mut message = format!("Tried to allocate {}.", Bytes(report.alloc_bytes));
+    let mut message = format!("Tried to allocate {}.", FormatSize(report.alloc_bytes));
     if let Some(unreserved) = unreserved_bytes {
-        message.push_str(&format!(" {} left on the device.", Bytes(unreserved)));
+        message.push_str(&format!(" {} left on the device.", FormatSize(unreserved)));
     }
     message.push_str(&format!(
         " Of the allocated memory {} is allocated by PyTorch, and {} is reserved by PyTorch but unallocated \
          (largest free block {}).",
-        Bytes(report.allocated_bytes),
-        Bytes(report.free_in_reserved_bytes),
-        Bytes(report.largest_free_block_bytes)
+        FormatSize(report.allocated_bytes),
+        FormatSize(report.free_in_reserved_bytes),
+        FormatSize(report.largest_free_block_bytes)
     ));
     message
 }
@@ -838,10 +841,15 @@ pub fn verdict_sentence(
         .collect();
     survivors.extend(extra_successes.iter().cloned());
     let (policy, request) = (&failed.policy, Bytes(oom.request_bytes));
+    // The rounded size, where it reads differently: PyTorch's message names the segment it tried for.
+    let rounded = match Bytes(oom.needed_bytes) {
+        needed if needed.to_string() != request.to_string() => format!(" ({needed} once rounded)"),
+        _ => String::new(),
+    };
     let free = oom.free_words();
     let head = match oom.verdict {
         OomCause::Fragmentation => format!(
-            "`{policy}` ran out of memory on a {request} request: {free}, but the largest free run is {} \
+            "`{policy}` ran out of memory on a {request} request{rounded}: {free}, but the largest free run is {} \
              (fragmentation)",
             Bytes(oom.largest_free_bytes)
         ),
@@ -858,8 +866,8 @@ pub fn verdict_sentence(
             Bytes(oom.needed_bytes)
         ),
         OomCause::Exhaustion => format!(
-            "`{policy}` ran out of memory on a {request} request: only {free}, too little even without any waste \
-             (not enough memory)"
+            "`{policy}` ran out of memory on a {request} request{rounded}: only {free}, too little even without any \
+             waste (not enough memory)"
         ),
     };
     let on = if capacity_known { "" } else { " with unlimited memory" };

@@ -574,8 +574,7 @@ pub fn device_overview(snapshot: &Snapshot) -> Vec<DeviceOverview> {
         .into_iter()
         .map(|device| {
             let entries = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
-            let (start, highest) = reserved_walk(snapshot, device);
-            let peak_reserved_bytes = u64::try_from(start + highest).unwrap_or(u64::MAX);
+            let peak_reserved_bytes = recorded_peak_reserved(snapshot, device);
             DeviceOverview {
                 device,
                 entries: entries.len() as u64,
@@ -630,6 +629,12 @@ fn reserved_walk(snapshot: &Snapshot, device: usize) -> (i128, i128) {
 /// The bytes PyTorch held reserved on device `device` of `snapshot` before its first entry (see `device_overview`).
 pub fn reserved_at_start(snapshot: &Snapshot, device: usize) -> u64 {
     u64::try_from(reserved_walk(snapshot, device).0).unwrap_or(u64::MAX)
+}
+
+/// The most bytes PyTorch held reserved on device `device` of `snapshot` over its recording (see `device_overview`).
+pub fn recorded_peak_reserved(snapshot: &Snapshot, device: usize) -> u64 {
+    let (start, highest) = reserved_walk(snapshot, device);
+    u64::try_from(start + highest).unwrap_or(u64::MAX)
 }
 
 /// Why `device` of `snapshot` cannot be replayed — the file has no such device, or records nothing on it (no

@@ -8,6 +8,7 @@
 //!   same as a `DeviceHeap`) and [`emulate`], which replays a trace and measures how exactly it reproduces
 //!   PyTorch's recorded decisions.
 //! - [`memory_stats`]: `torch.cuda.memory_stats()` counters and the `memory_summary()` table.
+//! - [`format_size`]: byte counts in the words of PyTorch's out-of-memory message.
 //! - [`frames`]: which stack frames say where memory was allocated (memory_viz's frame filter, the user frame).
 //!
 //! What a heap or paged contender would have recorded, for export, is the lab's (`heapscope-lab`'s `export`).
@@ -15,6 +16,7 @@
 pub mod alloc_conf;
 pub mod caching;
 pub mod export;
+pub mod format_size;
 pub mod frames;
 pub mod import;
 pub mod memory_stats;
@@ -30,6 +32,7 @@ pub use caching::{
     Emulator, EntryEffect, Fidelity, OomEvent, OomReport, SegmentBacking, Stepped, Unbacked, emulate, emulate_backed,
 };
 pub use export::{write_segments, write_snapshot};
+pub use format_size::FormatSize;
 pub use import::{SnapshotError, parse_snapshot, read_snapshot};
 pub use memory_stats::{MemoryStats, Stat, StatArray};
 pub use snapshot::{

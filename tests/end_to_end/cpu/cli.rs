@@ -540,6 +540,11 @@ fn compare_says_why_in_one_sentence() {
     for policy in ["pytorch", "tlsf", "best-fit", "first-fit", "buddy", "paged"] {
         assert!(text.lines().any(|line| line.starts_with(policy)), "a row for {policy}: {text}");
     }
+    // The short column names explained under the table, the fidelity's with the emulation's row.
+    let legend = text.lines().find(|line| line.starts_with("(peak live: ")).unwrap_or_default();
+    for term in ["res/live: peak reserved over peak live", "dev alloc: ", "ns/event: ", "the driver's rule foretold"] {
+        assert!(legend.contains(term), "{term}: {legend}");
+    }
     let sentence = text.lines().last().unwrap();
     // Issue 19: the device's free memory in the same line, so that 1000 MiB against 1 GiB does not read as too little.
     assert!(
@@ -1121,10 +1126,11 @@ fn advise_ranks_a_setting_that_fits_and_says_why_the_default_failed() {
     assert!(
         answer.starts_with("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True — fits in 3.50 GiB")
             && answer
-                .contains("the recorded settings ran out of memory at entry 100 (fragmentation): Tried to allocate 1.00 GiB"),
+                .contains("the recorded settings ran out of memory at entry 100 (fragmentation): Tried to allocate 1024.00 MiB"),
         "{answer}"
     );
     let rows = json_lines(&heapscope(&[&["advise", file, "--json"][..], &settings].concat()));
+    assert!(text.contains("(res/live: peak reserved over peak live bytes; dev alloc / dev free: "), "{text}");
     let keys = [
         "setting",
         "peak_reserved_bytes",
@@ -1137,6 +1143,8 @@ fn advise_ranks_a_setting_that_fits_and_says_why_the_default_failed() {
         "min_capacity_bytes",
         "monotone",
         "rank",
+        "start_afresh",
+        "start_exceeds_capacity",
     ];
     for row in &rows {
         for key in keys {
