@@ -587,11 +587,11 @@ mod tests {
         ];
         let segment = heapscope_pytorch::Segment::from_blocks(0, later, small, heapscope_pytorch::Pool::Small, blocks);
         let trace = vec![
-            entry(Action::Alloc, BASE + 4096, 1000),         // event 0
+            entry(Action::Alloc, BASE + 2048, 1000),         // event 0
             entry(Action::FreeRequested, BASE, 2048),        // the block from before the recording ...
             entry(Action::FreeCompleted, BASE, 2048),        // ... freed: no event
-            entry(Action::FreeRequested, BASE + 4096, 1000), //
-            entry(Action::FreeCompleted, BASE + 4096, 1000), // event 1
+            entry(Action::FreeRequested, BASE + 2048, 1000), //
+            entry(Action::FreeCompleted, BASE + 2048, 1000), // event 1
             entry(Action::SegmentFree, BASE, small),         // empty_cache(): no event
             entry(Action::SegmentAlloc, later, small),       //
             entry(Action::Alloc, later, 1000),               // event 2
@@ -609,18 +609,19 @@ mod tests {
         assert_eq!(recording.entry_index, [0, 0, 2, 4, 7]);
         let timeline = record(&recording, Contender::Pytorch { expandable: false }, &CompareConfig::default()).unwrap();
         let region = |address| Change::RegionAdded { address, size_bytes: small, kind: RegionKind::Block };
-        let before = Span::before_recording(BASE, 4096, 2048);
+        // Its rounded request: the small pool splits off any remainder (the next request takes the front of it).
+        let before = Span::before_recording(BASE, 2048, 2048);
         let served = |address, slot, born| {
             Change::Allocated(Span { address, footprint_bytes: 1024, lead_bytes: 0, requested_bytes: 1000, slot, born })
         };
         let start = timeline.layout_at(0);
         assert_eq!((start.regions().len(), start.spans().copied().collect::<Vec<_>>()), (1, vec![before]));
         let expected: [&[Change]; 8] = [
-            &[served(BASE + 4096, 1, 0)],
+            &[served(BASE + 2048, 1, 0)],
             &[],
             &[Change::Freed { address: BASE }],
             &[],
-            &[Change::Freed { address: BASE + 4096 }],
+            &[Change::Freed { address: BASE + 2048 }],
             &[Change::RegionRemoved { address: BASE }],
             &[],
             &[region(later), served(later, 2, 7)],

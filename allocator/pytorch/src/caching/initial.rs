@@ -8,8 +8,9 @@
 //! Free blocks are the gaps between live blocks (free neighbours always merge). A live block known only
 //! from its free entry carries the requested size; its block size is `round_size` of it, grown to the next
 //! boundary where PyTorch would not have split the remainder (`should_split`: a large-pool remainder of at
-//! most 1 MiB, or an oversize block) — unless the trace shows where it ends: the first allocation placed
-//! after it while it is still live takes the front of the free block that follows it. A recording that starts from an empty allocator rebuilds to empty.
+//! most 1 MiB, or an oversize block). The boundary is the next live block, the end of its segment, or the nearest
+//! allocation the trace places above it while it is still live, whichever is lowest: a free block between its end
+//! and the boundary was split off (a large-pool remainder over 1 MiB), so a gap of at most 1 MiB is its own. A recording that starts from an empty allocator rebuilds to empty.
 //! Counters start at the rebuilt values (peak = current, nothing freed yet).
 //!
 //! A what-if with the other kind of memory (expandable segments turned on or off against the recording) cannot start
@@ -143,8 +144,8 @@ pub(super) fn rebuild_start_state(
         }
     }
     let mut live: BTreeMap<u64, LiveBlock> = live.into_iter().collect();
-    // Where a block of unknown size ends: the first allocation placed after it while it is still live
-    // takes the front of the free block that follows it.
+    // Where a block of unknown size ends at the latest: the nearest allocation placed above it while it is still live
+    // (a bound, not its end: that allocation may have gone to a free block further up).
     let mut first_free: heapscope_core::hash::FastMap<u64, usize> = heapscope_core::hash::FastMap::default();
     for (i, e) in trace.iter().enumerate() {
         if e.action == Action::FreeCompleted {
@@ -331,7 +332,6 @@ fn lay_out(
             ids.push(alloc.new_node(Node { addr: cursor, size: addr - cursor, ..template.clone() }));
         }
         let boundary = blocks.get(k + 1).map_or(end, |n| n.0);
-        let observed = b.observed_end.filter(|&e| e <= boundary).map(|e| e - addr);
         if let Some(size) = b.size
             && size > boundary - addr
         {
@@ -343,11 +343,13 @@ fn lay_out(
                 ),
             ));
         }
-        let size = b.size.or(observed).unwrap_or_else(|| {
-            let rounded = round_size(b.requested, &alloc.conf).min(boundary - addr);
-            let gap = boundary - addr - rounded;
+        // An allocation the trace placed above it while it was live bounds it as the next live block does.
+        let limit = b.observed_end.filter(|&observed| observed > addr && observed <= boundary).unwrap_or(boundary);
+        let size = b.size.unwrap_or_else(|| {
+            let rounded = round_size(b.requested, &alloc.conf).min(limit - addr);
+            let gap = limit - addr - rounded;
             if pool.1 == Pool::Large && expandable.is_none() && (gap <= SMALL_SIZE_BYTES || rounded >= max_split) {
-                boundary - addr
+                limit - addr
             } else {
                 rounded
             }
