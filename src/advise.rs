@@ -65,6 +65,9 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
     let recorded =
         if advice.recorded_setting.is_empty() { "PyTorch's defaults".to_owned() } else { advice.recorded_setting.clone() };
     outln!("recorded settings: {}", crate::replay::recorded_settings_words(&recording, &recorded));
+    if let Some(note) = caveats::unknown_actions(&recording) {
+        outln!("{note}");
+    }
     if advice.start_live_bytes > 0 {
         outln!(
             "recorded mid-run: {} were live before entry 0; every setting replays from the start state rebuilt from the final segments",

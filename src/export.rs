@@ -113,6 +113,9 @@ pub fn run_summary(args: &SummaryArgs) -> Result<()> {
         outln!("{line}");
     }
     out!("{}", replayed.stats.summary_table(recording.device));
+    if let Some(note) = heapscope_lab::caveats::unknown_actions(&recording) {
+        outln!("\n{note}");
+    }
     if let Some(note) = heapscope_lab::caveats::emulation_departs(
         &recording,
         replayed.fidelity.as_ref(),

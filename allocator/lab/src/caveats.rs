@@ -1,5 +1,5 @@
-//! What a side-by-side replay of a recording does not tell apart, said in one sentence each: requests that PyTorch
-//! served from private memory pools ([`pools`]) and streams that some contenders ignore ([`streams`]). The CLI
+//! What a side-by-side replay of a recording does not tell apart, said in one sentence each: entries of actions
+//! heapscope does not know ([`unknown_actions`]), requests that PyTorch served from private memory pools ([`pools`]) and streams that some contenders ignore ([`streams`]). The CLI
 //! prints them under its title, the app shows them when a recording opens ([`all`]): one wording, one place. And
 //! where PyTorch's emulation does not reproduce the recorded OOM ([`recorded_oom`]) or the recorded decisions
 //! ([`emulation_departs`]), said beside the verdict.
@@ -15,10 +15,46 @@ use crate::recording::{Moment, Recording, counted};
 /// Every caveat of `recording` replayed by `contenders` with `config`, in the order said (under the CLI's title, in
 /// the app's notice).
 pub fn all(recording: &Recording, contenders: &[Contender], config: &CompareConfig) -> Vec<String> {
-    [pools(recording), streams(recording, contenders), start_afresh(recording, contenders, config)]
+    [unknown_actions(recording), pools(recording), streams(recording, contenders), start_afresh(recording, contenders, config)]
         .into_iter()
         .flatten()
         .collect()
+}
+
+/// The note that entries of the device shown are of actions heapscope does not know (a later PyTorch's): read as marks,
+/// allocating and freeing nothing, so every replay departs from the recording there if they change memory.
+pub fn unknown_actions(recording: &Recording) -> Option<String> {
+    let snapshot = recording.snapshot.as_ref()?;
+    let mine: Vec<_> = snapshot.unknown_actions.iter().filter(|unknown| unknown.device == recording.device).collect();
+    let first = mine.first()?;
+    let mut names: Vec<String> = Vec::new();
+    let mut more = 0;
+    for unknown in &mine {
+        // Shown cut: a name is the file's to choose.
+        let chars = unknown.name.chars().count();
+        let name = match chars {
+            ..=64 => format!("{:?}", &*unknown.name),
+            _ => format!("{:?}... ({chars} characters)", unknown.name.chars().take(64).collect::<String>()),
+        };
+        match names.len() {
+            _ if names.contains(&name) => {}
+            ..5 => names.push(name),
+            _ => more += 1,
+        }
+    }
+    if more > 0 {
+        names.push(format!("{more} more"));
+    }
+    Some(format!(
+        "{} of {} heapscope does not know ({}, the first at entry {}) {} read as marks, allocating and freeing \
+         nothing: if {} memory, every replay departs from the recording there",
+        counted(mine.len() as u64, "entry", "entries"),
+        if names.len() == 1 { "an action" } else { "actions" },
+        names.join(", "),
+        first.entry,
+        if mine.len() == 1 { "was" } else { "were" },
+        if names.len() == 1 { "it changes" } else { "they change" },
+    ))
 }
 
 /// The note that the recording uses private memory pools (CUDA graphs, `torch.cuda.MemPool`), which PyTorch serves
@@ -366,6 +402,38 @@ mod tests {
             let said = all(&recording(trace), &tlsf, &CompareConfig::default());
             assert_eq!(said.len(), count, "{said:?}");
             assert!(said.first().is_none_or(|first| first.starts_with(start)), "{said:?}");
+        }
+    }
+
+    /// Entries of actions heapscope does not know are said for the device shown: how many, the names (each once, cut
+    /// when long), the first.
+    #[test]
+    fn unknown_actions_are_said() {
+        use heapscope_pytorch::UnknownAction;
+        let long = "x".repeat(100);
+        let unknown = |device: usize, entry: usize, name: &str| UnknownAction { device, entry, name: name.into() };
+        let cases = [
+            (vec![], None),
+            (vec![unknown(1, 0, "nope")], None),
+            (
+                vec![unknown(0, 1, "nope")],
+                Some("1 entry of an action heapscope does not know (\"nope\", the first at entry 1) was read as marks"),
+            ),
+            (
+                vec![unknown(0, 1, "nope"), unknown(0, 2, &long), unknown(0, 3, "nope")],
+                Some("3 entries of actions heapscope does not know (\"nope\", \"xxxx"),
+            ),
+        ];
+        for (entries, start) in cases {
+            let trace = vec![TraceEntry::new(Action::Unknown, 0, 0); 4];
+            let snapshot =
+                Snapshot { device_traces: vec![trace.clone(), trace], unknown_actions: entries, ..Snapshot::default() };
+            let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
+            let said = unknown_actions(&recording);
+            assert_eq!(said.as_deref().map(|said| &said[..start.map_or(0, str::len)]), start, "{said:?}");
+            if let Some(said) = said.filter(|said| said.contains("xxx")) {
+                assert!(said.contains("... (100 characters), the first at entry 1) were read as marks"), "{said}");
+            }
         }
     }
 

@@ -43,7 +43,18 @@ pub enum Format {
     Native,
     /// heapscope's compact CSV trace.
     Csv,
+    /// A format heapscope recognises and does not read: what it is, and what to do instead.
+    Foreign {
+        /// What the file is.
+        what: &'static str,
+        /// What to do instead.
+        instead: &'static str,
+    },
 }
+
+/// What to save instead of a format heapscope does not read.
+const SAVE_A_SNAPSHOT: &str = "heapscope reads the pickle `torch.cuda.memory._dump_snapshot(path)` writes (gzip or not), \
+                               or `pickle.dump(torch.cuda.memory._snapshot(), f)`";
 
 /// What a path that is no regular file is, in words.
 fn file_kind(kind: std::fs::FileType) -> &'static str {
@@ -69,9 +80,22 @@ fn file_kind(kind: std::fs::FileType) -> &'static str {
 /// The format of a file starting with `head`. A pickle of protocol 0 or 1 (it starts with `(`, `}` or `]`, which no
 /// CSV line does) goes to the snapshot reader, which says which protocols it reads.
 pub fn sniff(head: &[u8]) -> Format {
+    let foreign = |what, instead| Format::Foreign { what, instead };
     match head {
+        // Before pickles of protocol 0 or 1, which start with `(` (0x28) as zstd's magic does.
+        [0x28, 0xb5, 0x2f, 0xfd, ..] => {
+            foreign("zstd-compressed", "decompress it first (`zstd -d`); heapscope reads gzip itself")
+        }
         [0x1f, 0x8b, ..] | [0x80, 2..=5, ..] | [b'(' | b'}' | b']', ..] => Format::PytorchSnapshot,
         _ if Trace::is_native(head) => Format::Native,
+        [b'P', b'K', 3, 4, ..] => foreign("a zip archive, as `torch.save` writes", SAVE_A_SNAPSHOT),
+        [0xfd, b'7', b'z', b'X', b'Z', 0, ..] => {
+            foreign("xz-compressed", "decompress it first (`xz -d`); heapscope reads gzip itself")
+        }
+        [b'B', b'Z', b'h', ..] => foreign("bzip2-compressed", "decompress it first (`bzip2 -d`); heapscope reads gzip itself"),
+        _ if head.iter().find(|byte| !byte.is_ascii_whitespace()).is_some_and(|&byte| byte == b'{' || byte == b'[') => {
+            foreign("JSON", SAVE_A_SNAPSHOT)
+        }
         _ => Format::Csv,
     }
 }
@@ -127,6 +151,16 @@ pub enum OpenError {
         expected: &'static str,
         /// Its first bytes, in hex and as text.
         head: String,
+    },
+    /// A format heapscope recognises and does not read (a zip archive, JSON, another compression than gzip).
+    #[error("{file}: {what}, which heapscope does not read: {instead}")]
+    Foreign {
+        /// The file.
+        file: String,
+        /// What it is.
+        what: &'static str,
+        /// What to do instead.
+        instead: &'static str,
     },
     /// A device other than 0 asked of a trace, which has one.
     #[error("{file}: --device {device} applies to PyTorch snapshots only; a heapscope trace has one device")]
@@ -308,6 +342,7 @@ impl Recording {
                 let device = device.unwrap_or_else(|| default_device(&snapshot).device);
                 Ok(Self::from_snapshot(&file, snapshot, device)?)
             }
+            Format::Foreign { what, instead } => Err(OpenError::Foreign { file, what, instead }),
             Format::Csv if let Some((what, expected)) = format_named(path) => {
                 Err(OpenError::NotItsFormat { file, what, expected, head: heapscope_pytorch::import::shown_bytes(&head[..read]) })
             }
@@ -745,6 +780,18 @@ mod tests {
         ];
         for (head, format) in cases {
             assert_eq!(sniff(head), format, "{head:?}");
+        }
+        // Formats it recognises and does not read, named.
+        let foreign: [(&[u8], &str); 6] = [
+            (b"PK\x03\x04\x14\0\0\0", "a zip archive, as `torch.save` writes"),
+            (&[0x28, 0xb5, 0x2f, 0xfd, 0], "zstd-compressed"),
+            (&[0xfd, b'7', b'z', b'X', b'Z', 0], "xz-compressed"),
+            (b"BZh91AY&", "bzip2-compressed"),
+            (b"{\"segments", "JSON"),
+            (b"\n  [{\"a", "JSON"),
+        ];
+        for (head, named) in foreign {
+            assert!(matches!(sniff(head), Format::Foreign { what, .. } if what == named), "{head:?}: {:?}", sniff(head));
         }
     }
 

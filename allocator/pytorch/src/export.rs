@@ -105,9 +105,18 @@ impl<'a, W: Write> Exporter<'a, W> {
         self.list_items(&snapshot.segments, Self::segment)?;
         self.shared_str("device_traces")?;
         self.out.empty_list()?;
+        let mut device = 0;
         self.list_items(&snapshot.device_traces, |this, trace| {
             this.out.empty_list()?;
-            this.list_items(trace, Self::entry)
+            let mut index = 0;
+            this.list_items(trace, |this, entry| {
+                // An action heapscope does not know is written with its own name.
+                let action = snapshot.action_name(device, index, entry);
+                index += 1;
+                this.entry(entry, action)
+            })?;
+            device += 1;
+            Ok(())
         })?;
         if let Some(settings) = &snapshot.settings {
             self.shared_str("allocator_settings")?;
@@ -195,11 +204,12 @@ impl<'a, W: Write> Exporter<'a, W> {
         self.out.set_items()
     }
 
-    fn entry(&mut self, entry: &'a TraceEntry) -> io::Result<()> {
+    /// Writes `entry`, whose action is called `action`.
+    fn entry(&mut self, entry: &'a TraceEntry, action: &'a str) -> io::Result<()> {
         self.out.empty_dict()?;
         self.out.mark()?;
         self.shared_str("action")?;
-        self.shared_str(entry.action.as_str())?;
+        self.shared_str(action)?;
         if entry.action != Action::Oom || entry.addr != 0 {
             self.key_int("addr", entry.addr)?;
         }

@@ -48,7 +48,7 @@ use super::pickle_read::{self, Dict, List, Memo, Place, ReadError, Scan, Sink, T
 use super::read_ahead::ReadAhead;
 use super::snapshot::{
     Action, Block, BlockState, Category, CategoryId, CategoryKey, Frame, Pool, PoolId, RecordedSettings, Segment, Snapshot,
-    StackId, TraceEntry,
+    StackId, TraceEntry, UnknownAction,
 };
 
 /// Why a snapshot file could not be read.
@@ -551,6 +551,29 @@ struct Decoder {
     segment_lists: Vec<Vec<(usize, Segment)>>,
     /// The memo slots (and places) of the segment being read directly, marked once it is taken.
     pending_marks: Vec<(Option<usize>, Seen)>,
+    /// The entries of actions heapscope does not know.
+    unknown: UnknownActions,
+}
+
+/// The entries of actions heapscope does not know ([`Action::Unknown`]), each distinct name held once.
+#[derive(Debug, Default)]
+struct UnknownActions {
+    names: HashMap<String, Arc<str>>,
+    entries: Vec<UnknownAction>,
+}
+
+impl UnknownActions {
+    /// Notes that element `entry` of device `device`'s trace is of the action `name`.
+    fn note(&mut self, device: usize, entry: usize, name: &str) {
+        let name = Arc::clone(self.names.entry(name.to_owned()).or_insert_with(|| Arc::from(name)));
+        self.entries.push(UnknownAction { device, entry, name });
+    }
+
+    /// The entries by device and index, as [`Snapshot::unknown_actions`] holds them.
+    fn into_sorted(mut self) -> Vec<UnknownAction> {
+        self.entries.sort_by_key(|unknown| (unknown.device, unknown.entry));
+        self.entries
+    }
 }
 
 /// Where a list or dict was converted (see `Decoder::converted`): the path a refusal of a second reference names.
@@ -669,7 +692,8 @@ impl Sink for Decoder {
             Tagged::Other => return Ok(Some(item)),
         };
         let Some(&(device, _)) = self.traces.get(slot) else { return Ok(Some(item)) };
-        let entry = convert_entry(&item, device, index, (&mut self.frames, &mut self.categories, &mut self.pool_ids), memo)?;
+        let interned = (&mut self.frames, &mut self.categories, &mut self.pool_ids);
+        let entry = convert_entry(&item, device, index, interned, &mut self.unknown, memo)?;
         self.take_entry(slot, index, entry);
         Ok(None)
     }
@@ -1280,6 +1304,7 @@ fn convert_entry(
     device: usize,
     index: usize,
     (frames, categories, pool_ids): (&mut Frames, &mut Categories, &mut PoolIds),
+    unknown: &mut UnknownActions,
     memo: &mut Memo,
 ) -> Result<TraceEntry, Issue> {
     let here = || format!("device_traces[{device}][{index}]");
@@ -1296,8 +1321,11 @@ fn convert_entry(
         match key {
             "action" => {
                 let Value::Str(name) = value else { return Err(Issue::expected(path(), "str", value)) };
-                fields.action =
-                    Some(Action::from_name(name).ok_or_else(|| Issue::new(path(), format!("unknown action {name:?}")))?);
+                // A later PyTorch's action: read as a mark, its name kept.
+                fields.action = Some(Action::from_name(name).unwrap_or_else(|| {
+                    unknown.note(device, index, name);
+                    Action::Unknown
+                }));
             }
             "addr" => fields.addr = Some(to_u64(value, &path)?),
             "size" => fields.size = Some(to_u64(value, &path)?),
@@ -1557,7 +1585,7 @@ impl Decoder {
             let taken = entries.len();
             for (offset, item) in list.items.iter().enumerate() {
                 let interned = (&mut self.frames, &mut self.categories, &mut self.pool_ids);
-                entries.push(convert_entry(item, device, taken + offset, interned, &mut Memo::default())?);
+                entries.push(convert_entry(item, device, taken + offset, interned, &mut self.unknown, &mut Memo::default())?);
             }
             entries.shrink_to_fit();
             device_traces.push(entries);
@@ -1573,6 +1601,7 @@ impl Decoder {
             frame_stacks: self.frames.into_stacks(),
             categories: self.categories.into_list(),
             pool_ids: self.pool_ids.into_list(),
+            unknown_actions: self.unknown.into_sorted(),
         })
     }
 
@@ -1600,6 +1629,7 @@ impl Decoder {
             frame_stacks: self.frames.into_stacks(),
             categories: Vec::new(),
             pool_ids: Vec::new(),
+            unknown_actions: Vec::new(),
         })
     }
 
@@ -2273,6 +2303,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         let legacy = Snapshot {
             categories: Vec::new(),
             pool_ids: Vec::new(),
+            unknown_actions: Vec::new(),
             segments: vec![Segment {
                 device: 0,
                 address: 4096,
@@ -2307,6 +2338,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         let current = Snapshot {
             categories: Vec::new(),
             pool_ids: Vec::new(),
+            unknown_actions: Vec::new(),
             segments: Vec::new(),
             device_traces: vec![
                 vec![
@@ -2782,6 +2814,27 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         }
     }
 
+    /// An action heapscope does not know (a later PyTorch's) is read as a mark with its name kept, by either path, and
+    /// written back under that name.
+    #[test]
+    fn an_unknown_action_is_a_mark_that_keeps_its_name() {
+        let body = b"}(\x8c\x08segments]\x8c\x0ddevice_traces]](}\x8c\x06action\x8c\x08snapshots}\x8c\x06action\x8c\x04nopeseau";
+        let bytes = [b"\x80\x04".as_slice(), body, b"."].concat();
+        for generic_only in [false, true] {
+            let snapshot = parse(bytes.as_slice(), "input", Decoder { generic_only, ..Decoder::default() }).unwrap();
+            let trace = &snapshot.device_traces[0];
+            let actions: Vec<Action> = trace.iter().map(|entry| entry.action).collect();
+            assert_eq!(actions, [Action::Snapshot, Action::Unknown]);
+            assert!(Action::Unknown.is_mark());
+            assert_eq!(snapshot.unknown_actions, [UnknownAction { device: 0, entry: 1, name: "nope".into() }]);
+            assert_eq!(snapshot.action_name(0, 1, &trace[1]), "nope");
+            assert_eq!(snapshot.action_name(0, 0, &trace[0]), "snapshot");
+            let mut written = Vec::new();
+            crate::write_snapshot(&snapshot, &mut written).unwrap();
+            assert_eq!(parse_snapshot(written.as_slice(), "written").unwrap(), snapshot, "{generic_only}");
+        }
+    }
+
     #[test]
     fn rejects_foreign_and_mistyped_files() {
         let pickle = |body: &[u8]| [b"\x80\x04".as_slice(), body, b"."].concat();
@@ -2806,10 +2859,6 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             (
                 pickle(b"}(\x8c\x08segments]\x8c\x0ddevice_traces]]}\x8c\x06actionK\x01saau"),
                 "device_traces[0][0].action: expected str, found int",
-            ),
-            (
-                pickle(b"}(\x8c\x08segments]\x8c\x0ddevice_traces]](}\x8c\x06action\x8c\x08snapshots}\x8c\x06action\x8c\x04nopeseau"),
-                "device_traces[0][1].action: unknown action \"nope\"",
             ),
             (
                 pickle(b"}(\x8c\x08segments]\x8c\x0ddevice_traces]]}\x8c\x06action\x8c\x05allocsaau"),

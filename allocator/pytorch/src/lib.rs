@@ -37,5 +37,5 @@ pub use import::{SnapshotError, parse_snapshot, read_snapshot};
 pub use memory_stats::{MemoryStats, Stat, StatArray};
 pub use snapshot::{
     Action, Block, BlockState, Category, CategoryId, CategoryKey, Frame, Pool, PoolId, RecordedSettings, Segment, Snapshot,
-    StackId, TraceEntry,
+    StackId, TraceEntry, UnknownAction,
 };

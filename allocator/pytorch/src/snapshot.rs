@@ -217,10 +217,13 @@ pub enum Action {
     UserDefined,
     /// An out-of-memory error; `size` is the request, `device_free` the driver's free bytes.
     Oom,
+    /// An action this version of heapscope does not know (a later PyTorch's), read as a mark: nothing allocated or
+    /// freed. Its name is kept in [`Snapshot::unknown_actions`], and said wherever the replay could depart there.
+    Unknown,
 }
 
 impl Action {
-    /// Every action.
+    /// Every action PyTorch names (not [`Action::Unknown`]).
     pub const ALL: [Action; 10] = [
         Action::Alloc,
         Action::FreeRequested,
@@ -247,13 +250,14 @@ impl Action {
             Action::Snapshot => "snapshot",
             Action::UserDefined => "user_defined",
             Action::Oom => "oom",
+            Action::Unknown => "unknown",
         }
     }
 
-    /// Whether the entry only marks a moment (`snapshot`, `user_defined`): nothing is allocated or freed, and no
-    /// segment event is its doing.
+    /// Whether the entry only marks a moment (`snapshot`, `user_defined`, an action heapscope does not know): nothing
+    /// is allocated or freed, and no segment event is its doing.
     pub fn is_mark(self) -> bool {
-        matches!(self, Action::Snapshot | Action::UserDefined)
+        matches!(self, Action::Snapshot | Action::UserDefined | Action::Unknown)
     }
 
     /// The action PyTorch calls `name`.
@@ -495,9 +499,35 @@ pub struct Snapshot {
     /// The memory pools the trace entries name ([`TraceEntry::pool_id`]); index 0 is `(0, 0)`. Empty when the entries
     /// name none (every file before PyTorch 2.12): then every entry's is [`PoolId::DEFAULT`] as read, not as known.
     pub pool_ids: Vec<(i64, i64)>,
+    /// The entries of actions heapscope does not know ([`Action::Unknown`]), with their names, by device and entry.
+    pub unknown_actions: Vec<UnknownAction>,
+}
+
+/// A trace entry of an action heapscope does not know: where it is and what the file calls it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct UnknownAction {
+    /// The device whose trace holds it.
+    pub device: usize,
+    /// Its index in that trace.
+    pub entry: usize,
+    /// The action's name in the file.
+    pub name: Arc<str>,
 }
 
 impl Snapshot {
+    /// The name of `entry`, element `index` of device `device`'s trace, as the file wrote it: an action heapscope does
+    /// not know keeps its own.
+    pub fn action_name(&self, device: usize, index: usize, entry: &TraceEntry) -> &str {
+        match entry.action {
+            Action::Unknown => self
+                .unknown_actions
+                .binary_search_by_key(&(device, index), |unknown| (unknown.device, unknown.entry))
+                .map_or("unknown", |found| &self.unknown_actions[found].name),
+            action => action.as_str(),
+        }
+    }
+
     /// The same snapshot with its frame stacks numbered in order of first use (each segment, then its blocks,
     /// then the traces, device by device) and unused ones left out: snapshots that differ only in how their frame
     /// lists were interned (a snapshot read, written and read again) are equal in this form. Categories

@@ -890,6 +890,7 @@ fn three_gpu_snapshot(dir: &Path) -> (PathBuf, [usize; 2]) {
     let snapshot = Snapshot {
         categories: Vec::new(),
         pool_ids: Vec::new(),
+        unknown_actions: Vec::new(),
         segments: [&gpt2, &frag, &state].iter().flat_map(|snapshot| snapshot.segments.clone()).collect(),
         device_traces: vec![gpt2.device_traces[0].clone(), frag.device_traces[0].clone(), Vec::new(), Vec::new()],
         settings: gpt2.settings.clone(),

@@ -21,7 +21,7 @@ use heapscope_core::{DeviceEvent, DeviceHeap, Error, RangeState, Result};
 use heapscope_pytorch::caching::{SMALL_BUFFER_BYTES, SMALL_SIZE_BYTES};
 use heapscope_pytorch::{
     Action, AllocConf, BackingRefused, Block, BlockState, CachingAllocator, EntryEffect, MemoryStats, Pool, PoolId,
-    RecordedSettings, Segment, SegmentBacking, Snapshot, StackId, StatArray, TraceEntry,
+    RecordedSettings, Segment, SegmentBacking, Snapshot, StackId, StatArray, TraceEntry, UnknownAction,
 };
 
 /// Where a paged heap's virtual range starts in exported addresses.
@@ -339,6 +339,7 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
             frame_stacks,
             categories: categories(recording),
             pool_ids: pool_ids(recording),
+            unknown_actions: Vec::new(),
         },
         stats: recorder.stats,
         heap_report,
@@ -457,6 +458,8 @@ struct EmulationWriter<'a> {
     segment_pools: BTreeMap<u64, (u64, PoolId)>,
     /// The written snapshot's memory pools ([`Snapshot::pool_ids`]): the recording's, and those only its segments name.
     pool_ids: Vec<(i64, i64)>,
+    /// The written entries of actions heapscope does not know, with their names ([`Snapshot::unknown_actions`]).
+    unknown_actions: Vec<UnknownAction>,
 }
 
 impl EmulationWriter<'_> {
@@ -547,6 +550,15 @@ impl EmulationWriter<'_> {
             (Action::Oom, _) => {
                 let device_free = self.device_free(Some(entry), allocator.reserved_bytes());
                 self.entries.push(entry.clone().with_device_free(Some(device_free)));
+            }
+            (Action::Unknown, _) => {
+                // Written with its own name.
+                if let Some(snapshot) = &self.recording.snapshot {
+                    let name = snapshot.action_name(self.recording.device, index, entry);
+                    let device = self.recording.device;
+                    self.unknown_actions.push(UnknownAction { device, entry: self.entries.len(), name: name.into() });
+                }
+                self.entries.push(entry.clone());
             }
             _ => self.entries.push(entry.clone()),
         }
@@ -663,11 +675,13 @@ pub fn emulated_snapshot(
         refused: heapscope_core::hash::FastSet::default(),
         segment_pools: BTreeMap::new(),
         pool_ids: pool_ids(recording),
+        unknown_actions: Vec::new(),
     };
     let replay = crate::compare::emulate_pytorch(recording, conf, capacity_bytes, &mut writer)?;
     let frame_stacks = recording.snapshot.as_ref().map_or_else(|| vec![Vec::new()], |snapshot| snapshot.frame_stacks.clone());
     let fidelity = replay.fidelity.filter(|_| !replay.what_if);
-    let (entries, mut segments, stats, pool_ids) = (writer.entries, writer.segments, replay.stats, writer.pool_ids);
+    let (entries, mut segments, stats, pool_ids, unknown_actions) =
+        (writer.entries, writer.segments, replay.stats, writer.pool_ids, writer.unknown_actions);
     // The allocator knows no device: its segments are the device replayed's.
     let device_id = u32::try_from(device).unwrap_or(u32::MAX);
     segments.iter_mut().for_each(|segment| segment.device = device_id);
@@ -681,6 +695,7 @@ pub fn emulated_snapshot(
             frame_stacks,
             categories: categories(recording),
             pool_ids,
+            unknown_actions,
         },
         stats,
         heap_report: None,

@@ -603,6 +603,7 @@ mod tests {
             frame_stacks: vec![Vec::new()],
             categories: Vec::new(),
             pool_ids: Vec::new(),
+            unknown_actions: Vec::new(),
         };
         let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
         assert_eq!((recording.start_events, recording.entries), (1, 8), "the block from before the recording");

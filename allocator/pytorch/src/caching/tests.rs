@@ -991,6 +991,7 @@ fn issue_14_expandable_recording_from_empty_with_oom_replays_exactly() {
     let snap = Snapshot {
         categories: Vec::new(),
         pool_ids: Vec::new(),
+        unknown_actions: Vec::new(),
         segments: final_segments.clone(),
         device_traces: vec![trace.clone()],
         settings: Some(settings),

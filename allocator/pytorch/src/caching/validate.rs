@@ -141,7 +141,7 @@ pub(super) fn validate(snapshot: &Snapshot, device: usize) -> Result<(), Emulati
         let segment = match e.action {
             Action::Alloc | Action::FreeRequested | Action::FreeCompleted => false,
             Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => true,
-            Action::Snapshot | Action::UserDefined | Action::Oom => continue,
+            Action::Snapshot | Action::UserDefined | Action::Unknown | Action::Oom => continue,
         };
         let action = e.action.as_str();
         if segment && e.size == 0 {
@@ -193,6 +193,7 @@ mod tests {
         Snapshot {
             categories: Vec::new(),
             pool_ids: Vec::new(),
+            unknown_actions: Vec::new(),
             segments,
             device_traces: vec![trace],
             settings: None,
