@@ -196,25 +196,20 @@ impl Advice {
         if !better {
             return None;
         }
+        let peak = Bytes(afresh.peak_reserved_bytes);
         let needs = match (self.capacity_bytes, afresh.min_capacity_bytes) {
-            (Some(capacity), _) if afresh.fits() => format!("fits in {}", Bytes(capacity)),
+            (Some(capacity), _) if afresh.fits() => format!("fits in {}, peak reserved {peak}", Bytes(capacity)),
             (_, Some(bytes)) if bytes > afresh.peak_reserved_bytes => format!(
-                "needs {}, what the recording held at its start, though its own run reserves at most {}",
-                BytesAtLeast(bytes),
-                Bytes(afresh.peak_reserved_bytes)
+                "needs {}, what the recording held at its start, though its own run reserves at most {peak}",
+                BytesAtLeast(bytes)
             ),
-            (_, Some(bytes)) => format!("needs {}", BytesAtLeast(bytes)),
-            (_, None) => "fits on no device".to_owned(),
+            (_, Some(bytes)) => format!("needs {}, peak reserved {peak}", BytesAtLeast(bytes)),
+            (_, None) => format!("fits on no device, peak reserved {peak}"),
         };
         let mut conf = AllocConf::default();
         let turned = if conf.parse_overrides(&afresh.setting).is_ok() && conf.expandable_segments { "on" } else { "off" };
-        let peak = if needs.contains("its own run reserves") {
-            String::new()
-        } else {
-            format!(", peak reserved {}", Bytes(afresh.peak_reserved_bytes))
-        };
         Some(format!(
-            "{} might do better ({needs}{peak}): it turns expandable segments {turned}, and on a recording \
+            "{} might do better ({needs}): it turns expandable segments {turned}, and on a recording \
              begun mid-run such a setting allocates what was live at the start afresh, without the fragmentation the \
              program built before, so its figures can be too low. A recording of the whole run tells \
              (`torch.cuda.memory._record_memory_history(max_entries=N)` with N above the run's allocations and frees).",

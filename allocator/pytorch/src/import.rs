@@ -558,14 +558,21 @@ struct Decoder {
 /// The entries of actions heapscope does not know ([`Action::Unknown`]), each distinct name held once.
 #[derive(Debug, Default)]
 struct UnknownActions {
-    names: HashMap<String, Arc<str>>,
+    names: std::collections::HashSet<Arc<str>>,
     entries: Vec<UnknownAction>,
 }
 
 impl UnknownActions {
     /// Notes that element `entry` of device `device`'s trace is of the action `name`.
     fn note(&mut self, device: usize, entry: usize, name: &str) {
-        let name = Arc::clone(self.names.entry(name.to_owned()).or_insert_with(|| Arc::from(name)));
+        let name = match self.names.get(name) {
+            Some(held) => Arc::clone(held),
+            None => {
+                let held: Arc<str> = Arc::from(name);
+                self.names.insert(Arc::clone(&held));
+                held
+            }
+        };
         self.entries.push(UnknownAction { device, entry, name });
     }
 
