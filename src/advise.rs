@@ -3,7 +3,7 @@
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -36,6 +36,9 @@ pub struct AdviseArgs {
     /// One JSON object per setting and line, best first.
     #[arg(long)]
     pub json: bool,
+    /// With stderr no terminal (a log), a line on stderr as each setting is replayed (a terminal gets a bar anyway).
+    #[arg(long)]
+    pub progress: bool,
 }
 
 /// Runs the advice and prints it.
@@ -43,10 +46,15 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
     let recording = input::open_device(&args.file, args.device)?;
     let settings = if args.settings.is_empty() { grid() } else { args.settings.clone() };
     let config = AdviseConfig { capacity_bytes: args.capacity, settings, ..AdviseConfig::default() };
-    let bar = progress_bar();
+    let terminal = std::io::stderr().is_terminal();
+    let bar = progress_bar(terminal);
+    let started = Instant::now();
     let advice = advise(&recording, &config, &|done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
+        if args.progress && !terminal {
+            eprintln!("progress: {done} of {total} settings replayed, {:.1} s", started.elapsed().as_secs_f64());
+        }
     })
     .with_context(|| format!("advising {}", recording.shown_name()))?;
     bar.finish_and_clear();
@@ -65,7 +73,7 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
     let recorded =
         if advice.recorded_setting.is_empty() { "PyTorch's defaults".to_owned() } else { advice.recorded_setting.clone() };
     outln!("recorded settings: {}", crate::replay::recorded_settings_words(&recording, &recorded));
-    if let Some(note) = caveats::unknown_actions(&recording) {
+    for note in [caveats::unknown_actions(&recording), caveats::final_state(&recording)].into_iter().flatten() {
         outln!("{note}");
     }
     if advice.start_live_bytes > 0 {
@@ -93,9 +101,10 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
         outln!("{}", table_row(row, name, width));
     }
     outln!(
-        "(res/live: peak reserved over peak live bytes; dev alloc / dev free: cudaMalloc and cudaFree calls, or maps and \
-         unmaps with expandable segments; driver time: what those calls would cost, from costs measured on an H200; needs: the least \
-         capacity under which that setting serves every request)"
+        "({}; dev alloc / dev free: cudaMalloc and cudaFree calls, or maps and unmaps with expandable segments; driver \
+         time: what those calls would cost, from costs measured on an H200; needs: the least capacity under which that \
+         setting serves every request)",
+        crate::output::RES_LIVE_LEGEND
     );
     if advice.settings.iter().any(|row| row.start_exceeds_capacity)
         && let Some(why) = heapscope_lab::compare::start_exceeds(&recording, advice.capacity_bytes)
@@ -167,9 +176,9 @@ fn table_row(row: &SettingAdvice, name: &str, width: usize) -> String {
     )
 }
 
-/// A bar on stderr while the settings replay (hidden when stderr is not a terminal).
-fn progress_bar() -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
+/// A bar on stderr while the settings replay, when stderr is a `terminal` (hidden otherwise).
+fn progress_bar(terminal: bool) -> ProgressBar {
+    if !terminal {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());

@@ -447,7 +447,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
         }
     }
     if !args.json {
-        outln!("(res/live: peak reserved over peak live bytes, 1.0000 when nothing beyond the live bytes was held)");
+        outln!("({})", crate::output::RES_LIVE_LEGEND);
         print_verdicts(&reports, &chosen.workload);
     }
     let (validation, messages) = device.messages();

@@ -113,7 +113,10 @@ pub fn run_summary(args: &SummaryArgs) -> Result<()> {
         outln!("{line}");
     }
     out!("{}", replayed.stats.summary_table(recording.device));
-    if let Some(note) = heapscope_lab::caveats::unknown_actions(&recording) {
+    for note in [heapscope_lab::caveats::unknown_actions(&recording), heapscope_lab::caveats::final_state(&recording)]
+        .into_iter()
+        .flatten()
+    {
         outln!("\n{note}");
     }
     if let Some(note) = heapscope_lab::caveats::emulation_departs(

@@ -4,6 +4,10 @@
 use std::fmt;
 use std::io::{ErrorKind, Write};
 
+/// The legend of the `res/live` column, under every table that has one (`replay`, `compare`, `bench`, `advise`).
+pub const RES_LIVE_LEGEND: &str =
+    "res/live: peak reserved over peak live bytes, 1.0000 when nothing beyond the live bytes was held";
+
 /// Writes `args` to standard output; exits with success when the reader closed the pipe, with failure on
 /// any other write error.
 pub fn write(args: fmt::Arguments<'_>) {

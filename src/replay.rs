@@ -425,10 +425,11 @@ pub fn print_legend(outcomes: &[Outcome]) {
         ""
     };
     outln!(
-        "(peak live: the most bytes requested and live at once, PyTorch's requested_bytes (its max_memory_allocated counts \
-         whole blocks); res/live: peak reserved over peak live, 1.0000 when nothing beyond the live bytes was held; dev \
-         alloc: device allocations made, blocks, segments or map calls; ns/event: this machine's time per recorded \
-         entry{fidelity})"
+        "(allocs: allocations served, those live at the start included (PyTorch's emulation counts as PyTorch does: not a \
+         block whose free was requested before the start); peak live: the most bytes requested and \
+         live at once, PyTorch's requested_bytes (its max_memory_allocated counts whole blocks); {}; dev alloc: device allocations made, blocks, segments or map calls; ns/event: this machine's \
+         time per recorded entry{fidelity})",
+        crate::output::RES_LIVE_LEGEND
     );
 }
 

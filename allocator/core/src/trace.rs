@@ -135,6 +135,11 @@ impl TraceBuilder {
         self.live.contains_key(&id)
     }
 
+    /// The ids of the live allocations (allocated and not freed since), in no order.
+    pub fn live_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.live.keys().copied()
+    }
+
     /// Appends an `empty_cache()` call.
     pub fn empty_cache(&mut self) {
         self.trace.events.push(Event::EmptyCache);

@@ -1,12 +1,12 @@
 //! What a side-by-side replay of a recording does not tell apart, said in one sentence each: entries of actions
-//! heapscope does not know ([`unknown_actions`]), requests that PyTorch served from private memory pools ([`pools`]) and streams that some contenders ignore ([`streams`]). The CLI
+//! heapscope does not know ([`unknown_actions`]), final segments that disagree with the trace ([`final_state`]), requests that PyTorch served from private memory pools ([`pools`]) and streams that some contenders ignore ([`streams`]). The CLI
 //! prints them under its title, the app shows them when a recording opens ([`all`]): one wording, one place. And
 //! where PyTorch's emulation does not reproduce the recorded OOM ([`recorded_oom`]) or the recorded decisions
 //! ([`emulation_departs`]), said beside the verdict.
 
 use heapscope_core::units::Bytes;
-use heapscope_pytorch::Fidelity;
 use heapscope_pytorch::caching::RequestPools;
+use heapscope_pytorch::{AllocConf, Fidelity};
 
 use crate::compare::{CompareConfig, Figures, starts_afresh};
 use crate::contender::Contender;
@@ -15,10 +15,45 @@ use crate::recording::{Moment, Recording, counted};
 /// Every caveat of `recording` replayed by `contenders` with `config`, in the order said (under the CLI's title, in
 /// the app's notice).
 pub fn all(recording: &Recording, contenders: &[Contender], config: &CompareConfig) -> Vec<String> {
-    [unknown_actions(recording), pools(recording), streams(recording, contenders), start_afresh(recording, contenders, config)]
-        .into_iter()
-        .flatten()
-        .collect()
+    [
+        unknown_actions(recording),
+        final_state(recording),
+        pools(recording),
+        streams(recording, contenders),
+        start_afresh(recording, contenders, config),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// The note that the snapshot's final segments disagree with what its trace leaves live at its end
+/// ([`Recording::final_mismatch`]): the start state is rebuilt from both, so it, and every replay from it, may not be the
+/// recorded run's.
+pub fn final_state(recording: &Recording) -> Option<String> {
+    let mismatch = recording.final_mismatch;
+    let first = mismatch.first_address?;
+    let mut parts = Vec::new();
+    let be = |count: u64| if count == 1 { "is" } else { "are" };
+    if mismatch.live_not_in_segments > 0 {
+        let count = mismatch.live_not_in_segments;
+        parts.push(format!(
+            "{} the trace leaves live {} in none of them",
+            counted(count, "allocation", "allocations"),
+            be(count)
+        ));
+    }
+    if mismatch.freed_but_allocated > 0 {
+        let count = mismatch.freed_but_allocated;
+        let was = if count == 1 { "was" } else { "were" };
+        parts.push(format!("{} they show allocated {was} freed by the trace", counted(count, "block", "blocks")));
+    }
+    Some(format!(
+        "the file's final segments do not match the end of its trace: {} (the first at {first:#x}); the file was edited, or \
+         memory changed while the trace was not recording, so the start state, rebuilt from both, and every replay from it \
+         may differ from the recorded run",
+        parts.join(", ")
+    ))
 }
 
 /// The note that entries of the device shown are of actions heapscope does not know (a later PyTorch's): read as marks,
@@ -172,6 +207,11 @@ pub fn emulation_departs(recording: &Recording, fidelity: Option<&Fidelity>, cap
     };
     let why = match (small_device, recording.snapshot.as_ref().map(|snapshot| snapshot.settings.is_some())) {
         (Some(why), _) => why,
+        (None, Some(false)) if recording.snapshot.as_ref().is_some_and(AllocConf::expandable_from_file) => {
+            "the file records no allocator settings: expandable segments were taken from its segments and PyTorch's \
+             defaults for the rest, other settings would explain it"
+                .to_owned()
+        }
         (None, Some(false)) => {
             "the file records no allocator settings and PyTorch's defaults were assumed: other settings would explain it"
                 .to_owned()
@@ -387,21 +427,75 @@ mod tests {
         let entry = |addr: u64, stream: u64, pool: u8| {
             TraceEntry::new(Action::Alloc, addr, 512).with_stream(stream).with_pool_id(PoolId(pool))
         };
+        let free = |addr: u64, stream: u64| TraceEntry::new(Action::FreeCompleted, addr, 512).with_stream(stream);
         let recording = |trace: Vec<TraceEntry>| {
             let snapshot = Snapshot { device_traces: vec![trace], pool_ids: vec![(0, 0), (1, 0)], ..Snapshot::default() };
             Recording::from_snapshot("t.pickle", snapshot, 0).unwrap()
         };
         let tlsf = [Contender::Heap(PolicyKind::Tlsf)];
         // (trace, how many caveats, the first's start)
-        let cases: [(Vec<TraceEntry>, usize, &str); 3] = [
-            (vec![entry(0, 7, 0)], 0, ""),
-            (vec![entry(0, 7, 0), entry(512, 9, 0)], 1, "the recording uses 2 CUDA streams"),
-            (vec![entry(0, 7, 1), entry(512, 9, 0)], 2, "1 request of the recording went to 1 private memory pool"),
+        let cases: [(Vec<TraceEntry>, usize, &str); 4] = [
+            (vec![entry(0, 7, 0), free(0, 7)], 0, ""),
+            (vec![entry(0, 7, 0), entry(512, 9, 0), free(0, 7), free(512, 9)], 1, "the recording uses 2 CUDA streams"),
+            (
+                vec![entry(0, 7, 1), entry(512, 9, 0), free(0, 7), free(512, 9)],
+                2,
+                "1 request of the recording went to 1 private memory pool",
+            ),
+            // Left live with no final segment to show it.
+            (
+                vec![entry(0, 7, 1), entry(512, 9, 0), free(0, 7)],
+                3,
+                "the file's final segments do not match the end of its trace",
+            ),
         ];
         for (trace, count, start) in cases {
             let said = all(&recording(trace), &tlsf, &CompareConfig::default());
             assert_eq!(said.len(), count, "{said:?}");
             assert!(said.first().is_none_or(|first| first.starts_with(start)), "{said:?}");
+        }
+    }
+
+    /// Final segments that disagree with the end of the trace are said: how many each way, the first address.
+    #[test]
+    fn final_segments_that_disagree_with_the_trace_are_said() {
+        use heapscope_pytorch::{Block, BlockState, Pool, Segment};
+        let live = |address| Block::new(address, 512, 512, BlockState::ActiveAllocated);
+        let alloc = |addr: u64| TraceEntry::new(Action::Alloc, addr, 512);
+        let free = |addr: u64| TraceEntry::new(Action::FreeCompleted, addr, 512);
+        let cases: [(Vec<Block>, Vec<TraceEntry>, Option<&str>); 4] = [
+            (vec![live(0)], vec![alloc(0)], None),
+            (
+                vec![],
+                vec![alloc(4096), alloc(8192)],
+                Some(
+                    "the file's final segments do not match the end of its trace: 2 allocations the trace leaves live are \
+                      in none of them (the first at 0x1000); ",
+                ),
+            ),
+            (
+                vec![live(0)],
+                vec![alloc(0), free(0)],
+                Some(
+                    "the file's final segments do not match the end of its trace: 1 block they show allocated was freed by \
+                      the trace (the first at 0x0); ",
+                ),
+            ),
+            (
+                vec![live(0), live(512)],
+                vec![free(0), free(512), alloc(4096)],
+                Some(
+                    "the file's final segments do not match the end of its trace: 1 allocation the trace leaves live is in \
+                      none of them, 2 blocks they show allocated were freed by the trace (the first at 0x0); ",
+                ),
+            ),
+        ];
+        for (blocks, trace, start) in cases {
+            let segment = Segment::from_blocks(0, 0, 2 << 20, Pool::Large, blocks);
+            let snapshot = Snapshot { segments: vec![segment], device_traces: vec![trace], ..Snapshot::default() };
+            let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
+            let said = final_state(&recording);
+            assert_eq!(said.as_deref().map(|said| &said[..start.map_or(0, str::len)]), start, "{said:?}");
         }
     }
 
@@ -475,5 +569,13 @@ mod tests {
             let start = start.as_deref();
             assert_eq!(said.as_deref().map(|said| &said[..start.map_or(0, str::len)]), start, "{said:?}");
         }
+        // Expandable segments the file shows without recording settings: taken from it, not assumed off.
+        let trace = vec![TraceEntry::new(Action::SegmentMap, 1 << 30, 2 * MIB), TraceEntry::new(Action::Alloc, 1 << 30, 512)];
+        let recording =
+            Recording::from_snapshot("t.pickle", Snapshot { device_traces: vec![trace], ..Snapshot::default() }, 0).unwrap();
+        let said = emulation_departs(&recording, Some(&departs), None).unwrap_or_default();
+        let why = "the file records no allocator settings: expandable segments were taken from its segments and PyTorch's \
+                   defaults for the rest";
+        assert!(said.starts_with(&placements("0", "40", why)), "{said}");
     }
 }

@@ -201,6 +201,50 @@ pub struct Recording {
     /// Frees of allocations the recording does not know (neither live at the start nor allocated since): an
     /// inconsistent file; skipped.
     pub unknown_frees: u64,
+    /// Where the snapshot's final segments disagree with what its trace leaves live at its end (nothing for a trace).
+    pub final_mismatch: FinalMismatch,
+}
+
+/// Where a snapshot's final segments disagree with the end of its trace: the segments are the state when the snapshot
+/// was taken, the trace leads up to that moment, so what the trace leaves live is what the segments show allocated
+/// (or freed but not yet completed). A file that breaks this was edited, cut from another run, or recorded beside
+/// allocations the trace does not see; the start state, rebuilt from both (see the module docs), may then be wrong.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FinalMismatch {
+    /// Allocations the trace leaves live that no final segment shows allocated.
+    pub live_not_in_segments: u64,
+    /// Blocks the final segments show allocated whose allocation the trace freed (and did not allocate again).
+    pub freed_but_allocated: u64,
+    /// The lowest address among both.
+    pub first_address: Option<u64>,
+}
+
+impl FinalMismatch {
+    /// Compares what `builder` holds live once every entry of device `device` is walked with `snapshot`'s final
+    /// segments. Zero-byte blocks are left out, as the stream leaves them out.
+    fn of(builder: &TraceBuilder, snapshot: &Snapshot, device: usize) -> Self {
+        let final_live: heapscope_core::hash::FastSet<u64> =
+            final_live_blocks(snapshot, device).filter(|block| block.requested_size > 0).map(|block| block.address).collect();
+        let mut mismatch = Self::default();
+        let mut note = |address: u64, count: &mut u64| {
+            *count += 1;
+            mismatch.first_address = Some(mismatch.first_address.map_or(address, |first| first.min(address)));
+        };
+        let mut live_not_in_segments = 0;
+        for address in builder.live_ids().filter(|address| !final_live.contains(address)) {
+            note(address, &mut live_not_in_segments);
+        }
+        let mut freed_but_allocated = 0;
+        for &address in final_live.iter().filter(|&&address| !builder.is_live(address)) {
+            note(address, &mut freed_but_allocated);
+        }
+        Self { live_not_in_segments, freed_but_allocated, ..mismatch }
+    }
+
+    /// Whether the segments and the trace agree.
+    pub fn is_none(&self) -> bool {
+        self.live_not_in_segments == 0 && self.freed_but_allocated == 0
+    }
 }
 
 /// A moment of a recording: before its first entry, or once entry `N` (from 0, the file's own numbering) is done.
@@ -271,6 +315,7 @@ impl Recording {
             start_events: 0,
             start_addresses: Vec::new(),
             unknown_frees: 0,
+            final_mismatch: FinalMismatch::default(),
         }
     }
 
@@ -296,6 +341,7 @@ impl Recording {
                 })?
             }
         };
+        let final_mismatch = FinalMismatch::of(&built.builder, &snapshot, device);
         Ok(Self {
             name: name.to_owned(),
             trace: built.builder.finish(),
@@ -306,6 +352,7 @@ impl Recording {
             snapshot: Some(snapshot),
             device,
             unknown_frees: built.unknown_frees,
+            final_mismatch,
         })
     }
 
@@ -886,6 +933,49 @@ mod tests {
         assert_eq!(recording.start_bytes(), 3300);
         assert_eq!(recording.trace.events()[3], Event::Free { slot: 2 }, "entry 0 frees a start allocation");
         assert_eq!(recording.moment_of(3), Moment::Entry(0));
+        assert!(recording.final_mismatch.is_none(), "{:?}", recording.final_mismatch);
+    }
+
+    /// What the trace leaves live is what the final segments show allocated; where not, the file contradicts itself.
+    #[test]
+    fn final_segments_that_disagree_with_the_end_of_the_trace_are_counted() {
+        use heapscope_pytorch::Block;
+        let live = |address| Block::new(address, 512, 512, BlockState::ActiveAllocated);
+        let pending = |address| Block::new(address, 512, 512, BlockState::ActivePendingFree);
+        let cases: Vec<(&str, Vec<Block>, Vec<TraceEntry>, FinalMismatch)> = vec![
+            ("agree", vec![live(0), pending(512)], vec![entry(Action::Alloc, 0, 512)], FinalMismatch::default()),
+            (
+                "the segments emptied",
+                vec![],
+                vec![entry(Action::Alloc, 1024, 512), entry(Action::Alloc, 0, 512)],
+                FinalMismatch { live_not_in_segments: 2, freed_but_allocated: 0, first_address: Some(0) },
+            ),
+            (
+                "a block the trace freed still allocated",
+                vec![live(0), live(1024)],
+                vec![entry(Action::Alloc, 1024, 512), entry(Action::FreeCompleted, 1024, 512)],
+                FinalMismatch { live_not_in_segments: 0, freed_but_allocated: 1, first_address: Some(1024) },
+            ),
+            (
+                "both, on a recording that starts mid-run",
+                vec![live(2048)],
+                vec![entry(Action::FreeCompleted, 2048, 512), entry(Action::Alloc, 4096, 512)],
+                FinalMismatch { live_not_in_segments: 1, freed_but_allocated: 1, first_address: Some(2048) },
+            ),
+            (
+                "zero-byte blocks are left out, as the stream leaves them out",
+                vec![Block::new(0, 512, 0, BlockState::ActiveAllocated)],
+                vec![entry(Action::Alloc, 0, 0)],
+                FinalMismatch::default(),
+            ),
+        ];
+        for (case, blocks, entries, expected) in cases {
+            let snapshot =
+                Snapshot { segments: vec![segment(0, 0, 2 << 20, blocks)], device_traces: vec![entries], ..Snapshot::default() };
+            let recording = Recording::from_snapshot("t", snapshot, 0).unwrap();
+            assert_eq!(recording.final_mismatch, expected, "{case}");
+            assert_eq!(recording.final_mismatch.is_none(), expected == FinalMismatch::default(), "{case}");
+        }
     }
 
     /// The stream built on the guess that nothing was live at the start is the one built after the walk back, whenever

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use crate::common::{gpu_required, heapscope, json_lines, stderr, stdout, temp_dir, trace};
+use heapscope_lab::recording::Recording;
 use serde_json::Value;
 
 #[test]
@@ -830,7 +831,7 @@ fn expandable_segments_a_file_does_not_record_are_taken_from_its_maps() {
 /// `compare` says the requests went to a private pool, and PyTorch's emulation replays every decision and placement.
 #[test]
 fn a_cuda_graphs_private_pool_is_served_apart_and_said() {
-    use heapscope_pytorch::{Action, PoolId, Snapshot, TraceEntry};
+    use heapscope_pytorch::{Action, Block, BlockState, Pool, PoolId, Segment, Snapshot, TraceEntry};
     let dir = temp_dir("cuda-graph");
     let (d, p) = (0x7000_0000_0000_u64, 0x7000_0020_0000_u64);
     let mib = 1 << 20;
@@ -858,7 +859,13 @@ fn a_cuda_graphs_private_pool_is_served_apart_and_said() {
             TraceEntry::new(action, addr, size).with_time_us(Some(index as i64)).with_pool_id(pool)
         })
         .collect();
-    let snapshot = Snapshot { device_traces: vec![trace], pool_ids: vec![(0, 0), (0, 1)], ..Snapshot::default() };
+    // The final state: the default pool's segment, holding the block allocated last.
+    let blocks = vec![
+        Block::new(d, 1024, 1000, BlockState::ActiveAllocated),
+        Block::new(d + 1024, 2 * mib - 1024, 0, BlockState::Inactive),
+    ];
+    let segments = vec![Segment::from_blocks(0, d, 2 * mib, Pool::Small, blocks)];
+    let snapshot = Snapshot { segments, device_traces: vec![trace], pool_ids: vec![(0, 0), (0, 1)], ..Snapshot::default() };
     let path = dir.join("graph.pickle");
     heapscope_pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
     let output = heapscope(&["compare", path.to_str().unwrap(), "--policy", "pytorch", "--policy", "tlsf"]);
@@ -867,6 +874,32 @@ fn a_cuda_graphs_private_pool_is_served_apart_and_said() {
     assert!(text.contains("2 requests of the recording went to 1 private memory pool, which PyTorch serves apart"), "{text}");
     let fidelity = text.lines().find(|line| line.starts_with("pytorch ")).unwrap_or_default();
     assert!(fidelity.contains("segments 3/3, placements 4/4"), "{text}");
+    assert!(!text.contains("final segments"), "the final state matches the trace: {text}");
+}
+
+/// A file whose final segments do not match the end of its trace (emptied here, as an edited file may be) is read,
+/// and `replay`, `compare` and `summary` say how it disagrees.
+#[test]
+fn final_segments_that_disagree_with_the_trace_are_said() {
+    let dir = temp_dir("final-mismatch");
+    let mut edited = heapscope_pytorch::read_snapshot(&snapshot("gpt2_train_fixed-default")).unwrap();
+    let whole = Recording::from_snapshot("whole", edited.clone(), 0).unwrap();
+    assert!(whole.final_mismatch.is_none(), "the shared file agrees with itself: {:?}", whole.final_mismatch);
+    edited.segments.clear();
+    let path = dir.join("emptied.pickle");
+    heapscope_pytorch::write_snapshot(&edited, std::fs::File::create(&path).unwrap()).unwrap();
+    let live = Recording::from_snapshot("emptied", edited, 0).unwrap().final_mismatch.live_not_in_segments;
+    assert!(live > 0);
+    let said = format!(
+        "the file's final segments do not match the end of its trace: {live} allocations the trace leaves live are in none \
+         of them (the first at 0x"
+    );
+    let file = path.to_str().unwrap();
+    for command in [&["replay", file, "--policy", "tlsf"][..], &["compare", file], &["summary", file]] {
+        let output = heapscope(command);
+        assert!(output.status.success(), "{command:?}: {}", stderr(&output));
+        assert!(stdout(&output).contains(&said), "{command:?}: {}", stdout(&output));
+    }
 }
 
 /// A recording of three GPUs and a fourth listed with nothing, written here (issue 14, part 4): device 0 the
@@ -1130,8 +1163,18 @@ fn advise_ranks_a_setting_that_fits_and_says_why_the_default_failed() {
                 .contains("the recorded settings ran out of memory at entry 100 (fragmentation): Tried to allocate 1024.00 MiB"),
         "{answer}"
     );
-    let rows = json_lines(&heapscope(&[&["advise", file, "--json"][..], &settings].concat()));
-    assert!(text.contains("(res/live: peak reserved over peak live bytes; dev alloc / dev free: "), "{text}");
+    assert!(!stderr(&output).contains("progress:"), "a log gets no progress unasked: {}", stderr(&output));
+    // With --progress and stderr a pipe (a log): a line per setting replayed (the three asked for and `paged`).
+    let with_progress = heapscope(&[&["advise", file, "--json", "--progress"][..], &settings].concat());
+    let progress = stderr(&with_progress);
+    let lines: Vec<&str> = progress.lines().filter(|line| line.starts_with("progress: ")).collect();
+    assert_eq!(lines.len(), 4, "{progress}");
+    assert!(lines[3].starts_with("progress: 4 of 4 settings replayed, "), "{progress}");
+    let rows = json_lines(&with_progress);
+    assert!(
+        text.contains("(res/live: peak reserved over peak live bytes, 1.0000 when nothing beyond the live bytes was held; dev alloc / dev free: "),
+        "{text}"
+    );
     let keys = [
         "setting",
         "peak_reserved_bytes",
