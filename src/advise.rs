@@ -86,7 +86,7 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
     let names: Vec<String> = advice.settings.iter().map(shown_setting).collect();
     let width = names.iter().map(String::len).max().unwrap_or(0).max(24) + 1;
     outln!(
-        "{:>4}  {:<width$} {:>13} {:>8} {:>9} {:>9} {:>11} {:>5} {:>12}",
+        "{:>4}  {:<width$} {:>13} {:>8} {:>9} {:>9} {:>11} {:>5} {:>12} {:>7}",
         "rank",
         "setting (* as recorded)",
         "peak reserved",
@@ -95,7 +95,8 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
         "dev free",
         "driver time",
         "OOMs",
-        "needs"
+        "needs",
+        "retries"
     );
     for (row, name) in advice.settings.iter().zip(&names) {
         outln!("{}", table_row(row, name, width));
@@ -103,7 +104,8 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
     outln!(
         "({}; dev alloc / dev free: cudaMalloc and cudaFree calls, or maps and unmaps with expandable segments; driver \
          time: what those calls would cost, from costs measured on an H200; needs: the least capacity under which that \
-         setting serves every request)",
+         setting serves every request; retries: at that capacity, how often PyTorch frees its cache and retries a failed \
+         cudaMalloc, each waiting for the device)",
         crate::output::RES_LIVE_LEGEND
     );
     if advice.settings.iter().any(|row| row.start_exceeds_capacity)
@@ -167,8 +169,9 @@ fn table_row(row: &SettingAdvice, name: &str, width: usize) -> String {
     let ratio = ReservedOverLive::new(row.peak_reserved_bytes, row.peak_live_bytes);
     let driver = Duration::from_secs_f64(row.driver_time_us / 1e6);
     let ooms = if row.start_exceeds_capacity { "start".to_owned() } else { row.ooms.to_string() };
+    let retries = row.retries_at_need.map_or_else(|| "-".to_owned(), |retries| retries.to_string());
     format!(
-        "{rank:>4}  {name:<width$} {:>13} {ratio:>8.3} {:>9} {:>9} {:>9.1}ms {ooms:>5} {needs:>12}",
+        "{rank:>4}  {name:<width$} {:>13} {ratio:>8.3} {:>9} {:>9} {:>9.1}ms {ooms:>5} {needs:>12} {retries:>7}",
         Bytes(row.peak_reserved_bytes).to_string(),
         row.device_allocs,
         row.device_frees,

@@ -325,7 +325,14 @@ pub fn advice(ui: &mut Ui, run: &AdviceRun, can_add: bool) -> AdviceActions {
                     }
                     let needs =
                         row.min_capacity_bytes.map_or_else(|| "no device".to_owned(), |bytes| BytesAtLeast(bytes).to_string());
-                    ui.label(if row.monotone { needs } else { format!("{needs} (!)") });
+                    let needs = ui.label(if row.monotone { needs } else { format!("{needs} (!)") });
+                    if let Some(retries @ 1..) = row.retries_at_need {
+                        needs.on_hover_text(format!(
+                            "on this capacity PyTorch frees its cache and retries a failed cudaMalloc {retries} time{}, each \
+                             waiting for the device",
+                            if retries == 1 { "" } else { "s" }
+                        ));
+                    }
                     ui.end_row();
                 }
             });

@@ -103,6 +103,10 @@ pub struct SettingAdvice {
     pub monotone: bool,
     /// A larger capacity at which it failed again, when not monotone.
     pub fails_again_at_bytes: Option<u64>,
+    /// On a device of its need (`min_capacity_bytes`), the times PyTorch freed its whole cache and retried a `cudaMalloc`
+    /// that failed (`num_alloc_retries`; each waits for the device to finish its work): what running at the need costs.
+    /// `None` for `paged` and where nothing fits.
+    pub retries_at_need: Option<u64>,
     /// 1 for the best; 0 for `paged`, a reference rather than a setting.
     pub rank: usize,
     /// The setting whose run this one is, when what it adds cannot change a decision on this recording
@@ -250,10 +254,11 @@ impl Advice {
         match self.capacity_bytes {
             Some(capacity) if !best.fits() => match self.least_need() {
                 Some((_, row)) => format!(
-                    "No setting fits in {}: the one that needs least, {}, needs {}.",
+                    "No setting fits in {}: the one that needs least, {}, needs {}{}.",
                     Bytes(capacity),
                     paste(&row.setting),
-                    need_words(row)
+                    need_words(row),
+                    retries_words(row).map(|words| format!("; {words}")).unwrap_or_default()
                 ),
                 None => format!("No setting fits in {}, nor on any device.", Bytes(capacity)),
             },
@@ -279,10 +284,11 @@ impl Advice {
             None => {
                 let need = need_words(best);
                 let line = format!(
-                    "{best_paste} — needs {need} (peak reserved {}{}), {}",
+                    "{best_paste} — needs {need} (peak reserved {}{}), {}{}",
                     Bytes(best.peak_reserved_bytes),
                     below(best),
-                    devices(best)
+                    devices(best),
+                    retries_words(best).map(|words| format!("; {words}")).unwrap_or_default()
                 );
                 if best.as_recorded {
                     format!(
@@ -310,6 +316,16 @@ fn need_words(row: &SettingAdvice) -> String {
         ),
         (Some(bytes), _) => BytesAtLeast(bytes).to_string(),
     }
+}
+
+/// What running at `row`'s need costs, when PyTorch retries a `cudaMalloc` there ([`SettingAdvice::retries_at_need`]).
+fn retries_words(row: &SettingAdvice) -> Option<String> {
+    let (Some(need), Some(retries @ 1..)) = (row.min_capacity_bytes, row.retries_at_need) else { return None };
+    Some(format!(
+        "on {} PyTorch frees its cache and retries a failed cudaMalloc {}, each waiting for the device",
+        BytesAtLeast(need),
+        counted(retries, "time", "times")
+    ))
 }
 
 /// What to paste for `setting`.
@@ -555,6 +571,16 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
         Some((capacity, fails_again)) => (Some(capacity), fails_again.is_none(), fails_again),
         None => (None, true, None),
     };
+    let retries_at_need = match (row, min_capacity_bytes) {
+        (Row::Pytorch { setting, conf }, Some(need)) => Some(match &checkpoints {
+            Some(saved) => saved.retries(need),
+            None => {
+                let ((run, _), _) = pytorch_run(recording, setting, conf, need, None)?;
+                run.memory_stats.map_or(0, |stats| u64::try_from(stats.num_alloc_retries).unwrap_or(0))
+            }
+        }),
+        _ => None,
+    };
     Ok(SettingAdvice {
         setting,
         as_recorded,
@@ -569,6 +595,7 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
         min_capacity_bytes,
         monotone,
         fails_again_at_bytes,
+        retries_at_need,
         rank: 0,
         same_run_as: None,
         start_afresh: matches!(row, Row::Pytorch { conf, .. } if starts_afresh(recording, conf)),
@@ -721,18 +748,28 @@ impl<'s> Checkpoints<'s> {
     /// device lets it reserve undisturbed (garbage collection starts at its threshold times the capacity, as
     /// PyTorch computes it).
     fn fits(&self, capacity_bytes: u64) -> bool {
+        self.run(capacity_bytes).is_some_and(|(_, refused)| !refused)
+    }
+
+    /// The `cudaMalloc` retries of the run on a device of `capacity_bytes` (to its first refusal, if any).
+    fn retries(&self, capacity_bytes: u64) -> u64 {
+        self.run(capacity_bytes)
+            .map_or(0, |(emulator, _)| u64::try_from(emulator.allocator().stats().num_alloc_retries).unwrap_or(0))
+    }
+
+    /// The run on a device of `capacity_bytes`, replayed from the last copy that never went past what the device lets
+    /// it reserve undisturbed (garbage collection starts at its threshold times the capacity, as PyTorch computes it),
+    /// to its end or its first refusal: where it stopped, and whether it refused. `None` when what PyTorch held at the
+    /// start does not fit.
+    fn run(&self, capacity_bytes: u64) -> Option<(Emulator<'s>, bool)> {
         let undisturbed =
             if self.gc_threshold > 0.0 { (self.gc_threshold * capacity_bytes as f64) as u64 } else { capacity_bytes };
-        // What PyTorch held at the start must fit at all.
-        let Some((_, start)) =
-            self.saved.first().filter(|(at_start, _)| (*at_start).max(self.start_floor_bytes) <= capacity_bytes)
-        else {
-            return false;
-        };
+        let (_, start) = self.saved.first().filter(|(at_start, _)| (*at_start).max(self.start_floor_bytes) <= capacity_bytes)?;
         let from = self.saved.iter().rev().find(|(read, _)| *read <= undisturbed).map_or(start, |(_, from)| from);
         let mut emulator = from.clone();
         emulator.set_capacity(Some(capacity_bytes));
-        emulator.run_to_refusal().is_none()
+        let refused = emulator.run_to_refusal().is_some();
+        Some((emulator, refused))
     }
 }
 
@@ -784,6 +821,39 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../assets/traces/pytorch/{name}.json"));
         let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         json["memory_stats"][key].as_u64().unwrap_or_else(|| panic!("{name}: {key}"))
+    }
+
+    /// The retries at a setting's need (resumed from the copies of its run without a limit, or replayed whole for a plain
+    /// trace) are those of a whole replay on a device of that size; none for `paged`.
+    #[test]
+    fn retries_at_the_need_are_a_whole_replays_there() {
+        let settings =
+            ["", "expandable_segments:True", "max_split_size_mb:64", "max_split_size_mb:256,garbage_collection_threshold:0.6"];
+        let settings: Vec<String> = settings.iter().map(|setting| (*setting).to_owned()).collect();
+        let mut seen_retries = false;
+        for name in ["gpt2_train_fixed-default", "frag_oom-default"] {
+            let snapshot = shared(name);
+            let trace = Recording::from_trace(snapshot.trace.clone());
+            for recording in [&snapshot, &trace] {
+                let config = AdviseConfig { capacity_bytes: None, settings: settings.clone(), threads: 2 };
+                let advice = advise(recording, &config, &|_, _| {}).unwrap();
+                for row in &advice.settings {
+                    let context = format!("{name} ({}), {:?}", recording.name, row.setting);
+                    if row.setting == PAGED {
+                        assert_eq!(row.retries_at_need, None, "{context}");
+                        continue;
+                    }
+                    let mut conf = AllocConf::default();
+                    conf.parse_overrides(&row.setting).unwrap();
+                    let need = row.min_capacity_bytes.unwrap();
+                    let ((whole, _), _) = pytorch_run(recording, &row.setting, &conf, need, None).unwrap();
+                    let retries = u64::try_from(whole.memory_stats.unwrap().num_alloc_retries).unwrap();
+                    assert_eq!(row.retries_at_need, Some(retries), "{context}");
+                    seen_retries |= retries > 0;
+                }
+            }
+        }
+        assert!(seen_retries, "some need costs retries");
     }
 
     /// Each shared H200 run predicted from the other setting's recording: peak reserved, `cudaMalloc` (or map)

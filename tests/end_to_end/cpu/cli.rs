@@ -542,8 +542,15 @@ fn compare_says_why_in_one_sentence() {
         assert!(text.lines().any(|line| line.starts_with(policy)), "a row for {policy}: {text}");
     }
     // The short column names explained under the table, the fidelity's with the emulation's row.
-    let legend = text.lines().find(|line| line.starts_with("(peak live: ")).unwrap_or_default();
-    for term in ["res/live: peak reserved over peak live", "dev alloc: ", "ns/event: ", "the driver's rule foretold"] {
+    let legend = text.lines().find(|line| line.starts_with("(allocs: ")).unwrap_or_default();
+    for term in [
+        "allocs: allocations served, those live at the start included",
+        "peak live: ",
+        "res/live: peak reserved over peak live",
+        "dev alloc: ",
+        "ns/event: ",
+        "the driver's rule foretold",
+    ] {
         assert!(legend.contains(term), "{term}: {legend}");
     }
     let sentence = text.lines().last().unwrap();
@@ -1186,6 +1193,7 @@ fn advise_ranks_a_setting_that_fits_and_says_why_the_default_failed() {
         "first_oom",
         "min_capacity_bytes",
         "monotone",
+        "retries_at_need",
         "rank",
         "start_afresh",
         "start_exceeds_capacity",
