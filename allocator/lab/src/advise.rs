@@ -362,7 +362,7 @@ enum Row {
 }
 
 /// Replays `recording` under every setting of `config` and ranks them. `progress` hears each setting as it is done
-/// (done, of how many).
+/// (done, of how many), one call at a time and in order (the settings replay on `config.threads` threads).
 ///
 /// # Errors
 /// A setting PyTorch would refuse (named), or a recording the emulation cannot replay.
@@ -411,7 +411,9 @@ pub fn advise(recording: &Recording, config: &AdviseConfig, progress: &(dyn Fn(u
             scope.spawn(|| {
                 while let Some(&index) = runs.get(next.fetch_add(1, Ordering::Relaxed)) {
                     let advice = advise_row(recording, &rows[index], capacity_bytes, &recorded_conf);
-                    results.lock().unwrap_or_else(std::sync::PoisonError::into_inner)[index] = Some(advice);
+                    // Told under the lock, so that `progress` hears counts in order.
+                    let mut results = results.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    results[index] = Some(advice);
                     let same = run_of.iter().filter(|&&run| run == index).count();
                     progress(done.fetch_add(same, Ordering::Relaxed) + same, rows.len());
                 }
