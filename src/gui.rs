@@ -12,6 +12,7 @@ use heapscope_gui::palette::ColourBy;
 use heapscope_gui::render::GifOptions;
 use heapscope_gui::session::MAX_PANES;
 use heapscope_gui::{RenderOptions, Session, WindowOptions};
+use heapscope_lab::capacity::Capacity;
 use heapscope_lab::compare::CompareConfig;
 use heapscope_lab::contender::Contender;
 use heapscope_lab::recording::Moment;
@@ -258,9 +259,12 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
         (Some(file), _) => {
             let recording = crate::input::open_device(file, args.open.device)?;
             let rules = args.open.open_options()?.rules;
-            let config =
-                rules.apply_to(&recording, CompareConfig { capacity_bytes: args.open.capacity, ..CompareConfig::default() });
-            for line in crate::replay::devices_overview(&recording, args.open.device, &config) {
+            // The capacity asked for, else the device the recording tells (its oom entry), as `gui` and `compare`.
+            let capacity_bytes = Capacity::of(args.open.capacity, &recording).bytes;
+            let config = rules.apply_to(&recording, CompareConfig { capacity_bytes, ..CompareConfig::default() });
+            // The other devices are emulated on the capacity given only (one device's oom entry tells its own).
+            let asked = CompareConfig { capacity_bytes: args.open.capacity, ..config.clone() };
+            for line in crate::replay::devices_overview(&recording, args.open.device, &asked) {
                 outln!("{line}");
             }
             Session::new(recording, config, &contenders)?
@@ -287,8 +291,9 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
     }
     options.at = args.at.map(|at| moment_to_draw(&session.recording, at)).transpose()?;
     heapscope_gui::render_png(&mut session, options, &args.out)?;
-    let shown = options.at.unwrap_or(Moment::at_position(session.steps()));
-    outln!("wrote {} ({}, {shown} of {} entries)", args.out.display(), session.name, session.steps());
+    // The picture's title: the moment and each pane's refusal at it.
+    let shown = options.at.map_or(session.steps(), Moment::position);
+    outln!("wrote {} ({})", args.out.display(), heapscope_gui::render::title(&session, shown));
     Ok(())
 }
 

@@ -87,14 +87,24 @@ fn render_draws_a_recording_or_a_story_into_a_png() {
         return;
     }
     assert!(output.status.success(), "{}", stderr(&output));
-    assert!(stdout(&output).contains("wrote story.png (frag_oom, entry 60 of 61 entries)"), "{}", stdout(&output));
+    assert!(
+        stdout(&output).contains("wrote story.png (frag_oom · entry 60 of 61 entries · out of memory: pytorch refused 1.00 GiB"),
+        "{}",
+        stdout(&output)
+    );
     assert!(is_png(&story));
     assert!(from_file.status.success(), "{}", stderr(&from_file));
     assert!(is_png(&file));
     // `--at peak` and `--at oom` name the moments `top` names: frag_oom's peak at entry 39, its refused 1 GiB at 100.
     let frag_oom = trace("pytorch/frag_oom-default.pickle.gz");
-    for (at, entry) in [("peak", "entry 39 of 141 entries"), ("oom", "entry 100 of 141 entries")] {
-        let drawn = heapscope_headless(&["render", frag_oom.to_str().unwrap(), "--at", at, "--out", "at.png"], &dir);
+    // Every pane replays on the device the recording tells (its oom entry), as `compare` does: tlsf refuses the
+    // 1 GiB there too, and the line says each pane's refusal, as the picture's title does.
+    let oom = "entry 100 of 141 entries · out of memory: pytorch refused 1.00 GiB (fragmentation, free runs too small \
+               for it in red); tlsf refused 1.00 GiB (fragmentation, free runs too small for it in red)";
+    for (at, entry) in [("peak", "entry 39 of 141 entries)"), ("oom", oom)] {
+        let args =
+            ["render", frag_oom.to_str().unwrap(), "--policy", "pytorch", "--policy", "tlsf", "--at", at, "--out", "at.png"];
+        let drawn = heapscope_headless(&args, &dir);
         assert!(drawn.status.success() && stdout(&drawn).contains(entry), "--at {at}: {}{}", stdout(&drawn), stderr(&drawn));
     }
     // Issue 19: a lesson written as a CSV, with its captions, the rules on the command line, the timeline strip, and
