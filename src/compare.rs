@@ -74,8 +74,8 @@ fn compare(args: &CompareArgs, contenders: &[Contender], recording: &Recording, 
                 format!("`pytorch` {with} expandable segments (simulated: the device cannot run it)"),
             ),
         };
-        if expandable.figures().is_some_and(|figures| figures.ooms == 0) {
-            extra.push(name);
+        if let Some(figures) = expandable.figures() {
+            extra.push((name, figures.clone()));
         }
     }
     let capacity_known = args.recording.capacity(recording).bytes.is_some();

@@ -231,13 +231,16 @@ impl Advice {
     }
 
     /// The PyTorch setting that needs the least memory, of the recording's kind ([`SettingAdvice::start_afresh`]), with
-    /// its need.
+    /// its need: of those within a tie of the least, the first ranked (the fewest refusals on the device).
     fn least_need(&self) -> Option<(u64, &SettingAdvice)> {
-        self.settings
-            .iter()
-            .filter(|row| row.setting != PAGED && !row.start_afresh)
-            .filter_map(|row| row.min_capacity_bytes.map(|bytes| (bytes, row)))
-            .min_by_key(|(bytes, _)| *bytes)
+        let needs = || {
+            self.settings
+                .iter()
+                .filter(|row| row.setting != PAGED && !row.start_afresh)
+                .filter_map(|row| row.min_capacity_bytes.map(|bytes| (bytes, row)))
+        };
+        let least = needs().map(|(bytes, _)| bytes).min()?;
+        needs().find(|(bytes, _)| *bytes <= least.saturating_add(self.tie_bytes))
     }
 
     /// The answer in one sentence: the setting to paste and why.
@@ -254,11 +257,12 @@ impl Advice {
         match self.capacity_bytes {
             Some(capacity) if !best.fits() => match self.least_need() {
                 Some((_, row)) => format!(
-                    "No setting fits in {}: the one that needs least, {}, needs {}{}.",
+                    "No setting fits in {}: the one that needs least, {}, needs {}{}{}.",
                     Bytes(capacity),
                     paste(&row.setting),
                     need_words(row),
-                    retries_words(row).map(|words| format!("; {words}")).unwrap_or_default()
+                    retries_words(row).map(|words| format!("; {words}")).unwrap_or_default(),
+                    fewer_refusals(row, recorded, capacity).map(|words| format!("; {words}")).unwrap_or_default()
                 ),
                 None => format!("No setting fits in {}, nor on any device.", Bytes(capacity)),
             },
@@ -281,6 +285,16 @@ impl Advice {
                     _ => format!("{fits}."),
                 }
             }
+            // Unlimited memory refused a request (larger than any device): no need to name.
+            None if best.min_capacity_bytes.is_none() => match &best.first_oom {
+                Some(oom) => format!(
+                    "No setting serves every request, on any device: {best_paste} ran out of memory at entry {} ({}): {}",
+                    oom.event_index,
+                    oom.verdict.name(),
+                    oom.message
+                ),
+                None => "No setting serves every request, on any device.".to_owned(),
+            },
             None => {
                 let need = need_words(best);
                 let line = format!(
@@ -316,6 +330,18 @@ fn need_words(row: &SettingAdvice) -> String {
         ),
         (Some(bytes), _) => BytesAtLeast(bytes).to_string(),
     }
+}
+
+/// Where `row` refuses fewer requests than the `recorded` settings on the device of `capacity_bytes`: how many each.
+fn fewer_refusals(row: &SettingAdvice, recorded: &SettingAdvice, capacity_bytes: u64) -> Option<String> {
+    (row.ooms < recorded.ooms && !row.as_recorded && !row.start_exceeds_capacity).then(|| {
+        format!(
+            "in {} it refuses {} where the recorded settings refuse {}",
+            Bytes(capacity_bytes),
+            counted(row.ooms, "request", "requests"),
+            recorded.ooms
+        )
+    })
 }
 
 /// What running at `row`'s need costs, when PyTorch retries a `cudaMalloc` there ([`SettingAdvice::retries_at_need`]).
@@ -462,10 +488,11 @@ fn rank(settings: &mut [SettingAdvice], capacity_known: bool) -> u64 {
     // (of rows alike in `start_afresh`) are the same need, and the peak reserved decides.
     let largest = settings.iter().filter_map(|advice| advice.min_capacity_bytes).max().unwrap_or(0);
     let tie_bytes = grain_bytes(largest).saturating_mul(2).max(LARGE_BUFFER_BYTES);
+    // On a known device, the least need of those that do not fit it (the others need no more than the device).
     let least = |afresh: bool| {
         settings
             .iter()
-            .filter(|advice| advice.setting != PAGED && advice.start_afresh == afresh)
+            .filter(|advice| advice.setting != PAGED && advice.start_afresh == afresh && !(capacity_known && advice.fits()))
             .filter_map(|advice| advice.min_capacity_bytes)
             .min()
             .unwrap_or(0)
@@ -473,13 +500,16 @@ fn rank(settings: &mut [SettingAdvice], capacity_known: bool) -> u64 {
     let least_need = [least(false), least(true)];
     settings.sort_by(|a, b| {
         let key = |advice: &SettingAdvice| {
+            // On a known device the settings that fit rank by peak reserved; those that do not, by what they need,
+            // then by the requests they refuse there.
             let need = match advice.min_capacity_bytes {
-                _ if capacity_known => 0,
+                _ if capacity_known && advice.fits() => 0,
                 None => u64::MAX,
                 Some(bytes) if bytes <= least_need[usize::from(advice.start_afresh)].saturating_add(tie_bytes) => 0,
                 Some(bytes) => bytes,
             };
-            (advice.setting == PAGED, advice.start_afresh, capacity_known && !advice.fits(), need, advice.peak_reserved_bytes)
+            let fits = !capacity_known || advice.fits();
+            (advice.setting == PAGED, advice.start_afresh, !fits, need, advice.ooms, advice.peak_reserved_bytes)
         };
         key(a).cmp(&key(b)).then(a.driver_time_us.total_cmp(&b.driver_time_us))
     });

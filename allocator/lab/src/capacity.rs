@@ -5,7 +5,7 @@
 //! (`device_free`), and the bytes PyTorch held reserved then follow from the final segments and the trace walked
 //! back to that entry ([`recorded_capacity`]); one without them (written by hand or converted) leaves the device
 //! taken as full there, as large as the most PyTorch had held reserved. Replaying it on unlimited memory would answer another question — which
-//! contender "would have succeeded" on a device larger than the one that failed — so the recorded capacity is the
+//! contender "would have served it" on a device larger than the one that failed — so the recorded capacity is the
 //! default of `replay`, `compare`, `summary`, `export`, `advise` and the app.
 
 use std::fmt;

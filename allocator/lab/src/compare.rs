@@ -824,22 +824,27 @@ pub(crate) fn emulation_error(recording: &Recording, error: &heapscope_pytorch::
 }
 
 /// The verdict of a comparison in one sentence, when the reference contender ran out of memory: what was
-/// free and which contenders would have succeeded — on the device's capacity when it is known (`capacity_known`),
-/// else said to be with unlimited memory.
+/// free and which contenders would have served the request it refused — the contenders of `outcomes` and the
+/// `others` run for the verdict (each with the name to say), on the device's capacity when it is known
+/// (`capacity_known`), else said to be with unlimited memory. One that served it but refused a later request is
+/// said with that request's entry: the recording asked for more than it.
 pub fn verdict_sentence(
     failed: &Figures,
     outcomes: &[Outcome],
-    extra_successes: &[String],
+    others: &[(String, Figures)],
     capacity_known: bool,
 ) -> Option<String> {
     let oom = failed.first_oom.as_ref()?;
-    let mut survivors: Vec<String> = outcomes
-        .iter()
-        .filter_map(Outcome::figures)
-        .filter(|figures| figures.ooms == 0)
-        .map(|figures| format!("`{}`", figures.policy))
+    let named = outcomes.iter().filter_map(Outcome::figures).map(|figures| (format!("`{}`", figures.policy), figures));
+    let mut survivors: Vec<String> = named
+        .chain(others.iter().map(|(name, figures)| (name.clone(), figures)))
+        .filter_map(|(name, figures)| match &figures.first_oom {
+            None => Some(name),
+            // Its first refusal comes later: it served this one.
+            Some(later) if later.moment > oom.moment => Some(format!("{name} (until entry {})", later.event_index)),
+            Some(_) => None,
+        })
         .collect();
-    survivors.extend(extra_successes.iter().cloned());
     let (policy, request) = (&failed.policy, Bytes(oom.request_bytes));
     // The rounded size, where it reads differently: PyTorch's message names the segment it tried for.
     let rounded = match Bytes(oom.needed_bytes) {
@@ -872,11 +877,11 @@ pub fn verdict_sentence(
     };
     let on = if capacity_known { "" } else { " with unlimited memory" };
     Some(match survivors.len() {
-        0 => format!("{head}; no contender would have succeeded{on}."),
-        1 => format!("{head}; {} would have succeeded{on}.", survivors[0]),
+        0 => format!("{head}; no contender would have served it{on}."),
+        1 => format!("{head}; {} would have served it{on}.", survivors[0]),
         _ => {
             let last = survivors.pop().unwrap_or_default();
-            format!("{head}; {} and {last} would have succeeded{on}.", survivors.join(", "))
+            format!("{head}; {} and {last} would have served it{on}.", survivors.join(", "))
         }
     })
 }
@@ -915,18 +920,32 @@ mod tests {
         let not_run = Outcome::not_run("vma (vulkan)", "no device");
         assert!(!not_run.ran() && not_run.figures().is_none());
         let outcomes = [heap_outcome.clone(), paged_outcome.clone(), not_run];
-        let extra = ["`pytorch` with expandable segments".to_owned()];
-        // Without a known capacity, "would have succeeded" is said to be with unlimited memory.
+        let extra = [("`pytorch` with expandable segments".to_owned(), paged.clone())];
+        // Without a known capacity, "would have served it" is said to be with unlimited memory.
         let unlimited = verdict_sentence(heap, &outcomes, &extra, false).unwrap();
-        assert!(unlimited.ends_with("would have succeeded with unlimited memory."), "{unlimited}");
+        assert!(unlimited.ends_with("would have served it with unlimited memory."), "{unlimited}");
         let sentence = verdict_sentence(heap, &outcomes, &extra, true).unwrap();
         assert!(
             sentence.contains(
                 "1000.00 MiB free in reserved memory and 584.00 MiB more on the device, 1.55 GiB in all, but the largest \
                  free run is 50.00 MiB (fragmentation)"
-            ) && sentence.ends_with("`paged` and `pytorch` with expandable segments would have succeeded."),
+            ) && sentence.ends_with("`paged` and `pytorch` with expandable segments would have served it."),
             "{sentence}"
         );
+        // Each contender is judged on the request refused: one refusing only a later request served it (said with
+        // its entry), one refusing it or an earlier one did not.
+        let refusing_at = |entry: u64| {
+            let mut figures = heap.clone();
+            let first = figures.first_oom.as_mut().unwrap();
+            (first.event_index, first.moment) = (entry, Moment::Entry(entry));
+            figures
+        };
+        for (entry, said) in [(60, None), (10, None), (61, Some("`later` (until entry 61) would have served it."))] {
+            let others = [("`later`".to_owned(), refusing_at(entry))];
+            let sentence = verdict_sentence(heap, &[], &others, true).unwrap();
+            let expected = said.unwrap_or("no contender would have served it.");
+            assert!(sentence.ends_with(expected), "a refusal at entry {entry}: {sentence}");
+        }
     }
 
     #[test]

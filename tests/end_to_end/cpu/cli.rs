@@ -572,7 +572,7 @@ fn compare_says_why_in_one_sentence() {
         ),
         "{sentence}"
     );
-    assert!(sentence.ends_with("`paged` and `pytorch` with expandable segments would have succeeded."), "{sentence}");
+    assert!(sentence.ends_with("`paged` and `pytorch` with expandable segments would have served it."), "{sentence}");
 }
 
 #[test]
@@ -1241,4 +1241,77 @@ fn a_row_of_advise_pasted_into_alloc_conf_is_the_same_run() {
     let off = json_lines(&heapscope(&["replay", file, "--json", "--policy", "pytorch", "--alloc-conf", "max_split_size_mb:64"]));
     let on = json_lines(&heapscope(&["replay", file, "--json", "--policy", "pytorch"]));
     assert_ne!(off[0]["device_allocs"], on[0]["device_allocs"], "expandable segments off: whole segments, not pages");
+}
+
+/// frag_oom-default continued as an OOM-retry loop runs on: the 1 GiB refusal caught, the cache emptied, 1 GiB
+/// allocated, then a 4 GiB request no 3.5 GiB device holds. `compare` judges each contender on the request refused
+/// first (paged and expandable segments serve it and refuse the later one), and `advise`, where no setting fits,
+/// ranks by need and then by refusals: expandable segments before the recorded defaults, and says so.
+#[test]
+fn a_later_refusal_does_not_hide_who_served_the_first() {
+    use heapscope_pytorch::{Action, BlockState, TraceEntry};
+    const GIB: u64 = 1 << 30;
+    let dir = temp_dir("two-ooms");
+    let mut snapshot = heapscope_pytorch::read_snapshot(&snapshot("frag_oom-default")).unwrap();
+    let trace = &mut snapshot.device_traces[0];
+    let opened: Vec<TraceEntry> = trace.iter().filter(|entry| entry.action == Action::SegmentAlloc).cloned().collect();
+    for segment in &opened {
+        let mut freed = segment.clone();
+        freed.action = Action::SegmentFree;
+        trace.push(freed);
+    }
+    let base = opened.iter().map(|segment| segment.addr).min().unwrap();
+    trace.push(TraceEntry::new(Action::SegmentAlloc, base, GIB));
+    trace.push(TraceEntry::new(Action::Alloc, base, GIB));
+    let mut refused = TraceEntry::new(Action::Oom, 0, 4 * GIB);
+    refused.set_device_free(Some((3584 << 20) - GIB - (2 << 20)));
+    trace.push(refused);
+    let entries = trace.len();
+    let mut last = snapshot.segments[0].clone();
+    (last.address, last.total_size, last.allocated_size, last.active_size, last.requested_size) = (base, GIB, GIB, GIB, GIB);
+    last.blocks = vec![heapscope_pytorch::Block::new(base, GIB, GIB, BlockState::ActiveAllocated)];
+    snapshot.segments = vec![last];
+    let path = dir.join("two_ooms.pickle");
+    heapscope_pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
+    let file = path.to_str().unwrap();
+
+    let output = heapscope(&["compare", file]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let later = entries - 1;
+    let sentence = stdout(&output).lines().last().unwrap_or_default().to_owned();
+    assert!(
+        sentence.starts_with("`pytorch` ran out of memory on a 1.00 GiB request")
+            && sentence.ends_with(&format!(
+                "`paged` (until entry {later}) and `pytorch` with expandable segments (until entry {later}) would have \
+                 served it."
+            )),
+        "{sentence}"
+    );
+    let output = heapscope(&["advise", file]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    let first = text.lines().find(|line| line.trim_start().starts_with("1 ")).unwrap_or_default();
+    assert!(first.contains("expandable_segments:True"), "{text}");
+    let answer = text.lines().last().unwrap_or_default();
+    assert!(
+        answer.starts_with(
+            "No setting fits in 3.50 GiB: the one that needs least, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+        ) && answer.ends_with("in 3.50 GiB it refuses 1 request where the recorded settings refuse 2."),
+        "{answer}"
+    );
+}
+
+/// A request near 2^64 in a plain trace (the emulation refuses it on any device): `advise` says no setting serves
+/// every request on any device, naming the refusal, where it once overflowed (a panic) and then said "needs no device".
+#[test]
+fn advise_on_a_request_no_device_holds() {
+    let dir = temp_dir("advise-huge");
+    std::fs::write(dir.join("huge.csv"), "a,1,18446744073709551000\n").unwrap();
+    let output = heapscope(&["advise", dir.join("huge.csv").to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let answer = stdout(&output).lines().last().unwrap_or_default().to_owned();
+    assert!(
+        answer.starts_with("No setting serves every request, on any device: PYTORCH_CUDA_ALLOC_CONF unset (PyTorch's defaults) ran out of memory at entry 0"),
+        "{answer}"
+    );
 }

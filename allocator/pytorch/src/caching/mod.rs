@@ -96,7 +96,8 @@ pub fn round_size(size_bytes: u64, conf: &AllocConf) -> u64 {
     if divisions > 1 && size_bytes > MIN_BLOCK_BYTES.saturating_mul(divisions) {
         roundup_power2_next_division(size_bytes, divisions)
     } else {
-        size_bytes.div_ceil(MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+        // Saturating: a size near 2^64 (refused by the emulation, but bounded first by `advise`) rounds to the top.
+        size_bytes.div_ceil(MIN_BLOCK_BYTES).saturating_mul(MIN_BLOCK_BYTES)
     }
 }
 
@@ -111,7 +112,7 @@ fn roundup_power2_next_division(size_bytes: u64, divisions: u64) -> u64 {
         return floor << 1;
     }
     let rounded_floor = size_bytes & !(step - 1);
-    if rounded_floor == size_bytes { size_bytes } else { rounded_floor + step }
+    if rounded_floor == size_bytes { size_bytes } else { rounded_floor.saturating_add(step) }
 }
 
 /// `get_allocation_size`: a new segment for a rounded request: 2 MiB for the small pool, 20 MiB below
@@ -122,7 +123,7 @@ pub fn get_allocation_size(size_bytes: u64) -> u64 {
     } else if size_bytes < MIN_LARGE_ALLOC_BYTES {
         LARGE_BUFFER_BYTES
     } else {
-        size_bytes.div_ceil(ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
+        size_bytes.div_ceil(ROUND_LARGE_BYTES).saturating_mul(ROUND_LARGE_BYTES)
     }
 }
 

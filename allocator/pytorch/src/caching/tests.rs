@@ -35,6 +35,25 @@ fn shared_traces_replay_exactly() {
     }
 }
 
+/// The rounding rules saturate at the top of u64: `advise` bounds a recording's blocks before the emulation refuses
+/// a size near 2^64 with its error (an overflow there was a panic). Each rounds up, never below the request.
+#[test]
+fn rounding_saturates_near_the_top_of_u64() {
+    let divisions = {
+        let mut conf = AllocConf::default();
+        conf.parse_overrides("roundup_power2_divisions:8").unwrap();
+        conf
+    };
+    for size in [u64::MAX, u64::MAX - 100, u64::MAX - 511, (1 << 63) + 1, 1 << 63, 3 << 62] {
+        for conf in [&AllocConf::default(), &divisions] {
+            let rounded = round_size(size, conf);
+            assert!(rounded >= size, "{size}: {rounded}");
+            assert!(get_allocation_size(rounded) >= rounded, "{size}");
+        }
+    }
+    assert_eq!(round_size(u64::MAX - 100, &AllocConf::default()), u64::MAX);
+}
+
 /// Marks (`snapshot`, and the `user_defined` annotations some PyTorch versions record) between a segment event and
 /// the request it served, or a release and what followed it, change nothing: the shared traces with a mark after
 /// every entry replay exactly, and their OOM is at the same place.
