@@ -45,6 +45,10 @@ pub struct SummaryArgs {
 fn replayed(args: &RecordingArgs, recording: &Recording, contender: Contender) -> Result<Replayed> {
     Ok(match contender {
         Contender::Pytorch { expandable } => {
+            // A device smaller than what the recording held at its start never ran it (as `replay` and `compare` say).
+            if let Some(why) = heapscope_lab::compare::start_exceeds(recording, args.capacity(recording).bytes) {
+                bail!("{}: {why}", recording.shown_name());
+            }
             // The settings it runs with, written into the snapshot as the PYTORCH_CUDA_ALLOC_CONF it saw.
             let conf = args.compare_config(recording).pytorch_conf(recording, expandable)?;
             emulated_snapshot(recording, &conf, &conf.overrides(), args.capacity(recording).bytes)?

@@ -822,6 +822,23 @@ fn every_contender_replays_a_mid_run_recording_from_its_start() {
     }
     let refused = heapscope(&["summary", file, "--policy", "vma"]);
     assert!(stderr(&refused).contains("vma runs on a Vulkan device only"), "{}", stderr(&refused));
+    // A device smaller than what the recording held at its start never ran it: every command that runs PyTorch's
+    // emulation says so and writes nothing.
+    let out = dir.join("small.pickle");
+    for command in [
+        &["replay", file, "--policy", "pytorch", "--capacity", "1GiB"][..],
+        &["summary", file, "--capacity", "1GiB"],
+        &["export", file, "--policy", "pytorch", "--capacity", "1GiB", "--out", out.to_str().unwrap()],
+    ] {
+        let output = heapscope(command);
+        assert!(!output.status.success(), "{command:?}: {}", stdout(&output));
+        assert!(
+            stderr(&output).contains("more than the device's 1.00 GiB: no device of that size ran it"),
+            "{command:?}: {}",
+            stderr(&output)
+        );
+    }
+    assert!(!out.exists());
 }
 
 /// A recording made with expandable segments by a PyTorch that recorded no `allocator_settings` (before 2.5) replays
