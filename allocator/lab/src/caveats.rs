@@ -16,6 +16,7 @@ use crate::recording::{Moment, Recording, counted};
 /// the app's notice).
 pub fn all(recording: &Recording, contenders: &[Contender], config: &CompareConfig) -> Vec<String> {
     [
+        no_trace(recording),
         unknown_actions(recording),
         final_state(recording),
         pools(recording),
@@ -25,6 +26,22 @@ pub fn all(recording: &Recording, contenders: &[Contender], config: &CompareConf
     .into_iter()
     .flatten()
     .collect()
+}
+
+/// The note that a snapshot records no trace for the device replayed (taken without
+/// `torch.cuda.memory._record_memory_history()`, or `torch.cuda.memory_snapshot()`'s list of segments): there is
+/// nothing to replay, so every contender only holds the blocks live in the final segments, and no verdict or advice
+/// says anything of what the program did.
+pub fn no_trace(recording: &Recording) -> Option<String> {
+    (recording.snapshot.is_some() && recording.entries == 0).then(|| {
+        format!(
+            "the file records no allocation history for device {} (its trace is empty: the snapshot was taken without \
+             `torch.cuda.memory._record_memory_history()`): nothing is replayed, every contender only holds the blocks \
+             live in its final segments, so the figures say nothing of what the program did; record the run with \
+             `torch.cuda.memory._record_memory_history(max_entries=N)` before it for that",
+            recording.device
+        )
+    })
 }
 
 /// The note that the snapshot's final segments disagree with what its trace leaves live at its end
@@ -434,8 +451,10 @@ mod tests {
         };
         let tlsf = [Contender::Heap(PolicyKind::Tlsf)];
         // (trace, how many caveats, the first's start)
-        let cases: [(Vec<TraceEntry>, usize, &str); 4] = [
+        let cases: [(Vec<TraceEntry>, usize, &str); 5] = [
             (vec![entry(0, 7, 0), free(0, 7)], 0, ""),
+            // A snapshot taken without recording the history: nothing to replay.
+            (Vec::new(), 1, "the file records no allocation history for device 0"),
             (vec![entry(0, 7, 0), entry(512, 9, 0), free(0, 7), free(512, 9)], 1, "the recording uses 2 CUDA streams"),
             (
                 vec![entry(0, 7, 1), entry(512, 9, 0), free(0, 7), free(512, 9)],
