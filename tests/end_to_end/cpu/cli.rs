@@ -1054,7 +1054,7 @@ fn issue_14_several_devices_are_overviewed_and_chosen() {
         assert!(render.status.success(), "{}", stderr(&render));
         let text = stdout(&render);
         overview(&text, 1, "it ran out of memory; --device N shows another");
-        assert!(text.contains("three-gpus.pickle (device 1), "), "{text}");
+        assert!(text.contains("three-gpus.pickle (device 1) · "), "{text}");
     }
 
     // `convert` takes the same device and lists the others (on stderr), and the trace it writes names its source and
@@ -1140,7 +1140,7 @@ fn issue_14_a_state_with_no_trace_summarises_exports_and_renders() {
     let render = heapscope(&["render", file, "--policy", "tlsf", "--out", dir.join("state.png").to_str().unwrap()]);
     if gpu_required() || render.status.success() {
         assert!(render.status.success(), "{}", stderr(&render));
-        assert!(stdout(&render).contains("state.pickle, start of 0 entries)"), "{}", stdout(&render));
+        assert!(stdout(&render).contains("state.pickle · start of 0 entries)"), "{}", stdout(&render));
         assert!(is_png(&dir.join("state.png")));
     }
 
