@@ -27,6 +27,10 @@ pub trait CachingTarget: Target<Handle = CachingAllocation> {
     /// What the allocator holds before the first moment, as the device events that would have made it.
     fn held_at_start(&self) -> Vec<DeviceEvent>;
 
+    /// The allocations live at the start held elsewhere than recorded, as (recorded address, emulated address)
+    /// ([`heapscope_pytorch::caching::SegmentBacking::started`]).
+    fn moved_at_start(&self) -> Vec<(u64, u64)>;
+
     /// PyTorch's report of the request refused last.
     fn last_refusal(&self) -> Option<&OomReport>;
 
@@ -41,6 +45,11 @@ impl CachingTarget for HeapTarget<'_, CachingHeap> {
     }
 
     fn held_at_start(&self) -> Vec<DeviceEvent> {
+        Vec::new()
+    }
+
+    /// A plain trace starts empty.
+    fn moved_at_start(&self) -> Vec<(u64, u64)> {
         Vec::new()
     }
 
@@ -212,6 +221,10 @@ impl CachingTarget for SnapshotTarget<'_> {
 
     fn held_at_start(&self) -> Vec<DeviceEvent> {
         self.emulator.start_events()
+    }
+
+    fn moved_at_start(&self) -> Vec<(u64, u64)> {
+        self.emulator.moved_live()
     }
 
     /// The current entry's refusal: a refused step is always the current entry's.

@@ -746,7 +746,7 @@ impl<'a, 'b> BackingFollower<'a, 'b> {
         if !start.is_empty() {
             self.apply(Moment::Start, &start, target.allocator())?;
         }
-        self.backing.started(target.allocator());
+        self.backing.started(target.allocator(), &target.moved_at_start());
         self.note_live(Moment::Start, target.allocator());
         match drive(stream, target, 1, &mut [self]) {
             Err(heapscope_core::Error::Source(why)) if self.stop_at_first_oom && why == STOPPED_AT_FIRST_OOM => Ok(()),

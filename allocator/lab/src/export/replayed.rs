@@ -598,9 +598,14 @@ impl SegmentBacking for EmulationWriter<'_> {
         Ok(())
     }
 
-    fn started(&mut self, allocator: &CachingAllocator) {
+    fn started(&mut self, allocator: &CachingAllocator, moved: &[(u64, u64)]) {
         // What the allocator held at the start is in the final segments' history, not the trace.
         self.held.clear();
+        // The trace frees what a what-if allocated afresh at its recorded address: written at the emulated one.
+        for &(recorded, emulated) in moved {
+            let requested_bytes = allocator.active_block(emulated).map_or(0, |block| block.requested_bytes);
+            self.live.insert(recorded, (emulated, requested_bytes));
+        }
         // The segments so far: all there is of a state with no trace (no entry to replace them at the last one).
         self.segments = allocator.report();
         for index in 0..self.segments.len() {
@@ -905,6 +910,42 @@ mod tests {
         );
         let again = heapscope_pytorch::caching::emulate(&written, 0, &AllocConf::default(), None).unwrap();
         assert!(again.fidelity.is_exact(), "{:?}", again.fidelity);
+    }
+
+    /// A what-if of the other kind of memory on a recording begun mid-run allocates what was live at the start afresh;
+    /// the written trace frees those allocations where the emulation holds them, not at their recorded addresses
+    /// (which lie in no segment of the written snapshot): replayed with its own settings, it is reproduced exactly.
+    #[test]
+    fn a_what_if_from_mid_run_frees_the_start_allocations_where_it_holds_them() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch");
+        for name in ["frag_oom-default", "gpt2_train_fixed-default", "gpt2_train_fixed-expandable"] {
+            let mut snapshot = heapscope_pytorch::read_snapshot(&dir.join(format!("{name}.pickle.gz"))).unwrap();
+            // History switched on half way through.
+            let trace = &mut snapshot.device_traces[0];
+            trace.drain(..trace.len() / 2);
+            let recorded = AllocConf::from_recorded(snapshot.settings.as_ref().unwrap());
+            let recording = Recording::from_snapshot(name, snapshot, 0).unwrap();
+            assert!(recording.start_events > 0, "{name}: begins mid-run");
+            let conf = AllocConf { expandable_segments: !recorded.expandable_segments, ..recorded };
+            let written = emulated_snapshot(&recording, &conf, "", None).unwrap().snapshot;
+            let mut ranges: Vec<(u64, u64)> =
+                written.segments.iter().map(|segment| (segment.address, segment.address + segment.total_size)).collect();
+            let entries = &written.device_traces[0];
+            ranges.extend(
+                entries
+                    .iter()
+                    .filter(|entry| matches!(entry.action, Action::SegmentAlloc | Action::SegmentMap))
+                    .map(|entry| (entry.addr, entry.addr + entry.size)),
+            );
+            let astray = entries
+                .iter()
+                .filter(|entry| matches!(entry.action, Action::FreeRequested | Action::FreeCompleted))
+                .filter(|entry| !ranges.iter().any(|&(start, end)| (start..end).contains(&entry.addr)))
+                .count();
+            assert_eq!(astray, 0, "{name}: frees outside every segment of the written snapshot");
+            let again = heapscope_pytorch::caching::emulate(&written, 0, &conf, None).unwrap();
+            assert!(again.fidelity.is_exact(), "{name}: {:?}", again.fidelity);
+        }
     }
 
     /// A state with no trace (`torch.cuda.memory_snapshot()`'s list: segments, empty traces) exports its segments

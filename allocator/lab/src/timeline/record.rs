@@ -300,7 +300,7 @@ impl SegmentBacking for PytorchRecorder<'_> {
         Ok(())
     }
 
-    fn started(&mut self, allocator: &CachingAllocator) {
+    fn started(&mut self, allocator: &CachingAllocator, _moved: &[(u64, u64)]) {
         for segment in allocator.report() {
             for block in segment.blocks.iter().filter(|block| block.state != BlockState::Inactive) {
                 // A block known only from its free entry may record more requested bytes than it holds.

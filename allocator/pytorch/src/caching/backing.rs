@@ -36,9 +36,11 @@ pub trait SegmentBacking {
 
     /// Called once before the first entry, after what the allocator holds at the start of the recording was
     /// applied (`allocator` is that state: its live blocks are the allocations made before the recording).
-    /// Default: nothing.
-    fn started(&mut self, allocator: &CachingAllocator) {
-        let _ = allocator;
+    /// `moved` lists the allocations live at the start that the emulation holds elsewhere than the recording
+    /// did, as (recorded address, emulated address): a what-if of the other kind of memory allocates them afresh
+    /// (empty otherwise), and the trace's later frees of them name the recorded address. Default: nothing.
+    fn started(&mut self, allocator: &CachingAllocator, moved: &[(u64, u64)]) {
+        let _ = (allocator, moved);
     }
 
     /// Called after trace entry `entry` replayed (for a plain trace: event `entry`), once per entry, with what it

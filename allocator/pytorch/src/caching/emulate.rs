@@ -209,7 +209,7 @@ pub fn emulate_backed(
     if !start.is_empty() {
         backing.apply(&start, emulator.allocator()).map_err(refused(0))?;
     }
-    backing.started(emulator.allocator());
+    backing.started(emulator.allocator(), &emulator.moved_live());
     while let Some((entry, stepped)) = emulator.step() {
         if !stepped.device_events.is_empty() {
             backing.apply(&stepped.device_events, emulator.allocator()).map_err(refused(entry))?;
@@ -426,6 +426,16 @@ impl<'s> Emulator<'s> {
     /// Where the emulation holds the allocation PyTorch recorded at `recorded_addr`, while it is live.
     pub fn live_address(&self, recorded_addr: u64) -> Option<u64> {
         self.live.get(&recorded_addr).copied()
+    }
+
+    /// The live allocations the emulation holds elsewhere than the recording did, as (recorded address, emulated
+    /// address) in recorded address order: before the first entry, those of the start state a what-if of the other
+    /// kind of memory allocated afresh.
+    pub fn moved_live(&self) -> Vec<(u64, u64)> {
+        let mut moved: Vec<(u64, u64)> =
+            self.live.iter().filter(|&(recorded, emulated)| recorded != emulated).map(|(&r, &e)| (r, e)).collect();
+        moved.sort_unstable();
+        moved
     }
 
     /// The trace entry replayed so far.
