@@ -41,8 +41,9 @@ pub struct SummaryArgs {
     pub policy: Contender,
 }
 
-/// Replays the recording through `contender` and writes it down.
-fn replayed(args: &RecordingArgs, recording: &Recording, contender: Contender) -> Result<Replayed> {
+/// Replays the recording through `contender` and writes it down; with the name the run goes by (a PyTorch
+/// contender's with the settings it ran with, which `pytorch-expandable` turns off on a recording made with them on).
+fn replayed(args: &RecordingArgs, recording: &Recording, contender: Contender) -> Result<(Replayed, String)> {
     Ok(match contender {
         Contender::Pytorch { expandable } => {
             // A device smaller than what the recording held at its start never ran it (as `replay` and `compare` say).
@@ -50,13 +51,17 @@ fn replayed(args: &RecordingArgs, recording: &Recording, contender: Contender) -
                 bail!("{}: {why}", recording.shown_name());
             }
             // The settings it runs with, written into the snapshot as the PYTORCH_CUDA_ALLOC_CONF it saw.
-            let conf = args.compare_config(recording).pytorch_conf(recording, expandable)?;
-            emulated_snapshot(recording, &conf, &conf.overrides(), args.capacity(recording).bytes)?
+            let config = args.compare_config(recording);
+            let conf = config.pytorch_conf(recording, expandable)?;
+            let overrides = conf.overrides();
+            let shown =
+                format!("{contender} with PYTORCH_CUDA_ALLOC_CONF={}", if overrides.is_empty() { "\"\"" } else { &overrides });
+            (emulated_snapshot(recording, &conf, &overrides, args.capacity(recording).bytes)?, shown)
         }
         Contender::GpuAllocator | Contender::Vma => {
             bail!("{contender} runs on a Vulkan device only: export and summary replay simulated contenders")
         }
-        other => replayed_snapshot(recording, other, &args.compare_config(recording))?,
+        other => (replayed_snapshot(recording, other, &args.compare_config(recording))?, other.to_string()),
     })
 }
 
@@ -66,7 +71,7 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
         bail!("--vma-json needs a heap contender (a core policy such as tlsf), not {}", args.policy);
     }
     let recording = args.recording.open()?;
-    let replayed =
+    let (replayed, shown) =
         replayed(&args.recording, &recording, args.policy).with_context(|| format!("replaying through {}", args.policy))?;
     // Both outputs are created before either is written: an unwritable --vma-json leaves no pickle behind.
     let vma_file = args
@@ -78,9 +83,8 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
     write_snapshot(&replayed.snapshot, BufWriter::new(file)).with_context(|| format!("writing {}", args.out.display()))?;
     let entries: usize = replayed.snapshot.device_traces.iter().map(Vec::len).sum();
     eprintln!(
-        "{} through {}: {} segments, {entries} trace entries -> {}",
+        "{} through {shown}: {} segments, {entries} trace entries -> {}",
         recording.shown_name(),
-        args.policy,
         replayed.snapshot.segments.len(),
         args.out.display()
     );
@@ -107,7 +111,7 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
 /// Runs the summary.
 pub fn run_summary(args: &SummaryArgs) -> Result<()> {
     let recording = args.recording.open()?;
-    let replayed =
+    let (replayed, _) =
         replayed(&args.recording, &recording, args.policy).with_context(|| format!("replaying through {}", args.policy))?;
     let asked = heapscope_lab::compare::CompareConfig {
         capacity_bytes: args.recording.capacity,

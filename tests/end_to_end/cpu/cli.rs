@@ -597,6 +597,8 @@ fn export_writes_a_snapshot_pytorch_and_heapscope_read() {
         let out = dir.join(format!("{policy}.pickle"));
         let output = heapscope(&["export", source.to_str().unwrap(), "--policy", policy, "--out", out.to_str().unwrap()]);
         assert!(output.status.success(), "{}", stderr(&output));
+        let said = if policy == "pytorch" { "through pytorch with PYTORCH_CUDA_ALLOC_CONF=\"\":" } else { "through tlsf:" };
+        assert!(stderr(&output).contains(said), "{}", stderr(&output));
         // heapscope reads it back: the same requests, and the exported contender's own layout.
         let lines =
             json_lines(&heapscope(&["replay", out.to_str().unwrap(), "--json", "--policy", "pytorch", "--policy", "tlsf"]));
@@ -627,6 +629,17 @@ print(len(s["device_traces"][0]))
             Ok(python) => assert!(python.status.success(), "{policy}: {}", String::from_utf8_lossy(&python.stderr)),
             Err(error) => eprintln!("python3 is not available ({error}): schema check skipped"),
         }
+    }
+    // The settings each what-if ran with are said: `pytorch-expandable` is the other setting than the recording's.
+    for (name, said) in [
+        ("gpt2_train_fixed-default", "pytorch-expandable with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True:"),
+        ("gpt2_train_fixed-expandable", "pytorch-expandable with PYTORCH_CUDA_ALLOC_CONF=\"\":"),
+    ] {
+        let out = dir.join(format!("{name}.pickle"));
+        let source = snapshot(name);
+        let args = ["export", source.to_str().unwrap(), "--policy", "pytorch-expandable", "--out", out.to_str().unwrap()];
+        let output = heapscope(&args);
+        assert!(output.status.success() && stderr(&output).contains(said), "{name}: {}", stderr(&output));
     }
     std::fs::remove_dir_all(dir).ok();
 }
