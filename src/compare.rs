@@ -33,7 +33,7 @@ fn compare(args: &CompareArgs, contenders: &[Contender], recording: &Recording, 
         outcomes.push(
             runner
                 .outcome(&args.recording, recording, contender)
-                .and_then(|outcome| args.contenders.checked(outcome))
+                .and_then(|outcome| args.contenders.checked(recording, outcome))
                 .with_context(|| format!("replaying through {contender}"))?,
         );
     }

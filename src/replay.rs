@@ -232,14 +232,15 @@ impl ContenderArgs {
     }
 
     /// `outcome` as the command shows it: when the user named one contender only and the device cannot run it,
-    /// the reason is the command's error; otherwise a contender that did not run is a row that says why.
-    pub fn checked(&self, outcome: Outcome) -> Result<Outcome> {
+    /// the reason is the command's error, naming the recording; otherwise a contender that did not run is a row that
+    /// says why.
+    pub fn checked(&self, recording: &Recording, outcome: Outcome) -> Result<Outcome> {
         let mut named = self.policies.clone();
         named.dedup();
         if let Some(reason) = outcome.why_not_run()
             && named.len() == 1
         {
-            anyhow::bail!("{reason}");
+            anyhow::bail!("{}: {reason}", recording.shown_name());
         }
         Ok(outcome)
     }
@@ -381,7 +382,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
     for (index, contender) in contenders.into_iter().enumerate() {
         let outcome = runner
             .outcome(&args.recording, &recording, contender)
-            .and_then(|outcome| args.contenders.checked(outcome))
+            .and_then(|outcome| args.contenders.checked(&recording, outcome))
             .with_context(|| format!("replaying through {contender}"))?;
         if args.json {
             outln!("{}", serde_json::to_string(&outcome)?);

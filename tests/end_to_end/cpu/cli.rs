@@ -846,7 +846,8 @@ fn every_contender_replays_a_mid_run_recording_from_its_start() {
         let output = heapscope(command);
         assert!(!output.status.success(), "{command:?}: {}", stdout(&output));
         assert!(
-            stderr(&output).contains("more than the device's 1.00 GiB: no device of that size ran it"),
+            stderr(&output).contains(&format!("{file}: the recording began with "))
+                && stderr(&output).contains("more than the device's 1.00 GiB: no device of that size ran it"),
             "{command:?}: {}",
             stderr(&output)
         );
