@@ -5,8 +5,10 @@
 //! Every allocation becomes an `alloc` entry at its address, every free a `free_requested` and
 //! `free_completed` pair, every block the heap reserves or releases a `segment_alloc` / `segment_free`
 //! (pages a paged heap maps or unmaps: `segment_map` / `segment_unmap`), and a refused request an `oom`
-//! entry. Stream, time and stack frames come from the recording's own entry where it has one. The final
-//! segments list the heap's blocks (a paged heap's mapped runs, marked expandable) tiled by their blocks.
+//! entry. Stream, time and stack frames come from the recording's own entry where it has one, except that the
+//! heap's memory, which serves every stream, is on one: its segments and segment events take the stream of the
+//! recording's first allocation. The final segments list the heap's blocks (a paged heap's mapped runs, marked
+//! expandable) tiled by their blocks.
 
 use std::collections::BTreeMap;
 
@@ -31,9 +33,27 @@ pub const PAGED_BASE_ADDRESS: u64 = 0x7e00_0000_0000;
 struct Writer<'a> {
     recording: &'a Recording,
     entries: Vec<TraceEntry>,
+    /// The stream the contender's blocks or pages are written on ([`heap_stream`]).
+    heap_stream: u64,
 }
 
-impl Writer<'_> {
+/// The stream a heap or paged contender's memory is written on: one heap serves every stream, while PyTorch keeps each
+/// segment (and each expandable reservation) to one; its segments, and the segment events that make them, all take
+/// the stream of the recording's first allocation, so that a reader grouping memory by stream sees one heap.
+fn heap_stream(recording: &Recording) -> u64 {
+    recording
+        .snapshot
+        .as_ref()
+        .and_then(|snapshot| snapshot.device_traces.get(recording.device))
+        .and_then(|entries| entries.iter().find(|entry| entry.action == Action::Alloc))
+        .map_or(0, |entry| entry.stream)
+}
+
+impl<'a> Writer<'a> {
+    fn new(recording: &'a Recording) -> Self {
+        Self { recording, entries: Vec::with_capacity(recording.trace.events().len() * 2), heap_stream: heap_stream(recording) }
+    }
+
     fn push(&mut self, action: Action, addr: u64, size: u64, event: usize, device_free: Option<u64>) {
         let original = self.recording.snapshot.as_ref().and_then(|snapshot| {
             // An allocation live at the start comes from no entry.
@@ -56,6 +76,9 @@ impl Writer<'_> {
         for &device_event in events {
             let (action, address, size_bytes) = segment_entry(device_event);
             self.push(action, address + offset, size_bytes, event, None);
+            if let Some(entry) = self.entries.last_mut() {
+                entry.stream = self.heap_stream;
+            }
         }
     }
 }
@@ -102,7 +125,7 @@ fn blocks_of(ranges: &[RangeReport], window: (u64, u64), address_base: u64) -> V
     blocks
 }
 
-fn segment(address: u64, total_size: u64, blocks: Vec<Block>, is_expandable: bool, device: usize) -> Segment {
+fn segment(address: u64, total_size: u64, blocks: Vec<Block>, is_expandable: bool, device: usize, stream: u64) -> Segment {
     let allocated_size = blocks.iter().filter(|block| block.state == BlockState::ActiveAllocated).map(|block| block.size).sum();
     let requested_size = blocks.iter().map(|block| block.requested_size).sum();
     Segment {
@@ -112,7 +135,7 @@ fn segment(address: u64, total_size: u64, blocks: Vec<Block>, is_expandable: boo
         allocated_size,
         active_size: allocated_size,
         requested_size,
-        stream: 0,
+        stream,
         segment_type: if total_size <= SMALL_BUFFER_BYTES && !is_expandable { Pool::Small } else { Pool::Large },
         segment_pool_id: (0, 0),
         is_expandable,
@@ -290,7 +313,8 @@ pub struct Replayed {
 /// [`Error::InvalidConfig`] for the `pytorch` contender (its own emulation exports itself) or invalid
 /// settings; a contender bug on free.
 pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &CompareConfig) -> Result<Replayed> {
-    let mut writer = Writer { recording, entries: Vec::with_capacity(recording.trace.events().len() * 2) };
+    let mut writer = Writer::new(recording);
+    let stream = writer.heap_stream;
     let mut recorder = StatsRecorder::default();
     let frame_stacks = recording.snapshot.as_ref().map_or_else(|| vec![Vec::new()], |snapshot| snapshot.frame_stacks.clone());
     let device = recording.device;
@@ -305,7 +329,7 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
                 .iter()
                 .map(|block| {
                     let blocks = blocks_of(&block.layout.ranges, (0, block.size_bytes), block.base_address);
-                    segment(block.base_address, block.size_bytes, blocks, false, device)
+                    segment(block.base_address, block.size_bytes, blocks, false, device, stream)
                 })
                 .collect()
         }
@@ -317,7 +341,7 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
                 .into_iter()
                 .map(|(offset, size)| {
                     let blocks = blocks_of(&layout.ranges, (offset, offset + size), PAGED_BASE_ADDRESS);
-                    segment(PAGED_BASE_ADDRESS + offset, size, blocks, true, device)
+                    segment(PAGED_BASE_ADDRESS + offset, size, blocks, true, device, stream)
                 })
                 .collect()
         }
@@ -910,6 +934,43 @@ mod tests {
         );
         let again = heapscope_pytorch::caching::emulate(&written, 0, &AllocConf::default(), None).unwrap();
         assert!(again.fidelity.is_exact(), "{:?}", again.fidelity);
+    }
+
+    /// One heap serves every stream, PyTorch one stream per segment and per expandable reservation: a heap or paged
+    /// export of a recording on two streams writes its segments and their events on one, so that PyTorch's emulation
+    /// reads the written file back (it refused a paged export's pages mapped on two streams as overlapping reservations).
+    #[test]
+    fn a_two_stream_recording_exports_its_heap_on_one_stream() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch");
+        let mut snapshot = heapscope_pytorch::read_snapshot(&dir.join("gpt2_train_fixed-default.pickle.gz")).unwrap();
+        // Every other allocation, its frees with it, on a second stream.
+        let side_stream = 0x5555_0000_1000;
+        let mut on_side = FastMap::default();
+        for (index, entry) in snapshot.device_traces[0].iter_mut().enumerate() {
+            match entry.action {
+                Action::Alloc => {
+                    on_side.insert(entry.addr, index % 2 == 1);
+                }
+                Action::FreeRequested | Action::FreeCompleted => {}
+                _ => continue,
+            }
+            if on_side.get(&entry.addr) == Some(&true) {
+                entry.stream = side_stream;
+            }
+        }
+        let recording = Recording::from_snapshot("two-stream", snapshot, 0).unwrap();
+        for contender in [Contender::Paged, Contender::Heap(PolicyKind::Tlsf)] {
+            let written = replayed_snapshot(&recording, contender, &CompareConfig::default()).unwrap().snapshot;
+            let streams: std::collections::BTreeSet<u64> = written.device_traces[0]
+                .iter()
+                .filter(|entry| !matches!(entry.action, Action::Alloc | Action::FreeRequested | Action::FreeCompleted))
+                .map(|entry| entry.stream)
+                .chain(written.segments.iter().map(|segment| segment.stream))
+                .collect();
+            assert_eq!(streams.len(), 1, "{contender}: {streams:?}");
+            let again = heapscope_pytorch::caching::emulate(&written, 0, &AllocConf::default(), None);
+            assert!(again.is_ok(), "{contender}: {again:?}");
+        }
     }
 
     /// A what-if of the other kind of memory on a recording begun mid-run allocates what was live at the start afresh;
