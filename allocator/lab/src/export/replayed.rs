@@ -252,6 +252,33 @@ impl StatsRecorder {
         });
     }
 
+    /// The counters of allocations and their bytes, whose totals a move leaves as they were.
+    fn allocation_counters(&mut self) -> [&mut StatArray; 5] {
+        let stats = &mut self.stats;
+        [
+            &mut stats.allocation,
+            &mut stats.active,
+            &mut stats.allocated_bytes,
+            &mut stats.active_bytes,
+            &mut stats.requested_bytes,
+        ]
+    }
+
+    /// The totals (`Tot Alloc`, `Tot Freed`) of the allocation counters, for [`StatsRecorder::restore_totals`].
+    fn totals(&mut self) -> [[(i64, i64); 3]; 5] {
+        self.allocation_counters().map(|array| array.0.map(|stat| (stat.allocated, stat.freed)))
+    }
+
+    /// Puts back `totals` after a move, written as the free of an allocation and its allocation elsewhere: the current
+    /// and peak counters follow it, the totals do not, as the move serves no request.
+    fn restore_totals(&mut self, totals: [[(i64, i64); 3]; 5]) {
+        for (array, kept) in self.allocation_counters().into_iter().zip(totals) {
+            for (stat, (allocated, freed)) in array.0.iter_mut().zip(kept) {
+                (stat.allocated, stat.freed) = (allocated, freed);
+            }
+        }
+    }
+
     /// A device event: blocks change their own entry, page runs the one block of a paged heap (base 0).
     fn device(&mut self, event: DeviceEvent) {
         let stats = &mut self.stats;
@@ -382,16 +409,37 @@ fn replay_device_heap<H: DeviceHeap>(
     recorder: &mut StatsRecorder,
 ) -> Result<()> {
     heap.record_device_events(true);
-    let mut exporter = Exporter { writer, recorder, address_base };
-    drive(Stream::of(recording), &mut HeapTarget::compacting(heap, config.compact), config.align_bytes, &mut [&mut exporter])
+    let mut exporter = Exporter { writer, recorder, address_base, compaction: None, last_event: 0 };
+    drive(Stream::of(recording), &mut HeapTarget::compacting(heap, config.compact), config.align_bytes, &mut [&mut exporter])?;
+    exporter.moves_done();
+    Ok(())
 }
 
 /// Writes a heap contender's replay down in PyTorch's schema, with PyTorch's counters: an [`Observer`] of the
 /// driver. A segment is reserved before the allocation placed in it and released after the free that emptied it.
+/// A compaction is written as the free of every allocation it moves, then what it asked of the device in its own
+/// order (the driver hands it all with the first move: blocks reserved and emptied ones released, pages remapped),
+/// then each allocation at its new place: memory is never released under a live allocation nor counted twice.
 struct Exporter<'w, 'r> {
     writer: &'w mut Writer<'r>,
     recorder: &'w mut StatsRecorder,
     address_base: u64,
+    /// The compaction under way: its frees are written, the rest once its last move is.
+    compaction: Option<Compaction>,
+    /// The last event stepped, whose entry lends its stream, time and frames to the moment's other device events.
+    last_event: usize,
+}
+
+/// What a compaction still has to write once its last move is known ([`Exporter`]).
+struct Compaction {
+    /// The event it came before.
+    index: usize,
+    /// What it asked of the device.
+    device_events: Vec<DeviceEvent>,
+    /// The moved allocations at their new places: block base, footprint, address (exported) and requested bytes.
+    placed: Vec<(u64, u64, u64, u64)>,
+    /// The allocation counters' totals before it, which its moves leave as they were (no request is served).
+    totals: [[(i64, i64); 3]; 5],
 }
 
 impl Exporter<'_, '_> {
@@ -399,6 +447,18 @@ impl Exporter<'_, '_> {
     fn device(&mut self, events: &[DeviceEvent], index: usize) {
         events.iter().for_each(|&event| self.recorder.device(event));
         self.writer.device_events(events, self.address_base, index);
+    }
+
+    /// Writes the rest of the compaction just ended: its device events, then the moved allocations.
+    fn moves_done(&mut self) {
+        let Some(compaction) = self.compaction.take() else { return };
+        self.device(&compaction.device_events, compaction.index);
+        for (base, footprint_bytes, address, size_bytes) in compaction.placed {
+            self.recorder.allocation(base, footprint_bytes, size_bytes, true);
+            self.writer.push(Action::Alloc, address, size_bytes, compaction.index, None);
+        }
+        self.recorder.restore_totals(compaction.totals);
+        self.recorder.settle();
     }
 }
 
@@ -412,6 +472,10 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
         target: &HeapTarget<'_, H>,
     ) -> Result<()> {
         let index = usize::try_from(event).unwrap_or(usize::MAX);
+        self.last_event = index;
+        if !matches!(step, Step::Moved { .. }) {
+            self.moves_done();
+        }
         self.recorder.cached(target.heap.cached_bytes());
         match step {
             Step::Placed { size_bytes, handle, .. } => {
@@ -429,13 +493,43 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
                 self.device(device_events, index);
             }
             Step::Unserved { .. } | Step::CacheEmptied => self.device(device_events, index),
-            // A move is a free where it was and an allocation where it is, at once.
+            // A move is a free where it was now, and an allocation where it is once the compaction is done.
             Step::Moved { from, to, .. } => {
-                self.freed::<H>(from, index);
-                self.allocated::<H>(to, H::allocation(from).size_bytes(), index);
+                let totals = self.recorder.totals();
+                let compaction = self.compaction.get_or_insert_with(|| Compaction {
+                    index,
+                    device_events: Vec::new(),
+                    placed: Vec::new(),
+                    totals,
+                });
+                compaction.device_events.extend_from_slice(device_events);
+                let placed = (
+                    H::block_base(to),
+                    H::allocation(to).footprint_bytes(),
+                    self.address_base + H::address(to),
+                    H::allocation(from).size_bytes(),
+                );
+                // Moved again in the same compaction: it is still to be placed, now here; its free is written.
+                let from_address = self.address_base + H::address(from);
+                match compaction.placed.iter_mut().find(|(_, _, address, _)| *address == from_address) {
+                    Some(again) => *again = placed,
+                    None => {
+                        compaction.placed.push(placed);
+                        self.freed::<H>(from, index);
+                    }
+                }
             }
         }
         self.recorder.settle();
+        Ok(())
+    }
+
+    fn moment_done(&mut self, _moment: Moment, device_events: &[DeviceEvent], _target: &HeapTarget<'_, H>) -> Result<()> {
+        self.moves_done();
+        if !device_events.is_empty() {
+            self.device(device_events, self.last_event);
+            self.recorder.settle();
+        }
         Ok(())
     }
 }
@@ -894,6 +988,75 @@ mod tests {
         assert_eq!(mapped, 3024 * MIB);
         assert!(snapshot.segments.iter().all(|segment| segment.is_expandable));
         assert!(replayed_snapshot(&recording, Contender::Pytorch { expandable: false }, &config).is_err());
+    }
+
+    /// Every alloc of `snapshot`'s trace lies in memory reserved or mapped at that moment, and what the trace leaves
+    /// reserved or mapped at the end is its final segments: the memory a reader of the file sees under each allocation.
+    fn assert_allocations_in_memory_held(snapshot: &Snapshot, what: &str) {
+        let mut held: BTreeMap<u64, u64> = BTreeMap::new();
+        for (index, entry) in snapshot.device_traces[0].iter().enumerate() {
+            let (start, end) = (entry.addr, entry.addr + entry.size);
+            match entry.action {
+                Action::SegmentAlloc | Action::SegmentMap => {
+                    assert!(held.range(..end).next_back().is_none_or(|(_, &e)| e <= start), "{what}: [{index}] overlaps");
+                    // Adjacent ranges are one (pages mapped by two calls hold an allocation across them).
+                    let start = match held.range(..=start).next_back() {
+                        Some((&s, &e)) if e == start => s,
+                        _ => start,
+                    };
+                    let end = held.remove(&end).unwrap_or(end);
+                    held.insert(start, end);
+                }
+                Action::SegmentFree | Action::SegmentUnmap => {
+                    // An unmap may take part of a mapped range, or several.
+                    let cut: Vec<(u64, u64)> = held.range(..end).filter(|&(_, &e)| e > start).map(|(&s, &e)| (s, e)).collect();
+                    assert_eq!(
+                        cut.iter().map(|(s, e)| e.min(&end) - s.max(&start)).sum::<u64>(),
+                        entry.size,
+                        "{what}: [{index}]"
+                    );
+                    for (s, e) in cut {
+                        held.remove(&s);
+                        if s < start {
+                            held.insert(s, start);
+                        }
+                        if e > end {
+                            held.insert(end, e);
+                        }
+                    }
+                }
+                Action::Alloc => {
+                    let inside = held.range(..=start).next_back().is_some_and(|(_, &e)| end <= e);
+                    assert!(inside, "{what}: [{index}] alloc at {start:#x} in no memory held");
+                }
+                _ => {}
+            }
+        }
+        let held_bytes: u64 = held.iter().map(|(s, e)| e - s).sum();
+        assert_eq!(held_bytes, snapshot.segments.iter().map(|segment| segment.total_size).sum::<u64>(), "{what}");
+    }
+
+    /// A contender that compacts moves allocations: each move is written as the allocation freed and placed anew, with
+    /// the blocks the compaction reserves and releases (a paged heap's remapped pages) between, so every allocation
+    /// lies in memory held; the counters are the replay's (a move serves no request: allocations counted once).
+    #[test]
+    fn a_compacting_contender_exports_its_moves_in_memory_it_holds() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch");
+        // The last tenth of a training run: begun mid-run, many allocations live throughout.
+        let mut snapshot = heapscope_pytorch::read_snapshot(&dir.join("gpt2_train_fixed-default.pickle.gz")).unwrap();
+        let trace = &mut snapshot.device_traces[0];
+        trace.drain(..trace.len() * 9 / 10);
+        let recording = Recording::from_snapshot("mid-run", snapshot, 0).unwrap();
+        for contender in [Contender::Heap(PolicyKind::Tlsf), Contender::Heap(PolicyKind::FirstFit), Contender::Paged] {
+            let config = CompareConfig { compact: crate::compaction::CompactRule::Every(25), ..CompareConfig::default() };
+            let replayed = replayed_snapshot(&recording, contender, &config).unwrap();
+            let figures = crate::compare::replay(&recording, contender, &config).unwrap().figures().cloned().unwrap();
+            assert!(figures.compaction.as_ref().is_some_and(|compaction| compaction.moves > 0), "{contender}: moves");
+            assert_allocations_in_memory_held(&replayed.snapshot, &contender.to_string());
+            let stats = &replayed.stats;
+            assert_eq!(stats.allocation.all().allocated as u64, figures.allocs, "{contender}");
+            assert_eq!(stats.reserved_bytes.all().peak as u64, figures.peak_reserved_bytes, "{contender}");
+        }
     }
 
     /// A CUDA graph's private pool in the written emulation: its segment events name the graph's pool, also the release
