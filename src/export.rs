@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use heapscope_core::whole_file::write_whole;
 use heapscope_lab::contender::Contender;
 use heapscope_lab::export::replayed::{Replayed, emulated_snapshot, replayed_snapshot};
 use heapscope_lab::export::vma_json::{VmaDeviceInfo, heap_report_to_vma_json};
@@ -71,16 +72,32 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
         bail!("--vma-json needs a heap contender (a core policy such as tlsf), not {}", args.policy);
     }
     let recording = args.recording.open()?;
+    if let Some(json) = &args.vma_json
+        && same_file(json, &args.out)
+    {
+        bail!("--vma-json {} and --out {} name the same file: one would overwrite the other", json.display(), args.out.display());
+    }
     let (replayed, shown) =
         replayed(&args.recording, &recording, args.policy).with_context(|| format!("replaying through {}", args.policy))?;
-    // Both outputs are created before either is written: an unwritable --vma-json leaves no pickle behind.
-    let vma_file = args
-        .vma_json
-        .as_ref()
-        .map(|path| std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display())))
-        .transpose()?;
-    let file = std::fs::File::create(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
-    write_snapshot(&replayed.snapshot, BufWriter::new(file)).with_context(|| format!("writing {}", args.out.display()))?;
+    // Each file is written whole or not at all, the JSON inside the pickle's write: an export that fails leaves
+    // neither, nor a truncated one where an older file was.
+    let write_json = |report: &heapscope_core::HeapReport| -> Result<()> {
+        let Some(path) = &args.vma_json else { return Ok(()) };
+        // The heap's final layout from the same run that wrote the snapshot.
+        let config = args.recording.compare_config(&recording);
+        // The simulated device: the capacity given, else as large as the most the heap ever reserved.
+        let mut device =
+            VmaDeviceInfo::simulated(args.recording.capacity(&recording).bytes.unwrap_or(report.stats.peak_reserved_bytes));
+        device.preferred_block_size = config.heap.block_size_bytes;
+        let json = heap_report_to_vma_json(report, &device);
+        write_whole(path, |file| std::io::Write::write_all(file, json.as_bytes()))
+            .with_context(|| format!("cannot write {}", path.display()))
+    };
+    write_whole(&args.out, |file| -> Result<()> {
+        write_snapshot(&replayed.snapshot, BufWriter::new(file))?;
+        replayed.heap_report.as_ref().map_or(Ok(()), write_json)
+    })
+    .with_context(|| format!("writing {}", args.out.display()))?;
     let entries: usize = replayed.snapshot.device_traces.iter().map(Vec::len).sum();
     eprintln!(
         "{} through {shown}: {} segments, {entries} trace entries -> {}",
@@ -88,15 +105,7 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
         replayed.snapshot.segments.len(),
         args.out.display()
     );
-    if let (Some(path), Some(mut vma_file), Some(report)) = (&args.vma_json, vma_file, &replayed.heap_report) {
-        // The heap's final layout from the same run that wrote the snapshot.
-        let config = args.recording.compare_config(&recording);
-        // The simulated device: the capacity given, else as large as the most the heap ever reserved.
-        let mut device =
-            VmaDeviceInfo::simulated(args.recording.capacity(&recording).bytes.unwrap_or(report.stats.peak_reserved_bytes));
-        device.preferred_block_size = config.heap.block_size_bytes;
-        std::io::Write::write_all(&mut vma_file, heap_report_to_vma_json(report, &device).as_bytes())
-            .with_context(|| format!("writing {}", path.display()))?;
+    if let (Some(path), Some(report)) = (&args.vma_json, &replayed.heap_report) {
         eprintln!(
             "{} through {}: {} blocks -> {} (VMA JSON)",
             recording.shown_name(),
@@ -106,6 +115,16 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Whether two paths name one file: the same path, or the same file reached another way (a link, `./`).
+fn same_file(first: &std::path::Path, second: &std::path::Path) -> bool {
+    first == second
+        || matches!((std::fs::canonicalize(first), std::fs::canonicalize(second)), (Ok(a), Ok(b)) if a == b)
+        || matches!(
+            (first.parent().map(std::fs::canonicalize), second.parent().map(std::fs::canonicalize), first.file_name(), second.file_name()),
+            (Some(Ok(a)), Some(Ok(b)), Some(x), Some(y)) if a == b && x == y
+        )
 }
 
 /// Runs the summary.

@@ -299,7 +299,7 @@ pub fn render(session: &mut Session, options: RenderOptions) -> Result<RgbaImage
 /// Rendering failed, or the file cannot be written.
 pub fn render_png(session: &mut Session, options: RenderOptions, path: &Path) -> Result<()> {
     let image = render(session, options)?;
-    image.save(path).with_context(|| format!("cannot write {}", path.display()))
+    crate::window::write_image(&image, path)
 }
 
 /// How an animated GIF plays the story.

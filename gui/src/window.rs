@@ -177,7 +177,24 @@ fn save_png(image: &egui::ColorImage, path: &Path) -> anyhow::Result<()> {
     let picture = image::RgbaImage::from_raw(width, height, bytes).ok_or_else(|| {
         anyhow::anyhow!("cannot write {}: the screenshot's pixels do not fill {width}x{height}", path.display())
     })?;
-    picture.save(path).map_err(|error| anyhow::anyhow!("cannot write {}: {error}", path.display()))
+    write_image(&picture, path)
+}
+
+/// Writes `image` to `path` whole or not at all ([`write_whole`](heapscope_core::whole_file::write_whole)), in the
+/// format its extension names.
+///
+/// # Errors
+/// An extension that names no image format, or the file cannot be written; the error names the path.
+pub(crate) fn write_image(image: &image::RgbaImage, path: &Path) -> anyhow::Result<()> {
+    let written = image::ImageFormat::from_path(path).map_err(anyhow::Error::from).and_then(|format| {
+        heapscope_core::whole_file::write_whole(path, |file| -> anyhow::Result<()> {
+            let mut writer = std::io::BufWriter::new(file);
+            image.write_to(&mut writer, format)?;
+            std::io::Write::flush(&mut writer)?;
+            Ok(())
+        })
+    });
+    written.map_err(|error| anyhow::anyhow!("cannot write {}: {error}", path.display()))
 }
 
 impl eframe::App for Windowed {

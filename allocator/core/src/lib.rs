@@ -68,6 +68,7 @@ pub mod source;
 pub mod synthetic;
 pub mod trace;
 pub mod units;
+pub mod whole_file;
 
 pub use allocation::{Allocation, AllocationId, OwnerId};
 pub use device_event::{DeviceEvent, DeviceLog};

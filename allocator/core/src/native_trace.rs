@@ -189,11 +189,8 @@ impl Trace {
     /// # Errors
     /// [`Error::Trace`] when the file cannot be written.
     pub fn write_native(&self, path: &Path) -> Result<()> {
-        std::fs::write(path, self.to_native()).map_err(|error| Error::Trace {
-            file: path.display().to_string(),
-            line: 0,
-            what: format!("cannot write: {error}"),
-        })
+        crate::whole_file::write_whole(path, |file| std::io::Write::write_all(file, &self.to_native()))
+            .map_err(|error| Error::Trace { file: path.display().to_string(), line: 0, what: format!("cannot write: {error}") })
     }
 }
 

@@ -713,7 +713,9 @@ fn bad_input_gets_a_clear_error() {
     // Issue 17: an unwritable --vma-json is refused before the pickle is written.
     let exported = dir.join("exported.pickle");
     let exported_path = exported.to_str().unwrap().to_owned();
-    let cases: [(Vec<&str>, &str); 29] = [
+    // An older file at --out: an export that fails leaves it as it was.
+    std::fs::write(&exported, b"older").unwrap();
+    let cases: [(Vec<&str>, &str); 30] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
         (vec!["replay", &truncated_path], "truncated.pickle.gz"),
@@ -743,7 +745,11 @@ fn bad_input_gets_a_clear_error() {
         (vec!["demo", "--budget", "0"], "--budget 0: nothing could be allocated"),
         (
             vec!["export", good_path, "--policy", "tlsf", "--out", &exported_path, "--vma-json", "/nonexistent/out.json"],
-            "cannot create /nonexistent/out.json",
+            "cannot write /nonexistent/out.json",
+        ),
+        (
+            vec!["export", good_path, "--policy", "tlsf", "--out", &exported_path, "--vma-json", &exported_path],
+            "name the same file: one would overwrite the other",
         ),
         (vec!["demo", "--policy", "nope"], "unknown policy \"nope\""),
         (vec!["demo", "--block-size", "12 parsecs"], "unknown unit"),
@@ -757,7 +763,14 @@ fn bad_input_gets_a_clear_error() {
         assert!(stderr(&output).contains(needle), "{args:?}: {}", stderr(&output));
         assert!(!stderr(&output).contains("panicked"), "{args:?}: {}", stderr(&output));
     }
-    assert!(!exported.exists(), "no pickle written beside a --vma-json that cannot be");
+    assert_eq!(std::fs::read(&exported).unwrap(), b"older", "no pickle written beside a --vma-json that cannot be");
+    assert_eq!(
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .filter(|entry| entry.as_ref().unwrap().file_name() == ".exported.pickle.partial")
+            .count(),
+        0
+    );
     std::fs::remove_dir_all(dir).ok();
 }
 

@@ -1,0 +1,70 @@
+//! Files written whole or not at all: every file heapscope writes (an exported snapshot, a native trace, a PNG) is
+//! written to a hidden sibling first and renamed over its path once complete, so that a failed write (a full disk, a
+//! size limit, a bug half way) leaves neither a truncated file nor a lost one where the path named an older file.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// The hidden sibling `path` is written to before it is renamed: `.NAME.partial` in the same folder (a rename within a
+/// folder replaces the file at once).
+///
+/// # Errors
+/// [`io::ErrorKind::InvalidInput`] for a path that names no file (`/`, `..`).
+pub fn partial_path(path: &Path) -> io::Result<PathBuf> {
+    let name =
+        path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the path names a folder, not a file"))?;
+    let mut partial = std::ffi::OsString::from(".");
+    partial.push(name);
+    partial.push(".partial");
+    Ok(path.with_file_name(partial))
+}
+
+/// Writes the file at `path` through `write`, whole or not at all: `write` fills a new file at [`partial_path`], which
+/// is then renamed to `path`; on any failure the partial file is removed and `path` is as it was.
+///
+/// # Errors
+/// What `write` returns, or the I/O error of creating, flushing or renaming the file (the caller names `path`).
+pub fn write_whole<E: From<io::Error>>(path: &Path, write: impl FnOnce(&mut File) -> Result<(), E>) -> Result<(), E> {
+    let partial = partial_path(path)?;
+    let mut file = File::create(&partial)?;
+    let written = write(&mut file).and_then(|()| file.sync_all().map_err(E::from));
+    drop(file);
+    match written.and_then(|()| std::fs::rename(&partial, path).map_err(E::from)) {
+        Ok(()) => Ok(()),
+        Err(error) => {
+            // Best effort: the error that matters is the write's.
+            let _ = std::fs::remove_file(&partial);
+            Err(error)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn a_failed_write_leaves_the_file_as_it_was_and_no_partial_one() {
+        let dir = std::env::temp_dir().join(format!("heapscope-whole-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("out.pickle");
+        std::fs::write(&path, b"older").unwrap();
+        let failed: io::Result<()> = write_whole(&path, |file| {
+            file.write_all(b"half")?;
+            Err(io::Error::other("disk full"))
+        });
+        assert_eq!(failed.unwrap_err().to_string(), "disk full");
+        assert_eq!(std::fs::read(&path).unwrap(), b"older");
+        assert!(!partial_path(&path).unwrap().exists());
+        // A write that completes replaces the file.
+        write_whole(&path, |file| file.write_all(b"newer")).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"newer");
+        assert!(!partial_path(&path).unwrap().exists());
+        // A path that names no file is refused before anything is written.
+        let folder: io::Result<()> = write_whole(Path::new("/"), |_| Ok(()));
+        assert_eq!(folder.unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        std::fs::remove_dir_all(dir).ok();
+    }
+}
