@@ -1000,30 +1000,13 @@ mod tests {
                 Action::SegmentAlloc | Action::SegmentMap => {
                     assert!(held.range(..end).next_back().is_none_or(|(_, &e)| e <= start), "{what}: [{index}] overlaps");
                     // Adjacent ranges are one (pages mapped by two calls hold an allocation across them).
-                    let start = match held.range(..=start).next_back() {
-                        Some((&s, &e)) if e == start => s,
-                        _ => start,
-                    };
-                    let end = held.remove(&end).unwrap_or(end);
-                    held.insert(start, end);
+                    heapscope_pytorch::caching::add_range(&mut held, start, end);
                 }
                 Action::SegmentFree | Action::SegmentUnmap => {
-                    // An unmap may take part of a mapped range, or several.
-                    let cut: Vec<(u64, u64)> = held.range(..end).filter(|&(_, &e)| e > start).map(|(&s, &e)| (s, e)).collect();
-                    assert_eq!(
-                        cut.iter().map(|(s, e)| e.min(&end) - s.max(&start)).sum::<u64>(),
-                        entry.size,
-                        "{what}: [{index}]"
-                    );
-                    for (s, e) in cut {
-                        held.remove(&s);
-                        if s < start {
-                            held.insert(s, start);
-                        }
-                        if e > end {
-                            held.insert(end, e);
-                        }
-                    }
+                    // An unmap may take part of a mapped range, or several: all of it was held.
+                    let before: u64 = held.iter().map(|(s, e)| e - s).sum();
+                    heapscope_pytorch::caching::remove_range(&mut held, start, end);
+                    assert_eq!(before - held.iter().map(|(s, e)| e - s).sum::<u64>(), entry.size, "{what}: [{index}]");
                 }
                 Action::Alloc => {
                     let inside = held.range(..=start).next_back().is_some_and(|(_, &e)| end <= e);

@@ -56,6 +56,7 @@ pub use heap::{CachingAllocation, CachingHeap};
 pub use in_effect::{largest_block_bound, settings_in_effect};
 pub use request_pools::RequestPools;
 pub use validate::EmulationError;
+pub use virtual_segments::{add_range, remove_range};
 
 use super::alloc_conf::AllocConf;
 use super::memory_stats::MemoryStats;

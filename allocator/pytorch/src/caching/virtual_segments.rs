@@ -237,7 +237,7 @@ impl RunPools {
 }
 
 /// Removes `[start, end)` from disjoint `ranges` (start -> end).
-pub(super) fn remove_range(ranges: &mut BTreeMap<u64, u64>, start: u64, end: u64) {
+pub fn remove_range(ranges: &mut BTreeMap<u64, u64>, start: u64, end: u64) {
     let overlapping: Vec<(u64, u64)> =
         ranges.range(..end).rev().take_while(|&(_, &e)| e > start).map(|(&s, &e)| (s, e)).collect();
     for (s, e) in overlapping {
@@ -252,7 +252,7 @@ pub(super) fn remove_range(ranges: &mut BTreeMap<u64, u64>, start: u64, end: u64
 }
 
 /// Adds `[start, end)` to disjoint `ranges` (start -> end), merging the ranges it touches.
-pub(super) fn add_range(ranges: &mut BTreeMap<u64, u64>, start: u64, end: u64) {
+pub fn add_range(ranges: &mut BTreeMap<u64, u64>, start: u64, end: u64) {
     let (mut s, mut e) = (start, end);
     let touching: Vec<(u64, u64)> = ranges.range(..=end).rev().take_while(|&(_, &x)| x >= start).map(|(&a, &b)| (a, b)).collect();
     for (a, b) in touching {
