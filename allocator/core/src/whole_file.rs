@@ -21,11 +21,25 @@ pub fn partial_path(path: &Path) -> io::Result<PathBuf> {
 }
 
 /// Writes the file at `path` through `write`, whole or not at all: `write` fills a new file at [`partial_path`], which
-/// is then renamed to `path`; on any failure the partial file is removed and `path` is as it was.
+/// is then renamed to `path`; on any failure the partial file is removed and `path` is as it was. A link is followed
+/// (the file it names is replaced, beside it); what is not a file (`/dev/null`, a FIFO, `/dev/stdout`) is written in
+/// place, as it holds nothing to keep and must not be replaced; a folder is an error.
 ///
 /// # Errors
 /// What `write` returns, or the I/O error of creating, flushing or renaming the file (the caller names `path`).
 pub fn write_whole<E: From<io::Error>>(path: &Path, write: impl FnOnce(&mut File) -> Result<(), E>) -> Result<(), E> {
+    let path = match std::fs::metadata(path) {
+        Ok(metadata) if metadata.is_dir() => {
+            return Err(io::Error::new(io::ErrorKind::IsADirectory, "a folder, not a file").into());
+        }
+        Ok(metadata) if !metadata.is_file() => {
+            let mut file = std::fs::OpenOptions::new().write(true).open(path)?;
+            return write(&mut file);
+        }
+        Ok(_) => std::fs::canonicalize(path)?,
+        Err(_) => path.to_path_buf(),
+    };
+    let path = path.as_path();
     let partial = partial_path(path)?;
     let mut file = File::create(&partial)?;
     let written = write(&mut file).and_then(|()| file.sync_all().map_err(E::from));
@@ -62,9 +76,20 @@ mod tests {
         write_whole(&path, |file| file.write_all(b"newer")).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"newer");
         assert!(!partial_path(&path).unwrap().exists());
+        // A link is followed: the file it names is replaced, the link stays.
+        let link = dir.join("link.pickle");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        write_whole(&link, |file| file.write_all(b"linked")).unwrap();
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read(&path).unwrap(), b"linked");
+        // What is not a file is written in place, never replaced.
+        write_whole(Path::new("/dev/null"), |file| file.write_all(b"gone")).unwrap();
+        assert!(!std::fs::metadata("/dev/null").unwrap().is_file());
+        let folder: io::Result<()> = write_whole(&dir, |_| Ok(()));
+        assert_eq!(folder.unwrap_err().kind(), io::ErrorKind::IsADirectory);
         // A path that names no file is refused before anything is written.
-        let folder: io::Result<()> = write_whole(Path::new("/"), |_| Ok(()));
-        assert_eq!(folder.unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        let nothing: io::Result<()> = write_whole(Path::new("/nonexistent-heapscope/.."), |_| Ok(()));
+        assert!(nothing.is_err());
         std::fs::remove_dir_all(dir).ok();
     }
 }
