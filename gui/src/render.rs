@@ -374,35 +374,24 @@ pub fn render_gif(session: &mut Session, options: RenderOptions, gif: GifOptions
     if steps.is_empty() {
         anyhow::bail!("{} has no steps to animate", session.name);
     }
-    // The file is made once the first frame is drawn (no adapter: no file), and removed if a later one fails.
-    let mut encoder: Option<GifEncoder<std::io::BufWriter<std::fs::File>>> = None;
-    let mut index = 0;
-    let last = steps.len() - 1;
-    let mut encode = |image: RgbaImage| -> Result<()> {
-        let encoder = match &mut encoder {
-            Some(encoder) => encoder,
-            None => {
-                let file = std::fs::File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
-                let mut made = GifEncoder::new_with_speed(std::io::BufWriter::new(file), GIF_QUANTISER_SPEED);
-                made.set_repeat(Repeat::Infinite).with_context(|| format!("cannot write {}", path.display()))?;
-                encoder.insert(made)
-            }
+    // Encoded in memory, then written whole (no adapter, or a frame that fails: no file, an older one kept).
+    let mut bytes: Vec<u8> = Vec::new();
+    {
+        let mut encoder = GifEncoder::new_with_speed(&mut bytes, GIF_QUANTISER_SPEED);
+        encoder.set_repeat(Repeat::Infinite).context("cannot encode the GIF")?;
+        let mut index = 0;
+        let last = steps.len() - 1;
+        let mut encode = |image: RgbaImage| -> Result<()> {
+            let ms = if index == last { gif.last_frame_ms } else { gif.frame_ms };
+            index += 1;
+            let delay = Delay::from_saturating_duration(std::time::Duration::from_millis(u64::from(ms)));
+            encoder.encode_frame(Frame::from_parts(image, 0, 0, delay)).context("cannot encode the GIF")
         };
-        let ms = if index == last { gif.last_frame_ms } else { gif.frame_ms };
-        index += 1;
-        let delay = Delay::from_saturating_duration(std::time::Duration::from_millis(u64::from(ms)));
-        encoder.encode_frame(Frame::from_parts(image, 0, 0, delay)).with_context(|| format!("cannot write {}", path.display()))
-    };
-    let drawn = render_steps(session, options, &steps, &mut encode);
-    let made = encoder.is_some();
-    // The encoder writes the GIF's trailer as it goes out of scope: dropped before the file is judged.
-    drop(encoder);
-    if let Err(error) = drawn {
-        if made {
-            std::fs::remove_file(path).ok();
-        }
-        return Err(error);
+        render_steps(session, options, &steps, &mut encode)?;
+        // The encoder writes the GIF's trailer as it goes out of scope.
     }
+    heapscope_core::whole_file::write_whole(path, |file| std::io::Write::write_all(file, &bytes))
+        .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(steps)
 }
 

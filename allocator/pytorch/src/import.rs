@@ -1321,6 +1321,9 @@ fn convert_entry(
     };
     let dict = dict.borrow();
     let mut fields = EntryFields::default();
+    // The name of an action this reader does not know, noted once the dict is read: a key set twice holds its last
+    // value, as Python's dict does.
+    let mut unknown_name = None;
     for (key, value) in &dict.items {
         let Value::Str(key) = key else { continue };
         let key: &str = key;
@@ -1329,10 +1332,9 @@ fn convert_entry(
             "action" => {
                 let Value::Str(name) = value else { return Err(Issue::expected(path(), "str", value)) };
                 // A later PyTorch's action: read as a mark, its name kept.
-                fields.action = Some(Action::from_name(name).unwrap_or_else(|| {
-                    unknown.note(device, index, name);
-                    Action::Unknown
-                }));
+                let action = Action::from_name(name);
+                unknown_name = if action.is_none() { Some(name) } else { None };
+                fields.action = Some(action.unwrap_or(Action::Unknown));
             }
             "addr" => fields.addr = Some(to_u64(value, &path)?),
             "size" => fields.size = Some(to_u64(value, &path)?),
@@ -1372,6 +1374,9 @@ fn convert_entry(
         }
     }
     let entry = fields.finish().map_err(|key| Issue::new(format!("{}.{key}", here()), "missing key"))?;
+    if let Some(name) = unknown_name {
+        unknown.note(device, index, name);
+    }
     if let Some(slot) = dict.memo_slot.and_then(|slot| memo.get_mut(slot as usize)) {
         *slot = Value::Consumed;
     }
