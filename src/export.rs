@@ -117,14 +117,17 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
     Ok(())
 }
 
-/// Whether two paths name one file: the same path, or the same file reached another way (a link, `./`).
+/// Whether two paths name one file: the same path, or the same file reached another way (a link, `./`), existing or
+/// not.
 fn same_file(first: &std::path::Path, second: &std::path::Path) -> bool {
-    first == second
-        || matches!((std::fs::canonicalize(first), std::fs::canonicalize(second)), (Ok(a), Ok(b)) if a == b)
-        || matches!(
-            (first.parent().map(std::fs::canonicalize), second.parent().map(std::fs::canonicalize), first.file_name(), second.file_name()),
-            (Some(Ok(a)), Some(Ok(b)), Some(x), Some(y)) if a == b && x == y
-        )
+    // The file a path names: its link resolved, else its folder's (`x` is in `.`).
+    let resolved = |path: &std::path::Path| {
+        std::fs::canonicalize(path).ok().or_else(|| {
+            let folder = path.parent().filter(|folder| !folder.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+            Some(std::fs::canonicalize(folder).ok()?.join(path.file_name()?))
+        })
+    };
+    first == second || resolved(first).is_some_and(|file| Some(file) == resolved(second))
 }
 
 /// Runs the summary.

@@ -430,14 +430,24 @@ struct Exporter<'w, 'r> {
     last_event: usize,
 }
 
+/// Where an allocation is, as the export writes and counts it: its block's base, footprint, address (exported) and
+/// requested bytes.
+#[derive(Clone, Copy)]
+struct Placement {
+    block_base: u64,
+    footprint_bytes: u64,
+    address: u64,
+    size_bytes: u64,
+}
+
 /// What a compaction still has to write once its last move is known ([`Exporter`]).
 struct Compaction {
     /// The event it came before.
     index: usize,
     /// What it asked of the device.
     device_events: Vec<DeviceEvent>,
-    /// The moved allocations at their new places: block base, footprint, address (exported) and requested bytes.
-    placed: Vec<(u64, u64, u64, u64)>,
+    /// The moved allocations at their new places.
+    placed: Vec<Placement>,
     /// The allocation counters' totals before it, which its moves leave as they were (no request is served).
     totals: [[(i64, i64); 3]; 5],
 }
@@ -453,9 +463,8 @@ impl Exporter<'_, '_> {
     fn moves_done(&mut self) {
         let Some(compaction) = self.compaction.take() else { return };
         self.device(&compaction.device_events, compaction.index);
-        for (base, footprint_bytes, address, size_bytes) in compaction.placed {
-            self.recorder.allocation(base, footprint_bytes, size_bytes, true);
-            self.writer.push(Action::Alloc, address, size_bytes, compaction.index, None);
+        for placement in compaction.placed {
+            self.allocated(placement, compaction.index);
         }
         self.recorder.restore_totals(compaction.totals);
         self.recorder.settle();
@@ -480,7 +489,7 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
         match step {
             Step::Placed { size_bytes, handle, .. } => {
                 self.device(device_events, index);
-                self.allocated::<H>(handle, size_bytes, index);
+                self.allocated(self.placement::<H>(handle, size_bytes), index);
             }
             Step::Refused { size_bytes, verdict, .. } => {
                 self.device(device_events, index);
@@ -495,23 +504,17 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
             Step::Unserved { .. } | Step::CacheEmptied => self.device(device_events, index),
             // A move is a free where it was now, and an allocation where it is once the compaction is done.
             Step::Moved { from, to, .. } => {
-                let totals = self.recorder.totals();
+                let placed = self.placement::<H>(to, H::allocation(from).size_bytes());
+                let from_address = self.address_base + H::address(from);
                 let compaction = self.compaction.get_or_insert_with(|| Compaction {
                     index,
                     device_events: Vec::new(),
                     placed: Vec::new(),
-                    totals,
+                    totals: self.recorder.totals(),
                 });
                 compaction.device_events.extend_from_slice(device_events);
-                let placed = (
-                    H::block_base(to),
-                    H::allocation(to).footprint_bytes(),
-                    self.address_base + H::address(to),
-                    H::allocation(from).size_bytes(),
-                );
                 // Moved again in the same compaction: it is still to be placed, now here; its free is written.
-                let from_address = self.address_base + H::address(from);
-                match compaction.placed.iter_mut().find(|(_, _, address, _)| *address == from_address) {
+                match compaction.placed.iter_mut().find(|placement| placement.address == from_address) {
                     Some(again) => *again = placed,
                     None => {
                         compaction.placed.push(placed);
@@ -535,10 +538,20 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
 }
 
 impl Exporter<'_, '_> {
-    /// Writes the allocation behind `handle` (`size_bytes` asked for) at entry `index`, and counts it.
-    fn allocated<H: DeviceHeap>(&mut self, handle: &H::Handle, size_bytes: u64, index: usize) {
-        self.recorder.allocation(H::block_base(handle), H::allocation(handle).footprint_bytes(), size_bytes, true);
-        self.writer.push(Action::Alloc, self.address_base + H::address(handle), size_bytes, index, None);
+    /// Where the allocation behind `handle` is, `size_bytes` asked for.
+    fn placement<H: DeviceHeap>(&self, handle: &H::Handle, size_bytes: u64) -> Placement {
+        Placement {
+            block_base: H::block_base(handle),
+            footprint_bytes: H::allocation(handle).footprint_bytes(),
+            address: self.address_base + H::address(handle),
+            size_bytes,
+        }
+    }
+
+    /// Writes the allocation at `placement` at entry `index`, and counts it.
+    fn allocated(&mut self, placement: Placement, index: usize) {
+        self.recorder.allocation(placement.block_base, placement.footprint_bytes, placement.size_bytes, true);
+        self.writer.push(Action::Alloc, placement.address, placement.size_bytes, index, None);
     }
 
     /// Writes the free of the allocation behind `handle` at entry `index` (requested, then completed), and counts it.
