@@ -1168,6 +1168,38 @@ mod tests {
         }
     }
 
+    /// A heap or paged export holds no PyTorch run's layout (a paged heap maps pages of its own size, small and large
+    /// requests in one range), yet PyTorch's emulation reads it back with room on the device and no out-of-memory:
+    /// the paged export of a recording begun mid-run was refused 874 times on an unlimited device, at a range left
+    /// unmapped between two mapped ones that was narrower than the emulation's pages.
+    #[test]
+    fn a_heap_or_paged_export_replays_through_pytorch_with_no_out_of_memory() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch");
+        for name in ["gpt2_train_fixed-default", "gpt2_train_fixed-expandable"] {
+            let whole = heapscope_pytorch::read_snapshot(&dir.join(format!("{name}.pickle.gz"))).unwrap();
+            for begun in [0, 4, 2] {
+                let mut snapshot = whole.clone();
+                // History switched on at the start, or a quarter or half of the way through.
+                let trace = &mut snapshot.device_traces[0];
+                let first = trace.len().checked_div(begun).unwrap_or(0);
+                trace.drain(..first);
+                let recording = Recording::from_snapshot(name, snapshot, 0).unwrap();
+                for contender in [Contender::Paged, Contender::Heap(PolicyKind::Tlsf)] {
+                    let written = replayed_snapshot(&recording, contender, &CompareConfig::default()).unwrap().snapshot;
+                    for expandable_segments in [false, true] {
+                        let conf = AllocConf { expandable_segments, ..AllocConf::default() };
+                        let emulation = heapscope_pytorch::caching::emulate(&written, 0, &conf, None).unwrap();
+                        assert_eq!(
+                            emulation.stats.num_ooms, 0,
+                            "{name} from entry {first}, {contender}, expandable {expandable_segments}: {:?}",
+                            emulation.first_oom
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// A state with no trace (`torch.cuda.memory_snapshot()`'s list: segments, empty traces) exports its segments
     /// through the emulation and every contender: the start state is the whole story.
     #[test]

@@ -243,8 +243,11 @@ impl CachingAllocator {
         let addr = self.node(id).addr;
         let begin = (addr - seg.base) / seg.page_bytes;
         let end = (addr + size - seg.base).div_ceil(seg.page_bytes);
-        let mapped_size = (end - begin) * seg.page_bytes;
-        if mapped_size > self.node(id).size || self.total_allocated_memory.saturating_add(mapped_size) > self.device_limit() {
+        // Whole pages, up to the end of the unmapped range: PyTorch's own maps leave only whole pages unmapped, but a
+        // recorded layout may not (a range mapped at another page size, a reservation cut where the next one began),
+        // and its narrower range is mapped to its end rather than refused on a device with room.
+        let mapped_size = ((end - begin) * seg.page_bytes).min(self.node(id).size);
+        if self.total_allocated_memory.saturating_add(mapped_size) > self.device_limit() {
             self.refused_rounding_bytes = mapped_size.saturating_sub(size);
             return false;
         }
