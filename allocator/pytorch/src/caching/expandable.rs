@@ -258,6 +258,7 @@ impl CachingAllocator {
             let remaining = self.new_node(Node {
                 addr: addr + mapped_size,
                 size: n.size - mapped_size,
+                requested: 0,
                 mapped: false,
                 prev: Some(id),
                 next: n.next,
@@ -299,7 +300,7 @@ impl CachingAllocator {
         let n = self.node(id).clone();
         let before_size = unmapped_ptr - addr;
         if before_size > 0 {
-            let before = self.new_node(Node { size: before_size, prev: n.prev, next: Some(id), ..n.clone() });
+            let before = self.new_node(Node { size: before_size, requested: 0, prev: n.prev, next: Some(id), ..n.clone() });
             if let Some(p) = n.prev {
                 self.node_mut(p).next = Some(before);
             }
@@ -311,6 +312,7 @@ impl CachingAllocator {
             let after = self.new_node(Node {
                 addr: unmapped_ptr + unmapped_size,
                 size: after_size,
+                requested: 0,
                 prev: Some(id),
                 next: n.next,
                 ..n.clone()

@@ -5,7 +5,8 @@
 //! saw being reserved, `segment_free` / `segment_unmap` restore memory it saw being returned (in the virtual segments
 //! of `virtual_segments.rs`, also those the final segments no longer show, every page unmapped by the end).
 //!
-//! Free blocks are the gaps between live blocks (free neighbours always merge). A live block known only
+//! Free blocks are the gaps between live blocks (free neighbours always merge); a gap that is one of the final
+//! segments' free blocks keeps the requested size PyTorch wrote for it (that of its last allocation). A live block known only
 //! from its free entry carries the requested size; its block size is `round_size` of it, grown to the next
 //! boundary where PyTorch would not have split the remainder (`should_split`: a large-pool remainder of at
 //! most 1 MiB, or an oversize block). The boundary is the next live block, the end of its segment, or the nearest
@@ -72,6 +73,7 @@ pub(super) fn rebuild_start_state(
     let mut live: heapscope_core::hash::FastMap<u64, LiveBlock> = heapscope_core::hash::FastMap::default();
     // Expandable mapped ranges: start -> origin, for errors.
     let mut mapped_origin: BTreeMap<u64, Origin> = BTreeMap::new();
+    let mut stale = StaleRequests::default();
     for (i, s) in snapshot.segments.iter().enumerate().filter(|(_, s)| s.device as usize == device) {
         if s.is_expandable {
             let owner = alloc.owner_of(s.segment_pool_id);
@@ -87,6 +89,9 @@ pub(super) fn rebuild_start_state(
             }
             let owner = alloc.owner_of(s.segment_pool_id);
             segments.insert(s.address, (s.total_size, s.stream, (owner, s.segment_type), Origin::Segment(i)));
+        }
+        for b in s.blocks.iter().filter(|b| b.state == BlockState::Inactive) {
+            stale.insert(b.address, (b.size, b.requested_size));
         }
         for (j, b) in s.blocks.iter().enumerate().filter(|(_, b)| b.state != BlockState::Inactive) {
             live.insert(
@@ -180,7 +185,7 @@ pub(super) fn rebuild_start_state(
             alloc.stats.oversize_segments.increase(1);
         }
         alloc.total_allocated_memory += size;
-        let ids = lay_out(&mut alloc, &live, &mut live_map, base, base + size, stream, pool, None, device)?;
+        let ids = lay_out(&mut alloc, (&live, &stale), &mut live_map, base, base + size, stream, pool, None, device)?;
         if ids.len() > 1 {
             for id in ids {
                 let n = alloc.node(id);
@@ -211,7 +216,7 @@ pub(super) fn rebuild_start_state(
             }
             alloc.total_allocated_memory += b - a;
             alloc.stats.reserved_bytes.increase(g.pool.1 == Pool::Small, b - a);
-            ids.extend(lay_out(&mut alloc, &live, &mut live_map, a, b, g.stream, g.pool, Some(index), device)?);
+            ids.extend(lay_out(&mut alloc, (&live, &stale), &mut live_map, a, b, g.stream, g.pool, Some(index), device)?);
             cursor = b;
         }
         if cursor < end {
@@ -307,12 +312,18 @@ fn unmapped_node(alloc: &mut CachingAllocator, start: u64, end: u64, stream: u64
     id
 }
 
+/// The final segments' free blocks: address -> (bytes, requested bytes). PyTorch keeps a free block's requested
+/// size from its last allocation (`free_block` leaves it, a split's remainder keeps its own, merges keep the freed
+/// block's), and writes it in every snapshot; a free gap at the start that is one of these blocks takes it (if the
+/// trace uses the block, its allocations set it again).
+type StaleRequests = heapscope_core::hash::FastMap<u64, (u64, u64)>;
+
 /// Creates the blocks of the mapped range `[start, end)`: live blocks and the free gaps between them.
 /// Links them (for a non-expandable segment) and returns them in address order.
 #[allow(clippy::too_many_arguments)]
 fn lay_out(
     alloc: &mut CachingAllocator,
-    live: &BTreeMap<u64, LiveBlock>,
+    (live, stale): (&BTreeMap<u64, LiveBlock>, &StaleRequests),
     live_map: &mut LiveMap,
     start: u64,
     end: u64,
@@ -327,9 +338,13 @@ fn lay_out(
     let mut ids = Vec::new();
     let mut cursor = start;
     let template = Node::free(start, 0, stream, pool, true, expandable);
+    let gap = |addr: u64, size: u64| {
+        let requested = stale.get(&addr).filter(|&&(bytes, _)| bytes == size).map_or(0, |&(_, requested)| requested);
+        Node { addr, size, requested, ..template.clone() }
+    };
     for (k, &(addr, b)) in blocks.iter().enumerate() {
         if addr > cursor {
-            ids.push(alloc.new_node(Node { addr: cursor, size: addr - cursor, ..template.clone() }));
+            ids.push(alloc.new_node(gap(cursor, addr - cursor)));
         }
         let boundary = blocks.get(k + 1).map_or(end, |n| n.0);
         if let Some(size) = b.size
@@ -373,7 +388,7 @@ fn lay_out(
         cursor = addr + size;
     }
     if cursor < end {
-        ids.push(alloc.new_node(Node { addr: cursor, size: end - cursor, ..template }));
+        ids.push(alloc.new_node(gap(cursor, end - cursor)));
     }
     for &id in &ids {
         if !alloc.node(id).active {

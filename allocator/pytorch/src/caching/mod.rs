@@ -217,6 +217,8 @@ type BlockId = usize;
 struct Node {
     addr: u64,
     size: u64,
+    /// `requested_size`: the request of the block's last allocation, kept once it is freed (PyTorch writes it for a
+    /// free block too); 0 for a block never allocated.
     requested: u64,
     stream: u64,
     pool: Pool,
@@ -968,7 +970,6 @@ impl CachingAllocator {
         self.stats.active.decrease(small, 1);
         self.stats.active_bytes.decrease(small, original_size);
         self.stats.requested_bytes.decrease(small, requested);
-        self.node_mut(id).requested = 0;
     }
 
     /// `try_merge_blocks`: absorbs `src` into `dst` when `src` is free and equally mapped; returns the bytes

@@ -103,9 +103,6 @@ fn strip(s: &Segment) -> Segment {
     s.frames = StackId::NONE;
     for b in &mut s.blocks {
         b.frames = StackId::NONE;
-        if b.state == BlockState::Inactive {
-            b.requested_size = 0;
-        }
     }
     s
 }
