@@ -464,6 +464,45 @@ impl Recording {
         })
     }
 
+    /// For each start event, what the entry of its allocation would have said (the trace began after it): the stream,
+    /// frames, category and memory pool of its free when the trace frees it, else the frames of its final block on its
+    /// segment's stream; `None` for a plain trace. Its time is unknown.
+    pub fn start_origins(&self) -> Vec<Option<TraceEntry>> {
+        let Some(snapshot) = &self.snapshot else { return vec![None; self.start_addresses.len()] };
+        let mut wanted: heapscope_core::hash::FastMap<u64, usize> =
+            self.start_addresses.iter().enumerate().map(|(start, &address)| (address, start)).collect();
+        let mut origins = vec![None; self.start_addresses.len()];
+        for entry in snapshot.device_traces.get(self.device).into_iter().flatten() {
+            if wanted.is_empty() {
+                break;
+            }
+            match entry.action {
+                // An address allocated again before a free is not a start allocation's.
+                Action::Alloc => {
+                    wanted.remove(&entry.addr);
+                }
+                Action::FreeRequested | Action::FreeCompleted => {
+                    if let Some(start) = wanted.remove(&entry.addr) {
+                        origins[start] = Some(entry.clone().with(Action::Alloc, entry.addr, entry.size).with_time_us(None));
+                    }
+                }
+                _ => {}
+            }
+        }
+        for segment in snapshot.segments.iter().filter(|segment| segment.device as usize == self.device) {
+            for block in segment.blocks.iter().filter(|block| block.state != BlockState::Inactive) {
+                if let Some(start) = wanted.remove(&block.address) {
+                    origins[start] = Some(
+                        TraceEntry::new(Action::Alloc, block.address, block.requested_size)
+                            .with_stream(segment.stream)
+                            .with_frames(block.frames),
+                    );
+                }
+            }
+        }
+        origins
+    }
+
     /// Bytes requested by the allocations live at the start.
     pub fn start_bytes(&self) -> u64 {
         self.trace.events()[..self.start_events]

@@ -5,9 +5,10 @@
 //! Every allocation becomes an `alloc` entry at its address, every free a `free_requested` and
 //! `free_completed` pair, every block the heap reserves or releases a `segment_alloc` / `segment_free`
 //! (pages a paged heap maps or unmaps: `segment_map` / `segment_unmap`), and a refused request an `oom`
-//! entry. Stream, time and stack frames come from the recording's own entry where it has one, except that the
-//! heap's memory, which serves every stream, is on one: its segments and segment events take the stream of the
-//! recording's first allocation. The final segments list the heap's blocks (a paged heap's mapped runs, marked
+//! entry. Stream, time and stack frames come from the recording's own entry where it has one (an allocation live
+//! when a recording begun mid-run started is written first, with the stream and stack of its free or final block and
+//! no time), except that the heap's memory, which serves every stream, is on one: its segments and segment events
+//! take the stream of the recording's first allocation. The final segments list the heap's blocks (a paged heap's mapped runs, marked
 //! expandable) tiled by their blocks.
 
 use std::collections::BTreeMap;
@@ -35,6 +36,8 @@ struct Writer<'a> {
     entries: Vec<TraceEntry>,
     /// The stream the contender's blocks or pages are written on ([`heap_stream`]).
     heap_stream: u64,
+    /// What each allocation live at the start would have been recorded with ([`Recording::start_origins`]).
+    start_origins: Vec<Option<TraceEntry>>,
 }
 
 /// The stream a heap or paged contender's memory is written on: one heap serves every stream, while PyTorch keeps each
@@ -51,15 +54,19 @@ fn heap_stream(recording: &Recording) -> u64 {
 
 impl<'a> Writer<'a> {
     fn new(recording: &'a Recording) -> Self {
-        Self { recording, entries: Vec::with_capacity(recording.trace.events().len() * 2), heap_stream: heap_stream(recording) }
+        Self {
+            recording,
+            entries: Vec::with_capacity(recording.trace.events().len() * 2),
+            heap_stream: heap_stream(recording),
+            start_origins: recording.start_origins(),
+        }
     }
 
     fn push(&mut self, action: Action, addr: u64, size: u64, event: usize, device_free: Option<u64>) {
-        let original = self.recording.snapshot.as_ref().and_then(|snapshot| {
-            // An allocation live at the start comes from no entry.
-            let Moment::Entry(index) = self.recording.moment_of(event as u64) else { return None };
-            let index = usize::try_from(index).ok()?;
-            snapshot.device_traces.get(self.recording.device)?.get(index)
+        let original = self.recording.snapshot.as_ref().and_then(|snapshot| match self.recording.moment_of(event as u64) {
+            Moment::Entry(index) => snapshot.device_traces.get(self.recording.device)?.get(usize::try_from(index).ok()?),
+            // An allocation live at the start comes from no entry: what its free or final block says of it.
+            Moment::Start => self.start_origins.get(event)?.as_ref(),
         });
         let entry = TraceEntry::new(action, addr, size).with_device_free(device_free);
         self.entries.push(match original {
@@ -1197,6 +1204,27 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// An allocation live when the recording began comes from no entry; written as an allocation of the heap, it
+    /// takes the stack, stream and category of its free (or of its final block), with no time: the trace began after it.
+    #[test]
+    fn a_start_allocation_is_written_with_the_stack_of_its_free() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch");
+        let mut snapshot = heapscope_pytorch::read_snapshot(&dir.join("frag_oom-default.pickle.gz")).unwrap();
+        let trace = &mut snapshot.device_traces[0];
+        assert!(trace.iter().all(|entry| entry.frames != StackId::NONE), "every entry of frag_oom has its stack");
+        trace.drain(..trace.len() / 2);
+        let recording = Recording::from_snapshot("frag_oom-default", snapshot, 0).unwrap();
+        assert!(recording.start_events > 0);
+        for contender in [Contender::Heap(PolicyKind::Tlsf), Contender::Paged] {
+            let written = replayed_snapshot(&recording, contender, &CompareConfig::default()).unwrap().snapshot;
+            let allocs: Vec<&TraceEntry> =
+                written.device_traces[0].iter().filter(|entry| entry.action == Action::Alloc).collect();
+            let (start, recorded) = allocs.split_at(recording.start_events);
+            assert!(start.iter().all(|entry| entry.frames != StackId::NONE && entry.time_us().is_none()), "{contender}");
+            assert!(recorded.iter().all(|entry| entry.frames != StackId::NONE && entry.time_us().is_some()), "{contender}");
         }
     }
 
