@@ -25,9 +25,9 @@ use super::virtual_segments::{Group, Groups, RunPools, add_range, remove_range};
 use super::{
     BlockId, CachingAllocator, EXPANDABLE_VIRTUAL_BYTES, ExpandableSegment, LARGE_BUFFER_BYTES, Node, SMALL_BUFFER_BYTES,
 };
-use super::{SMALL_SIZE_BYTES, round_size};
+use super::{RequestPools, SMALL_SIZE_BYTES, round_size};
 use crate::alloc_conf::AllocConf;
-use crate::snapshot::{Action, BlockState, Pool, Snapshot, TraceEntry};
+use crate::snapshot::{Action, BlockState, Pool, Snapshot};
 
 /// Addresses of live allocations: recorded address -> emulated address.
 pub(super) type LiveMap = heapscope_core::hash::FastMap<u64, u64>;
@@ -106,9 +106,16 @@ pub(super) fn rebuild_start_state(
             );
         }
     }
-    // The memory pool of each of the trace's pool ids.
-    let owners: Vec<usize> = snapshot.pool_ids.iter().map(|&id| alloc.owner_of(id)).collect();
-    let owner = |e: &TraceEntry| owners.get(usize::from(e.pool_id.0)).copied().unwrap_or(0);
+    // The memory pool of each segment entry: the entry's own (PyTorch 2.12 and later), else the one whose segments or
+    // reservation it lies in (`RequestPools`: an expandable private pool's pages are mapped by entries naming none).
+    let pools = RequestPools::of(snapshot, device);
+    let segment_owners: heapscope_core::hash::FastMap<usize, usize> = trace
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| matches!(e.action, Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap))
+        .map(|(k, e)| (k, alloc.owner_of(pools.pool_id(snapshot, k, e.pool_id))))
+        .collect();
+    let owner = |k: usize| segment_owners.get(&k).copied().unwrap_or(0);
     let run_pools = RunPools::new(trace);
     groups.add_seen_only_in_trace(trace, &run_pools, owner);
     for (k, e) in trace.iter().enumerate().rev() {
@@ -132,15 +139,15 @@ pub(super) fn rebuild_start_state(
             }
             Action::SegmentFree => {
                 let pool = if e.size == SMALL_BUFFER_BYTES { Pool::Small } else { Pool::Large };
-                segments.insert(e.addr, (e.size, e.stream, (owner(e), pool), Origin::Entry(k)));
+                segments.insert(e.addr, (e.size, e.stream, (owner(k), pool), Origin::Entry(k)));
             }
             Action::SegmentMap => {
-                if let Some(gi) = groups.holding(e.stream, owner(e), run_pools.of(e.addr, e.size), e.addr) {
+                if let Some(gi) = groups.holding(e.stream, owner(k), run_pools.of(e.addr, e.size), e.addr) {
                     remove_range(&mut groups.list[gi].mapped, e.addr, e.addr + e.size);
                 }
             }
             Action::SegmentUnmap => {
-                if let Some(gi) = groups.holding(e.stream, owner(e), run_pools.of(e.addr, e.size), e.addr) {
+                if let Some(gi) = groups.holding(e.stream, owner(k), run_pools.of(e.addr, e.size), e.addr) {
                     add_range(&mut groups.list[gi].mapped, e.addr, e.addr + e.size);
                     mapped_origin.entry(e.addr).or_insert(Origin::Entry(k));
                 }

@@ -1338,6 +1338,36 @@ fn requests_in_a_graphs_final_segments_are_its_pools_in_files_before_2_12() {
     assert!(!emulate(&blind, 0, &conf(), None).unwrap().fidelity.is_exact());
 }
 
+/// The same for a graph's expandable segment (PyTorch 2.5 to 2.11 give private pools expandable segments and name no
+/// request's pool): the pages its trace maps are its pool's, as the final segment's pool and reservation show, so a
+/// recording cut before them does not hold them from its start (it held the graph's 1000 MiB from the first entry and
+/// ran out of memory on a device with room for the run).
+#[test]
+fn a_graphs_expandable_pages_are_its_pools_in_files_before_2_12() {
+    let (d, g) = (0x7000_0000_0000_u64, 0x7000_0000_0000_u64 + (100 << 30));
+    let graph = |e: TraceEntry| e.with_pool_id(PoolId(1));
+    let mut trace = vec![entry(Action::SegmentMap, d, 40 * MIB), entry(Action::Alloc, d, 30 * MIB)];
+    trace.extend([Action::FreeRequested, Action::FreeCompleted].map(|action| entry(action, d, 30 * MIB)));
+    trace.extend([graph(entry(Action::SegmentMap, g, 1000 * MIB)), graph(entry(Action::Alloc, g, 1000 * MIB))]);
+    trace.push(entry(Action::Alloc, d, 20 * MIB));
+    let expandable = conf_with("expandable_segments:True");
+    let named = Snapshot { device_traces: vec![trace], pool_ids: vec![(0, 0), (0, 1)], ..Snapshot::default() };
+    let full = emulate(&named, 0, &expandable, None).unwrap();
+    assert!(full.fidelity.is_exact(), "{:?}", full.fidelity);
+    let mut old = named.clone();
+    old.segments = full.final_segments.clone();
+    assert!(old.segments.iter().any(|segment| segment.segment_pool_id == (0, 1) && segment.is_expandable));
+    old.device_traces[0].iter_mut().for_each(|entry| entry.pool_id = PoolId::DEFAULT);
+    old.pool_ids = Vec::new();
+    for cut in 0..old.device_traces[0].len() {
+        let mut from_cut = old.clone();
+        from_cut.device_traces[0].drain(..cut);
+        // The device holds the run (1040 MiB at most), not the graph's pages twice over.
+        let em = emulate(&from_cut, 0, &expandable, Some(1100 * MIB)).unwrap();
+        assert!(em.fidelity.is_exact() && em.first_oom.is_none(), "cut at {cut}: {:?} {:?}", em.fidelity, em.first_oom);
+    }
+}
+
 /// How a private pool's memory goes back, each as PyTorch records it: deleting a `torch.cuda.MemPool`
 /// (`emptyCache(id)`: only that pool, the default pool's cached segment stays); a freed graph's expandable pages
 /// unmapped by `empty_cache()`; a pool's own request releasing its oversize blocks (`max_split_size`), after which

@@ -134,17 +134,13 @@ impl Groups {
     /// the start of a recording begun mid-run, and the allocations live in them, would be lost. The runs no group
     /// holds, by stream and address, each begin a group of their pool unless one begun below holds it (in reach, and
     /// no group of the other pool between); a new group just below a final one of the same stream and pool is that
-    /// group, which then begins lower. `owner` is the memory pool of an entry.
-    pub(super) fn add_seen_only_in_trace(
-        &mut self,
-        trace: &[TraceEntry],
-        pools: &RunPools,
-        owner: impl Fn(&TraceEntry) -> usize,
-    ) {
+    /// group, which then begins lower. `owner` is the memory pool of entry `k`.
+    pub(super) fn add_seen_only_in_trace(&mut self, trace: &[TraceEntry], pools: &RunPools, owner: impl Fn(usize) -> usize) {
         let mut unseen: Vec<(u64, usize, u64, Option<Pool>)> = trace
             .iter()
-            .filter(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
-            .map(|e| (e.stream, owner(e), e.addr, pools.of(e.addr, e.size)))
+            .enumerate()
+            .filter(|(_, e)| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
+            .map(|(k, e)| (e.stream, owner(k), e.addr, pools.of(e.addr, e.size)))
             .filter(|&(stream, owner, addr, pool)| self.holding(stream, owner, pool, addr).is_none())
             .collect();
         if unseen.is_empty() {
