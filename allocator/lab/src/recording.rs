@@ -32,7 +32,7 @@ use std::str::FromStr;
 
 use heapscope_core::trace::{Trace, TraceBuilder};
 use heapscope_core::{Error, Result};
-use heapscope_pytorch::{Action, BlockState, Snapshot, SnapshotError, TraceEntry, read_snapshot};
+use heapscope_pytorch::{Action, BlockState, Snapshot, SnapshotError, StackId, TraceEntry, read_snapshot};
 
 /// What a recording file holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -464,26 +464,37 @@ impl Recording {
         })
     }
 
-    /// For each start event, what the entry of its allocation would have said (the trace began after it): the stream,
-    /// frames, category and memory pool of its free when the trace frees it, else the frames of its final block on its
-    /// segment's stream; `None` for a plain trace. Its time is unknown.
+    /// For each start event, what the entry of its allocation would have said (the trace began after it; `None` for a
+    /// plain trace). One freed during the recording: the stream and memory pool of its free, and the free's stack where
+    /// the file's frees carry the stack of what they free ([`frees_carry_allocation_stacks`]), else none (its final
+    /// block, if its address has one, is a later allocation's). One live to the end: its final block's stack, on its
+    /// segment's stream. No category (that of the entry's moment, which the trace did not see) and no time.
     pub fn start_origins(&self) -> Vec<Option<TraceEntry>> {
         let Some(snapshot) = &self.snapshot else { return vec![None; self.start_addresses.len()] };
+        let entries = snapshot.device_traces.get(self.device).map_or(&[][..], Vec::as_slice);
         let mut wanted: heapscope_core::hash::FastMap<u64, usize> =
             self.start_addresses.iter().enumerate().map(|(start, &address)| (address, start)).collect();
         let mut origins = vec![None; self.start_addresses.len()];
-        for entry in snapshot.device_traces.get(self.device).into_iter().flatten() {
+        let mut free_stacks = None;
+        for entry in entries {
             if wanted.is_empty() {
                 break;
             }
             match entry.action {
-                // An address allocated again before a free is not a start allocation's.
+                // Allocated anew: the one live at the start went without a free of its own.
                 Action::Alloc => {
                     wanted.remove(&entry.addr);
                 }
                 Action::FreeRequested | Action::FreeCompleted => {
                     if let Some(start) = wanted.remove(&entry.addr) {
-                        origins[start] = Some(entry.clone().with(Action::Alloc, entry.addr, entry.size).with_time_us(None));
+                        let stacks = *free_stacks.get_or_insert_with(|| frees_carry_allocation_stacks(entries));
+                        let frames = if stacks && entry.action == Action::FreeRequested { entry.frames } else { StackId::NONE };
+                        origins[start] = Some(
+                            TraceEntry::new(Action::Alloc, entry.addr, entry.size)
+                                .with_stream(entry.stream)
+                                .with_pool_id(entry.pool_id)
+                                .with_frames(frames),
+                        );
                     }
                 }
                 _ => {}
@@ -598,6 +609,29 @@ impl Built {
 
 /// The blocks of device `device`'s final segments that were not free when the snapshot was taken (allocated, or
 /// freed but not yet completed).
+/// Whether the frees of `entries` carry the stack of the allocation they free rather than their own: PyTorch records
+/// a `free_requested` with the stack of its caller under `_record_memory_history(context="all")` (the default), with
+/// the allocation's under `context="alloc"`. Told from the file: every pair allocated and freed within it, with frames
+/// recorded, has the same frames at both ends (and there is at least one such pair).
+pub fn frees_carry_allocation_stacks(entries: &[TraceEntry]) -> bool {
+    let mut allocated: heapscope_core::hash::FastMap<u64, StackId> = heapscope_core::hash::FastMap::default();
+    let mut pairs = 0u64;
+    for entry in entries {
+        match entry.action {
+            Action::Alloc => {
+                allocated.insert(entry.addr, entry.frames);
+            }
+            Action::FreeRequested => match allocated.remove(&entry.addr) {
+                Some(StackId::NONE) | None => {}
+                Some(frames) if frames == entry.frames => pairs += 1,
+                Some(_) => return false,
+            },
+            _ => {}
+        }
+    }
+    pairs > 0
+}
+
 fn final_live_blocks(snapshot: &Snapshot, device: usize) -> impl Iterator<Item = &heapscope_pytorch::Block> {
     snapshot
         .segments

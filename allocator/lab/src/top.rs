@@ -8,7 +8,7 @@
 //!
 //! Each allocation is attributed to its stack frames (a PyTorch snapshot's `frames`; an allocation live at the start
 //! takes its block's frames from the final segments, or if freed during the recording its free's frames where the
-//! file's frees carry the allocation's stack, [`frees_carry_allocation_stacks`]), folded as memory_viz folds them
+//! file's frees carry the allocation's stack, [`frees_carry_allocation_stacks`](crate::recording::frees_carry_allocation_stacks)), folded as memory_viz folds them
 //! ([`heapscope_pytorch::frames`]), and grouped by its innermost user frame ([`Grouping::UserFrame`], the default),
 //! by its whole folded stack ([`Grouping::FullStack`]), or by the category its entry was labelled with
 //! ([`Grouping::Category`]: `user_metadata`, `compile_context`, the profiler's `category`, see
@@ -19,7 +19,7 @@ use std::collections::HashMap;
 
 use heapscope_core::trace::Event;
 use heapscope_pytorch::frames::{describe, folded, user_frame};
-use heapscope_pytorch::{Action, CategoryId, Snapshot, StackId, TraceEntry};
+use heapscope_pytorch::{CategoryId, Snapshot, StackId};
 
 use crate::recording::{Moment, Recording};
 
@@ -155,79 +155,23 @@ pub struct Origin {
 }
 
 /// The origin of each event of `recording` (meaningful for allocations): a trace entry's `frames` and category, or
-/// for an allocation live at the start its block's frames in the final segments (and no category: no entry made
-/// it). One live at the start and freed during the recording has no final block: it takes its free's frames where
-/// the file's frees carry the stack of what they free ([`frees_carry_allocation_stacks`]), else none.
+/// for an allocation live at the start what [`Recording::start_origins`] says of it (its final block's frames, or its
+/// free's where the file's frees carry the stack of what they free; no category: no entry made it).
 pub fn allocation_origins(recording: &Recording) -> Vec<Origin> {
     let events = recording.trace.events();
     let Some(snapshot) = &recording.snapshot else { return vec![Origin::default(); events.len()] };
     let entries = snapshot.device_traces.get(recording.device).map_or(&[][..], Vec::as_slice);
-    let block_frames: HashMap<u64, StackId> =
-        snapshot.segments.iter().flat_map(|segment| &segment.blocks).map(|block| (block.address, block.frames)).collect();
-    let blockless_start = recording.start_addresses.iter().any(|address| !block_frames.contains_key(address));
-    let freed_start_frames = if blockless_start && frees_carry_allocation_stacks(entries) {
-        start_frees_frames(recording, entries)
-    } else {
-        HashMap::new()
-    };
+    let start = recording.start_origins();
     (0..events.len())
         .map(|index| {
             if index < recording.start_events {
-                let address = recording.start_addresses.get(index).copied().unwrap_or(u64::MAX);
-                let stack =
-                    block_frames.get(&address).or_else(|| freed_start_frames.get(&address)).copied().unwrap_or(StackId::NONE);
+                let stack = start.get(index).and_then(Option::as_ref).map_or(StackId::NONE, |entry| entry.frames);
                 return Origin { stack, category: CategoryId::NONE };
             }
             let entry = recording.entry_index.get(index).and_then(|&entry| entries.get(usize::try_from(entry).ok()?));
             entry.map_or_else(Origin::default, |entry| Origin { stack: entry.frames, category: entry.category })
         })
         .collect()
-}
-
-/// Whether the frees of `entries` carry the stack of the allocation they free rather than their own: PyTorch records
-/// a `free_requested` with the stack of its caller under `_record_memory_history(context="all")` (the default), with
-/// the allocation's under `context="alloc"`. Told from the file: every pair allocated and freed within it, with frames
-/// recorded, has the same frames at both ends (and there is at least one such pair).
-pub fn frees_carry_allocation_stacks(entries: &[TraceEntry]) -> bool {
-    let mut allocated: HashMap<u64, StackId> = HashMap::new();
-    let mut pairs = 0u64;
-    for entry in entries {
-        match entry.action {
-            Action::Alloc => {
-                allocated.insert(entry.addr, entry.frames);
-            }
-            Action::FreeRequested => match allocated.remove(&entry.addr) {
-                Some(StackId::NONE) | None => {}
-                Some(frames) if frames == entry.frames => pairs += 1,
-                Some(_) => return false,
-            },
-            _ => {}
-        }
-    }
-    pairs > 0
-}
-
-/// The frames of the `free_requested` entry of each allocation live at the start of `recording` and freed during it,
-/// by its address.
-fn start_frees_frames(recording: &Recording, entries: &[TraceEntry]) -> HashMap<u64, StackId> {
-    let mut waiting: std::collections::HashSet<u64> = recording.start_addresses.iter().copied().collect();
-    let mut frames = HashMap::new();
-    for entry in entries {
-        if waiting.is_empty() {
-            break;
-        }
-        match entry.action {
-            // Allocated anew: the one live at the start went without a `free_requested` of its own.
-            Action::Alloc => {
-                waiting.remove(&entry.addr);
-            }
-            Action::FreeRequested if waiting.remove(&entry.addr) && entry.frames != StackId::NONE => {
-                frames.insert(entry.addr, entry.frames);
-            }
-            _ => {}
-        }
-    }
-    frames
 }
 
 /// The frames of `stack` in `snapshot` as a row's key, by `grouping` (none by category).
@@ -375,7 +319,8 @@ pub fn peak(recording: &Recording) -> (Moment, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use heapscope_pytorch::Frame;
+    use crate::recording::frees_carry_allocation_stacks;
+    use heapscope_pytorch::{Action, Block, BlockState, Frame, Pool, Segment, TraceEntry};
 
     fn frame(name: &str, filename: &str, line: i64) -> Frame {
         Frame { filename: filename.into(), line, name: name.into() }
@@ -508,6 +453,23 @@ mod tests {
         assert_eq!(start_at(1), [(vec!["step (train.py:5)".to_owned()], 64)]);
         // The free of 0x1000 from elsewhere (`train.py:5`, not its `model.py:10`): frees carry their own stacks.
         assert_eq!(start_at(2), [(Vec::<String>::new(), 64)]);
+        // Its address taken again by an allocation live at the end: the final block there is that one's (model.py:10),
+        // not the start allocation's, which no free's stack tells here.
+        let trace = vec![
+            entry(Action::FreeRequested, 0x9000, 64, 2),
+            entry(Action::FreeCompleted, 0x9000, 64, 2),
+            entry(Action::Alloc, 0x9000, 64, 1),
+        ];
+        let blocks = vec![
+            Block::new(0x8000, 0x1000, 0, BlockState::Inactive),
+            Block { frames: StackId(1), ..Block::new(0x9000, 0x1000, 64, BlockState::ActiveAllocated) },
+        ];
+        let segments = vec![Segment::from_blocks(0, 0x8000, 0x2000, Pool::Small, blocks)];
+        let snapshot =
+            Snapshot { device_traces: vec![trace], segments, frame_stacks: frame_stacks.clone(), ..Snapshot::default() };
+        let recording = Recording::from_snapshot("reused.pickle", snapshot, 0).unwrap();
+        let start = top(&recording, TopAt::Moment(Moment::Start), Grouping::UserFrame).unwrap();
+        assert_eq!(rows(&start), [(Vec::<&str>::new(), 64, 1)]);
         let entries = |free: u32| vec![entry(Action::Alloc, 0x1000, 100, 1), entry(Action::FreeRequested, 0x1000, 100, free)];
         for (trace, carried) in [
             (entries(1), true),

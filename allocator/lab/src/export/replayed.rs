@@ -1208,22 +1208,40 @@ mod tests {
     }
 
     /// An allocation live when the recording began comes from no entry; written as an allocation of the heap, it
-    /// takes the stack, stream and category of its free (or of its final block), with no time: the trace began after it.
+    /// takes what its free or final block says of it ([`Recording::start_origins`]), with no time: the trace began
+    /// after it. frag_oom's frees carry their callers' stacks, so a start allocation it frees says nothing; recorded with
+    /// `context="alloc"` (each free with the stack of what it frees) it has its free's.
     #[test]
-    fn a_start_allocation_is_written_with_the_stack_of_its_free() {
+    fn a_start_allocation_is_written_with_what_its_free_or_final_block_says() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch");
         let mut snapshot = heapscope_pytorch::read_snapshot(&dir.join("frag_oom-default.pickle.gz")).unwrap();
         let trace = &mut snapshot.device_traces[0];
         assert!(trace.iter().all(|entry| entry.frames != StackId::NONE), "every entry of frag_oom has its stack");
+        let mut allocated = FastMap::default();
+        for entry in trace.iter_mut() {
+            match entry.action {
+                Action::Alloc => {
+                    allocated.insert(entry.addr, entry.frames);
+                }
+                Action::FreeRequested | Action::FreeCompleted => entry.frames = allocated[&entry.addr],
+                _ => {}
+            }
+        }
         trace.drain(..trace.len() / 2);
         let recording = Recording::from_snapshot("frag_oom-default", snapshot, 0).unwrap();
-        assert!(recording.start_events > 0);
+        let origins = recording.start_origins();
+        let stacks = |origins: &[Option<TraceEntry>]| -> Vec<StackId> {
+            origins.iter().map(|origin| origin.as_ref().map_or(StackId::NONE, |origin| origin.frames)).collect()
+        };
+        assert!(stacks(&origins).iter().all(|&stack| stack != StackId::NONE), "{origins:?}");
         for contender in [Contender::Heap(PolicyKind::Tlsf), Contender::Paged] {
             let written = replayed_snapshot(&recording, contender, &CompareConfig::default()).unwrap().snapshot;
             let allocs: Vec<&TraceEntry> =
                 written.device_traces[0].iter().filter(|entry| entry.action == Action::Alloc).collect();
             let (start, recorded) = allocs.split_at(recording.start_events);
-            assert!(start.iter().all(|entry| entry.frames != StackId::NONE && entry.time_us().is_none()), "{contender}");
+            let written_stacks: Vec<StackId> = start.iter().map(|entry| entry.frames).collect();
+            assert_eq!(written_stacks, stacks(&origins), "{contender}");
+            assert!(start.iter().all(|entry| entry.time_us().is_none()), "{contender}");
             assert!(recorded.iter().all(|entry| entry.frames != StackId::NONE && entry.time_us().is_some()), "{contender}");
         }
     }
