@@ -1,12 +1,13 @@
 //! What a side-by-side replay of a recording does not tell apart, said in one sentence each: entries of actions
-//! heapscope does not know ([`unknown_actions`]), final segments that disagree with the trace ([`final_state`]), requests that PyTorch served from private memory pools ([`pools`]) and streams that some contenders ignore ([`streams`]). The CLI
+//! heapscope does not know ([`unknown_actions`]), final segments that disagree with the trace ([`final_state`]), expandable
+//! segments switched on or off during the recording ([`switched_memory`]), requests that PyTorch served from private memory pools ([`pools`]) and streams that some contenders ignore ([`streams`]). The CLI
 //! prints them under its title, the app shows them when a recording opens ([`all`]): one wording, one place. And
 //! where PyTorch's emulation does not reproduce the recorded OOM ([`recorded_oom`]) or the recorded decisions
 //! ([`emulation_departs`]), said beside the verdict.
 
 use heapscope_core::units::Bytes;
 use heapscope_pytorch::caching::RequestPools;
-use heapscope_pytorch::{AllocConf, Fidelity};
+use heapscope_pytorch::{Action, AllocConf, Fidelity};
 
 use crate::compare::{CompareConfig, Figures, starts_afresh};
 use crate::contender::Contender;
@@ -19,6 +20,7 @@ pub fn all(recording: &Recording, contenders: &[Contender], config: &CompareConf
         no_trace(recording),
         unknown_actions(recording),
         final_state(recording),
+        switched_memory(recording),
         pools(recording),
         streams(recording, contenders),
         start_afresh(recording, contenders, config),
@@ -29,19 +31,52 @@ pub fn all(recording: &Recording, contenders: &[Contender], config: &CompareConf
 }
 
 /// The note that a snapshot records no trace for the device replayed (taken without
-/// `torch.cuda.memory._record_memory_history()`, or `torch.cuda.memory_snapshot()`'s list of segments): there is
-/// nothing to replay, so every contender only holds the blocks live in the final segments, and no verdict or advice
-/// says anything of what the program did.
+/// `torch.cuda.memory._record_memory_history()`, or `torch.cuda.memory_snapshot()`'s list of segments), or one of marks
+/// alone (`snapshot`, `user_defined` or unknown entries, no allocation or free): there is nothing to replay, so every
+/// contender only holds the blocks live in the final segments, and no verdict or advice says anything of what the
+/// program did.
 pub fn no_trace(recording: &Recording) -> Option<String> {
-    (recording.snapshot.is_some() && recording.entries == 0).then(|| {
-        format!(
-            "the file records no allocation history for device {} (its trace is empty: the snapshot was taken without \
-             `torch.cuda.memory._record_memory_history()`): nothing is replayed, every contender only holds the blocks \
-             live in its final segments, so the figures say nothing of what the program did; record the run with \
-             `torch.cuda.memory._record_memory_history(max_entries=N)` before it for that",
-            recording.device
-        )
-    })
+    let snapshot = recording.snapshot.as_ref()?;
+    let entries = snapshot.device_traces.get(recording.device).map_or(&[][..], Vec::as_slice);
+    if entries.iter().any(|entry| !entry.action.is_mark()) {
+        return None;
+    }
+    let trace = if entries.is_empty() {
+        "its trace is empty".to_owned()
+    } else {
+        format!("its trace holds {} and no allocation or free", counted(entries.len() as u64, "mark", "marks"))
+    };
+    Some(format!(
+        "the file records no allocation history for device {} ({trace}: the snapshot was taken without \
+         `torch.cuda.memory._record_memory_history()`): nothing is replayed, every contender only holds the blocks \
+         live in its final segments, so the figures say nothing of what the program did; record the run with \
+         `torch.cuda.memory._record_memory_history(max_entries=N)` before it for that",
+        recording.device
+    ))
+}
+
+/// The note that the trace both reserves whole segments (`segment_alloc`) and maps pages of expandable ones
+/// (`segment_map`) for the default pools: expandable segments were switched on or off during the recording
+/// (`torch.cuda.memory._set_allocator_settings`), while PyTorch's emulation runs with one setting throughout. Private
+/// pools' memory is left out (PyTorch before 2.5 reserved it whole under expandable segments).
+pub fn switched_memory(recording: &Recording) -> Option<String> {
+    let snapshot = recording.snapshot.as_ref()?;
+    let entries = snapshot.device_traces.get(recording.device)?;
+    let first = |action: Action| entries.iter().position(|entry| entry.action == action);
+    // Cheapest first: most recordings hold one kind only.
+    first(Action::SegmentAlloc)?;
+    first(Action::SegmentMap)?;
+    let pools = RequestPools::of(snapshot, recording.device);
+    let default = |k: &usize| pools.pool_id(snapshot, *k, entries[*k].pool_id) == (0, 0);
+    let first_default = |action: Action| (0..entries.len()).filter(|k| entries[*k].action == action).find(default);
+    let (reserved, mapped) = (first_default(Action::SegmentAlloc)?, first_default(Action::SegmentMap)?);
+    Some(format!(
+        "the trace both reserves whole segments (`segment_alloc`, first at entry {reserved}) and maps pages of expandable \
+         ones (`segment_map`, first at entry {mapped}): expandable segments were switched on or off during the recording \
+         (`torch.cuda.memory._set_allocator_settings`), while PyTorch's emulation runs with one setting throughout \
+         ({}), so on the other side of the switch its placements and out-of-memory verdicts are not the recorded run's",
+        if AllocConf::of_snapshot(snapshot).expandable_segments { "expandable segments on" } else { "expandable segments off" }
+    ))
 }
 
 /// The note that the snapshot's final segments disagree with what its trace leaves live at its end
@@ -438,6 +473,38 @@ mod tests {
         }
     }
 
+    /// Whole segments and mapped pages in one trace: expandable segments were switched during the recording, unless
+    /// the whole segments are a private pool's.
+    #[test]
+    fn a_switch_of_expandable_segments_is_said() {
+        let (whole, pages) = (0x7000_0000_0000_u64, 0x7100_0000_0000_u64);
+        let e = |action, addr, size, pool: u8| TraceEntry::new(action, addr, size).with_pool_id(PoolId(pool));
+        let reserve = |pool| vec![e(Action::SegmentAlloc, whole, 2 << 20, pool), e(Action::Alloc, whole, 512, pool)];
+        let map = || vec![e(Action::SegmentMap, pages, 2 << 20, 0), e(Action::Alloc, pages, 512, 0)];
+        // (trace, the note's start or none)
+        let cases: [(Vec<TraceEntry>, Option<&str>); 4] = [
+            (
+                [reserve(0), map()].concat(),
+                Some(
+                    "the trace both reserves whole segments (`segment_alloc`, first at entry 0) and maps pages of expandable ones (`segment_map`, first at entry 2)",
+                ),
+            ),
+            ([map(), reserve(0)].concat(), Some("the trace both reserves whole segments (`segment_alloc`, first at entry 2)")),
+            (map(), None),
+            // A CUDA graph's pool reserved whole under expandable segments (PyTorch before 2.5).
+            ([reserve(1), map()].concat(), None),
+        ];
+        for (trace, said) in cases {
+            let snapshot = Snapshot { device_traces: vec![trace], pool_ids: vec![(0, 0), (0, 1)], ..Snapshot::default() };
+            let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
+            let note = switched_memory(&recording);
+            assert_eq!(note.is_some(), said.is_some(), "{note:?}");
+            if let (Some(note), Some(said)) = (note, said) {
+                assert!(note.starts_with(said) && note.contains("_set_allocator_settings"), "{note}");
+            }
+        }
+    }
+
     /// Every caveat together: the pools' first, then the streams', none for a plain recording.
     #[test]
     fn all_lists_the_caveats_in_order() {
@@ -451,10 +518,16 @@ mod tests {
         };
         let tlsf = [Contender::Heap(PolicyKind::Tlsf)];
         // (trace, how many caveats, the first's start)
-        let cases: [(Vec<TraceEntry>, usize, &str); 5] = [
+        let cases: [(Vec<TraceEntry>, usize, &str); 6] = [
             (vec![entry(0, 7, 0), free(0, 7)], 0, ""),
             // A snapshot taken without recording the history: nothing to replay.
-            (Vec::new(), 1, "the file records no allocation history for device 0"),
+            (Vec::new(), 1, "the file records no allocation history for device 0 (its trace is empty"),
+            // Marks alone are no history either.
+            (
+                vec![TraceEntry::new(Action::Snapshot, 0, 0); 2],
+                1,
+                "the file records no allocation history for device 0 (its trace holds 2 marks and no allocation",
+            ),
             (vec![entry(0, 7, 0), entry(512, 9, 0), free(0, 7), free(512, 9)], 1, "the recording uses 2 CUDA streams"),
             (
                 vec![entry(0, 7, 1), entry(512, 9, 0), free(0, 7), free(512, 9)],
