@@ -224,9 +224,17 @@ fn parse_decompressed(mut input: impl Read, gzip: bool, name: &str, decoder: Dec
         ReadError::Malformed { offset, what } => SnapshotError::Pickle { file: name.to_owned(), offset, what },
         ReadError::Io { offset, error } => SnapshotError::Io {
             file: name.to_owned(),
-            error: match offset {
-                Some(offset) => io::Error::new(error.kind(), format!("at byte {offset} of the pickle stream: {error}")),
-                None => io::Error::new(error.kind(), format!("after the pickle's end: {error}")),
+            error: {
+                // The decompressor's "unexpected end of file" is a gzip file cut short (a download or copy stopped).
+                let cut = if gzip && error.kind() == io::ErrorKind::UnexpectedEof {
+                    " (the gzip stream is cut short: its last bytes, or its 8-byte trailer of CRC and length, are missing)"
+                } else {
+                    ""
+                };
+                match offset {
+                    Some(offset) => io::Error::new(error.kind(), format!("at byte {offset} of the pickle stream: {error}{cut}")),
+                    None => io::Error::new(error.kind(), format!("after the pickle's end: {error}{cut}")),
+                }
             },
         },
         ReadError::Schema { path, what } => SnapshotError::Schema { file: name.to_owned(), path, what },
@@ -256,7 +264,7 @@ impl Issue {
     }
 
     fn expected(path: impl Into<String>, expected: &str, found: &Value) -> Self {
-        Self::new(path, format!("expected {expected}, found {}", found.type_name()))
+        Self::new(path, format!("expected {expected}, found {}", found.described()))
     }
 }
 
@@ -2544,7 +2552,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             ("line", P::Long4([vec![0; 300], vec![1]].concat()), Ok(i128::from(i64::MAX))),
             ("line", P::None, Ok(-1)),
             ("line", P::Int(i64::MAX), Ok(i128::from(i64::MAX))),
-            ("line", P::Str("12"), Err("device_traces[0][0].frames[0].line: expected int, found str")),
+            ("line", P::Str("12"), Err("device_traces[0][0].frames[0].line: expected int, found str \"12\"")),
             ("addr", u64_max, Ok(i128::from(u64::MAX))),
             ("addr", P::Long1(vec![0xff]), Err("device_traces[0][0].addr: -1 does not fit a u64 (0 to 2^64 - 1)")),
             ("size", P::power_of_two(80, false), Err("device_traces[0][0].size: 2^80 does not fit a u64")),
@@ -2650,6 +2658,21 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         }
     }
 
+    /// A gzip file cut short (its trailer gone with the last bytes of a download) says so, where Python's `pickle.load`
+    /// may not notice (it stops at the pickle's STOP).
+    #[test]
+    fn a_gzip_file_cut_short_says_so() {
+        use std::io::Write;
+        let snapshot = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]u.".to_vec();
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(&snapshot).unwrap();
+        let whole = encoder.finish().unwrap();
+        for cut in [1, 4, 8, 12] {
+            let error = parse_snapshot(&whole[..whole.len() - cut], "cut.pickle.gz").expect_err("cut").to_string();
+            assert!(error.contains("cut.pickle.gz") && error.contains("the gzip stream is cut short"), "{cut}: {error}");
+        }
+    }
+
     /// Issue 17: recorded allocator settings are held to what `--alloc-conf` accepts (a NaN threshold, 3 divisions,
     /// a max split size under 20 MiB are refused, named by key path).
     #[test]
@@ -2658,7 +2681,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             [b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]\x8c\x12allocator_settings}(".as_slice(), settings, b"uu."]
                 .concat()
         };
-        let cases: [(Vec<u8>, &str); 4] = [
+        let cases: [(Vec<u8>, &str); 5] = [
             (
                 with(b"\x8c\x1cgarbage_collection_thresholdG\x7f\xf8\x00\x00\x00\x00\x00\x00"),
                 "allocator_settings.garbage_collection_threshold: NaN is no threshold",
@@ -2666,6 +2689,8 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             (with(b"\x8c\x1cgarbage_collection_thresholdG?\xf8\x00\x00\x00\x00\x00\x00"), "1.5 is no threshold"),
             (with(b"\x8c\x18roundup_power2_divisions}(\x8c\x011K\x03u"), "roundup_power2_divisions[1]: 3 divisions"),
             (with(b"\x8c\x0emax_split_sizeJ\x00\x00\x10\x00"), "max_split_size: 1048576 bytes"),
+            // A value of the wrong type is shown (a str that reads like the bool it should be).
+            (with(b"\x8c\x13expandable_segments\x8c\x04True"), "expandable_segments: expected bool, found str \"True\""),
         ];
         for (bytes, expected) in cases {
             let error = parse_snapshot(bytes.as_slice(), "settings.pickle").expect_err(expected).to_string();
@@ -2864,13 +2889,13 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             (Vec::new(), "truncated"),
             (vec![0x1f, 0x8b, 8, 0, 0, 0], "cannot read"),
             (pickle(b"K\x01"), "<top level>: expected dict (a snapshot) or list (the segments of torch.cuda.memory_snapshot()), found int"),
-            (pickle(b"]K\x01a"), "[0]: expected dict, found int"),
+            (pickle(b"]K\x01a"), "[0]: expected dict, found int 1"),
             (pickle(b"](}\x8c\x07addressK\x01s}\x8c\x07addressK\x01se"), "[0].total_size: missing key"),
             (pickle(b"}\x8c\x01aK\x01s"), "segments: missing key"),
-            (pickle(b"}\x8c\x08segmentsK\x01s"), "segments: expected list, found int"),
+            (pickle(b"}\x8c\x08segmentsK\x01s"), "segments: expected list, found int 1"),
             (
                 pickle(b"}(\x8c\x08segments]\x8c\x0ddevice_traces]]}\x8c\x06actionK\x01saau"),
-                "device_traces[0][0].action: expected str, found int",
+                "device_traces[0][0].action: expected str, found int 1",
             ),
             (
                 pickle(b"}(\x8c\x08segments]\x8c\x0ddevice_traces]]}\x8c\x06action\x8c\x05allocsaau"),
@@ -2885,7 +2910,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
                 pickle(b"}\x8c\x08segments]}(\x8c\x07addressK\x01\x8c\x0atotal_sizeK\x01\x8c\x06blocks]}\x8c\x04sizeK\x01sauas"),
                 "segments[0].blocks[0].state: missing key",
             ),
-            (pickle(b"}(\x8c\x08segments]\x8c\x12allocator_settingsK\x01u"), "allocator_settings: expected dict, found int"),
+            (pickle(b"}(\x8c\x08segments]\x8c\x12allocator_settingsK\x01u"), "allocator_settings: expected dict, found int 1"),
         ];
         for (bytes, expected) in cases {
             let error = parse_snapshot(bytes.as_slice(), "input.pickle").err().unwrap_or_else(|| panic!("{bytes:?} parsed"));

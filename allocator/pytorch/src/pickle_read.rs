@@ -202,6 +202,25 @@ impl Value {
         }
     }
 
+    /// Its type, with its value when it is a plain one (`str "True"`, `int 5`): what an error says it found.
+    pub(crate) fn described(&self) -> String {
+        let text = |text: &str| {
+            const SHOWN_CHARS: usize = 60;
+            match text.char_indices().nth(SHOWN_CHARS) {
+                Some((end, _)) => format!("str {:?}...", &text[..end]),
+                None => format!("str {text:?}"),
+            }
+        };
+        match self {
+            Value::Bool(value) => format!("bool {}", if *value { "True" } else { "False" }),
+            Value::Int(value) => format!("int {value}"),
+            Value::Float(value) => format!("float {value}"),
+            Value::Str(value) => text(value),
+            Value::Short(value) => text(value.as_str()),
+            other => other.type_name().to_owned(),
+        }
+    }
+
     /// The int, of any width, if the value is one (bools count as 0 and 1, as in Python).
     pub(crate) fn as_int(&self) -> Option<Int<'_>> {
         match self {
