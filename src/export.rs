@@ -66,6 +66,13 @@ fn replayed(args: &RecordingArgs, recording: &Recording, contender: Contender) -
     })
 }
 
+/// The overview of a file of several devices (none for one): each device, the one replayed marked, with the capacity
+/// asked for (not the one a device's `oom` entry tells: every device is its own).
+fn devices_overview(args: &RecordingArgs, recording: &Recording) -> Vec<String> {
+    let asked = heapscope_lab::compare::CompareConfig { capacity_bytes: args.capacity, ..args.compare_config(recording) };
+    crate::replay::devices_overview(recording, args.device, &asked)
+}
+
 /// Runs the export.
 pub fn run_export(args: &ExportArgs) -> Result<()> {
     if args.vma_json.is_some() && !matches!(args.policy, Contender::Heap(_)) {
@@ -76,6 +83,10 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
         && same_file(json, &args.out)
     {
         bail!("--vma-json {} and --out {} name the same file: one would overwrite the other", json.display(), args.out.display());
+    }
+    // A file of several devices: which one is written (the snapshot holds that device alone), and the others.
+    for line in devices_overview(&args.recording, &recording) {
+        eprintln!("{line}");
     }
     let (replayed, shown) =
         replayed(&args.recording, &recording, args.policy).with_context(|| format!("replaying through {}", args.policy))?;
@@ -135,11 +146,7 @@ pub fn run_summary(args: &SummaryArgs) -> Result<()> {
     let recording = args.recording.open()?;
     let (replayed, _) =
         replayed(&args.recording, &recording, args.policy).with_context(|| format!("replaying through {}", args.policy))?;
-    let asked = heapscope_lab::compare::CompareConfig {
-        capacity_bytes: args.recording.capacity,
-        ..args.recording.compare_config(&recording)
-    };
-    for line in crate::replay::devices_overview(&recording, args.recording.device, &asked) {
+    for line in devices_overview(&args.recording, &recording) {
         outln!("{line}");
     }
     out!("{}", replayed.stats.summary_table(recording.device));

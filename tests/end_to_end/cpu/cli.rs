@@ -1094,11 +1094,12 @@ fn issue_14_several_devices_are_overviewed_and_chosen() {
     let named = format!("{} (from three-gpus.pickle, device 1): ", converted.display());
     assert!(replayed.starts_with(&named), "{replayed}");
 
-    // `export` of device 1 writes its segments and its trace under device 1, whichever contender.
+    // `export` of device 1 writes its segments and its trace under device 1, whichever contender, and lists the others.
     for policy in ["pytorch", "tlsf"] {
         let out = dir.join(format!("exported-{policy}.pickle"));
         let export = heapscope(&["export", file, "--device", "1", "--policy", policy, "--out", out.to_str().unwrap()]);
         assert!(export.status.success(), "{policy}: {}", stderr(&export));
+        overview(&stderr(&export), 1, "--device 1");
         let written = heapscope_pytorch::read_snapshot(&out).unwrap();
         assert!(!written.device_traces[1].is_empty(), "{policy}");
         let devices: Vec<u32> = written.segments.iter().map(|segment| segment.device).collect();
