@@ -1176,13 +1176,14 @@ mod tests {
     }
 
     /// A heap or paged export holds no PyTorch run's layout (a paged heap maps pages of its own size, small and large
-    /// requests in one range), yet PyTorch's emulation reads it back with room on the device and no out-of-memory:
-    /// the paged export of a recording begun mid-run was refused 874 times on an unlimited device, at a range left
-    /// unmapped between two mapped ones that was narrower than the emulation's pages.
+    /// requests in one range), yet PyTorch's emulation reads it back with room on the device and no out-of-memory, and
+    /// never places an allocation over one still live: the paged export of a recording begun mid-run was refused 874
+    /// times on an unlimited device (a range left unmapped between two mapped ones, narrower than the emulation's
+    /// pages), and reservations guessed for runs of mixed requests overlapped, their pages mapped over live blocks.
     #[test]
-    fn a_heap_or_paged_export_replays_through_pytorch_with_no_out_of_memory() {
+    fn a_heap_or_paged_export_replays_through_pytorch_in_memory_of_its_own() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch");
-        for name in ["gpt2_train_fixed-default", "gpt2_train_fixed-expandable"] {
+        for name in ["frag_oom-default", "frag_oom-expandable", "gpt2_train_fixed-default", "gpt2_train_fixed-expandable"] {
             let whole = heapscope_pytorch::read_snapshot(&dir.join(format!("{name}.pickle.gz"))).unwrap();
             for begun in [0, 4, 2] {
                 let mut snapshot = whole.clone();
@@ -1194,17 +1195,41 @@ mod tests {
                 for contender in [Contender::Paged, Contender::Heap(PolicyKind::Tlsf)] {
                     let written = replayed_snapshot(&recording, contender, &CompareConfig::default()).unwrap().snapshot;
                     for expandable_segments in [false, true] {
+                        let what = format!("{name} from entry {first}, {contender}, expandable {expandable_segments}");
                         let conf = AllocConf { expandable_segments, ..AllocConf::default() };
                         let emulation = heapscope_pytorch::caching::emulate(&written, 0, &conf, None).unwrap();
-                        assert_eq!(
-                            emulation.stats.num_ooms, 0,
-                            "{name} from entry {first}, {contender}, expandable {expandable_segments}: {:?}",
-                            emulation.first_oom
-                        );
+                        assert_eq!(emulation.stats.num_ooms, 0, "{what}: {:?}", emulation.first_oom);
+                        assert_eq!(overlaps(&written.device_traces[0], &emulation.placements), None, "{what}");
                     }
                 }
             }
         }
+    }
+
+    /// The first allocation of `entries` placed (`placements`, by entry) over one still live: its entry's index.
+    fn overlaps(entries: &[TraceEntry], placements: &[Option<u64>]) -> Option<usize> {
+        // Placed start -> end, and recorded address -> placed start, of the live allocations.
+        let (mut placed, mut live) = (BTreeMap::new(), FastMap::default());
+        for (index, entry) in entries.iter().enumerate() {
+            match (entry.action, placements.get(index).copied().flatten()) {
+                (Action::Alloc, Some(start)) => {
+                    let end = start + entry.size.max(1);
+                    let below = placed.range(..end).next_back().is_some_and(|(_, &other_end)| other_end > start);
+                    if below {
+                        return Some(index);
+                    }
+                    placed.insert(start, end);
+                    live.insert(entry.addr, start);
+                }
+                (Action::FreeRequested, _) => {
+                    if let Some(start) = live.remove(&entry.addr) {
+                        placed.remove(&start);
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
     }
 
     /// An allocation live when the recording began comes from no entry; written as an allocation of the heap, it

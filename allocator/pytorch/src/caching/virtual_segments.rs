@@ -187,11 +187,54 @@ impl Groups {
 
     /// The groups with pages mapped at the start, and every reservation's base (with `more`, the ordinary segments'),
     /// sorted: an expandable segment ends by the next base above its own.
+    ///
+    /// Reservations never overlap. Layouts no PyTorch run makes (pools guessed wrong for runs that mix small and
+    /// large requests, a file another allocator's replay wrote) can have them do so, and mapping the unmapped range of
+    /// one would place blocks over the other's, still live: so a group that shares its base with another begins at its
+    /// first mapped range instead, and a group with ranges mapped at or above the next base is split there, its ranges
+    /// above beginning a reservation of their own (until none is).
     pub(super) fn mapped_at_start(self, more: impl Iterator<Item = u64>) -> (Vec<Group>, Vec<u64>) {
-        let groups: Vec<Group> = self.list.into_iter().filter(|g| !g.mapped.is_empty()).collect();
-        let mut bases: Vec<u64> = groups.iter().map(|g| g.base).chain(more).collect();
-        bases.sort_unstable();
-        (groups, bases)
+        let mut groups: Vec<Group> = self.list.into_iter().filter(|g| !g.mapped.is_empty()).collect();
+        let more: Vec<u64> = more.collect();
+        // Each move raises a base to its group's first range (which no other group's range shares): done when none is
+        // shared, or no group sharing one can move.
+        loop {
+            let mut shared: BTreeMap<u64, usize> = BTreeMap::new();
+            for group in &groups {
+                *shared.entry(group.base).or_default() += 1;
+            }
+            let mut moved = false;
+            for group in &mut groups {
+                if shared[&group.base] > 1
+                    && let Some(&first) = group.mapped.keys().next()
+                    && first > group.base
+                {
+                    group.base = first;
+                    moved = true;
+                }
+            }
+            if !moved {
+                break;
+            }
+        }
+        loop {
+            let mut bases: Vec<u64> = groups.iter().map(|g| g.base).chain(more.iter().copied()).collect();
+            bases.sort_unstable();
+            let mut split = Vec::new();
+            for group in &mut groups {
+                if let Some(&next) = bases.get(bases.partition_point(|&base| base <= group.base)) {
+                    let above = group.mapped.split_off(&next);
+                    if let Some(&start) = above.keys().next() {
+                        split.push(Group { base: start, mapped: above, ..Group::new(group.stream, group.pool, start) });
+                    }
+                }
+            }
+            if split.is_empty() {
+                groups.retain(|g| !g.mapped.is_empty());
+                return (groups, bases);
+            }
+            groups.extend(split);
+        }
     }
 }
 
