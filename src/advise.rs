@@ -60,7 +60,7 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
     bar.finish_and_clear();
     if args.json {
         for row in &advice.settings {
-            outln!("{}", serde_json::to_string(row)?);
+            outln!("{}", crate::output::json_line(row, &recording)?);
         }
         return Ok(());
     }
@@ -106,8 +106,9 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
     }
     outln!(
         "({}; dev alloc / dev free: cudaMalloc and cudaFree calls, or maps and unmaps with expandable segments; driver \
-         time: what those calls would cost, from costs measured on an H200; needs: the least capacity under which that \
-         setting serves every request; retries: at that capacity, how often PyTorch frees its cache and retries a failed \
+         time: what those calls would cost, from costs measured on an H200; needs: the least capacity at which that \
+         setting serves every request, found on a grid of 2 MiB or 1/1024 of its peak reserved and checked at two larger \
+         ones; retries: at that capacity, how often PyTorch frees its cache and retries a failed \
          cudaMalloc, each waiting for the device)",
         crate::output::RES_LIVE_LEGEND
     );

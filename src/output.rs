@@ -8,6 +8,21 @@ use std::io::{ErrorKind, Write};
 pub const RES_LIVE_LEGEND: &str =
     "res/live: peak reserved over peak live bytes, 1.0000 when nothing beyond the live bytes was held";
 
+/// `value` as one JSON line, with the device it is about last (`device`: `null` for a trace, which has none): a file
+/// may hold several, and the one replayed by default is the one that ran out of memory, not always device 0.
+///
+/// # Errors
+/// `value`'s serialization errors.
+pub fn json_line(value: &impl serde::Serialize, recording: &heapscope_lab::recording::Recording) -> serde_json::Result<String> {
+    #[derive(serde::Serialize)]
+    struct OnDevice<'a, T: serde::Serialize> {
+        #[serde(flatten)]
+        value: &'a T,
+        device: Option<usize>,
+    }
+    serde_json::to_string(&OnDevice { value, device: recording.snapshot.is_some().then_some(recording.device) })
+}
+
 /// Writes `args` to standard output; exits with success when the reader closed the pipe, with failure on
 /// any other write error.
 pub fn write(args: fmt::Arguments<'_>) {

@@ -385,7 +385,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
             .and_then(|outcome| args.contenders.checked(&recording, outcome))
             .with_context(|| format!("replaying through {contender}"))?;
         if args.json {
-            outln!("{}", serde_json::to_string(&outcome)?);
+            outln!("{}", crate::output::json_line(&outcome, &recording)?);
         } else {
             // The title once the first contender ran: a lone contender the device cannot run prints nothing.
             if index == 0 {

@@ -50,7 +50,7 @@ pub fn run(args: &TopArgs) -> Result<()> {
     };
     let found = top(&recording, args.at, grouping)?;
     if args.json {
-        outln!("{}", json(&found, args.at, grouping));
+        outln!("{}", crate::output::json_line(&json(&found, args.at, grouping), &recording)?);
         return Ok(());
     }
     let when = match args.at {

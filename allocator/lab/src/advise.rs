@@ -96,10 +96,13 @@ pub struct SettingAdvice {
     pub ooms: u64,
     /// The first of them.
     pub first_oom: Option<FirstOom>,
-    /// The smallest capacity (a multiple of 2 MiB) at which it runs without an out-of-memory error; `None` when no
-    /// capacity does (a request larger than any device).
+    /// The smallest capacity at which it runs without an out-of-memory error, on the search's grid (2 MiB or 1/1024 of
+    /// the peak reserved without a limit, whichever is coarser; at most that peak); `None` when no capacity does (a
+    /// request larger than any device).
     pub min_capacity_bytes: Option<u64>,
-    /// Whether every larger capacity tried also runs (more memory can change the allocator's decisions).
+    /// Whether the larger capacities tried (one grid step above the need, and half-way to the peak reserved without a
+    /// limit) also run: more memory can change the allocator's decisions, and two probes are no proof for every
+    /// capacity above.
     pub monotone: bool,
     /// A larger capacity at which it failed again, when not monotone.
     pub fails_again_at_bytes: Option<u64>,
@@ -690,6 +693,9 @@ fn min_capacity(
         }
         high
     } * grain;
+    // The grid step above the ceiling is no need: the ceiling itself fits (a run that never reaches its capacity decides
+    // as without one).
+    let found = if ceiling_fits { found.min(ceiling) } else { found };
     let halfway = (found + ceiling.saturating_sub(found) / 2) / grain * grain;
     for capacity in [found + grain, halfway] {
         if capacity > found && (capacity < ceiling || !ceiling_fits) && !fits(capacity)? {
@@ -1176,6 +1182,11 @@ mod tests {
         let ceiling = 3000 * step;
         let (found, _) = min_capacity(step, ceiling, true, &|capacity| Ok(capacity >= 1000 * step)).unwrap().unwrap();
         assert!(found >= 1000 * step && found < 1000 * step + ceiling / 1024 + step && found % step == 0, "{found}");
+        // Only the ceiling fits, off the grid: the need is the ceiling, not the grid step above it (it was 14.25 GiB on
+        // GPT-2 for a run whose peak reserved, 14.24 GiB, fits).
+        let ceiling = 3000 * step + step / 2;
+        let found = min_capacity(step, ceiling, true, &|capacity| Ok(capacity >= ceiling)).unwrap();
+        assert_eq!(found, Some((ceiling, None)));
     }
 
     /// Every setting of the grid is one PyTorch accepts, and the grid has no two alike.

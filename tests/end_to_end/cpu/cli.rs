@@ -1026,6 +1026,12 @@ fn issue_14_several_devices_are_overviewed_and_chosen() {
     // By default: device 1, which ran out of memory, and said so.
     let lines = json_lines(&heapscope(&["replay", file, "--json", "--policy", "pytorch"]));
     assert_eq!(lines[0]["entries"], frag_entries, "{}", lines[0]);
+    // A script reading the JSON learns which device it is about.
+    assert_eq!(lines[0]["device"], 1, "{}", lines[0]);
+    let top = json_lines(&heapscope(&["top", file, "--json"]));
+    assert_eq!(top[0]["device"], 1, "{}", top[0]);
+    let advised = json_lines(&heapscope(&["advise", file, "--json", "--setting", "expandable_segments:True"]));
+    assert!(!advised.is_empty() && advised.iter().all(|line| line["device"] == 1), "{advised:?}");
     assert!(lines[0]["ooms"].as_u64() > Some(0), "{}", lines[0]);
     let overview = |text: &str, shown: usize, why: &str| {
         let head = format!("{file} records 3 devices; showing device {shown} ({why}):");
