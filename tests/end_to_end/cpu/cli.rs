@@ -107,6 +107,18 @@ fn render_draws_a_recording_or_a_story_into_a_png() {
         let drawn = heapscope_headless(&args, &dir);
         assert!(drawn.status.success() && stdout(&drawn).contains(entry), "--at {at}: {}{}", stdout(&drawn), stderr(&drawn));
     }
+    // A recording with no oom entry, on a capacity its replay runs out of: `--at oom` is the first refusal there (GPT-2
+    // at 13 GiB, entry 5866, as `replay` says), and said so.
+    let gpt2 = trace("pytorch/gpt2_train_fixed-default.pickle.gz");
+    let args = ["render", gpt2.to_str().unwrap(), "--capacity", "13GiB", "--at", "oom", "--out", "refused.png"];
+    let drawn = heapscope_headless(&args, &dir);
+    let text = stdout(&drawn);
+    assert!(drawn.status.success(), "{}", stderr(&drawn));
+    assert!(
+        text.contains("records no out-of-memory entry: --at oom draws the first request a pane refused, pytorch's at entry 5866"),
+        "{text}"
+    );
+    assert!(text.contains("entry 5866 of 18685 entries · out of memory: pytorch refused"), "{text}");
     // Issue 19: a lesson written as a CSV, with its captions, the rules on the command line, the timeline strip, and
     // text scaled to a 2400-pixel image.
     let lesson = "# heapscope trace v1: lesson\n# Three blocks\na,1,40MiB\na,2,60MiB\na,3,40MiB\n# A hole\nf,2\na,4,50MiB\n";
