@@ -258,6 +258,7 @@ fn render_and_gui_refuse_bad_requests_clearly() {
 fn render_refuses_a_moment_past_the_end_as_gui_does() {
     let dir = temp_dir("render-at");
     let snapshot = trace("pytorch/frag_oom-default.pickle.gz");
+    let gpt2 = trace("pytorch/gpt2_train_fixed-default.pickle.gz");
     // (recording, --at, words of the error)
     let cases = [
         (
@@ -272,7 +273,12 @@ fn render_refuses_a_moment_past_the_end_as_gui_does() {
             "soon",
             "\"soon\" is no moment: expected `peak`, `oom`, `start` or an entry number (from 0)",
         ),
-        (vec!["--story", "frag_oom"], "oom", "frag_oom has no out-of-memory entry: nothing was refused"),
+        // No oom entry and no pane refusing anything on its capacity (the story's refusals are drawn instead).
+        (
+            vec![gpt2.to_str().unwrap()],
+            "oom",
+            "gpt2_train_fixed-default.pickle.gz has no out-of-memory entry: nothing was refused",
+        ),
     ];
     for (recording, at, words) in cases {
         let args: Vec<&str> = ["render"].into_iter().chain(recording).chain(["--at", at, "--out", "x.png"]).collect();
