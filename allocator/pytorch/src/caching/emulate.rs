@@ -270,6 +270,22 @@ fn driver_anchors(trace: &[TraceEntry]) -> (Option<u64>, Option<u64>) {
     (cuda_malloc_top, first(Action::SegmentMap).map(|e| e.addr))
 }
 
+/// Whether a recording made with expandable segments shows PyTorch's rule before 2.5, private pools served from whole
+/// `cudaMalloc` segments: a final segment of a private pool that is not expandable, or a `segment_alloc` of one
+/// (`pools`: the pool of each entry). From 2.5 on, private pools map pages as the default pools do.
+fn private_pools_whole(snapshot: &Snapshot, device: usize, trace: &[TraceEntry], pools: &RequestPools) -> bool {
+    let private = |id: (i64, i64)| id != (0, 0);
+    let whole_final = snapshot
+        .segments
+        .iter()
+        .any(|segment| segment.device as usize == device && private(segment.segment_pool_id) && !segment.is_expandable);
+    whole_final
+        || trace
+            .iter()
+            .enumerate()
+            .any(|(k, entry)| entry.action == Action::SegmentAlloc && private(pools.pool_id(snapshot, k, entry.pool_id)))
+}
+
 impl<'s> Emulator<'s> {
     /// The allocator at the start of device `device`'s recording in `snapshot` (settings `conf`, a device of
     /// `capacity_bytes`), ready for its first entry. With expandable segments turned on or off against the recording,
@@ -293,6 +309,10 @@ impl<'s> Emulator<'s> {
         // segments hold what was live at the start.
         let other_kind = conf.expandable_segments != AllocConf::of_snapshot(snapshot).expandable_segments;
         let (mut alloc, mut live, mut start_left_out) = rebuild_start_state(snapshot, device, conf, capacity_bytes)?;
+        let pools = RequestPools::of(snapshot, device);
+        if !other_kind && conf.expandable_segments && private_pools_whole(snapshot, device, trace, &pools) {
+            alloc.set_private_pools_whole();
+        }
         if other_kind {
             let (cuda_malloc_top, reserve_bottom) = driver_anchors(trace);
             alloc.use_driver_addresses(cuda_malloc_top, reserve_bottom);
@@ -313,7 +333,7 @@ impl<'s> Emulator<'s> {
         let emulator = Self {
             trace,
             snapshot,
-            pools: std::sync::Arc::new(RequestPools::of(snapshot, device)),
+            pools: std::sync::Arc::new(pools),
             record: true,
             entry_stats: true,
             capacity_bytes,

@@ -329,6 +329,9 @@ pub struct CachingAllocator {
     /// `total_allocated_memory`: reserved bytes.
     total_allocated_memory: u64,
     events: Vec<DeviceEvent>,
+    /// PyTorch before 2.5: private pools take whole `cudaMalloc` segments even with expandable segments on (its
+    /// checkpointing of private pools did not support them); set where the recording shows it.
+    private_pools_whole: bool,
 }
 
 impl CachingAllocator {
@@ -352,7 +355,13 @@ impl CachingAllocator {
             stats: MemoryStats::default(),
             total_allocated_memory: 0,
             events: Vec::new(),
+            private_pools_whole: false,
         }
+    }
+
+    /// Serves private pools from whole segments even with expandable segments on, as PyTorch before 2.5 did.
+    pub(crate) fn set_private_pools_whole(&mut self) {
+        self.private_pools_whole = true;
     }
 
     /// The allocator as it stood when the recording of device `device` in `snapshot` started (empty for a
@@ -806,7 +815,7 @@ impl CachingAllocator {
             self.refused_rounding_bytes = alloc_size.saturating_sub(size);
             return None;
         }
-        if self.conf.expandable_segments {
+        if self.conf.expandable_segments && !(self.private_pools_whole && pool.0 != 0) {
             return self.try_allocate_expandable_block(pool, stream, size, base_hint);
         }
         if self.total_allocated_memory.saturating_add(alloc_size) > self.device_limit() {

@@ -1368,6 +1368,32 @@ fn a_graphs_expandable_pages_are_its_pools_in_files_before_2_12() {
     }
 }
 
+/// PyTorch before 2.5 served private pools from whole segments even with expandable segments on; a recording that shows
+/// it (a graph's `segment_alloc` beside the default pool's mapped pages) replays so, from the start and every cut, where
+/// the emulation mapped the graph's pages instead.
+#[test]
+fn a_graphs_whole_segments_under_expandable_segments_replay_as_recorded() {
+    let (d, p) = (0x7000_0000_0000_u64, 0x7100_0000_0000_u64);
+    let graph = |e: TraceEntry| e.with_pool_id(PoolId(1));
+    let mut trace = vec![entry(Action::SegmentMap, d, 20 * MIB), entry(Action::Alloc, d, 5 * MIB)];
+    trace.extend([graph(entry(Action::SegmentAlloc, p, 20 * MIB)), graph(entry(Action::Alloc, p, 5 * MIB))]);
+    trace.extend([graph(entry(Action::Alloc, p + 5 * MIB, 3 * MIB)), entry(Action::Alloc, d + 5 * MIB, 2 * MIB)]);
+    let expandable = conf_with("expandable_segments:True");
+    let recorded = RecordedSettings { expandable_segments: true, ..RecordedSettings::default() };
+    let mut snapshot =
+        Snapshot { device_traces: vec![trace], pool_ids: vec![(0, 0), (0, 1)], settings: Some(recorded), ..Snapshot::default() };
+    let full = emulate(&snapshot, 0, &expandable, None).unwrap();
+    assert!(full.fidelity.is_exact(), "{:?}", full.fidelity);
+    snapshot.segments = full.final_segments.clone();
+    assert!(snapshot.segments.iter().any(|segment| segment.segment_pool_id == (0, 1) && !segment.is_expandable));
+    for cut in 0..snapshot.device_traces[0].len() {
+        let mut from_cut = snapshot.clone();
+        from_cut.device_traces[0].drain(..cut);
+        let em = emulate(&from_cut, 0, &expandable, None).unwrap();
+        assert!(em.fidelity.is_exact(), "cut at {cut}: {:?}", em.fidelity);
+    }
+}
+
 /// How a private pool's memory goes back, each as PyTorch records it: deleting a `torch.cuda.MemPool`
 /// (`emptyCache(id)`: only that pool, the default pool's cached segment stays); a freed graph's expandable pages
 /// unmapped by `empty_cache()`; a pool's own request releasing its oversize blocks (`max_split_size`), after which
