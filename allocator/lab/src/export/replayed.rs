@@ -1179,7 +1179,8 @@ mod tests {
     /// requests in one range), yet PyTorch's emulation reads it back with room on the device and no out-of-memory, and
     /// never places an allocation over one still live: the paged export of a recording begun mid-run was refused 874
     /// times on an unlimited device (a range left unmapped between two mapped ones, narrower than the emulation's
-    /// pages), and reservations guessed for runs of mixed requests overlapped, their pages mapped over live blocks.
+    /// pages), reservations guessed for runs of mixed requests overlapped, their pages mapped over live blocks, and an
+    /// export cut mid-run was refused (a page guessed into both pools, held twice at the start).
     #[test]
     fn a_heap_or_paged_export_replays_through_pytorch_in_memory_of_its_own() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/traces/pytorch");
@@ -1193,13 +1194,23 @@ mod tests {
                 trace.drain(..first);
                 let recording = Recording::from_snapshot(name, snapshot, 0).unwrap();
                 for contender in [Contender::Paged, Contender::Heap(PolicyKind::Tlsf)] {
-                    let written = replayed_snapshot(&recording, contender, &CompareConfig::default()).unwrap().snapshot;
-                    for expandable_segments in [false, true] {
-                        let what = format!("{name} from entry {first}, {contender}, expandable {expandable_segments}");
-                        let conf = AllocConf { expandable_segments, ..AllocConf::default() };
-                        let emulation = heapscope_pytorch::caching::emulate(&written, 0, &conf, None).unwrap();
-                        assert_eq!(emulation.stats.num_ooms, 0, "{what}: {:?}", emulation.first_oom);
-                        assert_eq!(overlaps(&written.device_traces[0], &emulation.placements), None, "{what}");
+                    let whole = replayed_snapshot(&recording, contender, &CompareConfig::default()).unwrap().snapshot;
+                    // The export itself cut too (its runs of pages mix small and large requests).
+                    for cut in [0, 4, 2] {
+                        let mut written = whole.clone();
+                        let trace = &mut written.device_traces[0];
+                        let export_first = trace.len().checked_div(cut).unwrap_or(0);
+                        trace.drain(..export_first);
+                        for expandable_segments in [false, true] {
+                            let what = format!(
+                                "{name} from entry {first}, {contender} from entry {export_first}, expandable {expandable_segments}"
+                            );
+                            let conf = AllocConf { expandable_segments, ..AllocConf::default() };
+                            let emulation = heapscope_pytorch::caching::emulate(&written, 0, &conf, None)
+                                .unwrap_or_else(|error| panic!("{what}: {error}"));
+                            assert_eq!(emulation.stats.num_ooms, 0, "{what}: {:?}", emulation.first_oom);
+                            assert_eq!(overlaps(&written.device_traces[0], &emulation.placements), None, "{what}");
+                        }
                     }
                 }
             }

@@ -142,12 +142,12 @@ pub(super) fn rebuild_start_state(
                 segments.insert(e.addr, (e.size, e.stream, (owner(k), pool), Origin::Entry(k)));
             }
             Action::SegmentMap => {
-                if let Some(gi) = groups.holding(e.stream, owner(k), run_pools.of(e.addr, e.size), e.addr) {
+                if let Some(gi) = groups.holding(e.stream, owner(k), run_pools.of(e.addr), e.addr) {
                     remove_range(&mut groups.list[gi].mapped, e.addr, e.addr + e.size);
                 }
             }
             Action::SegmentUnmap => {
-                if let Some(gi) = groups.holding(e.stream, owner(k), run_pools.of(e.addr, e.size), e.addr) {
+                if let Some(gi) = groups.holding(e.stream, owner(k), run_pools.of(e.addr), e.addr) {
                     add_range(&mut groups.list[gi].mapped, e.addr, e.addr + e.size);
                     mapped_origin.entry(e.addr).or_insert(Origin::Entry(k));
                 }

@@ -140,7 +140,7 @@ impl Groups {
             .iter()
             .enumerate()
             .filter(|(_, e)| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
-            .map(|(k, e)| (e.stream, owner(k), e.addr, pools.of(e.addr, e.size)))
+            .map(|(k, e)| (e.stream, owner(k), e.addr, pools.of(e.addr)))
             .filter(|&(stream, owner, addr, pool)| self.holding(stream, owner, pool, addr).is_none())
             .collect();
         if unseen.is_empty() {
@@ -240,38 +240,72 @@ impl Groups {
 
 /// The pool of a page run of the trace, where something tells it: the allocations the trace places in the run (the
 /// small pool serves requests of at most 1 MiB), else the run's length (no multiple of the large pool's 20 MiB page:
-/// the small pool's).
+/// the small pool's). Runs that overlap are pages of one reservation, so of one pool: the answer is one for each set of
+/// overlapping runs (or runs an allocation crosses between), taken from all of them (runs told apart one by one gave a page to both pools where a layout mixes
+/// requests, as a paged heap's does, and the start state then held it twice).
 #[derive(Debug)]
 pub(super) struct RunPools {
-    /// (address, requested bytes) of every allocation and completed free of the trace, by address.
-    allocations: Vec<(u64, u64)>,
+    /// The trace's runs merged where they overlap: start -> (end, pool).
+    merged: BTreeMap<u64, (u64, Option<Pool>)>,
 }
 
 impl RunPools {
     /// Nothing to index (no allocation gathered, nor sorted) for a trace that maps and unmaps no page: most
     /// recordings, and every emulation of them starts here.
     pub(super) fn new(trace: &[TraceEntry]) -> Self {
-        if !trace.iter().any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap)) {
-            return RunPools { allocations: Vec::new() };
+        let mut runs: Vec<(u64, u64)> = trace
+            .iter()
+            .filter(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
+            .map(|e| (e.addr, e.addr.saturating_add(e.size)))
+            .collect();
+        if runs.is_empty() {
+            return RunPools { merged: BTreeMap::new() };
         }
+        runs.sort_unstable();
         let mut allocations: Vec<(u64, u64)> = trace
             .iter()
             .filter(|e| matches!(e.action, Action::Alloc | Action::FreeCompleted))
             .map(|e| (e.addr, e.size))
             .collect();
         allocations.sort_unstable();
-        RunPools { allocations }
+        // Whether an allocation runs across `boundary` (the nearest one below it, enough where they lie side by side).
+        let crossed = |boundary: u64| {
+            let below = allocations.partition_point(|&(at, _)| at < boundary);
+            below.checked_sub(1).is_some_and(|index| allocations[index].0.saturating_add(allocations[index].1) > boundary)
+        };
+        // (start, end, whether a run is no multiple of the large pool's page); runs that meet where an allocation
+        // crosses from one to the other are one reservation's too.
+        let mut sets: Vec<(u64, u64, bool)> = Vec::new();
+        for (start, end) in runs {
+            let small_length = !(end - start).is_multiple_of(LARGE_BUFFER_BYTES);
+            match sets.last_mut() {
+                Some(last) if start < last.1 || (start == last.1 && crossed(start)) => {
+                    last.1 = last.1.max(end);
+                    last.2 |= small_length;
+                }
+                _ => sets.push((start, end, small_length)),
+            }
+        }
+        let merged = sets
+            .into_iter()
+            .map(|(start, end, small_length)| {
+                let first = allocations.partition_point(|&(at, _)| at < start);
+                let pool = match allocations.get(first) {
+                    Some(&(at, requested)) if at < end => {
+                        Some(if requested <= SMALL_SIZE_BYTES { Pool::Small } else { Pool::Large })
+                    }
+                    _ if small_length => Some(Pool::Small),
+                    _ => None,
+                };
+                (start, (end, pool))
+            })
+            .collect();
+        RunPools { merged }
     }
 
-    pub(super) fn of(&self, addr: u64, size: u64) -> Option<Pool> {
-        let first = self.allocations.partition_point(|&(at, _)| at < addr);
-        match self.allocations.get(first) {
-            Some(&(at, requested)) if at < addr.saturating_add(size) => {
-                Some(if requested <= SMALL_SIZE_BYTES { Pool::Small } else { Pool::Large })
-            }
-            _ if !size.is_multiple_of(LARGE_BUFFER_BYTES) => Some(Pool::Small),
-            _ => None,
-        }
+    /// The pool of the trace's run at `addr` (`None` where nothing tells it, or for no run of the trace).
+    pub(super) fn of(&self, addr: u64) -> Option<Pool> {
+        self.merged.range(..=addr).next_back().filter(|(_, (end, _))| addr < *end).and_then(|(_, &(_, pool))| pool)
     }
 }
 
