@@ -607,15 +607,14 @@ impl Built {
     }
 }
 
-/// The blocks of device `device`'s final segments that were not free when the snapshot was taken (allocated, or
-/// freed but not yet completed).
 /// Whether the frees of `entries` carry the stack of the allocation they free rather than their own: PyTorch records
 /// a `free_requested` with the stack of its caller under `_record_memory_history(context="all")` (the default), with
 /// the allocation's under `context="alloc"`. Told from the file: every pair allocated and freed within it, with frames
-/// recorded, has the same frames at both ends (and there is at least one such pair).
+/// recorded, has the same frames at both ends, and such pairs come from at least [`AGREEING_STACKS`] stacks. (A
+/// temporary allocated and freed on one line agrees under `context="all"` too: a few such pairs tell nothing.)
 pub fn frees_carry_allocation_stacks(entries: &[TraceEntry]) -> bool {
     let mut allocated: heapscope_core::hash::FastMap<u64, StackId> = heapscope_core::hash::FastMap::default();
-    let mut pairs = 0u64;
+    let mut agreeing: heapscope_core::hash::FastSet<StackId> = heapscope_core::hash::FastSet::default();
     for entry in entries {
         match entry.action {
             Action::Alloc => {
@@ -623,15 +622,23 @@ pub fn frees_carry_allocation_stacks(entries: &[TraceEntry]) -> bool {
             }
             Action::FreeRequested => match allocated.remove(&entry.addr) {
                 Some(StackId::NONE) | None => {}
-                Some(frames) if frames == entry.frames => pairs += 1,
+                Some(frames) if frames == entry.frames => {
+                    agreeing.insert(frames);
+                }
                 Some(_) => return false,
             },
             _ => {}
         }
     }
-    pairs > 0
+    agreeing.len() >= AGREEING_STACKS
 }
 
+/// How many different stacks the pairs that agree must come from before frees are taken to carry the allocation's
+/// stack ([`frees_carry_allocation_stacks`]).
+pub const AGREEING_STACKS: usize = 3;
+
+/// The blocks of device `device`'s final segments that were not free when the snapshot was taken (allocated, or
+/// freed but not yet completed).
 fn final_live_blocks(snapshot: &Snapshot, device: usize) -> impl Iterator<Item = &heapscope_pytorch::Block> {
     snapshot
         .segments

@@ -429,19 +429,34 @@ mod tests {
     }
 
     /// A recording begun mid-run: 0x9000 (64 B) was live at the start and is freed at entry 0, so no final block
-    /// holds its frames. Where the file's frees carry the stack of what they free (the pair 0x1000 alloc / free
-    /// has the same frames at both ends) the free's frames are its origin; where they carry their own, it has none.
+    /// holds its frames. Where the file's frees carry the stack of what they free (three pairs alloc / free, of three
+    /// stacks, have the same frames at both ends) the free's frames are its origin; where they carry their own, or one
+    /// pair alone agrees (a temporary freed on the line that made it), it has none.
     #[test]
     fn an_allocation_live_at_the_start_and_freed_takes_its_frees_frames_when_frees_carry_allocation_stacks() {
-        let frame_stacks = vec![Vec::new(), vec![frame("forward", "model.py", 10)], vec![frame("step", "train.py", 5)]];
-        let start_at = |free_frames: u32| {
-            let trace = vec![
-                entry(Action::FreeRequested, 0x9000, 64, 2),
-                entry(Action::FreeCompleted, 0x9000, 64, 2),
-                entry(Action::Alloc, 0x1000, 100, 1),
-                entry(Action::FreeRequested, 0x1000, 100, free_frames),
-                entry(Action::FreeCompleted, 0x1000, 100, free_frames),
-            ];
+        let frame_stacks = vec![
+            Vec::new(),
+            vec![frame("forward", "model.py", 10)],
+            vec![frame("step", "train.py", 5)],
+            vec![frame("backward", "model.py", 20)],
+            vec![frame("loss", "train.py", 9)],
+        ];
+        // Pairs allocated and freed in the trace: the first freed with `first_free`'s frames.
+        let pairs = |first_free: u32| -> Vec<TraceEntry> {
+            [(0x1000, 1, first_free), (0x2000, 3, 3), (0x3000, 4, 4)]
+                .into_iter()
+                .flat_map(|(addr, made, freed)| {
+                    [
+                        entry(Action::Alloc, addr, 100, made),
+                        entry(Action::FreeRequested, addr, 100, freed),
+                        entry(Action::FreeCompleted, addr, 100, freed),
+                    ]
+                })
+                .collect()
+        };
+        let start_at = |trace_pairs: Vec<TraceEntry>| {
+            let mut trace = vec![entry(Action::FreeRequested, 0x9000, 64, 2), entry(Action::FreeCompleted, 0x9000, 64, 2)];
+            trace.extend(trace_pairs);
             let snapshot = Snapshot { device_traces: vec![trace], frame_stacks: frame_stacks.clone(), ..Snapshot::default() };
             let recording = Recording::from_snapshot("cut.pickle", snapshot, 0).unwrap();
             assert_eq!(recording.start_addresses, [0x9000]);
@@ -450,9 +465,11 @@ mod tests {
                 .map(|(frames, bytes, _)| (frames.into_iter().map(str::to_owned).collect::<Vec<_>>(), bytes))
                 .collect::<Vec<_>>()
         };
-        assert_eq!(start_at(1), [(vec!["step (train.py:5)".to_owned()], 64)]);
+        assert_eq!(start_at(pairs(1)), [(vec!["step (train.py:5)".to_owned()], 64)]);
         // The free of 0x1000 from elsewhere (`train.py:5`, not its `model.py:10`): frees carry their own stacks.
-        assert_eq!(start_at(2), [(Vec::<String>::new(), 64)]);
+        assert_eq!(start_at(pairs(2)), [(Vec::<String>::new(), 64)]);
+        // One pair alone agreeing tells nothing.
+        assert_eq!(start_at(pairs(1)[..3].to_vec()), [(Vec::<String>::new(), 64)]);
         // Its address taken again by an allocation live at the end: the final block there is that one's (model.py:10),
         // not the start allocation's, which no free's stack tells here.
         let trace = vec![
@@ -470,10 +487,10 @@ mod tests {
         let recording = Recording::from_snapshot("reused.pickle", snapshot, 0).unwrap();
         let start = top(&recording, TopAt::Moment(Moment::Start), Grouping::UserFrame).unwrap();
         assert_eq!(rows(&start), [(Vec::<&str>::new(), 64, 1)]);
-        let entries = |free: u32| vec![entry(Action::Alloc, 0x1000, 100, 1), entry(Action::FreeRequested, 0x1000, 100, free)];
         for (trace, carried) in [
-            (entries(1), true),
-            (entries(2), false),
+            (pairs(1), true),
+            (pairs(2), false),
+            (pairs(1)[..3].to_vec(), false),
             // No pair with frames: nothing tells.
             (vec![entry(Action::Alloc, 0x1000, 100, 0), entry(Action::FreeRequested, 0x1000, 100, 0)], false),
             (vec![entry(Action::FreeRequested, 0x1000, 100, 1)], false),

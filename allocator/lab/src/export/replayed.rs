@@ -1253,10 +1253,16 @@ mod tests {
         let mut snapshot = heapscope_pytorch::read_snapshot(&dir.join("frag_oom-default.pickle.gz")).unwrap();
         let trace = &mut snapshot.device_traces[0];
         assert!(trace.iter().all(|entry| entry.frames != StackId::NONE), "every entry of frag_oom has its stack");
+        // Each allocation made at one of the file's stacks in turn, so that the pairs left after the cut come from
+        // several (frees agreeing on one or two stacks tell nothing).
+        let mut stacks: Vec<StackId> = trace.iter().map(|entry| entry.frames).collect();
+        stacks.sort_unstable();
+        stacks.dedup();
         let mut allocated = FastMap::default();
-        for entry in trace.iter_mut() {
+        for (k, entry) in trace.iter_mut().enumerate() {
             match entry.action {
                 Action::Alloc => {
+                    entry.frames = stacks[k % stacks.len()];
                     allocated.insert(entry.addr, entry.frames);
                 }
                 Action::FreeRequested | Action::FreeCompleted => entry.frames = allocated[&entry.addr],
