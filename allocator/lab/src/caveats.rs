@@ -55,28 +55,53 @@ pub fn no_trace(recording: &Recording) -> Option<String> {
     ))
 }
 
-/// The note that the trace both reserves whole segments (`segment_alloc`) and maps pages of expandable ones
-/// (`segment_map`) for the default pools: expandable segments were switched on or off during the recording
-/// (`torch.cuda.memory._set_allocator_settings`), while PyTorch's emulation runs with one setting throughout. Private
-/// pools' memory is left out (PyTorch before 2.5 reserved it whole under expandable segments).
+/// The note that the trace's kind of memory for the default pools is not one setting's: it both reserves whole
+/// segments (`segment_alloc`) and maps pages of expandable ones (`segment_map`), or it holds only the kind the recorded
+/// settings (their value when the snapshot was taken) do not use. Expandable segments were switched during or after
+/// the recording (`torch.cuda.memory._set_allocator_settings`), or a private pool freed before the end went unseen,
+/// while PyTorch's emulation runs with one setting throughout. Private pools' memory, where the file tells it, is left
+/// out (PyTorch before 2.5 reserved it whole under expandable segments).
 pub fn switched_memory(recording: &Recording) -> Option<String> {
     let snapshot = recording.snapshot.as_ref()?;
     let entries = snapshot.device_traces.get(recording.device)?;
     let first = |action: Action| entries.iter().position(|entry| entry.action == action);
-    // Cheapest first: most recordings hold one kind only.
-    first(Action::SegmentAlloc)?;
-    first(Action::SegmentMap)?;
+    let recorded = snapshot.settings.as_ref().map(|settings| settings.expandable_segments);
+    // Cheapest first: most recordings hold one kind only, the recorded settings' (or record none).
+    match (first(Action::SegmentAlloc), first(Action::SegmentMap), recorded) {
+        (Some(_), Some(_), _) | (Some(_), None, Some(true)) | (None, Some(_), Some(false)) => {}
+        _ => return None,
+    }
     let pools = RequestPools::of(snapshot, recording.device);
     let default = |k: &usize| pools.pool_id(snapshot, *k, entries[*k].pool_id) == (0, 0);
     let first_default = |action: Action| (0..entries.len()).filter(|k| entries[*k].action == action).find(default);
-    let (reserved, mapped) = (first_default(Action::SegmentAlloc)?, first_default(Action::SegmentMap)?);
-    Some(format!(
-        "the trace both reserves whole segments (`segment_alloc`, first at entry {reserved}) and maps pages of expandable \
-         ones (`segment_map`, first at entry {mapped}): expandable segments were switched on or off during the recording \
-         (`torch.cuda.memory._set_allocator_settings`), while PyTorch's emulation runs with one setting throughout \
-         ({}), so on the other side of the switch its placements and out-of-memory verdicts are not the recorded run's",
-        if AllocConf::of_snapshot(snapshot).expandable_segments { "expandable segments on" } else { "expandable segments off" }
-    ))
+    let on = |expandable: bool| if expandable { "expandable segments on" } else { "expandable segments off" };
+    let why = "expandable segments were switched during or after the recording (`torch.cuda.memory._set_allocator_settings`), \
+               or a CUDA graph's pool freed before the end (which PyTorch before 2.5 served from whole segments) is not \
+               told apart";
+    match (first_default(Action::SegmentAlloc), first_default(Action::SegmentMap), recorded) {
+        (Some(reserved), Some(mapped), _) => Some(format!(
+            "the trace both reserves whole segments (`segment_alloc`, first at entry {reserved}) and maps pages of \
+             expandable ones (`segment_map`, first at entry {mapped}): {why}; PyTorch's emulation runs with one setting \
+             throughout ({}), so on the other side of the switch its placements and out-of-memory verdicts are not the \
+             recorded run's",
+            on(AllocConf::of_snapshot(snapshot).expandable_segments)
+        )),
+        (reserved, mapped, Some(expandable)) if (reserved.is_some() && expandable) || (mapped.is_some() && !expandable) => {
+            let (action, entry) = match (reserved, mapped) {
+                (Some(reserved), _) => ("reserves whole segments (`segment_alloc`", reserved),
+                (None, Some(mapped)) => ("maps pages of expandable segments (`segment_map`", mapped),
+                (None, None) => return None,
+            };
+            Some(format!(
+                "the recorded settings have {} (their value when the snapshot was taken), yet the trace {action}, first at \
+                 entry {entry}) and nothing of the other kind: {why}; PyTorch's emulation runs with the recorded setting, \
+                 `--alloc-conf expandable_segments:{}` as the trace shows",
+                on(expandable),
+                if expandable { "False" } else { "True" }
+            ))
+        }
+        _ => None,
+    }
 }
 
 /// The note that the snapshot's final segments disagree with what its trace leaves live at its end
@@ -304,7 +329,7 @@ pub fn recorded_oom(recording: &Recording, figures: &Figures) -> Option<String> 
 mod tests {
     use super::*;
     use heapscope_core::PolicyKind;
-    use heapscope_pytorch::{Action, PoolId, Snapshot, TraceEntry};
+    use heapscope_pytorch::{Action, PoolId, RecordedSettings, Snapshot, TraceEntry};
 
     /// The private pools note: said when a final segment of the device shown is in a pool other than `(0, 0)`, or one
     /// of its trace entries.
@@ -473,32 +498,58 @@ mod tests {
         }
     }
 
-    /// Whole segments and mapped pages in one trace: expandable segments were switched during the recording, unless
-    /// the whole segments are a private pool's.
+    /// Whole segments and mapped pages in one trace, or only the kind the recorded settings do not use: expandable
+    /// segments were switched during or after the recording, unless the whole segments are a private pool's.
     #[test]
     fn a_switch_of_expandable_segments_is_said() {
         let (whole, pages) = (0x7000_0000_0000_u64, 0x7100_0000_0000_u64);
         let e = |action, addr, size, pool: u8| TraceEntry::new(action, addr, size).with_pool_id(PoolId(pool));
         let reserve = |pool| vec![e(Action::SegmentAlloc, whole, 2 << 20, pool), e(Action::Alloc, whole, 512, pool)];
         let map = || vec![e(Action::SegmentMap, pages, 2 << 20, 0), e(Action::Alloc, pages, 512, 0)];
-        // (trace, the note's start or none)
-        let cases: [(Vec<TraceEntry>, Option<&str>); 4] = [
+        let both = "the trace both reserves whole segments (`segment_alloc`, first at entry";
+        // (trace, the recorded expandable_segments, the note's start or none)
+        let cases: [(Vec<TraceEntry>, Option<bool>, Option<&str>); 9] = [
             (
                 [reserve(0), map()].concat(),
+                None,
                 Some(
-                    "the trace both reserves whole segments (`segment_alloc`, first at entry 0) and maps pages of expandable ones (`segment_map`, first at entry 2)",
+                    "the trace both reserves whole segments (`segment_alloc`, first at entry 0) and maps pages of \
+                     expandable ones (`segment_map`, first at entry 2)",
                 ),
             ),
-            ([map(), reserve(0)].concat(), Some("the trace both reserves whole segments (`segment_alloc`, first at entry 2)")),
-            (map(), None),
+            ([map(), reserve(0)].concat(), Some(true), Some(both)),
+            (map(), None, None),
+            (map(), Some(true), None),
+            (reserve(0), Some(false), None),
             // A CUDA graph's pool reserved whole under expandable segments (PyTorch before 2.5).
-            ([reserve(1), map()].concat(), None),
+            ([reserve(1), map()].concat(), Some(true), None),
+            (reserve(1), Some(true), None),
+            // The recorded setting (its value at the end) is not the trace's kind.
+            (
+                reserve(0),
+                Some(true),
+                Some(
+                    "the recorded settings have expandable segments on (their value when the snapshot was taken), yet \
+                     the trace reserves whole segments (`segment_alloc`, first at entry 0)",
+                ),
+            ),
+            (
+                map(),
+                Some(false),
+                Some(
+                    "the recorded settings have expandable segments off (their value when the snapshot was taken), yet \
+                     the trace maps pages of expandable segments (`segment_map`, first at entry 0)",
+                ),
+            ),
         ];
-        for (trace, said) in cases {
-            let snapshot = Snapshot { device_traces: vec![trace], pool_ids: vec![(0, 0), (0, 1)], ..Snapshot::default() };
+        for (trace, expandable, said) in cases {
+            let settings =
+                expandable.map(|expandable_segments| RecordedSettings { expandable_segments, ..RecordedSettings::default() });
+            let snapshot =
+                Snapshot { device_traces: vec![trace], pool_ids: vec![(0, 0), (0, 1)], settings, ..Snapshot::default() };
             let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
             let note = switched_memory(&recording);
-            assert_eq!(note.is_some(), said.is_some(), "{note:?}");
+            assert_eq!(note.is_some(), said.is_some(), "{expandable:?}: {note:?}");
             if let (Some(note), Some(said)) = (note, said) {
                 assert!(note.starts_with(said) && note.contains("_set_allocator_settings"), "{note}");
             }
@@ -631,7 +682,7 @@ mod tests {
         const MIB: u64 = 1 << 20;
         let exact = Fidelity { recorded: 20, matched: 20, allocs: 40, placement_matched: 40, ..Fidelity::default() };
         let departs = Fidelity { matched: 0, ..exact };
-        let with_settings = Snapshot { settings: Some(heapscope_pytorch::RecordedSettings::default()), ..Snapshot::default() };
+        let with_settings = Snapshot { settings: Some(RecordedSettings::default()), ..Snapshot::default() };
         let matched = "PyTorch's emulation under the recorded settings matched";
         let placements = |segments: &str, placed: &str, why: &str| {
             format!("{matched} {segments} of 20 recorded segment events and {placed} of 40 placements ({why}")
