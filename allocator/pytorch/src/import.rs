@@ -2416,6 +2416,8 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         /// `LONG4` of these bytes.
         Long4(Vec<u8>),
         Str(&'static str),
+        /// `BINFLOAT`.
+        Float(f64),
         List(Vec<P>),
         Dict(Vec<(&'static str, P)>),
     }
@@ -2444,6 +2446,10 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
                 P::Str(text) => {
                     out.extend([0x8c, u8::try_from(text.len()).unwrap()]);
                     out.extend(text.as_bytes());
+                }
+                P::Float(value) => {
+                    out.push(b'G');
+                    out.extend(value.to_be_bytes());
                 }
                 P::List(items) => {
                     out.extend(b"](");
@@ -2553,6 +2559,8 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             ("line", P::None, Ok(-1)),
             ("line", P::Int(i64::MAX), Ok(i128::from(i64::MAX))),
             ("line", P::Str("12"), Err("device_traces[0][0].frames[0].line: expected int, found str \"12\"")),
+            // A whole float shows as a float, not as the int it looks like.
+            ("size", P::Float(1.5e8), Err("device_traces[0][0].size: expected int, found float 150000000.0")),
             ("addr", u64_max, Ok(i128::from(u64::MAX))),
             ("addr", P::Long1(vec![0xff]), Err("device_traces[0][0].addr: -1 does not fit a u64 (0 to 2^64 - 1)")),
             ("size", P::power_of_two(80, false), Err("device_traces[0][0].size: 2^80 does not fit a u64")),

@@ -214,7 +214,8 @@ impl Value {
         match self {
             Value::Bool(value) => format!("bool {}", if *value { "True" } else { "False" }),
             Value::Int(value) => format!("int {value}"),
-            Value::Float(value) => format!("float {value}"),
+            // `{:?}` keeps a whole float a float: 150000000.0, not an int's 150000000.
+            Value::Float(value) => format!("float {value:?}"),
             Value::Str(value) => text(value),
             Value::Short(value) => text(value.as_str()),
             other => other.type_name().to_owned(),
