@@ -465,8 +465,9 @@ impl Recording {
     }
 
     /// For each start event, what the entry of its allocation would have said (the trace began after it; `None` for a
-    /// plain trace). One freed during the recording: the stream and memory pool of its free, and the free's stack where
-    /// the file's frees carry the stack of what they free ([`frees_carry_allocation_stacks`]), else none (its final
+    /// plain trace). One freed during the recording: the stream and memory pool of its free, and the free's stack (its
+    /// `free_requested`, or its `free_completed` for one freed by its caller before the start) where the file's frees
+    /// carry the stack of what they free ([`frees_carry_allocation_stacks`]), else none (its final
     /// block, if its address has one, is a later allocation's). One live to the end: its final block's stack, on its
     /// segment's stream. No category (that of the entry's moment, which the trace did not see) and no time.
     pub fn start_origins(&self) -> Vec<Option<TraceEntry>> {
@@ -488,7 +489,7 @@ impl Recording {
                 Action::FreeRequested | Action::FreeCompleted => {
                     if let Some(start) = wanted.remove(&entry.addr) {
                         let stacks = *free_stacks.get_or_insert_with(|| frees_carry_allocation_stacks(entries));
-                        let frames = if stacks && entry.action == Action::FreeRequested { entry.frames } else { StackId::NONE };
+                        let frames = if stacks { entry.frames } else { StackId::NONE };
                         origins[start] = Some(
                             TraceEntry::new(Action::Alloc, entry.addr, entry.size)
                                 .with_stream(entry.stream)

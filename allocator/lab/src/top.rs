@@ -470,6 +470,13 @@ mod tests {
         assert_eq!(start_at(pairs(2)), [(Vec::<String>::new(), 64)]);
         // One pair alone agreeing tells nothing.
         assert_eq!(start_at(pairs(1)[..3].to_vec()), [(Vec::<String>::new(), 64)]);
+        // Freed by its caller before the start (pending), completed at entry 0: the completion's frames.
+        let mut trace = vec![entry(Action::FreeCompleted, 0x9000, 64, 2)];
+        trace.extend(pairs(1));
+        let snapshot = Snapshot { device_traces: vec![trace], frame_stacks: frame_stacks.clone(), ..Snapshot::default() };
+        let recording = Recording::from_snapshot("pending.pickle", snapshot, 0).unwrap();
+        let start = top(&recording, TopAt::Moment(Moment::Start), Grouping::UserFrame).unwrap();
+        assert_eq!(rows(&start), [(vec!["step (train.py:5)"], 64, 1)]);
         // Its address taken again by an allocation live at the end: the final block there is that one's (model.py:10),
         // not the start allocation's, which no free's stack tells here.
         let trace = vec![
