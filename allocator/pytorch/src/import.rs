@@ -243,6 +243,36 @@ fn parse_decompressed(mut input: impl Read, gzip: bool, name: &str, decoder: Dec
     decoder.finish(&root).map_err(|Issue { path, what }| SnapshotError::Schema { file: name.to_owned(), path, what })
 }
 
+/// Segments whose dict says nothing of `is_expandable` (`untold`: device and address; PyTorch writes the key from 2.1 on,
+/// files stripped or converted by other tools may not): expandable where their device's trace maps or unmaps pages
+/// inside them (a `segment_map` / `segment_unmap`, which only expandable segments make), else not, as before PyTorch
+/// had them.
+fn infer_expandable(segments: &mut [Segment], device_traces: &[Vec<TraceEntry>], untold: &[(u32, u64)]) {
+    if untold.is_empty() {
+        return;
+    }
+    let untold: std::collections::HashSet<(u32, u64)> = untold.iter().copied().collect();
+    // Per device, the page runs the trace maps or unmaps, by address.
+    let runs: Vec<Vec<u64>> = device_traces
+        .iter()
+        .map(|entries| {
+            let mut addresses: Vec<u64> = entries
+                .iter()
+                .filter(|entry| matches!(entry.action, Action::SegmentMap | Action::SegmentUnmap))
+                .map(|entry| entry.addr)
+                .collect();
+            addresses.sort_unstable();
+            addresses
+        })
+        .collect();
+    for segment in segments.iter_mut().filter(|segment| untold.contains(&(segment.device, segment.address))) {
+        let Some(addresses) = runs.get(segment.device as usize) else { continue };
+        let first = addresses.partition_point(|&address| address < segment.address);
+        segment.is_expandable =
+            addresses.get(first).is_some_and(|&address| address < segment.address.saturating_add(segment.total_size));
+    }
+}
+
 /// Bytes as hex and as text, for saying what a file holds instead: `68 65 6c 6c 6f ("hello")`.
 pub fn shown_bytes(bytes: &[u8]) -> String {
     let hex: Vec<String> = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
@@ -561,6 +591,9 @@ struct Decoder {
     pending_marks: Vec<(Option<usize>, Seen)>,
     /// The entries of actions heapscope does not know.
     unknown: UnknownActions,
+    /// Segments whose dict has no `is_expandable` key, `(device, address)`: told by the trace at the end
+    /// ([`infer_expandable`]).
+    kind_untold: Vec<(u32, u64)>,
 }
 
 /// The entries of actions heapscope does not know ([`Action::Unknown`]), each distinct name held once.
@@ -793,7 +826,12 @@ impl Decoder {
     /// leave it to the generic path.
     fn read_segment(&mut self, list: usize, index: usize, scan: &mut Scan<'_, '_>) -> bool {
         self.pending_marks.clear();
-        let Some(segment) = fast_segment(scan, &mut self.frames, index, &mut self.pending_marks) else { return false };
+        let Some((segment, kind_told)) = fast_segment(scan, &mut self.frames, index, &mut self.pending_marks) else {
+            return false;
+        };
+        if !kind_told {
+            self.kind_untold.push((segment.device, segment.address));
+        }
         // Taken: its dict, blocks list and blocks are marked as converted, as the generic path marks them.
         for (slot, seen) in self.pending_marks.drain(..) {
             self.converted.push(seen);
@@ -1073,7 +1111,7 @@ fn fast_segment(
     frames: &mut Frames,
     index: usize,
     marks: &mut Vec<(Option<usize>, Seen)>,
-) -> Option<Segment> {
+) -> Option<(Segment, bool)> {
     let index = u32::try_from(index).unwrap_or(u32::MAX);
     marks.push((scan.put_container()?, Seen::Segment { listed: false, index }));
     let mut seen_keys = 0u32;
@@ -1149,7 +1187,8 @@ fn fast_segment(
     segment.allocated_size = allocated.unwrap_or_else(|| sum(is_allocated, |b| b.size));
     segment.active_size = active.unwrap_or_else(|| sum(is_active, |b| b.size));
     segment.requested_size = requested.unwrap_or_else(|| sum(is_active, |b| b.requested_size));
-    Some(segment)
+    let kind_told = seen_keys & 1u32.checked_shl(u32::from(KEY_IS_EXPANDABLE)).unwrap_or(0) != 0;
+    Some((segment, kind_told))
 }
 
 /// A block as the fast path reads it: the address and requested size may default (from the blocks before it, from
@@ -1614,6 +1653,7 @@ impl Decoder {
             None | Some(Value::None) => None,
             Some(value) => Some(settings(value)?),
         };
+        infer_expandable(&mut segments, &device_traces, &self.kind_untold);
         Ok(Snapshot {
             segments,
             device_traces,
@@ -1692,11 +1732,12 @@ impl Decoder {
             None => StackId::NONE,
             Some(value) => self.frames.intern(value, &mut Memo::default(), &|| fields.key_path("frames"))?,
         };
+        let device = match fields.get("device") {
+            Some(device) => to_int(device, "a device index (u32)", &|| fields.key_path("device"))?,
+            None => 0,
+        };
         Ok(Segment {
-            device: match fields.get("device") {
-                Some(device) => to_int(device, "a device index (u32)", &|| fields.key_path("device"))?,
-                None => 0,
-            },
+            device,
             address,
             total_size,
             allocated_size: fields.u64("allocated_size")?.unwrap_or_else(|| sum(allocated, |b| b.size)),
@@ -1705,7 +1746,13 @@ impl Decoder {
             stream: fields.u64("stream")?.unwrap_or(0),
             segment_type,
             segment_pool_id,
-            is_expandable: fields.bool("is_expandable")?.unwrap_or(false),
+            is_expandable: match fields.bool("is_expandable")? {
+                Some(told) => told,
+                None => {
+                    self.kind_untold.push((device, address));
+                    false
+                }
+            },
             frames,
             blocks,
         })
@@ -2522,6 +2569,58 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         root.emit(&mut out);
         out.push(b'.');
         out
+    }
+
+    /// A segment dict without `is_expandable` (a file stripped or converted by another tool) is expandable where its
+    /// device's trace maps or unmaps pages inside it, else not; a segment that says is kept as it says.
+    #[test]
+    fn a_segment_silent_on_its_kind_takes_it_from_the_trace() {
+        let base = 1i64 << 40;
+        let bytes_of = |told: Option<bool>, map_at: Option<i64>| -> Vec<u8> {
+            let block = P::Dict(vec![("address", P::Int(base)), ("size", P::Int(20 << 20)), ("state", P::Str("inactive"))]);
+            let mut pairs = vec![
+                ("device", P::Int(0)),
+                ("address", P::Int(base)),
+                ("total_size", P::Int(20 << 20)),
+                ("segment_type", P::Str("large")),
+                ("blocks", P::List(vec![block])),
+            ];
+            if let Some(told) = told {
+                pairs.push(("is_expandable", P::Bool(told)));
+            }
+            let map = |addr: i64| {
+                P::Dict(vec![
+                    ("action", P::Str("segment_map")),
+                    ("addr", P::Int(addr)),
+                    ("size", P::Int(20 << 20)),
+                    ("stream", P::Int(0)),
+                ])
+            };
+            let root = P::Dict(vec![
+                ("segments", P::List(vec![P::Dict(pairs)])),
+                ("device_traces", P::List(vec![P::List(map_at.into_iter().map(map).collect())])),
+            ]);
+            let mut out = b"\x80\x04".to_vec();
+            root.emit(&mut out);
+            out.push(b'.');
+            out
+        };
+        // (what the segment says, where the trace maps pages, read as expandable)
+        let cases = [
+            (None, Some(base), true),
+            (None, Some(base + (10 << 20)), true),
+            (None, None, false),
+            (None, Some(base + (20 << 20)), false),
+            (Some(false), Some(base), false),
+            (Some(true), None, true),
+        ];
+        for (told, map_at, expandable) in cases {
+            let bytes = bytes_of(told, map_at);
+            for generic_only in [false, true] {
+                let read = parse(bytes.as_slice(), "kind.pickle", Decoder { generic_only, ..Decoder::default() }).unwrap();
+                assert_eq!(read.segments[0].is_expandable, expandable, "{told:?} {map_at:?} generic {generic_only}");
+            }
+        }
     }
 
     /// The field `snapshot_with` replaced, read back (a bool as 0 or 1, an unlimited `max_split_size` as -1).
