@@ -225,11 +225,18 @@ fn parse_decompressed(mut input: impl Read, gzip: bool, name: &str, decoder: Dec
         ReadError::Io { offset, error } => SnapshotError::Io {
             file: name.to_owned(),
             error: {
-                // The decompressor's "unexpected end of file" is a gzip file cut short (a download or copy stopped).
-                let cut = if gzip && error.kind() == io::ErrorKind::UnexpectedEof {
-                    " (the gzip stream is cut short: its last bytes, or its 8-byte trailer of CRC and length, are missing)"
-                } else {
-                    ""
+                // The decompressor's "unexpected end of file" is a gzip file cut short (a download or copy stopped), or
+                // a few stray bytes after it; its "invalid gzip header" after the first member, bytes after the stream
+                // that are no gzip member (padding, another file's data), which a snapshot file does not hold.
+                let cut = match (gzip, error.kind()) {
+                    (true, io::ErrorKind::UnexpectedEof) => {
+                        " (the gzip stream is cut short: its last bytes, or its 8-byte trailer of CRC and length, are \
+                         missing; or a few bytes that are no gzip member follow it)"
+                    }
+                    (true, _) if error.to_string().contains("invalid gzip header") => {
+                        " (bytes after the gzip stream that are no gzip member: padding or another file's data)"
+                    }
+                    _ => "",
                 };
                 match offset {
                     Some(offset) => io::Error::new(error.kind(), format!("at byte {offset} of the pickle stream: {error}{cut}")),
@@ -2766,7 +2773,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
     }
 
     /// A gzip file cut short (its trailer gone with the last bytes of a download) says so, where Python's `pickle.load`
-    /// may not notice (it stops at the pickle's STOP).
+    /// may not notice (it stops at the pickle's STOP); so does one padded with zeros.
     #[test]
     fn a_gzip_file_cut_short_says_so() {
         use std::io::Write;
@@ -2778,6 +2785,10 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             let error = parse_snapshot(&whole[..whole.len() - cut], "cut.pickle.gz").expect_err("cut").to_string();
             assert!(error.contains("cut.pickle.gz") && error.contains("the gzip stream is cut short"), "{cut}: {error}");
         }
+        // Zeros after a whole stream: no second member, said so (refused, as any bytes after the pickle are).
+        let padded = [whole.clone(), vec![0; 100]].concat();
+        let error = parse_snapshot(padded.as_slice(), "padded.pickle.gz").expect_err("padded").to_string();
+        assert!(error.contains("bytes after the gzip stream that are no gzip member"), "{error}");
     }
 
     /// Issue 17: recorded allocator settings are held to what `--alloc-conf` accepts (a NaN threshold, 3 divisions,
