@@ -16,7 +16,7 @@ use heapscope_lab::capacity::Capacity;
 use heapscope_lab::compare::CompareConfig;
 use heapscope_lab::contender::Contender;
 use heapscope_lab::recording::Moment;
-use heapscope_lab::top::{TopAt, TopError, moment_to_draw};
+use heapscope_lab::top::TopAt;
 
 use crate::options::OpenArgs;
 
@@ -289,36 +289,18 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
         );
         return Ok(());
     }
-    options.at = args.at.map(|at| draw_moment(&session, at)).transpose()?;
+    if let Some(at) = args.at {
+        let (moment, said) = session.moment_at(at)?;
+        if let Some(said) = said {
+            outln!("{said}");
+        }
+        options.at = Some(moment);
+    }
     heapscope_gui::render_png(&mut session, options, &args.out)?;
     // The picture's title: the moment and each pane's refusal at it.
     let shown = options.at.map_or(session.steps(), Moment::position);
     outln!("wrote {} ({})", args.out.display(), heapscope_gui::render::title(&session, shown));
     Ok(())
-}
-
-/// The moment `--at` draws ([`moment_to_draw`]), except that `oom` on a recording with no out-of-memory entry, where a
-/// pane refused a request on the capacity it replays on, is the first such refusal (the earliest of the panes'), and
-/// said: the map shows a request refused either way.
-fn draw_moment(session: &Session, at: TopAt) -> Result<Moment> {
-    match moment_to_draw(&session.recording, at) {
-        Err(TopError::NoOom { .. })
-            if let Some((pane, step)) = session
-                .panes
-                .iter()
-                .filter_map(|pane| pane.timeline.refusals().first().map(|&(step, _)| (pane, step)))
-                .min_by_key(|&(_, step)| step) =>
-        {
-            let moment = Moment::at_position(step + 1);
-            outln!(
-                "{} records no out-of-memory entry: --at oom draws the first request a pane refused, {}'s at {moment}",
-                session.recording.shown_name(),
-                pane.name()
-            );
-            Ok(moment)
-        }
-        drawn => Ok(drawn?),
-    }
 }
 
 /// The demo's picture: the frag_oom story at its end through PyTorch (both modes), TLSF and paging, to `path`.

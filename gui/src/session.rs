@@ -15,6 +15,7 @@ use heapscope_lab::recording::{DeviceOverview, Moment, Recording, device_overvie
 use heapscope_lab::story::{self, Story};
 use heapscope_lab::timeline::record::record;
 use heapscope_lab::timeline::{Change, Layout, Timeline};
+use heapscope_lab::top::{TopAt, TopError, moment_to_draw};
 use heapscope_pytorch::AllocConf;
 
 use crate::heap_map::{MapView, Rows, Scale};
@@ -497,6 +498,33 @@ impl Session {
         check_at(at, self.steps())
     }
 
+    /// The moment `--at` names (`gui` and `render`, [`moment_to_draw`]), except that `oom` on a recording with no
+    /// out-of-memory entry, where a pane refused a request on the capacity it replays on, is the first such refusal
+    /// (the earliest of the panes'), with the sentence that says so: the map shows a request refused either way.
+    ///
+    /// # Errors
+    /// [`TopError::NoOom`] for `oom` where nothing was refused at all.
+    pub fn moment_at(&self, at: TopAt) -> Result<(Moment, Option<String>)> {
+        match moment_to_draw(&self.recording, at) {
+            Err(TopError::NoOom { .. })
+                if let Some((pane, step)) = self
+                    .panes
+                    .iter()
+                    .filter_map(|pane| pane.timeline.refusals().first().map(|&(step, _)| (pane, step)))
+                    .min_by_key(|&(_, step)| step) =>
+            {
+                let moment = Moment::at_position(step + 1);
+                let said = format!(
+                    "{} records no out-of-memory entry: --at oom draws the first request a pane refused, {}'s at {moment}",
+                    self.recording.shown_name(),
+                    pane.name()
+                );
+                Ok((moment, Some(said)))
+            }
+            drawn => Ok((drawn?, None)),
+        }
+    }
+
     /// Moves every pane to `steps` steps. Panes that must seek from a checkpoint do it in parallel (each costs a
     /// rebuild of its layout); short moves replay in place.
     pub fn seek(&mut self, steps: u64) {
@@ -938,6 +966,15 @@ mod tests {
             assert_eq!(session.config.capacity_bytes, options.capacity_bytes);
             assert_eq!(session.steps(), steps, "{options:?}");
             assert_eq!(session.panes[0].timeline.refusals().len(), refused, "{options:?}");
+            // `--at oom` with no oom entry in the file: the first refusal on the capacity, said; else nothing to show.
+            match (session.moment_at(TopAt::Oom), refused) {
+                (Ok((moment, Some(said))), 1) => {
+                    assert_eq!(moment, Moment::Entry(2), "{options:?}");
+                    assert!(said.ends_with("--at oom draws the first request a pane refused, pytorch's at entry 2"), "{said}");
+                }
+                (Err(error), 0) => assert!(error.to_string().contains("has no out-of-memory entry"), "{error}"),
+                (other, _) => panic!("{options:?}: {other:?}"),
+            }
         }
         // The app opens every file with its options.
         let mut app = crate::HeapscopeApp::default();

@@ -308,7 +308,13 @@ pub fn run(
     app.timeline_view = window.timeline;
     if let Some(at) = window.start_at_event {
         let moment = match &app.session {
-            Some(session) => heapscope_lab::top::moment_to_draw(&session.recording, at)?,
+            Some(session) => {
+                let (moment, said) = session.moment_at(at)?;
+                if let Some(said) = said {
+                    eprintln!("heapscope gui: {said}");
+                }
+                moment
+            }
             None => heapscope_lab::recording::Moment::Start,
         };
         app.playback.seek(check_at(moment, app.steps())?);

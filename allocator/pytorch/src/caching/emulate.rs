@@ -308,8 +308,8 @@ impl<'s> Emulator<'s> {
         // (reservations rise, cudaMalloc's bases fall): they cannot say where this run's segments go, nor the recorded
         // segments hold what was live at the start.
         let other_kind = conf.expandable_segments != AllocConf::of_snapshot(snapshot).expandable_segments;
-        let (mut alloc, mut live, mut start_left_out) = rebuild_start_state(snapshot, device, conf, capacity_bytes)?;
         let pools = RequestPools::of(snapshot, device);
+        let (mut alloc, mut live, mut start_left_out) = rebuild_start_state(snapshot, device, conf, capacity_bytes, &pools)?;
         if !other_kind && conf.expandable_segments && private_pools_whole(snapshot, device, trace, &pools) {
             alloc.set_private_pools_whole();
         }

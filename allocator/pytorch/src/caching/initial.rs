@@ -55,12 +55,13 @@ struct LiveBlock {
 ///
 /// Expects a snapshot that passed `validate` (every range ends by `ADDRESS_LIMIT`); reserved ranges that
 /// overlap at the start, or a live block of known size that runs into the next live block or past its
-/// segment, are errors naming where they come from.
+/// segment, are errors naming where they come from. `pools`: the memory pool of each of the device's entries.
 pub(super) fn rebuild_start_state(
     snapshot: &Snapshot,
     device: usize,
     conf: &AllocConf,
     capacity_bytes: Option<u64>,
+    pools: &RequestPools,
 ) -> Result<(CachingAllocator, LiveMap, usize), EmulationError> {
     let mut alloc = CachingAllocator::new(conf.clone(), capacity_bytes);
     let mut live_map = LiveMap::default();
@@ -108,7 +109,6 @@ pub(super) fn rebuild_start_state(
     }
     // The memory pool of each segment entry: the entry's own (PyTorch 2.12 and later), else the one whose segments or
     // reservation it lies in (`RequestPools`: an expandable private pool's pages are mapped by entries naming none).
-    let pools = RequestPools::of(snapshot, device);
     let segment_owners: heapscope_core::hash::FastMap<usize, usize> = trace
         .iter()
         .enumerate()

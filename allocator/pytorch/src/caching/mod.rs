@@ -377,7 +377,8 @@ impl CachingAllocator {
         capacity_bytes: Option<u64>,
     ) -> Result<CachingAllocator, EmulationError> {
         validate::validate(snapshot, device)?;
-        Ok(initial::rebuild_start_state(snapshot, device, conf, capacity_bytes)?.0)
+        let pools = RequestPools::of(snapshot, device);
+        Ok(initial::rebuild_start_state(snapshot, device, conf, capacity_bytes, &pools)?.0)
     }
 
     /// The settings.

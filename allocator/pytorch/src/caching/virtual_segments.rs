@@ -241,8 +241,8 @@ impl Groups {
 /// The pool of a page run of the trace, where something tells it: the allocations the trace places in the run (the
 /// small pool serves requests of at most 1 MiB), else the run's length (no multiple of the large pool's 20 MiB page:
 /// the small pool's). Runs that overlap are pages of one reservation, so of one pool: the answer is one for each set of
-/// overlapping runs (or runs an allocation crosses between), taken from all of them (runs told apart one by one gave a page to both pools where a layout mixes
-/// requests, as a paged heap's does, and the start state then held it twice).
+/// overlapping runs (or runs an allocation crosses between), taken from all of them (runs told apart one by one gave a
+/// page to both pools where a layout mixes requests, as a paged heap's does, and the start state then held it twice).
 #[derive(Debug)]
 pub(super) struct RunPools {
     /// The trace's runs merged where they overlap: start -> (end, pool).
