@@ -607,7 +607,11 @@ struct Decoder {
 #[derive(Debug, Default)]
 struct UnknownActions {
     names: std::collections::HashSet<Arc<str>>,
-    entries: Vec<UnknownAction>,
+    /// Each with the trace list it was read into while streaming (`Decoder::traces`' slot, set in `streaming`):
+    /// such a list is a device's trace only if the root's `device_traces` holds it in the end.
+    entries: Vec<(Option<usize>, UnknownAction)>,
+    /// The slot of the trace list entries are read into now, `None` for the final lists themselves.
+    streaming: Option<usize>,
 }
 
 impl UnknownActions {
@@ -621,13 +625,26 @@ impl UnknownActions {
                 held
             }
         };
-        self.entries.push(UnknownAction { device, entry, name });
+        self.entries.push((self.streaming, UnknownAction { device, entry, name }));
     }
 
-    /// The entries by device and index, as [`Snapshot::unknown_actions`] holds them.
-    fn into_sorted(mut self) -> Vec<UnknownAction> {
-        self.entries.sort_by_key(|unknown| (unknown.device, unknown.entry));
-        self.entries
+    /// The entries by device and index, as [`Snapshot::unknown_actions`] holds them. `devices[slot]`: the device
+    /// whose trace the list of that slot became, `None` where it became none (a list read as a trace while
+    /// streaming that the root's `device_traces` does not hold): its entries are no device's.
+    fn into_sorted(self, devices: &[Option<usize>]) -> Vec<UnknownAction> {
+        let mut entries: Vec<UnknownAction> = self
+            .entries
+            .into_iter()
+            .filter_map(|(slot, unknown)| match slot {
+                None => Some(unknown),
+                Some(slot) => {
+                    let device = (*devices.get(slot)?)?;
+                    Some(UnknownAction { device, ..unknown })
+                }
+            })
+            .collect();
+        entries.sort_by_key(|unknown| (unknown.device, unknown.entry));
+        entries
     }
 }
 
@@ -748,8 +765,10 @@ impl Sink for Decoder {
         };
         let Some(&(device, _)) = self.traces.get(slot) else { return Ok(Some(item)) };
         let interned = (&mut self.frames, &mut self.categories, &mut self.pool_ids);
-        let entry = convert_entry(&item, device, index, interned, &mut self.unknown, memo)?;
-        self.take_entry(slot, index, entry);
+        self.unknown.streaming = Some(slot);
+        let entry = convert_entry(&item, device, index, interned, &mut self.unknown, memo);
+        self.unknown.streaming = None;
+        self.take_entry(slot, index, entry?);
         Ok(None)
     }
 
@@ -1636,6 +1655,8 @@ impl Decoder {
             return Err(Issue::new("device_traces", format!("{} devices (at most {MAX_DEVICES} are read)", traces.len())));
         }
         let mut device_traces = Vec::new();
+        // The device each streamed trace list became (see `UnknownActions::into_sorted`).
+        let mut devices_of_slots = vec![None; self.traces.len()];
         for (device, value) in traces.iter().enumerate() {
             let path = format!("device_traces[{device}]");
             self.once(value, Seen::Trace(u32::try_from(device).unwrap_or(u32::MAX)))?;
@@ -1645,7 +1666,10 @@ impl Decoder {
             };
             // Each tagged list is one trace list object, met once here (`once` refused a second reference).
             let mut entries = match Tagged::of(list.tag) {
-                Tagged::Trace(slot) if slot < self.traces.len() => std::mem::take(&mut self.traces[slot].1),
+                Tagged::Trace(slot) if slot < self.traces.len() => {
+                    devices_of_slots[slot] = Some(device);
+                    std::mem::take(&mut self.traces[slot].1)
+                }
                 _ => Vec::new(),
             };
             let taken = entries.len();
@@ -1668,7 +1692,7 @@ impl Decoder {
             frame_stacks: self.frames.into_stacks(),
             categories: self.categories.into_list(),
             pool_ids: self.pool_ids.into_list(),
-            unknown_actions: self.unknown.into_sorted(),
+            unknown_actions: self.unknown.into_sorted(&devices_of_slots),
         })
     }
 
