@@ -29,6 +29,7 @@ pub struct ConvertArgs {
 
 /// Runs the conversion.
 pub fn run(args: &ConvertArgs) -> Result<()> {
+    input::refuse_overwriting(&args.file, &args.out)?;
     let mut recording = input::open_device(&args.file, args.device)?;
     for line in crate::replay::devices_overview(&recording, args.device, &CompareConfig::default()) {
         eprintln!("{line}");

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use heapscope_core::whole_file::write_whole;
+
+use crate::input;
 use heapscope_lab::contender::Contender;
 use heapscope_lab::export::replayed::{Replayed, emulated_snapshot, replayed_snapshot};
 use heapscope_lab::export::vma_json::{VmaDeviceInfo, heap_report_to_vma_json};
@@ -79,8 +81,11 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
         bail!("--vma-json needs a heap contender (a core policy such as tlsf), not {}", args.policy);
     }
     let recording = args.recording.open()?;
+    for out in std::iter::once(&args.out).chain(&args.vma_json) {
+        input::refuse_overwriting(&args.recording.file, out)?;
+    }
     if let Some(json) = &args.vma_json
-        && same_file(json, &args.out)
+        && input::same_file(json, &args.out)
     {
         bail!("--vma-json {} and --out {} name the same file: one would overwrite the other", json.display(), args.out.display());
     }
@@ -126,19 +131,6 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Whether two paths name one file: the same path, or the same file reached another way (a link, `./`), existing or
-/// not.
-fn same_file(first: &std::path::Path, second: &std::path::Path) -> bool {
-    // The file a path names: its link resolved, else its folder's (`x` is in `.`).
-    let resolved = |path: &std::path::Path| {
-        std::fs::canonicalize(path).ok().or_else(|| {
-            let folder = path.parent().filter(|folder| !folder.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-            Some(std::fs::canonicalize(folder).ok()?.join(path.file_name()?))
-        })
-    };
-    first == second || resolved(first).is_some_and(|file| Some(file) == resolved(second))
 }
 
 /// Runs the summary.

@@ -253,6 +253,9 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
         timeline: args.timeline,
     };
     options.check()?;
+    if let Some(file) = &args.file {
+        crate::input::refuse_overwriting(file, &args.out)?;
+    }
     let contenders =
         if args.policies.is_empty() { vec![Contender::Pytorch { expandable: false }] } else { args.policies.clone() };
     let mut session = match (&args.file, &args.story) {

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use heapscope_lab::recording::Recording;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -33,4 +33,29 @@ pub fn with_spinner<T>(path: &Path, what: &str, load: impl FnOnce() -> Result<T>
     let result = load();
     spinner.finish_and_clear();
     result
+}
+
+/// Whether two paths name one file: the same path, or the same file reached another way (a link, `./`), existing or
+/// not.
+pub fn same_file(first: &Path, second: &Path) -> bool {
+    // The file a path names: its link resolved, else its folder's (`x` is in `.`).
+    let resolved = |path: &Path| {
+        std::fs::canonicalize(path).ok().or_else(|| {
+            let folder = path.parent().filter(|folder| !folder.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            Some(std::fs::canonicalize(folder).ok()?.join(path.file_name()?))
+        })
+    };
+    first == second || resolved(first).is_some_and(|file| Some(file) == resolved(second))
+}
+
+/// Refuses to write `out` over the recording being read (`convert x.csv --out x.csv` replaced the file by what was
+/// made of it).
+///
+/// # Errors
+/// When `out` names the file `recording` names.
+pub fn refuse_overwriting(recording: &Path, out: &Path) -> Result<()> {
+    if same_file(recording, out) {
+        bail!("{} is the recording being read: writing there would replace it; name another file", out.display());
+    }
+    Ok(())
 }

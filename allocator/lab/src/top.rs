@@ -232,7 +232,9 @@ pub fn top(recording: &Recording, at: TopAt, grouping: Grouping) -> Result<Top, 
         }
     }
     let snapshot = recording.snapshot.as_ref();
-    let live_bytes: u64 = live.values().map(|&(bytes, _)| bytes).sum();
+    // Summed wide: sizes read from a file may add up past a u64 (shown saturated).
+    let live_total: u128 = live.values().map(|&(bytes, _)| u128::from(bytes)).sum();
+    let live_bytes = u64::try_from(live_total).unwrap_or(u64::MAX);
     // Rows keyed by the grouping's frames or category, each origin's key computed once.
     let mut keys: HashMap<Origin, usize> = HashMap::new();
     let mut rows: Vec<TopRow> = Vec::new();
@@ -250,11 +252,11 @@ pub fn top(recording: &Recording, at: TopAt, grouping: Grouping) -> Result<Top, 
                 rows.len() - 1
             })
         });
-        rows[row].bytes += bytes;
+        rows[row].bytes = rows[row].bytes.saturating_add(bytes);
         rows[row].count += 1;
     }
     for row in &mut rows {
-        row.share = if live_bytes == 0 { 0.0 } else { row.bytes as f64 / live_bytes as f64 };
+        row.share = if live_total == 0 { 0.0 } else { row.bytes as f64 / live_total as f64 };
     }
     rows.sort_by(|a, b| {
         b.bytes
@@ -292,19 +294,19 @@ pub fn moment_to_draw(recording: &Recording, at: TopAt) -> Result<Moment, TopErr
 }
 
 /// The first moment the recording's live bytes are highest (the start when nothing is ever allocated after it), and
-/// those bytes. Live bytes are counted once each moment is done: an out-of-memory entry allocates and frees its
-/// request in one moment, so it changes nothing.
+/// those bytes (saturated at `u64::MAX`: sizes read from a file may add up past it). Live bytes are counted once
+/// each moment is done: an out-of-memory entry allocates and frees its request in one moment, so it changes nothing.
 pub fn peak(recording: &Recording) -> (Moment, u64) {
     let mut sizes: Vec<u64> = vec![0; recording.trace.slots() as usize];
-    let (mut live, mut peak) = (0u64, (Moment::Start, 0u64));
+    let (mut live, mut peak) = (0u128, (Moment::Start, 0u128));
     let events = recording.trace.events();
     for (index, event) in (0..).zip(events) {
         match *event {
             Event::Alloc { slot, size_bytes } => {
                 sizes[slot as usize] = size_bytes;
-                live += size_bytes;
+                live += u128::from(size_bytes);
             }
-            Event::Free { slot } => live -= std::mem::take(&mut sizes[slot as usize]),
+            Event::Free { slot } => live -= u128::from(std::mem::take(&mut sizes[slot as usize])),
             Event::EmptyCache => {}
         }
         let moment = recording.moment_of(index);
@@ -313,7 +315,7 @@ pub fn peak(recording: &Recording) -> (Moment, u64) {
             peak = (moment, live);
         }
     }
-    peak
+    (peak.0, u64::try_from(peak.1).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
@@ -373,6 +375,21 @@ mod tests {
         let shares: Vec<f64> = peak.rows.iter().map(|row| row.share).collect();
         assert_eq!(shares, [400.0 / 600.0, 200.0 / 600.0]);
         assert_eq!(peak.refused, None);
+    }
+
+    /// Sizes read from a file may add up past a u64: the peak and the totals saturate (they overflowed, a panic).
+    #[test]
+    fn live_bytes_past_a_u64_saturate() {
+        let half = 1u64 << 63;
+        let trace =
+            vec![entry(Action::Alloc, 0, half, 0), entry(Action::Alloc, half, half, 0), entry(Action::FreeCompleted, 0, half, 0)];
+        let snapshot = Snapshot { device_traces: vec![trace], ..Snapshot::default() };
+        let recording = Recording::from_snapshot("huge.pickle", snapshot, 0).unwrap();
+        assert_eq!(peak(&recording), (Moment::Entry(1), u64::MAX));
+        let at_peak = top(&recording, TopAt::Peak, Grouping::UserFrame).unwrap();
+        assert_eq!((at_peak.live_bytes, at_peak.live_count), (u64::MAX, 2));
+        assert_eq!(rows(&at_peak), [(Vec::new(), u64::MAX, 2)]);
+        assert_eq!(at_peak.rows[0].share, 1.0);
     }
 
     /// By category: entries 0 and 2 labelled `user_metadata: forward`, entry 1 `compile_context: region`, entry 5

@@ -289,6 +289,46 @@ fn render_refuses_a_moment_past_the_end_as_gui_does() {
     }
 }
 
+/// Two live allocations of 2^63 bytes each: `top` and `render` summed the live bytes in a u64 and panicked.
+#[test]
+fn top_and_render_take_live_bytes_past_a_u64() {
+    let dir = temp_dir("huge-live");
+    std::fs::write(dir.join("huge.csv"), "a,1,9223372036854775808\na,2,9223372036854775808\n").unwrap();
+    let top = heapscope_headless(&["top", "huge.csv"], &dir);
+    assert!(top.status.success(), "{}", stderr(&top));
+    assert!(stdout(&top).contains("live at the peak (entry 1), in 2 allocations"), "{}", stdout(&top));
+    let render = heapscope_headless(&["render", "huge.csv", "--out", "huge.png"], &dir);
+    assert!(render.status.success(), "{}", stderr(&render));
+    assert!(is_png(&dir.join("huge.png")));
+}
+
+/// `convert x.csv --out x.csv` replaced the recording by its conversion; every command that writes a file refuses
+/// to write over the recording it reads, however the path names it, and leaves it as it was.
+#[test]
+fn no_command_writes_over_the_recording_it_reads() {
+    let dir = temp_dir("over-the-input");
+    let text = "# a caption\na,1,4096\nf,1\n";
+    std::fs::write(dir.join("x.csv"), text).unwrap();
+    let whole_path = dir.join("x.csv");
+    for args in [
+        vec!["convert", "x.csv", "--out", "x.csv"],
+        vec!["convert", "x.csv", "--out", "./x.csv"],
+        vec!["export", "x.csv", "--policy", "tlsf", "--out", "x.csv"],
+        vec!["export", "x.csv", "--policy", "tlsf", "--out", "y.pickle", "--vma-json", "x.csv"],
+        vec!["render", "x.csv", "--out", whole_path.to_str().unwrap()],
+    ] {
+        let output = heapscope_headless(&args, &dir);
+        assert!(!output.status.success(), "{args:?}");
+        assert!(
+            stderr(&output).contains("is the recording being read: writing there would replace it"),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert_eq!(std::fs::read_to_string(dir.join("x.csv")).unwrap(), text, "{args:?}");
+        assert!(!dir.join("y.pickle").exists(), "{args:?}");
+    }
+}
+
 #[test]
 fn demo_json_tells_the_fragmentation_story() {
     let lines = json_lines(&heapscope(&["demo", "--json"]));
