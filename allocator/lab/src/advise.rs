@@ -168,10 +168,13 @@ impl Advice {
     /// a recording begun mid-run ([`Advice::afresh_hint`]).
     pub fn answer(&self) -> String {
         let mut answer = self.answer_sentence();
-        if self.answered().is_some_and(|row| row.setting.contains("garbage_collection_threshold")) {
+        if self.answered().is_some_and(|row| {
+            row.setting.contains("garbage_collection_threshold") && !row.setting.contains("per_process_memory_fraction")
+        }) {
             answer.push_str(
                 " Garbage collection acts only under a memory fraction: set one too \
-                 (`torch.cuda.set_per_process_memory_fraction`); the replay takes the device's capacity for it.",
+                 (`torch.cuda.set_per_process_memory_fraction`, or `per_process_memory_fraction` in the string from \
+                 PyTorch 2.10 on); the replay takes the device's capacity for it.",
             );
         }
         if let Some(hint) = self.afresh_hint() {
@@ -385,6 +388,7 @@ impl Default for AdviseConfig {
 
 /// One row to replay: a PyTorch setting, or the paging allocator.
 #[derive(Clone, Debug)]
+#[expect(clippy::large_enum_variant, reason = "a few dozen rows, each built once per advice")]
 enum Row {
     Pytorch { setting: String, conf: AllocConf },
     Paged,
@@ -546,6 +550,26 @@ fn largest_block_bound_of(recording: &Recording, conf: &AllocConf) -> Option<u64
 
 /// The advice of one row: its run on the device of the advice, and its smallest capacity.
 fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, recorded: &AllocConf) -> Result<SettingAdvice> {
+    if let Row::Pytorch { setting, conf } = row
+        && let Some(fraction) = conf.per_process_memory_fraction
+    {
+        // The allocator sees the device only through its share (`AllocConf::allowed_bytes`): the row is the setting
+        // without the fraction on a device of that share, and a capacity it needs is that need over the fraction.
+        let alone =
+            Row::Pytorch { setting: setting.clone(), conf: AllocConf { per_process_memory_fraction: None, ..conf.clone() } };
+        let mut advice = advise_row(recording, &alone, conf.allowed_bytes(capacity_bytes), recorded)?;
+        let device_for = |share: u64| {
+            let mut bytes = (share as f64 / fraction).ceil() as u64;
+            while conf.allowed_bytes(Some(bytes)).is_some_and(|allowed| allowed < share) {
+                bytes += 1;
+            }
+            bytes
+        };
+        advice.min_capacity_bytes = advice.min_capacity_bytes.map(device_for);
+        advice.fails_again_at_bytes = advice.fails_again_at_bytes.map(device_for);
+        advice.as_recorded = conf == recorded;
+        return Ok(advice);
+    }
     let device = capacity_bytes.unwrap_or(UNLIMITED_BYTES);
     // The run without a limit bounds the search, and a snapshot's probes resume from copies of it (see `Checkpoints`):
     // with no capacity it is the row's own run, which keeps the copies; else a lean run that keeps them; else (a

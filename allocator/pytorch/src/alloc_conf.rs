@@ -6,8 +6,10 @@
 //! and range checks as in `AllocatorConfig::parseArgs` (`c10/core/AllocatorConfig.cpp`):
 //! `max_split_size_mb` / `max_non_split_rounding_mb` at least 20, `garbage_collection_threshold` in
 //! (0, 1), `roundup_power2_divisions` a power of two, or a list `[interval_mb:divisions,...,>:divisions]`
-//! (divisions a power of two or 0). Like PyTorch, `>` fills from the last named interval *inclusive*, so
-//! `[256:1,512:2,>:4]` ends with 4 divisions from 512 MiB on.
+//! (divisions a power of two or 0). As PyTorch since 2.9 (`AcceleratorAllocatorConfig::parseRoundUpPower2Divisions`),
+//! a list starts from no rounding, the first interval named also sets the ones below it, and `>` sets the intervals
+//! *after* the last one named: `[256:1,512:2,1024:4,>:8]` (PyTorch's documented example) rounds 1 GiB .. 2 GiB to 4
+//! divisions and 8 from 2 GiB on. PyTorch 2.8 and earlier let `>` overwrite the last named interval too.
 
 use super::snapshot::RecordedSettings;
 
@@ -37,6 +39,10 @@ pub struct AllocConf {
     /// `max_non_split_rounding`: an oversize block serves a request only when it exceeds it by less than
     /// this (20 MiB by default, `max_non_split_rounding_mb`).
     pub max_non_split_rounding: u64,
+    /// `per_process_memory_fraction` (PyTorch 2.10 and later; `torch.cuda.set_per_process_memory_fraction` sets the
+    /// same): the allocator refuses to reserve beyond this share of the device ([`AllocConf::allowed_bytes`]), and
+    /// garbage collection measures its threshold against that share. `None`: not set (the whole device).
+    pub per_process_memory_fraction: Option<f64>,
 }
 
 impl Default for AllocConf {
@@ -47,6 +53,7 @@ impl Default for AllocConf {
             garbage_collection_threshold: 0.0,
             expandable_segments: false,
             max_non_split_rounding: LARGE_BUFFER_BYTES,
+            per_process_memory_fraction: None,
         }
     }
 }
@@ -91,12 +98,21 @@ impl AllocConf {
         snapshot.settings.is_none() && snapshot.shows_expandable_segments()
     }
 
-    /// The settings a snapshot recorded.
+    /// The settings a snapshot recorded: its dictionary, and from the `PYTORCH_CUDA_ALLOC_CONF` string it recorded
+    /// beside it the settings the dictionary leaves out (`max_non_split_rounding_mb`, `per_process_memory_fraction`;
+    /// a part of the string this reader refuses, a later PyTorch's key perhaps, is passed over).
     pub fn from_recorded(settings: &RecordedSettings) -> AllocConf {
+        let mut told = AllocConf::default();
+        for item in split_top_level(&settings.alloc_conf) {
+            // Best effort: each item alone, as the dictionary already holds what PyTorch accepted.
+            let _ = told.parse_overrides(item);
+        }
         let mut conf = AllocConf {
             max_split_size: settings.max_split_size,
             garbage_collection_threshold: settings.garbage_collection_threshold,
             expandable_segments: settings.expandable_segments,
+            max_non_split_rounding: told.max_non_split_rounding,
+            per_process_memory_fraction: told.per_process_memory_fraction,
             ..AllocConf::default()
         };
         for &(interval_mb, divisions) in &settings.roundup_power2_divisions {
@@ -105,6 +121,15 @@ impl AllocConf {
             }
         }
         conf
+    }
+
+    /// What the allocator may reserve on a device of `capacity_bytes` (`None`: unlimited): PyTorch's
+    /// `allowed_memory_maximum`, the device times [`AllocConf::per_process_memory_fraction`] where one below 1 is set.
+    pub fn allowed_bytes(&self, capacity_bytes: Option<u64>) -> Option<u64> {
+        match self.per_process_memory_fraction {
+            Some(fraction) if fraction < 1.0 => capacity_bytes.map(|bytes| (bytes as f64 * fraction) as u64),
+            _ => capacity_bytes,
+        }
     }
 
     /// `roundup_power2_divisions(size)` of `CUDAAllocatorConfig`: the divisions for the interval holding
@@ -120,10 +145,16 @@ impl AllocConf {
     /// `release_lock_on_cudamalloc`, ...) are accepted and ignored; another backend (`cudaMallocAsync`) is refused: its
     /// placements are not the caching allocator's.
     pub fn parse_overrides(&mut self, s: &str) -> Result<(), AllocConfError> {
-        for item in split_top_level(s) {
+        // PyTorch's tokenizer drops every space; a comma may end the string but not stand alone.
+        let s: String = s.chars().filter(|&c| c != ' ').collect();
+        let items = split_top_level(&s);
+        for (index, item) in items.iter().enumerate() {
             let item = item.trim();
             if item.is_empty() {
-                continue;
+                if index + 1 == items.len() {
+                    continue;
+                }
+                return Err(bad(&s, "", "a setting is empty: expected `key:value` between commas"));
             }
             let (key, value) = match item.split_once(':') {
                 Some((k, v)) => (k.trim(), v.trim()),
@@ -168,16 +199,36 @@ impl AllocConf {
                          leaves placement to CUDA's stream-ordered pool, which is not emulated",
                     ));
                 }
-                "backend"
-                | "release_lock_on_cudamalloc"
+                "per_process_memory_fraction" => {
+                    let fraction: f64 = value.parse().map_err(|_| bad(key, value, "expected a number"))?;
+                    if !(0.0..=1.0).contains(&fraction) {
+                        return Err(bad(key, value, "must lie in [0.0, 1.0]"));
+                    }
+                    self.per_process_memory_fraction = (fraction < 1.0).then_some(fraction);
+                }
+                // Keys that change no placement, checked as PyTorch checks them.
+                "backend" => {}
+                "release_lock_on_cudamalloc"
                 | "release_lock_on_hipmalloc"
                 | "pinned_use_hip_host_register"
                 | "pinned_use_cuda_host_register"
-                | "pinned_num_register_threads"
-                | "pinned_reserve_segment_size_mb"
                 | "pinned_use_background_threads"
-                | "per_process_memory_fraction"
-                | "graph_capture_record_stream_reuse" => {}
+                | "graph_capture_record_stream_reuse" => {
+                    if !matches!(value, "True" | "False") {
+                        return Err(bad(key, value, "expected True or False"));
+                    }
+                }
+                "pinned_num_register_threads" => {
+                    let threads = parse_u64(key, value)?;
+                    if !threads.is_power_of_two() || threads > 128 {
+                        return Err(bad(key, value, "must be a power of two, at most 128"));
+                    }
+                }
+                "pinned_reserve_segment_size_mb" => {
+                    if parse_u64(key, value)? == 0 {
+                        return Err(bad(key, value, "must be above 0"));
+                    }
+                }
                 _ => return Err(AllocConfError::UnknownKey { key: key.to_string() }),
             }
         }
@@ -209,6 +260,9 @@ impl AllocConf {
         if self.max_non_split_rounding != LARGE_BUFFER_BYTES {
             keys.push(format!("max_non_split_rounding_mb:{}", self.max_non_split_rounding / MIB));
         }
+        if let Some(fraction) = self.per_process_memory_fraction {
+            keys.push(format!("per_process_memory_fraction:{fraction}"));
+        }
         keys.join(",")
     }
 
@@ -222,6 +276,8 @@ impl AllocConf {
         let Some(list) = list.strip_suffix(']') else {
             return Err(bad(key, value, "missing `]`"));
         };
+        // PyTorch starts a list from no rounding in every interval.
+        self.roundup_power2_divisions = [0; ROUNDUP_INTERVALS];
         let mut last_index: Option<usize> = None;
         for entry in list.split(',') {
             let Some((interval, divisions)) = entry.split_once(':') else {
@@ -232,8 +288,8 @@ impl AllocConf {
                 return Err(bad(key, value, "divisions must be a power of two or 0"));
             }
             if interval.trim() == ">" {
-                // PyTorch fills from the last named interval, that one included.
-                let from = last_index.unwrap_or(0);
+                // PyTorch fills the intervals after the last one named (after the first interval when none was).
+                let from = last_index.unwrap_or(0) + 1;
                 for d in &mut self.roundup_power2_divisions[from.min(ROUNDUP_INTERVALS)..] {
                     *d = n;
                 }
@@ -330,21 +386,54 @@ mod tests {
         assert!(conf.expandable_segments);
         assert_eq!(conf.max_split_size, Some(128 << 20));
         assert_eq!(conf.roundup_power2_divisions, [4; ROUNDUP_INTERVALS]);
+        // PyTorch drops spaces anywhere, and takes a comma at the end.
+        let mut conf = AllocConf::default();
+        conf.parse_overrides(" max_split_size_mb : 1 28 , expandable_segments:True,").unwrap();
+        assert_eq!((conf.max_split_size, conf.expandable_segments), (Some(128 << 20), true));
 
         let mut conf = AllocConf::default();
         conf.parse_overrides("roundup_power2_divisions:[256:1,512:2,>:4],garbage_collection_threshold:0.6").unwrap();
         assert_eq!(conf.garbage_collection_threshold, 0.6);
-        assert_eq!(conf.roundup_power2_divisions[0], 1);
-        assert_eq!(conf.roundup_power2_divisions[8], 1);
-        assert_eq!(conf.roundup_power2_divisions[9], 4, "PyTorch's `>` overwrites the last named interval");
-        assert_eq!(conf.roundup_power2_divisions[10], 4);
-        assert_eq!(conf.roundup_power2_divisions[15], 4);
         assert_eq!(conf.divisions_for(300 << 20), 1);
-        assert_eq!(conf.divisions_for(600 << 20), 4);
+        assert_eq!(conf.divisions_for(600 << 20), 2, "`>` sets the intervals after the last one named");
+        assert_eq!(conf.divisions_for(1100 << 20), 4);
+        // A list starts from no rounding, whatever was set before.
         conf.parse_overrides("roundup_power2_divisions:[64:8,128:0]").unwrap();
-        assert_eq!(conf.roundup_power2_divisions[6], 8);
-        assert_eq!(conf.roundup_power2_divisions[7], 0);
-        assert_eq!(conf.divisions_for(2000 << 20), 4);
+        assert_eq!(conf.divisions_for(2000 << 20), 0);
+    }
+
+    /// `roundup_power2_divisions` lists as PyTorch 2.9 and later read them (`AllocatorConfig_test.cpp` and the
+    /// example of PyTorch's CUDA notes): (list, [(size in MiB, divisions)]).
+    #[test]
+    fn roundup_lists_as_pytorch_reads_them() {
+        let cases: [(&str, &[(u64, u64)]); 3] = [
+            (
+                "[64:8,128:2,256:4,512:2,1024:4,>:1]",
+                &[(32, 8), (64, 8), (128, 2), (256, 4), (512, 2), (1024, 4), (2048, 1), (4096, 1), (8192, 1)],
+            ),
+            ("[256:1,512:2,1024:4,>:8]", &[(1, 1), (300, 1), (600, 2), (1100, 4), (2048, 8), (65536, 8)]),
+            ("[>:4]", &[(1, 0), (2, 4), (1100, 4)]),
+        ];
+        for (list, sizes) in cases {
+            let mut conf = AllocConf::default();
+            conf.parse_overrides(&format!("roundup_power2_divisions:{list}")).unwrap();
+            for &(mib, divisions) in sizes {
+                assert_eq!(conf.divisions_for(mib << 20), divisions, "{list}: {mib} MiB");
+            }
+        }
+    }
+
+    /// `per_process_memory_fraction` (PyTorch 2.10): what the allocator may reserve, and its place in the string.
+    #[test]
+    fn a_memory_fraction_limits_the_allocator() {
+        let mut conf = AllocConf::default();
+        conf.parse_overrides("per_process_memory_fraction:0.5").unwrap();
+        assert_eq!(conf.per_process_memory_fraction, Some(0.5));
+        assert_eq!(conf.allowed_bytes(Some(80 << 30)), Some(40 << 30));
+        assert_eq!(conf.allowed_bytes(None), None);
+        assert_eq!(conf.overrides(), "per_process_memory_fraction:0.5");
+        conf.parse_overrides("per_process_memory_fraction:1").unwrap();
+        assert_eq!((conf.per_process_memory_fraction, conf.allowed_bytes(Some(80))), (None, Some(80)));
     }
 
     #[test]
@@ -357,6 +446,14 @@ mod tests {
             ("expandable_segments:yes", "`yes`"),
             ("roundup_power2_divisions:3", "`3`"),
             ("backend:cudaMallocAsync", "`cudaMallocAsync` for PYTORCH_CUDA_ALLOC_CONF key `backend`: heapscope emulates"),
+            ("per_process_memory_fraction:7", "`7` for PYTORCH_CUDA_ALLOC_CONF key `per_process_memory_fraction`: must lie"),
+            ("per_process_memory_fraction:abc", "`abc`"),
+            ("release_lock_on_cudamalloc:maybe", "`maybe`"),
+            ("pinned_use_cuda_host_register:yes", "`yes`"),
+            ("pinned_num_register_threads:3", "`3`"),
+            ("pinned_reserve_segment_size_mb:0", "`0`"),
+            ("max_split_size_mb:128,,expandable_segments:True", "a setting is empty"),
+            (",max_split_size_mb:128", "a setting is empty"),
         ];
         for (input, needle) in cases {
             let err = AllocConf::default().parse_overrides(input).unwrap_err().to_string();
@@ -378,5 +475,24 @@ mod tests {
         assert!(conf.expandable_segments);
         assert_eq!(conf.roundup_power2_divisions[1], 4);
         assert_eq!(conf.roundup_power2_divisions[15], 8);
+    }
+
+    /// What the dictionary leaves out comes from the recorded string; a part of it this reader refuses (a later
+    /// PyTorch's key) is passed over, and the dictionary wins where both tell.
+    #[test]
+    fn from_recorded_takes_what_only_the_string_tells() {
+        let settings = RecordedSettings {
+            alloc_conf: "max_split_size_mb:100,max_non_split_rounding_mb:64,throw_on_cudamalloc_oom:True,\
+                         per_process_memory_fraction:0.5"
+                .to_owned(),
+            max_split_size: Some(200 << 20),
+            garbage_collection_threshold: 0.0,
+            expandable_segments: false,
+            roundup_power2_divisions: Vec::new(),
+        };
+        let conf = AllocConf::from_recorded(&settings);
+        assert_eq!(conf.max_split_size, Some(200 << 20));
+        assert_eq!(conf.max_non_split_rounding, 64 << 20);
+        assert_eq!(conf.per_process_memory_fraction, Some(0.5));
     }
 }

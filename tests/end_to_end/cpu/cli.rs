@@ -1424,3 +1424,54 @@ fn advise_on_a_request_no_device_holds() {
         "{answer}"
     );
 }
+
+/// Settings strings as PyTorch reads them (issue 14's review): `>` in a `roundup_power2_divisions` list sets the
+/// intervals after the last one named (PyTorch's documented example rounds 1100 MiB to 1280 MiB, where heapscope
+/// read 1152), and `per_process_memory_fraction` limits the allocator to its share of the device (it was accepted and
+/// dropped: a 50 GiB request on 80 GiB at 0.5 was served, and advise called the fraction the recorded settings).
+#[test]
+fn settings_strings_mean_what_pytorch_reads() {
+    let dir = temp_dir("settings-strings");
+    let file = dir.join("one.csv");
+    std::fs::write(&file, "a,1,1100MiB\n").unwrap();
+    let file = file.to_str().unwrap();
+    let rounded = json_lines(&heapscope(&[
+        "replay",
+        file,
+        "--policy",
+        "pytorch",
+        "--json",
+        "--alloc-conf",
+        "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
+    ]));
+    assert_eq!(rounded[0]["peak_reserved_bytes"].as_u64(), Some(1280 << 20), "{}", rounded[0]);
+
+    let file = dir.join("fifty.csv");
+    std::fs::write(&file, "a,1,50GiB\n").unwrap();
+    let file = file.to_str().unwrap();
+    let replay = |conf: &str| {
+        json_lines(&heapscope(&["replay", file, "--policy", "pytorch", "--json", "--capacity", "80GiB", "--alloc-conf", conf]))
+    };
+    assert_eq!(replay("per_process_memory_fraction:0.5")[0]["ooms"].as_u64(), Some(1));
+    assert_eq!(replay("per_process_memory_fraction:0.7")[0]["ooms"].as_u64(), Some(0));
+    let advised = json_lines(&heapscope(&[
+        "advise",
+        file,
+        "--json",
+        "--capacity",
+        "80GiB",
+        "--setting",
+        "per_process_memory_fraction:0.5",
+    ]));
+    let row = advised.iter().find(|row| row["setting"] == "per_process_memory_fraction:0.5").unwrap();
+    assert_eq!((row["as_recorded"].as_bool(), row["ooms"].as_u64()), (Some(false), Some(1)), "{row}");
+    assert_eq!(row["min_capacity_bytes"].as_u64(), Some(100 << 30), "50 GiB needs a device of twice that: {row}");
+
+    let refused = heapscope(&["replay", file, "--alloc-conf", "pinned_num_register_threads:3"]);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("bad value `3` for PYTORCH_CUDA_ALLOC_CONF key `pinned_num_register_threads`"),
+        "{}",
+        stderr(&refused)
+    );
+}

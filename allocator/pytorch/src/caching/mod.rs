@@ -335,11 +335,12 @@ pub struct CachingAllocator {
 }
 
 impl CachingAllocator {
-    /// An empty allocator. `capacity_bytes`: device memory available to PyTorch (`None` = unlimited).
+    /// An empty allocator. `capacity_bytes`: device memory available to PyTorch (`None` = unlimited), of which the
+    /// allocator reserves at most `conf`'s memory fraction ([`AllocConf::allowed_bytes`]).
     pub fn new(conf: AllocConf, capacity_bytes: Option<u64>) -> CachingAllocator {
         CachingAllocator {
+            capacity_bytes: conf.allowed_bytes(capacity_bytes),
             conf,
-            capacity_bytes,
             refused_rounding_bytes: 0,
             request_limit_bytes: None,
             nodes: Vec::new(),
@@ -399,9 +400,9 @@ impl CachingAllocator {
         self.driver.anchor(cuda_malloc_top, reserve_bottom);
     }
 
-    /// From now on, a device of `capacity_bytes` (`None`: unlimited).
+    /// From now on, a device of `capacity_bytes` (`None`: unlimited), of which the settings' memory fraction.
     pub fn set_capacity(&mut self, capacity_bytes: Option<u64>) {
-        self.capacity_bytes = capacity_bytes;
+        self.capacity_bytes = self.conf.allowed_bytes(capacity_bytes);
     }
 
     /// `pytorch-expandable` with expandable segments, else `pytorch`: its name as a contender.
@@ -504,7 +505,8 @@ impl CachingAllocator {
         self.conf.max_split_size.unwrap_or(u64::MAX)
     }
 
-    /// Garbage collection acts only with a memory fraction (`set_fraction`); the capacity plays that part.
+    /// Garbage collection acts only with a memory fraction (`set_fraction`, `per_process_memory_fraction`); without
+    /// one the capacity plays that part.
     fn gc_enabled(&self) -> bool {
         self.capacity_bytes.is_some() && self.conf.garbage_collection_threshold > 0.0
     }

@@ -498,8 +498,9 @@ fn rounding() {
     for (request, rounded) in [(1200, 1536), (3 * MIB + 1, 3 * MIB + 512 * 1024), (4 * MIB, 4 * MIB), (5 * MIB, 5 * MIB)] {
         assert_eq!(round_size(request, &c), rounded, "{request}");
     }
-    let c = conf_with("roundup_power2_divisions:[1:2,2:4,>:8]"); // `>` overwrites the 2 MiB interval too
+    let c = conf_with("roundup_power2_divisions:[1:2,2:4,>:8]"); // `>`: the intervals after 2 MiB (PyTorch 2.9)
     assert_eq!(round_size(MIB + 1, &c), MIB + 512 * 1024, "below 2 MiB: 2 divisions");
+    assert_eq!(round_size(3 * MIB + 1, &c), 3 * MIB + 512 * 1024, "2..4 MiB: 4 divisions, steps of 512 KiB");
     assert_eq!(round_size(5 * MIB, &c), 5 * MIB, "4..8 MiB: steps of 512 KiB");
     assert_eq!(round_size(5 * MIB + 1, &c), 5 * MIB + 512 * 1024);
 }
