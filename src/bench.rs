@@ -24,6 +24,7 @@ use heapscope_kernels::{VulkanKernelError, VulkanTarget, WgpuKernelError, WgpuTa
 use heapscope_lab::compaction::CompactRule;
 use heapscope_lab::compare::FirstOom;
 use heapscope_lab::contender::Contender;
+use heapscope_pytorch::AllocConf;
 use heapscope_vulkan::{ContextOptions, VulkanContext, VulkanError};
 use heapscope_wgpu::{DeviceOptions, WgpuDevice, WgpuError};
 
@@ -127,6 +128,8 @@ struct Chosen {
     stats: StreamStats,
     default_budget: Option<u64>,
     story: &'static str,
+    /// The allocator settings a replayed snapshot recorded (or shows), which `pytorch` replays it with.
+    recorded_conf: Option<AllocConf>,
 }
 
 impl BenchArgs {
@@ -138,6 +141,7 @@ impl BenchArgs {
             (self.checkpointing, "--checkpointing", WorkloadName::Train, "train"),
             (self.kv.is_some(), "--kv", WorkloadName::Serve, "serve"),
             (self.scale.is_some(), "--scale", WorkloadName::Replay, "replay"),
+            (self.device.is_some(), "--device", WorkloadName::Replay, "replay"),
         ];
         if let Some((_, flag, _, owner)) = knobs.iter().find(|(given, _, owner, _)| *given && name != *owner) {
             bail!("{flag} is a knob of --workload {owner}");
@@ -153,8 +157,10 @@ impl BenchArgs {
         if self.steps == Some(0) {
             bail!("--steps 0: a workload needs at least one step");
         }
-        if let Some(steps) = self.steps.filter(|&steps| steps > MAX_STEPS) {
-            bail!("--steps {steps}: at most {MAX_STEPS} (a workload is built whole before it runs)");
+        let most = max_steps(name);
+        if let Some(steps) = self.steps.filter(|&steps| steps > most) {
+            let workload = name.to_possible_value().map(|value| value.get_name().to_owned()).unwrap_or_default();
+            bail!("--steps {steps}: at most {most} for --workload {workload} (a workload is built whole before it runs)");
         }
         if self.batch == Some(0) {
             bail!("--batch 0: a batch needs at least one sequence");
@@ -180,6 +186,7 @@ impl BenchArgs {
     }
 
     fn choose(&self) -> Result<Chosen> {
+        let mut recorded_conf = None;
         let (workload, default_budget, story) = match self.workload {
             WorkloadName::Train => {
                 let base = TrainConfig::new(self.seed);
@@ -208,6 +215,7 @@ impl BenchArgs {
                 for line in crate::replay::devices_overview(&recording, self.device, &overview) {
                     eprintln!("{line}");
                 }
+                recorded_conf = recording.snapshot.as_ref().map(AllocConf::of_snapshot);
                 (
                     replay(&recording, self.steps.map(u64::from), self.scale.unwrap_or(1)),
                     None,
@@ -216,10 +224,12 @@ impl BenchArgs {
             }
         };
         let stats = workload.check().with_context(|| format!("{}: the generated stream is not well formed", workload.name))?;
-        Ok(Chosen { workload, stats, default_budget, story })
+        Ok(Chosen { workload, stats, default_budget, story, recorded_conf })
     }
 
-    fn settings(&self, budget: Option<u64>) -> Result<BenchSettings> {
+    /// The run's settings: PyTorch's allocator settings are `--alloc-conf` over PyTorch's defaults, else the ones a
+    /// replayed snapshot recorded (`recorded`), as `compare` takes them.
+    fn settings(&self, budget: Option<u64>, recorded: Option<&AllocConf>) -> Result<BenchSettings> {
         let mut settings = BenchSettings::new(budget);
         settings.heap = self.heap.heap_config(PolicyKind::Tlsf);
         settings.page_bytes = self.page_size;
@@ -230,8 +240,12 @@ impl BenchArgs {
             settings.virtual_bytes = virtual_bytes;
         }
         settings.compact = self.compact;
-        if let Some(overrides) = &self.alloc_conf {
-            settings.alloc_conf.parse_overrides(overrides).map_err(|error| anyhow::anyhow!("--alloc-conf: {error}"))?;
+        match (&self.alloc_conf, recorded) {
+            (Some(overrides), _) => {
+                settings.alloc_conf.parse_overrides(overrides).map_err(|error| anyhow::anyhow!("--alloc-conf: {error}"))?;
+            }
+            (None, Some(recorded)) => settings.alloc_conf = recorded.clone(),
+            (None, None) => {}
         }
         Ok(settings)
     }
@@ -254,8 +268,18 @@ enum Device {
     },
 }
 
-/// The most steps `--steps` asks of a workload: it is built whole in memory before it runs (tens of bytes a step).
-const MAX_STEPS: u32 = 10_000_000;
+/// The most steps `--steps` asks of a workload: it is built whole in memory before it runs, and its steps differ in
+/// size: measured (sim, the default knobs) about 18 KiB a training step (some 130 allocations and frees, and their
+/// kernels), 1 KiB a serving step, 240 B a churn allocation, and a replay's events are the recording's. Each limit holds
+/// a run under about 2 GiB (10 million training steps took the machine's 23 GiB).
+fn max_steps(name: WorkloadName) -> u32 {
+    match name {
+        WorkloadName::Train => 100_000,
+        WorkloadName::Serve => 2_000_000,
+        WorkloadName::Churn => 8_000_000,
+        WorkloadName::Replay => 10_000_000,
+    }
+}
 
 /// What became of a contender: its run's report, or why the device cannot host it (sparse binding missing).
 type Outcome = heapscope_lab::outcome::Outcome<Box<RunReport>>;
@@ -272,6 +296,10 @@ impl Device {
             Some(BackendName::Wgpu) => Self::open_wgpu(plain_wgpu),
             None => match VulkanContext::new(&ContextOptions::from_env()) {
                 Ok(context) => Ok(Device::Vulkan(Arc::new(context))),
+                // A device asked for by name that is not there is an error, not a run without one.
+                Err(error @ VulkanError::NoMatchingDevice { .. }) => {
+                    Err(anyhow::Error::new(error).context("bringing up the Vulkan device HEAPSCOPE_DEVICE names"))
+                }
                 Err(error) => Ok(Device::Sim { why: format!("no Vulkan device: {error}") }),
             },
         }
@@ -421,10 +449,15 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
         return Ok(());
     }
     let budget = args.heap.budget.or(chosen.default_budget);
-    let settings = args.settings(budget)?;
+    let settings = args.settings(budget, chosen.recorded_conf.as_ref())?;
     let device = Device::open(args.backend, args.plain_wgpu)?;
     if !args.json {
-        print_title(&chosen, budget, args.heap.budget.is_none(), &device);
+        let overrides = settings.alloc_conf.overrides();
+        let conf = (!overrides.is_empty()).then(|| {
+            let whence = if args.alloc_conf.is_some() { "--alloc-conf" } else { "as the recording tells" };
+            format!("{overrides} ({whence})")
+        });
+        print_title(&chosen, budget, args.heap.budget.is_none(), &device, conf.as_deref());
     }
     let mut reports = Vec::new();
     for policy in args.policies() {
@@ -463,7 +496,8 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn print_title(chosen: &Chosen, budget: Option<u64>, default: bool, device: &Device) {
+/// The run's header; `conf`: PyTorch's allocator settings where they are not its defaults, and whence.
+fn print_title(chosen: &Chosen, budget: Option<u64>, default: bool, device: &Device, conf: Option<&str>) {
     let stats = &chosen.stats;
     outln!(
         "workload: {}: {} allocations ({} allocated), peak live {}, {} matvecs, {} copies",
@@ -480,6 +514,9 @@ fn print_title(chosen: &Chosen, budget: Option<u64>, default: bool, device: &Dev
         outln!("budget: {budget} (the default: {})", chosen.story);
     } else {
         outln!("budget: {budget}");
+    }
+    if let Some(conf) = conf {
+        outln!("pytorch's settings: {conf}");
     }
     outln!(
         "{:<20} {:>13} {:>14} {:>8} {:>5} {:>10} {:>11} {:>9}",

@@ -1475,3 +1475,17 @@ fn settings_strings_mean_what_pytorch_reads() {
         stderr(&refused)
     );
 }
+
+/// `bench --workload replay` runs `pytorch` with the settings the snapshot recorded, as `replay` does (it ran
+/// PyTorch's defaults: 14.24 GiB reserved for gpt2's expandable run against PyTorch's own 13.54 GiB), and says so.
+#[test]
+fn bench_replays_a_snapshot_with_its_recorded_settings() {
+    let file = trace("pytorch/gpt2_train_fixed-expandable.pickle.gz");
+    let file = file.to_str().unwrap();
+    let replayed = json_lines(&heapscope(&["replay", file, "--policy", "pytorch", "--json"]));
+    let benched =
+        json_lines(&heapscope(&["bench", "--workload", "replay", file, "--backend", "sim", "--policy", "pytorch", "--json"]));
+    assert_eq!(benched[0]["peak_reserved_bytes"], replayed[0]["peak_reserved_bytes"], "{}", benched[0]);
+    let text = heapscope(&["bench", "--workload", "replay", file, "--backend", "sim", "--policy", "pytorch"]);
+    assert!(stdout(&text).contains("pytorch's settings: expandable_segments:True (as the recording tells)"), "{}", stdout(&text));
+}

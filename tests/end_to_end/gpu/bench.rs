@@ -289,14 +289,17 @@ fn replay_a_snapshot_on_the_device() {
 
 #[test]
 fn bad_bench_input_is_refused() {
-    let cases: [(&[&str], &str); 13] = [
+    let cases: [(&[&str], &str); 15] = [
         (&["bench", "--workload", "replay"], "needs a FILE"),
         (&["bench", "--workload", "serve", "x.pickle"], "only --workload replay takes a FILE"),
         (&["bench", "--workload", "serve", "--batch", "4"], "--batch is a knob of --workload train"),
         (&["bench", "--workload", "train", "--kv", "paged"], "--kv is a knob of --workload serve"),
         (&["bench", "--workload", "churn", "--checkpointing"], "--checkpointing is a knob of --workload train"),
         (&["bench", "--workload", "train", "--steps", "0"], "--steps 0"),
-        (&["bench", "--workload", "churn", "--steps", "4294967295"], "--steps 4294967295: at most 10000000"),
+        (&["bench", "--workload", "churn", "--steps", "4294967295"], "--steps 4294967295: at most 8000000 for --workload churn"),
+        // 10 million training steps took 22 GiB before the limit was the workload's.
+        (&["bench", "--workload", "train", "--steps", "100001"], "--steps 100001: at most 100000 for --workload train"),
+        (&["bench", "--workload", "serve", "--steps", "10000000", "--device", "1"], "--device is a knob of --workload replay"),
         (&["bench", "--workload", "churn", "--budget", "1", "--backend", "sim"], "--budget 1 B: less than one page (64 KiB"),
         (&["bench", "--workload", "serve", "--kv", "pages"], "expected contiguous or paged"),
         (&["bench", "--workload", "serve", "--policy", "tlfs"], "pytorch-expandable"),
@@ -309,6 +312,15 @@ fn bad_bench_input_is_refused() {
         assert!(!output.status.success(), "{args:?} succeeded");
         assert!(stderr(&output).contains(expected), "{args:?}: {expected:?} in {}", stderr(&output));
         assert!(!stderr(&output).contains("panicked"), "{args:?}: {}", stderr(&output));
+    }
+    // A device named by HEAPSCOPE_DEVICE that is not there: an error (the bench ran on sim instead, silently in
+    // JSON). Without a Vulkan loader at all the bench still runs on sim.
+    let output = crate::common::output(
+        crate::common::binary().args(["bench", "--workload", "churn", "--steps", "20", "--json"]).env("HEAPSCOPE_DEVICE", "7"),
+    );
+    if gpu_required() || !output.status.success() {
+        assert!(!output.status.success(), "{}", stdout(&output));
+        assert!(stderr(&output).contains("no Vulkan device matches HEAPSCOPE_DEVICE=\"7\""), "{}", stderr(&output));
     }
 }
 
