@@ -40,7 +40,8 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
     recording.trace.name = if recording.snapshot.is_some() {
         format!("{file_name}, device {}", recording.device)
     } else {
-        recording.trace.name.clone()
+        // A native trace keeps the name it holds (converting it again changes nothing), a CSV trace takes its file's.
+        native_name(&args.file).unwrap_or(file_name)
     };
     recording.trace.write_native(&args.out).with_context(|| format!("converting {}", args.file.display()))?;
     let start = match recording.start_events {
@@ -53,6 +54,16 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
         eprintln!("{line}");
     }
     Ok(())
+}
+
+/// The name a native trace at `path` holds (`None`: no native trace, or no name).
+fn native_name(path: &std::path::Path) -> Option<String> {
+    let mut head = [0u8; 16];
+    let read = std::io::Read::read(&mut std::fs::File::open(path).ok()?, &mut head).ok()?;
+    if !heapscope_core::trace::Trace::is_native(&head[..read]) {
+        return None;
+    }
+    Some(heapscope_core::trace::Trace::read(path).ok()?.name).filter(|name| !name.is_empty())
 }
 
 /// What a snapshot holds that its native trace does not (allocations and frees, numbered by event), with how to

@@ -176,10 +176,14 @@ impl Trace {
         if Self::is_native(&bytes) {
             return Self::parse_native(&file, &bytes);
         }
-        let text = String::from_utf8(bytes).map_err(|error| Error::Trace {
-            file: file.clone(),
-            line: 0,
-            what: format!("neither a native trace nor a CSV trace (not UTF-8 at byte {})", error.utf8_error().valid_up_to()),
+        let text = String::from_utf8(bytes).map_err(|error| {
+            let at = error.utf8_error().valid_up_to();
+            let line = error.as_bytes()[..at].iter().filter(|&&byte| byte == b'\n').count() as u64 + 1;
+            Error::Trace {
+                file: file.clone(),
+                line,
+                what: format!("neither a native trace nor a CSV trace: a CSV trace is UTF-8 text, and byte {at} is not"),
+            }
         })?;
         Self::parse_csv(&file, &text)
     }
@@ -197,6 +201,16 @@ impl Trace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A byte that is not UTF-8 in a CSV trace is named with its line (the file was refused without one).
+    #[test]
+    fn a_csv_trace_not_utf8_names_its_line() {
+        let path = std::env::temp_dir().join(format!("heapscope-not-utf8-{}.csv", std::process::id()));
+        std::fs::write(&path, b"a,1,4096\n# caf\xe9\nf,1\n").unwrap();
+        let error = Trace::read(&path).unwrap_err().to_string();
+        std::fs::remove_file(&path).unwrap();
+        assert!(error.contains(":2:") && error.contains("a CSV trace is UTF-8 text, and byte 14 is not"), "{error}");
+    }
 
     fn sample() -> Trace {
         let mut builder = TraceBuilder::new("sample ✓");

@@ -206,6 +206,8 @@ impl Trace {
     /// [`Error::Trace`] naming the line and what is wrong with it.
     pub fn parse_csv(name: &str, text: &str) -> Result<Self> {
         let mut builder = TraceBuilder::new(name);
+        // A byte-order mark (Notepad and Excel write one) is no part of the first line.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         for (index, raw) in text.lines().enumerate() {
             let line = index as u64 + 1;
             let fail = |what: String| Error::Trace { file: name.to_owned(), line, what };
@@ -308,6 +310,16 @@ mod tests {
         assert_eq!(trace.slots(), 5);
         let again = Trace::parse_csv("t.csv", &trace.to_csv()).unwrap();
         assert_eq!(again.events(), trace.events());
+    }
+
+    /// A byte-order mark before the first line, as Notepad and Excel write one, is skipped (it read as an unknown
+    /// event `\u{feff}a`).
+    #[test]
+    fn a_byte_order_mark_is_skipped() {
+        for text in ["\u{feff}a,1,4096\nf,1\n", "\u{feff}# heapscope trace v1\na,1,4096\nf,1\n"] {
+            let trace = Trace::parse_csv("bom.csv", text).unwrap();
+            assert_eq!(trace.events(), [Event::Alloc { slot: 0, size_bytes: 4096 }, Event::Free { slot: 0 }], "{text:?}");
+        }
     }
 
     /// Comment lines are captions from the next event on; the header and trailing comments are not; they round-trip.

@@ -203,11 +203,19 @@ fn parse_decompressed(mut input: impl Read, gzip: bool, name: &str, decoder: Dec
     })?;
     if head.first().is_some_and(|byte| !matches!(byte, 0x80 | b'(' | b'}' | b']')) {
         let holds = if gzip { "the gzip stream holds" } else { "it starts with" };
+        // A trace of heapscope's gzipped: its magic, or text (a CSV trace).
+        let trace = heapscope_core::trace::Trace::is_native(&head)
+            || head.iter().all(|&byte| byte.is_ascii_graphic() || byte.is_ascii_whitespace());
+        let hint = if gzip && trace {
+            "; a gzip-compressed heapscope or CSV trace? those are read as they are written: gunzip it first"
+        } else {
+            ""
+        };
         return Err(SnapshotError::Pickle {
             file: name.to_owned(),
             offset: 0,
             what: format!(
-                "no pickle of a snapshot (one opens with 0x80 and its protocol, or `(`, `}}` or `]`): {holds} {}",
+                "no pickle of a snapshot (one opens with 0x80 and its protocol, or `(`, `}}` or `]`): {holds} {}{hint}",
                 shown_bytes(&head)
             ),
         });
@@ -3027,6 +3035,16 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
                  `]`): it starts with 89 50 4e 47 0d 0a 1a 0a (\".PNG....\")",
             ),
             (b"hello".to_vec(), "it starts with 68 65 6c 6c 6f (\"hello\")"),
+            // A CSV trace gzipped: heapscope reads traces as they are written.
+            (
+                {
+                    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                    io::Write::write_all(&mut encoder, b"a,1,4096\nf,1\n").unwrap();
+                    encoder.finish().unwrap()
+                },
+                "the gzip stream holds 61 2c 31 2c 34 30 39 36 (\"a,1,4096\"); a gzip-compressed heapscope or CSV trace? \
+                 those are read as they are written: gunzip it first",
+            ),
             (b"{\"segments\": []}".to_vec(), "at byte 0 of the pickle stream: no pickle of a snapshot"),
             (Vec::new(), "truncated"),
             (vec![0x1f, 0x8b, 8, 0, 0, 0], "cannot read"),

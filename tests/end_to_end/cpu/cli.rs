@@ -734,6 +734,15 @@ fn convert_to_the_native_format_keeps_the_replay() {
             assert_eq!(of_pickle[0][key], of_native[0][key], "{name}, {flag} {value}: {key}");
         }
     }
+    // A CSV trace converted holds its file's name, not the path it was read through, and converting the native trace
+    // again gives the same bytes (the name nested `(from ...)` once more each time).
+    std::fs::write(dir.join("small.csv"), "a,1,4096\nf,1\n").unwrap();
+    let once = dir.join("once.hst");
+    let twice = dir.join("twice.hst");
+    assert!(heapscope(&["convert", dir.join("small.csv").to_str().unwrap(), "--out", once.to_str().unwrap()]).status.success());
+    assert!(heapscope(&["convert", once.to_str().unwrap(), "--out", twice.to_str().unwrap()]).status.success());
+    assert_eq!(heapscope_core::trace::Trace::read(&once).unwrap().name, "small.csv");
+    assert_eq!(std::fs::read(&once).unwrap(), std::fs::read(&twice).unwrap());
     std::fs::remove_dir_all(dir).ok();
 }
 
