@@ -281,6 +281,9 @@ fn max_steps(name: WorkloadName) -> u32 {
     }
 }
 
+/// The alignment [`Device::too_large`] takes a block's size to (the coarsest a device asks of a buffer's memory).
+const BLOCK_ALIGN_BYTES: u64 = 64 << 10;
+
 /// What became of a contender: its run's report, or why the device cannot host it (sparse binding missing).
 type Outcome = heapscope_lab::outcome::Outcome<Box<RunReport>>;
 
@@ -378,6 +381,9 @@ impl Device {
     /// Runs `workload` through `policy`; [`Outcome::NotRun`] when the device cannot host the contender (`paged` and
     /// `pytorch-expandable` without sparse residency, or on wgpu that is not heapscope's Vulkan device).
     fn run(&self, workload: &Workload, policy: Contender, settings: &BenchSettings) -> Result<Outcome> {
+        if let Some(why) = self.too_large(workload, policy, settings) {
+            return Ok(Outcome::not_run(policy.name(), why));
+        }
         let unsupported = match self {
             Device::Vulkan(context) => match VulkanTarget::new(context, policy, settings) {
                 Err(VulkanKernelError::Vulkan(VulkanError::Unsupported(why))) => format!("unsupported on this device: {why}"),
@@ -393,6 +399,45 @@ impl Device {
             }
         };
         Ok(Outcome::not_run(policy.name(), unsupported))
+    }
+
+    /// Why the device cannot hold `workload`'s largest request as `policy` asks for it (a buffer of its own, or in a
+    /// block, a buddy's power of two, PyTorch's 2 MiB segment): larger than the device's largest buffer (lavapipe's
+    /// `maxBufferSize` is 4 GiB; such a run failed on `vkCreateBuffer` or read as out of memory). `None`: it can.
+    fn too_large(&self, workload: &Workload, policy: Contender, settings: &BenchSettings) -> Option<String> {
+        let (max_buffer_bytes, limit) = match self {
+            Device::Vulkan(context) => (context.properties().limits.max_buffer_size_bytes?, "maxBufferSize"),
+            Device::Wgpu { device, .. } => (device.device().limits().max_buffer_size, "max_buffer_size"),
+            Device::Sim { .. } => return None,
+        };
+        let largest = workload
+            .steps
+            .iter()
+            .filter_map(|step| match *step {
+                heapscope_kernels::workload::Step::Alloc { size_bytes, .. } => Some(size_bytes),
+                _ => None,
+            })
+            .max()?;
+        let (needed, how) = match policy {
+            Contender::Heap(PolicyKind::Buddy) => {
+                (largest.checked_next_power_of_two().unwrap_or(u64::MAX), "as a buddy's power of two")
+            }
+            Contender::Pytorch { expandable: false } if !settings.alloc_conf.expandable_segments => {
+                (heapscope_pytorch::caching::get_allocation_size(largest), "as PyTorch's segment")
+            }
+            // Paged memory and expandable segments map pages into a range of their own (checked as they start).
+            Contender::Paged | Contender::Pytorch { .. } => return None,
+            // A block of a heap (or a buffer of gpu-allocator's and VMA's), aligned as blocks are.
+            _ => (largest.checked_next_multiple_of(BLOCK_ALIGN_BYTES).unwrap_or(u64::MAX), "as a block"),
+        };
+        (needed > max_buffer_bytes).then(|| {
+            format!(
+                "its largest request, {} ({} {how}), exceeds the device's largest buffer ({limit} {})",
+                heapscope_core::units::exact_size(largest),
+                heapscope_core::units::exact_size(needed),
+                heapscope_core::units::exact_size(max_buffer_bytes)
+            )
+        })
     }
 
     /// Whether validation is on: the Vulkan layer, or on plain wgpu wgpu's own (`HEAPSCOPE_VALIDATION`).
@@ -460,8 +505,24 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
         print_title(&chosen, budget, args.heap.budget.is_none(), &device, conf.as_deref());
     }
     let mut reports = Vec::new();
+    // A contender that fails (a Vulkan call refused) is said in its row and the others still run; the bench fails
+    // at the end, after the validation layer's messages.
+    let mut failed = Vec::new();
     for policy in args.policies() {
-        match device.run(&chosen.workload, policy, &settings)? {
+        let outcome = match device.run(&chosen.workload, policy, &settings) {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                let why = format!("{error:#}");
+                if args.json {
+                    outln!("{}", line(policy, &chosen.workload, &device, budget, serde_json::json!({ "failed": why })));
+                } else {
+                    outln!("{:<20} failed: {why}", policy.name());
+                }
+                failed.push(format!("{policy}: {why}"));
+                continue;
+            }
+        };
+        match outcome {
             Outcome::Ran(report) => {
                 if args.json {
                     outln!("{}", json_line(policy, &chosen.workload, &device, budget, &report));
@@ -489,6 +550,9 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
     }
     if !messages.is_empty() {
         bail!("the validation layer or wgpu reported {} message(s):\n{}", messages.len(), messages.join("\n"));
+    }
+    if !failed.is_empty() {
+        bail!("{} contender(s) failed:\n{}", failed.len(), failed.join("\n"));
     }
     if reports.is_empty() {
         bail!("no contender could run");

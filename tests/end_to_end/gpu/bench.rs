@@ -364,3 +364,43 @@ fn paged_compacts_churn_by_remapping_with_every_moved_allocation_verified() {
         assert_eq!(after["kernels_ran"], true, "{after}");
     }
 }
+
+/// A request larger than the device's largest buffer (lavapipe's `maxBufferSize` is 4 GiB): each contender that would
+/// need such a buffer is a row that says so, and the others still run (a heap's failed `vkCreateBuffer` ended the
+/// whole bench; buddy and PyTorch read it as out of memory).
+#[test]
+fn a_request_past_the_largest_buffer_is_a_row_that_says_so() {
+    let dir = crate::common::temp_dir("bench-largest-buffer");
+    let file = dir.join("huge.csv");
+    std::fs::write(&file, "a,1,4096\na,2,4096TiB\nf,1\nf,2\n").unwrap();
+    let output = heapscope(&[
+        "bench",
+        "--workload",
+        "replay",
+        file.to_str().unwrap(),
+        "--backend",
+        "vulkan",
+        "--policy",
+        "tlsf",
+        "--policy",
+        "buddy",
+        "--policy",
+        "pytorch",
+        "--json",
+    ]);
+    if stderr(&output).contains("no Vulkan") && !gpu_required() {
+        eprintln!("skipped: no Vulkan device ({})", stderr(&output));
+        return;
+    }
+    assert!(!output.status.success(), "no contender ran");
+    let lines: Vec<Value> = stdout(&output).lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    for policy in ["tlsf", "buddy", "pytorch"] {
+        let why = by_policy(&lines, policy)["not_run"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            why.starts_with("its largest request, 4096 TiB (")
+                && why.contains("exceeds the device's largest buffer (maxBufferSize "),
+            "{policy}: {why}"
+        );
+    }
+    assert!(stderr(&output).contains("no contender could run"), "{}", stderr(&output));
+}
