@@ -80,7 +80,8 @@ fn left_out(recording: &Recording) -> Option<String> {
         });
         let requests = if ooms == 1 { "its request is" } else { "their requests are" };
         lost.push(format!(
-            "{} ({requests} in the trace as any other allocation){replay_on}",
+            "{} ({requests} in the trace as any other allocation, freed by the next event: `top` and `render --at peak` \
+             count it live in between){replay_on}",
             counted(ooms as u64, "oom entry", "oom entries")
         ));
     }
@@ -98,6 +99,23 @@ fn left_out(recording: &Recording) -> Option<String> {
     let streams = recording.streams();
     if streams > 1 {
         lost.push(format!("its {streams} CUDA streams (one stream in the trace)"));
+    }
+    // Runs of segment frees: the recording's `empty_cache()` calls are among them (the rest PyTorch's own releases),
+    // which the trace does not hold: a replay of it keeps its cache there.
+    let releases = trace
+        .iter()
+        .zip(std::iter::once(None).chain(trace.iter().map(|entry| Some(entry.action))))
+        .filter(|(entry, before)| {
+            matches!(entry.action, Action::SegmentFree | Action::SegmentUnmap)
+                && !matches!(before, Some(Action::SegmentFree | Action::SegmentUnmap))
+        })
+        .count();
+    if releases > 0 {
+        lost.push(format!(
+            "{} of segment frees, its `empty_cache()` calls among them (the trace holds none: `pytorch` replaying it \
+             keeps its cache there, and may reserve more)",
+            counted(releases as u64, "run", "runs")
+        ));
     }
     lost.push("segment events, stacks and times; the file's entry numbers (events are numbered instead)".to_owned());
     Some(format!("the native trace keeps allocations and frees; left out: {}", lost.join("; ")))

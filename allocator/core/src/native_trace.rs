@@ -5,15 +5,20 @@
 //! magic     8 bytes   "HSTRACE\0"
 //! version   1 byte    1
 //! name      varint length, then that many bytes of UTF-8
-//! events    varint count, then each event:
+//! events    varint count (of events and captions), then each:
 //!             0x00 varint(size_bytes)   allocate; the allocation takes the next slot (0, 1, 2, ...)
 //!             0x01 varint(slot)         free the live allocation in that slot
 //!             0x02                      empty the cache (`torch.cuda.empty_cache()`)
+//!             0x03 varint(length) UTF-8
+//!                                       a caption (a CSV trace's comment line), before the event it is shown
+//!                                       from (or after the last)
 //! ```
 //!
 //! Varints are unsigned LEB128 (7 bits a byte, low bits first, at most 10 bytes). Slots are implicit on
 //! allocation, so a typical event takes 2 to 5 bytes: the 12,355-event GPT-2 trace is 45 KB against
-//! 270 KB of CSV. Nothing may follow the last event. Every error names the file and the byte offset.
+//! 270 KB of CSV. Nothing may follow the last one. Every error names the file and the byte offset. A
+//! trace without captions is written as before captions were kept; builds before them refuse one with captions at the
+//! caption's tag.
 
 use std::path::Path;
 
@@ -28,6 +33,7 @@ pub const VERSION: u8 = 1;
 const ALLOC: u8 = 0;
 const FREE: u8 = 1;
 const EMPTY_CACHE: u8 = 2;
+const CAPTION: u8 = 3;
 
 fn push_varint(out: &mut Vec<u8>, mut value: u64) {
     loop {
@@ -90,8 +96,17 @@ impl Trace {
         out.push(VERSION);
         push_varint(&mut out, self.name.len() as u64);
         out.extend_from_slice(self.name.as_bytes());
-        push_varint(&mut out, self.events().len() as u64);
-        for event in self.events() {
+        push_varint(&mut out, (self.events().len() + self.captions().len()) as u64);
+        let mut captions = self.captions().iter().peekable();
+        let mut caption = |out: &mut Vec<u8>, before: usize| {
+            while let Some(shown) = captions.next_if(|caption| caption.event <= before) {
+                out.push(CAPTION);
+                push_varint(out, shown.text.len() as u64);
+                out.extend_from_slice(shown.text.as_bytes());
+            }
+        };
+        for (index, event) in self.events().iter().enumerate() {
+            caption(&mut out, index);
             match *event {
                 Event::Alloc { size_bytes, .. } => {
                     out.push(ALLOC);
@@ -104,6 +119,7 @@ impl Trace {
                 Event::EmptyCache => out.push(EMPTY_CACHE),
             }
         }
+        caption(&mut out, usize::MAX);
         out
     }
 
@@ -138,6 +154,18 @@ impl Trace {
         for _ in 0..count {
             let offset = cursor.offset;
             match cursor.byte("an event")? {
+                CAPTION => {
+                    let length = cursor.varint("a caption's length")?;
+                    let end = usize::try_from(length)
+                        .ok()
+                        .and_then(|length| cursor.offset.checked_add(length))
+                        .filter(|&end| end <= bytes.len())
+                        .ok_or_else(|| cursor.fail(offset, format!("truncated: a caption of {length} bytes")))?;
+                    let text = std::str::from_utf8(&bytes[cursor.offset..end])
+                        .map_err(|_| cursor.fail(cursor.offset, "a caption is not UTF-8"))?;
+                    builder.caption(text);
+                    cursor.offset = end;
+                }
                 ALLOC => {
                     let size_bytes = cursor.varint("an allocation size")?;
                     builder.alloc(slots, size_bytes).map_err(|what| cursor.fail(offset, what.to_string()))?;
@@ -151,7 +179,10 @@ impl Trace {
                 tag => {
                     return Err(cursor.fail(
                         offset,
-                        format!("unknown event tag 0x{tag:02x}: expected 0x00 (alloc), 0x01 (free) or 0x02 (empty the cache)"),
+                        format!(
+                            "unknown event tag 0x{tag:02x}: expected 0x00 (alloc), 0x01 (free), 0x02 (empty the cache) or \
+                             0x03 (a caption)"
+                        ),
                     ));
                 }
             }
@@ -248,6 +279,24 @@ mod tests {
         let bytes = trace.to_native();
         let again = Trace::parse_native("t.hst", &bytes).unwrap();
         assert_eq!(again, trace);
+    }
+
+    /// A CSV trace's captions (comment lines) are kept: before the first event, between two, after the last (convert
+    /// dropped them); a trace without captions is written as before.
+    #[test]
+    fn round_trip_keeps_captions() {
+        let csv = "# heapscope trace v1\n# first\na,1,4096\n# second\n# and third\na,2,64\nf,1\n# the end\n";
+        let trace = Trace::parse_csv("lesson.csv", csv).unwrap();
+        assert_eq!(trace.captions().len(), 4);
+        let again = Trace::parse_native("lesson.hst", &trace.to_native()).unwrap();
+        assert_eq!((again.captions(), again.events()), (trace.captions(), trace.events()));
+        let plain = Trace::parse_csv("plain.csv", "a,1,4096\nf,1\n").unwrap();
+        assert_eq!(plain.to_native(), [&MAGIC[..], &[1, 9], b"plain.csv", &[2, ALLOC, 0x80, 0x20, FREE, 0]].concat());
+        let bytes = trace.to_native();
+        for len in 0..bytes.len() {
+            let message = Trace::parse_native("cut.hst", &bytes[..len]).unwrap_err().to_string();
+            assert!(message.starts_with("cut.hst: byte "), "{len}: {message}");
+        }
     }
 
     #[test]

@@ -734,6 +734,29 @@ fn convert_to_the_native_format_keeps_the_replay() {
             assert_eq!(of_pickle[0][key], of_native[0][key], "{name}, {flag} {value}: {key}");
         }
     }
+    // A recording's `empty_cache()` (a segment freed, then the memory allocated afresh) has no event in the trace:
+    // said, as it changes what `pytorch` reserves replaying it.
+    {
+        use heapscope_pytorch::{Action, Snapshot, TraceEntry};
+        let mib = 1u64 << 20;
+        let trace = vec![
+            TraceEntry::new(Action::SegmentAlloc, 0x1000_0000, 30 * mib),
+            TraceEntry::new(Action::Alloc, 0x1000_0000, 30 * mib),
+            TraceEntry::new(Action::FreeCompleted, 0x1000_0000, 30 * mib),
+            TraceEntry::new(Action::SegmentFree, 0x1000_0000, 30 * mib),
+            TraceEntry::new(Action::SegmentAlloc, 0x2000_0000, 40 * mib),
+            TraceEntry::new(Action::Alloc, 0x2000_0000, 40 * mib),
+        ];
+        let snapshot = Snapshot { device_traces: vec![trace], ..Snapshot::default() };
+        let path = dir.join("empty-cache.pickle");
+        heapscope_pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
+        let output = heapscope(&["convert", path.to_str().unwrap(), "--out", dir.join("empty-cache.hst").to_str().unwrap()]);
+        assert!(
+            stderr(&output).contains("left out: 1 run of segment frees, its `empty_cache()` calls among them"),
+            "{}",
+            stderr(&output)
+        );
+    }
     // A CSV trace converted holds its file's name, not the path it was read through, and converting the native trace
     // again gives the same bytes (the name nested `(from ...)` once more each time).
     std::fs::write(dir.join("small.csv"), "a,1,4096\nf,1\n").unwrap();
