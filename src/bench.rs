@@ -97,8 +97,8 @@ pub struct BenchArgs {
     /// Page size of `paged`.
     #[arg(long, value_name = "SIZE", default_value = "64KiB", value_parser = parse_size)]
     pub page_size: u64,
-    /// Virtual range of `paged` (default: four times the budget, 1 GiB without one; on a Vulkan device at most its
-    /// sparse address space). A bounded range can fragment: `--compact` then remaps pages.
+    /// Virtual range of `paged` (default: four times the budget; without one, four times the workload's peak of live
+    /// bytes, at least 1 GiB; on a Vulkan device at most its sparse address space). A bounded range can fragment: `--compact` then remaps pages.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub virtual_size: Option<u64>,
     /// PyTorch allocator settings for the pytorch contenders, in PYTORCH_CUDA_ALLOC_CONF syntax.
@@ -229,10 +229,18 @@ impl BenchArgs {
 
     /// The run's settings: PyTorch's allocator settings are `--alloc-conf` over PyTorch's defaults, else the ones a
     /// replayed snapshot recorded (`recorded`), as `compare` takes them.
-    fn settings(&self, budget: Option<u64>, recorded: Option<&AllocConf>) -> Result<BenchSettings> {
+    /// Without a budget or `--virtual-size`, `paged`'s virtual range (and the expandable segments' on a device) is
+    /// four times the workload's peak of live bytes, at least 1 GiB: a recording's replay has no budget, and its
+    /// range was 1 GiB whatever it held (frag_oom's 2.95 GiB ran out of it, even simulated).
+    fn settings(&self, budget: Option<u64>, chosen: &Chosen) -> Result<BenchSettings> {
         let mut settings = BenchSettings::new(budget);
         settings.heap = self.heap.heap_config(PolicyKind::Tlsf);
         settings.page_bytes = self.page_size;
+        if budget.is_none() {
+            let room = chosen.stats.peak_live_bytes.saturating_mul(4).max(1 << 30);
+            settings.virtual_bytes = room.checked_next_multiple_of(self.page_size).unwrap_or(room);
+        }
+        let recorded = chosen.recorded_conf.as_ref();
         if let Some(virtual_bytes) = self.virtual_size {
             if virtual_bytes < self.page_size {
                 bail!("--virtual-size {}: smaller than one page ({})", Bytes(virtual_bytes), Bytes(self.page_size));
@@ -418,6 +426,16 @@ impl Device {
                 _ => None,
             })
             .max()?;
+        let sparse = match policy {
+            Contender::Paged => Some(("paged needs", settings.virtual_bytes, 1)),
+            Contender::Pytorch { expandable } if expandable || settings.alloc_conf.expandable_segments => {
+                Some(("PyTorch's expandable segments need", settings.pytorch_device_config(true).expandable_virtual_bytes, 2))
+            }
+            _ => None,
+        };
+        if let Some((what, asked_bytes, share)) = sparse {
+            return self.sparse_too_small(workload, settings, what, asked_bytes, share);
+        }
         let (needed, how) = match policy {
             Contender::Heap(PolicyKind::Buddy) => {
                 (largest.checked_next_power_of_two().unwrap_or(u64::MAX), "as a buddy's power of two")
@@ -425,8 +443,6 @@ impl Device {
             Contender::Pytorch { expandable: false } if !settings.alloc_conf.expandable_segments => {
                 (heapscope_pytorch::caching::get_allocation_size(largest), "as PyTorch's segment")
             }
-            // Paged memory and expandable segments map pages into a range of their own (checked as they start).
-            Contender::Paged | Contender::Pytorch { .. } => return None,
             // A block of a heap (or a buffer of gpu-allocator's and VMA's), aligned as blocks are.
             _ => (largest.checked_next_multiple_of(BLOCK_ALIGN_BYTES).unwrap_or(u64::MAX), "as a block"),
         };
@@ -436,6 +452,40 @@ impl Device {
                 heapscope_core::units::exact_size(largest),
                 heapscope_core::units::exact_size(needed),
                 heapscope_core::units::exact_size(max_buffer_bytes)
+            )
+        })
+    }
+
+    /// Why the device's sparse buffers cannot hold what `what` (its subject and verb) maps of `workload` at its peak (its live bytes, or the
+    /// budget when that is less): the range asked (`asked_bytes`) is cut to 1/`share` of the sparse address space
+    /// (expandable segments: half, a segment for each pool) and `maxBufferSize`, and the need is past that cut. A run
+    /// there refused requests as "exhaustion" where the budget had room. `None`: it fits, or no Vulkan device decides.
+    fn sparse_too_small(
+        &self,
+        workload: &Workload,
+        settings: &BenchSettings,
+        what: &str,
+        asked_bytes: u64,
+        share: u64,
+    ) -> Option<String> {
+        let context = match self {
+            Device::Vulkan(context) => context,
+            Device::Wgpu { device, .. } => device.vulkan_context()?,
+            Device::Sim { .. } => return None,
+        };
+        let limits = &context.properties().limits;
+        let space_bytes = limits.sparse_address_space_size_bytes / share;
+        let largest_bytes = limits.max_buffer_size_bytes.map_or(space_bytes, |max| max.min(space_bytes));
+        let stats = workload.check().ok()?;
+        let needed_bytes = settings.budget_bytes.map_or(stats.peak_live_bytes, |budget| budget.min(stats.peak_live_bytes));
+        (asked_bytes > largest_bytes && needed_bytes > largest_bytes).then(|| {
+            let space =
+                if share == 1 { "sparseAddressSpaceSize".to_owned() } else { format!("sparseAddressSpaceSize / {share}") };
+            format!(
+                "{what} {} of virtual range at the workload's peak; the device's sparse buffers hold at most {} \
+                 ({space}, maxBufferSize)",
+                Bytes(needed_bytes),
+                Bytes(largest_bytes)
             )
         })
     }
@@ -494,7 +544,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
         return Ok(());
     }
     let budget = args.heap.budget.or(chosen.default_budget);
-    let settings = args.settings(budget, chosen.recorded_conf.as_ref())?;
+    let settings = args.settings(budget, &chosen)?;
     let device = Device::open(args.backend, args.plain_wgpu)?;
     if !args.json {
         let overrides = settings.alloc_conf.overrides();

@@ -17,8 +17,7 @@ use heapscope_lab::contender::Contender;
 use heapscope_pytorch::CachingAllocation;
 use heapscope_vulkan::compute::{BlockBuffer, ComputeBuffer};
 use heapscope_vulkan::{
-    DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, DeviceSourceConfig, PytorchDeviceConfig, PytorchDeviceHeap,
-    VulkanContext, VulkanError,
+    DeviceMemorySource, DevicePagedConfig, DevicePagedHeap, DeviceSourceConfig, PytorchDeviceHeap, VulkanContext, VulkanError,
 };
 
 use super::vulkan_runner::{VulkanKernelError, VulkanKernels};
@@ -119,7 +118,7 @@ impl VulkanTarget {
             }
             Contender::Paged => Backend::Paged(DevicePagedHeap::new(Arc::clone(context), paged_config(context, settings))?),
             Contender::Pytorch { expandable } => {
-                let config = PytorchDeviceConfig::new(settings.caching_conf(expandable), settings.budget_bytes);
+                let config = settings.pytorch_device_config(expandable);
                 Backend::Pytorch(Box::new(PytorchDeviceHeap::new(Arc::clone(context), config)?))
             }
             Contender::GpuAllocator | Contender::Vma => {

@@ -152,7 +152,7 @@ impl<'a> WgpuTarget<'a> {
         if policy == Contender::Paged {
             return Ok(Backend::Paged(device.paged_heap(super::vulkan_target::paged_config(context, settings))?));
         }
-        let config = heapscope_vulkan::PytorchDeviceConfig::new(settings.caching_conf(true), settings.budget_bytes);
+        let config = settings.pytorch_device_config(true);
         Ok(Backend::Expandable(Box::new(heapscope_vulkan::PytorchDeviceHeap::new(Arc::clone(context), config)?)))
     }
 

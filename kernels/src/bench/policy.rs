@@ -40,7 +40,7 @@ impl BenchSettings {
     pub const DEFAULT_BLOCK_ALIGNMENT_BYTES: u64 = 64 << 10;
 
     /// Defaults under `budget_bytes`: the core's heap rules in blocks aligned to 64 KiB, 64 KiB pages in a virtual
-    /// range of four times the budget (1 GiB without one), PyTorch's default settings, 512-byte alignment.
+    /// range of four times the budget (1 GiB without one: `heapscope bench` sizes it to the workload), PyTorch's default settings, 512-byte alignment.
     pub fn new(budget_bytes: Option<u64>) -> Self {
         Self {
             budget_bytes,
@@ -52,6 +52,16 @@ impl BenchSettings {
             block_alignment_bytes: Self::DEFAULT_BLOCK_ALIGNMENT_BYTES,
             compact: CompactRule::Never,
         }
+    }
+
+    /// PyTorch's emulation on a device under these settings: expandable segments backed over twice the budget, or
+    /// without one over `paged`'s virtual range (sized to the workload where no budget bounds it).
+    pub fn pytorch_device_config(&self, expandable: bool) -> heapscope_vulkan::PytorchDeviceConfig {
+        let mut config = heapscope_vulkan::PytorchDeviceConfig::new(self.caching_conf(expandable), self.budget_bytes);
+        if self.budget_bytes.is_none() {
+            config.expandable_virtual_bytes = self.virtual_bytes;
+        }
+        config
     }
 
     /// The heap rules for `kind`, capped at the budget.

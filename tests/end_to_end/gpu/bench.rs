@@ -404,3 +404,44 @@ fn a_request_past_the_largest_buffer_is_a_row_that_says_so() {
     }
     assert!(stderr(&output).contains("no contender could run"), "{}", stderr(&output));
 }
+
+/// A replay has no budget: `paged`'s virtual range (and the expandable segments' on a device) is sized to the
+/// recording (it was 1 GiB, and frag_oom's 2.95 GiB live ran out of it, simulated too). On a device whose sparse buffers
+/// cannot hold that (lavapipe: 2 GiB of sparse address space), those rows say so instead of refusing requests as out
+/// of memory where the budget had room.
+#[test]
+fn a_replay_sizes_the_virtual_ranges_to_the_recording() {
+    let file = crate::common::trace("pytorch/frag_oom-default.pickle.gz");
+    let args = [
+        "bench",
+        "--workload",
+        "replay",
+        file.to_str().unwrap(),
+        "--policy",
+        "paged",
+        "--policy",
+        "pytorch-expandable",
+        "--json",
+    ];
+    let sim = json_lines(&heapscope(&[&args[..], &["--backend", "sim"]].concat()));
+    for line in &sim {
+        check_line(line);
+        assert_eq!(line["ooms"], 0, "{line}");
+    }
+    let output = heapscope(&[&args[..], &["--backend", "vulkan"]].concat());
+    if stderr(&output).contains("no Vulkan") && !gpu_required() {
+        eprintln!("skipped: no Vulkan device ({})", stderr(&output));
+        return;
+    }
+    let lines: Vec<Value> = stdout(&output).lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    for policy in ["paged", "pytorch-expandable"] {
+        let line = by_policy(&lines, policy);
+        match line["not_run"].as_str() {
+            Some(why) => assert!(
+                why.contains("2.95 GiB of virtual range at the workload's peak; the device's sparse buffers hold at most"),
+                "{policy}: {why}"
+            ),
+            None => assert_eq!(line["ooms"], 0, "a device whose sparse buffers hold the recording serves it: {line}"),
+        }
+    }
+}
