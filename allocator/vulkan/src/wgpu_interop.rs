@@ -476,6 +476,25 @@ impl<'a> WgpuPagedHeap<'a> {
         self.order_binds()
     }
 
+    /// Compacts `movable` by remapping their pages (nothing copied), once every wgpu submission that may use the old
+    /// places has completed; the next wgpu submission waits for the binds. Returns each moved allocation's index in
+    /// `movable` and where it is now ([`heapscope_core::DeviceHeap::compact`]).
+    ///
+    /// # Errors
+    /// What the paged heap's compaction returns; a failed wait.
+    pub fn compact(
+        &mut self,
+        movable: &[(Allocation, Request)],
+        algorithm: heapscope_core::compaction::Algorithm,
+        budget: heapscope_core::compaction::Budget,
+    ) -> Result<Vec<(usize, Allocation)>, VulkanError> {
+        self.wgpu.wait_idle()?;
+        let moved =
+            heapscope_core::DeviceHeap::compact(&mut self.paged, movable, algorithm, budget).map_err(VulkanError::Heap)?;
+        self.order_binds()?;
+        Ok(moved)
+    }
+
     /// Stages a wait for the last bind batch on wgpu's next submission, when there is a new one.
     fn order_binds(&mut self) -> Result<(), VulkanError> {
         let (semaphore, value) = self.paged.sparse().timeline();

@@ -262,8 +262,12 @@ impl Target for VulkanTarget {
         VulkanTarget::take_device_events(self)
     }
 
+    /// PyTorch's emulation never compacts (PyTorch moves no live block): its rows say no compaction, as on sim.
     fn compact_rule(&self) -> CompactRule {
-        self.compact
+        match self.backend {
+            Backend::Pytorch(_) => CompactRule::Never,
+            Backend::Heap(_) | Backend::Paged(_) => self.compact,
+        }
     }
 
     fn device_copy_ns(&self) -> Option<u64> {

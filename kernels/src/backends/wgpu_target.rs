@@ -280,13 +280,38 @@ impl Target for WgpuTarget<'_> {
         true
     }
 
+    /// PyTorch's emulations never compact (PyTorch moves no live block): their rows say no compaction, as on sim.
     fn compact_rule(&self) -> CompactRule {
-        self.compact
+        match self.backend {
+            Backend::Pytorch(_) | Backend::Expandable(_) => CompactRule::Never,
+            Backend::Arenas { .. } | Backend::Paged(_) => self.compact,
+        }
     }
 
-    /// The arenas compact ([`ArenaHeap::compact`], the moves copied with `copy_buffer_to_buffer`); `pytorch` and
-    /// `paged` move nothing. Each moved allocation is returned once, where it ended up.
+    fn moves_by_remap(&self) -> bool {
+        matches!(self.backend, Backend::Paged(_))
+    }
+
+    /// The arenas compact ([`ArenaHeap::compact`], the moves copied with `copy_buffer_to_buffer`); `paged` remaps
+    /// pages ([`WgpuPagedHeap::compact`], nothing copied); PyTorch's emulations move nothing (PyTorch never moves
+    /// a live block). Each moved allocation is returned once, where it ended up.
     fn compact(&mut self, live: &[(WgpuHandle, u64)], for_refused: bool) -> Result<Vec<(usize, WgpuHandle)>, TargetError> {
+        if let Backend::Paged(heap) = &mut self.backend {
+            let movable = live
+                .iter()
+                .map(|&(handle, size_bytes)| match handle {
+                    WgpuHandle::Paged(allocation) => {
+                        Ok((allocation, heapscope_core::Request::new(size_bytes, self.align_bytes)?))
+                    }
+                    other => Err(Self::mismatched(other)),
+                })
+                .collect::<Result<Vec<_>, TargetError>>()?;
+            let budget = heapscope_core::compaction::Budget::UNLIMITED;
+            let moves = heap
+                .compact(&movable, CompactRule::algorithm(for_refused), budget)
+                .map_err(|error| target_error(error.into()))?;
+            return Ok(moves.into_iter().map(|(index, now)| (index, WgpuHandle::Paged(now))).collect());
+        }
         let Backend::Arenas { heap, live: arenas } = &mut self.backend else { return Ok(Vec::new()) };
         let movable = live
             .iter()

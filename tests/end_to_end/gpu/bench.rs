@@ -363,6 +363,19 @@ fn paged_compacts_churn_by_remapping_with_every_moved_allocation_verified() {
     if backend == "vulkan" {
         assert_eq!(after["kernels_ran"], true, "{after}");
     }
+    // Through wgpu the same sparse buffer is remapped under wgpu's own submissions: the same moves, verified.
+    let output = heapscope(&[&args[..], &["--compact", "on-oom", "--backend", "wgpu"]].concat());
+    if output.status.success() {
+        let wgpu = json_lines(&output);
+        let through_wgpu = by_policy(&wgpu, "paged");
+        check_line(through_wgpu);
+        assert_eq!(through_wgpu["ooms"], 0, "{through_wgpu}");
+        for key in ["moves", "bytes_remapped", "ooms_avoided", "bytes_moved"] {
+            assert_eq!(through_wgpu["compaction"][key], after["compaction"][key], "wgpu remaps as vulkan does: {through_wgpu}");
+        }
+    } else {
+        assert!(!gpu_required(), "HEAPSCOPE_REQUIRE_GPU=1 but wgpu failed: {}", stderr(&output));
+    }
 }
 
 /// A request larger than the device's largest buffer (lavapipe's `maxBufferSize` is 4 GiB): each contender that would
