@@ -424,9 +424,9 @@ impl ArenaHeap {
 
     /// Moves allocations of `movable` (those the caller lets move; the others stay) to gather free space: the heap's
     /// compaction ([`Heap::compact`], `algorithm` within `budget`), the arenas copying each move's bytes on the device
-    /// before an arena it emptied is released. Returns each allocation moved as its index in `movable` and the
-    /// allocation now (once, where it ended up: an allocation may have moved twice), by index; the ones it replaces are
-    /// gone.
+    /// before an arena it emptied is released. Returns each move the heap made, in its order, as the index in
+    /// `movable` and the allocation now: an allocation that moved twice is listed twice (a count of moves stays the
+    /// heap's), each time where it ended up (an arena it passed through may be gone). The ones it replaces are gone.
     ///
     /// # Errors
     /// [`WgpuError::Heap`] when the device failed to copy (the moved allocations' bytes are then undefined).
@@ -442,13 +442,13 @@ impl ArenaHeap {
             .collect::<Result<Vec<_>, heapscope_core::Error>>()?;
         let moves = heapscope_core::DeviceHeap::compact(&mut self.heap, &listed, algorithm, budget)?;
         // Where each moved allocation ended up (an arena it passed through may be gone).
-        let last: BTreeMap<usize, HeapAllocation> = moves.into_iter().collect();
-        last.into_iter()
-            .map(|(index, heap)| {
-                let before = &movable[index];
-                Ok((index, self.allocation(heap, before.size_bytes, before.align_bytes)?))
-            })
-            .collect()
+        let last: BTreeMap<usize, HeapAllocation> = moves.iter().copied().collect();
+        let mut now = BTreeMap::new();
+        for (index, heap) in last {
+            let before = &movable[index];
+            now.insert(index, self.allocation(heap, before.size_bytes, before.align_bytes)?);
+        }
+        Ok(moves.into_iter().map(|(index, _)| (index, now[&index].clone())).collect())
     }
 
     /// Frees an allocation of this heap; an arena left empty is released by the heap's rule.
