@@ -1168,7 +1168,8 @@ fn fast_segment(
     scan_pairs(scan, |scan, key, value| {
         first_time(&mut seen_keys, key)?;
         match key {
-            KEY_DEVICE => segment.device = u32::try_from(u64_of(value)?).ok()?,
+            // Past the devices read: the generic path names it.
+            KEY_DEVICE => segment.device = u32::try_from(u64_of(value)?).ok().filter(|&device| device < MAX_DEVICES)?,
             KEY_ADDRESS => address = Some(u64_of(value)?),
             KEY_TOTAL_SIZE => total_size = Some(u64_of(value)?),
             KEY_ALLOCATED_SIZE => allocated = Some(u64_of(value)?),
@@ -1710,15 +1711,7 @@ impl Decoder {
     fn segments_only(mut self, items: &[Value]) -> Result<Snapshot, Issue> {
         let mut segments = Vec::with_capacity(items.len());
         for (index, value) in items.iter().enumerate() {
-            let path = format!("[{index}]");
-            let segment = self.segment(value, Seen::segment(true, index))?;
-            if segment.device >= MAX_DEVICES {
-                return Err(Issue::new(
-                    format!("{path}.device"),
-                    format!("device {} in a list of segments (at most {MAX_DEVICES} devices are read)", segment.device),
-                ));
-            }
-            segments.push(segment);
+            segments.push(self.segment(value, Seen::segment(true, index))?);
         }
         let devices = segments.iter().map(|segment| segment.device as usize + 1).max().unwrap_or(0);
         Ok(Snapshot {
@@ -1771,10 +1764,17 @@ impl Decoder {
             None => StackId::NONE,
             Some(value) => self.frames.intern(value, &mut Memo::default(), &|| fields.key_path("frames"))?,
         };
-        let device = match fields.get("device") {
+        let device: u32 = match fields.get("device") {
             Some(device) => to_int(device, "a device index (u32)", &|| fields.key_path("device"))?,
             None => 0,
         };
+        // Each device up to the highest named gets a state: a huge index would claim memory for every one below it.
+        if device >= MAX_DEVICES {
+            return Err(Issue::new(
+                fields.key_path("device"),
+                format!("device {device} (at most {MAX_DEVICES} devices are read)"),
+            ));
+        }
         Ok(Segment {
             device,
             address,
@@ -2719,6 +2719,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             ("device_free", P::Long1([vec![0xfe], vec![0xff; 7], vec![0]].concat()), Ok(i128::from(u64::MAX - 1))),
             ("total_size", P::power_of_two(70, false), Err("segments[0].total_size: 2^70 does not fit a u64")),
             ("device", P::Int(1 << 40), Err("segments[0].device: 1099511627776 does not fit a device index (u32)")),
+            ("device", P::Int(1 << 31), Err("segments[0].device: device 2147483648 (at most 1024 devices are read)")),
             ("device", P::Long1(vec![0xff]), Err("segments[0].device: -1 does not fit a device index")),
             ("is_expandable", P::power_of_two(70, false), Ok(1)),
             ("is_expandable", P::Long1(vec![0; 12]), Ok(0)),
@@ -2970,7 +2971,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             (vec![0, 0, 0], Ok(1)),
             (vec![2, 0], Ok(3)),
             (vec![1023], Ok(1024)),
-            (vec![0, 1024], Err("[1].device: device 1024 in a list of segments (at most 1024 devices are read)")),
+            (vec![0, 1024], Err("[1].device: device 1024 (at most 1024 devices are read)")),
             (vec![-1], Err("[0].device: -1 does not fit a device index")),
         ];
         for (devices, expected) in cases {

@@ -293,7 +293,7 @@ impl Target for WgpuTarget<'_> {
     }
 
     /// The arenas compact ([`ArenaHeap::compact`], the moves copied with `copy_buffer_to_buffer`); `paged` remaps
-    /// pages ([`WgpuPagedHeap::compact`], nothing copied); PyTorch's emulations move nothing (PyTorch never moves
+    /// pages ([`VulkanPagedHeap::compact`], nothing copied); PyTorch's emulations move nothing (PyTorch never moves
     /// a live block). Each moved allocation is returned once, where it ended up.
     fn compact(&mut self, live: &[(WgpuHandle, u64)], for_refused: bool) -> Result<Vec<(usize, WgpuHandle)>, TargetError> {
         if let Backend::Paged(heap) = &mut self.backend {

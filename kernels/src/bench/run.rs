@@ -303,7 +303,7 @@ impl<T: Target> KernelDriver<'_, T> {
             });
             self.checks.push((id, at));
             self.report.ops.verifies += 1;
-            self.report.ops.bytes_verified += region.len_bytes;
+            self.report.ops.bytes_verified = self.report.ops.bytes_verified.saturating_add(region.len_bytes);
         }
     }
 
@@ -450,7 +450,7 @@ impl<T: Target> DriverTarget for KernelDriver<'_, T> {
                         compaction.ooms_avoided += 1;
                     }
                 }
-                self.live_bytes += size_bytes;
+                self.live_bytes = self.live_bytes.saturating_add(size_bytes);
                 self.report.allocs += 1;
                 self.report.peak_live_bytes = self.report.peak_live_bytes.max(self.live_bytes);
                 self.report.peak_reserved_bytes = self.report.peak_reserved_bytes.max(self.target.reserved_bytes());
@@ -491,7 +491,7 @@ impl<T: Target> DriverTarget for KernelDriver<'_, T> {
         if let Err(error) = self.target.free(live.handle) {
             return Err(self.fail(RunError::at(at, error.to_string())));
         }
-        self.live_bytes -= live.size_bytes;
+        self.live_bytes = self.live_bytes.saturating_sub(live.size_bytes);
         if at < self.steps.len() as u64 {
             // The workload's frees (what lives to the end is freed after the last step, not counted).
             self.report.frees += 1;
@@ -539,9 +539,9 @@ impl<T: Target> DriverTarget for KernelDriver<'_, T> {
             if let Some(compaction) = &mut self.report.compaction {
                 compaction.moves += 1;
                 if self.target.moves_by_remap() {
-                    compaction.bytes_remapped += request.size_bytes();
+                    compaction.bytes_remapped = compaction.bytes_remapped.saturating_add(request.size_bytes());
                 } else {
-                    compaction.bytes_moved += request.size_bytes();
+                    compaction.bytes_moved = compaction.bytes_moved.saturating_add(request.size_bytes());
                 }
             }
             moved.push((index, placed));

@@ -128,12 +128,13 @@ impl Workload {
                         return Err(fail(format!("allocation {id} of 0 bytes")));
                     }
                     live.insert(id, (size_bytes, forever));
-                    live_bytes += size_bytes;
+                    // Saturated: a recording may hold requests near 2^64 bytes (they are refused, not summed wide).
+                    live_bytes = live_bytes.saturating_add(size_bytes);
                     stats.allocs += 1;
-                    stats.allocated_bytes += size_bytes;
+                    stats.allocated_bytes = stats.allocated_bytes.saturating_add(size_bytes);
                     stats.peak_live_bytes = stats.peak_live_bytes.max(live_bytes);
                     if forever {
-                        stats.forever_bytes += size_bytes;
+                        stats.forever_bytes = stats.forever_bytes.saturating_add(size_bytes);
                     }
                 }
                 Step::Free { id } => {
@@ -141,7 +142,7 @@ impl Workload {
                     if forever {
                         return Err(fail(format!("free of allocation {id}, which lives forever")));
                     }
-                    live_bytes -= size;
+                    live_bytes = live_bytes.saturating_sub(size);
                     stats.frees += 1;
                 }
                 Step::MatVec { matrix, input, output, rows, cols } => {

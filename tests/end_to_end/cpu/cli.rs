@@ -300,6 +300,11 @@ fn top_and_render_take_live_bytes_past_a_u64() {
     let render = heapscope_headless(&["render", "huge.csv", "--out", "huge.png"], &dir);
     assert!(render.status.success(), "{}", stderr(&render));
     assert!(is_png(&dir.join("huge.png")));
+    // The bench's stream check and counters summed them in a u64 too: it panicked where replay reported refusals.
+    let bench = heapscope_headless(&["bench", "--workload", "replay", "huge.csv", "--backend", "sim", "--json"], &dir);
+    assert!(bench.status.success(), "{}", stderr(&bench));
+    let rows = json_lines(&bench);
+    assert!(rows.iter().any(|row| row["ooms"].as_u64() > Some(0)), "the block heaps refuse 2^63 B: {rows:?}");
 }
 
 /// `convert x.csv --out x.csv` replaced the recording by its conversion; every command that writes a file refuses
