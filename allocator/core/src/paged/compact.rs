@@ -108,13 +108,23 @@ impl PagedHeap {
             block_sizes: vec![self.config.virtual_bytes.next_multiple_of(page)],
             allocations: (0..)
                 .zip(&clusters)
-                .map(|(id, (first, last, members))| Placed {
-                    id,
-                    block: 0,
-                    offset: first * page,
-                    size_bytes: (last - first + 1) * page,
-                    alignment_bytes: page,
-                    pinned: members.iter().any(|m| !listed.contains_key(&(m.id, m.offset))),
+                .map(|(id, (first, last, members))| {
+                    // A cluster moves by whole multiples of its members' largest alignment (one above the page size
+                    // kept where its start is not aligned to it: any move would misalign a member).
+                    let align_bytes = members
+                        .iter()
+                        .filter_map(|m| listed.get(&(m.id, m.offset)))
+                        .map(|(_, request)| request.align_bytes())
+                        .fold(page, u64::max);
+                    Placed {
+                        id,
+                        block: 0,
+                        offset: first * page,
+                        size_bytes: (last - first + 1) * page,
+                        alignment_bytes: align_bytes,
+                        pinned: members.iter().any(|m| !listed.contains_key(&(m.id, m.offset)))
+                            || !(first * page).is_multiple_of(align_bytes),
+                    }
                 })
                 .collect(),
         };
@@ -328,6 +338,28 @@ mod tests {
         heap.free(pinned).unwrap();
         assert_eq!(heap.stats().mapped_bytes, 0);
         assert_eq!(heap.mapped_runs(), []);
+    }
+
+    /// Requests aligned above the page size: a cluster moves only by multiples of their alignment (it moved by pages
+    /// and the policy refused the misaligned place, failing the compaction).
+    #[test]
+    fn alignments_above_the_page_size_stay_aligned() {
+        for align_pages in [2, 4, 16] {
+            let config = PagedConfig { page_bytes: PAGE, virtual_bytes: 256 * PAGE, ..PagedConfig::new(None) };
+            let mut heap = PagedHeap::new(config).unwrap();
+            let request = Request::new(8, align_pages * PAGE).unwrap();
+            let all: Vec<(Allocation, Request)> = (0..6).map(|_| (heap.allocate(request).unwrap(), request)).collect();
+            let mut kept = Vec::new();
+            for (index, (allocation, request)) in all.into_iter().enumerate() {
+                if index % 2 == 0 { heap.free(allocation).unwrap() } else { kept.push((allocation, request)) }
+            }
+            let done = heap.compact(&kept, Algorithm::Full, Budget::UNLIMITED).unwrap();
+            assert!(!done.moves.is_empty(), "align {align_pages} pages: the holes below are aligned places");
+            for (_, to) in &done.moves {
+                assert_eq!(to.offset() % (align_pages * PAGE), 0, "align {align_pages} pages: {done:?}");
+            }
+            assert!(done.largest_free_after_bytes > done.largest_free_before_bytes, "{done:?}");
+        }
     }
 
     #[test]
