@@ -443,11 +443,13 @@ impl ArenaHeap {
         let moves = heapscope_core::DeviceHeap::compact(&mut self.heap, &listed, algorithm, budget)?;
         // Where each moved allocation ended up (an arena it passed through may be gone).
         let last: BTreeMap<usize, HeapAllocation> = moves.iter().copied().collect();
-        let mut now = BTreeMap::new();
-        for (index, heap) in last {
-            let before = &movable[index];
-            now.insert(index, self.allocation(heap, before.size_bytes, before.align_bytes)?);
-        }
+        let now = last
+            .into_iter()
+            .map(|(index, heap)| {
+                let before = &movable[index];
+                Ok((index, self.allocation(heap, before.size_bytes, before.align_bytes)?))
+            })
+            .collect::<Result<BTreeMap<usize, ArenaAllocation>, WgpuError>>()?;
         Ok(moves.into_iter().map(|(index, _)| (index, now[&index].clone())).collect())
     }
 

@@ -128,7 +128,7 @@ impl VulkanTarget {
                 .into());
             }
         };
-        Ok(Self { backend, kernels, align_bytes: settings.align_bytes, compact: settings.compact })
+        Ok(Self { backend, kernels, align_bytes: settings.align_bytes, compact: settings.compact_rule(policy) })
     }
 
     /// Submits and dispatches of its kernels so far.
@@ -262,12 +262,8 @@ impl Target for VulkanTarget {
         VulkanTarget::take_device_events(self)
     }
 
-    /// PyTorch's emulation never compacts (PyTorch moves no live block): its rows say no compaction, as on sim.
     fn compact_rule(&self) -> CompactRule {
-        match self.backend {
-            Backend::Pytorch(_) => CompactRule::Never,
-            Backend::Heap(_) | Backend::Paged(_) => self.compact,
-        }
+        self.compact
     }
 
     fn device_copy_ns(&self) -> Option<u64> {

@@ -30,7 +30,7 @@ use heapscope_wgpu::{
 };
 
 use super::wgpu_runner::{WgpuKernelError, WgpuKernels};
-use crate::bench::{BenchSettings, Target, TargetError};
+use crate::bench::{BenchSettings, Target, TargetError, with_requests};
 use crate::{KernelRunner, Op, VerifyResult};
 use heapscope_lab::compaction::CompactRule;
 
@@ -138,7 +138,7 @@ impl<'a> WgpuTarget<'a> {
             }
         };
         let kernels = WgpuKernels::new(Arc::clone(device))?;
-        Ok(Self { backend, kernels, device, align_bytes: settings.align_bytes, compact: settings.compact })
+        Ok(Self { backend, kernels, device, align_bytes: settings.align_bytes, compact: settings.compact_rule(policy) })
     }
 
     fn sparse_backend(
@@ -280,12 +280,8 @@ impl Target for WgpuTarget<'_> {
         true
     }
 
-    /// PyTorch's emulations never compact (PyTorch moves no live block): their rows say no compaction, as on sim.
     fn compact_rule(&self) -> CompactRule {
-        match self.backend {
-            Backend::Pytorch(_) | Backend::Expandable(_) => CompactRule::Never,
-            Backend::Arenas { .. } | Backend::Paged(_) => self.compact,
-        }
+        self.compact
     }
 
     fn moves_by_remap(&self) -> bool {
@@ -294,18 +290,17 @@ impl Target for WgpuTarget<'_> {
 
     /// The arenas compact ([`ArenaHeap::compact`], the moves copied with `copy_buffer_to_buffer`); `paged` remaps
     /// pages ([`VulkanPagedHeap::compact`], nothing copied); PyTorch's emulations move nothing (PyTorch never moves
-    /// a live block). Each moved allocation is returned once, where it ended up.
+    /// a live block). Each move is returned, in order, with where its allocation ended up.
     fn compact(&mut self, live: &[(WgpuHandle, u64)], for_refused: bool) -> Result<Vec<(usize, WgpuHandle)>, TargetError> {
         if let Backend::Paged(heap) = &mut self.backend {
-            let movable = live
+            let listed = live
                 .iter()
                 .map(|&(handle, size_bytes)| match handle {
-                    WgpuHandle::Paged(allocation) => {
-                        Ok((allocation, heapscope_core::Request::new(size_bytes, self.align_bytes)?))
-                    }
+                    WgpuHandle::Paged(allocation) => Ok((allocation, size_bytes)),
                     other => Err(Self::mismatched(other)),
                 })
                 .collect::<Result<Vec<_>, TargetError>>()?;
+            let movable = with_requests(&listed, self.align_bytes)?;
             let budget = heapscope_core::compaction::Budget::UNLIMITED;
             let moves = heap
                 .compact(&movable, CompactRule::algorithm(for_refused), budget)

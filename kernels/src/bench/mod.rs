@@ -12,7 +12,7 @@ mod target;
 
 pub use policy::{BenchSettings, run_simulated};
 pub use run::{KernelDriver, MAX_PENDING_OPS, OpCounts, Placed, RunError, RunReport, run, run_observed};
-pub use target::{SimTarget, Target, TargetError, compact_heap};
+pub use target::{SimTarget, Target, TargetError, compact_heap, with_requests};
 
 #[cfg(test)]
 mod tests;

@@ -28,8 +28,8 @@ pub struct BenchSettings {
     /// Block sizes of the heap policies are multiples of this on every backend (a device's own block alignment
     /// is usually smaller), so simulated and device runs reserve the same blocks.
     pub block_alignment_bytes: u64,
-    /// When the heap policies compact (their moves copied on the device, then verified by the kernels like every
-    /// allocation); the other contenders never move anything.
+    /// When the heap policies compact (their moves copied on the device) and `paged` (its pages remapped), each
+    /// moved allocation then verified by the kernels like every allocation; see [`Self::compact_rule`].
     pub compact: CompactRule,
 }
 
@@ -74,6 +74,15 @@ impl BenchSettings {
         PagedConfig { page_bytes: self.page_bytes, virtual_bytes: self.virtual_bytes, ..PagedConfig::new(self.budget_bytes) }
     }
 
+    /// When `policy` compacts, on every backend: as `compact` says, but never for PyTorch's emulations (PyTorch
+    /// moves no live block; their rows say no compaction).
+    pub fn compact_rule(&self, policy: Contender) -> CompactRule {
+        match policy {
+            Contender::Pytorch { .. } => CompactRule::Never,
+            Contender::Heap(_) | Contender::Paged | Contender::GpuAllocator | Contender::Vma => self.compact,
+        }
+    }
+
     /// PyTorch's settings, with expandable segments for `pytorch-expandable`.
     pub fn caching_conf(&self, expandable: bool) -> AllocConf {
         AllocConf { expandable_segments: expandable || self.alloc_conf.expandable_segments, ..self.alloc_conf.clone() }
@@ -95,15 +104,15 @@ pub fn run_simulated(workload: &Workload, policy: Contender, settings: &BenchSet
             let device = settings.budget_bytes.unwrap_or(UNLIMITED_DEVICE_BYTES);
             let source = SimulatedSource::new(device, settings.block_alignment_bytes);
             let heap = Heap::new(settings.heap_config(kind), source).map_err(invalid)?;
-            run(workload, &mut SimTarget::new(heap, align).compacting(settings.compact))
+            run(workload, &mut SimTarget::new(heap, align).compacting(settings.compact_rule(policy)))
         }
         Contender::Paged => {
             let heap = PagedHeap::new(settings.paged_config()).map_err(invalid)?;
-            run(workload, &mut SimTarget::new(heap, align).compacting(settings.compact))
+            run(workload, &mut SimTarget::new(heap, align).compacting(settings.compact_rule(policy)))
         }
         Contender::Pytorch { expandable } => {
-            let conf = settings.caching_conf(expandable);
-            run(workload, &mut SimTarget::new(CachingHeap::new(conf, settings.budget_bytes), align))
+            let heap = CachingHeap::new(settings.caching_conf(expandable), settings.budget_bytes);
+            run(workload, &mut SimTarget::new(heap, align).compacting(settings.compact_rule(policy)))
         }
         Contender::GpuAllocator | Contender::Vma => {
             Err(RunError::at(0, format!("{policy} is no bench contender: it replays recordings on a Vulkan device")))
@@ -122,5 +131,20 @@ mod tests {
         let paged = settings.paged_config();
         assert_eq!((paged.page_bytes, paged.virtual_bytes, paged.capacity_bytes), (64 << 10, 400 << 20, Some(100 << 20)));
         assert!(settings.caching_conf(true).expandable_segments && !settings.caching_conf(false).expandable_segments);
+    }
+
+    /// One rule for every backend: the heaps and `paged` compact as asked, PyTorch's emulations never.
+    #[test]
+    fn pytorch_never_compacts() {
+        let settings = BenchSettings { compact: CompactRule::OnOom, ..BenchSettings::new(None) };
+        let cases = [
+            (Contender::Heap(PolicyKind::Tlsf), CompactRule::OnOom),
+            (Contender::Paged, CompactRule::OnOom),
+            (Contender::Pytorch { expandable: false }, CompactRule::Never),
+            (Contender::Pytorch { expandable: true }, CompactRule::Never),
+        ];
+        for (policy, rule) in cases {
+            assert_eq!(settings.compact_rule(policy), rule, "{policy}");
+        }
     }
 }

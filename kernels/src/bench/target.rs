@@ -110,11 +110,16 @@ pub fn compact_heap<H: DeviceHeap>(
     align_bytes: u64,
     for_refused: bool,
 ) -> Result<Vec<(usize, H::Handle)>, TargetError> {
-    let movable = live
-        .iter()
-        .map(|&(handle, size_bytes)| Ok((handle, Request::new(size_bytes, align_bytes)?)))
-        .collect::<Result<Vec<_>, heapscope_core::Error>>()?;
+    let movable = with_requests(live, align_bytes)?;
     Ok(heap.compact(&movable, CompactRule::algorithm(for_refused), Budget::UNLIMITED)?)
+}
+
+/// Each handle of `live` with the request that made it: its size aligned to `align_bytes`, as every bench request is.
+///
+/// # Errors
+/// [`heapscope_core::Error`] for a size no request can have.
+pub fn with_requests<A: Copy>(live: &[(A, u64)], align_bytes: u64) -> Result<Vec<(A, Request)>, heapscope_core::Error> {
+    live.iter().map(|&(handle, size_bytes)| Ok((handle, Request::new(size_bytes, align_bytes)?))).collect()
 }
 
 /// A core [`DeviceHeap`] with no device: kernels are skipped, so a verify finds nothing by construction.
