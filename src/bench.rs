@@ -395,14 +395,14 @@ impl Device {
         let unsupported = match self {
             Device::Vulkan(context) => match VulkanTarget::new(context, policy, settings) {
                 Err(VulkanKernelError::Vulkan(VulkanError::Unsupported(why))) => format!("unsupported on this device: {why}"),
-                made => return play(workload, policy, made, "the device"),
+                made => return play(workload, made, "the device"),
             },
             Device::Wgpu { device, .. } => match WgpuTarget::new(device, policy, settings) {
                 Err(WgpuKernelError::Wgpu(WgpuError::Unsupported(why))) => why,
-                made => return play(workload, policy, made, "wgpu"),
+                made => return play(workload, made, "wgpu"),
             },
             Device::Sim { .. } => {
-                let report = run_simulated(workload, policy, settings).with_context(|| format!("{policy}"))?;
+                let report = run_simulated(workload, policy, settings).context("running simulated")?;
                 return Ok(Outcome::Ran(Box::new(report)));
             }
         };
@@ -520,13 +520,14 @@ impl Device {
     }
 }
 
-/// Plays `workload` on the target made for `policy` on `device` (`the device`, `wgpu`), or fails naming both.
-fn play<T: Target, E>(workload: &Workload, policy: Contender, made: Result<T, E>, device: &str) -> Result<Outcome>
+/// Plays `workload` on the target made for a contender on `device` (`the device`, `wgpu`), or fails naming where (the
+/// contender is named by its row and the list of failures).
+fn play<T: Target, E>(workload: &Workload, made: Result<T, E>, device: &str) -> Result<Outcome>
 where
     E: std::error::Error + Send + Sync + 'static,
 {
-    let mut target = made.with_context(|| format!("{policy}: setting up on {device}"))?;
-    let report = run(workload, &mut target).with_context(|| format!("{policy} on {device}"))?;
+    let mut target = made.with_context(|| format!("setting up on {device}"))?;
+    let report = run(workload, &mut target).with_context(|| format!("running on {device}"))?;
     Ok(Outcome::Ran(Box::new(report)))
 }
 

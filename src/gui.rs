@@ -117,7 +117,8 @@ pub struct RenderArgs {
     /// Frames of a GIF, evenly spaced through the events.
     #[arg(long, value_name = "N")]
     pub frames: Option<u32>,
-    /// How long each frame of a GIF shows, in milliseconds (the last one stays 10 times longer).
+    /// How long each frame of a GIF shows, in milliseconds: 10 to 655,350, in steps of 10 (a GIF counts hundredths of
+    /// a second); the last one stays 10 times longer, at most 655,350.
     #[arg(long, value_name = "MS")]
     pub frame_ms: Option<u32>,
     /// Image width in pixels.
@@ -241,9 +242,6 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
     if !gif && (args.frames.is_some() || args.frame_ms.is_some()) {
         anyhow::bail!("--frames and --frame-ms apply to a GIF: --out {} is no .gif", args.out.display());
     }
-    if args.frame_ms == Some(0) {
-        anyhow::bail!("--frame-ms 0: each frame needs to show for a while");
-    }
     let mut options = RenderOptions {
         width: args.width,
         height: args.height,
@@ -253,6 +251,11 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
         timeline: args.timeline,
     };
     options.check()?;
+    let defaults = GifOptions::default();
+    let gif_options = GifOptions::playing(args.frames.unwrap_or(defaults.frames), args.frame_ms.unwrap_or(defaults.frame_ms));
+    if gif {
+        gif_options.check()?;
+    }
     if let Some(file) = &args.file {
         crate::input::refuse_overwriting(file, &args.out)?;
     }
@@ -277,11 +280,7 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
         (None, None) => anyhow::bail!("name a recording FILE or a --story"),
     };
     if gif {
-        let defaults = GifOptions::default();
-        let frame_ms = args.frame_ms.unwrap_or(defaults.frame_ms);
-        let gif =
-            GifOptions { frames: args.frames.unwrap_or(defaults.frames), frame_ms, last_frame_ms: frame_ms.saturating_mul(10) };
-        let steps = heapscope_gui::render_gif(&mut session, options, gif, &args.out)?;
+        let steps = heapscope_gui::render_gif(&mut session, options, gif_options, &args.out)?;
         outln!(
             "wrote {} ({}, {} frames from {} to {})",
             args.out.display(),

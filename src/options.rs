@@ -105,7 +105,8 @@ pub struct HeapRules {
     /// Every shared block has --block-size: no growth from an eighth of it while the heap is small (VMA's rule).
     #[arg(long)]
     pub fixed_blocks: bool,
-    /// A budget: the most bytes reserved at once.
+    /// A budget: the most bytes a contender reserves at once (on a recording, every contender but PyTorch's
+    /// emulation, which runs on the device capacity and its own settings).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub budget: Option<u64>,
     /// Every offset and size is a multiple of this (a power of two).

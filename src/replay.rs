@@ -256,6 +256,13 @@ pub fn print_title(recording: &Recording, args: &RecordingArgs, contenders: &[Co
     outln!("{}: {} entries, device capacity {}", recording.shown_name(), recording.entries, args.capacity(recording));
     if contenders.iter().any(|contender| matches!(contender, Contender::Pytorch { .. })) {
         outln!("{}", settings_line(recording, args));
+        if let Some(budget) = args.heap.budget {
+            outln!(
+                "--budget {}: bounds every contender but PyTorch's emulation, which runs on the device capacity (its own \
+                 limit: per_process_memory_fraction in --alloc-conf)",
+                Bytes(budget)
+            );
+        }
     }
     if recording.start_events > 0 {
         let (were, them) = if recording.start_events == 1 { ("was", "it") } else { ("were", "them") };

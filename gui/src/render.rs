@@ -315,7 +315,33 @@ pub struct GifOptions {
 
 impl Default for GifOptions {
     fn default() -> Self {
-        Self { frames: 24, frame_ms: 250, last_frame_ms: 2500 }
+        Self::playing(24, 250)
+    }
+}
+
+/// The longest a GIF frame can show: its delay is in hundredths of a second, in 16 bits.
+pub const MAX_GIF_FRAME_MS: u32 = 655_350;
+
+impl GifOptions {
+    /// `frames` frames of `frame_ms` each, the last one staying ten times longer (at most [`MAX_GIF_FRAME_MS`]).
+    pub fn playing(frames: u32, frame_ms: u32) -> Self {
+        Self { frames, frame_ms, last_frame_ms: frame_ms.saturating_mul(10).min(MAX_GIF_FRAME_MS) }
+    }
+
+    /// Refuses what a GIF cannot play as asked: no frames, or a delay outside 10 ms to [`MAX_GIF_FRAME_MS`] (a
+    /// GIF counts hundredths of a second; a delay between is rounded to them).
+    pub fn check(&self) -> Result<()> {
+        if self.frames == 0 {
+            anyhow::bail!("--frames 0: an animation needs at least one frame");
+        }
+        for (what, ms) in [("--frame-ms", self.frame_ms), ("the last frame's delay", self.last_frame_ms)] {
+            if !(10..=MAX_GIF_FRAME_MS).contains(&ms) {
+                anyhow::bail!(
+                    "{what} {ms}: a GIF frame shows for 10 to {MAX_GIF_FRAME_MS} ms (its delay is in hundredths of a second, in 16 bits)"
+                );
+            }
+        }
+        Ok(())
     }
 }
 
@@ -362,9 +388,7 @@ pub fn keep_moments(mut frames: Vec<u64>, moments: &[u64]) -> Vec<u64> {
 /// `gif.frames` is 0, an image size [`RenderOptions::check`] refuses, the session has no steps,
 /// rendering failed, or the file cannot be written.
 pub fn render_gif(session: &mut Session, options: RenderOptions, gif: GifOptions, path: &Path) -> Result<Vec<u64>> {
-    if gif.frames == 0 {
-        anyhow::bail!("--frames 0: an animation needs at least one frame");
-    }
+    gif.check()?;
     // Well within a GIF's 65,535 pixels a side.
     options.check()?;
     // A refusal at step s shows once s + 1 steps are done.
@@ -384,7 +408,7 @@ pub fn render_gif(session: &mut Session, options: RenderOptions, gif: GifOptions
         let mut encode = |image: RgbaImage| -> Result<()> {
             let ms = if index == last { gif.last_frame_ms } else { gif.frame_ms };
             index += 1;
-            let delay = Delay::from_saturating_duration(std::time::Duration::from_millis(u64::from(ms)));
+            let delay = Delay::from_numer_denom_ms(ms, 1);
             encoder.encode_frame(Frame::from_parts(image, 0, 0, delay)).context("cannot encode the GIF")
         };
         render_steps(session, options, &steps, &mut encode)?;
@@ -417,6 +441,31 @@ mod tests {
                 (Ok(()), None) => {}
                 (Err(error), Some(words)) => assert!(error.to_string().contains(words), "{width}x{height}: {error}"),
                 (result, _) => panic!("{width}x{height}: {result:?}, expected {refused:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn gif_delays_a_gif_cannot_hold_are_refused() {
+        // (frames, --frame-ms, the last frame's delay, what the error names; None: accepted)
+        let cases = [
+            (24, 250, 2_500, None),
+            (1, 10, 100, None),
+            (3, 65_535, MAX_GIF_FRAME_MS, None),
+            (3, MAX_GIF_FRAME_MS, MAX_GIF_FRAME_MS, None),
+            (0, 250, 2_500, Some("--frames 0")),
+            (3, 0, 0, Some("--frame-ms 0")),
+            (3, 9, 90, Some("--frame-ms 9")),
+            (3, MAX_GIF_FRAME_MS + 1, MAX_GIF_FRAME_MS, Some("--frame-ms 655351")),
+            (3, u32::MAX, MAX_GIF_FRAME_MS, Some("--frame-ms 4294967295")),
+        ];
+        for (frames, frame_ms, last_frame_ms, refused) in cases {
+            let gif = GifOptions::playing(frames, frame_ms);
+            assert_eq!(gif.last_frame_ms, last_frame_ms, "--frame-ms {frame_ms}");
+            match (gif.check(), refused) {
+                (Ok(()), None) => {}
+                (Err(error), Some(words)) => assert!(error.to_string().contains(words), "{gif:?}: {error}"),
+                (result, _) => panic!("{gif:?}: {result:?}, expected {refused:?}"),
             }
         }
     }

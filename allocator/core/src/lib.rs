@@ -84,5 +84,5 @@ pub use policy::{Policy, PolicyConfig};
 pub use policy_kind::PolicyKind;
 pub use report::{FreeRunHistogram, HistogramBucket, PolicyReport, RangeReport, RangeState, Totals};
 pub use request::{Request, ResourceKind};
-pub use source::{BlockCopy, MemorySource, SimulatedSource, SourceBlock, SourceError};
+pub use source::{BlockCopy, LARGEST_DEVICE_BYTES, MemorySource, SimulatedSource, SourceBlock, SourceError};
 pub use trace::{BadEvent, Caption, Event, Trace, TraceBuilder};

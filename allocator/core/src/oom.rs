@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::source::LARGEST_DEVICE_BYTES;
 use crate::units::Bytes;
 
 /// What the memory a failed request lacked went to: free bytes between allocations, bytes wasted inside them, or
@@ -130,6 +131,16 @@ impl OomVerdict {
 
     fn write_words(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "tried to allocate {}", Bytes(self.requested_bytes))?;
+        if self.needed_bytes > LARGEST_DEVICE_BYTES {
+            // What a device has left is beside the point (and an unlimited simulated one's figures would read as a
+            // limit).
+            let rounded = match self.needed_bytes {
+                u64::MAX => " (past 2^64 B once rounded by the policy)".to_owned(),
+                needed if needed != self.requested_bytes => format!(" ({} once rounded by the policy)", Bytes(needed)),
+                _ => String::new(),
+            };
+            return write!(f, "{rounded}: more than any device holds (heapscope models devices of up to 1 EiB). Exhaustion");
+        }
         if self.needed_bytes != self.requested_bytes {
             write!(f, " ({} once rounded by the policy)", Bytes(self.needed_bytes))?;
         }
@@ -265,5 +276,64 @@ mod tests {
             assert_eq!(OomCause::judge(shortfall), cause, "{shortfall:?}");
         }
         assert_eq!(OomCause::InternalWaste.name(), "internal waste");
+    }
+
+    /// A request larger than any device is said to be so, whatever the heap had left: an unlimited device is simulated
+    /// as 1 EiB, whose figures read as a limit (and a request that overflows once aligned has none to compare).
+    #[test]
+    fn words_for_a_request_no_device_holds() {
+        let verdict = |requested_bytes: u64, needed_bytes: u64, unreserved_bytes: u64| {
+            OomVerdict {
+                policy: "tlsf",
+                requested_bytes,
+                needed_bytes,
+                align_bytes: 512,
+                reserved_bytes: 0,
+                live_bytes: 0,
+                padding_bytes: 0,
+                free_in_blocks_bytes: 0,
+                largest_free_run_bytes: 0,
+                retired_bytes: 0,
+                unreserved_bytes,
+                capacity_bytes: None,
+                cause: OomCause::Exhaustion,
+            }
+            .judged()
+            .describe()
+        };
+        let gib = 1 << 30;
+        // (requested, needed, unreserved, words)
+        let cases = [
+            (
+                8 * gib,
+                8 * gib,
+                4 * gib,
+                "tried to allocate 8.00 GiB; 0 B reserved, 0 B live (0 B padding), 0 B free inside usable blocks (largest free run 0 B), 4.00 GiB reservable from the device. Exhaustion",
+            ),
+            (LARGEST_DEVICE_BYTES, LARGEST_DEVICE_BYTES, 0, "1048576.00 TiB; 0 B reserved"),
+            (
+                1 << 63,
+                1 << 63,
+                LARGEST_DEVICE_BYTES,
+                "tried to allocate 8388608.00 TiB: more than any device holds (heapscope models devices of up to 1 EiB)",
+            ),
+            (
+                LARGEST_DEVICE_BYTES,
+                LARGEST_DEVICE_BYTES + 512,
+                0,
+                "(1048576.00 TiB once rounded by the policy): more than any device holds",
+            ),
+            (
+                u64::MAX,
+                u64::MAX,
+                0,
+                "tried to allocate 16777216.00 TiB (past 2^64 B once rounded by the policy): more than any device holds",
+            ),
+        ];
+        for (requested, needed, unreserved, words) in cases {
+            let said = verdict(requested, needed, unreserved);
+            assert!(said.contains(words), "{requested} B: {said}");
+            assert_eq!(said.contains("reservable"), needed <= LARGEST_DEVICE_BYTES, "{said}");
+        }
     }
 }

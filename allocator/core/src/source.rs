@@ -79,6 +79,10 @@ pub trait MemorySource: fmt::Debug {
     }
 }
 
+/// The largest device heapscope models (1 EiB): a run on a device of no stated capacity runs on one this large, and
+/// a request above it fits no device (every verdict says so, rather than what such a device has left).
+pub const LARGEST_DEVICE_BYTES: u64 = 1 << 60;
+
 /// A device of `capacity_bytes`, simulated: blocks get increasing addresses (never reused, like virtual
 /// addresses) and fail once the capacity is used up.
 #[derive(Clone, Debug)]

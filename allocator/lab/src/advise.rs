@@ -37,7 +37,7 @@ use crate::driver::{HeapTarget, Statistics, Stream, drive};
 use crate::recording::{Recording, counted};
 use heapscope_core::trace::Event;
 use heapscope_core::units::{Bytes, BytesAtLeast};
-use heapscope_core::{PagedConfig, PagedHeap, Result, UnmapRule};
+use heapscope_core::{LARGEST_DEVICE_BYTES, PagedConfig, PagedHeap, Result, UnmapRule};
 use heapscope_pytorch::caching::{get_allocation_size, largest_block_bound, round_size, settings_in_effect};
 use heapscope_pytorch::{AllocConf, Emulator, LARGE_BUFFER_BYTES, MemoryStats, Snapshot};
 
@@ -46,7 +46,7 @@ pub const CAPACITY_STEP_BYTES: u64 = CUDA_PAGE_BYTES;
 
 /// A device with no practical limit (a recorded `oom` entry is then tried with all this room, not the driver's
 /// free bytes it recorded).
-const UNLIMITED_BYTES: u64 = 1 << 60;
+const UNLIMITED_BYTES: u64 = LARGEST_DEVICE_BYTES;
 
 /// The name of the paging allocator's row.
 pub const PAGED: &str = "paged";

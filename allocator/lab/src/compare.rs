@@ -21,8 +21,8 @@ use crate::driver::{HeapReplay, HeapTarget, Observer, Step, Stream, drive, repla
 use crate::recording::{Moment, Recording};
 use heapscope_core::units::{Bytes, ReservedOverLive};
 use heapscope_core::{
-    DeviceEvent, DeviceHeap, FreeMemory, Heap, HeapConfig, OomCause, OomVerdict, PagedConfig, PagedHeap, PolicyKind, Result,
-    SimulatedSource, UnmapRule,
+    DeviceEvent, DeviceHeap, FreeMemory, Heap, HeapConfig, LARGEST_DEVICE_BYTES, OomCause, OomVerdict, PagedConfig, PagedHeap,
+    PolicyKind, Result, SimulatedSource, UnmapRule,
 };
 use heapscope_pytorch::caching::{
     CachingAllocation, CachingAllocator, CachingHeap, EntryEffect, OomReport, SegmentBacking, Unbacked,
@@ -270,16 +270,27 @@ impl CompareConfig {
     /// Invalid heap settings.
     pub fn heap(&self, kind: PolicyKind) -> Result<Heap<SimulatedSource>> {
         let source =
-            SimulatedSource::new(self.capacity_bytes.unwrap_or(UNLIMITED_DEVICE_BYTES), SimulatedSource::DEFAULT_ALIGNMENT_BYTES);
+            SimulatedSource::new(self.capacity_bytes.unwrap_or(LARGEST_DEVICE_BYTES), SimulatedSource::DEFAULT_ALIGNMENT_BYTES);
         Heap::new(HeapConfig { policy: kind, ..self.heap.clone() }, source)
     }
 
-    /// The paged contender.
+    /// The most bytes a contender other than PyTorch's emulation reserves at once: the capacity, or the heap rules'
+    /// budget (`--budget`) where that is less. It bounds the heaps (their rules hold it), `paged`'s pages and the
+    /// Vulkan peers alike; PyTorch's emulation runs on the device's capacity and its own settings
+    /// (`per_process_memory_fraction`).
+    pub fn budgeted_bytes(&self) -> Option<u64> {
+        match (self.capacity_bytes, self.heap.capacity_bytes) {
+            (Some(capacity), Some(budget)) => Some(capacity.min(budget)),
+            (capacity, budget) => capacity.or(budget),
+        }
+    }
+
+    /// The paged contender, its pages bounded by [`CompareConfig::budgeted_bytes`].
     ///
     /// # Errors
     /// Invalid paging settings (a page size that is not a power of two or exceeds the virtual range).
     pub fn paged_heap(&self) -> Result<PagedHeap> {
-        let defaults = PagedConfig::new(self.capacity_bytes);
+        let defaults = PagedConfig::new(self.budgeted_bytes());
         PagedHeap::new(PagedConfig {
             page_bytes: self.page_bytes,
             unmap: self.paged_unmap,
@@ -332,9 +343,6 @@ pub fn best_time<T, E>(mut replay: impl FnMut() -> Result<T, E>) -> Result<(T, u
     }
     Ok((first, best.as_nanos()))
 }
-
-/// A simulated device with no practical limit.
-const UNLIMITED_DEVICE_BYTES: u64 = 1 << 56;
 
 /// The outcome of a heap replay of `recording` by `policy` that took `nanos`, with the device counters left at 0
 /// for the caller to fill in (they depend on the heap); the first OOM at its moment of the recording.
@@ -501,9 +509,11 @@ fn pytorch_message(report: &OomReport, unreserved_bytes: Option<u64>) -> String 
 }
 
 /// The bytes the device had left when `report` was refused at `entry` (`None` for a plain trace): what the
-/// capacity leaves beside the reserved bytes, or without one what the driver reported with a recorded `oom`.
+/// capacity leaves beside the reserved bytes, or without one what the driver reported with a recorded `oom`; none on
+/// the unlimited device of [`LARGEST_DEVICE_BYTES`] (what it has left would read as a limit).
 pub(crate) fn unreserved_bytes(capacity_bytes: Option<u64>, report: &OomReport, entry: Option<&TraceEntry>) -> Option<u64> {
     match capacity_bytes {
+        Some(LARGEST_DEVICE_BYTES..) => None,
         Some(capacity) => Some(capacity.saturating_sub(report.reserved_bytes)),
         None => entry.and_then(TraceEntry::device_free),
     }

@@ -30,7 +30,8 @@ pub struct AllocConf {
     /// `max_split_size`: blocks at least this large are never split (`None` = unlimited, the default).
     pub max_split_size: Option<u64>,
     /// `roundup_power2_divisions` per interval: index 0 for sizes below 2 MiB, index `i` for
-    /// `[2^i MiB, 2^(i+1) MiB)`, the last for everything above. 0 or 1 = off.
+    /// `[2^i MiB, 2^(i+1) MiB)`, the last for everything above. 0 = off; a 1 is read as 0 (PyTorch rounds only with
+    /// more than one division), so that settings the same in effect compare equal.
     pub roundup_power2_divisions: [u64; ROUNDUP_INTERVALS],
     /// `garbage_collection_threshold` (0 = off); acts only with a memory fraction (here: a capacity).
     pub garbage_collection_threshold: f64,
@@ -117,7 +118,7 @@ impl AllocConf {
         };
         for &(interval_mb, divisions) in &settings.roundup_power2_divisions {
             if let Some(index) = interval_index(interval_mb) {
-                conf.roundup_power2_divisions[index] = divisions;
+                conf.roundup_power2_divisions[index] = rounding(divisions);
             }
         }
         conf
@@ -270,7 +271,7 @@ impl AllocConf {
     fn parse_roundup(&mut self, key: &str, value: &str) -> Result<(), AllocConfError> {
         let Some(list) = value.strip_prefix('[') else {
             let n = parse_pow2(key, value)?;
-            self.roundup_power2_divisions = [n; ROUNDUP_INTERVALS];
+            self.roundup_power2_divisions = [rounding(n); ROUNDUP_INTERVALS];
             return Ok(());
         };
         let Some(list) = list.strip_suffix(']') else {
@@ -287,6 +288,7 @@ impl AllocConf {
             if n != 0 && !n.is_power_of_two() {
                 return Err(bad(key, value, "divisions must be a power of two or 0"));
             }
+            let n = rounding(n);
             if interval.trim() == ">" {
                 // PyTorch fills the intervals after the last one named (after the first interval when none was).
                 let from = last_index.unwrap_or(0) + 1;
@@ -345,6 +347,11 @@ fn parse_u64(key: &str, value: &str) -> Result<u64, AllocConfError> {
     value.parse().map_err(|_| bad(key, value, "expected a non-negative integer"))
 }
 
+/// Divisions as held: 1 as 0, both no rounding (`round_size` rounds only with `divisions > 1`).
+fn rounding(divisions: u64) -> u64 {
+    if divisions <= 1 { 0 } else { divisions }
+}
+
 fn parse_pow2(key: &str, value: &str) -> Result<u64, AllocConfError> {
     let n = parse_u64(key, value)?;
     if n.is_power_of_two() { Ok(n) } else { Err(bad(key, value, "divisions must be a power of two")) }
@@ -394,7 +401,7 @@ mod tests {
         let mut conf = AllocConf::default();
         conf.parse_overrides("roundup_power2_divisions:[256:1,512:2,>:4],garbage_collection_threshold:0.6").unwrap();
         assert_eq!(conf.garbage_collection_threshold, 0.6);
-        assert_eq!(conf.divisions_for(300 << 20), 1);
+        assert_eq!(conf.divisions_for(300 << 20), 0, "one division is no rounding, held as 0");
         assert_eq!(conf.divisions_for(600 << 20), 2, "`>` sets the intervals after the last one named");
         assert_eq!(conf.divisions_for(1100 << 20), 4);
         // A list starts from no rounding, whatever was set before.
@@ -409,9 +416,9 @@ mod tests {
         let cases: [(&str, &[(u64, u64)]); 3] = [
             (
                 "[64:8,128:2,256:4,512:2,1024:4,>:1]",
-                &[(32, 8), (64, 8), (128, 2), (256, 4), (512, 2), (1024, 4), (2048, 1), (4096, 1), (8192, 1)],
+                &[(32, 8), (64, 8), (128, 2), (256, 4), (512, 2), (1024, 4), (2048, 0), (4096, 0), (8192, 0)],
             ),
-            ("[256:1,512:2,1024:4,>:8]", &[(1, 1), (300, 1), (600, 2), (1100, 4), (2048, 8), (65536, 8)]),
+            ("[256:1,512:2,1024:4,>:8]", &[(1, 0), (300, 0), (600, 2), (1100, 4), (2048, 8), (65536, 8)]),
             ("[>:4]", &[(1, 0), (2, 4), (1100, 4)]),
         ];
         for (list, sizes) in cases {
@@ -421,6 +428,20 @@ mod tests {
                 assert_eq!(conf.divisions_for(mib << 20), divisions, "{list}: {mib} MiB");
             }
         }
+    }
+
+    /// One division rounds nothing in PyTorch (`round_size` rounds with more than one): settings that differ only
+    /// there are PyTorch's defaults, not a what-if.
+    #[test]
+    fn one_division_is_no_rounding() {
+        for text in ["roundup_power2_divisions:1", "roundup_power2_divisions:[>:1]", "roundup_power2_divisions:[1:1,>:1]"] {
+            let mut conf = AllocConf::default();
+            conf.parse_overrides(text).unwrap();
+            assert_eq!(conf, AllocConf::default(), "{text}");
+            assert_eq!(conf.overrides(), "", "{text}");
+        }
+        let recorded = RecordedSettings { roundup_power2_divisions: vec![(1, 1), (2048, 1)], ..RecordedSettings::default() };
+        assert_eq!(AllocConf::from_recorded(&recorded), AllocConf::default());
     }
 
     /// `per_process_memory_fraction` (PyTorch 2.10): what the allocator may reserve, and its place in the string.

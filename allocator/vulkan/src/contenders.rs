@@ -135,7 +135,7 @@ fn largest_sparse_buffer_bytes(limits: &DeviceLimits, space_bytes: u64) -> u64 {
 /// this before replaying anything.
 pub fn paged_range_for(context: &VulkanContext, trace: &Trace, config: &CompareConfig) -> Result<(u64, u64), VulkanError> {
     let peak_bytes = peak_live_footprint_bytes(trace, config.align_bytes);
-    let needed_bytes = config.capacity_bytes.map_or(peak_bytes, |capacity| capacity.min(peak_bytes));
+    let needed_bytes = config.budgeted_bytes().map_or(peak_bytes, |capacity| capacity.min(peak_bytes));
     let limits = &context.properties().limits;
     match config.paged_virtual_bytes {
         None => Ok((needed_bytes, paged_virtual_bytes(limits, needed_bytes)?)),
@@ -253,7 +253,7 @@ fn replay_external<A: crate::ExternalAllocator>(
     use heapscope_core::DeviceHeap;
 
     let ((replay, peak_reserved_bytes, events, copy_nanos), nanos) = best_time(|| {
-        let external = ExternalConfig { budget_cap_bytes: config.capacity_bytes, ..ExternalConfig::default() };
+        let external = ExternalConfig { budget_cap_bytes: config.budgeted_bytes(), ..ExternalConfig::default() };
         let mut heap = ExternalHeap::<A>::new(Arc::clone(context), external)?;
         heap.record_device_events(true);
         // VMA compacts with its own defragmentation, copying on the device; gpu-allocator moves nothing.
@@ -319,7 +319,7 @@ pub fn replay_on_device(
         }
         Contender::Paged => {
             let (needed_bytes, virtual_bytes) = paged_range_for(context, trace, config)?;
-            let mut paged = DevicePagedConfig::new(virtual_bytes, config.capacity_bytes);
+            let mut paged = DevicePagedConfig::new(virtual_bytes, config.budgeted_bytes());
             paged.unmap = config.paged_unmap;
             // About a thousand chunks at the trace's peak: few memory objects, few mappings.
             let peak_pages = needed_bytes.div_ceil(SparseBuffer::page_bytes_on(context)?);

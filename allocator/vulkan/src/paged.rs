@@ -86,7 +86,7 @@ impl DevicePagedHeap {
     ///
     /// # Errors
     /// What [`SparseBuffer::new`] returns; [`VulkanError::InvalidArgument`] for a page size that is not a
-    /// multiple of the sparse page size; [`VulkanError::Heap`] for settings the heap refuses.
+    /// multiple of the sparse page size or is larger than the virtual range; [`VulkanError::Heap`] for settings the heap refuses.
     pub fn new(context: Arc<VulkanContext>, config: DevicePagedConfig) -> Result<Self, VulkanError> {
         let sparse = SparseBuffer::new(
             context,
@@ -102,6 +102,13 @@ impl DevicePagedHeap {
         if page_bytes == 0 || !page_bytes.is_multiple_of(sparse_page_bytes) {
             return Err(VulkanError::InvalidArgument(format!(
                 "page size {page_bytes} B: must be a multiple of the sparse page size ({sparse_page_bytes} B)"
+            )));
+        }
+        if page_bytes > config.virtual_bytes {
+            // Checked here, before the range is cut to whole pages (to 0 B, which the heap's error would name).
+            return Err(VulkanError::InvalidArgument(format!(
+                "page size {page_bytes} B: must be no larger than the virtual range ({} B)",
+                config.virtual_bytes
             )));
         }
         let mut paged = PagedConfig::new(config.capacity_bytes);

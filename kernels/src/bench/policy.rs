@@ -1,7 +1,7 @@
 //! Who a bench runs is a core [`Contender`] (the one name table of every command; [`Contender::BENCH`] when none is
 //! named); [`BenchSettings`] are the rules they share, and [`run_simulated`] runs one of them without a device.
 
-use heapscope_core::{Heap, HeapConfig, PagedConfig, PagedHeap, PolicyKind, SimulatedSource};
+use heapscope_core::{Heap, HeapConfig, LARGEST_DEVICE_BYTES, PagedConfig, PagedHeap, PolicyKind, SimulatedSource};
 use heapscope_lab::compaction::CompactRule;
 use heapscope_lab::contender::Contender;
 use heapscope_pytorch::{AllocConf, CachingHeap};
@@ -89,19 +89,16 @@ impl BenchSettings {
     }
 }
 
-/// A simulated device with no practical limit (when there is no budget).
-const UNLIMITED_DEVICE_BYTES: u64 = 1 << 56;
-
 /// Runs `workload` through `policy` without a device (kernels skipped).
 ///
 /// # Errors
 /// [`RunError`] at step 0 for settings a heap refuses; what [`run`] returns.
 pub fn run_simulated(workload: &Workload, policy: Contender, settings: &BenchSettings) -> Result<RunReport, RunError> {
-    let invalid = |error: heapscope_core::Error| RunError::at(0, format!("{policy}: {error}"));
+    let invalid = |error: heapscope_core::Error| RunError::at(0, error.to_string());
     let align = settings.align_bytes;
     match policy {
         Contender::Heap(kind) => {
-            let device = settings.budget_bytes.unwrap_or(UNLIMITED_DEVICE_BYTES);
+            let device = settings.budget_bytes.unwrap_or(LARGEST_DEVICE_BYTES);
             let source = SimulatedSource::new(device, settings.block_alignment_bytes);
             let heap = Heap::new(settings.heap_config(kind), source).map_err(invalid)?;
             run(workload, &mut SimTarget::new(heap, align).compacting(settings.compact_rule(policy)))

@@ -218,7 +218,7 @@ fn render_animates_a_story_into_a_gif() {
 fn render_and_gui_refuse_bad_requests_clearly() {
     let dir = temp_dir("render-bad");
     // (arguments, words the error holds)
-    let cases: [(&[&str], &str); 22] = [
+    let cases: [(&[&str], &str); 23] = [
         (&["render", "--story", "nope", "--out", "x.png"], "no built-in story \"nope\""),
         (&["render", "--out", "x.png"], "required"),
         (&["render", "--story", "frag_oom", "--policy", "tlfs", "--out", "x.png"], "pytorch-expandable"),
@@ -233,6 +233,7 @@ fn render_and_gui_refuse_bad_requests_clearly() {
         (&["render", "--story", "frag_oom", "--at", "8", "--out", "x.gif"], "--at applies to a PNG"),
         (&["render", "--story", "frag_oom", "--frames", "0", "--out", "x.gif"], "--frames 0"),
         (&["render", "--story", "frag_oom", "--frame-ms", "0", "--out", "x.gif"], "--frame-ms 0"),
+        (&["render", "--story", "frag_oom", "--frame-ms", "4294967295", "--out", "x.gif"], "10 to 655350 ms"),
         (&["gui", "--quit-after-frames", "0"], "--quit-after-frames 0"),
         (&["render", "--story", "frag_oom", "--width", "0", "--out", "x.png"], "--width 0"),
         (&["render", "--story", "frag_oom", "--height", "0", "--out", "x.png"], "--height 0"),
@@ -305,6 +306,27 @@ fn top_and_render_take_live_bytes_past_a_u64() {
     assert!(bench.status.success(), "{}", stderr(&bench));
     let rows = json_lines(&bench);
     assert!(rows.iter().any(|row| row["ooms"].as_u64() > Some(0)), "the block heaps refuse 2^63 B: {rows:?}");
+    // On a device of no stated capacity every refusal says the request fits no device, as the title says the device
+    // is unlimited: no "reservable" figure of the simulated device (64 PiB, then 0 B past 2^64 once aligned), no
+    // "left on the device" from `advise`.
+    std::fs::write(
+        dir.join("past.csv"),
+        "a,1,18446744073709551615
+",
+    )
+    .unwrap();
+    for file in ["huge.csv", "past.csv"] {
+        let replay = heapscope_headless(&["replay", file], &dir);
+        let said = stdout(&replay);
+        assert!(said.contains("device capacity unlimited"), "{said}");
+        let heaps: Vec<&str> = said.lines().filter(|line| line.contains("first OOM at entry 0: tried to allocate")).collect();
+        assert_eq!(heaps.len(), 5, "every heap contender and paged refuse it: {said}");
+        for line in heaps {
+            assert!(line.contains("more than any device holds") && !line.contains("reservable"), "{file}: {line}");
+        }
+        let advise = stdout(&heapscope_headless(&["advise", file], &dir));
+        assert!(advise.contains("No setting serves every request") && !advise.contains("left on the device"), "{file}: {advise}");
+    }
 }
 
 /// `convert x.csv --out x.csv` replaced the recording by its conversion; every command that writes a file refuses
@@ -1387,6 +1409,80 @@ fn a_row_of_advise_pasted_into_alloc_conf_is_the_same_run() {
     let off = json_lines(&heapscope(&["replay", file, "--json", "--policy", "pytorch", "--alloc-conf", "max_split_size_mb:64"]));
     let on = json_lines(&heapscope(&["replay", file, "--json", "--policy", "pytorch"]));
     assert_ne!(off[0]["device_allocs"], on[0]["device_allocs"], "expandable segments off: whole segments, not pages");
+}
+
+/// `--budget` bounds every contender but PyTorch's emulation (`paged` reserved 2.95 GiB under a 1 GiB budget, and
+/// `compare` said it would have served a request no page under the budget could), and the title says so.
+#[test]
+fn a_budget_bounds_paged_as_the_heaps() {
+    const GIB: u64 = 1 << 30;
+    let file = trace("pytorch/frag_oom-default.pickle.gz");
+    let file = file.to_str().unwrap();
+    let rows = json_lines(&heapscope(&["replay", file, "--json", "--budget", "1GiB"]));
+    for row in &rows {
+        let reserved = row["peak_reserved_bytes"].as_u64().unwrap();
+        match row["policy"].as_str().unwrap() {
+            "pytorch" => assert!(reserved > GIB, "PyTorch runs on the device: {row}"),
+            policy => assert!(reserved <= GIB, "{policy} under the budget: {row}"),
+        }
+    }
+    assert!(rows.iter().any(|row| row["policy"] == "paged" && row["ooms"].as_u64() > Some(0)), "{rows:?}");
+    let title = stdout(&heapscope(&["replay", file, "--budget", "1GiB"]));
+    assert!(title.contains("--budget 1.00 GiB: bounds every contender but PyTorch's emulation"), "{title}");
+    let verdict = stdout(&heapscope(&["compare", file, "--budget", "0"]));
+    let last = verdict.lines().last().unwrap();
+    assert!(!last.contains("`paged`") && last.contains("with expandable segments would have served it"), "{last}");
+}
+
+/// Settings PyTorch reads as its defaults are the recorded run, not a what-if: one division rounds nothing.
+#[test]
+fn settings_the_same_in_effect_as_the_recordings_keep_the_fidelity() {
+    let file = trace("pytorch/frag_oom-default.pickle.gz");
+    let file = file.to_str().unwrap();
+    let recorded = json_lines(&heapscope(&["replay", file, "--json", "--policy", "pytorch"]));
+    assert_eq!(recorded[0]["what_if"], false);
+    assert!(recorded[0]["fidelity"].is_object(), "{}", recorded[0]);
+    for setting in ["roundup_power2_divisions:1", "roundup_power2_divisions:[>:1]", "expandable_segments:False"] {
+        let replayed = json_lines(&heapscope(&["replay", file, "--json", "--policy", "pytorch", "--alloc-conf", setting]));
+        assert_eq!(replayed[0]["what_if"], false, "{setting}");
+        assert_eq!(replayed[0]["fidelity"], recorded[0]["fidelity"], "{setting}");
+    }
+    let what_if =
+        json_lines(&heapscope(&["replay", file, "--json", "--policy", "pytorch", "--alloc-conf", "roundup_power2_divisions:2"]));
+    assert_eq!((&what_if[0]["what_if"], &what_if[0]["fidelity"]), (&serde_json::json!(true), &Value::Null));
+}
+
+/// Two final segments that share addresses are refused naming both, by every command that replays PyTorch's
+/// allocator: they were read without a word, and the fidelity dropped to 0 of 1.
+#[test]
+fn overlapping_final_segments_are_refused_naming_both() {
+    let dir = temp_dir("overlapping-segments");
+    let mut snapshot = heapscope_pytorch::read_snapshot(&snapshot("frag_oom-default")).unwrap();
+    let mut copy = snapshot.segments[0].clone();
+    copy.address += 1 << 20;
+    for block in &mut copy.blocks {
+        block.address += 1 << 20;
+    }
+    let last = snapshot.segments.len();
+    snapshot.segments.push(copy);
+    let path = dir.join("overlap.pickle");
+    heapscope_pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
+    for command in [
+        &["replay", "overlap.pickle"][..],
+        &["compare", "overlap.pickle"],
+        &["summary", "overlap.pickle"],
+        &["render", "overlap.pickle", "--out", "overlap.png"],
+    ] {
+        let output = heapscope_headless(command, &dir);
+        assert!(!output.status.success(), "{command:?}: {}", stdout(&output));
+        let said = stderr(&output);
+        assert!(
+            said.contains("overlap.pickle") && said.contains(&format!("segments[{last}]: the range at ")),
+            "{command:?}: {said}"
+        );
+        assert!(said.contains("overlaps segments[0]") && !said.contains("panicked"), "{command:?}: {said}");
+    }
+    assert!(!dir.join("overlap.png").exists());
 }
 
 /// frag_oom-default continued as an OOM-retry loop runs on: the 1 GiB refusal caught, the cache emptied, 1 GiB

@@ -294,7 +294,7 @@ fn replay_a_snapshot_on_the_device() {
 
 #[test]
 fn bad_bench_input_is_refused() {
-    let cases: [(&[&str], &str); 15] = [
+    let cases: [(&[&str], &str); 16] = [
         (&["bench", "--workload", "replay"], "needs a FILE"),
         (&["bench", "--workload", "serve", "x.pickle"], "only --workload replay takes a FILE"),
         (&["bench", "--workload", "serve", "--batch", "4"], "--batch is a knob of --workload train"),
@@ -311,6 +311,11 @@ fn bad_bench_input_is_refused() {
         (&["bench", "--workload", "serve", "--backend", "cuda"], "possible values: vulkan, wgpu, sim"),
         (&["bench", "--workload", "serve", "--plain-wgpu"], "--plain-wgpu is a knob of --backend wgpu"),
         (&["bench", "--workload", "replay", "/nonexistent/trace.csv", "--backend", "sim"], "/nonexistent/trace.csv"),
+        // The range the page does not fit is named as it is on every backend (a device's said 0 B).
+        (
+            &["bench", "--workload", "churn", "--steps", "100", "--page-size", "1GiB", "--policy", "paged"],
+            "no larger than the virtual range (469762048 B)",
+        ),
     ];
     for (args, expected) in cases {
         let output = heapscope(args);

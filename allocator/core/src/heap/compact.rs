@@ -139,10 +139,21 @@ impl<S: MemorySource> Heap<S> {
         let shared = |heap: &Self, index: usize| heap.blocks[index].as_ref().is_some_and(|b| !b.dedicated && b.live > 0);
         let live_bytes =
             |heap: &Self, index: usize| heap.blocks[index].as_ref().map_or(0, |b| b.policy.report().totals().live_bytes);
+        // Blocks whose every allocation may move.
+        let mut movable = vec![0usize; self.blocks.len()];
+        for &(block, _) in pass.live.keys() {
+            if let Some(count) = movable.get_mut(block as usize) {
+                *count += 1;
+            }
+        }
         let mut sources: Vec<usize> = (0..self.blocks.len())
-            .filter(|&i| shared(self, i) && pass.movable_in(i as u32).len() == self.blocks[i].as_ref().map_or(0, |b| b.live))
+            .filter(|&i| shared(self, i) && movable[i] == self.blocks[i].as_ref().map_or(0, |b| b.live))
             .collect();
         sources.sort_by_cached_key(|&i| (live_bytes(self, i), std::cmp::Reverse(i)));
+        // Each block's live bytes and the heap's largest usable free run, as known until a block emptied changes them
+        // (places taken and given back leave every block as it was: the policies coalesce).
+        let mut known_live: Vec<Option<u64>> = vec![None; self.blocks.len()];
+        let mut known_before = None;
         for source in sources {
             if !shared(self, source) {
                 continue;
@@ -155,9 +166,10 @@ impl<S: MemorySource> Heap<S> {
                 continue;
             }
             let mut destinations: Vec<usize> = (0..self.blocks.len()).filter(|&i| i != source && shared(self, i)).collect();
-            destinations.sort_by_cached_key(|&i| (std::cmp::Reverse(live_bytes(self, i)), i));
+            destinations
+                .sort_by_cached_key(|&i| (std::cmp::Reverse(*known_live[i].get_or_insert_with(|| live_bytes(self, i))), i));
             // Room for each, largest first, in the fullest blocks first: taken now, given back unless all find room.
-            let before = self.largest_usable_free_run();
+            let before = *known_before.get_or_insert_with(|| self.largest_usable_free_run());
             let mut placed: Vec<(Movable, u32, crate::Allocation)> = Vec::new();
             for m in &items {
                 let found = destinations.iter().find_map(|&d| {
@@ -172,14 +184,16 @@ impl<S: MemorySource> Heap<S> {
                 }
             }
             let source_bytes = self.blocks[source].as_ref().map_or(0, |b| b.source.size_bytes);
-            let after = self.largest_usable_free_run().max(source_bytes);
-            if placed.len() < items.len() || after < before {
+            if placed.len() < items.len() || self.largest_usable_free_run().max(source_bytes) < before {
                 for &(_, d, allocation) in &placed {
                     self.give_back(d, allocation);
                 }
                 continue;
             }
+            known_before = None;
+            known_live[source] = None;
             for (m, d, allocation) in placed {
+                known_live[d as usize] = None;
                 self.commit(pass, m, d, allocation);
             }
             pass.emptied.push(source as u32);
@@ -197,12 +211,15 @@ impl<S: MemorySource> Heap<S> {
             }
             let mut items = pass.movable_in(index as u32);
             items.sort_by_key(|m| std::cmp::Reverse(m.allocation.offset()));
+            // The block's largest free run, known until a move changes the block (a place given back leaves it as it
+            // was: the policies coalesce).
+            let mut known_before = None;
             for m in items {
                 if !pass.room_for(1, m.allocation.size_bytes()) {
                     return;
                 }
                 let Some(block) = self.blocks[index].as_mut() else { break };
-                let before = largest_run(&block.policy.report(), &[]);
+                let before = *known_before.get_or_insert_with(|| largest_run(&block.policy.report(), &[]));
                 // The lowest of a few places the policy offers: one whose free lists are not in address order (TLSF
                 // hands out the run freed last) offers the lowest only among several. The others go back.
                 let mut offered = Vec::new();
@@ -223,9 +240,9 @@ impl<S: MemorySource> Heap<S> {
                 }
                 block.refresh();
                 let lower = allocation.offset() < m.allocation.offset();
-                let after = largest_run(&block.policy.report(), &[m.allocation.allocation.id()]);
-                if lower && after >= before {
+                if lower && largest_run(&block.policy.report(), &[m.allocation.allocation.id()]) >= before {
                     self.commit(pass, m, index as u32, allocation);
+                    known_before = None;
                 } else {
                     self.give_back(index as u32, allocation);
                 }

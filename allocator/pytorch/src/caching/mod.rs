@@ -81,8 +81,9 @@ pub const LARGE_BUFFER_BYTES: u64 = 20 << 20;
 /// above it (`expandable.rs`), so a device with less memory than that gets segments as close as its own.
 pub const EXPANDABLE_VIRTUAL_BYTES: u64 = 128 << 30;
 
-/// Requests above this (1 EiB) fit no device: refused as out of memory, so sizes stay far from overflow.
-pub const MAX_REQUEST_BYTES: u64 = 1 << 60;
+/// Requests above this (1 EiB, the largest device heapscope models) fit no device: refused as out of memory, so
+/// sizes stay far from overflow.
+pub const MAX_REQUEST_BYTES: u64 = heapscope_core::LARGEST_DEVICE_BYTES;
 
 /// Addresses and ranges end by this (4 EiB), far above any device's virtual address space: sums of
 /// addresses and sizes stay exact. Also the most the emulation ever reserves, whatever the capacity.

@@ -3,7 +3,7 @@
 //!
 //! - Every final segment of the device: `total_size` neither 0 nor above [`MAX_REQUEST_BYTES`], its range
 //!   ending by [`ADDRESS_LIMIT`], and its blocks tiling it exactly (each block starts where the previous
-//!   one ends, none is empty, together they cover `total_size`).
+//!   one ends, none is empty, together they cover `total_size`); no two of them overlapping.
 //! - Every `alloc`, `free_requested`, `free_completed` and segment entry of the device: `size` at most
 //!   [`MAX_REQUEST_BYTES`] (0 is refused for segment entries), and `addr + size` ending by
 //!   [`ADDRESS_LIMIT`]. `oom` and `snapshot` entries carry no range: any size is a request the emulation
@@ -106,6 +106,31 @@ fn too_large(what: &str, size: u64) -> String {
     format!("{what} {size} exceeds the largest size the emulation models ({MAX_REQUEST_BYTES} bytes)")
 }
 
+/// Two final segments of `device` that share an address: no device maps one byte twice (each segment's range is
+/// checked to end by [`ADDRESS_LIMIT`] before).
+fn no_overlapping_segments(snapshot: &Snapshot, device: usize) -> Result<(), EmulationError> {
+    let mut ranges: Vec<(u64, u64, usize)> = (snapshot.segments.iter().enumerate())
+        .filter(|(_, s)| s.device as usize == device)
+        .map(|(i, s)| (s.address, s.address.saturating_add(s.total_size), i))
+        .collect();
+    ranges.sort_unstable();
+    for pair in ranges.windows(2) {
+        let (low, high) = (pair[0], pair[1]);
+        if high.0 < low.1 {
+            // Named from the one listed later, as the start state's check names them.
+            let ((start, end, segment), (other_start, other_end, other)) = if high.2 > low.2 { (high, low) } else { (low, high) };
+            return Err(EmulationError::Segment {
+                segment,
+                what: format!(
+                    "the range at {start:#x} overlaps segments[{other}] ({other_start:#x}..{other_end:#x}; this one ends at \
+                     {end:#x}): no device maps an address twice"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Checks device `device`'s final segments and trace (see the module documentation).
 pub(super) fn validate(snapshot: &Snapshot, device: usize) -> Result<(), EmulationError> {
     for (i, s) in snapshot.segments.iter().enumerate().filter(|(_, s)| s.device as usize == device) {
@@ -135,6 +160,7 @@ pub(super) fn validate(snapshot: &Snapshot, device: usize) -> Result<(), Emulati
             })?;
         }
     }
+    no_overlapping_segments(snapshot, device)?;
     let trace = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
     for (k, e) in trace.iter().enumerate() {
         let fail = |what: String| EmulationError::Entry { device, entry: k, what };
@@ -236,6 +262,16 @@ mod tests {
                 "an empty block",
                 snapshot(vec![segment(BASE, 2 * MIB, &[(BASE, 0, Inactive), (BASE, 2 * MIB, Inactive)])], vec![]),
                 "segments[0].blocks[0]: size is 0".into(),
+            ),
+            (
+                "two segments that share addresses",
+                snapshot(vec![whole(BASE + MIB), whole(BASE + 8 * MIB), whole(BASE)], vec![]),
+                format!(
+                    "segments[2]: the range at {BASE:#x} overlaps segments[0] ({:#x}..{:#x}; this one ends at {:#x})",
+                    BASE + MIB,
+                    BASE + 3 * MIB,
+                    BASE + 2 * MIB
+                ),
             ),
             (
                 "segments that overlap",
