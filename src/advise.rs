@@ -128,7 +128,9 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
     }
     if advice.settings.iter().any(|row| row.same_run_as.is_some()) {
         outln!(
-            "(=) the same run as a row above it (`same_run_as` in --json): no block of this recording can reach its max_split_size_mb"
+            "(=) the same run as a row above it (`same_run_as` in --json): the same settings in effect on this recording (a \
+             max_split_size_mb none of its blocks reaches, one division that rounds nothing, a list that sets the same \
+             intervals)"
         );
     }
     for note in

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use heapscope_core::units::{Bytes, parse_size};
-use heapscope_core::{OomCause, PolicyKind};
+use heapscope_core::{OomCause, PagedConfig, PolicyKind};
 use heapscope_kernels::bench::{BenchSettings, RunReport, Target, run, run_simulated};
 use heapscope_kernels::workload::{
     ChurnConfig, KvLayout, ServeConfig, StreamStats, TrainConfig, Workload, churn, replay, serve, train,
@@ -233,11 +233,22 @@ impl BenchArgs {
     /// four times the workload's peak of live bytes, at least 1 GiB: a recording's replay has no budget, and its
     /// range was 1 GiB whatever it held (frag_oom's 2.95 GiB ran out of it, even simulated).
     fn settings(&self, budget: Option<u64>, chosen: &Chosen) -> Result<BenchSettings> {
+        // The check of an explicit --budget (`check`), for the workload's own.
+        if self.heap.budget.is_none()
+            && let Some(budget) = budget.filter(|&budget| budget < self.page_size)
+        {
+            bail!(
+                "--page-size {}: larger than the workload's default budget ({}), and paged and PyTorch's expandable \
+                 segments map one page at the least: nothing could be allocated (give a --budget of at least one page)",
+                heapscope_core::units::exact_size(self.page_size),
+                heapscope_core::units::exact_size(budget)
+            );
+        }
         let mut settings = BenchSettings::new(budget);
         settings.heap = self.heap.heap_config(PolicyKind::Tlsf);
         settings.page_bytes = self.page_size;
         if budget.is_none() {
-            let room = chosen.stats.peak_live_bytes.saturating_mul(4).max(1 << 30);
+            let room = chosen.stats.peak_live_bytes.saturating_mul(4).clamp(1 << 30, PagedConfig::MAX_DEFAULT_VIRTUAL_BYTES);
             settings.virtual_bytes = room.checked_next_multiple_of(self.page_size).unwrap_or(room);
         }
         let recorded = chosen.recorded_conf.as_ref();

@@ -53,6 +53,13 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
     if let Some(line) = left_out(&recording) {
         eprintln!("{line}");
     }
+    if recording.unknown_frees > 0 {
+        // As `replay` says them: a native trace has no event for a free of nothing it allocated.
+        eprintln!(
+            "{} of allocations the recording never shows (neither live at the start nor allocated since) left out",
+            counted(recording.unknown_frees, "free", "frees")
+        );
+    }
     Ok(())
 }
 

@@ -81,6 +81,7 @@ pub trait DeviceHeap {
             retired_bytes: 0,
             unreserved_bytes: 0,
             capacity_bytes: None,
+            virtual_range_bytes: None,
             cause: OomCause::Exhaustion,
         }
     }

@@ -655,6 +655,7 @@ impl<S: MemorySource> Heap<S> {
             retired_bytes: totals.retired_bytes,
             unreserved_bytes,
             capacity_bytes: self.config.capacity_bytes,
+            virtual_range_bytes: None,
             cause: OomCause::Exhaustion,
         }
         .judged()

@@ -54,6 +54,9 @@ pub struct OomVerdict {
     pub unreserved_bytes: u64,
     /// The budget (cap on reserved bytes), if any.
     pub capacity_bytes: Option<u64>,
+    /// A paged heap's virtual range, where it bounds what could still be reserved (more than the budget or device
+    /// left): the unreserved bytes are what the range has unmapped, and the words name the range.
+    pub virtual_range_bytes: Option<u64>,
     /// The verdict.
     pub cause: OomCause,
 }
@@ -156,9 +159,14 @@ impl OomVerdict {
         if self.retired_bytes > 0 {
             write!(f, ", {} retired", Bytes(self.retired_bytes))?;
         }
-        match self.capacity_bytes {
-            Some(capacity) => write!(f, ", {} reservable under the {} budget", Bytes(self.unreserved_bytes), Bytes(capacity))?,
-            None => write!(f, ", {} reservable from the device", Bytes(self.unreserved_bytes))?,
+        match (self.virtual_range_bytes, self.capacity_bytes) {
+            (Some(range), _) => {
+                write!(f, ", {} more mappable beside them in its {} virtual range", Bytes(self.unreserved_bytes), Bytes(range))?;
+            }
+            (None, Some(capacity)) => {
+                write!(f, ", {} reservable under the {} budget", Bytes(self.unreserved_bytes), Bytes(capacity))?;
+            }
+            (None, None) => write!(f, ", {} reservable from the device", Bytes(self.unreserved_bytes))?,
         }
         let free = self.free_in_blocks_bytes.saturating_add(self.unreserved_bytes);
         match self.cause {
@@ -296,6 +304,7 @@ mod tests {
                 retired_bytes: 0,
                 unreserved_bytes,
                 capacity_bytes: None,
+                virtual_range_bytes: None,
                 cause: OomCause::Exhaustion,
             }
             .judged()

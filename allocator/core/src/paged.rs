@@ -34,6 +34,7 @@ use crate::hash::FastMap;
 
 use crate::device_event::{DeviceEvent, DeviceLog};
 use crate::report::Totals;
+use crate::source::LARGEST_DEVICE_BYTES;
 use crate::units::GIB;
 use crate::{Allocation, Error, OomCause, OomVerdict, Policy, PolicyConfig, PolicyKind, PolicyReport, Request, Result};
 
@@ -101,9 +102,15 @@ impl PagedConfig {
     /// The default page size: 2 MiB.
     pub const DEFAULT_PAGE_BYTES: u64 = 2 << 20;
 
-    /// TLSF in a virtual range of four times `capacity_bytes` (at least 1 TiB), 2 MiB pages, eager unmapping.
+    /// The largest virtual range a default makes: four times the largest device heapscope models (4 EiB), so that
+    /// ranges and their pages stay far from 2^64 B.
+    pub const MAX_DEFAULT_VIRTUAL_BYTES: u64 = 4 * LARGEST_DEVICE_BYTES;
+
+    /// TLSF in a virtual range of four times `capacity_bytes` (at least 1 TiB, at most
+    /// [`Self::MAX_DEFAULT_VIRTUAL_BYTES`]), 2 MiB pages, eager unmapping.
     pub fn new(capacity_bytes: Option<u64>) -> Self {
-        let virtual_bytes = capacity_bytes.map_or(1024 * GIB, |capacity| capacity.saturating_mul(4).max(1024 * GIB));
+        let virtual_bytes = capacity_bytes
+            .map_or(1024 * GIB, |capacity| capacity.saturating_mul(4).clamp(1024 * GIB, Self::MAX_DEFAULT_VIRTUAL_BYTES));
         Self {
             policy: PolicyKind::Tlsf,
             policy_config: PolicyConfig::default(),
@@ -490,6 +497,8 @@ impl PagedHeap {
         if let Error::OutOfMemory(verdict) = &mut error {
             verdict.free_in_blocks_bytes = free_bytes;
             verdict.largest_free_run_bytes = largest_bytes;
+            // The range's free bytes are all it could map: nothing beside them.
+            (verdict.unreserved_bytes, verdict.virtual_range_bytes) = (0, Some(self.config.virtual_bytes));
             // The range's own free bytes decide (what the device could still map does not matter: there is no run).
             verdict.cause = if free_bytes >= request.size_bytes() { OomCause::Fragmentation } else { OomCause::Exhaustion };
         }
@@ -513,7 +522,13 @@ impl PagedHeap {
         free.sort_unstable();
         let largest_free_run_bytes = largest_overlap(&free, mapped.iter().map(|&(offset, size)| (offset, offset + size)));
         let totals = Totals::from_ranges(self.config.virtual_bytes, &report.ranges);
-        let unreserved_bytes = self.config.capacity_bytes.map_or(u64::MAX, |capacity| capacity - self.stats.mapped_bytes);
+        // More pages: what the budget (or device) leaves, or what the virtual range leaves unmapped where that is less.
+        let range_left = self.config.virtual_bytes.saturating_sub(self.stats.mapped_bytes);
+        let (unreserved_bytes, virtual_range_bytes) =
+            match self.config.capacity_bytes.map(|capacity| capacity.saturating_sub(self.stats.mapped_bytes)) {
+                Some(left) if left <= range_left => (left, None),
+                _ => (range_left, Some(self.config.virtual_bytes)),
+            };
         let free_in_blocks_bytes = self.stats.mapped_bytes - self.footprint_bytes.min(self.stats.mapped_bytes);
         let mut verdict = OomVerdict {
             policy: "paged",
@@ -528,6 +543,7 @@ impl PagedHeap {
             retired_bytes: totals.retired_bytes,
             unreserved_bytes,
             capacity_bytes: self.config.capacity_bytes,
+            virtual_range_bytes,
             cause: OomCause::Exhaustion,
         }
         .judged();
@@ -582,6 +598,35 @@ mod tests {
 
     fn request(size_bytes: u64) -> Request {
         Request::new(size_bytes, 256).unwrap()
+    }
+
+    /// Where the virtual range bounds what can still be mapped (no capacity, or one larger than the range), the refusal
+    /// names the range and what it leaves: it said 2^64 B "reservable from the device". Defaults stay far from 2^64 B,
+    /// and a range asked to end within a page of it compacts (moving nothing) instead of overflowing.
+    #[test]
+    fn the_virtual_range_is_named_where_it_binds() {
+        use crate::compaction::{Algorithm, Budget};
+        for capacity in [None, Some(100 * MIB)] {
+            let mut heap = PagedHeap::new(PagedConfig { virtual_bytes: 8 * MIB, ..PagedConfig::new(capacity) }).unwrap();
+            heap.allocate(request(2 * MIB)).unwrap();
+            let Err(Error::OutOfMemory(verdict)) = heap.allocate(request(8 * MIB)) else { panic!("{capacity:?}: 8 MiB fit") };
+            assert_eq!((verdict.unreserved_bytes, verdict.virtual_range_bytes), (0, Some(8 * MIB)), "{capacity:?}");
+            let words = verdict.to_string();
+            assert!(words.contains("0 B more mappable beside them in its 8.00 MiB virtual range"), "{words}");
+            assert!(!words.contains("reservable"), "{words}");
+        }
+        // The capacity binds first: its words as before.
+        let mut heap = PagedHeap::new(PagedConfig { virtual_bytes: 64 * MIB, ..PagedConfig::new(Some(4 * MIB)) }).unwrap();
+        heap.allocate(request(2 * MIB)).unwrap();
+        let Err(Error::OutOfMemory(verdict)) = heap.allocate(request(4 * MIB)) else { panic!("4 MiB under a 4 MiB cap") };
+        assert_eq!((verdict.unreserved_bytes, verdict.virtual_range_bytes), (2 * MIB, None), "{verdict}");
+        for capacity in [Some(1 << 62), Some(u64::MAX)] {
+            assert_eq!(PagedConfig::new(capacity).virtual_bytes, PagedConfig::MAX_DEFAULT_VIRTUAL_BYTES, "{capacity:?}");
+        }
+        let mut heap = PagedHeap::new(PagedConfig { virtual_bytes: u64::MAX, ..PagedConfig::new(None) }).unwrap();
+        let allocation = heap.allocate(request(4096)).unwrap();
+        let compaction = heap.compact(&[(allocation, request(4096))], Algorithm::Full, Budget::UNLIMITED).unwrap();
+        assert!(compaction.moves.is_empty());
     }
 
     /// Issue 17: a request near `u64::MAX` in a range that large needs 2^64 bytes of pages: refused, whatever the

@@ -558,15 +558,20 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
         let alone =
             Row::Pytorch { setting: setting.clone(), conf: AllocConf { per_process_memory_fraction: None, ..conf.clone() } };
         let mut advice = advise_row(recording, &alone, conf.allowed_bytes(capacity_bytes), recorded)?;
+        // The smallest device whose share holds `share`; none past the largest device heapscope models.
         let device_for = |share: u64| {
-            let mut bytes = (share as f64 / fraction).ceil() as u64;
+            let bytes = (share as f64 / fraction).ceil();
+            if bytes > LARGEST_DEVICE_BYTES as f64 {
+                return None;
+            }
+            let mut bytes = bytes as u64;
             while conf.allowed_bytes(Some(bytes)).is_some_and(|allowed| allowed < share) {
                 bytes += 1;
             }
-            bytes
+            (bytes <= LARGEST_DEVICE_BYTES).then_some(bytes)
         };
-        advice.min_capacity_bytes = advice.min_capacity_bytes.map(device_for);
-        advice.fails_again_at_bytes = advice.fails_again_at_bytes.map(device_for);
+        advice.min_capacity_bytes = advice.min_capacity_bytes.and_then(device_for);
+        advice.fails_again_at_bytes = advice.fails_again_at_bytes.and_then(device_for);
         advice.as_recorded = conf == recorded;
         return Ok(advice);
     }

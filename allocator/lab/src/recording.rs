@@ -323,12 +323,20 @@ impl Recording {
     ///
     /// # Errors
     /// [`Error::Trace`] when the snapshot has no such device or records nothing on it (no trace entry, no segment:
-    /// the message lists the devices it has, see [`missing_device`]), or an entry contradicts the ones before it
+    /// the message lists the devices it has, see [`missing_device`]), two of its final segments
+    /// overlap ([`heapscope_pytorch::caching::no_overlapping_segments`]), or an entry contradicts the ones before it
     /// (an address allocated twice without a free, a zero-size allocation).
     pub fn from_snapshot(name: &str, snapshot: Snapshot, device: usize) -> Result<Self> {
         if let Some(what) = missing_device(&snapshot, device) {
             return Err(Error::Trace { file: name.to_owned(), line: 0, what });
         }
+        // The start state is walked back from the final segments: segments that overlap describe no device (every
+        // contender would replay an impossible start).
+        heapscope_pytorch::caching::no_overlapping_segments(&snapshot, device).map_err(|error| Error::Trace {
+            file: name.to_owned(),
+            line: 0,
+            what: error.to_string(),
+        })?;
         let entries = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
         // A recording that starts from an empty allocator says so only once walked whole: the stream is built forward
         // on that guess first, and the trace walked back for what was live at the start only where the guess fails.

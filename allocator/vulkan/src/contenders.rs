@@ -82,8 +82,13 @@ pub fn paged_virtual_bytes(limits: &DeviceLimits, needed_bytes: u64) -> Result<u
         address_space,
         || format!("sparseAddressSpaceSize {}", Bytes(address_space)),
     )?;
-    Ok(needed_bytes.max(1).saturating_mul(4).min(limit_bytes))
+    // At least 2 MiB (a multiple of every sparse page size met, so one page fits even under a tiny budget: the
+    // budget, not the range, then refuses what the contender cannot hold).
+    Ok(needed_bytes.saturating_mul(4).max(MIN_PAGED_RANGE_BYTES).min(limit_bytes))
 }
+
+/// The smallest virtual range `paged` gets on a device: 2 MiB.
+const MIN_PAGED_RANGE_BYTES: u64 = 2 << 20;
 
 /// What a contender needs of one sparse buffer's virtual range, for [`sparse_buffer_limit`].
 #[derive(Clone, Copy, Debug)]

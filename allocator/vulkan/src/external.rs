@@ -196,6 +196,7 @@ impl<L> ExternalBook<L> {
             retired_bytes: 0,
             unreserved_bytes,
             capacity_bytes: budget_cap_bytes,
+            virtual_range_bytes: None,
             cause: OomCause::Exhaustion,
         }
         .judged()

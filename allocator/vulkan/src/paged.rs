@@ -286,6 +286,7 @@ impl DevicePagedHeap {
             retired_bytes: 0,
             unreserved_bytes: 0,
             capacity_bytes: self.heap.config().capacity_bytes,
+            virtual_range_bytes: None,
             cause: OomCause::Exhaustion,
         }
     }

@@ -40,13 +40,14 @@ impl BenchSettings {
     pub const DEFAULT_BLOCK_ALIGNMENT_BYTES: u64 = 64 << 10;
 
     /// Defaults under `budget_bytes`: the core's heap rules in blocks aligned to 64 KiB, 64 KiB pages in a virtual
-    /// range of four times the budget (1 GiB without one: `heapscope bench` sizes it to the workload), PyTorch's default settings, 512-byte alignment.
+    /// range of four times the budget (at most [`PagedConfig::MAX_DEFAULT_VIRTUAL_BYTES`]; 1 GiB without one: `heapscope bench` sizes it to the workload), PyTorch's default settings, 512-byte alignment.
     pub fn new(budget_bytes: Option<u64>) -> Self {
         Self {
             budget_bytes,
             heap: HeapConfig::new(PolicyKind::Tlsf),
             page_bytes: Self::DEFAULT_PAGE_BYTES,
-            virtual_bytes: budget_bytes.map_or(1 << 30, |budget| budget.saturating_mul(4)),
+            virtual_bytes: budget_bytes
+                .map_or(1 << 30, |budget| budget.saturating_mul(4).min(PagedConfig::MAX_DEFAULT_VIRTUAL_BYTES)),
             alloc_conf: AllocConf::default(),
             align_bytes: 512,
             block_alignment_bytes: Self::DEFAULT_BLOCK_ALIGNMENT_BYTES,

@@ -327,6 +327,26 @@ fn top_and_render_take_live_bytes_past_a_u64() {
         let advise = stdout(&heapscope_headless(&["advise", file], &dir));
         assert!(advise.contains("No setting serves every request") && !advise.contains("left on the device"), "{file}: {advise}");
     }
+    // PyTorch's emulation runs on the same largest device as the others: 1 EiB - 1 MiB beside 1 GiB is refused by all
+    // (it reserved 1 EiB + 1 GiB while the heaps refused it).
+    let near = (1u64 << 60) - (1 << 20);
+    std::fs::write(dir.join("near.csv"), format!("a,1,1073741824\na,2,{near}\n")).unwrap();
+    let rows = json_lines(&heapscope_headless(&["replay", "near.csv", "--json"], &dir));
+    assert!(rows.iter().all(|row| row["ooms"] == 1 && row["peak_reserved_bytes"].as_u64() <= Some(1 << 60)), "{rows:?}");
+    // A memory fraction whose device would pass 2^64 B: `advise` panicked adding to u64::MAX; the row needs no device.
+    std::fs::write(dir.join("half.csv"), format!("a,0,{}\nf,0\n", 1u64 << 59)).unwrap();
+    let advise = heapscope_headless(&["advise", "half.csv", "--setting", "per_process_memory_fraction:0.01", "--json"], &dir);
+    assert!(advise.status.success(), "{}", stderr(&advise));
+    let rows = json_lines(&advise);
+    let row = rows.iter().find(|row| row["setting"] == "per_process_memory_fraction:0.01").unwrap();
+    assert!(row["min_capacity_bytes"].is_null(), "{row}");
+    // paged's range near 2^64 B (from a budget of 4 EiB) compacting every event: its planner overflowed.
+    let huge_budget = (1u64 << 62).to_string();
+    for flags in [["--budget", huge_budget.as_str()], ["--virtual-size", "18446744073709551615"]] {
+        let args = [&["replay", "half.csv", "--policy", "paged", "--compact", "every:1"][..], &flags].concat();
+        let replay = heapscope_headless(&args, &dir);
+        assert!(replay.status.success() && !stderr(&replay).contains("panicked"), "{flags:?}: {}", stderr(&replay));
+    }
 }
 
 /// `convert x.csv --out x.csv` replaced the recording by its conversion; every command that writes a file refuses
@@ -793,6 +813,17 @@ fn convert_to_the_native_format_keeps_the_replay() {
     assert!(heapscope(&["convert", once.to_str().unwrap(), "--out", twice.to_str().unwrap()]).status.success());
     assert_eq!(heapscope_core::trace::Trace::read(&once).unwrap().name, "small.csv");
     assert_eq!(std::fs::read(&once).unwrap(), std::fs::read(&twice).unwrap());
+    // Frees of blocks a snapshot never shows have no event in a native trace: said, as `replay` says it skips them.
+    let mut recorded = heapscope_pytorch::read_snapshot(&snapshot("frag_oom-default")).unwrap();
+    // A block freed twice: the second free is of nothing live.
+    let trace = &mut recorded.device_traces[0];
+    let freed = trace.iter().rev().find(|entry| entry.action == heapscope_pytorch::Action::FreeCompleted).unwrap().clone();
+    trace.push(freed);
+    let stray = dir.join("stray.pickle");
+    heapscope_pytorch::write_snapshot(&recorded, std::fs::File::create(&stray).unwrap()).unwrap();
+    let output = heapscope(&["convert", stray.to_str().unwrap(), "--out", dir.join("stray.hst").to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stderr(&output).contains("1 free of allocations the recording never shows"), "{}", stderr(&output));
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -1452,8 +1483,8 @@ fn settings_the_same_in_effect_as_the_recordings_keep_the_fidelity() {
     assert_eq!((&what_if[0]["what_if"], &what_if[0]["fidelity"]), (&serde_json::json!(true), &Value::Null));
 }
 
-/// Two final segments that share addresses are refused naming both, by every command that replays PyTorch's
-/// allocator: they were read without a word, and the fidelity dropped to 0 of 1.
+/// Two final segments that share addresses are refused naming both, by every command, whichever contenders it runs
+/// (the start state is walked back from them): they were read without a word, and the fidelity dropped to 0 of 1.
 #[test]
 fn overlapping_final_segments_are_refused_naming_both() {
     let dir = temp_dir("overlapping-segments");
@@ -1467,12 +1498,16 @@ fn overlapping_final_segments_are_refused_naming_both() {
     snapshot.segments.push(copy);
     let path = dir.join("overlap.pickle");
     heapscope_pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
-    for command in [
-        &["replay", "overlap.pickle"][..],
-        &["compare", "overlap.pickle"],
+    let commands: [&[&str]; 7] = [
+        &["replay", "overlap.pickle"],
+        &["replay", "overlap.pickle", "--policy", "tlsf"],
+        &["compare", "overlap.pickle", "--policy", "paged"],
         &["summary", "overlap.pickle"],
         &["render", "overlap.pickle", "--out", "overlap.png"],
-    ] {
+        &["top", "overlap.pickle"],
+        &["convert", "overlap.pickle", "--out", "overlap.hst"],
+    ];
+    for command in commands {
         let output = heapscope_headless(command, &dir);
         assert!(!output.status.success(), "{command:?}: {}", stdout(&output));
         let said = stderr(&output);
@@ -1482,7 +1517,7 @@ fn overlapping_final_segments_are_refused_naming_both() {
         );
         assert!(said.contains("overlaps segments[0]") && !said.contains("panicked"), "{command:?}: {said}");
     }
-    assert!(!dir.join("overlap.png").exists());
+    assert!(!dir.join("overlap.png").exists() && !dir.join("overlap.hst").exists());
 }
 
 /// frag_oom-default continued as an OOM-retry loop runs on: the 1 GiB refusal caught, the cache emptied, 1 GiB

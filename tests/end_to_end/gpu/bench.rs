@@ -294,7 +294,7 @@ fn replay_a_snapshot_on_the_device() {
 
 #[test]
 fn bad_bench_input_is_refused() {
-    let cases: [(&[&str], &str); 16] = [
+    let cases: [(&[&str], &str); 17] = [
         (&["bench", "--workload", "replay"], "needs a FILE"),
         (&["bench", "--workload", "serve", "x.pickle"], "only --workload replay takes a FILE"),
         (&["bench", "--workload", "serve", "--batch", "4"], "--batch is a knob of --workload train"),
@@ -311,10 +311,14 @@ fn bad_bench_input_is_refused() {
         (&["bench", "--workload", "serve", "--backend", "cuda"], "possible values: vulkan, wgpu, sim"),
         (&["bench", "--workload", "serve", "--plain-wgpu"], "--plain-wgpu is a knob of --backend wgpu"),
         (&["bench", "--workload", "replay", "/nonexistent/trace.csv", "--backend", "sim"], "/nonexistent/trace.csv"),
-        // The range the page does not fit is named as it is on every backend (a device's said 0 B).
+        // A page larger than the workload's own budget: every request failed, with "0 B budget" on a device.
+        (
+            &["bench", "--workload", "serve", "--page-size", "256MiB"],
+            "--page-size 256 MiB: larger than the workload's default budget (160 MiB)",
+        ),
         (
             &["bench", "--workload", "churn", "--steps", "100", "--page-size", "1GiB", "--policy", "paged"],
-            "no larger than the virtual range (469762048 B)",
+            "larger than the workload's default budget (112 MiB)",
         ),
     ];
     for (args, expected) in cases {
@@ -322,6 +326,14 @@ fn bad_bench_input_is_refused() {
         assert!(!output.status.success(), "{args:?} succeeded");
         assert!(stderr(&output).contains(expected), "{args:?}: {expected:?} in {}", stderr(&output));
         assert!(!stderr(&output).contains("panicked"), "{args:?}: {}", stderr(&output));
+    }
+    // A page larger than the device's sparse range: the range is named as on sim (a device's said 0 B).
+    if gpu_required() {
+        let args = ["bench", "--backend", "vulkan", "--workload", "churn", "--steps", "100", "--page-size", "4GiB"];
+        let output = heapscope(&[&args[..], &["--budget", "4GiB", "--policy", "paged"]].concat());
+        assert!(!output.status.success(), "{}", stdout(&output));
+        let said = stderr(&output);
+        assert!(said.contains("must be no larger than the virtual range (") && !said.contains("(0 B)"), "{said}");
     }
     // A device named by HEAPSCOPE_DEVICE that is not there: an error (the bench ran on sim instead, silently in
     // JSON). Without a Vulkan loader at all the bench still runs on sim.

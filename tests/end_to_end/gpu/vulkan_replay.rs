@@ -84,6 +84,28 @@ fn paged_on_the_device_names_the_limit_a_trace_exceeds() {
     }
 }
 
+/// A budget smaller than a page (`--budget 0`) bounds every contender but PyTorch's emulation on the device too:
+/// `paged`'s sparse buffer is at least one page long (its range was 4 B, refused, and the whole run with it), so its
+/// row refuses every request as the simulated one does, and the other rows are there.
+#[test]
+fn a_budget_below_a_page_is_a_row_of_refusals_on_the_device() {
+    let file = crate::common::trace("pytorch/frag_oom-default.pickle.gz");
+    let file = file.to_str().unwrap();
+    for budget in ["0", "1000"] {
+        let Some(output) = on_device(&["replay", file, "--json", "--budget", budget, "--policy", "tlsf", "--policy", "paged"])
+        else {
+            return;
+        };
+        assert!(output.status.success(), "--budget {budget}: {}", stderr(&output));
+        let rows = lines(&output);
+        assert_eq!(rows.len(), 2, "--budget {budget}: {rows:?}");
+        for row in &rows {
+            assert_eq!((row["allocs"].as_u64(), row["peak_reserved_bytes"].as_u64()), (Some(0), Some(0)), "{row}");
+            assert!(row["ooms"].as_u64() > Some(0), "{row}");
+        }
+    }
+}
+
 /// The default set on the device, on a trace `paged` cannot take on a small device (the GPT-2 trace, 12.7 GiB
 /// live at once, against lavapipe's 2 GiB of sparse address space): every other contender's row is there, and
 /// `paged`'s says why it did not run — the limit, and what to do — in the table and in `--json` (`not_run`);

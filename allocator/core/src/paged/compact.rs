@@ -71,6 +71,9 @@ impl PagedHeap {
     /// listed stays, with every allocation sharing a page with it) to gather the virtual range's free space, by
     /// `algorithm` within `budget` (bytes counted are the pages remapped); see the module docs.
     ///
+    /// A virtual range whose last page would end past 2^64 B moves nothing (the defaults never ask for one:
+    /// [`crate::PagedConfig::new`]).
+    ///
     /// # Errors
     /// [`Error::Source`] when the policy refuses to re-place an allocation where the plan put it (a broken
     /// invariant): that cluster is put back where it was and the moves before it stand.
@@ -85,6 +88,8 @@ impl PagedHeap {
         let mut compaction = PagedCompaction::default();
         compaction.largest_free_before_bytes = largest_gap(&footprints, self.config.virtual_bytes);
         compaction.largest_free_after_bytes = compaction.largest_free_before_bytes;
+        // The range in whole pages; one whose last page would end past 2^64 B (asked for as such) is left as it is.
+        let Some(range_bytes) = self.config.virtual_bytes.checked_next_multiple_of(page) else { return Ok(compaction) };
         if !self.config.policy.places_by_address() || footprints.is_empty() {
             return Ok(compaction);
         }
@@ -105,7 +110,7 @@ impl PagedHeap {
             }
         }
         let layout = Layout {
-            block_sizes: vec![self.config.virtual_bytes.next_multiple_of(page)],
+            block_sizes: vec![range_bytes],
             allocations: (0..)
                 .zip(&clusters)
                 .map(|(id, (first, last, members))| {

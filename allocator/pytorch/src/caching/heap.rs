@@ -204,6 +204,7 @@ impl CachingHeap {
             retired_bytes: 0,
             unreserved_bytes: 0,
             capacity_bytes: self.capacity_bytes,
+            virtual_range_bytes: None,
             cause: OomCause::Exhaustion,
         })
     }

@@ -55,7 +55,7 @@ pub use emulate::{
 pub use heap::{CachingAllocation, CachingHeap};
 pub use in_effect::{largest_block_bound, settings_in_effect};
 pub use request_pools::RequestPools;
-pub use validate::EmulationError;
+pub use validate::{EmulationError, no_overlapping_segments};
 pub use virtual_segments::{add_range, remove_range};
 
 use super::alloc_conf::AllocConf;
@@ -190,7 +190,8 @@ impl OomReport {
     /// fragmentation when the free bytes in reserved memory plus what the capacity still allows cover `needed_bytes`
     /// (the request as the allocator rounds it), else internal waste or exhaustion. `live_bytes` are the bytes callers asked for and hold.
     pub fn verdict(&self, policy: &'static str, needed_bytes: u64, live_bytes: u64, capacity_bytes: Option<u64>) -> OomVerdict {
-        let unreserved_bytes = capacity_bytes.map_or(u64::MAX, |capacity| capacity.saturating_sub(self.reserved_bytes));
+        // Without a capacity, the largest device heapscope models (where the emulation's driver stops too).
+        let unreserved_bytes = capacity_bytes.unwrap_or(heapscope_core::LARGEST_DEVICE_BYTES).saturating_sub(self.reserved_bytes);
         OomVerdict {
             policy,
             requested_bytes: self.request_bytes,
@@ -204,6 +205,7 @@ impl OomReport {
             retired_bytes: 0,
             unreserved_bytes,
             capacity_bytes,
+            virtual_range_bytes: None,
             cause: OomCause::Exhaustion,
         }
         .judged()
@@ -512,8 +514,9 @@ impl CachingAllocator {
         self.capacity_bytes.is_some() && self.conf.garbage_collection_threshold > 0.0
     }
 
-    /// The driver refuses to reserve beyond this (never beyond [`ADDRESS_LIMIT`], so reserved bytes and
-    /// segment ends stay far from overflow).
+    /// The driver refuses to reserve beyond this: never beyond the largest device heapscope models
+    /// ([`heapscope_core::LARGEST_DEVICE_BYTES`], the unlimited device every contender runs on; below
+    /// [`ADDRESS_LIMIT`], so reserved bytes and segment ends stay far from overflow).
     fn device_limit(&self) -> u64 {
         let limit = match (self.capacity_bytes, self.request_limit_bytes) {
             (Some(c), Some(r)) => c.min(r),
@@ -521,7 +524,7 @@ impl CachingAllocator {
             (None, Some(r)) => r,
             (None, None) => u64::MAX,
         };
-        limit.min(ADDRESS_LIMIT)
+        limit.min(heapscope_core::LARGEST_DEVICE_BYTES)
     }
 
     fn node(&self, id: BlockId) -> &Node {

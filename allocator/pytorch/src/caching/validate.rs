@@ -106,9 +106,13 @@ fn too_large(what: &str, size: u64) -> String {
     format!("{what} {size} exceeds the largest size the emulation models ({MAX_REQUEST_BYTES} bytes)")
 }
 
-/// Two final segments of `device` that share an address: no device maps one byte twice (each segment's range is
-/// checked to end by [`ADDRESS_LIMIT`] before).
-fn no_overlapping_segments(snapshot: &Snapshot, device: usize) -> Result<(), EmulationError> {
+/// Refuses two final segments of `device` that share an address: no device maps one byte twice. Every replay of a
+/// snapshot relies on it (the start state is walked back from the final segments), the heaps' as much as PyTorch's
+/// emulation, which checks more ([`EmulationError`]); ranges that would pass 2^64 B are taken to end there.
+///
+/// # Errors
+/// [`EmulationError::Segment`] naming the segment listed later and the one it overlaps.
+pub fn no_overlapping_segments(snapshot: &Snapshot, device: usize) -> Result<(), EmulationError> {
     let mut ranges: Vec<(u64, u64, usize)> = (snapshot.segments.iter().enumerate())
         .filter(|(_, s)| s.device as usize == device)
         .map(|(i, s)| (s.address, s.address.saturating_add(s.total_size), i))
@@ -131,8 +135,9 @@ fn no_overlapping_segments(snapshot: &Snapshot, device: usize) -> Result<(), Emu
     Ok(())
 }
 
-/// Checks device `device`'s final segments and trace (see the module documentation).
-pub(super) fn validate(snapshot: &Snapshot, device: usize) -> Result<(), EmulationError> {
+/// Checks device `device`'s final segments: each one's size and range, its blocks tiling it, and no two of them
+/// overlapping.
+fn check_final_segments(snapshot: &Snapshot, device: usize) -> Result<(), EmulationError> {
     for (i, s) in snapshot.segments.iter().enumerate().filter(|(_, s)| s.device as usize == device) {
         let fail = |what: String| EmulationError::Segment { segment: i, what };
         if s.total_size == 0 {
@@ -160,7 +165,12 @@ pub(super) fn validate(snapshot: &Snapshot, device: usize) -> Result<(), Emulati
             })?;
         }
     }
-    no_overlapping_segments(snapshot, device)?;
+    no_overlapping_segments(snapshot, device)
+}
+
+/// Checks device `device`'s final segments and trace (see the module documentation).
+pub(super) fn validate(snapshot: &Snapshot, device: usize) -> Result<(), EmulationError> {
+    check_final_segments(snapshot, device)?;
     let trace = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
     for (k, e) in trace.iter().enumerate() {
         let fail = |what: String| EmulationError::Entry { device, entry: k, what };
