@@ -387,7 +387,7 @@ mod tests {
             (&lavapipe, 2 * GIB, Ok(2 * GIB)),
             (&lavapipe, 13 * GIB, Err("sparseAddressSpaceSize 2.00 GiB, maxBufferSize 4.00 GiB")),
             (&nvidia, 13 * GIB, Ok(52 * GIB)),
-            (&old, 0, Ok(4)),
+            (&old, 0, Ok(2 << 20)),
             (&small, 2 * GIB, Err("sparseAddressSpaceSize 1.00 TiB, maxBufferSize 1.00 GiB")),
         ];
         for (limits, need, expected) in cases {
