@@ -53,7 +53,7 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
         if args.progress && !terminal {
-            eprintln!("progress: {done} of {total} settings replayed, {:.1} s", started.elapsed().as_secs_f64());
+            errln!("progress: {done} of {total} settings replayed, {:.1} s", started.elapsed().as_secs_f64());
         }
     })
     .with_context(|| format!("advising {}", recording.shown_name()))?;

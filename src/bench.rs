@@ -213,7 +213,7 @@ impl BenchArgs {
                 let recording = crate::input::open_device(file, self.device)?;
                 let overview = heapscope_lab::compare::CompareConfig::default();
                 for line in crate::replay::devices_overview(&recording, self.device, &overview) {
-                    eprintln!("{line}");
+                    errln!("{line}");
                 }
                 recorded_conf = recording.snapshot.as_ref().map(AllocConf::of_snapshot);
                 (
@@ -545,6 +545,9 @@ where
 /// Runs the bench.
 pub fn run_bench(args: &BenchArgs) -> Result<()> {
     args.check()?;
+    if let (Some(file), Some(path)) = (&args.file, &args.save_trace) {
+        crate::input::refuse_overwriting(file, path)?;
+    }
     let chosen = args.choose()?;
     if let Some(path) = &args.save_trace {
         let stream = chosen

@@ -32,7 +32,7 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
     input::refuse_overwriting(&args.file, &args.out)?;
     let mut recording = input::open_device(&args.file, args.device)?;
     for line in crate::replay::devices_overview(&recording, args.device, &CompareConfig::default()) {
-        eprintln!("{line}");
+        errln!("{line}");
     }
     // The trace remembers where it came from: the file's name (not the path it was read through).
     let file_name =
@@ -49,13 +49,13 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
         1 => " (the first allocates what was live before the recording started)".to_owned(),
         events => format!(" (the first {events} allocate what was live before the recording started)"),
     };
-    eprintln!("{}: {} events{start} -> {}", recording.shown_name(), recording.trace.events().len(), args.out.display());
+    errln!("{}: {} events{start} -> {}", recording.shown_name(), recording.trace.events().len(), args.out.display());
     if let Some(line) = left_out(&recording) {
-        eprintln!("{line}");
+        errln!("{line}");
     }
     if recording.unknown_frees > 0 {
         // As `replay` says them: a native trace has no event for a free of nothing it allocated.
-        eprintln!(
+        errln!(
             "{} of allocations the recording never shows (neither live at the start nor allocated since) left out",
             counted(recording.unknown_frees, "free", "frees")
         );

@@ -182,7 +182,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         // The table is the demo; the picture is a bonus that needs a graphics adapter (lavapipe will do).
         match crate::gui::demo_png(path) {
             Ok(()) => outln!("\nthe heap at the end of the story: {}", path.display()),
-            Err(error) => eprintln!("heapscope: no picture of the heap: {error:#}"),
+            Err(error) => errln!("heapscope: no picture of the heap: {error:#}"),
         }
     }
     Ok(())

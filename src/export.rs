@@ -91,7 +91,7 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
     }
     // A file of several devices: which one is written (the snapshot holds that device alone), and the others.
     for line in devices_overview(&args.recording, &recording) {
-        eprintln!("{line}");
+        errln!("{line}");
     }
     let (replayed, shown) =
         replayed(&args.recording, &recording, args.policy).with_context(|| format!("replaying through {}", args.policy))?;
@@ -115,14 +115,14 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
     })
     .with_context(|| format!("writing {}", args.out.display()))?;
     let entries: usize = replayed.snapshot.device_traces.iter().map(Vec::len).sum();
-    eprintln!(
+    errln!(
         "{} through {shown}: {} segments, {entries} trace entries -> {}",
         recording.shown_name(),
         replayed.snapshot.segments.len(),
         args.out.display()
     );
     if let (Some(path), Some(report)) = (&args.vma_json, &replayed.heap_report) {
-        eprintln!(
+        errln!(
             "{} through {}: {} blocks -> {} (VMA JSON)",
             recording.shown_name(),
             args.policy,

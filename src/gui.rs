@@ -215,7 +215,7 @@ pub fn run_gui(args: &GuiArgs) -> Result<()> {
     if scripted {
         let messages = heapscope_wgpu::hal_log::messages(heapscope_wgpu::wgpu::Backend::Vulkan);
         for message in &messages {
-            eprintln!("heapscope gui: wgpu: {message}");
+            errln!("heapscope gui: wgpu: {message}");
         }
         let validation = messages.iter().filter(|message| message.contains("VALIDATION [")).count();
         if validation > 0 {

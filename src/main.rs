@@ -95,7 +95,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("heapscope: {error:#}");
+            errln!("heapscope: {error:#}");
             ExitCode::FAILURE
         }
     }

@@ -1,8 +1,13 @@
 //! Standard output that tolerates a closed pipe: `heapscope replay ... | head` ends quietly instead of
-//! panicking the way `println!` does when the reader has gone.
+//! panicking the way `println!` does when the reader has gone; standard error that tolerates being closed or full.
 
 use std::fmt;
 use std::io::{ErrorKind, Write};
+
+/// `eprintln!` through [`write_err()`].
+macro_rules! errln {
+    ($($arg:tt)*) => { $crate::output::write_err(format_args!("{}\n", format_args!($($arg)*))) };
+}
 
 /// The legend of the `res/live` column, under every table that has one (`replay`, `compare`, `bench`, `advise`).
 pub const RES_LIVE_LEGEND: &str =
@@ -31,7 +36,7 @@ pub fn write(args: fmt::Arguments<'_>) {
         if error.kind() == ErrorKind::BrokenPipe {
             std::process::exit(0);
         }
-        eprintln!("heapscope: cannot write to standard output: {error}");
+        errln!("heapscope: cannot write to standard output: {error}");
         std::process::exit(1);
     }
 }
@@ -40,6 +45,12 @@ pub fn write(args: fmt::Arguments<'_>) {
 macro_rules! outln {
     () => { $crate::output::write(format_args!("\n")) };
     ($($arg:tt)*) => { $crate::output::write(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+/// Writes `args` to standard error, ignoring a failed write: a closed or full standard error has nowhere to say so,
+/// and is no reason to stop (`eprintln!` panics there).
+pub fn write_err(args: fmt::Arguments<'_>) {
+    let _ = std::io::stderr().lock().write_fmt(args);
 }
 
 /// `print!` through [`write()`].

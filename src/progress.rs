@@ -74,10 +74,10 @@ impl Progress {
                 result
             }
             Mode::Lines | Mode::Off => {
-                eprintln!("progress: {what}");
+                errln!("progress: {what}");
                 let started = Instant::now();
                 let result = replay();
-                eprintln!("progress: {contender} on the device: done in {:.1} s", started.elapsed().as_secs_f64());
+                errln!("progress: {contender} on the device: done in {:.1} s", started.elapsed().as_secs_f64());
                 result
             }
         }

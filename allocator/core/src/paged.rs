@@ -92,7 +92,8 @@ pub struct PagedConfig {
     pub page_bytes: u64,
     /// Size of the virtual range.
     pub virtual_bytes: u64,
-    /// The most bytes mapped at once (the device's memory); `None` for no limit.
+    /// The most bytes mapped at once (the device's memory); `None` for no limit but the largest device heapscope
+    /// models ([`LARGEST_DEVICE_BYTES`]), as for every other contender.
     pub capacity_bytes: Option<u64>,
     /// When wholly free pages are unmapped.
     pub unmap: UnmapRule,
@@ -107,10 +108,12 @@ impl PagedConfig {
     pub const MAX_DEFAULT_VIRTUAL_BYTES: u64 = 4 * LARGEST_DEVICE_BYTES;
 
     /// TLSF in a virtual range of four times `capacity_bytes` (at least 1 TiB, at most
-    /// [`Self::MAX_DEFAULT_VIRTUAL_BYTES`]), 2 MiB pages, eager unmapping.
+    /// [`Self::MAX_DEFAULT_VIRTUAL_BYTES`]; without a capacity, that most, so that the range holds whatever the
+    /// unlimited device of the other contenders holds), 2 MiB pages, eager unmapping.
     pub fn new(capacity_bytes: Option<u64>) -> Self {
-        let virtual_bytes = capacity_bytes
-            .map_or(1024 * GIB, |capacity| capacity.saturating_mul(4).clamp(1024 * GIB, Self::MAX_DEFAULT_VIRTUAL_BYTES));
+        let virtual_bytes = capacity_bytes.map_or(Self::MAX_DEFAULT_VIRTUAL_BYTES, |capacity| {
+            capacity.saturating_mul(4).clamp(1024 * GIB, Self::MAX_DEFAULT_VIRTUAL_BYTES)
+        });
         Self {
             policy: PolicyKind::Tlsf,
             policy_config: PolicyConfig::default(),
@@ -288,10 +291,11 @@ impl PagedHeap {
         };
         let reused_pages: u64 = reused.iter().map(|&(_, pages)| pages).sum();
         let new_pages: u64 = mapped.iter().map(|&(_, pages)| pages).sum();
-        // Pages past 2^64 bytes (a request near `u64::MAX` in a range that large) fit no device: over any capacity.
+        // Pages past 2^64 bytes (a request near `u64::MAX` in a range that large) fit no device: over any capacity;
+        // without one, the largest device heapscope models is the limit, as for every other contender.
         let new_bytes = new_pages.checked_mul(page);
         let over = |heap: &Self| match new_bytes.and_then(|bytes| heap.stats.mapped_bytes.checked_add(bytes)) {
-            Some(total) => heap.config.capacity_bytes.is_some_and(|capacity| total > capacity),
+            Some(total) => total > heap.config.capacity_bytes.unwrap_or(LARGEST_DEVICE_BYTES),
             None => true,
         };
         if over(self) && !self.cached.is_empty() {
@@ -524,11 +528,9 @@ impl PagedHeap {
         let totals = Totals::from_ranges(self.config.virtual_bytes, &report.ranges);
         // More pages: what the budget (or device) leaves, or what the virtual range leaves unmapped where that is less.
         let range_left = self.config.virtual_bytes.saturating_sub(self.stats.mapped_bytes);
+        let device_left = self.config.capacity_bytes.unwrap_or(LARGEST_DEVICE_BYTES).saturating_sub(self.stats.mapped_bytes);
         let (unreserved_bytes, virtual_range_bytes) =
-            match self.config.capacity_bytes.map(|capacity| capacity.saturating_sub(self.stats.mapped_bytes)) {
-                Some(left) if left <= range_left => (left, None),
-                _ => (range_left, Some(self.config.virtual_bytes)),
-            };
+            if device_left <= range_left { (device_left, None) } else { (range_left, Some(self.config.virtual_bytes)) };
         let free_in_blocks_bytes = self.stats.mapped_bytes - self.footprint_bytes.min(self.stats.mapped_bytes);
         let mut verdict = OomVerdict {
             policy: "paged",

@@ -55,6 +55,9 @@ pub struct FirstOom {
     pub largest_free_bytes: u64,
     /// What the device (or the budget) still had beside the reserved memory, where known.
     pub unreserved_bytes: Option<u64>,
+    /// `paged`'s virtual range where it decided the refusal: `free_bytes` are then what the range had free (mapped or
+    /// not), and no device figure applies.
+    pub virtual_range_bytes: Option<u64>,
     /// `fragmentation`, `internal_waste` or `exhaustion`.
     pub verdict: OomCause,
     /// The verdict in words.
@@ -65,7 +68,15 @@ impl FirstOom {
     /// What was free, in words: in reserved memory, and on the device beside it where known (with the sum):
     /// `1000.00 MiB free in reserved memory and 584.00 MiB more on the device, 1.55 GiB in all`.
     pub fn free_words(&self) -> String {
-        self.free_memory().to_string()
+        match self.virtual_range_bytes {
+            Some(range) => format!("{} free in its {} virtual range", Bytes(self.free_bytes), Bytes(range)),
+            None => self.free_memory().to_string(),
+        }
+    }
+
+    /// Whether the request is larger than any device heapscope models ([`LARGEST_DEVICE_BYTES`]).
+    pub fn fits_no_device(&self) -> bool {
+        self.request_bytes.max(self.needed_bytes) > LARGEST_DEVICE_BYTES
     }
 
     /// What was free: in reserved memory, and on the device beside it where known.
@@ -85,9 +96,14 @@ impl FirstOom {
             request_bytes: verdict.requested_bytes,
             needed_bytes: verdict.needed_bytes,
             reserved_bytes: verdict.reserved_bytes,
-            free_bytes: verdict.free_in_blocks_bytes,
+            // Where the virtual range decided, all it had free; beside it no device figure means anything.
+            free_bytes: match verdict.virtual_range_bytes {
+                Some(_) => verdict.free_in_blocks_bytes.saturating_add(verdict.unreserved_bytes),
+                None => verdict.free_in_blocks_bytes,
+            },
             largest_free_bytes: verdict.largest_free_run_bytes,
-            unreserved_bytes: Some(verdict.unreserved_bytes),
+            unreserved_bytes: verdict.virtual_range_bytes.is_none().then_some(verdict.unreserved_bytes),
+            virtual_range_bytes: verdict.virtual_range_bytes,
             verdict: verdict.cause,
             message: verdict.describe(),
         }
@@ -218,7 +234,8 @@ pub struct CompareConfig {
     pub page_bytes: u64,
     /// When the `paged` contender unmaps wholly free pages.
     pub paged_unmap: UnmapRule,
-    /// The `paged` contender's virtual range; `None`: four times the capacity, at least 1 TiB (simulated), four times
+    /// The `paged` contender's virtual range; `None`: four times the capacity, at least 1 TiB, 4 EiB without a capacity
+    /// (simulated: [`PagedConfig::new`]), four times
     /// the trace's peak within the device's sparse address space (Vulkan).
     pub paged_virtual_bytes: Option<u64>,
     /// Alignment of every request (PyTorch rounds to 512 B).
@@ -530,6 +547,7 @@ pub(crate) fn pytorch_first_oom(event_index: u64, report: &OomReport, unreserved
         free_bytes: report.free_in_reserved_bytes,
         largest_free_bytes: report.largest_free_block_bytes,
         unreserved_bytes,
+        virtual_range_bytes: None,
         verdict: OomCause::judge(heapscope_core::Shortfall {
             requested_bytes: report.request_bytes,
             needed_bytes: report.needed_bytes,
@@ -811,7 +829,9 @@ impl<T: CachingTarget> Observer<T> for BackingFollower<'_, '_> {
             let recorded = self.recording.snapshot.as_ref().and_then(|snapshot| {
                 snapshot.device_traces.get(self.recording.device).and_then(|trace| trace.get(usize::try_from(entry).ok()?))
             });
-            let unreserved = unreserved_bytes(self.capacity_bytes, &report, recorded);
+            // Counted against what the allocator may reserve: its share of the device under a memory fraction.
+            let allowed = target.allocator().conf().allowed_bytes(self.capacity_bytes);
+            let unreserved = unreserved_bytes(allowed, &report, recorded);
             self.first_oom = Some(pytorch_first_oom(entry, &report, unreserved));
         }
         self.backing.replayed(usize::try_from(entry).unwrap_or(usize::MAX), effect, target.allocator());
@@ -863,6 +883,11 @@ pub fn verdict_sentence(
     };
     let free = oom.free_words();
     let head = match oom.verdict {
+        // What any device had left is beside the point.
+        _ if oom.fits_no_device() => format!(
+            "`{policy}` refused a {request} request{rounded}: more than any device holds (heapscope models devices of up \
+             to 1 EiB)"
+        ),
         OomCause::Fragmentation => format!(
             "`{policy}` ran out of memory on a {request} request{rounded}: {free}, but the largest free run is {} \
              (fragmentation)",

@@ -363,6 +363,7 @@ fn no_command_writes_over_the_recording_it_reads() {
         vec!["export", "x.csv", "--policy", "tlsf", "--out", "x.csv"],
         vec!["export", "x.csv", "--policy", "tlsf", "--out", "y.pickle", "--vma-json", "x.csv"],
         vec!["render", "x.csv", "--out", whole_path.to_str().unwrap()],
+        vec!["bench", "--workload", "replay", "x.csv", "--backend", "sim", "--save-trace", "x.csv"],
     ] {
         let output = heapscope_headless(&args, &dir);
         assert!(!output.status.success(), "{args:?}");
@@ -1463,6 +1464,76 @@ fn a_budget_bounds_paged_as_the_heaps() {
     let verdict = stdout(&heapscope(&["compare", file, "--budget", "0"]));
     let last = verdict.lines().last().unwrap();
     assert!(!last.contains("`paged`") && last.contains("with expandable segments would have served it"), "{last}");
+}
+
+/// Sizes past what PyTorch's emulation and `paged` held on their own: a request above the usual 128 GiB expandable
+/// reservation on a device that holds it is served (it was refused whatever the device), `paged` on an unlimited device
+/// serves what the others serve (its range was 1 TiB), a memory fraction's refusal is judged against the share
+/// (fragmentation, with the whole device left, before), and `compare`'s sentence names the range or "no device"
+/// instead of device figures that do not apply.
+#[test]
+fn large_devices_and_shares_are_judged_on_what_bounds_them() {
+    let dir = temp_dir("large-devices");
+    std::fs::write(dir.join("e600.csv"), format!("a,1,{}\n", 600u64 << 30)).unwrap();
+    let rows = json_lines(&heapscope_headless(
+        &[
+            "replay",
+            "e600.csv",
+            "--json",
+            "--capacity",
+            "2TiB",
+            "--alloc-conf",
+            "expandable_segments:True",
+            "--policy",
+            "pytorch",
+        ],
+        &dir,
+    ));
+    assert_eq!((rows[0]["allocs"].as_u64(), rows[0]["ooms"].as_u64()), (Some(1), Some(0)), "{}", rows[0]);
+    std::fs::write(dir.join("two.csv"), format!("a,1,{0}\na,2,{0}\n", 600u64 << 30)).unwrap();
+    let rows = json_lines(&heapscope_headless(&["replay", "two.csv", "--json", "--policy", "paged"], &dir));
+    assert_eq!((rows[0]["allocs"].as_u64(), rows[0]["ooms"].as_u64()), (Some(2), Some(0)), "{}", rows[0]);
+    // A range too small for the request: the sentence names it, not the device.
+    let said = stdout(&heapscope_headless(&["compare", "two.csv", "--policy", "paged", "--virtual-size", "1TiB"], &dir));
+    let last = said.lines().last().unwrap();
+    assert!(last.contains("free in its 1.00 TiB virtual range") && !last.contains("on the device"), "{last}");
+    // Above the largest device: no device figure.
+    std::fs::write(dir.join("past.csv"), format!("a,1,{}\n", (1u64 << 60) + 1)).unwrap();
+    let said = stdout(&heapscope_headless(&["compare", "past.csv"], &dir));
+    let last = said.lines().last().unwrap();
+    assert!(last.contains("more than any device holds") && !last.contains("on the device"), "{last}");
+    // A tenth of frag_oom's 3.5 GiB device: the third 150 MiB request is refused for want of the share.
+    let file = trace("pytorch/frag_oom-default.pickle.gz");
+    let rows = json_lines(&heapscope(&[
+        "replay",
+        file.to_str().unwrap(),
+        "--json",
+        "--policy",
+        "pytorch",
+        "--alloc-conf",
+        "per_process_memory_fraction:0.1",
+    ]));
+    let oom = &rows[0]["first_oom"];
+    assert_eq!(oom["verdict"], "exhaustion", "{oom}");
+    assert!(oom["unreserved_bytes"].as_u64() < Some(360 << 20), "counted against the share: {oom}");
+}
+
+/// A standard error that cannot be written (full, or closed by its reader) is no reason to panic: `convert`'s lines
+/// there panicked with exit status 101; the conversion is written and the command succeeds.
+#[test]
+fn a_full_standard_error_is_no_panic() {
+    let dir = temp_dir("full-stderr");
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else { return };
+    let source = trace("pytorch/frag_oom-default.pickle.gz");
+    let out = dir.join("x.hst");
+    let status = crate::common::binary()
+        .args(["convert", source.to_str().unwrap(), "--out", out.to_str().unwrap()])
+        .stderr(full)
+        .status()
+        .unwrap();
+    assert!(status.success(), "{status}");
+    assert!(out.exists());
+    std::fs::remove_dir_all(dir).ok();
 }
 
 /// Settings PyTorch reads as its defaults are the recorded run, not a what-if: one division rounds nothing.

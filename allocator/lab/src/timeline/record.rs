@@ -192,7 +192,8 @@ fn record_device_heap<H: DeviceHeap>(
 /// PyTorch's caching allocator: `compare`'s own replay ([`emulate_pytorch`]), written down as it runs by a
 /// [`PytorchRecorder`] following it.
 fn record_pytorch(recording: &Recording, conf: AllocConf, capacity_bytes: Option<u64>) -> Result<Timeline> {
-    let mut recorder = PytorchRecorder::new(recording, capacity_bytes);
+    // A refusal's bytes left are counted against what the allocator may reserve (its share of the device).
+    let mut recorder = PytorchRecorder::new(recording, conf.allowed_bytes(capacity_bytes));
     emulate_pytorch(recording, &conf, capacity_bytes, &mut recorder)?;
     let mut timeline = recorder.finish()?;
     timeline.rules = Some(Rules::Pytorch(conf));

@@ -100,7 +100,9 @@ impl CachingAllocator {
             }
             return (hint, virtual_bytes, true);
         }
-        (self.choose_base(None, EXPANDABLE_VIRTUAL_BYTES), EXPANDABLE_VIRTUAL_BYTES, false)
+        // A request larger than the usual reservation gets one its size (PyTorch's spans 9/8 of the device).
+        let virtual_bytes = EXPANDABLE_VIRTUAL_BYTES.max(size.div_ceil(page_bytes).saturating_mul(page_bytes));
+        (self.choose_base(None, virtual_bytes), virtual_bytes, false)
     }
 
     /// The virtual bytes a reservation at `hint` can have (the request's pages at least), and the expandable
@@ -115,7 +117,7 @@ impl CachingAllocator {
         {
             return None;
         }
-        let mut limit = EXPANDABLE_VIRTUAL_BYTES.min(ADDRESS_LIMIT - hint);
+        let mut limit = EXPANDABLE_VIRTUAL_BYTES.max(needed).min(ADDRESS_LIMIT - hint);
         if let Some((&next, _)) = self.segments.range(hint..).next() {
             limit = limit.min(next - hint);
         }
