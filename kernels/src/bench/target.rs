@@ -152,7 +152,11 @@ impl<H: DeviceHeap> Target for SimTarget<H> {
     type Handle = H::Handle;
 
     fn allocate(&mut self, size_bytes: u64) -> Result<H::Handle, TargetError> {
-        let request = Request::new(size_bytes, self.align_bytes)?;
+        let Ok(request) = Request::new(size_bytes, self.align_bytes) else {
+            // One that overflows once aligned fits no device: refused, as a replay refuses it (the devices' backends
+            // say such a request is past their largest buffer before the run).
+            return Err(TargetError::OutOfMemory(Box::new(self.heap.oversized_verdict(size_bytes, self.align_bytes))));
+        };
         Ok(self.heap.allocate_request(request)?)
     }
 

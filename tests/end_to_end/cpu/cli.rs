@@ -327,6 +327,11 @@ fn top_and_render_take_live_bytes_past_a_u64() {
         let advise = stdout(&heapscope_headless(&["advise", file], &dir));
         assert!(advise.contains("No setting serves every request") && !advise.contains("left on the device"), "{file}: {advise}");
     }
+    // The bench refuses a request that overflows once aligned as replay does (every contender failed, exit 1), and
+    // paged no longer serves what no device holds there either.
+    let bench = heapscope_headless(&["bench", "--workload", "replay", "past.csv", "--backend", "sim", "--json"], &dir);
+    assert!(bench.status.success(), "{}", stderr(&bench));
+    assert!(json_lines(&bench).iter().all(|row| row["ooms"] == 1), "{}", stdout(&bench));
     // PyTorch's emulation runs on the same largest device as the others: 1 EiB - 1 MiB beside 1 GiB is refused by all
     // (it reserved 1 EiB + 1 GiB while the heaps refused it).
     let near = (1u64 << 60) - (1 << 20);
