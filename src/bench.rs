@@ -171,13 +171,8 @@ impl BenchArgs {
         if self.heap.budget == Some(0) {
             bail!("--budget 0: nothing could be allocated");
         }
-        if let Some(budget) = self.heap.budget.filter(|&budget| budget < self.page_size) {
-            bail!(
-                "--budget {}: less than one page ({}, --page-size), which paged and PyTorch's expandable segments \
-                 map at the least: nothing could be allocated",
-                heapscope_core::units::exact_size(budget),
-                heapscope_core::units::exact_size(self.page_size)
-            );
+        if let Some(budget) = self.heap.budget {
+            budget_holds_a_page(budget, self.page_size, true)?;
         }
         if self.plain_wgpu && self.backend != Some(BackendName::Wgpu) {
             bail!("--plain-wgpu is a knob of --backend wgpu");
@@ -233,16 +228,11 @@ impl BenchArgs {
     /// four times the workload's peak of live bytes, at least 1 GiB: a recording's replay has no budget, and its
     /// range was 1 GiB whatever it held (frag_oom's 2.95 GiB ran out of it, even simulated).
     fn settings(&self, budget: Option<u64>, chosen: &Chosen) -> Result<BenchSettings> {
-        // The check of an explicit --budget (`check`), for the workload's own.
+        // An explicit --budget is checked with the flags (`check`); the workload's own, known only now, here.
         if self.heap.budget.is_none()
-            && let Some(budget) = budget.filter(|&budget| budget < self.page_size)
+            && let Some(budget) = budget
         {
-            bail!(
-                "--page-size {}: larger than the workload's default budget ({}), and paged and PyTorch's expandable \
-                 segments map one page at the least: nothing could be allocated (give a --budget of at least one page)",
-                heapscope_core::units::exact_size(self.page_size),
-                heapscope_core::units::exact_size(budget)
-            );
+            budget_holds_a_page(budget, self.page_size, false)?;
         }
         let mut settings = BenchSettings::new(budget);
         settings.heap = self.heap.heap_config(PolicyKind::Tlsf);
@@ -529,6 +519,25 @@ impl Device {
         };
         (self.validation(), messages)
     }
+}
+
+/// Refuses a budget below one page of `page_bytes`, which paged and PyTorch's expandable segments map at the least:
+/// nothing could be allocated. `given`: the budget is `--budget`'s, else the workload's default.
+fn budget_holds_a_page(budget_bytes: u64, page_bytes: u64, given: bool) -> Result<()> {
+    if budget_bytes >= page_bytes {
+        return Ok(());
+    }
+    let (budget, page) = (heapscope_core::units::exact_size(budget_bytes), heapscope_core::units::exact_size(page_bytes));
+    if given {
+        bail!(
+            "--budget {budget}: less than one page ({page}, --page-size), which paged and PyTorch's expandable segments \
+             map at the least: nothing could be allocated"
+        );
+    }
+    bail!(
+        "--page-size {page}: larger than the workload's default budget ({budget}), and paged and PyTorch's expandable \
+         segments map one page at the least: nothing could be allocated (give a --budget of at least one page)"
+    );
 }
 
 /// Plays `workload` on the target made for a contender on `device` (`the device`, `wgpu`), or fails naming where (the

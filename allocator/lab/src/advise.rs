@@ -44,10 +44,6 @@ use heapscope_pytorch::{AllocConf, Emulator, LARGE_BUFFER_BYTES, MemoryStats, Sn
 /// The capacity searches' grid: capacities are multiples of CUDA's 2 MiB granularity.
 pub const CAPACITY_STEP_BYTES: u64 = CUDA_PAGE_BYTES;
 
-/// A device with no practical limit (a recorded `oom` entry is then tried with all this room, not the driver's
-/// free bytes it recorded).
-const UNLIMITED_BYTES: u64 = LARGEST_DEVICE_BYTES;
-
 /// The name of the paging allocator's row.
 pub const PAGED: &str = "paged";
 
@@ -575,7 +571,9 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
         advice.as_recorded = conf == recorded;
         return Ok(advice);
     }
-    let device = capacity_bytes.unwrap_or(UNLIMITED_BYTES);
+    // Without a capacity, the largest device heapscope models: a recorded `oom` entry is then tried with all that room,
+    // not the driver's free bytes it recorded.
+    let device = capacity_bytes.unwrap_or(LARGEST_DEVICE_BYTES);
     // The run without a limit bounds the search, and a snapshot's probes resume from copies of it (see `Checkpoints`):
     // with no capacity it is the row's own run, which keeps the copies; else a lean run that keeps them; else (a
     // plain trace) one more run.
@@ -594,7 +592,7 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
                     (Some(checkpoints), Unlimited::of_stats(&end))
                 }
                 (None, None) if capacity_bytes.is_none() => (None, Unlimited::of(&run.0)),
-                (None, None) => (None, Unlimited::of(&pytorch_run(recording, setting, conf, UNLIMITED_BYTES, None)?.0.0)),
+                (None, None) => (None, Unlimited::of(&pytorch_run(recording, setting, conf, LARGEST_DEVICE_BYTES, None)?.0.0)),
             };
             (setting.clone(), conf == recorded, run, checkpoints, unlimited)
         }
@@ -602,7 +600,7 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
             let run = paged_run(recording, device)?;
             let unlimited = match capacity_bytes {
                 None => Unlimited::of(&run.0),
-                Some(_) => Unlimited::of(&paged_run(recording, UNLIMITED_BYTES)?.0),
+                Some(_) => Unlimited::of(&paged_run(recording, LARGEST_DEVICE_BYTES)?.0),
             };
             (PAGED.to_owned(), false, run, None, unlimited)
         }
@@ -691,7 +689,7 @@ fn min_capacity(
     if !ceiling_fits {
         while !fits(high * grain)? {
             high *= 2;
-            if high * grain >= UNLIMITED_BYTES {
+            if high * grain >= LARGEST_DEVICE_BYTES {
                 return Ok(None);
             }
         }
@@ -797,7 +795,7 @@ impl<'s> Checkpoints<'s> {
     /// The run of `conf` on `recording` (whose snapshot is `snapshot`) without a limit, copied along the way, and
     /// PyTorch's counters at its end.
     fn of(recording: &Recording, snapshot: &'s Snapshot, conf: &AllocConf) -> Result<(Self, MemoryStats)> {
-        let mut emulator = Emulator::new(snapshot, recording.device, conf, Some(UNLIMITED_BYTES))
+        let mut emulator = Emulator::new(snapshot, recording.device, conf, Some(LARGEST_DEVICE_BYTES))
             .map_err(|error| emulation_error(recording, &error))?
             .lean();
         let every = Self::every(recording, snapshot);
@@ -857,7 +855,7 @@ fn pytorch_run<'r>(
 /// The paging allocator's run (CUDA's 2 MiB pages, pages unmapped under pressure only, as PyTorch's expandable
 /// segments keep theirs) on a device of `capacity_bytes`.
 fn paged_run(recording: &Recording, capacity_bytes: u64) -> Result<(Figures, f64)> {
-    let capacity = (capacity_bytes < UNLIMITED_BYTES).then_some(capacity_bytes);
+    let capacity = (capacity_bytes < LARGEST_DEVICE_BYTES).then_some(capacity_bytes);
     let mut heap = PagedHeap::new(PagedConfig {
         page_bytes: CUDA_PAGE_BYTES,
         unmap: UnmapRule::UnderPressure,
@@ -1105,7 +1103,8 @@ mod tests {
                     conf.parse_overrides(setting).unwrap();
                     // The copies two ways: a lean run of their own, and kept by the row's own run through the driver.
                     let every = Checkpoints::every(&recording, snapshot);
-                    let ((unlimited, _), copies) = pytorch_run(&recording, setting, &conf, UNLIMITED_BYTES, Some(every)).unwrap();
+                    let ((unlimited, _), copies) =
+                        pytorch_run(&recording, setting, &conf, LARGEST_DEVICE_BYTES, Some(every)).unwrap();
                     let stats = unlimited.memory_stats.as_ref().unwrap();
                     let low = u64::try_from(stats.allocated_bytes.all().peak).unwrap() / 2;
                     let high = unlimited.peak_reserved_bytes + CAPACITY_STEP_BYTES;
