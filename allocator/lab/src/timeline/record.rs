@@ -745,4 +745,49 @@ mod same_stream {
         let timeline = record(&recording, Contender::Heap(heapscope_core::PolicyKind::Tlsf), &config).unwrap();
         assert!(timeline.start_sample().live_bytes < recording.start_bytes(), "only what fitted");
     }
+
+    /// Issue 14: a recording with expandable segments from a device above 114 GiB, where PyTorch reserves more than the
+    /// 128 GiB the emulation takes: 130 GiB mapped, then 30 GiB more at its end. The emulation grows the reservation
+    /// (twice its size, as nothing lies above), and the timeline shows one region, resized before the run shows.
+    #[test]
+    fn issue_14_a_reservation_mapped_past_128_gib_is_one_region() {
+        use heapscope_pytorch::{Action, Block, BlockState, Pool, RecordedSettings, Segment, Snapshot, StackId, TraceEntry};
+        const GIB: u64 = 1 << 30;
+        const A: u64 = 0x3_0200_0000;
+        let entry = |action, addr, size| TraceEntry::new(action, addr, size);
+        let trace = vec![
+            entry(Action::SegmentMap, A, 130 * GIB),
+            entry(Action::Alloc, A, 130 * GIB),
+            entry(Action::SegmentMap, A + 130 * GIB, 30 * GIB),
+            entry(Action::Alloc, A + 130 * GIB, 30 * GIB),
+        ];
+        let block = |address, size| Block {
+            address,
+            size,
+            requested_size: size,
+            state: BlockState::ActiveAllocated,
+            frames: StackId::NONE,
+        };
+        let blocks = vec![block(A, 130 * GIB), block(A + 130 * GIB, 30 * GIB)];
+        let segment = Segment { is_expandable: true, ..Segment::from_blocks(0, A, 160 * GIB, Pool::Large, blocks) };
+        let snapshot = Snapshot {
+            categories: Vec::new(),
+            pool_ids: Vec::new(),
+            unknown_actions: Vec::new(),
+            segments: vec![segment],
+            device_traces: vec![trace],
+            settings: Some(RecordedSettings { expandable_segments: true, ..RecordedSettings::default() }),
+            frame_stacks: vec![Vec::new()],
+        };
+        let recording = Recording::from_snapshot("b200", snapshot, 0).unwrap();
+        let timeline = record(&recording, Contender::Pytorch { expandable: false }, &CompareConfig::default()).unwrap();
+        let end = timeline.layout_at(timeline.steps());
+        let regions: Vec<(u64, u64, RegionKind)> =
+            end.regions().map(|region| (region.address, region.size_bytes, region.kind)).collect();
+        assert_eq!(regions, [(A, 260 * GIB, RegionKind::Virtual)]);
+        let changes: Vec<&Change> = (0..timeline.steps()).flat_map(|step| timeline.changes(step)).collect();
+        let added = changes.iter().filter(|change| matches!(change, Change::RegionAdded { .. })).count();
+        assert_eq!(added, 1, "{changes:?}");
+        assert!(changes.contains(&&Change::RegionResized { address: A, size_bytes: 260 * GIB }), "{changes:?}");
+    }
 }

@@ -22,7 +22,8 @@ impl RegionTracker {
     ///
     /// A range shown already whose size changed (PyTorch cut an expandable segment's reservation where it reserved
     /// the next one, closer than the default 128 GiB: issue 14) is resized first, so a range reserved next to it is
-    /// a region of its own. A range shown already that is gone from `virtual_ranges` (PyTorch released an
+    /// a region of its own; one that a page run is mapped past (PyTorch reserves 9/8 of the device, more than the
+    /// 128 GiB taken on a device above 114 GiB) grows before the run shows. A range shown already that is gone from `virtual_ranges` (PyTorch released an
     /// expandable segment's reservation once all of it was unmapped) is removed after its last pages were unmapped
     /// and before anything else is reserved or mapped: the driver may put the next reservation there.
     pub fn changes(&mut self, events: &[DeviceEvent], virtual_ranges: &[(u64, u64)], changes: &mut Vec<Change>) {
@@ -52,8 +53,21 @@ impl RegionTracker {
                     if !self.known_virtual.iter().any(inside)
                         && let Some(&range) = virtual_ranges.iter().find(|range| inside(range))
                     {
-                        self.known_virtual.push(range);
-                        changes.push(Change::RegionAdded { address: range.0, size_bytes: range.1, kind: RegionKind::Virtual });
+                        match self.known_virtual.iter_mut().find(|known| known.0 == range.0) {
+                            // A range shown already, grown to take this run: the reservation was larger than taken.
+                            Some(known) => {
+                                known.1 = range.1;
+                                changes.push(Change::RegionResized { address: range.0, size_bytes: range.1 });
+                            }
+                            None => {
+                                self.known_virtual.push(range);
+                                changes.push(Change::RegionAdded {
+                                    address: range.0,
+                                    size_bytes: range.1,
+                                    kind: RegionKind::Virtual,
+                                });
+                            }
+                        }
                     }
                     changes.push(Change::PagesMapped { address, size_bytes });
                 }
@@ -183,6 +197,32 @@ mod tests {
                 layout.apply(&Change::PagesUnmapped { address, size_bytes: 2 << 20 }).unwrap();
             }
         });
+    }
+
+    /// A range shown already that a run is mapped past (PyTorch's reservation of 9/8 of a 180 GiB device, larger than
+    /// the 128 GiB taken: the allocator grows it) grows before the run shows, rather than showing a second region over it.
+    #[test]
+    fn a_range_mapped_past_its_end_grows_first() {
+        const GIB: u64 = 1 << 30;
+        let steps: Vec<PlayStep> = vec![
+            (
+                vec![DeviceEvent::Mapped { address: 0, size_bytes: 128 * GIB }],
+                vec![(0, 128 * GIB)],
+                vec![
+                    Change::RegionAdded { address: 0, size_bytes: 128 * GIB, kind: RegionKind::Virtual },
+                    Change::PagesMapped { address: 0, size_bytes: 128 * GIB },
+                ],
+            ),
+            (
+                vec![DeviceEvent::Mapped { address: 128 * GIB, size_bytes: 30 * GIB }],
+                vec![(0, 256 * GIB)],
+                vec![
+                    Change::RegionResized { address: 0, size_bytes: 256 * GIB },
+                    Change::PagesMapped { address: 128 * GIB, size_bytes: 30 * GIB },
+                ],
+            ),
+        ];
+        play(steps, |_, _| {});
     }
 
     /// A range that leaves the heap's ranges without a `Released` event (PyTorch drops an expandable segment's

@@ -9,7 +9,8 @@
 //! segment sits at its base. Its size (9/8 of the device's memory) is not in the trace; a segment is taken
 //! to span [`EXPANDABLE_VIRTUAL_BYTES`] or up to the next reservation, whichever ends first, and is cut
 //! when a later reservation turns out to start inside its unmapped tail (an 80 GB device reserves 89 GiB per
-//! segment). A segment reserved without a hint (by a recorded `oom`) gets a synthetic base and moves to the
+//! segment), or grown when the trace places a request of its stream and pool where its free run at the end begins
+//! but the run is too short (a 180 GiB device reserves 202 GiB). A segment reserved without a hint (by a recorded `oom`) gets a synthetic base and moves to the
 //! first hint that lands in it while nothing is mapped there.
 
 use super::{
@@ -65,6 +66,11 @@ impl CachingAllocator {
                 return c;
             }
         }
+        if let Some(hint) = base_hint
+            && let Some(c) = self.grow_to_hint(pool, stream, size, hint)
+        {
+            return c;
+        }
         let page_bytes = if pool.1 == Pool::Small { SMALL_BUFFER_BYTES } else { LARGE_BUFFER_BYTES };
         let (base, virtual_bytes, from_trace) = self.place_expandable(base_hint, size, page_bytes, None);
         self.expandable.push(Some(ExpandableSegment { base, size: virtual_bytes, page_bytes, from_trace, owner: pool.0 }));
@@ -72,6 +78,79 @@ impl CachingAllocator {
         let id = self.new_node(Node::free(base, virtual_bytes, stream, pool, false, Some(index)));
         self.insert_unmapped(id);
         id
+    }
+
+    /// The free run at the end of a segment of `stream` and `pool` whose base is the driver's, grown to hold `size` bytes,
+    /// when the trace places the request at `hint`, where that run begins (or where the segment ends, every page
+    /// mapped): the reservation is larger than taken (PyTorch reserves 9/8 of the device, 202 GiB on a 180 GiB one,
+    /// beyond [`EXPANDABLE_VIRTUAL_BYTES`]). A new reservation of the same stream and pool never begins there: the one
+    /// below would have had every page mapped, more than the device holds. The segment at least doubles (as far as
+    /// the next segment above), so that a run of requests each just past its end grows it a few times only. `None`
+    /// when no such run begins at `hint`, or another segment lies where it would grow.
+    fn grow_to_hint(&mut self, (owner, pool): (usize, Pool), stream: u64, size: u64, hint: u64) -> Option<BlockId> {
+        let index = self.expandable.iter().position(|segment| {
+            segment.as_ref().is_some_and(|s| s.from_trace && s.owner == owner && s.base < hint && hint <= s.base + s.size)
+        })?;
+        let segment = self.expandable[index].clone()?;
+        let end = segment.base + segment.size;
+        // The segment's last block: its unmapped tail, else (every page mapped) the block ending at its end.
+        let tail = self.unmapped_tail(index);
+        let last = match tail {
+            Some(tail) => tail,
+            None => self.node_ending_at(index, end)?,
+        };
+        let node = self.node(last);
+        if node.stream != stream || node.pool != pool {
+            return None;
+        }
+        // The run the request takes: a free mapped block at `hint` just before the unmapped tail (or ending the
+        // segment), or the unmapped tail itself, there already or added.
+        let free_before = match tail {
+            Some(_) => node.prev,
+            None => Some(last),
+        }
+        .filter(|&block| !self.node(block).active && self.node(block).addr == hint);
+        let tail_at_hint = tail.map_or(end, |tail| self.node(tail).addr) == hint;
+        if free_before.is_none() && !tail_at_hint {
+            return None;
+        }
+        let page_bytes = segment.page_bytes;
+        let needed = hint.checked_add(size)?.checked_sub(segment.base)?.div_ceil(page_bytes).checked_mul(page_bytes)?;
+        let needed_end =
+            segment.base.checked_add(needed).filter(|&needed_end| needed_end > end && needed_end <= ADDRESS_LIMIT)?;
+        // As far as the next segment above, up to twice the size.
+        let ordinary_above = self.segments.range(end..).next().map(|(&base, _)| base);
+        let expandable_above = self.expandable.iter().flatten().map(|s| s.base).filter(|&base| base >= end).min();
+        let room_end = [ordinary_above, expandable_above].into_iter().flatten().fold(ADDRESS_LIMIT, u64::min);
+        let new_end = segment.base.saturating_add(segment.size.saturating_mul(2)).min(room_end).max(needed_end);
+        if self.overlaps(end, new_end - end) {
+            return None;
+        }
+        let grown = new_end - end;
+        let tail = match tail {
+            Some(tail) => {
+                self.remove_unmapped(tail);
+                self.node_mut(tail).size += grown;
+                self.insert_unmapped(tail);
+                tail
+            }
+            None => {
+                let id = self.new_node(Node::free(end, grown, stream, (owner, pool), false, Some(index)));
+                self.node_mut(id).prev = Some(last);
+                self.node_mut(last).next = Some(id);
+                self.insert_unmapped(id);
+                id
+            }
+        };
+        if let Some(Some(segment)) = self.expandable.get_mut(index) {
+            segment.size = new_end - segment.base;
+        }
+        Some(free_before.unwrap_or(tail))
+    }
+
+    /// The block of expandable segment `index` that ends at `end` (a scan of every block: only where a segment grows).
+    fn node_ending_at(&self, index: usize, end: u64) -> Option<BlockId> {
+        self.nodes.iter().position(|node| node.as_ref().is_some_and(|n| n.expandable == Some(index) && n.addr + n.size == end))
     }
 
     /// Where a new expandable segment's reservation goes and how large it is, for a request of `size` bytes

@@ -83,7 +83,7 @@ pub(super) fn rebuild_start_state(
                 return Err(overlap(device, Origin::Segment(i), s.address, other));
             }
             mapped_origin.insert(s.address, Origin::Segment(i));
-            groups.list[gi].mapped.insert(s.address, s.address + s.total_size);
+            groups.list[gi].show_mapped(s.address, s.address + s.total_size);
         } else {
             if let Some(&(_, _, _, other)) = segments.get(&s.address) {
                 return Err(overlap(device, Origin::Segment(i), s.address, other));

@@ -78,7 +78,8 @@ pub const LARGE_BUFFER_BYTES: u64 = 20 << 20;
 /// Virtual bytes reserved per expandable segment, at most. PyTorch reserves 9/8 of the device's memory
 /// (157 GiB on an H200, 89 GiB on an 80 GB H100); the trace does not say how much, but it shows where the
 /// driver put the next reservation: a segment whose base comes from the trace ends by the next reservation
-/// above it (`expandable.rs`), so a device with less memory than that gets segments as close as its own.
+/// above it (`expandable.rs`), so a device with less memory than that gets segments as close as its own, and one
+/// the trace maps past (a device above 114 GiB) grows.
 pub const EXPANDABLE_VIRTUAL_BYTES: u64 = 128 << 30;
 
 /// Requests above this (1 EiB, the largest device heapscope models) fit no device: refused as out of memory, so

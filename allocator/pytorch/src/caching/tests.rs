@@ -1511,3 +1511,74 @@ fn a_private_reservation_between_two_of_the_default_pool_keeps_them_apart() {
     let (_, full) = exact_with_a_graph_from_every_cut(trace);
     assert_eq!(full.fidelity.recorded, 6);
 }
+
+/// A recording as PyTorch would make it with `expandable_segments:True` on a 180 GiB device (B200-class: reservations
+/// of 202.5 GiB, 9/8 of the device, beyond the 128 GiB taken): the large pool's reservation maps 130 GiB, then 30
+/// GiB more at its end, serves one 150 GiB block across the 128 GiB mark from the pages mapped, and then the small
+/// pool's reservation begins 202.5 GiB above it. From an empty allocator and from every cut (the start state rebuilt
+/// from the final segments and the trace), every segment event and every placement is the recorded one.
+#[test]
+fn issue_14_reservations_beyond_128_gib_replay_exactly() {
+    const R: u64 = 180 * GIB + 180 * GIB / 8;
+    const A: u64 = 0x3_0200_0000;
+    const S: u64 = A + R;
+    let pair = |addr: u64, size: u64| [entry(Action::FreeRequested, addr, size), entry(Action::FreeCompleted, addr, size)];
+    let trace: Vec<TraceEntry> = [
+        vec![entry(Action::SegmentMap, A, 130 * GIB), entry(Action::Alloc, A, 130 * GIB)],
+        // Every page mapped: the request lands at the end, in the same reservation.
+        vec![entry(Action::SegmentMap, A + 130 * GIB, 30 * GIB), entry(Action::Alloc, A + 130 * GIB, 30 * GIB)],
+        pair(A, 130 * GIB).to_vec(),
+        vec![entry(Action::Alloc, A, 50 * GIB), entry(Action::Alloc, A + 50 * GIB, 30 * GIB)],
+        pair(A, 50 * GIB).to_vec(),
+        pair(A + 50 * GIB, 30 * GIB).to_vec(),
+        pair(A + 130 * GIB, 30 * GIB).to_vec(),
+        // 150 GiB of the 160 GiB mapped, across the 128 GiB mark: no page mapped.
+        vec![entry(Action::Alloc, A, 150 * GIB)],
+        vec![entry(Action::SegmentMap, S, 2 * MIB), entry(Action::Alloc, S, 1000)],
+        // The free 10 GiB at the end and 20 GiB more mapped after it.
+        vec![entry(Action::SegmentMap, A + 160 * GIB, 20 * GIB), entry(Action::Alloc, A + 150 * GIB, 30 * GIB)],
+    ]
+    .concat();
+    let block = |address: u64, size: u64, requested: u64| Block {
+        address,
+        size,
+        requested_size: requested,
+        state: if requested == 0 { BlockState::Inactive } else { BlockState::ActiveAllocated },
+        frames: StackId::NONE,
+    };
+    let segment = |pool: Pool, blocks: Vec<Block>| {
+        let (address, total_size) = (blocks[0].address, blocks.iter().map(|b| b.size).sum());
+        Segment { is_expandable: true, ..Segment::from_blocks(0, address, total_size, pool, blocks) }
+    };
+    let final_segments = vec![
+        segment(Pool::Large, vec![block(A, 150 * GIB, 150 * GIB), block(A + 150 * GIB, 30 * GIB, 30 * GIB)]),
+        segment(Pool::Small, vec![block(S, 1024, 1000), block(S + 1024, 2 * MIB - 1024, 0)]),
+    ];
+    let snap = Snapshot {
+        categories: Vec::new(),
+        pool_ids: Vec::new(),
+        unknown_actions: Vec::new(),
+        segments: final_segments.clone(),
+        device_traces: vec![trace.clone()],
+        settings: Some(RecordedSettings { expandable_segments: true, ..RecordedSettings::default() }),
+        frame_stacks: vec![Vec::new()],
+    };
+    let conf = AllocConf::from_recorded(snap.settings.as_ref().unwrap());
+    for cut in 0..trace.len() {
+        let mut cut_snap = snap.clone();
+        cut_snap.device_traces[0].drain(..cut);
+        for capacity in [None, Some(181 * GIB)] {
+            let em = emulate(&cut_snap, 0, &conf, capacity).unwrap();
+            assert!(em.fidelity.is_exact(), "cut at {cut}, {capacity:?}: {:?}", em.fidelity);
+            let rest = &cut_snap.device_traces[0];
+            for (index, e) in rest.iter().enumerate().filter(|(_, e)| e.action == Action::Alloc) {
+                assert_eq!(em.placements[index], Some(e.addr), "cut at {cut}: entry {index}");
+            }
+            let recorded: Vec<(Action, u64, u64)> =
+                emulate::recorded_segment_events(rest).iter().map(|e| (e.action, e.addr, e.size_bytes)).collect();
+            let emulated: Vec<(Action, u64, u64)> = em.segment_events.iter().map(|e| (e.action, e.addr, e.size_bytes)).collect();
+            assert_eq!(emulated, recorded, "cut at {cut}");
+            assert_eq!(em.final_segments, final_segments, "cut at {cut}");
+        }
+    }
+}

@@ -6,7 +6,8 @@
 //! entries. A memory pool is the allocator's index of it (0 for its own; a final segment's `segment_pool_id`, a trace
 //! entry's `pool_id`).
 //!
-//! Reservations lie [`EXPANDABLE_VIRTUAL_BYTES`] apart at most as this emulation allows for each, but on a GPU of less
+//! Reservations lie [`EXPANDABLE_VIRTUAL_BYTES`] apart at most as this emulation allows for each (or as far as the final
+//! segments show one mapped, on a GPU above 114 GiB: [`Group::reach`]), but on a GPU of less
 //! memory than that (PyTorch reserves about 1.125 times the device's memory) a reservation of one pool or stream lies
 //! in reach of another's: so a page run belongs only to a reservation of its own stream and pool, and the pool of a
 //! run comes from the allocations the trace places in it (the small pool's are of at most 1 MiB), else from its
@@ -26,11 +27,25 @@ pub(super) struct Group {
     pub(super) base: u64,
     /// Mapped ranges: start -> end.
     pub(super) mapped: BTreeMap<u64, u64>,
+    /// The end of the highest range the final segments show mapped (0 for none): the reservation reaches that far.
+    shown_end: u64,
 }
 
 impl Group {
     pub(super) fn new(stream: u64, pool: (usize, Pool), base: u64) -> Self {
-        Group { stream, pool, base, mapped: BTreeMap::new() }
+        Group { stream, pool, base, mapped: BTreeMap::new(), shown_end: 0 }
+    }
+
+    /// Adds `[start, end)`, a range a final segment shows mapped.
+    pub(super) fn show_mapped(&mut self, start: u64, end: u64) {
+        self.mapped.insert(start, end);
+        self.shown_end = self.shown_end.max(end);
+    }
+
+    /// How far above its base the reservation reaches at least: [`EXPANDABLE_VIRTUAL_BYTES`], or as far as the final
+    /// segments show pages mapped in it (PyTorch reserves 9/8 of the device, more than that on a device above 114 GiB).
+    fn reach(&self) -> u64 {
+        EXPANDABLE_VIRTUAL_BYTES.max(self.shown_end.saturating_sub(self.base))
     }
 }
 
@@ -93,7 +108,7 @@ impl Groups {
     }
 
     /// The group of `stream` and memory pool `owner`'s `pool` (either pool for `None`) whose address space holds
-    /// `addr`: the highest base at or below it, if `addr` is within [`EXPANDABLE_VIRTUAL_BYTES`] of it and no group of
+    /// `addr`: the highest base at or below it, if `addr` is in its reach ([`Group::reach`]) and no group of
     /// another memory pool begins between.
     pub(super) fn holding(&self, stream: u64, owner: usize, pool: Option<Pool>, addr: u64) -> Option<usize> {
         let pools: &[Pool] = match &pool {
@@ -104,8 +119,8 @@ impl Groups {
             .iter()
             .map(|&pool| (owner, pool))
             .filter_map(|pool| self.by_base.range((stream, pool, 0)..=(stream, pool, addr)).next_back())
-            .filter(|&(&(_, _, base), _)| {
-                addr - base < EXPANDABLE_VIRTUAL_BYTES && !self.other_owner_begins_between(stream, owner, base, addr)
+            .filter(|&(&(_, _, base), &index)| {
+                addr - base < self.list[index].reach() && !self.other_owner_begins_between(stream, owner, base, addr)
             })
             .max_by_key(|&(&(_, _, base), _)| base)
             .map(|(_, &index)| index)
