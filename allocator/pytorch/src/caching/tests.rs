@@ -1515,8 +1515,10 @@ fn a_private_reservation_between_two_of_the_default_pool_keeps_them_apart() {
 /// A recording as PyTorch would make it with `expandable_segments:True` on a 180 GiB device (B200-class: reservations
 /// of 202.5 GiB, 9/8 of the device, beyond the 128 GiB taken): the large pool's reservation maps 130 GiB, then 30
 /// GiB more at its end, serves one 150 GiB block across the 128 GiB mark from the pages mapped, and then the small
-/// pool's reservation begins 202.5 GiB above it. From an empty allocator and from every cut (the start state rebuilt
-/// from the final segments and the trace), every segment event and every placement is the recorded one.
+/// pool's reservation begins 202.5 GiB above it; and the same run ending with the large reservation emptied and
+/// unmapped (`empty_cache`), so that its start state at a cut comes from the trace's page runs alone. From an empty
+/// allocator and from every cut (the start state rebuilt from the final segments and the trace), every segment event
+/// and every placement is the recorded one.
 #[test]
 fn issue_14_reservations_beyond_128_gib_replay_exactly() {
     const R: u64 = 180 * GIB + 180 * GIB / 8;
@@ -1564,21 +1566,32 @@ fn issue_14_reservations_beyond_128_gib_replay_exactly() {
         frame_stacks: vec![Vec::new()],
     };
     let conf = AllocConf::from_recorded(snap.settings.as_ref().unwrap());
-    for cut in 0..trace.len() {
-        let mut cut_snap = snap.clone();
-        cut_snap.device_traces[0].drain(..cut);
-        for capacity in [None, Some(181 * GIB)] {
-            let em = emulate(&cut_snap, 0, &conf, capacity).unwrap();
-            assert!(em.fidelity.is_exact(), "cut at {cut}, {capacity:?}: {:?}", em.fidelity);
-            let rest = &cut_snap.device_traces[0];
-            for (index, e) in rest.iter().enumerate().filter(|(_, e)| e.action == Action::Alloc) {
-                assert_eq!(em.placements[index], Some(e.addr), "cut at {cut}: entry {index}");
+    // The same run with its large reservation emptied and every page unmapped at the end (`empty_cache`): the start
+    // state of a cut rebuilt from the trace's page maps alone.
+    let mut emptied = snap.clone();
+    emptied.device_traces[0].extend([pair(A, 150 * GIB), pair(A + 150 * GIB, 30 * GIB)].concat());
+    emptied.device_traces[0].push(entry(Action::SegmentUnmap, A, 180 * GIB));
+    emptied.segments.remove(0);
+    for snap in [snap, emptied] {
+        let final_segments = snap.segments.clone();
+        let trace = snap.device_traces[0].clone();
+        for cut in 0..trace.len() {
+            let mut cut_snap = snap.clone();
+            cut_snap.device_traces[0].drain(..cut);
+            for capacity in [None, Some(181 * GIB)] {
+                let em = emulate(&cut_snap, 0, &conf, capacity).unwrap();
+                assert!(em.fidelity.is_exact(), "cut at {cut}, {capacity:?}: {:?}", em.fidelity);
+                let rest = &cut_snap.device_traces[0];
+                for (index, e) in rest.iter().enumerate().filter(|(_, e)| e.action == Action::Alloc) {
+                    assert_eq!(em.placements[index], Some(e.addr), "cut at {cut}: entry {index}");
+                }
+                let recorded: Vec<(Action, u64, u64)> =
+                    emulate::recorded_segment_events(rest).iter().map(|e| (e.action, e.addr, e.size_bytes)).collect();
+                let emulated: Vec<(Action, u64, u64)> =
+                    em.segment_events.iter().map(|e| (e.action, e.addr, e.size_bytes)).collect();
+                assert_eq!(emulated, recorded, "cut at {cut}");
+                assert_eq!(em.final_segments, final_segments, "cut at {cut}");
             }
-            let recorded: Vec<(Action, u64, u64)> =
-                emulate::recorded_segment_events(rest).iter().map(|e| (e.action, e.addr, e.size_bytes)).collect();
-            let emulated: Vec<(Action, u64, u64)> = em.segment_events.iter().map(|e| (e.action, e.addr, e.size_bytes)).collect();
-            assert_eq!(emulated, recorded, "cut at {cut}");
-            assert_eq!(em.final_segments, final_segments, "cut at {cut}");
         }
     }
 }

@@ -27,25 +27,31 @@ pub(super) struct Group {
     pub(super) base: u64,
     /// Mapped ranges: start -> end.
     pub(super) mapped: BTreeMap<u64, u64>,
-    /// The end of the highest range the final segments show mapped (0 for none): the reservation reaches that far.
-    shown_end: u64,
+    /// The end of the highest range known to lie in it (0 for none): a range a final segment shows mapped, a page run
+    /// the trace maps or unmaps from inside it. The reservation reaches at least that far.
+    known_end: u64,
 }
 
 impl Group {
     pub(super) fn new(stream: u64, pool: (usize, Pool), base: u64) -> Self {
-        Group { stream, pool, base, mapped: BTreeMap::new(), shown_end: 0 }
+        Group { stream, pool, base, mapped: BTreeMap::new(), known_end: 0 }
     }
 
     /// Adds `[start, end)`, a range a final segment shows mapped.
     pub(super) fn show_mapped(&mut self, start: u64, end: u64) {
         self.mapped.insert(start, end);
-        self.shown_end = self.shown_end.max(end);
+        self.holds_up_to(end);
     }
 
-    /// How far above its base the reservation reaches at least: [`EXPANDABLE_VIRTUAL_BYTES`], or as far as the final
-    /// segments show pages mapped in it (PyTorch reserves 9/8 of the device, more than that on a device above 114 GiB).
+    /// Something ending at `end` lies in the reservation.
+    fn holds_up_to(&mut self, end: u64) {
+        self.known_end = self.known_end.max(end);
+    }
+
+    /// How far above its base the reservation reaches at least: [`EXPANDABLE_VIRTUAL_BYTES`], or as far as what is
+    /// known to lie in it (PyTorch reserves 9/8 of the device, more than that on a device above 114 GiB).
     fn reach(&self) -> u64 {
-        EXPANDABLE_VIRTUAL_BYTES.max(self.shown_end.saturating_sub(self.base))
+        EXPANDABLE_VIRTUAL_BYTES.max(self.known_end.saturating_sub(self.base))
     }
 }
 
@@ -151,28 +157,35 @@ impl Groups {
     /// no group of the other pool between); a new group just below a final one of the same stream and pool is that
     /// group, which then begins lower. `owner` is the memory pool of entry `k`.
     pub(super) fn add_seen_only_in_trace(&mut self, trace: &[TraceEntry], pools: &RunPools, owner: impl Fn(usize) -> usize) {
-        let mut unseen: Vec<(u64, usize, u64, Option<Pool>)> = trace
+        let mut runs: Vec<(u64, usize, u64, u64, Option<Pool>)> = trace
             .iter()
             .enumerate()
             .filter(|(_, e)| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
-            .map(|(k, e)| (e.stream, owner(k), e.addr, pools.of(e.addr)))
-            .filter(|&(stream, owner, addr, pool)| self.holding(stream, owner, pool, addr).is_none())
+            .map(|(k, e)| (e.stream, owner(k), e.addr, e.addr.saturating_add(e.size), pools.of(e.addr)))
             .collect();
-        if unseen.is_empty() {
+        if runs.is_empty() {
             return;
         }
-        unseen.sort_unstable_by_key(|&(stream, owner, addr, _)| (stream, owner, addr));
+        // By address, so that a run a final group holds widens its reach before the runs above it are asked.
+        runs.sort_unstable_by_key(|&(stream, owner, addr, ..)| (stream, owner, addr));
+        let mut unseen = Vec::new();
+        for (stream, owner, addr, end, pool) in runs {
+            match self.holding(stream, owner, pool, addr) {
+                Some(index) => self.list[index].holds_up_to(end),
+                None => unseen.push((stream, owner, addr, end, pool)),
+            }
+        }
         let finals = self.list.len();
         // The group each pool of the current stream and memory pool has open: ((stream, owner), [large, small]).
         let mut open: (Option<(u64, usize)>, [Option<usize>; 2]) = (None, [None, None]);
-        for (stream, owner, addr, pool) in unseen {
+        for (stream, owner, addr, end, pool) in unseen {
             if open.0 != Some((stream, owner)) {
                 open = (Some((stream, owner)), [None, None]);
             }
             let joinable = |pool: Pool| {
                 open.1[usize::from(pool == Pool::Small)].filter(|&index| {
                     let base = self.list[index].base;
-                    addr - base < EXPANDABLE_VIRTUAL_BYTES
+                    addr - base < self.list[index].reach()
                         && !self.other_pool_begins_between(stream, (owner, pool), base, addr)
                         && !self.other_owner_begins_between(stream, owner, base, addr)
                 })
@@ -181,10 +194,16 @@ impl Groups {
                 Some(pool) => joinable(pool),
                 None => [joinable(Pool::Large), joinable(Pool::Small)].into_iter().flatten().max_by_key(|&i| self.list[i].base),
             };
-            if joined.is_none() {
-                let pool = pool.unwrap_or(Pool::Large);
-                open.1[usize::from(pool == Pool::Small)] = Some(self.insert(Group::new(stream, (owner, pool), addr)));
-            }
+            let index = match joined {
+                Some(index) => index,
+                None => {
+                    let pool = pool.unwrap_or(Pool::Large);
+                    let index = self.insert(Group::new(stream, (owner, pool), addr));
+                    open.1[usize::from(pool == Pool::Small)] = Some(index);
+                    index
+                }
+            };
+            self.list[index].holds_up_to(end);
         }
         for final_group in 0..finals {
             let Group { stream, pool, base, .. } = self.list[final_group];
@@ -192,10 +211,12 @@ impl Groups {
                 self.by_base.range((stream, pool, 0)..(stream, pool, base)).next_back().map(|(&key, &index)| (key, index));
             if let Some(((_, _, new_base), new)) = below
                 && new >= finals
-                && base - new_base < EXPANDABLE_VIRTUAL_BYTES
+                && base - new_base < self.list[new].reach()
             {
                 self.unindex(stream, pool, new_base);
                 self.set_base(final_group, new_base);
+                let known_end = self.list[new].known_end;
+                self.list[final_group].holds_up_to(known_end);
             }
         }
     }
