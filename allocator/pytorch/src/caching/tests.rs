@@ -719,6 +719,23 @@ fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
     TraceEntry::new(action, addr, size)
 }
 
+/// A block of a final segment: allocated for `requested` bytes, or inactive for none.
+fn final_block(address: u64, size: u64, requested: u64) -> Block {
+    Block {
+        address,
+        size,
+        requested_size: requested,
+        state: if requested == 0 { BlockState::Inactive } else { BlockState::ActiveAllocated },
+        frames: StackId::NONE,
+    }
+}
+
+/// A final expandable segment of `stream` and `pool`: its `blocks`, side by side.
+fn expandable_segment(stream: u64, pool: Pool, blocks: Vec<Block>) -> Segment {
+    let (address, total_size) = (blocks[0].address, blocks.iter().map(|b| b.size).sum());
+    Segment { stream, is_expandable: true, ..Segment::from_blocks(0, address, total_size, pool, blocks) }
+}
+
 /// A free of an allocation the recording never made, in no segment it shows (no final segment, no segment event):
 /// PyTorch could not have held it, so the emulation leaves it out and its fidelity says so; one inside a segment
 /// freed later is held.
@@ -983,17 +1000,7 @@ fn issue_14_expandable_recording_from_empty_with_oom_replays_exactly() {
         entry(Action::SegmentUnmap, A + 100 * MIB, 60 * MIB),  // the last oom's release
         oom(0, 10 * GIB, 61 * MIB),                            // 18
     ];
-    let block = |address: u64, size: u64, requested: u64| Block {
-        address,
-        size,
-        requested_size: requested,
-        state: if requested == 0 { BlockState::Inactive } else { BlockState::ActiveAllocated },
-        frames: StackId::NONE,
-    };
-    let segment = |stream: u64, pool: Pool, blocks: Vec<Block>| {
-        let (address, total_size) = (blocks[0].address, blocks.iter().map(|b| b.size).sum());
-        Segment { stream, is_expandable: true, ..Segment::from_blocks(0, address, total_size, pool, blocks) }
-    };
+    let (block, segment) = (final_block, expandable_segment);
     let final_segments = vec![
         segment(
             0,
@@ -1541,30 +1548,13 @@ fn issue_14_reservations_beyond_128_gib_replay_exactly() {
         vec![entry(Action::SegmentMap, A + 160 * GIB, 20 * GIB), entry(Action::Alloc, A + 150 * GIB, 30 * GIB)],
     ]
     .concat();
-    let block = |address: u64, size: u64, requested: u64| Block {
-        address,
-        size,
-        requested_size: requested,
-        state: if requested == 0 { BlockState::Inactive } else { BlockState::ActiveAllocated },
-        frames: StackId::NONE,
-    };
-    let segment = |pool: Pool, blocks: Vec<Block>| {
-        let (address, total_size) = (blocks[0].address, blocks.iter().map(|b| b.size).sum());
-        Segment { is_expandable: true, ..Segment::from_blocks(0, address, total_size, pool, blocks) }
-    };
+    let (block, segment) = (final_block, expandable_segment);
     let final_segments = vec![
-        segment(Pool::Large, vec![block(A, 150 * GIB, 150 * GIB), block(A + 150 * GIB, 30 * GIB, 30 * GIB)]),
-        segment(Pool::Small, vec![block(S, 1024, 1000), block(S + 1024, 2 * MIB - 1024, 0)]),
+        segment(0, Pool::Large, vec![block(A, 150 * GIB, 150 * GIB), block(A + 150 * GIB, 30 * GIB, 30 * GIB)]),
+        segment(0, Pool::Small, vec![block(S, 1024, 1000), block(S + 1024, 2 * MIB - 1024, 0)]),
     ];
-    let snap = Snapshot {
-        categories: Vec::new(),
-        pool_ids: Vec::new(),
-        unknown_actions: Vec::new(),
-        segments: final_segments.clone(),
-        device_traces: vec![trace.clone()],
-        settings: Some(RecordedSettings { expandable_segments: true, ..RecordedSettings::default() }),
-        frame_stacks: vec![Vec::new()],
-    };
+    let settings = RecordedSettings { expandable_segments: true, ..RecordedSettings::default() };
+    let snap = Snapshot { segments: final_segments, device_traces: vec![trace], settings: Some(settings), ..Snapshot::default() };
     let conf = AllocConf::from_recorded(snap.settings.as_ref().unwrap());
     // The same run with its large reservation emptied and every page unmapped at the end (`empty_cache`): the start
     // state of a cut rebuilt from the trace's page maps alone.
