@@ -591,9 +591,10 @@ struct EmulationWriter<'a> {
     live: FastMap<u64, (u64, u64)>,
     /// Recorded addresses of refused requests, whose frees never happen in the emulated run.
     refused: heapscope_core::hash::FastSet<u64>,
-    /// The memory pool of each range reserved or mapped so far (start -> end and pool), for the release or unmap of
-    /// it, which `empty_cache()` or an out-of-memory retry may make under another pool's entry.
-    segment_pools: BTreeMap<u64, (u64, PoolId)>,
+    /// The memory pool and stream of each range reserved or mapped so far (start -> end, pool and stream), for the
+    /// release or unmap of it, which `empty_cache()` or an out-of-memory retry may make under another pool's or
+    /// stream's entry: PyTorch records it with the segment's stream (`block->stream`).
+    segment_pools: BTreeMap<u64, (u64, PoolId, u64)>,
     /// The written snapshot's memory pools ([`Snapshot::pool_ids`]): the recording's, and those only its segments name.
     pool_ids: Vec<(i64, i64)>,
     /// The written entries of actions heapscope does not know, with their names ([`Snapshot::unknown_actions`]).
@@ -601,8 +602,8 @@ struct EmulationWriter<'a> {
 }
 
 impl EmulationWriter<'_> {
-    /// Writes the held segment events, with `template`'s stream, time and frames; each in the memory pool of the
-    /// request that reserved or mapped it (`template`'s, for a new one).
+    /// Writes the held segment events, with `template`'s stream, time and frames; each in the memory pool and on the
+    /// stream of the request that reserved or mapped it (`template`'s, for a new one).
     fn flush(&mut self, template: Option<&TraceEntry>) {
         for event in std::mem::take(&mut self.held) {
             let (action, addr, size) = segment_entry(event);
@@ -611,11 +612,12 @@ impl EmulationWriter<'_> {
                 None => TraceEntry::new(action, addr, size),
             };
             if matches!(action, Action::SegmentAlloc | Action::SegmentMap) {
-                self.segment_pools.insert(addr, (addr.saturating_add(size), entry.pool_id));
-            } else if let Some((&start, &(end, pool_id))) = self.segment_pools.range(..=addr).next_back()
+                self.segment_pools.insert(addr, (addr.saturating_add(size), entry.pool_id, entry.stream));
+            } else if let Some((&start, &(end, pool_id, stream))) = self.segment_pools.range(..=addr).next_back()
                 && addr < end
             {
                 entry.pool_id = pool_id;
+                entry.stream = stream;
                 if action == Action::SegmentFree {
                     self.segment_pools.remove(&start);
                 }
@@ -747,12 +749,12 @@ impl SegmentBacking for EmulationWriter<'_> {
         // The segments so far: all there is of a state with no trace (no entry to replace them at the last one).
         self.segments = allocator.report();
         for index in 0..self.segments.len() {
-            let (address, total_size, pool_id) = {
+            let (address, total_size, pool_id, stream) = {
                 let segment = &self.segments[index];
-                (segment.address, segment.total_size, segment.segment_pool_id)
+                (segment.address, segment.total_size, segment.segment_pool_id, segment.stream)
             };
             let pool_id = self.pool_index(pool_id);
-            self.segment_pools.insert(address, (address.saturating_add(total_size), pool_id));
+            self.segment_pools.insert(address, (address.saturating_add(total_size), pool_id, stream));
         }
     }
 
@@ -1100,6 +1102,45 @@ mod tests {
         );
         let again = heapscope_pytorch::caching::emulate(&written, 0, &AllocConf::default(), None).unwrap();
         assert!(again.fidelity.is_exact(), "{:?}", again.fidelity);
+    }
+
+    /// Pages a request on another stream has unmapped (its out-of-memory retry frees the cache of every stream) are
+    /// written on the stream of their reservation, as PyTorch records them (`block->stream`), not the request's: the
+    /// snapshot written replays exactly again, its start state rebuilt from every cut (a reader that takes the unmap to
+    /// be the other stream's rebuilt the pages as mapped at the start).
+    #[test]
+    fn pages_unmapped_for_another_stream_keep_their_stream() {
+        let (a, b) = (0x7000_0000_0000_u64, 0x7100_0000_0000_u64);
+        // (action, address, bytes, stream)
+        let steps = [
+            (Action::SegmentMap, a, 40 * MIB, 0),
+            (Action::Alloc, a, 40 * MIB, 0),
+            (Action::FreeRequested, a, 40 * MIB, 0),
+            (Action::FreeCompleted, a, 40 * MIB, 0),
+            (Action::SegmentUnmap, a, 40 * MIB, 0),
+            (Action::SegmentMap, b, 60 * MIB, 7),
+            (Action::Alloc, b, 60 * MIB, 7),
+        ];
+        let trace =
+            steps.iter().map(|&(action, addr, size, stream)| TraceEntry::new(action, addr, size).with_stream(stream)).collect();
+        let settings = RecordedSettings { expandable_segments: true, ..Default::default() };
+        let snapshot = Snapshot { device_traces: vec![trace], settings: Some(settings), ..Snapshot::default() };
+        let recording = Recording::from_snapshot("streams.pickle", snapshot, 0).unwrap();
+        let conf = AllocConf::from_recorded(recording.snapshot.as_ref().and_then(|s| s.settings.as_ref()).unwrap());
+        let capacity = Some(80 * MIB);
+        let written = emulated_snapshot(&recording, &conf, "", capacity).unwrap().snapshot;
+        let unmaps: Vec<(u64, u64)> = written.device_traces[0]
+            .iter()
+            .filter(|entry| entry.action == Action::SegmentUnmap)
+            .map(|entry| (entry.addr, entry.stream))
+            .collect();
+        assert_eq!(unmaps, [(a, 0)], "made for stream 7's request, on stream 0's reservation");
+        for cut in 0..written.device_traces[0].len() {
+            let mut part = written.clone();
+            part.device_traces[0].drain(..cut);
+            let again = heapscope_pytorch::caching::emulate(&part, 0, &conf, capacity).unwrap();
+            assert!(again.fidelity.is_exact(), "cut at {cut}: {:?}", again.fidelity);
+        }
     }
 
     /// One heap serves every stream, PyTorch one stream per segment and per expandable reservation: a heap or paged

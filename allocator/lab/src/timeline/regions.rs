@@ -49,12 +49,16 @@ impl RegionTracker {
                     changes.push(Change::RegionRemoved { address });
                 }
                 DeviceEvent::Mapped { address, size_bytes } => {
-                    let inside = |&(base, bytes): &(u64, u64)| base <= address && address < base + bytes;
-                    if !self.known_virtual.iter().any(inside)
-                        && let Some(&range) = virtual_ranges.iter().find(|range| inside(range))
+                    let starts_in = |&(base, bytes): &(u64, u64)| base <= address && address < base + bytes;
+                    let holds = |&(base, bytes): &(u64, u64)| {
+                        base <= address && address.saturating_add(size_bytes) <= base.saturating_add(bytes)
+                    };
+                    if !self.known_virtual.iter().any(holds)
+                        && let Some(&range) = virtual_ranges.iter().find(|range| starts_in(range))
                     {
                         match self.known_virtual.iter_mut().find(|known| known.0 == range.0) {
                             // A range shown already, grown to take this run: the reservation was larger than taken.
+                            Some(known) if known.1 == range.1 => {}
                             Some(known) => {
                                 known.1 = range.1;
                                 changes.push(Change::RegionResized { address: range.0, size_bytes: range.1 });
@@ -199,8 +203,9 @@ mod tests {
         });
     }
 
-    /// A range shown already that a run is mapped past (PyTorch's reservation of 9/8 of a 180 GiB device, larger than
-    /// the 128 GiB taken: the allocator grows it) grows before the run shows, rather than showing a second region over it.
+    /// A range shown already that a run is mapped past, beginning at its end or inside it (PyTorch's reservation of 9/8
+    /// of a 180 GiB device, larger than the 128 GiB taken: the allocator grows it), grows before the run shows, rather
+    /// than showing a second region over it or pages outside every region.
     #[test]
     fn a_range_mapped_past_its_end_grows_first() {
         const GIB: u64 = 1 << 30;
@@ -215,10 +220,19 @@ mod tests {
             ),
             (
                 vec![DeviceEvent::Mapped { address: 128 * GIB, size_bytes: 30 * GIB }],
-                vec![(0, 256 * GIB)],
+                vec![(0, 180 * GIB)],
                 vec![
-                    Change::RegionResized { address: 0, size_bytes: 256 * GIB },
+                    Change::RegionResized { address: 0, size_bytes: 180 * GIB },
                     Change::PagesMapped { address: 128 * GIB, size_bytes: 30 * GIB },
+                ],
+            ),
+            // A run that begins inside the range shown and ends past it.
+            (
+                vec![DeviceEvent::Mapped { address: 170 * GIB, size_bytes: 20 * GIB }],
+                vec![(0, 200 * GIB)],
+                vec![
+                    Change::RegionResized { address: 0, size_bytes: 200 * GIB },
+                    Change::PagesMapped { address: 170 * GIB, size_bytes: 20 * GIB },
                 ],
             ),
         ];

@@ -6,16 +6,18 @@
 //! allocation and every unmap as a device free (`num_device_alloc` / `num_device_free`).
 //!
 //! Where a reservation starts is the driver's choice, seen in the trace: the first `alloc` that lands in a
-//! segment sits at its base. Its size (9/8 of the device's memory) is not in the trace; a segment is taken
-//! to span [`EXPANDABLE_VIRTUAL_BYTES`] or up to the next reservation, whichever ends first, and is cut
-//! when a later reservation turns out to start inside its unmapped tail (an 80 GB device reserves 89 GiB per
-//! segment), or grown when the trace places a request of its stream and pool where its free run at the end begins
-//! but the run is too short (a 180 GiB device reserves 202 GiB). A segment reserved without a hint (by a recorded `oom`) gets a synthetic base and moves to the
-//! first hint that lands in it while nothing is mapped there.
+//! segment sits at its base. Its size (9/8 of the device's memory) is not in the trace; a segment is taken to span
+//! 9/8 of the most the allocator has reserved at once (the device holds at least that), at least
+//! [`EXPANDABLE_VIRTUAL_BYTES`](super::EXPANDABLE_VIRTUAL_BYTES), or up to the next reservation, whichever ends
+//! first. It is cut when a later reservation turns out to start inside its unmapped tail (an 80 GB device reserves
+//! 89 GiB per segment), and grown when the trace places a request of its stream and pool where its free run at the end
+//! begins but the run is too short (a 180 GiB device reserves 202 GiB). A segment reserved without a hint (by a
+//! recorded `oom`) gets a synthetic base and moves to the first hint that lands in it while nothing is mapped there,
+//! or out of the way of a reservation the trace shows over it.
 
 use super::{
-    ADDRESS_LIMIT, BlockId, CachingAllocator, DeviceEvent, EXPANDABLE_VIRTUAL_BYTES, ExpandableSegment, LARGE_BUFFER_BYTES, Node,
-    ROUND_LARGE_BYTES, SMALL_BUFFER_BYTES,
+    ADDRESS_LIMIT, BlockId, CachingAllocator, DeviceEvent, ExpandableSegment, LARGE_BUFFER_BYTES, Node, ROUND_LARGE_BYTES,
+    SMALL_BUFFER_BYTES,
 };
 use crate::snapshot::{Action, Pool};
 
@@ -63,6 +65,14 @@ impl CachingAllocator {
                 c = p;
             }
             if self.has_available_address_space(c, size) {
+                // The trace placing the request where a segment below's free run at the end begins says that segment
+                // served it (PyTorch takes the lowest range with room): it is larger than taken.
+                if let Some(hint) = base_hint
+                    && self.node(c).addr != hint
+                    && let Some(grown) = self.grow_to_hint(pool, stream, size, hint)
+                {
+                    return grown;
+                }
                 return c;
             }
         }
@@ -82,17 +92,39 @@ impl CachingAllocator {
 
     /// The free run at the end of a segment of `stream` and `pool` whose base is the driver's, grown to hold `size` bytes,
     /// when the trace places the request at `hint`, where that run begins (or where the segment ends, every page
-    /// mapped): the reservation is larger than taken (PyTorch reserves 9/8 of the device, 202 GiB on a 180 GiB one,
-    /// beyond [`EXPANDABLE_VIRTUAL_BYTES`]). A new reservation of the same stream and pool never begins there: the one
-    /// below would have had every page mapped, more than the device holds. The segment at least doubles (as far as
-    /// the next segment above), so that a run of requests each just past its end grows it a few times only. `None`
-    /// when no such run begins at `hint`, or another segment lies where it would grow.
+    /// mapped): the reservation is larger than taken (PyTorch reserves 9/8 of the device, 202 GiB on a 180 GiB one).
+    /// A new reservation of the same stream and pool never begins there: the one below would have had every page
+    /// mapped, more than the device holds. The segment grows to what the request needs,
+    /// or to [`CachingAllocator::reservation_bytes`] if more, as far as the next segment above (one with a synthetic
+    /// base and nothing mapped moves out of the way). `None` when no such run begins at `hint`, or another segment
+    /// lies where it would grow.
     fn grow_to_hint(&mut self, (owner, pool): (usize, Pool), stream: u64, size: u64, hint: u64) -> Option<BlockId> {
-        let index = self.expandable.iter().position(|segment| {
-            segment.as_ref().is_some_and(|s| s.from_trace && s.owner == owner && s.base < hint && hint <= s.base + s.size)
-        })?;
+        let candidates: Vec<usize> = (0..self.expandable.len())
+            .filter(|&index| {
+                self.expandable[index]
+                    .as_ref()
+                    .is_some_and(|s| s.from_trace && s.owner == owner && s.base <= hint && hint <= s.base + s.size)
+            })
+            .collect();
+        candidates.into_iter().find_map(|index| self.grow_segment(index, (owner, pool), stream, size, hint))
+    }
+
+    /// [`CachingAllocator::grow_to_hint`] for expandable segment `index`. The cheap checks first: a hostile trace can
+    /// ask this of every request.
+    fn grow_segment(&mut self, index: usize, (owner, pool): (usize, Pool), stream: u64, size: u64, hint: u64) -> Option<BlockId> {
         let segment = self.expandable[index].clone()?;
         let end = segment.base + segment.size;
+        let page_bytes = segment.page_bytes;
+        let round = |bytes: u64| bytes.div_ceil(page_bytes).checked_mul(page_bytes);
+        let needed_end = hint
+            .checked_add(size)
+            .and_then(|request_end| round(request_end - segment.base))
+            .and_then(|needed| segment.base.checked_add(needed))
+            .filter(|&needed_end| needed_end > end && needed_end <= ADDRESS_LIMIT)?;
+        let room_end = self.next_segment_above(end);
+        if needed_end > room_end {
+            return None;
+        }
         // The segment's last block: its unmapped tail, else (every page mapped) the block ending at its end.
         let tail = self.unmapped_tail(index);
         let last = match tail {
@@ -114,18 +146,9 @@ impl CachingAllocator {
         if free_before.is_none() && !tail_at_hint {
             return None;
         }
-        let page_bytes = segment.page_bytes;
-        let needed = hint.checked_add(size)?.checked_sub(segment.base)?.div_ceil(page_bytes).checked_mul(page_bytes)?;
-        let needed_end =
-            segment.base.checked_add(needed).filter(|&needed_end| needed_end > end && needed_end <= ADDRESS_LIMIT)?;
-        // As far as the next segment above, up to twice the size.
-        let ordinary_above = self.segments.range(end..).next().map(|(&base, _)| base);
-        let expandable_above = self.expandable.iter().flatten().map(|s| s.base).filter(|&base| base >= end).min();
-        let room_end = [ordinary_above, expandable_above].into_iter().flatten().fold(ADDRESS_LIMIT, u64::min);
-        let new_end = segment.base.saturating_add(segment.size.saturating_mul(2)).min(room_end).max(needed_end);
-        if self.overlaps(end, new_end - end) {
-            return None;
-        }
+        let estimate_end = round(self.reservation_bytes()).and_then(|bytes| segment.base.checked_add(bytes)).unwrap_or(room_end);
+        let new_end = estimate_end.min(room_end).max(needed_end);
+        self.move_floating_out_of(end, new_end, None);
         let grown = new_end - end;
         let tail = match tail {
             Some(tail) => {
@@ -148,6 +171,22 @@ impl CachingAllocator {
         Some(free_before.unwrap_or(tail))
     }
 
+    /// Where the next segment at or above `end` begins (or [`ADDRESS_LIMIT`]); an expandable one with a synthetic base
+    /// and nothing mapped is not in the way (it moves).
+    fn next_segment_above(&self, end: u64) -> u64 {
+        let ordinary = self.segments.range(end..).next().map_or(ADDRESS_LIMIT, |(&base, _)| base);
+        // Segments whose base is the driver's never move; of the others, only those below them are asked.
+        let fixed = self.expandable.iter().flatten().filter(|s| s.from_trace && s.base >= end).map(|s| s.base).min();
+        let bound = ordinary.min(fixed.unwrap_or(ADDRESS_LIMIT));
+        let mut others: Vec<(u64, usize)> = (0..self.expandable.len())
+            .filter_map(|index| self.expandable[index].as_ref().map(|s| (s, index)))
+            .filter(|(s, _)| !s.from_trace && s.base >= end && s.base < bound)
+            .map(|(s, index)| (s.base, index))
+            .collect();
+        others.sort_unstable();
+        others.into_iter().find(|&(_, index)| self.floating(index).is_none()).map_or(bound, |(base, _)| base)
+    }
+
     /// The block of expandable segment `index` that ends at `end` (a scan of every block: only where a segment grows).
     fn node_ending_at(&self, index: usize, end: u64) -> Option<BlockId> {
         self.nodes.iter().position(|node| node.as_ref().is_some_and(|n| n.expandable == Some(index) && n.addr + n.size == end))
@@ -167,21 +206,28 @@ impl CachingAllocator {
             if let Some((index, tail)) = cut {
                 self.cut_expandable(index, tail, hint);
             }
-            let end = hint + virtual_bytes;
-            let floating: Vec<(usize, BlockId)> = (0..self.expandable.len())
-                .filter(|&index| Some(index) != moving)
-                .filter_map(|index| self.floating(index).map(|id| (index, id)))
-                .filter(|&(_, id)| self.node(id).addr < end && hint < self.node(id).addr + self.node(id).size)
-                .collect();
-            for (index, id) in floating {
-                let base = self.choose_base(None, 0).max(end.div_ceil(ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES);
-                self.rebase_expandable(index, id, base, self.node(id).size, false);
-            }
+            self.move_floating_out_of(hint, hint + virtual_bytes, moving);
             return (hint, virtual_bytes, true);
         }
         // A request larger than the usual reservation gets one its size (PyTorch's spans 9/8 of the device).
-        let virtual_bytes = EXPANDABLE_VIRTUAL_BYTES.max(size.div_ceil(page_bytes).saturating_mul(page_bytes));
-        (self.choose_base(None, virtual_bytes), virtual_bytes, false)
+        let needed = size.div_ceil(page_bytes).saturating_mul(page_bytes);
+        let virtual_bytes = self.reservation_bytes().max(needed);
+        let base = self.choose_base(None, virtual_bytes);
+        (base, virtual_bytes.min(ADDRESS_LIMIT.saturating_sub(base)).max(needed), false)
+    }
+
+    /// Moves the segments with a synthetic base and nothing mapped that lie in `[start, end)` (but `moving`) past
+    /// everything: the trace put a reservation there.
+    fn move_floating_out_of(&mut self, start: u64, end: u64, moving: Option<usize>) {
+        let floating: Vec<(usize, BlockId)> = (0..self.expandable.len())
+            .filter(|&index| Some(index) != moving)
+            .filter(|&index| self.expandable[index].as_ref().is_some_and(|s| s.base < end && start < s.base + s.size))
+            .filter_map(|index| self.floating(index).map(|id| (index, id)))
+            .collect();
+        for (index, id) in floating {
+            let base = self.choose_base(None, 0).max(end.div_ceil(ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES);
+            self.rebase_expandable(index, id, base, self.node(id).size, false);
+        }
     }
 
     /// The virtual bytes a reservation at `hint` can have (the request's pages at least), and the expandable
@@ -196,7 +242,7 @@ impl CachingAllocator {
         {
             return None;
         }
-        let mut limit = EXPANDABLE_VIRTUAL_BYTES.max(needed).min(ADDRESS_LIMIT - hint);
+        let mut limit = self.reservation_bytes().max(needed).min(ADDRESS_LIMIT - hint);
         if let Some((&next, _)) = self.segments.range(hint..).next() {
             limit = limit.min(next - hint);
         }

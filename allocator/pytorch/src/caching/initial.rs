@@ -22,9 +22,7 @@ use std::collections::BTreeMap;
 
 use super::validate::{EmulationError, Origin};
 use super::virtual_segments::{Group, Groups, RunPools, add_range, remove_range};
-use super::{
-    BlockId, CachingAllocator, EXPANDABLE_VIRTUAL_BYTES, ExpandableSegment, LARGE_BUFFER_BYTES, Node, SMALL_BUFFER_BYTES,
-};
+use super::{ADDRESS_LIMIT, BlockId, CachingAllocator, ExpandableSegment, LARGE_BUFFER_BYTES, Node, SMALL_BUFFER_BYTES};
 use super::{RequestPools, SMALL_SIZE_BYTES, round_size};
 use crate::alloc_conf::AllocConf;
 use crate::snapshot::{Action, BlockState, Pool, Snapshot};
@@ -206,12 +204,16 @@ pub(super) fn rebuild_start_state(
     }
     // Reservations start at these bases: an expandable segment ends by the next one above it.
     let (groups, bases) = groups.mapped_at_start(segments.keys().copied());
+    // PyTorch's reservations span 9/8 of the device, which holds at least what is reserved at the start.
+    let mapped_at_start: u64 = groups.iter().flat_map(|g| g.mapped.iter()).map(|(&a, &b)| b - a).sum();
+    let reserved_at_start = alloc.total_allocated_memory.saturating_add(mapped_at_start);
+    let reservation = super::reservation_for_device(reserved_at_start.max(capacity_bytes.unwrap_or(0)));
     for g in groups {
         let page_bytes = if g.pool.1 == Pool::Small { SMALL_BUFFER_BYTES } else { LARGE_BUFFER_BYTES };
         // Mapped ranges spread wider than the usual reservation widen it, so that nothing is placed over them.
         let span = g.mapped.values().next_back().map_or(0, |&last| last - g.base);
         let next = bases.get(bases.partition_point(|&base| base <= g.base)).map_or(u64::MAX, |&next| next - g.base);
-        let size = EXPANDABLE_VIRTUAL_BYTES.min(next).max(span);
+        let size = reservation.min(next).min(ADDRESS_LIMIT.saturating_sub(g.base)).max(span);
         alloc.expandable.push(Some(ExpandableSegment { base: g.base, size, page_bytes, from_trace: true, owner: g.pool.0 }));
         let index = alloc.expandable.len() - 1;
         let end = g.base + size;

@@ -75,12 +75,21 @@ pub const MIN_LARGE_ALLOC_BYTES: u64 = 10 << 20;
 pub const ROUND_LARGE_BYTES: u64 = 2 << 20;
 /// `kLargeBuffer`: 20 MiB segments (and expandable large-pool pages).
 pub const LARGE_BUFFER_BYTES: u64 = 20 << 20;
-/// Virtual bytes reserved per expandable segment, at most. PyTorch reserves 9/8 of the device's memory
-/// (157 GiB on an H200, 89 GiB on an 80 GB H100); the trace does not say how much, but it shows where the
-/// driver put the next reservation: a segment whose base comes from the trace ends by the next reservation
-/// above it (`expandable.rs`), so a device with less memory than that gets segments as close as its own, and one
-/// the trace maps past (a device above 114 GiB) grows.
+/// Virtual bytes reserved per expandable segment while the allocator has reserved less than 114 GiB at once. PyTorch
+/// reserves 9/8 of the device's memory (157 GiB on an H200, 89 GiB on an 80 GB H100); the trace does not say how much,
+/// but it shows where the driver put the next reservation: a segment whose base comes from the trace ends by the next
+/// reservation above it (`expandable.rs`), so a device with less memory than that gets segments as close as its own;
+/// above, a reservation spans 9/8 of the most reserved at once (the device holds at least that), and one the trace
+/// places a request past grows.
 pub const EXPANDABLE_VIRTUAL_BYTES: u64 = 128 << 30;
+
+/// The virtual bytes of an expandable segment's reservation on a device of at least `device_bytes`: 9/8 of it, as
+/// PyTorch reserves, at least [`EXPANDABLE_VIRTUAL_BYTES`]; of a device of at most the largest modelled
+/// ([`heapscope_core::LARGEST_DEVICE_BYTES`]), so that a reservation stays far below [`ADDRESS_LIMIT`].
+pub(crate) fn reservation_for_device(device_bytes: u64) -> u64 {
+    let device_bytes = device_bytes.min(heapscope_core::LARGEST_DEVICE_BYTES);
+    EXPANDABLE_VIRTUAL_BYTES.max(device_bytes + device_bytes / 8)
+}
 
 /// Requests above this (1 EiB, the largest device heapscope models) fit no device: refused as out of memory, so
 /// sizes stay far from overflow.
@@ -306,6 +315,9 @@ pub struct CachingAllocator {
     conf: AllocConf,
     /// Bytes of device memory the driver lets PyTorch reserve (`None` = unlimited).
     capacity_bytes: Option<u64>,
+    /// The device's memory, before the settings' memory fraction (`None` = unknown): what an expandable segment's
+    /// reservation is 9/8 of.
+    device_bytes: Option<u64>,
     /// Bytes the last request's latest refused segment or mapping would have held beyond what it needed of them (the
     /// rest of a segment, of the pages mapped), for [`OomReport::needed_bytes`].
     refused_rounding_bytes: u64,
@@ -344,6 +356,7 @@ impl CachingAllocator {
     pub fn new(conf: AllocConf, capacity_bytes: Option<u64>) -> CachingAllocator {
         CachingAllocator {
             capacity_bytes: conf.allowed_bytes(capacity_bytes),
+            device_bytes: capacity_bytes,
             conf,
             refused_rounding_bytes: 0,
             request_limit_bytes: None,
@@ -407,6 +420,7 @@ impl CachingAllocator {
     /// From now on, a device of `capacity_bytes` (`None`: unlimited), of which the settings' memory fraction.
     pub fn set_capacity(&mut self, capacity_bytes: Option<u64>) {
         self.capacity_bytes = self.conf.allowed_bytes(capacity_bytes);
+        self.device_bytes = capacity_bytes;
     }
 
     /// `pytorch-expandable` with expandable segments, else `pytorch`: its name as a contender.
@@ -503,6 +517,15 @@ impl CachingAllocator {
     /// The expandable segments reserved now: base and virtual size of each.
     pub fn expandable_segments(&self) -> Vec<(u64, u64)> {
         self.expandable.iter().flatten().map(|e| (e.base, e.size)).collect()
+    }
+
+    /// The virtual bytes of an expandable segment's reservation, as far as the allocator can tell: PyTorch reserves 9/8
+    /// of the device's memory (`numSegments(total + total / 8)`), the device's capacity where known, and the device
+    /// holds at least the most this allocator has reserved at once; at least [`EXPANDABLE_VIRTUAL_BYTES`] (a
+    /// reservation the trace shows is cut where the next one begins, and grown where a request lands past it).
+    fn reservation_bytes(&self) -> u64 {
+        let peak = u64::try_from(self.stats.reserved_bytes.all().peak).unwrap_or(0).max(self.total_allocated_memory);
+        reservation_for_device(peak.max(self.device_bytes.unwrap_or(0)))
     }
 
     fn max_split_size(&self) -> u64 {

@@ -1519,68 +1519,120 @@ fn a_private_reservation_between_two_of_the_default_pool_keeps_them_apart() {
     assert_eq!(full.fidelity.recorded, 6);
 }
 
-/// A recording as PyTorch would make it with `expandable_segments:True` on a 180 GiB device (B200-class: reservations
-/// of 202.5 GiB, 9/8 of the device, beyond the 128 GiB taken): the large pool's reservation maps 130 GiB, then 30
-/// GiB more at its end, serves one 150 GiB block across the 128 GiB mark from the pages mapped, and then the small
-/// pool's reservation begins 202.5 GiB above it; and the same run ending with the large reservation emptied and
-/// unmapped (`empty_cache`), so that its start state at a cut comes from the trace's page runs alone. From an empty
-/// allocator and from every cut (the start state rebuilt from the final segments and the trace), every segment event
-/// and every placement is the recorded one.
+/// Recordings as PyTorch would make them with `expandable_segments:True` on a 180 GiB device (B200-class: reservations of
+/// 202.5 GiB, 9/8 of the device, beyond the 128 GiB taken), each replayed from an empty allocator and from every cut
+/// (the start state rebuilt from the final segments and the trace), on an unknown device and on one of 181 GiB (or,
+/// where the device decides, only the latter): every segment event, every placement and the final segments are the
+/// recorded ones.
 #[test]
 fn issue_14_reservations_beyond_128_gib_replay_exactly() {
     const R: u64 = 180 * GIB + 180 * GIB / 8;
     const A: u64 = 0x3_0200_0000;
     const S: u64 = A + R;
-    let pair = |addr: u64, size: u64| [entry(Action::FreeRequested, addr, size), entry(Action::FreeCompleted, addr, size)];
-    let trace: Vec<TraceEntry> = [
-        vec![entry(Action::SegmentMap, A, 130 * GIB), entry(Action::Alloc, A, 130 * GIB)],
-        // Every page mapped: the request lands at the end, in the same reservation.
-        vec![entry(Action::SegmentMap, A + 130 * GIB, 30 * GIB), entry(Action::Alloc, A + 130 * GIB, 30 * GIB)],
-        pair(A, 130 * GIB).to_vec(),
-        vec![entry(Action::Alloc, A, 50 * GIB), entry(Action::Alloc, A + 50 * GIB, 30 * GIB)],
-        pair(A, 50 * GIB).to_vec(),
-        pair(A + 50 * GIB, 30 * GIB).to_vec(),
-        pair(A + 130 * GIB, 30 * GIB).to_vec(),
-        // 150 GiB of the 160 GiB mapped, across the 128 GiB mark: no page mapped.
-        vec![entry(Action::Alloc, A, 150 * GIB)],
+    const DEVICE: Option<u64> = Some(181 * GIB);
+    let g = |offset: u64| A + offset * GIB;
+    let map_alloc = |at: u64, gib: u64| vec![entry(Action::SegmentMap, g(at), gib * GIB), entry(Action::Alloc, g(at), gib * GIB)];
+    let free =
+        |at: u64, gib: u64| vec![entry(Action::FreeRequested, g(at), gib * GIB), entry(Action::FreeCompleted, g(at), gib * GIB)];
+    let (block, segment) = (final_block, expandable_segment);
+    let large = |blocks: &[(u64, u64, u64)]| {
+        segment(0, Pool::Large, blocks.iter().map(|&(at, gib, live)| block(g(at), gib * GIB, live * GIB)).collect())
+    };
+    let small = segment(0, Pool::Small, vec![block(S, 1024, 1000), block(S + 1024, 2 * MIB - 1024, 0)]);
+    // The large pool's reservation maps 130 GiB, then 30 GiB more at its end (every page mapped: the request lands at
+    // the end, in the same reservation), serves one 150 GiB block across the 128 GiB mark from the pages mapped; the
+    // small pool's reservation begins 202.5 GiB above; then the free 10 GiB at the end and 20 GiB more mapped after it.
+    let grown = [
+        map_alloc(0, 130),
+        map_alloc(130, 30),
+        free(0, 130),
+        vec![entry(Action::Alloc, g(0), 50 * GIB), entry(Action::Alloc, g(50), 30 * GIB)],
+        free(0, 50),
+        free(50, 30),
+        free(130, 30),
+        vec![entry(Action::Alloc, g(0), 150 * GIB)],
         vec![entry(Action::SegmentMap, S, 2 * MIB), entry(Action::Alloc, S, 1000)],
-        // The free 10 GiB at the end and 20 GiB more mapped after it.
-        vec![entry(Action::SegmentMap, A + 160 * GIB, 20 * GIB), entry(Action::Alloc, A + 150 * GIB, 30 * GIB)],
+        vec![entry(Action::SegmentMap, g(160), 20 * GIB), entry(Action::Alloc, g(150), 30 * GIB)],
     ]
     .concat();
-    let (block, segment) = (final_block, expandable_segment);
-    let final_segments = vec![
-        segment(0, Pool::Large, vec![block(A, 150 * GIB, 150 * GIB), block(A + 150 * GIB, 30 * GIB, 30 * GIB)]),
-        segment(0, Pool::Small, vec![block(S, 1024, 1000), block(S + 1024, 2 * MIB - 1024, 0)]),
+    // The same, its large reservation emptied and every page unmapped at the end (`empty_cache`): the start state of a
+    // cut comes from the trace's page runs alone.
+    let mut emptied = grown.clone();
+    emptied.extend([free(0, 150), free(150, 30), vec![entry(Action::SegmentUnmap, A, 180 * GIB)]].concat());
+    // Everything freed, then more than the pages mapped asked for: the free run begins at the base.
+    let at_base = [map_alloc(0, 120), free(0, 120), vec![entry(Action::SegmentMap, g(120), 10 * GIB)]].concat();
+    let at_base = [at_base, vec![entry(Action::Alloc, A, 130 * GIB)]].concat();
+    // A refused request's reservation (an `oom`, no address: placed where the emulation chooses) is not in the way of
+    // the first one growing; freed, its two blocks are one free block that serves 150 GiB with no page mapped.
+    let oom = entry(Action::Oom, 0, 170 * GIB).with_device_free(Some(160 * GIB));
+    let past_oom = [map_alloc(0, 20), vec![oom], map_alloc(20, 140), free(0, 20), free(20, 140)].concat();
+    let past_oom = [past_oom, vec![entry(Action::Alloc, A, 150 * GIB)]].concat();
+    // 17 blocks of 10 GiB, every even one from 20 to 140 GiB freed and unmapped: a 40 GiB request fits no hole nor the
+    // 32.5 GiB left of the reservation, and gets a second one (the emulation takes the first to span 9/8 of the 170 GiB
+    // reserved at once, not twice 130 GiB). The first block stays: its base shows where the reservation begins.
+    let mut overshoot: Vec<TraceEntry> = (0..17).flat_map(|i| map_alloc(10 * i, 10)).collect();
+    overshoot.extend((2..16).step_by(2).flat_map(|i| free(10 * i, 10)));
+    overshoot.extend((2..16).step_by(2).map(|i| entry(Action::SegmentUnmap, g(10 * i), 10 * GIB)));
+    overshoot.extend([entry(Action::SegmentMap, S, 40 * GIB), entry(Action::Alloc, S, 40 * GIB)]);
+    let mut overshoot_final = vec![large(&[(0, 10, 10), (10, 10, 10)])];
+    overshoot_final.extend((3..15).step_by(2).map(|i| large(&[(10 * i, 10, 10)])));
+    overshoot_final.push(large(&[(150, 10, 10), (160, 10, 10)]));
+    overshoot_final.push(segment(0, Pool::Large, vec![block(S, 40 * GIB, 40 * GIB)]));
+    // Best fit by the room beside a free block: [0, 10) and the unmapped [10, 30) (30 GiB) against [160, 170) and the
+    // 32.5 GiB left of the reservation above it: PyTorch places 5 GiB at the base, which only a known device tells.
+    let beside_tail = [map_alloc(0, 10), map_alloc(10, 20), map_alloc(30, 130), map_alloc(160, 10)].concat();
+    let beside_tail =
+        [beside_tail, free(10, 20), vec![entry(Action::SegmentUnmap, g(10), 20 * GIB)], free(0, 10), free(160, 10)].concat();
+    let beside_tail = [beside_tail, vec![entry(Action::Alloc, A, 5 * GIB)]].concat();
+    // (what, trace, final segments, devices)
+    type Case = (&'static str, Vec<TraceEntry>, Vec<Segment>, Vec<Option<u64>>);
+    let cases: Vec<Case> = vec![
+        ("grown", grown, vec![large(&[(0, 150, 150), (150, 30, 30)]), small.clone()], vec![None, DEVICE]),
+        ("emptied", emptied, vec![small], vec![None, DEVICE]),
+        ("at its base", at_base, vec![large(&[(0, 130, 130)])], vec![None, DEVICE]),
+        ("past an oom", past_oom, vec![large(&[(0, 150, 150), (150, 10, 0)])], vec![None, DEVICE]),
+        ("a second reservation", overshoot, overshoot_final, vec![None, DEVICE]),
+        (
+            "beside the tail",
+            beside_tail,
+            vec![large(&[(0, 5, 5), (5, 5, 0)]), large(&[(30, 130, 130), (160, 10, 0)])],
+            vec![DEVICE],
+        ),
     ];
     let settings = RecordedSettings { expandable_segments: true, ..RecordedSettings::default() };
-    let snap = Snapshot { segments: final_segments, device_traces: vec![trace], settings: Some(settings), ..Snapshot::default() };
-    let conf = AllocConf::from_recorded(snap.settings.as_ref().unwrap());
-    // The same run with its large reservation emptied and every page unmapped at the end (`empty_cache`): the start
-    // state of a cut rebuilt from the trace's page maps alone.
-    let mut emptied = snap.clone();
-    emptied.device_traces[0].extend([pair(A, 150 * GIB), pair(A + 150 * GIB, 30 * GIB)].concat());
-    emptied.device_traces[0].push(entry(Action::SegmentUnmap, A, 180 * GIB));
-    emptied.segments.remove(0);
-    for snap in [snap, emptied] {
-        let final_segments = snap.segments.clone();
-        let trace = snap.device_traces[0].clone();
+    let conf = AllocConf::from_recorded(&settings);
+    for (what, trace, final_segments, devices) in cases {
+        let snap = Snapshot {
+            segments: final_segments.clone(),
+            device_traces: vec![trace.clone()],
+            settings: Some(settings.clone()),
+            ..Snapshot::default()
+        };
         for cut in 0..trace.len() {
             let mut cut_snap = snap.clone();
             cut_snap.device_traces[0].drain(..cut);
-            for capacity in [None, Some(181 * GIB)] {
+            for &capacity in &devices {
+                let at = format!("{what}, cut at {cut}, device {capacity:?}");
                 let em = emulate(&cut_snap, 0, &conf, capacity).unwrap();
-                assert!(em.fidelity.is_exact(), "cut at {cut}, {capacity:?}: {:?}", em.fidelity);
+                assert!(em.fidelity.is_exact(), "{at}: {:?}", em.fidelity);
                 let rest = &cut_snap.device_traces[0];
                 for (index, e) in rest.iter().enumerate().filter(|(_, e)| e.action == Action::Alloc) {
-                    assert_eq!(em.placements[index], Some(e.addr), "cut at {cut}: entry {index}");
+                    assert_eq!(em.placements[index], Some(e.addr), "{at}: entry {index}");
                 }
                 let recorded: Vec<(Action, u64, u64)> =
                     emulate::recorded_segment_events(rest).iter().map(|e| (e.action, e.addr, e.size_bytes)).collect();
                 let emulated: Vec<(Action, u64, u64)> =
                     em.segment_events.iter().map(|e| (e.action, e.addr, e.size_bytes)).collect();
-                assert_eq!(emulated, recorded, "cut at {cut}");
-                assert_eq!(em.final_segments, final_segments, "cut at {cut}");
+                assert_eq!(emulated, recorded, "{at}");
+                // The request a free block was last part of is not what this is about (a cut may not know it).
+                let live_requests = |segments: &[Segment]| -> Vec<Segment> {
+                    let mut segments = segments.to_vec();
+                    segments.iter_mut().flat_map(|s| &mut s.blocks).filter(|b| b.state == BlockState::Inactive).for_each(|b| {
+                        b.requested_size = 0;
+                    });
+                    segments
+                };
+                assert_eq!(live_requests(&em.final_segments), final_segments, "{at}");
             }
         }
     }
