@@ -594,7 +594,7 @@ struct EmulationWriter<'a> {
     /// The memory pool and stream of each range reserved or mapped so far (start -> end, pool and stream), for the
     /// release or unmap of it, which `empty_cache()` or an out-of-memory retry may make under another pool's or
     /// stream's entry: PyTorch records it with the segment's stream (`block->stream`).
-    segment_pools: BTreeMap<u64, (u64, PoolId, u64)>,
+    range_owners: BTreeMap<u64, (u64, PoolId, u64)>,
     /// The written snapshot's memory pools ([`Snapshot::pool_ids`]): the recording's, and those only its segments name.
     pool_ids: Vec<(i64, i64)>,
     /// The written entries of actions heapscope does not know, with their names ([`Snapshot::unknown_actions`]).
@@ -612,14 +612,14 @@ impl EmulationWriter<'_> {
                 None => TraceEntry::new(action, addr, size),
             };
             if matches!(action, Action::SegmentAlloc | Action::SegmentMap) {
-                self.segment_pools.insert(addr, (addr.saturating_add(size), entry.pool_id, entry.stream));
-            } else if let Some((&start, &(end, pool_id, stream))) = self.segment_pools.range(..=addr).next_back()
+                self.range_owners.insert(addr, (addr.saturating_add(size), entry.pool_id, entry.stream));
+            } else if let Some((&start, &(end, pool_id, stream))) = self.range_owners.range(..=addr).next_back()
                 && addr < end
             {
                 entry.pool_id = pool_id;
                 entry.stream = stream;
                 if action == Action::SegmentFree {
-                    self.segment_pools.remove(&start);
+                    self.range_owners.remove(&start);
                 }
             }
             self.entries.push(entry);
@@ -754,7 +754,7 @@ impl SegmentBacking for EmulationWriter<'_> {
                 (segment.address, segment.total_size, segment.segment_pool_id, segment.stream)
             };
             let pool_id = self.pool_index(pool_id);
-            self.segment_pools.insert(address, (address.saturating_add(total_size), pool_id, stream));
+            self.range_owners.insert(address, (address.saturating_add(total_size), pool_id, stream));
         }
     }
 
@@ -818,7 +818,7 @@ pub fn emulated_snapshot(
         segments: Vec::new(),
         live: FastMap::default(),
         refused: heapscope_core::hash::FastSet::default(),
-        segment_pools: BTreeMap::new(),
+        range_owners: BTreeMap::new(),
         pool_ids: pool_ids(recording),
         unknown_actions: Vec::new(),
     };

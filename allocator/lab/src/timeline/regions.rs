@@ -23,9 +23,10 @@ impl RegionTracker {
     /// A range shown already whose size changed (PyTorch cut an expandable segment's reservation where it reserved
     /// the next one, closer than the default 128 GiB: issue 14) is resized first, so a range reserved next to it is
     /// a region of its own; one that a page run is mapped past (PyTorch reserves 9/8 of the device, more than the
-    /// 128 GiB taken on a device above 114 GiB) grows before the run shows. A range shown already that is gone from `virtual_ranges` (PyTorch released an
-    /// expandable segment's reservation once all of it was unmapped) is removed after its last pages were unmapped
-    /// and before anything else is reserved or mapped: the driver may put the next reservation there.
+    /// 128 GiB taken on a device above 114 GiB) grows before the run shows. A range shown already that is gone from
+    /// `virtual_ranges` (PyTorch released an expandable segment's reservation once all of it was unmapped) is removed
+    /// after its last pages were unmapped and before anything else is reserved or mapped: the driver may put the next
+    /// reservation there.
     pub fn changes(&mut self, events: &[DeviceEvent], virtual_ranges: &[(u64, u64)], changes: &mut Vec<Change>) {
         // Cut before the events (a range reserved next to it may map pages now), grown after them (the range next
         // to it released first).

@@ -58,27 +58,19 @@ impl CachingAllocator {
     fn find_expandable_block(&mut self, pool: (usize, Pool), stream: u64, size: u64, base_hint: Option<u64>) -> BlockId {
         let unmapped: Vec<BlockId> =
             self.pool(pool).unmapped.range((stream, 0, 0)..).take_while(|k| k.0 == stream).map(|k| k.2).collect();
-        for mut c in unmapped {
-            if let Some(p) = self.node(c).prev
-                && !self.node(p).active
-            {
-                c = p;
-            }
-            if self.has_available_address_space(c, size) {
-                // The trace placing the request where a segment below's free run at the end begins says that segment
-                // served it (PyTorch takes the lowest range with room): it is larger than taken.
-                if let Some(hint) = base_hint
-                    && self.node(c).addr != hint
-                    && let Some(grown) = self.grow_to_hint(pool, stream, size, hint)
-                {
-                    return grown;
-                }
-                return c;
-            }
-        }
+        let found = unmapped
+            .into_iter()
+            .map(|c| self.node(c).prev.filter(|&p| !self.node(p).active).unwrap_or(c))
+            .find(|&c| self.has_available_address_space(c, size));
+        // The trace placing the request where a segment's free run at the end begins, and not where room was found
+        // (PyTorch takes the lowest range with room), says that segment served it: it is larger than taken.
         if let Some(hint) = base_hint
-            && let Some(c) = self.grow_to_hint(pool, stream, size, hint)
+            && found.is_none_or(|c| self.node(c).addr != hint)
+            && let Some(grown) = self.grow_to_hint(pool, stream, size, hint)
         {
+            return grown;
+        }
+        if let Some(c) = found {
             return c;
         }
         let page_bytes = if pool.1 == Pool::Small { SMALL_BUFFER_BYTES } else { LARGE_BUFFER_BYTES };
@@ -146,7 +138,7 @@ impl CachingAllocator {
         if free_before.is_none() && !tail_at_hint {
             return None;
         }
-        let estimate_end = round(self.reservation_bytes()).and_then(|bytes| segment.base.checked_add(bytes)).unwrap_or(room_end);
+        let estimate_end = round(self.reservation_bytes(0)).and_then(|bytes| segment.base.checked_add(bytes)).unwrap_or(room_end);
         let new_end = estimate_end.min(room_end).max(needed_end);
         self.move_floating_out_of(end, new_end, None);
         let grown = new_end - end;
@@ -211,7 +203,7 @@ impl CachingAllocator {
         }
         // A request larger than the usual reservation gets one its size (PyTorch's spans 9/8 of the device).
         let needed = size.div_ceil(page_bytes).saturating_mul(page_bytes);
-        let virtual_bytes = self.reservation_bytes().max(needed);
+        let virtual_bytes = self.reservation_bytes(0).max(needed);
         let base = self.choose_base(None, virtual_bytes);
         (base, virtual_bytes.min(ADDRESS_LIMIT.saturating_sub(base)).max(needed), false)
     }
@@ -242,7 +234,7 @@ impl CachingAllocator {
         {
             return None;
         }
-        let mut limit = self.reservation_bytes().max(needed).min(ADDRESS_LIMIT - hint);
+        let mut limit = self.reservation_bytes(0).max(needed).min(ADDRESS_LIMIT - hint);
         if let Some((&next, _)) = self.segments.range(hint..).next() {
             limit = limit.min(next - hint);
         }

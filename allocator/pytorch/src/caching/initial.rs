@@ -204,10 +204,9 @@ pub(super) fn rebuild_start_state(
     }
     // Reservations start at these bases: an expandable segment ends by the next one above it.
     let (groups, bases) = groups.mapped_at_start(segments.keys().copied());
-    // PyTorch's reservations span 9/8 of the device, which holds at least what is reserved at the start.
+    // The device holds at least what is reserved at the start, these pages included.
     let mapped_at_start: u64 = groups.iter().flat_map(|g| g.mapped.iter()).map(|(&a, &b)| b - a).sum();
-    let reserved_at_start = alloc.total_allocated_memory.saturating_add(mapped_at_start);
-    let reservation = super::reservation_for_device(reserved_at_start.max(capacity_bytes.unwrap_or(0)));
+    let reservation = alloc.reservation_bytes(mapped_at_start);
     for g in groups {
         let page_bytes = if g.pool.1 == Pool::Small { SMALL_BUFFER_BYTES } else { LARGE_BUFFER_BYTES };
         // Mapped ranges spread wider than the usual reservation widen it, so that nothing is placed over them.

@@ -83,14 +83,6 @@ pub const LARGE_BUFFER_BYTES: u64 = 20 << 20;
 /// places a request past grows.
 pub const EXPANDABLE_VIRTUAL_BYTES: u64 = 128 << 30;
 
-/// The virtual bytes of an expandable segment's reservation on a device of at least `device_bytes`: 9/8 of it, as
-/// PyTorch reserves, at least [`EXPANDABLE_VIRTUAL_BYTES`]; of a device of at most the largest modelled
-/// ([`heapscope_core::LARGEST_DEVICE_BYTES`]), so that a reservation stays far below [`ADDRESS_LIMIT`].
-pub(crate) fn reservation_for_device(device_bytes: u64) -> u64 {
-    let device_bytes = device_bytes.min(heapscope_core::LARGEST_DEVICE_BYTES);
-    EXPANDABLE_VIRTUAL_BYTES.max(device_bytes + device_bytes / 8)
-}
-
 /// Requests above this (1 EiB, the largest device heapscope models) fit no device: refused as out of memory, so
 /// sizes stay far from overflow.
 pub const MAX_REQUEST_BYTES: u64 = heapscope_core::LARGEST_DEVICE_BYTES;
@@ -521,11 +513,15 @@ impl CachingAllocator {
 
     /// The virtual bytes of an expandable segment's reservation, as far as the allocator can tell: PyTorch reserves 9/8
     /// of the device's memory (`numSegments(total + total / 8)`), the device's capacity where known, and the device
-    /// holds at least the most this allocator has reserved at once; at least [`EXPANDABLE_VIRTUAL_BYTES`] (a
-    /// reservation the trace shows is cut where the next one begins, and grown where a request lands past it).
-    fn reservation_bytes(&self) -> u64 {
-        let peak = u64::try_from(self.stats.reserved_bytes.all().peak).unwrap_or(0).max(self.total_allocated_memory);
-        reservation_for_device(peak.max(self.device_bytes.unwrap_or(0)))
+    /// holds at least the most this allocator has reserved at once, with `more_bytes` beside what it holds now (pages a
+    /// start state maps next); at least [`EXPANDABLE_VIRTUAL_BYTES`] (a reservation the trace shows is cut where the
+    /// next one begins, and grown where a request lands past it). Of a device of at most the largest modelled
+    /// ([`heapscope_core::LARGEST_DEVICE_BYTES`]), so that a reservation stays far below [`ADDRESS_LIMIT`].
+    fn reservation_bytes(&self, more_bytes: u64) -> u64 {
+        let peak = u64::try_from(self.stats.reserved_bytes.all().peak).unwrap_or(0);
+        let reserved = peak.max(self.total_allocated_memory.saturating_add(more_bytes));
+        let device_bytes = reserved.max(self.device_bytes.unwrap_or(0)).min(heapscope_core::LARGEST_DEVICE_BYTES);
+        EXPANDABLE_VIRTUAL_BYTES.max(device_bytes + device_bytes / 8)
     }
 
     fn max_split_size(&self) -> u64 {
