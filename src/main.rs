@@ -1,5 +1,6 @@
-//! `heapscope`: the command line. Thin by design: the work happens in `heapscope-core`, the Vulkan backend
-//! and the GUI crate; this file parses arguments and prints.
+//! `heapscope`: the command line. Thin by design: the work happens in the library crates (core, pytorch, lab, the
+//! Vulkan and wgpu backends, kernels, the GUI); this file parses arguments and dispatches to the command modules
+//! beside it, which print.
 
 #[macro_use]
 mod output;

@@ -1,12 +1,12 @@
 //! # heapscope-gui
 //!
 //! The face of heapscope: an egui / eframe app that animates a heap as a trace plays, scrubs to any
-//! moment, puts 2 to 4 allocators side by side on the same trace, says why a request failed, and steps
+//! moment, puts 1 to 4 allocators side by side on the same trace, says why a request failed, and steps
 //! through the built-in stories one allocator decision at a time.
 //!
 //! ## Design
 //!
-//! - The model is the core's [`heapscope_lab::timeline`]: each contender's replay as plain layout changes
+//! - The model is the lab's [`heapscope_lab::timeline`]: each contender's replay as plain layout changes
 //!   per step, with totals and checkpoints, so seeking anywhere is a checkpoint plus a few thousand changes
 //!   and the app never replays from zero. A [`session::Session`] holds the recording and one
 //!   [`session::Pane`] per contender, all at one position. Panes that must seek from a checkpoint do it in
@@ -16,7 +16,7 @@
 //!   instead of a recording: [`device_live`] runs a workload on the Vulkan device and streams what its heap does
 //!   ([`live_panel`] is its bar; `heapscope gui --live serve` starts it).
 //! - [`heap_map`] draws a layout: regions as bands of rows at one bytes-per-row scale, allocations as spans
-//!   coloured by size class, age or stack frames ([`palette`]: never red nor grey, with a legend), padding and
+//!   coloured by size class, age, stack frames or category ([`palette`]: never red nor grey, with a legend), padding and
 //!   rounding shaded, free runs distinct (red when too small for the request that failed), resident pages of
 //!   virtual ranges marked.
 //!   Only visible rows are built and sub-pixel spans merge, so a frame costs the pixels shown, not the

@@ -14,8 +14,8 @@
 //!   (cached pages stay bound under [`heapscope_core::UnmapRule::UnderPressure`]); a [`heapscope_core::DeviceHeap`].
 //! - [`SegmentMemory`] (`segment_memory`): device memory under PyTorch's caching allocator — each segment a
 //!   dedicated `vkAllocateMemory` block, each expandable segment a sparse buffer — applying its segment events;
-//!   the core's `SegmentBacking`, so the emulation of a recording runs on it.
-//! - [`PytorchDeviceHeap`] (`pytorch_heap`): PyTorch's caching allocator (the core's `CachingHeap`) over a
+//!   heapscope-pytorch's `SegmentBacking`, so the emulation of a recording runs on it.
+//! - [`PytorchDeviceHeap`] (`pytorch_heap`): PyTorch's caching allocator (heapscope-pytorch's `CachingHeap`) over a
 //!   [`SegmentMemory`], a device refusal undone.
 //! - [`compute::Dispatcher`] (`compute`): compute shaders on the compute queue, knowing nothing of what they
 //!   compute — pipelines from SPIR-V, dispatches checked then recorded, each submit waited for, host-visible words for
@@ -30,7 +30,7 @@
 //!   `ExternalConfig` (block size, budget cap); the heap keeps the books
 //!   (`external`: slot table, blocks and their synthetic addresses, reserved / live bytes, device events,
 //!   refusals) and gives out one handle type, `ExternalHandle`.
-//! - [`replay_on_device`] (`contenders`): a recording through a core `Contender` — PyTorch's allocator on
+//! - [`replay_on_device`] (`contenders`): a recording through a lab `Contender` — PyTorch's allocator on
 //!   device memory, a heap of device-memory blocks, `paged` on a sparse buffer sized by [`paged_virtual_bytes`],
 //!   gpu-allocator or VMA — summed up in the lab's `Figures` (what `heapscope replay --vulkan` prints); a
 //!   contender the device cannot run is an error with [`VulkanError::is_device_limit`].

@@ -30,7 +30,7 @@
 //!   block, or an expandable segment's sparse buffer). [`WgpuDevice::from_vulkan_adapter`] opens heapscope's device
 //!   for the very adapter [`WgpuDevice::new`] would open ([`vulkan_device_index`]: name, vendor, order).
 //!   All the `unsafe` is in `heapscope_vulkan::wgpu_interop`; this crate has none.
-//! - **PyTorch on wgpu** ([`PytorchHeap`], `pytorch`): the core's `CachingHeap` (PyTorch's caching allocator,
+//! - **PyTorch on wgpu** ([`PytorchHeap`], `pytorch`): heapscope-pytorch's `CachingHeap` (PyTorch's caching allocator,
 //!   emulated exactly) with each segment it reserves a `wgpu::Buffer` of its own, destroyed when released; a
 //!   refusal by wgpu below the budget is undone and becomes an exhaustion verdict. Expandable segments need sparse
 //!   binding and are refused ([`WgpuError::Unsupported`]).
