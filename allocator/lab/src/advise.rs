@@ -24,6 +24,7 @@
 //! rank first, by peak reserved; without one, by the smallest capacity they need. A recording that starts mid-run is
 //! advised from the start state rebuilt from its final segments, as every replay of it is.
 
+use std::cell::RefCell;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -775,6 +776,17 @@ struct Checkpoints<'s> {
     /// What PyTorch held reserved at the start of the recording ([`reserved_at_start`]): no smaller device ran it,
     /// whichever setting (a what-if of the other kind of memory holds its start state afresh, perhaps in less).
     start_floor_bytes: u64,
+    /// The probes run so far, by capacity: the search asks some capacities twice (a grid step above its answer, and
+    /// the answer's retries), and a probe that fits replays to the end.
+    probed: RefCell<heapscope_core::hash::FastMap<u64, Option<Probe>>>,
+}
+
+/// What a probe of [`Checkpoints`] found: whether the run refused a request, and its `cudaMalloc` retries up to the end
+/// or that refusal.
+#[derive(Clone, Copy, Debug)]
+struct Probe {
+    refused: bool,
+    retries: u64,
 }
 
 /// Copies kept along the run.
@@ -783,7 +795,12 @@ const CHECKPOINTS: usize = 32;
 impl<'s> Checkpoints<'s> {
     /// The copies `saved` of `recording`'s run with `conf`.
     fn new(recording: &Recording, saved: Vec<(u64, Emulator<'s>)>, conf: &AllocConf) -> Self {
-        Self { saved, gc_threshold: conf.garbage_collection_threshold, start_floor_bytes: reserved_at_start(recording) }
+        Self {
+            saved,
+            gc_threshold: conf.garbage_collection_threshold,
+            start_floor_bytes: reserved_at_start(recording),
+            probed: RefCell::default(),
+        }
     }
 
     /// How many entries apart the copies of `recording`'s run are.
@@ -813,28 +830,34 @@ impl<'s> Checkpoints<'s> {
     /// device lets it reserve undisturbed (garbage collection starts at its threshold times the capacity, as
     /// PyTorch computes it).
     fn fits(&self, capacity_bytes: u64) -> bool {
-        self.run(capacity_bytes).is_some_and(|(_, refused)| !refused)
+        self.probe(capacity_bytes).is_some_and(|probe| !probe.refused)
     }
 
     /// The `cudaMalloc` retries of the run on a device of `capacity_bytes` (to its first refusal, if any).
     fn retries(&self, capacity_bytes: u64) -> u64 {
-        self.run(capacity_bytes)
-            .map_or(0, |(emulator, _)| u64::try_from(emulator.allocator().stats().num_alloc_retries).unwrap_or(0))
+        self.probe(capacity_bytes).map_or(0, |probe| probe.retries)
     }
 
     /// The run on a device of `capacity_bytes`, replayed from the last copy that never went past what the device lets
     /// it reserve undisturbed (garbage collection starts at its threshold times the capacity, as PyTorch computes it),
-    /// to its end or its first refusal: where it stopped, and whether it refused. `None` when what PyTorch held at the
-    /// start does not fit.
-    fn run(&self, capacity_bytes: u64) -> Option<(Emulator<'s>, bool)> {
+    /// to its end or its first refusal (once per capacity). `None` when what PyTorch held at the start does not fit.
+    fn probe(&self, capacity_bytes: u64) -> Option<Probe> {
+        if let Some(&probe) = self.probed.borrow().get(&capacity_bytes) {
+            return probe;
+        }
         let undisturbed =
             if self.gc_threshold > 0.0 { (self.gc_threshold * capacity_bytes as f64) as u64 } else { capacity_bytes };
-        let (_, start) = self.saved.first().filter(|(at_start, _)| (*at_start).max(self.start_floor_bytes) <= capacity_bytes)?;
-        let from = self.saved.iter().rev().find(|(read, _)| *read <= undisturbed).map_or(start, |(_, from)| from);
-        let mut emulator = from.clone();
-        emulator.set_capacity(Some(capacity_bytes));
-        let refused = emulator.run_to_refusal().is_some();
-        Some((emulator, refused))
+        let probe = self.saved.first().filter(|(at_start, _)| (*at_start).max(self.start_floor_bytes) <= capacity_bytes).map(
+            |(_, start)| {
+                let from = self.saved.iter().rev().find(|(read, _)| *read <= undisturbed).map_or(start, |(_, from)| from);
+                let mut emulator = from.clone();
+                emulator.set_capacity(Some(capacity_bytes));
+                let refused = emulator.run_to_refusal().is_some();
+                Probe { refused, retries: u64::try_from(emulator.allocator().stats().num_alloc_retries).unwrap_or(0) }
+            },
+        );
+        self.probed.borrow_mut().insert(capacity_bytes, probe);
+        probe
     }
 }
 
@@ -1121,6 +1144,12 @@ mod tests {
                                 replayed && start_fits,
                                 "{name} cut {cut} {setting:?} at {capacity}"
                             );
+                            // A capacity asked again (the search's step above its answer, the answer's retries) is
+                            // the probe already run, not a second replay.
+                            let probes = saved.probed.borrow().len();
+                            assert_eq!(saved.fits(capacity), replayed && start_fits);
+                            let _retries = saved.retries(capacity);
+                            assert_eq!(saved.probed.borrow().len(), probes, "{name}: one probe a capacity");
                         }
                         compared += 1;
                     }
@@ -1196,7 +1225,7 @@ mod tests {
             assert_eq!(found, expected, "{name}");
             // Told the ceiling fits, the search does not try it.
             if ceiling_fits {
-                let tried = std::cell::RefCell::new(Vec::new());
+                let tried = RefCell::new(Vec::new());
                 min_capacity(floor, ceiling, true, &|capacity| {
                     tried.borrow_mut().push(capacity);
                     Ok(fits(capacity))
