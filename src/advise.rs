@@ -107,15 +107,22 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
     outln!(
         "({}; dev alloc / dev free: cudaMalloc and cudaFree calls, or maps and unmaps with expandable segments; driver \
          time: what those calls would cost, from costs measured on an H200; needs: the least capacity at which that \
-         setting serves every request, found on a grid of 2 MiB or 1/1024 of its peak reserved and checked at two larger \
-         ones; retries: at that capacity, how often PyTorch frees its cache and retries a failed \
+         setting serves every request, found on a grid of 2 MiB or 1/1024 of its peak reserved and checked at larger \
+         ones (a grid step above, half-way to the peak, the device, the need as shown); retries: at that capacity, how often PyTorch frees its cache and retries a failed \
          cudaMalloc, each waiting for the device)",
         crate::output::RES_LIVE_LEGEND
     );
-    if advice.settings.iter().any(|row| row.start_exceeds_capacity)
-        && let Some(why) = heapscope_lab::compare::start_exceeds(&recording, advice.capacity_bytes)
-    {
-        outln!("(start) {why}; no setting so marked fits it");
+    // Why rows are marked `start`: the recording's start, or (`~` rows) that start allocated afresh; each reason once.
+    let mut reasons: Vec<String> = Vec::new();
+    for row in advice.settings.iter().filter(|row| row.start_exceeds_capacity) {
+        let mut conf = heapscope_pytorch::AllocConf::default();
+        if conf.parse_overrides(&row.setting).is_ok()
+            && let Some(why) = heapscope_lab::compare::start_exceeds(&recording, &conf, advice.capacity_bytes)
+            && !reasons.contains(&why)
+        {
+            outln!("(start) {why}; no setting so marked fits it");
+            reasons.push(why);
+        }
     }
     if advice.settings.iter().any(|row| !row.monotone) {
         outln!("(!) not monotone: more memory made that setting fail again at the capacity shown");

@@ -49,13 +49,13 @@ pub struct SummaryArgs {
 fn replayed(args: &RecordingArgs, recording: &Recording, contender: Contender) -> Result<(Replayed, String)> {
     Ok(match contender {
         Contender::Pytorch { expandable } => {
-            // A device smaller than what the recording held at its start never ran it (as `replay` and `compare` say).
-            if let Some(why) = heapscope_lab::compare::start_exceeds(recording, args.capacity(recording).bytes) {
-                bail!("{}: {why}", recording.shown_name());
-            }
             // The settings it runs with, written into the snapshot as the PYTORCH_CUDA_ALLOC_CONF it saw.
             let config = args.compare_config(recording);
             let conf = config.pytorch_conf(recording, expandable)?;
+            // A device smaller than what the recording held at its start never ran it (as `replay` and `compare` say).
+            if let Some(why) = heapscope_lab::compare::start_exceeds(recording, &conf, args.capacity(recording).bytes) {
+                bail!("{}: {why}", recording.shown_name());
+            }
             let overrides = conf.overrides();
             let shown =
                 format!("{contender} with PYTORCH_CUDA_ALLOC_CONF={}", if overrides.is_empty() { "\"\"" } else { &overrides });

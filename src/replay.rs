@@ -154,7 +154,11 @@ impl Runner {
         };
         // What `compare::replay` says of a start larger than the capacity, on the device too.
         if let Contender::Pytorch { expandable } = contender
-            && let Some(why) = heapscope_lab::compare::start_exceeds(recording, config.capacity_bytes)
+            && let Some(why) = heapscope_lab::compare::start_exceeds(
+                recording,
+                &config.pytorch_conf(recording, expandable)?,
+                config.capacity_bytes,
+            )
         {
             return Ok(Outcome::not_run(format!("{} (vulkan)", config.pytorch_name(recording, expandable)), why));
         }

@@ -317,9 +317,12 @@ pub fn advice(ui: &mut Ui, run: &AdviceRun, can_add: bool) -> AdviceActions {
                     }
                     ui.label(Bytes(row.peak_reserved_bytes).to_string());
                     if row.start_exceeds_capacity {
-                        ui.label("start").on_hover_text(
-                            "the recording began with more reserved than this device holds: no device of that size ran it",
-                        );
+                        ui.label("start").on_hover_text(if row.start_afresh {
+                            "what was live at the start, allocated afresh in this kind of memory, takes more than this \
+                             device holds"
+                        } else {
+                            "the recording began with more reserved than this device holds: no device of that size ran it"
+                        });
                     } else {
                         ui.label(row.ooms.to_string());
                     }

@@ -29,7 +29,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::caching_target::Copies;
-use crate::capacity::{Capacity, CapacityFrom, reserved_at_start};
+use crate::capacity::{Capacity, CapacityFrom, start_reserved_bytes};
 use crate::compare::{
     Figures, FirstOom, alloc_conf, emulate_pytorch_copied, emulation_error, first_refusal, starts_afresh, summed,
 };
@@ -37,7 +37,7 @@ use crate::cuda_cost::{CUDA_PAGE_BYTES, CudaCost};
 use crate::driver::{HeapTarget, Statistics, Stream, drive};
 use crate::recording::{Recording, counted};
 use heapscope_core::trace::Event;
-use heapscope_core::units::{Bytes, BytesAtLeast};
+use heapscope_core::units::{Bytes, BytesAtLeast, parse_size};
 use heapscope_core::{LARGEST_DEVICE_BYTES, PagedConfig, PagedHeap, Result, UnmapRule};
 use heapscope_pytorch::caching::{get_allocation_size, largest_block_bound, round_size, settings_in_effect};
 use heapscope_pytorch::{AllocConf, Emulator, LARGE_BUFFER_BYTES, MemoryStats, Snapshot};
@@ -117,9 +117,9 @@ pub struct SettingAdvice {
     /// built before the recording, so its figures may be too low. Ranked after the settings of the recording's kind,
     /// and never the answer: [`Advice::answer`] names it as worth a recording from the start.
     pub start_afresh: bool,
-    /// Whether the recording began with more reserved than the device of the advice holds ([`reserved_at_start`]): no
-    /// device of that size ran it, so the row does not fit there whatever its replay refused (it replays the start state
-    /// regardless).
+    /// Whether the row's start holds more than the device of the advice ([`start_reserved_bytes`]: the recording began
+    /// with more reserved, or a what-if of the other kind of memory allocating it afresh takes more): no device of that
+    /// size ran it, so the row does not fit there whatever its replay refused (it replays the start state regardless).
     pub start_exceeds_capacity: bool,
 }
 
@@ -251,23 +251,28 @@ impl Advice {
         let (Some(best), Some(recorded)) = (self.best(), self.recorded()) else {
             return "No setting replayed.".to_owned();
         };
-        let best_paste = paste(&best.setting);
+        // The recorded settings are quoted as the file records them (a setting of the grid may equal them in effect,
+        // with keys that change nothing here).
+        let best_paste = paste(if best.as_recorded { &self.recorded_setting } else { &best.setting });
         let below = |row: &SettingAdvice| match recorded.peak_reserved_bytes.checked_sub(row.peak_reserved_bytes) {
             Some(0) | None => String::new(),
             Some(saved) => format!(", {} below the recorded settings'", Bytes(saved)),
         };
         let devices = |row: &SettingAdvice| counted(row.device_allocs, "device allocation", "device allocations");
+        // The rows of the other kind of memory (`~`) rank after the recording's kind: what the sentence says of "no
+        // setting" is said of the recording's kind, and the hint after it may name one of the other.
+        let kind = if self.settings.iter().any(|row| row.start_afresh) { " of the recording's kind of memory" } else { "" };
         match self.capacity_bytes {
             Some(capacity) if !best.fits() => match self.least_need() {
                 Some((_, row)) => format!(
-                    "No setting fits in {}: the one that needs least, {}, needs {}{}{}.",
+                    "No setting{kind} fits in {}: the one that needs least, {}, needs {}{}{}.",
                     Bytes(capacity),
                     paste(&row.setting),
                     need_words(row),
                     retries_words(row).map(|words| format!("; {words}")).unwrap_or_default(),
                     fewer_refusals(row, recorded, capacity).map(|words| format!("; {words}")).unwrap_or_default()
                 ),
-                None => format!("No setting fits in {}, nor on any device.", Bytes(capacity)),
+                None => format!("No setting{kind} fits in {}, nor on any device.", Bytes(capacity)),
             },
             Some(capacity) => {
                 let fits = format!(
@@ -284,7 +289,9 @@ impl Advice {
                         oom.verdict.name(),
                         oom.message
                     ),
-                    _ if best.as_recorded => format!("Keep the recorded settings: {fits}; no other setting reserves less."),
+                    _ if best.as_recorded => {
+                        format!("Keep the recorded settings: {fits}; no other setting{kind} that fits reserves less.")
+                    }
                     _ => format!("{fits}."),
                 }
             }
@@ -309,8 +316,9 @@ impl Advice {
                 );
                 if best.as_recorded {
                     format!(
-                        "Keep the recorded settings: {line}; no other setting needs less by {} or more, and none that \
+                        "Keep the recorded settings: {}; no other setting{kind} needs less by {} or more, and none that \
                          needs about as much reserves less at its peak.",
+                        line,
                         Bytes(self.tie_bytes)
                     )
                 } else {
@@ -515,7 +523,14 @@ fn rank(settings: &mut [SettingAdvice], capacity_known: bool) -> u64 {
             let fits = !capacity_known || advice.fits();
             (advice.setting == PAGED, advice.start_afresh, !fits, need, advice.ooms, advice.peak_reserved_bytes)
         };
-        key(a).cmp(&key(b)).then(a.driver_time_us.total_cmp(&b.driver_time_us))
+        // Alike in all that (the same run, a key that changes nothing here): the recorded settings, then the fewest keys
+        // to set, rather than the order they were given in.
+        let keys = |advice: &SettingAdvice| advice.setting.split(',').filter(|key| !key.trim().is_empty()).count();
+        key(a)
+            .cmp(&key(b))
+            .then(a.driver_time_us.total_cmp(&b.driver_time_us))
+            .then(b.as_recorded.cmp(&a.as_recorded))
+            .then(keys(a).cmp(&keys(b)))
     });
     for (rank, advice) in (1..).zip(settings.iter_mut()) {
         advice.rank = if advice.setting == PAGED { 0 } else { rank };
@@ -606,9 +621,12 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
             (PAGED.to_owned(), false, run, None, unlimited)
         }
     };
-    // PyTorch's allocator holds the segments of a recording begun mid-run from the start: a smaller device never
-    // held them.
-    let start = if matches!(row, Row::Pytorch { .. }) { reserved_at_start(recording) } else { 0 };
+    // PyTorch's allocator holds the segments of a recording begun mid-run from the start (a what-if of the other kind
+    // of memory, what was live then allocated afresh): a smaller device never held them.
+    let start = match row {
+        Row::Pytorch { conf, .. } => start_reserved_bytes(recording, conf),
+        Row::Paged => 0,
+    };
     let fits = |capacity: u64| -> Result<bool> {
         if capacity < start {
             return Ok(false);
@@ -630,10 +648,12 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
     } else {
         None
     };
-    let (min_capacity_bytes, monotone, fails_again_at_bytes) = match search {
-        Some((capacity, fails_again)) => (Some(capacity), fails_again.is_none(), fails_again),
-        None => (None, true, None),
+    let (min_capacity_bytes, fails_again_at_bytes) = match search {
+        Some((need, None)) => (Some(need), fails_again_above(need, capacity_bytes, figures.ooms, &fits)?),
+        Some((need, fails_again)) => (Some(need), fails_again),
+        None => (None, None),
     };
+    let monotone = fails_again_at_bytes.is_none();
     let retries_at_need = match (row, min_capacity_bytes) {
         (Row::Pytorch { setting, conf }, Some(need)) => Some(match &checkpoints {
             Some(saved) => saved.retries(need),
@@ -678,7 +698,8 @@ fn grain_bytes(ceiling_bytes: u64) -> u64 {
 /// ceiling, whichever is coarser; and a larger capacity at which it fails again, if one of the two tried above it
 /// does (one grid step above, and half-way to the ceiling). `ceiling_fits`: a run that never reaches its capacity
 /// decides as without one, so the ceiling fits unless something else reads the capacity (garbage collection's
-/// threshold); otherwise it is tried, and doubled while it fails. `None` when nothing up to an unlimited device fits.
+/// threshold); otherwise the ceiling itself is tried: where it fits it bounds the answer, where it fails the grid point
+/// above it is doubled until one fits. `None` when nothing up to an unlimited device fits.
 fn min_capacity(
     floor: u64,
     ceiling: u64,
@@ -686,8 +707,12 @@ fn min_capacity(
     fits: &dyn Fn(u64) -> Result<bool>,
 ) -> Result<Option<(u64, Option<u64>)>> {
     let grain = grain_bytes(ceiling);
+    // A run that reads the capacity before it reaches it (garbage collection) may fail at its own peak reserved: that
+    // is tried first, and where it fits it bounds the answer as for any other run (else the answer could be the grid
+    // step above a ceiling off the grid, more than a device the run fits).
+    let bounded = ceiling_fits || fits(ceiling)?;
     let mut high = ceiling.div_ceil(grain).max(1);
-    if !ceiling_fits {
+    if !bounded {
         while !fits(high * grain)? {
             high *= 2;
             if high * grain >= LARGEST_DEVICE_BYTES {
@@ -723,7 +748,7 @@ fn min_capacity(
     } * grain;
     // The grid step above the ceiling is no need: the ceiling itself fits (a run that never reaches its capacity decides
     // as without one).
-    let found = if ceiling_fits { found.min(ceiling) } else { found };
+    let found = if bounded { found.min(ceiling) } else { found };
     let halfway = (found + ceiling.saturating_sub(found) / 2) / grain * grain;
     for capacity in [found + grain, halfway] {
         if capacity > found && (capacity < ceiling || !ceiling_fits) && !fits(capacity)? {
@@ -731,6 +756,26 @@ fn min_capacity(
         }
     }
     Ok(Some((found, None)))
+}
+
+/// A capacity above `need` (where the search found none) at which the row fails again, found without another search:
+/// the device of the advice (`capacity_bytes`), where the row's own run there refused (`ooms`); else the need as shown,
+/// rounded up to two decimals (what one pastes as `--capacity`), where it fails. The search tries two capacities above
+/// its answer; fitting need not be monotone between them, and these two are the ones a user meets.
+fn fails_again_above(
+    need: u64,
+    capacity_bytes: Option<u64>,
+    ooms: u64,
+    fits: &dyn Fn(u64) -> Result<bool>,
+) -> Result<Option<u64>> {
+    if let Some(capacity) = capacity_bytes
+        && ooms > 0
+        && capacity >= need
+    {
+        return Ok(Some(capacity));
+    }
+    let shown = parse_size(&BytesAtLeast(need).to_string()).unwrap_or(need);
+    Ok((shown > need && !fits(shown)?).then_some(shown))
 }
 
 /// What the run of a row without a limit bounds its search with: below the peak of bytes the allocator hands out
@@ -773,8 +818,9 @@ struct Checkpoints<'s> {
     saved: Vec<(u64, Emulator<'s>)>,
     /// `garbage_collection_threshold` (0: off).
     gc_threshold: f64,
-    /// What PyTorch held reserved at the start of the recording ([`reserved_at_start`]): no smaller device ran it,
-    /// whichever setting (a what-if of the other kind of memory holds its start state afresh, perhaps in less).
+    /// What PyTorch holds reserved at the start of the recording with the row's settings ([`start_reserved_bytes`]: what
+    /// the recording held, or a what-if of the other kind of memory's start allocated afresh if that takes more): no
+    /// smaller device runs it.
     start_floor_bytes: u64,
     /// The probes run so far, by capacity: the search asks some capacities twice (a grid step above its answer, and
     /// the answer's retries), and a probe that fits replays to the end.
@@ -798,7 +844,7 @@ impl<'s> Checkpoints<'s> {
         Self {
             saved,
             gc_threshold: conf.garbage_collection_threshold,
-            start_floor_bytes: reserved_at_start(recording),
+            start_floor_bytes: start_reserved_bytes(recording, conf),
             probed: RefCell::default(),
         }
     }
@@ -1016,7 +1062,7 @@ mod tests {
                 let mut snapshot = shared(name).snapshot.take().unwrap();
                 snapshot.device_traces[0].drain(..cut);
                 let recording = Recording::from_snapshot(name, snapshot, 0).unwrap();
-                let start = reserved_at_start(&recording);
+                let start = crate::capacity::reserved_at_start(&recording);
                 let settings = ["", "expandable_segments:True", "roundup_power2_divisions:4"].map(String::from).to_vec();
                 let config = AdviseConfig { capacity_bytes: None, settings, threads: 2 };
                 let advice = advise(&recording, &config, &|_, _| {}).unwrap();
@@ -1137,7 +1183,7 @@ mod tests {
                     for step in 0..=12u64 {
                         let capacity = low + (high - low) / 12 * step;
                         let replayed = first_refusal(&recording, &conf, Some(capacity)).unwrap().is_none();
-                        let start_fits = capacity >= reserved_at_start(&recording);
+                        let start_fits = capacity >= start_reserved_bytes(&recording, &conf);
                         for saved in [&checkpoints, &kept] {
                             assert_eq!(
                                 saved.fits(capacity),
@@ -1244,6 +1290,68 @@ mod tests {
         let ceiling = 3000 * step + step / 2;
         let found = min_capacity(step, ceiling, true, &|capacity| Ok(capacity >= ceiling)).unwrap();
         assert_eq!(found, Some((ceiling, None)));
+        // Likewise where the ceiling is not known to fit (garbage collection) and is tried: it was the grid step above.
+        let found = min_capacity(step, ceiling, false, &|capacity| Ok(capacity >= ceiling)).unwrap();
+        assert_eq!(found, Some((ceiling, None)));
+        // An empty run with garbage collection needs nothing, as without (it was one grid step, 2 MiB).
+        assert_eq!(min_capacity(0, 0, false, &|_| Ok(true)).unwrap(), Some((0, None)));
+    }
+
+    /// Where the search saw no failure above its answer, two capacities a user meets are checked: the device of the
+    /// advice, where the row's own run there refused (no probe needed), and the need as shown, rounded up to two
+    /// decimals (what one pastes), where it fails.
+    #[test]
+    fn the_device_and_the_need_as_shown_are_checked_above_the_need() {
+        // A need off the two-decimal grid: shown as 3.49 GiB, a little more.
+        let need = 3573 * MIB + 300 * 1024;
+        let shown = parse_size(&BytesAtLeast(need).to_string()).unwrap();
+        assert!(shown > need && shown - need < 10 * MIB, "{shown}");
+        type Case = (&'static str, Option<u64>, u64, Box<dyn Fn(u64) -> bool>, Option<u64>);
+        let cases: [Case; 5] = [
+            ("fits everywhere above", Some(4096 * MIB), 0, Box::new(|_| true), None),
+            ("the own run refused on the device", Some(4096 * MIB), 1, Box::new(|_| true), Some(4096 * MIB)),
+            ("refused on a device below the need: no sign", Some(3 << 30), 1, Box::new(|_| true), None),
+            ("the shown need fails", None, 0, Box::new(move |capacity| capacity != shown), Some(shown)),
+            ("the shown need fails, the device too", Some(4096 * MIB), 2, Box::new(move |c| c != shown), Some(4096 * MIB)),
+        ];
+        for (name, capacity, ooms, fits, expected) in cases {
+            assert_eq!(fails_again_above(need, capacity, ooms, &|c| Ok(fits(c))).unwrap(), expected, "{name}");
+        }
+        // A need on the grid of two decimals is shown as it is: nothing more to try.
+        let exact = 3584 * MIB;
+        assert_eq!(fails_again_above(exact, None, 0, &|_| panic!("no probe")).unwrap(), None);
+    }
+
+    /// Rows alike in everything the ranking weighs (the same run) rank the recorded settings first, then the fewest keys,
+    /// not the order given; and keeping the recorded settings quotes the string the file records, not a setting equal
+    /// to it in effect.
+    #[test]
+    fn alike_rows_rank_the_recorded_then_the_simplest_and_the_recorded_string_is_quoted() {
+        let recording = shared("gpt2_train_fixed-default");
+        // On 80 GiB garbage collection never starts (0.8 of it is far above GPT-2's 13.5 GiB), and one division rounds
+        // nothing: the same run as the defaults.
+        let settings = ["garbage_collection_threshold:0.8,roundup_power2_divisions:1", "garbage_collection_threshold:0.8", ""]
+            .map(String::from)
+            .to_vec();
+        let config = AdviseConfig { capacity_bytes: Some(80 << 30), settings, threads: 2 };
+        let advice = advise(&recording, &config, &|_, _| {}).unwrap();
+        let order: Vec<&str> = advice.settings.iter().map(|row| row.setting.as_str()).collect();
+        assert_eq!(
+            order,
+            ["", "garbage_collection_threshold:0.8", "garbage_collection_threshold:0.8,roundup_power2_divisions:1", PAGED]
+        );
+        assert!(advice.answer().starts_with("Keep the recorded settings: PYTORCH_CUDA_ALLOC_CONF unset"), "{}", advice.answer());
+        // A key PyTorch reads elsewhere (pinned host memory) leaves the allocator as recorded: that row is the recorded
+        // one, and the answer quotes what the file records.
+        let recording = shared("frag_oom-expandable");
+        let settings = vec!["expandable_segments:True,pinned_use_cuda_host_register:True".to_owned()];
+        let advice = advise(&recording, &AdviseConfig { capacity_bytes: None, settings, threads: 1 }, &|_, _| {}).unwrap();
+        assert!(advice.recorded().is_some_and(|row| row.setting.contains("pinned")));
+        let answer = advice.answer();
+        assert!(
+            answer.starts_with("Keep the recorded settings: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True — "),
+            "{answer}"
+        );
     }
 
     /// Every setting of the grid is one PyTorch accepts, and the grid has no two alike.

@@ -409,10 +409,10 @@ pub fn replay(recording: &Recording, contender: Contender, config: &CompareConfi
     let figures = match contender {
         Contender::Pytorch { expandable } => {
             let name = config.pytorch_name(recording, expandable);
-            if let Some(why) = start_exceeds(recording, config.capacity_bytes) {
+            let conf = config.pytorch_conf(recording, expandable)?;
+            if let Some(why) = start_exceeds(recording, &conf, config.capacity_bytes) {
                 return Ok(Outcome::not_run(name, why));
             }
-            let conf = config.pytorch_conf(recording, expandable)?;
             let (replay, nanos) = best_time(|| emulate_pytorch(recording, &conf, config.capacity_bytes, &mut Unbacked))?;
             replay.figures(&name, recording, nanos)
         }
@@ -478,16 +478,32 @@ pub fn alloc_conf(recording: &Recording, alloc_conf: Option<&str>) -> Result<All
     Ok(conf)
 }
 
-/// Why PyTorch's allocator cannot replay `recording` on a device of `capacity_bytes`: the recording began with more
-/// reserved than that (its start state holds those segments; no device of that size ran it).
-pub fn start_exceeds(recording: &Recording, capacity_bytes: Option<u64>) -> Option<String> {
-    let start = crate::capacity::reserved_at_start(recording);
+/// Why PyTorch's allocator with `conf` cannot replay `recording` on a device of `capacity_bytes`: the recording began
+/// with more reserved than the allocator may hold there (the device, or its share of it under
+/// `per_process_memory_fraction`): its start state holds those segments, and no device of that size ran it; or, for a
+/// what-if of the other kind of memory, what was live at the start takes more than that once allocated afresh
+/// ([`crate::capacity::afresh_start_bytes`]).
+pub fn start_exceeds(recording: &Recording, conf: &AllocConf, capacity_bytes: Option<u64>) -> Option<String> {
     let capacity = capacity_bytes?;
-    (start > capacity).then(|| {
+    let allowed = conf.allowed_bytes(Some(capacity)).unwrap_or(capacity);
+    let room = if allowed < capacity {
+        format!("its share of the device's {} ({}, per_process_memory_fraction)", Bytes(capacity), Bytes(allowed))
+    } else {
+        format!("the device's {}", Bytes(capacity))
+    };
+    let start = crate::capacity::reserved_at_start(recording);
+    if start > allowed {
+        return Some(format!(
+            "the recording began with {} reserved by PyTorch, more than {room}: no device of that size ran it",
+            Bytes(start)
+        ));
+    }
+    let afresh = crate::capacity::afresh_start_bytes(recording, conf)?;
+    (afresh > allowed).then(|| {
         format!(
-            "the recording began with {} reserved by PyTorch, more than the device's {}: no device of that size ran it",
-            Bytes(start),
-            Bytes(capacity)
+            "what was live at the start, allocated afresh with expandable segments {}, takes {} reserved, more than {room}",
+            if conf.expandable_segments { "on" } else { "off" },
+            Bytes(afresh)
         )
     })
 }
@@ -1051,5 +1067,102 @@ mod tests {
         assert!(tlsf.figures().unwrap().first_oom.as_ref().unwrap().before_recording);
         let roomy = CompareConfig { capacity_bytes: Some(start), ..CompareConfig::default() };
         assert!(replay(&recording, Contender::Pytorch { expandable: false }, &roomy).unwrap().ran());
+    }
+
+    /// What the allocator may hold at the start is the device's share under `per_process_memory_fraction`, and what a
+    /// what-if of the other kind of memory holds there is what was live allocated afresh: five 30 MiB tensors live at
+    /// the start of a recording without expandable segments take 150 MiB of segments, and 160 MiB of 20 MiB pages with
+    /// them. Each run on a device too small for its own start says so (it held 160 MiB on 150 MiB, 0 OOMs), and
+    /// `advise` needs that much.
+    #[test]
+    fn a_start_beyond_the_share_or_allocated_afresh_beyond_the_device_is_said() {
+        use heapscope_pytorch::{Action, Block, BlockState, Pool, Segment, Snapshot, TraceEntry};
+        let addresses: Vec<u64> = (0..5).map(|i| 0x7f00_0000_0000 + i * (32 * MIB)).collect();
+        let snapshot = Snapshot {
+            segments: Vec::new(),
+            device_traces: vec![
+                addresses
+                    .iter()
+                    .flat_map(|&address| {
+                        [Action::FreeRequested, Action::FreeCompleted].map(|action| TraceEntry::new(action, address, 30 * MIB))
+                    })
+                    .collect(),
+            ],
+            ..Snapshot::default()
+        };
+        // The five blocks were live before the first entry: the final state holds their segments, cached.
+        let segments = addresses
+            .iter()
+            .map(|&address| {
+                Segment::from_blocks(
+                    0,
+                    address,
+                    30 * MIB,
+                    Pool::Large,
+                    vec![Block::new(address, 30 * MIB, 0, BlockState::Inactive)],
+                )
+            })
+            .collect();
+        let recording = Recording::from_snapshot("five", Snapshot { segments, ..snapshot }, 0).unwrap();
+        assert_eq!(crate::capacity::reserved_at_start(&recording), 150 * MIB);
+        let conf = |setting: &str| {
+            let mut conf = AllocConf::default();
+            conf.parse_overrides(setting).unwrap();
+            conf
+        };
+        assert_eq!(crate::capacity::afresh_start_bytes(&recording, &conf("expandable_segments:True")), Some(160 * MIB));
+        assert_eq!(crate::capacity::afresh_start_bytes(&recording, &conf("")), None, "the recording's kind keeps its start");
+        // (setting, capacity, why it cannot run there, or none)
+        let cases: [(&str, u64, Option<&str>); 6] = [
+            ("", 150 * MIB, None),
+            ("", 149 * MIB, Some("the recording began with 150.00 MiB reserved by PyTorch, more than the device's 149.00 MiB")),
+            ("per_process_memory_fraction:0.5", 300 * MIB, None),
+            (
+                "per_process_memory_fraction:0.5",
+                200 * MIB,
+                Some("more than its share of the device's 200.00 MiB (100.00 MiB, per_process_memory_fraction)"),
+            ),
+            ("expandable_segments:True", 160 * MIB, None),
+            (
+                "expandable_segments:True",
+                150 * MIB,
+                Some(
+                    "allocated afresh with expandable segments on, takes 160.00 MiB reserved, more than the device's 150.00 MiB",
+                ),
+            ),
+        ];
+        for (setting, capacity, why) in cases {
+            let config = CompareConfig {
+                capacity_bytes: Some(capacity),
+                alloc_conf: Some(setting.to_owned()),
+                ..CompareConfig::default()
+            };
+            let outcome = replay(&recording, Contender::Pytorch { expandable: false }, &config).unwrap();
+            match why {
+                Some(why) => {
+                    assert!(outcome.why_not_run().is_some_and(|said| said.contains(why)), "{setting} {capacity}: {outcome:?}");
+                }
+                None => {
+                    let figures = outcome.figures().unwrap_or_else(|| panic!("{setting} {capacity}: {outcome:?}"));
+                    assert_eq!(figures.ooms, 0, "{setting} {capacity}");
+                    assert!(figures.peak_reserved_bytes <= capacity, "{setting} {capacity}: {figures:?}");
+                }
+            }
+        }
+        let advice = crate::advise::advise(
+            &recording,
+            &crate::advise::AdviseConfig {
+                capacity_bytes: Some(150 * MIB),
+                settings: vec![String::new(), "expandable_segments:True".to_owned()],
+                threads: 1,
+            },
+            &|_, _| {},
+        )
+        .unwrap();
+        let row = |setting: &str| advice.settings.iter().find(|row| row.setting == setting).unwrap();
+        assert!(row("").fits() && !row("").start_exceeds_capacity);
+        let afresh = row("expandable_segments:True");
+        assert!(afresh.start_exceeds_capacity && !afresh.fits(), "{afresh:?}");
+        assert_eq!(afresh.min_capacity_bytes, Some(160 * MIB));
     }
 }

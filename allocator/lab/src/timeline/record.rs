@@ -33,10 +33,11 @@ use heapscope_pytorch::{AllocConf, BlockState, TraceEntry};
 pub fn record(recording: &Recording, contender: Contender, config: &CompareConfig) -> Result<Timeline> {
     let mut timeline = match contender {
         Contender::Pytorch { expandable } => {
-            if let Some(why) = crate::compare::start_exceeds(recording, config.capacity_bytes) {
+            let conf = config.pytorch_conf(recording, expandable)?;
+            if let Some(why) = crate::compare::start_exceeds(recording, &conf, config.capacity_bytes) {
                 return Err(Error::InvalidConfig { what: format!("{}: {why}", recording.name) });
             }
-            record_pytorch(recording, config.pytorch_conf(recording, expandable)?, config.capacity_bytes)?
+            record_pytorch(recording, conf, config.capacity_bytes)?
         }
         Contender::Heap(kind) => {
             let mut heap = config.heap(kind)?;
@@ -521,7 +522,8 @@ mod tests {
                         let context = format!("{name} cut {cut} expandable {expandable} capacity {capacity_bytes:?}");
                         let config = CompareConfig { capacity_bytes, ..CompareConfig::default() };
                         let recorded = record(&recording, Contender::Pytorch { expandable }, &config);
-                        if crate::compare::start_exceeds(&recording, capacity_bytes).is_some() {
+                        let conf = config.pytorch_conf(&recording, expandable).unwrap();
+                        if crate::compare::start_exceeds(&recording, &conf, capacity_bytes).is_some() {
                             // GPT-2 cut mid-run held more than 3.5 GiB at its start: it never ran on such a device.
                             let error = recorded.unwrap_err().to_string();
                             assert!(error.contains("no device of that size ran it"), "{context}: {error}");
