@@ -5,6 +5,20 @@ use heapscope_core::units::{Bytes, exact_size, parse_size};
 use heapscope_core::{HeapConfig, PolicyConfig, PolicyKind, ReleaseRule};
 use heapscope_gui::session::{OpenOptions, RuleOverrides};
 
+/// `--capacity`: a size ([`parse_size`]) no larger than the largest device heapscope models (1 EiB,
+/// `LARGEST_DEVICE_BYTES`): a larger one would be simulated as that device, and answers would name a device it is not.
+pub fn parse_capacity(text: &str) -> Result<u64, String> {
+    let bytes = parse_size(text).map_err(|error| error.to_string())?;
+    if bytes > heapscope_core::LARGEST_DEVICE_BYTES {
+        return Err(format!(
+            "{} is more than the largest device heapscope models, {}",
+            Bytes(bytes),
+            exact_size(heapscope_core::LARGEST_DEVICE_BYTES)
+        ));
+    }
+    Ok(bytes)
+}
+
 /// Which policies to run and how the heap reserves blocks.
 #[derive(Debug, Clone, Default, Args)]
 pub struct HeapArgs {
@@ -21,7 +35,7 @@ pub struct HeapArgs {
 pub struct OpenArgs {
     /// Device memory for a file's replay (e.g. `3584MiB`, `14GiB`); by default what the recording's `oom` entry tells
     /// (the bytes PyTorch held then plus the driver's free bytes), else unlimited (a story brings its own).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_capacity)]
     pub capacity: Option<u64>,
     /// Which device of a PyTorch snapshot (default: the one that ran out of memory, else the one with the most trace
     /// entries).

@@ -29,9 +29,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::caching_target::Copies;
-use crate::capacity::{Capacity, CapacityFrom, start_reserved_bytes};
+use crate::capacity::{Capacity, CapacityFrom};
 use crate::compare::{
-    Figures, FirstOom, alloc_conf, emulate_pytorch_copied, emulation_error, first_refusal, starts_afresh, summed,
+    Figures, FirstOom, alloc_conf, emulate_pytorch_copied, emulation_error, first_refusal, start_reserved_bytes, starts_afresh,
+    summed,
 };
 use crate::cuda_cost::{CUDA_PAGE_BYTES, CudaCost};
 use crate::driver::{HeapTarget, Statistics, Stream, drive};

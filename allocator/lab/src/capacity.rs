@@ -12,7 +12,7 @@ use std::fmt;
 
 use crate::recording::{Recording, reserved_change};
 use heapscope_core::units::Bytes;
-use heapscope_pytorch::{Action, AllocConf, Emulator};
+use heapscope_pytorch::Action;
 
 /// Where a capacity comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,27 +76,6 @@ pub fn recorded_capacity(recording: &Recording) -> Option<(u64, CapacityFrom)> {
 /// that held the recorded run.
 pub fn reserved_at_start(recording: &Recording) -> u64 {
     recording.snapshot.as_ref().map_or(0, |snapshot| crate::recording::reserved_at_start(snapshot, recording.device))
-}
-
-/// What a what-if of the other kind of memory than `recording`'s (expandable segments turned on or off,
-/// [`crate::compare::starts_afresh`]) holds reserved at its start, where it allocates what was live then afresh in
-/// segments or pages of its own kind: it may take more than the recording held (150 MiB of 30 MiB blocks in 20 MiB
-/// pages take 160 MiB). `None` for any other run, or where the emulation cannot build the start (the replay says why).
-pub fn afresh_start_bytes(recording: &Recording, conf: &AllocConf) -> Option<u64> {
-    if !crate::compare::starts_afresh(recording, conf) {
-        return None;
-    }
-    let snapshot = recording.snapshot.as_ref()?;
-    // The start is built whatever the device: the capacity (and a share of it) applies from the first entry.
-    let conf = AllocConf { per_process_memory_fraction: None, ..conf.clone() };
-    Emulator::new(snapshot, recording.device, &conf, None).ok().map(|emulator| emulator.capacity_read_up_to())
-}
-
-/// What PyTorch's allocator with `conf` holds reserved at the start of `recording`: what the recording held
-/// ([`reserved_at_start`]), or, allocated afresh by a what-if of the other kind of memory, what that takes if more. No
-/// smaller device (or share of one) runs it.
-pub fn start_reserved_bytes(recording: &Recording, conf: &AllocConf) -> u64 {
-    reserved_at_start(recording).max(afresh_start_bytes(recording, conf).unwrap_or(0))
 }
 
 /// The device memory of a replay and where it came from.

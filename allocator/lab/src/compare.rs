@@ -27,7 +27,7 @@ use heapscope_core::{
 use heapscope_pytorch::caching::{
     CachingAllocation, CachingAllocator, CachingHeap, EntryEffect, OomReport, SegmentBacking, Unbacked,
 };
-use heapscope_pytorch::{AllocConf, Fidelity, FormatSize, MemoryStats, TraceEntry};
+use heapscope_pytorch::{AllocConf, Emulator, Fidelity, FormatSize, MemoryStats, TraceEntry};
 
 /// The first request a contender could not serve.
 #[derive(Clone, Debug, PartialEq)]
@@ -482,7 +482,7 @@ pub fn alloc_conf(recording: &Recording, alloc_conf: Option<&str>) -> Result<All
 /// with more reserved than the allocator may hold there (the device, or its share of it under
 /// `per_process_memory_fraction`): its start state holds those segments, and no device of that size ran it; or, for a
 /// what-if of the other kind of memory, what was live at the start takes more than that once allocated afresh
-/// ([`crate::capacity::afresh_start_bytes`]).
+/// ([`afresh_start_bytes`]).
 pub fn start_exceeds(recording: &Recording, conf: &AllocConf, capacity_bytes: Option<u64>) -> Option<String> {
     let capacity = capacity_bytes?;
     let allowed = conf.allowed_bytes(Some(capacity)).unwrap_or(capacity);
@@ -498,7 +498,7 @@ pub fn start_exceeds(recording: &Recording, conf: &AllocConf, capacity_bytes: Op
             Bytes(start)
         ));
     }
-    let afresh = crate::capacity::afresh_start_bytes(recording, conf)?;
+    let afresh = afresh_start_bytes(recording, conf)?;
     (afresh > allowed).then(|| {
         format!(
             "what was live at the start, allocated afresh with expandable segments {}, takes {} reserved, more than {room}",
@@ -506,6 +506,27 @@ pub fn start_exceeds(recording: &Recording, conf: &AllocConf, capacity_bytes: Op
             Bytes(afresh)
         )
     })
+}
+
+/// What a what-if of the other kind of memory than `recording`'s (expandable segments turned on or off,
+/// [`starts_afresh`]) holds reserved at its start, where it allocates what was live then afresh in
+/// segments or pages of its own kind: it may take more than the recording held (150 MiB of 30 MiB blocks in 20 MiB
+/// pages take 160 MiB). `None` for any other run, or where the emulation cannot build the start (the replay says why).
+pub fn afresh_start_bytes(recording: &Recording, conf: &AllocConf) -> Option<u64> {
+    if !starts_afresh(recording, conf) {
+        return None;
+    }
+    let snapshot = recording.snapshot.as_ref()?;
+    // The start is built whatever the device: the capacity (and a share of it) applies from the first entry.
+    let conf = AllocConf { per_process_memory_fraction: None, ..conf.clone() };
+    Emulator::new(snapshot, recording.device, &conf, None).ok().map(|emulator| emulator.capacity_read_up_to())
+}
+
+/// What PyTorch's allocator with `conf` holds reserved at the start of `recording`: what the recording held
+/// ([`crate::capacity::reserved_at_start`]), or, allocated afresh by a what-if of the other kind of memory, what that
+/// takes if more. No smaller device (or share of one) runs it.
+pub fn start_reserved_bytes(recording: &Recording, conf: &AllocConf) -> u64 {
+    crate::capacity::reserved_at_start(recording).max(afresh_start_bytes(recording, conf).unwrap_or(0))
 }
 
 /// Whether `recording` was made with expandable segments (its recorded settings, or its segments and maps, say
@@ -1110,8 +1131,8 @@ mod tests {
             conf.parse_overrides(setting).unwrap();
             conf
         };
-        assert_eq!(crate::capacity::afresh_start_bytes(&recording, &conf("expandable_segments:True")), Some(160 * MIB));
-        assert_eq!(crate::capacity::afresh_start_bytes(&recording, &conf("")), None, "the recording's kind keeps its start");
+        assert_eq!(afresh_start_bytes(&recording, &conf("expandable_segments:True")), Some(160 * MIB));
+        assert_eq!(afresh_start_bytes(&recording, &conf("")), None, "the recording's kind keeps its start");
         // (setting, capacity, why it cannot run there, or none)
         let cases: [(&str, u64, Option<&str>); 6] = [
             ("", 150 * MIB, None),

@@ -869,7 +869,7 @@ fn bad_input_gets_a_clear_error() {
     let exported_path = exported.to_str().unwrap().to_owned();
     // An older file at --out: an export that fails leaves it as it was.
     std::fs::write(&exported, b"older").unwrap();
-    let cases: [(Vec<&str>, &str); 30] = [
+    let cases: [(Vec<&str>, &str); 32] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
         (vec!["replay", &truncated_path], "truncated.pickle.gz"),
@@ -896,6 +896,12 @@ fn bad_input_gets_a_clear_error() {
         (vec!["compare", good_path, "--alloc-conf", "backend:cudaMallocAsync"], "native caching allocator only"),
         (vec!["replay", good_path, "--capacity", "0.0004KB"], "would round to 0 bytes"),
         (vec!["replay", good_path, "--capacity", "3.5"], "a fraction of a byte: give it a unit"),
+        // Past the largest device modelled: it would be simulated as 1 EiB, and answers named a device it is not.
+        (
+            vec!["advise", good_path, "--capacity", "18446744073709551615B"],
+            "16777216.00 TiB is more than the largest device heapscope models, 1048576 TiB",
+        ),
+        (vec!["render", good_path, "--capacity", "1048577TiB", "--out", "x.png"], "more than the largest device"),
         (vec!["demo", "--budget", "0"], "--budget 0: nothing could be allocated"),
         (
             vec!["export", good_path, "--policy", "tlsf", "--out", &exported_path, "--vma-json", "/nonexistent/out.json"],
