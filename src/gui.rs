@@ -46,7 +46,7 @@ pub struct GuiArgs {
     /// Open at this moment: `start` (before the first entry, the default), an entry number (from 0, the file's
     /// own numbering: `device_traces[device][N]`; past the last entry is refused), `peak` (the most bytes live) or
     /// `oom` (the first out-of-memory entry, its refused request shown).
-    #[arg(long, value_name = "start|ENTRY|peak|oom", conflicts_with = "live")]
+    #[arg(long, value_name = "start|ENTRY|peak|oom", conflicts_with = "live", allow_negative_numbers = true)]
     pub at: Option<TopAt>,
     /// Open with the timeline showing every allocation over time, stacked (memory_viz's active memory timeline),
     /// instead of the totals.
@@ -109,7 +109,7 @@ pub struct RenderArgs {
     /// Show the heap at this moment: `start`, an entry number from 0 (past the last entry is refused), `peak` (the
     /// most bytes live) or `oom` (the first out-of-memory entry, its refused request shown); default: the end; a PNG
     /// only.
-    #[arg(long, value_name = "start|ENTRY|peak|oom")]
+    #[arg(long, value_name = "start|ENTRY|peak|oom", allow_negative_numbers = true)]
     pub at: Option<TopAt>,
     /// The PNG to write; a name ending in `.gif` writes an animated GIF of the story playing instead.
     #[arg(long, value_name = "PNG|GIF")]

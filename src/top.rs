@@ -18,7 +18,7 @@ pub struct TopArgs {
     pub file: PathBuf,
     /// When: `peak` (the first moment the live bytes are highest), `oom` (when the first out-of-memory request was
     /// refused), `start` or an entry number.
-    #[arg(long, value_name = "EVENT|peak|oom", default_value = "peak")]
+    #[arg(long, value_name = "EVENT|peak|oom", default_value = "peak", allow_negative_numbers = true)]
     pub at: TopAt,
     /// Which device of a PyTorch snapshot (default: the one that ran out of memory, else the busiest).
     #[arg(long, value_name = "N")]
@@ -91,7 +91,8 @@ pub fn run(args: &TopArgs) -> Result<()> {
     }
     if found.rows.len() > args.limit {
         let rest = &found.rows[args.limit..];
-        let bytes: u64 = rest.iter().map(|row| row.bytes).sum();
+        // Saturated: sizes read from a file may add up past a u64 (it overflowed, a panic).
+        let bytes = rest.iter().fold(0u64, |sum, row| sum.saturating_add(row.bytes));
         outln!("{:>12} ... {} more ({})", "", counted(rest.len() as u64, "group", "groups"), Bytes(bytes));
     }
     Ok(())

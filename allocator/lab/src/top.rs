@@ -134,7 +134,7 @@ pub enum TopError {
         elsewhere: String,
     },
     /// An entry past the recording's last.
-    #[error("{recording} has {entries} entries (0 to {last}): there is no entry {entry}", last = entries.saturating_sub(1))]
+    #[error("{recording} has {}: there is no entry {entry}", entries_words(*entries))]
     NoSuchEntry {
         /// The recording's name.
         recording: String,
@@ -143,6 +143,15 @@ pub enum TopError {
         /// How many it has.
         entries: u64,
     },
+}
+
+/// How many entries a recording has, and which: `12 entries (0 to 11)`, or none but its start.
+fn entries_words(entries: u64) -> String {
+    match entries {
+        0 => "no entries, only its start (`--at start`)".to_owned(),
+        1 => "1 entry (0)".to_owned(),
+        entries => format!("{entries} entries (0 to {})", entries - 1),
+    }
 }
 
 /// Where an allocation came from: its stack frames and its category in the recording's snapshot.
@@ -239,6 +248,8 @@ pub fn top(recording: &Recording, at: TopAt, grouping: Grouping) -> Result<Top, 
     let mut keys: HashMap<Origin, usize> = HashMap::new();
     let mut rows: Vec<TopRow> = Vec::new();
     let mut by_key: HashMap<(Vec<String>, Option<String>), usize> = HashMap::new();
+    // Each row's bytes summed wide too: its share is of the true total where its shown bytes saturate.
+    let mut wide: Vec<u128> = Vec::new();
     for &(bytes, origin) in live.values() {
         let origin = match grouping {
             Grouping::Category => Origin { stack: StackId::NONE, ..origin },
@@ -249,14 +260,16 @@ pub fn top(recording: &Recording, at: TopAt, grouping: Grouping) -> Result<Top, 
             let category = snapshot.and_then(|snapshot| snapshot.category(origin.category)).map(ToString::to_string);
             *by_key.entry((frames.clone(), category.clone())).or_insert_with(|| {
                 rows.push(TopRow { frames, category, bytes: 0, count: 0, share: 0.0 });
+                wide.push(0);
                 rows.len() - 1
             })
         });
         rows[row].bytes = rows[row].bytes.saturating_add(bytes);
         rows[row].count += 1;
+        wide[row] += u128::from(bytes);
     }
-    for row in &mut rows {
-        row.share = if live_total == 0 { 0.0 } else { row.bytes as f64 / live_total as f64 };
+    for (row, &bytes) in rows.iter_mut().zip(&wide) {
+        row.share = if live_total == 0 { 0.0 } else { bytes as f64 / live_total as f64 };
     }
     rows.sort_by(|a, b| {
         b.bytes
@@ -390,6 +403,14 @@ mod tests {
         assert_eq!((at_peak.live_bytes, at_peak.live_count), (u64::MAX, 2));
         assert_eq!(rows(&at_peak), [(Vec::new(), u64::MAX, 2)]);
         assert_eq!(at_peak.rows[0].share, 1.0);
+        // Three such blocks, none labelled: one row by category, all of the live bytes (its saturated bytes over the
+        // true total made it 2/3).
+        let trace = [0, half, 4096].map(|addr| entry(Action::Alloc, addr, half, 0)).to_vec();
+        let snapshot = Snapshot { device_traces: vec![trace], ..Snapshot::default() };
+        let recording = Recording::from_snapshot("huge.pickle", snapshot, 0).unwrap();
+        let by_category = top(&recording, TopAt::Peak, Grouping::Category).unwrap();
+        assert_eq!(by_category.rows.len(), 1);
+        assert_eq!((by_category.rows[0].bytes, by_category.rows[0].share), (u64::MAX, 1.0));
     }
 
     /// By category: entries 0 and 2 labelled `user_metadata: forward`, entry 1 `compile_context: region`, entry 5
@@ -528,6 +549,11 @@ mod tests {
         let recording = recording();
         let error = top(&recording, TopAt::Moment(Moment::Entry(7)), Grouping::UserFrame).unwrap_err();
         assert_eq!(error.to_string(), "hand.pickle has 7 entries (0 to 6): there is no entry 7");
+        // A recording of no entry has only its start (it said "0 entries (0 to 0)", as if entry 0 were there).
+        let empty =
+            Recording::from_snapshot("empty.pickle", Snapshot { device_traces: vec![Vec::new()], ..Snapshot::default() }, 0);
+        let error = top(&empty.unwrap(), TopAt::Moment(Moment::Entry(0)), Grouping::UserFrame).unwrap_err();
+        assert_eq!(error.to_string(), "empty.pickle has no entries, only its start (`--at start`): there is no entry 0");
         let plain = Recording::from_trace(heapscope_core::Trace::parse_csv("plain.csv", "a,0,10\n").unwrap());
         let error = top(&plain, TopAt::Oom, Grouping::UserFrame).unwrap_err();
         assert_eq!(error.to_string(), "plain.csv has no out-of-memory entry: nothing was refused");

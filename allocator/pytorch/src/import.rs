@@ -523,8 +523,8 @@ struct Categories {
 }
 
 impl Categories {
-    /// The id of `text` under `key` (`None` for text that names no category); past `u16::MAX - 1` distinct ones,
-    /// the last id, [`Category::MORE`].
+    /// The id of `text` under `key` (`None` for text that names no category); past `u16::MAX - 1` (65,534) distinct
+    /// ones, the last id, [`Category::MORE`].
     fn id(&mut self, key: CategoryKey, text: &Rc<String>) -> Option<CategoryId> {
         if !CategoryKey::names_one(text) {
             return None;
@@ -2279,7 +2279,8 @@ with open(sys.argv[1] + "/defaults.pickle", "wb") as f:
         assert_eq!((pool_ids.id((0, 0)), pool_ids.into_list()), (PoolId::DEFAULT, vec![(0, 0)]));
     }
 
-    /// Past 65,535 distinct categories the rest share the last id, named as such; the defaults name none.
+    /// Past 65,534 distinct categories the rest share the last id, named as such (shown without a key: the rest may
+    /// come from every key); the defaults name none.
     #[test]
     fn categories_past_sixteen_bits_share_the_last_id() {
         let mut categories = Categories::default();
@@ -2291,6 +2292,8 @@ with open(sys.argv[1] + "/defaults.pickle", "wb") as f:
         assert_eq!(categories.id(CategoryKey::CompileContext, &text(7)), Some(CategoryId(8)), "known ones keep theirs");
         let list = categories.into_list();
         assert_eq!((list.len(), &*list[65_535].name), (65_536, Category::MORE));
+        assert_eq!(list[65_535].to_string(), Category::MORE);
+        assert_eq!(list[1].to_string(), "compile_context: region 0");
     }
 
     /// The generator's PyTorch ≥ 2.5 layout (`--layout pytorch --no-frames --one-stream`) has the opcodes of

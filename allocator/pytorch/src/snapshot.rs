@@ -95,8 +95,9 @@ pub struct Category {
 }
 
 impl Category {
-    /// The name of the id shared by the categories past the 65,535th distinct one.
-    pub const MORE: &'static str = "(more than 65,535 categories)";
+    /// The name of the id shared by the categories past the 65,534th distinct one (ids are 16 bits, 0 is none). It
+    /// keeps the key of the first of them; its display names none (the rest may come from every key).
+    pub const MORE: &'static str = "(categories past the 65,534th distinct one)";
 
     /// [`Snapshot::categories`]`[0]`: no category.
     pub fn none() -> Self {
@@ -106,6 +107,9 @@ impl Category {
 
 impl fmt::Display for Category {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if &*self.name == Self::MORE {
+            return f.write_str(Self::MORE);
+        }
         write!(f, "{}: {}", self.key.as_str(), self.name)
     }
 }

@@ -609,6 +609,33 @@ fn labelled_frag_oom(dir: &Path) -> PathBuf {
     path
 }
 
+/// `top`'s table past `--limit` sums the rows left out: three allocations of 2^63 B from three places add up past a
+/// u64, shown saturated (the sum overflowed: a panic, exit 101).
+#[test]
+fn top_sums_the_rows_left_out_saturated() {
+    use heapscope_pytorch::{Action, Frame, Snapshot, StackId, TraceEntry};
+    let dir = temp_dir("top-huge");
+    let half = 1u64 << 63;
+    let frame = |line: i64| Frame { filename: "train.py".into(), line, name: "step".into() };
+    let snapshot = Snapshot {
+        device_traces: vec![
+            [0, half, 4096]
+                .iter()
+                .zip(1u32..)
+                .map(|(&addr, stack)| TraceEntry::new(Action::Alloc, addr, half).with_frames(StackId(stack)))
+                .collect(),
+        ],
+        frame_stacks: vec![Vec::new(), vec![frame(1)], vec![frame(2)], vec![frame(3)]],
+        ..Snapshot::default()
+    };
+    let path = dir.join("huge.pickle");
+    heapscope_pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
+    let output = heapscope(&["top", path.to_str().unwrap(), "--limit", "1"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stdout(&output).contains("... 2 groups more"), "{}", stdout(&output));
+    std::fs::remove_dir_all(dir).ok();
+}
+
 /// `heapscope top`: what holds the memory. frag_oom's peak is twenty allocations from one line of the capture script;
 /// at the out-of-memory entry, 1.95 GiB are live from another line and the refused 1 GiB request names its own frames.
 /// A recording that refused nothing has no `--at oom`.
@@ -869,7 +896,7 @@ fn bad_input_gets_a_clear_error() {
     let exported_path = exported.to_str().unwrap().to_owned();
     // An older file at --out: an export that fails leaves it as it was.
     std::fs::write(&exported, b"older").unwrap();
-    let cases: [(Vec<&str>, &str); 32] = [
+    let cases: [(Vec<&str>, &str); 33] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
         (vec!["replay", &truncated_path], "truncated.pickle.gz"),
@@ -902,6 +929,8 @@ fn bad_input_gets_a_clear_error() {
             "16777216.00 TiB is more than the largest device heapscope models, 1048576 TiB",
         ),
         (vec!["render", good_path, "--capacity", "1048577TiB", "--out", "x.png"], "more than the largest device"),
+        // A negative moment is the moment's error (clap took it for a flag and hinted at `-- -1`, the FILE).
+        (vec!["top", good_path, "--at", "-1"], "\"-1\" is no moment"),
         (vec!["demo", "--budget", "0"], "--budget 0: nothing could be allocated"),
         (
             vec!["export", good_path, "--policy", "tlsf", "--out", &exported_path, "--vma-json", "/nonexistent/out.json"],
@@ -943,10 +972,11 @@ fn sizes_that_fit_nowhere_are_failed_allocations() {
     for line in &lines {
         assert_eq!((line["allocs"].as_u64(), line["ooms"].as_u64()), (Some(1), Some(1)), "{line}");
     }
-    // Issue 17: 2^64 - 512 B under a capacity of 2^62 B and more: no page count wraps to 0 B reserved.
+    // Issue 17: 2^64 - 512 B under the largest capacity modelled (2^60 B; a larger one is refused) and less: no page
+    // count wraps to 0 B reserved.
     let near = dir.join("near.csv");
     std::fs::write(&near, format!("a,1,{}\n", u64::MAX - 511)).unwrap();
-    for capacity in ["16000000TiB", "4194304TiB"] {
+    for capacity in ["1048576TiB", "4096TiB"] {
         let lines =
             json_lines(&heapscope(&["replay", near.to_str().unwrap(), "--policy", "paged", "--capacity", capacity, "--json"]));
         assert_eq!((lines[0]["allocs"].as_u64(), lines[0]["ooms"].as_u64()), (Some(0), Some(1)), "{capacity}: {}", lines[0]);
