@@ -417,10 +417,11 @@ pub fn advise(recording: &Recording, config: &AdviseConfig, progress: &(dyn Fn(u
         .map_or_else(|| recorded_conf.overrides(), |settings| settings.alloc_conf.clone());
     let mut rows = Vec::with_capacity(config.settings.len() + 2);
     for setting in &config.settings {
+        let setting = with_recorded_budget(setting, &recorded_conf);
         let mut conf = AllocConf::default();
-        conf.parse_overrides(setting)
+        conf.parse_overrides(&setting)
             .map_err(|error| heapscope_core::Error::InvalidConfig { what: format!("setting {setting:?}: {error}") })?;
-        rows.push(Row::Pytorch { setting: setting.clone(), conf });
+        rows.push(Row::Pytorch { setting, conf });
     }
     if !rows.iter().any(|row| matches!(row, Row::Pytorch { conf, .. } if *conf == recorded_conf)) {
         rows.push(Row::Pytorch { setting: recorded_setting.clone(), conf: recorded_conf.clone() });
@@ -488,6 +489,34 @@ pub fn advise(recording: &Recording, config: &AdviseConfig, progress: &(dyn Fn(u
     }
     let tie_bytes = rank(&mut settings, capacity_bytes.is_some());
     Ok(Advice { capacity_bytes, capacity_from, recorded_setting, start_live_bytes: recording.start_bytes(), tie_bytes, settings })
+}
+
+/// `setting` with the keys of `recorded` no setting of the grid varies — the share of the device
+/// (`per_process_memory_fraction`) and `max_non_split_rounding_mb` — where the recording sets them and `setting` does
+/// not: what one changes is how the allocator uses its memory, not how much of the device it may take (advising
+/// `expandable_segments:True` on the whole device to a run that had 90 % of it would credit the setting with the other
+/// 10 %). Written into the string, so that a row pasted is the same run.
+fn with_recorded_budget(setting: &str, recorded: &AllocConf) -> String {
+    let kept = [
+        (
+            "per_process_memory_fraction",
+            AllocConf { per_process_memory_fraction: recorded.per_process_memory_fraction, ..AllocConf::default() },
+        ),
+        (
+            "max_non_split_rounding_mb",
+            AllocConf { max_non_split_rounding: recorded.max_non_split_rounding, ..AllocConf::default() },
+        ),
+    ];
+    let mut keys: Vec<String> = setting.split(',').filter(|key| !key.trim().is_empty()).map(str::to_owned).collect();
+    let mut out = setting.to_owned();
+    for (name, conf) in kept {
+        let key = conf.overrides();
+        if !key.is_empty() && !setting.contains(name) {
+            keys.push(key);
+            out = keys.join(",");
+        }
+    }
+    out
 }
 
 /// Orders the PyTorch settings best first and numbers them from 1: those that replay the recording's start state as
@@ -1353,6 +1382,40 @@ mod tests {
             answer.starts_with("Keep the recorded settings: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True — "),
             "{answer}"
         );
+    }
+
+    /// A recording made under a share of the device (`per_process_memory_fraction` in its settings) is advised on that
+    /// share: every row keeps the fraction unless it sets its own, and says so in its string (pasted, the same run).
+    #[test]
+    fn a_recorded_share_of_the_device_is_kept_in_every_row() {
+        let mut recording = shared("frag_oom-default");
+        let snapshot = recording.snapshot.as_mut().unwrap();
+        snapshot.settings.get_or_insert_with(Default::default).alloc_conf = "per_process_memory_fraction:0.9".to_owned();
+        let settings = ["", "expandable_segments:True", "per_process_memory_fraction:1"].map(String::from).to_vec();
+        let config = AdviseConfig { capacity_bytes: Some(4 << 30), settings, threads: 2 };
+        let advice = advise(&recording, &config, &|_, _| {}).unwrap();
+        let names: Vec<&str> = advice.settings.iter().map(|row| row.setting.as_str()).collect();
+        for expected in [
+            "per_process_memory_fraction:0.9",
+            "expandable_segments:True,per_process_memory_fraction:0.9",
+            "per_process_memory_fraction:1",
+        ] {
+            assert!(names.contains(&expected), "{expected} in {names:?}");
+        }
+        assert_eq!(advice.recorded().unwrap().setting, "per_process_memory_fraction:0.9");
+        // Each row is the replay of its string.
+        for row in advice.settings.iter().filter(|row| row.setting != PAGED) {
+            let compare = crate::compare::CompareConfig {
+                capacity_bytes: Some(4 << 30),
+                alloc_conf: Some(row.setting.clone()),
+                ..crate::compare::CompareConfig::default()
+            };
+            let replayed =
+                crate::compare::replay(&recording, crate::contender::Contender::Pytorch { expandable: false }, &compare).unwrap();
+            let figures = replayed.figures().unwrap();
+            assert_eq!((figures.peak_reserved_bytes, figures.ooms), (row.peak_reserved_bytes, row.ooms), "{}", row.setting);
+        }
+        assert_eq!(with_recorded_budget("max_split_size_mb:128", &AllocConf::default()), "max_split_size_mb:128");
     }
 
     /// Every setting of the grid is one PyTorch accepts, and the grid has no two alike.
