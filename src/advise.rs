@@ -73,10 +73,7 @@ pub fn run(args: &AdviseArgs) -> Result<()> {
     let recorded =
         if advice.recorded_setting.is_empty() { "PyTorch's defaults".to_owned() } else { advice.recorded_setting.clone() };
     outln!("recorded settings: {}", crate::replay::recorded_settings_words(&recording, &recorded));
-    for note in [caveats::no_trace(&recording), caveats::unknown_actions(&recording), caveats::final_state(&recording)]
-        .into_iter()
-        .flatten()
-    {
+    for note in caveats::of_recording(&recording) {
         outln!("{note}");
     }
     if advice.start_live_bytes > 0 {

@@ -64,6 +64,10 @@ pub fn run(args: &TopArgs) -> Result<()> {
         Bytes(found.live_bytes),
         counted(found.live_count, "allocation", "allocations")
     );
+    // What the live set may not say of the recorded run (actions heapscope does not know, final segments that disagree).
+    for note in heapscope_lab::caveats::of_recording(&recording) {
+        outln!("{note}");
+    }
     if let Some(refused) = &found.refused {
         outln!("refused at entry {}: {}, from {}", refused.entry, Bytes(refused.bytes), where_from(&refused.frames));
         for frame in refused.frames.iter().skip(1) {

@@ -133,6 +133,13 @@ pub fn final_state(recording: &Recording) -> Option<String> {
     ))
 }
 
+/// What any answer read from `recording` cannot tell, whoever replays it: no trace to replay ([`no_trace`]), actions
+/// heapscope does not know ([`unknown_actions`]), final segments that disagree with the trace's end
+/// ([`final_state`]). `advise` and `top` print them under their title.
+pub fn of_recording(recording: &Recording) -> Vec<String> {
+    [no_trace(recording), unknown_actions(recording), final_state(recording)].into_iter().flatten().collect()
+}
+
 /// The note that entries of the device shown are of actions heapscope does not know (a later PyTorch's): read as marks,
 /// allocating and freeing nothing, so every replay departs from the recording there if they change memory.
 pub fn unknown_actions(recording: &Recording) -> Option<String> {

@@ -636,6 +636,27 @@ fn top_sums_the_rows_left_out_saturated() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// `top` says what its answer cannot tell, as `advise` does: an entry of an action heapscope does not know (it said
+/// nothing), here a pickle written byte by byte with an allocation and a `teleport`.
+#[test]
+fn top_says_what_the_recording_cannot_tell() {
+    let dir = temp_dir("top-unknown");
+    let path = dir.join("unknown.pickle");
+    let bytes = [
+        b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]](".as_slice(),
+        b"}(\x8c\x06action\x8c\x05alloc\x8c\x04addrM\x00\x10\x8c\x04sizeM\x00\x02\x8c\x06streamK\x00u",
+        b"}(\x8c\x06action\x8c\x08teleport\x8c\x04addrK\x00\x8c\x04sizeK\x00\x8c\x06streamK\x00u",
+        b"eau.",
+    ]
+    .concat();
+    std::fs::write(&path, bytes).unwrap();
+    let text = stdout(&heapscope(&["top", path.to_str().unwrap()]));
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].ends_with("512 B live at the peak (entry 0), in 1 allocation"), "{text}");
+    assert!(lines[1].starts_with("1 entry of an action heapscope does not know (\"teleport\", the first at entry 1)"), "{text}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
 /// `heapscope top`: what holds the memory. frag_oom's peak is twenty allocations from one line of the capture script;
 /// at the out-of-memory entry, 1.95 GiB are live from another line and the refused 1 GiB request names its own frames.
 /// A recording that refused nothing has no `--at oom`.
