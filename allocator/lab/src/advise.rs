@@ -40,6 +40,7 @@ use crate::recording::{Recording, counted};
 use heapscope_core::trace::Event;
 use heapscope_core::units::{Bytes, BytesAtLeast, parse_size};
 use heapscope_core::{LARGEST_DEVICE_BYTES, PagedConfig, PagedHeap, Result, UnmapRule};
+use heapscope_pytorch::alloc_conf::items_of;
 use heapscope_pytorch::caching::{get_allocation_size, largest_block_bound, round_size, settings_in_effect};
 use heapscope_pytorch::{AllocConf, Emulator, LARGE_BUFFER_BYTES, MemoryStats, Snapshot};
 
@@ -507,16 +508,18 @@ fn with_recorded_budget(setting: &str, recorded: &AllocConf) -> String {
             AllocConf { max_non_split_rounding: recorded.max_non_split_rounding, ..AllocConf::default() },
         ),
     ];
-    let mut keys: Vec<String> = setting.split(',').filter(|key| !key.trim().is_empty()).map(str::to_owned).collect();
-    let mut out = setting.to_owned();
-    for (name, conf) in kept {
-        let key = conf.overrides();
-        if !key.is_empty() && !setting.contains(name) {
-            keys.push(key);
-            out = keys.join(",");
-        }
+    let items = items_of(setting);
+    let sets = |name: &str| items.iter().any(|item| item.split(':').next().map(str::trim) == Some(name));
+    let added: Vec<String> = kept
+        .into_iter()
+        .map(|(name, conf)| (name, conf.overrides()))
+        .filter(|(name, key)| !key.is_empty() && !sets(name))
+        .map(|(_, key)| key)
+        .collect();
+    if added.is_empty() {
+        return setting.to_owned();
     }
-    out
+    items.into_iter().map(str::to_owned).chain(added).collect::<Vec<_>>().join(",")
 }
 
 /// Orders the PyTorch settings best first and numbers them from 1: those that replay the recording's start state as
@@ -555,7 +558,7 @@ fn rank(settings: &mut [SettingAdvice], capacity_known: bool) -> u64 {
         };
         // Alike in all that (the same run, a key that changes nothing here): the recorded settings, then the fewest keys
         // to set, rather than the order they were given in.
-        let keys = |advice: &SettingAdvice| advice.setting.split(',').filter(|key| !key.trim().is_empty()).count();
+        let keys = |advice: &SettingAdvice| items_of(&advice.setting).len();
         key(a)
             .cmp(&key(b))
             .then(a.driver_time_us.total_cmp(&b.driver_time_us))
@@ -848,9 +851,9 @@ struct Checkpoints<'s> {
     saved: Vec<(u64, Emulator<'s>)>,
     /// `garbage_collection_threshold` (0: off).
     gc_threshold: f64,
-    /// What PyTorch holds reserved at the start of the recording with the row's settings ([`start_reserved_bytes`]: what
-    /// the recording held, or a what-if of the other kind of memory's start allocated afresh if that takes more): no
-    /// smaller device runs it.
+    /// What PyTorch held reserved at the start of the recording ([`crate::capacity::reserved_at_start`]): no smaller
+    /// device ran it. A what-if of the other kind of memory, which allocates that start afresh, may take more: the
+    /// first copy's read capacity is that (each probe takes the larger of the two).
     start_floor_bytes: u64,
     /// The probes run so far, by capacity: the search asks some capacities twice (a grid step above its answer, and
     /// the answer's retries), and a probe that fits replays to the end.
@@ -874,7 +877,7 @@ impl<'s> Checkpoints<'s> {
         Self {
             saved,
             gc_threshold: conf.garbage_collection_threshold,
-            start_floor_bytes: start_reserved_bytes(recording, conf),
+            start_floor_bytes: crate::capacity::reserved_at_start(recording),
             probed: RefCell::default(),
         }
     }

@@ -319,6 +319,12 @@ fn interval_index(interval_mb: u64) -> Option<usize> {
     interval_mb.is_power_of_two().then(|| (interval_mb.trailing_zeros() as usize).min(ROUNDUP_INTERVALS - 1))
 }
 
+/// The `key:value` items of a `PYTORCH_CUDA_ALLOC_CONF` string, as [`AllocConf::parse_overrides`] splits it (at commas
+/// outside brackets: a `roundup_power2_divisions` list is one item), empty ones left out.
+pub fn items_of(setting: &str) -> Vec<&str> {
+    split_top_level(setting).into_iter().filter(|item| !item.trim().is_empty()).collect()
+}
+
 /// Splits at commas outside brackets.
 fn split_top_level(s: &str) -> Vec<&str> {
     let mut parts = Vec::new();
