@@ -6,7 +6,9 @@
 //! ("... 69 more"). heapscope folds them the way PyTorch's memory_viz does: a frame is *noise* when its function
 //! or file names the machinery ([`is_noise`]: the unwinder, the gatherer, the C start-up, CPython's call and eval
 //! functions, the dispatcher's boxing and registration files), and also the caching allocator's own frames, which
-//! memory_viz keeps; [`folded`] keeps the rest, innermost first.
+//! memory_viz keeps; [`folded`] keeps the rest, innermost first. A stack made only of the machinery (an allocation
+//! from a C++ thread, or frames the noise lists name too widely) is kept whole instead: folded away, it would read
+//! as no stack recorded at all.
 //! [`user_frame`] picks the one frame to attribute memory to: the innermost kept frame of Python code outside
 //! PyTorch's own package (the model's line), else the innermost kept Python frame, else the innermost kept frame.
 
@@ -51,9 +53,10 @@ pub fn is_noise(frame: &Frame) -> bool {
         || NOISE_FILES.iter().any(|noise| frame.filename.contains(noise))
 }
 
-/// The frames of `frames` (innermost first) that are not noise, in order.
+/// The frames of `frames` (innermost first) that are not noise, in order; all of them when every one is.
 pub fn folded(frames: &[Frame]) -> impl Iterator<Item = &Frame> {
-    frames.iter().filter(|frame| !is_noise(frame))
+    let all_noise = frames.iter().all(is_noise);
+    frames.iter().filter(move |frame| all_noise || !is_noise(frame))
 }
 
 /// Whether `frame` is Python source.
@@ -66,7 +69,7 @@ fn is_torch(frame: &Frame) -> bool {
     frame.filename.contains("/torch/") || frame.filename.starts_with("torch/")
 }
 
-/// The frame to attribute an allocation to (see the module docs); `None` for no frame at all, or only noise.
+/// The frame to attribute an allocation to (see the module docs); `None` for no frame at all.
 pub fn user_frame(frames: &[Frame]) -> Option<&Frame> {
     folded(frames)
         .find(|frame| is_python(frame) && !is_torch(frame))
@@ -127,19 +130,21 @@ mod tests {
     #[test]
     fn user_frame_falls_back_in_order() {
         // (stack, expected user frame): PyTorch's Python when there is no other, any kept frame when there is no
-        // Python, nothing when every frame is noise.
+        // Python, the innermost frame when every frame is noise, nothing when there is no frame.
         let torch_only = vec![frame("PyObject_Call", "Objects/call.c", 1), frame("forward", "torch/nn/modules/linear.py", 125)];
         let native_only = vec![frame("torch::unwind::unwind()", "??", 0), frame("at::empty", "EmptyTensor.cpp", 3)];
         let noise_only = vec![frame("torch::unwind::unwind()", "??", 0), frame("__libc_start_main", "??", 0)];
         let cases: [(&[Frame], Option<&str>); 4] = [
             (&torch_only, Some("forward (torch/nn/modules/linear.py:125)")),
             (&native_only, Some("at::empty (EmptyTensor.cpp:3)")),
-            (&noise_only, None),
+            (&noise_only, Some("torch::unwind::unwind() (??:0)")),
             (&[], None),
         ];
         for (stack, expected) in cases {
             assert_eq!(user_frame(stack).map(describe).as_deref(), expected, "{stack:?}");
         }
+        // Only the machinery: kept whole, not read as no stack.
+        assert_eq!(folded(&noise_only).count(), noise_only.len());
     }
 
     #[test]

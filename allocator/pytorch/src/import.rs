@@ -463,7 +463,7 @@ impl Frames {
         };
         let line = match dict.get("line") {
             Some(value) => frame_line(value).ok_or_else(|| Issue::expected(format!("{}.line", frame_path()), "int", value))?,
-            None => 0,
+            None => LINE_UNKNOWN,
         };
         let id = self.frame_id((text("filename")?, line, text("name")?), frame_path)?;
         if let Some(entry) = dict.memo_slot.and_then(|slot| memo.get_mut(slot as usize)) {
@@ -1113,7 +1113,7 @@ fn fast_frame(scan: &mut Scan<'_, '_>, frames: &mut Frames, item: Token) -> Opti
             let slot = scan.put_container()?;
             let mut filename = None;
             let mut name = None;
-            let mut line = 0;
+            let mut line = LINE_UNKNOWN;
             scan_pairs(scan, |scan, key, value| {
                 match (key, value) {
                     (KEY_FILENAME, Token::Str { at, .. }) => filename = Some(scan.text(at)),
@@ -1376,7 +1376,7 @@ fn to_i64(value: &Value, path: &dyn Fn() -> String) -> Result<i64, Issue> {
 /// is saturated to `i64::MIN` / `i64::MAX`.
 fn frame_line(value: &Value) -> Option<i64> {
     if matches!(value, Value::None) {
-        return Some(-1);
+        return Some(LINE_UNKNOWN);
     }
     let int = value.as_int()?;
     Some(match (int.to::<i64>(), int.to::<u64>()) {
@@ -1386,6 +1386,9 @@ fn frame_line(value: &Value) -> Option<i64> {
         (None, None) => i64::MAX,
     })
 }
+
+/// A frame's line where the file tells none (`None`, or no `line` key): Python's own -1, shown as `?`.
+const LINE_UNKNOWN: i64 = -1;
 
 /// Converts one trace entry (element `index` of device `device`'s trace).
 fn convert_entry(
@@ -2057,6 +2060,7 @@ trace[1205]["frames"] = None
 trace[1206] = {"action": "snapshot"}
 trace[1207]["frames"] = [{"filename": "fake_tensor.py", "line": 2**64 - 1, "name": "f"}, frames[0]]
 trace[1208]["frames"] = trace[1207]["frames"]
+trace[1209]["frames"] = [{"filename": "c.py", "name": "no_line"}]
 block = lambda address, state, **more: {"address": address, "size": 4096, "requested_size": 100, "state": state, **more}
 pool = (0, 0)
 segment = lambda i, **more: {"device": 0, "address": 2**40 + 2**21 * i, "total_size": 8192, "allocated_size": 4096,
@@ -2105,6 +2109,10 @@ for protocol in range(2, 6):
             assert_eq!(fast, generic, "{}", path.display());
             assert!(fast.device_traces[0].len() >= 2500, "{}", path.display());
         }
+        // A frame without a `line` reads as one whose line is unknown (shown `?`), not line 0.
+        let odd = parse(std::fs::read(&files[2]).unwrap().as_slice(), "input", Decoder::default()).unwrap();
+        let stack = &odd.frame_stacks[odd.device_traces[0][1209].frames.0 as usize];
+        assert_eq!((&*stack[0].name, stack[0].line), ("no_line", LINE_UNKNOWN));
         std::fs::remove_dir_all(dir).unwrap();
     }
 
