@@ -178,6 +178,28 @@ mod tests {
         }
     }
 
+    /// A pass that moves nothing still lets the export and the statistics hear what the refused request asked of the
+    /// device: four 100 MiB allocations fill the 512 MiB device in two 256 MiB blocks, the second block's two are
+    /// freed (the block kept empty), and 300 MiB are asked for: the heap gives the empty block back to make room for a
+    /// block of the request's own, still has too little (256 MiB), and compacting cannot help (the other block's 56
+    /// MiB). That block's release was lost: the export never freed it, and a summary of the export held it to the end.
+    #[test]
+    fn a_pass_that_moves_nothing_loses_no_device_event() {
+        let csv = format!("a,0,{0}\na,1,{0}\na,2,{0}\na,3,{0}\nf,2\nf,3\na,4,{1}\n", 100 * MIB, 300 * MIB);
+        let recording = Recording::from_trace(Trace::parse_csv("blocked.csv", &csv).unwrap());
+        for rule in [CompactRule::Never, CompactRule::OnOom, CompactRule::Every(1), CompactRule::Every(3)] {
+            let config = config(rule);
+            let tlsf = Contender::Heap(PolicyKind::Tlsf);
+            let figures = replay(&recording, tlsf, &config).unwrap().figures().cloned().unwrap();
+            assert_eq!((figures.ooms, figures.device_allocs, figures.device_frees), (1, 2, 1), "{rule}: {figures:?}");
+            let replayed = crate::export::replayed::replayed_snapshot(&recording, tlsf, &config).unwrap();
+            let count = |action| replayed.snapshot.device_traces[0].iter().filter(|entry| entry.action == action).count();
+            let segments = (count(heapscope_pytorch::Action::SegmentAlloc), count(heapscope_pytorch::Action::SegmentFree));
+            assert_eq!(segments, (2, 1), "{rule}");
+            assert_eq!(replayed.snapshot.segments.len(), 1, "{rule}");
+        }
+    }
+
     #[test]
     fn rules_by_name() {
         for (text, rule) in

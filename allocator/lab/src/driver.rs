@@ -454,9 +454,14 @@ fn compact<T: Target>(
         .filter_map(|(slot, handle)| Some((slot, ((*handle)?, (*requests.get(slot as usize)?)?))))
         .unzip();
     let moves = target.compact(&live, for_refused)?;
-    // What the moves asked of the device (a paged heap's remaps, blocks emptied) goes with the first move.
-    let mut device_events =
-        if observers.iter().any(|observer| observer.wants_device_events()) { target.take_device_events() } else { Vec::new() };
+    // What the moves asked of the device (a paged heap's remaps, blocks emptied) goes with the first move. A pass of no
+    // move leaves what it asked (blocks it found empty and released) to the step that follows: taken here, it was lost
+    // (an export then never freed those blocks).
+    let mut device_events = if !moves.is_empty() && observers.iter().any(|observer| observer.wants_device_events()) {
+        target.take_device_events()
+    } else {
+        Vec::new()
+    };
     for &(index, to) in &moves {
         let slot = slots[index];
         let Some(from) = handles[slot as usize].replace(to) else { continue };
