@@ -114,7 +114,13 @@ pub(super) fn rebuild_start_state(
         .map(|(k, e)| (k, alloc.owner_of(pools.pool_id(snapshot, k, e.pool_id))))
         .collect();
     let owner = |k: usize| segment_owners.get(&k).copied().unwrap_or(0);
-    let run_pools = RunPools::new(trace);
+    let finals: BTreeMap<u64, (u64, Pool)> = snapshot
+        .segments
+        .iter()
+        .filter(|s| s.device as usize == device && s.is_expandable)
+        .map(|s| (s.address, (s.address.saturating_add(s.total_size), s.segment_type)))
+        .collect();
+    let run_pools = RunPools::new(trace, &finals);
     groups.add_seen_only_in_trace(trace, &run_pools, owner);
     for (k, e) in trace.iter().enumerate().rev() {
         match e.action {

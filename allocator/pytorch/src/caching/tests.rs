@@ -1637,3 +1637,20 @@ fn issue_14_reservations_beyond_128_gib_replay_exactly() {
         }
     }
 }
+
+/// A final expandable segment says its pool: the trace's runs over it are that pool's pages, whatever their length.
+/// A paged heap's export maps its large segments in pages of 2 MiB; guessed by length, such runs were the small pool's,
+/// beside the final segment's large reservation over the same pages: the start state held the final range mapped
+/// (the trace maps it first), and with more runs the two reservations overlapped and the file was refused.
+#[test]
+fn a_final_segment_tells_the_pool_of_the_runs_over_it() {
+    let base = 0x7e00_0000_0000u64;
+    let segment = expandable_segment(0, Pool::Large, vec![final_block(base, 2 * MIB, 0)]);
+    let trace = vec![entry(Action::SegmentMap, base, 6 * MIB), entry(Action::SegmentUnmap, base + 2 * MIB, 4 * MIB)];
+    let snap = Snapshot { segments: vec![segment], device_traces: vec![trace], ..Snapshot::default() };
+    let conf = AllocConf { expandable_segments: true, ..AllocConf::default() };
+    let (start, _, left_out) = initial::rebuild_start_state(&snap, 0, &conf, None, &RequestPools::of(&snap, 0)).unwrap();
+    assert_eq!((start.total_allocated_memory, left_out), (0, 0), "nothing mapped at the start");
+    let em = emulate(&snap, 0, &conf, None).unwrap();
+    assert_eq!(em.stats.num_ooms, 0);
+}

@@ -274,9 +274,11 @@ impl Groups {
     }
 }
 
-/// The pool of a page run of the trace, where something tells it: the allocations the trace places in the run (the
-/// small pool serves requests of at most 1 MiB), else the run's length (no multiple of the large pool's 20 MiB page:
-/// the small pool's). Runs that overlap are pages of one reservation, so of one pool: the answer is one for each set of
+/// The pool of a page run of the trace, where something tells it: a final expandable segment the run overlaps (its
+/// `segment_type`, what the file says), else the allocations the trace places in the run (the small pool serves
+/// requests of at most 1 MiB), else the run's length (no multiple of the large pool's 20 MiB page: the small pool's).
+/// (A paged heap's export maps its large segments in pages of 2 MiB: guessed by length, their runs were the small
+/// pool's, beside the final segments' large reservation over the same pages, and the start state held them twice.) Runs that overlap are pages of one reservation, so of one pool: the answer is one for each set of
 /// overlapping runs (or runs an allocation crosses between), taken from all of them (runs told apart one by one gave a
 /// page to both pools where a layout mixes requests, as a paged heap's does, and the start state then held it twice).
 #[derive(Debug)]
@@ -288,7 +290,8 @@ pub(super) struct RunPools {
 impl RunPools {
     /// Nothing to index (no allocation gathered, nor sorted) for a trace that maps and unmaps no page: most
     /// recordings, and every emulation of them starts here.
-    pub(super) fn new(trace: &[TraceEntry]) -> Self {
+    /// `finals`: the final expandable segments, as start -> (end, pool).
+    pub(super) fn new(trace: &[TraceEntry], finals: &BTreeMap<u64, (u64, Pool)>) -> Self {
         let mut runs: Vec<(u64, u64)> = trace
             .iter()
             .filter(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
@@ -326,7 +329,9 @@ impl RunPools {
             .into_iter()
             .map(|(start, end, small_length)| {
                 let first = allocations.partition_point(|&(at, _)| at < start);
+                let shown = finals.range(..end).next_back().filter(|&(_, &(final_end, _))| final_end > start);
                 let pool = match allocations.get(first) {
+                    _ if shown.is_some() => shown.map(|(_, &(_, pool))| pool),
                     Some(&(at, requested)) if at < end => {
                         Some(if requested <= SMALL_SIZE_BYTES { Pool::Small } else { Pool::Large })
                     }
