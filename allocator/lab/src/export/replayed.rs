@@ -353,7 +353,7 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
     let frame_stacks = recording.snapshot.as_ref().map_or_else(|| vec![Vec::new()], |snapshot| snapshot.frame_stacks.clone());
     let device = recording.device;
     let mut heap_report = None;
-    let segments = match contender {
+    let mut segments: Vec<Segment> = match contender {
         Contender::Heap(kind) => {
             let mut heap = config.heap(kind)?;
             replay_device_heap(&mut heap, 0, recording, config, &mut writer, &mut recorder)?;
@@ -387,6 +387,7 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
             });
         }
     };
+    give_stacks(&mut segments, &writer.entries, recording);
     let mut device_traces = vec![Vec::new(); device + 1];
     device_traces[device] = writer.entries;
     Ok(Replayed {
@@ -830,6 +831,7 @@ pub fn emulated_snapshot(
     // The allocator knows no device: its segments are the device replayed's.
     let device_id = u32::try_from(device).unwrap_or(u32::MAX);
     segments.iter_mut().for_each(|segment| segment.device = device_id);
+    give_stacks(&mut segments, &entries, recording);
     let mut device_traces = vec![Vec::new(); device + 1];
     device_traces[device] = entries;
     Ok(Replayed {
@@ -846,6 +848,41 @@ pub fn emulated_snapshot(
         heap_report: None,
         fidelity,
     })
+}
+
+/// Gives each live block of the written final `segments` the stack of the allocation it holds, as PyTorch's snapshot
+/// does (memory_viz's segment view names every block without one "allocated before _record_history was enabled"): the
+/// stack of the written entry that last allocated at its address, else, for an allocation live since before the first
+/// entry and never written (the emulation keeps the recorded start), the recording's own final block there of the same
+/// size.
+fn give_stacks(segments: &mut [Segment], entries: &[TraceEntry], recording: &Recording) {
+    let mut allocated: FastMap<u64, StackId> = FastMap::default();
+    for entry in entries {
+        match entry.action {
+            Action::Alloc => {
+                allocated.insert(entry.addr, entry.frames);
+            }
+            Action::FreeCompleted => {
+                allocated.remove(&entry.addr);
+            }
+            _ => {}
+        }
+    }
+    let device = u32::try_from(recording.device).unwrap_or(u32::MAX);
+    let recorded: FastMap<(u64, u64), StackId> = recording
+        .snapshot
+        .iter()
+        .flat_map(|snapshot| &snapshot.segments)
+        .filter(|segment| segment.device == device)
+        .flat_map(|segment| &segment.blocks)
+        .filter(|block| block.state != BlockState::Inactive)
+        .map(|block| ((block.address, block.size), block.frames))
+        .collect();
+    for block in segments.iter_mut().flat_map(|segment| &mut segment.blocks).filter(|block| block.state != BlockState::Inactive) {
+        if let Some(&frames) = allocated.get(&block.address).or_else(|| recorded.get(&(block.address, block.size))) {
+            block.frames = frames;
+        }
+    }
 }
 
 /// The recording's categories, which the written entries keep (by id).
@@ -1282,6 +1319,70 @@ mod tests {
             }
         }
         None
+    }
+
+    /// Every live block of an export's final segments has the stack of the allocation it holds, as PyTorch writes them:
+    /// they had none (memory_viz's segment view said of each "allocated before _record_history was enabled", and `top`
+    /// of the export lost the stacks of what lived to the end). Three allocations at two stacks, the middle one freed;
+    /// whole, and begun after the first (live since the start, its stack only in its final block: the emulation keeps
+    /// the recorded start, never written as entries).
+    #[test]
+    fn final_blocks_keep_their_allocations_stacks() {
+        let base = 0x7f00_0000_0000u64;
+        let frame = |name: &str| vec![heapscope_pytorch::Frame { filename: "model.py".into(), line: 1, name: name.into() }];
+        let (first, second) = (StackId(1), StackId(2));
+        let block = |offset: u64, size: u64, frames: StackId| Block {
+            frames,
+            ..Block::new(
+                base + offset,
+                size,
+                size,
+                if frames == StackId::NONE { BlockState::Inactive } else { BlockState::ActiveAllocated },
+            )
+        };
+        let blocks = vec![
+            block(0, MIB, first),
+            block(MIB, 2 * MIB, StackId::NONE),
+            block(3 * MIB, 3 * MIB, second),
+            block(6 * MIB, 14 * MIB, StackId::NONE),
+        ];
+        let segment = Segment::from_blocks(0, base, 20 * MIB, Pool::Large, blocks);
+        let entry = |action, offset: u64, size: u64, frames| TraceEntry::new(action, base + offset, size).with_frames(frames);
+        let trace = [
+            TraceEntry::new(Action::SegmentAlloc, base, 20 * MIB),
+            entry(Action::Alloc, 0, MIB, first),
+            entry(Action::Alloc, MIB, 2 * MIB, second),
+            entry(Action::Alloc, 3 * MIB, 3 * MIB, second),
+            entry(Action::FreeRequested, MIB, 2 * MIB, second),
+            entry(Action::FreeCompleted, MIB, 2 * MIB, second),
+        ];
+        for begun in [0, 2] {
+            let snapshot = Snapshot {
+                segments: vec![segment.clone()],
+                device_traces: vec![trace[begun..].to_vec()],
+                frame_stacks: vec![Vec::new(), frame("first"), frame("second")],
+                ..Snapshot::default()
+            };
+            let recording = Recording::from_snapshot("stacks", snapshot, 0).unwrap();
+            let config = CompareConfig::default();
+            let exports = [
+                ("tlsf", replayed_snapshot(&recording, Contender::Heap(PolicyKind::Tlsf), &config).unwrap()),
+                ("paged", replayed_snapshot(&recording, Contender::Paged, &config).unwrap()),
+                ("pytorch", emulated_snapshot(&recording, &AllocConf::default(), "", None).unwrap()),
+            ];
+            for (name, export) in exports {
+                let mut stacks: Vec<StackId> = export
+                    .snapshot
+                    .segments
+                    .iter()
+                    .flat_map(|segment| &segment.blocks)
+                    .filter(|block| block.state != BlockState::Inactive)
+                    .map(|block| block.frames)
+                    .collect();
+                stacks.sort_unstable();
+                assert_eq!(stacks, [first, second], "{name} from entry {begun}");
+            }
+        }
     }
 
     /// An allocation live when the recording began comes from no entry; written as an allocation of the heap, it
