@@ -306,7 +306,11 @@ impl PagedHeap {
                 self.insert_cached(start, pages);
             }
             self.policy.free(allocation)?;
-            return Err(self.out_of_memory(request, new_bytes.unwrap_or(u64::MAX)));
+            // What it needs, as every contender's verdict says it: the request in whole pages (a request that shares a
+            // page with its neighbour needs fewer new ones, never less than asked: 2.5 MiB beside a mapped page needs
+            // 2 MiB of new ones, it takes 4 MiB of pages), or the new pages where they are more.
+            let rounded = request.size_bytes().checked_next_multiple_of(page).unwrap_or(u64::MAX);
+            return Err(self.out_of_memory(request, new_bytes.unwrap_or(u64::MAX).max(rounded)));
         }
         self.stats.map_calls += mapped.len() as u64;
         for (index, pages) in mapped {
@@ -509,9 +513,10 @@ impl PagedHeap {
         error
     }
 
-    /// The verdict for a request that needed `needed_bytes` more (virtual range or mapped pages): exhaustion, or
-    /// internal waste when the page tails of mapped pages, or the rounding of the request to whole pages, hold what was
-    /// missing.
+    /// The verdict for a request that needed `needed_bytes` (virtual range, or pages: the request in whole pages):
+    /// exhaustion; internal waste when the rounding of the request to whole pages is what was missing; fragmentation
+    /// when the free bytes inside mapped pages (what live allocations leave of their pages) and the device's would hold
+    /// it in whole pages but lie in pieces no run of which holds it (remapping allocations together frees whole pages).
     fn out_of_memory(&mut self, request: Request, needed_bytes: u64) -> Error {
         self.stats.ooms += 1;
         // Free memory inside mapped pages: what live footprints leave of them, and its largest run.
@@ -532,7 +537,7 @@ impl PagedHeap {
         let (unreserved_bytes, virtual_range_bytes) =
             if device_left <= range_left { (device_left, None) } else { (range_left, Some(self.config.virtual_bytes)) };
         let free_in_blocks_bytes = self.stats.mapped_bytes - self.footprint_bytes.min(self.stats.mapped_bytes);
-        let mut verdict = OomVerdict {
+        let verdict = OomVerdict {
             policy: "paged",
             requested_bytes: request.size_bytes(),
             needed_bytes,
@@ -549,11 +554,6 @@ impl PagedHeap {
             cause: OomCause::Exhaustion,
         }
         .judged();
-        // Pages map wherever they are needed: free bytes inside mapped pages that did not serve it are page tails
-        // (waste inside allocations' pages), never a free run in the wrong place.
-        if verdict.cause == OomCause::Fragmentation {
-            verdict.cause = OomCause::InternalWaste;
-        }
         Error::OutOfMemory(Box::new(verdict))
     }
 }
@@ -768,6 +768,25 @@ mod tests {
         assert_eq!(verdict.cause, OomCause::Exhaustion, "{verdict}");
     }
 
+    /// A refusal for want of pages says what the request needs in whole pages, never less than asked, and why by those
+    /// numbers: 1 MiB allocations fill 2 MiB pages, every other one is freed, and 2.5 MiB are asked for once the device
+    /// is full. Beside a page it shares, it needs only 2 MiB of new ones; it was said to need that much "once rounded",
+    /// and called internal waste with the 3 MiB free covering it. (allocations, capacity in MiB, free in MiB, cause)
+    #[test]
+    fn a_refusal_for_want_of_pages_needs_the_request_in_whole_pages() {
+        let cases = [(6, 6, 3, OomCause::InternalWaste), (10, 10, 5, OomCause::Fragmentation)];
+        for (count, capacity, free, cause) in cases {
+            let mut heap = PagedHeap::new(PagedConfig { page_bytes: 2 * MIB, ..PagedConfig::new(Some(capacity * MIB)) }).unwrap();
+            let held: Vec<Allocation> = (0..count).map(|_| heap.allocate(request(MIB)).unwrap()).collect();
+            for allocation in held.into_iter().skip(1).step_by(2) {
+                heap.free(allocation).unwrap();
+            }
+            let Err(Error::OutOfMemory(verdict)) = heap.allocate(request(5 * MIB / 2)) else { panic!("no page left") };
+            assert_eq!((verdict.needed_bytes, verdict.free_in_blocks_bytes), (4 * MIB, free * MIB), "{verdict}");
+            assert_eq!(verdict.cause, cause, "{verdict}");
+        }
+    }
+
     #[test]
     fn unmap_rule_names_round_trip() {
         for rule in [UnmapRule::Eager, UnmapRule::UnderPressure] {
@@ -862,7 +881,9 @@ mod tests {
         assert_eq!(heap.stats().cached_bytes, 8 * MIB);
         // 10 MiB from offset 0 would reuse the four cached pages and need one more: 10 MiB > 8 MiB.
         let Err(Error::OutOfMemory(verdict)) = heap.allocate(request(10 * MIB)) else { panic!("expected an OOM") };
-        assert_eq!(verdict.needed_bytes, 2 * MIB, "only the new page is needed");
+        // It needs its five pages (one new), more than the device: not enough memory (it read as internal waste, its
+        // need as the one new page).
+        assert_eq!((verdict.needed_bytes, verdict.cause), (10 * MIB, OomCause::Exhaustion), "{verdict}");
         let stats = heap.stats().clone();
         assert_eq!((stats.cache_releases, stats.cached_bytes, stats.mapped_bytes), (0, 8 * MIB, 8 * MIB));
         assert_eq!(heap.mapped_runs(), [(0, 8 * MIB)]);
