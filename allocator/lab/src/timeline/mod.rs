@@ -161,10 +161,15 @@ impl Timeline {
             return Err(LayoutError::StartAfterSteps);
         }
         let mut head = self.head.clone();
+        // Pages mapped at the start count as far as a view shows a virtual range, as a step's do (a start of mapped
+        // pages only was drawn as a range one byte wide: an empty pane).
+        let mut extents = Vec::new();
         for change in changes {
             head.apply(change)?;
+            extents.extend(mapped_extent(&head, change));
         }
         self.head = head;
+        self.widen_virtual_extents(extents);
         let first = self.changes.len();
         self.changes.extend_from_slice(changes);
         self.step_starts = vec![self.changes.len()];
@@ -208,16 +213,9 @@ impl Timeline {
                 self.head = self.layout_at(self.steps());
                 return Err(error);
             }
-            if let Change::PagesMapped { address, size_bytes } = *change
-                && let Some(region) = self.head.region_of(address)
-            {
-                extents.push((region.address, address + size_bytes - region.address));
-            }
+            extents.extend(mapped_extent(&self.head, change));
         }
-        for (region, extent_bytes) in extents {
-            let extent = self.virtual_extent.entry(region).or_insert(0);
-            *extent = (*extent).max(extent_bytes);
-        }
+        self.widen_virtual_extents(extents);
         let first = self.changes.len();
         self.changes.extend_from_slice(changes);
         self.step_starts.push(self.changes.len());
@@ -317,6 +315,14 @@ impl Timeline {
         &self.refusals
     }
 
+    /// Widens each virtual region's shown extent to `(region, extent)` where that is further.
+    fn widen_virtual_extents(&mut self, extents: Vec<(u64, u64)>) {
+        for (region, extent_bytes) in extents {
+            let extent = self.virtual_extent.entry(region).or_insert(0);
+            *extent = (*extent).max(extent_bytes);
+        }
+    }
+
     /// The refusal of step `step`, if it refused one.
     pub fn refusal_at(&self, step: u64) -> Option<&Refusal> {
         let index = self.refusals.binary_search_by_key(&step, |(at, _)| *at).ok()?;
@@ -399,6 +405,14 @@ impl Timeline {
         }
         bytes as u64
     }
+}
+
+/// How far into its virtual region `change` (applied to `head`) maps pages: (the region's address, the extent), for
+/// pages mapped.
+fn mapped_extent(head: &Layout, change: &Change) -> Option<(u64, u64)> {
+    let Change::PagesMapped { address, size_bytes } = *change else { return None };
+    let region = head.region_of(address)?;
+    Some((region.address, address + size_bytes - region.address))
 }
 
 #[cfg(test)]
@@ -725,5 +739,21 @@ mod tests {
         assert!(timeline.push(&mapped_then_bad, None).is_err());
         let region = timeline.head().region_of(1 << 43).unwrap().clone();
         assert_eq!(timeline.shown_bytes(&region), 4096, "only what the accepted steps mapped");
+    }
+
+    /// Pages mapped in the start layout count as far as a view shows a virtual range: a start of mapped pages only (a
+    /// file of segments, a recording begun mid-run that only frees) was drawn one byte wide, an empty pane; and a later
+    /// step that maps less does not narrow it.
+    #[test]
+    fn pages_mapped_at_the_start_are_shown() {
+        let mut timeline = Timeline::new("paged");
+        let range = Change::RegionAdded { address: 1 << 43, size_bytes: 1 << 30, kind: RegionKind::Virtual };
+        timeline.start(&[range, Change::PagesMapped { address: 1 << 43, size_bytes: 1 << 24 }]).unwrap();
+        let region = timeline.head().region_of(1 << 43).unwrap().clone();
+        assert_eq!(timeline.shown_bytes(&region), 1 << 24);
+        timeline.push(&[Change::PagesMapped { address: (1 << 43) + (1 << 25), size_bytes: 4096 }], None).unwrap();
+        assert_eq!(timeline.shown_bytes(&region), (1 << 25) + 4096);
+        timeline.push(&[Change::PagesUnmapped { address: 1 << 43, size_bytes: 1 << 24 }], None).unwrap();
+        assert_eq!(timeline.shown_bytes(&region), (1 << 25) + 4096, "the highest page ever mapped");
     }
 }
