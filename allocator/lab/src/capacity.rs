@@ -11,6 +11,7 @@
 use std::fmt;
 
 use crate::recording::{Recording, reserved_change};
+use heapscope_core::LARGEST_DEVICE_BYTES;
 use heapscope_core::units::Bytes;
 use heapscope_pytorch::Action;
 
@@ -48,7 +49,8 @@ pub enum CapacityFrom {
 /// The device of the recording, as its first `oom` entry tells it: the bytes PyTorch held reserved there (the final
 /// segments, less what the trace reserved and plus what it returned, walked up to the entry) plus the driver's free
 /// bytes it recorded; or, where it records none, the most PyTorch held reserved up to it (the device taken as full
-/// then: [`CapacityFrom::OomWithoutFree`]). `None` for a plain trace, or a recording with no `oom` entry.
+/// then: [`CapacityFrom::OomWithoutFree`]). At most the largest device heapscope models (1 EiB), as `--capacity` is:
+/// a file's figures may add up past it. `None` for a plain trace, or a recording with no `oom` entry.
 pub fn recorded_capacity(recording: &Recording) -> Option<(u64, CapacityFrom)> {
     let snapshot = recording.snapshot.as_ref()?;
     let entries = snapshot.device_traces.get(recording.device)?;
@@ -63,13 +65,14 @@ pub fn recorded_capacity(recording: &Recording) -> Option<(u64, CapacityFrom)> {
     }
     let bytes = |value: i128| u64::try_from(value).unwrap_or(u64::MAX);
     let (reserved_bytes, entry) = (bytes(reserved), oom as u64);
-    Some(match entries[oom].device_free() {
+    let (capacity_bytes, from) = match entries[oom].device_free() {
         Some(device_free_bytes) => (
             reserved_bytes.saturating_add(device_free_bytes),
             CapacityFrom::Recorded { entry, reserved_bytes, device_free_bytes },
         ),
         None => (bytes(most), CapacityFrom::OomWithoutFree { entry, reserved_bytes, most_reserved_bytes: bytes(most) }),
-    })
+    };
+    Some((capacity_bytes.min(LARGEST_DEVICE_BYTES), from))
 }
 
 /// The bytes PyTorch held reserved before `recording`'s first entry (0 for a plain trace). No device smaller than
@@ -103,13 +106,20 @@ impl fmt::Display for Capacity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (self.bytes, self.from) {
             (Some(bytes), CapacityFrom::Given) => write!(f, "{} (--capacity)", Bytes(bytes)),
-            (Some(bytes), CapacityFrom::Recorded { entry, reserved_bytes, device_free_bytes }) => write!(
-                f,
-                "{}, as the recording tells: at its oom (entry {entry}) PyTorch held {} reserved and the driver had {} free",
-                Bytes(bytes),
-                Bytes(reserved_bytes),
-                Bytes(device_free_bytes)
-            ),
+            (Some(bytes), CapacityFrom::Recorded { entry, reserved_bytes, device_free_bytes }) => {
+                write!(
+                    f,
+                    "{}, as the recording tells: at its oom (entry {entry}) PyTorch held {} reserved and the driver had {} \
+                     free",
+                    Bytes(bytes),
+                    Bytes(reserved_bytes),
+                    Bytes(device_free_bytes)
+                )?;
+                if bytes < reserved_bytes.saturating_add(device_free_bytes) {
+                    write!(f, " (more than the largest device heapscope models, {}: that one)", Bytes(LARGEST_DEVICE_BYTES))?;
+                }
+                Ok(())
+            }
             (Some(bytes), CapacityFrom::OomWithoutFree { entry, reserved_bytes, .. }) => write!(
                 f,
                 "{}, as the recording suggests: its oom (entry {entry}) records no free bytes of the driver, so the \
@@ -166,6 +176,19 @@ mod tests {
         let plain = Recording::from_trace(heapscope_core::Trace::default());
         assert_eq!(Capacity::of(None, &plain), Capacity { bytes: None, from: CapacityFrom::Unknown });
         assert!(Capacity::of(None, &plain).to_string().starts_with("unlimited"));
+    }
+
+    /// Free bytes past any device (2^63, a file made by hand) make the device the largest heapscope models, as
+    /// `--capacity` allows, and say so: it read 12582912 TiB, and a contender then served a request of 2^63 - 1 bytes.
+    #[test]
+    fn a_recorded_device_past_the_largest_modelled_is_that_one() {
+        let snapshot =
+            Snapshot { device_traces: vec![vec![entry(Action::Oom, 0, 1 << 62, Some(1 << 63))]], ..Snapshot::default() };
+        let recording = Recording::from_snapshot("huge.pickle", snapshot, 0).unwrap();
+        let capacity = Capacity::of(None, &recording);
+        assert_eq!(capacity.bytes, Some(LARGEST_DEVICE_BYTES));
+        let said = format!("(more than the largest device heapscope models, {}: that one)", Bytes(LARGEST_DEVICE_BYTES));
+        assert!(capacity.to_string().ends_with(&said), "{capacity}");
     }
 
     /// An `oom` entry without the driver's free bytes: the device taken as full there, as large as the most PyTorch
