@@ -279,8 +279,10 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
         (None, Some(story)) => Session::story_named(story, &args.policies)?.with_rules(&args.open.open_options()?.rules)?,
         (None, None) => anyhow::bail!("name a recording FILE or a --story"),
     };
+    // Errors from here on (a moment past the end, the renderer's) name what was drawn: the recording and its device.
+    let drawn = session.name.clone();
     if gif {
-        let steps = heapscope_gui::render_gif(&mut session, options, gif_options, &args.out)?;
+        let steps = heapscope_gui::render_gif(&mut session, options, gif_options, &args.out).with_context(|| drawn.clone())?;
         outln!(
             "wrote {} ({}, {} frames from {} to {})",
             args.out.display(),
@@ -292,13 +294,13 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
         return Ok(());
     }
     if let Some(at) = args.at {
-        let (moment, said) = session.moment_at(at)?;
+        let (moment, said) = session.moment_at(at).with_context(|| drawn.clone())?;
         if let Some(said) = said {
             outln!("{said}");
         }
         options.at = Some(moment);
     }
-    heapscope_gui::render_png(&mut session, options, &args.out)?;
+    heapscope_gui::render_png(&mut session, options, &args.out).with_context(|| drawn.clone())?;
     // The picture's title: the moment and each pane's refusal at it.
     let shown = options.at.map_or(session.steps(), Moment::position);
     outln!("wrote {} ({})", args.out.display(), heapscope_gui::render::title(&session, shown));

@@ -265,7 +265,7 @@ fn render_refuses_a_moment_past_the_end_as_gui_does() {
         (
             vec![snapshot.to_str().unwrap()],
             "500",
-            "--at entry 500: the recording has 141 entries (`--at start`, or entry 0 to 140)",
+            "frag_oom-default.pickle.gz: --at entry 500: the recording has 141 entries (`--at start`, or entry 0 to 140)",
         ),
         (vec![snapshot.to_str().unwrap()], "141", "--at entry 141: the recording has 141 entries"),
         (vec!["--story", "frag_oom"], "61", "--at entry 61: the recording has 61 entries"),
