@@ -5,8 +5,9 @@ use heapscope_core::units::{Bytes, exact_size, parse_size};
 use heapscope_core::{HeapConfig, PolicyConfig, PolicyKind, ReleaseRule};
 use heapscope_gui::session::{OpenOptions, RuleOverrides};
 
-/// `--capacity`: a size ([`parse_size`]) no larger than the largest device heapscope models (1 EiB,
-/// `LARGEST_DEVICE_BYTES`): a larger one would be simulated as that device, and answers would name a device it is not.
+/// `--capacity` and `--budget`: a size ([`parse_size`]) no larger than the largest device heapscope models (1 EiB,
+/// `LARGEST_DEVICE_BYTES`): a larger one would be simulated as that device, and answers would name a device it is not
+/// (a budget past it let `paged` map 1.5 EiB that no device holds).
 pub fn parse_capacity(text: &str) -> Result<u64, String> {
     let bytes = parse_size(text).map_err(|error| error.to_string())?;
     if bytes > heapscope_core::LARGEST_DEVICE_BYTES {
@@ -121,7 +122,7 @@ pub struct HeapRules {
     pub fixed_blocks: bool,
     /// A budget: the most bytes a contender reserves at once (on a recording, every contender but PyTorch's
     /// emulation, which runs on the device capacity and its own settings).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_capacity)]
     pub budget: Option<u64>,
     /// Every offset and size is a multiple of this (a power of two).
     #[arg(long, value_name = "SIZE", default_value = "256", value_parser = parse_power_of_two)]

@@ -917,7 +917,7 @@ fn bad_input_gets_a_clear_error() {
     let exported_path = exported.to_str().unwrap().to_owned();
     // An older file at --out: an export that fails leaves it as it was.
     std::fs::write(&exported, b"older").unwrap();
-    let cases: [(Vec<&str>, &str); 33] = [
+    let cases: [(Vec<&str>, &str); 34] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
         (vec!["replay", &truncated_path], "truncated.pickle.gz"),
@@ -950,6 +950,8 @@ fn bad_input_gets_a_clear_error() {
             "16777216.00 TiB is more than the largest device heapscope models, 1048576 TiB",
         ),
         (vec!["render", good_path, "--capacity", "1048577TiB", "--out", "x.png"], "more than the largest device"),
+        // A budget past it let `paged` map 1.5 EiB.
+        (vec!["replay", good_path, "--budget", "2097152TiB"], "--budget <SIZE>': 2097152.00 TiB is more than the largest device"),
         // A negative moment is the moment's error (clap took it for a flag and hinted at `-- -1`, the FILE).
         (vec!["top", good_path, "--at", "-1"], "\"-1\" is no moment"),
         (vec!["demo", "--budget", "0"], "--budget 0: nothing could be allocated"),
