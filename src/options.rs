@@ -114,7 +114,8 @@ pub struct HeapRules {
     #[arg(long, value_name = "SIZE", default_value = "128MiB", value_parser = parse_size)]
     pub dedicated_threshold: u64,
     /// When empty blocks go back to the device: immediately, keep-one, on-pressure or never [default: keep-one; the
-    /// demo's blocks: on-pressure, PyTorch's caching].
+    /// demo's blocks: on-pressure, PyTorch's caching]. An `empty_cache` entry gives every empty block back whatever the
+    /// rule.
     #[arg(long, value_name = "RULE")]
     pub release: Option<ReleaseRule>,
     /// Every shared block has --block-size: no growth from an eighth of it while the heap is small (VMA's rule).
@@ -124,7 +125,8 @@ pub struct HeapRules {
     /// emulation, which runs on the device capacity and its own settings).
     #[arg(long, value_name = "SIZE", value_parser = parse_capacity)]
     pub budget: Option<u64>,
-    /// Every offset and size is a multiple of this (a power of two).
+    /// Every offset and size in the heap contenders' blocks is a multiple of this (a power of two; `paged` places
+    /// by --align).
     #[arg(long, value_name = "SIZE", default_value = "256", value_parser = parse_power_of_two)]
     pub min_align: u64,
 }

@@ -58,9 +58,10 @@ pub struct RecordingArgs {
     #[command(flatten)]
     pub heap: HeapRules,
     /// When the heap contenders move allocations to gather free space: `never`, `on-oom` (a request refused for
-    /// fragmentation makes them compact, then it is tried once more) or `every:N` (a balanced pass before every N-th
-    /// event). The heaps copy the moved bytes (on a Vulkan device, with the GPU); `paged` remaps the moved
-    /// allocations' pages, copying nothing; `pytorch` never moves anything.
+    /// fragmentation makes them compact, then it is tried once more) or `every:N` (a balanced pass before events N, 2N,
+    /// ... counted from 0, and on a refusal as `on-oom`). The heaps copy the moved bytes (on a Vulkan device, with the
+    /// GPU); `paged` remaps the moved allocations' pages, copying nothing; `pytorch`, and the policies that keep no free
+    /// runs by address (buddy, slab, linear), never move anything (the title says so).
     #[arg(long, value_name = "RULE", default_value = "never")]
     pub compact: CompactRule,
 }
@@ -94,10 +95,18 @@ impl RecordingArgs {
     /// Checks the flags that matter to `contenders` before anything runs.
     pub fn check(&self, contenders: &[Contender]) -> Result<()> {
         if contenders.contains(&Contender::Paged) && !self.page_size.is_power_of_two() {
-            anyhow::bail!("--page-size {} is not a power of two", self.page_size);
+            anyhow::bail!("--page-size {} is not a power of two", Bytes(self.page_size));
         }
         if let Some(virtual_bytes) = self.virtual_size.filter(|&bytes| bytes < self.page_size) {
             anyhow::bail!("--virtual-size {}: smaller than one page ({})", Bytes(virtual_bytes), Bytes(self.page_size));
+        }
+        // A range that ends inside a page had its last page mapped past its end.
+        if let Some(virtual_bytes) = self.virtual_size.filter(|&bytes| !bytes.is_multiple_of(self.page_size)) {
+            anyhow::bail!(
+                "--virtual-size {}: not a whole number of pages ({} each)",
+                Bytes(virtual_bytes),
+                Bytes(self.page_size)
+            );
         }
         Ok(())
     }

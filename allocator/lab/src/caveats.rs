@@ -24,6 +24,7 @@ pub fn all(recording: &Recording, contenders: &[Contender], config: &CompareConf
         pools(recording),
         streams(recording, contenders),
         start_afresh(recording, contenders, config),
+        not_compacting(contenders, config),
     ]
     .into_iter()
     .flatten()
@@ -234,6 +235,33 @@ pub fn streams(recording: &Recording, contenders: &[Contender]) -> Option<String
     })
 }
 
+/// The note that `--compact` leaves some contenders as they are: the heap policies that keep no free runs by address
+/// (`buddy`, `slab`, the linear ones) cannot be told where to place what moves, and PyTorch never moves memory. Their rows
+/// show no move; without this a user read them as finding nothing to move.
+pub fn not_compacting(contenders: &[Contender], config: &CompareConfig) -> Option<String> {
+    if config.compact == crate::compaction::CompactRule::Never {
+        return None;
+    }
+    let names: Vec<&str> = contenders
+        .iter()
+        .filter(|contender| match contender {
+            Contender::Heap(kind) => !kind.places_by_address(),
+            Contender::Pytorch { .. } => true,
+            _ => false,
+        })
+        .map(|contender| contender.name())
+        .collect();
+    (!names.is_empty()).then(|| {
+        let verb = if names.len() == 1 { "moves" } else { "move" };
+        format!(
+            "--compact {}: {} never {verb} allocations (only tlsf, best-fit and first-fit, which keep their free runs \
+             by address, and paged compact)",
+            config.compact,
+            names.join(", ")
+        )
+    })
+}
+
 /// The note that a PyTorch contender running with the other kind of memory than the recording's (expandable segments
 /// turned on or off) on a recording begun mid-run holds what was live at the start in segments of its own kind,
 /// allocated afresh in address order (`caching::initial::reallocate_start_state`): what fragmentation the recorded
@@ -411,6 +439,28 @@ mod tests {
     }
 
     /// The streams note: said once, only when the recording has several streams and a contender ignores them.
+    /// (rule, contenders, the note): said only where some contender cannot move what the rule asks it to.
+    #[test]
+    fn the_compaction_note_names_who_never_moves() {
+        use crate::compaction::CompactRule;
+        let (tlsf, buddy, paged) = (Contender::Heap(PolicyKind::Tlsf), Contender::Heap(PolicyKind::Buddy), Contender::Paged);
+        let pytorch = Contender::Pytorch { expandable: false };
+        let cases: [(CompactRule, Vec<Contender>, Option<&str>); 4] = [
+            (CompactRule::Never, vec![buddy, pytorch], None),
+            (CompactRule::OnOom, vec![tlsf, paged], None),
+            (CompactRule::OnOom, vec![tlsf, buddy, pytorch], Some("--compact on-oom: buddy, pytorch never move allocations")),
+            (CompactRule::Every(5), vec![buddy], Some("--compact every:5: buddy never moves allocations")),
+        ];
+        for (compact, contenders, said) in cases {
+            let config = CompareConfig { compact, ..CompareConfig::default() };
+            let note = not_compacting(&contenders, &config);
+            assert_eq!(note.is_some(), said.is_some(), "{compact}: {note:?}");
+            if let (Some(note), Some(said)) = (note, said) {
+                assert!(note.starts_with(said), "{note}");
+            }
+        }
+    }
+
     #[test]
     fn the_streams_note_names_who_ignores_streams() {
         let entry = |addr, stream| TraceEntry::new(Action::Alloc, addr, 512).with_stream(stream);

@@ -345,9 +345,10 @@ fn top_and_render_take_live_bytes_past_a_u64() {
     let rows = json_lines(&advise);
     let row = rows.iter().find(|row| row["setting"] == "per_process_memory_fraction:0.01").unwrap();
     assert!(row["min_capacity_bytes"].is_null(), "{row}");
-    // paged's range near 2^64 B (from a budget of 4 EiB) compacting every event: its planner overflowed.
-    let huge_budget = (1u64 << 62).to_string();
-    for flags in [["--budget", huge_budget.as_str()], ["--virtual-size", "18446744073709551615"]] {
+    // paged's range near 2^64 B (given, or four times the largest budget) compacting every event: its planner
+    // overflowed.
+    let huge_budget = (1u64 << 60).to_string();
+    for flags in [["--budget", huge_budget.as_str()], ["--virtual-size", "18446744073707454464"]] {
         let args = [&["replay", "half.csv", "--policy", "paged", "--compact", "every:1"][..], &flags].concat();
         let replay = heapscope_headless(&args, &dir);
         assert!(replay.status.success() && !stderr(&replay).contains("panicked"), "{flags:?}: {}", stderr(&replay));
@@ -917,7 +918,7 @@ fn bad_input_gets_a_clear_error() {
     let exported_path = exported.to_str().unwrap().to_owned();
     // An older file at --out: an export that fails leaves it as it was.
     std::fs::write(&exported, b"older").unwrap();
-    let cases: [(Vec<&str>, &str); 34] = [
+    let cases: [(Vec<&str>, &str); 35] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
         (vec!["replay", &truncated_path], "truncated.pickle.gz"),
@@ -926,7 +927,12 @@ fn bad_input_gets_a_clear_error() {
         (vec!["replay", good_path, "--min-align", "3"], "'--min-align <SIZE>': 3 B is not a power of two"),
         (vec!["replay", good_path, "--policy", "tlfs"], "unknown policy \"tlfs\""),
         (vec!["replay", good_path, "--alloc-conf", "expandable_segmnts:True"], "expandable_segmnts"),
-        (vec!["replay", good_path, "--page-size", "3MiB"], "--page-size 3145728 is not a power of two"),
+        (vec!["replay", good_path, "--page-size", "3MiB"], "--page-size 3.00 MiB is not a power of two"),
+        // A range ending inside a page had that page mapped past its end.
+        (
+            vec!["replay", good_path, "--virtual-size", "3MiB"],
+            "--virtual-size 3.00 MiB: not a whole number of pages (2.00 MiB each)",
+        ),
         (vec!["replay", good_path, "--paged-unmap", "lazy"], "unknown unmap rule \"lazy\": expected eager or pressure"),
         (vec!["replay", good_path, "--device", "3"], "no device 3"),
         (vec!["replay", &bad_path, "--device", "1"], "applies to PyTorch snapshots only"),
