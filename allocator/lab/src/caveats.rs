@@ -1,6 +1,6 @@
 //! What a side-by-side replay of a recording does not tell apart, said in one sentence each: entries of actions
 //! heapscope does not know ([`unknown_actions`]), final segments that disagree with the trace ([`final_state`]), expandable
-//! segments switched on or off during the recording ([`switched_memory`]), requests that PyTorch served from private memory pools ([`pools`]) and streams that some contenders ignore ([`streams`]). The CLI
+//! segments switched on or off during the recording ([`switched_memory`]), requests that PyTorch served from private memory pools ([`pools`]), streams that some contenders ignore ([`streams`]) and contenders that never move under `--compact` ([`not_compacting`]). The CLI
 //! prints them under its title, the app shows them when a recording opens ([`all`]): one wording, one place. And
 //! where PyTorch's emulation does not reproduce the recorded OOM ([`recorded_oom`]) or the recorded decisions
 //! ([`emulation_departs`]), said beside the verdict.
