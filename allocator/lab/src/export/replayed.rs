@@ -592,6 +592,10 @@ struct EmulationWriter<'a> {
     live: FastMap<u64, (u64, u64)>,
     /// Recorded addresses of refused requests, whose frees never happen in the emulated run.
     refused: heapscope_core::hash::FastSet<u64>,
+    /// Addresses of the blocks live at the start (kept where they were recorded) not freed yet: with `live`, what a
+    /// free may name. A free of anything else (an edited file's) is left out, as the replay skips it: written, it freed
+    /// what the file never allocated, and memory_viz refused the file.
+    start_live: heapscope_core::hash::FastSet<u64>,
     /// The memory pool and stream of each range reserved or mapped so far (start -> end, pool and stream), for the
     /// release or unmap of it, which `empty_cache()` or an out-of-memory retry may make under another pool's or
     /// stream's entry: PyTorch records it with the segment's stream (`block->stream`).
@@ -674,12 +678,21 @@ impl EmulationWriter<'_> {
                     self.refused.remove(&entry.addr);
                 }
             }
+            // Of nothing live: left out, as the replay skips it.
+            (Action::FreeRequested | Action::FreeCompleted, _)
+                if !self.live.contains_key(&entry.addr) && !self.start_live.contains(&entry.addr) => {}
             (Action::FreeRequested, _) => {
                 let address = self.live.get(&entry.addr).map_or(entry.addr, |&(address, _)| address);
                 write(self, Action::FreeRequested, address);
             }
             (Action::FreeCompleted, _) => {
-                let address = self.live.remove(&entry.addr).map_or(entry.addr, |(address, _)| address);
+                let address = match self.live.remove(&entry.addr) {
+                    Some((address, _)) => address,
+                    None => {
+                        self.start_live.remove(&entry.addr);
+                        entry.addr
+                    }
+                };
                 write(self, Action::FreeCompleted, address);
             }
             (Action::Oom, EntryEffect::ServedAndReturned { address, .. }) => {
@@ -749,6 +762,13 @@ impl SegmentBacking for EmulationWriter<'_> {
         }
         // The segments so far: all there is of a state with no trace (no entry to replace them at the last one).
         self.segments = allocator.report();
+        self.start_live = self
+            .segments
+            .iter()
+            .flat_map(|segment| &segment.blocks)
+            .filter(|block| block.state != BlockState::Inactive)
+            .map(|block| block.address)
+            .collect();
         for index in 0..self.segments.len() {
             let (address, total_size, pool_id, stream) = {
                 let segment = &self.segments[index];
@@ -819,6 +839,7 @@ pub fn emulated_snapshot(
         segments: Vec::new(),
         live: FastMap::default(),
         refused: heapscope_core::hash::FastSet::default(),
+        start_live: heapscope_core::hash::FastSet::default(),
         range_owners: BTreeMap::new(),
         pool_ids: pool_ids(recording),
         unknown_actions: Vec::new(),
@@ -1383,6 +1404,55 @@ mod tests {
                 assert_eq!(stacks, [first, second], "{name} from entry {begun}");
             }
         }
+    }
+
+    /// A free of something the recording never shows (an edited file) is left out of the emulation's export, as the
+    /// replay skips it: written as it was, it freed what the file never allocated and memory_viz refused the file. A
+    /// free of a block live since the start stays.
+    #[test]
+    fn the_emulations_export_leaves_out_frees_of_nothing_live() {
+        let base = 0x7f00_0000_0000u64;
+        let stray = 0x7f10_0000_0000u64;
+        let segment = Segment::from_blocks(
+            0,
+            base,
+            20 * MIB,
+            Pool::Large,
+            vec![
+                Block::new(base, 4 * MIB, 4 * MIB, BlockState::Inactive),
+                Block::new(base + 4 * MIB, 16 * MIB, 0, BlockState::Inactive),
+            ],
+        );
+        let trace = vec![
+            TraceEntry::new(Action::Alloc, base + 4 * MIB, MIB),
+            TraceEntry::new(Action::FreeRequested, stray, MIB),
+            TraceEntry::new(Action::FreeCompleted, stray, MIB),
+            TraceEntry::new(Action::FreeRequested, base, 4 * MIB),
+            TraceEntry::new(Action::FreeCompleted, base, 4 * MIB),
+            TraceEntry::new(Action::FreeRequested, base + 4 * MIB, MIB),
+            TraceEntry::new(Action::FreeCompleted, base + 4 * MIB, MIB),
+        ];
+        let snapshot = Snapshot { segments: vec![segment], device_traces: vec![trace], ..Snapshot::default() };
+        let recording = Recording::from_snapshot("stray.pickle", snapshot, 0).unwrap();
+        let export = emulated_snapshot(&recording, &AllocConf::default(), "", None).unwrap();
+        let written: Vec<(Action, u64)> = export.snapshot.device_traces[0]
+            .iter()
+            .filter(|entry| matches!(entry.action, Action::Alloc | Action::FreeRequested | Action::FreeCompleted))
+            .map(|entry| (entry.action, entry.addr))
+            .collect();
+        // The 1 MiB request goes to the small pool, wherever the emulation places it.
+        let placed = written[0].1;
+        assert_eq!(
+            written,
+            [
+                (Action::Alloc, placed),
+                (Action::FreeRequested, base),
+                (Action::FreeCompleted, base),
+                (Action::FreeRequested, placed),
+                (Action::FreeCompleted, placed),
+            ]
+        );
+        assert_ne!(placed, stray);
     }
 
     /// An allocation live when the recording began comes from no entry; written as an allocation of the heap, it
