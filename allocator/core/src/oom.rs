@@ -52,7 +52,7 @@ pub struct OomVerdict {
     pub retired_bytes: u64,
     /// Bytes that could still be reserved: the smaller of the budget left and what the device reports.
     pub unreserved_bytes: u64,
-    /// The budget (cap on reserved bytes), if any.
+    /// The cap on reserved bytes (a budget, or the device's capacity), if any.
     pub capacity_bytes: Option<u64>,
     /// A paged heap's virtual range, where it bounds what could still be reserved (more than the budget or device
     /// left): the unreserved bytes are what the range has unmapped, and the words name the range.
@@ -164,7 +164,8 @@ impl OomVerdict {
                 write!(f, ", {} more mappable beside them in its {} virtual range", Bytes(self.unreserved_bytes), Bytes(range))?;
             }
             (None, Some(capacity)) => {
-                write!(f, ", {} reservable under the {} budget", Bytes(self.unreserved_bytes), Bytes(capacity))?;
+                // The cap may be a budget or the device (`--capacity`): named by what it does.
+                write!(f, ", {} reservable of the {} it may reserve", Bytes(self.unreserved_bytes), Bytes(capacity))?;
             }
             (None, None) => write!(f, ", {} reservable from the device", Bytes(self.unreserved_bytes))?,
         }
