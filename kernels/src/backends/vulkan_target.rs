@@ -273,6 +273,14 @@ impl Target for VulkanTarget {
         }
     }
 
+    fn finish(&mut self) -> Result<(), TargetError> {
+        match &self.backend {
+            Backend::Paged(heap) => heap.wait_binds().map_err(target_error),
+            Backend::Pytorch(heap) => heap.wait_binds().map_err(target_error),
+            Backend::Heap(_) => Ok(()),
+        }
+    }
+
     /// A heap of blocks compacts, its source copying the moves between device blocks; `paged` remaps the moved
     /// allocations' pages in its sparse buffer (nothing copied); `pytorch` moves nothing.
     fn compact(&mut self, live: &[(VulkanHandle, u64)], for_refused: bool) -> Result<Vec<(usize, VulkanHandle)>, TargetError> {

@@ -288,6 +288,14 @@ impl Target for WgpuTarget<'_> {
         matches!(self.backend, Backend::Paged(_))
     }
 
+    fn finish(&mut self) -> Result<(), TargetError> {
+        match &self.backend {
+            Backend::Paged(heap) => heap.paged().wait_binds().map_err(|error| target_error(error.into())),
+            Backend::Expandable(heap) => heap.wait_binds().map_err(|error| target_error(error.into())),
+            Backend::Arenas { .. } | Backend::Pytorch(_) => Ok(()),
+        }
+    }
+
     /// The arenas compact ([`ArenaHeap::compact`], the moves copied with `copy_buffer_to_buffer`); `paged` remaps
     /// pages ([`VulkanPagedHeap::compact`], nothing copied); PyTorch's emulations move nothing (PyTorch never moves
     /// a live block). Each move is returned, in order, with where its allocation ended up.

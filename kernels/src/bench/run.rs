@@ -182,6 +182,10 @@ pub fn run_observed<'t, T: Target>(
         return Err(error);
     }
     runner.report.steps = end;
+    // The binds and unbinds the last steps queued are part of the run (a paged run's finished long after its timer did).
+    if let Err(error) = runner.target.finish() {
+        return Err(RunError::at(end, error.to_string()));
+    }
     runner.report.wall = started.elapsed();
     let device_copy_ns = runner.target.device_copy_ns();
     if let Some(compaction) = &mut runner.report.compaction {

@@ -97,6 +97,15 @@ pub trait Target {
     fn moves_by_remap(&self) -> bool {
         false
     }
+
+    /// Waits for what it queued on the device and nothing waits for yet (sparse binds and unbinds after the last
+    /// kernels): the run's wall time includes them. Default: nothing queued.
+    ///
+    /// # Errors
+    /// [`TargetError::Failed`] for a device failure.
+    fn finish(&mut self) -> Result<(), TargetError> {
+        Ok(())
+    }
 }
 
 /// Compacts `heap` (a [`DeviceHeap`] whose requests were `size` aligned to `align_bytes`): the moves of

@@ -28,6 +28,9 @@ struct CpuTarget {
     runs_before_failing: Option<u64>,
     /// Mismatches its verifies found so far.
     mismatches: u64,
+    /// Calls of `finish`, and whether it fails.
+    finished: u64,
+    finish_fails: bool,
 }
 
 impl CpuTarget {
@@ -116,6 +119,11 @@ impl Target for CpuTarget {
     fn runs_kernels(&self) -> bool {
         true
     }
+
+    fn finish(&mut self) -> Result<(), TargetError> {
+        self.finished += 1;
+        if self.finish_fails { Err(TargetError::Failed("device lost while waiting for binds".into())) } else { Ok(()) }
+    }
 }
 
 fn small_serve(kv: KvLayout) -> Workload {
@@ -154,6 +162,19 @@ fn workloads_on_the_cpu_target_verify_clean() {
 }
 
 /// A broken allocator (two live allocations share words) is caught by the verifies.
+/// What a target queued and nothing waited for (a paged run's last unbinds) is waited for once, before the run's wall
+/// time is taken (it was not: a paged run finished long after its timer stopped); a failure there fails the run.
+#[test]
+fn the_run_waits_for_what_the_target_queued() {
+    let workload = small_serve(KvLayout::Contiguous);
+    let mut target = CpuTarget::default();
+    run(&workload, &mut target).unwrap();
+    assert_eq!(target.finished, 1);
+    let mut failing = CpuTarget { finish_fails: true, ..CpuTarget::default() };
+    let error = run(&workload, &mut failing).unwrap_err();
+    assert!(error.to_string().contains("device lost while waiting for binds"), "{error}");
+}
+
 #[test]
 fn overlapping_allocations_are_caught() {
     let workload = small_serve(KvLayout::Contiguous);
