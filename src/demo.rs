@@ -23,6 +23,10 @@ pub struct DemoArgs {
     /// Also draw the story's heap at its end (PyTorch in both modes, TLSF, paging) into this PNG.
     #[arg(long, value_name = "PNG")]
     pub png: Option<std::path::PathBuf>,
+    /// The picture is a bonus (`heapscope` with no command draws one where a graphics adapter allows): failing to
+    /// draw it is said, not an error. One asked for with `--png` that cannot be drawn or written fails the command.
+    #[arg(skip)]
+    pub png_optional: bool,
 }
 
 /// Where `heapscope` with no command (and no display) draws the heap.
@@ -179,10 +183,11 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     }
     print_verdicts(&rows);
     if let Some(path) = &args.png {
-        // The table is the demo; the picture is a bonus that needs a graphics adapter (lavapipe will do).
+        // The table is the demo; the picture needs a graphics adapter (lavapipe will do).
         match crate::gui::demo_png(path) {
             Ok(()) => outln!("\nthe heap at the end of the story: {}", path.display()),
-            Err(error) => errln!("heapscope: no picture of the heap: {error:#}"),
+            Err(error) if args.png_optional => errln!("heapscope: no picture of the heap: {error:#}"),
+            Err(error) => return Err(error),
         }
     }
     Ok(())

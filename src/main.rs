@@ -72,7 +72,7 @@ fn main() -> ExitCode {
         if gui::display_available() {
             Command::Gui(gui::GuiArgs::default())
         } else {
-            Command::Demo(demo::DemoArgs { png: Some(demo::DEFAULT_PNG.into()), ..demo::DemoArgs::default() })
+            Command::Demo(demo::DemoArgs { png: Some(demo::DEFAULT_PNG.into()), png_optional: true, ..demo::DemoArgs::default() })
         }
     });
     let result = match command {
