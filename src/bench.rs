@@ -448,10 +448,14 @@ impl Device {
             _ => (largest.checked_next_multiple_of(BLOCK_ALIGN_BYTES).unwrap_or(u64::MAX), "as a block"),
         };
         (needed > max_buffer_bytes).then(|| {
+            // A size rounded past 2^64 B has no figure (u64::MAX stands for it).
+            let needed = match needed {
+                u64::MAX => "past 2^64 B".to_owned(),
+                needed => heapscope_core::units::exact_size(needed),
+            };
             format!(
-                "its largest request, {} ({} {how}), exceeds the device's largest buffer ({limit} {})",
+                "its largest request, {} ({needed} {how}), exceeds the device's largest buffer ({limit} {})",
                 heapscope_core::units::exact_size(largest),
-                heapscope_core::units::exact_size(needed),
                 heapscope_core::units::exact_size(max_buffer_bytes)
             )
         })
