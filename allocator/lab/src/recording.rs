@@ -648,13 +648,15 @@ pub const AGREEING_STACKS: usize = 3;
 
 /// The blocks of device `device`'s final segments that were not free when the snapshot was taken (allocated, or
 /// freed but not yet completed).
-fn final_live_blocks(snapshot: &Snapshot, device: usize) -> impl Iterator<Item = &heapscope_pytorch::Block> {
-    snapshot
-        .segments
-        .iter()
-        .filter(move |segment| segment.device as usize == device)
-        .flat_map(|segment| &segment.blocks)
-        .filter(|block| block.state != BlockState::Inactive)
+pub(crate) fn final_live_blocks(snapshot: &Snapshot, device: usize) -> impl Iterator<Item = &heapscope_pytorch::Block> {
+    live_blocks(snapshot.segments.iter().filter(move |segment| segment.device as usize == device))
+}
+
+/// The blocks of `segments` that are not free (allocated, or freed but not yet completed).
+pub(crate) fn live_blocks<'s>(
+    segments: impl IntoIterator<Item = &'s heapscope_pytorch::Segment>,
+) -> impl Iterator<Item = &'s heapscope_pytorch::Block> {
+    segments.into_iter().flat_map(|segment| &segment.blocks).filter(|block| block.state != BlockState::Inactive)
 }
 
 /// The moment of event `event` of a stream whose first `start_events` events are the start state.

@@ -762,13 +762,7 @@ impl SegmentBacking for EmulationWriter<'_> {
         }
         // The segments so far: all there is of a state with no trace (no entry to replace them at the last one).
         self.segments = allocator.report();
-        self.start_live = self
-            .segments
-            .iter()
-            .flat_map(|segment| &segment.blocks)
-            .filter(|block| block.state != BlockState::Inactive)
-            .map(|block| block.address)
-            .collect();
+        self.start_live = crate::recording::live_blocks(&self.segments).map(|block| block.address).collect();
         for index in 0..self.segments.len() {
             let (address, total_size, pool_id, stream) = {
                 let segment = &self.segments[index];
@@ -889,14 +883,10 @@ fn give_stacks(segments: &mut [Segment], entries: &[TraceEntry], recording: &Rec
             _ => {}
         }
     }
-    let device = u32::try_from(recording.device).unwrap_or(u32::MAX);
     let recorded: FastMap<(u64, u64), StackId> = recording
         .snapshot
         .iter()
-        .flat_map(|snapshot| &snapshot.segments)
-        .filter(|segment| segment.device == device)
-        .flat_map(|segment| &segment.blocks)
-        .filter(|block| block.state != BlockState::Inactive)
+        .flat_map(|snapshot| crate::recording::final_live_blocks(snapshot, recording.device))
         .map(|block| ((block.address, block.size), block.frames))
         .collect();
     for block in segments.iter_mut().flat_map(|segment| &mut segment.blocks).filter(|block| block.state != BlockState::Inactive) {
@@ -1392,14 +1382,8 @@ mod tests {
                 ("pytorch", emulated_snapshot(&recording, &AllocConf::default(), "", None).unwrap()),
             ];
             for (name, export) in exports {
-                let mut stacks: Vec<StackId> = export
-                    .snapshot
-                    .segments
-                    .iter()
-                    .flat_map(|segment| &segment.blocks)
-                    .filter(|block| block.state != BlockState::Inactive)
-                    .map(|block| block.frames)
-                    .collect();
+                let mut stacks: Vec<StackId> =
+                    crate::recording::live_blocks(&export.snapshot.segments).map(|block| block.frames).collect();
                 stacks.sort_unstable();
                 assert_eq!(stacks, [first, second], "{name} from entry {begun}");
             }
@@ -1518,14 +1502,7 @@ mod tests {
             assert_eq!(got, want, "{name}: the segments listed");
             assert!(emulated.snapshot.device_traces[0].is_empty(), "{name}");
             let tlsf = replayed_snapshot(&recording, Contender::Heap(PolicyKind::Tlsf), &CompareConfig::default()).unwrap();
-            let live = |snapshot: &Snapshot| {
-                snapshot
-                    .segments
-                    .iter()
-                    .flat_map(|segment| &segment.blocks)
-                    .filter(|block| block.state != BlockState::Inactive)
-                    .count()
-            };
+            let live = |snapshot: &Snapshot| crate::recording::live_blocks(&snapshot.segments).count();
             assert_eq!(live(&tlsf.snapshot), recording.start_events, "{name}");
             assert_eq!(tlsf.heap_report.map(|report| report.stats.allocations), Some(recording.start_events as u64), "{name}");
         }
