@@ -568,7 +568,13 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
             .trace()
             .map_err(|error| anyhow::anyhow!("{}: step {}: {}", chosen.workload, error.step, error.what))?;
         stream.trace.write_native(path).with_context(|| format!("--save-trace {}", path.display()))?;
-        outln!("{}: {} events written to {}", chosen.workload, stream.trace.events().len(), path.display());
+        let events = stream.trace.events().len();
+        if args.json {
+            let written = serde_json::json!({ "workload": chosen.workload.name, "events": events, "saved_trace": path });
+            outln!("{written}");
+        } else {
+            outln!("{}: {events} events written to {}", chosen.workload, path.display());
+        }
         return Ok(());
     }
     let budget = args.heap.budget.or(chosen.default_budget);

@@ -1612,6 +1612,20 @@ fn a_full_standard_error_is_no_panic() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// `bench --save-trace --json` says what it wrote as one JSON object (it printed its text line), and the trace replays
+/// with as many events.
+#[test]
+fn a_saved_workload_trace_is_said_in_json_and_replays() {
+    let dir = temp_dir("save-trace");
+    let out = dir.join("churn.hst");
+    let args = ["bench", "--workload", "churn", "--steps", "100", "--save-trace", out.to_str().unwrap(), "--json"];
+    let said = json_lines(&heapscope(&args));
+    assert_eq!((said.len(), &said[0]["saved_trace"]), (1, &serde_json::json!(out)));
+    assert!(said[0]["workload"].as_str().is_some_and(|workload| workload.starts_with("churn ")), "{}", said[0]);
+    let replayed = json_lines(&heapscope(&["replay", out.to_str().unwrap(), "--json", "--policy", "tlsf"]));
+    assert_eq!(replayed[0]["events"], said[0]["events"]);
+}
+
 /// Settings PyTorch reads as its defaults are the recorded run, not a what-if: one division rounds nothing.
 #[test]
 fn settings_the_same_in_effect_as_the_recordings_keep_the_fidelity() {
