@@ -157,6 +157,10 @@ impl BenchArgs {
         if self.steps == Some(0) {
             bail!("--steps 0: a workload needs at least one step");
         }
+        // A usage error before anything runs (it was a failed row at step 0).
+        if let Some(policy) = self.policies.iter().find(|policy| matches!(policy, Contender::GpuAllocator | Contender::Vma)) {
+            bail!("--policy {policy}: no bench contender (it replays recordings: heapscope replay FILE --vulkan)");
+        }
         let most = max_steps(name);
         if let Some(steps) = self.steps.filter(|&steps| steps > most) {
             let workload = name.to_possible_value().map(|value| value.get_name().to_owned()).unwrap_or_default();

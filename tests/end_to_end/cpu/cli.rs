@@ -918,7 +918,7 @@ fn bad_input_gets_a_clear_error() {
     let exported_path = exported.to_str().unwrap().to_owned();
     // An older file at --out: an export that fails leaves it as it was.
     std::fs::write(&exported, b"older").unwrap();
-    let cases: [(Vec<&str>, &str); 36] = [
+    let cases: [(Vec<&str>, &str); 37] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
         (vec!["replay", &truncated_path], "truncated.pickle.gz"),
@@ -961,6 +961,8 @@ fn bad_input_gets_a_clear_error() {
         // A negative moment is the moment's error (clap took it for a flag and hinted at `-- -1`, the FILE).
         (vec!["top", good_path, "--at", "-1"], "\"-1\" is no moment"),
         (vec!["demo", "--budget", "0"], "--budget 0: nothing could be allocated"),
+        // A device-only allocator is no workload's contender: said before anything runs (it was a failed row).
+        (vec!["bench", "--workload", "churn", "--backend", "sim", "--policy", "vma"], "--policy vma: no bench contender"),
         // A picture asked for that cannot be drawn or written fails the command (it exited 0).
         (vec!["demo", "--png", "/nonexistent/x.png"], "cannot draw the heap into /nonexistent/x.png"),
         (
