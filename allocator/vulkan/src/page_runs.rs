@@ -182,21 +182,6 @@ impl BoundRuns {
         self.runs.insert(run.start, run);
     }
 
-    /// How many runs there would be once every page of `ranges` (sorted, disjoint `(start, pages)`) is removed: a
-    /// range cut out of the middle of a run leaves two, so freeing can add live mappings.
-    pub fn len_after_removing(&self, ranges: &[(u64, u64)]) -> u64 {
-        let mut len = self.len();
-        for &(start, pages) in ranges {
-            let end = start + pages;
-            let first = self.run_at(start).map(|run| run.start).unwrap_or(start);
-            for run in self.runs.range(first..end).map(|(_, run)| run) {
-                // The run goes; its parts outside the range stay.
-                len = len - 1 + u64::from(run.start < start) + u64::from(run.end() > end);
-            }
-        }
-        len
-    }
-
     /// Removes every bound page of `start .. start + pages` and returns the physical runs that backed them
     /// (the runs cut at the range's ends keep their outer parts).
     pub fn remove(&mut self, start: u64, pages: u64) -> Vec<PhysicalRun> {
@@ -311,24 +296,6 @@ mod tests {
             let runs: Vec<(u64, u32, u32, u32)> =
                 pair(buffer, physical).iter().map(|run| (run.start, run.pages, run.physical.chunk, run.physical.page)).collect();
             assert_eq!(runs, expected, "{buffer:?} {physical:?}");
-        }
-    }
-
-    /// What removing page ranges leaves, counted without removing them: each range takes the runs it touches and
-    /// leaves their parts outside it. (ranges to remove, runs after) over one run of pages 0..10 and one of 20..24.
-    #[test]
-    fn runs_left_after_removing_are_counted_beforehand() {
-        let cases: [(&[(u64, u64)], u64); 6] =
-            [(&[], 2), (&[(0, 10)], 1), (&[(3, 2)], 3), (&[(2, 1), (5, 1), (7, 1)], 5), (&[(8, 14)], 2), (&[(0, 24)], 0)];
-        for (ranges, expected) in cases {
-            let mut bound = BoundRuns::default();
-            bound.insert(BoundRun { start: 0, pages: 10, physical: page(0, 0) });
-            bound.insert(BoundRun { start: 20, pages: 4, physical: page(0, 10) });
-            assert_eq!(bound.len_after_removing(ranges), expected, "{ranges:?}");
-            for &(start, pages) in ranges {
-                bound.remove(start, pages);
-            }
-            assert_eq!(bound.len(), expected, "{ranges:?}: as removing them does");
         }
     }
 

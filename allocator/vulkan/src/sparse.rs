@@ -479,18 +479,12 @@ impl SparseBuffer {
     /// the unbind entries it took (one per run of pages contiguous in the buffer).
     ///
     /// # Errors
-    /// [`VulkanError::InvalidArgument`] for a run outside the buffer, misaligned, or over an unbound page;
-    /// [`VulkanError::TooManyMappings`] when it would cut mappings into more than the limit allows (pages freed out of
-    /// the middle of a mapping leave two: freeing every other page of a long run went past the limit unchecked, to the
-    /// kernel's own); a failed `vkQueueBindSparse`. Nothing changes on error.
+    /// [`VulkanError::InvalidArgument`] for a run outside the buffer, misaligned, or over an unbound page; a
+    /// failed `vkQueueBindSparse`. Nothing changes on error.
     pub fn unbind(&mut self, runs: &[(u64, u64)]) -> Result<u64, VulkanError> {
         let runs = self.page_runs(runs, true)?;
         if !runs.iter().all(|&(start, count)| self.bound.all_bound(start, count)) {
             return Err(VulkanError::InvalidArgument("unbind of a page not bound".into()));
-        }
-        let needed = self.bound.len_after_removing(&runs) + self.pool.chunk_count() as u64;
-        if needed > self.max_live_mappings && needed > self.bound.len() + self.pool.chunk_count() as u64 {
-            return Err(VulkanError::TooManyMappings { needed, limit: self.max_live_mappings });
         }
         let binds = self.unbind_entries(&runs);
         if binds.is_empty() {

@@ -137,15 +137,6 @@ fn pool_cap_and_mapping_limit_fail_cleanly() {
         assert_eq!(buffer.stats().pages_bound, 0);
         assert_eq!(buffer.pool().used_pages(), 0, "refused pages went back to the pool");
         assert_eq!(buffer.bind(&scattered[..4]).unwrap(), 4);
-        // Freeing can add mappings: pages 1, 3, 5 and 7 out of one run of ten leave five. Past the limit it is
-        // refused the same way, nothing unbound (it went on to the kernel's own limit of host mappings).
-        buffer.unbind(&scattered[..4]).unwrap();
-        buffer.bind(&[(0, 10 * page)]).unwrap();
-        let every_other: Vec<(u64, u64)> = (0..4).map(|index| ((2 * index + 1) * page, page)).collect();
-        let error = buffer.unbind(&every_other).unwrap_err();
-        assert!(matches!(error, VulkanError::TooManyMappings { needed: 6, limit: 5 }), "{error}");
-        assert_eq!((buffer.stats().pages_bound, buffer.stats().live_mappings), (10, 1));
-        assert_eq!(buffer.unbind(&every_other[..3]).unwrap(), 3, "four mappings and the chunk: within the limit");
     }
     finish(context);
 }
