@@ -174,6 +174,13 @@ impl OomVerdict {
             OomCause::Fragmentation => {
                 write!(f, ". Fragmentation: {} are free in total but no run holds the request", Bytes(free))
             }
+            // Enough even once rounded, but in pieces inside the pages (or blocks) live allocations hold.
+            OomCause::InternalWaste if free >= self.needed_bytes => write!(
+                f,
+                ". Internal waste: {} are free in total, but in the tails of what live allocations hold, none taking the \
+                 request",
+                Bytes(free)
+            ),
             OomCause::InternalWaste if free >= self.requested_bytes => write!(
                 f,
                 ". Internal waste: {} are free in total, enough for the request as asked, but not once rounded",

@@ -930,6 +930,11 @@ pub fn verdict_sentence(
              (fragmentation)",
             Bytes(oom.largest_free_bytes)
         ),
+        // Enough free even once rounded, but in the tails of pages live allocations hold (paged).
+        OomCause::InternalWaste if oom.free_memory().total_bytes() >= oom.needed_bytes => format!(
+            "`{policy}` ran out of memory on a {request} request{rounded}: {free}, but in the tails of pages live \
+             allocations hold, none taking it (internal waste)"
+        ),
         // Enough free for the request as asked: the rounding (of the request, or to the segment or pages the device
         // must give) made it short; else the padding inside live allocations would have covered it.
         OomCause::InternalWaste if oom.free_memory().total_bytes() >= oom.request_bytes => format!(
