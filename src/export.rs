@@ -9,11 +9,10 @@ use clap::Args;
 use heapscope_core::whole_file::write_whole;
 
 use crate::input;
-use heapscope_core::units::Bytes;
 use heapscope_lab::contender::Contender;
 use heapscope_lab::export::replayed::{Replayed, emulated_snapshot, replayed_snapshot};
 use heapscope_lab::export::vma_json::{VmaDeviceInfo, heap_report_to_vma_json};
-use heapscope_lab::recording::{Recording, counted};
+use heapscope_lab::recording::Recording;
 use heapscope_pytorch::write_snapshot;
 
 use crate::replay::RecordingArgs;
@@ -146,11 +145,9 @@ pub fn run_summary(args: &SummaryArgs) -> Result<()> {
     if recording.start_events > 0 {
         // PyTorch's own table counts from the process's start: this one cannot, and says so (compare and replay do).
         outln!(
-            "\nrecorded mid-run: the counters start at entry 0, with the {} ({}) live then counted as allocated; \
+            "\nrecorded mid-run: the counters start at entry 0, with what was allocated then counted as allocated; \
              torch.cuda.memory_summary() counted from the process's start (allocations, peaks, retries and OOMs before \
-             the recording are not in these)",
-            counted(recording.start_events as u64, "allocation", "allocations"),
-            Bytes(recording.start_bytes())
+             the recording are not in these)"
         );
     }
     for note in [heapscope_lab::caveats::unknown_actions(&recording), heapscope_lab::caveats::final_state(&recording)]

@@ -294,7 +294,8 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
         return Ok(());
     }
     if let Some(at) = args.at {
-        let (moment, said) = session.moment_at(at).with_context(|| drawn.clone())?;
+        // Its errors name the recording already.
+        let (moment, said) = session.moment_at(at)?;
         if let Some(said) = said {
             outln!("{said}");
         }

@@ -92,20 +92,26 @@ impl RecordingArgs {
         }
     }
 
-    /// Checks the flags that matter to `contenders` before anything runs.
-    pub fn check(&self, contenders: &[Contender]) -> Result<()> {
-        if contenders.contains(&Contender::Paged) && !self.page_size.is_power_of_two() {
-            anyhow::bail!("--page-size {} is not a power of two", Bytes(self.page_size));
+    /// Checks the flags that matter to `contenders` before anything runs (`on_device`: `paged` runs on a Vulkan
+    /// device, in its own sparse pages, not `--page-size`'s).
+    pub fn check(&self, contenders: &[Contender], on_device: bool) -> Result<()> {
+        let paged = contenders.contains(&Contender::Paged);
+        // Exact sizes: a size a byte off a power of two or a page reads in units as one that is.
+        let exact = heapscope_core::units::exact_size;
+        if paged && !self.page_size.is_power_of_two() {
+            anyhow::bail!("--page-size {} is not a power of two", exact(self.page_size));
         }
         if let Some(virtual_bytes) = self.virtual_size.filter(|&bytes| bytes < self.page_size) {
             anyhow::bail!("--virtual-size {}: smaller than one page ({})", Bytes(virtual_bytes), Bytes(self.page_size));
         }
         // A range that ends inside a page had its last page mapped past its end.
-        if let Some(virtual_bytes) = self.virtual_size.filter(|&bytes| !bytes.is_multiple_of(self.page_size)) {
+        if let Some(virtual_bytes) =
+            self.virtual_size.filter(|&bytes| paged && !on_device && !bytes.is_multiple_of(self.page_size))
+        {
             anyhow::bail!(
                 "--virtual-size {}: not a whole number of pages ({} each)",
-                Bytes(virtual_bytes),
-                Bytes(self.page_size)
+                exact(virtual_bytes),
+                exact(self.page_size)
             );
         }
         Ok(())
@@ -233,7 +239,7 @@ impl ContenderArgs {
     /// (bad flags fail before any file is read).
     pub fn prepare(&self, recording_args: &RecordingArgs) -> Result<(Vec<Contender>, Recording, Runner)> {
         let contenders = self.list();
-        recording_args.check(&contenders)?;
+        recording_args.check(&contenders, self.vulkan)?;
         if !self.vulkan
             && let Some(device_only) = contenders.iter().find(|contender| contender.needs_device())
         {

@@ -236,7 +236,8 @@ pub fn streams(recording: &Recording, contenders: &[Contender]) -> Option<String
 }
 
 /// The note that `--compact` leaves some contenders as they are: the heap policies that keep no free runs by address
-/// (`buddy`, `slab`, the linear ones) cannot be told where to place what moves, and PyTorch never moves memory. Their rows
+/// (`buddy`, `slab`, the linear ones) cannot be told where to place what moves, and PyTorch and gpu-allocator never
+/// move memory. Their rows
 /// show no move; without this a user read them as finding nothing to move.
 pub fn not_compacting(contenders: &[Contender], config: &CompareConfig) -> Option<String> {
     if config.compact == crate::compaction::CompactRule::Never {
@@ -246,8 +247,8 @@ pub fn not_compacting(contenders: &[Contender], config: &CompareConfig) -> Optio
         .iter()
         .filter(|contender| match contender {
             Contender::Heap(kind) => !kind.places_by_address(),
-            Contender::Pytorch { .. } => true,
-            _ => false,
+            Contender::Pytorch { .. } | Contender::GpuAllocator => true,
+            Contender::Paged | Contender::Vma => false,
         })
         .map(|contender| contender.name())
         .collect();
@@ -255,7 +256,7 @@ pub fn not_compacting(contenders: &[Contender], config: &CompareConfig) -> Optio
         let verb = if names.len() == 1 { "moves" } else { "move" };
         format!(
             "--compact {}: {} never {verb} allocations (only tlsf, best-fit and first-fit, which keep their free runs \
-             by address, and paged compact)",
+             by address, paged and vma compact)",
             config.compact,
             names.join(", ")
         )
