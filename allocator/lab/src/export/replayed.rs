@@ -417,7 +417,7 @@ fn replay_device_heap<H: DeviceHeap>(
     recorder: &mut StatsRecorder,
 ) -> Result<()> {
     heap.record_device_events(true);
-    let mut exporter = Exporter { writer, recorder, address_base, compaction: None, last_event: 0 };
+    let mut exporter = Exporter { writer, recorder, address_base, compaction: None, last_event: 0, stacks: FastMap::default() };
     drive(Stream::of(recording), &mut HeapTarget::compacting(heap, config.compact), config.align_bytes, &mut [&mut exporter])?;
     exporter.moves_done();
     Ok(())
@@ -436,16 +436,20 @@ struct Exporter<'w, 'r> {
     compaction: Option<Compaction>,
     /// The last event stepped, whose entry lends its stream, time and frames to the moment's other device events.
     last_event: usize,
+    /// The stack each live allocation was written with, by exported address: a move writes it where the allocation goes
+    /// (it took the stack of the entry the compaction came before, and the final block's stack with it).
+    stacks: FastMap<u64, StackId>,
 }
 
 /// Where an allocation is, as the export writes and counts it: its block's base, footprint, address (exported) and
-/// requested bytes.
+/// requested bytes; and, for one a compaction moved, the stack it was allocated with.
 #[derive(Clone, Copy)]
 struct Placement {
     block_base: u64,
     footprint_bytes: u64,
     address: u64,
     size_bytes: u64,
+    moved_stack: Option<StackId>,
 }
 
 /// What a compaction still has to write once its last move is known ([`Exporter`]).
@@ -512,8 +516,11 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
             Step::Unserved { .. } | Step::CacheEmptied => self.device(device_events, index),
             // A move is a free where it was now, and an allocation where it is once the compaction is done.
             Step::Moved { from, to, .. } => {
-                let placed = self.placement::<H>(to, H::allocation(from).size_bytes());
                 let from_address = self.address_base + H::address(from);
+                let placed = Placement {
+                    moved_stack: self.stacks.get(&from_address).copied(),
+                    ..self.placement::<H>(to, H::allocation(from).size_bytes())
+                };
                 let compaction = self.compaction.get_or_insert_with(|| Compaction {
                     index,
                     device_events: Vec::new(),
@@ -523,10 +530,15 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
                 compaction.device_events.extend_from_slice(device_events);
                 // Moved again in the same compaction: it is still to be placed, now here; its free is written.
                 match compaction.placed.iter_mut().find(|placement| placement.address == from_address) {
-                    Some(again) => *again = placed,
+                    Some(again) => *again = Placement { moved_stack: again.moved_stack, ..placed },
                     None => {
                         compaction.placed.push(placed);
                         self.freed::<H>(from, index);
+                        // The free a move writes is the moved allocation's, with its stack.
+                        if let Some(frames) = placed.moved_stack {
+                            let written = self.writer.entries.len();
+                            self.writer.entries[written.saturating_sub(2)..].iter_mut().for_each(|entry| entry.frames = frames);
+                        }
                     }
                 }
             }
@@ -553,6 +565,7 @@ impl Exporter<'_, '_> {
             footprint_bytes: H::allocation(handle).footprint_bytes(),
             address: self.address_base + H::address(handle),
             size_bytes,
+            moved_stack: None,
         }
     }
 
@@ -560,6 +573,12 @@ impl Exporter<'_, '_> {
     fn allocated(&mut self, placement: Placement, index: usize) {
         self.recorder.allocation(placement.block_base, placement.footprint_bytes, placement.size_bytes, true);
         self.writer.push(Action::Alloc, placement.address, placement.size_bytes, index, None);
+        if let Some(entry) = self.writer.entries.last_mut() {
+            if let Some(frames) = placement.moved_stack {
+                entry.frames = frames;
+            }
+            self.stacks.insert(placement.address, entry.frames);
+        }
     }
 
     /// Writes the free of the allocation behind `handle` at entry `index` (requested, then completed), and counts it.
@@ -568,6 +587,7 @@ impl Exporter<'_, '_> {
         let size_bytes = allocation.size_bytes();
         self.recorder.allocation(H::block_base(handle), allocation.footprint_bytes(), size_bytes, false);
         let address = self.address_base + H::address(handle);
+        self.stacks.remove(&address);
         self.writer.push(Action::FreeRequested, address, size_bytes, index, None);
         self.writer.push(Action::FreeCompleted, address, size_bytes, index, None);
     }
@@ -1388,6 +1408,67 @@ mod tests {
                 assert_eq!(stacks, [first, second], "{name} from entry {begun}");
             }
         }
+    }
+
+    /// An allocation a compaction moves keeps its own stack where it goes, in its move's entries and in its final block:
+    /// it took the stack of the entry the compaction came before (here the next allocation's). Three 30 MiB allocations
+    /// take a block each; the first is freed; the pass before the fourth allocation empties a block into the empty one.
+    #[test]
+    fn a_moved_allocation_keeps_its_stack() {
+        let base = 0x7f00_0000_0000u64;
+        let frame = |name: &str| vec![heapscope_pytorch::Frame { filename: "model.py".into(), line: 1, name: name.into() }];
+        let stack = StackId;
+        let block = |offset: u64, size: u64, frames: u32| Block {
+            frames: stack(frames),
+            ..Block::new(base + offset, size, size, if frames == 0 { BlockState::Inactive } else { BlockState::ActiveAllocated })
+        };
+        let blocks = vec![
+            block(0, 30 * MIB, 0),
+            block(30 * MIB, 30 * MIB, 2),
+            block(60 * MIB, 30 * MIB, 3),
+            block(90 * MIB, 4 * MIB, 4),
+            block(94 * MIB, 6 * MIB, 0),
+        ];
+        let entry =
+            |action, offset: u64, size: u64, frames| TraceEntry::new(action, base + offset, size).with_frames(stack(frames));
+        let trace = vec![
+            TraceEntry::new(Action::SegmentAlloc, base, 100 * MIB),
+            entry(Action::Alloc, 0, 30 * MIB, 1),
+            entry(Action::Alloc, 30 * MIB, 30 * MIB, 2),
+            entry(Action::Alloc, 60 * MIB, 30 * MIB, 3),
+            entry(Action::FreeRequested, 0, 30 * MIB, 1),
+            entry(Action::FreeCompleted, 0, 30 * MIB, 1),
+            entry(Action::Alloc, 90 * MIB, 4 * MIB, 4),
+        ];
+        let snapshot = Snapshot {
+            segments: vec![Segment::from_blocks(0, base, 100 * MIB, Pool::Large, blocks)],
+            device_traces: vec![trace],
+            frame_stacks: ["", "first", "second", "third", "fourth"]
+                .map(|name| if name.is_empty() { Vec::new() } else { frame(name) })
+                .to_vec(),
+            ..Snapshot::default()
+        };
+        let recording = Recording::from_snapshot("moved.pickle", snapshot, 0).unwrap();
+        let config = CompareConfig { compact: crate::compaction::CompactRule::Every(4), ..CompareConfig::default() };
+        let export = replayed_snapshot(&recording, Contender::Heap(PolicyKind::Tlsf), &config).unwrap();
+        let moves = crate::compare::replay(&recording, Contender::Heap(PolicyKind::Tlsf), &config)
+            .unwrap()
+            .figures()
+            .and_then(|figures| figures.compaction)
+            .map(|compaction| compaction.moves);
+        assert!(moves > Some(0), "the pass moves something: {moves:?}");
+        let mut stacks: Vec<StackId> =
+            crate::recording::live_blocks(&export.snapshot.segments).map(|block| block.frames).collect();
+        stacks.sort_unstable();
+        assert_eq!(stacks, [stack(2), stack(3), stack(4)]);
+        // Each entry of a 30 MiB allocation past the first's free (a move's free and placement) has its own stack.
+        let moved: Vec<(Action, StackId)> = export.snapshot.device_traces[0]
+            .iter()
+            .filter(|entry| entry.size == 30 * MIB && matches!(entry.action, Action::Alloc | Action::FreeRequested))
+            .skip(4)
+            .map(|entry| (entry.action, entry.frames))
+            .collect();
+        assert!(!moved.is_empty() && moved.iter().all(|&(_, frames)| frames == stack(2) || frames == stack(3)), "{moved:?}");
     }
 
     /// A free of something the recording never shows (an edited file) is left out of the emulation's export, as the
