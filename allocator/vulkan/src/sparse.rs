@@ -12,7 +12,8 @@
 //! - Every live mapping (a maximal run of pages contiguous in the buffer and in one chunk) may cost the driver a
 //!   host mapping (lavapipe: an `mmap`, bounded by `vm.max_map_count`), and so may every memory chunk; binds
 //!   that would leave more than [`SparseConfig::max_live_mappings`] of both together live fail with
-//!   [`VulkanError::TooManyMappings`], touching nothing.
+//!   [`VulkanError::TooManyMappings`], touching nothing. Unbinds are not refused (the heap has freed what they
+//!   unbind): pages unbound out of the middle of a mapping split it, so frees can pass the limit.
 //! - The bookkeeping (which physical pages back which buffer pages, which pages of the pool are free) is kept in
 //!   runs (`page_runs`): an operation costs in proportion to the runs it touches, not to its pages.
 use std::fmt;
