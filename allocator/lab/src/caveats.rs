@@ -237,8 +237,7 @@ pub fn streams(recording: &Recording, contenders: &[Contender]) -> Option<String
 
 /// The note that `--compact` leaves some contenders as they are: the heap policies that keep no free runs by address
 /// (`buddy`, `slab`, the linear ones) cannot be told where to place what moves, and PyTorch and gpu-allocator never
-/// move memory. Their rows
-/// show no move; without this a user read them as finding nothing to move.
+/// move memory. Their rows show no move; without this a user read them as finding nothing to move.
 pub fn not_compacting(contenders: &[Contender], config: &CompareConfig) -> Option<String> {
     if config.compact == crate::compaction::CompactRule::Never {
         return None;
@@ -439,8 +438,8 @@ mod tests {
         assert!(said.starts_with(start), "{said}");
     }
 
-    /// The streams note: said once, only when the recording has several streams and a contender ignores them.
-    /// (rule, contenders, the note): said only where some contender cannot move what the rule asks it to.
+    /// The compaction note, (rule, contenders, the note): said only where some contender cannot move what the rule asks
+    /// it to.
     #[test]
     fn the_compaction_note_names_who_never_moves() {
         use crate::compaction::CompactRule;
@@ -462,6 +461,7 @@ mod tests {
         }
     }
 
+    /// The streams note: said once, only when the recording has several streams and a contender ignores them.
     #[test]
     fn the_streams_note_names_who_ignores_streams() {
         let entry = |addr, stream| TraceEntry::new(Action::Alloc, addr, 512).with_stream(stream);

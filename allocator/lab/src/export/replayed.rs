@@ -353,31 +353,34 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
     let frame_stacks = recording.snapshot.as_ref().map_or_else(|| vec![Vec::new()], |snapshot| snapshot.frame_stacks.clone());
     let device = recording.device;
     let mut heap_report = None;
-    let mut segments: Vec<Segment> = match contender {
+    let (mut segments, stacks): (Vec<Segment>, _) = match contender {
         Contender::Heap(kind) => {
             let mut heap = config.heap(kind)?;
-            replay_device_heap(&mut heap, 0, recording, config, &mut writer, &mut recorder)?;
+            let stacks = replay_device_heap(&mut heap, 0, recording, config, &mut writer, &mut recorder)?;
             let report = heap_report.insert(heap.report());
-            report
+            let segments = report
                 .blocks
                 .iter()
                 .map(|block| {
                     let blocks = blocks_of(&block.layout.ranges, (0, block.size_bytes), block.base_address);
                     segment(block.base_address, block.size_bytes, blocks, false, device, stream)
                 })
-                .collect()
+                .collect();
+            (segments, stacks)
         }
         Contender::Paged => {
             let mut heap = config.paged_heap()?;
-            replay_device_heap(&mut heap, PAGED_BASE_ADDRESS, recording, config, &mut writer, &mut recorder)?;
+            let stacks = replay_device_heap(&mut heap, PAGED_BASE_ADDRESS, recording, config, &mut writer, &mut recorder)?;
             let layout = heap.report();
-            heap.mapped_runs()
+            let segments = heap
+                .mapped_runs()
                 .into_iter()
                 .map(|(offset, size)| {
                     let blocks = blocks_of(&layout.ranges, (offset, offset + size), PAGED_BASE_ADDRESS);
                     segment(PAGED_BASE_ADDRESS + offset, size, blocks, true, device, stream)
                 })
-                .collect()
+                .collect();
+            (segments, stacks)
         }
         Contender::Pytorch { .. } | Contender::GpuAllocator | Contender::Vma => {
             return Err(Error::InvalidConfig {
@@ -387,7 +390,7 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
             });
         }
     };
-    give_stacks(&mut segments, &writer.entries, recording);
+    give_stacks(&mut segments, &stacks, recording);
     let mut device_traces = vec![Vec::new(); device + 1];
     device_traces[device] = writer.entries;
     Ok(Replayed {
@@ -407,7 +410,8 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
 }
 
 /// Replays the recording through `heap` with the driver, writing its entries (addresses shifted by
-/// `address_base`) and keeping its counters ([`Exporter`]).
+/// `address_base`) and keeping its counters ([`Exporter`]); returns the stack of each allocation live at the end, by
+/// exported address.
 fn replay_device_heap<H: DeviceHeap>(
     heap: &mut H,
     address_base: u64,
@@ -415,12 +419,12 @@ fn replay_device_heap<H: DeviceHeap>(
     config: &CompareConfig,
     writer: &mut Writer<'_>,
     recorder: &mut StatsRecorder,
-) -> Result<()> {
+) -> Result<FastMap<u64, StackId>> {
     heap.record_device_events(true);
     let mut exporter = Exporter { writer, recorder, address_base, compaction: None, last_event: 0, stacks: FastMap::default() };
     drive(Stream::of(recording), &mut HeapTarget::compacting(heap, config.compact), config.align_bytes, &mut [&mut exporter])?;
     exporter.moves_done();
-    Ok(())
+    Ok(exporter.stacks)
 }
 
 /// Writes a heap contender's replay down in PyTorch's schema, with PyTorch's counters: an [`Observer`] of the
@@ -866,7 +870,7 @@ pub fn emulated_snapshot(
     // The allocator knows no device: its segments are the device replayed's.
     let device_id = u32::try_from(device).unwrap_or(u32::MAX);
     segments.iter_mut().for_each(|segment| segment.device = device_id);
-    give_stacks(&mut segments, &entries, recording);
+    give_stacks(&mut segments, &live_stacks(&entries), recording);
     let mut device_traces = vec![Vec::new(); device + 1];
     device_traces[device] = entries;
     Ok(Replayed {
@@ -885,13 +889,9 @@ pub fn emulated_snapshot(
     })
 }
 
-/// Gives each live block of the written final `segments` the stack of the allocation it holds, as PyTorch's snapshot
-/// does (memory_viz's segment view names every block without one "allocated before _record_history was enabled"): the
-/// stack of the written entry that last allocated at its address, else, for an allocation live since before the first
-/// entry and never written (the emulation keeps the recorded start), the recording's own final block there of the same
-/// size.
-fn give_stacks(segments: &mut [Segment], entries: &[TraceEntry], recording: &Recording) {
-    let mut allocated: FastMap<u64, StackId> = FastMap::default();
+/// The stack each allocation live at the end of `entries` was written with, by address.
+fn live_stacks(entries: &[TraceEntry]) -> FastMap<u64, StackId> {
+    let mut allocated = FastMap::default();
     for entry in entries {
         match entry.action {
             Action::Alloc => {
@@ -903,6 +903,15 @@ fn give_stacks(segments: &mut [Segment], entries: &[TraceEntry], recording: &Rec
             _ => {}
         }
     }
+    allocated
+}
+
+/// Gives each live block of the written final `segments` the stack of the allocation it holds, as PyTorch's snapshot
+/// does (memory_viz's segment view names every block without one "allocated before _record_history was enabled"): the
+/// stack it was written with (`allocated`, by address: the heaps' export keeps it as it writes, the emulation's from
+/// its entries, [`live_stacks`]), else, for an allocation live since before the first entry and never written (the
+/// emulation keeps the recorded start), the recording's own final block there of the same size.
+fn give_stacks(segments: &mut [Segment], allocated: &FastMap<u64, StackId>, recording: &Recording) {
     let recorded: FastMap<(u64, u64), StackId> = recording
         .snapshot
         .iter()

@@ -73,8 +73,11 @@ pub(super) fn rebuild_start_state(
     // Expandable mapped ranges: start -> origin, for errors.
     let mut mapped_origin: BTreeMap<u64, Origin> = BTreeMap::new();
     let mut stale = StaleRequests::default();
+    // The final expandable segments, start -> (end, pool): what the file says of the pool of the trace's runs over them.
+    let mut finals: BTreeMap<u64, (u64, Pool)> = BTreeMap::new();
     for (i, s) in snapshot.segments.iter().enumerate().filter(|(_, s)| s.device as usize == device) {
         if s.is_expandable {
+            finals.insert(s.address, (s.address.saturating_add(s.total_size), s.segment_type));
             let owner = alloc.owner_of(s.segment_pool_id);
             let gi = groups.of_final(s.stream, (owner, s.segment_type), s.address);
             if let Some(&other) = mapped_origin.get(&s.address) {
@@ -114,12 +117,6 @@ pub(super) fn rebuild_start_state(
         .map(|(k, e)| (k, alloc.owner_of(pools.pool_id(snapshot, k, e.pool_id))))
         .collect();
     let owner = |k: usize| segment_owners.get(&k).copied().unwrap_or(0);
-    let finals: BTreeMap<u64, (u64, Pool)> = snapshot
-        .segments
-        .iter()
-        .filter(|s| s.device as usize == device && s.is_expandable)
-        .map(|s| (s.address, (s.address.saturating_add(s.total_size), s.segment_type)))
-        .collect();
     let run_pools = RunPools::new(trace, &finals);
     groups.add_seen_only_in_trace(trace, &run_pools, owner);
     for (k, e) in trace.iter().enumerate().rev() {

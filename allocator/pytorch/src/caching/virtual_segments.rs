@@ -278,7 +278,8 @@ impl Groups {
 /// `segment_type`, what the file says), else the allocations the trace places in the run (the small pool serves
 /// requests of at most 1 MiB), else the run's length (no multiple of the large pool's 20 MiB page: the small pool's).
 /// (A paged heap's export maps its large segments in pages of 2 MiB: guessed by length, their runs were the small
-/// pool's, beside the final segments' large reservation over the same pages, and the start state held them twice.) Runs that overlap are pages of one reservation, so of one pool: the answer is one for each set of
+/// pool's, beside the final segments' large reservation over the same pages, and the start state held them twice.)
+/// Runs that overlap are pages of one reservation, so of one pool: the answer is one for each set of
 /// overlapping runs (or runs an allocation crosses between), taken from all of them (runs told apart one by one gave a
 /// page to both pools where a layout mixes requests, as a paged heap's does, and the start state then held it twice).
 #[derive(Debug)]
