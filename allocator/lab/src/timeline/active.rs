@@ -155,7 +155,8 @@ pub const STRETCHES: u64 = 4096;
 
 /// Sums of sizes by allocation order (a Fenwick tree): the bytes live below an allocation in O(log n).
 struct Below {
-    tree: Vec<u64>,
+    /// Wide: sizes read from a file may add up past a u64 (a height is shown saturated).
+    tree: Vec<u128>,
 }
 
 impl Below {
@@ -164,7 +165,7 @@ impl Below {
     }
 
     /// Adds `delta` (wrapping: a removal adds the negation) at `order`.
-    fn add(&mut self, order: u64, delta: u64) {
+    fn add(&mut self, order: u64, delta: u128) {
         let mut index = order as usize + 1;
         while index < self.tree.len() {
             self.tree[index] = self.tree[index].wrapping_add(delta);
@@ -172,15 +173,20 @@ impl Below {
         }
     }
 
-    /// The sum at orders below `order`.
+    /// The sum at orders below `order` (saturated at `u64::MAX`).
     fn before(&self, order: u64) -> u64 {
-        let (mut index, mut sum) = (order as usize, 0u64);
+        let (mut index, mut sum) = (order as usize, 0u128);
         while index > 0 {
             sum = sum.wrapping_add(self.tree[index]);
             index -= index & index.wrapping_neg();
         }
-        sum
+        saturated(sum)
     }
+}
+
+/// `bytes`, or `u64::MAX` past it.
+fn saturated(bytes: u128) -> u64 {
+    u64::try_from(bytes).unwrap_or(u64::MAX)
 }
 
 /// Stacks bands as their events arrive in order of position (see [`build`]): each band a dense key, added and removed
@@ -195,7 +201,8 @@ struct Stacker<'a> {
     /// Smaller ones get no band.
     detail_bytes: u64,
     next_order: u64,
-    live_bytes: u64,
+    /// Wide, as [`Below`]'s sums (shown saturated).
+    live_bytes: u128,
     /// Positions of `live_bytes` written so far; the stretch the heights were last brought up to date in.
     filled: usize,
     stretch: u64,
@@ -204,7 +211,7 @@ struct Stacker<'a> {
     /// The summary group of each stack with one of its own (the rest: the last group).
     group_of: std::collections::HashMap<StackId, usize>,
     /// Bytes live per summary group.
-    small_bytes: Vec<u64>,
+    small_bytes: Vec<u128>,
 }
 
 impl<'a> Stacker<'a> {
@@ -221,7 +228,7 @@ impl<'a> Stacker<'a> {
         let mut groups: Vec<Option<StackId>> = small_stacks.iter().copied().map(Some).collect();
         groups.push(None);
         let summaries = Summaries { groups, stretches: Vec::new() };
-        let small_bytes = vec![0; summaries.groups.len()];
+        let small_bytes = vec![0u128; summaries.groups.len()];
         Self {
             timeline: ActiveTimeline {
                 positions,
@@ -257,10 +264,10 @@ impl<'a> Stacker<'a> {
 
     /// Key `key` of `size_bytes` is live from `position`, on top of the stack.
     fn add(&mut self, key: u32, size_bytes: u64, position: u64) {
-        self.live_bytes += size_bytes;
+        self.live_bytes += u128::from(size_bytes);
         if size_bytes < self.detail_bytes {
             let group = self.group(key);
-            self.small_bytes[group] += size_bytes;
+            self.small_bytes[group] += u128::from(size_bytes);
             if let Some(slot) = self.order_of.get_mut(key as usize) {
                 *slot = Some((SUMMARISED, size_bytes));
             }
@@ -275,7 +282,7 @@ impl<'a> Stacker<'a> {
                 Open { band: self.timeline.bands.len() - 1, since: position, offset_bytes: self.below.before(self.next_order) };
             self.open.insert(self.next_order, band);
         }
-        self.below.add(self.next_order, size_bytes);
+        self.below.add(self.next_order, u128::from(size_bytes));
         if let Some(slot) = self.order_of.get_mut(key as usize) {
             *slot = Some((self.next_order, size_bytes));
         }
@@ -285,16 +292,16 @@ impl<'a> Stacker<'a> {
     /// Key `key` is gone from `position` (nothing for a key not live).
     fn remove(&mut self, key: u32, position: u64) {
         let Some((order, size_bytes)) = self.order_of.get_mut(key as usize).and_then(Option::take) else { return };
-        self.live_bytes -= size_bytes;
+        self.live_bytes -= u128::from(size_bytes);
         if order == SUMMARISED {
             let group = self.group(key);
-            self.small_bytes[group] -= size_bytes;
+            self.small_bytes[group] -= u128::from(size_bytes);
             return;
         }
         if let Some(band) = self.open.remove(&order) {
             Self::close(&mut self.timeline, &band, position);
         }
-        self.below.add(order, size_bytes.wrapping_neg());
+        self.below.add(order, u128::from(size_bytes).wrapping_neg());
     }
 
     /// The events of `position` are done: its live bytes and the peak; the first position done in a new stretch
@@ -316,8 +323,12 @@ impl<'a> Stacker<'a> {
             self.stretch = here_stretch;
         }
         if new_stretch {
-            let small: u64 = self.small_bytes.iter().sum();
-            let stretch = SummaryStretch { from: position, base_bytes: self.live_bytes - small, bytes: self.small_bytes.clone() };
+            let small: u128 = self.small_bytes.iter().sum();
+            let stretch = SummaryStretch {
+                from: position,
+                base_bytes: saturated(self.live_bytes - small),
+                bytes: self.small_bytes.iter().map(|&bytes| saturated(bytes)).collect(),
+            };
             self.timeline.summaries.stretches.push(stretch);
         }
         // Positions without an event of their own keep the bytes of the one before.
@@ -325,12 +336,13 @@ impl<'a> Stacker<'a> {
         let here = (position as usize).min(live.len());
         let before = live.get(self.filled.saturating_sub(1)).copied().unwrap_or(0);
         live[self.filled.min(here)..here].fill(before);
+        let live_bytes = saturated(self.live_bytes);
         if let Some(slot) = live.get_mut(here) {
-            *slot = self.live_bytes;
+            *slot = live_bytes;
         }
         self.filled = here + 1;
-        if self.live_bytes > self.timeline.peak_bytes {
-            (self.timeline.peak_bytes, self.timeline.peak_position) = (self.live_bytes, position);
+        if live_bytes > self.timeline.peak_bytes {
+            (self.timeline.peak_bytes, self.timeline.peak_position) = (live_bytes, position);
         }
     }
 
@@ -590,6 +602,19 @@ mod tests {
                 assert!(band.pieces.windows(2).all(|w| w[0].to == w[1].from && w[0].offset_bytes > w[1].offset_bytes));
             }
         }
+    }
+
+    /// Sizes read from a file may add up past a u64: the live bytes, the peak and the heights saturate (they
+    /// overflowed, a panic in a build with overflow checks), and drop back exact when the huge one goes.
+    #[test]
+    fn live_bytes_past_a_u64_saturate() {
+        let timeline = build(&recording(&format!("a,1,{}\na,2,4096\nf,2\nf,1\na,3,7\n", u64::MAX)));
+        assert_eq!(timeline.live_bytes, [0, u64::MAX, u64::MAX, u64::MAX, 0, 7]);
+        assert_eq!((timeline.peak_bytes, timeline.peak_position), (u64::MAX, 1));
+        let bands: Vec<u32> = timeline.bands.iter().map(|band| band.slot).collect();
+        assert_eq!(bands, [0], "4096 B and 7 B are too small for a band of their own beside 16 EiB");
+        let stretch = timeline.summaries.stretch_at(2).unwrap();
+        assert_eq!((stretch.base_bytes, stretch.bytes.iter().sum::<u64>()), (u64::MAX, 4096), "summarised on top");
     }
 
     /// Allocations under 1/420 of the peak get no band: they are summarised on top of the bands, one summary band per
