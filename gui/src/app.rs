@@ -83,6 +83,7 @@ pub struct HeapscopeApp {
     /// heapscope's Vulkan device when the window draws with it ([`crate::shared_device`]): live runs run on it.
     pub window_device: Option<Arc<VulkanContext>>,
     clock: Box<dyn Clock>,
+    /// The clock at the start of the last frame, while the playback moves (`None` once a frame leaves it still).
     last_seconds: Option<f64>,
     path_input: String,
     series: Vec<Series>,
@@ -153,17 +154,24 @@ impl HeapscopeApp {
         app
     }
 
-    /// The contenders a newly opened recording gets: the panes open now, or the side-by-side four.
+    /// The contenders a newly opened recording gets: the panes open now (not the advice's settings: they were
+    /// the recording's own), or the side-by-side four.
     pub(crate) fn contenders(&self) -> Vec<Contender> {
-        let open: Vec<Contender> =
-            self.session.iter().flat_map(|session| session.panes.iter().filter_map(|pane| pane.contender)).collect();
+        let open: Vec<Contender> = self
+            .session
+            .iter()
+            .flat_map(|session| session.panes.iter().filter(|pane| pane.setting.is_none()).filter_map(|pane| pane.contender))
+            .collect();
         if open.is_empty() { Contender::SIDE_BY_SIDE.to_vec() } else { open }
     }
 
+    /// Shows `session` in place of the one shown: what was picked, built or advised for the other goes (a file
+    /// opened again under its own name may hold another recording).
     pub(crate) fn set_session(&mut self, session: Session) {
         self.playback = self.playback.for_steps(session.steps());
         self.session = Some(session);
         self.focused = 0;
+        (self.selected, self.active, self.holders_at, self.advice) = (None, None, None, None);
         self.refresh_caches();
     }
 
@@ -256,7 +264,7 @@ impl HeapscopeApp {
         if session.recording.device == device {
             return;
         }
-        let opened = session.on_device(device);
+        let opened = session.on_device(device, &self.open_options);
         self.opened_on(opened, false);
     }
 
@@ -483,9 +491,10 @@ impl HeapscopeApp {
     /// Moves time on: the clock drives the playback, live sources report, every pane follows.
     fn advance(&mut self, ui: &Ui) {
         let now = self.clock.seconds();
-        // A stall (a long load, a debugger) does not jump the playback by more than a second.
+        // Time counts from the last frame the playback moved in: egui draws no frames while nothing moves, so a step
+        // or play started after a pause would otherwise jump by the idle time at once. A stall (a long load, a
+        // debugger) does not jump it by more than a second.
         let elapsed = self.last_seconds.map_or(0.0, |last| (now - last).clamp(0.0, 1.0));
-        self.last_seconds = Some(now);
         if let Some(session) = &mut self.session
             && session.live.is_some()
         {
@@ -503,6 +512,7 @@ impl HeapscopeApp {
                 self.playback.seek(session.steps());
             }
         }
+        self.last_seconds = Some(now);
         let steps = self.steps();
         self.playback.tick(elapsed, steps);
         let shown = self.playback.shown_steps();
@@ -563,16 +573,15 @@ impl HeapscopeApp {
             .collect()
     }
 
-    /// The request whose too-small free runs each pane highlights: its refusal at the step shown.
+    /// The bytes whose too-small free runs each pane highlights: what the policy needed for its refusal at the step
+    /// shown (the request once rounded to its unit).
     fn too_small(&self) -> Vec<Option<u64>> {
         let Some(session) = &self.session else { return Vec::new() };
         let shown = self.playback.shown_steps();
         session
             .panes
             .iter()
-            .map(|pane| {
-                shown.checked_sub(1).and_then(|step| pane.timeline.refusal_at(step)).map(|refusal| refusal.requested_bytes)
-            })
+            .map(|pane| shown.checked_sub(1).and_then(|step| pane.timeline.refusal_at(step)).map(|refusal| refusal.needed_bytes))
             .collect()
     }
 
@@ -914,6 +923,10 @@ impl HeapscopeApp {
                 self.focused -= 1;
             }
             self.refresh_caches();
+        }
+        // A frame that leaves the playback still starts the count afresh (see `advance`).
+        if !self.playback.moving() {
+            self.last_seconds = None;
         }
     }
 }

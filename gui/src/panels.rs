@@ -16,27 +16,26 @@ use crate::session::Session;
 pub fn verdict_words(refusal: &Refusal, too_small_runs: usize) -> (String, String) {
     let request = Bytes(refusal.requested_bytes);
     let free = refusal.free_memory();
+    // What the policy needed: the request once rounded to its unit, where that is more.
+    let needed = Bytes(refusal.needed_bytes.max(refusal.requested_bytes));
+    let rounded =
+        if refusal.needed_bytes > refusal.requested_bytes { format!(" once rounded to {needed}") } else { String::new() };
     match refusal.cause {
         OomCause::Fragmentation => (
             format!(
-                "Fragmentation (waste between allocations): {free}, enough for {request}, but the largest free run was \
-                 only {}.",
+                "Fragmentation (waste between allocations): {free}, enough for {request}{rounded}, but the largest free \
+                 run was only {}.",
                 Bytes(refusal.largest_free_bytes)
             ),
             format!(
-                "The {too_small_runs} free run(s) in red are each smaller than {request}. Moving allocations together, \
+                "The {too_small_runs} free run(s) in red are each smaller than {needed}. Moving allocations together, \
                  or mapping pages where they are needed (paging, expandable segments), would have served it."
             ),
         ),
         OomCause::InternalWaste => (
             format!(
-                "Internal waste (inside allocations): {free}, not enough for {request}{}, while {} of the memory held \
-                 is padding inside live allocations (rounding, size classes, page tails).",
-                if refusal.needed_bytes > refusal.requested_bytes {
-                    format!(" once rounded to {}", Bytes(refusal.needed_bytes))
-                } else {
-                    String::new()
-                },
+                "Internal waste (inside allocations): {free}, not enough for {request}{rounded}, while {} of the memory \
+                 held is padding inside live allocations (rounding, size classes, page tails).",
                 Bytes(refusal.waste_bytes)
             ),
             "Rounding less would have served it: a policy with a finer unit or no power-of-two size classes, smaller \
@@ -108,7 +107,7 @@ pub fn why_it_failed(ui: &mut Ui, session: &Session, focused: usize, shown_steps
         ui.label("Pick one above (or press O) to see the heap when it failed.");
         return actions;
     };
-    let too_small = pane.layout.free_runs().filter(|run| run.1 < refusal.requested_bytes).count();
+    let too_small = pane.layout.free_runs().filter(|run| run.1 < refusal.needed_bytes).count();
     let (headline, advice) = verdict_words(refusal, too_small);
     ui.label(RichText::new(headline).strong().color(Color32::from_rgb(240, 120, 110)));
     ui.label(advice);
@@ -254,6 +253,11 @@ mod tests {
         // A 15 MiB request in 16 MiB pages.
         let rounded = Refusal { requested_bytes: 15 << 20, needed_bytes: 16 << 20, ..waste };
         assert!(verdict_words(&rounded, 0).0.contains("not enough for 15.00 MiB once rounded to 16.00 MiB"));
+        // Fragmentation of a request rounded up: the runs too small are those under what the policy needed.
+        let between = Refusal { cause: OomCause::Fragmentation, largest_free_bytes: 15 << 20, ..rounded };
+        let (headline, advice) = verdict_words(&between, 3);
+        assert!(headline.contains("enough for 15.00 MiB once rounded to 16.00 MiB, but the largest free run was only 15.00 MiB"));
+        assert!(advice.starts_with("The 3 free run(s) in red are each smaller than 16.00 MiB."), "{advice}");
         let (headline, _) = verdict_words(&Refusal { cause: OomCause::Exhaustion, unreserved_bytes: None, ..refusal }, 0);
         assert_eq!(
             headline,

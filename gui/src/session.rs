@@ -344,6 +344,12 @@ impl Session {
     pub fn open(path: &Path, contenders: &[Contender], options: &OpenOptions) -> Result<Self> {
         // The core's errors name the file already ("cannot read F: …", "F: the file is empty", "F:2: …").
         let recording = Recording::open_device(path, options.device)?;
+        Self::opened(recording, contenders, options)
+    }
+
+    /// `recording` (a file's, on its device) on the memory and by the rules `options` say: the capacity and the heaps'
+    /// block size follow the device's own recording (its `oom` entry, its peak).
+    fn opened(recording: Recording, contenders: &[Contender], options: &OpenOptions) -> Result<Self> {
         // The capacity asked for, else the device the recording tells (its oom entry), else unlimited.
         let capacity_bytes = Capacity::of(options.capacity_bytes, &recording).bytes;
         let config = options.rules.apply_to(&recording, CompareConfig { capacity_bytes, ..CompareConfig::default() });
@@ -377,26 +383,32 @@ impl Session {
         Ok(session)
     }
 
-    /// The same recording on `device` of its snapshot (the app's device picker), with the same contenders and
-    /// memory.
+    /// The same recording on `device` of its snapshot (the app's device picker), with the same contenders, opened
+    /// as a file opens with `options` (the memory asked for, else what that device's recording tells; the heaps'
+    /// block size from its peak, not the device shown before).
     ///
     /// # Errors
     /// A recording that is no snapshot, a device it records nothing on (the error lists those it has), or a replay
     /// that fails.
-    pub fn on_device(&self, device: usize) -> Result<Self> {
+    pub fn on_device(&self, device: usize, options: &OpenOptions) -> Result<Self> {
         let Some(snapshot) = &self.recording.snapshot else {
             bail!("{} is no PyTorch snapshot: it has one device", self.recording.name);
         };
         let recording = Recording::from_snapshot(&self.recording.name, snapshot.clone(), device)?;
         let mut contenders: Vec<Contender> =
             self.panes.iter().filter(|pane| pane.setting.is_none()).filter_map(|pane| pane.contender).collect();
-        if contenders.is_empty() {
-            // Every pane is a setting of the advice: the recorded settings open first, as on opening the file.
+        // Every pane a setting of the advice: a plain pane opens first (a session has one at least) and goes once the
+        // first setting's pane is there, so as many panes as before fit.
+        let only_settings = contenders.is_empty();
+        if only_settings {
             contenders.push(Contender::Pytorch { expandable: false });
         }
-        let mut session = Self::new(recording, self.config.clone(), &contenders)?;
+        let mut session = Self::opened(recording, &contenders, options)?;
         for setting in self.panes.iter().filter_map(|pane| pane.setting.as_deref()) {
             session.add_setting_pane(setting)?;
+            if only_settings && session.panes[0].setting.is_none() {
+                session.panes.remove(0);
+            }
         }
         Ok(session)
     }

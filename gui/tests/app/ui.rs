@@ -820,6 +820,35 @@ fn the_arrows_the_speed_keys_the_maps_and_the_timeline_answer() {
     assert_eq!(harness.state().focused, 3, "a click on paged's name focuses paged");
 }
 
+/// A step or play started after the window stood still animates from where it was: egui draws no frames while
+/// nothing moves, and the idle time before the key is not played at once.
+#[test]
+fn a_step_after_idle_time_animates_instead_of_jumping() {
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(1);
+    clock.advance(0.9);
+    harness.key_press(Key::ArrowRight);
+    harness.run_steps(1);
+    assert_eq!(harness.state().playback.position, 0.0, "the step starts from its start");
+    clock.advance(0.1);
+    harness.run_steps(1);
+    let playback = &harness.state().playback;
+    assert!((playback.position - 0.25).abs() < 1e-9, "a quarter of its 0.4 s: {playback:?}");
+    clock.advance(1.0);
+    harness.run_steps(2);
+    assert_eq!(harness.state().playback.position, 1.0);
+
+    // Play after idle time: from the step shown, at 2 steps a second.
+    clock.advance(0.9);
+    harness.key_press(Key::Space);
+    harness.run_steps(1);
+    clock.advance(0.25);
+    harness.run_steps(1);
+    let playback = &harness.state().playback;
+    assert!(playback.playing && (playback.position - 1.5).abs() < 1e-9, "{playback:?}");
+}
+
 /// The frag_oom snapshot on two devices (issue 14, part 4), written here: device 0 as recorded (it ran out of
 /// memory), device 1 the same run without its `oom` entry.
 fn two_device_snapshot(dir: &std::path::Path) -> std::path::PathBuf {
@@ -863,7 +892,10 @@ fn the_device_picker_reopens_the_file_on_another_device() {
     assert!(harness.query_by_label(&notice).is_some(), "said on screen");
     assert!(session.panes.iter().any(|pane| !pane.timeline.refusals().is_empty()), "device 0's OOM replays");
 
-    // The picker lists both devices with their entries and the OOM; picking device 1 reopens the file there.
+    // The picker lists both devices with their entries and the OOM; picking device 1 reopens the file there, on the
+    // memory its own recording tells (none: unlimited; device 0's was its `oom` entry's), with nothing picked of
+    // device 0's allocations.
+    harness.state_mut().selected = Some(3);
     harness.get_by_value("device 0").click();
     harness.run_steps(2);
     assert!(harness.query_by_label(&format!("device 0: {entries} entries, ran out of memory")).is_some());
@@ -877,6 +909,49 @@ fn the_device_picker_reopens_the_file_on_another_device() {
     assert_eq!(session.panes.len(), panes, "the same panes");
     assert!(harness.query_by_value("device 1").is_some(), "the picker shows the device now open");
     assert_eq!(app.notice, None, "a device picked needs no explaining");
+    assert_eq!(session.config.capacity_bytes, heapscope_lab::capacity::Capacity::of(None, &session.recording).bytes);
+    assert!(session.panes.iter().all(|pane| pane.timeline.refusals().is_empty()), "device 1 never ran out");
+    assert_eq!(app.selected, None, "a slot of device 0's recording");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The advice's settings as panes: the device picker reopens them all on the other device (four of them, no pane
+/// more), and a file opened next opens with the plain panes alone (a setting's pane replays the recording it was
+/// advised for as plain `pytorch`).
+#[test]
+fn setting_panes_follow_the_device_not_the_next_file() {
+    let dir = scratch_dir("device-settings");
+    let path = two_device_snapshot(&dir);
+    let clock = ManualClock::default();
+    let mut harness = harness(&clock);
+    harness.run_steps(1);
+    harness.state_mut().open_path(&path);
+    let settings = ["expandable_segments:True", "max_split_size_mb:128", "garbage_collection_threshold:0.6", ""];
+    let session = harness.state_mut().session.as_mut().unwrap();
+    session.panes.truncate(1);
+    session.add_setting_pane(settings[0]).unwrap();
+    session.panes.remove(0);
+    for setting in &settings[1..] {
+        session.add_setting_pane(setting).unwrap();
+    }
+    harness.state_mut().switch_device(1);
+    let app = harness.state();
+    assert!(app.error.is_none(), "{:?}", app.error);
+    let session = app.session.as_ref().unwrap();
+    let shown: Vec<Option<&str>> = session.panes.iter().map(|pane| pane.setting.as_deref()).collect();
+    assert_eq!(shown, settings.map(Some), "the four settings on device 1");
+    assert_eq!(session.recording.device, 1);
+
+    let session = harness.state_mut().session.as_mut().unwrap();
+    session.panes.truncate(2);
+    session.set_contender(0, Contender::Heap(PolicyKind::Tlsf)).unwrap();
+    session.panes.remove(1);
+    session.add_setting_pane("expandable_segments:True").unwrap();
+    harness.state_mut().open_path(&path);
+    let session = harness.state().session.as_ref().unwrap();
+    let panes: Vec<(String, Option<&str>)> =
+        session.panes.iter().map(|pane| (pane.name().to_owned(), pane.setting.as_deref())).collect();
+    assert_eq!(panes, [("tlsf".to_owned(), None)], "no plain pytorch pane in place of the setting's");
     std::fs::remove_dir_all(&dir).ok();
 }
 
