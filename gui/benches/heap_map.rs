@@ -43,6 +43,7 @@ fn timeline() -> Timeline {
             lead_bytes: 0,
             requested_bytes: size,
             slot: slot as u32,
+            before_recording: false,
             born: slot,
         };
         cursor += footprint;

@@ -303,7 +303,7 @@ pub fn start(context: &Arc<VulkanContext>, config: LiveConfig) -> anyhow::Result
 /// asked for.
 pub fn span_of(footprint: (u64, u64, u64), requested_bytes: u64, slot: u32, step: u64) -> Span {
     let (address, footprint_bytes, lead_bytes) = footprint;
-    Span { address, footprint_bytes, lead_bytes, requested_bytes, slot, born: step }
+    Span { address, footprint_bytes, lead_bytes, requested_bytes, slot, before_recording: false, born: step }
 }
 
 /// What the bench runner does on the device, as the lab's driver tells its observers, sent to a live source. See

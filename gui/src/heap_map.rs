@@ -702,7 +702,15 @@ mod tests {
     }
 
     fn span(address: u64, footprint_bytes: u64, requested_bytes: u64) -> Change {
-        Change::Allocated(Span { address, footprint_bytes, lead_bytes: 0, requested_bytes, slot: 0, born: 0 })
+        Change::Allocated(Span {
+            address,
+            footprint_bytes,
+            lead_bytes: 0,
+            requested_bytes,
+            slot: 0,
+            before_recording: false,
+            born: 0,
+        })
     }
 
     /// Regions of less than a row share rows in address order while they fit (a gap of 1/256 row between

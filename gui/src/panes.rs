@@ -174,15 +174,27 @@ pub fn describe_hit(session: &Session, region: u64, hit: &Hit, shown_steps: u64)
 
 fn describe_span(session: &Session, region: u64, span: &Span, shown_steps: u64) -> String {
     if span.is_before_recording() {
-        return format!(
-            "allocated before the recording started: {} requested, {} set aside ({} padding and rounding)\noffset {:#x} in \
-             the region at {:#x}",
+        let mut text = format!(
+            "{}allocated before the recording started: {} requested, {} set aside ({} padding and rounding)\noffset {:#x} \
+             in the region at {:#x}",
+            span.trace_slot().map(|slot| format!("allocation #{slot}, ")).unwrap_or_default(),
             Bytes(span.requested_bytes),
             Bytes(span.footprint_bytes),
             Bytes(span.waste_bytes()),
             span.address - region,
             region,
         );
+        if let Some(slot) = span.trace_slot() {
+            // Its stack is the one the snapshot's final segments or its free entry recorded, where either did.
+            if let Some(free) = session.slots.get(slot as usize).and_then(|slot| slot.free_step) {
+                text.push_str(&format!("\nfreed at entry {free}"));
+            }
+            if let Some(category) = session.category(slot) {
+                text.push_str(&format!("\ncategory: {category}"));
+            }
+            text.push_str(&session.frames(slot).lines("stack", 16));
+        }
+        return text;
     }
     let mut text = format!(
         "allocation #{}: {} requested, {} set aside ({} padding and rounding)\noffset {:#x} in the region at {:#x}",
@@ -352,8 +364,9 @@ mod tests {
             format!("free run of 50.00 MiB at offset {:#x}", run - region)
         );
         assert!(header_text(pane).starts_with("reserved 2.93 GiB · live 500.00 MiB"), "{}", header_text(pane));
-        // An allocation from before the recording has no slot, lifetime or stack to name.
-        let before = Span::before_recording(region + 4096, 1024, 1000);
+        // An allocation from before the recording that no start event matches has no slot, lifetime or stack to
+        // name; one that does is named by its slot, with what its slot knows (when it was freed).
+        let before = Span::before_recording(region + 4096, 1024, 1000, Span::BEFORE_RECORDING);
         assert_eq!(
             describe_hit(&session, region, &Hit::Allocation(before), 45),
             format!(
@@ -361,5 +374,9 @@ mod tests {
                  offset 0x1000 in the region at {region:#x}"
             )
         );
+        let (freed, at) = (0..).zip(&session.slots).find_map(|(index, slot)| Some((index, slot.free_step?))).unwrap();
+        let text = describe_hit(&session, region, &Hit::Allocation(Span { slot: freed, ..before }), 45);
+        assert!(text.starts_with(&format!("allocation #{freed}, allocated before the recording started: 1000 B")), "{text}");
+        assert!(text.contains(&format!("\nfreed at entry {at}")), "{text}");
     }
 }

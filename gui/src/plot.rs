@@ -347,6 +347,7 @@ mod tests {
                     lead_bytes: 0,
                     requested_bytes: size,
                     slot: 0,
+                    before_recording: false,
                     born: step,
                 })
             } else {
@@ -389,7 +390,7 @@ mod tests {
     fn a_start_state_is_drawn_before_entry_0() {
         let mut timeline = Timeline::new("t");
         let region = Change::RegionAdded { address: 0, size_bytes: 64 << 20, kind: RegionKind::Block };
-        let span = Span::before_recording(0, 1 << 20, 1000);
+        let span = Span::before_recording(0, 1 << 20, 1000, 0);
         timeline.start(&[region, Change::Allocated(span)]).unwrap();
         timeline.push(&[], None).unwrap();
         let series = Series::of(&timeline);

@@ -730,7 +730,15 @@ mod tests {
     fn live_allocations_know_their_lifetimes() {
         let (source, sender) = ChannelSource::new();
         let mut session = Session::live("live", Box::new(source));
-        let span = |address, slot, born| Span { address, footprint_bytes: 256, lead_bytes: 0, requested_bytes: 200, slot, born };
+        let span = |address, slot, born| Span {
+            address,
+            footprint_bytes: 256,
+            lead_bytes: 0,
+            requested_bytes: 200,
+            slot,
+            before_recording: false,
+            born,
+        };
         let region = Change::RegionAdded { address: 0, size_bytes: 4096, kind: heapscope_lab::timeline::RegionKind::Block };
         let steps = [
             vec![region, Change::Allocated(span(0, 0, 0))],

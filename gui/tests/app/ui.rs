@@ -434,8 +434,15 @@ fn a_live_source_grows_its_pane() {
         .unwrap();
     harness.run_steps(1);
     for slot in 0..4u32 {
-        let span =
-            Span { address: u64::from(slot) * 4096, footprint_bytes: 4096, lead_bytes: 0, requested_bytes: 4000, slot, born: 0 };
+        let span = Span {
+            address: u64::from(slot) * 4096,
+            footprint_bytes: 4096,
+            lead_bytes: 0,
+            requested_bytes: 4000,
+            slot,
+            before_recording: false,
+            born: 0,
+        };
         sender.send(LiveStep { changes: vec![Change::Allocated(span)], refusal: None }).unwrap();
     }
     clock.advance(0.25);
@@ -1012,6 +1019,11 @@ fn a_state_with_no_trace_opens_at_its_one_moment() {
     assert!(harness.query_by_label("start / 0 entries").is_some(), "the transport says where it is");
     for pane in &session.panes {
         assert_eq!(pane.layout.totals().live_allocations as usize, session.recording.start_events, "{}", pane.name());
+        // Each is its start event's slot: its stack, its category, picked on the allocations view, outlined here.
+        let mut slots: Vec<u32> = pane.layout.spans().map(|span| span.trace_slot().unwrap()).collect();
+        slots.sort_unstable();
+        assert_eq!(slots, (0..session.recording.start_events as u32).collect::<Vec<_>>(), "{}", pane.name());
+        assert!(pane.layout.spans().all(Span::is_before_recording), "{}", pane.name());
     }
     assert!(harness.query_by_value("device 0").is_none() && session.devices.len() == 1, "one device: no picker");
     std::fs::remove_dir_all(&dir).ok();

@@ -27,26 +27,35 @@ pub struct Span {
     pub lead_bytes: u64,
     /// Bytes requested.
     pub requested_bytes: u64,
-    /// The trace slot of the allocation; [`Span::BEFORE_RECORDING`] for one made before the recording started.
+    /// The trace slot of the allocation (a start event's for one live before the recording started);
+    /// [`Span::BEFORE_RECORDING`] where the contender cannot tell which.
     pub slot: u32,
-    /// The step that allocated it.
+    /// Whether it was live before the recording started (a PyTorch recording begun mid-run): no entry made it.
+    pub before_recording: bool,
+    /// The step that allocated it (0 for one live before the recording started).
     pub born: u64,
 }
 
 impl Span {
-    /// The `slot` of an allocation live before the recording started (a PyTorch recording begun mid-run): it has
-    /// no trace slot, and no trace event made it.
+    /// The `slot` of an allocation live before the recording started that the contender cannot match with a start
+    /// event of the recording (a block the emulation holds at an address no start event has).
     pub const BEFORE_RECORDING: u32 = u32::MAX;
 
     /// An allocation live before the recording started, in the layout from step 0 on: `footprint_bytes` at
-    /// `address` set aside for `requested_bytes`.
-    pub fn before_recording(address: u64, footprint_bytes: u64, requested_bytes: u64) -> Self {
-        Self { address, footprint_bytes, lead_bytes: 0, requested_bytes, slot: Self::BEFORE_RECORDING, born: 0 }
+    /// `address` set aside for `requested_bytes`, the start event of trace slot `slot` (or
+    /// [`Span::BEFORE_RECORDING`]).
+    pub fn before_recording(address: u64, footprint_bytes: u64, requested_bytes: u64, slot: u32) -> Self {
+        Self { address, footprint_bytes, lead_bytes: 0, requested_bytes, slot, before_recording: true, born: 0 }
     }
 
-    /// Whether the allocation was live before the recording started (it has no trace slot).
+    /// Whether the allocation was live before the recording started.
     pub fn is_before_recording(&self) -> bool {
-        self.slot == Self::BEFORE_RECORDING
+        self.before_recording
+    }
+
+    /// Its trace slot, where it has one.
+    pub fn trace_slot(&self) -> Option<u32> {
+        (self.slot != Self::BEFORE_RECORDING).then_some(self.slot)
     }
 
     /// One past the footprint's last byte.

@@ -529,7 +529,7 @@ mod tests {
     use super::*;
 
     fn span(address: u64, footprint_bytes: u64, requested_bytes: u64) -> Span {
-        Span { address, footprint_bytes, lead_bytes: 0, requested_bytes, slot: 0, born: 0 }
+        Span { address, footprint_bytes, lead_bytes: 0, requested_bytes, slot: 0, before_recording: false, born: 0 }
     }
 
     /// Free runs after each change, against the expected ones.

@@ -436,6 +436,7 @@ mod tests {
                         lead_bytes: 0,
                         requested_bytes: 1000 + step,
                         slot: slot as u32,
+                        before_recording: false,
                         born: step,
                     }),
                 }
@@ -455,7 +456,15 @@ mod tests {
         assert_eq!(size_of::<Sample>(), 24);
         let mut timeline = Timeline::new("t");
         let block = Change::RegionAdded { address: 0, size_bytes: 1000, kind: RegionKind::Block };
-        let span = Span { address: 0, footprint_bytes: 400, lead_bytes: 0, requested_bytes: 300, slot: 0, born: 0 };
+        let span = Span {
+            address: 0,
+            footprint_bytes: 400,
+            lead_bytes: 0,
+            requested_bytes: 300,
+            slot: 0,
+            before_recording: false,
+            born: 0,
+        };
         timeline.push(&[block, Change::Allocated(span)], None).unwrap();
         let sample = timeline.sample_at(1);
         assert_eq!((sample.live_bytes, sample.reserved_bytes), (300, 1000));
@@ -502,6 +511,7 @@ mod tests {
                 lead_bytes: 0,
                 requested_bytes: 1000,
                 slot,
+                before_recording: false,
                 born: u64::from(slot) + 1,
             };
             timeline.push(&[Change::Allocated(span)], None).unwrap();
@@ -518,7 +528,15 @@ mod tests {
     type Step = (Vec<Change>, Option<Refusal>);
 
     fn span(address: u64, footprint_bytes: u64, slot: u32) -> Span {
-        Span { address, footprint_bytes, lead_bytes: 0, requested_bytes: footprint_bytes / 2 + 1, slot, born: 0 }
+        Span {
+            address,
+            footprint_bytes,
+            lead_bytes: 0,
+            requested_bytes: footprint_bytes / 2 + 1,
+            slot,
+            before_recording: false,
+            born: 0,
+        }
     }
 
     fn refusal(requested_bytes: u64) -> Refusal {
@@ -724,6 +742,7 @@ mod tests {
             lead_bytes: 0,
             requested_bytes: 1,
             slot: 0,
+            before_recording: false,
             born: 0,
         })];
         let good_then_bad = [Change::RegionAdded { address: 1 << 42, size_bytes: 10, kind: RegionKind::Block }, bad[0]];

@@ -11,7 +11,7 @@ use crate::compare::{CompareConfig, FirstOom, emulate_pytorch, pytorch_first_oom
 use crate::contender::Contender;
 use crate::driver::{HeapTarget, Observer, Step, Stream, drive};
 use crate::recording::{Moment, Recording};
-use heapscope_core::hash::FastSet;
+use heapscope_core::hash::{FastMap, FastSet};
 use heapscope_core::trace::Event;
 use heapscope_core::{DeviceEvent, DeviceHeap, Error, Result};
 use heapscope_pytorch::caching::{BackingRefused, CachingAllocator, EntryEffect, OomReport, SegmentBacking};
@@ -116,6 +116,7 @@ fn span<H: DeviceHeap>(handle: &H::Handle, requested_bytes: u64, slot: u32, born
         lead_bytes: allocation.offset() - allocation.footprint_offset(),
         requested_bytes,
         slot,
+        before_recording: false,
         born,
     }
 }
@@ -136,8 +137,8 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for TimelineObserver {
         match step {
             Step::Placed { slot, size_bytes, handle } => {
                 self.regions.changes(device_events, &[], &mut self.changes);
-                let slot = if moment == Moment::Start { Span::BEFORE_RECORDING } else { slot };
-                self.changes.push(Change::Allocated(span::<H>(handle, size_bytes, slot, born)));
+                let span = span::<H>(handle, size_bytes, slot, born);
+                self.changes.push(Change::Allocated(Span { before_recording: moment == Moment::Start, ..span }));
             }
             Step::Freed { handle, .. } => {
                 self.changes.push(Change::Freed { address: footprint_address::<H>(handle) });
@@ -148,10 +149,15 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for TimelineObserver {
                 self.refusal = verdict.map(Refusal::from);
             }
             Step::Unserved { .. } | Step::CacheEmptied => self.regions.changes(device_events, &[], &mut self.changes),
-            // The allocation slides: gone from where it was, there where it is.
+            // The allocation slides: gone from where it was, there where it is, born when it was (at the start, for
+            // one live before the recording).
             Step::Moved { slot, from, to, .. } => {
-                self.changes.push(Change::Freed { address: footprint_address::<H>(from) });
-                self.changes.push(Change::Allocated(span::<H>(to, H::allocation(from).size_bytes(), slot, born)));
+                let address = footprint_address::<H>(from);
+                let was = self.timeline.head().span_at(address).filter(|span| span.address == address && span.slot == slot);
+                let (before_recording, born) = was.map_or((false, born), |span| (span.before_recording, span.born));
+                self.changes.push(Change::Freed { address });
+                let span = span::<H>(to, H::allocation(from).size_bytes(), slot, born);
+                self.changes.push(Change::Allocated(Span { before_recording, ..span }));
             }
         }
         Ok(())
@@ -303,11 +309,21 @@ impl SegmentBacking for PytorchRecorder<'_> {
     }
 
     fn started(&mut self, allocator: &CachingAllocator, _moved: &[(u64, u64)]) {
+        // The start events' slots by their recorded addresses, where the emulation places them.
+        let events = self.recording.trace.events();
+        let slot_at: FastMap<u64, u32> = (self.recording.start_addresses.iter().zip(events))
+            .filter_map(|(&address, event)| match *event {
+                Event::Alloc { slot, .. } => Some((address, slot)),
+                _ => None,
+            })
+            .collect();
         for segment in allocator.report() {
             for block in segment.blocks.iter().filter(|block| block.state != BlockState::Inactive) {
                 // A block known only from its free entry may record more requested bytes than it holds.
                 let requested_bytes = block.requested_size.min(block.size);
-                self.pending.push(Change::Allocated(Span::before_recording(block.address, block.size, requested_bytes)));
+                let slot = slot_at.get(&block.address).copied().unwrap_or(Span::BEFORE_RECORDING);
+                let span = Span::before_recording(block.address, block.size, requested_bytes, slot);
+                self.pending.push(Change::Allocated(span));
                 self.shown.insert(block.address);
             }
         }
@@ -328,7 +344,15 @@ impl SegmentBacking for PytorchRecorder<'_> {
             _ => None,
         };
         let span = |address: u64, footprint_bytes: u64, (slot, requested_bytes): (u32, u64)| {
-            Change::Allocated(Span { address, footprint_bytes, lead_bytes: 0, requested_bytes, slot, born: entry as u64 })
+            Change::Allocated(Span {
+                address,
+                footprint_bytes,
+                lead_bytes: 0,
+                requested_bytes,
+                slot,
+                before_recording: false,
+                born: entry as u64,
+            })
         };
         let mut refusal = None;
         match effect {
@@ -379,6 +403,29 @@ mod tests {
             ..CompareConfig::default()
         };
         (Recording::from_trace(story.trace), config)
+    }
+
+    /// An allocation a compaction moves keeps the entry that made it (hover: its lifetime; colour by age).
+    #[test]
+    fn a_moved_allocation_keeps_its_birth() {
+        let story = crate::story::compaction();
+        let config = story.config();
+        let recording = Recording::from_trace(story.trace);
+        let mut born_at = vec![u64::MAX; recording.trace.slots() as usize];
+        for (index, event) in (0..).zip(recording.trace.events()) {
+            if let Event::Alloc { slot, .. } = *event {
+                born_at[slot as usize] = recording.moment_of(index).position().saturating_sub(1);
+            }
+        }
+        let timeline = record(&recording, Contender::Heap(PolicyKind::Tlsf), &config).unwrap();
+        let last = timeline.steps();
+        let (before, after) = (timeline.layout_at(last - 1), timeline.layout_at(last));
+        let moved: Vec<&Span> =
+            after.spans().filter(|span| before.span_at(span.address).is_none_or(|was| was.slot != span.slot)).collect();
+        assert!(moved.len() > 1, "the compaction moved some and served the request");
+        for span in moved {
+            assert_eq!(span.born, born_at[span.slot as usize], "slot {}", span.slot);
+        }
     }
 
     /// frag_oom through every side-by-side contender: who refuses the last request, and the layout then,
@@ -614,9 +661,17 @@ mod tests {
         let timeline = record(&recording, Contender::Pytorch { expandable: false }, &CompareConfig::default()).unwrap();
         let region = |address| Change::RegionAdded { address, size_bytes: small, kind: RegionKind::Block };
         // Its rounded request: the small pool splits off any remainder (the next request takes the front of it).
-        let before = Span::before_recording(BASE, 2048, 2048);
+        let before = Span::before_recording(BASE, 2048, 2048, 0);
         let served = |address, slot, born| {
-            Change::Allocated(Span { address, footprint_bytes: 1024, lead_bytes: 0, requested_bytes: 1000, slot, born })
+            Change::Allocated(Span {
+                address,
+                footprint_bytes: 1024,
+                lead_bytes: 0,
+                requested_bytes: 1000,
+                slot,
+                before_recording: false,
+                born,
+            })
         };
         let start = timeline.layout_at(0);
         assert_eq!((start.regions().len(), start.spans().copied().collect::<Vec<_>>()), (1, vec![before]));
