@@ -759,9 +759,17 @@ impl HeapscopeApp {
                      view), instead of the totals",
                 ),
             ];
+            // A live run has no recording to stack the allocations of (its pane's segments it has).
+            let live = self.session.as_ref().is_some_and(|session| session.live.is_some());
             for (view, name, hover) in views {
                 let mut on = self.timeline_view == view;
-                if ui.toggle_value(&mut on, name).on_hover_text(hover).changed() {
+                let enabled = !(live && view == TimelineView::Allocations);
+                let toggle = ui
+                    .add_enabled(enabled, egui::Button::selectable(on, name))
+                    .on_hover_text(hover)
+                    .on_disabled_hover_text("not for a live run: it records no allocations to stack (the totals show it)");
+                if toggle.clicked() {
+                    on = !on;
                     self.timeline_view = if on { view } else { TimelineView::Totals };
                 }
             }
@@ -770,6 +778,9 @@ impl HeapscopeApp {
             self.session.iter().flat_map(|session| session.panes.iter().map(|pane| pane.name().to_owned())).collect();
         let series: Vec<(&str, &Series)> = names.iter().map(String::as_str).zip(self.series.iter()).collect();
         let seek = match (&self.session, self.timeline_view) {
+            (Some(session), TimelineView::Allocations) if session.live.is_some() => {
+                plot::show(ui, &series, self.playback.position, 210.0)
+            }
             (Some(session), view @ (TimelineView::Allocations | TimelineView::Segments)) => {
                 let pane = session.panes.get(self.focused).or(session.panes.first());
                 let name = match (view, pane) {

@@ -457,6 +457,10 @@ fn a_live_source_grows_its_pane() {
     harness.run_steps(1);
     harness.state_mut().add_pane();
     assert_eq!(harness.state().session.as_ref().unwrap().panes.len(), 1, "a live session keeps its one pane");
+    // So is "allocations" (a live run records no allocations to stack); the totals keep following the run.
+    harness.get_by_label("allocations").click();
+    harness.run_steps(1);
+    assert_eq!(harness.state().timeline_view, heapscope_gui::active_plot::TimelineView::Totals);
     // Nonsense from the source is an error on screen, not a crash.
     sender.send(LiveStep { changes: vec![Change::Freed { address: 12345 }], refusal: None }).unwrap();
     harness.run_steps(1);
