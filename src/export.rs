@@ -142,18 +142,19 @@ pub fn run_summary(args: &SummaryArgs) -> Result<()> {
         outln!("{line}");
     }
     out!("{}", replayed.stats.summary_table(recording.device));
-    if recording.start_events > 0 {
-        // PyTorch's own table counts from the process's start: this one cannot, and says so (compare and replay do).
+    let caveats = heapscope_lab::caveats::of_recording(&recording);
+    if recording.start_events > 0 && heapscope_lab::caveats::no_trace(&recording).is_none() {
+        // PyTorch's own table counts from the process's start: this one cannot, and says so (compare and replay do); a
+        // file with no trace says why its counters hold only the state, below.
         outln!(
             "\nrecorded mid-run: the counters start at entry 0, with what was allocated then counted as allocated; \
              torch.cuda.memory_summary() counted from the process's start (allocations, peaks, retries and OOMs before \
              the recording are not in these)"
         );
     }
-    for note in [heapscope_lab::caveats::unknown_actions(&recording), heapscope_lab::caveats::final_state(&recording)]
-        .into_iter()
-        .flatten()
-    {
+    // What the file cannot tell (no trace, actions heapscope does not know, final segments unlike the trace's end), as
+    // advise and top say it.
+    for note in caveats {
         outln!("\n{note}");
     }
     if let Some(note) = heapscope_lab::caveats::emulation_departs(
