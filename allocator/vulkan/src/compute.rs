@@ -188,6 +188,9 @@ pub struct Dispatcher {
     storage_limits: (u64, u64),
     /// `maxComputeWorkGroupCount[0]`.
     max_workgroups: u32,
+    /// A submission whose wait failed and never finished (a lost device): the command buffer may still be pending,
+    /// so nothing is recorded again.
+    pending_forever: bool,
 }
 
 // SAFETY: the handles may be used from any thread; every use goes through `&mut self` (or `&self` for plain
@@ -245,6 +248,7 @@ impl Dispatcher {
             host_buffer: vk::Buffer::null(),
             host_memory: vk::DeviceMemory::null(),
             host_counted: false,
+            pending_forever: false,
             host_ptr: None,
             host_words,
             storage_limits: (u64::from(raw.limits.max_storage_buffer_range), raw.limits.min_storage_buffer_offset_alignment),
@@ -483,8 +487,12 @@ impl Dispatcher {
     }
 
     fn begin(&mut self) -> Result<(), VulkanError> {
+        if self.pending_forever {
+            return Err(VulkanError::Vk { call: "vkWaitForFences (an earlier dispatch)", result: vk::Result::ERROR_DEVICE_LOST });
+        }
         let device = self.context.device();
-        // SAFETY: the previous submit (if any) was waited for, so the command buffer and the sets are not in use.
+        // SAFETY: the previous submit (if any) was waited for (or the device was idle since), so the command buffer
+        // and the sets are not in use.
         unsafe {
             device
                 .reset_descriptor_pool(self.descriptor_pool, vk::DescriptorPoolResetFlags::empty())
@@ -602,10 +610,21 @@ impl Dispatcher {
             unsafe { device.queue_submit(queue, &submit, self.fence) }.map_err(VulkanError::vk("vkQueueSubmit"))?;
         }
         // SAFETY: the fence belongs to this device and was submitted above; it is reset once signalled.
-        unsafe {
-            device.wait_for_fences(&[self.fence], true, u64::MAX).map_err(VulkanError::vk("vkWaitForFences"))?;
-            device.reset_fences(&[self.fence]).map_err(VulkanError::vk("vkResetFences"))?;
+        let waited = unsafe { device.wait_for_fences(&[self.fence], true, u64::MAX) };
+        if let Err(result) = waited {
+            // The dispatch may still be in flight: the device is waited for as a whole (its queues locked); where even
+            // that fails (a lost device) the command buffer counts as pending for good.
+            let _queues = self.context.lock_queues();
+            // SAFETY: every queue of the device is locked for the wait.
+            match unsafe { device.device_wait_idle() } {
+                // SAFETY: the device is idle: the fence is signalled and not in use.
+                Ok(()) => unsafe { device.reset_fences(&[self.fence]) }.map_err(VulkanError::vk("vkResetFences"))?,
+                Err(_) => self.pending_forever = true,
+            }
+            return Err(VulkanError::Vk { call: "vkWaitForFences", result });
         }
+        // SAFETY: the fence is signalled and not in use.
+        unsafe { device.reset_fences(&[self.fence]) }.map_err(VulkanError::vk("vkResetFences"))?;
         Ok(())
     }
 }
@@ -613,8 +632,9 @@ impl Dispatcher {
 impl Drop for Dispatcher {
     fn drop(&mut self) {
         let device = self.context.device();
-        // SAFETY: every submit was waited for, so nothing is in use; null handles (a failed `new`) are ignored by
-        // the destroy functions; children go before their pools.
+        // SAFETY: every submit was waited for, so nothing is in use (or the device is lost, `pending_forever`, where
+        // nothing runs any more); null handles (a failed `new`) are ignored by the destroy functions; children go
+        // before their pools.
         unsafe {
             for pipeline in &self.pipelines {
                 device.destroy_pipeline(pipeline.pipeline, None);

@@ -261,9 +261,22 @@ impl SparseBuffer {
         let device = context.device();
         // SAFETY: a valid create info on a live device with the sparse features enabled; destroyed on drop (or
         // below on failure).
-        let buffer = unsafe { device.create_buffer(&info, None) }.map_err(VulkanError::vk("vkCreateBuffer"))?;
+        let mut buffer = unsafe { device.create_buffer(&info, None) }.map_err(VulkanError::vk("vkCreateBuffer"))?;
         // SAFETY: the buffer was just created on this device.
-        let requirements = unsafe { device.get_buffer_memory_requirements(buffer) };
+        let mut requirements = unsafe { device.get_buffer_memory_requirements(buffer) };
+        let mut created_bytes = config.size_bytes;
+        if requirements.size > config.size_bytes && requirements.size <= address_space_bytes {
+            // A size that ends inside a page: the buffer is made again in whole pages, so its last page can be bound
+            // and what it says of its size (descriptors, wgpu) is what it holds.
+            // SAFETY: the buffer is unused, nothing is bound to it.
+            unsafe { device.destroy_buffer(buffer, None) };
+            created_bytes = requirements.size;
+            let whole = info.size(created_bytes);
+            // SAFETY: as above, in whole pages.
+            buffer = unsafe { device.create_buffer(&whole, None) }.map_err(VulkanError::vk("vkCreateBuffer"))?;
+            // SAFETY: the buffer was just created on this device.
+            requirements = unsafe { device.get_buffer_memory_requirements(buffer) };
+        }
         let destroy = |error: VulkanError| {
             // SAFETY: the buffer is unused, nothing is bound to it.
             unsafe { device.destroy_buffer(buffer, None) };
@@ -300,7 +313,8 @@ impl SparseBuffer {
             context,
             queue,
             buffer,
-            size_bytes: requirements.size.max(config.size_bytes),
+            // What the buffer was made with: what its binds may cover, and its descriptors.
+            size_bytes: created_bytes,
             page_bytes,
             pool,
             bound: BoundRuns::default(),

@@ -284,6 +284,12 @@ impl Transfer {
         let barrier = [vk::MemoryBarrier::default()
             .src_access_mask(vk::AccessFlags::TRANSFER_WRITE | vk::AccessFlags::TRANSFER_READ)
             .dst_access_mask(vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE)];
+        // The last copy's writes are made visible to the host (a fence wait alone does not: `download` and VMA's
+        // `read` read the destination through a mapping).
+        let to_host = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+            .dst_access_mask(vk::AccessFlags::HOST_READ)];
+        let mut submitted = false;
         // SAFETY: the command buffer is fresh; every buffer and range is valid for its copy (the caller's contract);
         // the submission holds the queue lock and is waited for before the command buffer is freed.
         let result = unsafe {
@@ -308,17 +314,43 @@ impl Transfer {
                             .size(copy.size_bytes)];
                         device.cmd_copy_buffer(command_buffer, copy.source, copy.destination, &region);
                     }
+                    device.cmd_pipeline_barrier(
+                        command_buffer,
+                        vk::PipelineStageFlags::TRANSFER,
+                        vk::PipelineStageFlags::HOST,
+                        vk::DependencyFlags::empty(),
+                        &to_host,
+                        &[],
+                        &[],
+                    );
                     device.end_command_buffer(command_buffer)
                 })
                 .and_then(|()| {
                     let _queue = self.context.lock_queues();
                     device.queue_submit(self.queue, &submit, self.fence)
                 })
-                .and_then(|()| device.wait_for_fences(&[self.fence], true, u64::MAX))
+                .and_then(|()| {
+                    submitted = true;
+                    device.wait_for_fences(&[self.fence], true, u64::MAX)
+                })
                 .and_then(|()| device.reset_fences(&[self.fence]))
         };
-        // SAFETY: the command buffer is not in flight (waited for, or never submitted).
-        unsafe { device.free_command_buffers(self.command_pool, &buffers) };
+        // A wait that failed after the submission leaves the copy possibly in flight: the device is waited for as a
+        // whole (its queues locked), and where even that fails (a lost device) the command buffer is left to its pool
+        // rather than freed while pending.
+        let settled = result.is_ok() || !submitted || {
+            let _queues = self.context.lock_queues();
+            // SAFETY: every queue of the device is locked for the wait.
+            unsafe { device.device_wait_idle() }.is_ok()
+        };
+        if settled {
+            if result.is_err() && submitted {
+                // SAFETY: the device is idle: the fence is signalled and not in use.
+                let _ = unsafe { device.reset_fences(&[self.fence]) };
+            }
+            // SAFETY: the command buffer is not in flight (waited for, the device idle, or never submitted).
+            unsafe { device.free_command_buffers(self.command_pool, &buffers) };
+        }
         result.map_err(VulkanError::vk("vkCmdCopyBuffer submission"))
     }
 }

@@ -508,12 +508,14 @@ impl<'a> WgpuPagedHeap<'a> {
 
 impl Drop for WgpuPagedHeap<'_> {
     fn drop(&mut self) {
-        self.wgpu.unwrap_buffer(&self.buffer);
-        // A wait staged and not yet consumed would name the sparse buffer's semaphore after it is destroyed.
+        // A wait staged and not yet consumed would name the sparse buffer's semaphore after it is destroyed: it goes
+        // first, so no submission can take it after the wait for wgpu's work below (one that did would still be
+        // pending when the semaphore goes, on a device whose sparse queue is not wgpu's).
         let (semaphore, _) = self.paged.sparse().timeline();
         // SAFETY: the queue is a wgpu-hal Vulkan queue; the guard only lives for this statement.
         if let Some(queue) = unsafe { self.wgpu.queue.as_hal::<Vulkan>() } {
             queue.remove_wait_semaphore(semaphore);
         }
+        self.wgpu.unwrap_buffer(&self.buffer);
     }
 }

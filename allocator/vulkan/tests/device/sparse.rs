@@ -68,6 +68,22 @@ fn page_size_comes_from_the_buffer_and_contiguous_pages_coalesce() {
     finish(context);
 }
 
+/// A size that ends inside a page makes a buffer of whole pages: its last page binds, and the size it gives (what
+/// descriptors and wgpu are told) is what the buffer was made with.
+#[test]
+fn a_size_inside_a_page_makes_whole_pages() {
+    let Some(context) = sparse_context() else { return };
+    {
+        let page = SparseBuffer::page_bytes_on(&context).unwrap();
+        let mut buffer = SparseBuffer::new(Arc::clone(&context), SparseConfig::new(2 * page + 1)).unwrap();
+        assert_eq!(buffer.size_bytes(), 3 * page);
+        assert_eq!(buffer.bind(&[(0, 3 * page)]).unwrap(), 1, "the last page too");
+        buffer.unbind(&[(0, 3 * page)]).unwrap();
+        buffer.wait_binds().unwrap();
+    }
+    finish(context);
+}
+
 #[test]
 fn bound_pages_keep_what_is_written_and_a_remapped_page_takes_its_contents_along() {
     let Some(context) = sparse_context() else { return };
