@@ -17,7 +17,6 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use ash::vk;
 
@@ -364,10 +363,7 @@ impl Dispatcher {
                 VulkanError::Unsupported("no host-visible, coherent memory type for a dispatcher's host words".into())
             })?;
         let allocate = vk::MemoryAllocateInfo::default().allocation_size(requirements.size).memory_type_index(memory_type.index);
-        let live = &self.context.live_allocations;
-        let limit = self.context.properties().limits.max_memory_allocation_count;
-        live.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| (count < limit).then_some(count + 1))
-            .map_err(|_| VulkanError::Unsupported(format!("maxMemoryAllocationCount ({limit}) allocations are live")))?;
+        self.context.take_allocation_slot().map_err(VulkanError::Unsupported)?;
         self.host_counted = true;
         // SAFETY: a valid allocate info with one of the device's memory types.
         self.host_memory = unsafe { device.allocate_memory(&allocate, None) }.map_err(VulkanError::vk("vkAllocateMemory"))?;
@@ -651,7 +647,7 @@ impl Drop for Dispatcher {
             device.free_memory(self.host_memory, None);
         }
         if self.host_counted {
-            self.context.live_allocations.fetch_sub(1, Ordering::AcqRel);
+            self.context.give_back_allocation_slot();
         }
     }
 }

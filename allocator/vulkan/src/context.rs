@@ -290,9 +290,28 @@ impl VulkanContext {
         self.validation_log.clone()
     }
 
-    /// Live `vkAllocateMemory` allocations made through heapscope's sources on this device.
+    /// Live `vkAllocateMemory` allocations heapscope made on this device (sources' blocks, sparse page chunks, staging
+    /// and host words, VMA's and gpu-allocator's blocks).
     pub fn live_allocation_count(&self) -> u32 {
         self.live_allocations.load(Ordering::Relaxed)
+    }
+
+    /// Counts one more live `vkAllocateMemory` allocation before it is made, or refuses past the device's
+    /// `maxMemoryAllocationCount` (the error says how many are live); [`VulkanContext::give_back_allocation_slot`] once
+    /// it is freed (or failed).
+    pub(crate) fn take_allocation_slot(&self) -> Result<(), String> {
+        let limit = self.properties.limits.max_memory_allocation_count;
+        self.live_allocations
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |live| (live < limit).then_some(live + 1))
+            .map(drop)
+            .map_err(|live| {
+                format!("{live} device memory allocations are live: the device's maxMemoryAllocationCount is {limit}")
+            })
+    }
+
+    /// One live allocation counted by [`VulkanContext::take_allocation_slot`] is gone.
+    pub(crate) fn give_back_allocation_slot(&self) {
+        self.live_allocations.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// The budget of every memory heap: from `VK_EXT_memory_budget` when enabled, else the heap sizes.

@@ -240,7 +240,7 @@ impl<L> ExternalBook<L> {
     pub(crate) fn release_block(&mut self, memory: vk::DeviceMemory) -> Option<Block> {
         let block = self.blocks.remove(&memory)?;
         self.reserved_bytes -= block.size_bytes;
-        self.context.live_allocations.fetch_sub(1, Ordering::AcqRel);
+        self.context.give_back_allocation_slot();
         self.push_event(DeviceEvent::Released { address: block.base_address, size_bytes: block.size_bytes });
         Some(block)
     }

@@ -11,7 +11,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use ash::vk;
@@ -594,25 +593,16 @@ impl DeviceMemorySource {
 
     /// Counts one more live allocation on the device, or refuses past `maxMemoryAllocationCount` (or `max_blocks`).
     fn take_allocation_slot(&self) -> Result<(), SourceError> {
-        let device_limit = self.context.properties().limits.max_memory_allocation_count;
         if let Some(max_blocks) = self.config.max_blocks
             && self.blocks.len() >= max_blocks as usize
         {
             return Err(SourceError::Failed(format!("source {} is at its limit of {max_blocks} blocks (max_blocks)", self.name)));
         }
-        self.context
-            .live_allocations
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |live| (live < device_limit).then_some(live + 1))
-            .map(drop)
-            .map_err(|live| {
-                SourceError::Failed(format!(
-                    "{live} device memory allocations are live: the device's maxMemoryAllocationCount is {device_limit}"
-                ))
-            })
+        self.context.take_allocation_slot().map_err(SourceError::Failed)
     }
 
     fn give_back_allocation_slot(&self) {
-        self.context.live_allocations.fetch_sub(1, Ordering::AcqRel);
+        self.context.give_back_allocation_slot();
     }
 
     /// Frees a live block (unmaps, destroys its dedicated buffer, frees the memory).

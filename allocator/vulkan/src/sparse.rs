@@ -127,13 +127,18 @@ impl PagePool {
             let info = vk::MemoryAllocateInfo::default()
                 .allocation_size(pages * self.page_bytes)
                 .memory_type_index(self.memory_type_index);
+            // Each chunk is an allocation of the device's `maxMemoryAllocationCount`, as every source's block is.
+            self.context.take_allocation_slot().map_err(VulkanError::Unsupported)?;
             // SAFETY: a valid allocate info for a memory type of this device; the memory is freed on drop.
             let memory = match unsafe { self.context.device().allocate_memory(&info, None) } {
                 Ok(memory) => memory,
-                Err(vk::Result::ERROR_OUT_OF_DEVICE_MEMORY | vk::Result::ERROR_OUT_OF_HOST_MEMORY) => {
-                    return Err(out_of_pages(self));
+                Err(result) => {
+                    self.context.give_back_allocation_slot();
+                    return Err(match result {
+                        vk::Result::ERROR_OUT_OF_DEVICE_MEMORY | vk::Result::ERROR_OUT_OF_HOST_MEMORY => out_of_pages(self),
+                        result => VulkanError::Vk { call: "vkAllocateMemory", result },
+                    });
                 }
-                Err(result) => return Err(VulkanError::Vk { call: "vkAllocateMemory", result }),
             };
             let chunk =
                 u32::try_from(self.chunks.len()).map_err(|_| VulkanError::InvalidArgument("more than u32::MAX chunks".into()))?;
@@ -159,6 +164,7 @@ impl Drop for PagePool {
             // SAFETY: the buffer using these pages was destroyed first (`SparseBuffer::drop`) after the queue
             // went idle; the memory is ours.
             unsafe { self.context.device().free_memory(memory, None) };
+            self.context.give_back_allocation_slot();
         }
     }
 }

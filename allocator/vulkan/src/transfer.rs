@@ -154,8 +154,13 @@ impl Transfer {
             .find(|info| info.index == index)
             .is_some_and(|info| info.property_flags.contains(vk::MemoryPropertyFlags::HOST_COHERENT));
         let allocate = vk::MemoryAllocateInfo::default().allocation_size(requirements.size).memory_type_index(index);
+        this.context.take_allocation_slot().map_err(VulkanError::Unsupported)?;
         // SAFETY: a valid allocate info for a memory type the buffer accepts; freed on drop.
-        this.memory = unsafe { device.allocate_memory(&allocate, None) }.map_err(VulkanError::vk("vkAllocateMemory"))?;
+        let memory = unsafe { device.allocate_memory(&allocate, None) };
+        if memory.is_err() {
+            this.context.give_back_allocation_slot();
+        }
+        this.memory = memory.map_err(VulkanError::vk("vkAllocateMemory"))?;
         // SAFETY: the memory is fresh, of a type the buffer accepts, large enough; offset 0 is aligned.
         unsafe { device.bind_buffer_memory(this.staging, this.memory, 0) }.map_err(VulkanError::vk("vkBindBufferMemory"))?;
         // SAFETY: host-visible memory, not yet mapped; unmapped by freeing it on drop.
@@ -363,6 +368,12 @@ impl Drop for Transfer {
         unsafe {
             device.destroy_buffer(self.staging, None);
             device.free_memory(self.memory, None);
+        }
+        if self.memory != vk::DeviceMemory::null() {
+            self.context.give_back_allocation_slot();
+        }
+        // SAFETY: as above.
+        unsafe {
             device.destroy_fence(self.fence, None);
             device.destroy_command_pool(self.command_pool, None);
         }

@@ -69,17 +69,23 @@ fn page_size_comes_from_the_buffer_and_contiguous_pages_coalesce() {
 }
 
 /// A size that ends inside a page makes a buffer of whole pages: its last page binds, and the size it gives (what
-/// descriptors and wgpu are told) is what the buffer was made with.
+/// descriptors and wgpu are told) is what the buffer was made with. Its page chunks count as the device's memory
+/// allocations.
 #[test]
 fn a_size_inside_a_page_makes_whole_pages() {
     let Some(context) = sparse_context() else { return };
     {
         let page = SparseBuffer::page_bytes_on(&context).unwrap();
+        let before = context.live_allocation_count();
         let mut buffer = SparseBuffer::new(Arc::clone(&context), SparseConfig::new(2 * page + 1)).unwrap();
         assert_eq!(buffer.size_bytes(), 3 * page);
         assert_eq!(buffer.bind(&[(0, 3 * page)]).unwrap(), 1, "the last page too");
+        // Its page chunk is an allocation of the device's maxMemoryAllocationCount, as a source's block is.
+        assert_eq!(context.live_allocation_count(), before + 1);
         buffer.unbind(&[(0, 3 * page)]).unwrap();
         buffer.wait_binds().unwrap();
+        drop(buffer);
+        assert_eq!(context.live_allocation_count(), before, "given back with the pool");
     }
     finish(context);
 }
