@@ -8,7 +8,7 @@
 
 use std::ffi::{CStr, c_void};
 use std::fmt;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ash::vk;
@@ -140,8 +140,10 @@ pub struct VulkanContext {
     /// Vulkan requires to be externally synchronised.
     /// (An `Arc`: wgpu-hal's queue operations take it too, see `queue_guard`.)
     queue_lock: Arc<Mutex<()>>,
-    /// Live `vkAllocateMemory` allocations of every source on this device, for `maxMemoryAllocationCount`.
+    /// Live `vkAllocateMemory` allocations heapscope made on this device, for `maxMemoryAllocationCount`.
     pub(crate) live_allocations: AtomicU32,
+    /// Bytes of `sparseAddressSpaceSize` the live sparse buffers hold: a limit on all of them together.
+    sparse_bytes: AtomicU64,
 }
 
 impl fmt::Debug for VulkanContext {
@@ -312,6 +314,27 @@ impl VulkanContext {
     /// One live allocation counted by [`VulkanContext::take_allocation_slot`] is gone.
     pub(crate) fn give_back_allocation_slot(&self) {
         self.live_allocations.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Holds `bytes` of the device's `sparseAddressSpaceSize` for a sparse buffer about to be used, or refuses past it
+    /// (the limit is on every live sparse resource of the device together; the error says how much is held);
+    /// [`VulkanContext::give_back_sparse_space`] when the buffer goes.
+    pub(crate) fn take_sparse_space(&self, bytes: u64) -> Result<(), String> {
+        let limit = self.properties.limits.sparse_address_space_size_bytes;
+        self.sparse_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| held.checked_add(bytes).filter(|&total| total <= limit))
+            .map(drop)
+            .map_err(|held| {
+                format!(
+                    "a sparse buffer of {bytes} B does not fit: live sparse buffers hold {held} B of the device's \
+                     sparseAddressSpaceSize of {limit} B"
+                )
+            })
+    }
+
+    /// `bytes` held by [`VulkanContext::take_sparse_space`] are free again.
+    pub(crate) fn give_back_sparse_space(&self, bytes: u64) {
+        self.sparse_bytes.fetch_sub(bytes, Ordering::AcqRel);
     }
 
     /// The budget of every memory heap: from `VK_EXT_memory_budget` when enabled, else the heap sizes.
@@ -614,6 +637,7 @@ impl Partial {
             sparse_queue,
             queue_lock: Arc::new(Mutex::new(())),
             live_allocations: AtomicU32::new(0),
+            sparse_bytes: AtomicU64::new(0),
         })
     }
 }

@@ -208,6 +208,8 @@ pub struct SparseBuffer {
     queue: vk::Queue,
     buffer: vk::Buffer,
     size_bytes: u64,
+    /// Bytes of the device's `sparseAddressSpaceSize` it holds.
+    space_bytes: u64,
     page_bytes: u64,
     pool: PagePool,
     /// The physical pages behind the bound buffer pages, in runs (the live mappings).
@@ -283,7 +285,15 @@ impl SparseBuffer {
             // SAFETY: the buffer was just created on this device.
             requirements = unsafe { device.get_buffer_memory_requirements(buffer) };
         }
+        // The address space is the device's, for every sparse buffer together.
+        let space_bytes = created_bytes.max(requirements.size);
+        if let Err(why) = context.take_sparse_space(space_bytes) {
+            // SAFETY: the buffer is unused, nothing is bound to it.
+            unsafe { device.destroy_buffer(buffer, None) };
+            return Err(VulkanError::Unsupported(why));
+        }
         let destroy = |error: VulkanError| {
+            context.give_back_sparse_space(space_bytes);
             // SAFETY: the buffer is unused, nothing is bound to it.
             unsafe { device.destroy_buffer(buffer, None) };
             error
@@ -321,6 +331,7 @@ impl SparseBuffer {
             buffer,
             // What the buffer was made with: what its binds may cover, and its descriptors.
             size_bytes: created_bytes,
+            space_bytes,
             page_bytes,
             pool,
             bound: BoundRuns::default(),
@@ -690,6 +701,7 @@ impl Drop for SparseBuffer {
             device.destroy_buffer(self.buffer, None);
             device.destroy_semaphore(self.semaphore, None);
         }
+        self.context.give_back_sparse_space(self.space_bytes);
     }
 }
 

@@ -70,7 +70,7 @@ fn page_size_comes_from_the_buffer_and_contiguous_pages_coalesce() {
 
 /// A size that ends inside a page makes a buffer of whole pages: its last page binds, and the size it gives (what
 /// descriptors and wgpu are told) is what the buffer was made with. Its page chunks count as the device's memory
-/// allocations.
+/// allocations, and its range in the device's sparse address space, which all sparse buffers share.
 #[test]
 fn a_size_inside_a_page_makes_whole_pages() {
     let Some(context) = sparse_context() else { return };
@@ -86,6 +86,20 @@ fn a_size_inside_a_page_makes_whole_pages() {
         buffer.wait_binds().unwrap();
         drop(buffer);
         assert_eq!(context.live_allocation_count(), before, "given back with the pool");
+        // sparseAddressSpaceSize bounds every sparse buffer together: two halves fit, a third buffer does not until one
+        // goes.
+        let half = context.properties().limits.sparse_address_space_size_bytes / 2 / page * page;
+        let first = SparseBuffer::new(Arc::clone(&context), SparseConfig::new(half)).unwrap();
+        let second = SparseBuffer::new(Arc::clone(&context), SparseConfig::new(half)).unwrap();
+        let third = SparseBuffer::new(Arc::clone(&context), SparseConfig::new(half));
+        assert!(
+            matches!(&third, Err(error @ VulkanError::Unsupported(why)) if error.is_device_limit()
+                && why.contains("live sparse buffers hold")),
+            "{third:?}"
+        );
+        drop((first, third));
+        SparseBuffer::new(Arc::clone(&context), SparseConfig::new(half)).unwrap();
+        drop(second);
     }
     finish(context);
 }
