@@ -332,6 +332,17 @@ impl VulkanContext {
             })
     }
 
+    /// Refuses a `VkBuffer` of `size_bytes` past the device's `maxBufferSize` (where the device says it: Vulkan 1.3's
+    /// maintenance4), before it is created: `what` names it in the error.
+    pub(crate) fn check_buffer_size(&self, size_bytes: u64, what: &str) -> Result<(), String> {
+        match self.properties.limits.max_buffer_size_bytes {
+            Some(max) if size_bytes > max => {
+                Err(format!("{what} of {size_bytes} B is larger than the device's maxBufferSize ({max} B)"))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// `bytes` held by [`VulkanContext::take_sparse_space`] are free again.
     pub(crate) fn give_back_sparse_space(&self, bytes: u64) {
         self.sparse_bytes.fetch_sub(bytes, Ordering::AcqRel);

@@ -461,6 +461,7 @@ impl DeviceMemorySource {
         if size_bytes == 0 {
             return Err(SourceError::Failed("a dedicated block of 0 bytes".into()));
         }
+        self.context.check_buffer_size(size_bytes, "a dedicated block's buffer").map_err(SourceError::Failed)?;
         let device = self.context.device();
         let buffer_info =
             vk::BufferCreateInfo::default().size(size_bytes).usage(BLOCK_BUFFER_USAGE).sharing_mode(vk::SharingMode::EXCLUSIVE);

@@ -254,6 +254,7 @@ impl SparseBuffer {
                 config.size_bytes
             )));
         }
+        context.check_buffer_size(config.size_bytes, "a sparse buffer").map_err(VulkanError::Unsupported)?;
         if config.pages_per_chunk == 0 {
             return Err(VulkanError::InvalidArgument("pages_per_chunk must be above 0".into()));
         }
@@ -273,7 +274,10 @@ impl SparseBuffer {
         // SAFETY: the buffer was just created on this device.
         let mut requirements = unsafe { device.get_buffer_memory_requirements(buffer) };
         let mut created_bytes = config.size_bytes;
-        if requirements.size > config.size_bytes && requirements.size <= address_space_bytes {
+        if requirements.size > config.size_bytes
+            && requirements.size <= address_space_bytes
+            && context.check_buffer_size(requirements.size, "").is_ok()
+        {
             // A size that ends inside a page: the buffer is made again in whole pages, so its last page can be bound
             // and what it says of its size (descriptors, wgpu) is what it holds.
             // SAFETY: the buffer is unused, nothing is bound to it.

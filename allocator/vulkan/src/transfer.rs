@@ -49,6 +49,7 @@ pub(crate) fn buffer_over_memory(
     memory: MemorySpan,
     what: impl FnOnce() -> String,
 ) -> Result<vk::Buffer, VulkanError> {
+    context.check_buffer_size(memory.size_bytes, "a buffer over a block").map_err(VulkanError::Unsupported)?;
     let device = context.device();
     let info = vk::BufferCreateInfo::default()
         .size(memory.size_bytes)

@@ -213,6 +213,12 @@ fn dedicated_block_owns_its_buffer() {
     assert!(report.blocks.len() == 1 && report.blocks[0].dedicated, "{report}");
     source.free_block(block);
     assert_eq!((source.live_blocks(), source.used_bytes(), context.live_allocation_count()), (0, 0, 0));
+    // A buffer past the device's maxBufferSize (where it says one) is refused before it is made, naming the limit.
+    if let Some(max) = context.properties().limits.max_buffer_size_bytes.filter(|&max| max < u64::MAX) {
+        let refused = source.allocate_dedicated_block(max + 1).unwrap_err().to_string();
+        assert!(refused.contains(&format!("larger than the device's maxBufferSize ({max} B)")), "{refused}");
+        assert_eq!(context.live_allocation_count(), 0);
+    }
     drop(source);
     crate::common::finish(context);
 }
