@@ -4,7 +4,8 @@
 //! ```text
 //! magic     8 bytes   "HSTRACE\0"
 //! version   1 byte    1
-//! name      varint length, then that many bytes of UTF-8
+//! name      varint length, then that many bytes of UTF-8 (read with control characters escaped and cut to
+//!           256 characters: it heads every report, on a terminal)
 //! events    varint count (of events and captions), then each:
 //!             0x00 varint(size_bytes)   allocate; the allocation takes the next slot (0, 1, 2, ...)
 //!             0x01 varint(slot)         free the live allocation in that slot
@@ -144,9 +145,10 @@ impl Trace {
         let Some(name_end) = name_end else {
             return Err(cursor.fail(name_offset, format!("truncated: a name of {name_len} bytes")));
         };
-        let name = std::str::from_utf8(&bytes[cursor.offset..name_end])
-            .map_err(|_| cursor.fail(cursor.offset, "the name is not UTF-8"))?
-            .to_owned();
+        let name = shown_name(
+            std::str::from_utf8(&bytes[cursor.offset..name_end])
+                .map_err(|_| cursor.fail(cursor.offset, "the name is not UTF-8"))?,
+        );
         cursor.offset = name_end;
         let count = cursor.varint("the event count")?;
         let mut builder = TraceBuilder::new(name);
@@ -229,6 +231,27 @@ impl Trace {
     }
 }
 
+/// The most characters of a name read from a file.
+const NAME_CHARS: usize = 256;
+
+/// `name` as a report may print it: control characters escaped (`\n`, `\u{1b}`: a name cannot forge a line of output
+/// or move a terminal's cursor), cut to [`NAME_CHARS`] with its length said.
+fn shown_name(name: &str) -> String {
+    let mut shown = String::new();
+    for (count, character) in name.chars().enumerate() {
+        if count == NAME_CHARS {
+            shown.push_str(&format!("… ({} bytes)", name.len()));
+            break;
+        }
+        if character.is_control() {
+            shown.extend(character.escape_default());
+        } else {
+            shown.push(character);
+        }
+    }
+    shown
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,6 +293,22 @@ mod tests {
             assert_eq!(out, bytes, "{value}");
             let mut cursor = Cursor { file: "t", bytes, offset: 0 };
             assert_eq!(cursor.varint("v").unwrap(), value);
+        }
+    }
+
+    #[test]
+    fn a_name_cannot_forge_output() {
+        let long = "n".repeat(300);
+        let cases = [
+            ("plain.csv", "plain.csv".to_owned()),
+            ("\u{1b}[31mRED\u{1b}[0m\nfake: line", "\\u{1b}[31mRED\\u{1b}[0m\\nfake: line".to_owned()),
+            (long.as_str(), format!("{}… (300 bytes)", "n".repeat(256))),
+        ];
+        for (name, shown) in cases {
+            let mut builder = TraceBuilder::new(name);
+            builder.alloc(1, 64).unwrap();
+            let read = Trace::parse_native("t.hst", &builder.finish().to_native()).unwrap();
+            assert_eq!(read.name, shown, "{name:?}");
         }
     }
 

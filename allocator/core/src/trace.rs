@@ -226,7 +226,14 @@ impl Trace {
             let shown = Shown(content);
             let number = |position: usize, what: &str| -> Result<u64> {
                 let field = fields.get(position).ok_or_else(|| fail(format!("missing {what} in {shown}")))?;
-                field.parse().map_err(|_| fail(format!("{what} {} is not a non-negative integer", Shown(field))))
+                field.parse().map_err(|_| {
+                    let why = if !field.is_empty() && field.bytes().all(|byte| byte.is_ascii_digit()) {
+                        "is larger than 2^64 - 1"
+                    } else {
+                        "is not a non-negative integer"
+                    };
+                    fail(format!("{what} {} {why}", Shown(field)))
+                })
             };
             // A size in bytes, or with a unit as the command line takes it (`150MiB`, `1.5 GiB`, `64k`).
             let size = |position: usize| -> Result<u64> {
@@ -238,7 +245,13 @@ impl Trace {
                 ("f", 2) => builder.free(number(1, "id")?).map_err(|error| fail(error.to_string()))?,
                 ("e", 1) => builder.empty_cache(),
                 ("a" | "f" | "e", count) => {
-                    return Err(fail(format!("{count} fields in {shown}: expected a,<id>,<size_bytes>, f,<id> or e")));
+                    // Lines ended by a lone carriage return (old Mac files) read as one line.
+                    let endings = if content.contains('\r') {
+                        " (it holds a carriage return: lines end in LF or CRLF here, not CR alone)"
+                    } else {
+                        ""
+                    };
+                    return Err(fail(format!("{count} fields in {shown}: expected a,<id>,<size_bytes>, f,<id> or e{endings}")));
                 }
                 (other, _) => {
                     return Err(fail(format!(
@@ -351,12 +364,15 @@ mod tests {
             ("a,1,10\nx,2\n", 2, "unknown event \"x\""),
             ("e,1\n", 1, "2 fields in \"e,1\": expected a,<id>,<size_bytes>, f,<id> or e"),
             ("a,1\n", 1, "2 fields"),
-            ("a,1,ten\n", 1, "size_bytes \"ten\": unknown unit \"ten\""),
+            ("a,1,ten\n", 1, "size_bytes \"ten\": no number: it starts with 't'"),
             ("a,1,3 parsecs\n", 1, "size_bytes \"3 parsecs\": unknown unit"),
             ("a,1,0\n", 1, "size 0"),
             ("a,1,10\na,1,10\n", 2, "already live"),
             ("f,9\n", 1, "not live"),
             ("a,-1,10\n", 1, "id \"-1\""),
+            ("a,18446744073709551616,10\n", 1, "id \"18446744073709551616\" is larger than 2^64 - 1"),
+            ("a,1,-5\n", 1, "size_bytes \"-5\": a negative size"),
+            ("a,1,4096\rf,1\n", 1, "lines end in LF or CRLF here, not CR alone"),
         ];
         for (text, line, needle) in cases {
             let error = Trace::parse_csv("bad.csv", text).unwrap_err();
@@ -369,7 +385,7 @@ mod tests {
         assert!(message.len() < 200 && message.contains("… (20000000 bytes): larger than 2^64 bytes"), "{message}");
         let long_id = format!("a,{},10\n", "9".repeat(20_000_000));
         let message = Trace::parse_csv("long.csv", &long_id).unwrap_err().to_string();
-        assert!(message.len() < 200 && message.contains("… (20000000 bytes) is not a non-negative integer"), "{message}");
+        assert!(message.len() < 200 && message.contains("… (20000000 bytes) is larger than 2^64 - 1"), "{message}");
         let missing = Trace::read_csv(Path::new("/nonexistent/trace.csv")).unwrap_err().to_string();
         assert!(missing.contains("/nonexistent/trace.csv") && missing.contains("cannot read"), "{missing}");
     }

@@ -115,6 +115,18 @@ fn parse_size_words(text: &str) -> Result<u64, String> {
     let split = trimmed.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_')).unwrap_or(trimmed.len());
     let (number, suffix) = trimmed.split_at(split);
     let number = number.replace('_', "");
+    // What is wrong with the number comes before the unit: `-5` is no unit `-5`.
+    if number.is_empty() {
+        return Err(match trimmed.chars().next() {
+            None => "no number".to_owned(),
+            Some('-') => "a negative size".to_owned(),
+            Some('+') => "a sign before the number: sizes are plain numbers".to_owned(),
+            Some(first) => format!("no number: it starts with {first:?} (sizes are plain decimal numbers, `4096` or `4 KiB`)"),
+        });
+    }
+    if number == "0" && suffix.starts_with(['x', 'X']) {
+        return Err("a hexadecimal number: give the size in decimal".to_owned());
+    }
     let scale: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" => KIB,
@@ -127,14 +139,11 @@ fn parse_size_words(text: &str) -> Result<u64, String> {
         "tb" => 1_000_000_000_000,
         other => return Err(format!("unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)")),
     };
-    if number.is_empty() {
-        return Err("no number".to_owned());
-    }
     if let Ok(whole) = number.parse::<u64>() {
         return whole.checked_mul(scale).ok_or_else(|| "larger than 2^64 bytes".to_owned());
     }
     let value: f64 = number.parse().map_err(|_| format!("{number:?} is not a number"))?;
-    if scale == 1 && number.contains('.') {
+    if scale == 1 && value.is_finite() && value.fract() != 0.0 {
         // `3.5` meant as gigabytes would be 4 bytes: a fraction of a byte is no size anyone means.
         return Err("a fraction of a byte: give it a unit (GiB, MiB, ...)".to_owned());
     }
@@ -226,6 +235,18 @@ mod tests {
             parse_size("3.5").unwrap_err().to_string(),
             "size \"3.5\": a fraction of a byte: give it a unit (GiB, MiB, ...)"
         );
+        // What is wrong with the number is said before any unit (these read as unknown units).
+        let said = [
+            ("-5", "a negative size"),
+            ("+5", "a sign before the number: sizes are plain numbers"),
+            ("0x1000", "a hexadecimal number: give the size in decimal"),
+            ("\u{ff15}", "no number: it starts with '\u{ff15}' (sizes are plain decimal numbers, `4096` or `4 KiB`)"),
+            ("", "no number"),
+        ];
+        for (text, what) in said {
+            assert_eq!(parse_size(text).unwrap_err().what, what, "{text:?}");
+        }
+        assert_eq!(parse_size("1.0"), Ok(1), "a whole number of bytes written with a point");
     }
 
     #[test]

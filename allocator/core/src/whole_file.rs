@@ -41,7 +41,7 @@ pub fn write_whole<E: From<io::Error>>(path: &Path, write: impl FnOnce(&mut File
     };
     let path = path.as_path();
     let partial = partial_path(path)?;
-    let mut file = File::create(&partial)?;
+    let mut file = create_partial(&partial)?;
     let written = write(&mut file).and_then(|()| file.sync_all().map_err(E::from));
     drop(file);
     match written.and_then(|()| std::fs::rename(&partial, path).map_err(E::from)) {
@@ -52,6 +52,24 @@ pub fn write_whole<E: From<io::Error>>(path: &Path, write: impl FnOnce(&mut File
             Err(error)
         }
     }
+}
+
+/// A new, empty file at `partial`. What is there already (a partial file a killed run left) goes first, and the file
+/// is created anew, never opened through what was there: a link or a second name of another file (the recording
+/// read) would otherwise be written through and truncate it.
+fn create_partial(partial: &Path) -> io::Result<File> {
+    match std::fs::symlink_metadata(partial) {
+        Ok(metadata) if metadata.is_dir() => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("a folder is in the way at {}, where the file is written first", partial.display()),
+            ));
+        }
+        // The link or name goes, not what it names.
+        Ok(_) => std::fs::remove_file(partial)?,
+        Err(_) => {}
+    }
+    std::fs::OpenOptions::new().write(true).create_new(true).open(partial)
 }
 
 #[cfg(test)]
@@ -82,6 +100,22 @@ mod tests {
         write_whole(&link, |file| file.write_all(b"linked")).unwrap();
         assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
         assert_eq!(std::fs::read(&path).unwrap(), b"linked");
+        // A partial file in the way (a killed run's, or planted: a link to another file, a second name of one) goes;
+        // the file it named is left as it was. A folder in the way is named.
+        let other = dir.join("recording.csv");
+        std::fs::write(&other, b"a,1,4096\n").unwrap();
+        let partial = partial_path(&path).unwrap();
+        std::fs::hard_link(&other, &partial).unwrap();
+        write_whole(&path, |file| file.write_all(b"through a second name")).unwrap();
+        std::os::unix::fs::symlink(&other, &partial).unwrap();
+        write_whole(&path, |file| file.write_all(b"through a link")).unwrap();
+        assert_eq!(std::fs::read(&other).unwrap(), b"a,1,4096\n");
+        assert_eq!(std::fs::read(&path).unwrap(), b"through a link");
+        assert!(!std::fs::symlink_metadata(&path).unwrap().file_type().is_symlink());
+        std::fs::create_dir(&partial).unwrap();
+        let blocked: io::Result<()> = write_whole(&path, |_| Ok(()));
+        assert!(blocked.unwrap_err().to_string().starts_with("a folder is in the way at "));
+        std::fs::remove_dir(&partial).unwrap();
         // What is not a file is written in place, never replaced.
         write_whole(Path::new("/dev/null"), |file| file.write_all(b"gone")).unwrap();
         assert!(!std::fs::metadata("/dev/null").unwrap().is_file());

@@ -298,6 +298,9 @@ fn top_and_render_take_live_bytes_past_a_u64() {
     let top = heapscope_headless(&["top", "huge.csv"], &dir);
     assert!(top.status.success(), "{}", stderr(&top));
     assert!(stdout(&top).contains("live at the peak (entry 1), in 2 allocations"), "{}", stdout(&top));
+    // 2^64 B saturated: shown as a lower bound, and said.
+    assert!(stdout(&top).contains(": ≥16777216.00 TiB live at the peak"), "{}", stdout(&top));
+    assert!(stdout(&top).contains("\n≥: the bytes saturated at 2^64 - 1"), "{}", stdout(&top));
     let render = heapscope_headless(&["render", "huge.csv", "--out", "huge.png"], &dir);
     assert!(render.status.success(), "{}", stderr(&render));
     assert!(is_png(&dir.join("huge.png")));
