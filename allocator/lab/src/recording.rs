@@ -381,7 +381,8 @@ impl Recording {
     pub fn open_device(path: &Path, device: Option<usize>) -> Result<Self, OpenError> {
         let file = path.display().to_string();
         let io = |error| OpenError::Io { file: file.clone(), error };
-        let kind = std::fs::metadata(path).map_err(io)?.file_type();
+        let metadata = std::fs::metadata(path).map_err(io)?;
+        let kind = metadata.file_type();
         if !kind.is_file() {
             return Err(OpenError::NotAFile { file, kind: file_kind(kind) });
         }
@@ -390,6 +391,10 @@ impl Recording {
         let read = reader.read(&mut head).map_err(io)?;
         if read == 0 {
             return Err(OpenError::Empty { file });
+        }
+        if metadata.len() == 0 {
+            // A file of no size that yields bytes is made as it is read (`/proc`, `/sys`): it may never end.
+            return Err(OpenError::NotAFile { file, kind: "a file the system makes as it is read: its size is 0" });
         }
         match sniff(&head[..read]) {
             Format::PytorchSnapshot => {

@@ -921,7 +921,7 @@ fn bad_input_gets_a_clear_error() {
     let exported_path = exported.to_str().unwrap().to_owned();
     // An older file at --out: an export that fails leaves it as it was.
     std::fs::write(&exported, b"older").unwrap();
-    let cases: [(Vec<&str>, &str); 37] = [
+    let cases: [(Vec<&str>, &str); 38] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
         (vec!["replay", &truncated_path], "truncated.pickle.gz"),
@@ -938,6 +938,8 @@ fn bad_input_gets_a_clear_error() {
         (vec!["replay", &bad_path, "--device", "1"], "applies to PyTorch snapshots only"),
         (vec!["replay", &empty_path, "--json"], "the file is empty"),
         (vec!["replay", "/dev/zero"], "/dev/zero: not a regular file (a device)"),
+        // A file of no size that yields bytes is made as it is read: it may never end.
+        (vec!["replay", "/proc/self/pagemap"], "/proc/self/pagemap: not a regular file (a file the system makes as it is read"),
         (vec!["summary", "/dev/urandom"], "/dev/urandom: not a regular file (a device)"),
         (vec!["replay", &fifo_path], "not a regular file (a FIFO)"),
         (vec!["compare", &dir_path], "not a regular file (a folder)"),
