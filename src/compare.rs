@@ -59,7 +59,7 @@ fn compare(args: &CompareArgs, contenders: &[Contender], recording: &Recording, 
         return Ok(());
     };
     let mut extra = Vec::new();
-    if failed.policy.starts_with("pytorch") && recording.snapshot.is_some() && !contenders.contains(&PYTORCH_EXPANDABLE) {
+    if failed.policy.starts_with("pytorch") && !contenders.contains(&PYTORCH_EXPANDABLE) {
         // On the device where it can run there; else (and without --vulkan) simulated, and said so.
         let on_device = runner.outcome(&args.recording, recording, PYTORCH_EXPANDABLE).context("replaying through pytorch")?;
         // The other setting than the recording's: expandable segments on, or off for a recording made with them.

@@ -124,6 +124,11 @@ fn left_out(recording: &Recording) -> Option<String> {
             counted(releases as u64, "run", "runs")
         ));
     }
-    lost.push("segment events, stacks and times; the file's entry numbers (events are numbered instead)".to_owned());
+    lost.push(
+        "segment events, stacks and times; the file's entry numbers (events are numbered instead); the segments' \
+         recorded addresses (`pytorch` places its segments by the addresses a snapshot records, so a what-if \
+         (`--alloc-conf`, `--capacity`, `advise`) may break ties otherwise on the trace)"
+            .to_owned(),
+    );
     Some(format!("the native trace keeps allocations and frees; left out: {}", lost.join("; ")))
 }

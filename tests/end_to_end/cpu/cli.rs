@@ -838,6 +838,19 @@ fn convert_to_the_native_format_keeps_the_replay() {
         for key in ["allocs", "peak_live_bytes", "peak_reserved_bytes", "device_allocs", "ooms"] {
             assert_eq!(of_pickle[0][key], of_native[0][key], "{name}, {flag} {value}: {key}");
         }
+        assert!(said.contains("the segments' recorded addresses"), "what a what-if may place otherwise: {said}");
+        if flag == "--capacity" {
+            // compare's verdict on the trace names who would have served it as on the snapshot: expandable segments
+            // too (a trace's `pytorch` was never tried with them).
+            let verdict = |file: &Path, extra: &[&str]| {
+                let mut args = vec!["compare", file.to_str().unwrap()];
+                args.extend(extra);
+                stdout(&heapscope(&args)).lines().last().unwrap_or_default().to_owned()
+            };
+            let of_snapshot = verdict(&source, &[]);
+            assert!(of_snapshot.ends_with("`paged` and `pytorch` with expandable segments would have served it."));
+            assert_eq!(verdict(&native, &[flag, value]), of_snapshot);
+        }
     }
     // A recording's `empty_cache()` (a segment freed, then the memory allocated afresh) has no event in the trace:
     // said, as it changes what `pytorch` reserves replaying it.
