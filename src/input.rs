@@ -49,13 +49,25 @@ pub fn same_file(first: &Path, second: &Path) -> bool {
 }
 
 /// Refuses to write `out` over the recording being read (`convert x.csv --out x.csv` replaced the file by what was
-/// made of it).
+/// made of it), or through the partial file it is written to first (`convert .x.hst.partial --out x.hst`).
 ///
 /// # Errors
 /// When `out` names the file `recording` names.
 pub fn refuse_overwriting(recording: &Path, out: &Path) -> Result<()> {
     if same_file(recording, out) {
         bail!("{} is the recording being read: writing there would replace it; name another file", out.display());
+    }
+    // The file is written whole beside it first (`.NAME.partial`, cleared before): that must not be the recording
+    // either.
+    if let Ok(partial) = heapscope_core::whole_file::partial_path(out)
+        && same_file(recording, &partial)
+    {
+        bail!(
+            "{} is the recording being read, and where {} is written first: writing there would remove it; name another \
+             file",
+            recording.display(),
+            out.display()
+        );
     }
     Ok(())
 }

@@ -61,7 +61,7 @@ pub fn run(args: &TopArgs) -> Result<()> {
     outln!(
         "{}: {} live {when}, in {}",
         recording.shown_name(),
-        at_least(found.live_bytes),
+        at_least(found.live_bytes, found.saturated),
         counted(found.live_count, "allocation", "allocations")
     );
     // What the live set may not say of the recorded run (actions heapscope does not know, final segments that disagree).
@@ -88,7 +88,7 @@ pub fn run(args: &TopArgs) -> Result<()> {
             Grouping::Category => row.category.as_deref().unwrap_or("(no category recorded)"),
             Grouping::UserFrame | Grouping::FullStack => where_from(&row.frames),
         };
-        outln!("{:>12} {:>7} {:>5.1}%  {what}", at_least(row.bytes), row.count, row.share * 100.0);
+        outln!("{:>12} {:>7} {:>5.1}%  {what}", at_least(row.bytes, found.saturated), row.count, row.share * 100.0);
         for frame in row.frames.iter().skip(1) {
             outln!("{:>30}{frame}", "");
         }
@@ -97,9 +97,9 @@ pub fn run(args: &TopArgs) -> Result<()> {
         let rest = &found.rows[args.limit..];
         // Saturated: sizes read from a file may add up past a u64 (it overflowed, a panic).
         let bytes = rest.iter().fold(0u64, |sum, row| sum.saturating_add(row.bytes));
-        outln!("{:>12} ... {} more ({})", "", counted(rest.len() as u64, "group", "groups"), at_least(bytes));
+        outln!("{:>12} ... {} more ({})", "", counted(rest.len() as u64, "group", "groups"), at_least(bytes, found.saturated));
     }
-    if found.live_bytes == u64::MAX {
+    if found.saturated {
         outln!("≥: the bytes saturated at 2^64 - 1 (sizes read from the file add up past it); the true figure is larger");
     }
     Ok(())
@@ -121,6 +121,7 @@ fn json(found: &Top, at: TopAt, grouping: Grouping) -> serde_json::Value {
         "moment": found.moment.to_string(),
         "event_index": event_index,
         "live_bytes": found.live_bytes,
+        "saturated": found.saturated,
         "live_count": found.live_count,
         "grouping": grouping.name(),
         "rows": found.rows,
@@ -128,8 +129,8 @@ fn json(found: &Top, at: TopAt, grouping: Grouping) -> serde_json::Value {
     })
 }
 
-/// `bytes` in units, with `≥` before a figure that saturated at `u64::MAX` (sizes read from a file may add up past
-/// it): a lower bound, as `summary` shows its saturated counters.
-fn at_least(bytes: u64) -> String {
-    if bytes == u64::MAX { format!("≥{}", Bytes(bytes)) } else { Bytes(bytes).to_string() }
+/// `bytes` in units, with `≥` before a figure that saturated at `u64::MAX` (`saturated`: sizes read from a file add
+/// up past it): a lower bound, as `summary` shows its saturated counters.
+fn at_least(bytes: u64, saturated: bool) -> String {
+    if saturated && bytes == u64::MAX { format!("≥{}", Bytes(bytes)) } else { Bytes(bytes).to_string() }
 }

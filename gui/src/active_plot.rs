@@ -262,7 +262,7 @@ pub fn band_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64, colour
         let stacked = timeline
             .summaries
             .stretch_at(first as u64)
-            .map_or(0, |stretch| stretch.base_bytes + stretch.bytes.iter().sum::<u64>());
+            .map_or(0, |stretch| stretch.bytes.iter().fold(stretch.base_bytes, |sum, &bytes| sum.saturating_add(bytes)));
         if live > stacked {
             let x = rect.left() + column as f32;
             let (top, bottom) = (y_at(live as f64), y_at(stacked as f64));
@@ -280,7 +280,7 @@ pub fn band_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64, colour
             _ => palette::group(band.stack.0),
         };
         for piece in &band.pieces {
-            let top = y_at((piece.offset_bytes + band.size_bytes) as f64);
+            let top = y_at(piece.offset_bytes.saturating_add(band.size_bytes) as f64);
             let bottom = y_at(piece.offset_bytes as f64);
             let (left, right) = (x_at(piece.from as f64), x_at(piece.to as f64).max(x_at(piece.from as f64) + 1.0));
             let piece = Rect::from_min_max(pos2(left, top), pos2(right, bottom));
@@ -335,11 +335,11 @@ fn summary_fills(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64, fills: &
         let (left, right) = (rect.left() + column as f32, rect.left() + end as f32);
         let mut offset = stretch.base_bytes;
         for (bytes, colour) in stretch.bytes.iter().zip(&colours) {
-            let (top, bottom) = (y_at(offset + bytes), y_at(offset));
+            let (top, bottom) = (y_at(offset.saturating_add(*bytes)), y_at(offset));
             if bottom - top >= 0.25 {
                 fills.add_colored_rect(Rect::from_min_max(pos2(left, top), pos2(right, bottom)), *colour);
             }
-            offset += bytes;
+            offset = offset.saturating_add(*bytes);
         }
         column = end;
     }

@@ -344,19 +344,10 @@ impl Session {
     pub fn open(path: &Path, contenders: &[Contender], options: &OpenOptions) -> Result<Self> {
         // The core's errors name the file already ("cannot read F: …", "F: the file is empty", "F:2: …").
         let recording = Recording::open_device(path, options.device)?;
-        Self::opened(recording, contenders, options)
-    }
-
-    /// `recording` (a file's, on its device) on the memory and by the rules `options` say: the capacity and the heaps'
-    /// block size follow the device's own recording (its `oom` entry, its peak).
-    fn opened(recording: Recording, contenders: &[Contender], options: &OpenOptions) -> Result<Self> {
-        // The capacity asked for, else the device the recording tells (its oom entry), else unlimited.
-        let capacity_bytes = Capacity::of(options.capacity_bytes, &recording).bytes;
-        let config = options.rules.apply_to(&recording, CompareConfig { capacity_bytes, ..CompareConfig::default() });
         // Every pane replays the whole recording and keeps its own timeline: a large one opens in one pane.
         let entries = recording.entries;
         if entries > ONE_PANE_ENTRIES && contenders.len() > 1 {
-            let mut session = Self::new(recording, config, &contenders[..1])?;
+            let mut session = Self::opened(recording, &contenders[..1], options)?;
             session.note = Some(format!(
                 "{} entries: opened in one pane ({}); each pane replays the whole recording and keeps its own timeline \
                  (about 190 bytes an entry), so add the others with \"+ pane\" as memory allows",
@@ -365,6 +356,17 @@ impl Session {
             ));
             return Ok(session);
         }
+        Self::opened(recording, contenders, options)
+    }
+
+    /// `recording` (a file's, on its device) through `contenders`, on the memory and by the rules `options` say: the
+    /// capacity and the heaps' block size follow the device's own recording (its `oom` entry, its peak). (The device
+    /// picker keeps the panes the user has, however large the recording: [`Session::open`] alone opens a large one in
+    /// one pane.)
+    fn opened(recording: Recording, contenders: &[Contender], options: &OpenOptions) -> Result<Self> {
+        // The capacity asked for, else the device the recording tells (its oom entry), else unlimited.
+        let capacity_bytes = Capacity::of(options.capacity_bytes, &recording).bytes;
+        let config = options.rules.apply_to(&recording, CompareConfig { capacity_bytes, ..CompareConfig::default() });
         Self::new(recording, config, contenders)
     }
 

@@ -5,7 +5,7 @@
 //! magic     8 bytes   "HSTRACE\0"
 //! version   1 byte    1
 //! name      varint length, then that many bytes of UTF-8 (read with control characters escaped and cut to
-//!           256 characters: it heads every report, on a terminal)
+//!           about 256 characters: it heads every report, on a terminal)
 //! events    varint count (of events and captions), then each:
 //!             0x00 varint(size_bytes)   allocate; the allocation takes the next slot (0, 1, 2, ...)
 //!             0x01 varint(slot)         free the live allocation in that slot
@@ -234,16 +234,21 @@ impl Trace {
 /// The most characters of a name read from a file.
 const NAME_CHARS: usize = 256;
 
-/// `name` as a report may print it: control characters escaped (`\n`, `\u{1b}`: a name cannot forge a line of output
-/// or move a terminal's cursor), cut to [`NAME_CHARS`] with its length said.
+/// `name` as a report may print it: control characters, line and paragraph separators and bidirectional overrides
+/// escaped (`\n`, `\u{1b}`: a name cannot forge a line of output, move a terminal's cursor or reorder what follows),
+/// and a name much longer than [`NAME_CHARS`] cut there with its length said. Stable: a name read this way reads
+/// back the same (`convert` of a converted trace changes nothing).
 fn shown_name(name: &str) -> String {
+    // Room for the `… (N bytes)` a cut adds, so a cut name is not cut again.
+    let cut = name.chars().count() > NAME_CHARS + 32;
     let mut shown = String::new();
     for (count, character) in name.chars().enumerate() {
-        if count == NAME_CHARS {
+        if cut && count == NAME_CHARS {
             shown.push_str(&format!("… ({} bytes)", name.len()));
             break;
         }
-        if character.is_control() {
+        let reorders = matches!(character, '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if character.is_control() || reorders {
             shown.extend(character.escape_default());
         } else {
             shown.push(character);
@@ -302,13 +307,18 @@ mod tests {
         let cases = [
             ("plain.csv", "plain.csv".to_owned()),
             ("\u{1b}[31mRED\u{1b}[0m\nfake: line", "\\u{1b}[31mRED\\u{1b}[0m\\nfake: line".to_owned()),
+            ("a\u{202e}b\u{2028}c", "a\\u{202e}b\\u{2028}c".to_owned()),
             (long.as_str(), format!("{}… (300 bytes)", "n".repeat(256))),
+            (&long[..280], "n".repeat(280)),
         ];
         for (name, shown) in cases {
             let mut builder = TraceBuilder::new(name);
             builder.alloc(1, 64).unwrap();
             let read = Trace::parse_native("t.hst", &builder.finish().to_native()).unwrap();
             assert_eq!(read.name, shown, "{name:?}");
+            // Read back as it was read: converting again changes nothing.
+            let again = Trace::parse_native("t.hst", &read.to_native()).unwrap();
+            assert_eq!(again.name, read.name, "{name:?}");
         }
     }
 

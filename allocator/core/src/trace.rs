@@ -224,6 +224,12 @@ impl Trace {
             }
             let fields: Vec<&str> = content.split(',').map(str::trim).collect();
             let shown = Shown(content);
+            // Lines ended by a lone carriage return (old Mac files) read as one line: said with its error.
+            let endings = if content.contains('\r') {
+                " (it holds a carriage return: lines end in LF or CRLF here, not CR alone)"
+            } else {
+                ""
+            };
             let number = |position: usize, what: &str| -> Result<u64> {
                 let field = fields.get(position).ok_or_else(|| fail(format!("missing {what} in {shown}")))?;
                 field.parse().map_err(|_| {
@@ -245,17 +251,11 @@ impl Trace {
                 ("f", 2) => builder.free(number(1, "id")?).map_err(|error| fail(error.to_string()))?,
                 ("e", 1) => builder.empty_cache(),
                 ("a" | "f" | "e", count) => {
-                    // Lines ended by a lone carriage return (old Mac files) read as one line.
-                    let endings = if content.contains('\r') {
-                        " (it holds a carriage return: lines end in LF or CRLF here, not CR alone)"
-                    } else {
-                        ""
-                    };
                     return Err(fail(format!("{count} fields in {shown}: expected a,<id>,<size_bytes>, f,<id> or e{endings}")));
                 }
                 (other, _) => {
                     return Err(fail(format!(
-                        "unknown event {}: expected 'a' (alloc), 'f' (free) or 'e' (empty the cache)",
+                        "unknown event {}: expected 'a' (alloc), 'f' (free) or 'e' (empty the cache){endings}",
                         Shown(other)
                     )));
                 }
@@ -373,6 +373,7 @@ mod tests {
             ("a,18446744073709551616,10\n", 1, "id \"18446744073709551616\" is larger than 2^64 - 1"),
             ("a,1,-5\n", 1, "size_bytes \"-5\": a negative size"),
             ("a,1,4096\rf,1\n", 1, "lines end in LF or CRLF here, not CR alone"),
+            ("e\rf,1\n", 1, "lines end in LF or CRLF here, not CR alone"),
         ];
         for (text, line, needle) in cases {
             let error = Trace::parse_csv("bad.csv", text).unwrap_err();

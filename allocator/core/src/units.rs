@@ -142,8 +142,17 @@ fn parse_size_words(text: &str) -> Result<u64, String> {
     if let Ok(whole) = number.parse::<u64>() {
         return whole.checked_mul(scale).ok_or_else(|| "larger than 2^64 bytes".to_owned());
     }
+    // Bytes written with a point (`4096.0`): whole only when every digit after it is 0, read exactly (not through a
+    // float, which would round `1.9999999999999999999` to 2).
+    if scale == 1
+        && let Some((whole, fraction)) = number.split_once('.')
+        && fraction.bytes().all(|digit| digit == b'0')
+        && let Ok(whole) = whole.parse::<u64>()
+    {
+        return Ok(whole);
+    }
     let value: f64 = number.parse().map_err(|_| format!("{number:?} is not a number"))?;
-    if scale == 1 && value.is_finite() && value.fract() != 0.0 {
+    if scale == 1 && number.split_once('.').is_some_and(|(_, fraction)| fraction.bytes().any(|digit| digit != b'0')) {
         // `3.5` meant as gigabytes would be 4 bytes: a fraction of a byte is no size anyone means.
         return Err("a fraction of a byte: give it a unit (GiB, MiB, ...)".to_owned());
     }
@@ -247,6 +256,8 @@ mod tests {
             assert_eq!(parse_size(text).unwrap_err().what, what, "{text:?}");
         }
         assert_eq!(parse_size("1.0"), Ok(1), "a whole number of bytes written with a point");
+        assert_eq!(parse_size("9007199254740993.000"), Ok(9_007_199_254_740_993), "read exactly, not through a float");
+        assert!(parse_size("1.9999999999999999999").is_err(), "a fraction of a byte, however close to 2");
     }
 
     #[test]

@@ -381,8 +381,7 @@ impl Recording {
     pub fn open_device(path: &Path, device: Option<usize>) -> Result<Self, OpenError> {
         let file = path.display().to_string();
         let io = |error| OpenError::Io { file: file.clone(), error };
-        let metadata = std::fs::metadata(path).map_err(io)?;
-        let kind = metadata.file_type();
+        let kind = std::fs::metadata(path).map_err(io)?.file_type();
         if !kind.is_file() {
             return Err(OpenError::NotAFile { file, kind: file_kind(kind) });
         }
@@ -392,7 +391,8 @@ impl Recording {
         if read == 0 {
             return Err(OpenError::Empty { file });
         }
-        if metadata.len() == 0 {
+        // Its size once read from (a file written as it is read has its bytes counted by now).
+        if reader.metadata().map_err(io)?.len() == 0 {
             // A file of no size that yields bytes is made as it is read (`/proc`, `/sys`): it may never end.
             return Err(OpenError::NotAFile { file, kind: "a file the system makes as it is read: its size is 0" });
         }

@@ -104,8 +104,11 @@ pub struct Refused {
 pub struct Top {
     /// The moment.
     pub moment: Moment,
-    /// Bytes live then.
+    /// Bytes live then (`u64::MAX` where they add up past it: see `saturated`).
     pub live_bytes: u64,
+    /// Whether the live bytes add up past `u64::MAX` (sizes read from a file may): `live_bytes`, and the rows' bytes
+    /// that reached `u64::MAX`, are then lower bounds.
+    pub saturated: bool,
     /// Allocations live then.
     pub live_count: u64,
     /// How the rows are grouped.
@@ -286,7 +289,8 @@ pub fn top(recording: &Recording, at: TopAt, grouping: Grouping) -> Result<Top, 
         }),
         _ => None,
     };
-    Ok(Top { moment: target, live_bytes, live_count: live.len() as u64, grouping, rows, refused })
+    let saturated = live_total > u128::from(u64::MAX);
+    Ok(Top { moment: target, live_bytes, saturated, live_count: live.len() as u64, grouping, rows, refused })
 }
 
 /// The moment `at` names for drawing the heap (`render --at`, `gui --at`): an entry or the start as given, the peak's

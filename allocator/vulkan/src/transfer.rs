@@ -94,6 +94,9 @@ pub struct Transfer {
     mapped: NonNull<u8>,
     staging_bytes: u64,
     coherent: bool,
+    /// A submission whose wait failed and never finished (a lost device): its fence and command buffer may still be
+    /// pending, so nothing is submitted again.
+    pending_forever: bool,
 }
 
 // SAFETY: the handles and the mapping are owned; every use goes through `&mut self`; submissions take the
@@ -131,6 +134,7 @@ impl Transfer {
             mapped: NonNull::dangling(),
             staging_bytes: staging_bytes.max(1),
             coherent: true,
+            pending_forever: false,
         };
         // From here `this` owns what exists; `Drop` destroys whatever is not null.
         // SAFETY: a valid create info on this device; destroyed on drop.
@@ -275,6 +279,9 @@ impl Transfer {
         if copies.is_empty() {
             return Ok(());
         }
+        if self.pending_forever {
+            return Err(VulkanError::Vk { call: "vkWaitForFences (an earlier copy)", result: vk::Result::ERROR_DEVICE_LOST });
+        }
         let device = self.context.device();
         let allocate = vk::CommandBufferAllocateInfo::default()
             .command_pool(self.command_pool)
@@ -356,6 +363,8 @@ impl Transfer {
             }
             // SAFETY: the command buffer is not in flight (waited for, the device idle, or never submitted).
             unsafe { device.free_command_buffers(self.command_pool, &buffers) };
+        } else {
+            self.pending_forever = true;
         }
         result.map_err(VulkanError::vk("vkCmdCopyBuffer submission"))
     }

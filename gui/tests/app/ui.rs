@@ -860,6 +860,28 @@ fn a_step_after_idle_time_animates_instead_of_jumping() {
     assert!(playback.playing && (playback.position - 1.5).abs() < 1e-9, "{playback:?}");
 }
 
+/// Sizes that add up past a u64 (a 16 EiB request beside others): the allocations view builds, draws, and answers a
+/// hover over it (its sums overflowed, a panic with overflow checks on).
+#[test]
+fn the_allocations_view_draws_sizes_past_a_u64() {
+    let dir = scratch_dir("huge-allocations");
+    let path = dir.join("huge.csv");
+    std::fs::write(&path, format!("a,1,{}\na,2,4096\nf,2\nf,1\na,3,7\n", u64::MAX)).unwrap();
+    let clock = ManualClock::default();
+    let mut harness = opened(&clock, &path);
+    harness.state_mut().timeline_view = heapscope_gui::active_plot::TimelineView::Allocations;
+    harness.state_mut().playback.seek(2);
+    harness.run_steps(2);
+    let plot = harness.get_by_label("allocations").rect();
+    // Across the timeline under the toggles: every column drawn, hovered and clicked.
+    for x in [0.1, 0.3, 0.5, 0.7, 0.9] {
+        harness.hover_at(egui::pos2(plot.left() + 1.0, plot.bottom() + 80.0) + egui::vec2(1200.0 * x, 0.0));
+        harness.run_steps(1);
+    }
+    assert!(harness.state().error.is_none(), "{:?}", harness.state().error);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// The frag_oom snapshot on two devices (issue 14, part 4), written here: device 0 as recorded (it ran out of
 /// memory), device 1 the same run without its `oom` entry.
 fn two_device_snapshot(dir: &std::path::Path) -> std::path::PathBuf {

@@ -301,6 +301,14 @@ fn top_and_render_take_live_bytes_past_a_u64() {
     // 2^64 B saturated: shown as a lower bound, and said.
     assert!(stdout(&top).contains(": ≥16777216.00 TiB live at the peak"), "{}", stdout(&top));
     assert!(stdout(&top).contains("\n≥: the bytes saturated at 2^64 - 1"), "{}", stdout(&top));
+    // One allocation of 2^64 - 1 B is exact: no mark.
+    std::fs::write(dir.join("max.csv"), format!("a,1,{}\n", u64::MAX)).unwrap();
+    let exact = stdout(&heapscope_headless(&["top", "max.csv"], &dir));
+    assert!(exact.contains(": 16777216.00 TiB live at the peak") && !exact.contains('≥'), "{exact}");
+    for (file, saturated) in [("huge.csv", true), ("max.csv", false)] {
+        let json = json_lines(&heapscope_headless(&["top", file, "--json"], &dir));
+        assert_eq!((json[0]["live_bytes"].as_u64(), json[0]["saturated"].as_bool()), (Some(u64::MAX), Some(saturated)));
+    }
     let render = heapscope_headless(&["render", "huge.csv", "--out", "huge.png"], &dir);
     assert!(render.status.success(), "{}", stderr(&render));
     assert!(is_png(&dir.join("huge.png")));
@@ -384,6 +392,11 @@ fn no_command_writes_over_the_recording_it_reads() {
         assert_eq!(std::fs::read_to_string(dir.join("x.csv")).unwrap(), text, "{args:?}");
         assert!(!dir.join("y.pickle").exists(), "{args:?}");
     }
+    // The recording named as the partial file its output is written to first (cleared before writing) is kept too.
+    std::fs::write(dir.join(".x.hst.partial"), text).unwrap();
+    let output = heapscope_headless(&["convert", ".x.hst.partial", "--out", "x.hst"], &dir);
+    assert!(!output.status.success() && stderr(&output).contains("writing there would remove it"), "{}", stderr(&output));
+    assert_eq!(std::fs::read_to_string(dir.join(".x.hst.partial")).unwrap(), text);
 }
 
 #[test]

@@ -110,12 +110,13 @@ impl Summaries {
     /// The group at `position`, `bytes` above the bottom, with its bytes then, if a summary band is there.
     pub fn at(&self, position: u64, bytes: u64) -> Option<(Option<StackId>, u64)> {
         let stretch = self.stretch_at(position)?;
+        // Saturating: the heights saturate at u64::MAX where sizes add up past it.
         let mut offset = stretch.base_bytes;
         for (group, &group_bytes) in self.groups.iter().zip(&stretch.bytes) {
-            if (offset..offset + group_bytes).contains(&bytes) {
+            if (offset..offset.saturating_add(group_bytes)).contains(&bytes) {
                 return Some((*group, group_bytes));
             }
-            offset += group_bytes;
+            offset = offset.saturating_add(group_bytes);
         }
         None
     }
@@ -130,7 +131,7 @@ impl ActiveTimeline {
     pub fn at(&self, position: u64, bytes: u64) -> Option<(&Band, &Piece)> {
         self.bands.iter().find_map(|band| {
             let piece = band.pieces.iter().find(|piece| piece.from <= position && position < piece.to)?;
-            (piece.offset_bytes <= bytes && bytes < piece.offset_bytes + band.size_bytes).then_some((band, piece))
+            (piece.offset_bytes <= bytes && bytes < piece.offset_bytes.saturating_add(band.size_bytes)).then_some((band, piece))
         })
     }
 }
@@ -382,15 +383,16 @@ pub fn build(recording: &Recording) -> ActiveTimeline {
     // Allocations this small get no band of their own: under half a pixel on the app's timeline.
     let detail_bytes = crate::top::peak(recording).1 / DETAIL_FRACTION;
     // The stacks that allocated the most bytes in small allocations get a summary band each, the most at the bottom.
-    let mut small_by_stack: std::collections::HashMap<StackId, u64> = std::collections::HashMap::new();
+    // Summed wide: every small allocation ever made, which may add up past a u64.
+    let mut small_by_stack: std::collections::HashMap<StackId, u128> = std::collections::HashMap::new();
     for event in events {
         if let Event::Alloc { slot, size_bytes } = *event
             && size_bytes < detail_bytes
         {
-            *small_by_stack.entry(origins(slot).stack).or_insert(0) += size_bytes;
+            *small_by_stack.entry(origins(slot).stack).or_insert(0) += u128::from(size_bytes);
         }
     }
-    let mut ranked: Vec<(StackId, u64)> = small_by_stack.into_iter().collect();
+    let mut ranked: Vec<(StackId, u128)> = small_by_stack.into_iter().collect();
     ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let small_stacks: Vec<StackId> = ranked.into_iter().take(SUMMARY_GROUPS).map(|(stack, _)| stack).collect();
     let keys = (recording.trace.slots() as usize, allocs);
@@ -615,6 +617,14 @@ mod tests {
         assert_eq!(bands, [0], "4096 B and 7 B are too small for a band of their own beside 16 EiB");
         let stretch = timeline.summaries.stretch_at(2).unwrap();
         assert_eq!((stretch.base_bytes, stretch.bytes.iter().sum::<u64>()), (u64::MAX, 4096), "summarised on top");
+        // Small allocations made one after another add up past a u64 while never more than one is live (the
+        // ranking of the summary groups summed them in a u64).
+        let mut csv = format!("a,0,{}\nf,0\n", 1u64 << 63);
+        for id in 1..=2100 {
+            csv.push_str(&format!("a,{id},{}\nf,{id}\n", 1u64 << 53));
+        }
+        let timeline = build(&recording(&csv));
+        assert_eq!(timeline.peak_bytes, 1 << 63);
     }
 
     /// Allocations under 1/420 of the peak get no band: they are summarised on top of the bands, one summary band per

@@ -153,7 +153,18 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for TimelineObserver {
             // one live before the recording).
             Step::Moved { slot, from, to, .. } => {
                 let address = footprint_address::<H>(from);
-                let was = self.timeline.head().span_at(address).filter(|span| span.address == address && span.slot == slot);
+                // Where it was: placed by a move earlier in this step (a pass may move one allocation twice), else
+                // in the layout before the step.
+                let is_it = |span: &Span| span.address == address && span.slot == slot;
+                let was = self
+                    .changes
+                    .iter()
+                    .rev()
+                    .find_map(|change| match change {
+                        Change::Allocated(span) if is_it(span) => Some(*span),
+                        _ => None,
+                    })
+                    .or_else(|| self.timeline.head().span_at(address).filter(|span| is_it(span)).copied());
                 let (before_recording, born) = was.map_or((false, born), |span| (span.before_recording, span.born));
                 self.changes.push(Change::Freed { address });
                 let span = span::<H>(to, H::allocation(from).size_bytes(), slot, born);
