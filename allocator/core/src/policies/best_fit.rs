@@ -109,7 +109,7 @@ impl FitIndex for BestFitIndex {
         }
     }
 
-    fn find(&self, size: u64, mut place: impl FnMut(u64, u64) -> Option<u64>) -> Option<(u64, u64, u64)> {
+    fn find(&self, size: u64, align: u64, mut place: impl FnMut(u64, u64) -> Option<u64>) -> Option<(u64, u64, u64)> {
         match self {
             // The first run that is large enough almost always fits; alignment or granularity may push the
             // request past its end, and then the next larger run is tried.
@@ -119,7 +119,7 @@ impl FitIndex for BestFitIndex {
             Self::Classed(index) => {
                 let mut class = index.next_non_empty(class_of(size))?;
                 loop {
-                    if let Some(found) = index.classes[class].find(size, &mut place) {
+                    if let Some(found) = index.classes[class].find(size, align, &mut place) {
                         return Some(found);
                     }
                     class = index.next_non_empty(class + 1)?;

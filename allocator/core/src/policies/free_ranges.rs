@@ -26,9 +26,9 @@ pub trait FitIndex: fmt::Debug + Send {
     /// Removes a run added by `insert`.
     fn remove(&mut self, offset: u64, size: u64);
 
-    /// The run to serve a request of `size` bytes from, as `(run offset, run size, placed offset)`:
+    /// The run to serve a request of `size` bytes aligned to `align` from, as `(run offset, run size, placed offset)`:
     /// `place(run offset, run size)` says where in a run the request would go, if anywhere.
-    fn find(&self, size: u64, place: impl FnMut(u64, u64) -> Option<u64>) -> Option<(u64, u64, u64)>;
+    fn find(&self, size: u64, align: u64, place: impl FnMut(u64, u64) -> Option<u64>) -> Option<(u64, u64, u64)>;
 
     /// The size of the largest run (0 when none is free): no request larger than it can be served.
     fn largest_run(&self) -> u64;
@@ -112,9 +112,9 @@ impl<I: FitIndex> FreeRangePolicy<I> {
         let (size, align) = rounded(request, self.min_align)?;
         let kind: ResourceKind = request.kind();
         let guard = self.guard.as_ref();
-        let (run_offset, run_size, offset) = self
-            .index
-            .find(size, |run_offset, run_size| granularity::place(guard, run_offset, run_offset + run_size, size, align, kind))?;
+        let (run_offset, run_size, offset) = self.index.find(size, align, |run_offset, run_size| {
+            granularity::place(guard, run_offset, run_offset + run_size, size, align, kind)
+        })?;
         Some(self.take(run_offset, run_size, offset, size, request))
     }
 
