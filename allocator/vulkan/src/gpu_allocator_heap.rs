@@ -37,6 +37,7 @@ use heapscope_core::{Error, OomVerdict, Request, Result};
 use crate::VulkanContext;
 use crate::external::{BlockUsage, ExternalBook, ExternalHandle};
 use crate::external_heap::{ExternalAllocator, ExternalConfig, ExternalHeap, Placed};
+use crate::transfer::block_buffer_requirements;
 
 /// How a [`GpuAllocatorHeap`] is set up: gpu-allocator's block size (clamped to 4..=256 MiB, a multiple of 4
 /// MiB; larger requests get a block of their own) and a budget cap checked before gpu-allocator allocates.
@@ -62,6 +63,9 @@ pub struct GpuAllocatorBackend {
     allocator: Allocator,
     _context: Arc<VulkanContext>,
     config: GpuAllocatorConfig,
+    /// The memory types a block's buffer may use ([`block_buffer_requirements`]): gpu-allocator allocates among them
+    /// only, as it would for such a buffer.
+    type_bits: u32,
 }
 
 impl fmt::Debug for GpuAllocatorBackend {
@@ -175,7 +179,10 @@ impl ExternalAllocator for GpuAllocatorBackend {
             allocation_sizes: AllocationSizes::new(config.block_size_bytes, config.block_size_bytes),
         })
         .map_err(|error| failure("bring-up", &error))?;
-        Ok(Self { allocator, _context: Arc::clone(context), config })
+        let type_bits = block_buffer_requirements(context)
+            .map(|requirements| requirements.memory_type_bits)
+            .map_err(|error| Error::Source(error.to_string()))?;
+        Ok(Self { allocator, _context: Arc::clone(context), config, type_bits })
     }
 
     fn config(&self) -> &ExternalConfig {
@@ -200,7 +207,7 @@ impl ExternalAllocator for GpuAllocatorBackend {
             requirements: vk::MemoryRequirements {
                 size: request.size_bytes(),
                 alignment: request.align_bytes(),
-                memory_type_bits: !0,
+                memory_type_bits: self.type_bits,
             },
             location: MemoryLocation::GpuOnly,
             linear: true,

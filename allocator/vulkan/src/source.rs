@@ -17,7 +17,7 @@ use ash::vk;
 use heapscope_core::{BlockCopy, MemorySource, SourceBlock, SourceError};
 
 use crate::memory_types::{BLOCK_BUFFER_USAGE, MemoryTypeInfo, MemoryUsage};
-use crate::transfer::{BufferCopy, MemorySpan, Transfer, buffer_over_memory};
+use crate::transfer::{BufferCopy, MemorySpan, Transfer, block_buffer_requirements, buffer_over_memory};
 use crate::{VulkanContext, VulkanError};
 
 /// How a [`DeviceMemorySource`] allocates.
@@ -198,24 +198,15 @@ impl DeviceMemorySource {
     /// [`VulkanError::Vk`] when the throwaway buffer cannot be created, [`VulkanError::Unsupported`] when no
     /// memory type fits the usage.
     pub fn new(context: Arc<VulkanContext>, config: DeviceSourceConfig) -> Result<Self, VulkanError> {
-        let device = context.device();
-        let buffer_info =
-            vk::BufferCreateInfo::default().size(64 << 10).usage(BLOCK_BUFFER_USAGE).sharing_mode(vk::SharingMode::EXCLUSIVE);
-        // SAFETY: a valid create info on a live device; the buffer is destroyed below, never bound.
-        let buffer = unsafe { device.create_buffer(&buffer_info, None) }.map_err(VulkanError::vk("vkCreateBuffer"))?;
-        // SAFETY: the buffer was just created on this device.
-        let requirements = unsafe { device.get_buffer_memory_requirements(buffer) };
-        // SAFETY: the buffer is unused and unbound.
-        unsafe { device.destroy_buffer(buffer, None) };
-
+        let requirements = block_buffer_requirements(&context)?;
+        let type_bits = requirements.memory_type_bits;
         let properties = context.properties();
-        let index =
-            properties.memory_properties().select_memory_type(requirements.memory_type_bits, config.usage).ok_or_else(|| {
-                VulkanError::Unsupported(format!(
-                    "{} has no memory type for {:?} among type bits {:#b}",
-                    properties.name, config.usage, requirements.memory_type_bits
-                ))
-            })?;
+        let index = properties.memory_properties().select_memory_type(type_bits, config.usage).ok_or_else(|| {
+            VulkanError::Unsupported(format!(
+                "{} has no memory type for {:?} among type bits {type_bits:#b}",
+                properties.name, config.usage
+            ))
+        })?;
         let memory_type = properties
             .memory_types
             .iter()

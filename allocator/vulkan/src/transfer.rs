@@ -38,6 +38,24 @@ pub(crate) struct MemorySpan {
     pub(crate) allocation_size_bytes: u64,
 }
 
+/// What a block's buffer ([`BLOCK_BUFFER_USAGE`]) asks of its memory on `context`'s device: the memory types it may be
+/// bound to, what every heap's blocks are allocated from (heapscope's sources, VMA's and gpu-allocator's) so a buffer
+/// can be laid over any block for copies in and out of it, and its alignment.
+///
+/// # Errors
+/// [`VulkanError::Vk`] when the probe buffer cannot be created.
+pub(crate) fn block_buffer_requirements(context: &VulkanContext) -> Result<vk::MemoryRequirements, VulkanError> {
+    let device = context.device();
+    let info = vk::BufferCreateInfo::default().size(64 << 10).usage(BLOCK_BUFFER_USAGE).sharing_mode(vk::SharingMode::EXCLUSIVE);
+    // SAFETY: a valid create info on a live device; the buffer is destroyed below, never bound.
+    let buffer = unsafe { device.create_buffer(&info, None) }.map_err(VulkanError::vk("vkCreateBuffer"))?;
+    // SAFETY: the buffer was just created on this device.
+    let requirements = unsafe { device.get_buffer_memory_requirements(buffer) };
+    // SAFETY: the buffer is unused and unbound.
+    unsafe { device.destroy_buffer(buffer, None) };
+    Ok(requirements)
+}
+
 /// A new `VkBuffer` over the whole of `memory` ([`BLOCK_BUFFER_USAGE`], bound at offset 0), for copies in and out of
 /// it: the caller's to destroy after its last use and before the memory is freed. `what` names the memory in errors.
 ///

@@ -40,7 +40,7 @@ use vk_mem::Alloc;
 use crate::VulkanContext;
 use crate::external::{BlockUsage, ExternalBook, ExternalHandle};
 use crate::external_heap::{ExternalAllocator, ExternalConfig, ExternalHeap, Placed};
-use crate::transfer::{BufferCopy, MemorySpan, Transfer, buffer_over_memory};
+use crate::transfer::{BufferCopy, MemorySpan, Transfer, block_buffer_requirements, buffer_over_memory};
 
 /// How a [`VmaHeap`] is set up: block size (VMA's `preferredLargeHeapBlockSize`) and budget cap (VMA's heap size
 /// limit).
@@ -282,6 +282,9 @@ pub struct VmaBackend {
     transfer: Option<Transfer>,
     /// The device's time for those copies so far, ns.
     copy_nanos: u64,
+    /// The memory types a block's buffer may use ([`block_buffer_requirements`]): VMA allocates among them only, so a
+    /// buffer can be laid over any of its blocks (defragmentation's copies, `read`, `write`).
+    type_bits: u32,
 }
 
 impl fmt::Debug for VmaBackend {
@@ -442,7 +445,19 @@ impl ExternalAllocator for VmaBackend {
             },
             ..Default::default()
         };
-        Ok(Self { allocator, callbacks, context: Arc::clone(context), config, create_info, transfer: None, copy_nanos: 0 })
+        let type_bits = block_buffer_requirements(context)
+            .map(|requirements| requirements.memory_type_bits)
+            .map_err(|error| Error::Source(error.to_string()))?;
+        Ok(Self {
+            allocator,
+            callbacks,
+            context: Arc::clone(context),
+            config,
+            create_info,
+            transfer: None,
+            copy_nanos: 0,
+            type_bits,
+        })
     }
 
     fn config(&self) -> &ExternalConfig {
@@ -450,8 +465,11 @@ impl ExternalAllocator for VmaBackend {
     }
 
     fn allocate(&mut self, book: &mut ExternalBook<vk_mem::Allocation>, request: Request) -> Result<Placed<vk_mem::Allocation>> {
-        let requirements =
-            vk::MemoryRequirements { size: request.size_bytes(), alignment: request.align_bytes(), memory_type_bits: !0 };
+        let requirements = vk::MemoryRequirements {
+            size: request.size_bytes(),
+            alignment: request.align_bytes(),
+            memory_type_bits: self.type_bits,
+        };
         // SAFETY: valid requirements (size above 0, power-of-two alignment) and create info (no pool, no user data)
         // on a live allocator; the allocation is freed by `free` or `free_all`.
         let result = unsafe { self.allocator.allocate_memory(&requirements, &self.create_info) };
