@@ -127,6 +127,12 @@ fn parse_size_words(text: &str) -> Result<u64, String> {
     if number == "0" && suffix.starts_with(['x', 'X']) {
         return Err("a hexadecimal number: give the size in decimal".to_owned());
     }
+    if suffix
+        .strip_prefix(['e', 'E'])
+        .is_some_and(|rest| rest.trim_start_matches(['+', '-']).starts_with(|c: char| c.is_ascii_digit()))
+    {
+        return Err("an exponent: write the number out, or give it a unit (`1e3` is `1000`, `1 KB`)".to_owned());
+    }
     let scale: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" => KIB,
@@ -249,6 +255,8 @@ mod tests {
             ("-5", "a negative size"),
             ("+5", "a sign before the number: sizes are plain numbers"),
             ("0x1000", "a hexadecimal number: give the size in decimal"),
+            ("1e3", "an exponent: write the number out, or give it a unit (`1e3` is `1000`, `1 KB`)"),
+            ("2.5E-1", "an exponent: write the number out, or give it a unit (`1e3` is `1000`, `1 KB`)"),
             ("\u{ff15}", "no number: it starts with '\u{ff15}' (sizes are plain decimal numbers, `4096` or `4 KiB`)"),
             ("", "no number"),
         ];
