@@ -1,8 +1,8 @@
 //! First fit: the lowest-addressed free run that holds the request. The runs sit in a treap keyed by offset
 //! where every node knows the largest run in its subtree, so the leftmost large-enough run is found in
 //! O(log n) expected time instead of a linear scan. A run large enough may still not hold an aligned request (the
-//! padding to the alignment takes the room): every node also knows, for the alignment of [`FIT_ALIGNS`] (512 B, a
-//! replay's), the largest request of that alignment a run of its subtree holds, so the gaps an alignment leaves (a
+//! padding to the alignment takes the room): every node also knows, for [`FIT_ALIGN`] (512 B, a replay's
+//! alignment), the largest request of that alignment a run of its subtree holds, so the gaps an alignment leaves (a
 //! 256 B run at an odd multiple of 256 against 512 B-aligned requests, left by each small allocation) are passed over
 //! in the descent instead of tried one by one (20,000 one-byte requests took over a minute: each tried every gap
 //! before it). Requests of other alignments still try such runs in turn.
@@ -12,14 +12,14 @@ use crate::rng::Rng;
 
 const NIL: u32 = u32::MAX;
 
-/// The alignments each subtree knows its best fit for: a replay's requests are 512 B-aligned (PyTorch's unit, the
+/// The alignment each subtree knows its best fit for: a replay's requests are 512 B-aligned (PyTorch's unit, the
 /// replays' default `--align`). Others are found by size, each candidate tried. One alignment: each costs every
 /// update of the treap (BENCHMARKS.md, "First fit and best fit past alignment gaps", has what one and four cost).
-const FIT_ALIGNS: [u64; 1] = [512];
+const FIT_ALIGN: u64 = 512;
 
-/// The most bytes aligned to `align` (a power of two) the run `[offset, offset + size)` holds.
-fn fit(offset: u64, size: u64, align: u64) -> u64 {
-    size.saturating_sub(offset.wrapping_neg() & (align - 1))
+/// The most bytes aligned to [`FIT_ALIGN`] the run `[offset, offset + size)` holds.
+fn fit(offset: u64, size: u64) -> u64 {
+    size.saturating_sub(offset.wrapping_neg() & (FIT_ALIGN - 1))
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -28,18 +28,11 @@ struct TreapNode {
     size: u64,
     /// The largest `size` in this subtree.
     max_size: u64,
-    /// For each of [`FIT_ALIGNS`], the largest [`fit`] in this subtree.
-    max_fit: [u64; FIT_ALIGNS.len()],
+    /// The largest [`fit`] in this subtree.
+    max_fit: u64,
     priority: u32,
     left: u32,
     right: u32,
-}
-
-impl TreapNode {
-    /// Its own fits, as a subtree of one.
-    fn own_fits(offset: u64, size: u64) -> [u64; FIT_ALIGNS.len()] {
-        FIT_ALIGNS.map(|align| fit(offset, size, align))
-    }
 }
 
 /// Free runs in a treap ordered by offset, augmented with the largest run per subtree.
@@ -67,17 +60,14 @@ impl ByAddress {
         if index == NIL { 0 } else { self.node(index).max_size }
     }
 
-    fn max_fit(&self, index: u32) -> [u64; FIT_ALIGNS.len()] {
-        if index == NIL { [0; FIT_ALIGNS.len()] } else { self.node(index).max_fit }
+    fn max_fit(&self, index: u32) -> u64 {
+        if index == NIL { 0 } else { self.node(index).max_fit }
     }
 
     fn update(&mut self, index: u32) {
         let TreapNode { offset, size, left, right, .. } = *self.node(index);
         let max_size = size.max(self.max_size(left)).max(self.max_size(right));
-        let (mut max_fit, below) = (TreapNode::own_fits(offset, size), [self.max_fit(left), self.max_fit(right)]);
-        for (level, fit) in max_fit.iter_mut().enumerate() {
-            *fit = (*fit).max(below[0][level]).max(below[1][level]);
-        }
+        let max_fit = fit(offset, size).max(self.max_fit(left)).max(self.max_fit(right));
         let node = &mut self.nodes[index as usize];
         (node.max_size, node.max_fit) = (max_size, max_fit);
     }
@@ -146,9 +136,7 @@ impl ByAddress {
         }
         let (added, node) = (*self.node(index), &mut self.nodes[tree as usize]);
         node.max_size = node.max_size.max(added.max_size);
-        for (fit, added) in node.max_fit.iter_mut().zip(added.max_fit) {
-            *fit = (*fit).max(added);
-        }
+        node.max_fit = node.max_fit.max(added.max_fit);
         tree
     }
 
@@ -173,23 +161,23 @@ impl ByAddress {
         tree
     }
 
-    /// The leftmost node of `tree` with offset >= `from` that holds `size` bytes: aligned to [`FIT_ALIGNS`]`[level]`
-    /// where `level` is given, else by size alone.
-    fn leftmost(&self, tree: u32, size: u64, from: u64, level: Option<usize>) -> Option<u32> {
-        let holds = |most: u64, fits: &[u64; FIT_ALIGNS.len()]| level.map_or(most, |level| fits[level]) >= size;
-        if tree == NIL || !holds(self.node(tree).max_size, &self.node(tree).max_fit) {
+    /// The leftmost node of `tree` with offset >= `from` that holds `size` bytes: aligned to [`FIT_ALIGN`] when
+    /// `aligned`, else by size alone.
+    fn leftmost(&self, tree: u32, size: u64, from: u64, aligned: bool) -> Option<u32> {
+        let holds = |most: u64, fits: u64| if aligned { fits } else { most } >= size;
+        if tree == NIL || !holds(self.node(tree).max_size, self.node(tree).max_fit) {
             return None;
         }
         let node = self.node(tree);
         if node.offset >= from {
-            if let Some(found) = self.leftmost(node.left, size, from, level) {
+            if let Some(found) = self.leftmost(node.left, size, from, aligned) {
                 return Some(found);
             }
-            if holds(node.size, &TreapNode::own_fits(node.offset, node.size)) {
+            if holds(node.size, fit(node.offset, node.size)) {
                 return Some(tree);
             }
         }
-        self.leftmost(node.right, size, from, level)
+        self.leftmost(node.right, size, from, aligned)
     }
 }
 
@@ -203,15 +191,7 @@ impl FitIndex for ByAddress {
     fn insert(&mut self, offset: u64, size: u64) {
         // The high half of the draw: a treap needs only distinct-enough priorities.
         let priority = (self.rng.next_u64() >> 32) as u32;
-        let node = TreapNode {
-            offset,
-            size,
-            max_size: size,
-            max_fit: TreapNode::own_fits(offset, size),
-            priority,
-            left: NIL,
-            right: NIL,
-        };
+        let node = TreapNode { offset, size, max_size: size, max_fit: fit(offset, size), priority, left: NIL, right: NIL };
         let index = match self.vacant.pop() {
             Some(index) => {
                 self.nodes[index as usize] = node;
@@ -230,10 +210,10 @@ impl FitIndex for ByAddress {
     }
 
     fn find(&self, size: u64, align: u64, mut place: impl FnMut(u64, u64) -> Option<u64>) -> Option<(u64, u64, u64)> {
-        let level = FIT_ALIGNS.iter().position(|&known| known == align);
+        let aligned = align == FIT_ALIGN;
         let mut from = 0;
         loop {
-            let node = self.node(self.leftmost(self.root, size, from, level)?);
+            let node = self.node(self.leftmost(self.root, size, from, aligned)?);
             if let Some(offset) = place(node.offset, node.size) {
                 return Some((node.offset, node.size, offset));
             }
