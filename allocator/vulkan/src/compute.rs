@@ -608,14 +608,13 @@ impl Dispatcher {
         // SAFETY: the fence belongs to this device and was submitted above; it is reset once signalled.
         let waited = unsafe { device.wait_for_fences(&[self.fence], true, u64::MAX) };
         if let Err(result) = waited {
-            // The dispatch may still be in flight: the device is waited for as a whole (its queues locked); where even
-            // that fails (a lost device) the command buffer counts as pending for good.
-            let _queues = self.context.lock_queues();
-            // SAFETY: every queue of the device is locked for the wait.
-            match unsafe { device.device_wait_idle() } {
+            // The dispatch may still be in flight: the device is waited for as a whole; where even that fails (a lost
+            // device) the command buffer counts as pending for good.
+            if self.context.wait_idle() {
                 // SAFETY: the device is idle: the fence is signalled and not in use.
-                Ok(()) => unsafe { device.reset_fences(&[self.fence]) }.map_err(VulkanError::vk("vkResetFences"))?,
-                Err(_) => self.pending_forever = true,
+                unsafe { device.reset_fences(&[self.fence]) }.map_err(VulkanError::vk("vkResetFences"))?;
+            } else {
+                self.pending_forever = true;
             }
             return Err(VulkanError::Vk { call: "vkWaitForFences", result });
         }

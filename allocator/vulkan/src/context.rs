@@ -266,6 +266,15 @@ impl VulkanContext {
         self.queue_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Waits until the whole device is idle, every queue locked for the wait (what a fence wait that failed after a
+    /// submission falls back on); whether it went idle (not on a lost device, where submitted work may count as
+    /// pending for good).
+    pub(crate) fn wait_idle(&self) -> bool {
+        let _queues = self.lock_queues();
+        // SAFETY: every queue of the device is locked for the wait.
+        unsafe { self.device.device_wait_idle() }.is_ok()
+    }
+
     /// The lock [`VulkanContext::lock_queues`] takes, for wgpu-hal's guarded queue operations.
     #[cfg(feature = "wgpu")]
     pub(crate) fn queue_lock(&self) -> Arc<Mutex<()>> {

@@ -367,13 +367,9 @@ impl Transfer {
                 .and_then(|()| device.reset_fences(&[self.fence]))
         };
         // A wait that failed after the submission leaves the copy possibly in flight: the device is waited for as a
-        // whole (its queues locked), and where even that fails (a lost device) the command buffer is left to its pool
-        // rather than freed while pending.
-        let settled = result.is_ok() || !submitted || {
-            let _queues = self.context.lock_queues();
-            // SAFETY: every queue of the device is locked for the wait.
-            unsafe { device.device_wait_idle() }.is_ok()
-        };
+        // whole, and where even that fails (a lost device) the command buffer is left to its pool rather than freed
+        // while pending.
+        let settled = result.is_ok() || !submitted || self.context.wait_idle();
         if settled {
             if result.is_err() && submitted {
                 // SAFETY: the device is idle: the fence is signalled and not in use.
