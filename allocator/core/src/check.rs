@@ -11,6 +11,7 @@
 //!   the model: its free bytes are the model's, and only a linear policy retires bytes;
 //! - no free run of the report is larger than [`Policy::largest_free_bound_bytes`] (a heap skips a block whose
 //!   bound is below a request without asking it);
+//! - [`Policy::free_space`] is what the report's totals say (a refusal's verdict reads it instead of a report);
 //! - double frees and foreign handles are refused and change nothing;
 //! - freeing everything restores the initial layout.
 //!
@@ -25,7 +26,9 @@
 
 use crate::granularity::GranularityGuard;
 use crate::request::{align_down, align_up};
-use crate::{Allocation, Error, LinearMode, Policy, PolicyConfig, PolicyKind, PolicyReport, RangeState, Request, ResourceKind};
+use crate::{
+    Allocation, Error, FreeSpace, LinearMode, Policy, PolicyConfig, PolicyKind, PolicyReport, RangeState, Request, ResourceKind,
+};
 
 /// One operation on the policy under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -390,6 +393,10 @@ impl Checker {
             return Err(format!("a free run of {largest} bytes is above the policy's largest-free bound {bound}"));
         }
         let totals = report.totals();
+        let space = self.policy.free_space();
+        if space != FreeSpace::of(&totals) {
+            return Err(format!("free_space() says {space:?}, the report's totals {:?}", FreeSpace::of(&totals)));
+        }
         if let Some(runs) = self.model_free_runs() {
             let free_bytes: u64 = runs.iter().map(|(start, end)| end - start).sum();
             if totals.free_bytes != free_bytes {

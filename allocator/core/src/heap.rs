@@ -623,16 +623,22 @@ impl<S: MemorySource> Heap<S> {
     }
 
     /// Why `request` failed. Free runs count only in blocks the request could use: a dedicated block that holds
-    /// its allocation serves nobody else.
+    /// its allocation serves nobody else. Built from each block's [`Policy::free_space`], not from a report: a
+    /// replay at its capacity refuses thousands of requests, and a report costs the live allocations each time.
     fn verdict(&self, request: Request) -> OomVerdict {
-        let report = self.report();
-        let totals = &report.totals;
-        let mut usable = Totals::default();
-        for block in report.blocks.iter().filter(|block| !block.dedicated || block.layout.totals().live_allocations == 0) {
-            usable.merge(&Totals::from_ranges(block.size_bytes, &block.layout.ranges));
+        let (mut usable_free_bytes, mut largest_free_run_bytes) = (0u64, 0u64);
+        let (mut rounded_bytes, mut retired_bytes) = (0u64, 0u64);
+        for block in self.blocks.iter().flatten() {
+            let space = block.policy.free_space();
+            rounded_bytes += block.policy.capacity_bytes() - space.free_bytes - space.retired_bytes;
+            retired_bytes += space.retired_bytes;
+            if !block.dedicated || block.live == 0 {
+                usable_free_bytes += space.free_bytes;
+                largest_free_run_bytes = largest_free_run_bytes.max(space.largest_free_run_bytes);
+            }
         }
         let needed_bytes = self.config.policy.dedicated_bytes(request, &self.config.policy_config).unwrap_or(u64::MAX);
-        let budget_left = self.config.capacity_bytes.map(|cap| cap.saturating_sub(totals.reserved_bytes));
+        let budget_left = self.config.capacity_bytes.map(|cap| cap.saturating_sub(self.stats.reserved_bytes));
         // Memory comes from the source in whole blocks of its granularity: a budget of 1 MiB beside a device of 2 MiB
         // blocks has nothing reservable (it is no fragmentation that a 64 KiB request fails there).
         let granule = self.source.block_alignment_bytes().max(1);
@@ -647,12 +653,12 @@ impl<S: MemorySource> Heap<S> {
             requested_bytes: request.size_bytes(),
             needed_bytes,
             align_bytes: request.align_bytes(),
-            reserved_bytes: totals.reserved_bytes,
-            live_bytes: totals.live_bytes,
-            padding_bytes: totals.internal_waste_bytes(),
-            free_in_blocks_bytes: usable.free_bytes,
-            largest_free_run_bytes: usable.largest_free_run_bytes,
-            retired_bytes: totals.retired_bytes,
+            reserved_bytes: self.stats.reserved_bytes,
+            live_bytes: self.stats.live_bytes,
+            padding_bytes: rounded_bytes.saturating_sub(self.stats.live_bytes),
+            free_in_blocks_bytes: usable_free_bytes,
+            largest_free_run_bytes,
+            retired_bytes,
             unreserved_bytes,
             capacity_bytes: self.config.capacity_bytes,
             virtual_range_bytes: None,
@@ -819,6 +825,47 @@ mod tests {
         let second = heap.allocate(mib(100), None).unwrap();
         assert_eq!(second.block(), 1, "256 MiB block 0 has 56 MiB left");
         assert_eq!(heap.report().blocks[1].size_bytes, 128 * MIB, "256 MiB does not fit the 128 MiB left, 128 does");
+    }
+
+    /// The verdict reads each block's `free_space` instead of a report: its numbers are the report's, for every policy
+    /// (linear retires bytes), with dedicated blocks left out of the usable free space.
+    #[test]
+    fn the_verdict_counts_what_the_report_counts() {
+        for policy in PolicyKind::ALL {
+            let config =
+                HeapConfig { capacity_bytes: Some(1024 * MIB), dedicated_threshold_bytes: 300 * MIB, ..HeapConfig::new(policy) };
+            let mut heap = Heap::new(config, SimulatedSource::new(4096 * MIB, 2 * MIB)).unwrap();
+            // Its block, in whole 2 MiB, holds 1 MiB less 4 KiB free that no other request may use (TLSF; the policies
+            // that round it up pad it).
+            let dedicated = heap.allocate(Request::new(301 * MIB + 4096, 512).unwrap(), None).unwrap();
+            let small: Vec<_> = (1..40).map(|i| heap.allocate(Request::new(i * 3 * MIB + 4097, 512).unwrap(), None)).collect();
+            for allocation in small.into_iter().flatten().step_by(3) {
+                heap.free(allocation).unwrap();
+            }
+            let Err(Error::OutOfMemory(verdict)) = heap.allocate(mib(900), None) else {
+                panic!("{policy}: 900 MiB beside 300 MiB within 1 GiB must fail");
+            };
+            let report = heap.report();
+            let mut usable = Totals::default();
+            for block in report.blocks.iter().filter(|block| !block.dedicated || block.layout.totals().live_allocations == 0) {
+                usable.merge(&Totals::from_ranges(block.size_bytes, &block.layout.ranges));
+            }
+            let totals = &report.totals;
+            assert_eq!(
+                (verdict.reserved_bytes, verdict.live_bytes, verdict.padding_bytes, verdict.retired_bytes),
+                (totals.reserved_bytes, totals.live_bytes, totals.internal_waste_bytes(), totals.retired_bytes),
+                "{policy}"
+            );
+            assert_eq!(
+                (verdict.free_in_blocks_bytes, verdict.largest_free_run_bytes),
+                (usable.free_bytes, usable.largest_free_run_bytes),
+                "{policy}"
+            );
+            if policy == PolicyKind::Tlsf {
+                assert!(totals.free_bytes > usable.free_bytes, "the dedicated block's free bytes are not usable");
+            }
+            heap.free(dedicated).unwrap();
+        }
     }
 
     #[test]

@@ -82,7 +82,7 @@ pub use paged::{PageRemap, PagedCompaction, PagedConfig, PagedHeap, PagedStats, 
 pub use policies::{BestFit, Buddy, FirstFit, Linear, LinearMode, Slab, Tlsf};
 pub use policy::{Policy, PolicyConfig};
 pub use policy_kind::PolicyKind;
-pub use report::{FreeRunHistogram, HistogramBucket, PolicyReport, RangeReport, RangeState, Totals};
+pub use report::{FreeRunHistogram, FreeSpace, HistogramBucket, PolicyReport, RangeReport, RangeState, Totals};
 pub use request::{Request, ResourceKind};
 pub use source::{BlockCopy, LARGEST_DEVICE_BYTES, MemorySource, SimulatedSource, SourceBlock, SourceError};
 pub use trace::{BadEvent, Caption, Event, Trace, TraceBuilder};

@@ -33,7 +33,7 @@ use std::str::FromStr;
 use crate::hash::FastMap;
 
 use crate::device_event::{DeviceEvent, DeviceLog};
-use crate::report::Totals;
+use crate::report::FreeSpace;
 use crate::source::LARGEST_DEVICE_BYTES;
 use crate::units::GIB;
 use crate::{Allocation, Error, OomCause, OomVerdict, Policy, PolicyConfig, PolicyKind, PolicyReport, Request, Result};
@@ -175,6 +175,12 @@ pub struct PagedHeap {
     cached: BTreeMap<u64, u64>,
     stats: PagedStats,
     device_log: DeviceLog,
+    /// Changes to the mapped pages and to the layout, other than a refused request's own allocation and free.
+    changes: u64,
+    /// The largest free run inside mapped pages as the last refusal measured it (a report's cost in the live
+    /// allocations), with the changes count and the policy's free space then: refusals in a row, as a replay at its
+    /// capacity makes them, measure it once.
+    refusal_free_run: Option<(u64, FreeSpace, u64)>,
 }
 
 /// Pages `[first, last]` covered by `[offset, offset + size)` (size > 0).
@@ -233,6 +239,8 @@ impl PagedHeap {
             cached: BTreeMap::new(),
             stats: PagedStats::default(),
             device_log: DeviceLog::default(),
+            changes: 0,
+            refusal_free_run: None,
         })
     }
 
@@ -328,6 +336,7 @@ impl PagedHeap {
         self.stats.live_bytes += allocation.size_bytes();
         self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(self.stats.live_bytes);
         self.footprint_bytes += allocation.footprint_bytes();
+        self.changes += 1;
         Ok(allocation)
     }
 
@@ -338,6 +347,7 @@ impl PagedHeap {
     /// [`Error::DoubleFree`] or [`Error::ForeignAllocation`]; nothing changes then.
     pub fn free(&mut self, allocation: Allocation) -> Result<()> {
         self.policy.free(allocation)?;
+        self.changes += 1;
         let page = self.config.page_bytes;
         let (first, last) = page_span(allocation.footprint_offset(), allocation.footprint_bytes(), page);
         let mut release = |index: u64| {
@@ -389,6 +399,7 @@ impl PagedHeap {
 
     /// Unmaps page runs `(first page, pages)`, logging and counting them.
     fn unmap(&mut self, released: &[(u64, u64)]) {
+        self.changes += 1;
         let page = self.config.page_bytes;
         let released_pages: u64 = released.iter().map(|&(_, pages)| pages).sum();
         self.stats.unmap_calls += released.len() as u64;
@@ -417,6 +428,7 @@ impl PagedHeap {
     /// Adds the run of `pages` pages from `start` (mapped, touched by no live allocation) to the cache,
     /// merging it with adjacent cached runs.
     fn insert_cached(&mut self, start: u64, pages: u64) {
+        self.changes += 1;
         let (mut start, mut end) = (start, start + pages);
         if let Some((&before, &before_pages)) = self.cached.range(..start).next_back()
             && before + before_pages == start
@@ -433,6 +445,7 @@ impl PagedHeap {
 
     /// Removes the cached pages in `[start, end)` from the cache and returns them as runs, by address.
     fn take_cached(&mut self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        self.changes += 1;
         let mut overlapping: Vec<(u64, u64)> = Vec::new();
         if let Some((&before, &pages)) = self.cached.range(..start).next_back()
             && before + pages > start
@@ -520,18 +533,27 @@ impl PagedHeap {
     /// page) cannot gather them, so this is no fragmentation for compaction to cure.
     fn out_of_memory(&mut self, request: Request, needed_bytes: u64) -> Error {
         self.stats.ooms += 1;
-        // Free memory inside mapped pages: what live footprints leave of them, and its largest run.
-        let report = self.policy.report();
-        let mapped = self.mapped_runs_of(&report);
-        let mut free: Vec<(u64, u64)> = report
-            .ranges
-            .iter()
-            .filter(|range| range.state == crate::RangeState::Free)
-            .map(|range| (range.offset, range.offset + range.size_bytes))
-            .collect();
-        free.sort_unstable();
-        let largest_free_run_bytes = largest_overlap(&free, mapped.iter().map(|&(offset, size)| (offset, offset + size)));
-        let totals = Totals::from_ranges(self.config.virtual_bytes, &report.ranges);
+        // Free memory inside mapped pages: what live footprints leave of them, and its largest run. The refused
+        // request's own allocation and free left the layout as it was, unless the policy retires what it frees (linear),
+        // which its free space then shows: measured again only after a change.
+        let space = self.policy.free_space();
+        let largest_free_run_bytes = match self.refusal_free_run {
+            Some((changes, measured_space, largest)) if changes == self.changes && measured_space == space => largest,
+            _ => {
+                let report = self.policy.report();
+                let mapped = self.mapped_runs_of(&report);
+                let mut free: Vec<(u64, u64)> = report
+                    .ranges
+                    .iter()
+                    .filter(|range| range.state == crate::RangeState::Free)
+                    .map(|range| (range.offset, range.offset + range.size_bytes))
+                    .collect();
+                free.sort_unstable();
+                let largest = largest_overlap(&free, mapped.iter().map(|&(offset, size)| (offset, offset + size)));
+                self.refusal_free_run = Some((self.changes, space, largest));
+                largest
+            }
+        };
         // More pages: what the budget (or device) leaves, or what the virtual range leaves unmapped where that is less.
         let range_left = self.config.virtual_bytes.saturating_sub(self.stats.mapped_bytes);
         let device_left = self.config.capacity_bytes.unwrap_or(LARGEST_DEVICE_BYTES).saturating_sub(self.stats.mapped_bytes);
@@ -545,10 +567,10 @@ impl PagedHeap {
             align_bytes: request.align_bytes(),
             reserved_bytes: self.stats.mapped_bytes,
             live_bytes: self.stats.live_bytes,
-            padding_bytes: totals.internal_waste_bytes(),
+            padding_bytes: self.footprint_bytes.saturating_sub(self.stats.live_bytes),
             free_in_blocks_bytes,
             largest_free_run_bytes,
-            retired_bytes: totals.retired_bytes,
+            retired_bytes: space.retired_bytes,
             unreserved_bytes,
             capacity_bytes: self.config.capacity_bytes,
             virtual_range_bytes,
@@ -633,6 +655,42 @@ mod tests {
         let allocation = heap.allocate(request(4096)).unwrap();
         let compaction = heap.compact(&[(allocation, request(4096))], Algorithm::Full, Budget::UNLIMITED).unwrap();
         assert!(compaction.moves.is_empty());
+    }
+
+    /// Refusals in a row measure the free run inside mapped pages once; a change between them (a free, under each unmap
+    /// rule) is seen: every verdict is what a heap built afresh in the same state says.
+    #[test]
+    fn refusals_in_a_row_see_every_change() {
+        for unmap in [UnmapRule::Eager, UnmapRule::UnderPressure] {
+            let config = PagedConfig { unmap, ..PagedConfig::new(Some(8 * MIB)) };
+            let sizes = [MIB, 3 * MIB, MIB + 4096, 2 * MIB];
+            let mut heap = PagedHeap::new(config.clone()).unwrap();
+            let live: Vec<Allocation> = sizes.iter().map(|&size| heap.allocate(request(size)).unwrap()).collect();
+            // Freed between the rounds: the 3 MiB, then the 1 MiB before it.
+            let order = [1, 0];
+            let mut largest = Vec::new();
+            for round in 0..=order.len() {
+                let refuse = |heap: &mut PagedHeap| match heap.allocate(request(6 * MIB)) {
+                    Err(Error::OutOfMemory(verdict)) => *verdict,
+                    other => panic!("{unmap:?}, round {round}: 6 MiB under an 8 MiB cap: {other:?}"),
+                };
+                let first = refuse(&mut heap);
+                assert_eq!(refuse(&mut heap), first, "{unmap:?}, round {round}: the same state, the same verdict");
+                // A heap that made the same requests and frees, refusing for the first time.
+                let mut fresh = PagedHeap::new(config.clone()).unwrap();
+                let handles: Vec<Allocation> = sizes.iter().map(|&size| fresh.allocate(request(size)).unwrap()).collect();
+                for &index in &order[..round] {
+                    fresh.free(handles[index]).unwrap();
+                }
+                assert_eq!(first, refuse(&mut fresh), "{unmap:?}, round {round}");
+                largest.push(first.largest_free_run_bytes);
+                if let Some(&index) = order.get(round) {
+                    heap.free(live[index]).unwrap();
+                }
+            }
+            // The frees changed the run (a verdict kept from before them would differ from the fresh heap's).
+            assert!(largest.windows(2).any(|pair| pair[0] != pair[1]), "{unmap:?}: {largest:?}");
+        }
     }
 
     /// Issue 17: a request near `u64::MAX` in a range that large needs 2^64 bytes of pages: refused, whatever the

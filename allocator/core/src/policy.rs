@@ -4,7 +4,7 @@
 use std::fmt;
 
 use crate::request::align_up;
-use crate::{Allocation, Error, OwnerId, PolicyReport, Request, Result};
+use crate::{Allocation, Error, FreeSpace, OwnerId, PolicyReport, Request, Result};
 
 /// Sub-allocates one contiguous range `[0, capacity_bytes)`.
 ///
@@ -52,6 +52,14 @@ pub trait Policy: Send + fmt::Debug {
 
     /// What every byte of the range is doing.
     fn report(&self) -> PolicyReport;
+
+    /// The free bytes, their largest run and the retired bytes, exactly as [`Policy::report`]'s totals count them
+    /// (the checker holds it): what the verdict of a refused request weighs. The default builds the report, a cost
+    /// in the live allocations that every refusal would pay (a replay at its capacity refuses thousands of
+    /// requests); a policy that keeps its free runs indexed answers from the index.
+    fn free_space(&self) -> FreeSpace {
+        FreeSpace::of(&self.report().totals())
+    }
 }
 
 /// Settings shared by the policies.

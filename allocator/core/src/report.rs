@@ -198,6 +198,30 @@ impl Totals {
     }
 }
 
+/// The free space of a policy's range as its report totals it, without the layout: what the verdict of a refused
+/// request weighs ([`Policy::free_space`](crate::Policy::free_space)). Live and padding bytes are the rest of the
+/// range: `capacity - free_bytes - retired_bytes` is the rounded bytes of the live allocations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FreeSpace {
+    /// Free bytes, in runs the policy can serve.
+    pub free_bytes: u64,
+    /// The largest run of free bytes.
+    pub largest_free_run_bytes: u64,
+    /// Freed bytes not reusable yet.
+    pub retired_bytes: u64,
+}
+
+impl FreeSpace {
+    /// The free space `totals` count.
+    pub fn of(totals: &Totals) -> Self {
+        Self {
+            free_bytes: totals.free_bytes,
+            largest_free_run_bytes: totals.largest_free_run_bytes,
+            retired_bytes: totals.retired_bytes,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -83,6 +83,7 @@ impl PagedHeap {
         algorithm: Algorithm,
         budget: Budget,
     ) -> Result<PagedCompaction> {
+        self.changes += 1;
         let page = self.config.page_bytes;
         let footprints = self.footprints();
         let mut compaction = PagedCompaction::default();

@@ -14,7 +14,7 @@ use crate::policy::rounded;
 use crate::report::allocation_ranges;
 use crate::request::align_down;
 use crate::slots::SlotTable;
-use crate::{Allocation, OwnerId, Policy, PolicyConfig, PolicyReport, RangeReport, RangeState, Request, Result};
+use crate::{Allocation, FreeSpace, OwnerId, Policy, PolicyConfig, PolicyReport, RangeReport, RangeState, Request, Result};
 
 #[derive(Clone, Copy, Debug)]
 struct Live {
@@ -36,6 +36,8 @@ pub struct Buddy {
     free: Vec<BTreeSet<u64>>,
     /// Bit `k` set when `free[k]` is not empty.
     non_empty: u64,
+    /// Bytes in the free blocks.
+    free_bytes: u64,
     live: SlotTable<Live>,
 }
 
@@ -60,6 +62,7 @@ impl Buddy {
             tops: Vec::new(),
             free: vec![BTreeSet::new(); 64],
             non_empty: 0,
+            free_bytes: 0,
             live: SlotTable::default(),
         };
         let mut offset = 0;
@@ -76,6 +79,7 @@ impl Buddy {
     fn push_free(&mut self, offset: u64, order: u32) {
         self.free[order as usize].insert(offset);
         self.non_empty |= 1 << order;
+        self.free_bytes += 1 << order;
     }
 
     fn take_free(&mut self, offset: u64, order: u32) -> bool {
@@ -83,6 +87,9 @@ impl Buddy {
         let taken = set.remove(&offset);
         if set.is_empty() {
             self.non_empty &= !(1 << order);
+        }
+        if taken {
+            self.free_bytes -= 1 << order;
         }
         taken
     }
@@ -140,6 +147,12 @@ impl Policy for Buddy {
     /// The largest free block is of the highest non-empty order: nothing larger can be served.
     fn largest_free_bound_bytes(&self) -> u64 {
         if self.non_empty == 0 { 0 } else { 1 << (63 - self.non_empty.leading_zeros()) }
+    }
+
+    /// Free blocks are reported one by one (buddies that cannot merge stay apart): the largest free run is the
+    /// largest free block.
+    fn free_space(&self) -> FreeSpace {
+        FreeSpace { free_bytes: self.free_bytes, largest_free_run_bytes: self.largest_free_bound_bytes(), retired_bytes: 0 }
     }
 
     fn report(&self) -> PolicyReport {

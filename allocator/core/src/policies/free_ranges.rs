@@ -10,7 +10,7 @@ use crate::policy::rounded;
 use crate::report::allocation_ranges;
 use crate::request::align_down;
 use crate::slots::SlotTable;
-use crate::{Allocation, OwnerId, PolicyConfig, PolicyReport, RangeReport, RangeState, Request, ResourceKind, Result};
+use crate::{Allocation, FreeSpace, OwnerId, PolicyConfig, PolicyReport, RangeReport, RangeState, Request, ResourceKind, Result};
 
 /// Chooses the free run for a request.
 pub trait FitIndex: fmt::Debug + Send {
@@ -51,6 +51,8 @@ pub struct FreeRangePolicy<I: FitIndex> {
     by_offset: BTreeMap<u64, u64>,
     index: I,
     live: SlotTable<Live>,
+    /// Bytes in the free runs.
+    free_bytes: u64,
     guard: Option<GranularityGuard>,
 }
 
@@ -74,6 +76,7 @@ impl<I: FitIndex> FreeRangePolicy<I> {
             by_offset: BTreeMap::new(),
             index: I::with_config(config),
             live: SlotTable::default(),
+            free_bytes: 0,
             guard: config.granularity().map(GranularityGuard::new),
         };
         if capacity_bytes > 0 {
@@ -85,11 +88,13 @@ impl<I: FitIndex> FreeRangePolicy<I> {
     fn insert_run(&mut self, offset: u64, size: u64) {
         self.by_offset.insert(offset, size);
         self.index.insert(offset, size);
+        self.free_bytes += size;
     }
 
     fn remove_run(&mut self, offset: u64, size: u64) {
         self.by_offset.remove(&offset);
         self.index.remove(offset, size);
+        self.free_bytes -= size;
     }
 
     /// Returns `[offset, offset + size)` to the free runs, merged with free neighbours.
@@ -167,6 +172,11 @@ impl<I: FitIndex> FreeRangePolicy<I> {
         self.index.largest_run()
     }
 
+    /// The free space, from the runs' count and the index's largest (no layout built).
+    pub(crate) fn free_space(&self) -> FreeSpace {
+        FreeSpace { free_bytes: self.free_bytes, largest_free_run_bytes: self.index.largest_run(), retired_bytes: 0 }
+    }
+
     pub(crate) fn layout(&self) -> PolicyReport {
         let mut ranges: Vec<RangeReport> =
             self.by_offset.iter().map(|(&offset, &size)| RangeReport::unowned(offset, size, RangeState::Free)).collect();
@@ -222,6 +232,10 @@ macro_rules! free_range_policy {
 
             fn report(&self) -> $crate::PolicyReport {
                 self.layout()
+            }
+
+            fn free_space(&self) -> $crate::FreeSpace {
+                self.free_space()
             }
         }
     };

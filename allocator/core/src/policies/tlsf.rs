@@ -26,7 +26,8 @@ use crate::policy::{not_live, rounded};
 use crate::report::allocation_ranges;
 use crate::request::align_down;
 use crate::{
-    Allocation, AllocationId, OwnerId, Policy, PolicyConfig, PolicyReport, RangeReport, RangeState, Request, ResourceKind, Result,
+    Allocation, AllocationId, FreeSpace, OwnerId, Policy, PolicyConfig, PolicyReport, RangeReport, RangeState, Request,
+    ResourceKind, Result,
 };
 
 const SL_LOG2: u32 = 5;
@@ -95,6 +96,8 @@ pub struct Tlsf {
     /// Head of the vacant nodes, linked through `next_free`.
     vacant: u32,
     live: usize,
+    /// Bytes in the free lists.
+    free_bytes: u64,
     guard: Option<GranularityGuard>,
 }
 
@@ -161,6 +164,7 @@ impl Tlsf {
             requested: vec![0],
             vacant: NIL,
             live: 0,
+            free_bytes: 0,
             guard: config.granularity().map(GranularityGuard::new),
         };
         if capacity_bytes > 0 {
@@ -214,11 +218,13 @@ impl Tlsf {
         self.heads[slot] = index;
         self.fl_bitmap |= 1 << fl;
         self.sl_bitmaps[fl] |= 1 << sl;
+        self.free_bytes += size;
     }
 
     #[inline]
     fn remove_free(&mut self, index: u32) {
-        let Node { list, prev_free, next_free, .. } = self.nodes[index as usize];
+        let Node { list, prev_free, next_free, size, .. } = self.nodes[index as usize];
+        self.free_bytes -= size;
         let list = usize::from(list);
         self.nodes[next_free as usize].prev_free = prev_free;
         self.nodes[prev_free as usize].next_free = next_free;
@@ -250,7 +256,8 @@ impl Tlsf {
     #[inline]
     fn pop_head(&mut self, slot: usize) -> u32 {
         let index = self.heads[slot];
-        let next_free = self.nodes[index as usize].next_free;
+        let Node { next_free, size, .. } = self.nodes[index as usize];
+        self.free_bytes -= size;
         self.heads[slot] = next_free;
         self.nodes[next_free as usize].prev_free = NIL;
         self.clear_list_bit_if_empty(slot);
@@ -454,6 +461,23 @@ impl Policy for Tlsf {
         let sl = 31 - self.sl_bitmaps[fl as usize].leading_zeros();
         // A free block's units fit 64 bits, so the list's end fits 65 and shifted by the unit, 128.
         u64::try_from(list_end_units(fl, sl) << self.unit_shift).unwrap_or(u64::MAX)
+    }
+
+    /// The free bytes are counted as the lists change; the largest run is in the highest non-empty list (lists hold
+    /// disjoint sizes), walked.
+    fn free_space(&self) -> FreeSpace {
+        let mut largest = 0;
+        if self.fl_bitmap != 0 {
+            let fl = 63 - self.fl_bitmap.leading_zeros();
+            let sl = 31 - self.sl_bitmaps[fl as usize].leading_zeros();
+            let mut index = self.heads[list(fl as usize, sl)];
+            while index != NIL {
+                let node = &self.nodes[index as usize];
+                largest = largest.max(node.size);
+                index = node.next_free;
+            }
+        }
+        FreeSpace { free_bytes: self.free_bytes, largest_free_run_bytes: largest, retired_bytes: 0 }
     }
 
     fn report(&self) -> PolicyReport {
