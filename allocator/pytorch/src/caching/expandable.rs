@@ -31,7 +31,7 @@ impl CachingAllocator {
         size: u64,
         base_hint: Option<u64>,
     ) -> Option<BlockId> {
-        let mut candidate = self.find_expandable_block(pool, stream, size, base_hint);
+        let mut candidate = self.find_expandable_block(pool, stream, size, base_hint)?;
         self.move_to_hint(candidate, size, base_hint);
         if !self.node(candidate).mapped {
             let to_map = self.node(candidate).size.min(size);
@@ -55,7 +55,7 @@ impl CachingAllocator {
 
     /// `find_expandable_block`: the lowest unmapped range of this stream's segments (with the free block
     /// just before it) that has `size` bytes of address space; else a new segment.
-    fn find_expandable_block(&mut self, pool: (usize, Pool), stream: u64, size: u64, base_hint: Option<u64>) -> BlockId {
+    fn find_expandable_block(&mut self, pool: (usize, Pool), stream: u64, size: u64, base_hint: Option<u64>) -> Option<BlockId> {
         let unmapped: Vec<BlockId> =
             self.pool(pool).unmapped.range((stream, 0, 0)..).take_while(|k| k.0 == stream).map(|k| k.2).collect();
         let found = unmapped
@@ -68,18 +68,18 @@ impl CachingAllocator {
             && found.is_none_or(|c| self.node(c).addr != hint)
             && let Some(grown) = self.grow_to_hint(pool, stream, size, hint)
         {
-            return grown;
+            return Some(grown);
         }
-        if let Some(c) = found {
-            return c;
+        if found.is_some() {
+            return found;
         }
         let page_bytes = if pool.1 == Pool::Small { SMALL_BUFFER_BYTES } else { LARGE_BUFFER_BYTES };
-        let (base, virtual_bytes, from_trace) = self.place_expandable(base_hint, size, page_bytes, None);
+        let (base, virtual_bytes, from_trace) = self.place_expandable(base_hint, size, page_bytes, None)?;
         self.expandable.push(Some(ExpandableSegment { base, size: virtual_bytes, page_bytes, from_trace, owner: pool.0 }));
         let index = self.expandable.len() - 1;
         let id = self.new_node(Node::free(base, virtual_bytes, stream, pool, false, Some(index)));
         self.insert_unmapped(id);
-        id
+        Some(id)
     }
 
     /// The free run at the end of a segment of `stream` and `pool` whose base is the driver's, grown to hold `size` bytes,
@@ -190,8 +190,16 @@ impl CachingAllocator {
     /// request before the next reservation: an expandable segment whose range the hint falls in, after its
     /// last mapped page, is cut there (the driver put this reservation there, so that one is smaller than
     /// assumed), and segments with a synthetic base and nothing mapped move out of the way. Else a
-    /// synthetic base past everything. `moving`: a segment being placed again, left out of the checks.
-    fn place_expandable(&mut self, hint: Option<u64>, size: u64, page_bytes: u64, moving: Option<usize>) -> (u64, u64, bool) {
+    /// synthetic base past everything, `None` when the request's pages would end past [`ADDRESS_LIMIT`] there (the
+    /// driver refuses to reserve: requests of exabytes, each refused, leave their reservations behind). `moving`: a
+    /// segment being placed again, left out of the checks.
+    fn place_expandable(
+        &mut self,
+        hint: Option<u64>,
+        size: u64,
+        page_bytes: u64,
+        moving: Option<usize>,
+    ) -> Option<(u64, u64, bool)> {
         if let Some(hint) = hint
             && let Some((virtual_bytes, cut)) = self.room_at(hint, size, page_bytes, moving)
         {
@@ -199,13 +207,16 @@ impl CachingAllocator {
                 self.cut_expandable(index, tail, hint);
             }
             self.move_floating_out_of(hint, hint + virtual_bytes, moving);
-            return (hint, virtual_bytes, true);
+            return Some((hint, virtual_bytes, true));
         }
         // A request larger than the usual reservation gets one its size (PyTorch's spans 9/8 of the device).
         let needed = size.div_ceil(page_bytes).saturating_mul(page_bytes);
         let virtual_bytes = self.reservation_bytes(0).max(needed);
         let base = self.choose_base(None, virtual_bytes);
-        (base, virtual_bytes.min(ADDRESS_LIMIT.saturating_sub(base)).max(needed), false)
+        if base.checked_add(needed).is_none_or(|end| end > ADDRESS_LIMIT) {
+            return None;
+        }
+        Some((base, virtual_bytes.min(ADDRESS_LIMIT - base), false))
     }
 
     /// Moves the segments with a synthetic base and nothing mapped that lie in `[start, end)` (but `moving`) past
@@ -218,7 +229,11 @@ impl CachingAllocator {
             .collect();
         for (index, id) in floating {
             let base = self.choose_base(None, 0).max(end.div_ceil(ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES);
-            self.rebase_expandable(index, id, base, self.node(id).size, false);
+            let size = self.node(id).size;
+            // Past the address limit (hostile reservations of exabytes) it stays: nothing is mapped in it.
+            if base.checked_add(size).is_some_and(|moved_end| moved_end <= ADDRESS_LIMIT) {
+                self.rebase_expandable(index, id, base, size, false);
+            }
         }
     }
 
@@ -326,7 +341,7 @@ impl CachingAllocator {
         if segment.from_trace || segment.base != node.addr || segment.size != node.size {
             return;
         }
-        if let (base, virtual_bytes, true) = self.place_expandable(Some(hint), size, segment.page_bytes, Some(index)) {
+        if let Some((base, virtual_bytes, true)) = self.place_expandable(Some(hint), size, segment.page_bytes, Some(index)) {
             self.rebase_expandable(index, candidate, base, virtual_bytes, true);
         }
     }

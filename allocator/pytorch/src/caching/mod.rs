@@ -97,7 +97,9 @@ pub fn round_size(size_bytes: u64, conf: &AllocConf) -> u64 {
         return MIN_BLOCK_BYTES;
     }
     let divisions = conf.divisions_for(size_bytes);
-    if divisions > 1 && size_bytes > MIN_BLOCK_BYTES.saturating_mul(divisions) {
+    // PyTorch's `kMinBlockSize * divisions` is a `size_t` product: from 2^55 divisions it wraps (to 0), and every
+    // size not a power of two goes up to the next one.
+    if divisions > 1 && size_bytes > MIN_BLOCK_BYTES.wrapping_mul(divisions) {
         roundup_power2_next_division(size_bytes, divisions)
     } else {
         // Saturating: a size near 2^64 (refused by the emulation, but bounded first by `advise`) rounds to the top.
@@ -528,10 +530,19 @@ impl CachingAllocator {
         self.conf.max_split_size.unwrap_or(u64::MAX)
     }
 
-    /// Garbage collection acts only with a memory fraction (`set_fraction`, `per_process_memory_fraction`); without
-    /// one the capacity plays that part.
+    /// PyTorch's `set_fraction`: a memory fraction is set (`per_process_memory_fraction` in the settings, or
+    /// `torch.cuda.set_per_process_memory_fraction`, which no snapshot records). A recording or what-if with garbage
+    /// collection on is taken to have set one (collection acts only under one; `advise` says to set it), of 1 where the
+    /// settings give none: the capacity. With one, a request whose whole allocation size would pass the allowed bytes
+    /// is refused before any `cudaMalloc` or page is tried ([`CachingAllocator::alloc_block`]).
+    fn set_fraction(&self) -> bool {
+        self.capacity_bytes.is_some()
+            && (self.conf.per_process_memory_fraction.is_some() || self.conf.garbage_collection_threshold > 0.0)
+    }
+
+    /// Garbage collection acts only with a memory fraction ([`CachingAllocator::set_fraction`]).
     fn gc_enabled(&self) -> bool {
-        self.capacity_bytes.is_some() && self.conf.garbage_collection_threshold > 0.0
+        self.set_fraction() && self.conf.garbage_collection_threshold > 0.0
     }
 
     /// The driver refuses to reserve beyond this: never beyond the largest device heapscope models
@@ -835,9 +846,9 @@ impl CachingAllocator {
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
-        if self.gc_enabled()
+        if self.set_fraction()
             && let Some(cap) = self.capacity_bytes
-            && self.total_allocated_memory + alloc_size > cap
+            && self.total_allocated_memory.saturating_add(alloc_size) > cap
         {
             self.refused_rounding_bytes = alloc_size.saturating_sub(size);
             return None;

@@ -52,6 +52,14 @@ fn rounding_saturates_near_the_top_of_u64() {
         }
     }
     assert_eq!(round_size(u64::MAX - 100, &AllocConf::default()), u64::MAX);
+    // Divisions from 2^55 on: PyTorch's product with 512 wraps to 0, and sizes go up to the next power of two.
+    for (divisions, size, rounded) in
+        [(1u64 << 54, 150 * MIB, 150 * MIB), (1 << 55, 150 * MIB, 256 * MIB), (1 << 63, 150 * MIB + 1, 256 * MIB)]
+    {
+        let mut conf = AllocConf::default();
+        conf.parse_overrides(&format!("roundup_power2_divisions:{divisions}")).unwrap();
+        assert_eq!(round_size(size, &conf), rounded, "{divisions} divisions");
+    }
 }
 
 /// Marks (`snapshot`, and the `user_defined` annotations some PyTorch versions record) between a segment event and
@@ -713,6 +721,42 @@ fn expandable_oom_unmaps_free_pages_first() {
     let err = a.malloc(30 * MIB, 0, None).unwrap_err();
     assert_eq!(events(&mut a), [(Action::SegmentUnmap, 20 * MIB)]);
     assert_eq!((err.reserved_bytes, err.num_alloc_retries), (20 * MIB, 1));
+}
+
+/// Requests of exabytes on streams of their own, each refused, each leaving its reservation behind, run the address
+/// space out: a reservation that would end past `ADDRESS_LIMIT` is refused by the driver (the reservations' ends passed
+/// 2^64 and the emulation panicked), with and without the recording's addresses.
+#[test]
+fn reservations_past_the_address_limit_are_refused() {
+    for hint in [false, true] {
+        let mut a = CachingAllocator::new(conf_with("expandable_segments:True"), Some(80 * GIB));
+        for stream in 0..40u64 {
+            let base_hint = hint.then(|| ADDRESS_LIMIT - (1 << 60) - 512 * stream);
+            assert!(a.malloc(1 << 60, 0x1000 + stream, base_hint).is_err(), "stream {stream}: 1 EiB on 80 GiB");
+        }
+        // What was reserved stays within the limit, and a request that fits is still served.
+        assert!(a.expandable.iter().flatten().all(|segment| segment.base + segment.size <= ADDRESS_LIMIT), "hint {hint}");
+        assert!(a.malloc(64 * MIB, 0, None).is_ok(), "hint {hint}");
+    }
+}
+
+/// Under a memory fraction PyTorch refuses a request whose whole allocation size would pass the allowed bytes before
+/// mapping a page (`alloc_block`'s `set_fraction` check), garbage collection on or not; on a device of the same bytes
+/// without a fraction, the pages it needs are mapped. 50 MiB takes three 20 MiB pages; 45 MiB more needs two more
+/// pages (100 MiB in all) but its allocation size passes 100.
+#[test]
+fn a_memory_fraction_refuses_by_the_allocation_size() {
+    let cases = [
+        ("expandable_segments:True,per_process_memory_fraction:0.5", 200 * MIB, false),
+        ("expandable_segments:True,per_process_memory_fraction:0.5,garbage_collection_threshold:0.99", 200 * MIB, false),
+        ("expandable_segments:True", 100 * MIB, true),
+    ];
+    for (settings, capacity, served) in cases {
+        let mut a = CachingAllocator::new(conf_with(settings), Some(capacity));
+        a.malloc(50 * MIB, 0, None).unwrap();
+        assert_eq!(a.reserved_bytes(), 60 * MIB, "{settings}");
+        assert_eq!(a.malloc(45 * MIB, 0, None).is_ok(), served, "{settings}");
+    }
 }
 
 fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
