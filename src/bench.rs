@@ -72,7 +72,8 @@ pub struct BenchArgs {
     pub backend: Option<BackendName>,
     /// When the heap policies compact: never (the default), on-oom (a request refused for fragmentation makes the
     /// heap move allocations, the device copying them, then it is tried once more) or every:N (a balanced pass
-    /// before every N-th allocation or free); the kernels verify moved allocations where they are, like every other.
+    /// before every N-th allocation or free); the kernels verify each moved allocation at its new place after the
+    /// move, and again at its free.
     #[arg(long, value_name = "RULE", default_value = "never")]
     pub compact: CompactRule,
     /// --backend wgpu: plain wgpu even on a Vulkan adapter (not heapscope's Vulkan device; paged and
@@ -431,6 +432,18 @@ impl Device {
                 _ => None,
             })
             .max()?;
+        // wgpu's arenas bind every allocation whole: one past the storage binding limit is refused mid-run.
+        if let (Device::Wgpu { device, .. }, Contender::Heap(_)) = (self, policy) {
+            let binding_bytes = device.device().limits().max_storage_buffer_binding_size / 4 * 4;
+            if largest > binding_bytes {
+                return Some(format!(
+                    "its largest request, {}, exceeds the device's largest storage binding (max_storage_buffer_binding_size \
+                     {}): wgpu's arenas bind every allocation whole",
+                    heapscope_core::units::exact_size(largest),
+                    heapscope_core::units::exact_size(binding_bytes)
+                ));
+            }
+        }
         let sparse = match policy {
             Contender::Paged => Some(("paged needs", settings.virtual_bytes, 1)),
             Contender::Pytorch { expandable } if expandable || settings.alloc_conf.expandable_segments => {
@@ -710,7 +723,13 @@ fn print_verdicts(reports: &[(Contender, RunReport)], workload: &Workload) {
     outln!("first out of memory:");
     for (policy, report) in &failed {
         if let Some((step, verdict)) = &report.first_oom {
-            outln!("  {policy} at step {step} of {}: {}", workload.steps.len(), verdict.describe());
+            // A replay's step names its entry in the recording too (steps skip empty_cache entries and segment events).
+            let entry = match workload.moment_of(*step) {
+                _ if workload.moments.is_empty() => String::new(),
+                heapscope_lab::recording::Moment::Entry(entry) => format!(" (entry {entry} of the recording)"),
+                heapscope_lab::recording::Moment::Start => " (the recording's start)".to_owned(),
+            };
+            outln!("  {policy} at step {step} of {}{entry}: {}", workload.steps.len(), verdict.describe());
         }
     }
     let completed: Vec<&str> = reports.iter().filter(|(_, report)| report.ooms == 0).map(|(policy, _)| policy.name()).collect();
@@ -731,10 +750,7 @@ fn print_verdicts(reports: &[(Contender, RunReport)], workload: &Workload) {
 }
 
 fn json_line(policy: Contender, workload: &Workload, device: &Device, budget: Option<u64>, report: &RunReport) -> String {
-    let first_oom = report
-        .first_oom
-        .as_ref()
-        .map(|(step, verdict)| FirstOom::from_verdict(heapscope_lab::recording::Moment::Entry(*step), verdict));
+    let first_oom = report.first_oom.as_ref().map(|(step, verdict)| FirstOom::from_verdict(workload.moment_of(*step), verdict));
     let first_mismatch = report.first_mismatch.map(|(id, step, result)| {
         serde_json::json!({ "allocation": id, "step": step, "mismatches": result.mismatches, "first_word": result.first_mismatch })
     });

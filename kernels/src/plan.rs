@@ -406,21 +406,22 @@ pub fn plan<B: SizedBuffer + Copy + PartialEq>(
             return plan_matvec(operands, limits, alignment);
         }
     };
-    let total_words = u32::try_from(len_bytes / 4)
-        .map_err(|_| KernelError::InvalidOp(format!("{len_bytes} bytes: more than u32::MAX words in one operation")))?;
+    // An operation of 2^32 words or more (16 GiB, one tensor of a large model) is split like any other; the pattern's
+    // word index wraps at 2^32 (`index_base`), so a region repeats its pattern every 16 GiB.
+    let total_words = len_bytes / 4;
     let max_range = limits.max_range_bytes;
     let mut dispatches = Vec::new();
-    let mut done: u32 = 0;
+    let mut done: u64 = 0;
     while done < total_words {
-        let at = src_offset + u64::from(done) * 4;
+        let at = src_offset + done * 4;
         let (src_start, src_lead) = bind_start(at, alignment);
         let mut room_words = (max_range - src_lead) / 4;
         let dst_part = dst.map(|(dst, dst_offset)| {
-            let (dst_start, dst_lead) = bind_start(dst_offset + u64::from(done) * 4, alignment);
+            let (dst_start, dst_lead) = bind_start(dst_offset + done * 4, alignment);
             room_words = room_words.min((max_range - dst_lead) / 4);
             (dst, dst_start, dst_lead)
         });
-        let count = u32::try_from(room_words.min(u64::from(total_words - done))).unwrap_or(u32::MAX);
+        let count = u32::try_from(room_words.min(total_words - done)).unwrap_or(u32::MAX);
         let count_bytes = u64::from(count) * 4;
         let data = Binding { buffer: src, offset_bytes: src_start, size_bytes: src_lead + count_bytes };
         let dst_binding =
@@ -433,12 +434,12 @@ pub fn plan<B: SizedBuffer + Copy + PartialEq>(
             dst_word: dst_part.map_or(0, |(_, _, lead)| word_of(lead)),
             len_words: count,
             id,
-            index_base: done,
+            index_base: done as u32,
             slot,
         };
         let workgroups = count.div_ceil(WORKGROUP_SIZE).clamp(1, MAX_WORKGROUPS);
         dispatches.push(Dispatch { kernel: op.kernel(), data, dst: dst_binding, output: None, params, matvec: None, workgroups });
-        done += count;
+        done += u64::from(count);
     }
     Ok(dispatches)
 }
@@ -633,12 +634,14 @@ mod tests {
             for i in 0..p.len_words {
                 let at = base + i as usize;
                 match dispatch.kernel {
-                    Kernel::Fill => memory[dispatch.data.buffer.0 as usize][at] = pattern_word(p.id, p.index_base + i),
+                    Kernel::Fill => {
+                        memory[dispatch.data.buffer.0 as usize][at] = pattern_word(p.id, p.index_base.wrapping_add(i));
+                    }
                     Kernel::Verify => {
-                        if memory[dispatch.data.buffer.0 as usize][at] != pattern_word(p.id, p.index_base + i) {
+                        if memory[dispatch.data.buffer.0 as usize][at] != pattern_word(p.id, p.index_base.wrapping_add(i)) {
                             let slot = &mut results[p.slot as usize];
                             slot.0 += 1;
-                            slot.1 = slot.1.min(p.index_base + i);
+                            slot.1 = slot.1.min(p.index_base.wrapping_add(i));
                         }
                     }
                     Kernel::Copy => {
@@ -787,6 +790,30 @@ mod tests {
         assert!(plan(&Op::Fill { target: a, offset_bytes: 0, len_bytes: 0, id: 0 }, 0, LIMITS).unwrap().is_empty());
         let ok = Op::Copy { src: a, src_offset_bytes: 0, dst: a, dst_offset_bytes: 128, len_bytes: 128 };
         assert_eq!(plan(&ok, 0, LIMITS).unwrap().len(), 1);
+    }
+
+    /// One tensor of 16 GiB or more (2^32 words: an H200 holds several) is split like any other, every word once; the
+    /// pattern's index wraps at 2^32 words.
+    #[test]
+    fn operations_past_two_to_the_32_words_are_split() {
+        let len_bytes = (1u64 << 34) + 8;
+        let big = Buf(0, len_bytes + 64);
+        let limits = BindingLimits { max_range_bytes: 128 << 20, offset_alignment_bytes: 256 };
+        for op in [
+            Op::Fill { target: big, offset_bytes: 64, len_bytes, id: 7 },
+            Op::Verify { target: big, offset_bytes: 64, len_bytes, id: 7 },
+        ] {
+            let dispatches = plan(&op, 0, limits).unwrap();
+            let mut next_word = 0u64;
+            for dispatch in &dispatches {
+                let p = dispatch.params;
+                assert_eq!(dispatch.data.offset_bytes + u64::from(p.src_word) * 4, 64 + next_word * 4, "{op:?}");
+                assert_eq!(p.index_base, next_word as u32, "{op:?}: the index wraps at 2^32");
+                assert!(dispatch.data.size_bytes <= limits.max_range_bytes);
+                next_word += u64::from(p.len_words);
+            }
+            assert_eq!(next_word, len_bytes / 4, "{op:?}: every word once");
+        }
     }
 
     #[test]

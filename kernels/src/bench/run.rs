@@ -58,12 +58,13 @@ pub struct RunReport {
     pub ops: OpCounts,
     /// Words that differed from what they should hold, over every verify.
     pub mismatches: u64,
-    /// The first allocation found damaged: its id, the step of its verify, what the verify found.
+    /// The first allocation found damaged: its id, the step of its verify, what the verify found (its first
+    /// mismatching word counted from the allocation's start).
     pub first_mismatch: Option<(u32, u64, VerifyResult)>,
     /// Batches of ops handed to the target.
     pub batches: u64,
     /// What compacting did, when the target compacts ([`Target::compact_rule`]); `None` otherwise. Moved allocations
-    /// are verified where they are when they are freed, like every allocation.
+    /// are verified at their new place right after the move, and again when they are freed, like every allocation.
     pub compaction: Option<CompactionFigures>,
     /// Time of the whole run.
     pub wall: Duration,
@@ -224,8 +225,8 @@ pub struct KernelDriver<'a, T: Target> {
     live: HashMap<u32, Live<T::Handle>>,
     refused: HashSet<u32>,
     pending: Vec<Op<T::Handle>>,
-    /// For each pending verify, in order: the allocation and the step.
-    checks: Vec<(u32, u64)>,
+    /// For each pending verify, in order: the allocation, the step and the region's first word in the allocation.
+    checks: Vec<(u32, u64, u32)>,
     live_bytes: u64,
     /// A failure of the bench target, with its step, that stopped the driver.
     failure: Option<RunError>,
@@ -305,7 +306,7 @@ impl<T: Target> KernelDriver<'_, T> {
                 len_bytes: region.len_bytes,
                 id: region.id,
             });
-            self.checks.push((id, at));
+            self.checks.push((id, at, u32::try_from(region.offset_bytes / 4).unwrap_or(u32::MAX)));
             self.report.ops.verifies += 1;
             self.report.ops.bytes_verified = self.report.ops.bytes_verified.saturating_add(region.len_bytes);
         }
@@ -323,10 +324,12 @@ impl<T: Target> KernelDriver<'_, T> {
                 format!("the target returned {} verify results for {} verifies", results.len(), self.checks.len()),
             ));
         }
-        for (&(id, step), result) in self.checks.iter().zip(&results) {
+        for (&(id, step, region_word), result) in self.checks.iter().zip(&results) {
             self.report.mismatches += u64::from(result.mismatches);
             if !result.is_clean() && self.report.first_mismatch.is_none() {
-                self.report.first_mismatch = Some((id, step, *result));
+                // The kernel counts from the region's start; a region of a copied allocation starts further in.
+                let first_mismatch = result.first_mismatch.map(|word| word.saturating_add(region_word));
+                self.report.first_mismatch = Some((id, step, VerifyResult { first_mismatch, ..*result }));
             }
         }
         self.pending.clear();
@@ -550,6 +553,12 @@ impl<T: Target> DriverTarget for KernelDriver<'_, T> {
             }
             moved.push((index, placed));
         }
+        // Each moved allocation is verified where it now is: one freed in a run of frees opened before the move was
+        // verified at its old place only.
+        for (_, placed) in &moved {
+            self.queue_verify(placed.id, at);
+        }
+        self.flush(at).map_err(|error| self.fail(error))?;
         Ok(moved)
     }
 }

@@ -10,6 +10,7 @@ use crate::workload::{
     ChurnConfig, KvLayout, ServeConfig, ServeModel, Step, TrainConfig, TrainModel, Workload, churn, serve, train,
 };
 use crate::{Op, VerifyResult, matvec_words, pattern_word, verify_words};
+use heapscope_lab::compaction::CompactRule;
 use heapscope_lab::contender::Contender;
 
 /// Words on the CPU. With `alias_every = Some(n)`, every n-th allocation is handed the words of the previous one
@@ -31,6 +32,10 @@ struct CpuTarget {
     /// Calls of `finish`, and whether it fails.
     finished: u64,
     finish_fails: bool,
+    /// When it compacts: each pass moves every live allocation to a new buffer, its words copied (with the first
+    /// word of each copy damaged when `broken_copy`).
+    compact: CompactRule,
+    broken_copy: bool,
 }
 
 impl CpuTarget {
@@ -120,6 +125,27 @@ impl Target for CpuTarget {
         true
     }
 
+    fn compact_rule(&self) -> CompactRule {
+        self.compact
+    }
+
+    fn compact(&mut self, live: &[(usize, u64)], _for_refused: bool) -> Result<Vec<(usize, usize)>, TargetError> {
+        let mut moves = Vec::new();
+        for (index, &(handle, size_bytes)) in live.iter().enumerate() {
+            let mut words = self.words(handle)?.clone();
+            if self.broken_copy
+                && let Some(first) = words.first_mut()
+            {
+                *first ^= 1;
+            }
+            self.free(handle)?;
+            let moved = self.allocate(size_bytes)?;
+            *self.words(moved)? = words;
+            moves.push((index, moved));
+        }
+        Ok(moves)
+    }
+
     fn finish(&mut self) -> Result<(), TargetError> {
         self.finished += 1;
         if self.finish_fails { Err(TargetError::Failed("device lost while waiting for binds".into())) } else { Ok(()) }
@@ -158,6 +184,27 @@ fn workloads_on_the_cpu_target_verify_clean() {
         assert!(report.ops.verifies >= stats.allocs, "{}", workload.name);
         assert!(target.handles.is_empty() && target.buffers.is_empty(), "{}: everything freed", workload.name);
         assert!(report.batches < report.allocs, "{}: batched ({} batches)", workload.name, report.batches);
+    }
+}
+
+/// A compaction inside a run of frees (verified in one batch when the run opens) moves allocations the run frees later:
+/// each moved allocation is verified at its new place, so a copy that damages it is caught (it was freed unchecked).
+#[test]
+fn allocations_moved_inside_a_run_of_frees_are_verified_where_they_moved() {
+    let mut steps: Vec<Step> = (0..6).map(|id| Step::Alloc { id, size_bytes: 1 << 20, forever: false }).collect();
+    steps.extend((0..6).map(|id| Step::Free { id }));
+    let workload = Workload { name: "six then their frees".into(), steps, moments: Vec::new() };
+    for broken_copy in [false, true] {
+        let mut target = CpuTarget { compact: CompactRule::Every(1), broken_copy, ..CpuTarget::default() };
+        let report = run(&workload, &mut target).unwrap();
+        let compaction = report.compaction.unwrap();
+        assert!(compaction.moves > 6, "broken copy {broken_copy}: moves inside the run of frees ({})", compaction.moves);
+        assert!(report.ops.bytes_verified > 6 << 20, "broken copy {broken_copy}: moved allocations verified again");
+        assert_eq!(report.mismatches > 0, broken_copy, "broken copy {broken_copy}: {:?}", report.first_mismatch);
+        if broken_copy {
+            let (_, _, result) = report.first_mismatch.unwrap();
+            assert_eq!(result.first_mismatch, Some(0), "the damaged word, from the allocation's start");
+        }
     }
 }
 

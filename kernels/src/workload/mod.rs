@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use heapscope_core::trace::{Trace, TraceBuilder};
+use heapscope_lab::recording::Moment;
 
 pub use churn::{ChurnConfig, churn};
 pub use heapscope_core::rng::Rng;
@@ -72,6 +73,16 @@ pub struct Workload {
     pub name: String,
     /// The steps, in order.
     pub steps: Vec<Step>,
+    /// A replay's: the recording's moment of each step (the entry it replays; the frees of what the recording left
+    /// live, its last entry). Empty for a workload of its own, whose moments are its steps ([`Workload::moment_of`]).
+    pub moments: Vec<Moment>,
+}
+
+impl Workload {
+    /// Step `step`'s moment: in the recording a replay comes from, else the step itself as an entry.
+    pub fn moment_of(&self, step: u64) -> Moment {
+        usize::try_from(step).ok().and_then(|index| self.moments.get(index)).copied().unwrap_or(Moment::Entry(step))
+    }
 }
 
 /// What a well-formed stream asks of memory.
@@ -281,7 +292,7 @@ impl StreamBuilder {
     }
 
     pub(crate) fn finish(self, name: String) -> Workload {
-        Workload { name, steps: self.steps }
+        Workload { name, steps: self.steps, moments: Vec::new() }
     }
 }
 
@@ -290,7 +301,7 @@ mod tests {
     use super::*;
 
     fn workload(steps: Vec<Step>) -> Workload {
-        Workload { name: "test".into(), steps }
+        Workload { name: "test".into(), steps, moments: Vec::new() }
     }
 
     #[test]

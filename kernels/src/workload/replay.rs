@@ -6,7 +6,7 @@
 //! workload step (the runner's heaps keep their caches through them).
 
 use heapscope_core::trace::Event;
-use heapscope_lab::recording::Recording;
+use heapscope_lab::recording::{Moment, Recording};
 
 use super::{StreamBuilder, Workload};
 
@@ -18,10 +18,13 @@ pub fn replay(recording: &Recording, max_events: Option<u64>, scale: u64) -> Wor
     let mut ids: Vec<Option<u32>> = vec![None; recording.trace.slots() as usize];
     let events = recording.trace.events();
     let take = max_events.map_or(events.len(), |max| usize::try_from(max).unwrap_or(usize::MAX).min(events.len()));
-    for event in &events[..take] {
+    // The recording's moment of each step: steps skip empty_cache events and frees of what was never allocated.
+    let mut moments = Vec::new();
+    for (index, event) in (0u64..).zip(&events[..take]) {
         match *event {
             Event::Alloc { slot, size_bytes } => {
                 let id = b.alloc(size_bytes.div_ceil(scale).max(1));
+                moments.push(recording.moment_of(index));
                 if let Some(entry) = ids.get_mut(slot as usize) {
                     *entry = Some(id);
                 }
@@ -29,17 +32,23 @@ pub fn replay(recording: &Recording, max_events: Option<u64>, scale: u64) -> Wor
             Event::Free { slot } => {
                 if let Some(id) = ids.get_mut(slot as usize).and_then(Option::take) {
                     b.free(id);
+                    moments.push(recording.moment_of(index));
                 }
             }
             Event::EmptyCache => {}
         }
     }
+    let end = match take.checked_sub(1) {
+        Some(last) => recording.moment_of(last as u64),
+        None => Moment::Start,
+    };
     for id in ids.into_iter().flatten() {
         b.free(id);
+        moments.push(end);
     }
     let cut = if take < events.len() { format!(", first {take} of {} events", events.len()) } else { String::new() };
     let scaled = if scale > 1 { format!(", sizes / {scale}") } else { String::new() };
-    b.finish(format!("replay {}{cut}{scaled}", recording.name))
+    Workload { moments, ..b.finish(format!("replay {}{cut}{scaled}", recording.name)) }
 }
 
 #[cfg(test)]
@@ -53,6 +62,10 @@ mod tests {
         let recording = Recording::from_trace(trace);
         let workload = replay(&recording, None, 1);
         let stats = workload.check().unwrap();
+        // Each step's entry in the recording (an empty_cache is no step), and the last entry for what it left live.
+        let trace = Trace::parse_csv("e.csv", "a,1,100\ne\na,2,200\nf,1\na,1,300\n").unwrap();
+        let moments = replay(&Recording::from_trace(trace), None, 1).moments;
+        assert_eq!(moments, [0, 2, 3, 4, 4, 4].into_iter().map(Moment::Entry).collect::<Vec<_>>());
         assert_eq!((stats.allocs, stats.frees, stats.peak_live_bytes), (3, 3, 500));
         assert!(workload.name.starts_with("replay t.csv"), "{}", workload.name);
         let cut = replay(&recording, Some(2), 1);

@@ -366,6 +366,21 @@ fn top_and_render_take_live_bytes_past_a_u64() {
     }
 }
 
+/// A replay bench names its first out-of-memory by the recording's entry, as `compare` does: its steps skip the
+/// recording's `empty_cache` entries (five here), and the step's index was given as the entry's.
+#[test]
+fn a_bench_replay_names_the_recordings_entry() {
+    let dir = temp_dir("bench-entry");
+    std::fs::write(dir.join("ec.csv"), "e\ne\ne\ne\ne\na,1,100MB\na,2,100MB\nf,1\nf,2\n").unwrap();
+    let compare = stdout(&heapscope_headless(&["compare", "ec.csv", "--budget", "150MiB", "--policy", "tlsf"], &dir));
+    assert!(compare.contains("first OOM at entry 6:"), "{compare}");
+    let args = ["bench", "--workload", "replay", "ec.csv", "--backend", "sim", "--budget", "150MiB", "--policy", "tlsf"];
+    let rows = json_lines(&heapscope_headless(&[&args[..], &["--json"]].concat(), &dir));
+    assert_eq!(rows[0]["first_oom"]["event_index"], 6, "{rows:?}");
+    let text = stdout(&heapscope_headless(&args, &dir));
+    assert!(text.contains("tlsf at step 1 of 4 (entry 6 of the recording):"), "{text}");
+}
+
 /// `convert x.csv --out x.csv` replaced the recording by its conversion; every command that writes a file refuses
 /// to write over the recording it reads, however the path names it, and leaves it as it was.
 #[test]

@@ -440,6 +440,46 @@ fn a_request_past_the_largest_buffer_is_a_row_that_says_so() {
     assert!(stderr(&output).contains("no contender could run"), "{}", stderr(&output));
 }
 
+/// On wgpu every allocation of a heap's arenas is bound whole: a request past the storage binding limit (lavapipe's is
+/// 128 MiB) makes the heap contenders rows that say so before they start (they failed mid-run, and the bench with
+/// them), while PyTorch's, which binds in pieces, runs.
+#[test]
+fn a_request_past_the_wgpu_binding_limit_is_a_row_that_says_so() {
+    let dir = crate::common::temp_dir("bench-binding-limit");
+    let file = dir.join("big.csv");
+    std::fs::write(&file, "a,1,4096\na,2,200MiB\nf,1\nf,2\n").unwrap();
+    let path = file.to_str().unwrap();
+    let output = heapscope(&[
+        "bench",
+        "--workload",
+        "replay",
+        path,
+        "--backend",
+        "wgpu",
+        "--policy",
+        "tlsf",
+        "--policy",
+        "pytorch",
+        "--json",
+    ]);
+    if !output.status.success() && !gpu_required() {
+        eprintln!("skipped: no wgpu device ({})", stderr(&output));
+        return;
+    }
+    let lines: Vec<Value> = stdout(&output).lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let why = by_policy(&lines, "tlsf")["not_run"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        why.starts_with(
+            "its largest request, 200 MiB, exceeds the device's largest storage binding (max_storage_buffer_binding_size "
+        ),
+        "{why}\n{}",
+        stderr(&output)
+    );
+    assert!(by_policy(&lines, "pytorch")["not_run"].is_null(), "{}", stdout(&output));
+    assert_eq!(by_policy(&lines, "pytorch")["mismatches"], 0, "{}", stdout(&output));
+    assert!(output.status.success(), "{}", stderr(&output));
+}
+
 /// A replay has no budget: `paged`'s virtual range (and the expandable segments' on a device) is sized to the
 /// recording (it was 1 GiB, and frag_oom's 2.95 GiB live ran out of it, simulated too). On a device whose sparse buffers
 /// cannot hold that (lavapipe: 2 GiB of sparse address space), those rows say so instead of refusing requests as out
