@@ -586,20 +586,32 @@ impl Built {
                 what: format!("device_traces[{device}][{index}]: {what}"),
             };
             match entry.action {
-                Action::Alloc | Action::FreeCompleted if guess_empty && entry.size == 0 => return Ok(None),
-                Action::Alloc if entry.size > 0 => match builder.alloc(entry.addr, entry.size) {
+                // PyTorch records none: a request of 0 bytes never reaches its allocator, and a free carries its
+                // block's request. Refused as the emulation refuses it, so that no contender replays a stream of its own.
+                Action::Alloc | Action::FreeRequested | Action::FreeCompleted | Action::Oom if entry.size == 0 => {
+                    return Err(Error::Trace {
+                        file: name.to_owned(),
+                        line: 0,
+                        what: format!(
+                            "device_traces[{device}][{index}]: {} of 0 bytes at {:#x} (PyTorch records no request of 0 bytes)",
+                            entry.action.as_str(),
+                            entry.addr
+                        ),
+                    });
+                }
+                Action::Alloc => match builder.alloc(entry.addr, entry.size) {
                     Ok(()) => entry_index.push(index),
                     Err(_) if guess_empty => return Ok(None),
                     Err(what) => return Err(fail(what)),
                 },
                 // The builder knows what is live (what started live or was allocated since, the refused requests'
                 // probes freed at once): a free of anything else is a free the recording does not know.
-                Action::FreeCompleted if entry.size > 0 => match builder.free(entry.addr) {
+                Action::FreeCompleted => match builder.free(entry.addr) {
                     Ok(()) => entry_index.push(index),
                     Err(_) if guess_empty => return Ok(None),
                     Err(_) => unknown_frees += 1,
                 },
-                Action::Oom if entry.size > 0 => {
+                Action::Oom => {
                     builder.alloc(probe_id, entry.size).map_err(fail)?;
                     builder.free(probe_id).map_err(fail)?;
                     entry_index.extend([index, index]);
@@ -963,12 +975,24 @@ mod tests {
                 entry(Action::FreeCompleted, 1 << 40, 7), // allocated before the recording
                 entry(Action::FreeRequested, 4096, 100),
                 entry(Action::FreeCompleted, 4096, 100),
-                entry(Action::Alloc, 64, 0), // zero bytes: nothing to allocate, nor to free
-                entry(Action::FreeCompleted, 64, 0),
+                entry(Action::SegmentFree, 4096, 2 << 20),
+                entry(Action::Snapshot, 0, 0),
                 entry(Action::Oom, 0, 1 << 30),
             ]],
             ..Snapshot::default()
         };
+        // Requests and frees of 0 bytes (PyTorch records none) are refused, naming the entry: every contender replays
+        // the same stream (the heaps skipped what the emulation served).
+        for (action, at) in [(Action::Alloc, 64), (Action::FreeRequested, 4096), (Action::FreeCompleted, 4096), (Action::Oom, 0)]
+        {
+            let mut zero = snapshot.clone();
+            zero.device_traces[0].insert(4, entry(action, at, 0));
+            let error = Recording::from_snapshot("t.pickle", zero.clone(), 0).unwrap_err().to_string();
+            let said = format!("t.pickle: device_traces[0][4]: {} of 0 bytes at {at:#x}", action.as_str());
+            assert!(error.contains(&said), "{error}");
+            let emulated = heapscope_pytorch::caching::emulate(&zero, 0, &Default::default(), None).unwrap_err().to_string();
+            assert!(emulated.contains(&format!("{} of 0 bytes", action.as_str())), "{emulated}");
+        }
         let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
         assert_eq!(
             recording.trace.events(),
@@ -1058,12 +1082,6 @@ mod tests {
                 vec![entry(Action::FreeCompleted, 2048, 512), entry(Action::Alloc, 4096, 512)],
                 FinalMismatch { live_not_in_segments: 1, freed_but_allocated: 1, first_address: Some(2048) },
             ),
-            (
-                "zero-byte blocks are left out, as the stream leaves them out",
-                vec![Block::new(0, 512, 0, BlockState::ActiveAllocated)],
-                vec![entry(Action::Alloc, 0, 0)],
-                FinalMismatch::default(),
-            ),
         ];
         for (case, blocks, entries, expected) in cases {
             let snapshot =
@@ -1107,8 +1125,6 @@ mod tests {
             (Vec::new(), vec![entry(free, 0, 64), entry(alloc, 0, 64)], false),
             // A final block the trace never touches.
             (vec![live(4096, 100)], vec![entry(alloc, 0, 64)], false),
-            // Entries of 0 bytes: left to the walk back.
-            (Vec::new(), vec![entry(alloc, 0, 0), entry(free, 0, 0)], true),
             // A final live block the trace freed (a contradiction the walk back settles).
             (vec![live(0, 64)], vec![entry(alloc, 0, 64), entry(free, 0, 64)], true),
             // An OOM's probe.

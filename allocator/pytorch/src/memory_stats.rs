@@ -41,6 +41,12 @@ impl Stat {
         self.current = self.current.saturating_sub(amount);
         self.freed = self.freed.saturating_add(amount);
     }
+
+    /// The counter of a state that starts at its current value: all of it allocated, nothing freed, its peak now (how
+    /// a start state rebuilt from a recording counts).
+    pub fn as_started(&mut self) {
+        *self = Self { current: self.current, peak: self.current, allocated: self.current, freed: 0 };
+    }
 }
 
 /// Which pool a counter counts (`StatType`).
@@ -74,6 +80,11 @@ impl StatArray {
     pub fn increase(&mut self, small_pool: bool, amount: u64) {
         self.0[0].increase(amount);
         self.0[pool_index(small_pool)].increase(amount);
+    }
+
+    /// Each counter as started ([`Stat::as_started`]).
+    pub fn as_started(&mut self) {
+        self.0.iter_mut().for_each(Stat::as_started);
     }
 
     /// Decreases `all` and the pool's counter.

@@ -235,7 +235,7 @@ struct PytorchRecorder<'a> {
     next_event: u64,
     /// Changes of the entry being replayed.
     pending: Vec<Change>,
-    /// Addresses of the spans in the layout (a block whose entry is no event, a zero-byte request, has none).
+    /// Addresses of the spans in the layout (a block whose entry is no event has none).
     shown: FastSet<u64>,
     /// The first change that contradicted the layout.
     error: Option<Error>,

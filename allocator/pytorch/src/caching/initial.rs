@@ -275,6 +275,11 @@ pub(super) fn reallocate_start_state(
     fresh.stats.num_device_alloc = 0;
     fresh.stats.num_device_free = 0;
     fresh.stats.num_ooms = 0;
+    // A block freed before the start was allocated and its free requested above; the rebuild counts it in neither
+    // (PyTorch's counters of a run begun there would not).
+    fresh.stats.allocation.as_started();
+    fresh.stats.allocated_bytes.as_started();
+    fresh.stats.oversize_allocations.as_started();
     fresh.events.clear();
     (fresh, moved, refused)
 }

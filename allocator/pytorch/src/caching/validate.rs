@@ -174,14 +174,16 @@ pub(super) fn validate(snapshot: &Snapshot, device: usize) -> Result<(), Emulati
     let trace = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
     for (k, e) in trace.iter().enumerate() {
         let fail = |what: String| EmulationError::Entry { device, entry: k, what };
-        let segment = match e.action {
-            Action::Alloc | Action::FreeRequested | Action::FreeCompleted => false,
-            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => true,
-            Action::Snapshot | Action::UserDefined | Action::Unknown | Action::Oom => continue,
-        };
         let action = e.action.as_str();
-        if segment && e.size == 0 {
-            return Err(fail(format!("{action} of 0 bytes")));
+        match e.action {
+            Action::Alloc | Action::FreeRequested | Action::FreeCompleted | Action::Oom if e.size == 0 => {
+                return Err(fail(format!("{action} of 0 bytes (PyTorch records no request of 0 bytes)")));
+            }
+            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap if e.size == 0 => {
+                return Err(fail(format!("{action} of 0 bytes")));
+            }
+            Action::Snapshot | Action::UserDefined | Action::Unknown | Action::Oom => continue,
+            _ => {}
         }
         if e.size > MAX_REQUEST_BYTES {
             return Err(fail(too_large(&format!("{action} of size"), e.size)));
