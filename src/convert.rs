@@ -107,25 +107,10 @@ fn left_out(recording: &Recording) -> Option<String> {
     if streams > 1 {
         lost.push(format!("its {streams} CUDA streams (one stream in the trace)"));
     }
-    // Runs of segment frees: the recording's `empty_cache()` calls are among them (the rest PyTorch's own releases),
-    // which the trace does not hold: a replay of it keeps its cache there.
-    let releases = trace
-        .iter()
-        .zip(std::iter::once(None).chain(trace.iter().map(|entry| Some(entry.action))))
-        .filter(|(entry, before)| {
-            matches!(entry.action, Action::SegmentFree | Action::SegmentUnmap)
-                && !matches!(before, Some(Action::SegmentFree | Action::SegmentUnmap))
-        })
-        .count();
-    if releases > 0 {
-        lost.push(format!(
-            "{} of segment frees, its `empty_cache()` calls among them (the trace holds none: `pytorch` replaying it \
-             keeps its cache there, and may reserve more)",
-            counted(releases as u64, "run", "runs")
-        ));
-    }
+    // The recording's `empty_cache()` calls are events of the trace (`Recording::empty_caches`); the other segment
+    // frees are PyTorch's own releases, which a replay makes again by its rules.
     lost.push(
-        "segment events, stacks and times; the file's entry numbers (events are numbered instead); the segments' \
+        "segment events (the `empty_cache()` calls among their frees are kept as events), stacks and times; the file's entry numbers (events are numbered instead); the segments' \
          recorded addresses (`pytorch` places its segments by the addresses a snapshot records, so a what-if \
          (`--alloc-conf`, `--capacity`, `advise`) may break ties otherwise on the trace)"
             .to_owned(),

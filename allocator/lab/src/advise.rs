@@ -893,7 +893,8 @@ impl<'s> Checkpoints<'s> {
     fn of(recording: &Recording, snapshot: &'s Snapshot, conf: &AllocConf) -> Result<(Self, MemoryStats)> {
         let mut emulator = Emulator::new(snapshot, recording.device, conf, Some(LARGEST_DEVICE_BYTES))
             .map_err(|error| emulation_error(recording, &error))?
-            .lean();
+            .lean()
+            .with_empty_caches(std::sync::Arc::clone(&recording.empty_caches));
         let every = Self::every(recording, snapshot);
         let mut saved = vec![(emulator.capacity_read_up_to(), emulator.clone())];
         while let Some((entry, _)) = emulator.step() {

@@ -103,7 +103,10 @@ impl<'r> SnapshotTarget<'r> {
     ) -> std::result::Result<Self, EmulationError> {
         Ok(Self {
             // The driver follows the entries itself: no per-entry statistics (72 bytes an entry) kept.
-            emulator: Emulator::new(snapshot, recording.device, conf, capacity_bytes)?.without_entry_stats(),
+            // The user's `empty_cache()` calls where the recording's stream has them, as every contender makes them.
+            emulator: Emulator::new(snapshot, recording.device, conf, capacity_bytes)?
+                .without_entry_stats()
+                .with_empty_caches(std::sync::Arc::clone(&recording.empty_caches)),
             start_addresses: &recording.start_addresses,
             next_start: 0,
             owner: OwnerId::fresh(),

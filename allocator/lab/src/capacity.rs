@@ -52,12 +52,16 @@ pub enum CapacityFrom {
 /// then: [`CapacityFrom::OomWithoutFree`]). At most the largest device heapscope models (1 EiB), as `--capacity` is:
 /// a file's figures may add up past it. `None` for a plain trace, or a recording with no `oom` entry.
 pub fn recorded_capacity(recording: &Recording) -> Option<(u64, CapacityFrom)> {
-    let snapshot = recording.snapshot.as_ref()?;
-    let entries = snapshot.device_traces.get(recording.device)?;
+    snapshot_capacity(recording.snapshot.as_ref()?, recording.device)
+}
+
+/// [`recorded_capacity`] of device `device` of `snapshot` (before its recording is built).
+pub(crate) fn snapshot_capacity(snapshot: &heapscope_pytorch::Snapshot, device: usize) -> Option<(u64, CapacityFrom)> {
+    let entries = snapshot.device_traces.get(device)?;
     // The first oom, found before the reserved bytes are walked: most recordings have none, and then nothing more is
     // read.
     let oom = entries.iter().position(|entry| entry.action == Action::Oom)?;
-    let mut reserved = i128::from(reserved_at_start(recording));
+    let mut reserved = i128::from(crate::recording::reserved_at_start(snapshot, device));
     let mut most = reserved;
     for entry in &entries[..oom] {
         reserved = (reserved + reserved_change(entry.action, entry.size)).max(0);

@@ -203,6 +203,10 @@ pub struct Recording {
     pub unknown_frees: u64,
     /// Where the snapshot's final segments disagree with what its trace leaves live at its end (nothing for a trace).
     pub final_mismatch: FinalMismatch,
+    /// The entries where the recording's user called `empty_cache()` (a snapshot records none: they are told apart
+    /// from the allocator's own releases by [`heapscope_pytorch::caching::user_empty_caches`]; a trace's are its
+    /// events): each an [`Event::EmptyCache`] of the trace, which the `pytorch` contender takes as it is.
+    pub empty_caches: std::sync::Arc<[usize]>,
 }
 
 /// Where a snapshot's final segments disagree with the end of its trace: the segments are the state when the snapshot
@@ -305,7 +309,13 @@ impl FromStr for Moment {
 impl Recording {
     /// A recording of a plain trace (entry indices are event indices).
     pub fn from_trace(trace: Trace) -> Self {
+        let empty_caches = (0..)
+            .zip(trace.events())
+            .filter(|(_, event)| **event == heapscope_core::Event::EmptyCache)
+            .map(|(index, _)| index)
+            .collect();
         Self {
+            empty_caches,
             name: trace.name.clone(),
             entry_index: (0..trace.events().len() as u64).collect(),
             entries: trace.events().len() as u64,
@@ -338,13 +348,18 @@ impl Recording {
             what: error.to_string(),
         })?;
         let entries = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
+        // The user's `empty_cache()` calls, which no snapshot records, as the emulation of the recorded run tells them
+        // apart from the allocator's own releases: an event of the stream, so that every contender makes them. (A
+        // recording the emulation refuses has none; its `pytorch` row says why.)
+        let capacity = crate::capacity::snapshot_capacity(&snapshot, device).map(|(bytes, _)| bytes);
+        let empty_caches = heapscope_pytorch::caching::user_empty_caches(&snapshot, device, capacity).unwrap_or_default();
         // A recording that starts from an empty allocator says so only once walked whole: the stream is built forward
         // on that guess first, and the trace walked back for what was live at the start only where the guess fails.
-        let built = match Built::forward(name, device, entries, &[], true) {
+        let built = match Built::forward(name, device, entries, &[], true, &empty_caches) {
             Ok(Some(built)) if built.accounts_for_the_final_blocks(&snapshot, device) => built,
             _ => {
                 let start = live_at_start(&snapshot, device, entries);
-                Built::forward(name, device, entries, &start, false)?.ok_or_else(|| Error::InvalidConfig {
+                Built::forward(name, device, entries, &start, false, &empty_caches)?.ok_or_else(|| Error::InvalidConfig {
                     what: "the stream built after the walk back gave up as a guess would: a recording bug".to_owned(),
                 })?
             }
@@ -361,6 +376,7 @@ impl Recording {
             device,
             unknown_frees: built.unknown_frees,
             final_mismatch,
+            empty_caches: empty_caches.into(),
         })
     }
 
@@ -565,6 +581,7 @@ impl Built {
         entries: &[TraceEntry],
         start: &[(u64, u64)],
         guess_empty: bool,
+        empty_caches: &[usize],
     ) -> Result<Option<Self>> {
         let mut builder = TraceBuilder::new(format!("{name} (device {device})"));
         let mut entry_index = Vec::with_capacity(start.len() + entries.len());
@@ -579,7 +596,12 @@ impl Built {
         let mut unknown_frees = 0;
         // Ids for refused requests, clear of any address.
         let mut probe_id = u64::MAX;
+        let mut empty_caches = empty_caches.iter().copied().peekable();
         for (index, entry) in (0..).zip(entries) {
+            if empty_caches.next_if(|&at| at as u64 == index).is_some() {
+                builder.empty_cache();
+                entry_index.push(index);
+            }
             let fail = |what: heapscope_core::BadEvent| Error::Trace {
                 file: name.to_owned(),
                 line: 0,
@@ -923,6 +945,72 @@ mod tests {
         heapscope_pytorch::Segment::from_blocks(device, address, total_size, heapscope_pytorch::Pool::Large, blocks)
     }
 
+    /// A snapshot records no `empty_cache()` call: one the emulation of the recorded run tells apart from the
+    /// allocator's own releases is an event of every contender's stream, at its first segment entry (the heaps kept
+    /// their cache and ran out where `pytorch` did not); a release the allocator made for its next request is none.
+    #[test]
+    fn the_users_empty_cache_calls_are_events_of_every_contender() {
+        const MIB: u64 = 1 << 20;
+        let (a, b) = (0x7f00_0000_0000, 0x7f10_0000_0000);
+        let trace = |device_free: Option<u64>| {
+            let mut entries = vec![
+                entry(Action::SegmentAlloc, a, 150 * MIB),
+                entry(Action::Alloc, a, 150 * MIB),
+                entry(Action::FreeRequested, a, 150 * MIB),
+                entry(Action::FreeCompleted, a, 150 * MIB),
+                entry(Action::SegmentFree, a, 150 * MIB),
+                entry(Action::SegmentAlloc, b, 200 * MIB),
+                entry(Action::Alloc, b, 200 * MIB),
+            ];
+            if let Some(free) = device_free {
+                // A device of 200 MiB + `free`: 150 MiB cached beside 200 MiB more passes 300 MiB, not 400 MiB.
+                let mut oom = entry(Action::Oom, 0, 1 << 30);
+                oom.set_device_free(Some(free));
+                entries.push(oom);
+            }
+            let blocks = vec![heapscope_pytorch::Block::new(b, 200 * MIB, 200 * MIB, BlockState::ActiveAllocated)];
+            Snapshot { segments: vec![segment(0, b, 200 * MIB, blocks)], device_traces: vec![entries], ..Snapshot::default() }
+        };
+        // (the device's free bytes at the oom, the user's calls)
+        let cases: [(Option<u64>, &[usize]); 3] = [(None, &[4]), (Some(200 * MIB), &[4]), (Some(100 * MIB), &[])];
+        for (device_free, calls) in cases {
+            let recording = Recording::from_snapshot("t.pickle", trace(device_free), 0).unwrap();
+            assert_eq!(&recording.empty_caches[..], calls, "{device_free:?}");
+            let events = recording.trace.events();
+            let made: Vec<u64> = (0..events.len())
+                .filter(|&event| events[event] == Event::EmptyCache)
+                .map(|event| recording.entry_of(event as u64))
+                .collect();
+            assert_eq!(made, calls.iter().map(|&entry| entry as u64).collect::<Vec<_>>(), "{device_free:?}");
+            // On 300 MiB the user's call makes room for every contender; without one, a heap whose rule keeps its cache
+            // runs out where PyTorch's allocator gives its cache back for the request (its own rule) and paged unmapped
+            // at the free.
+            let config = crate::compare::CompareConfig {
+                capacity_bytes: Some(300 * MIB),
+                heap: heapscope_core::HeapConfig {
+                    release: heapscope_core::ReleaseRule::Never,
+                    ..heapscope_core::HeapConfig::new(heapscope_core::PolicyKind::Tlsf)
+                },
+                ..crate::compare::CompareConfig::default()
+            };
+            let contenders = [
+                crate::contender::Contender::Pytorch { expandable: false },
+                crate::contender::Contender::Pytorch { expandable: true },
+                crate::contender::Contender::Heap(heapscope_core::PolicyKind::Tlsf),
+                crate::contender::Contender::Paged,
+            ];
+            for contender in contenders {
+                let crate::outcome::Outcome::Ran(figures) = crate::compare::replay(&recording, contender, &config).unwrap()
+                else {
+                    panic!("{contender:?} ran");
+                };
+                let refused = figures.ooms - u64::from(device_free.is_some());
+                let heap = matches!(contender, crate::contender::Contender::Heap(_));
+                assert_eq!(refused, u64::from(calls.is_empty() && heap), "{device_free:?}, {contender:?}: {figures:?}");
+            }
+        }
+    }
+
     #[test]
     fn sniff_table() {
         let cases: [(&[u8], Format); 6] = [
@@ -1101,7 +1189,8 @@ mod tests {
         let walked_back = |snapshot: &Snapshot| {
             let entries = &snapshot.device_traces[0];
             let start = live_at_start(snapshot, 0, entries);
-            let built = Built::forward("t", 0, entries, &start, false).unwrap().unwrap();
+            let empty_caches = heapscope_pytorch::caching::user_empty_caches(snapshot, 0, None).unwrap_or_default();
+            let built = Built::forward("t", 0, entries, &start, false, &empty_caches).unwrap().unwrap();
             (built.builder.finish(), built.entry_index, built.start_addresses, built.unknown_frees)
         };
         let check = |snapshot: Snapshot, starts_empty: bool| {

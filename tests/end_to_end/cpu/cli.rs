@@ -880,8 +880,8 @@ fn convert_to_the_native_format_keeps_the_replay() {
             assert_eq!(verdict(&native, &[flag, value]), of_snapshot);
         }
     }
-    // A recording's `empty_cache()` (a segment freed, then the memory allocated afresh) has no event in the trace:
-    // said, as it changes what `pytorch` reserves replaying it.
+    // A recording's `empty_cache()` (a segment freed, then the memory allocated afresh) is an event of the trace: kept
+    // (it was left out, and said).
     {
         use heapscope_pytorch::{Action, Snapshot, TraceEntry};
         let mib = 1u64 << 20;
@@ -896,12 +896,15 @@ fn convert_to_the_native_format_keeps_the_replay() {
         let snapshot = Snapshot { device_traces: vec![trace], ..Snapshot::default() };
         let path = dir.join("empty-cache.pickle");
         heapscope_pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
-        let output = heapscope(&["convert", path.to_str().unwrap(), "--out", dir.join("empty-cache.hst").to_str().unwrap()]);
+        let converted = dir.join("empty-cache.hst");
+        let output = heapscope(&["convert", path.to_str().unwrap(), "--out", converted.to_str().unwrap()]);
         assert!(
-            stderr(&output).contains("left out: 1 run of segment frees, its `empty_cache()` calls among them"),
+            stderr(&output).contains("the `empty_cache()` calls among their frees are kept as events"),
             "{}",
             stderr(&output)
         );
+        let events = heapscope_core::trace::Trace::read(&converted).unwrap().events().to_vec();
+        assert_eq!(events.iter().filter(|&&event| event == heapscope_core::trace::Event::EmptyCache).count(), 1, "{events:?}");
     }
     // A CSV trace converted holds its file's name, not the path it was read through, and converting the native trace
     // again gives the same bytes (the name nested `(from ...)` once more each time).

@@ -653,7 +653,7 @@ mod tests {
             entry(Action::FreeCompleted, BASE, 2048),        // ... freed: no event
             entry(Action::FreeRequested, BASE + 2048, 1000), //
             entry(Action::FreeCompleted, BASE + 2048, 1000), // event 1
-            entry(Action::SegmentFree, BASE, small),         // empty_cache(): no event
+            entry(Action::SegmentFree, BASE, small),         // empty_cache(): an event of every contender's stream
             entry(Action::SegmentAlloc, later, small),       //
             entry(Action::Alloc, later, 1000),               // event 2
         ];
@@ -668,7 +668,8 @@ mod tests {
         };
         let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
         assert_eq!((recording.start_events, recording.entries), (1, 8), "the block from before the recording");
-        assert_eq!(recording.entry_index, [0, 0, 2, 4, 7]);
+        assert_eq!(recording.entry_index, [0, 0, 2, 4, 5, 7]);
+        assert_eq!(&recording.empty_caches[..], [5]);
         let timeline = record(&recording, Contender::Pytorch { expandable: false }, &CompareConfig::default()).unwrap();
         let region = |address| Change::RegionAdded { address, size_bytes: small, kind: RegionKind::Block };
         // Its rounded request: the small pool splits off any remainder (the next request takes the front of it).

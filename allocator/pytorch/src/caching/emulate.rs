@@ -147,6 +147,9 @@ pub struct Emulation {
     /// Where the emulation placed each `alloc` entry, and each recorded `oom` request it served after all
     /// (given back at once), by entry index; `None` for other entries and refused requests.
     pub placements: Vec<Option<u64>>,
+    /// The entries where it called `empty_cache()` (or freed a private pool) for the recording's user: the first
+    /// entry of each run of segment frees that the allocator would not have made there for a request of its own.
+    pub empty_caches: Vec<usize>,
 }
 
 fn is_segment_action(a: Action) -> bool {
@@ -184,6 +187,24 @@ pub fn emulate(
     capacity_bytes: Option<u64>,
 ) -> Result<Emulation, EmulationError> {
     emulate_backed(snapshot, device, conf, capacity_bytes, &mut Unbacked)
+}
+
+/// The entries of device `device`'s trace where the recording's user called `empty_cache()` (or freed a private
+/// pool): the first entry of each run of segment frees that the emulation of the recorded run (its settings, a device
+/// of `capacity_bytes`) finds the allocator would not have made for the request after it. A snapshot records no such
+/// call; these are the places every contender replaying it makes one. Empty, with nothing emulated, where the trace
+/// frees no segment.
+///
+/// # Errors
+/// [`EmulationError`] where the recording cannot be emulated (the `pytorch` contender says the same).
+pub fn user_empty_caches(snapshot: &Snapshot, device: usize, capacity_bytes: Option<u64>) -> Result<Vec<usize>, EmulationError> {
+    let trace = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
+    if !trace.iter().any(|entry| matches!(entry.action, Action::SegmentFree | Action::SegmentUnmap)) {
+        return Ok(Vec::new());
+    }
+    let mut emulator = Emulator::new(snapshot, device, &AllocConf::of_snapshot(snapshot), capacity_bytes)?.lean();
+    while emulator.step().is_some() {}
+    Ok(emulator.out.empty_caches)
 }
 
 /// [`emulate`] with memory under the allocator: `backing` first receives what the allocator holds at the start
@@ -255,6 +276,9 @@ pub struct Emulator<'s> {
     fidelity: Fidelity,
     /// The end of the last run of segment entries checked for an `empty_cache()` call.
     empty_cache_checked_until: usize,
+    /// The entries where the recording's user called `empty_cache()` (by their first segment entry), when given
+    /// ([`Emulator::with_empty_caches`]): taken as they are instead of told from this run's state.
+    given_empty_caches: Option<std::sync::Arc<[usize]>>,
     next: usize,
     /// The most a request tried on a copy of the allocator reserved (the check for an `empty_cache()` call): the
     /// capacity was read up to there, beside the allocator's own peak.
@@ -342,6 +366,7 @@ impl<'s> Emulator<'s> {
             out,
             fidelity: Fidelity { start_left_out, ..Fidelity::default() },
             empty_cache_checked_until: 0,
+            given_empty_caches: None,
             next: 0,
             capacity_read_up_to: 0,
         };
@@ -405,9 +430,20 @@ impl<'s> Emulator<'s> {
             out: Emulation { first_oom: self.out.first_oom, ..Emulation::default() },
             fidelity: self.fidelity,
             empty_cache_checked_until: self.empty_cache_checked_until,
+            given_empty_caches: self.given_empty_caches.clone(),
             next: self.next,
             capacity_read_up_to: self.capacity_read_up_to,
         }
+    }
+
+    /// The same emulator taking the recording's user `empty_cache()` calls at `entries` (each the first entry of its
+    /// run of segment frees, as [`user_empty_caches`] finds them on the recorded run, sorted) instead of telling them
+    /// from this run's state: a what-if makes the user's calls where they were made, as the heaps replaying the same
+    /// recording do, and none where the recording's allocator gave memory back for a request of its own (the same
+    /// entries on the recorded run).
+    pub fn with_empty_caches(mut self, entries: std::sync::Arc<[usize]>) -> Self {
+        self.given_empty_caches = Some(entries);
+        self
     }
 
     /// From now on, a device of `capacity_bytes`. Resuming a copy of a run on a larger device is the same run up to
@@ -561,7 +597,12 @@ impl<'s> Emulator<'s> {
                     self.capacity_read_up_to = self.capacity_read_up_to.max(tried);
                     freed = again;
                 }
-                if freed.is_empty() {
+                let user_call = match &self.given_empty_caches {
+                    Some(given) => given.binary_search(&i).is_ok(),
+                    None => freed.is_empty(),
+                };
+                if user_call {
+                    self.out.empty_caches.push(i);
                     if own_too || private.is_empty() {
                         self.alloc.empty_cache();
                     } else {

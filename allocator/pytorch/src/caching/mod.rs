@@ -51,6 +51,7 @@ pub use addresses::{AddressSource, DEFAULT_CUDA_MALLOC_TOP, DRIVER_GRANULE_BYTES
 pub use backing::{BackingRefused, EntryEffect, SegmentBacking, Unbacked};
 pub use emulate::{
     Emulation, Emulator, EventStats, Fidelity, Mismatch, Misplacement, OomEvent, SegmentEvent, Stepped, emulate, emulate_backed,
+    user_empty_caches,
 };
 pub use heap::{CachingAllocation, CachingHeap};
 pub use in_effect::{largest_block_bound, settings_in_effect};
