@@ -109,11 +109,18 @@ fn left_out(recording: &Recording) -> Option<String> {
     }
     // The recording's `empty_cache()` calls are events of the trace (`Recording::empty_caches`); the other segment
     // frees are PyTorch's own releases, which a replay makes again by its rules.
-    lost.push(
-        "segment events (the `empty_cache()` calls among their frees are kept as events), stacks and times; the file's entry numbers (events are numbered instead); the segments' \
+    if let Some(untold) = heapscope_lab::caveats::empty_caches_untold(recording) {
+        lost.push(untold);
+    }
+    let kept = if recording.empty_caches_untold.is_none() {
+        " (the `empty_cache()` calls among their frees are kept as events)"
+    } else {
+        ""
+    };
+    lost.push(format!(
+        "segment events{kept}, stacks and times; the file's entry numbers (events are numbered instead); the segments' \
          recorded addresses (`pytorch` places its segments by the addresses a snapshot records, so a what-if \
          (`--alloc-conf`, `--capacity`, `advise`) may break ties otherwise on the trace)"
-            .to_owned(),
-    );
+    ));
     Some(format!("the native trace keeps allocations and frees; left out: {}", lost.join("; ")))
 }

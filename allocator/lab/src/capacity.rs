@@ -10,10 +10,9 @@
 
 use std::fmt;
 
-use crate::recording::{Recording, reserved_change};
+use crate::recording::Recording;
 use heapscope_core::LARGEST_DEVICE_BYTES;
 use heapscope_core::units::Bytes;
-use heapscope_pytorch::Action;
 
 /// Where a capacity comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,26 +56,18 @@ pub fn recorded_capacity(recording: &Recording) -> Option<(u64, CapacityFrom)> {
 
 /// [`recorded_capacity`] of device `device` of `snapshot` (before its recording is built).
 pub(crate) fn snapshot_capacity(snapshot: &heapscope_pytorch::Snapshot, device: usize) -> Option<(u64, CapacityFrom)> {
-    let entries = snapshot.device_traces.get(device)?;
-    // The first oom, found before the reserved bytes are walked: most recordings have none, and then nothing more is
-    // read.
-    let oom = entries.iter().position(|entry| entry.action == Action::Oom)?;
-    let mut reserved = i128::from(crate::recording::reserved_at_start(snapshot, device));
-    let mut most = reserved;
-    for entry in &entries[..oom] {
-        reserved = (reserved + reserved_change(entry.action, entry.size)).max(0);
-        most = most.max(reserved);
-    }
-    let bytes = |value: i128| u64::try_from(value).unwrap_or(u64::MAX);
-    let (reserved_bytes, entry) = (bytes(reserved), oom as u64);
-    let (capacity_bytes, from) = match entries[oom].device_free() {
-        Some(device_free_bytes) => (
-            reserved_bytes.saturating_add(device_free_bytes),
-            CapacityFrom::Recorded { entry, reserved_bytes, device_free_bytes },
-        ),
-        None => (bytes(most), CapacityFrom::OomWithoutFree { entry, reserved_bytes, most_reserved_bytes: bytes(most) }),
+    let oom = crate::recording::first_oom_device(snapshot, device)?;
+    let from = match oom.device_free_bytes {
+        Some(device_free_bytes) => {
+            CapacityFrom::Recorded { entry: oom.entry, reserved_bytes: oom.reserved_bytes, device_free_bytes }
+        }
+        None => CapacityFrom::OomWithoutFree {
+            entry: oom.entry,
+            reserved_bytes: oom.reserved_bytes,
+            most_reserved_bytes: oom.most_reserved_bytes,
+        },
     };
-    Some((capacity_bytes.min(LARGEST_DEVICE_BYTES), from))
+    Some((oom.capacity_bytes(), from))
 }
 
 /// The bytes PyTorch held reserved before `recording`'s first entry (0 for a plain trace). No device smaller than
@@ -141,7 +132,7 @@ impl fmt::Display for Capacity {
 mod tests {
     use super::*;
     use heapscope_core::units::MIB;
-    use heapscope_pytorch::{Segment, Snapshot, TraceEntry};
+    use heapscope_pytorch::{Action, Segment, Snapshot, TraceEntry};
 
     fn entry(action: Action, addr: u64, size: u64, device_free: Option<u64>) -> TraceEntry {
         TraceEntry::new(action, addr, size).with_device_free(device_free)

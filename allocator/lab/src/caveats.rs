@@ -138,7 +138,20 @@ pub fn final_state(recording: &Recording) -> Option<String> {
 /// heapscope does not know ([`unknown_actions`]), final segments that disagree with the trace's end
 /// ([`final_state`]). `advise` and `top` print them under their title.
 pub fn of_recording(recording: &Recording) -> Vec<String> {
-    [no_trace(recording), unknown_actions(recording), final_state(recording)].into_iter().flatten().collect()
+    [no_trace(recording), unknown_actions(recording), final_state(recording), empty_caches_untold(recording)]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// The note that the user's `empty_cache()` calls among the recording's segment frees could not be told apart from
+/// the allocator's own releases (the emulation of the recorded run refused the file): none is made by any replay.
+pub fn empty_caches_untold(recording: &Recording) -> Option<String> {
+    let why = recording.empty_caches_untold.as_ref()?;
+    Some(format!(
+        "its segment frees could not be told apart into `empty_cache()` calls and the allocator's own releases (the \
+         emulation of the recorded run refused the file: {why}): no replay makes a call there, and each keeps its cache"
+    ))
 }
 
 /// The note that entries of the device shown are of actions heapscope does not know (a later PyTorch's): read as marks,

@@ -207,6 +207,9 @@ pub struct Recording {
     /// from the allocator's own releases by [`heapscope_pytorch::caching::user_empty_caches`]; a trace's are its
     /// events): each an [`Event::EmptyCache`] of the trace, which the `pytorch` contender takes as it is.
     pub empty_caches: std::sync::Arc<[usize]>,
+    /// Why the user's `empty_cache()` calls could not be told apart, where the emulation of the recorded run refused
+    /// the snapshot (none is an event then: [`crate::caveats::empty_caches_untold`] says so).
+    pub empty_caches_untold: Option<String>,
 }
 
 /// Where a snapshot's final segments disagree with the end of its trace: the segments are the state when the snapshot
@@ -316,6 +319,7 @@ impl Recording {
             .collect();
         Self {
             empty_caches,
+            empty_caches_untold: None,
             name: trace.name.clone(),
             entry_index: (0..trace.events().len() as u64).collect(),
             entries: trace.events().len() as u64,
@@ -351,8 +355,12 @@ impl Recording {
         // The user's `empty_cache()` calls, which no snapshot records, as the emulation of the recorded run tells them
         // apart from the allocator's own releases: an event of the stream, so that every contender makes them. (A
         // recording the emulation refuses has none; its `pytorch` row says why.)
-        let capacity = crate::capacity::snapshot_capacity(&snapshot, device).map(|(bytes, _)| bytes);
-        let empty_caches = heapscope_pytorch::caching::user_empty_caches(&snapshot, device, capacity).unwrap_or_default();
+        let capacity = first_oom_device(&snapshot, device).map(|oom| oom.capacity_bytes());
+        let (empty_caches, empty_caches_untold) = match heapscope_pytorch::caching::user_empty_caches(&snapshot, device, capacity)
+        {
+            Ok(entries) => (entries, None),
+            Err(error) => (Vec::new(), Some(error.to_string())),
+        };
         // A recording that starts from an empty allocator says so only once walked whole: the stream is built forward
         // on that guess first, and the trace walked back for what was live at the start only where the guess fails.
         let built = match Built::forward(name, device, entries, &[], true, &empty_caches) {
@@ -377,6 +385,7 @@ impl Recording {
             unknown_frees: built.unknown_frees,
             final_mismatch,
             empty_caches: empty_caches.into(),
+            empty_caches_untold,
         })
     }
 
@@ -805,6 +814,53 @@ pub fn present_devices(snapshot: &Snapshot) -> std::collections::BTreeSet<usize>
         snapshot.device_traces.iter().enumerate().filter(|(_, entries)| !entries.is_empty()).map(|(device, _)| device).collect();
     devices.extend(snapshot.segments.iter().map(|segment| segment.device as usize));
     devices
+}
+
+/// What device `device`'s first `oom` entry tells of the device ([`crate::capacity::recorded_capacity`] words it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct OomDevice {
+    /// The entry.
+    pub entry: u64,
+    /// Bytes PyTorch held reserved there (the final segments, less what the trace reserved and plus what it returned,
+    /// walked up to the entry).
+    pub reserved_bytes: u64,
+    /// The driver's free bytes it recorded.
+    pub device_free_bytes: Option<u64>,
+    /// The most PyTorch held reserved up to it.
+    pub most_reserved_bytes: u64,
+}
+
+impl OomDevice {
+    /// The device's bytes: what was reserved plus the driver's free bytes, or (none recorded) the most reserved, at
+    /// most the largest device heapscope models.
+    pub fn capacity_bytes(&self) -> u64 {
+        let bytes = match self.device_free_bytes {
+            Some(free) => self.reserved_bytes.saturating_add(free),
+            None => self.most_reserved_bytes,
+        };
+        bytes.min(heapscope_core::LARGEST_DEVICE_BYTES)
+    }
+}
+
+/// What device `device`'s first `oom` entry of `snapshot` tells of the device; `None` without one.
+pub(crate) fn first_oom_device(snapshot: &Snapshot, device: usize) -> Option<OomDevice> {
+    let entries = snapshot.device_traces.get(device)?;
+    // The first oom, found before the reserved bytes are walked: most recordings have none, and then nothing more is
+    // read.
+    let oom = entries.iter().position(|entry| entry.action == Action::Oom)?;
+    let mut reserved = i128::from(reserved_at_start(snapshot, device));
+    let mut most = reserved;
+    for entry in &entries[..oom] {
+        reserved = (reserved + reserved_change(entry.action, entry.size)).max(0);
+        most = most.max(reserved);
+    }
+    let bytes = |value: i128| u64::try_from(value).unwrap_or(u64::MAX);
+    Some(OomDevice {
+        entry: oom as u64,
+        reserved_bytes: bytes(reserved),
+        device_free_bytes: entries[oom].device_free(),
+        most_reserved_bytes: bytes(most),
+    })
 }
 
 /// What a trace entry does to the bytes PyTorch holds reserved: a segment (or a mapped range) more or less.

@@ -147,8 +147,9 @@ pub struct Emulation {
     /// Where the emulation placed each `alloc` entry, and each recorded `oom` request it served after all
     /// (given back at once), by entry index; `None` for other entries and refused requests.
     pub placements: Vec<Option<u64>>,
-    /// The entries where it called `empty_cache()` (or freed a private pool) for the recording's user: the first
-    /// entry of each run of segment frees that the allocator would not have made there for a request of its own.
+    /// The entries where it called `empty_cache()` for the recording's user: the first entry of each run of segment
+    /// frees of the allocator's own pools that the allocator would not have made there for a request of its own (a
+    /// private pool's memory given back alone, `emptyCache(id)`, is none).
     pub empty_caches: Vec<usize>,
 }
 
@@ -189,21 +190,21 @@ pub fn emulate(
     emulate_backed(snapshot, device, conf, capacity_bytes, &mut Unbacked)
 }
 
-/// The entries of device `device`'s trace where the recording's user called `empty_cache()` (or freed a private
-/// pool): the first entry of each run of segment frees that the emulation of the recorded run (its settings, a device
-/// of `capacity_bytes`) finds the allocator would not have made for the request after it. A snapshot records no such
-/// call; these are the places every contender replaying it makes one. Empty, with nothing emulated, where the trace
-/// frees no segment.
+/// The entries of device `device`'s trace where the recording's user called `empty_cache()`: the first entry of each
+/// run of segment frees of the allocator's own pools that the emulation of the recorded run (its settings, a device of
+/// `capacity_bytes`) finds the allocator would not have made for the request after it. A snapshot records no such
+/// call; these are the places every contender replaying it makes one. The emulation stops after the last segment
+/// free; where the trace frees no segment, nothing is emulated.
 ///
 /// # Errors
 /// [`EmulationError`] where the recording cannot be emulated (the `pytorch` contender says the same).
 pub fn user_empty_caches(snapshot: &Snapshot, device: usize, capacity_bytes: Option<u64>) -> Result<Vec<usize>, EmulationError> {
     let trace = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
-    if !trace.iter().any(|entry| matches!(entry.action, Action::SegmentFree | Action::SegmentUnmap)) {
+    let Some(last) = trace.iter().rposition(|entry| matches!(entry.action, Action::SegmentFree | Action::SegmentUnmap)) else {
         return Ok(Vec::new());
-    }
+    };
     let mut emulator = Emulator::new(snapshot, device, &AllocConf::of_snapshot(snapshot), capacity_bytes)?.lean();
-    while emulator.step().is_some() {}
+    while emulator.entries_done() <= last && emulator.step().is_some() {}
     Ok(emulator.out.empty_caches)
 }
 
@@ -583,9 +584,16 @@ impl<'s> Emulator<'s> {
                         _ => own_too = true,
                     }
                 }
+                // The user's calls, where given, are for the allocator's own pools; a run of private pools alone is
+                // told from this run's state as ever.
+                let given = self.given_empty_caches.as_ref().filter(|_| own_too || private.is_empty());
                 let next_entry = self.trace.get(next).map(|entry| (entry, self.pool_id(next)));
-                let (mut freed, tried) = allocator_would_release(&self.alloc, next_entry, self.capacity_bytes);
-                self.capacity_read_up_to = self.capacity_read_up_to.max(tried);
+                let mut freed = Vec::new();
+                if given.is_none() {
+                    let (would, tried) = allocator_would_release(&self.alloc, next_entry, self.capacity_bytes);
+                    self.capacity_read_up_to = self.capacity_read_up_to.max(tried);
+                    freed = would;
+                }
                 // A private pool's memory the next request would not release itself: the pool is gone (its graph or
                 // `MemPool` freed, PyTorch's `graph_pools_freeable`), released from now on. (Its own request may
                 // release its oversize blocks: that pool lives on.)
@@ -597,13 +605,14 @@ impl<'s> Emulator<'s> {
                     self.capacity_read_up_to = self.capacity_read_up_to.max(tried);
                     freed = again;
                 }
-                let user_call = match &self.given_empty_caches {
+                let user_call = match given {
                     Some(given) => given.binary_search(&i).is_ok(),
                     None => freed.is_empty(),
                 };
                 if user_call {
-                    self.out.empty_caches.push(i);
                     if own_too || private.is_empty() {
+                        // The user's `empty_cache()`: the one every contender makes.
+                        self.out.empty_caches.push(i);
                         self.alloc.empty_cache();
                     } else {
                         // Only private pools give memory back: `emptyCache(id)` of each (a `MemPool` deleted), which

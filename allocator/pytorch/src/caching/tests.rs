@@ -1532,18 +1532,47 @@ fn private_pools_give_memory_back_as_pytorch_records_it() {
         entry(Action::Alloc, d, 5 * MIB),
     ]);
 
-    // (what, trace, settings, capacity, recorded segment events)
+    // The user's `empty_cache()` calls: the runs that give the default pools' memory back unasked (not a pool's alone,
+    // nor what the allocator gave back for a request of its own).
+    let user_call = |trace: &[TraceEntry], addr: u64| {
+        vec![
+            trace.iter().position(|e| e.action == Action::SegmentFree && e.addr == addr && e.pool_id == PoolId::DEFAULT).unwrap(),
+        ]
+    };
+    let (two_graphs_call, oversize_call) = (user_call(&two_graphs, own), user_call(&oversize, d));
+
+    // (what, trace, settings, capacity, recorded segment events, the user's calls)
     let cases = [
-        ("two graphs released in another order", two_graphs, "", None, 7),
-        ("a MemPool deleted", mem_pool_deleted, "", None, 3),
-        ("a graph's pages unmapped", unmapped, "expandable_segments:True", None, 3),
-        ("a pool's oversize blocks released by its own request", oversize, "max_split_size_mb:20", Some(60 * MIB), 8),
+        ("two graphs released in another order", two_graphs, "", None, 7, two_graphs_call),
+        ("a MemPool deleted", mem_pool_deleted, "", None, 3, Vec::new()),
+        ("a graph's pages unmapped", unmapped, "expandable_segments:True", None, 3, Vec::new()),
+        (
+            "a pool's oversize blocks released by its own request",
+            oversize,
+            "max_split_size_mb:20",
+            Some(60 * MIB),
+            8,
+            oversize_call,
+        ),
     ];
-    for (what, trace, settings, capacity, recorded) in cases {
+    for (what, trace, settings, capacity, recorded, calls) in cases {
         let snap = Snapshot { device_traces: vec![trace], pool_ids: vec![(0, 0), (0, 1), (0, 2)], ..Snapshot::default() };
-        let em = emulate(&snap, 0, &conf_with(settings), capacity).unwrap();
+        let conf = conf_with(settings);
+        let em = emulate(&snap, 0, &conf, capacity).unwrap();
         assert!(em.fidelity.is_exact(), "{what}: {:?}", em.fidelity);
         assert_eq!((em.fidelity.recorded, em.fidelity.addresses_matched), (recorded, recorded), "{what}");
+        assert_eq!(em.empty_caches, calls, "{what}");
+        if settings.is_empty() {
+            // The recording's own settings (it records none: PyTorch's defaults), as the lab finds the calls.
+            assert_eq!(user_empty_caches(&snap, 0, capacity).unwrap(), calls, "{what}");
+        }
+        // Given the calls, the run is the same, pools released as before.
+        let given: std::sync::Arc<[usize]> = calls.clone().into();
+        let mut emulator = Emulator::new(&snap, 0, &conf, capacity).unwrap().with_empty_caches(given);
+        while emulator.step().is_some() {}
+        let again = emulator.finish();
+        assert!(again.fidelity.is_exact(), "{what}, given: {:?}", again.fidelity);
+        assert_eq!(again.empty_caches, calls, "{what}, given");
     }
 }
 
