@@ -205,7 +205,7 @@ pub struct Recording {
     pub final_mismatch: FinalMismatch,
     /// The entries where the recording's user called `empty_cache()` (a snapshot records none: they are told apart
     /// from the allocator's own releases by [`heapscope_pytorch::caching::user_empty_caches`]; a trace's are its
-    /// events): each an [`Event::EmptyCache`] of the trace, which the `pytorch` contender takes as it is.
+    /// events): each an [`heapscope_core::Event::EmptyCache`] of the trace, which the `pytorch` contender takes as it is.
     pub empty_caches: std::sync::Arc<[usize]>,
     /// Why the user's `empty_cache()` calls could not be told apart, where the emulation of the recorded run refused
     /// the snapshot (none is an event then: [`crate::caveats::empty_caches_untold`] says so).
