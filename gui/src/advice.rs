@@ -2,11 +2,11 @@
 //! live: every setting of the grid is a replay of the whole recording, and a large one takes a while. The panel
 //! (`panels::advice`) shows its progress, then the ranked settings; a row opens as a pane beside the others.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-use heapscope_lab::advise::{Advice, AdviseConfig, advise};
+use heapscope_lab::advise::{Advice, AdviseConfig, advise_until};
 use heapscope_lab::recording::Recording;
 
 /// What the worker has so far.
@@ -28,7 +28,16 @@ pub struct AdviceRun {
     done: Arc<AtomicUsize>,
     total: Arc<AtomicUsize>,
     result: Arc<Mutex<Option<Result<Advice, String>>>>,
+    /// Set when the run is dropped (another recording, device or capacity): the worker starts no more settings.
+    cancelled: Arc<AtomicBool>,
     worker: Option<JoinHandle<()>>,
+}
+
+impl Drop for AdviceRun {
+    /// A run dropped is given up ([`AdviceRun::give_up`]).
+    fn drop(&mut self) {
+        self.give_up();
+    }
 }
 
 impl AdviceRun {
@@ -38,23 +47,29 @@ impl AdviceRun {
         let name = recording.shown_name();
         let (done, total) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let result = Arc::new(Mutex::new(None));
+        let cancelled = Arc::new(AtomicBool::new(false));
         let (worker_done, worker_total, worker_result) = (Arc::clone(&done), Arc::clone(&total), Arc::clone(&result));
+        let worker_cancelled = Arc::clone(&cancelled);
         let worker = std::thread::Builder::new()
             .name("heapscope-advice".into())
             .spawn(move || {
                 let config = AdviseConfig { capacity_bytes, ..AdviseConfig::default() };
-                let advice = advise(&recording, &config, &|done, total| {
+                let progress = |done, total| {
                     worker_total.store(total, Ordering::Relaxed);
                     worker_done.store(done, Ordering::Relaxed);
-                })
-                .map_err(|error| error.to_string());
+                };
+                let advice = match advise_until(&recording, &config, &progress, &worker_cancelled) {
+                    Ok(Some(advice)) => Ok(advice),
+                    Ok(None) => Err("the advice was given up".to_owned()),
+                    Err(error) => Err(error.to_string()),
+                };
                 *worker_result.lock().unwrap_or_else(PoisonError::into_inner) = Some(advice);
             })
             .ok();
         if worker.is_none() {
             *result.lock().unwrap_or_else(PoisonError::into_inner) = Some(Err("cannot start the advice's worker".into()));
         }
-        Self { name, done, total, result, worker }
+        Self { name, done, total, result, cancelled, worker }
     }
 
     /// Where it stands.
@@ -66,11 +81,41 @@ impl AdviceRun {
         }
     }
 
+    /// Gives the advice up: its worker finishes the settings it is replaying and starts no others (a large
+    /// recording's grid takes minutes, on the cores the next session's replays need); it then reads as failed.
+    pub fn give_up(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+
     /// Waits for the advice (tests).
     pub fn wait(&mut self) -> AdviceState {
         if let Some(worker) = self.worker.take() {
             let _ = worker.join();
         }
         self.state()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Given up at once, the grid (27 settings of GPT-2's recording) stops after the settings already replaying,
+    /// and says so; left alone, it ranks every setting.
+    #[test]
+    fn an_advice_given_up_stops() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/gpt2_train_fixed-default.pickle.gz");
+        let recording = Recording::open(&path, 0).unwrap();
+        let mut given_up = AdviceRun::start(recording.clone(), None);
+        given_up.give_up();
+        match given_up.wait() {
+            AdviceState::Failed(why) => assert_eq!(why, "the advice was given up"),
+            other => panic!("{other:?}"),
+        }
+        let (done, total) = (given_up.done.load(Ordering::Relaxed), given_up.total.load(Ordering::Relaxed));
+        assert!(done < total || total == 0, "{done} of {total} settings replayed");
+        let mut whole = AdviceRun::start(recording, None);
+        assert!(matches!(whole.wait(), AdviceState::Done(advice) if advice.settings.len() > 20));
     }
 }

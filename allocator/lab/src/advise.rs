@@ -26,7 +26,7 @@
 
 use std::cell::RefCell;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::caching_target::Copies;
 use crate::capacity::{Capacity, CapacityFrom};
@@ -407,6 +407,19 @@ enum Row {
 /// # Errors
 /// A setting PyTorch would refuse (named), or a recording the emulation cannot replay.
 pub fn advise(recording: &Recording, config: &AdviseConfig, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Advice> {
+    advise_until(recording, config, progress, &AtomicBool::new(false))?
+        .ok_or_else(|| heapscope_core::Error::InvalidConfig { what: "the advice was cancelled".to_owned() })
+}
+
+/// [`advise`] until `cancelled` is set: no setting starts its replay after that (those replaying finish theirs), and
+/// the answer is `None`. For a caller that may give the advice up (the app, when another recording opens: a large
+/// recording's grid takes minutes).
+pub fn advise_until(
+    recording: &Recording,
+    config: &AdviseConfig,
+    progress: &(dyn Fn(usize, usize) + Sync),
+    cancelled: &AtomicBool,
+) -> Result<Option<Advice>> {
     let Capacity { bytes: capacity_bytes, from: capacity_from } = Capacity::of(config.capacity_bytes, recording);
     let recorded_conf = alloc_conf(recording, None)?;
     // The string the file records; for a file that records none, the settings the replay runs with (expandable
@@ -450,7 +463,9 @@ pub fn advise(recording: &Recording, config: &AdviseConfig, progress: &(dyn Fn(u
     std::thread::scope(|scope| {
         for _ in 0..config.threads.clamp(1, runs.len()) {
             scope.spawn(|| {
-                while let Some(&index) = runs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                while !cancelled.load(Ordering::Relaxed)
+                    && let Some(&index) = runs.get(next.fetch_add(1, Ordering::Relaxed))
+                {
                     let advice = advise_row(recording, &rows[index], capacity_bytes, &recorded_conf);
                     // Told under the lock, so that `progress` hears counts in order.
                     let mut results = results.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -461,6 +476,9 @@ pub fn advise(recording: &Recording, config: &AdviseConfig, progress: &(dyn Fn(u
             });
         }
     });
+    if cancelled.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
     let results = results.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut settings = Vec::with_capacity(rows.len());
     for (index, row) in rows.iter().enumerate() {
@@ -489,7 +507,14 @@ pub fn advise(recording: &Recording, config: &AdviseConfig, progress: &(dyn Fn(u
         }
     }
     let tie_bytes = rank(&mut settings, capacity_bytes.is_some());
-    Ok(Advice { capacity_bytes, capacity_from, recorded_setting, start_live_bytes: recording.start_bytes(), tie_bytes, settings })
+    Ok(Some(Advice {
+        capacity_bytes,
+        capacity_from,
+        recorded_setting,
+        start_live_bytes: recording.start_bytes(),
+        tie_bytes,
+        settings,
+    }))
 }
 
 /// `setting` with the keys of `recorded` no setting of the grid varies — the share of the device
@@ -1175,6 +1200,34 @@ mod tests {
             let answer = advice.answer();
             assert_eq!(answer.starts_with("No setting fits in 19.00 MiB"), !fits, "{capacity}: {answer}");
         }
+    }
+
+    /// Advice given up (another recording opened in the app) replays no setting after it is cancelled: cancelled before
+    /// the first, nothing; after the first (told through `progress`, on one thread), that one only.
+    #[test]
+    fn a_cancelled_advice_replays_no_more_settings() {
+        let recording = shared("frag_oom-default");
+        let settings = vec![String::new(), "expandable_segments:True".into(), "max_split_size_mb:256".into()];
+        let config = AdviseConfig { capacity_bytes: None, settings, threads: 1 };
+        for cancel_after in [0, 1] {
+            let cancelled = AtomicBool::new(cancel_after == 0);
+            let heard = AtomicUsize::new(0);
+            let advice = advise_until(
+                &recording,
+                &config,
+                &|done, _| {
+                    heard.store(done, Ordering::Relaxed);
+                    cancelled.store(done >= cancel_after, Ordering::Relaxed);
+                },
+                &cancelled,
+            )
+            .unwrap();
+            assert!(advice.is_none(), "cancelled after {cancel_after}");
+            assert_eq!(heard.load(Ordering::Relaxed), cancel_after, "settings replayed");
+        }
+        // Not cancelled: every setting (and paged).
+        let advice = advise_until(&recording, &config, &|_, _| {}, &AtomicBool::new(false)).unwrap().unwrap();
+        assert_eq!(advice.settings.len(), 4);
     }
 
     /// A probe resumed from a copy of the run without a limit answers as a replay from the start does: on the
