@@ -32,6 +32,7 @@ use std::str::FromStr;
 
 use heapscope_core::trace::{Trace, TraceBuilder};
 use heapscope_core::{Error, Result};
+use heapscope_pytorch::caching::ADDRESS_LIMIT;
 use heapscope_pytorch::{Action, BlockState, Snapshot, SnapshotError, StackId, TraceEntry, read_snapshot};
 
 /// What a recording file holds.
@@ -630,6 +631,23 @@ impl Built {
                         ),
                     });
                 }
+                // An address range no device has (the emulation refuses it too): refused, naming the entry; the ids of
+                // the `oom` entries' probes, counting down from 2^64 - 1, stay clear of every address.
+                Action::Alloc | Action::FreeRequested | Action::FreeCompleted
+                    if entry.addr.checked_add(entry.size).is_none_or(|end| end > ADDRESS_LIMIT) =>
+                {
+                    return Err(Error::Trace {
+                        file: name.to_owned(),
+                        line: 0,
+                        what: format!(
+                            "device_traces[{device}][{index}]: {} of {} bytes at {:#x} ends past {ADDRESS_LIMIT:#x}, beyond \
+                             any device's addresses",
+                            entry.action.as_str(),
+                            entry.size,
+                            entry.addr
+                        ),
+                    });
+                }
                 Action::Alloc => match builder.alloc(entry.addr, entry.size) {
                     Ok(()) => entry_index.push(index),
                     Err(_) if guess_empty => return Ok(None),
@@ -1136,6 +1154,18 @@ mod tests {
             assert!(error.contains(&said), "{error}");
             let emulated = heapscope_pytorch::caching::emulate(&zero, 0, &Default::default(), None).unwrap_err().to_string();
             assert!(emulated.contains(&format!("{} of 0 bytes", action.as_str())), "{emulated}");
+        }
+        // An address range past any device's (the emulation's limit, 2^62) is refused as the emulation refuses it; an
+        // `oom` entry's probe id (from 2^64 - 1 down) cannot meet an address then.
+        for (action, at, size) in
+            [(Action::Alloc, (1 << 62) - 512, 1024), (Action::Alloc, u64::MAX, 1), (Action::FreeCompleted, 1 << 63, 7)]
+        {
+            let mut far = snapshot.clone();
+            far.device_traces[0].insert(4, entry(action, at, size));
+            let error = Recording::from_snapshot("t.pickle", far, 0).unwrap_err().to_string();
+            let said =
+                format!("device_traces[0][4]: {} of {size} bytes at {at:#x} ends past 0x4000000000000000", action.as_str());
+            assert!(error.contains(&said), "{error}");
         }
         let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
         assert_eq!(

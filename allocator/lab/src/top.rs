@@ -397,19 +397,20 @@ mod tests {
     /// Sizes read from a file may add up past a u64: the peak and the totals saturate (they overflowed, a panic).
     #[test]
     fn live_bytes_past_a_u64_saturate() {
-        let half = 1u64 << 63;
-        let trace =
-            vec![entry(Action::Alloc, 0, half, 0), entry(Action::Alloc, half, half, 0), entry(Action::FreeCompleted, 0, half, 0)];
+        // Sixteen requests of 2^60 bytes (the most PyTorch asks of the driver; the file may overlap them) reach 2^64.
+        let huge = 1u64 << 60;
+        let mut trace: Vec<TraceEntry> = (0..16).map(|k| entry(Action::Alloc, k * 512, huge, 0)).collect();
+        trace.push(entry(Action::FreeCompleted, 0, huge, 0));
         let snapshot = Snapshot { device_traces: vec![trace], ..Snapshot::default() };
         let recording = Recording::from_snapshot("huge.pickle", snapshot, 0).unwrap();
-        assert_eq!(peak(&recording), (Moment::Entry(1), u64::MAX));
+        assert_eq!(peak(&recording), (Moment::Entry(15), u64::MAX));
         let at_peak = top(&recording, TopAt::Peak, Grouping::UserFrame).unwrap();
-        assert_eq!((at_peak.live_bytes, at_peak.live_count), (u64::MAX, 2));
-        assert_eq!(rows(&at_peak), [(Vec::new(), u64::MAX, 2)]);
+        assert_eq!((at_peak.live_bytes, at_peak.live_count), (u64::MAX, 16));
+        assert_eq!(rows(&at_peak), [(Vec::new(), u64::MAX, 16)]);
         assert_eq!(at_peak.rows[0].share, 1.0);
-        // Three such blocks, none labelled: one row by category, all of the live bytes (its saturated bytes over the
-        // true total made it 2/3).
-        let trace = [0, half, 4096].map(|addr| entry(Action::Alloc, addr, half, 0)).to_vec();
+        // Seventeen such blocks, none labelled: one row by category, all of the live bytes (its saturated bytes over
+        // the true total made it 16/17).
+        let trace = (0..17).map(|k| entry(Action::Alloc, k * 512, huge, 0)).collect();
         let snapshot = Snapshot { device_traces: vec![trace], ..Snapshot::default() };
         let recording = Recording::from_snapshot("huge.pickle", snapshot, 0).unwrap();
         let by_category = top(&recording, TopAt::Peak, Grouping::Category).unwrap();

@@ -641,20 +641,17 @@ fn labelled_frag_oom(dir: &Path) -> PathBuf {
     path
 }
 
-/// `top`'s table past `--limit` sums the rows left out: three allocations of 2^63 B from three places add up past a
-/// u64, shown saturated (the sum overflowed: a panic, exit 101).
+/// `top`'s table past `--limit` sums the rows left out: seventeen allocations of 2^60 B (the most PyTorch asks of the
+/// driver) from three places add up past a u64, shown saturated (the sum overflowed: a panic, exit 101).
 #[test]
 fn top_sums_the_rows_left_out_saturated() {
     use heapscope_pytorch::{Action, Frame, Snapshot, StackId, TraceEntry};
     let dir = temp_dir("top-huge");
-    let half = 1u64 << 63;
     let frame = |line: i64| Frame { filename: "train.py".into(), line, name: "step".into() };
     let snapshot = Snapshot {
         device_traces: vec![
-            [0, half, 4096]
-                .iter()
-                .zip(1u32..)
-                .map(|(&addr, stack)| TraceEntry::new(Action::Alloc, addr, half).with_frames(StackId(stack)))
+            (0..17u32)
+                .map(|k| TraceEntry::new(Action::Alloc, u64::from(k) * 512, 1 << 60).with_frames(StackId(1 + k % 3)))
                 .collect(),
         ],
         frame_stacks: vec![Vec::new(), vec![frame(1)], vec![frame(2)], vec![frame(3)]],
