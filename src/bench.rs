@@ -395,6 +395,14 @@ impl Device {
     /// Runs `workload` through `policy`; [`Outcome::NotRun`] when the device cannot host the contender (`paged` and
     /// `pytorch-expandable` without sparse residency, or on wgpu that is not heapscope's Vulkan device).
     fn run(&self, workload: &Workload, policy: Contender, settings: &BenchSettings) -> Result<Outcome> {
+        if policy == (Contender::Pytorch { expandable: true }) && settings.alloc_conf.expandable_segments {
+            // The `pytorch` row runs with expandable segments already: the same run, measured twice.
+            return Ok(Outcome::not_run(
+                policy.name(),
+                "pytorch's settings turn expandable segments on already (as the recording tells, or --alloc-conf): the \
+                 `pytorch` row is this run",
+            ));
+        }
         if let Some(why) = self.too_large(workload, policy, settings) {
             return Ok(Outcome::not_run(policy.name(), why));
         }

@@ -203,14 +203,25 @@ impl MemorySource for ArenaSource {
             .filter(|copy| copy.from_block == copy.to_block)
             .map(|copy| copy.size_bytes.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT))
             .max();
-        let scratch = scratch_bytes.map(|size| {
-            device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("heapscope compaction scratch"),
-                size,
-                usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        });
+        // Made inside error scopes: a device without room for it fails this compaction, named, instead of logging an
+        // uncaptured error that fails the whole run.
+        let scratch = match scratch_bytes {
+            Some(size) => Some(
+                self.device
+                    .scoped(|| {
+                        device.create_buffer(&wgpu::BufferDescriptor {
+                            label: Some("heapscope compaction scratch"),
+                            size,
+                            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                            mapped_at_creation: false,
+                        })
+                    })
+                    .map_err(|caught| {
+                        SourceError::Failed(format!("the compaction's scratch buffer of {size} B: {}", caught.message))
+                    })?,
+            ),
+            None => None,
+        };
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("heapscope compaction") });
         for copy in copies {
             let (from, to) = (arena(copy.from_block)?, arena(copy.to_block)?);

@@ -1865,4 +1865,10 @@ fn bench_replays_a_snapshot_with_its_recorded_settings() {
     assert_eq!(benched[0]["peak_reserved_bytes"], replayed[0]["peak_reserved_bytes"], "{}", benched[0]);
     let text = heapscope(&["bench", "--workload", "replay", file, "--backend", "sim", "--policy", "pytorch"]);
     assert!(stdout(&text).contains("pytorch's settings: expandable_segments:True (as the recording tells)"), "{}", stdout(&text));
+    // `pytorch-expandable` there would be the same run again (it was measured twice): a row that says so.
+    let both =
+        ["bench", "--workload", "replay", file, "--backend", "sim", "--policy", "pytorch", "--policy", "pytorch-expandable"];
+    let rows = json_lines(&heapscope(&[&both[..], &["--json"]].concat()));
+    let why = rows[1]["not_run"].as_str().unwrap_or_default();
+    assert!(why.contains("turn expandable segments on already") && rows[0]["not_run"].is_null(), "{rows:?}");
 }
