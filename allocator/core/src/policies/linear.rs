@@ -17,7 +17,8 @@ use crate::policy::{check_owner, not_live, rounded};
 use crate::report::allocation_ranges;
 use crate::request::align_down;
 use crate::{
-    Allocation, AllocationId, OwnerId, Policy, PolicyConfig, PolicyReport, RangeReport, RangeState, Request, ResourceKind, Result,
+    Allocation, AllocationId, FreeSpace, OwnerId, Policy, PolicyConfig, PolicyReport, RangeReport, RangeState, Request,
+    ResourceKind, Result,
 };
 
 /// How a [`Linear`] policy reclaims freed memory.
@@ -65,6 +66,8 @@ pub struct Linear {
     entries: VecDeque<Entry>,
     next_seq: u64,
     live: usize,
+    /// Footprint bytes of the live allocations.
+    live_footprint_bytes: u64,
     guard: Option<GranularityGuard>,
 }
 
@@ -88,6 +91,7 @@ impl Linear {
             entries: VecDeque::new(),
             next_seq: 0,
             live: 0,
+            live_footprint_bytes: 0,
             guard: config.granularity().map(GranularityGuard::new),
         })
     }
@@ -161,6 +165,7 @@ impl Policy for Linear {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.live += 1;
+        self.live_footprint_bytes += offset + size - start;
         self.entries.push_back(Entry {
             seq,
             footprint_offset: start,
@@ -193,6 +198,7 @@ impl Policy for Linear {
         let entry = &mut self.entries[position];
         entry.live = false;
         let (offset, footprint_end) = (entry.offset, entry.footprint_end);
+        self.live_footprint_bytes -= footprint_end - entry.footprint_offset;
         if let Some(guard) = &mut self.guard {
             guard.remove(offset, footprint_end - offset);
         }
@@ -203,6 +209,14 @@ impl Policy for Linear {
 
     fn live_allocations(&self) -> usize {
         self.live
+    }
+
+    /// The usable runs are the free ones; what neither they nor live footprints hold is retired.
+    fn free_space(&self) -> FreeSpace {
+        let runs = self.usable_runs().map(|(start, end)| end.saturating_sub(start));
+        let free_bytes: u64 = runs.iter().sum();
+        let retired_bytes = self.capacity_bytes.saturating_sub(free_bytes).saturating_sub(self.live_footprint_bytes);
+        FreeSpace { free_bytes, largest_free_run_bytes: runs.into_iter().max().unwrap_or(0), retired_bytes }
     }
 
     fn report(&self) -> PolicyReport {
