@@ -355,12 +355,17 @@ impl Recording {
         let entries = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
         // The user's `empty_cache()` calls, which no snapshot records, as the emulation of the recorded run tells them
         // apart from the allocator's own releases: an event of the stream, so that every contender makes them. (A
-        // recording the emulation refuses has none; its `pytorch` row says why.)
-        let capacity = first_oom_device(&snapshot, device).map(|oom| oom.capacity_bytes());
-        let (empty_caches, empty_caches_untold) = match heapscope_pytorch::caching::user_empty_caches(&snapshot, device, capacity)
-        {
-            Ok(entries) => (entries, None),
-            Err(error) => (Vec::new(), Some(error.to_string())),
+        // recording the emulation refuses has none; its `pytorch` row says why.) Most recordings free no segment: nothing
+        // to tell apart, no capacity to find.
+        let frees_segments = entries.iter().any(|entry| matches!(entry.action, Action::SegmentFree | Action::SegmentUnmap));
+        let (empty_caches, empty_caches_untold) = if frees_segments {
+            let capacity = first_oom_device(&snapshot, device).map(|oom| oom.capacity_bytes());
+            match heapscope_pytorch::caching::user_empty_caches(&snapshot, device, capacity) {
+                Ok(entries) => (entries, None),
+                Err(error) => (Vec::new(), Some(error.to_string())),
+            }
+        } else {
+            (Vec::new(), None)
         };
         // A recording that starts from an empty allocator says so only once walked whole: the stream is built forward
         // on that guess first, and the trace walked back for what was live at the start only where the guess fails.
