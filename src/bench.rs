@@ -393,9 +393,10 @@ impl Device {
     }
 
     /// Runs `workload` through `policy`; [`Outcome::NotRun`] when the device cannot host the contender (`paged` and
-    /// `pytorch-expandable` without sparse residency, or on wgpu that is not heapscope's Vulkan device).
-    fn run(&self, workload: &Workload, policy: Contender, settings: &BenchSettings) -> Result<Outcome> {
-        if policy == (Contender::Pytorch { expandable: true }) && settings.alloc_conf.expandable_segments {
+    /// `pytorch-expandable` without sparse residency, or on wgpu that is not heapscope's Vulkan device), or for
+    /// `pytorch-expandable` beside a `pytorch` row (`pytorch_too`) whose settings turn expandable segments on already.
+    fn run(&self, workload: &Workload, policy: Contender, settings: &BenchSettings, pytorch_too: bool) -> Result<Outcome> {
+        if policy == (Contender::Pytorch { expandable: true }) && settings.alloc_conf.expandable_segments && pytorch_too {
             // The `pytorch` row runs with expandable segments already: the same run, measured twice.
             return Ok(Outcome::not_run(
                 policy.name(),
@@ -617,8 +618,10 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
     // A contender that fails (a Vulkan call refused) is said in its row and the others still run; the bench fails
     // at the end, after the validation layer's messages.
     let mut failed = Vec::new();
-    for policy in args.policies() {
-        let outcome = match device.run(&chosen.workload, policy, &settings) {
+    let policies = args.policies();
+    let pytorch_too = policies.contains(&Contender::Pytorch { expandable: false });
+    for policy in policies {
+        let outcome = match device.run(&chosen.workload, policy, &settings, pytorch_too) {
             Ok(outcome) => outcome,
             Err(error) => {
                 let why = format!("{error:#}");

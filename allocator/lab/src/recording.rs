@@ -339,15 +339,17 @@ impl Recording {
     /// # Errors
     /// [`Error::Trace`] when the snapshot has no such device or records nothing on it (no trace entry, no segment:
     /// the message lists the devices it has, see [`missing_device`]), two of its final segments
-    /// overlap ([`heapscope_pytorch::caching::no_overlapping_segments`]), or an entry contradicts the ones before it
+    /// overlap or end past any device's addresses ([`heapscope_pytorch::caching::segments_describe_a_device`]), or an
+    /// entry contradicts the ones before it
     /// (an address allocated twice without a free, a zero-size allocation).
     pub fn from_snapshot(name: &str, snapshot: Snapshot, device: usize) -> Result<Self> {
         if let Some(what) = missing_device(&snapshot, device) {
             return Err(Error::Trace { file: name.to_owned(), line: 0, what });
         }
-        // The start state is walked back from the final segments: segments that overlap describe no device (every
-        // contender would replay an impossible start).
-        heapscope_pytorch::caching::no_overlapping_segments(&snapshot, device).map_err(|error| Error::Trace {
+        // The start state is walked back from the final segments: segments that overlap, or end past any device's
+        // addresses, describe no device (every contender would replay an impossible start; an `oom` entry's probe id,
+        // from 2^64 - 1 down, could meet such an address).
+        heapscope_pytorch::caching::segments_describe_a_device(&snapshot, device).map_err(|error| Error::Trace {
             file: name.to_owned(),
             line: 0,
             what: error.to_string(),
@@ -1172,6 +1174,16 @@ mod tests {
                 format!("device_traces[0][4]: {} of {size} bytes at {at:#x} ends past 0x4000000000000000", action.as_str());
             assert!(error.contains(&said), "{error}");
         }
+        // A final segment past the limit too: its blocks would be the start's allocations.
+        let mut far = snapshot.clone();
+        far.segments = vec![segment(
+            0,
+            u64::MAX - 511,
+            512,
+            vec![heapscope_pytorch::Block::new(u64::MAX - 511, 512, 1, BlockState::ActiveAllocated)],
+        )];
+        let error = Recording::from_snapshot("t.pickle", far, 0).unwrap_err().to_string();
+        assert!(error.contains("segments[0]") && error.contains("ranges must end by 0x4000000000000000"), "{error}");
         let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
         assert_eq!(
             recording.trace.events(),

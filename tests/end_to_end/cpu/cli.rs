@@ -1871,4 +1871,9 @@ fn bench_replays_a_snapshot_with_its_recorded_settings() {
     let rows = json_lines(&heapscope(&[&both[..], &["--json"]].concat()));
     let why = rows[1]["not_run"].as_str().unwrap_or_default();
     assert!(why.contains("turn expandable segments on already") && rows[0]["not_run"].is_null(), "{rows:?}");
+    // Asked alone, it runs (no `pytorch` row is the same run).
+    let alone = ["bench", "--workload", "replay", file, "--backend", "sim", "--policy", "pytorch-expandable", "--json"];
+    let output = heapscope(&alone);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(json_lines(&output)[0]["not_run"].is_null(), "{}", stdout(&output));
 }

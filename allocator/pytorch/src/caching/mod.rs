@@ -56,7 +56,7 @@ pub use emulate::{
 pub use heap::{CachingAllocation, CachingHeap};
 pub use in_effect::{largest_block_bound, settings_in_effect};
 pub use request_pools::RequestPools;
-pub use validate::{EmulationError, no_overlapping_segments};
+pub use validate::{EmulationError, no_overlapping_segments, segments_describe_a_device};
 pub use virtual_segments::{add_range, remove_range};
 
 use super::alloc_conf::AllocConf;

@@ -135,6 +135,21 @@ pub fn no_overlapping_segments(snapshot: &Snapshot, device: usize) -> Result<(),
     Ok(())
 }
 
+/// What every replay of device `device`'s recording needs of its final segments, whoever replays it: each segment and
+/// block ends by [`ADDRESS_LIMIT`] (no device has addresses past it) and no two segments overlap
+/// ([`no_overlapping_segments`]). The emulation checks more (blocks that tile their segment, sizes PyTorch could ask).
+pub fn segments_describe_a_device(snapshot: &Snapshot, device: usize) -> Result<(), EmulationError> {
+    for (i, s) in snapshot.segments.iter().enumerate().filter(|(_, s)| s.device as usize == device) {
+        if range_end(s.address, s.total_size).is_none() {
+            return Err(EmulationError::Segment { segment: i, what: overflow("total_size", s.address, s.total_size) });
+        }
+        if let Some((j, b)) = s.blocks.iter().enumerate().find(|(_, b)| range_end(b.address, b.size).is_none()) {
+            return Err(EmulationError::Block { segment: i, block: j, what: overflow("size", b.address, b.size) });
+        }
+    }
+    no_overlapping_segments(snapshot, device)
+}
+
 /// Checks device `device`'s final segments: each one's size and range, its blocks tiling it, and no two of them
 /// overlapping.
 fn check_final_segments(snapshot: &Snapshot, device: usize) -> Result<(), EmulationError> {
