@@ -284,6 +284,25 @@ pub struct Emulator<'s> {
     /// The most a request tried on a copy of the allocator reserved (the check for an `empty_cache()` call): the
     /// capacity was read up to there, beside the allocator's own peak.
     capacity_read_up_to: u64,
+    /// What the recording held reserved before the next entry: its start's, and each segment entry since. A recorded
+    /// `oom` on no capacity given is on a device of that plus the driver's free bytes it recorded (both measured after
+    /// PyTorch released its cache for it).
+    recorded_reserved_bytes: u64,
+}
+
+/// How a segment entry changes what PyTorch holds reserved.
+fn reserved_change(entry: &TraceEntry) -> i128 {
+    match entry.action {
+        Action::SegmentAlloc | Action::SegmentMap => i128::from(entry.size),
+        Action::SegmentFree | Action::SegmentUnmap => -i128::from(entry.size),
+        _ => 0,
+    }
+}
+
+/// `reserved` after `entries`.
+fn reserved_after(reserved: u64, entries: &[TraceEntry]) -> u64 {
+    let after = entries.iter().fold(i128::from(reserved), |bytes, entry| (bytes + reserved_change(entry)).max(0));
+    u64::try_from(after).unwrap_or(u64::MAX)
 }
 
 /// Where the driver's rule starts ([`Emulator::hide_addresses`]): the top of the trace's first `cudaMalloc` range and
@@ -335,6 +354,7 @@ impl<'s> Emulator<'s> {
         let other_kind = conf.expandable_segments != AllocConf::of_snapshot(snapshot).expandable_segments;
         let pools = RequestPools::of(snapshot, device);
         let (mut alloc, mut live, mut start_left_out) = rebuild_start_state(snapshot, device, conf, capacity_bytes, &pools)?;
+        let recorded_reserved_bytes = alloc.reserved_bytes();
         if !other_kind && conf.expandable_segments && private_pools_whole(snapshot, device, trace, &pools) {
             alloc.set_private_pools_whole();
         }
@@ -370,6 +390,7 @@ impl<'s> Emulator<'s> {
             given_empty_caches: None,
             next: 0,
             capacity_read_up_to: 0,
+            recorded_reserved_bytes,
         };
         Ok(emulator)
     }
@@ -434,6 +455,7 @@ impl<'s> Emulator<'s> {
             given_empty_caches: self.given_empty_caches.clone(),
             next: self.next,
             capacity_read_up_to: self.capacity_read_up_to,
+            recorded_reserved_bytes: self.recorded_reserved_bytes,
         }
     }
 
@@ -555,19 +577,21 @@ impl<'s> Emulator<'s> {
                     effect = EntryEffect::Freed { address: addr };
                 }
             }
-            Action::Oom => match attempt_recorded_oom(&mut self.alloc, pool_id, e, self.capacity_bytes) {
-                Ok(block) => {
-                    if let Some(placement) = self.out.placements.get_mut(i) {
-                        *placement = Some(block.address);
+            Action::Oom => {
+                match attempt_recorded_oom(&mut self.alloc, pool_id, e, self.capacity_bytes, self.recorded_reserved_bytes) {
+                    Ok(block) => {
+                        if let Some(placement) = self.out.placements.get_mut(i) {
+                            *placement = Some(block.address);
+                        }
+                        effect = EntryEffect::ServedAndReturned { address: block.address, size_bytes: block.size_bytes };
+                        served = Some(block);
                     }
-                    effect = EntryEffect::ServedAndReturned { address: block.address, size_bytes: block.size_bytes };
-                    served = Some(block);
+                    Err(report) => {
+                        effect = EntryEffect::Refused(report);
+                        self.out.first_oom.get_or_insert(OomEvent { event_index: i, report });
+                    }
                 }
-                Err(report) => {
-                    effect = EntryEffect::Refused(report);
-                    self.out.first_oom.get_or_insert(OomEvent { event_index: i, report });
-                }
-            },
+            }
             Action::SegmentFree | Action::SegmentUnmap if i >= self.empty_cache_checked_until => {
                 let next = self.trace[i..]
                     .iter()
@@ -587,7 +611,11 @@ impl<'s> Emulator<'s> {
                 // The user's calls, where given, are for the allocator's own pools; a run of private pools alone is
                 // told from this run's state as ever.
                 let given = self.given_empty_caches.as_ref().filter(|_| own_too || private.is_empty());
-                let next_entry = self.trace.get(next).map(|entry| (entry, self.pool_id(next)));
+                // The next entry's request, on the device the recording tells there (after the run's segment entries).
+                let next_entry = self
+                    .trace
+                    .get(next)
+                    .map(|entry| (entry, self.pool_id(next), reserved_after(self.recorded_reserved_bytes, &self.trace[i..next])));
                 let mut freed = Vec::new();
                 if given.is_none() {
                     let (would, tried) = allocator_would_release(&self.alloc, next_entry, self.capacity_bytes);
@@ -629,6 +657,7 @@ impl<'s> Emulator<'s> {
             }
             _ => {}
         }
+        self.recorded_reserved_bytes = reserved_after(self.recorded_reserved_bytes, std::slice::from_ref(e));
         if !self.record {
             self.alloc.clear_events();
             return Some((i, Stepped { effect, served, device_events: Vec::new() }));
@@ -702,9 +731,13 @@ fn attempt_recorded_oom(
     pool_id: (i64, i64),
     e: &TraceEntry,
     capacity_bytes: Option<u64>,
+    recorded_reserved_bytes: u64,
 ) -> Result<LiveBlock, OomReport> {
     if capacity_bytes.is_none() {
-        alloc.request_limit_bytes = Some(alloc.reserved_bytes().saturating_add(e.device_free().unwrap_or(0)));
+        // The device the recording tells: what it held reserved there (its cache already released for the request)
+        // and the driver's free bytes (the same device for a what-if, which may hold more or less).
+        let device = recorded_reserved_bytes.saturating_add(e.device_free().unwrap_or(0));
+        alloc.request_limit_bytes = Some(device);
     }
     let result = alloc.malloc_in(pool_id, e.size, e.stream, None);
     alloc.request_limit_bytes = None;
@@ -728,17 +761,17 @@ fn attempt_recorded_oom(
 /// Also the most the copy reserved while trying: the capacity was read up to there.
 fn allocator_would_release(
     alloc: &CachingAllocator,
-    next: Option<(&TraceEntry, (i64, i64))>,
+    next: Option<(&TraceEntry, (i64, i64), u64)>,
     capacity_bytes: Option<u64>,
 ) -> (Vec<u64>, u64) {
-    let Some((next, pool_id)) = next else { return (Vec::new(), 0) };
+    let Some((next, pool_id, recorded_reserved_bytes)) = next else { return (Vec::new(), 0) };
     let mut copy = alloc.clone();
     match next.action {
         Action::Alloc => {
             let _ = copy.malloc_in(pool_id, next.size, next.stream, Some(next.addr));
         }
         Action::Oom => {
-            let _ = attempt_recorded_oom(&mut copy, pool_id, next, capacity_bytes);
+            let _ = attempt_recorded_oom(&mut copy, pool_id, next, capacity_bytes, recorded_reserved_bytes);
         }
         _ => return (Vec::new(), 0),
     }

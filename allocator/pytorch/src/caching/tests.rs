@@ -778,6 +778,29 @@ fn a_memory_fraction_refuses_by_the_allocation_size() {
     }
 }
 
+/// A recorded `oom` on no capacity given: its device is what was reserved there plus the driver's free bytes it
+/// recorded, measured after PyTorch released its cache (the `segment_free` entries before it). A 500 MiB segment cached
+/// and released, then 700 MiB refused with 600 MiB free: refused here too (the released bytes are not counted twice,
+/// once cached and once free).
+#[test]
+fn a_recorded_oom_without_a_capacity_counts_released_memory_once() {
+    let a = 0x7000_0000_0000;
+    let mut oom = entry(Action::Oom, 0, 700 * MIB);
+    oom.set_device_free(Some(600 * MIB));
+    let trace = vec![
+        entry(Action::SegmentAlloc, a, 500 * MIB),
+        entry(Action::Alloc, a, 500 * MIB),
+        entry(Action::FreeRequested, a, 500 * MIB),
+        entry(Action::FreeCompleted, a, 500 * MIB),
+        entry(Action::SegmentFree, a, 500 * MIB),
+        oom,
+    ];
+    let snap = Snapshot { device_traces: vec![trace], ..Snapshot::default() };
+    let em = emulate(&snap, 0, &conf(), None).unwrap();
+    assert_eq!(em.first_oom.map(|oom| oom.event_index), Some(5), "{:?}", em.fidelity);
+    assert!(em.fidelity.is_exact(), "{:?}", em.fidelity);
+}
+
 fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
     TraceEntry::new(action, addr, size)
 }
