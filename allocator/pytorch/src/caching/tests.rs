@@ -778,6 +778,12 @@ fn a_memory_fraction_refuses_by_the_allocation_size() {
     }
 }
 
+/// A segment of `size` bytes at `address` reserved, used whole, its block freed (cached) and the segment freed.
+fn cached_then_released(address: u64, size: u64) -> Vec<TraceEntry> {
+    let segment = [Action::SegmentAlloc, Action::Alloc, Action::FreeRequested, Action::FreeCompleted, Action::SegmentFree];
+    segment.into_iter().map(|action| entry(action, address, size)).collect()
+}
+
 /// A recorded `oom` on no capacity given: its device is what was reserved there plus the driver's free bytes it
 /// recorded, measured after PyTorch released its cache (the `segment_free` entries before it). A 500 MiB segment cached
 /// and released, then 700 MiB refused with 600 MiB free: refused here too (the released bytes are not counted twice,
@@ -787,14 +793,8 @@ fn a_recorded_oom_without_a_capacity_counts_released_memory_once() {
     let a = 0x7000_0000_0000;
     let mut oom = entry(Action::Oom, 0, 700 * MIB);
     oom.set_device_free(Some(600 * MIB));
-    let trace = vec![
-        entry(Action::SegmentAlloc, a, 500 * MIB),
-        entry(Action::Alloc, a, 500 * MIB),
-        entry(Action::FreeRequested, a, 500 * MIB),
-        entry(Action::FreeCompleted, a, 500 * MIB),
-        entry(Action::SegmentFree, a, 500 * MIB),
-        oom,
-    ];
+    let mut trace = cached_then_released(a, 500 * MIB);
+    trace.push(oom);
     let snap = Snapshot { device_traces: vec![trace], ..Snapshot::default() };
     let em = emulate(&snap, 0, &conf(), None).unwrap();
     assert_eq!(em.first_oom.map(|oom| oom.event_index), Some(5), "{:?}", em.fidelity);
@@ -852,15 +852,8 @@ fn allocations_live_at_the_start_in_no_segment_are_left_out_and_said() {
 fn empty_cache_is_taken_from_unexplained_segment_frees() {
     let a = 0x7000_0000_0000;
     let b = 0x7100_0000_0000;
-    let trace = vec![
-        entry(Action::SegmentAlloc, a, 30 * MIB),
-        entry(Action::Alloc, a, 30 * MIB),
-        entry(Action::FreeRequested, a, 30 * MIB),
-        entry(Action::FreeCompleted, a, 30 * MIB),
-        entry(Action::SegmentFree, a, 30 * MIB),
-        entry(Action::SegmentAlloc, b, 30 * MIB),
-        entry(Action::Alloc, b, 30 * MIB),
-    ];
+    let mut trace = cached_then_released(a, 30 * MIB);
+    trace.extend([entry(Action::SegmentAlloc, b, 30 * MIB), entry(Action::Alloc, b, 30 * MIB)]);
     let snap = Snapshot { device_traces: vec![trace], ..Snapshot::default() };
     let em = emulate(&snap, 0, &conf(), None).unwrap();
     assert!(em.fidelity.is_exact(), "{:?}", em.fidelity);
