@@ -81,6 +81,10 @@ pub struct PolicyConfig {
     pub slab_max_class_bytes: u64,
     /// Slab: bytes per slab page (a power of two, at least the largest class).
     pub slab_page_bytes: u64,
+    /// First fit and best fit: the request alignment whose best fit every free run keeps (a power of two; 512 B by
+    /// default, PyTorch's unit and the replays' default `--align`; a replay sets its own). Requests aligned to it or
+    /// more pass the runs its padding leaves too small in one descent; others try such runs in turn.
+    pub fit_align_bytes: u64,
 }
 
 impl Default for PolicyConfig {
@@ -92,6 +96,7 @@ impl Default for PolicyConfig {
             slab_min_class_bytes: 256,
             slab_max_class_bytes: 64 << 10,
             slab_page_bytes: 1 << 20,
+            fit_align_bytes: 512,
         }
     }
 }
@@ -108,6 +113,7 @@ impl PolicyConfig {
             ("slab_min_class_bytes", self.slab_min_class_bytes),
             ("slab_max_class_bytes", self.slab_max_class_bytes),
             ("slab_page_bytes", self.slab_page_bytes),
+            ("fit_align_bytes", self.fit_align_bytes),
         ];
         for (name, value) in powers {
             if !value.is_power_of_two() {

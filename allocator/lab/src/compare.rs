@@ -281,14 +281,17 @@ impl CompareConfig {
         }
     }
 
-    /// The heap a heap contender with `kind` inside runs in: blocks from a simulated device of the capacity.
+    /// The heap a heap contender with `kind` inside runs in: blocks from a simulated device of the capacity, its
+    /// policies keeping their free runs' best fit for the replay's alignment (every request has it).
     ///
     /// # Errors
     /// Invalid heap settings.
     pub fn heap(&self, kind: PolicyKind) -> Result<Heap<SimulatedSource>> {
         let source =
             SimulatedSource::new(self.capacity_bytes.unwrap_or(LARGEST_DEVICE_BYTES), SimulatedSource::DEFAULT_ALIGNMENT_BYTES);
-        Heap::new(HeapConfig { policy: kind, ..self.heap.clone() }, source)
+        let mut config = HeapConfig { policy: kind, ..self.heap.clone() };
+        config.policy_config.fit_align_bytes = self.align_bytes;
+        Heap::new(config, source)
     }
 
     /// The most bytes a contender other than PyTorch's emulation reserves at once: the capacity, or the heap rules'

@@ -42,8 +42,8 @@ pub struct BySizeClass {
 }
 
 impl BySizeClass {
-    fn new() -> Self {
-        Self { classes: vec![ByAddress::default(); CLASSES], counts: vec![0; CLASSES], non_empty: [0; CLASSES / 64] }
+    fn new(fit_align: u64) -> Self {
+        Self { classes: vec![ByAddress::aligned_to(fit_align); CLASSES], counts: vec![0; CLASSES], non_empty: [0; CLASSES / 64] }
     }
 
     fn next_non_empty(&self, from: usize) -> Option<usize> {
@@ -76,7 +76,11 @@ impl FitIndex for BestFitIndex {
     const NAME: &'static str = "best-fit";
 
     fn with_config(config: &PolicyConfig) -> Self {
-        if config.best_fit_exact { Self::Exact(BySize::default()) } else { Self::Classed(BySizeClass::new()) }
+        if config.best_fit_exact {
+            Self::Exact(BySize::default())
+        } else {
+            Self::Classed(BySizeClass::new(config.fit_align_bytes))
+        }
     }
 
     fn insert(&mut self, offset: u64, size: u64) {

@@ -1,25 +1,21 @@
 //! First fit: the lowest-addressed free run that holds the request. The runs sit in a treap keyed by offset
 //! where every node knows the largest run in its subtree, so the leftmost large-enough run is found in
 //! O(log n) expected time instead of a linear scan. A run large enough may still not hold an aligned request (the
-//! padding to the alignment takes the room): every node also knows, for [`FIT_ALIGN`] (512 B, a replay's
-//! alignment), the largest request of that alignment a run of its subtree holds, so the gaps an alignment leaves (a
-//! 256 B run at an odd multiple of 256 against 512 B-aligned requests, left by each small allocation) are passed over
-//! in the descent instead of tried one by one (20,000 one-byte requests took over a minute: each tried every gap
-//! before it). Requests of other alignments still try such runs in turn.
+//! padding to the alignment takes the room): every node also knows, for one alignment
+//! ([`PolicyConfig::fit_align_bytes`](crate::PolicyConfig::fit_align_bytes): 512 B, or a replay's `--align`), the
+//! largest request of that alignment a run of its subtree holds, so the gaps an alignment leaves (a 256 B run at an
+//! odd multiple of 256 against 512 B-aligned requests, left by each small allocation) are passed over in the descent
+//! instead of tried one by one (20,000 one-byte requests took over a minute: each tried every gap before it). Requests
+//! of a larger alignment are bounded by it too; those of a smaller one try such runs in turn.
 
 use super::free_ranges::{FitIndex, FreeRangePolicy, free_range_policy};
 use crate::rng::Rng;
 
 const NIL: u32 = u32::MAX;
 
-/// The alignment each subtree knows its best fit for: a replay's requests are 512 B-aligned (PyTorch's unit, the
-/// replays' default `--align`). Others are found by size, each candidate tried. One alignment: each costs every
-/// update of the treap (BENCHMARKS.md, "First fit and best fit past alignment gaps", has what one and four cost).
-const FIT_ALIGN: u64 = 512;
-
-/// The most bytes aligned to [`FIT_ALIGN`] the run `[offset, offset + size)` holds.
-fn fit(offset: u64, size: u64) -> u64 {
-    size.saturating_sub(offset.wrapping_neg() & (FIT_ALIGN - 1))
+/// The most bytes aligned to `align` (a power of two) the run `[offset, offset + size)` holds.
+fn fit(offset: u64, size: u64, align: u64) -> u64 {
+    size.saturating_sub(offset.wrapping_neg() & (align - 1))
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -28,7 +24,7 @@ struct TreapNode {
     size: u64,
     /// The largest `size` in this subtree.
     max_size: u64,
-    /// The largest [`fit`] in this subtree.
+    /// The largest [`fit`] at the index's alignment in this subtree.
     max_fit: u64,
     priority: u32,
     left: u32,
@@ -43,15 +39,22 @@ pub struct ByAddress {
     root: u32,
     /// The treap's priorities (deterministic).
     rng: Rng,
+    /// The alignment each subtree knows its best fit for ([`PolicyConfig::fit_align_bytes`](crate::PolicyConfig)).
+    fit_align: u64,
 }
 
 impl Default for ByAddress {
     fn default() -> Self {
-        Self { nodes: Vec::new(), vacant: Vec::new(), root: NIL, rng: Rng::new(0x9e37_79b9) }
+        Self::aligned_to(crate::PolicyConfig::default().fit_align_bytes)
     }
 }
 
 impl ByAddress {
+    /// An empty index whose subtrees know their best fit for `fit_align` (a power of two).
+    pub(crate) fn aligned_to(fit_align: u64) -> Self {
+        Self { nodes: Vec::new(), vacant: Vec::new(), root: NIL, rng: Rng::new(0x9e37_79b9), fit_align: fit_align.max(1) }
+    }
+
     fn node(&self, index: u32) -> &TreapNode {
         &self.nodes[index as usize]
     }
@@ -67,7 +70,7 @@ impl ByAddress {
     fn update(&mut self, index: u32) {
         let TreapNode { offset, size, left, right, .. } = *self.node(index);
         let max_size = size.max(self.max_size(left)).max(self.max_size(right));
-        let max_fit = fit(offset, size).max(self.max_fit(left)).max(self.max_fit(right));
+        let max_fit = fit(offset, size, self.fit_align).max(self.max_fit(left)).max(self.max_fit(right));
         let node = &mut self.nodes[index as usize];
         (node.max_size, node.max_fit) = (max_size, max_fit);
     }
@@ -161,8 +164,8 @@ impl ByAddress {
         tree
     }
 
-    /// The leftmost node of `tree` with offset >= `from` that holds `size` bytes: aligned to [`FIT_ALIGN`] when
-    /// `aligned`, else by size alone.
+    /// The leftmost node of `tree` with offset >= `from` that holds `size` bytes: aligned to the index's alignment
+    /// when `aligned`, else by size alone.
     fn leftmost(&self, tree: u32, size: u64, from: u64, aligned: bool) -> Option<u32> {
         let holds = |most: u64, fits: u64| if aligned { fits } else { most } >= size;
         if tree == NIL || !holds(self.node(tree).max_size, self.node(tree).max_fit) {
@@ -173,7 +176,7 @@ impl ByAddress {
             if let Some(found) = self.leftmost(node.left, size, from, aligned) {
                 return Some(found);
             }
-            if holds(node.size, fit(node.offset, node.size)) {
+            if holds(node.size, fit(node.offset, node.size, self.fit_align)) {
                 return Some(tree);
             }
         }
@@ -184,14 +187,22 @@ impl ByAddress {
 impl FitIndex for ByAddress {
     const NAME: &'static str = "first-fit";
 
-    fn with_config(_config: &crate::PolicyConfig) -> Self {
-        Self::default()
+    fn with_config(config: &crate::PolicyConfig) -> Self {
+        Self::aligned_to(config.fit_align_bytes)
     }
 
     fn insert(&mut self, offset: u64, size: u64) {
         // The high half of the draw: a treap needs only distinct-enough priorities.
         let priority = (self.rng.next_u64() >> 32) as u32;
-        let node = TreapNode { offset, size, max_size: size, max_fit: fit(offset, size), priority, left: NIL, right: NIL };
+        let node = TreapNode {
+            offset,
+            size,
+            max_size: size,
+            max_fit: fit(offset, size, self.fit_align),
+            priority,
+            left: NIL,
+            right: NIL,
+        };
         let index = match self.vacant.pop() {
             Some(index) => {
                 self.nodes[index as usize] = node;
@@ -210,7 +221,8 @@ impl FitIndex for ByAddress {
     }
 
     fn find(&self, size: u64, align: u64, mut place: impl FnMut(u64, u64) -> Option<u64>) -> Option<(u64, u64, u64)> {
-        let aligned = align == FIT_ALIGN;
+        // A request aligned to the index's alignment or more fits nowhere its best fit there does not.
+        let aligned = align >= self.fit_align;
         let mut from = 0;
         loop {
             let node = self.node(self.leftmost(self.root, size, from, aligned)?);
@@ -280,23 +292,33 @@ mod tests {
                 (at + 256 <= offset + size).then_some(at)
             }
         };
-        for (align, tail, expected) in [(512, 0, 10_000 * 512), (512, 768, 21 * 512)] {
-            let mut index = ByAddress::default();
+        // (the index's alignment, the request's, the room at gap 20, where it goes): each gap a 256 B run just past a
+        // multiple of the index's alignment, too small once aligned (one at gap 20 has room when `tail` says so).
+        let cases = [
+            (512, 512, 0, 10_000 * 512),
+            (512, 512, 768, 21 * 512),
+            // A replay's `--align 4096`: it took 24 s for 20,000 one-byte requests, each trying every gap before it.
+            (4096, 4096, 0, 10_000 * 4096),
+            (4096, 4096, 4096, 21 * 4096),
+            // A request aligned to more than the index knows is bounded by what it knows.
+            (512, 4096, 0, 10_000 * 512),
+        ];
+        for (fit_align, align, tail, expected) in cases {
+            let mut index = ByAddress::aligned_to(fit_align);
             for gap in 0..10_000u64 {
-                // One more byte of room at gap 20 (`tail`): it holds the request once aligned.
                 let size = if gap == 20 && tail > 0 { tail } else { 256 };
-                index.insert(gap * 512 + 256, size);
+                index.insert(gap * fit_align + 256, size);
             }
-            index.insert(10_000 * 512, 1 << 20);
+            index.insert(10_000 * fit_align, 1 << 20);
             let mut tried = 0;
             let found = index.find(256, align, |offset, size| {
                 tried += 1;
                 place(align)(offset, size)
             });
-            assert_eq!(found.map(|found| found.2), Some(expected), "align {align}, tail {tail}");
-            assert_eq!(tried, 1, "align {align}, tail {tail}");
-            // An alignment the index does not know still finds it, trying the runs one by one.
-            assert_eq!(index.find(256, 4096, place(4096)).map(|found| found.2), Some(10_000 * 512));
+            assert_eq!(found.map(|found| found.2), Some(expected), "{fit_align}, align {align}, tail {tail}");
+            assert_eq!(tried, 1, "{fit_align}, align {align}, tail {tail}");
+            // A smaller alignment than the index knows still finds its run, by size.
+            assert_eq!(index.find(256, 256, place(256)).map(|found| found.2), Some(256), "{fit_align}");
         }
     }
 }
