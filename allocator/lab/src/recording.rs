@@ -619,7 +619,7 @@ impl Built {
                 builder.empty_cache();
                 entry_index.push(index);
             }
-            let fail = |what: heapscope_core::BadEvent| Error::Trace {
+            let fail = |what: &dyn fmt::Display| Error::Trace {
                 file: name.to_owned(),
                 line: 0,
                 what: format!("device_traces[{device}][{index}]: {what}"),
@@ -628,37 +628,30 @@ impl Built {
                 // PyTorch records none: a request of 0 bytes never reaches its allocator, and a free carries its
                 // block's request. Refused as the emulation refuses it, so that no contender replays a stream of its own.
                 Action::Alloc | Action::FreeRequested | Action::FreeCompleted | Action::Oom if entry.size == 0 => {
-                    return Err(Error::Trace {
-                        file: name.to_owned(),
-                        line: 0,
-                        what: format!(
-                            "device_traces[{device}][{index}]: {} of 0 bytes at {:#x} (PyTorch records no request of 0 bytes)",
-                            entry.action.as_str(),
-                            entry.addr
-                        ),
-                    });
+                    let what = format!(
+                        "{} of 0 bytes at {:#x} (PyTorch records no request of 0 bytes)",
+                        entry.action.as_str(),
+                        entry.addr
+                    );
+                    return Err(fail(&what));
                 }
                 // An address range no device has (the emulation refuses it too): refused, naming the entry; the ids of
                 // the `oom` entries' probes, counting down from 2^64 - 1, stay clear of every address.
                 Action::Alloc | Action::FreeRequested | Action::FreeCompleted
                     if entry.addr.checked_add(entry.size).is_none_or(|end| end > ADDRESS_LIMIT) =>
                 {
-                    return Err(Error::Trace {
-                        file: name.to_owned(),
-                        line: 0,
-                        what: format!(
-                            "device_traces[{device}][{index}]: {} of {} bytes at {:#x} ends past {ADDRESS_LIMIT:#x}, beyond \
-                             any device's addresses",
-                            entry.action.as_str(),
-                            entry.size,
-                            entry.addr
-                        ),
-                    });
+                    let what = format!(
+                        "{} of {} bytes at {:#x} ends past {ADDRESS_LIMIT:#x}, beyond any device's addresses",
+                        entry.action.as_str(),
+                        entry.size,
+                        entry.addr
+                    );
+                    return Err(fail(&what));
                 }
                 Action::Alloc => match builder.alloc(entry.addr, entry.size) {
                     Ok(()) => entry_index.push(index),
                     Err(_) if guess_empty => return Ok(None),
-                    Err(what) => return Err(fail(what)),
+                    Err(what) => return Err(fail(&what)),
                 },
                 // The builder knows what is live (what started live or was allocated since, the refused requests'
                 // probes freed at once): a free of anything else is a free the recording does not know.
@@ -668,8 +661,8 @@ impl Built {
                     Err(_) => unknown_frees += 1,
                 },
                 Action::Oom => {
-                    builder.alloc(probe_id, entry.size).map_err(fail)?;
-                    builder.free(probe_id).map_err(fail)?;
+                    builder.alloc(probe_id, entry.size).map_err(|what| fail(&what))?;
+                    builder.free(probe_id).map_err(|what| fail(&what))?;
                     entry_index.extend([index, index]);
                     probe_id -= 1;
                 }
@@ -876,7 +869,7 @@ pub(crate) fn first_oom_device(snapshot: &Snapshot, device: usize) -> Option<Oom
     let mut reserved = i128::from(reserved_at_start(snapshot, device));
     let mut most = reserved;
     for entry in &entries[..oom] {
-        reserved = (reserved + reserved_change(entry.action, entry.size)).max(0);
+        reserved = (reserved + entry.reserved_change()).max(0);
         most = most.max(reserved);
     }
     let bytes = |value: i128| u64::try_from(value).unwrap_or(u64::MAX);
@@ -888,15 +881,6 @@ pub(crate) fn first_oom_device(snapshot: &Snapshot, device: usize) -> Option<Oom
     })
 }
 
-/// What a trace entry does to the bytes PyTorch holds reserved: a segment (or a mapped range) more or less.
-pub(crate) fn reserved_change(action: Action, size: u64) -> i128 {
-    match action {
-        Action::SegmentAlloc | Action::SegmentMap => i128::from(size),
-        Action::SegmentFree | Action::SegmentUnmap => -i128::from(size),
-        _ => 0,
-    }
-}
-
 /// Device `device`'s bytes reserved before its first entry, and the highest the segment events' running sum reaches
 /// above that: the start is the final segments less the sum of the events, never less than what the trace frees
 /// before it reserves.
@@ -904,7 +888,7 @@ fn reserved_walk(snapshot: &Snapshot, device: usize) -> (i128, i128) {
     let entries = snapshot.device_traces.get(device).map_or(&[][..], Vec::as_slice);
     let (mut sum, mut lowest, mut highest) = (0i128, 0i128, 0i128);
     for entry in entries {
-        let change = reserved_change(entry.action, entry.size);
+        let change = entry.reserved_change();
         if change != 0 {
             sum += change;
             (lowest, highest) = (lowest.min(sum), highest.max(sum));

@@ -400,6 +400,16 @@ impl TraceEntry {
         }
     }
 
+    /// What it does to the bytes PyTorch holds reserved: a segment (or a mapped range) more or less, nothing for any
+    /// other action.
+    pub fn reserved_change(&self) -> i128 {
+        match self.action {
+            Action::SegmentAlloc | Action::SegmentMap => i128::from(self.size),
+            Action::SegmentFree | Action::SegmentUnmap => -i128::from(self.size),
+            _ => 0,
+        }
+    }
+
     /// Microseconds since the epoch (absent before PyTorch 2.1).
     pub fn time_us(&self) -> Option<i64> {
         (self.time_us != NO_TIME_US).then_some(self.time_us)

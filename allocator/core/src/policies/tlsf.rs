@@ -253,6 +253,16 @@ impl Tlsf {
     }
 
     /// Takes the head off the non-empty list `slot`.
+    /// The highest non-empty list, as (first level, second level): the one holding the largest free blocks.
+    #[inline]
+    fn highest_list(&self) -> Option<(u32, u32)> {
+        if self.fl_bitmap == 0 {
+            return None;
+        }
+        let fl = 63 - self.fl_bitmap.leading_zeros();
+        Some((fl, 31 - self.sl_bitmaps[fl as usize].leading_zeros()))
+    }
+
     #[inline]
     fn pop_head(&mut self, slot: usize) -> u32 {
         let index = self.heads[slot];
@@ -454,11 +464,7 @@ impl Policy for Tlsf {
     /// of the largest free block, so a heap seldom asks a block that then cannot serve.
     #[inline]
     fn largest_free_bound_bytes(&self) -> u64 {
-        if self.fl_bitmap == 0 {
-            return 0;
-        }
-        let fl = 63 - self.fl_bitmap.leading_zeros();
-        let sl = 31 - self.sl_bitmaps[fl as usize].leading_zeros();
+        let Some((fl, sl)) = self.highest_list() else { return 0 };
         // A free block's units fit 64 bits, so the list's end fits 65 and shifted by the unit, 128.
         u64::try_from(list_end_units(fl, sl) << self.unit_shift).unwrap_or(u64::MAX)
     }
@@ -467,9 +473,7 @@ impl Policy for Tlsf {
     /// disjoint sizes), walked.
     fn free_space(&self) -> FreeSpace {
         let mut largest = 0;
-        if self.fl_bitmap != 0 {
-            let fl = 63 - self.fl_bitmap.leading_zeros();
-            let sl = 31 - self.sl_bitmaps[fl as usize].leading_zeros();
+        if let Some((fl, sl)) = self.highest_list() {
             let mut index = self.heads[list(fl as usize, sl)];
             while index != NIL {
                 let node = &self.nodes[index as usize];

@@ -290,18 +290,9 @@ pub struct Emulator<'s> {
     recorded_reserved_bytes: u64,
 }
 
-/// How a segment entry changes what PyTorch holds reserved.
-fn reserved_change(entry: &TraceEntry) -> i128 {
-    match entry.action {
-        Action::SegmentAlloc | Action::SegmentMap => i128::from(entry.size),
-        Action::SegmentFree | Action::SegmentUnmap => -i128::from(entry.size),
-        _ => 0,
-    }
-}
-
 /// `reserved` after `entries`.
 fn reserved_after(reserved: u64, entries: &[TraceEntry]) -> u64 {
-    let after = entries.iter().fold(i128::from(reserved), |bytes, entry| (bytes + reserved_change(entry)).max(0));
+    let after = entries.iter().fold(i128::from(reserved), |bytes, entry| (bytes + entry.reserved_change()).max(0));
     u64::try_from(after).unwrap_or(u64::MAX)
 }
 
