@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::Tlsf;
 use crate::policy::rounded;
-use crate::report::allocation_ranges;
+use crate::report::{FreeSpace, allocation_ranges};
 use crate::slots::SlotTable;
 use crate::{
     Allocation, AllocationId, OwnerId, Policy, PolicyConfig, PolicyReport, RangeReport, RangeState, Request, ResourceKind, Result,
@@ -78,6 +78,8 @@ pub struct Slab {
     pages: BTreeMap<u64, SlabPage>,
     /// Pages with a free slot, per (class, kind).
     partial: HashMap<(u32, ResourceKind), BTreeSet<u64>>,
+    /// The bytes of the free slots of every page, counted as slots are taken and freed (for [`Policy::free_space`]).
+    free_slot_bytes: u64,
     live: SlotTable<Live>,
 }
 
@@ -102,6 +104,7 @@ impl Slab {
             separate_kinds: config.granularity().is_some(),
             pages: BTreeMap::new(),
             partial: HashMap::new(),
+            free_slot_bytes: 0,
             live: SlotTable::default(),
         })
     }
@@ -123,6 +126,7 @@ impl Slab {
         let page = self.pages.get_mut(&page_offset).expect("partial pages exist");
         page.flip(slot);
         page.used += 1;
+        self.free_slot_bytes -= 1 << class_log2;
         if page.used == page.slots {
             self.partial.get_mut(&key).expect("key present").remove(&page_offset);
         }
@@ -142,6 +146,7 @@ impl Slab {
             *free_bits.last_mut().expect("at least one word") = (1 << (slots % 64)) - 1;
         }
         self.pages.insert(inner.offset(), SlabPage { class_log2, kind: key.1, inner, free_bits, used: 0, slots });
+        self.free_slot_bytes += u64::from(slots) << class_log2;
         self.partial.entry(key).or_default().insert(inner.offset());
         true
     }
@@ -163,6 +168,11 @@ impl Slab {
             return Some(self.slot_allocation(request, class, slot));
         }
         None
+    }
+
+    /// The largest class with a free slot in some page (0 when none has).
+    fn largest_free_slot_bytes(&self) -> u64 {
+        self.partial.iter().filter(|(_, pages)| !pages.is_empty()).map(|(&(class_log2, _), _)| 1 << class_log2).max().unwrap_or(0)
     }
 
     /// Any free slot that holds a small request with its alignment, in the smallest class that has one:
@@ -219,8 +229,10 @@ impl Policy for Slab {
                 let was_full = page.used == page.slots;
                 page.flip(slot);
                 page.used -= 1;
+                self.free_slot_bytes += 1 << key.0;
                 if page.used == 0 {
                     let page = self.pages.remove(&page_offset).expect("page exists");
+                    self.free_slot_bytes -= u64::from(page.slots) << page.class_log2;
                     if let Some(partial) = self.partial.get_mut(&key) {
                         partial.remove(&page_offset);
                     }
@@ -235,6 +247,24 @@ impl Policy for Slab {
 
     fn live_allocations(&self) -> usize {
         self.live.len()
+    }
+
+    /// The inner TLSF's bound, or a free slot's class when larger: a request is served by a slot, by the inner TLSF, or
+    /// by a new page from it (no larger than the page, itself within the inner bound).
+    fn largest_free_bound_bytes(&self) -> u64 {
+        self.inner.largest_free_bound_bytes().max(self.largest_free_slot_bytes())
+    }
+
+    /// The inner TLSF's free space and the free slots of the pages: each slot is a run of its own (the report lists them
+    /// one by one), so the largest is the largest class with a page that has one.
+    fn free_space(&self) -> FreeSpace {
+        let inner = self.inner.free_space();
+        let largest_slot_bytes = self.largest_free_slot_bytes();
+        FreeSpace {
+            free_bytes: inner.free_bytes + self.free_slot_bytes,
+            largest_free_run_bytes: inner.largest_free_run_bytes.max(largest_slot_bytes),
+            retired_bytes: inner.retired_bytes,
+        }
     }
 
     fn report(&self) -> PolicyReport {
