@@ -372,20 +372,36 @@ pub fn devices_overview(recording: &Recording, asked: Option<usize>, config: &Co
         }
         let other = Recording::from_snapshot(&recording.name, snapshot.clone(), device.device).ok()?;
         let outcome = heapscope_lab::compare::replay(&other, Contender::Pytorch { expandable: false }, config).ok()?;
-        outcome.figures().map(|figures| (Bytes(capacity), figures.ooms))
+        Some((
+            Bytes(capacity),
+            outcome.figures().map(|figures| figures.ooms).ok_or_else(|| outcome.why_not_run().map(str::to_owned)),
+        ))
     };
     let mut ran_out = Vec::new();
     for device in &overview {
         let mark = if device.device == shown { "*" } else { " " };
         let mut line = format!("{mark} {}", device.line());
-        if let Some((capacity, ooms)) = emulated(device) {
-            line.push_str(&format!("; emulated on {capacity}: {}", counted(ooms, "OOM", "OOMs")));
-            if ooms > 0 && device.ooms == 0 {
+        match emulated(device) {
+            Some((capacity, Ok(ooms))) => {
+                line.push_str(&format!("; emulated on {capacity}: {}", counted(ooms, "OOM", "OOMs")));
+                if ooms > 0 && device.ooms == 0 {
+                    ran_out.push(format!(
+                        "device {0} would run out of memory on {capacity} (PyTorch's emulation): --device {0} replays it",
+                        device.device
+                    ));
+                }
+            }
+            // It cannot run there at all (a recording begun mid-run with more reserved than the capacity): said, as
+            // `--device` would say it.
+            Some((capacity, Err(why))) => {
+                line.push_str(&format!("; not emulated on {capacity}"));
                 ran_out.push(format!(
-                    "device {0} would run out of memory on {capacity} (PyTorch's emulation): --device {0} replays it",
-                    device.device
+                    "device {0} cannot run on {capacity}: {1}; --device {0} replays it",
+                    device.device,
+                    why.as_deref().unwrap_or("PyTorch's emulation did not run it")
                 ));
             }
+            None => {}
         }
         lines.push(line);
     }

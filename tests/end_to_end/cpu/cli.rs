@@ -1384,6 +1384,29 @@ fn issue_14_several_devices_are_overviewed_and_chosen() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// The overview on a capacity names another device that cannot run on it at all (begun mid-run with more reserved than
+/// the capacity), as `--device` on it says, instead of leaving it out.
+#[test]
+fn the_overview_names_a_device_that_cannot_run_on_the_capacity() {
+    let dir = temp_dir("three-gpus-mid-run");
+    let (path, [gpt2_entries, _]) = three_gpu_snapshot(&dir);
+    let mut snapshot = heapscope_pytorch::read_snapshot(&path).unwrap();
+    // Device 0 begins mid-run: the first half of its trace gone, what it allocated live at the start.
+    snapshot.device_traces[0].drain(..gpt2_entries / 2);
+    let path = dir.join("mid-run.pickle");
+    heapscope_pytorch::write_snapshot(&snapshot, std::fs::File::create(&path).unwrap()).unwrap();
+    let file = path.to_str().unwrap();
+    // A lone contender that cannot run is an error saying why.
+    let own = stderr(&heapscope(&["compare", file, "--device", "0", "--capacity", "1GiB", "--policy", "pytorch"]));
+    let why = own.lines().find_map(|line| line.split_once("the recording began with ")).map(|(_, why)| why.trim()).unwrap();
+    let text = stdout(&heapscope(&["compare", file, "--device", "1", "--capacity", "1GiB", "--policy", "tlsf"]));
+    let line = text.lines().find(|line| line.starts_with("  device 0: ")).unwrap();
+    assert!(line.ends_with("; not emulated on 1.00 GiB"), "{text}");
+    let said = format!("device 0 cannot run on 1.00 GiB: the recording began with {why}; --device 0 replays it");
+    assert!(text.contains(&said), "{said:?} in {text}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
 /// Issue 14, part 2: what `torch.cuda.memory_snapshot()` returns — a list of segments, no trace — written here
 /// from the gpt2 run's final segments (and, for a second device, frag_oom's): `replay`, `summary`, `export` (also
 /// `--vma-json`) and `render` work on its one moment, the start; a device it has no segments on is an error.
