@@ -5,6 +5,7 @@
 use egui::{Color32, RichText, Ui};
 use heapscope_core::OomCause;
 use heapscope_core::units::{Bytes, BytesAtLeast};
+use heapscope_lab::compare::unusable_free_words;
 use heapscope_lab::recording::Moment;
 use heapscope_lab::timeline::Refusal;
 
@@ -22,11 +23,16 @@ pub fn verdict_words(refusal: &Refusal, too_small_runs: usize) -> (String, Strin
         if refusal.needed_bytes > refusal.requested_bytes { format!(" once rounded to {needed}") } else { String::new() };
     match refusal.cause {
         OomCause::Fragmentation => (
-            format!(
-                "Fragmentation (waste between allocations): {free}, enough for {request}{rounded}, but the largest free \
-                 run was only {}.",
-                Bytes(refusal.largest_free_bytes)
-            ),
+            match unusable_free_words(refusal.unusable_free_bytes, refusal.largest_free_bytes) {
+                Some(apart) => {
+                    format!("Fragmentation (waste between allocations): {free}, enough for {request}{rounded}, but {apart}.")
+                }
+                None => format!(
+                    "Fragmentation (waste between allocations): {free}, enough for {request}{rounded}, but the largest \
+                     free run was only {}.",
+                    Bytes(refusal.largest_free_bytes)
+                ),
+            },
             format!(
                 "The {too_small_runs} free run(s) in red are each smaller than {needed}. Moving allocations together, \
                  or mapping pages where they are needed (paging, expandable segments), would have served it."
@@ -232,6 +238,7 @@ mod tests {
             reserved_bytes: 3000 << 20,
             free_bytes: 1000 << 20,
             largest_free_bytes: 50 << 20,
+            unusable_free_bytes: 0,
             waste_bytes: 0,
             unreserved_bytes: Some(584 << 20),
             message: String::new(),
@@ -258,6 +265,14 @@ mod tests {
         let (headline, advice) = verdict_words(&between, 3);
         assert!(headline.contains("enough for 15.00 MiB once rounded to 16.00 MiB, but the largest free run was only 15.00 MiB"));
         assert!(advice.starts_with("The 3 free run(s) in red are each smaller than 16.00 MiB."), "{advice}");
+        // PyTorch's free blocks of another size, stream or pool are said apart, with the largest it could use.
+        let apart = Refusal { unusable_free_bytes: 10 << 20, largest_free_bytes: 1 << 20, ..between };
+        let (headline, _) = verdict_words(&apart, 3);
+        assert!(
+            headline.contains("but 10.00 MiB of it is cached in blocks this request cannot use")
+                && headline.ends_with("the largest free block it could use is 1.00 MiB."),
+            "{headline}"
+        );
         let (headline, _) = verdict_words(&Refusal { cause: OomCause::Exhaustion, unreserved_bytes: None, ..refusal }, 0);
         assert_eq!(
             headline,

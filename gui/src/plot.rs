@@ -362,6 +362,7 @@ mod tests {
             reserved_bytes: 1 << 30,
             free_bytes: 0,
             largest_free_bytes: 0,
+            unusable_free_bytes: 0,
             waste_bytes: 0,
             unreserved_bytes: None,
             message: String::new(),

@@ -51,8 +51,11 @@ pub struct FirstOom {
     pub reserved_bytes: u64,
     /// Free bytes inside reserved memory.
     pub free_bytes: u64,
-    /// The largest free run inside reserved memory.
+    /// The largest free run inside reserved memory that the request could use.
     pub largest_free_bytes: u64,
+    /// Of `free_bytes`, what the request could not use: PyTorch keeps cached blocks apart by memory pool, by size (small
+    /// or large) and by stream (0 for the core's heaps, whose free bytes count only the blocks a request could use).
+    pub unusable_free_bytes: u64,
     /// What the device (or the budget) still had beside the reserved memory, where known.
     pub unreserved_bytes: Option<u64>,
     /// `paged`'s virtual range where it decided the refusal: `free_bytes` are then what the range had free (mapped or
@@ -102,6 +105,7 @@ impl FirstOom {
                 None => verdict.free_in_blocks_bytes,
             },
             largest_free_bytes: verdict.largest_free_run_bytes,
+            unusable_free_bytes: 0,
             unreserved_bytes: verdict.virtual_range_bytes.is_none().then_some(verdict.unreserved_bytes),
             virtual_range_bytes: verdict.virtual_range_bytes,
             verdict: verdict.cause,
@@ -548,6 +552,21 @@ pub fn starts_afresh(recording: &Recording, conf: &AllocConf) -> bool {
         && conf.expandable_segments != recorded_expandable(recording)
 }
 
+/// Free bytes PyTorch keeps apart from a refused request (cached blocks of the other size, another stream or pool),
+/// with the largest block it could use, which may be none: `30.00 MiB of it is cached in blocks this request cannot use
+/// (...) and the largest free block it could use is 0 B`; `None` when every free block was the request's to use (the
+/// core's heaps: their free bytes count only those). Every sentence about a fragmentation refusal says it so.
+pub fn unusable_free_words(unusable_free_bytes: u64, largest_free_bytes: u64) -> Option<String> {
+    (unusable_free_bytes > 0).then(|| {
+        format!(
+            "{} of it is cached in blocks this request cannot use (PyTorch keeps small and large blocks, streams and pools \
+             apart) and the largest free block it could use is {}",
+            Bytes(unusable_free_bytes),
+            Bytes(largest_free_bytes)
+        )
+    })
+}
+
 /// PyTorch's out-of-memory message for `report`, in its words ("Tried to allocate ...").
 fn pytorch_message(report: &OomReport, unreserved_bytes: Option<u64>) -> String {
     // PyTorch says the segment it tried for (`alloc_size`), not the request.
@@ -557,7 +576,7 @@ fn pytorch_message(report: &OomReport, unreserved_bytes: Option<u64>) -> String 
     }
     message.push_str(&format!(
         " Of the allocated memory {} is allocated by PyTorch, and {} is reserved by PyTorch but unallocated \
-         (largest free block {}).",
+         (largest free block it could use {}).",
         FormatSize(report.allocated_bytes),
         FormatSize(report.free_in_reserved_bytes),
         FormatSize(report.largest_free_block_bytes)
@@ -586,6 +605,7 @@ pub(crate) fn pytorch_first_oom(event_index: u64, report: &OomReport, unreserved
         reserved_bytes: report.reserved_bytes,
         free_bytes: report.free_in_reserved_bytes,
         largest_free_bytes: report.largest_free_block_bytes,
+        unusable_free_bytes: report.free_in_reserved_bytes.saturating_sub(report.usable_free_bytes),
         unreserved_bytes,
         virtual_range_bytes: None,
         verdict: OomCause::judge(heapscope_core::Shortfall {
@@ -928,6 +948,9 @@ pub fn verdict_sentence(
             "`{policy}` refused a {request} request{rounded}: more than any device holds (heapscope models devices of up \
              to 1 EiB)"
         ),
+        OomCause::Fragmentation if let Some(apart) = unusable_free_words(oom.unusable_free_bytes, oom.largest_free_bytes) => {
+            format!("`{policy}` ran out of memory on a {request} request{rounded}: {free}, but {apart} (fragmentation)")
+        }
         OomCause::Fragmentation => format!(
             "`{policy}` ran out of memory on a {request} request{rounded}: {free}, but the largest free run is {} \
              (fragmentation)",

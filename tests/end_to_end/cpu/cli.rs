@@ -761,6 +761,28 @@ fn compare_says_why_in_one_sentence() {
         "{sentence}"
     );
     assert!(sentence.ends_with("`paged` and `pytorch` with expandable segments would have served it."), "{sentence}");
+
+    // PyTorch's free blocks that a request cannot use (here large ones, for a small request) are said apart: a 60 MiB
+    // segment half live on a device of 61 MiB, then a 100 KiB request, which needs a 2 MiB small segment.
+    let dir = temp_dir("pools-apart");
+    let csv = dir.join("pools.csv");
+    std::fs::write(&csv, "a,0,62914560\nf,0\na,1,31457280\na,2,102400\n").unwrap();
+    let output = heapscope(&["compare", csv.to_str().unwrap(), "--capacity", "61MiB", "--policy", "pytorch"]);
+    let sentence = stdout(&output).lines().last().unwrap_or_default().to_owned();
+    assert!(
+        sentence.contains(
+            "30.00 MiB free in reserved memory and 1.00 MiB more on the device, 31.00 MiB in all, but 30.00 MiB of it is \
+             cached in blocks this request cannot use (PyTorch keeps small and large blocks, streams and pools apart) and \
+             the largest free block it could use is 0 B (fragmentation)"
+        ),
+        "{sentence}"
+    );
+    let line =
+        &json_lines(&heapscope(&["replay", csv.to_str().unwrap(), "--capacity", "61MiB", "--policy", "pytorch", "--json"]))[0];
+    let oom = &line["first_oom"];
+    assert_eq!((oom["free_bytes"].as_u64(), oom["unusable_free_bytes"].as_u64()), (Some(30 << 20), Some(30 << 20)), "{line}");
+    assert_eq!(oom["largest_free_bytes"], 0, "{line}");
+    std::fs::remove_dir_all(dir).ok();
 }
 
 #[test]

@@ -136,6 +136,9 @@ pub struct Refusal {
     pub free_bytes: u64,
     /// The largest free run among them.
     pub largest_free_bytes: u64,
+    /// Of `free_bytes`, what the request could not use (PyTorch's cached blocks of another size, stream or pool; 0 for a
+    /// heap, whose free bytes count only the blocks a request could use).
+    pub unusable_free_bytes: u64,
     /// Padding inside live allocations (rounding, size classes, page tails): waste *inside* allocations.
     pub waste_bytes: u64,
     /// What the device (or the budget) still had beside the reserved memory, where known.
@@ -161,6 +164,7 @@ impl From<&OomVerdict> for Refusal {
             reserved_bytes: verdict.reserved_bytes,
             free_bytes: verdict.free_in_blocks_bytes,
             largest_free_bytes: verdict.largest_free_run_bytes,
+            unusable_free_bytes: 0,
             waste_bytes: verdict.padding_bytes,
             unreserved_bytes: Some(verdict.unreserved_bytes),
             message: verdict.describe(),

@@ -6,6 +6,7 @@
 //! and release rules, paging.
 
 use super::{Change, Effect, Layout, RegionKind, Timeline};
+use crate::compare::unusable_free_words;
 use heapscope_core::units::Bytes;
 use heapscope_core::{HeapConfig, OomCause, PagedConfig};
 use heapscope_pytorch::AllocConf;
@@ -105,9 +106,10 @@ fn decide(timeline: &Timeline, facts: &StepFacts, step: u64) -> String {
         }
         let free = refusal.free_memory();
         let why = match refusal.cause {
-            OomCause::Fragmentation => {
-                format!("{free}, but the largest free run is {}: fragmentation", Bytes(refusal.largest_free_bytes))
-            }
+            OomCause::Fragmentation => match unusable_free_words(refusal.unusable_free_bytes, refusal.largest_free_bytes) {
+                Some(apart) => format!("{free}, but {apart}: fragmentation"),
+                None => format!("{free}, but the largest free run is {}: fragmentation", Bytes(refusal.largest_free_bytes)),
+            },
             OomCause::InternalWaste => format!(
                 "{free}, too little once rounded to {}, while {} are wasted inside live allocations: internal waste",
                 Bytes(refusal.needed_bytes),

@@ -547,6 +547,7 @@ mod tests {
             reserved_bytes: 0,
             free_bytes: 0,
             largest_free_bytes: 0,
+            unusable_free_bytes: 0,
             waste_bytes: 0,
             unreserved_bytes: None,
             message: format!("{requested_bytes} B refused"),

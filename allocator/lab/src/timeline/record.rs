@@ -273,8 +273,17 @@ impl<'a> PytorchRecorder<'a> {
     fn refusal(&self, entry: usize, report: &OomReport) -> Refusal {
         let trace_entry = self.entries.and_then(|entries| entries.get(entry));
         let unreserved = unreserved_bytes(self.capacity_bytes, report, trace_entry);
-        let FirstOom { request_bytes, needed_bytes, reserved_bytes, free_bytes, largest_free_bytes, verdict, message, .. } =
-            pytorch_first_oom(entry as u64, report, unreserved);
+        let FirstOom {
+            request_bytes,
+            needed_bytes,
+            reserved_bytes,
+            free_bytes,
+            largest_free_bytes,
+            unusable_free_bytes,
+            verdict,
+            message,
+            ..
+        } = pytorch_first_oom(entry as u64, report, unreserved);
         Refusal {
             requested_bytes: request_bytes,
             needed_bytes,
@@ -282,6 +291,7 @@ impl<'a> PytorchRecorder<'a> {
             reserved_bytes,
             free_bytes,
             largest_free_bytes,
+            unusable_free_bytes,
             waste_bytes: {
                 let totals = self.timeline.head().totals();
                 totals.footprint_bytes.saturating_sub(totals.live_bytes)

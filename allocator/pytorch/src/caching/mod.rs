@@ -164,7 +164,11 @@ pub struct OomReport {
     pub allocated_bytes: u64,
     /// Reserved but unallocated bytes (free inside reserved memory).
     pub free_in_reserved_bytes: u64,
-    /// The largest cached free block of the request's memory pool (the allocator's own, or a private pool).
+    /// Of [`OomReport::free_in_reserved_bytes`], the bytes cached in free blocks the request could use: its memory
+    /// pool's (the allocator's own, or a private pool), of its size (small or large blocks), on its stream. PyTorch keeps
+    /// the rest apart from it.
+    pub usable_free_bytes: u64,
+    /// The largest of those blocks.
     pub largest_free_block_bytes: u64,
     /// `num_alloc_retries` so far.
     pub num_alloc_retries: i64,
@@ -734,7 +738,7 @@ impl CachingAllocator {
         if size_bytes > MAX_REQUEST_BYTES {
             // No device holds it (cudaMalloc fails); refused before any rounding could overflow.
             self.stats.num_ooms += 1;
-            return Err(self.oom_report(size_bytes, size_bytes, size_bytes, 0));
+            return Err(self.oom_report(size_bytes, size_bytes, size_bytes, ((0, Pool::Large), stream)));
         }
         self.refused_rounding_bytes = 0;
         // With the driver's addresses, the trace's are not used.
@@ -761,7 +765,12 @@ impl CachingAllocator {
         }
         let Some(id) = block else {
             self.stats.num_ooms += 1;
-            return Err(self.oom_report(size_bytes, alloc_size, size.saturating_add(self.refused_rounding_bytes), pool.0));
+            return Err(self.oom_report(
+                size_bytes,
+                alloc_size,
+                size.saturating_add(self.refused_rounding_bytes),
+                (pool, stream),
+            ));
         };
         let split = self.should_split(id, size);
         let id = self.alloc_found_block(id, size, size_bytes, split);
@@ -770,19 +779,26 @@ impl CachingAllocator {
         Ok(addr)
     }
 
-    /// The report of a refused request to memory pool `owner`: its largest cached block is the largest that could
-    /// have served (another pool's never does).
-    fn oom_report(&self, request_bytes: u64, alloc_bytes: u64, needed_bytes: u64, owner: usize) -> OomReport {
+    /// The report of a refused request to `pool` (its memory pool and size) on `stream`: the cached blocks it could use
+    /// are that pool's on that stream (`get_free_block` looks nowhere else).
+    fn oom_report(
+        &self,
+        request_bytes: u64,
+        alloc_bytes: u64,
+        needed_bytes: u64,
+        (pool, stream): ((usize, Pool), u64),
+    ) -> OomReport {
         let reserved = u64::try_from(self.stats.reserved_bytes.all().current).unwrap_or(0);
         let allocated = u64::try_from(self.stats.allocated_bytes.all().current).unwrap_or(0);
-        let memory_pool = &self.pools[owner];
-        let largest =
-            memory_pool.small.blocks.iter().chain(&memory_pool.large.blocks).map(|&(_, size, _, _)| size).max().unwrap_or(0);
+        let usable = self.pool(pool).blocks.range((stream, 0, 0, 0)..=(stream, u64::MAX, u64::MAX, BlockId::MAX));
+        let (usable_free, largest) =
+            usable.fold((0u64, 0), |(sum, largest), &(_, size, _, _)| (sum.saturating_add(size), largest.max(size)));
         OomReport {
             request_bytes,
             reserved_bytes: reserved,
             allocated_bytes: allocated,
             free_in_reserved_bytes: reserved.saturating_sub(allocated),
+            usable_free_bytes: usable_free,
             largest_free_block_bytes: largest,
             num_alloc_retries: self.stats.num_alloc_retries,
             alloc_bytes,

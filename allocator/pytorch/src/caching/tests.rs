@@ -3,6 +3,7 @@
 use super::*;
 use crate::snapshot::{PoolId, RecordedSettings, Snapshot, TraceEntry};
 
+const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 
 /// A real snapshot from `assets/traces/pytorch/` and PyTorch's own statistics of the same run.
@@ -677,6 +678,7 @@ fn release_on_oom_then_retry() {
             reserved_bytes: 50 * MIB,
             allocated_bytes: 50 * MIB,
             free_in_reserved_bytes: 0,
+            usable_free_bytes: 0,
             largest_free_block_bytes: 0,
             num_alloc_retries: 2,
             alloc_bytes: 20 * MIB,
@@ -693,6 +695,32 @@ fn release_on_oom_then_retry() {
     a.malloc(30 * MIB, 0, None).unwrap();
     assert_eq!(events(&mut a), [(Action::SegmentFree, 40 * MIB), (Action::SegmentAlloc, 30 * MIB)]);
     assert_eq!(a.stats().num_alloc_retries, 0);
+}
+
+/// A refused request's report counts as usable only the cached blocks `get_free_block` would look at: its pool's, of its
+/// size (small or large), on its stream; the rest of what is reserved but unallocated stays in the totals.
+#[test]
+fn an_oom_report_tells_the_blocks_the_request_could_use() {
+    // (request bytes, its stream, usable free bytes, largest usable block)
+    let cases = [
+        // A small request: the 30 MiB free are large blocks, and the device cannot give its 2 MiB segment.
+        (100 * KIB, 0, 0, 0),
+        // A large request on another stream: the free block is stream 0's.
+        (5 * MIB, 1, 0, 0),
+        // A large request on stream 0, too large for its free block.
+        (40 * MIB, 0, 30 * MIB, 30 * MIB),
+    ];
+    for (request_bytes, stream, usable_bytes, largest_bytes) in cases {
+        // A 60 MiB segment, half of it live, on a device of 61 MiB.
+        let mut a = CachingAllocator::new(conf(), Some(61 * MIB));
+        let whole = a.malloc(60 * MIB, 0, None).unwrap();
+        a.free(whole);
+        a.malloc(30 * MIB, 0, None).unwrap();
+        let report = a.malloc(request_bytes, stream, None).unwrap_err();
+        let what = format!("{request_bytes} B on stream {stream}");
+        assert_eq!((report.reserved_bytes, report.free_in_reserved_bytes), (60 * MIB, 30 * MIB), "{what}");
+        assert_eq!((report.usable_free_bytes, report.largest_free_block_bytes), (usable_bytes, largest_bytes), "{what}");
+    }
 }
 
 #[test]
