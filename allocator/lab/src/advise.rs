@@ -236,7 +236,8 @@ impl Advice {
     }
 
     /// The PyTorch setting that needs the least memory, of the recording's kind ([`SettingAdvice::start_afresh`]), with
-    /// its need: of those within a tie of the least, the first ranked (the fewest refusals on the device).
+    /// the least need of any: of those within a tie of the least (what the search for a need tells apart), the first
+    /// ranked (the fewest refusals on the device), whose own need may be up to the tie more.
     fn least_need(&self) -> Option<(u64, &SettingAdvice)> {
         let needs = || {
             self.settings
@@ -245,7 +246,7 @@ impl Advice {
                 .filter_map(|row| row.min_capacity_bytes.map(|bytes| (bytes, row)))
         };
         let least = needs().map(|(bytes, _)| bytes).min()?;
-        needs().find(|(bytes, _)| *bytes <= least.saturating_add(self.tie_bytes))
+        needs().find(|(bytes, _)| *bytes <= least.saturating_add(self.tie_bytes)).map(|(_, row)| (least, row))
     }
 
     /// The answer in one sentence: the setting to paste and why.
@@ -266,10 +267,20 @@ impl Advice {
         let kind = if self.settings.iter().any(|row| row.start_afresh) { " of the recording's kind of memory" } else { "" };
         match self.capacity_bytes {
             Some(capacity) if !best.fits() => match self.least_need() {
-                Some((_, row)) => format!(
-                    "No setting{kind} fits in {}: the one that needs least, {}, needs {}{}{}.",
+                Some((least, row)) => format!(
+                    "No setting{kind} fits in {}: {}, needs {}{}{}.",
                     Bytes(capacity),
-                    paste(&row.setting),
+                    // Another may need a little less, within what the search tells apart: said so, not "the least".
+                    match row.min_capacity_bytes {
+                        Some(need) if need > least => format!(
+                            "of those that need least (within {} of {}, what the search for a need tells apart), the one \
+                             ranked first, {}",
+                            Bytes(self.tie_bytes),
+                            Bytes(least),
+                            paste(&row.setting)
+                        ),
+                        _ => format!("the one that needs least, {}", paste(&row.setting)),
+                    },
                     need_words(row),
                     retries_words(row).map(|words| format!("; {words}")).unwrap_or_default(),
                     fewer_refusals(row, recorded, capacity).map(|words| format!("; {words}")).unwrap_or_default()
@@ -1199,6 +1210,23 @@ mod tests {
             assert_eq!((recorded.ooms, recorded.start_exceeds_capacity, recorded.fits()), (0, !fits, fits), "{capacity}");
             let answer = advice.answer();
             assert_eq!(answer.starts_with("No setting fits in 19.00 MiB"), !fits, "{capacity}: {answer}");
+            if !fits {
+                assert!(answer.contains(": the one that needs least, PYTORCH_CUDA_ALLOC_CONF unset"), "{answer}");
+                // Ranked after it, a setting that needs a little less, within what the search tells apart: the answer
+                // names the first ranked, and does not call its need the least.
+                let mut tied = advice.clone();
+                let mut less = tied.settings[0].clone();
+                (less.setting, less.min_capacity_bytes) = ("max_split_size_mb:64".into(), Some(19 * MIB));
+                tied.settings.push(less);
+                let answer = tied.answer();
+                let said = format!(
+                    "No setting fits in 19.00 MiB: of those that need least (within {} of 19.00 MiB, what the search for a \
+                     need tells apart), the one ranked first, PYTORCH_CUDA_ALLOC_CONF unset (PyTorch's defaults), needs \
+                     20.00 MiB",
+                    Bytes(tied.tie_bytes)
+                );
+                assert!(answer.starts_with(&said), "{said:?} in {answer}");
+            }
         }
     }
 
