@@ -1204,7 +1204,8 @@ fn fast_segment(
     segment.address = address?;
     segment.total_size = total_size?;
     let mut next_address = segment.address;
-    for block in blocks_value.unwrap_or_default() {
+    // No `blocks`: refused by the generic path (PyTorch writes them for every segment; none would leave it all unknown).
+    for block in blocks_value? {
         let block = Block {
             address: block.address.unwrap_or(next_address),
             size: block.size,
@@ -1402,6 +1403,14 @@ fn convert_entry(
     let here = || format!("device_traces[{device}][{index}]");
     let dict = match item {
         Value::Dict(dict) => dict,
+        // An entry's dict that an earlier entry is (not kept once taken, so not named): said as other shared objects are.
+        Value::Consumed | Value::Taken => {
+            return Err(Issue::new(
+                here(),
+                "the same object as an earlier trace entry (a memo reference): a snapshot never shares it, so it is not \
+                 read twice",
+            ));
+        }
         other => return Err(Issue::expected(here(), "dict", other)),
     };
     let dict = dict.borrow();
@@ -1737,9 +1746,9 @@ impl Decoder {
         let fields = Fields::of(value, path)?;
         let address = fields.required_u64("address")?;
         let total_size = fields.required_u64("total_size")?;
-        if let Some(blocks) = fields.get("blocks") {
-            self.once(blocks, Seen::Blocks { listed, index })?;
-        }
+        self.once(fields.required("blocks")?, Seen::Blocks { listed, index })?;
+        // Required: PyTorch writes them for every segment, and a segment without them says nothing of what it holds
+        // (every command would read it differently).
         let blocks_value = fields.list("blocks")?.unwrap_or_default();
         let mut blocks = Vec::with_capacity(blocks_value.len());
         let mut next_address = address;
@@ -2910,7 +2919,11 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         // (pickle, what the error says)
         // The segments list again as a device's trace.
         let segments_as_trace = b"\x80\x04}(\x8c\x08segments]\x94\x8c\x0ddevice_traces]h\x00au.".to_vec();
-        let cases: [(&[u8], &str); 7] = [
+        // An entry's dict (taken as it arrived) again as the next batch's entry.
+        let shared_entry =
+            [b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces](]\x94(}\x94(".as_slice(), &entry[2..], b"e(h\x01eeu."].concat();
+        let cases: [(&[u8], &str); 8] = [
+            (&shared_entry, "device_traces[0][1]: the same object as an earlier trace entry (a memo reference)"),
             (&shared_segments, "segments[1]: the same object as segments[0] (a memo reference)"),
             (&shared_traces, "device_traces[1]: the same object as device_traces[0] (a memo reference)"),
             (&shared_blocks, "segments[1].blocks: the same object as segments[0].blocks (a memo reference)"),
@@ -3078,6 +3091,13 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
                 "device_traces[0][0].addr: -1 does not fit a u64 (0 to 2^64 - 1)",
             ),
             (pickle(b"}\x8c\x08segments]}\x8c\x07addressK\x01sas"), "segments[0].total_size: missing key"),
+            // A segment without its blocks, through the fast path (a memo'd dict appended to the segments) and the generic
+            // one (a list of one segment).
+            (
+                pickle(b"}\x8c\x08segments]\x94(}\x94(\x8c\x07addressK\x01\x8c\x0atotal_sizeK\x01ues"),
+                "segments[0].blocks: missing key",
+            ),
+            (pickle(b"](}(\x8c\x07addressK\x01\x8c\x0atotal_sizeK\x01ue"), "[0].blocks: missing key"),
             (
                 pickle(b"}\x8c\x08segments]}(\x8c\x07addressK\x01\x8c\x0atotal_sizeK\x01\x8c\x06blocks]}\x8c\x04sizeK\x01sauas"),
                 "segments[0].blocks[0].state: missing key",
