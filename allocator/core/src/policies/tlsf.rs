@@ -88,7 +88,9 @@ pub struct Tlsf {
     unit_shift: u32,
     fl_bitmap: u64,
     sl_bitmaps: [u32; FL_COUNT],
-    heads: [u32; LISTS],
+    /// The head of each free list; boxed, so that the policy itself stays small (a heap of hundreds of blocks builds a
+    /// policy per block, and an 8 KiB array inline was copied at each move).
+    heads: Box<[u32; LISTS]>,
     /// Block metadata, out of band; `nodes[0]` is the sentinel.
     nodes: Vec<Node>,
     /// Bytes the caller asked for, by node (used nodes; read by reports only).
@@ -159,7 +161,7 @@ impl Tlsf {
             unit_shift: min_align.trailing_zeros(),
             fl_bitmap: 0,
             sl_bitmaps: [0; FL_COUNT],
-            heads: [NIL; LISTS],
+            heads: vec![NIL; LISTS].into_boxed_slice().try_into().expect("LISTS heads"),
             nodes,
             requested: vec![0],
             vacant: NIL,
