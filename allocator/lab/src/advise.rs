@@ -276,7 +276,7 @@ impl Advice {
                             "of those that need least (within {} of {}, what the search for a need tells apart), the one \
                              ranked first, {}",
                             Bytes(self.tie_bytes),
-                            Bytes(least),
+                            BytesAtLeast(least),
                             paste(&row.setting)
                         ),
                         _ => format!("the one that needs least, {}", paste(&row.setting)),
@@ -452,8 +452,9 @@ pub fn advise_until(
         rows.push(Row::Pytorch { setting: recorded_setting.clone(), conf: recorded_conf.clone() });
     }
     rows.push(Row::Paged);
-    // Rows the recording cannot tell apart replay once: each row's run is the first row's with the same settings in
-    // effect.
+    // Rows the recording cannot tell apart replay once: each row's run is that of the rows with the same settings in
+    // effect that is the recording's own settings where one is, else the one with the fewest keys (the first of those):
+    // the others are its copies, the settings that change nothing here, ranked below it.
     let in_effect: Vec<Option<AllocConf>> = rows
         .iter()
         .map(|row| match row {
@@ -461,9 +462,16 @@ pub fn advise_until(
             Row::Paged => None,
         })
         .collect();
+    let source_key = |index: usize| match &rows[index] {
+        Row::Pytorch { setting, conf } => (*conf != recorded_conf, items_of(setting).len(), index),
+        Row::Paged => (true, usize::MAX, index),
+    };
     let run_of: Vec<usize> = (0..rows.len())
         .map(|index| match &in_effect[index] {
-            Some(conf) => in_effect.iter().position(|other| other.as_ref() == Some(conf)).unwrap_or(index),
+            Some(conf) => (0..rows.len())
+                .filter(|&other| in_effect[other].as_ref() == Some(conf))
+                .min_by_key(|&other| source_key(other))
+                .unwrap_or(index),
             None => index,
         })
         .collect();
@@ -600,6 +608,8 @@ fn rank(settings: &mut [SettingAdvice], capacity_known: bool) -> u64 {
             .then(a.driver_time_us.total_cmp(&b.driver_time_us))
             .then(b.as_recorded.cmp(&a.as_recorded))
             .then(keys(a).cmp(&keys(b)))
+            // A run before its copies (`(=)`, "the same run as a row above it").
+            .then(a.same_run_as.is_some().cmp(&b.same_run_as.is_some()))
     });
     for (rank, advice) in (1..).zip(settings.iter_mut()) {
         advice.rank = if advice.setting == PAGED { 0 } else { rank };
@@ -1345,6 +1355,18 @@ mod tests {
                 "{name}"
             );
             assert_eq!(row("max_split_size_mb:64").same_run_as, None, "{name}: GPT-2's and frag_oom's blocks reach 64 MiB");
+            // A copy (`(=)`) ranks below the run it names, as the legend says; with only the setting that changes nothing
+            // asked (`--setting`), the recorded settings' row is the run.
+            let alone = AdviseConfig { settings: vec!["max_split_size_mb:4096".to_owned()], ..config.clone() };
+            let alone = advise(&recording, &alone, &|_, _| {}).unwrap();
+            for advice in [&advice, &alone] {
+                for copy in advice.settings.iter().filter(|row| row.same_run_as.is_some()) {
+                    let run = advice.settings.iter().find(|row| Some(&row.setting) == copy.same_run_as.as_ref()).unwrap();
+                    assert!(run.rank < copy.rank && run.same_run_as.is_none(), "{name}: {copy:?} after {run:?}");
+                }
+            }
+            let copy = alone.settings.iter().find(|row| row.setting == "max_split_size_mb:4096").unwrap();
+            assert_eq!(copy.same_run_as.as_deref(), Some(alone.recorded().unwrap().setting.as_str()), "{name}");
             let recorded = alloc_conf(&recording, None).unwrap();
             for setting in ["max_split_size_mb:4096", "max_split_size_mb:4096,garbage_collection_threshold:0.8"] {
                 let mut conf = AllocConf::default();
