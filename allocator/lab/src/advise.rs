@@ -643,9 +643,12 @@ fn largest_block_bound_of(recording: &Recording, conf: &AllocConf) -> Option<u64
 fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, recorded: &AllocConf) -> Result<SettingAdvice> {
     if let Row::Pytorch { setting, conf } = row
         && let Some(fraction) = conf.per_process_memory_fraction
+        && !conf.expandable_segments
     {
         // The allocator sees the device only through its share (`AllocConf::allowed_bytes`): the row is the setting
-        // without the fraction on a device of that share, and a capacity it needs is that need over the fraction.
+        // without the fraction on a device of that share, and a capacity it needs is that need over the fraction. (Not
+        // with expandable segments: under a fraction PyTorch refuses their request by its whole segment size before
+        // mapping the pages it needs, which a device of the share alone does not do; see `gated` below.)
         let alone =
             Row::Pytorch { setting: setting.clone(), conf: AllocConf { per_process_memory_fraction: None, ..conf.clone() } };
         let mut advice = advise_row(recording, &alone, conf.allowed_bytes(capacity_bytes), recorded)?;
@@ -672,22 +675,29 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
     // The run without a limit bounds the search, and a snapshot's probes resume from copies of it (see `Checkpoints`):
     // with no capacity it is the row's own run, which keeps the copies; else a lean run that keeps them; else (a
     // plain trace) one more run.
+    // Expandable segments under a memory fraction: a request is refused by its whole segment size against the share
+    // before the pages it needs are mapped, a read of the capacity beyond what the run reserves. The run's copies, which
+    // a probe resumes from as long as the run never reserved past the probe's capacity, do not hold then: every probe
+    // replays from the start, on the device itself (not a device of the share), and the run's peak says nothing of the
+    // device it fits.
+    let gated =
+        matches!(row, Row::Pytorch { conf, .. } if conf.expandable_segments && conf.per_process_memory_fraction.is_some());
     let (setting, as_recorded, (figures, driver_time_us), checkpoints, unlimited) = match row {
         Row::Pytorch { setting, conf } => {
             let copy_every = recording
                 .snapshot
                 .as_ref()
-                .filter(|_| capacity_bytes.is_none())
+                .filter(|_| capacity_bytes.is_none() && !gated)
                 .map(|snapshot| Checkpoints::every(recording, snapshot));
             let (run, copies) = pytorch_run(recording, setting, conf, device, copy_every)?;
             let (checkpoints, unlimited) = match (copies, &recording.snapshot) {
                 (Some(copies), _) => (Some(Checkpoints::new(recording, copies.saved, conf)), Unlimited::of(&run.0)),
-                (None, Some(snapshot)) => {
+                (None, Some(snapshot)) if !gated => {
                     let (checkpoints, end) = Checkpoints::of(recording, snapshot, conf)?;
                     (Some(checkpoints), Unlimited::of_stats(&end))
                 }
-                (None, None) if capacity_bytes.is_none() => (None, Unlimited::of(&run.0)),
-                (None, None) => (None, Unlimited::of(&pytorch_run(recording, setting, conf, LARGEST_DEVICE_BYTES, None)?.0.0)),
+                (None, _) if capacity_bytes.is_none() => (None, Unlimited::of(&run.0)),
+                (None, _) => (None, Unlimited::of(&pytorch_run(recording, setting, conf, LARGEST_DEVICE_BYTES, None)?.0.0)),
             };
             (setting.clone(), conf == recorded, run, checkpoints, unlimited)
         }
@@ -716,14 +726,28 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
             (Row::Paged, _) => Ok(paged_run(recording, capacity)?.0.ooms == 0),
         }
     };
-    // Only garbage collection reads the capacity before the allocator reaches it.
+    // Only garbage collection, and a fraction's refusal of an expandable request by its segment size, read the capacity
+    // before the allocator reaches it.
     let ceiling_fits = match row {
-        Row::Pytorch { conf, .. } => conf.garbage_collection_threshold == 0.0,
+        Row::Pytorch { conf, .. } => conf.garbage_collection_threshold == 0.0 && !gated,
         Row::Paged => true,
+    };
+    // The device whose share holds the run's peak (the device itself without a fraction).
+    let device_of_share = |share: u64| match row {
+        Row::Pytorch { conf, .. } if gated => {
+            let fraction = conf.per_process_memory_fraction.unwrap_or(1.0).clamp(f64::MIN_POSITIVE, 1.0);
+            ((share as f64 / fraction).ceil() as u64).min(LARGEST_DEVICE_BYTES)
+        }
+        _ => share,
     };
     let search = if unlimited.ooms == 0 {
         // A what-if of the other kind of memory may reserve less than the recording held at its start: never below it.
-        min_capacity(unlimited.allocated_peak_bytes.max(start), unlimited.reserved_peak_bytes.max(start), ceiling_fits, &fits)?
+        min_capacity(
+            unlimited.allocated_peak_bytes.max(start),
+            device_of_share(unlimited.reserved_peak_bytes.max(start)),
+            ceiling_fits,
+            &fits,
+        )?
     } else {
         None
     };
@@ -1521,7 +1545,28 @@ mod tests {
                 crate::compare::replay(&recording, crate::contender::Contender::Pytorch { expandable: false }, &compare).unwrap();
             let figures = replayed.figures().unwrap();
             assert_eq!((figures.peak_reserved_bytes, figures.ooms), (row.peak_reserved_bytes, row.ooms), "{}", row.setting);
+            // And on the device it says it needs, it fits (with expandable segments under the fraction too, whose requests
+            // the share refuses by their whole segment size).
+            let need = row.min_capacity_bytes.unwrap();
+            let at_need = crate::compare::CompareConfig { capacity_bytes: Some(need), ..compare };
+            let replayed =
+                crate::compare::replay(&recording, crate::contender::Contender::Pytorch { expandable: false }, &at_need).unwrap();
+            assert_eq!(replayed.figures().unwrap().ooms, 0, "{} on the {need} B it needs", row.setting);
         }
+        // GPT-2's run, where the share's refusal by segment size tells: the need found is a device it fits.
+        let recording = shared("gpt2_train_fixed-default");
+        let setting = "expandable_segments:True,per_process_memory_fraction:0.9".to_owned();
+        let config = AdviseConfig { capacity_bytes: None, settings: vec![setting.clone()], threads: 1 };
+        let advice = advise(&recording, &config, &|_, _| {}).unwrap();
+        let need = advice.settings.iter().find(|row| row.setting == setting).unwrap().min_capacity_bytes.unwrap();
+        let at_need = crate::compare::CompareConfig {
+            capacity_bytes: Some(need),
+            alloc_conf: Some(setting.clone()),
+            ..crate::compare::CompareConfig::default()
+        };
+        let replayed =
+            crate::compare::replay(&recording, crate::contender::Contender::Pytorch { expandable: false }, &at_need).unwrap();
+        assert_eq!(replayed.figures().unwrap().ooms, 0, "{setting} on the {need} B it needs");
         assert_eq!(with_recorded_budget("max_split_size_mb:128", &AllocConf::default()), "max_split_size_mb:128");
     }
 
