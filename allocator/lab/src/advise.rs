@@ -672,16 +672,16 @@ fn advise_row(recording: &Recording, row: &Row, capacity_bytes: Option<u64>, rec
     // Without a capacity, the largest device heapscope models: a recorded `oom` entry is then tried with all that room,
     // not the driver's free bytes it recorded.
     let device = capacity_bytes.unwrap_or(LARGEST_DEVICE_BYTES);
+    // Expandable segments under a memory fraction (or garbage collection, taken to have set one): a request is refused
+    // by its whole segment size against the share before the pages it needs are mapped, a read of the capacity beyond
+    // what the run reserves. The run's copies, which a probe resumes from as long as the run never reserved past the
+    // probe's capacity, do not hold then: every probe replays from the start, on the device itself (not a device of the
+    // share), and the run's peak says nothing of the device it fits.
+    let gated = matches!(row, Row::Pytorch { conf, .. }
+        if conf.expandable_segments && (conf.per_process_memory_fraction.is_some() || conf.garbage_collection_threshold > 0.0));
     // The run without a limit bounds the search, and a snapshot's probes resume from copies of it (see `Checkpoints`):
     // with no capacity it is the row's own run, which keeps the copies; else a lean run that keeps them; else (a
     // plain trace) one more run.
-    // Expandable segments under a memory fraction: a request is refused by its whole segment size against the share
-    // before the pages it needs are mapped, a read of the capacity beyond what the run reserves. The run's copies, which
-    // a probe resumes from as long as the run never reserved past the probe's capacity, do not hold then: every probe
-    // replays from the start, on the device itself (not a device of the share), and the run's peak says nothing of the
-    // device it fits.
-    let gated =
-        matches!(row, Row::Pytorch { conf, .. } if conf.expandable_segments && conf.per_process_memory_fraction.is_some());
     let (setting, as_recorded, (figures, driver_time_us), checkpoints, unlimited) = match row {
         Row::Pytorch { setting, conf } => {
             let copy_every = recording
