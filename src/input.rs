@@ -28,7 +28,7 @@ pub fn with_spinner<T>(path: &Path, what: &str, load: impl FnOnce() -> Result<T>
     spinner.set_style(
         ProgressStyle::with_template("{spinner} {msg} {elapsed}").unwrap_or_else(|_| ProgressStyle::default_spinner()),
     );
-    spinner.set_message(format!("{what} {}", path.display()));
+    spinner.set_message(format!("{what} {}", heapscope_core::path_name(path)));
     spinner.enable_steady_tick(Duration::from_millis(100));
     let result = load();
     spinner.finish_and_clear();

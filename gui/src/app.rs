@@ -195,7 +195,7 @@ impl HeapscopeApp {
     /// seconds); the window stays live and shows it once ready ([`HeapscopeApp::loading`]).
     pub fn open_path_in_background(&mut self, path: PathBuf) {
         let (contenders, options) = (self.contenders(), self.open_options.clone());
-        let name = path.display().to_string();
+        let name = heapscope_core::path_name(&path);
         self.opened_path = Some(path.clone());
         let worker =
             std::thread::Builder::new().name("heapscope-open".into()).spawn(move || Session::open(&path, &contenders, &options));

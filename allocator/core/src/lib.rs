@@ -55,6 +55,7 @@ mod heap;
 pub mod native_trace;
 mod oom;
 pub mod paged;
+mod path_name;
 pub mod policies;
 mod policy;
 mod policy_kind;
@@ -79,6 +80,7 @@ pub use heap::{
 };
 pub use oom::{FreeMemory, OomCause, OomVerdict, Shortfall};
 pub use paged::{PageRemap, PagedCompaction, PagedConfig, PagedHeap, PagedStats, UnmapRule};
+pub use path_name::path_name;
 pub use policies::{BestFit, Buddy, FirstFit, Linear, LinearMode, Slab, Tlsf};
 pub use policy::{Policy, PolicyConfig};
 pub use policy_kind::PolicyKind;

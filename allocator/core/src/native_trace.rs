@@ -200,7 +200,7 @@ impl Trace {
     /// # Errors
     /// [`Error::Trace`] naming the file and what is wrong.
     pub fn read(path: &Path) -> Result<Self> {
-        let file = path.display().to_string();
+        let file = crate::path_name(path);
         let bytes = std::fs::read(path).map_err(|error| Error::Trace {
             file: file.clone(),
             line: 0,
@@ -227,7 +227,7 @@ impl Trace {
     /// [`Error::Trace`] when the file cannot be written.
     pub fn write_native(&self, path: &Path) -> Result<()> {
         crate::whole_file::write_whole(path, |file| std::io::Write::write_all(file, &self.to_native()))
-            .map_err(|error| Error::Trace { file: path.display().to_string(), line: 0, what: format!("cannot write: {error}") })
+            .map_err(|error| Error::Trace { file: crate::path_name(path), line: 0, what: format!("cannot write: {error}") })
     }
 }
 

@@ -269,7 +269,7 @@ impl Trace {
     /// # Errors
     /// [`Error::Trace`] naming the file (and the line, for bad content).
     pub fn read_csv(path: &Path) -> Result<Self> {
-        let name = path.display().to_string();
+        let name = crate::path_name(path);
         let text = std::fs::read_to_string(path).map_err(|error| Error::Trace {
             file: name.clone(),
             line: 0,

@@ -412,7 +412,7 @@ impl Recording {
     /// # Errors
     /// [`OpenError`] naming the file and what is wrong with it.
     pub fn open_device(path: &Path, device: Option<usize>) -> Result<Self, OpenError> {
-        let file = path.display().to_string();
+        let file = heapscope_core::path_name(path);
         let io = |error| OpenError::Io { file: file.clone(), error };
         let kind = std::fs::metadata(path).map_err(io)?.file_type();
         if !kind.is_file() {

@@ -103,7 +103,7 @@ const READ_AHEAD_CHUNK_BYTES: usize = 256 << 10;
 /// [`read_snapshot`], reading ahead on a second thread in chunks of `chunk_bytes` when the pickle is known to hold at
 /// least `from_bytes` bytes.
 fn read_snapshot_ahead(path: &Path, from_bytes: u64, chunk_bytes: usize) -> Result<Snapshot, SnapshotError> {
-    let name = path.display().to_string();
+    let name = heapscope_core::path_name(path);
     let io_error = |error| SnapshotError::Io { file: name.clone(), error };
     let mut file = File::open(path).map_err(io_error)?;
     let hint = pickle_size_hint(&mut file).map_err(io_error)?;

@@ -984,8 +984,14 @@ fn bad_input_gets_a_clear_error() {
     let exported_path = exported.to_str().unwrap().to_owned();
     // An older file at --out: an export that fails leaves it as it was.
     std::fs::write(&exported, b"older").unwrap();
-    let cases: [(Vec<&str>, &str); 38] = [
+    // A name with control characters (a newline, an escape sequence) is printed escaped: the message stays one line and
+    // nothing reaches the terminal as a command.
+    let odd = dir.join("odd\nname\u{1b}[31m.csv");
+    std::fs::write(&odd, "a,1,64\nx,1\n").unwrap();
+    let odd_path = odd.to_str().unwrap().to_owned();
+    let cases: [(Vec<&str>, &str); 39] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
+        (vec!["replay", &odd_path], "odd\\nname\\u{1b}[31m.csv:2: unknown event \"x\""),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
         (vec!["replay", &truncated_path], "truncated.pickle.gz"),
         (vec!["replay", &foreign_path], "foreign.pickle"),
