@@ -506,7 +506,7 @@ impl Device {
         };
         let limits = &context.properties().limits;
         let space_bytes = limits.sparse_address_space_size_bytes / share;
-        let largest_bytes = limits.max_buffer_size_bytes.map_or(space_bytes, |max| max.min(space_bytes));
+        let largest_bytes = heapscope_vulkan::largest_sparse_buffer_bytes(limits, space_bytes);
         let stats = workload.check().ok()?;
         let needed_bytes = settings.budget_bytes.map_or(stats.peak_live_bytes, |budget| budget.min(stats.peak_live_bytes));
         (asked_bytes > largest_bytes && needed_bytes > largest_bytes).then(|| {

@@ -104,6 +104,7 @@ fn probe_adapter(index: usize) -> Result<Value> {
         "sparse_residency_aliased": supported.sparse_residency_aliased,
         "sparse_address_space_bytes": properties.limits.sparse_address_space_size_bytes,
         "max_buffer_bytes": properties.limits.max_buffer_size_bytes,
+        "max_memory_allocation_bytes": properties.limits.max_memory_allocation_size_bytes,
         "residency_non_resident_strict": properties.sparse.residency_non_resident_strict,
         "sparse_page_bytes": sparse_page_bytes,
         "bind_latency_us": latencies.iter().map(latency).collect::<Vec<_>>(),
@@ -142,6 +143,12 @@ fn print_table(adapter: &Value) {
     for memory_type in adapter["memory_types"].as_array().into_iter().flatten() {
         outln!("  type {} (heap {}): {}", memory_type["index"], memory_type["heap"], flags(&memory_type["flags"]));
     }
+    outln!(
+        "  largest: allocation {}, buffer {}, sparse address space {}",
+        bytes(&adapter["max_memory_allocation_bytes"]),
+        bytes(&adapter["max_buffer_bytes"]),
+        bytes(&adapter["sparse_address_space_bytes"])
+    );
     outln!(
         "  sparse: binding {}, residency buffer {}, residency aliased {}, non-resident strict {}, page {}",
         adapter["sparse_binding"],

@@ -57,7 +57,8 @@ impl ValidationLog {
     }
 }
 
-/// The debug messenger's callback: records warnings and errors into the [`ValidationLog`] behind `user_data`.
+/// The debug messenger's callback: records warnings and errors into the [`ValidationLog`] behind `user_data` (not the
+/// loader's own messages, which are about the machine).
 unsafe extern "system" fn record_message(
     severity: vk::DebugUtilsMessageSeverityFlagsEXT,
     _types: vk::DebugUtilsMessageTypeFlagsEXT,
@@ -72,6 +73,12 @@ unsafe extern "system" fn record_message(
     let messages = unsafe { &*user_data.cast::<Mutex<Vec<String>>>() };
     // SAFETY: the layer passes a valid callback data structure for the duration of the call.
     let data = unsafe { &*callback_data };
+    // The loader's own messages (an implicit layer of an older API version, a stale driver manifest) are about the
+    // machine, not about heapscope's use of Vulkan: a desktop with Mesa, RenderDoc or Steam installed has some.
+    // SAFETY: `p_message_id_name` is null or a NUL-terminated string valid for the call (the spec of the callback).
+    if unsafe { data.message_id_name_as_c_str() } == Some(c"Loader Message") {
+        return vk::FALSE;
+    }
     // SAFETY: `p_message` is null or a NUL-terminated string valid for the call (the spec of the callback).
     let text = unsafe { data.message_as_c_str() }.map_or_else(|| "<no message>".into(), CStr::to_string_lossy);
     let level = if severity.contains(vk::DebugUtilsMessageSeverityFlagsEXT::ERROR) { "ERROR" } else { "WARNING" };
@@ -464,12 +471,24 @@ fn create_instance(
             names.push(ash::ext::debug_utils::NAME);
         }
     }
+    // Portability drivers (MoltenVK) are listed only to an instance that asks for them.
+    // SAFETY: a global query of the loaded entry.
+    let portability = unsafe { entry.enumerate_instance_extension_properties(None) }
+        .map_err(VulkanError::vk("vkEnumerateInstanceExtensionProperties"))?
+        .iter()
+        .any(|extension| extension.extension_name_as_c_str() == Ok(ash::khr::portability_enumeration::NAME));
+    if portability && !names.contains(&ash::khr::portability_enumeration::NAME) {
+        names.push(ash::khr::portability_enumeration::NAME);
+    }
     let extensions: Vec<*const std::ffi::c_char> = names.iter().map(|name| name.as_ptr()).collect();
     let mut instance_messenger = messenger_info(log);
     let mut info = vk::InstanceCreateInfo::default()
         .application_info(&application)
         .enabled_layer_names(&layers)
         .enabled_extension_names(&extensions);
+    if portability {
+        info = info.flags(vk::InstanceCreateFlags::ENUMERATE_PORTABILITY_KHR);
+    }
     if validation {
         // Also catches messages of vkCreateInstance and vkDestroyInstance.
         info = info.push_next(&mut instance_messenger);
@@ -563,7 +582,20 @@ impl Partial {
             unsafe { instance.get_physical_device_properties2(physical_device, &mut properties2) };
             maintenance4.max_buffer_size
         });
-        let properties = properties::device_properties(&raw_properties, max_buffer_size_bytes, &raw_memory, &families, supported);
+        let max_memory_allocation_size_bytes = (raw_properties.api_version >= vk::API_VERSION_1_1).then(|| {
+            let mut maintenance3 = vk::PhysicalDeviceMaintenance3Properties::default();
+            let mut properties2 = vk::PhysicalDeviceProperties2::default().push_next(&mut maintenance3);
+            // SAFETY: as above; the chain holds a structure core in Vulkan 1.1, which this device supports.
+            unsafe { instance.get_physical_device_properties2(physical_device, &mut properties2) };
+            maintenance3.max_memory_allocation_size
+        });
+        let properties = properties::device_properties(
+            &raw_properties,
+            (max_buffer_size_bytes, max_memory_allocation_size_bytes),
+            &raw_memory,
+            &families,
+            supported,
+        );
 
         let family_with = |flag: vk::QueueFlags| {
             (0..)
@@ -606,7 +638,12 @@ impl Partial {
         if has_vulkan_1_2 {
             enabled_features = enabled_features.push_next(&mut enabled_1_2);
         }
-        let extensions: Vec<&'static CStr> = if memory_budget { vec![ash::ext::memory_budget::NAME] } else { Vec::new() };
+        let mut extensions: Vec<&'static CStr> = if memory_budget { vec![ash::ext::memory_budget::NAME] } else { Vec::new() };
+        // A portability driver (MoltenVK) lists VK_KHR_portability_subset, which must then be enabled.
+        if device_extensions.iter().any(|extension| extension.extension_name_as_c_str() == Ok(ash::khr::portability_subset::NAME))
+        {
+            extensions.push(ash::khr::portability_subset::NAME);
+        }
         let hooked = hook.is_some();
         let (device, device_extensions) = if let Some(hook) = hook {
             let request = DeviceRequest { queue_infos: &queue_infos, core_features: enabled_core, extensions: &extensions };

@@ -77,7 +77,9 @@ mod vma_heap;
 #[cfg(feature = "wgpu")]
 pub mod wgpu_interop;
 
-pub use contenders::{paged_range_for, paged_virtual_bytes, peak_live_footprint_bytes, replay_on_device};
+pub use contenders::{
+    largest_sparse_buffer_bytes, paged_range_for, paged_virtual_bytes, peak_live_footprint_bytes, replay_on_device,
+};
 pub use context::{ContextOptions, VALIDATION_LAYER, ValidationLog, VulkanContext};
 pub use error::VulkanError;
 #[cfg(any(feature = "gpu-allocator", feature = "vma"))]
@@ -95,7 +97,10 @@ pub use properties::{DeviceFeatures, DeviceLimits, DeviceProperties, HeapBudget,
 pub use pytorch_heap::PytorchDeviceHeap;
 pub use segment_memory::{PytorchDeviceConfig, SegmentCounts, SegmentMemory};
 pub use source::{BlockInfo, CopyStats, DeviceMemorySource, DeviceSourceConfig, LeakReport, LeakedBlock};
-pub use sparse::{BindLatency, BindLayout, PageMove, PagePool, SparseBuffer, SparseConfig, SparseStats, measure_bind_latency};
+pub use sparse::{
+    BindLatency, BindLayout, PageMove, PagePool, SparseBuffer, SparseConfig, SparseStats, measure_bind_latency,
+    whole_sparse_pages,
+};
 pub use transfer::{BufferCopy, Transfer};
 #[cfg(feature = "vma")]
 pub use vma_heap::{VmaBackend, VmaConfig, VmaHandle, VmaHeap};

@@ -36,8 +36,8 @@ pub struct DevicePagedConfig {
     pub policy: PolicyKind,
     /// Pages per memory chunk of the pool.
     pub pages_per_chunk: u32,
-    /// At most this many live sparse mappings.
-    pub max_live_mappings: u64,
+    /// At most this many live sparse mappings; `None`: the device's default ([`SparseConfig::max_live_mappings`]).
+    pub max_live_mappings: Option<u64>,
     /// When pages no allocation touches are unbound.
     pub unmap: UnmapRule,
     /// The heap's page size, a multiple of the sparse page size (a larger page maps whole runs of sparse pages);
@@ -54,7 +54,7 @@ impl DevicePagedConfig {
             capacity_bytes,
             policy: PolicyKind::Tlsf,
             pages_per_chunk: SparseConfig::DEFAULT_PAGES_PER_CHUNK,
-            max_live_mappings: SparseConfig::DEFAULT_MAX_LIVE_MAPPINGS,
+            max_live_mappings: None,
             unmap: UnmapRule::Eager,
             page_bytes: None,
         }

@@ -18,6 +18,9 @@ pub struct DeviceLimits {
     /// `maxBufferSize` (Vulkan 1.3, `VkPhysicalDeviceMaintenance4Properties`): the largest buffer; `None` on
     /// devices below Vulkan 1.3.
     pub max_buffer_size_bytes: Option<u64>,
+    /// `maxMemoryAllocationSize` (Vulkan 1.1, `VkPhysicalDeviceMaintenance3Properties`): the largest
+    /// `vkAllocateMemory` (NVIDIA about 4 GiB, AMD and Intel 2–4 GiB, whatever the heap); `None` below Vulkan 1.1.
+    pub max_memory_allocation_size_bytes: Option<u64>,
 }
 
 /// `VkPhysicalDeviceSparseProperties`.
@@ -132,7 +135,7 @@ impl HeapBudget {
 /// Plain-data properties from the raw Vulkan structures.
 pub(crate) fn device_properties(
     properties: &vk::PhysicalDeviceProperties,
-    max_buffer_size_bytes: Option<u64>,
+    (max_buffer_size_bytes, max_memory_allocation_size_bytes): (Option<u64>, Option<u64>),
     memory: &vk::PhysicalDeviceMemoryProperties,
     queue_families: &[vk::QueueFamilyProperties],
     supported_features: DeviceFeatures,
@@ -157,6 +160,7 @@ pub(crate) fn device_properties(
             non_coherent_atom_size_bytes: limits.non_coherent_atom_size,
             sparse_address_space_size_bytes: limits.sparse_address_space_size,
             max_buffer_size_bytes,
+            max_memory_allocation_size_bytes,
         },
         sparse: SparseProperties {
             residency_standard_2d_block_shape: sparse.residency_standard2_d_block_shape == vk::TRUE,

@@ -97,12 +97,19 @@ impl SegmentMemory {
             }
         }
         let address_space = context.properties().limits.sparse_address_space_size_bytes;
-        let virtual_bytes = config.expandable_virtual_bytes.min(address_space / 2).max(MIN_BLOCK_BYTES);
+        // Two pools' reservations in the address space, each in whole pages.
+        let virtual_bytes =
+            config.expandable_virtual_bytes.min(crate::sparse::whole_sparse_pages(address_space / 2)).max(MIN_BLOCK_BYTES);
         let mut sparse_config = SparseConfig::new(virtual_bytes).with_pool_capacity(config.device_cap_bytes);
         if config.conf.expandable_segments {
-            // Whole PyTorch pages (2 MiB at least) per memory chunk: few chunks, contiguous runs.
+            // Whole PyTorch pages (2 MiB at least) per memory chunk, about a thousand chunks at the capacity: few memory
+            // objects (a device may allow 4,096), and mapped runs that stay contiguous (a run never spans two chunks).
             let page_bytes = SparseBuffer::new(Arc::clone(&context), SparseConfig::new(SMALL_BUFFER_BYTES))?.page_bytes();
-            sparse_config.pages_per_chunk = u32::try_from(SMALL_BUFFER_BYTES / page_bytes).unwrap_or(u32::MAX).max(1);
+            let chunk_bytes = config
+                .capacity_bytes
+                .map_or(SMALL_BUFFER_BYTES, |capacity| (capacity / 1024).next_multiple_of(SMALL_BUFFER_BYTES))
+                .max(SMALL_BUFFER_BYTES);
+            sparse_config.pages_per_chunk = u32::try_from(chunk_bytes / page_bytes).unwrap_or(u32::MAX).max(1);
         }
         let source = DeviceMemorySource::new(context, DeviceSourceConfig::device_only(config.device_cap_bytes))?;
         Ok(Self {

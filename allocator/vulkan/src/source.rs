@@ -522,6 +522,11 @@ impl DeviceMemorySource {
         if allocation_size_bytes > heap_bytes {
             return Err(SourceError::OutOfMemory { requested_bytes: size_bytes });
         }
+        // Nor one past the device's `maxMemoryAllocationSize`: the driver may refuse it, or serve it (NVIDIA) where the
+        // validation layer reports it; refused as out of memory, as VMA refuses it.
+        if self.context.properties().limits.max_memory_allocation_size_bytes.is_some_and(|max| allocation_size_bytes > max) {
+            return Err(SourceError::OutOfMemory { requested_bytes: size_bytes });
+        }
         let address_alignment = self.alignment_bytes.max(Self::ADDRESS_ALIGNMENT_BYTES);
         let span_bytes = allocation_size_bytes.max(size_bytes).checked_next_multiple_of(address_alignment);
         let Some(span_bytes) = span_bytes.filter(|&span| self.next_address.checked_add(span).is_some()) else {

@@ -10,9 +10,10 @@
 //! - Batches are ordered by a timeline semaphore: batch `n` waits for value `n - 1` and signals `n`. The host
 //!   waits for the last value ([`SparseBuffer::wait_binds`]) before reading or writing through other queues.
 //! - Every live mapping (a maximal run of pages contiguous in the buffer and in one chunk) may cost the driver a
-//!   host mapping (lavapipe: an `mmap`, bounded by `vm.max_map_count`), and so may every memory chunk; binds
-//!   that would leave more than [`SparseConfig::max_live_mappings`] of both together live fail with
-//!   [`VulkanError::TooManyMappings`], touching nothing. Unbinds are not refused (the heap has freed what they
+//!   host mapping (lavapipe, a CPU device: an `mmap`, bounded by `vm.max_map_count`), and so may every memory chunk;
+//!   binds that would leave more than [`SparseConfig::max_live_mappings`] of both together live fail with
+//!   [`VulkanError::TooManyMappings`], touching nothing. By default the limit holds on a CPU device only: a GPU's
+//!   page tables map no host memory per bind. Unbinds are not refused (the heap has freed what they
 //!   unbind): pages unbound out of the middle of a mapping split it, so frees can pass the limit.
 //! - The bookkeeping (which physical pages back which buffer pages, which pages of the pool are free) is kept in
 //!   runs (`page_runs`): an operation costs in proportion to the runs it touches, not to its pages.
@@ -27,6 +28,14 @@ use crate::memory_types::MemoryUsage;
 use crate::page_runs::{BoundRuns, FreeRuns, PageRef, PhysicalRun, pair};
 use crate::{VulkanContext, VulkanError};
 
+/// `limit_bytes` (a device's `sparseAddressSpaceSize` or `maxBufferSize`, or a share of them) rounded down to whole
+/// sparse pages of any device: a multiple of 64 KiB, the sparse page of discrete GPUs, which lavapipe's 4 KiB divides.
+/// RADV reports both limits as 2^32 - 4: a buffer of that size rounds up to 2^32 B of pages, past the address space.
+pub fn whole_sparse_pages(limit_bytes: u64) -> u64 {
+    const GRAIN_BYTES: u64 = 64 << 10;
+    limit_bytes / GRAIN_BYTES * GRAIN_BYTES
+}
+
 /// How a [`SparseBuffer`] is made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SparseConfig {
@@ -36,25 +45,21 @@ pub struct SparseConfig {
     pub pool_capacity_bytes: Option<u64>,
     /// Pages per `VkDeviceMemory` chunk of the pool.
     pub pages_per_chunk: u32,
-    /// At most this many live mappings plus memory chunks (see the module documentation).
-    pub max_live_mappings: u64,
+    /// At most this many live mappings plus memory chunks (see the module documentation); `None`: the device's
+    /// default, [`SparseConfig::CPU_MAX_LIVE_MAPPINGS`] on a CPU device (lavapipe), no limit on a GPU.
+    pub max_live_mappings: Option<u64>,
 }
 
 impl SparseConfig {
     /// Pages per chunk by default.
     pub const DEFAULT_PAGES_PER_CHUNK: u32 = 64;
-    /// The default limit of live mappings: well below Linux's default `vm.max_map_count` (65530), which the
-    /// whole process shares.
-    pub const DEFAULT_MAX_LIVE_MAPPINGS: u64 = 16_384;
+    /// The limit of live mappings on a CPU device (lavapipe maps each with `mmap`): well below Linux's default
+    /// `vm.max_map_count` (65530), which the whole process shares.
+    pub const CPU_MAX_LIVE_MAPPINGS: u64 = 16_384;
 
-    /// A buffer of `size_bytes`, uncapped pool, 64 pages per chunk, the default mapping limit.
+    /// A buffer of `size_bytes`, uncapped pool, 64 pages per chunk, the device's mapping limit.
     pub fn new(size_bytes: u64) -> Self {
-        Self {
-            size_bytes,
-            pool_capacity_bytes: None,
-            pages_per_chunk: Self::DEFAULT_PAGES_PER_CHUNK,
-            max_live_mappings: Self::DEFAULT_MAX_LIVE_MAPPINGS,
-        }
+        Self { size_bytes, pool_capacity_bytes: None, pages_per_chunk: Self::DEFAULT_PAGES_PER_CHUNK, max_live_mappings: None }
     }
 
     /// The same with a pool capacity.
@@ -319,11 +324,18 @@ impl SparseBuffer {
         // SAFETY: timelineSemaphore is enabled (checked above); destroyed on drop.
         let semaphore = unsafe { device.create_semaphore(&semaphore_info, None) }
             .map_err(|result| destroy(VulkanError::Vk { call: "vkCreateSemaphore", result }))?;
+        let context_is_cpu = context.properties().device_type == vk::PhysicalDeviceType::CPU;
+        // A chunk is one `vkAllocateMemory`: no larger than the device's `maxMemoryAllocationSize`.
+        let max_chunk_pages = context
+            .properties()
+            .limits
+            .max_memory_allocation_size_bytes
+            .map_or(u32::MAX, |max| u32::try_from(max / page_bytes).unwrap_or(u32::MAX));
         let pool = PagePool {
             context: Arc::clone(&context),
             memory_type_index,
             page_bytes,
-            pages_per_chunk: config.pages_per_chunk,
+            pages_per_chunk: config.pages_per_chunk.min(max_chunk_pages).max(1),
             capacity_pages,
             chunks: Vec::new(),
             allocated_pages: 0,
@@ -341,7 +353,11 @@ impl SparseBuffer {
             bound: BoundRuns::default(),
             semaphore,
             timeline_value: 0,
-            max_live_mappings: config.max_live_mappings,
+            max_live_mappings: config.max_live_mappings.unwrap_or(if context_is_cpu {
+                SparseConfig::CPU_MAX_LIVE_MAPPINGS
+            } else {
+                u64::MAX
+            }),
             stats: SparseStats::default(),
         })
     }

@@ -91,7 +91,10 @@ fn target_error(error: VulkanError) -> TargetError {
 /// size, 4,096 pages a chunk.
 pub fn paged_config(context: &VulkanContext, settings: &BenchSettings) -> DevicePagedConfig {
     let address_space = context.properties().limits.sparse_address_space_size_bytes;
-    let mut config = DevicePagedConfig::new(settings.virtual_bytes.min(address_space), settings.budget_bytes);
+    let mut config = DevicePagedConfig::new(
+        settings.virtual_bytes.min(heapscope_vulkan::whole_sparse_pages(address_space)),
+        settings.budget_bytes,
+    );
     config.page_bytes = Some(settings.page_bytes);
     config.pages_per_chunk = 4096;
     config

@@ -28,6 +28,7 @@ fn probe_json_lists_every_adapter_with_its_memory_and_sparse_latencies() {
             "sparse_residency_aliased",
             "sparse_page_bytes",
             "bind_latency_us",
+            "max_memory_allocation_bytes",
         ] {
             assert!(adapter.get(key).is_some(), "{key} missing from {adapter}");
         }
@@ -52,6 +53,7 @@ fn probe_json_lists_every_adapter_with_its_memory_and_sparse_latencies() {
         }
         if adapter["name"].as_str().unwrap().starts_with("llvmpipe") {
             assert_eq!(adapter["sparse_page_bytes"], 4096, "lavapipe's sparse pages are 4 KiB");
+            assert!(adapter["max_memory_allocation_bytes"].as_u64() > Some(0), "lavapipe is Vulkan 1.1 or later: {adapter}");
         }
     }
 }

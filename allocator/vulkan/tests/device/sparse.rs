@@ -157,7 +157,7 @@ fn pool_cap_and_mapping_limit_fail_cleanly() {
         drop(probe);
         let mut config = SparseConfig::new(4 * MIB).with_pool_capacity(Some(10 * page));
         // Mappings plus memory chunks: the pool is one chunk of 10 pages.
-        config.max_live_mappings = 5;
+        config.max_live_mappings = Some(5);
         let mut buffer = SparseBuffer::new(Arc::clone(&context), config).unwrap();
         buffer.bind(&[(0, 8 * page)]).unwrap();
         let error = buffer.bind(&[(20 * page, 3 * page)]).unwrap_err();
