@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use ash::vk;
 
+use crate::compute::{AFTER_SUBMISSION_ACCESS, AFTER_SUBMISSION_STAGES};
+
 use crate::memory_types::{BLOCK_BUFFER_USAGE, MemoryUsage};
 use crate::{VulkanContext, VulkanError};
 
@@ -316,10 +318,11 @@ impl Transfer {
             .src_access_mask(vk::AccessFlags::TRANSFER_WRITE | vk::AccessFlags::TRANSFER_READ)
             .dst_access_mask(vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE)];
         // The last copy's writes are made visible to the host (a fence wait alone does not: `download` and VMA's
-        // `read` read the destination through a mapping).
+        // `read` read the destination through a mapping), and to the copies and dispatches of later submissions on
+        // this queue (a fence wait between them makes only host writes visible to the device).
         let to_host = [vk::MemoryBarrier::default()
             .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
-            .dst_access_mask(vk::AccessFlags::HOST_READ)];
+            .dst_access_mask(AFTER_SUBMISSION_ACCESS)];
         let mut submitted = false;
         // SAFETY: the command buffer is fresh; every buffer and range is valid for its copy (the caller's contract);
         // the submission holds the queue lock and is waited for before the command buffer is freed.
@@ -348,7 +351,7 @@ impl Transfer {
                     device.cmd_pipeline_barrier(
                         command_buffer,
                         vk::PipelineStageFlags::TRANSFER,
-                        vk::PipelineStageFlags::HOST,
+                        AFTER_SUBMISSION_STAGES,
                         vk::DependencyFlags::empty(),
                         &to_host,
                         &[],
