@@ -7,10 +7,26 @@ use std::sync::Arc;
 
 use ash::vk;
 
-use crate::compute::{AFTER_SUBMISSION_ACCESS, AFTER_SUBMISSION_STAGES};
-
 use crate::memory_types::{BLOCK_BUFFER_USAGE, MemoryUsage};
 use crate::{VulkanContext, VulkanError};
+
+/// Where the writes of a submission's last command go, in the barrier that ends it: to the host, which reads them through
+/// a mapping once the fence is waited for, and to the copies and dispatches of later submissions on the compute queue
+/// (a fence wait between two submissions makes only host writes visible to the device).
+pub(crate) const AFTER_SUBMISSION_STAGES: vk::PipelineStageFlags = vk::PipelineStageFlags::from_raw(
+    vk::PipelineStageFlags::HOST.as_raw()
+        | vk::PipelineStageFlags::TRANSFER.as_raw()
+        | vk::PipelineStageFlags::COMPUTE_SHADER.as_raw(),
+);
+
+/// The accesses of [`AFTER_SUBMISSION_STAGES`].
+pub(crate) const AFTER_SUBMISSION_ACCESS: vk::AccessFlags = vk::AccessFlags::from_raw(
+    vk::AccessFlags::HOST_READ.as_raw()
+        | vk::AccessFlags::TRANSFER_READ.as_raw()
+        | vk::AccessFlags::TRANSFER_WRITE.as_raw()
+        | vk::AccessFlags::SHADER_READ.as_raw()
+        | vk::AccessFlags::SHADER_WRITE.as_raw(),
+);
 
 /// One buffer-to-buffer copy of [`Transfer::copy_in_order`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
