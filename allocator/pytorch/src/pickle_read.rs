@@ -67,8 +67,11 @@
 //! Opcodes: protocols 2 to 5 as Python 3.8 to 3.14 write plain builtin data (PROTO, FRAME, MEMOIZE,
 //! BINPUT/LONG_BINPUT, BINGET/LONG_BINGET, EMPTY_DICT/LIST/TUPLE, MARK, SETITEM(S), APPEND(S), TUPLE/1/2/3,
 //! LIST, DICT, POP, POP_MARK, DUP, BININT/1/2, LONG1/LONG4 (of any width: `pickle_int.rs`), BINUNICODE/SHORT_BINUNICODE/
-//! BINUNICODE8, BINFLOAT, NEWTRUE/NEWFALSE, NONE, STOP). Anything else (classes, bytes, sets, protocol 0
-//! text opcodes) is an error naming the opcode and its byte offset.
+//! BINUNICODE8, BINFLOAT, NEWTRUE/NEWFALSE, NONE, STOP). Values of builtin types no snapshot key holds are read past
+//! and kept as their type ([`Value::Opaque`]): bytes, bytearrays and sets by their own opcodes (protocols 3 to 5) or as
+//! python's reductions of them before those (`GLOBAL`/`STACK_GLOBAL` of `_codecs.encode`, `builtins.set`,
+//! `frozenset`, `bytearray`, `bytes`, then `REDUCE`), so a file's protocol does not decide whether it reads. Anything
+//! else (another class, protocol 0 text opcodes) is an error naming the opcode (the class) and its byte offset.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -1311,7 +1314,40 @@ impl<S: Sink> Machine<S> {
                     let top = self.stack.last().cloned().ok_or_else(|| malformed(at, "DUP on an empty stack"))?;
                     self.stack.push(top);
                 }
-                b'c' | 0x93 | b'R' | 0x81 | 0x92 | b'i' | b'o' | b'b' => {
+                // GLOBAL, STACK_GLOBAL, REDUCE: only python's own reductions of builtin types no snapshot key holds (bytes as
+                // `_codecs.encode` before protocol 3, sets before 4, bytearrays before 5), kept as their type as the
+                // later protocols' opcodes for them are; any other class is refused, named.
+                b'c' => {
+                    let module = read_line(input, "GLOBAL")?;
+                    let name = read_line(input, "GLOBAL")?;
+                    self.stack.push(Value::Opaque(builtin_reduction(&module, &name, at, "GLOBAL")?));
+                }
+                0x93 => {
+                    let name = self.pop(at, "STACK_GLOBAL")?;
+                    let module = self.pop(at, "STACK_GLOBAL")?;
+                    let (Value::Str(module), Value::Str(name)) = (&module, &name) else {
+                        return Err(malformed(at, "STACK_GLOBAL of something other than two strs"));
+                    };
+                    self.stack.push(Value::Opaque(builtin_reduction(module, name, at, "STACK_GLOBAL")?));
+                }
+                b'R' => {
+                    let arguments = self.pop(at, "REDUCE")?;
+                    let callable = self.pop(at, "REDUCE")?;
+                    match (callable, arguments) {
+                        (Value::Opaque(kind), Value::Tuple(_)) => self.stack.push(Value::Opaque(kind)),
+                        (callable, arguments) => {
+                            return Err(malformed(
+                                at,
+                                format!(
+                                    "REDUCE of a {} with a {}: a snapshot holds only builtin data",
+                                    callable.type_name(),
+                                    arguments.type_name()
+                                ),
+                            ));
+                        }
+                    }
+                }
+                0x81 | 0x92 | b'i' | b'o' | b'b' => {
                     return Err(malformed(
                         at,
                         format!("opcode 0x{opcode:02x} builds an object of a class; a snapshot holds only builtin data"),
@@ -1547,6 +1583,36 @@ impl<S: Sink> Machine<S> {
     }
 }
 
+/// A line of a protocol 0 style argument (`GLOBAL`'s module and name), without its newline: at most 256 bytes of UTF-8.
+fn read_line<R: Read>(input: &mut Input<R>, what: &str) -> Result<String, ReadError> {
+    let mut line = Vec::new();
+    loop {
+        match input.byte(what)? {
+            b'\n' => break,
+            _ if line.len() >= 256 => return Err(malformed(input.offset(), format!("{what}: a name longer than 256 bytes"))),
+            byte => line.push(byte),
+        }
+    }
+    String::from_utf8(line).map_err(|_| malformed(input.offset(), format!("{what}: a name that is not UTF-8")))
+}
+
+/// The builtin type python's pickler builds through `module.name` in protocols 2 to 4 for values a snapshot's schema
+/// never holds (`_codecs.encode` for bytes, `set`, `frozenset`, `bytearray`, `bytes`); any other class is refused,
+/// named (`what`: the opcode, at byte `at`).
+fn builtin_reduction(module: &str, name: &str, at: u64, what: &str) -> Result<Opaque, ReadError> {
+    let builtins = matches!(module, "builtins" | "__builtin__");
+    match (module, name) {
+        ("_codecs", "encode") => Ok(Opaque::Bytes),
+        (_, "bytes") if builtins => Ok(Opaque::Bytes),
+        (_, "bytearray") if builtins => Ok(Opaque::ByteArray),
+        (_, "set") if builtins => Ok(Opaque::Set),
+        (_, "frozenset") if builtins => Ok(Opaque::FrozenSet),
+        _ => {
+            Err(malformed(at, format!("{what} names {module}.{name}, an object of a class; a snapshot holds only builtin data")))
+        }
+    }
+}
+
 fn pairs(items: Vec<Value>, at: u64, what: &str) -> Result<Vec<(Value, Value)>, ReadError> {
     if !items.len().is_multiple_of(2) {
         return Err(malformed(at, format!("{what} with an odd number of objects ({})", items.len())));
@@ -1667,7 +1733,10 @@ mod tests {
             (b"\x80\x04K\x01(K\x02e.", "APPENDS on a int, not a list"),
             (b"\x80\x04}(K\x01u.", "odd number"),
             (b"\x80\x04h\x03.", "memo slot 3 was never written"),
-            (b"\x80\x04c__builtin__\nset\n.", "class"),
+            (b"\x80\x04cnumpy\nndarray\n.", "GLOBAL names numpy.ndarray, an object of a class"),
+            (b"\x80\x04\x8c\x05numpy\x8c\x07ndarray\x93.", "STACK_GLOBAL names numpy.ndarray, an object of a class"),
+            (b"\x80\x04K\x01)R.", "REDUCE of a int with a tuple"),
+            (b"\x80\x04c__builtin__\nset\nK\x01R.", "REDUCE of a set with a int"),
             (b"\x80\x04X\xff\xff\xff\x7fab", "truncated"),
             (b"\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x7fab", "truncated"),
             (b"\x80\x04Nr\xff\xff\xff\x7f.", "past the 3 bytes read"),
@@ -1681,6 +1750,34 @@ mod tests {
             let error = decode(bytes).err().unwrap_or_else(|| panic!("{bytes:?} decoded"));
             let message = error.to_string();
             assert!(message.contains(expected), "{bytes:?}: {message:?} lacks {expected:?}");
+        }
+    }
+
+    /// Python's protocol 2 to 4 reductions of the builtin types no snapshot key holds (bytes, sets, bytearrays) read as
+    /// those types, as the later protocols' own opcodes for them do: a file's protocol does not decide whether it reads.
+    #[test]
+    fn builtin_reductions_read_as_their_type_table() {
+        // (pickle.dumps(value, protocol), the type), from python 3.
+        let cases: [(&[u8], Opaque); 7] = [
+            (b"\x80\x02c_codecs\nencode\nq\x00X\x02\x00\x00\x00abq\x01X\x06\x00\x00\x00latin1q\x02\x86q\x03Rq\x04.", Opaque::Bytes),
+            (b"\x80\x02c__builtin__\nbytes\nq\x00)Rq\x01.", Opaque::Bytes),
+            (b"\x80\x02c__builtin__\nset\nq\x00]q\x01(K\x01K\x02e\x85q\x02Rq\x03.", Opaque::Set),
+            (b"\x80\x03cbuiltins\nfrozenset\nq\x00]q\x01K\x03a\x85q\x02Rq\x03.", Opaque::FrozenSet),
+            (
+                b"\x80\x02c__builtin__\nbytearray\nq\x00c_codecs\nencode\nq\x01X\x02\x00\x00\x00xyq\x02X\x06\x00\x00\x00latin1q\x03\x86q\x04Rq\x05\x85q\x06Rq\x07.",
+                Opaque::ByteArray,
+            ),
+            (b"\x80\x03cbuiltins\nbytearray\nq\x00C\x02xyq\x01\x85q\x02Rq\x03.", Opaque::ByteArray),
+            (
+                b"\x80\x04\x95#\x00\x00\x00\x00\x00\x00\x00\x8c\x08builtins\x94\x8c\tbytearray\x94\x93\x94C\x02xy\x94\x85\x94R\x94.",
+                Opaque::ByteArray,
+            ),
+        ];
+        for (bytes, kind) in cases {
+            match decode(bytes) {
+                Ok(Value::Opaque(read)) => assert_eq!(read, kind, "{bytes:?}"),
+                other => panic!("{bytes:?}: {other:?}"),
+            }
         }
     }
 
