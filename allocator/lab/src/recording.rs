@@ -514,8 +514,8 @@ impl Recording {
     /// plain trace). One freed during the recording: the stream and memory pool of its free, and the free's stack (its
     /// `free_requested`, or its `free_completed` for one freed by its caller before the start) where the file's frees
     /// carry the stack of what they free ([`frees_carry_allocation_stacks`]), else none (its final
-    /// block, if its address has one, is a later allocation's). One live to the end: its final block's stack, on its
-    /// segment's stream. No category (that of the entry's moment, which the trace did not see) and no time.
+    /// block, if its address has one, is a later allocation's). One live to the end, its free requested and never
+    /// completed included: its final block's stack, on its segment's stream. No category (that of the entry's moment, which the trace did not see) and no time.
     pub fn start_origins(&self) -> Vec<Option<TraceEntry>> {
         let Some(snapshot) = &self.snapshot else { return vec![None; self.start_addresses.len()] };
         let entries = snapshot.device_traces.get(self.device).map_or(&[][..], Vec::as_slice);
@@ -533,15 +533,20 @@ impl Recording {
                     wanted.remove(&entry.addr);
                 }
                 Action::FreeRequested | Action::FreeCompleted => {
-                    if let Some(start) = wanted.remove(&entry.addr) {
+                    if let Some(&start) = wanted.get(&entry.addr) {
                         let stacks = *free_stacks.get_or_insert_with(|| frees_carry_allocation_stacks(entries));
                         let frames = if stacks { entry.frames } else { StackId::NONE };
-                        origins[start] = Some(
+                        origins[start].get_or_insert(
                             TraceEntry::new(Action::Alloc, entry.addr, entry.size)
                                 .with_stream(entry.stream)
                                 .with_pool_id(entry.pool_id)
                                 .with_frames(frames),
                         );
+                        // Where frees carry the freeing code's stack, a free requested and never completed leaves the
+                        // allocation's block in the final segments (pending free), with its own frames: looked up below.
+                        if stacks || entry.action == Action::FreeCompleted {
+                            wanted.remove(&entry.addr);
+                        }
                     }
                 }
                 _ => {}
@@ -942,7 +947,7 @@ pub fn missing_device(snapshot: &Snapshot, device: usize) -> Option<String> {
                     present.device,
                     counted(present.segments, "segment", "segments")
                 ),
-                entries => format!("device {} ({entries} entries{oom})", present.device),
+                entries => format!("device {} ({}{oom})", present.device, counted(entries, "entry", "entries")),
             }
         })
         .collect();
@@ -1229,6 +1234,40 @@ mod tests {
         assert_eq!(recording.trace.events()[3], Event::Free { slot: 2 }, "entry 0 frees a start allocation");
         assert_eq!(recording.moment_of(3), Moment::Entry(0));
         assert!(recording.final_mismatch.is_none(), "{:?}", recording.final_mismatch);
+    }
+
+    /// A start allocation's origin: where frees carry the freeing code's stack (PyTorch's default), one whose free was
+    /// requested and never completed keeps its final (pending-free) block's frames, one freed whole has none; where frees
+    /// carry what they free, the free's.
+    #[test]
+    fn a_start_allocation_pending_free_at_the_end_keeps_its_blocks_frames() {
+        use heapscope_pytorch::Block;
+        const MIB: u64 = 1 << 20;
+        let (own, freeing, later) = (StackId(1), StackId(2), StackId(3));
+        let block = |address, size, state, frames| Block { frames, ..Block::new(address, size, size, state) };
+        // (the start allocation's end: its free's entries, its final block's state; the frames its origin has)
+        let cases = [
+            (vec![Action::FreeRequested], BlockState::ActivePendingFree, own),
+            (vec![Action::FreeRequested, Action::FreeCompleted], BlockState::Inactive, StackId::NONE),
+            (vec![Action::FreeCompleted], BlockState::Inactive, StackId::NONE),
+        ];
+        for (frees, state, expected) in cases {
+            let mut entries: Vec<TraceEntry> =
+                frees.iter().map(|&action| entry(action, 0, 8 * MIB).with_frames(freeing)).collect();
+            entries.push(entry(Action::Alloc, 8 * MIB, 2 * MIB).with_frames(later));
+            let blocks = vec![
+                block(0, 8 * MIB, state, own),
+                block(8 * MIB, 2 * MIB, BlockState::ActiveAllocated, later),
+                Block::new(10 * MIB, 10 * MIB, 0, BlockState::Inactive),
+            ];
+            let snapshot =
+                Snapshot { segments: vec![segment(0, 0, 20 * MIB, blocks)], device_traces: vec![entries], ..Snapshot::default() };
+            let recording = Recording::from_snapshot("t", snapshot, 0).unwrap();
+            let origins = recording.start_origins();
+            assert_eq!(origins.len(), 1, "{frees:?}");
+            let origin = origins[0].as_ref().unwrap();
+            assert_eq!((origin.addr, origin.frames), (0, expected), "{frees:?}");
+        }
     }
 
     /// What the trace leaves live is what the final segments show allocated; where not, the file contradicts itself.

@@ -59,14 +59,19 @@ pub fn folded(frames: &[Frame]) -> impl Iterator<Item = &Frame> {
     frames.iter().filter(move |frame| all_noise || !is_noise(frame))
 }
 
-/// Whether `frame` is Python source.
+/// Whether `frame` is Python source: a `.py` or `.pyw` file, or code Python names in angle brackets (`<stdin>`,
+/// `<string>` of `python -c` and `exec`, IPython's `<ipython-input-3-5f1c2d>`, torch.fx's `<eval_with_key>.5`), but not
+/// the standard library's frozen modules (`<frozen runpy>`), which are the interpreter's.
 fn is_python(frame: &Frame) -> bool {
-    frame.filename.ends_with(".py")
+    let file = &*frame.filename;
+    file.ends_with(".py") || file.ends_with(".pyw") || (file.starts_with('<') && !file.starts_with("<frozen"))
 }
 
-/// Whether `frame` is PyTorch's own Python (its package's files: `torch/nn/modules/linear.py`, ...).
+/// Whether `frame` is PyTorch's own Python (its package's files: `torch/nn/modules/linear.py`, ...), with either
+/// separator (`C:\...\site-packages\torch\nn\modules\linear.py` on Windows).
 fn is_torch(frame: &Frame) -> bool {
-    frame.filename.contains("/torch/") || frame.filename.starts_with("torch/")
+    let file = &*frame.filename;
+    file.contains("/torch/") || file.starts_with("torch/") || file.contains("\\torch\\") || file.starts_with("torch\\")
 }
 
 /// The frame to attribute an allocation to (see the module docs); `None` for no frame at all.
@@ -145,6 +150,27 @@ mod tests {
         }
         // Only the machinery: kept whole, not read as no stack.
         assert_eq!(folded(&noise_only).count(), noise_only.len());
+    }
+
+    #[test]
+    fn the_user_frame_is_python_outside_torch_wherever_it_runs_table() {
+        // (the caller's file under PyTorch's `linear.py`, PyTorch's own path, the user frame's file)
+        let cases = [
+            ("/home/me/model.py", "/site-packages/torch/nn/modules/linear.py", "/home/me/model.py"),
+            ("train.pyw", "/site-packages/torch/nn/modules/linear.py", "train.pyw"),
+            ("<stdin>", "/site-packages/torch/nn/modules/linear.py", "<stdin>"),
+            ("<string>", "/site-packages/torch/nn/modules/linear.py", "<string>"),
+            ("<ipython-input-3-5f1c2d>", "/site-packages/torch/nn/modules/linear.py", "<ipython-input-3-5f1c2d>"),
+            ("<eval_with_key>.5", "/site-packages/torch/nn/modules/linear.py", "<eval_with_key>.5"),
+            (r"C:\work\model.py", r"C:\Python311\Lib\site-packages\torch\nn\modules\linear.py", r"C:\work\model.py"),
+            // The interpreter's frozen modules are no user code: PyTorch's Python is taken before them.
+            ("<frozen runpy>", "/site-packages/torch/nn/modules/linear.py", "/site-packages/torch/nn/modules/linear.py"),
+        ];
+        for (caller, torch, expected) in cases {
+            let stack =
+                vec![frame("at::empty", "EmptyTensor.cpp", 3), frame("forward", torch, 125), frame("<module>", caller, 7)];
+            assert_eq!(user_frame(&stack).map(|frame| &*frame.filename), Some(expected), "{caller} under {torch}");
+        }
     }
 
     #[test]
