@@ -49,7 +49,8 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
         1 => " (the first allocates what was live before the recording started)".to_owned(),
         events => format!(" (the first {events} allocate what was live before the recording started)"),
     };
-    errln!("{}: {} events{start} -> {}", recording.shown_name(), recording.trace.events().len(), args.out.display());
+    let events = counted(recording.trace.events().len() as u64, "event", "events");
+    errln!("{}: {events}{start} -> {}", recording.shown_name(), args.out.display());
     if let Some(line) = left_out(&recording) {
         errln!("{line}");
     }

@@ -103,7 +103,7 @@ fn outcome(story: &Story, heap_args: &HeapArgs, policy: PolicyKind, layout: Layo
 fn result_word(outcome: &Outcome) -> String {
     match &outcome.verdict {
         None => "served".to_owned(),
-        Some(verdict) => format!("OOM ({:?})", verdict.cause).to_lowercase(),
+        Some(verdict) => format!("oom ({})", verdict.cause.name()),
     }
 }
 
@@ -111,6 +111,10 @@ fn result_word(outcome: &Outcome) -> String {
 pub fn run(args: &DemoArgs) -> Result<()> {
     if args.heap.rules.budget == Some(0) {
         anyhow::bail!("--budget 0: nothing could be allocated");
+    }
+    // A picture asked for that could not be written fails before the report, not after it.
+    if let Some(path) = args.png.as_deref().filter(|_| !args.png_optional) {
+        crate::gui::check_image_path(path, "--png", false)?;
     }
     let story = story::frag_oom();
     let last_request_bytes = match story.trace.events().last() {

@@ -116,9 +116,10 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
     .with_context(|| format!("writing {}", args.out.display()))?;
     let entries: usize = replayed.snapshot.device_traces.iter().map(Vec::len).sum();
     errln!(
-        "{} through {shown}: {} segments, {entries} trace entries -> {}",
+        "{} through {shown}: {}, {} -> {}",
         recording.shown_name(),
-        replayed.snapshot.segments.len(),
+        heapscope_lab::recording::counted(replayed.snapshot.segments.len() as u64, "segment", "segments"),
+        heapscope_lab::recording::counted(entries as u64, "trace entry", "trace entries"),
         args.out.display()
     );
     if let (Some(path), Some(report)) = (&args.vma_json, &replayed.heap_report) {

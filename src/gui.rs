@@ -233,6 +233,24 @@ fn is_gif(path: &std::path::Path) -> bool {
     path.extension().is_some_and(|extension| extension.eq_ignore_ascii_case("gif"))
 }
 
+/// Refuses, before any work, an image path heapscope cannot write (`what`: the flag naming it): a folder, or a name
+/// not ending in `.png` (or `.gif` where `gif_too`). Found only once drawn, it failed after the command had printed
+/// its report ("the image format could not be determined").
+pub fn check_image_path(path: &std::path::Path, what: &str, gif_too: bool) -> Result<()> {
+    let name = heapscope_core::path_name(path);
+    if path.is_dir() {
+        anyhow::bail!("{what} {name}: a folder, not a file");
+    }
+    let png = path.extension().is_some_and(|extension| extension.eq_ignore_ascii_case("png"));
+    let writable = png || (gif_too && is_gif(path));
+    if !writable {
+        let kinds =
+            if gif_too { "a PNG or a GIF: give a name ending in .png or .gif" } else { "a PNG: give a name ending in .png" };
+        anyhow::bail!("{what} {name}: heapscope writes {kinds}");
+    }
+    Ok(())
+}
+
 /// Runs `heapscope render`.
 pub fn run_render(args: &RenderArgs) -> Result<()> {
     let gif = is_gif(&args.out);
@@ -259,6 +277,7 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
     if let Some(file) = &args.file {
         crate::input::refuse_overwriting(file, &args.out)?;
     }
+    check_image_path(&args.out, "--out", true)?;
     let contenders =
         if args.policies.is_empty() { vec![Contender::Pytorch { expandable: false }] } else { args.policies.clone() };
     let mut session = match (&args.file, &args.story) {
@@ -284,10 +303,10 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
     if gif {
         let steps = heapscope_gui::render_gif(&mut session, options, gif_options, &args.out).with_context(|| drawn.clone())?;
         outln!(
-            "wrote {} ({}, {} frames from {} to {})",
+            "wrote {} ({}, {} from {} to {})",
             args.out.display(),
             session.name,
-            steps.len(),
+            heapscope_lab::recording::counted(steps.len() as u64, "frame", "frames"),
             Moment::at_position(steps.first().copied().unwrap_or_default()),
             Moment::at_position(steps.last().copied().unwrap_or_default())
         );

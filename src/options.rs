@@ -11,9 +11,10 @@ use heapscope_gui::session::{OpenOptions, RuleOverrides};
 pub fn parse_capacity(text: &str) -> Result<u64, String> {
     let bytes = parse_size(text).map_err(|error| error.to_string())?;
     if bytes > heapscope_core::LARGEST_DEVICE_BYTES {
+        // Both exact: rounded for reading, a size just past the largest read as equal to it.
         return Err(format!(
             "{} is more than the largest device heapscope models, {}",
-            Bytes(bytes),
+            exact_size(bytes),
             exact_size(heapscope_core::LARGEST_DEVICE_BYTES)
         ));
     }

@@ -328,11 +328,17 @@ impl GifOptions {
         Self { frames, frame_ms, last_frame_ms: frame_ms.saturating_mul(10).min(MAX_GIF_FRAME_MS) }
     }
 
-    /// Refuses what a GIF cannot play as asked: no frames, or a delay outside 10 ms to [`MAX_GIF_FRAME_MS`] (a
-    /// GIF counts hundredths of a second; a delay between is rounded to them).
+    /// Refuses what a GIF cannot play as asked: no frames, a delay outside 10 ms to [`MAX_GIF_FRAME_MS`], or one that
+    /// is no multiple of 10 ms (a GIF counts hundredths of a second: 15 ms would show for 10, its last frame for 150).
     pub fn check(&self) -> Result<()> {
         if self.frames == 0 {
             anyhow::bail!("--frames 0: an animation needs at least one frame");
+        }
+        if !self.frame_ms.is_multiple_of(10) {
+            anyhow::bail!(
+                "--frame-ms {}: a GIF frame's delay is in hundredths of a second: give a multiple of 10 ms",
+                self.frame_ms
+            );
         }
         for (what, ms) in [("--frame-ms", self.frame_ms), ("the last frame's delay", self.last_frame_ms)] {
             if !(10..=MAX_GIF_FRAME_MS).contains(&ms) {
@@ -451,7 +457,8 @@ mod tests {
         let cases = [
             (24, 250, 2_500, None),
             (1, 10, 100, None),
-            (3, 65_535, MAX_GIF_FRAME_MS, None),
+            (3, 65_530, 655_300, None),
+            (3, 15, 150, Some("--frame-ms 15: a GIF frame's delay is in hundredths of a second")),
             (3, MAX_GIF_FRAME_MS, MAX_GIF_FRAME_MS, None),
             (0, 250, 2_500, Some("--frames 0")),
             (3, 0, 0, Some("--frame-ms 0")),

@@ -160,7 +160,11 @@ fn parse_size_words(text: &str) -> Result<u64, String> {
     let value: f64 = number.parse().map_err(|_| format!("{number:?} is not a number"))?;
     if scale == 1 && number.split_once('.').is_some_and(|(_, fraction)| fraction.bytes().any(|digit| digit != b'0')) {
         // `3.5` meant as gigabytes would be 4 bytes: a fraction of a byte is no size anyone means.
-        return Err("a fraction of a byte: give it a unit (GiB, MiB, ...)".to_owned());
+        return Err(if suffix.trim().is_empty() {
+            "a fraction of a byte: give it a unit (GiB, MiB, ...)".to_owned()
+        } else {
+            format!("{number} B is a fraction of a byte: sizes are whole bytes (a fraction needs a larger unit, KiB, MiB, ...)")
+        });
     }
     let bytes = (value * scale as f64).round();
     if !bytes.is_finite() || bytes >= u64::MAX as f64 {
@@ -249,6 +253,10 @@ mod tests {
         assert_eq!(
             parse_size("3.5").unwrap_err().to_string(),
             "size \"3.5\": a fraction of a byte: give it a unit (GiB, MiB, ...)"
+        );
+        assert_eq!(
+            parse_size("1.6B").unwrap_err().to_string(),
+            "size \"1.6B\": 1.6 B is a fraction of a byte: sizes are whole bytes (a fraction needs a larger unit, KiB, MiB, ...)"
         );
         // What is wrong with the number is said before any unit (these read as unknown units).
         let said = [

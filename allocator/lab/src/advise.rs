@@ -608,9 +608,25 @@ fn rank(settings: &mut [SettingAdvice], capacity_known: bool) -> u64 {
             .then(a.driver_time_us.total_cmp(&b.driver_time_us))
             .then(b.as_recorded.cmp(&a.as_recorded))
             .then(keys(a).cmp(&keys(b)))
-            // A run before its copies (`(=)`, "the same run as a row above it").
+            // A run before its copies.
             .then(a.same_run_as.is_some().cmp(&b.same_run_as.is_some()))
     });
+    // Each copy (`(=)`, the same run as another row) right below the run it names: alike in every figure, it would
+    // otherwise be ranked among other runs alike in them.
+    let order: Vec<usize> = {
+        let is_copy = |advice: &SettingAdvice| advice.same_run_as.is_some();
+        let mut order = Vec::with_capacity(settings.len());
+        for (index, run) in settings.iter().enumerate().filter(|(_, advice)| !is_copy(advice)) {
+            order.push(index);
+            order.extend((0..settings.len()).filter(|&copy| settings[copy].same_run_as.as_deref() == Some(run.setting.as_str())));
+        }
+        // A copy of no row here (none is made so) keeps its place at the end.
+        let placed: Vec<usize> = order.clone();
+        order.extend((0..settings.len()).filter(|index| !placed.contains(index)));
+        order
+    };
+    let sorted: Vec<SettingAdvice> = order.iter().map(|&index| settings[index].clone()).collect();
+    settings.clone_from_slice(&sorted);
     for (rank, advice) in (1..).zip(settings.iter_mut()) {
         advice.rank = if advice.setting == PAGED { 0 } else { rank };
     }
@@ -1387,6 +1403,9 @@ mod tests {
                 for copy in advice.settings.iter().filter(|row| row.same_run_as.is_some()) {
                     let run = advice.settings.iter().find(|row| Some(&row.setting) == copy.same_run_as.as_ref()).unwrap();
                     assert!(run.rank < copy.rank && run.same_run_as.is_none(), "{name}: {copy:?} after {run:?}");
+                    // Right below it: only copies of the same run between them.
+                    let between = advice.settings.iter().filter(|row| run.rank < row.rank && row.rank < copy.rank);
+                    assert!(between.clone().all(|row| row.same_run_as == copy.same_run_as), "{name}: {copy:?}");
                 }
             }
             let copy = alone.settings.iter().find(|row| row.setting == "max_split_size_mb:4096").unwrap();

@@ -295,6 +295,9 @@ impl CompareConfig {
             SimulatedSource::new(self.capacity_bytes.unwrap_or(LARGEST_DEVICE_BYTES), SimulatedSource::DEFAULT_ALIGNMENT_BYTES);
         let mut config = HeapConfig { policy: kind, ..self.heap.clone() };
         config.policy_config.fit_align_bytes = self.align_bytes;
+        // A budget above the device is the device: what the heap may reserve, and what its verdicts say it may.
+        config.capacity_bytes =
+            config.capacity_bytes.map(|budget| self.capacity_bytes.map_or(budget, |capacity| capacity.min(budget)));
         Heap::new(config, source)
     }
 
@@ -1048,6 +1051,32 @@ mod tests {
             let sentence = verdict_sentence(heap, &[], &others, true).unwrap();
             let expected = said.unwrap_or("no contender would have served it.");
             assert!(sentence.ends_with(expected), "a refusal at entry {entry}: {sentence}");
+        }
+    }
+
+    /// A budget above the device's capacity is the capacity: a heap contender's verdict says what it may reserve, the
+    /// device, not the budget (it said "112 MiB reservable of the 8 GiB it may reserve" on a 2.6 GiB device).
+    #[test]
+    fn a_budget_above_the_capacity_is_the_capacity() {
+        let story = frag_oom();
+        let recording = Recording::from_trace(story.trace.clone());
+        let device = story.device_bytes;
+        for budget in [device * 4, device / 2] {
+            let config = CompareConfig {
+                capacity_bytes: Some(device),
+                heap: HeapConfig {
+                    capacity_bytes: Some(budget),
+                    release: heapscope_core::ReleaseRule::OnPressure,
+                    ..HeapConfig::new(PolicyKind::BestFit)
+                },
+                ..CompareConfig::default()
+            };
+            let outcome = replay(&recording, Contender::Heap(PolicyKind::BestFit), &config).unwrap();
+            let figures = outcome.figures().unwrap();
+            let oom = figures.first_oom.as_ref().unwrap();
+            let limit = Bytes(budget.min(device));
+            assert!(oom.message.contains(&format!("of the {limit} it may reserve")), "budget {budget}: {}", oom.message);
+            assert!(figures.peak_reserved_bytes <= budget.min(device), "budget {budget}");
         }
     }
 

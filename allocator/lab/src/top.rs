@@ -139,7 +139,7 @@ pub enum TopError {
     /// An entry past the recording's last.
     #[error("{recording} has {}: there is no entry {entry}", entries_words(*entries))]
     NoSuchEntry {
-        /// The recording's name.
+        /// The recording's name (with its device, for a file of several).
         recording: String,
         /// The entry asked for.
         entry: u64,
@@ -217,7 +217,7 @@ pub fn top(recording: &Recording, at: TopAt, grouping: Grouping) -> Result<Top, 
     // Live bytes once each moment is done, to find the peak: moments in order, each one's events in a run.
     let target = match at {
         TopAt::Moment(Moment::Entry(entry)) if entry >= recording.entries => {
-            return Err(TopError::NoSuchEntry { recording: recording.name.clone(), entry, entries: recording.entries });
+            return Err(TopError::NoSuchEntry { recording: recording.shown_name(), entry, entries: recording.entries });
         }
         TopAt::Moment(moment) => moment,
         TopAt::Oom => match recording.first_oom() {
@@ -570,6 +570,8 @@ mod tests {
             error.to_string(),
             "two.pickle (device 0) has no out-of-memory entry: nothing was refused; device 1 has one: --device 1"
         );
+        let error = top(&two, TopAt::Moment(Moment::Entry(5)), Grouping::UserFrame).unwrap_err();
+        assert_eq!(error.to_string(), "two.pickle (device 0) has 1 entry (0): there is no entry 5");
         // A trace has no frames: one row without them.
         let at = top(&plain, TopAt::Peak, Grouping::UserFrame).unwrap();
         assert_eq!(rows(&at), [(vec![], 10, 1)]);

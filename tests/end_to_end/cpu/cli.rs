@@ -460,6 +460,9 @@ fn demo_flags_change_the_heap_rules() {
         assert_eq!(lines.len(), 2);
         assert!(lines.iter().all(|line| line["served"] == true), "{release}: {lines:?}");
     }
+    // A verdict in the table reads as its name does everywhere ("internal waste", not the variant's "internalwaste").
+    let text = stdout(&heapscope(&["demo", "--min-align", "1GiB", "--policy", "tlsf"]));
+    assert!(text.contains("oom (internal waste)") && !text.contains("internalwaste"), "{text}");
 }
 
 fn snapshot(name: &str) -> PathBuf {
@@ -989,7 +992,7 @@ fn bad_input_gets_a_clear_error() {
     let odd = dir.join("odd\nname\u{1b}[31m.csv");
     std::fs::write(&odd, "a,1,64\nx,1\n").unwrap();
     let odd_path = odd.to_str().unwrap().to_owned();
-    let cases: [(Vec<&str>, &str); 39] = [
+    let cases: [(Vec<&str>, &str); 43] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &odd_path], "odd\\nname\\u{1b}[31m.csv:2: unknown event \"x\""),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
@@ -1024,11 +1027,16 @@ fn bad_input_gets_a_clear_error() {
         // Past the largest device modelled: it would be simulated as 1 EiB, and answers named a device it is not.
         (
             vec!["advise", good_path, "--capacity", "18446744073709551615B"],
-            "16777216.00 TiB is more than the largest device heapscope models, 1048576 TiB",
+            "18446744073709551615 B is more than the largest device heapscope models, 1048576 TiB",
         ),
         (vec!["render", good_path, "--capacity", "1048577TiB", "--out", "x.png"], "more than the largest device"),
         // A budget past it let `paged` map 1.5 EiB.
-        (vec!["replay", good_path, "--budget", "2097152TiB"], "--budget <SIZE>': 2097152.00 TiB is more than the largest device"),
+        (vec!["replay", good_path, "--budget", "2097152TiB"], "--budget <SIZE>': 2097152 TiB is more than the largest device"),
+        // Just past it: said exactly, not rounded to the largest itself.
+        (
+            vec!["replay", good_path, "--capacity", "1152921504606846977"],
+            "1152921504606846977 B is more than the largest device heapscope models, 1048576 TiB",
+        ),
         // A negative moment is the moment's error (clap took it for a flag and hinted at `-- -1`, the FILE).
         (vec!["top", good_path, "--at", "-1"], "\"-1\" is no moment"),
         (vec!["demo", "--budget", "0"], "--budget 0: nothing could be allocated"),
@@ -1036,6 +1044,9 @@ fn bad_input_gets_a_clear_error() {
         (vec!["bench", "--workload", "churn", "--backend", "sim", "--policy", "vma"], "--policy vma: no bench contender"),
         // A picture asked for that cannot be drawn or written fails the command (it exited 0).
         (vec!["demo", "--png", "/nonexistent/x.png"], "cannot draw the heap into /nonexistent/x.png"),
+        (vec!["demo", "--png", "x.jpg"], "--png x.jpg: heapscope writes a PNG: give a name ending in .png"),
+        (vec!["demo", "--png", &dir_path], "a folder, not a file"),
+        (vec!["render", "--story", "frag_oom", "--out", &dir_path], "a folder, not a file"),
         (
             vec!["export", good_path, "--policy", "tlsf", "--out", &exported_path, "--vma-json", "/nonexistent/out.json"],
             "cannot write /nonexistent/out.json",
