@@ -334,18 +334,18 @@ impl GifOptions {
         if self.frames == 0 {
             anyhow::bail!("--frames 0: an animation needs at least one frame");
         }
-        if !self.frame_ms.is_multiple_of(10) {
-            anyhow::bail!(
-                "--frame-ms {}: a GIF frame's delay is in hundredths of a second: give a multiple of 10 ms",
-                self.frame_ms
-            );
-        }
         for (what, ms) in [("--frame-ms", self.frame_ms), ("the last frame's delay", self.last_frame_ms)] {
             if !(10..=MAX_GIF_FRAME_MS).contains(&ms) {
                 anyhow::bail!(
                     "{what} {ms}: a GIF frame shows for 10 to {MAX_GIF_FRAME_MS} ms (its delay is in hundredths of a second, in 16 bits)"
                 );
             }
+        }
+        if !self.frame_ms.is_multiple_of(10) {
+            anyhow::bail!(
+                "--frame-ms {}: a GIF frame's delay is in hundredths of a second: give a multiple of 10 ms",
+                self.frame_ms
+            );
         }
         Ok(())
     }

@@ -59,12 +59,17 @@ pub fn folded(frames: &[Frame]) -> impl Iterator<Item = &Frame> {
     frames.iter().filter(move |frame| all_noise || !is_noise(frame))
 }
 
-/// Whether `frame` is Python source: a `.py` or `.pyw` file, or code Python names in angle brackets (`<stdin>`,
-/// `<string>` of `python -c` and `exec`, IPython's `<ipython-input-3-5f1c2d>`, torch.fx's `<eval_with_key>.5`), but not
-/// the standard library's frozen modules (`<frozen runpy>`), which are the interpreter's.
+/// The names Python gives code that is no file: `<stdin>`, `<string>` (`python -c`, `exec`), the interactive
+/// `<console>` and `<input>`, IPython's cells (`<ipython-input-3-5f1c2d>`) and torch.fx's generated forward
+/// (`<eval_with_key>.5`). Not the standard library's `<frozen runpy>` (the interpreter's), nor another name in angle
+/// brackets, which a native frame may carry.
+const PYTHON_PSEUDO_FILES: [&str; 6] = ["<stdin>", "<string>", "<console>", "<input>", "<ipython-input-", "<eval_with_key>"];
+
+/// Whether `frame` is Python source: a `.py` or `.pyw` file, or code Python names without a file
+/// ([`PYTHON_PSEUDO_FILES`]).
 fn is_python(frame: &Frame) -> bool {
     let file = &*frame.filename;
-    file.ends_with(".py") || file.ends_with(".pyw") || (file.starts_with('<') && !file.starts_with("<frozen"))
+    file.ends_with(".py") || file.ends_with(".pyw") || PYTHON_PSEUDO_FILES.iter().any(|name| file.starts_with(name))
 }
 
 /// Whether `frame` is PyTorch's own Python (its package's files: `torch/nn/modules/linear.py`, ...), with either
@@ -163,8 +168,10 @@ mod tests {
             ("<ipython-input-3-5f1c2d>", "/site-packages/torch/nn/modules/linear.py", "<ipython-input-3-5f1c2d>"),
             ("<eval_with_key>.5", "/site-packages/torch/nn/modules/linear.py", "<eval_with_key>.5"),
             (r"C:\work\model.py", r"C:\Python311\Lib\site-packages\torch\nn\modules\linear.py", r"C:\work\model.py"),
-            // The interpreter's frozen modules are no user code: PyTorch's Python is taken before them.
+            // The interpreter's frozen modules, and a native frame's name in brackets, are no user code: PyTorch's Python
+            // is taken before them.
             ("<frozen runpy>", "/site-packages/torch/nn/modules/linear.py", "/site-packages/torch/nn/modules/linear.py"),
+            ("<unknown>", "/site-packages/torch/nn/modules/linear.py", "/site-packages/torch/nn/modules/linear.py"),
         ];
         for (caller, torch, expected) in cases {
             let stack =
