@@ -608,8 +608,6 @@ fn rank(settings: &mut [SettingAdvice], capacity_known: bool) -> u64 {
             .then(a.driver_time_us.total_cmp(&b.driver_time_us))
             .then(b.as_recorded.cmp(&a.as_recorded))
             .then(keys(a).cmp(&keys(b)))
-            // A run before its copies.
-            .then(a.same_run_as.is_some().cmp(&b.same_run_as.is_some()))
     });
     // Each copy (`(=)`, the same run as another row) right below the run it names: alike in every figure, it would
     // otherwise be ranked among other runs alike in them.
@@ -621,8 +619,8 @@ fn rank(settings: &mut [SettingAdvice], capacity_known: bool) -> u64 {
             order.extend((0..settings.len()).filter(|&copy| settings[copy].same_run_as.as_deref() == Some(run.setting.as_str())));
         }
         // A copy of no row here (none is made so) keeps its place at the end.
-        let placed: Vec<usize> = order.clone();
-        order.extend((0..settings.len()).filter(|index| !placed.contains(index)));
+        let orphans: Vec<usize> = (0..settings.len()).filter(|index| !order.contains(index)).collect();
+        order.extend(orphans);
         order
     };
     let sorted: Vec<SettingAdvice> = order.iter().map(|&index| settings[index].clone()).collect();

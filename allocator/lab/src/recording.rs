@@ -515,7 +515,8 @@ impl Recording {
     /// `free_requested`, or its `free_completed` for one freed by its caller before the start) where the file's frees
     /// carry the stack of what they free ([`frees_carry_allocation_stacks`]), else none (its final
     /// block, if its address has one, is a later allocation's). One live to the end, its free requested and never
-    /// completed included: its final block's stack, on its segment's stream. No category (that of the entry's moment, which the trace did not see) and no time.
+    /// completed included: its final block's stack, on its segment's stream. No category (that of the entry's moment,
+    /// which the trace did not see) and no time.
     pub fn start_origins(&self) -> Vec<Option<TraceEntry>> {
         let Some(snapshot) = &self.snapshot else { return vec![None; self.start_addresses.len()] };
         let entries = snapshot.device_traces.get(self.device).map_or(&[][..], Vec::as_slice);
@@ -1236,9 +1237,8 @@ mod tests {
         assert!(recording.final_mismatch.is_none(), "{:?}", recording.final_mismatch);
     }
 
-    /// A start allocation's origin: where frees carry the freeing code's stack (PyTorch's default), one whose free was
-    /// requested and never completed keeps its final (pending-free) block's frames, one freed whole has none; where frees
-    /// carry what they free, the free's.
+    /// A start allocation's origin where frees carry the freeing code's stack (PyTorch's default): one whose free was
+    /// requested and never completed keeps its final (pending-free) block's frames, one freed whole has none.
     #[test]
     fn a_start_allocation_pending_free_at_the_end_keeps_its_blocks_frames() {
         use heapscope_pytorch::Block;

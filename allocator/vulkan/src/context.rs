@@ -566,8 +566,9 @@ impl Partial {
         // SAFETY: as above; the chain holds a 1.2 structure only on a 1.2 device.
         unsafe { instance.get_physical_device_features2(physical_device, &mut features) };
         let core = features.features;
-        let memory_budget =
-            device_extensions.iter().any(|extension| extension.extension_name_as_c_str() == Ok(ash::ext::memory_budget::NAME));
+        let has_extension =
+            |name: &CStr| device_extensions.iter().any(|extension| extension.extension_name_as_c_str() == Ok(name));
+        let memory_budget = has_extension(ash::ext::memory_budget::NAME);
         let supported = DeviceFeatures {
             sparse_binding: core.sparse_binding == vk::TRUE,
             sparse_residency_buffer: core.sparse_residency_buffer == vk::TRUE,
@@ -575,20 +576,21 @@ impl Partial {
             timeline_semaphore: has_vulkan_1_2 && features_1_2.timeline_semaphore == vk::TRUE,
             memory_budget,
         };
-        let max_buffer_size_bytes = (raw_properties.api_version >= vk::API_VERSION_1_3).then(|| {
-            let mut maintenance4 = vk::PhysicalDeviceMaintenance4Properties::default();
-            let mut properties2 = vk::PhysicalDeviceProperties2::default().push_next(&mut maintenance4);
-            // SAFETY: as above; the chain holds a structure core in Vulkan 1.3, which this device supports.
-            unsafe { instance.get_physical_device_properties2(physical_device, &mut properties2) };
-            maintenance4.max_buffer_size
-        });
-        let max_memory_allocation_size_bytes = (raw_properties.api_version >= vk::API_VERSION_1_1).then(|| {
-            let mut maintenance3 = vk::PhysicalDeviceMaintenance3Properties::default();
+        // `maxMemoryAllocationSize` (core in 1.1) and `maxBufferSize` (core in 1.3), in one query.
+        let (has_vulkan_1_1, has_vulkan_1_3) =
+            (raw_properties.api_version >= vk::API_VERSION_1_1, raw_properties.api_version >= vk::API_VERSION_1_3);
+        let mut maintenance3 = vk::PhysicalDeviceMaintenance3Properties::default();
+        let mut maintenance4 = vk::PhysicalDeviceMaintenance4Properties::default();
+        if has_vulkan_1_1 {
             let mut properties2 = vk::PhysicalDeviceProperties2::default().push_next(&mut maintenance3);
-            // SAFETY: as above; the chain holds a structure core in Vulkan 1.1, which this device supports.
+            if has_vulkan_1_3 {
+                properties2 = properties2.push_next(&mut maintenance4);
+            }
+            // SAFETY: as above; the chain holds structures core in the versions this device supports.
             unsafe { instance.get_physical_device_properties2(physical_device, &mut properties2) };
-            maintenance3.max_memory_allocation_size
-        });
+        }
+        let max_buffer_size_bytes = has_vulkan_1_3.then_some(maintenance4.max_buffer_size);
+        let max_memory_allocation_size_bytes = has_vulkan_1_1.then_some(maintenance3.max_memory_allocation_size);
         let properties = properties::device_properties(
             &raw_properties,
             (max_buffer_size_bytes, max_memory_allocation_size_bytes),
@@ -640,8 +642,7 @@ impl Partial {
         }
         let mut extensions: Vec<&'static CStr> = if memory_budget { vec![ash::ext::memory_budget::NAME] } else { Vec::new() };
         // A portability driver (MoltenVK) lists VK_KHR_portability_subset, which must then be enabled.
-        if device_extensions.iter().any(|extension| extension.extension_name_as_c_str() == Ok(ash::khr::portability_subset::NAME))
-        {
+        if has_extension(ash::khr::portability_subset::NAME) {
             extensions.push(ash::khr::portability_subset::NAME);
         }
         let hooked = hook.is_some();

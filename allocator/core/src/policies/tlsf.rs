@@ -254,7 +254,6 @@ impl Tlsf {
         self.vacate(right);
     }
 
-    /// Takes the head off the non-empty list `slot`.
     /// The highest non-empty list, as (first level, second level): the one holding the largest free blocks.
     #[inline]
     fn highest_list(&self) -> Option<(u32, u32)> {
@@ -265,6 +264,7 @@ impl Tlsf {
         Some((fl, 31 - self.sl_bitmaps[fl as usize].leading_zeros()))
     }
 
+    /// Takes the head off the non-empty list `slot`.
     #[inline]
     fn pop_head(&mut self, slot: usize) -> u32 {
         let index = self.heads[slot];
