@@ -12,7 +12,9 @@
 //! - **Budget**: the allocator's capacity, so it refuses first with its own verdict. If wgpu still refuses a
 //!   segment (out of memory below the budget, or larger than `max_buffer_size`), the request is undone — the block
 //!   freed back to the cache and the cache emptied, as PyTorch does before it gives up — and refused with an
-//!   exhaustion verdict; the allocator's state then differs from the simulated one.
+//!   exhaustion verdict; the allocator's state then differs from the simulated one. Any other failure of wgpu (a lost
+//!   device) undoes the request the same way and is returned as it is; every segment event is applied even past one,
+//!   so no buffer outlives its segment.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -103,13 +105,22 @@ impl PytorchHeap {
                 return Err(error.into());
             }
         };
-        if self.apply_events()? {
-            self.device_refusals += 1;
-            let verdict = self.heap.undo_device_refusal(allocation)?;
-            self.apply_events()?;
-            return Err(heapscope_core::Error::OutOfMemory(Box::new(verdict)).into());
+        match self.apply_events() {
+            Ok(false) => Ok(allocation),
+            Ok(true) => {
+                self.device_refusals += 1;
+                let verdict = self.heap.undo_device_refusal(allocation)?;
+                self.apply_events()?;
+                Err(heapscope_core::Error::OutOfMemory(Box::new(verdict)).into())
+            }
+            Err(error) => {
+                // wgpu failed otherwise (a lost device): the request is undone as for a refusal, so the allocator
+                // holds no allocation its caller never got, and the failure is what the caller hears.
+                self.heap.undo_device_refusal(allocation)?;
+                let _released = self.apply_events();
+                Err(error)
+            }
         }
-        Ok(allocation)
     }
 
     /// Frees an allocation (its block goes back to the cache; no buffer changes).
@@ -131,17 +142,23 @@ impl PytorchHeap {
     }
 
     /// Applies the allocator's segment events: a buffer per reserved segment, destroyed when released. Returns
-    /// whether wgpu refused a segment (it then has no buffer; its release later is skipped).
+    /// whether wgpu refused a segment (it then has no buffer; its release later is skipped). Every event is applied
+    /// even past a failure (a later release still destroys its buffer, so no buffer outlives its segment and
+    /// `device_bytes` stays true); the first failure is returned after them.
     fn apply_events(&mut self) -> Result<bool, WgpuError> {
         let mut refused = false;
+        let mut failed = None;
         for event in self.heap.take_device_events() {
             match event {
-                DeviceEvent::Reserved { address, size_bytes } => match self.create_segment(size_bytes)? {
-                    Some(buffer) => {
+                DeviceEvent::Reserved { address, size_bytes } => match self.create_segment(size_bytes) {
+                    Ok(Some(buffer)) => {
                         self.device_bytes += size_bytes;
                         self.segments.insert(address, buffer);
                     }
-                    None => refused = true,
+                    Ok(None) => refused = true,
+                    Err(error) => {
+                        failed.get_or_insert(error);
+                    }
                 },
                 DeviceEvent::Released { address, size_bytes } => {
                     if let Some(buffer) = self.segments.remove(&address) {
@@ -151,13 +168,18 @@ impl PytorchHeap {
                     }
                 }
                 DeviceEvent::Mapped { address, .. } | DeviceEvent::Unmapped { address, .. } => {
-                    return Err(WgpuError::Unsupported(format!(
-                        "the allocator mapped pages at {address:#x}: expandable segments are not supported on wgpu"
-                    )));
+                    failed.get_or_insert_with(|| {
+                        WgpuError::Unsupported(format!(
+                            "the allocator mapped pages at {address:#x}: expandable segments are not supported on wgpu"
+                        ))
+                    });
                 }
             }
         }
-        Ok(refused)
+        match failed {
+            Some(error) => Err(error),
+            None => Ok(refused),
+        }
     }
 
     /// A segment's buffer; `None` when wgpu refuses it for memory (or it exceeds `max_buffer_size`).
