@@ -233,7 +233,7 @@ fn is_gif(path: &std::path::Path) -> bool {
     path.extension().is_some_and(|extension| extension.eq_ignore_ascii_case("gif"))
 }
 
-/// Refuses, before any work, an image path heapscope cannot write (`what`: the flag naming it): a folder, or a name
+/// Refuses, before any work, an image path heapscope cannot write (`what`: the flag naming it): a folder, a name in a folder that does not exist, or a name
 /// not ending in `.png` (or `.gif` where `gif_too`). Found only once drawn, it failed after the command had printed
 /// its report ("the image format could not be determined").
 pub fn check_image_path(path: &std::path::Path, what: &str, gif_too: bool) -> Result<()> {
@@ -248,6 +248,14 @@ pub fn check_image_path(path: &std::path::Path, what: &str, gif_too: bool) -> Re
             if gif_too { "a PNG or a GIF: give a name ending in .png or .gif" } else { "a PNG: give a name ending in .png" };
         anyhow::bail!("{what} {name}: heapscope writes {kinds}");
     }
+    // Said before the replay and the drawing, not after them.
+    if let Some(folder) = path.parent().filter(|folder| !folder.as_os_str().is_empty())
+        && !folder.is_dir()
+    {
+        let folder_name = heapscope_core::path_name(folder);
+        let what_it_is = if folder.exists() { "is no folder" } else { "does not exist" };
+        anyhow::bail!("{what} {name}: {folder_name} {what_it_is}");
+    }
     Ok(())
 }
 
@@ -259,6 +267,9 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
     }
     if !gif && (args.frames.is_some() || args.frame_ms.is_some()) {
         anyhow::bail!("--frames and --frame-ms apply to a GIF: --out {} is no .gif", args.out.display());
+    }
+    if args.story.is_some() && args.open.any() {
+        anyhow::bail!("--device and --capacity apply to a recording FILE: a --story brings its own device");
     }
     let mut options = RenderOptions {
         width: args.width,

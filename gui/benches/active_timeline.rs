@@ -15,7 +15,7 @@ use criterion::Criterion;
 use egui::{Pos2, Rect, Vec2};
 use heapscope_core::trace::TraceBuilder;
 use heapscope_gui::active_plot::band_shapes;
-use heapscope_gui::palette::ColourBy;
+use heapscope_gui::palette::{ColourBy, RecordingHues};
 use heapscope_lab::recording::Recording;
 use heapscope_lab::timeline::active;
 
@@ -75,7 +75,7 @@ fn main() {
     let mut shapes = 0;
     for _ in 0..20 {
         let started = Instant::now();
-        let built = black_box(band_shapes(&timeline, rect, max_bytes, ColourBy::StackGroup));
+        let built = black_box(band_shapes(&timeline, rect, max_bytes, (ColourBy::StackGroup, &RecordingHues::default())));
         // The quads of the fills' mesh (the first shape), and the outlines beside it.
         let quads = match built.first() {
             Some(egui::Shape::Mesh(mesh)) => mesh.vertices.len() / 4,
@@ -87,7 +87,7 @@ fn main() {
     println!("one frame, 1600 x 220, whole recording: {shapes} rectangles, best {:.2} ms", best.as_secs_f64() * 1e3);
     let mut criterion = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(5)).configure_from_args();
     criterion.bench_function("active timeline frame, 1M allocations", |bench| {
-        bench.iter(|| black_box(band_shapes(&timeline, rect, max_bytes, ColourBy::StackGroup)));
+        bench.iter(|| black_box(band_shapes(&timeline, rect, max_bytes, (ColourBy::StackGroup, &RecordingHues::default()))));
     });
     criterion.final_summary();
     whole_frames(recording, &timeline);

@@ -71,6 +71,7 @@ fn main() {
         position: timeline.steps(),
         colour_by: ColourBy::Age,
         slots: &[],
+        hues: &heapscope_gui::palette::GroupHues::default(),
         scale: None,
         animation: None,
         too_small_below: Some(1 << 20),

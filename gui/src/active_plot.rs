@@ -15,7 +15,7 @@ use heapscope_lab::recording::Moment;
 use heapscope_lab::timeline::active::ActiveTimeline;
 use heapscope_pytorch::StackId;
 
-use crate::palette::{self, ColourBy};
+use crate::palette::{self, ColourBy, GroupHues, RecordingHues};
 use crate::plot::{Series, byte_unit, nice_step, pane_colours};
 use crate::session::Session;
 
@@ -115,7 +115,7 @@ pub fn show(
         painter.text(pos2(x, rect.bottom() + 3.0), Align2::CENTER_TOP, entry.to_string(), FontId::proportional(11.0), weak);
     }
     painter.text(pos2(rect.right(), outer.bottom()), Align2::RIGHT_BOTTOM, "entry", FontId::proportional(11.0), weak);
-    painter.extend(band_shapes(timeline, rect, max_bytes, colour_by));
+    painter.extend(band_shapes(timeline, rect, max_bytes, (colour_by, &session.hues)));
     // Each pane's reserved bytes over the bands.
     for (index, ((_, series), &colour)) in series.iter().zip(&colours).enumerate() {
         let points = line_points(series.reserved.iter().map(|&[x, bytes]| pos2(x_at(x + 1.0), y_at(bytes))));
@@ -246,7 +246,12 @@ fn step_line(points: &[Pos2], colour: Color32, width: f32) -> egui::Mesh {
 /// [`ColourBy::Category`], else its stack's (its size class's where none was recorded). What a frame costs, measured
 /// by `cargo bench -p heapscope-gui --bench active_timeline`. Every fill is a quad of one mesh (the first shape):
 /// thousands of one-pixel columns drawn as separate anti-aliased rectangles cost lavapipe most of a frame.
-pub fn band_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64, colour_by: ColourBy) -> Vec<Shape> {
+pub fn band_shapes(
+    timeline: &ActiveTimeline,
+    rect: Rect,
+    max_bytes: f64,
+    (colour_by, hues): (ColourBy, &RecordingHues),
+) -> Vec<Shape> {
     let positions = timeline.positions.max(1);
     let x_at = |position: f64| rect.left() + (position / positions as f64) as f32 * rect.width();
     let y_at = |bytes: f64| rect.bottom() - (bytes / max_bytes) as f32 * rect.height();
@@ -275,9 +280,9 @@ pub fn band_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64, colour
     for band in timeline.bands.iter().filter(|band| band.size_bytes as f64 >= min_bytes) {
         let colour = match colour_by {
             _ if !timeline.addresses.is_empty() => palette::size_class(band.size_bytes),
-            ColourBy::Category => palette::group(u32::from(band.category.0)),
+            ColourBy::Category => hues.category.colour(u32::from(band.category.0)),
             _ if band.stack == StackId::NONE => palette::size_class(band.size_bytes),
-            _ => palette::group(band.stack.0),
+            _ => hues.stack.colour(band.stack.0),
         };
         for piece in &band.pieces {
             let top = y_at(piece.offset_bytes.saturating_add(band.size_bytes) as f64);
@@ -296,14 +301,14 @@ pub fn band_shapes(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64, colour
             }
         }
     }
-    summary_fills(timeline, rect, max_bytes, &mut fills);
+    summary_fills(timeline, rect, max_bytes, &hues.stack, &mut fills);
     shapes.insert(0, Shape::mesh(fills));
     shapes
 }
 
 /// The summary bands (the allocations too small for a band, one band per stack group) on top of the bands: per run of
 /// pixel columns in one stretch, a rectangle per group, paler than the bands.
-fn summary_fills(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64, fills: &mut egui::Mesh) {
+fn summary_fills(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64, stack_hues: &GroupHues, fills: &mut egui::Mesh) {
     let summaries = &timeline.summaries;
     let positions = timeline.positions.max(1);
     let y_at = |bytes: u64| rect.bottom() - (bytes as f64 / max_bytes) as f32 * rect.height();
@@ -311,9 +316,8 @@ fn summary_fills(timeline: &ActiveTimeline, rect: Rect, max_bytes: f64, fills: &
         .groups
         .iter()
         .map(|group| match group {
-            // Allocations with no stack recorded: one hue of their own.
-            Some(stack) if *stack == StackId::NONE => palette::group(u32::MAX).gamma_multiply(0.6),
-            Some(stack) => palette::group(stack.0).gamma_multiply(0.6),
+            // Allocations with no stack recorded are a group as any stack is.
+            Some(stack) => stack_hues.colour(stack.0).gamma_multiply(0.6),
             None => Color32::from_gray(110),
         })
         .collect();

@@ -356,6 +356,8 @@ pub struct Scene<'a> {
     pub colour_by: ColourBy,
     /// Per trace slot, what it is coloured by in [`ColourBy::by_group`] modes (empty: one group).
     pub slots: &'a [SlotInfo],
+    /// The colours of the groups of `colour_by` (a stack, a category), where it colours by group.
+    pub hues: &'a palette::GroupHues,
     /// The scale shared with other maps (`None`: this map fits its own); a zoom by hand overrides it.
     pub scale: Option<Scale>,
     /// The step playing, if any.
@@ -372,7 +374,7 @@ impl Scene<'_> {
             ColourBy::SizeClass => palette::size_class(span.requested_bytes),
             ColourBy::Age => return palette::age(self.position.saturating_sub(span.born), self.timeline.steps()),
             ColourBy::StackGroup | ColourBy::Category => {
-                palette::group(self.slots.get(span.slot as usize).map_or(0, |slot| slot.group(self.colour_by)))
+                self.hues.colour(self.slots.get(span.slot as usize).map_or(0, |slot| slot.group(self.colour_by)))
             }
         };
         // Every other allocation a shade darker: neighbours of one colour stay countable.
@@ -811,6 +813,7 @@ mod tests {
             position: timeline.steps(),
             colour_by: ColourBy::SizeClass,
             slots: &[],
+            hues: &palette::GroupHues::default(),
             scale: None,
             animation: None,
             too_small_below: Some(200),
@@ -847,6 +850,7 @@ mod tests {
             position: 0,
             colour_by: ColourBy::Age,
             slots: &[],
+            hues: &palette::GroupHues::default(),
             scale: None,
             animation: None,
             too_small_below: None,
@@ -871,6 +875,7 @@ mod tests {
             position: timeline.steps(),
             colour_by: ColourBy::SizeClass,
             slots: &[],
+            hues: &palette::GroupHues::default(),
             scale: None,
             animation: None,
             too_small_below: None,
@@ -956,6 +961,7 @@ mod tests {
                 position: step + 1,
                 colour_by: ColourBy::SizeClass,
                 slots: &[],
+                hues: &palette::GroupHues::default(),
                 scale: None,
                 animation: Some(&animation),
                 too_small_below: None,

@@ -2,6 +2,8 @@
 //! [`legend`]. Red is reserved for free runs too small for a refused request and grey for free space: no
 //! allocation colour comes near either (a unit test holds every class, group and age to it).
 
+use std::collections::HashMap;
+
 use egui::Color32;
 
 /// How allocations are coloured.
@@ -109,11 +111,54 @@ pub fn alternate(colour: Color32) -> Color32 {
     Color32::from_rgb(lighter(colour.r()), lighter(colour.g()), lighter(colour.b()))
 }
 
-/// The colour of stack group `group`.
-pub fn group(group: u32) -> Color32 {
-    // A multiplicative hash spreads neighbouring ids over the hues.
-    let hashed = group.wrapping_mul(0x9e37_79b9) >> 28;
-    HUES[hashed as usize % HUES.len()]
+/// The colour the groups without a hue of their own share (see [`GroupHues`]).
+pub const OTHER_GROUPS: Color32 = HUES[HUES.len() - 1];
+
+/// Which colour each group of a recording (a stack, a category) takes: the groups that allocate the most bytes over the
+/// recording take a hue each, in that order, the rest share [`OTHER_GROUPS`]. Colours by a hash of the group met on two
+/// of eight groups in a legend; ranked, the groups that hold most of the memory are told apart on the map and in its
+/// legend.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupHues(HashMap<u32, usize>);
+
+impl GroupHues {
+    /// The hues of groups that allocate `bytes` (a group may come several times: its bytes add up).
+    pub fn ranked(bytes: impl IntoIterator<Item = (u32, u64)>) -> Self {
+        let mut by_group: HashMap<u32, u64> = HashMap::new();
+        for (group, bytes) in bytes {
+            let total = by_group.entry(group).or_insert(0);
+            *total = total.saturating_add(bytes);
+        }
+        let mut ranked: Vec<(u32, u64)> = by_group.into_iter().collect();
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        Self(ranked.into_iter().take(HUES.len() - 1).enumerate().map(|(hue, (group, _))| (group, hue)).collect())
+    }
+
+    /// The colour of `group`.
+    pub fn colour(&self, group: u32) -> Color32 {
+        self.0.get(&group).map_or(OTHER_GROUPS, |&hue| HUES[hue])
+    }
+
+    /// Whether `group` has a hue of its own (else it shares [`OTHER_GROUPS`]).
+    pub fn has_own(&self, group: u32) -> bool {
+        self.0.contains_key(&group)
+    }
+}
+
+/// A recording's [`GroupHues`] for each way of grouping its allocations.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecordingHues {
+    /// By the stack that allocated them.
+    pub stack: GroupHues,
+    /// By their entries' category.
+    pub category: GroupHues,
+}
+
+impl RecordingHues {
+    /// The hues of `colour_by`'s groups: categories for [`ColourBy::Category`], else stacks.
+    pub fn of(&self, colour_by: ColourBy) -> &GroupHues {
+        if colour_by == ColourBy::Category { &self.category } else { &self.stack }
+    }
 }
 
 /// The smallest size class the legend names (1 KiB); it names two per hue, up to 16 GiB.
@@ -145,12 +190,14 @@ pub fn legend(colour_by: ColourBy) -> Vec<(Color32, String)> {
             (age(30, 1000), "older".to_owned()),
             (age(1000, 1000), "as old as the trace".to_owned()),
         ],
-        ColourBy::StackGroup => {
-            vec![(group(0), "one hue per group of stack frames".to_owned()), (group(1), "(hover for the frames)".to_owned())]
-        }
+        ColourBy::StackGroup => vec![
+            (HUES[0], "one hue per stack, the stacks holding the most bytes first".to_owned()),
+            (HUES[1], "(hover for the frames)".to_owned()),
+            (OTHER_GROUPS, "the other stacks".to_owned()),
+        ],
         ColourBy::Category => vec![
-            (group(0), "no category recorded".to_owned()),
-            (group(1), "one hue per category (user_metadata, compile_context, category)".to_owned()),
+            (HUES[0], "one hue per category (user_metadata, compile_context, category), the most bytes first".to_owned()),
+            (OTHER_GROUPS, "the other categories".to_owned()),
         ],
     };
     let sample = entries.first().map_or(HUES[0], |entry| entry.0);
@@ -207,7 +254,8 @@ mod tests {
     fn allocations_are_never_red_or_grey() {
         // Every colour an allocation can get: each size class, every group, ages from new to old.
         let sizes = (0..64).map(|class| size_class(1 << class));
-        let groups = (0..256).map(group);
+        let hues = GroupHues::ranked((0..256).map(|group| (group, u64::from(group))));
+        let groups = (0..256).map(|group| hues.colour(group));
         let ages = (0..=1000).step_by(10).map(|age_steps| age(age_steps, 1000));
         for colour in sizes.chain(groups).chain(ages) {
             for (reserved, name) in [(FREE_TOO_SMALL, "the too-small red"), (FREE, "the free grey")] {
@@ -258,16 +306,31 @@ mod tests {
 
     #[test]
     fn alternate_shades_stay_away_from_red_and_grey() {
-        let colours = (0..64).map(|class| alternate(size_class(1 << class))).chain((0..256).map(|g| alternate(group(g))));
+        let colours = (0..64).map(|class| alternate(size_class(1 << class))).chain(HUES.map(alternate));
         for colour in colours {
             assert!(distance(colour, FREE) >= 60.0 && distance(colour, FREE_TOO_SMALL) >= 100.0, "{colour:?}");
         }
     }
 
     #[test]
-    fn groups_and_waste() {
-        let distinct: std::collections::HashSet<_> = (0..12).map(group).collect();
-        assert!(distinct.len() >= 6, "neighbouring groups get different hues: {}", distinct.len());
+    fn the_groups_holding_the_most_bytes_take_a_hue_each() {
+        // Group 7 allocates most (in two allocations), then 3, then the rest in id order; past eleven, one shared hue.
+        let bytes = [(3, 500), (7, 400), (7, 400)].into_iter().chain((100..120).map(|group| (group, 10)));
+        let hues = GroupHues::ranked(bytes);
+        assert_eq!((hues.colour(7), hues.colour(3), hues.colour(100)), (HUES[0], HUES[1], HUES[2]));
+        let own: std::collections::HashSet<Color32> =
+            [7, 3].into_iter().chain(100..109).map(|group| hues.colour(group)).collect();
+        assert_eq!(own.len(), 11, "eleven groups, eleven hues");
+        assert!(!own.contains(&OTHER_GROUPS));
+        assert!(hues.has_own(108) && !hues.has_own(109));
+        assert_eq!((hues.colour(109), hues.colour(4)), (OTHER_GROUPS, OTHER_GROUPS), "the rest, and a group never seen");
+        let recording = RecordingHues { stack: hues.clone(), category: GroupHues::default() };
+        assert_eq!(recording.of(ColourBy::StackGroup), &hues);
+        assert_eq!(recording.of(ColourBy::Category).colour(7), OTHER_GROUPS);
+    }
+
+    #[test]
+    fn waste_is_a_darker_shade() {
         assert_eq!(waste(Color32::from_rgb(90, 60, 30)), Color32::from_rgb(30, 20, 10));
     }
 }

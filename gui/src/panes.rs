@@ -37,35 +37,43 @@ pub enum ScaleRule {
     OneAtTheMoment,
     /// Each pane fits its own (exploring one heap; areas do not compare).
     FitEach,
+    /// Each pane fits its own, at the moment shown and at its peak over the whole recording (an animation of each
+    /// heap: a pane keeps its scale from frame to frame; areas compare within a pane only).
+    FitEachOverTheRecording,
+}
+
+impl ScaleRule {
+    /// The fits a pane's scale covers under this rule, in maps `height` points tall: what it holds at the moment shown,
+    /// and under the rules "over the recording" its peak.
+    fn fits(self, pane: &mut Pane, height: f32) -> Vec<Scale> {
+        let mut fits = vec![Rows::fit(&pane.layout, &pane.timeline, height)];
+        if matches!(self, ScaleRule::OneOverTheRecording | ScaleRule::FitEachOverTheRecording) {
+            fits.push(pane.peak_fit(height));
+        }
+        fits
+    }
+}
+
+/// The coarsest of `fits` (the one holding the most decides), its rows as thin as the thinnest.
+fn coarsest(fits: impl IntoIterator<Item = Scale>) -> Option<Scale> {
+    fits.into_iter().reduce(|scale, fit| Scale {
+        row_bytes: scale.row_bytes.max(fit.row_bytes),
+        row_height: scale.row_height.min(fit.row_height),
+        gap: scale.gap.min(fit.gap),
+    })
 }
 
 /// Points above a map taken by its pane's header (name, totals and the device gauge).
 const HEADER_POINTS: f32 = 52.0;
 
-/// The scale every map is drawn at under `rule` in maps `height` points tall, or `None` for [`ScaleRule::FitEach`]:
-/// the coarsest of the panes' fits (the pane holding the most decides), its rows as thin as the thinnest.
+/// The scale every map is drawn at under `rule` in maps `height` points tall, or `None` where each pane has its own
+/// ([`ScaleRule::FitEach`], [`ScaleRule::FitEachOverTheRecording`]): the coarsest of the panes' fits.
 pub fn shared_scale(session: &mut Session, rule: ScaleRule, height: f32) -> Option<Scale> {
-    if rule == ScaleRule::FitEach {
+    if matches!(rule, ScaleRule::FitEach | ScaleRule::FitEachOverTheRecording) {
         return None;
     }
-    let mut shared: Option<Scale> = None;
-    for pane in &mut session.panes {
-        let mut fits = vec![Rows::fit(&pane.layout, &pane.timeline, height)];
-        if rule == ScaleRule::OneOverTheRecording {
-            fits.push(pane.peak_fit(height));
-        }
-        for fit in fits {
-            shared = Some(match shared {
-                None => fit,
-                Some(scale) => Scale {
-                    row_bytes: scale.row_bytes.max(fit.row_bytes),
-                    row_height: scale.row_height.min(fit.row_height),
-                    gap: scale.gap.min(fit.gap),
-                },
-            });
-        }
-    }
-    shared
+    let fits: Vec<Scale> = session.panes.iter_mut().flat_map(|pane| rule.fits(pane, height)).collect();
+    coarsest(fits)
 }
 
 /// A gauge of `pane`'s reserved bytes against the device's `capacity_bytes`, full width, in the pane's colour.
@@ -232,16 +240,21 @@ pub fn show(
 ) -> PaneActions {
     let mut actions = PaneActions::default();
     let count = session.panes.len().max(1);
-    let scale = shared_scale(session, style.scale, (ui.available_height() - HEADER_POINTS - 20.0).max(32.0));
+    let map_height = (ui.available_height() - HEADER_POINTS - 20.0).max(32.0);
+    let scale = shared_scale(session, style.scale, map_height);
     let capacity_bytes = session.config.capacity_bytes;
     if let Some(scale) = scale {
+        // The device in rows, and the gauge under each name, where a capacity is known (no gauge is drawn otherwise).
         let capacity = capacity_bytes
-            .map(|bytes| format!("; the device's {} is {:.1} rows", Bytes(bytes), bytes as f64 / scale.row_bytes as f64))
+            .map(|bytes| {
+                let rows = bytes as f64 / scale.row_bytes as f64;
+                let rows = if rows < 100.0 { format!("{rows:.1}") } else { format!("{rows:.0}") };
+                format!("; the device's {} is {rows} rows; the bar under each name: reserved of the device", Bytes(bytes))
+            })
             .unwrap_or_default();
         ui.label(
             RichText::new(format!(
-                "one scale in every pane: 1 row (full width) = {}{capacity}; the bar under each name: reserved of the device; \
-                 OOMs n/m: requests refused so far, of all refused",
+                "one scale in every pane: 1 row (full width) = {}{capacity}; OOMs n/m: requests refused so far, of all refused",
                 Bytes(scale.row_bytes)
             ))
             .small(),
@@ -280,13 +293,19 @@ pub fn show(
                 let colour = colours[index];
                 capacity_gauge(column, pane, capacity_bytes, colour);
             }
+            // Under a rule of each pane's own scale over the recording, the pane's (a map's own fit is of the moment).
+            let own_scale = match style.scale {
+                ScaleRule::FitEachOverTheRecording => coarsest(style.scale.fits(pane, map_height)),
+                _ => None,
+            };
             let scene = Scene {
                 layout: &pane.layout,
                 timeline: &pane.timeline,
                 position: style.shown_steps,
                 colour_by: style.colour_by,
                 slots: &session.slots,
-                scale,
+                hues: session.hues.of(style.colour_by),
+                scale: own_scale.or(scale),
                 animation: animations.get(index).and_then(Option::as_ref),
                 too_small_below: too_small.get(index).copied().flatten(),
                 hovered: style

@@ -1,5 +1,5 @@
 //! The timeline plot (egui_plot): reserved (solid) and live (dashed) bytes of every pane in the pane's colour,
-//! in the unit the data needs (B, KiB, MiB or GiB, labelled ticks at 1, 2 or 5 times a power of ten whatever the
+//! in the unit the data needs (B to EiB, labelled ticks at 1, 2 or 5 times a power of ten whatever the
 //! magnitude), fragmentation below (defined in the legend row), markers where a request was refused,
 //! and the current position; clicking or dragging on it seeks. The legend (pane names in their colours) is a
 //! row above the plot, so that it covers no data and a click on it does not seek. Every series starts at
@@ -29,11 +29,19 @@ pub struct Series {
     pub refusals: Vec<[f64; 2]>,
 }
 
-/// The unit to draw `max_bytes` in: its name and its size in bytes (the largest of B, KiB, MiB and GiB that
+/// The unit to draw `max_bytes` in: its name and its size in bytes (the largest of B, KiB, MiB, GiB, TiB, PiB and EiB that
 /// `max_bytes` reaches, so that the axis has more than a "0" tick).
 pub fn byte_unit(max_bytes: f64) -> (&'static str, f64) {
-    const UNITS: [(&str, f64); 4] = [("GiB", 1_073_741_824.0), ("MiB", 1_048_576.0), ("KiB", 1024.0), ("B", 1.0)];
-    UNITS.into_iter().find(|&(_, size)| max_bytes >= size).unwrap_or(UNITS[3])
+    const UNITS: [(&str, f64); 7] = [
+        ("EiB", 1_152_921_504_606_846_976.0),
+        ("PiB", 1_125_899_906_842_624.0),
+        ("TiB", 1_099_511_627_776.0),
+        ("GiB", 1_073_741_824.0),
+        ("MiB", 1_048_576.0),
+        ("KiB", 1024.0),
+        ("B", 1.0),
+    ];
+    UNITS.into_iter().find(|&(_, size)| max_bytes >= size).unwrap_or(UNITS[6])
 }
 
 /// egui_plot's smallest grid spacing (`Plot::grid_spacing`'s default minimum), in points.
@@ -69,6 +77,16 @@ fn labelled_steps(input: &egui_plot::GridInput) -> [f64; 3] {
     let labelled = nice_step((span / 4.0).max(fine).max(readable));
     let middle = nice_step((labelled / 2.0).max(fine));
     [fine, middle.max(fine), labelled]
+}
+
+/// Grid steps for an axis of whole things (entries, bytes counted in B): as [`labelled_steps`], never finer than one.
+fn whole_steps(input: &egui_plot::GridInput) -> [f64; 3] {
+    labelled_steps(&egui_plot::GridInput { bounds: input.bounds, base_step_size: input.base_step_size.max(1.0) })
+}
+
+/// An entries-axis tick: the entry, or `start` where the axis begins, before entry 0 ([`x_of`]).
+fn entry_label(value: f64) -> String {
+    if value < -0.5 { "start".to_owned() } else { format!("{value:.0}") }
 }
 
 /// A tick's number with as many decimals as its step needs (`0.5`, `1.5`; `20` for whole steps), so that ticks
@@ -214,10 +232,18 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
         .allow_scroll(false)
         .allow_boxed_zoom(false)
         .include_y(0.0)
+        // Nothing reserved at all (an empty recording): bytes from 0 up, not a range centred on 0.
+        .include_y(if max_bytes > 0.0 { 0.0 } else { 1.0 })
         .include_x(x_of(0))
-        .include_x(x_of(steps))
+        .include_x(x_of(steps.max(1)))
+        .x_grid_spacer(egui_plot::uniform_grid_spacer(|input| whole_steps(&input)))
+        .x_axis_formatter(|mark, _| entry_label(mark.value))
         .link_axis(link, [true, false])
-        .y_grid_spacer(egui_plot::uniform_grid_spacer(|input| labelled_steps(&input)))
+        .y_grid_spacer(egui_plot::uniform_grid_spacer(
+            move |input| {
+                if unit > 1.0 { labelled_steps(&input) } else { whole_steps(&input) }
+            },
+        ))
         .y_axis_min_width(Y_AXIS_WIDTH_POINTS)
         .y_axis_formatter(|mark, _| tick_label(mark.value, mark.step_size))
         .y_axis_label(unit_name)
@@ -255,7 +281,9 @@ pub fn show(ui: &mut Ui, series: &[(&str, &Series)], position: f64, height: f32)
         .include_y(0.0)
         .include_y(1.0)
         .include_x(x_of(0))
-        .include_x(x_of(steps))
+        .include_x(x_of(steps.max(1)))
+        .x_grid_spacer(egui_plot::uniform_grid_spacer(|input| whole_steps(&input)))
+        .x_axis_formatter(|mark, _| entry_label(mark.value))
         .link_axis(link, [true, false])
         .x_axis_label("entry")
         .y_axis_min_width(Y_AXIS_WIDTH_POINTS)
@@ -403,10 +431,29 @@ mod tests {
     }
 
     #[test]
+    fn the_entries_axis_is_whole_entries_from_the_start() {
+        // (shown range, egui_plot's finest step): never a step below one entry, even over one entry.
+        for (bounds, base_step_size) in [((-1.0, 0.0), 0.01), ((-1.0, 140.0), 0.9), ((-1.0, 20_000.0), 37.0)] {
+            let steps = whole_steps(&egui_plot::GridInput { bounds, base_step_size });
+            assert!(steps.iter().all(|&step| step >= 1.0 && step.fract() == 0.0), "{bounds:?}: {steps:?}");
+        }
+        let labels: Vec<String> = [-1.0, 0.0, 1.0, 140.0].into_iter().map(entry_label).collect();
+        assert_eq!(labels, ["start", "0", "1", "140"]);
+    }
+
+    #[test]
     fn the_unit_follows_the_data() {
-        for (max_bytes, unit) in
-            [(0.0, "B"), (1000.0, "B"), (4096.0, "KiB"), (f64::from(64u32 << 20), "MiB"), (f64::from(3u32 << 30), "GiB")]
-        {
+        for (max_bytes, unit) in [
+            (0.0, "B"),
+            (1000.0, "B"),
+            (4096.0, "KiB"),
+            (f64::from(64u32 << 20), "MiB"),
+            (f64::from(3u32 << 30), "GiB"),
+            (2e12, "TiB"),
+            (2e15, "PiB"),
+            (2e18, "EiB"),
+            (u64::MAX as f64, "EiB"),
+        ] {
             assert_eq!(byte_unit(max_bytes).0, unit, "{max_bytes}");
         }
         assert_eq!(byte_unit(f64::from(64u32 << 20)).1, 1_048_576.0);

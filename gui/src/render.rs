@@ -50,21 +50,41 @@ impl RenderOptions {
     ///
     /// # Errors
     /// A width or height of 0, or above [`MAX_IMAGE_SIDE_PIXELS`]; the error names the flag (`--width`,
-    /// `--height`).
+    /// `--height`). With the timeline, an image too short to leave the maps room beside it.
     pub fn check(&self) -> Result<()> {
         for (flag, pixels) in [("--width", self.width), ("--height", self.height)] {
             if !(1..=MAX_IMAGE_SIDE_PIXELS).contains(&pixels) {
                 anyhow::bail!("{flag} {pixels}: an image is 1 to {MAX_IMAGE_SIDE_PIXELS} pixels on a side");
             }
         }
+        let least_pixels = (MIN_TIMELINE_HEIGHT_POINTS * self.pixels_per_point()).ceil() as u32;
+        if self.timeline && self.height < least_pixels {
+            anyhow::bail!(
+                "--height {} with --timeline: below {least_pixels} pixels (at --width {}) the timeline leaves the heap maps no \
+                 room; make the image taller, or draw it without --timeline",
+                self.height,
+                self.width
+            );
+        }
         Ok(())
     }
+
+    /// Pixels per point: text and lines keep their size against the image (see [`POINTS_WIDE`]).
+    fn pixels_per_point(&self) -> f32 {
+        (self.width as f32 / POINTS_WIDE).max(1.0)
+    }
 }
+
+/// The least image height, in points, under which the timeline (its legend and two plots, at their least) would take
+/// the room of the heap maps above it: the title, the legend and the panes' headers come first, and a map drew
+/// nothing at 300 pixels.
+const MIN_TIMELINE_HEIGHT_POINTS: f32 = 360.0;
 
 /// The title line of a render: the recording, the moment and what happened at it.
 pub fn title(session: &Session, shown_steps: u64) -> String {
     let moment = heapscope_lab::recording::Moment::at_position(shown_steps);
-    let mut title = format!("{} · {moment} of {} entries", session.name, session.steps());
+    let entries = heapscope_lab::recording::counted(session.steps(), "entry", "entries");
+    let mut title = format!("{} · {moment} of {entries}", session.name);
     // Each pane that refused the request of this step: the request's size and the cause; red is named only where
     // the map has free runs too small for it.
     let refused: Vec<String> = session
@@ -113,6 +133,14 @@ impl Shown<'_> {
         self.style.shown_steps = shown;
         self.heading = title(self.session, shown);
     }
+
+    /// Whether a map draws free runs in red: a pane refused the request of this step and has free runs too small
+    /// for it (what the title names red for).
+    fn red_drawn(&self) -> bool {
+        self.session.panes.iter().zip(&self.too_small).any(|(pane, refused)| {
+            refused.is_some_and(|requested_bytes| pane.layout.free_runs().any(|run| run.1 < requested_bytes))
+        })
+    }
 }
 
 /// Text and lines keep their size against the image: an image wider than this many pixels draws at more pixels per
@@ -139,10 +167,17 @@ fn colour_legend(ui: &mut egui::Ui, session: &Session, colour_by: ColourBy, too_
                 .collect();
             classes.sort_unstable();
             classes.dedup();
-            for class in classes.into_iter().rev().take(8) {
+            // The largest classes first, eight colours at most; classes that share a colour (twelve hues apart, such
+            // as 512 B and 2 MiB) share its entry, which names each range.
+            for class in classes.into_iter().rev() {
                 let (low, high) = (1u64 << class, 1u64 << (class + 1).min(63));
                 let words = format!("{} to {}", heapscope_core::units::Bytes(low), heapscope_core::units::Bytes(high));
-                entries.push((palette::size_class(low), words));
+                let colour = palette::size_class(low);
+                if let Some((_, named)) = entries.iter_mut().find(|(shared, _)| *shared == colour) {
+                    named.push_str(&format!(", {words}"));
+                } else if entries.len() < 8 {
+                    entries.push((colour, words));
+                }
             }
         }
     }
@@ -193,11 +228,24 @@ fn group_legend(ui: &mut egui::Ui, session: &Session, colour_by: ColourBy) {
         ColourBy::Category => ("colour = the category of its entry:", "no category recorded"),
         _ => ("colour = the stack that allocated it:", "no stack recorded"),
     };
+    let hues = session.hues.of(colour_by);
+    let others = if colour_by == ColourBy::Category { "other categories" } else { "other stacks" };
     ui.horizontal_wrapped(|ui| {
         ui.label(RichText::new(what).small());
-        for (group, name, bytes) in session.group_legend(colour_by, 8) {
-            let name = name.unwrap_or_else(|| none.to_owned());
-            legend_entry(ui, crate::palette::group(group), &format!("{name} ({})", heapscope_core::units::Bytes(bytes)));
+        // The eight groups with a hue of their own holding the most, by name; all those sharing the others' colour as
+        // one entry, last.
+        let (mut named, mut other_bytes) = (0, None);
+        for (group, name, bytes) in session.group_legend(colour_by, usize::MAX) {
+            if !hues.has_own(group) {
+                other_bytes = Some(other_bytes.unwrap_or(0u64).saturating_add(bytes));
+            } else if named < 8 {
+                named += 1;
+                let name = name.unwrap_or_else(|| none.to_owned());
+                legend_entry(ui, hues.colour(group), &format!("{name} ({})", heapscope_core::units::Bytes(bytes)));
+            }
+        }
+        if let Some(bytes) = other_bytes {
+            legend_entry(ui, crate::palette::OTHER_GROUPS, &format!("{others} ({})", heapscope_core::units::Bytes(bytes)));
         }
     });
 }
@@ -213,7 +261,8 @@ fn render_steps(
 ) -> Result<()> {
     options.check()?;
     let scale = match (options.fit_each_pane, steps.len()) {
-        (true, _) => ScaleRule::FitEach,
+        (true, 1) => ScaleRule::FitEach,
+        (true, _) => ScaleRule::FitEachOverTheRecording,
         (false, 1) => ScaleRule::OneAtTheMoment,
         (false, _) => ScaleRule::OneOverTheRecording,
     };
@@ -226,7 +275,7 @@ fn render_steps(
     };
     let shown = Shown { session, style, heading: String::new(), too_small: Vec::new() };
     // Text scales with the image: wide images draw at more pixels per point.
-    let pixels_per_point = (options.width as f32 / POINTS_WIDE).max(1.0);
+    let pixels_per_point = options.pixels_per_point();
     let size = egui::vec2(options.width as f32, options.height as f32) / pixels_per_point;
     // A character no font has, bundled or the system's (`add_system_fonts`), draws as a box, as in the app:
     // egui_kittest's default, for tests, is to panic.
@@ -248,7 +297,7 @@ fn render_steps(
                 if shown.style.colour_by.by_group() {
                     group_legend(ui, shown.session, shown.style.colour_by);
                 } else {
-                    colour_legend(ui, shown.session, shown.style.colour_by, shown.too_small.iter().any(Option::is_some));
+                    colour_legend(ui, shown.session, shown.style.colour_by, shown.red_drawn());
                 }
                 panes::show(ui, shown.session, shown.style, &[], &shown.too_small);
             });
@@ -402,7 +451,8 @@ pub fn render_gif(session: &mut Session, options: RenderOptions, gif: GifOptions
         session.panes.iter().filter_map(|pane| pane.timeline.refusals().first().map(|&(step, _)| step + 1)).collect();
     let steps = keep_moments(gif_steps(session.steps(), gif.frames), &refused);
     if steps.is_empty() {
-        anyhow::bail!("{} has no steps to animate", session.name);
+        // The caller names the recording.
+        anyhow::bail!("no entries to animate (a GIF plays the recording's entries)");
     }
     // Encoded in memory, then written whole (no adapter, or a frame that fails: no file, an older one kept).
     let mut bytes: Vec<u8> = Vec::new();

@@ -20,7 +20,7 @@ use heapscope_pytorch::AllocConf;
 
 use crate::heap_map::{MapView, Rows, Scale};
 use crate::live::LiveSource;
-use crate::palette::ColourBy;
+use crate::palette::{ColourBy, GroupHues, RecordingHues};
 pub use crate::slot::SlotInfo;
 
 /// The most panes side by side.
@@ -250,6 +250,8 @@ pub struct Session {
     pub devices: Vec<DeviceOverview>,
     /// Per trace slot.
     pub slots: Vec<SlotInfo>,
+    /// The colours of the recording's stacks and categories (those allocating the most bytes, a hue each).
+    pub hues: RecordingHues,
     /// The panes, left to right.
     pub panes: Vec<Pane>,
     /// What the app should say about how it opened (a large recording in one pane).
@@ -273,6 +275,7 @@ impl Session {
             bail!("{} contenders: a session shows 1 to {MAX_PANES}", contenders.len());
         }
         let slots = slot_infos(&recording);
+        let hues = recording_hues(&recording, &slots);
         // A snapshot of several devices shows one: say which.
         let name = recording.shown_name();
         let devices = recording.snapshot.as_ref().map(device_overview).unwrap_or_default();
@@ -284,6 +287,7 @@ impl Session {
             config,
             devices,
             slots,
+            hues,
             panes: Vec::new(),
             live: None,
             live_slots: HashMap::new(),
@@ -424,6 +428,7 @@ impl Session {
             config: CompareConfig::default(),
             devices: Vec::new(),
             slots: Vec::new(),
+            hues: RecordingHues::default(),
             panes: vec![Pane::new(None, Timeline::new(name))],
             live: Some(source),
             live_slots: HashMap::new(),
@@ -629,7 +634,7 @@ impl Session {
 
     /// The groups of `colour_by` (stacks, or categories for [`ColourBy::Category`]) the allocations live in the first
     /// pane belong to, by their bytes, largest first, at most `limit`: each with its colour group (what
-    /// [`crate::palette::group`] colours), its name (a stack's innermost user frame, a category as `key: text`;
+    /// [`Session::hues`] colours), its name (a stack's innermost user frame, a category as `key: text`;
     /// `None` where the file recorded none) and the bytes live from it. What a render coloured by group says in its
     /// legend.
     pub fn group_legend(&self, colour_by: ColourBy, limit: usize) -> Vec<(u32, Option<String>, u64)> {
@@ -716,6 +721,24 @@ pub fn slot_infos(recording: &Recording) -> Vec<SlotInfo> {
         }
     }
     slots
+}
+
+/// The colours of `recording`'s stacks and categories: each ranked by the bytes its allocations request over the
+/// recording (`slots`: what [`slot_infos`] found).
+pub fn recording_hues(recording: &Recording, slots: &[SlotInfo]) -> RecordingHues {
+    let allocations: Vec<(SlotInfo, u64)> = recording
+        .trace
+        .events()
+        .iter()
+        .filter_map(|event| match *event {
+            Event::Alloc { slot, size_bytes } => Some((slots.get(slot as usize).copied()?, size_bytes)),
+            _ => None,
+        })
+        .collect();
+    RecordingHues {
+        stack: GroupHues::ranked(allocations.iter().map(|(slot, bytes)| (slot.stack, *bytes))),
+        category: GroupHues::ranked(allocations.iter().map(|(slot, bytes)| (slot.category, *bytes))),
+    }
 }
 
 #[cfg(test)]

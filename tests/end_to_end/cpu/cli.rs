@@ -218,7 +218,7 @@ fn render_animates_a_story_into_a_gif() {
 fn render_and_gui_refuse_bad_requests_clearly() {
     let dir = temp_dir("render-bad");
     // (arguments, words the error holds)
-    let cases: [(&[&str], &str); 23] = [
+    let cases: [(&[&str], &str); 24] = [
         (&["render", "--story", "nope", "--out", "x.png"], "no built-in story \"nope\""),
         (&["render", "--out", "x.png"], "required"),
         (&["render", "--story", "frag_oom", "--policy", "tlfs", "--out", "x.png"], "pytorch-expandable"),
@@ -239,6 +239,11 @@ fn render_and_gui_refuse_bad_requests_clearly() {
         (&["render", "--story", "frag_oom", "--height", "0", "--out", "x.png"], "--height 0"),
         (&["render", "--story", "frag_oom", "--width", "8193", "--out", "x.png"], "--width 8193"),
         (&["render", "--story", "frag_oom", "--height", "9000", "--out", "x.gif"], "--height 9000"),
+        // The timeline under the maps needs room for both (at 300 pixels the maps drew nothing).
+        (
+            &["render", "--story", "frag_oom", "--timeline", "--width", "640", "--height", "300", "--out", "x.png"],
+            "--height 300 with --timeline: below 360 pixels (at --width 640)",
+        ),
         (&["gui", "--live", "serve", "--capacity", "1GiB"], "a --live run has its --budget"),
         (&["gui", "--live", "serve", "--policy", "tlsf", "--policy", "paged"], "a --live run has one contender"),
         (
@@ -992,7 +997,7 @@ fn bad_input_gets_a_clear_error() {
     let odd = dir.join("odd\nname\u{1b}[31m.csv");
     std::fs::write(&odd, "a,1,64\nx,1\n").unwrap();
     let odd_path = odd.to_str().unwrap().to_owned();
-    let cases: [(Vec<&str>, &str); 43] = [
+    let cases: [(Vec<&str>, &str); 45] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &odd_path], "odd\\nname\\u{1b}[31m.csv:2: unknown event \"x\""),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
@@ -1043,7 +1048,16 @@ fn bad_input_gets_a_clear_error() {
         // A device-only allocator is no workload's contender: said before anything runs (it was a failed row).
         (vec!["bench", "--workload", "churn", "--backend", "sim", "--policy", "vma"], "--policy vma: no bench contender"),
         // A picture asked for that cannot be drawn or written fails the command (it exited 0).
-        (vec!["demo", "--png", "/nonexistent/x.png"], "cannot draw the heap into /nonexistent/x.png"),
+        (vec!["demo", "--png", "/nonexistent/x.png"], "--png /nonexistent/x.png: /nonexistent does not exist"),
+        (
+            vec!["render", "--story", "frag_oom", "--out", "/nonexistent/x.gif"],
+            "--out /nonexistent/x.gif: /nonexistent does not exist",
+        ),
+        // A story brings its own device: a --capacity beside it was drawn without it.
+        (
+            vec!["render", "--story", "frag_oom", "--capacity", "1GiB", "--out", "x.png"],
+            "--device and --capacity apply to a recording FILE",
+        ),
         (vec!["demo", "--png", "x.jpg"], "--png x.jpg: heapscope writes a PNG: give a name ending in .png"),
         (vec!["demo", "--png", &dir_path], "a folder, not a file"),
         (vec!["render", "--story", "frag_oom", "--out", &dir_path], "a folder, not a file"),
