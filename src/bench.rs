@@ -128,7 +128,7 @@ struct Chosen {
     workload: Workload,
     stats: StreamStats,
     default_budget: Option<u64>,
-    story: &'static str,
+    story: String,
     /// The allocator settings a replayed snapshot recorded (or shows), which `pytorch` replays it with.
     recorded_conf: Option<AllocConf>,
 }
@@ -196,17 +196,17 @@ impl BenchArgs {
                     checkpointing: self.checkpointing,
                     ..base
                 };
-                (train(&config), Some(TrainConfig::DEFAULT_BUDGET_BYTES), TrainConfig::STORY)
+                (train(&config), Some(TrainConfig::DEFAULT_BUDGET_BYTES), TrainConfig::STORY.to_owned())
             }
             WorkloadName::Serve => {
                 let base = ServeConfig::new(self.seed);
                 let config = ServeConfig { steps: self.steps.unwrap_or(base.steps), kv: self.kv.unwrap_or(base.kv), ..base };
-                (serve(&config), Some(ServeConfig::DEFAULT_BUDGET_BYTES), ServeConfig::STORY)
+                (serve(&config), Some(ServeConfig::DEFAULT_BUDGET_BYTES), ServeConfig::STORY.to_owned())
             }
             WorkloadName::Churn => {
                 let base = ChurnConfig::new(self.seed);
                 let config = ChurnConfig { steps: self.steps.unwrap_or(base.steps), ..base };
-                (churn(&config), Some(ChurnConfig::DEFAULT_BUDGET_BYTES), ChurnConfig::STORY)
+                (churn(&config), Some(ChurnConfig::DEFAULT_BUDGET_BYTES), ChurnConfig::STORY.to_owned())
             }
             WorkloadName::Replay => {
                 let file = self.file.as_ref().context("--workload replay needs a FILE")?;
@@ -216,11 +216,21 @@ impl BenchArgs {
                     errln!("{line}");
                 }
                 recorded_conf = recording.snapshot.as_ref().map(AllocConf::of_snapshot);
-                (
-                    replay(&recording, self.steps.map(u64::from), self.scale.unwrap_or(1)),
-                    None,
-                    "no budget: every allocation of the recording filled and verified",
-                )
+                // The device the recording tells (its oom entry), as `replay` and `compare` take it, scaled as its
+                // requests are: a recorded out of memory is one here too.
+                let scale = self.scale.unwrap_or(1).max(1);
+                let capacity = heapscope_lab::capacity::Capacity::of(None, &recording);
+                let story = match capacity.bytes {
+                    Some(bytes) if scale > 1 => {
+                        format!(
+                            "the device the recording tells, divided by --scale {scale}, {}: {capacity}",
+                            Bytes(bytes.div_ceil(scale))
+                        )
+                    }
+                    Some(_) => format!("the device the recording tells, {capacity}"),
+                    None => "no budget: every allocation of the recording filled and verified".to_owned(),
+                };
+                (replay(&recording, self.steps.map(u64::from), scale), capacity.bytes.map(|bytes| bytes.div_ceil(scale)), story)
             }
         };
         let stats = workload.check().with_context(|| format!("{}: the generated stream is not well formed", workload.name))?;
@@ -426,10 +436,18 @@ impl Device {
 
     /// Why the device cannot hold `workload`'s largest request as `policy` asks for it (a buffer of its own, or in a
     /// block, a buddy's power of two, PyTorch's 2 MiB segment): larger than the device's largest buffer (lavapipe's
-    /// `maxBufferSize` is 4 GiB; such a run failed on `vkCreateBuffer` or read as out of memory). `None`: it can.
+    /// `maxBufferSize` is 4 GiB; such a run failed on `vkCreateBuffer` or read as out of memory) or, on Vulkan, than
+    /// its largest allocation (`maxMemoryAllocationSize`, 2 GiB on lavapipe: heapscope's memory source refuses a larger
+    /// block as out of memory, which read as a verdict of fragmentation or exhaustion where the simulation served
+    /// it). `None`: it can.
     fn too_large(&self, workload: &Workload, policy: Contender, settings: &BenchSettings) -> Option<String> {
         let (max_buffer_bytes, limit) = match self {
-            Device::Vulkan(context) => (context.properties().limits.max_buffer_size_bytes?, "maxBufferSize"),
+            Device::Vulkan(context) => {
+                let limits = &context.properties().limits;
+                let buffer = limits.max_buffer_size_bytes.map(|bytes| (bytes, "maxBufferSize"));
+                let allocation = limits.max_memory_allocation_size_bytes.map(|bytes| (bytes, "maxMemoryAllocationSize"));
+                buffer.into_iter().chain(allocation).min_by_key(|&(bytes, _)| bytes)?
+            }
             Device::Wgpu { device, .. } => (device.device().limits().max_buffer_size, "max_buffer_size"),
             Device::Sim { .. } => return None,
         };
@@ -461,7 +479,7 @@ impl Device {
             _ => None,
         };
         if let Some((what, asked_bytes, share)) = sparse {
-            return self.sparse_too_small(workload, settings, what, asked_bytes, share);
+            return self.sparse_too_small((workload, policy), settings, what, asked_bytes, share);
         }
         let (needed, how) = match policy {
             Contender::Heap(PolicyKind::Buddy) => {
@@ -480,20 +498,21 @@ impl Device {
                 needed => heapscope_core::units::exact_size(needed),
             };
             format!(
-                "its largest request, {} ({needed} {how}), exceeds the device's largest buffer ({limit} {})",
+                "its largest request, {} ({needed} {how}), exceeds the device's largest {} ({limit} {})",
                 heapscope_core::units::exact_size(largest),
+                if limit == "maxMemoryAllocationSize" { "allocation" } else { "buffer" },
                 heapscope_core::units::exact_size(max_buffer_bytes)
             )
         })
     }
 
-    /// Why the device's sparse buffers cannot hold what `what` (its subject and verb) maps of `workload` at its peak (its live bytes, or the
-    /// budget when that is less): the range asked (`asked_bytes`) is cut to 1/`share` of the sparse address space
+    /// Why the device's sparse buffers cannot hold what `what` (its subject and verb) maps of `workload` at its peak (what
+    /// `policy`'s simulation maps, at least the live bytes, or the budget when that is less): the range asked (`asked_bytes`) is cut to 1/`share` of the sparse address space
     /// (expandable segments: half, a segment for each pool) and `maxBufferSize`, and the need is past that cut. A run
     /// there refused requests as "exhaustion" where the budget had room. `None`: it fits, or no Vulkan device decides.
     fn sparse_too_small(
         &self,
-        workload: &Workload,
+        (workload, policy): (&Workload, Contender),
         settings: &BenchSettings,
         what: &str,
         asked_bytes: u64,
@@ -508,8 +527,16 @@ impl Device {
         let space_bytes = limits.sparse_address_space_size_bytes / share;
         let largest_bytes = heapscope_vulkan::largest_sparse_buffer_bytes(limits, space_bytes);
         let stats = workload.check().ok()?;
-        let needed_bytes = settings.budget_bytes.map_or(stats.peak_live_bytes, |budget| budget.min(stats.peak_live_bytes));
-        (asked_bytes > largest_bytes && needed_bytes > largest_bytes).then(|| {
+        if asked_bytes <= largest_bytes {
+            return None;
+        }
+        // What the contender maps at its peak, as its simulation finds it: its live bytes at least, more where
+        // requests round up to pages (expandable segments' 20 MiB: two 512 MiB requests map 1,040 MiB, past a 1 GiB
+        // range, and were refused as "exhaustion" where the budget had room). Under a budget, no more than it.
+        let mapped_bytes = run_simulated(workload, policy, settings).map_or(0, |report| report.peak_reserved_bytes);
+        let peak_bytes = stats.peak_live_bytes.max(mapped_bytes);
+        let needed_bytes = settings.budget_bytes.map_or(peak_bytes, |budget| budget.min(peak_bytes));
+        (needed_bytes > largest_bytes).then(|| {
             let space =
                 if share == 1 { "sparseAddressSpaceSize".to_owned() } else { format!("sparseAddressSpaceSize / {share}") };
             format!(
@@ -654,6 +681,10 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
     }
     if !args.json {
         outln!("({})", crate::output::RES_LIVE_LEGEND);
+        outln!(
+            "(allocs/s: allocations over the run's wall time, the kernels filling, verifying and computing on every \
+             allocation included: the speed of the whole run, not of the allocator alone; wall ms: the run's wall time)"
+        );
         print_verdicts(&reports, &chosen.workload);
     }
     let (validation, messages) = device.messages();
@@ -710,18 +741,29 @@ fn print_title(chosen: &Chosen, budget: Option<u64>, default: bool, device: &Dev
 fn print_row(policy: Contender, report: &RunReport) {
     let mismatches = if report.kernels_ran { report.mismatches.to_string() } else { "-".to_owned() };
     outln!(
-        "{:<20} {:>13} {:>14} {:>8.4} {:>5} {:>10} {:>11.0} {:>9.1}",
+        "{:<20} {:>13} {:>14} {:>8.4} {:>5} {:>10} {:>11} {:>9.1}",
         policy.name(),
         Bytes(report.peak_live_bytes).to_string(),
         Bytes(report.peak_reserved_bytes).to_string(),
         report.reserved_over_live(),
         report.ooms,
         mismatches,
-        report.allocs_per_sec(),
+        rate(report.allocs_per_sec()),
         report.wall.as_secs_f64() * 1000.0
     );
     if let Some(compaction) = &report.compaction {
         outln!("{:<20} {compaction}", "");
+    }
+}
+
+/// A rate for the table: whole above 100, with two significant digits below (a run of one 2 GiB allocation reads
+/// `0.45`, not `0`).
+fn rate(per_sec: f64) -> String {
+    if per_sec >= 100.0 || per_sec <= 0.0 {
+        format!("{per_sec:.0}")
+    } else {
+        let decimals = (1.0 - per_sec.max(1e-9).log10().floor()).clamp(0.0, 6.0) as usize;
+        format!("{per_sec:.decimals$}")
     }
 }
 
@@ -776,7 +818,8 @@ fn json_line(policy: Contender, workload: &Workload, device: &Device, budget: Op
         "kernels_ran": report.kernels_ran,
         "mismatches": report.mismatches,
         "first_mismatch": first_mismatch,
-        "bytes_verified": report.ops.bytes_verified,
+        // Bytes the kernels checked: none where they did not run (the simulation counts what it would have).
+        "bytes_verified": if report.kernels_ran { report.ops.bytes_verified } else { 0 },
         "matvecs": report.ops.matvecs,
         "copies": report.ops.copies,
         "batches": report.batches,
@@ -805,4 +848,18 @@ fn line(policy: Contender, workload: &Workload, device: &Device, budget: Option<
         line.extend(fields);
     }
     line.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_keep_two_significant_digits_below_a_hundred() {
+        let cases =
+            [(1234.4, "1234"), (100.0, "100"), (45.3, "45"), (1.8, "1.8"), (0.45, "0.45"), (0.0012, "0.0012"), (0.0, "0")];
+        for (per_sec, shown) in cases {
+            assert_eq!(rate(per_sec), shown, "{per_sec}");
+        }
+    }
 }

@@ -61,7 +61,7 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Open the animated heap in a window (the default command where a display exists).
     Gui(gui::GuiArgs),
-    /// Draw the heap map of a recording at one event into a PNG, without a window.
+    /// Draw the heap map of a recording at one event into a PNG, or its story playing into a GIF, without a window.
     Render(gui::RenderArgs),
 }
 

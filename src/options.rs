@@ -122,12 +122,12 @@ pub struct HeapRules {
     /// Every shared block has --block-size: no growth from an eighth of it while the heap is small (VMA's rule).
     #[arg(long)]
     pub fixed_blocks: bool,
-    /// A budget: the most bytes a contender reserves at once (on a recording, every contender but PyTorch's
-    /// emulation, which runs on the device capacity and its own settings).
+    /// A budget: the most bytes a contender reserves at once (replaying a recording, every contender but PyTorch's
+    /// emulation, which runs on the device capacity and its own settings; in `bench`, every contender, PyTorch's too).
     #[arg(long, value_name = "SIZE", value_parser = parse_capacity)]
     pub budget: Option<u64>,
     /// Every offset and size in the heap contenders' blocks is a multiple of this (a power of two; `paged` places
-    /// by --align).
+    /// by the requests' alignment: --align where a command has it, 512 B in `bench`).
     #[arg(long, value_name = "SIZE", default_value = "256", value_parser = parse_power_of_two)]
     pub min_align: u64,
 }

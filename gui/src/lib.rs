@@ -27,7 +27,8 @@
 //!   [`playback::ManualClock`].
 //! - [`app`] is the window: transport, the timeline [`plot`] (click or drag to seek), the panes
 //!   ([`panes`]; the focused one, clicked last or picked with 1 to 4, is outlined), "Why it failed" (about the
-//!   focused pane) and "Teach me" ([`panels`]), files opened from the command line, by drag
+//!   focused pane), "What holds it", "Advice" (computed on a worker thread: [`advice`]) and "Teach me" ([`panels`]),
+//!   files opened from the command line, by drag
 //!   and drop, by path, or with "Open…" / Ctrl+O: [`file_browser`], a small browser in plain egui over
 //!   `std::fs` (the dialog crates need GTK or a desktop portal), filtered to what heapscope opens.
 //! - [`shared_device`]: the window draws with heapscope's own Vulkan device where it can

@@ -215,7 +215,9 @@ fn describe_span(session: &Session, region: u64, span: &Span, shown_steps: u64) 
     );
     let free_step = session.slots.get(span.slot as usize).and_then(|slot| slot.free_step);
     match free_step {
-        Some(free) => text.push_str(&format!("\nlifetime: entry {} to {free} ({} entries)", span.born, free - span.born)),
+        Some(free) => {
+            text.push_str(&format!("\nlifetime: entry {} to {free} ({} entries)", span.born, free.saturating_sub(span.born)));
+        }
         None => text.push_str(&format!(
             "\nlifetime: from entry {}, never freed ({} entries so far)",
             span.born,

@@ -5,7 +5,8 @@
 //!
 //! [`install`] sets a `log` logger once per process (a process has one logger: when another was set first, nothing
 //! is collected); [`messages`] hands back what was collected about a device on one backend, leaving out what the
-//! backends wgpu probed and did not choose logged ([`foreign_backend_log`]).
+//! backends wgpu probed and did not choose logged ([`foreign_backend_log`]) and EGL's failed display probes
+//! ([`egl_display_probe`]).
 
 use std::sync::{Mutex, PoisonError};
 
@@ -48,7 +49,7 @@ pub fn messages(backend: wgpu::Backend) -> Vec<String> {
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .iter()
-        .filter(|(target, _)| !foreign_backend_log(target, backend))
+        .filter(|(target, message)| !foreign_backend_log(target, backend) && !egl_display_probe(target, message))
         .map(|(_, message)| message.clone())
         .collect()
 }
@@ -64,6 +65,14 @@ pub fn foreign_backend_log(target: &str, backend: wgpu::Backend) -> bool {
         ("wgpu_hal::dx12", wgpu::Backend::Dx12),
     ];
     BACKENDS.iter().any(|&(prefix, owner)| owner != backend && target.starts_with(prefix))
+}
+
+/// Whether a GL backend's record is EGL failing to initialise one of the displays it probes (`eglInitialize`: "DRI2:
+/// failed to load driver" on a machine without that display's driver): wgpu tries several and goes on with one that
+/// works, so it says nothing about the device's work, on GL either (a validation run on lavapipe's GL adapter failed
+/// on it).
+pub fn egl_display_probe(target: &str, message: &str) -> bool {
+    target.starts_with("wgpu_hal::gles::egl") && message.contains("'eglInitialize'")
 }
 
 #[cfg(test)]
@@ -84,6 +93,22 @@ mod tests {
         ];
         for (target, backend, foreign) in table {
             assert_eq!(foreign_backend_log(target, backend), foreign, "{target} on {backend:?}");
+        }
+    }
+
+    #[test]
+    fn egl_display_probes_are_told_apart() {
+        let table = [
+            (
+                "wgpu_hal::gles::egl",
+                "[ERROR] wgpu_hal::gles::egl: EGL 'eglInitialize' code 0x3001: DRI2: failed to load driver",
+                true,
+            ),
+            ("wgpu_hal::gles::egl", "[ERROR] wgpu_hal::gles::egl: GLES: [ShaderCompiler/Error] ...", false),
+            ("wgpu_hal::vulkan::instance", "[ERROR] wgpu_hal::vulkan::instance: 'eglInitialize'", false),
+        ];
+        for (target, message, probe) in table {
+            assert_eq!(egl_display_probe(target, message), probe, "{message}");
         }
     }
 

@@ -300,6 +300,8 @@ impl<T: Target> KernelDriver<'_, T> {
     fn queue_verify(&mut self, id: u32, at: u64) {
         let Some(live) = self.live.get(&id) else { return };
         for region in &live.regions {
+            // The requested bytes it covers (its last word may reach into the footprint past them).
+            let requested_bytes = region.len_bytes.min(live.size_bytes.saturating_sub(region.offset_bytes));
             self.pending.push(Op::Verify {
                 target: live.handle,
                 offset_bytes: region.offset_bytes,
@@ -308,7 +310,7 @@ impl<T: Target> KernelDriver<'_, T> {
             });
             self.checks.push((id, at, u32::try_from(region.offset_bytes / 4).unwrap_or(u32::MAX)));
             self.report.ops.verifies += 1;
-            self.report.ops.bytes_verified = self.report.ops.bytes_verified.saturating_add(region.len_bytes);
+            self.report.ops.bytes_verified = self.report.ops.bytes_verified.saturating_add(requested_bytes);
         }
     }
 
@@ -373,8 +375,8 @@ impl<T: Target> KernelDriver<'_, T> {
             return;
         };
         let (src_handle, dst_handle) = (from.handle, to.handle);
-        let dst_words_bytes = to.size_bytes / 4 * 4;
-        let len = len_bytes.min(from.size_bytes).min(to.size_bytes) / 4 * 4;
+        let dst_words_bytes = whole_words_bytes(to.size_bytes);
+        let len = whole_words_bytes(len_bytes.min(from.size_bytes).min(to.size_bytes));
         let mut regions: Vec<Region> = from
             .regions
             .iter()
@@ -461,7 +463,9 @@ impl<T: Target> DriverTarget for KernelDriver<'_, T> {
                 self.report.allocs += 1;
                 self.report.peak_live_bytes = self.report.peak_live_bytes.max(self.live_bytes);
                 self.report.peak_reserved_bytes = self.report.peak_reserved_bytes.max(self.target.reserved_bytes());
-                let words_bytes = size_bytes / 4 * 4;
+                // Whole words, the last one reaching past the requested bytes into the footprint (every target's
+                // allocations cover their last word: see `Target`), so that every requested byte is filled and verified.
+                let words_bytes = whole_words_bytes(size_bytes);
                 let mut regions = Vec::new();
                 if words_bytes > 0 {
                     self.pending.push(Op::Fill { target: handle, offset_bytes: 0, len_bytes: words_bytes, id });
@@ -561,4 +565,9 @@ impl<T: Target> DriverTarget for KernelDriver<'_, T> {
         self.flush(at).map_err(|error| self.fail(error))?;
         Ok(moved)
     }
+}
+
+/// `size_bytes` in whole 4-byte words, the kernels' unit: rounded up (past 2^64 - 4, down).
+fn whole_words_bytes(size_bytes: u64) -> u64 {
+    size_bytes.checked_next_multiple_of(4).unwrap_or(size_bytes / 4 * 4)
 }

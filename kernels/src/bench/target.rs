@@ -34,6 +34,10 @@ impl From<heapscope_core::Error> for TargetError {
 /// [`Target::run`] — which must return only once the ops have completed — before the allocation is freed, so no
 /// memory is freed, reused or unmapped while a kernel may still touch it. A target whose memory is bound
 /// asynchronously (sparse binding) makes its binds visible to the kernels inside `run`.
+///
+/// The kernels work in 4-byte words: an allocation's bytes are filled and verified through its last word, which may
+/// reach past the requested bytes (a 5-byte allocation, two words). A target's allocations cover that word: every heap
+/// rounds sizes up to at least its alignment (256 B blocks, 512 B PyTorch blocks, pages), which no neighbour shares.
 pub trait Target {
     /// An allocation.
     type Handle: Copy;

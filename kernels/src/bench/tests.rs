@@ -52,7 +52,8 @@ impl Target for CpuTarget {
     fn allocate(&mut self, size_bytes: u64) -> Result<usize, TargetError> {
         let handle = self.next;
         self.next += 1;
-        let words = (size_bytes / 4) as usize;
+        // Its last word whole, as every heap's footprint covers it (see `Target`).
+        let words = size_bytes.div_ceil(4) as usize;
         let alias = self.alias_every.is_some_and(|n| handle % n == n - 1);
         let shared = alias
             .then(|| {
@@ -231,6 +232,28 @@ fn overlapping_allocations_are_caught() {
     let (id, step, result) = report.first_mismatch.unwrap();
     assert!(!result.is_clean());
     assert!(matches!(workload.steps[step as usize], Step::Free { .. }) || step == workload.steps.len() as u64, "{id} at {step}");
+}
+
+/// Sizes that are no multiple of 4 are filled and verified to their last byte: the word holding it is the kernels' too
+/// (a 3-byte allocation was never filled nor verified, and the last 1 to 3 bytes of any other were left out), so two
+/// 3-byte allocations handed the same word are caught, and the bytes verified are the bytes requested.
+#[test]
+fn the_last_bytes_of_odd_sizes_are_verified() {
+    let steps = vec![
+        Step::Alloc { id: 0, size_bytes: 3, forever: false },
+        Step::Alloc { id: 1, size_bytes: 3, forever: false },
+        Step::Alloc { id: 2, size_bytes: 4099, forever: false },
+        Step::Free { id: 0 },
+        Step::Free { id: 1 },
+        Step::Free { id: 2 },
+    ];
+    let workload = Workload { name: "odd sizes".into(), steps, moments: Vec::new() };
+    let clean = run(&workload, &mut CpuTarget::default()).unwrap();
+    assert_eq!((clean.mismatches, clean.ops.fills, clean.ops.bytes_verified), (0, 3, 3 + 3 + 4099));
+    // The second allocation is handed the first's word: its fill overwrites the first's 3 bytes.
+    let report = run(&workload, &mut CpuTarget { alias_every: Some(2), ..CpuTarget::default() }).unwrap();
+    assert!(report.mismatches > 0, "{report:?}");
+    assert_eq!(report.first_mismatch.map(|(id, _, result)| (id, result.first_mismatch)), Some((0, Some(0))));
 }
 
 /// A run that fails after verifies found mismatches says how many they found (live mode shows a stopped or failed
