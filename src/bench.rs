@@ -305,9 +305,6 @@ fn max_steps(name: WorkloadName) -> u32 {
     }
 }
 
-/// The alignment [`Device::too_large`] takes a block's size to (the coarsest a device asks of a buffer's memory).
-const BLOCK_ALIGN_BYTES: u64 = 64 << 10;
-
 /// What became of a contender: its run's report, or why the device cannot host it (sparse binding missing).
 type Outcome = heapscope_lab::outcome::Outcome<Box<RunReport>>;
 
@@ -441,16 +438,9 @@ impl Device {
     /// block as out of memory, which read as a verdict of fragmentation or exhaustion where the simulation served
     /// it). `None`: it can.
     fn too_large(&self, workload: &Workload, policy: Contender, settings: &BenchSettings) -> Option<String> {
-        let (max_buffer_bytes, limit) = match self {
-            Device::Vulkan(context) => {
-                let limits = &context.properties().limits;
-                let buffer = limits.max_buffer_size_bytes.map(|bytes| (bytes, "maxBufferSize"));
-                let allocation = limits.max_memory_allocation_size_bytes.map(|bytes| (bytes, "maxMemoryAllocationSize"));
-                buffer.into_iter().chain(allocation).min_by_key(|&(bytes, _)| bytes)?
-            }
-            Device::Wgpu { device, .. } => (device.device().limits().max_buffer_size, "max_buffer_size"),
-            Device::Sim { .. } => return None,
-        };
+        if matches!(self, Device::Sim { .. }) {
+            return None;
+        }
         let largest = workload
             .steps
             .iter()
@@ -481,29 +471,29 @@ impl Device {
         if let Some((what, asked_bytes, share)) = sparse {
             return self.sparse_too_small((workload, policy), settings, what, asked_bytes, share);
         }
-        let (needed, how) = match policy {
-            Contender::Heap(PolicyKind::Buddy) => {
-                (largest.checked_next_power_of_two().unwrap_or(u64::MAX), "as a buddy's power of two")
+        let expandable = settings.alloc_conf.expandable_segments;
+        match self {
+            // The device's largest buffer and allocation, as a replay on the device holds them.
+            Device::Vulkan(context) => {
+                VulkanError::allocation_too_large(&context.properties().limits, policy, largest, expandable)
+                    .map(|error| error.to_string())
             }
-            Contender::Pytorch { expandable: false } if !settings.alloc_conf.expandable_segments => {
-                (heapscope_pytorch::caching::get_allocation_size(largest), "as PyTorch's segment")
+            // wgpu says its largest buffer.
+            Device::Wgpu { device, .. } => {
+                let max_buffer_bytes = device.device().limits().max_buffer_size;
+                let (needed, how) = policy.device_allocation_bytes(largest, expandable)?;
+                (needed > max_buffer_bytes).then(|| {
+                    let needed =
+                        if needed == u64::MAX { "past 2^64 B".to_owned() } else { heapscope_core::units::exact_size(needed) };
+                    format!(
+                        "its largest request, {} ({needed} {how}), exceeds the device's largest buffer (max_buffer_size {})",
+                        heapscope_core::units::exact_size(largest),
+                        heapscope_core::units::exact_size(max_buffer_bytes)
+                    )
+                })
             }
-            // A block of a heap (or a buffer of gpu-allocator's and VMA's), aligned as blocks are.
-            _ => (largest.checked_next_multiple_of(BLOCK_ALIGN_BYTES).unwrap_or(u64::MAX), "as a block"),
-        };
-        (needed > max_buffer_bytes).then(|| {
-            // A size rounded past 2^64 B has no figure (u64::MAX stands for it).
-            let needed = match needed {
-                u64::MAX => "past 2^64 B".to_owned(),
-                needed => heapscope_core::units::exact_size(needed),
-            };
-            format!(
-                "its largest request, {} ({needed} {how}), exceeds the device's largest {} ({limit} {})",
-                heapscope_core::units::exact_size(largest),
-                if limit == "maxMemoryAllocationSize" { "allocation" } else { "buffer" },
-                heapscope_core::units::exact_size(max_buffer_bytes)
-            )
-        })
+            Device::Sim { .. } => None,
+        }
     }
 
     /// Why the device's sparse buffers cannot hold what `what` (its subject and verb) maps of `workload` at its peak (what

@@ -120,8 +120,9 @@ fn left_out(recording: &Recording) -> Option<String> {
     };
     lost.push(format!(
         "segment events{kept}, stacks and times; the file's entry numbers (events are numbered instead); the segments' \
-         recorded addresses (`pytorch` places its segments by the addresses a snapshot records, so a what-if \
-         (`--alloc-conf`, `--capacity`, `advise`) may break ties otherwise on the trace)"
+         recorded addresses (`pytorch` places its segments, and so its blocks, by the addresses a snapshot records: on the \
+         trace it may place blocks otherwise, even with the recorded settings, and its totals of allocations and \
+         non-releasable bytes differ where it does; its peaks of reserved memory and its segments stay)"
     ));
     Some(format!("the native trace keeps allocations and frees; left out: {}", lost.join("; ")))
 }

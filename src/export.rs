@@ -137,10 +137,16 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
 /// Runs the summary.
 pub fn run_summary(args: &SummaryArgs) -> Result<()> {
     let recording = args.recording.open()?;
-    let (replayed, _) =
+    let (replayed, shown) =
         replayed(&args.recording, &recording, args.policy).with_context(|| format!("replaying through {}", args.policy))?;
     for line in devices_overview(&args.recording, &recording) {
         outln!("{line}");
+    }
+    // Whose table this is, on stderr: PyTorch's own layout says nothing of the contender, or of settings that are a
+    // what-if, and stdout stays the table as `torch.cuda.memory_summary()` prints it.
+    errln!("{} replayed through {shown}", recording.shown_name());
+    if let Contender::Pytorch { .. } = args.policy {
+        errln!("{}", crate::replay::settings_line(&recording, &args.recording));
     }
     out!("{}", replayed.stats.summary_table(recording.device));
     let caveats = heapscope_lab::caveats::of_recording(&recording);

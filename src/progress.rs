@@ -50,8 +50,8 @@ impl Progress {
         Self { mode, contenders, started: Cell::new(0) }
     }
 
-    /// Runs `replay`, the replay of `events` events through `contender`, with its progress shown.
-    pub fn around<T>(&self, contender: &str, events: usize, replay: impl FnOnce() -> T) -> T {
+    /// Runs `replay`, the replay of `events` events through `contender`, with its progress shown: done, or failed.
+    pub fn around<T, E>(&self, contender: &str, events: usize, replay: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
         if self.mode == Mode::Off {
             return replay();
         }
@@ -77,7 +77,8 @@ impl Progress {
                 errln!("progress: {what}");
                 let started = Instant::now();
                 let result = replay();
-                errln!("progress: {contender} on the device: done in {:.1} s", started.elapsed().as_secs_f64());
+                let how = if result.is_ok() { "done" } else { "failed" };
+                errln!("progress: {contender} on the device: {how} in {:.1} s", started.elapsed().as_secs_f64());
                 result
             }
         }

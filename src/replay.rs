@@ -303,7 +303,7 @@ pub fn print_title(recording: &Recording, args: &RecordingArgs, contenders: &[Co
 }
 
 /// The settings PyTorch's contender runs with: the recording's, or `--alloc-conf` in their place (a what-if).
-fn settings_line(recording: &Recording, args: &RecordingArgs) -> String {
+pub(crate) fn settings_line(recording: &Recording, args: &RecordingArgs) -> String {
     let shown = |conf: &heapscope_pytorch::AllocConf| {
         let text = conf.overrides();
         if text.is_empty() { "PyTorch's defaults".to_owned() } else { text }

@@ -34,7 +34,7 @@ impl ColourBy {
         }
     }
 
-    /// Whether it colours by a group per allocation (a stack or a category: [`group`]'s hues).
+    /// Whether it colours by a group per allocation (a stack or a category: [`GroupHues`]).
     pub fn by_group(self) -> bool {
         matches!(self, ColourBy::StackGroup | ColourBy::Category)
     }

@@ -181,7 +181,9 @@ fn colour_legend(ui: &mut egui::Ui, session: &Session, colour_by: ColourBy, too_
             }
         }
     }
-    let sample = entries.first().map_or(FREE, |entry| entry.0);
+    // Padding is a darker shade of its allocation's colour: shown on the first one, else on a size class's (on the
+    // free grey it vanished).
+    let sample = entries.first().map_or_else(|| palette::size_class(1 << 20), |entry| entry.0);
     entries.push((palette::waste(sample), "padding and rounding".to_owned()));
     entries.push((FREE, "free".to_owned()));
     if too_small {

@@ -58,6 +58,11 @@ pub enum Error {
     /// The memory source failed for a reason other than running out of memory.
     #[error("memory source failed: {0}")]
     Source(String),
+    /// The device cannot do what the memory source was asked at all, whatever memory it has (more live sparse
+    /// mappings than a CPU device holds, a block past its largest allocation): the allocator cannot run on it, where
+    /// others may.
+    #[error("past a limit of the device: {0}")]
+    DeviceLimit(String),
     /// A trace file could not be read: `file:line: what`, or `file: what` when no line applies (binary traces,
     /// replays).
     #[error("{file}{}: {what}", line_suffix(*.line))]

@@ -2,7 +2,14 @@
 //! or a case-insensitive substring of the device name; without it, the first discrete GPU, else the first device.
 //!
 //! A pure function over [`DeviceCandidate`]s (the Vulkan backend makes them from its physical devices, the wgpu
-//! backend from its adapters), so one rule serves both and is tested here on tables of made-up device lists.
+//! backend from its adapters), so one rule serves both and is tested here on tables of made-up device lists. So is
+//! the reading of `HEAPSCOPE_VALIDATION` ([`validation_asked`]).
+
+/// Whether `HEAPSCOPE_VALIDATION`'s value (`None`: unset) turns validation on: `1`, `true`, `yes` or `on` (any case,
+/// spaces around). Anything else is off: `0`, `false`, empty (a `yes` read as off left a CI run unvalidated).
+pub fn validation_asked(value: Option<&str>) -> bool {
+    value.is_some_and(|value| ["1", "true", "yes", "on"].iter().any(|on| value.trim().eq_ignore_ascii_case(on)))
+}
 
 /// What kind of device it is (Vulkan's `VkPhysicalDeviceType`, wgpu's `DeviceType`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +110,24 @@ fn describe(devices: &[DeviceCandidate]) -> String {
 mod tests {
     use super::DeviceKind as Kind;
     use super::*;
+
+    #[test]
+    fn validation_is_asked_with_any_usual_yes() {
+        let cases = [
+            (None, false),
+            (Some("1"), true),
+            (Some(" TRUE "), true),
+            (Some("yes"), true),
+            (Some("On"), true),
+            (Some("0"), false),
+            (Some(""), false),
+            (Some("false"), false),
+            (Some("2"), false),
+        ];
+        for (value, on) in cases {
+            assert_eq!(validation_asked(value), on, "{value:?}");
+        }
+    }
 
     fn device(name: &str, vendor_id: u32, kind: Kind) -> DeviceCandidate {
         DeviceCandidate { name: name.to_owned(), vendor_id, kind }

@@ -96,7 +96,31 @@ impl Contender {
     pub fn pools_per_stream(self) -> bool {
         matches!(self, Contender::Pytorch { .. })
     }
+
+    /// The one device allocation it makes for a request of `request_bytes` that nothing it holds can take, and how it
+    /// comes to that size: a buddy's power of two, PyTorch's segment, else a block (a heap's, or gpu-allocator's and
+    /// VMA's) aligned to [`DEVICE_BLOCK_ALIGN_BYTES`]; `u64::MAX` past 2^64 B. `None` for a contender that maps pages
+    /// into a virtual range instead (`paged`; PyTorch with expandable segments: `expandable_segments`, its settings').
+    /// What a device's largest allocation and buffer (`maxMemoryAllocationSize`, `maxBufferSize`) are held to.
+    pub fn device_allocation_bytes(self, request_bytes: u64, expandable_segments: bool) -> Option<(u64, &'static str)> {
+        match self {
+            Contender::Paged => None,
+            Contender::Pytorch { expandable } if expandable || expandable_segments => None,
+            Contender::Heap(PolicyKind::Buddy) => {
+                Some((request_bytes.checked_next_power_of_two().unwrap_or(u64::MAX), "as a buddy's power of two"))
+            }
+            Contender::Pytorch { .. } => {
+                Some((heapscope_pytorch::caching::get_allocation_size(request_bytes), "as PyTorch's segment"))
+            }
+            Contender::Heap(_) | Contender::GpuAllocator | Contender::Vma => {
+                Some((request_bytes.checked_next_multiple_of(DEVICE_BLOCK_ALIGN_BYTES).unwrap_or(u64::MAX), "as a block"))
+            }
+        }
+    }
 }
+
+/// The alignment [`Contender::device_allocation_bytes`] takes a block to: the coarsest a device asks of a buffer's memory.
+pub const DEVICE_BLOCK_ALIGN_BYTES: u64 = 64 << 10;
 
 impl fmt::Display for Contender {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -130,6 +154,29 @@ impl FromStr for Contender {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_one_device_allocation_of_a_request() {
+        const MIB: u64 = 1 << 20;
+        let cases = [
+            (Contender::Heap(PolicyKind::Tlsf), 3 * MIB + 1, false, Some((3 * MIB + DEVICE_BLOCK_ALIGN_BYTES, "as a block"))),
+            (Contender::Heap(PolicyKind::Buddy), 3 * MIB, false, Some((4 * MIB, "as a buddy's power of two"))),
+            (Contender::Heap(PolicyKind::Buddy), u64::MAX - 1, false, Some((u64::MAX, "as a buddy's power of two"))),
+            (PYTORCH, 100, false, Some((2 * MIB, "as PyTorch's segment"))),
+            (PYTORCH, 3 * MIB, false, Some((20 * MIB, "as PyTorch's segment"))),
+            (PYTORCH, 3 * MIB, true, None),
+            (PYTORCH_EXPANDABLE, 3 * MIB, false, None),
+            (Contender::Paged, 3 * MIB, false, None),
+            (Contender::Vma, 2560 * MIB, false, Some((2560 * MIB, "as a block"))),
+        ];
+        for (contender, request_bytes, expandable_segments, expected) in cases {
+            assert_eq!(
+                contender.device_allocation_bytes(request_bytes, expandable_segments),
+                expected,
+                "{contender} {request_bytes}"
+            );
+        }
+    }
 
     #[test]
     fn every_name_round_trips_and_a_typo_lists_them_all() {

@@ -291,6 +291,27 @@ pub fn replay_on_device(
     config: &CompareConfig,
 ) -> Result<Figures, VulkanError> {
     let trace = &recording.trace;
+    // A request past the device's largest allocation cannot run here (gpu-allocator and VMA ask the driver anyway, and
+    // say what it does).
+    if matches!(contender, Contender::Heap(_) | Contender::Pytorch { .. }) {
+        let expandable_segments = match contender {
+            Contender::Pytorch { expandable } => config.pytorch_conf(recording, expandable)?.expandable_segments,
+            _ => false,
+        };
+        let largest_bytes = trace
+            .events()
+            .iter()
+            .filter_map(|event| match *event {
+                Event::Alloc { size_bytes, .. } => Some(size_bytes),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        let limits = &context.properties().limits;
+        if let Some(too_large) = VulkanError::allocation_too_large(limits, contender, largest_bytes, expandable_segments) {
+            return Err(too_large);
+        }
+    }
     match contender {
         Contender::Pytorch { expandable } => {
             let conf = config.pytorch_conf(recording, expandable)?;

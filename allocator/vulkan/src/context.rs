@@ -32,7 +32,7 @@ pub struct ContextOptions {
 impl ContextOptions {
     /// Options from the environment: `HEAPSCOPE_VALIDATION=1` and `HEAPSCOPE_DEVICE`.
     pub fn from_env() -> Self {
-        let validation = std::env::var("HEAPSCOPE_VALIDATION").is_ok_and(|value| value.trim() == "1");
+        let validation = heapscope_core::selection::validation_asked(std::env::var("HEAPSCOPE_VALIDATION").ok().as_deref());
         Self { validation, device_selector: std::env::var("HEAPSCOPE_DEVICE").ok() }
     }
 

@@ -60,6 +60,30 @@ pub enum VulkanError {
         /// The limit ([`crate::SparseConfig::max_live_mappings`]).
         limit: u64,
     },
+    /// A request needs one device allocation (a block, a segment) larger than the device makes ([`DeviceLimits::largest_allocation`]):
+    /// the contender cannot run on this device (heapscope's memory source refuses such a block as out of memory, which
+    /// read as a verdict of fragmentation where the simulation served it).
+    ///
+    /// [`DeviceLimits::largest_allocation`]: crate::DeviceLimits::largest_allocation
+    #[error(
+        "its largest request, {} ({} {how}), exceeds the device's largest {} ({limit} {})",
+        heapscope_core::units::exact_size(*request_bytes),
+        past_u64(*needed_bytes),
+        if *limit == "maxBufferSize" { "buffer" } else { "allocation" },
+        heapscope_core::units::exact_size(*limit_bytes)
+    )]
+    AllocationTooLarge {
+        /// The request.
+        request_bytes: u64,
+        /// The allocation it needs (`u64::MAX`: past 2^64 B).
+        needed_bytes: u64,
+        /// How the contender comes to that size ("as a block", ...).
+        how: &'static str,
+        /// The limit's name (`maxMemoryAllocationSize`, `maxBufferSize`).
+        limit: &'static str,
+        /// The limit.
+        limit_bytes: u64,
+    },
     /// A trace needs a larger virtual range than one sparse buffer on this device can be (`paged`'s range, the
     /// expandable segments of `pytorch`): the contender cannot run on this device.
     #[error(
@@ -119,11 +143,51 @@ impl VulkanError {
     /// limits, a missing feature, memory it cannot hold): the others can, so `replay --vulkan` reports this one
     /// as not run and goes on.
     pub fn is_device_limit(&self) -> bool {
-        matches!(self, Self::VirtualRangeTooSmall { .. } | Self::Unsupported(_))
+        matches!(
+            self,
+            Self::VirtualRangeTooSmall { .. }
+                | Self::AllocationTooLarge { .. }
+                | Self::TooManyMappings { .. }
+                | Self::Unsupported(_)
+                | Self::Heap(heapscope_core::Error::DeviceLimit(_))
+        )
+    }
+
+    /// Why `contender` cannot serve a request of `request_bytes` on a device of `limits`: the one allocation it makes
+    /// for it ([`heapscope_lab::contender::Contender::device_allocation_bytes`]; `expandable_segments`: PyTorch's
+    /// settings have them) is past the device's largest. `None`: it can, or it maps pages instead.
+    pub fn allocation_too_large(
+        limits: &crate::DeviceLimits,
+        contender: heapscope_lab::contender::Contender,
+        request_bytes: u64,
+        expandable_segments: bool,
+    ) -> Option<Self> {
+        let (limit_bytes, limit) = limits.largest_allocation()?;
+        let (needed_bytes, how) = contender.device_allocation_bytes(request_bytes, expandable_segments)?;
+        (needed_bytes > limit_bytes).then_some(Self::AllocationTooLarge { request_bytes, needed_bytes, how, limit, limit_bytes })
+    }
+
+    /// This failure as the core's error, for a heap behind the core's `DeviceHeap`: the heap's own errors as they are
+    /// (out of memory keeps its verdict), what the device cannot do at all a device limit (the replay reports the
+    /// contender as not run), anything else a source failure.
+    pub(crate) fn into_core(self) -> heapscope_core::Error {
+        match self {
+            Self::Heap(error) => error,
+            other if other.is_device_limit() => heapscope_core::Error::DeviceLimit(other.to_string()),
+            other => heapscope_core::Error::Source(other.to_string()),
+        }
     }
 
     /// A closure turning a `vk::Result` into [`VulkanError::Vk`] for `call`, for `map_err`.
     pub(crate) fn vk(call: &'static str) -> impl FnOnce(vk::Result) -> Self {
         move |result| Self::Vk { call, result }
+    }
+}
+
+/// A size as [`heapscope_core::units::exact_size`] writes it, `u64::MAX` as "past 2^64 B" (a size rounded past it).
+fn past_u64(bytes: u64) -> String {
+    match bytes {
+        u64::MAX => "past 2^64 B".to_owned(),
+        bytes => heapscope_core::units::exact_size(bytes),
     }
 }

@@ -174,15 +174,32 @@ impl<L> ExternalBook<L> {
     }
 
     /// Counts a refused request of `request` and judges it from `usage`, the device's heap budgets and the
-    /// heap's cap (`budget_cap_bytes`, on the reserved bytes).
-    pub(crate) fn verdict(&mut self, request: Request, usage: BlockUsage, budget_cap_bytes: Option<u64>) -> OomVerdict {
+    /// heap's cap (`budget_cap_bytes`, on the reserved bytes). `new_block_bytes`: the block the library would have
+    /// reserved for it, where that is what did not fit (the request needs that much of the unreserved memory: a 3 MiB
+    /// request under a 3 MiB cap is refused for gpu-allocator's 4 MiB block, which read as fragmentation of nothing).
+    pub(crate) fn verdict(
+        &mut self,
+        request: Request,
+        usage: BlockUsage,
+        budget_cap_bytes: Option<u64>,
+        new_block_bytes: Option<u64>,
+    ) -> OomVerdict {
         self.count_oom();
         let BlockUsage { reserved_bytes, allocated_bytes, largest_free_run_bytes } = usage;
         let free_in_blocks_bytes = reserved_bytes.saturating_sub(allocated_bytes);
-        let device_left: u64 = self.context.heap_budgets().iter().map(crate::HeapBudget::available_bytes).max().unwrap_or(0);
+        // What a heap has left, at most its budget less what the library holds: a driver's usage may leave those
+        // blocks out (lavapipe's does), and 22 GiB read as reservable after 23 GiB of a 23.5 GiB heap were taken.
+        let device_left: u64 = self
+            .context
+            .heap_budgets()
+            .iter()
+            .map(|heap| heap.available_bytes().min(heap.budget_bytes.saturating_sub(reserved_bytes)))
+            .max()
+            .unwrap_or(0);
         let cap_left = budget_cap_bytes.map_or(u64::MAX, |cap| cap.saturating_sub(reserved_bytes));
         let unreserved_bytes = device_left.min(cap_left);
-        let needed_bytes = request.size_bytes().next_multiple_of(request.align_bytes());
+        let aligned_bytes = request.size_bytes().next_multiple_of(request.align_bytes());
+        let needed_bytes = new_block_bytes.map_or(aligned_bytes, |block| block.max(aligned_bytes));
         OomVerdict {
             policy: self.policy,
             requested_bytes: request.size_bytes(),

@@ -112,8 +112,9 @@ impl GpuAllocatorHeap {
 }
 
 impl GpuAllocatorBackend {
-    /// The verdict for a refused request, from gpu-allocator's report.
-    fn verdict(&self, book: &mut ExternalBook<Live>, request: Request) -> OomVerdict {
+    /// The verdict for a refused request, from gpu-allocator's report (`new_block_bytes`: the block it would have
+    /// reserved, where that did not fit).
+    fn verdict(&self, book: &mut ExternalBook<Live>, request: Request, new_block_bytes: Option<u64>) -> OomVerdict {
         let report = self.allocator.generate_report();
         let mut largest_free_run_bytes = 0;
         for block in &report.blocks {
@@ -132,7 +133,7 @@ impl GpuAllocatorBackend {
             allocated_bytes: report.total_allocated_bytes,
             largest_free_run_bytes,
         };
-        book.verdict(request, usage, self.config.budget_cap_bytes)
+        book.verdict(request, usage, self.config.budget_cap_bytes, new_block_bytes)
     }
 
     /// Frees `inner` in gpu-allocator, and records the release of its block when gpu-allocator destroyed it.
@@ -199,7 +200,7 @@ impl ExternalAllocator for GpuAllocatorBackend {
             if book.reserved_bytes().saturating_add(new_block_bytes) > cap
                 && (personal || !report_has_room(&self.allocator.generate_report(), size, request.align_bytes()))
             {
-                return Err(Error::OutOfMemory(Box::new(self.verdict(book, request))));
+                return Err(Error::OutOfMemory(Box::new(self.verdict(book, request, Some(new_block_bytes)))));
             }
         }
         let desc = AllocationCreateDesc {
@@ -215,7 +216,7 @@ impl ExternalAllocator for GpuAllocatorBackend {
         };
         let inner = match self.allocator.allocate(&desc) {
             Ok(inner) => inner,
-            Err(AllocationError::OutOfMemory) => return Err(Error::OutOfMemory(Box::new(self.verdict(book, request)))),
+            Err(AllocationError::OutOfMemory) => return Err(Error::OutOfMemory(Box::new(self.verdict(book, request, None)))),
             Err(error) => return Err(failure("allocate", &error)),
         };
         // SAFETY: the handle is only used as a key to tell blocks apart; it is never bound, mapped or freed here.
@@ -234,7 +235,7 @@ impl ExternalAllocator for GpuAllocatorBackend {
             && book.reserved_bytes() > cap
         {
             self.free_inner(book, inner, memory)?;
-            return Err(Error::OutOfMemory(Box::new(self.verdict(book, request))));
+            return Err(Error::OutOfMemory(Box::new(self.verdict(book, request, None))));
         }
         let offset_bytes = inner.offset();
         Ok(Placed { live: Live { inner, memory }, offset_bytes, block_base })

@@ -7,7 +7,8 @@
 //!
 //! It is a [`DeviceHeap`] too, so a trace replays through it like through any heap
 //! ([`heapscope_lab::driver::replay_device_heap`]): the pool running dry is an out-of-memory verdict, other
-//! Vulkan failures (a bind refused, too many mappings) are [`heapscope_core::Error::Source`] naming them.
+//! Vulkan failures are [`heapscope_core::Error::Source`] naming them (a bind refused), or
+//! [`heapscope_core::Error::DeviceLimit`] where the device cannot do it at all (too many mappings).
 
 use std::sync::Arc;
 
@@ -292,19 +293,11 @@ impl DevicePagedHeap {
     }
 }
 
-/// A Vulkan failure as the core's error: the heap's own errors as they are, anything else a source failure.
-fn core_error(error: VulkanError) -> heapscope_core::Error {
-    match error {
-        VulkanError::Heap(error) => error,
-        other => heapscope_core::Error::Source(other.to_string()),
-    }
-}
-
 impl DeviceHeap for DevicePagedHeap {
     type Handle = Allocation;
 
     fn empty_cache(&mut self) -> heapscope_core::Result<()> {
-        DevicePagedHeap::empty_cache(self).map_err(core_error)
+        DevicePagedHeap::empty_cache(self).map_err(VulkanError::into_core)
     }
 
     fn allocate_request(&mut self, request: Request) -> heapscope_core::Result<Allocation> {
@@ -313,12 +306,12 @@ impl DeviceHeap for DevicePagedHeap {
             Err(VulkanError::OutOfPages { requested_pages, .. }) => {
                 Err(heapscope_core::Error::OutOfMemory(Box::new(self.pool_verdict(request, requested_pages))))
             }
-            Err(other) => Err(core_error(other)),
+            Err(other) => Err(other.into_core()),
         }
     }
 
     fn free_handle(&mut self, handle: Allocation) -> heapscope_core::Result<()> {
-        self.free(handle).map_err(core_error)
+        self.free(handle).map_err(VulkanError::into_core)
     }
 
     fn allocation(handle: &Allocation) -> &Allocation {
@@ -359,7 +352,7 @@ impl DeviceHeap for DevicePagedHeap {
         algorithm: Algorithm,
         budget: Budget,
     ) -> heapscope_core::Result<Vec<(usize, Allocation)>> {
-        let compaction = DevicePagedHeap::compact(self, movable, algorithm, budget).map_err(core_error)?;
+        let compaction = DevicePagedHeap::compact(self, movable, algorithm, budget).map_err(VulkanError::into_core)?;
         Ok(moved_indices(movable, compaction.moves))
     }
 

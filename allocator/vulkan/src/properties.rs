@@ -23,6 +23,17 @@ pub struct DeviceLimits {
     pub max_memory_allocation_size_bytes: Option<u64>,
 }
 
+impl DeviceLimits {
+    /// The largest single allocation the device makes for a block or a segment (one buffer over one
+    /// `vkAllocateMemory`): the smaller of `maxBufferSize` and `maxMemoryAllocationSize`, with the limit's name; `None`
+    /// where it says neither.
+    pub fn largest_allocation(&self) -> Option<(u64, &'static str)> {
+        let buffer = self.max_buffer_size_bytes.map(|bytes| (bytes, "maxBufferSize"));
+        let allocation = self.max_memory_allocation_size_bytes.map(|bytes| (bytes, "maxMemoryAllocationSize"));
+        buffer.into_iter().chain(allocation).min_by_key(|&(bytes, _)| bytes)
+    }
+}
+
 /// `VkPhysicalDeviceSparseProperties`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SparseProperties {

@@ -152,30 +152,22 @@ impl PytorchDeviceHeap {
     }
 }
 
-/// A Vulkan failure as a core error (out of memory keeps its verdict).
-fn core_error(error: VulkanError) -> Error {
-    match error {
-        VulkanError::Heap(error) => error,
-        other => Error::Source(other.to_string()),
-    }
-}
-
 impl DeviceHeap for PytorchDeviceHeap {
     type Handle = CachingAllocation;
 
     fn empty_cache(&mut self) -> heapscope_core::Result<()> {
-        PytorchDeviceHeap::empty_cache(self).map_err(core_error)
+        PytorchDeviceHeap::empty_cache(self).map_err(VulkanError::into_core)
     }
 
     fn allocate_request(&mut self, request: Request) -> heapscope_core::Result<CachingAllocation> {
         if request.align_bytes() > MIN_BLOCK_BYTES {
             return self.heap.allocate_request(request);
         }
-        self.allocate(request.size_bytes()).map_err(core_error)
+        self.allocate(request.size_bytes()).map_err(VulkanError::into_core)
     }
 
     fn free_handle(&mut self, handle: CachingAllocation) -> heapscope_core::Result<()> {
-        self.free(handle).map_err(core_error)
+        self.free(handle).map_err(VulkanError::into_core)
     }
 
     fn allocation(handle: &CachingAllocation) -> &Allocation {

@@ -393,7 +393,7 @@ impl VmaBackend {
             allocated_bytes,
             largest_free_run_bytes: largest_free_run_bytes.min(free_in_blocks_bytes),
         };
-        book.verdict(request, usage, self.config.budget_cap_bytes)
+        book.verdict(request, usage, self.config.budget_cap_bytes, None)
     }
 }
 

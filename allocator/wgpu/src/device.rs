@@ -21,7 +21,7 @@ pub struct DeviceOptions {
 impl DeviceOptions {
     /// Options from the environment: `HEAPSCOPE_DEVICE` and `HEAPSCOPE_VALIDATION=1`.
     pub fn from_env() -> Self {
-        let validation = std::env::var("HEAPSCOPE_VALIDATION").is_ok_and(|value| value.trim() == "1");
+        let validation = heapscope_core::selection::validation_asked(std::env::var("HEAPSCOPE_VALIDATION").ok().as_deref());
         Self { selector: std::env::var("HEAPSCOPE_DEVICE").ok(), validation }
     }
 }

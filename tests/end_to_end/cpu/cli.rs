@@ -800,11 +800,20 @@ fn summary_is_pytorchs_memory_summary() {
         assert!(output.status.success(), "{}", stderr(&output));
         assert_eq!(stdout(&output), ground_truth(name)["memory_summary"].as_str().unwrap(), "{name}");
     }
-    // Other contenders get the same layout with their own numbers.
+    // Other contenders get the same layout with their own numbers; stderr says whose table it is, and a what-if's.
     let output = heapscope(&["summary", snapshot("gpt2_train_fixed-default").to_str().unwrap(), "--policy", "tlsf"]);
     let text = stdout(&output);
     assert!(text.contains("PyTorch CUDA memory summary, device ID 0") && text.contains("GPU reserved memory"), "{text}");
     assert_ne!(text, ground_truth("gpt2_train_fixed-default")["memory_summary"].as_str().unwrap());
+    assert!(stderr(&output).contains("gpt2_train_fixed-default.pickle.gz replayed through tlsf"), "{}", stderr(&output));
+    let what_if =
+        heapscope(&["summary", snapshot("frag_oom-default").to_str().unwrap(), "--alloc-conf", "expandable_segments:True"]);
+    assert!(
+        stderr(&what_if).contains("replayed through pytorch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+            && stderr(&what_if).contains("a what-if"),
+        "{}",
+        stderr(&what_if)
+    );
 }
 
 #[test]

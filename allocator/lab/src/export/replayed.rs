@@ -236,7 +236,10 @@ impl StatsRecorder {
     /// An allocation of `requested_bytes` (`footprint_bytes` set aside) in block `base` (`served`), or
     /// its free.
     fn allocation(&mut self, base: u64, footprint_bytes: u64, requested_bytes: u64, served: bool) {
-        let small = requested_bytes <= SMALL_SIZE_BYTES;
+        // The pool of its block, as PyTorch's small requests live in its small segments: reserved and allocated bytes
+        // then agree (a heap's blocks are all larger than a small segment, and a small pool of allocations above an
+        // empty small pool of reserved memory read as impossible). A block not seen reserved: by the request's size.
+        let small = self.blocks.get(&base).map_or(requested_bytes <= SMALL_SIZE_BYTES, |block| block.small);
         let stats = &mut self.stats;
         let arrays = [
             (&mut stats.allocation, 1),
