@@ -25,7 +25,7 @@ pub struct AdviseArgs {
     pub file: PathBuf,
     /// The device's memory (e.g. `80GB`, `3584MiB`); default: what the recording's `oom` entry tells (reserved then
     /// plus the driver's free bytes), else unknown (settings ranked by the memory they need).
-    #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_capacity)]
+    #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_device_capacity)]
     pub capacity: Option<u64>,
     /// Which device of a PyTorch snapshot (default: the one that ran out of memory, else the busiest).
     #[arg(long, value_name = "N")]

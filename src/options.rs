@@ -21,6 +21,18 @@ pub fn parse_capacity(text: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+/// `--capacity`: a device's memory, as [`parse_capacity`] reads it, and more than nothing (a device of 0 B refused every
+/// request, its map a row of 64 B).
+///
+/// # Errors
+/// What [`parse_capacity`] refuses, and 0.
+pub fn parse_device_capacity(text: &str) -> Result<u64, String> {
+    match parse_capacity(text)? {
+        0 => Err("0 B: a device of no memory holds nothing (give its size, e.g. `80GB`)".to_owned()),
+        bytes => Ok(bytes),
+    }
+}
+
 /// Which policies to run and how the heap reserves blocks.
 #[derive(Debug, Clone, Default, Args)]
 pub struct HeapArgs {
@@ -37,7 +49,7 @@ pub struct HeapArgs {
 pub struct OpenArgs {
     /// Device memory for a file's replay (e.g. `3584MiB`, `14GiB`); by default what the recording's `oom` entry tells
     /// (the bytes PyTorch held then plus the driver's free bytes), else unlimited (a story brings its own).
-    #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_capacity)]
+    #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_device_capacity)]
     pub capacity: Option<u64>,
     /// Which device of a PyTorch snapshot (default: the one that ran out of memory, else the one with the most trace
     /// entries).

@@ -30,7 +30,7 @@ pub struct RecordingArgs {
     pub file: PathBuf,
     /// Device memory available to the allocator (e.g. `3584MiB`, `14GiB`); by default what the recording's `oom`
     /// entry tells (the bytes PyTorch held then plus the driver's free bytes), else unlimited.
-    #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_capacity)]
+    #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_device_capacity)]
     pub capacity: Option<u64>,
     /// PyTorch allocator settings as PYTORCH_CUDA_ALLOC_CONF would set them, in place of the file's own (keys not
     /// given at PyTorch's defaults; e.g. `expandable_segments:True,max_split_size_mb:128`).

@@ -278,7 +278,8 @@ impl HeapscopeApp {
         match Session::story_named(name, &contenders) {
             Ok(session) => {
                 self.set_session(session);
-                self.error = None;
+                // What was said of a file opened before (its streams, its device) is not the lesson's.
+                (self.error, self.notice) = (None, None);
             }
             Err(error) => self.error = Some(format!("{error:#}")),
         }
@@ -287,6 +288,7 @@ impl HeapscopeApp {
     /// Shows what `source` reports, live, in one pane.
     pub fn attach_live(&mut self, name: &str, source: Box<dyn LiveSource>) {
         self.set_session(Session::live(name, source));
+        self.notice = None;
     }
 
     /// Runs `config` live in one pane: on the device the window draws with ([`HeapscopeApp::window_device`]), else

@@ -180,7 +180,10 @@ impl LiveProgress {
             Some(Err(message)) if message.ends_with(STOPPED) => "stopped".to_owned(),
             Some(Err(message)) => format!("failed: {message}"),
         };
-        format!("{state} · {} steps · OOMs {} · kernel mismatches {}", self.steps, self.ooms, self.mismatches)
+        // The events replayed (allocations and frees), not the workload's steps the bar's field sets (a training step
+        // is hundreds of them).
+        let events = heapscope_lab::recording::counted(self.steps, "event", "events");
+        format!("{state} · {events} · OOMs {} · kernel mismatches {}", self.ooms, self.mismatches)
     }
 }
 

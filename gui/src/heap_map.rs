@@ -87,7 +87,8 @@ impl Shelf {
 }
 /// The most a view zooms in: bytes per row.
 pub const MIN_ROW_BYTES: u64 = 64;
-/// Height of the strip marking resident pages along the top of a virtual region's rows.
+/// Height of the strip marking resident pages along the top of a virtual region's rows (at most a quarter of a row:
+/// on rows a few pixels tall a whole strip and its edge covered every allocation in them).
 const MAPPED_STRIP: f32 = 3.0;
 
 /// The scale of a map: bytes per row and how tall rows and the gaps between regions are.
@@ -542,10 +543,12 @@ pub fn build_shapes(scene: &Scene<'_>, rows: &Rows, rect: Rect, scroll: f64, out
             }
             if band.kind == RegionKind::Virtual {
                 // The strip, with a dark edge under it: it stays visible over allocations of any colour (green ones too).
+                let strip_height = MAPPED_STRIP.min((bottom - top) / 4.0);
+                let edge_height = if strip_height >= MAPPED_STRIP { 1.0 } else { 0.0 };
                 let strip = |address: u64, bytes: u64, alpha: f32| {
                     let (x0, x1) = (x_of(start, address), x_of(start, address + bytes));
-                    let rect = Rect::from_min_max(pos2(x0, top), pos2(x1.max(x0 + 0.5), top + MAPPED_STRIP));
-                    let edge = Rect::from_min_max(rect.left_bottom(), rect.right_bottom() + egui::vec2(0.0, 1.0));
+                    let rect = Rect::from_min_max(pos2(x0, top), pos2(x1.max(x0 + 0.5), top + strip_height));
+                    let edge = Rect::from_min_max(rect.left_bottom(), rect.right_bottom() + egui::vec2(0.0, edge_height));
                     [
                         Shape::rect_filled(rect, 0.0, palette::faded(palette::MAPPED, alpha)),
                         Shape::rect_filled(edge, 0.0, palette::faded(palette::BACKGROUND, alpha)),

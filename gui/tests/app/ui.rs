@@ -945,6 +945,12 @@ fn the_device_picker_reopens_the_file_on_another_device() {
     assert_eq!(session.config.capacity_bytes, heapscope_lab::capacity::Capacity::of(None, &session.recording).bytes);
     assert!(session.panes.iter().all(|pane| pane.timeline.refusals().is_empty()), "device 1 never ran out");
     assert_eq!(app.selected, None, "a slot of device 0's recording");
+    // A story opened after the file: what was said of the file goes with it.
+    harness.state_mut().open_path(&path);
+    harness.run_steps(2);
+    assert!(harness.state().notice.is_some());
+    harness.state_mut().open_story("frag_oom");
+    assert_eq!(harness.state().notice, None, "the lesson's window says nothing of the file");
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -187,10 +187,14 @@ fn pytorch_alloc(conf: &AllocConf, facts: &StepFacts, (span, run): &(super::Span
             ));
         }
     } else if facts.mapped_bytes > 0 {
+        // The free run it grows from, where there was one (a segment full to its end grows from nothing).
+        let grown = match run.1 - facts.mapped_bytes.min(run.1) {
+            0 => String::new(),
+            free => format!(" at the end of a {} free run", Bytes(free)),
+        };
         text.push_str(&format!(
-            ": the expandable segment maps {} more at the end of a {} free run instead of reserving a new segment",
-            Bytes(facts.mapped_bytes),
-            Bytes(run.1 - facts.mapped_bytes.min(run.1))
+            ": the expandable segment maps {} more{grown} instead of reserving a new segment",
+            Bytes(facts.mapped_bytes)
         ));
     } else {
         text.push_str(&format!(": best fit finds a cached {} free block", Bytes(run.1)));
@@ -380,6 +384,12 @@ mod tests {
             for &(step, words) in expected {
                 assert!(sentences[step].contains(words), "{contender} step {step}: {:?}", sentences[step]);
             }
+            // A segment that grows from its end with nothing free there says no free run (it said "a 0 B free run").
+            for (step, sentence) in sentences.iter().enumerate() {
+                assert!(!sentence.contains(" 0 B free run"), "{contender} step {step}: {sentence:?}");
+            }
         }
+        let grown = sentences(Contender::Pytorch { expandable: true });
+        assert!(grown.iter().any(|sentence| sentence.contains("more instead of reserving a new segment")), "{grown:?}");
     }
 }
