@@ -355,6 +355,10 @@ pub fn drive<T: Target>(
     let mut next = 0u64;
     let device_events_wanted = observers.iter().any(|observer| observer.wants_device_events());
     let take_device_events = |target: &mut T| if device_events_wanted { target.take_device_events() } else { Vec::new() };
+    // Whether the last pass made for a refusal moved nothing and the target has not changed since (no allocation served,
+    // nothing freed or moved, no cache emptied): a pass depends on the target's state alone, so another would move
+    // nothing again. Thousands of refusals on a fragmented heap each ran a whole pass for nothing (minutes).
+    let mut fruitless = false;
     let moments = std::iter::once(Moment::Start).chain((0..stream.entries).map(Moment::Entry));
     for moment in moments {
         target.begin_moment(moment)?;
@@ -370,8 +374,9 @@ pub fn drive<T: Target>(
             if let CompactRule::Every(every) = rule
                 && index > 0
                 && index.is_multiple_of(every)
+                && compact(target, &mut handles, &requests, index, moment, observers, false)? > 0
             {
-                compact(target, &mut handles, &requests, index, moment, observers, false)?;
+                fruitless = false;
             }
             match *event {
                 Event::Alloc { slot, size_bytes } => {
@@ -381,12 +386,17 @@ pub fn drive<T: Target>(
                         None => Err(target.oversized(size_bytes, align_bytes)),
                     };
                     if rule != CompactRule::Never
+                        && !fruitless
                         && let (Some(request), Err(Some(verdict))) = (request, &served)
                         && verdict.cause == OomCause::Fragmentation
-                        && compact(target, &mut handles, &requests, index, moment, observers, true)? > 0
                     {
-                        served = target.allocate(request)?;
+                        let moves = compact(target, &mut handles, &requests, index, moment, observers, true)?;
+                        fruitless = moves == 0;
+                        if moves > 0 {
+                            served = target.allocate(request)?;
+                        }
                     }
+                    fruitless &= served.is_err();
                     let device_events = take_device_events(target);
                     let step = match &served {
                         Ok(handle) => Step::Placed { slot, size_bytes, handle },
@@ -406,6 +416,7 @@ pub fn drive<T: Target>(
                     let handle = handles[slot as usize].take();
                     if let Some(handle) = handle {
                         target.free(handle)?;
+                        fruitless = false;
                     }
                     let device_events = take_device_events(target);
                     let step = match &handle {
@@ -418,6 +429,7 @@ pub fn drive<T: Target>(
                 }
                 Event::EmptyCache => {
                     target.empty_cache()?;
+                    fruitless = false;
                     let device_events = take_device_events(target);
                     for observer in observers.iter_mut() {
                         observer.step(index, moment, Step::CacheEmptied, &device_events, target)?;
@@ -729,6 +741,86 @@ mod tests {
         assert!(replay.first_oom.is_none());
         assert_eq!(heap.stats().peak_mapped_bytes, 3024 * MIB, "the freed 150 MiB pages were unmapped");
         assert!(heap.stats().unmap_calls > 0);
+    }
+
+    /// A target whose compaction never moves anything and whose requests past 1000 bytes are refused as fragmentation:
+    /// it counts the passes the driver asks of it.
+    struct FruitlessTarget {
+        owner: heapscope_core::OwnerId,
+        next_id: u64,
+        passes: usize,
+    }
+
+    impl Target for FruitlessTarget {
+        type Handle = Allocation;
+
+        fn allocate(&mut self, request: Request) -> Result<Result<Allocation, Option<OomVerdict>>> {
+            if request.size_bytes() > 1000 {
+                let verdict = OomVerdict {
+                    policy: "fruitless",
+                    requested_bytes: request.size_bytes(),
+                    needed_bytes: request.size_bytes(),
+                    align_bytes: request.align_bytes(),
+                    reserved_bytes: 4096,
+                    live_bytes: 0,
+                    padding_bytes: 0,
+                    free_in_blocks_bytes: 4096,
+                    largest_free_run_bytes: 1000,
+                    retired_bytes: 0,
+                    unreserved_bytes: 0,
+                    capacity_bytes: None,
+                    virtual_range_bytes: None,
+                    cause: OomCause::Fragmentation,
+                };
+                return Ok(Err(Some(verdict)));
+            }
+            self.next_id += 1;
+            let id = heapscope_core::AllocationId(self.next_id);
+            let size = request.size_bytes();
+            Ok(Ok(Allocation::from_parts(self.owner, id, 0, size, (0, size), heapscope_core::ResourceKind::Linear)))
+        }
+
+        fn free(&mut self, _handle: Allocation) -> Result<()> {
+            Ok(())
+        }
+
+        fn allocation(handle: &Allocation) -> &Allocation {
+            handle
+        }
+
+        fn footprint_end(handle: &Allocation) -> u64 {
+            handle.footprint_end()
+        }
+
+        fn compact_rule(&self) -> CompactRule {
+            CompactRule::OnOom
+        }
+
+        fn compact(&mut self, _live: &[(Allocation, Request)], _for_refused: bool) -> Result<Vec<(usize, Allocation)>> {
+            self.passes += 1;
+            Ok(Vec::new())
+        }
+    }
+
+    /// A pass made for a refusal that moved nothing is not made again until the target changes: ten refusals in a row
+    /// ask one pass, a free between them one more (a fragmented heap ran a whole pass for each of thousands of refusals).
+    #[test]
+    fn a_fruitless_pass_is_not_repeated_until_the_target_changes() {
+        let mut builder = heapscope_core::TraceBuilder::new("refusals");
+        builder.alloc(0, 100).unwrap();
+        for id in 1..=10 {
+            builder.alloc(id, 1 << 20).unwrap();
+        }
+        builder.free(0).unwrap();
+        for id in 11..=12 {
+            builder.alloc(id, 1 << 20).unwrap();
+        }
+        builder.alloc(13, 100).unwrap();
+        builder.alloc(14, 1 << 20).unwrap();
+        let trace = builder.finish();
+        let mut target = FruitlessTarget { owner: heapscope_core::OwnerId::fresh(), next_id: 0, passes: 0 };
+        drive(Stream::of_trace(&trace), &mut target, 256, &mut []).unwrap();
+        assert_eq!(target.passes, 3, "the first refusal, the first after the free, the first after an allocation served");
     }
 
     #[test]

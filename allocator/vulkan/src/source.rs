@@ -303,7 +303,9 @@ impl DeviceMemorySource {
     }
 
     /// Makes `copies` on the device in order (see [`MemorySource::copy_between_blocks`]), each range checked to lie
-    /// inside its live block, through a buffer over each block involved (destroyed after the copies).
+    /// inside its live block, through a buffer over each block involved (destroyed after the copies). Each copy is of
+    /// whole 4-byte words, as wgpu's are ([`copied_bytes`]): kernels write an allocation's last word whole, and a move
+    /// that left its last 1 to 3 bytes of padding behind read as damage.
     fn copy_in_order(&self, transfer: &mut Transfer, copies: &[BlockCopy]) -> Result<(), VulkanError> {
         let mut buffers: HashMap<u64, (vk::Buffer, bool)> = HashMap::new();
         let copied = self.copy_through(transfer, copies, &mut buffers);
@@ -325,13 +327,14 @@ impl DeviceMemorySource {
         buffers: &mut HashMap<u64, (vk::Buffer, bool)>,
     ) -> Result<(), VulkanError> {
         for copy in copies {
+            let size_bytes = copied_bytes(copy.size_bytes);
             for (handle, offset) in [(copy.from_block, copy.from_offset_bytes), (copy.to_block, copy.to_offset_bytes)] {
                 let block =
                     self.blocks.get(&handle).ok_or_else(|| VulkanError::Unsupported(format!("no live block #{handle}")))?;
-                if offset.checked_add(copy.size_bytes).is_none_or(|end| end > block.size_bytes) || copy.size_bytes == 0 {
+                if offset.checked_add(size_bytes).is_none_or(|end| end > block.size_bytes) || size_bytes == 0 {
                     return Err(VulkanError::Unsupported(format!(
-                        "a copy of {} bytes at offset {offset} of block #{handle} ({} bytes)",
-                        copy.size_bytes, block.size_bytes
+                        "a copy of {size_bytes} bytes at offset {offset} of block #{handle} ({} bytes)",
+                        block.size_bytes
                     )));
                 }
                 if let std::collections::hash_map::Entry::Vacant(entry) = buffers.entry(handle) {
@@ -340,8 +343,8 @@ impl DeviceMemorySource {
                 }
             }
             let same_block = copy.from_block == copy.to_block;
-            let apart = copy.from_offset_bytes + copy.size_bytes <= copy.to_offset_bytes
-                || copy.to_offset_bytes + copy.size_bytes <= copy.from_offset_bytes;
+            let apart = copy.from_offset_bytes + size_bytes <= copy.to_offset_bytes
+                || copy.to_offset_bytes + size_bytes <= copy.from_offset_bytes;
             if same_block && !apart {
                 return Err(VulkanError::Unsupported(format!(
                     "a copy within block #{} from offset {} to {} overlaps itself",
@@ -357,7 +360,7 @@ impl DeviceMemorySource {
                 source_offset: copy.from_offset_bytes,
                 destination: buffer(copy.to_block),
                 destination_offset: copy.to_offset_bytes,
-                size_bytes: copy.size_bytes,
+                size_bytes: copied_bytes(copy.size_bytes),
             })
             .collect();
         // SAFETY: every buffer is a live buffer over a live block of this source (borrowed for the call; the buffers
@@ -683,4 +686,10 @@ impl Drop for DeviceMemorySource {
             eprintln!("heapscope-vulkan: source {} dropped with {report}; freed them", self.name);
         }
     }
+}
+
+/// The bytes a move copies: its size in whole 4-byte words, which stay inside both places (every block's allocations
+/// are at least 4-aligned and their footprints whole words; a size past 2^64 - 4 as it is, refused by the range check).
+fn copied_bytes(size_bytes: u64) -> u64 {
+    size_bytes.checked_next_multiple_of(4).unwrap_or(size_bytes)
 }
