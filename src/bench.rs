@@ -218,19 +218,16 @@ impl BenchArgs {
                 recorded_conf = recording.snapshot.as_ref().map(AllocConf::of_snapshot);
                 // The device the recording tells (its oom entry), as `replay` and `compare` take it, scaled as its
                 // requests are: a recorded out of memory is one here too.
+                // Scaled below one page, it holds nothing paged could map: no budget then, as before.
                 let scale = self.scale.unwrap_or(1).max(1);
                 let capacity = heapscope_lab::capacity::Capacity::of(None, &recording);
-                let story = match capacity.bytes {
-                    Some(bytes) if scale > 1 => {
-                        format!(
-                            "the device the recording tells, divided by --scale {scale}, {}: {capacity}",
-                            Bytes(bytes.div_ceil(scale))
-                        )
-                    }
-                    Some(_) => format!("the device the recording tells, {capacity}"),
+                let scaled = capacity.bytes.map(|bytes| bytes.div_ceil(scale)).filter(|&bytes| bytes >= self.page_size);
+                let story = match scaled {
+                    Some(_) if scale > 1 => format!("the recording's device divided by --scale {scale} ({capacity})"),
+                    Some(_) => capacity.to_string(),
                     None => "no budget: every allocation of the recording filled and verified".to_owned(),
                 };
-                (replay(&recording, self.steps.map(u64::from), scale), capacity.bytes.map(|bytes| bytes.div_ceil(scale)), story)
+                (replay(&recording, self.steps.map(u64::from), scale), scaled, story)
             }
         };
         let stats = workload.check().with_context(|| format!("{}: the generated stream is not well formed", workload.name))?;
@@ -240,8 +237,9 @@ impl BenchArgs {
     /// The run's settings: PyTorch's allocator settings are `--alloc-conf` over PyTorch's defaults, else the ones a
     /// replayed snapshot recorded (`recorded`), as `compare` takes them.
     /// Without a budget or `--virtual-size`, `paged`'s virtual range (and the expandable segments' on a device) is
-    /// four times the workload's peak of live bytes, at least 1 GiB: a recording's replay has no budget, and its
-    /// range was 1 GiB whatever it held (frag_oom's 2.95 GiB ran out of it, even simulated).
+    /// four times the workload's peak of live bytes, at least 1 GiB: a recording's replay has no budget unless its `oom`
+    /// entry tells the device, and the range was 1 GiB whatever it held (frag_oom's 2.95 GiB ran out of it, even
+    /// simulated).
     fn settings(&self, budget: Option<u64>, chosen: &Chosen) -> Result<BenchSettings> {
         // An explicit --budget is checked with the flags (`check`); the workload's own, known only now, here.
         if self.heap.budget.is_none()
@@ -441,11 +439,16 @@ impl Device {
         if matches!(self, Device::Sim { .. }) {
             return None;
         }
+        // A request past the budget is refused as out of memory whatever the device: it does not count.
         let largest = workload
             .steps
             .iter()
             .filter_map(|step| match *step {
-                heapscope_kernels::workload::Step::Alloc { size_bytes, .. } => Some(size_bytes),
+                heapscope_kernels::workload::Step::Alloc { size_bytes, .. }
+                    if settings.budget_bytes.is_none_or(|budget| size_bytes <= budget) =>
+                {
+                    Some(size_bytes)
+                }
                 _ => None,
             })
             .max()?;

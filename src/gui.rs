@@ -233,9 +233,9 @@ fn is_gif(path: &std::path::Path) -> bool {
     path.extension().is_some_and(|extension| extension.eq_ignore_ascii_case("gif"))
 }
 
-/// Refuses, before any work, an image path heapscope cannot write (`what`: the flag naming it): a folder, a name in a folder that does not exist, or a name
-/// not ending in `.png` (or `.gif` where `gif_too`). Found only once drawn, it failed after the command had printed
-/// its report ("the image format could not be determined").
+/// Refuses, before any work, an image path heapscope cannot write (`what`: the flag naming it): a folder, a name in a
+/// folder that does not exist, or a name not ending in `.png` (or `.gif` where `gif_too`). Found only once drawn, it
+/// failed after the command had printed its report ("the image format could not be determined").
 pub fn check_image_path(path: &std::path::Path, what: &str, gif_too: bool) -> Result<()> {
     let name = heapscope_core::path_name(path);
     if path.is_dir() {

@@ -217,8 +217,9 @@ pub struct ContenderArgs {
     #[arg(long)]
     pub vulkan: bool,
     /// With --vulkan and stderr no terminal (a log): a line on stderr as each contender starts on the device and
-    /// when it is done. On a terminal a spinner shows the same without the flag. Standard output is unchanged.
-    #[arg(long)]
+    /// when it is done (or failed). On a terminal a spinner shows the same without the flag. Standard output is
+    /// unchanged. A simulated replay is quick and has none: refused without --vulkan.
+    #[arg(long, requires = "vulkan")]
     pub progress: bool,
 }
 

@@ -155,8 +155,8 @@ pub fn open_device(options: &ContextOptions) -> anyhow::Result<Arc<VulkanContext
 /// How a live run is going, shared between the worker and the app.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LiveProgress {
-    /// Steps sent (allocations and frees).
-    pub steps: u64,
+    /// Events sent (allocations and frees, refusals included).
+    pub events: u64,
     /// Words the kernels found different from what they should hold, so far.
     pub mismatches: u64,
     /// Allocations refused (out of memory) so far.
@@ -182,7 +182,7 @@ impl LiveProgress {
         };
         // The events replayed (allocations and frees), not the workload's steps the bar's field sets (a training step
         // is hundreds of them).
-        let events = heapscope_lab::recording::counted(self.steps, "event", "events");
+        let events = heapscope_lab::recording::counted(self.events, "event", "events");
         format!("{state} · {events} · OOMs {} · kernel mismatches {}", self.ooms, self.mismatches)
     }
 }
@@ -345,7 +345,7 @@ impl LiveObserver {
             .map_err(|_| heapscope_core::Error::Source(format!("the live view closed; {STOPPED}")))?;
         self.steps += 1;
         let mut progress = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
-        progress.steps = self.steps;
+        progress.events = self.steps;
         progress.ooms += u64::from(refused);
         Ok(())
     }

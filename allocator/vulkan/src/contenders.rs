@@ -292,7 +292,7 @@ pub fn replay_on_device(
 ) -> Result<Figures, VulkanError> {
     let trace = &recording.trace;
     // A request past the device's largest allocation cannot run here (gpu-allocator and VMA ask the driver anyway, and
-    // say what it does).
+    // say what it does). One past the capacity is refused as out of memory whatever the device: it does not count.
     if matches!(contender, Contender::Heap(_) | Contender::Pytorch { .. }) {
         let expandable_segments = match contender {
             Contender::Pytorch { expandable } => config.pytorch_conf(recording, expandable)?.expandable_segments,
@@ -302,7 +302,9 @@ pub fn replay_on_device(
             .events()
             .iter()
             .filter_map(|event| match *event {
-                Event::Alloc { size_bytes, .. } => Some(size_bytes),
+                Event::Alloc { size_bytes, .. } if config.capacity_bytes.is_none_or(|capacity| size_bytes <= capacity) => {
+                    Some(size_bytes)
+                }
                 _ => None,
             })
             .max()

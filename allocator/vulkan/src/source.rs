@@ -303,9 +303,8 @@ impl DeviceMemorySource {
     }
 
     /// Makes `copies` on the device in order (see [`MemorySource::copy_between_blocks`]), each range checked to lie
-    /// inside its live block, through a buffer over each block involved (destroyed after the copies). Each copy is of
-    /// whole 4-byte words, as wgpu's are ([`copied_bytes`]): kernels write an allocation's last word whole, and a move
-    /// that left its last 1 to 3 bytes of padding behind read as damage.
+    /// inside its live block, through a buffer over each block involved (destroyed after the copies). The heap says
+    /// how many bytes each move copies (whole words where its alignment allows: `Heap::compact`).
     fn copy_in_order(&self, transfer: &mut Transfer, copies: &[BlockCopy]) -> Result<(), VulkanError> {
         let mut buffers: HashMap<u64, (vk::Buffer, bool)> = HashMap::new();
         let copied = self.copy_through(transfer, copies, &mut buffers);
@@ -327,7 +326,7 @@ impl DeviceMemorySource {
         buffers: &mut HashMap<u64, (vk::Buffer, bool)>,
     ) -> Result<(), VulkanError> {
         for copy in copies {
-            let size_bytes = copied_bytes(copy.size_bytes);
+            let size_bytes = copy.size_bytes;
             for (handle, offset) in [(copy.from_block, copy.from_offset_bytes), (copy.to_block, copy.to_offset_bytes)] {
                 let block =
                     self.blocks.get(&handle).ok_or_else(|| VulkanError::Unsupported(format!("no live block #{handle}")))?;
@@ -360,7 +359,7 @@ impl DeviceMemorySource {
                 source_offset: copy.from_offset_bytes,
                 destination: buffer(copy.to_block),
                 destination_offset: copy.to_offset_bytes,
-                size_bytes: copied_bytes(copy.size_bytes),
+                size_bytes: copy.size_bytes,
             })
             .collect();
         // SAFETY: every buffer is a live buffer over a live block of this source (borrowed for the call; the buffers
@@ -686,10 +685,4 @@ impl Drop for DeviceMemorySource {
             eprintln!("heapscope-vulkan: source {} dropped with {report}; freed them", self.name);
         }
     }
-}
-
-/// The bytes a move copies: its size in whole 4-byte words, which stay inside both places (every block's allocations
-/// are at least 4-aligned and their footprints whole words; a size past 2^64 - 4 as it is, refused by the range check).
-fn copied_bytes(size_bytes: u64) -> u64 {
-    size_bytes.checked_next_multiple_of(4).unwrap_or(size_bytes)
 }

@@ -84,7 +84,7 @@ fn a_live_serve_run_shows_the_device_heap_as_it_runs() {
         // by the end (what lives forever last).
         assert_eq!(pane.timeline.steps(), 2 * report.allocs + report.ooms, "{policy}");
         assert_eq!(pane.timeline.layout_at(pane.timeline.steps()).totals().live_allocations, 0, "{policy}");
-        assert_eq!(pane.timeline.steps(), progress.steps, "{policy}");
+        assert_eq!(pane.timeline.steps(), progress.events, "{policy}");
         let peak_live = pane.timeline.samples().iter().map(|sample| sample.live_bytes).max().unwrap();
         let peak_reserved = pane.timeline.samples().iter().map(|sample| sample.reserved_bytes).max().unwrap();
         assert!(peak_live >= report.peak_live_bytes, "{policy}: peak live {peak_live} on the map vs {report:?}");

@@ -70,3 +70,12 @@ pub fn scattered_trace(tag: &str) -> PathBuf {
 pub fn gpu_required() -> bool {
     std::env::var("HEAPSCOPE_REQUIRE_GPU").is_ok_and(|value| value.trim() == "1")
 }
+
+/// The Vulkan device's largest single allocation (`maxMemoryAllocationSize`) and its type (`CPU` for lavapipe), as
+/// `heapscope probe --json` says them for the first adapter; `None` without a device. Tests of a device limit build
+/// their inputs from it, so that they hold on any device.
+pub fn device_largest_allocation() -> Option<(u64, String)> {
+    let output = heapscope(&["probe", "--json"]);
+    let adapter: Value = serde_json::from_str(stdout(&output).lines().next()?).ok()?;
+    Some((adapter["max_memory_allocation_bytes"].as_u64()?, adapter["device_type"].as_str()?.to_owned()))
+}

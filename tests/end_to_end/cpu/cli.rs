@@ -1006,7 +1006,7 @@ fn bad_input_gets_a_clear_error() {
     let odd = dir.join("odd\nname\u{1b}[31m.csv");
     std::fs::write(&odd, "a,1,64\nx,1\n").unwrap();
     let odd_path = odd.to_str().unwrap().to_owned();
-    let cases: [(Vec<&str>, &str); 46] = [
+    let cases: [(Vec<&str>, &str); 47] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &odd_path], "odd\\nname\\u{1b}[31m.csv:2: unknown event \"x\""),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
@@ -1055,6 +1055,8 @@ fn bad_input_gets_a_clear_error() {
         (vec!["top", good_path, "--at", "-1"], "\"-1\" is no moment"),
         (vec!["demo", "--budget", "0"], "--budget 0: nothing could be allocated"),
         (vec!["replay", good_path, "--capacity", "0"], "0 B: a device of no memory holds nothing"),
+        // Progress is the device's: a simulated replay took the flag and said nothing.
+        (vec!["replay", good_path, "--progress"], "--vulkan"),
         // A device-only allocator is no workload's contender: said before anything runs (it was a failed row).
         (vec!["bench", "--workload", "churn", "--backend", "sim", "--policy", "vma"], "--policy vma: no bench contender"),
         // A picture asked for that cannot be drawn or written fails the command (it exited 0).

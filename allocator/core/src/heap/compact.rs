@@ -93,7 +93,12 @@ impl<S: MemorySource> Heap<S> {
         }
         let mut compaction = pass.compaction;
         compaction.largest_free_after_bytes = self.largest_usable_free_run();
-        // The bytes move before any block they leave goes back.
+        // The bytes move before any block they leave goes back: whole 4-byte words where every offset and size is a
+        // multiple of 4 (`min_align_bytes`), the words kernels write whole (a move that left an allocation's last 1 to 3
+        // bytes of padding behind read as damage on a device), else exactly its bytes (its neighbour may start there).
+        let words = self.config.policy_config.min_align_bytes >= 4;
+        let copied_bytes =
+            |size_bytes: u64| if words { size_bytes.checked_next_multiple_of(4).unwrap_or(size_bytes) } else { size_bytes };
         let copies: Vec<BlockCopy> = compaction
             .moves
             .iter()
@@ -102,7 +107,7 @@ impl<S: MemorySource> Heap<S> {
                 from_offset_bytes: m.from.offset(),
                 to_block: self.source_handle(m.to.block),
                 to_offset_bytes: m.to.offset(),
-                size_bytes: m.from.size_bytes(),
+                size_bytes: copied_bytes(m.from.size_bytes()),
             })
             .collect();
         let copied = if copies.is_empty() { Ok(()) } else { self.source.copy_between_blocks(&copies) };
