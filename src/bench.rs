@@ -415,11 +415,11 @@ impl Device {
         let unsupported = match self {
             Device::Vulkan(context) => match VulkanTarget::new(context, policy, settings) {
                 Err(VulkanKernelError::Vulkan(VulkanError::Unsupported(why))) => format!("unsupported on this device: {why}"),
-                made => return play(workload, made, "the device"),
+                made => return play(workload, made, "the device", policy),
             },
             Device::Wgpu { device, .. } => match WgpuTarget::new(device, policy, settings) {
                 Err(WgpuKernelError::Wgpu(WgpuError::Unsupported(why))) => why,
-                made => return play(workload, made, "wgpu"),
+                made => return play(workload, made, "wgpu", policy),
             },
             Device::Sim { .. } => {
                 let report = run_simulated(workload, policy, settings).context("running simulated")?;
@@ -590,15 +590,22 @@ fn budget_holds_a_page(budget_bytes: u64, page_bytes: u64, given: bool) -> Resul
     );
 }
 
-/// Plays `workload` on the target made for a contender on `device` (`the device`, `wgpu`), or fails naming where (the
-/// contender is named by its row and the list of failures).
-fn play<T: Target, E>(workload: &Workload, made: Result<T, E>, device: &str) -> Result<Outcome>
+/// Plays `workload` on the target made for `policy` on `device` (`the device`, `wgpu`), or fails naming where (the
+/// contender is named by its row and the list of failures). Something the device cannot do at all, met during the run
+/// (more live sparse mappings than a CPU device holds), makes the row one the device cannot run, as `replay --vulkan`
+/// says it: the bench goes on and succeeds.
+fn play<T: Target, E>(workload: &Workload, made: Result<T, E>, device: &str, policy: Contender) -> Result<Outcome>
 where
     E: std::error::Error + Send + Sync + 'static,
 {
     let mut target = made.with_context(|| format!("setting up on {device}"))?;
-    let report = run(workload, &mut target).with_context(|| format!("running on {device}"))?;
-    Ok(Outcome::Ran(Box::new(report)))
+    match run(workload, &mut target) {
+        Ok(report) => Ok(Outcome::Ran(Box::new(report))),
+        Err(error) if error.device_limit => {
+            Ok(Outcome::not_run(policy.name(), format!("past a limit of the device at step {}: {}", error.step, error.message)))
+        }
+        Err(error) => Err(anyhow::Error::new(error).context(format!("running on {device}"))),
+    }
 }
 
 /// Runs the bench.

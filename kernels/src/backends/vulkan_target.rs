@@ -82,6 +82,7 @@ fn key(handle: VulkanHandle) -> u64 {
 fn target_error(error: VulkanError) -> TargetError {
     match error {
         VulkanError::Heap(error) => error.into(),
+        other if other.is_device_limit() => TargetError::DeviceLimit(other.to_string()),
         other => TargetError::Failed(other.to_string()),
     }
 }

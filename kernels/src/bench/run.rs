@@ -108,12 +108,21 @@ pub struct RunError {
     /// Kernel mismatches the verifies that ran before the failure found (a stopped or failed run says how clean it
     /// was so far).
     pub mismatches: u64,
+    /// Whether it is something the device cannot do at all ([`TargetError::DeviceLimit`]): the contender is one this
+    /// device cannot run, not a failure of the run.
+    pub device_limit: bool,
 }
 
 impl RunError {
     /// A failure at `step`, before any verify (the run's own count is added where it stops: [`run_observed`]).
     pub fn at(step: u64, message: impl Into<String>) -> Self {
-        Self { step, message: message.into(), mismatches: 0 }
+        Self { step, message: message.into(), mismatches: 0, device_limit: false }
+    }
+
+    /// What `error` stops at `step`: a device limit stays one.
+    pub fn of_target(step: u64, error: &TargetError) -> Self {
+        let device_limit = matches!(error, TargetError::DeviceLimit(_));
+        Self { device_limit, ..Self::at(step, error.to_string()) }
     }
 }
 
@@ -185,7 +194,7 @@ pub fn run_observed<'t, T: Target>(
     runner.report.steps = end;
     // The binds and unbinds the last steps queued are part of the run (a paged run's finished long after its timer did).
     if let Err(error) = runner.target.finish() {
-        return Err(RunError::at(end, error.to_string()));
+        return Err(RunError::of_target(end, &error));
     }
     runner.report.wall = started.elapsed();
     let device_copy_ns = runner.target.device_copy_ns();
@@ -319,7 +328,7 @@ impl<T: Target> KernelDriver<'_, T> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let results = self.target.run(&self.pending).map_err(|error| RunError::at(at, error.to_string()))?;
+        let results = self.target.run(&self.pending).map_err(|error| RunError::of_target(at, &error))?;
         if results.len() != self.checks.len() {
             return Err(RunError::at(
                 at,
@@ -490,7 +499,9 @@ impl<T: Target> DriverTarget for KernelDriver<'_, T> {
                 self.refused.insert(id);
                 Ok(Err(Some(*verdict)))
             }
-            Err(TargetError::Failed(message)) => Err(self.fail(RunError::at(at, message))),
+            Err(error @ (TargetError::Failed(_) | TargetError::DeviceLimit(_))) => {
+                Err(self.fail(RunError::of_target(at, &error)))
+            }
         }
     }
 
@@ -500,7 +511,7 @@ impl<T: Target> DriverTarget for KernelDriver<'_, T> {
             return Err(self.fail(RunError::at(at, format!("free of allocation {}, which is not live", placed.id))));
         };
         if let Err(error) = self.target.free(live.handle) {
-            return Err(self.fail(RunError::at(at, error.to_string())));
+            return Err(self.fail(RunError::of_target(at, &error)));
         }
         self.live_bytes = self.live_bytes.saturating_sub(live.size_bytes);
         if at < self.steps.len() as u64 {
@@ -538,7 +549,7 @@ impl<T: Target> DriverTarget for KernelDriver<'_, T> {
         let handles: Vec<(T::Handle, u64)> = live.iter().map(|(placed, request)| (placed.handle, request.size_bytes())).collect();
         let moves = match self.target.compact(&handles, for_refused) {
             Ok(moves) => moves,
-            Err(error) => return Err(self.fail(RunError::at(at, error.to_string()))),
+            Err(error) => return Err(self.fail(RunError::of_target(at, &error))),
         };
         let mut moved = Vec::with_capacity(moves.len());
         for (index, handle) in moves {

@@ -17,12 +17,17 @@ pub enum TargetError {
     /// Anything else (a device call failed, a handle was refused): the run stops.
     #[error("{0}")]
     Failed(String),
+    /// Something the device cannot do at all, whatever memory it has (more live sparse mappings than a CPU device
+    /// holds): the run stops, and the contender is one this device cannot run.
+    #[error("{0}")]
+    DeviceLimit(String),
 }
 
 impl From<heapscope_core::Error> for TargetError {
     fn from(error: heapscope_core::Error) -> Self {
         match error {
             heapscope_core::Error::OutOfMemory(verdict) => Self::OutOfMemory(verdict),
+            heapscope_core::Error::DeviceLimit(what) => Self::DeviceLimit(what),
             other => Self::Failed(other.to_string()),
         }
     }
