@@ -23,7 +23,7 @@ use heapscope_kernels::workload::{
 use heapscope_kernels::{VulkanKernelError, VulkanTarget, WgpuKernelError, WgpuTarget};
 use heapscope_lab::compaction::CompactRule;
 use heapscope_lab::compare::FirstOom;
-use heapscope_lab::contender::Contender;
+use heapscope_lab::contender::{Contender, LargestAllocation};
 use heapscope_pytorch::AllocConf;
 use heapscope_vulkan::{ContextOptions, VulkanContext, VulkanError};
 use heapscope_wgpu::{DeviceOptions, WgpuDevice, WgpuError};
@@ -217,8 +217,8 @@ impl BenchArgs {
                 }
                 recorded_conf = recording.snapshot.as_ref().map(AllocConf::of_snapshot);
                 // The device the recording tells (its oom entry), as `replay` and `compare` take it, scaled as its
-                // requests are: a recorded out of memory is one here too.
-                // Scaled below one page, it holds nothing paged could map: no budget then, as before.
+                // requests are: a recorded out of memory is one here too. Scaled below one page, it holds nothing
+                // paged could map: no budget then, as before.
                 let scale = self.scale.unwrap_or(1).max(1);
                 let capacity = heapscope_lab::capacity::Capacity::of(None, &recording);
                 let scaled = capacity.bytes.map(|bytes| bytes.div_ceil(scale)).filter(|&bytes| bytes >= self.page_size);
@@ -477,26 +477,17 @@ impl Device {
         let expandable = settings.alloc_conf.expandable_segments;
         match self {
             // The device's largest buffer and allocation, as a replay on the device holds them.
-            Device::Vulkan(context) => {
-                VulkanError::allocation_too_large(&context.properties().limits, policy, largest, expandable)
-                    .map(|error| error.to_string())
-            }
+            Device::Vulkan(context) => context.properties().limits.largest_allocation(),
             // wgpu says its largest buffer.
-            Device::Wgpu { device, .. } => {
-                let max_buffer_bytes = device.device().limits().max_buffer_size;
-                let (needed, how) = policy.device_allocation_bytes(largest, expandable)?;
-                (needed > max_buffer_bytes).then(|| {
-                    let needed =
-                        if needed == u64::MAX { "past 2^64 B".to_owned() } else { heapscope_core::units::exact_size(needed) };
-                    format!(
-                        "its largest request, {} ({needed} {how}), exceeds the device's largest buffer (max_buffer_size {})",
-                        heapscope_core::units::exact_size(largest),
-                        heapscope_core::units::exact_size(max_buffer_bytes)
-                    )
-                })
-            }
+            Device::Wgpu { device, .. } => Some(LargestAllocation {
+                bytes: device.device().limits().max_buffer_size,
+                limit: "max_buffer_size",
+                what: "buffer",
+            }),
             Device::Sim { .. } => None,
         }
+        .and_then(|device_largest| policy.allocation_too_large(largest, expandable, device_largest))
+        .map(|too_large| too_large.to_string())
     }
 
     /// Why the device's sparse buffers cannot hold what `what` (its subject and verb) maps of `workload` at its peak (what

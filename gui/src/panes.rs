@@ -72,8 +72,7 @@ pub fn shared_scale(session: &mut Session, rule: ScaleRule, height: f32) -> Opti
     if matches!(rule, ScaleRule::FitEach | ScaleRule::FitEachOverTheRecording) {
         return None;
     }
-    let fits: Vec<Scale> = session.panes.iter_mut().flat_map(|pane| rule.fits(pane, height)).collect();
-    coarsest(fits)
+    coarsest(session.panes.iter_mut().flat_map(|pane| rule.fits(pane, height)))
 }
 
 /// A gauge of `pane`'s reserved bytes against the device's `capacity_bytes`, full width, in the pane's colour.

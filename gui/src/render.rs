@@ -80,6 +80,11 @@ impl RenderOptions {
 /// nothing at 300 pixels.
 const MIN_TIMELINE_HEIGHT_POINTS: f32 = 360.0;
 
+/// Whether `pane`'s map draws free runs in red for a refused request of `requested_bytes`: it has runs too small for it.
+fn draws_red(pane: &crate::session::Pane, requested_bytes: u64) -> bool {
+    pane.layout.free_runs().any(|run| run.1 < requested_bytes)
+}
+
 /// The title line of a render: the recording, the moment and what happened at it.
 pub fn title(session: &Session, shown_steps: u64) -> String {
     let moment = heapscope_lab::recording::Moment::at_position(shown_steps);
@@ -92,8 +97,7 @@ pub fn title(session: &Session, shown_steps: u64) -> String {
         .iter()
         .filter_map(|pane| {
             let refusal = shown_steps.checked_sub(1).and_then(|step| pane.timeline.refusal_at(step))?;
-            let red = pane.layout.free_runs().any(|run| run.1 < refusal.requested_bytes);
-            let red = if red { ", free runs too small for it in red" } else { "" };
+            let red = if draws_red(pane, refusal.requested_bytes) { ", free runs too small for it in red" } else { "" };
             Some(format!(
                 "{} refused {} ({}{red})",
                 pane.name(),
@@ -137,9 +141,11 @@ impl Shown<'_> {
     /// Whether a map draws free runs in red: a pane refused the request of this step and has free runs too small
     /// for it (what the title names red for).
     fn red_drawn(&self) -> bool {
-        self.session.panes.iter().zip(&self.too_small).any(|(pane, refused)| {
-            refused.is_some_and(|requested_bytes| pane.layout.free_runs().any(|run| run.1 < requested_bytes))
-        })
+        self.session
+            .panes
+            .iter()
+            .zip(&self.too_small)
+            .any(|(pane, refused)| refused.is_some_and(|requested_bytes| draws_red(pane, requested_bytes)))
     }
 }
 

@@ -11,6 +11,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use heapscope_core::PolicyKind;
+use heapscope_core::units::exact_size;
 
 /// Who replays a recording.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -116,6 +117,62 @@ impl Contender {
                 Some((request_bytes.checked_next_multiple_of(DEVICE_BLOCK_ALIGN_BYTES).unwrap_or(u64::MAX), "as a block"))
             }
         }
+    }
+
+    /// Why it cannot serve a request of `request_bytes` on a device whose largest allocation is `largest`: the one
+    /// allocation it makes for it ([`Contender::device_allocation_bytes`]) is larger. `None`: it fits, or the
+    /// contender maps pages instead.
+    pub fn allocation_too_large(
+        self,
+        request_bytes: u64,
+        expandable_segments: bool,
+        largest: LargestAllocation,
+    ) -> Option<AllocationTooLarge> {
+        let (needed_bytes, how) = self.device_allocation_bytes(request_bytes, expandable_segments)?;
+        (needed_bytes > largest.bytes).then_some(AllocationTooLarge { request_bytes, needed_bytes, how, largest })
+    }
+}
+
+/// A device's largest single allocation for a block or a segment, and the limit that says it (Vulkan's
+/// `maxMemoryAllocationSize` or `maxBufferSize`, wgpu's `max_buffer_size`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LargestAllocation {
+    /// The bytes.
+    pub bytes: u64,
+    /// The limit's name.
+    pub limit: &'static str,
+    /// What it bounds, in words: `allocation` or `buffer`.
+    pub what: &'static str,
+}
+
+/// A request whose one device allocation is past the device's largest ([`Contender::allocation_too_large`]): the
+/// contender cannot run on that device. Its words are what a row that did not run says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocationTooLarge {
+    /// The request.
+    pub request_bytes: u64,
+    /// The allocation it needs (`u64::MAX`: past 2^64 B).
+    pub needed_bytes: u64,
+    /// How the contender comes to that size ("as a block", ...).
+    pub how: &'static str,
+    /// The device's largest.
+    pub largest: LargestAllocation,
+}
+
+impl fmt::Display for AllocationTooLarge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let needed = match self.needed_bytes {
+            u64::MAX => "past 2^64 B".to_owned(),
+            bytes => exact_size(bytes),
+        };
+        let LargestAllocation { bytes, limit, what } = self.largest;
+        write!(
+            f,
+            "its largest request, {} ({needed} {}), exceeds the device's largest {what} ({limit} {})",
+            exact_size(self.request_bytes),
+            self.how,
+            exact_size(bytes)
+        )
     }
 }
 

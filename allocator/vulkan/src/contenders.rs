@@ -309,9 +309,10 @@ pub fn replay_on_device(
             })
             .max()
             .unwrap_or(0);
-        let limits = &context.properties().limits;
-        if let Some(too_large) = VulkanError::allocation_too_large(limits, contender, largest_bytes, expandable_segments) {
-            return Err(too_large);
+        if let Some(largest) = context.properties().limits.largest_allocation()
+            && let Some(too_large) = contender.allocation_too_large(largest_bytes, expandable_segments, largest)
+        {
+            return Err(VulkanError::AllocationTooLarge(too_large));
         }
     }
     match contender {

@@ -60,30 +60,11 @@ pub enum VulkanError {
         /// The limit ([`crate::SparseConfig::max_live_mappings`]).
         limit: u64,
     },
-    /// A request needs one device allocation (a block, a segment) larger than the device makes ([`DeviceLimits::largest_allocation`]):
-    /// the contender cannot run on this device (heapscope's memory source refuses such a block as out of memory, which
-    /// read as a verdict of fragmentation where the simulation served it).
-    ///
-    /// [`DeviceLimits::largest_allocation`]: crate::DeviceLimits::largest_allocation
-    #[error(
-        "its largest request, {} ({} {how}), exceeds the device's largest {} ({limit} {})",
-        heapscope_core::units::exact_size(*request_bytes),
-        past_u64(*needed_bytes),
-        if *limit == "maxBufferSize" { "buffer" } else { "allocation" },
-        heapscope_core::units::exact_size(*limit_bytes)
-    )]
-    AllocationTooLarge {
-        /// The request.
-        request_bytes: u64,
-        /// The allocation it needs (`u64::MAX`: past 2^64 B).
-        needed_bytes: u64,
-        /// How the contender comes to that size ("as a block", ...).
-        how: &'static str,
-        /// The limit's name (`maxMemoryAllocationSize`, `maxBufferSize`).
-        limit: &'static str,
-        /// The limit.
-        limit_bytes: u64,
-    },
+    /// A request needs one device allocation (a block, a segment) larger than the device makes
+    /// ([`crate::DeviceLimits::largest_allocation`]): the contender cannot run on this device (heapscope's memory source
+    /// refuses such a block as out of memory, which read as a verdict of fragmentation where the simulation served it).
+    #[error("{0}")]
+    AllocationTooLarge(heapscope_lab::contender::AllocationTooLarge),
     /// A trace needs a larger virtual range than one sparse buffer on this device can be (`paged`'s range, the
     /// expandable segments of `pytorch`): the contender cannot run on this device.
     #[error(
@@ -146,25 +127,11 @@ impl VulkanError {
         matches!(
             self,
             Self::VirtualRangeTooSmall { .. }
-                | Self::AllocationTooLarge { .. }
+                | Self::AllocationTooLarge(_)
                 | Self::TooManyMappings { .. }
                 | Self::Unsupported(_)
                 | Self::Heap(heapscope_core::Error::DeviceLimit(_))
         )
-    }
-
-    /// Why `contender` cannot serve a request of `request_bytes` on a device of `limits`: the one allocation it makes
-    /// for it ([`heapscope_lab::contender::Contender::device_allocation_bytes`]; `expandable_segments`: PyTorch's
-    /// settings have them) is past the device's largest. `None`: it can, or it maps pages instead.
-    pub fn allocation_too_large(
-        limits: &crate::DeviceLimits,
-        contender: heapscope_lab::contender::Contender,
-        request_bytes: u64,
-        expandable_segments: bool,
-    ) -> Option<Self> {
-        let (limit_bytes, limit) = limits.largest_allocation()?;
-        let (needed_bytes, how) = contender.device_allocation_bytes(request_bytes, expandable_segments)?;
-        (needed_bytes > limit_bytes).then_some(Self::AllocationTooLarge { request_bytes, needed_bytes, how, limit, limit_bytes })
     }
 
     /// This failure as the core's error, for a heap behind the core's `DeviceHeap`: the heap's own errors as they are
@@ -181,13 +148,5 @@ impl VulkanError {
     /// A closure turning a `vk::Result` into [`VulkanError::Vk`] for `call`, for `map_err`.
     pub(crate) fn vk(call: &'static str) -> impl FnOnce(vk::Result) -> Self {
         move |result| Self::Vk { call, result }
-    }
-}
-
-/// A size as [`heapscope_core::units::exact_size`] writes it, `u64::MAX` as "past 2^64 B" (a size rounded past it).
-fn past_u64(bytes: u64) -> String {
-    match bytes {
-        u64::MAX => "past 2^64 B".to_owned(),
-        bytes => heapscope_core::units::exact_size(bytes),
     }
 }

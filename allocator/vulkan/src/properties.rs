@@ -2,6 +2,8 @@
 
 use ash::vk;
 
+use heapscope_lab::contender::LargestAllocation;
+
 use crate::memory_types::{HeapInfo, MemoryProperties, MemoryTypeInfo};
 
 /// The limits heapscope needs.
@@ -27,10 +29,14 @@ impl DeviceLimits {
     /// The largest single allocation the device makes for a block or a segment (one buffer over one
     /// `vkAllocateMemory`): the smaller of `maxBufferSize` and `maxMemoryAllocationSize`, with the limit's name; `None`
     /// where it says neither.
-    pub fn largest_allocation(&self) -> Option<(u64, &'static str)> {
-        let buffer = self.max_buffer_size_bytes.map(|bytes| (bytes, "maxBufferSize"));
-        let allocation = self.max_memory_allocation_size_bytes.map(|bytes| (bytes, "maxMemoryAllocationSize"));
-        buffer.into_iter().chain(allocation).min_by_key(|&(bytes, _)| bytes)
+    pub fn largest_allocation(&self) -> Option<LargestAllocation> {
+        let buffer = self.max_buffer_size_bytes.map(|bytes| LargestAllocation { bytes, limit: "maxBufferSize", what: "buffer" });
+        let allocation = self.max_memory_allocation_size_bytes.map(|bytes| LargestAllocation {
+            bytes,
+            limit: "maxMemoryAllocationSize",
+            what: "allocation",
+        });
+        buffer.into_iter().chain(allocation).min_by_key(|largest| largest.bytes)
     }
 }
 

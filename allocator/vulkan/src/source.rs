@@ -326,14 +326,13 @@ impl DeviceMemorySource {
         buffers: &mut HashMap<u64, (vk::Buffer, bool)>,
     ) -> Result<(), VulkanError> {
         for copy in copies {
-            let size_bytes = copy.size_bytes;
             for (handle, offset) in [(copy.from_block, copy.from_offset_bytes), (copy.to_block, copy.to_offset_bytes)] {
                 let block =
                     self.blocks.get(&handle).ok_or_else(|| VulkanError::Unsupported(format!("no live block #{handle}")))?;
-                if offset.checked_add(size_bytes).is_none_or(|end| end > block.size_bytes) || size_bytes == 0 {
+                if offset.checked_add(copy.size_bytes).is_none_or(|end| end > block.size_bytes) || copy.size_bytes == 0 {
                     return Err(VulkanError::Unsupported(format!(
-                        "a copy of {size_bytes} bytes at offset {offset} of block #{handle} ({} bytes)",
-                        block.size_bytes
+                        "a copy of {} bytes at offset {offset} of block #{handle} ({} bytes)",
+                        copy.size_bytes, block.size_bytes
                     )));
                 }
                 if let std::collections::hash_map::Entry::Vacant(entry) = buffers.entry(handle) {
@@ -342,8 +341,8 @@ impl DeviceMemorySource {
                 }
             }
             let same_block = copy.from_block == copy.to_block;
-            let apart = copy.from_offset_bytes + size_bytes <= copy.to_offset_bytes
-                || copy.to_offset_bytes + size_bytes <= copy.from_offset_bytes;
+            let apart = copy.from_offset_bytes + copy.size_bytes <= copy.to_offset_bytes
+                || copy.to_offset_bytes + copy.size_bytes <= copy.from_offset_bytes;
             if same_block && !apart {
                 return Err(VulkanError::Unsupported(format!(
                     "a copy within block #{} from offset {} to {} overlaps itself",
