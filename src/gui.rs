@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use heapscope_core::units::parse_size;
 use heapscope_gui::active_plot::TimelineView;
 use heapscope_gui::device_live::{LiveConfig, LiveWorkload};
 use heapscope_gui::palette::ColourBy;
@@ -38,7 +37,7 @@ pub struct GuiArgs {
     #[command(flatten)]
     pub open: OpenArgs,
     /// The live run's budget (default: the workload's, as in `heapscope bench`).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "live")]
+    #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_capacity, requires = "live")]
     pub budget: Option<u64>,
     /// Steps of the live workload (default: its own).
     #[arg(long, value_name = "N", requires = "live")]

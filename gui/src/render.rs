@@ -232,30 +232,40 @@ fn legend_entry(ui: &mut egui::Ui, colour: egui::Color32, words: &str) {
 /// The legend of a render coloured by stack or category: the groups holding the most bytes in the first pane,
 /// each a swatch of its colour, its name (innermost user frame, or category) and its bytes.
 fn group_legend(ui: &mut egui::Ui, session: &Session, colour_by: ColourBy) {
-    let (what, none) = match colour_by {
-        ColourBy::Category => ("colour = the category of its entry:", "no category recorded"),
-        _ => ("colour = the stack that allocated it:", "no stack recorded"),
+    let what = match colour_by {
+        ColourBy::Category => "colour = the category of its entry:",
+        _ => "colour = the stack that allocated it:",
     };
-    let hues = session.hues.of(colour_by);
-    let others = if colour_by == ColourBy::Category { "other categories" } else { "other stacks" };
     ui.horizontal_wrapped(|ui| {
         ui.label(RichText::new(what).small());
-        // The eight groups with a hue of their own holding the most, by name; all those sharing the others' colour as
-        // one entry, last.
-        let (mut named, mut other_bytes) = (0, None);
-        for (group, name, bytes) in session.group_legend(colour_by, usize::MAX) {
-            if !hues.has_own(group) {
-                other_bytes = Some(other_bytes.unwrap_or(0u64).saturating_add(bytes));
-            } else if named < 8 {
-                named += 1;
-                let name = name.unwrap_or_else(|| none.to_owned());
-                legend_entry(ui, hues.colour(group), &format!("{name} ({})", heapscope_core::units::Bytes(bytes)));
-            }
-        }
-        if let Some(bytes) = other_bytes {
-            legend_entry(ui, crate::palette::OTHER_GROUPS, &format!("{others} ({})", heapscope_core::units::Bytes(bytes)));
+        for (colour, words) in group_legend_entries(session, colour_by) {
+            legend_entry(ui, colour, &words);
         }
     });
+}
+
+/// The entries of [`group_legend`]: every group of the first pane with a hue of its own (at most eleven), holding the
+/// most first, by name, so that each colour drawn has its entry; then all those sharing the others' colour as one.
+fn group_legend_entries(session: &Session, colour_by: ColourBy) -> Vec<(egui::Color32, String)> {
+    let (none, others) = match colour_by {
+        ColourBy::Category => ("no category recorded", "other categories"),
+        _ => ("no stack recorded", "other stacks"),
+    };
+    let hues = session.hues.of(colour_by);
+    let mut entries = Vec::new();
+    let mut other_bytes = None;
+    for (group, name, bytes) in session.group_legend(colour_by, usize::MAX) {
+        if hues.has_own(group) {
+            let name = name.unwrap_or_else(|| none.to_owned());
+            entries.push((hues.colour(group), format!("{name} ({})", heapscope_core::units::Bytes(bytes))));
+        } else {
+            other_bytes = Some(other_bytes.unwrap_or(0u64).saturating_add(bytes));
+        }
+    }
+    if let Some(bytes) = other_bytes {
+        entries.push((crate::palette::OTHER_GROUPS, format!("{others} ({})", heapscope_core::units::Bytes(bytes))));
+    }
+    entries
 }
 
 /// Renders `session`'s panes after each of `steps` (each clamped to the session's), one image each, through
@@ -616,6 +626,46 @@ mod tests {
             }
             assert!(tops.windows(2).all(|pair| pair[0] <= pair[1]), "{width}: rows in order {tops:?}");
         }
+    }
+
+    /// Every colour a render by stack draws has its legend entry: fourteen stacks live, the eleven allocating the most
+    /// each by name (the ninth to eleventh had a hue of their own and no entry), the three others as one.
+    #[test]
+    fn every_stack_with_a_hue_of_its_own_has_a_legend_entry() {
+        use heapscope_lab::compare::CompareConfig;
+        use heapscope_lab::contender::Contender;
+        use heapscope_lab::recording::Recording;
+        use heapscope_pytorch::{Action, Frame, Snapshot, StackId, TraceEntry};
+        let stacks = 14u32;
+        // Stack s allocates (s + 1) MiB: stack 13 the most.
+        let snapshot =
+            Snapshot {
+                device_traces: vec![
+                    (0..stacks)
+                        .map(|stack| {
+                            let size_bytes = u64::from(stack + 1) << 20;
+                            TraceEntry::new(Action::Alloc, u64::from(stack) << 30, size_bytes).with_frames(StackId(stack + 1))
+                        })
+                        .collect(),
+                ],
+                frame_stacks: std::iter::once(Vec::new())
+                    .chain((0..stacks).map(|stack| {
+                        vec![Frame { filename: "m.py".into(), line: stack.into(), name: format!("f{stack}").into() }]
+                    }))
+                    .collect(),
+                ..Snapshot::default()
+            };
+        let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
+        let mut session = Session::new(recording, CompareConfig::default(), &[Contender::Pytorch { expandable: false }]).unwrap();
+        session.seek(u64::from(stacks));
+        let entries = group_legend_entries(&session, ColourBy::StackGroup);
+        let words: Vec<&str> = entries.iter().map(|(_, words)| words.as_str()).collect();
+        let mut expected: Vec<String> =
+            (3..stacks).rev().map(|stack| format!("f{stack} (m.py:{stack}) ({}.00 MiB)", stack + 1)).collect();
+        expected.push("other stacks (6.00 MiB)".to_owned());
+        assert_eq!(words, expected);
+        let colours: std::collections::HashSet<egui::Color32> = entries.iter().map(|(colour, _)| *colour).collect();
+        assert_eq!(colours.len(), entries.len(), "one entry a colour: {entries:?}");
     }
 
     #[test]

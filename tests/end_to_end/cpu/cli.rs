@@ -218,7 +218,7 @@ fn render_animates_a_story_into_a_gif() {
 fn render_and_gui_refuse_bad_requests_clearly() {
     let dir = temp_dir("render-bad");
     // (arguments, words the error holds)
-    let cases: [(&[&str], &str); 24] = [
+    let cases: [(&[&str], &str); 25] = [
         (&["render", "--story", "nope", "--out", "x.png"], "no built-in story \"nope\""),
         (&["render", "--out", "x.png"], "required"),
         (&["render", "--story", "frag_oom", "--policy", "tlfs", "--out", "x.png"], "pytorch-expandable"),
@@ -226,6 +226,7 @@ fn render_and_gui_refuse_bad_requests_clearly() {
         (&["gui", "--live", "serve"], "no display"),
         (&["gui", "--live", "replay"], "unknown live workload \"replay\""),
         (&["gui", "--live", "serve", "--budget", "0"], "--budget 0"),
+        (&["gui", "--live", "serve", "--budget", "2EiB"], "more than the largest device heapscope models"),
         (&["gui", "--live", "serve", "--steps", "0"], "--steps 0"),
         (&["gui", "--live", "serve", "--policy", "tlfs"], "pytorch-expandable"),
         (&["gui", "--budget", "1G"], "--live"),
