@@ -226,7 +226,7 @@ fn render_and_gui_refuse_bad_requests_clearly() {
         (&["gui", "--live", "serve"], "no display"),
         (&["gui", "--live", "replay"], "unknown live workload \"replay\""),
         (&["gui", "--live", "serve", "--budget", "0"], "--budget 0"),
-        (&["gui", "--live", "serve", "--budget", "2EiB"], "more than the largest device heapscope models"),
+        (&["gui", "--live", "serve", "--budget", "2000000TiB"], "more than the largest device heapscope models"),
         (&["gui", "--live", "serve", "--steps", "0"], "--steps 0"),
         (&["gui", "--live", "serve", "--policy", "tlfs"], "pytorch-expandable"),
         (&["gui", "--budget", "1G"], "--live"),
