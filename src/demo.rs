@@ -20,7 +20,8 @@ pub struct DemoArgs {
     /// Print one JSON object per policy and layout instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Also draw the story's heap at its end (PyTorch in both modes, TLSF, paging) into this PNG.
+    /// Also draw the story's heap at its end (PyTorch in both modes, TLSF, paging) into this PNG (with --json, where it
+    /// went is said on standard error).
     #[arg(long, value_name = "PNG")]
     pub png: Option<std::path::PathBuf>,
     /// The picture is a bonus (`heapscope` with no command draws one where a graphics adapter allows): failing to
@@ -143,13 +144,20 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             });
             outln!("{line}");
         }
-        return Ok(());
+        // Standard output holds JSON lines alone: where the picture went goes to standard error.
+        return draw_png(args, |line| errln!("{line}"));
     }
     for line in story_in_words(&story)? {
         outln!("{line}");
     }
     outln!();
-    outln!("The core policies on the same stream: in one range of the device, and in blocks cached once empty.");
+    let cached = match release(&story, &args.heap) {
+        ReleaseRule::OnPressure => "cached once empty until a reservation fails",
+        ReleaseRule::Never => "never given back",
+        ReleaseRule::KeepOne => "given back once empty but one",
+        ReleaseRule::Immediately => "given back once empty",
+    };
+    outln!("The core policies on the same stream: in one range of the device, and in blocks {cached}.");
     outln!("heapscope demo: {} — {}", story.name, story.summary);
     outln!("device: {} (simulated)", Bytes(story.device_bytes));
     outln!(
@@ -186,10 +194,16 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         );
     }
     print_verdicts(&rows);
+    draw_png(args, |line| outln!("\n{line}"))
+}
+
+/// Draws `--png` if asked, telling where through `say`; a picture that cannot be drawn fails the command unless it
+/// was optional (the headless default), when it is a notice.
+fn draw_png(args: &DemoArgs, say: impl Fn(&str)) -> Result<()> {
     if let Some(path) = &args.png {
         // The table is the demo; the picture needs a graphics adapter (lavapipe will do).
         match crate::gui::demo_png(path) {
-            Ok(()) => outln!("\nthe heap at the end of the story: {}", path.display()),
+            Ok(()) => say(&format!("the heap at the end of the story: {}", path.display())),
             Err(error) if args.png_optional => errln!("heapscope: no picture of the heap: {error:#}"),
             Err(error) => return Err(error),
         }

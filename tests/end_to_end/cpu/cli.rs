@@ -469,6 +469,24 @@ fn demo_flags_change_the_heap_rules() {
     // A verdict in the table reads as its name does everywhere ("internal waste", not the variant's "internalwaste").
     let text = stdout(&heapscope(&["demo", "--min-align", "1GiB", "--policy", "tlsf"]));
     assert!(text.contains("oom (internal waste)") && !text.contains("internalwaste"), "{text}");
+    // The header says what the blocks do once empty, by the rule in force (it said "cached" whatever the rule).
+    for (release, words) in [
+        ("on-pressure", "in blocks cached once empty until a reservation fails"),
+        ("keep-one", "in blocks given back once empty but one"),
+        ("never", "in blocks never given back"),
+    ] {
+        let text = stdout(&heapscope(&["demo", "--policy", "tlsf", "--release", release]));
+        assert!(text.contains(words), "{release}: {text}");
+    }
+    // --png beside --json draws the picture too (it was never drawn), saying where on standard error.
+    let dir = temp_dir("demo-json-png");
+    let output = heapscope_headless(&["demo", "--json", "--png", "j.png"], &dir);
+    if gpu_required() || output.status.success() {
+        assert!(output.status.success(), "{}", stderr(&output));
+        assert!(is_png(&dir.join("j.png")), "{}", stderr(&output));
+        assert!(stderr(&output).contains("the heap at the end of the story: j.png"), "{}", stderr(&output));
+        assert_eq!(json_lines(&output).len(), 16, "{}", stdout(&output));
+    }
 }
 
 fn snapshot(name: &str) -> PathBuf {
