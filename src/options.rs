@@ -201,7 +201,7 @@ pub fn print_policies() {
     for kind in PolicyKind::ALL {
         let what = match kind {
             PolicyKind::Tlsf => "two-level segregated fit: O(1) allocate and free, immediate coalescing",
-            PolicyKind::BestFit => "tightest size class, lowest address (exact best fit with best_fit_exact)",
+            PolicyKind::BestFit => "the tightest size class holding a free run that fits, its lowest-addressed run",
             PolicyKind::FirstFit => "lowest-addressed free run that fits",
             PolicyKind::Buddy => "power-of-two blocks split in halves, merged with their buddies",
             PolicyKind::Linear(heapscope_core::LinearMode::Bump) => "bump pointer, reset when everything is freed",
