@@ -205,8 +205,8 @@ pub struct Recording {
     /// Where the snapshot's final segments disagree with what its trace leaves live at its end (nothing for a trace).
     pub final_mismatch: FinalMismatch,
     /// The entries where the recording's user called `empty_cache()` (a snapshot records none: they are told apart
-    /// from the allocator's own releases by [`heapscope_pytorch::caching::user_empty_caches`]; a trace's are its
-    /// events): each an [`heapscope_core::Event::EmptyCache`] of the trace, which the `pytorch` contender takes as it is.
+    /// from the allocator's own releases by [`heapscope_pytorch::caching::user_empty_caches`], or listed in heapscope's
+    /// export of another contender, [`heapscope_pytorch::ContenderExport`]; a trace's are its events): each an [`heapscope_core::Event::EmptyCache`] of the trace, which the `pytorch` contender takes as it is.
     pub empty_caches: std::sync::Arc<[usize]>,
     /// Why the user's `empty_cache()` calls could not be told apart, where the emulation of the recorded run refused
     /// the snapshot (none is an event then: [`crate::caveats::empty_caches_untold`] says so).
@@ -360,7 +360,10 @@ impl Recording {
         // recording the emulation refuses has none; its `pytorch` row says why.) Most recordings free no segment: nothing
         // to tell apart, no capacity to find.
         let frees_segments = entries.iter().any(|entry| matches!(entry.action, Action::SegmentFree | Action::SegmentUnmap));
-        let (empty_caches, empty_caches_untold) = if frees_segments {
+        let (empty_caches, empty_caches_untold) = if let Some(export) = &snapshot.contender_export {
+            // heapscope's export of another contender: its segment frees are that contender's, and the calls are listed.
+            (export.empty_cache_entries.get(device).cloned().unwrap_or_default(), None)
+        } else if frees_segments {
             let capacity = first_oom_device(&snapshot, device).map(|oom| oom.capacity_bytes());
             match heapscope_pytorch::caching::user_empty_caches(&snapshot, device, capacity) {
                 Ok(entries) => (entries, None),

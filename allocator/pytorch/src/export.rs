@@ -8,13 +8,16 @@
 //! writes none), and `allocator_settings` only when the snapshot has settings. An entry's category is written under
 //! the key it was read from (`category`, `user_metadata` or `compile_context`, its text shared through the memo);
 //! an entry's memory pool is written as PyTorch 2.12 writes it (`pool_id`, a pair) when the snapshot names a private
-//! pool; keys the model does not hold (an entry's other labels, pinned-memory settings) are not written.
+//! pool; keys the model does not hold (an entry's other labels, pinned-memory settings) are not written, and
+//! `heapscope_contender_export` only in an export of another contender ([`ContenderExport`]).
 
 use std::collections::HashMap;
 use std::io::{self, BufWriter, Write};
 
 use super::pickle_write::{BATCH, PickleWriter};
-use super::snapshot::{Action, Block, BlockState, Pool, RecordedSettings, Segment, Snapshot, StackId, TraceEntry};
+use super::snapshot::{
+    Action, Block, BlockState, ContenderExport, Pool, RecordedSettings, Segment, Snapshot, StackId, TraceEntry,
+};
 
 /// Writes `snapshot` to `writer` as a protocol 4 pickle (not compressed; wrap `writer` in a gzip encoder
 /// for a `.pickle.gz`).
@@ -121,6 +124,10 @@ impl<'a, W: Write> Exporter<'a, W> {
         if let Some(settings) = &snapshot.settings {
             self.shared_str("allocator_settings")?;
             self.settings(settings)?;
+        }
+        if let Some(export) = &snapshot.contender_export {
+            self.shared_str(crate::import::CONTENDER_EXPORT_KEY)?;
+            self.contender_export(export)?;
         }
         self.out.set_items()
     }
@@ -257,6 +264,21 @@ impl<'a, W: Write> Exporter<'a, W> {
         })?;
         self.out.set_items()
     }
+
+    /// `heapscope_contender_export`: `{"contender": str, "empty_cache_entries": [[int, ...], ...]}`.
+    fn contender_export(&mut self, export: &'a ContenderExport) -> io::Result<()> {
+        self.out.empty_dict()?;
+        self.out.mark()?;
+        self.shared_str("contender")?;
+        self.out.str(&export.contender)?;
+        self.shared_str("empty_cache_entries")?;
+        self.out.empty_list()?;
+        self.list_items(&export.empty_cache_entries, |this, entries| {
+            this.out.empty_list()?;
+            this.list_items(entries, |this, &entry| this.out.int(entry as i128))
+        })?;
+        self.out.set_items()
+    }
 }
 
 #[cfg(test)]
@@ -270,6 +292,42 @@ mod tests {
         let mut bytes = Vec::new();
         write_snapshot(snapshot, &mut bytes).unwrap();
         bytes
+    }
+
+    /// `heapscope_contender_export` round trips, and what cannot be a list of entries of the trace is refused naming
+    /// the key path and the value.
+    #[test]
+    fn a_contender_export_round_trips_and_bad_entries_are_refused() {
+        let trace = vec![TraceEntry::new(Action::Alloc, 4096, 512); 3];
+        // (the entries of device 0 and of device 1, what the error says; None: read back as written)
+        let cases: [(Vec<Vec<usize>>, Option<&str>); 5] = [
+            (vec![vec![0, 2]], None),
+            (vec![], None),
+            (
+                vec![vec![1, 3]],
+                Some("heapscope_contender_export.empty_cache_entries[0][1]: entry 3, past device_traces[0]'s 3 entries"),
+            ),
+            (
+                vec![vec![2, 2]],
+                Some("heapscope_contender_export.empty_cache_entries[0][1]: entry 2 after entry 2: the entries ascend"),
+            ),
+            (
+                vec![vec![0], vec![0]],
+                Some("heapscope_contender_export.empty_cache_entries: 2 devices, and device_traces holds 1"),
+            ),
+        ];
+        for (entries, error) in cases {
+            let snapshot = Snapshot {
+                device_traces: vec![trace.clone()],
+                contender_export: Some(ContenderExport { contender: "tlsf".into(), empty_cache_entries: entries.clone() }),
+                ..Snapshot::default()
+            };
+            match (parse_snapshot(written(&snapshot).as_slice(), "x.pickle"), error) {
+                (Ok(again), None) => assert_eq!(again.contender_export, snapshot.contender_export, "{entries:?}"),
+                (Err(found), Some(words)) => assert!(found.to_string().contains(words), "{entries:?}: {found}"),
+                (found, _) => panic!("{entries:?}: {found:?}"),
+            }
+        }
     }
 
     #[test]

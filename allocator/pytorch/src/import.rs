@@ -32,7 +32,8 @@
 //! `real_size`, a block's missing `address` follows the previous block. A trace entry's `category`,
 //! `user_metadata` and `compile_context` strs become its category (the first of them naming one, see
 //! [`CategoryKey`]; other values of `user_metadata` are allowed and ignored). Keys the model does not hold
-//! (`external_annotations`, pinned-memory settings) are ignored.
+//! (`external_annotations`, pinned-memory settings) are ignored; `heapscope_contender_export`, which heapscope writes in
+//! an export of a contender other than PyTorch's allocator, is read as [`ContenderExport`].
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -47,8 +48,8 @@ use super::pickle_int::Int;
 use super::pickle_read::{self, Dict, List, Memo, Place, ReadError, Scan, Sink, Token, Value};
 use super::read_ahead::ReadAhead;
 use super::snapshot::{
-    Action, Block, BlockState, Category, CategoryId, CategoryKey, Frame, Pool, PoolId, RecordedSettings, Segment, Snapshot,
-    StackId, TraceEntry, UnknownAction,
+    Action, Block, BlockState, Category, CategoryId, CategoryKey, ContenderExport, Frame, Pool, PoolId, RecordedSettings,
+    Segment, Snapshot, StackId, TraceEntry, UnknownAction,
 };
 
 /// Why a snapshot file could not be read.
@@ -1705,6 +1706,10 @@ impl Decoder {
             None | Some(Value::None) => None,
             Some(value) => Some(settings(value)?),
         };
+        let contender_export = match top.get(CONTENDER_EXPORT_KEY) {
+            None | Some(Value::None) => None,
+            Some(value) => Some(contender_export(value, &device_traces)?),
+        };
         infer_expandable(&mut segments, &device_traces, &self.kind_untold);
         Ok(Snapshot {
             segments,
@@ -1714,6 +1719,7 @@ impl Decoder {
             categories: self.categories.into_list(),
             pool_ids: self.pool_ids.into_list(),
             unknown_actions: self.unknown.into_sorted(&devices_of_slots),
+            contender_export,
         })
     }
 
@@ -1734,6 +1740,7 @@ impl Decoder {
             categories: Vec::new(),
             pool_ids: Vec::new(),
             unknown_actions: Vec::new(),
+            contender_export: None,
         })
     }
 
@@ -1860,6 +1867,45 @@ fn release_segment(segment: &Value, memo: &mut Memo) {
         }
     }
     release(segment, memo);
+}
+
+/// The top-level key of a snapshot heapscope wrote of another contender ([`ContenderExport`]).
+pub(crate) const CONTENDER_EXPORT_KEY: &str = "heapscope_contender_export";
+
+/// Converts `heapscope_contender_export`: the contender's name, and by device the entries before which the user called
+/// `empty_cache()`, ascending and within that device's trace.
+fn contender_export(value: &Value, device_traces: &[Vec<TraceEntry>]) -> Result<ContenderExport, Issue> {
+    let fields = Fields::of(value, CONTENDER_EXPORT_KEY)?;
+    let contender = fields.str("contender")?.ok_or_else(|| Issue::new(fields.key_path("contender"), "missing key"))?;
+    let path = fields.key_path("empty_cache_entries");
+    let devices = fields.list("empty_cache_entries")?.unwrap_or_default();
+    if devices.len() > device_traces.len() {
+        return Err(Issue::new(path, format!("{} devices, and device_traces holds {}", devices.len(), device_traces.len())));
+    }
+    let mut empty_cache_entries = Vec::with_capacity(devices.len());
+    for (device, value) in devices.iter().enumerate() {
+        let device_path = format!("{path}[{device}]");
+        let items = match value {
+            Value::List(list) => list.borrow().items.clone(),
+            Value::Tuple(items) => items.to_vec(),
+            other => return Err(Issue::expected(device_path, "list", other)),
+        };
+        let trace_len = device_traces[device].len();
+        let mut entries: Vec<usize> = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            let item_path = || format!("{device_path}[{index}]");
+            let entry = to_u64(item, &item_path)?;
+            let entry = usize::try_from(entry).ok().filter(|&entry| entry < trace_len).ok_or_else(|| {
+                Issue::new(item_path(), format!("entry {entry}, past device_traces[{device}]'s {trace_len} entries"))
+            })?;
+            if let Some(&before) = entries.last().filter(|&&before| before >= entry) {
+                return Err(Issue::new(item_path(), format!("entry {entry} after entry {before}: the entries ascend")));
+            }
+            entries.push(entry);
+        }
+        empty_cache_entries.push(entries);
+    }
+    Ok(ContenderExport { contender: contender.into(), empty_cache_entries })
 }
 
 /// Converts `allocator_settings`.
@@ -2430,6 +2476,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             categories: Vec::new(),
             pool_ids: Vec::new(),
             unknown_actions: Vec::new(),
+            contender_export: None,
             segments: vec![Segment {
                 device: 0,
                 address: 4096,
@@ -2465,6 +2512,7 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
             categories: Vec::new(),
             pool_ids: Vec::new(),
             unknown_actions: Vec::new(),
+            contender_export: None,
             segments: Vec::new(),
             device_traces: vec![
                 vec![

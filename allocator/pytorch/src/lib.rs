@@ -36,6 +36,6 @@ pub use format_size::FormatSize;
 pub use import::{SnapshotError, parse_snapshot, read_snapshot};
 pub use memory_stats::{MemoryStats, Stat, StatArray};
 pub use snapshot::{
-    Action, Block, BlockState, Category, CategoryId, CategoryKey, Frame, Pool, PoolId, RecordedSettings, Segment, Snapshot,
-    StackId, TraceEntry, UnknownAction,
+    Action, Block, BlockState, Category, CategoryId, CategoryKey, ContenderExport, Frame, Pool, PoolId, RecordedSettings,
+    Segment, Snapshot, StackId, TraceEntry, UnknownAction,
 };

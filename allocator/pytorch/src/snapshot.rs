@@ -515,6 +515,22 @@ pub struct Snapshot {
     pub pool_ids: Vec<(i64, i64)>,
     /// The entries of actions heapscope does not know ([`Action::Unknown`]), with their names, by device and entry.
     pub unknown_actions: Vec<UnknownAction>,
+    /// Set in a snapshot heapscope wrote of another contender's replay (`heapscope export --policy tlsf`): see
+    /// [`ContenderExport`].
+    pub contender_export: Option<ContenderExport>,
+}
+
+/// What a snapshot heapscope wrote of a contender other than PyTorch's caching allocator says of itself (the key
+/// `heapscope_contender_export`): its segment events are that contender's blocks and pages, not PyTorch's, so the
+/// user's `empty_cache()` calls cannot be told from them by emulating PyTorch (which took the contender's own releases
+/// for such calls), and are listed instead.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct ContenderExport {
+    /// The contender replayed (`tlsf`, `paged`).
+    pub contender: Arc<str>,
+    /// By device, the entries of its trace before which the user called `empty_cache()`, ascending.
+    pub empty_cache_entries: Vec<Vec<usize>>,
 }
 
 /// A trace entry of an action heapscope does not know: where it is and what the file calls it.

@@ -887,6 +887,17 @@ print(len(s["device_traces"][0]))
         let output = heapscope(&args);
         assert!(output.status.success() && stderr(&output).contains(said), "{name}: {}", stderr(&output));
     }
+    // A heap contender's export of frag_oom replays through `pytorch` as the recording does: its segment frees are
+    // TLSF's own releases, not `empty_cache()` calls (taken for 29 of them, the 1 GiB was served).
+    let source = snapshot("frag_oom-default");
+    let out = dir.join("frag_oom-tlsf.pickle");
+    let output = heapscope(&["export", source.to_str().unwrap(), "--policy", "tlsf", "--out", out.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let of = |file: &Path| json_lines(&heapscope(&["replay", file.to_str().unwrap(), "--json", "--policy", "pytorch"]));
+    let (recorded, exported) = (of(&source), of(&out));
+    for key in ["events", "allocs", "frees", "ooms"] {
+        assert_eq!(recorded[0][key], exported[0][key], "{key}: {} vs {}", recorded[0], exported[0]);
+    }
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -1339,6 +1350,7 @@ fn three_gpu_snapshot(dir: &Path) -> (PathBuf, [usize; 2]) {
         categories: Vec::new(),
         pool_ids: Vec::new(),
         unknown_actions: Vec::new(),
+        contender_export: None,
         segments: [&gpt2, &frag, &state].iter().flat_map(|snapshot| snapshot.segments.clone()).collect(),
         device_traces: vec![gpt2.device_traces[0].clone(), frag.device_traces[0].clone(), Vec::new(), Vec::new()],
         settings: gpt2.settings.clone(),

@@ -23,8 +23,8 @@ use heapscope_core::trace::Event;
 use heapscope_core::{DeviceEvent, DeviceHeap, Error, RangeState, Result};
 use heapscope_pytorch::caching::{SMALL_BUFFER_BYTES, SMALL_SIZE_BYTES};
 use heapscope_pytorch::{
-    Action, AllocConf, BackingRefused, Block, BlockState, CachingAllocator, EntryEffect, MemoryStats, Pool, PoolId,
-    RecordedSettings, Segment, SegmentBacking, Snapshot, StackId, StatArray, TraceEntry, UnknownAction,
+    Action, AllocConf, BackingRefused, Block, BlockState, CachingAllocator, ContenderExport, EntryEffect, MemoryStats, Pool,
+    PoolId, RecordedSettings, Segment, SegmentBacking, Snapshot, StackId, StatArray, TraceEntry, UnknownAction,
 };
 
 /// Where a paged heap's virtual range starts in exported addresses.
@@ -38,6 +38,10 @@ struct Writer<'a> {
     heap_stream: u64,
     /// What each allocation live at the start would have been recorded with ([`Recording::start_origins`]).
     start_origins: Vec<Option<TraceEntry>>,
+    /// The entries written before which the recording's user called `empty_cache()` ([`ContenderExport`]).
+    empty_caches: Vec<usize>,
+    /// The recording's entries of actions heapscope does not know, as written (with their names).
+    unknown_actions: Vec<UnknownAction>,
 }
 
 /// The stream a heap or paged contender's memory is written on: one heap serves every stream, while PyTorch keeps each
@@ -59,6 +63,23 @@ impl<'a> Writer<'a> {
             entries: Vec::with_capacity(recording.trace.events().len() * 2),
             heap_stream: heap_stream(recording),
             start_origins: recording.start_origins(),
+            empty_caches: Vec::new(),
+            unknown_actions: Vec::new(),
+        }
+    }
+
+    /// Writes entry `index` of the recording as it is when heapscope does not know its action (with its name): it is
+    /// no event of the stream, and a reader of the file may know it.
+    fn unknown(&mut self, index: u64) {
+        let Some(snapshot) = &self.recording.snapshot else { return };
+        let device = self.recording.device;
+        let Some(entry) = snapshot.device_traces.get(device).and_then(|trace| trace.get(usize::try_from(index).ok()?)) else {
+            return;
+        };
+        if entry.action == Action::Unknown {
+            let name = snapshot.action_name(device, index as usize, entry);
+            self.unknown_actions.push(UnknownAction { device, entry: self.entries.len(), name: name.into() });
+            self.entries.push(entry.clone());
         }
     }
 
@@ -396,6 +417,8 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
     give_stacks(&mut segments, &stacks, recording);
     let mut device_traces = vec![Vec::new(); device + 1];
     device_traces[device] = writer.entries;
+    let mut empty_cache_entries = vec![Vec::new(); device + 1];
+    empty_cache_entries[device] = writer.empty_caches;
     Ok(Replayed {
         snapshot: Snapshot {
             segments,
@@ -404,7 +427,8 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
             frame_stacks,
             categories: categories(recording),
             pool_ids: pool_ids(recording),
-            unknown_actions: Vec::new(),
+            unknown_actions: writer.unknown_actions,
+            contender_export: Some(ContenderExport { contender: contender.name().into(), empty_cache_entries }),
         },
         stats: recorder.stats,
         heap_report,
@@ -520,7 +544,12 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
                 self.freed::<H>(handle, index);
                 self.device(device_events, index);
             }
-            Step::Unserved { .. } | Step::CacheEmptied => self.device(device_events, index),
+            Step::Unserved { .. } => self.device(device_events, index),
+            Step::CacheEmptied => {
+                // Before the first release it makes (or the next entry written, where it releases nothing).
+                self.writer.empty_caches.push(self.writer.entries.len());
+                self.device(device_events, index);
+            }
             // A move is a free where it was now, and an allocation where it is once the compaction is done.
             Step::Moved { from, to, .. } => {
                 let from_address = self.address_base + H::address(from);
@@ -554,11 +583,14 @@ impl<H: DeviceHeap> Observer<HeapTarget<'_, H>> for Exporter<'_, '_> {
         Ok(())
     }
 
-    fn moment_done(&mut self, _moment: Moment, device_events: &[DeviceEvent], _target: &HeapTarget<'_, H>) -> Result<()> {
+    fn moment_done(&mut self, moment: Moment, device_events: &[DeviceEvent], _target: &HeapTarget<'_, H>) -> Result<()> {
         self.moves_done();
         if !device_events.is_empty() {
             self.device(device_events, self.last_event);
             self.recorder.settle();
+        }
+        if let Moment::Entry(index) = moment {
+            self.writer.unknown(index);
         }
         Ok(())
     }
@@ -885,6 +917,7 @@ pub fn emulated_snapshot(
             categories: categories(recording),
             pool_ids,
             unknown_actions,
+            contender_export: None,
         },
         stats,
         heap_report: None,
@@ -1000,6 +1033,60 @@ mod tests {
                 _ => {}
             }
         }
+    }
+
+    /// heapscope's export of a heap contender reads back as the stream it replayed: the contender's own block releases
+    /// are no `empty_cache()` calls (the emulation of PyTorch took them for the user's, and the export replayed as
+    /// another stream: no OOM on frag_oom), the user's calls are kept where they were, and an entry of an action
+    /// heapscope does not know is written with its name, as PyTorch's export writes it.
+    #[test]
+    fn a_heap_export_reads_back_as_the_stream_it_replayed() {
+        use heapscope_pytorch::{parse_snapshot, write_snapshot};
+        let mut builder = TraceBuilder::new("t");
+        for id in 0..6 {
+            builder.alloc(id, 300 * MIB).unwrap();
+        }
+        for id in 0..6 {
+            builder.free(id).unwrap();
+        }
+        builder.empty_cache();
+        builder.alloc(6, 100 * MIB).unwrap();
+        builder.free(6).unwrap();
+        builder.empty_cache();
+        builder.alloc(7, 700 * MIB).unwrap();
+        let recording = Recording::from_trace(builder.finish());
+        for (kind, release) in [(PolicyKind::Tlsf, ReleaseRule::Immediately), (PolicyKind::BestFit, ReleaseRule::KeepOne)] {
+            let config = CompareConfig {
+                heap: HeapConfig { release, block_size_bytes: 256 * MIB, ..HeapConfig::new(kind) },
+                ..CompareConfig::default()
+            };
+            let replayed = replayed_snapshot(&recording, Contender::Heap(kind), &config).unwrap();
+            assert!(count(&replayed.snapshot, Action::SegmentFree) > 2, "{kind}: the heap releases blocks of its own");
+            let mut bytes = Vec::new();
+            write_snapshot(&replayed.snapshot, &mut bytes).unwrap();
+            let again = parse_snapshot(bytes.as_slice(), "export.pickle").unwrap();
+            assert_eq!(again.contender_export, replayed.snapshot.contender_export, "{kind}");
+            let read_back = Recording::from_snapshot("export.pickle", again, 0).unwrap();
+            assert_eq!(read_back.trace.events(), recording.trace.events(), "{kind}: the same stream");
+            assert_eq!(read_back.empty_caches.len(), 2, "{kind}");
+        }
+        // An action heapscope does not know, kept with its name.
+        let mut snapshot = Snapshot {
+            device_traces: vec![vec![
+                TraceEntry::new(Action::Alloc, 1 << 30, MIB),
+                TraceEntry::new(Action::Unknown, 7, 8),
+                TraceEntry::new(Action::FreeCompleted, 1 << 30, MIB),
+            ]],
+            ..Snapshot::default()
+        };
+        snapshot.unknown_actions.push(UnknownAction { device: 0, entry: 1, name: "weird_future".into() });
+        let recording = Recording::from_snapshot("weird.pickle", snapshot, 0).unwrap();
+        let replayed = replayed_snapshot(&recording, Contender::Heap(PolicyKind::Tlsf), &CompareConfig::default()).unwrap();
+        let trace = &replayed.snapshot.device_traces[0];
+        let written = trace.iter().position(|entry| entry.action == Action::Unknown).expect("written");
+        assert_eq!(replayed.snapshot.action_name(0, written, &trace[written]), "weird_future");
+        assert_eq!((trace[written].addr, trace[written].size), (7, 8));
+        assert_eq!(trace[written - 1].action, Action::Alloc, "after its entry's allocation: {trace:?}");
     }
 
     #[test]

@@ -675,6 +675,7 @@ mod tests {
             categories: Vec::new(),
             pool_ids: Vec::new(),
             unknown_actions: Vec::new(),
+            contender_export: None,
         };
         let recording = Recording::from_snapshot("t.pickle", snapshot, 0).unwrap();
         assert_eq!((recording.start_events, recording.entries), (1, 8), "the block from before the recording");
@@ -854,6 +855,7 @@ mod same_stream {
             categories: Vec::new(),
             pool_ids: Vec::new(),
             unknown_actions: Vec::new(),
+            contender_export: None,
             segments: vec![segment],
             device_traces: vec![trace],
             settings: Some(RecordedSettings { expandable_segments: true, ..RecordedSettings::default() }),

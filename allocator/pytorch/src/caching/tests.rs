@@ -1123,6 +1123,7 @@ fn issue_14_expandable_recording_from_empty_with_oom_replays_exactly() {
         categories: Vec::new(),
         pool_ids: Vec::new(),
         unknown_actions: Vec::new(),
+        contender_export: None,
         segments: final_segments.clone(),
         device_traces: vec![trace.clone()],
         settings: Some(settings),

@@ -247,6 +247,7 @@ mod tests {
             categories: Vec::new(),
             pool_ids: Vec::new(),
             unknown_actions: Vec::new(),
+            contender_export: None,
             segments,
             device_traces: vec![trace],
             settings: None,
