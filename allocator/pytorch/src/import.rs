@@ -222,13 +222,21 @@ fn parse_decompressed(mut input: impl Read, gzip: bool, name: &str, decoder: Dec
         });
     }
     let mut input = head.as_slice().chain(input);
-    let result = pickle_read::read_pickle(&mut input, decoder).and_then(|result| {
-        if gzip {
-            // Read the rest so that the gzip trailer (CRC, length) is checked: a cut file is an error.
-            io::copy(&mut input, &mut io::sink()).map_err(|error| ReadError::Io { offset: None, error })?;
+    let result = match pickle_read::read_pickle(&mut input, decoder) {
+        // Read the rest so that the gzip trailer (CRC, length) is checked: a cut file is an error.
+        Ok(result) if gzip => {
+            io::copy(&mut input, &mut io::sink()).map(|_| result).map_err(|error| ReadError::Io { offset: None, error })
         }
-        Ok(result)
-    });
+        // A pickle that makes no sense from a gzip stream that is damaged: the damage is the cause, said instead (a
+        // flipped byte decompresses to stray opcodes, found before the CRC at the end).
+        Err(error @ (ReadError::Malformed { .. } | ReadError::Schema { .. })) if gzip => {
+            match io::copy(&mut input, &mut io::sink()) {
+                Err(damage) => Err(ReadError::Io { offset: None, error: damage }),
+                Ok(_) => Err(error),
+            }
+        }
+        other => other,
+    };
     let convert_error = |error: ReadError| match error {
         ReadError::Malformed { offset, what } => SnapshotError::Pickle { file: name.to_owned(), offset, what },
         ReadError::Io { offset, error } => SnapshotError::Io {
@@ -244,6 +252,19 @@ fn parse_decompressed(mut input: impl Read, gzip: bool, name: &str, decoder: Dec
                     }
                     (true, _) if error.to_string().contains("invalid gzip header") => {
                         " (bytes after the gzip stream that are no gzip member: padding or another file's data)"
+                    }
+                    (true, io::ErrorKind::InvalidInput | io::ErrorKind::InvalidData) => {
+                        // Where the pickle reader stood says nothing of where: the stream is decompressed ahead of it.
+                        return SnapshotError::Io {
+                            file: name.to_owned(),
+                            error: io::Error::new(
+                                error.kind(),
+                                format!(
+                                    "the gzip stream is damaged: {error} (its compressed bytes are not what gzip wrote: a \
+                                     copy or download went wrong; `gzip -t` says the same)"
+                                ),
+                            ),
+                        };
                     }
                     _ => "",
                 };
@@ -2890,6 +2911,21 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
         let padded = [whole.clone(), vec![0; 100]].concat();
         let error = parse_snapshot(padded.as_slice(), "padded.pickle.gz").expect_err("padded").to_string();
         assert!(error.contains("bytes after the gzip stream that are no gzip member"), "{error}");
+    }
+
+    /// A gzip file with a damaged byte says its gzip stream is damaged, the cause, never where the pickle reader stood
+    /// (it decompresses ahead) nor the stray opcode or memo slot the damaged bytes decompress to.
+    #[test]
+    fn a_damaged_gzip_file_says_so() {
+        let whole = std::fs::read(asset("gpt2_train_fixed-default.pickle.gz")).unwrap();
+        let frag = std::fs::read(asset("frag_oom-default.pickle.gz")).unwrap();
+        for (bytes, at) in [(&whole, 600), (&whole, 20_000), (&whole, 50_000), (&whole, whole.len() - 100), (&frag, 600)] {
+            let mut damaged = bytes.clone();
+            damaged[at] ^= 0x5a;
+            let error = parse_snapshot(damaged.as_slice(), "damaged.pickle.gz").expect_err("damaged").to_string();
+            assert!(error.contains("damaged.pickle.gz") && error.contains("the gzip stream is damaged"), "{at}: {error}");
+            assert!(!error.contains("pickle stream") && !error.contains("opcode") && !error.contains("memo"), "{at}: {error}");
+        }
     }
 
     /// Issue 17: recorded allocator settings are held to what `--alloc-conf` accepts (a NaN threshold, 3 divisions,
