@@ -140,7 +140,8 @@ pub struct Advice {
     pub capacity_bytes: Option<u64>,
     /// Where it comes from.
     pub capacity_from: CapacityFrom,
-    /// The recording's own settings, as `PYTORCH_CUDA_ALLOC_CONF` (what it recorded, else `""`).
+    /// The recording's own settings, as `PYTORCH_CUDA_ALLOC_CONF`: the string it recorded where that is the settings in
+    /// effect, else those (`""`: PyTorch's defaults).
     pub recorded_setting: String,
     /// Bytes live before the recording's first entry (a recording begun mid-run is advised from its rebuilt start
     /// state).
@@ -433,13 +434,12 @@ pub fn advise_until(
 ) -> Result<Option<Advice>> {
     let Capacity { bytes: capacity_bytes, from: capacity_from } = Capacity::of(config.capacity_bytes, recording);
     let recorded_conf = alloc_conf(recording, None)?;
-    // The string the file records; for a file that records none, the settings the replay runs with (expandable
-    // segments where the file shows them).
-    let recorded_setting = recording
-        .snapshot
-        .as_ref()
-        .and_then(|snapshot| snapshot.settings.as_ref())
-        .map_or_else(|| recorded_conf.overrides(), |settings| settings.alloc_conf.clone());
+    // The string the file records where it is the settings in effect; else (a file that records none, or a string the
+    // recorded keys contradict: `caveats::settings_string_not_in_effect`) the settings the replay runs with.
+    let recorded_setting = match recording.snapshot.as_ref().and_then(|snapshot| snapshot.settings.as_ref()) {
+        Some(settings) if AllocConf::recorded_string_in_effect(settings) => settings.alloc_conf.clone(),
+        _ => recorded_conf.overrides(),
+    };
     let mut rows = Vec::with_capacity(config.settings.len() + 2);
     for setting in &config.settings {
         let setting = with_recorded_budget(setting, &recorded_conf);
@@ -1164,6 +1164,51 @@ mod tests {
         assert!(advice.settings.iter().all(|row| row.monotone), "{:?}", advice.settings);
         let ranks: Vec<usize> = advice.settings.iter().map(|row| row.rank).collect();
         assert_eq!(ranks, [1, 2, 3, 0], "paged last, unranked");
+    }
+
+    /// A file whose `PYTORCH_CUDA_ALLOC_CONF` string is not the settings its keys record (a program run with expandable
+    /// segments that later set `max_split_size_mb:1024`: PyTorch keeps the last string) is advised with the settings in
+    /// effect: keeping them pastes those (it pasted the string, which the answer's own table showed running out of
+    /// memory), and every command says why in its notes; a string that agrees with the keys is pasted as written.
+    #[test]
+    fn the_recorded_settings_are_the_ones_in_effect() {
+        // (the string, its keys' expandable segments and max split size, what keeping them pastes, noted)
+        let cases = [
+            ("max_split_size_mb:1024", true, Some(1024 * MIB), "expandable_segments:True,max_split_size_mb:1024", true),
+            ("", true, None, "expandable_segments:True", true),
+            ("expandable_segments:True", true, None, "expandable_segments:True", false),
+            (
+                "max_split_size_mb:1024 , expandable_segments:True",
+                true,
+                Some(1024 * MIB),
+                "max_split_size_mb:1024 , expandable_segments:True",
+                false,
+            ),
+        ];
+        for (string, expandable, max_split, pasted, noted) in cases {
+            let mut recording = shared("frag_oom-expandable");
+            let snapshot = recording.snapshot.take().unwrap();
+            let settings = heapscope_pytorch::RecordedSettings {
+                alloc_conf: string.to_owned(),
+                expandable_segments: expandable,
+                max_split_size: max_split,
+                ..snapshot.settings.clone().unwrap()
+            };
+            let snapshot = Snapshot { settings: Some(settings), ..snapshot };
+            let recording = Recording::from_snapshot("fragx.pickle", snapshot, 0).unwrap();
+            let config = AdviseConfig { capacity_bytes: Some(3584 * MIB), settings: vec![String::new()], threads: 1 };
+            let advice = advise(&recording, &config, &|_, _| {}).unwrap();
+            assert_eq!(advice.recorded_setting, pasted, "{string:?}");
+            assert_eq!(advice.recorded().unwrap().ooms, 0, "{string:?}: the settings in effect fit");
+            let note = crate::caveats::settings_string_not_in_effect(&recording);
+            assert_eq!(note.is_some(), noted, "{string:?}: {note:?}");
+            if let Some(note) = note {
+                assert!(
+                    note.contains(&format!("{string:?}")) && note.ends_with(&format!("every replay runs with {pasted}")),
+                    "{note}"
+                );
+            }
+        }
     }
 
     /// On a recording begun mid-run, every PyTorch setting needs at least what the recording held at its start, a what-if

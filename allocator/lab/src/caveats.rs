@@ -138,10 +138,33 @@ pub fn final_state(recording: &Recording) -> Option<String> {
 /// heapscope does not know ([`unknown_actions`]), final segments that disagree with the trace's end
 /// ([`final_state`]). `advise` and `top` print them under their title.
 pub fn of_recording(recording: &Recording) -> Vec<String> {
-    [no_trace(recording), unknown_actions(recording), final_state(recording), empty_caches_untold(recording)]
-        .into_iter()
-        .flatten()
-        .collect()
+    [
+        no_trace(recording),
+        settings_string_not_in_effect(recording),
+        unknown_actions(recording),
+        final_state(recording),
+        empty_caches_untold(recording),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// The note that the `PYTORCH_CUDA_ALLOC_CONF` string the file records is not the settings its keys record, which were in
+/// effect and which every replay runs with ([`AllocConf::recorded_string_in_effect`]).
+pub fn settings_string_not_in_effect(recording: &Recording) -> Option<String> {
+    let settings = recording.snapshot.as_ref()?.settings.as_ref()?;
+    if AllocConf::recorded_string_in_effect(settings) {
+        return None;
+    }
+    let in_effect = AllocConf::from_recorded(settings).overrides();
+    let in_effect = if in_effect.is_empty() { "PyTorch's defaults".to_owned() } else { in_effect };
+    Some(format!(
+        "the file's PYTORCH_CUDA_ALLOC_CONF string, {:?}, is not the settings its keys record as in effect ({in_effect}): \
+         PyTorch records the last string it parsed, and a parse leaves expandable_segments as it was (settings changed \
+         while the program ran, torch.cuda.memory._set_allocator_settings); every replay runs with {in_effect}",
+        settings.alloc_conf
+    ))
 }
 
 /// The note that the user's `empty_cache()` calls among the recording's segment frees could not be told apart from

@@ -124,6 +124,18 @@ impl AllocConf {
         conf
     }
 
+    /// Whether the `PYTORCH_CUDA_ALLOC_CONF` string a snapshot recorded, read alone, is the settings in effect (its
+    /// dictionary's, [`AllocConf::from_recorded`]). Not always: PyTorch records the last string it parsed, and each
+    /// parse resets some keys but not `expandable_segments`, so a program run with `expandable_segments:True` that
+    /// later sets `max_split_size_mb:1024` records that string beside expandable segments in effect.
+    pub fn recorded_string_in_effect(settings: &RecordedSettings) -> bool {
+        let mut told = AllocConf::default();
+        for item in split_top_level(&settings.alloc_conf) {
+            let _ = told.parse_overrides(item);
+        }
+        told == AllocConf::from_recorded(settings)
+    }
+
     /// What the allocator may reserve on a device of `capacity_bytes` (`None`: unlimited): PyTorch's
     /// `allowed_memory_maximum`, the device times [`AllocConf::per_process_memory_fraction`] where one below 1 is set.
     pub fn allowed_bytes(&self, capacity_bytes: Option<u64>) -> Option<u64> {
