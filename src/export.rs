@@ -77,6 +77,7 @@ fn devices_overview(args: &RecordingArgs, recording: &Recording) -> Vec<String> 
 
 /// Runs the export.
 pub fn run_export(args: &ExportArgs) -> Result<()> {
+    args.recording.check(&[args.policy], false)?;
     if args.vma_json.is_some() && !matches!(args.policy, Contender::Heap(_)) {
         bail!("--vma-json needs a heap contender (a core policy such as tlsf), not {}", args.policy);
     }
@@ -136,6 +137,7 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
 
 /// Runs the summary.
 pub fn run_summary(args: &SummaryArgs) -> Result<()> {
+    args.recording.check(&[args.policy], false)?;
     let recording = args.recording.open()?;
     let (replayed, shown) =
         replayed(&args.recording, &recording, args.policy).with_context(|| format!("replaying through {}", args.policy))?;

@@ -96,6 +96,10 @@ impl RecordingArgs {
     /// device, in its own sparse pages, not `--page-size`'s).
     pub fn check(&self, contenders: &[Contender], on_device: bool) -> Result<()> {
         let paged = contenders.contains(&Contender::Paged);
+        if let Some((flag, reaches)) = self.flag_reaching_none(contenders) {
+            let names: Vec<String> = contenders.iter().map(ToString::to_string).collect();
+            anyhow::bail!("{flag} applies to {reaches} only, and this run replays {}: it would change nothing", names.join(", "));
+        }
         // Exact sizes: a size a byte off a power of two or a page reads in units as one that is.
         let exact = heapscope_core::units::exact_size;
         if paged && !self.page_size.is_power_of_two() {
@@ -115,6 +119,36 @@ impl RecordingArgs {
             );
         }
         Ok(())
+    }
+}
+
+impl RecordingArgs {
+    /// A flag given (away from its default) that changes none of `contenders`, with what it changes: the heap's rules
+    /// change the core policies' heaps, `paged`'s flags `paged`, `--budget`, `--align` and `--compact` every contender
+    /// but PyTorch's emulation (which keeps its own rules; its limit is `per_process_memory_fraction`).
+    fn flag_reaching_none(&self, contenders: &[Contender]) -> Option<(&'static str, &'static str)> {
+        let defaults = HeapRules::default();
+        let heap = contenders.iter().any(|contender| matches!(contender, Contender::Heap(_)));
+        let paged = contenders.contains(&Contender::Paged);
+        let not_pytorch = contenders.iter().any(|contender| !matches!(contender, Contender::Pytorch { .. }));
+        const HEAPS: &str = "the core policies' heaps (tlsf, best-fit, ...)";
+        const PAGED: &str = "the `paged` contender";
+        const NOT_PYTORCH: &str = "the contenders other than PyTorch's emulation";
+        let rules = &self.heap;
+        let given = [
+            (rules.block_size != defaults.block_size, "--block-size", HEAPS, heap),
+            (rules.dedicated_threshold != defaults.dedicated_threshold, "--dedicated-threshold", HEAPS, heap),
+            (rules.release.is_some(), "--release", HEAPS, heap),
+            (rules.fixed_blocks, "--fixed-blocks", HEAPS, heap),
+            (rules.min_align != defaults.min_align, "--min-align", HEAPS, heap),
+            (self.page_size != 2 << 20, "--page-size", PAGED, paged),
+            (self.paged_unmap != UnmapRule::default(), "--paged-unmap", PAGED, paged),
+            (self.virtual_size.is_some(), "--virtual-size", PAGED, paged),
+            (rules.budget.is_some(), "--budget", NOT_PYTORCH, not_pytorch),
+            (self.align != 512, "--align", NOT_PYTORCH, not_pytorch),
+            (self.compact != CompactRule::Never, "--compact", NOT_PYTORCH, not_pytorch),
+        ];
+        given.into_iter().find(|&(given, _, _, reaches_one)| given && !reaches_one).map(|(_, flag, reaches, _)| (flag, reaches))
     }
 }
 

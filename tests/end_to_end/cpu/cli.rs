@@ -1036,13 +1036,34 @@ fn bad_input_gets_a_clear_error() {
     let odd = dir.join("odd\nname\u{1b}[31m.csv");
     std::fs::write(&odd, "a,1,64\nx,1\n").unwrap();
     let odd_path = odd.to_str().unwrap().to_owned();
-    let cases: [(Vec<&str>, &str); 47] = [
+    let cases: [(Vec<&str>, &str); 52] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &odd_path], "odd\\nname\\u{1b}[31m.csv:2: unknown event \"x\""),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
         (vec!["replay", &truncated_path], "truncated.pickle.gz"),
         (vec!["replay", &foreign_path], "foreign.pickle"),
         (vec!["replay", good_path, "--align", "3"], "'--align <SIZE>': 3 B is not a power of two"),
+        // A flag that changes none of the contenders run is refused, not passed over (summary printed the same table).
+        (
+            vec!["summary", good_path, "--budget", "1GiB"],
+            "--budget applies to the contenders other than PyTorch's emulation only, and this run replays pytorch: it would change nothing",
+        ),
+        (
+            vec!["summary", good_path, "--policy", "tlsf", "--page-size", "4MiB"],
+            "--page-size applies to the `paged` contender only, and this run replays tlsf",
+        ),
+        (
+            vec!["replay", good_path, "--policy", "pytorch", "--policy", "paged", "--block-size", "64MiB"],
+            "--block-size applies to the core policies' heaps (tlsf, best-fit, ...) only, and this run replays pytorch, paged",
+        ),
+        (
+            vec!["export", good_path, "--policy", "pytorch", "--out", &exported_path, "--compact", "on-oom"],
+            "--compact applies to the contenders other than PyTorch's emulation only",
+        ),
+        (
+            vec!["compare", good_path, "--policy", "pytorch-expandable", "--align", "4096"],
+            "--align applies to the contenders other than PyTorch's emulation only",
+        ),
         (vec!["replay", good_path, "--min-align", "3"], "'--min-align <SIZE>': 3 B is not a power of two"),
         (vec!["replay", good_path, "--policy", "tlfs"], "unknown policy \"tlfs\""),
         (vec!["replay", good_path, "--alloc-conf", "expandable_segmnts:True"], "expandable_segmnts"),
