@@ -125,15 +125,18 @@ impl RecordingArgs {
 impl RecordingArgs {
     /// A flag given (away from its default) that changes none of `contenders`, with what it changes: the heap's rules
     /// change the core policies' heaps, `paged`'s flags `paged`, `--budget`, `--align` and `--compact` every contender
-    /// but PyTorch's emulation (which keeps its own rules; its limit is `per_process_memory_fraction`).
+    /// but PyTorch's emulation (which keeps its own rules; its limit is `per_process_memory_fraction`), `--alloc-conf`
+    /// PyTorch's emulation alone.
     fn flag_reaching_none(&self, contenders: &[Contender]) -> Option<(&'static str, &'static str)> {
         let defaults = HeapRules::default();
         let heap = contenders.iter().any(|contender| matches!(contender, Contender::Heap(_)));
         let paged = contenders.contains(&Contender::Paged);
+        let pytorch = contenders.iter().any(|contender| matches!(contender, Contender::Pytorch { .. }));
         let not_pytorch = contenders.iter().any(|contender| !matches!(contender, Contender::Pytorch { .. }));
         const HEAPS: &str = "the core policies' heaps (tlsf, best-fit, ...)";
         const PAGED: &str = "the `paged` contender";
         const NOT_PYTORCH: &str = "the contenders other than PyTorch's emulation";
+        const PYTORCH: &str = "PyTorch's emulation (pytorch, pytorch-expandable)";
         let rules = &self.heap;
         let given = [
             (rules.block_size != defaults.block_size, "--block-size", HEAPS, heap),
@@ -147,6 +150,7 @@ impl RecordingArgs {
             (rules.budget.is_some(), "--budget", NOT_PYTORCH, not_pytorch),
             (self.align != 512, "--align", NOT_PYTORCH, not_pytorch),
             (self.compact != CompactRule::Never, "--compact", NOT_PYTORCH, not_pytorch),
+            (self.alloc_conf.is_some(), "--alloc-conf", PYTORCH, pytorch),
         ];
         given.into_iter().find(|&(given, _, _, reaches_one)| given && !reaches_one).map(|(_, flag, reaches, _)| (flag, reaches))
     }

@@ -18,6 +18,7 @@ use crate::recording::{Moment, Recording, counted};
 pub fn all(recording: &Recording, contenders: &[Contender], config: &CompareConfig) -> Vec<String> {
     [
         no_trace(recording),
+        settings_string_not_in_effect(recording),
         unknown_actions(recording),
         final_state(recording),
         switched_memory(recording),

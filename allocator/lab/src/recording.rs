@@ -624,7 +624,8 @@ impl Built {
         let mut probe_id = u64::MAX;
         let mut empty_caches = empty_caches.iter().copied().peekable();
         for (index, entry) in (0..).zip(entries) {
-            if empty_caches.next_if(|&at| at as u64 == index).is_some() {
+            // Each call before this entry (two in a row are two).
+            while empty_caches.next_if(|&at| at as u64 == index).is_some() {
                 builder.empty_cache();
                 entry_index.push(index);
             }
@@ -676,6 +677,13 @@ impl Built {
                     probe_id -= 1;
                 }
                 _ => {}
+            }
+        }
+        // Calls after the last entry: events of its moment (a trace of no entries has no moment for them).
+        if let Some(last) = (entries.len() as u64).checked_sub(1) {
+            for _ in empty_caches.filter(|&at| at == entries.len()) {
+                builder.empty_cache();
+                entry_index.push(last);
             }
         }
         let start_addresses = start.iter().map(|&(address, _)| address).collect();

@@ -68,6 +68,14 @@ pub enum AllocConfError {
         /// The key.
         key: String,
     },
+    /// A setting that is not `key:value` (an empty one between commas, one without a colon).
+    #[error("PYTORCH_CUDA_ALLOC_CONF `{text}`: {why}")]
+    Malformed {
+        /// The whole string, or the setting, as written.
+        text: String,
+        /// What PyTorch requires.
+        why: &'static str,
+    },
     /// The value does not fit the key.
     #[error("bad value `{value}` for PYTORCH_CUDA_ALLOC_CONF key `{key}`: {why}")]
     BadValue {
@@ -133,7 +141,12 @@ impl AllocConf {
         for item in split_top_level(&settings.alloc_conf) {
             let _ = told.parse_overrides(item);
         }
-        told == AllocConf::from_recorded(settings)
+        let recorded = AllocConf::from_recorded(settings);
+        // A list with `>` meant otherwise before PyTorch 2.9 (see the module's documentation): the keys say which.
+        if settings.alloc_conf.contains('>') {
+            told.roundup_power2_divisions = recorded.roundup_power2_divisions;
+        }
+        told == recorded
     }
 
     /// What the allocator may reserve on a device of `capacity_bytes` (`None`: unlimited): PyTorch's
@@ -167,11 +180,14 @@ impl AllocConf {
                 if index + 1 == items.len() {
                     continue;
                 }
-                return Err(bad(&s, "", "a setting is empty: expected `key:value` between commas"));
+                return Err(AllocConfError::Malformed {
+                    text: s.clone(),
+                    why: "a setting is empty: expected `key:value` between commas",
+                });
             }
             let (key, value) = match item.split_once(':') {
                 Some((k, v)) => (k.trim(), v.trim()),
-                None => return Err(bad(item, "", "expected `key:value`")),
+                None => return Err(AllocConfError::Malformed { text: item.to_owned(), why: "expected `key:value`" }),
             };
             match key {
                 "max_split_size_mb" => {
@@ -492,7 +508,8 @@ mod tests {
             ("pinned_num_register_threads:3", "`3`"),
             ("pinned_reserve_segment_size_mb:0", "`0`"),
             ("max_split_size_mb:128,,expandable_segments:True", "a setting is empty"),
-            (",max_split_size_mb:128", "a setting is empty"),
+            (",max_split_size_mb:128", "PYTORCH_CUDA_ALLOC_CONF `,max_split_size_mb:128`: a setting is empty"),
+            ("expandable_segments", "PYTORCH_CUDA_ALLOC_CONF `expandable_segments`: expected `key:value`"),
         ];
         for (input, needle) in cases {
             let err = AllocConf::default().parse_overrides(input).unwrap_err().to_string();
@@ -533,5 +550,42 @@ mod tests {
         assert_eq!(conf.max_split_size, Some(200 << 20));
         assert_eq!(conf.max_non_split_rounding, 64 << 20);
         assert_eq!(conf.per_process_memory_fraction, Some(0.5));
+    }
+
+    /// The recorded string is the settings in effect where it reads as the keys do; a string the keys contradict (a run
+    /// with expandable segments that later parsed another string) is not; a list with `>`, which PyTorch 2.8 and earlier
+    /// read otherwise, is judged by its other settings.
+    #[test]
+    fn the_recorded_string_is_in_effect_where_the_keys_agree() {
+        let mib = 1u64 << 20;
+        let recorded = |alloc_conf: &str, expandable_segments, max_split_size, garbage_collection_threshold, divisions: &[_]| {
+            RecordedSettings {
+                alloc_conf: alloc_conf.to_owned(),
+                max_split_size,
+                garbage_collection_threshold,
+                expandable_segments,
+                roundup_power2_divisions: divisions.to_vec(),
+            }
+        };
+        // (what the file records: string, expandable segments, max split size, threshold, roundup divisions; in effect)
+        let cases: [(RecordedSettings, bool); 7] = [
+            (recorded("", false, None, 0.0, &[]), true),
+            (recorded("expandable_segments:True , max_split_size_mb:1024", true, Some(1024 * mib), 0.0, &[]), true),
+            (recorded("max_split_size_mb:1024", true, Some(1024 * mib), 0.0, &[]), false),
+            (recorded("", true, None, 0.0, &[]), false),
+            (recorded("garbage_collection_threshold:0.6", false, None, 0.8, &[]), false),
+            // PyTorch 2.8's keys for its documented example: `>` set 1024 MiB's interval too.
+            (
+                recorded("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]", false, None, 0.0, &[(256, 1), (512, 2), (1024, 8)]),
+                true,
+            ),
+            (
+                recorded("roundup_power2_divisions:[256:1,512:2,1024:4,>:8],expandable_segments:True", false, None, 0.0, &[]),
+                false,
+            ),
+        ];
+        for (settings, in_effect) in cases {
+            assert_eq!(AllocConf::recorded_string_in_effect(&settings), in_effect, "{settings:?}");
+        }
     }
 }

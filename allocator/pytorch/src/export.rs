@@ -300,16 +300,17 @@ mod tests {
     fn a_contender_export_round_trips_and_bad_entries_are_refused() {
         let trace = vec![TraceEntry::new(Action::Alloc, 4096, 512); 3];
         // (the entries of device 0 and of device 1, what the error says; None: read back as written)
-        let cases: [(Vec<Vec<usize>>, Option<&str>); 5] = [
+        let cases: [(Vec<Vec<usize>>, Option<&str>); 6] = [
             (vec![vec![0, 2]], None),
             (vec![], None),
+            (vec![vec![2, 2, 3, 3]], None),
             (
-                vec![vec![1, 3]],
-                Some("heapscope_contender_export.empty_cache_entries[0][1]: entry 3, past device_traces[0]'s 3 entries"),
+                vec![vec![1, 4]],
+                Some("heapscope_contender_export.empty_cache_entries[0][1]: entry 4, past device_traces[0]'s 3 entries"),
             ),
             (
-                vec![vec![2, 2]],
-                Some("heapscope_contender_export.empty_cache_entries[0][1]: entry 2 after entry 2: the entries ascend"),
+                vec![vec![2, 1]],
+                Some("heapscope_contender_export.empty_cache_entries[0][1]: entry 1 after entry 2: the entries ascend"),
             ),
             (
                 vec![vec![0], vec![0]],

@@ -197,46 +197,6 @@ fn parse(reader: impl Read, name: &str, decoder: Decoder) -> Result<Snapshot, Sn
 fn parse_decompressed(mut input: impl Read, gzip: bool, name: &str, decoder: Decoder) -> Result<Snapshot, SnapshotError> {
     // A snapshot's pickle opens with PROTO (protocol 2 and later) or a dict or list (0 and 1): anything else is no
     // pickle of one (text gzipped, another format), said with what it holds rather than as a stray opcode's error.
-    let mut head = Vec::with_capacity(8);
-    (&mut input).take(8).read_to_end(&mut head).map_err(|error| SnapshotError::Io {
-        file: name.to_owned(),
-        error: io::Error::new(error.kind(), format!("at byte 0 of the pickle stream: {error}")),
-    })?;
-    if head.first().is_some_and(|byte| !matches!(byte, 0x80 | b'(' | b'}' | b']')) {
-        let holds = if gzip { "the gzip stream holds" } else { "it starts with" };
-        // A trace of heapscope's gzipped: its magic, or text (a CSV trace).
-        let trace = heapscope_core::trace::Trace::is_native(&head)
-            || head.iter().all(|&byte| byte.is_ascii_graphic() || byte.is_ascii_whitespace());
-        let hint = if gzip && trace {
-            "; a gzip-compressed heapscope or CSV trace? those are read as they are written: gunzip it first"
-        } else {
-            ""
-        };
-        return Err(SnapshotError::Pickle {
-            file: name.to_owned(),
-            offset: 0,
-            what: format!(
-                "no pickle of a snapshot (one opens with 0x80 and its protocol, or `(`, `}}` or `]`): {holds} {}{hint}",
-                shown_bytes(&head)
-            ),
-        });
-    }
-    let mut input = head.as_slice().chain(input);
-    let result = match pickle_read::read_pickle(&mut input, decoder) {
-        // Read the rest so that the gzip trailer (CRC, length) is checked: a cut file is an error.
-        Ok(result) if gzip => {
-            io::copy(&mut input, &mut io::sink()).map(|_| result).map_err(|error| ReadError::Io { offset: None, error })
-        }
-        // A pickle that makes no sense from a gzip stream that is damaged: the damage is the cause, said instead (a
-        // flipped byte decompresses to stray opcodes, found before the CRC at the end).
-        Err(error @ (ReadError::Malformed { .. } | ReadError::Schema { .. })) if gzip => {
-            match io::copy(&mut input, &mut io::sink()) {
-                Err(damage) => Err(ReadError::Io { offset: None, error: damage }),
-                Ok(_) => Err(error),
-            }
-        }
-        other => other,
-    };
     let convert_error = |error: ReadError| match error {
         ReadError::Malformed { offset, what } => SnapshotError::Pickle { file: name.to_owned(), offset, what },
         ReadError::Io { offset, error } => SnapshotError::Io {
@@ -275,6 +235,43 @@ fn parse_decompressed(mut input: impl Read, gzip: bool, name: &str, decoder: Dec
             },
         },
         ReadError::Schema { path, what } => SnapshotError::Schema { file: name.to_owned(), path, what },
+    };
+    let mut head = Vec::with_capacity(8);
+    (&mut input).take(8).read_to_end(&mut head).map_err(|error| convert_error(ReadError::Io { offset: Some(0), error }))?;
+    if head.first().is_some_and(|byte| !matches!(byte, 0x80 | b'(' | b'}' | b']')) {
+        let holds = if gzip { "the gzip stream holds" } else { "it starts with" };
+        // A trace of heapscope's gzipped: its magic, or text (a CSV trace).
+        let trace = heapscope_core::trace::Trace::is_native(&head)
+            || head.iter().all(|&byte| byte.is_ascii_graphic() || byte.is_ascii_whitespace());
+        let hint = if gzip && trace {
+            "; a gzip-compressed heapscope or CSV trace? those are read as they are written: gunzip it first"
+        } else {
+            ""
+        };
+        return Err(SnapshotError::Pickle {
+            file: name.to_owned(),
+            offset: 0,
+            what: format!(
+                "no pickle of a snapshot (one opens with 0x80 and its protocol, or `(`, `}}` or `]`): {holds} {}{hint}",
+                shown_bytes(&head)
+            ),
+        });
+    }
+    let mut input = head.as_slice().chain(input);
+    let result = match pickle_read::read_pickle(&mut input, decoder) {
+        // Read the rest so that the gzip trailer (CRC, length) is checked: a cut file is an error.
+        Ok(result) if gzip => {
+            io::copy(&mut input, &mut io::sink()).map(|_| result).map_err(|error| ReadError::Io { offset: None, error })
+        }
+        // A pickle that makes no sense from a gzip stream that is damaged: the damage is the cause, said instead (a
+        // flipped byte decompresses to stray opcodes, found before the CRC at the end).
+        Err(error @ (ReadError::Malformed { .. } | ReadError::Schema { .. })) if gzip => {
+            match io::copy(&mut input, &mut io::sink()) {
+                Err(damage) => Err(ReadError::Io { offset: None, error: damage }),
+                Ok(_) => Err(error),
+            }
+        }
+        other => other,
     };
     let (root, decoder) = result.map_err(convert_error)?;
     decoder.finish(&root).map_err(|Issue { path, what }| SnapshotError::Schema { file: name.to_owned(), path, what })
@@ -1894,7 +1891,8 @@ fn release_segment(segment: &Value, memo: &mut Memo) {
 pub(crate) const CONTENDER_EXPORT_KEY: &str = "heapscope_contender_export";
 
 /// Converts `heapscope_contender_export`: the contender's name, and by device the entries before which the user called
-/// `empty_cache()`, ascending and within that device's trace.
+/// `empty_cache()`, in order (two calls in a row before the same entry, and the trace's length for a call after its last
+/// entry).
 fn contender_export(value: &Value, device_traces: &[Vec<TraceEntry>]) -> Result<ContenderExport, Issue> {
     let fields = Fields::of(value, CONTENDER_EXPORT_KEY)?;
     let contender = fields.str("contender")?.ok_or_else(|| Issue::new(fields.key_path("contender"), "missing key"))?;
@@ -1916,10 +1914,11 @@ fn contender_export(value: &Value, device_traces: &[Vec<TraceEntry>]) -> Result<
         for (index, item) in items.iter().enumerate() {
             let item_path = || format!("{device_path}[{index}]");
             let entry = to_u64(item, &item_path)?;
-            let entry = usize::try_from(entry).ok().filter(|&entry| entry < trace_len).ok_or_else(|| {
+            // Entry `trace_len`: a call after the last entry.
+            let entry = usize::try_from(entry).ok().filter(|&entry| entry <= trace_len).ok_or_else(|| {
                 Issue::new(item_path(), format!("entry {entry}, past device_traces[{device}]'s {trace_len} entries"))
             })?;
-            if let Some(&before) = entries.last().filter(|&&before| before >= entry) {
+            if let Some(&before) = entries.last().filter(|&&before| before > entry) {
                 return Err(Issue::new(item_path(), format!("entry {entry} after entry {before}: the entries ascend")));
             }
             entries.push(entry);
@@ -2919,9 +2918,11 @@ for name, obj in [("legacy", legacy), ("legacy_no_traces", legacy_no_traces), ("
     fn a_damaged_gzip_file_says_so() {
         let whole = std::fs::read(asset("gpt2_train_fixed-default.pickle.gz")).unwrap();
         let frag = std::fs::read(asset("frag_oom-default.pickle.gz")).unwrap();
-        for (bytes, at) in [(&whole, 600), (&whole, 20_000), (&whole, 50_000), (&whole, whole.len() - 100), (&frag, 600)] {
+        // (file, byte, bits flipped): early damage fails the first read, of the 8 bytes that tell a pickle.
+        let cases = [(&whole, 600, 0x5a), (&whole, 20_000, 0x5a), (&whole, 50_000, 0x5a), (&whole, whole.len() - 100, 0x5a)];
+        for (bytes, at, bits) in cases.into_iter().chain([(&frag, 600, 0x5a), (&frag, 106, 1)]) {
             let mut damaged = bytes.clone();
-            damaged[at] ^= 0x5a;
+            damaged[at] ^= bits;
             let error = parse_snapshot(damaged.as_slice(), "damaged.pickle.gz").expect_err("damaged").to_string();
             assert!(error.contains("damaged.pickle.gz") && error.contains("the gzip stream is damaged"), "{at}: {error}");
             assert!(!error.contains("pickle stream") && !error.contains("opcode") && !error.contains("memo"), "{at}: {error}");

@@ -529,7 +529,8 @@ pub struct Snapshot {
 pub struct ContenderExport {
     /// The contender replayed (`tlsf`, `paged`).
     pub contender: Arc<str>,
-    /// By device, the entries of its trace before which the user called `empty_cache()`, ascending.
+    /// By device, the entries of its trace before which the user called `empty_cache()`, in order (an entry twice for two
+    /// calls in a row; the trace's length for a call after its last entry).
     pub empty_cache_entries: Vec<Vec<usize>>,
 }
 

@@ -419,11 +419,20 @@ pub fn replayed_snapshot(recording: &Recording, contender: Contender, config: &C
     device_traces[device] = writer.entries;
     let mut empty_cache_entries = vec![Vec::new(); device + 1];
     empty_cache_entries[device] = writer.empty_caches;
+    // The recording's own settings, which a `pytorch` replay of the file runs with, as of the recording (without them a
+    // `paged` export's page maps read as PyTorch's expandable segments).
+    let settings = match recording.snapshot.as_ref().and_then(|snapshot| snapshot.settings.clone()) {
+        Some(settings) => settings,
+        None => {
+            let conf = crate::compare::alloc_conf(recording, None)?;
+            recorded_settings(&conf, &conf.overrides())
+        }
+    };
     Ok(Replayed {
         snapshot: Snapshot {
             segments,
             device_traces,
-            settings: None,
+            settings: Some(settings),
             frame_stacks,
             categories: categories(recording),
             pool_ids: pool_ids(recording),
@@ -1052,8 +1061,13 @@ mod tests {
         builder.empty_cache();
         builder.alloc(6, 100 * MIB).unwrap();
         builder.free(6).unwrap();
+        // Two calls in a row, the second releasing nothing; and two after the last entry.
+        builder.empty_cache();
         builder.empty_cache();
         builder.alloc(7, 700 * MIB).unwrap();
+        builder.free(7).unwrap();
+        builder.empty_cache();
+        builder.empty_cache();
         let recording = Recording::from_trace(builder.finish());
         for (kind, release) in [(PolicyKind::Tlsf, ReleaseRule::Immediately), (PolicyKind::BestFit, ReleaseRule::KeepOne)] {
             let config = CompareConfig {
@@ -1068,8 +1082,25 @@ mod tests {
             assert_eq!(again.contender_export, replayed.snapshot.contender_export, "{kind}");
             let read_back = Recording::from_snapshot("export.pickle", again, 0).unwrap();
             assert_eq!(read_back.trace.events(), recording.trace.events(), "{kind}: the same stream");
-            assert_eq!(read_back.empty_caches.len(), 2, "{kind}");
+            assert_eq!(read_back.empty_caches.len(), 5, "{kind}");
         }
+        // `pytorch` replays the file read back as the recording: a call where the heap released nothing (its block
+        // still holds the 1 MiB) is made all the same (PyTorch gives its 100 MiB segment back there: 302 MiB, not 402).
+        let mut builder = TraceBuilder::new("t");
+        builder.alloc(0, 100 * MIB).unwrap();
+        builder.alloc(1, MIB).unwrap();
+        builder.free(0).unwrap();
+        builder.empty_cache();
+        builder.alloc(2, 300 * MIB).unwrap();
+        let recording = Recording::from_trace(builder.finish());
+        let replayed = replayed_snapshot(&recording, Contender::Heap(PolicyKind::Tlsf), &CompareConfig::default()).unwrap();
+        assert_eq!(count(&replayed.snapshot, Action::SegmentFree), 0);
+        let read_back = Recording::from_snapshot("export.pickle", replayed.snapshot, 0).unwrap();
+        let pytorch = |recording: &Recording| {
+            let outcome = crate::compare::replay(recording, Contender::Pytorch { expandable: false }, &CompareConfig::default());
+            outcome.unwrap().figures().unwrap().peak_reserved_bytes
+        };
+        assert_eq!((pytorch(&recording), pytorch(&read_back)), (302 * MIB, 302 * MIB));
         // An action heapscope does not know, kept with its name.
         let mut snapshot = Snapshot {
             device_traces: vec![vec![

@@ -451,7 +451,8 @@ impl<'s> Emulator<'s> {
     }
 
     /// The same emulator taking the recording's user `empty_cache()` calls at `entries` (each the first entry of its
-    /// run of segment frees, as [`user_empty_caches`] finds them on the recorded run, sorted) instead of telling them
+    /// run of segment frees, as [`user_empty_caches`] finds them on the recorded run, or any entry, as heapscope's export
+    /// of another contender lists them: [`crate::ContenderExport`]; sorted) instead of telling them
     /// from this run's state: a what-if makes the user's calls where they were made, as the heaps replaying the same
     /// recording do, and none where the recording's allocator gave memory back for a request of its own (the same
     /// entries on the recorded run).
@@ -522,6 +523,14 @@ impl<'s> Emulator<'s> {
         let mut served = None;
         let mut cause = i;
         let pool_id = self.pool_id(i);
+        // A call given at an entry where no run of segment frees starts, which the run below would take: heapscope's
+        // export of another contender lists the calls where that contender released nothing (or in the middle of its
+        // own releases), and PyTorch's allocator makes them all the same.
+        let run_start = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap) && i >= self.empty_cache_checked_until;
+        if !run_start && self.given_empty_caches.as_ref().is_some_and(|given| given.binary_search(&i).is_ok()) {
+            self.out.empty_caches.push(i);
+            self.alloc.empty_cache();
+        }
         match e.action {
             Action::Alloc => {
                 self.fidelity.allocs += 1;
