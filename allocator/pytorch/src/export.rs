@@ -126,7 +126,7 @@ impl<'a, W: Write> Exporter<'a, W> {
             self.settings(settings)?;
         }
         if let Some(export) = &snapshot.contender_export {
-            self.shared_str(crate::import::CONTENDER_EXPORT_KEY)?;
+            self.shared_str(ContenderExport::KEY)?;
             self.contender_export(export)?;
         }
         self.out.set_items()

@@ -1724,7 +1724,7 @@ impl Decoder {
             None | Some(Value::None) => None,
             Some(value) => Some(settings(value)?),
         };
-        let contender_export = match top.get(CONTENDER_EXPORT_KEY) {
+        let contender_export = match top.get(ContenderExport::KEY) {
             None | Some(Value::None) => None,
             Some(value) => Some(contender_export(value, &device_traces)?),
         };
@@ -1887,14 +1887,11 @@ fn release_segment(segment: &Value, memo: &mut Memo) {
     release(segment, memo);
 }
 
-/// The top-level key of a snapshot heapscope wrote of another contender ([`ContenderExport`]).
-pub(crate) const CONTENDER_EXPORT_KEY: &str = "heapscope_contender_export";
-
 /// Converts `heapscope_contender_export`: the contender's name, and by device the entries before which the user called
 /// `empty_cache()`, in order (two calls in a row before the same entry, and the trace's length for a call after its last
 /// entry).
 fn contender_export(value: &Value, device_traces: &[Vec<TraceEntry>]) -> Result<ContenderExport, Issue> {
-    let fields = Fields::of(value, CONTENDER_EXPORT_KEY)?;
+    let fields = Fields::of(value, ContenderExport::KEY)?;
     let contender = fields.str("contender")?.ok_or_else(|| Issue::new(fields.key_path("contender"), "missing key"))?;
     let path = fields.key_path("empty_cache_entries");
     let devices = fields.list("empty_cache_entries")?.unwrap_or_default();

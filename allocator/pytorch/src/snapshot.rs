@@ -534,6 +534,11 @@ pub struct ContenderExport {
     pub empty_cache_entries: Vec<Vec<usize>>,
 }
 
+impl ContenderExport {
+    /// The snapshot's top-level key that holds it.
+    pub const KEY: &str = "heapscope_contender_export";
+}
+
 /// A trace entry of an action heapscope does not know: where it is and what the file calls it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
