@@ -474,7 +474,6 @@ impl Device {
         if let Some((what, asked_bytes, share)) = sparse {
             return self.sparse_too_small((workload, policy), settings, what, asked_bytes, share);
         }
-        let expandable = settings.alloc_conf.expandable_segments;
         match self {
             // The device's largest buffer and allocation, as a replay on the device holds them.
             Device::Vulkan(context) => context.properties().limits.largest_allocation(),
@@ -486,7 +485,7 @@ impl Device {
             }),
             Device::Sim { .. } => None,
         }
-        .and_then(|device_largest| policy.allocation_too_large(largest, expandable, device_largest))
+        .and_then(|device_largest| policy.allocation_too_large(largest, &settings.alloc_conf, device_largest))
         .map(|too_large| too_large.to_string())
     }
 

@@ -12,6 +12,7 @@ use std::str::FromStr;
 
 use heapscope_core::PolicyKind;
 use heapscope_core::units::exact_size;
+use heapscope_pytorch::AllocConf;
 
 /// Who replays a recording.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -99,19 +100,21 @@ impl Contender {
     }
 
     /// The one device allocation it makes for a request of `request_bytes` that nothing it holds can take, and how it
-    /// comes to that size: a buddy's power of two, PyTorch's segment, else a block (a heap's, or gpu-allocator's and
-    /// VMA's) aligned to [`DEVICE_BLOCK_ALIGN_BYTES`]; `u64::MAX` past 2^64 B. `None` for a contender that maps pages
-    /// into a virtual range instead (`paged`; PyTorch with expandable segments: `expandable_segments`, its settings').
-    /// What a device's largest allocation and buffer (`maxMemoryAllocationSize`, `maxBufferSize`) are held to.
-    pub fn device_allocation_bytes(self, request_bytes: u64, expandable_segments: bool) -> Option<(u64, &'static str)> {
+    /// comes to that size: a buddy's power of two, PyTorch's segment (of the request rounded by `pytorch`, the settings
+    /// PyTorch's emulation runs with: `roundup_power2_divisions`), else a block (a heap's, or gpu-allocator's and VMA's)
+    /// aligned to [`DEVICE_BLOCK_ALIGN_BYTES`]; `u64::MAX` past 2^64 B. `None` for a contender that maps pages into a
+    /// virtual range instead (`paged`; PyTorch with expandable segments). What a device's largest allocation and buffer
+    /// (`maxMemoryAllocationSize`, `maxBufferSize`) are held to.
+    pub fn device_allocation_bytes(self, request_bytes: u64, pytorch: &AllocConf) -> Option<(u64, &'static str)> {
         match self {
             Contender::Paged => None,
-            Contender::Pytorch { expandable } if expandable || expandable_segments => None,
+            Contender::Pytorch { expandable } if expandable || pytorch.expandable_segments => None,
             Contender::Heap(PolicyKind::Buddy) => {
                 Some((request_bytes.checked_next_power_of_two().unwrap_or(u64::MAX), "as a buddy's power of two"))
             }
             Contender::Pytorch { .. } => {
-                Some((heapscope_pytorch::caching::get_allocation_size(request_bytes), "as PyTorch's segment"))
+                let rounded_bytes = heapscope_pytorch::caching::round_size(request_bytes, pytorch);
+                Some((heapscope_pytorch::caching::get_allocation_size(rounded_bytes), "as PyTorch's segment"))
             }
             Contender::Heap(_) | Contender::GpuAllocator | Contender::Vma => {
                 Some((request_bytes.checked_next_multiple_of(DEVICE_BLOCK_ALIGN_BYTES).unwrap_or(u64::MAX), "as a block"))
@@ -125,10 +128,10 @@ impl Contender {
     pub fn allocation_too_large(
         self,
         request_bytes: u64,
-        expandable_segments: bool,
+        pytorch: &AllocConf,
         largest: LargestAllocation,
     ) -> Option<AllocationTooLarge> {
-        let (needed_bytes, how) = self.device_allocation_bytes(request_bytes, expandable_segments)?;
+        let (needed_bytes, how) = self.device_allocation_bytes(request_bytes, pytorch)?;
         (needed_bytes > largest.bytes).then_some(AllocationTooLarge { request_bytes, needed_bytes, how, largest })
     }
 }
@@ -215,22 +218,29 @@ mod tests {
     #[test]
     fn the_one_device_allocation_of_a_request() {
         const MIB: u64 = 1 << 20;
+        // (contender, request, PyTorch's settings, the allocation)
         let cases = [
-            (Contender::Heap(PolicyKind::Tlsf), 3 * MIB + 1, false, Some((3 * MIB + DEVICE_BLOCK_ALIGN_BYTES, "as a block"))),
-            (Contender::Heap(PolicyKind::Buddy), 3 * MIB, false, Some((4 * MIB, "as a buddy's power of two"))),
-            (Contender::Heap(PolicyKind::Buddy), u64::MAX - 1, false, Some((u64::MAX, "as a buddy's power of two"))),
-            (PYTORCH, 100, false, Some((2 * MIB, "as PyTorch's segment"))),
-            (PYTORCH, 3 * MIB, false, Some((20 * MIB, "as PyTorch's segment"))),
-            (PYTORCH, 3 * MIB, true, None),
-            (PYTORCH_EXPANDABLE, 3 * MIB, false, None),
-            (Contender::Paged, 3 * MIB, false, None),
-            (Contender::Vma, 2560 * MIB, false, Some((2560 * MIB, "as a block"))),
+            (Contender::Heap(PolicyKind::Tlsf), 3 * MIB + 1, "", Some((3 * MIB + DEVICE_BLOCK_ALIGN_BYTES, "as a block"))),
+            (Contender::Heap(PolicyKind::Buddy), 3 * MIB, "", Some((4 * MIB, "as a buddy's power of two"))),
+            (Contender::Heap(PolicyKind::Buddy), u64::MAX - 1, "", Some((u64::MAX, "as a buddy's power of two"))),
+            (PYTORCH, 100, "", Some((2 * MIB, "as PyTorch's segment"))),
+            (PYTORCH, 3 * MIB, "", Some((20 * MIB, "as PyTorch's segment"))),
+            (PYTORCH, 1100 * MIB, "", Some((1100 * MIB, "as PyTorch's segment"))),
+            // Rounded first: 1100 MiB to a quarter past 1 GiB.
+            (PYTORCH, 1100 * MIB, "roundup_power2_divisions:4", Some((1280 * MIB, "as PyTorch's segment"))),
+            (Contender::Heap(PolicyKind::Tlsf), 1100 * MIB, "roundup_power2_divisions:4", Some((1100 * MIB, "as a block"))),
+            (PYTORCH, 3 * MIB, "expandable_segments:True", None),
+            (PYTORCH_EXPANDABLE, 3 * MIB, "", None),
+            (Contender::Paged, 3 * MIB, "", None),
+            (Contender::Vma, 2560 * MIB, "", Some((2560 * MIB, "as a block"))),
         ];
-        for (contender, request_bytes, expandable_segments, expected) in cases {
+        for (contender, request_bytes, settings, expected) in cases {
+            let mut pytorch = AllocConf::default();
+            pytorch.parse_overrides(settings).unwrap();
             assert_eq!(
-                contender.device_allocation_bytes(request_bytes, expandable_segments),
+                contender.device_allocation_bytes(request_bytes, &pytorch),
                 expected,
-                "{contender} {request_bytes}"
+                "{contender} {request_bytes} {settings}"
             );
         }
     }

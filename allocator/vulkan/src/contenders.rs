@@ -294,9 +294,9 @@ pub fn replay_on_device(
     // A request past the device's largest allocation cannot run here (gpu-allocator and VMA ask the driver anyway, and
     // say what it does). One past the capacity is refused as out of memory whatever the device: it does not count.
     if matches!(contender, Contender::Heap(_) | Contender::Pytorch { .. }) {
-        let expandable_segments = match contender {
-            Contender::Pytorch { expandable } => config.pytorch_conf(recording, expandable)?.expandable_segments,
-            _ => false,
+        let pytorch = match contender {
+            Contender::Pytorch { expandable } => config.pytorch_conf(recording, expandable)?,
+            _ => AllocConf::default(),
         };
         let largest_bytes = trace
             .events()
@@ -310,7 +310,7 @@ pub fn replay_on_device(
             .max()
             .unwrap_or(0);
         if let Some(largest) = context.properties().limits.largest_allocation()
-            && let Some(too_large) = contender.allocation_too_large(largest_bytes, expandable_segments, largest)
+            && let Some(too_large) = contender.allocation_too_large(largest_bytes, &pytorch, largest)
         {
             return Err(VulkanError::AllocationTooLarge(too_large));
         }
