@@ -889,9 +889,7 @@ impl<T: CachingTarget> Observer<T> for BackingFollower<'_, '_> {
         if let EntryEffect::Refused(report) = effect
             && self.first_oom.is_none()
         {
-            let recorded = self.recording.snapshot.as_ref().and_then(|snapshot| {
-                snapshot.device_traces.get(self.recording.device).and_then(|trace| trace.get(usize::try_from(entry).ok()?))
-            });
+            let recorded = self.recording.trace_entry(entry);
             // Counted against what the allocator may reserve: its share of the device under a memory fraction.
             let allowed = target.allocator().conf().allowed_bytes(self.capacity_bytes);
             let unreserved = unreserved_bytes(allowed, &report, recorded);

@@ -206,7 +206,8 @@ pub struct Recording {
     pub final_mismatch: FinalMismatch,
     /// The entries where the recording's user called `empty_cache()` (a snapshot records none: they are told apart
     /// from the allocator's own releases by [`heapscope_pytorch::caching::user_empty_caches`], or listed in heapscope's
-    /// export of another contender, [`heapscope_pytorch::ContenderExport`]; a trace's are its events): each an [`heapscope_core::Event::EmptyCache`] of the trace, which the `pytorch` contender takes as it is.
+    /// export of another contender, [`heapscope_pytorch::ContenderExport`]; a trace's are its events): each an
+    /// [`heapscope_core::Event::EmptyCache`] of the trace, which the `pytorch` contender takes as it is.
     pub empty_caches: std::sync::Arc<[usize]>,
     /// Why the user's `empty_cache()` calls could not be told apart, where the emulation of the recorded run refused
     /// the snapshot (none is an event then: [`crate::caveats::empty_caches_untold`] says so).
@@ -458,6 +459,11 @@ impl Recording {
                 Ok(Self::from_trace(trace))
             }
         }
+    }
+
+    /// Entry `entry` of the snapshot's trace of the device replayed (`None` for a plain trace, or past its end).
+    pub fn trace_entry(&self, entry: u64) -> Option<&TraceEntry> {
+        self.snapshot.as_ref()?.device_traces.get(self.device)?.get(usize::try_from(entry).ok()?)
     }
 
     /// The file's entry index for event `event` of the trace (0 for a start event: see [`Recording::moment_of`]).

@@ -71,12 +71,9 @@ impl<'a> Writer<'a> {
     /// Writes entry `index` of the recording as it is when heapscope does not know its action (with its name): it is
     /// no event of the stream, and a reader of the file may know it.
     fn unknown(&mut self, index: u64) {
-        let Some(snapshot) = &self.recording.snapshot else { return };
-        let device = self.recording.device;
-        let Some(entry) = snapshot.device_traces.get(device).and_then(|trace| trace.get(usize::try_from(index).ok()?)) else {
-            return;
-        };
+        let (Some(snapshot), Some(entry)) = (&self.recording.snapshot, self.recording.trace_entry(index)) else { return };
         if entry.action == Action::Unknown {
+            let device = self.recording.device;
             let name = snapshot.action_name(device, index as usize, entry);
             self.unknown_actions.push(UnknownAction { device, entry: self.entries.len(), name: name.into() });
             self.entries.push(entry.clone());
@@ -84,11 +81,11 @@ impl<'a> Writer<'a> {
     }
 
     fn push(&mut self, action: Action, addr: u64, size: u64, event: usize, device_free: Option<u64>) {
-        let original = self.recording.snapshot.as_ref().and_then(|snapshot| match self.recording.moment_of(event as u64) {
-            Moment::Entry(index) => snapshot.device_traces.get(self.recording.device)?.get(usize::try_from(index).ok()?),
+        let original = match self.recording.moment_of(event as u64) {
+            Moment::Entry(index) => self.recording.trace_entry(index),
             // An allocation live at the start comes from no entry: what its free or final block says of it.
-            Moment::Start => self.start_origins.get(event)?.as_ref(),
-        });
+            Moment::Start => self.start_origins.get(event).and_then(Option::as_ref),
+        };
         let entry = TraceEntry::new(action, addr, size).with_device_free(device_free);
         self.entries.push(match original {
             Some(original) => entry
