@@ -22,6 +22,12 @@ use crate::input;
 use crate::options::HeapRules;
 use crate::progress::Progress;
 
+/// `--page-size` unless given: the simulated `paged` contender's page, CUDA's granularity (`"2MiB"` in the flag's
+/// attribute; a test holds the two equal).
+const DEFAULT_PAGE_BYTES: u64 = heapscope_lab::cuda_cost::CUDA_PAGE_BYTES;
+/// `--align` unless given: PyTorch's rounding of every request (`"512"` in the flag's attribute).
+const DEFAULT_ALIGN_BYTES: u64 = 512;
+
 /// What every command that replays a recording accepts.
 #[derive(Debug, Clone, Args)]
 pub struct RecordingArgs {
@@ -100,6 +106,12 @@ impl RecordingArgs {
             let names: Vec<String> = contenders.iter().map(ToString::to_string).collect();
             anyhow::bail!("{flag} applies to {reaches} only, and this run replays {}: it would change nothing", names.join(", "));
         }
+        if on_device && self.page_size != DEFAULT_PAGE_BYTES {
+            anyhow::bail!(
+                "--page-size sets the pages of the simulated `paged` contender; with --vulkan `paged` binds the device's \
+                 own sparse pages (their size is the device's), so it would change nothing: leave it out, or drop --vulkan"
+            );
+        }
         // Exact sizes: a size a byte off a power of two or a page reads in units as one that is.
         let exact = heapscope_core::units::exact_size;
         if paged && !self.page_size.is_power_of_two() {
@@ -144,11 +156,11 @@ impl RecordingArgs {
             (rules.release.is_some(), "--release", HEAPS, heap),
             (rules.fixed_blocks, "--fixed-blocks", HEAPS, heap),
             (rules.min_align != defaults.min_align, "--min-align", HEAPS, heap),
-            (self.page_size != 2 << 20, "--page-size", PAGED, paged),
+            (self.page_size != DEFAULT_PAGE_BYTES, "--page-size", PAGED, paged),
             (self.paged_unmap != UnmapRule::default(), "--paged-unmap", PAGED, paged),
             (self.virtual_size.is_some(), "--virtual-size", PAGED, paged),
             (rules.budget.is_some(), "--budget", NOT_PYTORCH, not_pytorch),
-            (self.align != 512, "--align", NOT_PYTORCH, not_pytorch),
+            (self.align != DEFAULT_ALIGN_BYTES, "--align", NOT_PYTORCH, not_pytorch),
             (self.compact != CompactRule::Never, "--compact", NOT_PYTORCH, not_pytorch),
             (self.alloc_conf.is_some(), "--alloc-conf", PYTORCH, pytorch),
         ];
@@ -566,5 +578,39 @@ pub fn print_row(outcome: &Outcome) {
     }
     if let Some(compaction) = &outcome.compaction {
         outln!("{:<36} {compaction}", "");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        recording: RecordingArgs,
+    }
+
+    /// The defaults the flags' attributes write as text are the ones `flag_reaching_none` compares against: a flag
+    /// left out is never taken for one given.
+    #[test]
+    fn the_flags_defaults_are_the_named_ones() {
+        let args = Flags::try_parse_from(["replay", "file.pickle"]).unwrap().recording;
+        let defaults = HeapRules::default();
+        let rules = &args.heap;
+        assert_eq!((args.page_size, args.align), (DEFAULT_PAGE_BYTES, DEFAULT_ALIGN_BYTES));
+        assert_eq!(
+            (rules.block_size, rules.dedicated_threshold, rules.min_align, rules.release, rules.fixed_blocks, rules.budget),
+            (defaults.block_size, defaults.dedicated_threshold, defaults.min_align, None, false, None)
+        );
+        assert_eq!(
+            (args.paged_unmap, args.compact, args.virtual_size, args.alloc_conf.as_deref()),
+            (UnmapRule::default(), CompactRule::Never, None, None)
+        );
+        let every_contender = [Contender::DEFAULT.as_slice(), Contender::DEVICE_ONLY.as_slice()].concat();
+        assert_eq!(args.flag_reaching_none(&every_contender), None);
+        assert_eq!(args.flag_reaching_none(&[Contender::Heap(PolicyKind::Tlsf)]), None);
     }
 }

@@ -719,6 +719,7 @@ mod tests {
     /// (it once crashed here).
     #[test]
     fn no_matching_device_is_an_error_not_a_crash() {
+        crate::testing::validation_turn();
         let options = ContextOptions { validation: true, device_selector: Some("no such device".into()) };
         match VulkanContext::new(&options) {
             Err(VulkanError::NoMatchingDevice { selector, devices }) => {
@@ -738,6 +739,7 @@ mod tests {
     /// The log is not empty by accident: an invalid call (a buffer with no usage) is recorded.
     #[test]
     fn validation_log_records_an_invalid_call() {
+        crate::testing::validation_turn();
         let context = match VulkanContext::new(&ContextOptions::from_env().with_validation(true)) {
             Ok(context) => context,
             Err(error)

@@ -20,6 +20,7 @@ use heapscope_vulkan::{ContextOptions, VulkanContext, VulkanError};
 
 /// A validated context, or `None` (skipped) without Vulkan unless `HEAPSCOPE_REQUIRE_GPU=1`.
 fn context() -> Option<Arc<VulkanContext>> {
+    heapscope_vulkan::testing::validation_turn();
     let required = std::env::var("HEAPSCOPE_REQUIRE_GPU").is_ok_and(|value| value.trim() == "1");
     match VulkanContext::new(&ContextOptions::from_env().with_validation(true)) {
         Ok(context) => Some(Arc::new(context)),

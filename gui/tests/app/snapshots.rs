@@ -9,8 +9,10 @@ use heapscope_gui::panes::{self, PaneStyle, ScaleRule};
 use heapscope_gui::{RenderOptions, Session};
 use heapscope_lab::contender::Contender;
 
-/// Whether a wgpu adapter renders here; panics when none does and `HEAPSCOPE_REQUIRE_GPU=1`.
+/// Whether a wgpu adapter renders here; panics when none does and `HEAPSCOPE_REQUIRE_GPU=1`. Takes the test's turn
+/// with the validation layer first: wgpu turns it on in debug builds.
 fn renderer_available() -> bool {
+    heapscope_vulkan::testing::validation_turn();
     let probe = std::panic::catch_unwind(|| {
         let mut session = Session::story_named("frag_oom", &[Contender::Paged]).unwrap();
         heapscope_gui::render(&mut session, RenderOptions { width: 64, height: 64, ..RenderOptions::default() }).is_ok()

@@ -214,6 +214,7 @@ fn interop_refuses_what_it_cannot_do() {
 /// `from_vulkan_adapter` opens heapscope's Vulkan device for the very adapter plain wgpu would open.
 #[test]
 fn the_interop_device_is_the_adapter_wgpu_selects() {
+    heapscope_vulkan::testing::validation_turn();
     let options = DeviceOptions { validation: true, ..DeviceOptions::from_env() };
     let selected = match WgpuDevice::selected_adapter(&options) {
         Ok(selected) => selected,

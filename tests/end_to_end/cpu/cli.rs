@@ -1036,7 +1036,7 @@ fn bad_input_gets_a_clear_error() {
     let odd = dir.join("odd\nname\u{1b}[31m.csv");
     std::fs::write(&odd, "a,1,64\nx,1\n").unwrap();
     let odd_path = odd.to_str().unwrap().to_owned();
-    let cases: [(Vec<&str>, &str); 52] = [
+    let cases: [(Vec<&str>, &str); 54] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &odd_path], "odd\\nname\\u{1b}[31m.csv:2: unknown event \"x\""),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
@@ -1051,6 +1051,15 @@ fn bad_input_gets_a_clear_error() {
         (
             vec!["summary", good_path, "--policy", "tlsf", "--page-size", "4MiB"],
             "--page-size applies to the `paged` contender only, and this run replays tlsf",
+        ),
+        // With --vulkan `paged` binds the device's own sparse pages: refused before any device is brought up.
+        (
+            vec!["replay", good_path, "--vulkan", "--policy", "paged", "--page-size", "64KiB"],
+            "--page-size sets the pages of the simulated `paged` contender; with --vulkan `paged` binds the device's own sparse pages",
+        ),
+        (
+            vec!["compare", good_path, "--vulkan", "--page-size", "4MiB"],
+            "with --vulkan `paged` binds the device's own sparse pages (their size is the device's), so it would change nothing",
         ),
         (
             vec!["replay", good_path, "--policy", "pytorch", "--policy", "paged", "--block-size", "64MiB"],

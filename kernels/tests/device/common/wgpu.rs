@@ -20,6 +20,7 @@ fn skip_or_panic(error: &WgpuError) -> Option<Arc<WgpuDevice>> {
 /// Plain wgpu (the adapter `HEAPSCOPE_DEVICE` names) with wgpu's backend validation on; `None` (skipped) without
 /// an adapter unless `HEAPSCOPE_REQUIRE_GPU=1`.
 pub fn device() -> Option<Arc<WgpuDevice>> {
+    heapscope_vulkan::testing::validation_turn();
     hal_log::install();
     let options = DeviceOptions { validation: true, ..DeviceOptions::from_env() };
     match WgpuDevice::new(&options) {
@@ -30,6 +31,7 @@ pub fn device() -> Option<Arc<WgpuDevice>> {
 
 /// wgpu on heapscope's Vulkan device, the validation layer on (heapscope's messenger records it).
 pub fn vulkan_device() -> Option<Arc<WgpuDevice>> {
+    heapscope_vulkan::testing::validation_turn();
     let options = heapscope_vulkan::ContextOptions::from_env().with_validation(true);
     match WgpuDevice::from_vulkan(&options) {
         Ok(device) => Some(Arc::new(device)),
