@@ -72,7 +72,7 @@ pub struct BenchArgs {
     pub backend: Option<BackendName>,
     /// When the heap policies compact: never (the default), on-oom (a request refused for fragmentation makes the
     /// heap move allocations, the device copying them, then it is tried once more) or every:N (a balanced pass
-    /// before every N-th allocation or free); the kernels verify each moved allocation at its new place after the
+    /// before every N-th allocation or free, and on a refusal as on-oom); the kernels verify each moved allocation at its new place after the
     /// move, and again at its free.
     #[arg(long, value_name = "RULE", default_value = "never")]
     pub compact: CompactRule,
@@ -83,9 +83,9 @@ pub struct BenchArgs {
     /// Steps of the workload (training steps, engine steps, allocations; for replay, events).
     #[arg(long, value_name = "N")]
     pub steps: Option<u32>,
-    /// The seed of the generated workloads.
-    #[arg(long, value_name = "N", default_value = "1")]
-    pub seed: u64,
+    /// The seed of the generated workloads: train, serve and churn (default 1).
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
     /// train: sequences per batch (8 by default).
     #[arg(long, value_name = "N")]
     pub batch: Option<u32>,
@@ -147,6 +147,9 @@ impl BenchArgs {
         if let Some((_, flag, _, owner)) = knobs.iter().find(|(given, _, owner, _)| *given && name != *owner) {
             bail!("{flag} is a knob of --workload {owner}");
         }
+        if name == WorkloadName::Replay && self.seed.is_some() {
+            bail!("--seed is a knob of the generated workloads (train, serve, churn): --workload replay plays the recording");
+        }
         if self.scale == Some(0) {
             bail!("--scale 0: sizes are divided by it");
         }
@@ -176,8 +179,18 @@ impl BenchArgs {
         if self.heap.budget == Some(0) {
             bail!("--budget 0: nothing could be allocated");
         }
-        if let Some(budget) = self.heap.budget {
+        if let Some(budget) = self.heap.budget.filter(|_| self.runs_paged()) {
             budget_holds_a_page(budget, self.page_size, true)?;
+        }
+        // The simulation would map a last page reaching past the range, the device round the range down: refused, so
+        // that both run the same range.
+        if let Some(virtual_bytes) = self.virtual_size.filter(|bytes| !bytes.is_multiple_of(self.page_size)) {
+            let exact = heapscope_core::units::exact_size;
+            bail!(
+                "--virtual-size {}: not a whole number of pages ({} each, --page-size)",
+                exact(virtual_bytes),
+                exact(self.page_size)
+            );
         }
         if self.plain_wgpu && self.backend != Some(BackendName::Wgpu) {
             bail!("--plain-wgpu is a knob of --backend wgpu");
@@ -189,7 +202,7 @@ impl BenchArgs {
         let mut recorded_conf = None;
         let (workload, default_budget, story) = match self.workload {
             WorkloadName::Train => {
-                let base = TrainConfig::new(self.seed);
+                let base = TrainConfig::new(self.seed.unwrap_or(1));
                 let config = TrainConfig {
                     steps: self.steps.unwrap_or(base.steps),
                     batch: self.batch.unwrap_or(base.batch),
@@ -199,12 +212,12 @@ impl BenchArgs {
                 (train(&config), Some(TrainConfig::DEFAULT_BUDGET_BYTES), TrainConfig::STORY.to_owned())
             }
             WorkloadName::Serve => {
-                let base = ServeConfig::new(self.seed);
+                let base = ServeConfig::new(self.seed.unwrap_or(1));
                 let config = ServeConfig { steps: self.steps.unwrap_or(base.steps), kv: self.kv.unwrap_or(base.kv), ..base };
                 (serve(&config), Some(ServeConfig::DEFAULT_BUDGET_BYTES), ServeConfig::STORY.to_owned())
             }
             WorkloadName::Churn => {
-                let base = ChurnConfig::new(self.seed);
+                let base = ChurnConfig::new(self.seed.unwrap_or(1));
                 let config = ChurnConfig { steps: self.steps.unwrap_or(base.steps), ..base };
                 (churn(&config), Some(ChurnConfig::DEFAULT_BUDGET_BYTES), ChurnConfig::STORY.to_owned())
             }
@@ -222,10 +235,16 @@ impl BenchArgs {
                 let scale = self.scale.unwrap_or(1).max(1);
                 let capacity = heapscope_lab::capacity::Capacity::of(None, &recording);
                 let scaled = capacity.bytes.map(|bytes| bytes.div_ceil(scale)).filter(|&bytes| bytes >= self.page_size);
-                let story = match scaled {
-                    Some(_) if scale > 1 => format!("the recording's device divided by --scale {scale} ({capacity})"),
-                    Some(_) => capacity.to_string(),
-                    None => "no budget: every allocation of the recording filled and verified".to_owned(),
+                let story = match (scaled, capacity.bytes) {
+                    (Some(_), _) if scale > 1 => format!("the recording's device divided by --scale {scale} ({capacity})"),
+                    (Some(_), _) => capacity.to_string(),
+                    (None, Some(bytes)) => format!(
+                        "no budget: the recording's device divided by --scale {scale} is {}, less than one page \
+                         (--page-size {}); every allocation of the recording filled and verified",
+                        heapscope_core::units::exact_size(bytes.div_ceil(scale)),
+                        heapscope_core::units::exact_size(self.page_size)
+                    ),
+                    (None, None) => "no budget: every allocation of the recording filled and verified".to_owned(),
                 };
                 (replay(&recording, self.steps.map(u64::from), scale), scaled, story)
             }
@@ -243,6 +262,7 @@ impl BenchArgs {
     fn settings(&self, budget: Option<u64>, chosen: &Chosen) -> Result<BenchSettings> {
         // An explicit --budget is checked with the flags (`check`); the workload's own, known only now, here.
         if self.heap.budget.is_none()
+            && self.runs_paged()
             && let Some(budget) = budget
         {
             budget_holds_a_page(budget, self.page_size, false)?;
@@ -274,6 +294,11 @@ impl BenchArgs {
 
     fn policies(&self) -> Vec<Contender> {
         if self.policies.is_empty() { Contender::BENCH.to_vec() } else { self.policies.clone() }
+    }
+
+    /// Whether `paged`, the one contender `--page-size` sizes the pages of, is among those run.
+    fn runs_paged(&self) -> bool {
+        self.policies().contains(&Contender::Paged)
     }
 }
 
@@ -561,8 +586,8 @@ impl Device {
     }
 }
 
-/// Refuses a budget below one page of `page_bytes`, which paged and PyTorch's expandable segments map at the least:
-/// nothing could be allocated. `given`: the budget is `--budget`'s, else the workload's default.
+/// Refuses a budget below one page of `page_bytes`, which `paged` maps at the least (checked where `paged` runs):
+/// it could allocate nothing. `given`: the budget is `--budget`'s, else the workload's default.
 fn budget_holds_a_page(budget_bytes: u64, page_bytes: u64, given: bool) -> Result<()> {
     if budget_bytes >= page_bytes {
         return Ok(());
@@ -570,13 +595,12 @@ fn budget_holds_a_page(budget_bytes: u64, page_bytes: u64, given: bool) -> Resul
     let (budget, page) = (heapscope_core::units::exact_size(budget_bytes), heapscope_core::units::exact_size(page_bytes));
     if given {
         bail!(
-            "--budget {budget}: less than one page ({page}, --page-size), which paged and PyTorch's expandable segments \
-             map at the least: nothing could be allocated"
+            "--budget {budget}: less than one page ({page}, --page-size), which paged maps at the least: it could allocate nothing"
         );
     }
     bail!(
-        "--page-size {page}: larger than the workload's default budget ({budget}), and paged and PyTorch's expandable \
-         segments map one page at the least: nothing could be allocated (give a --budget of at least one page)"
+        "--page-size {page}: larger than the workload's default budget ({budget}), and paged maps one page at the least: it \
+         could allocate nothing (give a --budget of at least one page)"
     );
 }
 

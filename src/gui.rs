@@ -308,6 +308,9 @@ pub fn run_render(args: &RenderArgs) -> Result<()> {
         (None, Some(story)) => Session::story_named(story, &args.policies)?.with_rules(&args.open.open_options()?.rules)?,
         (None, None) => anyhow::bail!("name a recording FILE or a --story"),
     };
+    // Its panes are fixed (the window's can be added to later): a rule none of them follows would change nothing.
+    let panes: Vec<Contender> = session.panes.iter().filter_map(|pane| pane.contender).collect();
+    crate::flag_reach::refuse_flags_reaching_none(&args.open.flags(), &panes, "this image draws")?;
     // Errors from here on (a moment past the end, the renderer's) name what was drawn: the recording and its device.
     let drawn = session.name.clone();
     if gif {

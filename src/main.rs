@@ -11,6 +11,7 @@ mod compare;
 mod convert;
 mod demo;
 mod export;
+mod flag_reach;
 mod gui;
 mod input;
 mod options;

@@ -5,6 +5,8 @@ use heapscope_core::units::{Bytes, exact_size, parse_size};
 use heapscope_core::{HeapConfig, PolicyConfig, PolicyKind, ReleaseRule};
 use heapscope_gui::session::{OpenOptions, RuleOverrides};
 
+use crate::flag_reach::{Flag, Reach};
+
 /// `--capacity` and `--budget`: a size ([`parse_size`]) no larger than the largest device heapscope models (1 EiB,
 /// `LARGEST_DEVICE_BYTES`): a larger one would be simulated as that device, and answers would name a device it is not
 /// (a budget past it let `paged` map 1.5 EiB that no device holds).
@@ -89,6 +91,17 @@ impl OpenArgs {
             page_bytes: self.page_size,
         };
         Ok(OpenOptions { device: self.device, capacity_bytes: self.capacity, rules })
+    }
+
+    /// The rule flags as given, each with what it changes (see [`crate::flag_reach`]).
+    pub fn flags(&self) -> [Flag; 5] {
+        [
+            (self.block_size.is_some(), "--block-size", Reach::Heaps),
+            (self.dedicated_threshold.is_some(), "--dedicated-threshold", Reach::Heaps),
+            (self.release.is_some(), "--release", Reach::Heaps),
+            (self.alloc_conf.is_some(), "--alloc-conf", Reach::Pytorch),
+            (self.page_size.is_some(), "--page-size", Reach::Paged),
+        ]
     }
 
     /// Whether the device or the memory was given.

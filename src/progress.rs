@@ -11,6 +11,8 @@ use std::cell::Cell;
 use std::io::IsTerminal as _;
 use std::time::{Duration, Instant};
 
+use anyhow::Result;
+use heapscope_lab::compare::Outcome;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// How progress is shown.
@@ -50,8 +52,9 @@ impl Progress {
         Self { mode, contenders, started: Cell::new(0) }
     }
 
-    /// Runs `replay`, the replay of `events` events through `contender`, with its progress shown: done, or failed.
-    pub fn around<T, E>(&self, contender: &str, events: usize, replay: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+    /// Runs `replay`, the replay of `events` events through `contender`, with its progress shown: done, not run (a
+    /// device limit: the table's row says why) or failed.
+    pub fn around(&self, contender: &str, events: usize, replay: impl FnOnce() -> Result<Outcome>) -> Result<Outcome> {
         if self.mode == Mode::Off {
             return replay();
         }
@@ -77,7 +80,11 @@ impl Progress {
                 errln!("progress: {what}");
                 let started = Instant::now();
                 let result = replay();
-                let how = if result.is_ok() { "done" } else { "failed" };
+                let how = match &result {
+                    Ok(outcome) if outcome.why_not_run().is_some() => "not run",
+                    Ok(_) => "done",
+                    Err(_) => "failed",
+                };
                 errln!("progress: {contender} on the device: {how} in {:.1} s", started.elapsed().as_secs_f64());
                 result
             }

@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use heapscope_vulkan::{ContextOptions, VulkanContext, replay_on_device};
 
+use crate::flag_reach::{Flag, Reach, refuse_flags_reaching_none};
 use crate::input;
 use crate::options::HeapRules;
 use crate::progress::Progress;
@@ -73,9 +74,21 @@ pub struct RecordingArgs {
 }
 
 impl RecordingArgs {
-    /// Opens the recording.
+    /// Opens the recording; a `--budget` not below the device capacity of its replay is refused, as a flag that would
+    /// change nothing (the capacity already bounds every contender).
     pub fn open(&self) -> Result<Recording> {
-        input::open_device(&self.file, self.device)
+        let recording = input::open_device(&self.file, self.device)?;
+        let capacity = self.capacity(&recording);
+        if let (Some(budget), Some(capacity_bytes)) = (self.heap.budget, capacity.bytes)
+            && budget >= capacity_bytes
+        {
+            anyhow::bail!(
+                "--budget {}: not below the device's {capacity}, which bounds every contender already: it would change \
+                 nothing (a budget is what a contender may reserve of the device)",
+                Bytes(budget)
+            );
+        }
+        Ok(recording)
     }
 
     /// The device memory of the replay of `recording`: `--capacity`, else what the recording tells, else unlimited.
@@ -102,10 +115,7 @@ impl RecordingArgs {
     /// device, in its own sparse pages, not `--page-size`'s).
     pub fn check(&self, contenders: &[Contender], on_device: bool) -> Result<()> {
         let paged = contenders.contains(&Contender::Paged);
-        if let Some((flag, reaches)) = self.flag_reaching_none(contenders) {
-            let names: Vec<String> = contenders.iter().map(ToString::to_string).collect();
-            anyhow::bail!("{flag} applies to {reaches} only, and this run replays {}: it would change nothing", names.join(", "));
-        }
+        refuse_flags_reaching_none(&self.flags(), contenders, "this run replays")?;
         if on_device && self.page_size != DEFAULT_PAGE_BYTES {
             anyhow::bail!(
                 "--page-size sets the pages of the simulated `paged` contender; with --vulkan `paged` binds the device's \
@@ -135,36 +145,27 @@ impl RecordingArgs {
 }
 
 impl RecordingArgs {
-    /// A flag given (away from its default) that changes none of `contenders`, with what it changes: the heap's rules
-    /// change the core policies' heaps, `paged`'s flags `paged`, `--budget`, `--align` and `--compact` every contender
-    /// but PyTorch's emulation (which keeps its own rules; its limit is `per_process_memory_fraction`), `--alloc-conf`
-    /// PyTorch's emulation alone.
-    fn flag_reaching_none(&self, contenders: &[Contender]) -> Option<(&'static str, &'static str)> {
+    /// The flags as given (away from their defaults), each with what it changes: the heap's rules change the core
+    /// policies' heaps, `paged`'s flags `paged`, `--budget`, `--align` and `--compact` every contender but PyTorch's
+    /// emulation (which keeps its own rules; its limit is `per_process_memory_fraction`), `--alloc-conf` PyTorch's
+    /// emulation alone.
+    fn flags(&self) -> [Flag; 12] {
         let defaults = HeapRules::default();
-        let heap = contenders.iter().any(|contender| matches!(contender, Contender::Heap(_)));
-        let paged = contenders.contains(&Contender::Paged);
-        let pytorch = contenders.iter().any(|contender| matches!(contender, Contender::Pytorch { .. }));
-        let not_pytorch = contenders.iter().any(|contender| !matches!(contender, Contender::Pytorch { .. }));
-        const HEAPS: &str = "the core policies' heaps (tlsf, best-fit, ...)";
-        const PAGED: &str = "the `paged` contender";
-        const NOT_PYTORCH: &str = "the contenders other than PyTorch's emulation";
-        const PYTORCH: &str = "PyTorch's emulation (pytorch, pytorch-expandable)";
         let rules = &self.heap;
-        let given = [
-            (rules.block_size != defaults.block_size, "--block-size", HEAPS, heap),
-            (rules.dedicated_threshold != defaults.dedicated_threshold, "--dedicated-threshold", HEAPS, heap),
-            (rules.release.is_some(), "--release", HEAPS, heap),
-            (rules.fixed_blocks, "--fixed-blocks", HEAPS, heap),
-            (rules.min_align != defaults.min_align, "--min-align", HEAPS, heap),
-            (self.page_size != DEFAULT_PAGE_BYTES, "--page-size", PAGED, paged),
-            (self.paged_unmap != UnmapRule::default(), "--paged-unmap", PAGED, paged),
-            (self.virtual_size.is_some(), "--virtual-size", PAGED, paged),
-            (rules.budget.is_some(), "--budget", NOT_PYTORCH, not_pytorch),
-            (self.align != DEFAULT_ALIGN_BYTES, "--align", NOT_PYTORCH, not_pytorch),
-            (self.compact != CompactRule::Never, "--compact", NOT_PYTORCH, not_pytorch),
-            (self.alloc_conf.is_some(), "--alloc-conf", PYTORCH, pytorch),
-        ];
-        given.into_iter().find(|&(given, _, _, reaches_one)| given && !reaches_one).map(|(_, flag, reaches, _)| (flag, reaches))
+        [
+            (rules.block_size != defaults.block_size, "--block-size", Reach::Heaps),
+            (rules.dedicated_threshold != defaults.dedicated_threshold, "--dedicated-threshold", Reach::Heaps),
+            (rules.release.is_some(), "--release", Reach::Heaps),
+            (rules.fixed_blocks, "--fixed-blocks", Reach::Heaps),
+            (rules.min_align != defaults.min_align, "--min-align", Reach::Heaps),
+            (self.page_size != DEFAULT_PAGE_BYTES, "--page-size", Reach::Paged),
+            (self.paged_unmap != UnmapRule::default(), "--paged-unmap", Reach::Paged),
+            (self.virtual_size.is_some(), "--virtual-size", Reach::Paged),
+            (rules.budget.is_some(), "--budget", Reach::NotPytorch),
+            (self.align != DEFAULT_ALIGN_BYTES, "--align", Reach::NotPytorch),
+            (self.compact != CompactRule::Never, "--compact", Reach::NotPytorch),
+            (self.alloc_conf.is_some(), "--alloc-conf", Reach::Pytorch),
+        ]
     }
 }
 
@@ -228,16 +229,15 @@ impl Runner {
             return Ok(Outcome::not_run(format!("{} (vulkan)", config.pytorch_name(recording, expandable)), why));
         }
         let name = contender.to_string();
-        match self
-            .progress
-            .around(&name, recording.trace.events().len(), || replay_on_device(context, recording, contender, &config))
-        {
-            Ok(figures) => Ok(Outcome::Ran(figures)),
-            Err(error) if error.is_device_limit() => {
-                Ok(Outcome::not_run(format!("{contender} (vulkan)"), format!("not run on this device: {error}")))
+        self.progress.around(&name, recording.trace.events().len(), || {
+            match replay_on_device(context, recording, contender, &config) {
+                Ok(figures) => Ok(Outcome::Ran(figures)),
+                Err(error) if error.is_device_limit() => {
+                    Ok(Outcome::not_run(format!("{contender} (vulkan)"), format!("not run on this device: {error}")))
+                }
+                Err(error) => Err(error.into()),
             }
-            Err(error) => Err(error.into()),
-        }
+        })
     }
 }
 
@@ -586,6 +586,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+    use crate::flag_reach::flag_reaching_none;
 
     #[derive(Parser)]
     struct Flags {
@@ -610,7 +611,7 @@ mod tests {
             (UnmapRule::default(), CompactRule::Never, None, None)
         );
         let every_contender = [Contender::DEFAULT.as_slice(), Contender::DEVICE_ONLY.as_slice()].concat();
-        assert_eq!(args.flag_reaching_none(&every_contender), None);
-        assert_eq!(args.flag_reaching_none(&[Contender::Heap(PolicyKind::Tlsf)]), None);
+        assert_eq!(flag_reaching_none(&args.flags(), &every_contender), None);
+        assert_eq!(flag_reaching_none(&args.flags(), &[Contender::Heap(PolicyKind::Tlsf)]), None);
     }
 }

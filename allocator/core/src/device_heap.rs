@@ -82,6 +82,7 @@ pub trait DeviceHeap {
             unreserved_bytes: 0,
             capacity_bytes: None,
             virtual_range_bytes: None,
+            new_block_bytes: None,
             cause: OomCause::Exhaustion,
         }
     }

@@ -662,6 +662,7 @@ impl<S: MemorySource> Heap<S> {
             unreserved_bytes,
             capacity_bytes: self.config.capacity_bytes,
             virtual_range_bytes: None,
+            new_block_bytes: None,
             cause: OomCause::Exhaustion,
         }
         .judged()

@@ -57,6 +57,10 @@ pub struct OomVerdict {
     /// A paged heap's virtual range, where it bounds what could still be reserved (more than the budget or device
     /// left): the unreserved bytes are what the range has unmapped, and the words name the range.
     pub virtual_range_bytes: Option<u64>,
+    /// The new block the allocator would have had to reserve for the request, where that is what did not fit (an
+    /// allocator whose blocks all have one size, gpu-allocator's 256 MiB): `needed_bytes` is then that block, which
+    /// the words name as such, not as the request rounded.
+    pub new_block_bytes: Option<u64>,
     /// The verdict.
     pub cause: OomCause,
 }
@@ -144,8 +148,12 @@ impl OomVerdict {
             };
             return write!(f, "{rounded}: more than any device holds (heapscope models devices of up to 1 EiB). Exhaustion");
         }
-        if self.needed_bytes != self.requested_bytes {
-            write!(f, " ({} once rounded by the policy)", Bytes(self.needed_bytes))?;
+        match self.new_block_bytes {
+            Some(block) => write!(f, " (which needs a new block of {})", Bytes(block))?,
+            None if self.needed_bytes != self.requested_bytes => {
+                write!(f, " ({} once rounded by the policy)", Bytes(self.needed_bytes))?;
+            }
+            None => {}
         }
         write!(
             f,
@@ -183,8 +191,9 @@ impl OomVerdict {
             ),
             OomCause::InternalWaste if free >= self.requested_bytes => write!(
                 f,
-                ". Internal waste: {} are free in total, enough for the request as asked, but not once rounded",
-                Bytes(free)
+                ". Internal waste: {} are free in total, enough for the request as asked, but not {}",
+                Bytes(free),
+                if self.new_block_bytes.is_some() { "for the new block" } else { "once rounded" }
             ),
             OomCause::InternalWaste => write!(
                 f,
@@ -313,6 +322,7 @@ mod tests {
                 unreserved_bytes,
                 capacity_bytes: None,
                 virtual_range_bytes: None,
+                new_block_bytes: None,
                 cause: OomCause::Exhaustion,
             }
             .judged()
@@ -351,6 +361,46 @@ mod tests {
             let said = verdict(requested, needed, unreserved);
             assert!(said.contains(words), "{requested} B: {said}");
             assert_eq!(said.contains("reservable"), needed <= LARGEST_DEVICE_BYTES, "{said}");
+        }
+    }
+
+    /// An allocator of one block size (gpu-allocator) refused for the new block it needs: the block is named as such,
+    /// never as the request rounded (a 1 MiB request read "256.00 MiB once rounded by the policy").
+    #[test]
+    fn words_for_a_new_block_that_does_not_fit() {
+        const MIB: u64 = 1 << 20;
+        // (free in blocks, reservable, words)
+        let cases = [
+            (
+                0,
+                100 * MIB,
+                "Internal waste: 100.00 MiB are free in total, enough for the request as asked, but not for the new block",
+            ),
+            (0, 0, "Exhaustion"),
+            (200 * MIB, 100 * MIB, "Fragmentation: 300.00 MiB are free in total"),
+        ];
+        for (free_in_blocks_bytes, unreserved_bytes, words) in cases {
+            let said = OomVerdict {
+                policy: "gpu-allocator",
+                requested_bytes: MIB,
+                needed_bytes: 256 * MIB,
+                align_bytes: 256,
+                reserved_bytes: free_in_blocks_bytes,
+                live_bytes: 0,
+                padding_bytes: 0,
+                free_in_blocks_bytes,
+                largest_free_run_bytes: free_in_blocks_bytes.min(MIB / 2),
+                retired_bytes: 0,
+                unreserved_bytes,
+                capacity_bytes: Some(free_in_blocks_bytes + unreserved_bytes),
+                virtual_range_bytes: None,
+                new_block_bytes: Some(256 * MIB),
+                cause: OomCause::Exhaustion,
+            }
+            .judged()
+            .describe();
+            assert!(said.starts_with("tried to allocate 1.00 MiB (which needs a new block of 256.00 MiB); "), "{said}");
+            assert!(said.contains(words) && !said.contains("rounded"), "{said}");
         }
     }
 }

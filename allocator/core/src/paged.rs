@@ -574,6 +574,7 @@ impl PagedHeap {
             unreserved_bytes,
             capacity_bytes: self.config.capacity_bytes,
             virtual_range_bytes,
+            new_block_bytes: None,
             cause: OomCause::Exhaustion,
         }
         .judged();

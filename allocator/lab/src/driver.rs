@@ -770,6 +770,7 @@ mod tests {
                     unreserved_bytes: 0,
                     capacity_bytes: None,
                     virtual_range_bytes: None,
+                    new_block_bytes: None,
                     cause: OomCause::Fragmentation,
                 };
                 return Ok(Err(Some(verdict)));

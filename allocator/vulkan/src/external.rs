@@ -199,7 +199,9 @@ impl<L> ExternalBook<L> {
         let cap_left = budget_cap_bytes.map_or(u64::MAX, |cap| cap.saturating_sub(reserved_bytes));
         let unreserved_bytes = device_left.min(cap_left);
         let aligned_bytes = request.size_bytes().next_multiple_of(request.align_bytes());
-        let needed_bytes = new_block_bytes.map_or(aligned_bytes, |block| block.max(aligned_bytes));
+        // A block no larger than the request (a dedicated one) is the request's own size, no new block of the library's.
+        let new_block_bytes = new_block_bytes.filter(|&block| block > aligned_bytes);
+        let needed_bytes = new_block_bytes.unwrap_or(aligned_bytes);
         OomVerdict {
             policy: self.policy,
             requested_bytes: request.size_bytes(),
@@ -214,6 +216,7 @@ impl<L> ExternalBook<L> {
             unreserved_bytes,
             capacity_bytes: budget_cap_bytes,
             virtual_range_bytes: None,
+            new_block_bytes,
             cause: OomCause::Exhaustion,
         }
         .judged()

@@ -288,6 +288,7 @@ impl DevicePagedHeap {
             unreserved_bytes: 0,
             capacity_bytes: self.heap.config().capacity_bytes,
             virtual_range_bytes: None,
+            new_block_bytes: None,
             cause: OomCause::Exhaustion,
         }
     }

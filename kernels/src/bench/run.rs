@@ -493,10 +493,21 @@ impl<T: Target> DriverTarget for KernelDriver<'_, T> {
                 Ok(Ok(Placed { handle, id, allocation }))
             }
             Err(TargetError::OutOfMemory(verdict)) => {
-                self.retrying = Some((id, self.report.first_oom.is_none()));
-                self.report.ooms += 1;
-                self.report.first_oom.get_or_insert((at, (*verdict).clone()));
-                self.refused.insert(id);
+                match self.retrying {
+                    // Refused again after compacting: the same refusal, counted once (as a replay's statistics count
+                    // it), with the verdict of the heap as the compaction left it.
+                    Some((refused, was_first)) if refused == id => {
+                        if was_first {
+                            self.report.first_oom = Some((at, (*verdict).clone()));
+                        }
+                    }
+                    _ => {
+                        self.retrying = Some((id, self.report.first_oom.is_none()));
+                        self.report.ooms += 1;
+                        self.report.first_oom.get_or_insert((at, (*verdict).clone()));
+                        self.refused.insert(id);
+                    }
+                }
                 Ok(Err(Some(*verdict)))
             }
             Err(error @ (TargetError::Failed(_) | TargetError::DeviceLimit(_))) => {

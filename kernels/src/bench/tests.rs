@@ -302,6 +302,27 @@ fn refused_allocations_are_counted_and_skipped() {
     assert!(verdict.reserved_bytes <= peak / 2, "{verdict}");
 }
 
+/// A request refused, compacted for and refused again is one refusal: every allocation of the stream is served or
+/// refused once, whatever the compaction rule (it was counted twice when the retry failed too).
+#[test]
+fn a_refusal_that_compaction_does_not_save_is_counted_once() {
+    let workload = churn(&ChurnConfig { steps: 300, ..ChurnConfig::new(1) });
+    let requests = workload.check().unwrap().allocs;
+    for kind in [heapscope_core::PolicyKind::Tlsf, heapscope_core::PolicyKind::BestFit, heapscope_core::PolicyKind::FirstFit] {
+        let mut refusals_by_rule = Vec::new();
+        for compact in [CompactRule::Never, CompactRule::OnOom, CompactRule::Every(7)] {
+            let settings = BenchSettings { compact, ..BenchSettings::new(Some(64 << 20)) };
+            let report = run_simulated(&workload, Contender::Heap(kind), &settings).unwrap();
+            assert_eq!(report.allocs + report.ooms, requests, "{kind:?}, {compact:?}: {report:?}");
+            let avoided = report.compaction.as_ref().map_or(0, |compaction| compaction.ooms_avoided);
+            refusals_by_rule.push((compact, report.ooms, avoided));
+        }
+        // Compacting on a refusal refuses no more than never compacting, and some refusal happens at this budget.
+        let [(_, never, _), (_, on_oom, avoided), _] = refusals_by_rule[..] else { unreachable!() };
+        assert!(never > 0 && on_oom <= never && avoided <= never, "{kind:?}: {refusals_by_rule:?}");
+    }
+}
+
 /// The serve story under its default budget, without a device: `pytorch` runs out of memory from internal waste (a
 /// 2 MiB block needs a new 20 MiB segment where 18 MiB are left), `paged` completes.
 #[test]

@@ -218,8 +218,29 @@ fn render_animates_a_story_into_a_gif() {
 fn render_and_gui_refuse_bad_requests_clearly() {
     let dir = temp_dir("render-bad");
     // (arguments, words the error holds)
-    let cases: [(&[&str], &str); 25] = [
+    let cases: [(&[&str], &str); 27] = [
         (&["render", "--story", "nope", "--out", "x.png"], "no built-in story \"nope\""),
+        // A rule no pane follows is refused (the image was drawn as without it).
+        (
+            &["render", "--story", "frag_oom", "--policy", "pytorch", "--page-size", "64KiB", "--out", "x.png"],
+            "--page-size applies to the `paged` contender only, and this image draws pytorch: it would change nothing",
+        ),
+        (
+            &[
+                "render",
+                "--story",
+                "frag_oom",
+                "--policy",
+                "tlsf",
+                "--policy",
+                "paged",
+                "--alloc-conf",
+                "max_split_size_mb:128",
+                "--out",
+                "x.png",
+            ],
+            "--alloc-conf applies to PyTorch's emulation (pytorch, pytorch-expandable) only, and this image draws tlsf, paged",
+        ),
         (&["render", "--out", "x.png"], "required"),
         (&["render", "--story", "frag_oom", "--policy", "tlfs", "--out", "x.png"], "pytorch-expandable"),
         (&["gui"], "no display"),
@@ -1036,7 +1057,7 @@ fn bad_input_gets_a_clear_error() {
     let odd = dir.join("odd\nname\u{1b}[31m.csv");
     std::fs::write(&odd, "a,1,64\nx,1\n").unwrap();
     let odd_path = odd.to_str().unwrap().to_owned();
-    let cases: [(Vec<&str>, &str); 54] = [
+    let cases: [(Vec<&str>, &str); 56] = [
         (vec!["replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
         (vec!["replay", &odd_path], "odd\\nname\\u{1b}[31m.csv:2: unknown event \"x\""),
         (vec!["replay", &bad_path], "bad.csv:2: free of allocation 2, which is not live"),
@@ -1051,6 +1072,16 @@ fn bad_input_gets_a_clear_error() {
         (
             vec!["summary", good_path, "--policy", "tlsf", "--page-size", "4MiB"],
             "--page-size applies to the `paged` contender only, and this run replays tlsf",
+        ),
+        // A budget at or above the device capacity bounds nothing the capacity does not (it was echoed in the title
+        // and named in --vulkan's verdicts as what a contender may reserve).
+        (
+            vec!["replay", good_path, "--capacity", "64MiB", "--budget", "1GiB", "--policy", "tlsf"],
+            "--budget 1.00 GiB: not below the device's 64.00 MiB (--capacity), which bounds every contender already",
+        ),
+        (
+            vec!["compare", good_path, "--capacity", "64MiB", "--budget", "64MiB"],
+            "--budget 64.00 MiB: not below the device's 64.00 MiB",
         ),
         // With --vulkan `paged` binds the device's own sparse pages: refused before any device is brought up.
         (

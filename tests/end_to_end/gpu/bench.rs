@@ -303,7 +303,7 @@ fn replay_a_snapshot_on_the_device() {
 
 #[test]
 fn bad_bench_input_is_refused() {
-    let cases: [(&[&str], &str); 17] = [
+    let cases: [(&[&str], &str); 19] = [
         (&["bench", "--workload", "replay"], "needs a FILE"),
         (&["bench", "--workload", "serve", "x.pickle"], "only --workload replay takes a FILE"),
         (&["bench", "--workload", "serve", "--batch", "4"], "--batch is a knob of --workload train"),
@@ -315,6 +315,12 @@ fn bad_bench_input_is_refused() {
         (&["bench", "--workload", "train", "--steps", "100001"], "--steps 100001: at most 100000 for --workload train"),
         (&["bench", "--workload", "serve", "--steps", "10000000", "--device", "1"], "--device is a knob of --workload replay"),
         (&["bench", "--workload", "churn", "--budget", "1", "--backend", "sim"], "--budget 1 B: less than one page (64 KiB"),
+        // The simulation mapped a last page past such a range, the device rounded it down.
+        (
+            &["bench", "--workload", "churn", "--backend", "sim", "--policy", "paged", "--virtual-size", "100000"],
+            "--virtual-size 100000 B: not a whole number of pages (64 KiB each, --page-size)",
+        ),
+        (&["bench", "--workload", "replay", "x.csv", "--seed", "99"], "--seed is a knob of the generated workloads"),
         (&["bench", "--workload", "serve", "--kv", "pages"], "expected contiguous or paged"),
         (&["bench", "--workload", "serve", "--policy", "tlfs"], "pytorch-expandable"),
         (&["bench", "--workload", "serve", "--backend", "cuda"], "possible values: vulkan, wgpu, sim"),
@@ -335,6 +341,13 @@ fn bad_bench_input_is_refused() {
         assert!(!output.status.success(), "{args:?} succeeded");
         assert!(stderr(&output).contains(expected), "{args:?}: {expected:?} in {}", stderr(&output));
         assert!(!stderr(&output).contains("panicked"), "{args:?}: {}", stderr(&output));
+    }
+    // A budget below one page, or a page above the default budget, concern `paged` alone: tlsf runs (32 KiB holds 4 KiB
+    // requests), and pytorch-expandable maps its own pages whatever --page-size says.
+    for extra in [&["--budget", "32KiB", "--policy", "tlsf"][..], &["--page-size", "256MiB", "--policy", "pytorch-expandable"]] {
+        let output =
+            heapscope(&[&["bench", "--workload", "churn", "--steps", "20", "--backend", "sim", "--json"][..], extra].concat());
+        assert!(output.status.success(), "{extra:?}: {}", stderr(&output));
     }
     // A page larger than the device's sparse range: the row says what paged would map (one 4 GiB page, as its simulation
     // finds) against what the device's sparse buffers hold (a device's said 0 B).

@@ -420,6 +420,17 @@ fn replay_on_the_device_says_its_progress_on_stderr_only() {
     let table = on_device(&["replay", file, "--policy", "tlsf", "--progress"]).unwrap();
     assert!(stdout(&table).lines().all(|line| !line.starts_with("progress:")), "{}", stdout(&table));
     assert!(stderr(&table).contains("progress: tlsf on the device (contender 1 of 1)"), "{}", stderr(&table));
+    // A contender the device cannot run (paged: 3 GiB live, past lavapipe's 2 GiB of sparse address space) is said not
+    // run, as its row says, not failed.
+    let large = dir.join("large.csv");
+    std::fs::write(&large, "a,1,3GiB\nf,1\n").unwrap();
+    let args = ["replay", large.to_str().unwrap(), "--policy", "paged", "--policy", "tlsf", "--progress"];
+    let output = on_device(&args).unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    if stdout(&output).contains("not run") {
+        assert!(stderr(&output).contains("progress: paged on the device: not run in "), "{}", stderr(&output));
+    }
+    assert!(!stderr(&output).contains("failed in"), "{}", stderr(&output));
     std::fs::remove_dir_all(dir).ok();
 }
 

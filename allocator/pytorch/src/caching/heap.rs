@@ -205,6 +205,7 @@ impl CachingHeap {
             unreserved_bytes: 0,
             capacity_bytes: self.capacity_bytes,
             virtual_range_bytes: None,
+            new_block_bytes: None,
             cause: OomCause::Exhaustion,
         })
     }

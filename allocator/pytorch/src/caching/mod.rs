@@ -215,6 +215,7 @@ impl OomReport {
             unreserved_bytes,
             capacity_bytes,
             virtual_range_bytes: None,
+            new_block_bytes: None,
             cause: OomCause::Exhaustion,
         }
         .judged()
