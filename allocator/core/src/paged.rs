@@ -506,22 +506,32 @@ impl PagedHeap {
         self.policy.report()
     }
 
-    /// The verdict for a request the virtual range had no run for: fragmentation of the range when its free bytes
-    /// would hold the request (compaction remaps allocations together: [`PagedHeap::compact`]), exhaustion of it
-    /// otherwise; the free figures are the range's.
+    /// The verdict for a request the virtual range had no run for, the free figures the range's: fragmentation of
+    /// the range when its whole free pages would hold the request (compaction remaps allocations' pages together:
+    /// [`PagedHeap::compact`]); internal waste when only the tails of pages live allocations hold would (an allocation
+    /// keeps its offset in its page, so no remap gathers those); exhaustion otherwise.
     fn virtual_range_refusal(&mut self, request: Request) -> Error {
         let mut error = self.out_of_memory(request, request.size_bytes());
+        let page = self.config.page_bytes;
         let report = self.policy.report();
         let free = report.ranges.iter().filter(|range| range.state == crate::RangeState::Free);
-        let (free_bytes, largest_bytes) =
-            free.fold((0u64, 0u64), |(total, largest), range| (total + range.size_bytes, largest.max(range.size_bytes)));
+        let (free_bytes, largest_bytes, whole_pages_bytes) = free.fold((0u64, 0u64, 0u64), |(total, largest, whole), range| {
+            let (first, end) = (range.offset.div_ceil(page), range.offset.saturating_add(range.size_bytes) / page);
+            (total + range.size_bytes, largest.max(range.size_bytes), whole + end.saturating_sub(first) * page)
+        });
         if let Error::OutOfMemory(verdict) = &mut error {
             verdict.free_in_blocks_bytes = free_bytes;
             verdict.largest_free_run_bytes = largest_bytes;
             // The range's free bytes are all it could map: nothing beside them.
             (verdict.unreserved_bytes, verdict.virtual_range_bytes) = (0, Some(self.config.virtual_bytes));
             // The range's own free bytes decide (what the device could still map does not matter: there is no run).
-            verdict.cause = if free_bytes >= request.size_bytes() { OomCause::Fragmentation } else { OomCause::Exhaustion };
+            verdict.cause = if whole_pages_bytes >= request.size_bytes() {
+                OomCause::Fragmentation
+            } else if free_bytes >= request.size_bytes() {
+                OomCause::InternalWaste
+            } else {
+                OomCause::Exhaustion
+            };
         }
         error
     }
@@ -656,6 +666,38 @@ mod tests {
         let allocation = heap.allocate(request(4096)).unwrap();
         let compaction = heap.compact(&[(allocation, request(4096))], Algorithm::Full, Budget::UNLIMITED).unwrap();
         assert!(compaction.moves.is_empty());
+    }
+
+    /// A bounded range with no run for the request: fragmentation only where its whole free pages would hold it (what
+    /// compaction can gather), internal waste where only the tails of pages live allocations hold would (a range full of
+    /// 2 MiB pages each holding a live 1 MiB read as fragmentation, and compacting for it moved nothing), else
+    /// exhaustion. (page, allocations, freed every other one, request; MiB)
+    #[test]
+    fn a_bounded_range_is_fragmented_only_by_whole_free_pages() {
+        let cases = [
+            (2, 32, false, 8, OomCause::InternalWaste),
+            (2, 32, false, 40, OomCause::Exhaustion),
+            (1, 64, true, 8, OomCause::Fragmentation),
+            (1, 64, true, 40, OomCause::Exhaustion),
+        ];
+        for (page_mib, count, free_every_other, request_mib, cause) in cases {
+            let config =
+                PagedConfig { page_bytes: page_mib * MIB, virtual_bytes: 64 * MIB, ..PagedConfig::new(Some(1024 * MIB)) };
+            let mut heap = PagedHeap::new(config).unwrap();
+            // 1 MiB allocations, each at the start of its own page: `count` of them fill the range.
+            let live: Vec<Allocation> =
+                (0..count).map(|_| heap.allocate(Request::new(MIB, page_mib * MIB).unwrap()).unwrap()).collect();
+            if free_every_other {
+                for allocation in live.iter().step_by(2) {
+                    heap.free(*allocation).unwrap();
+                }
+            }
+            let Err(Error::OutOfMemory(verdict)) = heap.allocate(request(request_mib * MIB)) else {
+                panic!("{request_mib} MiB fit in a range of 64 MiB with 32 MiB live")
+            };
+            assert_eq!(verdict.virtual_range_bytes, Some(64 * MIB), "{verdict}");
+            assert_eq!(verdict.cause, cause, "{page_mib} MiB pages, {request_mib} MiB: {verdict}");
+        }
     }
 
     /// Refusals in a row measure the free run inside mapped pages once; a change between them (a free, under each unmap
