@@ -3,6 +3,7 @@
 
 use egui::{Color32, RichText, Ui};
 use heapscope_core::units::Bytes;
+use heapscope_lab::recording::counted;
 use heapscope_lab::timeline::{Change, Layout, Span, Timeline};
 
 use crate::heap_map::{self, Hit, Rows, Scale, Scene, StepAnimation};
@@ -65,6 +66,8 @@ fn coarsest(fits: impl IntoIterator<Item = Scale>) -> Option<Scale> {
 
 /// Points above a map taken by its pane's header (name, totals and the device gauge).
 const HEADER_POINTS: f32 = 52.0;
+/// Room kept beside a pane's name for its close button.
+const CLOSE_BUTTON_POINTS: f32 = 24.0;
 
 /// The scale every map is drawn at under `rule` in maps `height` points tall, or `None` where each pane has its own
 /// ([`ScaleRule::FitEach`], [`ScaleRule::FitEachOverTheRecording`]): the coarsest of the panes' fits.
@@ -215,12 +218,13 @@ fn describe_span(session: &Session, region: u64, span: &Span, shown_steps: u64) 
     let free_step = session.slots.get(span.slot as usize).and_then(|slot| slot.free_step);
     match free_step {
         Some(free) => {
-            text.push_str(&format!("\nlifetime: entry {} to {free} ({} entries)", span.born, free.saturating_sub(span.born)));
+            let entries = counted(free.saturating_sub(span.born), "entry", "entries");
+            text.push_str(&format!("\nlifetime: entry {} to {free} ({entries})", span.born));
         }
         None => text.push_str(&format!(
-            "\nlifetime: from entry {}, never freed ({} entries so far)",
+            "\nlifetime: from entry {}, never freed ({} so far)",
             span.born,
-            shown_steps.saturating_sub(span.born)
+            counted(shown_steps.saturating_sub(span.born), "entry", "entries")
         )),
     }
     if let Some(category) = session.category(span.slot) {
@@ -265,28 +269,41 @@ pub fn show(
     let colours = crate::plot::pane_colours(session.panes.iter().map(Pane::name));
     ui.columns(count, |columns| {
         for (index, (column, pane)) in columns.iter_mut().zip(session.panes.iter_mut()).enumerate() {
+            // A pane keeps to its column: a long name (a contender with its settings) is cut with "…", its full text on
+            // hover, instead of running into the next pane's name and widening its own frame over the next map.
+            let column_rect = column.max_rect();
             column.horizontal(|ui| {
                 let colour = colours[index];
+                let name = RichText::new(pane.name()).strong().color(colour);
                 if style.interactive
                     && let Some(current) = pane.contender
                 {
-                    let menu = ui.menu_button(RichText::new(pane.name()).strong().color(colour), |ui| {
-                        for contender in
-                            heapscope_lab::contender::Contender::all().into_iter().filter(|contender| !contender.needs_device())
-                        {
-                            if ui.selectable_label(contender == current, contender.name()).clicked() && contender != current {
-                                actions.switch = Some((index, contender));
-                            }
-                        }
-                    });
-                    if menu.response.on_hover_text("replay with another allocator").clicked() {
+                    let name_width = (ui.available_width() - CLOSE_BUTTON_POINTS).max(0.0);
+                    let menu = ui
+                        .scope(|ui| {
+                            ui.set_max_width(name_width);
+                            egui::containers::menu::MenuButton::from_button(egui::Button::new(name).truncate()).ui(ui, |ui| {
+                                for contender in heapscope_lab::contender::Contender::all()
+                                    .into_iter()
+                                    .filter(|contender| !contender.needs_device())
+                                {
+                                    if ui.selectable_label(contender == current, contender.name()).clicked()
+                                        && contender != current
+                                    {
+                                        actions.switch = Some((index, contender));
+                                    }
+                                }
+                            })
+                        })
+                        .inner;
+                    if menu.0.on_hover_text(format!("{}: replay with another allocator", pane.name())).clicked() {
                         actions.clicked_pane = Some(index);
                     }
                     if ui.small_button("x").on_hover_text("close this pane").clicked() {
                         actions.close = Some(index);
                     }
                 } else {
-                    ui.label(RichText::new(pane.name()).strong().color(colour));
+                    ui.add(egui::Label::new(name).truncate()).on_hover_text(pane.name());
                 }
             });
             column.label(RichText::new(header_text(pane)).small());
@@ -321,7 +338,7 @@ pub fn show(
             if response.response.clicked() {
                 actions.clicked_pane = Some(index);
             }
-            actions.pane_rects.push(column.min_rect());
+            actions.pane_rects.push(column.min_rect().intersect(column_rect));
             if let Some((region, hit)) = response.hovered {
                 hovered_text = Some((index, region, hit, response.response));
             }
@@ -360,6 +377,43 @@ mod tests {
         let table = [(100, 300, 0.0, 100), (100, 300, 1.0, 300), (100, 300, 0.25, 150), (300, 100, 0.5, 200), (7, 7, 0.5, 7)];
         for (from, to, progress, at) in table {
             assert_eq!(heap_map::sliding_at(from, to, progress), at, "{from} to {to} at {progress}");
+        }
+    }
+
+    /// Four panes named with long settings, in a narrow window: each name is cut inside its own column (the app's menu
+    /// buttons and `render`'s labels alike), so no pane's frame reaches over the next one's map.
+    #[test]
+    fn long_names_stay_inside_their_panes() {
+        use heapscope_lab::contender::{PYTORCH, PYTORCH_EXPANDABLE};
+        let panes = [PYTORCH, PYTORCH_EXPANDABLE, Contender::Heap(heapscope_core::PolicyKind::Tlsf), Contender::Paged];
+        let rules = crate::session::RuleOverrides {
+            alloc_conf: Some("max_split_size_mb:128,garbage_collection_threshold:0.6,roundup_power2_divisions:4".into()),
+            ..Default::default()
+        };
+        let mut session = Session::story_named("frag_oom", &panes).unwrap().with_rules(&rules).unwrap();
+        assert!(session.panes[0].name().len() > 60, "{}", session.panes[0].name());
+        for interactive in [true, false] {
+            let rects = std::cell::RefCell::new(Vec::new());
+            let style = PaneStyle {
+                shown_steps: 10,
+                progress: 1.0,
+                colour_by: ColourBy::SizeClass,
+                interactive,
+                selected: None,
+                scale: ScaleRule::default(),
+            };
+            let width = 640.0;
+            let mut harness = egui_kittest::Harness::builder().with_size([width, 400.0]).build_ui(|ui| {
+                *rects.borrow_mut() = show(ui, &mut session, style, &[], &[]).pane_rects;
+            });
+            harness.run();
+            drop(harness);
+            let rects = rects.into_inner();
+            assert_eq!(rects.len(), 4, "interactive {interactive}");
+            for pair in rects.windows(2) {
+                assert!(pair[0].max.x <= pair[1].min.x, "interactive {interactive}: panes overlap: {rects:?}");
+            }
+            assert!(rects.iter().all(|rect| rect.max.x <= width), "interactive {interactive}: {rects:?}");
         }
     }
 

@@ -507,25 +507,38 @@ impl PagedHeap {
     }
 
     /// The verdict for a request the virtual range had no run for, the free figures the range's: fragmentation of
-    /// the range when its whole free pages would hold the request (compaction remaps allocations' pages together:
-    /// [`PagedHeap::compact`]); internal waste when only the tails of pages live allocations hold would (an allocation
-    /// keeps its offset in its page, so no remap gathers those); exhaustion otherwise.
+    /// the range when compaction could gather a run that holds the request, internal waste when the free bytes would
+    /// hold it but no gathering can, exhaustion otherwise. Compaction remaps allocations' pages ([`PagedHeap::compact`]),
+    /// each allocation keeping its offset in its page: the longest run it could make is every page no allocation
+    /// touches, after the longest free end of a page an allocation holds and before the longest free start of one. A
+    /// range of 2 MiB pages each holding a live 1 MiB read as fragmentation, and compacting for it moved nothing.
     fn virtual_range_refusal(&mut self, request: Request) -> Error {
         let mut error = self.out_of_memory(request, request.size_bytes());
         let page = self.config.page_bytes;
         let report = self.policy.report();
-        let free = report.ranges.iter().filter(|range| range.state == crate::RangeState::Free);
-        let (free_bytes, largest_bytes, whole_pages_bytes) = free.fold((0u64, 0u64, 0u64), |(total, largest, whole), range| {
-            let (first, end) = (range.offset.div_ceil(page), range.offset.saturating_add(range.size_bytes) / page);
-            (total + range.size_bytes, largest.max(range.size_bytes), whole + end.saturating_sub(first) * page)
-        });
+        let (mut free_bytes, mut largest_bytes, mut whole_pages_bytes, mut page_end_bytes, mut page_start_bytes) =
+            (0u64, 0u64, 0u64, 0u64, 0u64);
+        for range in report.ranges.iter().filter(|range| range.state == crate::RangeState::Free) {
+            let end = range.offset.saturating_add(range.size_bytes);
+            let (first_whole, end_whole) = (range.offset.div_ceil(page), end / page);
+            free_bytes += range.size_bytes;
+            largest_bytes = largest_bytes.max(range.size_bytes);
+            whole_pages_bytes += end_whole.saturating_sub(first_whole) * page;
+            // The free end of the page the range starts in, and the free start of the page it ends in (none where it
+            // starts or ends on a page boundary).
+            page_end_bytes = page_end_bytes.max((first_whole * page).saturating_sub(range.offset).min(range.size_bytes));
+            if end_whole >= first_whole {
+                page_start_bytes = page_start_bytes.max(end - end_whole * page);
+            }
+        }
+        let gatherable_bytes = whole_pages_bytes.saturating_add(page_end_bytes).saturating_add(page_start_bytes);
         if let Error::OutOfMemory(verdict) = &mut error {
             verdict.free_in_blocks_bytes = free_bytes;
             verdict.largest_free_run_bytes = largest_bytes;
             // The range's free bytes are all it could map: nothing beside them.
             (verdict.unreserved_bytes, verdict.virtual_range_bytes) = (0, Some(self.config.virtual_bytes));
             // The range's own free bytes decide (what the device could still map does not matter: there is no run).
-            verdict.cause = if whole_pages_bytes >= request.size_bytes() {
+            verdict.cause = if gatherable_bytes >= request.size_bytes() {
                 OomCause::Fragmentation
             } else if free_bytes >= request.size_bytes() {
                 OomCause::InternalWaste

@@ -265,9 +265,10 @@ pub fn streams(recording: &Recording, contenders: &[Contender]) -> Option<String
         contenders.iter().filter(|contender| !contender.pools_per_stream()).map(|contender| contender.name()).collect();
     (streams > 1 && !ignoring.is_empty()).then(|| {
         format!(
-            "the recording uses {streams} CUDA streams: PyTorch's allocator keeps a pool per stream, {} serve every stream \
+            "the recording uses {streams} CUDA streams: PyTorch's allocator keeps a pool per stream, {} {} every stream \
              from one heap",
-            ignoring.join(", ")
+            ignoring.join(", "),
+            if ignoring.len() == 1 { "serves" } else { "serve" }
         )
     })
 }
@@ -523,7 +524,7 @@ mod tests {
                 &[7, 9],
                 &[tlsf],
                 Some(
-                    "the recording uses 2 CUDA streams: PyTorch's allocator keeps a pool per stream, tlsf serve every stream from one heap",
+                    "the recording uses 2 CUDA streams: PyTorch's allocator keeps a pool per stream, tlsf serves every stream from one heap",
                 ),
             ),
         ];
