@@ -125,13 +125,13 @@ pub fn show(
     painter.vline(peak_x, rect.y_range(), Stroke::new(1.0, Color32::from_rgb(240, 120, 110)));
     let peak = format!("peak {} at {}", Bytes(timeline.peak_bytes), Moment::at_position(timeline.peak_position));
     let align = if peak_x > rect.center().x { Align2::RIGHT_TOP } else { Align2::LEFT_TOP };
-    painter.text(
-        pos2(peak_x + if peak_x > rect.center().x { -4.0 } else { 4.0 }, rect.top() + 14.0), // under the reserved lines at the top
-        align,
-        peak,
-        FontId::proportional(12.0),
-        Color32::from_rgb(240, 120, 110),
-    );
+    // Under the reserved lines at the top, on a dark plate: over the bands and the lines the words were hard to read.
+    let anchor = pos2(peak_x + if peak_x > rect.center().x { -4.0 } else { 4.0 }, rect.top() + 14.0);
+    let peak_colour = Color32::from_rgb(240, 120, 110);
+    let galley = painter.layout_no_wrap(peak, FontId::proportional(12.0), peak_colour);
+    let label = align.anchor_size(anchor, galley.size());
+    painter.rect_filled(label.expand(2.0), 2.0, Color32::from_black_alpha(210));
+    painter.galley(label.min, galley, peak_colour);
     painter.vline(x_at(position + 0.5), rect.y_range(), Stroke::new(1.0, Color32::WHITE));
     let position_of = |pointer: Pos2| {
         ((pointer.x - rect.left()) / rect.width() * positions as f32).floor().clamp(0.0, (positions - 1) as f32) as u64

@@ -165,13 +165,18 @@ pub fn line_width(index: usize) -> f32 {
     (3.0 - 0.75 * index as f32).max(0.75)
 }
 
-/// The colour of each of the panes named `names`, in order: its contender's own (a fixed table); where two
+/// The colour of each of the panes named `names`, in order: its contender's own (a fixed table), the contender named
+/// first in the pane's name (`pytorch (max_split_size_mb:128)`, a live run's `live serve · tlsf · 112 MiB`); where two
 /// panes would share one (the same contender twice, a name heapscope does not know), the later takes the first colour
 /// no pane has.
 pub fn pane_colours<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<Color32> {
     let mut colours: Vec<Color32> = Vec::new();
     for name in names {
-        let own = CONTENDER_COLOURS.iter().find(|(contender, _)| name.starts_with(contender)).map(|&(_, colour)| colour);
+        let words = name.split(|c: char| c.is_whitespace() || matches!(c, '·' | '(' | ')' | ','));
+        let own = words
+            .filter_map(|word| CONTENDER_COLOURS.iter().find(|(contender, _)| word == *contender))
+            .map(|&(_, colour)| colour)
+            .next();
         let free = CONTENDER_COLOURS.iter().map(|&(_, colour)| colour).find(|colour| !colours.contains(colour));
         let colour = match own {
             Some(colour) if !colours.contains(&colour) => colour,
@@ -342,6 +347,9 @@ mod tests {
         assert_eq!((one[0], one[2], one[3]), (other[2], other[0], other[1]));
         assert_ne!(pane_colours(["pytorch-expandable"])[0], pane_colours(["pytorch"])[0]);
         assert_eq!(pane_colours(["pytorch (max_split_size_mb:256)"])[0], pane_colours(["pytorch"])[0], "a setting's pane");
+        // A live run's pane is named by its workload first: its contender's colour all the same.
+        assert_eq!(pane_colours(["live serve · tlsf · 112 MiB"])[0], pane_colours(["tlsf"])[0]);
+        assert_eq!(pane_colours(["live train · pytorch-expandable · 1 GiB"])[0], pane_colours(["pytorch-expandable"])[0]);
         let twice = pane_colours(["tlsf", "tlsf", "mystery"]);
         assert!(twice[0] != twice[1] && twice[1] != twice[2] && twice[0] != twice[2], "{twice:?}");
     }
