@@ -165,12 +165,22 @@ pub fn header_text(pane: &Pane) -> String {
         format!("{:.2}", totals.reserved_bytes as f64 / totals.live_bytes as f64)
     };
     let ooms_so_far = pane.timeline.refusals().iter().filter(|(step, _)| *step < pane.layout_steps).count();
-    format!(
+    let mut text = format!(
         "reserved {} · live {} · reserved/live {ratio} · OOMs {ooms_so_far}/{}",
         Bytes(totals.reserved_bytes),
         Bytes(totals.live_bytes),
         pane.timeline.refusals().len()
-    )
+    );
+    // What the map cannot show: the entry just played held more inside it than before or after (a request served and
+    // given back at once, as a contender serves the recording's out-of-memory request, which the program never held).
+    if let Some(transient) = pane.timeline.transient_at(pane.layout_steps) {
+        text.push_str(&format!(
+            " · at its most within this entry: reserved {}, live {} (held and given back inside it)",
+            Bytes(transient.reserved_bytes),
+            Bytes(transient.live_bytes)
+        ));
+    }
+    text
 }
 
 /// The tooltip text for `hit` in `pane`'s region at `region`.
@@ -415,6 +425,28 @@ mod tests {
             }
             assert!(rects.iter().all(|rect| rect.max.x <= width), "interactive {interactive}: {rects:?}");
         }
+    }
+
+    /// The recording's out-of-memory entry (frag_oom's 1 GiB at entry 100), which `paged` serves and gives back at
+    /// once: the map shows the entry's end, the header what the entry held at its most, and the plotted lines reach the
+    /// peak `replay` counts (2.95 GiB reserved @ 100); the entries around it say nothing of the kind.
+    #[test]
+    fn what_an_entry_held_inside_it_is_said_and_plotted() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/traces/pytorch/frag_oom-default.pickle.gz");
+        let options = crate::session::OpenOptions::default();
+        let mut session = Session::open(&path, &[Contender::Paged], &options).unwrap();
+        let oom_position = 101;
+        session.seek(oom_position);
+        let text = header_text(&session.panes[0]);
+        assert!(text.contains(" · at its most within this entry: reserved 2.95 GiB, live 2.95 GiB"), "{text}");
+        assert!(text.starts_with("reserved 1.95 GiB"), "the map's own figures are the entry's end: {text}");
+        for position in [oom_position - 1, oom_position + 1] {
+            session.seek(position);
+            assert!(!header_text(&session.panes[0]).contains("within this entry"), "position {position}");
+        }
+        let series = crate::plot::Series::of(&session.panes[0].timeline);
+        let peak = series.reserved.iter().map(|point| point[1]).fold(0.0, f64::max);
+        assert_eq!(peak as u64, session.panes[0].timeline.transient_at(oom_position).unwrap().reserved_bytes);
     }
 
     #[test]

@@ -104,7 +104,9 @@ fn scaled(points: &[[f64; 2]], unit: f64) -> PlotPoints<'static> {
 impl Series {
     /// The series of `timeline`, at most [`MAX_POINTS`] points each (the maximum of each bucket, so peaks
     /// survive the reduction). The x axis counts entries, the recording's one numbering: the totals once entry
-    /// `N` is done are drawn at x = N, the start (what was live before entry 0) at x = -1 ([`x_of`]).
+    /// `N` is done are drawn at x = N, the start (what was live before entry 0) at x = -1 ([`x_of`]). A step that held
+    /// more inside it than at its start and end (a request served and returned within its entry) is drawn at its
+    /// most, as `replay`'s peaks count it.
     pub fn of(timeline: &Timeline) -> Self {
         let samples = timeline.samples();
         let bucket = samples.len().div_ceil(MAX_POINTS).max(1);
@@ -117,11 +119,19 @@ impl Series {
             waste: vec![[x_of(0), f64::from(start.waste)]],
             refusals: Vec::new(),
         };
+        let mut transients = timeline.transients().iter().peekable();
         for (index, chunk) in samples.chunks(bucket).enumerate() {
-            let x = x_of(((index * bucket + chunk.len()) as u64).min(samples.len() as u64));
+            let last = (index * bucket + chunk.len()) as u64;
+            let x = x_of(last.min(samples.len() as u64));
             let max = |value: &dyn Fn(&heapscope_lab::timeline::Sample) -> f64| chunk.iter().map(value).fold(0.0, f64::max);
-            series.live.push([x, max(&|sample| sample.live_bytes as f64)]);
-            series.reserved.push([x, max(&|sample| sample.reserved_bytes as f64)]);
+            // The transients of this bucket's steps (positions `index * bucket + 1` to `last`).
+            let (mut live, mut reserved) = (0.0, 0.0);
+            while let Some((_, transient)) = transients.next_if(|&&(position, _)| position <= last) {
+                (live, reserved) =
+                    (f64::max(live, transient.live_bytes as f64), f64::max(reserved, transient.reserved_bytes as f64));
+            }
+            series.live.push([x, max(&|sample| sample.live_bytes as f64).max(live)]);
+            series.reserved.push([x, max(&|sample| sample.reserved_bytes as f64).max(reserved)]);
             series.fragmentation.push([x, max(&|sample| f64::from(sample.fragmentation))]);
             series.waste.push([x, max(&|sample| f64::from(sample.waste))]);
         }

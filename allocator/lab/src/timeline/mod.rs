@@ -16,7 +16,9 @@
 //!   address, and free runs with their sizes, so live, reserved and free bytes and the largest free run are
 //!   known after every step at O(log n) per change. Splits and merges are what [`Layout::apply`] reports
 //!   ([`Effect`]) when an allocation is carved from a larger free run or a free joins its neighbours.
-//! - The timeline keeps a [`Sample`] per step (what its plot draws) and a checkpoint every so many steps, as
+//! - The timeline keeps a [`Sample`] per step (what its plot draws; a step that held more inside it than at its
+//!   start and end, as a request served and given back within its entry, adds a [`Transient`]) and a checkpoint
+//!   every so many steps, as
 //!   little as rebuilds the layout there: its live allocations as the indices (`u32`) of the
 //!   [`Change::Allocated`] that placed them, by address (the spans are in the changes already: 4 bytes an
 //!   allocation instead of a 48-byte copy), and a snapshot of the regions that consecutive checkpoints share,
@@ -100,6 +102,18 @@ pub struct Sample {
     pub waste: f32,
 }
 
+/// The most bytes live and reserved inside one step, where they passed what the step began and ended with: an
+/// allocation made and freed within its entry (the recording's `oom` entry, whose request a contender serves though
+/// the program never held it), or a block reserved and released within one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Transient {
+    /// The most bytes requested by live allocations inside the step.
+    pub live_bytes: u64,
+    /// The most bytes reserved inside the step.
+    pub reserved_bytes: u64,
+}
+
 /// A contender's replay, step by step. See the module documentation.
 #[derive(Clone, Debug)]
 pub struct Timeline {
@@ -114,6 +128,9 @@ pub struct Timeline {
     /// Totals at the start, before the first step.
     start_sample: Sample,
     refusals: Vec<(u64, Refusal)>,
+    /// The steps whose totals passed their start and end inside them, by the position once each is done (few: a sample per step
+    /// would cost every step 16 bytes more).
+    transients: Vec<(u64, Transient)>,
     /// Layouts after `position` steps, kept as their parts, by increasing position; the first is the start.
     checkpoints: Vec<Checkpoint>,
     /// Steps between checkpoints at least.
@@ -141,6 +158,7 @@ impl Timeline {
             samples: Vec::new(),
             start_sample: Sample::default(),
             refusals: Vec::new(),
+            transients: Vec::new(),
             checkpoints: vec![Checkpoint { position: 0, regions: Arc::default(), live: Box::default() }],
             min_interval: MIN_CHECKPOINT_INTERVAL,
             head: Layout::new(),
@@ -206,6 +224,10 @@ impl Timeline {
     pub fn push(&mut self, changes: &[Change], refusal: Option<Refusal>) -> Result<(), LayoutError> {
         // How far the step maps into virtual regions: kept only once the whole step applies.
         let mut extents = Vec::new();
+        // The most live and reserved inside the step (a step of one change ends at its most), against the most of
+        // its start and its end, which its plot joins anyway.
+        let before = self.samples.last().copied().unwrap_or(self.start_sample);
+        let mut within = Transient::default();
         for change in changes {
             // Copying the head before each step would double the cost of every step: a step that fails
             // half-way is undone instead by rebuilding the head from the last checkpoint.
@@ -214,6 +236,11 @@ impl Timeline {
                 return Err(error);
             }
             extents.extend(mapped_extent(&self.head, change));
+            if changes.len() > 1 {
+                let totals = self.head.totals();
+                within.live_bytes = within.live_bytes.max(totals.live_bytes);
+                within.reserved_bytes = within.reserved_bytes.max(totals.reserved_bytes);
+            }
         }
         self.widen_virtual_extents(extents);
         let first = self.changes.len();
@@ -230,6 +257,15 @@ impl Timeline {
         let position = self.steps();
         if let Some(refusal) = refusal {
             self.refusals.push((position - 1, refusal));
+        }
+        if within.live_bytes > totals.live_bytes.max(before.live_bytes)
+            || within.reserved_bytes > totals.reserved_bytes.max(before.reserved_bytes)
+        {
+            let transient = Transient {
+                live_bytes: within.live_bytes.max(totals.live_bytes),
+                reserved_bytes: within.reserved_bytes.max(totals.reserved_bytes),
+            };
+            self.transients.push((position, transient));
         }
         let last = self.checkpoints.last().map_or(0, |checkpoint| checkpoint.position);
         if position - last >= self.min_interval.max(totals.live_allocations / LIVE_PER_INTERVAL_STEP) {
@@ -313,6 +349,18 @@ impl Timeline {
     /// The refused requests, with the step that refused each.
     pub fn refusals(&self) -> &[(u64, Refusal)] {
         &self.refusals
+    }
+
+    /// The steps whose live or reserved bytes passed their start and end inside them, each by its position once done (the
+    /// position [`Timeline::sample_at`] takes), in order.
+    pub fn transients(&self) -> &[(u64, Transient)] {
+        &self.transients
+    }
+
+    /// What the step ending at `position` held at its most inside it, where that passed its start and end.
+    pub fn transient_at(&self, position: u64) -> Option<Transient> {
+        let index = self.transients.binary_search_by_key(&position, |&(at, _)| at).ok()?;
+        Some(self.transients[index].1)
     }
 
     /// Widens each virtual region's shown extent to `(region, extent)` where that is further.
@@ -526,6 +574,41 @@ mod tests {
 
     /// One step of a story: its changes and the request it refused.
     type Step = (Vec<Change>, Option<Refusal>);
+
+    /// What a step held at its most inside it is kept where it passed the step's start and end: an allocation served and
+    /// returned within its entry, a block reserved and released within one; a step that only grows or only shrinks, or
+    /// frees and allocates as much again, keeps none.
+    #[test]
+    fn steps_keep_what_they_held_at_their_most_inside() {
+        let block = |address: u64| Change::RegionAdded { address, size_bytes: 1 << 20, kind: RegionKind::Block };
+        let released = |address: u64| Change::RegionRemoved { address };
+        let steps: [(Vec<Change>, Option<Transient>); 5] = [
+            (vec![block(0), Change::Allocated(span(0, 4096, 0))], None),
+            // Served and returned at once: 4 KiB more live and a block more reserved, inside the step only.
+            (
+                vec![
+                    block(1 << 20),
+                    Change::Allocated(span(1 << 20, 8192, 1)),
+                    Change::Freed { address: 1 << 20 },
+                    released(1 << 20),
+                ],
+                Some(Transient { live_bytes: 2049 + 4097, reserved_bytes: 2 << 20 }),
+            ),
+            (vec![Change::Allocated(span(8192, 4096, 2))], None),
+            (vec![Change::Freed { address: 8192 }, Change::Freed { address: 0 }], None),
+            // A free then an allocation as large: nothing passed the end.
+            (vec![Change::Allocated(span(0, 4096, 3)), Change::Freed { address: 0 }, Change::Allocated(span(0, 4096, 4))], None),
+        ];
+        let mut timeline = Timeline::new("t");
+        for (changes, _) in &steps {
+            timeline.push(changes, None).unwrap();
+        }
+        for (position, (_, expected)) in (1..).zip(&steps) {
+            assert_eq!(timeline.transient_at(position), *expected, "step {position}");
+        }
+        assert_eq!(timeline.transients().len(), 1);
+        assert_eq!(timeline.sample_at(2).reserved_bytes, 1 << 20, "the step's end is its sample");
+    }
 
     fn span(address: u64, footprint_bytes: u64, slot: u32) -> Span {
         Span {
