@@ -184,7 +184,8 @@ impl BenchArgs {
         }
         // The simulation would map a last page reaching past the range, the device round the range down: refused, so
         // that both run the same range.
-        if let Some(virtual_bytes) = self.virtual_size.filter(|bytes| !bytes.is_multiple_of(self.page_size)) {
+        if let Some(virtual_bytes) = self.virtual_size.filter(|bytes| self.runs_paged() && !bytes.is_multiple_of(self.page_size))
+        {
             let exact = heapscope_core::units::exact_size;
             bail!(
                 "--virtual-size {}: not a whole number of pages ({} each, --page-size)",
@@ -230,17 +231,21 @@ impl BenchArgs {
                 }
                 recorded_conf = recording.snapshot.as_ref().map(AllocConf::of_snapshot);
                 // The device the recording tells (its oom entry), as `replay` and `compare` take it, scaled as its
-                // requests are: a recorded out of memory is one here too. Scaled below one page, it holds nothing
-                // paged could map: no budget then, as before.
+                // requests are: a recorded out of memory is one here too. Where `paged` runs and the scaled device is
+                // below one page, it holds nothing paged could map: no budget then.
                 let scale = self.scale.unwrap_or(1).max(1);
                 let capacity = heapscope_lab::capacity::Capacity::of(None, &recording);
-                let scaled = capacity.bytes.map(|bytes| bytes.div_ceil(scale)).filter(|&bytes| bytes >= self.page_size);
+                let scaled = capacity
+                    .bytes
+                    .map(|bytes| bytes.div_ceil(scale))
+                    .filter(|&bytes| !self.runs_paged() || bytes >= self.page_size);
                 let story = match (scaled, capacity.bytes) {
                     (Some(_), _) if scale > 1 => format!("the recording's device divided by --scale {scale} ({capacity})"),
                     (Some(_), _) => capacity.to_string(),
                     (None, Some(bytes)) => format!(
-                        "no budget: the recording's device divided by --scale {scale} is {}, less than one page \
-                         (--page-size {}); every allocation of the recording filled and verified",
+                        "no budget: the recording's device{} is {}, less than one page of paged (--page-size {}); every \
+                         allocation of the recording filled and verified",
+                        if scale > 1 { format!(" divided by --scale {scale}") } else { String::new() },
                         heapscope_core::units::exact_size(bytes.div_ceil(scale)),
                         heapscope_core::units::exact_size(self.page_size)
                     ),

@@ -516,22 +516,40 @@ impl PagedHeap {
         let mut error = self.out_of_memory(request, request.size_bytes());
         let page = self.config.page_bytes;
         let report = self.policy.report();
-        let (mut free_bytes, mut largest_bytes, mut whole_pages_bytes, mut page_end_bytes, mut page_start_bytes) =
-            (0u64, 0u64, 0u64, 0u64, 0u64);
+        let (mut free_bytes, mut largest_bytes, mut whole_pages_bytes) = (0u64, 0u64, 0u64);
+        // The two longest free ends of held pages and the two longest free starts, each with its page: a page holds
+        // one of each at most, and one page cannot both open and close the run.
+        let (mut ends, mut starts) = ([(0u64, u64::MAX); 2], [(0u64, u64::MAX); 2]);
+        let keep = |best: &mut [(u64, u64); 2], bytes: u64, page_index: u64| {
+            if bytes > best[0].0 {
+                *best = [(bytes, page_index), best[0]];
+            } else if bytes > best[1].0 {
+                best[1] = (bytes, page_index);
+            }
+        };
         for range in report.ranges.iter().filter(|range| range.state == crate::RangeState::Free) {
             let end = range.offset.saturating_add(range.size_bytes);
             let (first_whole, end_whole) = (range.offset.div_ceil(page), end / page);
             free_bytes += range.size_bytes;
             largest_bytes = largest_bytes.max(range.size_bytes);
             whole_pages_bytes += end_whole.saturating_sub(first_whole) * page;
-            // The free end of the page the range starts in, and the free start of the page it ends in (none where it
-            // starts or ends on a page boundary).
-            page_end_bytes = page_end_bytes.max((first_whole * page).saturating_sub(range.offset).min(range.size_bytes));
+            // A range that reaches past a page boundary frees the end of the page it starts in and the start of the
+            // page it ends in; a hole inside one page frees neither (an allocation sits on each side of it).
             if end_whole >= first_whole {
-                page_start_bytes = page_start_bytes.max(end - end_whole * page);
+                if range.offset % page != 0 {
+                    keep(&mut ends, first_whole * page - range.offset, first_whole - 1);
+                }
+                if end % page != 0 {
+                    keep(&mut starts, end - end_whole * page, end_whole);
+                }
             }
         }
-        let gatherable_bytes = whole_pages_bytes.saturating_add(page_end_bytes).saturating_add(page_start_bytes);
+        let ends_and_starts = if ends[0].1 == starts[0].1 && ends[0].0 > 0 && starts[0].0 > 0 {
+            (ends[0].0 + starts[1].0).max(ends[1].0 + starts[0].0)
+        } else {
+            ends[0].0 + starts[0].0
+        };
+        let gatherable_bytes = whole_pages_bytes.saturating_add(ends_and_starts);
         if let Error::OutOfMemory(verdict) = &mut error {
             verdict.free_in_blocks_bytes = free_bytes;
             verdict.largest_free_run_bytes = largest_bytes;
@@ -711,6 +729,27 @@ mod tests {
             assert_eq!(verdict.virtual_range_bytes, Some(64 * MIB), "{verdict}");
             assert_eq!(verdict.cause, cause, "{page_mib} MiB pages, {request_mib} MiB: {verdict}");
         }
+    }
+
+    /// What compaction could gather, counted exactly: a hole inside one page (an allocation on each side) frees no
+    /// page's end or start, and one page cannot both open and close the run. 2 MiB pages, a 6 MiB range: the free bytes
+    /// are a 1 MiB hole in page 0 and 0.5 MiB either side of the boundary of pages 1 and 2; at most 1 MiB can be
+    /// gathered, so a 1.5 MiB request is internal waste (the hole read as a page's free end made it fragmentation, and
+    /// compacting for it moved nothing); 1 MiB fits as it is.
+    #[test]
+    fn a_hole_inside_a_page_is_not_gathered() {
+        let config = PagedConfig { page_bytes: 2 * MIB, virtual_bytes: 6 * MIB, ..PagedConfig::new(Some(1024 * MIB)) };
+        let mut heap = PagedHeap::new(config).unwrap();
+        let sizes = [MIB / 2, MIB, MIB / 2, 3 * MIB / 2, MIB / 2, MIB / 2, 3 * MIB / 2];
+        let live: Vec<Allocation> = sizes.iter().map(|&size| heap.allocate(request(size)).unwrap()).collect();
+        let offsets: Vec<u64> = live.iter().map(Allocation::offset).collect();
+        assert_eq!(offsets, [0, MIB / 2, 3 * MIB / 2, 2 * MIB, 7 * MIB / 2, 4 * MIB, 9 * MIB / 2], "packed in order");
+        for index in [1, 4, 5] {
+            heap.free(live[index]).unwrap();
+        }
+        let Err(Error::OutOfMemory(verdict)) = heap.allocate(request(3 * MIB / 2)) else { panic!("no run of 1.5 MiB") };
+        assert_eq!((verdict.cause, verdict.free_in_blocks_bytes), (OomCause::InternalWaste, 2 * MIB), "{verdict}");
+        heap.allocate(request(MIB)).unwrap();
     }
 
     /// Refusals in a row measure the free run inside mapped pages once; a change between them (a free, under each unmap

@@ -82,12 +82,6 @@ impl PolicyKind {
         let size = align_up(size, config.granularity_bytes)?;
         match self {
             Self::Buddy => size.max(align).checked_next_power_of_two(),
-            // A request up to the largest class takes a slot of its class: the power of two that holds it, at least the
-            // smallest class (and the alignment, which slots keep by their size).
-            Self::Slab if size <= config.slab_max_class_bytes && align <= config.slab_max_class_bytes => {
-                let smallest = config.slab_min_class_bytes.max(config.min_align_bytes);
-                size.checked_next_power_of_two().map(|class| class.max(smallest).max(align))
-            }
             _ => Some(size),
         }
     }
@@ -133,14 +127,8 @@ mod tests {
         assert_eq!(PolicyKind::Buddy.dedicated_bytes(request, &config), Some(256 << 20));
         let odd = Request::new(1000, 1).unwrap();
         assert_eq!(PolicyKind::BestFit.dedicated_bytes(odd, &config), Some(1024));
-        // Slab: the slot of its class up to the largest class (a 33 KiB request takes a 64 KiB slot), placed as it is
-        // above.
-        let slab =
-            |size_bytes: u64, align: u64| PolicyKind::Slab.dedicated_bytes(Request::new(size_bytes, align).unwrap(), &config);
-        assert_eq!(slab(33 << 10, 1), Some(64 << 10));
-        assert_eq!(slab(100, 1), Some(256), "the smallest class");
-        assert_eq!(slab(1000, 4096), Some(4096), "a slot keeps its alignment by its size");
-        assert_eq!(slab(64 << 10, 1), Some(64 << 10));
-        assert_eq!(slab((64 << 10) + 1, 1), Some((64 << 10) + 256), "past the largest class: placed directly");
+        // Slab: a request whose class has no slot left, and no page to carve one, is placed by its TLSF at its own
+        // size; so that is what it needs alone.
+        assert_eq!(PolicyKind::Slab.dedicated_bytes(Request::new(33 << 10, 1).unwrap(), &config), Some(33 << 10));
     }
 }

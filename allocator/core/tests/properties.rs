@@ -360,8 +360,9 @@ proptest! {
     /// had, in order, at the same offset within its first page (its bytes are preserved, nothing was copied);
     /// pinned allocations did not move; the mapped bytes are the same, less the cache let go; nothing overlaps; the
     /// largest free run of the virtual range never shrank. A refusal with too few free virtual bytes is exhaustion,
-    /// one the pages no live allocation touches would hold fragmentation (compaction gathers those), and one with enough
-    /// free bytes only in pages live allocations hold is no exhaustion.
+    /// one the pages no live allocation touches would hold fragmentation (compaction gathers those), one those pages
+    /// and two more would not hold internal waste (a gathered run adds less than a page at either end), and any other
+    /// with enough free bytes no exhaustion.
     #[test]
     fn paged_compaction_remaps_pages_and_keeps_every_byte(
         unmap in unmap_rule(),
@@ -400,6 +401,9 @@ proptest! {
                                 prop_assert_eq!(verdict.cause, OomCause::Exhaustion, "{}", verdict);
                             } else if untouched_bytes >= size {
                                 prop_assert_eq!(verdict.cause, OomCause::Fragmentation, "{}", verdict);
+                            } else if untouched_bytes + 2 * page <= size {
+                                // Beside the untouched pages a run gathers less than a page at either end: never enough.
+                                prop_assert_eq!(verdict.cause, OomCause::InternalWaste, "{}", verdict);
                             } else {
                                 prop_assert!(verdict.cause != OomCause::Exhaustion, "{}", verdict);
                             }

@@ -61,6 +61,9 @@ pub struct FirstOom {
     /// `paged`'s virtual range where it decided the refusal: `free_bytes` are then what the range had free (mapped or
     /// not), and no device figure applies.
     pub virtual_range_bytes: Option<u64>,
+    /// The new block the contender needed, where that is what did not fit (gpu-allocator's 256 MiB blocks):
+    /// `needed_bytes` is then that block, not the request rounded.
+    pub new_block_bytes: Option<u64>,
     /// `fragmentation`, `internal_waste` or `exhaustion`.
     pub verdict: OomCause,
     /// The verdict in words.
@@ -108,6 +111,7 @@ impl FirstOom {
             unusable_free_bytes: 0,
             unreserved_bytes: verdict.virtual_range_bytes.is_none().then_some(verdict.unreserved_bytes),
             virtual_range_bytes: verdict.virtual_range_bytes,
+            new_block_bytes: verdict.new_block_bytes,
             verdict: verdict.cause,
             message: verdict.describe(),
         }
@@ -611,6 +615,7 @@ pub(crate) fn pytorch_first_oom(event_index: u64, report: &OomReport, unreserved
         unusable_free_bytes: report.free_in_reserved_bytes.saturating_sub(report.usable_free_bytes),
         unreserved_bytes,
         virtual_range_bytes: None,
+        new_block_bytes: None,
         verdict: OomCause::judge(heapscope_core::Shortfall {
             requested_bytes: report.request_bytes,
             needed_bytes: report.needed_bytes,
@@ -938,8 +943,9 @@ pub fn verdict_sentence(
         .collect();
     let (policy, request) = (&failed.policy, Bytes(oom.request_bytes));
     // The rounded size, where it reads differently: PyTorch's message names the segment it tried for.
-    let rounded = match Bytes(oom.needed_bytes) {
-        needed if needed.to_string() != request.to_string() => format!(" ({needed} once rounded)"),
+    let rounded = match (oom.new_block_bytes, Bytes(oom.needed_bytes)) {
+        (Some(block), _) => format!(" (which needs a new {} block)", Bytes(block)),
+        (None, needed) if needed.to_string() != request.to_string() => format!(" ({needed} once rounded)"),
         _ => String::new(),
     };
     let free = oom.free_words();
@@ -966,13 +972,20 @@ pub fn verdict_sentence(
         // must give) made it short; else the padding inside live allocations would have covered it.
         OomCause::InternalWaste if oom.free_memory().total_bytes() >= oom.request_bytes => format!(
             "`{policy}` ran out of memory on a {request} request: {free}, enough for the request as asked but not for \
-             the {} serving it needed once rounded (internal waste)",
-            Bytes(oom.needed_bytes)
+             {} (internal waste)",
+            match oom.new_block_bytes {
+                Some(block) => format!("the new {} block it needed", Bytes(block)),
+                None => format!("the {} serving it needed once rounded", Bytes(oom.needed_bytes)),
+            }
         ),
         OomCause::InternalWaste => format!(
-            "`{policy}` ran out of memory on a {request} request: {free}, too little once rounded to {}, with bytes \
-             wasted inside allocations that would have covered it (internal waste)",
-            Bytes(oom.needed_bytes)
+            "`{policy}` ran out of memory on a {request} request: {free}, too little {}, with bytes wasted inside \
+             allocations that would have covered it (internal waste)",
+            if oom.needed_bytes > oom.request_bytes {
+                format!("once rounded to {}", Bytes(oom.needed_bytes))
+            } else {
+                "for it".to_owned()
+            }
         ),
         OomCause::Exhaustion => format!(
             "`{policy}` ran out of memory on a {request} request{rounded}: only {free}, too little even without any \

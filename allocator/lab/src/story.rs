@@ -561,6 +561,10 @@ mod tests {
         let (first, refusal) = slab.refusals().first().expect("slab runs out");
         assert!((900..1500).contains(first), "slab refuses from about the 1,000th request: {first}");
         assert_eq!(refusal.cause, OomCause::InternalWaste, "{}", refusal.message);
+        // Slab places a request its slots cannot take at its own size: nothing is said rounded (it said "too little
+        // once rounded to 33.00 KiB", the request's own size); buddy's 512 MiB above is.
+        let words = sentence(&slab, *first);
+        assert!(words.contains("none left on the device, too little for it, while 31.00 MiB are wasted"), "{words}");
         assert!(run(&story, Contender::Heap(PolicyKind::Tlsf)).refusals().is_empty());
         // page_size
         let story = page_size();

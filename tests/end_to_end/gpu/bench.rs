@@ -342,9 +342,13 @@ fn bad_bench_input_is_refused() {
         assert!(stderr(&output).contains(expected), "{args:?}: {expected:?} in {}", stderr(&output));
         assert!(!stderr(&output).contains("panicked"), "{args:?}: {}", stderr(&output));
     }
-    // A budget below one page, or a page above the default budget, concern `paged` alone: tlsf runs (32 KiB holds 4 KiB
-    // requests), and pytorch-expandable maps its own pages whatever --page-size says.
-    for extra in [&["--budget", "32KiB", "--policy", "tlsf"][..], &["--page-size", "256MiB", "--policy", "pytorch-expandable"]] {
+    // A budget below one page, a page above the default budget and a range of no whole pages concern `paged` alone: tlsf
+    // runs (32 KiB holds 4 KiB requests), and pytorch-expandable maps its own pages whatever --page-size says.
+    for extra in [
+        &["--budget", "32KiB", "--policy", "tlsf"][..],
+        &["--page-size", "256MiB", "--policy", "pytorch-expandable"],
+        &["--virtual-size", "100000", "--policy", "tlsf"],
+    ] {
         let output =
             heapscope(&[&["bench", "--workload", "churn", "--steps", "20", "--backend", "sim", "--json"][..], extra].concat());
         assert!(output.status.success(), "{extra:?}: {}", stderr(&output));

@@ -536,3 +536,24 @@ fn moves_at_byte_alignment_copy_exactly_their_bytes() {
     assert_eq!(line["ooms"], 0, "{line}");
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// gpu-allocator reserves blocks of one size (256 MiB for device memory): a 1 MiB request on a 100 MiB device is refused
+/// for the new block it needs, and every form says so, never that the request was rounded to 256 MiB.
+#[test]
+fn a_refusal_for_a_new_block_names_the_block() {
+    let dir = crate::common::temp_dir("vulkan-new-block");
+    let path = dir.join("one.csv");
+    std::fs::write(&path, "a,1,1MiB\nf,1\n").unwrap();
+    let file = path.to_str().unwrap();
+    let args = ["compare", file, "--capacity", "100MiB", "--policy", "gpu-allocator"];
+    let Some(table) = on_device(&args) else { return };
+    let said = stdout(&table);
+    assert!(said.contains("1.00 MiB (which needs a new block of 256.00 MiB)"), "{said}");
+    assert!(said.contains("enough for the request as asked but not for the new 256.00 MiB block it needed"), "{said}");
+    assert!(!said.contains("256.00 MiB once rounded"), "{said}");
+    let json = on_device(&["replay", file, "--capacity", "100MiB", "--policy", "gpu-allocator", "--json"]).unwrap();
+    let line = &lines(&json)[0];
+    assert_eq!(line["first_oom"]["new_block_bytes"].as_u64(), Some(256 << 20), "{line}");
+    assert_eq!(line["first_oom"]["needed_bytes"].as_u64(), Some(256 << 20), "{line}");
+    std::fs::remove_dir_all(dir).ok();
+}

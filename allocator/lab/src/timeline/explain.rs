@@ -111,8 +111,12 @@ fn decide(timeline: &Timeline, facts: &StepFacts, step: u64) -> String {
                 None => format!("{free}, but the largest free run is {}: fragmentation", Bytes(refusal.largest_free_bytes)),
             },
             OomCause::InternalWaste => format!(
-                "{free}, too little once rounded to {}, while {} are wasted inside live allocations: internal waste",
-                Bytes(refusal.needed_bytes),
+                "{free}, too little {}, while {} are wasted inside live allocations: internal waste",
+                if refusal.needed_bytes > refusal.requested_bytes {
+                    format!("once rounded to {}", Bytes(refusal.needed_bytes))
+                } else {
+                    "for it".to_owned()
+                },
                 Bytes(refusal.waste_bytes)
             ),
             OomCause::Exhaustion => format!("{free}: not enough memory, even without any waste"),
