@@ -72,8 +72,8 @@ pub struct BenchArgs {
     pub backend: Option<BackendName>,
     /// When the heap policies compact: never (the default), on-oom (a request refused for fragmentation makes the
     /// heap move allocations, the device copying them, then it is tried once more) or every:N (a balanced pass
-    /// before every N-th allocation or free, and on a refusal as on-oom); the kernels verify each moved allocation at its new place after the
-    /// move, and again at its free.
+    /// before every N-th allocation or free, and on a refusal as on-oom); the kernels verify each moved allocation at its
+    /// new place after the move, and again at its free.
     #[arg(long, value_name = "RULE", default_value = "never")]
     pub compact: CompactRule,
     /// --backend wgpu: plain wgpu even on a Vulkan adapter (not heapscope's Vulkan device; paged and
@@ -201,9 +201,11 @@ impl BenchArgs {
 
     fn choose(&self) -> Result<Chosen> {
         let mut recorded_conf = None;
+        // The generated workloads' seed.
+        let seed = self.seed.unwrap_or(1);
         let (workload, default_budget, story) = match self.workload {
             WorkloadName::Train => {
-                let base = TrainConfig::new(self.seed.unwrap_or(1));
+                let base = TrainConfig::new(seed);
                 let config = TrainConfig {
                     steps: self.steps.unwrap_or(base.steps),
                     batch: self.batch.unwrap_or(base.batch),
@@ -213,12 +215,12 @@ impl BenchArgs {
                 (train(&config), Some(TrainConfig::DEFAULT_BUDGET_BYTES), TrainConfig::STORY.to_owned())
             }
             WorkloadName::Serve => {
-                let base = ServeConfig::new(self.seed.unwrap_or(1));
+                let base = ServeConfig::new(seed);
                 let config = ServeConfig { steps: self.steps.unwrap_or(base.steps), kv: self.kv.unwrap_or(base.kv), ..base };
                 (serve(&config), Some(ServeConfig::DEFAULT_BUDGET_BYTES), ServeConfig::STORY.to_owned())
             }
             WorkloadName::Churn => {
-                let base = ChurnConfig::new(self.seed.unwrap_or(1));
+                let base = ChurnConfig::new(seed);
                 let config = ChurnConfig { steps: self.steps.unwrap_or(base.steps), ..base };
                 (churn(&config), Some(ChurnConfig::DEFAULT_BUDGET_BYTES), ChurnConfig::STORY.to_owned())
             }

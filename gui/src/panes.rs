@@ -281,7 +281,6 @@ pub fn show(
         for (index, (column, pane)) in columns.iter_mut().zip(session.panes.iter_mut()).enumerate() {
             // A pane keeps to its column: a long name (a contender with its settings) is cut with "…", its full text on
             // hover, instead of running into the next pane's name and widening its own frame over the next map.
-            let column_rect = column.max_rect();
             column.horizontal(|ui| {
                 let colour = colours[index];
                 let name = RichText::new(pane.name()).strong().color(colour);
@@ -348,7 +347,7 @@ pub fn show(
             if response.response.clicked() {
                 actions.clicked_pane = Some(index);
             }
-            actions.pane_rects.push(column.min_rect().intersect(column_rect));
+            actions.pane_rects.push(column.min_rect());
             if let Some((region, hit)) = response.hovered {
                 hovered_text = Some((index, region, hit, response.response));
             }

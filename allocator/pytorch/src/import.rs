@@ -1364,15 +1364,22 @@ fn to_int<T: TryFrom<i128>>(value: &Value, type_name: &str, path: &dyn Fn() -> S
     int.to().ok_or_else(|| Issue::new(path(), format!("{int} does not fit {type_name}")))
 }
 
+/// The items of a list or a tuple (`None` for any other value).
+fn sequence_items(value: &Value) -> Option<Vec<Value>> {
+    match value {
+        Value::List(list) => Some(list.borrow().items.clone()),
+        Value::Tuple(items) => Some(items.to_vec()),
+        _ => None,
+    }
+}
+
 /// A memory pool's id at `path` (a segment's `segment_pool_id`, a trace entry's `pool_id`): a pair of ints, as a
 /// tuple or a list; `None` is the default pools' `(0, 0)`.
 fn to_pool_id(value: &Value, path: &dyn Fn() -> String) -> Result<(i64, i64), Issue> {
-    let items = match value {
-        Value::None => return Ok((0, 0)),
-        Value::Tuple(items) => items.to_vec(),
-        Value::List(list) => list.borrow().items.clone(),
-        other => return Err(Issue::expected(path(), "tuple or list", other)),
-    };
+    if matches!(value, Value::None) {
+        return Ok((0, 0));
+    }
+    let items = sequence_items(value).ok_or_else(|| Issue::expected(path(), "tuple or list", value))?;
     match items.as_slice() {
         [first, second] => Ok((to_i64(first, path)?, to_i64(second, path)?)),
         _ => Err(Issue::new(path(), format!("expected a pair, found {} items", items.len()))),
@@ -1598,9 +1605,7 @@ impl<'a> Fields<'a> {
     fn list(&self, key: &str) -> Result<Option<Vec<Value>>, Issue> {
         match self.get(key) {
             None | Some(Value::None) => Ok(None),
-            Some(Value::List(list)) => Ok(Some(list.borrow().items.clone())),
-            Some(Value::Tuple(items)) => Ok(Some(items.to_vec())),
-            Some(other) => Err(Issue::expected(self.key_path(key), "list", other)),
+            Some(value) => sequence_items(value).map(Some).ok_or_else(|| Issue::expected(self.key_path(key), "list", value)),
         }
     }
 }
@@ -1901,11 +1906,7 @@ fn contender_export(value: &Value, device_traces: &[Vec<TraceEntry>]) -> Result<
     let mut empty_cache_entries = Vec::with_capacity(devices.len());
     for (device, value) in devices.iter().enumerate() {
         let device_path = format!("{path}[{device}]");
-        let items = match value {
-            Value::List(list) => list.borrow().items.clone(),
-            Value::Tuple(items) => items.to_vec(),
-            other => return Err(Issue::expected(device_path, "list", other)),
-        };
+        let Some(items) = sequence_items(value) else { return Err(Issue::expected(device_path, "list", value)) };
         let trace_len = device_traces[device].len();
         let mut entries: Vec<usize> = Vec::with_capacity(items.len());
         for (index, item) in items.iter().enumerate() {
